@@ -1,0 +1,49 @@
+//! The restore-fidelity decision of the resume workflow (spec: resume-actor, "Choosing what to restore").
+
+use crate::state::Fidelity;
+
+/// What the api asks the node to do for a resume.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RestorePlan {
+    /// No usable generation: cold boot the template's containers.
+    Run,
+    /// Restore the chosen generation at this fidelity.
+    Restore(Fidelity),
+}
+
+/// Facts about the newest usable generation that the decision needs.
+#[derive(Debug, Clone, Copy)]
+pub struct SnapshotFacts<'a> {
+    pub fidelity: Fidelity,
+    /// Template the generation was captured under (`ns/name`).
+    pub template: &'a str,
+}
+
+/// Newest usable generation → Restore; captured under another template → VOLUMES;
+/// worker cannot restore memory → ROOTFS (never raising fidelity); else the snapshot's own.
+pub fn decide(snapshot: Option<SnapshotFacts<'_>>, actor_template: &str, worker_can_restore_memory: bool) -> RestorePlan {
+    let Some(snap) = snapshot else { return RestorePlan::Run };
+    if snap.template != actor_template {
+        return RestorePlan::Restore(Fidelity::Volumes);
+    }
+    if !worker_can_restore_memory {
+        return RestorePlan::Restore(snap.fidelity.min(Fidelity::Rootfs));
+    }
+    RestorePlan::Restore(snap.fidelity)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn decision_tree() {
+        let mem = SnapshotFacts { fidelity: Fidelity::Memory, template: "ns/t" };
+        assert_eq!(decide(None, "ns/t", true), RestorePlan::Run);
+        assert_eq!(decide(Some(mem), "ns/other", true), RestorePlan::Restore(Fidelity::Volumes));
+        assert_eq!(decide(Some(mem), "ns/t", false), RestorePlan::Restore(Fidelity::Rootfs));
+        assert_eq!(decide(Some(mem), "ns/t", true), RestorePlan::Restore(Fidelity::Memory));
+        let vol = SnapshotFacts { fidelity: Fidelity::Volumes, template: "ns/t" };
+        assert_eq!(decide(Some(vol), "ns/t", false), RestorePlan::Restore(Fidelity::Volumes));
+    }
+}

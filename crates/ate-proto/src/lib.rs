@@ -1,0 +1,9 @@
+//! Generated code for `proto/ate/v1` and conversions between wire messages and ate-core types.
+
+#[allow(clippy::all, clippy::pedantic)]
+pub mod v1 {
+    tonic::include_proto!("ate.v1");
+}
+
+mod convert;
+pub use convert::*;

@@ -1,0 +1,284 @@
+//! The control plane's persistent state behind one [`Store`] trait, with an SQLite implementation
+//! (embedded default: one file under the state dir, WAL) and a PostgreSQL one (production).
+//!
+//! Both implementations have the same semantics; the shared test suite runs against each.
+//! Architecture invariant: every multi-row change that must be atomic (bind = capacity admission +
+//! actor RESUMING; suspend finish = snapshot row + capacity release + actor SUSPENDED) happens in
+//! one SQL transaction inside one trait method. Callers never compose transactions.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use ate_core::{ActorState, DurableStatus, Fidelity, TemplateSpec};
+
+pub use async_trait::async_trait;
+
+/// Errors of the store. Each maps to one gRPC code in the api.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// The named record does not exist (message names it, e.g. `actor "a/b" not found`).
+    #[error("{0}")]
+    NotFound(String),
+    #[error("{0}")]
+    AlreadyExists(String),
+    /// The record exists but the operation is not allowed in its current shape
+    /// (atespace still holds actors, actor not SUSPENDED/CRASHED on delete, …).
+    #[error("{0}")]
+    FailedPrecondition(String),
+    /// Compare-and-set on the actor's state failed: it is in `actual`.
+    #[error("actor is {actual}, expected one of {expected}")]
+    StateConflict { actual: ActorState, expected: String },
+    /// Capacity admission failed: the worker has no room left for the demand (or is not ACTIVE).
+    #[error("worker {worker_id} has no room for the actor")]
+    NoRoom { worker_id: String },
+    /// Anything the database said that is not one of the above.
+    #[error("store error: {0}")]
+    Database(String),
+}
+
+pub type Result<T, E = StoreError> = std::result::Result<T, E>;
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AtespaceRecord {
+    pub name: String,
+    pub created_ms: i64,
+    /// Number of actors in the atespace at read time.
+    pub actor_count: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TemplateRecord {
+    /// Templates live in an atespace (their namespace), which must exist.
+    pub namespace: String,
+    pub name: String,
+    pub spec: TemplateSpec,
+    pub created_ms: i64,
+    pub updated_ms: i64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ActorRecord {
+    pub atespace: String,
+    pub name: String,
+    pub uid: String,
+    /// `<namespace>/<name>` of the template.
+    pub template: String,
+    pub state: ActorState,
+    pub worker_selector: BTreeMap<String, String>,
+    /// Worker the actor is bound to (RESUMING, RUNNING, SUSPENDING); `None` otherwise.
+    pub worker_id: Option<String>,
+    /// Worker epoch recorded at bind (the registered one) and at finalize (the node's).
+    pub epoch: u64,
+    /// Newest snapshot generation (0 = none).
+    pub generation: u64,
+    /// Node holding the newest node-local generation (async suspend), if any.
+    pub attached_node: Option<String>,
+    pub last_error: String,
+    pub created_ms: i64,
+    pub updated_ms: i64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SnapshotRecord {
+    pub atespace: String,
+    pub name: String,
+    pub generation: u64,
+    pub uuid: String,
+    pub fidelity: Fidelity,
+    /// Template the generation was captured under (`ns/name`).
+    pub template: String,
+    pub sandbox_class: String,
+    /// Node that wrote the generation and the boot it was written in.
+    pub node: String,
+    pub boot_id: String,
+    /// Directory on `node`; empty once the local copy is dropped.
+    pub local_path: String,
+    pub durable_uri: String,
+    /// `None` = no durable copy was asked for yet.
+    pub durable_status: Option<DurableStatus>,
+    pub size_bytes: u64,
+    pub checksum: String,
+    /// Why the fidelity is lower than the template asked for, if it is.
+    pub reason: String,
+    pub created_ms: i64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TagRecord {
+    pub atespace: String,
+    pub name: String,
+    /// A copy of the tagged generation's record (the tag keeps its files alive).
+    pub snapshot: SnapshotRecord,
+    pub created_ms: i64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Capacity {
+    pub cpu_millis: u64,
+    pub memory_bytes: u64,
+    pub slots: u64,
+}
+
+impl Capacity {
+    /// True when `demand` fits in `self - used`.
+    pub fn fits(&self, used: &Capacity, demand: &Capacity) -> bool {
+        used.cpu_millis + demand.cpu_millis <= self.cpu_millis
+            && used.memory_bytes + demand.memory_bytes <= self.memory_bytes
+            && used.slots + demand.slots <= self.slots
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WorkerStatus {
+    Active,
+    Gone,
+}
+
+impl WorkerStatus {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Active => "ACTIVE",
+            Self::Gone => "GONE",
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WorkerRecord {
+    pub id: String,
+    pub node: String,
+    /// host:port of the worker's atunnel listener(s).
+    pub addresses: Vec<String>,
+    pub identity: String,
+    pub labels: BTreeMap<String, String>,
+    pub sandbox_class: String,
+    pub can_restore_memory: bool,
+    pub capacity: Capacity,
+    /// Sum of the worker's actor assignments (computed on read; ignored on write).
+    pub used: Capacity,
+    pub epoch: u64,
+    pub status: WorkerStatus,
+    pub last_heartbeat_ms: i64,
+    /// gRPC address of the node agent that owns the worker.
+    pub node_address: String,
+    pub boot_id: String,
+}
+
+/// Fields a state transition may also change.
+#[derive(Debug, Clone, Default)]
+pub struct ActorUpdate {
+    /// Replace `last_error` (use `Some(String::new())` to clear it).
+    pub last_error: Option<String>,
+    /// Record this worker epoch.
+    pub epoch: Option<u64>,
+    /// Forget the attached node (its local generation was detached).
+    pub clear_attached_node: bool,
+}
+
+/// Operation counters, so tests can assert what a workflow did (e.g. the warm path is one read
+/// and takes no lease).
+#[derive(Debug, Default)]
+pub struct StoreCounters {
+    pub reads: AtomicU64,
+    pub writes: AtomicU64,
+    pub lease_ops: AtomicU64,
+}
+
+impl StoreCounters {
+    pub fn read(&self) {
+        self.reads.fetch_add(1, Ordering::Relaxed);
+    }
+    pub fn write(&self) {
+        self.writes.fetch_add(1, Ordering::Relaxed);
+    }
+    pub fn lease(&self) {
+        self.lease_ops.fetch_add(1, Ordering::Relaxed);
+    }
+    /// (reads, writes, lease_ops)
+    pub fn snapshot(&self) -> (u64, u64, u64) {
+        (
+            self.reads.load(Ordering::Relaxed),
+            self.writes.load(Ordering::Relaxed),
+            self.lease_ops.load(Ordering::Relaxed),
+        )
+    }
+}
+
+/// Persistent state of the control plane. Times are Unix milliseconds supplied by the caller.
+#[async_trait]
+pub trait Store: Send + Sync + 'static {
+    // ---- atespaces
+    /// AlreadyExists if present.
+    async fn create_atespace(&self, name: &str, now_ms: i64) -> Result<AtespaceRecord>;
+    async fn get_atespace(&self, name: &str) -> Result<AtespaceRecord>;
+    async fn list_atespaces(&self) -> Result<Vec<AtespaceRecord>>;
+    /// FailedPrecondition while it holds actors, templates or tags.
+    async fn delete_atespace(&self, name: &str) -> Result<()>;
+
+    // ---- templates
+    /// Insert or replace. NotFound if the namespace (an atespace) does not exist.
+    async fn apply_template(&self, namespace: &str, name: &str, spec: &TemplateSpec, now_ms: i64) -> Result<TemplateRecord>;
+    async fn get_template(&self, namespace: &str, name: &str) -> Result<TemplateRecord>;
+    async fn list_templates(&self, namespace: Option<&str>) -> Result<Vec<TemplateRecord>>;
+    /// FailedPrecondition while actors use it.
+    async fn delete_template(&self, namespace: &str, name: &str) -> Result<()>;
+
+    // ---- actors
+    /// Checks in the same transaction that the atespace and the template exist (NotFound);
+    /// AlreadyExists if the actor does.
+    async fn create_actor(&self, actor: &ActorRecord) -> Result<ActorRecord>;
+    /// Exactly one read.
+    async fn get_actor(&self, atespace: &str, name: &str) -> Result<ActorRecord>;
+    /// Ordered by (atespace, name); starts strictly after `after`; at most `limit`.
+    async fn list_actors(&self, atespace: Option<&str>, after: Option<(&str, &str)>, limit: u32) -> Result<Vec<ActorRecord>>;
+    async fn update_actor_selector(&self, atespace: &str, name: &str, selector: &BTreeMap<String, String>, now_ms: i64) -> Result<ActorRecord>;
+    /// Only SUSPENDED or CRASHED (else StateConflict). Removes the actor, its snapshot rows, its
+    /// assignment and its lease; returns the removed snapshot rows that no tag references, for GC.
+    async fn delete_actor(&self, atespace: &str, name: &str) -> Result<Vec<SnapshotRecord>>;
+    /// Compare-and-set of the state (StateConflict if not in `from`), plus `update`.
+    async fn transition(&self, atespace: &str, name: &str, from: &[ActorState], to: ActorState, update: ActorUpdate, now_ms: i64) -> Result<ActorRecord>;
+    /// One transaction: actor state in `from` (else StateConflict); worker exists (NotFound) and is
+    /// ACTIVE; the worker's assignments minus this actor's plus `demand` fit its capacity (else
+    /// NoRoom); the actor's assignment is set to this worker (replacing any other); the actor becomes
+    /// RESUMING with `worker_id` and the worker's registered epoch. Idempotent when already bound there.
+    async fn bind_actor(&self, atespace: &str, name: &str, from: &[ActorState], worker_id: &str, demand: Capacity, now_ms: i64) -> Result<ActorRecord>;
+    /// One transaction: optionally insert `snapshot` (the actor's generation and attached node
+    /// follow it), drop the actor's assignment, and move it from a state in `from` to `to` with no
+    /// worker.
+    async fn release_actor(&self, atespace: &str, name: &str, from: &[ActorState], to: ActorState, snapshot: Option<&SnapshotRecord>, update: ActorUpdate, now_ms: i64) -> Result<ActorRecord>;
+    async fn actors_on_worker(&self, worker_id: &str) -> Result<Vec<ActorRecord>>;
+
+    // ---- snapshots
+    /// Newest generation first.
+    async fn list_snapshots(&self, atespace: &str, name: &str) -> Result<Vec<SnapshotRecord>>;
+    async fn update_snapshot_durable(&self, atespace: &str, name: &str, generation: u64, status: DurableStatus, durable_uri: &str, reason: &str) -> Result<()>;
+    /// Forget the node-local copy of a generation (after Detach).
+    async fn clear_snapshot_local(&self, atespace: &str, name: &str, generation: u64) -> Result<()>;
+
+    // ---- tags
+    async fn create_tag(&self, tag: &TagRecord) -> Result<TagRecord>;
+    async fn get_tag(&self, atespace: &str, name: &str) -> Result<TagRecord>;
+    async fn list_tags(&self, atespace: Option<&str>) -> Result<Vec<TagRecord>>;
+    async fn delete_tag(&self, atespace: &str, name: &str) -> Result<()>;
+
+    // ---- workers
+    /// Insert or replace (status ACTIVE, heartbeat = now). Keeps existing assignments.
+    async fn register_worker(&self, worker: &WorkerRecord, now_ms: i64) -> Result<WorkerRecord>;
+    /// False when the worker is unknown, GONE, or registered with another epoch.
+    async fn heartbeat_worker(&self, id: &str, epoch: u64, now_ms: i64) -> Result<bool>;
+    /// Marks GONE.
+    async fn deregister_worker(&self, id: &str) -> Result<()>;
+    async fn get_worker(&self, id: &str) -> Result<WorkerRecord>;
+    /// Every worker with its `used` capacity.
+    async fn list_workers(&self) -> Result<Vec<WorkerRecord>>;
+    /// Marks ACTIVE workers whose last heartbeat is older than `stale_before_ms` GONE; returns their ids.
+    async fn expire_workers(&self, stale_before_ms: i64) -> Result<Vec<String>>;
+
+    // ---- leases
+    /// Takes `key` for `holder` until `now + ttl` if it is free, expired, or already held by `holder`.
+    async fn try_acquire_lease(&self, key: &str, holder: &str, now_ms: i64, ttl_ms: i64) -> Result<bool>;
+    /// Releases `key` if `holder` holds it.
+    async fn release_lease(&self, key: &str, holder: &str) -> Result<()>;
+
+    fn counters(&self) -> &StoreCounters;
+}
