@@ -1,0 +1,150 @@
+//! The demo counter actor.
+//!
+//! Keeps three counters and shows which of them survived a suspend/resume:
+//! - one in memory (survives only a memory snapshot restore),
+//! - one in a file in the volume directory `$ATE_DATA_DIR` (default `/data`, file `counter`),
+//! - one in a file on the rootfs (`/var/lib/counter/count`, or `$COUNTER_ROOTFS_FILE`).
+//!
+//! Every request except `/healthz`, `/whoami` and `/echo` increments all three and answers
+//! `preserved memory count: N | preserved file counter: M | preserved rootfs counter: K`.
+//!
+//! Listens on `$BIND_ADDR` (default 0.0.0.0) ports `$PORT` (default 80) and `$PORT2` (default 8080,
+//! `off` disables it), both with the same handler.
+
+#[path = "../../common/http.rs"]
+mod http;
+
+use http::{Request, Response};
+use std::fs;
+use std::io::{self, Write};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+struct Counters {
+    memory: u64,
+    volume_file: PathBuf,
+    rootfs_file: PathBuf,
+}
+
+fn env_path(name: &str, default: &str) -> PathBuf {
+    match std::env::var_os(name) {
+        Some(v) if !v.is_empty() => PathBuf::from(v),
+        _ => PathBuf::from(default),
+    }
+}
+
+/// The number stored in `path`; 0 when the file is missing or does not hold a number.
+fn read_count(path: &Path) -> u64 {
+    fs::read_to_string(path)
+        .ok()
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or(0)
+}
+
+/// Write `value` to `path` durably: temp file, fsync, rename, fsync the directory.
+fn write_count(path: &Path, value: u64) -> io::Result<()> {
+    let dir = path
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    fs::create_dir_all(dir)?;
+    let mut tmp_name = path.file_name().unwrap_or_default().to_os_string();
+    tmp_name.push(".tmp");
+    let tmp = dir.join(tmp_name);
+    {
+        let mut f = fs::File::create(&tmp)?;
+        f.write_all(format!("{value}\n").as_bytes())?;
+        f.sync_all()?;
+    }
+    fs::rename(&tmp, path)?;
+    if let Ok(d) = fs::File::open(dir) {
+        let _ = d.sync_all();
+    }
+    Ok(())
+}
+
+impl Counters {
+    fn increment(&mut self) -> io::Result<(u64, u64, u64)> {
+        let file = read_count(&self.volume_file) + 1;
+        let rootfs = read_count(&self.rootfs_file) + 1;
+        write_count(&self.volume_file, file)?;
+        write_count(&self.rootfs_file, rootfs)?;
+        self.memory += 1;
+        Ok((self.memory, file, rootfs))
+    }
+}
+
+fn read_identity(path: &str) -> String {
+    fs::read_to_string(path)
+        .map(|s| s.trim().to_string())
+        .unwrap_or_default()
+}
+
+fn handle(counters: &Mutex<Counters>, req: &Request) -> Response {
+    match req.path.as_str() {
+        "/healthz" => Response::text(200, "ok"),
+        "/whoami" => {
+            let name = read_identity("/etc/ate/actor-name");
+            let atespace = read_identity("/etc/ate/atespace");
+            let uid = read_identity("/etc/ate/uid");
+            Response::text(200, format!("{atespace}/{name} {uid}"))
+        }
+        "/echo" => {
+            if req.method == "POST" || req.method == "PUT" {
+                let ct = if req
+                    .header("content-type")
+                    .is_some_and(|c| c.starts_with("text/"))
+                {
+                    "text/plain; charset=utf-8"
+                } else {
+                    "application/octet-stream"
+                };
+                Response::bytes(200, ct, req.body.clone())
+            } else {
+                Response::text(405, "use POST\n")
+            }
+        }
+        _ => {
+            let mut c = counters.lock().unwrap_or_else(|p| p.into_inner());
+            match c.increment() {
+                Ok((m, f, r)) => Response::text(
+                    200,
+                    format!(
+                        "preserved memory count: {m} | preserved file counter: {f} | preserved rootfs counter: {r}"
+                    ),
+                ),
+                Err(e) => {
+                    Response::text(500, format!("counter: cannot write counter files: {e}\n"))
+                }
+            }
+        }
+    }
+}
+
+fn main() {
+    http::exit_on_sigterm();
+    let data_dir = env_path("ATE_DATA_DIR", "/data");
+    let counters = Counters {
+        memory: 0,
+        volume_file: data_dir.join("counter"),
+        rootfs_file: env_path("COUNTER_ROOTFS_FILE", "/var/lib/counter/count"),
+    };
+    let counters = Arc::new(Mutex::new(counters));
+    let handler: Arc<http::Handler> = {
+        let counters = counters.clone();
+        Arc::new(move |req: &Request| handle(&counters, req))
+    };
+
+    let port = http::env_port("PORT", 80).unwrap_or(80);
+    let main_addr = http::bind_addr(port);
+    let main_listener = http::bind(main_addr);
+    let mut listening = vec![main_addr.to_string()];
+    if let Some(port2) = http::env_port("PORT2", 8080).filter(|p| *p != port) {
+        let addr = http::bind_addr(port2);
+        let l = http::bind(addr);
+        listening.push(addr.to_string());
+        http::serve_in_background(l, handler.clone());
+    }
+    http::log(&format!("counter listening on {}", listening.join(", ")));
+    http::serve(main_listener, handler);
+}
