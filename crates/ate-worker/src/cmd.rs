@@ -1,0 +1,76 @@
+//! Running external tools (runc, ip) with their stderr captured into errors.
+
+use std::ffi::OsStr;
+use std::process::{Output, Stdio};
+
+use tokio::process::Command;
+
+use crate::error::{Result, SandboxError, tail};
+
+const STDERR_TAIL: usize = 2000;
+
+/// Renders a command line for error messages.
+pub(crate) fn render<I, S>(program: &str, args: I) -> String
+where
+    I: IntoIterator<Item = S>,
+    S: AsRef<OsStr>,
+{
+    let mut line = program.to_string();
+    for a in args {
+        line.push(' ');
+        line.push_str(&a.as_ref().to_string_lossy());
+    }
+    line
+}
+
+/// Runs `program args` to completion with stdin closed; returns its output on success, a
+/// [`SandboxError::Command`] with the stderr tail otherwise.
+pub(crate) async fn run<I, S>(program: &str, args: I) -> Result<Output>
+where
+    I: IntoIterator<Item = S> + Clone,
+    S: AsRef<OsStr>,
+{
+    let out = output(program, args.clone()).await?;
+    if out.status.success() {
+        Ok(out)
+    } else {
+        Err(failed(program, args, &out))
+    }
+}
+
+/// Runs `program args` and returns its output whatever the exit status.
+pub(crate) async fn output<I, S>(program: &str, args: I) -> Result<Output>
+where
+    I: IntoIterator<Item = S> + Clone,
+    S: AsRef<OsStr>,
+{
+    Command::new(program)
+        .args(args.clone())
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .output()
+        .await
+        .map_err(|e| SandboxError::Command {
+            command: render(program, args),
+            status: "could not start".to_string(),
+            stderr: e.to_string(),
+        })
+}
+
+pub(crate) fn failed<I, S>(program: &str, args: I, out: &Output) -> SandboxError
+where
+    I: IntoIterator<Item = S>,
+    S: AsRef<OsStr>,
+{
+    let mut text = String::from_utf8_lossy(&out.stderr).into_owned();
+    if text.trim().is_empty() {
+        text = String::from_utf8_lossy(&out.stdout).into_owned();
+    }
+    SandboxError::Command {
+        command: render(program, args),
+        status: out.status.to_string(),
+        stderr: tail(&text, STDERR_TAIL),
+    }
+}

@@ -1,0 +1,95 @@
+//! One error type for the sandbox layer. Every variant names what failed so a node log line or a
+//! CRASHED message is enough to diagnose without re-running.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// Errors from image unpacking, namespaces, the runtime and probes.
+#[derive(Debug, thiserror::Error)]
+pub enum SandboxError {
+    /// A filesystem or syscall step failed.
+    #[error("{what}: {source}")]
+    Io {
+        what: String,
+        #[source]
+        source: std::io::Error,
+    },
+
+    /// An external command (runc, ip, mount helper) exited non-zero or could not be started.
+    #[error("`{command}` failed ({status}): {stderr}")]
+    Command {
+        command: String,
+        status: String,
+        stderr: String,
+    },
+
+    /// The image reference or layout is unusable.
+    #[error("image {reference}: {message}")]
+    Image { reference: String, message: String },
+
+    /// A blob's content does not hash to its digest: the layout is corrupt or tampered with.
+    #[error("image blob {digest} failed verification: content hashes to sha256:{actual}")]
+    Checksum { digest: String, actual: String },
+
+    /// The wakeup probe never answered 200 within its limit.
+    #[error("wakeup probe GET {path} on port {port} got no 200 within {timeout:?}; last: {last}")]
+    ProbeTimeout {
+        path: String,
+        port: u16,
+        timeout: Duration,
+        last: String,
+    },
+
+    /// A checkpoint directory is missing or incomplete.
+    #[error("checkpoint image {path}: {message}")]
+    Checkpoint { path: PathBuf, message: String },
+
+    /// Input the runtime cannot act on (bad volume path, empty command, ...).
+    #[error("invalid sandbox spec: {0}")]
+    Invalid(String),
+
+    /// The runtime cannot do this on this host (e.g. memory restore without CRIU).
+    #[error("unsupported on this worker: {0}")]
+    Unsupported(String),
+}
+
+pub type Result<T, E = SandboxError> = std::result::Result<T, E>;
+
+impl SandboxError {
+    pub(crate) fn io(what: impl Into<String>, source: std::io::Error) -> Self {
+        SandboxError::Io {
+            what: what.into(),
+            source,
+        }
+    }
+}
+
+/// Adds a description to I/O results (`.ctx(|| format!("create {dir:?}"))`).
+pub(crate) trait IoContext<T> {
+    fn ctx<S: Into<String>>(self, what: impl FnOnce() -> S) -> Result<T>;
+}
+
+impl<T> IoContext<T> for std::result::Result<T, std::io::Error> {
+    fn ctx<S: Into<String>>(self, what: impl FnOnce() -> S) -> Result<T> {
+        self.map_err(|e| SandboxError::io(what(), e))
+    }
+}
+
+impl<T> IoContext<T> for std::result::Result<T, nix::Error> {
+    fn ctx<S: Into<String>>(self, what: impl FnOnce() -> S) -> Result<T> {
+        self.map_err(|e| SandboxError::io(what(), std::io::Error::from(e)))
+    }
+}
+
+/// Keeps the last `max` bytes of command output, on a char boundary, trimmed.
+pub(crate) fn tail(text: &str, max: usize) -> String {
+    let t = text.trim();
+    if t.len() <= max {
+        return t.to_string();
+    }
+    let mut start = t.len() - max;
+    while !t.is_char_boundary(start) {
+        start += 1;
+    }
+    format!("…{}", &t[start..])
+}

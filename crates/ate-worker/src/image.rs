@@ -1,0 +1,541 @@
+//! OCI image layouts → a node-wide, content-addressed rootfs cache.
+//!
+//! `oci-layout:<dir>[:<tag>]` is resolved through `<dir>/index.json` (tag matched on the
+//! `org.opencontainers.image.ref.name` annotation, default `latest`). Every blob read (manifest,
+//! config, layers) is hashed and compared with its digest before use. The unpacked rootfs lands in
+//! `<cache>/<manifest-hex>/rootfs`; it is built in a temporary directory and renamed into place
+//! under an exclusive `flock` per digest, so concurrent callers (threads or processes) unpack once.
+
+use std::collections::BTreeMap;
+use std::fs::{self, File};
+use std::io::{BufReader, Read, Seek};
+use std::path::{Component, Path, PathBuf};
+
+use nix::fcntl::{Flock, FlockArg};
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+use crate::error::{IoContext, Result, SandboxError};
+
+const REF_PREFIX: &str = "oci-layout:";
+const REF_NAME_ANNOTATION: &str = "org.opencontainers.image.ref.name";
+const MEDIA_INDEX: &str = "application/vnd.oci.image.index.v1+json";
+const MEDIA_DOCKER_LIST: &str = "application/vnd.docker.distribution.manifest.list.v2+json";
+const CONFIG_FILE: &str = "image-config.json";
+
+/// The parts of an image config the runtime uses to build the process.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ImageConfig {
+    pub entrypoint: Vec<String>,
+    pub cmd: Vec<String>,
+    /// `NAME=value` entries, in image order.
+    pub env: Vec<String>,
+    pub working_dir: String,
+}
+
+/// An image unpacked in the node cache.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UnpackedImage {
+    /// `sha256:<hex>` of the manifest: the cache key.
+    pub manifest_digest: String,
+    /// Read-only lower directory for the actor overlays. Never write into it.
+    pub rootfs: PathBuf,
+    pub config: ImageConfig,
+}
+
+/// A parsed `oci-layout:<dir>[:<tag>]` reference.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LayoutRef {
+    pub dir: PathBuf,
+    pub tag: String,
+}
+
+impl LayoutRef {
+    pub fn parse(reference: &str) -> Result<Self> {
+        let rest = reference
+            .strip_prefix(REF_PREFIX)
+            .ok_or_else(|| SandboxError::Image {
+                reference: reference.to_string(),
+                message: format!("only `{REF_PREFIX}<dir>[:<tag>]` references are supported"),
+            })?;
+        // A tag never contains '/', so a colon followed by a path segment belongs to the directory.
+        let (dir, tag) = match rest.rsplit_once(':') {
+            Some((d, t)) if !t.is_empty() && !t.contains('/') => (d, t),
+            _ => (rest, "latest"),
+        };
+        if dir.is_empty() {
+            return Err(SandboxError::Image {
+                reference: reference.to_string(),
+                message: "empty layout directory".into(),
+            });
+        }
+        Ok(LayoutRef {
+            dir: PathBuf::from(dir),
+            tag: tag.to_string(),
+        })
+    }
+}
+
+/// The node's image cache.
+#[derive(Debug, Clone)]
+pub struct ImageCache {
+    root: PathBuf,
+}
+
+impl ImageCache {
+    pub fn new(root: impl Into<PathBuf>) -> Self {
+        ImageCache { root: root.into() }
+    }
+
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    /// Resolves `reference` and makes sure its rootfs is unpacked; cheap when already cached
+    /// (only index.json and the manifest are read and verified).
+    pub async fn ensure(&self, reference: &str) -> Result<UnpackedImage> {
+        let root = self.root.clone();
+        let reference = reference.to_string();
+        tokio::task::spawn_blocking(move || ensure_blocking(&root, &reference))
+            .await
+            .map_err(|e| SandboxError::io("image unpack task", std::io::Error::other(e)))?
+    }
+}
+
+#[derive(Deserialize)]
+struct Index {
+    #[serde(default)]
+    manifests: Vec<Descriptor>,
+}
+
+#[derive(Deserialize, Clone)]
+#[serde(rename_all = "camelCase")]
+struct Descriptor {
+    #[serde(default)]
+    media_type: String,
+    digest: String,
+    #[serde(default)]
+    size: Option<u64>,
+    #[serde(default)]
+    annotations: BTreeMap<String, String>,
+    #[serde(default)]
+    platform: Option<Platform>,
+}
+
+#[derive(Deserialize, Clone)]
+struct Platform {
+    #[serde(default)]
+    architecture: String,
+    #[serde(default)]
+    os: String,
+}
+
+#[derive(Deserialize)]
+struct Manifest {
+    config: Descriptor,
+    #[serde(default)]
+    layers: Vec<Descriptor>,
+}
+
+#[derive(Deserialize, Default)]
+struct ConfigFile {
+    #[serde(default)]
+    config: Option<RawConfig>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(rename_all = "PascalCase")]
+struct RawConfig {
+    #[serde(default)]
+    entrypoint: Option<Vec<String>>,
+    #[serde(default)]
+    cmd: Option<Vec<String>>,
+    #[serde(default)]
+    env: Option<Vec<String>>,
+    #[serde(default)]
+    working_dir: Option<String>,
+}
+
+fn image_err(reference: &str, message: impl Into<String>) -> SandboxError {
+    SandboxError::Image {
+        reference: reference.to_string(),
+        message: message.into(),
+    }
+}
+
+fn ensure_blocking(cache: &Path, reference: &str) -> Result<UnpackedImage> {
+    let layout = LayoutRef::parse(reference)?;
+    let index_path = layout.dir.join("index.json");
+    let index_bytes = fs::read(&index_path).ctx(|| format!("read {}", index_path.display()))?;
+    let index: Index = serde_json::from_slice(&index_bytes)
+        .map_err(|e| image_err(reference, format!("index.json: {e}")))?;
+    let mut desc = select_tagged(&index.manifests, &layout.tag).ok_or_else(|| {
+        image_err(
+            reference,
+            format!("no manifest tagged {:?} in index.json", layout.tag),
+        )
+    })?;
+    // A nested index (multi-platform image): descend to the linux/amd64 manifest.
+    for _ in 0..4 {
+        if desc.media_type != MEDIA_INDEX && desc.media_type != MEDIA_DOCKER_LIST {
+            break;
+        }
+        let bytes = read_verified(&layout.dir, &desc)?;
+        let nested: Index = serde_json::from_slice(&bytes)
+            .map_err(|e| image_err(reference, format!("nested index: {e}")))?;
+        desc = select_platform(&nested.manifests)
+            .ok_or_else(|| image_err(reference, "nested index has no linux/amd64 manifest"))?;
+    }
+    let manifest_bytes = read_verified(&layout.dir, &desc)?;
+    let manifest: Manifest = serde_json::from_slice(&manifest_bytes)
+        .map_err(|e| image_err(reference, format!("manifest: {e}")))?;
+    let hex = digest_hex(&desc.digest)?.to_string();
+
+    fs::create_dir_all(cache).ctx(|| format!("create image cache {}", cache.display()))?;
+    let final_dir = cache.join(&hex);
+    let done = |dir: &Path| -> Result<UnpackedImage> {
+        let cfg_path = dir.join(CONFIG_FILE);
+        let bytes = fs::read(&cfg_path).ctx(|| format!("read {}", cfg_path.display()))?;
+        let config: ImageConfig = serde_json::from_slice(&bytes)
+            .map_err(|e| image_err(reference, format!("cached {}: {e}", cfg_path.display())))?;
+        Ok(UnpackedImage {
+            manifest_digest: desc.digest.clone(),
+            rootfs: dir.join("rootfs"),
+            config,
+        })
+    };
+    // Fast path: complete entries appear only by rename, so existence means complete.
+    if final_dir.join(CONFIG_FILE).is_file() {
+        return done(&final_dir);
+    }
+
+    let lock_path = cache.join(format!(".{hex}.lock"));
+    let lock_file = File::options()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&lock_path)
+        .ctx(|| format!("open {}", lock_path.display()))?;
+    let _lock = Flock::lock(lock_file, FlockArg::LockExclusive)
+        .map_err(|(_, e)| SandboxError::io(format!("flock {}", lock_path.display()), e.into()))?;
+    if final_dir.join(CONFIG_FILE).is_file() {
+        return done(&final_dir);
+    }
+
+    let tmp = cache.join(format!(".tmp-{hex}-{}", std::process::id()));
+    if tmp.exists() {
+        fs::remove_dir_all(&tmp).ctx(|| format!("remove stale {}", tmp.display()))?;
+    }
+    let result = (|| -> Result<()> {
+        let rootfs = tmp.join("rootfs");
+        fs::create_dir_all(&rootfs).ctx(|| format!("create {}", rootfs.display()))?;
+        let config_bytes = read_verified(&layout.dir, &manifest.config)?;
+        let raw: ConfigFile = serde_json::from_slice(&config_bytes)
+            .map_err(|e| image_err(reference, format!("config: {e}")))?;
+        let raw = raw.config.unwrap_or_default();
+        let config = ImageConfig {
+            entrypoint: raw.entrypoint.unwrap_or_default(),
+            cmd: raw.cmd.unwrap_or_default(),
+            env: raw.env.unwrap_or_default(),
+            working_dir: raw.working_dir.unwrap_or_default(),
+        };
+        for layer in &manifest.layers {
+            let path = blob_path(&layout.dir, &layer.digest)?;
+            verify_file(&path, layer)?;
+            apply_layer(&path, &rootfs).map_err(|e| match e {
+                SandboxError::Io { what, source } => SandboxError::Io {
+                    what: format!("layer {}: {what}", layer.digest),
+                    source,
+                },
+                other => other,
+            })?;
+        }
+        let cfg_json =
+            serde_json::to_vec_pretty(&config).map_err(|e| image_err(reference, e.to_string()))?;
+        fs::write(tmp.join(CONFIG_FILE), cfg_json)
+            .ctx(|| format!("write {}", tmp.join(CONFIG_FILE).display()))?;
+        if final_dir.exists() {
+            // An incomplete leftover (no config file) from a crash before this code existed.
+            fs::remove_dir_all(&final_dir)
+                .ctx(|| format!("remove incomplete {}", final_dir.display()))?;
+        }
+        fs::rename(&tmp, &final_dir)
+            .ctx(|| format!("rename {} → {}", tmp.display(), final_dir.display()))
+    })();
+    if let Err(e) = result {
+        let _ = fs::remove_dir_all(&tmp);
+        return Err(e);
+    }
+    done(&final_dir)
+}
+
+fn select_tagged(manifests: &[Descriptor], tag: &str) -> Option<Descriptor> {
+    let by_name = manifests.iter().find(|d| {
+        d.annotations.get(REF_NAME_ANNOTATION).is_some_and(|n| {
+            n == tag
+                || n.rsplit_once(':')
+                    .is_some_and(|(_, t)| t == tag && !t.contains('/'))
+        })
+    });
+    if let Some(d) = by_name {
+        return Some(d.clone());
+    }
+    // An untagged single-image layout answers to the default tag only.
+    if tag == "latest"
+        && manifests.len() == 1
+        && !manifests[0].annotations.contains_key(REF_NAME_ANNOTATION)
+    {
+        return Some(manifests[0].clone());
+    }
+    None
+}
+
+fn select_platform(manifests: &[Descriptor]) -> Option<Descriptor> {
+    manifests
+        .iter()
+        .find(|d| {
+            d.platform
+                .as_ref()
+                .is_some_and(|p| p.os == "linux" && p.architecture == "amd64")
+        })
+        .or_else(|| manifests.iter().find(|d| d.platform.is_none()))
+        .cloned()
+}
+
+/// The hex part of a `sha256:` digest, validated so it can never form a path other than one file name.
+fn digest_hex(digest: &str) -> Result<&str> {
+    let hex = digest
+        .strip_prefix("sha256:")
+        .ok_or_else(|| SandboxError::Checksum {
+            digest: digest.to_string(),
+            actual: "(unsupported digest algorithm; only sha256)".to_string(),
+        })?;
+    if hex.len() != 64
+        || !hex
+            .bytes()
+            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+    {
+        return Err(SandboxError::Checksum {
+            digest: digest.to_string(),
+            actual: "(malformed digest)".to_string(),
+        });
+    }
+    Ok(hex)
+}
+
+fn blob_path(dir: &Path, digest: &str) -> Result<PathBuf> {
+    Ok(dir.join("blobs").join("sha256").join(digest_hex(digest)?))
+}
+
+/// Hashes a blob file and checks digest (and size, when the descriptor gives one).
+fn verify_file(path: &Path, desc: &Descriptor) -> Result<()> {
+    let expected = digest_hex(&desc.digest)?;
+    let mut file = File::open(path).ctx(|| format!("open blob {}", path.display()))?;
+    let mut hasher = Sha256::new();
+    let mut buf = vec![0u8; 1 << 16];
+    let mut len: u64 = 0;
+    loop {
+        let n = file
+            .read(&mut buf)
+            .ctx(|| format!("read blob {}", path.display()))?;
+        if n == 0 {
+            break;
+        }
+        len += n as u64;
+        hasher.update(&buf[..n]);
+    }
+    let actual = hex::encode(hasher.finalize());
+    if actual != expected {
+        return Err(SandboxError::Checksum {
+            digest: desc.digest.clone(),
+            actual,
+        });
+    }
+    if let Some(size) = desc.size
+        && size != len
+    {
+        return Err(SandboxError::Checksum {
+            digest: desc.digest.clone(),
+            actual: format!("{actual} (size {len}, descriptor says {size})"),
+        });
+    }
+    Ok(())
+}
+
+/// Reads a small blob (index, manifest, config) and verifies it.
+fn read_verified(dir: &Path, desc: &Descriptor) -> Result<Vec<u8>> {
+    let path = blob_path(dir, &desc.digest)?;
+    let bytes = fs::read(&path).ctx(|| format!("read blob {}", path.display()))?;
+    let actual = hex::encode(Sha256::digest(&bytes));
+    if actual != digest_hex(&desc.digest)? {
+        return Err(SandboxError::Checksum {
+            digest: desc.digest.clone(),
+            actual,
+        });
+    }
+    Ok(bytes)
+}
+
+/// Opens a layer as a tar stream, gunzipping when it starts with the gzip magic (media types
+/// are not trusted for this: docker and OCI spell them differently).
+fn layer_reader(path: &Path) -> Result<Box<dyn Read>> {
+    let mut file = File::open(path).ctx(|| format!("open {}", path.display()))?;
+    let mut magic = [0u8; 2];
+    let n = file
+        .read(&mut magic)
+        .ctx(|| format!("read {}", path.display()))?;
+    file.rewind().ctx(|| format!("rewind {}", path.display()))?;
+    let reader = BufReader::new(file);
+    if n == 2 && magic == [0x1f, 0x8b] {
+        Ok(Box::new(flate2::read::GzDecoder::new(reader)))
+    } else {
+        Ok(Box::new(reader))
+    }
+}
+
+/// Entry path as plain relative components; `None` for anything with `..` (never applied).
+fn clean_relative(path: &Path) -> Option<PathBuf> {
+    let mut out = PathBuf::new();
+    for c in path.components() {
+        match c {
+            Component::Normal(p) => out.push(p),
+            Component::CurDir | Component::RootDir => {}
+            Component::ParentDir | Component::Prefix(_) => return None,
+        }
+    }
+    if out.as_os_str().is_empty() {
+        None
+    } else {
+        Some(out)
+    }
+}
+
+/// True when every directory between `root` and `rel`'s parent is a real directory, so a
+/// deletion under it cannot be redirected outside the rootfs through a symlink.
+fn parents_are_real_dirs(root: &Path, rel: &Path) -> bool {
+    let mut cur = root.to_path_buf();
+    if let Some(parent) = rel.parent() {
+        for c in parent.components() {
+            cur.push(c);
+            match fs::symlink_metadata(&cur) {
+                Ok(m) if m.file_type().is_dir() => {}
+                _ => return false,
+            }
+        }
+    }
+    true
+}
+
+fn remove_any(path: &Path) -> std::io::Result<()> {
+    match fs::symlink_metadata(path) {
+        Ok(m) if m.file_type().is_dir() => fs::remove_dir_all(path),
+        Ok(_) => fs::remove_file(path),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(e),
+    }
+}
+
+/// Applies one layer: whiteouts first (they only hide lower layers), then the layer's files via
+/// `unpack_in`, which refuses entries escaping the rootfs.
+fn apply_layer(path: &Path, rootfs: &Path) -> Result<()> {
+    let mut archive = tar::Archive::new(layer_reader(path)?);
+    for entry in archive.entries().ctx(|| "read tar entries")? {
+        let entry = entry.ctx(|| "read tar entry")?;
+        let raw = entry.path().ctx(|| "tar entry path")?.into_owned();
+        let Some(rel) = clean_relative(&raw) else {
+            continue;
+        };
+        let Some(name) = rel.file_name().and_then(|n| n.to_str()) else {
+            continue;
+        };
+        let Some(hidden) = name.strip_prefix(".wh.") else {
+            continue;
+        };
+        if !parents_are_real_dirs(rootfs, &rel) {
+            continue;
+        }
+        let parent = rootfs.join(rel.parent().unwrap_or(Path::new("")));
+        if hidden == ".wh..opq" {
+            // Opaque directory: drop everything the lower layers put in it.
+            if let Ok(children) = fs::read_dir(&parent) {
+                for child in children.flatten() {
+                    remove_any(&child.path())
+                        .ctx(|| format!("opaque whiteout in {}", parent.display()))?;
+                }
+            }
+        } else {
+            let target = parent.join(hidden);
+            remove_any(&target).ctx(|| format!("whiteout {}", target.display()))?;
+        }
+    }
+
+    let mut archive = tar::Archive::new(layer_reader(path)?);
+    archive.set_preserve_permissions(true);
+    archive.set_preserve_ownerships(true);
+    archive.set_unpack_xattrs(false);
+    archive.set_overwrite(true);
+    for entry in archive.entries().ctx(|| "read tar entries")? {
+        let mut entry = entry.ctx(|| "read tar entry")?;
+        let raw = entry.path().ctx(|| "tar entry path")?.into_owned();
+        if raw
+            .file_name()
+            .and_then(|n| n.to_str())
+            .is_some_and(|n| n.starts_with(".wh."))
+        {
+            continue;
+        }
+        entry
+            .unpack_in(rootfs)
+            .ctx(|| format!("unpack {}", raw.display()))?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_references() {
+        assert_eq!(
+            LayoutRef::parse("oci-layout:/x/counter").ok(),
+            Some(LayoutRef {
+                dir: "/x/counter".into(),
+                tag: "latest".into()
+            })
+        );
+        assert_eq!(
+            LayoutRef::parse("oci-layout:/x/counter:v2").ok(),
+            Some(LayoutRef {
+                dir: "/x/counter".into(),
+                tag: "v2".into()
+            })
+        );
+        assert_eq!(
+            LayoutRef::parse("oci-layout:/x:y/counter").ok(),
+            Some(LayoutRef {
+                dir: "/x:y/counter".into(),
+                tag: "latest".into()
+            })
+        );
+        assert!(LayoutRef::parse("docker.io/library/busybox").is_err());
+        assert!(LayoutRef::parse("oci-layout:").is_err());
+    }
+
+    #[test]
+    fn rejects_bad_digests() {
+        assert!(digest_hex("sha256:../../etc/passwd").is_err());
+        assert!(digest_hex("md5:abc").is_err());
+        assert!(digest_hex(&format!("sha256:{}", "a".repeat(64))).is_ok());
+    }
+
+    #[test]
+    fn cleans_paths() {
+        assert_eq!(
+            clean_relative(Path::new("./a/b")),
+            Some(PathBuf::from("a/b"))
+        );
+        assert_eq!(clean_relative(Path::new("/a/../b")), None);
+        assert_eq!(clean_relative(Path::new(".")), None);
+    }
+}

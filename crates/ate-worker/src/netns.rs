@@ -1,0 +1,187 @@
+//! Per-actor network namespaces and sockets created inside them.
+//!
+//! Each actor gets `ate-<10 hex>` (a hash of `<atespace>/<name>`, so the name is stable across
+//! worker restarts and short enough for any interface-name use): loopback up, a dummy link
+//! carrying [`ACTOR_IP`]/32 and a default route through it, so the workload can bind and its
+//! connect() calls find a route (egress redirection is layered on top by the worker).
+
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::os::fd::AsFd;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use nix::sched::{CloneFlags, setns};
+use nix::sys::socket::{AddressFamily, SockFlag, SockType, socket};
+use sha2::{Digest, Sha256};
+
+use crate::cmd;
+use crate::error::Result;
+
+/// The address every actor's workload is reached at, inside its own namespace.
+pub const ACTOR_IP: Ipv4Addr = Ipv4Addr::new(169, 254, 17, 2);
+/// Name of the link inside the actor namespace (namespaced, so it never collides).
+pub const ACTOR_LINK: &str = "ate0";
+/// Peer of [`ACTOR_LINK`] when it has to be a veth pair.
+const ACTOR_PEER_LINK: &str = "ate1";
+/// Where iproute2 keeps named namespaces (runc gets the actor's namespace by this path).
+pub const NETNS_DIR: &str = "/var/run/netns";
+
+const IP: &str = "ip";
+
+/// Short stable id for an actor: 10 hex chars of sha256(`<atespace>/<name>`).
+pub fn short_id(atespace: &str, name: &str) -> String {
+    let digest = Sha256::digest(format!("{atespace}/{name}").as_bytes());
+    hex::encode(&digest[..5])
+}
+
+/// `ate-<short id>`: 14 characters, valid as a netns, link and container name.
+pub fn netns_name(atespace: &str, name: &str) -> String {
+    format!("ate-{}", short_id(atespace, name))
+}
+
+pub fn netns_path(netns: &str) -> PathBuf {
+    PathBuf::from(NETNS_DIR).join(netns)
+}
+
+/// Creates the actor namespace from scratch (a stale one of the same name is deleted first, so a
+/// worker restart never inherits old routes or sockets).
+pub async fn create(netns: &str) -> Result<()> {
+    delete(netns).await?;
+    let ip = ACTOR_IP.to_string();
+    let addr = format!("{ip}/32");
+    let result = async {
+        cmd::run(IP, ["netns", "add", netns]).await?;
+        cmd::run(IP, ["-n", netns, "link", "set", "lo", "up"]).await?;
+        add_actor_link(netns).await?;
+        cmd::run(IP, ["-n", netns, "addr", "add", &addr, "dev", ACTOR_LINK]).await?;
+        cmd::run(IP, ["-n", netns, "link", "set", ACTOR_LINK, "up"]).await?;
+        cmd::run(
+            IP,
+            ["-n", netns, "route", "add", "default", "dev", ACTOR_LINK],
+        )
+        .await
+    }
+    .await;
+    if let Err(e) = result {
+        let _ = delete(netns).await;
+        return Err(e);
+    }
+    Ok(())
+}
+
+/// Adds [`ACTOR_LINK`]: a dummy device, or — on kernels built without `CONFIG_DUMMY`, like
+/// some VM guests — a veth pair with both ends inside the namespace (same effect: an up link
+/// that carries the address and the default route, and leads nowhere).
+async fn add_actor_link(netns: &str) -> Result<()> {
+    let dummy = ["-n", netns, "link", "add", ACTOR_LINK, "type", "dummy"];
+    let out = cmd::output(IP, dummy).await?;
+    if out.status.success() {
+        return Ok(());
+    }
+    if !String::from_utf8_lossy(&out.stderr).contains("Unknown device type") {
+        return Err(cmd::failed(IP, dummy, &out));
+    }
+    cmd::run(
+        IP,
+        [
+            "-n",
+            netns,
+            "link",
+            "add",
+            ACTOR_LINK,
+            "type",
+            "veth",
+            "peer",
+            "name",
+            ACTOR_PEER_LINK,
+        ],
+    )
+    .await?;
+    cmd::run(IP, ["-n", netns, "link", "set", ACTOR_PEER_LINK, "up"]).await?;
+    Ok(())
+}
+
+/// Deletes the namespace; a missing one is not an error.
+pub async fn delete(netns: &str) -> Result<()> {
+    if !exists(netns) {
+        return Ok(());
+    }
+    let out = cmd::output(IP, ["netns", "delete", netns]).await?;
+    if out.status.success() || !exists(netns) {
+        return Ok(());
+    }
+    Err(cmd::failed(IP, ["netns", "delete", netns], &out))
+}
+
+pub fn exists(netns: &str) -> bool {
+    netns_path(netns).exists()
+}
+
+/// Creates a TCP socket inside `netns` and connects it to `addr` (no timeout of its own; see
+/// [`connect_in_netns_timeout`]).
+///
+/// `setns` changes only the calling thread, so the socket is created on a short-lived dedicated
+/// std thread — never a tokio worker, whose later tasks would silently run in the actor's
+/// namespace. A socket keeps the namespace it was created in, so the connect itself runs on tokio.
+pub async fn connect_in_netns(
+    netns: &str,
+    addr: SocketAddr,
+) -> std::io::Result<tokio::net::TcpStream> {
+    let path = netns_path(netns);
+    let family = match addr.ip() {
+        IpAddr::V4(_) => AddressFamily::Inet,
+        IpAddr::V6(_) => AddressFamily::Inet6,
+    };
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    std::thread::Builder::new()
+        .name("ate-netns-socket".into())
+        .spawn(move || {
+            let made = (|| -> std::io::Result<std::os::fd::OwnedFd> {
+                let ns = std::fs::File::open(&path)?;
+                setns(ns.as_fd(), CloneFlags::CLONE_NEWNET)?;
+                Ok(socket(
+                    family,
+                    SockType::Stream,
+                    SockFlag::SOCK_CLOEXEC | SockFlag::SOCK_NONBLOCK,
+                    None,
+                )?)
+            })();
+            let _ = tx.send(made);
+        })?;
+    let fd = rx
+        .await
+        .map_err(|_| std::io::Error::other("netns socket thread died"))??;
+    let std_stream = std::net::TcpStream::from(fd);
+    let sock = tokio::net::TcpSocket::from_std_stream(std_stream);
+    sock.connect(addr).await
+}
+
+/// [`connect_in_netns`] bounded by `timeout` (a dropped SYN on the dummy link would otherwise
+/// wait for the kernel's minutes-long retry limit).
+pub async fn connect_in_netns_timeout(
+    netns: &str,
+    addr: SocketAddr,
+    timeout: Duration,
+) -> std::io::Result<tokio::net::TcpStream> {
+    match tokio::time::timeout(timeout, connect_in_netns(netns, addr)).await {
+        Ok(r) => r,
+        Err(_) => Err(std::io::Error::new(
+            std::io::ErrorKind::TimedOut,
+            format!("connect {addr} in {netns} timed out"),
+        )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_are_short_and_stable() {
+        let a = netns_name("team", "counter-1");
+        assert_eq!(a, netns_name("team", "counter-1"));
+        assert_ne!(a, netns_name("team", "counter-2"));
+        assert_eq!(a.len(), 14);
+        assert!(a.len() <= 15);
+    }
+}

@@ -1,0 +1,856 @@
+//! [`SandboxRuntime`] on `runc` (OCI containers) with CRIU for memory checkpoints.
+//!
+//! Host facts this follows (see shared/notes/sandbox-facts.md): the netns is pre-created and
+//! passed by path (a runc-made one comes back with `lo` down after restore); container stdio is a
+//! pipe, never a host file (CRIU cannot dump those); restore runs in runc's fresh PID namespace so
+//! old pids never collide; the host has hybrid cgroups, which runc 1.1 drives through v1.
+
+use std::collections::HashMap;
+use std::os::fd::OwnedFd;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use nix::fcntl::{FcntlArg, OFlag, fcntl};
+use nix::mount::{MntFlags, MsFlags};
+use serde_json::{Value, json};
+use tokio::io::AsyncWriteExt;
+use tokio::process::Command;
+
+use crate::cmd;
+use crate::error::{IoContext, Result, SandboxError, tail};
+use crate::netns;
+use crate::runtime::{
+    ActorSandbox, Capabilities, CheckpointStats, ExitInfo, RunMode, SandboxRuntime, SandboxSpec,
+    Started,
+};
+
+/// Sandbox class reported for this runtime.
+pub const SANDBOX_CLASS: &str = "runc";
+/// Parent of every actor cgroup (`/sys/fs/cgroup/<controller>/ate/<short id>`).
+const CGROUP_PARENT: &str = "ate";
+const CPU_PERIOD_US: u64 = 100_000;
+const DEFAULT_PATH: &str = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+
+/// Where the runtime keeps its state and which binaries it uses.
+#[derive(Debug, Clone)]
+pub struct RuncConfig {
+    /// runc state goes to `<state_dir>/runc` (`--root`).
+    pub state_dir: PathBuf,
+    pub runc: PathBuf,
+    /// `None`: look up `criu` on PATH; memory snapshots are disabled when it is missing or < 4.2.
+    pub criu: Option<PathBuf>,
+}
+
+impl RuncConfig {
+    pub fn new(state_dir: impl Into<PathBuf>) -> Self {
+        RuncConfig {
+            state_dir: state_dir.into(),
+            runc: PathBuf::from("runc"),
+            criu: None,
+        }
+    }
+}
+
+/// runc + CRIU runtime.
+pub struct RuncRuntime {
+    root: PathBuf,
+    runc: String,
+    criu: Option<String>,
+    locks: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+}
+
+impl std::fmt::Debug for RuncRuntime {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RuncRuntime")
+            .field("root", &self.root)
+            .field("criu", &self.criu)
+            .finish()
+    }
+}
+
+impl RuncRuntime {
+    /// Checks runc is usable and finds a CRIU ≥ 4.2 (older ones fail on this kernel).
+    pub async fn new(config: RuncConfig) -> Result<Self> {
+        let runc = config.runc.to_string_lossy().into_owned();
+        cmd::run(&runc, ["--version"]).await?;
+        let root = config.state_dir.join("runc");
+        tokio::fs::create_dir_all(&root)
+            .await
+            .ctx(|| format!("create {}", root.display()))?;
+        let criu_bin = config
+            .criu
+            .map(|p| p.to_string_lossy().into_owned())
+            .unwrap_or_else(|| "criu".to_string());
+        let criu = match cmd::run(&criu_bin, ["--version"]).await {
+            Ok(out) => {
+                let text = String::from_utf8_lossy(&out.stdout);
+                match parse_criu_version(&text) {
+                    Some(v) if v >= (4, 2) => Some(criu_bin),
+                    v => {
+                        tracing::warn!(criu = %criu_bin, version = ?v, "CRIU older than 4.2: memory snapshots disabled (ROOTFS fallback)");
+                        None
+                    }
+                }
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "CRIU not usable: memory snapshots disabled (ROOTFS fallback)");
+                None
+            }
+        };
+        Ok(RuncRuntime {
+            root,
+            runc,
+            criu,
+            locks: Mutex::new(HashMap::new()),
+        })
+    }
+
+    /// The `--root` directory (for `runc --root … list` in diagnostics and tests).
+    pub fn runc_root(&self) -> &Path {
+        &self.root
+    }
+
+    fn lock_for(&self, actor: &ActorSandbox) -> Arc<tokio::sync::Mutex<()>> {
+        let mut map = match self.locks.lock() {
+            Ok(m) => m,
+            Err(poisoned) => poisoned.into_inner(),
+        };
+        map.entry(actor.container_id()).or_default().clone()
+    }
+
+    fn base_args(&self) -> Vec<String> {
+        let mut args = vec![
+            "--root".to_string(),
+            self.root.to_string_lossy().into_owned(),
+        ];
+        if let Some(criu) = &self.criu {
+            args.push("--criu".to_string());
+            args.push(criu.clone());
+        }
+        args
+    }
+
+    async fn runc(&self, extra: &[&str]) -> Result<std::process::Output> {
+        let mut args = self.base_args();
+        args.extend(extra.iter().map(|s| s.to_string()));
+        cmd::run(&self.runc, &args).await
+    }
+
+    /// `runc state` status, `None` when runc does not know the container.
+    async fn status(&self, id: &str) -> Result<Option<(String, Option<u32>)>> {
+        let mut args = self.base_args();
+        args.extend(["state".to_string(), id.to_string()]);
+        let out = cmd::output(&self.runc, &args).await?;
+        if !out.status.success() {
+            let err = String::from_utf8_lossy(&out.stderr);
+            if err.contains("does not exist") || err.contains("not exist") {
+                return Ok(None);
+            }
+            return Err(cmd::failed(&self.runc, &args, &out));
+        }
+        let state: Value =
+            serde_json::from_slice(&out.stdout).map_err(|e| SandboxError::Command {
+                command: cmd::render(&self.runc, &args),
+                status: "unparsable output".to_string(),
+                stderr: e.to_string(),
+            })?;
+        let status = state
+            .get("status")
+            .and_then(Value::as_str)
+            .unwrap_or("unknown")
+            .to_string();
+        let pid = state
+            .get("pid")
+            .and_then(Value::as_u64)
+            .and_then(|p| u32::try_from(p).ok())
+            .filter(|p| *p > 0);
+        Ok(Some((status, pid)))
+    }
+
+    /// Directories, overlay, identity files, netns and `config.json`: everything before runc.
+    async fn prepare(
+        &self,
+        actor: &ActorSandbox,
+        spec: &SandboxSpec,
+        fresh_upper: bool,
+    ) -> Result<()> {
+        validate_spec(actor, spec)?;
+        let dir = &actor.dir;
+        tokio::fs::create_dir_all(dir)
+            .await
+            .ctx(|| format!("create {}", dir.display()))?;
+        if fresh_upper {
+            remove_dir_if_exists(&actor.upper_dir()).await?;
+        }
+        // Overlay refuses a work dir left over from another mount; it is scratch space anyway.
+        remove_dir_if_exists(&actor.work_dir()).await?;
+        for d in [
+            actor.upper_dir(),
+            actor.work_dir(),
+            actor.rootfs_dir(),
+            actor.identity_dir(),
+        ] {
+            tokio::fs::create_dir_all(&d)
+                .await
+                .ctx(|| format!("create {}", d.display()))?;
+        }
+        for v in &spec.volumes {
+            let d = actor.volume_dir(&v.name);
+            tokio::fs::create_dir_all(&d)
+                .await
+                .ctx(|| format!("create {}", d.display()))?;
+        }
+        write_identity(actor).await?;
+        mount_overlay(
+            &spec.image.rootfs,
+            &actor.upper_dir(),
+            &actor.work_dir(),
+            &actor.rootfs_dir(),
+        )?;
+        let config = oci_config(actor, spec);
+        let bytes =
+            serde_json::to_vec_pretty(&config).map_err(|e| SandboxError::Invalid(e.to_string()))?;
+        let path = dir.join("config.json");
+        tokio::fs::write(&path, bytes)
+            .await
+            .ctx(|| format!("write {}", path.display()))?;
+        netns::create(&actor.netns()).await
+    }
+
+    /// Spawns `runc <args>` (run -d / restore -d) with stdout+stderr on a fresh pipe whose read
+    /// end is copied into the actor log by a task that ends when every writer has closed.
+    async fn spawn_detached(&self, actor: &ActorSandbox, args: Vec<String>) -> Result<()> {
+        let (read, write) = nix::unistd::pipe2(OFlag::O_CLOEXEC).ctx(|| "create stdio pipe")?;
+        // Only our end is non-blocking; the container keeps ordinary blocking writes.
+        fcntl(&read, FcntlArg::F_SETFL(OFlag::O_NONBLOCK)).ctx(|| "set pipe non-blocking")?;
+        let copier = spawn_log_copier(read, actor.log_path())?;
+        let write_err: OwnedFd = write.try_clone().ctx(|| "dup stdio pipe")?;
+        let mut full = self.base_args();
+        full.extend(args);
+        let mut command = Command::new(&self.runc);
+        command
+            .args(&full)
+            .stdin(Stdio::null())
+            .stdout(Stdio::from(write))
+            .stderr(Stdio::from(write_err));
+        let child = command.spawn();
+        // Drop our copies of the write end so the copier sees EOF when the container is gone.
+        drop(command);
+        let mut child = child.map_err(|e| SandboxError::Command {
+            command: cmd::render(&self.runc, &full),
+            status: "could not start".to_string(),
+            stderr: e.to_string(),
+        })?;
+        let status = child.wait().await.ctx(|| "wait for runc")?;
+        if status.success() {
+            return Ok(());
+        }
+        // runc's own error went into the log pipe; give the copier a moment to drain it.
+        let _ = tokio::time::timeout(Duration::from_secs(1), copier).await;
+        let log = tokio::fs::read(actor.log_path()).await.unwrap_or_default();
+        let mut stderr = tail(&String::from_utf8_lossy(&log), 2000);
+        if let Some(work) = full
+            .iter()
+            .position(|a| a == "--work-path")
+            .and_then(|i| full.get(i + 1))
+        {
+            let criu_log = Path::new(work).join("restore.log");
+            if let Ok(text) = tokio::fs::read_to_string(&criu_log).await {
+                stderr.push_str(&format!(
+                    "\n--- {} ---\n{}",
+                    criu_log.display(),
+                    tail(&text, 2000)
+                ));
+            }
+        }
+        Err(SandboxError::Command {
+            command: cmd::render(&self.runc, &full),
+            status: status.to_string(),
+            stderr,
+        })
+    }
+
+    async fn started(&self, actor: &ActorSandbox, begun: Instant) -> Result<Started> {
+        let id = actor.container_id();
+        let pid = self.status(&id).await?.and_then(|(_, pid)| pid);
+        Ok(Started {
+            netns: actor.netns(),
+            container_id: id,
+            pid,
+            elapsed: begun.elapsed(),
+        })
+    }
+
+    /// Everything `stop` does, without taking the actor lock.
+    async fn teardown(&self, actor: &ActorSandbox) -> Result<()> {
+        let id = actor.container_id();
+        if self.status(&id).await?.is_some() {
+            // The container may be dying on its own; kill errors are only informative.
+            if let Err(e) = self.runc(&["kill", &id, "KILL"]).await {
+                tracing::debug!(container = %id, error = %e, "runc kill");
+            }
+            let mut last_err = None;
+            for _ in 0..20 {
+                match self.runc(&["delete", "-f", &id]).await {
+                    Ok(_) => {
+                        last_err = None;
+                        break;
+                    }
+                    Err(e) => {
+                        if self.status(&id).await?.is_none() {
+                            last_err = None;
+                            break;
+                        }
+                        last_err = Some(e);
+                    }
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            if let Some(e) = last_err {
+                return Err(e);
+            }
+        }
+        unmount_if_mounted(&actor.rootfs_dir())?;
+        netns::delete(&actor.netns()).await?;
+        remove_cgroups(&actor.short_id());
+        Ok(())
+    }
+}
+
+#[async_trait::async_trait]
+impl SandboxRuntime for RuncRuntime {
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            can_restore_memory: self.criu.is_some(),
+            sandbox_class: SANDBOX_CLASS.to_string(),
+        }
+    }
+
+    async fn run(
+        &self,
+        actor: &ActorSandbox,
+        spec: &SandboxSpec,
+        mode: RunMode,
+    ) -> Result<Started> {
+        let lock = self.lock_for(actor);
+        let _guard = lock.lock().await;
+        let begun = Instant::now();
+        self.teardown(actor).await?;
+        let result = async {
+            self.prepare(actor, spec, mode == RunMode::FreshRootfs)
+                .await?;
+            let bundle = actor.dir.to_string_lossy().into_owned();
+            self.spawn_detached(
+                actor,
+                vec![
+                    "run".into(),
+                    "-d".into(),
+                    "--bundle".into(),
+                    bundle,
+                    actor.container_id(),
+                ],
+            )
+            .await?;
+            self.started(actor, begun).await
+        }
+        .await;
+        if result.is_err() {
+            let _ = self.teardown(actor).await;
+        }
+        result
+    }
+
+    async fn checkpoint(&self, actor: &ActorSandbox, image_dir: &Path) -> Result<CheckpointStats> {
+        if self.criu.is_none() {
+            return Err(SandboxError::Unsupported(
+                "memory checkpoint needs CRIU ≥ 4.2".to_string(),
+            ));
+        }
+        let lock = self.lock_for(actor);
+        let _guard = lock.lock().await;
+        let id = actor.container_id();
+        match self.status(&id).await? {
+            Some((status, _)) if status == "running" => {}
+            other => {
+                return Err(SandboxError::Checkpoint {
+                    path: image_dir.to_path_buf(),
+                    message: format!("container {id} is not running ({other:?})"),
+                });
+            }
+        }
+        tokio::fs::create_dir_all(image_dir)
+            .await
+            .ctx(|| format!("create {}", image_dir.display()))?;
+        let work = actor.dir.join("criu-dump");
+        remove_dir_if_exists(&work).await?;
+        tokio::fs::create_dir_all(&work)
+            .await
+            .ctx(|| format!("create {}", work.display()))?;
+        let image = image_dir.to_string_lossy().into_owned();
+        let work_s = work.to_string_lossy().into_owned();
+        let begun = Instant::now();
+        // Default flags suffice here: no established TCP (the worker closes connections first),
+        // cgroups in runc's default "soft" mode; the netns is external and re-supplied on restore.
+        let dumped = self
+            .runc(&[
+                "checkpoint",
+                "--image-path",
+                &image,
+                "--work-path",
+                &work_s,
+                &id,
+            ])
+            .await;
+        let dump = begun.elapsed();
+        if let Err(e) = dumped {
+            let log = tokio::fs::read_to_string(work.join("dump.log"))
+                .await
+                .unwrap_or_default();
+            let message = format!("{e}\n--- dump.log ---\n{}", tail(&log, 2000));
+            return Err(SandboxError::Checkpoint {
+                path: image_dir.to_path_buf(),
+                message,
+            });
+        }
+        // runc removed the container; release the host-side pieces (files stay for archiving).
+        self.teardown(actor).await?;
+        let image_bytes = dir_size(image_dir).await?;
+        Ok(CheckpointStats { dump, image_bytes })
+    }
+
+    async fn restore(
+        &self,
+        actor: &ActorSandbox,
+        spec: &SandboxSpec,
+        image_dir: &Path,
+    ) -> Result<Started> {
+        if self.criu.is_none() {
+            return Err(SandboxError::Unsupported(
+                "memory restore needs CRIU ≥ 4.2".to_string(),
+            ));
+        }
+        if !image_dir.join("inventory.img").is_file() {
+            return Err(SandboxError::Checkpoint {
+                path: image_dir.to_path_buf(),
+                message: "no inventory.img: not a complete CRIU image".to_string(),
+            });
+        }
+        let lock = self.lock_for(actor);
+        let _guard = lock.lock().await;
+        let begun = Instant::now();
+        self.teardown(actor).await?;
+        let result = async {
+            self.prepare(actor, spec, false).await?;
+            let work = actor.dir.join("criu-restore");
+            remove_dir_if_exists(&work).await?;
+            tokio::fs::create_dir_all(&work)
+                .await
+                .ctx(|| format!("create {}", work.display()))?;
+            let args = vec![
+                "restore".to_string(),
+                "-d".to_string(),
+                "--image-path".to_string(),
+                image_dir.to_string_lossy().into_owned(),
+                "--work-path".to_string(),
+                work.to_string_lossy().into_owned(),
+                "--bundle".to_string(),
+                actor.dir.to_string_lossy().into_owned(),
+                actor.container_id(),
+            ];
+            self.spawn_detached(actor, args).await?;
+            self.started(actor, begun).await
+        }
+        .await;
+        if result.is_err() {
+            let _ = self.teardown(actor).await;
+        }
+        result
+    }
+
+    async fn stop(&self, actor: &ActorSandbox) -> Result<()> {
+        let lock = self.lock_for(actor);
+        let _guard = lock.lock().await;
+        self.teardown(actor).await
+    }
+
+    async fn exited(&self, actor: &ActorSandbox) -> Result<Option<ExitInfo>> {
+        Ok(match self.status(&actor.container_id()).await? {
+            None => Some(ExitInfo {
+                status: "missing".to_string(),
+            }),
+            Some((status, _)) if status == "stopped" => Some(ExitInfo { status }),
+            Some(_) => None,
+        })
+    }
+}
+
+fn parse_criu_version(text: &str) -> Option<(u32, u32)> {
+    let v = text
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("Version:"))?
+        .trim();
+    let mut parts = v.split('.');
+    let major = parts.next()?.trim().parse().ok()?;
+    let minor = parts
+        .next()
+        .and_then(|m| m.trim().parse().ok())
+        .unwrap_or(0);
+    Some((major, minor))
+}
+
+fn validate_spec(actor: &ActorSandbox, spec: &SandboxSpec) -> Result<()> {
+    for p in [&actor.dir, &spec.image.rootfs] {
+        let s = p.to_string_lossy();
+        // Overlay mount options are comma/colon separated: such paths cannot be expressed.
+        if s.contains(',') || s.contains(':') || !p.is_absolute() {
+            return Err(SandboxError::Invalid(format!(
+                "path {s:?} must be absolute without ',' or ':'"
+            )));
+        }
+    }
+    for v in &spec.volumes {
+        let ok_name =
+            !v.name.is_empty() && !v.name.contains('/') && v.name != "." && v.name != "..";
+        let mp = Path::new(&v.mount_path);
+        let ok_path = mp.is_absolute()
+            && mp
+                .components()
+                .all(|c| !matches!(c, std::path::Component::ParentDir))
+            && v.mount_path != "/"
+            && !v.mount_path.starts_with("/etc/ate");
+        if !ok_name || !ok_path {
+            return Err(SandboxError::Invalid(format!(
+                "volume {:?} at {:?}",
+                v.name, v.mount_path
+            )));
+        }
+    }
+    if spec.command.is_empty()
+        && spec.image.config.entrypoint.is_empty()
+        && spec.image.config.cmd.is_empty()
+    {
+        return Err(SandboxError::Invalid(
+            "no command: template and image both leave it empty".to_string(),
+        ));
+    }
+    Ok(())
+}
+
+/// Identity files are rewritten on every run and restore, in a host dir bind-mounted at
+/// `/etc/ate` — so a restored golden snapshot reads the new actor's identity and the dump never
+/// contains them. Written via rename so a reader never sees half a file.
+async fn write_identity(actor: &ActorSandbox) -> Result<()> {
+    let dir = actor.identity_dir();
+    for (file, value) in [
+        ("actor-name", &actor.name),
+        ("atespace", &actor.atespace),
+        ("uid", &actor.uid),
+    ] {
+        let tmp = dir.join(format!(".{file}.tmp"));
+        let dst = dir.join(file);
+        tokio::fs::write(&tmp, value.as_bytes())
+            .await
+            .ctx(|| format!("write {}", tmp.display()))?;
+        tokio::fs::rename(&tmp, &dst)
+            .await
+            .ctx(|| format!("rename {}", dst.display()))?;
+    }
+    Ok(())
+}
+
+fn mount_overlay(lower: &Path, upper: &Path, work: &Path, target: &Path) -> Result<()> {
+    let opts = format!(
+        "lowerdir={},upperdir={},workdir={}",
+        lower.display(),
+        upper.display(),
+        work.display()
+    );
+    nix::mount::mount(
+        Some("overlay"),
+        target,
+        Some("overlay"),
+        MsFlags::empty(),
+        Some(opts.as_str()),
+    )
+    .ctx(|| format!("mount overlay at {} ({opts})", target.display()))
+}
+
+fn unmount_if_mounted(target: &Path) -> Result<()> {
+    // Loop: an earlier crash may have stacked mounts on the same point.
+    for _ in 0..8 {
+        match nix::mount::umount2(target, MntFlags::MNT_DETACH) {
+            Ok(()) => continue,
+            Err(nix::Error::EINVAL) | Err(nix::Error::ENOENT) => return Ok(()),
+            Err(e) => {
+                return Err(SandboxError::io(
+                    format!("unmount {}", target.display()),
+                    e.into(),
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Removes leftover actor cgroups in every hierarchy (runc delete normally does this; a crash
+/// between dump and delete can leave empty ones).
+fn remove_cgroups(short_id: &str) {
+    let Ok(hierarchies) = std::fs::read_dir("/sys/fs/cgroup") else {
+        return;
+    };
+    for h in hierarchies.flatten() {
+        let dir = h.path().join(CGROUP_PARENT).join(short_id);
+        if dir.is_dir()
+            && let Err(e) = std::fs::remove_dir(&dir)
+        {
+            tracing::warn!(cgroup = %dir.display(), error = %e, "could not remove actor cgroup");
+        }
+    }
+}
+
+async fn remove_dir_if_exists(dir: &Path) -> Result<()> {
+    match tokio::fs::remove_dir_all(dir).await {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(SandboxError::io(format!("remove {}", dir.display()), e)),
+    }
+}
+
+async fn dir_size(dir: &Path) -> Result<u64> {
+    let mut total = 0;
+    let mut entries = tokio::fs::read_dir(dir)
+        .await
+        .ctx(|| format!("list {}", dir.display()))?;
+    while let Some(e) = entries
+        .next_entry()
+        .await
+        .ctx(|| format!("list {}", dir.display()))?
+    {
+        let meta = e
+            .metadata()
+            .await
+            .ctx(|| format!("stat {}", e.path().display()))?;
+        if meta.is_file() {
+            total += meta.len();
+        }
+    }
+    Ok(total)
+}
+
+fn spawn_log_copier(read: OwnedFd, log: PathBuf) -> Result<tokio::task::JoinHandle<()>> {
+    let mut rx =
+        tokio::net::unix::pipe::Receiver::from_owned_fd(read).ctx(|| "register stdio pipe")?;
+    Ok(tokio::spawn(async move {
+        let file = tokio::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&log)
+            .await;
+        let mut file = match file {
+            Ok(f) => f,
+            Err(e) => {
+                tracing::warn!(log = %log.display(), error = %e, "cannot open actor log; output discarded");
+                let _ = tokio::io::copy(&mut rx, &mut tokio::io::sink()).await;
+                return;
+            }
+        };
+        let mut buf = vec![0u8; 16 * 1024];
+        loop {
+            match tokio::io::AsyncReadExt::read(&mut rx, &mut buf).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => {
+                    if file.write_all(&buf[..n]).await.is_err() {
+                        break;
+                    }
+                    let _ = file.flush().await;
+                }
+            }
+        }
+    }))
+}
+
+/// The OCI runtime config: runc's default spec (mounts, masked/readonly paths, capabilities)
+/// plus the actor's process, namespaces (network by path), volumes, identity dir and limits.
+fn oci_config(actor: &ActorSandbox, spec: &SandboxSpec) -> Value {
+    let args: Vec<String> = if spec.command.is_empty() {
+        spec.image
+            .config
+            .entrypoint
+            .iter()
+            .chain(spec.image.config.cmd.iter())
+            .cloned()
+            .collect()
+    } else {
+        spec.command.clone()
+    };
+    let env = build_env(spec);
+    let cwd = if spec.image.config.working_dir.is_empty() {
+        "/".to_string()
+    } else {
+        spec.image.config.working_dir.clone()
+    };
+    let caps = json!(["CAP_AUDIT_WRITE", "CAP_KILL", "CAP_NET_BIND_SERVICE"]);
+
+    let mut mounts = vec![
+        json!({"destination": "/proc", "type": "proc", "source": "proc"}),
+        json!({"destination": "/dev", "type": "tmpfs", "source": "tmpfs", "options": ["nosuid", "strictatime", "mode=755", "size=65536k"]}),
+        json!({"destination": "/dev/pts", "type": "devpts", "source": "devpts", "options": ["nosuid", "noexec", "newinstance", "ptmxmode=0666", "mode=0620", "gid=5"]}),
+        json!({"destination": "/dev/shm", "type": "tmpfs", "source": "shm", "options": ["nosuid", "noexec", "nodev", "mode=1777", "size=65536k"]}),
+        json!({"destination": "/dev/mqueue", "type": "mqueue", "source": "mqueue", "options": ["nosuid", "noexec", "nodev"]}),
+        json!({"destination": "/sys", "type": "sysfs", "source": "sysfs", "options": ["nosuid", "noexec", "nodev", "ro"]}),
+        // No /sys/fs/cgroup mount (runc's default has one): workloads don't need it and it is
+        // one more mount CRIU would have to carry.
+        json!({"destination": "/etc/ate", "type": "bind", "source": actor.identity_dir(), "options": ["bind", "ro", "nosuid", "nodev", "noexec"]}),
+    ];
+    for v in &spec.volumes {
+        mounts.push(json!({"destination": v.mount_path, "type": "bind", "source": actor.volume_dir(&v.name), "options": ["rbind", "rw", "nosuid", "nodev"]}));
+    }
+
+    let mut resources = json!({"devices": [{"allow": false, "access": "rwm"}]});
+    if spec.resources.memory_bytes > 0 {
+        resources["memory"] = json!({"limit": spec.resources.memory_bytes});
+    }
+    if spec.resources.cpu_millis > 0 {
+        let quota = u64::from(spec.resources.cpu_millis) * CPU_PERIOD_US / 1000;
+        resources["cpu"] = json!({"quota": quota, "period": CPU_PERIOD_US});
+    }
+
+    json!({
+        "ociVersion": "1.0.2-dev",
+        "process": {
+            "terminal": false,
+            "user": {"uid": 0, "gid": 0},
+            "args": args,
+            "env": env,
+            "cwd": cwd,
+            "capabilities": {"bounding": caps, "effective": caps, "permitted": caps, "ambient": caps},
+            "rlimits": [{"type": "RLIMIT_NOFILE", "hard": 1024, "soft": 1024}],
+            "noNewPrivileges": true
+        },
+        "root": {"path": actor.rootfs_dir(), "readonly": false},
+        "hostname": actor.name,
+        "mounts": mounts,
+        "linux": {
+            "cgroupsPath": format!("/{CGROUP_PARENT}/{}", actor.short_id()),
+            "resources": resources,
+            "namespaces": [
+                {"type": "pid"},
+                {"type": "network", "path": netns::netns_path(&actor.netns())},
+                {"type": "ipc"},
+                {"type": "uts"},
+                {"type": "mount"}
+            ],
+            "maskedPaths": ["/proc/acpi", "/proc/asound", "/proc/kcore", "/proc/keys", "/proc/latency_stats",
+                "/proc/timer_list", "/proc/timer_stats", "/proc/sched_debug", "/sys/firmware", "/proc/scsi"],
+            "readonlyPaths": ["/proc/bus", "/proc/fs", "/proc/irq", "/proc/sys", "/proc/sysrq-trigger"]
+        }
+    })
+}
+
+/// Image env, then template env (same name replaces), then `PORT` and `PATH` if still unset.
+fn build_env(spec: &SandboxSpec) -> Vec<String> {
+    let mut env: Vec<(String, String)> = Vec::new();
+    let mut set = |name: &str, value: &str| {
+        if let Some(slot) = env.iter_mut().find(|(n, _)| n == name) {
+            slot.1 = value.to_string();
+        } else {
+            env.push((name.to_string(), value.to_string()));
+        }
+    };
+    for kv in &spec.image.config.env {
+        let (n, v) = kv.split_once('=').unwrap_or((kv.as_str(), ""));
+        set(n, v);
+    }
+    for (n, v) in &spec.env {
+        set(n, v);
+    }
+    let mut out: Vec<String> = env.into_iter().map(|(n, v)| format!("{n}={v}")).collect();
+    if !out.iter().any(|e| e.starts_with("PORT=")) {
+        out.push(format!("PORT={}", spec.port));
+    }
+    if !out.iter().any(|e| e.starts_with("PATH=")) {
+        out.push(DEFAULT_PATH.to_string());
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::image::{ImageConfig, UnpackedImage};
+    use ate_core::template::{Resources, Volume};
+
+    fn spec() -> SandboxSpec {
+        SandboxSpec {
+            image: UnpackedImage {
+                manifest_digest: "sha256:00".into(),
+                rootfs: "/cache/x/rootfs".into(),
+                config: ImageConfig {
+                    entrypoint: vec!["/counter".into()],
+                    cmd: vec![],
+                    env: vec!["PATH=/bin".into(), "A=1".into()],
+                    working_dir: String::new(),
+                },
+            },
+            command: vec![],
+            env: vec![("A".into(), "2".into())],
+            port: 8080,
+            volumes: vec![Volume {
+                name: "data".into(),
+                mount_path: "/data".into(),
+            }],
+            resources: Resources {
+                cpu_millis: 500,
+                memory_bytes: 64 << 20,
+            },
+        }
+    }
+
+    #[test]
+    fn env_merges_template_over_image() {
+        assert_eq!(build_env(&spec()), vec!["PATH=/bin", "A=2", "PORT=8080"]);
+    }
+
+    #[test]
+    fn config_has_netns_path_and_limits() {
+        let actor = ActorSandbox::new("team", "c1", "u1", "/var/lib/ate/actors/c1");
+        let c = oci_config(&actor, &spec());
+        let ns = &c["linux"]["namespaces"][1];
+        assert_eq!(ns["type"], "network");
+        assert_eq!(ns["path"], format!("/var/run/netns/{}", actor.netns()));
+        assert_eq!(c["linux"]["resources"]["cpu"]["quota"], 50_000);
+        assert_eq!(c["linux"]["resources"]["memory"]["limit"], 64u64 << 20);
+        assert_eq!(c["process"]["args"], json!(["/counter"]));
+        assert_eq!(c["root"]["path"], "/var/lib/ate/actors/c1/rootfs");
+    }
+
+    #[test]
+    fn rejects_escaping_volumes() {
+        let actor = ActorSandbox::new("team", "c1", "u1", "/x");
+        let mut s = spec();
+        s.volumes = vec![Volume {
+            name: "../x".into(),
+            mount_path: "/data".into(),
+        }];
+        assert!(validate_spec(&actor, &s).is_err());
+        s.volumes = vec![Volume {
+            name: "x".into(),
+            mount_path: "/etc/ate".into(),
+        }];
+        assert!(validate_spec(&actor, &s).is_err());
+        s.volumes = vec![Volume {
+            name: "x".into(),
+            mount_path: "data".into(),
+        }];
+        assert!(validate_spec(&actor, &s).is_err());
+    }
+
+    #[test]
+    fn criu_versions() {
+        assert_eq!(parse_criu_version("Version: 4.2.1\n"), Some((4, 2)));
+        assert_eq!(parse_criu_version("Version: 3.17\nGitID: x"), Some((3, 17)));
+        assert_eq!(parse_criu_version("nope"), None);
+    }
+}

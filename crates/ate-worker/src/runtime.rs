@@ -1,0 +1,210 @@
+//! The sandbox runtime contract and the per-actor types every runtime shares.
+//!
+//! A runtime runs one actor's main container in its own network namespace, can dump it to a
+//! directory of memory images and bring it back, and restarts it from its kept files for the
+//! lower fidelities. `runc` + CRIU ([`crate::runc::RuncRuntime`]) is the only implementation on
+//! these hosts; gVisor or a micro-VM runtime would implement the same trait.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use ate_core::template::{Resources, TemplateSpec, Volume};
+
+use crate::error::{Result, SandboxError};
+use crate::image::UnpackedImage;
+use crate::netns;
+
+/// What a runtime can do on this worker (reported to the api at registration).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Capabilities {
+    /// False when CRIU is missing or too old: the scheduler then restores at ROOTFS fidelity.
+    pub can_restore_memory: bool,
+    /// `runc` for [`crate::runc::RuncRuntime`]; snapshots only restore on the class that wrote them.
+    pub sandbox_class: String,
+}
+
+/// An actor's identity and its directory on the node. Everything a runtime names for the actor
+/// (netns, container id, cgroup) derives from `atespace/name`, so `stop` works after a worker restart
+/// with nothing but this.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ActorSandbox {
+    pub atespace: String,
+    pub name: String,
+    /// The actor's uid (written into `/etc/ate/uid`).
+    pub uid: String,
+    /// `<node dir>/actors/<...>`: holds `rootfs/` (overlay mount point), `upper/`, `work/`,
+    /// `volumes/<name>/`, `etc-ate/`, `config.json`, `log`.
+    pub dir: PathBuf,
+}
+
+impl ActorSandbox {
+    pub fn new(
+        atespace: impl Into<String>,
+        name: impl Into<String>,
+        uid: impl Into<String>,
+        dir: impl Into<PathBuf>,
+    ) -> Self {
+        ActorSandbox {
+            atespace: atespace.into(),
+            name: name.into(),
+            uid: uid.into(),
+            dir: dir.into(),
+        }
+    }
+
+    /// 10 hex chars, stable for `atespace/name`.
+    pub fn short_id(&self) -> String {
+        netns::short_id(&self.atespace, &self.name)
+    }
+
+    /// Network namespace name (`ate-<short id>`), also used as container id.
+    pub fn netns(&self) -> String {
+        netns::netns_name(&self.atespace, &self.name)
+    }
+
+    pub fn container_id(&self) -> String {
+        self.netns()
+    }
+
+    /// Overlay mount point = the container's root. Must be the same path at dump and restore.
+    pub fn rootfs_dir(&self) -> PathBuf {
+        self.dir.join("rootfs")
+    }
+
+    /// The overlay upper dir: everything the actor wrote outside its volumes (ROOTFS fidelity).
+    pub fn upper_dir(&self) -> PathBuf {
+        self.dir.join("upper")
+    }
+
+    pub fn work_dir(&self) -> PathBuf {
+        self.dir.join("work")
+    }
+
+    pub fn volumes_dir(&self) -> PathBuf {
+        self.dir.join("volumes")
+    }
+
+    pub fn volume_dir(&self, volume: &str) -> PathBuf {
+        self.volumes_dir().join(volume)
+    }
+
+    /// Host directory bind-mounted at `/etc/ate` (identity files).
+    pub fn identity_dir(&self) -> PathBuf {
+        self.dir.join("etc-ate")
+    }
+
+    /// Container stdout + stderr, appended across runs and restores.
+    pub fn log_path(&self) -> PathBuf {
+        self.dir.join("log")
+    }
+}
+
+/// What to run: the image, the process and its limits. One container per sandbox.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SandboxSpec {
+    pub image: UnpackedImage,
+    /// Replaces the image's Entrypoint + Cmd when not empty.
+    pub command: Vec<String>,
+    /// Added after the image's env; a name set here wins.
+    pub env: Vec<(String, String)>,
+    /// Exported as `PORT` unless `env` sets it.
+    pub port: u16,
+    pub volumes: Vec<Volume>,
+    pub resources: Resources,
+}
+
+impl SandboxSpec {
+    /// The spec for a template's first container (the one the worker serves and probes).
+    pub fn from_template(template: &TemplateSpec, image: UnpackedImage) -> Result<Self> {
+        let container = template
+            .containers
+            .first()
+            .ok_or_else(|| SandboxError::Invalid("template has no containers".to_string()))?;
+        let port = container
+            .wakeup_probe
+            .as_ref()
+            .map(|p| p.http_get.port)
+            .unwrap_or(80)
+            .try_into()
+            .map_err(|_| SandboxError::Invalid("wakeup probe port out of range".to_string()))?;
+        Ok(SandboxSpec {
+            image,
+            command: container.command.clone(),
+            env: container
+                .env
+                .iter()
+                .map(|e| (e.name.clone(), e.value.clone()))
+                .collect(),
+            port,
+            volumes: template.volumes.clone(),
+            resources: template.resources,
+        })
+    }
+}
+
+/// How `run` treats the actor's kept files.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RunMode {
+    /// Cold boot or ROOTFS fidelity: keep the upper dir (if any) and the volumes.
+    KeepRootfs,
+    /// VOLUMES fidelity (or a template change): empty upper dir, volumes kept.
+    FreshRootfs,
+}
+
+/// A started (or restored) sandbox.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Started {
+    pub netns: String,
+    pub container_id: String,
+    /// Host pid of the container's init, when the runtime knows it.
+    pub pid: Option<u32>,
+    /// Wall time of the runtime command (`runc run -d` / `runc restore -d`), mounts included.
+    pub elapsed: Duration,
+}
+
+/// Result of a memory checkpoint.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CheckpointStats {
+    /// Wall time of the dump command alone (the sandbox is frozen this long).
+    pub dump: Duration,
+    /// Total size of the image directory after the dump.
+    pub image_bytes: u64,
+}
+
+/// Why an actor is no longer running.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ExitInfo {
+    /// Runtime status (`stopped`), or `missing` when the runtime has no such sandbox.
+    pub status: String,
+}
+
+/// A sandbox runtime. Calls for one actor are serialized by the implementation; calls for
+/// different actors run concurrently.
+#[async_trait::async_trait]
+pub trait SandboxRuntime: Send + Sync {
+    fn capabilities(&self) -> Capabilities;
+
+    /// Starts the actor from its image (plus kept upper dir per `mode`) in a fresh netns.
+    async fn run(&self, actor: &ActorSandbox, spec: &SandboxSpec, mode: RunMode)
+    -> Result<Started>;
+
+    /// Dumps the actor's processes into `image_dir` (created if missing) and stops the sandbox;
+    /// the upper dir and volumes are left for the caller to archive.
+    async fn checkpoint(&self, actor: &ActorSandbox, image_dir: &Path) -> Result<CheckpointStats>;
+
+    /// Restores a dump from `image_dir` with the same rootfs path, a fresh netns and freshly
+    /// written identity files (MEMORY fidelity).
+    async fn restore(
+        &self,
+        actor: &ActorSandbox,
+        spec: &SandboxSpec,
+        image_dir: &Path,
+    ) -> Result<Started>;
+
+    /// Kills and removes everything the sandbox holds on the host except the actor's files.
+    /// Idempotent: stopping a stopped or unknown actor is Ok.
+    async fn stop(&self, actor: &ActorSandbox) -> Result<()>;
+
+    /// `Some` once the actor's processes have all exited (or the sandbox is gone).
+    async fn exited(&self, actor: &ActorSandbox) -> Result<Option<ExitInfo>>;
+}

@@ -1,0 +1,167 @@
+//! Shared fixture for the sandbox tests: built demo images, a per-test temp dir and runc root,
+//! and a Drop guard that removes every host-side trace (containers, mounts, netns, cgroups) even
+//! when the test panics.
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::OnceLock;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use ate_worker::{ActorSandbox, netns};
+
+/// Directory with `counter/` and `sleeper/` OCI layouts: `$ATE_TEST_IMAGES`, or built once per
+/// test process with `workloads/build-images.sh` into a temp dir (panics with the reason if that fails).
+pub fn images_dir() -> PathBuf {
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    DIR.get_or_init(|| {
+        if let Some(dir) = std::env::var_os("ATE_TEST_IMAGES").filter(|d| !d.is_empty()) {
+            let dir = PathBuf::from(dir);
+            assert!(
+                dir.join("counter/index.json").is_file(),
+                "ATE_TEST_IMAGES={} has no counter/index.json; run workloads/build-images.sh into it",
+                dir.display()
+            );
+            return dir;
+        }
+        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../workloads/build-images.sh");
+        let out = std::env::temp_dir().join(format!("ate-worker-test-images-{}", std::process::id()));
+        let status = Command::new("bash").arg(&script).arg(&out).status();
+        match status {
+            Ok(s) if s.success() => out,
+            other => panic!(
+                "ATE_TEST_IMAGES is unset and `{} {}` failed ({other:?}); build the images or set ATE_TEST_IMAGES",
+                script.display(),
+                out.display()
+            ),
+        }
+    })
+    .clone()
+}
+
+pub fn counter_ref() -> String {
+    format!("oci-layout:{}", images_dir().join("counter").display())
+}
+
+/// A name unique across concurrently running test processes.
+pub fn unique_name(prefix: &str) -> String {
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.subsec_nanos())
+        .unwrap_or(0);
+    format!("{prefix}-{}-{nanos:x}", std::process::id())
+}
+
+/// Per-test root; cleans up on drop.
+pub struct Env {
+    pub dir: tempfile::TempDir,
+    pub actors: Vec<ActorSandbox>,
+    pub extra_netns: Vec<String>,
+}
+
+impl Env {
+    pub fn new() -> Self {
+        assert!(
+            nix::unistd::geteuid().is_root(),
+            "sandbox tests need root (runc, netns, mounts)"
+        );
+        let dir = tempfile::Builder::new()
+            .prefix("ate-worker-test-")
+            .tempdir()
+            .expect("temp dir");
+        Env {
+            dir,
+            actors: Vec::new(),
+            extra_netns: Vec::new(),
+        }
+    }
+
+    pub fn path(&self) -> &Path {
+        self.dir.path()
+    }
+
+    pub fn state_dir(&self) -> PathBuf {
+        self.path().join("state")
+    }
+
+    pub fn runc_root(&self) -> PathBuf {
+        self.state_dir().join("runc")
+    }
+
+    pub fn actor(&mut self, prefix: &str, uid: &str) -> ActorSandbox {
+        let name = unique_name(prefix);
+        let a = ActorSandbox::new(
+            "test",
+            name.clone(),
+            uid,
+            self.path().join("actors").join(name),
+        );
+        self.actors.push(a.clone());
+        a
+    }
+
+    /// Asserts nothing of ours is left on the host (call at the end of a passing test).
+    pub fn assert_clean(&self) {
+        let root = self.runc_root();
+        if root.exists() {
+            let out = Command::new("runc")
+                .arg("--root")
+                .arg(&root)
+                .args(["list", "-q"])
+                .output()
+                .expect("runc list");
+            let list = String::from_utf8_lossy(&out.stdout);
+            assert!(list.trim().is_empty(), "runc containers left: {list}");
+        }
+        let netns = Command::new("ip")
+            .args(["netns", "list"])
+            .output()
+            .expect("ip netns list");
+        let netns = String::from_utf8_lossy(&netns.stdout);
+        for a in &self.actors {
+            assert!(!netns.contains(&a.netns()), "netns {} left", a.netns());
+        }
+        for n in &self.extra_netns {
+            assert!(!netns.contains(n.as_str()), "netns {n} left");
+        }
+        let mounts = std::fs::read_to_string("/proc/mounts").expect("read /proc/mounts");
+        let here = self.path().to_string_lossy().into_owned();
+        assert!(!mounts.contains(&here), "mounts left under {here}");
+    }
+}
+
+impl Drop for Env {
+    fn drop(&mut self) {
+        // Synchronous on purpose: it must also run while a panicking test unwinds.
+        let root = self.runc_root();
+        for a in &self.actors {
+            let id = a.container_id();
+            if root.exists() {
+                let _ = Command::new("runc")
+                    .arg("--root")
+                    .arg(&root)
+                    .args(["kill", &id, "KILL"])
+                    .output();
+                let _ = Command::new("runc")
+                    .arg("--root")
+                    .arg(&root)
+                    .args(["delete", "-f", &id])
+                    .output();
+            }
+            let _ = nix::mount::umount2(&a.rootfs_dir(), nix::mount::MntFlags::MNT_DETACH);
+            let _ = Command::new("ip")
+                .args(["netns", "delete", &a.netns()])
+                .output();
+            if let Ok(hs) = std::fs::read_dir("/sys/fs/cgroup") {
+                for h in hs.flatten() {
+                    let _ = std::fs::remove_dir(h.path().join("ate").join(a.short_id()));
+                }
+            }
+        }
+        for n in &self.extra_netns {
+            if netns::exists(n) {
+                let _ = Command::new("ip").args(["netns", "delete", n]).output();
+            }
+        }
+    }
+}

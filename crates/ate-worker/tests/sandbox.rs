@@ -1,0 +1,342 @@
+//! Real runc + CRIU + netns tests (root). Images: `$ATE_TEST_IMAGES` or built on the fly.
+
+mod common;
+
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use ate_core::template::{Resources, Volume};
+use ate_worker::{
+    ACTOR_IP, ActorSandbox, ImageCache, RunMode, RuncConfig, RuncRuntime, SandboxError,
+    SandboxRuntime, SandboxSpec, netns, probe,
+};
+use common::{Env, counter_ref, images_dir};
+
+const PROBE_TIMEOUT: Duration = Duration::from_secs(15);
+
+async fn counter_spec(env: &Env) -> SandboxSpec {
+    let image = ImageCache::new(env.path().join("images"))
+        .ensure(&counter_ref())
+        .await
+        .expect("unpack counter");
+    SandboxSpec {
+        image,
+        command: vec![],
+        env: vec![],
+        port: 80,
+        volumes: vec![Volume {
+            name: "data".into(),
+            mount_path: "/data".into(),
+        }],
+        resources: Resources {
+            cpu_millis: 500,
+            memory_bytes: 128 << 20,
+        },
+    }
+}
+
+async fn get(actor: &ActorSandbox, path: &str) -> (u16, String) {
+    let addr = SocketAddr::new(ACTOR_IP.into(), 80);
+    probe::get(&actor.netns(), addr, path, Duration::from_secs(5))
+        .await
+        .expect("GET in actor netns")
+}
+
+fn counts(m: u32, f: u32, r: u32) -> String {
+    format!(
+        "preserved memory count: {m} | preserved file counter: {f} | preserved rootfs counter: {r}"
+    )
+}
+
+async fn assert_counts(actor: &ActorSandbox, m: u32, f: u32, r: u32) {
+    let (status, body) = get(actor, "/").await;
+    assert_eq!(status, 200, "body: {body}");
+    assert_eq!(body.trim(), counts(m, f, r));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn image_unpacks_and_caches() {
+    let env = Env::new();
+    let cache = ImageCache::new(env.path().join("images"));
+    // Concurrent callers for one digest: one unpack, same result.
+    let reference = counter_ref();
+    let (a, b) = tokio::join!(cache.ensure(&reference), cache.ensure(&reference));
+    let (a, b) = (a.expect("first ensure"), b.expect("second ensure"));
+    assert_eq!(a, b);
+    assert!(
+        a.rootfs.join("counter").is_file(),
+        "no /counter in {}",
+        a.rootfs.display()
+    );
+    assert!(a.manifest_digest.starts_with("sha256:"));
+    assert_eq!(
+        a.rootfs
+            .parent()
+            .and_then(|p| p.file_name())
+            .and_then(|n| n.to_str()),
+        a.manifest_digest.strip_prefix("sha256:")
+    );
+    assert!(
+        !a.config.entrypoint.is_empty() || !a.config.cmd.is_empty(),
+        "image config has no command"
+    );
+    // No temp dirs left behind.
+    let leftovers: Vec<_> = std::fs::read_dir(cache.root())
+        .expect("list cache")
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().starts_with(".tmp-"))
+        .collect();
+    assert!(leftovers.is_empty());
+    let missing_tag = cache.ensure(&format!("{}:nope", counter_ref())).await;
+    assert!(
+        matches!(missing_tag, Err(SandboxError::Image { .. })),
+        "{missing_tag:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn image_with_flipped_layer_byte_is_refused() {
+    let env = Env::new();
+    let layout = env.path().join("counter-layout");
+    let status = std::process::Command::new("cp")
+        .arg("-a")
+        .arg(images_dir().join("counter"))
+        .arg(&layout)
+        .status();
+    assert!(status.is_ok_and(|s| s.success()), "copy layout");
+    // The biggest blob is the layer.
+    let blobs = layout.join("blobs/sha256");
+    let layer = std::fs::read_dir(&blobs)
+        .expect("list blobs")
+        .flatten()
+        .max_by_key(|e| e.metadata().map(|m| m.len()).unwrap_or(0))
+        .expect("a blob")
+        .path();
+    let mut bytes = std::fs::read(&layer).expect("read layer");
+    let mid = bytes.len() / 2;
+    bytes[mid] ^= 0x01;
+    std::fs::write(&layer, bytes).expect("write layer");
+
+    let cache = ImageCache::new(env.path().join("images"));
+    let result = cache
+        .ensure(&format!("oci-layout:{}", layout.display()))
+        .await;
+    match result {
+        Err(SandboxError::Checksum { digest, .. }) => {
+            assert!(
+                digest.ends_with(
+                    &layer
+                        .file_name()
+                        .map(|n| n.to_string_lossy().into_owned())
+                        .unwrap_or_default()
+                )
+            )
+        }
+        other => panic!("expected a checksum error, got {other:?}"),
+    }
+    // Nothing half-unpacked in the cache.
+    let entries: Vec<_> = std::fs::read_dir(cache.root())
+        .expect("list cache")
+        .flatten()
+        .filter(|e| !e.file_name().to_string_lossy().ends_with(".lock"))
+        .collect();
+    assert!(entries.is_empty(), "cache has {entries:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn counter_memory_rootfs_and_volumes_fidelity() {
+    let mut env = Env::new();
+    let runtime = RuncRuntime::new(RuncConfig::new(env.state_dir()))
+        .await
+        .expect("runc runtime");
+    assert!(
+        runtime.capabilities().can_restore_memory,
+        "CRIU ≥ 4.2 must be installed for this test"
+    );
+    let spec = counter_spec(&env).await;
+    let actor = env.actor("ctr", "uid-1");
+
+    let started = runtime
+        .run(&actor, &spec, RunMode::KeepRootfs)
+        .await
+        .expect("run counter");
+    eprintln!("run -d: {:?}", started.elapsed);
+    let ready = probe::wait_ready(&actor.netns(), 80, "/healthz", PROBE_TIMEOUT)
+        .await
+        .expect("counter ready");
+    eprintln!("cold start → probe ok: {:?}", started.elapsed + ready);
+    for i in 1..=3 {
+        assert_counts(&actor, i, i, i).await;
+    }
+    assert!(runtime.exited(&actor).await.expect("state").is_none());
+
+    // MEMORY: dump, everything host-side goes, restore in place.
+    let images = env.path().join("checkpoint-1");
+    let stats = runtime
+        .checkpoint(&actor, &images)
+        .await
+        .expect("checkpoint");
+    eprintln!(
+        "checkpoint (dump): {:?}, image {} KiB",
+        stats.dump,
+        stats.image_bytes / 1024
+    );
+    assert!(
+        !netns::exists(&actor.netns()),
+        "netns kept after checkpoint"
+    );
+    assert!(runtime.exited(&actor).await.expect("state").is_some());
+
+    // A different uid: the identity files are rewritten on restore, not taken from the dump.
+    let restored_actor = ActorSandbox {
+        uid: "uid-2".into(),
+        ..actor.clone()
+    };
+    let t0 = Instant::now();
+    let restored = runtime
+        .restore(&restored_actor, &spec, &images)
+        .await
+        .expect("restore");
+    let ready = probe::wait_ready(&actor.netns(), 80, "/healthz", PROBE_TIMEOUT)
+        .await
+        .expect("restored counter ready");
+    let first = t0.elapsed();
+    assert_counts(&actor, 4, 4, 4).await;
+    eprintln!(
+        "restore: runc restore -d {:?}, probe {:?}, restore → first response {:?}, → first counter reply {:?}",
+        restored.elapsed,
+        ready,
+        first,
+        t0.elapsed()
+    );
+    let (_, who) = get(&actor, "/whoami").await;
+    assert_eq!(who.trim(), format!("test/{} uid-2", actor.name));
+
+    // Restoring the same image a second time works too (a snapshot is reusable).
+    runtime.stop(&actor).await.expect("stop after restore");
+    let t0 = Instant::now();
+    runtime
+        .restore(&actor, &spec, &images)
+        .await
+        .expect("second restore");
+    probe::wait_ready(&actor.netns(), 80, "/healthz", PROBE_TIMEOUT)
+        .await
+        .expect("second restore ready");
+    eprintln!("second restore → first response {:?}", t0.elapsed());
+    // Memory is back at 3 (the dump); the files moved on to 4, so they read 5.
+    assert_counts(&actor, 4, 5, 5).await;
+
+    // ROOTFS: restart from the kept upper dir and volumes; memory starts over.
+    runtime.stop(&actor).await.expect("stop");
+    let t0 = Instant::now();
+    runtime
+        .run(&actor, &spec, RunMode::KeepRootfs)
+        .await
+        .expect("rootfs restart");
+    probe::wait_ready(&actor.netns(), 80, "/healthz", PROBE_TIMEOUT)
+        .await
+        .expect("rootfs restart ready");
+    eprintln!("rootfs restart → first response {:?}", t0.elapsed());
+    assert_counts(&actor, 1, 6, 6).await;
+
+    // VOLUMES: fresh upper dir; only the volume file continues.
+    runtime.stop(&actor).await.expect("stop");
+    runtime
+        .run(&actor, &spec, RunMode::FreshRootfs)
+        .await
+        .expect("volumes restart");
+    probe::wait_ready(&actor.netns(), 80, "/healthz", PROBE_TIMEOUT)
+        .await
+        .expect("volumes restart ready");
+    assert_counts(&actor, 1, 7, 1).await;
+
+    runtime.stop(&actor).await.expect("stop");
+    runtime.stop(&actor).await.expect("second stop is a no-op");
+    env.assert_clean();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exited_actor_is_noticed_and_stop_is_idempotent() {
+    let mut env = Env::new();
+    let runtime = RuncRuntime::new(RuncConfig::new(env.state_dir()))
+        .await
+        .expect("runc runtime");
+    let spec = counter_spec(&env).await;
+    let actor = env.actor("exit", "uid-1");
+    // Stopping an actor the runtime never saw is fine.
+    runtime.stop(&actor).await.expect("stop unknown actor");
+
+    let started = runtime
+        .run(&actor, &spec, RunMode::KeepRootfs)
+        .await
+        .expect("run");
+    probe::wait_ready(&actor.netns(), 80, "/healthz", PROBE_TIMEOUT)
+        .await
+        .expect("ready");
+    let pid = started.pid.expect("init pid");
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(pid as i32),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .expect("kill init");
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let info = loop {
+        if let Some(info) = runtime.exited(&actor).await.expect("state") {
+            break info;
+        }
+        assert!(Instant::now() < deadline, "exit not noticed");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert_eq!(info.status, "stopped");
+    runtime.stop(&actor).await.expect("stop exited actor");
+    runtime.stop(&actor).await.expect("stop again");
+    env.assert_clean();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn probe_times_out_on_a_silent_port() {
+    let mut env = Env::new();
+    let ns = format!("ate-p{:x}", std::process::id());
+    env.extra_netns.push(ns.clone());
+    netns::create(&ns).await.expect("create netns");
+    let timeout = Duration::from_millis(800);
+    let t0 = Instant::now();
+    let r = probe::wait_ready(&ns, 9999, "/healthz", timeout).await;
+    let took = t0.elapsed();
+    assert!(matches!(r, Err(SandboxError::ProbeTimeout { .. })), "{r:?}");
+    // Gives up within the limit (at most one poll interval early), never long after it.
+    assert!(
+        took + Duration::from_millis(50) >= timeout && took < timeout + Duration::from_millis(300),
+        "took {took:?}"
+    );
+    netns::delete(&ns).await.expect("delete netns");
+    netns::delete(&ns).await.expect("delete is idempotent");
+    env.assert_clean();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn actor_netns_cannot_reach_host_loopback() {
+    let mut env = Env::new();
+    let host = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("host listener");
+    let port = host.local_addr().expect("addr").port();
+    // Sanity: reachable from the host namespace.
+    tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .expect("host connect");
+
+    let ns = format!("ate-i{:x}", std::process::id());
+    env.extra_netns.push(ns.clone());
+    netns::create(&ns).await.expect("create netns");
+    let target: SocketAddr = ([127, 0, 0, 1], port).into();
+    let r = netns::connect_in_netns_timeout(&ns, target, Duration::from_secs(2)).await;
+    let err = r.expect_err("host loopback must not be reachable from the actor netns");
+    assert_eq!(err.kind(), std::io::ErrorKind::ConnectionRefused, "{err}");
+    // The calling thread is still in the host namespace (setns ran on a side thread).
+    tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .expect("host connect after");
+    netns::delete(&ns).await.expect("delete netns");
+    env.assert_clean();
+}
