@@ -3,10 +3,10 @@
 //! decision. This crate performs no I/O.
 
 pub mod names;
+pub mod restore;
 pub mod selector;
 pub mod state;
 pub mod template;
-pub mod restore;
 
 pub use names::{ActorRef, ValidationError, validate_label};
 pub use state::{ActorState, DurableStatus, Fidelity, SuspendMode};

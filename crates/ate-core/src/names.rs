@@ -12,7 +12,10 @@ pub struct ValidationError {
 
 impl ValidationError {
     pub fn new(field: impl Into<String>, message: impl Into<String>) -> Self {
-        Self { field: field.into(), message: message.into() }
+        Self {
+            field: field.into(),
+            message: message.into(),
+        }
     }
 }
 
@@ -27,7 +30,10 @@ pub fn validate_label(field: &str, value: &str) -> Result<(), ValidationError> {
     if value.len() > MAX_LABEL_LEN {
         return Err(ValidationError::new(
             field,
-            format!("{:?} is longer than {MAX_LABEL_LEN} characters", truncate(value)),
+            format!(
+                "{:?} is longer than {MAX_LABEL_LEN} characters",
+                truncate(value)
+            ),
         ));
     }
     if !is_label(value) {
@@ -49,9 +55,7 @@ pub fn is_label(value: &str) -> bool {
         return false;
     }
     let alnum = |b: u8| b.is_ascii_lowercase() || b.is_ascii_digit();
-    alnum(bytes[0])
-        && alnum(bytes[bytes.len() - 1])
-        && bytes.iter().all(|&b| alnum(b) || b == b'-')
+    alnum(bytes[0]) && alnum(bytes[bytes.len() - 1]) && bytes.iter().all(|&b| alnum(b) || b == b'-')
 }
 
 fn truncate(value: &str) -> String {
@@ -67,13 +71,19 @@ pub struct ActorRef {
 
 impl ActorRef {
     pub fn new(atespace: impl Into<String>, name: impl Into<String>) -> Self {
-        Self { atespace: atespace.into(), name: name.into() }
+        Self {
+            atespace: atespace.into(),
+            name: name.into(),
+        }
     }
 
     /// Parses `<atespace>/<name>` with both halves DNS-1123 labels.
     pub fn parse(value: &str) -> Result<Self, ValidationError> {
         let (atespace, name) = value.split_once('/').ok_or_else(|| {
-            ValidationError::new("actor", format!("{:?} is not of the form <atespace>/<name>", truncate(value)))
+            ValidationError::new(
+                "actor",
+                format!("{:?} is not of the form <atespace>/<name>", truncate(value)),
+            )
         })?;
         validate_label("atespace", atespace)?;
         validate_label("actor name", name)?;
@@ -101,7 +111,13 @@ impl fmt::Display for ActorRef {
 /// Parses `<namespace>/<name>` of a template (or tag) reference.
 pub fn parse_namespaced(field: &str, value: &str) -> Result<(String, String), ValidationError> {
     let (ns, name) = value.split_once('/').ok_or_else(|| {
-        ValidationError::new(field, format!("{:?} is not of the form <namespace>/<name>", truncate(value)))
+        ValidationError::new(
+            field,
+            format!(
+                "{:?} is not of the form <namespace>/<name>",
+                truncate(value)
+            ),
+        )
     })?;
     validate_label(&format!("{field} namespace"), ns)?;
     validate_label(&format!("{field} name"), name)?;

@@ -21,8 +21,14 @@ pub struct SnapshotFacts<'a> {
 
 /// Newest usable generation → Restore; captured under another template → VOLUMES;
 /// worker cannot restore memory → ROOTFS (never raising fidelity); else the snapshot's own.
-pub fn decide(snapshot: Option<SnapshotFacts<'_>>, actor_template: &str, worker_can_restore_memory: bool) -> RestorePlan {
-    let Some(snap) = snapshot else { return RestorePlan::Run };
+pub fn decide(
+    snapshot: Option<SnapshotFacts<'_>>,
+    actor_template: &str,
+    worker_can_restore_memory: bool,
+) -> RestorePlan {
+    let Some(snap) = snapshot else {
+        return RestorePlan::Run;
+    };
     if snap.template != actor_template {
         return RestorePlan::Restore(Fidelity::Volumes);
     }
@@ -38,12 +44,30 @@ mod tests {
 
     #[test]
     fn decision_tree() {
-        let mem = SnapshotFacts { fidelity: Fidelity::Memory, template: "ns/t" };
+        let mem = SnapshotFacts {
+            fidelity: Fidelity::Memory,
+            template: "ns/t",
+        };
         assert_eq!(decide(None, "ns/t", true), RestorePlan::Run);
-        assert_eq!(decide(Some(mem), "ns/other", true), RestorePlan::Restore(Fidelity::Volumes));
-        assert_eq!(decide(Some(mem), "ns/t", false), RestorePlan::Restore(Fidelity::Rootfs));
-        assert_eq!(decide(Some(mem), "ns/t", true), RestorePlan::Restore(Fidelity::Memory));
-        let vol = SnapshotFacts { fidelity: Fidelity::Volumes, template: "ns/t" };
-        assert_eq!(decide(Some(vol), "ns/t", false), RestorePlan::Restore(Fidelity::Volumes));
+        assert_eq!(
+            decide(Some(mem), "ns/other", true),
+            RestorePlan::Restore(Fidelity::Volumes)
+        );
+        assert_eq!(
+            decide(Some(mem), "ns/t", false),
+            RestorePlan::Restore(Fidelity::Rootfs)
+        );
+        assert_eq!(
+            decide(Some(mem), "ns/t", true),
+            RestorePlan::Restore(Fidelity::Memory)
+        );
+        let vol = SnapshotFacts {
+            fidelity: Fidelity::Volumes,
+            template: "ns/t",
+        };
+        assert_eq!(
+            decide(Some(vol), "ns/t", false),
+            RestorePlan::Restore(Fidelity::Volumes)
+        );
     }
 }

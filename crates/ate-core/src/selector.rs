@@ -14,7 +14,10 @@ pub fn validate(field: &str, selector: &BTreeMap<String, String>) -> Result<(), 
     for (key, value) in selector {
         let name = match key.split_once('/') {
             Some((prefix, name)) => {
-                if prefix.is_empty() || prefix.len() > 253 || !prefix.split('.').all(crate::names::is_label) {
+                if prefix.is_empty()
+                    || prefix.len() > 253
+                    || !prefix.split('.').all(crate::names::is_label)
+                {
                     return Err(ValidationError::new(
                         format!("{field}[{key}]"),
                         format!("key prefix {prefix:?} is not a DNS subdomain"),
@@ -46,7 +49,8 @@ fn is_qualified_name(s: &str) -> bool {
         && b.len() <= 63
         && b[0].is_ascii_alphanumeric()
         && b[b.len() - 1].is_ascii_alphanumeric()
-        && b.iter().all(|&c| c.is_ascii_alphanumeric() || matches!(c, b'-' | b'_' | b'.'))
+        && b.iter()
+            .all(|&c| c.is_ascii_alphanumeric() || matches!(c, b'-' | b'_' | b'.'))
 }
 
 /// Parses `k=v,k2=v2` (the CLI's `--selector`).

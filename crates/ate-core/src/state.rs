@@ -113,7 +113,11 @@ impl Fidelity {
 
     /// The lower of two fidelities.
     pub fn min(self, other: Self) -> Self {
-        if self.rank() <= other.rank() { self } else { other }
+        if self.rank() <= other.rank() {
+            self
+        } else {
+            other
+        }
     }
 }
 
@@ -123,14 +127,23 @@ mod tests {
 
     #[test]
     fn round_trips() {
-        for s in [ActorState::Suspended, ActorState::Resuming, ActorState::Running, ActorState::Suspending, ActorState::Crashed] {
+        for s in [
+            ActorState::Suspended,
+            ActorState::Resuming,
+            ActorState::Running,
+            ActorState::Suspending,
+            ActorState::Crashed,
+        ] {
             assert_eq!(ActorState::parse(s.as_str()), Some(s));
             assert_eq!(ActorState::from_wire(s.wire()), Some(s));
         }
         assert_eq!(ActorState::Running.short(), "RUNNING");
         assert_eq!(ActorState::from_wire(0), None);
         assert_eq!(Fidelity::parse_any("Memory"), Some(Fidelity::Memory));
-        assert_eq!(Fidelity::parse_any("FIDELITY_ROOTFS"), Some(Fidelity::Rootfs));
+        assert_eq!(
+            Fidelity::parse_any("FIDELITY_ROOTFS"),
+            Some(Fidelity::Rootfs)
+        );
         assert_eq!(Fidelity::Memory.min(Fidelity::Volumes), Fidelity::Volumes);
     }
 }

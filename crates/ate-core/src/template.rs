@@ -219,7 +219,10 @@ impl TemplateSpec {
         };
         let fidelity = match &doc.snapshots {
             Some(s) => Fidelity::parse_any(&s.fidelity).ok_or_else(|| {
-                ValidationError::new("spec.snapshots.fidelity", format!("{:?} is not one of memory, rootfs, volumes", s.fidelity))
+                ValidationError::new(
+                    "spec.snapshots.fidelity",
+                    format!("{:?} is not one of memory, rootfs, volumes", s.fidelity),
+                )
             })?,
             None => Fidelity::Memory,
         };
@@ -242,14 +245,23 @@ impl TemplateSpec {
             })
             .collect();
         let spec = TemplateSpec {
-            sandbox_class: doc.sandbox_class.clone().unwrap_or_else(|| DEFAULT_SANDBOX_CLASS.to_string()),
+            sandbox_class: doc
+                .sandbox_class
+                .clone()
+                .unwrap_or_else(|| DEFAULT_SANDBOX_CLASS.to_string()),
             containers,
-            resources: Resources { cpu_millis, memory_bytes },
+            resources: Resources {
+                cpu_millis,
+                memory_bytes,
+            },
             volumes: doc.volumes.clone(),
             fidelity,
             idle_timeout_seconds,
             worker_selector: doc.worker_selector.clone(),
-            egress: doc.egress.clone().unwrap_or_else(|| EgressPolicy { default_action: allow_all(), allow: vec![] }),
+            egress: doc.egress.clone().unwrap_or_else(|| EgressPolicy {
+                default_action: allow_all(),
+                allow: vec![],
+            }),
             golden_tag: doc.golden_tag.clone().filter(|t| !t.is_empty()),
         };
         spec.validate()?;
@@ -279,8 +291,11 @@ impl TemplateSpec {
                 memory: Some(Scalar::Text(format_memory(self.resources.memory_bytes))),
             }),
             volumes: self.volumes.clone(),
-            snapshots: Some(SnapshotsDocument { fidelity: self.fidelity.short().to_string() }),
-            idle_timeout: (self.idle_timeout_seconds > 0).then(|| Scalar::Text(format!("{}s", self.idle_timeout_seconds))),
+            snapshots: Some(SnapshotsDocument {
+                fidelity: self.fidelity.short().to_string(),
+            }),
+            idle_timeout: (self.idle_timeout_seconds > 0)
+                .then(|| Scalar::Text(format!("{}s", self.idle_timeout_seconds))),
             worker_selector: self.worker_selector.clone(),
             egress: Some(self.egress.clone()),
             golden_tag: self.golden_tag.clone(),
@@ -291,57 +306,101 @@ impl TemplateSpec {
     pub fn validate(&self) -> Result<(), ValidationError> {
         validate_label("spec.sandboxClass", &self.sandbox_class)?;
         if self.containers.is_empty() {
-            return Err(ValidationError::new("spec.containers", "at least one container is required"));
+            return Err(ValidationError::new(
+                "spec.containers",
+                "at least one container is required",
+            ));
         }
         if self.containers.len() > MAX_CONTAINERS {
-            return Err(ValidationError::new("spec.containers", format!("at most {MAX_CONTAINERS} containers")));
+            return Err(ValidationError::new(
+                "spec.containers",
+                format!("at most {MAX_CONTAINERS} containers"),
+            ));
         }
         let mut names = BTreeSet::new();
         for (i, c) in self.containers.iter().enumerate() {
             let f = format!("spec.containers[{i}]");
             validate_label(&format!("{f}.name"), &c.name)?;
             if !names.insert(c.name.as_str()) {
-                return Err(ValidationError::new(format!("{f}.name"), format!("duplicate container name {:?}", c.name)));
+                return Err(ValidationError::new(
+                    format!("{f}.name"),
+                    format!("duplicate container name {:?}", c.name),
+                ));
             }
             validate_image(&format!("{f}.image"), &c.image)?;
             for (j, arg) in c.command.iter().enumerate() {
                 if arg.contains('\0') {
-                    return Err(ValidationError::new(format!("{f}.command[{j}]"), "contains a NUL byte"));
+                    return Err(ValidationError::new(
+                        format!("{f}.command[{j}]"),
+                        "contains a NUL byte",
+                    ));
                 }
             }
             if c.command.first().is_some_and(|a| a.is_empty()) {
-                return Err(ValidationError::new(format!("{f}.command[0]"), "must not be empty"));
+                return Err(ValidationError::new(
+                    format!("{f}.command[0]"),
+                    "must not be empty",
+                ));
             }
             let mut env_names = BTreeSet::new();
             for (j, e) in c.env.iter().enumerate() {
                 if !is_env_name(&e.name) {
-                    return Err(ValidationError::new(format!("{f}.env[{j}].name"), format!("{:?} is not a valid environment variable name", e.name)));
+                    return Err(ValidationError::new(
+                        format!("{f}.env[{j}].name"),
+                        format!("{:?} is not a valid environment variable name", e.name),
+                    ));
                 }
                 if e.value.contains('\0') {
-                    return Err(ValidationError::new(format!("{f}.env[{j}].value"), "contains a NUL byte"));
+                    return Err(ValidationError::new(
+                        format!("{f}.env[{j}].value"),
+                        "contains a NUL byte",
+                    ));
                 }
                 if !env_names.insert(e.name.as_str()) {
-                    return Err(ValidationError::new(format!("{f}.env[{j}].name"), format!("duplicate variable {:?}", e.name)));
+                    return Err(ValidationError::new(
+                        format!("{f}.env[{j}].name"),
+                        format!("duplicate variable {:?}", e.name),
+                    ));
                 }
             }
             if let Some(p) = &c.wakeup_probe {
                 let pf = format!("{f}.wakeupProbe");
-                if !p.http_get.path.starts_with('/') || p.http_get.path.chars().any(|ch| ch.is_whitespace() || ch.is_control()) {
-                    return Err(ValidationError::new(format!("{pf}.httpGet.path"), format!("{:?} must be an absolute URL path", p.http_get.path)));
+                if !p.http_get.path.starts_with('/')
+                    || p.http_get
+                        .path
+                        .chars()
+                        .any(|ch| ch.is_whitespace() || ch.is_control())
+                {
+                    return Err(ValidationError::new(
+                        format!("{pf}.httpGet.path"),
+                        format!("{:?} must be an absolute URL path", p.http_get.path),
+                    ));
                 }
                 if p.http_get.port == 0 || p.http_get.port > 65535 {
-                    return Err(ValidationError::new(format!("{pf}.httpGet.port"), format!("{} is not a port (1-65535)", p.http_get.port)));
+                    return Err(ValidationError::new(
+                        format!("{pf}.httpGet.port"),
+                        format!("{} is not a port (1-65535)", p.http_get.port),
+                    ));
                 }
                 if p.timeout_seconds == 0 || p.timeout_seconds > 600 {
-                    return Err(ValidationError::new(format!("{pf}.timeoutSeconds"), "must be between 1 and 600"));
+                    return Err(ValidationError::new(
+                        format!("{pf}.timeoutSeconds"),
+                        "must be between 1 and 600",
+                    ));
                 }
             }
         }
         if self.resources.cpu_millis == 0 || self.resources.cpu_millis > 64_000 {
-            return Err(ValidationError::new("spec.resources.cpu", "must be between 1m and 64"));
+            return Err(ValidationError::new(
+                "spec.resources.cpu",
+                "must be between 1m and 64",
+            ));
         }
         if self.resources.memory_bytes < (4 << 20) || self.resources.memory_bytes > (1 << 40) {
-            return Err(ValidationError::new("spec.resources.memory", "must be between 4Mi and 1Ti"));
+            return Err(ValidationError::new(
+                "spec.resources.memory",
+                "must be between 4Mi and 1Ti",
+            ));
         }
         let mut vol_names = BTreeSet::new();
         let mut vol_paths = BTreeSet::new();
@@ -349,30 +408,58 @@ impl TemplateSpec {
             let f = format!("spec.volumes[{i}]");
             validate_label(&format!("{f}.name"), &v.name)?;
             if !vol_names.insert(v.name.as_str()) {
-                return Err(ValidationError::new(format!("{f}.name"), format!("duplicate volume name {:?}", v.name)));
+                return Err(ValidationError::new(
+                    format!("{f}.name"),
+                    format!("duplicate volume name {:?}", v.name),
+                ));
             }
             let p = &v.mount_path;
-            if !p.starts_with('/') || p == "/" || p.split('/').any(|s| s == ".." || s == ".") || p.contains('\0') || p.len() > 4096 {
-                return Err(ValidationError::new(format!("{f}.mountPath"), format!("{p:?} must be an absolute path other than / without . or .. parts")));
+            if !p.starts_with('/')
+                || p == "/"
+                || p.split('/').any(|s| s == ".." || s == ".")
+                || p.contains('\0')
+                || p.len() > 4096
+            {
+                return Err(ValidationError::new(
+                    format!("{f}.mountPath"),
+                    format!("{p:?} must be an absolute path other than / without . or .. parts"),
+                ));
             }
             if !vol_paths.insert(p.trim_end_matches('/')) {
-                return Err(ValidationError::new(format!("{f}.mountPath"), format!("{p:?} is mounted twice")));
+                return Err(ValidationError::new(
+                    format!("{f}.mountPath"),
+                    format!("{p:?} is mounted twice"),
+                ));
             }
         }
         if u64::from(self.idle_timeout_seconds) > MAX_IDLE_TIMEOUT_SECONDS {
-            return Err(ValidationError::new("spec.idleTimeout", "must be at most 7 days"));
+            return Err(ValidationError::new(
+                "spec.idleTimeout",
+                "must be at most 7 days",
+            ));
         }
         crate::selector::validate("spec.workerSelector", &self.worker_selector)?;
         match self.egress.default_action.as_str() {
             "allow-all" | "deny-all" => {}
-            other => return Err(ValidationError::new("spec.egress.defaultAction", format!("{other:?} is not allow-all or deny-all"))),
+            other => {
+                return Err(ValidationError::new(
+                    "spec.egress.defaultAction",
+                    format!("{other:?} is not allow-all or deny-all"),
+                ));
+            }
         }
         for (i, a) in self.egress.allow.iter().enumerate() {
             let ok = a.rsplit_once(':').is_some_and(|(host, port)| {
-                !host.is_empty() && host.len() <= 253 && port.parse::<u16>().is_ok_and(|p| p > 0) && !host.contains(char::is_whitespace)
+                !host.is_empty()
+                    && host.len() <= 253
+                    && port.parse::<u16>().is_ok_and(|p| p > 0)
+                    && !host.contains(char::is_whitespace)
             });
             if !ok {
-                return Err(ValidationError::new(format!("spec.egress.allow[{i}]"), format!("{a:?} is not host:port")));
+                return Err(ValidationError::new(
+                    format!("spec.egress.allow[{i}]"),
+                    format!("{a:?} is not host:port"),
+                ));
             }
         }
         if let Some(tag) = &self.golden_tag {
@@ -384,7 +471,10 @@ impl TemplateSpec {
 
 fn is_env_name(s: &str) -> bool {
     let b = s.as_bytes();
-    !b.is_empty() && b.len() <= 256 && (b[0].is_ascii_alphabetic() || b[0] == b'_') && b.iter().all(|&c| c.is_ascii_alphanumeric() || c == b'_')
+    !b.is_empty()
+        && b.len() <= 256
+        && (b[0].is_ascii_alphabetic() || b[0] == b'_')
+        && b.iter().all(|&c| c.is_ascii_alphanumeric() || c == b'_')
 }
 
 /// Accepts `oci-layout:<dir>[:<tag>]` and registry references (`[host/]repo[:tag][@sha256:<hex>]`).
@@ -393,11 +483,17 @@ pub fn validate_image(field: &str, image: &str) -> Result<(), ValidationError> {
         return Err(ValidationError::new(field, "must not be empty"));
     }
     if image.len() > 1024 || image.chars().any(|c| c.is_whitespace() || c.is_control()) {
-        return Err(ValidationError::new(field, format!("{image:?} is not an image reference")));
+        return Err(ValidationError::new(
+            field,
+            format!("{image:?} is not an image reference"),
+        ));
     }
     if let Some(rest) = image.strip_prefix("oci-layout:") {
         if !rest.starts_with('/') {
-            return Err(ValidationError::new(field, format!("{image:?}: oci-layout needs an absolute directory")));
+            return Err(ValidationError::new(
+                field,
+                format!("{image:?}: oci-layout needs an absolute directory"),
+            ));
         }
         return Ok(());
     }
@@ -407,20 +503,42 @@ pub fn validate_image(field: &str, image: &str) -> Result<(), ValidationError> {
     };
     if let Some(d) = digest {
         let hex = d.strip_prefix("sha256:").unwrap_or("");
-        if hex.len() != 64 || !hex.bytes().all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase()) {
-            return Err(ValidationError::new(field, format!("{image:?} has a malformed sha256 digest")));
+        if hex.len() != 64
+            || !hex
+                .bytes()
+                .all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase())
+        {
+            return Err(ValidationError::new(
+                field,
+                format!("{image:?} has a malformed sha256 digest"),
+            ));
         }
     }
-    let ok_chars = name.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b"-._/:".contains(&b));
-    if name.is_empty() || !ok_chars || name.starts_with('/') || name.ends_with('/') || name.contains("//") {
-        return Err(ValidationError::new(field, format!("{image:?} is not an image reference")));
+    let ok_chars = name
+        .bytes()
+        .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b"-._/:".contains(&b));
+    if name.is_empty()
+        || !ok_chars
+        || name.starts_with('/')
+        || name.ends_with('/')
+        || name.contains("//")
+    {
+        return Err(ValidationError::new(
+            field,
+            format!("{image:?} is not an image reference"),
+        ));
     }
     Ok(())
 }
 
 /// `500m`, `1`, `0.5`, `2` → millicores.
 pub fn parse_cpu(field: &str, text: &str) -> Result<u32, ValidationError> {
-    let bad = || ValidationError::new(field, format!("{text:?} is not a CPU quantity (e.g. 500m, 1, 0.5)"));
+    let bad = || {
+        ValidationError::new(
+            field,
+            format!("{text:?} is not a CPU quantity (e.g. 500m, 1, 0.5)"),
+        )
+    };
     let millis = if let Some(m) = text.strip_suffix('m') {
         m.parse::<u64>().map_err(|_| bad())?
     } else {
@@ -435,10 +553,21 @@ pub fn parse_cpu(field: &str, text: &str) -> Result<u32, ValidationError> {
 
 /// `64Mi`, `1Gi`, `128M`, `1048576` → bytes.
 pub fn parse_memory(field: &str, text: &str) -> Result<u64, ValidationError> {
-    let bad = || ValidationError::new(field, format!("{text:?} is not a memory quantity (e.g. 64Mi, 1Gi)"));
+    let bad = || {
+        ValidationError::new(
+            field,
+            format!("{text:?} is not a memory quantity (e.g. 64Mi, 1Gi)"),
+        )
+    };
     const UNITS: [(&str, u64); 8] = [
-        ("Ki", 1 << 10), ("Mi", 1 << 20), ("Gi", 1 << 30), ("Ti", 1 << 40),
-        ("K", 1_000), ("M", 1_000_000), ("G", 1_000_000_000), ("T", 1_000_000_000_000),
+        ("Ki", 1 << 10),
+        ("Mi", 1 << 20),
+        ("Gi", 1 << 30),
+        ("Ti", 1 << 40),
+        ("K", 1_000),
+        ("M", 1_000_000),
+        ("G", 1_000_000_000),
+        ("T", 1_000_000_000_000),
     ];
     let (num, mult) = UNITS
         .iter()
@@ -450,7 +579,12 @@ pub fn parse_memory(field: &str, text: &str) -> Result<u64, ValidationError> {
 
 /// `30s`, `5m`, `1h`, `90` (seconds), `0` → seconds.
 pub fn parse_duration_seconds(field: &str, text: &str) -> Result<u32, ValidationError> {
-    let bad = || ValidationError::new(field, format!("{text:?} is not a duration (e.g. 30s, 5m, 1h)"));
+    let bad = || {
+        ValidationError::new(
+            field,
+            format!("{text:?} is not a duration (e.g. 30s, 5m, 1h)"),
+        )
+    };
     let (num, mult) = match text.char_indices().last() {
         Some((i, 's')) => (&text[..i], 1),
         Some((i, 'm')) => (&text[..i], 60),
@@ -463,7 +597,11 @@ pub fn parse_duration_seconds(field: &str, text: &str) -> Result<u32, Validation
 }
 
 pub fn format_cpu(millis: u32) -> String {
-    if millis % 1000 == 0 { (millis / 1000).to_string() } else { format!("{millis}m") }
+    if millis % 1000 == 0 {
+        (millis / 1000).to_string()
+    } else {
+        format!("{millis}m")
+    }
 }
 
 pub fn format_memory(bytes: u64) -> String {
@@ -515,7 +653,13 @@ spec:
     fn demo_template_parses_and_round_trips() {
         let doc = demo();
         let spec = TemplateSpec::from_document(&doc.spec).unwrap();
-        assert_eq!(spec.resources, Resources { cpu_millis: 250, memory_bytes: 64 << 20 });
+        assert_eq!(
+            spec.resources,
+            Resources {
+                cpu_millis: 250,
+                memory_bytes: 64 << 20
+            }
+        );
         assert_eq!(spec.idle_timeout_seconds, 300);
         assert_eq!(spec.fidelity, Fidelity::Memory);
         assert_eq!(spec.sandbox_class, "runc");
@@ -527,18 +671,65 @@ spec:
     fn invalid_fields_are_named() {
         let cases: Vec<(fn(&mut SpecDocument), &str)> = vec![
             (|s| s.containers.clear(), "spec.containers"),
-            (|s| s.containers[0].image = "Bad Image".into(), "spec.containers[0].image"),
-            (|s| s.containers[0].name = "Counter".into(), "spec.containers[0].name"),
-            (|s| s.containers[0].env[0].name = "1X".into(), "spec.containers[0].env[0].name"),
-            (|s| s.containers[0].wakeup_probe.as_mut().unwrap().http_get.port = 0, "spec.containers[0].wakeupProbe.httpGet.port"),
-            (|s| s.containers[0].wakeup_probe.as_mut().unwrap().http_get.path = "healthz".into(), "spec.containers[0].wakeupProbe.httpGet.path"),
-            (|s| s.resources.as_mut().unwrap().cpu = Some(Scalar::Text("lots".into())), "spec.resources.cpu"),
-            (|s| s.resources.as_mut().unwrap().memory = Some(Scalar::Text("1".into())), "spec.resources.memory"),
-            (|s| s.volumes[0].mount_path = "data".into(), "spec.volumes[0].mountPath"),
-            (|s| s.snapshots = Some(SnapshotsDocument { fidelity: "disk".into() }), "spec.snapshots.fidelity"),
-            (|s| s.idle_timeout = Some(Scalar::Text("soon".into())), "spec.idleTimeout"),
-            (|s| { s.worker_selector.insert("bad key".into(), "v".into()); }, "spec.workerSelector[bad key]"),
-            (|s| s.egress = Some(EgressPolicy { default_action: "maybe".into(), allow: vec![] }), "spec.egress.defaultAction"),
+            (
+                |s| s.containers[0].image = "Bad Image".into(),
+                "spec.containers[0].image",
+            ),
+            (
+                |s| s.containers[0].name = "Counter".into(),
+                "spec.containers[0].name",
+            ),
+            (
+                |s| s.containers[0].env[0].name = "1X".into(),
+                "spec.containers[0].env[0].name",
+            ),
+            (
+                |s| s.containers[0].wakeup_probe.as_mut().unwrap().http_get.port = 0,
+                "spec.containers[0].wakeupProbe.httpGet.port",
+            ),
+            (
+                |s| s.containers[0].wakeup_probe.as_mut().unwrap().http_get.path = "healthz".into(),
+                "spec.containers[0].wakeupProbe.httpGet.path",
+            ),
+            (
+                |s| s.resources.as_mut().unwrap().cpu = Some(Scalar::Text("lots".into())),
+                "spec.resources.cpu",
+            ),
+            (
+                |s| s.resources.as_mut().unwrap().memory = Some(Scalar::Text("1".into())),
+                "spec.resources.memory",
+            ),
+            (
+                |s| s.volumes[0].mount_path = "data".into(),
+                "spec.volumes[0].mountPath",
+            ),
+            (
+                |s| {
+                    s.snapshots = Some(SnapshotsDocument {
+                        fidelity: "disk".into(),
+                    })
+                },
+                "spec.snapshots.fidelity",
+            ),
+            (
+                |s| s.idle_timeout = Some(Scalar::Text("soon".into())),
+                "spec.idleTimeout",
+            ),
+            (
+                |s| {
+                    s.worker_selector.insert("bad key".into(), "v".into());
+                },
+                "spec.workerSelector[bad key]",
+            ),
+            (
+                |s| {
+                    s.egress = Some(EgressPolicy {
+                        default_action: "maybe".into(),
+                        allow: vec![],
+                    })
+                },
+                "spec.egress.defaultAction",
+            ),
             (|s| s.golden_tag = Some("notag".into()), "spec.goldenTag"),
         ];
         for (mutate, field) in cases {

@@ -1,6 +1,8 @@
 //! Template spec conversions between the wire form and [`ate_core::TemplateSpec`].
 
-use ate_core::template::{Container, EgressPolicy, EnvVar, HttpGet, Resources, Volume, WakeupProbe};
+use ate_core::template::{
+    Container, EgressPolicy, EnvVar, HttpGet, Resources, Volume, WakeupProbe,
+};
 use ate_core::{Fidelity, TemplateSpec, ValidationError};
 
 use crate::v1;
@@ -9,11 +11,17 @@ use crate::v1;
 pub fn spec_from_wire(w: &v1::TemplateSpec) -> Result<TemplateSpec, ValidationError> {
     let fidelity = match w.fidelity {
         0 => Fidelity::Memory,
-        n => Fidelity::from_wire(n).ok_or_else(|| ValidationError::new("spec.snapshots.fidelity", format!("unknown fidelity {n}")))?,
+        n => Fidelity::from_wire(n).ok_or_else(|| {
+            ValidationError::new("spec.snapshots.fidelity", format!("unknown fidelity {n}"))
+        })?,
     };
     let resources = w.resources.unwrap_or_default();
     let spec = TemplateSpec {
-        sandbox_class: if w.sandbox_class.is_empty() { ate_core::template::DEFAULT_SANDBOX_CLASS.to_string() } else { w.sandbox_class.clone() },
+        sandbox_class: if w.sandbox_class.is_empty() {
+            ate_core::template::DEFAULT_SANDBOX_CLASS.to_string()
+        } else {
+            w.sandbox_class.clone()
+        },
         containers: w
             .containers
             .iter()
@@ -21,15 +29,42 @@ pub fn spec_from_wire(w: &v1::TemplateSpec) -> Result<TemplateSpec, ValidationEr
                 name: c.name.clone(),
                 image: c.image.clone(),
                 command: c.command.clone(),
-                env: c.env.iter().map(|e| EnvVar { name: e.name.clone(), value: e.value.clone() }).collect(),
+                env: c
+                    .env
+                    .iter()
+                    .map(|e| EnvVar {
+                        name: e.name.clone(),
+                        value: e.value.clone(),
+                    })
+                    .collect(),
                 wakeup_probe: c.wakeup_probe.as_ref().map(|p| WakeupProbe {
-                    http_get: p.http_get.as_ref().map(|h| HttpGet { path: h.path.clone(), port: h.port }).unwrap_or(HttpGet { path: String::new(), port: 0 }),
+                    http_get: p
+                        .http_get
+                        .as_ref()
+                        .map(|h| HttpGet {
+                            path: h.path.clone(),
+                            port: h.port,
+                        })
+                        .unwrap_or(HttpGet {
+                            path: String::new(),
+                            port: 0,
+                        }),
                     timeout_seconds: p.timeout_seconds,
                 }),
             })
             .collect(),
-        resources: Resources { cpu_millis: resources.cpu_millis, memory_bytes: resources.memory_bytes },
-        volumes: w.volumes.iter().map(|v| Volume { name: v.name.clone(), mount_path: v.mount_path.clone() }).collect(),
+        resources: Resources {
+            cpu_millis: resources.cpu_millis,
+            memory_bytes: resources.memory_bytes,
+        },
+        volumes: w
+            .volumes
+            .iter()
+            .map(|v| Volume {
+                name: v.name.clone(),
+                mount_path: v.mount_path.clone(),
+            })
+            .collect(),
         fidelity,
         idle_timeout_seconds: w.idle_timeout_seconds,
         worker_selector: w.worker_selector.clone().into_iter().collect(),
@@ -37,10 +72,17 @@ pub fn spec_from_wire(w: &v1::TemplateSpec) -> Result<TemplateSpec, ValidationEr
             .egress
             .as_ref()
             .map(|e| EgressPolicy {
-                default_action: if e.default_action.is_empty() { "allow-all".to_string() } else { e.default_action.clone() },
+                default_action: if e.default_action.is_empty() {
+                    "allow-all".to_string()
+                } else {
+                    e.default_action.clone()
+                },
                 allow: e.allow.clone(),
             })
-            .unwrap_or_else(|| EgressPolicy { default_action: "allow-all".to_string(), allow: vec![] }),
+            .unwrap_or_else(|| EgressPolicy {
+                default_action: "allow-all".to_string(),
+                allow: vec![],
+            }),
         golden_tag: Some(w.golden_tag.clone()).filter(|t| !t.is_empty()),
     };
     spec.validate()?;
@@ -58,19 +100,42 @@ pub fn spec_to_wire(s: &TemplateSpec) -> v1::TemplateSpec {
                 name: c.name.clone(),
                 image: c.image.clone(),
                 command: c.command.clone(),
-                env: c.env.iter().map(|e| v1::EnvVar { name: e.name.clone(), value: e.value.clone() }).collect(),
+                env: c
+                    .env
+                    .iter()
+                    .map(|e| v1::EnvVar {
+                        name: e.name.clone(),
+                        value: e.value.clone(),
+                    })
+                    .collect(),
                 wakeup_probe: c.wakeup_probe.as_ref().map(|p| v1::WakeupProbe {
-                    http_get: Some(v1::HttpGetAction { path: p.http_get.path.clone(), port: p.http_get.port }),
+                    http_get: Some(v1::HttpGetAction {
+                        path: p.http_get.path.clone(),
+                        port: p.http_get.port,
+                    }),
                     timeout_seconds: p.timeout_seconds,
                 }),
             })
             .collect(),
-        resources: Some(v1::Resources { cpu_millis: s.resources.cpu_millis, memory_bytes: s.resources.memory_bytes }),
-        volumes: s.volumes.iter().map(|v| v1::Volume { name: v.name.clone(), mount_path: v.mount_path.clone() }).collect(),
+        resources: Some(v1::Resources {
+            cpu_millis: s.resources.cpu_millis,
+            memory_bytes: s.resources.memory_bytes,
+        }),
+        volumes: s
+            .volumes
+            .iter()
+            .map(|v| v1::Volume {
+                name: v.name.clone(),
+                mount_path: v.mount_path.clone(),
+            })
+            .collect(),
         fidelity: s.fidelity.wire(),
         idle_timeout_seconds: s.idle_timeout_seconds,
         worker_selector: s.worker_selector.clone().into_iter().collect(),
-        egress: Some(v1::EgressPolicy { default_action: s.egress.default_action.clone(), allow: s.egress.allow.clone() }),
+        egress: Some(v1::EgressPolicy {
+            default_action: s.egress.default_action.clone(),
+            allow: s.egress.allow.clone(),
+        }),
         golden_tag: s.golden_tag.clone().unwrap_or_default(),
     }
 }
@@ -82,8 +147,15 @@ mod tests {
     #[test]
     fn spec_round_trip_and_validation() {
         let wire = v1::TemplateSpec {
-            containers: vec![v1::Container { name: "c".into(), image: "oci-layout:/x".into(), ..Default::default() }],
-            resources: Some(v1::Resources { cpu_millis: 100, memory_bytes: 64 << 20 }),
+            containers: vec![v1::Container {
+                name: "c".into(),
+                image: "oci-layout:/x".into(),
+                ..Default::default()
+            }],
+            resources: Some(v1::Resources {
+                cpu_millis: 100,
+                memory_bytes: 64 << 20,
+            }),
             ..Default::default()
         };
         let core = spec_from_wire(&wire).unwrap();
@@ -91,6 +163,9 @@ mod tests {
         assert_eq!(spec_from_wire(&spec_to_wire(&core)).unwrap(), core);
         let mut bad = wire.clone();
         bad.resources = None;
-        assert_eq!(spec_from_wire(&bad).unwrap_err().field, "spec.resources.cpu");
+        assert_eq!(
+            spec_from_wire(&bad).unwrap_err().field,
+            "spec.resources.cpu"
+        );
     }
 }

@@ -1,0 +1,162 @@
+//! The control plane (`ate api`): gRPC services over the [`ate_store::Store`], the actor
+//! workflows, the scheduler and the fleet registry.
+//!
+//! Architecture invariant: the api never talks to a worker directly, only to node agents
+//! (NodeService), and it never holds state outside the store that it cannot rebuild from the
+//! store (the fleet view is a cache).
+
+pub mod convert;
+pub mod error;
+pub mod lease;
+pub mod node;
+pub mod scheduler;
+pub mod services;
+pub mod workflows;
+
+use std::net::SocketAddr;
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use ate_proto::v1::actor_service_server::ActorServiceServer;
+use ate_proto::v1::atespace_service_server::AtespaceServiceServer;
+use ate_proto::v1::fleet_service_server::FleetServiceServer;
+use ate_proto::v1::tag_service_server::TagServiceServer;
+use ate_proto::v1::template_service_server::TemplateServiceServer;
+use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
+use tokio::net::TcpListener;
+
+pub use workflows::{Api, FaultPoint};
+
+/// Unix time in milliseconds.
+pub fn now_ms() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+        .unwrap_or(0)
+}
+
+#[derive(Debug, Clone)]
+pub struct ApiConfig {
+    /// Lease lifetime; renewed at a third of it while a workflow runs.
+    pub lease_ttl: Duration,
+    /// A worker without a heartbeat for this long is marked GONE.
+    pub heartbeat_timeout: Duration,
+    /// Longest wait for a node's Run/Restore/Checkpoint.
+    pub node_call_timeout: Duration,
+    /// Age after which the scheduler re-reads the fleet.
+    pub fleet_max_age: Duration,
+    /// Names this api process in lease holders.
+    pub instance_id: String,
+}
+
+impl Default for ApiConfig {
+    fn default() -> Self {
+        Self {
+            lease_ttl: Duration::from_secs(30),
+            heartbeat_timeout: Duration::from_secs(10),
+            node_call_timeout: Duration::from_secs(120),
+            fleet_max_age: Duration::from_millis(250),
+            instance_id: format!("api-{}", std::process::id()),
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    #[error("cannot listen on {addr}: {source}")]
+    Listen {
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
+    #[error("gRPC server failed: {0}")]
+    Grpc(#[from] tonic::transport::Error),
+    #[error("health server failed: {0}")]
+    Http(std::io::Error),
+}
+
+/// Process-wide Prometheus recorder (installed once; later calls share it).
+pub fn metrics_handle() -> PrometheusHandle {
+    static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
+    HANDLE
+        .get_or_init(|| {
+            let recorder = PrometheusBuilder::new().build_recorder();
+            let handle = recorder.handle();
+            // Fails only if another recorder is installed already; metrics then go there.
+            let _ = metrics::set_global_recorder(recorder);
+            handle
+        })
+        .clone()
+}
+
+/// Serves the gRPC services on `grpc` and `/healthz` + `/metrics` on `http` until `shutdown`
+/// resolves; runs the worker-expiry loop alongside.
+pub async fn serve(
+    api: Arc<Api>,
+    grpc: TcpListener,
+    http: Option<TcpListener>,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), ServeError> {
+    let handle = metrics_handle();
+    let services = services::Services { api: api.clone() };
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    tokio::spawn(async move {
+        shutdown.await;
+        let _ = stop_tx.send(true);
+    });
+
+    let expiry = {
+        let api = api.clone();
+        let mut stop = stop_rx.clone();
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(Duration::from_millis(500));
+            loop {
+                tokio::select! {
+                    _ = tick.tick() => {
+                        if let Err(e) = api.expire_workers().await {
+                            tracing::warn!(error = %e, "worker expiry failed");
+                        }
+                    }
+                    _ = stop.changed() => return,
+                }
+            }
+        })
+    };
+
+    let http_task = http.map(|listener| {
+        let mut stop = stop_rx.clone();
+        let router = axum::Router::new()
+            .route("/healthz", axum::routing::get(|| async { "ok" }))
+            .route(
+                "/metrics",
+                axum::routing::get(move || std::future::ready(handle.render())),
+            );
+        tokio::spawn(async move {
+            axum::serve(listener, router)
+                .with_graceful_shutdown(async move {
+                    let _ = stop.changed().await;
+                })
+                .await
+        })
+    });
+
+    let mut stop = stop_rx.clone();
+    let incoming = tokio_stream::wrappers::TcpListenerStream::new(grpc);
+    let result = tonic::transport::Server::builder()
+        .tcp_nodelay(true)
+        .add_service(ActorServiceServer::new(services.clone()))
+        .add_service(AtespaceServiceServer::new(services.clone()))
+        .add_service(TemplateServiceServer::new(services.clone()))
+        .add_service(TagServiceServer::new(services.clone()))
+        .add_service(FleetServiceServer::new(services))
+        .serve_with_incoming_shutdown(incoming, async move {
+            let _ = stop.changed().await;
+        })
+        .await;
+    expiry.abort();
+    if let Some(task) = http_task
+        && let Ok(Err(e)) = task.await
+    {
+        return Err(ServeError::Http(e));
+    }
+    result.map_err(ServeError::from)
+}

@@ -1,0 +1,608 @@
+//! tonic service implementations: validation at the boundary, then the store or a workflow.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use ate_core::names::parse_namespaced;
+use ate_core::{ActorRef, ActorState, DurableStatus, SuspendMode, validate_label};
+use ate_proto::v1::{self, *};
+use ate_store::{ActorRecord, Capacity, TagRecord, WorkerRecord, WorkerStatus};
+use tonic::{Request, Response, Status};
+
+use crate::convert;
+use crate::error::{self, invalid};
+use crate::now_ms;
+use crate::workflows::Api;
+
+const DEFAULT_PAGE_SIZE: u32 = 100;
+const MAX_PAGE_SIZE: u32 = 1000;
+
+fn actor_ref(r: Option<v1::ObjectRef>) -> Result<ActorRef, Status> {
+    let r = r.ok_or_else(|| Status::invalid_argument("invalid actor: missing"))?;
+    let a = ActorRef::new(r.atespace, r.name);
+    a.validate().map_err(invalid)?;
+    Ok(a)
+}
+
+fn selector(
+    field: &str,
+    map: std::collections::HashMap<String, String>,
+) -> Result<BTreeMap<String, String>, Status> {
+    let sel: BTreeMap<String, String> = map.into_iter().collect();
+    ate_core::selector::validate(field, &sel).map_err(invalid)?;
+    Ok(sel)
+}
+
+/// Page tokens are the last (atespace, name) of the previous page, `atespace/name`.
+fn parse_page_token(token: &str) -> Result<Option<(String, String)>, Status> {
+    if token.is_empty() {
+        return Ok(None);
+    }
+    let r = ActorRef::parse(token)
+        .map_err(|_| Status::invalid_argument(format!("invalid page_token: {token:?}")))?;
+    Ok(Some((r.atespace, r.name)))
+}
+
+#[derive(Clone)]
+pub struct Services {
+    pub api: Arc<Api>,
+}
+
+#[tonic::async_trait]
+impl actor_service_server::ActorService for Services {
+    async fn create_actor(
+        &self,
+        req: Request<CreateActorRequest>,
+    ) -> Result<Response<Actor>, Status> {
+        let req = req.into_inner();
+        validate_label("atespace", &req.atespace).map_err(invalid)?;
+        validate_label("actor name", &req.name).map_err(invalid)?;
+        let (tns, tname) = parse_namespaced("template", &req.template).map_err(invalid)?;
+        let worker_selector = selector("worker_selector", req.worker_selector)?;
+        let now = now_ms();
+        let record = ActorRecord {
+            atespace: req.atespace,
+            name: req.name,
+            uid: uuid::Uuid::new_v4().to_string(),
+            template: format!("{tns}/{tname}"),
+            state: ActorState::Suspended,
+            worker_selector,
+            worker_id: None,
+            epoch: 0,
+            generation: 0,
+            attached_node: None,
+            last_error: String::new(),
+            created_ms: now,
+            updated_ms: now,
+        };
+        let created = self
+            .api
+            .store
+            .create_actor(&record)
+            .await
+            .map_err(error::store)?;
+        Ok(Response::new(convert::actor(&created, None)))
+    }
+
+    async fn get_actor(&self, req: Request<GetActorRequest>) -> Result<Response<Actor>, Status> {
+        let r = actor_ref(req.into_inner().actor)?;
+        let a = self
+            .api
+            .store
+            .get_actor(&r.atespace, &r.name)
+            .await
+            .map_err(error::store)?;
+        Ok(Response::new(self.api.actor_message(&a).await))
+    }
+
+    async fn list_actors(
+        &self,
+        req: Request<ListActorsRequest>,
+    ) -> Result<Response<ListActorsResponse>, Status> {
+        let req = req.into_inner();
+        if !req.atespace.is_empty() {
+            validate_label("atespace", &req.atespace).map_err(invalid)?;
+        }
+        let limit = match req.page_size {
+            0 => DEFAULT_PAGE_SIZE,
+            n => n.min(MAX_PAGE_SIZE),
+        };
+        let after = parse_page_token(&req.page_token)?;
+        let atespace = Some(req.atespace.as_str()).filter(|a| !a.is_empty());
+        let rows = self
+            .api
+            .store
+            .list_actors(
+                atespace,
+                after.as_ref().map(|(a, n)| (a.as_str(), n.as_str())),
+                limit,
+            )
+            .await
+            .map_err(error::store)?;
+        let next_page_token = if rows.len() as u32 == limit {
+            rows.last()
+                .map(|a| format!("{}/{}", a.atespace, a.name))
+                .unwrap_or_default()
+        } else {
+            String::new()
+        };
+        let workers = self.api.fleet.workers().await.map_err(error::store)?;
+        let actors = rows
+            .iter()
+            .map(|a| {
+                convert::actor(
+                    a,
+                    a.worker_id
+                        .as_ref()
+                        .and_then(|id| workers.iter().find(|w| &w.id == id)),
+                )
+            })
+            .collect();
+        Ok(Response::new(ListActorsResponse {
+            actors,
+            next_page_token,
+        }))
+    }
+
+    async fn update_actor(
+        &self,
+        req: Request<UpdateActorRequest>,
+    ) -> Result<Response<Actor>, Status> {
+        let req = req.into_inner();
+        let r = actor_ref(req.actor)?;
+        let sel = selector("worker_selector", req.worker_selector)?;
+        let a = self
+            .api
+            .store
+            .update_actor_selector(&r.atespace, &r.name, &sel, now_ms())
+            .await
+            .map_err(error::store)?;
+        Ok(Response::new(self.api.actor_message(&a).await))
+    }
+
+    async fn delete_actor(
+        &self,
+        req: Request<DeleteActorRequest>,
+    ) -> Result<Response<DeleteActorResponse>, Status> {
+        let r = actor_ref(req.into_inner().actor)?;
+        self.api.delete(&r).await?;
+        Ok(Response::new(DeleteActorResponse {}))
+    }
+
+    async fn resume_actor(
+        &self,
+        req: Request<ResumeActorRequest>,
+    ) -> Result<Response<ResumeActorResponse>, Status> {
+        let r = actor_ref(req.into_inner().actor)?;
+        let (actor, resumed) = self.api.resume(&r).await?;
+        Ok(Response::new(ResumeActorResponse {
+            actor: Some(actor),
+            resumed,
+        }))
+    }
+
+    async fn suspend_actor(
+        &self,
+        req: Request<SuspendActorRequest>,
+    ) -> Result<Response<Actor>, Status> {
+        let req = req.into_inner();
+        let r = actor_ref(req.actor)?;
+        let durable = match req.mode {
+            0 => false,
+            n => match SuspendMode::from_wire(n) {
+                Some(SuspendMode::Durable) => true,
+                Some(SuspendMode::Async) => false,
+                None => {
+                    return Err(Status::invalid_argument(format!(
+                        "invalid mode: unknown suspend mode {n}"
+                    )));
+                }
+            },
+        };
+        Ok(Response::new(self.api.suspend(&r, durable).await?))
+    }
+
+    async fn revert_actor(
+        &self,
+        req: Request<RevertActorRequest>,
+    ) -> Result<Response<Actor>, Status> {
+        let r = actor_ref(req.into_inner().actor)?;
+        Ok(Response::new(self.api.revert(&r).await?))
+    }
+}
+
+#[tonic::async_trait]
+impl atespace_service_server::AtespaceService for Services {
+    async fn create_atespace(
+        &self,
+        req: Request<CreateAtespaceRequest>,
+    ) -> Result<Response<Atespace>, Status> {
+        let name = req.into_inner().name;
+        validate_label("atespace", &name).map_err(invalid)?;
+        let a = self
+            .api
+            .store
+            .create_atespace(&name, now_ms())
+            .await
+            .map_err(error::store)?;
+        Ok(Response::new(convert::atespace(&a)))
+    }
+
+    async fn get_atespace(
+        &self,
+        req: Request<GetAtespaceRequest>,
+    ) -> Result<Response<Atespace>, Status> {
+        let name = req.into_inner().name;
+        validate_label("atespace", &name).map_err(invalid)?;
+        let a = self
+            .api
+            .store
+            .get_atespace(&name)
+            .await
+            .map_err(error::store)?;
+        Ok(Response::new(convert::atespace(&a)))
+    }
+
+    async fn list_atespaces(
+        &self,
+        _req: Request<ListAtespacesRequest>,
+    ) -> Result<Response<ListAtespacesResponse>, Status> {
+        let rows = self
+            .api
+            .store
+            .list_atespaces()
+            .await
+            .map_err(error::store)?;
+        Ok(Response::new(ListAtespacesResponse {
+            atespaces: rows.iter().map(convert::atespace).collect(),
+        }))
+    }
+
+    async fn delete_atespace(
+        &self,
+        req: Request<DeleteAtespaceRequest>,
+    ) -> Result<Response<DeleteAtespaceResponse>, Status> {
+        let name = req.into_inner().name;
+        validate_label("atespace", &name).map_err(invalid)?;
+        self.api
+            .store
+            .delete_atespace(&name)
+            .await
+            .map_err(error::store)?;
+        Ok(Response::new(DeleteAtespaceResponse {}))
+    }
+}
+
+#[tonic::async_trait]
+impl template_service_server::TemplateService for Services {
+    async fn apply_template(
+        &self,
+        req: Request<ApplyTemplateRequest>,
+    ) -> Result<Response<ActorTemplate>, Status> {
+        let t = req
+            .into_inner()
+            .template
+            .ok_or_else(|| Status::invalid_argument("invalid template: missing"))?;
+        validate_label("template namespace", &t.namespace).map_err(invalid)?;
+        validate_label("template name", &t.name).map_err(invalid)?;
+        let wire = t
+            .spec
+            .ok_or_else(|| Status::invalid_argument("invalid spec: missing"))?;
+        let spec = ate_proto::spec_from_wire(&wire).map_err(invalid)?;
+        let rec = self
+            .api
+            .store
+            .apply_template(&t.namespace, &t.name, &spec, now_ms())
+            .await
+            .map_err(error::store)?;
+        Ok(Response::new(convert::template(&rec)))
+    }
+
+    async fn get_template(
+        &self,
+        req: Request<GetTemplateRequest>,
+    ) -> Result<Response<ActorTemplate>, Status> {
+        let req = req.into_inner();
+        validate_label("template namespace", &req.namespace).map_err(invalid)?;
+        validate_label("template name", &req.name).map_err(invalid)?;
+        let rec = self
+            .api
+            .store
+            .get_template(&req.namespace, &req.name)
+            .await
+            .map_err(error::store)?;
+        Ok(Response::new(convert::template(&rec)))
+    }
+
+    async fn list_templates(
+        &self,
+        req: Request<ListTemplatesRequest>,
+    ) -> Result<Response<ListTemplatesResponse>, Status> {
+        let ns = req.into_inner().namespace;
+        if !ns.is_empty() {
+            validate_label("template namespace", &ns).map_err(invalid)?;
+        }
+        let rows = self
+            .api
+            .store
+            .list_templates(Some(ns.as_str()).filter(|n| !n.is_empty()))
+            .await
+            .map_err(error::store)?;
+        Ok(Response::new(ListTemplatesResponse {
+            templates: rows.iter().map(convert::template).collect(),
+        }))
+    }
+
+    async fn delete_template(
+        &self,
+        req: Request<DeleteTemplateRequest>,
+    ) -> Result<Response<DeleteTemplateResponse>, Status> {
+        let req = req.into_inner();
+        validate_label("template namespace", &req.namespace).map_err(invalid)?;
+        validate_label("template name", &req.name).map_err(invalid)?;
+        self.api
+            .store
+            .delete_template(&req.namespace, &req.name)
+            .await
+            .map_err(error::store)?;
+        Ok(Response::new(DeleteTemplateResponse {}))
+    }
+}
+
+#[tonic::async_trait]
+impl tag_service_server::TagService for Services {
+    async fn create_tag(&self, req: Request<CreateTagRequest>) -> Result<Response<Tag>, Status> {
+        let req = req.into_inner();
+        validate_label("atespace", &req.atespace).map_err(invalid)?;
+        validate_label("tag name", &req.name).map_err(invalid)?;
+        let source = actor_ref(req.actor)?;
+        let snapshots = self
+            .api
+            .store
+            .list_snapshots(&source.atespace, &source.name)
+            .await
+            .map_err(error::store)?;
+        let snap = match req.generation {
+            0 => snapshots.into_iter().next(),
+            g => snapshots.into_iter().find(|s| s.generation == g),
+        }
+        .ok_or_else(|| {
+            Status::failed_precondition(format!(
+                "actor {source} has no snapshot generation {} to tag",
+                if req.generation == 0 {
+                    "yet".to_string()
+                } else {
+                    req.generation.to_string()
+                }
+            ))
+        })?;
+        let tag = TagRecord {
+            atespace: req.atespace,
+            name: req.name,
+            snapshot: snap,
+            created_ms: now_ms(),
+        };
+        let created = self
+            .api
+            .store
+            .create_tag(&tag)
+            .await
+            .map_err(error::store)?;
+        Ok(Response::new(convert::tag(&created)))
+    }
+
+    async fn get_tag(&self, req: Request<GetTagRequest>) -> Result<Response<Tag>, Status> {
+        let req = req.into_inner();
+        validate_label("atespace", &req.atespace).map_err(invalid)?;
+        validate_label("tag name", &req.name).map_err(invalid)?;
+        let t = self
+            .api
+            .store
+            .get_tag(&req.atespace, &req.name)
+            .await
+            .map_err(error::store)?;
+        Ok(Response::new(convert::tag(&t)))
+    }
+
+    async fn list_tags(
+        &self,
+        req: Request<ListTagsRequest>,
+    ) -> Result<Response<ListTagsResponse>, Status> {
+        let ns = req.into_inner().atespace;
+        if !ns.is_empty() {
+            validate_label("atespace", &ns).map_err(invalid)?;
+        }
+        let rows = self
+            .api
+            .store
+            .list_tags(Some(ns.as_str()).filter(|n| !n.is_empty()))
+            .await
+            .map_err(error::store)?;
+        Ok(Response::new(ListTagsResponse {
+            tags: rows.iter().map(convert::tag).collect(),
+        }))
+    }
+
+    async fn delete_tag(
+        &self,
+        req: Request<DeleteTagRequest>,
+    ) -> Result<Response<DeleteTagResponse>, Status> {
+        let req = req.into_inner();
+        validate_label("atespace", &req.atespace).map_err(invalid)?;
+        validate_label("tag name", &req.name).map_err(invalid)?;
+        self.api
+            .store
+            .delete_tag(&req.atespace, &req.name)
+            .await
+            .map_err(error::store)?;
+        Ok(Response::new(DeleteTagResponse {}))
+    }
+}
+
+fn worker_record(w: v1::Worker) -> Result<WorkerRecord, Status> {
+    validate_label("worker.id", &w.id).map_err(invalid)?;
+    validate_label("worker.node", &w.node).map_err(invalid)?;
+    validate_label("worker.sandbox_class", &w.sandbox_class).map_err(invalid)?;
+    if w.addresses.is_empty()
+        || w.addresses
+            .iter()
+            .any(|a| a.parse::<std::net::SocketAddr>().is_err())
+    {
+        return Err(Status::invalid_argument(format!(
+            "invalid worker.addresses: {:?} must be one or more ip:port",
+            w.addresses
+        )));
+    }
+    if w.node_address.is_empty() {
+        return Err(Status::invalid_argument(
+            "invalid worker.node_address: must not be empty",
+        ));
+    }
+    let cap = w
+        .capacity
+        .ok_or_else(|| Status::invalid_argument("invalid worker.capacity: missing"))?;
+    if cap.actor_slots == 0 || cap.cpu_millis == 0 || cap.memory_bytes == 0 {
+        return Err(Status::invalid_argument(
+            "invalid worker.capacity: cpu, memory and actor slots must be positive",
+        ));
+    }
+    let labels: BTreeMap<String, String> = w.labels.into_iter().collect();
+    ate_core::selector::validate("worker.labels", &labels).map_err(invalid)?;
+    Ok(WorkerRecord {
+        id: w.id,
+        node: w.node,
+        addresses: w.addresses,
+        identity: w.identity,
+        labels,
+        sandbox_class: w.sandbox_class,
+        can_restore_memory: w.can_restore_memory,
+        capacity: Capacity {
+            cpu_millis: u64::from(cap.cpu_millis),
+            memory_bytes: cap.memory_bytes,
+            slots: u64::from(cap.actor_slots),
+        },
+        used: Capacity::default(),
+        epoch: w.epoch,
+        status: WorkerStatus::Active,
+        last_heartbeat_ms: 0,
+        node_address: w.node_address,
+        boot_id: w.boot_id,
+    })
+}
+
+#[tonic::async_trait]
+impl fleet_service_server::FleetService for Services {
+    async fn register_worker(
+        &self,
+        req: Request<RegisterWorkerRequest>,
+    ) -> Result<Response<RegisterWorkerResponse>, Status> {
+        let w = req
+            .into_inner()
+            .worker
+            .ok_or_else(|| Status::invalid_argument("invalid worker: missing"))?;
+        let record = worker_record(w)?;
+        let previous = match self.api.store.get_worker(&record.id).await {
+            Ok(p) => Some(p),
+            Err(ate_store::StoreError::NotFound(_)) => None,
+            Err(e) => return Err(error::store(e)),
+        };
+        self.api
+            .store
+            .register_worker(&record, now_ms())
+            .await
+            .map_err(error::store)?;
+        // A new epoch means the worker process restarted: its sandboxes are gone.
+        if previous.is_some_and(|p| p.epoch != record.epoch) {
+            self.api
+                .release_actors_of(&record.id)
+                .await
+                .map_err(error::store)?;
+        }
+        self.api.fleet.refresh().await.map_err(error::store)?;
+        tracing::info!(worker = %record.id, node = %record.node, epoch = record.epoch, "worker registered");
+        let interval = (self.api.heartbeat_timeout().as_secs() / 3).max(1);
+        Ok(Response::new(RegisterWorkerResponse {
+            heartbeat_interval_seconds: u32::try_from(interval).unwrap_or(1),
+        }))
+    }
+
+    async fn heartbeat(
+        &self,
+        req: Request<HeartbeatRequest>,
+    ) -> Result<Response<HeartbeatResponse>, Status> {
+        let req = req.into_inner();
+        validate_label("worker_id", &req.worker_id).map_err(invalid)?;
+        let known = self
+            .api
+            .store
+            .heartbeat_worker(&req.worker_id, req.epoch, now_ms())
+            .await
+            .map_err(error::store)?;
+        Ok(Response::new(HeartbeatResponse { known }))
+    }
+
+    async fn deregister_worker(
+        &self,
+        req: Request<DeregisterWorkerRequest>,
+    ) -> Result<Response<DeregisterWorkerResponse>, Status> {
+        let id = req.into_inner().worker_id;
+        validate_label("worker_id", &id).map_err(invalid)?;
+        self.api
+            .store
+            .deregister_worker(&id)
+            .await
+            .map_err(error::store)?;
+        self.api
+            .release_actors_of(&id)
+            .await
+            .map_err(error::store)?;
+        self.api.fleet.refresh().await.map_err(error::store)?;
+        Ok(Response::new(DeregisterWorkerResponse {}))
+    }
+
+    async fn list_workers(
+        &self,
+        _req: Request<ListWorkersRequest>,
+    ) -> Result<Response<ListWorkersResponse>, Status> {
+        let rows = self.api.store.list_workers().await.map_err(error::store)?;
+        Ok(Response::new(ListWorkersResponse {
+            workers: rows.iter().map(convert::worker).collect(),
+        }))
+    }
+
+    async fn report_snapshot(
+        &self,
+        req: Request<ReportSnapshotRequest>,
+    ) -> Result<Response<ReportSnapshotResponse>, Status> {
+        let req = req.into_inner();
+        let r = actor_ref(req.actor)?;
+        let status = DurableStatus::from_wire(req.durable_status).ok_or_else(|| {
+            Status::invalid_argument(format!("invalid durable_status: {}", req.durable_status))
+        })?;
+        self.api
+            .store
+            .update_snapshot_durable(
+                &r.atespace,
+                &r.name,
+                req.generation,
+                status,
+                &req.durable_uri,
+                &req.reason,
+            )
+            .await
+            .map_err(error::store)?;
+        Ok(Response::new(ReportSnapshotResponse {}))
+    }
+
+    async fn report_actor_exit(
+        &self,
+        req: Request<ReportActorExitRequest>,
+    ) -> Result<Response<ReportActorExitResponse>, Status> {
+        let req = req.into_inner();
+        let r = actor_ref(req.actor)?;
+        self.api
+            .actor_exited(&r, &req.worker_id, req.exit_code, &req.last_log_lines)
+            .await?;
+        Ok(Response::new(ReportActorExitResponse {}))
+    }
+}

@@ -1,0 +1,941 @@
+//! The actor workflows (DESIGN.md §4): resume, suspend, revert, delete, and the fleet's reports.
+//!
+//! Architecture invariant: every mutating workflow runs under the actor's lease, and every state
+//! change is a compare-and-set in the store, so a workflow interrupted after any step is picked up
+//! by the next call (after the dead holder's lease expires) and never corrupts a record.
+
+use std::collections::HashSet;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use ate_core::restore::{RestorePlan, SnapshotFacts, decide};
+use ate_core::{ActorRef, ActorState, CRASHED_PREREQUISITE, DurableStatus, NO_ROOM_MESSAGE};
+use ate_proto::v1;
+use ate_store::{
+    ActorRecord, ActorUpdate, Capacity, SnapshotRecord, Store, StoreError, TemplateRecord,
+    WorkerRecord, WorkerStatus,
+};
+use rand::Rng;
+use tonic::{Code, Status};
+
+use crate::convert;
+use crate::error::{self, invalid};
+use crate::lease::Lease;
+use crate::node::NodeClients;
+use crate::scheduler::{self, FleetView, Requirements};
+use crate::{ApiConfig, now_ms};
+
+/// Most admission attempts after a lost race (DESIGN.md §4: up to 12 retries).
+const MAX_BIND_RETRIES: u32 = 12;
+/// Cap of the jittered backoff between admission attempts.
+const MAX_BIND_BACKOFF: Duration = Duration::from_millis(250);
+
+/// Points between workflow steps where a test can simulate a crash of the api.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum FaultPoint {
+    ResumeAfterLease,
+    ResumeAfterBind,
+    ResumeAfterNodeCall,
+    SuspendAfterSuspending,
+    SuspendAfterCheckpoint,
+}
+
+/// Armed fault points; each fires once. Empty in production.
+#[derive(Default)]
+pub struct Faults(Mutex<HashSet<FaultPoint>>);
+
+impl Faults {
+    pub fn arm(&self, point: FaultPoint) {
+        if let Ok(mut set) = self.0.lock() {
+            set.insert(point);
+        }
+    }
+
+    fn fire(&self, point: FaultPoint) -> Result<(), Failure> {
+        let fired = self
+            .0
+            .lock()
+            .map(|mut set| set.remove(&point))
+            .unwrap_or(false);
+        if fired {
+            Err(Failure::Crash(Status::internal(format!(
+                "injected crash at {point:?}"
+            ))))
+        } else {
+            Ok(())
+        }
+    }
+}
+
+/// How a workflow under a lease ended badly.
+enum Failure {
+    /// An answer for the caller; the lease is released.
+    Status(Status),
+    /// A simulated crash: the lease is abandoned (it expires) and nothing is cleaned up.
+    Crash(Status),
+}
+
+impl From<Status> for Failure {
+    fn from(s: Status) -> Self {
+        Failure::Status(s)
+    }
+}
+
+impl From<StoreError> for Failure {
+    fn from(e: StoreError) -> Self {
+        Failure::Status(error::store(e))
+    }
+}
+
+pub struct Api {
+    pub(crate) store: Arc<dyn Store>,
+    pub(crate) fleet: FleetView,
+    nodes: NodeClients,
+    cfg: ApiConfig,
+    pub faults: Faults,
+}
+
+fn crashed(actor: &ActorRef, last_error: &str) -> Status {
+    let why = if last_error.is_empty() {
+        String::new()
+    } else {
+        format!(" ({last_error})")
+    };
+    Status::failed_precondition(format!(
+        "actor {actor} is ACTOR_STATE_CRASHED{why}: {CRASHED_PREREQUISITE}; RevertActor returns it to ACTOR_STATE_SUSPENDED"
+    ))
+}
+
+fn transient(actor: &ActorRef, state: ActorState) -> Status {
+    Status::failed_precondition(format!(
+        "actor {actor} is {state}; try again when the operation on it has finished"
+    ))
+}
+
+/// Node errors that leave the actor where it is (retry later) rather than crash it.
+fn is_transient(status: &Status) -> bool {
+    matches!(
+        status.code(),
+        Code::Unavailable
+            | Code::DeadlineExceeded
+            | Code::Cancelled
+            | Code::Aborted
+            | Code::Unknown
+    )
+}
+
+fn template_ref(actor: &ActorRecord) -> Result<(String, String), Status> {
+    ate_core::names::parse_namespaced("template", &actor.template).map_err(invalid)
+}
+
+impl Api {
+    pub fn new(store: Arc<dyn Store>, cfg: ApiConfig) -> Self {
+        Self {
+            fleet: FleetView::new(store.clone(), cfg.fleet_max_age),
+            store,
+            nodes: NodeClients::default(),
+            cfg,
+            faults: Faults::default(),
+        }
+    }
+
+    pub fn store(&self) -> &Arc<dyn Store> {
+        &self.store
+    }
+
+    fn holder(&self) -> String {
+        format!("{}/{}", self.cfg.instance_id, uuid::Uuid::new_v4())
+    }
+
+    async fn lease(&self, actor: &ActorRef) -> Result<Lease, Status> {
+        Lease::acquire(&self.store, actor, self.holder(), self.cfg.lease_ttl).await
+    }
+
+    /// Runs `work` under the actor's lease; releases it unless the work "crashed".
+    async fn under_lease<T>(
+        &self,
+        actor: &ActorRef,
+        work: impl Future<Output = Result<T, Failure>>,
+    ) -> Result<T, Status> {
+        let lease = self.lease(actor).await?;
+        match work.await {
+            Ok(v) => {
+                lease.release().await;
+                Ok(v)
+            }
+            Err(Failure::Status(s)) => {
+                lease.release().await;
+                Err(s)
+            }
+            Err(Failure::Crash(s)) => {
+                lease.abandon();
+                Err(s)
+            }
+        }
+    }
+
+    /// The worker record for an actor's assignment, from the fleet view (no store read when fresh).
+    async fn assigned_worker(&self, actor: &ActorRecord) -> Option<WorkerRecord> {
+        let id = actor.worker_id.as_ref()?;
+        let workers = self.fleet.workers().await.ok()?;
+        if let Some(w) = workers.iter().find(|w| &w.id == id) {
+            return Some(w.clone());
+        }
+        // Registered after the view was read.
+        let workers = self.fleet.refresh().await.ok()?;
+        workers.iter().find(|w| &w.id == id).cloned()
+    }
+
+    pub async fn actor_message(&self, actor: &ActorRecord) -> v1::Actor {
+        let worker = self.assigned_worker(actor).await;
+        convert::actor(actor, worker.as_ref())
+    }
+
+    // ------------------------------------------------------------------ resume
+
+    /// ResumeActor. Warm path (RUNNING): one read, no lease, `resumed = false`.
+    pub async fn resume(&self, r: &ActorRef) -> Result<(v1::Actor, bool), Status> {
+        r.validate().map_err(invalid)?;
+        let actor = self
+            .store
+            .get_actor(&r.atespace, &r.name)
+            .await
+            .map_err(error::store)?;
+        match actor.state {
+            ActorState::Running => {
+                metrics::counter!("ate_api_resume_total", "path" => "warm").increment(1);
+                return Ok((self.actor_message(&actor).await, false));
+            }
+            ActorState::Crashed => return Err(crashed(r, &actor.last_error)),
+            ActorState::Suspending => return Err(transient(r, actor.state)),
+            ActorState::Suspended | ActorState::Resuming => {}
+        }
+        let started = Instant::now();
+        let result = self.under_lease(r, self.resume_locked(r)).await;
+        let outcome = match &result {
+            Ok((_, true)) => "resumed",
+            Ok((_, false)) => "already_running",
+            Err(s) => code_label(s.code()),
+        };
+        metrics::counter!("ate_api_resume_total", "path" => "cold", "outcome" => outcome)
+            .increment(1);
+        metrics::histogram!("ate_api_resume_seconds", "outcome" => outcome)
+            .record(started.elapsed().as_secs_f64());
+        result
+    }
+
+    async fn resume_locked(&self, r: &ActorRef) -> Result<(v1::Actor, bool), Failure> {
+        self.faults.fire(FaultPoint::ResumeAfterLease)?;
+        // Re-read under the lease: another workflow may have finished in between.
+        let actor = self.store.get_actor(&r.atespace, &r.name).await?;
+        match actor.state {
+            ActorState::Running => return Ok((self.actor_message(&actor).await, false)),
+            ActorState::Crashed => return Err(crashed(r, &actor.last_error).into()),
+            ActorState::Suspending => return Err(transient(r, actor.state).into()),
+            ActorState::Suspended | ActorState::Resuming => {}
+        }
+        let (ns, tname) = template_ref(&actor)?;
+        let template = self.store.get_template(&ns, &tname).await?;
+        let mut snapshot = self.choose_snapshot(&actor, &template).await?;
+
+        let (actor, worker) = match self.rebind_existing(&actor).await? {
+            Some(bound) => bound,
+            None => {
+                let (bound, detached) = self.assign(&actor, &template, snapshot.as_ref()).await?;
+                if detached {
+                    snapshot = self.choose_snapshot(&bound.0, &template).await?;
+                }
+                bound
+            }
+        };
+        self.faults.fire(FaultPoint::ResumeAfterBind)?;
+
+        let plan = decide(
+            snapshot.as_ref().map(|s| SnapshotFacts {
+                fidelity: s.fidelity,
+                template: &s.template,
+            }),
+            &actor.template,
+            worker.can_restore_memory,
+        );
+        let workload = workload(&actor, &template, &worker.id);
+        let mut client = self.nodes.client(&worker.node_address)?;
+        let call = async {
+            match (plan, &snapshot) {
+                (RestorePlan::Restore(fidelity), Some(snap)) => {
+                    let req = v1::RestoreRequest {
+                        workload: Some(workload),
+                        snapshot: Some(convert::snapshot(snap)),
+                        fidelity: fidelity.wire(),
+                    };
+                    client.restore(req).await
+                }
+                _ => {
+                    client
+                        .run(v1::RunRequest {
+                            workload: Some(workload),
+                        })
+                        .await
+                }
+            }
+        };
+        let reply = match tokio::time::timeout(self.cfg.node_call_timeout, call).await {
+            Ok(Ok(reply)) => reply.into_inner(),
+            Ok(Err(status)) if is_transient(&status) => {
+                // The actor stays RESUMING on this worker; the next resume picks up there.
+                return Err(Status::unavailable(format!(
+                    "worker {} unavailable: {}",
+                    worker.id,
+                    status.message()
+                ))
+                .into());
+            }
+            Err(_) => {
+                return Err(Status::unavailable(format!(
+                    "worker {} did not answer within {:?}",
+                    worker.id, self.cfg.node_call_timeout
+                ))
+                .into());
+            }
+            Ok(Err(status)) => {
+                let why = format!(
+                    "restore on worker {} failed: {}",
+                    worker.id,
+                    status.message()
+                );
+                tracing::warn!(actor = %r, worker = %worker.id, error = %status.message(), "resume failed; actor CRASHED");
+                let update = ActorUpdate {
+                    last_error: Some(why.clone()),
+                    ..Default::default()
+                };
+                self.store
+                    .release_actor(
+                        &r.atespace,
+                        &r.name,
+                        &[ActorState::Resuming],
+                        ActorState::Crashed,
+                        None,
+                        update,
+                        now_ms(),
+                    )
+                    .await?;
+                return Err(crashed(r, &why).into());
+            }
+        };
+        self.faults.fire(FaultPoint::ResumeAfterNodeCall)?;
+
+        // Finalize: the node's epoch must be the one the worker registered, else it restarted
+        // during the restore and whatever it did is gone.
+        let registered = self.store.get_worker(&worker.id).await?;
+        if reply.epoch != registered.epoch || registered.status != WorkerStatus::Active {
+            return Err(Status::unavailable(format!(
+                "worker {} restarted during the restore (epoch {} != registered {})",
+                worker.id, reply.epoch, registered.epoch
+            ))
+            .into());
+        }
+        let update = ActorUpdate {
+            epoch: Some(reply.epoch),
+            last_error: Some(String::new()),
+            clear_attached_node: true,
+        };
+        let running = self
+            .store
+            .transition(
+                &r.atespace,
+                &r.name,
+                &[ActorState::Resuming],
+                ActorState::Running,
+                update,
+                now_ms(),
+            )
+            .await?;
+        tracing::info!(actor = %r, worker = %worker.id, ?plan, "actor resumed");
+        Ok((convert::actor(&running, Some(&registered)), true))
+    }
+
+    /// A RESUMING actor whose worker is still ACTIVE is resumed there again (the previous attempt
+    /// failed transiently); binding is idempotent.
+    async fn rebind_existing(
+        &self,
+        actor: &ActorRecord,
+    ) -> Result<Option<(ActorRecord, WorkerRecord)>, Failure> {
+        if actor.state != ActorState::Resuming {
+            return Ok(None);
+        }
+        let Some(worker_id) = &actor.worker_id else {
+            return Ok(None);
+        };
+        let worker = match self.store.get_worker(worker_id).await {
+            Ok(w) if w.status == WorkerStatus::Active => w,
+            Ok(_) | Err(StoreError::NotFound(_)) => return Ok(None),
+            Err(e) => return Err(e.into()),
+        };
+        let (ns, tname) = template_ref(actor)?;
+        let template = self.store.get_template(&ns, &tname).await?;
+        match self
+            .store
+            .bind_actor(
+                &actor.atespace,
+                &actor.name,
+                &[ActorState::Resuming],
+                &worker.id,
+                demand(&template),
+                now_ms(),
+            )
+            .await
+        {
+            Ok(a) => Ok(Some((a, worker))),
+            Err(StoreError::NoRoom { .. }) => Ok(None),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// Newest usable generation: node-local on a node still in the boot that wrote it, or with a
+    /// COMPLETED durable copy; else the template's golden tag; else none (cold boot).
+    async fn choose_snapshot(
+        &self,
+        actor: &ActorRecord,
+        template: &TemplateRecord,
+    ) -> Result<Option<SnapshotRecord>, Failure> {
+        let workers = self.fleet.workers().await?;
+        let usable = |s: &SnapshotRecord| {
+            self.local_usable(s, &workers) || s.durable_status == Some(DurableStatus::Completed)
+        };
+        let snapshots = self
+            .store
+            .list_snapshots(&actor.atespace, &actor.name)
+            .await?;
+        if let Some(s) = snapshots.into_iter().find(|s| usable(s)) {
+            return Ok(Some(s));
+        }
+        if actor.generation == 0
+            && let Some(tag) = &template.spec.golden_tag
+        {
+            let (ts, tn) =
+                ate_core::names::parse_namespaced("spec.goldenTag", tag).map_err(invalid)?;
+            match self.store.get_tag(&ts, &tn).await {
+                Ok(t) if usable(&t.snapshot) => return Ok(Some(t.snapshot)),
+                Ok(_) => tracing::warn!(tag = %tag, "golden tag has no usable copy; cold boot"),
+                Err(StoreError::NotFound(_)) => {
+                    tracing::warn!(tag = %tag, "golden tag not found; cold boot")
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Ok(None)
+    }
+
+    fn local_usable(&self, s: &SnapshotRecord, workers: &[WorkerRecord]) -> bool {
+        !s.local_path.is_empty()
+            && workers.iter().any(|w| {
+                w.status == WorkerStatus::Active && w.node == s.node && w.boot_id == s.boot_id
+            })
+    }
+
+    /// Picks a worker and binds the actor to it. Returns whether the actor's node-local snapshot
+    /// had to be detached (uploaded) so it could move to another node.
+    async fn assign(
+        &self,
+        actor: &ActorRecord,
+        template: &TemplateRecord,
+        snapshot: Option<&SnapshotRecord>,
+    ) -> Result<((ActorRecord, WorkerRecord), bool), Failure> {
+        let mut selector = template.spec.worker_selector.clone();
+        selector.extend(actor.worker_selector.clone());
+        let sandbox_class = snapshot
+            .map(|s| s.sandbox_class.as_str())
+            .unwrap_or(&template.spec.sandbox_class);
+        // A node-local generation without a durable copy pins the actor to its node.
+        let mut pinned = snapshot
+            .filter(|s| s.durable_status != Some(DurableStatus::Completed))
+            .map(|s| s.node.clone());
+        let mut detached = false;
+        let demand = demand(template);
+        let from = [ActorState::Suspended, ActorState::Resuming];
+        let mut refreshed = false;
+        let mut attempt = 0;
+        loop {
+            let workers = if refreshed {
+                self.fleet.workers().await?
+            } else {
+                self.fleet.refresh().await?
+            };
+            refreshed = true;
+            let req = Requirements {
+                selector: selector.clone(),
+                sandbox_class,
+                node: pinned.as_deref(),
+                demand,
+                exclude: &[],
+            };
+            let candidates = scheduler::eligible(&workers, &req);
+            let Some(worker) = scheduler::pick(&candidates) else {
+                if let (Some(node), Some(snap)) = (pinned.clone(), snapshot) {
+                    let anywhere = Requirements { node: None, ..req };
+                    if !scheduler::eligible(&workers, &anywhere).is_empty() {
+                        self.detach(actor, &node, snap, &workers).await?;
+                        pinned = None;
+                        detached = true;
+                        continue;
+                    }
+                }
+                return Err(Status::resource_exhausted(NO_ROOM_MESSAGE).into());
+            };
+            match self
+                .store
+                .bind_actor(
+                    &actor.atespace,
+                    &actor.name,
+                    &from,
+                    &worker.id,
+                    demand,
+                    now_ms(),
+                )
+                .await
+            {
+                Ok(bound) => return Ok(((bound, worker.clone()), detached)),
+                Err(StoreError::NoRoom { .. }) if attempt < MAX_BIND_RETRIES => {
+                    // Lost a race for the worker's last room: back off a little and look again.
+                    attempt += 1;
+                    let cap =
+                        (Duration::from_millis(5) * 2u32.pow(attempt.min(6))).min(MAX_BIND_BACKOFF);
+                    let jitter = rand::rng().random_range(0.5..1.0);
+                    tokio::time::sleep(cap.mul_f64(jitter)).await;
+                    self.fleet.refresh().await?;
+                }
+                Err(StoreError::NoRoom { .. }) => {
+                    return Err(Status::resource_exhausted(NO_ROOM_MESSAGE).into());
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
+    }
+
+    /// Asks the node holding the actor's local generation to upload it and drop the local copy.
+    async fn detach(
+        &self,
+        actor: &ActorRecord,
+        node: &str,
+        snap: &SnapshotRecord,
+        workers: &[WorkerRecord],
+    ) -> Result<(), Failure> {
+        let node_address = workers
+            .iter()
+            .find(|w| w.node == node && w.status == WorkerStatus::Active)
+            .map(|w| w.node_address.clone())
+            .ok_or_else(|| {
+                Status::unavailable(format!(
+                    "node {node} holding the actor's snapshot is not registered"
+                ))
+            })?;
+        let mut client = self.nodes.client(&node_address)?;
+        let req = v1::DetachRequest {
+            actor: Some(v1::ObjectRef {
+                atespace: actor.atespace.clone(),
+                name: actor.name.clone(),
+            }),
+            snapshots: vec![convert::snapshot(snap)],
+        };
+        let reply = client
+            .detach(req)
+            .await
+            .map_err(|s| {
+                Status::unavailable(format!("detach from node {node} failed: {}", s.message()))
+            })?
+            .into_inner();
+        for s in reply.snapshots {
+            let status =
+                DurableStatus::from_wire(s.durable_status).unwrap_or(DurableStatus::Failed);
+            self.store
+                .update_snapshot_durable(
+                    &actor.atespace,
+                    &actor.name,
+                    s.generation,
+                    status,
+                    &s.durable_uri,
+                    &s.reason,
+                )
+                .await?;
+            if status == DurableStatus::Completed {
+                self.store
+                    .clear_snapshot_local(&actor.atespace, &actor.name, s.generation)
+                    .await?;
+            } else {
+                return Err(Status::unavailable(format!(
+                    "upload of generation {} failed: {}",
+                    s.generation, s.reason
+                ))
+                .into());
+            }
+        }
+        Ok(())
+    }
+
+    // ------------------------------------------------------------------ suspend
+
+    pub async fn suspend(&self, r: &ActorRef, durable: bool) -> Result<v1::Actor, Status> {
+        r.validate().map_err(invalid)?;
+        let actor = self
+            .store
+            .get_actor(&r.atespace, &r.name)
+            .await
+            .map_err(error::store)?;
+        match actor.state {
+            ActorState::Suspended => return Ok(self.actor_message(&actor).await),
+            ActorState::Crashed => return Err(crashed(r, &actor.last_error)),
+            ActorState::Resuming => return Err(transient(r, actor.state)),
+            ActorState::Running | ActorState::Suspending => {}
+        }
+        let started = Instant::now();
+        let result = self.under_lease(r, self.suspend_locked(r, durable)).await;
+        metrics::histogram!("ate_api_suspend_seconds").record(started.elapsed().as_secs_f64());
+        result
+    }
+
+    async fn suspend_locked(&self, r: &ActorRef, durable: bool) -> Result<v1::Actor, Failure> {
+        let mut actor = self.store.get_actor(&r.atespace, &r.name).await?;
+        match actor.state {
+            ActorState::Suspended => return Ok(self.actor_message(&actor).await),
+            ActorState::Crashed => return Err(crashed(r, &actor.last_error).into()),
+            ActorState::Resuming => return Err(transient(r, actor.state).into()),
+            ActorState::Running => {
+                actor = self
+                    .store
+                    .transition(
+                        &r.atespace,
+                        &r.name,
+                        &[ActorState::Running],
+                        ActorState::Suspending,
+                        ActorUpdate::default(),
+                        now_ms(),
+                    )
+                    .await?;
+            }
+            ActorState::Suspending => {}
+        }
+        self.faults.fire(FaultPoint::SuspendAfterSuspending)?;
+        let from = [ActorState::Suspending];
+        let worker = match &actor.worker_id {
+            Some(id) => match self.store.get_worker(id).await {
+                Ok(w) if w.status == WorkerStatus::Active => Some(w),
+                Ok(_) | Err(StoreError::NotFound(_)) => None,
+                Err(e) => return Err(e.into()),
+            },
+            None => None,
+        };
+        let Some(worker) = worker else {
+            // Its worker is gone, and with it the sandbox: the last generation is what remains.
+            let update = ActorUpdate {
+                last_error: Some("worker gone before the suspend; last generation kept".into()),
+                ..Default::default()
+            };
+            let a = self
+                .store
+                .release_actor(
+                    &r.atespace,
+                    &r.name,
+                    &from,
+                    ActorState::Suspended,
+                    None,
+                    update,
+                    now_ms(),
+                )
+                .await?;
+            return Ok(convert::actor(&a, None));
+        };
+        let (ns, tname) = template_ref(&actor)?;
+        let template = self.store.get_template(&ns, &tname).await?;
+        let generation = actor.generation + 1;
+        let req = v1::CheckpointRequest {
+            workload: Some(workload(&actor, &template, &worker.id)),
+            generation,
+            uuid: uuid::Uuid::new_v4().to_string(),
+            fidelity: template.spec.fidelity.wire(),
+            durable,
+        };
+        let mut client = self.nodes.client(&worker.node_address)?;
+        let reply =
+            match tokio::time::timeout(self.cfg.node_call_timeout, client.checkpoint(req)).await {
+                Ok(Ok(reply)) => reply.into_inner(),
+                Ok(Err(status)) if is_transient(&status) => {
+                    return Err(Status::unavailable(format!(
+                        "worker {} unavailable: {}",
+                        worker.id,
+                        status.message()
+                    ))
+                    .into());
+                }
+                Err(_) => {
+                    return Err(Status::unavailable(format!(
+                        "worker {} did not answer the checkpoint in time",
+                        worker.id
+                    ))
+                    .into());
+                }
+                Ok(Err(status)) => {
+                    // Nothing usable was written; the previous generation stays the newest.
+                    let why = format!(
+                        "checkpoint on worker {} failed: {}",
+                        worker.id,
+                        status.message()
+                    );
+                    let update = ActorUpdate {
+                        last_error: Some(why.clone()),
+                        ..Default::default()
+                    };
+                    self.store
+                        .release_actor(
+                            &r.atespace,
+                            &r.name,
+                            &from,
+                            ActorState::Crashed,
+                            None,
+                            update,
+                            now_ms(),
+                        )
+                        .await?;
+                    return Err(Status::internal(why).into());
+                }
+            };
+        let snap = reply
+            .snapshot
+            .as_ref()
+            .and_then(|s| convert::snapshot_from_wire(s, &r.atespace, &r.name, now_ms()))
+            .filter(|s| s.generation == generation)
+            .ok_or_else(|| {
+                Status::internal(format!(
+                    "node returned no valid snapshot for generation {generation}"
+                ))
+            })?;
+        self.faults.fire(FaultPoint::SuspendAfterCheckpoint)?;
+        let update = ActorUpdate {
+            last_error: Some(snap.reason.clone()),
+            ..Default::default()
+        };
+        let a = self
+            .store
+            .release_actor(
+                &r.atespace,
+                &r.name,
+                &from,
+                ActorState::Suspended,
+                Some(&snap),
+                update,
+                now_ms(),
+            )
+            .await?;
+        tracing::info!(actor = %r, generation, fidelity = %snap.fidelity, durable, "actor suspended");
+        Ok(convert::actor(&a, None))
+    }
+
+    // ------------------------------------------------------------------ revert / delete
+
+    pub async fn revert(&self, r: &ActorRef) -> Result<v1::Actor, Status> {
+        r.validate().map_err(invalid)?;
+        self.under_lease(r, async {
+            let actor = self.store.get_actor(&r.atespace, &r.name).await?;
+            match actor.state {
+                ActorState::Suspended => Ok(convert::actor(&actor, None)),
+                ActorState::Crashed => {
+                    let a = self.store.release_actor(&r.atespace, &r.name, &[ActorState::Crashed], ActorState::Suspended, None, ActorUpdate::default(), now_ms()).await?;
+                    Ok(convert::actor(&a, None))
+                }
+                state => Err(Status::failed_precondition(format!("RevertActor is refused while actor {r} is {state}; it reverts only ACTOR_STATE_CRASHED")).into()),
+            }
+        })
+        .await
+    }
+
+    pub async fn delete(&self, r: &ActorRef) -> Result<(), Status> {
+        r.validate().map_err(invalid)?;
+        let garbage = self
+            .under_lease(r, async {
+                match self.store.delete_actor(&r.atespace, &r.name).await {
+                    Ok(garbage) => Ok(garbage),
+                    Err(StoreError::StateConflict { actual, .. }) => Err(Status::failed_precondition(format!(
+                        "actor {r} is {actual}; only ACTOR_STATE_SUSPENDED or ACTOR_STATE_CRASHED actors can be deleted (suspend it first)"
+                    ))
+                    .into()),
+                    Err(e) => Err(e.into()),
+                }
+            })
+            .await?;
+        if !garbage.is_empty() {
+            self.collect_garbage(garbage).await;
+        }
+        Ok(())
+    }
+
+    /// Deletes the files of removed generations: local copies on their node, durable objects via
+    /// any live node. Failures are logged with the generation so an operator can clean up.
+    async fn collect_garbage(&self, snapshots: Vec<SnapshotRecord>) {
+        let Ok(workers) = self.fleet.refresh().await else {
+            return;
+        };
+        let any_node = workers
+            .iter()
+            .find(|w| w.status == WorkerStatus::Active)
+            .map(|w| w.node_address.clone());
+        for snap in snapshots {
+            let target = workers
+                .iter()
+                .find(|w| w.status == WorkerStatus::Active && w.node == snap.node)
+                .map(|w| w.node_address.clone())
+                .or_else(|| any_node.clone());
+            let Some(address) = target else {
+                tracing::warn!(actor = %format!("{}/{}", snap.atespace, snap.name), generation = snap.generation, uri = %snap.durable_uri, "no live node to delete snapshot files");
+                continue;
+            };
+            let result = match self.nodes.client(&address) {
+                Ok(mut c) => c
+                    .delete_snapshots(v1::DeleteSnapshotsRequest {
+                        snapshots: vec![convert::snapshot(&snap)],
+                    })
+                    .await
+                    .map(|_| ()),
+                Err(s) => Err(s),
+            };
+            if let Err(s) = result {
+                tracing::warn!(generation = snap.generation, uri = %snap.durable_uri, error = %s.message(), "snapshot garbage collection failed");
+            }
+        }
+    }
+
+    // ------------------------------------------------------------------ fleet reports
+
+    /// A worker saw all of an actor's processes exit while RUNNING: release its capacity at once
+    /// and leave it SUSPENDED with its last usable generation.
+    pub async fn actor_exited(
+        &self,
+        r: &ActorRef,
+        worker_id: &str,
+        exit_code: i32,
+        last_lines: &str,
+    ) -> Result<(), Status> {
+        r.validate().map_err(invalid)?;
+        let actor = self
+            .store
+            .get_actor(&r.atespace, &r.name)
+            .await
+            .map_err(error::store)?;
+        if actor.state != ActorState::Running || actor.worker_id.as_deref() != Some(worker_id) {
+            return Ok(());
+        }
+        let tail: String = last_lines
+            .chars()
+            .rev()
+            .take(2000)
+            .collect::<Vec<_>>()
+            .into_iter()
+            .rev()
+            .collect();
+        let why = format!(
+            "all processes exited (code {exit_code}) on worker {worker_id}; last log lines:\n{tail}"
+        );
+        let update = ActorUpdate {
+            last_error: Some(why),
+            ..Default::default()
+        };
+        match self
+            .store
+            .release_actor(
+                &r.atespace,
+                &r.name,
+                &[ActorState::Running],
+                ActorState::Suspended,
+                None,
+                update,
+                now_ms(),
+            )
+            .await
+        {
+            Ok(_) | Err(StoreError::StateConflict { .. }) => Ok(()),
+            Err(e) => Err(error::store(e)),
+        }
+    }
+
+    /// Marks workers without a recent heartbeat GONE; their RESUMING actors go to CRASHED, their
+    /// RUNNING and SUSPENDING actors to SUSPENDED with their last snapshot.
+    pub async fn expire_workers(&self) -> Result<Vec<String>, StoreError> {
+        let stale_before =
+            now_ms() - i64::try_from(self.cfg.heartbeat_timeout.as_millis()).unwrap_or(i64::MAX);
+        let gone = self.store.expire_workers(stale_before).await?;
+        for id in &gone {
+            tracing::warn!(worker = %id, "worker stopped heartbeating; marked GONE");
+            self.release_actors_of(id).await?;
+        }
+        if !gone.is_empty() {
+            self.fleet.refresh().await?;
+        }
+        Ok(gone)
+    }
+
+    pub async fn release_actors_of(&self, worker_id: &str) -> Result<(), StoreError> {
+        for a in self.store.actors_on_worker(worker_id).await? {
+            let (to, why) = match a.state {
+                ActorState::Resuming => (
+                    ActorState::Crashed,
+                    format!("worker {worker_id} gone during the resume"),
+                ),
+                ActorState::Running | ActorState::Suspending => (
+                    ActorState::Suspended,
+                    format!("worker {worker_id} gone; resumes from the last generation"),
+                ),
+                _ => continue,
+            };
+            let update = ActorUpdate {
+                last_error: Some(why),
+                ..Default::default()
+            };
+            match self
+                .store
+                .release_actor(&a.atespace, &a.name, &[a.state], to, None, update, now_ms())
+                .await
+            {
+                Ok(_) | Err(StoreError::StateConflict { .. }) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(())
+    }
+}
+
+fn demand(template: &TemplateRecord) -> Capacity {
+    Capacity {
+        cpu_millis: u64::from(template.spec.resources.cpu_millis),
+        memory_bytes: template.spec.resources.memory_bytes,
+        slots: 1,
+    }
+}
+
+fn workload(actor: &ActorRecord, template: &TemplateRecord, worker_id: &str) -> v1::Workload {
+    v1::Workload {
+        actor: Some(v1::ObjectRef {
+            atespace: actor.atespace.clone(),
+            name: actor.name.clone(),
+        }),
+        uid: actor.uid.clone(),
+        template: actor.template.clone(),
+        spec: Some(ate_proto::spec_to_wire(&template.spec)),
+        worker_id: worker_id.to_string(),
+    }
+}
+
+fn code_label(code: Code) -> &'static str {
+    match code {
+        Code::ResourceExhausted => "no_room",
+        Code::Aborted => "aborted",
+        Code::FailedPrecondition => "failed_precondition",
+        Code::Unavailable => "unavailable",
+        Code::NotFound => "not_found",
+        Code::InvalidArgument => "invalid_argument",
+        _ => "error",
+    }
+}
+
+impl Api {
+    pub fn heartbeat_timeout(&self) -> Duration {
+        self.cfg.heartbeat_timeout
+    }
+}

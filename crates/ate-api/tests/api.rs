@@ -1,0 +1,913 @@
+//! The api end to end over loopback gRPC, on SQLite and PostgreSQL, with scripted node agents.
+
+mod common;
+
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use ate_api::{ApiConfig, FaultPoint};
+use ate_core::{CRASHED_PREREQUISITE, NO_ROOM_MESSAGE};
+use ate_proto::v1::*;
+use common::*;
+use tonic::Code;
+
+fn cfg() -> ApiConfig {
+    ApiConfig {
+        fleet_max_age: Duration::from_millis(50),
+        ..Default::default()
+    }
+}
+
+fn state(a: &Actor) -> ActorState {
+    ActorState::try_from(a.state).unwrap_or(ActorState::Unspecified)
+}
+
+async fn crud_and_validation(b: Backend) {
+    let t = TestApi::start(b, cfg()).await;
+    // Invalid names: InvalidArgument naming the field, nothing written.
+    let err = t
+        .atespaces()
+        .create_atespace(CreateAtespaceRequest {
+            name: "Bad_Name".into(),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::InvalidArgument);
+    assert!(err.message().contains("atespace"), "{}", err.message());
+    assert!(
+        t.atespaces()
+            .list_atespaces(ListAtespacesRequest {})
+            .await
+            .unwrap()
+            .into_inner()
+            .atespaces
+            .is_empty()
+    );
+
+    t.seed("team-a").await;
+    let dup = t
+        .atespaces()
+        .create_atespace(CreateAtespaceRequest {
+            name: "team-a".into(),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(dup.code(), Code::AlreadyExists);
+
+    // Template validation names the field.
+    let mut bad = template("team-a", "bad");
+    bad.spec.as_mut().unwrap().containers[0].image = "Not An Image".into();
+    let err = t
+        .templates()
+        .apply_template(ApplyTemplateRequest {
+            template: Some(bad),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::InvalidArgument);
+    assert!(
+        err.message().contains("spec.containers[0].image"),
+        "{}",
+        err.message()
+    );
+    let err = t
+        .templates()
+        .get_template(GetTemplateRequest {
+            namespace: "team-a".into(),
+            name: "bad".into(),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::NotFound);
+    let missing_ns = t
+        .templates()
+        .apply_template(ApplyTemplateRequest {
+            template: Some(template("nope", "t")),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(missing_ns.code(), Code::NotFound);
+
+    // Actors.
+    let err = t
+        .actors()
+        .create_actor(CreateActorRequest {
+            atespace: "team-a".into(),
+            name: "a1".into(),
+            template: "team-a/missing".into(),
+            worker_selector: Default::default(),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::NotFound);
+    let err = t
+        .actors()
+        .create_actor(CreateActorRequest {
+            atespace: "team-a".into(),
+            name: "a1".into(),
+            template: "no-slash".into(),
+            worker_selector: Default::default(),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::InvalidArgument);
+    assert!(err.message().contains("template"), "{}", err.message());
+    let bad_sel = t
+        .actors()
+        .create_actor(CreateActorRequest {
+            atespace: "team-a".into(),
+            name: "a1".into(),
+            template: "team-a/t".into(),
+            worker_selector: [("bad key".to_string(), "v".to_string())].into(),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(bad_sel.code(), Code::InvalidArgument);
+    assert!(
+        t.actors()
+            .list_actors(ListActorsRequest::default())
+            .await
+            .unwrap()
+            .into_inner()
+            .actors
+            .is_empty()
+    );
+
+    for i in 0..5 {
+        let a = t.create_actor("team-a", &format!("a{i}")).await;
+        assert_eq!(state(&a), ActorState::Suspended);
+        assert!(!a.uid.is_empty());
+    }
+    let dup = t
+        .actors()
+        .create_actor(CreateActorRequest {
+            atespace: "team-a".into(),
+            name: "a0".into(),
+            template: "team-a/t".into(),
+            worker_selector: Default::default(),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(dup.code(), Code::AlreadyExists);
+
+    // Paging.
+    let mut names = Vec::new();
+    let mut token = String::new();
+    loop {
+        let page = t
+            .actors()
+            .list_actors(ListActorsRequest {
+                atespace: "team-a".into(),
+                page_size: 2,
+                page_token: token,
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        assert!(page.actors.len() <= 2);
+        names.extend(page.actors.into_iter().map(|a| a.name));
+        if page.next_page_token.is_empty() {
+            break;
+        }
+        token = page.next_page_token;
+    }
+    assert_eq!(names, ["a0", "a1", "a2", "a3", "a4"]);
+    let bad_token = t
+        .actors()
+        .list_actors(ListActorsRequest {
+            atespace: String::new(),
+            page_size: 2,
+            page_token: "%%".into(),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(bad_token.code(), Code::InvalidArgument);
+
+    // Update selector.
+    let updated = t
+        .actors()
+        .update_actor(UpdateActorRequest {
+            actor: Some(obj("team-a", "a1")),
+            worker_selector: [("zone".to_string(), "b".to_string())].into(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(
+        updated.worker_selector.get("zone").map(String::as_str),
+        Some("b")
+    );
+
+    // Deleting an atespace that holds actors is refused; the template too.
+    let err = t
+        .atespaces()
+        .delete_atespace(DeleteAtespaceRequest {
+            name: "team-a".into(),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::FailedPrecondition);
+    let err = t
+        .templates()
+        .delete_template(DeleteTemplateRequest {
+            namespace: "team-a".into(),
+            name: "t".into(),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::FailedPrecondition);
+
+    for i in 0..5 {
+        t.actors()
+            .delete_actor(DeleteActorRequest {
+                actor: Some(obj("team-a", &format!("a{i}"))),
+            })
+            .await
+            .unwrap();
+    }
+    let gone = t
+        .actors()
+        .get_actor(GetActorRequest {
+            actor: Some(obj("team-a", "a0")),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(gone.code(), Code::NotFound);
+    t.templates()
+        .delete_template(DeleteTemplateRequest {
+            namespace: "team-a".into(),
+            name: "t".into(),
+        })
+        .await
+        .unwrap();
+    t.atespaces()
+        .delete_atespace(DeleteAtespaceRequest {
+            name: "team-a".into(),
+        })
+        .await
+        .unwrap();
+    let err = t
+        .atespaces()
+        .get_atespace(GetAtespaceRequest {
+            name: "team-a".into(),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::NotFound);
+}
+both_stores!(crud, crud_and_validation);
+
+async fn cold_then_warm(b: Backend) {
+    let t = TestApi::start(
+        b,
+        ApiConfig {
+            fleet_max_age: Duration::from_secs(3600),
+            ..Default::default()
+        },
+    )
+    .await;
+    let node = TestNode::start("node-1").await;
+    t.register(&node, "w1", 4).await;
+    t.seed("ns").await;
+    t.create_actor("ns", "a").await;
+
+    let cold = t.resume("ns", "a").await.unwrap();
+    assert!(cold.resumed);
+    let actor = cold.actor.unwrap();
+    assert_eq!(state(&actor), ActorState::Running);
+    let wa = actor.worker_assignment.unwrap();
+    assert_eq!(wa.worker_id, "w1");
+    assert_eq!(wa.addresses, ["127.0.0.2:8443"]);
+    assert_eq!(wa.epoch, node.epoch());
+    assert!(wa.worker_identity.starts_with("spiffe://"));
+    assert_eq!(node.calls().run.load(Ordering::SeqCst), 1);
+
+    // Warm path: one store read, no lease, no node call.
+    let (reads0, writes0, leases0) = t.api.store().counters().snapshot();
+    let warm = t.resume("ns", "a").await.unwrap();
+    let (reads1, writes1, leases1) = t.api.store().counters().snapshot();
+    assert!(!warm.resumed);
+    assert_eq!(
+        warm.actor.unwrap().worker_assignment.unwrap().worker_id,
+        "w1"
+    );
+    assert_eq!(
+        (reads1 - reads0, writes1 - writes0, leases1 - leases0),
+        (1, 0, 0)
+    );
+    assert_eq!(node.calls().run.load(Ordering::SeqCst), 1);
+
+    // Unknown actor, malformed names.
+    assert_eq!(
+        t.resume("ns", "nobody").await.unwrap_err().code(),
+        Code::NotFound
+    );
+    assert_eq!(
+        t.resume("NS", "a").await.unwrap_err().code(),
+        Code::InvalidArgument
+    );
+}
+both_stores!(warm_path, cold_then_warm);
+
+async fn no_room(b: Backend) {
+    let t = TestApi::start(b, cfg()).await;
+    let node = TestNode::start("node-1").await;
+    t.register(&node, "w1", 1).await;
+    t.seed("ns").await;
+    t.create_actor("ns", "a").await;
+    t.create_actor("ns", "b").await;
+    t.resume("ns", "a").await.unwrap();
+    let err = t.resume("ns", "b").await.unwrap_err();
+    assert_eq!(err.code(), Code::ResourceExhausted);
+    assert_eq!(err.message(), NO_ROOM_MESSAGE);
+    assert_eq!(state(&t.get("ns", "b").await), ActorState::Suspended);
+    // Suspending `a` frees the slot.
+    let s = t.suspend("ns", "a").await.unwrap();
+    assert_eq!(state(&s), ActorState::Suspended);
+    assert_eq!(s.generation, 1);
+    assert!(t.resume("ns", "b").await.unwrap().resumed);
+    // A worker selector nothing matches.
+    t.actors()
+        .update_actor(UpdateActorRequest {
+            actor: Some(obj("ns", "a")),
+            worker_selector: [("zone".to_string(), "mars".to_string())].into(),
+        })
+        .await
+        .unwrap();
+    let node2 = TestNode::start("node-2").await;
+    t.register(&node2, "w2", 4).await;
+    assert_eq!(
+        t.resume("ns", "a").await.unwrap_err().code(),
+        Code::ResourceExhausted
+    );
+}
+both_stores!(resource_exhausted, no_room);
+
+async fn one_cold_resume_for_fifty(b: Backend) {
+    let t = TestApi::start(b, cfg()).await;
+    let node = TestNode::start("node-1").await;
+    node.set_delay(Duration::from_millis(300));
+    t.register(&node, "w1", 4).await;
+    t.seed("ns").await;
+    t.create_actor("ns", "a").await;
+    let calls = (0..50).map(|_| t.resume("ns", "a"));
+    let results = futures::future::join_all(calls).await;
+    let mut resumed = 0;
+    for r in &results {
+        match r {
+            Ok(reply) => resumed += usize::from(reply.resumed),
+            Err(s) => assert_eq!(s.code(), Code::Aborted, "{s:?}"),
+        }
+    }
+    assert_eq!(resumed, 1);
+    assert_eq!(node.calls().run.load(Ordering::SeqCst), 1);
+    assert_eq!(state(&t.get("ns", "a").await), ActorState::Running);
+}
+both_stores!(single_flight, one_cold_resume_for_fifty);
+
+async fn no_overbooking(b: Backend) {
+    let t = TestApi::start(b, cfg()).await;
+    let n1 = TestNode::start("node-1").await;
+    let n2 = TestNode::start("node-2").await;
+    t.register(&n1, "w1", 2).await;
+    t.register(&n2, "w2", 3).await;
+    t.seed("ns").await;
+    for i in 0..12 {
+        t.create_actor("ns", &format!("a{i}")).await;
+    }
+    let names: Vec<String> = (0..12).map(|i| format!("a{i}")).collect();
+    let results = futures::future::join_all(names.iter().map(|n| t.resume("ns", n))).await;
+    let ok = results.iter().filter(|r| r.is_ok()).count();
+    for r in results.iter().filter_map(|r| r.as_ref().err()) {
+        assert_eq!(r.code(), Code::ResourceExhausted, "{r:?}");
+    }
+    assert_eq!(ok, 5, "exactly the 5 free slots are admitted");
+    let workers = t
+        .fleet()
+        .list_workers(ListWorkersRequest {})
+        .await
+        .unwrap()
+        .into_inner()
+        .workers;
+    for w in workers {
+        let (used, cap) = (w.used.unwrap().actor_slots, w.capacity.unwrap().actor_slots);
+        assert_eq!(used, cap, "worker {} used {used} of {cap}", w.id);
+    }
+}
+both_stores!(admission, no_overbooking);
+
+async fn crash_revert_resume(b: Backend) {
+    let t = TestApi::start(b, cfg()).await;
+    let node = TestNode::start("node-1").await;
+    t.register(&node, "w1", 1).await;
+    t.seed("ns").await;
+    t.create_actor("ns", "a").await;
+    node.set(NodeBehaviour::Fail(Code::Internal));
+    let err = t.resume("ns", "a").await.unwrap_err();
+    assert_eq!(err.code(), Code::FailedPrecondition);
+    let crashed = t.get("ns", "a").await;
+    assert_eq!(state(&crashed), ActorState::Crashed);
+    assert!(
+        crashed.last_error.contains("wakeup probe never answered"),
+        "{}",
+        crashed.last_error
+    );
+    // Capacity was released: the worker's slot is free.
+    let w = &t
+        .fleet()
+        .list_workers(ListWorkersRequest {})
+        .await
+        .unwrap()
+        .into_inner()
+        .workers[0];
+    assert_eq!(w.used.unwrap().actor_slots, 0);
+    // CRASHED: fails fast with the prerequisite text until reverted.
+    node.set(NodeBehaviour::Ok);
+    let err = t.resume("ns", "a").await.unwrap_err();
+    assert_eq!(err.code(), Code::FailedPrecondition);
+    assert!(
+        err.message().contains(CRASHED_PREREQUISITE),
+        "{}",
+        err.message()
+    );
+    let reverted = t
+        .actors()
+        .revert_actor(RevertActorRequest {
+            actor: Some(obj("ns", "a")),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(state(&reverted), ActorState::Suspended);
+    assert!(t.resume("ns", "a").await.unwrap().resumed);
+    // Revert is refused while not CRASHED.
+    let err = t
+        .actors()
+        .revert_actor(RevertActorRequest {
+            actor: Some(obj("ns", "a")),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::FailedPrecondition);
+}
+both_stores!(crashed, crash_revert_resume);
+
+async fn epoch_mismatch_stays_resuming(b: Backend) {
+    let t = TestApi::start(b, cfg()).await;
+    let node = TestNode::start("node-1").await;
+    t.register(&node, "w1", 1).await;
+    t.seed("ns").await;
+    t.create_actor("ns", "a").await;
+    node.set(NodeBehaviour::WrongEpoch);
+    let err = t.resume("ns", "a").await.unwrap_err();
+    assert_eq!(err.code(), Code::Unavailable);
+    assert_eq!(state(&t.get("ns", "a").await), ActorState::Resuming);
+    // Transient node failure also leaves it RESUMING on the same worker.
+    node.set(NodeBehaviour::Fail(Code::Unavailable));
+    assert_eq!(
+        t.resume("ns", "a").await.unwrap_err().code(),
+        Code::Unavailable
+    );
+    let a = t.get("ns", "a").await;
+    assert_eq!(state(&a), ActorState::Resuming);
+    assert_eq!(a.worker_assignment.unwrap().worker_id, "w1");
+    // Revert is refused while RESUMING.
+    assert_eq!(
+        t.actors()
+            .revert_actor(RevertActorRequest {
+                actor: Some(obj("ns", "a"))
+            })
+            .await
+            .unwrap_err()
+            .code(),
+        Code::FailedPrecondition
+    );
+    node.set(NodeBehaviour::Ok);
+    let r = t.resume("ns", "a").await.unwrap();
+    assert!(r.resumed);
+    assert_eq!(state(&r.actor.unwrap()), ActorState::Running);
+}
+both_stores!(epoch, epoch_mismatch_stays_resuming);
+
+async fn interrupted_workflows_resume(b: Backend) {
+    let lease_ttl = Duration::from_millis(400);
+    let t = TestApi::start(
+        b,
+        ApiConfig {
+            lease_ttl,
+            fleet_max_age: Duration::from_millis(50),
+            ..Default::default()
+        },
+    )
+    .await;
+    let node = TestNode::start("node-1").await;
+    t.register(&node, "w1", 2).await;
+    t.seed("ns").await;
+    for point in [
+        FaultPoint::ResumeAfterLease,
+        FaultPoint::ResumeAfterBind,
+        FaultPoint::ResumeAfterNodeCall,
+    ] {
+        let name = format!("{point:?}").to_lowercase();
+        t.create_actor("ns", &name).await;
+        t.api.faults.arm(point);
+        let err = t.resume("ns", &name).await.unwrap_err();
+        assert_eq!(err.code(), Code::Internal, "{point:?}");
+        // The crashed holder's lease blocks the next workflow until it expires.
+        assert_eq!(
+            t.resume("ns", &name).await.unwrap_err().code(),
+            Code::Aborted,
+            "{point:?}"
+        );
+        tokio::time::sleep(lease_ttl + Duration::from_millis(100)).await;
+        let r = t.resume("ns", &name).await.unwrap();
+        assert_eq!(state(&r.actor.unwrap()), ActorState::Running, "{point:?}");
+        t.suspend("ns", &name).await.unwrap();
+    }
+    for point in [
+        FaultPoint::SuspendAfterSuspending,
+        FaultPoint::SuspendAfterCheckpoint,
+    ] {
+        let name = format!("{point:?}").to_lowercase();
+        t.create_actor("ns", &name).await;
+        t.resume("ns", &name).await.unwrap();
+        t.api.faults.arm(point);
+        assert_eq!(
+            t.suspend("ns", &name).await.unwrap_err().code(),
+            Code::Internal,
+            "{point:?}"
+        );
+        assert_eq!(state(&t.get("ns", &name).await), ActorState::Suspending);
+        // The router parks on a SUSPENDING actor.
+        assert_eq!(
+            t.resume("ns", &name).await.unwrap_err().code(),
+            Code::FailedPrecondition
+        );
+        tokio::time::sleep(lease_ttl + Duration::from_millis(100)).await;
+        let s = t.suspend("ns", &name).await.unwrap();
+        assert_eq!(state(&s), ActorState::Suspended, "{point:?}");
+        assert_eq!(s.generation, 1, "{point:?}: one generation recorded");
+        let w = &t
+            .fleet()
+            .list_workers(ListWorkersRequest {})
+            .await
+            .unwrap()
+            .into_inner()
+            .workers[0];
+        assert_eq!(
+            w.used.unwrap().actor_slots,
+            0,
+            "{point:?}: capacity released"
+        );
+    }
+}
+both_stores!(interrupted, interrupted_workflows_resume);
+
+async fn restore_fidelity(b: Backend) {
+    let t = TestApi::start(b, cfg()).await;
+    let node = TestNode::start("node-1").await;
+    t.register(&node, "w1", 2).await;
+    t.seed("ns").await;
+    t.create_actor("ns", "a").await;
+    t.resume("ns", "a").await.unwrap();
+    let s = t.suspend("ns", "a").await.unwrap();
+    assert_eq!(s.attached_node, "node-1");
+    t.resume("ns", "a").await.unwrap();
+    {
+        let restores = node.calls().restores.lock().unwrap();
+        let r = restores.last().unwrap();
+        assert_eq!(r.fidelity, Fidelity::Memory as i32);
+        assert_eq!(r.snapshot.as_ref().unwrap().generation, 1);
+    }
+    t.suspend("ns", "a").await.unwrap();
+    // A worker that cannot restore memory gets ROOTFS.
+    t.register_with(&node, "w1", 2, false, Default::default())
+        .await;
+    t.resume("ns", "a").await.unwrap();
+    let restores = node.calls().restores.lock().unwrap();
+    let r = restores.last().unwrap();
+    assert_eq!(r.fidelity, Fidelity::Rootfs as i32);
+    assert_eq!(r.snapshot.as_ref().unwrap().generation, 2);
+}
+both_stores!(fidelity, restore_fidelity);
+
+async fn attached_to_full_node_detaches(b: Backend) {
+    let t = TestApi::start(b, cfg()).await;
+    let n1 = TestNode::start("node-1").await;
+    let n2 = TestNode::start("node-2").await;
+    t.register(&n1, "w1", 1).await;
+    t.seed("ns").await;
+    t.create_actor("ns", "a").await;
+    t.create_actor("ns", "b").await;
+    t.resume("ns", "a").await.unwrap();
+    t.suspend("ns", "a").await.unwrap();
+    // b fills node-1; a's only generation is local to node-1.
+    t.resume("ns", "b").await.unwrap();
+    assert_eq!(
+        t.resume("ns", "a").await.unwrap_err().code(),
+        Code::ResourceExhausted
+    );
+    t.register(&n2, "w2", 1).await;
+    let r = t.resume("ns", "a").await.unwrap();
+    assert_eq!(r.actor.unwrap().worker_assignment.unwrap().worker_id, "w2");
+    assert_eq!(n1.calls().detach.load(Ordering::SeqCst), 1);
+    assert_eq!(n2.calls().restore.load(Ordering::SeqCst), 1);
+}
+both_stores!(detach, attached_to_full_node_detaches);
+
+async fn worker_gone(b: Backend) {
+    let t = TestApi::start(
+        b,
+        ApiConfig {
+            heartbeat_timeout: Duration::from_millis(600),
+            fleet_max_age: Duration::from_millis(50),
+            ..Default::default()
+        },
+    )
+    .await;
+    let node = TestNode::start("node-1").await;
+    t.register(&node, "w1", 2).await;
+    t.seed("ns").await;
+    t.create_actor("ns", "a").await;
+    t.resume("ns", "a").await.unwrap();
+    // No heartbeats: within the timeout plus one expiry tick the worker is GONE and the actor
+    // SUSPENDED with its capacity released.
+    let mut waited = Duration::ZERO;
+    loop {
+        let a = t.get("ns", "a").await;
+        if state(&a) == ActorState::Suspended {
+            assert!(a.last_error.contains("gone"), "{}", a.last_error);
+            break;
+        }
+        assert!(
+            waited < Duration::from_secs(5),
+            "actor still {:?}",
+            state(&a)
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        waited += Duration::from_millis(100);
+    }
+    let w = &t
+        .fleet()
+        .list_workers(ListWorkersRequest {})
+        .await
+        .unwrap()
+        .into_inner()
+        .workers[0];
+    assert_eq!(w.status, "GONE");
+    let hb = t
+        .fleet()
+        .heartbeat(HeartbeatRequest {
+            worker_id: "w1".into(),
+            epoch: node.epoch(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(!hb.known);
+    assert_eq!(
+        t.resume("ns", "a").await.unwrap_err().code(),
+        Code::ResourceExhausted
+    );
+}
+both_stores!(expiry, worker_gone);
+
+async fn actor_exit_releases(b: Backend) {
+    let t = TestApi::start(b, cfg()).await;
+    let node = TestNode::start("node-1").await;
+    t.register(&node, "w1", 1).await;
+    t.seed("ns").await;
+    t.create_actor("ns", "a").await;
+    t.resume("ns", "a").await.unwrap();
+    t.fleet()
+        .report_actor_exit(ReportActorExitRequest {
+            actor: Some(obj("ns", "a")),
+            worker_id: "w1".into(),
+            epoch: node.epoch(),
+            exit_code: 3,
+            last_log_lines: "panic: boom".into(),
+        })
+        .await
+        .unwrap();
+    let a = t.get("ns", "a").await;
+    assert_eq!(state(&a), ActorState::Suspended);
+    assert!(
+        a.last_error.contains("code 3") && a.last_error.contains("panic: boom"),
+        "{}",
+        a.last_error
+    );
+    let w = &t
+        .fleet()
+        .list_workers(ListWorkersRequest {})
+        .await
+        .unwrap()
+        .into_inner()
+        .workers[0];
+    assert_eq!(w.used.unwrap().actor_slots, 0);
+}
+both_stores!(exit, actor_exit_releases);
+
+async fn tags_and_gc(b: Backend) {
+    let t = TestApi::start(b, cfg()).await;
+    let node = TestNode::start("node-1").await;
+    t.register(&node, "w1", 2).await;
+    t.seed("ns").await;
+    t.create_actor("ns", "golden").await;
+    let err = t
+        .tags()
+        .create_tag(CreateTagRequest {
+            atespace: "ns".into(),
+            name: "g".into(),
+            actor: Some(obj("ns", "golden")),
+            generation: 0,
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::FailedPrecondition);
+    t.resume("ns", "golden").await.unwrap();
+    t.actors()
+        .suspend_actor(SuspendActorRequest {
+            actor: Some(obj("ns", "golden")),
+            mode: SuspendMode::Durable as i32,
+        })
+        .await
+        .unwrap();
+    let tag = t
+        .tags()
+        .create_tag(CreateTagRequest {
+            atespace: "ns".into(),
+            name: "g".into(),
+            actor: Some(obj("ns", "golden")),
+            generation: 0,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(tag.snapshot.as_ref().unwrap().generation, 1);
+    assert_eq!(
+        t.tags()
+            .list_tags(ListTagsRequest {
+                atespace: "ns".into()
+            })
+            .await
+            .unwrap()
+            .into_inner()
+            .tags
+            .len(),
+        1
+    );
+    let dup = t
+        .tags()
+        .create_tag(CreateTagRequest {
+            atespace: "ns".into(),
+            name: "g".into(),
+            actor: Some(obj("ns", "golden")),
+            generation: 1,
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(dup.code(), Code::AlreadyExists);
+
+    // A template whose golden tag seeds new actors: their first resume restores the tag.
+    let mut seeded = template("ns", "seeded");
+    seeded.spec.as_mut().unwrap().golden_tag = "ns/g".into();
+    t.templates()
+        .apply_template(ApplyTemplateRequest {
+            template: Some(seeded),
+        })
+        .await
+        .unwrap();
+    t.actors()
+        .create_actor(CreateActorRequest {
+            atespace: "ns".into(),
+            name: "child".into(),
+            template: "ns/seeded".into(),
+            worker_selector: Default::default(),
+        })
+        .await
+        .unwrap();
+    t.resume("ns", "child").await.unwrap();
+    {
+        let restores = node.calls().restores.lock().unwrap();
+        let r = restores.last().unwrap();
+        let w = r.workload.as_ref().unwrap();
+        assert_eq!(w.actor.as_ref().unwrap().name, "child");
+        assert_eq!(
+            r.snapshot.as_ref().unwrap().uuid,
+            tag.snapshot.as_ref().unwrap().uuid
+        );
+        // Captured under another template: volumes only.
+        assert_eq!(r.fidelity, Fidelity::Volumes as i32);
+    }
+
+    // Deleting the source actor keeps the tagged generation's files.
+    let err = t
+        .actors()
+        .delete_actor(DeleteActorRequest {
+            actor: Some(obj("ns", "child")),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(
+        err.code(),
+        Code::FailedPrecondition,
+        "RUNNING actors cannot be deleted"
+    );
+    t.resume("ns", "golden").await.unwrap();
+    t.suspend("ns", "golden").await.unwrap();
+    t.actors()
+        .delete_actor(DeleteActorRequest {
+            actor: Some(obj("ns", "golden")),
+        })
+        .await
+        .unwrap();
+    // Generation 2 is collected; generation 1 is held by the tag.
+    let mut waited = 0;
+    while node.calls().delete_snapshots.load(Ordering::SeqCst) < 1 && waited < 50 {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        waited += 1;
+    }
+    assert_eq!(node.calls().delete_snapshots.load(Ordering::SeqCst), 1);
+    t.tags()
+        .delete_tag(DeleteTagRequest {
+            atespace: "ns".into(),
+            name: "g".into(),
+        })
+        .await
+        .unwrap();
+    assert_eq!(
+        t.tags()
+            .get_tag(GetTagRequest {
+                atespace: "ns".into(),
+                name: "g".into()
+            })
+            .await
+            .unwrap_err()
+            .code(),
+        Code::NotFound
+    );
+}
+both_stores!(tags, tags_and_gc);
+
+async fn fleet_validation(b: Backend) {
+    let t = TestApi::start(b, cfg()).await;
+    let err = t
+        .fleet()
+        .register_worker(RegisterWorkerRequest {
+            worker: Some(Worker {
+                id: "w1".into(),
+                ..Default::default()
+            }),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::InvalidArgument);
+    assert!(
+        t.fleet()
+            .list_workers(ListWorkersRequest {})
+            .await
+            .unwrap()
+            .into_inner()
+            .workers
+            .is_empty()
+    );
+    let node = TestNode::start("node-1").await;
+    t.register(&node, "w1", 1).await;
+    let hb = t
+        .fleet()
+        .heartbeat(HeartbeatRequest {
+            worker_id: "w1".into(),
+            epoch: node.epoch(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(hb.known);
+    let stale = t
+        .fleet()
+        .heartbeat(HeartbeatRequest {
+            worker_id: "w1".into(),
+            epoch: node.epoch() + 1,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(!stale.known);
+    t.fleet()
+        .deregister_worker(DeregisterWorkerRequest {
+            worker_id: "w1".into(),
+        })
+        .await
+        .unwrap();
+    assert_eq!(
+        t.fleet()
+            .list_workers(ListWorkersRequest {})
+            .await
+            .unwrap()
+            .into_inner()
+            .workers[0]
+            .status,
+        "GONE"
+    );
+}
+both_stores!(fleet, fleet_validation);

@@ -1,0 +1,105 @@
+//! `ate`: one binary for every component (`ate api`, `ate up`, …) and the client verbs.
+//! Also works when installed as `kubectl-ate`.
+
+mod client;
+mod render;
+mod serve;
+mod up;
+mod verbs;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand, ValueEnum};
+
+#[derive(Parser)]
+#[command(
+    name = "ate",
+    version,
+    about = "Agent Substrate: suspend idle actors, resume them on the next request"
+)]
+struct Cli {
+    /// api address (host:port). Default: the address `ate up` wrote, else 127.0.0.1:7443.
+    #[arg(long, global = true, env = "ATE_API")]
+    api: Option<String>,
+    /// Output format.
+    #[arg(short = 'o', long, global = true, value_enum, default_value_t = Format::Table)]
+    output: Format,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum Format {
+    Table,
+    Json,
+    Yaml,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run the control plane (gRPC api).
+    Api(serve::ApiArgs),
+    /// Start the whole system on this machine (api, node, workers, router) with a demo template.
+    Up(up::UpArgs),
+    /// Create or update ActorTemplates and Atespaces from a YAML file (multi-document).
+    Apply {
+        #[arg(short = 'f', long = "filename")]
+        file: PathBuf,
+    },
+    /// Create an atespace, actor or tag.
+    #[command(subcommand)]
+    Create(verbs::CreateCmd),
+    /// Show actors, atespaces, templates, workers or tags.
+    #[command(subcommand)]
+    Get(verbs::GetCmd),
+    /// Resume an actor (wakes it on a worker with room).
+    #[command(subcommand)]
+    Resume(verbs::ActorCmd),
+    /// Suspend an actor to a snapshot.
+    #[command(subcommand)]
+    Suspend(verbs::SuspendCmd),
+    /// Return a CRASHED actor to SUSPENDED.
+    #[command(subcommand)]
+    Revert(verbs::ActorCmd),
+    /// Delete an actor, atespace, template or tag.
+    #[command(subcommand)]
+    Delete(verbs::DeleteCmd),
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("error: cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(run(cli)) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
+    let out = cli.output;
+    let api = cli.api;
+    match cli.command {
+        Command::Api(args) => serve::run_api(args).await.map(|_| ExitCode::SUCCESS),
+        Command::Up(args) => up::run(args).await,
+        Command::Apply { file } => verbs::apply(&client::connect(api).await?, &file, out).await,
+        Command::Create(cmd) => verbs::create(&client::connect(api).await?, cmd, out).await,
+        Command::Get(cmd) => verbs::get(&client::connect(api).await?, cmd, out).await,
+        Command::Resume(cmd) => verbs::resume(&client::connect(api).await?, cmd, out).await,
+        Command::Suspend(cmd) => verbs::suspend(&client::connect(api).await?, cmd, out).await,
+        Command::Revert(cmd) => verbs::revert(&client::connect(api).await?, cmd, out).await,
+        Command::Delete(cmd) => verbs::delete(&client::connect(api).await?, cmd).await,
+    }
+}

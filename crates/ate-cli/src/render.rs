@@ -1,0 +1,418 @@
+//! Views of api objects and their table / JSON / YAML rendering.
+
+use ate_core::template::{Metadata, TemplateDocument, format_cpu, format_memory};
+use ate_core::{ActorState, Document, Fidelity, TemplateSpec};
+use ate_proto::v1;
+use serde::Serialize;
+
+use crate::Format;
+
+#[derive(Debug, Serialize, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct ActorView {
+    pub atespace: String,
+    pub name: String,
+    pub uid: String,
+    pub template: String,
+    pub state: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub worker: Option<String>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub addresses: Vec<String>,
+    pub generation: u64,
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub last_error: String,
+}
+
+impl From<&v1::Actor> for ActorView {
+    fn from(a: &v1::Actor) -> Self {
+        Self {
+            atespace: a.atespace.clone(),
+            name: a.name.clone(),
+            uid: a.uid.clone(),
+            template: a.template.clone(),
+            state: ActorState::from_wire(a.state)
+                .map(|s| s.as_str().to_string())
+                .unwrap_or_else(|| "ACTOR_STATE_UNSPECIFIED".into()),
+            worker: a.worker_assignment.as_ref().map(|w| w.worker_id.clone()),
+            addresses: a
+                .worker_assignment
+                .as_ref()
+                .map(|w| w.addresses.clone())
+                .unwrap_or_default(),
+            generation: a.generation,
+            last_error: a.last_error.clone(),
+        }
+    }
+}
+
+#[derive(Debug, Serialize, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct AtespaceView {
+    pub name: String,
+    pub actors: u64,
+}
+
+#[derive(Debug, Serialize, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct WorkerView {
+    pub id: String,
+    pub node: String,
+    pub status: String,
+    pub addresses: Vec<String>,
+    pub sandbox_class: String,
+    pub can_restore_memory: bool,
+    pub slots_used: u32,
+    pub slots: u32,
+    pub cpu_millis_used: u32,
+    pub cpu_millis: u32,
+    pub memory_bytes_used: u64,
+    pub memory_bytes: u64,
+    pub epoch: u64,
+}
+
+impl From<&v1::Worker> for WorkerView {
+    fn from(w: &v1::Worker) -> Self {
+        let cap = w.capacity.unwrap_or_default();
+        let used = w.used.unwrap_or_default();
+        Self {
+            id: w.id.clone(),
+            node: w.node.clone(),
+            status: w.status.clone(),
+            addresses: w.addresses.clone(),
+            sandbox_class: w.sandbox_class.clone(),
+            can_restore_memory: w.can_restore_memory,
+            slots_used: used.actor_slots,
+            slots: cap.actor_slots,
+            cpu_millis_used: used.cpu_millis,
+            cpu_millis: cap.cpu_millis,
+            memory_bytes_used: used.memory_bytes,
+            memory_bytes: cap.memory_bytes,
+            epoch: w.epoch,
+        }
+    }
+}
+
+#[derive(Debug, Serialize, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct TagView {
+    pub atespace: String,
+    pub name: String,
+    pub actor: String,
+    pub generation: u64,
+    pub fidelity: String,
+    pub uuid: String,
+}
+
+impl From<&v1::Tag> for TagView {
+    fn from(t: &v1::Tag) -> Self {
+        let s = t.snapshot.clone().unwrap_or_default();
+        let actor = s
+            .actor
+            .as_ref()
+            .map(|a| format!("{}/{}", a.atespace, a.name))
+            .unwrap_or_default();
+        Self {
+            atespace: t.atespace.clone(),
+            name: t.name.clone(),
+            actor,
+            generation: s.generation,
+            fidelity: Fidelity::from_wire(s.fidelity)
+                .map(|f| f.short().to_string())
+                .unwrap_or_default(),
+            uuid: s.uuid.clone(),
+        }
+    }
+}
+
+/// A template as the document `ate apply -f` accepts.
+pub fn template_document(t: &v1::ActorTemplate) -> anyhow::Result<Document> {
+    let spec = t.spec.as_ref().map(ate_proto::spec_from_wire).transpose()?;
+    let spec =
+        spec.ok_or_else(|| anyhow::anyhow!("template {}/{} has no spec", t.namespace, t.name))?;
+    Ok(Document::ActorTemplate(TemplateDocument {
+        api_version: ate_core::template::API_VERSION.to_string(),
+        metadata: Metadata {
+            namespace: t.namespace.clone(),
+            name: t.name.clone(),
+        },
+        spec: spec.to_document(),
+    }))
+}
+
+/// Columns and rows of a table.
+pub struct Table {
+    pub header: Vec<&'static str>,
+    pub rows: Vec<Vec<String>>,
+}
+
+impl Table {
+    /// kubectl-style: left-aligned columns separated by three spaces, no trailing spaces.
+    pub fn render(&self) -> String {
+        let mut widths: Vec<usize> = self.header.iter().map(|h| h.len()).collect();
+        for row in &self.rows {
+            for (i, cell) in row.iter().enumerate() {
+                if let Some(w) = widths.get_mut(i) {
+                    *w = (*w).max(cell.chars().count());
+                }
+            }
+        }
+        let line = |cells: Vec<String>| {
+            let mut s = String::new();
+            for (i, cell) in cells.iter().enumerate() {
+                if i + 1 == cells.len() {
+                    s.push_str(cell);
+                } else {
+                    s.push_str(&format!("{cell:<w$}   ", w = widths[i]));
+                }
+            }
+            s.trim_end().to_string() + "\n"
+        };
+        let mut out = line(self.header.iter().map(|h| h.to_string()).collect());
+        for row in &self.rows {
+            out.push_str(&line(row.clone()));
+        }
+        out
+    }
+}
+
+pub fn actors_table(actors: &[ActorView]) -> Table {
+    Table {
+        header: vec![
+            "ATESPACE",
+            "NAME",
+            "STATE",
+            "TEMPLATE",
+            "WORKER",
+            "GENERATION",
+        ],
+        rows: actors
+            .iter()
+            .map(|a| {
+                vec![
+                    a.atespace.clone(),
+                    a.name.clone(),
+                    a.state.trim_start_matches("ACTOR_STATE_").to_string(),
+                    a.template.clone(),
+                    a.worker.clone().unwrap_or_else(|| "-".into()),
+                    a.generation.to_string(),
+                ]
+            })
+            .collect(),
+    }
+}
+
+pub fn atespaces_table(rows: &[AtespaceView]) -> Table {
+    Table {
+        header: vec!["NAME", "ACTORS"],
+        rows: rows
+            .iter()
+            .map(|a| vec![a.name.clone(), a.actors.to_string()])
+            .collect(),
+    }
+}
+
+pub fn templates_table(rows: &[(String, String, TemplateSpec)]) -> Table {
+    Table {
+        header: vec![
+            "NAMESPACE",
+            "NAME",
+            "IMAGE",
+            "CPU",
+            "MEMORY",
+            "FIDELITY",
+            "IDLE-TIMEOUT",
+        ],
+        rows: rows
+            .iter()
+            .map(|(ns, name, s)| {
+                vec![
+                    ns.clone(),
+                    name.clone(),
+                    s.containers
+                        .first()
+                        .map(|c| c.image.clone())
+                        .unwrap_or_default(),
+                    format_cpu(s.resources.cpu_millis),
+                    format_memory(s.resources.memory_bytes),
+                    s.fidelity.short().to_string(),
+                    if s.idle_timeout_seconds == 0 {
+                        "-".into()
+                    } else {
+                        format!("{}s", s.idle_timeout_seconds)
+                    },
+                ]
+            })
+            .collect(),
+    }
+}
+
+pub fn workers_table(rows: &[WorkerView]) -> Table {
+    Table {
+        header: vec![
+            "ID", "NODE", "STATUS", "ADDRESS", "SLOTS", "CPU", "MEMORY", "EPOCH",
+        ],
+        rows: rows
+            .iter()
+            .map(|w| {
+                vec![
+                    w.id.clone(),
+                    w.node.clone(),
+                    w.status.clone(),
+                    w.addresses.first().cloned().unwrap_or_default(),
+                    format!("{}/{}", w.slots_used, w.slots),
+                    format!(
+                        "{}/{}",
+                        format_cpu(w.cpu_millis_used),
+                        format_cpu(w.cpu_millis)
+                    ),
+                    format!(
+                        "{}/{}",
+                        format_memory(w.memory_bytes_used),
+                        format_memory(w.memory_bytes)
+                    ),
+                    w.epoch.to_string(),
+                ]
+            })
+            .collect(),
+    }
+}
+
+pub fn tags_table(rows: &[TagView]) -> Table {
+    Table {
+        header: vec!["ATESPACE", "NAME", "ACTOR", "GENERATION", "FIDELITY"],
+        rows: rows
+            .iter()
+            .map(|t| {
+                vec![
+                    t.atespace.clone(),
+                    t.name.clone(),
+                    t.actor.clone(),
+                    t.generation.to_string(),
+                    t.fidelity.clone(),
+                ]
+            })
+            .collect(),
+    }
+}
+
+/// Renders a list: a table, a JSON array, or a YAML sequence.
+pub fn render_list<T: Serialize>(
+    items: &[T],
+    table: impl FnOnce(&[T]) -> Table,
+    format: Format,
+) -> anyhow::Result<String> {
+    Ok(match format {
+        Format::Table => table(items).render(),
+        Format::Json => serde_json::to_string_pretty(items)? + "\n",
+        Format::Yaml => serde_saphyr::to_string(&items)?,
+    })
+}
+
+/// Renders YAML documents separated by `---` (what `apply -f` reads back).
+pub fn render_documents(docs: &[Document], format: Format) -> anyhow::Result<String> {
+    Ok(match format {
+        Format::Json => serde_json::to_string_pretty(docs)? + "\n",
+        _ => {
+            let mut out = String::new();
+            for (i, d) in docs.iter().enumerate() {
+                if i > 0 {
+                    out.push_str("---\n");
+                }
+                out.push_str(&serde_saphyr::to_string(d)?);
+            }
+            out
+        }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn actors() -> Vec<ActorView> {
+        let running = v1::Actor {
+            atespace: "ate-demo".into(),
+            name: "counter-1".into(),
+            uid: "u-1".into(),
+            template: "ate-demo/counter".into(),
+            state: ActorState::Running.wire(),
+            worker_assignment: Some(v1::WorkerAssignment {
+                worker_id: "worker-1".into(),
+                addresses: vec!["127.0.0.2:8443".into()],
+                ..Default::default()
+            }),
+            generation: 3,
+            ..Default::default()
+        };
+        let suspended = v1::Actor {
+            atespace: "ate-demo".into(),
+            name: "c2".into(),
+            uid: "u-2".into(),
+            template: "ate-demo/counter".into(),
+            state: ActorState::Suspended.wire(),
+            ..Default::default()
+        };
+        vec![(&running).into(), (&suspended).into()]
+    }
+
+    #[test]
+    fn actor_table_golden() {
+        let out = render_list(&actors(), actors_table, Format::Table).unwrap();
+        let expected = "\
+ATESPACE   NAME        STATE       TEMPLATE           WORKER     GENERATION
+ate-demo   counter-1   RUNNING     ate-demo/counter   worker-1   3
+ate-demo   c2          SUSPENDED   ate-demo/counter   -          0
+";
+        assert_eq!(out, expected);
+    }
+
+    #[test]
+    fn actor_json_golden() {
+        let out = render_list(&actors()[..1], actors_table, Format::Json).unwrap();
+        let expected = r#"[
+  {
+    "atespace": "ate-demo",
+    "name": "counter-1",
+    "uid": "u-1",
+    "template": "ate-demo/counter",
+    "state": "ACTOR_STATE_RUNNING",
+    "worker": "worker-1",
+    "addresses": [
+      "127.0.0.2:8443"
+    ],
+    "generation": 3
+  }
+]
+"#;
+        assert_eq!(out, expected);
+    }
+
+    #[test]
+    fn worker_table_golden() {
+        let w = v1::Worker {
+            id: "worker-1".into(),
+            node: "node-1".into(),
+            status: "ACTIVE".into(),
+            addresses: vec!["127.0.0.2:8443".into()],
+            capacity: Some(v1::Capacity {
+                cpu_millis: 2000,
+                memory_bytes: 4 << 30,
+                actor_slots: 8,
+            }),
+            used: Some(v1::Capacity {
+                cpu_millis: 250,
+                memory_bytes: 64 << 20,
+                actor_slots: 1,
+            }),
+            epoch: 7,
+            ..Default::default()
+        };
+        let out = render_list(&[WorkerView::from(&w)], workers_table, Format::Table).unwrap();
+        let expected = "\
+ID         NODE     STATUS   ADDRESS          SLOTS   CPU      MEMORY     EPOCH
+worker-1   node-1   ACTIVE   127.0.0.2:8443   1/8     250m/2   64Mi/4Gi   7
+";
+        assert_eq!(out, expected);
+    }
+}

@@ -1,0 +1,134 @@
+//! `ate api`: the control-plane server process.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::Args;
+
+#[derive(Args, Debug)]
+pub struct ApiArgs {
+    /// gRPC listen address.
+    #[arg(long, default_value = ate_core::DEFAULT_API_ADDR)]
+    pub listen: SocketAddr,
+    /// `/healthz` and `/metrics` listen address.
+    #[arg(long, default_value = "127.0.0.1:9090")]
+    pub http_listen: SocketAddr,
+    /// Store URL: `sqlite:///path/ate.db` (embedded) or `postgres://…`.
+    #[arg(
+        long,
+        env = "ATE_STORE",
+        default_value = "sqlite:///var/lib/ate/ate.db"
+    )]
+    pub store: String,
+    /// Seconds without a heartbeat before a worker is marked gone.
+    #[arg(long, default_value_t = 10)]
+    pub heartbeat_timeout_seconds: u64,
+    /// Seconds a workflow lease lives without renewal.
+    #[arg(long, default_value_t = 30)]
+    pub lease_ttl_seconds: u64,
+    /// Write the bound addresses as JSON here once serving (used by `ate up` and tests).
+    #[arg(long)]
+    pub ready_file: Option<PathBuf>,
+    /// Log as JSON lines.
+    #[arg(long)]
+    pub log_json: bool,
+}
+
+pub fn init_logging(json: bool) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    // A second init (tests) is harmless.
+    let _ = if json {
+        builder.json().try_init()
+    } else {
+        builder.try_init()
+    };
+}
+
+/// Resolves on SIGINT or SIGTERM.
+pub async fn shutdown_signal() {
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = term => {}
+    }
+}
+
+pub async fn run_api(args: ApiArgs) -> anyhow::Result<()> {
+    init_logging(args.log_json);
+    let store = ate_store::open(&args.store)
+        .await
+        .with_context(|| format!("cannot open store {}", args.store))?;
+    let cfg = ate_api::ApiConfig {
+        heartbeat_timeout: Duration::from_secs(args.heartbeat_timeout_seconds.max(1)),
+        lease_ttl: Duration::from_secs(args.lease_ttl_seconds.max(1)),
+        ..Default::default()
+    };
+    let api = Arc::new(ate_api::Api::new(store, cfg));
+    let grpc = tokio::net::TcpListener::bind(args.listen)
+        .await
+        .with_context(|| format!("cannot listen on {}", args.listen))?;
+    let http = tokio::net::TcpListener::bind(args.http_listen)
+        .await
+        .with_context(|| format!("cannot listen on {}", args.http_listen))?;
+    let grpc_addr = grpc.local_addr()?;
+    let http_addr = http.local_addr()?;
+    if let Some(file) = &args.ready_file {
+        let body =
+            serde_json::json!({ "grpc": grpc_addr.to_string(), "http": http_addr.to_string() });
+        write_atomically(file, &body.to_string())?;
+    }
+    tracing::info!(grpc = %grpc_addr, http = %http_addr, store = %redact(&args.store), "api serving");
+    ate_api::serve(api, grpc, Some(http), shutdown_signal()).await?;
+    tracing::info!("api stopped");
+    Ok(())
+}
+
+/// Hides a password in a store URL for logs.
+fn redact(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(s), Some(at)) if at > s => {
+            let creds = &url[s + 3..at];
+            match creds.split_once(':') {
+                Some((user, _)) => format!("{}{user}:***{}", &url[..s + 3], &url[at..]),
+                None => url.to_string(),
+            }
+        }
+        _ => url.to_string(),
+    }
+}
+
+pub fn write_atomically(path: &std::path::Path, body: &str) -> anyhow::Result<()> {
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, body).with_context(|| format!("cannot write {}", tmp.display()))?;
+    std::fs::rename(&tmp, path).with_context(|| format!("cannot write {}", path.display()))?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn redacts_passwords() {
+        assert_eq!(
+            super::redact("postgres://u:secret@h:5432/db"),
+            "postgres://u:***@h:5432/db"
+        );
+        assert_eq!(
+            super::redact("sqlite:///var/lib/ate/ate.db"),
+            "sqlite:///var/lib/ate/ate.db"
+        );
+    }
+}

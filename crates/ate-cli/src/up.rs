@@ -1,0 +1,276 @@
+//! `ate up`: the embedded all-in-one. Starts each component as a child process, waits for it to
+//! be healthy, registers the demo template, prints one ready line, and stops everything on
+//! Ctrl-C / SIGTERM. A child that dies is reported and `ate up` exits non-zero: nothing is
+//! restarted silently.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{ExitCode, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use ate_core::Document;
+use ate_core::template::TemplateSpec;
+use ate_proto::v1;
+use clap::Args;
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+use tokio::process::{Child, Command};
+
+use crate::client::{self, API_ADDRESS_FILE, Clients};
+use crate::serve::{shutdown_signal, write_atomically};
+
+const DEMO_TEMPLATE: &str = include_str!("demo-counter.yaml");
+const READY_TIMEOUT: Duration = Duration::from_secs(30);
+const STOP_GRACE: Duration = Duration::from_secs(10);
+
+#[derive(Args, Debug)]
+pub struct UpArgs {
+    /// Where the store, snapshots, images and logs live.
+    #[arg(long, env = "ATE_STATE_DIR", default_value = client::DEFAULT_STATE_DIR)]
+    pub state_dir: PathBuf,
+    /// Number of workers to start.
+    #[arg(long, default_value_t = 2)]
+    pub workers: u32,
+    /// Actor slots per worker.
+    #[arg(long, default_value_t = 8)]
+    pub worker_slots: u32,
+    /// Do not register the `ate-demo` atespace and `ate-demo/counter` template.
+    #[arg(long)]
+    pub no_demo: bool,
+    /// api gRPC address.
+    #[arg(long, default_value = ate_core::DEFAULT_API_ADDR)]
+    pub api_listen: SocketAddr,
+    /// api health/metrics address.
+    #[arg(long, default_value = "127.0.0.1:9090")]
+    pub api_http_listen: SocketAddr,
+    /// Store URL (default: SQLite file in the state dir).
+    #[arg(long)]
+    pub store: Option<String>,
+    /// Directory of OCI image layouts for the demo (default: STATE_DIR/images).
+    #[arg(long)]
+    pub images_dir: Option<PathBuf>,
+}
+
+/// A supervised child process.
+struct Component {
+    name: &'static str,
+    child: Child,
+    log: PathBuf,
+}
+
+impl Component {
+    fn pid(&self) -> Option<Pid> {
+        self.child
+            .id()
+            .and_then(|id| i32::try_from(id).ok())
+            .map(Pid::from_raw)
+    }
+}
+
+fn spawn(name: &'static str, args: &[String], logs: &Path) -> anyhow::Result<Component> {
+    let exe = std::env::current_exe().context("cannot find the ate executable")?;
+    let log = logs.join(format!("{name}.log"));
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&log)
+        .with_context(|| format!("cannot open {}", log.display()))?;
+    let child = Command::new(exe)
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(file.try_clone()?)
+        .stderr(file)
+        .kill_on_drop(true)
+        .spawn()
+        .with_context(|| format!("cannot start {name}"))?;
+    Ok(Component { name, child, log })
+}
+
+/// Last lines of a log, for the report when a component dies.
+fn tail(path: &Path, lines: usize) -> String {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    let all: Vec<&str> = text.lines().collect();
+    all[all.len().saturating_sub(lines)..].join("\n")
+}
+
+async fn wait_ready(c: &mut Component, ready_file: &Path) -> anyhow::Result<serde_json::Value> {
+    let started = Instant::now();
+    loop {
+        if let Some(status) = c.child.try_wait()? {
+            anyhow::bail!(
+                "{} exited during start-up ({status}); last log lines:\n{}",
+                c.name,
+                tail(&c.log, 20)
+            );
+        }
+        if let Ok(text) = std::fs::read_to_string(ready_file)
+            && let Ok(v) = serde_json::from_str(&text)
+        {
+            return Ok(v);
+        }
+        if started.elapsed() > READY_TIMEOUT {
+            anyhow::bail!(
+                "{} not ready after {READY_TIMEOUT:?}; see {}",
+                c.name,
+                c.log.display()
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+async fn register_demo(c: &Clients, images_dir: &Path) -> anyhow::Result<()> {
+    let text = DEMO_TEMPLATE.replace("IMAGES_DIR", &images_dir.display().to_string());
+    for doc in crate::verbs::parse_documents(&text)? {
+        match doc {
+            Document::Atespace(a) => match c
+                .atespaces
+                .clone()
+                .create_atespace(v1::CreateAtespaceRequest {
+                    name: a.metadata.name.clone(),
+                })
+                .await
+            {
+                Ok(_) => {}
+                Err(s) if s.code() == tonic::Code::AlreadyExists => {}
+                Err(s) => anyhow::bail!(
+                    "cannot create atespace {}: {}",
+                    a.metadata.name,
+                    s.message()
+                ),
+            },
+            Document::ActorTemplate(t) => {
+                let spec = TemplateSpec::from_document(&t.spec)?;
+                let template = v1::ActorTemplate {
+                    namespace: t.metadata.namespace.clone(),
+                    name: t.metadata.name.clone(),
+                    spec: Some(ate_proto::spec_to_wire(&spec)),
+                    ..Default::default()
+                };
+                c.templates
+                    .clone()
+                    .apply_template(v1::ApplyTemplateRequest {
+                        template: Some(template),
+                    })
+                    .await
+                    .map_err(|s| {
+                        anyhow::anyhow!("cannot apply the demo template: {}", s.message())
+                    })?;
+            }
+        }
+    }
+    Ok(())
+}
+
+async fn stop_all(components: &mut [Component]) {
+    for c in components.iter() {
+        if let Some(pid) = c.pid() {
+            let _ = kill(pid, Signal::SIGTERM);
+        }
+    }
+    let deadline = Instant::now() + STOP_GRACE;
+    for c in components.iter_mut() {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if tokio::time::timeout(left, c.child.wait()).await.is_err() {
+            eprintln!(
+                "ate up: {} did not stop within {STOP_GRACE:?}; killing it",
+                c.name
+            );
+            let _ = c.child.kill().await;
+        }
+    }
+}
+
+pub async fn run(args: UpArgs) -> anyhow::Result<ExitCode> {
+    let state = &args.state_dir;
+    let logs = state.join("logs");
+    let run_dir = state.join("run");
+    for d in [state, &logs, &run_dir] {
+        std::fs::create_dir_all(d).with_context(|| format!("cannot create {}", d.display()))?;
+    }
+    let store = args
+        .store
+        .clone()
+        .unwrap_or_else(|| format!("sqlite://{}", state.join("ate.db").display()));
+    let images_dir = args
+        .images_dir
+        .clone()
+        .unwrap_or_else(|| state.join("images"));
+
+    let mut components = Vec::new();
+    let api_ready = run_dir.join("api.json");
+    let _ = std::fs::remove_file(&api_ready);
+    let api_args = vec![
+        "api".to_string(),
+        "--listen".into(),
+        args.api_listen.to_string(),
+        "--http-listen".into(),
+        args.api_http_listen.to_string(),
+        "--store".into(),
+        store.clone(),
+        "--ready-file".into(),
+        api_ready.display().to_string(),
+    ];
+    components.push(spawn("api", &api_args, &logs)?);
+    let started = async {
+        let ready = wait_ready(&mut components[0], &api_ready).await?;
+        let api_addr = ready["grpc"].as_str().unwrap_or_default().to_string();
+        let channel = client::endpoint(&api_addr)?
+            .connect()
+            .await
+            .with_context(|| format!("cannot reach the api at {api_addr}"))?;
+        let clients = Clients::new(channel);
+        if !args.no_demo {
+            register_demo(&clients, &images_dir).await?;
+        }
+        write_atomically(&state.join(API_ADDRESS_FILE), &api_addr)?;
+        if let Some(user) = client::user_config_file()
+            && let Some(dir) = user.parent()
+            && std::fs::create_dir_all(dir).is_ok()
+        {
+            write_atomically(&user, &api_addr)?;
+        }
+        anyhow::Ok(api_addr)
+    }
+    .await;
+    let api_addr = match started {
+        Ok(a) => a,
+        Err(e) => {
+            stop_all(&mut components).await;
+            return Err(e);
+        }
+    };
+    println!(
+        "ate up: ready api={api_addr} store={store} state={} (workers={} slots={})",
+        state.display(),
+        args.workers,
+        args.worker_slots
+    );
+
+    let signal = shutdown_signal();
+    tokio::pin!(signal);
+    let code = loop {
+        tokio::select! {
+            _ = &mut signal => {
+                eprintln!("ate up: stopping");
+                break ExitCode::SUCCESS;
+            }
+            _ = tokio::time::sleep(Duration::from_millis(200)) => {
+                let mut died = None;
+                for c in components.iter_mut() {
+                    if let Ok(Some(status)) = c.child.try_wait() {
+                        died = Some((c.name, status, c.log.clone()));
+                        break;
+                    }
+                }
+                if let Some((name, status, log)) = died {
+                    eprintln!("ate up: {name} exited ({status}); stopping everything. Last log lines:\n{}", tail(&log, 20));
+                    break ExitCode::FAILURE;
+                }
+            }
+        }
+    };
+    stop_all(&mut components).await;
+    Ok(code)
+}

@@ -1,0 +1,507 @@
+//! Client verbs: each parses its arguments, calls one api RPC (or a few), and prints the result.
+
+use std::path::Path;
+use std::process::ExitCode;
+
+use anyhow::Context;
+use ate_core::template::TemplateSpec;
+use ate_core::{ActorRef, Document, SuspendMode};
+use ate_proto::v1;
+use clap::Subcommand;
+
+use crate::Format;
+use crate::client::Clients;
+use crate::render::{self, ActorView, AtespaceView, TagView, WorkerView};
+
+#[derive(Subcommand)]
+pub enum CreateCmd {
+    /// Create an atespace.
+    Atespace { name: String },
+    /// Create an actor (SUSPENDED until its first request).
+    Actor {
+        name: String,
+        #[arg(short = 'a', long)]
+        atespace: String,
+        /// Template as NAMESPACE/NAME.
+        #[arg(short = 't', long)]
+        template: String,
+        /// Worker label selector, k=v[,k=v].
+        #[arg(long)]
+        selector: Option<String>,
+    },
+    /// Tag an actor's snapshot generation.
+    Tag {
+        name: String,
+        #[arg(short = 'a', long)]
+        atespace: String,
+        /// Source actor as ATESPACE/NAME.
+        #[arg(long)]
+        actor: String,
+        /// Generation (default: the newest).
+        #[arg(long, default_value_t = 0)]
+        generation: u64,
+    },
+}
+
+#[derive(Subcommand)]
+pub enum GetCmd {
+    /// Actors of one atespace (-a) or of all (-A).
+    Actors {
+        name: Option<String>,
+        #[arg(short = 'a', long)]
+        atespace: Option<String>,
+        #[arg(short = 'A', long = "all-atespaces")]
+        all: bool,
+    },
+    Atespaces,
+    Templates {
+        #[arg(short = 'a', long)]
+        atespace: Option<String>,
+    },
+    Workers,
+    Tags {
+        #[arg(short = 'a', long)]
+        atespace: Option<String>,
+    },
+}
+
+#[derive(Subcommand)]
+pub enum ActorCmd {
+    Actor {
+        name: String,
+        #[arg(short = 'a', long)]
+        atespace: String,
+    },
+}
+
+#[derive(Subcommand)]
+pub enum SuspendCmd {
+    Actor {
+        name: String,
+        #[arg(short = 'a', long)]
+        atespace: String,
+        /// Return only after the snapshot's durable copy is uploaded.
+        #[arg(long)]
+        durable: bool,
+    },
+}
+
+#[derive(Subcommand)]
+pub enum DeleteCmd {
+    Actor {
+        name: String,
+        #[arg(short = 'a', long)]
+        atespace: String,
+    },
+    Atespace {
+        name: String,
+    },
+    /// Template as NAMESPACE/NAME.
+    Template {
+        name: String,
+    },
+    Tag {
+        name: String,
+        #[arg(short = 'a', long)]
+        atespace: String,
+    },
+}
+
+/// gRPC errors print their message and make the command exit non-zero.
+fn rpc<T>(r: Result<tonic::Response<T>, tonic::Status>) -> anyhow::Result<T> {
+    r.map(tonic::Response::into_inner)
+        .map_err(|s| anyhow::anyhow!("{} ({:?})", s.message(), s.code()))
+}
+
+fn obj(atespace: &str, name: &str) -> Option<v1::ObjectRef> {
+    Some(v1::ObjectRef {
+        atespace: atespace.to_string(),
+        name: name.to_string(),
+    })
+}
+
+fn print_actors(actors: &[v1::Actor], out: Format) -> anyhow::Result<ExitCode> {
+    let views: Vec<ActorView> = actors.iter().map(ActorView::from).collect();
+    print!(
+        "{}",
+        render::render_list(&views, render::actors_table, out)?
+    );
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Parses every document of a YAML stream, with the document index in errors.
+pub fn parse_documents(text: &str) -> anyhow::Result<Vec<Document>> {
+    let docs: Vec<Document> = serde_saphyr::from_multiple(text).context("invalid YAML document")?;
+    Ok(docs)
+}
+
+pub async fn apply(c: &Clients, file: &Path, out: Format) -> anyhow::Result<ExitCode> {
+    let text =
+        std::fs::read_to_string(file).with_context(|| format!("cannot read {}", file.display()))?;
+    let docs = parse_documents(&text).with_context(|| format!("in {}", file.display()))?;
+    // Validate everything before changing anything, so a bad file applies nothing.
+    let mut atespaces = Vec::new();
+    let mut templates = Vec::new();
+    for (i, d) in docs.iter().enumerate() {
+        match d {
+            Document::Atespace(a) => {
+                check_api_version(i, &a.api_version)?;
+                ate_core::validate_label("metadata.name", &a.metadata.name)
+                    .with_context(|| format!("document {i}"))?;
+                atespaces.push(a.metadata.name.clone());
+            }
+            Document::ActorTemplate(t) => {
+                check_api_version(i, &t.api_version)?;
+                ate_core::validate_label("metadata.namespace", &t.metadata.namespace)
+                    .with_context(|| format!("document {i}"))?;
+                ate_core::validate_label("metadata.name", &t.metadata.name)
+                    .with_context(|| format!("document {i}"))?;
+                let spec = TemplateSpec::from_document(&t.spec).with_context(|| {
+                    format!(
+                        "document {i} ({}/{})",
+                        t.metadata.namespace, t.metadata.name
+                    )
+                })?;
+                templates.push((t.metadata.namespace.clone(), t.metadata.name.clone(), spec));
+            }
+        }
+    }
+    let mut lines = Vec::new();
+    for name in atespaces {
+        let mut atespaces = c.atespaces.clone();
+        match atespaces
+            .create_atespace(v1::CreateAtespaceRequest { name: name.clone() })
+            .await
+        {
+            Ok(_) => lines.push(format!("atespace/{name} created")),
+            Err(s) if s.code() == tonic::Code::AlreadyExists => {
+                lines.push(format!("atespace/{name} unchanged"))
+            }
+            Err(s) => return Err(anyhow::anyhow!("atespace {name}: {}", s.message())),
+        }
+    }
+    for (ns, name, spec) in templates {
+        let template = v1::ActorTemplate {
+            namespace: ns.clone(),
+            name: name.clone(),
+            spec: Some(ate_proto::spec_to_wire(&spec)),
+            ..Default::default()
+        };
+        rpc(c
+            .templates
+            .clone()
+            .apply_template(v1::ApplyTemplateRequest {
+                template: Some(template),
+            })
+            .await)
+        .with_context(|| format!("template {ns}/{name}"))?;
+        lines.push(format!("actortemplate/{ns}/{name} configured"));
+    }
+    if out == Format::Table {
+        for l in lines {
+            println!("{l}");
+        }
+    } else {
+        println!("{}", serde_json::to_string_pretty(&lines)?);
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn check_api_version(i: usize, v: &str) -> anyhow::Result<()> {
+    if v != ate_core::template::API_VERSION {
+        anyhow::bail!(
+            "document {i}: apiVersion {v:?} is not {}",
+            ate_core::template::API_VERSION
+        );
+    }
+    Ok(())
+}
+
+pub async fn create(c: &Clients, cmd: CreateCmd, out: Format) -> anyhow::Result<ExitCode> {
+    match cmd {
+        CreateCmd::Atespace { name } => {
+            let a = rpc(c
+                .atespaces
+                .clone()
+                .create_atespace(v1::CreateAtespaceRequest { name })
+                .await)?;
+            print!(
+                "{}",
+                render::render_list(
+                    &[AtespaceView {
+                        name: a.name,
+                        actors: a.actor_count
+                    }],
+                    render::atespaces_table,
+                    out
+                )?
+            );
+        }
+        CreateCmd::Actor {
+            name,
+            atespace,
+            template,
+            selector,
+        } => {
+            let worker_selector = match selector {
+                Some(s) => ate_core::selector::parse("--selector", &s)?
+                    .into_iter()
+                    .collect(),
+                None => Default::default(),
+            };
+            let a = rpc(c
+                .actors
+                .clone()
+                .create_actor(v1::CreateActorRequest {
+                    atespace,
+                    name,
+                    template,
+                    worker_selector,
+                })
+                .await)?;
+            return print_actors(&[a], out);
+        }
+        CreateCmd::Tag {
+            name,
+            atespace,
+            actor,
+            generation,
+        } => {
+            let source = ActorRef::parse(&actor)?;
+            let t = rpc(c
+                .tags
+                .clone()
+                .create_tag(v1::CreateTagRequest {
+                    atespace,
+                    name,
+                    actor: obj(&source.atespace, &source.name),
+                    generation,
+                })
+                .await)?;
+            print!(
+                "{}",
+                render::render_list(&[TagView::from(&t)], render::tags_table, out)?
+            );
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+pub async fn get(c: &Clients, cmd: GetCmd, out: Format) -> anyhow::Result<ExitCode> {
+    match cmd {
+        GetCmd::Actors {
+            name,
+            atespace,
+            all,
+        } => {
+            if let Some(name) = name {
+                let atespace = atespace
+                    .ok_or_else(|| anyhow::anyhow!("getting one actor needs -a ATESPACE"))?;
+                let a = rpc(c
+                    .actors
+                    .clone()
+                    .get_actor(v1::GetActorRequest {
+                        actor: obj(&atespace, &name),
+                    })
+                    .await)?;
+                return print_actors(&[a], out);
+            }
+            let atespace = if all {
+                String::new()
+            } else {
+                atespace.unwrap_or_default()
+            };
+            let mut actors = Vec::new();
+            let mut page_token = String::new();
+            loop {
+                let page = rpc(c
+                    .actors
+                    .clone()
+                    .list_actors(v1::ListActorsRequest {
+                        atespace: atespace.clone(),
+                        page_size: 500,
+                        page_token,
+                    })
+                    .await)?;
+                actors.extend(page.actors);
+                if page.next_page_token.is_empty() {
+                    break;
+                }
+                page_token = page.next_page_token;
+            }
+            print_actors(&actors, out)
+        }
+        GetCmd::Atespaces => {
+            let list = rpc(c
+                .atespaces
+                .clone()
+                .list_atespaces(v1::ListAtespacesRequest {})
+                .await)?;
+            let views: Vec<AtespaceView> = list
+                .atespaces
+                .into_iter()
+                .map(|a| AtespaceView {
+                    name: a.name,
+                    actors: a.actor_count,
+                })
+                .collect();
+            print!(
+                "{}",
+                render::render_list(&views, render::atespaces_table, out)?
+            );
+            Ok(ExitCode::SUCCESS)
+        }
+        GetCmd::Templates { atespace } => {
+            let list = rpc(c
+                .templates
+                .clone()
+                .list_templates(v1::ListTemplatesRequest {
+                    namespace: atespace.unwrap_or_default(),
+                })
+                .await)?;
+            if out == Format::Table {
+                let rows = list
+                    .templates
+                    .iter()
+                    .map(|t| {
+                        Ok((
+                            t.namespace.clone(),
+                            t.name.clone(),
+                            ate_proto::spec_from_wire(&t.spec.clone().unwrap_or_default())?,
+                        ))
+                    })
+                    .collect::<anyhow::Result<Vec<_>>>()?;
+                print!("{}", render::templates_table(&rows).render());
+            } else {
+                let docs = list
+                    .templates
+                    .iter()
+                    .map(render::template_document)
+                    .collect::<anyhow::Result<Vec<_>>>()?;
+                print!("{}", render::render_documents(&docs, out)?);
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        GetCmd::Workers => {
+            let list = rpc(c
+                .fleet
+                .clone()
+                .list_workers(v1::ListWorkersRequest {})
+                .await)?;
+            let views: Vec<WorkerView> = list.workers.iter().map(WorkerView::from).collect();
+            print!(
+                "{}",
+                render::render_list(&views, render::workers_table, out)?
+            );
+            Ok(ExitCode::SUCCESS)
+        }
+        GetCmd::Tags { atespace } => {
+            let list = rpc(c
+                .tags
+                .clone()
+                .list_tags(v1::ListTagsRequest {
+                    atespace: atespace.unwrap_or_default(),
+                })
+                .await)?;
+            let views: Vec<TagView> = list.tags.iter().map(TagView::from).collect();
+            print!("{}", render::render_list(&views, render::tags_table, out)?);
+            Ok(ExitCode::SUCCESS)
+        }
+    }
+}
+
+pub async fn resume(c: &Clients, cmd: ActorCmd, out: Format) -> anyhow::Result<ExitCode> {
+    let ActorCmd::Actor { name, atespace } = cmd;
+    let reply = rpc(c
+        .actors
+        .clone()
+        .resume_actor(v1::ResumeActorRequest {
+            actor: obj(&atespace, &name),
+        })
+        .await)?;
+    let actor = reply
+        .actor
+        .ok_or_else(|| anyhow::anyhow!("api returned no actor"))?;
+    print_actors(&[actor], out)
+}
+
+pub async fn suspend(c: &Clients, cmd: SuspendCmd, out: Format) -> anyhow::Result<ExitCode> {
+    let SuspendCmd::Actor {
+        name,
+        atespace,
+        durable,
+    } = cmd;
+    let mode = if durable {
+        SuspendMode::Durable
+    } else {
+        SuspendMode::Async
+    };
+    let a = rpc(c
+        .actors
+        .clone()
+        .suspend_actor(v1::SuspendActorRequest {
+            actor: obj(&atespace, &name),
+            mode: mode.wire(),
+        })
+        .await)?;
+    print_actors(&[a], out)
+}
+
+pub async fn revert(c: &Clients, cmd: ActorCmd, out: Format) -> anyhow::Result<ExitCode> {
+    let ActorCmd::Actor { name, atespace } = cmd;
+    let a = rpc(c
+        .actors
+        .clone()
+        .revert_actor(v1::RevertActorRequest {
+            actor: obj(&atespace, &name),
+        })
+        .await)?;
+    print_actors(&[a], out)
+}
+
+pub async fn delete(c: &Clients, cmd: DeleteCmd) -> anyhow::Result<ExitCode> {
+    match cmd {
+        DeleteCmd::Actor { name, atespace } => {
+            rpc(c
+                .actors
+                .clone()
+                .delete_actor(v1::DeleteActorRequest {
+                    actor: obj(&atespace, &name),
+                })
+                .await)?;
+            println!("actor/{atespace}/{name} deleted");
+        }
+        DeleteCmd::Atespace { name } => {
+            rpc(c
+                .atespaces
+                .clone()
+                .delete_atespace(v1::DeleteAtespaceRequest { name: name.clone() })
+                .await)?;
+            println!("atespace/{name} deleted");
+        }
+        DeleteCmd::Template { name } => {
+            let (namespace, tname) = ate_core::names::parse_namespaced("template", &name)?;
+            rpc(c
+                .templates
+                .clone()
+                .delete_template(v1::DeleteTemplateRequest {
+                    namespace,
+                    name: tname,
+                })
+                .await)?;
+            println!("actortemplate/{name} deleted");
+        }
+        DeleteCmd::Tag { name, atespace } => {
+            rpc(c
+                .tags
+                .clone()
+                .delete_tag(v1::DeleteTagRequest {
+                    atespace: atespace.clone(),
+                    name: name.clone(),
+                })
+                .await)?;
+            println!("tag/{atespace}/{name} deleted");
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
