@@ -538,4 +538,106 @@ mod tests {
         assert_eq!(clean_relative(Path::new("/a/../b")), None);
         assert_eq!(clean_relative(Path::new(".")), None);
     }
+
+    fn write_blob(layout: &Path, bytes: &[u8]) -> serde_json::Value {
+        let hex = hex::encode(Sha256::digest(bytes));
+        let dir = layout.join("blobs/sha256");
+        fs::create_dir_all(&dir).expect("blob dir");
+        fs::write(dir.join(&hex), bytes).expect("write blob");
+        serde_json::json!({"digest": format!("sha256:{hex}"), "size": bytes.len()})
+    }
+
+    fn file(b: &mut tar::Builder<Vec<u8>>, path: &str, data: &[u8]) {
+        let mut h = tar::Header::new_gnu();
+        h.set_size(data.len() as u64);
+        h.set_mode(0o644);
+        h.set_uid(0);
+        h.set_gid(0);
+        h.set_mtime(0);
+        b.append_data(&mut h, path, data).expect("append");
+    }
+
+    /// Two layers (gzip, then plain tar) with a whiteout, an opaque dir and a `..` entry.
+    #[test]
+    fn applies_whiteouts_and_refuses_traversal() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let layout = tmp.path().join("layout");
+
+        let mut l1 = tar::Builder::new(Vec::new());
+        file(&mut l1, "a/f1", b"1");
+        file(&mut l1, "a/f2", b"2");
+        file(&mut l1, "b/x", b"x");
+        let l1 = l1.into_inner().expect("tar");
+        let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+        std::io::Write::write_all(&mut gz, &l1).expect("gzip");
+        let l1 = gz.finish().expect("gzip");
+
+        let mut l2 = tar::Builder::new(Vec::new());
+        file(&mut l2, "a/.wh.f1", b"");
+        file(&mut l2, "b/.wh..wh..opq", b"");
+        file(&mut l2, "b/y", b"y");
+        // A raw header naming `../evil` (the builder's path setters refuse it).
+        let mut h = tar::Header::new_old();
+        h.as_old_mut().name[..7].copy_from_slice(b"../evil");
+        h.set_size(4);
+        h.set_mode(0o644);
+        h.set_uid(0);
+        h.set_gid(0);
+        h.set_mtime(0);
+        h.set_entry_type(tar::EntryType::Regular);
+        h.set_cksum();
+        l2.append(&h, &b"evil"[..]).expect("append raw");
+        let l2 = l2.into_inner().expect("tar");
+
+        let config = serde_json::json!({"config": {"Cmd": ["/bin/app"], "Env": ["A=1"], "WorkingDir": "/w"}});
+        let cfg = write_blob(&layout, &serde_json::to_vec(&config).expect("json"));
+        let d1 = write_blob(&layout, &l1);
+        let d2 = write_blob(&layout, &l2);
+        let manifest = serde_json::json!({
+            "schemaVersion": 2,
+            "mediaType": "application/vnd.oci.image.manifest.v1+json",
+            "config": {"mediaType": "application/vnd.oci.image.config.v1+json", "digest": cfg["digest"], "size": cfg["size"]},
+            "layers": [
+                {"mediaType": "application/vnd.oci.image.layer.v1.tar+gzip", "digest": d1["digest"], "size": d1["size"]},
+                {"mediaType": "application/vnd.oci.image.layer.v1.tar", "digest": d2["digest"], "size": d2["size"]}
+            ]
+        });
+        let m = write_blob(&layout, &serde_json::to_vec(&manifest).expect("json"));
+        let index = serde_json::json!({"schemaVersion": 2, "manifests": [{
+            "mediaType": "application/vnd.oci.image.manifest.v1+json", "digest": m["digest"], "size": m["size"],
+            "annotations": {REF_NAME_ANNOTATION: "v1"}
+        }]});
+        fs::write(
+            layout.join("index.json"),
+            serde_json::to_vec(&index).expect("json"),
+        )
+        .expect("index");
+
+        let cache = tmp.path().join("cache");
+        let reference = format!("oci-layout:{}:v1", layout.display());
+        let img = ensure_blocking(&cache, &reference).expect("unpack");
+        assert_eq!(img.config.cmd, vec!["/bin/app".to_string()]);
+        assert_eq!(img.config.working_dir, "/w");
+        assert!(!img.rootfs.join("a/f1").exists(), "whiteout ignored");
+        assert!(img.rootfs.join("a/f2").is_file());
+        assert!(
+            !img.rootfs.join("b/x").exists(),
+            "opaque dir kept lower content"
+        );
+        assert!(img.rootfs.join("b/y").is_file());
+        assert!(
+            !img.rootfs
+                .parent()
+                .map(|p| p.join("evil").exists())
+                .unwrap_or(true),
+            "traversal entry escaped"
+        );
+        assert!(!tmp.path().join("evil").exists());
+        // Second call: served from the cache.
+        assert_eq!(ensure_blocking(&cache, &reference).expect("cached"), img);
+        assert!(
+            ensure_blocking(&cache, &format!("oci-layout:{}", layout.display())).is_err(),
+            "no latest tag"
+        );
+    }
 }

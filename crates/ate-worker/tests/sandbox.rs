@@ -340,3 +340,87 @@ async fn actor_netns_cannot_reach_host_loopback() {
     netns::delete(&ns).await.expect("delete netns");
     env.assert_clean();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn golden_snapshot_restores_as_another_actor() {
+    let mut env = Env::new();
+    let runtime = RuncRuntime::new(RuncConfig::new(env.state_dir()))
+        .await
+        .expect("runc runtime");
+    assert!(
+        runtime.capabilities().can_restore_memory,
+        "CRIU ≥ 4.2 must be installed for this test"
+    );
+    let spec = counter_spec(&env).await;
+    let golden = env.actor("gold", "uid-golden");
+    runtime
+        .run(&golden, &spec, RunMode::KeepRootfs)
+        .await
+        .expect("run golden");
+    probe::wait_ready(&golden.netns(), 80, "/healthz", PROBE_TIMEOUT)
+        .await
+        .expect("golden ready");
+    assert_counts(&golden, 1, 1, 1).await;
+    let images = env.path().join("golden-checkpoint");
+    runtime
+        .checkpoint(&golden, &images)
+        .await
+        .expect("checkpoint golden");
+
+    // The node would unpack the snapshot's upper dir and volumes into the new actor's dir.
+    let borrower = env.actor("borrow", "uid-new");
+    std::fs::create_dir_all(&borrower.dir).expect("actor dir");
+    for sub in ["upper", "volumes"] {
+        let ok = std::process::Command::new("cp")
+            .arg("-a")
+            .arg(golden.dir.join(sub))
+            .arg(borrower.dir.join(sub))
+            .status()
+            .is_ok_and(|s| s.success());
+        assert!(ok, "copy {sub}");
+    }
+    runtime
+        .restore(&borrower, &spec, &images)
+        .await
+        .expect("restore golden as another actor");
+    probe::wait_ready(&borrower.netns(), 80, "/healthz", PROBE_TIMEOUT)
+        .await
+        .expect("borrower ready");
+    assert_counts(&borrower, 2, 2, 2).await;
+    let (_, who) = get(&borrower, "/whoami").await;
+    assert_eq!(who.trim(), format!("test/{} uid-new", borrower.name));
+    let log = std::fs::read(borrower.log_path())
+        .map(|l| l.len())
+        .unwrap_or(0);
+    eprintln!("borrower log: {log} bytes");
+
+    runtime.stop(&borrower).await.expect("stop borrower");
+    runtime
+        .stop(&golden)
+        .await
+        .expect("stop golden (already checkpointed)");
+    env.assert_clean();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failed_run_reports_runc_error_and_cleans_up() {
+    let mut env = Env::new();
+    let runtime = RuncRuntime::new(RuncConfig::new(env.state_dir()))
+        .await
+        .expect("runc runtime");
+    let mut spec = counter_spec(&env).await;
+    spec.command = vec!["/does-not-exist".into()];
+    let actor = env.actor("fail", "uid-1");
+    let err = runtime
+        .run(&actor, &spec, RunMode::KeepRootfs)
+        .await
+        .expect_err("run must fail");
+    let text = err.to_string();
+    assert!(matches!(err, SandboxError::Command { .. }), "{text}");
+    // runc's message travelled through the container stdio pipe into the actor log and the error.
+    assert!(text.contains("does-not-exist"), "{text}");
+    let log = std::fs::read_to_string(actor.log_path()).unwrap_or_default();
+    assert!(log.contains("does-not-exist"), "log: {log}");
+    // The failed run released everything (netns, overlay, container).
+    env.assert_clean();
+}

@@ -24,8 +24,15 @@ pub fn images_dir() -> PathBuf {
             );
             return dir;
         }
+        // Shared by all test processes of this target dir; the flock keeps parallel test
+        // processes from running the (incremental, idempotent) build script at the same time.
         let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../workloads/build-images.sh");
-        let out = std::env::temp_dir().join(format!("ate-worker-test-images-{}", std::process::id()));
+        let out = Path::new(env!("CARGO_TARGET_TMPDIR")).join("ate-test-images");
+        let lock_path = Path::new(env!("CARGO_TARGET_TMPDIR")).join("ate-test-images.lock");
+        let lock_file = std::fs::File::create(&lock_path).expect("create image build lock");
+        let _lock = nix::fcntl::Flock::lock(lock_file, nix::fcntl::FlockArg::LockExclusive)
+            .map_err(|(_, e)| e)
+            .expect("lock image build");
         let status = Command::new("bash").arg(&script).arg(&out).status();
         match status {
             Ok(s) if s.success() => out,
