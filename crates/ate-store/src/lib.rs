@@ -7,11 +7,39 @@
 //! one SQL transaction inside one trait method. Callers never compose transactions.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use ate_core::{ActorState, DurableStatus, Fidelity, TemplateSpec};
 
 pub use async_trait::async_trait;
+
+mod postgres;
+mod sqlite;
+mod util;
+
+pub use postgres::PostgresStore;
+pub use sqlite::SqliteStore;
+pub use util::actor_lease_key;
+
+/// Opens the store named by `url` and applies its migrations:
+///
+/// - `sqlite:<path>` / `sqlite://<path>` (the file and its directory are created if missing;
+///   `sqlite::memory:` for a throw-away in-memory store) → [`SqliteStore`];
+/// - `postgres://…` / `postgresql://…` → [`PostgresStore`].
+///
+/// Any other scheme is a `StoreError::Database("unsupported store URL …")`.
+pub async fn open(url: &str) -> Result<Arc<dyn Store>> {
+    if url.starts_with("sqlite:") {
+        Ok(Arc::new(SqliteStore::connect(url).await?))
+    } else if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+        Ok(Arc::new(PostgresStore::connect(url).await?))
+    } else {
+        Err(StoreError::Database(format!(
+            "unsupported store URL {url:?}: expected sqlite:<path> or postgres://…"
+        )))
+    }
+}
 
 /// Errors of the store. Each maps to one gRPC code in the api.
 #[derive(Debug, thiserror::Error)]
@@ -27,7 +55,10 @@ pub enum StoreError {
     FailedPrecondition(String),
     /// Compare-and-set on the actor's state failed: it is in `actual`.
     #[error("actor is {actual}, expected one of {expected}")]
-    StateConflict { actual: ActorState, expected: String },
+    StateConflict {
+        actual: ActorState,
+        expected: String,
+    },
     /// Capacity admission failed: the worker has no room left for the demand (or is not ACTIVE).
     #[error("worker {worker_id} has no room for the actor")]
     NoRoom { worker_id: String },
@@ -217,7 +248,13 @@ pub trait Store: Send + Sync + 'static {
 
     // ---- templates
     /// Insert or replace. NotFound if the namespace (an atespace) does not exist.
-    async fn apply_template(&self, namespace: &str, name: &str, spec: &TemplateSpec, now_ms: i64) -> Result<TemplateRecord>;
+    async fn apply_template(
+        &self,
+        namespace: &str,
+        name: &str,
+        spec: &TemplateSpec,
+        now_ms: i64,
+    ) -> Result<TemplateRecord>;
     async fn get_template(&self, namespace: &str, name: &str) -> Result<TemplateRecord>;
     async fn list_templates(&self, namespace: Option<&str>) -> Result<Vec<TemplateRecord>>;
     /// FailedPrecondition while actors use it.
@@ -230,30 +267,76 @@ pub trait Store: Send + Sync + 'static {
     /// Exactly one read.
     async fn get_actor(&self, atespace: &str, name: &str) -> Result<ActorRecord>;
     /// Ordered by (atespace, name); starts strictly after `after`; at most `limit`.
-    async fn list_actors(&self, atespace: Option<&str>, after: Option<(&str, &str)>, limit: u32) -> Result<Vec<ActorRecord>>;
-    async fn update_actor_selector(&self, atespace: &str, name: &str, selector: &BTreeMap<String, String>, now_ms: i64) -> Result<ActorRecord>;
+    async fn list_actors(
+        &self,
+        atespace: Option<&str>,
+        after: Option<(&str, &str)>,
+        limit: u32,
+    ) -> Result<Vec<ActorRecord>>;
+    async fn update_actor_selector(
+        &self,
+        atespace: &str,
+        name: &str,
+        selector: &BTreeMap<String, String>,
+        now_ms: i64,
+    ) -> Result<ActorRecord>;
     /// Only SUSPENDED or CRASHED (else StateConflict). Removes the actor, its snapshot rows, its
     /// assignment and its lease; returns the removed snapshot rows that no tag references, for GC.
     async fn delete_actor(&self, atespace: &str, name: &str) -> Result<Vec<SnapshotRecord>>;
     /// Compare-and-set of the state (StateConflict if not in `from`), plus `update`.
-    async fn transition(&self, atespace: &str, name: &str, from: &[ActorState], to: ActorState, update: ActorUpdate, now_ms: i64) -> Result<ActorRecord>;
+    async fn transition(
+        &self,
+        atespace: &str,
+        name: &str,
+        from: &[ActorState],
+        to: ActorState,
+        update: ActorUpdate,
+        now_ms: i64,
+    ) -> Result<ActorRecord>;
     /// One transaction: actor state in `from` (else StateConflict); worker exists (NotFound) and is
     /// ACTIVE; the worker's assignments minus this actor's plus `demand` fit its capacity (else
     /// NoRoom); the actor's assignment is set to this worker (replacing any other); the actor becomes
     /// RESUMING with `worker_id` and the worker's registered epoch. Idempotent when already bound there.
-    async fn bind_actor(&self, atespace: &str, name: &str, from: &[ActorState], worker_id: &str, demand: Capacity, now_ms: i64) -> Result<ActorRecord>;
+    async fn bind_actor(
+        &self,
+        atespace: &str,
+        name: &str,
+        from: &[ActorState],
+        worker_id: &str,
+        demand: Capacity,
+        now_ms: i64,
+    ) -> Result<ActorRecord>;
     /// One transaction: optionally insert `snapshot` (the actor's generation and attached node
     /// follow it), drop the actor's assignment, and move it from a state in `from` to `to` with no
     /// worker.
-    async fn release_actor(&self, atespace: &str, name: &str, from: &[ActorState], to: ActorState, snapshot: Option<&SnapshotRecord>, update: ActorUpdate, now_ms: i64) -> Result<ActorRecord>;
+    #[allow(clippy::too_many_arguments)] // the whole state change is one call, by design
+    async fn release_actor(
+        &self,
+        atespace: &str,
+        name: &str,
+        from: &[ActorState],
+        to: ActorState,
+        snapshot: Option<&SnapshotRecord>,
+        update: ActorUpdate,
+        now_ms: i64,
+    ) -> Result<ActorRecord>;
     async fn actors_on_worker(&self, worker_id: &str) -> Result<Vec<ActorRecord>>;
 
     // ---- snapshots
     /// Newest generation first.
     async fn list_snapshots(&self, atespace: &str, name: &str) -> Result<Vec<SnapshotRecord>>;
-    async fn update_snapshot_durable(&self, atespace: &str, name: &str, generation: u64, status: DurableStatus, durable_uri: &str, reason: &str) -> Result<()>;
+    async fn update_snapshot_durable(
+        &self,
+        atespace: &str,
+        name: &str,
+        generation: u64,
+        status: DurableStatus,
+        durable_uri: &str,
+        reason: &str,
+    ) -> Result<()>;
     /// Forget the node-local copy of a generation (after Detach).
-    async fn clear_snapshot_local(&self, atespace: &str, name: &str, generation: u64) -> Result<()>;
+    async fn clear_snapshot_local(&self, atespace: &str, name: &str, generation: u64)
+    -> Result<()>;
 
     // ---- tags
     async fn create_tag(&self, tag: &TagRecord) -> Result<TagRecord>;
@@ -276,7 +359,13 @@ pub trait Store: Send + Sync + 'static {
 
     // ---- leases
     /// Takes `key` for `holder` until `now + ttl` if it is free, expired, or already held by `holder`.
-    async fn try_acquire_lease(&self, key: &str, holder: &str, now_ms: i64, ttl_ms: i64) -> Result<bool>;
+    async fn try_acquire_lease(
+        &self,
+        key: &str,
+        holder: &str,
+        now_ms: i64,
+        ttl_ms: i64,
+    ) -> Result<bool>;
     /// Releases `key` if `holder` holds it.
     async fn release_lease(&self, key: &str, holder: &str) -> Result<()>;
 

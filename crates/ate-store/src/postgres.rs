@@ -1,0 +1,68 @@
+//! [`PostgresStore`]: the production store.
+//!
+//! Transactions run at READ COMMITTED and take row locks where a decision depends on rows another
+//! transaction may change: capacity admission locks the worker row (`FOR UPDATE`) before summing
+//! its assignments, so concurrent binds to one worker queue up and never overbook; state
+//! compare-and-set locks the actor row; creating an actor, template or tag locks the atespace (and
+//! template) row `FOR SHARE` so a concurrent delete cannot slip in between check and insert.
+
+use std::time::Duration;
+
+use sqlx::postgres::{PgPool, PgPoolOptions};
+
+type Db = sqlx::Postgres;
+type DbRow = sqlx::postgres::PgRow;
+type Tx = sqlx::Transaction<'static, Db>;
+type StoreImpl = PostgresStore;
+
+const MAX_CONNECTIONS: u32 = 10;
+const ACQUIRE_TIMEOUT: Duration = Duration::from_secs(30);
+
+static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("migrations/postgres");
+
+macro_rules! for_update {
+    () => {
+        " FOR UPDATE"
+    };
+}
+
+macro_rules! for_share {
+    () => {
+        " FOR SHARE"
+    };
+}
+
+/// The PostgreSQL implementation of [`crate::Store`].
+pub struct PostgresStore {
+    pool: PgPool,
+    counters: StoreCounters,
+}
+
+impl PostgresStore {
+    /// Connects to `postgres://…` / `postgresql://…` and applies the migrations (in the first schema
+    /// of the connection's `search_path`; pass `?options=-c%20search_path%3Dmy_schema` to pick one).
+    pub async fn connect(url: &str) -> Result<Self> {
+        let pool = PgPoolOptions::new()
+            .max_connections(MAX_CONNECTIONS)
+            .acquire_timeout(ACQUIRE_TIMEOUT)
+            .connect(url)
+            .await?;
+        MIGRATOR.run(&pool).await?;
+        Ok(Self {
+            pool,
+            counters: StoreCounters::default(),
+        })
+    }
+
+    async fn begin_write(&self) -> Result<Tx> {
+        Ok(self.pool.begin().await?)
+    }
+
+    /// Closes the pool (waits for connections to be returned).
+    pub async fn close(&self) {
+        self.pool.close().await;
+    }
+}
+
+// Brings the shared `Store` impl and its imports (`Result`, `StoreCounters`, `StoreError`, …).
+include!("shared_impl.rs");

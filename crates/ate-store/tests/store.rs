@@ -1,0 +1,1727 @@
+//! One test suite, run against both stores: every case in `cases` becomes `sqlite::<case>` (a fresh
+//! database file in a temp dir) and `postgres::<case>` (a fresh schema in the server named by
+//! `ATE_TEST_POSTGRES_URL`, dropped afterwards). The PostgreSQL cases fail when that variable is unset.
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::panic::AssertUnwindSafe;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use ate_core::template::{Container, EgressPolicy, Resources};
+use ate_core::{ActorState, DurableStatus, Fidelity, TemplateSpec};
+use ate_store::{
+    ActorRecord, ActorUpdate, Capacity, SnapshotRecord, Store, StoreError, TagRecord, WorkerRecord,
+    WorkerStatus, actor_lease_key,
+};
+use futures::FutureExt;
+use sqlx::Connection;
+
+/// What a case gets: the store and the URL it was opened with (to open it again).
+struct Env {
+    store: Arc<dyn Store>,
+    url: String,
+}
+
+async fn with_sqlite<F, Fut>(case: F)
+where
+    F: FnOnce(Env) -> Fut,
+    Fut: Future<Output = ()>,
+{
+    let dir = tempfile::tempdir().unwrap();
+    // A directory that does not exist yet: open() creates it and the file.
+    let url = format!("sqlite://{}/state/ate.db", dir.path().display());
+    let store = ate_store::open(&url).await.unwrap();
+    case(Env { store, url }).await;
+}
+
+fn postgres_base_url() -> String {
+    std::env::var("ATE_TEST_POSTGRES_URL").unwrap_or_else(|_| {
+        panic!(
+            "ATE_TEST_POSTGRES_URL is not set: the PostgreSQL store tests need a server, e.g. \
+             ATE_TEST_POSTGRES_URL=postgres://postgres@127.0.0.1:55432/postgres (CI starts one)"
+        )
+    })
+}
+
+async fn with_postgres<F, Fut>(case: F)
+where
+    F: FnOnce(Env) -> Fut,
+    Fut: Future<Output = ()>,
+{
+    static SEQ: AtomicU64 = AtomicU64::new(0);
+    let base = postgres_base_url();
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .subsec_nanos();
+    let schema = format!(
+        "ate_test_{}_{}_{}",
+        std::process::id(),
+        nanos,
+        SEQ.fetch_add(1, Ordering::Relaxed)
+    );
+    let mut admin = sqlx::PgConnection::connect(&base).await.unwrap();
+    sqlx::query(sqlx::AssertSqlSafe(format!("CREATE SCHEMA {schema}")))
+        .execute(&mut admin)
+        .await
+        .unwrap();
+    let separator = if base.contains('?') { '&' } else { '?' };
+    let url = format!("{base}{separator}options=-c%20search_path%3D{schema}");
+    let outcome = AssertUnwindSafe(async {
+        let store = ate_store::open(&url).await.unwrap();
+        case(Env {
+            store,
+            url: url.clone(),
+        })
+        .await;
+    })
+    .catch_unwind()
+    .await;
+    sqlx::query(sqlx::AssertSqlSafe(format!("DROP SCHEMA {schema} CASCADE")))
+        .execute(&mut admin)
+        .await
+        .unwrap();
+    if let Err(panic) = outcome {
+        std::panic::resume_unwind(panic);
+    }
+}
+
+macro_rules! both_backends {
+    ($($case:ident),* $(,)?) => {
+        mod sqlite {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+                async fn $case() {
+                    super::with_sqlite(super::cases::$case).await;
+                }
+            )*
+        }
+        mod postgres {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+                async fn $case() {
+                    super::with_postgres(super::cases::$case).await;
+                }
+            )*
+        }
+    };
+}
+
+both_backends!(
+    atespace_crud,
+    atespace_delete_refused_while_not_empty,
+    template_crud,
+    actor_crud,
+    list_actors_pages_in_order,
+    transition_is_compare_and_set,
+    delete_actor_returns_untagged_snapshots,
+    lease_semantics,
+    bind_checks_worker_and_capacity,
+    bind_is_idempotent_and_moves,
+    concurrent_binds_respect_slots,
+    concurrent_binds_respect_memory,
+    release_records_snapshot,
+    snapshot_durable_and_local_updates,
+    tag_crud,
+    worker_lifecycle,
+    counters_count_operations,
+    reopen_keeps_data,
+);
+
+// ---------------------------------------------------------------- fixtures
+
+const NOW: i64 = 1_000_000;
+const MIB: u64 = 1 << 20;
+
+fn spec(cpu_millis: u32, memory_bytes: u64) -> TemplateSpec {
+    TemplateSpec {
+        sandbox_class: "runc".into(),
+        containers: vec![Container {
+            name: "main".into(),
+            image: "counter:latest".into(),
+            command: vec!["/bin/counter".into()],
+            env: vec![],
+            wakeup_probe: None,
+        }],
+        resources: Resources {
+            cpu_millis,
+            memory_bytes,
+        },
+        volumes: vec![],
+        fidelity: Fidelity::Memory,
+        idle_timeout_seconds: 300,
+        worker_selector: BTreeMap::from([("zone".to_string(), "a".to_string())]),
+        egress: EgressPolicy {
+            default_action: "allow-all".into(),
+            allow: vec![],
+        },
+        golden_tag: None,
+    }
+}
+
+fn actor(atespace: &str, name: &str, template: &str) -> ActorRecord {
+    ActorRecord {
+        atespace: atespace.into(),
+        name: name.into(),
+        uid: format!("uid-{atespace}-{name}"),
+        template: template.into(),
+        state: ActorState::Suspended,
+        worker_selector: BTreeMap::new(),
+        worker_id: None,
+        epoch: 0,
+        generation: 0,
+        attached_node: None,
+        last_error: String::new(),
+        created_ms: NOW,
+        updated_ms: NOW,
+    }
+}
+
+fn worker(id: &str, capacity: Capacity, epoch: u64) -> WorkerRecord {
+    WorkerRecord {
+        id: id.into(),
+        node: format!("node-{id}"),
+        addresses: vec![format!("{id}.local:7000"), "10.0.0.1:7000".into()],
+        identity: format!("spiffe://ate/worker/{id}"),
+        labels: BTreeMap::from([("zone".to_string(), "a".to_string())]),
+        sandbox_class: "runc".into(),
+        can_restore_memory: true,
+        capacity,
+        used: Capacity::default(),
+        epoch,
+        status: WorkerStatus::Active,
+        last_heartbeat_ms: 0,
+        node_address: "127.0.0.1:7100".into(),
+        boot_id: "boot-1".into(),
+    }
+}
+
+fn snapshot(atespace: &str, name: &str, generation: u64, node: &str) -> SnapshotRecord {
+    SnapshotRecord {
+        atespace: atespace.into(),
+        name: name.into(),
+        generation,
+        uuid: format!("uuid-{atespace}-{name}-{generation}"),
+        fidelity: Fidelity::Memory,
+        template: "ns/t".into(),
+        sandbox_class: "runc".into(),
+        node: node.into(),
+        boot_id: "boot-1".into(),
+        local_path: format!("/var/lib/ate/snapshots/{name}/{generation}"),
+        durable_uri: String::new(),
+        durable_status: None,
+        size_bytes: 123_456,
+        checksum: "sha256:abc".into(),
+        reason: String::new(),
+        created_ms: NOW + generation as i64,
+    }
+}
+
+fn cap(cpu_millis: u64, memory_bytes: u64, slots: u64) -> Capacity {
+    Capacity {
+        cpu_millis,
+        memory_bytes,
+        slots,
+    }
+}
+
+fn demand(cpu_millis: u64, memory_bytes: u64) -> Capacity {
+    Capacity {
+        cpu_millis,
+        memory_bytes,
+        slots: 1,
+    }
+}
+
+/// Atespace `ns` with template `ns/t`.
+async fn seed(store: &dyn Store) {
+    store.create_atespace("ns", NOW).await.unwrap();
+    store
+        .apply_template("ns", "t", &spec(250, 128 * MIB), NOW)
+        .await
+        .unwrap();
+}
+
+fn message(result: Result<impl std::fmt::Debug, StoreError>) -> String {
+    result.unwrap_err().to_string()
+}
+
+macro_rules! assert_err {
+    ($result:expr, $pattern:pat) => {
+        match $result {
+            Err(e @ $pattern) => e,
+            other => panic!("expected {}, got {other:?}", stringify!($pattern)),
+        }
+    };
+}
+
+mod cases {
+    use super::*;
+
+    pub async fn atespace_crud(env: Env) {
+        let s = env.store.as_ref();
+        let created = s.create_atespace("x", NOW).await.unwrap();
+        assert_eq!(
+            (
+                created.name.as_str(),
+                created.created_ms,
+                created.actor_count
+            ),
+            ("x", NOW, 0)
+        );
+        let e = assert_err!(
+            s.create_atespace("x", NOW).await,
+            StoreError::AlreadyExists(_)
+        );
+        assert_eq!(e.to_string(), r#"atespace "x" already exists"#);
+        s.create_atespace("a", NOW + 1).await.unwrap();
+        let got = s.get_atespace("x").await.unwrap();
+        assert_eq!(got, created);
+        let names: Vec<_> = s
+            .list_atespaces()
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|a| a.name)
+            .collect();
+        assert_eq!(names, ["a", "x"]);
+        let e = assert_err!(s.get_atespace("nope").await, StoreError::NotFound(_));
+        assert_eq!(e.to_string(), r#"atespace "nope" not found"#);
+        assert_err!(s.delete_atespace("nope").await, StoreError::NotFound(_));
+
+        s.apply_template("x", "t", &spec(100, MIB), NOW)
+            .await
+            .unwrap();
+        s.create_actor(&actor("x", "a1", "x/t")).await.unwrap();
+        s.create_actor(&actor("x", "a2", "x/t")).await.unwrap();
+        assert_eq!(s.get_atespace("x").await.unwrap().actor_count, 2);
+        assert_eq!(s.list_atespaces().await.unwrap()[1].actor_count, 2);
+
+        s.delete_atespace("a").await.unwrap();
+        assert_err!(s.get_atespace("a").await, StoreError::NotFound(_));
+    }
+
+    pub async fn atespace_delete_refused_while_not_empty(env: Env) {
+        let s = env.store.as_ref();
+        s.create_atespace("x", NOW).await.unwrap();
+        s.apply_template("x", "t", &spec(100, MIB), NOW)
+            .await
+            .unwrap();
+        for name in ["a1", "a2", "a3"] {
+            s.create_actor(&actor("x", name, "x/t")).await.unwrap();
+        }
+        let e = assert_err!(
+            s.delete_atespace("x").await,
+            StoreError::FailedPrecondition(_)
+        );
+        assert_eq!(
+            e.to_string(),
+            r#"atespace "x" still holds 3 actors, 1 template"#
+        );
+        for name in ["a1", "a2", "a3"] {
+            s.delete_actor("x", name).await.unwrap();
+        }
+        let e = assert_err!(
+            s.delete_atespace("x").await,
+            StoreError::FailedPrecondition(_)
+        );
+        assert_eq!(e.to_string(), r#"atespace "x" still holds 1 template"#);
+        s.delete_template("x", "t").await.unwrap();
+
+        // Only actors.
+        s.create_atespace("y", NOW).await.unwrap();
+        s.apply_template("x", "t", &spec(100, MIB), NOW)
+            .await
+            .unwrap();
+        for name in ["a1", "a2", "a3"] {
+            s.create_actor(&actor("y", name, "x/t")).await.unwrap();
+        }
+        let e = assert_err!(
+            s.delete_atespace("y").await,
+            StoreError::FailedPrecondition(_)
+        );
+        assert_eq!(e.to_string(), r#"atespace "y" still holds 3 actors"#);
+
+        // Only a tag.
+        s.create_atespace("z", NOW).await.unwrap();
+        let tag = TagRecord {
+            atespace: "z".into(),
+            name: "golden".into(),
+            snapshot: snapshot("y", "a1", 1, "n1"),
+            created_ms: NOW,
+        };
+        s.create_tag(&tag).await.unwrap();
+        let e = assert_err!(
+            s.delete_atespace("z").await,
+            StoreError::FailedPrecondition(_)
+        );
+        assert_eq!(e.to_string(), r#"atespace "z" still holds 1 tag"#);
+        s.delete_tag("z", "golden").await.unwrap();
+        s.delete_atespace("z").await.unwrap();
+        assert!(s.get_atespace("x").await.is_ok());
+    }
+
+    pub async fn template_crud(env: Env) {
+        let s = env.store.as_ref();
+        let e = assert_err!(
+            s.apply_template("ns", "t", &spec(100, MIB), NOW).await,
+            StoreError::NotFound(_)
+        );
+        assert_eq!(e.to_string(), r#"atespace "ns" not found"#);
+        s.create_atespace("ns", NOW).await.unwrap();
+        s.create_atespace("other", NOW).await.unwrap();
+        let t = s
+            .apply_template("ns", "t", &spec(100, MIB), NOW)
+            .await
+            .unwrap();
+        assert_eq!(
+            (
+                t.namespace.as_str(),
+                t.name.as_str(),
+                t.created_ms,
+                t.updated_ms
+            ),
+            ("ns", "t", NOW, NOW)
+        );
+        assert_eq!(t.spec, spec(100, MIB));
+        // Replace: new spec, created kept, updated moves.
+        let t2 = s
+            .apply_template("ns", "t", &spec(500, 2 * MIB), NOW + 5)
+            .await
+            .unwrap();
+        assert_eq!((t2.created_ms, t2.updated_ms), (NOW, NOW + 5));
+        assert_eq!(s.get_template("ns", "t").await.unwrap(), t2);
+        s.apply_template("ns", "a", &spec(1, 1), NOW).await.unwrap();
+        s.apply_template("other", "b", &spec(1, 1), NOW)
+            .await
+            .unwrap();
+        let all: Vec<_> = s
+            .list_templates(None)
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|t| format!("{}/{}", t.namespace, t.name))
+            .collect();
+        assert_eq!(all, ["ns/a", "ns/t", "other/b"]);
+        let in_ns: Vec<_> = s
+            .list_templates(Some("ns"))
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|t| t.name)
+            .collect();
+        assert_eq!(in_ns, ["a", "t"]);
+        let e = assert_err!(
+            s.get_template("ns", "missing").await,
+            StoreError::NotFound(_)
+        );
+        assert_eq!(e.to_string(), r#"template "ns/missing" not found"#);
+
+        s.create_actor(&actor("other", "a1", "ns/t")).await.unwrap();
+        s.create_actor(&actor("other", "a2", "ns/t")).await.unwrap();
+        let e = assert_err!(
+            s.delete_template("ns", "t").await,
+            StoreError::FailedPrecondition(_)
+        );
+        assert_eq!(e.to_string(), r#"template "ns/t" is used by 2 actors"#);
+        s.delete_actor("other", "a1").await.unwrap();
+        s.delete_actor("other", "a2").await.unwrap();
+        s.delete_template("ns", "t").await.unwrap();
+        assert_err!(s.get_template("ns", "t").await, StoreError::NotFound(_));
+        let e = assert_err!(s.delete_template("ns", "t").await, StoreError::NotFound(_));
+        assert_eq!(e.to_string(), r#"template "ns/t" not found"#);
+    }
+
+    pub async fn actor_crud(env: Env) {
+        let s = env.store.as_ref();
+        let e = assert_err!(
+            s.create_actor(&actor("ate-demo", "a1", "ns/t")).await,
+            StoreError::NotFound(_)
+        );
+        assert_eq!(e.to_string(), r#"atespace "ate-demo" not found"#);
+        seed(s).await;
+        s.create_atespace("ate-demo", NOW).await.unwrap();
+        let e = assert_err!(
+            s.create_actor(&actor("ate-demo", "a1", "ns/nope")).await,
+            StoreError::NotFound(_)
+        );
+        assert_eq!(e.to_string(), r#"template "ns/nope" not found"#);
+        let e = assert_err!(
+            s.create_actor(&actor("ate-demo", "a1", "no-slash")).await,
+            StoreError::NotFound(_)
+        );
+        assert_eq!(e.to_string(), r#"template "no-slash" not found"#);
+
+        let mut record = actor("ate-demo", "a1", "ns/t");
+        record.worker_selector = BTreeMap::from([("gpu".to_string(), "none".to_string())]);
+        record.generation = 7;
+        record.attached_node = Some("n1".into());
+        record.last_error = "boom".into();
+        let created = s.create_actor(&record).await.unwrap();
+        assert_eq!(created, record);
+        assert_eq!(s.get_actor("ate-demo", "a1").await.unwrap(), record);
+        let e = assert_err!(s.create_actor(&record).await, StoreError::AlreadyExists(_));
+        assert_eq!(e.to_string(), r#"actor "ate-demo/a1" already exists"#);
+
+        let e = assert_err!(s.get_actor("ate-demo", "a2").await, StoreError::NotFound(_));
+        assert_eq!(e.to_string(), r#"actor "ate-demo/a2" not found"#);
+
+        let selector = BTreeMap::from([("zone".to_string(), "b".to_string())]);
+        let updated = s
+            .update_actor_selector("ate-demo", "a1", &selector, NOW + 9)
+            .await
+            .unwrap();
+        assert_eq!(updated.worker_selector, selector);
+        assert_eq!(updated.updated_ms, NOW + 9);
+        assert_eq!(s.get_actor("ate-demo", "a1").await.unwrap(), updated);
+        assert_err!(
+            s.update_actor_selector("ate-demo", "zz", &selector, NOW)
+                .await,
+            StoreError::NotFound(_)
+        );
+        let e = assert_err!(
+            s.delete_actor("ate-demo", "zz").await,
+            StoreError::NotFound(_)
+        );
+        assert_eq!(e.to_string(), r#"actor "ate-demo/zz" not found"#);
+        // A u64 that does not fit BIGINT is refused, not wrapped.
+        let mut huge = actor("ate-demo", "huge", "ns/t");
+        huge.generation = u64::MAX;
+        assert_err!(s.create_actor(&huge).await, StoreError::Database(_));
+    }
+
+    pub async fn list_actors_pages_in_order(env: Env) {
+        let s = env.store.as_ref();
+        seed(s).await;
+        s.create_atespace("b", NOW).await.unwrap();
+        s.create_atespace("a", NOW).await.unwrap();
+        for (space, name) in [
+            ("b", "x"),
+            ("a", "z"),
+            ("b", "B"),
+            ("a", "a"),
+            ("b", "a"),
+            ("a", "m"),
+            ("a", "a-1"),
+        ] {
+            s.create_actor(&actor(space, name, "ns/t")).await.unwrap();
+        }
+        let key = |a: &ActorRecord| format!("{}/{}", a.atespace, a.name);
+        let expected = ["a/a", "a/a-1", "a/m", "a/z", "b/B", "b/a", "b/x"];
+        let all: Vec<_> = s
+            .list_actors(None, None, 100)
+            .await
+            .unwrap()
+            .iter()
+            .map(key)
+            .collect();
+        assert_eq!(all, expected);
+
+        let mut pages = Vec::new();
+        let mut after: Option<(String, String)> = None;
+        loop {
+            let page = s
+                .list_actors(
+                    None,
+                    after.as_ref().map(|(a, n)| (a.as_str(), n.as_str())),
+                    3,
+                )
+                .await
+                .unwrap();
+            if page.is_empty() {
+                break;
+            }
+            assert!(page.len() <= 3);
+            let last = page.last().unwrap();
+            after = Some((last.atespace.clone(), last.name.clone()));
+            pages.push(page.iter().map(key).collect::<Vec<_>>());
+        }
+        assert_eq!(
+            pages,
+            vec![
+                vec!["a/a", "a/a-1", "a/m"],
+                vec!["a/z", "b/B", "b/a"],
+                vec!["b/x"]
+            ]
+        );
+
+        let in_b: Vec<_> = s
+            .list_actors(Some("b"), None, 10)
+            .await
+            .unwrap()
+            .iter()
+            .map(key)
+            .collect();
+        assert_eq!(in_b, ["b/B", "b/a", "b/x"]);
+        let in_b: Vec<_> = s
+            .list_actors(Some("b"), Some(("b", "B")), 1)
+            .await
+            .unwrap()
+            .iter()
+            .map(key)
+            .collect();
+        assert_eq!(in_b, ["b/a"]);
+        // `after` in an earlier atespace than the filter: starts at the filter's first actor.
+        let in_b: Vec<_> = s
+            .list_actors(Some("b"), Some(("a", "zzz")), 10)
+            .await
+            .unwrap()
+            .iter()
+            .map(key)
+            .collect();
+        assert_eq!(in_b, ["b/B", "b/a", "b/x"]);
+        assert!(
+            s.list_actors(Some("nope"), None, 10)
+                .await
+                .unwrap()
+                .is_empty()
+        );
+        assert!(s.list_actors(None, None, 0).await.unwrap().is_empty());
+    }
+
+    pub async fn transition_is_compare_and_set(env: Env) {
+        let s = env.store.as_ref();
+        seed(s).await;
+        let mut a = actor("ns", "a1", "ns/t");
+        a.attached_node = Some("n1".into());
+        s.create_actor(&a).await.unwrap();
+
+        let e = assert_err!(
+            s.transition(
+                "ns",
+                "a1",
+                &[ActorState::Running, ActorState::Resuming],
+                ActorState::Suspending,
+                ActorUpdate::default(),
+                NOW
+            )
+            .await,
+            StoreError::StateConflict { .. }
+        );
+        match &e {
+            StoreError::StateConflict { actual, expected } => {
+                assert_eq!(*actual, ActorState::Suspended);
+                assert_eq!(expected, "ACTOR_STATE_RUNNING, ACTOR_STATE_RESUMING");
+            }
+            _ => unreachable!(),
+        }
+        assert_eq!(
+            e.to_string(),
+            "actor is ACTOR_STATE_SUSPENDED, expected one of ACTOR_STATE_RUNNING, ACTOR_STATE_RESUMING"
+        );
+
+        let update = ActorUpdate {
+            last_error: Some("it broke".into()),
+            epoch: Some(42),
+            clear_attached_node: true,
+        };
+        let t = s
+            .transition(
+                "ns",
+                "a1",
+                &[ActorState::Suspended],
+                ActorState::Crashed,
+                update,
+                NOW + 3,
+            )
+            .await
+            .unwrap();
+        assert_eq!(t.state, ActorState::Crashed);
+        assert_eq!(t.last_error, "it broke");
+        assert_eq!(t.epoch, 42);
+        assert_eq!(t.attached_node, None);
+        assert_eq!(t.updated_ms, NOW + 3);
+        assert_eq!(s.get_actor("ns", "a1").await.unwrap(), t);
+
+        // Without an update, only the state (and updated_ms) changes.
+        let t2 = s
+            .transition(
+                "ns",
+                "a1",
+                &[ActorState::Crashed],
+                ActorState::Suspended,
+                ActorUpdate::default(),
+                NOW + 4,
+            )
+            .await
+            .unwrap();
+        assert_eq!(
+            (t2.state, t2.last_error.as_str(), t2.epoch),
+            (ActorState::Suspended, "it broke", 42)
+        );
+        let clear = ActorUpdate {
+            last_error: Some(String::new()),
+            ..Default::default()
+        };
+        let t3 = s
+            .transition(
+                "ns",
+                "a1",
+                &[ActorState::Suspended],
+                ActorState::Suspended,
+                clear,
+                NOW + 5,
+            )
+            .await
+            .unwrap();
+        assert_eq!(t3.last_error, "");
+        assert_err!(
+            s.transition(
+                "ns",
+                "zz",
+                &[ActorState::Suspended],
+                ActorState::Running,
+                ActorUpdate::default(),
+                NOW
+            )
+            .await,
+            StoreError::NotFound(_)
+        );
+    }
+
+    pub async fn delete_actor_returns_untagged_snapshots(env: Env) {
+        let s = env.store.as_ref();
+        seed(s).await;
+        s.register_worker(&worker("w1", cap(4000, 4096 * MIB, 10), 1), NOW)
+            .await
+            .unwrap();
+        s.create_actor(&actor("ns", "a1", "ns/t")).await.unwrap();
+        s.create_actor(&actor("ns", "keep", "ns/t")).await.unwrap();
+
+        // Three generations, each through a bind + release.
+        for generation in 1..=3 {
+            s.bind_actor(
+                "ns",
+                "a1",
+                &[ActorState::Suspended],
+                "w1",
+                demand(100, MIB),
+                NOW,
+            )
+            .await
+            .unwrap();
+            let snap = snapshot("ns", "a1", generation, "node-w1");
+            s.release_actor(
+                "ns",
+                "a1",
+                &[ActorState::Resuming],
+                ActorState::Suspended,
+                Some(&snap),
+                ActorUpdate::default(),
+                NOW,
+            )
+            .await
+            .unwrap();
+        }
+        // Generation 2 is tagged (the tag lives in another atespace's view of it, compared by uuid).
+        let tag = TagRecord {
+            atespace: "ns".into(),
+            name: "golden".into(),
+            snapshot: snapshot("ns", "a1", 2, "node-w1"),
+            created_ms: NOW,
+        };
+        s.create_tag(&tag).await.unwrap();
+
+        // Bound actor: refused.
+        s.bind_actor(
+            "ns",
+            "a1",
+            &[ActorState::Suspended],
+            "w1",
+            demand(100, MIB),
+            NOW,
+        )
+        .await
+        .unwrap();
+        let e = assert_err!(
+            s.delete_actor("ns", "a1").await,
+            StoreError::StateConflict { .. }
+        );
+        assert_eq!(
+            e.to_string(),
+            "actor is ACTOR_STATE_RESUMING, expected one of ACTOR_STATE_SUSPENDED, ACTOR_STATE_CRASHED"
+        );
+        s.transition(
+            "ns",
+            "a1",
+            &[ActorState::Resuming],
+            ActorState::Crashed,
+            ActorUpdate::default(),
+            NOW,
+        )
+        .await
+        .unwrap();
+        assert!(
+            s.try_acquire_lease(&actor_lease_key("ns", "a1"), "api-1", NOW, 1000)
+                .await
+                .unwrap()
+        );
+        assert!(
+            s.try_acquire_lease(&actor_lease_key("ns", "keep"), "api-1", NOW, 1000)
+                .await
+                .unwrap()
+        );
+
+        // CRASHED (still assigned to w1): deletable; returns generations 3 and 1, newest first.
+        let gc = s.delete_actor("ns", "a1").await.unwrap();
+        let generations: Vec<_> = gc.iter().map(|g| g.generation).collect();
+        assert_eq!(generations, [3, 1]);
+        assert_eq!(gc[0], snapshot("ns", "a1", 3, "node-w1"));
+        assert_err!(s.get_actor("ns", "a1").await, StoreError::NotFound(_));
+        assert!(s.list_snapshots("ns", "a1").await.unwrap().is_empty());
+        assert_eq!(s.get_worker("w1").await.unwrap().used, Capacity::default());
+        // Its lease is gone (another holder can take it at once); the other actor's is not.
+        assert!(
+            s.try_acquire_lease(&actor_lease_key("ns", "a1"), "api-2", NOW, 1000)
+                .await
+                .unwrap()
+        );
+        assert!(
+            !s.try_acquire_lease(&actor_lease_key("ns", "keep"), "api-2", NOW, 1000)
+                .await
+                .unwrap()
+        );
+        // The tag survives with its copy.
+        assert_eq!(
+            s.get_tag("ns", "golden").await.unwrap().snapshot.generation,
+            2
+        );
+        // An actor of the same name can be created again from scratch.
+        let again = s.create_actor(&actor("ns", "a1", "ns/t")).await.unwrap();
+        assert_eq!(again.generation, 0);
+        assert!(s.delete_actor("ns", "a1").await.unwrap().is_empty());
+    }
+
+    pub async fn lease_semantics(env: Env) {
+        let s = env.store.as_ref();
+        let key = "lease:actor:ns:a1";
+        // Free.
+        assert!(s.try_acquire_lease(key, "h1", NOW, 100).await.unwrap());
+        // Held by another, not expired.
+        assert!(!s.try_acquire_lease(key, "h2", NOW + 50, 100).await.unwrap());
+        assert!(!s.try_acquire_lease(key, "h2", NOW + 99, 100).await.unwrap());
+        // Same holder re-acquires (extends to NOW + 90 + 100).
+        assert!(s.try_acquire_lease(key, "h1", NOW + 90, 100).await.unwrap());
+        assert!(
+            !s.try_acquire_lease(key, "h2", NOW + 150, 100)
+                .await
+                .unwrap()
+        );
+        // Expired: taken over.
+        assert!(
+            s.try_acquire_lease(key, "h2", NOW + 190, 100)
+                .await
+                .unwrap()
+        );
+        assert!(
+            !s.try_acquire_lease(key, "h1", NOW + 200, 100)
+                .await
+                .unwrap()
+        );
+        // Release by a non-holder does nothing.
+        s.release_lease(key, "h1").await.unwrap();
+        assert!(
+            !s.try_acquire_lease(key, "h1", NOW + 200, 100)
+                .await
+                .unwrap()
+        );
+        // Release by the holder frees it.
+        s.release_lease(key, "h2").await.unwrap();
+        assert!(
+            s.try_acquire_lease(key, "h1", NOW + 200, 100)
+                .await
+                .unwrap()
+        );
+        // Releasing an unknown key is fine; keys are independent.
+        s.release_lease("lease:actor:ns:none", "h1").await.unwrap();
+        assert!(
+            s.try_acquire_lease("lease:actor:ns:a2", "h2", NOW + 200, 100)
+                .await
+                .unwrap()
+        );
+
+        // Many contenders at once: exactly one wins.
+        let tasks: Vec<_> = (0..10)
+            .map(|i| {
+                let store = env.store.clone();
+                tokio::spawn(async move {
+                    store
+                        .try_acquire_lease("lease:race", &format!("h{i}"), NOW, 1000)
+                        .await
+                        .unwrap()
+                })
+            })
+            .collect();
+        let wins = futures::future::join_all(tasks)
+            .await
+            .into_iter()
+            .filter(|r| *r.as_ref().unwrap())
+            .count();
+        assert_eq!(wins, 1);
+    }
+
+    pub async fn bind_checks_worker_and_capacity(env: Env) {
+        let s = env.store.as_ref();
+        seed(s).await;
+        for name in ["a1", "a2", "a3"] {
+            s.create_actor(&actor("ns", name, "ns/t")).await.unwrap();
+        }
+        let from = &[ActorState::Suspended];
+        let e = assert_err!(
+            s.bind_actor("ns", "a1", from, "w1", demand(100, MIB), NOW)
+                .await,
+            StoreError::NotFound(_)
+        );
+        assert_eq!(e.to_string(), r#"worker "w1" not found"#);
+        let e = assert_err!(
+            s.bind_actor("ns", "zz", from, "w1", demand(100, MIB), NOW)
+                .await,
+            StoreError::NotFound(_)
+        );
+        assert_eq!(e.to_string(), r#"actor "ns/zz" not found"#);
+
+        let w = s
+            .register_worker(&worker("w1", cap(1000, 1024 * MIB, 2), 7), NOW)
+            .await
+            .unwrap();
+        assert_eq!(w.used, Capacity::default());
+        let bound = s
+            .bind_actor("ns", "a1", from, "w1", demand(600, 100 * MIB), NOW + 1)
+            .await
+            .unwrap();
+        assert_eq!(bound.state, ActorState::Resuming);
+        assert_eq!(bound.worker_id.as_deref(), Some("w1"));
+        assert_eq!(bound.epoch, 7);
+        assert_eq!(bound.updated_ms, NOW + 1);
+        assert_eq!(s.get_actor("ns", "a1").await.unwrap(), bound);
+        assert_eq!(
+            s.get_worker("w1").await.unwrap().used,
+            cap(600, 100 * MIB, 1)
+        );
+
+        // CPU: 600 + 500 > 1000.
+        let e = assert_err!(
+            s.bind_actor("ns", "a2", from, "w1", demand(500, MIB), NOW)
+                .await,
+            StoreError::NoRoom { .. }
+        );
+        assert_eq!(e.to_string(), "worker w1 has no room for the actor");
+        // Memory: 100 MiB + 1000 MiB > 1024 MiB.
+        assert_err!(
+            s.bind_actor("ns", "a2", from, "w1", demand(100, 1000 * MIB), NOW)
+                .await,
+            StoreError::NoRoom { .. }
+        );
+        // A demand that would overflow never fits (and does not panic).
+        assert_err!(
+            s.bind_actor("ns", "a2", from, "w1", cap(100, MIB, u64::MAX), NOW)
+                .await,
+            StoreError::NoRoom { .. }
+        );
+        // Exactly full is fine.
+        s.bind_actor("ns", "a2", from, "w1", demand(400, 924 * MIB), NOW)
+            .await
+            .unwrap();
+        assert_eq!(
+            s.get_worker("w1").await.unwrap().used,
+            cap(1000, 1024 * MIB, 2)
+        );
+        // Slots: 2 of 2 used even with no cpu/memory asked.
+        assert_err!(
+            s.bind_actor("ns", "a3", from, "w1", demand(0, 0), NOW)
+                .await,
+            StoreError::NoRoom { .. }
+        );
+        // The refused actor is untouched.
+        let a3 = s.get_actor("ns", "a3").await.unwrap();
+        assert_eq!((a3.state, a3.worker_id), (ActorState::Suspended, None));
+
+        // State check.
+        let e = assert_err!(
+            s.bind_actor("ns", "a1", from, "w2", demand(1, 1), NOW)
+                .await,
+            StoreError::StateConflict {
+                actual: ActorState::Resuming,
+                ..
+            }
+        );
+        assert!(
+            e.to_string()
+                .contains("expected one of ACTOR_STATE_SUSPENDED")
+        );
+
+        // GONE worker: no room, whatever its capacity.
+        s.register_worker(&worker("w2", cap(10_000, 10_000 * MIB, 100), 1), NOW)
+            .await
+            .unwrap();
+        s.deregister_worker("w2").await.unwrap();
+        assert_err!(
+            s.bind_actor("ns", "a3", from, "w2", demand(1, 1), NOW)
+                .await,
+            StoreError::NoRoom { .. }
+        );
+        assert_eq!(s.actors_on_worker("w2").await.unwrap(), vec![]);
+        let on_w1: Vec<_> = s
+            .actors_on_worker("w1")
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|a| a.name)
+            .collect();
+        assert_eq!(on_w1, ["a1", "a2"]);
+    }
+
+    pub async fn bind_is_idempotent_and_moves(env: Env) {
+        let s = env.store.as_ref();
+        seed(s).await;
+        s.create_actor(&actor("ns", "a1", "ns/t")).await.unwrap();
+        s.create_actor(&actor("ns", "a2", "ns/t")).await.unwrap();
+        s.register_worker(&worker("w1", cap(1000, 1024 * MIB, 2), 1), NOW)
+            .await
+            .unwrap();
+        s.register_worker(&worker("w2", cap(1000, 1024 * MIB, 1), 2), NOW)
+            .await
+            .unwrap();
+        let from = &[ActorState::Suspended];
+
+        let first = s
+            .bind_actor("ns", "a1", from, "w1", demand(800, 800 * MIB), NOW)
+            .await
+            .unwrap();
+        // Retried bind to the same worker: succeeds again (no double count, even though a second
+        // copy of the demand would not fit, and even though the actor is no longer SUSPENDED).
+        let again = s
+            .bind_actor("ns", "a1", from, "w1", demand(800, 800 * MIB), NOW)
+            .await
+            .unwrap();
+        assert_eq!(again, first);
+        assert_eq!(
+            s.get_worker("w1").await.unwrap().used,
+            cap(800, 800 * MIB, 1)
+        );
+
+        // Bind to another worker (caller allows RESUMING): the assignment moves.
+        let moved = s
+            .bind_actor(
+                "ns",
+                "a1",
+                &[ActorState::Suspended, ActorState::Resuming],
+                "w2",
+                demand(300, 300 * MIB),
+                NOW + 1,
+            )
+            .await
+            .unwrap();
+        assert_eq!((moved.worker_id.as_deref(), moved.epoch), (Some("w2"), 2));
+        assert_eq!(s.get_worker("w1").await.unwrap().used, Capacity::default());
+        assert_eq!(
+            s.get_worker("w2").await.unwrap().used,
+            cap(300, 300 * MIB, 1)
+        );
+        let used: Vec<_> = s
+            .list_workers()
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|w| (w.id, w.used))
+            .collect();
+        assert_eq!(
+            used,
+            [
+                ("w1".to_string(), Capacity::default()),
+                ("w2".to_string(), cap(300, 300 * MIB, 1))
+            ]
+        );
+
+        // w2 has one slot, held by a1.
+        assert_err!(
+            s.bind_actor("ns", "a2", from, "w2", demand(1, 1), NOW)
+                .await,
+            StoreError::NoRoom { .. }
+        );
+        // Re-binding a1 on w2 with a bigger demand is measured without its own old assignment.
+        s.bind_actor("ns", "a1", from, "w2", demand(1000, 1024 * MIB), NOW)
+            .await
+            .unwrap();
+        assert_eq!(
+            s.get_worker("w2").await.unwrap().used,
+            cap(1000, 1024 * MIB, 1)
+        );
+    }
+
+    async fn concurrent_binds(env: Env, capacity: Capacity, each: Capacity) {
+        let s = env.store.as_ref();
+        seed(s).await;
+        s.register_worker(&worker("w1", capacity, 1), NOW)
+            .await
+            .unwrap();
+        for i in 0..10 {
+            s.create_actor(&actor("ns", &format!("a{i}"), "ns/t"))
+                .await
+                .unwrap();
+        }
+        let barrier = Arc::new(tokio::sync::Barrier::new(10));
+        let tasks: Vec<_> = (0..10)
+            .map(|i| {
+                let store = env.store.clone();
+                let barrier = barrier.clone();
+                tokio::spawn(async move {
+                    barrier.wait().await;
+                    store
+                        .bind_actor(
+                            "ns",
+                            &format!("a{i}"),
+                            &[ActorState::Suspended],
+                            "w1",
+                            each,
+                            NOW,
+                        )
+                        .await
+                })
+            })
+            .collect();
+        let mut admitted = 0;
+        for result in futures::future::join_all(tasks).await {
+            match result.unwrap() {
+                Ok(actor) => {
+                    assert_eq!(actor.worker_id.as_deref(), Some("w1"));
+                    admitted += 1;
+                }
+                Err(StoreError::NoRoom { worker_id }) => assert_eq!(worker_id, "w1"),
+                Err(other) => panic!("unexpected bind error: {other}"),
+            }
+        }
+        assert_eq!(admitted, 4);
+        let w = s.get_worker("w1").await.unwrap();
+        assert_eq!(
+            w.used,
+            Capacity {
+                cpu_millis: 4 * each.cpu_millis,
+                memory_bytes: 4 * each.memory_bytes,
+                slots: 4
+            }
+        );
+        assert_eq!(s.actors_on_worker("w1").await.unwrap().len(), 4);
+        let resuming = s
+            .list_actors(Some("ns"), None, 100)
+            .await
+            .unwrap()
+            .into_iter()
+            .filter(|a| a.state == ActorState::Resuming)
+            .count();
+        assert_eq!(resuming, 4);
+    }
+
+    pub async fn concurrent_binds_respect_slots(env: Env) {
+        concurrent_binds(env, cap(1_000_000, 1 << 40, 4), demand(100, MIB)).await;
+    }
+
+    pub async fn concurrent_binds_respect_memory(env: Env) {
+        concurrent_binds(
+            env,
+            cap(1_000_000, 4 * 256 * MIB + 1, 100),
+            demand(100, 256 * MIB),
+        )
+        .await;
+    }
+
+    pub async fn release_records_snapshot(env: Env) {
+        let s = env.store.as_ref();
+        seed(s).await;
+        s.register_worker(&worker("w1", cap(1000, 1024 * MIB, 4), 3), NOW)
+            .await
+            .unwrap();
+        let mut a = actor("ns", "a1", "ns/t");
+        a.attached_node = Some("old-node".into());
+        s.create_actor(&a).await.unwrap();
+        s.bind_actor(
+            "ns",
+            "a1",
+            &[ActorState::Suspended],
+            "w1",
+            demand(500, 512 * MIB),
+            NOW,
+        )
+        .await
+        .unwrap();
+        s.transition(
+            "ns",
+            "a1",
+            &[ActorState::Resuming],
+            ActorState::Running,
+            ActorUpdate::default(),
+            NOW,
+        )
+        .await
+        .unwrap();
+        s.transition(
+            "ns",
+            "a1",
+            &[ActorState::Running],
+            ActorState::Suspending,
+            ActorUpdate::default(),
+            NOW,
+        )
+        .await
+        .unwrap();
+
+        // Wrong state: nothing happens.
+        let snap = snapshot("ns", "a1", 1, "node-w1");
+        assert_err!(
+            s.release_actor(
+                "ns",
+                "a1",
+                &[ActorState::Running],
+                ActorState::Suspended,
+                Some(&snap),
+                ActorUpdate::default(),
+                NOW
+            )
+            .await,
+            StoreError::StateConflict {
+                actual: ActorState::Suspending,
+                ..
+            }
+        );
+        assert!(s.list_snapshots("ns", "a1").await.unwrap().is_empty());
+        // A snapshot of another actor is refused.
+        let foreign = snapshot("ns", "other", 1, "node-w1");
+        assert_err!(
+            s.release_actor(
+                "ns",
+                "a1",
+                &[ActorState::Suspending],
+                ActorState::Suspended,
+                Some(&foreign),
+                ActorUpdate::default(),
+                NOW
+            )
+            .await,
+            StoreError::FailedPrecondition(_)
+        );
+
+        let released = s
+            .release_actor(
+                "ns",
+                "a1",
+                &[ActorState::Suspending],
+                ActorState::Suspended,
+                Some(&snap),
+                ActorUpdate::default(),
+                NOW + 7,
+            )
+            .await
+            .unwrap();
+        assert_eq!(released.state, ActorState::Suspended);
+        assert_eq!(released.worker_id, None);
+        assert_eq!(released.generation, 1);
+        assert_eq!(released.attached_node.as_deref(), Some("node-w1"));
+        assert_eq!(released.updated_ms, NOW + 7);
+        assert_eq!(s.get_actor("ns", "a1").await.unwrap(), released);
+        assert_eq!(s.get_worker("w1").await.unwrap().used, Capacity::default());
+        assert!(s.actors_on_worker("w1").await.unwrap().is_empty());
+        assert_eq!(
+            s.list_snapshots("ns", "a1").await.unwrap(),
+            vec![snap.clone()]
+        );
+
+        // Second cycle: generation 2 on another node; the update's fields apply too.
+        s.bind_actor(
+            "ns",
+            "a1",
+            &[ActorState::Suspended],
+            "w1",
+            demand(500, 512 * MIB),
+            NOW,
+        )
+        .await
+        .unwrap();
+        let snap2 = SnapshotRecord {
+            durable_status: Some(DurableStatus::Pending),
+            ..snapshot("ns", "a1", 2, "node-b")
+        };
+        let update = ActorUpdate {
+            last_error: Some("note".into()),
+            epoch: None,
+            clear_attached_node: true,
+        };
+        let r2 = s
+            .release_actor(
+                "ns",
+                "a1",
+                &[ActorState::Resuming],
+                ActorState::Suspended,
+                Some(&snap2),
+                update,
+                NOW + 8,
+            )
+            .await
+            .unwrap();
+        assert_eq!(
+            (
+                r2.generation,
+                r2.attached_node.as_deref(),
+                r2.last_error.as_str()
+            ),
+            (2, Some("node-b"), "note")
+        );
+        let gens: Vec<_> = s
+            .list_snapshots("ns", "a1")
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|g| g.generation)
+            .collect();
+        assert_eq!(gens, [2, 1]);
+        // The same generation twice is refused (and rolls back the whole release).
+        s.bind_actor(
+            "ns",
+            "a1",
+            &[ActorState::Suspended],
+            "w1",
+            demand(500, 512 * MIB),
+            NOW,
+        )
+        .await
+        .unwrap();
+        assert_err!(
+            s.release_actor(
+                "ns",
+                "a1",
+                &[ActorState::Resuming],
+                ActorState::Suspended,
+                Some(&snap2),
+                ActorUpdate::default(),
+                NOW
+            )
+            .await,
+            StoreError::AlreadyExists(_)
+        );
+        let still = s.get_actor("ns", "a1").await.unwrap();
+        assert_eq!(
+            (still.state, still.worker_id.as_deref()),
+            (ActorState::Resuming, Some("w1"))
+        );
+        assert_eq!(s.get_worker("w1").await.unwrap().used.slots, 1);
+
+        // Release without a snapshot (crash path): capacity freed, generation kept.
+        let crashed = s
+            .release_actor(
+                "ns",
+                "a1",
+                &[ActorState::Resuming],
+                ActorState::Crashed,
+                None,
+                ActorUpdate::default(),
+                NOW + 9,
+            )
+            .await
+            .unwrap();
+        assert_eq!(
+            (crashed.state, crashed.worker_id, crashed.generation),
+            (ActorState::Crashed, None, 2)
+        );
+        assert_eq!(crashed.attached_node.as_deref(), Some("node-b"));
+        assert_eq!(s.get_worker("w1").await.unwrap().used, Capacity::default());
+        assert_err!(
+            s.release_actor(
+                "ns",
+                "zz",
+                &[ActorState::Resuming],
+                ActorState::Crashed,
+                None,
+                ActorUpdate::default(),
+                NOW
+            )
+            .await,
+            StoreError::NotFound(_)
+        );
+    }
+
+    pub async fn snapshot_durable_and_local_updates(env: Env) {
+        let s = env.store.as_ref();
+        seed(s).await;
+        s.register_worker(&worker("w1", cap(1000, 1024 * MIB, 4), 1), NOW)
+            .await
+            .unwrap();
+        s.create_actor(&actor("ns", "a1", "ns/t")).await.unwrap();
+        for generation in 1..=2 {
+            s.bind_actor(
+                "ns",
+                "a1",
+                &[ActorState::Suspended],
+                "w1",
+                demand(1, 1),
+                NOW,
+            )
+            .await
+            .unwrap();
+            let mut snap = snapshot("ns", "a1", generation, "n1");
+            snap.reason = "memory checkpoint unsupported".into();
+            s.release_actor(
+                "ns",
+                "a1",
+                &[ActorState::Resuming],
+                ActorState::Suspended,
+                Some(&snap),
+                ActorUpdate::default(),
+                NOW,
+            )
+            .await
+            .unwrap();
+        }
+        let tag = TagRecord {
+            atespace: "ns".into(),
+            name: "t2".into(),
+            snapshot: s.list_snapshots("ns", "a1").await.unwrap()[0].clone(),
+            created_ms: NOW,
+        };
+        s.create_tag(&tag).await.unwrap();
+
+        s.update_snapshot_durable("ns", "a1", 2, DurableStatus::Pending, "", "")
+            .await
+            .unwrap();
+        s.update_snapshot_durable(
+            "ns",
+            "a1",
+            2,
+            DurableStatus::Completed,
+            "s3://bucket/ns/a1/2",
+            "",
+        )
+        .await
+        .unwrap();
+        let g = s.list_snapshots("ns", "a1").await.unwrap();
+        assert_eq!(g[0].durable_status, Some(DurableStatus::Completed));
+        assert_eq!(g[0].durable_uri, "s3://bucket/ns/a1/2");
+        assert_eq!(
+            g[0].reason, "memory checkpoint unsupported",
+            "an empty reason keeps the old one"
+        );
+        assert_eq!(g[1].durable_status, None);
+        s.update_snapshot_durable(
+            "ns",
+            "a1",
+            1,
+            DurableStatus::Failed,
+            "",
+            "upload failed: 503",
+        )
+        .await
+        .unwrap();
+        let g = s.list_snapshots("ns", "a1").await.unwrap();
+        assert_eq!(
+            (g[1].durable_status, g[1].reason.as_str()),
+            (Some(DurableStatus::Failed), "upload failed: 503")
+        );
+        let e = assert_err!(
+            s.update_snapshot_durable("ns", "a1", 9, DurableStatus::Completed, "x", "")
+                .await,
+            StoreError::NotFound(_)
+        );
+        assert_eq!(e.to_string(), r#"snapshot 9 of actor "ns/a1" not found"#);
+
+        s.clear_snapshot_local("ns", "a1", 2).await.unwrap();
+        let g = s.list_snapshots("ns", "a1").await.unwrap();
+        assert_eq!(g[0].local_path, "");
+        assert_ne!(g[1].local_path, "");
+        assert_err!(
+            s.clear_snapshot_local("ns", "a1", 9).await,
+            StoreError::NotFound(_)
+        );
+
+        // The tag's copy follows the generation it names.
+        let t = s.get_tag("ns", "t2").await.unwrap();
+        assert_eq!(t.snapshot, g[0]);
+    }
+
+    pub async fn tag_crud(env: Env) {
+        let s = env.store.as_ref();
+        let tag = TagRecord {
+            atespace: "ns".into(),
+            name: "golden".into(),
+            snapshot: snapshot("ns", "a1", 3, "n1"),
+            created_ms: NOW,
+        };
+        let e = assert_err!(s.create_tag(&tag).await, StoreError::NotFound(_));
+        assert_eq!(e.to_string(), r#"atespace "ns" not found"#);
+        seed(s).await;
+        s.create_atespace("other", NOW).await.unwrap();
+        let mut full = tag.clone();
+        full.snapshot.durable_status = Some(DurableStatus::Completed);
+        full.snapshot.durable_uri = "s3://b/k".into();
+        full.snapshot.fidelity = Fidelity::Rootfs;
+        full.snapshot.reason = "criu missing".into();
+        assert_eq!(s.create_tag(&full).await.unwrap(), full);
+        let e = assert_err!(s.create_tag(&full).await, StoreError::AlreadyExists(_));
+        assert_eq!(e.to_string(), r#"tag "ns/golden" already exists"#);
+        assert_eq!(s.get_tag("ns", "golden").await.unwrap(), full);
+        let other = TagRecord {
+            atespace: "other".into(),
+            name: "a".into(),
+            ..tag.clone()
+        };
+        s.create_tag(&other).await.unwrap();
+        let second = TagRecord {
+            name: "base".into(),
+            ..tag.clone()
+        };
+        s.create_tag(&second).await.unwrap();
+        let names: Vec<_> = s
+            .list_tags(None)
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|t| format!("{}/{}", t.atespace, t.name))
+            .collect();
+        assert_eq!(names, ["ns/base", "ns/golden", "other/a"]);
+        assert_eq!(s.list_tags(Some("other")).await.unwrap(), vec![other]);
+        s.delete_tag("ns", "golden").await.unwrap();
+        let e = assert_err!(s.get_tag("ns", "golden").await, StoreError::NotFound(_));
+        assert_eq!(e.to_string(), r#"tag "ns/golden" not found"#);
+        let e = assert_err!(s.delete_tag("ns", "golden").await, StoreError::NotFound(_));
+        assert_eq!(e.to_string(), r#"tag "ns/golden" not found"#);
+    }
+
+    pub async fn worker_lifecycle(env: Env) {
+        let s = env.store.as_ref();
+        seed(s).await;
+        let mut w = worker("w1", cap(2000, 2048 * MIB, 8), 5);
+        w.last_heartbeat_ms = 12; // ignored: register sets it to now
+        w.status = WorkerStatus::Gone; // ignored: register makes it ACTIVE
+        w.used = cap(1, 1, 1); // ignored: computed
+        let reg = s.register_worker(&w, NOW).await.unwrap();
+        let expected = WorkerRecord {
+            last_heartbeat_ms: NOW,
+            status: WorkerStatus::Active,
+            used: Capacity::default(),
+            ..w.clone()
+        };
+        assert_eq!(reg, expected);
+        assert_eq!(s.get_worker("w1").await.unwrap(), expected);
+        let e = assert_err!(s.get_worker("w9").await, StoreError::NotFound(_));
+        assert_eq!(e.to_string(), r#"worker "w9" not found"#);
+        assert_err!(s.deregister_worker("w9").await, StoreError::NotFound(_));
+
+        // Heartbeats.
+        assert!(s.heartbeat_worker("w1", 5, NOW + 10).await.unwrap());
+        assert_eq!(
+            s.get_worker("w1").await.unwrap().last_heartbeat_ms,
+            NOW + 10
+        );
+        assert!(
+            !s.heartbeat_worker("w1", 4, NOW + 11).await.unwrap(),
+            "epoch mismatch"
+        );
+        assert!(
+            !s.heartbeat_worker("w1", u64::MAX, NOW + 11).await.unwrap(),
+            "epoch mismatch"
+        );
+        assert!(
+            !s.heartbeat_worker("w9", 5, NOW + 11).await.unwrap(),
+            "unknown"
+        );
+        assert_eq!(
+            s.get_worker("w1").await.unwrap().last_heartbeat_ms,
+            NOW + 10
+        );
+
+        // An assignment survives re-registration (new epoch, new capacity).
+        s.create_actor(&actor("ns", "a1", "ns/t")).await.unwrap();
+        s.bind_actor(
+            "ns",
+            "a1",
+            &[ActorState::Suspended],
+            "w1",
+            demand(100, MIB),
+            NOW,
+        )
+        .await
+        .unwrap();
+        let w_next = WorkerRecord {
+            epoch: 6,
+            capacity: cap(4000, 4096 * MIB, 16),
+            ..w.clone()
+        };
+        let reg = s.register_worker(&w_next, NOW + 20).await.unwrap();
+        assert_eq!(
+            (reg.epoch, reg.capacity, reg.used),
+            (6, cap(4000, 4096 * MIB, 16), cap(100, MIB, 1))
+        );
+        assert!(!s.heartbeat_worker("w1", 5, NOW + 21).await.unwrap());
+        assert!(s.heartbeat_worker("w1", 6, NOW + 21).await.unwrap());
+
+        // Expiry: only ACTIVE workers whose heartbeat is older than the cutoff.
+        s.register_worker(&worker("w2", cap(1, 1, 1), 1), NOW)
+            .await
+            .unwrap();
+        s.register_worker(&worker("w3", cap(1, 1, 1), 1), NOW)
+            .await
+            .unwrap();
+        s.register_worker(&worker("w4", cap(1, 1, 1), 1), NOW + 100)
+            .await
+            .unwrap();
+        s.deregister_worker("w3").await.unwrap();
+        assert_eq!(
+            s.expire_workers(NOW).await.unwrap(),
+            Vec::<String>::new(),
+            "strictly older"
+        );
+        assert_eq!(s.expire_workers(NOW + 50).await.unwrap(), ["w1", "w2"]);
+        assert_eq!(
+            s.expire_workers(NOW + 50).await.unwrap(),
+            Vec::<String>::new(),
+            "already GONE"
+        );
+        let statuses: Vec<_> = s
+            .list_workers()
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|w| (w.id, w.status))
+            .collect();
+        assert_eq!(
+            statuses,
+            [
+                ("w1".to_string(), WorkerStatus::Gone),
+                ("w2".to_string(), WorkerStatus::Gone),
+                ("w3".to_string(), WorkerStatus::Gone),
+                ("w4".to_string(), WorkerStatus::Active),
+            ]
+        );
+        assert!(
+            !s.heartbeat_worker("w1", 6, NOW + 60).await.unwrap(),
+            "GONE"
+        );
+        // The GONE worker keeps its assignment (the api cleans up) and shows it.
+        assert_eq!(s.get_worker("w1").await.unwrap().used, cap(100, MIB, 1));
+        let on_w1: Vec<_> = s
+            .actors_on_worker("w1")
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|a| a.name)
+            .collect();
+        assert_eq!(on_w1, ["a1"]);
+        // Registering again revives it.
+        let back = s
+            .register_worker(&WorkerRecord { epoch: 7, ..w }, NOW + 70)
+            .await
+            .unwrap();
+        assert_eq!(
+            (back.status, back.last_heartbeat_ms),
+            (WorkerStatus::Active, NOW + 70)
+        );
+        assert!(s.heartbeat_worker("w1", 7, NOW + 71).await.unwrap());
+    }
+
+    pub async fn counters_count_operations(env: Env) {
+        let s = env.store.as_ref();
+        seed(s).await;
+        s.create_actor(&actor("ns", "a1", "ns/t")).await.unwrap();
+        let before = s.counters().snapshot();
+        s.get_actor("ns", "a1").await.unwrap();
+        let after = s.counters().snapshot();
+        assert_eq!(
+            (after.0 - before.0, after.1 - before.1, after.2 - before.2),
+            (1, 0, 0),
+            "get_actor is one read"
+        );
+
+        let before = s.counters().snapshot();
+        s.transition(
+            "ns",
+            "a1",
+            &[ActorState::Suspended],
+            ActorState::Crashed,
+            ActorUpdate::default(),
+            NOW,
+        )
+        .await
+        .unwrap();
+        let after = s.counters().snapshot();
+        assert_eq!(
+            (after.0 - before.0, after.1 - before.1, after.2 - before.2),
+            (0, 1, 0),
+            "transition is one write"
+        );
+
+        let before = s.counters().snapshot();
+        s.try_acquire_lease("k", "h", NOW, 10).await.unwrap();
+        s.release_lease("k", "h").await.unwrap();
+        let after = s.counters().snapshot();
+        assert_eq!(
+            (after.0 - before.0, after.1 - before.1, after.2 - before.2),
+            (0, 0, 2),
+            "two lease ops"
+        );
+
+        // Failed operations count too.
+        let before = s.counters().snapshot();
+        s.get_actor("ns", "missing").await.unwrap_err();
+        s.list_actors(None, None, 10).await.unwrap();
+        s.list_workers().await.unwrap();
+        let after = s.counters().snapshot();
+        assert_eq!((after.0 - before.0, after.1 - before.1), (3, 0));
+    }
+
+    pub async fn reopen_keeps_data(env: Env) {
+        seed(env.store.as_ref()).await;
+        env.store
+            .create_actor(&actor("ns", "a1", "ns/t"))
+            .await
+            .unwrap();
+        // Opening again applies no migration twice and sees the same data.
+        let again = ate_store::open(&env.url).await.unwrap();
+        assert_eq!(
+            again.get_actor("ns", "a1").await.unwrap(),
+            env.store.get_actor("ns", "a1").await.unwrap()
+        );
+        assert_eq!(
+            again.counters().snapshot(),
+            (1, 0, 0),
+            "counters are per store"
+        );
+        assert_eq!(
+            message(again.create_atespace("ns", NOW).await),
+            r#"atespace "ns" already exists"#
+        );
+    }
+}
+
+// ---------------------------------------------------------------- open()
+
+#[tokio::test]
+async fn open_in_memory_sqlite() {
+    let store = ate_store::open("sqlite::memory:").await.unwrap();
+    seed(store.as_ref()).await;
+    store
+        .create_actor(&actor("ns", "a1", "ns/t"))
+        .await
+        .unwrap();
+    assert_eq!(store.list_actors(None, None, 10).await.unwrap().len(), 1);
+    // Each in-memory store is its own database.
+    let other = ate_store::open("sqlite::memory:").await.unwrap();
+    assert!(other.list_atespaces().await.unwrap().is_empty());
+}
+
+#[tokio::test]
+async fn open_sqlite_plain_path_form() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("ate.db");
+    let store = ate_store::open(&format!("sqlite:{}", path.display()))
+        .await
+        .unwrap();
+    store.create_atespace("x", NOW).await.unwrap();
+    assert!(path.exists());
+}
+
+#[tokio::test]
+async fn open_rejects_unknown_scheme() {
+    let e = assert_err!(
+        ate_store::open("mysql://localhost/db").await.map(|_| ()),
+        StoreError::Database(_)
+    );
+    assert!(e.to_string().contains("unsupported store URL"), "{e}");
+}
