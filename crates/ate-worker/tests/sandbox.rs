@@ -424,3 +424,68 @@ async fn failed_run_reports_runc_error_and_cleans_up() {
     // The failed run released everything (netns, overlay, container).
     env.assert_clean();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sleeper_memory_survives_restore_with_timings() {
+    const MIB: u32 = 64;
+    let mut env = Env::new();
+    let runtime = RuncRuntime::new(RuncConfig::new(env.state_dir()))
+        .await
+        .expect("runc runtime");
+    assert!(
+        runtime.capabilities().can_restore_memory,
+        "CRIU ≥ 4.2 must be installed for this test"
+    );
+    let reference = format!("oci-layout:{}", images_dir().join("sleeper").display());
+    let image = ImageCache::new(env.path().join("images"))
+        .ensure(&reference)
+        .await
+        .expect("unpack sleeper");
+    let spec = SandboxSpec {
+        image,
+        command: vec![],
+        env: vec![("SLEEPER_MEMORY_MIB".into(), MIB.to_string())],
+        port: 80,
+        volumes: vec![],
+        resources: Resources {
+            cpu_millis: 1000,
+            memory_bytes: 256 << 20,
+        },
+    };
+    let actor = env.actor("sleep", "uid-1");
+    runtime
+        .run(&actor, &spec, RunMode::KeepRootfs)
+        .await
+        .expect("run sleeper");
+    probe::wait_ready(&actor.netns(), 80, "/healthz", PROBE_TIMEOUT)
+        .await
+        .expect("sleeper ready");
+    let (status, before) = get(&actor, "/").await;
+    assert_eq!(status, 200);
+    assert!(before.contains(&format!("holding {MIB} MiB")), "{before}");
+
+    let images = env.path().join("checkpoint");
+    let stats = runtime
+        .checkpoint(&actor, &images)
+        .await
+        .expect("checkpoint sleeper");
+    let t0 = Instant::now();
+    let restored = runtime
+        .restore(&actor, &spec, &images)
+        .await
+        .expect("restore sleeper");
+    probe::wait_ready(&actor.netns(), 80, "/healthz", PROBE_TIMEOUT)
+        .await
+        .expect("restored sleeper ready");
+    let first = t0.elapsed();
+    let (_, after) = get(&actor, "/").await;
+    assert_eq!(after, before, "memory checksum changed across restore");
+    eprintln!(
+        "sleeper {MIB} MiB: checkpoint {:?} ({} MiB image), runc restore -d {:?}, restore → first response {first:?}",
+        stats.dump,
+        stats.image_bytes >> 20,
+        restored.elapsed
+    );
+    runtime.stop(&actor).await.expect("stop");
+    env.assert_clean();
+}
