@@ -7,6 +7,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         "ate/v1/api.proto",
         "ate/v1/fleet.proto",
         "ate/v1/node.proto",
+        "ate/v1/worker.proto",
     ];
     let fds = protox::compile(files, [&root])?;
     tonic_prost_build::configure()
