@@ -297,6 +297,8 @@ pub trait Store: Send + Sync + 'static {
     /// ACTIVE; the worker's assignments minus this actor's plus `demand` fit its capacity (else
     /// NoRoom); the actor's assignment is set to this worker (replacing any other); the actor becomes
     /// RESUMING with `worker_id` and the worker's registered epoch. Idempotent when already bound there.
+    /// (An actor already RESUMING on `worker_id` passes the state check whatever `from` says, and
+    /// its own assignment is not counted against the room, so a retried bind succeeds again.)
     async fn bind_actor(
         &self,
         atespace: &str,
@@ -309,6 +311,8 @@ pub trait Store: Send + Sync + 'static {
     /// One transaction: optionally insert `snapshot` (the actor's generation and attached node
     /// follow it), drop the actor's assignment, and move it from a state in `from` to `to` with no
     /// worker.
+    /// The snapshot must be of this actor (else FailedPrecondition) and a new generation (else
+    /// AlreadyExists); `attached_node` becomes its `node` (`None` if empty) after `update` applied.
     #[allow(clippy::too_many_arguments)] // the whole state change is one call, by design
     async fn release_actor(
         &self,
@@ -325,6 +329,8 @@ pub trait Store: Send + Sync + 'static {
     // ---- snapshots
     /// Newest generation first.
     async fn list_snapshots(&self, atespace: &str, name: &str) -> Result<Vec<SnapshotRecord>>;
+    /// Sets the durable status and URI; `reason` replaces the stored one unless empty. Tags holding
+    /// a copy of the generation (same uuid) are updated too. NotFound if the generation is missing.
     async fn update_snapshot_durable(
         &self,
         atespace: &str,
@@ -334,7 +340,7 @@ pub trait Store: Send + Sync + 'static {
         durable_uri: &str,
         reason: &str,
     ) -> Result<()>;
-    /// Forget the node-local copy of a generation (after Detach).
+    /// Forget the node-local copy of a generation (after Detach), in tags' copies too.
     async fn clear_snapshot_local(&self, atespace: &str, name: &str, generation: u64)
     -> Result<()>;
 
@@ -349,7 +355,7 @@ pub trait Store: Send + Sync + 'static {
     async fn register_worker(&self, worker: &WorkerRecord, now_ms: i64) -> Result<WorkerRecord>;
     /// False when the worker is unknown, GONE, or registered with another epoch.
     async fn heartbeat_worker(&self, id: &str, epoch: u64, now_ms: i64) -> Result<bool>;
-    /// Marks GONE.
+    /// Marks GONE (NotFound if unknown). Its assignments stay until their actors are released.
     async fn deregister_worker(&self, id: &str) -> Result<()>;
     async fn get_worker(&self, id: &str) -> Result<WorkerRecord>;
     /// Every worker with its `used` capacity.
