@@ -130,14 +130,14 @@ pub fn template_document(t: &v1::ActorTemplate) -> anyhow::Result<Document> {
     let spec = t.spec.as_ref().map(ate_proto::spec_from_wire).transpose()?;
     let spec =
         spec.ok_or_else(|| anyhow::anyhow!("template {}/{} has no spec", t.namespace, t.name))?;
-    Ok(Document::ActorTemplate(TemplateDocument {
+    Ok(Document::ActorTemplate(Box::new(TemplateDocument {
         api_version: ate_core::template::API_VERSION.to_string(),
         metadata: Metadata {
             namespace: t.namespace.clone(),
             name: t.name.clone(),
         },
         spec: spec.to_document(),
-    }))
+    })))
 }
 
 /// Columns and rows of a table.

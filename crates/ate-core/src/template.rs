@@ -24,7 +24,7 @@ const MAX_IDLE_TIMEOUT_SECONDS: u64 = 7 * 24 * 3600;
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "kind")]
 pub enum Document {
-    ActorTemplate(TemplateDocument),
+    ActorTemplate(Box<TemplateDocument>),
     Atespace(AtespaceDocument),
 }
 
@@ -543,7 +543,7 @@ pub fn parse_cpu(field: &str, text: &str) -> Result<u32, ValidationError> {
         m.parse::<u64>().map_err(|_| bad())?
     } else {
         let v: f64 = text.parse().map_err(|_| bad())?;
-        if !v.is_finite() || v < 0.0 || v > 1e6 {
+        if !v.is_finite() || !(0.0..=1e6).contains(&v) {
             return Err(bad());
         }
         (v * 1000.0).round() as u64
@@ -597,7 +597,7 @@ pub fn parse_duration_seconds(field: &str, text: &str) -> Result<u32, Validation
 }
 
 pub fn format_cpu(millis: u32) -> String {
-    if millis % 1000 == 0 {
+    if millis.is_multiple_of(1000) {
         (millis / 1000).to_string()
     } else {
         format!("{millis}m")
@@ -606,7 +606,7 @@ pub fn format_cpu(millis: u32) -> String {
 
 pub fn format_memory(bytes: u64) -> String {
     for (u, m) in [("Gi", 1u64 << 30), ("Mi", 1 << 20), ("Ki", 1 << 10)] {
-        if bytes >= m && bytes % m == 0 {
+        if bytes >= m && bytes.is_multiple_of(m) {
             return format!("{}{u}", bytes / m);
         }
     }
@@ -644,7 +644,7 @@ spec:
 
     fn demo() -> TemplateDocument {
         match serde_saphyr::from_str::<Document>(DEMO).unwrap() {
-            Document::ActorTemplate(t) => t,
+            Document::ActorTemplate(t) => *t,
             other => panic!("unexpected {other:?}"),
         }
     }
@@ -669,7 +669,8 @@ spec:
 
     #[test]
     fn invalid_fields_are_named() {
-        let cases: Vec<(fn(&mut SpecDocument), &str)> = vec![
+        type Mutation = fn(&mut SpecDocument);
+        let cases: Vec<(Mutation, &str)> = vec![
             (|s| s.containers.clear(), "spec.containers"),
             (
                 |s| s.containers[0].image = "Bad Image".into(),

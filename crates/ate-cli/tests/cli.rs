@@ -1,0 +1,154 @@
+//! The `ate` binary against a real `ate api` process on loopback.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+const ATE: &str = env!("CARGO_BIN_EXE_ate");
+
+struct ApiProcess {
+    child: Child,
+    addr: String,
+    _dir: tempfile::TempDir,
+}
+
+impl Drop for ApiProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn wait_for_json(file: &Path, child: &mut Child) -> serde_json::Value {
+    let start = Instant::now();
+    loop {
+        if let Ok(text) = std::fs::read_to_string(file)
+            && let Ok(v) = serde_json::from_str(&text)
+        {
+            return v;
+        }
+        if let Ok(Some(status)) = child.try_wait() {
+            panic!("process exited early: {status}");
+        }
+        assert!(start.elapsed() < Duration::from_secs(20), "not ready in time");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn start_api() -> ApiProcess {
+    let dir = tempfile::tempdir().unwrap();
+    let ready = dir.path().join("ready.json");
+    let mut child = Command::new(ATE)
+        .args(["api", "--listen", "127.0.0.1:0", "--http-listen", "127.0.0.1:0", "--ready-file"])
+        .arg(&ready)
+        .arg("--store")
+        .arg(format!("sqlite://{}", dir.path().join("ate.db").display()))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let v = wait_for_json(&ready, &mut child);
+    ApiProcess { addr: v["grpc"].as_str().unwrap().to_string(), child, _dir: dir }
+}
+
+fn ate(api: &ApiProcess, args: &[&str]) -> Output {
+    Command::new(ATE).arg("--api").arg(&api.addr).args(args).output().unwrap()
+}
+
+fn ok(out: Output) -> String {
+    assert!(out.status.success(), "failed: {}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8(out.stdout).unwrap()
+}
+
+fn example() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/counter.yaml")
+}
+
+#[test]
+fn apply_round_trips_and_verbs_work() {
+    let api = start_api();
+    let applied = ok(ate(&api, &["apply", "-f", example().to_str().unwrap()]));
+    assert_eq!(applied, "atespace/team-a created\nactortemplate/team-a/counter configured\n");
+    // Applying again is idempotent.
+    let again = ok(ate(&api, &["apply", "-f", example().to_str().unwrap()]));
+    assert_eq!(again, "atespace/team-a unchanged\nactortemplate/team-a/counter configured\n");
+
+    // `get templates -o yaml` gives back a document `apply -f` accepts, equal to what went in.
+    let yaml = ok(ate(&api, &["get", "templates", "-o", "yaml"]));
+    let dir = tempfile::tempdir().unwrap();
+    let back = dir.path().join("back.yaml");
+    std::fs::write(&back, &yaml).unwrap();
+    let original: Vec<ate_core::Document> = serde_saphyr::from_multiple(&std::fs::read_to_string(example()).unwrap()).unwrap();
+    let returned: Vec<ate_core::Document> = serde_saphyr::from_multiple(&yaml).unwrap();
+    let spec_of = |d: &ate_core::Document| match d {
+        ate_core::Document::ActorTemplate(t) => Some(ate_core::TemplateSpec::from_document(&t.spec).unwrap()),
+        _ => None,
+    };
+    assert_eq!(returned.len(), 1);
+    assert_eq!(spec_of(&returned[0]), spec_of(&original[1]));
+    ok(ate(&api, &["apply", "-f", back.to_str().unwrap()]));
+
+    let table = ok(ate(&api, &["get", "templates"]));
+    assert!(table.starts_with("NAMESPACE   NAME      IMAGE"), "{table}");
+    assert!(table.contains("team-a      counter   oci-layout:/var/lib/ate/images/counter:latest   250m   64Mi     memory     300s"), "{table}");
+
+    ok(ate(&api, &["create", "actor", "c1", "-a", "team-a", "-t", "team-a/counter"]));
+    let json = ok(ate(&api, &["get", "actors", "-a", "team-a", "-o", "json"]));
+    let v: serde_json::Value = serde_json::from_str(&json).unwrap();
+    assert_eq!(v[0]["name"], "c1");
+    assert_eq!(v[0]["state"], "ACTOR_STATE_SUSPENDED");
+    let table = ok(ate(&api, &["get", "actors", "-A"]));
+    assert_eq!(table.lines().nth(1).unwrap(), "team-a     c1     SUSPENDED   team-a/counter   -        0");
+
+    // No worker registered: resume fails with the api's message and a non-zero exit.
+    let out = ate(&api, &["resume", "actor", "c1", "-a", "team-a"]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("no worker has room for the actor"));
+
+    // Errors name the problem and exit non-zero.
+    let out = ate(&api, &["get", "actors", "nope", "-a", "team-a"]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("actor \"team-a/nope\" not found"), "{}", String::from_utf8_lossy(&out.stderr));
+    let out = ate(&api, &["create", "atespace", "Bad_Name"]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("invalid atespace"));
+
+    ok(ate(&api, &["delete", "actor", "c1", "-a", "team-a"]));
+    ok(ate(&api, &["delete", "template", "team-a/counter"]));
+    ok(ate(&api, &["delete", "atespace", "team-a"]));
+    assert_eq!(ok(ate(&api, &["get", "atespaces"])), "NAME   ACTORS\n");
+}
+
+#[test]
+fn bad_documents_apply_nothing() {
+    let api = start_api();
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("bad.yaml");
+    let text = std::fs::read_to_string(example()).unwrap().replace("memory: 64Mi", "memory: lots");
+    std::fs::write(&file, text).unwrap();
+    let out = ate(&api, &["apply", "-f", file.to_str().unwrap()]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("spec.resources.memory"), "{err}");
+    // The atespace in the same file was not created either.
+    assert_eq!(ok(ate(&api, &["get", "atespaces"])), "NAME   ACTORS\n");
+    // Wrong apiVersion and unknown fields are refused with the document named.
+    let text = std::fs::read_to_string(example()).unwrap().replace("idleTimeout", "idleTimout");
+    std::fs::write(&file, text).unwrap();
+    let out = ate(&api, &["apply", "-f", file.to_str().unwrap()]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("idleTimout"), "{}", String::from_utf8_lossy(&out.stderr));
+}
+
+#[test]
+fn cli_without_api_says_where_it_looked() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = Command::new(ATE)
+        .args(["get", "actors", "-A"])
+        .env("ATE_API", "127.0.0.1:1")
+        .env("HOME", dir.path())
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("cannot reach the api at 127.0.0.1:1"));
+}
