@@ -1,0 +1,117 @@
+//! One error type naming what failed: the file, the object key, the checksums.
+
+use std::path::PathBuf;
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// Local file-system operation failed.
+    #[error("{op} {}: {source}", path.display())]
+    Io {
+        op: &'static str,
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    /// The generation directory has no `manifest.json`: it was never sealed (or is being written).
+    #[error("generation {} is incomplete: no manifest.json", dir.display())]
+    Incomplete { dir: PathBuf },
+    /// The durable copy has no `manifest.json`: the upload never finished (or was deleted).
+    #[error("not a complete generation: {uri} has no manifest.json")]
+    NotComplete { uri: String },
+    #[error("manifest.json: unsupported format_version {found} (this build reads {supported})")]
+    UnsupportedFormat { found: u64, supported: u32 },
+    #[error("manifest.json is invalid: {0}")]
+    InvalidManifest(String),
+    #[error("generation {} is already sealed (manifest.json exists)", dir.display())]
+    AlreadySealed { dir: PathBuf },
+    /// A file the manifest lists is absent.
+    #[error("{file}: listed in the manifest but missing")]
+    MissingFile { file: String },
+    #[error("{file}: size {actual} bytes, manifest says {expected}")]
+    SizeMismatch {
+        file: String,
+        expected: u64,
+        actual: u64,
+    },
+    #[error("{file}: sha256 {actual}, manifest says {expected}")]
+    ChecksumMismatch {
+        file: String,
+        expected: String,
+        actual: String,
+    },
+    /// An object-store call failed.
+    #[error("object {key}: {source}")]
+    Object {
+        key: String,
+        #[source]
+        source: object_store::Error,
+    },
+    /// A compressed object could not be decoded.
+    #[error("object {key}: zstd stream: {source}")]
+    Decompress {
+        key: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("store url {url:?}: {message}")]
+    StoreUrl { url: String, message: String },
+    /// A key or uri that does not name a generation of this store.
+    #[error("{what} {value:?}: {message}")]
+    InvalidName {
+        what: &'static str,
+        value: String,
+        message: String,
+    },
+    #[error("archive {}: entry {entry:?}: {message}", archive.display())]
+    Archive {
+        archive: PathBuf,
+        entry: String,
+        message: String,
+    },
+    /// The arguments do not fit the fidelity (e.g. ROOTFS without an upper dir).
+    #[error("{0}")]
+    InvalidInput(String),
+    #[error("{what}: background task failed: {message}")]
+    Task { what: String, message: String },
+}
+
+impl Error {
+    pub(crate) fn io(op: &'static str, path: impl Into<PathBuf>, source: std::io::Error) -> Self {
+        Self::Io {
+            op,
+            path: path.into(),
+            source,
+        }
+    }
+
+    pub(crate) fn object(key: impl std::fmt::Display, source: object_store::Error) -> Self {
+        Self::Object {
+            key: key.to_string(),
+            source,
+        }
+    }
+
+    pub(crate) fn task(what: impl Into<String>, e: tokio::task::JoinError) -> Self {
+        Self::Task {
+            what: what.into(),
+            message: e.to_string(),
+        }
+    }
+
+    /// True when the cause is a full disk (ENOSPC), anywhere in the source chain.
+    pub fn is_no_space(&self) -> bool {
+        let mut cur: Option<&(dyn std::error::Error + 'static)> = Some(self);
+        while let Some(e) = cur {
+            if let Some(io) = e.downcast_ref::<std::io::Error>()
+                && (io.kind() == std::io::ErrorKind::StorageFull || io.raw_os_error() == Some(28))
+            {
+                return true;
+            }
+            cur = e.source();
+        }
+        // object_store's local backend flattens some I/O errors into text.
+        self.to_string().contains("No space left on device")
+    }
+}

@@ -1,0 +1,28 @@
+//! Snapshot generations of an actor: the on-disk layout, `manifest.json`, archives of the overlay
+//! upper dir and volumes, verification, and durable copies in an object store (DESIGN.md §5).
+//!
+//! A generation directory looks like
+//!
+//! ```text
+//! <gen>/criu/…               CRIU images (MEMORY fidelity only), written by `runc checkpoint`
+//! <gen>/rootfs.tar           the overlay upper dir (absent for VOLUMES fidelity)
+//! <gen>/volumes/<name>.tar   one archive per volume
+//! <gen>/manifest.json        written last: a generation without it is incomplete
+//! ```
+//!
+//! The durable copy mirrors it under `<store url>/<key>/`: every file zstd-compressed as
+//! `<path>.zst`, plus the plain `manifest.json`, again uploaded last.
+
+mod archive;
+mod durable;
+mod error;
+mod generation;
+mod manifest;
+
+pub use durable::{DurableStore, TransferStats};
+pub use error::{Error, Result};
+pub use generation::{
+    CRIU_DIR, GenerationMeta, ROOTFS_ARCHIVE, VOLUMES_DIR, extract_rootfs, extract_volume,
+    is_sealed, seal_generation, verify,
+};
+pub use manifest::{FORMAT_VERSION, FileEntry, MANIFEST_FILE, Manifest};
