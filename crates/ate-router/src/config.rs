@@ -1,0 +1,182 @@
+//! Router settings. The flag names are the spec's (`--parked-request-*`, `--drain-delay`, …);
+//! the `ate router` subcommand flattens [`RouterConfig`].
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+/// Settings of atenet-router (Envoy dataplane behaviour plus the 5 s assignment cache).
+#[derive(Debug, Clone, clap::Args)]
+pub struct RouterConfig {
+    /// Address of the ingress listener (HTTP/1.1 and h2c on one port).
+    #[arg(long = "listen", default_value = "127.0.0.1:8080")]
+    pub listen: SocketAddr,
+
+    /// Address of the operations listener (`/healthz`, `/metrics`).
+    #[arg(long = "metrics-listen", default_value = "127.0.0.1:9091")]
+    pub metrics_listen: SocketAddr,
+
+    /// Address of the api (ResumeActor), `host:port` or `http://host:port`.
+    #[arg(long = "api", default_value = ate_core::DEFAULT_API_ADDR)]
+    pub api: String,
+
+    /// How long one actor's resume attempt series may keep retrying (joiners share the clock).
+    #[arg(long = "parked-request-budget", default_value = "5s", value_parser = parse_duration)]
+    pub parked_request_budget: Duration,
+
+    /// Most requests parked at one time; 0 turns parking off.
+    #[arg(long = "parked-request-max", default_value_t = 1024)]
+    pub parked_request_max: usize,
+
+    /// How long an actor's assignment is reused without asking the api; 0 asks on every request.
+    #[arg(long = "assignment-cache-ttl", default_value = "5s", value_parser = parse_duration)]
+    pub assignment_cache_ttl: Duration,
+
+    /// On shutdown: stop accepting, then wait at most this long for in-flight and parked requests.
+    #[arg(long = "drain-delay", default_value = "13s", value_parser = parse_duration)]
+    pub drain_delay: Duration,
+
+    /// Internal tuning that has no flag in the spec; tests shorten these.
+    #[arg(skip = Tuning::default())]
+    pub tuning: Tuning,
+}
+
+/// Values the spec fixes (or leaves to the implementation) that tests need to scale down.
+#[derive(Debug, Clone)]
+pub struct Tuning {
+    /// The routing decision gives up this long after the budget with 504 (spec: budget + 5 s).
+    pub decision_grace: Duration,
+    /// With parking off, Aborted is still retried for this long (DESIGN §3: 15 s).
+    pub unparked_abort_window: Duration,
+    /// First retry delay (spec: 100 ms).
+    pub retry_initial: Duration,
+    /// Most distinct actors whose assignment is cached.
+    pub cache_capacity: usize,
+    /// Slowloris guard: time allowed for a client to send a request's headers.
+    pub header_read_timeout: Duration,
+    /// Largest request head accepted (HTTP/1.1 read buffer, HTTP/2 header list).
+    pub max_header_bytes: usize,
+    /// Longest request target accepted; longer gets 414.
+    pub max_uri_len: usize,
+    /// Idle HTTP/1.1-over-CONNECT connections kept per (actor, port); 0 disables the pool.
+    pub tunnel_idle_per_actor: usize,
+    /// Idle pooled tunnel connections older than this are dropped.
+    pub tunnel_idle_timeout: Duration,
+    /// Time allowed to open the TCP + HTTP/2 connection to a worker's atunnel.
+    pub worker_connect_timeout: Duration,
+}
+
+impl Default for Tuning {
+    fn default() -> Self {
+        Self {
+            decision_grace: Duration::from_secs(5),
+            unparked_abort_window: Duration::from_secs(15),
+            retry_initial: Duration::from_millis(100),
+            cache_capacity: 65_536,
+            header_read_timeout: Duration::from_secs(10),
+            max_header_bytes: 64 * 1024,
+            max_uri_len: 8 * 1024,
+            tunnel_idle_per_actor: 8,
+            tunnel_idle_timeout: Duration::from_secs(60),
+            worker_connect_timeout: Duration::from_secs(3),
+        }
+    }
+}
+
+impl Default for RouterConfig {
+    fn default() -> Self {
+        Self {
+            listen: SocketAddr::from(([127, 0, 0, 1], 8080)),
+            metrics_listen: SocketAddr::from(([127, 0, 0, 1], 9091)),
+            api: ate_core::DEFAULT_API_ADDR.to_string(),
+            parked_request_budget: Duration::from_secs(5),
+            parked_request_max: 1024,
+            assignment_cache_ttl: Duration::from_secs(5),
+            drain_delay: Duration::from_secs(13),
+            tuning: Tuning::default(),
+        }
+    }
+}
+
+/// Parses `5s`, `500ms`, `1m`, `1h`, `250us`, `1.5s`, or a bare `0`.
+pub fn parse_duration(value: &str) -> Result<Duration, String> {
+    let value = value.trim();
+    if value == "0" {
+        return Ok(Duration::ZERO);
+    }
+    let split = value
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .ok_or_else(|| format!("{value:?}: missing unit (use ms, s, m or h)"))?;
+    let (number, unit) = value.split_at(split);
+    let number: f64 = number
+        .parse()
+        .map_err(|_| format!("{value:?}: not a number followed by a unit"))?;
+    let seconds = match unit {
+        "us" | "µs" => number / 1_000_000.0,
+        "ms" => number / 1000.0,
+        "s" => number,
+        "m" => number * 60.0,
+        "h" => number * 3600.0,
+        _ => return Err(format!("{value:?}: unknown unit {unit:?} (use ms, s, m or h)")),
+    };
+    Duration::try_from_secs_f64(seconds).map_err(|e| format!("{value:?}: {e}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        router: RouterConfig,
+    }
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration("5s"), Ok(Duration::from_secs(5)));
+        assert_eq!(parse_duration("500ms"), Ok(Duration::from_millis(500)));
+        assert_eq!(parse_duration("0"), Ok(Duration::ZERO));
+        assert_eq!(parse_duration("1.5s"), Ok(Duration::from_millis(1500)));
+        assert_eq!(parse_duration("2m"), Ok(Duration::from_secs(120)));
+        assert!(parse_duration("5").is_err());
+        assert!(parse_duration("5x").is_err());
+        assert!(parse_duration("s").is_err());
+    }
+
+    #[test]
+    fn defaults_match_spec() {
+        let cli = Cli::try_parse_from(["ate"]).unwrap();
+        let d = RouterConfig::default();
+        assert_eq!(cli.router.parked_request_budget, Duration::from_secs(5));
+        assert_eq!(cli.router.parked_request_max, 1024);
+        assert_eq!(cli.router.assignment_cache_ttl, Duration::from_secs(5));
+        assert_eq!(cli.router.drain_delay, Duration::from_secs(13));
+        assert_eq!(cli.router.listen, d.listen);
+        assert_eq!(cli.router.metrics_listen, d.metrics_listen);
+        assert_eq!(cli.router.api, d.api);
+    }
+
+    #[test]
+    fn flag_names() {
+        let cli = Cli::try_parse_from([
+            "ate",
+            "--listen=127.0.0.1:1",
+            "--metrics-listen=127.0.0.1:2",
+            "--api=http://127.0.0.1:3",
+            "--parked-request-budget=500ms",
+            "--parked-request-max=0",
+            "--assignment-cache-ttl=0",
+            "--drain-delay=1s",
+        ])
+        .unwrap();
+        let r = cli.router;
+        assert_eq!(r.listen.port(), 1);
+        assert_eq!(r.metrics_listen.port(), 2);
+        assert_eq!(r.api, "http://127.0.0.1:3");
+        assert_eq!(r.parked_request_budget, Duration::from_millis(500));
+        assert_eq!(r.parked_request_max, 0);
+        assert_eq!(r.assignment_cache_ttl, Duration::ZERO);
+        assert_eq!(r.drain_delay, Duration::from_secs(1));
+    }
+}

@@ -1,0 +1,229 @@
+//! atenet-router, the ingress of Agent Substrate (DESIGN.md §6, spec "Request path" and 4.4
+//! "Request parking", Envoy dataplane behaviour plus the AgentGateway-style assignment cache).
+//!
+//! A request names its actor in `ate-target-actor`; the router finds the actor's worker (cache,
+//! or one shared ResumeActor per actor, parking while no worker has room) and forwards the request
+//! through a CONNECT tunnel to the worker's atunnel (docs/tunnel-protocol.md).
+//!
+//! Pieces, each tested on its own: [`actor_ref`] (header), [`cache`] (assignments),
+//! [`single_flight`], [`parking`] (limit, places, backoff), [`error`] (status mapping),
+//! [`resolve`] (the resolution state machine), [`tunnel`] (atunnel client), [`proxy`] (one
+//! request), [`server`] (listeners, drain).
+
+pub mod actor_ref;
+pub mod api;
+pub mod body;
+pub mod cache;
+pub mod config;
+pub mod error;
+pub mod metrics;
+pub mod parking;
+pub mod proxy;
+pub mod resolve;
+pub mod server;
+pub mod single_flight;
+pub mod tunnel;
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
+
+use tokio::net::TcpListener;
+
+pub use crate::api::{GrpcResume, Resume, Resumed};
+pub use crate::config::{RouterConfig, Tuning};
+pub use crate::metrics::Stats;
+
+use crate::cache::AssignmentCache;
+use crate::parking::ParkingLot;
+use crate::proxy::{Proxy, ProxyConfig};
+use crate::resolve::{ResolveConfig, Resolver};
+use crate::server::{Ingress, ListenerConfig};
+use crate::tunnel::{TunnelConfig, Tunnels};
+
+#[derive(Debug, thiserror::Error)]
+pub enum RouterError {
+    #[error("listen on {addr}: {source}")]
+    Bind {
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
+    #[error("api address {api:?}: {source}")]
+    Api {
+        api: String,
+        source: tonic::transport::Error,
+    },
+    #[error("install SIGTERM handler: {0}")]
+    Signal(std::io::Error),
+}
+
+/// A router instance: its parts, shared by the listeners.
+pub struct Router {
+    config: RouterConfig,
+    proxy: Arc<Proxy>,
+    resolver: Arc<Resolver>,
+    tunnels: Arc<Tunnels>,
+    stats: Arc<Stats>,
+}
+
+impl Router {
+    /// A router that asks the api at `config.api` (connected lazily). Call inside a tokio runtime.
+    pub fn new(config: RouterConfig) -> Result<Self, RouterError> {
+        let api = GrpcResume::new(&config.api).map_err(|source| RouterError::Api {
+            api: config.api.clone(),
+            source,
+        })?;
+        Ok(Self::with_resume(config, Arc::new(api)))
+    }
+
+    /// A router over any [`Resume`] implementation.
+    pub fn with_resume(config: RouterConfig, api: Arc<dyn Resume>) -> Self {
+        let stats = Arc::new(Stats::default());
+        let t = &config.tuning;
+        let resolver = Resolver::new(
+            AssignmentCache::new(config.assignment_cache_ttl, t.cache_capacity),
+            api,
+            ParkingLot::new(config.parked_request_max, stats.clone()),
+            ResolveConfig {
+                budget: config.parked_request_budget,
+                decision_grace: t.decision_grace,
+                unparked_abort_window: t.unparked_abort_window,
+                retry_initial: t.retry_initial,
+            },
+            stats.clone(),
+        );
+        let tunnels = Tunnels::new(
+            TunnelConfig {
+                idle_per_actor: t.tunnel_idle_per_actor,
+                idle_timeout: t.tunnel_idle_timeout,
+                connect_timeout: t.worker_connect_timeout,
+            },
+            stats.clone(),
+        );
+        let proxy = Proxy::new(
+            resolver.clone(),
+            tunnels.clone(),
+            ProxyConfig {
+                max_uri_len: t.max_uri_len,
+                header_read_timeout: t.header_read_timeout,
+            },
+            stats.clone(),
+        );
+        Self {
+            config,
+            proxy,
+            resolver,
+            tunnels,
+            stats,
+        }
+    }
+
+    pub fn stats(&self) -> Arc<Stats> {
+        self.stats.clone()
+    }
+
+    /// Live entries in the assignment cache.
+    pub fn cached_assignments(&self) -> usize {
+        self.resolver.cache.len()
+    }
+
+    pub fn idle_tunnels(&self) -> usize {
+        self.tunnels.idle_count()
+    }
+
+    /// Serves on pre-bound listeners until `shutdown`, then drains (see [`Ingress::run`]).
+    pub async fn serve(
+        self,
+        listener: TcpListener,
+        metrics_listener: TcpListener,
+        shutdown: impl Future<Output = ()>,
+    ) -> Result<(), RouterError> {
+        let t = &self.config.tuning;
+        let listener_cfg = ListenerConfig {
+            header_read_timeout: t.header_read_timeout,
+            max_header_bytes: t.max_header_bytes,
+            drain_delay: self.config.drain_delay,
+        };
+        let draining = Arc::new(AtomicBool::new(false));
+        let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+        let ops = tokio::spawn(server::serve_operations(
+            metrics_listener,
+            draining.clone(),
+            stop_rx.clone(),
+        ));
+        let tunnels = self.tunnels.clone();
+        let mut reaper_stop = stop_rx;
+        let reaper = tokio::spawn(async move {
+            let period = (tunnels.idle_timeout() / 2).max(std::time::Duration::from_millis(100));
+            let mut tick = tokio::time::interval(period);
+            loop {
+                tokio::select! {
+                    _ = reaper_stop.wait_for(|s| *s) => return,
+                    _ = tick.tick() => tunnels.reap_idle(),
+                }
+            }
+        });
+        tracing::info!(
+            listen = ?listener.local_addr().ok(),
+            budget = ?self.config.parked_request_budget,
+            max = self.config.parked_request_max,
+            ttl = ?self.config.assignment_cache_ttl,
+            "router serving"
+        );
+        let drain_flag = draining.clone();
+        let shutdown = async move {
+            shutdown.await;
+            drain_flag.store(true, std::sync::atomic::Ordering::Relaxed);
+        };
+        Ingress::new(self.proxy.clone(), &listener_cfg)
+            .run(listener, shutdown, listener_cfg.drain_delay)
+            .await;
+        let _ = stop_tx.send(true);
+        let _ = ops.await;
+        let _ = reaper.await;
+        Ok(())
+    }
+}
+
+/// Serves `config` on pre-bound listeners (tests bind port 0) until `shutdown`, then drains.
+pub async fn serve(
+    config: RouterConfig,
+    listener: TcpListener,
+    metrics_listener: TcpListener,
+    shutdown: impl Future<Output = ()>,
+) -> Result<(), RouterError> {
+    Router::new(config)?
+        .serve(listener, metrics_listener, shutdown)
+        .await
+}
+
+/// Binds `--listen` and `--metrics-listen` and serves until `shutdown` or SIGTERM, then drains
+/// for at most `--drain-delay`.
+pub async fn run(
+    config: RouterConfig,
+    shutdown: impl Future<Output = ()>,
+) -> Result<(), RouterError> {
+    let listener = TcpListener::bind(config.listen)
+        .await
+        .map_err(|source| RouterError::Bind {
+            addr: config.listen,
+            source,
+        })?;
+    let metrics_listener =
+        TcpListener::bind(config.metrics_listen)
+            .await
+            .map_err(|source| RouterError::Bind {
+                addr: config.metrics_listen,
+                source,
+            })?;
+    let mut sigterm = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .map_err(RouterError::Signal)?;
+    let shutdown = async move {
+        tokio::select! {
+            () = shutdown => {}
+            _ = sigterm.recv() => tracing::info!("SIGTERM"),
+        }
+    };
+    serve(config, listener, metrics_listener, shutdown).await
+}

@@ -1,0 +1,460 @@
+//! One client request: name the actor, resolve it, and forward through a tunnel. Plain requests
+//! are forwarded as HTTP/1.1; WebSocket upgrades are relayed byte for byte; gRPC (HTTP/2 with
+//! `content-type: application/grpc*`) is forwarded as HTTP/2 so trailers pass through untouched;
+//! a client `CONNECT host:port` opens a tunnel in which each HTTP/1.1 request is routed on its own.
+
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use ate_core::{TARGET_ACTOR_HEADER, TARGET_PORT_HEADER};
+use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use http::{Method, Request, Response, StatusCode, Uri, Version};
+use hyper::body::Incoming;
+use hyper::service::service_fn;
+use hyper_util::rt::{TokioIo, TokioTimer};
+
+use crate::actor_ref::{ActorKey, parse_target};
+use crate::body::RouterBody;
+use crate::cache::Route;
+use crate::error::ResolveError;
+use crate::metrics::{FORWARD_SECONDS, REQUESTS, RESOLVE_SECONDS, STALE_RETRIES, Stats, status_label};
+use crate::resolve::{ResumeKind, Resolver};
+use crate::tunnel::{SendFailed, TunnelError, Tunnels};
+
+/// Response header telling how the actor was found: `cold`, `warm` or `parked`.
+pub const RESUME_HEADER: &str = "ate-resume";
+
+/// Headers that describe one hop and never cross the router (RFC 9110 §7.6.1).
+const HOP_BY_HOP: [HeaderName; 9] = [
+    header::CONNECTION,
+    HeaderName::from_static("keep-alive"),
+    HeaderName::from_static("proxy-connection"),
+    header::PROXY_AUTHENTICATE,
+    header::PROXY_AUTHORIZATION,
+    header::TE,
+    header::TRAILER,
+    header::TRANSFER_ENCODING,
+    header::UPGRADE,
+];
+
+/// How a request crosses the tunnel.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    Http1,
+    Upgrade,
+    Grpc,
+}
+
+impl Mode {
+    fn of(request: &Request<Incoming>) -> Mode {
+        if request.version() == Version::HTTP_2 {
+            let grpc = request
+                .headers()
+                .get(header::CONTENT_TYPE)
+                .is_some_and(|v| v.as_bytes().starts_with(b"application/grpc"));
+            return if grpc { Mode::Grpc } else { Mode::Http1 };
+        }
+        if request.headers().contains_key(header::UPGRADE)
+            && has_token(request.headers(), header::CONNECTION, "upgrade")
+        {
+            return Mode::Upgrade;
+        }
+        Mode::Http1
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct ProxyConfig {
+    pub max_uri_len: usize,
+    pub header_read_timeout: Duration,
+}
+
+pub struct Proxy {
+    resolver: Arc<Resolver>,
+    tunnels: Arc<Tunnels>,
+    cfg: ProxyConfig,
+    stats: Arc<Stats>,
+}
+
+impl Proxy {
+    pub fn new(
+        resolver: Arc<Resolver>,
+        tunnels: Arc<Tunnels>,
+        cfg: ProxyConfig,
+        stats: Arc<Stats>,
+    ) -> Arc<Self> {
+        Arc::new(Self {
+            resolver,
+            tunnels,
+            cfg,
+            stats,
+        })
+    }
+
+    /// The hyper service of the ingress listener.
+    pub async fn handle(
+        self: Arc<Self>,
+        request: Request<Incoming>,
+    ) -> Result<Response<RouterBody>, Infallible> {
+        let response = self.route_request(request).await;
+        metrics::counter!(REQUESTS, "status" => status_label(response.status())).increment(1);
+        Ok(response)
+    }
+
+    async fn route_request(self: &Arc<Self>, mut request: Request<Incoming>) -> Response<RouterBody> {
+        if uri_len(request.uri()) > self.cfg.max_uri_len {
+            return text(StatusCode::URI_TOO_LONG, "request target too long");
+        }
+        // Taken out of the request: it must not reach the actor, and the parsed name borrows it.
+        let target = request.headers_mut().remove(TARGET_ACTOR_HEADER);
+        let actor = match parse_target(target.as_ref()) {
+            Ok(actor) => actor,
+            Err(e) => return text(StatusCode::NOT_FOUND, e.to_string()),
+        };
+        request.headers_mut().remove(TARGET_PORT_HEADER);
+        if request.method() == Method::CONNECT {
+            return self.client_connect(request, actor);
+        }
+        self.forward(request, actor, 80).await
+    }
+
+    /// Resolves `actor` and forwards `request` to its `port`; a stale route is evicted, resolved
+    /// again and retried once (the client never sees the 421).
+    pub async fn forward(
+        self: &Arc<Self>,
+        mut request: Request<Incoming>,
+        actor: &str,
+        port: u16,
+    ) -> Response<RouterBody> {
+        let started = Instant::now();
+        let (mut route, mut kind) = match self.resolver.resolve(actor).await {
+            Ok(found) => found,
+            Err(e) => return error_response(&e, actor),
+        };
+        metrics::histogram!(RESOLVE_SECONDS).record(started.elapsed().as_secs_f64());
+
+        let mode = Mode::of(&request);
+        prepare_request(&mut request, mode);
+        let mut retried = false;
+        loop {
+            let sent = Instant::now();
+            let result = match mode {
+                Mode::Http1 => self.tunnels.send_h1(&route, actor, port, request).await,
+                Mode::Upgrade => self.upgrade(&route, actor, port, request).await,
+                Mode::Grpc => self.grpc(&route, actor, port, request).await,
+            };
+            match result {
+                Ok(response) => {
+                    metrics::histogram!(FORWARD_SECONDS).record(sent.elapsed().as_secs_f64());
+                    return finish_response(response, kind);
+                }
+                Err(SendFailed {
+                    error,
+                    request: Some(back),
+                }) if error.route_is_bad() && !retried => {
+                    tracing::debug!(%actor, worker = %route.worker, %error, "route is bad; resolving again");
+                    retried = true;
+                    self.stats.stale_retries.fetch_add(1, Ordering::Relaxed);
+                    metrics::counter!(STALE_RETRIES).increment(1);
+                    self.resolver.evict_stale(actor, &route);
+                    match self.resolver.resolve(actor).await {
+                        Ok((r, k)) => {
+                            route = r;
+                            kind = kind.max(k);
+                        }
+                        Err(e) => return error_response(&e, actor),
+                    }
+                    request = back;
+                }
+                Err(failed) => {
+                    tracing::warn!(%actor, worker = %route.worker, error = %failed.error, "forward failed");
+                    return text(StatusCode::BAD_GATEWAY, format!("actor {actor} unreachable"));
+                }
+            }
+        }
+    }
+
+    /// WebSocket (any HTTP/1.1 upgrade): forward the handshake on a fresh tunnel, then relay bytes.
+    async fn upgrade(
+        &self,
+        route: &Route,
+        actor: &str,
+        port: u16,
+        mut request: Request<Incoming>,
+    ) -> Result<Response<Incoming>, SendFailed<Request<Incoming>>> {
+        let mut conn = match self.tunnels.new_h1(route, actor, port).await {
+            Ok(conn) => conn,
+            Err(error) => {
+                return Err(SendFailed {
+                    error,
+                    request: Some(request),
+                });
+            }
+        };
+        let client_side = hyper::upgrade::on(&mut request);
+        let mut response = conn
+            .sender
+            .send_request(request)
+            .await
+            .map_err(|e| SendFailed {
+                error: TunnelError::Actor(e),
+                request: None,
+            })?;
+        if response.status() == StatusCode::SWITCHING_PROTOCOLS {
+            let actor_side = hyper::upgrade::on(&mut response);
+            tokio::spawn(async move {
+                match tokio::join!(client_side, actor_side) {
+                    (Ok(client), Ok(actor)) => {
+                        let mut client = TokioIo::new(client);
+                        let mut actor = TokioIo::new(actor);
+                        let _ = tokio::io::copy_bidirectional(&mut client, &mut actor).await;
+                    }
+                    (c, a) => tracing::debug!(client = ?c.err(), actor = ?a.err(), "upgrade failed"),
+                }
+            });
+        }
+        Ok(response)
+    }
+
+    /// gRPC: HTTP/2 to the actor over the tunnel, so streams and trailers pass through untouched.
+    async fn grpc(
+        &self,
+        route: &Route,
+        actor: &str,
+        port: u16,
+        request: Request<Incoming>,
+    ) -> Result<Response<Incoming>, SendFailed<Request<Incoming>>> {
+        let mut sender = match self.tunnels.h2(route, actor, port).await {
+            Ok(sender) => sender,
+            Err(error) => {
+                return Err(SendFailed {
+                    error,
+                    request: Some(request),
+                });
+            }
+        };
+        sender.send_request(request).await.map_err(|e| SendFailed {
+            error: TunnelError::Actor(e),
+            request: None,
+        })
+    }
+
+    /// Client `CONNECT host:port` with the actor header: answer 200, then serve the bytes inside as
+    /// HTTP/1.1, routing (and resuming) each request independently to that port.
+    fn client_connect(self: &Arc<Self>, request: Request<Incoming>, actor: &str) -> Response<RouterBody> {
+        let port = match request.uri().port_u16() {
+            Some(port) if port != 0 => port,
+            _ => return text(StatusCode::BAD_REQUEST, "CONNECT needs host:port"),
+        };
+        let actor = ActorKey::from_validated(actor);
+        let proxy = self.clone();
+        let on_upgrade = hyper::upgrade::on(request);
+        tokio::spawn(async move {
+            let upgraded = match on_upgrade.await {
+                Ok(upgraded) => upgraded,
+                Err(e) => {
+                    tracing::debug!(error = %e, "client CONNECT upgrade failed");
+                    return;
+                }
+            };
+            let header_read_timeout = proxy.cfg.header_read_timeout;
+            let service = service_fn(move |inner: Request<Incoming>| {
+                let proxy = proxy.clone();
+                let actor = actor.clone();
+                async move {
+                    let response = proxy.tunneled_request(inner, &actor, port).await;
+                    metrics::counter!(REQUESTS, "status" => status_label(response.status()))
+                        .increment(1);
+                    Ok::<_, Infallible>(response)
+                }
+            });
+            let served = hyper::server::conn::http1::Builder::new()
+                .timer(TokioTimer::new())
+                .header_read_timeout(header_read_timeout)
+                .serve_connection(upgraded, service)
+                .with_upgrades()
+                .await;
+            if let Err(e) = served {
+                tracing::debug!(error = %e, "client CONNECT tunnel ended");
+            }
+        });
+        Response::new(RouterBody::empty())
+    }
+
+    /// A request inside a client CONNECT: routed to the CONNECT's actor and port.
+    async fn tunneled_request(
+        self: &Arc<Self>,
+        mut request: Request<Incoming>,
+        actor: &ActorKey,
+        port: u16,
+    ) -> Response<RouterBody> {
+        if request.method() == Method::CONNECT {
+            return text(StatusCode::BAD_REQUEST, "CONNECT inside a CONNECT tunnel");
+        }
+        if uri_len(request.uri()) > self.cfg.max_uri_len {
+            return text(StatusCode::URI_TOO_LONG, "request target too long");
+        }
+        request.headers_mut().remove(TARGET_ACTOR_HEADER);
+        request.headers_mut().remove(TARGET_PORT_HEADER);
+        self.forward(request, actor.as_str(), port).await
+    }
+}
+
+fn uri_len(uri: &Uri) -> usize {
+    uri.authority().map_or(0, |a| a.as_str().len())
+        + uri.path_and_query().map_or(0, |p| p.as_str().len())
+}
+
+/// Does a comma-separated header contain `token` (case-insensitive)?
+fn has_token(headers: &HeaderMap, name: HeaderName, token: &str) -> bool {
+    headers.get_all(name).iter().any(|v| {
+        v.to_str()
+            .map(|s| s.split(',').any(|t| t.trim().eq_ignore_ascii_case(token)))
+            .unwrap_or(false)
+    })
+}
+
+/// Removes hop-by-hop headers, including those the `Connection` header names.
+fn strip_hop_by_hop(headers: &mut HeaderMap, keep_upgrade: bool) {
+    let mut named: Vec<HeaderName> = Vec::new();
+    for value in headers.get_all(header::CONNECTION) {
+        if let Ok(value) = value.to_str() {
+            for token in value.split(',') {
+                let token = token.trim();
+                if token.eq_ignore_ascii_case("keep-alive")
+                    || token.eq_ignore_ascii_case("close")
+                    || token.eq_ignore_ascii_case("upgrade")
+                {
+                    continue;
+                }
+                if let Ok(name) = HeaderName::from_bytes(token.as_bytes()) {
+                    named.push(name);
+                }
+            }
+        }
+    }
+    for name in named {
+        headers.remove(name);
+    }
+    for name in &HOP_BY_HOP {
+        if keep_upgrade && (name == header::UPGRADE || name == header::CONNECTION) {
+            continue;
+        }
+        headers.remove(name);
+    }
+}
+
+/// Shapes the request for the tunnel. Host and `:authority` are never rewritten: an HTTP/2
+/// client's `:authority` becomes the HTTP/1.1 `Host` the actor sees, as any h2→h1 proxy does.
+fn prepare_request(request: &mut Request<Incoming>, mode: Mode) {
+    match mode {
+        Mode::Grpc => {
+            let keep_te = request
+                .headers()
+                .get(header::TE)
+                .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"trailers"));
+            strip_hop_by_hop(request.headers_mut(), false);
+            if keep_te {
+                request
+                    .headers_mut()
+                    .insert(header::TE, HeaderValue::from_static("trailers"));
+            }
+        }
+        Mode::Http1 | Mode::Upgrade => {
+            let upgrade = mode == Mode::Upgrade;
+            strip_hop_by_hop(request.headers_mut(), upgrade);
+            if upgrade {
+                request
+                    .headers_mut()
+                    .insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
+            }
+            if !request.headers().contains_key(header::HOST)
+                && let Some(authority) = request.uri().authority()
+                && let Ok(host) = HeaderValue::from_str(authority.as_str())
+            {
+                request.headers_mut().insert(header::HOST, host);
+            }
+            // HTTP/1.1 to the actor takes the origin form; Host carries the authority.
+            if request.uri().scheme().is_some() || request.uri().authority().is_some() {
+                let origin = request
+                    .uri()
+                    .path_and_query()
+                    .cloned()
+                    .map(Uri::from)
+                    .unwrap_or_else(|| Uri::from_static("/"));
+                *request.uri_mut() = origin;
+            }
+            *request.version_mut() = Version::HTTP_11;
+        }
+    }
+}
+
+fn finish_response(mut response: Response<Incoming>, kind: ResumeKind) -> Response<RouterBody> {
+    let switching = response.status() == StatusCode::SWITCHING_PROTOCOLS;
+    strip_hop_by_hop(response.headers_mut(), switching);
+    if switching {
+        response
+            .headers_mut()
+            .insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
+    }
+    response.headers_mut().insert(
+        RESUME_HEADER,
+        HeaderValue::from_static(kind.header_value()),
+    );
+    response.map(RouterBody::from)
+}
+
+pub fn text(status: StatusCode, body: impl Into<bytes::Bytes>) -> Response<RouterBody> {
+    let mut response = Response::new(RouterBody::text(body));
+    *response.status_mut() = status;
+    response.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; charset=utf-8"),
+    );
+    response
+}
+
+fn error_response(error: &ResolveError, actor: &str) -> Response<RouterBody> {
+    if let ResolveError::Internal(detail) = error {
+        tracing::warn!(%actor, %detail, "resolve failed");
+    }
+    let body = error.body(actor);
+    if body.is_empty() {
+        let mut response = Response::new(RouterBody::empty());
+        *response.status_mut() = error.status();
+        return response;
+    }
+    text(error.status(), body)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hop_by_hop_headers_are_removed() {
+        let mut h = HeaderMap::new();
+        h.insert(header::CONNECTION, HeaderValue::from_static("keep-alive, x-secret"));
+        h.insert("keep-alive", HeaderValue::from_static("timeout=5"));
+        h.insert("x-secret", HeaderValue::from_static("1"));
+        h.insert(header::TRANSFER_ENCODING, HeaderValue::from_static("chunked"));
+        h.insert(header::HOST, HeaderValue::from_static("app.example"));
+        h.insert("x-keep", HeaderValue::from_static("1"));
+        strip_hop_by_hop(&mut h, false);
+        assert_eq!(h.len(), 2, "{h:?}");
+        assert_eq!(h[header::HOST], "app.example");
+        assert!(h.contains_key("x-keep"));
+    }
+
+    #[test]
+    fn upgrade_keeps_upgrade_headers() {
+        let mut h = HeaderMap::new();
+        h.insert(header::CONNECTION, HeaderValue::from_static("Upgrade"));
+        h.insert(header::UPGRADE, HeaderValue::from_static("websocket"));
+        assert!(has_token(&h, header::CONNECTION, "upgrade"));
+        strip_hop_by_hop(&mut h, true);
+        assert_eq!(h[header::UPGRADE], "websocket");
+    }
+}

@@ -1,0 +1,427 @@
+//! Router side of the atunnel protocol (docs/tunnel-protocol.md): one shared HTTP/2 connection per
+//! worker (h2c prior knowledge), one `CONNECT` stream per tunnel, HTTP/1.1 (or HTTP/2 for gRPC)
+//! spoken to the actor over the stream, and a small pool of idle HTTP/1.1 tunnels per
+//! (actor, port) for keep-alive reuse.
+
+use std::collections::HashMap;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+use ate_core::{TARGET_ACTOR_HEADER, TARGET_PORT_HEADER};
+use bytes::Bytes;
+use http::{HeaderValue, Method, Request, Response, StatusCode, Uri};
+use http_body_util::Empty;
+use hyper::body::Incoming;
+use hyper::client::conn::{http1, http2};
+use hyper::upgrade::Upgraded;
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use tokio::net::TcpStream;
+
+use crate::actor_ref::ActorKey;
+use crate::cache::Route;
+use crate::metrics::Stats;
+
+/// Header atunnel sets on a 421 for an actor it does not serve.
+pub const STALE_HEADER: &str = "x-ate-assignment-stale";
+
+#[derive(Debug, thiserror::Error)]
+pub enum TunnelError {
+    #[error("connect to atunnel {worker}: {source}")]
+    Connect {
+        worker: Arc<str>,
+        source: std::io::Error,
+    },
+    #[error("connect to atunnel {worker}: timed out")]
+    ConnectTimeout { worker: Arc<str> },
+    #[error("HTTP/2 handshake with atunnel {worker}: {source}")]
+    Handshake {
+        worker: Arc<str>,
+        source: hyper::Error,
+    },
+    #[error("CONNECT stream to atunnel: {0}")]
+    Stream(hyper::Error),
+    /// 421 + `x-ate-assignment-stale: true`: the actor is not active on that worker.
+    #[error("stale assignment: the actor is not served by that worker")]
+    Stale,
+    #[error("atunnel refused the tunnel with {0}")]
+    Refused(StatusCode),
+    #[error("tunnel upgrade: {0}")]
+    Upgrade(hyper::Error),
+    #[error("HTTP to the actor: {0}")]
+    Actor(hyper::Error),
+}
+
+impl TunnelError {
+    /// The route itself is wrong (stale or the worker is gone): resolve again and retry.
+    pub fn route_is_bad(&self) -> bool {
+        matches!(
+            self,
+            TunnelError::Stale
+                | TunnelError::Connect { .. }
+                | TunnelError::ConnectTimeout { .. }
+                | TunnelError::Handshake { .. }
+        )
+    }
+}
+
+/// A failed send; `request` is handed back when it was not written, so it can be retried.
+#[derive(Debug)]
+pub struct SendFailed<R> {
+    pub error: TunnelError,
+    pub request: Option<R>,
+}
+
+#[derive(Debug, Clone)]
+pub struct TunnelConfig {
+    pub idle_per_actor: usize,
+    pub idle_timeout: Duration,
+    pub connect_timeout: Duration,
+}
+
+type WorkerSlot = Arc<tokio::sync::Mutex<Option<http2::SendRequest<Empty<Bytes>>>>>;
+
+struct IdleH1 {
+    sender: http1::SendRequest<Incoming>,
+    worker: Arc<str>,
+    port: u16,
+    since: Instant,
+}
+
+/// An HTTP/1.1 connection to an actor over a tunnel.
+pub struct H1Conn {
+    pub sender: http1::SendRequest<Incoming>,
+    worker: Arc<str>,
+    port: u16,
+}
+
+pub struct Tunnels {
+    workers: Mutex<HashMap<Arc<str>, WorkerSlot>>,
+    idle: Mutex<HashMap<ActorKey, Vec<IdleH1>>>,
+    cfg: TunnelConfig,
+    stats: Arc<Stats>,
+}
+
+impl Tunnels {
+    pub fn new(cfg: TunnelConfig, stats: Arc<Stats>) -> Arc<Self> {
+        Arc::new(Self {
+            workers: Mutex::new(HashMap::new()),
+            idle: Mutex::new(HashMap::new()),
+            cfg,
+            stats,
+        })
+    }
+
+    /// The shared HTTP/2 connection to `worker`, (re)connected when missing or dead. Connecting
+    /// holds the worker's slot so that a burst makes one connection, not one each.
+    async fn worker(
+        &self,
+        worker: &Arc<str>,
+    ) -> Result<http2::SendRequest<Empty<Bytes>>, TunnelError> {
+        let slot = {
+            let mut workers = self.workers.lock().unwrap_or_else(PoisonError::into_inner);
+            match workers.get(&**worker) {
+                Some(slot) => slot.clone(),
+                None => workers.entry(worker.clone()).or_default().clone(),
+            }
+        };
+        let mut slot = slot.lock().await;
+        if let Some(sender) = slot.as_ref().filter(|s| !s.is_closed()) {
+            return Ok(sender.clone());
+        }
+        let connect = TcpStream::connect(&**worker);
+        let tcp = tokio::time::timeout(self.cfg.connect_timeout, connect)
+            .await
+            .map_err(|_| TunnelError::ConnectTimeout {
+                worker: worker.clone(),
+            })?
+            .map_err(|source| TunnelError::Connect {
+                worker: worker.clone(),
+                source,
+            })?;
+        let _ = tcp.set_nodelay(true);
+        let (sender, conn) = http2::Builder::new(TokioExecutor::new())
+            .timer(TokioTimer::new())
+            .keep_alive_interval(Duration::from_secs(20))
+            .keep_alive_timeout(Duration::from_secs(10))
+            .handshake(TokioIo::new(tcp))
+            .await
+            .map_err(|source| TunnelError::Handshake {
+                worker: worker.clone(),
+                source,
+            })?;
+        let name = worker.clone();
+        tokio::spawn(async move {
+            if let Err(e) = conn.await {
+                tracing::debug!(worker = %name, error = %e, "atunnel connection ended");
+            }
+        });
+        *slot = Some(sender.clone());
+        Ok(sender)
+    }
+
+    /// Opens one tunnel (a CONNECT stream) to `actor`'s `port` on the route's worker.
+    pub async fn open(
+        &self,
+        route: &Route,
+        actor: &str,
+        port: u16,
+    ) -> Result<Upgraded, TunnelError> {
+        self.stats.tunnel_connects.fetch_add(1, Ordering::Relaxed);
+        // One retry: a shared connection that died since its last use is replaced.
+        let mut retried = false;
+        loop {
+            let mut sender = self.worker(&route.worker).await?;
+            let request = connect_request(actor, port)?;
+            match sender.send_request(request).await {
+                Ok(response) => return accept(response).await,
+                Err(e) if !retried && sender.is_closed() => {
+                    tracing::debug!(error = %e, "atunnel connection was dead; reconnecting");
+                    retried = true;
+                }
+                Err(e) => return Err(TunnelError::Stream(e)),
+            }
+        }
+    }
+
+    /// An HTTP/1.1 connection to the actor: an idle pooled one, or a new tunnel.
+    pub async fn h1(&self, route: &Route, actor: &str, port: u16) -> Result<H1Conn, TunnelError> {
+        if let Some(conn) = self.checkout(actor, port, &route.worker) {
+            self.stats.tunnel_reuses.fetch_add(1, Ordering::Relaxed);
+            return Ok(conn);
+        }
+        self.new_h1(route, actor, port).await
+    }
+
+    /// A new HTTP/1.1 connection over a new tunnel (upgrades allowed, for WebSocket).
+    pub async fn new_h1(
+        &self,
+        route: &Route,
+        actor: &str,
+        port: u16,
+    ) -> Result<H1Conn, TunnelError> {
+        let io = self.open(route, actor, port).await?;
+        let (sender, conn) = http1::Builder::new()
+            .handshake(io)
+            .await
+            .map_err(TunnelError::Actor)?;
+        tokio::spawn(async move {
+            if let Err(e) = conn.with_upgrades().await {
+                tracing::debug!(error = %e, "tunnel HTTP/1.1 connection ended");
+            }
+        });
+        Ok(H1Conn {
+            sender,
+            worker: route.worker.clone(),
+            port,
+        })
+    }
+
+    /// An HTTP/2 connection to the actor over a new tunnel (gRPC passes through as HTTP/2).
+    pub async fn h2(
+        &self,
+        route: &Route,
+        actor: &str,
+        port: u16,
+    ) -> Result<http2::SendRequest<Incoming>, TunnelError> {
+        let io = self.open(route, actor, port).await?;
+        let (sender, conn) = http2::Builder::new(TokioExecutor::new())
+            .timer(TokioTimer::new())
+            .handshake(io)
+            .await
+            .map_err(TunnelError::Actor)?;
+        tokio::spawn(async move {
+            if let Err(e) = conn.await {
+                tracing::debug!(error = %e, "tunnel HTTP/2 connection ended");
+            }
+        });
+        Ok(sender)
+    }
+
+    /// Sends `request` over HTTP/1.1, reusing an idle tunnel when one exists. A pooled connection
+    /// that turns out dead before the request was written is replaced transparently.
+    pub async fn send_h1(
+        self: &Arc<Self>,
+        route: &Route,
+        actor: &str,
+        port: u16,
+        mut request: Request<Incoming>,
+    ) -> Result<Response<Incoming>, SendFailed<Request<Incoming>>> {
+        if let Some(mut conn) = self.checkout(actor, port, &route.worker) {
+            self.stats.tunnel_reuses.fetch_add(1, Ordering::Relaxed);
+            match conn.sender.try_send_request(request).await {
+                Ok(response) => {
+                    self.checkin(actor, conn);
+                    return Ok(response);
+                }
+                Err(mut e) => match e.take_message() {
+                    Some(back) => request = back,
+                    None => {
+                        return Err(SendFailed {
+                            error: TunnelError::Actor(e.into_error()),
+                            request: None,
+                        });
+                    }
+                },
+            }
+        }
+        let mut conn = match self.new_h1(route, actor, port).await {
+            Ok(conn) => conn,
+            Err(error) => {
+                return Err(SendFailed {
+                    error,
+                    request: Some(request),
+                });
+            }
+        };
+        match conn.sender.send_request(request).await {
+            Ok(response) => {
+                self.checkin(actor, conn);
+                Ok(response)
+            }
+            Err(e) => Err(SendFailed {
+                error: TunnelError::Actor(e),
+                request: None,
+            }),
+        }
+    }
+
+    fn checkout(&self, actor: &str, port: u16, worker: &Arc<str>) -> Option<H1Conn> {
+        if self.cfg.idle_per_actor == 0 {
+            return None;
+        }
+        let mut idle = self.idle.lock().unwrap_or_else(PoisonError::into_inner);
+        let conns = idle.get_mut(actor)?;
+        let now = Instant::now();
+        let mut found = None;
+        while let Some(pos) = conns.iter().rposition(|c| c.port == port) {
+            let c = conns.swap_remove(pos);
+            if c.worker == *worker
+                && !c.sender.is_closed()
+                && c.sender.is_ready()
+                && now.duration_since(c.since) < self.cfg.idle_timeout
+            {
+                found = Some(H1Conn {
+                    sender: c.sender,
+                    worker: c.worker,
+                    port: c.port,
+                });
+                break;
+            }
+        }
+        if conns.is_empty() {
+            idle.remove(actor);
+        }
+        found
+    }
+
+    /// Returns the connection to the pool once its response has been read to the end.
+    fn checkin(self: &Arc<Self>, actor: &str, mut conn: H1Conn) {
+        if self.cfg.idle_per_actor == 0 {
+            return;
+        }
+        let tunnels = self.clone();
+        let key = ActorKey::from_validated(actor);
+        tokio::spawn(async move {
+            // Ready again only after the previous response body ended on a keep-alive connection.
+            if conn.sender.ready().await.is_err() {
+                return;
+            }
+            let mut idle = tunnels.idle.lock().unwrap_or_else(PoisonError::into_inner);
+            let conns = idle.entry(key).or_default();
+            if conns.len() < tunnels.cfg.idle_per_actor {
+                conns.push(IdleH1 {
+                    sender: conn.sender,
+                    worker: conn.worker,
+                    port: conn.port,
+                    since: Instant::now(),
+                });
+            }
+        });
+    }
+
+    /// Closes idle tunnels older than the idle timeout: an open tunnel counts as activity for
+    /// the worker's idle auto-suspend, so idle ones must not linger.
+    pub fn reap_idle(&self) {
+        let now = Instant::now();
+        let mut idle = self.idle.lock().unwrap_or_else(PoisonError::into_inner);
+        idle.retain(|_, conns| {
+            conns.retain(|c| {
+                !c.sender.is_closed() && now.duration_since(c.since) < self.cfg.idle_timeout
+            });
+            !conns.is_empty()
+        });
+        drop(idle);
+        let mut workers = self.workers.lock().unwrap_or_else(PoisonError::into_inner);
+        workers.retain(|_, slot| match slot.try_lock() {
+            Ok(s) => s.as_ref().is_some_and(|s| !s.is_closed()),
+            Err(_) => true,
+        });
+    }
+
+    /// Idle pooled connections (for tests and metrics).
+    pub fn idle_count(&self) -> usize {
+        self.idle
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .values()
+            .map(Vec::len)
+            .sum()
+    }
+
+    pub fn idle_timeout(&self) -> Duration {
+        self.cfg.idle_timeout
+    }
+}
+
+/// `CONNECT <name>.<atespace>:<port>` with the routing headers (docs/tunnel-protocol.md).
+fn connect_request(actor: &str, port: u16) -> Result<Request<Empty<Bytes>>, TunnelError> {
+    let (atespace, name) = actor.split_once('/').unwrap_or((actor, ""));
+    let authority = format!("{name}.{atespace}:{port}");
+    let uri = Uri::try_from(authority).map_err(|_| TunnelError::Refused(StatusCode::BAD_REQUEST))?;
+    let mut request = Request::new(Empty::new());
+    *request.method_mut() = Method::CONNECT;
+    *request.uri_mut() = uri;
+    let headers = request.headers_mut();
+    headers.insert(
+        TARGET_ACTOR_HEADER,
+        HeaderValue::from_str(actor).map_err(|_| TunnelError::Refused(StatusCode::BAD_REQUEST))?,
+    );
+    if port != 80 {
+        headers.insert(TARGET_PORT_HEADER, HeaderValue::from(port));
+    }
+    Ok(request)
+}
+
+async fn accept(response: Response<Incoming>) -> Result<Upgraded, TunnelError> {
+    match response.status() {
+        StatusCode::OK => hyper::upgrade::on(response)
+            .await
+            .map_err(TunnelError::Upgrade),
+        StatusCode::MISDIRECTED_REQUEST
+            if response
+                .headers()
+                .get(STALE_HEADER)
+                .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"true")) =>
+        {
+            Err(TunnelError::Stale)
+        }
+        status => Err(TunnelError::Refused(status)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn connect_request_follows_the_protocol() {
+        let r = connect_request("team-a/agent-7", 8080).unwrap();
+        assert_eq!(r.method(), Method::CONNECT);
+        assert_eq!(r.uri().to_string(), "agent-7.team-a:8080");
+        assert_eq!(r.headers()[TARGET_ACTOR_HEADER], "team-a/agent-7");
+        assert_eq!(r.headers()[TARGET_PORT_HEADER], "8080");
+        let r = connect_request("team-a/agent-7", 80).unwrap();
+        assert!(r.headers().get(TARGET_PORT_HEADER).is_none());
+    }
+}
