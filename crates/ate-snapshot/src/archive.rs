@@ -138,6 +138,9 @@ fn minor(dev: u64) -> u32 {
     (((dev >> 12) & 0xffff_ff00) | (dev & 0x0000_00ff)) as u32
 }
 
+/// `SCHILY.xattr.*` name → value pairs of one entry.
+type Xattrs = Vec<(Vec<u8>, Vec<u8>)>;
+
 /// Unpacks `archive` into `dst` (an empty directory that only this call writes to).
 /// Entries naming `..` or absolute paths are refused.
 pub(crate) fn extract(archive: &Path, dst: &Path) -> Result<()> {
@@ -156,7 +159,7 @@ pub(crate) fn extract(archive: &Path, dst: &Path) -> Result<()> {
         message,
     };
     let mut dirs = Vec::new();
-    let mut root_entry: Option<(Header, Vec<(Vec<u8>, Vec<u8>)>)> = None;
+    let mut root_entry: Option<(Header, Xattrs)> = None;
     for entry in ar
         .entries()
         .map_err(|e| aerr("", format!("read entries: {e}")))?
@@ -212,7 +215,7 @@ pub(crate) fn extract(archive: &Path, dst: &Path) -> Result<()> {
     Ok(())
 }
 
-fn pax_xattrs<R: io::Read>(entry: &mut tar::Entry<'_, R>) -> Vec<(Vec<u8>, Vec<u8>)> {
+fn pax_xattrs<R: io::Read>(entry: &mut tar::Entry<'_, R>) -> Xattrs {
     let Ok(Some(exts)) = entry.pax_extensions() else {
         return Vec::new();
     };

@@ -101,9 +101,9 @@ impl DurableStore {
                 parallelism: DEFAULT_PARALLELISM,
             });
         }
-        let (scheme, rest) = trimmed
-            .split_once("://")
-            .ok_or_else(|| bad("expected file://, s3://, gs://, az:// or an absolute path".into()))?;
+        let (scheme, rest) = trimmed.split_once("://").ok_or_else(|| {
+            bad("expected file://, s3://, gs://, az:// or an absolute path".into())
+        })?;
         let (bucket, prefix) = rest.split_once('/').unwrap_or((rest, ""));
         if bucket.is_empty() {
             return Err(bad("no bucket / container".into()));
@@ -212,7 +212,13 @@ impl DurableStore {
             raw_bytes: manifest.total_size(),
             elapsed: start.elapsed(),
         };
-        tracing::info!(uri, files = stats.files, bytes = stats.raw_bytes, ms = stats.elapsed.as_millis() as u64, "generation uploaded");
+        tracing::info!(
+            uri,
+            files = stats.files,
+            bytes = stats.raw_bytes,
+            ms = stats.elapsed.as_millis() as u64,
+            "generation uploaded"
+        );
         Ok((uri, stats))
     }
 
@@ -352,7 +358,13 @@ impl DurableStore {
             raw_bytes: manifest.total_size(),
             elapsed: start.elapsed(),
         };
-        tracing::info!(key, files = stats.files, bytes = stats.raw_bytes, ms = stats.elapsed.as_millis() as u64, "generation downloaded");
+        tracing::info!(
+            key,
+            files = stats.files,
+            bytes = stats.raw_bytes,
+            ms = stats.elapsed.as_millis() as u64,
+            "generation downloaded"
+        );
         Ok((manifest, stats))
     }
 
@@ -660,4 +672,3 @@ fn decompress_file(rx: mpsc::Receiver<Bytes>, dst: &Path, f: &FileEntry, key: &s
     out.sync_all().map_err(|e| Error::io("fsync", dst, e))?;
     Ok(())
 }
-

@@ -153,7 +153,10 @@ impl Manifest {
                 return Err(Error::InvalidManifest("manifest.json lists itself".into()));
             }
             if !seen.insert(f.path.as_str()) {
-                return Err(Error::InvalidManifest(format!("duplicate file {:?}", f.path)));
+                return Err(Error::InvalidManifest(format!(
+                    "duplicate file {:?}",
+                    f.path
+                )));
             }
             if f.sha256.len() != 64
                 || !f

@@ -15,9 +15,14 @@ async fn seal_verify_extract_round_trip() {
     let before_data = snapshot_tree(&fx.volumes[0].1);
     let before_logs = snapshot_tree(&fx.volumes[1].1);
 
-    let m = seal_generation(&fx.gen_dir, meta(Fidelity::Memory), Some(&fx.upper), &fx.volumes)
-        .await
-        .expect("seal");
+    let m = seal_generation(
+        &fx.gen_dir,
+        meta(Fidelity::Memory),
+        Some(&fx.upper),
+        &fx.volumes,
+    )
+    .await
+    .expect("seal");
     let paths: Vec<&str> = m.files.iter().map(|f| f.path.as_str()).collect();
     assert_eq!(
         paths,
@@ -41,22 +46,38 @@ async fn seal_verify_extract_round_trip() {
     assert_eq!(verify(&fx.gen_dir).await.expect("verify"), m);
 
     // Sealing twice is refused: a sealed generation is immutable.
-    let again = seal_generation(&fx.gen_dir, meta(Fidelity::Memory), Some(&fx.upper), &fx.volumes)
-        .await
-        .expect_err("second seal");
+    let again = seal_generation(
+        &fx.gen_dir,
+        meta(Fidelity::Memory),
+        Some(&fx.upper),
+        &fx.volumes,
+    )
+    .await
+    .expect_err("second seal");
     assert!(matches!(again, Error::AlreadySealed { .. }), "{again}");
 
     // Extract over an existing upper dir with stale contents: they are replaced.
     let target = fx.root.path().join("restore/upper");
     fs::create_dir_all(target.join("stale")).expect("mkdir");
     fs::write(target.join("stale/file"), b"old").expect("write");
-    extract_rootfs(&fx.gen_dir, &target).await.expect("extract rootfs");
+    extract_rootfs(&fx.gen_dir, &target)
+        .await
+        .expect("extract rootfs");
     let after = snapshot_tree(&target);
     assert_eq!(after, before_upper);
-    assert!(after["etc/deleted"].starts_with("chr 0 mode=0"), "{after:?}");
-    assert!(after["opaque"].contains("trusted.overlay.opaque=y"), "{after:?}");
+    assert!(
+        after["etc/deleted"].starts_with("chr 0 mode=0"),
+        "{after:?}"
+    );
+    assert!(
+        after["opaque"].contains("trusted.overlay.opaque=y"),
+        "{after:?}"
+    );
     assert!(after["etc/link"].starts_with("link->app.conf"), "{after:?}");
-    assert!(after["etc/app.conf"].contains("mode=640 uid=1000 gid=1000"), "{after:?}");
+    assert!(
+        after["etc/app.conf"].contains("mode=640 uid=1000 gid=1000"),
+        "{after:?}"
+    );
     assert!(after["empty"].starts_with("dir mode=700"), "{after:?}");
     assert!(after.contains_key("fifo"));
     assert!(no_temp_siblings(&target));
@@ -66,13 +87,19 @@ async fn seal_verify_extract_round_trip() {
     );
 
     let vdata = fx.root.path().join("restore/data");
-    extract_volume(&fx.gen_dir, "data", &vdata).await.expect("extract data");
+    extract_volume(&fx.gen_dir, "data", &vdata)
+        .await
+        .expect("extract data");
     assert_eq!(snapshot_tree(&vdata), before_data);
     let vlogs = fx.root.path().join("restore/logs");
-    extract_volume(&fx.gen_dir, "logs", &vlogs).await.expect("extract logs");
+    extract_volume(&fx.gen_dir, "logs", &vlogs)
+        .await
+        .expect("extract logs");
     assert_eq!(snapshot_tree(&vlogs), before_logs);
 
-    let missing = extract_volume(&fx.gen_dir, "nope", &vlogs).await.expect_err("no volume");
+    let missing = extract_volume(&fx.gen_dir, "nope", &vlogs)
+        .await
+        .expect_err("no volume");
     assert!(matches!(missing, Error::MissingFile { .. }), "{missing}");
     assert!(extract_volume(&fx.gen_dir, "../x", &vlogs).await.is_err());
     // The failed extract left the previous contents alone.
@@ -84,9 +111,14 @@ use std::os::unix::fs::PermissionsExt;
 #[tokio::test]
 async fn flipped_byte_in_any_file_is_named() {
     let fx = fixture(50_000);
-    let m = seal_generation(&fx.gen_dir, meta(Fidelity::Memory), Some(&fx.upper), &fx.volumes)
-        .await
-        .expect("seal");
+    let m = seal_generation(
+        &fx.gen_dir,
+        meta(Fidelity::Memory),
+        Some(&fx.upper),
+        &fx.volumes,
+    )
+    .await
+    .expect("seal");
     for f in &m.files {
         let p = fx.gen_dir.join(&f.path);
         flip_byte(&p);
@@ -114,10 +146,16 @@ async fn flipped_byte_in_any_file_is_named() {
     let saved = fs::read(&rootfs).expect("read");
     fs::write(&rootfs, &saved[..100]).expect("truncate");
     let err = verify(&fx.gen_dir).await.expect_err("truncated");
-    assert!(matches!(&err, Error::SizeMismatch { file, .. } if file == "rootfs.tar"), "{err}");
+    assert!(
+        matches!(&err, Error::SizeMismatch { file, .. } if file == "rootfs.tar"),
+        "{err}"
+    );
     fs::remove_file(&rootfs).expect("rm");
     let err = verify(&fx.gen_dir).await.expect_err("missing");
-    assert!(matches!(&err, Error::MissingFile { file } if file == "rootfs.tar"), "{err}");
+    assert!(
+        matches!(&err, Error::MissingFile { file } if file == "rootfs.tar"),
+        "{err}"
+    );
     fs::write(&rootfs, saved).expect("restore");
     verify(&fx.gen_dir).await.expect("restored again");
 
@@ -153,18 +191,33 @@ async fn lower_fidelities_and_bad_inputs() {
     assert!(!vol_gen.join("criu").exists());
     verify(&vol_gen).await.expect("verify volumes");
 
-    let err = seal_generation(&fx.root.path().join("g1"), meta(Fidelity::Rootfs), None, &[])
-        .await
-        .expect_err("rootfs without upper");
+    let err = seal_generation(
+        &fx.root.path().join("g1"),
+        meta(Fidelity::Rootfs),
+        None,
+        &[],
+    )
+    .await
+    .expect_err("rootfs without upper");
     assert!(matches!(err, Error::InvalidInput(_)), "{err}");
-    let err = seal_generation(&fx.root.path().join("g2"), meta(Fidelity::Memory), Some(&fx.upper), &[])
-        .await
-        .expect_err("memory without criu images");
+    let err = seal_generation(
+        &fx.root.path().join("g2"),
+        meta(Fidelity::Memory),
+        Some(&fx.upper),
+        &[],
+    )
+    .await
+    .expect_err("memory without criu images");
     assert!(err.to_string().contains("CRIU"), "{err}");
     let bad = vec![("../etc".to_string(), fx.upper.clone())];
-    let err = seal_generation(&fx.root.path().join("g3"), meta(Fidelity::Volumes), None, &bad)
-        .await
-        .expect_err("bad volume name");
+    let err = seal_generation(
+        &fx.root.path().join("g3"),
+        meta(Fidelity::Volumes),
+        None,
+        &bad,
+    )
+    .await
+    .expect_err("bad volume name");
     assert!(matches!(err, Error::InvalidName { .. }), "{err}");
 }
 
@@ -193,7 +246,9 @@ async fn extract_refuses_traversal() {
     let target = fx.root.path().join("t/upper");
     fs::create_dir_all(&target).expect("mkdir");
     fs::write(target.join("keep"), b"k").expect("write");
-    let err = extract_rootfs(&gen_dir, &target).await.expect_err("traversal");
+    let err = extract_rootfs(&gen_dir, &target)
+        .await
+        .expect_err("traversal");
     assert!(matches!(err, Error::Archive { .. }), "{err}");
     assert!(!fx.root.path().join("t/escaped").exists());
     assert_eq!(fs::read(target.join("keep")).expect("kept"), b"k");

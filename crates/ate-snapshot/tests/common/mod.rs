@@ -68,8 +68,11 @@ pub fn fixture(big: usize) -> Fixture {
     let upper = root.path().join("upper");
     fs::create_dir_all(upper.join("etc")).expect("mkdir");
     fs::write(upper.join("etc/app.conf"), b"counter=41\n").expect("write");
-    fs::set_permissions(upper.join("etc/app.conf"), fs::Permissions::from_mode(0o640))
-        .expect("chmod");
+    fs::set_permissions(
+        upper.join("etc/app.conf"),
+        fs::Permissions::from_mode(0o640),
+    )
+    .expect("chmod");
     std::os::unix::fs::chown(upper.join("etc/app.conf"), Some(1000), Some(1000)).expect("chown");
     symlink("app.conf", upper.join("etc/link")).expect("symlink");
     symlink("/nonexistent/abs", upper.join("dangling")).expect("symlink");
@@ -85,8 +88,11 @@ pub fn fixture(big: usize) -> Fixture {
     fs::create_dir_all(upper.join("opaque")).expect("mkdir");
     fs::write(upper.join("opaque/new"), b"n").expect("write");
     xattr::set(upper.join("opaque"), "trusted.overlay.opaque", b"y").expect("xattr");
-    nix::unistd::mkfifo(&upper.join("fifo"), nix::sys::stat::Mode::from_bits_truncate(0o644))
-        .expect("mkfifo");
+    nix::unistd::mkfifo(
+        &upper.join("fifo"),
+        nix::sys::stat::Mode::from_bits_truncate(0o644),
+    )
+    .expect("mkfifo");
     fs::set_permissions(&upper, fs::Permissions::from_mode(0o755)).expect("chmod");
 
     let data = root.path().join("vol-data");
@@ -146,11 +152,23 @@ fn walk(root: &Path, dir: &Path, out: &mut BTreeMap<String, String>) {
         } else {
             format!("file {:x?}", sha(&fs::read(&p).expect("read")))
         };
-        let mode = if ft.is_symlink() { 0 } else { m.mode() & 0o7777 };
-        let mtime = if ft.is_dir() || ft.is_symlink() { 0 } else { m.mtime() };
+        let mode = if ft.is_symlink() {
+            0
+        } else {
+            m.mode() & 0o7777
+        };
+        let mtime = if ft.is_dir() || ft.is_symlink() {
+            0
+        } else {
+            m.mtime()
+        };
         out.insert(
             rel,
-            format!("{kind} mode={mode:o} uid={} gid={} mtime={mtime} xattrs={xa:?}", m.uid(), m.gid()),
+            format!(
+                "{kind} mode={mode:o} uid={} gid={} mtime={mtime} xattrs={xa:?}",
+                m.uid(),
+                m.gid()
+            ),
         );
         if ft.is_dir() {
             walk(root, &p, out);
@@ -160,8 +178,9 @@ fn walk(root: &Path, dir: &Path, out: &mut BTreeMap<String, String>) {
 
 fn sha(b: &[u8]) -> u64 {
     // Cheap content fingerprint for comparisons (not security relevant).
-    b.iter()
-        .fold(0xcbf29ce484222325u64, |h, &x| (h ^ u64::from(x)).wrapping_mul(0x100000001b3))
+    b.iter().fold(0xcbf29ce484222325u64, |h, &x| {
+        (h ^ u64::from(x)).wrapping_mul(0x100000001b3)
+    })
 }
 
 /// Flips one byte in the middle of `path`.
@@ -174,15 +193,22 @@ pub fn flip_byte(path: &Path) {
 
 /// No `.<name>.*` temp siblings of `target` left behind.
 pub fn no_temp_siblings(target: &Path) -> bool {
-    let name = target.file_name().expect("name").to_string_lossy().to_string();
+    let name = target
+        .file_name()
+        .expect("name")
+        .to_string_lossy()
+        .to_string();
     let Some(parent) = target.parent() else {
         return true;
     };
     let Ok(rd) = fs::read_dir(parent) else {
         return true;
     };
-    !rd.flatten()
-        .any(|e| e.file_name().to_string_lossy().starts_with(&format!(".{name}.")))
+    !rd.flatten().any(|e| {
+        e.file_name()
+            .to_string_lossy()
+            .starts_with(&format!(".{name}."))
+    })
 }
 
 /// A tmpfs mounted for the life of the guard.

@@ -1,0 +1,259 @@
+//! DurableStore over a local directory (LocalFileSystem), including corruption and ENOSPC.
+
+mod common;
+
+use std::fs;
+use std::path::{Path, PathBuf};
+
+use ate_core::Fidelity;
+use ate_snapshot::{DurableStore, Error, Manifest, seal_generation, verify};
+use common::*;
+
+async fn sealed(big: usize) -> (Fixture, Manifest) {
+    let fx = fixture(big);
+    let m = seal_generation(
+        &fx.gen_dir,
+        meta(Fidelity::Memory),
+        Some(&fx.upper),
+        &fx.volumes,
+    )
+    .await
+    .expect("seal");
+    (fx, m)
+}
+
+fn store_dir(fx: &Fixture) -> PathBuf {
+    fx.root.path().join("durable")
+}
+
+fn object_file(store_root: &Path, key: &str, rel: &str) -> PathBuf {
+    store_root.join(key).join(format!("{rel}.zst"))
+}
+
+#[tokio::test]
+async fn upload_download_delete_round_trip() {
+    let (fx, m) = sealed(3 << 20).await;
+    let dir = store_dir(&fx);
+    let store = DurableStore::from_url(&format!("file://{}", dir.display())).expect("store");
+    let key = "default/counter/7-5f0e0c4a";
+    let uri = store.upload(&fx.gen_dir, key).await.expect("upload");
+    assert_eq!(uri, format!("file://{}/{key}", dir.display()));
+    assert!(store.exists_complete(&uri).await.expect("exists"));
+    let objects = store.list_objects(key).await.expect("list");
+    assert_eq!(objects.len(), m.files.len() + 1, "{objects:?}");
+    assert!(
+        objects
+            .iter()
+            .all(|o| o.ends_with(".zst") || o.ends_with("/manifest.json"))
+    );
+    // Compressed: the noise file is incompressible, the rest shrinks.
+    let stored: u64 = objects
+        .iter()
+        .map(|o| fs::metadata(dir.join(o)).expect("stat").len())
+        .sum();
+    assert!(
+        stored < m.total_size() + 4096,
+        "stored {stored} raw {}",
+        m.total_size()
+    );
+
+    // The local generation was only read.
+    verify(&fx.gen_dir).await.expect("local intact");
+
+    // Plain absolute path form of the same store, and download by bare key.
+    let same = DurableStore::from_url(&dir.display().to_string()).expect("store by path");
+    assert_eq!(same.url(), store.url());
+    let target = fx.root.path().join("node-b/gen-7");
+    let got = same.download(key, &target).await.expect("download");
+    assert_eq!(got, m);
+    assert_eq!(verify(&target).await.expect("verify download"), m);
+    for f in &m.files {
+        assert_eq!(
+            fs::read(target.join(&f.path)).expect("read"),
+            fs::read(fx.gen_dir.join(&f.path)).expect("read"),
+            "{}",
+            f.path
+        );
+    }
+    assert_eq!(
+        fs::read(target.join("manifest.json")).expect("read"),
+        fs::read(fx.gen_dir.join("manifest.json")).expect("read")
+    );
+    assert!(no_temp_siblings(&target));
+
+    // A non-empty target is refused and kept.
+    let err = store
+        .download(&uri, &target)
+        .await
+        .expect_err("target exists");
+    assert!(matches!(err, Error::Io { .. }), "{err}");
+    verify(&target).await.expect("existing target untouched");
+
+    // Foreign uris are refused.
+    let err = store
+        .download("s3://other/x", &fx.root.path().join("x"))
+        .await
+        .expect_err("foreign");
+    assert!(matches!(err, Error::InvalidName { .. }), "{err}");
+
+    store.delete(&uri).await.expect("delete");
+    assert!(!store.exists_complete(&uri).await.expect("exists"));
+    assert!(store.list_objects(key).await.expect("list").is_empty());
+    store.delete(&uri).await.expect("delete is idempotent");
+    let err = store
+        .download(&uri, &fx.root.path().join("gone"))
+        .await
+        .expect_err("deleted");
+    assert!(matches!(err, Error::NotComplete { .. }), "{err}");
+    assert!(
+        err.to_string().contains("not a complete generation"),
+        "{err}"
+    );
+    assert!(!fx.root.path().join("gone").exists());
+}
+
+#[tokio::test]
+async fn corrupted_objects_fail_download_and_leave_nothing() {
+    let (fx, m) = sealed(200_000).await;
+    let dir = store_dir(&fx);
+    let store = DurableStore::from_url(&format!("file://{}", dir.display())).expect("store");
+    let key = "gen-7";
+    store.upload(&fx.gen_dir, key).await.expect("upload");
+
+    // 1. A flipped byte in a stored (compressed) object.
+    for f in &m.files {
+        let obj = object_file(&dir, key, &f.path);
+        let saved = fs::read(&obj).expect("read");
+        flip_byte(&obj);
+        let target = fx.root.path().join("t1/gen");
+        let err = store
+            .download(key, &target)
+            .await
+            .expect_err("corrupt object");
+        assert!(err.to_string().contains(&f.path), "{}: {err}", f.path);
+        assert!(!target.exists(), "target left behind");
+        assert!(no_temp_siblings(&target), "temp dir left behind");
+        fs::write(&obj, saved).expect("restore");
+    }
+
+    // 2. A valid zstd object whose content differs from the manifest (same size).
+    let f = &m.files[1];
+    let obj = object_file(&dir, key, &f.path);
+    let mut other = fs::read(fx.gen_dir.join(&f.path)).expect("read");
+    other[0] ^= 1;
+    fs::write(&obj, zstd::encode_all(other.as_slice(), 3).expect("zstd")).expect("write");
+    let target = fx.root.path().join("t2/gen");
+    let err = store
+        .download(key, &target)
+        .await
+        .expect_err("wrong content");
+    match &err {
+        Error::ChecksumMismatch { file, expected, .. } => {
+            assert_eq!(file, &f.path);
+            assert_eq!(expected, &f.sha256);
+        }
+        other => panic!("expected checksum mismatch, got {other}"),
+    }
+    assert!(!target.exists());
+    assert!(no_temp_siblings(&target));
+
+    // 3. A missing object (partial upload): named, nothing left.
+    fs::remove_file(&obj).expect("rm");
+    let err = store
+        .download(key, &target)
+        .await
+        .expect_err("missing object");
+    assert!(
+        matches!(&err, Error::MissingFile { file } if file == &f.path),
+        "{err}"
+    );
+    assert!(!target.exists());
+
+    // 4. No manifest: never complete, whatever objects exist.
+    fs::remove_file(dir.join(key).join("manifest.json")).expect("rm manifest");
+    assert!(!store.exists_complete(key).await.expect("exists"));
+    let err = store.download(key, &target).await.expect_err("incomplete");
+    assert!(matches!(err, Error::NotComplete { .. }), "{err}");
+    store.delete(key).await.expect("delete partial");
+    assert!(store.list_objects(key).await.expect("list").is_empty());
+}
+
+#[tokio::test]
+async fn store_urls() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    for bad in [
+        "ftp://x/y",
+        "file://relative/dir",
+        "relative/dir",
+        "s3://",
+        "gopher:/x",
+    ] {
+        let err = DurableStore::from_url(bad).expect_err(bad);
+        assert!(matches!(err, Error::StoreUrl { .. }), "{bad}: {err}");
+    }
+    let s = DurableStore::from_url(&format!("file://{}/", tmp.path().display())).expect("file");
+    assert_eq!(s.url(), format!("file://{}", tmp.path().display()));
+    assert!(s.uri("../x").is_err());
+    assert!(s.uri("a//b").is_err());
+    assert_eq!(
+        s.uri("a/b").expect("uri"),
+        format!("file://{}/a/b", tmp.path().display())
+    );
+    // Cloud builders construct from the environment without network access.
+    let s3 = DurableStore::from_url_with_options(
+        "s3://bucket/some/prefix/",
+        [
+            ("aws_region", "us-east-1"),
+            ("aws_endpoint", "http://127.0.0.1:9"),
+        ],
+    )
+    .expect("s3");
+    assert_eq!(s3.uri("k").expect("uri"), "s3://bucket/some/prefix/k");
+    let err = DurableStore::from_url_with_options("s3://bucket", [("no_such_option", "x")])
+        .expect_err("bad option");
+    assert!(err.to_string().contains("no_such_option"), "{err}");
+    DurableStore::from_url_with_options(
+        "az://container/p",
+        [
+            ("azure_storage_account_name", "devstoreaccount1"),
+            ("azure_storage_use_emulator", "true"),
+        ],
+    )
+    .expect("azure emulator");
+}
+
+/// ENOSPC: the object store lives on a 1 MiB tmpfs. The upload fails with a disk-full error,
+/// no manifest is written, partial objects are cleaned up, the local generation is intact.
+/// Then the other direction: a download onto a full disk fails and leaves nothing.
+#[tokio::test]
+async fn disk_full_surfaces_and_keeps_local_generation() {
+    let (fx, m) = sealed(3 << 20).await;
+    let small = fx.root.path().join("small");
+    let _mount = TmpfsMount::new(&small, "1m");
+    let store =
+        DurableStore::from_url(&format!("file://{}/store", small.display())).expect("store");
+    let err = store
+        .upload(&fx.gen_dir, "gen-7")
+        .await
+        .expect_err("ENOSPC");
+    assert!(err.is_no_space(), "not reported as disk full: {err}");
+    assert!(!store.exists_complete("gen-7").await.expect("exists"));
+    assert!(store.list_objects("gen-7").await.expect("list").is_empty());
+    assert_eq!(verify(&fx.gen_dir).await.expect("local intact"), m);
+
+    let big_store_dir = fx.root.path().join("durable");
+    let big = DurableStore::from_url(&big_store_dir.display().to_string()).expect("store");
+    big.upload(&fx.gen_dir, "gen-7").await.expect("upload");
+    let target = small.join("node-b/gen-7");
+    let err = big
+        .download("gen-7", &target)
+        .await
+        .expect_err("ENOSPC download");
+    assert!(err.is_no_space(), "not reported as disk full: {err}");
+    assert!(!target.exists());
+    assert!(no_temp_siblings(&target));
+    // Space is back after the failed download cleaned up.
+    let left: Vec<_> = fs::read_dir(small.join("node-b")).expect("rd").collect();
+    assert!(left.is_empty(), "{left:?}");
+    verify(&fx.gen_dir).await.expect("local intact");
+}
