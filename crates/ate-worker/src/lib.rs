@@ -1,20 +1,28 @@
-//! Worker sandbox layer: node image cache, per-actor network namespaces, the sandbox runtime
-//! (runc + CRIU) and wakeup probes. The worker's gRPC service and atunnel sit on top of this.
+//! The worker process: node image cache, per-actor network namespaces, the sandbox runtime
+//! (runc + CRIU), wakeup probes, atunnel (the router's way in) and WorkerService (the node
+//! agent's control API on a unix socket). [`run`] is the whole process; [`connect_worker`] is
+//! the client the node agent uses.
 
+pub mod atunnel;
 mod cmd;
+pub mod config;
 pub mod error;
 pub mod image;
 pub mod netns;
 pub mod probe;
 pub mod runc;
 pub mod runtime;
+pub mod service;
+mod worker;
 
+pub use config::{Faults, WorkerConfig};
 pub use error::{Result, SandboxError};
 pub use image::{ImageCache, ImageConfig, LayoutRef, UnpackedImage};
-pub use netns::{ACTOR_IP, connect_in_netns, connect_in_netns_timeout};
+pub use netns::{ACTOR_IP, NetnsDialer, connect_in_netns, connect_in_netns_timeout};
 pub use probe::wait_ready;
 pub use runc::{RuncConfig, RuncRuntime};
 pub use runtime::{
     ActorSandbox, Capabilities, CheckpointStats, ExitInfo, RunMode, SandboxRuntime, SandboxSpec,
     Started,
 };
+pub use service::{WorkerError, connect_worker, run};

@@ -172,6 +172,176 @@ pub async fn connect_in_netns_timeout(
     }
 }
 
+/// Unconnected sockets kept ready per namespace, so the common connect needs no thread hop.
+const SPARE_SOCKETS: usize = 16;
+/// Refill when the spare pool drops below this.
+const SPARE_LOW_WATER: usize = 4;
+
+enum FactoryRequest {
+    /// One socket of this family, sent back on the oneshot.
+    One(
+        AddressFamily,
+        tokio::sync::oneshot::Sender<std::io::Result<std::os::fd::OwnedFd>>,
+    ),
+    /// Top the IPv4 spare pool up to [`SPARE_SOCKETS`].
+    Refill,
+}
+
+/// A long-lived socket factory for one network namespace: a dedicated std thread enters the
+/// namespace once (`setns`) and then creates sockets on request; connects run on tokio (a socket
+/// keeps the namespace it was created in). Replaces a thread spawn per connect on atunnel's hot
+/// path. The thread holds a reference to the namespace, so drop the dialer when the actor's
+/// namespace is deleted (sockets would otherwise be made in the orphaned namespace).
+pub struct NetnsDialer {
+    netns: String,
+    tx: std::sync::mpsc::Sender<FactoryRequest>,
+    spare: std::sync::Arc<std::sync::Mutex<Vec<std::os::fd::OwnedFd>>>,
+    refill_pending: std::sync::Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl std::fmt::Debug for NetnsDialer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NetnsDialer")
+            .field("netns", &self.netns)
+            .finish()
+    }
+}
+
+impl NetnsDialer {
+    /// Starts the factory thread inside `netns` (which must exist) and fills the spare pool.
+    pub async fn new(netns: &str) -> std::io::Result<Self> {
+        use std::sync::atomic::Ordering;
+        let ns = std::fs::File::open(netns_path(netns))?;
+        let (tx, rx) = std::sync::mpsc::channel::<FactoryRequest>();
+        let spare = std::sync::Arc::new(std::sync::Mutex::new(Vec::with_capacity(SPARE_SOCKETS)));
+        let refill_pending = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let (ready_tx, ready_rx) = tokio::sync::oneshot::channel::<std::io::Result<()>>();
+        let pool = spare.clone();
+        let pending = refill_pending.clone();
+        std::thread::Builder::new()
+            .name(format!("netns-{netns}"))
+            .spawn(move || {
+                if let Err(e) = setns(ns.as_fd(), CloneFlags::CLONE_NEWNET) {
+                    let _ = ready_tx.send(Err(e.into()));
+                    return;
+                }
+                drop(ns);
+                refill(&pool);
+                let _ = ready_tx.send(Ok(()));
+                // Ends when the dialer (the only sender) is dropped.
+                while let Ok(req) = rx.recv() {
+                    match req {
+                        FactoryRequest::One(family, reply) => {
+                            let _ = reply.send(new_socket(family));
+                        }
+                        FactoryRequest::Refill => {
+                            pending.store(false, Ordering::Release);
+                            refill(&pool);
+                        }
+                    }
+                }
+            })?;
+        ready_rx
+            .await
+            .map_err(|_| std::io::Error::other("netns socket factory thread died"))??;
+        Ok(NetnsDialer {
+            netns: netns.to_string(),
+            tx,
+            spare,
+            refill_pending,
+        })
+    }
+
+    pub fn netns(&self) -> &str {
+        &self.netns
+    }
+
+    /// A fresh unconnected socket from inside the namespace.
+    async fn socket(&self, family: AddressFamily) -> std::io::Result<std::os::fd::OwnedFd> {
+        use std::sync::atomic::Ordering;
+        if family == AddressFamily::Inet {
+            let (fd, left) = {
+                let mut pool = match self.spare.lock() {
+                    Ok(p) => p,
+                    Err(poisoned) => poisoned.into_inner(),
+                };
+                (pool.pop(), pool.len())
+            };
+            if left < SPARE_LOW_WATER && !self.refill_pending.swap(true, Ordering::AcqRel) {
+                let _ = self.tx.send(FactoryRequest::Refill);
+            }
+            if let Some(fd) = fd {
+                return Ok(fd);
+            }
+        }
+        let (reply, rx) = tokio::sync::oneshot::channel();
+        self.tx
+            .send(FactoryRequest::One(family, reply))
+            .map_err(|_| std::io::Error::other("netns socket factory stopped"))?;
+        rx.await
+            .map_err(|_| std::io::Error::other("netns socket factory stopped"))?
+    }
+
+    /// Connects to `addr` from a socket created inside the namespace (no timeout of its own).
+    pub async fn connect(&self, addr: SocketAddr) -> std::io::Result<tokio::net::TcpStream> {
+        let family = match addr.ip() {
+            IpAddr::V4(_) => AddressFamily::Inet,
+            IpAddr::V6(_) => AddressFamily::Inet6,
+        };
+        let fd = self.socket(family).await?;
+        let sock = tokio::net::TcpSocket::from_std_stream(std::net::TcpStream::from(fd));
+        sock.set_nodelay(true)?;
+        sock.connect(addr).await
+    }
+
+    /// [`NetnsDialer::connect`] bounded by `timeout`.
+    pub async fn connect_timeout(
+        &self,
+        addr: SocketAddr,
+        timeout: Duration,
+    ) -> std::io::Result<tokio::net::TcpStream> {
+        match tokio::time::timeout(timeout, self.connect(addr)).await {
+            Ok(r) => r,
+            Err(_) => Err(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                format!("connect {addr} in {} timed out", self.netns),
+            )),
+        }
+    }
+}
+
+fn new_socket(family: AddressFamily) -> std::io::Result<std::os::fd::OwnedFd> {
+    Ok(socket(
+        family,
+        SockType::Stream,
+        SockFlag::SOCK_CLOEXEC | SockFlag::SOCK_NONBLOCK,
+        None,
+    )?)
+}
+
+/// Runs on the factory thread (inside the namespace).
+fn refill(pool: &std::sync::Mutex<Vec<std::os::fd::OwnedFd>>) {
+    let missing = match pool.lock() {
+        Ok(p) => SPARE_SOCKETS.saturating_sub(p.len()),
+        Err(poisoned) => SPARE_SOCKETS.saturating_sub(poisoned.into_inner().len()),
+    };
+    let mut made = Vec::with_capacity(missing);
+    for _ in 0..missing {
+        match new_socket(AddressFamily::Inet) {
+            Ok(fd) => made.push(fd),
+            Err(e) => {
+                tracing::warn!(error = %e, "netns socket factory: socket()");
+                break;
+            }
+        }
+    }
+    let mut p = match pool.lock() {
+        Ok(p) => p,
+        Err(poisoned) => poisoned.into_inner(),
+    };
+    p.extend(made);
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

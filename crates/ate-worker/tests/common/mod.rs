@@ -64,6 +64,8 @@ pub struct Env {
     pub dir: tempfile::TempDir,
     pub actors: Vec<ActorSandbox>,
     pub extra_netns: Vec<String>,
+    /// runc `--root` dirs besides [`Env::runc_root`] (workers keep theirs under their own dir).
+    pub runc_roots: Vec<PathBuf>,
 }
 
 impl Env {
@@ -80,6 +82,7 @@ impl Env {
             dir,
             actors: Vec::new(),
             extra_netns: Vec::new(),
+            runc_roots: Vec::new(),
         }
     }
 
@@ -107,10 +110,18 @@ impl Env {
         a
     }
 
+    fn all_runc_roots(&self) -> Vec<PathBuf> {
+        let mut roots = vec![self.runc_root()];
+        roots.extend(self.runc_roots.iter().cloned());
+        roots
+    }
+
     /// Asserts nothing of ours is left on the host (call at the end of a passing test).
     pub fn assert_clean(&self) {
-        let root = self.runc_root();
-        if root.exists() {
+        for root in self.all_runc_roots() {
+            if !root.exists() {
+                continue;
+            }
             let out = Command::new("runc")
                 .arg("--root")
                 .arg(&root)
@@ -140,18 +151,17 @@ impl Env {
 impl Drop for Env {
     fn drop(&mut self) {
         // Synchronous on purpose: it must also run while a panicking test unwinds.
-        let root = self.runc_root();
         for a in &self.actors {
             let id = a.container_id();
-            if root.exists() {
+            for root in self.all_runc_roots().iter().filter(|r| r.exists()) {
                 let _ = Command::new("runc")
                     .arg("--root")
-                    .arg(&root)
+                    .arg(root)
                     .args(["kill", &id, "KILL"])
                     .output();
                 let _ = Command::new("runc")
                     .arg("--root")
-                    .arg(&root)
+                    .arg(root)
                     .args(["delete", "-f", &id])
                     .output();
             }

@@ -1,0 +1,364 @@
+//! atunnel: the router's only way to an actor (docs/tunnel-protocol.md, server side).
+//!
+//! h2c with prior knowledge; every tunnel is one HTTP/2 `CONNECT` stream naming the actor in
+//! `ate-target-actor` and the port in `ate-target-port`. A stream for an actor that is active here
+//! becomes a byte pipe to `169.254.17.2:<port>`, dialed from a socket made inside the actor's
+//! network namespace by its [`NetnsDialer`]. atunnel also counts open tunnels and the last
+//! activity per actor (idle auto-suspend), and closes an actor's tunnels when ingress goes off
+//! (so a memory dump sees no established connection).
+//!
+//! Egress (nftables in the actor netns redirecting outbound TCP to an egress listener here,
+//! which applies the template's egress policy) is not built yet; it belongs next to this
+//! listener, started per actor before the sandbox runs.
+
+use std::collections::HashMap;
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU32, Ordering};
+use std::sync::{Arc, RwLock};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use bytes::Bytes;
+use http::{Method, Request, Response, StatusCode};
+use http_body_util::Full;
+use hyper::body::Incoming;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+
+use crate::netns::{ACTOR_IP, NetnsDialer};
+
+pub const HEADER_ACTOR: &str = "ate-target-actor";
+pub const HEADER_PORT: &str = "ate-target-port";
+pub const HEADER_STALE: &str = "x-ate-assignment-stale";
+/// A SYN into an actor netns is answered at once (RST or SYN-ACK); this only bounds a stuck one.
+const DIAL_TIMEOUT: Duration = Duration::from_secs(5);
+
+pub fn now_unix_ms() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+        .unwrap_or(0)
+}
+
+/// One actor's ingress while it is active on this worker.
+#[derive(Debug)]
+pub struct Activation {
+    key: String,
+    dialer: NetnsDialer,
+    open: AtomicU32,
+    last_activity_ms: AtomicI64,
+    closed: watch::Sender<bool>,
+    /// Set once ingress is off: a tunnel dialed concurrently with `deactivate` is refused.
+    off: AtomicBool,
+}
+
+impl Activation {
+    pub fn key(&self) -> &str {
+        &self.key
+    }
+
+    pub fn open_tunnels(&self) -> u32 {
+        self.open.load(Ordering::Acquire)
+    }
+
+    pub fn last_activity_unix_ms(&self) -> i64 {
+        self.last_activity_ms.load(Ordering::Acquire)
+    }
+
+    fn touch(&self) {
+        self.last_activity_ms
+            .store(now_unix_ms(), Ordering::Release);
+    }
+
+    /// Waits until every tunnel of this activation has closed, up to `timeout`; true if they did.
+    pub async fn wait_closed(&self, timeout: Duration) -> bool {
+        let deadline = Instant::now() + timeout;
+        while self.open_tunnels() > 0 {
+            if Instant::now() >= deadline {
+                return false;
+            }
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+        true
+    }
+}
+
+/// Decrements the open count and records activity when a tunnel ends, whichever way it ends.
+struct OpenGuard(Arc<Activation>);
+
+impl Drop for OpenGuard {
+    fn drop(&mut self) {
+        self.0.open.fetch_sub(1, Ordering::AcqRel);
+        self.0.touch();
+    }
+}
+
+/// The actors whose ingress is on, keyed `<atespace>/<name>`.
+#[derive(Debug, Default)]
+pub struct Tunnels {
+    actors: RwLock<HashMap<String, Arc<Activation>>>,
+}
+
+impl Tunnels {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Ingress on: tunnels to `key` are dialed through `dialer` from now on.
+    pub fn activate(&self, key: &str, dialer: NetnsDialer) -> Arc<Activation> {
+        let (closed, _) = watch::channel(false);
+        let a = Arc::new(Activation {
+            key: key.to_string(),
+            dialer,
+            open: AtomicU32::new(0),
+            last_activity_ms: AtomicI64::new(now_unix_ms()),
+            closed,
+            off: AtomicBool::new(false),
+        });
+        let old = self.write().insert(key.to_string(), a.clone());
+        if let Some(old) = old {
+            shut(&old);
+        }
+        a
+    }
+
+    /// Ingress off (new CONNECTs get 421) and every open tunnel of `key` is closed. Returns the
+    /// activation so the caller can wait for the tunnels to be gone.
+    pub fn deactivate(&self, key: &str) -> Option<Arc<Activation>> {
+        let a = self.write().remove(key)?;
+        shut(&a);
+        Some(a)
+    }
+
+    pub fn get(&self, key: &str) -> Option<Arc<Activation>> {
+        self.read().get(key).cloned()
+    }
+
+    pub fn keys(&self) -> Vec<String> {
+        self.read().keys().cloned().collect()
+    }
+
+    fn read(&self) -> std::sync::RwLockReadGuard<'_, HashMap<String, Arc<Activation>>> {
+        match self.actors.read() {
+            Ok(g) => g,
+            Err(poisoned) => poisoned.into_inner(),
+        }
+    }
+
+    fn write(&self) -> std::sync::RwLockWriteGuard<'_, HashMap<String, Arc<Activation>>> {
+        match self.actors.write() {
+            Ok(g) => g,
+            Err(poisoned) => poisoned.into_inner(),
+        }
+    }
+}
+
+fn shut(a: &Activation) {
+    a.off.store(true, Ordering::Release);
+    a.closed.send_replace(true);
+}
+
+/// Serves atunnel on `listener` until `shutdown` resolves; then stops accepting and cuts every
+/// connection (the worker stops its sandboxes right after).
+pub async fn serve(
+    listener: TcpListener,
+    tunnels: Arc<Tunnels>,
+    shutdown: impl std::future::Future<Output = ()>,
+) {
+    let mut conns = tokio::task::JoinSet::new();
+    tokio::pin!(shutdown);
+    loop {
+        tokio::select! {
+            _ = &mut shutdown => break,
+            accepted = listener.accept() => {
+                let (stream, peer) = match accepted {
+                    Ok(x) => x,
+                    Err(e) => {
+                        // EMFILE and friends: back off instead of spinning.
+                        tracing::warn!(error = %e, "atunnel accept");
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                        continue;
+                    }
+                };
+                let _ = stream.set_nodelay(true);
+                let tunnels = tunnels.clone();
+                conns.spawn(async move {
+                    serve_connection(stream, peer, tunnels).await;
+                });
+            }
+            // Reap finished connection tasks so the set does not grow without bound.
+            Some(_) = conns.join_next(), if !conns.is_empty() => {}
+        }
+    }
+    conns.shutdown().await;
+}
+
+async fn serve_connection(stream: tokio::net::TcpStream, peer: SocketAddr, tunnels: Arc<Tunnels>) {
+    let service = hyper::service::service_fn(move |req| {
+        let tunnels = tunnels.clone();
+        async move { Ok::<_, Infallible>(handle(&tunnels, req).await) }
+    });
+    let mut builder = hyper::server::conn::http2::Builder::new(TokioExecutor::new());
+    // One connection carries every tunnel from the router: many streams, roomy windows.
+    builder
+        .max_concurrent_streams(4096)
+        .initial_stream_window_size(1 << 20)
+        .initial_connection_window_size(16 << 20);
+    if let Err(e) = builder
+        .serve_connection(TokioIo::new(stream), service)
+        .await
+    {
+        tracing::debug!(%peer, error = %e, "atunnel connection ended");
+    }
+}
+
+fn reply(status: StatusCode, body: impl Into<Bytes>) -> Response<Full<Bytes>> {
+    let mut r = Response::new(Full::new(body.into()));
+    *r.status_mut() = status;
+    r
+}
+
+fn stale(key: &str) -> Response<Full<Bytes>> {
+    let mut r = reply(
+        StatusCode::MISDIRECTED_REQUEST,
+        format!("actor {key} is not active on this worker\n"),
+    );
+    r.headers_mut()
+        .insert(HEADER_STALE, http::HeaderValue::from_static("true"));
+    r
+}
+
+/// Parses the routing headers: `(<atespace>/<name>, port)` or the 400 body.
+pub fn parse_target(headers: &http::HeaderMap) -> Result<(String, u16), String> {
+    let actor = match headers.get(HEADER_ACTOR) {
+        None => return Err(format!("missing {HEADER_ACTOR} header")),
+        Some(v) => v
+            .to_str()
+            .map_err(|_| format!("{HEADER_ACTOR} is not ASCII"))?,
+    };
+    let valid = actor
+        .split_once('/')
+        .is_some_and(|(ns, name)| ate_core::names::is_label(ns) && ate_core::names::is_label(name));
+    if !valid {
+        let shown: String = actor.chars().take(140).collect();
+        return Err(format!(
+            "{HEADER_ACTOR} {shown:?} is not <atespace>/<name> with both DNS-1123 labels"
+        ));
+    }
+    let port = match headers.get(HEADER_PORT) {
+        None => 80,
+        Some(v) => {
+            let text = v.to_str().unwrap_or("");
+            match text.parse::<u16>() {
+                Ok(p) if p > 0 => p,
+                _ => {
+                    let shown: String = text.chars().take(20).collect();
+                    return Err(format!("{HEADER_PORT} {shown:?} is not a port (1-65535)"));
+                }
+            }
+        }
+    };
+    Ok((actor.to_string(), port))
+}
+
+async fn handle(tunnels: &Tunnels, req: Request<Incoming>) -> Response<Full<Bytes>> {
+    if req.method() != Method::CONNECT {
+        return reply(
+            StatusCode::BAD_REQUEST,
+            "atunnel accepts only CONNECT streams (docs/tunnel-protocol.md)\n",
+        );
+    }
+    let (key, port) = match parse_target(req.headers()) {
+        Ok(t) => t,
+        Err(msg) => return reply(StatusCode::BAD_REQUEST, msg + "\n"),
+    };
+    let Some(activation) = tunnels.get(&key) else {
+        return stale(&key);
+    };
+    let addr = SocketAddr::new(ACTOR_IP.into(), port);
+    let upstream = match activation.dialer.connect_timeout(addr, DIAL_TIMEOUT).await {
+        Ok(s) => s,
+        Err(e) => {
+            return reply(
+                StatusCode::BAD_GATEWAY,
+                format!("actor {key} port {port}: {e}\n"),
+            );
+        }
+    };
+    activation.open.fetch_add(1, Ordering::AcqRel);
+    let guard = OpenGuard(activation.clone());
+    // Re-check after counting: `deactivate` sets `off` before waiting for the count to drop,
+    // so either it sees this tunnel or this tunnel sees ingress off.
+    if activation.off.load(Ordering::Acquire) {
+        drop(guard);
+        return stale(&key);
+    }
+    activation.touch();
+    let mut closed = activation.closed.subscribe();
+    tokio::spawn(async move {
+        let _guard = guard;
+        let mut upstream = upstream;
+        let upgraded = tokio::select! {
+            u = hyper::upgrade::on(req) => match u {
+                Ok(u) => u,
+                Err(e) => {
+                    tracing::debug!(actor = %key, error = %e, "tunnel upgrade failed");
+                    return;
+                }
+            },
+            _ = closed.wait_for(|c| *c) => return,
+        };
+        let mut downstream = TokioIo::new(upgraded);
+        tokio::select! {
+            r = tokio::io::copy_bidirectional_with_sizes(&mut downstream, &mut upstream, 32 * 1024, 32 * 1024) => {
+                if let Err(e) = r {
+                    tracing::debug!(actor = %key, error = %e, "tunnel ended with error");
+                }
+            }
+            _ = closed.wait_for(|c| *c) => {}
+        }
+    });
+    reply(StatusCode::OK, Bytes::new())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn headers(pairs: &[(&str, &str)]) -> http::HeaderMap {
+        let mut h = http::HeaderMap::new();
+        for (k, v) in pairs {
+            h.insert(
+                http::HeaderName::from_bytes(k.as_bytes()).expect("name"),
+                http::HeaderValue::from_str(v).expect("value"),
+            );
+        }
+        h
+    }
+
+    #[test]
+    fn target_headers() {
+        assert_eq!(
+            parse_target(&headers(&[(HEADER_ACTOR, "team/c-1")])),
+            Ok(("team/c-1".to_string(), 80))
+        );
+        assert_eq!(
+            parse_target(&headers(&[(HEADER_ACTOR, "team/c"), (HEADER_PORT, "8080")])),
+            Ok(("team/c".to_string(), 8080))
+        );
+        for bad in ["team", "Team/c", "team/c/d", "/c", "team/-c", ""] {
+            assert!(
+                parse_target(&headers(&[(HEADER_ACTOR, bad)])).is_err(),
+                "{bad:?}"
+            );
+        }
+        for bad in ["0", "65536", "x", "-1", ""] {
+            assert!(
+                parse_target(&headers(&[(HEADER_ACTOR, "a/b"), (HEADER_PORT, bad)])).is_err(),
+                "{bad:?}"
+            );
+        }
+        assert!(parse_target(&headers(&[])).is_err());
+    }
+}

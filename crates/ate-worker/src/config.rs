@@ -1,0 +1,187 @@
+//! `ate worker` flags ([`WorkerConfig`]) and test-only fault injection.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+/// Configuration of one worker process (flattened into `ate worker`).
+#[derive(Debug, Clone, clap::Args)]
+pub struct WorkerConfig {
+    /// Worker id: names `<state>/workers/<id>/` (socket, runc state, actor dirs).
+    #[arg(long, env = "ATE_WORKER_ID")]
+    pub id: String,
+
+    /// Node state directory shared by the node agent and its workers.
+    #[arg(long, default_value = "/var/lib/ate")]
+    pub state_dir: PathBuf,
+
+    /// atunnel listen address, the worker's own address (port 0 picks one; Info reports the bound one).
+    #[arg(long, default_value = "127.0.0.2:8443")]
+    pub listen: SocketAddr,
+
+    /// Actor slots offered to the scheduler.
+    #[arg(long, default_value_t = 8)]
+    pub slots: u32,
+
+    /// CPU offered, in millicores (default: 1000 × available cores).
+    #[arg(long)]
+    pub cpu: Option<u32>,
+
+    /// Memory offered: bytes or a quantity like `8Gi` (default: half of total RAM).
+    #[arg(long, value_parser = parse_memory)]
+    pub memory: Option<u64>,
+
+    /// Worker labels, `k=v,k2=v2` (matched against template and actor worker selectors).
+    #[arg(long, value_delimiter = ',', value_parser = parse_label)]
+    pub labels: Vec<(String, String)>,
+
+    /// Unpacked image cache (default `<state>/images-cache`).
+    #[arg(long)]
+    pub image_cache: Option<PathBuf>,
+
+    /// Fault injection for tests (never set from the command line).
+    #[arg(skip)]
+    pub faults: Arc<Faults>,
+}
+
+impl WorkerConfig {
+    /// A config with the defaults the flags would give.
+    pub fn new(id: impl Into<String>, state_dir: impl Into<PathBuf>, listen: SocketAddr) -> Self {
+        WorkerConfig {
+            id: id.into(),
+            state_dir: state_dir.into(),
+            listen,
+            slots: 8,
+            cpu: None,
+            memory: None,
+            labels: Vec::new(),
+            image_cache: None,
+            faults: Arc::default(),
+        }
+    }
+
+    /// `<state>/workers/<id>`.
+    pub fn worker_dir(&self) -> PathBuf {
+        self.state_dir.join("workers").join(&self.id)
+    }
+
+    /// The WorkerService unix socket.
+    pub fn socket_path(&self) -> PathBuf {
+        self.worker_dir().join("worker.sock")
+    }
+
+    pub fn actors_dir(&self) -> PathBuf {
+        self.worker_dir().join("actors")
+    }
+
+    pub fn image_cache_dir(&self) -> PathBuf {
+        self.image_cache
+            .clone()
+            .unwrap_or_else(|| self.state_dir.join("images-cache"))
+    }
+
+    pub fn cpu_millis(&self) -> u32 {
+        self.cpu.unwrap_or_else(|| {
+            let cores = std::thread::available_parallelism()
+                .map(|n| n.get())
+                .unwrap_or(1);
+            u32::try_from(cores * 1000).unwrap_or(u32::MAX)
+        })
+    }
+
+    pub fn memory_bytes(&self) -> u64 {
+        self.memory.unwrap_or_else(|| total_memory_bytes() / 2)
+    }
+
+    pub fn label_map(&self) -> BTreeMap<String, String> {
+        self.labels.iter().cloned().collect()
+    }
+}
+
+/// Faults a test can switch on for one worker, without process-wide env races.
+#[derive(Debug, Default)]
+pub struct Faults {
+    /// Every memory dump fails as if CRIU had (same as env `ATE_FAULT_CRIU_DUMP=fail`).
+    pub criu_dump_fail: AtomicBool,
+}
+
+impl Faults {
+    pub fn set_criu_dump_fail(&self, on: bool) {
+        self.criu_dump_fail.store(on, Ordering::Release);
+    }
+
+    pub(crate) fn criu_dump_fails(&self) -> bool {
+        self.criu_dump_fail.load(Ordering::Acquire)
+            || std::env::var("ATE_FAULT_CRIU_DUMP").is_ok_and(|v| v == "fail")
+    }
+}
+
+fn parse_memory(text: &str) -> Result<u64, String> {
+    ate_core::template::parse_memory("--memory", text).map_err(|e| e.to_string())
+}
+
+fn parse_label(text: &str) -> Result<(String, String), String> {
+    let (k, v) = text
+        .split_once('=')
+        .ok_or_else(|| format!("label {text:?} is not k=v"))?;
+    if k.trim().is_empty() {
+        return Err(format!("label {text:?} has an empty key"));
+    }
+    Ok((k.trim().to_string(), v.trim().to_string()))
+}
+
+/// `MemTotal` from /proc/meminfo (0 when unreadable).
+fn total_memory_bytes() -> u64 {
+    std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|text| {
+            text.lines()
+                .find_map(|l| l.strip_prefix("MemTotal:"))
+                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        })
+        .map(|kib| kib * 1024)
+        .unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        worker: WorkerConfig,
+    }
+
+    #[test]
+    fn flags_parse() {
+        let cli = Cli::try_parse_from([
+            "ate",
+            "--id",
+            "w1",
+            "--listen",
+            "127.0.0.3:8443",
+            "--memory",
+            "8Gi",
+            "--labels",
+            "zone=a,gpu=no",
+        ])
+        .expect("parse");
+        let w = cli.worker;
+        assert_eq!(w.id, "w1");
+        assert_eq!(w.memory_bytes(), 8 << 30);
+        assert_eq!(w.slots, 8);
+        assert_eq!(w.state_dir, PathBuf::from("/var/lib/ate"));
+        assert_eq!(
+            w.image_cache_dir(),
+            PathBuf::from("/var/lib/ate/images-cache")
+        );
+        assert_eq!(w.label_map().get("zone").map(String::as_str), Some("a"));
+        assert_eq!(w.labels.len(), 2);
+        assert!(w.cpu_millis() >= 1000);
+        assert!(Cli::try_parse_from(["ate", "--id", "w", "--labels", "nokv"]).is_err());
+    }
+}

@@ -1,0 +1,814 @@
+//! The worker's actor table and the operations behind WorkerService: start (cold or restore),
+//! checkpoint, stop, activity, and the exit watcher.
+//!
+//! Operations on one actor are serialized by a per-actor async lock; different actors proceed
+//! concurrently. An actor is "active" from the moment its probe passed and ingress went on until
+//! ingress goes off again (checkpoint, stop, exit, shutdown).
+
+use std::collections::{BTreeMap, HashMap};
+use std::io::{Read, Seek, SeekFrom};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use ate_core::{Fidelity, TemplateSpec};
+use ate_proto::v1;
+use tonic::Status;
+
+use crate::atunnel::{Tunnels, now_unix_ms};
+use crate::config::Faults;
+use crate::error::SandboxError;
+use crate::image::ImageCache;
+use crate::netns::{ACTOR_IP, NetnsDialer, connect_in_netns_timeout};
+use crate::probe;
+use crate::runtime::{ActorSandbox, RunMode, SandboxRuntime, SandboxSpec};
+
+/// How often the exit watcher asks the runtime about active actors.
+pub const EXIT_POLL: Duration = Duration::from_millis(500);
+/// Probe limit when a template's first container has no wakeup probe (template default).
+const DEFAULT_PROBE_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long a checkpoint waits for closed tunnels' connections to leave the actor's TCP table.
+const QUIESCE_TIMEOUT: Duration = Duration::from_secs(2);
+const LOG_TAIL_LINES: usize = 20;
+
+/// An actor running here.
+#[derive(Debug, Clone)]
+struct Entry {
+    sandbox: ActorSandbox,
+    spec: TemplateSpec,
+    template: String,
+    /// Host pid of the container init (for the TCP-table check before a dump).
+    pid: Option<u32>,
+}
+
+/// An exit not yet reported through Activity.
+#[derive(Debug, Clone)]
+struct ExitReport {
+    atespace: String,
+    name: String,
+    idle_timeout_seconds: u32,
+    at_ms: i64,
+    exit_code: i32,
+    log: String,
+}
+
+#[derive(Default)]
+struct Table {
+    actors: HashMap<String, Entry>,
+    exits: Vec<ExitReport>,
+}
+
+/// Static facts reported by Info.
+#[derive(Debug, Clone)]
+pub struct Identity {
+    pub id: String,
+    pub epoch: u64,
+    pub addresses: Vec<String>,
+    pub cpu_millis: u32,
+    pub memory_bytes: u64,
+    pub slots: u32,
+    pub labels: BTreeMap<String, String>,
+}
+
+pub struct Worker {
+    pub ident: Identity,
+    runtime: Arc<dyn SandboxRuntime>,
+    images: ImageCache,
+    actors_dir: PathBuf,
+    pub tunnels: Arc<Tunnels>,
+    faults: Arc<Faults>,
+    table: Mutex<Table>,
+    locks: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+    shutting_down: AtomicBool,
+}
+
+/// `<atespace>/<name>` of a validated ref.
+fn key_of(atespace: &str, name: &str) -> String {
+    format!("{atespace}/{name}")
+}
+
+fn validate_ref(r: Option<&v1::ObjectRef>) -> Result<(String, String), Status> {
+    let r = r.ok_or_else(|| Status::invalid_argument("actor ref missing"))?;
+    ate_core::validate_label("actor.atespace", &r.atespace)
+        .map_err(|e| Status::invalid_argument(e.to_string()))?;
+    ate_core::validate_label("actor.name", &r.name)
+        .map_err(|e| Status::invalid_argument(e.to_string()))?;
+    Ok((r.atespace.clone(), r.name.clone()))
+}
+
+/// Sandbox-layer failures as RPC errors: a broken image, spec, snapshot or runtime command is
+/// not transient (the api crashes the actor); host I/O failures are INTERNAL.
+fn sandbox_status(what: &str, e: SandboxError) -> Status {
+    match e {
+        SandboxError::Io { .. } => Status::internal(format!("{what}: {e}")),
+        _ => Status::failed_precondition(format!("{what}: {e}")),
+    }
+}
+
+fn snapshot_status(what: &str, e: ate_snapshot::Error) -> Status {
+    Status::failed_precondition(format!("{what}: {e}"))
+}
+
+fn fidelity_from_wire(n: i32) -> Result<Option<Fidelity>, Status> {
+    if n == 0 {
+        return Ok(None);
+    }
+    Fidelity::from_wire(n)
+        .map(Some)
+        .ok_or_else(|| Status::invalid_argument(format!("unknown fidelity {n}")))
+}
+
+impl Worker {
+    pub fn new(
+        ident: Identity,
+        runtime: Arc<dyn SandboxRuntime>,
+        images: ImageCache,
+        actors_dir: PathBuf,
+        faults: Arc<Faults>,
+    ) -> Self {
+        Worker {
+            ident,
+            runtime,
+            images,
+            actors_dir,
+            tunnels: Arc::new(Tunnels::new()),
+            faults,
+            table: Mutex::new(Table::default()),
+            locks: Mutex::new(HashMap::new()),
+            shutting_down: AtomicBool::new(false),
+        }
+    }
+
+    fn table(&self) -> std::sync::MutexGuard<'_, Table> {
+        match self.table.lock() {
+            Ok(t) => t,
+            Err(poisoned) => poisoned.into_inner(),
+        }
+    }
+
+    fn lock_for(&self, key: &str) -> Arc<tokio::sync::Mutex<()>> {
+        let mut locks = match self.locks.lock() {
+            Ok(l) => l,
+            Err(poisoned) => poisoned.into_inner(),
+        };
+        locks.entry(key.to_string()).or_default().clone()
+    }
+
+    fn sandbox_for(&self, atespace: &str, name: &str, uid: &str) -> ActorSandbox {
+        ActorSandbox::new(
+            atespace,
+            name,
+            uid,
+            self.actors_dir.join(atespace).join(name),
+        )
+    }
+
+    fn check_running(&self) -> Result<(), Status> {
+        if self.shutting_down.load(Ordering::Acquire) {
+            return Err(Status::unavailable(format!(
+                "worker {} is shutting down",
+                self.ident.id
+            )));
+        }
+        Ok(())
+    }
+
+    pub fn can_restore_memory(&self) -> bool {
+        self.runtime.capabilities().can_restore_memory
+    }
+
+    pub fn sandbox_class(&self) -> String {
+        self.runtime.capabilities().sandbox_class
+    }
+
+    /// Validates a workload addressed to this worker; returns `(atespace, name)`.
+    fn check_workload(&self, w: Option<&v1::Workload>) -> Result<(String, String), Status> {
+        let w = w.ok_or_else(|| Status::invalid_argument("workload missing"))?;
+        let (atespace, name) = validate_ref(w.actor.as_ref())?;
+        if w.worker_id != self.ident.id {
+            return Err(Status::failed_precondition(format!(
+                "workload for {atespace}/{name} names worker {:?}, this is worker {:?}",
+                w.worker_id, self.ident.id
+            )));
+        }
+        Ok((atespace, name))
+    }
+
+    // ------------------------------------------------------------------ Start
+
+    pub async fn start(&self, req: v1::WorkerStartRequest) -> Result<v1::WorkerStartReply, Status> {
+        let begun = Instant::now();
+        let (atespace, name) = self.check_workload(req.workload.as_ref())?;
+        let workload = req.workload.unwrap_or_default();
+        let wire_spec = workload
+            .spec
+            .as_ref()
+            .ok_or_else(|| Status::invalid_argument("workload.spec missing"))?;
+        let spec = ate_proto::spec_from_wire(wire_spec)
+            .map_err(|e| Status::invalid_argument(format!("workload.spec: {e}")))?;
+        let requested = fidelity_from_wire(req.fidelity)?;
+        let generation_dir =
+            (!req.generation_dir.is_empty()).then(|| PathBuf::from(&req.generation_dir));
+        if requested.is_some() && generation_dir.is_none() {
+            return Err(Status::invalid_argument(
+                "a fidelity was given without a generation_dir",
+            ));
+        }
+        let key = key_of(&atespace, &name);
+        let lock = self.lock_for(&key);
+        let _guard = lock.lock().await;
+        self.check_running()?;
+        if self.table().actors.contains_key(&key) && self.tunnels.get(&key).is_some() {
+            return Ok(v1::WorkerStartReply {
+                epoch: self.ident.epoch,
+                ready_ms: 0,
+            });
+        }
+        let in_use = self.table().actors.len();
+        if in_use >= self.ident.slots as usize {
+            return Err(Status::resource_exhausted(format!(
+                "worker {} has all {} actor slots in use",
+                self.ident.id, self.ident.slots
+            )));
+        }
+        let container = spec
+            .containers
+            .first()
+            .ok_or_else(|| Status::invalid_argument("workload.spec has no containers"))?;
+        let image = self
+            .images
+            .ensure(&container.image)
+            .await
+            .map_err(|e| sandbox_status(&format!("image {}", container.image), e))?;
+        let sandbox_spec = SandboxSpec::from_template(&spec, image)
+            .map_err(|e| sandbox_status("sandbox spec", e))?;
+        let sandbox = self.sandbox_for(&atespace, &name, &workload.uid);
+
+        // Nothing of an earlier life of this actor on this worker carries over: the generation
+        // (or nothing, for a cold boot) is the whole truth.
+        self.discard(&sandbox).await?;
+        let booted = self
+            .boot(
+                &sandbox,
+                &sandbox_spec,
+                generation_dir.as_deref(),
+                requested,
+            )
+            .await;
+        let pid = match booted {
+            Ok(pid) => pid,
+            Err(e) => {
+                self.discard_quietly(&sandbox).await;
+                return Err(e);
+            }
+        };
+        if let Err(e) = self.wait_probe(&sandbox, &spec).await {
+            self.discard_quietly(&sandbox).await;
+            return Err(e);
+        }
+        let dialer = match NetnsDialer::new(&sandbox.netns()).await {
+            Ok(d) => d,
+            Err(e) => {
+                self.discard_quietly(&sandbox).await;
+                return Err(Status::internal(format!(
+                    "socket factory for netns {}: {e}",
+                    sandbox.netns()
+                )));
+            }
+        };
+        self.table().actors.insert(
+            key.clone(),
+            Entry {
+                sandbox,
+                spec,
+                template: workload.template.clone(),
+                pid,
+            },
+        );
+        self.tunnels.activate(&key, dialer);
+        let ready_ms = u64::try_from(begun.elapsed().as_millis()).unwrap_or(u64::MAX);
+        tracing::info!(actor = %key, ready_ms, restore = req.generation_dir.as_str(), "actor started; ingress on");
+        Ok(v1::WorkerStartReply {
+            epoch: self.ident.epoch,
+            ready_ms,
+        })
+    }
+
+    /// Extracts what the fidelity keeps and starts the sandbox; returns the init pid.
+    async fn boot(
+        &self,
+        sandbox: &ActorSandbox,
+        spec: &SandboxSpec,
+        generation_dir: Option<&Path>,
+        requested: Option<Fidelity>,
+    ) -> Result<Option<u32>, Status> {
+        let Some(gen_dir) = generation_dir else {
+            let started = self
+                .runtime
+                .run(sandbox, spec, RunMode::KeepRootfs)
+                .await
+                .map_err(|e| sandbox_status("cold boot", e))?;
+            return Ok(started.pid);
+        };
+        let manifest = ate_snapshot::verify(gen_dir)
+            .await
+            .map_err(|e| snapshot_status(&format!("generation {}", gen_dir.display()), e))?;
+        let fidelity = requested.unwrap_or(manifest.fidelity);
+        if fidelity.rank() > manifest.fidelity.rank() {
+            return Err(Status::failed_precondition(format!(
+                "generation {} holds {} and cannot be restored at {fidelity}",
+                gen_dir.display(),
+                manifest.fidelity
+            )));
+        }
+        if fidelity == Fidelity::Memory && !self.can_restore_memory() {
+            return Err(Status::failed_precondition(format!(
+                "worker {} cannot restore memory (no CRIU ≥ 4.2); restore at FIDELITY_ROOTFS",
+                self.ident.id
+            )));
+        }
+        if fidelity != Fidelity::Volumes && manifest.has_rootfs() {
+            ate_snapshot::extract_rootfs(gen_dir, &sandbox.upper_dir())
+                .await
+                .map_err(|e| snapshot_status("extract rootfs", e))?;
+        }
+        let archived = manifest.volumes();
+        for v in &spec.volumes {
+            // A volume the generation does not hold (template change) starts empty.
+            if archived.contains(&v.name) {
+                ate_snapshot::extract_volume(gen_dir, &v.name, &sandbox.volume_dir(&v.name))
+                    .await
+                    .map_err(|e| snapshot_status(&format!("extract volume {}", v.name), e))?;
+            }
+        }
+        let started = match fidelity {
+            Fidelity::Memory => self
+                .runtime
+                .restore(sandbox, spec, &gen_dir.join(ate_snapshot::CRIU_DIR))
+                .await
+                .map_err(|e| sandbox_status("memory restore", e))?,
+            Fidelity::Rootfs => self
+                .runtime
+                .run(sandbox, spec, RunMode::KeepRootfs)
+                .await
+                .map_err(|e| sandbox_status("rootfs restart", e))?,
+            Fidelity::Volumes => self
+                .runtime
+                .run(sandbox, spec, RunMode::FreshRootfs)
+                .await
+                .map_err(|e| sandbox_status("volumes restart", e))?,
+        };
+        Ok(started.pid)
+    }
+
+    /// The first container's wakeup probe; without one, a TCP connect to its port.
+    async fn wait_probe(&self, sandbox: &ActorSandbox, spec: &TemplateSpec) -> Result<(), Status> {
+        let netns = sandbox.netns();
+        let probe_def = spec.containers.first().and_then(|c| c.wakeup_probe.clone());
+        match probe_def {
+            Some(p) => {
+                let port = u16::try_from(p.http_get.port).map_err(|_| {
+                    Status::invalid_argument(format!("wakeup probe port {}", p.http_get.port))
+                })?;
+                let secs = if p.timeout_seconds == 0 {
+                    DEFAULT_PROBE_TIMEOUT.as_secs()
+                } else {
+                    u64::from(p.timeout_seconds)
+                };
+                let path = if p.http_get.path.is_empty() {
+                    "/".to_string()
+                } else {
+                    p.http_get.path.clone()
+                };
+                probe::wait_ready(&netns, port, &path, Duration::from_secs(secs))
+                    .await
+                    .map(|_| ())
+                    .map_err(|e| {
+                        let last = match e {
+                            SandboxError::ProbeTimeout { last, .. } => last,
+                            other => other.to_string(),
+                        };
+                        Status::failed_precondition(format!(
+                            "wakeup probe GET {path} on port {port} did not answer 200 within {secs}s (last: {last})"
+                        ))
+                    })
+            }
+            None => {
+                let port = 80;
+                let deadline = Instant::now() + DEFAULT_PROBE_TIMEOUT;
+                let addr = std::net::SocketAddr::new(ACTOR_IP.into(), port);
+                let mut last = String::from("no attempt made");
+                while Instant::now() < deadline {
+                    match connect_in_netns_timeout(&netns, addr, Duration::from_secs(1)).await {
+                        Ok(_) => return Ok(()),
+                        Err(e) => last = e.to_string(),
+                    }
+                    tokio::time::sleep(probe::PROBE_INTERVAL).await;
+                }
+                Err(Status::failed_precondition(format!(
+                    "wakeup probe (TCP connect to port {port}, no HTTP probe in the template) did not succeed within {}s (last: {last})",
+                    DEFAULT_PROBE_TIMEOUT.as_secs()
+                )))
+            }
+        }
+    }
+
+    /// Stops the sandbox and removes the actor's working dirs.
+    async fn discard(&self, sandbox: &ActorSandbox) -> Result<(), Status> {
+        self.runtime.stop(sandbox).await.map_err(|e| {
+            Status::internal(format!("stop sandbox {}: {e}", sandbox.container_id()))
+        })?;
+        remove_dir_all(&sandbox.dir).await
+    }
+
+    async fn discard_quietly(&self, sandbox: &ActorSandbox) {
+        if let Err(e) = self.discard(sandbox).await {
+            tracing::warn!(actor = %key_of(&sandbox.atespace, &sandbox.name), error = %e.message(), "cleanup after a failed start");
+        }
+    }
+
+    /// Ingress off and every tunnel of `key` closed (waits for them to go, bounded).
+    async fn ingress_off(&self, key: &str) {
+        if let Some(a) = self.tunnels.deactivate(key)
+            && !a.wait_closed(QUIESCE_TIMEOUT).await
+        {
+            tracing::warn!(actor = %key, open = a.open_tunnels(), "tunnels still open after ingress off");
+        }
+    }
+
+    // ------------------------------------------------------------------ Checkpoint
+
+    pub async fn checkpoint(
+        &self,
+        req: v1::WorkerCheckpointRequest,
+    ) -> Result<v1::WorkerCheckpointReply, Status> {
+        let (atespace, name) = self.check_workload(req.workload.as_ref())?;
+        if req.generation_dir.is_empty() {
+            return Err(Status::invalid_argument("generation_dir missing"));
+        }
+        let gen_dir = PathBuf::from(&req.generation_dir);
+        if !gen_dir.is_absolute() {
+            return Err(Status::invalid_argument("generation_dir must be absolute"));
+        }
+        let requested = fidelity_from_wire(req.fidelity)?;
+        let key = key_of(&atespace, &name);
+        let lock = self.lock_for(&key);
+        let _guard = lock.lock().await;
+
+        let entry = self.table().actors.get(&key).cloned();
+        let Some(entry) = entry else {
+            // A retried call whose first attempt finished: answer from the sealed generation.
+            if ate_snapshot::is_sealed(&gen_dir) {
+                let m = ate_snapshot::verify(&gen_dir)
+                    .await
+                    .map_err(|e| snapshot_status("sealed generation", e))?;
+                if m.atespace == atespace && m.name == name {
+                    return Ok(self.checkpoint_reply(&m));
+                }
+            }
+            return Err(Status::failed_precondition(format!(
+                "actor {key} is not running on worker {}",
+                self.ident.id
+            )));
+        };
+        if dir_has_entries(&gen_dir).await? {
+            return Err(Status::failed_precondition(format!(
+                "generation_dir {} exists and is not empty",
+                gen_dir.display()
+            )));
+        }
+        let asked = requested.unwrap_or(entry.spec.fidelity);
+        let sandbox = entry.sandbox.clone();
+
+        self.ingress_off(&key).await;
+        if let Some(pid) = entry.pid {
+            wait_tcp_quiet(pid, QUIESCE_TIMEOUT).await;
+        }
+
+        let mut fidelity = asked;
+        let mut reason = String::new();
+        let mut dumped = false;
+        if asked == Fidelity::Memory {
+            if !self.can_restore_memory() {
+                reason = "memory dump unavailable on this worker (no CRIU ≥ 4.2); captured FIDELITY_ROOTFS".to_string();
+            } else if self.faults.criu_dump_fails() {
+                reason = "memory dump failed: injected fault (ATE_FAULT_CRIU_DUMP=fail); captured FIDELITY_ROOTFS".to_string();
+            } else {
+                let criu = gen_dir.join(ate_snapshot::CRIU_DIR);
+                match self.runtime.checkpoint(&sandbox, &criu).await {
+                    Ok(stats) => {
+                        dumped = true;
+                        tracing::info!(actor = %key, dump_ms = stats.dump.as_millis() as u64, image_bytes = stats.image_bytes, "memory dumped");
+                    }
+                    Err(e) => {
+                        let text = crate::error::tail(&e.to_string(), 1500);
+                        reason = format!("memory dump failed, captured FIDELITY_ROOTFS: {text}");
+                        // A partial image must not be mistaken for a dump.
+                        let _ = tokio::fs::remove_dir_all(&criu).await;
+                    }
+                }
+            }
+            if !dumped {
+                fidelity = Fidelity::Rootfs;
+                tracing::warn!(actor = %key, %reason, "falling back to ROOTFS fidelity");
+            }
+        }
+        // Everything but a successful dump (which already stopped it) stops the sandbox here;
+        // the files stay for archiving.
+        let stopped = if dumped {
+            Ok(())
+        } else {
+            self.runtime.stop(&sandbox).await
+        };
+        let result = match stopped {
+            Err(e) => Err(Status::internal(format!(
+                "stop sandbox {} for checkpoint: {e}",
+                sandbox.container_id()
+            ))),
+            Ok(()) => {
+                let meta = ate_snapshot::GenerationMeta {
+                    atespace: atespace.clone(),
+                    name: name.clone(),
+                    generation: req.generation,
+                    uuid: req.uuid.clone(),
+                    fidelity,
+                    template: entry.template.clone(),
+                    sandbox_class: self.sandbox_class(),
+                    node: req.node.clone(),
+                    boot_id: req.boot_id.clone(),
+                    created_unix_ms: now_unix_ms(),
+                    reason: reason.clone(),
+                };
+                let upper = sandbox.upper_dir();
+                let upper = (fidelity != Fidelity::Volumes).then_some(upper.as_path());
+                let volumes: Vec<(String, PathBuf)> = entry
+                    .spec
+                    .volumes
+                    .iter()
+                    .map(|v| (v.name.clone(), sandbox.volume_dir(&v.name)))
+                    .collect();
+                ate_snapshot::seal_generation(&gen_dir, meta, upper, &volumes)
+                    .await
+                    .map_err(|e| Status::internal(format!("seal {}: {e}", gen_dir.display())))
+            }
+        };
+        // Checkpointed or not, the actor no longer runs here.
+        self.table().actors.remove(&key);
+        if let Err(e) = self.discard(&sandbox).await {
+            tracing::warn!(actor = %key, error = %e.message(), "cleanup after checkpoint");
+        }
+        let manifest = result?;
+        tracing::info!(actor = %key, fidelity = %manifest.fidelity, size = manifest.total_size(), "generation sealed");
+        Ok(self.checkpoint_reply(&manifest))
+    }
+
+    fn checkpoint_reply(&self, m: &ate_snapshot::Manifest) -> v1::WorkerCheckpointReply {
+        v1::WorkerCheckpointReply {
+            epoch: self.ident.epoch,
+            fidelity: m.fidelity.wire(),
+            reason: m.reason.clone(),
+            size_bytes: m.total_size(),
+            checksum: m.checksum(),
+        }
+    }
+
+    // ------------------------------------------------------------------ Stop
+
+    pub async fn stop(&self, req: v1::WorkerStopRequest) -> Result<v1::WorkerStopReply, Status> {
+        let (atespace, name) = validate_ref(req.actor.as_ref())?;
+        let key = key_of(&atespace, &name);
+        let lock = self.lock_for(&key);
+        let _guard = lock.lock().await;
+        self.ingress_off(&key).await;
+        let entry = self.table().actors.remove(&key);
+        let sandbox = entry
+            .map(|e| e.sandbox)
+            .unwrap_or_else(|| self.sandbox_for(&atespace, &name, ""));
+        self.discard(&sandbox).await?;
+        self.table()
+            .exits
+            .retain(|x| !(x.atespace == atespace && x.name == name));
+        Ok(v1::WorkerStopReply {
+            epoch: self.ident.epoch,
+        })
+    }
+
+    // ------------------------------------------------------------------ Activity
+
+    pub fn activity(&self) -> v1::WorkerActivityReply {
+        let mut table = self.table();
+        let mut actors: Vec<v1::ActorActivity> = table
+            .actors
+            .iter()
+            .map(|(key, e)| {
+                let (open, last) = match self.tunnels.get(key) {
+                    Some(a) => (a.open_tunnels(), a.last_activity_unix_ms()),
+                    None => (0, 0),
+                };
+                v1::ActorActivity {
+                    actor: Some(v1::ObjectRef {
+                        atespace: e.sandbox.atespace.clone(),
+                        name: e.sandbox.name.clone(),
+                    }),
+                    open_streams: open,
+                    last_activity_unix_ms: last,
+                    exited: false,
+                    exit_code: 0,
+                    last_log_lines: String::new(),
+                    idle_timeout_seconds: e.spec.idle_timeout_seconds,
+                }
+            })
+            .collect();
+        // Exits are reported once.
+        for x in table.exits.drain(..) {
+            actors.push(v1::ActorActivity {
+                actor: Some(v1::ObjectRef {
+                    atespace: x.atespace,
+                    name: x.name,
+                }),
+                open_streams: 0,
+                last_activity_unix_ms: x.at_ms,
+                exited: true,
+                exit_code: x.exit_code,
+                last_log_lines: x.log,
+                idle_timeout_seconds: x.idle_timeout_seconds,
+            });
+        }
+        actors.sort_by(|a, b| {
+            let k = |x: &v1::ActorActivity| {
+                x.actor
+                    .as_ref()
+                    .map(|r| (r.atespace.clone(), r.name.clone()))
+            };
+            k(a).cmp(&k(b))
+        });
+        v1::WorkerActivityReply {
+            epoch: self.ident.epoch,
+            actors,
+        }
+    }
+
+    /// One pass of the exit watcher: an actor whose processes all exited is deactivated, its
+    /// sandbox removed, and its exit queued for Activity.
+    pub async fn reap_exited(&self) {
+        let keys: Vec<String> = self.table().actors.keys().cloned().collect();
+        for key in keys {
+            let lock = self.lock_for(&key);
+            // Busy actors are in the middle of an operation that decides their fate itself.
+            let Ok(_guard) = lock.try_lock() else {
+                continue;
+            };
+            let Some(entry) = self.table().actors.get(&key).cloned() else {
+                continue;
+            };
+            let exited = match self.runtime.exited(&entry.sandbox).await {
+                Ok(Some(info)) => info,
+                Ok(None) => continue,
+                Err(e) => {
+                    tracing::debug!(actor = %key, error = %e, "exit check");
+                    continue;
+                }
+            };
+            self.ingress_off(&key).await;
+            let log = log_tail(&entry.sandbox.log_path(), LOG_TAIL_LINES).await;
+            tracing::warn!(actor = %key, status = %exited.status, "actor exited while active");
+            self.table().actors.remove(&key);
+            if let Err(e) = self.discard(&entry.sandbox).await {
+                tracing::warn!(actor = %key, error = %e.message(), "cleanup after exit");
+            }
+            self.table().exits.push(ExitReport {
+                atespace: entry.sandbox.atespace.clone(),
+                name: entry.sandbox.name.clone(),
+                idle_timeout_seconds: entry.spec.idle_timeout_seconds,
+                at_ms: now_unix_ms(),
+                // runc keeps no exit status for a detached container's init.
+                exit_code: -1,
+                log,
+            });
+        }
+    }
+
+    // ------------------------------------------------------------------ lifecycle
+
+    /// Removes sandboxes and dirs left by an earlier process of this worker id (a new epoch
+    /// starts empty).
+    pub async fn clean_leftovers(&self) {
+        let Ok(spaces) = std::fs::read_dir(&self.actors_dir) else {
+            return;
+        };
+        for space in spaces.flatten() {
+            let Ok(names) = std::fs::read_dir(space.path()) else {
+                continue;
+            };
+            for n in names.flatten() {
+                let atespace = space.file_name().to_string_lossy().into_owned();
+                let name = n.file_name().to_string_lossy().into_owned();
+                let sandbox = self.sandbox_for(&atespace, &name, "");
+                tracing::info!(actor = %key_of(&atespace, &name), "removing leftover actor from an earlier run");
+                self.discard_quietly(&sandbox).await;
+            }
+        }
+    }
+
+    /// Shutdown: refuse new work, then stop every sandbox (no snapshot).
+    pub async fn shutdown(&self) {
+        self.shutting_down.store(true, Ordering::Release);
+        let keys: Vec<String> = self.table().actors.keys().cloned().collect();
+        for key in keys {
+            let lock = self.lock_for(&key);
+            let _guard = lock.lock().await;
+            self.ingress_off(&key).await;
+            let entry = self.table().actors.remove(&key);
+            if let Some(e) = entry {
+                self.discard_quietly(&e.sandbox).await;
+            }
+        }
+    }
+}
+
+async fn remove_dir_all(dir: &Path) -> Result<(), Status> {
+    match tokio::fs::remove_dir_all(dir).await {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(Status::internal(format!("remove {}: {e}", dir.display()))),
+    }
+}
+
+async fn dir_has_entries(dir: &Path) -> Result<bool, Status> {
+    match tokio::fs::read_dir(dir).await {
+        Ok(mut rd) => Ok(rd
+            .next_entry()
+            .await
+            .map_err(|e| Status::internal(format!("list {}: {e}", dir.display())))?
+            .is_some()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(false),
+        Err(e) => Err(Status::internal(format!("list {}: {e}", dir.display()))),
+    }
+}
+
+/// Waits until the actor's network namespace has no TCP socket other than listeners and
+/// TIME_WAIT remnants (closed tunnels leave the actor's end in CLOSE_WAIT until it closes it;
+/// CRIU refuses connected sockets without `--tcp-established`). Gives up silently after
+/// `timeout`: the dump then reports what it found.
+async fn wait_tcp_quiet(pid: u32, timeout: Duration) {
+    let deadline = Instant::now() + timeout;
+    loop {
+        match busy_tcp_sockets(pid) {
+            Ok(0) | Err(_) => return,
+            Ok(n) => {
+                if Instant::now() >= deadline {
+                    tracing::warn!(
+                        pid,
+                        sockets = n,
+                        "actor still has TCP connections before the dump"
+                    );
+                    return;
+                }
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// Connected-ish TCP sockets in `pid`'s network namespace (`/proc/<pid>/net/tcp{,6}`).
+fn busy_tcp_sockets(pid: u32) -> std::io::Result<usize> {
+    const LISTEN: &str = "0A";
+    const TIME_WAIT: &str = "06";
+    let mut busy = 0;
+    for file in ["tcp", "tcp6"] {
+        let text = match std::fs::read_to_string(format!("/proc/{pid}/net/{file}")) {
+            Ok(t) => t,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound && file == "tcp6" => continue,
+            Err(e) => return Err(e),
+        };
+        busy += text
+            .lines()
+            .skip(1)
+            .filter_map(|l| l.split_whitespace().nth(3))
+            .filter(|st| *st != LISTEN && *st != TIME_WAIT)
+            .count();
+    }
+    Ok(busy)
+}
+
+/// The last `lines` lines of the actor log (reads at most the last 64 KiB).
+async fn log_tail(path: &Path, lines: usize) -> String {
+    let path = path.to_path_buf();
+    tokio::task::spawn_blocking(move || {
+        let mut f = std::fs::File::open(&path).ok()?;
+        let len = f.metadata().ok()?.len();
+        let start = len.saturating_sub(64 * 1024);
+        f.seek(SeekFrom::Start(start)).ok()?;
+        let mut buf = Vec::new();
+        f.read_to_end(&mut buf).ok()?;
+        let text = String::from_utf8_lossy(&buf);
+        let all: Vec<&str> = text.lines().collect();
+        let from = all.len().saturating_sub(lines);
+        Some(all[from..].join("\n"))
+    })
+    .await
+    .ok()
+    .flatten()
+    .unwrap_or_default()
+}

@@ -1,0 +1,664 @@
+//! The worker process end to end (root; real runc + CRIU + netns): WorkerService over its unix
+//! socket via `connect_worker`, and atunnel over h2c the way the router uses it.
+
+mod common;
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use ate_proto::v1;
+use ate_proto::v1::worker_service_client::WorkerServiceClient;
+use ate_worker::{ActorSandbox, WorkerConfig, connect_worker, netns};
+use bytes::Bytes;
+use common::{Env, counter_ref, unique_name};
+use http_body_util::{BodyExt, Empty};
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use tonic::Code;
+use tonic::transport::Channel;
+
+const ATESPACE: &str = "test";
+
+/// One running `run(config)` plus what the test needs to reach and stop it.
+struct RunningWorker {
+    client: WorkerServiceClient<Channel>,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    task: tokio::task::JoinHandle<Result<(), ate_worker::WorkerError>>,
+    socket: PathBuf,
+}
+
+impl RunningWorker {
+    async fn start(config: WorkerConfig) -> Self {
+        let socket = config.socket_path();
+        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+        let task = tokio::spawn(ate_worker::run(config, async move {
+            let _ = rx.await;
+        }));
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let client = loop {
+            if socket.exists()
+                && let Ok(c) = connect_worker(&socket).await
+            {
+                break c;
+            }
+            assert!(!task.is_finished(), "worker exited during start-up");
+            assert!(Instant::now() < deadline, "worker socket never came up");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        };
+        RunningWorker {
+            client,
+            stop: Some(tx),
+            task,
+            socket,
+        }
+    }
+
+    async fn shutdown(mut self) {
+        if let Some(tx) = self.stop.take() {
+            let _ = tx.send(());
+        }
+        let result = tokio::time::timeout(Duration::from_secs(60), &mut self.task)
+            .await
+            .expect("worker shut down in time")
+            .expect("worker task");
+        result.expect("worker run result");
+        assert!(!self.socket.exists(), "socket left after shutdown");
+    }
+}
+
+fn worker_config(env: &mut Env, id: &str) -> WorkerConfig {
+    let state = env.path().join("state");
+    let listen: SocketAddr = "127.0.0.2:0".parse().expect("addr");
+    let config = WorkerConfig::new(id, state, listen);
+    env.runc_roots.push(config.worker_dir().join("runc"));
+    config
+}
+
+/// Registers an actor of worker `config` with the Drop guard and returns its sandbox view.
+fn track(env: &mut Env, config: &WorkerConfig, name: &str) -> ActorSandbox {
+    let a = ActorSandbox::new(
+        ATESPACE,
+        name,
+        "",
+        config.actors_dir().join(ATESPACE).join(name),
+    );
+    env.actors.push(a.clone());
+    a
+}
+
+fn counter_spec(probe_port: u32, probe_timeout: u32) -> v1::TemplateSpec {
+    v1::TemplateSpec {
+        sandbox_class: "runc".into(),
+        containers: vec![v1::Container {
+            name: "main".into(),
+            image: counter_ref(),
+            command: vec![],
+            env: vec![],
+            wakeup_probe: Some(v1::WakeupProbe {
+                http_get: Some(v1::HttpGetAction {
+                    path: "/healthz".into(),
+                    port: probe_port,
+                }),
+                timeout_seconds: probe_timeout,
+            }),
+        }],
+        resources: Some(v1::Resources {
+            cpu_millis: 500,
+            memory_bytes: 128 << 20,
+        }),
+        volumes: vec![v1::Volume {
+            name: "data".into(),
+            mount_path: "/data".into(),
+        }],
+        fidelity: v1::Fidelity::Memory as i32,
+        idle_timeout_seconds: 300,
+        ..Default::default()
+    }
+}
+
+fn workload(worker_id: &str, name: &str, spec: v1::TemplateSpec) -> v1::Workload {
+    v1::Workload {
+        actor: Some(v1::ObjectRef {
+            atespace: ATESPACE.into(),
+            name: name.into(),
+        }),
+        uid: format!("uid-{name}"),
+        template: "test/counter".into(),
+        spec: Some(spec),
+        worker_id: worker_id.into(),
+    }
+}
+
+fn start_req(
+    w: &v1::Workload,
+    gen_dir: Option<&Path>,
+    fidelity: v1::Fidelity,
+) -> v1::WorkerStartRequest {
+    v1::WorkerStartRequest {
+        workload: Some(w.clone()),
+        generation_dir: gen_dir
+            .map(|p| p.to_string_lossy().into_owned())
+            .unwrap_or_default(),
+        fidelity: fidelity as i32,
+    }
+}
+
+fn checkpoint_req(
+    w: &v1::Workload,
+    gen_dir: &Path,
+    generation: u64,
+) -> v1::WorkerCheckpointRequest {
+    v1::WorkerCheckpointRequest {
+        workload: Some(w.clone()),
+        generation_dir: gen_dir.to_string_lossy().into_owned(),
+        fidelity: v1::Fidelity::Memory as i32,
+        generation,
+        uuid: format!("uuid-{generation}"),
+        node: "node-1".into(),
+        boot_id: "boot-1".into(),
+    }
+}
+
+fn counts(m: u32, f: u32, r: u32) -> String {
+    format!(
+        "preserved memory count: {m} | preserved file counter: {f} | preserved rootfs counter: {r}"
+    )
+}
+
+// ---------------------------------------------------------------- h2c tunnel client
+
+type H2 = hyper::client::conn::http2::SendRequest<Empty<Bytes>>;
+
+async fn h2_connect(addr: &str) -> H2 {
+    let tcp = tokio::net::TcpStream::connect(addr)
+        .await
+        .expect("connect atunnel");
+    tcp.set_nodelay(true).expect("nodelay");
+    let (send, conn) =
+        hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(tcp))
+            .await
+            .expect("h2 handshake");
+    tokio::spawn(async move {
+        let _ = conn.await;
+    });
+    send
+}
+
+/// Sends a CONNECT with the given routing headers; returns the response.
+async fn connect_stream(
+    h2: &mut H2,
+    headers: &[(&str, &str)],
+) -> http::Response<hyper::body::Incoming> {
+    let mut b = http::Request::builder()
+        .method(http::Method::CONNECT)
+        .uri("actor.test:80");
+    for (k, v) in headers {
+        b = b.header(*k, *v);
+    }
+    let req = b.body(Empty::<Bytes>::new()).expect("request");
+    h2.ready().await.expect("h2 ready");
+    h2.send_request(req).await.expect("send CONNECT")
+}
+
+async fn body_text(resp: http::Response<hyper::body::Incoming>) -> String {
+    let bytes = resp
+        .into_body()
+        .collect()
+        .await
+        .expect("read body")
+        .to_bytes();
+    String::from_utf8_lossy(&bytes).into_owned()
+}
+
+/// HTTP/1.1 over an established tunnel.
+type H1 = hyper::client::conn::http1::SendRequest<Empty<Bytes>>;
+
+async fn open_tunnel(h2: &mut H2, actor: &str) -> H1 {
+    let resp = connect_stream(h2, &[("ate-target-actor", actor)]).await;
+    assert_eq!(resp.status(), 200, "CONNECT {actor}");
+    let upgraded = hyper::upgrade::on(resp).await.expect("upgrade");
+    let (send, conn) = hyper::client::conn::http1::handshake(upgraded)
+        .await
+        .expect("h1 handshake");
+    tokio::spawn(async move {
+        let _ = conn.await;
+    });
+    send
+}
+
+async fn h1_get(h1: &mut H1, path: &str) -> (u16, String) {
+    let req = http::Request::builder()
+        .uri(path)
+        .header("host", "actor.test")
+        .body(Empty::<Bytes>::new())
+        .expect("request");
+    h1.ready().await.expect("h1 ready");
+    let resp = h1.send_request(req).await.expect("GET");
+    let status = resp.status().as_u16();
+    let bytes = resp.into_body().collect().await.expect("body").to_bytes();
+    (status, String::from_utf8_lossy(&bytes).trim().to_string())
+}
+
+/// One tunnel per request, as a router without tunnel reuse would do it.
+async fn get_via_tunnel(h2: &mut H2, actor: &str, path: &str) -> (u16, String) {
+    let mut h1 = open_tunnel(h2, actor).await;
+    h1_get(&mut h1, path).await
+}
+
+async fn activity_of(
+    client: &mut WorkerServiceClient<Channel>,
+    name: &str,
+) -> Option<v1::ActorActivity> {
+    client
+        .activity(v1::WorkerActivityRequest {})
+        .await
+        .expect("Activity")
+        .into_inner()
+        .actors
+        .into_iter()
+        .find(|a| a.actor.as_ref().is_some_and(|r| r.name == name))
+}
+
+fn runc_list(root: &Path) -> String {
+    let out = std::process::Command::new("runc")
+        .arg("--root")
+        .arg(root)
+        .args(["list", "-q"])
+        .output()
+        .expect("runc list");
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
+// ---------------------------------------------------------------- tests
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn worker_end_to_end_counter() {
+    let mut env = Env::new();
+    let id = unique_name("w");
+    let config = worker_config(&mut env, &id);
+    let faults = config.faults.clone();
+
+    // A new epoch every process start.
+    let first = RunningWorker::start(config.clone()).await;
+    let mut c = first.client.clone();
+    let info1 = c
+        .info(v1::WorkerInfoRequest {})
+        .await
+        .expect("Info")
+        .into_inner();
+    first.shutdown().await;
+    let worker = RunningWorker::start(config.clone()).await;
+    let mut c = worker.client.clone();
+    let info = c
+        .info(v1::WorkerInfoRequest {})
+        .await
+        .expect("Info")
+        .into_inner();
+    assert_ne!(info.epoch, 0);
+    assert_ne!(info1.epoch, 0);
+    assert_ne!(info.epoch, info1.epoch, "a restart must get a new epoch");
+    assert_eq!(info.worker_id, id);
+    assert_eq!(info.sandbox_class, "runc");
+    assert!(info.can_restore_memory, "CRIU ≥ 4.2 must be installed");
+    assert_eq!(info.capacity.map(|c| c.actor_slots), Some(8));
+    assert!(info.identity.ends_with(&format!("worker-{id}")));
+    let addr = info.addresses.first().expect("an atunnel address").clone();
+    assert!(addr.starts_with("127.0.0.2:"), "{addr}");
+    let epoch = info.epoch;
+
+    let name = unique_name("ctr");
+    let sandbox = track(&mut env, &config, &name);
+    let target = format!("{ATESPACE}/{name}");
+    let w = workload(&id, &name, counter_spec(80, 15));
+
+    // Wrong worker → FAILED_PRECONDITION.
+    let mut wrong = w.clone();
+    wrong.worker_id = "someone-else".into();
+    let err = c
+        .start(start_req(&wrong, None, v1::Fidelity::Unspecified))
+        .await
+        .expect_err("start on the wrong worker");
+    assert_eq!(err.code(), Code::FailedPrecondition, "{err:?}");
+
+    // Cold start.
+    let t0 = Instant::now();
+    let reply = c
+        .start(start_req(&w, None, v1::Fidelity::Unspecified))
+        .await
+        .expect("cold Start")
+        .into_inner();
+    eprintln!(
+        "cold Start → ready: {:?} (ready_ms {})",
+        t0.elapsed(),
+        reply.ready_ms
+    );
+    assert_eq!(reply.epoch, epoch);
+    // Idempotent.
+    let again = c
+        .start(start_req(&w, None, v1::Fidelity::Unspecified))
+        .await
+        .expect("repeated Start")
+        .into_inner();
+    assert_eq!(again.epoch, epoch);
+
+    let mut h2 = h2_connect(&addr).await;
+    for i in 1..=3 {
+        let (status, body) = get_via_tunnel(&mut h2, &target, "/").await;
+        assert_eq!(status, 200);
+        assert_eq!(body, counts(i, i, i));
+    }
+
+    // Activity: the actor, its idle timeout and a recent last activity; one open tunnel.
+    let mut held = open_tunnel(&mut h2, &target).await;
+    // The per-request tunnels above close asynchronously once their client side is dropped.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let act = loop {
+        let act = activity_of(&mut c, &name).await.expect("actor in Activity");
+        if act.open_streams == 1 || Instant::now() > deadline {
+            break act;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    };
+    assert_eq!(act.open_streams, 1);
+    assert_eq!(act.idle_timeout_seconds, 300);
+    assert!(!act.exited);
+    let now_ms = ate_worker::atunnel::now_unix_ms();
+    assert!(
+        act.last_activity_unix_ms > now_ms - 10_000 && act.last_activity_unix_ms <= now_ms,
+        "last activity {} vs now {now_ms}",
+        act.last_activity_unix_ms
+    );
+    let (s, _) = h1_get(&mut held, "/healthz").await;
+    assert_eq!(s, 200);
+
+    // Tunnel throughput (debug build, same 2 cores as the actor): a new tunnel per request, and
+    // requests over kept tunnels.
+    measure_throughput(&addr, &target).await;
+
+    // Malformed target → 400 naming the problem; unknown actor → 421 stale.
+    let resp = connect_stream(&mut h2, &[("ate-target-actor", "Not_Valid")]).await;
+    assert_eq!(resp.status(), 400);
+    assert!(body_text(resp).await.contains("ate-target-actor"));
+    let resp = connect_stream(
+        &mut h2,
+        &[("ate-target-actor", &target), ("ate-target-port", "0")],
+    )
+    .await;
+    assert_eq!(resp.status(), 400);
+    let resp = connect_stream(&mut h2, &[]).await;
+    assert_eq!(resp.status(), 400);
+    let resp = connect_stream(&mut h2, &[("ate-target-actor", "test/nobody-here")]).await;
+    assert_eq!(resp.status(), 421);
+    assert_eq!(
+        resp.headers()
+            .get("x-ate-assignment-stale")
+            .and_then(|v| v.to_str().ok()),
+        Some("true")
+    );
+    // Active actor, closed port → 502.
+    let resp = connect_stream(
+        &mut h2,
+        &[("ate-target-actor", &target), ("ate-target-port", "9")],
+    )
+    .await;
+    assert_eq!(resp.status(), 502);
+
+    // Isolation: from inside the actor's netns the worker's atunnel address is unreachable.
+    let atunnel_addr: SocketAddr = addr.parse().expect("addr");
+    let inside =
+        netns::connect_in_netns_timeout(&sandbox.netns(), atunnel_addr, Duration::from_secs(2))
+            .await;
+    assert!(inside.is_err(), "actor reached atunnel from its netns");
+
+    // MEMORY checkpoint (with a tunnel still open: the worker closes it first).
+    let gen1 = env.path().join("generations/1");
+    let t0 = Instant::now();
+    let cp = c
+        .checkpoint(checkpoint_req(&w, &gen1, 1))
+        .await
+        .expect("Checkpoint MEMORY")
+        .into_inner();
+    eprintln!(
+        "Checkpoint MEMORY: {:?}, {} KiB",
+        t0.elapsed(),
+        cp.size_bytes / 1024
+    );
+    assert_eq!(
+        cp.fidelity,
+        v1::Fidelity::Memory as i32,
+        "reason: {}",
+        cp.reason
+    );
+    assert!(cp.reason.is_empty());
+    assert_eq!(cp.epoch, epoch);
+    assert_eq!(cp.checksum.len(), 64);
+    assert!(gen1.join("manifest.json").is_file());
+    assert!(!sandbox.dir.exists(), "actor dir left after checkpoint");
+    let (s, _) = h1_get_status(&mut held).await;
+    assert_ne!(s, 200, "held tunnel still served after checkpoint");
+    // Retried checkpoint: same answer from the sealed generation.
+    let cp_again = c
+        .checkpoint(checkpoint_req(&w, &gen1, 1))
+        .await
+        .expect("repeated Checkpoint")
+        .into_inner();
+    assert_eq!(cp_again.checksum, cp.checksum);
+
+    // Ingress is off: 421.
+    let resp = connect_stream(&mut h2, &[("ate-target-actor", &target)]).await;
+    assert_eq!(resp.status(), 421);
+    assert!(activity_of(&mut c, &name).await.is_none());
+
+    // Restore MEMORY.
+    let t0 = Instant::now();
+    let reply = c
+        .start(start_req(&w, Some(&gen1), v1::Fidelity::Memory))
+        .await
+        .expect("restore MEMORY")
+        .into_inner();
+    let (status, body) = get_via_tunnel(&mut h2, &target, "/").await;
+    eprintln!(
+        "restore MEMORY → first response through atunnel: {:?} (ready_ms {})",
+        t0.elapsed(),
+        reply.ready_ms
+    );
+    assert_eq!(status, 200);
+    assert_eq!(body, counts(4, 4, 4));
+    let (_, who) = get_via_tunnel(&mut h2, &target, "/whoami").await;
+    assert_eq!(who, format!("{ATESPACE}/{name} uid-{name}"));
+
+    // A failing memory dump falls back to ROOTFS and says why.
+    faults.set_criu_dump_fail(true);
+    let gen2 = env.path().join("generations/2");
+    let cp = c
+        .checkpoint(checkpoint_req(&w, &gen2, 2))
+        .await
+        .expect("Checkpoint with failing dump")
+        .into_inner();
+    faults.set_criu_dump_fail(false);
+    assert_eq!(cp.fidelity, v1::Fidelity::Rootfs as i32);
+    assert!(cp.reason.contains("memory dump failed"), "{}", cp.reason);
+    assert!(!gen2.join("criu").exists());
+
+    // Restore from it: memory starts over, file and rootfs counters continue.
+    let t0 = Instant::now();
+    c.start(start_req(&w, Some(&gen2), v1::Fidelity::Unspecified))
+        .await
+        .expect("restore ROOTFS");
+    let (_, body) = get_via_tunnel(&mut h2, &target, "/").await;
+    eprintln!("restore ROOTFS → first response: {:?}", t0.elapsed());
+    assert_eq!(body, counts(1, 5, 5));
+
+    // Stop: ingress off, sandbox gone; idempotent.
+    let stop = v1::WorkerStopRequest {
+        actor: w.actor.clone(),
+    };
+    c.stop(stop.clone()).await.expect("Stop");
+    c.stop(stop).await.expect("repeated Stop");
+    let resp = connect_stream(&mut h2, &[("ate-target-actor", &target)]).await;
+    assert_eq!(resp.status(), 421);
+    assert!(!sandbox.dir.exists());
+
+    // A cold start again, then shutdown must stop it.
+    c.start(start_req(&w, None, v1::Fidelity::Unspecified))
+        .await
+        .expect("cold Start before shutdown");
+    let root = config.worker_dir().join("runc");
+    assert!(!runc_list(&root).is_empty());
+    worker.shutdown().await;
+    assert!(
+        runc_list(&root).is_empty(),
+        "containers left after shutdown"
+    );
+    env.assert_clean();
+}
+
+async fn h1_get_status(h1: &mut H1) -> (u16, String) {
+    // The tunnel was cut: either the send fails or the connection reports closed.
+    let req = http::Request::builder()
+        .uri("/healthz")
+        .header("host", "actor.test")
+        .body(Empty::<Bytes>::new())
+        .expect("request");
+    match tokio::time::timeout(Duration::from_secs(5), async {
+        h1.ready().await?;
+        h1.send_request(req).await
+    })
+    .await
+    {
+        Ok(Ok(resp)) => (resp.status().as_u16(), String::new()),
+        Ok(Err(e)) => (0, e.to_string()),
+        Err(_) => (0, "timed out".into()),
+    }
+}
+
+async fn measure_throughput(addr: &str, target: &str) {
+    const TASKS: usize = 32;
+    const WINDOW: Duration = Duration::from_secs(2);
+    for kept in [false, true] {
+        let h2 = h2_connect(addr).await;
+        let start = Instant::now();
+        let mut tasks = Vec::new();
+        for _ in 0..TASKS {
+            let mut h2 = h2.clone();
+            let target = target.to_string();
+            tasks.push(tokio::spawn(async move {
+                let mut n = 0u64;
+                let mut tunnel = if kept {
+                    Some(open_tunnel(&mut h2, &target).await)
+                } else {
+                    None
+                };
+                while start.elapsed() < WINDOW {
+                    let (s, _) = match tunnel.as_mut() {
+                        Some(t) => h1_get(t, "/healthz").await,
+                        None => get_via_tunnel(&mut h2, &target, "/healthz").await,
+                    };
+                    assert_eq!(s, 200);
+                    n += 1;
+                }
+                n
+            }));
+        }
+        let mut total = 0;
+        for t in tasks {
+            total += t.await.expect("load task");
+        }
+        let secs = start.elapsed().as_secs_f64();
+        eprintln!(
+            "atunnel {}: {total} requests in {secs:.2}s = {:.0} req/s ({TASKS} concurrent, one h2 connection, debug build)",
+            if kept {
+                "kept tunnels"
+            } else {
+                "new tunnel per request"
+            },
+            total as f64 / secs
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn worker_probe_timeout_and_exit() {
+    let mut env = Env::new();
+    let id = unique_name("w");
+    let config = worker_config(&mut env, &id);
+    let worker = RunningWorker::start(config.clone()).await;
+    let mut c = worker.client.clone();
+    let root = config.worker_dir().join("runc");
+
+    // A probe on a port nothing listens on: FAILED_PRECONDITION, nothing left running.
+    let name = unique_name("noprobe");
+    let sandbox = track(&mut env, &config, &name);
+    let mut spec = counter_spec(9999, 2);
+    // The probe port would otherwise become the workload's PORT.
+    spec.containers[0].env.push(v1::EnvVar {
+        name: "PORT".into(),
+        value: "80".into(),
+    });
+    let w = workload(&id, &name, spec);
+    let t0 = Instant::now();
+    let err = c
+        .start(start_req(&w, None, v1::Fidelity::Unspecified))
+        .await
+        .expect_err("probe never answers");
+    assert_eq!(err.code(), Code::FailedPrecondition, "{err:?}");
+    assert!(
+        err.message().contains("wakeup probe") && err.message().contains("within 2s"),
+        "{}",
+        err.message()
+    );
+    assert!(t0.elapsed() < Duration::from_secs(10));
+    assert!(
+        runc_list(&root).is_empty(),
+        "container left after probe timeout"
+    );
+    assert!(!netns::exists(&sandbox.netns()), "netns left");
+    assert!(!sandbox.dir.exists(), "actor dir left");
+    assert!(activity_of(&mut c, &name).await.is_none());
+
+    // An actor whose init is killed shows up as exited within ~1 s, once.
+    let name = unique_name("killed");
+    let sandbox = track(&mut env, &config, &name);
+    let w = workload(&id, &name, counter_spec(80, 15));
+    c.start(start_req(&w, None, v1::Fidelity::Unspecified))
+        .await
+        .expect("start");
+    let out = std::process::Command::new("runc")
+        .arg("--root")
+        .arg(&root)
+        .args(["state", &sandbox.container_id()])
+        .output()
+        .expect("runc state");
+    let state: serde_json::Value = serde_json::from_slice(&out.stdout).expect("state json");
+    let pid = state["pid"].as_i64().expect("pid");
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(i32::try_from(pid).expect("pid fits")),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .expect("kill init");
+    let killed = Instant::now();
+    let exited = loop {
+        if let Some(a) = activity_of(&mut c, &name).await
+            && a.exited
+        {
+            break a;
+        }
+        assert!(
+            killed.elapsed() < Duration::from_secs(3),
+            "exit not reported"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    eprintln!("exit reported after {:?}", killed.elapsed());
+    assert!(killed.elapsed() < Duration::from_millis(1500));
+    assert!(exited.last_log_lines.len() < 64 * 1024);
+    assert!(
+        activity_of(&mut c, &name).await.is_none(),
+        "exit reported twice"
+    );
+    assert!(runc_list(&root).is_empty());
+    assert!(!netns::exists(&sandbox.netns()));
+
+    worker.shutdown().await;
+    env.assert_clean();
+}
