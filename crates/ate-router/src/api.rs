@@ -40,9 +40,7 @@ impl GrpcResume {
         } else {
             format!("http://{api}")
         };
-        let channel = Endpoint::from_shared(uri)?
-            .tcp_nodelay(true)
-            .connect_lazy();
+        let channel = Endpoint::from_shared(uri)?.tcp_nodelay(true).connect_lazy();
         Ok(Self {
             client: ActorServiceClient::new(channel),
         })
@@ -64,7 +62,9 @@ impl Resume for GrpcResume {
             let assignment = response
                 .actor
                 .and_then(|a| a.worker_assignment)
-                .ok_or_else(|| tonic::Status::internal("ResumeActor returned no worker assignment"))?;
+                .ok_or_else(|| {
+                    tonic::Status::internal("ResumeActor returned no worker assignment")
+                })?;
             let worker = assignment
                 .addresses
                 .first()

@@ -54,7 +54,9 @@ impl Body for RouterBody {
     fn size_hint(&self) -> SizeHint {
         match self {
             RouterBody::Stream(body) => body.size_hint(),
-            RouterBody::Text(text) => SizeHint::with_exact(text.as_ref().map_or(0, |b| b.len() as u64)),
+            RouterBody::Text(text) => {
+                SizeHint::with_exact(text.as_ref().map_or(0, |b| b.len() as u64))
+            }
         }
     }
 }

@@ -116,7 +116,11 @@ pub fn parse_duration(value: &str) -> Result<Duration, String> {
         "s" => number,
         "m" => number * 60.0,
         "h" => number * 3600.0,
-        _ => return Err(format!("{value:?}: unknown unit {unit:?} (use ms, s, m or h)")),
+        _ => {
+            return Err(format!(
+                "{value:?}: unknown unit {unit:?} (use ms, s, m or h)"
+            ));
+        }
     };
     Duration::try_from_secs_f64(seconds).map_err(|e| format!("{value:?}: {e}"))
 }

@@ -45,7 +45,10 @@ pub enum ResolveError {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Disposition {
     /// Try again after a backoff; `parks` says whether waiting takes a parking place.
-    Retry { parks: bool, if_exhausted: ResolveError },
+    Retry {
+        parks: bool,
+        if_exhausted: ResolveError,
+    },
     /// Answer at once.
     Fail(ResolveError),
 }
@@ -117,7 +120,9 @@ impl ResolveError {
             }
             // Envoy's decision timeout: 504 with an empty body.
             ResolveError::DecisionTimeout => String::new(),
-            ResolveError::DeadlineExceeded => format!("actor {actor} unavailable: deadline exceeded"),
+            ResolveError::DeadlineExceeded => {
+                format!("actor {actor} unavailable: deadline exceeded")
+            }
             ResolveError::PermissionDenied => "permission denied".to_string(),
             ResolveError::Unauthenticated => "unauthenticated".to_string(),
             ResolveError::Internal(_) => "internal error".to_string(),
@@ -141,15 +146,25 @@ mod tests {
     fn mapping_table() {
         let a = "team-a/agent-7";
         let cases = [
-            (Status::not_found("x"), 404, "actor team-a/agent-7 not found"),
-            (Status::deadline_exceeded("x"), 504, "actor team-a/agent-7 unavailable: deadline exceeded"),
+            (
+                Status::not_found("x"),
+                404,
+                "actor team-a/agent-7 not found",
+            ),
+            (
+                Status::deadline_exceeded("x"),
+                504,
+                "actor team-a/agent-7 unavailable: deadline exceeded",
+            ),
             (Status::permission_denied("x"), 403, "permission denied"),
             (Status::unauthenticated("x"), 401, "unauthenticated"),
             (Status::internal("secret db dsn"), 500, "internal error"),
             (Status::unknown("secret"), 500, "internal error"),
             (Status::invalid_argument("secret"), 500, "internal error"),
             (
-                Status::failed_precondition("resume: AssignWorker prerequisite not met: state CRASHED"),
+                Status::failed_precondition(
+                    "resume: AssignWorker prerequisite not met: state CRASHED",
+                ),
                 503,
                 "actor team-a/agent-7 unavailable: resume: AssignWorker prerequisite not met: state CRASHED",
             ),
@@ -169,7 +184,10 @@ mod tests {
             Status::failed_precondition("actor is RESUMING"),
             Status::aborted("another resume"),
         ] {
-            assert!(matches!(classify(&s, true), Disposition::Retry { parks: true, .. }));
+            assert!(matches!(
+                classify(&s, true),
+                Disposition::Retry { parks: true, .. }
+            ));
         }
         // Parking off: only Aborted is retried, without a parking place.
         assert!(matches!(
@@ -197,7 +215,10 @@ mod tests {
             ResolveError::AtCapacity.body(a),
             "actor \"lab-c/b0-5\" unavailable: router at capacity"
         );
-        assert_eq!(ResolveError::ApiUnavailable.body(a), "actor lab-c/b0-5 unavailable");
+        assert_eq!(
+            ResolveError::ApiUnavailable.body(a),
+            "actor lab-c/b0-5 unavailable"
+        );
         assert_eq!(ResolveError::DecisionTimeout.body(a), "");
         assert_eq!(ResolveError::DecisionTimeout.status().as_u16(), 504);
     }

@@ -123,13 +123,12 @@ impl Router {
         self.stats.clone()
     }
 
-    /// Live entries in the assignment cache.
-    pub fn cached_assignments(&self) -> usize {
-        self.resolver.cache.len()
-    }
-
-    pub fn idle_tunnels(&self) -> usize {
-        self.tunnels.idle_count()
+    /// A read-only view of the router's state that outlives [`Router::serve`]'s move.
+    pub fn probe(&self) -> Probe {
+        Probe {
+            resolver: self.resolver.clone(),
+            tunnels: self.tunnels.clone(),
+        }
     }
 
     /// Serves on pre-bound listeners until `shutdown`, then drains (see [`Ingress::run`]).
@@ -186,6 +185,30 @@ impl Router {
     }
 }
 
+/// Sizes of the router's bounded state, for tests and debugging.
+#[derive(Clone)]
+pub struct Probe {
+    resolver: Arc<Resolver>,
+    tunnels: Arc<Tunnels>,
+}
+
+impl Probe {
+    /// Entries in the assignment cache.
+    pub fn cached_assignments(&self) -> usize {
+        self.resolver.cache.len()
+    }
+
+    /// Resolutions in flight.
+    pub fn resolutions_in_flight(&self) -> usize {
+        self.resolver.in_flight()
+    }
+
+    /// Idle pooled tunnels.
+    pub fn idle_tunnels(&self) -> usize {
+        self.tunnels.idle_count()
+    }
+}
+
 /// Serves `config` on pre-bound listeners (tests bind port 0) until `shutdown`, then drains.
 pub async fn serve(
     config: RouterConfig,
@@ -210,13 +233,12 @@ pub async fn run(
             addr: config.listen,
             source,
         })?;
-    let metrics_listener =
-        TcpListener::bind(config.metrics_listen)
-            .await
-            .map_err(|source| RouterError::Bind {
-                addr: config.metrics_listen,
-                source,
-            })?;
+    let metrics_listener = TcpListener::bind(config.metrics_listen)
+        .await
+        .map_err(|source| RouterError::Bind {
+            addr: config.metrics_listen,
+            source,
+        })?;
     let mut sigterm = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
         .map_err(RouterError::Signal)?;
     let shutdown = async move {

@@ -19,8 +19,10 @@ use crate::actor_ref::{ActorKey, parse_target};
 use crate::body::RouterBody;
 use crate::cache::Route;
 use crate::error::ResolveError;
-use crate::metrics::{FORWARD_SECONDS, REQUESTS, RESOLVE_SECONDS, STALE_RETRIES, Stats, status_label};
-use crate::resolve::{ResumeKind, Resolver};
+use crate::metrics::{
+    FORWARD_SECONDS, REQUESTS, RESOLVE_SECONDS, STALE_RETRIES, Stats, status_label,
+};
+use crate::resolve::{Resolver, ResumeKind};
 use crate::tunnel::{SendFailed, TunnelError, Tunnels};
 
 /// Response header telling how the actor was found: `cold`, `warm` or `parked`.
@@ -103,7 +105,10 @@ impl Proxy {
         Ok(response)
     }
 
-    async fn route_request(self: &Arc<Self>, mut request: Request<Incoming>) -> Response<RouterBody> {
+    async fn route_request(
+        self: &Arc<Self>,
+        mut request: Request<Incoming>,
+    ) -> Response<RouterBody> {
         if uri_len(request.uri()) > self.cfg.max_uri_len {
             return text(StatusCode::URI_TOO_LONG, "request target too long");
         }
@@ -170,7 +175,10 @@ impl Proxy {
                 }
                 Err(failed) => {
                     tracing::warn!(%actor, worker = %route.worker, error = %failed.error, "forward failed");
-                    return text(StatusCode::BAD_GATEWAY, format!("actor {actor} unreachable"));
+                    return text(
+                        StatusCode::BAD_GATEWAY,
+                        format!("actor {actor} unreachable"),
+                    );
                 }
             }
         }
@@ -211,7 +219,9 @@ impl Proxy {
                         let mut actor = TokioIo::new(actor);
                         let _ = tokio::io::copy_bidirectional(&mut client, &mut actor).await;
                     }
-                    (c, a) => tracing::debug!(client = ?c.err(), actor = ?a.err(), "upgrade failed"),
+                    (c, a) => {
+                        tracing::debug!(client = ?c.err(), actor = ?a.err(), "upgrade failed")
+                    }
                 }
             });
         }
@@ -243,7 +253,11 @@ impl Proxy {
 
     /// Client `CONNECT host:port` with the actor header: answer 200, then serve the bytes inside as
     /// HTTP/1.1, routing (and resuming) each request independently to that port.
-    fn client_connect(self: &Arc<Self>, request: Request<Incoming>, actor: &str) -> Response<RouterBody> {
+    fn client_connect(
+        self: &Arc<Self>,
+        request: Request<Incoming>,
+        actor: &str,
+    ) -> Response<RouterBody> {
         let port = match request.uri().port_u16() {
             Some(port) if port != 0 => port,
             _ => return text(StatusCode::BAD_REQUEST, "CONNECT needs host:port"),
@@ -399,10 +413,9 @@ fn finish_response(mut response: Response<Incoming>, kind: ResumeKind) -> Respon
             .headers_mut()
             .insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
     }
-    response.headers_mut().insert(
-        RESUME_HEADER,
-        HeaderValue::from_static(kind.header_value()),
-    );
+    response
+        .headers_mut()
+        .insert(RESUME_HEADER, HeaderValue::from_static(kind.header_value()));
     response.map(RouterBody::from)
 }
 
@@ -436,10 +449,16 @@ mod tests {
     #[test]
     fn hop_by_hop_headers_are_removed() {
         let mut h = HeaderMap::new();
-        h.insert(header::CONNECTION, HeaderValue::from_static("keep-alive, x-secret"));
+        h.insert(
+            header::CONNECTION,
+            HeaderValue::from_static("keep-alive, x-secret"),
+        );
         h.insert("keep-alive", HeaderValue::from_static("timeout=5"));
         h.insert("x-secret", HeaderValue::from_static("1"));
-        h.insert(header::TRANSFER_ENCODING, HeaderValue::from_static("chunked"));
+        h.insert(
+            header::TRANSFER_ENCODING,
+            HeaderValue::from_static("chunked"),
+        );
         h.insert(header::HOST, HeaderValue::from_static("app.example"));
         h.insert("x-keep", HeaderValue::from_static("1"));
         strip_hop_by_hop(&mut h, false);

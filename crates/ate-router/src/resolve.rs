@@ -22,7 +22,9 @@ pub enum FlightState {
     #[default]
     Resolving,
     /// An attempt failed with a result that is retried; `parks` = waiting takes a parking place.
-    Waiting { parks: bool },
+    Waiting {
+        parks: bool,
+    },
     Done(Result<Resumed, ResolveError>),
 }
 
@@ -171,6 +173,10 @@ impl Resolver {
     /// Forgets a route that atunnel called stale.
     pub fn evict_stale(&self, actor: &str, route: &Arc<Route>) {
         self.cache.evict_stale(actor, route);
+    }
+
+    pub fn in_flight(&self) -> usize {
+        self.flights.in_flight()
     }
 
     pub fn parking_enabled(&self) -> bool {

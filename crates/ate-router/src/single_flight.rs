@@ -91,8 +91,7 @@ mod tests {
                 },
             );
             waiters.push(tokio::spawn(async move {
-                let v = *rx.wait_for(|v| v.is_some()).await.unwrap();
-                v
+                *rx.wait_for(|v| v.is_some()).await.unwrap()
             }));
         }
         for w in waiters {

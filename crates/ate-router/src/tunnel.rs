@@ -378,7 +378,8 @@ impl Tunnels {
 fn connect_request(actor: &str, port: u16) -> Result<Request<Empty<Bytes>>, TunnelError> {
     let (atespace, name) = actor.split_once('/').unwrap_or((actor, ""));
     let authority = format!("{name}.{atespace}:{port}");
-    let uri = Uri::try_from(authority).map_err(|_| TunnelError::Refused(StatusCode::BAD_REQUEST))?;
+    let uri =
+        Uri::try_from(authority).map_err(|_| TunnelError::Refused(StatusCode::BAD_REQUEST))?;
     let mut request = Request::new(Empty::new());
     *request.method_mut() = Method::CONNECT;
     *request.uri_mut() = uri;

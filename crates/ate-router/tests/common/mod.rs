@@ -1,0 +1,582 @@
+//! Fixtures on real 127.0.0.1 sockets: a scripted ResumeActor gRPC server, a test atunnel (h2c,
+//! CONNECT per docs/tunnel-protocol.md) that pipes to small HTTP/1.1 upstreams, and a router.
+
+#![allow(dead_code)]
+
+use std::collections::{HashMap, HashSet};
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use ate_proto::v1::actor_service_server::{ActorService, ActorServiceServer};
+use ate_proto::v1::*;
+use ate_router::{Probe, Router, RouterConfig, Stats};
+use bytes::Bytes;
+use http::{Request, Response, StatusCode};
+use http_body_util::{BodyExt, Empty, Full};
+use hyper::body::Incoming;
+use hyper::service::service_fn;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use tokio::net::{TcpListener, TcpStream};
+use tonic::Status;
+
+// ---------------------------------------------------------------------------------------------
+// Scripted api
+
+/// What the scripted api knows about one call.
+#[derive(Debug, Clone, Copy)]
+pub struct Call {
+    /// 0 for the actor's first call.
+    pub n: usize,
+    /// Time since the actor's first call.
+    pub since_first: Duration,
+}
+
+/// The api's answer after `delay`: Ok((worker address, resumed)) or a status.
+pub struct Reply {
+    pub delay: Duration,
+    pub result: Result<(String, bool), Status>,
+}
+
+impl Reply {
+    pub fn ok(worker: &str, resumed: bool) -> Reply {
+        Reply {
+            delay: Duration::ZERO,
+            result: Ok((worker.to_string(), resumed)),
+        }
+    }
+    pub fn err(status: Status) -> Reply {
+        Reply {
+            delay: Duration::ZERO,
+            result: Err(status),
+        }
+    }
+    pub fn after(mut self, delay: Duration) -> Reply {
+        self.delay = delay;
+        self
+    }
+}
+
+pub type Script = Arc<dyn Fn(Call) -> Reply + Send + Sync>;
+
+#[derive(Default)]
+struct ApiState {
+    scripts: HashMap<String, Script>,
+    calls: HashMap<String, (usize, Instant)>,
+}
+
+#[derive(Clone, Default)]
+pub struct ScriptedApi {
+    state: Arc<Mutex<ApiState>>,
+    total: Arc<AtomicUsize>,
+}
+
+impl ScriptedApi {
+    pub fn script(&self, actor: &str, f: impl Fn(Call) -> Reply + Send + Sync + 'static) {
+        self.state
+            .lock()
+            .unwrap()
+            .scripts
+            .insert(actor.to_string(), Arc::new(f));
+    }
+
+    /// ResumeActor calls for `actor`.
+    pub fn calls(&self, actor: &str) -> usize {
+        self.state
+            .lock()
+            .unwrap()
+            .calls
+            .get(actor)
+            .map_or(0, |c| c.0)
+    }
+
+    pub fn total_calls(&self) -> usize {
+        self.total.load(Ordering::SeqCst)
+    }
+
+    /// Serves on 127.0.0.1:0; returns its address.
+    pub async fn start(&self) -> SocketAddr {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let svc = ActorServiceServer::new(self.clone());
+        tokio::spawn(async move {
+            tonic::transport::Server::builder()
+                .add_service(svc)
+                .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener))
+                .await
+                .unwrap();
+        });
+        addr
+    }
+}
+
+#[tonic::async_trait]
+impl ActorService for ScriptedApi {
+    async fn resume_actor(
+        &self,
+        req: tonic::Request<ResumeActorRequest>,
+    ) -> Result<tonic::Response<ResumeActorResponse>, Status> {
+        self.total.fetch_add(1, Ordering::SeqCst);
+        let r = req.into_inner().actor.unwrap_or_default();
+        let key = format!("{}/{}", r.atespace, r.name);
+        let (script, call) = {
+            let mut st = self.state.lock().unwrap();
+            let now = Instant::now();
+            let entry = st.calls.entry(key.clone()).or_insert((0, now));
+            let call = Call {
+                n: entry.0,
+                since_first: now - entry.1,
+            };
+            entry.0 += 1;
+            (st.scripts.get(&key).cloned(), call)
+        };
+        let Some(script) = script else {
+            return Err(Status::not_found(format!("actor {key} not found")));
+        };
+        let reply = script(call);
+        tokio::time::sleep(reply.delay).await;
+        let (worker, resumed) = reply.result?;
+        Ok(tonic::Response::new(ResumeActorResponse {
+            actor: Some(Actor {
+                atespace: r.atespace,
+                name: r.name,
+                state: ActorState::Running as i32,
+                worker_assignment: Some(WorkerAssignment {
+                    worker_id: format!("w-{worker}"),
+                    addresses: vec![worker],
+                    epoch: 1,
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }),
+            resumed,
+        }))
+    }
+
+    async fn create_actor(
+        &self,
+        _: tonic::Request<CreateActorRequest>,
+    ) -> Result<tonic::Response<Actor>, Status> {
+        Err(Status::unimplemented("test"))
+    }
+    async fn get_actor(
+        &self,
+        _: tonic::Request<GetActorRequest>,
+    ) -> Result<tonic::Response<Actor>, Status> {
+        Err(Status::unimplemented("test"))
+    }
+    async fn list_actors(
+        &self,
+        _: tonic::Request<ListActorsRequest>,
+    ) -> Result<tonic::Response<ListActorsResponse>, Status> {
+        Err(Status::unimplemented("test"))
+    }
+    async fn update_actor(
+        &self,
+        _: tonic::Request<UpdateActorRequest>,
+    ) -> Result<tonic::Response<Actor>, Status> {
+        Err(Status::unimplemented("test"))
+    }
+    async fn delete_actor(
+        &self,
+        _: tonic::Request<DeleteActorRequest>,
+    ) -> Result<tonic::Response<DeleteActorResponse>, Status> {
+        Err(Status::unimplemented("test"))
+    }
+    async fn suspend_actor(
+        &self,
+        _: tonic::Request<SuspendActorRequest>,
+    ) -> Result<tonic::Response<Actor>, Status> {
+        Err(Status::unimplemented("test"))
+    }
+    async fn revert_actor(
+        &self,
+        _: tonic::Request<RevertActorRequest>,
+    ) -> Result<tonic::Response<Actor>, Status> {
+        Err(Status::unimplemented("test"))
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Upstream: an HTTP/1.1 echo server standing in for an actor's port
+
+#[derive(Clone)]
+pub struct Upstream {
+    pub addr: SocketAddr,
+    pub requests: Arc<AtomicUsize>,
+    pub connections: Arc<AtomicUsize>,
+}
+
+/// Replies `name=<name>\nhost=<Host>\ncount=<n>\n`, one `header <k>: <v>` line per header, then
+/// `body=<body>`. A WebSocket upgrade gets a 101 and then raw bytes are echoed.
+pub async fn start_upstream(name: &'static str) -> Upstream {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let requests = Arc::new(AtomicUsize::new(0));
+    let connections = Arc::new(AtomicUsize::new(0));
+    let up = Upstream {
+        addr,
+        requests: requests.clone(),
+        connections: connections.clone(),
+    };
+    tokio::spawn(async move {
+        loop {
+            let Ok((tcp, _)) = listener.accept().await else {
+                return;
+            };
+            connections.fetch_add(1, Ordering::SeqCst);
+            let requests = requests.clone();
+            let service = service_fn(move |mut req: Request<Incoming>| {
+                let requests = requests.clone();
+                async move {
+                    let n = requests.fetch_add(1, Ordering::SeqCst) + 1;
+                    if req
+                        .headers()
+                        .get("upgrade")
+                        .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"websocket"))
+                    {
+                        let on = hyper::upgrade::on(&mut req);
+                        tokio::spawn(async move {
+                            if let Ok(up) = on.await {
+                                let (mut r, mut w) = tokio::io::split(TokioIo::new(up));
+                                let _ = tokio::io::copy(&mut r, &mut w).await;
+                            }
+                        });
+                        let resp = Response::builder()
+                            .status(StatusCode::SWITCHING_PROTOCOLS)
+                            .header("upgrade", "websocket")
+                            .header("connection", "Upgrade")
+                            .body(Full::new(Bytes::new()))
+                            .unwrap();
+                        return Ok::<_, Infallible>(resp);
+                    }
+                    let mut text = format!("name={name}\n");
+                    let host = req
+                        .headers()
+                        .get("host")
+                        .map(|h| h.to_str().unwrap_or("?").to_string())
+                        .unwrap_or_default();
+                    text.push_str(&format!("host={host}\ncount={n}\npath={}\n", req.uri()));
+                    for (k, v) in req.headers() {
+                        text.push_str(&format!("header {k}: {}\n", v.to_str().unwrap_or("?")));
+                    }
+                    let body = req.into_body().collect().await.unwrap().to_bytes();
+                    text.push_str(&format!("body={}", String::from_utf8_lossy(&body)));
+                    Ok(Response::new(Full::new(Bytes::from(text))))
+                }
+            });
+            tokio::spawn(async move {
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(TokioIo::new(tcp), service)
+                    .with_upgrades()
+                    .await;
+            });
+        }
+    });
+    up
+}
+
+// ---------------------------------------------------------------------------------------------
+// Test atunnel
+
+#[derive(Clone, Default)]
+pub struct AtunnelState {
+    /// Actors this worker answers 421 stale for.
+    pub stale: Arc<Mutex<HashSet<String>>>,
+    /// Every CONNECT: (actor, port, :authority).
+    pub connects: Arc<Mutex<Vec<(String, u16, String)>>>,
+    /// TCP connections from the router.
+    pub connections: Arc<AtomicUsize>,
+}
+
+pub struct Atunnel {
+    pub addr: SocketAddr,
+    pub state: AtunnelState,
+}
+
+impl Atunnel {
+    pub fn mark_stale(&self, actor: &str) {
+        self.state.stale.lock().unwrap().insert(actor.to_string());
+    }
+    pub fn connects(&self) -> usize {
+        self.state.connects.lock().unwrap().len()
+    }
+}
+
+/// An h2c server accepting CONNECT streams; port `p` pipes to `ports[p]`.
+pub async fn start_atunnel(ports: HashMap<u16, SocketAddr>) -> Atunnel {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let state = AtunnelState::default();
+    let st = state.clone();
+    let ports = Arc::new(ports);
+    tokio::spawn(async move {
+        loop {
+            let Ok((tcp, _)) = listener.accept().await else {
+                return;
+            };
+            st.connections.fetch_add(1, Ordering::SeqCst);
+            let st = st.clone();
+            let ports = ports.clone();
+            let service = service_fn(move |req: Request<Incoming>| {
+                let st = st.clone();
+                let ports = ports.clone();
+                async move { Ok::<_, Infallible>(atunnel_stream(req, &st, &ports)) }
+            });
+            tokio::spawn(async move {
+                let _ = hyper::server::conn::http2::Builder::new(TokioExecutor::new())
+                    .serve_connection(TokioIo::new(tcp), service)
+                    .await;
+            });
+        }
+    });
+    Atunnel { addr, state }
+}
+
+fn reply(status: StatusCode, body: &str) -> Response<Full<Bytes>> {
+    let mut r = Response::new(Full::new(Bytes::from(body.to_string())));
+    *r.status_mut() = status;
+    r
+}
+
+fn atunnel_stream(
+    req: Request<Incoming>,
+    st: &AtunnelState,
+    ports: &HashMap<u16, SocketAddr>,
+) -> Response<Full<Bytes>> {
+    if req.method() != http::Method::CONNECT {
+        return reply(StatusCode::METHOD_NOT_ALLOWED, "CONNECT only");
+    }
+    let Some(actor) = req
+        .headers()
+        .get("ate-target-actor")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_string)
+    else {
+        return reply(StatusCode::BAD_REQUEST, "missing ate-target-actor");
+    };
+    let port: u16 = match req.headers().get("ate-target-port") {
+        None => 80,
+        Some(v) => match v.to_str().ok().and_then(|s| s.parse().ok()) {
+            Some(p) if p != 0 => p,
+            _ => return reply(StatusCode::BAD_REQUEST, "bad ate-target-port"),
+        },
+    };
+    st.connects
+        .lock()
+        .unwrap()
+        .push((actor.clone(), port, req.uri().to_string()));
+    if st.stale.lock().unwrap().contains(&actor) {
+        let mut r = reply(StatusCode::MISDIRECTED_REQUEST, "stale");
+        r.headers_mut()
+            .insert("x-ate-assignment-stale", "true".parse().unwrap());
+        return r;
+    }
+    let Some(upstream) = ports.get(&port).copied() else {
+        return reply(StatusCode::BAD_GATEWAY, "port refused");
+    };
+    let on = hyper::upgrade::on(req);
+    tokio::spawn(async move {
+        let Ok(up) = on.await else { return };
+        let Ok(mut tcp) = TcpStream::connect(upstream).await else {
+            return;
+        };
+        let mut up = TokioIo::new(up);
+        let _ = tokio::io::copy_bidirectional(&mut up, &mut tcp).await;
+    });
+    reply(StatusCode::OK, "")
+}
+
+// ---------------------------------------------------------------------------------------------
+// Router and client
+
+pub struct TestRouter {
+    pub addr: SocketAddr,
+    pub metrics_addr: SocketAddr,
+    pub stats: Arc<Stats>,
+    pub probe: Probe,
+    shutdown: Option<tokio::sync::oneshot::Sender<()>>,
+    pub done: Option<tokio::task::JoinHandle<()>>,
+}
+
+impl TestRouter {
+    /// Starts graceful drain; `done` completes when the router exits.
+    pub fn shutdown(&mut self) {
+        if let Some(tx) = self.shutdown.take() {
+            let _ = tx.send(());
+        }
+    }
+}
+
+/// A config for tests: api at `api`, 1 s budget unless changed.
+pub fn config(api: SocketAddr) -> RouterConfig {
+    let mut c = RouterConfig {
+        api: api.to_string(),
+        parked_request_budget: Duration::from_secs(1),
+        drain_delay: Duration::from_secs(10),
+        ..RouterConfig::default()
+    };
+    c.tuning.decision_grace = Duration::from_secs(5);
+    c
+}
+
+pub async fn start_router(config: RouterConfig) -> TestRouter {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let metrics_listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let metrics_addr = metrics_listener.local_addr().unwrap();
+    let router = Router::new(config).unwrap();
+    let stats = router.stats();
+    let probe = router.probe();
+    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+    let done = tokio::spawn(async move {
+        router
+            .serve(listener, metrics_listener, async move {
+                let _ = rx.await;
+            })
+            .await
+            .unwrap();
+    });
+    TestRouter {
+        addr,
+        metrics_addr,
+        stats,
+        probe,
+        shutdown: Some(tx),
+        done: Some(done),
+    }
+}
+
+/// One world: scripted api, upstreams on ports 80 and 8080 behind one atunnel, and a router.
+pub struct World {
+    pub api: ScriptedApi,
+    pub atunnel: Atunnel,
+    pub up80: Upstream,
+    pub up8080: Upstream,
+    pub router: TestRouter,
+}
+
+impl World {
+    pub async fn start(tune: impl FnOnce(&mut RouterConfig)) -> World {
+        let api = ScriptedApi::default();
+        let api_addr = api.start().await;
+        let up80 = start_upstream("port80").await;
+        let up8080 = start_upstream("port8080").await;
+        let atunnel = start_atunnel(HashMap::from([(80, up80.addr), (8080, up8080.addr)])).await;
+        let mut cfg = config(api_addr);
+        tune(&mut cfg);
+        let router = start_router(cfg).await;
+        World {
+            api,
+            atunnel,
+            up80,
+            up8080,
+            router,
+        }
+    }
+
+    pub fn worker(&self) -> String {
+        self.atunnel.addr.to_string()
+    }
+
+    /// Scripts `actor` as running on this world's worker.
+    pub fn running(&self, actor: &str) {
+        let w = self.worker();
+        self.api.script(actor, move |_| Reply::ok(&w, false));
+    }
+}
+
+#[derive(Debug)]
+pub struct Got {
+    pub status: StatusCode,
+    pub headers: http::HeaderMap,
+    pub body: String,
+    pub elapsed: Duration,
+}
+
+impl Got {
+    pub fn resume(&self) -> &str {
+        self.headers
+            .get("ate-resume")
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("")
+    }
+}
+
+/// GET `/` on a new HTTP/1.1 connection with the given actor header and Host.
+pub async fn get(addr: SocketAddr, actor: Option<&str>) -> Got {
+    get_with(addr, actor, "app.example", |_| {}).await
+}
+
+pub async fn get_with(
+    addr: SocketAddr,
+    actor: Option<&str>,
+    host: &str,
+    edit: impl FnOnce(&mut Request<Empty<Bytes>>),
+) -> Got {
+    let started = Instant::now();
+    let tcp = TcpStream::connect(addr).await.unwrap();
+    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tcp))
+        .await
+        .unwrap();
+    tokio::spawn(conn);
+    let mut req = Request::builder()
+        .uri("/hello?x=1")
+        .header("host", host)
+        .body(Empty::<Bytes>::new())
+        .unwrap();
+    if let Some(actor) = actor {
+        req.headers_mut()
+            .insert("ate-target-actor", actor.parse().unwrap());
+    }
+    edit(&mut req);
+    let resp = sender.send_request(req).await.unwrap();
+    collect(resp, started).await
+}
+
+pub async fn collect(resp: Response<Incoming>, started: Instant) -> Got {
+    let status = resp.status();
+    let headers = resp.headers().clone();
+    let body = resp.into_body().collect().await.unwrap().to_bytes();
+    Got {
+        status,
+        headers,
+        body: String::from_utf8_lossy(&body).into_owned(),
+        elapsed: started.elapsed(),
+    }
+}
+
+/// The text of `/metrics`.
+pub async fn metrics_text(addr: SocketAddr) -> String {
+    let tcp = TcpStream::connect(addr).await.unwrap();
+    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tcp))
+        .await
+        .unwrap();
+    tokio::spawn(conn);
+    let req = Request::builder()
+        .uri("/metrics")
+        .header("host", "x")
+        .body(Empty::<Bytes>::new())
+        .unwrap();
+    collect(sender.send_request(req).await.unwrap(), Instant::now())
+        .await
+        .body
+}
+
+/// Value of a metric line that starts with `prefix` (first match).
+pub fn metric(text: &str, prefix: &str) -> Option<f64> {
+    text.lines()
+        .find(|l| l.starts_with(prefix))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+}
+
+pub fn secs(d: Duration) -> f64 {
+    d.as_secs_f64()
+}
+
+pub fn no_room() -> Status {
+    Status::resource_exhausted(ate_core::NO_ROOM_MESSAGE)
+}
