@@ -33,6 +33,8 @@ pub const HEADER_PORT: &str = "ate-target-port";
 pub const HEADER_STALE: &str = "x-ate-assignment-stale";
 /// A SYN into an actor netns is answered at once (RST or SYN-ACK); this only bounds a stuck one.
 const DIAL_TIMEOUT: Duration = Duration::from_secs(5);
+/// Per-direction pipe buffer: small, since most tunnels carry a few KiB and many stay open idle.
+const COPY_BUF: usize = 16 * 1024;
 
 pub fn now_unix_ms() -> i64 {
     SystemTime::now()
@@ -311,7 +313,7 @@ async fn handle(tunnels: &Tunnels, req: Request<Incoming>) -> Response<Full<Byte
         };
         let mut downstream = TokioIo::new(upgraded);
         tokio::select! {
-            r = tokio::io::copy_bidirectional_with_sizes(&mut downstream, &mut upstream, 32 * 1024, 32 * 1024) => {
+            r = tokio::io::copy_bidirectional_with_sizes(&mut downstream, &mut upstream, COPY_BUF, COPY_BUF) => {
                 if let Err(e) = r {
                     tracing::debug!(actor = %key, error = %e, "tunnel ended with error");
                 }

@@ -215,10 +215,22 @@ impl Worker {
                 "a fidelity was given without a generation_dir",
             ));
         }
+        if spec.sandbox_class != self.sandbox_class() {
+            return Err(Status::failed_precondition(format!(
+                "template wants sandbox class {:?}; worker {} runs {:?}",
+                spec.sandbox_class,
+                self.ident.id,
+                self.sandbox_class()
+            )));
+        }
         let key = key_of(&atespace, &name);
         let lock = self.lock_for(&key);
         let _guard = lock.lock().await;
         self.check_running()?;
+        // An exit of an earlier run that was never collected is about a sandbox that is gone.
+        self.table()
+            .exits
+            .retain(|x| !(x.atespace == atespace && x.name == name));
         if self.table().actors.contains_key(&key) && self.tunnels.get(&key).is_some() {
             return Ok(v1::WorkerStartReply {
                 epoch: self.ident.epoch,
@@ -304,6 +316,7 @@ impl Worker {
         requested: Option<Fidelity>,
     ) -> Result<Option<u32>, Status> {
         let Some(gen_dir) = generation_dir else {
+            // (Egress setup, when built, goes before this run as well.)
             let started = self
                 .runtime
                 .run(sandbox, spec, RunMode::KeepRootfs)
@@ -320,6 +333,14 @@ impl Worker {
                 "generation {} holds {} and cannot be restored at {fidelity}",
                 gen_dir.display(),
                 manifest.fidelity
+            )));
+        }
+        if fidelity == Fidelity::Memory && manifest.sandbox_class != self.sandbox_class() {
+            return Err(Status::failed_precondition(format!(
+                "generation {} was captured by sandbox class {:?}; its memory cannot restore on {:?}",
+                gen_dir.display(),
+                manifest.sandbox_class,
+                self.sandbox_class()
             )));
         }
         if fidelity == Fidelity::Memory && !self.can_restore_memory() {
@@ -342,6 +363,8 @@ impl Worker {
                     .map_err(|e| snapshot_status(&format!("extract volume {}", v.name), e))?;
             }
         }
+        // Egress (nftables redirect in the actor netns to an atunnel egress listener applying
+        // the template's policy) belongs here, before the sandbox runs; not built yet.
         let started = match fidelity {
             Fidelity::Memory => self
                 .runtime
@@ -480,11 +503,13 @@ impl Worker {
         }
         let asked = requested.unwrap_or(entry.spec.fidelity);
         let sandbox = entry.sandbox.clone();
+        let begun = Instant::now();
 
         self.ingress_off(&key).await;
         if let Some(pid) = entry.pid {
             wait_tcp_quiet(pid, QUIESCE_TIMEOUT).await;
         }
+        let quiesced = begun.elapsed();
 
         let mut fidelity = asked;
         let mut reason = String::new();
@@ -521,6 +546,7 @@ impl Worker {
         } else {
             self.runtime.stop(&sandbox).await
         };
+        let stopped_at = begun.elapsed();
         let result = match stopped {
             Err(e) => Err(Status::internal(format!(
                 "stop sandbox {} for checkpoint: {e}",
@@ -553,13 +579,23 @@ impl Worker {
                     .map_err(|e| Status::internal(format!("seal {}: {e}", gen_dir.display())))
             }
         };
+        let sealed_at = begun.elapsed();
         // Checkpointed or not, the actor no longer runs here.
         self.table().actors.remove(&key);
         if let Err(e) = self.discard(&sandbox).await {
             tracing::warn!(actor = %key, error = %e.message(), "cleanup after checkpoint");
         }
         let manifest = result?;
-        tracing::info!(actor = %key, fidelity = %manifest.fidelity, size = manifest.total_size(), "generation sealed");
+        tracing::info!(
+            actor = %key,
+            fidelity = %manifest.fidelity,
+            size = manifest.total_size(),
+            quiesce_ms = quiesced.as_millis() as u64,
+            dump_or_stop_ms = (stopped_at - quiesced).as_millis() as u64,
+            seal_ms = (sealed_at - stopped_at).as_millis() as u64,
+            total_ms = begun.elapsed().as_millis() as u64,
+            "generation sealed"
+        );
         Ok(self.checkpoint_reply(&manifest))
     }
 

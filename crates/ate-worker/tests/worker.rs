@@ -67,6 +67,14 @@ impl RunningWorker {
 }
 
 fn worker_config(env: &mut Env, id: &str) -> WorkerConfig {
+    // Worker logs on stderr (shown for failing tests; RUST_LOG overrides the level).
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("ate_worker=info")),
+        )
+        .with_test_writer()
+        .try_init();
     let state = env.path().join("state");
     let listen: SocketAddr = "127.0.0.2:0".parse().expect("addr");
     let config = WorkerConfig::new(id, state, listen);
@@ -374,6 +382,7 @@ async fn worker_end_to_end_counter() {
     // Tunnel throughput (debug build, same 2 cores as the actor): a new tunnel per request, and
     // requests over kept tunnels.
     measure_throughput(&addr, &target).await;
+    measure_dialers(&sandbox.netns()).await;
 
     // Malformed target → 400 naming the problem; unknown actor → 421 stale.
     let resp = connect_stream(&mut h2, &[("ate-target-actor", "Not_Valid")]).await;
@@ -532,6 +541,33 @@ async fn h1_get_status(h1: &mut H1) -> (u16, String) {
     }
 }
 
+/// Sequential connects into the actor netns: the long-lived socket factory against the old
+/// thread-per-connect path.
+async fn measure_dialers(netns_name: &str) {
+    const N: u32 = 300;
+    let addr = SocketAddr::new(ate_worker::ACTOR_IP.into(), 80);
+    let dialer = ate_worker::NetnsDialer::new(netns_name)
+        .await
+        .expect("dialer");
+    let t = Instant::now();
+    for _ in 0..N {
+        drop(dialer.connect(addr).await.expect("factory connect"));
+    }
+    let factory = t.elapsed() / N;
+    let t = Instant::now();
+    for _ in 0..N {
+        drop(
+            netns::connect_in_netns(netns_name, addr)
+                .await
+                .expect("thread connect"),
+        );
+    }
+    let threaded = t.elapsed() / N;
+    eprintln!(
+        "connect into actor netns: socket factory {factory:?}/connect, thread per connect {threaded:?}/connect (debug build)"
+    );
+}
+
 async fn measure_throughput(addr: &str, target: &str) {
     const TASKS: usize = 32;
     const WINDOW: Duration = Duration::from_secs(2);
@@ -660,5 +696,67 @@ async fn worker_probe_timeout_and_exit() {
     assert!(!netns::exists(&sandbox.netns()));
 
     worker.shutdown().await;
+    env.assert_clean();
+}
+
+/// A generation written by one worker restores at MEMORY fidelity on another worker of the node
+/// (its actor dirs, hence the overlay mount point, live under another path).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn memory_restore_on_another_worker() {
+    let mut env = Env::new();
+    let id_a = unique_name("wa");
+    let id_b = unique_name("wb");
+    let config_a = worker_config(&mut env, &id_a);
+    let config_b = worker_config(&mut env, &id_b);
+    let a = RunningWorker::start(config_a.clone()).await;
+    let b = RunningWorker::start(config_b.clone()).await;
+    let (mut ca, mut cb) = (a.client.clone(), b.client.clone());
+    let addr_b = cb
+        .info(v1::WorkerInfoRequest {})
+        .await
+        .expect("Info")
+        .into_inner()
+        .addresses
+        .remove(0);
+    let addr_a = ca
+        .info(v1::WorkerInfoRequest {})
+        .await
+        .expect("Info")
+        .into_inner()
+        .addresses
+        .remove(0);
+
+    let name = unique_name("mover");
+    track(&mut env, &config_a, &name);
+    track(&mut env, &config_b, &name);
+    let target = format!("{ATESPACE}/{name}");
+    let wa = workload(&id_a, &name, counter_spec(80, 15));
+    ca.start(start_req(&wa, None, v1::Fidelity::Unspecified))
+        .await
+        .expect("start on A");
+    let mut h2a = h2_connect(&addr_a).await;
+    let (_, body) = get_via_tunnel(&mut h2a, &target, "/").await;
+    assert_eq!(body, counts(1, 1, 1));
+    let gen_dir = env.path().join("generations/1");
+    let cp = ca
+        .checkpoint(checkpoint_req(&wa, &gen_dir, 1))
+        .await
+        .expect("checkpoint on A")
+        .into_inner();
+    assert_eq!(cp.fidelity, v1::Fidelity::Memory as i32, "{}", cp.reason);
+
+    let wb = workload(&id_b, &name, counter_spec(80, 15));
+    cb.start(start_req(&wb, Some(&gen_dir), v1::Fidelity::Memory))
+        .await
+        .expect("memory restore on B");
+    let mut h2b = h2_connect(&addr_b).await;
+    let (_, body) = get_via_tunnel(&mut h2b, &target, "/").await;
+    assert_eq!(body, counts(2, 2, 2));
+    // A no longer serves it.
+    let resp = connect_stream(&mut h2a, &[("ate-target-actor", &target)]).await;
+    assert_eq!(resp.status(), 421);
+
+    a.shutdown().await;
+    b.shutdown().await;
     env.assert_clean();
 }
