@@ -547,6 +547,45 @@ async fn stale_421_evicts_resolves_again_and_retries_once() {
     assert_eq!(w.api.calls("a/lost"), 2, "retried once only");
 }
 
+// ---- gRPC ---------------------------------------------------------------------------------------
+
+#[tokio::test]
+async fn grpc_over_http2_passes_through_with_trailers() {
+    use http_body_util::BodyExt;
+    let w = World::start(|_| {}).await;
+    w.running("a/grpc");
+    let tcp = TcpStream::connect(w.router.addr).await.unwrap();
+    let (mut sender, conn) =
+        hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(tcp))
+            .await
+            .unwrap();
+    tokio::spawn(conn);
+    for i in 0..2u8 {
+        let req = http::Request::builder()
+            .method("POST")
+            .uri("http://greeter.svc:50051/helloworld.Greeter/SayHello")
+            .header("content-type", "application/grpc")
+            .header("te", "trailers")
+            .header("ate-target-actor", "a/grpc")
+            .body(http_body_util::Full::new(Bytes::from(vec![
+                0, 0, 0, 0, 1, i,
+            ])))
+            .unwrap();
+        let resp = sender.send_request(req).await.unwrap();
+        assert_eq!(resp.status(), StatusCode::OK);
+        assert_eq!(resp.headers()["content-type"], "application/grpc");
+        let collected = resp.into_body().collect().await.unwrap();
+        let trailers = collected
+            .trailers()
+            .cloned()
+            .expect("trailers pass through");
+        assert_eq!(trailers["grpc-status"], "0");
+        assert_eq!(trailers["x-seen-authority"], "greeter.svc:50051");
+        assert_eq!(trailers["x-seen-version"], "HTTP/2.0");
+        assert_eq!(collected.to_bytes().as_ref(), &[0, 0, 0, 0, 1, i]);
+    }
+}
+
 // ---- WebSocket and CONNECT ----------------------------------------------------------------------
 
 #[tokio::test]

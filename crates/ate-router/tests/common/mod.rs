@@ -248,9 +248,16 @@ pub async fn start_upstream(name: &'static str) -> Upstream {
                             .status(StatusCode::SWITCHING_PROTOCOLS)
                             .header("upgrade", "websocket")
                             .header("connection", "Upgrade")
-                            .body(Full::new(Bytes::new()))
+                            .body(EchoBody::Full(Full::new(Bytes::new())))
                             .unwrap();
                         return Ok::<_, Infallible>(resp);
+                    }
+                    if req
+                        .headers()
+                        .get("content-type")
+                        .is_some_and(|v| v.as_bytes().starts_with(b"application/grpc"))
+                    {
+                        return Ok(grpc_echo(req, name).await);
                     }
                     let mut text = format!("name={name}\n");
                     let host = req
@@ -264,18 +271,68 @@ pub async fn start_upstream(name: &'static str) -> Upstream {
                     }
                     let body = req.into_body().collect().await.unwrap().to_bytes();
                     text.push_str(&format!("body={}", String::from_utf8_lossy(&body)));
-                    Ok(Response::new(Full::new(Bytes::from(text))))
+                    Ok(Response::new(EchoBody::Full(Full::new(Bytes::from(text)))))
                 }
             });
             tokio::spawn(async move {
-                let _ = hyper::server::conn::http1::Builder::new()
-                    .serve_connection(TokioIo::new(tcp), service)
-                    .with_upgrades()
+                // HTTP/1.1 and HTTP/2 (gRPC arrives as HTTP/2 over the tunnel).
+                let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
+                    .serve_connection_with_upgrades(TokioIo::new(tcp), service)
                     .await;
             });
         }
     });
     up
+}
+
+type Frames =
+    futures::stream::Iter<std::vec::IntoIter<Result<hyper::body::Frame<Bytes>, Infallible>>>;
+
+/// Body of the upstream's answers: plain, or data followed by trailers (gRPC).
+pub enum EchoBody {
+    Full(Full<Bytes>),
+    Frames(http_body_util::StreamBody<Frames>),
+}
+
+impl hyper::body::Body for EchoBody {
+    type Data = Bytes;
+    type Error = Infallible;
+    fn poll_frame(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<hyper::body::Frame<Bytes>, Infallible>>> {
+        match self.get_mut() {
+            EchoBody::Full(b) => std::pin::Pin::new(b).poll_frame(cx),
+            EchoBody::Frames(b) => std::pin::Pin::new(b).poll_frame(cx),
+        }
+    }
+}
+
+/// A gRPC-shaped echo: the request body back, `grpc-status: 0` and the Host/:authority it saw
+/// as trailers.
+async fn grpc_echo(req: Request<Incoming>, name: &str) -> Response<EchoBody> {
+    let authority = req
+        .uri()
+        .authority()
+        .map(|a| a.to_string())
+        .unwrap_or_default();
+    let version = format!("{:?}", req.version());
+    let body = req.into_body().collect().await.unwrap().to_bytes();
+    let mut trailers = http::HeaderMap::new();
+    trailers.insert("grpc-status", "0".parse().unwrap());
+    trailers.insert("x-seen-authority", authority.parse().unwrap());
+    trailers.insert("x-seen-version", version.parse().unwrap());
+    trailers.insert("x-upstream", name.parse().unwrap());
+    let frames = vec![
+        Ok(hyper::body::Frame::data(body)),
+        Ok(hyper::body::Frame::trailers(trailers)),
+    ];
+    Response::builder()
+        .header("content-type", "application/grpc")
+        .body(EchoBody::Frames(http_body_util::StreamBody::new(
+            futures::stream::iter(frames),
+        )))
+        .unwrap()
 }
 
 // ---------------------------------------------------------------------------------------------
