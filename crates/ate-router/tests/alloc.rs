@@ -1,0 +1,88 @@
+//! Measures heap allocations per warm request (DESIGN §6: the data path must not allocate per
+//! request beyond what hyper needs). Everything runs in this process, so the figure for the
+//! router path also contains the test client, the test atunnel and the upstream; the direct
+//! figure (client + upstream only) is subtracted to estimate the router's and atunnel's share.
+
+mod common;
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Empty};
+use hyper_util::rt::TokioIo;
+use tokio::net::TcpStream;
+
+struct Counting;
+
+static ALLOCS: AtomicU64 = AtomicU64::new(0);
+
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        ALLOCS.fetch_add(1, Ordering::Relaxed);
+        // SAFETY: forwarded unchanged to the system allocator.
+        unsafe { System.alloc(layout) }
+    }
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        // SAFETY: forwarded unchanged to the system allocator.
+        unsafe { System.dealloc(ptr, layout) }
+    }
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        ALLOCS.fetch_add(1, Ordering::Relaxed);
+        // SAFETY: forwarded unchanged to the system allocator.
+        unsafe { System.realloc(ptr, layout, new_size) }
+    }
+}
+
+#[global_allocator]
+static GLOBAL: Counting = Counting;
+
+async fn allocations_per_request(addr: SocketAddr, actor: Option<&str>, n: u64) -> f64 {
+    let tcp = TcpStream::connect(addr).await.unwrap();
+    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tcp))
+        .await
+        .unwrap();
+    tokio::spawn(conn);
+    let mut one = async |count: bool| {
+        let mut req = http::Request::builder()
+            .uri("/a")
+            .header("host", "x")
+            .body(Empty::<Bytes>::new())
+            .unwrap();
+        if let Some(actor) = actor {
+            req.headers_mut()
+                .insert("ate-target-actor", actor.parse().unwrap());
+        }
+        sender.ready().await.unwrap();
+        let resp = sender.send_request(req).await.unwrap();
+        resp.into_body().collect().await.unwrap();
+        // Let the pool take the tunnel back before the next request.
+        tokio::time::sleep(Duration::from_millis(2)).await;
+        let _ = count;
+    };
+    for _ in 0..20 {
+        one(false).await;
+    }
+    let before = ALLOCS.load(Ordering::Relaxed);
+    for _ in 0..n {
+        one(true).await;
+    }
+    (ALLOCS.load(Ordering::Relaxed) - before) as f64 / n as f64
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn warm_path_allocations() {
+    let w = common::World::start(|c| c.assignment_cache_ttl = Duration::from_secs(3600)).await;
+    w.running("a/b");
+    let direct = allocations_per_request(w.up80.addr, None, 200).await;
+    let routed = allocations_per_request(w.router.addr, Some("a/b"), 200).await;
+    println!(
+        "allocations per request: direct {direct:.1}, through router + test atunnel {routed:.1}, \
+         difference {:.1}",
+        routed - direct
+    );
+    // A regression guard, not a target: the router + atunnel share must stay small.
+    assert!(routed - direct < 150.0, "direct {direct}, routed {routed}");
+}
