@@ -542,29 +542,38 @@ async fn h1_get_status(h1: &mut H1) -> (u16, String) {
 }
 
 /// Sequential connects into the actor netns: the long-lived socket factory against the old
-/// thread-per-connect path.
+/// thread-per-connect path. Medians: the counter's accept backlog occasionally drops a SYN (a
+/// 1 s retransmit) when connects outpace it, which would swamp a mean.
 async fn measure_dialers(netns_name: &str) {
-    const N: u32 = 300;
+    const N: usize = 300;
     let addr = SocketAddr::new(ate_worker::ACTOR_IP.into(), 80);
     let dialer = ate_worker::NetnsDialer::new(netns_name)
         .await
         .expect("dialer");
-    let t = Instant::now();
+    let median = |mut v: Vec<Duration>| {
+        v.sort();
+        v[v.len() / 2]
+    };
+    let mut factory = Vec::with_capacity(N);
     for _ in 0..N {
+        let t = Instant::now();
         drop(dialer.connect(addr).await.expect("factory connect"));
+        factory.push(t.elapsed());
     }
-    let factory = t.elapsed() / N;
-    let t = Instant::now();
+    let mut threaded = Vec::with_capacity(N);
     for _ in 0..N {
+        let t = Instant::now();
         drop(
             netns::connect_in_netns(netns_name, addr)
                 .await
                 .expect("thread connect"),
         );
+        threaded.push(t.elapsed());
     }
-    let threaded = t.elapsed() / N;
     eprintln!(
-        "connect into actor netns: socket factory {factory:?}/connect, thread per connect {threaded:?}/connect (debug build)"
+        "connect into actor netns (median): socket factory {:?}, thread per connect {:?} (debug build)",
+        median(factory),
+        median(threaded)
     );
 }
 
@@ -680,13 +689,14 @@ async fn worker_probe_timeout_and_exit() {
             break a;
         }
         assert!(
-            killed.elapsed() < Duration::from_secs(3),
+            killed.elapsed() < Duration::from_secs(5),
             "exit not reported"
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     };
     eprintln!("exit reported after {:?}", killed.elapsed());
-    assert!(killed.elapsed() < Duration::from_millis(1500));
+    // Polled every 500 ms; the margin is for a loaded CI machine.
+    assert!(killed.elapsed() < Duration::from_secs(2));
     assert!(exited.last_log_lines.len() < 64 * 1024);
     assert!(
         activity_of(&mut c, &name).await.is_none(),
