@@ -12,7 +12,7 @@ use crate::api::{Resume, Resumed};
 use crate::cache::{AssignmentCache, Route};
 use crate::error::{Disposition, ResolveError, classify};
 use crate::metrics::{RESUME_CALLS, Stats};
-use crate::parking::{Backoff, Outcome, ParkingLot};
+use crate::parking::{Backoff, Outcome, ParkingLot, ParkingPlace};
 use crate::single_flight::SingleFlight;
 
 /// Progress of one actor's resolution, watched by every request for that actor.
@@ -111,7 +111,7 @@ impl Resolver {
         );
 
         // Held while this request waits after a failed attempt; dropped with this future.
-        let mut place = None;
+        let mut place: Option<ParkingPlace> = None;
         let mut waited = false;
         loop {
             let state = rx.borrow_and_update().clone();
@@ -127,7 +127,7 @@ impl Resolver {
                         Err(_) => Outcome::Error,
                     };
                     if let Some(place) = place.take() {
-                        crate::parking::ParkingPlace::finish(place, outcome);
+                        place.finish(outcome);
                     }
                     return result.map(|r| {
                         let kind = if waited {
@@ -162,7 +162,7 @@ impl Resolver {
                     // The flight goes on (a started resume is never cancelled) and fills the
                     // cache for the client's next try.
                     if let Some(place) = place.take() {
-                        crate::parking::ParkingPlace::finish(place, Outcome::Timeout);
+                        place.finish(Outcome::Timeout);
                     }
                     return Err(ResolveError::DecisionTimeout);
                 }

@@ -495,18 +495,22 @@ async fn fifty_concurrent_requests_to_a_cold_actor_share_one_resume() {
     let w = World::start(|_| {}).await;
     let worker = w.worker();
     w.api.script("a/cold", move |_| {
-        Reply::ok(&worker, true).after(Duration::from_millis(300))
+        Reply::ok(&worker, true).after(Duration::from_millis(500))
     });
     let addr = w.router.addr;
     let all = futures::future::join_all(
         (0..50).map(|_| tokio::spawn(async move { get(addr, Some("a/cold")).await })),
     )
     .await;
+    let mut cold = 0;
     for got in all {
         let got = got.unwrap();
         assert_eq!(got.status, StatusCode::OK, "{}", got.body);
-        assert_eq!(got.resume(), "cold");
+        // A straggler on a loaded machine may arrive after the resume and hit the cache.
+        assert!(["cold", "warm"].contains(&got.resume()), "{}", got.resume());
+        cold += usize::from(got.resume() == "cold");
     }
+    assert!(cold >= 40, "{cold} of 50 waited for the shared resume");
     assert_eq!(w.api.calls("a/cold"), 1);
     // One shared HTTP/2 connection to the worker carried every tunnel.
     assert_eq!(w.atunnel.state.connections.load(Ordering::SeqCst), 1);
@@ -676,8 +680,11 @@ async fn idle_tunnels_are_reused_for_keep_alive() {
     w.running("a/b");
     for _ in 0..5 {
         assert_eq!(get(w.router.addr, Some("a/b")).await.status, StatusCode::OK);
-        // Give the pool a moment to take the connection back.
-        tokio::time::sleep(Duration::from_millis(20)).await;
+        // The pool takes the connection back once the response has ended.
+        let deadline = Instant::now() + Duration::from_secs(2);
+        while w.router.probe.idle_tunnels() == 0 && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
     }
     assert_eq!(
         w.atunnel.connects(),
