@@ -466,6 +466,9 @@ fn worker_record(w: v1::Worker) -> Result<WorkerRecord, Status> {
             "invalid worker.capacity: cpu, memory and actor slots must be positive",
         ));
     }
+    if w.epoch == 0 || i64::try_from(w.epoch).is_err() {
+        return Err(Status::invalid_argument(format!("invalid worker.epoch: {} must be between 1 and 2^63-1", w.epoch)));
+    }
     let labels: BTreeMap<String, String> = w.labels.into_iter().collect();
     ate_core::selector::validate("worker.labels", &labels).map_err(invalid)?;
     Ok(WorkerRecord {

@@ -40,6 +40,12 @@ pub enum Format {
 enum Command {
     /// Run the control plane (gRPC api).
     Api(serve::ApiArgs),
+    /// Run the router (ingress): names → actors, parking, tunnels to workers.
+    Router(serve::RouterArgs),
+    /// Run the node agent (one per machine).
+    Node(serve::NodeArgs),
+    /// Run a worker (hosts many actors' sandboxes and their atunnel).
+    Worker(serve::WorkerArgs),
     /// Start the whole system on this machine (api, node, workers, router) with a demo template.
     Up(up::UpArgs),
     /// Create or update ActorTemplates and Atespaces from a YAML file (multi-document).
@@ -93,6 +99,9 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     let api = cli.api;
     match cli.command {
         Command::Api(args) => serve::run_api(args).await.map(|_| ExitCode::SUCCESS),
+        Command::Router(args) => serve::run_router(args).await.map(|_| ExitCode::SUCCESS),
+        Command::Node(args) => serve::run_node(args).await.map(|_| ExitCode::SUCCESS),
+        Command::Worker(args) => serve::run_worker(args).await.map(|_| ExitCode::SUCCESS),
         Command::Up(args) => up::run(args).await,
         Command::Apply { file } => verbs::apply(&client::connect(api).await?, &file, out).await,
         Command::Create(cmd) => verbs::create(&client::connect(api).await?, cmd, out).await,

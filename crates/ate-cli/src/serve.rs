@@ -97,6 +97,55 @@ pub async fn run_api(args: ApiArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+#[derive(Args, Debug)]
+pub struct RouterArgs {
+    #[command(flatten)]
+    pub config: ate_router::RouterConfig,
+    /// Log as JSON lines.
+    #[arg(long)]
+    pub log_json: bool,
+}
+
+pub async fn run_router(args: RouterArgs) -> anyhow::Result<()> {
+    init_logging(args.log_json);
+    tracing::info!(listen = %args.config.listen, api = %args.config.api, "router starting");
+    ate_router::run(args.config, shutdown_signal()).await?;
+    tracing::info!("router stopped");
+    Ok(())
+}
+
+#[derive(Args, Debug)]
+pub struct NodeArgs {
+    #[command(flatten)]
+    pub config: ate_node::NodeConfig,
+    /// Log as JSON lines.
+    #[arg(long)]
+    pub log_json: bool,
+}
+
+pub async fn run_node(args: NodeArgs) -> anyhow::Result<()> {
+    init_logging(args.log_json);
+    ate_node::run(args.config, shutdown_signal()).await?;
+    tracing::info!("node agent stopped");
+    Ok(())
+}
+
+#[derive(Args, Debug)]
+pub struct WorkerArgs {
+    #[command(flatten)]
+    pub config: ate_worker::WorkerConfig,
+    /// Log as JSON lines.
+    #[arg(long)]
+    pub log_json: bool,
+}
+
+pub async fn run_worker(args: WorkerArgs) -> anyhow::Result<()> {
+    init_logging(args.log_json);
+    ate_worker::run(args.config, shutdown_signal()).await?;
+    tracing::info!("worker stopped");
+    Ok(())
+}
+
 /// Hides a password in a store URL for logs.
 fn redact(url: &str) -> String {
     match (url.find("://"), url.rfind('@')) {

@@ -50,6 +50,64 @@ pub struct UpArgs {
     /// Directory of OCI image layouts for the demo (default: STATE_DIR/images).
     #[arg(long)]
     pub images_dir: Option<PathBuf>,
+    /// Router (ingress) address.
+    #[arg(long, default_value = "127.0.0.1:8080")]
+    pub router_listen: SocketAddr,
+    /// Router metrics address.
+    #[arg(long, default_value = "127.0.0.1:9091")]
+    pub router_metrics_listen: SocketAddr,
+    /// Node agent address.
+    #[arg(long, default_value = "127.0.0.1:8085")]
+    pub node_listen: SocketAddr,
+    /// Durable snapshot store URL (default: a directory in the state dir).
+    #[arg(long)]
+    pub durable_store: Option<String>,
+    /// Extra flags for the router, e.g. `--router-arg=--parked-request-budget=2s` (repeatable).
+    #[arg(long = "router-arg", allow_hyphen_values = true)]
+    pub router_args: Vec<String>,
+}
+
+/// The loopback address of worker `i` (1-based): every worker serves atunnel on its own address,
+/// as a pod would.
+fn worker_address(i: u32) -> anyhow::Result<std::net::IpAddr> {
+    anyhow::ensure!((1..=250).contains(&i), "at most 250 workers on one machine");
+    Ok(std::net::IpAddr::V4(std::net::Ipv4Addr::new(127, 0, 0, u8::try_from(i + 1)?)))
+}
+
+async fn wait_listening(c: &mut Component, addr: SocketAddr) -> anyhow::Result<()> {
+    let started = Instant::now();
+    loop {
+        if let Some(status) = c.child.try_wait()? {
+            anyhow::bail!("{} exited during start-up ({status}); last log lines:\n{}", c.name, tail(&c.log, 20));
+        }
+        if tokio::net::TcpStream::connect(addr).await.is_ok() {
+            return Ok(());
+        }
+        if started.elapsed() > READY_TIMEOUT {
+            anyhow::bail!("{} not listening on {addr} after {READY_TIMEOUT:?}; see {}", c.name, c.log.display());
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Waits until the api lists `n` ACTIVE workers.
+async fn wait_workers(clients: &Clients, n: usize, components: &mut [Component]) -> anyhow::Result<()> {
+    let started = Instant::now();
+    loop {
+        for c in components.iter_mut() {
+            if let Some(status) = c.child.try_wait()? {
+                anyhow::bail!("{} exited during start-up ({status}); last log lines:\n{}", c.name, tail(&c.log, 20));
+            }
+        }
+        let workers = clients.fleet.clone().list_workers(v1::ListWorkersRequest {}).await.map(|r| r.into_inner().workers).unwrap_or_default();
+        if workers.iter().filter(|w| w.status == "ACTIVE").count() >= n {
+            return Ok(());
+        }
+        if started.elapsed() > READY_TIMEOUT {
+            anyhow::bail!("only {} of {n} workers registered after {READY_TIMEOUT:?}; see the logs in {}", workers.len(), components[0].log.parent().map(|p| p.display().to_string()).unwrap_or_default());
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }
 
 /// A supervised child process.
@@ -163,6 +221,68 @@ async fn register_demo(c: &Clients, images_dir: &Path) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Starts the node agent, the workers and the router, and waits until each is serving.
+async fn start_data_path(args: &UpArgs, api_addr: &str, logs: &Path, run_dir: &Path, components: &mut Vec<Component>) -> anyhow::Result<()> {
+    let state = args.state_dir.display().to_string();
+    if args.workers > 0 && !nix::unistd::Uid::effective().is_root() {
+        anyhow::bail!("workers run runc sandboxes and need root: run `ate up` as root (or with --workers 0)");
+    }
+    let node_ready = run_dir.join("node.json");
+    let _ = std::fs::remove_file(&node_ready);
+    let mut node_args = vec![
+        "node".to_string(),
+        "--name".into(),
+        "node-1".into(),
+        "--listen".into(),
+        args.node_listen.to_string(),
+        "--api".into(),
+        api_addr.to_string(),
+        "--state-dir".into(),
+        state.clone(),
+        "--ready-file".into(),
+        node_ready.display().to_string(),
+    ];
+    if let Some(url) = &args.durable_store {
+        node_args.extend(["--durable-store".to_string(), url.clone()]);
+    }
+    components.push(spawn("node", &node_args, logs)?);
+    let node_index = components.len() - 1;
+    wait_ready(&mut components[node_index], &node_ready).await?;
+
+    for i in 1..=args.workers {
+        let listen = SocketAddr::new(worker_address(i)?, 8443);
+        let worker_args = vec![
+            "worker".to_string(),
+            "--id".into(),
+            format!("worker-{i}"),
+            "--state-dir".into(),
+            state.clone(),
+            "--listen".into(),
+            listen.to_string(),
+            "--slots".into(),
+            args.worker_slots.to_string(),
+        ];
+        let name: &'static str = Box::leak(format!("worker-{i}").into_boxed_str());
+        components.push(spawn(name, &worker_args, logs)?);
+    }
+    let channel = client::endpoint(api_addr)?.connect().await?;
+    wait_workers(&Clients::new(channel), args.workers as usize, components).await?;
+
+    let mut router_args = vec![
+        "router".to_string(),
+        "--listen".into(),
+        args.router_listen.to_string(),
+        "--metrics-listen".into(),
+        args.router_metrics_listen.to_string(),
+        "--api".into(),
+        api_addr.to_string(),
+    ];
+    router_args.extend(args.router_args.iter().cloned());
+    components.push(spawn("router", &router_args, logs)?);
+    let router_index = components.len() - 1;
+    wait_listening(&mut components[router_index], args.router_listen).await
+}
+
 async fn stop_all(components: &mut [Component]) {
     for c in components.iter() {
         if let Some(pid) = c.pid() {
@@ -182,6 +302,46 @@ async fn stop_all(components: &mut [Component]) {
     }
 }
 
+/// Starts the api, registers the demo, then the data path; returns the api address.
+async fn start_all(args: &UpArgs, store: &str, images_dir: &Path, components: &mut Vec<Component>) -> anyhow::Result<String> {
+    let state = &args.state_dir;
+    let logs = state.join("logs");
+    let run_dir = state.join("run");
+    let api_ready = run_dir.join("api.json");
+    let _ = std::fs::remove_file(&api_ready);
+    let api_args = vec![
+        "api".to_string(),
+        "--listen".into(),
+        args.api_listen.to_string(),
+        "--http-listen".into(),
+        args.api_http_listen.to_string(),
+        "--store".into(),
+        store.to_string(),
+        "--ready-file".into(),
+        api_ready.display().to_string(),
+    ];
+    components.push(spawn("api", &api_args, &logs)?);
+    let ready = wait_ready(&mut components[0], &api_ready).await?;
+    let api_addr = ready["grpc"].as_str().unwrap_or_default().to_string();
+    let channel = client::endpoint(&api_addr)?
+        .connect()
+        .await
+        .with_context(|| format!("cannot reach the api at {api_addr}"))?;
+    let clients = Clients::new(channel);
+    if !args.no_demo {
+        register_demo(&clients, images_dir).await?;
+    }
+    write_atomically(&state.join(API_ADDRESS_FILE), &api_addr)?;
+    if let Some(user) = client::user_config_file()
+        && let Some(dir) = user.parent()
+        && std::fs::create_dir_all(dir).is_ok()
+    {
+        write_atomically(&user, &api_addr)?;
+    }
+    start_data_path(args, &api_addr, &logs, &run_dir, components).await?;
+    Ok(api_addr)
+}
+
 pub async fn run(args: UpArgs) -> anyhow::Result<ExitCode> {
     let state = &args.state_dir;
     let logs = state.join("logs");
@@ -198,42 +358,14 @@ pub async fn run(args: UpArgs) -> anyhow::Result<ExitCode> {
         .clone()
         .unwrap_or_else(|| state.join("images"));
 
+    let signal = shutdown_signal();
+    tokio::pin!(signal);
     let mut components = Vec::new();
-    let api_ready = run_dir.join("api.json");
-    let _ = std::fs::remove_file(&api_ready);
-    let api_args = vec![
-        "api".to_string(),
-        "--listen".into(),
-        args.api_listen.to_string(),
-        "--http-listen".into(),
-        args.api_http_listen.to_string(),
-        "--store".into(),
-        store.clone(),
-        "--ready-file".into(),
-        api_ready.display().to_string(),
-    ];
-    components.push(spawn("api", &api_args, &logs)?);
-    let started = async {
-        let ready = wait_ready(&mut components[0], &api_ready).await?;
-        let api_addr = ready["grpc"].as_str().unwrap_or_default().to_string();
-        let channel = client::endpoint(&api_addr)?
-            .connect()
-            .await
-            .with_context(|| format!("cannot reach the api at {api_addr}"))?;
-        let clients = Clients::new(channel);
-        if !args.no_demo {
-            register_demo(&clients, &images_dir).await?;
-        }
-        write_atomically(&state.join(API_ADDRESS_FILE), &api_addr)?;
-        if let Some(user) = client::user_config_file()
-            && let Some(dir) = user.parent()
-            && std::fs::create_dir_all(dir).is_ok()
-        {
-            write_atomically(&user, &api_addr)?;
-        }
-        anyhow::Ok(api_addr)
-    }
-    .await;
+    // Ctrl-C / SIGTERM during start-up stops whatever already started.
+    let started = tokio::select! {
+        r = start_all(&args, &store, &images_dir, &mut components) => r,
+        _ = &mut signal => Err(anyhow::anyhow!("interrupted during start-up")),
+    };
     let api_addr = match started {
         Ok(a) => a,
         Err(e) => {
@@ -242,14 +374,13 @@ pub async fn run(args: UpArgs) -> anyhow::Result<ExitCode> {
         }
     };
     println!(
-        "ate up: ready api={api_addr} store={store} state={} (workers={} slots={})",
+        "ate up: ready router=http://{} api={api_addr} store={store} state={} (workers={} slots={})",
+        args.router_listen,
         state.display(),
         args.workers,
         args.worker_slots
     );
 
-    let signal = shutdown_signal();
-    tokio::pin!(signal);
     let code = loop {
         tokio::select! {
             _ = &mut signal => {

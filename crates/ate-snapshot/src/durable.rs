@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use futures::StreamExt;
+use futures::{FutureExt, StreamExt};
 use object_store::path::Path as ObjPath;
 use object_store::{ObjectStore, ObjectStoreExt, PutPayload, WriteMultipart};
 use sha2::{Digest, Sha256};
@@ -182,8 +182,10 @@ impl DurableStore {
         let uri = self.uri(key)?;
         let base = self.base(key)?;
         let (manifest, manifest_bytes) = generation::verify_with_bytes(gen_dir).await?;
-        let results: Vec<Result<()>> = futures::stream::iter(manifest.files.iter())
-            .map(|f| self.upload_file(gen_dir, &base, f))
+        // Futures are built eagerly and boxed: a stream `map` closure here makes the caller's future
+        // fail rustc's higher-ranked `Send` check (rust-lang/rust#102211).
+        let transfers: Vec<_> = manifest.files.iter().map(|f| self.upload_file(gen_dir, &base, f).boxed()).collect();
+        let results: Vec<Result<()>> = futures::stream::iter(transfers)
             .buffer_unordered(self.parallelism)
             .collect()
             .await;
@@ -376,8 +378,9 @@ impl DurableStore {
         tmp: &Path,
         target: &Path,
     ) -> Result<()> {
-        let results: Vec<Result<()>> = futures::stream::iter(manifest.files.iter())
-            .map(|f| self.download_file(base, f, tmp))
+        // Built eagerly and boxed for the same reason as in upload (rust-lang/rust#102211).
+        let transfers: Vec<_> = manifest.files.iter().map(|f| self.download_file(base, f, tmp).boxed()).collect();
+        let results: Vec<Result<()>> = futures::stream::iter(transfers)
             .buffer_unordered(self.parallelism)
             .collect()
             .await;

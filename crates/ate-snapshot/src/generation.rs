@@ -5,7 +5,7 @@ use std::io::{self, Read, Write};
 use std::path::{Path, PathBuf};
 
 use ate_core::Fidelity;
-use futures::{StreamExt, TryStreamExt};
+use futures::{FutureExt, StreamExt, TryStreamExt};
 use sha2::{Digest, Sha256};
 
 use crate::archive;
@@ -174,7 +174,12 @@ pub(crate) async fn verify_with_bytes(gen_dir: &Path) -> Result<(Manifest, Vec<u
         Err(e) => return Err(Error::io("read", path, e)),
     };
     let manifest = Manifest::from_json(&bytes)?;
-    futures::stream::iter(manifest.files.clone())
+    // Built eagerly and boxed: a stream `map` closure here makes callers' futures fail rustc's
+    // higher-ranked `Send` check (rust-lang/rust#102211).
+    let checks: Vec<_> = manifest
+        .files
+        .iter()
+        .cloned()
         .map(|f| {
             let full = gen_dir.join(&f.path);
             async move {
@@ -183,7 +188,10 @@ pub(crate) async fn verify_with_bytes(gen_dir: &Path) -> Result<(Manifest, Vec<u
                     .await
                     .map_err(|e| Error::task(what, e))?
             }
+            .boxed()
         })
+        .collect();
+    futures::stream::iter(checks)
         .buffered(HASH_PARALLELISM)
         .try_collect::<Vec<()>>()
         .await?;

@@ -121,10 +121,11 @@ pub async fn connect_worker(
     Ok(WorkerServiceClient::new(channel))
 }
 
-/// A random non-zero epoch: a new one every process start.
+/// A random non-zero epoch: a new one every process start. Kept below 2^63 because the stores
+/// keep it in a signed 64-bit column.
 fn new_epoch() -> u64 {
     loop {
-        let e: u64 = rand::random();
+        let e: u64 = rand::random::<u64>() >> 1;
         if e != 0 {
             return e;
         }

@@ -1,0 +1,202 @@
+//! The node's workers: discovered by their sockets under `<state>/workers/<id>/worker.sock`,
+//! registered with the api (again whenever their epoch changes), kept alive with heartbeats, and
+//! polled for idle and exited actors.
+
+use std::collections::{HashMap, HashSet};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use ate_proto::v1::{self, actor_service_client::ActorServiceClient, fleet_service_client::FleetServiceClient, worker_service_client::WorkerServiceClient};
+use tonic::transport::Channel;
+
+/// A worker this node knows, with the facts it last reported.
+#[derive(Clone)]
+pub struct WorkerHandle {
+    pub client: WorkerServiceClient<Channel>,
+    pub info: v1::WorkerInfo,
+    pub socket: PathBuf,
+}
+
+/// Shared state of the node's fleet loops.
+pub struct Fleet {
+    pub node: String,
+    pub node_address: String,
+    pub boot_id: String,
+    pub workers_dir: PathBuf,
+    pub workers: Mutex<HashMap<String, WorkerHandle>>,
+    pub fleet_api: FleetServiceClient<Channel>,
+    pub actor_api: ActorServiceClient<Channel>,
+    /// Actors an idle suspend has been asked for and not answered yet.
+    suspending: Mutex<HashSet<(String, String)>>,
+}
+
+fn now_ms() -> i64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX)).unwrap_or(0)
+}
+
+impl Fleet {
+    pub fn new(node: String, node_address: String, boot_id: String, workers_dir: PathBuf, api: Channel) -> Self {
+        Self {
+            node,
+            node_address,
+            boot_id,
+            workers_dir,
+            workers: Mutex::new(HashMap::new()),
+            fleet_api: FleetServiceClient::new(api.clone()),
+            actor_api: ActorServiceClient::new(api),
+            suspending: Mutex::new(HashSet::new()),
+        }
+    }
+
+    /// The worker's client, if the worker is known and alive.
+    pub fn worker(&self, id: &str) -> Option<WorkerHandle> {
+        self.workers.lock().ok()?.get(id).cloned()
+    }
+
+    fn sockets(dir: &Path) -> Vec<PathBuf> {
+        let Ok(entries) = std::fs::read_dir(dir) else { return Vec::new() };
+        entries.filter_map(Result::ok).map(|e| e.path().join("worker.sock")).filter(|p| p.exists()).collect()
+    }
+
+    /// One discovery pass: new workers and workers with a new epoch are (re-)registered; workers
+    /// that no longer answer are forgotten (the api marks them GONE when heartbeats stop).
+    pub async fn discover(&self) {
+        let mut seen = HashSet::new();
+        for socket in Self::sockets(&self.workers_dir) {
+            let known = self.workers.lock().ok().and_then(|w| w.values().find(|h| h.socket == socket).cloned());
+            let mut client = match known {
+                Some(h) => h.client,
+                None => match ate_worker::connect_worker(&socket).await {
+                    Ok(c) => c,
+                    Err(e) => {
+                        tracing::debug!(socket = %socket.display(), error = %e, "worker socket not answering");
+                        continue;
+                    }
+                },
+            };
+            let info = match client.info(v1::WorkerInfoRequest {}).await {
+                Ok(r) => r.into_inner(),
+                Err(e) => {
+                    tracing::debug!(socket = %socket.display(), error = %e.message(), "worker info failed");
+                    continue;
+                }
+            };
+            seen.insert(info.worker_id.clone());
+            let previous_epoch = self.workers.lock().ok().and_then(|w| w.get(&info.worker_id).map(|h| h.info.epoch));
+            if previous_epoch != Some(info.epoch) {
+                if let Err(e) = self.register(&info).await {
+                    tracing::warn!(worker = %info.worker_id, error = %e.message(), "worker registration failed");
+                    continue;
+                }
+            }
+            if let Ok(mut workers) = self.workers.lock() {
+                workers.insert(info.worker_id.clone(), WorkerHandle { client, info, socket });
+            }
+        }
+        if let Ok(mut workers) = self.workers.lock() {
+            workers.retain(|id, _| seen.contains(id));
+        }
+    }
+
+    async fn register(&self, info: &v1::WorkerInfo) -> Result<(), tonic::Status> {
+        let worker = v1::Worker {
+            id: info.worker_id.clone(),
+            node: self.node.clone(),
+            addresses: info.addresses.clone(),
+            identity: info.identity.clone(),
+            labels: info.labels.clone(),
+            sandbox_class: info.sandbox_class.clone(),
+            can_restore_memory: info.can_restore_memory,
+            capacity: info.capacity,
+            used: None,
+            epoch: info.epoch,
+            status: String::new(),
+            last_heartbeat_unix_ms: 0,
+            node_address: self.node_address.clone(),
+            boot_id: self.boot_id.clone(),
+        };
+        self.fleet_api.clone().register_worker(v1::RegisterWorkerRequest { worker: Some(worker) }).await?;
+        tracing::info!(worker = %info.worker_id, epoch = info.epoch, "worker registered with the api");
+        Ok(())
+    }
+
+    /// Heartbeats every known worker; one the api no longer knows is registered again.
+    pub async fn heartbeat(&self) {
+        let workers: Vec<v1::WorkerInfo> = self.workers.lock().map(|w| w.values().map(|h| h.info.clone()).collect()).unwrap_or_default();
+        for info in workers {
+            let req = v1::HeartbeatRequest { worker_id: info.worker_id.clone(), epoch: info.epoch };
+            match self.fleet_api.clone().heartbeat(req).await {
+                Ok(r) if r.get_ref().known => {}
+                Ok(_) => {
+                    if let Err(e) = self.register(&info).await {
+                        tracing::warn!(worker = %info.worker_id, error = %e.message(), "re-registration failed");
+                    }
+                }
+                Err(e) => tracing::debug!(worker = %info.worker_id, error = %e.message(), "heartbeat failed"),
+            }
+        }
+    }
+
+    /// Reports exited actors and asks the api to suspend idle ones.
+    pub async fn watch_activity(self: &Arc<Self>) {
+        let workers: Vec<WorkerHandle> = self.workers.lock().map(|w| w.values().cloned().collect()).unwrap_or_default();
+        let now = now_ms();
+        for w in workers {
+            let Ok(reply) = w.client.clone().activity(v1::WorkerActivityRequest {}).await else { continue };
+            for a in reply.into_inner().actors {
+                let Some(actor) = a.actor.clone() else { continue };
+                if a.exited {
+                    let req = v1::ReportActorExitRequest {
+                        actor: Some(actor.clone()),
+                        worker_id: w.info.worker_id.clone(),
+                        epoch: w.info.epoch,
+                        exit_code: a.exit_code,
+                        last_log_lines: a.last_log_lines.clone(),
+                    };
+                    if let Err(e) = self.fleet_api.clone().report_actor_exit(req).await {
+                        tracing::warn!(actor = %format!("{}/{}", actor.atespace, actor.name), error = %e.message(), "exit report failed");
+                    }
+                    continue;
+                }
+                let idle_ms = now.saturating_sub(a.last_activity_unix_ms);
+                if a.idle_timeout_seconds > 0 && a.open_streams == 0 && idle_ms >= i64::from(a.idle_timeout_seconds) * 1000 {
+                    self.suspend_idle(actor);
+                }
+            }
+        }
+    }
+
+    fn suspend_idle(self: &Arc<Self>, actor: v1::ObjectRef) {
+        let key = (actor.atespace.clone(), actor.name.clone());
+        if !self.suspending.lock().map(|mut s| s.insert(key.clone())).unwrap_or(false) {
+            return;
+        }
+        let fleet = self.clone();
+        tokio::spawn(async move {
+            tracing::info!(actor = %format!("{}/{}", actor.atespace, actor.name), "idle; asking the api to suspend");
+            let req = v1::SuspendActorRequest { actor: Some(actor.clone()), mode: v1::SuspendMode::Async as i32 };
+            if let Err(e) = fleet.actor_api.clone().suspend_actor(req).await {
+                tracing::info!(actor = %format!("{}/{}", actor.atespace, actor.name), error = %e.message(), "idle suspend not done");
+            }
+            if let Ok(mut s) = fleet.suspending.lock() {
+                s.remove(&key);
+            }
+        });
+    }
+
+    /// Runs discovery + heartbeats + activity until `stop` flips.
+    pub async fn run_loops(self: Arc<Self>, mut stop: tokio::sync::watch::Receiver<bool>) {
+        let mut discover = tokio::time::interval(Duration::from_millis(500));
+        let mut heartbeat = tokio::time::interval(Duration::from_secs(2));
+        let mut activity = tokio::time::interval(Duration::from_millis(500));
+        loop {
+            tokio::select! {
+                _ = discover.tick() => self.discover().await,
+                _ = heartbeat.tick() => self.heartbeat().await,
+                _ = activity.tick() => self.watch_activity().await,
+                _ = stop.changed() => return,
+            }
+        }
+    }
+}

@@ -1,0 +1,94 @@
+//! The node agent (`ate node`, one per machine): serves NodeService to the api, drives the
+//! node's workers over their unix sockets, registers them with the api and keeps them alive,
+//! owns the node's snapshot generations (local, durable, tag cache), and asks the api to suspend
+//! idle actors and to release actors whose processes exited.
+//!
+//! Architecture invariant: the node never writes the store; everything it learns goes to the api
+//! through FleetService / ActorService, which applies it under the api's rules.
+
+mod agent;
+mod fleet;
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+pub use agent::NodeAgent;
+
+/// Flags of `ate node`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct NodeConfig {
+    /// Node name (DNS-1123 label).
+    #[arg(long = "name", default_value = "node-1")]
+    pub name: String,
+    /// NodeService listen address.
+    #[arg(long = "listen", default_value = "127.0.0.1:8085")]
+    pub listen: SocketAddr,
+    /// Address the api uses to reach this node (default: the listen address).
+    #[arg(long = "advertise")]
+    pub advertise: Option<String>,
+    /// api address.
+    #[arg(long = "api", env = "ATE_API", default_value = ate_core::DEFAULT_API_ADDR)]
+    pub api: String,
+    /// State directory shared with the node's workers.
+    #[arg(long = "state-dir", env = "ATE_STATE_DIR", default_value = "/var/lib/ate")]
+    pub state_dir: PathBuf,
+    /// Durable snapshot store: `file:///dir` (default STATE_DIR/durable), `s3://bucket/prefix`,
+    /// `gs://…`, `az://…`.
+    #[arg(long = "durable-store", env = "ATE_DURABLE_STORE")]
+    pub durable_store: Option<String>,
+    /// Write the bound address as JSON here once serving.
+    #[arg(long = "ready-file")]
+    pub ready_file: Option<PathBuf>,
+}
+
+impl NodeConfig {
+    pub fn workers_dir(&self) -> PathBuf {
+        self.state_dir.join("workers")
+    }
+    pub fn snapshots_dir(&self) -> PathBuf {
+        self.state_dir.join("snapshots")
+    }
+    pub fn cache_dir(&self) -> PathBuf {
+        self.state_dir.join("snapshot-cache")
+    }
+    pub fn durable_url(&self) -> String {
+        self.durable_store.clone().unwrap_or_else(|| format!("file://{}", self.state_dir.join("durable").display()))
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum NodeError {
+    #[error("invalid node configuration: {0}")]
+    Config(String),
+    #[error("cannot listen on {addr}: {source}")]
+    Listen { addr: SocketAddr, source: std::io::Error },
+    #[error("durable store: {0}")]
+    Durable(String),
+    #[error("gRPC server failed: {0}")]
+    Grpc(#[from] tonic::transport::Error),
+    #[error("{0}")]
+    Io(#[from] std::io::Error),
+}
+
+/// This machine's boot id: node-local generations are usable in place only within one boot.
+pub fn boot_id() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/random/boot_id").map(|s| s.trim().to_string()).unwrap_or_else(|_| "unknown-boot".into())
+}
+
+/// Runs the node agent until `shutdown` resolves.
+pub async fn run(cfg: NodeConfig, shutdown: impl Future<Output = ()> + Send + 'static) -> Result<(), NodeError> {
+    ate_core::validate_label("--name", &cfg.name).map_err(|e| NodeError::Config(e.to_string()))?;
+    for dir in [cfg.workers_dir(), cfg.snapshots_dir(), cfg.cache_dir()] {
+        std::fs::create_dir_all(&dir)?;
+    }
+    let listener = tokio::net::TcpListener::bind(cfg.listen).await.map_err(|source| NodeError::Listen { addr: cfg.listen, source })?;
+    let bound = listener.local_addr()?;
+    let agent = NodeAgent::new(cfg.clone(), bound).await?;
+    if let Some(file) = &cfg.ready_file {
+        let tmp = file.with_extension("tmp");
+        std::fs::write(&tmp, format!("{{\"grpc\":\"{bound}\"}}"))?;
+        std::fs::rename(&tmp, file)?;
+    }
+    tracing::info!(node = %cfg.name, listen = %bound, api = %cfg.api, "node agent serving");
+    agent.serve(listener, shutdown).await
+}
