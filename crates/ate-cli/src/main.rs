@@ -59,6 +59,9 @@ enum Command {
     /// Show actors, atespaces, templates, workers or tags.
     #[command(subcommand)]
     Get(verbs::GetCmd),
+    /// Change an actor's worker selector.
+    #[command(subcommand)]
+    Update(verbs::UpdateCmd),
     /// Resume an actor (wakes it on a worker with room).
     #[command(subcommand)]
     Resume(verbs::ActorCmd),
@@ -106,6 +109,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Apply { file } => verbs::apply(&client::connect(api).await?, &file, out).await,
         Command::Create(cmd) => verbs::create(&client::connect(api).await?, cmd, out).await,
         Command::Get(cmd) => verbs::get(&client::connect(api).await?, cmd, out).await,
+        Command::Update(cmd) => verbs::update(&client::connect(api).await?, cmd, out).await,
         Command::Resume(cmd) => verbs::resume(&client::connect(api).await?, cmd, out).await,
         Command::Suspend(cmd) => verbs::suspend(&client::connect(api).await?, cmd, out).await,
         Command::Revert(cmd) => verbs::revert(&client::connect(api).await?, cmd, out).await,

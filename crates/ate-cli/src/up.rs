@@ -62,6 +62,15 @@ pub struct UpArgs {
     /// Durable snapshot store URL (default: a directory in the state dir).
     #[arg(long)]
     pub durable_store: Option<String>,
+    /// First worker's loopback address; worker i gets this address + (i - 1).
+    #[arg(long, default_value = "127.0.0.2")]
+    pub worker_first_ip: std::net::Ipv4Addr,
+    /// atunnel port of every worker.
+    #[arg(long, default_value_t = 8443)]
+    pub worker_port: u16,
+    /// Write the addresses of the running system as JSON here once ready.
+    #[arg(long)]
+    pub ready_file: Option<PathBuf>,
     /// Extra flags for the router, e.g. `--router-arg=--parked-request-budget=2s` (repeatable).
     #[arg(long = "router-arg", allow_hyphen_values = true)]
     pub router_args: Vec<String>,
@@ -69,9 +78,12 @@ pub struct UpArgs {
 
 /// The loopback address of worker `i` (1-based): every worker serves atunnel on its own address,
 /// as a pod would.
-fn worker_address(i: u32) -> anyhow::Result<std::net::IpAddr> {
-    anyhow::ensure!((1..=250).contains(&i), "at most 250 workers on one machine");
-    Ok(std::net::IpAddr::V4(std::net::Ipv4Addr::new(127, 0, 0, u8::try_from(i + 1)?)))
+fn worker_address(first: std::net::Ipv4Addr, i: u32) -> anyhow::Result<std::net::IpAddr> {
+    let ip = u32::from(first).checked_add(i - 1).map(std::net::Ipv4Addr::from);
+    match ip {
+        Some(ip) if ip.is_loopback() => Ok(std::net::IpAddr::V4(ip)),
+        _ => anyhow::bail!("worker {i} would not get a loopback address starting from {first}"),
+    }
 }
 
 async fn wait_listening(c: &mut Component, addr: SocketAddr) -> anyhow::Result<()> {
@@ -250,7 +262,7 @@ async fn start_data_path(args: &UpArgs, api_addr: &str, logs: &Path, run_dir: &P
     wait_ready(&mut components[node_index], &node_ready).await?;
 
     for i in 1..=args.workers {
-        let listen = SocketAddr::new(worker_address(i)?, 8443);
+        let listen = SocketAddr::new(worker_address(args.worker_first_ip, i)?, args.worker_port);
         let worker_args = vec![
             "worker".to_string(),
             "--id".into(),
@@ -261,6 +273,9 @@ async fn start_data_path(args: &UpArgs, api_addr: &str, logs: &Path, run_dir: &P
             listen.to_string(),
             "--slots".into(),
             args.worker_slots.to_string(),
+            // Lets an actor be pinned to one worker with a selector (`ate update actor --selector`).
+            "--labels".into(),
+            format!("ate.dev/worker=worker-{i}"),
         ];
         let name: &'static str = Box::leak(format!("worker-{i}").into_boxed_str());
         components.push(spawn(name, &worker_args, logs)?);
@@ -373,6 +388,15 @@ pub async fn run(args: UpArgs) -> anyhow::Result<ExitCode> {
             return Err(e);
         }
     };
+    if let Some(file) = &args.ready_file {
+        let body = serde_json::json!({
+            "router": format!("http://{}", args.router_listen),
+            "api": api_addr,
+            "router_metrics": args.router_metrics_listen.to_string(),
+            "state_dir": state.display().to_string(),
+        });
+        write_atomically(file, &body.to_string())?;
+    }
     println!(
         "ate up: ready router=http://{} api={api_addr} store={store} state={} (workers={} slots={})",
         args.router_listen,

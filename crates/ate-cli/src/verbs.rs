@@ -75,6 +75,18 @@ pub enum ActorCmd {
 }
 
 #[derive(Subcommand)]
+pub enum UpdateCmd {
+    Actor {
+        name: String,
+        #[arg(short = 'a', long)]
+        atespace: String,
+        /// Worker label selector, k=v[,k=v]; empty clears it.
+        #[arg(long)]
+        selector: String,
+    },
+}
+
+#[derive(Subcommand)]
 pub enum SuspendCmd {
     Actor {
         name: String,
@@ -408,6 +420,13 @@ pub async fn get(c: &Clients, cmd: GetCmd, out: Format) -> anyhow::Result<ExitCo
             Ok(ExitCode::SUCCESS)
         }
     }
+}
+
+pub async fn update(c: &Clients, cmd: UpdateCmd, out: Format) -> anyhow::Result<ExitCode> {
+    let UpdateCmd::Actor { name, atespace, selector } = cmd;
+    let worker_selector = ate_core::selector::parse("--selector", &selector)?.into_iter().collect();
+    let a = rpc(c.actors.clone().update_actor(v1::UpdateActorRequest { actor: obj(&atespace, &name), worker_selector }).await)?;
+    print_actors(&[a], out)
 }
 
 pub async fn resume(c: &Clients, cmd: ActorCmd, out: Format) -> anyhow::Result<ExitCode> {

@@ -1,0 +1,199 @@
+//! Harness for end-to-end tests: a whole system started with `ate up` (real api, node agent,
+//! runc + CRIU workers, router) on private loopback addresses and ports, in a temp state dir, and
+//! stopped (with everything it started) when the value is dropped, even if the test panics.
+
+#![allow(dead_code)]
+
+use std::net::{Ipv4Addr, SocketAddr, TcpListener};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+
+pub const ATE: &str = env!("CARGO_BIN_EXE_ate");
+
+/// A free TCP port on 127.0.0.1 (bound then released; the tiny race is acceptable in tests).
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map(|a| a.port()).expect("free port")
+}
+
+/// A loopback /24 nobody else in this test process uses: 127.<pid-derived>.<n>.x.
+fn private_ip_block() -> Ipv4Addr {
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    let n = NEXT.fetch_add(1, Ordering::SeqCst);
+    // Different test processes (nextest runs one per test) get different second octets.
+    let second = 1 + (std::process::id() % 200) as u8;
+    Ipv4Addr::new(127, second, (10 + n % 240) as u8, 2)
+}
+
+/// Directory of the demo images (OCI layouts): `ATE_TEST_IMAGES`, else built once under target/.
+pub fn images_dir() -> PathBuf {
+    if let Some(dir) = std::env::var_os("ATE_TEST_IMAGES") {
+        return PathBuf::from(dir);
+    }
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let out = root.join("target/tmp/ate-test-images");
+    let status = Command::new("bash")
+        .arg(root.join("workloads/build-images.sh"))
+        .arg(&out)
+        .stdout(Stdio::null())
+        .status()
+        .expect("run workloads/build-images.sh");
+    assert!(status.success(), "workloads/build-images.sh failed; set ATE_TEST_IMAGES to prebuilt images");
+    out
+}
+
+pub struct UpOptions {
+    pub workers: u32,
+    pub slots: u32,
+    pub durable_store: Option<String>,
+    pub router_args: Vec<String>,
+    pub demo: bool,
+}
+
+impl Default for UpOptions {
+    fn default() -> Self {
+        Self { workers: 2, slots: 4, durable_store: None, router_args: Vec::new(), demo: true }
+    }
+}
+
+pub struct System {
+    pub child: Child,
+    pub dir: tempfile::TempDir,
+    pub router: String,
+    pub router_addr: SocketAddr,
+    pub router_metrics: SocketAddr,
+    pub api: String,
+    pub worker_ips: Vec<Ipv4Addr>,
+    pub worker_port: u16,
+}
+
+impl System {
+    pub fn up(opts: UpOptions) -> System {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let first_ip = private_ip_block();
+        let router_port = free_port();
+        let router_metrics_port = free_port();
+        let worker_port = free_port();
+        let ready = dir.path().join("ready.json");
+        let mut cmd = Command::new(ATE);
+        cmd.arg("up")
+            .arg("--state-dir")
+            .arg(dir.path().join("state"))
+            .arg("--images-dir")
+            .arg(images_dir())
+            .args(["--workers", &opts.workers.to_string(), "--worker-slots", &opts.slots.to_string()])
+            .args(["--api-listen", "127.0.0.1:0", "--api-http-listen", "127.0.0.1:0"])
+            .args(["--node-listen", &format!("127.0.0.1:{}", free_port())])
+            .args(["--router-listen", &format!("127.0.0.1:{router_port}")])
+            .args(["--router-metrics-listen", &format!("127.0.0.1:{router_metrics_port}")])
+            .args(["--worker-first-ip", &first_ip.to_string(), "--worker-port", &worker_port.to_string()])
+            .arg("--ready-file")
+            .arg(&ready)
+            // Keep `ate up` from writing the tester's ~/.config.
+            .env("HOME", dir.path())
+            .env("XDG_CONFIG_HOME", dir.path().join("config"))
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(dir.path().join("up.log")).expect("up.log"));
+        if let Some(url) = &opts.durable_store {
+            cmd.args(["--durable-store", url]);
+        }
+        if !opts.demo {
+            cmd.arg("--no-demo");
+        }
+        for a in &opts.router_args {
+            cmd.arg(format!("--router-arg={a}"));
+        }
+        let mut child = cmd.spawn().expect("spawn ate up");
+        let start = Instant::now();
+        let v: serde_json::Value = loop {
+            if let Ok(text) = std::fs::read_to_string(&ready)
+                && let Ok(v) = serde_json::from_str(&text)
+            {
+                break v;
+            }
+            if let Ok(Some(status)) = child.try_wait() {
+                let log = std::fs::read_to_string(dir.path().join("up.log")).unwrap_or_default();
+                panic!("ate up exited ({status}):\n{log}");
+            }
+            assert!(start.elapsed() < Duration::from_secs(60), "ate up not ready in 60 s");
+            std::thread::sleep(Duration::from_millis(50));
+        };
+        let worker_ips = (0..opts.workers).map(|i| Ipv4Addr::from(u32::from(first_ip) + i)).collect();
+        System {
+            child,
+            router: v["router"].as_str().expect("router").to_string(),
+            router_addr: SocketAddr::from(([127, 0, 0, 1], router_port)),
+            router_metrics: SocketAddr::from(([127, 0, 0, 1], router_metrics_port)),
+            api: v["api"].as_str().expect("api").to_string(),
+            dir,
+            worker_ips,
+            worker_port,
+        }
+    }
+
+    pub fn state_dir(&self) -> PathBuf {
+        self.dir.path().join("state")
+    }
+
+    /// Runs `ate --api <this system> ARGS`.
+    pub fn ate(&self, args: &[&str]) -> Output {
+        Command::new(ATE).arg("--api").arg(&self.api).args(args).output().expect("run ate")
+    }
+
+    /// Runs `ate …` and returns stdout, panicking with stderr on failure.
+    pub fn ate_ok(&self, args: &[&str]) -> String {
+        let out = self.ate(args);
+        assert!(out.status.success(), "ate {args:?} failed: {}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    /// Log of one component (`api`, `node`, `worker-1`, `router`).
+    pub fn log(&self, component: &str) -> String {
+        std::fs::read_to_string(self.state_dir().join("logs").join(format!("{component}.log"))).unwrap_or_default()
+    }
+
+    /// PID of a component, from `ate up`'s children.
+    pub fn pid_of(&self, component_args_contain: &str) -> Option<u32> {
+        let out = Command::new("pgrep").args(["-P", &self.child.id().to_string(), "-f", component_args_contain]).output().ok()?;
+        String::from_utf8_lossy(&out.stdout).lines().next()?.trim().parse().ok()
+    }
+}
+
+impl Drop for System {
+    fn drop(&mut self) {
+        // SIGTERM: `ate up` stops its children (sandboxes included) and exits.
+        let _ = Command::new("kill").args(["-TERM", &self.child.id().to_string()]).status();
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A minimal HTTP/1.1 GET through the router with the actor header; returns (status, headers, body).
+pub fn get(router: SocketAddr, actor: &str, path: &str) -> (u16, String, String) {
+    request(router, "GET", actor, path, "")
+}
+
+pub fn request(router: SocketAddr, method: &str, actor: &str, path: &str, body: &str) -> (u16, String, String) {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(router).expect("connect router");
+    s.set_read_timeout(Some(Duration::from_secs(30))).ok();
+    let req = format!(
+        "{method} {path} HTTP/1.1\r\nHost: test.local\r\nate-target-actor: {actor}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    s.write_all(req.as_bytes()).expect("write");
+    let mut buf = Vec::new();
+    let _ = s.read_to_end(&mut buf);
+    let text = String::from_utf8_lossy(&buf).into_owned();
+    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
+    let status = head.split_whitespace().nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
+    (status, head.to_string(), body.to_string())
+}
