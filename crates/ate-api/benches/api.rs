@@ -21,7 +21,12 @@ use ate_store::Capacity;
 use common::*;
 
 fn seconds() -> Duration {
-    Duration::from_secs(std::env::var("ATE_BENCH_SECONDS").ok().and_then(|s| s.parse().ok()).unwrap_or(3))
+    Duration::from_secs(
+        std::env::var("ATE_BENCH_SECONDS")
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(3),
+    )
 }
 
 /// Runs `f` from `concurrency` tasks for the bench duration; returns completed calls per second.
@@ -56,7 +61,14 @@ where
 }
 
 async fn bench(backend: Backend) {
-    let t = TestApi::start(backend, ApiConfig { fleet_max_age: Duration::from_millis(250), ..Default::default() }).await;
+    let t = TestApi::start(
+        backend,
+        ApiConfig {
+            fleet_max_age: Duration::from_millis(250),
+            ..Default::default()
+        },
+    )
+    .await;
     let node = TestNode::start("node-1").await;
     for w in 0..4 {
         t.register(&node, &format!("w{w}"), 100_000).await;
@@ -67,11 +79,21 @@ async fn bench(backend: Backend) {
     t.create_actor("bench", "warm").await;
     t.resume("bench", "warm").await.expect("resume");
     let channels: Vec<_> = (0..4)
-        .map(|_| tonic::transport::Endpoint::from_shared(format!("http://{}", t.addr)).unwrap().connect_lazy())
+        .map(|_| {
+            tonic::transport::Endpoint::from_shared(format!("http://{}", t.addr))
+                .unwrap()
+                .connect_lazy()
+        })
         .collect();
     let warm = rate(64, move |task, _| {
         let mut c = actor_service_client::ActorServiceClient::new(channels[task % 4].clone());
-        async move { c.resume_actor(ResumeActorRequest { actor: Some(obj("bench", "warm")) }).await.is_ok() }
+        async move {
+            c.resume_actor(ResumeActorRequest {
+                actor: Some(obj("bench", "warm")),
+            })
+            .await
+            .is_ok()
+        }
     })
     .await;
     println!("{backend:?}: warm ResumeActor: {warm:.0} calls/s (64 concurrent, loopback gRPC)");
@@ -86,10 +108,19 @@ async fn bench(backend: Backend) {
     let cold = rate(16, move |_, _| {
         let i = next.fetch_add(1, Ordering::Relaxed);
         let mut c = actor_service_client::ActorServiceClient::new(channel.clone());
-        async move { i < n && c.resume_actor(ResumeActorRequest { actor: Some(obj("bench", &format!("c{i}"))) }).await.is_ok_and(|r| r.get_ref().resumed) }
+        async move {
+            i < n
+                && c.resume_actor(ResumeActorRequest {
+                    actor: Some(obj("bench", &format!("c{i}"))),
+                })
+                .await
+                .is_ok_and(|r| r.get_ref().resumed)
+        }
     })
     .await;
-    println!("{backend:?}: cold ResumeActor (lease + bind + node call + finalize): {cold:.0} resumes/s (16 concurrent)");
+    println!(
+        "{backend:?}: cold ResumeActor (lease + bind + node call + finalize): {cold:.0} resumes/s (16 concurrent)"
+    );
 
     // Raw bind transactions: bind + release of pre-created actors, 16 concurrent.
     let store = t.api.store().clone();
@@ -99,15 +130,37 @@ async fn bench(backend: Backend) {
             // Disjoint actors per task: the figure is admission throughput, not lock contention.
             let per_task = n / 16;
             let name = format!("c{}", task as u64 * per_task + i % per_task);
-            let demand = Capacity { cpu_millis: 1, memory_bytes: 1, slots: 1 };
-            let from = [ActorState::Suspended, ActorState::Resuming, ActorState::Running];
+            let demand = Capacity {
+                cpu_millis: 1,
+                memory_bytes: 1,
+                slots: 1,
+            };
+            let from = [
+                ActorState::Suspended,
+                ActorState::Resuming,
+                ActorState::Running,
+            ];
             let worker = format!("w{}", task % 4);
-            let bound = store.bind_actor("bench", &name, &from, &worker, demand, 0).await;
+            let bound = store
+                .bind_actor("bench", &name, &from, &worker, demand, 0)
+                .await;
             let released = store
-                .release_actor("bench", &name, &[ActorState::Resuming], ActorState::Suspended, None, Default::default(), 0)
+                .release_actor(
+                    "bench",
+                    &name,
+                    &[ActorState::Resuming],
+                    ActorState::Suspended,
+                    None,
+                    Default::default(),
+                    0,
+                )
                 .await;
             if i == 0 && (bound.is_err() || released.is_err()) {
-                eprintln!("bind/release of {name} failed: {:?} / {:?}", bound.as_ref().err(), released.as_ref().err());
+                eprintln!(
+                    "bind/release of {name} failed: {:?} / {:?}",
+                    bound.as_ref().err(),
+                    released.as_ref().err()
+                );
             }
             bound.is_ok() && released.is_ok()
         }
@@ -117,7 +170,10 @@ async fn bench(backend: Backend) {
 }
 
 fn main() {
-    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("runtime");
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
     rt.block_on(async {
         bench(Backend::Sqlite).await;
         if std::env::var("ATE_TEST_POSTGRES_URL").is_ok() {

@@ -467,7 +467,10 @@ fn worker_record(w: v1::Worker) -> Result<WorkerRecord, Status> {
         ));
     }
     if w.epoch == 0 || i64::try_from(w.epoch).is_err() {
-        return Err(Status::invalid_argument(format!("invalid worker.epoch: {} must be between 1 and 2^63-1", w.epoch)));
+        return Err(Status::invalid_argument(format!(
+            "invalid worker.epoch: {} must be between 1 and 2^63-1",
+            w.epoch
+        )));
     }
     let labels: BTreeMap<String, String> = w.labels.into_iter().collect();
     ate_core::selector::validate("worker.labels", &labels).map_err(invalid)?;

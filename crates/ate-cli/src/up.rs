@@ -79,7 +79,9 @@ pub struct UpArgs {
 /// The loopback address of worker `i` (1-based): every worker serves atunnel on its own address,
 /// as a pod would.
 fn worker_address(first: std::net::Ipv4Addr, i: u32) -> anyhow::Result<std::net::IpAddr> {
-    let ip = u32::from(first).checked_add(i - 1).map(std::net::Ipv4Addr::from);
+    let ip = u32::from(first)
+        .checked_add(i - 1)
+        .map(std::net::Ipv4Addr::from);
     match ip {
         Some(ip) if ip.is_loopback() => Ok(std::net::IpAddr::V4(ip)),
         _ => anyhow::bail!("worker {i} would not get a loopback address starting from {first}"),
@@ -90,33 +92,63 @@ async fn wait_listening(c: &mut Component, addr: SocketAddr) -> anyhow::Result<(
     let started = Instant::now();
     loop {
         if let Some(status) = c.child.try_wait()? {
-            anyhow::bail!("{} exited during start-up ({status}); last log lines:\n{}", c.name, tail(&c.log, 20));
+            anyhow::bail!(
+                "{} exited during start-up ({status}); last log lines:\n{}",
+                c.name,
+                tail(&c.log, 20)
+            );
         }
         if tokio::net::TcpStream::connect(addr).await.is_ok() {
             return Ok(());
         }
         if started.elapsed() > READY_TIMEOUT {
-            anyhow::bail!("{} not listening on {addr} after {READY_TIMEOUT:?}; see {}", c.name, c.log.display());
+            anyhow::bail!(
+                "{} not listening on {addr} after {READY_TIMEOUT:?}; see {}",
+                c.name,
+                c.log.display()
+            );
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
 
 /// Waits until the api lists `n` ACTIVE workers.
-async fn wait_workers(clients: &Clients, n: usize, components: &mut [Component]) -> anyhow::Result<()> {
+async fn wait_workers(
+    clients: &Clients,
+    n: usize,
+    components: &mut [Component],
+) -> anyhow::Result<()> {
     let started = Instant::now();
     loop {
         for c in components.iter_mut() {
             if let Some(status) = c.child.try_wait()? {
-                anyhow::bail!("{} exited during start-up ({status}); last log lines:\n{}", c.name, tail(&c.log, 20));
+                anyhow::bail!(
+                    "{} exited during start-up ({status}); last log lines:\n{}",
+                    c.name,
+                    tail(&c.log, 20)
+                );
             }
         }
-        let workers = clients.fleet.clone().list_workers(v1::ListWorkersRequest {}).await.map(|r| r.into_inner().workers).unwrap_or_default();
+        let workers = clients
+            .fleet
+            .clone()
+            .list_workers(v1::ListWorkersRequest {})
+            .await
+            .map(|r| r.into_inner().workers)
+            .unwrap_or_default();
         if workers.iter().filter(|w| w.status == "ACTIVE").count() >= n {
             return Ok(());
         }
         if started.elapsed() > READY_TIMEOUT {
-            anyhow::bail!("only {} of {n} workers registered after {READY_TIMEOUT:?}; see the logs in {}", workers.len(), components[0].log.parent().map(|p| p.display().to_string()).unwrap_or_default());
+            anyhow::bail!(
+                "only {} of {n} workers registered after {READY_TIMEOUT:?}; see the logs in {}",
+                workers.len(),
+                components[0]
+                    .log
+                    .parent()
+                    .map(|p| p.display().to_string())
+                    .unwrap_or_default()
+            );
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
@@ -234,10 +266,18 @@ async fn register_demo(c: &Clients, images_dir: &Path) -> anyhow::Result<()> {
 }
 
 /// Starts the node agent, the workers and the router, and waits until each is serving.
-async fn start_data_path(args: &UpArgs, api_addr: &str, logs: &Path, run_dir: &Path, components: &mut Vec<Component>) -> anyhow::Result<()> {
+async fn start_data_path(
+    args: &UpArgs,
+    api_addr: &str,
+    logs: &Path,
+    run_dir: &Path,
+    components: &mut Vec<Component>,
+) -> anyhow::Result<()> {
     let state = args.state_dir.display().to_string();
     if args.workers > 0 && !nix::unistd::Uid::effective().is_root() {
-        anyhow::bail!("workers run runc sandboxes and need root: run `ate up` as root (or with --workers 0)");
+        anyhow::bail!(
+            "workers run runc sandboxes and need root: run `ate up` as root (or with --workers 0)"
+        );
     }
     let node_ready = run_dir.join("node.json");
     let _ = std::fs::remove_file(&node_ready);
@@ -317,8 +357,14 @@ async fn stop_all(components: &mut [Component]) {
     }
 }
 
-/// Starts the api, registers the demo, then the data path; returns the api address.
-async fn start_all(args: &UpArgs, store: &str, images_dir: &Path, components: &mut Vec<Component>) -> anyhow::Result<String> {
+/// Starts the api, registers the demo, then the data path; returns the api's gRPC address and its
+/// bound health/metrics (http) address.
+async fn start_all(
+    args: &UpArgs,
+    store: &str,
+    images_dir: &Path,
+    components: &mut Vec<Component>,
+) -> anyhow::Result<(String, String)> {
     let state = &args.state_dir;
     let logs = state.join("logs");
     let run_dir = state.join("run");
@@ -338,6 +384,7 @@ async fn start_all(args: &UpArgs, store: &str, images_dir: &Path, components: &m
     components.push(spawn("api", &api_args, &logs)?);
     let ready = wait_ready(&mut components[0], &api_ready).await?;
     let api_addr = ready["grpc"].as_str().unwrap_or_default().to_string();
+    let api_http = ready["http"].as_str().unwrap_or_default().to_string();
     let channel = client::endpoint(&api_addr)?
         .connect()
         .await
@@ -354,7 +401,7 @@ async fn start_all(args: &UpArgs, store: &str, images_dir: &Path, components: &m
         write_atomically(&user, &api_addr)?;
     }
     start_data_path(args, &api_addr, &logs, &run_dir, components).await?;
-    Ok(api_addr)
+    Ok((api_addr, api_http))
 }
 
 pub async fn run(args: UpArgs) -> anyhow::Result<ExitCode> {
@@ -381,7 +428,7 @@ pub async fn run(args: UpArgs) -> anyhow::Result<ExitCode> {
         r = start_all(&args, &store, &images_dir, &mut components) => r,
         _ = &mut signal => Err(anyhow::anyhow!("interrupted during start-up")),
     };
-    let api_addr = match started {
+    let (api_addr, api_http) = match started {
         Ok(a) => a,
         Err(e) => {
             stop_all(&mut components).await;
@@ -392,6 +439,8 @@ pub async fn run(args: UpArgs) -> anyhow::Result<ExitCode> {
         let body = serde_json::json!({
             "router": format!("http://{}", args.router_listen),
             "api": api_addr,
+            // The api's bound health/metrics address (`--api-http-listen` may be port 0).
+            "api_http": api_http,
             "router_metrics": args.router_metrics_listen.to_string(),
             "state_dir": state.display().to_string(),
         });

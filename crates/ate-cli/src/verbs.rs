@@ -423,9 +423,22 @@ pub async fn get(c: &Clients, cmd: GetCmd, out: Format) -> anyhow::Result<ExitCo
 }
 
 pub async fn update(c: &Clients, cmd: UpdateCmd, out: Format) -> anyhow::Result<ExitCode> {
-    let UpdateCmd::Actor { name, atespace, selector } = cmd;
-    let worker_selector = ate_core::selector::parse("--selector", &selector)?.into_iter().collect();
-    let a = rpc(c.actors.clone().update_actor(v1::UpdateActorRequest { actor: obj(&atespace, &name), worker_selector }).await)?;
+    let UpdateCmd::Actor {
+        name,
+        atespace,
+        selector,
+    } = cmd;
+    let worker_selector = ate_core::selector::parse("--selector", &selector)?
+        .into_iter()
+        .collect();
+    let a = rpc(c
+        .actors
+        .clone()
+        .update_actor(v1::UpdateActorRequest {
+            actor: obj(&atespace, &name),
+            worker_selector,
+        })
+        .await)?;
     print_actors(&[a], out)
 }
 

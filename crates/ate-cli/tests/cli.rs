@@ -30,7 +30,10 @@ fn wait_for_json(file: &Path, child: &mut Child) -> serde_json::Value {
         if let Ok(Some(status)) = child.try_wait() {
             panic!("process exited early: {status}");
         }
-        assert!(start.elapsed() < Duration::from_secs(20), "not ready in time");
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "not ready in time"
+        );
         std::thread::sleep(Duration::from_millis(50));
     }
 }
@@ -39,7 +42,14 @@ fn start_api() -> ApiProcess {
     let dir = tempfile::tempdir().unwrap();
     let ready = dir.path().join("ready.json");
     let mut child = Command::new(ATE)
-        .args(["api", "--listen", "127.0.0.1:0", "--http-listen", "127.0.0.1:0", "--ready-file"])
+        .args([
+            "api",
+            "--listen",
+            "127.0.0.1:0",
+            "--http-listen",
+            "127.0.0.1:0",
+            "--ready-file",
+        ])
         .arg(&ready)
         .arg("--store")
         .arg(format!("sqlite://{}", dir.path().join("ate.db").display()))
@@ -48,15 +58,28 @@ fn start_api() -> ApiProcess {
         .spawn()
         .unwrap();
     let v = wait_for_json(&ready, &mut child);
-    ApiProcess { addr: v["grpc"].as_str().unwrap().to_string(), child, _dir: dir }
+    ApiProcess {
+        addr: v["grpc"].as_str().unwrap().to_string(),
+        child,
+        _dir: dir,
+    }
 }
 
 fn ate(api: &ApiProcess, args: &[&str]) -> Output {
-    Command::new(ATE).arg("--api").arg(&api.addr).args(args).output().unwrap()
+    Command::new(ATE)
+        .arg("--api")
+        .arg(&api.addr)
+        .args(args)
+        .output()
+        .unwrap()
 }
 
 fn ok(out: Output) -> String {
-    assert!(out.status.success(), "failed: {}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     String::from_utf8(out.stdout).unwrap()
 }
 
@@ -68,20 +91,29 @@ fn example() -> PathBuf {
 fn apply_round_trips_and_verbs_work() {
     let api = start_api();
     let applied = ok(ate(&api, &["apply", "-f", example().to_str().unwrap()]));
-    assert_eq!(applied, "atespace/team-a created\nactortemplate/team-a/counter configured\n");
+    assert_eq!(
+        applied,
+        "atespace/team-a created\nactortemplate/team-a/counter configured\n"
+    );
     // Applying again is idempotent.
     let again = ok(ate(&api, &["apply", "-f", example().to_str().unwrap()]));
-    assert_eq!(again, "atespace/team-a unchanged\nactortemplate/team-a/counter configured\n");
+    assert_eq!(
+        again,
+        "atespace/team-a unchanged\nactortemplate/team-a/counter configured\n"
+    );
 
     // `get templates -o yaml` gives back a document `apply -f` accepts, equal to what went in.
     let yaml = ok(ate(&api, &["get", "templates", "-o", "yaml"]));
     let dir = tempfile::tempdir().unwrap();
     let back = dir.path().join("back.yaml");
     std::fs::write(&back, &yaml).unwrap();
-    let original: Vec<ate_core::Document> = serde_saphyr::from_multiple(&std::fs::read_to_string(example()).unwrap()).unwrap();
+    let original: Vec<ate_core::Document> =
+        serde_saphyr::from_multiple(&std::fs::read_to_string(example()).unwrap()).unwrap();
     let returned: Vec<ate_core::Document> = serde_saphyr::from_multiple(&yaml).unwrap();
     let spec_of = |d: &ate_core::Document| match d {
-        ate_core::Document::ActorTemplate(t) => Some(ate_core::TemplateSpec::from_document(&t.spec).unwrap()),
+        ate_core::Document::ActorTemplate(t) => {
+            Some(ate_core::TemplateSpec::from_document(&t.spec).unwrap())
+        }
         _ => None,
     };
     assert_eq!(returned.len(), 1);
@@ -92,13 +124,27 @@ fn apply_round_trips_and_verbs_work() {
     assert!(table.starts_with("NAMESPACE   NAME      IMAGE"), "{table}");
     assert!(table.contains("team-a      counter   oci-layout:/var/lib/ate/images/counter:latest   250m   64Mi     memory     300s"), "{table}");
 
-    ok(ate(&api, &["create", "actor", "c1", "-a", "team-a", "-t", "team-a/counter"]));
+    ok(ate(
+        &api,
+        &[
+            "create",
+            "actor",
+            "c1",
+            "-a",
+            "team-a",
+            "-t",
+            "team-a/counter",
+        ],
+    ));
     let json = ok(ate(&api, &["get", "actors", "-a", "team-a", "-o", "json"]));
     let v: serde_json::Value = serde_json::from_str(&json).unwrap();
     assert_eq!(v[0]["name"], "c1");
     assert_eq!(v[0]["state"], "ACTOR_STATE_SUSPENDED");
     let table = ok(ate(&api, &["get", "actors", "-A"]));
-    assert_eq!(table.lines().nth(1).unwrap(), "team-a     c1     SUSPENDED   team-a/counter   -        0");
+    assert_eq!(
+        table.lines().nth(1).unwrap(),
+        "team-a     c1     SUSPENDED   team-a/counter   -        0"
+    );
 
     // No worker registered: resume fails with the api's message and a non-zero exit.
     let out = ate(&api, &["resume", "actor", "c1", "-a", "team-a"]);
@@ -108,7 +154,11 @@ fn apply_round_trips_and_verbs_work() {
     // Errors name the problem and exit non-zero.
     let out = ate(&api, &["get", "actors", "nope", "-a", "team-a"]);
     assert!(!out.status.success());
-    assert!(String::from_utf8_lossy(&out.stderr).contains("actor \"team-a/nope\" not found"), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("actor \"team-a/nope\" not found"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let out = ate(&api, &["create", "atespace", "Bad_Name"]);
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("invalid atespace"));
@@ -124,7 +174,9 @@ fn bad_documents_apply_nothing() {
     let api = start_api();
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("bad.yaml");
-    let text = std::fs::read_to_string(example()).unwrap().replace("memory: 64Mi", "memory: lots");
+    let text = std::fs::read_to_string(example())
+        .unwrap()
+        .replace("memory: 64Mi", "memory: lots");
     std::fs::write(&file, text).unwrap();
     let out = ate(&api, &["apply", "-f", file.to_str().unwrap()]);
     assert!(!out.status.success());
@@ -133,11 +185,17 @@ fn bad_documents_apply_nothing() {
     // The atespace in the same file was not created either.
     assert_eq!(ok(ate(&api, &["get", "atespaces"])), "NAME   ACTORS\n");
     // Wrong apiVersion and unknown fields are refused with the document named.
-    let text = std::fs::read_to_string(example()).unwrap().replace("idleTimeout", "idleTimout");
+    let text = std::fs::read_to_string(example())
+        .unwrap()
+        .replace("idleTimeout", "idleTimout");
     std::fs::write(&file, text).unwrap();
     let out = ate(&api, &["apply", "-f", file.to_str().unwrap()]);
     assert!(!out.status.success());
-    assert!(String::from_utf8_lossy(&out.stderr).contains("idleTimout"), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("idleTimout"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
 
 #[test]

@@ -6,7 +6,10 @@ mod support;
 use support::*;
 
 fn counts(body: &str) -> (u64, u64, u64) {
-    let nums: Vec<u64> = body.split('|').filter_map(|part| part.rsplit(':').next()?.trim().parse().ok()).collect();
+    let nums: Vec<u64> = body
+        .split('|')
+        .filter_map(|part| part.rsplit(':').next()?.trim().parse().ok())
+        .collect();
     assert_eq!(nums.len(), 3, "unexpected body {body:?}");
     (nums[0], nums[1], nums[2])
 }
@@ -20,24 +23,60 @@ fn worker_of(sys: &System, atespace: &str, name: &str) -> String {
 #[test]
 fn counter_keeps_memory_across_suspends_and_workers() {
     let sys = System::up(UpOptions::default());
-    sys.ate_ok(&["create", "actor", "c1", "-a", "ate-demo", "-t", "ate-demo/counter"]);
+    sys.ate_ok(&[
+        "create",
+        "actor",
+        "c1",
+        "-a",
+        "ate-demo",
+        "-t",
+        "ate-demo/counter",
+    ]);
     let (status, head, body) = get(sys.router_addr, "ate-demo/c1", "/");
-    assert_eq!(status, 200, "{head}\n{body}\nrouter log:\n{}", sys.log("router"));
-    assert!(head.to_ascii_lowercase().contains("ate-resume: cold"), "{head}");
+    assert_eq!(
+        status,
+        200,
+        "{head}\n{body}\nrouter log:\n{}",
+        sys.log("router")
+    );
+    assert!(
+        head.to_ascii_lowercase().contains("ate-resume: cold"),
+        "{head}"
+    );
     assert_eq!(counts(&body), (1, 1, 1));
     for n in 2..=3 {
-        assert_eq!(counts(&get(sys.router_addr, "ate-demo/c1", "/").2), (n, n, n));
+        assert_eq!(
+            counts(&get(sys.router_addr, "ate-demo/c1", "/").2),
+            (n, n, n)
+        );
     }
     // Five cycles: suspend, pin to the other worker, resume by request; all three counters continue.
     for cycle in 0..5u64 {
         let before = worker_of(&sys, "ate-demo", "c1");
         assert!(before.starts_with("worker-"), "running actor has a worker");
-        let other = if before == "worker-1" { "worker-2" } else { "worker-1" };
+        let other = if before == "worker-1" {
+            "worker-2"
+        } else {
+            "worker-1"
+        };
         sys.ate_ok(&["suspend", "actor", "c1", "-a", "ate-demo"]);
-        sys.ate_ok(&["update", "actor", "c1", "-a", "ate-demo", "--selector", &format!("ate.dev/worker={other}")]);
+        sys.ate_ok(&[
+            "update",
+            "actor",
+            "c1",
+            "-a",
+            "ate-demo",
+            "--selector",
+            &format!("ate.dev/worker={other}"),
+        ]);
         let n = 4 + cycle;
         let (status, head, body) = get(sys.router_addr, "ate-demo/c1", "/");
-        assert_eq!(status, 200, "cycle {cycle}: {head}\n{body}\nnode log:\n{}", sys.log("node"));
+        assert_eq!(
+            status,
+            200,
+            "cycle {cycle}: {head}\n{body}\nnode log:\n{}",
+            sys.log("node")
+        );
         assert_eq!(counts(&body), (n, n, n), "cycle {cycle}");
         assert_eq!(worker_of(&sys, "ate-demo", "c1"), other, "cycle {cycle}");
     }

@@ -8,7 +8,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use ate_core::{DurableStatus, Fidelity};
-use ate_proto::v1::{self, node_service_server::NodeService, node_service_server::NodeServiceServer};
+use ate_proto::v1::{
+    self, node_service_server::NodeService, node_service_server::NodeServiceServer,
+};
 use ate_snapshot::DurableStore;
 use tokio::sync::Mutex as AsyncMutex;
 use tonic::{Request, Response, Status};
@@ -31,27 +33,55 @@ struct Inner {
 }
 
 fn obj_key(w: &v1::Workload) -> Result<(String, String), Status> {
-    let a = w.actor.as_ref().ok_or_else(|| Status::invalid_argument("invalid workload.actor: missing"))?;
-    ate_core::validate_label("workload.actor.atespace", &a.atespace).map_err(|e| Status::invalid_argument(e.to_string()))?;
-    ate_core::validate_label("workload.actor.name", &a.name).map_err(|e| Status::invalid_argument(e.to_string()))?;
+    let a = w
+        .actor
+        .as_ref()
+        .ok_or_else(|| Status::invalid_argument("invalid workload.actor: missing"))?;
+    ate_core::validate_label("workload.actor.atespace", &a.atespace)
+        .map_err(|e| Status::invalid_argument(e.to_string()))?;
+    ate_core::validate_label("workload.actor.name", &a.name)
+        .map_err(|e| Status::invalid_argument(e.to_string()))?;
     Ok((a.atespace.clone(), a.name.clone()))
 }
 
 impl NodeAgent {
     pub async fn new(cfg: NodeConfig, bound: SocketAddr) -> Result<Self, NodeError> {
         let durable_url = cfg.durable_url();
-        let durable = DurableStore::from_url(&durable_url).map_err(|e| NodeError::Durable(e.to_string()))?;
-        let api_uri = if cfg.api.contains("://") { cfg.api.clone() } else { format!("http://{}", cfg.api) };
+        let durable =
+            DurableStore::from_url(&durable_url).map_err(|e| NodeError::Durable(e.to_string()))?;
+        let api_uri = if cfg.api.contains("://") {
+            cfg.api.clone()
+        } else {
+            format!("http://{}", cfg.api)
+        };
         let channel = tonic::transport::Endpoint::from_shared(api_uri)
             .map_err(|e| NodeError::Config(format!("bad --api {:?}: {e}", cfg.api)))?
             .connect_timeout(Duration::from_secs(2))
             .connect_lazy();
         let advertise = cfg.advertise.clone().unwrap_or_else(|| bound.to_string());
-        let fleet = Arc::new(Fleet::new(cfg.name.clone(), advertise, crate::boot_id(), cfg.workers_dir(), channel));
-        Ok(Self { inner: Arc::new(Inner { cfg, fleet, durable, durable_url, downloads: Default::default() }) })
+        let fleet = Arc::new(Fleet::new(
+            cfg.name.clone(),
+            advertise,
+            crate::boot_id(),
+            cfg.workers_dir(),
+            channel,
+        ));
+        Ok(Self {
+            inner: Arc::new(Inner {
+                cfg,
+                fleet,
+                durable,
+                durable_url,
+                downloads: Default::default(),
+            }),
+        })
     }
 
-    pub async fn serve(self, listener: tokio::net::TcpListener, shutdown: impl Future<Output = ()> + Send + 'static) -> Result<(), NodeError> {
+    pub async fn serve(
+        self,
+        listener: tokio::net::TcpListener,
+        shutdown: impl Future<Output = ()> + Send + 'static,
+    ) -> Result<(), NodeError> {
         let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
         let loops = tokio::spawn(self.inner.fleet.clone().run_loops(stop_rx.clone()));
         let mut stop = stop_rx;
@@ -62,29 +92,50 @@ impl NodeAgent {
         let result = tonic::transport::Server::builder()
             .tcp_nodelay(true)
             .add_service(NodeServiceServer::new(self))
-            .serve_with_incoming_shutdown(tokio_stream::wrappers::TcpListenerStream::new(listener), async move {
-                let _ = stop.changed().await;
-            })
+            .serve_with_incoming_shutdown(
+                tokio_stream::wrappers::TcpListenerStream::new(listener),
+                async move {
+                    let _ = stop.changed().await;
+                },
+            )
             .await;
         loops.abort();
         result.map_err(NodeError::from)
     }
 
     fn worker(&self, id: &str) -> Result<WorkerHandle, Status> {
-        self.inner.fleet.worker(id).ok_or_else(|| Status::unavailable(format!("worker {id} is not running on node {}", self.inner.cfg.name)))
+        self.inner.fleet.worker(id).ok_or_else(|| {
+            Status::unavailable(format!(
+                "worker {id} is not running on node {}",
+                self.inner.cfg.name
+            ))
+        })
     }
 
     /// Where this node keeps an actor's generation.
     fn generation_dir(&self, atespace: &str, name: &str, generation: u64, uuid: &str) -> PathBuf {
-        let short: String = uuid.chars().filter(|c| c.is_ascii_alphanumeric()).take(12).collect();
-        self.inner.cfg.snapshots_dir().join(atespace).join(name).join(format!("{generation}-{short}"))
+        let short: String = uuid
+            .chars()
+            .filter(|c| c.is_ascii_alphanumeric())
+            .take(12)
+            .collect();
+        self.inner
+            .cfg
+            .snapshots_dir()
+            .join(atespace)
+            .join(name)
+            .join(format!("{generation}-{short}"))
     }
 
     /// A generation directory usable for a restore: the local copy when it was written on this
     /// node in this boot and verifies, else a (cached) download of the durable copy.
     async fn materialize(&self, snap: &v1::Snapshot) -> Result<PathBuf, Status> {
         let local = Path::new(&snap.local_path);
-        if !snap.local_path.is_empty() && snap.node == self.inner.cfg.name && snap.boot_id == self.inner.fleet.boot_id && local.join("manifest.json").exists() {
+        if !snap.local_path.is_empty()
+            && snap.node == self.inner.cfg.name
+            && snap.boot_id == self.inner.fleet.boot_id
+            && local.join("manifest.json").exists()
+        {
             return Ok(local.to_path_buf());
         }
         if snap.durable_uri.is_empty() {
@@ -93,13 +144,21 @@ impl NodeAgent {
                 snap.generation, snap.uuid, self.inner.cfg.name
             )));
         }
-        let uuid: String = snap.uuid.chars().filter(|c| c.is_ascii_alphanumeric() || *c == '-').collect();
+        let uuid: String = snap
+            .uuid
+            .chars()
+            .filter(|c| c.is_ascii_alphanumeric() || *c == '-')
+            .collect();
         if uuid.is_empty() {
             return Err(Status::invalid_argument("invalid snapshot.uuid: empty"));
         }
         let target = self.inner.cfg.cache_dir().join(&uuid);
         let lock = {
-            let mut map = self.inner.downloads.lock().map_err(|_| Status::internal("download lock poisoned"))?;
+            let mut map = self
+                .inner
+                .downloads
+                .lock()
+                .map_err(|_| Status::internal("download lock poisoned"))?;
             map.entry(uuid.clone()).or_default().clone()
         };
         let _guard = lock.lock().await;
@@ -111,64 +170,129 @@ impl NodeAgent {
             .durable
             .download(&snap.durable_uri, &target)
             .await
-            .map_err(|e| Status::failed_precondition(format!("cannot fetch generation {} from {}: {e}", snap.generation, snap.durable_uri)))?;
+            .map_err(|e| {
+                Status::failed_precondition(format!(
+                    "cannot fetch generation {} from {}: {e}",
+                    snap.generation, snap.durable_uri
+                ))
+            })?;
         Ok(target)
     }
 
-    async fn upload(&self, atespace: &str, name: &str, snap: &v1::Snapshot) -> Result<String, String> {
+    async fn upload(
+        &self,
+        atespace: &str,
+        name: &str,
+        snap: &v1::Snapshot,
+    ) -> Result<String, String> {
         let key = format!("{atespace}/{name}/{}-{}", snap.generation, snap.uuid);
-        self.inner.durable.upload(Path::new(&snap.local_path), &key).await.map_err(|e| e.to_string())
+        self.inner
+            .durable
+            .upload(Path::new(&snap.local_path), &key)
+            .await
+            .map_err(|e| e.to_string())
     }
 
-    async fn report(&self, actor: v1::ObjectRef, generation: u64, status: DurableStatus, uri: String, reason: String) {
-        let req = v1::ReportSnapshotRequest { actor: Some(actor), generation, durable_status: status.wire(), durable_uri: uri, reason };
-        if let Err(e) = self.inner.fleet.fleet_api.clone().report_snapshot(req).await {
+    async fn report(
+        &self,
+        actor: v1::ObjectRef,
+        generation: u64,
+        status: DurableStatus,
+        uri: String,
+        reason: String,
+    ) {
+        let req = v1::ReportSnapshotRequest {
+            actor: Some(actor),
+            generation,
+            durable_status: status.wire(),
+            durable_uri: uri,
+            reason,
+        };
+        if let Err(e) = self
+            .inner
+            .fleet
+            .fleet_api
+            .clone()
+            .report_snapshot(req)
+            .await
+        {
             tracing::warn!(generation, error = %e.message(), "snapshot report to the api failed");
         }
     }
 
     fn reply(worker: &WorkerHandle, epoch: u64) -> v1::NodeReply {
-        v1::NodeReply { worker_id: worker.info.worker_id.clone(), epoch, addresses: worker.info.addresses.clone() }
+        v1::NodeReply {
+            worker_id: worker.info.worker_id.clone(),
+            epoch,
+            addresses: worker.info.addresses.clone(),
+        }
     }
 }
 
 #[tonic::async_trait]
 impl NodeService for NodeAgent {
     async fn run(&self, req: Request<v1::RunRequest>) -> Result<Response<v1::NodeReply>, Status> {
-        let workload = req.into_inner().workload.ok_or_else(|| Status::invalid_argument("invalid workload: missing"))?;
+        let workload = req
+            .into_inner()
+            .workload
+            .ok_or_else(|| Status::invalid_argument("invalid workload: missing"))?;
         obj_key(&workload)?;
         let worker = self.worker(&workload.worker_id)?;
         let reply = worker
             .client
             .clone()
-            .start(v1::WorkerStartRequest { workload: Some(workload), generation_dir: String::new(), fidelity: 0 })
+            .start(v1::WorkerStartRequest {
+                workload: Some(workload),
+                generation_dir: String::new(),
+                fidelity: 0,
+            })
             .await?
             .into_inner();
         Ok(Response::new(Self::reply(&worker, reply.epoch)))
     }
 
-    async fn restore(&self, req: Request<v1::RestoreRequest>) -> Result<Response<v1::NodeReply>, Status> {
+    async fn restore(
+        &self,
+        req: Request<v1::RestoreRequest>,
+    ) -> Result<Response<v1::NodeReply>, Status> {
         let req = req.into_inner();
-        let workload = req.workload.ok_or_else(|| Status::invalid_argument("invalid workload: missing"))?;
+        let workload = req
+            .workload
+            .ok_or_else(|| Status::invalid_argument("invalid workload: missing"))?;
         obj_key(&workload)?;
-        let snap = req.snapshot.ok_or_else(|| Status::invalid_argument("invalid snapshot: missing"))?;
-        Fidelity::from_wire(req.fidelity).ok_or_else(|| Status::invalid_argument(format!("invalid fidelity: {}", req.fidelity)))?;
+        let snap = req
+            .snapshot
+            .ok_or_else(|| Status::invalid_argument("invalid snapshot: missing"))?;
+        Fidelity::from_wire(req.fidelity).ok_or_else(|| {
+            Status::invalid_argument(format!("invalid fidelity: {}", req.fidelity))
+        })?;
         let worker = self.worker(&workload.worker_id)?;
         let dir = self.materialize(&snap).await?;
         let reply = worker
             .client
             .clone()
-            .start(v1::WorkerStartRequest { workload: Some(workload), generation_dir: dir.display().to_string(), fidelity: req.fidelity })
+            .start(v1::WorkerStartRequest {
+                workload: Some(workload),
+                generation_dir: dir.display().to_string(),
+                fidelity: req.fidelity,
+            })
             .await?
             .into_inner();
         Ok(Response::new(Self::reply(&worker, reply.epoch)))
     }
 
-    async fn checkpoint(&self, req: Request<v1::CheckpointRequest>) -> Result<Response<v1::CheckpointReply>, Status> {
+    async fn checkpoint(
+        &self,
+        req: Request<v1::CheckpointRequest>,
+    ) -> Result<Response<v1::CheckpointReply>, Status> {
         let req = req.into_inner();
-        let workload = req.workload.ok_or_else(|| Status::invalid_argument("invalid workload: missing"))?;
+        let workload = req
+            .workload
+            .ok_or_else(|| Status::invalid_argument("invalid workload: missing"))?;
         let (atespace, name) = obj_key(&workload)?;
-        Fidelity::from_wire(req.fidelity).ok_or_else(|| Status::invalid_argument(format!("invalid fidelity: {}", req.fidelity)))?;
+        Fidelity::from_wire(req.fidelity).ok_or_else(|| {
+            Status::invalid_argument(format!("invalid fidelity: {}", req.fidelity))
+        })?;
         let worker = self.worker(&workload.worker_id)?;
         let dir = self.generation_dir(&atespace, &name, req.generation, &req.uuid);
         let template = workload.template.clone();
@@ -187,7 +311,10 @@ impl NodeService for NodeAgent {
             })
             .await?
             .into_inner();
-        let actor = v1::ObjectRef { atespace: atespace.clone(), name: name.clone() };
+        let actor = v1::ObjectRef {
+            atespace: atespace.clone(),
+            name: name.clone(),
+        };
         let mut snapshot = v1::Snapshot {
             actor: Some(actor.clone()),
             generation: req.generation,
@@ -225,18 +352,32 @@ impl NodeService for NodeAgent {
                     Ok(uri) => (DurableStatus::Completed, uri, String::new()),
                     Err(e) => {
                         tracing::warn!(actor = %format!("{atespace}/{name}"), generation = snap.generation, error = %e, "background upload failed; local copy kept");
-                        (DurableStatus::Failed, String::new(), format!("durable upload failed: {e}"))
+                        (
+                            DurableStatus::Failed,
+                            String::new(),
+                            format!("durable upload failed: {e}"),
+                        )
                     }
                 };
-                agent.report(actor, snap.generation, status, uri, reason).await;
+                agent
+                    .report(actor, snap.generation, status, uri, reason)
+                    .await;
             });
         }
-        Ok(Response::new(v1::CheckpointReply { snapshot: Some(snapshot), epoch: reply.epoch }))
+        Ok(Response::new(v1::CheckpointReply {
+            snapshot: Some(snapshot),
+            epoch: reply.epoch,
+        }))
     }
 
-    async fn detach(&self, req: Request<v1::DetachRequest>) -> Result<Response<v1::DetachReply>, Status> {
+    async fn detach(
+        &self,
+        req: Request<v1::DetachRequest>,
+    ) -> Result<Response<v1::DetachReply>, Status> {
         let req = req.into_inner();
-        let actor = req.actor.ok_or_else(|| Status::invalid_argument("invalid actor: missing"))?;
+        let actor = req
+            .actor
+            .ok_or_else(|| Status::invalid_argument("invalid actor: missing"))?;
         let mut out = Vec::new();
         for mut snap in req.snapshots {
             if snap.durable_status != DurableStatus::Completed.wire() {
@@ -265,18 +406,32 @@ impl NodeService for NodeAgent {
     async fn stop(&self, req: Request<v1::StopRequest>) -> Result<Response<v1::NodeReply>, Status> {
         let req = req.into_inner();
         let worker = self.worker(&req.worker_id)?;
-        let reply = worker.client.clone().stop(v1::WorkerStopRequest { actor: req.actor }).await?.into_inner();
+        let reply = worker
+            .client
+            .clone()
+            .stop(v1::WorkerStopRequest { actor: req.actor })
+            .await?
+            .into_inner();
         Ok(Response::new(Self::reply(&worker, reply.epoch)))
     }
 
-    async fn delete_snapshots(&self, req: Request<v1::DeleteSnapshotsRequest>) -> Result<Response<v1::DeleteSnapshotsReply>, Status> {
+    async fn delete_snapshots(
+        &self,
+        req: Request<v1::DeleteSnapshotsRequest>,
+    ) -> Result<Response<v1::DeleteSnapshotsReply>, Status> {
         for snap in req.into_inner().snapshots {
             let root = self.inner.cfg.snapshots_dir();
-            if !snap.local_path.is_empty() && snap.node == self.inner.cfg.name && Path::new(&snap.local_path).starts_with(&root) {
+            if !snap.local_path.is_empty()
+                && snap.node == self.inner.cfg.name
+                && Path::new(&snap.local_path).starts_with(&root)
+            {
                 if let Err(e) = tokio::fs::remove_dir_all(&snap.local_path).await
                     && e.kind() != std::io::ErrorKind::NotFound
                 {
-                    return Err(Status::internal(format!("cannot delete {}: {e}", snap.local_path)));
+                    return Err(Status::internal(format!(
+                        "cannot delete {}: {e}",
+                        snap.local_path
+                    )));
                 }
             }
             if !snap.durable_uri.is_empty() {
@@ -284,7 +439,9 @@ impl NodeService for NodeAgent {
                     .durable
                     .delete(&snap.durable_uri)
                     .await
-                    .map_err(|e| Status::unavailable(format!("cannot delete {}: {e}", snap.durable_uri)))?;
+                    .map_err(|e| {
+                        Status::unavailable(format!("cannot delete {}: {e}", snap.durable_uri))
+                    })?;
             }
         }
         tracing::debug!(store = %self.inner.durable_url, "snapshots deleted");

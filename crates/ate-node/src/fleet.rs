@@ -7,7 +7,10 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use ate_proto::v1::{self, actor_service_client::ActorServiceClient, fleet_service_client::FleetServiceClient, worker_service_client::WorkerServiceClient};
+use ate_proto::v1::{
+    self, actor_service_client::ActorServiceClient, fleet_service_client::FleetServiceClient,
+    worker_service_client::WorkerServiceClient,
+};
 use tonic::transport::Channel;
 
 /// A worker this node knows, with the facts it last reported.
@@ -32,11 +35,20 @@ pub struct Fleet {
 }
 
 fn now_ms() -> i64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX)).unwrap_or(0)
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+        .unwrap_or(0)
 }
 
 impl Fleet {
-    pub fn new(node: String, node_address: String, boot_id: String, workers_dir: PathBuf, api: Channel) -> Self {
+    pub fn new(
+        node: String,
+        node_address: String,
+        boot_id: String,
+        workers_dir: PathBuf,
+        api: Channel,
+    ) -> Self {
         Self {
             node,
             node_address,
@@ -55,8 +67,14 @@ impl Fleet {
     }
 
     fn sockets(dir: &Path) -> Vec<PathBuf> {
-        let Ok(entries) = std::fs::read_dir(dir) else { return Vec::new() };
-        entries.filter_map(Result::ok).map(|e| e.path().join("worker.sock")).filter(|p| p.exists()).collect()
+        let Ok(entries) = std::fs::read_dir(dir) else {
+            return Vec::new();
+        };
+        entries
+            .filter_map(Result::ok)
+            .map(|e| e.path().join("worker.sock"))
+            .filter(|p| p.exists())
+            .collect()
     }
 
     /// One discovery pass: new workers and workers with a new epoch are (re-)registered; workers
@@ -64,7 +82,11 @@ impl Fleet {
     pub async fn discover(&self) {
         let mut seen = HashSet::new();
         for socket in Self::sockets(&self.workers_dir) {
-            let known = self.workers.lock().ok().and_then(|w| w.values().find(|h| h.socket == socket).cloned());
+            let known = self
+                .workers
+                .lock()
+                .ok()
+                .and_then(|w| w.values().find(|h| h.socket == socket).cloned());
             let mut client = match known {
                 Some(h) => h.client,
                 None => match ate_worker::connect_worker(&socket).await {
@@ -83,7 +105,11 @@ impl Fleet {
                 }
             };
             seen.insert(info.worker_id.clone());
-            let previous_epoch = self.workers.lock().ok().and_then(|w| w.get(&info.worker_id).map(|h| h.info.epoch));
+            let previous_epoch = self
+                .workers
+                .lock()
+                .ok()
+                .and_then(|w| w.get(&info.worker_id).map(|h| h.info.epoch));
             if previous_epoch != Some(info.epoch) {
                 if let Err(e) = self.register(&info).await {
                     tracing::warn!(worker = %info.worker_id, error = %e.message(), "worker registration failed");
@@ -91,7 +117,14 @@ impl Fleet {
                 }
             }
             if let Ok(mut workers) = self.workers.lock() {
-                workers.insert(info.worker_id.clone(), WorkerHandle { client, info, socket });
+                workers.insert(
+                    info.worker_id.clone(),
+                    WorkerHandle {
+                        client,
+                        info,
+                        socket,
+                    },
+                );
             }
         }
         if let Ok(mut workers) = self.workers.lock() {
@@ -116,16 +149,28 @@ impl Fleet {
             node_address: self.node_address.clone(),
             boot_id: self.boot_id.clone(),
         };
-        self.fleet_api.clone().register_worker(v1::RegisterWorkerRequest { worker: Some(worker) }).await?;
+        self.fleet_api
+            .clone()
+            .register_worker(v1::RegisterWorkerRequest {
+                worker: Some(worker),
+            })
+            .await?;
         tracing::info!(worker = %info.worker_id, epoch = info.epoch, "worker registered with the api");
         Ok(())
     }
 
     /// Heartbeats every known worker; one the api no longer knows is registered again.
     pub async fn heartbeat(&self) {
-        let workers: Vec<v1::WorkerInfo> = self.workers.lock().map(|w| w.values().map(|h| h.info.clone()).collect()).unwrap_or_default();
+        let workers: Vec<v1::WorkerInfo> = self
+            .workers
+            .lock()
+            .map(|w| w.values().map(|h| h.info.clone()).collect())
+            .unwrap_or_default();
         for info in workers {
-            let req = v1::HeartbeatRequest { worker_id: info.worker_id.clone(), epoch: info.epoch };
+            let req = v1::HeartbeatRequest {
+                worker_id: info.worker_id.clone(),
+                epoch: info.epoch,
+            };
             match self.fleet_api.clone().heartbeat(req).await {
                 Ok(r) if r.get_ref().known => {}
                 Ok(_) => {
@@ -133,19 +178,34 @@ impl Fleet {
                         tracing::warn!(worker = %info.worker_id, error = %e.message(), "re-registration failed");
                     }
                 }
-                Err(e) => tracing::debug!(worker = %info.worker_id, error = %e.message(), "heartbeat failed"),
+                Err(e) => {
+                    tracing::debug!(worker = %info.worker_id, error = %e.message(), "heartbeat failed")
+                }
             }
         }
     }
 
     /// Reports exited actors and asks the api to suspend idle ones.
     pub async fn watch_activity(self: &Arc<Self>) {
-        let workers: Vec<WorkerHandle> = self.workers.lock().map(|w| w.values().cloned().collect()).unwrap_or_default();
+        let workers: Vec<WorkerHandle> = self
+            .workers
+            .lock()
+            .map(|w| w.values().cloned().collect())
+            .unwrap_or_default();
         let now = now_ms();
         for w in workers {
-            let Ok(reply) = w.client.clone().activity(v1::WorkerActivityRequest {}).await else { continue };
+            let Ok(reply) = w
+                .client
+                .clone()
+                .activity(v1::WorkerActivityRequest {})
+                .await
+            else {
+                continue;
+            };
             for a in reply.into_inner().actors {
-                let Some(actor) = a.actor.clone() else { continue };
+                let Some(actor) = a.actor.clone() else {
+                    continue;
+                };
                 if a.exited {
                     let req = v1::ReportActorExitRequest {
                         actor: Some(actor.clone()),
@@ -160,7 +220,10 @@ impl Fleet {
                     continue;
                 }
                 let idle_ms = now.saturating_sub(a.last_activity_unix_ms);
-                if a.idle_timeout_seconds > 0 && a.open_streams == 0 && idle_ms >= i64::from(a.idle_timeout_seconds) * 1000 {
+                if a.idle_timeout_seconds > 0
+                    && a.open_streams == 0
+                    && idle_ms >= i64::from(a.idle_timeout_seconds) * 1000
+                {
                     self.suspend_idle(actor);
                 }
             }
@@ -169,13 +232,21 @@ impl Fleet {
 
     fn suspend_idle(self: &Arc<Self>, actor: v1::ObjectRef) {
         let key = (actor.atespace.clone(), actor.name.clone());
-        if !self.suspending.lock().map(|mut s| s.insert(key.clone())).unwrap_or(false) {
+        if !self
+            .suspending
+            .lock()
+            .map(|mut s| s.insert(key.clone()))
+            .unwrap_or(false)
+        {
             return;
         }
         let fleet = self.clone();
         tokio::spawn(async move {
             tracing::info!(actor = %format!("{}/{}", actor.atespace, actor.name), "idle; asking the api to suspend");
-            let req = v1::SuspendActorRequest { actor: Some(actor.clone()), mode: v1::SuspendMode::Async as i32 };
+            let req = v1::SuspendActorRequest {
+                actor: Some(actor.clone()),
+                mode: v1::SuspendMode::Async as i32,
+            };
             if let Err(e) = fleet.actor_api.clone().suspend_actor(req).await {
                 tracing::info!(actor = %format!("{}/{}", actor.atespace, actor.name), error = %e.message(), "idle suspend not done");
             }

@@ -30,7 +30,11 @@ pub struct NodeConfig {
     #[arg(long = "api", env = "ATE_API", default_value = ate_core::DEFAULT_API_ADDR)]
     pub api: String,
     /// State directory shared with the node's workers.
-    #[arg(long = "state-dir", env = "ATE_STATE_DIR", default_value = "/var/lib/ate")]
+    #[arg(
+        long = "state-dir",
+        env = "ATE_STATE_DIR",
+        default_value = "/var/lib/ate"
+    )]
     pub state_dir: PathBuf,
     /// Durable snapshot store: `file:///dir` (default STATE_DIR/durable), `s3://bucket/prefix`,
     /// `gs://…`, `az://…`.
@@ -52,7 +56,9 @@ impl NodeConfig {
         self.state_dir.join("snapshot-cache")
     }
     pub fn durable_url(&self) -> String {
-        self.durable_store.clone().unwrap_or_else(|| format!("file://{}", self.state_dir.join("durable").display()))
+        self.durable_store
+            .clone()
+            .unwrap_or_else(|| format!("file://{}", self.state_dir.join("durable").display()))
     }
 }
 
@@ -61,7 +67,10 @@ pub enum NodeError {
     #[error("invalid node configuration: {0}")]
     Config(String),
     #[error("cannot listen on {addr}: {source}")]
-    Listen { addr: SocketAddr, source: std::io::Error },
+    Listen {
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
     #[error("durable store: {0}")]
     Durable(String),
     #[error("gRPC server failed: {0}")]
@@ -72,16 +81,26 @@ pub enum NodeError {
 
 /// This machine's boot id: node-local generations are usable in place only within one boot.
 pub fn boot_id() -> String {
-    std::fs::read_to_string("/proc/sys/kernel/random/boot_id").map(|s| s.trim().to_string()).unwrap_or_else(|_| "unknown-boot".into())
+    std::fs::read_to_string("/proc/sys/kernel/random/boot_id")
+        .map(|s| s.trim().to_string())
+        .unwrap_or_else(|_| "unknown-boot".into())
 }
 
 /// Runs the node agent until `shutdown` resolves.
-pub async fn run(cfg: NodeConfig, shutdown: impl Future<Output = ()> + Send + 'static) -> Result<(), NodeError> {
+pub async fn run(
+    cfg: NodeConfig,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), NodeError> {
     ate_core::validate_label("--name", &cfg.name).map_err(|e| NodeError::Config(e.to_string()))?;
     for dir in [cfg.workers_dir(), cfg.snapshots_dir(), cfg.cache_dir()] {
         std::fs::create_dir_all(&dir)?;
     }
-    let listener = tokio::net::TcpListener::bind(cfg.listen).await.map_err(|source| NodeError::Listen { addr: cfg.listen, source })?;
+    let listener = tokio::net::TcpListener::bind(cfg.listen)
+        .await
+        .map_err(|source| NodeError::Listen {
+            addr: cfg.listen,
+            source,
+        })?;
     let bound = listener.local_addr()?;
     let agent = NodeAgent::new(cfg.clone(), bound).await?;
     if let Some(file) = &cfg.ready_file {

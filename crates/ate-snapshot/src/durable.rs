@@ -184,7 +184,11 @@ impl DurableStore {
         let (manifest, manifest_bytes) = generation::verify_with_bytes(gen_dir).await?;
         // Futures are built eagerly and boxed: a stream `map` closure here makes the caller's future
         // fail rustc's higher-ranked `Send` check (rust-lang/rust#102211).
-        let transfers: Vec<_> = manifest.files.iter().map(|f| self.upload_file(gen_dir, &base, f).boxed()).collect();
+        let transfers: Vec<_> = manifest
+            .files
+            .iter()
+            .map(|f| self.upload_file(gen_dir, &base, f).boxed())
+            .collect();
         let results: Vec<Result<()>> = futures::stream::iter(transfers)
             .buffer_unordered(self.parallelism)
             .collect()
@@ -379,7 +383,11 @@ impl DurableStore {
         target: &Path,
     ) -> Result<()> {
         // Built eagerly and boxed for the same reason as in upload (rust-lang/rust#102211).
-        let transfers: Vec<_> = manifest.files.iter().map(|f| self.download_file(base, f, tmp).boxed()).collect();
+        let transfers: Vec<_> = manifest
+            .files
+            .iter()
+            .map(|f| self.download_file(base, f, tmp).boxed())
+            .collect();
         let results: Vec<Result<()>> = futures::stream::iter(transfers)
             .buffer_unordered(self.parallelism)
             .collect()

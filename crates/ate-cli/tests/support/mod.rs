@@ -14,7 +14,10 @@ pub const ATE: &str = env!("CARGO_BIN_EXE_ate");
 
 /// A free TCP port on 127.0.0.1 (bound then released; the tiny race is acceptable in tests).
 pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map(|a| a.port()).expect("free port")
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("free port")
 }
 
 /// A loopback /24 nobody else in this test process uses: 127.<pid-derived>.<n>.x.
@@ -39,7 +42,10 @@ pub fn images_dir() -> PathBuf {
         .stdout(Stdio::null())
         .status()
         .expect("run workloads/build-images.sh");
-    assert!(status.success(), "workloads/build-images.sh failed; set ATE_TEST_IMAGES to prebuilt images");
+    assert!(
+        status.success(),
+        "workloads/build-images.sh failed; set ATE_TEST_IMAGES to prebuilt images"
+    );
     out
 }
 
@@ -53,7 +59,13 @@ pub struct UpOptions {
 
 impl Default for UpOptions {
     fn default() -> Self {
-        Self { workers: 2, slots: 4, durable_store: None, router_args: Vec::new(), demo: true }
+        Self {
+            workers: 2,
+            slots: 4,
+            durable_store: None,
+            router_args: Vec::new(),
+            demo: true,
+        }
     }
 }
 
@@ -64,6 +76,8 @@ pub struct System {
     pub router_addr: SocketAddr,
     pub router_metrics: SocketAddr,
     pub api: String,
+    /// The api's health/metrics address (`/metrics`), from the ready file.
+    pub api_http: String,
     pub worker_ips: Vec<Ipv4Addr>,
     pub worker_port: u16,
 }
@@ -82,12 +96,30 @@ impl System {
             .arg(dir.path().join("state"))
             .arg("--images-dir")
             .arg(images_dir())
-            .args(["--workers", &opts.workers.to_string(), "--worker-slots", &opts.slots.to_string()])
-            .args(["--api-listen", "127.0.0.1:0", "--api-http-listen", "127.0.0.1:0"])
+            .args([
+                "--workers",
+                &opts.workers.to_string(),
+                "--worker-slots",
+                &opts.slots.to_string(),
+            ])
+            .args([
+                "--api-listen",
+                "127.0.0.1:0",
+                "--api-http-listen",
+                "127.0.0.1:0",
+            ])
             .args(["--node-listen", &format!("127.0.0.1:{}", free_port())])
             .args(["--router-listen", &format!("127.0.0.1:{router_port}")])
-            .args(["--router-metrics-listen", &format!("127.0.0.1:{router_metrics_port}")])
-            .args(["--worker-first-ip", &first_ip.to_string(), "--worker-port", &worker_port.to_string()])
+            .args([
+                "--router-metrics-listen",
+                &format!("127.0.0.1:{router_metrics_port}"),
+            ])
+            .args([
+                "--worker-first-ip",
+                &first_ip.to_string(),
+                "--worker-port",
+                &worker_port.to_string(),
+            ])
             .arg("--ready-file")
             .arg(&ready)
             // Keep `ate up` from writing the tester's ~/.config.
@@ -116,16 +148,22 @@ impl System {
                 let log = std::fs::read_to_string(dir.path().join("up.log")).unwrap_or_default();
                 panic!("ate up exited ({status}):\n{log}");
             }
-            assert!(start.elapsed() < Duration::from_secs(60), "ate up not ready in 60 s");
+            assert!(
+                start.elapsed() < Duration::from_secs(60),
+                "ate up not ready in 60 s"
+            );
             std::thread::sleep(Duration::from_millis(50));
         };
-        let worker_ips = (0..opts.workers).map(|i| Ipv4Addr::from(u32::from(first_ip) + i)).collect();
+        let worker_ips = (0..opts.workers)
+            .map(|i| Ipv4Addr::from(u32::from(first_ip) + i))
+            .collect();
         System {
             child,
             router: v["router"].as_str().expect("router").to_string(),
             router_addr: SocketAddr::from(([127, 0, 0, 1], router_port)),
             router_metrics: SocketAddr::from(([127, 0, 0, 1], router_metrics_port)),
             api: v["api"].as_str().expect("api").to_string(),
+            api_http: v["api_http"].as_str().unwrap_or_default().to_string(),
             dir,
             worker_ips,
             worker_port,
@@ -138,32 +176,61 @@ impl System {
 
     /// Runs `ate --api <this system> ARGS`.
     pub fn ate(&self, args: &[&str]) -> Output {
-        Command::new(ATE).arg("--api").arg(&self.api).args(args).output().expect("run ate")
+        Command::new(ATE)
+            .arg("--api")
+            .arg(&self.api)
+            .args(args)
+            .output()
+            .expect("run ate")
     }
 
     /// Runs `ate …` and returns stdout, panicking with stderr on failure.
     pub fn ate_ok(&self, args: &[&str]) -> String {
         let out = self.ate(args);
-        assert!(out.status.success(), "ate {args:?} failed: {}", String::from_utf8_lossy(&out.stderr));
+        assert!(
+            out.status.success(),
+            "ate {args:?} failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
         String::from_utf8_lossy(&out.stdout).into_owned()
     }
 
     /// Log of one component (`api`, `node`, `worker-1`, `router`).
     pub fn log(&self, component: &str) -> String {
-        std::fs::read_to_string(self.state_dir().join("logs").join(format!("{component}.log"))).unwrap_or_default()
+        std::fs::read_to_string(
+            self.state_dir()
+                .join("logs")
+                .join(format!("{component}.log")),
+        )
+        .unwrap_or_default()
     }
 
     /// PID of a component, from `ate up`'s children.
     pub fn pid_of(&self, component_args_contain: &str) -> Option<u32> {
-        let out = Command::new("pgrep").args(["-P", &self.child.id().to_string(), "-f", component_args_contain]).output().ok()?;
-        String::from_utf8_lossy(&out.stdout).lines().next()?.trim().parse().ok()
+        let out = Command::new("pgrep")
+            .args([
+                "-P",
+                &self.child.id().to_string(),
+                "-f",
+                component_args_contain,
+            ])
+            .output()
+            .ok()?;
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .next()?
+            .trim()
+            .parse()
+            .ok()
     }
 }
 
 impl Drop for System {
     fn drop(&mut self) {
         // SIGTERM: `ate up` stops its children (sandboxes included) and exits.
-        let _ = Command::new("kill").args(["-TERM", &self.child.id().to_string()]).status();
+        let _ = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status();
         let deadline = Instant::now() + Duration::from_secs(20);
         while Instant::now() < deadline {
             if let Ok(Some(_)) = self.child.try_wait() {
@@ -181,7 +248,13 @@ pub fn get(router: SocketAddr, actor: &str, path: &str) -> (u16, String, String)
     request(router, "GET", actor, path, "")
 }
 
-pub fn request(router: SocketAddr, method: &str, actor: &str, path: &str, body: &str) -> (u16, String, String) {
+pub fn request(
+    router: SocketAddr,
+    method: &str,
+    actor: &str,
+    path: &str,
+    body: &str,
+) -> (u16, String, String) {
     use std::io::{Read, Write};
     let mut s = std::net::TcpStream::connect(router).expect("connect router");
     s.set_read_timeout(Some(Duration::from_secs(30))).ok();
@@ -194,6 +267,10 @@ pub fn request(router: SocketAddr, method: &str, actor: &str, path: &str, body: 
     let _ = s.read_to_end(&mut buf);
     let text = String::from_utf8_lossy(&buf).into_owned();
     let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
-    let status = head.split_whitespace().nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
+    let status = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
     (status, head.to_string(), body.to_string())
 }
