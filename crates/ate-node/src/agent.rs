@@ -421,18 +421,17 @@ impl NodeService for NodeAgent {
     ) -> Result<Response<v1::DeleteSnapshotsReply>, Status> {
         for snap in req.into_inner().snapshots {
             let root = self.inner.cfg.snapshots_dir();
+            // Only directories this node wrote, under its own snapshot root.
             if !snap.local_path.is_empty()
                 && snap.node == self.inner.cfg.name
                 && Path::new(&snap.local_path).starts_with(&root)
+                && let Err(e) = tokio::fs::remove_dir_all(&snap.local_path).await
+                && e.kind() != std::io::ErrorKind::NotFound
             {
-                if let Err(e) = tokio::fs::remove_dir_all(&snap.local_path).await
-                    && e.kind() != std::io::ErrorKind::NotFound
-                {
-                    return Err(Status::internal(format!(
-                        "cannot delete {}: {e}",
-                        snap.local_path
-                    )));
-                }
+                return Err(Status::internal(format!(
+                    "cannot delete {}: {e}",
+                    snap.local_path
+                )));
             }
             if !snap.durable_uri.is_empty() {
                 self.inner

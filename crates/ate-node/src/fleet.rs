@@ -110,11 +110,11 @@ impl Fleet {
                 .lock()
                 .ok()
                 .and_then(|w| w.get(&info.worker_id).map(|h| h.info.epoch));
-            if previous_epoch != Some(info.epoch) {
-                if let Err(e) = self.register(&info).await {
-                    tracing::warn!(worker = %info.worker_id, error = %e.message(), "worker registration failed");
-                    continue;
-                }
+            if previous_epoch != Some(info.epoch)
+                && let Err(e) = self.register(&info).await
+            {
+                tracing::warn!(worker = %info.worker_id, error = %e.message(), "worker registration failed");
+                continue;
             }
             if let Ok(mut workers) = self.workers.lock() {
                 workers.insert(
