@@ -96,6 +96,30 @@ expect_eq "counter POST /echo (large, 100-continue)" "$(printf %s "$big" | sha25
   "$(printf %s "$big" | curl -fsS --max-time 10 --data-binary @- "$B/echo" | sha256sum)"
 expect_eq "counter POST /echo (chunked)" "chunky" \
   "$(printf chunky | curl -fsS --max-time 5 -H 'Transfer-Encoding: chunked' --data-binary @- "$B/echo")"
+# WebSocket: the RFC 6455 handshake at /ws, then a masked text frame comes back unmasked.
+ws_reply=$(python3 - "$P1" <<'PY'
+import base64, os, socket, sys
+s = socket.create_connection(("127.0.0.1", int(sys.argv[1])), timeout=5)
+key = base64.b64encode(os.urandom(16)).decode()
+s.sendall(("GET /ws HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+           "Sec-WebSocket-Key: %s\r\nSec-WebSocket-Version: 13\r\n\r\n" % key).encode())
+buf = b""
+while b"\r\n\r\n" not in buf:
+    buf += s.recv(4096)
+head, rest = buf.split(b"\r\n\r\n", 1)
+import hashlib
+want = base64.b64encode(hashlib.sha1((key + "258EAFA5-E914-47DA-95CA-C5AB0DC85B11").encode()).digest()).decode()
+if not head.startswith(b"HTTP/1.1 101") or ("Sec-WebSocket-Accept: " + want).encode() not in head:
+    print("bad handshake: %r" % head); sys.exit(0)
+msg, mask = b"hello, websocket", os.urandom(4)
+s.sendall(bytes([0x81, 0x80 | len(msg)]) + mask + bytes(b ^ mask[i % 4] for i, b in enumerate(msg)))
+while len(rest) < 2 + len(msg):
+    rest += s.recv(4096)
+print("opcode=%d %s" % (rest[0] & 0x0F, rest[2:2 + rest[1]].decode()))
+PY
+)
+expect_eq "counter WebSocket echo at /ws" "opcode=1 hello, websocket" "$ws_reply"
+expect_eq "counter /ws without upgrade" "426" "$(curl -sS --max-time 5 -o /dev/null -w '%{http_code}' "$B/ws")"
 expect_eq "counter /whoami without identity files" "/ " "$(curl -fsS --max-time 5 "$B/whoami")"
 expect_eq "counter file counter on disk" "4" "$(tr -d '\n' <"$WORK/data/counter")"
 expect_eq "counter rootfs counter on disk" "4" "$(tr -d '\n' <"$WORK/rootfs/var/lib/counter/count")"

@@ -38,7 +38,13 @@ pub struct Response {
     pub status: u16,
     pub content_type: &'static str,
     pub body: Vec<u8>,
+    /// A protocol switch: the server answers `101 Switching Protocols` with `body` as extra header
+    /// lines (each ending in CRLF), then hands the connection to this function.
+    pub upgrade: Option<Upgrade>,
 }
+
+/// Takes over a connection after a `101` (reads from the reader, writes to `reader.get_mut()`).
+pub type Upgrade = fn(&mut BufReader<TcpStream>) -> io::Result<()>;
 
 impl Response {
     pub fn text(status: u16, body: impl Into<Vec<u8>>) -> Response {
@@ -46,6 +52,7 @@ impl Response {
             status,
             content_type: "text/plain; charset=utf-8",
             body: body.into(),
+            upgrade: None,
         }
     }
     pub fn bytes(status: u16, content_type: &'static str, body: Vec<u8>) -> Response {
@@ -53,6 +60,7 @@ impl Response {
             status,
             content_type,
             body,
+            upgrade: None,
         }
     }
 }
@@ -60,6 +68,7 @@ impl Response {
 fn reason(status: u16) -> &'static str {
     match status {
         100 => "Continue",
+        101 => "Switching Protocols",
         200 => "OK",
         400 => "Bad Request",
         404 => "Not Found",
@@ -67,6 +76,8 @@ fn reason(status: u16) -> &'static str {
         413 => "Payload Too Large",
         431 => "Request Header Fields Too Large",
         500 => "Internal Server Error",
+        502 => "Bad Gateway",
+        426 => "Upgrade Required",
         501 => "Not Implemented",
         _ => "Unknown",
     }
@@ -210,6 +221,15 @@ fn handle_connection(stream: TcpStream, handler: &Handler) -> io::Result<()> {
         match read_request(&mut reader) {
             Ok((req, keep_alive)) => {
                 let resp = handler(&req);
+                if let Some(upgrade) = resp.upgrade {
+                    let mut head =
+                        format!("HTTP/1.1 101 {}\r\nConnection: Upgrade\r\n", reason(101))
+                            .into_bytes();
+                    head.extend_from_slice(&resp.body);
+                    head.extend_from_slice(b"\r\n");
+                    reader.get_mut().write_all(&head)?;
+                    return upgrade(&mut reader);
+                }
                 let head_only = req.method == "HEAD";
                 write_response(reader.get_mut(), &resp, keep_alive, head_only)?;
                 if !keep_alive {

@@ -5,14 +5,20 @@
 //! - one in a file in the volume directory `$ATE_DATA_DIR` (default `/data`, file `counter`),
 //! - one in a file on the rootfs (`/var/lib/counter/count`, or `$COUNTER_ROOTFS_FILE`).
 //!
-//! Every request except `/healthz`, `/whoami` and `/echo` increments all three and answers
+//! `GET /ws` with a WebSocket upgrade: the RFC 6455 handshake, then every frame is echoed.
+//!
+//! Every request except `/healthz`, `/whoami`, `/echo`, `/ws` and `/connect` increments all three and answers
 //! `preserved memory count: N | preserved file counter: M | preserved rootfs counter: K`.
+//!
+//! `GET /connect?addr=IP:PORT` tries an outbound TCP connect (1 s timeout) and answers `ok` or
+//! the error: the isolation tests use it to show what an actor can (not) reach.
 //!
 //! Listens on `$BIND_ADDR` (default 0.0.0.0) ports `$PORT` (default 80) and `$PORT2` (default 8080,
 //! `off` disables it), both with the same handler.
 
 #[path = "../../common/http.rs"]
 mod http;
+mod ws;
 
 use http::{Request, Response};
 use std::fs;
@@ -89,6 +95,24 @@ fn handle(counters: &Mutex<Counters>, req: &Request) -> Response {
             let uid = read_identity("/etc/ate/uid");
             Response::text(200, format!("{atespace}/{name} {uid}"))
         }
+        "/ws" => match req.header("sec-websocket-key") {
+            Some(key)
+                if req
+                    .header("upgrade")
+                    .is_some_and(|u| u.eq_ignore_ascii_case("websocket")) =>
+            {
+                let mut resp = Response::text(
+                    101,
+                    format!(
+                        "Upgrade: websocket\r\nSec-WebSocket-Accept: {}\r\n",
+                        ws::accept_key(key)
+                    ),
+                );
+                resp.upgrade = Some(ws::echo);
+                resp
+            }
+            _ => Response::text(426, "WebSocket upgrade required\n"),
+        },
         "/echo" => {
             if req.method == "POST" || req.method == "PUT" {
                 let ct = if req
@@ -104,6 +128,7 @@ fn handle(counters: &Mutex<Counters>, req: &Request) -> Response {
                 Response::text(405, "use POST\n")
             }
         }
+        "/connect" => connect(&req.query),
         _ => {
             let mut c = counters.lock().unwrap_or_else(|p| p.into_inner());
             match c.increment() {
@@ -118,6 +143,22 @@ fn handle(counters: &Mutex<Counters>, req: &Request) -> Response {
                 }
             }
         }
+    }
+}
+
+/// `/connect?addr=IP:PORT`: 200 `ok` when a TCP connect succeeds within 1 s, else 502 with the
+/// error (400 for a missing or malformed address).
+fn connect(query: &str) -> Response {
+    let addr = query
+        .split('&')
+        .find_map(|kv| kv.strip_prefix("addr="))
+        .and_then(|a| a.parse::<std::net::SocketAddr>().ok());
+    let Some(addr) = addr else {
+        return Response::text(400, "use /connect?addr=IP:PORT\n");
+    };
+    match std::net::TcpStream::connect_timeout(&addr, std::time::Duration::from_secs(1)) {
+        Ok(_) => Response::text(200, "ok"),
+        Err(e) => Response::text(502, format!("connect {addr}: {e}")),
     }
 }
 
