@@ -15,7 +15,9 @@ type DbRow = sqlx::postgres::PgRow;
 type Tx = sqlx::Transaction<'static, Db>;
 type StoreImpl = PostgresStore;
 
-const MAX_CONNECTIONS: u32 = 10;
+/// Enough for the warm path to run many reads in parallel on a 2-core machine while staying well
+/// under PostgreSQL's default limit of 100 connections with a few api replicas.
+const MAX_CONNECTIONS: u32 = 24;
 const ACQUIRE_TIMEOUT: Duration = Duration::from_secs(30);
 
 static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("migrations/postgres");
