@@ -1,6 +1,7 @@
 //! `ate`: one binary for every component (`ate api`, `ate up`, …) and the client verbs.
 //! Also works when installed as `kubectl-ate`.
 
+mod bench;
 mod client;
 mod render;
 mod serve;
@@ -74,6 +75,9 @@ enum Command {
     /// Delete an actor, atespace, template or tag.
     #[command(subcommand)]
     Delete(verbs::DeleteCmd),
+    /// Measure a running system through its router (tables on stdout, JSON to --out).
+    #[command(subcommand)]
+    Bench(bench::BenchCmd),
 }
 
 fn main() -> ExitCode {
@@ -114,5 +118,6 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Suspend(cmd) => verbs::suspend(&client::connect(api).await?, cmd, out).await,
         Command::Revert(cmd) => verbs::revert(&client::connect(api).await?, cmd, out).await,
         Command::Delete(cmd) => verbs::delete(&client::connect(api).await?, cmd).await,
+        Command::Bench(cmd) => bench::run(client::connect(api).await?, cmd).await,
     }
 }

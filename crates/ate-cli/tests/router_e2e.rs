@@ -100,7 +100,12 @@ fn parking_demo_timeline() {
     // A free worker each: served without waiting for the budget.
     for p in ["p1", "p2"] {
         let (status, body, secs) = timed_get(sys.router_addr, &format!("ate-demo/{p}"));
-        assert_eq!(status, 200, "{p}: {body}\nrouter log:\n{}", sys.log("router"));
+        assert_eq!(
+            status,
+            200,
+            "{p}: {body}\nrouter log:\n{}",
+            sys.log("router")
+        );
         assert!(secs < 5.0, "{p} took {secs:.3} s");
         eprintln!("{p}-free-worker\t{status}\t{secs:.6}\t{body}");
     }
@@ -124,7 +129,10 @@ fn parking_demo_timeline() {
 #[test]
 fn fifty_requests_one_cold_resume() {
     let sys = System::up(UpOptions::default());
-    assert!(!sys.api_http.is_empty(), "ready file has the api http address");
+    assert!(
+        !sys.api_http.is_empty(),
+        "ready file has the api http address"
+    );
     create(&sys, "s1");
     assert_eq!(get(sys.router_addr, "ate-demo/s1", "/").0, 200);
     suspend(&sys, "s1");
@@ -258,7 +266,10 @@ fn parked_request_limit_sheds_the_third() {
     }
     let (status, body, secs) = timed_get(router, "ate-demo/p5");
     assert_eq!(status, 503, "{body}");
-    assert_eq!(body, "actor \"ate-demo/p5\" unavailable: router at capacity");
+    assert_eq!(
+        body,
+        "actor \"ate-demo/p5\" unavailable: router at capacity"
+    );
     assert!(secs < 1.0, "shed after {secs:.3} s, want at once");
     let rejected_after = metric(&metrics, "atenet_router_parking_rejected_total", &[]);
     assert!(
@@ -439,10 +450,7 @@ fn drain_finishes_parked_requests() {
         match status {
             200 => assert!(body.starts_with("preserved memory count: "), "{body}"),
             503 => assert_eq!(body, format!("actor ate-demo/{p} {NO_ROOM}")),
-            _ => panic!(
-                "{p}: {status} {body}\nrouter log:\n{}",
-                sys.log("router")
-            ),
+            _ => panic!("{p}: {status} {body}\nrouter log:\n{}", sys.log("router")),
         }
     }
     assert!(

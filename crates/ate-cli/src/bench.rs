@@ -1,0 +1,1081 @@
+//! `ate bench`: measurements against a running system (`ate up`), through the router like a client.
+//!
+//! - `resume`: n suspended sleeper actors resumed by n simultaneous requests (the spec's burst table).
+//! - `parking`: the spec's parking demo timeline, then its load run (4 actors, each suspended after
+//!   its answer), printing the spec's summary block. Needs a pool with room for 2 actors.
+//! - `throughput`: sustained resumes/s: many small counter actors, every request to a suspended
+//!   one, a background suspender suspends each served actor again.
+//! - `warm`: router warm path (keep-alive) against a direct loopback baseline served by this
+//!   process, in the same invocation.
+//!
+//! Progress goes to stderr, the table to stdout, the results as JSON to `--out` (default
+//! `bench-<kind>.json`). No plot is drawn: JSON only (a plotting crate is not worth its build time
+//! here; the JSON has every sample).
+
+use std::collections::VecDeque;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use anyhow::Context;
+use ate_core::{Document, SuspendMode};
+use ate_proto::v1;
+use bytes::Bytes;
+use clap::{Args, Subcommand};
+use http_body_util::{BodyExt, Empty, Full};
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use serde_json::json;
+use tokio::sync::{Barrier, Mutex};
+use tokio::task::JoinSet;
+
+use crate::client::Clients;
+
+const SUSPENDED: i32 = 1;
+const RUNNING: i32 = 3;
+const NO_ROOM: &str = "unavailable: no worker has room for the actor";
+
+#[derive(Subcommand)]
+pub enum BenchCmd {
+    /// n suspended sleeper actors resumed by n simultaneous requests, for each n.
+    Resume(ResumeArgs),
+    /// The parking demo timeline and its load run (needs 2 workers × 1 slot).
+    Parking(ParkingArgs),
+    /// Sustained resumes/s of small counter actors on this node.
+    Throughput(ThroughputArgs),
+    /// Router warm path (keep-alive) against a direct loopback baseline.
+    Warm(WarmArgs),
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct Common {
+    /// Router URL.
+    #[arg(long, env = "ATE_ROUTER", default_value = "http://127.0.0.1:8080")]
+    router: String,
+    /// Atespace for the bench's templates and actors.
+    #[arg(long)]
+    atespace: Option<String>,
+    /// Directory of the demo OCI image layouts (default: the one `ate up`'s `ate-demo/counter`
+    /// template uses).
+    #[arg(long)]
+    images_dir: Option<PathBuf>,
+    /// JSON results file (default: bench-<kind>.json).
+    #[arg(long)]
+    out: Option<PathBuf>,
+}
+
+#[derive(Args, Debug)]
+pub struct ResumeArgs {
+    #[command(flatten)]
+    common: Common,
+    /// Simultaneous resumes per level, comma separated.
+    #[arg(long, default_value = "1,2,4,8,16", value_delimiter = ',')]
+    concurrency: Vec<usize>,
+    /// Rounds per level.
+    #[arg(long, default_value_t = 5)]
+    rounds: usize,
+    /// Memory each sleeper actor holds (e.g. 50MiB).
+    #[arg(long, default_value = "50MiB")]
+    memory: String,
+}
+
+#[derive(Args, Debug)]
+pub struct ParkingArgs {
+    #[command(flatten)]
+    common: Common,
+    /// Length of the load run in seconds (0 skips it).
+    #[arg(long, default_value_t = 30)]
+    load_seconds: u64,
+    /// When p1 is suspended, in seconds into the second p3 request.
+    #[arg(long, default_value_t = 2.0)]
+    free_after: f64,
+}
+
+#[derive(Args, Debug)]
+pub struct ThroughputArgs {
+    #[command(flatten)]
+    common: Common,
+    /// Length of the measurement in seconds.
+    #[arg(long, default_value_t = 20)]
+    seconds: u64,
+    /// Requests in flight (each to a suspended actor).
+    #[arg(long, default_value_t = 64)]
+    concurrency: usize,
+    /// Number of actors (default: 2 × concurrency).
+    #[arg(long)]
+    actors: Option<usize>,
+    /// Suspend calls in flight.
+    #[arg(long, default_value_t = 16)]
+    suspenders: usize,
+}
+
+#[derive(Args, Debug)]
+pub struct WarmArgs {
+    #[command(flatten)]
+    common: Common,
+    /// Seconds per side (direct, then router).
+    #[arg(long, default_value_t = 10)]
+    seconds: u64,
+    /// Connections (keep-alive), one request in flight each.
+    #[arg(long, default_value_t = 32)]
+    concurrency: usize,
+    /// Path requested on both sides (`/healthz` answers without touching disk).
+    #[arg(long, default_value = "/healthz")]
+    path: String,
+}
+
+pub async fn run(c: Clients, cmd: BenchCmd) -> anyhow::Result<ExitCode> {
+    match cmd {
+        BenchCmd::Resume(a) => resume(c, a).await,
+        BenchCmd::Parking(a) => parking(c, a).await,
+        BenchCmd::Throughput(a) => throughput(c, a).await,
+        BenchCmd::Warm(a) => warm(c, a).await,
+    }
+}
+
+// ------------------------------------------------------------------ HTTP
+
+type HttpClient = Client<HttpConnector, Empty<Bytes>>;
+
+fn http_client(idle_per_host: usize) -> HttpClient {
+    let mut conn = HttpConnector::new();
+    conn.set_nodelay(true);
+    Client::builder(TokioExecutor::new())
+        .pool_max_idle_per_host(idle_per_host)
+        .build(conn)
+}
+
+#[derive(Clone, Debug)]
+struct Reply {
+    status: u16,
+    body: String,
+    /// The router's `ate-resume` header (cold / warm / parked).
+    resume: String,
+    secs: f64,
+    start: SystemTime,
+}
+
+/// One GET; transport errors and a 60 s timeout give status 0 with the error as body.
+async fn call(c: &HttpClient, base: &str, actor: Option<&str>, path: &str) -> Reply {
+    let start = SystemTime::now();
+    let started = Instant::now();
+    let mut req = hyper::Request::get(format!("{}{path}", base.trim_end_matches('/')));
+    if let Some(a) = actor {
+        req = req.header("ate-target-actor", a);
+    }
+    let result = async {
+        let req = req.body(Empty::new())?;
+        let resp = c.request(req).await?;
+        let status = resp.status().as_u16();
+        let resume = resp
+            .headers()
+            .get("ate-resume")
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or_default()
+            .to_string();
+        let body = resp.into_body().collect().await?.to_bytes();
+        anyhow::Ok((status, resume, String::from_utf8_lossy(&body).into_owned()))
+    };
+    let (status, resume, body) = match tokio::time::timeout(Duration::from_secs(60), result).await {
+        Ok(Ok(r)) => r,
+        Ok(Err(e)) => (0, String::new(), format!("{e:#}")),
+        Err(_) => (0, String::new(), "timed out after 60 s".into()),
+    };
+    Reply {
+        status,
+        body,
+        resume,
+        secs: started.elapsed().as_secs_f64(),
+        start,
+    }
+}
+
+// ------------------------------------------------------------------ api helpers
+
+fn rpc<T>(r: Result<tonic::Response<T>, tonic::Status>) -> anyhow::Result<T> {
+    r.map(tonic::Response::into_inner)
+        .map_err(|s| anyhow::anyhow!("{} ({:?})", s.message(), s.code()))
+}
+
+fn obj(atespace: &str, name: &str) -> Option<v1::ObjectRef> {
+    Some(v1::ObjectRef {
+        atespace: atespace.to_string(),
+        name: name.to_string(),
+    })
+}
+
+/// The images directory: `--images-dir`, else derived from the `ate-demo/counter` template's image
+/// (`oci-layout:DIR/counter:latest`).
+async fn images_dir(c: &Clients, common: &Common) -> anyhow::Result<String> {
+    if let Some(d) = &common.images_dir {
+        return Ok(d.display().to_string());
+    }
+    let t = rpc(c
+        .templates
+        .clone()
+        .get_template(v1::GetTemplateRequest {
+            namespace: "ate-demo".into(),
+            name: "counter".into(),
+        })
+        .await)
+    .context("cannot read the ate-demo/counter template to find the images (pass --images-dir)")?;
+    let image = t
+        .spec
+        .and_then(|s| s.containers.into_iter().next())
+        .map(|c| c.image)
+        .unwrap_or_default();
+    image
+        .strip_prefix("oci-layout:")
+        .and_then(|i| i.strip_suffix("/counter:latest"))
+        .map(str::to_string)
+        .ok_or_else(|| anyhow::anyhow!("unexpected demo image {image:?}; pass --images-dir"))
+}
+
+/// Creates the atespace and applies the templates of a YAML text (the `ate apply` documents).
+async fn apply_yaml(c: &Clients, text: &str) -> anyhow::Result<()> {
+    for doc in crate::verbs::parse_documents(text)? {
+        match doc {
+            Document::Atespace(a) => match c
+                .atespaces
+                .clone()
+                .create_atespace(v1::CreateAtespaceRequest {
+                    name: a.metadata.name.clone(),
+                })
+                .await
+            {
+                Ok(_) => {}
+                Err(s) if s.code() == tonic::Code::AlreadyExists => {}
+                Err(s) => anyhow::bail!("atespace {}: {}", a.metadata.name, s.message()),
+            },
+            Document::ActorTemplate(t) => {
+                let spec = ate_core::template::TemplateSpec::from_document(&t.spec)?;
+                rpc(c
+                    .templates
+                    .clone()
+                    .apply_template(v1::ApplyTemplateRequest {
+                        template: Some(v1::ActorTemplate {
+                            namespace: t.metadata.namespace.clone(),
+                            name: t.metadata.name.clone(),
+                            spec: Some(ate_proto::spec_to_wire(&spec)),
+                            ..Default::default()
+                        }),
+                    })
+                    .await)
+                .with_context(|| format!("template {}", t.metadata.name))?;
+            }
+        }
+    }
+    Ok(())
+}
+
+fn counter_template(ns: &str, name: &str, images: &str, cpu: &str) -> String {
+    format!(
+        r#"apiVersion: ate.dev/v1alpha1
+kind: Atespace
+metadata: {{name: {ns}}}
+---
+apiVersion: ate.dev/v1alpha1
+kind: ActorTemplate
+metadata: {{namespace: {ns}, name: {name}}}
+spec:
+  containers:
+    - name: counter
+      image: "oci-layout:{images}/counter:latest"
+      command: ["/counter"]
+      wakeupProbe: {{httpGet: {{path: /healthz, port: 80}}, timeoutSeconds: 10}}
+  resources: {{cpu: {cpu}, memory: 64Mi}}
+  volumes: [{{name: data, mountPath: /data}}]
+  snapshots: {{fidelity: memory}}
+  idleTimeout: 5m
+"#
+    )
+}
+
+fn sleeper_template(ns: &str, name: &str, images: &str, mib: u64) -> String {
+    format!(
+        r#"apiVersion: ate.dev/v1alpha1
+kind: Atespace
+metadata: {{name: {ns}}}
+---
+apiVersion: ate.dev/v1alpha1
+kind: ActorTemplate
+metadata: {{namespace: {ns}, name: {name}}}
+spec:
+  containers:
+    - name: sleeper
+      image: "oci-layout:{images}/sleeper:latest"
+      command: ["/sleeper"]
+      env: [{{name: SLEEPER_MEMORY_MIB, value: "{mib}"}}]
+      wakeupProbe: {{httpGet: {{path: /healthz, port: 80}}, timeoutSeconds: 10}}
+  resources: {{cpu: 250m, memory: {limit}Mi}}
+  snapshots: {{fidelity: memory}}
+  idleTimeout: 5m
+"#,
+        limit = mib + 64
+    )
+}
+
+async fn ensure_actor(c: &Clients, ns: &str, name: &str, template: &str) -> anyhow::Result<()> {
+    match c
+        .actors
+        .clone()
+        .create_actor(v1::CreateActorRequest {
+            atespace: ns.into(),
+            name: name.into(),
+            template: format!("{ns}/{template}"),
+            ..Default::default()
+        })
+        .await
+    {
+        Ok(_) => Ok(()),
+        Err(s) if s.code() == tonic::Code::AlreadyExists => Ok(()),
+        Err(s) => anyhow::bail!("create actor {ns}/{name}: {}", s.message()),
+    }
+}
+
+async fn actor_state(c: &Clients, ns: &str, name: &str) -> anyhow::Result<i32> {
+    Ok(rpc(c
+        .actors
+        .clone()
+        .get_actor(v1::GetActorRequest {
+            actor: obj(ns, name),
+        })
+        .await)?
+    .state)
+}
+
+async fn suspend(c: &Clients, ns: &str, name: &str) -> anyhow::Result<()> {
+    rpc(c
+        .actors
+        .clone()
+        .suspend_actor(v1::SuspendActorRequest {
+            actor: obj(ns, name),
+            mode: SuspendMode::Async.wire(),
+        })
+        .await)
+    .with_context(|| format!("suspend {ns}/{name}"))?;
+    Ok(())
+}
+
+/// Suspends the actor if it runs; waits (up to 30 s) until it reads SUSPENDED.
+async fn ensure_suspended(c: &Clients, ns: &str, name: &str) -> anyhow::Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        match actor_state(c, ns, name).await? {
+            SUSPENDED => return Ok(()),
+            RUNNING => suspend(c, ns, name).await?,
+            _ => tokio::time::sleep(Duration::from_millis(100)).await,
+        }
+        if Instant::now() > deadline {
+            anyhow::bail!("{ns}/{name} did not reach SUSPENDED in 30 s");
+        }
+    }
+}
+
+/// First request (a fresh start) and a suspend, so that later requests restore a snapshot.
+async fn prime(
+    c: &Clients,
+    http: &HttpClient,
+    router: &str,
+    ns: &str,
+    name: &str,
+) -> anyhow::Result<()> {
+    if actor_state(c, ns, name).await? == SUSPENDED {
+        let actor = format!("{ns}/{name}");
+        let r = call(http, router, Some(&actor), "/").await;
+        if r.status != 200 {
+            anyhow::bail!("priming {actor}: {} {}", r.status, r.body);
+        }
+    }
+    ensure_suspended(c, ns, name).await
+}
+
+// ------------------------------------------------------------------ numbers and output
+
+fn sorted(mut v: Vec<f64>) -> Vec<f64> {
+    v.sort_by(f64::total_cmp);
+    v
+}
+
+/// Nearest-rank percentile of sorted values (`p` in 0..=1); 0 for none.
+fn pct(sorted: &[f64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return 0.0;
+    }
+    let rank = ((p * sorted.len() as f64).ceil() as usize).clamp(1, sorted.len());
+    sorted[rank - 1]
+}
+
+fn median(sorted: &[f64]) -> f64 {
+    match sorted.len() {
+        0 => 0.0,
+        n if n % 2 == 1 => sorted[n / 2],
+        n => (sorted[n / 2 - 1] + sorted[n / 2]) / 2.0,
+    }
+}
+
+/// UTC time as `2026-11-12T11:32:40.522Z`.
+fn rfc3339(t: SystemTime) -> String {
+    let d = t.duration_since(UNIX_EPOCH).unwrap_or_default();
+    let secs = d.as_secs() as i64;
+    let (days, rem) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
+    // Civil date from days since 1970-01-01 (H. Hinnant's algorithm).
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!(
+        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.{:03}Z",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60,
+        d.subsec_millis()
+    )
+}
+
+fn write_json(common: &Common, kind: &str, value: &serde_json::Value) -> anyhow::Result<()> {
+    let path = common
+        .out
+        .clone()
+        .unwrap_or_else(|| PathBuf::from(format!("bench-{kind}.json")));
+    write_file(&path, &serde_json::to_string_pretty(value)?)?;
+    eprintln!("==> wrote {}", path.display());
+    Ok(())
+}
+
+fn write_file(path: &Path, text: &str) -> anyhow::Result<()> {
+    std::fs::write(path, format!("{text}\n"))
+        .with_context(|| format!("cannot write {}", path.display()))
+}
+
+fn parse_mib(s: &str) -> anyhow::Result<u64> {
+    let t = s.trim();
+    let digits = t.trim_end_matches(|c: char| c.is_ascii_alphabetic());
+    let unit = &t[digits.len()..];
+    let n: u64 = digits
+        .trim()
+        .parse()
+        .with_context(|| format!("memory {s:?}"))?;
+    match unit {
+        "" | "Mi" | "MiB" | "M" | "MB" => Ok(n),
+        "Gi" | "GiB" | "G" | "GB" => Ok(n * 1024),
+        _ => anyhow::bail!("memory {s:?}: use MiB or GiB"),
+    }
+}
+
+fn reply_json(r: &Reply) -> serde_json::Value {
+    json!({"status": r.status, "seconds": r.secs, "resume": r.resume,
+           "start": rfc3339(r.start), "body": r.body})
+}
+
+// ------------------------------------------------------------------ resume (burst)
+
+async fn resume(c: Clients, a: ResumeArgs) -> anyhow::Result<ExitCode> {
+    let ns = a
+        .common
+        .atespace
+        .clone()
+        .unwrap_or_else(|| "ate-bench".into());
+    let mib = parse_mib(&a.memory)?;
+    let max = a.concurrency.iter().copied().max().unwrap_or(0);
+    anyhow::ensure!(max > 0 && a.rounds > 0, "nothing to do");
+    let images = images_dir(&c, &a.common).await?;
+    let template = format!("sleeper-{mib}mi");
+    apply_yaml(&c, &sleeper_template(&ns, &template, &images, mib)).await?;
+    let http = http_client(max);
+    let router = a.common.router.clone();
+    let names: Vec<String> = (0..max).map(|i| format!("burst-{mib}mi-{i}")).collect();
+    eprintln!("==> preparing {max} suspended sleeper actors ({mib} MiB) in {ns}");
+    for n in &names {
+        ensure_actor(&c, &ns, n, &template).await?;
+        prime(&c, &http, &router, &ns, n).await?;
+    }
+    let mut levels = Vec::new();
+    let mut rows = Vec::new();
+    for &n in &a.concurrency {
+        let mut replies: Vec<(usize, Reply)> = Vec::new();
+        for round in 1..=a.rounds {
+            for name in &names[..n] {
+                ensure_suspended(&c, &ns, name).await?;
+            }
+            let barrier = Arc::new(Barrier::new(n));
+            let mut set = JoinSet::new();
+            for name in &names[..n] {
+                let (http, router, barrier) = (http.clone(), router.clone(), barrier.clone());
+                let actor = format!("{ns}/{name}");
+                set.spawn(async move {
+                    barrier.wait().await;
+                    call(&http, &router, Some(&actor), "/").await
+                });
+            }
+            let round_replies: Vec<Reply> = set.join_all().await;
+            let ok = round_replies.iter().filter(|r| r.status == 200).count();
+            let secs = sorted(round_replies.iter().map(|r| r.secs).collect());
+            eprintln!(
+                "n={n:<3} round {round}/{}: {ok}/{n} returned 200, median {:.3} s, slowest {:.3} s",
+                a.rounds,
+                median(&secs),
+                pct(&secs, 1.0)
+            );
+            for r in &round_replies {
+                if r.status != 200 {
+                    eprintln!("    {} {}", r.status, r.body);
+                }
+            }
+            replies.extend(round_replies.into_iter().map(|r| (round, r)));
+            let mut set = JoinSet::new();
+            for name in &names[..n] {
+                let (c, ns, name) = (c.clone(), ns.clone(), name.clone());
+                set.spawn(async move { ensure_suspended(&c, &ns, &name).await });
+            }
+            for r in set.join_all().await {
+                r?;
+            }
+        }
+        let ok = replies.iter().filter(|(_, r)| r.status == 200).count();
+        let secs = sorted(replies.iter().map(|(_, r)| r.secs).collect());
+        rows.push((n, replies.len(), ok, median(&secs), pct(&secs, 1.0)));
+        levels.push(json!({
+            "n": n, "requests": replies.len(), "returned_200": ok,
+            "median_seconds": median(&secs), "p90_seconds": pct(&secs, 0.9),
+            "slowest_seconds": pct(&secs, 1.0),
+            "samples": replies.iter().map(|(round, r)| {
+                let mut v = reply_json(r);
+                v["round"] = json!(round);
+                v
+            }).collect::<Vec<_>>(),
+        }));
+    }
+    println!("Resumes at the same instant | Requests | Returned 200 | Median  | Slowest");
+    for (n, req, ok, med, slow) in &rows {
+        println!("{n:>27} | {req:>8} | {ok:>12} | {med:>5.2} s | {slow:>5.2} s");
+    }
+    write_json(
+        &a.common,
+        "resume",
+        &json!({"kind": "resume", "memory_mib": mib, "rounds": a.rounds, "router": router, "levels": levels}),
+    )?;
+    let all_ok = rows.iter().all(|(_, req, ok, _, _)| req == ok);
+    Ok(if all_ok {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    })
+}
+
+// ------------------------------------------------------------------ parking
+
+fn timeline_line(event: &str, r: &Reply) -> String {
+    format!(
+        "{}\t{event}\t{}\t{:.6}\t{}",
+        rfc3339(r.start),
+        r.status,
+        r.secs,
+        r.body.trim_end()
+    )
+}
+
+/// The summary block of the spec's load script.
+pub fn summary_block(statuses: &[(u16, f64)]) -> String {
+    let ok: Vec<f64> = statuses
+        .iter()
+        .filter(|(s, _)| *s == 200)
+        .map(|(_, t)| *t)
+        .collect();
+    let unavailable = statuses.iter().filter(|(s, _)| *s == 503).count();
+    let avg = if ok.is_empty() {
+        0.0
+    } else {
+        ok.iter().sum::<f64>() / ok.len() as f64
+    };
+    let slowest = ok.iter().copied().fold(0.0, f64::max);
+    format!(
+        "==> results\n    total requests : {}\n    200 OK         : {}\n    503 unavailable: {unavailable}\n    other          : {}\n    200 latency    : avg {avg:.3}s, slowest {slowest:.6}s",
+        statuses.len(),
+        ok.len(),
+        statuses.len() - ok.len() - unavailable
+    )
+}
+
+async fn parking(c: Clients, a: ParkingArgs) -> anyhow::Result<ExitCode> {
+    let ns = a
+        .common
+        .atespace
+        .clone()
+        .unwrap_or_else(|| "ate-demo-parking".into());
+    let images = images_dir(&c, &a.common).await?;
+    apply_yaml(&c, &counter_template(&ns, "counter", &images, "250m")).await?;
+    let http = http_client(8);
+    let router = a.common.router.clone();
+    let actors = ["p1", "p2", "p3", "p4"];
+    eprintln!("==> {ns}: actors p1..p4, all suspended (the pool must have room for exactly 2)");
+    for p in actors {
+        ensure_actor(&c, &ns, p, "counter").await?;
+        ensure_suspended(&c, &ns, p).await?;
+    }
+    let mut timeline = Vec::new();
+    println!("time\tevent\tcode\tseconds\tbody");
+    let mut emit = |line: String, event: &str, r: Option<&Reply>| {
+        println!("{line}");
+        timeline.push(json!({"event": event, "line": line, "reply": r.map(reply_json)}));
+    };
+    let act = |p: &str| format!("{ns}/{p}");
+    for p in ["p1", "p2"] {
+        let r = call(&http, &router, Some(&act(p)), "/").await;
+        emit(timeline_line(&format!("{p}-free-worker"), &r), p, Some(&r));
+    }
+    let r = call(&http, &router, Some(&act("p3")), "/").await;
+    emit(
+        timeline_line("p3-no-free-worker", &r),
+        "p3-no-free-worker",
+        Some(&r),
+    );
+    let full_pool_ok = r.status == 503 && r.body == format!("actor {ns}/p3 {NO_ROOM}");
+
+    let start = SystemTime::now();
+    let started = Instant::now();
+    emit(
+        format!(
+            "{}\tp3-request-start\tparked while pool is full",
+            rfc3339(start)
+        ),
+        "p3-request-start",
+        None,
+    );
+    let parked = {
+        let (http, router, actor) = (http.clone(), router.clone(), act("p3"));
+        tokio::spawn(async move { call(&http, &router, Some(&actor), "/").await })
+    };
+    tokio::time::sleep(Duration::from_secs_f64(a.free_after)).await;
+    suspend(&c, &ns, "p1").await?;
+    let freed = started.elapsed().as_secs_f64();
+    emit(
+        format!(
+            "{}\tsuspend-p1-done\tfreed a worker {} s after p3 request started ({freed:.3} s)",
+            rfc3339(SystemTime::now()),
+            a.free_after
+        ),
+        "suspend-p1-done",
+        None,
+    );
+    let r = parked.await?;
+    emit(
+        timeline_line("p3-served-after-park", &r),
+        "p3-served-after-park",
+        Some(&r),
+    );
+    let served_ok = r.status == 200;
+
+    let mut load = serde_json::Value::Null;
+    if a.load_seconds > 0 {
+        eprintln!(
+            "==> load run: {} s, 4 actors, each suspended after its answer",
+            a.load_seconds
+        );
+        let deadline = Instant::now() + Duration::from_secs(a.load_seconds);
+        let mut set = JoinSet::new();
+        for p in actors {
+            let (c, http, router, ns) = (c.clone(), http.clone(), router.clone(), ns.clone());
+            set.spawn(async move {
+                let actor = format!("{ns}/{p}");
+                let mut out = Vec::new();
+                while Instant::now() < deadline {
+                    let r = call(&http, &router, Some(&actor), "/").await;
+                    eprintln!(
+                        "{}\t{p}\t{}\t{:.6}\t{}",
+                        rfc3339(r.start),
+                        r.status,
+                        r.secs,
+                        r.body
+                    );
+                    let served = r.status == 200;
+                    out.push(r);
+                    if served && let Err(e) = suspend(&c, &ns, p).await {
+                        eprintln!("suspend {p}: {e:#}");
+                    }
+                }
+                out
+            });
+        }
+        let replies: Vec<Reply> = set.join_all().await.into_iter().flatten().collect();
+        let statuses: Vec<(u16, f64)> = replies.iter().map(|r| (r.status, r.secs)).collect();
+        let summary = summary_block(&statuses);
+        println!("{summary}");
+        load = json!({"seconds": a.load_seconds, "summary": summary,
+                      "requests": replies.iter().map(reply_json).collect::<Vec<_>>()});
+    }
+    write_json(
+        &a.common,
+        "parking",
+        &json!({"kind": "parking", "atespace": ns, "timeline": timeline, "load": load}),
+    )?;
+    Ok(if full_pool_ok && served_ok {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    })
+}
+
+// ------------------------------------------------------------------ throughput
+
+async fn throughput(c: Clients, a: ThroughputArgs) -> anyhow::Result<ExitCode> {
+    let ns = a
+        .common
+        .atespace
+        .clone()
+        .unwrap_or_else(|| "ate-bench-tp".into());
+    let n_actors = a.actors.unwrap_or(a.concurrency * 2).max(a.concurrency);
+    let images = images_dir(&c, &a.common).await?;
+    apply_yaml(&c, &counter_template(&ns, "counter", &images, "100m")).await?;
+    let http = http_client(a.concurrency);
+    let router = a.common.router.clone();
+    let names: Vec<String> = (0..n_actors).map(|i| format!("tp-{i}")).collect();
+    eprintln!("==> preparing {n_actors} suspended counter actors in {ns}");
+    let primed = Arc::new(AtomicU64::new(0));
+    let queue = Arc::new(Mutex::new(names.iter().cloned().collect::<VecDeque<_>>()));
+    let mut set = JoinSet::new();
+    for _ in 0..a.concurrency.clamp(1, 8) {
+        let (c, http, router, ns, queue, primed) = (
+            c.clone(),
+            http.clone(),
+            router.clone(),
+            ns.clone(),
+            queue.clone(),
+            primed.clone(),
+        );
+        set.spawn(async move {
+            loop {
+                let Some(name) = queue.lock().await.pop_front() else {
+                    return anyhow::Ok(());
+                };
+                ensure_actor(&c, &ns, &name, "counter").await?;
+                prime(&c, &http, &router, &ns, &name).await?;
+                let done = primed.fetch_add(1, Ordering::Relaxed) + 1;
+                if done % 16 == 0 {
+                    eprintln!("    {done}/{n_actors} ready");
+                }
+            }
+        });
+    }
+    for r in set.join_all().await {
+        r?;
+    }
+
+    // Ready (suspended) actors → requesters → suspend queue → suspenders → ready again.
+    let (ready_tx, ready_rx) = tokio::sync::mpsc::unbounded_channel::<String>();
+    let (done_tx, done_rx) = tokio::sync::mpsc::unbounded_channel::<String>();
+    for n in &names {
+        ready_tx.send(n.clone())?;
+    }
+    let ready_rx = Arc::new(Mutex::new(ready_rx));
+    let done_rx = Arc::new(Mutex::new(done_rx));
+    eprintln!(
+        "==> {} s: {} requests in flight, each to a suspended actor; {} suspends in flight",
+        a.seconds, a.concurrency, a.suspenders
+    );
+    let started = Instant::now();
+    let deadline = started + Duration::from_secs(a.seconds);
+    let mut suspenders = JoinSet::new();
+    for _ in 0..a.suspenders.max(1) {
+        let (c, ns, done_rx, ready_tx) = (c.clone(), ns.clone(), done_rx.clone(), ready_tx.clone());
+        suspenders.spawn(async move {
+            let mut n = 0u64;
+            loop {
+                let next = done_rx.lock().await.recv().await;
+                let Some(name) = next else { return n };
+                match suspend(&c, &ns, &name).await {
+                    Ok(()) => n += 1,
+                    Err(e) => {
+                        eprintln!("{e:#}");
+                        // Leave it a moment (it may be RESUMING) and try again later.
+                        tokio::time::sleep(Duration::from_millis(200)).await;
+                        let _ = ready_tx.send(name);
+                        continue;
+                    }
+                }
+                let _ = ready_tx.send(name);
+            }
+        });
+    }
+    let mut requesters = JoinSet::new();
+    for _ in 0..a.concurrency {
+        let (http, router, ns, ready_rx, done_tx) = (
+            http.clone(),
+            router.clone(),
+            ns.clone(),
+            ready_rx.clone(),
+            done_tx.clone(),
+        );
+        requesters.spawn(async move {
+            let mut out = Vec::new();
+            while Instant::now() < deadline {
+                let left = deadline.saturating_duration_since(Instant::now());
+                let next =
+                    tokio::time::timeout(left, async { ready_rx.lock().await.recv().await }).await;
+                let Ok(Some(name)) = next else { break };
+                let r = call(&http, &router, Some(&format!("{ns}/{name}")), "/").await;
+                let at = started.elapsed().as_secs_f64();
+                let _ = done_tx.send(name);
+                out.push((at, r));
+            }
+            out
+        });
+    }
+    let mut ticker = tokio::time::interval(Duration::from_secs(5));
+    ticker.tick().await;
+    let replies: Vec<(f64, Reply)> = loop {
+        tokio::select! {
+            _ = ticker.tick() => eprintln!("    {:.0} s", started.elapsed().as_secs_f64()),
+            _ = tokio::time::sleep_until(deadline.into()) => break requesters.join_all().await.into_iter().flatten().collect(),
+        }
+    };
+    let elapsed = started.elapsed().as_secs_f64();
+    drop(done_tx);
+    drop(ready_tx);
+    suspenders.abort_all();
+    let cold: Vec<&(f64, Reply)> = replies
+        .iter()
+        .filter(|(_, r)| r.status == 200 && r.resume == "cold")
+        .collect();
+    let ok = replies.iter().filter(|(_, r)| r.status == 200).count();
+    let secs = sorted(cold.iter().map(|(_, r)| r.secs).collect());
+    let mut per_second = vec![0u64; elapsed.ceil() as usize + 1];
+    for (at, _) in &cold {
+        per_second[*at as usize] += 1;
+    }
+    let rate = cold.len() as f64 / elapsed;
+    println!(
+        "Seconds | Concurrency | Actors | Requests | Returned 200 | Cold resumes | Resumes/s | p50     | p99"
+    );
+    println!(
+        "{:>7.1} | {:>11} | {:>6} | {:>8} | {:>12} | {:>12} | {:>9.1} | {:>5.3} s | {:>5.3} s",
+        elapsed,
+        a.concurrency,
+        n_actors,
+        replies.len(),
+        ok,
+        cold.len(),
+        rate,
+        median(&secs),
+        pct(&secs, 0.99)
+    );
+    let errors: Vec<String> = replies
+        .iter()
+        .filter(|(_, r)| r.status != 200)
+        .take(10)
+        .map(|(_, r)| format!("{} {}", r.status, r.body))
+        .collect();
+    for e in &errors {
+        eprintln!("    {e}");
+    }
+    write_json(
+        &a.common,
+        "throughput",
+        &json!({"kind": "throughput", "seconds": elapsed, "concurrency": a.concurrency,
+                "actors": n_actors, "requests": replies.len(), "returned_200": ok,
+                "cold_resumes": cold.len(), "resumes_per_second": rate,
+                "p50_seconds": median(&secs), "p99_seconds": pct(&secs, 0.99),
+                "cold_per_second": per_second, "first_errors": errors}),
+    )?;
+    Ok(ExitCode::SUCCESS)
+}
+
+// ------------------------------------------------------------------ warm
+
+/// A counter-like HTTP/1.1 server in this process (the direct baseline): `/healthz` → `ok`,
+/// anything else counts in memory.
+async fn baseline_server() -> anyhow::Result<SocketAddr> {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let addr = listener.local_addr()?;
+    let count = Arc::new(AtomicU64::new(0));
+    tokio::spawn(async move {
+        loop {
+            let Ok((tcp, _)) = listener.accept().await else {
+                continue;
+            };
+            let _ = tcp.set_nodelay(true);
+            let count = count.clone();
+            tokio::spawn(async move {
+                let service = hyper::service::service_fn(
+                    move |req: hyper::Request<hyper::body::Incoming>| {
+                        let body = if req.uri().path() == "/healthz" {
+                            "ok".to_string()
+                        } else {
+                            let n = count.fetch_add(1, Ordering::Relaxed) + 1;
+                            format!(
+                                "preserved memory count: {n} | preserved file counter: {n} | preserved rootfs counter: {n}"
+                            )
+                        };
+                        async move {
+                            hyper::Response::builder()
+                                .header("content-type", "text/plain; charset=utf-8")
+                                .body(Full::new(Bytes::from(body)))
+                        }
+                    },
+                );
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(TokioIo::new(tcp), service)
+                    .await;
+            });
+        }
+    });
+    Ok(addr)
+}
+
+struct Load {
+    requests: usize,
+    errors: usize,
+    rps: f64,
+    p50_ms: f64,
+    p99_ms: f64,
+}
+
+async fn load(
+    http: &HttpClient,
+    base: &str,
+    actor: Option<&str>,
+    path: &str,
+    conc: usize,
+    secs: u64,
+) -> Load {
+    // One second of warm-up opens the connections and warms the caches.
+    for (i, d) in [(0, 1u64), (1, secs)] {
+        let deadline = Instant::now() + Duration::from_secs(d);
+        let started = Instant::now();
+        let mut set = JoinSet::new();
+        for _ in 0..conc {
+            let (http, base, actor, path) = (
+                http.clone(),
+                base.to_string(),
+                actor.map(str::to_string),
+                path.to_string(),
+            );
+            set.spawn(async move {
+                let (mut lat, mut errors) = (Vec::new(), 0usize);
+                while Instant::now() < deadline {
+                    let r = call(&http, &base, actor.as_deref(), &path).await;
+                    if r.status == 200 {
+                        lat.push(r.secs * 1000.0);
+                    } else {
+                        errors += 1;
+                    }
+                }
+                (lat, errors)
+            });
+        }
+        let results = set.join_all().await;
+        if i == 0 {
+            continue;
+        }
+        let elapsed = started.elapsed().as_secs_f64();
+        let errors = results.iter().map(|(_, e)| e).sum();
+        let lat = sorted(results.into_iter().flat_map(|(l, _)| l).collect());
+        return Load {
+            requests: lat.len(),
+            errors,
+            rps: lat.len() as f64 / elapsed,
+            p50_ms: pct(&lat, 0.5),
+            p99_ms: pct(&lat, 0.99),
+        };
+    }
+    unreachable!("the loop returns in its second pass")
+}
+
+async fn warm(c: Clients, a: WarmArgs) -> anyhow::Result<ExitCode> {
+    let ns = a
+        .common
+        .atespace
+        .clone()
+        .unwrap_or_else(|| "ate-bench".into());
+    let images = images_dir(&c, &a.common).await?;
+    // A whole CPU for the actor, so that its CPU quota does not cap the warm path.
+    apply_yaml(&c, &counter_template(&ns, "counter-1cpu", &images, "1")).await?;
+    ensure_actor(&c, &ns, "warm-1", "counter-1cpu").await?;
+    let http = http_client(a.concurrency);
+    let actor = format!("{ns}/warm-1");
+    let r = call(&http, &a.common.router, Some(&actor), "/").await;
+    anyhow::ensure!(r.status == 200, "warming {actor}: {} {}", r.status, r.body);
+    let direct_addr = baseline_server().await?;
+    let direct_url = format!("http://{direct_addr}");
+    eprintln!(
+        "==> direct: {} s, {} keep-alive connections → {direct_url}{}",
+        a.seconds, a.concurrency, a.path
+    );
+    let direct = load(&http, &direct_url, None, &a.path, a.concurrency, a.seconds).await;
+    eprintln!(
+        "==> router: {} s, {} keep-alive connections → {} ({actor}){}",
+        a.seconds, a.concurrency, a.common.router, a.path
+    );
+    let routed = load(
+        &http,
+        &a.common.router,
+        Some(&actor),
+        &a.path,
+        a.concurrency,
+        a.seconds,
+    )
+    .await;
+    println!("Path                                | Requests | Errors | Req/s    | p50      | p99");
+    for (name, l) in [
+        ("direct (in-process baseline)", &direct),
+        ("router → atunnel → actor", &routed),
+    ] {
+        println!(
+            "{name:<35} | {:>8} | {:>6} | {:>8.0} | {:>5.2} ms | {:>5.2} ms",
+            l.requests, l.errors, l.rps, l.p50_ms, l.p99_ms
+        );
+    }
+    let ratio = routed.rps / direct.rps.max(f64::MIN_POSITIVE);
+    println!(
+        "router/direct req/s ratio: {ratio:.3}; added latency p50 {:+.2} ms, p99 {:+.2} ms",
+        routed.p50_ms - direct.p50_ms,
+        routed.p99_ms - direct.p99_ms
+    );
+    let side = |l: &Load| json!({"requests": l.requests, "errors": l.errors, "rps": l.rps, "p50_ms": l.p50_ms, "p99_ms": l.p99_ms});
+    write_json(
+        &a.common,
+        "warm",
+        &json!({"kind": "warm", "seconds": a.seconds, "concurrency": a.concurrency, "path": a.path,
+                "direct": side(&direct), "router": side(&routed), "ratio": ratio,
+                "added_p50_ms": routed.p50_ms - direct.p50_ms, "added_p99_ms": routed.p99_ms - direct.p99_ms}),
+    )?;
+    Ok(ExitCode::SUCCESS)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn summary_block_matches_the_spec_format() {
+        let mut s = vec![(200, 1.0), (200, 0.5), (503, 5.05)];
+        s.push((502, 0.1));
+        assert_eq!(
+            summary_block(&s),
+            "==> results\n    total requests : 4\n    200 OK         : 2\n    503 unavailable: 1\n    other          : 1\n    200 latency    : avg 0.750s, slowest 1.000000s"
+        );
+    }
+
+    #[test]
+    fn numbers() {
+        let v = sorted(vec![3.0, 1.0, 2.0, 4.0]);
+        assert_eq!(median(&v), 2.5);
+        assert_eq!(pct(&v, 1.0), 4.0);
+        assert_eq!(pct(&v, 0.5), 2.0);
+        assert_eq!(parse_mib("50MiB").unwrap(), 50);
+        assert_eq!(parse_mib("1Gi").unwrap(), 1024);
+        assert_eq!(
+            rfc3339(UNIX_EPOCH + Duration::from_millis(1_794_483_160_522)),
+            "2026-11-12T11:32:40.522Z"
+        );
+    }
+}
