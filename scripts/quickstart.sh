@@ -5,21 +5,29 @@
 #
 #   scripts/quickstart.sh [extra `ate up` flags]
 #
-# Environment: ATE_STATE_DIR (default /var/lib/ate), ATE_SKIP_SETUP=1 to skip the package step.
+# Environment (the defaults are what a user wants; the README test overrides them):
+#   ATE_STATE_DIR      state directory (default /var/lib/ate)
+#   ATE_SKIP_SETUP=1   skip installing packages (scripts/setup.sh)
+#   ATE_BUILD_PROFILE  cargo profile to build (default release)
+#   ATE_INSTALL_DIR    where `ate` is installed (default /usr/local/bin)
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$ROOT"
 STATE_DIR=${ATE_STATE_DIR:-/var/lib/ate}
+PROFILE=${ATE_BUILD_PROFILE:-release}
+INSTALL_DIR=${ATE_INSTALL_DIR:-/usr/local/bin}
 
 if [[ ${ATE_SKIP_SETUP:-0} != 1 ]]; then
   bash scripts/setup.sh
 fi
-echo "==> cargo build --release -p ate-cli" >&2
-cargo build --release -p ate-cli
-install -m 0755 target/release/ate /usr/local/bin/ate
-ln -sf /usr/local/bin/ate /usr/local/bin/kubectl-ate
+echo "==> cargo build --profile $PROFILE -p ate-cli" >&2
+cargo build --profile "$PROFILE" -p ate-cli
+case $PROFILE in dev) out=debug ;; *) out=$PROFILE ;; esac
+mkdir -p "$INSTALL_DIR"
+install -m 0755 "target/$out/ate" "$INSTALL_DIR/ate"
+ln -sf "$INSTALL_DIR/ate" "$INSTALL_DIR/kubectl-ate"
 echo "==> demo images into $STATE_DIR/images" >&2
 mkdir -p "$STATE_DIR"
 workloads/build-images.sh "$STATE_DIR/images" >&2
 echo "==> ate up (Ctrl-C to stop)" >&2
-exec /usr/local/bin/ate up --state-dir "$STATE_DIR" "$@"
+exec "$INSTALL_DIR/ate" up --state-dir "$STATE_DIR" "$@"
