@@ -3,6 +3,7 @@
 
 mod bench;
 mod client;
+mod proxy;
 mod render;
 mod serve;
 mod up;
@@ -72,6 +73,8 @@ enum Command {
     /// Return a CRASHED actor to SUSPENDED.
     #[command(subcommand)]
     Revert(verbs::ActorCmd),
+    /// Forward a local port to an actor through the router (adds the ate-target-actor header).
+    Proxy(proxy::ProxyArgs),
     /// Delete an actor, atespace, template or tag.
     #[command(subcommand)]
     Delete(verbs::DeleteCmd),
@@ -117,6 +120,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Resume(cmd) => verbs::resume(&client::connect(api).await?, cmd, out).await,
         Command::Suspend(cmd) => verbs::suspend(&client::connect(api).await?, cmd, out).await,
         Command::Revert(cmd) => verbs::revert(&client::connect(api).await?, cmd, out).await,
+        Command::Proxy(args) => proxy::run(args).await.map(|_| ExitCode::SUCCESS),
         Command::Delete(cmd) => verbs::delete(&client::connect(api).await?, cmd).await,
         Command::Bench(cmd) => bench::run(client::connect(api).await?, cmd).await,
     }

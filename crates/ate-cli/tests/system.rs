@@ -81,3 +81,59 @@ fn counter_keeps_memory_across_suspends_and_workers() {
         assert_eq!(worker_of(&sys, "ate-demo", "c1"), other, "cycle {cycle}");
     }
 }
+
+#[test]
+fn proxy_adds_the_actor_header() {
+    use std::io::{Read, Write};
+    let sys = System::up(UpOptions {
+        workers: 1,
+        ..Default::default()
+    });
+    sys.ate_ok(&[
+        "create",
+        "actor",
+        "p1",
+        "-a",
+        "ate-demo",
+        "-t",
+        "ate-demo/counter",
+    ]);
+    let port = free_port();
+    let mut proxy = std::process::Command::new(ATE)
+        .args([
+            "proxy",
+            "ate-demo/p1",
+            "--listen",
+            &format!("127.0.0.1:{port}"),
+            "--router",
+            &sys.router,
+        ])
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("ate proxy");
+    let start = std::time::Instant::now();
+    let reply = loop {
+        if let Ok(mut s) = std::net::TcpStream::connect(("127.0.0.1", port)) {
+            // No ate-target-actor header: the proxy adds it.
+            s.write_all(b"GET / HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
+                .expect("write");
+            let mut buf = String::new();
+            s.read_to_string(&mut buf).expect("read");
+            break buf;
+        }
+        assert!(
+            start.elapsed() < std::time::Duration::from_secs(10),
+            "proxy not listening"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    };
+    let _ = proxy.kill();
+    let _ = proxy.wait();
+    assert!(reply.starts_with("HTTP/1.1 200"), "{reply}");
+    assert!(
+        reply.contains(
+            "preserved memory count: 1 | preserved file counter: 1 | preserved rootfs counter: 1"
+        ),
+        "{reply}"
+    );
+}
