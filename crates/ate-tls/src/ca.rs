@@ -254,8 +254,14 @@ impl LocalCa {
     fn create(dir: &Path, trust_domain: &str) -> Result<Self, TlsError> {
         let key = KeyPair::generate()?;
         let mut params = CertificateParams::default();
+        let serial = random_serial()?;
         let mut dn = DistinguishedName::new();
-        dn.push(DnType::CommonName, "ate local CA");
+        // A unique name per CA, so a certificate from another (re-created) CA is reported as
+        // an unknown issuer rather than a bad signature from a same-named one.
+        dn.push(
+            DnType::CommonName,
+            format!("ate local CA {}", &hex(&serial.to_bytes())[..8]),
+        );
         // The trust domain lives in O so a reload can recover it without side files.
         dn.push(DnType::OrganizationName, trust_domain);
         params.distinguished_name = dn;
@@ -268,7 +274,7 @@ impl LocalCa {
         let now = SystemTime::now();
         params.not_before = (now - BACKDATE).into();
         params.not_after = (now + CA_LIFETIME).into();
-        params.serial_number = Some(random_serial()?);
+        params.serial_number = Some(serial);
         params.subject_alt_names = vec![SanType::URI(Ia5String::try_from(format!(
             "spiffe://{trust_domain}"
         ))?)];

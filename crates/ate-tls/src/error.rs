@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use crate::id::SpiffeId;
 
 /// Everything that can go wrong while building identities and TLS configurations.
-#[derive(Debug, thiserror::Error)]
+#[derive(thiserror::Error)]
 pub enum TlsError {
     #[error("invalid SPIFFE ID {id:?}: {reason}")]
     InvalidSpiffeId { id: String, reason: String },
@@ -80,6 +80,14 @@ pub enum TlsError {
 
     #[error("gRPC transport: {0}")]
     Transport(#[from] tonic::transport::Error),
+}
+
+// rustls renders `CertificateError::Other` with `{:?}`, so Debug shows the human message to keep
+// handshake errors readable ("invalid peer certificate: Other(OtherError(peer ... is not allowed"))
+impl std::fmt::Debug for TlsError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{self}")
+    }
 }
 
 impl TlsError {
