@@ -120,6 +120,12 @@ PY
 )
 expect_eq "counter WebSocket echo at /ws" "opcode=1 hello, websocket" "$ws_reply"
 expect_eq "counter /ws without upgrade" "426" "$(curl -sS --max-time 5 -o /dev/null -w '%{http_code}' "$B/ws")"
+# /connect: an outbound TCP connect from the workload (ok to its own port, the error to a closed one).
+expect_eq "counter /connect to a listening port" "ok" "$(curl -sS --max-time 5 "$B/connect?addr=127.0.0.1:$P2")"
+CLOSED=$(free_port)
+expect_eq "counter /connect to a closed port" "502" \
+  "$(curl -sS --max-time 5 -o /dev/null -w '%{http_code}' "$B/connect?addr=127.0.0.1:$CLOSED")"
+expect_eq "counter /connect without addr" "400" "$(curl -sS --max-time 5 -o /dev/null -w '%{http_code}' "$B/connect")"
 expect_eq "counter /whoami without identity files" "/ " "$(curl -fsS --max-time 5 "$B/whoami")"
 expect_eq "counter file counter on disk" "4" "$(tr -d '\n' <"$WORK/data/counter")"
 expect_eq "counter rootfs counter on disk" "4" "$(tr -d '\n' <"$WORK/rootfs/var/lib/counter/count")"

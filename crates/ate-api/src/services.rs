@@ -517,10 +517,11 @@ impl fleet_service_server::FleetService for Services {
             .register_worker(&record, now_ms())
             .await
             .map_err(error::store)?;
-        // A new epoch means the worker process restarted: its sandboxes are gone.
+        // A new epoch means the worker process restarted: its sandboxes are gone (a restore in
+        // progress there is retried by the next resume, not crashed).
         if previous.is_some_and(|p| p.epoch != record.epoch) {
             self.api
-                .release_actors_of(&record.id)
+                .worker_restarted(&record.id)
                 .await
                 .map_err(error::store)?;
         }

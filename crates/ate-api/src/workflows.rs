@@ -872,8 +872,26 @@ impl Api {
     }
 
     pub async fn release_actors_of(&self, worker_id: &str) -> Result<(), StoreError> {
+        self.release_actors_of_worker(worker_id, false).await
+    }
+
+    /// The worker process restarted (it re-registered with a new epoch): its sandboxes are gone,
+    /// but the worker is not. RUNNING / SUSPENDING actors go to SUSPENDED as for a gone worker;
+    /// RESUMING actors stay RESUMING and bound to it, because a restore interrupted by a worker
+    /// restart is transient (spec, resume "Finalize": Unavailable, and the request is retried):
+    /// the next ResumeActor re-binds and restores on the new process.
+    pub async fn worker_restarted(&self, worker_id: &str) -> Result<(), StoreError> {
+        self.release_actors_of_worker(worker_id, true).await
+    }
+
+    async fn release_actors_of_worker(
+        &self,
+        worker_id: &str,
+        restarted: bool,
+    ) -> Result<(), StoreError> {
         for a in self.store.actors_on_worker(worker_id).await? {
             let (to, why) = match a.state {
+                ActorState::Resuming if restarted => continue,
                 ActorState::Resuming => (
                     ActorState::Crashed,
                     format!("worker {worker_id} gone during the resume"),

@@ -638,9 +638,12 @@ impl Worker {
             .actors
             .iter()
             .map(|(key, e)| {
+                // Ingress off (a checkpoint, stop or start is deciding the actor's fate): not
+                // idle. A last activity of 0 here made the node ask for an idle suspend of
+                // every actor in the middle of a suspend.
                 let (open, last) = match self.tunnels.get(key) {
                     Some(a) => (a.open_tunnels(), a.last_activity_unix_ms()),
-                    None => (0, 0),
+                    None => (0, now_unix_ms()),
                 };
                 v1::ActorActivity {
                     actor: Some(v1::ObjectRef {

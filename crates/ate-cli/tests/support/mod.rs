@@ -84,6 +84,12 @@ pub struct System {
 
 impl System {
     pub fn up(opts: UpOptions) -> System {
+        Self::up_with_env(opts, &[])
+    }
+
+    /// [`System::up`] with extra environment variables for `ate up`, which its components
+    /// (api, node, workers, router) inherit: S3 settings, fault injection.
+    pub fn up_with_env(opts: UpOptions, env: &[(&str, &str)]) -> System {
         let dir = tempfile::tempdir().expect("tempdir");
         let first_ip = private_ip_block();
         let router_port = free_port();
@@ -127,6 +133,7 @@ impl System {
             .env("XDG_CONFIG_HOME", dir.path().join("config"))
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(dir.path().join("up.log")).expect("up.log"));
+        cmd.envs(env.iter().copied());
         if let Some(url) = &opts.durable_store {
             cmd.args(["--durable-store", url]);
         }
@@ -225,8 +232,13 @@ impl System {
     }
 }
 
-impl Drop for System {
-    fn drop(&mut self) {
+impl System {
+    /// Stops the system like drop does, but keeps the temp dir, so a test can inspect what was
+    /// left behind. Idempotent.
+    pub fn stop(&mut self) {
+        if let Ok(Some(_)) = self.child.try_wait() {
+            return;
+        }
         // SIGTERM: `ate up` stops its children (sandboxes included) and exits.
         let _ = Command::new("kill")
             .args(["-TERM", &self.child.id().to_string()])
@@ -240,6 +252,12 @@ impl Drop for System {
         }
         let _ = self.child.kill();
         let _ = self.child.wait();
+    }
+}
+
+impl Drop for System {
+    fn drop(&mut self) {
+        self.stop();
     }
 }
 

@@ -1,0 +1,1542 @@
+//! Node-side acceptance tests: the whole system (real api, node agent, runc + CRIU workers,
+//! router) driven through the CLI and the router, one system per test, each in its own atespace.
+//!
+//! Covered: durable restore from S3 (moto), ROOTFS / VOLUMES fidelity, golden tags and identity
+//! rewriting, failure paths (probe never answers, CRIU dump fails, worker killed mid-restore,
+//! corrupted snapshot, durable store full), exit detection, network isolation and atunnel's
+//! refusals, cleanup after shutdown; plus suspend / resume timings (printed, not asserted).
+
+mod support;
+
+use std::net::{Ipv4Addr, SocketAddr, TcpListener};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+use support::*;
+
+// ---------------------------------------------------------------------------------------------
+// helpers
+
+fn counts(body: &str) -> (u64, u64, u64) {
+    let nums: Vec<u64> = body
+        .split('|')
+        .filter_map(|part| part.rsplit(':').next()?.trim().parse().ok())
+        .collect();
+    assert_eq!(nums.len(), 3, "unexpected body {body:?}");
+    (nums[0], nums[1], nums[2])
+}
+
+/// A template (and its atespace) as YAML for `ate apply -f`.
+#[derive(Clone)]
+struct Tpl {
+    image: &'static str,
+    fidelity: &'static str,
+    probe_port: u16,
+    probe_timeout: u32,
+    memory: &'static str,
+    env: Vec<(String, String)>,
+    golden_tag: Option<String>,
+}
+
+impl Tpl {
+    fn counter() -> Tpl {
+        Tpl {
+            image: "counter",
+            fidelity: "memory",
+            probe_port: 80,
+            probe_timeout: 10,
+            memory: "64Mi",
+            env: Vec::new(),
+            golden_tag: None,
+        }
+    }
+
+    fn sleeper(mib: u32) -> Tpl {
+        Tpl {
+            image: "sleeper",
+            memory: "256Mi",
+            env: vec![("SLEEPER_MEMORY_MIB".into(), mib.to_string())],
+            ..Tpl::counter()
+        }
+    }
+
+    fn yaml(&self, ns: &str, name: &str) -> String {
+        let images = images_dir();
+        let mut env = String::new();
+        if !self.env.is_empty() {
+            env.push_str("      env:\n");
+            for (k, v) in &self.env {
+                env.push_str(&format!("        - {{name: {k}, value: \"{v}\"}}\n"));
+            }
+        }
+        let golden = self
+            .golden_tag
+            .as_ref()
+            .map(|t| format!("  goldenTag: {t}\n"))
+            .unwrap_or_default();
+        format!(
+            "apiVersion: ate.dev/v1alpha1
+kind: Atespace
+metadata:
+  name: {ns}
+---
+apiVersion: ate.dev/v1alpha1
+kind: ActorTemplate
+metadata:
+  namespace: {ns}
+  name: {name}
+spec:
+  containers:
+    - name: main
+      image: oci-layout:{images}/{image}:latest
+      command: [\"/{image}\"]
+{env}      wakeupProbe:
+        httpGet: {{path: /healthz, port: {port}}}
+        timeoutSeconds: {timeout}
+  resources: {{cpu: 250m, memory: {memory}}}
+  volumes:
+    - name: data
+      mountPath: /data
+  snapshots: {{fidelity: {fidelity}}}
+  idleTimeout: 5m
+{golden}",
+            images = images.display(),
+            image = self.image,
+            port = self.probe_port,
+            timeout = self.probe_timeout,
+            memory = self.memory,
+            fidelity = self.fidelity,
+        )
+    }
+}
+
+/// Writes the template to the test's temp dir and applies it.
+fn apply(api: &dyn Fn(&[&str]) -> String, dir: &Path, ns: &str, name: &str, t: &Tpl) {
+    let path = dir.join(format!("{ns}-{name}-{}.yaml", std::process::id()));
+    std::fs::write(&path, t.yaml(ns, name)).expect("write template");
+    api(&["apply", "-f", path.to_str().expect("utf-8 path")]);
+}
+
+fn sys_apply(sys: &System, ns: &str, name: &str, t: &Tpl) {
+    apply(&|a: &[&str]| sys.ate_ok(a), sys.dir.path(), ns, name, t);
+}
+
+fn actor_json(sys_ate: &dyn Fn(&[&str]) -> String, ns: &str, name: &str) -> Value {
+    let json = sys_ate(&["get", "actors", name, "-a", ns, "-o", "json"]);
+    let v: Value = serde_json::from_str(&json).expect("json");
+    v[0].clone()
+}
+
+fn actor(sys: &System, ns: &str, name: &str) -> Value {
+    actor_json(&|a: &[&str]| sys.ate_ok(a), ns, name)
+}
+
+fn state_of(v: &Value) -> String {
+    v["state"].as_str().unwrap_or_default().to_string()
+}
+
+fn wait_state(sys: &System, ns: &str, name: &str, state: &str, within: Duration) -> Value {
+    let start = Instant::now();
+    loop {
+        let v = actor(sys, ns, name);
+        if state_of(&v) == state {
+            return v;
+        }
+        assert!(
+            start.elapsed() < within,
+            "{ns}/{name} not {state} within {within:?}: {v}\nnode log:\n{}",
+            sys.log("node")
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// GET through the router that must answer 200.
+fn get_ok(sys: &System, target: &str, path: &str) -> String {
+    let (status, head, body) = get(sys.router_addr, target, path);
+    assert_eq!(
+        status,
+        200,
+        "{target}{path}: {head}\n{body}\nnode log:\n{}\nworker logs:\n{}\n{}",
+        sys.log("node"),
+        sys.log("worker-1"),
+        sys.log("worker-2")
+    );
+    body
+}
+
+/// `ate-<10 hex of sha256("<atespace>/<name>")>`: the actor's netns and container id.
+fn netns_name(ns: &str, name: &str) -> String {
+    let out = Command::new("sh")
+        .args(["-c", &format!("printf %s '{ns}/{name}' | sha256sum")])
+        .output()
+        .expect("sha256sum");
+    format!("ate-{}", &String::from_utf8_lossy(&out.stdout)[..10])
+}
+
+/// `(container id, pid)` of every runc container of every worker under `state`.
+fn containers(state: &Path) -> Vec<(String, u32)> {
+    let mut out = Vec::new();
+    let Ok(workers) = std::fs::read_dir(state.join("workers")) else {
+        return out;
+    };
+    for w in workers.flatten() {
+        let root = w.path().join("runc");
+        if !root.exists() {
+            continue;
+        }
+        let o = Command::new("runc")
+            .arg("--root")
+            .arg(&root)
+            .args(["list", "-f", "json"])
+            .output()
+            .expect("runc list");
+        let text = String::from_utf8_lossy(&o.stdout);
+        if let Ok(Value::Array(list)) = serde_json::from_str::<Value>(&text) {
+            for c in list {
+                out.push((
+                    c["id"].as_str().unwrap_or_default().to_string(),
+                    c["pid"].as_u64().unwrap_or(0) as u32,
+                ));
+            }
+        }
+    }
+    out
+}
+
+/// The one generation dir of `ns/name` with this generation number on the node.
+fn generation_dir(state: &Path, ns: &str, name: &str, generation: u64) -> PathBuf {
+    let dir = state.join("snapshots").join(ns).join(name);
+    let prefix = format!("{generation}-");
+    std::fs::read_dir(&dir)
+        .unwrap_or_else(|e| panic!("read {}: {e}", dir.display()))
+        .flatten()
+        .map(|e| e.path())
+        .find(|p| {
+            p.file_name()
+                .is_some_and(|n| n.to_string_lossy().starts_with(&prefix))
+        })
+        .unwrap_or_else(|| panic!("no generation {generation} under {}", dir.display()))
+}
+
+fn ms(d: Duration) -> u128 {
+    d.as_millis()
+}
+
+// ---------------------------------------------------------------------------------------------
+// 1. durable restore
+
+/// Creates an S3 bucket on moto with an unsigned PUT.
+fn create_bucket(endpoint: &str, bucket: &str) {
+    use std::io::{Read, Write};
+    let hostport = endpoint.trim_start_matches("http://").trim_end_matches('/');
+    let mut s = std::net::TcpStream::connect(hostport).expect("connect to the S3 endpoint");
+    write!(
+        s,
+        "PUT /{bucket} HTTP/1.1\r\nHost: {hostport}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+    )
+    .expect("write");
+    let mut buf = String::new();
+    let _ = s.read_to_string(&mut buf);
+    assert!(
+        buf.starts_with("HTTP/1.1 200") || buf.contains("BucketAlreadyOwnedByYou"),
+        "bucket create: {buf}"
+    );
+}
+
+#[test]
+fn durable_restore_from_s3_after_local_copy_is_gone() {
+    let endpoint = std::env::var("ATE_TEST_S3_ENDPOINT").unwrap_or_else(|_| {
+        panic!(
+            "ATE_TEST_S3_ENDPOINT is not set: start moto with `eval \"$(scripts/test-services.sh)\"` \
+             (it also sets the AWS_* credentials) and run the test again"
+        )
+    });
+    assert!(
+        std::env::var("AWS_ACCESS_KEY_ID").is_ok(),
+        "AWS_ACCESS_KEY_ID is not set (scripts/test-services.sh exports it)"
+    );
+    let bucket = format!("ate-node-side-{}", std::process::id());
+    create_bucket(&endpoint, &bucket);
+    let sys = System::up_with_env(
+        UpOptions {
+            workers: 1,
+            durable_store: Some(format!("s3://{bucket}/gens")),
+            ..Default::default()
+        },
+        &[("AWS_ENDPOINT_URL", &endpoint), ("AWS_ALLOW_HTTP", "true")],
+    );
+    let ns = "ns-durable";
+    sys_apply(&sys, ns, "counter", &Tpl::counter());
+    sys.ate_ok(&[
+        "create",
+        "actor",
+        "c",
+        "-a",
+        ns,
+        "-t",
+        &format!("{ns}/counter"),
+    ]);
+    let target = format!("{ns}/c");
+    for n in 1..=3 {
+        assert_eq!(counts(&get_ok(&sys, &target, "/")), (n, n, n));
+    }
+    let t = Instant::now();
+    sys.ate_ok(&["suspend", "actor", "c", "-a", ns, "--durable"]);
+    eprintln!(
+        "[timing] counter suspend --durable to S3: {} ms",
+        ms(t.elapsed())
+    );
+    let a = actor(&sys, ns, "c");
+    assert_eq!(state_of(&a), "ACTOR_STATE_SUSPENDED");
+    assert!(a.get("lastError").is_none(), "durable suspend reported {a}");
+
+    // The node-local copy disappears (as on a node that lost its disk): only S3 has it.
+    let gen_dir = generation_dir(&sys.state_dir(), ns, "c", 1);
+    std::fs::remove_dir_all(&gen_dir).expect("remove local generation");
+    let t = Instant::now();
+    let body = get_ok(&sys, &target, "/");
+    eprintln!(
+        "[timing] counter resume from S3 to first response: {} ms",
+        ms(t.elapsed())
+    );
+    assert_eq!(
+        counts(&body),
+        (4, 4, 4),
+        "memory, files and rootfs continue from S3"
+    );
+    let cache = sys.state_dir().join("snapshot-cache");
+    let cached = std::fs::read_dir(&cache).map(|d| d.count()).unwrap_or(0);
+    assert_eq!(
+        cached,
+        1,
+        "the durable copy was downloaded into {}",
+        cache.display()
+    );
+    assert!(
+        !gen_dir.exists(),
+        "the restore did not recreate the local dir"
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// 2. fidelities
+
+#[test]
+fn rootfs_and_volumes_fidelity_keep_what_they_promise() {
+    let sys = System::up(UpOptions {
+        workers: 1,
+        ..Default::default()
+    });
+    let ns = "ns-fidelity";
+    sys_apply(
+        &sys,
+        ns,
+        "rootfs",
+        &Tpl {
+            fidelity: "rootfs",
+            ..Tpl::counter()
+        },
+    );
+    sys_apply(
+        &sys,
+        ns,
+        "volumes",
+        &Tpl {
+            fidelity: "volumes",
+            ..Tpl::counter()
+        },
+    );
+    sys.ate_ok(&[
+        "create",
+        "actor",
+        "r",
+        "-a",
+        ns,
+        "-t",
+        &format!("{ns}/rootfs"),
+    ]);
+    sys.ate_ok(&[
+        "create",
+        "actor",
+        "v",
+        "-a",
+        ns,
+        "-t",
+        &format!("{ns}/volumes"),
+    ]);
+    for name in ["r", "v"] {
+        let target = format!("{ns}/{name}");
+        for n in 1..=2 {
+            assert_eq!(counts(&get_ok(&sys, &target, "/")), (n, n, n));
+        }
+    }
+    for cycle in 0..2u64 {
+        sys.ate_ok(&["suspend", "actor", "r", "-a", ns]);
+        sys.ate_ok(&["suspend", "actor", "v", "-a", ns]);
+        // ROOTFS: a fresh process, but the rootfs upper dir and the volume come back.
+        let n = 3 + cycle;
+        assert_eq!(
+            counts(&get_ok(&sys, &format!("{ns}/r"), "/")),
+            (1, n, n),
+            "rootfs cycle {cycle}"
+        );
+        // VOLUMES: a fresh process and a fresh rootfs; only the volume comes back.
+        assert_eq!(
+            counts(&get_ok(&sys, &format!("{ns}/v"), "/")),
+            (1, n, 1),
+            "volumes cycle {cycle}"
+        );
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// 3. golden tags
+
+#[test]
+fn golden_tag_seeds_new_actors_with_their_own_identity() {
+    let sys = System::up(UpOptions {
+        workers: 1,
+        slots: 8,
+        ..Default::default()
+    });
+    let ns = "ns-golden";
+    sys_apply(&sys, ns, "agent", &Tpl::counter());
+    sys.ate_ok(&[
+        "create",
+        "actor",
+        "g",
+        "-a",
+        ns,
+        "-t",
+        &format!("{ns}/agent"),
+    ]);
+    for n in 1..=3 {
+        assert_eq!(counts(&get_ok(&sys, &format!("{ns}/g"), "/")), (n, n, n));
+    }
+    let g_uid = actor(&sys, ns, "g")["uid"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    assert!(get_ok(&sys, &format!("{ns}/g"), "/whoami").starts_with(&format!("{ns}/g {g_uid}")));
+    sys.ate_ok(&["suspend", "actor", "g", "-a", ns, "--durable"]);
+    sys.ate_ok(&[
+        "create",
+        "tag",
+        "gold",
+        "-a",
+        ns,
+        "--actor",
+        &format!("{ns}/g"),
+    ]);
+    let tags = sys.ate_ok(&["get", "tags", "-a", ns, "-o", "json"]);
+    assert!(
+        tags.contains("\"gold\"") && tags.contains(&format!("{ns}/g")),
+        "{tags}"
+    );
+
+    // The same template now names the tag: new actors start from g's memory, as themselves.
+    let golden = Tpl {
+        golden_tag: Some(format!("{ns}/gold")),
+        ..Tpl::counter()
+    };
+    sys_apply(&sys, ns, "agent", &golden);
+    // A second template with the tag: captured under another template → VOLUMES fidelity.
+    sys_apply(&sys, ns, "agent2", &golden);
+    for (name, template, expect) in [
+        ("a1", "agent", (4, 4, 4)),
+        ("a2", "agent", (4, 4, 4)),
+        ("b1", "agent2", (1, 4, 1)),
+        ("b2", "agent2", (1, 4, 1)),
+    ] {
+        sys.ate_ok(&[
+            "create",
+            "actor",
+            name,
+            "-a",
+            ns,
+            "-t",
+            &format!("{ns}/{template}"),
+        ]);
+        let target = format!("{ns}/{name}");
+        let who = get_ok(&sys, &target, "/whoami");
+        let uid = actor(&sys, ns, name)["uid"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string();
+        assert!(!uid.is_empty() && uid != g_uid, "{name} has its own uid");
+        assert_eq!(
+            who.trim(),
+            format!("{ns}/{name} {uid}"),
+            "{name} answers as itself, not as g"
+        );
+        assert_eq!(
+            counts(&get_ok(&sys, &target, "/")),
+            expect,
+            "{name} seeded from the tag"
+        );
+    }
+    // The golden actor is untouched by its borrowers.
+    assert_eq!(counts(&get_ok(&sys, &format!("{ns}/g"), "/")), (4, 4, 4));
+}
+
+// ---------------------------------------------------------------------------------------------
+// 4. failure paths
+
+/// The counter on its usual ports with a probe on 9999, where nothing listens. (The worker
+/// exports the probe port as `PORT` unless the template sets it, so it is set here.)
+fn probe_on_closed_port(timeout: u32) -> Tpl {
+    Tpl {
+        probe_port: 9999,
+        probe_timeout: timeout,
+        env: vec![("PORT".into(), "80".into())],
+        ..Tpl::counter()
+    }
+}
+
+#[test]
+fn probe_never_answering_crashes_then_revert_and_fixed_template_resume() {
+    let sys = System::up(UpOptions {
+        workers: 1,
+        ..Default::default()
+    });
+    let ns = "ns-probe";
+    let broken = probe_on_closed_port(2);
+    sys_apply(&sys, ns, "counter", &broken);
+    sys.ate_ok(&[
+        "create",
+        "actor",
+        "c",
+        "-a",
+        ns,
+        "-t",
+        &format!("{ns}/counter"),
+    ]);
+    let t = Instant::now();
+    let (status, head, body) = get(sys.router_addr, &format!("{ns}/c"), "/");
+    let took = t.elapsed();
+    assert_eq!(
+        status,
+        503,
+        "{head}\n{body}\nrouter:\n{}\napi:\n{}\nworker:\n{}",
+        sys.log("router"),
+        sys.log("api"),
+        sys.log("worker-1")
+    );
+    assert!(
+        took < Duration::from_secs(6),
+        "503 after {took:?}: the crash must not be parked"
+    );
+    let a = actor(&sys, ns, "c");
+    assert_eq!(state_of(&a), "ACTOR_STATE_CRASHED", "{a}");
+    let why = a["lastError"].as_str().unwrap_or_default();
+    assert!(
+        why.contains("wakeup probe") && why.contains("9999"),
+        "lastError: {why}"
+    );
+    // Capacity is not held by a crashed actor, and no sandbox is left behind.
+    let workers: Value =
+        serde_json::from_str(&sys.ate_ok(&["get", "workers", "-o", "json"])).expect("json");
+    assert_eq!(workers[0]["slotsUsed"], 0, "{workers}");
+    assert!(
+        containers(&sys.state_dir())
+            .iter()
+            .all(|(id, _)| *id != netns_name(ns, "c")),
+        "the failed sandbox was removed"
+    );
+    // Requests keep failing fast until an operator reverts.
+    assert_eq!(get(sys.router_addr, &format!("{ns}/c"), "/").0, 503);
+    sys.ate_ok(&["revert", "actor", "c", "-a", ns]);
+    assert_eq!(state_of(&actor(&sys, ns, "c")), "ACTOR_STATE_SUSPENDED");
+    sys_apply(&sys, ns, "counter", &Tpl::counter());
+    assert_eq!(counts(&get_ok(&sys, &format!("{ns}/c"), "/")), (1, 1, 1));
+    assert_eq!(state_of(&actor(&sys, ns, "c")), "ACTOR_STATE_RUNNING");
+}
+
+#[test]
+fn criu_dump_failure_falls_back_to_rootfs() {
+    let sys = System::up_with_env(
+        UpOptions {
+            workers: 1,
+            ..Default::default()
+        },
+        &[("ATE_FAULT_CRIU_DUMP", "fail")],
+    );
+    let ns = "ns-criufail";
+    sys_apply(&sys, ns, "counter", &Tpl::counter());
+    sys.ate_ok(&[
+        "create",
+        "actor",
+        "c",
+        "-a",
+        ns,
+        "-t",
+        &format!("{ns}/counter"),
+    ]);
+    for n in 1..=2 {
+        assert_eq!(counts(&get_ok(&sys, &format!("{ns}/c"), "/")), (n, n, n));
+    }
+    sys.ate_ok(&["suspend", "actor", "c", "-a", ns]);
+    let a = actor(&sys, ns, "c");
+    assert_eq!(state_of(&a), "ACTOR_STATE_SUSPENDED");
+    let why = a["lastError"].as_str().unwrap_or_default();
+    assert!(
+        why.contains("memory dump failed") && why.contains("FIDELITY_ROOTFS"),
+        "reason: {a}"
+    );
+    let manifest =
+        std::fs::read_to_string(generation_dir(&sys.state_dir(), ns, "c", 1).join("manifest.json"))
+            .expect("manifest");
+    assert!(
+        manifest.contains("FIDELITY_ROOTFS") || manifest.contains("rootfs"),
+        "{manifest}"
+    );
+    assert!(
+        sys.log("worker-1").contains("falling back to ROOTFS"),
+        "the worker log says so"
+    );
+    assert_eq!(counts(&get_ok(&sys, &format!("{ns}/c"), "/")), (1, 3, 3));
+}
+
+#[test]
+fn corrupted_snapshot_is_refused_with_a_checksum_error() {
+    let sys = System::up(UpOptions {
+        workers: 1,
+        ..Default::default()
+    });
+    let ns = "ns-corrupt";
+    sys_apply(&sys, ns, "counter", &Tpl::counter());
+    sys.ate_ok(&[
+        "create",
+        "actor",
+        "c",
+        "-a",
+        ns,
+        "-t",
+        &format!("{ns}/counter"),
+    ]);
+    assert_eq!(counts(&get_ok(&sys, &format!("{ns}/c"), "/")), (1, 1, 1));
+    sys.ate_ok(&["suspend", "actor", "c", "-a", ns]);
+    let gen_dir = generation_dir(&sys.state_dir(), ns, "c", 1);
+    // Flip one byte in the middle of the largest file (a CRIU pages image or the rootfs tar).
+    let mut files = Vec::new();
+    let mut stack = vec![gen_dir.clone()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).expect("read gen dir").flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                stack.push(p);
+            } else if p.file_name().is_some_and(|n| n != "manifest.json") {
+                files.push((e.metadata().map(|m| m.len()).unwrap_or(0), p));
+            }
+        }
+    }
+    files.sort();
+    let (len, victim) = files.pop().expect("a file to corrupt");
+    let mut bytes = std::fs::read(&victim).expect("read");
+    bytes[(len / 2) as usize] ^= 0x40;
+    std::fs::write(&victim, bytes).expect("write");
+
+    let (status, head, body) = get(sys.router_addr, &format!("{ns}/c"), "/");
+    assert_ne!(
+        status, 200,
+        "a corrupted generation must never restore: {head}\n{body}"
+    );
+    let a = actor(&sys, ns, "c");
+    assert_eq!(state_of(&a), "ACTOR_STATE_CRASHED", "{a}");
+    let why = a["lastError"].as_str().unwrap_or_default().to_lowercase();
+    assert!(
+        why.contains("checksum") || why.contains("sha256"),
+        "lastError: {why}"
+    );
+    assert!(
+        containers(&sys.state_dir()).is_empty(),
+        "no sandbox was started from it"
+    );
+}
+
+#[test]
+fn durable_store_full_keeps_the_local_copy() {
+    // A 1 MiB tmpfs as the durable store; a few MiB of random memory cannot fit.
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let store = tmp.path().join("tiny-store");
+    std::fs::create_dir_all(&store).expect("mkdir");
+    let mounted = Command::new("mount")
+        .args(["-t", "tmpfs", "-o", "size=1m", "tmpfs"])
+        .arg(&store)
+        .status()
+        .expect("mount");
+    assert!(mounted.success(), "mount tmpfs");
+    struct Unmount(PathBuf);
+    impl Drop for Unmount {
+        fn drop(&mut self) {
+            let _ = Command::new("umount").arg(&self.0).status();
+        }
+    }
+    // Declared before the system: dropped (unmounted) after it stopped.
+    let _unmount = Unmount(store.clone());
+    let sys = System::up(UpOptions {
+        workers: 1,
+        durable_store: Some(format!("file://{}", store.display())),
+        ..Default::default()
+    });
+    let ns = "ns-diskfull";
+    sys_apply(&sys, ns, "sleeper", &Tpl::sleeper(8));
+    sys.ate_ok(&[
+        "create",
+        "actor",
+        "s",
+        "-a",
+        ns,
+        "-t",
+        &format!("{ns}/sleeper"),
+    ]);
+    let before = get_ok(&sys, &format!("{ns}/s"), "/");
+    assert!(before.starts_with("sleeper holding 8 MiB"), "{before}");
+    let out = sys.ate(&["suspend", "actor", "s", "-a", ns, "--durable"]);
+    eprintln!(
+        "suspend --durable on a full store: {}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let a = actor(&sys, ns, "s");
+    assert_eq!(state_of(&a), "ACTOR_STATE_SUSPENDED", "{a}");
+    let why = a["lastError"].as_str().unwrap_or_default();
+    assert!(why.contains("durable upload failed"), "lastError: {a}");
+    let gen_dir = generation_dir(&sys.state_dir(), ns, "s", 1);
+    assert!(
+        gen_dir.join("manifest.json").exists(),
+        "the local copy is kept"
+    );
+    // Nothing half-written is left to be mistaken for a generation.
+    let left: Vec<_> = walk(&store);
+    assert!(
+        left.iter().all(|p| !p.ends_with("manifest.json")),
+        "{left:?}"
+    );
+    // The local copy restores, memory included.
+    assert_eq!(
+        get_ok(&sys, &format!("{ns}/s"), "/"),
+        before,
+        "memory restored from the local copy"
+    );
+}
+
+fn walk(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).into_iter().flatten().flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                stack.push(p.clone());
+            }
+            out.push(p);
+        }
+    }
+    out
+}
+
+/// api, node, worker and router started one by one (not `ate up`, which stops everything when a
+/// child dies), so a test can kill and restart a worker.
+struct Manual {
+    dir: tempfile::TempDir,
+    api: String,
+    router: SocketAddr,
+    worker_listen: SocketAddr,
+    children: Vec<(String, Child)>,
+}
+
+impl Manual {
+    fn state(&self) -> PathBuf {
+        self.dir.path().join("state")
+    }
+
+    fn spawn(&mut self, name: &str, args: &[String]) {
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.dir.path().join(format!("{name}.log")))
+            .expect("log");
+        let child = Command::new(ATE)
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().expect("log"))
+            .stderr(log)
+            .spawn()
+            .expect("spawn");
+        self.children.push((name.to_string(), child));
+    }
+
+    fn log(&self, name: &str) -> String {
+        std::fs::read_to_string(self.dir.path().join(format!("{name}.log"))).unwrap_or_default()
+    }
+
+    fn ate_ok(&self, args: &[&str]) -> String {
+        let out = Command::new(ATE)
+            .arg("--api")
+            .arg(&self.api)
+            .args(args)
+            .output()
+            .expect("ate");
+        assert!(
+            out.status.success(),
+            "ate {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    fn wait_file(&self, path: &Path) -> Value {
+        let start = Instant::now();
+        loop {
+            if let Ok(t) = std::fs::read_to_string(path)
+                && let Ok(v) = serde_json::from_str(&t)
+            {
+                return v;
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(30),
+                "{} not written",
+                path.display()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    fn start_worker(&mut self) {
+        let args: Vec<String> = [
+            "worker",
+            "--id",
+            "worker-1",
+            "--state-dir",
+            self.state().to_str().expect("utf-8"),
+            "--listen",
+            &self.worker_listen.to_string(),
+            "--slots",
+            "4",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        self.spawn("worker-1", &args);
+    }
+
+    /// The worker's epoch as the api has it, once ACTIVE.
+    fn worker_epoch(&self) -> Option<u64> {
+        let v: Value =
+            serde_json::from_str(&self.ate_ok(&["get", "workers", "-o", "json"])).ok()?;
+        let w = v.as_array()?.iter().find(|w| w["status"] == "ACTIVE")?;
+        w["epoch"].as_u64()
+    }
+
+    fn up() -> Manual {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let ip = Ipv4Addr::new(127, 1 + (std::process::id() % 200) as u8, 252, 2);
+        let mut m = Manual {
+            api: String::new(),
+            router: SocketAddr::from(([127, 0, 0, 1], free_port())),
+            worker_listen: SocketAddr::new(ip.into(), free_port()),
+            children: Vec::new(),
+            dir,
+        };
+        std::fs::create_dir_all(m.state()).expect("state");
+        let s = |x: &str| x.to_string();
+        let api_ready = m.dir.path().join("api.json");
+        let store = format!("sqlite://{}", m.state().join("ate.db").display());
+        m.spawn(
+            "api",
+            &[
+                s("api"),
+                s("--listen"),
+                s("127.0.0.1:0"),
+                s("--http-listen"),
+                s("127.0.0.1:0"),
+                s("--store"),
+                store,
+                s("--ready-file"),
+                api_ready.display().to_string(),
+            ],
+        );
+        m.api = m.wait_file(&api_ready)["grpc"]
+            .as_str()
+            .expect("grpc")
+            .to_string();
+        let node_ready = m.dir.path().join("node.json");
+        let state = m.state().display().to_string();
+        m.spawn(
+            "node",
+            &[
+                s("node"),
+                s("--listen"),
+                format!("127.0.0.1:{}", free_port()),
+                s("--api"),
+                m.api.clone(),
+                s("--state-dir"),
+                state,
+                s("--ready-file"),
+                node_ready.display().to_string(),
+            ],
+        );
+        m.wait_file(&node_ready);
+        m.start_worker();
+        let start = Instant::now();
+        while m.worker_epoch().is_none() {
+            assert!(
+                start.elapsed() < Duration::from_secs(30),
+                "worker not registered:\n{}",
+                m.log("worker-1")
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        let router = m.router.to_string();
+        let metrics = format!("127.0.0.1:{}", free_port());
+        let api = m.api.clone();
+        m.spawn(
+            "router",
+            &[
+                s("router"),
+                s("--listen"),
+                router,
+                s("--metrics-listen"),
+                metrics,
+                s("--api"),
+                api,
+            ],
+        );
+        let start = Instant::now();
+        while std::net::TcpStream::connect(m.router).is_err() {
+            assert!(
+                start.elapsed() < Duration::from_secs(30),
+                "router not listening"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        m
+    }
+
+    fn kill_worker(&mut self) {
+        let i = self
+            .children
+            .iter()
+            .position(|(n, _)| n == "worker-1")
+            .expect("worker");
+        let (_, mut child) = self.children.remove(i);
+        child.kill().expect("SIGKILL worker");
+        let _ = child.wait();
+    }
+}
+
+impl Drop for Manual {
+    fn drop(&mut self) {
+        // Reverse order: router, workers (they stop their sandboxes), node, api.
+        for (_, c) in self.children.iter().rev() {
+            let _ = Command::new("kill")
+                .args(["-TERM", &c.id().to_string()])
+                .status();
+        }
+        let deadline = Instant::now() + Duration::from_secs(15);
+        for (_, c) in self.children.iter_mut().rev() {
+            while Instant::now() < deadline {
+                if let Ok(Some(_)) = c.try_wait() {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+#[test]
+fn worker_killed_mid_restore_then_restarted_resumes() {
+    let mut m = Manual::up();
+    let ns = "ns-workerkill";
+    apply(
+        &|a: &[&str]| m.ate_ok(a),
+        m.dir.path(),
+        ns,
+        "counter",
+        &Tpl::counter(),
+    );
+    m.ate_ok(&[
+        "create",
+        "actor",
+        "c",
+        "-a",
+        ns,
+        "-t",
+        &format!("{ns}/counter"),
+    ]);
+    let target = format!("{ns}/c");
+    for n in 1..=2 {
+        let (status, _, body) = get(m.router, &target, "/");
+        assert_eq!(status, 200, "{body}\n{}", m.log("node"));
+        assert_eq!(counts(&body), (n, n, n));
+    }
+    m.ate_ok(&["suspend", "actor", "c", "-a", ns]);
+    // A probe that waits 20 s keeps the restore in progress while the worker dies.
+    let slow = probe_on_closed_port(20);
+    apply(
+        &|a: &[&str]| m.ate_ok(a),
+        m.dir.path(),
+        ns,
+        "counter",
+        &slow,
+    );
+    let api = m.api.clone();
+    let resume = std::thread::spawn(move || {
+        Command::new(ATE)
+            .args(["--api", &api, "resume", "actor", "c", "-a", "ns-workerkill"])
+            .output()
+            .expect("ate")
+    });
+    let start = Instant::now();
+    while !m.log("worker-1").contains("wakeup probe") && start.elapsed() < Duration::from_secs(2) {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    std::thread::sleep(Duration::from_millis(1000));
+    let state = state_of(&actor_json(&|a: &[&str]| m.ate_ok(a), ns, "c"));
+    assert_eq!(state, "ACTOR_STATE_RESUMING");
+    let old_epoch = m.worker_epoch().expect("epoch");
+    m.kill_worker();
+    let out = resume.join().expect("resume thread");
+    assert!(
+        !out.status.success(),
+        "the resume cannot succeed on a killed worker"
+    );
+    eprintln!(
+        "resume during the kill: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let a = actor_json(&|a: &[&str]| m.ate_ok(a), ns, "c");
+    assert_eq!(
+        state_of(&a),
+        "ACTOR_STATE_RESUMING",
+        "a transient failure leaves RESUMING: {a}"
+    );
+
+    m.start_worker();
+    let start = Instant::now();
+    while m.worker_epoch().is_none_or(|e| e == old_epoch) {
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "worker not re-registered:\n{}",
+            m.log("node")
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    // The new worker process removed the orphaned sandbox of the killed one.
+    let start = Instant::now();
+    while !containers(&m.state()).is_empty() {
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "leftover sandbox: {:?}",
+            containers(&m.state())
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let a = actor_json(&|a: &[&str]| m.ate_ok(a), ns, "c");
+    assert_eq!(
+        state_of(&a),
+        "ACTOR_STATE_RESUMING",
+        "a worker restart is not a crash: the next resume retries on the new process: {a}"
+    );
+    apply(
+        &|a: &[&str]| m.ate_ok(a),
+        m.dir.path(),
+        ns,
+        "counter",
+        &Tpl::counter(),
+    );
+    let (status, _, body) = get(m.router, &target, "/");
+    assert_eq!(
+        status,
+        200,
+        "{body}\napi:\n{}\nnode:\n{}",
+        m.log("api"),
+        m.log("node")
+    );
+    assert_eq!(
+        counts(&body),
+        (3, 3, 3),
+        "restored from generation 1 on the restarted worker"
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// 5. exits
+
+/// SIGKILLs the init of `ns/name`'s container.
+fn kill_actor(sys: &System, ns: &str, name: &str) {
+    let id = netns_name(ns, name);
+    let (_, pid) = containers(&sys.state_dir())
+        .into_iter()
+        .find(|(c, _)| *c == id)
+        .unwrap_or_else(|| panic!("no container {id} for {ns}/{name}"));
+    assert!(pid > 0);
+    assert!(
+        Command::new("kill")
+            .args(["-KILL", &pid.to_string()])
+            .status()
+            .expect("kill")
+            .success()
+    );
+}
+
+#[test]
+fn exited_actor_is_released_within_a_second_and_resumes_from_its_last_generation() {
+    let sys = System::up(UpOptions {
+        workers: 1,
+        ..Default::default()
+    });
+    let ns = "ns-exit";
+    sys_apply(&sys, ns, "counter", &Tpl::counter());
+    sys.ate_ok(&[
+        "create",
+        "actor",
+        "c",
+        "-a",
+        ns,
+        "-t",
+        &format!("{ns}/counter"),
+    ]);
+    let target = format!("{ns}/c");
+    for n in 1..=3 {
+        assert_eq!(counts(&get_ok(&sys, &target, "/")), (n, n, n));
+    }
+    sys.ate_ok(&["suspend", "actor", "c", "-a", ns]);
+    assert_eq!(counts(&get_ok(&sys, &target, "/")), (4, 4, 4));
+    assert_eq!(counts(&get_ok(&sys, &target, "/")), (5, 5, 5));
+    let killed = Instant::now();
+    kill_actor(&sys, ns, "c");
+    let a = wait_state(
+        &sys,
+        ns,
+        "c",
+        "ACTOR_STATE_SUSPENDED",
+        Duration::from_secs(5),
+    );
+    let noticed = killed.elapsed();
+    eprintln!(
+        "[timing] exit noticed and actor released after {} ms",
+        ms(noticed)
+    );
+    assert!(
+        noticed < Duration::from_millis(2500),
+        "noticed after {noticed:?}"
+    );
+    let why = a["lastError"].as_str().unwrap_or_default();
+    assert!(
+        why.contains("all processes exited"),
+        "lastError names the exit: {why}"
+    );
+    let workers: Value =
+        serde_json::from_str(&sys.ate_ok(&["get", "workers", "-o", "json"])).expect("json");
+    assert_eq!(workers[0]["slotsUsed"], 0, "capacity released: {workers}");
+    // The next request resumes it from generation 1 (taken after the 3rd request).
+    assert_eq!(counts(&get_ok(&sys, &target, "/")), (4, 4, 4));
+
+    // A process that logged in this life: its last lines are in lastError. (A memory-restored
+    // process starts with an empty log: what it printed before the dump went with that sandbox.)
+    sys.ate_ok(&[
+        "create",
+        "actor",
+        "fresh",
+        "-a",
+        ns,
+        "-t",
+        &format!("{ns}/counter"),
+    ]);
+    assert_eq!(
+        counts(&get_ok(&sys, &format!("{ns}/fresh"), "/")),
+        (1, 1, 1)
+    );
+    kill_actor(&sys, ns, "fresh");
+    let a = wait_state(
+        &sys,
+        ns,
+        "fresh",
+        "ACTOR_STATE_SUSPENDED",
+        Duration::from_secs(5),
+    );
+    let why = a["lastError"].as_str().unwrap_or_default();
+    assert!(
+        why.contains("counter listening on"),
+        "lastError carries the last log lines: {why}"
+    );
+    // No generation yet: a cold boot.
+    assert_eq!(
+        counts(&get_ok(&sys, &format!("{ns}/fresh"), "/")),
+        (1, 1, 1)
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// 6. isolation
+
+/// One h2c CONNECT to atunnel; returns (status, stale header).
+fn atunnel_connect(worker: SocketAddr, actor: &str, port: Option<&str>) -> (u16, Option<String>) {
+    use http_body_util::Empty;
+    use hyper::body::Bytes;
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("rt");
+    rt.block_on(async {
+        let tcp = tokio::net::TcpStream::connect(worker)
+            .await
+            .expect("connect atunnel");
+        let (mut sender, conn) = hyper::client::conn::http2::handshake(
+            hyper_util::rt::TokioExecutor::new(),
+            hyper_util::rt::TokioIo::new(tcp),
+        )
+        .await
+        .expect("h2 handshake");
+        tokio::spawn(conn);
+        let mut req = hyper::Request::new(Empty::<Bytes>::new());
+        *req.method_mut() = hyper::Method::CONNECT;
+        *req.uri_mut() = "x.y:80".parse().expect("uri");
+        req.headers_mut()
+            .insert("ate-target-actor", actor.parse().expect("header"));
+        if let Some(p) = port {
+            req.headers_mut()
+                .insert("ate-target-port", p.parse().expect("header"));
+        }
+        let resp = sender.send_request(req).await.expect("CONNECT");
+        let stale = resp
+            .headers()
+            .get("x-ate-assignment-stale")
+            .map(|v| v.to_str().unwrap_or_default().to_string());
+        (resp.status().as_u16(), stale)
+    })
+}
+
+#[test]
+fn actors_are_isolated_and_atunnel_refuses_strangers() {
+    let sys = System::up(UpOptions::default());
+    let ns = "ns-isolation";
+    sys_apply(&sys, ns, "counter", &Tpl::counter());
+    let other = Tpl {
+        env: vec![("PORT2".into(), "9091".into())],
+        ..Tpl::counter()
+    };
+    sys_apply(&sys, ns, "other", &other);
+    sys.ate_ok(&[
+        "create",
+        "actor",
+        "a",
+        "-a",
+        ns,
+        "-t",
+        &format!("{ns}/counter"),
+        "--selector",
+        "ate.dev/worker=worker-1",
+    ]);
+    sys.ate_ok(&[
+        "create",
+        "actor",
+        "b",
+        "-a",
+        ns,
+        "-t",
+        &format!("{ns}/other"),
+        "--selector",
+        "ate.dev/worker=worker-1",
+    ]);
+    get_ok(&sys, &format!("{ns}/a"), "/healthz");
+    get_ok(&sys, &format!("{ns}/b"), "/healthz");
+
+    // Host services on loopback and on every address.
+    let lo = TcpListener::bind("127.0.0.1:0").expect("bind");
+    let any = TcpListener::bind("0.0.0.0:0").expect("bind");
+    let any_port = any.local_addr().expect("addr").port();
+    let host_ip = Command::new("sh")
+        .args([
+            "-c",
+            "ip -4 -o addr show scope global | awk '{print $4}' | cut -d/ -f1 | head -n1",
+        ])
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        .unwrap_or_default();
+    let connect = |addr: String| {
+        let (status, _, body) = get(
+            sys.router_addr,
+            &format!("{ns}/a"),
+            &format!("/connect?addr={addr}"),
+        );
+        (status, body)
+    };
+    // The handler works: the actor reaches itself.
+    assert_eq!(connect("169.254.17.2:8080".into()), (200, "ok".into()));
+    let mut targets = vec![
+        (
+            "host loopback listener",
+            lo.local_addr().expect("addr").to_string(),
+        ),
+        (
+            "host listener via 127.0.0.1",
+            format!("127.0.0.1:{any_port}"),
+        ),
+        (
+            "worker-1 atunnel",
+            SocketAddr::new(sys.worker_ips[0].into(), sys.worker_port).to_string(),
+        ),
+        (
+            "worker-2 atunnel",
+            SocketAddr::new(sys.worker_ips[1].into(), sys.worker_port).to_string(),
+        ),
+        ("api", sys.api.trim_start_matches("http://").to_string()),
+        ("actor b's port", "169.254.17.2:9091".into()),
+    ];
+    if !host_ip.is_empty() {
+        targets.push((
+            "host listener via its global address",
+            format!("{host_ip}:{any_port}"),
+        ));
+    }
+    for (what, addr) in &targets {
+        let (status, body) = connect(addr.clone());
+        assert_eq!(status, 502, "actor a reached {what} at {addr}: {body}");
+    }
+    // b, on the same worker, answers on 9091 — only through atunnel.
+    let (status, _, _) = {
+        let mut s = std::net::TcpStream::connect(sys.router_addr).expect("router");
+        use std::io::{Read, Write};
+        write!(
+            s,
+            "GET /healthz HTTP/1.1\r\nHost: x\r\nate-target-actor: {ns}/b\r\nate-target-port: 9091\r\nConnection: close\r\n\r\n"
+        )
+        .expect("write");
+        let mut buf = String::new();
+        let _ = s.read_to_string(&mut buf);
+        let status = buf
+            .split_whitespace()
+            .nth(1)
+            .and_then(|c| c.parse().ok())
+            .unwrap_or(0u16);
+        (status, (), ())
+    };
+    eprintln!("b on port 9091 through the router: {status}");
+    for l in [&lo, &any] {
+        l.set_nonblocking(true).expect("nonblocking");
+        assert!(
+            l.accept().is_err(),
+            "a host listener got a connection from an actor"
+        );
+    }
+
+    // atunnel itself: an actor not active on this worker → 421 stale; bad targets → 400.
+    let w1 = SocketAddr::new(sys.worker_ips[0].into(), sys.worker_port);
+    let w2 = SocketAddr::new(sys.worker_ips[1].into(), sys.worker_port);
+    assert_eq!(
+        atunnel_connect(w1, &format!("{ns}/a"), None).0,
+        200,
+        "a is active on worker-1"
+    );
+    assert_eq!(
+        atunnel_connect(w2, &format!("{ns}/a"), None),
+        (421, Some("true".into())),
+        "a is not on worker-2"
+    );
+    assert_eq!(
+        atunnel_connect(w1, &format!("{ns}/nobody"), None),
+        (421, Some("true".into()))
+    );
+    assert_eq!(atunnel_connect(w1, "Bad/Name", None).0, 400);
+    assert_eq!(atunnel_connect(w1, "no-slash", None).0, 400);
+    assert_eq!(atunnel_connect(w1, &format!("{ns}/a"), Some("0")).0, 400);
+    assert_eq!(atunnel_connect(w1, &format!("{ns}/a"), Some("http")).0, 400);
+    sys.ate_ok(&["suspend", "actor", "a", "-a", ns]);
+    assert_eq!(
+        atunnel_connect(w1, &format!("{ns}/a"), None),
+        (421, Some("true".into())),
+        "suspended → stale"
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// 7. cleanup
+
+#[test]
+fn nothing_is_left_behind_after_shutdown() {
+    let mut sys = System::up(UpOptions::default());
+    let ns = "ns-cleanup";
+    sys_apply(&sys, ns, "counter", &Tpl::counter());
+    let names = ["c1", "c2", "c3"];
+    for n in names {
+        sys.ate_ok(&[
+            "create",
+            "actor",
+            n,
+            "-a",
+            ns,
+            "-t",
+            &format!("{ns}/counter"),
+        ]);
+        get_ok(&sys, &format!("{ns}/{n}"), "/");
+    }
+    sys.ate_ok(&["suspend", "actor", "c3", "-a", ns]);
+    let state = sys.state_dir();
+    let running = containers(&state);
+    assert_eq!(running.len(), 2, "{running:?}");
+    let netns: Vec<String> = names.iter().map(|n| netns_name(ns, n)).collect();
+    assert!(
+        Path::new("/var/run/netns").join(&netns[0]).exists(),
+        "netns naming as expected"
+    );
+    assert!(
+        !Path::new("/var/run/netns").join(&netns[2]).exists(),
+        "suspended actor has no netns"
+    );
+    let state_str = state.display().to_string();
+    assert!(
+        std::fs::read_to_string("/proc/mounts")
+            .expect("mounts")
+            .contains(&state_str)
+    );
+
+    sys.stop();
+    for n in &netns {
+        assert!(
+            !Path::new("/var/run/netns").join(n).exists(),
+            "netns {n} left behind"
+        );
+    }
+    let listed = Command::new("ip")
+        .args(["netns", "list"])
+        .output()
+        .expect("ip netns");
+    let listed = String::from_utf8_lossy(&listed.stdout);
+    for n in &netns {
+        assert!(
+            !listed.contains(n.as_str()),
+            "ip netns list still shows {n}"
+        );
+    }
+    let mounts = std::fs::read_to_string("/proc/mounts").expect("mounts");
+    let left: Vec<&str> = mounts.lines().filter(|l| l.contains(&state_str)).collect();
+    assert!(left.is_empty(), "mounts left: {left:?}");
+    assert!(
+        containers(&state).is_empty(),
+        "runc containers left: {:?}",
+        containers(&state)
+    );
+    for (_, pid) in running {
+        // A zombie reparented to init is gone for every practical purpose; init reaps it soon.
+        let start = Instant::now();
+        loop {
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+            let state = stat
+                .rsplit(')')
+                .next()
+                .unwrap_or("")
+                .split_whitespace()
+                .next()
+                .unwrap_or("");
+            if stat.is_empty() || state == "Z" {
+                break;
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(3),
+                "actor process {pid} left: {stat}"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+    let procs = Command::new("pgrep")
+        .args(["-f", &state_str])
+        .output()
+        .expect("pgrep");
+    assert!(
+        procs.stdout.is_empty(),
+        "processes left: {}",
+        String::from_utf8_lossy(&procs.stdout)
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// timings (printed, not asserted)
+
+#[test]
+fn timings_local_and_durable() {
+    let sys = System::up(UpOptions {
+        workers: 1,
+        ..Default::default()
+    });
+    let ns = "ns-timing";
+    sys_apply(&sys, ns, "counter", &Tpl::counter());
+    sys_apply(&sys, ns, "sleeper", &Tpl::sleeper(50));
+    for (name, template) in [("c", "counter"), ("s", "sleeper")] {
+        sys.ate_ok(&[
+            "create",
+            "actor",
+            name,
+            "-a",
+            ns,
+            "-t",
+            &format!("{ns}/{template}"),
+        ]);
+        let target = format!("{ns}/{name}");
+        let t = Instant::now();
+        let first = get_ok(&sys, &target, "/");
+        eprintln!(
+            "[timing] {template}: cold start to first response {} ms",
+            ms(t.elapsed())
+        );
+        let mut generation = 0;
+        for durable in [false, true] {
+            generation += 1;
+            let t = Instant::now();
+            if durable {
+                sys.ate_ok(&["suspend", "actor", name, "-a", ns, "--durable"]);
+            } else {
+                sys.ate_ok(&["suspend", "actor", name, "-a", ns]);
+            }
+            let suspend = t.elapsed();
+            if durable {
+                // Resume from the durable copy only.
+                std::fs::remove_dir_all(generation_dir(&sys.state_dir(), ns, name, generation))
+                    .expect("rm");
+            }
+            let t = Instant::now();
+            let body = get_ok(&sys, &target, "/");
+            let resume = t.elapsed();
+            let how = if durable {
+                "durable (file store)"
+            } else {
+                "node-local"
+            };
+            eprintln!(
+                "[timing] {template}: suspend{} {} ms; resume {how} to first response {} ms",
+                if durable { " --durable" } else { "" },
+                ms(suspend),
+                ms(resume)
+            );
+            if template == "sleeper" {
+                assert_eq!(body, first, "sleeper memory survives");
+            }
+        }
+        // Where the time went, from the components' own logs.
+        for (component, keys) in [
+            ("worker-1", ["generation sealed", "actor started"]),
+            ("node", ["generation uploaded", "generation downloaded"]),
+        ] {
+            for line in sys
+                .log(component)
+                .lines()
+                .filter(|l| l.contains(target.as_str()))
+            {
+                if keys.iter().any(|k| line.contains(k)) {
+                    eprintln!(
+                        "    {component}: {}",
+                        line.split_once("Z ").map_or(line, |x| x.1)
+                    );
+                }
+            }
+        }
+    }
+}
