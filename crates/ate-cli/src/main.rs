@@ -3,6 +3,7 @@
 
 mod bench;
 mod client;
+mod logs;
 mod proxy;
 mod render;
 mod serve;
@@ -73,6 +74,9 @@ enum Command {
     /// Return a CRASHED actor to SUSPENDED.
     #[command(subcommand)]
     Revert(verbs::ActorCmd),
+    /// Print an actor's output (stdout and stderr), across suspends with -f.
+    #[command(subcommand)]
+    Logs(logs::LogsCmd),
     /// Forward a local port to an actor through the router (adds the ate-target-actor header).
     Proxy(proxy::ProxyArgs),
     /// Delete an actor, atespace, template or tag.
@@ -120,6 +124,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Resume(cmd) => verbs::resume(&client::connect(api).await?, cmd, out).await,
         Command::Suspend(cmd) => verbs::suspend(&client::connect(api).await?, cmd, out).await,
         Command::Revert(cmd) => verbs::revert(&client::connect(api).await?, cmd, out).await,
+        Command::Logs(cmd) => logs::run(cmd).await.map(|_| ExitCode::SUCCESS),
         Command::Proxy(args) => proxy::run(args).await.map(|_| ExitCode::SUCCESS),
         Command::Delete(cmd) => verbs::delete(&client::connect(api).await?, cmd).await,
         Command::Bench(cmd) => bench::run(client::connect(api).await?, cmd).await,

@@ -76,6 +76,12 @@ impl WorkerConfig {
         self.worker_dir().join("actors")
     }
 
+    /// Actor logs, shared by every worker of the node: `<state>/logs/actors/<atespace>/<name>.log`
+    /// (what `ate logs` reads; it survives suspends and moves between workers).
+    pub fn actor_logs_dir(&self) -> PathBuf {
+        self.state_dir.join("logs").join("actors")
+    }
+
     pub fn image_cache_dir(&self) -> PathBuf {
         self.image_cache
             .clone()

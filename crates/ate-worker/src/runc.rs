@@ -643,6 +643,10 @@ fn spawn_log_copier(read: OwnedFd, log: PathBuf) -> Result<tokio::task::JoinHand
     let mut rx =
         tokio::net::unix::pipe::Receiver::from_owned_fd(read).ctx(|| "register stdio pipe")?;
     Ok(tokio::spawn(async move {
+        // The log may live outside the actor dir (shared `<state>/logs/actors/<atespace>/`).
+        if let Some(parent) = log.parent() {
+            let _ = tokio::fs::create_dir_all(parent).await;
+        }
         let file = tokio::fs::OpenOptions::new()
             .create(true)
             .append(true)

@@ -33,8 +33,10 @@ pub struct ActorSandbox {
     /// The actor's uid (written into `/etc/ate/uid`).
     pub uid: String,
     /// `<node dir>/actors/<...>`: holds `rootfs/` (overlay mount point), `upper/`, `work/`,
-    /// `volumes/<name>/`, `etc-ate/`, `config.json`, `log`.
+    /// `volumes/<name>/`, `etc-ate/`, `config.json`.
     pub dir: PathBuf,
+    /// Container stdout + stderr, appended across runs and restores (default `<dir>/log`).
+    pub log: PathBuf,
 }
 
 impl ActorSandbox {
@@ -44,12 +46,21 @@ impl ActorSandbox {
         uid: impl Into<String>,
         dir: impl Into<PathBuf>,
     ) -> Self {
+        let dir = dir.into();
         ActorSandbox {
             atespace: atespace.into(),
             name: name.into(),
             uid: uid.into(),
-            dir: dir.into(),
+            log: dir.join("log"),
+            dir,
         }
+    }
+
+    /// Keeps the log outside the actor's directory (which a checkpoint removes), so it follows the
+    /// actor across suspends and workers.
+    pub fn with_log_path(mut self, log: impl Into<PathBuf>) -> Self {
+        self.log = log.into();
+        self
     }
 
     /// 10 hex chars, stable for `atespace/name`.
@@ -95,7 +106,7 @@ impl ActorSandbox {
 
     /// Container stdout + stderr, appended across runs and restores.
     pub fn log_path(&self) -> PathBuf {
-        self.dir.join("log")
+        self.log.clone()
     }
 }
 

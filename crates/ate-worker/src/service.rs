@@ -183,6 +183,7 @@ pub async fn run(
         Arc::new(runtime),
         ImageCache::new(config.image_cache_dir()),
         config.actors_dir(),
+        config.actor_logs_dir(),
         config.faults.clone(),
     ));
     worker.clean_leftovers().await;

@@ -76,6 +76,8 @@ pub struct Worker {
     runtime: Arc<dyn SandboxRuntime>,
     images: ImageCache,
     actors_dir: PathBuf,
+    /// `<state>/logs/actors`: actor logs outside the actor dirs.
+    logs_dir: PathBuf,
     pub tunnels: Arc<Tunnels>,
     faults: Arc<Faults>,
     table: Mutex<Table>,
@@ -125,6 +127,7 @@ impl Worker {
         runtime: Arc<dyn SandboxRuntime>,
         images: ImageCache,
         actors_dir: PathBuf,
+        logs_dir: PathBuf,
         faults: Arc<Faults>,
     ) -> Self {
         Worker {
@@ -132,6 +135,7 @@ impl Worker {
             runtime,
             images,
             actors_dir,
+            logs_dir,
             tunnels: Arc::new(Tunnels::new()),
             faults,
             table: Mutex::new(Table::default()),
@@ -162,6 +166,7 @@ impl Worker {
             uid,
             self.actors_dir.join(atespace).join(name),
         )
+        .with_log_path(self.logs_dir.join(atespace).join(format!("{name}.log")))
     }
 
     fn check_running(&self) -> Result<(), Status> {
