@@ -17,6 +17,11 @@ use crate::workflows::Api;
 const DEFAULT_PAGE_SIZE: u32 = 100;
 const MAX_PAGE_SIZE: u32 = 1000;
 
+/// A DNS-1123 label or InvalidArgument naming the field.
+fn label(field: &str, value: &str) -> Result<(), Status> {
+    validate_label(field, value).map_err(invalid)
+}
+
 fn actor_ref(r: Option<v1::ObjectRef>) -> Result<ActorRef, Status> {
     let r = r.ok_or_else(|| Status::invalid_argument("invalid actor: missing"))?;
     let a = ActorRef::new(r.atespace, r.name);
@@ -55,8 +60,8 @@ impl actor_service_server::ActorService for Services {
         req: Request<CreateActorRequest>,
     ) -> Result<Response<Actor>, Status> {
         let req = req.into_inner();
-        validate_label("atespace", &req.atespace).map_err(invalid)?;
-        validate_label("actor name", &req.name).map_err(invalid)?;
+        label("atespace", &req.atespace)?;
+        label("actor name", &req.name)?;
         let (tns, tname) = parse_namespaced("template", &req.template).map_err(invalid)?;
         let worker_selector = selector("worker_selector", req.worker_selector)?;
         let now = now_ms();
@@ -101,7 +106,7 @@ impl actor_service_server::ActorService for Services {
     ) -> Result<Response<ListActorsResponse>, Status> {
         let req = req.into_inner();
         if !req.atespace.is_empty() {
-            validate_label("atespace", &req.atespace).map_err(invalid)?;
+            label("atespace", &req.atespace)?;
         }
         let limit = match req.page_size {
             0 => DEFAULT_PAGE_SIZE,
@@ -218,7 +223,7 @@ impl atespace_service_server::AtespaceService for Services {
         req: Request<CreateAtespaceRequest>,
     ) -> Result<Response<Atespace>, Status> {
         let name = req.into_inner().name;
-        validate_label("atespace", &name).map_err(invalid)?;
+        label("atespace", &name)?;
         let a = self
             .api
             .store
@@ -233,7 +238,7 @@ impl atespace_service_server::AtespaceService for Services {
         req: Request<GetAtespaceRequest>,
     ) -> Result<Response<Atespace>, Status> {
         let name = req.into_inner().name;
-        validate_label("atespace", &name).map_err(invalid)?;
+        label("atespace", &name)?;
         let a = self
             .api
             .store
@@ -263,7 +268,7 @@ impl atespace_service_server::AtespaceService for Services {
         req: Request<DeleteAtespaceRequest>,
     ) -> Result<Response<DeleteAtespaceResponse>, Status> {
         let name = req.into_inner().name;
-        validate_label("atespace", &name).map_err(invalid)?;
+        label("atespace", &name)?;
         self.api
             .store
             .delete_atespace(&name)
@@ -283,8 +288,8 @@ impl template_service_server::TemplateService for Services {
             .into_inner()
             .template
             .ok_or_else(|| Status::invalid_argument("invalid template: missing"))?;
-        validate_label("template namespace", &t.namespace).map_err(invalid)?;
-        validate_label("template name", &t.name).map_err(invalid)?;
+        label("template namespace", &t.namespace)?;
+        label("template name", &t.name)?;
         let wire = t
             .spec
             .ok_or_else(|| Status::invalid_argument("invalid spec: missing"))?;
@@ -303,8 +308,8 @@ impl template_service_server::TemplateService for Services {
         req: Request<GetTemplateRequest>,
     ) -> Result<Response<ActorTemplate>, Status> {
         let req = req.into_inner();
-        validate_label("template namespace", &req.namespace).map_err(invalid)?;
-        validate_label("template name", &req.name).map_err(invalid)?;
+        label("template namespace", &req.namespace)?;
+        label("template name", &req.name)?;
         let rec = self
             .api
             .store
@@ -320,7 +325,7 @@ impl template_service_server::TemplateService for Services {
     ) -> Result<Response<ListTemplatesResponse>, Status> {
         let ns = req.into_inner().namespace;
         if !ns.is_empty() {
-            validate_label("template namespace", &ns).map_err(invalid)?;
+            label("template namespace", &ns)?;
         }
         let rows = self
             .api
@@ -338,8 +343,8 @@ impl template_service_server::TemplateService for Services {
         req: Request<DeleteTemplateRequest>,
     ) -> Result<Response<DeleteTemplateResponse>, Status> {
         let req = req.into_inner();
-        validate_label("template namespace", &req.namespace).map_err(invalid)?;
-        validate_label("template name", &req.name).map_err(invalid)?;
+        label("template namespace", &req.namespace)?;
+        label("template name", &req.name)?;
         self.api
             .store
             .delete_template(&req.namespace, &req.name)
@@ -353,8 +358,8 @@ impl template_service_server::TemplateService for Services {
 impl tag_service_server::TagService for Services {
     async fn create_tag(&self, req: Request<CreateTagRequest>) -> Result<Response<Tag>, Status> {
         let req = req.into_inner();
-        validate_label("atespace", &req.atespace).map_err(invalid)?;
-        validate_label("tag name", &req.name).map_err(invalid)?;
+        label("atespace", &req.atespace)?;
+        label("tag name", &req.name)?;
         let source = actor_ref(req.actor)?;
         let snapshots = self
             .api
@@ -393,8 +398,8 @@ impl tag_service_server::TagService for Services {
 
     async fn get_tag(&self, req: Request<GetTagRequest>) -> Result<Response<Tag>, Status> {
         let req = req.into_inner();
-        validate_label("atespace", &req.atespace).map_err(invalid)?;
-        validate_label("tag name", &req.name).map_err(invalid)?;
+        label("atespace", &req.atespace)?;
+        label("tag name", &req.name)?;
         let t = self
             .api
             .store
@@ -410,7 +415,7 @@ impl tag_service_server::TagService for Services {
     ) -> Result<Response<ListTagsResponse>, Status> {
         let ns = req.into_inner().atespace;
         if !ns.is_empty() {
-            validate_label("atespace", &ns).map_err(invalid)?;
+            label("atespace", &ns)?;
         }
         let rows = self
             .api
@@ -428,8 +433,8 @@ impl tag_service_server::TagService for Services {
         req: Request<DeleteTagRequest>,
     ) -> Result<Response<DeleteTagResponse>, Status> {
         let req = req.into_inner();
-        validate_label("atespace", &req.atespace).map_err(invalid)?;
-        validate_label("tag name", &req.name).map_err(invalid)?;
+        label("atespace", &req.atespace)?;
+        label("tag name", &req.name)?;
         self.api
             .store
             .delete_tag(&req.atespace, &req.name)
@@ -440,9 +445,9 @@ impl tag_service_server::TagService for Services {
 }
 
 fn worker_record(w: v1::Worker) -> Result<WorkerRecord, Status> {
-    validate_label("worker.id", &w.id).map_err(invalid)?;
-    validate_label("worker.node", &w.node).map_err(invalid)?;
-    validate_label("worker.sandbox_class", &w.sandbox_class).map_err(invalid)?;
+    label("worker.id", &w.id)?;
+    label("worker.node", &w.node)?;
+    label("worker.sandbox_class", &w.sandbox_class)?;
     if w.addresses.is_empty()
         || w.addresses
             .iter()
@@ -538,7 +543,7 @@ impl fleet_service_server::FleetService for Services {
         req: Request<HeartbeatRequest>,
     ) -> Result<Response<HeartbeatResponse>, Status> {
         let req = req.into_inner();
-        validate_label("worker_id", &req.worker_id).map_err(invalid)?;
+        label("worker_id", &req.worker_id)?;
         let known = self
             .api
             .store
@@ -553,7 +558,7 @@ impl fleet_service_server::FleetService for Services {
         req: Request<DeregisterWorkerRequest>,
     ) -> Result<Response<DeregisterWorkerResponse>, Status> {
         let id = req.into_inner().worker_id;
-        validate_label("worker_id", &id).map_err(invalid)?;
+        label("worker_id", &id)?;
         self.api
             .store
             .deregister_worker(&id)
