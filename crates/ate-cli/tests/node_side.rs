@@ -1320,7 +1320,10 @@ fn actors_are_isolated_and_atunnel_refuses_strangers() {
             .unwrap_or(0u16);
         (status, (), ())
     };
-    eprintln!("b on port 9091 through the router: {status}");
+    assert_eq!(
+        status, 200,
+        "b answers on 9091 through the router (ate-target-port)"
+    );
     for l in [&lo, &any] {
         l.set_nonblocking(true).expect("nonblocking");
         assert!(
