@@ -1140,8 +1140,9 @@ fn exited_actor_is_released_within_a_second_and_resumes_from_its_last_generation
     // The next request resumes it from generation 1 (taken after the 3rd request).
     assert_eq!(counts(&get_ok(&sys, &target, "/")), (4, 4, 4));
 
-    // A process that logged in this life: its last lines are in lastError. (A memory-restored
-    // process starts with an empty log: what it printed before the dump went with that sandbox.)
+    // The last log lines are in lastError: checked on a fresh actor, whose start-up line is
+    // certainly in its log (before d7ce43a a memory-restored actor's log began empty, since the
+    // log lived in the sandbox dir that each checkpoint removes).
     sys.ate_ok(&[
         "create",
         "actor",
