@@ -343,7 +343,7 @@ impl LocalCa {
         if req.id.trust_domain() != self.trust_domain {
             return Err(TlsError::ForeignTrustDomain {
                 ca: self.trust_domain.clone(),
-                id: req.id.clone(),
+                id: Box::new(req.id.clone()),
             });
         }
         if not_after <= not_before {

@@ -293,7 +293,7 @@ impl ClientCertVerifier for SpiffeClientVerifier {
         let id = spiffe_id_from_der(end_entity).map_err(TlsError::into_cert_error)?;
         if !self.allowed.allows(&id) {
             return Err(TlsError::PeerNotAllowed {
-                peer: id,
+                peer: Box::new(id),
                 allowed: self.allowed.to_string(),
             }
             .into_cert_error());
@@ -378,8 +378,8 @@ impl ServerCertVerifier for SpiffeServerVerifier {
                     spiffe_id_from_der(end_entity).map_err(TlsError::into_cert_error)?;
                 if presented != *expected {
                     return Err(TlsError::ServerIdMismatch {
-                        expected: expected.clone(),
-                        presented,
+                        expected: Box::new(expected.clone()),
+                        presented: Box::new(presented),
                     }
                     .into_cert_error());
                 }
@@ -389,7 +389,7 @@ impl ServerCertVerifier for SpiffeServerVerifier {
                     spiffe_id_from_der(end_entity).map_err(TlsError::into_cert_error)?;
                 if !allowed.allows(&presented) {
                     return Err(TlsError::PeerNotAllowed {
-                        peer: presented,
+                        peer: Box::new(presented),
                         allowed: allowed.to_string(),
                     }
                     .into_cert_error());
@@ -431,5 +431,25 @@ impl ServerCertVerifier for SpiffeServerVerifier {
         self.provider
             .signature_verification_algorithms
             .supported_schemes()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn allow_list_parsing_and_membership() {
+        let router = SpiffeId::router("ate.local").unwrap();
+        let list = AllowList::parse_list(
+            "spiffe://ate.local/ns/ate-system/sa/atenet-router, spiffe://ate.local/ns/a/sa/b",
+        )
+        .unwrap();
+        assert!(list.allows(&router));
+        assert!(!list.allows(&SpiffeId::worker("ate.local").unwrap()));
+        assert!(AllowList::any().allows(&router));
+        assert!(!AllowList::parse_list("").unwrap().allows(&router));
+        assert!(AllowList::parse_list("spiffe://ate.local/x").is_err());
+        assert_eq!(AllowList::only([]).to_string(), "nobody");
     }
 }

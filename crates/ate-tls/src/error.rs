@@ -34,7 +34,7 @@ pub enum TlsError {
     },
 
     #[error("CA for trust domain {ca} cannot issue {id}")]
-    ForeignTrustDomain { ca: String, id: SpiffeId },
+    ForeignTrustDomain { ca: String, id: Box<SpiffeId> },
 
     #[error("invalid certificate lifetime: {0}")]
     InvalidLifetime(String),
@@ -58,12 +58,15 @@ pub enum TlsError {
     MultipleSpiffeIds(usize),
 
     #[error("peer {peer} is not allowed here (allowed: {allowed})")]
-    PeerNotAllowed { peer: SpiffeId, allowed: String },
+    PeerNotAllowed {
+        peer: Box<SpiffeId>,
+        allowed: String,
+    },
 
     #[error("server presented {presented}, expected {expected}")]
     ServerIdMismatch {
-        expected: SpiffeId,
-        presented: SpiffeId,
+        expected: Box<SpiffeId>,
+        presented: Box<SpiffeId>,
     },
 
     #[error("certificate generation: {0}")]

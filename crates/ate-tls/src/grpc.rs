@@ -14,7 +14,7 @@ use rustls::pki_types::ServerName;
 use rustls::{ClientConfig, ServerConfig};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::mpsc;
+use tokio::sync::{Semaphore, mpsc};
 use tokio::task::AbortHandle;
 use tokio_rustls::{TlsAcceptor, TlsConnector};
 use tonic::transport::server::Connected;
@@ -27,6 +27,9 @@ use crate::peer::PeerIdentity;
 
 /// How long a client may take to complete the TLS handshake.
 pub const DEFAULT_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+/// Handshakes in flight per listener; beyond this, accepting waits, so a flood of idle
+/// connections cannot grow tasks without bound.
+const MAX_PENDING_HANDSHAKES: usize = 512;
 
 /// Connection facts placed in every request's extensions (tonic `ConnectInfo`).
 #[derive(Clone, Debug)]
@@ -169,7 +172,11 @@ async fn accept_loop(
     tx: mpsc::Sender<TlsConn>,
     handshake_timeout: Duration,
 ) {
+    let pending = Arc::new(Semaphore::new(MAX_PENDING_HANDSHAKES));
     loop {
+        let Ok(permit) = pending.clone().acquire_owned().await else {
+            return;
+        };
         let (tcp, remote) = match listener.accept().await {
             Ok(accepted) => accepted,
             Err(e) => {
@@ -186,7 +193,9 @@ async fn accept_loop(
         let acceptor = acceptor.clone();
         let tx = tx.clone();
         tokio::spawn(async move {
-            match tokio::time::timeout(handshake_timeout, acceptor.accept(tcp)).await {
+            let handshake = tokio::time::timeout(handshake_timeout, acceptor.accept(tcp)).await;
+            drop(permit);
+            match handshake {
                 Ok(Ok(stream)) => {
                     let _ = tx.send(TlsConn::new(stream, remote)).await;
                 }

@@ -287,8 +287,11 @@ fn renew_delay(material: &Material) -> Duration {
     (remaining * 2 / 3).max(Duration::from_millis(100))
 }
 
+/// (mtime s, mtime ns, size, inode, device) of one file; None if it cannot be stat'ed.
+type FileMeta = Option<(i64, i64, u64, u64, u64)>;
+
 #[derive(PartialEq, Eq, Debug, Clone)]
-struct FileStamp(Vec<Option<(i64, i64, u64, u64, u64)>>);
+struct FileStamp(Vec<FileMeta>);
 
 /// mtime, size, inode and device of each file, following symlinks: a Kubernetes secret update
 /// swaps the `..data` symlink, which changes the inode the paths resolve to.

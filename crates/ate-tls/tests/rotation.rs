@@ -77,6 +77,11 @@ async fn three_second_certificates_rotate_under_traffic_without_failures() {
     };
     let (pings, (serials, failures, count)) = tokio::join!(existing, fresh);
 
+    eprintln!(
+        "rotation: {pings} pings on one connection, {count} new connections, {} failures, {} served serials",
+        failures.len(),
+        serials.len()
+    );
     assert!(failures.is_empty(), "failed handshakes: {failures:?}");
     assert!(
         pings > 50 && count > 30,
