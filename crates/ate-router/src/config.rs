@@ -76,7 +76,11 @@ impl Default for Tuning {
             max_header_bytes: 64 * 1024,
             max_uri_len: 8 * 1024,
             tunnel_idle_per_actor: 8,
-            tunnel_idle_timeout: Duration::from_secs(60),
+            // Short: an open tunnel counts as activity for the worker's idle auto-suspend, so a
+            // pooled idle tunnel held for 60 s (the old default) kept every actor with a shorter
+            // `idleTimeout` running for a minute after its last request. Under steady load a
+            // tunnel is reused long before this; reaping runs every half of it.
+            tunnel_idle_timeout: Duration::from_secs(1),
             worker_connect_timeout: Duration::from_secs(3),
         }
     }
