@@ -78,6 +78,9 @@ pub enum TlsError {
     #[error("verifier: {0}")]
     Verifier(#[from] rustls::server::VerifierBuilderError),
 
+    #[error("{0} needs a tokio runtime (call it from async code)")]
+    NoRuntime(&'static str),
+
     #[error("invalid endpoint {0:?}")]
     InvalidEndpoint(String),
 

@@ -171,7 +171,7 @@ impl CertSource {
     }
 
     /// Issues `req` from `ca` now and re-issues at 2/3 of the lifetime. Must be called inside a
-    /// tokio runtime.
+    /// tokio runtime (else `TlsError::NoRuntime`).
     pub fn issued(ca: Arc<LocalCa>, req: SvidRequest) -> Result<Self, TlsError> {
         Self::issued_inner(ca, req, None)
     }
@@ -192,6 +192,8 @@ impl CertSource {
         req: SvidRequest,
         out: Option<PemFiles>,
     ) -> Result<Self, TlsError> {
+        let runtime = tokio::runtime::Handle::try_current()
+            .map_err(|_| TlsError::NoRuntime("CertSource::issued"))?;
         let roots = Arc::new(ca.roots()?);
         let issue = move |ca: &LocalCa| -> Result<Material, TlsError> {
             let svid = ca.issue(&req)?;
@@ -202,19 +204,22 @@ impl CertSource {
         };
         let source = Self::with_material(issue(&ca)?);
         let weak = Arc::downgrade(&source.inner);
-        let handle = tokio::spawn(renew_loop(weak, ca, issue));
+        let handle = runtime.spawn(renew_loop(weak, ca, issue));
         source.set_task(handle.abort_handle());
         Ok(source)
     }
 
     /// Reads `files` now and reloads them when their metadata changes (checked every `poll`).
     /// A failed reload (e.g. a key that does not match the certificate yet) keeps the current
-    /// identity and is retried at the next poll. Must be called inside a tokio runtime.
+    /// identity and is retried at the next poll. Must be called inside a tokio runtime (else
+    /// `TlsError::NoRuntime`).
     pub fn from_files(files: PemFiles, poll: Duration) -> Result<Self, TlsError> {
+        let runtime = tokio::runtime::Handle::try_current()
+            .map_err(|_| TlsError::NoRuntime("CertSource::from_files"))?;
         let stamp = files_stamp(&files);
         let source = Self::with_material(Material::from_files(&files)?);
         let weak = Arc::downgrade(&source.inner);
-        let handle = tokio::spawn(watch_loop(weak, files, poll, stamp));
+        let handle = runtime.spawn(watch_loop(weak, files, poll, stamp));
         source.set_task(handle.abort_handle());
         Ok(source)
     }

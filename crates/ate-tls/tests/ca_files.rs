@@ -80,3 +80,12 @@ fn svid_pem_files_are_written_with_modes() {
     assert_eq!(certs, svid.chain);
     ate_tls::read_key(&k).unwrap();
 }
+
+#[test]
+fn rotating_sources_need_a_runtime() {
+    let dir = tempfile::tempdir().unwrap();
+    let ca = std::sync::Arc::new(LocalCa::open_or_create(dir.path(), "ate.local").unwrap());
+    let req = SvidRequest::new(SpiffeId::api("ate.local").unwrap());
+    let err = ate_tls::CertSource::issued(ca, req).unwrap_err();
+    assert!(matches!(err, TlsError::NoRuntime(_)), "{err}");
+}
