@@ -137,3 +137,56 @@ fn proxy_adds_the_actor_header() {
         "{reply}"
     );
 }
+
+#[test]
+fn logs_follow_the_actor_across_suspends() {
+    let sys = System::up(UpOptions {
+        workers: 2,
+        ..Default::default()
+    });
+    sys.ate_ok(&[
+        "create",
+        "actor",
+        "l1",
+        "-a",
+        "ate-demo",
+        "-t",
+        "ate-demo/counter",
+    ]);
+    assert_eq!(get(sys.router_addr, "ate-demo/l1", "/").0, 200);
+    sys.ate_ok(&["suspend", "actor", "l1", "-a", "ate-demo"]);
+    let before = worker_of(&sys, "ate-demo", "l1");
+    assert!(before.is_empty(), "suspended actor has no worker");
+    assert_eq!(get(sys.router_addr, "ate-demo/l1", "/").0, 200);
+    let state = sys.state_dir();
+    let state = state.to_str().expect("utf-8 path");
+    let log = sys.ate_ok(&[
+        "logs",
+        "actor",
+        "l1",
+        "-a",
+        "ate-demo",
+        "--state-dir",
+        state,
+    ]);
+    assert!(log.contains("counter listening on"), "{log}");
+    assert!(log.contains("counted request 1"), "{log}");
+    // After a memory restore the same process goes on writing into the same log.
+    assert!(log.contains("counted request 2"), "{log}");
+    assert_eq!(
+        log.matches("counter listening on").count(),
+        1,
+        "restored, not restarted: {log}"
+    );
+    let out = sys.ate(&[
+        "logs",
+        "actor",
+        "nobody",
+        "-a",
+        "ate-demo",
+        "--state-dir",
+        state,
+    ]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("has no log"));
+}

@@ -132,12 +132,16 @@ fn handle(counters: &Mutex<Counters>, req: &Request) -> Response {
         _ => {
             let mut c = counters.lock().unwrap_or_else(|p| p.into_inner());
             match c.increment() {
-                Ok((m, f, r)) => Response::text(
-                    200,
-                    format!(
-                        "preserved memory count: {m} | preserved file counter: {f} | preserved rootfs counter: {r}"
-                    ),
-                ),
+                Ok((m, f, r)) => {
+                    // One line per counted request, so `ate logs` shows output across suspends.
+                    http::log(&format!("counted request {m}"));
+                    Response::text(
+                        200,
+                        format!(
+                            "preserved memory count: {m} | preserved file counter: {f} | preserved rootfs counter: {r}"
+                        ),
+                    )
+                }
                 Err(e) => {
                     Response::text(500, format!("counter: cannot write counter files: {e}\n"))
                 }
