@@ -5,6 +5,7 @@
 //! (NodeService), and it never holds state outside the store that it cannot rebuild from the
 //! store (the fleet view is a cache).
 
+pub mod authz;
 pub mod convert;
 pub mod error;
 pub mod lease;
@@ -47,6 +48,8 @@ pub struct ApiConfig {
     pub fleet_max_age: Duration,
     /// Names this api process in lease holders.
     pub instance_id: String,
+    /// mTLS to node agents (the api's identity; the node's pinned). None: plaintext.
+    pub node_tls: Option<Arc<ate_tls::rustls::ClientConfig>>,
 }
 
 impl Default for ApiConfig {
@@ -57,6 +60,7 @@ impl Default for ApiConfig {
             node_call_timeout: Duration::from_secs(120),
             fleet_max_age: Duration::from_millis(250),
             instance_id: format!("api-{}", std::process::id()),
+            node_tls: None,
         }
     }
 }
@@ -70,6 +74,8 @@ pub enum ServeError {
     },
     #[error("gRPC server failed: {0}")]
     Grpc(#[from] tonic::transport::Error),
+    #[error("TLS: {0}")]
+    Tls(String),
     #[error("health server failed: {0}")]
     Http(std::io::Error),
 }
@@ -88,16 +94,45 @@ pub fn metrics_handle() -> PrometheusHandle {
         .clone()
 }
 
-/// Serves the gRPC services on `grpc` and `/healthz` + `/metrics` on `http` until `shutdown`
-/// resolves; runs the worker-expiry loop alongside.
+/// How the gRPC listener authenticates and authorizes callers.
+#[derive(Debug, Clone)]
+pub struct TlsServe {
+    /// Server config with `ClientAuth::Required` (any ID of the trust domain); ALPN is set to h2.
+    pub server: Arc<ate_tls::rustls::ServerConfig>,
+    /// Identity → role policy.
+    pub authz: authz::Authz,
+}
+
+/// Serves the gRPC services on `grpc` (plaintext, every caller admin) and `/healthz` +
+/// `/metrics` on `http` until `shutdown` resolves; runs the worker-expiry loop alongside.
 pub async fn serve(
     api: Arc<Api>,
     grpc: TcpListener,
     http: Option<TcpListener>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), ServeError> {
+    serve_with(api, grpc, http, None, shutdown).await
+}
+
+/// Like [`serve`], with mTLS and roles on the gRPC listener when `tls` is given.
+pub async fn serve_with(
+    api: Arc<Api>,
+    grpc: TcpListener,
+    http: Option<TcpListener>,
+    tls: Option<TlsServe>,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), ServeError> {
     let handle = metrics_handle();
-    let services = services::Services { api: api.clone() };
+    let authz = match &tls {
+        Some(t) => t.authz.clone(),
+        // Plaintext: no identities, every caller is admin (see `authz`).
+        None => authz::Authz::new(ate_tls::DEFAULT_TRUST_DOMAIN, "")
+            .map_err(|e| ServeError::Tls(e.to_string()))?,
+    };
+    let services = services::Services {
+        api: api.clone(),
+        authz: Arc::new(authz),
+    };
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     tokio::spawn(async move {
         shutdown.await;
@@ -140,18 +175,29 @@ pub async fn serve(
     });
 
     let mut stop = stop_rx.clone();
-    let incoming = tokio_stream::wrappers::TcpListenerStream::new(grpc);
-    let result = tonic::transport::Server::builder()
+    let router = tonic::transport::Server::builder()
         .tcp_nodelay(true)
         .add_service(ActorServiceServer::new(services.clone()))
         .add_service(AtespaceServiceServer::new(services.clone()))
         .add_service(TemplateServiceServer::new(services.clone()))
         .add_service(TagServiceServer::new(services.clone()))
-        .add_service(FleetServiceServer::new(services))
-        .serve_with_incoming_shutdown(incoming, async move {
-            let _ = stop.changed().await;
-        })
-        .await;
+        .add_service(FleetServiceServer::new(services));
+    let stopped = async move {
+        let _ = stop.changed().await;
+    };
+    let result = match tls {
+        Some(t) => {
+            let mut server = (*t.server).clone();
+            ate_tls::set_server_alpn(&mut server, &[ate_tls::Alpn::H2]);
+            let incoming = ate_tls::TlsIncoming::new(grpc, Arc::new(server))
+                .map_err(|e| ServeError::Tls(e.to_string()))?;
+            router.serve_with_incoming_shutdown(incoming, stopped).await
+        }
+        None => {
+            let incoming = tokio_stream::wrappers::TcpListenerStream::new(grpc);
+            router.serve_with_incoming_shutdown(incoming, stopped).await
+        }
+    };
     expiry.abort();
     if let Some(task) = http_task
         && let Ok(Err(e)) = task.await

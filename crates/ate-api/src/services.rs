@@ -9,6 +9,7 @@ use ate_proto::v1::{self, *};
 use ate_store::{ActorRecord, Capacity, TagRecord, WorkerRecord, WorkerStatus};
 use tonic::{Request, Response, Status};
 
+use crate::authz::{Authz, Caller, Need};
 use crate::convert;
 use crate::error::{self, invalid};
 use crate::now_ms;
@@ -48,9 +49,29 @@ fn parse_page_token(token: &str) -> Result<Option<(String, String)>, Status> {
     Ok(Some((r.atespace, r.name)))
 }
 
+/// The atespace named by an actor reference (empty if missing; validation reports that).
+fn ref_atespace(r: &Option<v1::ObjectRef>) -> &str {
+    r.as_ref().map(|r| r.atespace.as_str()).unwrap_or_default()
+}
+
 #[derive(Clone)]
 pub struct Services {
     pub api: Arc<Api>,
+    pub authz: Arc<Authz>,
+}
+
+impl Services {
+    /// The caller of `req`, if its role allows `rpc` with what `need` reads from the message.
+    fn authorize<T>(
+        &self,
+        req: &Request<T>,
+        rpc: &str,
+        need: fn(&T) -> Need<'_>,
+    ) -> Result<Caller, Status> {
+        let caller = self.authz.caller(req)?;
+        caller.check(rpc, need(req.get_ref()))?;
+        Ok(caller)
+    }
 }
 
 #[tonic::async_trait]
@@ -59,6 +80,9 @@ impl actor_service_server::ActorService for Services {
         &self,
         req: Request<CreateActorRequest>,
     ) -> Result<Response<Actor>, Status> {
+        let _ = self.authorize(&req, "ActorService/CreateActor", |r| {
+            Need::Atespace(&r.atespace)
+        })?;
         let req = req.into_inner();
         label("atespace", &req.atespace)?;
         label("actor name", &req.name)?;
@@ -90,6 +114,9 @@ impl actor_service_server::ActorService for Services {
     }
 
     async fn get_actor(&self, req: Request<GetActorRequest>) -> Result<Response<Actor>, Status> {
+        let _ = self.authorize(&req, "ActorService/GetActor", |r| {
+            Need::Atespace(ref_atespace(&r.actor))
+        })?;
         let r = actor_ref(req.into_inner().actor)?;
         let a = self
             .api
@@ -104,6 +131,13 @@ impl actor_service_server::ActorService for Services {
         &self,
         req: Request<ListActorsRequest>,
     ) -> Result<Response<ListActorsResponse>, Status> {
+        let caller = self.authorize(&req, "ActorService/ListActors", |r| {
+            if r.atespace.is_empty() {
+                Need::List
+            } else {
+                Need::Atespace(&r.atespace)
+            }
+        })?;
         let req = req.into_inner();
         if !req.atespace.is_empty() {
             label("atespace", &req.atespace)?;
@@ -134,6 +168,7 @@ impl actor_service_server::ActorService for Services {
         let workers = self.api.fleet.workers().await.map_err(error::store)?;
         let actors = rows
             .iter()
+            .filter(|a| caller.sees(&a.atespace))
             .map(|a| {
                 convert::actor(
                     a,
@@ -153,6 +188,9 @@ impl actor_service_server::ActorService for Services {
         &self,
         req: Request<UpdateActorRequest>,
     ) -> Result<Response<Actor>, Status> {
+        let _ = self.authorize(&req, "ActorService/UpdateActor", |r| {
+            Need::Atespace(ref_atespace(&r.actor))
+        })?;
         let req = req.into_inner();
         let r = actor_ref(req.actor)?;
         let sel = selector("worker_selector", req.worker_selector)?;
@@ -169,6 +207,9 @@ impl actor_service_server::ActorService for Services {
         &self,
         req: Request<DeleteActorRequest>,
     ) -> Result<Response<DeleteActorResponse>, Status> {
+        let _ = self.authorize(&req, "ActorService/DeleteActor", |r| {
+            Need::Atespace(ref_atespace(&r.actor))
+        })?;
         let r = actor_ref(req.into_inner().actor)?;
         self.api.delete(&r).await?;
         Ok(Response::new(DeleteActorResponse {}))
@@ -178,6 +219,9 @@ impl actor_service_server::ActorService for Services {
         &self,
         req: Request<ResumeActorRequest>,
     ) -> Result<Response<ResumeActorResponse>, Status> {
+        let _ = self.authorize(&req, "ActorService/ResumeActor", |r| {
+            Need::Resume(ref_atespace(&r.actor))
+        })?;
         let r = actor_ref(req.into_inner().actor)?;
         let (actor, resumed) = self.api.resume(&r).await?;
         Ok(Response::new(ResumeActorResponse {
@@ -190,6 +234,9 @@ impl actor_service_server::ActorService for Services {
         &self,
         req: Request<SuspendActorRequest>,
     ) -> Result<Response<Actor>, Status> {
+        let _ = self.authorize(&req, "ActorService/SuspendActor", |r| {
+            Need::Suspend(ref_atespace(&r.actor))
+        })?;
         let req = req.into_inner();
         let r = actor_ref(req.actor)?;
         let durable = match req.mode {
@@ -211,6 +258,9 @@ impl actor_service_server::ActorService for Services {
         &self,
         req: Request<RevertActorRequest>,
     ) -> Result<Response<Actor>, Status> {
+        let _ = self.authorize(&req, "ActorService/RevertActor", |r| {
+            Need::Atespace(ref_atespace(&r.actor))
+        })?;
         let r = actor_ref(req.into_inner().actor)?;
         Ok(Response::new(self.api.revert(&r).await?))
     }
@@ -222,6 +272,9 @@ impl atespace_service_server::AtespaceService for Services {
         &self,
         req: Request<CreateAtespaceRequest>,
     ) -> Result<Response<Atespace>, Status> {
+        let _ = self.authorize(&req, "AtespaceService/CreateAtespace", |r| {
+            Need::Atespace(&r.name)
+        })?;
         let name = req.into_inner().name;
         label("atespace", &name)?;
         let a = self
@@ -237,6 +290,9 @@ impl atespace_service_server::AtespaceService for Services {
         &self,
         req: Request<GetAtespaceRequest>,
     ) -> Result<Response<Atespace>, Status> {
+        let _ = self.authorize(&req, "AtespaceService/GetAtespace", |r| {
+            Need::Atespace(&r.name)
+        })?;
         let name = req.into_inner().name;
         label("atespace", &name)?;
         let a = self
@@ -252,6 +308,7 @@ impl atespace_service_server::AtespaceService for Services {
         &self,
         _req: Request<ListAtespacesRequest>,
     ) -> Result<Response<ListAtespacesResponse>, Status> {
+        let caller = self.authorize(&_req, "AtespaceService/ListAtespaces", |_| Need::List)?;
         let rows = self
             .api
             .store
@@ -259,7 +316,11 @@ impl atespace_service_server::AtespaceService for Services {
             .await
             .map_err(error::store)?;
         Ok(Response::new(ListAtespacesResponse {
-            atespaces: rows.iter().map(convert::atespace).collect(),
+            atespaces: rows
+                .iter()
+                .filter(|a| caller.sees(&a.name))
+                .map(convert::atespace)
+                .collect(),
         }))
     }
 
@@ -267,6 +328,9 @@ impl atespace_service_server::AtespaceService for Services {
         &self,
         req: Request<DeleteAtespaceRequest>,
     ) -> Result<Response<DeleteAtespaceResponse>, Status> {
+        let _ = self.authorize(&req, "AtespaceService/DeleteAtespace", |r| {
+            Need::Atespace(&r.name)
+        })?;
         let name = req.into_inner().name;
         label("atespace", &name)?;
         self.api
@@ -284,6 +348,7 @@ impl template_service_server::TemplateService for Services {
         &self,
         req: Request<ApplyTemplateRequest>,
     ) -> Result<Response<ActorTemplate>, Status> {
+        let _ = self.authorize(&req, "TemplateService/ApplyTemplate", |_| Need::Admin)?;
         let t = req
             .into_inner()
             .template
@@ -307,6 +372,7 @@ impl template_service_server::TemplateService for Services {
         &self,
         req: Request<GetTemplateRequest>,
     ) -> Result<Response<ActorTemplate>, Status> {
+        let _ = self.authorize(&req, "TemplateService/GetTemplate", |_| Need::Admin)?;
         let req = req.into_inner();
         label("template namespace", &req.namespace)?;
         label("template name", &req.name)?;
@@ -323,6 +389,7 @@ impl template_service_server::TemplateService for Services {
         &self,
         req: Request<ListTemplatesRequest>,
     ) -> Result<Response<ListTemplatesResponse>, Status> {
+        let _ = self.authorize(&req, "TemplateService/ListTemplates", |_| Need::Admin)?;
         let ns = req.into_inner().namespace;
         if !ns.is_empty() {
             label("template namespace", &ns)?;
@@ -342,6 +409,7 @@ impl template_service_server::TemplateService for Services {
         &self,
         req: Request<DeleteTemplateRequest>,
     ) -> Result<Response<DeleteTemplateResponse>, Status> {
+        let _ = self.authorize(&req, "TemplateService/DeleteTemplate", |_| Need::Admin)?;
         let req = req.into_inner();
         label("template namespace", &req.namespace)?;
         label("template name", &req.name)?;
@@ -357,6 +425,7 @@ impl template_service_server::TemplateService for Services {
 #[tonic::async_trait]
 impl tag_service_server::TagService for Services {
     async fn create_tag(&self, req: Request<CreateTagRequest>) -> Result<Response<Tag>, Status> {
+        let _ = self.authorize(&req, "TagService/CreateTag", |_| Need::Admin)?;
         let req = req.into_inner();
         label("atespace", &req.atespace)?;
         label("tag name", &req.name)?;
@@ -397,6 +466,7 @@ impl tag_service_server::TagService for Services {
     }
 
     async fn get_tag(&self, req: Request<GetTagRequest>) -> Result<Response<Tag>, Status> {
+        let _ = self.authorize(&req, "TagService/GetTag", |_| Need::Admin)?;
         let req = req.into_inner();
         label("atespace", &req.atespace)?;
         label("tag name", &req.name)?;
@@ -413,6 +483,7 @@ impl tag_service_server::TagService for Services {
         &self,
         req: Request<ListTagsRequest>,
     ) -> Result<Response<ListTagsResponse>, Status> {
+        let _ = self.authorize(&req, "TagService/ListTags", |_| Need::Admin)?;
         let ns = req.into_inner().atespace;
         if !ns.is_empty() {
             label("atespace", &ns)?;
@@ -432,6 +503,7 @@ impl tag_service_server::TagService for Services {
         &self,
         req: Request<DeleteTagRequest>,
     ) -> Result<Response<DeleteTagResponse>, Status> {
+        let _ = self.authorize(&req, "TagService/DeleteTag", |_| Need::Admin)?;
         let req = req.into_inner();
         label("atespace", &req.atespace)?;
         label("tag name", &req.name)?;
@@ -507,6 +579,7 @@ impl fleet_service_server::FleetService for Services {
         &self,
         req: Request<RegisterWorkerRequest>,
     ) -> Result<Response<RegisterWorkerResponse>, Status> {
+        let _ = self.authorize(&req, "FleetService/RegisterWorker", |_| Need::Fleet)?;
         let w = req
             .into_inner()
             .worker
@@ -542,6 +615,7 @@ impl fleet_service_server::FleetService for Services {
         &self,
         req: Request<HeartbeatRequest>,
     ) -> Result<Response<HeartbeatResponse>, Status> {
+        let _ = self.authorize(&req, "FleetService/Heartbeat", |_| Need::Fleet)?;
         let req = req.into_inner();
         label("worker_id", &req.worker_id)?;
         let known = self
@@ -557,6 +631,7 @@ impl fleet_service_server::FleetService for Services {
         &self,
         req: Request<DeregisterWorkerRequest>,
     ) -> Result<Response<DeregisterWorkerResponse>, Status> {
+        let _ = self.authorize(&req, "FleetService/DeregisterWorker", |_| Need::Fleet)?;
         let id = req.into_inner().worker_id;
         label("worker_id", &id)?;
         self.api
@@ -576,6 +651,7 @@ impl fleet_service_server::FleetService for Services {
         &self,
         _req: Request<ListWorkersRequest>,
     ) -> Result<Response<ListWorkersResponse>, Status> {
+        let _ = self.authorize(&_req, "FleetService/ListWorkers", |_| Need::Fleet)?;
         let rows = self.api.store.list_workers().await.map_err(error::store)?;
         Ok(Response::new(ListWorkersResponse {
             workers: rows.iter().map(convert::worker).collect(),
@@ -586,6 +662,7 @@ impl fleet_service_server::FleetService for Services {
         &self,
         req: Request<ReportSnapshotRequest>,
     ) -> Result<Response<ReportSnapshotResponse>, Status> {
+        let _ = self.authorize(&req, "FleetService/ReportSnapshot", |_| Need::Fleet)?;
         let req = req.into_inner();
         let r = actor_ref(req.actor)?;
         let status = DurableStatus::from_wire(req.durable_status).ok_or_else(|| {
@@ -610,6 +687,7 @@ impl fleet_service_server::FleetService for Services {
         &self,
         req: Request<ReportActorExitRequest>,
     ) -> Result<Response<ReportActorExitResponse>, Status> {
+        let _ = self.authorize(&req, "FleetService/ReportActorExit", |_| Need::Fleet)?;
         let req = req.into_inner();
         let r = actor_ref(req.actor)?;
         self.api

@@ -133,7 +133,7 @@ impl Api {
         Self {
             fleet: FleetView::new(store.clone(), cfg.fleet_max_age),
             store,
-            nodes: NodeClients::default(),
+            nodes: NodeClients::new(cfg.node_tls.clone()),
             cfg,
             faults: Faults::default(),
         }

@@ -44,25 +44,89 @@ pub fn user_config_file() -> Option<PathBuf> {
     Some(base.join("ate").join(API_ADDRESS_FILE))
 }
 
+/// The admin certificate's name in the files `ate up` writes (`admin.crt`, `admin.key`).
+pub const ADMIN_CERT_NAME: &str = "admin";
+/// Subdirectory of the state dir with every component's certificate (`ate up`).
+pub const TLS_DIR: &str = "tls";
+
+/// `--cert`, `--key`, `--ca` (or `ATE_CERT`, `ATE_KEY`, `ATE_CA`): the CLI's identity.
+#[derive(Debug, Clone, Default)]
+pub struct ClientTls {
+    pub cert: Option<PathBuf>,
+    pub key: Option<PathBuf>,
+    pub ca: Option<PathBuf>,
+}
+
+/// Where `ate up` leaves a client configuration: the api-address file and the admin
+/// certificate next to it; `explicit` when the user pointed at it (`ATE_STATE_DIR`).
+struct Discovered {
+    address_file: PathBuf,
+    tls: ate_tls::PemFiles,
+    explicit: bool,
+}
+
+fn discovered() -> Vec<Discovered> {
+    let env_state = std::env::var_os("ATE_STATE_DIR").map(PathBuf::from);
+    let state_dir = env_state
+        .clone()
+        .unwrap_or_else(|| PathBuf::from(DEFAULT_STATE_DIR));
+    let mut out = vec![Discovered {
+        address_file: state_dir.join(API_ADDRESS_FILE),
+        tls: ate_tls::PemFiles::in_dir(&state_dir.join(TLS_DIR), ADMIN_CERT_NAME),
+        explicit: env_state.is_some(),
+    }];
+    if let Some(file) = user_config_file()
+        && let Some(dir) = file.parent()
+    {
+        out.push(Discovered {
+            tls: ate_tls::PemFiles::in_dir(dir, ADMIN_CERT_NAME),
+            address_file: file,
+            explicit: false,
+        });
+    }
+    out
+}
+
+fn read_address(file: &std::path::Path) -> Option<String> {
+    let text = std::fs::read_to_string(file).ok()?;
+    let addr = text.trim();
+    (!addr.is_empty()).then(|| addr.to_string())
+}
+
 /// `--api` / `ATE_API`, else what `ate up` wrote (state dir from `ATE_STATE_DIR`, then the user
 /// config), else the default address.
 pub fn resolve_address(flag: Option<String>) -> String {
     if let Some(a) = flag.filter(|a| !a.is_empty()) {
         return a;
     }
-    let state_dir = std::env::var_os("ATE_STATE_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(DEFAULT_STATE_DIR));
-    let candidates = [Some(state_dir.join(API_ADDRESS_FILE)), user_config_file()];
-    for file in candidates.into_iter().flatten() {
-        if let Ok(text) = std::fs::read_to_string(&file) {
-            let addr = text.trim();
-            if !addr.is_empty() {
-                return addr.to_string();
-            }
+    discovered()
+        .iter()
+        .find_map(|d| read_address(&d.address_file))
+        .unwrap_or_else(|| ate_core::DEFAULT_API_ADDR.to_string())
+}
+
+/// The certificate to present to the api at `address`: `--cert/--key/--ca` (all three), else
+/// the admin certificate `ate up` wrote next to the api-address file that names `address` (or in
+/// `$ATE_STATE_DIR/tls`), else none (plaintext).
+pub fn resolve_tls(address: &str, flags: &ClientTls) -> anyhow::Result<Option<ate_tls::PemFiles>> {
+    match (&flags.cert, &flags.key, &flags.ca) {
+        (Some(cert), Some(key), Some(ca)) => {
+            return Ok(Some(ate_tls::PemFiles {
+                cert: cert.clone(),
+                key: key.clone(),
+                ca: ca.clone(),
+            }));
         }
+        (None, None, None) => {}
+        _ => anyhow::bail!("--cert, --key and --ca (ATE_CERT, ATE_KEY, ATE_CA) go together"),
     }
-    ate_core::DEFAULT_API_ADDR.to_string()
+    Ok(discovered()
+        .into_iter()
+        .find(|d| {
+            d.tls.cert.exists()
+                && (d.explicit || read_address(&d.address_file).as_deref() == Some(address))
+        })
+        .map(|d| d.tls))
 }
 
 pub fn endpoint(address: &str) -> anyhow::Result<Endpoint> {
@@ -77,10 +141,47 @@ pub fn endpoint(address: &str) -> anyhow::Result<Endpoint> {
         .tcp_nodelay(true))
 }
 
-pub async fn connect(flag: Option<String>) -> anyhow::Result<Clients> {
+/// Connects to the api at `address`, over mTLS with `tls` (the api's SPIFFE ID in the trust
+/// domain of our own certificate is pinned) or in plaintext.
+pub async fn connect_to(
+    address: &str,
+    tls: Option<&ate_tls::CertSource>,
+) -> anyhow::Result<Channel> {
+    let endpoint = endpoint(address)?;
+    let channel = match tls {
+        Some(src) => {
+            let td = src
+                .id()
+                .map(|id| id.trust_domain().to_string())
+                .unwrap_or_else(|| ate_tls::DEFAULT_TRUST_DOMAIN.to_string());
+            let config = ate_tls::client_config(
+                src,
+                ate_tls::ServerCheck::Pin(ate_tls::SpiffeId::api(&td)?),
+            )?;
+            ate_tls::tls_channel(endpoint, std::sync::Arc::new(config)).await?
+        }
+        None => endpoint.connect().await?,
+    };
+    Ok(channel)
+}
+
+pub async fn connect(flag: Option<String>, tls: &ClientTls) -> anyhow::Result<Clients> {
     let address = resolve_address(flag);
-    let channel = endpoint(&address)?.connect().await.with_context(|| {
-        format!("cannot reach the api at {address} (is `ate up` running? set --api or ATE_API)")
+    let files = resolve_tls(&address, tls)?;
+    let source = match &files {
+        Some(f) => Some(
+            ate_tls::CertSource::from_files(f.clone(), ate_tls::DEFAULT_FILE_POLL).with_context(
+                || format!("cannot read the client certificate {}", f.cert.display()),
+            )?,
+        ),
+        None => None,
+    };
+    let channel = connect_to(&address, source.as_ref()).await.with_context(|| {
+        let how = match &files {
+            Some(f) => format!("mTLS as {}", f.cert.display()),
+            None => "plaintext; no client certificate found (--cert/--key/--ca)".to_string(),
+        };
+        format!("cannot reach the api at {address} ({how}; is `ate up` running? set --api or ATE_API)")
     })?;
     Ok(Clients::new(channel))
 }

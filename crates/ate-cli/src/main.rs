@@ -25,6 +25,15 @@ struct Cli {
     /// api address (host:port). Default: the address `ate up` wrote, else 127.0.0.1:7443.
     #[arg(long, global = true, env = "ATE_API")]
     api: Option<String>,
+    /// Client certificate for the api (PEM). Default: the admin certificate `ate up` wrote.
+    #[arg(long, global = true, env = "ATE_CERT")]
+    cert: Option<PathBuf>,
+    /// Private key of --cert.
+    #[arg(long, global = true, env = "ATE_KEY")]
+    key: Option<PathBuf>,
+    /// CA bundle the api's certificate must chain to.
+    #[arg(long, global = true, env = "ATE_CA")]
+    ca: Option<PathBuf>,
     /// Output format.
     #[arg(short = 'o', long, global = true, value_enum, default_value_t = Format::Table)]
     output: Format,
@@ -88,6 +97,7 @@ enum Command {
 }
 
 fn main() -> ExitCode {
+    ate_tls::install_crypto_provider();
     let cli = Cli::parse();
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -111,22 +121,29 @@ fn main() -> ExitCode {
 async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     let out = cli.output;
     let api = cli.api;
+    let tls = client::ClientTls {
+        cert: cli.cert,
+        key: cli.key,
+        ca: cli.ca,
+    };
     match cli.command {
         Command::Api(args) => serve::run_api(args).await.map(|_| ExitCode::SUCCESS),
         Command::Router(args) => serve::run_router(args).await.map(|_| ExitCode::SUCCESS),
         Command::Node(args) => serve::run_node(args).await.map(|_| ExitCode::SUCCESS),
         Command::Worker(args) => serve::run_worker(args).await.map(|_| ExitCode::SUCCESS),
         Command::Up(args) => up::run(args).await,
-        Command::Apply { file } => verbs::apply(&client::connect(api).await?, &file, out).await,
-        Command::Create(cmd) => verbs::create(&client::connect(api).await?, cmd, out).await,
-        Command::Get(cmd) => verbs::get(&client::connect(api).await?, cmd, out).await,
-        Command::Update(cmd) => verbs::update(&client::connect(api).await?, cmd, out).await,
-        Command::Resume(cmd) => verbs::resume(&client::connect(api).await?, cmd, out).await,
-        Command::Suspend(cmd) => verbs::suspend(&client::connect(api).await?, cmd, out).await,
-        Command::Revert(cmd) => verbs::revert(&client::connect(api).await?, cmd, out).await,
+        Command::Apply { file } => {
+            verbs::apply(&client::connect(api, &tls).await?, &file, out).await
+        }
+        Command::Create(cmd) => verbs::create(&client::connect(api, &tls).await?, cmd, out).await,
+        Command::Get(cmd) => verbs::get(&client::connect(api, &tls).await?, cmd, out).await,
+        Command::Update(cmd) => verbs::update(&client::connect(api, &tls).await?, cmd, out).await,
+        Command::Resume(cmd) => verbs::resume(&client::connect(api, &tls).await?, cmd, out).await,
+        Command::Suspend(cmd) => verbs::suspend(&client::connect(api, &tls).await?, cmd, out).await,
+        Command::Revert(cmd) => verbs::revert(&client::connect(api, &tls).await?, cmd, out).await,
         Command::Logs(cmd) => logs::run(cmd).await.map(|_| ExitCode::SUCCESS),
         Command::Proxy(args) => proxy::run(args).await.map(|_| ExitCode::SUCCESS),
-        Command::Delete(cmd) => verbs::delete(&client::connect(api).await?, cmd).await,
-        Command::Bench(cmd) => bench::run(client::connect(api).await?, cmd).await,
+        Command::Delete(cmd) => verbs::delete(&client::connect(api, &tls).await?, cmd).await,
+        Command::Bench(cmd) => bench::run(client::connect(api, &tls).await?, cmd).await,
     }
 }

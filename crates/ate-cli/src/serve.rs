@@ -35,6 +35,14 @@ pub struct ApiArgs {
     /// Log as JSON lines.
     #[arg(long)]
     pub log_json: bool,
+    /// The api's identity (`--tls-cert/--tls-key/--tls-ca`): gRPC over mTLS with roles, and mTLS
+    /// to node agents. Absent: plaintext, and every caller is admin.
+    #[command(flatten)]
+    pub tls: ate_tls::TlsArgs,
+    /// Atespaces of `client` identities: `spiffe://td/ns/x/sa/y=team-a,team-b;spiffe://…=*`.
+    /// A client identity not listed has no atespace.
+    #[arg(long, env = "ATE_CLIENT_ATESPACES", default_value = "")]
+    pub client_atespaces: String,
 }
 
 pub fn init_logging(json: bool) {
@@ -72,9 +80,35 @@ pub async fn run_api(args: ApiArgs) -> anyhow::Result<()> {
     let store = ate_store::open(&args.store)
         .await
         .with_context(|| format!("cannot open store {}", args.store))?;
+    let td = args.tls.trust_domain().to_string();
+    let source = args.tls.load("api")?;
+    let (node_tls, serve_tls) = match &source {
+        Some(src) => {
+            let node = ate_tls::client_config(
+                src,
+                ate_tls::ServerCheck::Pin(ate_tls::SpiffeId::node(&td)?),
+            )?;
+            let server = ate_tls::server_config(
+                src,
+                ate_tls::ClientAuth::Required {
+                    allowed: ate_tls::AllowList::any(),
+                },
+            )?;
+            let authz = ate_api::authz::Authz::new(&td, &args.client_atespaces)?;
+            (
+                Some(Arc::new(node)),
+                Some(ate_api::TlsServe {
+                    server: Arc::new(server),
+                    authz,
+                }),
+            )
+        }
+        None => (None, None),
+    };
     let cfg = ate_api::ApiConfig {
         heartbeat_timeout: Duration::from_secs(args.heartbeat_timeout_seconds.max(1)),
         lease_ttl: Duration::from_secs(args.lease_ttl_seconds.max(1)),
+        node_tls,
         ..Default::default()
     };
     let api = Arc::new(ate_api::Api::new(store, cfg));
@@ -91,8 +125,8 @@ pub async fn run_api(args: ApiArgs) -> anyhow::Result<()> {
             serde_json::json!({ "grpc": grpc_addr.to_string(), "http": http_addr.to_string() });
         write_atomically(file, &body.to_string())?;
     }
-    tracing::info!(grpc = %grpc_addr, http = %http_addr, store = %redact(&args.store), "api serving");
-    ate_api::serve(api, grpc, Some(http), shutdown_signal()).await?;
+    tracing::info!(grpc = %grpc_addr, http = %http_addr, store = %redact(&args.store), tls = serve_tls.is_some(), "api serving");
+    ate_api::serve_with(api, grpc, Some(http), serve_tls, shutdown_signal()).await?;
     tracing::info!("api stopped");
     Ok(())
 }

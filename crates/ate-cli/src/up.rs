@@ -6,6 +6,7 @@
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{ExitCode, Stdio};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
@@ -74,6 +75,108 @@ pub struct UpArgs {
     /// Extra flags for the router, e.g. `--router-arg=--parked-request-budget=2s` (repeatable).
     #[arg(long = "router-arg", allow_hyphen_values = true)]
     pub router_args: Vec<String>,
+    /// SPIFFE trust domain of the local CA and every component's identity.
+    #[arg(long, default_value = ate_tls::DEFAULT_TRUST_DOMAIN)]
+    pub trust_domain: String,
+    /// Lifetime of every component certificate; each is re-issued at 2/3 of it (e.g. `60s`).
+    #[arg(long, default_value = "24h", value_parser = ate_router::config::parse_duration)]
+    pub cert_lifetime: Duration,
+}
+
+/// The local CA and one rotating certificate per component, written to `<state>/tls/<name>.crt`
+/// and `.key` (+ `ca.crt`) for the children, which reload them when they change.
+struct Pki {
+    ca: Arc<ate_tls::LocalCa>,
+    dir: PathBuf,
+    td: String,
+    lifetime: Duration,
+    /// Kept alive: dropping a source stops its rotation.
+    sources: Vec<ate_tls::CertSource>,
+}
+
+impl Pki {
+    fn open(args: &UpArgs) -> anyhow::Result<Self> {
+        let ca_dir = args.state_dir.join("ca");
+        let ca =
+            ate_tls::LocalCa::open_or_create(&ca_dir, &args.trust_domain).with_context(|| {
+                format!("cannot open or create the local CA in {}", ca_dir.display())
+            })?;
+        let dir = args.state_dir.join(client::TLS_DIR);
+        std::fs::create_dir_all(&dir)
+            .with_context(|| format!("cannot create {}", dir.display()))?;
+        Ok(Pki {
+            ca: Arc::new(ca),
+            dir,
+            td: args.trust_domain.clone(),
+            lifetime: args.cert_lifetime,
+            sources: Vec::new(),
+        })
+    }
+
+    /// Issues (and keeps rotating) `id`'s certificate as `<name>.{crt,key}`.
+    fn issue(
+        &mut self,
+        name: &str,
+        id: ate_tls::SpiffeId,
+    ) -> anyhow::Result<(ate_tls::CertSource, ate_tls::TlsArgs)> {
+        let files = ate_tls::PemFiles::in_dir(&self.dir, name);
+        let req = ate_tls::SvidRequest::new(id).lifetime(self.lifetime);
+        let source = ate_tls::CertSource::issued_to_files(self.ca.clone(), req, files.clone())
+            .with_context(|| format!("cannot issue the {name} certificate"))?;
+        self.sources.push(source.clone());
+        let mut flags = ate_tls::TlsArgs::from_files(&files, &self.td);
+        // Children must notice a rotated certificate well before the old one expires.
+        flags.tls_reload_interval = Some(
+            (self.lifetime / 12).clamp(Duration::from_millis(100), ate_tls::DEFAULT_FILE_POLL),
+        );
+        Ok((source, flags))
+    }
+}
+
+/// Copies the admin certificate next to the user's `api-address` (key 0600) now and after each
+/// rotation, so `ate` finds it without flags.
+fn publish_admin(admin: &ate_tls::CertSource, pki_dir: &Path) {
+    let Some(dir) = client::user_config_file().and_then(|f| f.parent().map(Path::to_path_buf))
+    else {
+        return;
+    };
+    let from = ate_tls::PemFiles::in_dir(pki_dir, client::ADMIN_CERT_NAME);
+    let to = ate_tls::PemFiles::in_dir(&dir, client::ADMIN_CERT_NAME);
+    let copy = move || -> anyhow::Result<()> {
+        std::fs::create_dir_all(&dir)?;
+        for (src, dst, mode) in [
+            (&from.cert, &to.cert, 0o644),
+            (&from.key, &to.key, 0o600),
+            (&from.ca, &to.ca, 0o644),
+        ] {
+            let bytes = std::fs::read(src)?;
+            let tmp = dst.with_extension("tmp");
+            {
+                use std::io::Write;
+                use std::os::unix::fs::OpenOptionsExt;
+                let _ = std::fs::remove_file(&tmp);
+                let mut f = std::fs::OpenOptions::new()
+                    .write(true)
+                    .create_new(true)
+                    .mode(mode)
+                    .open(&tmp)?;
+                f.write_all(&bytes)?;
+            }
+            std::fs::rename(&tmp, dst)?;
+        }
+        Ok(())
+    };
+    if let Err(e) = copy() {
+        eprintln!("ate up: cannot copy the admin certificate to the user config dir: {e:#}");
+    }
+    let mut changes = admin.subscribe();
+    tokio::spawn(async move {
+        while changes.changed().await.is_ok() {
+            if let Err(e) = copy() {
+                eprintln!("ate up: cannot copy the rotated admin certificate: {e:#}");
+            }
+        }
+    });
 }
 
 /// The loopback address of worker `i` (1-based): every worker serves atunnel on its own address,
@@ -271,8 +374,11 @@ async fn start_data_path(
     api_addr: &str,
     logs: &Path,
     run_dir: &Path,
+    pki: &mut Pki,
+    clients: &Clients,
     components: &mut Vec<Component>,
 ) -> anyhow::Result<()> {
+    let td = args.trust_domain.clone();
     let state = args.state_dir.display().to_string();
     if args.workers > 0 && !nix::unistd::Uid::effective().is_root() {
         anyhow::bail!(
@@ -297,6 +403,11 @@ async fn start_data_path(
     if let Some(url) = &args.durable_store {
         node_args.extend(["--durable-store".to_string(), url.clone()]);
     }
+    node_args.extend(
+        pki.issue("node", ate_tls::SpiffeId::node(&td)?)?
+            .1
+            .to_args(),
+    );
     components.push(spawn("node", &node_args, logs)?);
     let node_index = components.len() - 1;
     wait_ready(&mut components[node_index], &node_ready).await?;
@@ -317,11 +428,17 @@ async fn start_data_path(
             "--labels".into(),
             format!("ate.dev/worker=worker-{i}"),
         ];
+        let id = format!("worker-{i}");
+        let mut worker_args = worker_args;
+        worker_args.extend(
+            pki.issue(&id, ate_tls::SpiffeId::worker_instance(&td, &id)?)?
+                .1
+                .to_args(),
+        );
         let name: &'static str = Box::leak(format!("worker-{i}").into_boxed_str());
         components.push(spawn(name, &worker_args, logs)?);
     }
-    let channel = client::endpoint(api_addr)?.connect().await?;
-    wait_workers(&Clients::new(channel), args.workers as usize, components).await?;
+    wait_workers(clients, args.workers as usize, components).await?;
 
     let mut router_args = vec![
         "router".to_string(),
@@ -332,6 +449,11 @@ async fn start_data_path(
         "--api".into(),
         api_addr.to_string(),
     ];
+    router_args.extend(
+        pki.issue("router", ate_tls::SpiffeId::router(&td)?)?
+            .1
+            .to_args(),
+    );
     router_args.extend(args.router_args.iter().cloned());
     components.push(spawn("router", &router_args, logs)?);
     let router_index = components.len() - 1;
@@ -363,6 +485,7 @@ async fn start_all(
     args: &UpArgs,
     store: &str,
     images_dir: &Path,
+    pki: &mut Pki,
     components: &mut Vec<Component>,
 ) -> anyhow::Result<(String, String)> {
     let state = &args.state_dir;
@@ -370,7 +493,7 @@ async fn start_all(
     let run_dir = state.join("run");
     let api_ready = run_dir.join("api.json");
     let _ = std::fs::remove_file(&api_ready);
-    let api_args = vec![
+    let mut api_args = vec![
         "api".to_string(),
         "--listen".into(),
         args.api_listen.to_string(),
@@ -381,12 +504,14 @@ async fn start_all(
         "--ready-file".into(),
         api_ready.display().to_string(),
     ];
+    let td = args.trust_domain.clone();
+    api_args.extend(pki.issue("api", ate_tls::SpiffeId::api(&td)?)?.1.to_args());
+    let (admin, _) = pki.issue(client::ADMIN_CERT_NAME, ate_tls::SpiffeId::admin(&td)?)?;
     components.push(spawn("api", &api_args, &logs)?);
     let ready = wait_ready(&mut components[0], &api_ready).await?;
     let api_addr = ready["grpc"].as_str().unwrap_or_default().to_string();
     let api_http = ready["http"].as_str().unwrap_or_default().to_string();
-    let channel = client::endpoint(&api_addr)?
-        .connect()
+    let channel = client::connect_to(&api_addr, Some(&admin))
         .await
         .with_context(|| format!("cannot reach the api at {api_addr}"))?;
     let clients = Clients::new(channel);
@@ -399,8 +524,9 @@ async fn start_all(
         && std::fs::create_dir_all(dir).is_ok()
     {
         write_atomically(&user, &api_addr)?;
+        publish_admin(&admin, &pki.dir);
     }
-    start_data_path(args, &api_addr, &logs, &run_dir, components).await?;
+    start_data_path(args, &api_addr, &logs, &run_dir, pki, &clients, components).await?;
     Ok((api_addr, api_http))
 }
 
@@ -420,12 +546,13 @@ pub async fn run(args: UpArgs) -> anyhow::Result<ExitCode> {
         .clone()
         .unwrap_or_else(|| state.join("images"));
 
+    let mut pki = Pki::open(&args)?;
     let signal = shutdown_signal();
     tokio::pin!(signal);
     let mut components = Vec::new();
     // Ctrl-C / SIGTERM during start-up stops whatever already started.
     let started = tokio::select! {
-        r = start_all(&args, &store, &images_dir, &mut components) => r,
+        r = start_all(&args, &store, &images_dir, &mut pki, &mut components) => r,
         _ = &mut signal => Err(anyhow::anyhow!("interrupted during start-up")),
     };
     let (api_addr, api_http) = match started {
@@ -443,6 +570,7 @@ pub async fn run(args: UpArgs) -> anyhow::Result<ExitCode> {
             "api_http": api_http,
             "router_metrics": args.router_metrics_listen.to_string(),
             "state_dir": state.display().to_string(),
+            "tls_dir": pki.dir.display().to_string(),
         });
         write_atomically(file, &body.to_string())?;
     }

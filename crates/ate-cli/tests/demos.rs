@@ -15,6 +15,8 @@ fn run_demo(sys: &System, name: &str, env: &[(&str, &str)]) -> String {
         .arg(&script)
         .env("ATE", ATE)
         .env("ATE_API", &sys.api)
+        // The admin certificate `ate up` wrote (mTLS).
+        .env("ATE_STATE_DIR", sys.state_dir())
         .env("ATE_ROUTER", &sys.router)
         .env("HOME", sys.dir.path())
         .envs(env.iter().copied())

@@ -28,6 +28,8 @@ struct Inner {
     fleet: Arc<Fleet>,
     durable: DurableStore,
     durable_url: String,
+    /// The node's identity (`--tls-*`); None: plaintext.
+    tls: Option<ate_tls::CertSource>,
     /// One download at a time per generation uuid (tag snapshots are shared by many actors).
     downloads: std::sync::Mutex<HashMap<String, Arc<AsyncMutex<()>>>>,
 }
@@ -49,15 +51,18 @@ impl NodeAgent {
         let durable_url = cfg.durable_url();
         let durable =
             DurableStore::from_url(&durable_url).map_err(|e| NodeError::Durable(e.to_string()))?;
-        let api_uri = if cfg.api.contains("://") {
-            cfg.api.clone()
-        } else {
-            format!("http://{}", cfg.api)
-        };
-        let channel = tonic::transport::Endpoint::from_shared(api_uri)
+        let tls = cfg.tls.load("node")?;
+        let endpoint = ate_tls::endpoint(&cfg.api)
             .map_err(|e| NodeError::Config(format!("bad --api {:?}: {e}", cfg.api)))?
-            .connect_timeout(Duration::from_secs(2))
-            .connect_lazy();
+            .connect_timeout(Duration::from_secs(2));
+        let channel = match &tls {
+            Some(src) => {
+                let api = ate_tls::SpiffeId::api(cfg.tls.trust_domain())?;
+                let client = ate_tls::client_config(src, ate_tls::ServerCheck::Pin(api))?;
+                ate_tls::tls_channel_lazy(endpoint, Arc::new(client))
+            }
+            None => endpoint.connect_lazy(),
+        };
         let advertise = cfg.advertise.clone().unwrap_or_else(|| bound.to_string());
         let fleet = Arc::new(Fleet::new(
             cfg.name.clone(),
@@ -72,6 +77,7 @@ impl NodeAgent {
                 fleet,
                 durable,
                 durable_url,
+                tls,
                 downloads: Default::default(),
             }),
         })
@@ -89,16 +95,45 @@ impl NodeAgent {
             shutdown.await;
             let _ = stop_tx.send(true);
         });
-        let result = tonic::transport::Server::builder()
+        let stopped = async move {
+            let _ = stop.changed().await;
+        };
+        // Only the api may call NodeService.
+        let server_tls = match &self.inner.tls {
+            Some(src) => {
+                let api = ate_tls::SpiffeId::api(self.inner.cfg.tls.trust_domain())?;
+                let mut server = ate_tls::server_config(
+                    src,
+                    ate_tls::ClientAuth::Required {
+                        allowed: ate_tls::AllowList::only([api]),
+                    },
+                )?;
+                ate_tls::set_server_alpn(&mut server, &[ate_tls::Alpn::H2]);
+                Some(Arc::new(server))
+            }
+            None => None,
+        };
+        let router = tonic::transport::Server::builder()
             .tcp_nodelay(true)
-            .add_service(NodeServiceServer::new(self))
-            .serve_with_incoming_shutdown(
-                tokio_stream::wrappers::TcpListenerStream::new(listener),
-                async move {
-                    let _ = stop.changed().await;
-                },
-            )
-            .await;
+            .add_service(NodeServiceServer::new(self));
+        let result = match server_tls {
+            Some(server) => {
+                router
+                    .serve_with_incoming_shutdown(
+                        ate_tls::TlsIncoming::new(listener, server)?,
+                        stopped,
+                    )
+                    .await
+            }
+            None => {
+                router
+                    .serve_with_incoming_shutdown(
+                        tokio_stream::wrappers::TcpListenerStream::new(listener),
+                        stopped,
+                    )
+                    .await
+            }
+        };
         loops.abort();
         result.map_err(NodeError::from)
     }

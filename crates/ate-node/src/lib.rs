@@ -43,6 +43,10 @@ pub struct NodeConfig {
     /// Write the bound address as JSON here once serving.
     #[arg(long = "ready-file")]
     pub ready_file: Option<PathBuf>,
+    /// The node's identity (`--tls-cert/--tls-key/--tls-ca`): mTLS to the api, and NodeService
+    /// accepts only the api. Absent: plaintext.
+    #[command(flatten)]
+    pub tls: ate_tls::TlsArgs,
 }
 
 impl NodeConfig {
@@ -77,6 +81,8 @@ pub enum NodeError {
     Grpc(#[from] tonic::transport::Error),
     #[error("{0}")]
     Io(#[from] std::io::Error),
+    #[error("TLS: {0}")]
+    Tls(#[from] ate_tls::TlsError),
 }
 
 /// This machine's boot id: node-local generations are usable in place only within one boot.

@@ -6,7 +6,8 @@ use std::sync::Arc;
 
 use ate_proto::v1::actor_service_client::ActorServiceClient;
 use ate_proto::v1::{ObjectRef, ResumeActorRequest};
-use tonic::transport::{Channel, Endpoint};
+use ate_tls::rustls::ClientConfig;
+use tonic::transport::Channel;
 
 use crate::actor_ref::ActorKey;
 use crate::cache::Route;
@@ -34,13 +35,17 @@ pub struct GrpcResume {
 
 impl GrpcResume {
     /// Connects lazily: an api that is down shows up as Unavailable, which parks.
-    pub fn new(api: &str) -> Result<Self, tonic::transport::Error> {
-        let uri = if api.contains("://") {
-            api.to_string()
-        } else {
-            format!("http://{api}")
+    pub fn new(api: &str) -> Result<Self, ate_tls::TlsError> {
+        Self::with_tls(api, None)
+    }
+
+    /// Like `new`, over mTLS with `tls` (the router's certificate, the api's ID pinned) if given.
+    pub fn with_tls(api: &str, tls: Option<Arc<ClientConfig>>) -> Result<Self, ate_tls::TlsError> {
+        let endpoint = ate_tls::endpoint(api)?.tcp_nodelay(true);
+        let channel = match tls {
+            Some(tls) => ate_tls::tls_channel_lazy(endpoint, tls),
+            None => endpoint.connect_lazy(),
         };
-        let channel = Endpoint::from_shared(uri)?.tcp_nodelay(true).connect_lazy();
         Ok(Self {
             client: ActorServiceClient::new(channel),
         })
@@ -75,6 +80,7 @@ impl Resume for GrpcResume {
                     worker: Arc::from(worker.as_str()),
                     worker_id: assignment.worker_id,
                     epoch: assignment.epoch,
+                    worker_identity: assignment.worker_identity,
                 }),
                 resumed,
             })

@@ -15,6 +15,8 @@ pub struct Route {
     pub worker: Arc<str>,
     pub worker_id: String,
     pub epoch: u64,
+    /// The worker's SPIFFE ID from the assignment, pinned when the router dials atunnel over mTLS.
+    pub worker_identity: String,
 }
 
 struct Entry {
@@ -117,6 +119,7 @@ mod tests {
         Arc::new(Route {
             worker: Arc::from(worker),
             worker_id: "w".into(),
+            worker_identity: String::new(),
             epoch: 1,
         })
     }

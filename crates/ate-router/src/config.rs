@@ -35,6 +35,11 @@ pub struct RouterConfig {
     #[arg(long = "drain-delay", default_value = "13s", value_parser = parse_duration)]
     pub drain_delay: Duration,
 
+    /// The router's identity (`--tls-cert/--tls-key/--tls-ca`, `--trust-domain`): mTLS to the
+    /// api and to every atunnel. Absent: plaintext.
+    #[command(flatten)]
+    pub tls: ate_tls::TlsArgs,
+
     /// Internal tuning that has no flag in the spec; tests shorten these.
     #[arg(skip = Tuning::default())]
     pub tuning: Tuning,
@@ -96,6 +101,7 @@ impl Default for RouterConfig {
             parked_request_max: 1024,
             assignment_cache_ttl: Duration::from_secs(5),
             drain_delay: Duration::from_secs(13),
+            tls: ate_tls::TlsArgs::default(),
             tuning: Tuning::default(),
         }
     }

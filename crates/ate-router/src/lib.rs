@@ -52,8 +52,10 @@ pub enum RouterError {
     #[error("api address {api:?}: {source}")]
     Api {
         api: String,
-        source: tonic::transport::Error,
+        source: ate_tls::TlsError,
     },
+    #[error("TLS: {0}")]
+    Tls(#[from] ate_tls::TlsError),
     #[error("install SIGTERM handler: {0}")]
     Signal(std::io::Error),
 }
@@ -70,15 +72,37 @@ pub struct Router {
 impl Router {
     /// A router that asks the api at `config.api` (connected lazily). Call inside a tokio runtime.
     pub fn new(config: RouterConfig) -> Result<Self, RouterError> {
-        let api = GrpcResume::new(&config.api).map_err(|source| RouterError::Api {
-            api: config.api.clone(),
-            source,
-        })?;
-        Ok(Self::with_resume(config, Arc::new(api)))
+        let source = config.tls.load("router")?;
+        let api_tls = match &source {
+            Some(src) => {
+                let api_id = ate_tls::SpiffeId::api(config.tls.trust_domain())?;
+                Some(Arc::new(ate_tls::client_config(
+                    src,
+                    ate_tls::ServerCheck::Pin(api_id),
+                )?))
+            }
+            None => None,
+        };
+        let api =
+            GrpcResume::with_tls(&config.api, api_tls).map_err(|source| RouterError::Api {
+                api: config.api.clone(),
+                source,
+            })?;
+        Ok(Self::with_resume_tls(config, Arc::new(api), source))
     }
 
     /// A router over any [`Resume`] implementation.
     pub fn with_resume(config: RouterConfig, api: Arc<dyn Resume>) -> Self {
+        Self::with_resume_tls(config, api, None)
+    }
+
+    /// Like `with_resume`; with `tls`, tunnels to atunnel use mTLS with the router's identity and
+    /// pin each worker's SPIFFE ID from its assignment.
+    pub fn with_resume_tls(
+        config: RouterConfig,
+        api: Arc<dyn Resume>,
+        tls: Option<ate_tls::CertSource>,
+    ) -> Self {
         let stats = Arc::new(Stats::default());
         let t = &config.tuning;
         let resolver = Resolver::new(
@@ -99,6 +123,7 @@ impl Router {
                 idle_timeout: t.tunnel_idle_timeout,
                 connect_timeout: t.worker_connect_timeout,
             },
+            tls,
             stats.clone(),
         );
         let proxy = Proxy::new(

@@ -9,6 +9,9 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use ate_core::{TARGET_ACTOR_HEADER, TARGET_PORT_HEADER};
+use ate_tls::rustls::ClientConfig;
+use ate_tls::rustls::pki_types::ServerName;
+use ate_tls::tokio_rustls::TlsConnector;
 use bytes::Bytes;
 use http::{HeaderValue, Method, Request, Response, StatusCode, Uri};
 use http_body_util::Empty;
@@ -39,6 +42,17 @@ pub enum TunnelError {
         worker: Arc<str>,
         source: hyper::Error,
     },
+    #[error("TLS to atunnel {worker}: {source}")]
+    Tls {
+        worker: Arc<str>,
+        source: std::io::Error,
+    },
+    #[error("worker {worker} has no usable SPIFFE ID in its assignment ({identity:?}): {reason}")]
+    Identity {
+        worker: Arc<str>,
+        identity: String,
+        reason: String,
+    },
     #[error("CONNECT stream to atunnel: {0}")]
     Stream(hyper::Error),
     /// 421 + `x-ate-assignment-stale: true`: the actor is not active on that worker.
@@ -61,6 +75,7 @@ impl TunnelError {
                 | TunnelError::Connect { .. }
                 | TunnelError::ConnectTimeout { .. }
                 | TunnelError::Handshake { .. }
+                | TunnelError::Tls { .. }
         )
     }
 }
@@ -95,17 +110,61 @@ pub struct H1Conn {
     port: u16,
 }
 
+/// mTLS to atunnel: the router's identity, and one client config per pinned worker ID.
+struct TunnelTls {
+    source: ate_tls::CertSource,
+    configs: Mutex<HashMap<String, Arc<ClientConfig>>>,
+}
+
+impl TunnelTls {
+    /// The client config pinning `identity` (cached per worker ID).
+    fn config(&self, route: &Route) -> Result<Arc<ClientConfig>, TunnelError> {
+        let identity = &route.worker_identity;
+        let mut configs = self.configs.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(c) = configs.get(identity) {
+            return Ok(c.clone());
+        }
+        let bad = |reason: String| TunnelError::Identity {
+            worker: route.worker.clone(),
+            identity: identity.clone(),
+            reason,
+        };
+        let id = ate_tls::SpiffeId::parse(identity).map_err(|e| bad(e.to_string()))?;
+        let mut config = ate_tls::client_config(&self.source, ate_tls::ServerCheck::Pin(id))
+            .map_err(|e| bad(e.to_string()))?;
+        ate_tls::set_client_alpn(&mut config, &[ate_tls::Alpn::H2]);
+        let config = Arc::new(config);
+        // Worker IDs are few (one per worker); bound the map anyway.
+        if configs.len() >= 4096 {
+            configs.clear();
+        }
+        configs.insert(identity.clone(), config.clone());
+        Ok(config)
+    }
+}
+
 pub struct Tunnels {
     workers: Mutex<HashMap<Arc<str>, WorkerSlot>>,
+    tls: Option<TunnelTls>,
     idle: Mutex<HashMap<ActorKey, Vec<IdleH1>>>,
     cfg: TunnelConfig,
     stats: Arc<Stats>,
 }
 
 impl Tunnels {
-    pub fn new(cfg: TunnelConfig, stats: Arc<Stats>) -> Arc<Self> {
+    /// With `tls`, every atunnel connection is mTLS with the router's identity, pinning the
+    /// worker's SPIFFE ID from the assignment.
+    pub fn new(
+        cfg: TunnelConfig,
+        tls: Option<ate_tls::CertSource>,
+        stats: Arc<Stats>,
+    ) -> Arc<Self> {
         Arc::new(Self {
             workers: Mutex::new(HashMap::new()),
+            tls: tls.map(|source| TunnelTls {
+                source,
+                configs: Mutex::new(HashMap::new()),
+            }),
             idle: Mutex::new(HashMap::new()),
             cfg,
             stats,
@@ -114,10 +173,8 @@ impl Tunnels {
 
     /// The shared HTTP/2 connection to `worker`, (re)connected when missing or dead. Connecting
     /// holds the worker's slot so that a burst makes one connection, not one each.
-    async fn worker(
-        &self,
-        worker: &Arc<str>,
-    ) -> Result<http2::SendRequest<Empty<Bytes>>, TunnelError> {
+    async fn worker(&self, route: &Route) -> Result<http2::SendRequest<Empty<Bytes>>, TunnelError> {
+        let worker = &route.worker;
         let slot = {
             let mut workers = self.workers.lock().unwrap_or_else(PoisonError::into_inner);
             match workers.get(&**worker) {
@@ -140,22 +197,32 @@ impl Tunnels {
                 source,
             })?;
         let _ = tcp.set_nodelay(true);
-        let (sender, conn) = http2::Builder::new(TokioExecutor::new())
-            .timer(TokioTimer::new())
-            .keep_alive_interval(Duration::from_secs(20))
-            .keep_alive_timeout(Duration::from_secs(10))
-            .handshake(TokioIo::new(tcp))
-            .await
-            .map_err(|source| TunnelError::Handshake {
-                worker: worker.clone(),
-                source,
-            })?;
-        let name = worker.clone();
-        tokio::spawn(async move {
-            if let Err(e) = conn.await {
-                tracing::debug!(worker = %name, error = %e, "atunnel connection ended");
+        let sender = match &self.tls {
+            None => h2_handshake(worker, tcp).await?,
+            Some(tls) => {
+                let config = tls.config(route)?;
+                let host = worker
+                    .rsplit_once(':')
+                    .map_or(&**worker, |(h, _)| h)
+                    .trim_start_matches('[')
+                    .trim_end_matches(']');
+                let tls_err = |source| TunnelError::Tls {
+                    worker: worker.clone(),
+                    source,
+                };
+                let name = ServerName::try_from(host.to_string()).map_err(|e| {
+                    tls_err(std::io::Error::new(std::io::ErrorKind::InvalidInput, e))
+                })?;
+                let handshake = TlsConnector::from(config).connect(name, tcp);
+                let stream = tokio::time::timeout(self.cfg.connect_timeout, handshake)
+                    .await
+                    .map_err(|_| TunnelError::ConnectTimeout {
+                        worker: worker.clone(),
+                    })?
+                    .map_err(tls_err)?;
+                h2_handshake(worker, stream).await?
             }
-        });
+        };
         *slot = Some(sender.clone());
         Ok(sender)
     }
@@ -171,7 +238,7 @@ impl Tunnels {
         // One retry: a shared connection that died since its last use is replaced.
         let mut retried = false;
         loop {
-            let mut sender = self.worker(&route.worker).await?;
+            let mut sender = self.worker(route).await?;
             let request = connect_request(actor, port)?;
             match sender.send_request(request).await {
                 Ok(response) => return accept(response).await,
@@ -372,6 +439,33 @@ impl Tunnels {
     pub fn idle_timeout(&self) -> Duration {
         self.cfg.idle_timeout
     }
+}
+
+/// The shared HTTP/2 connection over `io` (TCP or TLS) to a worker's atunnel.
+async fn h2_handshake<T>(
+    worker: &Arc<str>,
+    io: T,
+) -> Result<http2::SendRequest<Empty<Bytes>>, TunnelError>
+where
+    T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    let (sender, conn) = http2::Builder::new(TokioExecutor::new())
+        .timer(TokioTimer::new())
+        .keep_alive_interval(Duration::from_secs(20))
+        .keep_alive_timeout(Duration::from_secs(10))
+        .handshake(TokioIo::new(io))
+        .await
+        .map_err(|source| TunnelError::Handshake {
+            worker: worker.clone(),
+            source,
+        })?;
+    let name = worker.clone();
+    tokio::spawn(async move {
+        if let Err(e) = conn.await {
+            tracing::debug!(worker = %name, error = %e, "atunnel connection ended");
+        }
+    });
+    Ok(sender)
 }
 
 /// `CONNECT <name>.<atespace>:<port>` with the routing headers (docs/tunnel-protocol.md).

@@ -78,6 +78,9 @@ pub enum TlsError {
     #[error("verifier: {0}")]
     Verifier(#[from] rustls::server::VerifierBuilderError),
 
+    #[error("--tls-cert, --tls-key and --tls-ca must be given together (or none of them)")]
+    IncompleteFlags,
+
     #[error("{0} needs a tokio runtime (call it from async code)")]
     NoRuntime(&'static str),
 

@@ -6,6 +6,7 @@
 //! [`install_crypto_provider`] was called; call it anyway first thing in `main` so other crates
 //! that use the process default (with both providers linked rustls would panic) agree.
 
+pub mod args;
 pub mod ca;
 pub mod config;
 pub mod error;
@@ -19,6 +20,7 @@ use std::sync::{Arc, OnceLock};
 
 use rustls::crypto::CryptoProvider;
 
+pub use args::TlsArgs;
 pub use ca::{CA_CERT_FILE, CA_KEY_FILE, DEFAULT_SVID_LIFETIME, LocalCa, Svid, SvidRequest};
 pub use config::{
     AllowList, Alpn, ClientAuth, ServerCheck, client_config, client_config_no_cert, server_config,

@@ -18,6 +18,8 @@ use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU32, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use ate_tls::rustls::ServerConfig;
+use ate_tls::tokio_rustls::TlsAcceptor;
 use bytes::Bytes;
 use http::{Method, Request, Response, StatusCode};
 use http_body_util::Full;
@@ -35,6 +37,8 @@ pub const HEADER_STALE: &str = "x-ate-assignment-stale";
 const DIAL_TIMEOUT: Duration = Duration::from_secs(5);
 /// Per-direction pipe buffer: small, since most tunnels carry a few KiB and many stay open idle.
 const COPY_BUF: usize = 16 * 1024;
+/// Time a client gets to complete the TLS handshake.
+const TLS_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
 pub fn now_unix_ms() -> i64 {
     SystemTime::now()
@@ -163,11 +167,16 @@ fn shut(a: &Activation) {
 
 /// Serves atunnel on `listener` until `shutdown` resolves; then stops accepting and cuts every
 /// connection (the worker stops its sandboxes right after).
+/// Serves atunnel on `listener` until `shutdown`. With `tls` (a server config requiring the
+/// router's SPIFFE ID, ALPN h2) every connection is mTLS and anyone else fails the handshake;
+/// without, h2c.
 pub async fn serve(
     listener: TcpListener,
+    tls: Option<Arc<ServerConfig>>,
     tunnels: Arc<Tunnels>,
     shutdown: impl std::future::Future<Output = ()>,
 ) {
+    let acceptor = tls.map(TlsAcceptor::from);
     let mut conns = tokio::task::JoinSet::new();
     tokio::pin!(shutdown);
     loop {
@@ -185,8 +194,20 @@ pub async fn serve(
                 };
                 let _ = stream.set_nodelay(true);
                 let tunnels = tunnels.clone();
+                let acceptor = acceptor.clone();
                 conns.spawn(async move {
-                    serve_connection(stream, peer, tunnels).await;
+                    match acceptor {
+                        None => serve_connection(stream, peer, tunnels).await,
+                        Some(acceptor) => {
+                            match tokio::time::timeout(TLS_HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await {
+                                Ok(Ok(tls)) => serve_connection(tls, peer, tunnels).await,
+                                Ok(Err(e)) => {
+                                    tracing::warn!(%peer, error = %e, "atunnel TLS handshake refused");
+                                }
+                                Err(_) => tracing::debug!(%peer, "atunnel TLS handshake timed out"),
+                            }
+                        }
+                    }
                 });
             }
             // Reap finished connection tasks so the set does not grow without bound.
@@ -196,7 +217,10 @@ pub async fn serve(
     conns.shutdown().await;
 }
 
-async fn serve_connection(stream: tokio::net::TcpStream, peer: SocketAddr, tunnels: Arc<Tunnels>) {
+async fn serve_connection<S>(stream: S, peer: SocketAddr, tunnels: Arc<Tunnels>)
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
     let service = hyper::service::service_fn(move |req| {
         let tunnels = tunnels.clone();
         async move { Ok::<_, Infallible>(handle(&tunnels, req).await) }

@@ -41,6 +41,10 @@ pub struct WorkerConfig {
     #[arg(long)]
     pub image_cache: Option<PathBuf>,
 
+    /// atunnel's identity (`--tls-cert/--tls-key/--tls-ca`): mTLS accepting only the router.
+    #[command(flatten)]
+    pub tls: ate_tls::TlsArgs,
+
     /// Fault injection for tests (never set from the command line).
     #[arg(skip)]
     pub faults: Arc<Faults>,
@@ -58,6 +62,7 @@ impl WorkerConfig {
             memory: None,
             labels: Vec::new(),
             image_cache: None,
+            tls: ate_tls::TlsArgs::default(),
             faults: Arc::default(),
         }
     }

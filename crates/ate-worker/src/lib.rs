@@ -5,6 +5,7 @@
 
 pub mod atunnel;
 mod cmd;
+pub mod egress;
 pub mod config;
 pub mod error;
 pub mod image;

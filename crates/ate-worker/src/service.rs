@@ -36,6 +36,8 @@ pub enum WorkerError {
     Runtime(#[from] crate::error::SandboxError),
     #[error("WorkerService: {0}")]
     Serve(#[from] tonic::transport::Error),
+    #[error("TLS: {0}")]
+    Tls(#[from] ate_tls::TlsError),
 }
 
 fn io_err(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> WorkerError {
@@ -69,8 +71,7 @@ impl WorkerService for WorkerServiceImpl {
             labels: id.labels.clone().into_iter().collect(),
             sandbox_class: w.sandbox_class(),
             can_restore_memory: w.can_restore_memory(),
-            // Placeholder until issue "identity and mTLS" issues real SVIDs.
-            identity: format!("spiffe://ate.local/ns/ate-system/sa/worker-{}", id.id),
+            identity: id.spiffe_id.clone(),
         }))
     }
 
@@ -169,7 +170,29 @@ pub async fn run(
     std::fs::set_permissions(&socket, std::fs::Permissions::from_mode(0o600))
         .map_err(io_err(format!("chmod {}", socket.display())))?;
 
+    // atunnel's identity: with TLS the certificate's SPIFFE ID (the router pins it from the
+    // assignment); without, the ID this worker would have, for the record.
+    let tls = config.tls.load("worker")?;
+    let spiffe_id = match tls.as_ref().and_then(ate_tls::CertSource::id) {
+        Some(id) => id.uri(),
+        None => ate_tls::SpiffeId::worker_instance(config.tls.trust_domain(), &config.id)?.uri(),
+    };
+    let tunnel_tls = match &tls {
+        Some(src) => {
+            let router = ate_tls::SpiffeId::router(config.tls.trust_domain())?;
+            let mut server = ate_tls::server_config(
+                src,
+                ate_tls::ClientAuth::Required {
+                    allowed: ate_tls::AllowList::only([router]),
+                },
+            )?;
+            ate_tls::set_server_alpn(&mut server, &[ate_tls::Alpn::H2]);
+            Some(Arc::new(server))
+        }
+        None => None,
+    };
     let ident = Identity {
+        spiffe_id,
         id: config.id.clone(),
         epoch: new_epoch(),
         addresses: vec![bound.to_string()],
@@ -195,6 +218,7 @@ pub async fn run(
     };
     let tunnel_task = tokio::spawn(crate::atunnel::serve(
         listener,
+        tunnel_tls,
         worker.tunnels.clone(),
         wait_stop(stop_rx.clone()),
     ));

@@ -18,6 +18,7 @@ use tonic::Status;
 
 use crate::atunnel::{Tunnels, now_unix_ms};
 use crate::config::Faults;
+use crate::egress::Egress;
 use crate::error::SandboxError;
 use crate::image::ImageCache;
 use crate::netns::{ACTOR_IP, NetnsDialer, connect_in_netns_timeout};
@@ -63,6 +64,8 @@ struct Table {
 #[derive(Debug, Clone)]
 pub struct Identity {
     pub id: String,
+    /// The SPIFFE ID atunnel presents (reported in Info, pinned by the router).
+    pub spiffe_id: String,
     pub epoch: u64,
     pub addresses: Vec<String>,
     pub cpu_millis: u32,
@@ -79,6 +82,8 @@ pub struct Worker {
     /// `<state>/logs/actors`: actor logs outside the actor dirs.
     logs_dir: PathBuf,
     pub tunnels: Arc<Tunnels>,
+    /// Per-actor egress proxies (policy checks on every outbound TCP connection).
+    egress: Egress,
     faults: Arc<Faults>,
     table: Mutex<Table>,
     locks: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
@@ -137,6 +142,7 @@ impl Worker {
             actors_dir,
             logs_dir,
             tunnels: Arc::new(Tunnels::new()),
+            egress: Egress::new(),
             faults,
             table: Mutex::new(Table::default()),
             locks: Mutex::new(HashMap::new()),
@@ -280,6 +286,17 @@ impl Worker {
                 return Err(e);
             }
         };
+        // Egress proxy + nftables redirect, right after the sandbox started (cold boot or any
+        // restore). Nothing leaks before: the netns has no way out (its only link leads nowhere),
+        // so an early connect just times out or is refused.
+        if let Err(e) = self
+            .egress
+            .start(&key, &sandbox.netns(), &spec.egress)
+            .await
+        {
+            self.discard_quietly(&sandbox).await;
+            return Err(Status::internal(format!("egress for {key}: {e}")));
+        }
         if let Err(e) = self.wait_probe(&sandbox, &spec).await {
             self.discard_quietly(&sandbox).await;
             return Err(e);
@@ -321,7 +338,7 @@ impl Worker {
         requested: Option<Fidelity>,
     ) -> Result<Option<u32>, Status> {
         let Some(gen_dir) = generation_dir else {
-            // (Egress setup, when built, goes before this run as well.)
+            // Egress is set up by `start` once this returns (the netns is made by the runtime).
             let started = self
                 .runtime
                 .run(sandbox, spec, RunMode::KeepRootfs)
@@ -368,8 +385,8 @@ impl Worker {
                     .map_err(|e| snapshot_status(&format!("extract volume {}", v.name), e))?;
             }
         }
-        // Egress (nftables redirect in the actor netns to an atunnel egress listener applying
-        // the template's policy) belongs here, before the sandbox runs; not built yet.
+        // Egress (nftables redirect in the actor netns to the worker's egress listener) is set up
+        // by `start` right after this returns: the runtime creates the netns.
         let started = match fidelity {
             Fidelity::Memory => self
                 .runtime
@@ -442,8 +459,12 @@ impl Worker {
         }
     }
 
-    /// Stops the sandbox and removes the actor's working dirs.
+    /// Stops the sandbox and removes the actor's working dirs (egress first: its listener holds
+    /// the netns the runtime deletes).
     async fn discard(&self, sandbox: &ActorSandbox) -> Result<(), Status> {
+        self.egress
+            .stop(&key_of(&sandbox.atespace, &sandbox.name))
+            .await;
         self.runtime.stop(sandbox).await.map_err(|e| {
             Status::internal(format!("stop sandbox {}: {e}", sandbox.container_id()))
         })?;
@@ -456,8 +477,10 @@ impl Worker {
         }
     }
 
-    /// Ingress off and every tunnel of `key` closed (waits for them to go, bounded).
+    /// Ingress off and every tunnel of `key` closed (waits for them to go, bounded); egress off
+    /// too, its connections reset (a dump cannot take established TCP).
     async fn ingress_off(&self, key: &str) {
+        self.egress.stop(key).await;
         if let Some(a) = self.tunnels.deactivate(key)
             && !a.wait_closed(QUIESCE_TIMEOUT).await
         {

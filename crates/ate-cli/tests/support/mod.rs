@@ -181,11 +181,13 @@ impl System {
         self.dir.path().join("state")
     }
 
-    /// Runs `ate --api <this system> ARGS`.
+    /// Runs `ate --api <this system> ARGS` (as admin: `ATE_STATE_DIR` points the CLI at the
+    /// certificate `ate up` wrote in `<state>/tls`).
     pub fn ate(&self, args: &[&str]) -> Output {
         Command::new(ATE)
             .arg("--api")
             .arg(&self.api)
+            .env("ATE_STATE_DIR", self.state_dir())
             .args(args)
             .output()
             .expect("run ate")
