@@ -19,6 +19,9 @@ fn run_demo(sys: &System, name: &str, env: &[(&str, &str)]) -> String {
         .env("ATE_STATE_DIR", sys.state_dir())
         .env("ATE_ROUTER", &sys.router)
         .env("HOME", sys.dir.path())
+        // Where `ate up` wrote the api address (and any client certificate).
+        .env("XDG_CONFIG_HOME", sys.dir.path().join("config"))
+        .env("ATE_STATE_DIR", sys.state_dir())
         .envs(env.iter().copied())
         .output()
         .expect("run demo");
