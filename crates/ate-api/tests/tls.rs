@@ -1,0 +1,362 @@
+//! The api over mTLS with roles: who may call what, and who is refused at the handshake.
+
+mod common;
+
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use ate_api::authz::Authz;
+use ate_api::{Api, ApiConfig, TlsServe};
+use ate_proto::v1::*;
+use ate_tls::{
+    AllowList, CertSource, ClientAuth, LocalCa, ServerCheck, SpiffeId, SvidRequest, client_config,
+    client_config_no_cert, endpoint, server_config, tls_channel,
+};
+use common::*;
+use tokio::net::TcpListener;
+use tonic::Code;
+use tonic::transport::Channel;
+
+const TD: &str = "ate.local";
+
+struct TlsApi {
+    addr: String,
+    ca: Arc<LocalCa>,
+    _dir: tempfile::TempDir,
+    _store_dir: Option<tempfile::TempDir>,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+}
+
+impl Drop for TlsApi {
+    fn drop(&mut self) {
+        if let Some(tx) = self.stop.take() {
+            let _ = tx.send(());
+        }
+    }
+}
+
+fn client_a() -> SpiffeId {
+    SpiffeId::parse("spiffe://ate.local/ns/team/sa/client-a").unwrap()
+}
+
+impl TlsApi {
+    async fn start() -> TlsApi {
+        ate_tls::install_crypto_provider();
+        let dir = tempfile::tempdir().unwrap();
+        let ca = Arc::new(LocalCa::open_or_create(&dir.path().join("ca"), TD).unwrap());
+        let api_id =
+            CertSource::issued(ca.clone(), SvidRequest::new(SpiffeId::api(TD).unwrap())).unwrap();
+        let server = server_config(
+            &api_id,
+            ClientAuth::Required {
+                allowed: AllowList::any(),
+            },
+        )
+        .unwrap();
+        let authz = Authz::new(TD, &format!("{}=team-a", client_a())).unwrap();
+        let (store, store_dir) = fresh_store(Backend::Sqlite).await;
+        let api = Arc::new(Api::new(
+            store,
+            ApiConfig {
+                fleet_max_age: Duration::from_millis(50),
+                ..Default::default()
+            },
+        ));
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+        let tls = TlsServe {
+            server: Arc::new(server),
+            authz,
+        };
+        tokio::spawn(async move {
+            // Keeps the api's identity alive for as long as it serves.
+            let _api_id = api_id;
+            ate_api::serve_with(api, listener, None, Some(tls), async move {
+                let _ = rx.await;
+            })
+            .await
+        });
+        TlsApi {
+            addr,
+            ca,
+            _dir: dir,
+            _store_dir: store_dir,
+            stop: Some(tx),
+        }
+    }
+
+    /// A channel presenting `id`'s certificate from this api's CA.
+    async fn channel(&self, id: SpiffeId) -> Channel {
+        let src = CertSource::issued(self.ca.clone(), SvidRequest::new(id)).unwrap();
+        self.channel_with(&src).await
+    }
+
+    async fn channel_with(&self, src: &CertSource) -> Channel {
+        let cfg = client_config(src, ServerCheck::Pin(SpiffeId::api(TD).unwrap())).unwrap();
+        tls_channel(endpoint(&self.addr).unwrap(), Arc::new(cfg))
+            .await
+            .unwrap()
+    }
+}
+
+fn actors(c: &Channel) -> actor_service_client::ActorServiceClient<Channel> {
+    actor_service_client::ActorServiceClient::new(c.clone())
+}
+
+fn resume_req(ns: &str, name: &str) -> ResumeActorRequest {
+    ResumeActorRequest {
+        actor: Some(obj(ns, name)),
+    }
+}
+
+fn create_req(ns: &str, name: &str) -> CreateActorRequest {
+    CreateActorRequest {
+        atespace: ns.into(),
+        name: name.into(),
+        template: format!("{ns}/t"),
+        worker_selector: Default::default(),
+    }
+}
+
+/// Admin seeds atespaces team-a and team-b (template `t`, actor `x` in each) and a worker.
+async fn seed(api: &TlsApi) -> (Channel, TestNode) {
+    let admin = api.channel(SpiffeId::admin(TD).unwrap()).await;
+    for ns in ["team-a", "team-b"] {
+        atespace_service_client::AtespaceServiceClient::new(admin.clone())
+            .create_atespace(CreateAtespaceRequest { name: ns.into() })
+            .await
+            .unwrap();
+        template_service_client::TemplateServiceClient::new(admin.clone())
+            .apply_template(ApplyTemplateRequest {
+                template: Some(template(ns, "t")),
+            })
+            .await
+            .unwrap();
+        actors(&admin)
+            .create_actor(create_req(ns, "x"))
+            .await
+            .unwrap();
+    }
+    let node = TestNode::start("node-1").await;
+    let worker = Worker {
+        id: "w1".into(),
+        node: node.name.clone(),
+        addresses: vec!["127.0.0.2:8443".into()],
+        identity: SpiffeId::worker_instance(TD, "w1").unwrap().uri(),
+        sandbox_class: "runc".into(),
+        can_restore_memory: true,
+        capacity: Some(Capacity {
+            cpu_millis: 64_000,
+            memory_bytes: 1 << 40,
+            actor_slots: 8,
+        }),
+        epoch: node.epoch(),
+        node_address: node.addr.to_string(),
+        boot_id: node.boot_id.clone(),
+        ..Default::default()
+    };
+    fleet_service_client::FleetServiceClient::new(admin.clone())
+        .register_worker(RegisterWorkerRequest {
+            worker: Some(worker),
+        })
+        .await
+        .unwrap();
+    (admin, node)
+}
+
+#[tokio::test]
+async fn router_may_only_resume() {
+    let api = TlsApi::start().await;
+    let (_admin, _node) = seed(&api).await;
+    let router = api.channel(SpiffeId::router(TD).unwrap()).await;
+    let resumed = actors(&router)
+        .resume_actor(resume_req("team-a", "x"))
+        .await
+        .expect("the router resumes")
+        .into_inner();
+    let assignment = resumed.actor.unwrap().worker_assignment.unwrap();
+    assert_eq!(
+        assignment.worker_identity,
+        "spiffe://ate.local/ns/ate-system/sa/ate-worker-w1"
+    );
+    let e = actors(&router)
+        .create_actor(create_req("team-a", "y"))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::PermissionDenied, "{e:?}");
+    assert!(
+        e.message().contains("atenet-router") && e.message().contains("CreateActor"),
+        "{}",
+        e.message()
+    );
+    let e = actors(&router)
+        .delete_actor(DeleteActorRequest {
+            actor: Some(obj("team-a", "x")),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::PermissionDenied);
+    let e = fleet_service_client::FleetServiceClient::new(router.clone())
+        .list_workers(ListWorkersRequest {})
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::PermissionDenied);
+}
+
+#[tokio::test]
+async fn client_limited_to_its_atespaces() {
+    let api = TlsApi::start().await;
+    let (_admin, _node) = seed(&api).await;
+    let a = api.channel(client_a()).await;
+    actors(&a)
+        .create_actor(create_req("team-a", "mine"))
+        .await
+        .expect("client-a creates in team-a");
+    actors(&a)
+        .resume_actor(resume_req("team-a", "mine"))
+        .await
+        .expect("client-a resumes in team-a");
+    for e in [
+        actors(&a)
+            .create_actor(create_req("team-b", "theirs"))
+            .await
+            .unwrap_err(),
+        actors(&a)
+            .get_actor(GetActorRequest {
+                actor: Some(obj("team-b", "x")),
+            })
+            .await
+            .unwrap_err(),
+        actors(&a)
+            .delete_actor(DeleteActorRequest {
+                actor: Some(obj("team-b", "x")),
+            })
+            .await
+            .unwrap_err(),
+        actors(&a)
+            .resume_actor(resume_req("team-b", "x"))
+            .await
+            .unwrap_err(),
+        atespace_service_client::AtespaceServiceClient::new(a.clone())
+            .delete_atespace(DeleteAtespaceRequest {
+                name: "team-b".into(),
+            })
+            .await
+            .unwrap_err(),
+        template_service_client::TemplateServiceClient::new(a.clone())
+            .apply_template(ApplyTemplateRequest {
+                template: Some(template("team-a", "t2")),
+            })
+            .await
+            .unwrap_err(),
+    ] {
+        assert_eq!(e.code(), Code::PermissionDenied, "{e:?}");
+        assert!(e.message().contains("client-a"), "{}", e.message());
+    }
+    // Listings show only team-a.
+    let all = actors(&a)
+        .list_actors(ListActorsRequest::default())
+        .await
+        .unwrap()
+        .into_inner()
+        .actors;
+    assert!(
+        !all.is_empty() && all.iter().all(|x| x.atespace == "team-a"),
+        "{all:?}"
+    );
+    let spaces = atespace_service_client::AtespaceServiceClient::new(a.clone())
+        .list_atespaces(ListAtespacesRequest {})
+        .await
+        .unwrap()
+        .into_inner()
+        .atespaces;
+    assert_eq!(
+        spaces.iter().map(|s| s.name.as_str()).collect::<Vec<_>>(),
+        ["team-a"]
+    );
+}
+
+#[tokio::test]
+async fn worker_identity_is_not_a_router() {
+    let api = TlsApi::start().await;
+    let (_admin, _node) = seed(&api).await;
+    // A worker's certificate is a `client` with no atespaces: refused, not treated as the router.
+    let worker = api
+        .channel(SpiffeId::worker_instance(TD, "w1").unwrap())
+        .await;
+    let e = actors(&worker)
+        .resume_actor(resume_req("team-a", "x"))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::PermissionDenied, "{e:?}");
+    assert!(e.message().contains("ate-worker-w1") && e.message().contains("ResumeActor"));
+    // Nor a node agent.
+    let e = fleet_service_client::FleetServiceClient::new(worker)
+        .heartbeat(HeartbeatRequest {
+            worker_id: "w1".into(),
+            epoch: 1,
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::PermissionDenied);
+}
+
+/// A call whose TLS handshake the api refused fails without reaching authorization.
+fn refused(r: Result<tonic::Response<ResumeActorResponse>, tonic::Status>) {
+    let e = r.expect_err("the api must refuse this client");
+    assert!(
+        matches!(
+            e.code(),
+            Code::Unavailable | Code::Unknown | Code::Cancelled
+        ),
+        "expected a transport failure, got {e:?}"
+    );
+}
+
+async fn lazy_channel(addr: &str, cfg: ate_tls::rustls::ClientConfig) -> Channel {
+    ate_tls::tls_channel_lazy(endpoint(addr).unwrap(), Arc::new(cfg))
+}
+
+#[tokio::test]
+async fn handshake_refuses_no_cert_foreign_ca_and_expired() {
+    let api = TlsApi::start().await;
+    let api_pin = || ServerCheck::Pin(SpiffeId::api(TD).unwrap());
+
+    // No client certificate.
+    let cfg = client_config_no_cert(api.ca.roots().unwrap(), api_pin()).unwrap();
+    let ch = lazy_channel(&api.addr, cfg).await;
+    refused(actors(&ch).resume_actor(resume_req("team-a", "x")).await);
+
+    // An admin certificate from another CA (which trusts our api, so only the api can refuse).
+    let other_dir = tempfile::tempdir().unwrap();
+    let other = Arc::new(LocalCa::open_or_create(other_dir.path(), TD).unwrap());
+    let svid = other
+        .issue(&SvidRequest::new(SpiffeId::admin(TD).unwrap()))
+        .unwrap();
+    let src = CertSource::fixed(&svid, api.ca.roots().unwrap()).unwrap();
+    let ch = lazy_channel(&api.addr, client_config(&src, api_pin()).unwrap()).await;
+    refused(actors(&ch).resume_actor(resume_req("team-a", "x")).await);
+
+    // An expired admin certificate from the right CA.
+    let past = SystemTime::now() - Duration::from_secs(7200);
+    let svid = api
+        .ca
+        .issue_with_validity(
+            &SvidRequest::new(SpiffeId::admin(TD).unwrap()),
+            past,
+            past + Duration::from_secs(3600),
+        )
+        .unwrap();
+    let src = CertSource::fixed(&svid, api.ca.roots().unwrap()).unwrap();
+    let ch = lazy_channel(&api.addr, client_config(&src, api_pin()).unwrap()).await;
+    refused(actors(&ch).resume_actor(resume_req("team-a", "x")).await);
+
+    // And the same CA with a valid certificate gets through the handshake.
+    let ok = api.channel(SpiffeId::admin(TD).unwrap()).await;
+    let e = actors(&ok)
+        .resume_actor(resume_req("team-a", "x"))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::NotFound, "{e:?}");
+}
