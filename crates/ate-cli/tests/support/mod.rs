@@ -55,6 +55,8 @@ pub struct UpOptions {
     pub durable_store: Option<String>,
     pub router_args: Vec<String>,
     pub demo: bool,
+    /// Extra flags for `ate up` itself (e.g. `--cert-lifetime 6s`).
+    pub up_args: Vec<String>,
 }
 
 impl Default for UpOptions {
@@ -65,6 +67,7 @@ impl Default for UpOptions {
             durable_store: None,
             router_args: Vec::new(),
             demo: true,
+            up_args: Vec::new(),
         }
     }
 }
@@ -143,6 +146,7 @@ impl System {
         for a in &opts.router_args {
             cmd.arg(format!("--router-arg={a}"));
         }
+        cmd.args(&opts.up_args);
         let mut child = cmd.spawn().expect("spawn ate up");
         let start = Instant::now();
         let v: serde_json::Value = loop {
