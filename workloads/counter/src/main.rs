@@ -10,8 +10,9 @@
 //! Every request except `/healthz`, `/whoami`, `/echo`, `/ws` and `/connect` increments all three and answers
 //! `preserved memory count: N | preserved file counter: M | preserved rootfs counter: K`.
 //!
-//! `GET /connect?addr=IP:PORT` tries an outbound TCP connect (1 s timeout) and answers `ok` or
-//! the error: the isolation tests use it to show what an actor can (not) reach.
+//! `GET /connect?addr=IP:PORT` tries an outbound TCP connect (1 s timeout), then waits up to 1 s for
+//! an immediate close or reset (what the worker's egress proxy does to a denied connection), and
+//! answers `ok` or the error: the isolation tests use it to show what an actor can (not) reach.
 //!
 //! Listens on `$BIND_ADDR` (default 0.0.0.0) ports `$PORT` (default 80) and `$PORT2` (default 8080,
 //! `off` disables it), both with the same handler.
@@ -150,8 +151,12 @@ fn handle(counters: &Mutex<Counters>, req: &Request) -> Response {
     }
 }
 
-/// `/connect?addr=IP:PORT`: 200 `ok` when a TCP connect succeeds within 1 s, else 502 with the
-/// error (400 for a missing or malformed address).
+/// How long `/connect` waits for the connect, then for the connection to prove it stays open.
+const CONNECT_WINDOW: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// `/connect?addr=IP:PORT`: 200 `ok` when a TCP connect succeeds within 1 s and the connection is
+/// not closed or reset by the peer within the next second, else 502 with the error (400 for a
+/// missing or malformed address).
 fn connect(query: &str) -> Response {
     let addr = query
         .split('&')
@@ -160,8 +165,24 @@ fn connect(query: &str) -> Response {
     let Some(addr) = addr else {
         return Response::text(400, "use /connect?addr=IP:PORT\n");
     };
-    match std::net::TcpStream::connect_timeout(&addr, std::time::Duration::from_secs(1)) {
+    let stream = match std::net::TcpStream::connect_timeout(&addr, CONNECT_WINDOW) {
+        Ok(s) => s,
+        Err(e) => return Response::text(502, format!("connect {addr}: {e}")),
+    };
+    // Outbound TCP goes through the worker's egress proxy, which accepts every connect and then
+    // resets one it denies (or cannot dial) at once: a connection closed or reset within the
+    // window counts as refused. One that stays open (or sends data) counts as reached.
+    let _ = stream.set_read_timeout(Some(CONNECT_WINDOW));
+    let mut byte = [0u8; 1];
+    match stream.peek(&mut byte) {
+        Ok(0) => Response::text(
+            502,
+            format!("connect {addr}: connection closed by peer right after connect"),
+        ),
         Ok(_) => Response::text(200, "ok"),
+        Err(e) if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut) => {
+            Response::text(200, "ok")
+        }
         Err(e) => Response::text(502, format!("connect {addr}: {e}")),
     }
 }

@@ -1,0 +1,374 @@
+//! Egress control end to end: real runc actors whose outbound TCP is redirected (nftables in the
+//! actor netns) to the worker's egress proxy, which applies the template's policy.
+//!
+//! The destination that may be reached is a network namespace this test creates ("test host"):
+//! a veth pair with the host side at 10.254.X.1/30 (which thereby becomes a node address) and
+//! the test host at 10.254.X.2, where a small Python server holds connections open on two ports.
+//! Everything the test creates is removed by a drop guard, also on panic. Traffic only goes to
+//! 127.0.0.0/8 and to that namespace.
+
+mod support;
+
+use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use support::*;
+
+/// Accepts on every port given and holds each connection until the peer closes it.
+const HOLD_SERVER: &str = r#"
+import socket, sys, threading
+def hold(c):
+    try:
+        c.recv(1)
+    finally:
+        c.close()
+def serve(port):
+    s = socket.socket()
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    s.bind((sys.argv[1], port))
+    s.listen(64)
+    while True:
+        c, _ = s.accept()
+        threading.Thread(target=hold, args=(c,), daemon=True).start()
+for p in sys.argv[2:]:
+    threading.Thread(target=serve, args=(int(p),), daemon=True).start()
+threading.Event().wait()
+"#;
+
+fn run(args: &[&str]) {
+    let out = Command::new(args[0])
+        .args(&args[1..])
+        .output()
+        .unwrap_or_else(|e| panic!("run {args:?}: {e}"));
+    assert!(
+        out.status.success(),
+        "{args:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// A network namespace with a veth to the host and a holding server on two ports; removed on drop.
+struct TestHost {
+    netns: String,
+    host_link: String,
+    host_ip: Ipv4Addr,
+    peer_ip: Ipv4Addr,
+    ports: [u16; 2],
+    server: Option<Child>,
+}
+
+impl TestHost {
+    fn new() -> TestHost {
+        let nanos = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.subsec_nanos())
+            .unwrap_or(0);
+        let seed = std::process::id() ^ nanos;
+        let tag = format!("{:06x}", seed & 0xff_ffff);
+        let third = (seed % 250 + 1) as u8;
+        let base = 20000 + (seed % 20000) as u16;
+        let mut h = TestHost {
+            netns: format!("egt-{tag}"),
+            host_link: format!("egth{tag}"),
+            host_ip: Ipv4Addr::new(10, 254, third, 1),
+            peer_ip: Ipv4Addr::new(10, 254, third, 2),
+            ports: [base, base + 1],
+            server: None,
+        };
+        let peer_link = format!("egtp{tag}");
+        let (ns, host_link) = (h.netns.clone(), h.host_link.clone());
+        run(&["ip", "netns", "add", &ns]);
+        run(&["ip", "-n", &ns, "link", "set", "lo", "up"]);
+        run(&[
+            "ip", "link", "add", &host_link, "type", "veth", "peer", "name", &peer_link,
+        ]);
+        run(&["ip", "link", "set", &peer_link, "netns", &ns]);
+        run(&[
+            "ip",
+            "addr",
+            "add",
+            &format!("{}/30", h.host_ip),
+            "dev",
+            &host_link,
+        ]);
+        run(&["ip", "link", "set", &host_link, "up"]);
+        run(&[
+            "ip",
+            "-n",
+            &ns,
+            "addr",
+            "add",
+            &format!("{}/30", h.peer_ip),
+            "dev",
+            &peer_link,
+        ]);
+        run(&["ip", "-n", &ns, "link", "set", &peer_link, "up"]);
+        let server = Command::new("ip")
+            .args(["netns", "exec", &ns, "python3", "-c", HOLD_SERVER])
+            .arg(h.peer_ip.to_string())
+            .args(h.ports.iter().map(|p| p.to_string()))
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("spawn the test host's server");
+        h.server = Some(server);
+        // Ready when both ports accept (from the host, over the veth).
+        let deadline = Instant::now() + Duration::from_secs(10);
+        for p in h.ports {
+            let addr = SocketAddr::new(h.peer_ip.into(), p);
+            while TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_err() {
+                assert!(
+                    Instant::now() < deadline,
+                    "test host server not up on {addr}"
+                );
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
+        h
+    }
+
+    fn peer(&self, i: usize) -> String {
+        format!("{}:{}", self.peer_ip, self.ports[i])
+    }
+}
+
+impl Drop for TestHost {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.server.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        let _ = Command::new("ip")
+            .args(["link", "del", &self.host_link])
+            .stderr(Stdio::null())
+            .status();
+        let _ = Command::new("ip")
+            .args(["netns", "delete", &self.netns])
+            .stderr(Stdio::null())
+            .status();
+    }
+}
+
+fn template(ns: &str, name: &str, egress: &str) -> String {
+    let images = images_dir();
+    format!(
+        "apiVersion: ate.dev/v1alpha1
+kind: Atespace
+metadata:
+  name: {ns}
+---
+apiVersion: ate.dev/v1alpha1
+kind: ActorTemplate
+metadata:
+  namespace: {ns}
+  name: {name}
+spec:
+  containers:
+    - name: main
+      image: oci-layout:{images}/counter:latest
+      command: [\"/counter\"]
+      wakeupProbe:
+        httpGet: {{path: /healthz, port: 80}}
+        timeoutSeconds: 10
+  resources: {{cpu: 250m, memory: 64Mi}}
+  volumes:
+    - name: data
+      mountPath: /data
+  snapshots: {{fidelity: memory}}
+  idleTimeout: 5m
+{egress}",
+        images = images.display(),
+    )
+}
+
+fn apply(sys: &System, dir: &Path, ns: &str, name: &str, egress: &str) {
+    let path = dir.join(format!("{ns}-{name}.yaml"));
+    std::fs::write(&path, template(ns, name, egress)).expect("write template");
+    sys.ate_ok(&["apply", "-f", path.to_str().expect("utf-8 path")]);
+}
+
+/// Both workers' logs, without terminal colour codes.
+fn worker_logs(sys: &System) -> String {
+    strip_ansi(&format!("{}\n{}", sys.log("worker-1"), sys.log("worker-2")))
+}
+
+fn strip_ansi(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut chars = text.chars();
+    while let Some(c) = chars.next() {
+        if c == '\u{1b}' {
+            // CSI: ESC [ parameters… final byte in @..~
+            if chars.next() == Some('[') {
+                for f in chars.by_ref() {
+                    if ('@'..='~').contains(&f) {
+                        break;
+                    }
+                }
+            }
+            continue;
+        }
+        out.push(c);
+    }
+    out
+}
+
+/// `/connect?addr=…` from the actor: (status, body).
+fn connect(sys: &System, actor: &str, addr: &str) -> (u16, String) {
+    let (status, _, body) = get(sys.router_addr, actor, &format!("/connect?addr={addr}"));
+    (status, body)
+}
+
+fn reached(sys: &System, actor: &str, addr: &str) {
+    let (status, body) = connect(sys, actor, addr);
+    assert_eq!(
+        (status, body.as_str()),
+        (200, "ok"),
+        "{actor} should reach {addr}\nworker logs:\n{}",
+        worker_logs(sys)
+    );
+}
+
+fn refused(sys: &System, actor: &str, addr: &str) {
+    let (status, body) = connect(sys, actor, addr);
+    assert_eq!(
+        status,
+        502,
+        "{actor} must not reach {addr}: {body}\nworker logs:\n{}",
+        worker_logs(sys)
+    );
+}
+
+/// A worker log line about `destination` with all of `words`.
+fn logged(sys: &System, destination: &str, words: &[&str]) -> bool {
+    let dest = format!("destination={destination}");
+    worker_logs(sys)
+        .lines()
+        .any(|l| l.contains("egress") && l.contains(&dest) && words.iter().all(|w| l.contains(w)))
+}
+
+#[test]
+fn egress_policy_is_enforced_per_template() {
+    // Before the system starts, so the workers' first read of the node addresses has 10.254.X.1.
+    let host = TestHost::new();
+    let sys = System::up(UpOptions::default());
+    let ns = "ns-egress";
+    let dir = sys.dir.path().to_path_buf();
+    apply(&sys, &dir, ns, "open", "");
+    apply(
+        &sys,
+        &dir,
+        ns,
+        "listed",
+        &format!(
+            "  egress:\n    defaultAction: deny-all\n    allow: [\"{}\"]\n",
+            host.peer(0)
+        ),
+    );
+    apply(
+        &sys,
+        &dir,
+        ns,
+        "sealed",
+        "  egress:\n    defaultAction: deny-all\n",
+    );
+    for (actor, worker) in [("a", "worker-1"), ("b", "worker-2"), ("c", "worker-1")] {
+        let tpl = match actor {
+            "a" => "open",
+            "b" => "listed",
+            _ => "sealed",
+        };
+        sys.ate_ok(&[
+            "create",
+            "actor",
+            actor,
+            "-a",
+            ns,
+            "-t",
+            &format!("{ns}/{tpl}"),
+            "--selector",
+            &format!("ate.dev/worker={worker}"),
+        ]);
+    }
+    let (a, b, c) = (format!("{ns}/a"), format!("{ns}/b"), format!("{ns}/c"));
+
+    // Host listeners the actors must never reach: a node address (the veth's host side) and
+    // loopback.
+    let node_listener = TcpListener::bind((host.host_ip, 0)).expect("bind node address");
+    let node_addr = node_listener.local_addr().expect("addr").to_string();
+    let lo_listener = TcpListener::bind("127.0.0.1:0").expect("bind loopback");
+    let lo_addr = lo_listener.local_addr().expect("addr").to_string();
+
+    // (a) allow-all: the test host yes; node addresses, link-local and loopback no.
+    reached(&sys, &a, &host.peer(0));
+    reached(&sys, &a, &host.peer(1));
+    refused(&sys, &a, &node_addr);
+    refused(&sys, &a, "169.254.169.254:80");
+    refused(&sys, &a, &lo_addr);
+    // The actor still reaches itself (loopback and its own address are never redirected).
+    reached(&sys, &a, "169.254.17.2:8080");
+
+    // (b) deny-all with one allow entry: only that host:port.
+    reached(&sys, &b, &host.peer(0));
+    refused(&sys, &b, &host.peer(1));
+    refused(&sys, &b, &node_addr);
+    refused(&sys, &b, "169.254.169.254:80");
+
+    // (c) deny-all, nothing listed: nothing.
+    refused(&sys, &c, &host.peer(0));
+    refused(&sys, &c, &host.peer(1));
+    refused(&sys, &c, &node_addr);
+    refused(&sys, &c, &lo_addr);
+
+    for l in [&node_listener, &lo_listener] {
+        l.set_nonblocking(true).expect("nonblocking");
+        assert!(
+            l.accept().is_err(),
+            "a host listener got a connection from an actor"
+        );
+    }
+
+    // The worker logged each decision.
+    assert!(
+        logged(&sys, &host.peer(0), &["egress allowed", "allow-all", &a]),
+        "no 'allowed' line for {a}\n{}",
+        worker_logs(&sys)
+    );
+    assert!(
+        logged(&sys, &node_addr, &["egress denied", "node address"]),
+        "no 'denied: node address' line\n{}",
+        worker_logs(&sys)
+    );
+    assert!(
+        logged(&sys, "169.254.169.254:80", &["egress denied", "link-local"]),
+        "no 'denied: link-local' line\n{}",
+        worker_logs(&sys)
+    );
+    assert!(
+        logged(&sys, &host.peer(0), &["egress allowed", "allow entry", &b]),
+        "no 'allowed by entry' line for {b}\n{}",
+        worker_logs(&sys)
+    );
+    assert!(
+        logged(
+            &sys,
+            &host.peer(1),
+            &["egress denied", "no allow entry matches", &b]
+        ),
+        "no 'denied: not listed' line for {b}\n{}",
+        worker_logs(&sys)
+    );
+
+    // After a memory suspend and a restore (on whichever worker), the policy holds again.
+    sys.ate_ok(&["suspend", "actor", "b", "-a", ns]);
+    reached(&sys, &b, &host.peer(0));
+    refused(&sys, &b, &host.peer(1));
+    refused(&sys, &b, &node_addr);
+    assert!(
+        worker_logs(&sys).contains("egress proxy off"),
+        "no per-actor egress counters logged at suspend\n{}",
+        worker_logs(&sys)
+    );
+}
