@@ -1179,41 +1179,96 @@ fn exited_actor_is_released_within_a_second_and_resumes_from_its_last_generation
 // ---------------------------------------------------------------------------------------------
 // 6. isolation
 
-/// One h2c CONNECT to atunnel; returns (status, stale header).
-fn atunnel_connect(worker: SocketAddr, actor: &str, port: Option<&str>) -> (u16, Option<String>) {
+/// A TLS client config for atunnel presenting `<tls>/<name>.crt` (ALPN h2; any worker of the CA).
+fn atunnel_tls(tls: &Path, name: &str) -> std::sync::Arc<ate_tls::rustls::ClientConfig> {
+    let src = ate_tls::CertSource::from_files(
+        ate_tls::PemFiles::in_dir(tls, name),
+        Duration::from_secs(60),
+    )
+    .expect("read certificate");
+    let mut cfg =
+        ate_tls::client_config(&src, ate_tls::ServerCheck::ChainOnly).expect("client config");
+    ate_tls::set_client_alpn(&mut cfg, &[ate_tls::Alpn::H2]);
+    std::sync::Arc::new(cfg)
+}
+
+/// One CONNECT to atunnel over HTTP/2; `as_cert` names the certificate in `<tls>` to present
+/// (None: h2c in the clear). Err: the connection was refused before any response.
+async fn atunnel_request(
+    tls: &Path,
+    as_cert: Option<&str>,
+    worker: SocketAddr,
+    actor: &str,
+    port: Option<&str>,
+) -> Result<(u16, Option<String>), String> {
     use http_body_util::Empty;
     use hyper::body::Bytes;
-    let rt = tokio::runtime::Builder::new_current_thread()
+    let mut req = hyper::Request::new(Empty::<Bytes>::new());
+    *req.method_mut() = hyper::Method::CONNECT;
+    *req.uri_mut() = "x.y:80".parse().expect("uri");
+    req.headers_mut()
+        .insert("ate-target-actor", actor.parse().expect("header"));
+    if let Some(p) = port {
+        req.headers_mut()
+            .insert("ate-target-port", p.parse().expect("header"));
+    }
+    let exec = hyper_util::rt::TokioExecutor::new();
+    let mut sender = match as_cert {
+        Some(name) => {
+            let stream = ate_tls::connect(
+                atunnel_tls(tls, name),
+                &worker.ip().to_string(),
+                worker.port(),
+            )
+            .await
+            .map_err(|e| format!("TLS: {e}"))?;
+            let (sender, conn) =
+                hyper::client::conn::http2::handshake(exec, hyper_util::rt::TokioIo::new(stream))
+                    .await
+                    .map_err(|e| format!("h2 handshake: {e}"))?;
+            tokio::spawn(conn);
+            sender
+        }
+        None => {
+            let tcp = tokio::net::TcpStream::connect(worker)
+                .await
+                .expect("connect atunnel");
+            let (sender, conn) =
+                hyper::client::conn::http2::handshake(exec, hyper_util::rt::TokioIo::new(tcp))
+                    .await
+                    .map_err(|e| format!("h2 handshake: {e}"))?;
+            tokio::spawn(conn);
+            sender
+        }
+    };
+    let resp = tokio::time::timeout(Duration::from_secs(10), sender.send_request(req))
+        .await
+        .map_err(|_| "no answer in 10 s".to_string())?
+        .map_err(|e| format!("CONNECT: {e}"))?;
+    let stale = resp
+        .headers()
+        .get("x-ate-assignment-stale")
+        .map(|v| v.to_str().unwrap_or_default().to_string());
+    Ok((resp.status().as_u16(), stale))
+}
+
+fn block_on<F: std::future::Future>(f: F) -> F::Output {
+    tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
-        .expect("rt");
-    rt.block_on(async {
-        let tcp = tokio::net::TcpStream::connect(worker)
-            .await
-            .expect("connect atunnel");
-        let (mut sender, conn) = hyper::client::conn::http2::handshake(
-            hyper_util::rt::TokioExecutor::new(),
-            hyper_util::rt::TokioIo::new(tcp),
-        )
-        .await
-        .expect("h2 handshake");
-        tokio::spawn(conn);
-        let mut req = hyper::Request::new(Empty::<Bytes>::new());
-        *req.method_mut() = hyper::Method::CONNECT;
-        *req.uri_mut() = "x.y:80".parse().expect("uri");
-        req.headers_mut()
-            .insert("ate-target-actor", actor.parse().expect("header"));
-        if let Some(p) = port {
-            req.headers_mut()
-                .insert("ate-target-port", p.parse().expect("header"));
-        }
-        let resp = sender.send_request(req).await.expect("CONNECT");
-        let stale = resp
-            .headers()
-            .get("x-ate-assignment-stale")
-            .map(|v| v.to_str().unwrap_or_default().to_string());
-        (resp.status().as_u16(), stale)
-    })
+        .expect("rt")
+        .block_on(f)
+}
+
+/// One CONNECT to atunnel as the router (mTLS with `<tls>/router.crt`); returns (status, stale
+/// header).
+fn atunnel_connect(
+    tls: &Path,
+    worker: SocketAddr,
+    actor: &str,
+    port: Option<&str>,
+) -> (u16, Option<String>) {
+    block_on(atunnel_request(tls, Some("router"), worker, actor, port)).expect("CONNECT")
 }
 
 #[test]
@@ -1336,27 +1391,40 @@ fn actors_are_isolated_and_atunnel_refuses_strangers() {
     // atunnel itself: an actor not active on this worker → 421 stale; bad targets → 400.
     let w1 = SocketAddr::new(sys.worker_ips[0].into(), sys.worker_port);
     let w2 = SocketAddr::new(sys.worker_ips[1].into(), sys.worker_port);
+    let tls = sys.state_dir().join("tls");
+    let tls = tls.as_path();
+    // Only the router gets in: no certificate (h2c) and other identities of the CA are refused.
+    for stranger in [None, Some("admin"), Some("node"), Some("worker-2")] {
+        let r = block_on(atunnel_request(tls, stranger, w1, &format!("{ns}/a"), None));
+        assert!(r.is_err(), "atunnel let {stranger:?} in: {r:?}");
+    }
     assert_eq!(
-        atunnel_connect(w1, &format!("{ns}/a"), None).0,
+        atunnel_connect(tls, w1, &format!("{ns}/a"), None).0,
         200,
         "a is active on worker-1"
     );
     assert_eq!(
-        atunnel_connect(w2, &format!("{ns}/a"), None),
+        atunnel_connect(tls, w2, &format!("{ns}/a"), None),
         (421, Some("true".into())),
         "a is not on worker-2"
     );
     assert_eq!(
-        atunnel_connect(w1, &format!("{ns}/nobody"), None),
+        atunnel_connect(tls, w1, &format!("{ns}/nobody"), None),
         (421, Some("true".into()))
     );
-    assert_eq!(atunnel_connect(w1, "Bad/Name", None).0, 400);
-    assert_eq!(atunnel_connect(w1, "no-slash", None).0, 400);
-    assert_eq!(atunnel_connect(w1, &format!("{ns}/a"), Some("0")).0, 400);
-    assert_eq!(atunnel_connect(w1, &format!("{ns}/a"), Some("http")).0, 400);
+    assert_eq!(atunnel_connect(tls, w1, "Bad/Name", None).0, 400);
+    assert_eq!(atunnel_connect(tls, w1, "no-slash", None).0, 400);
+    assert_eq!(
+        atunnel_connect(tls, w1, &format!("{ns}/a"), Some("0")).0,
+        400
+    );
+    assert_eq!(
+        atunnel_connect(tls, w1, &format!("{ns}/a"), Some("http")).0,
+        400
+    );
     sys.ate_ok(&["suspend", "actor", "a", "-a", ns]);
     assert_eq!(
-        atunnel_connect(w1, &format!("{ns}/a"), None),
+        atunnel_connect(tls, w1, &format!("{ns}/a"), None),
         (421, Some("true".into())),
         "suspended → stale"
     );
