@@ -119,8 +119,16 @@ impl Pki {
         name: &str,
         id: ate_tls::SpiffeId,
     ) -> anyhow::Result<(ate_tls::CertSource, ate_tls::TlsArgs)> {
+        self.issue_req(name, ate_tls::SvidRequest::new(id))
+    }
+
+    fn issue_req(
+        &mut self,
+        name: &str,
+        req: ate_tls::SvidRequest,
+    ) -> anyhow::Result<(ate_tls::CertSource, ate_tls::TlsArgs)> {
         let files = ate_tls::PemFiles::in_dir(&self.dir, name);
-        let req = ate_tls::SvidRequest::new(id).lifetime(self.lifetime);
+        let req = req.lifetime(self.lifetime);
         let source = ate_tls::CertSource::issued_to_files(self.ca.clone(), req, files.clone())
             .with_context(|| format!("cannot issue the {name} certificate"))?;
         self.sources.push(source.clone());
@@ -449,11 +457,12 @@ async fn start_data_path(
         "--api".into(),
         api_addr.to_string(),
     ];
-    router_args.extend(
-        pki.issue("router", ate_tls::SpiffeId::router(&td)?)?
-            .1
-            .to_args(),
-    );
+    // Also valid for `localhost` / 127.0.0.1, for clients of `--router-arg=--tls-listen=…` that
+    // check the hostname rather than the SPIFFE ID.
+    let router_req = ate_tls::SvidRequest::new(ate_tls::SpiffeId::router(&td)?)
+        .dns("localhost")
+        .ip(std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST));
+    router_args.extend(pki.issue_req("router", router_req)?.1.to_args());
     router_args.extend(args.router_args.iter().cloned());
     components.push(spawn("router", &router_args, logs)?);
     let router_index = components.len() - 1;

@@ -35,6 +35,15 @@ pub struct RouterConfig {
     #[arg(long = "drain-delay", default_value = "13s", value_parser = parse_duration)]
     pub drain_delay: Duration,
 
+    /// Also serve clients over TLS on this address (the router's certificate; HTTP/1.1 and h2).
+    #[arg(long = "tls-listen")]
+    pub tls_listen: Option<SocketAddr>,
+
+    /// SPIFFE IDs (comma-separated) whose client certificates `--tls-listen` admits; checked in
+    /// the handshake. Unset: clients present no certificate.
+    #[arg(long = "ingress-allowed-spiffe-ids")]
+    pub ingress_allowed_spiffe_ids: Option<String>,
+
     /// The router's identity (`--tls-cert/--tls-key/--tls-ca`, `--trust-domain`): mTLS to the
     /// api and to every atunnel. Absent: plaintext.
     #[command(flatten)]
@@ -101,6 +110,8 @@ impl Default for RouterConfig {
             parked_request_max: 1024,
             assignment_cache_ttl: Duration::from_secs(5),
             drain_delay: Duration::from_secs(13),
+            tls_listen: None,
+            ingress_allowed_spiffe_ids: None,
             tls: ate_tls::TlsArgs::default(),
             tuning: Tuning::default(),
         }

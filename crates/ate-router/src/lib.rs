@@ -56,6 +56,8 @@ pub enum RouterError {
     },
     #[error("TLS: {0}")]
     Tls(#[from] ate_tls::TlsError),
+    #[error("--tls-listen needs the router's certificate (--tls-cert, --tls-key, --tls-ca)")]
+    TlsListenWithoutCert,
     #[error("install SIGTERM handler: {0}")]
     Signal(std::io::Error),
 }
@@ -63,6 +65,8 @@ pub enum RouterError {
 /// A router instance: its parts, shared by the listeners.
 pub struct Router {
     config: RouterConfig,
+    /// The router's identity (mTLS to the api and atunnel; the `--tls-listen` certificate).
+    tls: Option<ate_tls::CertSource>,
     proxy: Arc<Proxy>,
     resolver: Arc<Resolver>,
     tunnels: Arc<Tunnels>,
@@ -123,7 +127,7 @@ impl Router {
                 idle_timeout: t.tunnel_idle_timeout,
                 connect_timeout: t.worker_connect_timeout,
             },
-            tls,
+            tls.clone(),
             stats.clone(),
         );
         let proxy = Proxy::new(
@@ -137,6 +141,7 @@ impl Router {
         );
         Self {
             config,
+            tls,
             proxy,
             resolver,
             tunnels,
@@ -156,6 +161,30 @@ impl Router {
         }
     }
 
+    /// The `--tls-listen` listener: the router's certificate, ALPN h2 + http/1.1, and with
+    /// `--ingress-allowed-spiffe-ids` a client certificate on that list required in the handshake.
+    async fn tls_ingress(&self) -> Result<Option<ate_tls::TlsIncoming>, RouterError> {
+        let Some(addr) = self.config.tls_listen else {
+            return Ok(None);
+        };
+        let source = self.tls.as_ref().ok_or(RouterError::TlsListenWithoutCert)?;
+        let client_auth = match &self.config.ingress_allowed_spiffe_ids {
+            Some(list) => ate_tls::ClientAuth::Required {
+                allowed: ate_tls::AllowList::parse_list(list)?,
+            },
+            None => ate_tls::ClientAuth::None,
+        };
+        let mut server = ate_tls::server_config(source, client_auth)?;
+        ate_tls::set_server_alpn(&mut server, &[ate_tls::Alpn::H2, ate_tls::Alpn::Http11]);
+        let listener = TcpListener::bind(addr)
+            .await
+            .map_err(|source| RouterError::Bind { addr, source })?;
+        let incoming = ate_tls::TlsIncoming::new(listener, Arc::new(server))
+            .map_err(|source| RouterError::Bind { addr, source })?;
+        tracing::info!(listen = %incoming.local_addr(), allowed = ?self.config.ingress_allowed_spiffe_ids, "TLS ingress serving");
+        Ok(Some(incoming))
+    }
+
     /// Serves on pre-bound listeners until `shutdown`, then drains (see [`Ingress::run`]).
     pub async fn serve(
         self,
@@ -169,6 +198,7 @@ impl Router {
             max_header_bytes: t.max_header_bytes,
             drain_delay: self.config.drain_delay,
         };
+        let tls_ingress = self.tls_ingress().await?;
         let draining = Arc::new(AtomicBool::new(false));
         let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
         let ops = tokio::spawn(server::serve_operations(
@@ -201,7 +231,7 @@ impl Router {
             drain_flag.store(true, std::sync::atomic::Ordering::Relaxed);
         };
         Ingress::new(self.proxy.clone(), &listener_cfg)
-            .run(listener, shutdown, listener_cfg.drain_delay)
+            .run(listener, tls_ingress, shutdown, listener_cfg.drain_delay)
             .await;
         let _ = stop_tx.send(true);
         let _ = ops.await;

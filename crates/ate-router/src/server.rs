@@ -82,14 +82,26 @@ impl Ingress {
     pub async fn run(
         self,
         listener: TcpListener,
+        mut tls: Option<ate_tls::TlsIncoming>,
         shutdown: impl Future<Output = ()>,
         drain_delay: Duration,
     ) {
+        use futures::StreamExt;
         tokio::pin!(shutdown);
         loop {
             tokio::select! {
                 biased;
                 () = &mut shutdown => break,
+                // Handshaken (and, with an allow-list, client-verified) TLS connections.
+                Some(conn) = async {
+                    match tls.as_mut() {
+                        Some(incoming) => incoming.next().await,
+                        None => std::future::pending().await,
+                    }
+                } => match conn {
+                    Ok(conn) => self.serve_connection(conn),
+                    Err(e) => tracing::warn!(error = %e, "TLS accept failed"),
+                },
                 accepted = listener.accept() => match accepted {
                     Ok((tcp, _peer)) => {
                         let _ = tcp.set_nodelay(true);
@@ -104,6 +116,7 @@ impl Ingress {
             }
         }
         drop(listener);
+        drop(tls);
         let open = self.graceful.count();
         tracing::info!(open, ?drain_delay, "draining");
         if tokio::time::timeout(drain_delay, self.graceful.shutdown())
