@@ -749,6 +749,23 @@ struct Manual {
     children: Vec<(String, Child)>,
 }
 
+/// True when an `ate router` answers `/healthz` on its metrics address.
+fn healthz(metrics: SocketAddr) -> bool {
+    use std::io::{Read, Write};
+    let Ok(mut s) = std::net::TcpStream::connect(metrics) else {
+        return false;
+    };
+    let _ = s.set_read_timeout(Some(Duration::from_secs(2)));
+    if s.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        .is_err()
+    {
+        return false;
+    }
+    let mut buf = String::new();
+    let _ = s.read_to_string(&mut buf);
+    buf.starts_with("HTTP/1.1 200")
+}
+
 impl Manual {
     fn state(&self) -> PathBuf {
         self.dir.path().join("state")
@@ -891,28 +908,50 @@ impl Manual {
             );
             std::thread::sleep(Duration::from_millis(100));
         }
-        let router = m.router.to_string();
-        let metrics = format!("127.0.0.1:{}", free_port());
-        let api = m.api.clone();
-        m.spawn(
-            "router",
-            &[
-                s("router"),
-                s("--listen"),
-                router,
-                s("--metrics-listen"),
-                metrics,
-                s("--api"),
-                api,
-            ],
-        );
-        let start = Instant::now();
-        while std::net::TcpStream::connect(m.router).is_err() {
-            assert!(
-                start.elapsed() < Duration::from_secs(30),
-                "router not listening"
+        // Ports are picked free and then bound by the child, so another test may take one in
+        // between: start the router again on new ports until it is ours that answers.
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            let metrics = SocketAddr::from(([127, 0, 0, 1], free_port()));
+            let api = m.api.clone();
+            let router = m.router.to_string();
+            m.spawn(
+                "router",
+                &[
+                    s("router"),
+                    s("--listen"),
+                    router,
+                    s("--metrics-listen"),
+                    metrics.to_string(),
+                    s("--api"),
+                    api,
+                ],
             );
-            std::thread::sleep(Duration::from_millis(50));
+            let start = Instant::now();
+            let up = loop {
+                let exited = m
+                    .children
+                    .last_mut()
+                    .is_some_and(|(_, c)| matches!(c.try_wait(), Ok(Some(_))));
+                if exited {
+                    break false;
+                }
+                if std::net::TcpStream::connect(m.router).is_ok() && healthz(metrics) {
+                    break true;
+                }
+                assert!(
+                    start.elapsed() < Duration::from_secs(30),
+                    "router not listening"
+                );
+                std::thread::sleep(Duration::from_millis(50));
+            };
+            if up {
+                break;
+            }
+            assert!(attempt < 5, "router failed to start:\n{}", m.log("router"));
+            m.children.pop();
+            m.router = SocketAddr::from(([127, 0, 0, 1], free_port()));
         }
         m
     }

@@ -5,8 +5,8 @@
 
 pub mod atunnel;
 mod cmd;
-pub mod egress;
 pub mod config;
+pub mod egress;
 pub mod error;
 pub mod image;
 pub mod netns;

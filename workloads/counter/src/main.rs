@@ -180,7 +180,12 @@ fn connect(query: &str) -> Response {
             format!("connect {addr}: connection closed by peer right after connect"),
         ),
         Ok(_) => Response::text(200, "ok"),
-        Err(e) if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut) => {
+        Err(e)
+            if matches!(
+                e.kind(),
+                io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+            ) =>
+        {
             Response::text(200, "ok")
         }
         Err(e) => Response::text(502, format!("connect {addr}: {e}")),

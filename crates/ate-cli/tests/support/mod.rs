@@ -93,6 +93,20 @@ impl System {
     /// [`System::up`] with extra environment variables for `ate up`, which its components
     /// (api, node, workers, router) inherit: S3 settings, fault injection.
     pub fn up_with_env(opts: UpOptions, env: &[(&str, &str)]) -> System {
+        // Ports are picked free and bound later by the children, so a test running in parallel
+        // can take one in between: start again on new ports when that is why `ate up` stopped.
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            match Self::try_up(&opts, env) {
+                Ok(sys) => return sys,
+                Err(log) if attempt < 4 && log.contains("in use") => continue,
+                Err(log) => panic!("ate up exited:\n{log}"),
+            }
+        }
+    }
+
+    fn try_up(opts: &UpOptions, env: &[(&str, &str)]) -> Result<System, String> {
         let dir = tempfile::tempdir().expect("tempdir");
         let first_ip = private_ip_block();
         let router_port = free_port();
@@ -156,8 +170,13 @@ impl System {
                 break v;
             }
             if let Ok(Some(status)) = child.try_wait() {
-                let log = std::fs::read_to_string(dir.path().join("up.log")).unwrap_or_default();
-                panic!("ate up exited ({status}):\n{log}");
+                let mut log =
+                    std::fs::read_to_string(dir.path().join("up.log")).unwrap_or_default();
+                for c in ["api", "node", "router", "worker-1", "worker-2"] {
+                    let l = dir.path().join("state/logs").join(format!("{c}.log"));
+                    log.push_str(&std::fs::read_to_string(l).unwrap_or_default());
+                }
+                return Err(format!("({status}) {log}"));
             }
             assert!(
                 start.elapsed() < Duration::from_secs(60),
@@ -168,7 +187,7 @@ impl System {
         let worker_ips = (0..opts.workers)
             .map(|i| Ipv4Addr::from(u32::from(first_ip) + i))
             .collect();
-        System {
+        Ok(System {
             child,
             router: v["router"].as_str().expect("router").to_string(),
             router_addr: SocketAddr::from(([127, 0, 0, 1], router_port)),
@@ -178,7 +197,7 @@ impl System {
             dir,
             worker_ips,
             worker_port,
-        }
+        })
     }
 
     pub fn state_dir(&self) -> PathBuf {
