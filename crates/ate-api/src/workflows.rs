@@ -207,6 +207,12 @@ impl Api {
                 return Ok((self.actor_message(&actor).await, false));
             }
             ActorState::Crashed => return Err(crashed(r, &actor.last_error)),
+            ActorState::Suspending if self.stale(&actor) => {
+                // The suspend that set SUSPENDING died (api crash, node timeout) and nothing else
+                // would ever finish it: the request finishes it, then resumes as usual.
+                tracing::info!(actor = %r, "finishing a stale suspend before the resume");
+                self.suspend(r, false).await?;
+            }
             ActorState::Suspending => return Err(transient(r, actor.state)),
             ActorState::Suspended | ActorState::Resuming => {}
         }
@@ -953,6 +959,13 @@ fn code_label(code: Code) -> &'static str {
 }
 
 impl Api {
+    /// True when the actor's last change is older than a lease: whatever workflow set its
+    /// transient state is no longer running.
+    fn stale(&self, actor: &ActorRecord) -> bool {
+        let lease_ms = i64::try_from(self.cfg.lease_ttl.as_millis()).unwrap_or(i64::MAX);
+        now_ms().saturating_sub(actor.updated_ms) > lease_ms
+    }
+
     pub fn heartbeat_timeout(&self) -> Duration {
         self.cfg.heartbeat_timeout
     }

@@ -911,3 +911,41 @@ async fn fleet_validation(b: Backend) {
     );
 }
 both_stores!(fleet, fleet_validation);
+
+async fn stale_suspend_is_finished_by_the_next_request(b: Backend) {
+    let lease_ttl = Duration::from_millis(400);
+    let t = TestApi::start(
+        b,
+        ApiConfig {
+            lease_ttl,
+            fleet_max_age: Duration::from_millis(50),
+            ..Default::default()
+        },
+    )
+    .await;
+    let node = TestNode::start("node-1").await;
+    t.register(&node, "w1", 1).await;
+    t.seed("ns").await;
+    t.create_actor("ns", "a").await;
+    t.resume("ns", "a").await.unwrap();
+    t.api.faults.arm(FaultPoint::SuspendAfterSuspending);
+    assert_eq!(
+        t.suspend("ns", "a").await.unwrap_err().code(),
+        Code::Internal
+    );
+    // While the dead workflow's lease could still be alive the router parks.
+    assert_eq!(
+        t.resume("ns", "a").await.unwrap_err().code(),
+        Code::FailedPrecondition
+    );
+    tokio::time::sleep(lease_ttl + Duration::from_millis(150)).await;
+    // Then the next resume finishes the suspend (one generation) and resumes from it.
+    let r = t.resume("ns", "a").await.unwrap();
+    assert!(r.resumed);
+    let a = r.actor.unwrap();
+    assert_eq!(state(&a), ActorState::Running);
+    assert_eq!(a.generation, 1);
+    assert_eq!(node.calls().checkpoint.load(Ordering::SeqCst), 1);
+    assert_eq!(node.calls().restore.load(Ordering::SeqCst), 1);
+}
+both_stores!(stale_suspend, stale_suspend_is_finished_by_the_next_request);
