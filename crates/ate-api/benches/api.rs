@@ -65,6 +65,8 @@ async fn bench(backend: Backend) {
         backend,
         ApiConfig {
             fleet_max_age: Duration::from_millis(250),
+            // The scripted node sends no heartbeats; keep its workers ACTIVE for the whole run.
+            heartbeat_timeout: Duration::from_secs(3600),
             ..Default::default()
         },
     )
