@@ -10,6 +10,7 @@
 #   ATE_SKIP_SETUP=1   skip installing packages (scripts/setup.sh)
 #   ATE_BUILD_PROFILE  cargo profile to build (default release)
 #   ATE_INSTALL_DIR    where `ate` is installed (default /usr/local/bin)
+#   ATE_BINARY         install this prebuilt `ate` instead of building one
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$ROOT"
@@ -20,11 +21,15 @@ INSTALL_DIR=${ATE_INSTALL_DIR:-/usr/local/bin}
 if [[ ${ATE_SKIP_SETUP:-0} != 1 ]]; then
   bash scripts/setup.sh
 fi
-echo "==> cargo build --profile $PROFILE -p ate-cli" >&2
-cargo build --profile "$PROFILE" -p ate-cli
-case $PROFILE in dev) out=debug ;; *) out=$PROFILE ;; esac
+BINARY=${ATE_BINARY:-}
+if [[ -z $BINARY ]]; then
+  echo "==> cargo build --profile $PROFILE -p ate-cli" >&2
+  cargo build --profile "$PROFILE" -p ate-cli
+  case $PROFILE in dev) out=debug ;; *) out=$PROFILE ;; esac
+  BINARY=target/$out/ate
+fi
 mkdir -p "$INSTALL_DIR"
-install -m 0755 "target/$out/ate" "$INSTALL_DIR/ate"
+install -m 0755 "$BINARY" "$INSTALL_DIR/ate"
 ln -sf "$INSTALL_DIR/ate" "$INSTALL_DIR/kubectl-ate"
 echo "==> demo images into $STATE_DIR/images" >&2
 mkdir -p "$STATE_DIR"

@@ -2,8 +2,8 @@
 //! and the three lines that create an actor and call it through the router with curl.
 //!
 //! The quickstart runs with the user-facing defaults except: packages are not installed again
-//! (CI's `.ci/run` just did), the dev profile is built (nextest already built it), and `ate` is
-//! installed into a temp dir instead of /usr/local/bin. The second README command is the test
+//! (CI's `.ci/run` just did), the `ate` nextest already built is installed instead of a release
+//! build, and it goes into a temp dir instead of /usr/local/bin. The second README command is the test
 //! command itself, so it is checked for presence, not run recursively.
 
 use std::io::{BufRead, BufReader};
@@ -54,7 +54,9 @@ fn readme_quickstart_and_first_actor() {
         .arg(root().join(&blocks[0][0]))
         .current_dir(root())
         .env("ATE_SKIP_SETUP", "1")
-        .env("ATE_BUILD_PROFILE", "dev")
+        // The binary nextest built: a `cargo build` here would relink target/debug/ate (other
+        // feature unification) while tests running in parallel execute it.
+        .env("ATE_BINARY", env!("CARGO_BIN_EXE_ate"))
         .env("ATE_INSTALL_DIR", &bin)
         .env("ATE_STATE_DIR", &state)
         .env("HOME", tmp.path())
