@@ -172,8 +172,9 @@ impl TestApi {
             sandbox_class: "runc".into(),
             can_restore_memory,
             capacity: Some(Capacity {
-                cpu_millis: 64_000,
-                memory_bytes: 1 << 40,
+                // Ample cpu and memory: slots are what tests and the api bench exhaust.
+                cpu_millis: 4_000_000,
+                memory_bytes: 1 << 50,
                 actor_slots: slots,
             }),
             used: None,
