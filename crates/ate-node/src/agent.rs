@@ -32,7 +32,13 @@ struct Inner {
     tls: Option<ate_tls::CertSource>,
     /// One download at a time per generation uuid (tag snapshots are shared by many actors).
     downloads: std::sync::Mutex<HashMap<String, Arc<AsyncMutex<()>>>>,
+    /// Background (ASYNC suspend) uploads run at most this many at a time: hashing and
+    /// compressing a burst of generations at once would take the cores that resumes need.
+    background_uploads: Arc<tokio::sync::Semaphore>,
 }
+
+/// Concurrent background uploads per node.
+const BACKGROUND_UPLOADS: usize = 2;
 
 fn obj_key(w: &v1::Workload) -> Result<(String, String), Status> {
     let a = w
@@ -79,6 +85,7 @@ impl NodeAgent {
                 durable_url,
                 tls,
                 downloads: Default::default(),
+                background_uploads: Arc::new(tokio::sync::Semaphore::new(BACKGROUND_UPLOADS)),
             }),
         })
     }
@@ -382,7 +389,14 @@ impl NodeService for NodeAgent {
         } else {
             let agent = self.clone();
             let snap = snapshot.clone();
+            let queue = self.inner.background_uploads.clone();
             tokio::spawn(async move {
+                // Closed only if the agent is dropping; upload anyway then.
+                let _permit = queue.acquire_owned().await.ok();
+                // Detached or deleted while queued: whoever did that owns its durable status.
+                if !Path::new(&snap.local_path).join("manifest.json").exists() {
+                    return;
+                }
                 let (status, uri, reason) = match agent.upload(&atespace, &name, &snap).await {
                     Ok(uri) => (DurableStatus::Completed, uri, String::new()),
                     Err(e) => {
