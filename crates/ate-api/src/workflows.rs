@@ -244,7 +244,7 @@ impl Api {
         let template = self.store.get_template(&ns, &tname).await?;
         let mut snapshot = self.choose_snapshot(&actor, &template).await?;
 
-        let (actor, worker) = match self.rebind_existing(&actor).await? {
+        let (actor, worker) = match self.rebind_existing(&actor, &template).await? {
             Some(bound) => bound,
             None => {
                 let (bound, detached) = self.assign(&actor, &template, snapshot.as_ref()).await?;
@@ -365,6 +365,7 @@ impl Api {
     async fn rebind_existing(
         &self,
         actor: &ActorRecord,
+        template: &TemplateRecord,
     ) -> Result<Option<(ActorRecord, WorkerRecord)>, Failure> {
         if actor.state != ActorState::Resuming {
             return Ok(None);
@@ -377,8 +378,6 @@ impl Api {
             Ok(_) | Err(StoreError::NotFound(_)) => return Ok(None),
             Err(e) => return Err(e.into()),
         };
-        let (ns, tname) = template_ref(actor)?;
-        let template = self.store.get_template(&ns, &tname).await?;
         match self
             .store
             .bind_actor(
@@ -386,7 +385,7 @@ impl Api {
                 &actor.name,
                 &[ActorState::Resuming],
                 &worker.id,
-                demand(&template),
+                demand(template),
                 now_ms(),
             )
             .await

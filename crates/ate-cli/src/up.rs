@@ -267,7 +267,7 @@ async fn wait_workers(
 
 /// A supervised child process.
 struct Component {
-    name: &'static str,
+    name: String,
     child: Child,
     log: PathBuf,
 }
@@ -281,7 +281,7 @@ impl Component {
     }
 }
 
-fn spawn(name: &'static str, args: &[String], logs: &Path) -> anyhow::Result<Component> {
+fn spawn(name: &str, args: &[String], logs: &Path) -> anyhow::Result<Component> {
     let exe = std::env::current_exe().context("cannot find the ate executable")?;
     let log = logs.join(format!("{name}.log"));
     let file = std::fs::OpenOptions::new()
@@ -297,7 +297,11 @@ fn spawn(name: &'static str, args: &[String], logs: &Path) -> anyhow::Result<Com
         .kill_on_drop(true)
         .spawn()
         .with_context(|| format!("cannot start {name}"))?;
-    Ok(Component { name, child, log })
+    Ok(Component {
+        name: name.to_string(),
+        child,
+        log,
+    })
 }
 
 /// Last lines of a log, for the report when a component dies.
@@ -443,8 +447,8 @@ async fn start_data_path(
                 .1
                 .to_args(),
         );
-        let name: &'static str = Box::leak(format!("worker-{i}").into_boxed_str());
-        components.push(spawn(name, &worker_args, logs)?);
+        let name = format!("worker-{i}");
+        components.push(spawn(&name, &worker_args, logs)?);
     }
     wait_workers(clients, args.workers as usize, components).await?;
 
@@ -601,7 +605,7 @@ pub async fn run(args: UpArgs) -> anyhow::Result<ExitCode> {
                 let mut died = None;
                 for c in components.iter_mut() {
                     if let Ok(Some(status)) = c.child.try_wait() {
-                        died = Some((c.name, status, c.log.clone()));
+                        died = Some((c.name.clone(), status, c.log.clone()));
                         break;
                     }
                 }
