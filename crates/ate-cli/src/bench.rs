@@ -6,7 +6,8 @@
 //! - `throughput`: sustained resumes/s: many small counter actors, every request to a suspended
 //!   one, a background suspender suspends each served actor again.
 //! - `warm`: router warm path (keep-alive) against a direct loopback baseline served by this
-//!   process, in the same invocation.
+//!   process, in the same invocation; optionally also over the router's TLS listener and through a
+//!   second, plaintext system (the cost of TLS on both hops), interleaved in rounds.
 //!
 //! Progress goes to stderr, the table to stdout, the results as JSON to `--out` (default
 //! `bench-<kind>.json`). No plot is drawn: JSON only (a plotting crate is not worth its build time
@@ -23,6 +24,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use anyhow::Context;
 use ate_core::{Document, SuspendMode};
 use ate_proto::v1;
+use ate_tls::rustls::pki_types::ServerName;
 use bytes::Bytes;
 use clap::{Args, Subcommand};
 use http_body_util::{BodyExt, Empty, Full};
@@ -117,7 +119,7 @@ pub struct ThroughputArgs {
 pub struct WarmArgs {
     #[command(flatten)]
     common: Common,
-    /// Seconds per side (direct, then router).
+    /// Measured seconds per side and round (after one second of warm-up).
     #[arg(long, default_value_t = 10)]
     seconds: u64,
     /// Connections (keep-alive), one request in flight each.
@@ -126,6 +128,24 @@ pub struct WarmArgs {
     /// Path requested on both sides (`/healthz` answers without touching disk).
     #[arg(long, default_value = "/healthz")]
     path: String,
+    /// Rounds; each measures every side in turn, and the table shows the medians (the sides
+    /// are interleaved so that a noisy neighbour hits them alike).
+    #[arg(long, default_value_t = 3)]
+    rounds: usize,
+    /// The same system's router over TLS (`ate up --router-arg=--tls-listen=ADDR`), e.g.
+    /// `https://127.0.0.1:17682`: client → router TLS, router → atunnel mTLS.
+    #[arg(long)]
+    tls_router: Option<String>,
+    /// CA bundle that checks `--tls-router`'s certificate (default: `$ATE_STATE_DIR/tls/ca.crt`).
+    #[arg(long)]
+    tls_ca: Option<PathBuf>,
+    /// Router URL of a second system running without TLS on any hop (components started without
+    /// `--tls-*`; see docs/benchmarks.md): the plaintext side of the TLS cost.
+    #[arg(long)]
+    plain_router: Option<String>,
+    /// api address of that plaintext system (the bench creates its actor there).
+    #[arg(long)]
+    plain_api: Option<String>,
 }
 
 pub async fn run(c: Clients, cmd: BenchCmd) -> anyhow::Result<ExitCode> {
@@ -933,6 +953,107 @@ async fn baseline_server() -> anyhow::Result<SocketAddr> {
     Ok(addr)
 }
 
+/// One path measured by the warm bench: where to connect, and how.
+#[derive(Clone)]
+struct Side {
+    name: &'static str,
+    addr: SocketAddr,
+    /// `Host` of every request (the URL's authority).
+    host: String,
+    /// The `ate-target-actor` header (none for the direct baseline).
+    actor: Option<String>,
+    /// TLS to the router's `--tls-listen` (server checked by hostname against `ate up`'s CA).
+    tls: Option<(ate_tls::tokio_rustls::TlsConnector, ServerName<'static>)>,
+}
+
+impl Side {
+    fn new(
+        name: &'static str,
+        url: &str,
+        actor: Option<String>,
+        tls: Option<&Arc<ate_tls::rustls::ClientConfig>>,
+    ) -> anyhow::Result<Side> {
+        let uri: hyper::Uri = url.parse().with_context(|| format!("URL {url:?}"))?;
+        let https = uri.scheme_str() == Some("https");
+        let host = uri
+            .host()
+            .with_context(|| format!("URL {url:?} has no host"))?
+            .trim_start_matches('[')
+            .trim_end_matches(']')
+            .to_string();
+        let port = uri.port_u16().unwrap_or(if https { 443 } else { 80 });
+        let ip: std::net::IpAddr = match host.parse() {
+            Ok(ip) => ip,
+            Err(_) if host == "localhost" => std::net::Ipv4Addr::LOCALHOST.into(),
+            Err(_) => anyhow::bail!("URL {url:?}: the bench needs an IP address or localhost"),
+        };
+        let tls = match (https, tls) {
+            (false, _) => None,
+            (true, None) => anyhow::bail!("{url}: https needs the CA (--tls-ca)"),
+            (true, Some(config)) => {
+                let name = ServerName::try_from(host.clone())
+                    .with_context(|| format!("URL {url:?}: server name"))?;
+                Some((
+                    ate_tls::tokio_rustls::TlsConnector::from(config.clone()),
+                    name,
+                ))
+            }
+        };
+        Ok(Side {
+            name,
+            addr: SocketAddr::new(ip, port),
+            host: uri
+                .authority()
+                .map_or_else(|| host.clone(), |a| a.as_str().to_string()),
+            actor,
+            tls,
+        })
+    }
+
+    /// A keep-alive HTTP/1.1 connection (TCP, or TLS over TCP).
+    async fn connect(
+        &self,
+    ) -> anyhow::Result<hyper::client::conn::http1::SendRequest<Empty<Bytes>>> {
+        let tcp = tokio::net::TcpStream::connect(self.addr).await?;
+        tcp.set_nodelay(true)?;
+        let sender = match &self.tls {
+            None => {
+                let (sender, conn) =
+                    hyper::client::conn::http1::handshake(TokioIo::new(tcp)).await?;
+                tokio::spawn(conn);
+                sender
+            }
+            Some((connector, name)) => {
+                let tls = connector.connect(name.clone(), tcp).await?;
+                let (sender, conn) =
+                    hyper::client::conn::http1::handshake(TokioIo::new(tls)).await?;
+                tokio::spawn(conn);
+                sender
+            }
+        };
+        Ok(sender)
+    }
+
+    /// One GET on `sender`; true for a 200 with its body read.
+    async fn get(
+        &self,
+        sender: &mut hyper::client::conn::http1::SendRequest<Empty<Bytes>>,
+        path: &str,
+    ) -> anyhow::Result<bool> {
+        let mut req = hyper::Request::get(path).header(hyper::header::HOST, &self.host);
+        if let Some(actor) = &self.actor {
+            req = req.header("ate-target-actor", actor);
+        }
+        sender.ready().await?;
+        let resp = sender.send_request(req.body(Empty::new())?).await?;
+        let ok = resp.status() == hyper::StatusCode::OK;
+        resp.into_body().collect().await?;
+        Ok(ok)
+    }
+}
+
+/// One measurement of one side.
+#[derive(Clone, Copy, Debug)]
 struct Load {
     requests: usize,
     errors: usize,
@@ -941,55 +1062,82 @@ struct Load {
     p99_ms: f64,
 }
 
-async fn load(
-    http: &HttpClient,
-    base: &str,
-    actor: Option<&str>,
-    path: &str,
-    conc: usize,
-    secs: u64,
-) -> Load {
-    // One second of warm-up opens the connections and warms the caches.
-    for (i, d) in [(0, 1u64), (1, secs)] {
-        let deadline = Instant::now() + Duration::from_secs(d);
-        let started = Instant::now();
-        let mut set = JoinSet::new();
-        for _ in 0..conc {
-            let (http, base, actor, path) = (
-                http.clone(),
-                base.to_string(),
-                actor.map(str::to_string),
-                path.to_string(),
-            );
-            set.spawn(async move {
-                let (mut lat, mut errors) = (Vec::new(), 0usize);
-                while Instant::now() < deadline {
-                    let r = call(&http, &base, actor.as_deref(), &path).await;
-                    if r.status == 200 {
-                        lat.push(r.secs * 1000.0);
-                    } else {
+/// `conc` keep-alive connections, one request in flight each: one second of warm-up (connections
+/// open, caches fill), then `secs` measured.
+async fn load(side: &Side, path: &str, conc: usize, secs: u64) -> Load {
+    let started = Instant::now();
+    let measure_from = started + Duration::from_secs(1);
+    let deadline = measure_from + Duration::from_secs(secs);
+    let mut set = JoinSet::new();
+    for _ in 0..conc {
+        let (side, path) = (side.clone(), path.to_string());
+        set.spawn(async move {
+            let (mut lat, mut errors) = (Vec::new(), 0usize);
+            let mut sender = None;
+            while Instant::now() < deadline {
+                let s = match sender.as_mut() {
+                    Some(s) => s,
+                    None => match side.connect().await {
+                        Ok(s) => sender.insert(s),
+                        Err(_) => {
+                            errors += 1;
+                            tokio::time::sleep(Duration::from_millis(10)).await;
+                            continue;
+                        }
+                    },
+                };
+                let t = Instant::now();
+                let ok = side.get(s, &path).await;
+                if t < measure_from {
+                    continue;
+                }
+                match ok {
+                    Ok(true) => lat.push(t.elapsed().as_secs_f64() * 1000.0),
+                    Ok(false) => errors += 1,
+                    Err(_) => {
                         errors += 1;
+                        sender = None;
                     }
                 }
-                (lat, errors)
-            });
-        }
-        let results = set.join_all().await;
-        if i == 0 {
-            continue;
-        }
-        let elapsed = started.elapsed().as_secs_f64();
-        let errors = results.iter().map(|(_, e)| e).sum();
-        let lat = sorted(results.into_iter().flat_map(|(l, _)| l).collect());
-        return Load {
-            requests: lat.len(),
-            errors,
-            rps: lat.len() as f64 / elapsed,
-            p50_ms: pct(&lat, 0.5),
-            p99_ms: pct(&lat, 0.99),
-        };
+            }
+            (lat, errors)
+        });
     }
-    unreachable!("the loop returns in its second pass")
+    let results = set.join_all().await;
+    let elapsed = measure_from.elapsed().as_secs_f64();
+    let errors = results.iter().map(|(_, e)| e).sum();
+    let lat = sorted(results.into_iter().flat_map(|(l, _)| l).collect());
+    Load {
+        requests: lat.len(),
+        errors,
+        rps: lat.len() as f64 / elapsed,
+        p50_ms: pct(&lat, 0.5),
+        p99_ms: pct(&lat, 0.99),
+    }
+}
+
+/// Medians over the rounds of one side.
+fn medians(rounds: &[Load]) -> Load {
+    let m = |f: fn(&Load) -> f64| median(&sorted(rounds.iter().map(f).collect()));
+    Load {
+        requests: rounds.iter().map(|l| l.requests).sum(),
+        errors: rounds.iter().map(|l| l.errors).sum(),
+        rps: m(|l| l.rps),
+        p50_ms: m(|l| l.p50_ms),
+        p99_ms: m(|l| l.p99_ms),
+    }
+}
+
+/// Creates the bench's 1-CPU counter actor on a system and answers one request through its
+/// router, so that the actor runs and the router has its route.
+async fn warm_actor(c: &Clients, ns: &str, images: &str, side: &Side) -> anyhow::Result<()> {
+    // A whole CPU for the actor, so that its CPU quota does not cap the warm path.
+    apply_yaml(c, &counter_template(ns, "counter-1cpu", images, "1")).await?;
+    ensure_actor(c, ns, "warm-1", "counter-1cpu").await?;
+    let mut sender = side.connect().await?;
+    let ok = side.get(&mut sender, "/").await?;
+    anyhow::ensure!(ok, "warming {ns}/warm-1 through {} failed", side.name);
+    Ok(())
 }
 
 async fn warm(c: Clients, a: WarmArgs) -> anyhow::Result<ExitCode> {
@@ -999,56 +1147,140 @@ async fn warm(c: Clients, a: WarmArgs) -> anyhow::Result<ExitCode> {
         .clone()
         .unwrap_or_else(|| "ate-bench".into());
     let images = images_dir(&c, &a.common).await?;
-    // A whole CPU for the actor, so that its CPU quota does not cap the warm path.
-    apply_yaml(&c, &counter_template(&ns, "counter-1cpu", &images, "1")).await?;
-    ensure_actor(&c, &ns, "warm-1", "counter-1cpu").await?;
-    let http = http_client(a.concurrency);
     let actor = format!("{ns}/warm-1");
-    let r = call(&http, &a.common.router, Some(&actor), "/").await;
-    anyhow::ensure!(r.status == 200, "warming {actor}: {} {}", r.status, r.body);
     let direct_addr = baseline_server().await?;
-    let direct_url = format!("http://{direct_addr}");
-    eprintln!(
-        "==> direct: {} s, {} keep-alive connections → {direct_url}{}",
-        a.seconds, a.concurrency, a.path
-    );
-    let direct = load(&http, &direct_url, None, &a.path, a.concurrency, a.seconds).await;
-    eprintln!(
-        "==> router: {} s, {} keep-alive connections → {} ({actor}){}",
-        a.seconds, a.concurrency, a.common.router, a.path
-    );
-    let routed = load(
-        &http,
-        &a.common.router,
-        Some(&actor),
-        &a.path,
-        a.concurrency,
+    let mut sides = vec![
+        Side::new(
+            "direct (in-process baseline)",
+            &format!("http://{direct_addr}"),
+            None,
+            None,
+        )?,
+        Side::new(
+            "router → atunnel → actor",
+            &a.common.router,
+            Some(actor.clone()),
+            None,
+        )?,
+    ];
+    warm_actor(&c, &ns, &images, &sides[1]).await?;
+    if let Some(url) = &a.tls_router {
+        let ca = match &a.tls_ca {
+            Some(ca) => ca.clone(),
+            None => std::env::var_os("ATE_STATE_DIR")
+                .map(PathBuf::from)
+                .unwrap_or_else(|| PathBuf::from(crate::client::DEFAULT_STATE_DIR))
+                .join(crate::client::TLS_DIR)
+                .join("ca.crt"),
+        };
+        let roots = ate_tls::load_roots(&ca)
+            .with_context(|| format!("CA for --tls-router: {}", ca.display()))?;
+        let mut config = ate_tls::client_config_no_cert(roots, ate_tls::ServerCheck::Hostname)?;
+        ate_tls::set_client_alpn(&mut config, &[ate_tls::Alpn::Http11]);
+        let config = Arc::new(config);
+        sides.push(Side::new(
+            "router TLS listener (TLS both hops)",
+            url,
+            Some(actor.clone()),
+            Some(&config),
+        )?);
+    }
+    if let Some(url) = &a.plain_router {
+        let api = a
+            .plain_api
+            .as_deref()
+            .context("--plain-router needs --plain-api (the plaintext system's api)")?;
+        let channel = crate::client::connect_to(api, None)
+            .await
+            .with_context(|| format!("plaintext api at {api}"))?;
+        let side = Side::new(
+            "plaintext system (no TLS on any hop)",
+            url,
+            Some(actor.clone()),
+            None,
+        )?;
+        warm_actor(&Clients::new(channel), &ns, &images, &side).await?;
+        sides.push(side);
+    }
+
+    let mut rounds: Vec<Vec<Load>> = vec![Vec::new(); sides.len()];
+    for round in 1..=a.rounds.max(1) {
+        for (side, results) in sides.iter().zip(rounds.iter_mut()) {
+            eprintln!(
+                "==> round {round}/{}: {} — {} s, {} keep-alive connections → {}{}",
+                a.rounds.max(1),
+                side.name,
+                a.seconds,
+                a.concurrency,
+                side.addr,
+                a.path
+            );
+            let l = load(side, &a.path, a.concurrency, a.seconds).await;
+            eprintln!(
+                "    {:.0} req/s, p50 {:.2} ms, p99 {:.2} ms, {} errors",
+                l.rps, l.p50_ms, l.p99_ms, l.errors
+            );
+            results.push(l);
+        }
+    }
+    let summary: Vec<Load> = rounds.iter().map(|r| medians(r)).collect();
+
+    println!(
+        "Medians of {} round(s) of {} s, {} connections, GET {}",
+        a.rounds.max(1),
         a.seconds,
-    )
-    .await;
-    println!("Path                                | Requests | Errors | Req/s    | p50      | p99");
-    for (name, l) in [
-        ("direct (in-process baseline)", &direct),
-        ("router → atunnel → actor", &routed),
-    ] {
+        a.concurrency,
+        a.path
+    );
+    println!(
+        "Path                                 | Requests | Errors | Req/s    | p50      | p99"
+    );
+    for (side, l) in sides.iter().zip(&summary) {
         println!(
-            "{name:<35} | {:>8} | {:>6} | {:>8.0} | {:>5.2} ms | {:>5.2} ms",
-            l.requests, l.errors, l.rps, l.p50_ms, l.p99_ms
+            "{:<36} | {:>8} | {:>6} | {:>8.0} | {:>5.2} ms | {:>5.2} ms",
+            side.name, l.requests, l.errors, l.rps, l.p50_ms, l.p99_ms
         );
     }
+    let (direct, routed) = (&summary[0], &summary[1]);
     let ratio = routed.rps / direct.rps.max(f64::MIN_POSITIVE);
     println!(
         "router/direct req/s ratio: {ratio:.3}; added latency p50 {:+.2} ms, p99 {:+.2} ms",
         routed.p50_ms - direct.p50_ms,
         routed.p99_ms - direct.p99_ms
     );
-    let side = |l: &Load| json!({"requests": l.requests, "errors": l.errors, "rps": l.rps, "p50_ms": l.p50_ms, "p99_ms": l.p99_ms});
+    let tls = sides
+        .iter()
+        .position(|s| s.tls.is_some())
+        .map(|i| summary[i]);
+    let plain = a.plain_router.as_ref().map(|_| summary[sides.len() - 1]);
+    let mut tls_cost = serde_json::Value::Null;
+    if let (Some(t), Some(p)) = (tls, plain) {
+        let r = t.rps / p.rps.max(f64::MIN_POSITIVE);
+        println!(
+            "TLS both hops / plaintext: req/s ratio {r:.3} (TLS costs {:.1} % of plaintext throughput); p50 {:+.2} ms",
+            (1.0 - r) * 100.0,
+            t.p50_ms - p.p50_ms
+        );
+        tls_cost = json!({"ratio": r, "cost_percent": (1.0 - r) * 100.0,
+                          "added_p50_ms": t.p50_ms - p.p50_ms});
+    }
+    let side_json = |l: &Load| json!({"requests": l.requests, "errors": l.errors, "rps": l.rps, "p50_ms": l.p50_ms, "p99_ms": l.p99_ms});
+    let sides_json: Vec<_> = sides
+        .iter()
+        .zip(summary.iter().zip(&rounds))
+        .map(|(s, (m, r))| {
+            json!({"name": s.name, "median": side_json(m),
+                   "rounds": r.iter().map(side_json).collect::<Vec<_>>()})
+        })
+        .collect();
     write_json(
         &a.common,
         "warm",
         &json!({"kind": "warm", "seconds": a.seconds, "concurrency": a.concurrency, "path": a.path,
-                "direct": side(&direct), "router": side(&routed), "ratio": ratio,
-                "added_p50_ms": routed.p50_ms - direct.p50_ms, "added_p99_ms": routed.p99_ms - direct.p99_ms}),
+                "rounds": a.rounds.max(1), "sides": sides_json,
+                "direct": side_json(direct), "router": side_json(routed), "ratio": ratio,
+                "added_p50_ms": routed.p50_ms - direct.p50_ms, "added_p99_ms": routed.p99_ms - direct.p99_ms,
+                "tls_cost": tls_cost}),
     )?;
     Ok(ExitCode::SUCCESS)
 }

@@ -89,7 +89,13 @@ impl Default for Tuning {
             header_read_timeout: Duration::from_secs(10),
             max_header_bytes: 64 * 1024,
             max_uri_len: 8 * 1024,
-            tunnel_idle_per_actor: 8,
+            // At least the concurrency one actor sees: a request that finds no idle tunnel opens
+            // a new CONNECT stream, and atunnel dials the actor again (a new TCP connection, and
+            // a new thread in a thread-per-connection workload). With 8, 32 keep-alive clients
+            // of one actor dialed per request and filled the actor namespace with TIME-WAIT
+            // sockets (connect() then spent most of the worker's CPU looking for a free port).
+            // Idle ones are reaped after `tunnel_idle_timeout` anyway.
+            tunnel_idle_per_actor: 256,
             // Short: an open tunnel counts as activity for the worker's idle auto-suspend, so a
             // pooled idle tunnel held for 60 s (the old default) kept every actor with a shorter
             // `idleTimeout` running for a minute after its last request. Under steady load a
