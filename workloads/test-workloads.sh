@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Quick self-test of the demo workloads on loopback (no containers):
 #   - counter: /healthz, three GETs count 1, 2, 3 on all counters, the second port, keep-alive,
-#     POST /echo, /whoami, and a restart keeps the file counters but not the memory one;
+#     POST /echo, /whoami, /sandbox, and a restart keeps the file counters but not the memory one;
 #   - sleeper: /healthz and a stable checksum over its memory;
 #   - build-images.sh: OCI layouts whose digests, sizes and diff_ids check out (when given OUT_DIR,
 #     the layouts already built there are checked instead of building new ones).
@@ -127,6 +127,10 @@ expect_eq "counter /connect to a closed port" "502" \
   "$(curl -sS --max-time 5 -o /dev/null -w '%{http_code}' "$B/connect?addr=127.0.0.1:$CLOSED")"
 expect_eq "counter /connect without addr" "400" "$(curl -sS --max-time 5 -o /dev/null -w '%{http_code}' "$B/connect")"
 expect_eq "counter /whoami without identity files" "/ " "$(curl -fsS --max-time 5 "$B/whoami")"
+# Values depend on where this runs (inside a container the host's own filter answers); the shape does not.
+sandbox=$(curl -fsS --max-time 5 "$B/sandbox")
+expect_eq "counter /sandbox reports status fields" "6" "$(grep -cE '^(NoNewPrivs|Seccomp|CapEff|CapPrm|CapBnd|CapAmb): ' <<<"$sandbox")"
+expect_eq "counter /sandbox probes 10 syscalls" "10" "$(grep -cE '^syscall [A-Za-z0-9_()]+: (ok|errno [0-9]+)$' <<<"$sandbox")"
 expect_eq "counter file counter on disk" "4" "$(tr -d '\n' <"$WORK/data/counter")"
 expect_eq "counter rootfs counter on disk" "4" "$(tr -d '\n' <"$WORK/rootfs/var/lib/counter/count")"
 

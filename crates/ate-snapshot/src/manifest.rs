@@ -106,9 +106,12 @@ impl Manifest {
         out
     }
 
-    /// Sum of the listed files' sizes (uncompressed).
+    /// Sum of the listed files' sizes (uncompressed). A parsed manifest's sizes never overflow
+    /// (`validate` refuses that); a hand-built one saturates rather than panics.
     pub fn total_size(&self) -> u64 {
-        self.files.iter().map(|f| f.size).sum()
+        self.files
+            .iter()
+            .fold(0u64, |sum, f| sum.saturating_add(f.size))
     }
 
     /// sha256 of [`Manifest::to_json`]: one checksum for the whole generation (the files are
@@ -169,6 +172,16 @@ impl Manifest {
                     f.path, f.sha256
                 )));
             }
+        }
+        if self
+            .files
+            .iter()
+            .try_fold(0u64, |sum, f| sum.checked_add(f.size))
+            .is_none()
+        {
+            return Err(Error::InvalidManifest(
+                "file sizes add up to more than 2^64 bytes".into(),
+            ));
         }
         // A file and a directory of the same name cannot both exist on disk.
         for f in &self.files {

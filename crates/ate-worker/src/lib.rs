@@ -8,6 +8,7 @@ mod cmd;
 pub mod config;
 pub mod egress;
 pub mod error;
+pub mod hardening;
 pub mod image;
 pub mod netns;
 pub mod probe;

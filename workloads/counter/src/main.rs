@@ -7,7 +7,10 @@
 //!
 //! `GET /ws` with a WebSocket upgrade: the RFC 6455 handshake, then every frame is echoed.
 //!
-//! Every request except `/healthz`, `/whoami`, `/echo`, `/ws` and `/connect` increments all three and answers
+//! `GET /sandbox` reports the sandbox as seen from inside (no-new-privs, seccomp mode, capability
+//! sets, what refused syscalls and masked/read-only paths answer); see `sandbox.rs`.
+//!
+//! Every request except `/healthz`, `/whoami`, `/echo`, `/ws`, `/connect` and `/sandbox` increments all three and answers
 //! `preserved memory count: N | preserved file counter: M | preserved rootfs counter: K`.
 //!
 //! `GET /connect?addr=IP:PORT` tries an outbound TCP connect (1 s timeout), then waits up to 1 s for
@@ -19,6 +22,7 @@
 
 #[path = "../../common/http.rs"]
 mod http;
+mod sandbox;
 mod ws;
 
 use http::{Request, Response};
@@ -130,6 +134,7 @@ fn handle(counters: &Mutex<Counters>, req: &Request) -> Response {
             }
         }
         "/connect" => connect(&req.query),
+        "/sandbox" => Response::text(200, sandbox::report()),
         _ => {
             let mut c = counters.lock().unwrap_or_else(|p| p.into_inner());
             match c.increment() {
