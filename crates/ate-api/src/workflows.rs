@@ -93,6 +93,8 @@ pub struct Api {
     nodes: NodeClients,
     cfg: ApiConfig,
     pub faults: Faults,
+    /// Workers that keep an actor's newest generation frozen in place (placement preference).
+    frozen: scheduler::FrozenHints,
 }
 
 fn crashed(actor: &ActorRef, last_error: &str) -> Status {
@@ -136,6 +138,7 @@ impl Api {
             nodes: NodeClients::new(cfg.node_tls.clone()),
             cfg,
             faults: Faults::default(),
+            frozen: scheduler::FrozenHints::default(),
         }
     }
 
@@ -458,6 +461,8 @@ impl Api {
         let mut detached = false;
         let demand = demand(template);
         let from = [ActorState::Suspended, ActorState::Resuming];
+        let actor_key = format!("{}/{}", actor.atespace, actor.name);
+        let frozen_on = snapshot.and_then(|s| self.frozen.worker_for(&actor_key, s.generation));
         let mut refreshed = false;
         let mut attempt = 0;
         loop {
@@ -475,7 +480,7 @@ impl Api {
                 exclude: &[],
             };
             let candidates = scheduler::eligible(&workers, &req);
-            let Some(worker) = scheduler::pick(&candidates) else {
+            let Some(worker) = scheduler::pick_preferring(&candidates, frozen_on.as_deref()) else {
                 if let (Some(node), Some(snap)) = (pinned.clone(), snapshot) {
                     let anywhere = Requirements { node: None, ..req };
                     if !scheduler::eligible(&workers, &anywhere).is_empty() {
@@ -499,7 +504,12 @@ impl Api {
                 )
                 .await
             {
-                Ok(bound) => return Ok(((bound, worker.clone()), detached)),
+                Ok(bound) => {
+                    // Consumed either way: thawed there, or discarded by the node once the
+                    // actor starts elsewhere.
+                    self.frozen.remove(&actor_key);
+                    return Ok(((bound, worker.clone()), detached));
+                }
                 Err(StoreError::NoRoom { .. }) if attempt < MAX_BIND_RETRIES => {
                     // Lost a race for the worker's last room: back off a little and look again.
                     attempt += 1;
@@ -730,7 +740,13 @@ impl Api {
                 now_ms(),
             )
             .await?;
-        tracing::info!(actor = %r, generation, fidelity = %snap.fidelity, durable, "actor suspended");
+        let key = format!("{}/{}", r.atespace, r.name);
+        if reply.kept_frozen {
+            self.frozen.insert(&key, &worker.id, generation);
+        } else {
+            self.frozen.remove(&key);
+        }
+        tracing::info!(actor = %r, generation, fidelity = %snap.fidelity, durable, kept_frozen = reply.kept_frozen, "actor suspended");
         Ok(convert::actor(&a, None))
     }
 
@@ -766,6 +782,7 @@ impl Api {
                 }
             })
             .await?;
+        self.frozen.remove(&format!("{}/{}", r.atespace, r.name));
         if !garbage.is_empty() {
             self.collect_garbage(garbage).await;
         }

@@ -178,6 +178,14 @@ fn netns_name(ns: &str, name: &str) -> String {
 
 /// `(container id, pid)` of every runc container of every worker under `state`.
 fn containers(state: &Path) -> Vec<(String, u32)> {
+    containers_with_status(state)
+        .into_iter()
+        .map(|(id, pid, _)| (id, pid))
+        .collect()
+}
+
+/// `(container id, pid, runc status)` of every runc container of every worker under `state`.
+fn containers_with_status(state: &Path) -> Vec<(String, u32, String)> {
     let mut out = Vec::new();
     let Ok(workers) = std::fs::read_dir(state.join("workers")) else {
         return out;
@@ -199,6 +207,7 @@ fn containers(state: &Path) -> Vec<(String, u32)> {
                 out.push((
                     c["id"].as_str().unwrap_or_default().to_string(),
                     c["pid"].as_u64().unwrap_or(0) as u32,
+                    c["status"].as_str().unwrap_or_default().to_string(),
                 ));
             }
         }
@@ -602,10 +611,14 @@ fn criu_dump_failure_falls_back_to_rootfs() {
 
 #[test]
 fn corrupted_snapshot_is_refused_with_a_checksum_error() {
-    let sys = System::up(UpOptions {
-        workers: 1,
-        ..Default::default()
-    });
+    // No frozen copy: a resume must restore (and so verify) the generation on disk.
+    let sys = System::up_with_env(
+        UpOptions {
+            workers: 1,
+            ..Default::default()
+        },
+        &[("ATE_KEEP_FROZEN", "0")],
+    );
     let ns = "ns-corrupt";
     sys_apply(&sys, ns, "counter", &Tpl::counter());
     sys.ate_ok(&[
@@ -1492,16 +1505,19 @@ fn nothing_is_left_behind_after_shutdown() {
     }
     sys.ate_ok(&["suspend", "actor", "c3", "-a", ns]);
     let state = sys.state_dir();
-    let running = containers(&state);
-    assert_eq!(running.len(), 2, "{running:?}");
+    let all = containers_with_status(&state);
+    let running = all.iter().filter(|c| c.2 == "running").count();
+    let frozen = all.iter().filter(|c| c.2 == "paused").count();
+    // c3 stays frozen in place after its dump (dropped at shutdown like the others).
+    assert_eq!((running, frozen), (2, 1), "{all:?}");
     let netns: Vec<String> = names.iter().map(|n| netns_name(ns, n)).collect();
     assert!(
         Path::new("/var/run/netns").join(&netns[0]).exists(),
         "netns naming as expected"
     );
     assert!(
-        !Path::new("/var/run/netns").join(&netns[2]).exists(),
-        "suspended actor has no netns"
+        Path::new("/var/run/netns").join(&netns[2]).exists(),
+        "a frozen actor keeps its netns until it is dropped"
     );
     let state_str = state.display().to_string();
     assert!(
@@ -1536,7 +1552,7 @@ fn nothing_is_left_behind_after_shutdown() {
         "runc containers left: {:?}",
         containers(&state)
     );
-    for (_, pid) in running {
+    for (_, pid, _) in all {
         // A zombie reparented to init is gone for every practical purpose; init reaps it soon.
         let start = Instant::now();
         loop {
@@ -1567,6 +1583,107 @@ fn nothing_is_left_behind_after_shutdown() {
         "processes left: {}",
         String::from_utf8_lossy(&procs.stdout)
     );
+}
+
+// ---------------------------------------------------------------------------------------------
+// frozen in place
+
+fn container_of(state: &Path, ns: &str, name: &str) -> Option<(u32, String)> {
+    let id = netns_name(ns, name);
+    containers_with_status(state)
+        .into_iter()
+        .find(|c| c.0 == id)
+        .map(|(_, pid, status)| (pid, status))
+}
+
+#[test]
+fn suspended_actor_is_kept_frozen_and_thawed_in_place() {
+    let sys = System::up_with_env(
+        UpOptions {
+            workers: 1,
+            ..Default::default()
+        },
+        &[("ATE_KEEP_FROZEN", "1")],
+    );
+    let ns = "ns-frozen";
+    sys_apply(&sys, ns, "counter", &Tpl::counter());
+    for n in ["a", "b"] {
+        sys.ate_ok(&[
+            "create",
+            "actor",
+            n,
+            "-a",
+            ns,
+            "-t",
+            &format!("{ns}/counter"),
+        ]);
+    }
+    let state = sys.state_dir();
+    assert_eq!(counts(&get_ok(&sys, &format!("{ns}/a"), "/")), (1, 1, 1));
+    let (pid, status) = container_of(&state, ns, "a").expect("a runs");
+    assert_eq!(status, "running");
+
+    // Suspend: the generation is sealed as always, and the sandbox stays, frozen.
+    sys.ate_ok(&["suspend", "actor", "a", "-a", ns]);
+    assert_eq!(state_of(&actor(&sys, ns, "a")), "ACTOR_STATE_SUSPENDED");
+    let gen1 = generation_dir(&state, ns, "a", 1);
+    assert!(gen1.join("manifest.json").is_file(), "generation 1 sealed");
+    assert!(
+        gen1.join("criu").join("inventory.img").is_file(),
+        "memory dumped"
+    );
+    assert_eq!(
+        container_of(&state, ns, "a"),
+        Some((pid, "paused".to_string())),
+        "kept frozen in place"
+    );
+
+    // Resume: the same process continues (same host pid: a CRIU restore would give a new one).
+    assert_eq!(counts(&get_ok(&sys, &format!("{ns}/a"), "/")), (2, 2, 2));
+    assert_eq!(
+        container_of(&state, ns, "a"),
+        Some((pid, "running".to_string())),
+        "thawed, not restored"
+    );
+    assert!(
+        sys.log("worker-1").contains("actor thawed in place"),
+        "the worker reports the thaw"
+    );
+
+    // The frozen limit (1 here): freezing b drops a's frozen copy, oldest first.
+    sys.ate_ok(&["suspend", "actor", "a", "-a", ns]);
+    assert_eq!(counts(&get_ok(&sys, &format!("{ns}/b"), "/")), (1, 1, 1));
+    sys.ate_ok(&["suspend", "actor", "b", "-a", ns]);
+    let start = Instant::now();
+    while container_of(&state, ns, "a").is_some() {
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "a's frozen copy dropped over the limit: {:?}",
+            containers_with_status(&state)
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert_eq!(
+        container_of(&state, ns, "b").map(|c| c.1),
+        Some("paused".to_string())
+    );
+    // a comes back from its dump (generation 2) with nothing lost.
+    assert_eq!(counts(&get_ok(&sys, &format!("{ns}/a"), "/")), (3, 3, 3));
+    let (pid_a, status) = container_of(&state, ns, "a").expect("a restored");
+    assert_eq!(status, "running");
+    assert_ne!(pid_a, pid, "restored from the dump: a new process");
+
+    // Deleting a frozen actor removes its frozen sandbox (its generations are deleted).
+    sys.ate_ok(&["delete", "actor", "b", "-a", ns]);
+    let start = Instant::now();
+    while container_of(&state, ns, "b").is_some() {
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "b's frozen copy outlived its generations: {:?}",
+            containers_with_status(&state)
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
 }
 
 // ---------------------------------------------------------------------------------------------

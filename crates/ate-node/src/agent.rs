@@ -35,6 +35,9 @@ struct Inner {
     /// Background (ASYNC suspend) uploads run at most this many at a time: hashing and
     /// compressing a burst of generations at once would take the cores that resumes need.
     background_uploads: Arc<tokio::sync::Semaphore>,
+    /// Actor (`atespace/name`) → the worker that keeps it frozen in place after its last
+    /// checkpoint. When the actor starts on another worker, that copy is stopped.
+    frozen_on: std::sync::Mutex<HashMap<String, String>>,
 }
 
 /// Concurrent background uploads per node.
@@ -86,6 +89,7 @@ impl NodeAgent {
                 tls,
                 downloads: Default::default(),
                 background_uploads: Arc::new(tokio::sync::Semaphore::new(BACKGROUND_UPLOADS)),
+                frozen_on: std::sync::Mutex::new(HashMap::new()),
             }),
         })
     }
@@ -262,6 +266,35 @@ impl NodeAgent {
         }
     }
 
+    fn frozen_on(&self) -> std::sync::MutexGuard<'_, HashMap<String, String>> {
+        match self.inner.frozen_on.lock() {
+            Ok(m) => m,
+            Err(poisoned) => poisoned.into_inner(),
+        }
+    }
+
+    /// The actor is starting on `worker_id`: a frozen copy of it on another worker of this node
+    /// is stale now and is stopped in the background (it only holds memory).
+    fn forget_frozen(&self, actor: &v1::ObjectRef, worker_id: &str) {
+        let key = format!("{}/{}", actor.atespace, actor.name);
+        let Some(holder) = self.frozen_on().remove(&key) else {
+            return;
+        };
+        if holder == worker_id {
+            return;
+        }
+        let Some(worker) = self.inner.fleet.worker(&holder) else {
+            return;
+        };
+        let actor = actor.clone();
+        tokio::spawn(async move {
+            let req = v1::WorkerStopRequest { actor: Some(actor) };
+            if let Err(e) = worker.client.clone().stop(req).await {
+                tracing::warn!(actor = %key, worker = %holder, error = %e.message(), "stopping a stale frozen copy");
+            }
+        });
+    }
+
     fn reply(worker: &WorkerHandle, epoch: u64) -> v1::NodeReply {
         v1::NodeReply {
             worker_id: worker.info.worker_id.clone(),
@@ -280,6 +313,9 @@ impl NodeService for NodeAgent {
             .ok_or_else(|| Status::invalid_argument("invalid workload: missing"))?;
         obj_key(&workload)?;
         let worker = self.worker(&workload.worker_id)?;
+        if let Some(actor) = &workload.actor {
+            self.forget_frozen(actor, &workload.worker_id);
+        }
         let reply = worker
             .client
             .clone()
@@ -309,6 +345,9 @@ impl NodeService for NodeAgent {
             Status::invalid_argument(format!("invalid fidelity: {}", req.fidelity))
         })?;
         let worker = self.worker(&workload.worker_id)?;
+        if let Some(actor) = &workload.actor {
+            self.forget_frozen(actor, &workload.worker_id);
+        }
         let dir = self.materialize(&snap).await?;
         let reply = worker
             .client
@@ -357,6 +396,16 @@ impl NodeService for NodeAgent {
             atespace: atespace.clone(),
             name: name.clone(),
         };
+        let kept_frozen = reply.kept_frozen;
+        {
+            let key = format!("{atespace}/{name}");
+            let mut frozen_on = self.frozen_on();
+            if kept_frozen {
+                frozen_on.insert(key, worker.info.worker_id.clone());
+            } else {
+                frozen_on.remove(&key);
+            }
+        }
         let mut snapshot = v1::Snapshot {
             actor: Some(actor.clone()),
             generation: req.generation,
@@ -416,6 +465,7 @@ impl NodeService for NodeAgent {
         Ok(Response::new(v1::CheckpointReply {
             snapshot: Some(snapshot),
             epoch: reply.epoch,
+            kept_frozen,
         }))
     }
 
@@ -455,6 +505,9 @@ impl NodeService for NodeAgent {
     async fn stop(&self, req: Request<v1::StopRequest>) -> Result<Response<v1::NodeReply>, Status> {
         let req = req.into_inner();
         let worker = self.worker(&req.worker_id)?;
+        if let Some(actor) = &req.actor {
+            self.forget_frozen(actor, &req.worker_id);
+        }
         let reply = worker
             .client
             .clone()

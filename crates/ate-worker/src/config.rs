@@ -41,6 +41,27 @@ pub struct WorkerConfig {
     #[arg(long)]
     pub image_cache: Option<PathBuf>,
 
+    /// Memory-checkpointed actors kept frozen in place after a suspend, so a resume on this
+    /// worker thaws them in milliseconds instead of restoring the dump (default: the slot
+    /// count; 0 turns it off). The dump is still written and is what any other resume uses;
+    /// the oldest frozen actor is dropped first.
+    #[arg(long, env = "ATE_KEEP_FROZEN")]
+    pub keep_frozen: Option<u32>,
+
+    /// A frozen actor not resumed within this many seconds is dropped (its dump remains).
+    #[arg(long, env = "ATE_FROZEN_TTL_SECONDS", default_value_t = 300)]
+    pub frozen_ttl_seconds: u64,
+
+    /// Frozen actors are dropped, oldest first, while the host's MemAvailable is below this
+    /// percentage of its memory (they hold their RAM).
+    #[arg(
+        long,
+        env = "ATE_FROZEN_MIN_AVAILABLE_PERCENT",
+        default_value_t = 25,
+        value_parser = clap::value_parser!(u8).range(0..=100)
+    )]
+    pub frozen_min_available_percent: u8,
+
     /// atunnel's identity (`--tls-cert/--tls-key/--tls-ca`): mTLS accepting only the router.
     #[command(flatten)]
     pub tls: ate_tls::TlsArgs,
@@ -62,6 +83,9 @@ impl WorkerConfig {
             memory: None,
             labels: Vec::new(),
             image_cache: None,
+            keep_frozen: None,
+            frozen_ttl_seconds: 300,
+            frozen_min_available_percent: 25,
             tls: ate_tls::TlsArgs::default(),
             faults: Arc::default(),
         }
@@ -106,9 +130,38 @@ impl WorkerConfig {
         self.memory.unwrap_or_else(|| total_memory_bytes() / 2)
     }
 
+    /// What [`crate::worker::Worker`] keeps frozen after a suspend.
+    pub fn frozen_policy(&self) -> FrozenPolicy {
+        FrozenPolicy {
+            max: self.keep_frozen.unwrap_or(self.slots) as usize,
+            ttl: std::time::Duration::from_secs(self.frozen_ttl_seconds),
+            min_available_percent: self.frozen_min_available_percent,
+        }
+    }
+
     pub fn label_map(&self) -> BTreeMap<String, String> {
         self.labels.iter().cloned().collect()
     }
+}
+
+/// Limits on actors kept frozen in place after a memory checkpoint.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FrozenPolicy {
+    /// At most this many per worker (0: never keep one).
+    pub max: usize,
+    /// Dropped when not resumed within this long.
+    pub ttl: std::time::Duration,
+    /// Dropped while the host's MemAvailable is below this percentage of MemTotal.
+    pub min_available_percent: u8,
+}
+
+impl FrozenPolicy {
+    /// Nothing is kept frozen.
+    pub const OFF: FrozenPolicy = FrozenPolicy {
+        max: 0,
+        ttl: std::time::Duration::ZERO,
+        min_available_percent: 100,
+    };
 }
 
 /// Faults a test can switch on for one worker, without process-wide env races.
@@ -144,6 +197,19 @@ fn parse_label(text: &str) -> Result<(String, String), String> {
 }
 
 /// `MemTotal` from /proc/meminfo (0 when unreadable).
+/// MemAvailable as a percentage of MemTotal, from `/proc/meminfo` text.
+pub(crate) fn available_percent(meminfo: &str) -> Option<u8> {
+    let field = |name: &str| {
+        meminfo
+            .lines()
+            .find_map(|l| l.strip_prefix(name))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+    };
+    let total = field("MemTotal:").filter(|t| *t > 0)?;
+    let available = field("MemAvailable:")?;
+    u8::try_from(available.min(total) * 100 / total).ok()
+}
+
 fn total_memory_bytes() -> u64 {
     std::fs::read_to_string("/proc/meminfo")
         .ok()
@@ -160,6 +226,18 @@ fn total_memory_bytes() -> u64 {
 mod tests {
     use super::*;
     use clap::Parser;
+
+    #[test]
+    fn available_percent_reads_meminfo() {
+        let text = "MemTotal:       1000 kB\nMemFree:         100 kB\nMemAvailable:    250 kB\n";
+        assert_eq!(available_percent(text), Some(25));
+        assert_eq!(
+            available_percent("MemTotal: 0 kB\nMemAvailable: 1 kB\n"),
+            None
+        );
+        assert_eq!(available_percent("MemTotal: 10 kB\n"), None);
+        assert_eq!(available_percent(""), None);
+    }
 
     #[derive(Parser)]
     struct Cli {

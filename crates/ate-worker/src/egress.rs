@@ -336,9 +336,32 @@ impl Egress {
         netns: &str,
         policy: &EgressPolicy,
     ) -> std::io::Result<()> {
+        self.start_with(key, netns, policy, true).await
+    }
+
+    /// [`start`](Self::start) for a netns that already holds the redirect (a sandbox thawed in
+    /// place keeps its netns and nftables rules; only the proxy was stopped).
+    pub async fn restart(
+        &self,
+        key: &str,
+        netns: &str,
+        policy: &EgressPolicy,
+    ) -> std::io::Result<()> {
+        self.start_with(key, netns, policy, false).await
+    }
+
+    async fn start_with(
+        &self,
+        key: &str,
+        netns: &str,
+        policy: &EgressPolicy,
+        load_rules: bool,
+    ) -> std::io::Result<()> {
         self.stop(key).await;
         let listener = listen_in_netns(netns).await?;
-        apply_rules(netns).await?;
+        if load_rules {
+            apply_rules(netns).await?;
+        }
         let policy = Arc::new(Policy::from_spec(policy));
         let conns = Arc::new(Mutex::new(JoinSet::new()));
         let stats = Arc::new(Stats::default());

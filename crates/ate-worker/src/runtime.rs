@@ -21,6 +21,8 @@ pub struct Capabilities {
     pub can_restore_memory: bool,
     /// `runc` for [`crate::runc::RuncRuntime`]; snapshots only restore on the class that wrote them.
     pub sandbox_class: String,
+    /// [`SandboxRuntime::checkpoint_frozen`] and [`SandboxRuntime::thaw`] work.
+    pub can_keep_frozen: bool,
 }
 
 /// An actor's identity and its directory on the node. Everything a runtime names for the actor
@@ -202,6 +204,28 @@ pub trait SandboxRuntime: Send + Sync {
     /// Dumps the actor's processes into `image_dir` (created if missing) and stops the sandbox;
     /// the upper dir and volumes are left for the caller to archive.
     async fn checkpoint(&self, actor: &ActorSandbox, image_dir: &Path) -> Result<CheckpointStats>;
+
+    /// Like [`checkpoint`](Self::checkpoint), but the sandbox is frozen first and stays frozen
+    /// in place afterwards (processes, netns, mounts and files kept), so [`thaw`](Self::thaw)
+    /// can bring back exactly the dumped state without a restore. The dump is the durable
+    /// truth; the frozen sandbox is a cache of it that the worker may drop at any time.
+    async fn checkpoint_frozen(
+        &self,
+        _actor: &ActorSandbox,
+        image_dir: &Path,
+    ) -> Result<CheckpointStats> {
+        Err(SandboxError::Checkpoint {
+            path: image_dir.to_path_buf(),
+            message: "this runtime cannot keep a checkpointed sandbox frozen".to_string(),
+        })
+    }
+
+    /// Resumes a sandbox left frozen by [`checkpoint_frozen`](Self::checkpoint_frozen).
+    async fn thaw(&self, _actor: &ActorSandbox) -> Result<()> {
+        Err(SandboxError::Unsupported(
+            "this runtime cannot thaw a frozen sandbox".to_string(),
+        ))
+    }
 
     /// Restores a dump from `image_dir` with the same rootfs path, a fresh netns and freshly
     /// written identity files (MEMORY fidelity).

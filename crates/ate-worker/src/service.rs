@@ -208,7 +208,8 @@ pub async fn run(
         config.actors_dir(),
         config.actor_logs_dir(),
         config.faults.clone(),
-    ));
+    )
+    .with_frozen_policy(config.frozen_policy()));
     worker.clean_leftovers().await;
     tracing::info!(worker = %config.id, epoch = worker.ident.epoch, atunnel = %bound, socket = %socket.display(), "worker up");
 

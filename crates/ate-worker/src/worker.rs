@@ -17,7 +17,7 @@ use ate_proto::v1;
 use tonic::Status;
 
 use crate::atunnel::{Tunnels, now_unix_ms};
-use crate::config::Faults;
+use crate::config::{Faults, FrozenPolicy};
 use crate::egress::Egress;
 use crate::error::SandboxError;
 use crate::image::ImageCache;
@@ -54,9 +54,20 @@ struct ExitReport {
     log: String,
 }
 
+/// An actor suspended with a memory dump whose sandbox was kept frozen in place: a cache of the
+/// sealed generation at `gen_dir` that a resume of exactly that generation thaws.
+#[derive(Debug, Clone)]
+struct Frozen {
+    entry: Entry,
+    gen_dir: PathBuf,
+    since: Instant,
+}
+
 #[derive(Default)]
 struct Table {
     actors: HashMap<String, Entry>,
+    /// Not active, not counted against slots; dropped by [`Worker::trim_frozen`].
+    frozen: HashMap<String, Frozen>,
     exits: Vec<ExitReport>,
 }
 
@@ -85,6 +96,7 @@ pub struct Worker {
     /// Per-actor egress proxies (policy checks on every outbound TCP connection).
     egress: Egress,
     faults: Arc<Faults>,
+    frozen_policy: FrozenPolicy,
     table: Mutex<Table>,
     locks: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
     shutting_down: AtomicBool,
@@ -144,10 +156,21 @@ impl Worker {
             tunnels: Arc::new(Tunnels::new()),
             egress: Egress::new(),
             faults,
+            frozen_policy: FrozenPolicy::OFF,
             table: Mutex::new(Table::default()),
             locks: Mutex::new(HashMap::new()),
             shutting_down: AtomicBool::new(false),
         }
+    }
+
+    /// Keep memory-checkpointed actors frozen in place per `policy` (off by default).
+    pub fn with_frozen_policy(mut self, policy: FrozenPolicy) -> Self {
+        self.frozen_policy = policy;
+        self
+    }
+
+    fn keeps_frozen(&self) -> bool {
+        self.frozen_policy.max > 0 && self.runtime.capabilities().can_keep_frozen
     }
 
     fn table(&self) -> std::sync::MutexGuard<'_, Table> {
@@ -255,6 +278,30 @@ impl Worker {
                 self.ident.id, self.ident.slots
             )));
         }
+        // Whatever happens next, a frozen copy of this actor stops being a cache: it is thawed
+        // now (a resume of exactly its generation) or discarded with the rest below.
+        let frozen = self.table().frozen.remove(&key);
+        if let (Some(f), Some(gen_dir)) = (frozen, generation_dir.as_deref()) {
+            let memory = matches!(requested, None | Some(Fidelity::Memory));
+            if memory && f.gen_dir == gen_dir {
+                match self.thaw(&key, f, &spec, &workload.template).await {
+                    Ok(()) => {
+                        let ready_ms =
+                            u64::try_from(begun.elapsed().as_millis()).unwrap_or(u64::MAX);
+                        tracing::info!(actor = %key, ready_ms, restore = req.generation_dir.as_str(), "actor thawed in place; ingress on");
+                        return Ok(v1::WorkerStartReply {
+                            epoch: self.ident.epoch,
+                            ready_ms,
+                        });
+                    }
+                    // The generation on disk is intact: restore it the ordinary way.
+                    Err(e) => {
+                        tracing::warn!(actor = %key, error = %e.message(), "thaw failed; restoring the generation instead")
+                    }
+                }
+            }
+        }
+        self.trim_frozen().await;
         let container = spec
             .containers
             .first()
@@ -327,6 +374,100 @@ impl Worker {
             epoch: self.ident.epoch,
             ready_ms,
         })
+    }
+
+    /// Thaws a sandbox kept frozen since its checkpoint: the dumped processes continue with
+    /// their netns, mounts and files as they were, so nothing is extracted or verified. On
+    /// failure the sandbox is discarded (the caller restores the generation instead).
+    async fn thaw(
+        &self,
+        key: &str,
+        frozen: Frozen,
+        spec: &TemplateSpec,
+        template: &str,
+    ) -> Result<(), Status> {
+        let sandbox = frozen.entry.sandbox.clone();
+        let thawed = async {
+            self.runtime
+                .thaw(&sandbox)
+                .await
+                .map_err(|e| sandbox_status("thaw", e))?;
+            // The netns kept its nftables redirect; only the proxy was stopped at checkpoint.
+            self.egress
+                .restart(key, &sandbox.netns(), &spec.egress)
+                .await
+                .map_err(|e| Status::internal(format!("egress for {key}: {e}")))?;
+            self.wait_probe(&sandbox, spec).await?;
+            NetnsDialer::new(&sandbox.netns()).await.map_err(|e| {
+                Status::internal(format!("socket factory for netns {}: {e}", sandbox.netns()))
+            })
+        }
+        .await;
+        let dialer = match thawed {
+            Ok(d) => d,
+            Err(e) => {
+                self.discard_quietly(&sandbox).await;
+                return Err(e);
+            }
+        };
+        self.table().actors.insert(
+            key.to_string(),
+            Entry {
+                sandbox,
+                spec: spec.clone(),
+                template: template.to_string(),
+                pid: frozen.entry.pid,
+            },
+        );
+        self.tunnels.activate(key, dialer);
+        Ok(())
+    }
+
+    /// Drops frozen actors, oldest first, until at most the policy's `max` remain, none is older
+    /// than the policy's TTL or has lost its generation directory (deleted or detached), and
+    /// the host has the policy's share of memory available. Each drop takes that actor's lock;
+    /// one busy with another operation is skipped.
+    pub async fn trim_frozen(&self) {
+        let policy = self.frozen_policy;
+        let mut frozen: Vec<(String, Instant, PathBuf)> = self
+            .table()
+            .frozen
+            .iter()
+            .map(|(k, f)| (k.clone(), f.since, f.gen_dir.clone()))
+            .collect();
+        if frozen.is_empty() {
+            return;
+        }
+        frozen.sort_by_key(|(_, since, _)| *since);
+        let mut excess = frozen.len().saturating_sub(policy.max);
+        let mut low_memory = memory_low(policy.min_available_percent);
+        for (key, since, gen_dir) in frozen {
+            let stale = since.elapsed() >= policy.ttl
+                || !gen_dir.join(ate_snapshot::MANIFEST_FILE).exists();
+            if excess == 0 && !low_memory && !stale {
+                continue;
+            }
+            let lock = self.lock_for(&key);
+            let Ok(_guard) = lock.try_lock() else {
+                continue;
+            };
+            let Some(f) = self.table().frozen.remove(&key) else {
+                continue;
+            };
+            let why = if excess > 0 {
+                "over the frozen limit"
+            } else if low_memory {
+                "host memory low"
+            } else {
+                "expired or its generation is gone"
+            };
+            tracing::info!(actor = %key, frozen_s = f.since.elapsed().as_secs(), why, "dropping frozen actor (its generation remains)");
+            self.discard_quietly(&f.entry.sandbox).await;
+            excess = excess.saturating_sub(1);
+            if low_memory {
+                low_memory = memory_low(policy.min_available_percent);
+            }
+        }
     }
 
     /// Extracts what the fidelity keeps and starts the sandbox; returns the init pid.
@@ -530,6 +671,7 @@ impl Worker {
             )));
         }
         let asked = requested.unwrap_or(entry.spec.fidelity);
+        let keep_frozen = asked == Fidelity::Memory && self.keeps_frozen();
         let sandbox = entry.sandbox.clone();
         let begun = Instant::now();
 
@@ -549,7 +691,12 @@ impl Worker {
                 reason = "memory dump failed: injected fault (ATE_FAULT_CRIU_DUMP=fail); captured FIDELITY_ROOTFS".to_string();
             } else {
                 let criu = gen_dir.join(ate_snapshot::CRIU_DIR);
-                match self.runtime.checkpoint(&sandbox, &criu).await {
+                let dump = if keep_frozen {
+                    self.runtime.checkpoint_frozen(&sandbox, &criu).await
+                } else {
+                    self.runtime.checkpoint(&sandbox, &criu).await
+                };
+                match dump {
                     Ok(stats) => {
                         dumped = true;
                         tracing::info!(actor = %key, dump_ms = stats.dump.as_millis() as u64, image_bytes = stats.image_bytes, "memory dumped");
@@ -567,8 +714,8 @@ impl Worker {
                 tracing::warn!(actor = %key, %reason, "falling back to ROOTFS fidelity");
             }
         }
-        // Everything but a successful dump (which already stopped it) stops the sandbox here;
-        // the files stay for archiving.
+        // Everything but a successful dump (which already stopped or froze it) stops the
+        // sandbox here; the files stay for archiving.
         let stopped = if dumped {
             Ok(())
         } else {
@@ -608,10 +755,26 @@ impl Worker {
             }
         };
         let sealed_at = begun.elapsed();
-        // Checkpointed or not, the actor no longer runs here.
-        self.table().actors.remove(&key);
-        if let Err(e) = self.discard(&sandbox).await {
-            tracing::warn!(actor = %key, error = %e.message(), "cleanup after checkpoint");
+        // Checkpointed or not, the actor no longer runs here. A sealed memory dump of a frozen
+        // sandbox leaves the sandbox frozen in place as a cache of that generation.
+        let entry = self.table().actors.remove(&key);
+        let kept = keep_frozen && dumped && result.is_ok();
+        match entry {
+            Some(entry) if kept => {
+                self.table().frozen.insert(
+                    key.clone(),
+                    Frozen {
+                        entry,
+                        gen_dir: gen_dir.clone(),
+                        since: Instant::now(),
+                    },
+                );
+            }
+            _ => {
+                if let Err(e) = self.discard(&sandbox).await {
+                    tracing::warn!(actor = %key, error = %e.message(), "cleanup after checkpoint");
+                }
+            }
         }
         let manifest = result?;
         tracing::info!(
@@ -622,9 +785,16 @@ impl Worker {
             dump_or_stop_ms = (stopped_at - quiesced).as_millis() as u64,
             seal_ms = (sealed_at - stopped_at).as_millis() as u64,
             total_ms = begun.elapsed().as_millis() as u64,
+            kept_frozen = kept,
             "generation sealed"
         );
-        Ok(self.checkpoint_reply(&manifest))
+        drop(_guard);
+        if kept {
+            self.trim_frozen().await;
+        }
+        let mut reply = self.checkpoint_reply(&manifest);
+        reply.kept_frozen = kept && self.table().frozen.contains_key(&key);
+        Ok(reply)
     }
 
     fn checkpoint_reply(&self, m: &ate_snapshot::Manifest) -> v1::WorkerCheckpointReply {
@@ -634,6 +804,7 @@ impl Worker {
             reason: m.reason.clone(),
             size_bytes: m.total_size(),
             checksum: m.checksum(),
+            kept_frozen: false,
         }
     }
 
@@ -646,7 +817,9 @@ impl Worker {
         let _guard = lock.lock().await;
         self.ingress_off(&key).await;
         let entry = self.table().actors.remove(&key);
+        let frozen = self.table().frozen.remove(&key).map(|f| f.entry);
         let sandbox = entry
+            .or(frozen)
             .map(|e| e.sandbox)
             .unwrap_or_else(|| self.sandbox_for(&atespace, &name, ""));
         self.discard(&sandbox).await?;
@@ -719,6 +892,7 @@ impl Worker {
     /// One pass of the exit watcher: an actor whose processes all exited is deactivated, its
     /// sandbox removed, and its exit queued for Activity.
     pub async fn reap_exited(&self) {
+        self.trim_frozen().await;
         let keys: Vec<String> = self.table().actors.keys().cloned().collect();
         for key in keys {
             let lock = self.lock_for(&key);
@@ -791,7 +965,19 @@ impl Worker {
                 self.discard_quietly(&e.sandbox).await;
             }
         }
+        let frozen: Vec<Frozen> = self.table().frozen.drain().map(|(_, f)| f).collect();
+        for f in frozen {
+            self.discard_quietly(&f.entry.sandbox).await;
+        }
     }
+}
+
+/// Whether the host's MemAvailable is below `min_percent` of its memory.
+fn memory_low(min_percent: u8) -> bool {
+    std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|t| crate::config::available_percent(&t))
+        .is_some_and(|p| p < min_percent)
 }
 
 async fn remove_dir_all(dir: &Path) -> Result<(), Status> {

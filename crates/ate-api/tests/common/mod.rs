@@ -395,6 +395,8 @@ impl node_service_server::NodeService for NodeSvc {
         Ok(Response::new(CheckpointReply {
             snapshot: Some(snapshot),
             epoch: self.0.epoch.load(Ordering::SeqCst),
+            // Like a real worker with frozen copies on: placement should come back here.
+            kept_frozen: true,
         }))
     }
 
