@@ -21,7 +21,8 @@ fn keep_xattr(name: &[u8]) -> bool {
         || name == b"security.capability"
 }
 
-/// Archives the contents of `src` (not following symlinks) into a new file at `dst`, fsynced.
+/// Archives the contents of `src` (not following symlinks) into a new file at `dst`. Not
+/// fsynced: the seal makes the whole generation durable with one `syncfs` before its manifest.
 pub(crate) fn create(src: &Path, dst: &Path) -> Result<()> {
     let file = File::create(dst).map_err(|e| Error::io("create", dst, e))?;
     let mut b = tar::Builder::new(BufWriter::with_capacity(1 << 20, file));
@@ -37,10 +38,8 @@ pub(crate) fn create(src: &Path, dst: &Path) -> Result<()> {
     append_entry(&mut b, src, Path::new("."), &root_meta, dst)?;
     walk(&mut b, src, Path::new(""), dst)?;
     let w = b.into_inner().map_err(|e| Error::io("write", dst, e))?;
-    let file = w
-        .into_inner()
+    w.into_inner()
         .map_err(|e| Error::io("write", dst, e.into_error()))?;
-    file.sync_all().map_err(|e| Error::io("fsync", dst, e))?;
     Ok(())
 }
 

@@ -398,7 +398,7 @@ impl DurableStore {
         let tmp_owned = tmp.to_path_buf();
         let bytes = manifest_bytes.to_vec();
         tokio::task::spawn_blocking(move || {
-            crate::generation::fsync_dirs_under(&tmp_owned)?;
+            crate::generation::sync_filesystem(&tmp_owned)?;
             write_manifest(&tmp_owned, &bytes)
         })
         .await
@@ -680,6 +680,7 @@ fn decompress_file(rx: mpsc::Receiver<Bytes>, dst: &Path, f: &FileEntry, key: &s
             actual: sha,
         });
     }
-    out.sync_all().map_err(|e| Error::io("fsync", dst, e))?;
+    // Durable with the rest of the download: one syncfs before the manifest is written.
+    out.flush().map_err(|e| Error::io("write", dst, e))?;
     Ok(())
 }

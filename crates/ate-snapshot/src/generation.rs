@@ -109,7 +109,6 @@ fn seal_blocking(
         for (name, src) in volumes {
             archive::create(src, &vdir.join(format!("{name}.tar")))?;
         }
-        fsync_dir(&vdir)?;
     }
 
     let mut rel_files = Vec::new();
@@ -121,13 +120,12 @@ fn seal_blocking(
     }
     if meta.fidelity == Fidelity::Memory {
         list_files(gen_dir, Path::new(CRIU_DIR), &mut rel_files)?;
-        fsync_dirs_under(&criu)?;
     }
     rel_files.sort();
 
     let mut files = Vec::with_capacity(rel_files.len());
     for rel in rel_files {
-        let (size, sha256) = hash_file(&gen_dir.join(&rel), true)?;
+        let (size, sha256) = hash_file(&gen_dir.join(&rel))?;
         files.push(FileEntry {
             path: rel,
             size,
@@ -150,7 +148,10 @@ fn seal_blocking(
         files,
     };
     manifest.validate()?;
-    fsync_dir(gen_dir)?;
+    // Every file and directory of the generation reaches the disk before the manifest that
+    // makes it valid: one syncfs of the filesystem instead of an fsync per file and directory
+    // (~3.5 ms each on these disks, ~100 ms for a small actor's 27 files).
+    sync_filesystem(gen_dir)?;
     write_manifest(gen_dir, &manifest.to_json())?;
     Ok(manifest)
 }
@@ -221,7 +222,7 @@ fn check_file(full: &Path, f: &FileEntry) -> Result<()> {
             actual: meta.len(),
         });
     }
-    let (size, sha) = hash_file(full, false)?;
+    let (size, sha) = hash_file(full)?;
     if size != f.size {
         return Err(Error::SizeMismatch {
             file: f.path.clone(),
@@ -272,7 +273,9 @@ fn extract_blocking(archive_path: &Path, target: &Path) -> Result<()> {
     let (parent, tmp) = sibling(target, "extract")?;
     fs::create_dir_all(&parent).map_err(|e| Error::io("create dir", &parent, e))?;
     fs::create_dir(&tmp).map_err(|e| Error::io("create dir", &tmp, e))?;
-    let unpacked = archive::extract(archive_path, &tmp).and_then(|()| fsync_dirs_under(&tmp));
+    // No fsync: the target is an actor's working copy, which a worker never reuses after a
+    // crash (it removes leftover actor dirs at start; the generation is the truth).
+    let unpacked = archive::extract(archive_path, &tmp);
     if let Err(e) = unpacked {
         let _ = fs::remove_dir_all(&tmp);
         return Err(e);
@@ -296,7 +299,6 @@ fn extract_blocking(archive_path: &Path, target: &Path) -> Result<()> {
         let _ = fs::remove_dir_all(&tmp);
         return Err(Error::io("rename", &tmp, e));
     }
-    fsync_dir(&parent)?;
     if let Some(old) = old {
         fs::remove_dir_all(&old).map_err(|e| Error::io("remove", &old, e))?;
     }
@@ -380,9 +382,8 @@ fn list_files(base: &Path, rel: &Path, out: &mut Vec<String>) -> Result<()> {
     Ok(())
 }
 
-/// `(size, sha256 hex)`; with `fsync`, also flushes the file to disk (seal needs the data
-/// durable before the manifest).
-pub(crate) fn hash_file(path: &Path, fsync: bool) -> Result<(u64, String)> {
+/// `(size, sha256 hex)` of a file.
+pub(crate) fn hash_file(path: &Path) -> Result<(u64, String)> {
     let mut f = File::open(path).map_err(|e| Error::io("open", path, e))?;
     let mut h = Sha256::new();
     let mut buf = vec![0u8; 1 << 20];
@@ -396,9 +397,6 @@ pub(crate) fn hash_file(path: &Path, fsync: bool) -> Result<(u64, String)> {
         };
         h.update(&buf[..n]);
         size += n as u64;
-    }
-    if fsync {
-        f.sync_all().map_err(|e| Error::io("fsync", path, e))?;
     }
     Ok((size, hex::encode(h.finalize())))
 }
@@ -421,23 +419,15 @@ pub(crate) fn write_manifest(dir: &Path, bytes: &[u8]) -> Result<()> {
     fsync_dir(dir)
 }
 
+/// `syncfs(2)` on the filesystem holding `dir`: all of its dirty data and metadata is on disk
+/// when this returns.
+pub(crate) fn sync_filesystem(dir: &Path) -> Result<()> {
+    let d = fs::File::open(dir).map_err(|e| Error::io("open dir", dir, e))?;
+    nix::unistd::syncfs(&d).map_err(|e| Error::io("syncfs", dir, std::io::Error::from(e)))
+}
+
 pub(crate) fn fsync_dir(dir: &Path) -> Result<()> {
     File::open(dir)
         .and_then(|d| d.sync_all())
         .map_err(|e| Error::io("fsync dir", dir, e))
-}
-
-/// fsync `dir` and every directory below it (new entries must be durable before the manifest).
-pub(crate) fn fsync_dirs_under(dir: &Path) -> Result<()> {
-    match fs::symlink_metadata(dir) {
-        Ok(m) if m.is_dir() => {}
-        _ => return Ok(()),
-    }
-    for entry in fs::read_dir(dir).map_err(|e| Error::io("read dir", dir, e))? {
-        let entry = entry.map_err(|e| Error::io("read dir", dir, e))?;
-        if entry.file_type().is_ok_and(|t| t.is_dir()) {
-            fsync_dirs_under(&entry.path())?;
-        }
-    }
-    fsync_dir(dir)
 }
