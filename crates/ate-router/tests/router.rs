@@ -695,6 +695,49 @@ async fn idle_tunnels_are_reused_for_keep_alive() {
     assert_eq!(Stats::get(&w.router.stats.tunnel_reuses), 4);
 }
 
+#[tokio::test]
+async fn the_pool_keeps_a_tunnel_per_concurrent_request() {
+    // 32 keep-alive clients of one actor with a request in flight each, twice: the pool must
+    // keep at least as many idle tunnels as one actor has concurrent requests, or each request
+    // past the pool's size opens a new CONNECT stream (and atunnel a new connection to the
+    // actor). With the old limit of 8, the second wave opened 24 more.
+    let w = World::start(|_| {}).await;
+    w.running("a/b");
+    let addr = w.router.addr;
+    let senders = futures::future::join_all((0..32).map(|_| async move {
+        let tcp = TcpStream::connect(addr).await.unwrap();
+        let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tcp))
+            .await
+            .unwrap();
+        tokio::spawn(conn);
+        sender
+    }))
+    .await;
+    let mut senders = senders;
+    for wave in 0..2 {
+        let sent = senders.iter_mut().map(|sender| async move {
+            let req = http::Request::builder()
+                .uri("/slow")
+                .header("host", "x")
+                .header("ate-target-actor", "a/b")
+                .body(Empty::<Bytes>::new())
+                .unwrap();
+            sender.ready().await.unwrap();
+            collect(sender.send_request(req).await.unwrap(), Instant::now()).await
+        });
+        for got in futures::future::join_all(sent).await {
+            assert_eq!(got.status, StatusCode::OK, "wave {wave}: {}", got.body);
+        }
+        let deadline = Instant::now() + Duration::from_secs(2);
+        while w.router.probe.idle_tunnels() < 32 && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        assert_eq!(w.router.probe.idle_tunnels(), 32, "wave {wave}");
+    }
+    assert_eq!(w.up80.connections.load(Ordering::SeqCst), 32);
+    assert_eq!(Stats::get(&w.router.stats.tunnel_reuses), 32);
+}
+
 // ---- robustness ---------------------------------------------------------------------------------
 
 #[tokio::test]

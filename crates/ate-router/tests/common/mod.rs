@@ -210,7 +210,8 @@ pub struct Upstream {
 }
 
 /// Replies `name=<name>\nhost=<Host>\ncount=<n>\n`, one `header <k>: <v>` line per header, then
-/// `body=<body>`. A WebSocket upgrade gets a 101 and then raw bytes are echoed.
+/// `body=<body>` (`/slow` after 100 ms). A WebSocket upgrade gets a 101 and then raw bytes are
+/// echoed.
 pub async fn start_upstream(name: &'static str) -> Upstream {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
@@ -258,6 +259,10 @@ pub async fn start_upstream(name: &'static str) -> Upstream {
                         .is_some_and(|v| v.as_bytes().starts_with(b"application/grpc"))
                     {
                         return Ok(grpc_echo(req, name).await);
+                    }
+                    if req.uri().path() == "/slow" {
+                        // Holds the request so that a test has many in flight at once.
+                        tokio::time::sleep(Duration::from_millis(100)).await;
                     }
                     let mut text = format!("name={name}\n");
                     let host = req
