@@ -2,7 +2,9 @@
 //! shared HTTP/2 connection → test atunnel → HTTP/1.1 echo upstream, and back.
 //!
 //! Variants: with the idle-tunnel pool (default), without it (every request opens a new CONNECT
-//! stream and HTTP/1.1 handshake), and the upstream called directly as the floor.
+//! stream and HTTP/1.1 handshake), and the upstream called directly as the floor; then the same
+//! with 32 keep-alive connections at once (time per request = wall time / requests), where the
+//! pool must hold a tunnel per concurrent request (`Tuning::tunnel_idle_per_actor`).
 
 #[path = "../tests/common/mod.rs"]
 mod common;
@@ -41,6 +43,22 @@ async fn run_requests(addr: SocketAddr, actor: Option<&str>, iters: u64) -> Dura
     }
     started.elapsed()
 }
+
+/// `iters` requests spread over `CONCURRENT` keep-alive connections, one in flight on each.
+async fn run_concurrent(addr: SocketAddr, actor: Option<&'static str>, iters: u64) -> Duration {
+    let per = iters.div_ceil(CONCURRENT);
+    let started = Instant::now();
+    let runs = (0..CONCURRENT).map(|_| tokio::spawn(run_requests(addr, actor, per)));
+    for run in runs {
+        run.await.unwrap();
+    }
+    // Normalised to `iters` requests (the last connection may have done a few more).
+    started
+        .elapsed()
+        .mul_f64(iters as f64 / (per * CONCURRENT) as f64)
+}
+
+const CONCURRENT: u64 = 32;
 
 fn warm_path(c: &mut Criterion) {
     let rt = tokio::runtime::Builder::new_multi_thread()
@@ -85,6 +103,22 @@ fn warm_path(c: &mut Criterion) {
     group.bench_function("router_new_tunnel_per_request", |b| {
         b.to_async(&rt)
             .iter_custom(|iters| run_requests(addr, Some("bench/warm"), iters));
+    });
+    group.finish();
+
+    let mut group = c.benchmark_group("warm_path_32_connections");
+    group
+        .sample_size(20)
+        .measurement_time(Duration::from_secs(4))
+        .warm_up_time(Duration::from_secs(1));
+    group.bench_function("upstream_direct", |b| {
+        b.to_async(&rt)
+            .iter_custom(|iters| run_concurrent(direct, None, iters));
+    });
+    let addr = pooled.router.addr;
+    group.bench_function("router_pooled_tunnel", |b| {
+        b.to_async(&rt)
+            .iter_custom(|iters| run_concurrent(addr, Some("bench/warm"), iters));
     });
     group.finish();
     drop((pooled, unpooled));
