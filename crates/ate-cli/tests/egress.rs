@@ -372,3 +372,66 @@ fn egress_policy_is_enforced_per_template() {
         worker_logs(&sys)
     );
 }
+
+/// The actor's state through the CLI.
+fn actor_state(sys: &System, ns: &str, name: &str) -> String {
+    let out = sys.ate_ok(&["get", "actors", name, "-a", ns, "-o", "json"]);
+    let v: serde_json::Value = serde_json::from_str(&out).expect("actor json");
+    v[0]["state"].as_str().unwrap_or_default().to_string()
+}
+
+#[test]
+fn open_outbound_connection_keeps_the_actor_from_idle_suspend() {
+    let host = TestHost::new();
+    let sys = System::up(UpOptions::default());
+    let ns = "ns-egress-idle";
+    let dir = sys.dir.path().to_path_buf();
+    let path = dir.join("idle.yaml");
+    let yaml = template(ns, "idle", "").replace("idleTimeout: 5m", "idleTimeout: 2s");
+    std::fs::write(&path, yaml).expect("write template");
+    sys.ate_ok(&["apply", "-f", path.to_str().expect("utf-8 path")]);
+    for name in ["busy", "quiet"] {
+        sys.ate_ok(&[
+            "create",
+            "actor",
+            name,
+            "-a",
+            ns,
+            "-t",
+            &format!("{ns}/idle"),
+        ]);
+    }
+    let busy = format!("{ns}/busy");
+    let quiet = format!("{ns}/quiet");
+    // busy holds one outbound connection open for 8 s after its answer; quiet does nothing.
+    let (status, _, body) = get(
+        sys.router_addr,
+        &busy,
+        &format!("/connect?addr={}&hold=8", host.peer(0)),
+    );
+    assert_eq!((status, body.as_str()), (200, "ok"));
+    assert_eq!(get(sys.router_addr, &quiet, "/healthz").0, 200);
+    let start = Instant::now();
+    // quiet is suspended after its 2 s idle timeout; busy is not while its connection is open.
+    while actor_state(&sys, ns, "quiet") != "ACTOR_STATE_SUSPENDED" {
+        assert!(
+            start.elapsed() < Duration::from_secs(6),
+            "quiet was not idle-suspended"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    std::thread::sleep(Duration::from_secs(7).saturating_sub(start.elapsed()));
+    assert_eq!(
+        actor_state(&sys, ns, "busy"),
+        "ACTOR_STATE_RUNNING",
+        "an actor with an open outbound connection is not idle"
+    );
+    // Once the connection closes (8 s) and 2 s pass, busy is idle too.
+    while actor_state(&sys, ns, "busy") != "ACTOR_STATE_SUSPENDED" {
+        assert!(
+            start.elapsed() < Duration::from_secs(16),
+            "busy was not idle-suspended after its connection closed"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}

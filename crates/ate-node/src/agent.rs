@@ -274,8 +274,9 @@ impl NodeAgent {
     }
 
     /// The actor is starting on `worker_id`: a frozen copy of it on another worker of this node
-    /// is stale now and is stopped in the background (it only holds memory).
-    fn forget_frozen(&self, actor: &v1::ObjectRef, worker_id: &str) {
+    /// is stale now and is stopped first (it holds the actor's netns and cgroup names, which
+    /// the new sandbox takes).
+    async fn forget_frozen(&self, actor: &v1::ObjectRef, worker_id: &str) {
         let key = format!("{}/{}", actor.atespace, actor.name);
         let Some(holder) = self.frozen_on().remove(&key) else {
             return;
@@ -286,13 +287,12 @@ impl NodeAgent {
         let Some(worker) = self.inner.fleet.worker(&holder) else {
             return;
         };
-        let actor = actor.clone();
-        tokio::spawn(async move {
-            let req = v1::WorkerStopRequest { actor: Some(actor) };
-            if let Err(e) = worker.client.clone().stop(req).await {
-                tracing::warn!(actor = %key, worker = %holder, error = %e.message(), "stopping a stale frozen copy");
-            }
-        });
+        let req = v1::WorkerStopRequest {
+            actor: Some(actor.clone()),
+        };
+        if let Err(e) = worker.client.clone().stop(req).await {
+            tracing::warn!(actor = %key, worker = %holder, error = %e.message(), "stopping a stale frozen copy");
+        }
     }
 
     fn reply(worker: &WorkerHandle, epoch: u64) -> v1::NodeReply {
@@ -314,7 +314,7 @@ impl NodeService for NodeAgent {
         obj_key(&workload)?;
         let worker = self.worker(&workload.worker_id)?;
         if let Some(actor) = &workload.actor {
-            self.forget_frozen(actor, &workload.worker_id);
+            self.forget_frozen(actor, &workload.worker_id).await;
         }
         let reply = worker
             .client
@@ -346,7 +346,7 @@ impl NodeService for NodeAgent {
         })?;
         let worker = self.worker(&workload.worker_id)?;
         if let Some(actor) = &workload.actor {
-            self.forget_frozen(actor, &workload.worker_id);
+            self.forget_frozen(actor, &workload.worker_id).await;
         }
         let dir = self.materialize(&snap).await?;
         let reply = worker
@@ -506,7 +506,7 @@ impl NodeService for NodeAgent {
         let req = req.into_inner();
         let worker = self.worker(&req.worker_id)?;
         if let Some(actor) = &req.actor {
-            self.forget_frozen(actor, &req.worker_id);
+            self.forget_frozen(actor, &req.worker_id).await;
         }
         let reply = worker
             .client

@@ -26,7 +26,7 @@ use std::collections::{HashMap, HashSet};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, SocketAddrV4};
 use std::os::fd::AsFd;
 use std::process::Stdio;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -279,6 +279,43 @@ struct Stats {
     dial_failed: AtomicU64,
     bytes_out: AtomicU64,
     bytes_in: AtomicU64,
+    /// Outbound connections being handled now (idle suspend waits for them).
+    open: AtomicU64,
+    /// Last outbound connection opened or closed, Unix ms (0: none yet).
+    last_activity_ms: AtomicI64,
+}
+
+impl Stats {
+    fn touch(&self) {
+        self.last_activity_ms
+            .store(crate::atunnel::now_unix_ms(), Ordering::Release);
+    }
+}
+
+/// Counts one outbound connection as open for as long as it lives (any exit path).
+struct OpenGuard(Arc<Stats>);
+
+impl OpenGuard {
+    fn new(stats: Arc<Stats>) -> Self {
+        stats.open.fetch_add(1, Ordering::AcqRel);
+        stats.touch();
+        OpenGuard(stats)
+    }
+}
+
+impl Drop for OpenGuard {
+    fn drop(&mut self) {
+        self.0.open.fetch_sub(1, Ordering::AcqRel);
+        self.0.touch();
+    }
+}
+
+/// Outbound activity of one actor: what idle suspend counts besides inbound tunnels.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct EgressActivity {
+    pub open_connections: u64,
+    /// Unix ms of the last connection opened or closed (0: none).
+    pub last_activity_unix_ms: i64,
 }
 
 struct Running {
@@ -415,6 +452,17 @@ impl Egress {
             bytes_in = s.bytes_in.load(Ordering::Relaxed),
             "egress proxy off"
         );
+    }
+
+    /// Outbound connections of `key` (zero when no proxy runs).
+    pub fn activity(&self, key: &str) -> EgressActivity {
+        self.running()
+            .get(key)
+            .map(|r| EgressActivity {
+                open_connections: r.stats.open.load(Ordering::Acquire),
+                last_activity_unix_ms: r.stats.last_activity_ms.load(Ordering::Acquire),
+            })
+            .unwrap_or_default()
     }
 
     /// Whether `key` has a proxy running.
@@ -559,6 +607,9 @@ async fn handle(
     node: Arc<NodeAddrs>,
     stats: Arc<Stats>,
 ) {
+    // An outbound connection is activity (an agent waiting on a model API is not idle), from
+    // the accept until the splice ends, whatever the verdict.
+    let _open = OpenGuard::new(stats.clone());
     let dst = match original_dst(&stream) {
         Ok(d) => d,
         Err(e) => {

@@ -846,6 +846,11 @@ impl Worker {
                     Some(a) => (a.open_tunnels(), a.last_activity_unix_ms()),
                     None => (0, now_unix_ms()),
                 };
+                // Outbound connections count as activity too: open ones keep the actor busy.
+                let out = self.egress.activity(key);
+                let open =
+                    open.saturating_add(u32::try_from(out.open_connections).unwrap_or(u32::MAX));
+                let last = last.max(out.last_activity_unix_ms);
                 v1::ActorActivity {
                     actor: Some(v1::ObjectRef {
                         atespace: e.sandbox.atespace.clone(),

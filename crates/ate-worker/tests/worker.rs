@@ -77,7 +77,10 @@ fn worker_config(env: &mut Env, id: &str) -> WorkerConfig {
         .try_init();
     let state = env.path().join("state");
     let listen: SocketAddr = "127.0.0.2:0".parse().expect("addr");
-    let config = WorkerConfig::new(id, state, listen);
+    let mut config = WorkerConfig::new(id, state, listen);
+    // These tests follow the dump → restore path; frozen-in-place copies (a cache in front of
+    // it) are covered end to end in ate-cli's node_side tests.
+    config.keep_frozen = Some(0);
     env.runc_roots.push(config.worker_dir().join("runc"));
     config
 }
@@ -442,6 +445,7 @@ async fn worker_end_to_end_counter() {
     assert_eq!(cp.epoch, epoch);
     assert_eq!(cp.checksum.len(), 64);
     assert!(gen1.join("manifest.json").is_file());
+    assert!(!cp.kept_frozen, "frozen copies are off in this test");
     assert!(!sandbox.dir.exists(), "actor dir left after checkpoint");
     let (s, _) = h1_get_status(&mut held).await;
     assert_ne!(s, 200, "held tunnel still served after checkpoint");

@@ -159,17 +159,23 @@ fn handle(counters: &Mutex<Counters>, req: &Request) -> Response {
 /// How long `/connect` waits for the connect, then for the connection to prove it stays open.
 const CONNECT_WINDOW: std::time::Duration = std::time::Duration::from_secs(1);
 
-/// `/connect?addr=IP:PORT`: 200 `ok` when a TCP connect succeeds within 1 s and the connection is
-/// not closed or reset by the peer within the next second, else 502 with the error (400 for a
-/// missing or malformed address).
+/// `/connect?addr=IP:PORT[&hold=SECONDS]`: 200 `ok` when a TCP connect succeeds within 1 s and
+/// the connection is not closed or reset by the peer within the next second, else 502 with the
+/// error (400 for a missing or malformed address). With `hold`, a reached connection is kept
+/// open that long (at most 600 s) by a background thread after the answer.
 fn connect(query: &str) -> Response {
-    let addr = query
-        .split('&')
-        .find_map(|kv| kv.strip_prefix("addr="))
-        .and_then(|a| a.parse::<std::net::SocketAddr>().ok());
-    let Some(addr) = addr else {
-        return Response::text(400, "use /connect?addr=IP:PORT\n");
+    let param = |name: &str| {
+        query
+            .split('&')
+            .find_map(|kv| kv.strip_prefix(name)?.strip_prefix('='))
     };
+    let addr = param("addr").and_then(|a| a.parse::<std::net::SocketAddr>().ok());
+    let Some(addr) = addr else {
+        return Response::text(400, "use /connect?addr=IP:PORT[&hold=SECONDS]\n");
+    };
+    let hold = param("hold")
+        .and_then(|h| h.parse::<u64>().ok())
+        .map(|h| std::time::Duration::from_secs(h.min(600)));
     let stream = match std::net::TcpStream::connect_timeout(&addr, CONNECT_WINDOW) {
         Ok(s) => s,
         Err(e) => return Response::text(502, format!("connect {addr}: {e}")),
@@ -179,18 +185,27 @@ fn connect(query: &str) -> Response {
     // window counts as refused. One that stays open (or sends data) counts as reached.
     let _ = stream.set_read_timeout(Some(CONNECT_WINDOW));
     let mut byte = [0u8; 1];
-    match stream.peek(&mut byte) {
-        Ok(0) => Response::text(
-            502,
-            format!("connect {addr}: connection closed by peer right after connect"),
-        ),
-        Ok(_) => Response::text(200, "ok"),
+    let reached = match stream.peek(&mut byte) {
+        Ok(0) => Err("connection closed by peer right after connect".to_string()),
+        Ok(_) => Ok(()),
         Err(e)
             if matches!(
                 e.kind(),
                 io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
             ) =>
         {
+            Ok(())
+        }
+        Err(e) => Err(e.to_string()),
+    };
+    match reached {
+        Ok(()) => {
+            if let Some(hold) = hold {
+                std::thread::spawn(move || {
+                    std::thread::sleep(hold);
+                    drop(stream);
+                });
+            }
             Response::text(200, "ok")
         }
         Err(e) => Response::text(502, format!("connect {addr}: {e}")),
