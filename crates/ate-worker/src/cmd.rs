@@ -59,6 +59,38 @@ where
         })
 }
 
+/// Runs `program args` with `input` on its stdin; like [`run`] otherwise.
+pub(crate) async fn run_with_input<I, S>(program: &str, args: I, input: &str) -> Result<Output>
+where
+    I: IntoIterator<Item = S> + Clone,
+    S: AsRef<OsStr>,
+{
+    use tokio::io::AsyncWriteExt;
+    let could_not = |e: std::io::Error| SandboxError::Command {
+        command: render(program, args.clone()),
+        status: "could not start".to_string(),
+        stderr: e.to_string(),
+    };
+    let mut child = Command::new(program)
+        .args(args.clone())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .map_err(could_not)?;
+    if let Some(mut stdin) = child.stdin.take() {
+        stdin.write_all(input.as_bytes()).await.map_err(could_not)?;
+        // Dropped here: EOF ends the program's input.
+    }
+    let out = child.wait_with_output().await.map_err(could_not)?;
+    if out.status.success() {
+        Ok(out)
+    } else {
+        Err(failed(program, args, &out))
+    }
+}
+
 pub(crate) fn failed<I, S>(program: &str, args: I, out: &Output) -> SandboxError
 where
     I: IntoIterator<Item = S>,
