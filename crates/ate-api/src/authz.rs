@@ -1,20 +1,36 @@
-//! Authorization: the caller's SPIFFE ID (verified during the mTLS handshake) maps to a role.
+//! Authorization: the caller's identity maps to a role.
 //!
 //! | identity                          | role             | may call                                     |
 //! |-----------------------------------|------------------|----------------------------------------------|
 //! | `…/sa/atenet-router`              | `ingress_router` | ResumeActor                                  |
-//! | `…/sa/ate-node`                   | `node_agent`     | FleetService, SuspendActor (idle suspend)    |
+//! | `…/sa/ate-node-<node>`            | `node_agent`     | FleetService for its node's workers, SuspendActor of actors on its node's workers (idle suspend) |
+//! | `…/sa/ate-node` (shared)          | `node_agent`     | FleetService; no SuspendActor (it names no node) |
 //! | `…/sa/ate-admin`                  | `admin`          | everything                                   |
 //! | any other ID in the trust domain  | `client`         | actor and atespace verbs in its atespaces    |
 //!
 //! A client's atespaces come from `--client-atespaces`; a client not listed there has none.
 //! Plaintext mode (no TLS configured) has no identities: every caller is `admin`, as before TLS.
+//!
+//! **Bearer tokens** (`--auth-mode=jwt`, see [`crate::jwt`]): the api then asks for a client
+//! certificate without requiring one. A connection that presented a verified certificate is the
+//! mesh identity above, in both modes, and any `authorization` header on it is ignored (the
+//! mesh keeps working unchanged and a token can never widen a certificate's role). A
+//! connection without a certificate must send `authorization: Bearer <jwt>`; the token's
+//! `ate_role` (default `client`), `ate_atespaces` and `ate_node` claims give the role, and the
+//! caller is named `jwt:<sub>` in denials and audit logs. In `mtls` mode (the default) a
+//! connection without a certificate never gets past the handshake. Every refusal of a token is
+//! Unauthenticated naming the problem (expired, wrong audience, bad signature, unsigned, …) and
+//! is logged with target `audit`.
 
 use std::collections::{BTreeSet, HashMap};
 use std::fmt;
+use std::sync::Arc;
 
 use ate_tls::SpiffeId;
+use tonic::metadata::MetadataMap;
 use tonic::{Request, Status};
+
+use crate::jwt::{JwtVerifier, TokenClaims, TokenRole};
 
 /// Atespaces a client may touch.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -38,11 +54,13 @@ pub enum AuthzError {
     Invalid { entry: String, reason: String },
 }
 
-/// Role policy of an api serving mTLS.
+/// Role policy of an api serving TLS.
 #[derive(Debug, Clone)]
 pub struct Authz {
     trust_domain: String,
     clients: HashMap<SpiffeId, Atespaces>,
+    /// Bearer tokens for connections without a client certificate (`--auth-mode=jwt`).
+    jwt: Option<Arc<JwtVerifier>>,
 }
 
 impl Authz {
@@ -81,23 +99,62 @@ impl Authz {
         Ok(Authz {
             trust_domain: trust_domain.to_string(),
             clients,
+            jwt: None,
         })
     }
 
-    /// The caller of `request`. No TLS on the connection (plaintext mode) → admin. TLS without
-    /// a client certificate, or an ID from another trust domain → Unauthenticated.
+    /// Also accepts bearer tokens verified by `verifier` on connections without a client
+    /// certificate (the server config must then use `ClientAuth::Optional`).
+    pub fn with_jwt(mut self, verifier: JwtVerifier) -> Self {
+        self.jwt = Some(Arc::new(verifier));
+        self
+    }
+
+    /// Whether bearer tokens are accepted (`--auth-mode=jwt`).
+    pub fn accepts_tokens(&self) -> bool {
+        self.jwt.is_some()
+    }
+
+    /// The role of a verified mesh identity of our trust domain.
+    fn role_of(&self, id: &SpiffeId) -> Role {
+        if id.is_admin() {
+            Role::Admin
+        } else if id.is_router() {
+            Role::IngressRouter
+        } else if id.is_node() {
+            Role::NodeAgent {
+                node: id.node_name().map(str::to_string),
+            }
+        } else {
+            Role::Client(
+                self.clients
+                    .get(id)
+                    .cloned()
+                    .unwrap_or_else(|| Atespaces::Only(BTreeSet::new())),
+            )
+        }
+    }
+
+    /// The caller of `request`. No TLS on the connection (plaintext mode) → admin. A verified
+    /// client certificate → its SPIFFE ID's role (another trust domain → Unauthenticated).
+    /// No certificate → a bearer token in jwt mode, else Unauthenticated.
     pub fn caller<T>(&self, request: &Request<T>) -> Result<Caller, Status> {
         let Some(peer) = ate_tls::request_peer(request) else {
             return Ok(Caller {
-                id: None,
+                identity: Identity::Plaintext,
                 role: Role::Admin,
             });
         };
         let Some(id) = peer.spiffe_id.clone() else {
-            tracing::info!(target: "audit", remote = %peer.remote_addr, "denied: no client certificate");
-            return Err(Status::unauthenticated(
-                "a client certificate with a SPIFFE ID is required",
-            ));
+            return match &self.jwt {
+                Some(verifier) => self.bearer(verifier, request.metadata(), peer.remote_addr),
+                None => {
+                    tracing::info!(target: "audit", remote = %peer.remote_addr, "denied: no client certificate");
+                    Err(Status::unauthenticated(
+                        "a client certificate with a SPIFFE ID is required",
+                    ))
+                }
+            };
         };
         if id.trust_domain() != self.trust_domain {
             tracing::info!(target: "audit", identity = %id, "denied: foreign trust domain");
@@ -106,21 +163,61 @@ impl Authz {
                 self.trust_domain
             )));
         }
-        let role = if id.is_admin() {
-            Role::Admin
-        } else if id.is_router() {
-            Role::IngressRouter
-        } else if id.is_node() {
-            Role::NodeAgent
-        } else {
-            Role::Client(
-                self.clients
-                    .get(&id)
-                    .cloned()
-                    .unwrap_or_else(|| Atespaces::Only(BTreeSet::new())),
-            )
+        let role = self.role_of(&id);
+        Ok(Caller {
+            identity: Identity::Spiffe(id),
+            role,
+        })
+    }
+
+    fn bearer(
+        &self,
+        verifier: &JwtVerifier,
+        metadata: &MetadataMap,
+        remote: std::net::SocketAddr,
+    ) -> Result<Caller, Status> {
+        let refuse = |why: String| {
+            tracing::info!(target: "audit", %remote, reason = %why, "denied: bearer token");
+            Status::unauthenticated(why)
         };
-        Ok(Caller { id: Some(id), role })
+        let Some(value) = metadata.get("authorization") else {
+            return Err(refuse(
+                "a client certificate or an `authorization: Bearer <jwt>` header is required"
+                    .into(),
+            ));
+        };
+        let token = value
+            .to_str()
+            .ok()
+            .and_then(|v| {
+                let (scheme, token) = v.trim().split_once(' ')?;
+                scheme.eq_ignore_ascii_case("bearer").then(|| token.trim())
+            })
+            .filter(|t| !t.is_empty())
+            .ok_or_else(|| refuse("the authorization header is not `Bearer <jwt>`".into()))?;
+        let claims = verifier.verify(token).map_err(|e| refuse(e.to_string()))?;
+        Ok(Caller::from_token(claims))
+    }
+}
+
+/// Who is calling.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Identity {
+    /// Plaintext mode: no identity at all.
+    Plaintext,
+    /// A verified client certificate.
+    Spiffe(SpiffeId),
+    /// A verified bearer token (`sub`, `iss`).
+    Token { subject: String, issuer: String },
+}
+
+impl fmt::Display for Identity {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Identity::Plaintext => f.write_str("anonymous"),
+            Identity::Spiffe(id) => write!(f, "{id}"),
+            Identity::Token { subject, .. } => write!(f, "jwt:{subject}"),
+        }
     }
 }
 
@@ -128,18 +225,23 @@ impl Authz {
 pub enum Role {
     Admin,
     IngressRouter,
-    NodeAgent,
+    /// A node agent; `node` is the node its identity names (per-node SPIFFE ID or the token's
+    /// `ate_node`), None for the shared node identity.
+    NodeAgent {
+        node: Option<String>,
+    },
     Client(Atespaces),
 }
 
 impl fmt::Display for Role {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            Role::Admin => "admin",
-            Role::IngressRouter => "ingress_router",
-            Role::NodeAgent => "node_agent",
-            Role::Client(_) => "client",
-        })
+        match self {
+            Role::Admin => f.write_str("admin"),
+            Role::IngressRouter => f.write_str("ingress_router"),
+            Role::NodeAgent { node: None } => f.write_str("node_agent"),
+            Role::NodeAgent { node: Some(n) } => write!(f, "node_agent of node {n}"),
+            Role::Client(_) => f.write_str("client"),
+        }
     }
 }
 
@@ -148,7 +250,8 @@ impl fmt::Display for Role {
 pub enum Need<'a> {
     /// ResumeActor: the router, or a client for its atespace.
     Resume(&'a str),
-    /// SuspendActor: the node agent (idle suspend), or a client for its atespace.
+    /// SuspendActor: the node agent (idle suspend; the service then checks the actor runs on
+    /// the node's own worker), or a client for its atespace.
     Suspend(&'a str),
     /// Other actor and atespace verbs on one atespace: clients for their atespaces.
     Atespace(&'a str),
@@ -163,17 +266,52 @@ pub enum Need<'a> {
 /// An authenticated caller.
 #[derive(Debug, Clone)]
 pub struct Caller {
-    pub id: Option<SpiffeId>,
+    pub identity: Identity,
     pub role: Role,
 }
 
 impl Caller {
+    fn from_token(t: TokenClaims) -> Caller {
+        let role = match t.role {
+            TokenRole::Admin => Role::Admin,
+            TokenRole::IngressRouter => Role::IngressRouter,
+            TokenRole::NodeAgent => Role::NodeAgent { node: t.node },
+            TokenRole::Client => Role::Client(match t.atespaces {
+                None => Atespaces::All,
+                Some(list) => Atespaces::Only(list.into_iter().collect()),
+            }),
+        };
+        Caller {
+            identity: Identity::Token {
+                subject: t.subject,
+                issuer: t.issuer,
+            },
+            role,
+        }
+    }
+
+    /// The caller's SPIFFE ID, if it authenticated with a certificate.
+    pub fn spiffe_id(&self) -> Option<&SpiffeId> {
+        match &self.identity {
+            Identity::Spiffe(id) => Some(id),
+            _ => None,
+        }
+    }
+
+    /// For a node agent: Some(the node it is bound to, if any). None for other roles.
+    pub fn node_agent(&self) -> Option<Option<&str>> {
+        match &self.role {
+            Role::NodeAgent { node } => Some(node.as_deref()),
+            _ => None,
+        }
+    }
+
     /// Ok if this caller may call `rpc` with `need`; else PermissionDenied (audit-logged).
     pub fn check(&self, rpc: &str, need: Need<'_>) -> Result<(), Status> {
         let allowed = match (&self.role, need) {
             (Role::Admin, _) => true,
             (Role::IngressRouter, Need::Resume(_)) => true,
-            (Role::NodeAgent, Need::Suspend(_) | Need::Fleet) => true,
+            (Role::NodeAgent { .. }, Need::Suspend(_) | Need::Fleet) => true,
             (Role::Client(a), Need::Resume(s) | Need::Suspend(s) | Need::Atespace(s)) => {
                 a.allows(s)
             }
@@ -183,22 +321,27 @@ impl Caller {
         if allowed {
             return Ok(());
         }
-        let who = self
-            .id
-            .as_ref()
-            .map(ToString::to_string)
-            .unwrap_or_else(|| "anonymous".into());
         let what = match need {
             Need::Resume(s) | Need::Suspend(s) | Need::Atespace(s) => {
                 format!(" on atespace {s:?}")
             }
             _ => String::new(),
         };
-        tracing::info!(target: "audit", identity = %who, role = %self.role, rpc, atespace = ?atespace_of(need), "permission denied");
+        tracing::info!(target: "audit", identity = %self.identity, role = %self.role, rpc, atespace = ?atespace_of(need), "permission denied");
         Err(Status::permission_denied(format!(
-            "identity {who} (role {}) may not call {rpc}{what}",
-            self.role
+            "identity {} (role {}) may not call {rpc}{what}",
+            self.identity, self.role
         )))
+    }
+
+    /// PermissionDenied for `rpc` on `target` (e.g. `actor a/b`) because of `reason`, logged
+    /// like every other denial. For checks that need the store (a node agent's own actors).
+    pub fn deny(&self, rpc: &str, target: &str, reason: &str) -> Status {
+        tracing::info!(target: "audit", identity = %self.identity, role = %self.role, rpc, target, reason, "permission denied");
+        Status::permission_denied(format!(
+            "identity {} (role {}) may not call {rpc} on {target}: {reason}",
+            self.identity, self.role
+        ))
     }
 
     /// For listings: whether rows of `atespace` are visible to this caller.
@@ -222,22 +365,10 @@ mod tests {
     use super::*;
 
     fn caller(id: SpiffeId, authz: &Authz) -> Caller {
-        let role = if id.is_admin() {
-            Role::Admin
-        } else if id.is_router() {
-            Role::IngressRouter
-        } else if id.is_node() {
-            Role::NodeAgent
-        } else {
-            Role::Client(
-                authz
-                    .clients
-                    .get(&id)
-                    .cloned()
-                    .unwrap_or(Atespaces::Only(BTreeSet::new())),
-            )
-        };
-        Caller { id: Some(id), role }
+        Caller {
+            role: authz.role_of(&id),
+            identity: Identity::Spiffe(id),
+        }
     }
 
     #[test]
@@ -255,10 +386,15 @@ mod tests {
         assert_eq!(e.code(), tonic::Code::PermissionDenied);
         assert!(e.message().contains("atenet-router") && e.message().contains("CreateActor"));
         let node = caller(SpiffeId::node("ate.local").unwrap(), &a);
+        assert_eq!(node.role, Role::NodeAgent { node: None });
         assert!(node.check("Heartbeat", Need::Fleet).is_ok());
         assert!(node.check("SuspendActor", Need::Suspend("a")).is_ok());
         assert!(node.check("ResumeActor", Need::Resume("a")).is_err());
+        let n1 = caller(SpiffeId::node_instance("ate.local", "node-1").unwrap(), &a);
+        assert_eq!(n1.node_agent(), Some(Some("node-1")));
+        assert!(n1.check("Heartbeat", Need::Fleet).is_ok());
         let x = caller(SpiffeId::parse("spiffe://ate.local/ns/t/sa/x").unwrap(), &a);
+        assert_eq!(x.node_agent(), None);
         assert!(x.check("GetActor", Need::Atespace("team-b")).is_ok());
         assert!(x.check("GetActor", Need::Atespace("team-c")).is_err());
         assert!(x.check("ApplyTemplate", Need::Admin).is_err());
@@ -272,5 +408,40 @@ mod tests {
         assert!(worker.check("ResumeActor", Need::Resume("a")).is_err());
         assert!(Authz::new("ate.local", "nonsense").is_err());
         assert!(Authz::new("ate.local", "spiffe://ate.local/ns/t/sa/x=Bad_Name").is_err());
+    }
+
+    #[test]
+    fn token_roles() {
+        let token = |role, atespaces: Option<Vec<&str>>, node: Option<&str>| {
+            Caller::from_token(TokenClaims {
+                issuer: "https://issuer".into(),
+                subject: "alice".into(),
+                role,
+                atespaces: atespaces.map(|l| l.into_iter().map(String::from).collect()),
+                node: node.map(String::from),
+            })
+        };
+        let c = token(TokenRole::Client, Some(vec!["team-a"]), None);
+        assert!(c.check("GetActor", Need::Atespace("team-a")).is_ok());
+        let e = c.check("GetActor", Need::Atespace("team-b")).unwrap_err();
+        assert!(e.message().contains("jwt:alice"), "{}", e.message());
+        assert!(c.spiffe_id().is_none());
+        let all = token(TokenRole::Client, None, None);
+        assert!(all.check("GetActor", Need::Atespace("any")).is_ok());
+        assert!(all.check("ApplyTemplate", Need::Admin).is_err());
+        let admin = token(TokenRole::Admin, None, None);
+        assert!(admin.check("ApplyTemplate", Need::Admin).is_ok());
+        let router = token(TokenRole::IngressRouter, None, None);
+        assert!(router.check("ResumeActor", Need::Resume("x")).is_ok());
+        assert!(router.check("GetActor", Need::Atespace("x")).is_err());
+        let node = token(TokenRole::NodeAgent, None, Some("node-2"));
+        assert_eq!(node.node_agent(), Some(Some("node-2")));
+        let e = node.deny("ActorService/SuspendActor", "actor a/b", "not yours");
+        assert_eq!(e.code(), tonic::Code::PermissionDenied);
+        assert!(
+            e.message().contains("jwt:alice") && e.message().contains("actor a/b"),
+            "{}",
+            e.message()
+        );
     }
 }

@@ -8,6 +8,7 @@
 pub mod authz;
 pub mod convert;
 pub mod error;
+pub mod jwt;
 pub mod lease;
 pub mod node;
 pub mod scheduler;
@@ -97,9 +98,11 @@ pub fn metrics_handle() -> PrometheusHandle {
 /// How the gRPC listener authenticates and authorizes callers.
 #[derive(Debug, Clone)]
 pub struct TlsServe {
-    /// Server config with `ClientAuth::Required` (any ID of the trust domain); ALPN is set to h2.
+    /// Server config with `ClientAuth::Required` (any ID of the trust domain), or
+    /// `ClientAuth::Optional` when `authz` accepts bearer tokens (`--auth-mode=jwt`); ALPN is
+    /// set to h2.
     pub server: Arc<ate_tls::rustls::ServerConfig>,
-    /// Identity → role policy.
+    /// Identity → role policy (and the bearer-token verifier in jwt mode).
     pub authz: authz::Authz,
 }
 

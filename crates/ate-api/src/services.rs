@@ -61,6 +61,74 @@ pub struct Services {
 }
 
 impl Services {
+    /// A node agent bound to a node may touch only workers of that node: Ok if `caller` is not
+    /// such a node agent or worker `worker_id` is unknown or belongs to its node.
+    async fn check_node_worker(
+        &self,
+        caller: &Caller,
+        rpc: &str,
+        worker_id: &str,
+    ) -> Result<(), Status> {
+        let Some(Some(node)) = caller.node_agent() else {
+            return Ok(());
+        };
+        match self.api.store.get_worker(worker_id).await {
+            Ok(w) if w.node != node => Err(caller.deny(
+                rpc,
+                &format!("worker {worker_id}"),
+                &format!("the worker belongs to node {}", w.node),
+            )),
+            Ok(_) | Err(ate_store::StoreError::NotFound(_)) => Ok(()),
+            Err(e) => Err(error::store(e)),
+        }
+    }
+
+    /// SuspendActor by a node agent (idle suspend): only an actor bound to a worker of the
+    /// caller's own node. The shared node identity names no node and may not suspend.
+    async fn check_node_actor(
+        &self,
+        caller: &Caller,
+        node: Option<&str>,
+        r: &ActorRef,
+    ) -> Result<(), Status> {
+        const RPC: &str = "ActorService/SuspendActor";
+        let target = format!("actor {r}");
+        let Some(node) = node else {
+            return Err(caller.deny(
+                RPC,
+                &target,
+                "this node identity names no node (use a per-node identity \
+                 …/sa/ate-node-<node> or a token with ate_node)",
+            ));
+        };
+        let actor = self
+            .api
+            .store
+            .get_actor(&r.atespace, &r.name)
+            .await
+            .map_err(error::store)?;
+        let Some(worker_id) = actor.worker_id.as_deref() else {
+            return Err(caller.deny(
+                RPC,
+                &target,
+                &format!("the actor is not on a worker of node {node}"),
+            ));
+        };
+        let owner = match self.api.store.get_worker(worker_id).await {
+            Ok(w) => w.node,
+            Err(ate_store::StoreError::NotFound(_)) => String::from("(unknown)"),
+            Err(e) => return Err(error::store(e)),
+        };
+        if owner != node {
+            return Err(caller.deny(
+                RPC,
+                &target,
+                &format!("the actor is on worker {worker_id} of node {owner}, not node {node}"),
+            ));
+        }
+        Ok(())
+    }
+
     /// The caller of `req`, if its role allows `rpc` with what `need` reads from the message.
     fn authorize<T>(
         &self,
@@ -234,11 +302,14 @@ impl actor_service_server::ActorService for Services {
         &self,
         req: Request<SuspendActorRequest>,
     ) -> Result<Response<Actor>, Status> {
-        let _ = self.authorize(&req, "ActorService/SuspendActor", |r| {
+        let caller = self.authorize(&req, "ActorService/SuspendActor", |r| {
             Need::Suspend(ref_atespace(&r.actor))
         })?;
         let req = req.into_inner();
         let r = actor_ref(req.actor)?;
+        if let Some(node) = caller.node_agent() {
+            self.check_node_actor(&caller, node, &r).await?;
+        }
         let durable = match req.mode {
             0 => false,
             n => match SuspendMode::from_wire(n) {
@@ -579,7 +650,7 @@ impl fleet_service_server::FleetService for Services {
         &self,
         req: Request<RegisterWorkerRequest>,
     ) -> Result<Response<RegisterWorkerResponse>, Status> {
-        let _ = self.authorize(&req, "FleetService/RegisterWorker", |_| Need::Fleet)?;
+        let caller = self.authorize(&req, "FleetService/RegisterWorker", |_| Need::Fleet)?;
         let w = req
             .into_inner()
             .worker
@@ -590,6 +661,28 @@ impl fleet_service_server::FleetService for Services {
             Err(ate_store::StoreError::NotFound(_)) => None,
             Err(e) => return Err(error::store(e)),
         };
+        // A node bound to a name registers only its own workers, and cannot take over a live
+        // worker of another node (that would move the other node's actors under it).
+        if let Some(Some(node)) = caller.node_agent() {
+            let target = format!("worker {}", record.id);
+            if record.node != node {
+                return Err(caller.deny(
+                    "FleetService/RegisterWorker",
+                    &target,
+                    &format!("the worker names node {}", record.node),
+                ));
+            }
+            if let Some(p) = &previous
+                && p.node != node
+                && p.status == WorkerStatus::Active
+            {
+                return Err(caller.deny(
+                    "FleetService/RegisterWorker",
+                    &target,
+                    &format!("the worker is registered to node {}", p.node),
+                ));
+            }
+        }
         self.api
             .store
             .register_worker(&record, now_ms())
@@ -631,9 +724,11 @@ impl fleet_service_server::FleetService for Services {
         &self,
         req: Request<DeregisterWorkerRequest>,
     ) -> Result<Response<DeregisterWorkerResponse>, Status> {
-        let _ = self.authorize(&req, "FleetService/DeregisterWorker", |_| Need::Fleet)?;
+        let caller = self.authorize(&req, "FleetService/DeregisterWorker", |_| Need::Fleet)?;
         let id = req.into_inner().worker_id;
         label("worker_id", &id)?;
+        self.check_node_worker(&caller, "FleetService/DeregisterWorker", &id)
+            .await?;
         self.api
             .store
             .deregister_worker(&id)
@@ -687,9 +782,11 @@ impl fleet_service_server::FleetService for Services {
         &self,
         req: Request<ReportActorExitRequest>,
     ) -> Result<Response<ReportActorExitResponse>, Status> {
-        let _ = self.authorize(&req, "FleetService/ReportActorExit", |_| Need::Fleet)?;
+        let caller = self.authorize(&req, "FleetService/ReportActorExit", |_| Need::Fleet)?;
         let req = req.into_inner();
         let r = actor_ref(req.actor)?;
+        self.check_node_worker(&caller, "FleetService/ReportActorExit", &req.worker_id)
+            .await?;
         self.api
             .actor_exited(&r, &req.worker_id, req.exit_code, &req.last_log_lines)
             .await?;

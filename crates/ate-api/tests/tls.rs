@@ -360,3 +360,117 @@ async fn handshake_refuses_no_cert_foreign_ca_and_expired() {
         .unwrap_err();
     assert_eq!(e.code(), Code::NotFound, "{e:?}");
 }
+
+fn suspend_req(ns: &str, name: &str) -> SuspendActorRequest {
+    SuspendActorRequest {
+        actor: Some(obj(ns, name)),
+        mode: SuspendMode::Async as i32,
+    }
+}
+
+/// A worker message for `id` claiming node `node_name`, reachable through `node`.
+fn worker_msg(id: &str, node_name: &str, node: &TestNode) -> Worker {
+    Worker {
+        id: id.into(),
+        node: node_name.into(),
+        addresses: vec!["127.0.0.3:8443".into()],
+        identity: SpiffeId::worker_instance(TD, id).unwrap().uri(),
+        sandbox_class: "runc".into(),
+        can_restore_memory: true,
+        capacity: Some(Capacity {
+            cpu_millis: 64_000,
+            memory_bytes: 1 << 40,
+            actor_slots: 8,
+        }),
+        epoch: node.epoch(),
+        node_address: node.addr.to_string(),
+        boot_id: node.boot_id.clone(),
+        ..Default::default()
+    }
+}
+
+#[tokio::test]
+async fn node_agent_suspends_only_actors_on_its_own_workers() {
+    let api = TlsApi::start().await;
+    let (admin, node) = seed(&api).await;
+    // team-a/x runs on worker w1 of node-1; team-b/x is suspended.
+    actors(&admin)
+        .resume_actor(resume_req("team-a", "x"))
+        .await
+        .expect("admin resumes");
+
+    // Another node may not suspend it; the denial names the identity and the actor.
+    let node2 = api
+        .channel(SpiffeId::node_instance(TD, "node-2").unwrap())
+        .await;
+    let e = actors(&node2)
+        .suspend_actor(suspend_req("team-a", "x"))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::PermissionDenied, "{e:?}");
+    for needle in ["ate-node-node-2", "SuspendActor", "team-a/x", "node-1"] {
+        assert!(e.message().contains(needle), "{needle}: {}", e.message());
+    }
+    // The shared node identity names no node, so it may not suspend at all.
+    let shared = api.channel(SpiffeId::node(TD).unwrap()).await;
+    let e = actors(&shared)
+        .suspend_actor(suspend_req("team-a", "x"))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::PermissionDenied, "{e:?}");
+    assert!(e.message().contains("names no node"), "{}", e.message());
+    // Nor may node-1 suspend an actor that is not on one of its workers.
+    let node1 = api
+        .channel(SpiffeId::node_instance(TD, "node-1").unwrap())
+        .await;
+    let e = actors(&node1)
+        .suspend_actor(suspend_req("team-b", "x"))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::PermissionDenied, "{e:?}");
+    assert!(e.message().contains("team-b/x"), "{}", e.message());
+    // node-1 suspends its own actor (idle suspend).
+    let suspended = actors(&node1)
+        .suspend_actor(suspend_req("team-a", "x"))
+        .await
+        .expect("node-1 suspends the actor on its worker")
+        .into_inner();
+    assert_eq!(suspended.name, "x");
+
+    // The node name is bound at registration: node-2 registers only node-2 workers and cannot
+    // take over node-1's live worker; nor deregister it.
+    let fleet2 = fleet_service_client::FleetServiceClient::new(node2.clone());
+    for (id, claimed) in [("w2", "node-1"), ("w1", "node-2")] {
+        let e = fleet2
+            .clone()
+            .register_worker(RegisterWorkerRequest {
+                worker: Some(worker_msg(id, claimed, &node)),
+            })
+            .await
+            .unwrap_err();
+        assert_eq!(e.code(), Code::PermissionDenied, "{id} as {claimed}: {e:?}");
+        assert!(e.message().contains("ate-node-node-2"), "{}", e.message());
+    }
+    fleet2
+        .clone()
+        .register_worker(RegisterWorkerRequest {
+            worker: Some(worker_msg("w2", "node-2", &node)),
+        })
+        .await
+        .expect("node-2 registers its own worker");
+    let e = fleet2
+        .clone()
+        .deregister_worker(DeregisterWorkerRequest {
+            worker_id: "w1".into(),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::PermissionDenied, "{e:?}");
+    // node-1 still registers (re-registers) its own worker.
+    fleet_service_client::FleetServiceClient::new(node1)
+        .register_worker(RegisterWorkerRequest {
+            worker: Some(worker_msg("w1", "node-1", &node)),
+        })
+        .await
+        .expect("node-1 re-registers w1");
+}

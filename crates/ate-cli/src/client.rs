@@ -9,29 +9,62 @@ use ate_proto::v1::atespace_service_client::AtespaceServiceClient;
 use ate_proto::v1::fleet_service_client::FleetServiceClient;
 use ate_proto::v1::tag_service_client::TagServiceClient;
 use ate_proto::v1::template_service_client::TemplateServiceClient;
+use tonic::metadata::{Ascii, MetadataValue};
+use tonic::service::Interceptor;
+use tonic::service::interceptor::InterceptedService;
 use tonic::transport::{Channel, Endpoint};
 
 /// File in the state dir (and the user config dir) where `ate up` records the api address.
 pub const API_ADDRESS_FILE: &str = "api-address";
 pub const DEFAULT_STATE_DIR: &str = "/var/lib/ate";
 
+/// Adds `authorization: Bearer <token>` to every call when a token is set (`--token`).
+#[derive(Clone, Default)]
+pub struct Bearer(Option<MetadataValue<Ascii>>);
+
+impl Bearer {
+    pub fn new(token: &str) -> anyhow::Result<Self> {
+        let value = format!("Bearer {}", token.trim())
+            .parse::<MetadataValue<Ascii>>()
+            .map_err(|_| anyhow::anyhow!("--token (ATE_TOKEN) is not a valid header value"))?;
+        Ok(Bearer(Some(value)))
+    }
+}
+
+impl Interceptor for Bearer {
+    fn call(&mut self, mut req: tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status> {
+        if let Some(v) = &self.0 {
+            req.metadata_mut().insert("authorization", v.clone());
+        }
+        Ok(req)
+    }
+}
+
+/// The channel every client uses: the api connection plus the bearer token, if any.
+pub type ApiChannel = InterceptedService<Channel, Bearer>;
+
 #[derive(Clone)]
 pub struct Clients {
-    pub actors: ActorServiceClient<Channel>,
-    pub atespaces: AtespaceServiceClient<Channel>,
-    pub templates: TemplateServiceClient<Channel>,
-    pub tags: TagServiceClient<Channel>,
-    pub fleet: FleetServiceClient<Channel>,
+    pub actors: ActorServiceClient<ApiChannel>,
+    pub atespaces: AtespaceServiceClient<ApiChannel>,
+    pub templates: TemplateServiceClient<ApiChannel>,
+    pub tags: TagServiceClient<ApiChannel>,
+    pub fleet: FleetServiceClient<ApiChannel>,
 }
 
 impl Clients {
     pub fn new(channel: Channel) -> Self {
+        Self::with_bearer(channel, Bearer::default())
+    }
+
+    pub fn with_bearer(channel: Channel, bearer: Bearer) -> Self {
+        let c = |ch: &Channel| InterceptedService::new(ch.clone(), bearer.clone());
         Self {
-            actors: ActorServiceClient::new(channel.clone()),
-            atespaces: AtespaceServiceClient::new(channel.clone()),
-            templates: TemplateServiceClient::new(channel.clone()),
-            tags: TagServiceClient::new(channel.clone()),
-            fleet: FleetServiceClient::new(channel),
+            actors: ActorServiceClient::new(c(&channel)),
+            atespaces: AtespaceServiceClient::new(c(&channel)),
+            templates: TemplateServiceClient::new(c(&channel)),
+            tags: TagServiceClient::new(c(&channel)),
+            fleet: FleetServiceClient::new(c(&channel)),
         }
     }
 }
@@ -49,12 +82,17 @@ pub const ADMIN_CERT_NAME: &str = "admin";
 /// Subdirectory of the state dir with every component's certificate (`ate up`).
 pub const TLS_DIR: &str = "tls";
 
-/// `--cert`, `--key`, `--ca` (or `ATE_CERT`, `ATE_KEY`, `ATE_CA`): the CLI's identity.
+/// `--cert`, `--key`, `--ca` (or `ATE_CERT`, `ATE_KEY`, `ATE_CA`): the CLI's identity; or
+/// `--token` (`ATE_TOKEN`) with `--ca`: a bearer token for an api in jwt mode.
 #[derive(Debug, Clone, Default)]
 pub struct ClientTls {
     pub cert: Option<PathBuf>,
     pub key: Option<PathBuf>,
     pub ca: Option<PathBuf>,
+    /// A JWT sent as `authorization: Bearer …` (never over plaintext).
+    pub token: Option<String>,
+    /// Trust domain of the api's pinned SPIFFE ID when no client certificate is presented.
+    pub trust_domain: String,
 }
 
 /// Where `ate up` leaves a client configuration: the api-address file and the admin
@@ -165,8 +203,71 @@ pub async fn connect_to(
     Ok(channel)
 }
 
+/// The CA bundle to check the api with when sending a bearer token without a certificate:
+/// `--ca`, else the one `ate up` wrote for `address`.
+fn token_ca(address: &str, flags: &ClientTls) -> Option<PathBuf> {
+    if let Some(ca) = &flags.ca {
+        return Some(ca.clone());
+    }
+    discovered()
+        .into_iter()
+        .find(|d| {
+            d.tls.ca.exists()
+                && (d.explicit || read_address(&d.address_file).as_deref() == Some(address))
+        })
+        .map(|d| d.tls.ca)
+}
+
+/// Bearer-token mode (`--token`): TLS checked against the CA, the api's SPIFFE ID pinned; a
+/// client certificate only if all of `--cert/--key/--ca` are given (the api then uses the
+/// certificate and ignores the token). The admin certificate of `ate up` is not picked up, so
+/// the token is what the api sees.
+async fn connect_with_token(
+    address: &str,
+    tls: &ClientTls,
+    token: &str,
+) -> anyhow::Result<Clients> {
+    let bearer = Bearer::new(token)?;
+    if tls.cert.is_some() || tls.key.is_some() {
+        let source = match resolve_tls(address, tls)? {
+            Some(f) => ate_tls::CertSource::from_files(f.clone(), ate_tls::DEFAULT_FILE_POLL)
+                .with_context(|| {
+                    format!("cannot read the client certificate {}", f.cert.display())
+                })?,
+            None => anyhow::bail!("--cert, --key and --ca (ATE_CERT, ATE_KEY, ATE_CA) go together"),
+        };
+        let channel = connect_to(address, Some(&source))
+            .await
+            .with_context(|| format!("cannot reach the api at {address}"))?;
+        return Ok(Clients::with_bearer(channel, bearer));
+    }
+    let Some(ca) = token_ca(address, tls) else {
+        anyhow::bail!(
+            "a bearer token is sent only over TLS: give --ca (ATE_CA), the CA bundle the api's certificate chains to"
+        );
+    };
+    let roots = ate_tls::load_roots(&ca)
+        .with_context(|| format!("cannot read the CA bundle {}", ca.display()))?;
+    let config = ate_tls::client_config_no_cert(
+        roots,
+        ate_tls::ServerCheck::Pin(ate_tls::SpiffeId::api(&tls.trust_domain)?),
+    )?;
+    let channel = ate_tls::tls_channel(endpoint(address)?, std::sync::Arc::new(config))
+        .await
+        .with_context(|| {
+            format!(
+                "cannot reach the api at {address} (TLS with a bearer token, CA {})",
+                ca.display()
+            )
+        })?;
+    Ok(Clients::with_bearer(channel, bearer))
+}
+
 pub async fn connect(flag: Option<String>, tls: &ClientTls) -> anyhow::Result<Clients> {
     let address = resolve_address(flag);
+    if let Some(token) = tls.token.as_deref().filter(|t| !t.trim().is_empty()) {
+        return connect_with_token(&address, tls, token).await;
+    }
     let files = resolve_tls(&address, tls)?;
     let source = match &files {
         Some(f) => Some(

@@ -34,6 +34,13 @@ struct Cli {
     /// CA bundle the api's certificate must chain to.
     #[arg(long, global = true, env = "ATE_CA")]
     ca: Option<PathBuf>,
+    /// Bearer token (JWT) for an api in `--auth-mode=jwt`; sent only over TLS (with --ca). The
+    /// admin certificate `ate up` wrote is then not used.
+    #[arg(long, global = true, env = "ATE_TOKEN", hide_env_values = true)]
+    token: Option<String>,
+    /// With --token and no client certificate: trust domain of the api's pinned SPIFFE ID.
+    #[arg(long, global = true, env = "ATE_API_TRUST_DOMAIN", default_value = ate_tls::DEFAULT_TRUST_DOMAIN)]
+    api_trust_domain: String,
     /// Output format.
     #[arg(short = 'o', long, global = true, value_enum, default_value_t = Format::Table)]
     output: Format,
@@ -125,6 +132,8 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         cert: cli.cert,
         key: cli.key,
         ca: cli.ca,
+        token: cli.token,
+        trust_domain: cli.api_trust_domain,
     };
     match cli.command {
         Command::Api(args) => serve::run_api(args).await.map(|_| ExitCode::SUCCESS),

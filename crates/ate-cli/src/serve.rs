@@ -43,6 +43,54 @@ pub struct ApiArgs {
     /// A client identity not listed has no atespace.
     #[arg(long, env = "ATE_CLIENT_ATESPACES", default_value = "")]
     pub client_atespaces: String,
+    /// How callers authenticate: `mtls` (a client certificate on every connection) or `jwt`
+    /// (a verified client certificate still works; a connection without one must send
+    /// `authorization: Bearer <jwt>`). jwt needs the TLS flags and the three --jwt-* flags.
+    #[arg(long, value_enum, default_value_t = AuthMode::Mtls)]
+    pub auth_mode: AuthMode,
+    /// jwt mode: the required `iss` of bearer tokens.
+    #[arg(long, env = "ATE_JWT_ISSUER")]
+    pub jwt_issuer: Option<String>,
+    /// jwt mode: the audience bearer tokens must be for (`aud`).
+    #[arg(long, env = "ATE_JWT_AUDIENCE")]
+    pub jwt_audience: Option<String>,
+    /// jwt mode: the issuer's public keys (JWKS JSON); re-read when the file changes.
+    #[arg(long, env = "ATE_JWT_JWKS_FILE")]
+    pub jwt_jwks_file: Option<PathBuf>,
+}
+
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AuthMode {
+    Mtls,
+    Jwt,
+}
+
+impl ApiArgs {
+    /// The bearer-token verifier for `--auth-mode=jwt` (None in mtls mode).
+    fn jwt(&self) -> anyhow::Result<Option<ate_api::jwt::JwtVerifier>> {
+        let (issuer, audience, jwks) = (&self.jwt_issuer, &self.jwt_audience, &self.jwt_jwks_file);
+        if self.auth_mode == AuthMode::Mtls {
+            if issuer.is_some() || audience.is_some() || jwks.is_some() {
+                anyhow::bail!(
+                    "--jwt-issuer, --jwt-audience and --jwt-jwks-file need --auth-mode=jwt"
+                );
+            }
+            return Ok(None);
+        }
+        let (Some(issuer), Some(audience), Some(jwks)) = (issuer, audience, jwks) else {
+            anyhow::bail!("--auth-mode=jwt needs --jwt-issuer, --jwt-audience and --jwt-jwks-file");
+        };
+        if issuer.is_empty() || audience.is_empty() {
+            anyhow::bail!("--jwt-issuer and --jwt-audience must not be empty");
+        }
+        Ok(Some(ate_api::jwt::JwtVerifier::new(
+            ate_api::jwt::JwtConfig {
+                issuer: issuer.clone(),
+                audience: audience.clone(),
+                jwks_file: jwks.clone(),
+            },
+        )?))
+    }
 }
 
 pub fn init_logging(json: bool) {
@@ -81,20 +129,32 @@ pub async fn run_api(args: ApiArgs) -> anyhow::Result<()> {
         .await
         .with_context(|| format!("cannot open store {}", args.store))?;
     let td = args.tls.trust_domain().to_string();
+    let jwt = args.jwt()?;
     let source = args.tls.load("api")?;
+    if source.is_none() && jwt.is_some() {
+        // Plaintext would both leak the tokens and make every caller admin.
+        anyhow::bail!("--auth-mode=jwt needs TLS: --tls-cert, --tls-key and --tls-ca");
+    }
     let (node_tls, serve_tls) = match &source {
         Some(src) => {
+            // Any node agent: the shared `…/sa/ate-node` or a per-node `…/sa/ate-node-<name>`.
             let node = ate_tls::client_config(
                 src,
-                ate_tls::ServerCheck::Pin(ate_tls::SpiffeId::node(&td)?),
-            )?;
-            let server = ate_tls::server_config(
-                src,
-                ate_tls::ClientAuth::Required {
-                    allowed: ate_tls::AllowList::any(),
+                ate_tls::ServerCheck::NodeAgent {
+                    trust_domain: td.clone(),
                 },
             )?;
-            let authz = ate_api::authz::Authz::new(&td, &args.client_atespaces)?;
+            let allowed = ate_tls::AllowList::any();
+            let client_auth = if jwt.is_some() {
+                ate_tls::ClientAuth::Optional { allowed }
+            } else {
+                ate_tls::ClientAuth::Required { allowed }
+            };
+            let server = ate_tls::server_config(src, client_auth)?;
+            let mut authz = ate_api::authz::Authz::new(&td, &args.client_atespaces)?;
+            if let Some(verifier) = jwt {
+                authz = authz.with_jwt(verifier);
+            }
             (
                 Some(Arc::new(node)),
                 Some(ate_api::TlsServe {
@@ -125,7 +185,7 @@ pub async fn run_api(args: ApiArgs) -> anyhow::Result<()> {
             serde_json::json!({ "grpc": grpc_addr.to_string(), "http": http_addr.to_string() });
         write_atomically(file, &body.to_string())?;
     }
-    tracing::info!(grpc = %grpc_addr, http = %http_addr, store = %redact(&args.store), tls = serve_tls.is_some(), "api serving");
+    tracing::info!(grpc = %grpc_addr, http = %http_addr, store = %redact(&args.store), tls = serve_tls.is_some(), auth_mode = ?args.auth_mode, "api serving");
     ate_api::serve_with(api, grpc, Some(http), serve_tls, shutdown_signal()).await?;
     tracing::info!("api stopped");
     Ok(())

@@ -399,10 +399,11 @@ async fn start_data_path(
     }
     let node_ready = run_dir.join("node.json");
     let _ = std::fs::remove_file(&node_ready);
+    let node_name = "node-1";
     let mut node_args = vec![
         "node".to_string(),
         "--name".into(),
-        "node-1".into(),
+        node_name.into(),
         "--listen".into(),
         args.node_listen.to_string(),
         "--api".into(),
@@ -416,7 +417,8 @@ async fn start_data_path(
         node_args.extend(["--durable-store".to_string(), url.clone()]);
     }
     node_args.extend(
-        pki.issue("node", ate_tls::SpiffeId::node(&td)?)?
+        // A per-node identity: the api lets a node suspend only the actors on its own workers.
+        pki.issue("node", ate_tls::SpiffeId::node_instance(&td, node_name)?)?
             .1
             .to_args(),
     );

@@ -93,6 +93,9 @@ pub enum ServerCheck {
     Pin(SpiffeId),
     /// The chain, then any of these SPIFFE IDs.
     OneOf(AllowList),
+    /// The chain, then any node-agent identity of this trust domain: the shared
+    /// `…/sa/ate-node` or a per-node `…/sa/ate-node-<node>` (the api dialing node agents).
+    NodeAgent { trust_domain: String },
     /// The chain, then classic hostname/IP verification against the name we connected to
     /// (servicedns certificates on Kubernetes).
     Hostname,
@@ -380,6 +383,19 @@ impl ServerCertVerifier for SpiffeServerVerifier {
                     return Err(TlsError::ServerIdMismatch {
                         expected: Box::new(expected.clone()),
                         presented: Box::new(presented),
+                    }
+                    .into_cert_error());
+                }
+            }
+            ServerCheck::NodeAgent { trust_domain } => {
+                let presented =
+                    spiffe_id_from_der(end_entity).map_err(TlsError::into_cert_error)?;
+                if !presented.is_node()
+                    || !presented.trust_domain().eq_ignore_ascii_case(trust_domain)
+                {
+                    return Err(TlsError::PeerNotAllowed {
+                        peer: Box::new(presented),
+                        allowed: format!("a node agent of trust domain {trust_domain}"),
                     }
                     .into_cert_error());
                 }

@@ -98,6 +98,13 @@ impl SpiffeId {
         Self::system(trust_domain, SA_NODE)
     }
 
+    /// `spiffe://<td>/ns/ate-system/sa/ate-node-<node>`: a per-node identity, so the api knows
+    /// which node is calling (a node agent may suspend only the actors of its own workers; used
+    /// by `ate up`).
+    pub fn node_instance(trust_domain: &str, node: &str) -> Result<Self, TlsError> {
+        Self::system(trust_domain, &format!("{SA_NODE}-{node}"))
+    }
+
     /// `spiffe://<td>/ns/ate-system/sa/ate-worker` (the shared worker identity on Kubernetes).
     pub fn worker(trust_domain: &str) -> Result<Self, TlsError> {
         Self::system(trust_domain, SA_WORKER)
@@ -126,8 +133,21 @@ impl SpiffeId {
         self.is_system(SA_API)
     }
 
+    /// True for the shared node identity and for per-node identities.
     pub fn is_node(&self) -> bool {
-        self.is_system(SA_NODE)
+        self.is_system(SA_NODE) || self.node_name().is_some()
+    }
+
+    /// The node a per-node identity (`…/ns/ate-system/sa/ate-node-<node>`) names; None for the
+    /// shared `…/sa/ate-node` and for every other identity.
+    pub fn node_name(&self) -> Option<&str> {
+        if self.namespace != SYSTEM_NAMESPACE {
+            return None;
+        }
+        self.service_account
+            .strip_prefix(SA_NODE)
+            .and_then(|rest| rest.strip_prefix('-'))
+            .filter(|name| !name.is_empty())
     }
 
     pub fn is_admin(&self) -> bool {
@@ -203,6 +223,28 @@ mod tests {
             SpiffeId::api("example.org").unwrap().uri(),
             "spiffe://example.org/ns/ate-system/sa/ate-api"
         );
+    }
+
+    #[test]
+    fn node_identities() {
+        let shared = SpiffeId::node("ate.local").unwrap();
+        assert!(shared.is_node());
+        assert_eq!(shared.node_name(), None);
+        let n1 = SpiffeId::node_instance("ate.local", "node-1").unwrap();
+        assert_eq!(
+            n1.to_string(),
+            "spiffe://ate.local/ns/ate-system/sa/ate-node-node-1"
+        );
+        assert!(n1.is_node() && !n1.is_worker());
+        assert_eq!(n1.node_name(), Some("node-1"));
+        for not_node in [
+            "spiffe://ate.local/ns/ate-system/sa/ate-nodex",
+            "spiffe://ate.local/ns/ate-system/sa/ate-node-",
+            "spiffe://ate.local/ns/team/sa/ate-node-node-1",
+        ] {
+            let id = SpiffeId::parse(not_node).unwrap();
+            assert!(!id.is_node() && id.node_name().is_none(), "{not_node}");
+        }
     }
 
     #[test]

@@ -259,3 +259,42 @@ fn install_crypto_provider_is_idempotent() {
     ate_tls::install_crypto_provider();
     assert!(!ate_tls::install_crypto_provider());
 }
+
+#[tokio::test]
+async fn node_agent_check_accepts_shared_and_per_node_identities_only() {
+    let (_d, ca) = new_ca();
+    let api = SpiffeId::api(TD).unwrap();
+    let check = || ServerCheck::NodeAgent {
+        trust_domain: TD.to_string(),
+    };
+    for (server_id, ok) in [
+        (SpiffeId::node(TD).unwrap(), true),
+        (SpiffeId::node_instance(TD, "node-1").unwrap(), true),
+        (worker(1), false),
+        (router(), false),
+    ] {
+        let cfg = server_config(
+            &fixed(&ca, server_id.clone(), &ca),
+            ClientAuth::Required {
+                allowed: AllowList::only([api.clone()]),
+            },
+        )
+        .unwrap();
+        let server = echo_server(cfg).await;
+        let client = client_config(&fixed(&ca, api.clone(), &ca), check()).unwrap();
+        let result = round_trip(&client, server.addr).await;
+        assert_eq!(result.is_ok(), ok, "{server_id}: {result:?}");
+    }
+    // A node of another trust domain than the one expected is refused.
+    let cfg = server_config(
+        &fixed(&ca, SpiffeId::node_instance(TD, "node-1").unwrap(), &ca),
+        ClientAuth::None,
+    )
+    .unwrap();
+    let server = echo_server(cfg).await;
+    let other = ServerCheck::NodeAgent {
+        trust_domain: "other.td".to_string(),
+    };
+    let client = client_config(&fixed(&ca, api, &ca), other).unwrap();
+    assert!(round_trip(&client, server.addr).await.is_err());
+}

@@ -1,0 +1,512 @@
+//! The api in jwt mode (`--auth-mode=jwt`) over real gRPC on loopback: bearer tokens for callers
+//! without a client certificate, verified against a JWKS file; mesh certificates still honoured.
+
+mod common;
+
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use ate_api::authz::Authz;
+use ate_api::jwt::{JwtConfig, JwtVerifier};
+use ate_api::{Api, ApiConfig, TlsServe};
+use ate_proto::v1::*;
+use ate_tls::{
+    AllowList, CertSource, ClientAuth, LocalCa, ServerCheck, SpiffeId, SvidRequest, client_config,
+    client_config_no_cert, endpoint, server_config, tls_channel,
+};
+use base64::Engine as _;
+use common::*;
+use jsonwebtoken::jwk::Jwk;
+use jsonwebtoken::{Algorithm, EncodingKey, Header, encode};
+use serde_json::json;
+use tokio::net::TcpListener;
+use tonic::transport::Channel;
+use tonic::{Code, Request, Status};
+
+const TD: &str = "ate.local";
+const ISS: &str = "https://issuer.test";
+const AUD: &str = "ate-api";
+
+/// A token signer with a freshly generated key.
+struct Signer {
+    kid: &'static str,
+    alg: Algorithm,
+    key: EncodingKey,
+}
+
+impl Signer {
+    fn ec(kid: &'static str) -> Signer {
+        let kp = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).unwrap();
+        Signer {
+            kid,
+            alg: Algorithm::ES256,
+            key: EncodingKey::from_ec_der(&kp.serialize_der()),
+        }
+    }
+
+    fn rsa(kid: &'static str) -> Signer {
+        let kp = rcgen::KeyPair::generate_for(&rcgen::PKCS_RSA_SHA256).unwrap();
+        Signer {
+            kid,
+            alg: Algorithm::RS256,
+            key: EncodingKey::from_rsa_pem(kp.serialize_pem().as_bytes()).unwrap(),
+        }
+    }
+
+    fn jwk(&self) -> serde_json::Value {
+        let mut jwk = Jwk::from_encoding_key(&self.key, self.alg).unwrap();
+        jwk.common.key_id = Some(self.kid.to_string());
+        serde_json::to_value(jwk).unwrap()
+    }
+
+    fn sign(&self, claims: &serde_json::Value) -> String {
+        let mut header = Header::new(self.alg);
+        header.kid = Some(self.kid.to_string());
+        encode(&header, claims, &self.key).unwrap()
+    }
+}
+
+fn now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_secs()
+}
+
+/// Valid claims for subject `sub`, with `extra` merged in.
+fn claims(sub: &str, extra: serde_json::Value) -> serde_json::Value {
+    let mut c = json!({"iss": ISS, "aud": AUD, "sub": sub, "exp": now() + 600});
+    if let (Some(c), Some(extra)) = (c.as_object_mut(), extra.as_object()) {
+        for (k, v) in extra {
+            c.insert(k.clone(), v.clone());
+        }
+    }
+    c
+}
+
+struct JwtApi {
+    addr: String,
+    ca: Arc<LocalCa>,
+    ec: Signer,
+    rsa: Signer,
+    _dir: tempfile::TempDir,
+    _store_dir: Option<tempfile::TempDir>,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+}
+
+impl Drop for JwtApi {
+    fn drop(&mut self) {
+        if let Some(tx) = self.stop.take() {
+            let _ = tx.send(());
+        }
+    }
+}
+
+impl JwtApi {
+    /// The api as `ate api --auth-mode=jwt` builds it: TLS with an optional client certificate,
+    /// roles for certificates, bearer tokens verified against a JWKS with an EC and an RSA key.
+    async fn start() -> JwtApi {
+        ate_tls::install_crypto_provider();
+        let dir = tempfile::tempdir().unwrap();
+        let ca = Arc::new(LocalCa::open_or_create(&dir.path().join("ca"), TD).unwrap());
+        let api_id =
+            CertSource::issued(ca.clone(), SvidRequest::new(SpiffeId::api(TD).unwrap())).unwrap();
+        let server = server_config(
+            &api_id,
+            ClientAuth::Optional {
+                allowed: AllowList::any(),
+            },
+        )
+        .unwrap();
+        let (ec, rsa) = (Signer::ec("ec-1"), Signer::rsa("rsa-1"));
+        let jwks = dir.path().join("jwks.json");
+        std::fs::write(&jwks, json!({"keys": [ec.jwk(), rsa.jwk()]}).to_string()).unwrap();
+        let verifier = JwtVerifier::new(JwtConfig {
+            issuer: ISS.into(),
+            audience: AUD.into(),
+            jwks_file: jwks,
+        })
+        .unwrap();
+        let authz = Authz::new(TD, "").unwrap().with_jwt(verifier);
+        let (store, store_dir) = fresh_store(Backend::Sqlite).await;
+        let api = Arc::new(Api::new(
+            store,
+            ApiConfig {
+                fleet_max_age: Duration::from_millis(50),
+                ..Default::default()
+            },
+        ));
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+        let tls = TlsServe {
+            server: Arc::new(server),
+            authz,
+        };
+        tokio::spawn(async move {
+            let _api_id = api_id;
+            ate_api::serve_with(api, listener, None, Some(tls), async move {
+                let _ = rx.await;
+            })
+            .await
+        });
+        JwtApi {
+            addr,
+            ca,
+            ec,
+            rsa,
+            _dir: dir,
+            _store_dir: store_dir,
+            stop: Some(tx),
+        }
+    }
+
+    /// TLS without a client certificate (a caller outside the mesh); the api's ID pinned.
+    async fn anonymous(&self) -> Channel {
+        let cfg = client_config_no_cert(
+            self.ca.roots().unwrap(),
+            ServerCheck::Pin(SpiffeId::api(TD).unwrap()),
+        )
+        .unwrap();
+        tls_channel(endpoint(&self.addr).unwrap(), Arc::new(cfg))
+            .await
+            .unwrap()
+    }
+
+    /// mTLS presenting `id`'s certificate.
+    async fn mesh(&self, id: SpiffeId) -> Channel {
+        let src = CertSource::issued(self.ca.clone(), SvidRequest::new(id)).unwrap();
+        let cfg = client_config(&src, ServerCheck::Pin(SpiffeId::api(TD).unwrap())).unwrap();
+        tls_channel(endpoint(&self.addr).unwrap(), Arc::new(cfg))
+            .await
+            .unwrap()
+    }
+}
+
+fn with_token<T>(msg: T, token: &str) -> Request<T> {
+    let mut req = Request::new(msg);
+    req.metadata_mut()
+        .insert("authorization", format!("Bearer {token}").parse().unwrap());
+    req
+}
+
+fn actors(c: &Channel) -> actor_service_client::ActorServiceClient<Channel> {
+    actor_service_client::ActorServiceClient::new(c.clone())
+}
+
+fn atespaces(c: &Channel) -> atespace_service_client::AtespaceServiceClient<Channel> {
+    atespace_service_client::AtespaceServiceClient::new(c.clone())
+}
+
+fn get_req(ns: &str, name: &str) -> GetActorRequest {
+    GetActorRequest {
+        actor: Some(obj(ns, name)),
+    }
+}
+
+fn create_req(ns: &str, name: &str) -> CreateActorRequest {
+    CreateActorRequest {
+        atespace: ns.into(),
+        name: name.into(),
+        template: format!("{ns}/t"),
+        worker_selector: Default::default(),
+    }
+}
+
+fn unauthenticated<T: std::fmt::Debug>(r: Result<T, Status>, needle: &str) {
+    let e = r.expect_err("the api must refuse this token");
+    assert_eq!(e.code(), Code::Unauthenticated, "{e:?}");
+    assert!(
+        e.message().contains(needle),
+        "message {:?} should name {needle:?}",
+        e.message()
+    );
+}
+
+/// An admin token seeds atespaces team-a and team-b, each with template `t` and actor `x`.
+async fn seed(api: &JwtApi, ch: &Channel) {
+    let admin = api.ec.sign(&claims("root", json!({"ate_role": "admin"})));
+    for ns in ["team-a", "team-b"] {
+        atespaces(ch)
+            .create_atespace(with_token(
+                CreateAtespaceRequest { name: ns.into() },
+                &admin,
+            ))
+            .await
+            .expect("admin token creates atespaces");
+        template_service_client::TemplateServiceClient::new(ch.clone())
+            .apply_template(with_token(
+                ApplyTemplateRequest {
+                    template: Some(template(ns, "t")),
+                },
+                &admin,
+            ))
+            .await
+            .expect("admin token applies templates");
+        actors(ch)
+            .create_actor(with_token(create_req(ns, "x"), &admin))
+            .await
+            .expect("admin token creates actors");
+    }
+}
+
+#[tokio::test]
+async fn valid_tokens_are_accepted_and_bad_ones_refused() {
+    let api = JwtApi::start().await;
+    let ch = api.anonymous().await;
+    seed(&api, &ch).await;
+
+    // Valid ES256 and RS256 client tokens for team-a.
+    let team_a = json!({"ate_atespaces": ["team-a"]});
+    for token in [
+        api.ec.sign(&claims("alice", team_a.clone())),
+        api.rsa.sign(&claims("alice", team_a.clone())),
+    ] {
+        let got = actors(&ch)
+            .get_actor(with_token(get_req("team-a", "x"), &token))
+            .await
+            .expect("a valid token is accepted")
+            .into_inner();
+        assert_eq!(got.name, "x");
+    }
+
+    // Expired.
+    let token = api.ec.sign(&claims(
+        "alice",
+        json!({"ate_atespaces": ["team-a"], "exp": now() - 3600}),
+    ));
+    unauthenticated(
+        actors(&ch)
+            .get_actor(with_token(get_req("team-a", "x"), &token))
+            .await,
+        "expired",
+    );
+    // Wrong audience.
+    let token = api.ec.sign(&claims(
+        "alice",
+        json!({"ate_atespaces": ["team-a"], "aud": "another-api"}),
+    ));
+    unauthenticated(
+        actors(&ch)
+            .get_actor(with_token(get_req("team-a", "x"), &token))
+            .await,
+        "audience",
+    );
+    // Bad signature: a key the JWKS does not hold, under the JWKS's kid.
+    let forger = Signer::ec("ec-1");
+    let token = forger.sign(&claims("mallory", json!({"ate_role": "admin"})));
+    unauthenticated(
+        actors(&ch)
+            .get_actor(with_token(get_req("team-a", "x"), &token))
+            .await,
+        "signature",
+    );
+    // Unsigned (alg none).
+    let b64 = |v: serde_json::Value| {
+        base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(v.to_string())
+    };
+    let token = format!(
+        "{}.{}.",
+        b64(json!({"alg": "none", "typ": "JWT"})),
+        b64(claims("mallory", json!({"ate_role": "admin"})))
+    );
+    unauthenticated(
+        actors(&ch)
+            .get_actor(with_token(get_req("team-a", "x"), &token))
+            .await,
+        "unsigned",
+    );
+    // Unknown kid.
+    let stranger = Signer::ec("ec-9");
+    let token = stranger.sign(&claims("mallory", json!({})));
+    unauthenticated(
+        actors(&ch)
+            .get_actor(with_token(get_req("team-a", "x"), &token))
+            .await,
+        "ec-9",
+    );
+    // No token at all, and a header that is not Bearer.
+    unauthenticated(
+        actors(&ch).get_actor(get_req("team-a", "x")).await,
+        "Bearer",
+    );
+    let mut basic = Request::new(get_req("team-a", "x"));
+    basic
+        .metadata_mut()
+        .insert("authorization", "Basic YWxpY2U6cHc=".parse().unwrap());
+    unauthenticated(actors(&ch).get_actor(basic).await, "Bearer");
+}
+
+#[tokio::test]
+async fn client_token_is_limited_to_its_atespaces() {
+    let api = JwtApi::start().await;
+    let ch = api.anonymous().await;
+    seed(&api, &ch).await;
+    let token = api
+        .rsa
+        .sign(&claims("alice", json!({"ate_atespaces": ["team-a"]})));
+
+    actors(&ch)
+        .create_actor(with_token(create_req("team-a", "mine"), &token))
+        .await
+        .expect("alice creates in team-a");
+    for e in [
+        actors(&ch)
+            .get_actor(with_token(get_req("team-b", "x"), &token))
+            .await
+            .unwrap_err(),
+        actors(&ch)
+            .create_actor(with_token(create_req("team-b", "theirs"), &token))
+            .await
+            .unwrap_err(),
+        actors(&ch)
+            .delete_actor(with_token(
+                DeleteActorRequest {
+                    actor: Some(obj("team-b", "x")),
+                },
+                &token,
+            ))
+            .await
+            .unwrap_err(),
+        atespaces(&ch)
+            .delete_atespace(with_token(
+                DeleteAtespaceRequest {
+                    name: "team-b".into(),
+                },
+                &token,
+            ))
+            .await
+            .unwrap_err(),
+        template_service_client::TemplateServiceClient::new(ch.clone())
+            .apply_template(with_token(
+                ApplyTemplateRequest {
+                    template: Some(template("team-a", "t2")),
+                },
+                &token,
+            ))
+            .await
+            .unwrap_err(),
+    ] {
+        assert_eq!(e.code(), Code::PermissionDenied, "{e:?}");
+        assert!(e.message().contains("jwt:alice"), "{}", e.message());
+    }
+    // Listings are filtered to team-a.
+    let listed = actors(&ch)
+        .list_actors(with_token(ListActorsRequest::default(), &token))
+        .await
+        .unwrap()
+        .into_inner()
+        .actors;
+    assert!(
+        !listed.is_empty() && listed.iter().all(|a| a.atespace == "team-a"),
+        "{listed:?}"
+    );
+    // A token without ate_atespaces is a client of nothing.
+    let none = api.ec.sign(&claims("bob", json!({})));
+    let e = actors(&ch)
+        .get_actor(with_token(get_req("team-a", "x"), &none))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::PermissionDenied, "{e:?}");
+}
+
+#[tokio::test]
+async fn mesh_certificates_still_work_in_jwt_mode() {
+    let api = JwtApi::start().await;
+    let admin = api.mesh(SpiffeId::admin(TD).unwrap()).await;
+    atespaces(&admin)
+        .create_atespace(CreateAtespaceRequest {
+            name: "team-a".into(),
+        })
+        .await
+        .expect("the admin certificate is honoured");
+    // The certificate is the identity; a token on the same call does not change it.
+    let router = api.mesh(SpiffeId::router(TD).unwrap()).await;
+    let admin_token = api.ec.sign(&claims("root", json!({"ate_role": "admin"})));
+    let e = atespaces(&router)
+        .delete_atespace(with_token(
+            DeleteAtespaceRequest {
+                name: "team-a".into(),
+            },
+            &admin_token,
+        ))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::PermissionDenied, "{e:?}");
+    assert!(e.message().contains("atenet-router"), "{}", e.message());
+}
+
+#[tokio::test]
+async fn node_agent_token_suspends_only_on_its_node() {
+    let api = JwtApi::start().await;
+    let ch = api.anonymous().await;
+    seed(&api, &ch).await;
+    let admin = api.ec.sign(&claims("root", json!({"ate_role": "admin"})));
+    let node = TestNode::start("node-1").await;
+    let node1 = api.ec.sign(&claims(
+        "node-1-agent",
+        json!({"ate_role": "node_agent", "ate_node": "node-1"}),
+    ));
+    fleet_service_client::FleetServiceClient::new(ch.clone())
+        .register_worker(with_token(
+            RegisterWorkerRequest {
+                worker: Some(Worker {
+                    id: "w1".into(),
+                    node: "node-1".into(),
+                    addresses: vec!["127.0.0.2:8443".into()],
+                    sandbox_class: "runc".into(),
+                    can_restore_memory: true,
+                    capacity: Some(Capacity {
+                        cpu_millis: 64_000,
+                        memory_bytes: 1 << 40,
+                        actor_slots: 8,
+                    }),
+                    epoch: node.epoch(),
+                    node_address: node.addr.to_string(),
+                    boot_id: node.boot_id.clone(),
+                    ..Default::default()
+                }),
+            },
+            &node1,
+        ))
+        .await
+        .expect("a node-1 token registers node-1's worker");
+    actors(&ch)
+        .resume_actor(with_token(
+            ResumeActorRequest {
+                actor: Some(obj("team-a", "x")),
+            },
+            &admin,
+        ))
+        .await
+        .expect("admin token resumes");
+    let suspend = || SuspendActorRequest {
+        actor: Some(obj("team-a", "x")),
+        mode: SuspendMode::Async as i32,
+    };
+    for (token, needle) in [
+        (
+            api.ec.sign(&claims(
+                "node-2-agent",
+                json!({"ate_role": "node_agent", "ate_node": "node-2"}),
+            )),
+            "jwt:node-2-agent",
+        ),
+        (
+            api.ec
+                .sign(&claims("nameless", json!({"ate_role": "node_agent"}))),
+            "names no node",
+        ),
+    ] {
+        let e = actors(&ch)
+            .suspend_actor(with_token(suspend(), &token))
+            .await
+            .unwrap_err();
+        assert_eq!(e.code(), Code::PermissionDenied, "{e:?}");
+        assert!(e.message().contains(needle), "{}", e.message());
+    }
+    actors(&ch)
+        .suspend_actor(with_token(suspend(), &node1))
+        .await
+        .expect("the node-1 token suspends node-1's actor");
+}

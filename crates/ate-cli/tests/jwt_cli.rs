@@ -1,0 +1,210 @@
+//! `ate api --auth-mode=jwt` as a process, and the CLI's `--token` / `ATE_TOKEN` against it.
+
+use std::path::Path;
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use jsonwebtoken::jwk::Jwk;
+use jsonwebtoken::{Algorithm, EncodingKey, Header, encode};
+use serde_json::json;
+
+const ATE: &str = env!("CARGO_BIN_EXE_ate");
+const TD: &str = "ate.local";
+const ISS: &str = "https://issuer.test";
+const AUD: &str = "ate-api";
+
+struct JwtApi {
+    child: Child,
+    addr: String,
+    ca_file: std::path::PathBuf,
+    key: EncodingKey,
+    dir: tempfile::TempDir,
+}
+
+impl Drop for JwtApi {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn wait_for_json(file: &Path, child: &mut Child) -> serde_json::Value {
+    let start = Instant::now();
+    loop {
+        if let Ok(text) = std::fs::read_to_string(file)
+            && let Ok(v) = serde_json::from_str(&text)
+        {
+            return v;
+        }
+        if let Ok(Some(status)) = child.try_wait() {
+            panic!("ate api exited early: {status}");
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "not ready in time"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+impl JwtApi {
+    fn start() -> JwtApi {
+        ate_tls::install_crypto_provider();
+        let dir = tempfile::tempdir().unwrap();
+        let ca = ate_tls::LocalCa::open_or_create(&dir.path().join("ca"), TD).unwrap();
+        let svid = ca
+            .issue(&ate_tls::SvidRequest::new(
+                ate_tls::SpiffeId::api(TD).unwrap(),
+            ))
+            .unwrap();
+        let (cert, key_file) = (dir.path().join("api.crt"), dir.path().join("api.key"));
+        svid.write_pem(&cert, &key_file).unwrap();
+        let ca_file = dir.path().join("ca").join(ate_tls::CA_CERT_FILE);
+
+        let kp = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).unwrap();
+        let key = EncodingKey::from_ec_der(&kp.serialize_der());
+        let mut jwk = Jwk::from_encoding_key(&key, Algorithm::ES256).unwrap();
+        jwk.common.key_id = Some("k1".into());
+        let jwks = dir.path().join("jwks.json");
+        std::fs::write(&jwks, json!({ "keys": [jwk] }).to_string()).unwrap();
+
+        let ready = dir.path().join("ready.json");
+        let mut child = Command::new(ATE)
+            .args([
+                "api",
+                "--listen",
+                "127.0.0.1:0",
+                "--http-listen",
+                "127.0.0.1:0",
+                "--auth-mode",
+                "jwt",
+                "--jwt-issuer",
+                ISS,
+                "--jwt-audience",
+                AUD,
+            ])
+            .arg("--jwt-jwks-file")
+            .arg(&jwks)
+            .arg("--tls-cert")
+            .arg(&cert)
+            .arg("--tls-key")
+            .arg(&key_file)
+            .arg("--tls-ca")
+            .arg(&ca_file)
+            .arg("--ready-file")
+            .arg(&ready)
+            .arg("--store")
+            .arg(format!("sqlite://{}", dir.path().join("ate.db").display()))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let v = wait_for_json(&ready, &mut child);
+        JwtApi {
+            addr: v["grpc"].as_str().unwrap().to_string(),
+            child,
+            ca_file,
+            key,
+            dir,
+        }
+    }
+
+    fn token(&self, sub: &str, extra: serde_json::Value) -> String {
+        let now = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap()
+            .as_secs();
+        let mut claims = json!({"iss": ISS, "aud": AUD, "sub": sub, "exp": now + 600});
+        if let (Some(c), Some(extra)) = (claims.as_object_mut(), extra.as_object()) {
+            for (k, v) in extra {
+                c.insert(k.clone(), v.clone());
+            }
+        }
+        let mut header = Header::new(Algorithm::ES256);
+        header.kid = Some("k1".into());
+        encode(&header, &claims, &self.key).unwrap()
+    }
+
+    /// `ate --api <addr> <args>` with no discoverable `ate up` configuration around it.
+    fn ate(&self, envs: &[(&str, &str)], args: &[&str]) -> Output {
+        let empty = self.dir.path().join("home");
+        std::fs::create_dir_all(&empty).unwrap();
+        let mut cmd = Command::new(ATE);
+        cmd.env_clear()
+            .env("HOME", &empty)
+            .env("ATE_STATE_DIR", &empty)
+            .arg("--api")
+            .arg(&self.addr)
+            .args(args);
+        for (k, v) in envs {
+            cmd.env(k, v);
+        }
+        cmd.output().unwrap()
+    }
+}
+
+fn ok(out: Output) -> String {
+    assert!(
+        out.status.success(),
+        "failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
+fn err(out: Output) -> String {
+    assert!(!out.status.success(), "unexpected success");
+    String::from_utf8(out.stderr).unwrap()
+}
+
+#[test]
+fn cli_sends_bearer_tokens_to_a_jwt_api() {
+    let api = JwtApi::start();
+    let ca = api.ca_file.to_str().unwrap().to_string();
+    let admin = api.token("root", json!({"ate_role": "admin"}));
+    for ns in ["team-a", "team-b"] {
+        ok(api.ate(
+            &[],
+            &["--ca", &ca, "--token", &admin, "create", "atespace", ns],
+        ));
+    }
+    // ATE_TOKEN works like --token; a client token sees only its atespaces.
+    let alice = api.token("alice", json!({"ate_atespaces": ["team-a"]}));
+    let listed = ok(api.ate(
+        &[("ATE_TOKEN", &alice), ("ATE_CA", &ca)],
+        &["get", "atespaces", "-o", "json"],
+    ));
+    assert!(
+        listed.contains("team-a") && !listed.contains("team-b"),
+        "{listed}"
+    );
+    let denied = err(api.ate(
+        &[("ATE_TOKEN", &alice), ("ATE_CA", &ca)],
+        &["delete", "atespace", "team-b"],
+    ));
+    assert!(denied.contains("jwt:alice"), "{denied}");
+
+    // Refusals name the problem.
+    let expired = api.token("alice", json!({"exp": 1_000_000}));
+    let e = err(api.ate(&[], &["--ca", &ca, "--token", &expired, "get", "atespaces"]));
+    assert!(e.contains("expired"), "{e}");
+    // A forged token (right kid, another key) is refused by the api.
+    let forger = EncodingKey::from_ec_der(
+        &rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256)
+            .unwrap()
+            .serialize_der(),
+    );
+    let mut header = Header::new(Algorithm::ES256);
+    header.kid = Some("k1".into());
+    let forged = encode(
+        &header,
+        &json!({"iss": ISS, "aud": AUD, "sub": "mallory", "exp": 4_000_000_000u64}),
+        &forger,
+    )
+    .unwrap();
+    let e = err(api.ate(&[], &["--ca", &ca, "--token", &forged, "get", "atespaces"]));
+    assert!(e.contains("signature"), "{e}");
+    // A token is never sent without TLS.
+    let e = err(api.ate(&[], &["--token", &admin, "get", "atespaces"]));
+    assert!(e.contains("only over TLS"), "{e}");
+}
