@@ -2,7 +2,8 @@
 # Install everything the project's builds and tests need on a fresh Debian 12 machine.
 # Idempotent; run as root.  Steps that are already satisfied are skipped and say so.
 #
-#   - Debian packages: runc, iptables, nftables, iproute2, jq, curl, CRIU build deps, PostgreSQL 15
+#   - Debian packages: runc, iptables, nftables, iproute2, jq, curl, docker-registry, CRIU build
+#     deps, PostgreSQL 15
 #   - CRIU 4.2.1 built from Debian's source archive (suite `unstable`) when `criu` is missing,
 #     older than 4.2, or `criu check` fails  (see shared/notes/sandbox-facts.md for why)
 #   - moto[server] from PyPI (S3 API on loopback for object-store tests)
@@ -22,7 +23,10 @@ CRIU_SHA256=29ec0ee09e296479fe7048c80980e8ef1d0684d0b0204c2b101dfea19f6725b9
 CRIU_PREFIX=/usr/local/sbin
 TMP_SRC_LIST=/etc/apt/sources.list.d/ate-criu-src-unstable.list
 
-RUNTIME_PKGS=(runc iptables nftables iproute2 jq curl ca-certificates tar gzip xz-utils python3)
+# docker-registry: the distribution registry v2 the registry-pull tests run on loopback (each test
+# starts its own with a private config; the package's system service is not used).
+RUNTIME_PKGS=(runc iptables nftables iproute2 jq curl ca-certificates tar gzip xz-utils python3
+  docker-registry)
 CRIU_BUILD_PKGS=(build-essential pkg-config libprotobuf-dev libprotobuf-c-dev protobuf-c-compiler
   protobuf-compiler python3-protobuf libnl-3-dev libcap-dev libnet1-dev libbsd-dev libaio-dev
   libgnutls28-dev libnftables-dev uuid-dev iptables)

@@ -1,10 +1,18 @@
-//! OCI image layouts → a node-wide, content-addressed rootfs cache.
+//! Images → a node-wide, content-addressed rootfs cache.
 //!
-//! `oci-layout:<dir>[:<tag>]` is resolved through `<dir>/index.json` (tag matched on the
-//! `org.opencontainers.image.ref.name` annotation, default `latest`). Every blob read (manifest,
-//! config, layers) is hashed and compared with its digest before use. The unpacked rootfs lands in
-//! `<cache>/<manifest-hex>/rootfs`; it is built in a temporary directory and renamed into place
-//! under an exclusive `flock` per digest, so concurrent callers (threads or processes) unpack once.
+//! Two kinds of reference:
+//! - `oci-layout:<dir>[:<tag>]`, resolved through `<dir>/index.json` (tag matched on the
+//!   `org.opencontainers.image.ref.name` annotation, default `latest`);
+//! - a registry reference, `host[:port]/repo[:tag]` or `…@sha256:<hex>`, pulled with
+//!   [`registry`] (oci-client): the tag is resolved to a manifest digest once per node and
+//!   recorded; every blob is hashed and checked against its digest before it is unpacked.
+//!
+//! Every blob read (manifest, config, layers) is hashed and compared with its digest before use.
+//! The unpacked rootfs lands in `<cache>/<manifest-hex>/rootfs` whatever the image came from; it is
+//! built in a temporary directory and renamed into place under an exclusive `flock` per digest, so
+//! concurrent callers (threads or processes) unpack once.
+
+pub mod registry;
 
 use std::collections::BTreeMap;
 use std::fs::{self, File};
@@ -17,10 +25,13 @@ use sha2::{Digest, Sha256};
 
 use crate::error::{IoContext, Result, SandboxError};
 
+pub use registry::RegistryConfig;
+
 const REF_PREFIX: &str = "oci-layout:";
 const REF_NAME_ANNOTATION: &str = "org.opencontainers.image.ref.name";
-const MEDIA_INDEX: &str = "application/vnd.oci.image.index.v1+json";
-const MEDIA_DOCKER_LIST: &str = "application/vnd.docker.distribution.manifest.list.v2+json";
+pub(crate) const MEDIA_INDEX: &str = "application/vnd.oci.image.index.v1+json";
+pub(crate) const MEDIA_DOCKER_LIST: &str =
+    "application/vnd.docker.distribution.manifest.list.v2+json";
 const CONFIG_FILE: &str = "image-config.json";
 
 /// The parts of an image config the runtime uses to build the process.
@@ -80,11 +91,21 @@ impl LayoutRef {
 #[derive(Debug, Clone)]
 pub struct ImageCache {
     root: PathBuf,
+    registry: std::sync::Arc<registry::Puller>,
 }
 
 impl ImageCache {
+    /// A cache whose registry settings come from the environment ([`RegistryConfig::from_env`]).
     pub fn new(root: impl Into<PathBuf>) -> Self {
-        ImageCache { root: root.into() }
+        Self::with_registry(root, RegistryConfig::from_env())
+    }
+
+    /// A cache with explicit registry settings.
+    pub fn with_registry(root: impl Into<PathBuf>, config: RegistryConfig) -> Self {
+        ImageCache {
+            root: root.into(),
+            registry: std::sync::Arc::new(registry::Puller::new(config)),
+        }
     }
 
     pub fn root(&self) -> &Path {
@@ -92,8 +113,12 @@ impl ImageCache {
     }
 
     /// Resolves `reference` and makes sure its rootfs is unpacked; cheap when already cached
-    /// (only index.json and the manifest are read and verified).
+    /// (a layout: only index.json and the manifest are read and verified; a registry image whose
+    /// digest is known on this node: no network at all).
     pub async fn ensure(&self, reference: &str) -> Result<UnpackedImage> {
+        if !reference.starts_with(REF_PREFIX) {
+            return self.registry.ensure(&self.root, reference).await;
+        }
         let root = self.root.clone();
         let reference = reference.to_string();
         tokio::task::spawn_blocking(move || ensure_blocking(&root, &reference))
@@ -110,12 +135,12 @@ struct Index {
 
 #[derive(Deserialize, Clone)]
 #[serde(rename_all = "camelCase")]
-struct Descriptor {
+pub(crate) struct Descriptor {
     #[serde(default)]
-    media_type: String,
-    digest: String,
+    pub(crate) media_type: String,
+    pub(crate) digest: String,
     #[serde(default)]
-    size: Option<u64>,
+    pub(crate) size: Option<u64>,
     #[serde(default)]
     annotations: BTreeMap<String, String>,
     #[serde(default)]
@@ -131,10 +156,10 @@ struct Platform {
 }
 
 #[derive(Deserialize)]
-struct Manifest {
-    config: Descriptor,
+pub(crate) struct Manifest {
+    pub(crate) config: Descriptor,
     #[serde(default)]
-    layers: Vec<Descriptor>,
+    pub(crate) layers: Vec<Descriptor>,
 }
 
 #[derive(Deserialize, Default)]
@@ -161,6 +186,126 @@ fn image_err(reference: &str, message: impl Into<String>) -> SandboxError {
         reference: reference.to_string(),
         message: message.into(),
     }
+}
+
+/// The parts of an image config blob the runtime uses.
+pub(crate) fn parse_config(reference: &str, bytes: &[u8]) -> Result<ImageConfig> {
+    let raw: ConfigFile =
+        serde_json::from_slice(bytes).map_err(|e| image_err(reference, format!("config: {e}")))?;
+    let raw = raw.config.unwrap_or_default();
+    Ok(ImageConfig {
+        entrypoint: raw.entrypoint.unwrap_or_default(),
+        cmd: raw.cmd.unwrap_or_default(),
+        env: raw.env.unwrap_or_default(),
+        working_dir: raw.working_dir.unwrap_or_default(),
+    })
+}
+
+/// The complete cache entry of manifest `digest`, if there is one. Complete entries appear only
+/// by rename, so the config file's existence means complete.
+pub(crate) fn cached(cache: &Path, reference: &str, digest: &str) -> Result<Option<UnpackedImage>> {
+    let dir = cache.join(digest_hex(digest)?);
+    let cfg_path = dir.join(CONFIG_FILE);
+    if !cfg_path.is_file() {
+        return Ok(None);
+    }
+    let bytes = fs::read(&cfg_path).ctx(|| format!("read {}", cfg_path.display()))?;
+    let config: ImageConfig = serde_json::from_slice(&bytes)
+        .map_err(|e| image_err(reference, format!("cached {}: {e}", cfg_path.display())))?;
+    Ok(Some(UnpackedImage {
+        manifest_digest: digest.to_string(),
+        rootfs: dir.join("rootfs"),
+        config,
+    }))
+}
+
+/// Takes the exclusive per-digest lock that serialises building one cache entry across threads
+/// and processes (blocking).
+pub(crate) fn lock_entry(cache: &Path, hex: &str) -> Result<Flock<File>> {
+    fs::create_dir_all(cache).ctx(|| format!("create image cache {}", cache.display()))?;
+    let lock_path = cache.join(format!(".{hex}.lock"));
+    let lock_file = File::options()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&lock_path)
+        .ctx(|| format!("open {}", lock_path.display()))?;
+    Flock::lock(lock_file, FlockArg::LockExclusive)
+        .map_err(|(_, e)| SandboxError::io(format!("flock {}", lock_path.display()), e.into()))
+}
+
+/// A cache entry being built in `<cache>/.tmp-<hex>-<pid>`; removed on drop unless
+/// [`EntryBuild::finish`] renamed it into place. Only while holding [`lock_entry`].
+pub(crate) struct EntryBuild {
+    tmp: PathBuf,
+    final_dir: PathBuf,
+    done: bool,
+}
+
+impl EntryBuild {
+    pub(crate) fn start(cache: &Path, hex: &str) -> Result<Self> {
+        let tmp = cache.join(format!(".tmp-{hex}-{}", std::process::id()));
+        if tmp.exists() {
+            fs::remove_dir_all(&tmp).ctx(|| format!("remove stale {}", tmp.display()))?;
+        }
+        let build = EntryBuild {
+            final_dir: cache.join(hex),
+            tmp,
+            done: false,
+        };
+        let rootfs = build.rootfs();
+        fs::create_dir_all(&rootfs).ctx(|| format!("create {}", rootfs.display()))?;
+        Ok(build)
+    }
+
+    pub(crate) fn dir(&self) -> &Path {
+        &self.tmp
+    }
+
+    pub(crate) fn rootfs(&self) -> PathBuf {
+        self.tmp.join("rootfs")
+    }
+
+    /// Writes the config and renames the entry into place.
+    pub(crate) fn finish(mut self, reference: &str, config: &ImageConfig) -> Result<()> {
+        let cfg_json =
+            serde_json::to_vec_pretty(config).map_err(|e| image_err(reference, e.to_string()))?;
+        let cfg_path = self.tmp.join(CONFIG_FILE);
+        fs::write(&cfg_path, cfg_json).ctx(|| format!("write {}", cfg_path.display()))?;
+        if self.final_dir.exists() {
+            // An incomplete leftover (no config file) from a crash before this code existed.
+            fs::remove_dir_all(&self.final_dir)
+                .ctx(|| format!("remove incomplete {}", self.final_dir.display()))?;
+        }
+        fs::rename(&self.tmp, &self.final_dir).ctx(|| {
+            format!(
+                "rename {} → {}",
+                self.tmp.display(),
+                self.final_dir.display()
+            )
+        })?;
+        self.done = true;
+        Ok(())
+    }
+}
+
+impl Drop for EntryBuild {
+    fn drop(&mut self) {
+        if !self.done {
+            let _ = fs::remove_dir_all(&self.tmp);
+        }
+    }
+}
+
+/// Applies one verified layer file, naming the layer in I/O errors.
+pub(crate) fn apply_verified_layer(path: &Path, digest: &str, rootfs: &Path) -> Result<()> {
+    apply_layer(path, rootfs).map_err(|e| match e {
+        SandboxError::Io { what, source } => SandboxError::Io {
+            what: format!("layer {digest}: {what}"),
+            source,
+        },
+        other => other,
+    })
 }
 
 fn ensure_blocking(cache: &Path, reference: &str) -> Result<UnpackedImage> {
@@ -191,82 +336,26 @@ fn ensure_blocking(cache: &Path, reference: &str) -> Result<UnpackedImage> {
         .map_err(|e| image_err(reference, format!("manifest: {e}")))?;
     let hex = digest_hex(&desc.digest)?.to_string();
 
-    fs::create_dir_all(cache).ctx(|| format!("create image cache {}", cache.display()))?;
-    let final_dir = cache.join(&hex);
-    let done = |dir: &Path| -> Result<UnpackedImage> {
-        let cfg_path = dir.join(CONFIG_FILE);
-        let bytes = fs::read(&cfg_path).ctx(|| format!("read {}", cfg_path.display()))?;
-        let config: ImageConfig = serde_json::from_slice(&bytes)
-            .map_err(|e| image_err(reference, format!("cached {}: {e}", cfg_path.display())))?;
-        Ok(UnpackedImage {
-            manifest_digest: desc.digest.clone(),
-            rootfs: dir.join("rootfs"),
-            config,
-        })
-    };
-    // Fast path: complete entries appear only by rename, so existence means complete.
-    if final_dir.join(CONFIG_FILE).is_file() {
-        return done(&final_dir);
+    if let Some(img) = cached(cache, reference, &desc.digest)? {
+        return Ok(img);
+    }
+    let _lock = lock_entry(cache, &hex)?;
+    if let Some(img) = cached(cache, reference, &desc.digest)? {
+        return Ok(img);
     }
 
-    let lock_path = cache.join(format!(".{hex}.lock"));
-    let lock_file = File::options()
-        .create(true)
-        .truncate(false)
-        .write(true)
-        .open(&lock_path)
-        .ctx(|| format!("open {}", lock_path.display()))?;
-    let _lock = Flock::lock(lock_file, FlockArg::LockExclusive)
-        .map_err(|(_, e)| SandboxError::io(format!("flock {}", lock_path.display()), e.into()))?;
-    if final_dir.join(CONFIG_FILE).is_file() {
-        return done(&final_dir);
+    let build = EntryBuild::start(cache, &hex)?;
+    let config_bytes = read_verified(&layout.dir, &manifest.config)?;
+    let config = parse_config(reference, &config_bytes)?;
+    let rootfs = build.rootfs();
+    for layer in &manifest.layers {
+        let path = blob_path(&layout.dir, &layer.digest)?;
+        verify_file(&path, layer)?;
+        apply_verified_layer(&path, &layer.digest, &rootfs)?;
     }
-
-    let tmp = cache.join(format!(".tmp-{hex}-{}", std::process::id()));
-    if tmp.exists() {
-        fs::remove_dir_all(&tmp).ctx(|| format!("remove stale {}", tmp.display()))?;
-    }
-    let result = (|| -> Result<()> {
-        let rootfs = tmp.join("rootfs");
-        fs::create_dir_all(&rootfs).ctx(|| format!("create {}", rootfs.display()))?;
-        let config_bytes = read_verified(&layout.dir, &manifest.config)?;
-        let raw: ConfigFile = serde_json::from_slice(&config_bytes)
-            .map_err(|e| image_err(reference, format!("config: {e}")))?;
-        let raw = raw.config.unwrap_or_default();
-        let config = ImageConfig {
-            entrypoint: raw.entrypoint.unwrap_or_default(),
-            cmd: raw.cmd.unwrap_or_default(),
-            env: raw.env.unwrap_or_default(),
-            working_dir: raw.working_dir.unwrap_or_default(),
-        };
-        for layer in &manifest.layers {
-            let path = blob_path(&layout.dir, &layer.digest)?;
-            verify_file(&path, layer)?;
-            apply_layer(&path, &rootfs).map_err(|e| match e {
-                SandboxError::Io { what, source } => SandboxError::Io {
-                    what: format!("layer {}: {what}", layer.digest),
-                    source,
-                },
-                other => other,
-            })?;
-        }
-        let cfg_json =
-            serde_json::to_vec_pretty(&config).map_err(|e| image_err(reference, e.to_string()))?;
-        fs::write(tmp.join(CONFIG_FILE), cfg_json)
-            .ctx(|| format!("write {}", tmp.join(CONFIG_FILE).display()))?;
-        if final_dir.exists() {
-            // An incomplete leftover (no config file) from a crash before this code existed.
-            fs::remove_dir_all(&final_dir)
-                .ctx(|| format!("remove incomplete {}", final_dir.display()))?;
-        }
-        fs::rename(&tmp, &final_dir)
-            .ctx(|| format!("rename {} → {}", tmp.display(), final_dir.display()))
-    })();
-    if let Err(e) = result {
-        let _ = fs::remove_dir_all(&tmp);
-        return Err(e);
-    }
-    done(&final_dir)
+    build.finish(reference, &config)?;
+    cached(cache, reference, &desc.digest)?
+        .ok_or_else(|| image_err(reference, "cache entry vanished after unpacking"))
 }
 
 fn select_tagged(manifests: &[Descriptor], tag: &str) -> Option<Descriptor> {
@@ -290,7 +379,7 @@ fn select_tagged(manifests: &[Descriptor], tag: &str) -> Option<Descriptor> {
     None
 }
 
-fn select_platform(manifests: &[Descriptor]) -> Option<Descriptor> {
+pub(crate) fn select_platform(manifests: &[Descriptor]) -> Option<Descriptor> {
     manifests
         .iter()
         .find(|d| {
@@ -303,7 +392,7 @@ fn select_platform(manifests: &[Descriptor]) -> Option<Descriptor> {
 }
 
 /// The hex part of a `sha256:` digest, validated so it can never form a path other than one file name.
-fn digest_hex(digest: &str) -> Result<&str> {
+pub(crate) fn digest_hex(digest: &str) -> Result<&str> {
     let hex = digest
         .strip_prefix("sha256:")
         .ok_or_else(|| SandboxError::Checksum {
