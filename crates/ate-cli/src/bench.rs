@@ -146,6 +146,10 @@ pub struct WarmArgs {
     /// api address of that plaintext system (the bench creates its actor there).
     #[arg(long)]
     plain_api: Option<String>,
+    /// Another router of the same system, measured beside the first (repeatable), as
+    /// `NAME=URL`: e.g. a second `ate router` with other flags, for a before/after in one run.
+    #[arg(long, value_name = "NAME=URL")]
+    extra_router: Vec<String>,
 }
 
 pub async fn run(c: Clients, cmd: BenchCmd) -> anyhow::Result<ExitCode> {
@@ -956,7 +960,7 @@ async fn baseline_server() -> anyhow::Result<SocketAddr> {
 /// One path measured by the warm bench: where to connect, and how.
 #[derive(Clone)]
 struct Side {
-    name: &'static str,
+    name: String,
     addr: SocketAddr,
     /// `Host` of every request (the URL's authority).
     host: String,
@@ -968,7 +972,7 @@ struct Side {
 
 impl Side {
     fn new(
-        name: &'static str,
+        name: &str,
         url: &str,
         actor: Option<String>,
         tls: Option<&Arc<ate_tls::rustls::ClientConfig>>,
@@ -1000,7 +1004,7 @@ impl Side {
             }
         };
         Ok(Side {
-            name,
+            name: name.to_string(),
             addr: SocketAddr::new(ip, port),
             host: uri
                 .authority()
@@ -1164,6 +1168,12 @@ async fn warm(c: Clients, a: WarmArgs) -> anyhow::Result<ExitCode> {
         )?,
     ];
     warm_actor(&c, &ns, &images, &sides[1]).await?;
+    for extra in &a.extra_router {
+        let (name, url) = extra
+            .split_once('=')
+            .with_context(|| format!("--extra-router {extra:?}: want NAME=URL"))?;
+        sides.push(Side::new(name, url, Some(actor.clone()), None)?);
+    }
     if let Some(url) = &a.tls_router {
         let ca = match &a.tls_ca {
             Some(ca) => ca.clone(),

@@ -44,6 +44,12 @@ pub struct RouterConfig {
     #[arg(long = "ingress-allowed-spiffe-ids")]
     pub ingress_allowed_spiffe_ids: Option<String>,
 
+    /// Idle tunnels kept per actor for keep-alive reuse (default 256; at least the number of
+    /// concurrent requests one actor gets, or the rest open a new tunnel each); 0 disables the
+    /// pool. Idle tunnels close after 1 s.
+    #[arg(long = "tunnel-idle-per-actor")]
+    pub tunnel_idle_per_actor: Option<usize>,
+
     /// The router's identity (`--tls-cert/--tls-key/--tls-ca`, `--trust-domain`): mTLS to the
     /// api and to every atunnel. Absent: plaintext.
     #[command(flatten)]
@@ -71,7 +77,8 @@ pub struct Tuning {
     pub max_header_bytes: usize,
     /// Longest request target accepted; longer gets 414.
     pub max_uri_len: usize,
-    /// Idle HTTP/1.1-over-CONNECT connections kept per (actor, port); 0 disables the pool.
+    /// Idle HTTP/1.1-over-CONNECT connections kept per actor; 0 disables the pool
+    /// (`--tunnel-idle-per-actor` overrides it).
     pub tunnel_idle_per_actor: usize,
     /// Idle pooled tunnel connections older than this are dropped.
     pub tunnel_idle_timeout: Duration,
@@ -118,6 +125,7 @@ impl Default for RouterConfig {
             drain_delay: Duration::from_secs(13),
             tls_listen: None,
             ingress_allowed_spiffe_ids: None,
+            tunnel_idle_per_actor: None,
             tls: ate_tls::TlsArgs::default(),
             tuning: Tuning::default(),
         }
@@ -199,6 +207,7 @@ mod tests {
             "--parked-request-max=0",
             "--assignment-cache-ttl=0",
             "--drain-delay=1s",
+            "--tunnel-idle-per-actor=8",
         ])
         .unwrap();
         let r = cli.router;
@@ -209,5 +218,6 @@ mod tests {
         assert_eq!(r.parked_request_max, 0);
         assert_eq!(r.assignment_cache_ttl, Duration::ZERO);
         assert_eq!(r.drain_delay, Duration::from_secs(1));
+        assert_eq!(r.tunnel_idle_per_actor, Some(8));
     }
 }

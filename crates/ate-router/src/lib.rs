@@ -123,7 +123,9 @@ impl Router {
         );
         let tunnels = Tunnels::new(
             TunnelConfig {
-                idle_per_actor: t.tunnel_idle_per_actor,
+                idle_per_actor: config
+                    .tunnel_idle_per_actor
+                    .unwrap_or(t.tunnel_idle_per_actor),
                 idle_timeout: t.tunnel_idle_timeout,
                 connect_timeout: t.worker_connect_timeout,
             },
