@@ -90,7 +90,7 @@ impl From<StoreError> for Failure {
 pub struct Api {
     pub(crate) store: Arc<dyn Store>,
     pub(crate) fleet: FleetView,
-    nodes: NodeClients,
+    nodes: Arc<NodeClients>,
     cfg: ApiConfig,
     pub faults: Faults,
     /// Workers that keep an actor's newest generation frozen in place (placement preference).
@@ -135,7 +135,7 @@ impl Api {
         Self {
             fleet: FleetView::new(store.clone(), cfg.fleet_max_age),
             store,
-            nodes: NodeClients::new(cfg.node_tls.clone()),
+            nodes: Arc::new(NodeClients::new(cfg.node_tls.clone())),
             cfg,
             faults: Faults::default(),
             frozen: scheduler::FrozenHints::default(),
@@ -747,6 +747,7 @@ impl Api {
             self.frozen.remove(&key);
         }
         tracing::info!(actor = %r, generation, fidelity = %snap.fidelity, durable, kept_frozen = reply.kept_frozen, "actor suspended");
+        self.prune_generations(r).await;
         Ok(convert::actor(&a, None))
     }
 
@@ -795,33 +796,30 @@ impl Api {
         let Ok(workers) = self.fleet.refresh().await else {
             return;
         };
-        let any_node = workers
-            .iter()
-            .find(|w| w.status == WorkerStatus::Active)
-            .map(|w| w.node_address.clone());
-        for snap in snapshots {
-            let target = workers
-                .iter()
-                .find(|w| w.status == WorkerStatus::Active && w.node == snap.node)
-                .map(|w| w.node_address.clone())
-                .or_else(|| any_node.clone());
-            let Some(address) = target else {
-                tracing::warn!(actor = %format!("{}/{}", snap.atespace, snap.name), generation = snap.generation, uri = %snap.durable_uri, "no live node to delete snapshot files");
-                continue;
-            };
-            let result = match self.nodes.client(&address) {
-                Ok(mut c) => c
-                    .delete_snapshots(v1::DeleteSnapshotsRequest {
-                        snapshots: vec![convert::snapshot(&snap)],
-                    })
-                    .await
-                    .map(|_| ()),
-                Err(s) => Err(s),
-            };
-            if let Err(s) = result {
-                tracing::warn!(generation = snap.generation, uri = %snap.durable_uri, error = %s.message(), "snapshot garbage collection failed");
+        delete_snapshot_files(&self.nodes, &workers, snapshots).await;
+    }
+
+    /// Retention after a suspend: drops generation records no resume would choose any more (see
+    /// [`Store::prune_snapshots`]) and deletes their files in the background, so a suspend does
+    /// not wait for object-store deletes.
+    async fn prune_generations(&self, r: &ActorRef) {
+        let garbage = match self
+            .store
+            .prune_snapshots(&r.atespace, &r.name, KEEP_NEWEST_GENERATIONS)
+            .await
+        {
+            Ok(g) if g.is_empty() => return,
+            Ok(g) => g,
+            Err(e) => {
+                tracing::warn!(actor = %r, error = %e, "pruning old generations failed; they stay until the next suspend");
+                return;
             }
-        }
+        };
+        let Ok(workers) = self.fleet.workers().await else {
+            return;
+        };
+        let nodes = self.nodes.clone();
+        tokio::spawn(async move { delete_snapshot_files(&nodes, &workers, garbage).await });
     }
 
     // ------------------------------------------------------------------ fleet reports
@@ -984,5 +982,44 @@ impl Api {
 
     pub fn heartbeat_timeout(&self) -> Duration {
         self.cfg.heartbeat_timeout
+    }
+}
+
+/// Generations kept per actor besides the newest durable one and tagged ones.
+const KEEP_NEWEST_GENERATIONS: usize = 1;
+
+/// Deletes the files of removed generations: local copies on their node, durable objects via
+/// any live node. Failures are logged with the generation so an operator can clean up.
+async fn delete_snapshot_files(
+    nodes: &NodeClients,
+    workers: &[WorkerRecord],
+    snapshots: Vec<SnapshotRecord>,
+) {
+    let any_node = workers
+        .iter()
+        .find(|w| w.status == WorkerStatus::Active)
+        .map(|w| w.node_address.clone());
+    for snap in snapshots {
+        let target = workers
+            .iter()
+            .find(|w| w.status == WorkerStatus::Active && w.node == snap.node)
+            .map(|w| w.node_address.clone())
+            .or_else(|| any_node.clone());
+        let Some(address) = target else {
+            tracing::warn!(actor = %format!("{}/{}", snap.atespace, snap.name), generation = snap.generation, uri = %snap.durable_uri, "no live node to delete snapshot files");
+            continue;
+        };
+        let result = match nodes.client(&address) {
+            Ok(mut c) => c
+                .delete_snapshots(v1::DeleteSnapshotsRequest {
+                    snapshots: vec![convert::snapshot(&snap)],
+                })
+                .await
+                .map(|_| ()),
+            Err(s) => Err(s),
+        };
+        if let Err(s) = result {
+            tracing::warn!(generation = snap.generation, uri = %snap.durable_uri, error = %s.message(), "snapshot garbage collection failed");
+        }
     }
 }

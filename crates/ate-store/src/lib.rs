@@ -329,6 +329,15 @@ pub trait Store: Send + Sync + 'static {
     // ---- snapshots
     /// Newest generation first.
     async fn list_snapshots(&self, atespace: &str, name: &str) -> Result<Vec<SnapshotRecord>>;
+    /// Retention, in one transaction: keeps the newest `keep_newest` generations (at least one),
+    /// the newest generation with a COMPLETED durable copy, and every generation a tag refers to;
+    /// deletes the other records and returns them (their files are the caller's to delete).
+    async fn prune_snapshots(
+        &self,
+        atespace: &str,
+        name: &str,
+        keep_newest: usize,
+    ) -> Result<Vec<SnapshotRecord>>;
     /// Sets the durable status and URI; `reason` replaces the stored one unless empty. Tags holding
     /// a copy of the generation (same uuid) are updated too. NotFound if the generation is missing.
     async fn update_snapshot_durable(

@@ -763,6 +763,54 @@ impl Store for StoreImpl {
         rows.iter().map(|r| snapshot_from_row(r, "")).collect()
     }
 
+    async fn prune_snapshots(
+        &self,
+        atespace: &str,
+        name: &str,
+        keep_newest: usize,
+    ) -> Result<Vec<SnapshotRecord>> {
+        self.counters.write();
+        let mut tx = self.begin_write().await?;
+        // The actor row lock serializes this with suspends and deletes of the same actor.
+        lock_actor(&mut tx, atespace, name).await?;
+        let rows = sqlx::query(concat!(
+            "SELECT ",
+            snapshot_cols!(),
+            ", EXISTS (SELECT 1 FROM tags t WHERE t.s_uuid = s.uuid) AS tagged \
+             FROM snapshots s WHERE atespace = $1 AND name = $2 ORDER BY generation DESC"
+        ))
+        .bind(atespace)
+        .bind(name)
+        .fetch_all(&mut *tx)
+        .await?;
+        let mut newest_completed_kept = false;
+        let mut doomed = Vec::new();
+        for (i, row) in rows.iter().enumerate() {
+            let snap = snapshot_from_row(row, "")?;
+            let tagged: bool = row.try_get("tagged")?;
+            let completed = snap.durable_status == Some(DurableStatus::Completed);
+            let keep = i < keep_newest.max(1) || tagged || (completed && !newest_completed_kept);
+            if completed {
+                newest_completed_kept = true;
+            }
+            if !keep {
+                doomed.push(snap);
+            }
+        }
+        for snap in &doomed {
+            sqlx::query(
+                "DELETE FROM snapshots WHERE atespace = $1 AND name = $2 AND generation = $3",
+            )
+            .bind(atespace)
+            .bind(name)
+            .bind(to_i64(snap.generation, "generation")?)
+            .execute(&mut *tx)
+            .await?;
+        }
+        tx.commit().await?;
+        Ok(doomed)
+    }
+
     async fn update_snapshot_durable(
         &self,
         atespace: &str,

@@ -116,6 +116,7 @@ both_backends!(
     list_actors_pages_in_order,
     transition_is_compare_and_set,
     delete_actor_returns_untagged_snapshots,
+    prune_keeps_newest_completed_and_tagged,
     lease_semantics,
     bind_checks_worker_and_capacity,
     bind_is_idempotent_and_moves,
@@ -676,6 +677,73 @@ mod cases {
                 NOW
             )
             .await,
+            StoreError::NotFound(_)
+        );
+    }
+
+    pub async fn prune_keeps_newest_completed_and_tagged(env: Env) {
+        let s = env.store.as_ref();
+        seed(s).await;
+        s.register_worker(&worker("w1", cap(4000, 4096 * MIB, 10), 1), NOW)
+            .await
+            .unwrap();
+        s.create_actor(&actor("ns", "a1", "ns/t")).await.unwrap();
+        for generation in 1..=6 {
+            s.bind_actor(
+                "ns",
+                "a1",
+                &[ActorState::Suspended],
+                "w1",
+                demand(100, MIB),
+                NOW,
+            )
+            .await
+            .unwrap();
+            let mut snap = snapshot("ns", "a1", generation, "node-w1");
+            // 2 and 4 got durable copies; 5 and 6 are local only (uploads pending).
+            if generation == 2 || generation == 4 {
+                snap.durable_status = Some(DurableStatus::Completed);
+                snap.durable_uri = format!("file:///d/{generation}");
+            }
+            s.release_actor(
+                "ns",
+                "a1",
+                &[ActorState::Resuming],
+                ActorState::Suspended,
+                Some(&snap),
+                ActorUpdate::default(),
+                NOW,
+            )
+            .await
+            .unwrap();
+        }
+        // Generation 1 is tagged.
+        let tag = TagRecord {
+            atespace: "ns".into(),
+            name: "golden".into(),
+            snapshot: snapshot("ns", "a1", 1, "node-w1"),
+            created_ms: NOW,
+        };
+        s.create_tag(&tag).await.unwrap();
+
+        let gone = s.prune_snapshots("ns", "a1", 1).await.unwrap();
+        let mut gone: Vec<u64> = gone.iter().map(|g| g.generation).collect();
+        gone.sort();
+        // Kept: 6 (newest), 4 (newest with a durable copy), 1 (tagged).
+        assert_eq!(gone, [2, 3, 5]);
+        let left: Vec<u64> = s
+            .list_snapshots("ns", "a1")
+            .await
+            .unwrap()
+            .iter()
+            .map(|g| g.generation)
+            .collect();
+        assert_eq!(left, [6, 4, 1]);
+        // Idempotent; keep_newest 0 still keeps the newest.
+        assert!(s.prune_snapshots("ns", "a1", 0).await.unwrap().is_empty());
+        // Unknown actor: NotFound, nothing changed.
+        assert_err!(
+            s.prune_snapshots("ns", "nobody", 1).await,
             StoreError::NotFound(_)
         );
     }
