@@ -113,17 +113,27 @@ pub struct Requirements<'a> {
 pub fn eligible<'w>(workers: &'w [WorkerRecord], req: &Requirements<'_>) -> Vec<&'w WorkerRecord> {
     workers
         .iter()
-        .filter(|w| w.status == WorkerStatus::Active)
-        .filter(|w| w.sandbox_class == req.sandbox_class)
-        .filter(|w| req.node.is_none_or(|n| w.node == n))
-        .filter(|w| ate_core::selector::matches(&req.selector, &w.labels))
+        .filter(|w| suitable(w, req))
         .filter(|w| w.capacity.fits(&w.used, &req.demand))
-        .filter(|w| !req.exclude.contains(&w.id))
         .collect()
+}
+
+/// Every filter except room: the worker could host the actor if it had room.
+fn suitable(w: &WorkerRecord, req: &Requirements<'_>) -> bool {
+    w.status == WorkerStatus::Active
+        && w.sandbox_class == req.sandbox_class
+        && req.node.is_none_or(|n| w.node == n)
+        && ate_core::selector::matches(&req.selector, &w.labels)
+        && !req.exclude.contains(&w.id)
 }
 
 /// Load of a worker: the fullest of its dimensions, as a fraction.
 fn load(w: &WorkerRecord) -> f64 {
+    load_with(w, &w.used)
+}
+
+/// Load of a worker if `used` were in use.
+fn load_with(w: &WorkerRecord, used: &Capacity) -> f64 {
     let frac = |used: u64, cap: u64| {
         if cap == 0 {
             1.0
@@ -131,9 +141,9 @@ fn load(w: &WorkerRecord) -> f64 {
             used as f64 / cap as f64
         }
     };
-    frac(w.used.slots, w.capacity.slots)
-        .max(frac(w.used.cpu_millis, w.capacity.cpu_millis))
-        .max(frac(w.used.memory_bytes, w.capacity.memory_bytes))
+    frac(used.slots, w.capacity.slots)
+        .max(frac(used.cpu_millis, w.capacity.cpu_millis))
+        .max(frac(used.memory_bytes, w.capacity.memory_bytes))
 }
 
 /// Two random choices: sample two eligible workers and take the less loaded.
@@ -144,6 +154,249 @@ pub fn pick<'w>(candidates: &[&'w WorkerRecord]) -> Option<&'w WorkerRecord> {
         [] => None,
         [one] => Some(**one),
         [a, b, ..] => Some(if load(a) <= load(b) { **a } else { **b }),
+    }
+}
+
+// ------------------------------------------------------------------ admission queue
+
+/// How long a waiter keeps its claim on free room after its last failed attempt. The router
+/// retries a parked resume at most ~0.61 s apart within its 5 s budget (100 ms × 1.1ⁿ + ≤ 10 %
+/// jitter), so a waiter whose client is still parked attempts again well inside this window.
+pub const WAITER_HOLD: Duration = Duration::from_secs(1);
+/// A waiter forgotten this long after its last attempt (the router's 5 s budget + slack): a
+/// client that asks again within it keeps its place in the queue.
+pub const WAITER_EXPIRY: Duration = Duration::from_secs(6);
+/// Waiters kept at most; a resume that finds the queue full is just not recorded (no priority).
+const MAX_WAITERS: usize = 1 << 16;
+/// Older waiters whose room is set aside for one admission, oldest first; later ones keep their
+/// place in the queue but are not protected from a newcomer until they move up.
+const MAX_SET_ASIDE: usize = 64;
+
+/// What a waiting resume needs from a worker: enough to tell whether free room fits it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Needs {
+    pub selector: BTreeMap<String, String>,
+    pub sandbox_class: String,
+    pub demand: Capacity,
+}
+
+impl Needs {
+    fn requirements(&self) -> Requirements<'_> {
+        Requirements {
+            selector: self.selector.clone(),
+            sandbox_class: &self.sandbox_class,
+            // A node-local generation can be detached (uploaded) to move, so no node pin.
+            node: None,
+            demand: self.demand,
+            exclude: &[],
+        }
+    }
+}
+
+#[derive(Debug)]
+struct Waiter {
+    /// First failed attempt: the place in the queue.
+    since: Instant,
+    /// Tie-break for equal `since`.
+    seq: u64,
+    last_attempt: Instant,
+    needs: Needs,
+}
+
+#[derive(Debug)]
+struct Queue {
+    waiters: std::collections::HashMap<String, Waiter>,
+    next_seq: u64,
+    hold: Duration,
+    expiry: Duration,
+}
+
+impl Queue {
+    fn prune(&mut self, now: Instant) {
+        let expiry = self.expiry;
+        self.waiters
+            .retain(|_, w| now.saturating_duration_since(w.last_attempt) <= expiry);
+    }
+}
+
+/// The admission queue: cold resumes that found no room, in the order they first failed, so
+/// that freed capacity goes to the oldest waiting resume instead of whichever request asks
+/// first after the release (usually the client whose actor was just suspended).
+///
+/// A cold resume of actor X may take room only if X still fits after the room that every
+/// *older live* waiter fits into has been set aside (oldest first, each on a worker X cannot
+/// use if it has one, else the least loaded). Live = its last attempt is at most `hold` old: a
+/// parked request retries well within that, and a vanished client stops holding room after
+/// it. A waiter that fits nowhere sets nothing aside (no head-of-line blocking: a small actor
+/// may take room a big one cannot use). A waiter leaves the queue when it is bound, deleted,
+/// or `expiry` after its last attempt.
+///
+/// The queue only decides who may *try*; the store's bind transaction still guarantees
+/// capacity. It is per api process: with several replicas each orders its own callers.
+#[derive(Debug)]
+pub struct Waiters(std::sync::Mutex<Queue>);
+
+impl Default for Waiters {
+    fn default() -> Self {
+        Self::new(WAITER_HOLD, WAITER_EXPIRY)
+    }
+}
+
+fn add(a: Capacity, b: Capacity) -> Capacity {
+    Capacity {
+        cpu_millis: a.cpu_millis.saturating_add(b.cpu_millis),
+        memory_bytes: a.memory_bytes.saturating_add(b.memory_bytes),
+        slots: a.slots.saturating_add(b.slots),
+    }
+}
+
+fn has_room(w: &WorkerRecord, aside: Capacity, demand: &Capacity) -> bool {
+    w.capacity.fits(&add(w.used, aside), demand)
+}
+
+impl Waiters {
+    pub fn new(hold: Duration, expiry: Duration) -> Self {
+        Self(std::sync::Mutex::new(Queue {
+            waiters: std::collections::HashMap::new(),
+            next_seq: 0,
+            hold,
+            expiry,
+        }))
+    }
+
+    fn queue(&self) -> std::sync::MutexGuard<'_, Queue> {
+        match self.0.lock() {
+            Ok(q) => q,
+            Err(poisoned) => poisoned.into_inner(),
+        }
+    }
+
+    /// Changes the hold and expiry windows (tests).
+    pub fn set_timing(&self, hold: Duration, expiry: Duration) {
+        let mut q = self.queue();
+        q.hold = hold;
+        q.expiry = expiry;
+    }
+
+    /// A cold resume of `actor` found no room at `now`: it joins the queue, or keeps its place
+    /// and renews its claim if it is waiting already.
+    pub fn no_room(&self, actor: &str, needs: Needs, now: Instant) {
+        let mut q = self.queue();
+        q.prune(now);
+        if let Some(w) = q.waiters.get_mut(actor) {
+            w.last_attempt = now;
+            w.needs = needs;
+        } else if q.waiters.len() < MAX_WAITERS {
+            let seq = q.next_seq;
+            q.next_seq += 1;
+            q.waiters.insert(
+                actor.to_string(),
+                Waiter {
+                    since: now,
+                    seq,
+                    last_attempt: now,
+                    needs,
+                },
+            );
+        }
+        metrics::gauge!("ate_api_admission_waiters").set(q.waiters.len() as f64);
+    }
+
+    /// `actor` was admitted (bound to a worker) or deleted.
+    pub fn remove(&self, actor: &str) {
+        let mut q = self.queue();
+        if q.waiters.remove(actor).is_some() {
+            metrics::gauge!("ate_api_admission_waiters").set(q.waiters.len() as f64);
+        }
+    }
+
+    /// Actors waiting at `now`, oldest first (expired ones dropped).
+    pub fn queued(&self, now: Instant) -> Vec<String> {
+        let mut q = self.queue();
+        q.prune(now);
+        let mut all: Vec<(&Instant, u64, &String)> = q
+            .waiters
+            .iter()
+            .map(|(k, w)| (&w.since, w.seq, k))
+            .collect();
+        all.sort();
+        all.into_iter().map(|(_, _, k)| k.clone()).collect()
+    }
+
+    /// The workers `actor` (with `req`) may be placed on at `now`: those of `eligible` that
+    /// still have room for it once the room of older live waiters is set aside.
+    pub fn admissible<'w>(
+        &self,
+        actor: &str,
+        req: &Requirements<'_>,
+        workers: &'w [WorkerRecord],
+        now: Instant,
+    ) -> Vec<&'w WorkerRecord> {
+        let candidates = eligible(workers, req);
+        if candidates.is_empty() {
+            return candidates;
+        }
+        let older = {
+            let mut q = self.queue();
+            q.prune(now);
+            if q.waiters.is_empty() {
+                return candidates;
+            }
+            let mine = q.waiters.get(actor).map(|w| (w.since, w.seq));
+            let hold = q.hold;
+            let mut older: Vec<(Instant, u64, Needs)> = q
+                .waiters
+                .iter()
+                .filter(|(k, _)| k.as_str() != actor)
+                .filter(|(_, w)| now.saturating_duration_since(w.last_attempt) <= hold)
+                .filter(|(_, w)| mine.is_none_or(|m| (w.since, w.seq) < m))
+                .map(|(_, w)| (w.since, w.seq, w.needs.clone()))
+                .collect();
+            older.sort_by_key(|w| (w.0, w.1));
+            older.truncate(MAX_SET_ASIDE);
+            older
+        };
+        if older.is_empty() {
+            return candidates;
+        }
+        let mut aside = vec![Capacity::default(); workers.len()];
+        let x_can_use = |i: usize, aside: &[Capacity]| {
+            suitable(&workers[i], req) && has_room(&workers[i], aside[i], &req.demand)
+        };
+        for (_, _, needs) in &older {
+            let yreq = needs.requirements();
+            let spot = (0..workers.len())
+                .filter(|&i| {
+                    suitable(&workers[i], &yreq) && has_room(&workers[i], aside[i], &needs.demand)
+                })
+                .min_by(|&a, &b| {
+                    // A worker X cannot use first, then the least loaded.
+                    let key = |i: usize| {
+                        let load = load_with(&workers[i], &add(workers[i].used, aside[i]));
+                        (x_can_use(i, &aside), load)
+                    };
+                    let (ka, kb) = (key(a), key(b));
+                    ka.0.cmp(&kb.0).then(ka.1.total_cmp(&kb.1))
+                });
+            if let Some(i) = spot {
+                aside[i] = add(aside[i], needs.demand);
+            }
+        }
+        let admissible: Vec<&WorkerRecord> = workers
+            .iter()
+            .enumerate()
+            .filter(|&(i, _)| x_can_use(i, &aside))
+            .map(|(_, w)| w)
+            .collect();
+        if admissible.is_empty() {
+            metrics::counter!("ate_api_admission_deferred_total").increment(1);
+            tracing::debug!(
+                actor,
+                older = older.len(),
+                "free room is held for older waiting resumes"
+            );
+        }
+        admissible
     }
 }
 
@@ -249,5 +502,154 @@ mod tests {
         );
         hints.remove("ns/x");
         assert_eq!(hints.worker_for("ns/x", 3), None);
+    }
+
+    fn one_slot() -> Capacity {
+        Capacity {
+            cpu_millis: 100,
+            memory_bytes: 1 << 20,
+            slots: 1,
+        }
+    }
+
+    fn needs(class: &str) -> Needs {
+        Needs {
+            selector: BTreeMap::new(),
+            sandbox_class: class.into(),
+            demand: one_slot(),
+        }
+    }
+
+    fn req(class: &str) -> Requirements<'_> {
+        Requirements {
+            selector: BTreeMap::new(),
+            sandbox_class: class,
+            node: None,
+            demand: one_slot(),
+            exclude: &[],
+        }
+    }
+
+    fn ids(ws: &[&WorkerRecord]) -> Vec<String> {
+        ws.iter().map(|w| w.id.clone()).collect()
+    }
+
+    #[test]
+    fn waiters_are_served_oldest_first() {
+        let q = Waiters::new(Duration::from_secs(1), Duration::from_secs(6));
+        let t0 = Instant::now();
+        let ms = Duration::from_millis;
+        q.no_room("ns/b", needs("runc"), t0);
+        q.no_room("ns/c", needs("runc"), t0 + ms(100));
+        q.no_room("ns/d", needs("runc"), t0 + ms(200));
+        // A later failure keeps the waiter's place.
+        q.no_room("ns/b", needs("runc"), t0 + ms(300));
+        assert_eq!(q.queued(t0 + ms(300)), ["ns/b", "ns/c", "ns/d"]);
+
+        // One free slot: only the oldest waiter may take it.
+        let workers = [worker("w1", "n1", 2, 1)];
+        let now = t0 + ms(400);
+        assert!(
+            q.admissible("ns/new", &req("runc"), &workers, now)
+                .is_empty()
+        );
+        assert!(q.admissible("ns/d", &req("runc"), &workers, now).is_empty());
+        assert!(q.admissible("ns/c", &req("runc"), &workers, now).is_empty());
+        assert_eq!(
+            ids(&q.admissible("ns/b", &req("runc"), &workers, now)),
+            ["w1"]
+        );
+        // b is bound: c is next.
+        q.remove("ns/b");
+        assert_eq!(
+            ids(&q.admissible("ns/c", &req("runc"), &workers, now)),
+            ["w1"]
+        );
+        assert!(q.admissible("ns/d", &req("runc"), &workers, now).is_empty());
+        // Two free slots: the oldest waiter's room is set aside, the second is free.
+        let two = [worker("w1", "n1", 3, 1)];
+        assert_eq!(ids(&q.admissible("ns/d", &req("runc"), &two, now)), ["w1"]);
+        assert!(q.admissible("ns/new", &req("runc"), &two, now).is_empty());
+        // No waiters, no free room: nothing changes.
+        let full = [worker("w1", "n1", 1, 1)];
+        assert!(q.admissible("ns/c", &req("runc"), &full, now).is_empty());
+        let empty = Waiters::default();
+        assert_eq!(
+            ids(&empty.admissible("ns/x", &req("runc"), &workers, now)),
+            ["w1"]
+        );
+    }
+
+    #[test]
+    fn a_silent_waiter_stops_holding_room_and_expires() {
+        let q = Waiters::new(Duration::from_secs(1), Duration::from_secs(6));
+        let t0 = Instant::now();
+        let s = Duration::from_millis;
+        q.no_room("ns/b", needs("runc"), t0);
+        let workers = [worker("w1", "n1", 1, 0)];
+        // Within the hold the room is b's.
+        assert!(
+            q.admissible("ns/c", &req("runc"), &workers, t0 + s(900))
+                .is_empty()
+        );
+        // b did not try again within the hold: a newcomer gets the room, b keeps its place.
+        assert_eq!(
+            ids(&q.admissible("ns/c", &req("runc"), &workers, t0 + s(1100))),
+            ["w1"]
+        );
+        assert_eq!(q.queued(t0 + s(1100)), ["ns/b"]);
+        // b asks again (its client came back): it holds the room again, still first.
+        q.no_room("ns/c", needs("runc"), t0 + s(1200));
+        q.no_room("ns/b", needs("runc"), t0 + s(1300));
+        assert_eq!(q.queued(t0 + s(1300)), ["ns/b", "ns/c"]);
+        assert!(
+            q.admissible("ns/c", &req("runc"), &workers, t0 + s(1400))
+                .is_empty()
+        );
+        // Six seconds after its last attempt b is forgotten; c (last seen at 1.2 s) too.
+        assert_eq!(q.queued(t0 + s(7250)), ["ns/b"]);
+        assert!(q.queued(t0 + s(7400)).is_empty());
+        assert_eq!(
+            ids(&q.admissible("ns/new", &req("runc"), &workers, t0 + s(7400))),
+            ["w1"]
+        );
+    }
+
+    #[test]
+    fn waiters_hold_only_room_they_can_use() {
+        let q = Waiters::new(Duration::from_secs(1), Duration::from_secs(6));
+        let t0 = Instant::now();
+        // An older waiter of another sandbox class holds nothing on runc workers.
+        q.no_room("ns/g", needs("gvisor"), t0);
+        let workers = [worker("w1", "n1", 1, 0)];
+        assert_eq!(
+            ids(&q.admissible("ns/x", &req("runc"), &workers, t0)),
+            ["w1"]
+        );
+        // A waiter that needs more than any free room sets nothing aside (no head-of-line
+        // blocking).
+        let mut big = needs("runc");
+        big.demand.slots = 2;
+        q.no_room("ns/big", big, t0);
+        assert_eq!(
+            ids(&q.admissible("ns/x", &req("runc"), &workers, t0)),
+            ["w1"]
+        );
+        // An older waiter that can use either of two free workers is given the one the
+        // newcomer cannot use (its selector matches only w1).
+        q.no_room("ns/any", needs("runc"), t0);
+        let mut w2 = worker("w2", "n1", 1, 0);
+        w2.labels.insert("zone".into(), "b".into());
+        let two = [worker("w1", "n1", 1, 0), w2];
+        let zone_a = Requirements {
+            selector: BTreeMap::from([("zone".to_string(), "a".to_string())]),
+            ..req("runc")
+        };
+        assert_eq!(ids(&q.admissible("ns/x", &zone_a, &two, t0)), ["w1"]);
+        // With only w1 free, that is the older waiter's room: a newcomer is refused.
+        assert!(
+            q.admissible("ns/y", &req("runc"), &[worker("w1", "n1", 1, 0)], t0)
+                .is_empty()
+        );
     }
 }

@@ -95,6 +95,8 @@ pub struct Api {
     pub faults: Faults,
     /// Workers that keep an actor's newest generation frozen in place (placement preference).
     frozen: scheduler::FrozenHints,
+    /// Cold resumes that found no room, oldest first: freed room goes to them first.
+    waiters: scheduler::Waiters,
 }
 
 fn crashed(actor: &ActorRef, last_error: &str) -> Status {
@@ -139,7 +141,13 @@ impl Api {
             cfg,
             faults: Faults::default(),
             frozen: scheduler::FrozenHints::default(),
+            waiters: scheduler::Waiters::default(),
         }
+    }
+
+    /// The admission queue (fair hand-off of freed capacity; see [`scheduler::Waiters`]).
+    pub fn admission(&self) -> &scheduler::Waiters {
+        &self.waiters
     }
 
     pub fn store(&self) -> &Arc<dyn Store> {
@@ -463,6 +471,12 @@ impl Api {
         let from = [ActorState::Suspended, ActorState::Resuming];
         let actor_key = format!("{}/{}", actor.atespace, actor.name);
         let frozen_on = snapshot.and_then(|s| self.frozen.worker_for(&actor_key, s.generation));
+        // What this resume waits for if it finds no room (its entry in the admission queue).
+        let needs = || scheduler::Needs {
+            selector: selector.clone(),
+            sandbox_class: sandbox_class.to_string(),
+            demand,
+        };
         let mut refreshed = false;
         let mut attempt = 0;
         loop {
@@ -479,17 +493,24 @@ impl Api {
                 demand,
                 exclude: &[],
             };
-            let candidates = scheduler::eligible(&workers, &req);
+            // Room that older waiting resumes fit into is not offered to this one.
+            let now = Instant::now();
+            let candidates = self.waiters.admissible(&actor_key, &req, &workers, now);
             let Some(worker) = scheduler::pick_preferring(&candidates, frozen_on.as_deref()) else {
                 if let (Some(node), Some(snap)) = (pinned.clone(), snapshot) {
                     let anywhere = Requirements { node: None, ..req };
-                    if !scheduler::eligible(&workers, &anywhere).is_empty() {
+                    if !self
+                        .waiters
+                        .admissible(&actor_key, &anywhere, &workers, now)
+                        .is_empty()
+                    {
                         self.detach(actor, &node, snap, &workers).await?;
                         pinned = None;
                         detached = true;
                         continue;
                     }
                 }
+                self.waiters.no_room(&actor_key, needs(), Instant::now());
                 return Err(Status::resource_exhausted(NO_ROOM_MESSAGE).into());
             };
             match self
@@ -505,6 +526,7 @@ impl Api {
                 .await
             {
                 Ok(bound) => {
+                    self.waiters.remove(&actor_key);
                     // Consumed either way: thawed there, or discarded by the node once the
                     // actor starts elsewhere.
                     self.frozen.remove(&actor_key);
@@ -520,6 +542,7 @@ impl Api {
                     self.fleet.refresh().await?;
                 }
                 Err(StoreError::NoRoom { .. }) => {
+                    self.waiters.no_room(&actor_key, needs(), Instant::now());
                     return Err(Status::resource_exhausted(NO_ROOM_MESSAGE).into());
                 }
                 Err(e) => return Err(e.into()),
@@ -783,7 +806,9 @@ impl Api {
                 }
             })
             .await?;
-        self.frozen.remove(&format!("{}/{}", r.atespace, r.name));
+        let key = format!("{}/{}", r.atespace, r.name);
+        self.frozen.remove(&key);
+        self.waiters.remove(&key);
         if !garbage.is_empty() {
             self.collect_garbage(garbage).await;
         }

@@ -343,6 +343,71 @@ async fn no_room(b: Backend) {
 }
 both_stores!(resource_exhausted, no_room);
 
+/// Freed room goes to the oldest waiting resume, not to whoever asks first after the release.
+async fn freed_room_goes_to_the_oldest_waiter(b: Backend) {
+    let t = TestApi::start(b, cfg()).await;
+    // Generous hold so a slow test machine cannot let b's claim lapse between the steps.
+    t.api
+        .admission()
+        .set_timing(Duration::from_secs(30), Duration::from_secs(60));
+    let node = TestNode::start("node-1").await;
+    t.register(&node, "w1", 1).await;
+    t.seed("ns").await;
+    for n in ["a", "b", "c"] {
+        t.create_actor("ns", n).await;
+    }
+    t.resume("ns", "a").await.unwrap();
+    // b finds no room: it waits (its router parks the request and retries).
+    let err = t.resume("ns", "b").await.unwrap_err();
+    assert_eq!(err.code(), Code::ResourceExhausted);
+    // a's suspend frees the only slot ...
+    t.suspend("ns", "a").await.unwrap();
+    // ... which a newcomer asking first does not get: same answer as a full pool, so its
+    // router parks it too.
+    let err = t.resume("ns", "c").await.unwrap_err();
+    assert_eq!(err.code(), Code::ResourceExhausted);
+    assert_eq!(err.message(), NO_ROOM_MESSAGE);
+    assert_eq!(state(&t.get("ns", "c").await), ActorState::Suspended);
+    // b's next attempt takes it.
+    let r = t.resume("ns", "b").await.unwrap();
+    assert!(r.resumed);
+    assert_eq!(r.actor.unwrap().worker_assignment.unwrap().worker_id, "w1");
+    // Next in line is c (it failed before a asked again), so a is refused now.
+    t.suspend("ns", "b").await.unwrap();
+    assert_eq!(
+        t.resume("ns", "a").await.unwrap_err().code(),
+        Code::ResourceExhausted
+    );
+    assert_eq!(
+        t.api.admission().queued(std::time::Instant::now()),
+        ["ns/c", "ns/a"]
+    );
+    // A waiter that stops asking stops holding room after the hold: c's client went away.
+    t.api
+        .admission()
+        .set_timing(Duration::from_millis(200), Duration::from_secs(60));
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(t.resume("ns", "a").await.unwrap().resumed);
+    assert_eq!(
+        t.api.admission().queued(std::time::Instant::now()),
+        ["ns/c"]
+    );
+    // Deleting a waiter removes it from the queue.
+    t.actors()
+        .delete_actor(DeleteActorRequest {
+            actor: Some(obj("ns", "c")),
+        })
+        .await
+        .unwrap();
+    assert!(
+        t.api
+            .admission()
+            .queued(std::time::Instant::now())
+            .is_empty()
+    );
+}
+both_stores!(fair_hand_off, freed_room_goes_to_the_oldest_waiter);
+
 async fn one_cold_resume_for_fifty(b: Backend) {
     let t = TestApi::start(b, cfg()).await;
     let node = TestNode::start("node-1").await;

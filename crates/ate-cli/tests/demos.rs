@@ -102,15 +102,15 @@ fn parking_demo_timeline_and_load_run() {
     let total = summary_number(&out, "total requests");
     let ok = summary_number(&out, "200 OK");
     assert!(total >= 20, "only {total} requests in 30 s");
-    // The issue asks for ≥ 95 % (the spec served 90 of 92, 97.8 %). On the debug build of this
-    // 2-core machine we measured 93 % (67 of 72): the loop whose actor was just suspended asks
-    // again at once and usually wins the freed worker over requests parked with a longer
-    // backoff, and a parked request starved for the whole budget gets the 503 (90.7 % on the
-    // release build, docs/benchmarks.md). 85 % is asserted so that the whole suite running in
-    // parallel on 2 cores does not make this flaky; the 95 % target is reported as missed.
+    // The issue asks for ≥ 95 % (the spec served 90 of 92, 97.8 %). Before the api's admission
+    // queue the loop whose actor was just suspended asked again at once and usually won the
+    // freed worker over requests parked with a longer backoff, so a parked request could starve
+    // for the whole budget (90-94 % served). Now freed room goes to the oldest waiting resume
+    // (crates/ate-api/src/scheduler.rs, `Waiters`): 100 % served in every debug run we made,
+    // alone and with the whole suite in parallel on 2 cores.
     assert!(
-        ok * 100 >= total * 85,
-        "{ok} of {total} served, want ≥ 85 %"
+        ok * 100 >= total * 95,
+        "{ok} of {total} served, want ≥ 95 %"
     );
     assert!(out.contains("    200 latency    : avg "), "{out}");
 }
