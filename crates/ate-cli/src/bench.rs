@@ -1134,13 +1134,19 @@ fn medians(rounds: &[Load]) -> Load {
 
 /// Creates the bench's 1-CPU counter actor on a system and answers one request through its
 /// router, so that the actor runs and the router has its route.
-async fn warm_actor(c: &Clients, ns: &str, images: &str, side: &Side) -> anyhow::Result<()> {
+async fn warm_actor(
+    c: &Clients,
+    ns: &str,
+    name: &str,
+    images: &str,
+    side: &Side,
+) -> anyhow::Result<()> {
     // A whole CPU for the actor, so that its CPU quota does not cap the warm path.
     apply_yaml(c, &counter_template(ns, "counter-1cpu", images, "1")).await?;
-    ensure_actor(c, ns, "warm-1", "counter-1cpu").await?;
+    ensure_actor(c, ns, name, "counter-1cpu").await?;
     let mut sender = side.connect().await?;
     let ok = side.get(&mut sender, "/").await?;
-    anyhow::ensure!(ok, "warming {ns}/warm-1 through {} failed", side.name);
+    anyhow::ensure!(ok, "warming {ns}/{name} through {} failed", side.name);
     Ok(())
 }
 
@@ -1167,7 +1173,7 @@ async fn warm(c: Clients, a: WarmArgs) -> anyhow::Result<ExitCode> {
             None,
         )?,
     ];
-    warm_actor(&c, &ns, &images, &sides[1]).await?;
+    warm_actor(&c, &ns, "warm-1", &images, &sides[1]).await?;
     for extra in &a.extra_router {
         let (name, url) = extra
             .split_once('=')
@@ -1203,13 +1209,15 @@ async fn warm(c: Clients, a: WarmArgs) -> anyhow::Result<ExitCode> {
         let channel = crate::client::connect_to(api, None)
             .await
             .with_context(|| format!("plaintext api at {api}"))?;
+        // Another name: a worker names the actor's network namespace and container after
+        // `<atespace>/<name>`, so the same actor on both systems of one machine would collide.
         let side = Side::new(
             "plaintext system (no TLS on any hop)",
             url,
-            Some(actor.clone()),
+            Some(format!("{ns}/warm-plain-1")),
             None,
         )?;
-        warm_actor(&Clients::new(channel), &ns, &images, &side).await?;
+        warm_actor(&Clients::new(channel), &ns, "warm-plain-1", &images, &side).await?;
         sides.push(side);
     }
 

@@ -221,6 +221,7 @@ impl NetnsDialer {
                     return;
                 }
                 drop(ns);
+                allow_time_wait_reuse();
                 refill(&pool);
                 let _ = ready_tx.send(Ok(()));
                 // Ends when the dialer (the only sender) is dropped.
@@ -304,6 +305,23 @@ impl NetnsDialer {
     }
 }
 
+/// `net.ipv4.tcp_tw_reuse` of the namespace the calling thread is in (`/proc/sys/net` follows
+/// the thread's network namespace).
+const TW_REUSE_SYSCTL: &str = "/proc/sys/net/ipv4/tcp_tw_reuse";
+
+/// Runs on the factory thread (inside the namespace): lets connects to the actor reuse ports held
+/// by TIME-WAIT sockets (`tcp_tw_reuse=1`; the kernel default 2 allows it on loopback only).
+/// Every tunnel is one connection from the same address to the same `ACTOR_IP:port`, and the
+/// tunnel's atunnel end closes first, so without reuse a few hundred new tunnels a second
+/// (CONNECT per gRPC request, WebSocket, a router without a keep-alive pool) fill the ephemeral
+/// port range with TIME-WAIT: each connect() then scans it (most of a worker's CPU) and
+/// throughput fell from ~6,000 to ~800 tunnels/s in `ate bench warm` against such a router.
+fn allow_time_wait_reuse() {
+    if let Err(e) = std::fs::write(TW_REUSE_SYSCTL, b"1") {
+        tracing::warn!(error = %e, "netns socket factory: cannot set {TW_REUSE_SYSCTL}");
+    }
+}
+
 fn new_socket(family: AddressFamily) -> std::io::Result<std::os::fd::OwnedFd> {
     Ok(socket(
         family,
@@ -339,6 +357,28 @@ fn refill(pool: &std::sync::Mutex<Vec<std::os::fd::OwnedFd>>) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn the_dialer_lets_connects_reuse_time_wait_ports() {
+        if !nix::unistd::Uid::effective().is_root() {
+            eprintln!("skipped: creating a network namespace needs root");
+            return;
+        }
+        let host_before = std::fs::read_to_string(TW_REUSE_SYSCTL).expect("host sysctl");
+        let name = format!("ate-tw{}", std::process::id() % 1_000_000);
+        create(&name).await.expect("netns");
+        let dialer = NetnsDialer::new(&name).await.expect("dialer");
+        let out = std::process::Command::new(IP)
+            .args(["netns", "exec", &name, "cat", TW_REUSE_SYSCTL])
+            .output()
+            .expect("ip netns exec");
+        let host = std::fs::read_to_string(TW_REUSE_SYSCTL).expect("host sysctl");
+        drop(dialer);
+        delete(&name).await.expect("delete netns");
+        assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "1");
+        // The host's own setting is left alone (a socket factory writes only its namespace's).
+        assert_eq!(host, host_before, "host tcp_tw_reuse changed");
+    }
 
     #[test]
     fn names_are_short_and_stable() {
