@@ -387,20 +387,29 @@ impl Worker {
         template: &str,
     ) -> Result<(), Status> {
         let sandbox = frozen.entry.sandbox.clone();
+        let begun = Instant::now();
         let thawed = async {
             self.runtime
                 .thaw(&sandbox)
                 .await
                 .map_err(|e| sandbox_status("thaw", e))?;
-            // The netns kept its nftables redirect; only the proxy was stopped at checkpoint.
-            self.egress
-                .restart(key, &sandbox.netns(), &spec.egress)
-                .await
-                .map_err(|e| Status::internal(format!("egress for {key}: {e}")))?;
-            self.wait_probe(&sandbox, spec).await?;
-            NetnsDialer::new(&sandbox.netns()).await.map_err(|e| {
-                Status::internal(format!("socket factory for netns {}: {e}", sandbox.netns()))
-            })
+            let resumed = begun.elapsed();
+            // Independent of each other, so at once: the egress proxy (the netns kept its
+            // nftables redirect; only the proxy was stopped at checkpoint), the wakeup probe and
+            // the socket factory for ingress.
+            let netns = sandbox.netns();
+            let (egress, probe, dialer) = tokio::join!(
+                self.egress.restart(key, &netns, &spec.egress),
+                self.wait_probe(&sandbox, spec),
+                NetnsDialer::new(&netns),
+            );
+            egress.map_err(|e| Status::internal(format!("egress for {key}: {e}")))?;
+            probe?;
+            let dialer = dialer.map_err(|e| {
+                Status::internal(format!("socket factory for netns {netns}: {e}"))
+            })?;
+            tracing::debug!(actor = %key, runc_resume_ms = resumed.as_millis() as u64, total_ms = begun.elapsed().as_millis() as u64, "thawed");
+            Ok(dialer)
         }
         .await;
         let dialer = match thawed {
