@@ -64,6 +64,11 @@ impl Activation {
         &self.key
     }
 
+    /// The socket factory of this activation (a sandbox thawed in place reuses it).
+    pub fn dialer(&self) -> &NetnsDialer {
+        &self.dialer
+    }
+
     pub fn open_tunnels(&self) -> u32 {
         self.open.load(Ordering::Acquire)
     }

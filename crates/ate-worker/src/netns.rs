@@ -188,6 +188,7 @@ enum FactoryRequest {
 /// keeps the namespace it was created in). Replaces a thread spawn per connect on atunnel's hot
 /// path. The thread holds a reference to the namespace, so drop the dialer when the actor's
 /// namespace is deleted (sockets would otherwise be made in the orphaned namespace).
+#[derive(Clone)]
 pub struct NetnsDialer {
     netns: String,
     tx: std::sync::mpsc::Sender<FactoryRequest>,

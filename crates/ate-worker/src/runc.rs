@@ -347,7 +347,12 @@ impl RuncRuntime {
         let work_s = work.to_string_lossy().into_owned();
         let begun = Instant::now();
         if keep_frozen {
-            self.runc(&["pause", &id]).await?;
+            match freezer_state_file(actor) {
+                Some(state) => set_freezer(&state, "FROZEN").await?,
+                None => {
+                    self.runc(&["pause", &id]).await?;
+                }
+            }
         }
         // Default flags suffice here: no established TCP (the worker closes connections first),
         // cgroups in runc's default "soft" mode; the netns is external and re-supplied on restore.
@@ -478,6 +483,17 @@ impl SandboxRuntime for RuncRuntime {
         let lock = self.lock_for(actor);
         let _guard = lock.lock().await;
         let id = actor.container_id();
+        // The cgroup freezer directly when this host has the v1 one runc uses (no process
+        // start: a thaw is on the resume path); `runc resume` otherwise.
+        if let Some(state) = freezer_state_file(actor) {
+            let now = read_freezer(&state).await?;
+            if now != "FROZEN" {
+                return Err(SandboxError::Invalid(format!(
+                    "container {id} is not frozen (freezer {now})"
+                )));
+            }
+            return set_freezer(&state, "THAWED").await;
+        }
         match self.status(&id).await? {
             Some((status, _)) if status == "paused" => {}
             other => {
@@ -665,6 +681,44 @@ fn unmount_if_mounted(target: &Path) -> Result<()> {
 
 /// Removes leftover actor cgroups in every hierarchy (runc delete normally does this; a crash
 /// between dump and delete can leave empty ones).
+/// `freezer.state` of the actor's cgroup in the v1 freezer hierarchy (hybrid hosts like these;
+/// runc's "paused" is this file reading FROZEN), if it exists.
+fn freezer_state_file(actor: &ActorSandbox) -> Option<PathBuf> {
+    let path = Path::new("/sys/fs/cgroup/freezer")
+        .join(CGROUP_PARENT)
+        .join(actor.short_id())
+        .join("freezer.state");
+    path.is_file().then_some(path)
+}
+
+async fn read_freezer(path: &Path) -> Result<String> {
+    let text = tokio::fs::read_to_string(path)
+        .await
+        .ctx(|| format!("read {}", path.display()))?;
+    Ok(text.trim().to_string())
+}
+
+/// Writes `FROZEN` or `THAWED` and waits until the freezer reports it (FREEZING is transient).
+async fn set_freezer(path: &Path, want: &str) -> Result<()> {
+    tokio::fs::write(path, want)
+        .await
+        .ctx(|| format!("write {want} to {}", path.display()))?;
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let now = read_freezer(path).await?;
+        if now == want {
+            return Ok(());
+        }
+        if Instant::now() >= deadline {
+            return Err(SandboxError::Invalid(format!(
+                "{} reads {now} 5 s after writing {want}",
+                path.display()
+            )));
+        }
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+}
+
 fn remove_cgroups(short_id: &str) {
     let Ok(hierarchies) = std::fs::read_dir("/sys/fs/cgroup") else {
         return;

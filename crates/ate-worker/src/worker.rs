@@ -61,6 +61,8 @@ struct Frozen {
     entry: Entry,
     gen_dir: PathBuf,
     since: Instant,
+    /// The ingress socket factory of its netns, kept for the thaw.
+    dialer: Option<NetnsDialer>,
 }
 
 #[derive(Default)]
@@ -398,10 +400,16 @@ impl Worker {
             // nftables redirect; only the proxy was stopped at checkpoint), the wakeup probe and
             // the socket factory for ingress.
             let netns = sandbox.netns();
+            let kept = frozen.dialer.clone();
             let (egress, probe, dialer) = tokio::join!(
                 self.egress.restart(key, &netns, &spec.egress),
                 self.wait_probe(&sandbox, spec),
-                NetnsDialer::new(&netns),
+                async {
+                    match kept {
+                        Some(d) => Ok(d),
+                        None => NetnsDialer::new(&netns).await,
+                    }
+                },
             );
             egress.map_err(|e| Status::internal(format!("egress for {key}: {e}")))?;
             probe?;
@@ -629,13 +637,13 @@ impl Worker {
 
     /// Ingress off and every tunnel of `key` closed (waits for them to go, bounded); egress off
     /// too, its connections reset (a dump cannot take established TCP).
-    async fn ingress_off(&self, key: &str) {
+    async fn ingress_off(&self, key: &str) -> Option<NetnsDialer> {
         self.egress.stop(key).await;
-        if let Some(a) = self.tunnels.deactivate(key)
-            && !a.wait_closed(QUIESCE_TIMEOUT).await
-        {
+        let a = self.tunnels.deactivate(key)?;
+        if !a.wait_closed(QUIESCE_TIMEOUT).await {
             tracing::warn!(actor = %key, open = a.open_tunnels(), "tunnels still open after ingress off");
         }
+        Some(a.dialer().clone())
     }
 
     // ------------------------------------------------------------------ Checkpoint
@@ -684,7 +692,7 @@ impl Worker {
         let sandbox = entry.sandbox.clone();
         let begun = Instant::now();
 
-        self.ingress_off(&key).await;
+        let dialer = self.ingress_off(&key).await;
         if let Some(pid) = entry.pid {
             wait_tcp_quiet(pid, QUIESCE_TIMEOUT).await;
         }
@@ -776,6 +784,7 @@ impl Worker {
                         entry,
                         gen_dir: gen_dir.clone(),
                         since: Instant::now(),
+                        dialer,
                     },
                 );
             }
