@@ -473,6 +473,16 @@ fn write_json(common: &Common, kind: &str, value: &serde_json::Value) -> anyhow:
         .unwrap_or_else(|| PathBuf::from(format!("bench-{kind}.json")));
     write_file(&path, &serde_json::to_string_pretty(value)?)?;
     eprintln!("==> wrote {}", path.display());
+    // The chart beside it; a bench whose plot fails still succeeds.
+    let svg_path = path.with_extension("svg");
+    let plotted = crate::plot::svg(kind, value).and_then(|svg| {
+        anyhow::ensure!(svg_path != path, "--out already ends in .svg");
+        write_file(&svg_path, &svg)
+    });
+    match plotted {
+        Ok(()) => eprintln!("==> wrote {}", svg_path.display()),
+        Err(e) => eprintln!("warning: no chart for {}: {e:#}", path.display()),
+    }
     Ok(())
 }
 

@@ -4,6 +4,7 @@
 mod bench;
 mod client;
 mod logs;
+mod plot;
 mod proxy;
 mod render;
 mod serve;
