@@ -1276,21 +1276,29 @@ async fn warm(c: Clients, a: WarmArgs) -> anyhow::Result<ExitCode> {
         routed.p50_ms - direct.p50_ms,
         routed.p99_ms - direct.p99_ms
     );
-    let tls = sides
-        .iter()
-        .position(|s| s.tls.is_some())
-        .map(|i| summary[i]);
-    let plain = a.plain_router.as_ref().map(|_| summary[sides.len() - 1]);
+    let tls = sides.iter().position(|s| s.tls.is_some());
+    let plain = a.plain_router.as_ref().map(|_| sides.len() - 1);
     let mut tls_cost = serde_json::Value::Null;
-    if let (Some(t), Some(p)) = (tls, plain) {
+    if let (Some(ti), Some(pi)) = (tls, plain) {
+        let (t, p) = (summary[ti], summary[pi]);
         let r = t.rps / p.rps.max(f64::MIN_POSITIVE);
+        // A round measures the two sides back to back, so its ratio sees the same neighbours.
+        let per_round: Vec<f64> = rounds[ti]
+            .iter()
+            .zip(&rounds[pi])
+            .map(|(t, p)| t.rps / p.rps.max(f64::MIN_POSITIVE))
+            .collect();
+        let paired = median(&sorted(per_round.clone()));
         println!(
             "TLS both hops / plaintext: req/s ratio {r:.3} (TLS costs {:.1} % of plaintext throughput); p50 {:+.2} ms",
             (1.0 - r) * 100.0,
             t.p50_ms - p.p50_ms
         );
+        let shown: Vec<String> = per_round.iter().map(|x| format!("{x:.3}")).collect();
+        println!("  per round: {} (median {paired:.3})", shown.join(", "));
         tls_cost = json!({"ratio": r, "cost_percent": (1.0 - r) * 100.0,
-                          "added_p50_ms": t.p50_ms - p.p50_ms});
+                          "added_p50_ms": t.p50_ms - p.p50_ms,
+                          "per_round_ratios": per_round, "median_round_ratio": paired});
     }
     let side_json = |l: &Load| json!({"requests": l.requests, "errors": l.errors, "rps": l.rps, "p50_ms": l.p50_ms, "p99_ms": l.p99_ms});
     let sides_json: Vec<_> = sides
