@@ -166,7 +166,7 @@ impl DurableStore {
     }
 
     /// Uploads a sealed generation under `key` and returns its durable uri. The local copy is
-    /// verified first and only read. Files go up compressed and in parallel; `manifest.json`
+    /// only read; each file's size and sha256 are checked against the manifest on the way. Files go up compressed and in parallel; `manifest.json`
     /// goes last, and on failure the objects already written are deleted (best effort).
     pub async fn upload(&self, gen_dir: &Path, key: &str) -> Result<String> {
         Ok(self.upload_with_stats(gen_dir, key).await?.0)
@@ -181,7 +181,9 @@ impl DurableStore {
         let start = Instant::now();
         let uri = self.uri(key)?;
         let base = self.base(key)?;
-        let (manifest, manifest_bytes) = generation::verify_with_bytes(gen_dir).await?;
+        // Sizes only here: every file is hashed while it is compressed and a mismatch fails the
+        // upload before the manifest is written (so the copy never becomes COMPLETED).
+        let (manifest, manifest_bytes) = generation::verify_with_bytes(gen_dir, false).await?;
         // Futures are built eagerly and boxed: a stream `map` closure here makes the caller's future
         // fail rustc's higher-ranked `Send` check (rust-lang/rust#102211).
         let transfers: Vec<_> = manifest

@@ -257,3 +257,36 @@ async fn disk_full_surfaces_and_keeps_local_generation() {
     assert!(left.is_empty(), "{left:?}");
     verify(&fx.gen_dir).await.expect("local intact");
 }
+
+#[tokio::test]
+async fn corrupted_local_generation_is_never_uploaded_as_complete() {
+    let (fx, m) = sealed(1 << 20).await;
+    let dir = store_dir(&fx);
+    let store = DurableStore::from_url(&format!("file://{}", dir.display())).expect("store");
+    // Flip one byte of the largest file, keeping its size (so only its hash can tell).
+    let victim = m
+        .files
+        .iter()
+        .max_by_key(|f| f.size)
+        .expect("a file")
+        .path
+        .clone();
+    let path = fx.gen_dir.join(&victim);
+    let mut bytes = fs::read(&path).expect("read");
+    let mid = bytes.len() / 2;
+    bytes[mid] ^= 0x01;
+    fs::write(&path, bytes).expect("write");
+
+    let key = "default/counter/8-corrupt";
+    let err = store.upload(&fx.gen_dir, key).await.expect_err("refused");
+    assert!(
+        matches!(err, Error::ChecksumMismatch { ref file, .. } if *file == victim),
+        "{err}"
+    );
+    let uri = format!("file://{}/{key}", dir.display());
+    assert!(!store.exists_complete(&uri).await.expect("exists"));
+    assert!(
+        store.list_objects(key).await.expect("list").is_empty(),
+        "partial objects removed"
+    );
+}
