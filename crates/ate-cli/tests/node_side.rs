@@ -167,13 +167,15 @@ fn get_ok(sys: &System, target: &str, path: &str) -> String {
     body
 }
 
-/// `ate-<10 hex of sha256("<atespace>/<name>")>`: the actor's netns and container id.
-fn netns_name(ns: &str, name: &str) -> String {
-    let out = Command::new("sh")
-        .args(["-c", &format!("printf %s '{ns}/{name}' | sha256sum")])
-        .output()
-        .expect("sha256sum");
-    format!("ate-{}", &String::from_utf8_lossy(&out.stdout)[..10])
+/// Container ids (= netns names) of `ns/name` under `state`, found by their bundle (the actor's
+/// directory on a worker); the worker derives the id from that path.
+fn ids_of(state: &Path, ns: &str, name: &str) -> Vec<String> {
+    let suffix = format!("/actors/{ns}/{name}");
+    containers_full(state)
+        .into_iter()
+        .filter(|c| c.3.ends_with(&suffix))
+        .map(|c| c.0)
+        .collect()
 }
 
 /// `(container id, pid)` of every runc container of every worker under `state`.
@@ -186,6 +188,14 @@ fn containers(state: &Path) -> Vec<(String, u32)> {
 
 /// `(container id, pid, runc status)` of every runc container of every worker under `state`.
 fn containers_with_status(state: &Path) -> Vec<(String, u32, String)> {
+    containers_full(state)
+        .into_iter()
+        .map(|(id, pid, status, _)| (id, pid, status))
+        .collect()
+}
+
+/// `(container id, pid, runc status, bundle)` of every runc container under `state`.
+fn containers_full(state: &Path) -> Vec<(String, u32, String, String)> {
     let mut out = Vec::new();
     let Ok(workers) = std::fs::read_dir(state.join("workers")) else {
         return out;
@@ -208,6 +218,7 @@ fn containers_with_status(state: &Path) -> Vec<(String, u32, String)> {
                     c["id"].as_str().unwrap_or_default().to_string(),
                     c["pid"].as_u64().unwrap_or(0) as u32,
                     c["status"].as_str().unwrap_or_default().to_string(),
+                    c["bundle"].as_str().unwrap_or_default().to_string(),
                 ));
             }
         }
@@ -552,7 +563,7 @@ fn probe_never_answering_crashes_then_revert_and_fixed_template_resume() {
     assert!(
         containers(&sys.state_dir())
             .iter()
-            .all(|(id, _)| *id != netns_name(ns, "c")),
+            .all(|(id, _)| !ids_of(&sys.state_dir(), ns, "c").contains(id)),
         "the failed sandbox was removed"
     );
     // Requests keep failing fast until an operator reverts.
@@ -1124,11 +1135,12 @@ fn worker_killed_mid_restore_then_restarted_resumes() {
 
 /// SIGKILLs the init of `ns/name`'s container.
 fn kill_actor(sys: &System, ns: &str, name: &str) {
-    let id = netns_name(ns, name);
-    let (_, pid) = containers(&sys.state_dir())
+    let state = sys.state_dir();
+    let ids = ids_of(&state, ns, name);
+    let (_, pid) = containers(&state)
         .into_iter()
-        .find(|(c, _)| *c == id)
-        .unwrap_or_else(|| panic!("no container {id} for {ns}/{name}"));
+        .find(|(c, _)| ids.contains(c))
+        .unwrap_or_else(|| panic!("no container for {ns}/{name}"));
     assert!(pid > 0);
     assert!(
         Command::new("kill")
@@ -1510,7 +1522,10 @@ fn nothing_is_left_behind_after_shutdown() {
     let frozen = all.iter().filter(|c| c.2 == "paused").count();
     // c3 stays frozen in place after its dump (dropped at shutdown like the others).
     assert_eq!((running, frozen), (2, 1), "{all:?}");
-    let netns: Vec<String> = names.iter().map(|n| netns_name(ns, n)).collect();
+    let netns: Vec<String> = names
+        .iter()
+        .map(|n| ids_of(&state, ns, n).pop().expect("a container per actor"))
+        .collect();
     assert!(
         Path::new("/var/run/netns").join(&netns[0]).exists(),
         "netns naming as expected"
@@ -1589,11 +1604,11 @@ fn nothing_is_left_behind_after_shutdown() {
 // frozen in place
 
 fn container_of(state: &Path, ns: &str, name: &str) -> Option<(u32, String)> {
-    let id = netns_name(ns, name);
-    containers_with_status(state)
+    let suffix = format!("/actors/{ns}/{name}");
+    containers_full(state)
         .into_iter()
-        .find(|c| c.0 == id)
-        .map(|(_, pid, status)| (pid, status))
+        .find(|c| c.3.ends_with(&suffix))
+        .map(|(_, pid, status, _)| (pid, status))
 }
 
 #[test]

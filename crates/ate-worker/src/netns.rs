@@ -1,7 +1,8 @@
 //! Per-actor network namespaces and sockets created inside them.
 //!
-//! Each actor gets `ate-<10 hex>` (a hash of `<atespace>/<name>`, so the name is stable across
-//! worker restarts and short enough for any interface-name use): loopback up, a dummy link
+//! Each actor gets `ate-<10 hex>` (a hash of its directory on the worker, so the name is stable
+//! across worker restarts, unique per worker and system on a host, and short enough for any
+//! interface-name use): loopback up, a dummy link
 //! carrying [`ACTOR_IP`]/32 and a default route through it, so the workload can bind and its
 //! connect() calls find a route (egress redirection is layered on top by the worker).
 
@@ -29,15 +30,15 @@ pub const NETNS_DIR: &str = "/var/run/netns";
 
 const IP: &str = "ip";
 
-/// Short stable id for an actor: 10 hex chars of sha256(`<atespace>/<name>`).
-pub fn short_id(atespace: &str, name: &str) -> String {
-    let digest = Sha256::digest(format!("{atespace}/{name}").as_bytes());
+/// Short stable id: 10 hex chars of sha256(`key`) (the worker uses the actor directory's path).
+pub fn short_id(key: &str) -> String {
+    let digest = Sha256::digest(key.as_bytes());
     hex::encode(&digest[..5])
 }
 
 /// `ate-<short id>`: 14 characters, valid as a netns, link and container name.
-pub fn netns_name(atespace: &str, name: &str) -> String {
-    format!("ate-{}", short_id(atespace, name))
+pub fn netns_name(key: &str) -> String {
+    format!("ate-{}", short_id(key))
 }
 
 pub fn netns_path(netns: &str) -> PathBuf {
@@ -383,9 +384,19 @@ mod tests {
 
     #[test]
     fn names_are_short_and_stable() {
-        let a = netns_name("team", "counter-1");
-        assert_eq!(a, netns_name("team", "counter-1"));
-        assert_ne!(a, netns_name("team", "counter-2"));
+        let a = netns_name("/var/lib/ate/workers/w1/actors/team/counter-1");
+        assert_eq!(
+            a,
+            netns_name("/var/lib/ate/workers/w1/actors/team/counter-1")
+        );
+        assert_ne!(
+            a,
+            netns_name("/var/lib/ate/workers/w1/actors/team/counter-2")
+        );
+        assert_ne!(
+            a,
+            netns_name("/var/lib/ate/workers/w2/actors/team/counter-1")
+        );
         assert_eq!(a.len(), 14);
         assert!(a.len() <= 15);
     }

@@ -65,14 +65,17 @@ impl ActorSandbox {
         self
     }
 
-    /// 10 hex chars, stable for `atespace/name`.
+    /// 10 hex chars of the actor directory's path: stable for this actor on this worker (across
+    /// worker restarts), distinct for the same actor on another worker or another system on the
+    /// same host (two systems running `ns/a`, or an actor's frozen copy on one worker while it
+    /// starts on another, never share a netns, container or cgroup name).
     pub fn short_id(&self) -> String {
-        netns::short_id(&self.atespace, &self.name)
+        netns::short_id(&self.dir.to_string_lossy())
     }
 
     /// Network namespace name (`ate-<short id>`), also used as container id.
     pub fn netns(&self) -> String {
-        netns::netns_name(&self.atespace, &self.name)
+        netns::netns_name(&self.dir.to_string_lossy())
     }
 
     pub fn container_id(&self) -> String {
