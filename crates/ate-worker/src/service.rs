@@ -272,15 +272,17 @@ pub async fn run(
         slots: config.slots,
         labels: config.label_map(),
     };
-    let worker = Arc::new(Worker::new(
-        ident,
-        Arc::new(runtime),
-        ImageCache::new(config.image_cache_dir()),
-        config.actors_dir(),
-        config.actor_logs_dir(),
-        config.faults.clone(),
-    )
-    .with_frozen_policy(config.frozen_policy()));
+    let worker = Arc::new(
+        Worker::new(
+            ident,
+            Arc::new(runtime),
+            ImageCache::new(config.image_cache_dir()),
+            config.actors_dir(),
+            config.actor_logs_dir(),
+            config.faults.clone(),
+        )
+        .with_frozen_policy(config.frozen_policy()),
+    );
     worker.clean_leftovers().await;
     tracing::info!(worker = %config.id, epoch = worker.ident.epoch, atunnel = %bound, socket = %socket.display(), "worker up");
 
