@@ -8,50 +8,19 @@
 mod common;
 
 use std::collections::HashMap;
-use std::net::SocketAddr;
 use std::path::Path;
 use std::time::Duration;
 
-use ate_core::template::{Resources, Volume};
 use ate_worker::{
-    ACTOR_IP, ActorSandbox, ImageCache, RunMode, RuncConfig, RuncRuntime, SandboxRuntime,
-    SandboxSpec, hardening, probe,
+    ActorSandbox, RunMode, RuncConfig, RuncRuntime, SandboxRuntime, hardening, probe,
 };
-use common::{Env, counter_ref};
+use common::{Env, counter_spec, get};
 
 const PROBE_TIMEOUT: Duration = Duration::from_secs(15);
 const EPERM: &str = "errno 1";
 const ENOSYS: &str = "errno 38";
 const EROFS: &str = "errno 30";
 const ENOENT: &str = "errno 2";
-
-async fn counter_spec(env: &Env) -> SandboxSpec {
-    let image = ImageCache::new(env.path().join("images"))
-        .ensure(&counter_ref())
-        .await
-        .expect("unpack counter");
-    SandboxSpec {
-        image,
-        command: vec![],
-        env: vec![],
-        port: 80,
-        volumes: vec![Volume {
-            name: "data".into(),
-            mount_path: "/data".into(),
-        }],
-        resources: Resources {
-            cpu_millis: 500,
-            memory_bytes: 128 << 20,
-        },
-    }
-}
-
-async fn get(actor: &ActorSandbox, path: &str) -> (u16, String) {
-    let addr = SocketAddr::new(ACTOR_IP.into(), 80);
-    probe::get(&actor.netns(), addr, path, Duration::from_secs(5))
-        .await
-        .expect("GET in actor netns")
-}
 
 /// `key: value` lines → map.
 fn fields(text: &str) -> HashMap<String, String> {

@@ -5,42 +5,14 @@ mod common;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use ate_core::template::{Resources, Volume};
+use ate_core::template::Resources;
 use ate_worker::{
-    ACTOR_IP, ActorSandbox, ImageCache, RunMode, RuncConfig, RuncRuntime, SandboxError,
-    SandboxRuntime, SandboxSpec, netns, probe,
+    ActorSandbox, ImageCache, RunMode, RuncConfig, RuncRuntime, SandboxError, SandboxRuntime,
+    SandboxSpec, netns, probe,
 };
-use common::{Env, counter_ref, images_dir};
+use common::{Env, counter_ref, counter_spec, get, images_dir};
 
 const PROBE_TIMEOUT: Duration = Duration::from_secs(15);
-
-async fn counter_spec(env: &Env) -> SandboxSpec {
-    let image = ImageCache::new(env.path().join("images"))
-        .ensure(&counter_ref())
-        .await
-        .expect("unpack counter");
-    SandboxSpec {
-        image,
-        command: vec![],
-        env: vec![],
-        port: 80,
-        volumes: vec![Volume {
-            name: "data".into(),
-            mount_path: "/data".into(),
-        }],
-        resources: Resources {
-            cpu_millis: 500,
-            memory_bytes: 128 << 20,
-        },
-    }
-}
-
-async fn get(actor: &ActorSandbox, path: &str) -> (u16, String) {
-    let addr = SocketAddr::new(ACTOR_IP.into(), 80);
-    probe::get(&actor.netns(), addr, path, Duration::from_secs(5))
-        .await
-        .expect("GET in actor netns")
-}
 
 fn counts(m: u32, f: u32, r: u32) -> String {
     format!(

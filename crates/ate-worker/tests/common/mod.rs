@@ -182,3 +182,39 @@ impl Drop for Env {
         }
     }
 }
+
+/// The counter demo as a sandbox spec: its image unpacked under the test dir, a `data` volume,
+/// 0.5 CPU and 128 MiB.
+pub async fn counter_spec(env: &Env) -> ate_worker::SandboxSpec {
+    let image = ate_worker::ImageCache::new(env.path().join("images"))
+        .ensure(&counter_ref())
+        .await
+        .expect("unpack counter");
+    ate_worker::SandboxSpec {
+        image,
+        command: vec![],
+        env: vec![],
+        port: 80,
+        volumes: vec![ate_core::template::Volume {
+            name: "data".into(),
+            mount_path: "/data".into(),
+        }],
+        resources: ate_core::template::Resources {
+            cpu_millis: 500,
+            memory_bytes: 128 << 20,
+        },
+    }
+}
+
+/// `GET path` on the actor's port 80 from inside its netns: (status, body).
+pub async fn get(actor: &ActorSandbox, path: &str) -> (u16, String) {
+    let addr = std::net::SocketAddr::new(ate_worker::ACTOR_IP.into(), 80);
+    ate_worker::probe::get(
+        &actor.netns(),
+        addr,
+        path,
+        std::time::Duration::from_secs(5),
+    )
+    .await
+    .expect("GET in actor netns")
+}
