@@ -823,7 +823,11 @@ fn write_record(cache: &Path, key: &str, digest: &str) -> Result<()> {
         digest: digest.to_string(),
     })
     .map_err(|e| image_err(key, e.to_string()))?;
-    let tmp = path.with_extension(format!("tmp-{}", std::process::id()));
+    // A temp name of its own per writer (process and call), so concurrent pulls of one tag —
+    // from other workers or other caches in this process — never rename each other's file.
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let tmp = path.with_extension(format!("tmp-{}-{n}", std::process::id()));
     std::fs::write(&tmp, json).ctx(|| format!("write {}", tmp.display()))?;
     std::fs::rename(&tmp, &path).ctx(|| format!("rename {}", path.display()))
 }
