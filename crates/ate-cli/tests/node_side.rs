@@ -112,6 +112,19 @@ spec:
     }
 }
 
+/// `ate create actor NAME -a NS -t NS/TEMPLATE`.
+fn create_actor(sys: &System, ns: &str, name: &str, template: &str) {
+    sys.ate_ok(&[
+        "create",
+        "actor",
+        name,
+        "-a",
+        ns,
+        "-t",
+        &format!("{ns}/{template}"),
+    ]);
+}
+
 /// Writes the template to the test's temp dir and applies it.
 fn apply(api: &dyn Fn(&[&str]) -> String, dir: &Path, ns: &str, name: &str, t: &Tpl) {
     let path = dir.join(format!("{ns}-{name}-{}.yaml", std::process::id()));
@@ -170,11 +183,18 @@ fn get_ok(sys: &System, target: &str, path: &str) -> String {
 /// Container ids (= netns names) of `ns/name` under `state`, found by their bundle (the actor's
 /// directory on a worker); the worker derives the id from that path.
 fn ids_of(state: &Path, ns: &str, name: &str) -> Vec<String> {
+    actor_containers(state, ns, name)
+        .into_iter()
+        .map(|c| c.0)
+        .collect()
+}
+
+/// [`containers_full`] of `ns/name` only (any worker).
+fn actor_containers(state: &Path, ns: &str, name: &str) -> Vec<(String, u32, String, String)> {
     let suffix = format!("/actors/{ns}/{name}");
     containers_full(state)
         .into_iter()
         .filter(|c| c.3.ends_with(&suffix))
-        .map(|c| c.0)
         .collect()
 }
 
@@ -290,15 +310,7 @@ fn durable_restore_from_s3_after_local_copy_is_gone() {
     );
     let ns = "ns-durable";
     sys_apply(&sys, ns, "counter", &Tpl::counter());
-    sys.ate_ok(&[
-        "create",
-        "actor",
-        "c",
-        "-a",
-        ns,
-        "-t",
-        &format!("{ns}/counter"),
-    ]);
+    create_actor(&sys, ns, "c", "counter");
     let target = format!("{ns}/c");
     for n in 1..=3 {
         assert_eq!(counts(&get_ok(&sys, &target, "/")), (n, n, n));
@@ -369,24 +381,8 @@ fn rootfs_and_volumes_fidelity_keep_what_they_promise() {
             ..Tpl::counter()
         },
     );
-    sys.ate_ok(&[
-        "create",
-        "actor",
-        "r",
-        "-a",
-        ns,
-        "-t",
-        &format!("{ns}/rootfs"),
-    ]);
-    sys.ate_ok(&[
-        "create",
-        "actor",
-        "v",
-        "-a",
-        ns,
-        "-t",
-        &format!("{ns}/volumes"),
-    ]);
+    create_actor(&sys, ns, "r", "rootfs");
+    create_actor(&sys, ns, "v", "volumes");
     for name in ["r", "v"] {
         let target = format!("{ns}/{name}");
         for n in 1..=2 {
@@ -424,15 +420,7 @@ fn golden_tag_seeds_new_actors_with_their_own_identity() {
     });
     let ns = "ns-golden";
     sys_apply(&sys, ns, "agent", &Tpl::counter());
-    sys.ate_ok(&[
-        "create",
-        "actor",
-        "g",
-        "-a",
-        ns,
-        "-t",
-        &format!("{ns}/agent"),
-    ]);
+    create_actor(&sys, ns, "g", "agent");
     for n in 1..=3 {
         assert_eq!(counts(&get_ok(&sys, &format!("{ns}/g"), "/")), (n, n, n));
     }
@@ -471,15 +459,7 @@ fn golden_tag_seeds_new_actors_with_their_own_identity() {
         ("b1", "agent2", (1, 4, 1)),
         ("b2", "agent2", (1, 4, 1)),
     ] {
-        sys.ate_ok(&[
-            "create",
-            "actor",
-            name,
-            "-a",
-            ns,
-            "-t",
-            &format!("{ns}/{template}"),
-        ]);
+        create_actor(&sys, ns, name, template);
         let target = format!("{ns}/{name}");
         let who = get_ok(&sys, &target, "/whoami");
         let uid = actor(&sys, ns, name)["uid"]
@@ -525,15 +505,7 @@ fn probe_never_answering_crashes_then_revert_and_fixed_template_resume() {
     let ns = "ns-probe";
     let broken = probe_on_closed_port(2);
     sys_apply(&sys, ns, "counter", &broken);
-    sys.ate_ok(&[
-        "create",
-        "actor",
-        "c",
-        "-a",
-        ns,
-        "-t",
-        &format!("{ns}/counter"),
-    ]);
+    create_actor(&sys, ns, "c", "counter");
     let t = Instant::now();
     let (status, head, body) = get(sys.router_addr, &format!("{ns}/c"), "/");
     let took = t.elapsed();
@@ -586,15 +558,7 @@ fn criu_dump_failure_falls_back_to_rootfs() {
     );
     let ns = "ns-criufail";
     sys_apply(&sys, ns, "counter", &Tpl::counter());
-    sys.ate_ok(&[
-        "create",
-        "actor",
-        "c",
-        "-a",
-        ns,
-        "-t",
-        &format!("{ns}/counter"),
-    ]);
+    create_actor(&sys, ns, "c", "counter");
     for n in 1..=2 {
         assert_eq!(counts(&get_ok(&sys, &format!("{ns}/c"), "/")), (n, n, n));
     }
@@ -632,15 +596,7 @@ fn corrupted_snapshot_is_refused_with_a_checksum_error() {
     );
     let ns = "ns-corrupt";
     sys_apply(&sys, ns, "counter", &Tpl::counter());
-    sys.ate_ok(&[
-        "create",
-        "actor",
-        "c",
-        "-a",
-        ns,
-        "-t",
-        &format!("{ns}/counter"),
-    ]);
+    create_actor(&sys, ns, "c", "counter");
     assert_eq!(counts(&get_ok(&sys, &format!("{ns}/c"), "/")), (1, 1, 1));
     sys.ate_ok(&["suspend", "actor", "c", "-a", ns]);
     let gen_dir = generation_dir(&sys.state_dir(), ns, "c", 1);
@@ -708,15 +664,7 @@ fn durable_store_full_keeps_the_local_copy() {
     });
     let ns = "ns-diskfull";
     sys_apply(&sys, ns, "sleeper", &Tpl::sleeper(8));
-    sys.ate_ok(&[
-        "create",
-        "actor",
-        "s",
-        "-a",
-        ns,
-        "-t",
-        &format!("{ns}/sleeper"),
-    ]);
+    create_actor(&sys, ns, "s", "sleeper");
     let before = get_ok(&sys, &format!("{ns}/s"), "/");
     assert!(before.starts_with("sleeper holding 8 MiB"), "{before}");
     let out = sys.ate(&["suspend", "actor", "s", "-a", ns, "--durable"]);
@@ -1135,11 +1083,7 @@ fn worker_killed_mid_restore_then_restarted_resumes() {
 
 /// SIGKILLs the init of `ns/name`'s container.
 fn kill_actor(sys: &System, ns: &str, name: &str) {
-    let state = sys.state_dir();
-    let ids = ids_of(&state, ns, name);
-    let (_, pid) = containers(&state)
-        .into_iter()
-        .find(|(c, _)| ids.contains(c))
+    let (pid, _) = container_of(&sys.state_dir(), ns, name)
         .unwrap_or_else(|| panic!("no container for {ns}/{name}"));
     assert!(pid > 0);
     assert!(
@@ -1159,15 +1103,7 @@ fn exited_actor_is_released_within_a_second_and_resumes_from_its_last_generation
     });
     let ns = "ns-exit";
     sys_apply(&sys, ns, "counter", &Tpl::counter());
-    sys.ate_ok(&[
-        "create",
-        "actor",
-        "c",
-        "-a",
-        ns,
-        "-t",
-        &format!("{ns}/counter"),
-    ]);
+    create_actor(&sys, ns, "c", "counter");
     let target = format!("{ns}/c");
     for n in 1..=3 {
         assert_eq!(counts(&get_ok(&sys, &target, "/")), (n, n, n));
@@ -1207,15 +1143,7 @@ fn exited_actor_is_released_within_a_second_and_resumes_from_its_last_generation
     // The last log lines are in lastError: checked on a fresh actor, whose start-up line is
     // certainly in its log (before d7ce43a a memory-restored actor's log began empty, since the
     // log lived in the sandbox dir that each checkpoint removes).
-    sys.ate_ok(&[
-        "create",
-        "actor",
-        "fresh",
-        "-a",
-        ns,
-        "-t",
-        &format!("{ns}/counter"),
-    ]);
+    create_actor(&sys, ns, "fresh", "counter");
     assert_eq!(
         counts(&get_ok(&sys, &format!("{ns}/fresh"), "/")),
         (1, 1, 1)
@@ -1504,15 +1432,7 @@ fn nothing_is_left_behind_after_shutdown() {
     sys_apply(&sys, ns, "counter", &Tpl::counter());
     let names = ["c1", "c2", "c3"];
     for n in names {
-        sys.ate_ok(&[
-            "create",
-            "actor",
-            n,
-            "-a",
-            ns,
-            "-t",
-            &format!("{ns}/counter"),
-        ]);
+        create_actor(&sys, ns, n, "counter");
         get_ok(&sys, &format!("{ns}/{n}"), "/");
     }
     sys.ate_ok(&["suspend", "actor", "c3", "-a", ns]);
@@ -1604,10 +1524,9 @@ fn nothing_is_left_behind_after_shutdown() {
 // frozen in place
 
 fn container_of(state: &Path, ns: &str, name: &str) -> Option<(u32, String)> {
-    let suffix = format!("/actors/{ns}/{name}");
-    containers_full(state)
+    actor_containers(state, ns, name)
         .into_iter()
-        .find(|c| c.3.ends_with(&suffix))
+        .next()
         .map(|(_, pid, status, _)| (pid, status))
 }
 
@@ -1623,15 +1542,7 @@ fn suspended_actor_is_kept_frozen_and_thawed_in_place() {
     let ns = "ns-frozen";
     sys_apply(&sys, ns, "counter", &Tpl::counter());
     for n in ["a", "b"] {
-        sys.ate_ok(&[
-            "create",
-            "actor",
-            n,
-            "-a",
-            ns,
-            "-t",
-            &format!("{ns}/counter"),
-        ]);
+        create_actor(&sys, ns, n, "counter");
     }
     let state = sys.state_dir();
     assert_eq!(counts(&get_ok(&sys, &format!("{ns}/a"), "/")), (1, 1, 1));
@@ -1714,15 +1625,7 @@ fn timings_local_and_durable() {
     sys_apply(&sys, ns, "counter", &Tpl::counter());
     sys_apply(&sys, ns, "sleeper", &Tpl::sleeper(50));
     for (name, template) in [("c", "counter"), ("s", "sleeper")] {
-        sys.ate_ok(&[
-            "create",
-            "actor",
-            name,
-            "-a",
-            ns,
-            "-t",
-            &format!("{ns}/{template}"),
-        ]);
+        create_actor(&sys, ns, name, template);
         let target = format!("{ns}/{name}");
         let t = Instant::now();
         let first = get_ok(&sys, &target, "/");

@@ -235,6 +235,34 @@ fn demand(cpu_millis: u64, memory_bytes: u64) -> Capacity {
     }
 }
 
+/// One suspend cycle of `ns/<name>` on worker `w1` as the api records it: bind, then release to
+/// SUSPENDED with `snap` as the new generation.
+async fn record_generation(store: &dyn Store, name: &str, snap: &SnapshotRecord) {
+    store
+        .bind_actor(
+            "ns",
+            name,
+            &[ActorState::Suspended],
+            "w1",
+            demand(1, 1),
+            NOW,
+        )
+        .await
+        .unwrap();
+    store
+        .release_actor(
+            "ns",
+            name,
+            &[ActorState::Resuming],
+            ActorState::Suspended,
+            Some(snap),
+            ActorUpdate::default(),
+            NOW,
+        )
+        .await
+        .unwrap();
+}
+
 /// Atespace `ns` with template `ns/t`.
 async fn seed(store: &dyn Store) {
     store.create_atespace("ns", NOW).await.unwrap();
@@ -689,33 +717,13 @@ mod cases {
             .unwrap();
         s.create_actor(&actor("ns", "a1", "ns/t")).await.unwrap();
         for generation in 1..=6 {
-            s.bind_actor(
-                "ns",
-                "a1",
-                &[ActorState::Suspended],
-                "w1",
-                demand(100, MIB),
-                NOW,
-            )
-            .await
-            .unwrap();
             let mut snap = snapshot("ns", "a1", generation, "node-w1");
             // 2 and 4 got durable copies; 5 and 6 are local only (uploads pending).
             if generation == 2 || generation == 4 {
                 snap.durable_status = Some(DurableStatus::Completed);
                 snap.durable_uri = format!("file:///d/{generation}");
             }
-            s.release_actor(
-                "ns",
-                "a1",
-                &[ActorState::Resuming],
-                ActorState::Suspended,
-                Some(&snap),
-                ActorUpdate::default(),
-                NOW,
-            )
-            .await
-            .unwrap();
+            record_generation(s, "a1", &snap).await;
         }
         // Generation 1 is tagged.
         let tag = TagRecord {
@@ -759,28 +767,8 @@ mod cases {
 
         // Three generations, each through a bind + release.
         for generation in 1..=3 {
-            s.bind_actor(
-                "ns",
-                "a1",
-                &[ActorState::Suspended],
-                "w1",
-                demand(100, MIB),
-                NOW,
-            )
-            .await
-            .unwrap();
             let snap = snapshot("ns", "a1", generation, "node-w1");
-            s.release_actor(
-                "ns",
-                "a1",
-                &[ActorState::Resuming],
-                ActorState::Suspended,
-                Some(&snap),
-                ActorUpdate::default(),
-                NOW,
-            )
-            .await
-            .unwrap();
+            record_generation(s, "a1", &snap).await;
         }
         // Generation 2 is tagged (the tag lives in another atespace's view of it, compared by uuid).
         let tag = TagRecord {
@@ -1415,29 +1403,9 @@ mod cases {
             .unwrap();
         s.create_actor(&actor("ns", "a1", "ns/t")).await.unwrap();
         for generation in 1..=2 {
-            s.bind_actor(
-                "ns",
-                "a1",
-                &[ActorState::Suspended],
-                "w1",
-                demand(1, 1),
-                NOW,
-            )
-            .await
-            .unwrap();
             let mut snap = snapshot("ns", "a1", generation, "n1");
             snap.reason = "memory checkpoint unsupported".into();
-            s.release_actor(
-                "ns",
-                "a1",
-                &[ActorState::Resuming],
-                ActorState::Suspended,
-                Some(&snap),
-                ActorUpdate::default(),
-                NOW,
-            )
-            .await
-            .unwrap();
+            record_generation(s, "a1", &snap).await;
         }
         let tag = TagRecord {
             atespace: "ns".into(),

@@ -347,12 +347,7 @@ impl RuncRuntime {
         let work_s = work.to_string_lossy().into_owned();
         let begun = Instant::now();
         if keep_frozen {
-            match freezer_state_file(actor) {
-                Some(state) => set_freezer(&state, "FROZEN").await?,
-                None => {
-                    self.runc(&["pause", &id]).await?;
-                }
-            }
+            self.set_frozen(actor, true).await?;
         }
         // Default flags suffice here: no established TCP (the worker closes connections first),
         // cgroups in runc's default "soft" mode; the netns is external and re-supplied on restore.
@@ -366,8 +361,8 @@ impl RuncRuntime {
         if let Err(e) = dumped {
             if keep_frozen {
                 // The caller falls back to stopping the sandbox; leave it as it found it.
-                if let Err(e) = self.runc(&["resume", &id]).await {
-                    tracing::debug!(container = %id, error = %e, "resume after a failed dump");
+                if let Err(e) = self.set_frozen(actor, false).await {
+                    tracing::debug!(container = %id, error = %e, "thaw after a failed dump");
                 }
             }
             let log = tokio::fs::read_to_string(work.join("dump.log"))
@@ -385,6 +380,17 @@ impl RuncRuntime {
         }
         let image_bytes = dir_size(image_dir).await?;
         Ok(CheckpointStats { dump, image_bytes })
+    }
+
+    /// Freezes or thaws the container, without taking the actor lock: through the v1 cgroup
+    /// freezer directly where this host has it (no process start; a thaw is on the resume path),
+    /// `runc pause` / `runc resume` otherwise.
+    async fn set_frozen(&self, actor: &ActorSandbox, frozen: bool) -> Result<()> {
+        if let Some(state) = freezer_state_file(actor) {
+            return set_freezer(&state, if frozen { "FROZEN" } else { "THAWED" }).await;
+        }
+        let verb = if frozen { "pause" } else { "resume" };
+        self.runc(&[verb, &actor.container_id()]).await.map(|_| ())
     }
 
     /// Everything `stop` does, without taking the actor lock.
@@ -483,26 +489,16 @@ impl SandboxRuntime for RuncRuntime {
         let lock = self.lock_for(actor);
         let _guard = lock.lock().await;
         let id = actor.container_id();
-        // The cgroup freezer directly when this host has the v1 one runc uses (no process
-        // start: a thaw is on the resume path); `runc resume` otherwise.
-        if let Some(state) = freezer_state_file(actor) {
-            let now = read_freezer(&state).await?;
-            if now != "FROZEN" {
-                return Err(SandboxError::Invalid(format!(
-                    "container {id} is not frozen (freezer {now})"
-                )));
-            }
-            return set_freezer(&state, "THAWED").await;
+        let frozen = match freezer_state_file(actor) {
+            Some(state) => read_freezer(&state).await? == "FROZEN",
+            None => matches!(self.status(&id).await?, Some((status, _)) if status == "paused"),
+        };
+        if !frozen {
+            return Err(SandboxError::Invalid(format!(
+                "container {id} is not frozen"
+            )));
         }
-        match self.status(&id).await? {
-            Some((status, _)) if status == "paused" => {}
-            other => {
-                return Err(SandboxError::Invalid(format!(
-                    "container {id} is not frozen ({other:?})"
-                )));
-            }
-        }
-        self.runc(&["resume", &id]).await.map(|_| ())
+        self.set_frozen(actor, false).await
     }
 
     async fn restore(
