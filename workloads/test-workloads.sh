@@ -134,9 +134,18 @@ expect_eq "counter /sandbox probes 10 syscalls" "10" "$(grep -cE '^syscall [A-Za
 expect_eq "counter file counter on disk" "4" "$(tr -d '\n' <"$WORK/data/counter")"
 expect_eq "counter rootfs counter on disk" "4" "$(tr -d '\n' <"$WORK/rootfs/var/lib/counter/count")"
 
+expect_eq "counter GET /exit" "405" "$(curl -sS --max-time 5 -o /dev/null -w '%{http_code}' "$B/exit?code=3")"
+expect_eq "counter /exit without a code" "400" "$(curl -sS --max-time 5 -o /dev/null -w '%{http_code}' -X POST "$B/exit")"
+
 # A restart loses the memory counter and keeps the file counters.
 kill -TERM "$COUNTER_PID"
 wait "$COUNTER_PID" 2>/dev/null && ok "counter exits 0 on SIGTERM" || fail "counter exit status on SIGTERM"
+start_counter
+# POST /exit?code=N: the answer, then the process exits with N.
+expect_eq "counter POST /exit?code=3" "exiting with code 3" "$(curl -sS --max-time 5 -X POST "$B/exit?code=3")"
+status=0
+wait "$COUNTER_PID" 2>/dev/null || status=$?
+expect_eq "counter exit status after /exit?code=3" "3" "$status"
 start_counter
 expect_eq "counter after restart" "preserved memory count: 1 | preserved file counter: 5 | preserved rootfs counter: 5" \
   "$(curl -fsS --max-time 5 "$B/")"

@@ -1134,6 +1134,8 @@ fn exited_actor_is_released_within_a_second_and_resumes_from_its_last_generation
         why.contains("all processes exited"),
         "lastError names the exit: {why}"
     );
+    // The worker is the init's subreaper, so the status is known: SIGKILL → 128 + 9.
+    assert!(why.contains("(code 137)"), "exit code recorded: {why}");
     let workers: Value =
         serde_json::from_str(&sys.ate_ok(&["get", "workers", "-o", "json"])).expect("json");
     assert_eq!(workers[0]["slotsUsed"], 0, "capacity released: {workers}");
@@ -1165,6 +1167,25 @@ fn exited_actor_is_released_within_a_second_and_resumes_from_its_last_generation
     assert_eq!(
         counts(&get_ok(&sys, &format!("{ns}/fresh"), "/")),
         (1, 1, 1)
+    );
+
+    // An exit of the workload's own choosing carries its code, also for an init CRIU restored
+    // (`c` came back from generation 1 above: runc restore, not a thaw, since its frozen copy
+    // was thawed before the kill).
+    let (status, _, body) = request(sys.router_addr, "POST", &target, "/exit?code=3", "");
+    assert_eq!((status, body.trim()), (200, "exiting with code 3"));
+    let a = wait_state(
+        &sys,
+        ns,
+        "c",
+        "ACTOR_STATE_SUSPENDED",
+        Duration::from_secs(5),
+    );
+    let why = a["lastError"].as_str().unwrap_or_default();
+    assert!(why.contains("(code 3)"), "exit code 3 recorded: {why}");
+    assert!(
+        why.contains("exiting with code 3 as asked"),
+        "last log lines: {why}"
     );
 }
 

@@ -190,8 +190,11 @@ pub struct CheckpointStats {
 /// Why an actor is no longer running.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ExitInfo {
-    /// Runtime status (`stopped`), or `missing` when the runtime has no such sandbox.
+    /// `exited` (the init's status was collected), runtime status (`stopped`), or `missing`
+    /// when the runtime has no such sandbox.
     pub status: String,
+    /// The init's exit code (128 + signal number when killed by a signal), when known.
+    pub code: Option<i32>,
 }
 
 /// A sandbox runtime. Calls for one actor are serialized by the implementation; calls for

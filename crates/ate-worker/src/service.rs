@@ -303,10 +303,28 @@ pub async fn run(
             tokio::pin!(stopped);
             let mut tick = tokio::time::interval(EXIT_POLL);
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            // Container inits are the worker's children (subreaper): SIGCHLD means one may
+            // have exited, so look at once rather than at the next tick.
+            let mut sigchld = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::child())
+                .map_err(
+                    |e| tracing::warn!(error = %e, "no SIGCHLD stream; exits found by polling"),
+                )
+                .ok();
             loop {
                 tokio::select! {
                     _ = &mut stopped => break,
                     _ = tick.tick() => worker.reap_exited().await,
+                    Some(()) = async {
+                        match sigchld.as_mut() {
+                            Some(s) => s.recv().await,
+                            None => std::future::pending().await,
+                        }
+                    } => {
+                        worker.collect_exits().await;
+                        // Every command the worker runs ends with a SIGCHLD too: at most one
+                        // pass per 20 ms (signals in between coalesce).
+                        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+                    }
                 }
             }
         })

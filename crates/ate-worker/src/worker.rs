@@ -916,6 +916,11 @@ impl Worker {
     /// sandbox removed, and its exit queued for Activity.
     pub async fn reap_exited(&self) {
         self.trim_frozen().await;
+        self.collect_exits().await;
+    }
+
+    /// The exit half of [`Worker::reap_exited`] (what a SIGCHLD asks for).
+    pub async fn collect_exits(&self) {
         let keys: Vec<String> = self.table().actors.keys().cloned().collect();
         for key in keys {
             let lock = self.lock_for(&key);
@@ -936,7 +941,8 @@ impl Worker {
             };
             self.ingress_off(&key).await;
             let log = log_tail(&entry.sandbox.log_path(), LOG_TAIL_LINES).await;
-            tracing::warn!(actor = %key, status = %exited.status, "actor exited while active");
+            let exit_code = exited.code.unwrap_or(-1);
+            tracing::warn!(actor = %key, status = %exited.status, exit_code, "actor exited while active");
             self.table().actors.remove(&key);
             if let Err(e) = self.discard(&entry.sandbox).await {
                 tracing::warn!(actor = %key, error = %e.message(), "cleanup after exit");
@@ -946,8 +952,8 @@ impl Worker {
                 name: entry.sandbox.name.clone(),
                 idle_timeout_seconds: entry.spec.idle_timeout_seconds,
                 at_ms: now_unix_ms(),
-                // runc keeps no exit status for a detached container's init.
-                exit_code: -1,
+                // -1: unknown (the init was not the worker's child; runc keeps no exit status).
+                exit_code,
                 log,
             });
         }

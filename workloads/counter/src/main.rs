@@ -134,6 +134,7 @@ fn handle(counters: &Mutex<Counters>, req: &Request) -> Response {
             }
         }
         "/connect" => connect(&req.query),
+        "/exit" => exit_later(&req.method, &req.query),
         "/sandbox" => Response::text(200, sandbox::report()),
         _ => {
             let mut c = counters.lock().unwrap_or_else(|p| p.into_inner());
@@ -157,6 +158,30 @@ fn handle(counters: &Mutex<Counters>, req: &Request) -> Response {
 }
 
 /// How long `/connect` waits for the connect, then for the connection to prove it stays open.
+/// `POST /exit?code=N`: answers, then the whole process exits with code N (0–255) 100 ms later
+/// (tests of exit detection and exit codes).
+fn exit_later(method: &str, query: &str) -> Response {
+    if method != "POST" {
+        return Response::text(405, "use POST /exit?code=N\n");
+    }
+    let code = query
+        .split('&')
+        .find_map(|kv| kv.strip_prefix("code="))
+        .and_then(|c| c.parse::<u8>().ok());
+    let Some(code) = code else {
+        return Response::text(400, "use POST /exit?code=N (0-255)\n");
+    };
+    let spawned = std::thread::Builder::new().spawn(move || {
+        std::thread::sleep(std::time::Duration::from_millis(100));
+        http::log(&format!("exiting with code {code} as asked"));
+        std::process::exit(i32::from(code));
+    });
+    match spawned {
+        Ok(_) => Response::text(200, format!("exiting with code {code}\n")),
+        Err(e) => Response::text(500, format!("cannot exit later: {e}\n")),
+    }
+}
+
 const CONNECT_WINDOW: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// `/connect?addr=IP:PORT[&hold=SECONDS]`: 200 `ok` when a TCP connect succeeds within 1 s and
