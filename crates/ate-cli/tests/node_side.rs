@@ -586,10 +586,13 @@ fn criu_dump_failure_falls_back_to_rootfs() {
 
 #[test]
 fn corrupted_snapshot_is_refused_with_a_checksum_error() {
-    // No frozen copy: a resume must restore (and so verify) the generation on disk.
+    // No frozen copy: a resume must restore (and so verify) the generation on disk. No durable
+    // copy either (a read-only store): a COMPLETED one would replace the damaged local copy.
+    let store = TmpfsStore::mount(true);
     let sys = System::up_with_env(
         UpOptions {
             workers: 1,
+            durable_store: Some(store.url()),
             ..Default::default()
         },
         &[("ATE_KEEP_FROZEN", "0")],
@@ -1706,4 +1709,264 @@ fn timings_local_and_durable() {
             }
         }
     }
+}
+
+// ---------------------------------------------------------------------------------------------
+// a damaged node-local generation and its durable copy
+
+/// Flips one byte in the middle of the largest file of a generation (a CRIU pages image or the
+/// rootfs tar; never the manifest) and returns that file.
+fn flip_byte_in_largest_file(gen_dir: &Path) -> PathBuf {
+    let mut files: Vec<(u64, PathBuf)> = walk(gen_dir)
+        .into_iter()
+        .filter(|p| p.is_file() && p.file_name().is_some_and(|n| n != "manifest.json"))
+        .map(|p| (std::fs::metadata(&p).map(|m| m.len()).unwrap_or(0), p))
+        .collect();
+    files.sort();
+    let (len, victim) = files.pop().expect("a file to corrupt");
+    let mut bytes = std::fs::read(&victim).expect("read");
+    bytes[(len / 2) as usize] ^= 0x40;
+    std::fs::write(&victim, bytes).expect("write");
+    victim
+}
+
+/// `<parent>/.<name>.corrupt`: where the node moves a damaged node-local generation.
+fn quarantined(gen_dir: &Path) -> PathBuf {
+    let name = gen_dir
+        .file_name()
+        .expect("generation dir name")
+        .to_string_lossy();
+    gen_dir
+        .parent()
+        .expect("generation dir parent")
+        .join(format!(".{name}.corrupt"))
+}
+
+/// The durable copy's manifest of generation `generation` of `ns/name` in a `file://` store.
+fn durable_manifest(store: &Path, ns: &str, name: &str, generation: u64) -> Option<PathBuf> {
+    let prefix = format!("{generation}-");
+    std::fs::read_dir(store.join(ns).join(name))
+        .ok()?
+        .flatten()
+        .map(|e| e.path())
+        .find(|p| {
+            p.file_name()
+                .is_some_and(|n| n.to_string_lossy().starts_with(&prefix))
+        })
+        .map(|p| p.join("manifest.json"))
+        .filter(|m| m.is_file())
+}
+
+#[test]
+fn corrupted_local_generation_is_restored_from_its_durable_copy() {
+    // No frozen copy: a resume must restore (and so verify) the generation on disk.
+    let sys = System::up_with_env(
+        UpOptions {
+            workers: 1,
+            ..Default::default()
+        },
+        &[("ATE_KEEP_FROZEN", "0")],
+    );
+    let ns = "ns-corrupt-durable";
+    sys_apply(&sys, ns, "counter", &Tpl::counter());
+    create_actor(&sys, ns, "c", "counter");
+    let target = format!("{ns}/c");
+    for n in 1..=3 {
+        assert_eq!(counts(&get_ok(&sys, &target, "/")), (n, n, n));
+    }
+    // DURABLE: returns after the upload; no lastError = the durable copy is COMPLETED.
+    sys.ate_ok(&["suspend", "actor", "c", "-a", ns, "--durable"]);
+    let a = actor(&sys, ns, "c");
+    assert_eq!(state_of(&a), "ACTOR_STATE_SUSPENDED", "{a}");
+    assert!(a.get("lastError").is_none(), "durable suspend reported {a}");
+    assert_eq!(a["generation"].as_u64(), Some(1), "{a}");
+    let state = sys.state_dir();
+    assert!(
+        durable_manifest(&state.join("durable"), ns, "c", 1).is_some(),
+        "generation 1 has a complete durable copy"
+    );
+
+    let gen_dir = generation_dir(&state, ns, "c", 1);
+    let victim = flip_byte_in_largest_file(&gen_dir);
+
+    // The same resume discards the local copy and restores generation 1 from the durable one:
+    // memory, files and rootfs continue.
+    assert_eq!(
+        counts(&get_ok(&sys, &target, "/")),
+        (4, 4, 4),
+        "restored from the durable copy"
+    );
+    let a = actor(&sys, ns, "c");
+    assert_eq!(state_of(&a), "ACTOR_STATE_RUNNING", "{a}");
+    assert!(
+        a.get("lastError").is_none(),
+        "nothing recorded as wrong: {a}"
+    );
+    assert_eq!(
+        a["generation"].as_u64(),
+        Some(1),
+        "generation unchanged: {a}"
+    );
+    let node_log = sys.log("node");
+    let warning = node_log
+        .lines()
+        .find(|l| l.contains("node-local generation failed verification; discarding it"))
+        .unwrap_or_else(|| panic!("no warning in the node log:\n{node_log}"));
+    assert!(
+        warning.contains(&victim.display().to_string()),
+        "the warning names the bad file {}: {warning}",
+        victim.display()
+    );
+    // Moved aside for good (kept for inspection), never used again; the download is cached.
+    assert!(!gen_dir.exists(), "the damaged copy left its place");
+    let aside = quarantined(&gen_dir);
+    let rel = victim.strip_prefix(&gen_dir).expect("victim under gen dir");
+    assert!(aside.join(rel).is_file(), "{} kept aside", aside.display());
+    let cache = state.join("snapshot-cache");
+    assert_eq!(
+        std::fs::read_dir(&cache).map(|d| d.count()).unwrap_or(0),
+        1,
+        "the durable copy was downloaded into {}",
+        cache.display()
+    );
+
+    // The actor carries on as usual: a new local generation, restored in place.
+    sys.ate_ok(&["suspend", "actor", "c", "-a", ns]);
+    assert_eq!(counts(&get_ok(&sys, &target, "/")), (5, 5, 5));
+    assert!(actor(&sys, ns, "c").get("lastError").is_none());
+
+    // Deleting the actor deletes the set-aside copy with its generation.
+    sys.ate_ok(&["suspend", "actor", "c", "-a", ns]);
+    sys.ate_ok(&["delete", "actor", "c", "-a", ns]);
+    let start = Instant::now();
+    while aside.exists() {
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "{} outlived its generation",
+            aside.display()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// A tmpfs mounted as a `file://` durable store, unmounted on drop (declare it before the
+/// system that uses it). Read-only, every upload to it fails.
+struct TmpfsStore {
+    _tmp: tempfile::TempDir,
+    dir: PathBuf,
+}
+
+impl TmpfsStore {
+    fn mount(read_only: bool) -> TmpfsStore {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let dir = tmp.path().join("store");
+        std::fs::create_dir_all(&dir).expect("mkdir");
+        let opts = if read_only { "ro,size=1m" } else { "size=256m" };
+        let mounted = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", opts, "tmpfs"])
+            .arg(&dir)
+            .status()
+            .expect("mount");
+        assert!(mounted.success(), "mount tmpfs");
+        TmpfsStore { _tmp: tmp, dir }
+    }
+
+    fn url(&self) -> String {
+        format!("file://{}", self.dir.display())
+    }
+
+    fn make_read_only(&self) {
+        let ro = Command::new("mount")
+            .args(["-o", "remount,ro"])
+            .arg(&self.dir)
+            .status()
+            .expect("remount");
+        assert!(ro.success(), "remount the store read-only");
+    }
+}
+
+impl Drop for TmpfsStore {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg(&self.dir).status();
+    }
+}
+
+#[test]
+fn corrupted_local_generation_without_durable_copy_crashes_and_keeps_the_older_one() {
+    // The durable store is writable for generation 1, read-only for generation 2.
+    let store = TmpfsStore::mount(false);
+    let sys = System::up_with_env(
+        UpOptions {
+            workers: 1,
+            durable_store: Some(store.url()),
+            ..Default::default()
+        },
+        &[("ATE_KEEP_FROZEN", "0")],
+    );
+    let ns = "ns-corrupt-local-only";
+    sys_apply(&sys, ns, "counter", &Tpl::counter());
+    create_actor(&sys, ns, "c", "counter");
+    let target = format!("{ns}/c");
+    assert_eq!(counts(&get_ok(&sys, &target, "/")), (1, 1, 1));
+    sys.ate_ok(&["suspend", "actor", "c", "-a", ns, "--durable"]);
+    assert!(actor(&sys, ns, "c").get("lastError").is_none());
+    let durable1 = durable_manifest(&store.dir, ns, "c", 1).expect("generation 1 is durable");
+    assert_eq!(counts(&get_ok(&sys, &target, "/")), (2, 2, 2));
+
+    // Generation 2 gets no durable copy.
+    store.make_read_only();
+    sys.ate_ok(&["suspend", "actor", "c", "-a", ns, "--durable"]);
+    let a = actor(&sys, ns, "c");
+    assert_eq!(state_of(&a), "ACTOR_STATE_SUSPENDED", "{a}");
+    assert!(
+        a["lastError"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("durable upload failed"),
+        "{a}"
+    );
+    let state = sys.state_dir();
+    let gen1 = generation_dir(&state, ns, "c", 1);
+    let gen2 = generation_dir(&state, ns, "c", 2);
+    let gen1_manifest = std::fs::read(gen1.join("manifest.json")).expect("generation 1 kept");
+    let durable1_manifest = std::fs::read(&durable1).expect("durable generation 1");
+    flip_byte_in_largest_file(&gen2);
+
+    // Today's behaviour: CRASHED with the checksum reason; no fallback to another generation.
+    let (status, head, body) = get(sys.router_addr, &target, "/");
+    assert_ne!(
+        status, 200,
+        "a corrupted generation must never restore: {head}\n{body}"
+    );
+    let a = actor(&sys, ns, "c");
+    assert_eq!(state_of(&a), "ACTOR_STATE_CRASHED", "{a}");
+    let why = a["lastError"].as_str().unwrap_or_default().to_lowercase();
+    assert!(
+        why.contains("checksum") || why.contains("sha256"),
+        "lastError: {why}"
+    );
+    assert!(
+        sys.log("node").contains("has no COMPLETED durable copy"),
+        "node log:\n{}",
+        sys.log("node")
+    );
+    // Nothing was moved or deleted: the damaged copy stays where it was, generation 1 (local
+    // and durable) is untouched.
+    assert!(
+        gen2.join("manifest.json").is_file(),
+        "generation 2 left in place"
+    );
+    assert!(!quarantined(&gen2).exists());
+    assert_eq!(
+        std::fs::read(gen1.join("manifest.json")).expect("generation 1"),
+        gen1_manifest
+    );
+    assert_eq!(
+        std::fs::read(&durable1).expect("durable generation 1"),
+        durable1_manifest
+    );
+    assert!(
+        containers(&state).is_empty(),
+        "no sandbox was started from it"
+    );
 }

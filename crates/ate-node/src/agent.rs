@@ -55,6 +55,19 @@ fn obj_key(w: &v1::Workload) -> Result<(String, String), Status> {
     Ok((a.atespace.clone(), a.name.clone()))
 }
 
+/// Removes what [`ate_snapshot::quarantine`] set aside of a generation directory (its files
+/// are kept for inspection until the generation itself is deleted).
+async fn remove_quarantined(gen_dir: &Path) {
+    let Ok(aside) = ate_snapshot::quarantine_path(gen_dir) else {
+        return;
+    };
+    if let Err(e) = tokio::fs::remove_dir_all(&aside).await
+        && e.kind() != std::io::ErrorKind::NotFound
+    {
+        tracing::warn!(dir = %aside.display(), error = %e, "cannot delete a quarantined generation");
+    }
+}
+
 impl NodeAgent {
     pub async fn new(cfg: NodeConfig, bound: SocketAddr) -> Result<Self, NodeError> {
         let durable_url = cfg.durable_url();
@@ -173,17 +186,19 @@ impl NodeAgent {
             .join(format!("{generation}-{short}"))
     }
 
-    /// A generation directory usable for a restore: the local copy when it was written on this
-    /// node in this boot and verifies, else a (cached) download of the durable copy.
-    async fn materialize(&self, snap: &v1::Snapshot) -> Result<PathBuf, Status> {
+    /// The node-local copy of the generation, when this node wrote it in this boot and it is
+    /// still sealed (its contents are verified by the worker that restores it).
+    fn local_copy(&self, snap: &v1::Snapshot) -> Option<PathBuf> {
         let local = Path::new(&snap.local_path);
-        if !snap.local_path.is_empty()
+        (!snap.local_path.is_empty()
             && snap.node == self.inner.cfg.name
             && snap.boot_id == self.inner.fleet.boot_id
-            && local.join("manifest.json").exists()
-        {
-            return Ok(local.to_path_buf());
-        }
+            && ate_snapshot::is_sealed(local))
+        .then(|| local.to_path_buf())
+    }
+
+    /// A (cached) download of the generation's durable copy, verified.
+    async fn fetch(&self, snap: &v1::Snapshot) -> Result<PathBuf, Status> {
         if snap.durable_uri.is_empty() {
             return Err(Status::failed_precondition(format!(
                 "generation {} ({}) is not on node {} and has no durable copy",
@@ -223,6 +238,73 @@ impl NodeAgent {
                 ))
             })?;
         Ok(target)
+    }
+
+    /// The worker refused to start the actor from the node-local copy `local`. When that copy is
+    /// damaged (it fails verification here too: a file's checksum or size, a missing file, an
+    /// unreadable manifest — not an I/O error) and the generation has a COMPLETED durable copy,
+    /// the local copy is moved aside for good and the durable copy is fetched (downloaded and
+    /// verified) in its place: the returned directory. Otherwise the worker's error stands and
+    /// the local copy is left as it is.
+    ///
+    /// The check runs only on this failure path, so a good local copy costs no second hashing
+    /// pass (the worker verifies every generation it restores).
+    async fn replace_damaged_local(
+        &self,
+        snap: &v1::Snapshot,
+        local: &Path,
+        refused: Status,
+    ) -> Result<PathBuf, Status> {
+        use tonic::Code;
+        // The worker is busy, gone or was cancelled: that says nothing about the generation.
+        if matches!(
+            refused.code(),
+            Code::Unavailable
+                | Code::ResourceExhausted
+                | Code::Aborted
+                | Code::Cancelled
+                | Code::DeadlineExceeded
+        ) {
+            return Err(refused);
+        }
+        let damage = match ate_snapshot::verify(local).await {
+            Err(e) if e.is_corrupt() => e,
+            _ => return Err(refused),
+        };
+        let bad_file = damage
+            .corrupt_file()
+            .map(|f| local.join(f).display().to_string())
+            .unwrap_or_default();
+        let actor = snap
+            .actor
+            .as_ref()
+            .map(|a| format!("{}/{}", a.atespace, a.name))
+            .unwrap_or_default();
+        let durable =
+            snap.durable_status == DurableStatus::Completed.wire() && !snap.durable_uri.is_empty();
+        if !durable {
+            tracing::warn!(actor = %actor, generation = snap.generation, file = %bad_file, error = %damage, "node-local generation failed verification and has no COMPLETED durable copy; the restore fails");
+            return Err(refused);
+        }
+        tracing::warn!(actor = %actor, generation = snap.generation, file = %bad_file, error = %damage, uri = %snap.durable_uri, "node-local generation failed verification; discarding it and restoring the same generation from its durable copy");
+        match ate_snapshot::quarantine(local).await {
+            Ok(Some(aside)) => {
+                tracing::warn!(actor = %actor, generation = snap.generation, from = %local.display(), to = %aside.display(), "damaged node-local generation moved aside")
+            }
+            Ok(None) => {}
+            // Still restorable from the durable copy; the next restore of this generation on
+            // this node finds the damage again and retries the move.
+            Err(e) => {
+                tracing::warn!(actor = %actor, generation = snap.generation, dir = %local.display(), error = %e, "cannot move the damaged node-local generation aside")
+            }
+        }
+        self.fetch(snap).await.map_err(|e| {
+            Status::failed_precondition(format!(
+                "{}; its durable copy could not replace it: {}",
+                refused.message(),
+                e.message()
+            ))
+        })
     }
 
     async fn upload(
@@ -348,18 +430,29 @@ impl NodeService for NodeAgent {
         if let Some(actor) = &workload.actor {
             self.forget_frozen(actor, &workload.worker_id).await;
         }
-        let dir = self.materialize(&snap).await?;
-        let reply = worker
-            .client
-            .clone()
-            .start(v1::WorkerStartRequest {
-                workload: Some(workload),
+        let start = |dir: &Path| {
+            let mut client = worker.client.clone();
+            let start = v1::WorkerStartRequest {
+                workload: Some(workload.clone()),
                 generation_dir: dir.display().to_string(),
                 fidelity: req.fidelity,
-            })
-            .await?
-            .into_inner();
-        Ok(Response::new(Self::reply(&worker, reply.epoch)))
+            };
+            async move { client.start(start).await }
+        };
+        let reply = match self.local_copy(&snap) {
+            None => start(&self.fetch(&snap).await?).await?,
+            Some(local) => match start(&local).await {
+                Ok(reply) => reply,
+                Err(refused) => {
+                    let dir = self.replace_damaged_local(&snap, &local, refused).await?;
+                    start(&dir).await?
+                }
+            },
+        };
+        Ok(Response::new(Self::reply(
+            &worker,
+            reply.into_inner().epoch,
+        )))
     }
 
     async fn checkpoint(
@@ -495,6 +588,7 @@ impl NodeService for NodeAgent {
             }
             if !snap.local_path.is_empty() && snap.node == self.inner.cfg.name {
                 let _ = tokio::fs::remove_dir_all(&snap.local_path).await;
+                remove_quarantined(Path::new(&snap.local_path)).await;
             }
             snap.local_path.clear();
             out.push(snap);
@@ -534,6 +628,12 @@ impl NodeService for NodeAgent {
                     "cannot delete {}: {e}",
                     snap.local_path
                 )));
+            }
+            if !snap.local_path.is_empty()
+                && snap.node == self.inner.cfg.name
+                && Path::new(&snap.local_path).starts_with(&root)
+            {
+                remove_quarantined(Path::new(&snap.local_path)).await;
             }
             if !snap.durable_uri.is_empty() {
                 self.inner

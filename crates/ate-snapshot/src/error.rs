@@ -100,6 +100,31 @@ impl Error {
         }
     }
 
+    /// True when a generation's own content is wrong, as [`crate::verify`] found it: the manifest
+    /// does not parse, or a file it lists is missing, has another size or another sha256. Such a
+    /// copy never verifies again, unlike one behind an I/O error (retry), without a manifest
+    /// (never sealed) or in a format this build does not read (not damaged).
+    pub fn is_corrupt(&self) -> bool {
+        matches!(
+            self,
+            Self::InvalidManifest(_)
+                | Self::MissingFile { .. }
+                | Self::SizeMismatch { .. }
+                | Self::ChecksumMismatch { .. }
+        )
+    }
+
+    /// The file (relative to the generation directory) a corruption error is about.
+    pub fn corrupt_file(&self) -> Option<&str> {
+        match self {
+            Self::InvalidManifest(_) => Some(crate::MANIFEST_FILE),
+            Self::MissingFile { file }
+            | Self::SizeMismatch { file, .. }
+            | Self::ChecksumMismatch { file, .. } => Some(file),
+            _ => None,
+        }
+    }
+
     /// True when the cause is a full disk (ENOSPC), anywhere in the source chain.
     pub fn is_no_space(&self) -> bool {
         let mut cur: Option<&(dyn std::error::Error + 'static)> = Some(self);

@@ -246,6 +246,53 @@ fn check_file(full: &Path, f: &FileEntry, hash: bool) -> Result<()> {
     Ok(())
 }
 
+/// Where [`quarantine`] moves a generation directory: `<parent>/.<name>.corrupt`, beside it
+/// (hidden, like every other non-generation sibling this crate writes).
+pub fn quarantine_path(gen_dir: &Path) -> Result<PathBuf> {
+    let name = gen_dir.file_name().ok_or_else(|| Error::InvalidName {
+        what: "generation dir",
+        value: gen_dir.display().to_string(),
+        message: "has no final component".into(),
+    })?;
+    let parent = match gen_dir.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    Ok(parent.join(format!(".{}.corrupt", name.to_string_lossy())))
+}
+
+/// Moves a generation that failed verification out of the way, to [`quarantine_path`], so that
+/// nothing takes it for a generation again while its files stay for inspection. One rename: the
+/// directory is either still the generation or gone from its path, never half moved. A copy an
+/// earlier quarantine of the same directory left is replaced. Idempotent: `Ok(None)` when
+/// `gen_dir` is already gone.
+pub async fn quarantine(gen_dir: &Path) -> Result<Option<PathBuf>> {
+    let gen_dir = gen_dir.to_path_buf();
+    let what = format!("quarantine {}", gen_dir.display());
+    tokio::task::spawn_blocking(move || quarantine_blocking(&gen_dir))
+        .await
+        .map_err(|e| Error::task(what, e))?
+}
+
+fn quarantine_blocking(gen_dir: &Path) -> Result<Option<PathBuf>> {
+    let aside = quarantine_path(gen_dir)?;
+    match fs::symlink_metadata(gen_dir) {
+        Ok(_) => {}
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(Error::io("stat", gen_dir, e)),
+    }
+    match fs::remove_dir_all(&aside) {
+        Ok(()) => {}
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+        Err(e) => return Err(Error::io("remove", &aside, e)),
+    }
+    fs::rename(gen_dir, &aside).map_err(|e| Error::io("rename", gen_dir, e))?;
+    if let Some(parent) = aside.parent() {
+        fsync_dir(parent)?;
+    }
+    Ok(Some(aside))
+}
+
 /// Replaces the contents of `target_upper` with the generation's `rootfs.tar`.
 pub async fn extract_rootfs(gen_dir: &Path, target_upper: &Path) -> Result<()> {
     extract_to(gen_dir.join(ROOTFS_ARCHIVE), target_upper.to_path_buf()).await

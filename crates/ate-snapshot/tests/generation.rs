@@ -254,3 +254,72 @@ async fn extract_refuses_traversal() {
     assert_eq!(fs::read(target.join("keep")).expect("kept"), b"k");
     assert!(no_temp_siblings(&target));
 }
+
+#[tokio::test]
+async fn corruption_is_classified_and_quarantined_idempotently() {
+    let fx = fixture(20_000);
+    let m = seal_generation(
+        &fx.gen_dir,
+        meta(Fidelity::Memory),
+        Some(&fx.upper),
+        &fx.volumes,
+    )
+    .await
+    .expect("seal");
+    let victim = &m.files[m.files.len() / 2].path;
+    flip_byte(&fx.gen_dir.join(victim));
+    let err = verify(&fx.gen_dir).await.expect_err("corrupt");
+    assert!(err.is_corrupt(), "{err}");
+    assert_eq!(err.corrupt_file(), Some(victim.as_str()));
+    // Not damage: a generation that was never sealed, an I/O error.
+    let never_sealed = Error::Incomplete {
+        dir: fx.gen_dir.clone(),
+    };
+    assert!(!never_sealed.is_corrupt());
+    assert_eq!(never_sealed.corrupt_file(), None);
+    let io = Error::Io {
+        op: "read",
+        path: fx.gen_dir.clone(),
+        source: std::io::Error::other("EIO"),
+    };
+    assert!(!io.is_corrupt());
+    let bad_manifest = Error::InvalidManifest("not json".into());
+    assert!(bad_manifest.is_corrupt());
+    assert_eq!(bad_manifest.corrupt_file(), Some("manifest.json"));
+
+    // Moved aside beside it, hidden, files kept for inspection; the path is no generation now.
+    let aside = ate_snapshot::quarantine(&fx.gen_dir)
+        .await
+        .expect("quarantine")
+        .expect("moved");
+    assert_eq!(
+        aside,
+        ate_snapshot::quarantine_path(&fx.gen_dir).expect("path")
+    );
+    assert_eq!(aside.parent(), fx.gen_dir.parent());
+    assert!(
+        aside
+            .file_name()
+            .is_some_and(|n| n.to_string_lossy().starts_with('.')),
+        "{}",
+        aside.display()
+    );
+    assert!(!fx.gen_dir.exists());
+    assert!(!ate_snapshot::is_sealed(&fx.gen_dir));
+    assert!(aside.join(victim).is_file());
+    // Again: nothing to move.
+    assert_eq!(
+        ate_snapshot::quarantine(&fx.gen_dir).await.expect("again"),
+        None
+    );
+    // The same directory written and quarantined once more replaces the older copy.
+    fs::create_dir_all(&fx.gen_dir).expect("mkdir");
+    fs::write(fx.gen_dir.join("marker"), b"second").expect("write");
+    let again = ate_snapshot::quarantine(&fx.gen_dir)
+        .await
+        .expect("quarantine again")
+        .expect("moved again");
+    assert_eq!(again, aside);
+    assert_eq!(fs::read(aside.join("marker")).expect("read"), b"second");
+    assert!(!aside.join(victim).exists());
+}
