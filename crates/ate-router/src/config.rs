@@ -31,7 +31,8 @@ pub struct RouterConfig {
     #[arg(long = "assignment-cache-ttl", default_value = "5s", value_parser = parse_duration)]
     pub assignment_cache_ttl: Duration,
 
-    /// On shutdown: stop accepting, then wait at most this long for in-flight and parked requests.
+    /// On shutdown: stop accepting, then wait at most this long for in-flight and parked requests,
+    /// WebSockets and client CONNECT tunnels; whatever is still open then is closed.
     #[arg(long = "drain-delay", default_value = "13s", value_parser = parse_duration)]
     pub drain_delay: Duration,
 
@@ -46,7 +47,7 @@ pub struct RouterConfig {
 
     /// Idle tunnels kept per actor for keep-alive reuse (default 256; at least the number of
     /// concurrent requests one actor gets, or the rest open a new tunnel each); 0 disables the
-    /// pool. Idle tunnels close after 1 s.
+    /// pool (also the one shared gRPC tunnel per actor port). Idle tunnels close after 1 s.
     #[arg(long = "tunnel-idle-per-actor")]
     pub tunnel_idle_per_actor: Option<usize>,
 
@@ -80,7 +81,8 @@ pub struct Tuning {
     /// Idle HTTP/1.1-over-CONNECT connections kept per actor; 0 disables the pool
     /// (`--tunnel-idle-per-actor` overrides it).
     pub tunnel_idle_per_actor: usize,
-    /// Idle pooled tunnel connections older than this are dropped.
+    /// Idle pooled tunnel connections older than this are dropped (HTTP/1.1 tunnels, and gRPC
+    /// tunnels without an open stream).
     pub tunnel_idle_timeout: Duration,
     /// Time allowed to open the TCP + HTTP/2 connection to a worker's atunnel.
     pub worker_connect_timeout: Duration,

@@ -8,13 +8,14 @@
 //! Pieces, each tested on its own: [`actor_ref`] (header), [`cache`] (assignments),
 //! [`single_flight`], [`parking`] (limit, places, backoff), [`error`] (status mapping),
 //! [`resolve`] (the resolution state machine), [`tunnel`] (atunnel client), [`proxy`] (one
-//! request), [`server`] (listeners, drain).
+//! request), [`drain`] (relays the drain waits for), [`server`] (listeners, drain).
 
 pub mod actor_ref;
 pub mod api;
 pub mod body;
 pub mod cache;
 pub mod config;
+pub mod drain;
 pub mod error;
 pub mod metrics;
 pub mod parking;
@@ -36,6 +37,7 @@ pub use crate::config::{RouterConfig, Tuning};
 pub use crate::metrics::Stats;
 
 use crate::cache::AssignmentCache;
+use crate::drain::Drain;
 use crate::parking::ParkingLot;
 use crate::proxy::{Proxy, ProxyConfig};
 use crate::resolve::{ResolveConfig, Resolver};
@@ -135,6 +137,7 @@ impl Router {
         let proxy = Proxy::new(
             resolver.clone(),
             tunnels.clone(),
+            Drain::new(),
             ProxyConfig {
                 max_uri_len: t.max_uri_len,
                 header_read_timeout: t.header_read_timeout,
@@ -160,6 +163,7 @@ impl Router {
         Probe {
             resolver: self.resolver.clone(),
             tunnels: self.tunnels.clone(),
+            drain: self.proxy.drain().clone(),
         }
     }
 
@@ -247,6 +251,7 @@ impl Router {
 pub struct Probe {
     resolver: Arc<Resolver>,
     tunnels: Arc<Tunnels>,
+    drain: Arc<Drain>,
 }
 
 impl Probe {
@@ -263,6 +268,21 @@ impl Probe {
     /// Idle pooled tunnels.
     pub fn idle_tunnels(&self) -> usize {
         self.tunnels.idle_count()
+    }
+
+    /// Pooled gRPC connections (one tunnel each).
+    pub fn grpc_tunnels(&self) -> usize {
+        self.tunnels.grpc_count()
+    }
+
+    /// Open relays (WebSocket over HTTP/1.1 or HTTP/2, client CONNECT tunnels).
+    pub fn open_relays(&self) -> usize {
+        self.drain.open()
+    }
+
+    /// Where the router is: serving, draining, or past the drain deadline.
+    pub fn phase(&self) -> drain::Phase {
+        self.drain.phase()
     }
 }
 

@@ -1,7 +1,10 @@
 //! One client request: name the actor, resolve it, and forward through a tunnel. Plain requests
-//! are forwarded as HTTP/1.1; WebSocket upgrades are relayed byte for byte; gRPC (HTTP/2 with
-//! `content-type: application/grpc*`) is forwarded as HTTP/2 so trailers pass through untouched;
-//! a client `CONNECT host:port` opens a tunnel in which each HTTP/1.1 request is routed on its own.
+//! are forwarded as HTTP/1.1; WebSocket upgrades are relayed byte for byte; a WebSocket over
+//! HTTP/2 (RFC 8441 extended CONNECT, `:protocol = websocket`) reaches the actor as an HTTP/1.1
+//! upgrade and is relayed the same way; gRPC (HTTP/2 with `content-type: application/grpc*`) is
+//! forwarded as HTTP/2 over the actor port's shared gRPC tunnel, so trailers pass through
+//! untouched; a client `CONNECT host:port` opens a tunnel in which each HTTP/1.1 request is routed
+//! on its own. Relays and client tunnels are registered with the [`Drain`].
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -12,12 +15,14 @@ use ate_core::{TARGET_ACTOR_HEADER, TARGET_PORT_HEADER};
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::{Method, Request, Response, StatusCode, Uri, Version};
 use hyper::body::Incoming;
+use hyper::ext::Protocol;
 use hyper::service::service_fn;
-use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::rt::TokioTimer;
 
 use crate::actor_ref::{ActorKey, parse_target};
 use crate::body::RouterBody;
 use crate::cache::Route;
+use crate::drain::{Drain, spawn_pipe};
 use crate::error::ResolveError;
 use crate::metrics::{
     FORWARD_SECONDS, REQUESTS, RESOLVE_SECONDS, STALE_RETRIES, Stats, status_label,
@@ -27,6 +32,10 @@ use crate::tunnel::{SendFailed, TunnelError, Tunnels};
 
 /// Response header telling how the actor was found: `cold`, `warm` or `parked`.
 pub const RESUME_HEADER: &str = "ate-resume";
+
+/// Set on the HTTP/1.1 upgrade the router makes for an HTTP/2 WebSocket (RFC 6455 §4.1).
+const SEC_WEBSOCKET_KEY: HeaderName = HeaderName::from_static("sec-websocket-key");
+const SEC_WEBSOCKET_ACCEPT: HeaderName = HeaderName::from_static("sec-websocket-accept");
 
 /// Headers that describe one hop and never cross the router (RFC 9110 §7.6.1).
 const HOP_BY_HOP: [HeaderName; 9] = [
@@ -46,11 +55,16 @@ const HOP_BY_HOP: [HeaderName; 9] = [
 enum Mode {
     Http1,
     Upgrade,
+    /// RFC 8441 extended CONNECT with `:protocol = websocket` (checked by the caller).
+    H2WebSocket,
     Grpc,
 }
 
 impl Mode {
     fn of(request: &Request<Incoming>) -> Mode {
+        if request.method() == Method::CONNECT && request.extensions().get::<Protocol>().is_some() {
+            return Mode::H2WebSocket;
+        }
         if request.version() == Version::HTTP_2 {
             let grpc = request
                 .headers()
@@ -76,6 +90,7 @@ pub struct ProxyConfig {
 pub struct Proxy {
     resolver: Arc<Resolver>,
     tunnels: Arc<Tunnels>,
+    drain: Arc<Drain>,
     cfg: ProxyConfig,
     stats: Arc<Stats>,
 }
@@ -84,15 +99,22 @@ impl Proxy {
     pub fn new(
         resolver: Arc<Resolver>,
         tunnels: Arc<Tunnels>,
+        drain: Arc<Drain>,
         cfg: ProxyConfig,
         stats: Arc<Stats>,
     ) -> Arc<Self> {
         Arc::new(Self {
             resolver,
             tunnels,
+            drain,
             cfg,
             stats,
         })
+    }
+
+    /// The relays this proxy started, for the listener's drain.
+    pub fn drain(&self) -> &Arc<Drain> {
+        &self.drain
     }
 
     /// The hyper service of the ingress listener.
@@ -120,6 +142,19 @@ impl Proxy {
         };
         request.headers_mut().remove(TARGET_PORT_HEADER);
         if request.method() == Method::CONNECT {
+            if let Some(protocol) = request.extensions().get::<Protocol>() {
+                // RFC 8441: only WebSocket is bootstrapped over HTTP/2.
+                if !protocol.as_str().eq_ignore_ascii_case("websocket") {
+                    return text(
+                        StatusCode::NOT_IMPLEMENTED,
+                        format!(
+                            "extended CONNECT :protocol {:?} is not supported (only websocket)",
+                            protocol.as_str()
+                        ),
+                    );
+                }
+                return self.forward(request, actor, 80).await;
+            }
             return self.client_connect(request, actor);
         }
         self.forward(request, actor, 80).await
@@ -146,9 +181,14 @@ impl Proxy {
         loop {
             let sent = Instant::now();
             let result = match mode {
-                Mode::Http1 => self.tunnels.send_h1(&route, actor, port, request).await,
+                Mode::Http1 => self
+                    .tunnels
+                    .send_h1(&route, actor, port, request)
+                    .await
+                    .map(|r| r.map(RouterBody::from)),
                 Mode::Upgrade => self.upgrade(&route, actor, port, request).await,
-                Mode::Grpc => self.grpc(&route, actor, port, request).await,
+                Mode::H2WebSocket => self.h2_websocket(&route, actor, port, request).await,
+                Mode::Grpc => self.tunnels.send_grpc(&route, actor, port, request).await,
             };
             match result {
                 Ok(response) => {
@@ -164,6 +204,7 @@ impl Proxy {
                     self.stats.stale_retries.fetch_add(1, Ordering::Relaxed);
                     metrics::counter!(STALE_RETRIES).increment(1);
                     self.resolver.evict_stale(actor, &route);
+                    self.tunnels.evict(actor, &route.worker);
                     match self.resolver.resolve(actor).await {
                         Ok((r, k)) => {
                             route = r;
@@ -191,7 +232,7 @@ impl Proxy {
         actor: &str,
         port: u16,
         mut request: Request<Incoming>,
-    ) -> Result<Response<Incoming>, SendFailed<Request<Incoming>>> {
+    ) -> Result<Response<RouterBody>, SendFailed<Request<Incoming>>> {
         let mut conn = match self.tunnels.new_h1(route, actor, port).await {
             Ok(conn) => conn,
             Err(error) => {
@@ -212,32 +253,25 @@ impl Proxy {
             })?;
         if response.status() == StatusCode::SWITCHING_PROTOCOLS {
             let actor_side = hyper::upgrade::on(&mut response);
-            tokio::spawn(async move {
-                match tokio::join!(client_side, actor_side) {
-                    (Ok(client), Ok(actor)) => {
-                        let mut client = TokioIo::new(client);
-                        let mut actor = TokioIo::new(actor);
-                        let _ = tokio::io::copy_bidirectional(&mut client, &mut actor).await;
-                    }
-                    (c, a) => {
-                        tracing::debug!(client = ?c.err(), actor = ?a.err(), "upgrade failed")
-                    }
-                }
-            });
+            spawn_pipe(self.drain.relay(), client_side, actor_side, "websocket");
         }
-        Ok(response)
+        Ok(response.map(RouterBody::from))
     }
 
-    /// gRPC: HTTP/2 to the actor over the tunnel, so streams and trailers pass through untouched.
-    async fn grpc(
+    /// WebSocket over HTTP/2 (RFC 8441): the client's extended CONNECT (already shaped by
+    /// [`prepare_request`] into an HTTP/1.1 upgrade) goes to the actor on a fresh tunnel; the
+    /// actor's 101 becomes the client's 200 and the bytes are relayed between the HTTP/2 stream
+    /// and the tunnel. Any other answer is passed back as it is, except a 2xx, which would open
+    /// a stream the actor never agreed to (502).
+    async fn h2_websocket(
         &self,
         route: &Route,
         actor: &str,
         port: u16,
-        request: Request<Incoming>,
-    ) -> Result<Response<Incoming>, SendFailed<Request<Incoming>>> {
-        let mut sender = match self.tunnels.h2(route, actor, port).await {
-            Ok(sender) => sender,
+        mut request: Request<Incoming>,
+    ) -> Result<Response<RouterBody>, SendFailed<Request<Incoming>>> {
+        let mut conn = match self.tunnels.new_h1(route, actor, port).await {
+            Ok(conn) => conn,
             Err(error) => {
                 return Err(SendFailed {
                     error,
@@ -245,10 +279,40 @@ impl Proxy {
                 });
             }
         };
-        sender.send_request(request).await.map_err(|e| SendFailed {
-            error: TunnelError::Actor(e),
-            request: None,
-        })
+        let client_side = hyper::upgrade::on(&mut request);
+        let mut response = conn
+            .sender
+            .send_request(request)
+            .await
+            .map_err(|e| SendFailed {
+                error: TunnelError::Actor(e),
+                request: None,
+            })?;
+        let status = response.status();
+        if status == StatusCode::SWITCHING_PROTOCOLS {
+            let actor_side = hyper::upgrade::on(&mut response);
+            spawn_pipe(
+                self.drain.relay(),
+                client_side,
+                actor_side,
+                "websocket over h2",
+            );
+            *response.status_mut() = StatusCode::OK;
+            let headers = response.headers_mut();
+            // HTTP/1.1-only handshake headers; the HTTP/2 stream itself is the upgrade.
+            headers.remove(SEC_WEBSOCKET_ACCEPT);
+            headers.remove(header::CONTENT_LENGTH);
+            strip_hop_by_hop(headers, false);
+            return Ok(response.map(RouterBody::from));
+        }
+        if status.is_success() {
+            tracing::warn!(%actor, %status, "actor answered a WebSocket upgrade without switching protocols");
+            return Ok(text(
+                StatusCode::BAD_GATEWAY,
+                format!("actor {actor} did not accept the WebSocket upgrade"),
+            ));
+        }
+        Ok(response.map(RouterBody::from))
     }
 
     /// Client `CONNECT host:port` with the actor header: answer 200, then serve the bytes inside as
@@ -265,13 +329,18 @@ impl Proxy {
         let actor = ActorKey::from_validated(actor);
         let proxy = self.clone();
         let on_upgrade = hyper::upgrade::on(request);
+        // Registered before the 200 goes out, so a drain starting now still waits for it.
+        let mut relay = self.drain.relay();
         tokio::spawn(async move {
-            let upgraded = match on_upgrade.await {
-                Ok(upgraded) => upgraded,
-                Err(e) => {
-                    tracing::debug!(error = %e, "client CONNECT upgrade failed");
-                    return;
-                }
+            let upgraded = tokio::select! {
+                upgraded = on_upgrade => match upgraded {
+                    Ok(upgraded) => upgraded,
+                    Err(e) => {
+                        tracing::debug!(error = %e, "client CONNECT upgrade failed");
+                        return;
+                    }
+                },
+                () = relay.cut() => return,
             };
             let header_read_timeout = proxy.cfg.header_read_timeout;
             let service = service_fn(move |inner: Request<Incoming>| {
@@ -284,14 +353,28 @@ impl Proxy {
                     Ok::<_, Infallible>(response)
                 }
             });
-            let served = hyper::server::conn::http1::Builder::new()
+            let conn = hyper::server::conn::http1::Builder::new()
                 .timer(TokioTimer::new())
                 .header_read_timeout(header_read_timeout)
                 .serve_connection(upgraded, service)
-                .with_upgrades()
-                .await;
-            if let Err(e) = served {
-                tracing::debug!(error = %e, "client CONNECT tunnel ended");
+                .with_upgrades();
+            tokio::pin!(conn);
+            // Like a client connection: on drain, close after the request in flight (at once
+            // when idle); at the drain deadline, close regardless.
+            let served = tokio::select! {
+                served = conn.as_mut() => Some(served),
+                () = relay.draining() => {
+                    conn.as_mut().graceful_shutdown();
+                    tokio::select! {
+                        served = conn.as_mut() => Some(served),
+                        () = relay.cut() => None,
+                    }
+                }
+            };
+            match served {
+                Some(Ok(())) => {}
+                Some(Err(e)) => tracing::debug!(error = %e, "client CONNECT tunnel ended"),
+                None => tracing::info!("drain deadline passed: client CONNECT tunnel closed"),
             }
         });
         Response::new(RouterBody::empty())
@@ -376,13 +459,23 @@ fn prepare_request(request: &mut Request<Incoming>, mode: Mode) {
                     .insert(header::TE, HeaderValue::from_static("trailers"));
             }
         }
-        Mode::Http1 | Mode::Upgrade => {
+        Mode::Http1 | Mode::Upgrade | Mode::H2WebSocket => {
             let upgrade = mode == Mode::Upgrade;
             strip_hop_by_hop(request.headers_mut(), upgrade);
             if upgrade {
                 request
                     .headers_mut()
                     .insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
+            }
+            if mode == Mode::H2WebSocket {
+                // RFC 8441 §5: the extended CONNECT becomes the RFC 6455 opening handshake.
+                *request.method_mut() = Method::GET;
+                request.extensions_mut().remove::<Protocol>();
+                let headers = request.headers_mut();
+                headers.remove(header::CONTENT_LENGTH);
+                headers.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
+                headers.insert(header::UPGRADE, HeaderValue::from_static("websocket"));
+                headers.insert(SEC_WEBSOCKET_KEY, websocket_key());
             }
             if !request.headers().contains_key(header::HOST)
                 && let Some(authority) = request.uri().authority()
@@ -405,7 +498,29 @@ fn prepare_request(request: &mut Request<Incoming>, mode: Mode) {
     }
 }
 
-fn finish_response(mut response: Response<Incoming>, kind: ResumeKind) -> Response<RouterBody> {
+/// A fresh `Sec-WebSocket-Key`: 16 random bytes in base64 (RFC 6455 §4.1).
+fn websocket_key() -> HeaderValue {
+    let key = base64_16(rand::random());
+    HeaderValue::from_bytes(&key)
+        .unwrap_or_else(|_| HeaderValue::from_static("AAAAAAAAAAAAAAAAAAAAAA=="))
+}
+
+/// Standard base64 (with padding) of 16 bytes.
+fn base64_16(bytes: [u8; 16]) -> [u8; 24] {
+    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut out = [b'='; 24];
+    for (i, chunk) in bytes.chunks(3).enumerate() {
+        let byte = |k: usize| u32::from(chunk.get(k).copied().unwrap_or(0));
+        let n = (byte(0) << 16) | (byte(1) << 8) | byte(2);
+        // A chunk of k bytes makes k + 1 characters; the rest of the group stays `=`.
+        for j in 0..=chunk.len() {
+            out[i * 4 + j] = ALPHABET[((n >> (18 - 6 * j)) & 63) as usize];
+        }
+    }
+    out
+}
+
+fn finish_response(mut response: Response<RouterBody>, kind: ResumeKind) -> Response<RouterBody> {
     let switching = response.status() == StatusCode::SWITCHING_PROTOCOLS;
     strip_hop_by_hop(response.headers_mut(), switching);
     if switching {
@@ -416,7 +531,7 @@ fn finish_response(mut response: Response<Incoming>, kind: ResumeKind) -> Respon
     response
         .headers_mut()
         .insert(RESUME_HEADER, HeaderValue::from_static(kind.header_value()));
-    response.map(RouterBody::from)
+    response
 }
 
 pub fn text(status: StatusCode, body: impl Into<bytes::Bytes>) -> Response<RouterBody> {
@@ -465,6 +580,20 @@ mod tests {
         assert_eq!(h.len(), 2, "{h:?}");
         assert_eq!(h[header::HOST], "app.example");
         assert!(h.contains_key("x-keep"));
+    }
+
+    #[test]
+    fn websocket_keys_are_base64_of_16_bytes() {
+        // RFC 6455 §1.3's sample nonce.
+        assert_eq!(
+            &base64_16(*b"the sample nonce"),
+            b"dGhlIHNhbXBsZSBub25jZQ=="
+        );
+        assert_eq!(&base64_16([0xff; 16]), b"/////////////////////w==");
+        assert_eq!(&base64_16([0; 16]), b"AAAAAAAAAAAAAAAAAAAAAA==");
+        let (a, b) = (websocket_key(), websocket_key());
+        assert_eq!(a.len(), 24);
+        assert_ne!(a, b);
     }
 
     #[test]

@@ -1,5 +1,9 @@
 //! Listeners: the ingress (HTTP/1.1 and h2c on one port, with limits and graceful drain) and the
 //! operations port (`/healthz`, `/metrics`).
+//!
+//! The drain waits for client connections (in-flight and parked requests) and for the relays the
+//! proxy registered ([`crate::drain`]): WebSocket relays and client CONNECT tunnels. At the drain
+//! deadline everything still open is closed, and only then does [`Ingress::run`] return.
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -18,7 +22,11 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 
 use crate::body::RouterBody;
+use crate::drain::{Drain, Phase};
 use crate::proxy::{Proxy, text};
+
+/// After the drain deadline, how long relays get to notice the cut before `run` returns anyway.
+const CUT_GRACE: Duration = Duration::from_secs(1);
 
 #[derive(Debug, Clone)]
 pub struct ListenerConfig {
@@ -30,6 +38,7 @@ pub struct ListenerConfig {
 /// The ingress: accepts connections until `shutdown`, then drains.
 pub struct Ingress {
     proxy: Arc<Proxy>,
+    drain: Arc<Drain>,
     builder: auto::Builder<TokioExecutor>,
     graceful: GracefulShutdown,
 }
@@ -49,8 +58,11 @@ impl Ingress {
             .timer(TokioTimer::new())
             .max_header_list_size(u32::try_from(cfg.max_header_bytes).unwrap_or(u32::MAX))
             .keep_alive_interval(Duration::from_secs(20))
-            .keep_alive_timeout(Duration::from_secs(10));
+            .keep_alive_timeout(Duration::from_secs(10))
+            // SETTINGS_ENABLE_CONNECT_PROTOCOL: WebSocket over HTTP/2 (RFC 8441).
+            .enable_connect_protocol();
         Self {
+            drain: proxy.drain().clone(),
             proxy,
             builder,
             graceful: GracefulShutdown::new(),
@@ -70,15 +82,22 @@ impl Ingress {
             .serve_connection_with_upgrades(TokioIo::new(io), service)
             .into_owned();
         let conn = self.graceful.watch(conn);
+        let mut phase = self.drain.watch();
         tokio::spawn(async move {
-            if let Err(e) = conn.await {
-                tracing::debug!(error = %e, "client connection ended");
+            tokio::select! {
+                served = conn => if let Err(e) = served {
+                    tracing::debug!(error = %e, "client connection ended");
+                },
+                _ = phase.wait_for(|p| *p == Phase::Cut) => {
+                    tracing::debug!("drain deadline passed: client connection closed");
+                }
             }
         });
     }
 
     /// Accepts until `shutdown`; then closes the listener (new connections are refused), lets
-    /// in-flight and parked requests finish, and returns once they have or `drain_delay` passed.
+    /// in-flight and parked requests, WebSocket relays and client CONNECT tunnels finish, and
+    /// returns once they have, or once `drain_delay` passed and whatever was left is closed.
     pub async fn run(
         self,
         listener: TcpListener,
@@ -117,14 +136,25 @@ impl Ingress {
         }
         drop(listener);
         drop(tls);
+        let drain = self.drain.clone();
+        drain.begin();
         let open = self.graceful.count();
-        tracing::info!(open, ?drain_delay, "draining");
-        if tokio::time::timeout(drain_delay, self.graceful.shutdown())
-            .await
-            .is_err()
-        {
-            tracing::warn!("drain delay passed with requests still in flight");
+        tracing::info!(open, relays = drain.open(), ?drain_delay, "draining");
+        let everything = async {
+            tokio::join!(self.graceful.shutdown(), drain.idle());
+        };
+        if tokio::time::timeout(drain_delay, everything).await.is_err() {
+            tracing::warn!(
+                relays = drain.open(),
+                "drain delay passed with requests or relays still open; closing them"
+            );
+            drain.cut();
+            // Each relay and connection stops at the cut; wait (briefly) until they are gone.
+            if tokio::time::timeout(CUT_GRACE, drain.idle()).await.is_err() {
+                tracing::warn!(relays = drain.open(), "relays still open after the cut");
+            }
         }
+        drain.cut();
     }
 }
 

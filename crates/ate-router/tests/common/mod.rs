@@ -202,25 +202,40 @@ impl ActorService for ScriptedApi {
 // ---------------------------------------------------------------------------------------------
 // Upstream: an HTTP/1.1 echo server standing in for an actor's port
 
+/// The head of an upgrade request as the actor saw it.
+#[derive(Debug, Clone)]
+pub struct SeenUpgrade {
+    pub method: http::Method,
+    pub uri: String,
+    pub version: http::Version,
+    pub headers: http::HeaderMap,
+}
+
 #[derive(Clone)]
 pub struct Upstream {
     pub addr: SocketAddr,
     pub requests: Arc<AtomicUsize>,
     pub connections: Arc<AtomicUsize>,
+    /// Every WebSocket upgrade request, in order.
+    pub upgrades: Arc<Mutex<Vec<SeenUpgrade>>>,
 }
 
 /// Replies `name=<name>\nhost=<Host>\ncount=<n>\n`, one `header <k>: <v>` line per header, then
-/// `body=<body>` (`/slow` after 100 ms). A WebSocket upgrade gets a 101 and then raw bytes are
-/// echoed.
+/// `body=<body>` (`/slow` after 100 ms, `/sleep/<ms>` after that long). A WebSocket upgrade gets
+/// a 101 (echoing `sec-websocket-protocol`) and then raw bytes are echoed; an upgrade to
+/// `/refuse` gets a 403, to `/plain` a 200 that switches nothing. gRPC requests (HTTP/2,
+/// `application/grpc`) get [`grpc_echo`].
 pub async fn start_upstream(name: &'static str) -> Upstream {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let requests = Arc::new(AtomicUsize::new(0));
     let connections = Arc::new(AtomicUsize::new(0));
+    let upgrades = Arc::new(Mutex::new(Vec::new()));
     let up = Upstream {
         addr,
         requests: requests.clone(),
         connections: connections.clone(),
+        upgrades: upgrades.clone(),
     };
     tokio::spawn(async move {
         loop {
@@ -229,8 +244,10 @@ pub async fn start_upstream(name: &'static str) -> Upstream {
             };
             connections.fetch_add(1, Ordering::SeqCst);
             let requests = requests.clone();
+            let upgrades = upgrades.clone();
             let service = service_fn(move |mut req: Request<Incoming>| {
                 let requests = requests.clone();
+                let upgrades = upgrades.clone();
                 async move {
                     let n = requests.fetch_add(1, Ordering::SeqCst) + 1;
                     if req
@@ -238,6 +255,30 @@ pub async fn start_upstream(name: &'static str) -> Upstream {
                         .get("upgrade")
                         .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"websocket"))
                     {
+                        upgrades.lock().unwrap().push(SeenUpgrade {
+                            method: req.method().clone(),
+                            uri: req.uri().to_string(),
+                            version: req.version(),
+                            headers: req.headers().clone(),
+                        });
+                        match req.uri().path() {
+                            "/refuse" => {
+                                let resp = Response::builder()
+                                    .status(StatusCode::FORBIDDEN)
+                                    .body(EchoBody::Full(Full::new(Bytes::from(
+                                        "no websocket here",
+                                    ))))
+                                    .unwrap();
+                                return Ok::<_, Infallible>(resp);
+                            }
+                            "/plain" => {
+                                let resp = Response::new(EchoBody::Full(Full::new(Bytes::from(
+                                    "just a page",
+                                ))));
+                                return Ok(resp);
+                            }
+                            _ => {}
+                        }
                         let on = hyper::upgrade::on(&mut req);
                         tokio::spawn(async move {
                             if let Ok(up) = on.await {
@@ -245,13 +286,18 @@ pub async fn start_upstream(name: &'static str) -> Upstream {
                                 let _ = tokio::io::copy(&mut r, &mut w).await;
                             }
                         });
-                        let resp = Response::builder()
+                        let mut resp = Response::builder()
                             .status(StatusCode::SWITCHING_PROTOCOLS)
                             .header("upgrade", "websocket")
                             .header("connection", "Upgrade")
+                            .header("sec-websocket-accept", "not-checked-by-these-tests")
                             .body(EchoBody::Full(Full::new(Bytes::new())))
                             .unwrap();
-                        return Ok::<_, Infallible>(resp);
+                        if let Some(p) = req.headers().get("sec-websocket-protocol") {
+                            resp.headers_mut()
+                                .insert("sec-websocket-protocol", p.clone());
+                        }
+                        return Ok(resp);
                     }
                     if req
                         .headers()
@@ -263,6 +309,14 @@ pub async fn start_upstream(name: &'static str) -> Upstream {
                     if req.uri().path() == "/slow" {
                         // Holds the request so that a test has many in flight at once.
                         tokio::time::sleep(Duration::from_millis(100)).await;
+                    }
+                    if let Some(ms) = req
+                        .uri()
+                        .path()
+                        .strip_prefix("/sleep/")
+                        .and_then(|ms| ms.parse().ok())
+                    {
+                        tokio::time::sleep(Duration::from_millis(ms)).await;
                     }
                     let mut text = format!("name={name}\n");
                     let host = req
@@ -293,10 +347,15 @@ pub async fn start_upstream(name: &'static str) -> Upstream {
 type Frames =
     futures::stream::Iter<std::vec::IntoIter<Result<hyper::body::Frame<Bytes>, Infallible>>>;
 
-/// Body of the upstream's answers: plain, or data followed by trailers (gRPC).
+type Channel =
+    futures::channel::mpsc::UnboundedReceiver<Result<hyper::body::Frame<Bytes>, Infallible>>;
+
+/// Body of the upstream's answers: plain, data followed by trailers (gRPC), or frames sent as
+/// they are made (streaming gRPC).
 pub enum EchoBody {
     Full(Full<Bytes>),
     Frames(http_body_util::StreamBody<Frames>),
+    Channel(http_body_util::StreamBody<Channel>),
 }
 
 impl hyper::body::Body for EchoBody {
@@ -309,13 +368,42 @@ impl hyper::body::Body for EchoBody {
         match self.get_mut() {
             EchoBody::Full(b) => std::pin::Pin::new(b).poll_frame(cx),
             EchoBody::Frames(b) => std::pin::Pin::new(b).poll_frame(cx),
+            EchoBody::Channel(b) => std::pin::Pin::new(b).poll_frame(cx),
         }
     }
 }
 
 /// A gRPC-shaped echo: the request body back, `grpc-status: 0` and the Host/:authority it saw
-/// as trailers.
+/// as trailers. On `/stream` each request data frame is echoed as soon as it arrives (bidi
+/// streaming), and the trailers follow the end of the request.
 async fn grpc_echo(req: Request<Incoming>, name: &str) -> Response<EchoBody> {
+    if req.uri().path().ends_with("/stream") {
+        let (tx, rx) = futures::channel::mpsc::unbounded();
+        let name = name.to_string();
+        tokio::spawn(async move {
+            let mut body = req.into_body();
+            let mut frames = 0;
+            while let Some(Ok(frame)) = body.frame().await {
+                if let Ok(data) = frame.into_data() {
+                    // An empty DATA frame may carry only END_STREAM.
+                    if data.is_empty() {
+                        continue;
+                    }
+                    frames += 1;
+                    let _ = tx.unbounded_send(Ok(hyper::body::Frame::data(data)));
+                }
+            }
+            let mut trailers = http::HeaderMap::new();
+            trailers.insert("grpc-status", "0".parse().unwrap());
+            trailers.insert("x-frames", frames.to_string().parse().unwrap());
+            trailers.insert("x-upstream", name.parse().unwrap());
+            let _ = tx.unbounded_send(Ok(hyper::body::Frame::trailers(trailers)));
+        });
+        return Response::builder()
+            .header("content-type", "application/grpc")
+            .body(EchoBody::Channel(http_body_util::StreamBody::new(rx)))
+            .unwrap();
+    }
     let authority = req
         .uri()
         .authority()
@@ -351,6 +439,8 @@ pub struct AtunnelState {
     pub connects: Arc<Mutex<Vec<(String, u16, String)>>>,
     /// TCP connections from the router.
     pub connections: Arc<AtomicUsize>,
+    /// Tunnels piping to an upstream right now.
+    pub open_tunnels: Arc<AtomicUsize>,
 }
 
 pub struct Atunnel {
@@ -364,6 +454,9 @@ impl Atunnel {
     }
     pub fn connects(&self) -> usize {
         self.state.connects.lock().unwrap().len()
+    }
+    pub fn open_tunnels(&self) -> usize {
+        self.state.open_tunnels.load(Ordering::SeqCst)
     }
 }
 
@@ -440,13 +533,16 @@ fn atunnel_stream(
         return reply(StatusCode::BAD_GATEWAY, "port refused");
     };
     let on = hyper::upgrade::on(req);
+    let open = st.open_tunnels.clone();
     tokio::spawn(async move {
         let Ok(up) = on.await else { return };
         let Ok(mut tcp) = TcpStream::connect(upstream).await else {
             return;
         };
+        open.fetch_add(1, Ordering::SeqCst);
         let mut up = TokioIo::new(up);
         let _ = tokio::io::copy_bidirectional(&mut up, &mut tcp).await;
+        open.fetch_sub(1, Ordering::SeqCst);
     });
     reply(StatusCode::OK, "")
 }
