@@ -167,6 +167,24 @@ pub async fn verify(gen_dir: &Path) -> Result<Manifest> {
 /// compresses it and refuses a mismatch before the manifest goes up, so a second pass would
 /// only cost CPU).
 pub(crate) async fn verify_with_bytes(gen_dir: &Path, hash: bool) -> Result<(Manifest, Vec<u8>)> {
+    let (manifest, bytes) = read_manifest_with_bytes(gen_dir).await?;
+    check_files(gen_dir, &manifest, hash).await?;
+    Ok((manifest, bytes))
+}
+
+/// The generation's manifest, read and validated, without looking at the files it lists (a
+/// restore starts from it while [`verify_files`] hashes them).
+pub async fn read_manifest(gen_dir: &Path) -> Result<Manifest> {
+    Ok(read_manifest_with_bytes(gen_dir).await?.0)
+}
+
+/// The second half of [`verify`]: every file `manifest` lists exists in `gen_dir` with its size
+/// and sha256.
+pub async fn verify_files(gen_dir: &Path, manifest: &Manifest) -> Result<()> {
+    check_files(gen_dir, manifest, true).await
+}
+
+async fn read_manifest_with_bytes(gen_dir: &Path) -> Result<(Manifest, Vec<u8>)> {
     let path = gen_dir.join(MANIFEST_FILE);
     let bytes = match tokio::fs::read(&path).await {
         Ok(b) => b,
@@ -178,6 +196,10 @@ pub(crate) async fn verify_with_bytes(gen_dir: &Path, hash: bool) -> Result<(Man
         Err(e) => return Err(Error::io("read", path, e)),
     };
     let manifest = Manifest::from_json(&bytes)?;
+    Ok((manifest, bytes))
+}
+
+async fn check_files(gen_dir: &Path, manifest: &Manifest, hash: bool) -> Result<()> {
     // Built eagerly and boxed: a stream `map` closure here makes callers' futures fail rustc's
     // higher-ranked `Send` check (rust-lang/rust#102211).
     let checks: Vec<_> = manifest
@@ -199,7 +221,7 @@ pub(crate) async fn verify_with_bytes(gen_dir: &Path, hash: bool) -> Result<(Man
         .buffered(HASH_PARALLELISM)
         .try_collect::<Vec<()>>()
         .await?;
-    Ok((manifest, bytes))
+    Ok(())
 }
 
 fn check_file(full: &Path, f: &FileEntry, hash: bool) -> Result<()> {

@@ -23,6 +23,6 @@ pub use durable::{DurableStore, TransferStats};
 pub use error::{Error, Result};
 pub use generation::{
     CRIU_DIR, GenerationMeta, ROOTFS_ARCHIVE, VOLUMES_DIR, extract_rootfs, extract_volume,
-    is_sealed, quarantine, quarantine_path, seal_generation, verify,
+    is_sealed, quarantine, quarantine_path, read_manifest, seal_generation, verify, verify_files,
 };
 pub use manifest::{FORMAT_VERSION, FileEntry, MANIFEST_FILE, Manifest};
