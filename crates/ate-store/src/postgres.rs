@@ -60,6 +60,11 @@ impl PostgresStore {
         Ok(self.pool.begin().await?)
     }
 
+    /// PostgreSQL serializes with row locks; nothing to hold in process.
+    async fn write_guard(&self) -> Option<()> {
+        None
+    }
+
     /// Closes the pool (waits for connections to be returned).
     pub async fn close(&self) {
         self.pool.close().await;

@@ -2,8 +2,10 @@
 // `postgres.rs`, which define before the include:
 //
 // - `Db` (the sqlx database), `DbRow` (its row type), `Tx` (`Transaction<'static, Db>`), `StoreImpl`
-//   (the store struct, with fields `pool` and `counters` and an inherent `begin_write()` that opens
-//   a transaction serialized against other writers: `BEGIN IMMEDIATE` on SQLite);
+//   (the store struct, with fields `pool` and `counters`, an inherent `begin_write()` that opens
+//   a transaction serialized against other writers: `BEGIN IMMEDIATE` behind an in-process writer
+//   lock on SQLite — and `write_guard()`, that lock for one-statement writes, a no-op on
+//   PostgreSQL);
 // - macros `for_update!()` / `for_share!()` expanding to the row-lock suffix of a SELECT (empty on
 //   SQLite, where `BEGIN IMMEDIATE` already serializes writers).
 //
@@ -1088,6 +1090,7 @@ impl Store for StoreImpl {
     ) -> Result<bool> {
         self.counters.lease();
         let expires_ms = now_ms.saturating_add(ttl_ms);
+        let _writer = self.write_guard().await;
         // One statement: insert, or take over an expired lease, or extend our own.
         let done = sqlx::query(
             "INSERT INTO leases (key, holder, expires_ms) VALUES ($1, $2, $3) \
@@ -1105,6 +1108,7 @@ impl Store for StoreImpl {
 
     async fn release_lease(&self, key: &str, holder: &str) -> Result<()> {
         self.counters.lease();
+        let _writer = self.write_guard().await;
         sqlx::query("DELETE FROM leases WHERE key = $1 AND holder = $2")
             .bind(key)
             .bind(holder)

@@ -14,8 +14,39 @@ use sqlx::sqlite::{
 
 type Db = sqlx::Sqlite;
 type DbRow = sqlx::sqlite::SqliteRow;
-type Tx = sqlx::Transaction<'static, Db>;
+type Tx = WriteTx;
 type StoreImpl = SqliteStore;
+
+/// A write transaction that also holds the store's in-process writer lock until it commits or
+/// is dropped. SQLite allows one writer; a second `BEGIN IMMEDIATE` waits in SQLite's busy
+/// handler, which *sleeps* (1, 2, 5, 10 … 100 ms) instead of waking when the lock is free, so 16
+/// concurrent resumes (~4 short write transactions each) queued for tens of milliseconds behind
+/// transactions that held the lock for well under one. Writers of this process queue on a tokio
+/// mutex instead and start the moment the previous one commits; the busy timeout still covers
+/// other processes (the CLI's direct tools, a second api by mistake).
+pub(crate) struct WriteTx {
+    tx: sqlx::Transaction<'static, Db>,
+    _writer: tokio::sync::OwnedMutexGuard<()>,
+}
+
+impl WriteTx {
+    async fn commit(self) -> std::result::Result<(), sqlx::Error> {
+        self.tx.commit().await
+    }
+}
+
+impl std::ops::Deref for WriteTx {
+    type Target = sqlx::SqliteConnection;
+    fn deref(&self) -> &Self::Target {
+        &self.tx
+    }
+}
+
+impl std::ops::DerefMut for WriteTx {
+    fn deref_mut(&mut self) -> &mut Self::Target {
+        &mut self.tx
+    }
+}
 
 /// How long a writer waits for another writer's transaction before giving up.
 const BUSY_TIMEOUT: Duration = Duration::from_secs(30);
@@ -40,6 +71,8 @@ macro_rules! for_share {
 pub struct SqliteStore {
     pool: SqlitePool,
     counters: StoreCounters,
+    /// One writer at a time in this process (see [`WriteTx`]).
+    writer: std::sync::Arc<tokio::sync::Mutex<()>>,
 }
 
 impl SqliteStore {
@@ -86,12 +119,24 @@ impl SqliteStore {
         Ok(Self {
             pool,
             counters: StoreCounters::default(),
+            writer: std::sync::Arc::new(tokio::sync::Mutex::new(())),
         })
     }
 
-    /// A write transaction that holds the database's write lock from its first statement.
+    /// A write transaction that holds the database's write lock from its first statement (and
+    /// this process's writer lock until it ends).
     async fn begin_write(&self) -> Result<Tx> {
-        Ok(self.pool.begin_with("BEGIN IMMEDIATE").await?)
+        let writer = self.writer.clone().lock_owned().await;
+        let tx = self.pool.begin_with("BEGIN IMMEDIATE").await?;
+        Ok(WriteTx {
+            tx,
+            _writer: writer,
+        })
+    }
+
+    /// The writer lock for a one-statement write outside [`Self::begin_write`] (leases).
+    async fn write_guard(&self) -> Option<tokio::sync::OwnedMutexGuard<()>> {
+        Some(self.writer.clone().lock_owned().await)
     }
 
     /// Closes the pool (waits for connections to be returned).
