@@ -150,20 +150,34 @@ fn legend<'a, X: Ranged, Y: Ranged>(
     Ok(())
 }
 
-/// Cold resumes completed in each second of the run, and the run's mean rate.
+/// Cold resumes completed in each second of the run, answers other than 200 stacked over them
+/// (burst mode), and the run's mean rate.
 fn throughput(root: &Area, v: &Value) -> anyhow::Result<()> {
-    let per_second: Vec<(usize, u64)> = list(v, "cold_per_second")
-        .iter()
-        .enumerate()
-        .filter_map(|(i, c)| Some((i, c.as_u64()?)))
-        .collect();
-    ensure!(!per_second.is_empty(), "no per-second counts to plot");
-    let x_max = per_second.iter().map(|p| p.0 + 1).max().unwrap_or(1) as f64;
-    let y_top = top(per_second.iter().map(|p| p.1 as f64), 1.25);
+    let counts = |key: &str| -> Vec<u64> {
+        list(v, key)
+            .iter()
+            .map(|c| c.as_u64().unwrap_or(0))
+            .collect()
+    };
+    let cold = counts("cold_per_second");
+    ensure!(!cold.is_empty(), "no per-second counts to plot");
+    let mut not_ok = counts("not_200_per_second");
+    not_ok.resize(cold.len(), 0);
+    let x_max = cold.len() as f64;
+    let y_top = top(cold.iter().zip(&not_ok).map(|(c, b)| (c + b) as f64), 1.25);
+    let burst = v.get("mode").and_then(Value::as_str) == Some("burst");
+    let bad: u64 = not_ok.iter().sum();
     let mut title = "Cold resumes completed per second".to_string();
     if let Some(c) = num(v, "concurrency") {
-        title += &format!(" ({c} requests in flight");
-        title += &opt(v, "actors", |a| format!(", {a} actors"));
+        if burst {
+            title += &opt(v, "actors", |a| {
+                format!(" (one request to each of {a} actors")
+            });
+            title += &format!(", up to {c} in flight");
+        } else {
+            title += &format!(" ({c} requests in flight");
+            title += &opt(v, "actors", |a| format!(", {a} actors"));
+        }
         title += &opt(v, "seconds", |s| format!(", {s:.1} s run"));
         title += ")";
     }
@@ -175,8 +189,16 @@ fn throughput(root: &Area, v: &Value) -> anyhow::Result<()> {
         .build_cartesian_2d(0.0..x_max, 0.0..y_top)?;
     chart
         .configure_mesh()
-        .x_desc("seconds since the start of the run")
-        .y_desc("cold resumes answered 200 in that second")
+        .x_desc(if burst {
+            "seconds since the first request was sent"
+        } else {
+            "seconds since the start of the run"
+        })
+        .y_desc(if bad > 0 {
+            "answers in that second"
+        } else {
+            "cold resumes answered 200 in that second"
+        })
         .x_label_formatter(&tick)
         .y_label_formatter(&tick)
         .draw()?;
@@ -189,17 +211,33 @@ fn throughput(root: &Area, v: &Value) -> anyhow::Result<()> {
     }
     let fill = BLUE.mix(0.6).filled();
     chart
-        .draw_series(per_second.iter().map(|&(i, c)| {
+        .draw_series(cold.iter().enumerate().map(|(i, &c)| {
             Rectangle::new([(i as f64 + 0.1, 0.0), (i as f64 + 0.9, c as f64)], fill)
         }))?
         .label(bars)
         .legend(move |(x, y)| Rectangle::new([(x, y - 5), (x + 20, y + 5)], fill));
+    if bad > 0 {
+        let red = RED.mix(0.6).filled();
+        chart
+            .draw_series(
+                cold.iter()
+                    .zip(&not_ok)
+                    .enumerate()
+                    .filter(|p| *p.1.1 > 0)
+                    .map(|(i, (&c, &b))| {
+                        let x = i as f64;
+                        Rectangle::new([(x + 0.1, c as f64), (x + 0.9, (c + b) as f64)], red)
+                    }),
+            )?
+            .label(format!("answers other than 200 ({bad} in all)"))
+            .legend(move |(x, y)| Rectangle::new([(x, y - 5), (x + 20, y + 5)], red));
+    }
     // A count over each bar while they are wide enough to hold one.
-    if per_second.len() <= 60 {
-        chart.draw_series(per_second.iter().filter(|p| p.1 > 0).map(|&(i, c)| {
+    if cold.len() <= 60 {
+        chart.draw_series(cold.iter().enumerate().filter(|p| *p.1 > 0).map(|(i, &c)| {
             Text::new(
                 c.to_string(),
-                (i as f64 + 0.5, c as f64),
+                (i as f64 + 0.5, c as f64 + not_ok[i] as f64),
                 TextStyle::from(("sans-serif", LABEL).into_font())
                     .pos(Pos::new(HPos::Center, VPos::Bottom)),
             )
@@ -449,6 +487,27 @@ mod tests {
                 "12",
                 "mean 18.8 resumes/s",
                 "resumes in that second (60 in all, p50 0.260 s, p99 0.560 s)",
+            ],
+        );
+    }
+
+    #[test]
+    fn throughput_burst_chart() {
+        let v = json!({"kind": "throughput", "mode": "burst", "seconds": 4.5, "concurrency": 32,
+                       "actors": 64, "requests": 64, "returned_200": 60, "not_200": 4,
+                       "cold_resumes": 60, "resumes_per_second": 13.3, "p50_seconds": 1.2,
+                       "p99_seconds": 2.5, "cold_per_second": [10, 30, 20, 0, 0],
+                       "not_200_per_second": [0, 0, 0, 0, 4], "samples": []});
+        check(
+            "throughput",
+            &v,
+            &[
+                "Cold resumes completed per second (one request to each of 64 actors, up to 32 in flight, 4.5 s run)",
+                "seconds since the first request was sent",
+                "30",
+                "answers other than 200 (4 in all)",
+                "answers in that second",
+                "mean 13.3 resumes/s",
             ],
         );
     }
