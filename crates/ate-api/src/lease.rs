@@ -78,3 +78,12 @@ impl Lease {
         self.renewal.abort();
     }
 }
+
+impl Drop for Lease {
+    /// A lease dropped without [`Lease::release`] (its workflow's future was dropped) behaves as
+    /// an abandoned one: the renewal stops and the lease expires after its TTL, instead of being
+    /// renewed forever by a task nobody owns.
+    fn drop(&mut self) {
+        self.renewal.abort();
+    }
+}

@@ -279,7 +279,8 @@ impl actor_service_server::ActorService for Services {
             Need::Atespace(ref_atespace(&r.actor))
         })?;
         let r = actor_ref(req.into_inner().actor)?;
-        self.api.delete(&r).await?;
+        let api = self.api.clone();
+        to_completion(async move { api.delete(&r).await }).await?;
         Ok(Response::new(DeleteActorResponse {}))
     }
 
@@ -291,7 +292,8 @@ impl actor_service_server::ActorService for Services {
             Need::Resume(ref_atespace(&r.actor))
         })?;
         let r = actor_ref(req.into_inner().actor)?;
-        let (actor, resumed) = self.api.resume(&r).await?;
+        let api = self.api.clone();
+        let (actor, resumed) = to_completion(async move { api.resume(&r).await }).await?;
         Ok(Response::new(ResumeActorResponse {
             actor: Some(actor),
             resumed,
@@ -322,7 +324,10 @@ impl actor_service_server::ActorService for Services {
                 }
             },
         };
-        Ok(Response::new(self.api.suspend(&r, durable).await?))
+        let api = self.api.clone();
+        Ok(Response::new(
+            to_completion(async move { api.suspend(&r, durable).await }).await?,
+        ))
     }
 
     async fn revert_actor(
@@ -333,7 +338,10 @@ impl actor_service_server::ActorService for Services {
             Need::Atespace(ref_atespace(&r.actor))
         })?;
         let r = actor_ref(req.into_inner().actor)?;
-        Ok(Response::new(self.api.revert(&r).await?))
+        let api = self.api.clone();
+        Ok(Response::new(
+            to_completion(async move { api.revert(&r).await }).await?,
+        ))
     }
 }
 
@@ -792,4 +800,16 @@ impl fleet_service_server::FleetService for Services {
             .await?;
         Ok(Response::new(ReportActorExitResponse {}))
     }
+}
+
+/// Runs a mutating workflow as its own task, so it reaches its end even when the caller goes
+/// away: tonic drops a handler's future when the client disconnects or its deadline passes, which
+/// would stop a workflow between two steps (an actor left SUSPENDING or RESUMING, its lease held
+/// until the renewal task noticed nothing). A started resume is never cancelled (spec).
+async fn to_completion<T: Send + 'static>(
+    work: impl Future<Output = Result<T, Status>> + Send + 'static,
+) -> Result<T, Status> {
+    tokio::spawn(work)
+        .await
+        .map_err(|e| Status::internal(format!("workflow task failed: {e}")))?
 }

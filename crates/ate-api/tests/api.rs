@@ -430,6 +430,41 @@ async fn one_cold_resume_for_fifty(b: Backend) {
 }
 both_stores!(single_flight, one_cold_resume_for_fifty);
 
+async fn abandoned_call_still_completes(b: Backend) {
+    let t = TestApi::start(b, cfg()).await;
+    let node = TestNode::start("node-1").await;
+    node.set_delay(Duration::from_millis(400));
+    t.register(&node, "w1", 4).await;
+    t.seed("ns").await;
+    t.create_actor("ns", "a").await;
+    // The caller gives up while the node is still restoring (its future is dropped: the HTTP/2
+    // stream is reset and tonic drops the server's handler).
+    let gave_up = tokio::time::timeout(Duration::from_millis(100), t.resume("ns", "a")).await;
+    assert!(gave_up.is_err(), "the call was still running: {gave_up:?}");
+    // The workflow runs to its end anyway...
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while state(&t.get("ns", "a").await) != ActorState::Running {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "resume never finished: {:?}",
+            t.get("ns", "a").await
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(
+        node.calls().restore.load(Ordering::SeqCst) + node.calls().run.load(Ordering::SeqCst),
+        1
+    );
+    // ...and releases the lease: a suspend takes it at once (no "another operation holds").
+    node.set_delay(Duration::ZERO);
+    let suspended = t
+        .suspend("ns", "a")
+        .await
+        .expect("suspend after the abandoned resume");
+    assert_eq!(state(&suspended), ActorState::Suspended);
+}
+both_stores!(abandoned_call, abandoned_call_still_completes);
+
 async fn no_overbooking(b: Backend) {
     let t = TestApi::start(b, cfg()).await;
     let n1 = TestNode::start("node-1").await;
