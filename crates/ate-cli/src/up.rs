@@ -23,7 +23,9 @@ use crate::serve::{shutdown_signal, write_atomically};
 
 const DEMO_TEMPLATE: &str = include_str!("demo-counter.yaml");
 const READY_TIMEOUT: Duration = Duration::from_secs(30);
-const STOP_GRACE: Duration = Duration::from_secs(10);
+/// How long a stopping component gets before it is killed. Generous: a worker stops every
+/// sandbox it hosts first, and a killed worker leaves them running.
+const STOP_GRACE: Duration = Duration::from_secs(30);
 
 #[derive(Args, Debug)]
 pub struct UpArgs {

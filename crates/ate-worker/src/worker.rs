@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 
 use ate_core::{Fidelity, TemplateSpec};
 use ate_proto::v1;
+use futures::StreamExt as _;
 use tonic::Status;
 
 use crate::atunnel::{Tunnels, now_unix_ms};
@@ -32,6 +33,8 @@ const DEFAULT_PROBE_TIMEOUT: Duration = Duration::from_secs(30);
 /// How long a checkpoint waits for closed tunnels' connections to leave the actor's TCP table.
 const QUIESCE_TIMEOUT: Duration = Duration::from_secs(2);
 const LOG_TAIL_LINES: usize = 20;
+/// Sandboxes stopped at once when the worker shuts down.
+const SHUTDOWN_PARALLELISM: usize = 16;
 
 /// An actor running here.
 #[derive(Debug, Clone)]
@@ -1019,19 +1022,26 @@ impl Worker {
     pub async fn shutdown(&self) {
         self.shutting_down.store(true, Ordering::Release);
         let keys: Vec<String> = self.table().actors.keys().cloned().collect();
-        for key in keys {
-            let lock = self.lock_for(&key);
-            let _guard = lock.lock().await;
-            self.ingress_off(&key).await;
-            let entry = self.table().actors.remove(&key);
-            if let Some(e) = entry {
-                self.discard_quietly(&e.sandbox).await;
-            }
-        }
+        // Several at a time: each stop is mostly waiting on runc and the kernel (~40 ms), and a
+        // worker with hundreds of actors must be done well within its supervisor's grace period
+        // (one by one, 256 actors took ~10 s and `ate up` killed the worker, leaking them).
+        futures::stream::iter(keys)
+            .for_each_concurrent(SHUTDOWN_PARALLELISM, |key| async move {
+                let lock = self.lock_for(&key);
+                let _guard = lock.lock().await;
+                self.ingress_off(&key).await;
+                let entry = self.table().actors.remove(&key);
+                if let Some(e) = entry {
+                    self.discard_quietly(&e.sandbox).await;
+                }
+            })
+            .await;
         let frozen: Vec<Frozen> = self.table().frozen.drain().map(|(_, f)| f).collect();
-        for f in frozen {
-            self.discard_quietly(&f.entry.sandbox).await;
-        }
+        futures::stream::iter(frozen)
+            .for_each_concurrent(SHUTDOWN_PARALLELISM, |f| async move {
+                self.discard_quietly(&f.entry.sandbox).await;
+            })
+            .await;
     }
 }
 
