@@ -86,6 +86,11 @@ pub struct ResumeArgs {
     /// Memory each sleeper actor holds (e.g. 50MiB).
     #[arg(long, default_value = "50MiB")]
     memory: String,
+    /// Path of the waking request. `/` makes the sleeper checksum all its memory (~25 ms of CPU
+    /// per request at 50 MiB, which alone bounds how fast 16 first answers can come on 2
+    /// cores); `/healthz` answers without touching it, so the substrate's own cost shows.
+    #[arg(long, default_value = "/")]
+    path: String,
 }
 
 #[derive(Args, Debug)]
@@ -571,9 +576,10 @@ async fn resume(c: Clients, a: ResumeArgs) -> anyhow::Result<ExitCode> {
             for name in &names[..n] {
                 let (http, router, barrier) = (http.clone(), router.clone(), barrier.clone());
                 let actor = format!("{ns}/{name}");
+                let path = a.path.clone();
                 set.spawn(async move {
                     barrier.wait().await;
-                    call(&http, &router, Some(&actor), "/").await
+                    call(&http, &router, Some(&actor), &path).await
                 });
             }
             let round_replies: Vec<Reply> = set.join_all().await;
@@ -621,7 +627,7 @@ async fn resume(c: Clients, a: ResumeArgs) -> anyhow::Result<ExitCode> {
     write_json(
         &a.common,
         "resume",
-        &json!({"kind": "resume", "memory_mib": mib, "rounds": a.rounds, "router": router, "levels": levels}),
+        &json!({"kind": "resume", "memory_mib": mib, "rounds": a.rounds, "path": a.path, "router": router, "levels": levels}),
     )?;
     let all_ok = rows.iter().all(|(_, req, ok, _, _)| req == ok);
     Ok(if all_ok {
