@@ -54,6 +54,9 @@ pub enum BenchCmd {
     Throughput(ThroughputArgs),
     /// Router warm path (keep-alive) against a direct loopback baseline.
     Warm(WarmArgs),
+    /// Suspend time and resume-to-first-response of the small counter and of sleepers, from the
+    /// node-local generation and from the durable copy.
+    Snapshots(SnapshotsArgs),
 }
 
 #[derive(Args, Debug, Clone)]
@@ -91,6 +94,23 @@ pub struct ResumeArgs {
     /// cores); `/healthz` answers without touching it, so the substrate's own cost shows.
     #[arg(long, default_value = "/")]
     path: String,
+}
+
+#[derive(Args, Debug)]
+pub struct SnapshotsArgs {
+    #[command(flatten)]
+    common: Common,
+    /// Suspend/resume cycles per workload and copy.
+    #[arg(long, default_value_t = 3)]
+    rounds: usize,
+    /// Sleeper sizes measured after the counter, comma separated (empty: counter only).
+    #[arg(long, default_value = "50MiB,256MiB", value_delimiter = ',')]
+    memory: Vec<String>,
+    /// The `ate up` state directory on this machine. For the durable rows the bench deletes the
+    /// actor's node-local generations there after a DURABLE suspend, so the node has to restore
+    /// from the durable store. Without it only node-local rows are measured.
+    #[arg(long, env = "ATE_STATE_DIR")]
+    state_dir: Option<PathBuf>,
 }
 
 #[derive(Args, Debug)]
@@ -172,6 +192,7 @@ pub async fn run(c: Clients, cmd: BenchCmd) -> anyhow::Result<ExitCode> {
         BenchCmd::Parking(a) => parking(c, a).await,
         BenchCmd::Throughput(a) => throughput(c, a).await,
         BenchCmd::Warm(a) => warm(c, a).await,
+        BenchCmd::Snapshots(a) => snapshots(c, a).await,
     }
 }
 
@@ -635,6 +656,126 @@ async fn resume(c: Clients, a: ResumeArgs) -> anyhow::Result<ExitCode> {
     } else {
         ExitCode::FAILURE
     })
+}
+
+// ------------------------------------------------------------------ snapshots
+
+async fn suspend_mode(c: &Clients, ns: &str, name: &str, mode: SuspendMode) -> anyhow::Result<()> {
+    rpc(c
+        .actors
+        .clone()
+        .suspend_actor(v1::SuspendActorRequest {
+            actor: obj(ns, name),
+            mode: mode.wire(),
+        })
+        .await)
+    .with_context(|| format!("suspend {ns}/{name}"))?;
+    Ok(())
+}
+
+/// One timed request that must answer 200.
+async fn timed_ok(http: &HttpClient, router: &str, actor: &str) -> anyhow::Result<f64> {
+    let r = call(http, router, Some(actor), "/").await;
+    anyhow::ensure!(r.status == 200, "{actor}: {} {}", r.status, r.body);
+    Ok(r.secs)
+}
+
+/// Issue 3's snapshot figures: for the counter and each sleeper size, `rounds` times: an ASYNC
+/// suspend (timed), a request (resume from the node-local generation, timed to the first
+/// answer), then with a state dir a DURABLE suspend (timed, upload included), the node-local
+/// copies deleted, and a request (restore from the durable store: download, verify, restore).
+async fn snapshots(c: Clients, a: SnapshotsArgs) -> anyhow::Result<ExitCode> {
+    let ns = a
+        .common
+        .atespace
+        .clone()
+        .unwrap_or_else(|| "ate-bench-snap".into());
+    anyhow::ensure!(a.rounds > 0, "--rounds 0: nothing to do");
+    let images = images_dir(&c, &a.common).await?;
+    let mut workloads = vec![("counter".to_string(), "snap-counter".to_string())];
+    apply_yaml(&c, &counter_template(&ns, "snap-counter", &images, "250m")).await?;
+    for m in a.memory.iter().filter(|m| !m.trim().is_empty()) {
+        let mib = parse_mib(m)?;
+        let template = format!("snap-sleeper-{mib}mi");
+        apply_yaml(&c, &sleeper_template(&ns, &template, &images, mib)).await?;
+        workloads.push((format!("sleeper {mib} MiB"), template));
+    }
+    let http = http_client(4);
+    let router = a.common.router.clone();
+    let mut rows = Vec::new();
+    let mut out = Vec::new();
+    for (label, template) in &workloads {
+        let name = template.clone();
+        let actor = format!("{ns}/{name}");
+        ensure_actor(&c, &ns, &name, template).await?;
+        timed_ok(&http, &router, &actor).await?;
+        let (mut sus_local, mut res_local, mut sus_durable, mut res_durable) =
+            (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        for round in 1..=a.rounds {
+            let t = Instant::now();
+            suspend_mode(&c, &ns, &name, SuspendMode::Async).await?;
+            sus_local.push(t.elapsed().as_secs_f64());
+            res_local.push(timed_ok(&http, &router, &actor).await?);
+            if let Some(state) = &a.state_dir {
+                let t = Instant::now();
+                suspend_mode(&c, &ns, &name, SuspendMode::Durable).await?;
+                sus_durable.push(t.elapsed().as_secs_f64());
+                let local = state.join("snapshots").join(&ns).join(&name);
+                std::fs::remove_dir_all(&local).with_context(|| {
+                    format!("delete the node-local copies in {}", local.display())
+                })?;
+                res_durable.push(timed_ok(&http, &router, &actor).await?);
+            }
+            eprintln!(
+                "{label}: round {round}/{}: suspend {:.3} s, node-local resume {:.3} s{}",
+                a.rounds,
+                sus_local[round - 1],
+                res_local[round - 1],
+                match (sus_durable.last(), res_durable.last()) {
+                    (Some(s), Some(r)) =>
+                        format!(", durable suspend {s:.3} s, durable resume {r:.3} s"),
+                    _ => String::new(),
+                }
+            );
+        }
+        ensure_suspended(&c, &ns, &name).await?;
+        out.push(json!({"workload": label, "template": template,
+            "suspend_seconds": sus_local, "resume_local_seconds": res_local,
+            "suspend_durable_seconds": sus_durable, "resume_durable_seconds": res_durable}));
+        rows.push((
+            label.clone(),
+            [sus_local, res_local, sus_durable, res_durable].map(|v| median(&sorted(v))),
+        ));
+    }
+    println!(
+        "Workload          | Suspend  | Resume, node-local | Suspend DURABLE | Resume from durable"
+    );
+    for (label, m) in &rows {
+        let cell = |v: f64| {
+            if v > 0.0 {
+                format!("{v:.3} s")
+            } else {
+                "-".to_string()
+            }
+        };
+        println!(
+            "{label:<17} | {:>8} | {:>18} | {:>15} | {:>19}",
+            cell(m[0]),
+            cell(m[1]),
+            cell(m[2]),
+            cell(m[3])
+        );
+    }
+    println!(
+        "(medians of {} rounds; resume = request sent → first answer through the router)",
+        a.rounds
+    );
+    write_json(
+        &a.common,
+        "snapshots",
+        &json!({"kind": "snapshots", "rounds": a.rounds, "router": router, "workloads": out}),
+    )?;
+    Ok(ExitCode::SUCCESS)
 }
 
 // ------------------------------------------------------------------ parking

@@ -30,6 +30,7 @@ pub fn svg(kind: &str, value: &Value) -> anyhow::Result<String> {
             "throughput" => throughput(&root, value)?,
             "parking" => parking(&root, value)?,
             "warm" => warm(&root, value)?,
+            "snapshots" => snapshots(&root, value)?,
             _ => bail!("no chart for bench kind {kind:?}"),
         }
         root.present()?;
@@ -418,6 +419,75 @@ fn warm(root: &Area, v: &Value) -> anyhow::Result<()> {
     legend(&mut chart, SeriesLabelPosition::LowerRight)
 }
 
+/// `ate bench snapshots`: one bar per workload and figure (median of the rounds), the rounds as
+/// dots.
+fn snapshots(root: &Area, v: &Value) -> anyhow::Result<()> {
+    const FIGURES: [(&str, &str); 4] = [
+        ("suspend_seconds", "suspend"),
+        ("resume_local_seconds", "resume, node-local"),
+        ("suspend_durable_seconds", "suspend DURABLE"),
+        ("resume_durable_seconds", "resume from durable"),
+    ];
+    let mut bars: Vec<(String, Vec<f64>)> = Vec::new();
+    for w in list(v, "workloads") {
+        let name = w.get("workload").and_then(Value::as_str).unwrap_or("?");
+        for (key, what) in FIGURES {
+            let samples: Vec<f64> = list(w, key).iter().filter_map(Value::as_f64).collect();
+            if !samples.is_empty() {
+                bars.push((format!("{name}: {what}"), samples));
+            }
+        }
+    }
+    ensure!(!bars.is_empty(), "no snapshot figures to plot");
+    let med = |xs: &[f64]| {
+        let mut v = xs.to_vec();
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    let x_top = top(bars.iter().flat_map(|b| b.1.iter().copied()), 1.45);
+    let n = bars.len() as f64;
+    let mut chart = ChartBuilder::on(root)
+        .caption("Suspend and resume-to-first-answer", ("sans-serif", TITLE))
+        .margin(15)
+        .x_label_area_size(45)
+        .y_label_area_size(20)
+        .build_cartesian_2d(0.0..x_top, -0.6..n - 0.4)?;
+    chart
+        .configure_mesh()
+        .disable_y_mesh()
+        .y_labels(0)
+        .x_desc("seconds")
+        .x_label_formatter(&tick)
+        .draw()?;
+    let row = |i: usize| n - 1.0 - i as f64;
+    let fill = BLUE.mix(0.55).filled();
+    chart
+        .draw_series(
+            bars.iter().enumerate().map(|(i, b)| {
+                Rectangle::new([(0.0, row(i) - 0.25), (med(&b.1), row(i) + 0.1)], fill)
+            }),
+        )?
+        .label("median of the rounds")
+        .legend(move |(x, y)| Rectangle::new([(x, y - 5), (x + 20, y + 5)], fill));
+    chart
+        .draw_series(bars.iter().enumerate().flat_map(|(i, b)| {
+            b.1.iter()
+                .map(move |x| Circle::new((*x, row(i) - 0.07), 3, BLACK.filled()))
+        }))?
+        .label("each round")
+        .legend(|(x, y)| Circle::new((x + 10, y), 3, BLACK.filled()));
+    let font =
+        TextStyle::from(("sans-serif", LABEL).into_font()).pos(Pos::new(HPos::Left, VPos::Center));
+    chart.draw_series(bars.iter().enumerate().map(|(i, (name, xs))| {
+        Text::new(
+            format!("{name} {:.3} s", med(xs)),
+            (0.0, row(i) + 0.3),
+            font.clone(),
+        )
+    }))?;
+    legend(&mut chart, SeriesLabelPosition::LowerRight)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -579,8 +649,29 @@ mod tests {
     }
 
     #[test]
+    fn snapshots_chart() {
+        let v = json!({"kind": "snapshots", "rounds": 3, "workloads": [
+            {"workload": "counter", "suspend_seconds": [0.1, 0.12, 0.11],
+             "resume_local_seconds": [0.02, 0.03, 0.025], "suspend_durable_seconds": [],
+             "resume_durable_seconds": []},
+            {"workload": "sleeper 50 MiB", "suspend_seconds": [0.3],
+             "resume_local_seconds": [0.2], "suspend_durable_seconds": [0.9],
+             "resume_durable_seconds": [0.6]}]});
+        check(
+            "snapshots",
+            &v,
+            &[
+                "Suspend and resume-to-first-answer",
+                "counter: suspend 0.110 s",
+                "counter: resume, node-local 0.025 s",
+                "sleeper 50 MiB: resume from durable 0.600 s",
+            ],
+        );
+    }
+
+    #[test]
     fn missing_fields_are_an_error_not_a_panic() {
-        for kind in ["resume", "throughput", "parking", "warm"] {
+        for kind in ["resume", "throughput", "parking", "warm", "snapshots"] {
             assert!(svg(kind, &json!({"kind": kind})).is_err());
             assert!(svg(kind, &json!([1, 2])).is_err());
         }
