@@ -58,6 +58,15 @@ impl AssignmentCache {
         None
     }
 
+    /// Whether `actor` has a live assignment (like [`AssignmentCache::get`], without the route).
+    pub fn contains(&self, actor: &str) -> bool {
+        self.enabled()
+            && self
+                .lock()
+                .get(actor)
+                .is_some_and(|entry| entry.expires > Instant::now())
+    }
+
     pub fn insert(&self, actor: ActorKey, route: Arc<Route>) {
         if !self.enabled() {
             return;
@@ -133,8 +142,11 @@ mod tests {
         let cache = AssignmentCache::new(Duration::from_millis(50), 10);
         cache.insert(key("a/b"), route("127.0.0.2:8443"));
         assert_eq!(&*cache.get("a/b").unwrap().worker, "127.0.0.2:8443");
+        assert!(cache.contains("a/b"));
         assert!(cache.get("a/c").is_none());
+        assert!(!cache.contains("a/c"));
         std::thread::sleep(Duration::from_millis(60));
+        assert!(!cache.contains("a/b"));
         assert!(cache.get("a/b").is_none());
         assert!(cache.is_empty());
     }
@@ -144,6 +156,7 @@ mod tests {
         let cache = AssignmentCache::new(Duration::ZERO, 10);
         cache.insert(key("a/b"), route("x:1"));
         assert!(cache.get("a/b").is_none());
+        assert!(!cache.contains("a/b"));
         assert_eq!(cache.len(), 0);
     }
 

@@ -117,57 +117,91 @@ impl Proxy {
         &self.drain
     }
 
-    /// The hyper service of the ingress listener.
-    pub async fn handle(
-        self: Arc<Self>,
-        request: Request<Incoming>,
-    ) -> Result<Response<RouterBody>, Infallible> {
-        let response = self.route_request(request).await;
-        metrics::counter!(REQUESTS, "status" => status_label(response.status())).increment(1);
-        Ok(response)
+    /// Called as hyper hands over an HTTP/1.x request head whose actor has no cached route (the
+    /// request will call the api and may park): copies the header values and the target out of
+    /// hyper's read buffer. They are slices of it, and while they live hyper cannot reuse that
+    /// buffer, so the read it makes next (to notice a client that goes away) allocated a second
+    /// 8 KiB buffer for every waiting request. Copied, the head costs a few dozen bytes and the
+    /// read buffer is reused in place. Warm requests (cached route) are left as they are: they
+    /// are forwarded at once.
+    pub fn unshare_head_if_cold(&self, request: &mut Request<Incoming>) {
+        if request.version() > Version::HTTP_11 {
+            return; // HTTP/2 heads are decoded into their own memory.
+        }
+        let cold = match parse_target(request.headers().get(TARGET_ACTOR_HEADER)) {
+            Ok(actor) => !self.resolver.cache.contains(actor),
+            Err(_) => false, // answered at once
+        };
+        if cold {
+            unshare_head(request);
+        }
     }
 
-    async fn route_request(
-        self: &Arc<Self>,
-        mut request: Request<Incoming>,
-    ) -> Response<RouterBody> {
-        if uri_len(request.uri()) > self.cfg.max_uri_len {
-            return text(StatusCode::URI_TOO_LONG, "request target too long");
-        }
-        // Taken out of the request: it must not reach the actor, and the parsed name borrows it.
-        let target = request.headers_mut().remove(TARGET_ACTOR_HEADER);
-        let actor = match parse_target(target.as_ref()) {
-            Ok(actor) => actor,
-            Err(e) => return text(StatusCode::NOT_FOUND, e.to_string()),
+    /// The hyper service of the ingress listener. Requests answered without an actor (bad target,
+    /// client CONNECT) are answered here; the rest are forwarded.
+    ///
+    /// Not an `async fn`, nor is anything between here and [`Proxy::forward`]: every async layer
+    /// that takes the request by value keeps its own copy of it in its future (~264 bytes), and
+    /// hyper allocates this future's full size for every connection, parked ones included.
+    pub fn handle(
+        self: Arc<Self>,
+        request: Request<Incoming>,
+    ) -> impl Future<Output = Result<Response<RouterBody>, Infallible>> + Send + use<> {
+        use futures::future::{Either, FutureExt, ready};
+        let answer = match self.preflight(request) {
+            Preflight::Forward(request, target) => {
+                Either::Left(self.forward(request, Target(target), 80))
+            }
+            Preflight::Answer(response) => Either::Right(ready(response)),
         };
+        answer.map(|response| {
+            metrics::counter!(REQUESTS, "status" => status_label(response.status())).increment(1);
+            Ok(response)
+        })
+    }
+
+    /// Checks the target and takes the routing headers out of `request`: forward it to the actor
+    /// of the returned header, or answer at once.
+    fn preflight(self: &Arc<Self>, mut request: Request<Incoming>) -> Preflight {
+        if uri_len(request.uri()) > self.cfg.max_uri_len {
+            return Preflight::Answer(text(StatusCode::URI_TOO_LONG, "request target too long"));
+        }
+        // Taken out of the request: it must not reach the actor.
+        let target = request.headers_mut().remove(TARGET_ACTOR_HEADER);
+        if let Err(e) = parse_target(target.as_ref()) {
+            return Preflight::Answer(text(StatusCode::NOT_FOUND, e.to_string()));
+        }
+        // Present: `parse_target` refuses a missing header.
+        let target = target.unwrap_or_else(|| HeaderValue::from_static(""));
         request.headers_mut().remove(TARGET_PORT_HEADER);
         if request.method() == Method::CONNECT {
             if let Some(protocol) = request.extensions().get::<Protocol>() {
                 // RFC 8441: only WebSocket is bootstrapped over HTTP/2.
                 if !protocol.as_str().eq_ignore_ascii_case("websocket") {
-                    return text(
+                    return Preflight::Answer(text(
                         StatusCode::NOT_IMPLEMENTED,
                         format!(
                             "extended CONNECT :protocol {:?} is not supported (only websocket)",
                             protocol.as_str()
                         ),
-                    );
+                    ));
                 }
-                return self.forward(request, actor, 80).await;
+                return Preflight::Forward(request, target);
             }
-            return self.client_connect(request, actor);
+            return Preflight::Answer(self.client_connect(request, Target(target).as_ref()));
         }
-        self.forward(request, actor, 80).await
+        Preflight::Forward(request, target)
     }
 
     /// Resolves `actor` and forwards `request` to its `port`; a stale route is evicted, resolved
     /// again and retried once (the client never sees the 421).
     pub async fn forward(
-        self: &Arc<Self>,
+        self: Arc<Self>,
         mut request: Request<Incoming>,
-        actor: &str,
+        actor: impl AsRef<str>,
         port: u16,
     ) -> Response<RouterBody> {
+        let actor = actor.as_ref();
         let started = Instant::now();
         let (mut route, mut kind) = match self.resolver.resolve(actor).await {
             Ok(found) => found,
@@ -395,7 +429,51 @@ impl Proxy {
         }
         request.headers_mut().remove(TARGET_ACTOR_HEADER);
         request.headers_mut().remove(TARGET_PORT_HEADER);
-        self.forward(request, actor.as_str(), port).await
+        self.clone().forward(request, actor.as_str(), port).await
+    }
+}
+
+/// Replaces every header value and the target by copies in one allocation of their own (see
+/// [`Proxy::unshare_head_if_cold`]); a value or target that does not parse again stays as it was.
+fn unshare_head<B>(request: &mut Request<B>) {
+    use std::fmt::Write as _;
+    let values: usize = request.headers().values().map(HeaderValue::len).sum();
+    // The target as it was sent: `/path?query`, `scheme://authority/path` or `host:port`.
+    let mut copy = bytes::BytesMut::with_capacity(uri_len(request.uri()) + 16 + values);
+    let _ = write!(copy, "{}", request.uri());
+    let target = copy.len();
+    for value in request.headers().values() {
+        copy.extend_from_slice(value.as_bytes());
+    }
+    let copy = copy.freeze();
+    if let Ok(uri) = Uri::from_maybe_shared(copy.slice(..target)) {
+        *request.uri_mut() = uri;
+    }
+    let mut at = target;
+    for value in request.headers_mut().values_mut() {
+        let end = at + value.len();
+        if let Ok(mut owned) = HeaderValue::from_maybe_shared(copy.slice(at..end)) {
+            owned.set_sensitive(value.is_sensitive());
+            *value = owned;
+        }
+        at = end;
+    }
+}
+
+/// What [`Proxy::preflight`] decided.
+enum Preflight {
+    /// Forward the request (routing headers removed) to the actor of this `ate-target-actor`.
+    Forward(Request<Incoming>, HeaderValue),
+    /// Answer at once.
+    Answer(Response<RouterBody>),
+}
+
+/// An `ate-target-actor` value that [`parse_target`] accepted, as the actor's `<atespace>/<name>`.
+struct Target(HeaderValue);
+
+impl AsRef<str> for Target {
+    fn as_ref(&self) -> &str {
+        self.0.to_str().unwrap_or_default()
     }
 }
 
@@ -560,6 +638,7 @@ fn error_response(error: &ResolveError, actor: &str) -> Response<RouterBody> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use bytes::Bytes;
 
     #[test]
     fn hop_by_hop_headers_are_removed() {
@@ -594,6 +673,58 @@ mod tests {
         let (a, b) = (websocket_key(), websocket_key());
         assert_eq!(a.len(), 24);
         assert_ne!(a, b);
+    }
+
+    #[test]
+    fn unshared_heads_keep_every_value_and_target() {
+        // As hyper parses a head: every value a slice of one buffer.
+        let head = Bytes::from_static(b"v1v2secret/x?y=1");
+        for target in [
+            "/a/b?c=d",
+            "http://app.example:8080/p?q",
+            "agent.team:7000",
+            "*",
+            "/",
+        ] {
+            let mut request = Request::builder().uri(target).body(()).unwrap();
+            let headers = request.headers_mut();
+            headers.append(
+                "x-a",
+                HeaderValue::from_maybe_shared(head.slice(0..2)).unwrap(),
+            );
+            headers.append(
+                "x-a",
+                HeaderValue::from_maybe_shared(head.slice(2..4)).unwrap(),
+            );
+            let mut secret = HeaderValue::from_maybe_shared(head.slice(4..10)).unwrap();
+            secret.set_sensitive(true);
+            headers.insert(header::AUTHORIZATION, secret);
+            let before = request.uri().clone();
+            unshare_head(&mut request);
+            assert_eq!(request.uri(), &before, "{target}");
+            assert_eq!(request.uri().to_string(), before.to_string(), "{target}");
+            let a: Vec<_> = request.headers().get_all("x-a").iter().collect();
+            assert_eq!(a, ["v1", "v2"]);
+            let auth = &request.headers()[header::AUTHORIZATION];
+            assert_eq!(auth, "secret");
+            assert!(auth.is_sensitive());
+            // No value points into the old buffer any more.
+            let old = head.as_ptr_range();
+            for value in request.headers().values() {
+                assert!(!old.contains(&value.as_bytes().as_ptr()));
+            }
+        }
+    }
+
+    /// hyper allocates the service future's full size for every client connection (parked ones
+    /// included): it was 9.4 KiB while the worker-connect and tunnel-open futures were inline.
+    #[test]
+    fn the_request_future_stays_small() {
+        fn size_of_output<A, R>(_: impl FnOnce(A) -> R) -> usize {
+            std::mem::size_of::<R>()
+        }
+        let handle = size_of_output(|(p, r): (Arc<Proxy>, Request<Incoming>)| p.handle(r));
+        assert!(handle <= 2560, "request future is {handle} bytes");
     }
 
     #[test]

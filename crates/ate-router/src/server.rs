@@ -1,5 +1,6 @@
 //! Listeners: the ingress (HTTP/1.1 and h2c on one port, with limits and graceful drain) and the
-//! operations port (`/healthz`, `/metrics`).
+//! operations port (`/healthz`, `/metrics`). A TCP connection whose first bytes are not the h2c
+//! preface goes straight to hyper's HTTP/1 server (see [`Ingress::serve_tcp`] for why).
 //!
 //! The drain waits for client connections (in-flight and parked requests) and for the relays the
 //! proxy registered ([`crate::drain`]): WebSocket relays and client CONNECT tunnels. At the drain
@@ -7,18 +8,20 @@
 
 use std::convert::Infallible;
 use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use http::{Request, Response, StatusCode};
 use hyper::body::Incoming;
+use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use hyper_util::server::graceful::GracefulShutdown;
 use tokio::io::{AsyncRead, AsyncWrite};
-use tokio::net::TcpListener;
+use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 
 use crate::body::RouterBody;
@@ -35,11 +38,17 @@ pub struct ListenerConfig {
     pub drain_delay: Duration,
 }
 
+/// The first bytes an h2c prior-knowledge client sends (RFC 9113 §3.4).
+const H2_PREFACE: &[u8; 24] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+
 /// The ingress: accepts connections until `shutdown`, then drains.
 pub struct Ingress {
     proxy: Arc<Proxy>,
     drain: Arc<Drain>,
-    builder: auto::Builder<TokioExecutor>,
+    builder: Arc<auto::Builder<TokioExecutor>>,
+    /// The same HTTP/1 settings as `builder.http1()`, for TCP connections known to be HTTP/1.x
+    /// (see [`Ingress::serve_tcp`]).
+    http1: Arc<http1::Builder>,
     graceful: GracefulShutdown,
 }
 
@@ -53,6 +62,15 @@ impl Ingress {
             // Slowloris guard: the whole request head must arrive within this time.
             .header_read_timeout(cfg.header_read_timeout)
             .max_buf_size(cfg.max_header_bytes.max(8192));
+        let mut http1 = http1::Builder::new();
+        http1
+            .timer(TokioTimer::new())
+            .keep_alive(true)
+            .header_read_timeout(cfg.header_read_timeout)
+            .max_buf_size(cfg.max_header_bytes.max(8192))
+            // `max_buf_size` alone is not a strict limit (a buffer that grew past it can still
+            // hold a whole head); this is, and answers 431. The auto builder has no such setting.
+            .max_header_size(cfg.max_header_bytes);
         builder
             .http2()
             .timer(TokioTimer::new())
@@ -64,7 +82,8 @@ impl Ingress {
         Self {
             drain: proxy.drain().clone(),
             proxy,
-            builder,
+            builder: Arc::new(builder),
+            http1: Arc::new(http1),
             graceful: GracefulShutdown::new(),
         }
     }
@@ -76,14 +95,15 @@ impl Ingress {
         I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
     {
         let proxy = self.proxy.clone();
-        let service = service_fn(move |request: Request<Incoming>| proxy.clone().handle(request));
-        let conn = self
-            .builder
-            .serve_connection_with_upgrades(TokioIo::new(io), service)
-            .into_owned();
-        let conn = self.graceful.watch(conn);
+        let service = service_fn(move |request| handle(&proxy, request));
+        let builder = self.builder.clone();
+        let watcher = self.graceful.watcher();
         let mut phase = self.drain.watch();
         tokio::spawn(async move {
+            // Made in place (not moved in): a moved connection would take its size twice in the
+            // task.
+            let conn =
+                watcher.watch(builder.serve_connection_with_upgrades(TokioIo::new(io), service));
             tokio::select! {
                 served = conn => if let Err(e) = served {
                     tracing::debug!(error = %e, "client connection ended");
@@ -91,6 +111,69 @@ impl Ingress {
                 _ = phase.wait_for(|p| *p == Phase::Cut) => {
                     tracing::debug!("drain deadline passed: client connection closed");
                 }
+            }
+        });
+    }
+
+    /// Serves one accepted TCP connection. HTTP/1.x goes straight to hyper's HTTP/1 server; only
+    /// an h2c preface (or too few bytes to tell) goes through the auto builder.
+    ///
+    /// Why not the auto builder for everything: it reads up to 24 bytes to look for the h2c
+    /// preface and hands them back to the HTTP/1 server first, which then parses an incomplete
+    /// head, reserves again and doubles its 8 KiB read buffer to 16 KiB on every connection.
+    /// Peeking (`MSG_PEEK`) leaves the bytes in the socket, so the first read gets the whole head
+    /// and the buffer stays 8 KiB: ~8 KiB less per parked request (see the README decisions).
+    fn serve_tcp(&self, tcp: TcpStream) {
+        let proxy = self.proxy.clone();
+        let service = service_fn(move |request| handle(&proxy, request));
+        let builder = self.builder.clone();
+        let http1 = self.http1.clone();
+        // Held for the connection's life: `GracefulShutdown::shutdown` waits for it.
+        let watcher = self.graceful.watcher();
+        let mut phase = self.drain.watch();
+        tokio::spawn(async move {
+            let is_http1 = tokio::select! {
+                peeked = is_http1(&tcp) => match peeked {
+                    Ok(is_http1) => is_http1,
+                    Err(e) => {
+                        tracing::debug!(error = %e, "client connection ended");
+                        return;
+                    }
+                },
+                // Nothing received yet: closed like an idle keep-alive connection.
+                _ = phase.wait_for(|p| *p != Phase::Serving) => return,
+            };
+            if !is_http1 {
+                // Rare (h2c clients keep one connection); boxed so that the much larger auto
+                // connection does not size every HTTP/1.1 connection's task.
+                let conn = Box::pin(
+                    watcher
+                        .watch(builder.serve_connection_with_upgrades(TokioIo::new(tcp), service)),
+                );
+                tokio::select! {
+                    served = conn => if let Err(e) = served {
+                        tracing::debug!(error = %e, "client connection ended");
+                    },
+                    _ = phase.wait_for(|p| *p == Phase::Cut) => {
+                        tracing::debug!("drain deadline passed: client connection closed");
+                    }
+                }
+                return;
+            }
+            let conn = std::pin::pin!(
+                http1
+                    .serve_connection(TokioIo::new(tcp), service)
+                    .with_upgrades()
+            );
+            // `GracefulShutdown` cannot watch an upgradeable HTTP/1 connection, so the drain is
+            // followed here as it does it: graceful shutdown when the drain begins (the request
+            // in flight or parked finishes, an idle connection closes), closed at the cut.
+            let served = serve_until_cut(conn, |c| c.graceful_shutdown(), &mut phase).await;
+            drop(watcher);
+            match served {
+                Some(Ok(())) => {}
+                Some(Err(e)) => tracing::debug!(error = %e, "client connection ended"),
+                None => tracing::debug!("drain deadline passed: client connection closed"),
             }
         });
     }
@@ -124,7 +207,7 @@ impl Ingress {
                 accepted = listener.accept() => match accepted {
                     Ok((tcp, _peer)) => {
                         let _ = tcp.set_nodelay(true);
-                        self.serve_connection(tcp);
+                        self.serve_tcp(tcp);
                     }
                     Err(e) => {
                         // EMFILE and friends: back off instead of spinning.
@@ -155,6 +238,43 @@ impl Ingress {
             }
         }
         drain.cut();
+    }
+}
+
+/// Does the client speak HTTP/1.x? Looks at its first bytes without consuming them. `false` for
+/// the h2c preface, a prefix of it (too few bytes to tell) or end of stream: the auto builder
+/// decides those as before.
+async fn is_http1(tcp: &TcpStream) -> std::io::Result<bool> {
+    let mut head = [0u8; H2_PREFACE.len()];
+    let n = tcp.peek(&mut head).await?;
+    Ok(n > 0 && head[..n] != H2_PREFACE[..n])
+}
+
+/// The ingress service: every request goes to the proxy. Runs as hyper hands over a request
+/// head, before hyper reads the socket again (see [`Proxy::unshare_head_if_cold`]).
+fn handle(
+    proxy: &Arc<Proxy>,
+    mut request: Request<Incoming>,
+) -> impl Future<Output = Result<Response<RouterBody>, Infallible>> + Send + use<> {
+    proxy.unshare_head_if_cold(&mut request);
+    proxy.clone().handle(request)
+}
+
+/// Drives a client connection through the drain: `shutdown` (graceful) once the drain begins,
+/// `None` if the drain deadline closes it first.
+async fn serve_until_cut<F: Future>(
+    mut conn: Pin<&mut F>,
+    shutdown: impl FnOnce(Pin<&mut F>),
+    phase: &mut watch::Receiver<Phase>,
+) -> Option<F::Output> {
+    tokio::select! {
+        served = conn.as_mut() => return Some(served),
+        _ = phase.wait_for(|p| *p != Phase::Serving) => {}
+    }
+    shutdown(conn.as_mut());
+    tokio::select! {
+        served = conn => Some(served),
+        _ = phase.wait_for(|p| *p == Phase::Cut) => None,
     }
 }
 

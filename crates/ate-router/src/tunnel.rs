@@ -297,6 +297,22 @@ impl Tunnels {
         if let Some(sender) = slot.as_ref().filter(|s| !s.is_closed()) {
             return Ok(sender.clone());
         }
+        // Boxed: the TCP connect, TLS and HTTP/2 handshake futures are several KiB, and inline
+        // they would be part of every request's future, so every parked request would carry them
+        // too (5.7 of the 9.4 KiB the request future was, measured with `size_of`). A connection
+        // is made rarely (once per worker), so the allocation costs nothing on the warm path.
+        let sender = Box::pin(self.connect_worker(route)).await?;
+        *slot = Some(sender.clone());
+        Ok(sender)
+    }
+
+    /// A new HTTP/2 connection (TCP, TLS with the worker's identity pinned, h2 handshake) to the
+    /// route's worker.
+    async fn connect_worker(
+        &self,
+        route: &Route,
+    ) -> Result<http2::SendRequest<Empty<Bytes>>, TunnelError> {
+        let worker = &route.worker;
         let connect = TcpStream::connect(&**worker);
         let tcp = tokio::time::timeout(self.cfg.connect_timeout, connect)
             .await
@@ -334,7 +350,6 @@ impl Tunnels {
                 h2_handshake(worker, stream).await?
             }
         };
-        *slot = Some(sender.clone());
         Ok(sender)
     }
 
@@ -373,6 +388,19 @@ impl Tunnels {
 
     /// A new HTTP/1.1 connection over a new tunnel (upgrades allowed, for WebSocket).
     pub async fn new_h1(
+        &self,
+        route: &Route,
+        actor: &str,
+        port: u16,
+    ) -> Result<H1Conn, TunnelError> {
+        // Boxed, like the worker connection: opening a tunnel (CONNECT stream, upgrade, HTTP/1.1
+        // handshake) is a large future that would otherwise sit in every request's future,
+        // parked ones included; the warm path takes a pooled tunnel and never gets here (with
+        // the pool off, this is one allocation beside a new CONNECT stream and handshake).
+        Box::pin(self.new_h1_unboxed(route, actor, port)).await
+    }
+
+    async fn new_h1_unboxed(
         &self,
         route: &Route,
         actor: &str,
@@ -552,6 +580,16 @@ impl Tunnels {
 
     /// An HTTP/2 connection to the actor over a new tunnel (gRPC passes through as HTTP/2).
     pub async fn h2(
+        &self,
+        route: &Route,
+        actor: &str,
+        port: u16,
+    ) -> Result<http2::SendRequest<Incoming>, TunnelError> {
+        // Boxed for the same reason as `new_h1`.
+        Box::pin(self.h2_unboxed(route, actor, port)).await
+    }
+
+    async fn h2_unboxed(
         &self,
         route: &Route,
         actor: &str,
