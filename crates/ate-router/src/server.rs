@@ -50,6 +50,9 @@ pub struct Ingress {
     /// (see [`Ingress::serve_tcp`]).
     http1: Arc<http1::Builder>,
     graceful: GracefulShutdown,
+    /// A client that sends nothing at all is closed after this long (the slowloris guard for
+    /// the bytes before a request head; hyper's header timer only starts once it reads).
+    first_byte_timeout: Duration,
 }
 
 impl Ingress {
@@ -85,6 +88,7 @@ impl Ingress {
             builder: Arc::new(builder),
             http1: Arc::new(http1),
             graceful: GracefulShutdown::new(),
+            first_byte_timeout: cfg.header_read_timeout,
         }
     }
 
@@ -131,12 +135,17 @@ impl Ingress {
         // Held for the connection's life: `GracefulShutdown::shutdown` waits for it.
         let watcher = self.graceful.watcher();
         let mut phase = self.drain.watch();
+        let first_byte_timeout = self.first_byte_timeout;
         tokio::spawn(async move {
             let is_http1 = tokio::select! {
-                peeked = is_http1(&tcp) => match peeked {
-                    Ok(is_http1) => is_http1,
-                    Err(e) => {
+                peeked = tokio::time::timeout(first_byte_timeout, is_http1(&tcp)) => match peeked {
+                    Ok(Ok(is_http1)) => is_http1,
+                    Ok(Err(e)) => {
                         tracing::debug!(error = %e, "client connection ended");
+                        return;
+                    }
+                    Err(_) => {
+                        tracing::debug!(timeout = ?first_byte_timeout, "client sent nothing; connection closed");
                         return;
                     }
                 },

@@ -818,6 +818,23 @@ async fn slow_header_clients_are_cut_off() {
 }
 
 #[tokio::test]
+async fn silent_clients_are_cut_off() {
+    let w = World::start(|c| c.tuning.header_read_timeout = Duration::from_millis(300)).await;
+    let mut tcp = TcpStream::connect(w.router.addr).await.unwrap();
+    // Not a single byte: the router closes the connection after the header timeout.
+    let started = Instant::now();
+    let mut out = Vec::new();
+    let closed = tokio::time::timeout(Duration::from_secs(3), tcp.read_to_end(&mut out)).await;
+    assert!(closed.is_ok(), "connection still open after 3 s");
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "closed after {:?}",
+        started.elapsed()
+    );
+    assert!(out.is_empty(), "{}", String::from_utf8_lossy(&out));
+}
+
+#[tokio::test]
 async fn request_body_streams_through() {
     let w = World::start(|_| {}).await;
     w.running("a/b");
