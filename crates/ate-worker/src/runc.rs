@@ -324,7 +324,16 @@ impl RuncRuntime {
 
     async fn started(&self, actor: &ActorSandbox, begun: Instant) -> Result<Started> {
         let id = actor.container_id();
-        let pid = self.status(&id).await?.and_then(|(_, pid)| pid);
+        // runc wrote the init's pid (`--pid-file`): no `runc state` process on the resume path.
+        let written = tokio::fs::read_to_string(pid_file(actor))
+            .await
+            .ok()
+            .and_then(|t| t.trim().parse::<u32>().ok())
+            .filter(|p| *p > 0);
+        let pid = match written {
+            Some(pid) => Some(pid),
+            None => self.status(&id).await?.and_then(|(_, pid)| pid),
+        };
         if let Some(pid) = pid {
             self.inits.register(&id, pid);
         }
@@ -527,11 +536,14 @@ impl SandboxRuntime for RuncRuntime {
             self.prepare(actor, spec, mode == RunMode::FreshRootfs, false)
                 .await?;
             let bundle = actor.dir.to_string_lossy().into_owned();
+            remove_file_if_exists(&pid_file(actor)).await?;
             self.spawn_detached(
                 actor,
                 vec![
                     "run".into(),
                     "-d".into(),
+                    "--pid-file".into(),
+                    pid_file(actor).to_string_lossy().into_owned(),
                     "--bundle".into(),
                     bundle,
                     actor.container_id(),
@@ -604,9 +616,12 @@ impl SandboxRuntime for RuncRuntime {
             tokio::fs::create_dir_all(&work)
                 .await
                 .ctx(|| format!("create {}", work.display()))?;
+            remove_file_if_exists(&pid_file(actor)).await?;
             let args = vec![
                 "restore".to_string(),
                 "-d".to_string(),
+                "--pid-file".to_string(),
+                pid_file(actor).to_string_lossy().into_owned(),
                 "--image-path".to_string(),
                 image_dir.to_string_lossy().into_owned(),
                 "--work-path".to_string(),
@@ -845,6 +860,19 @@ fn remove_cgroups(short_id: &str) {
         {
             tracing::warn!(cgroup = %dir.display(), error = %e, "could not remove actor cgroup");
         }
+    }
+}
+
+/// Where runc writes the container init's host pid (`--pid-file`).
+fn pid_file(actor: &ActorSandbox) -> PathBuf {
+    actor.dir.join("init.pid")
+}
+
+async fn remove_file_if_exists(path: &Path) -> Result<()> {
+    match tokio::fs::remove_file(path).await {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(SandboxError::io(format!("remove {}", path.display()), e)),
     }
 }
 
