@@ -88,6 +88,17 @@ impl Inits {
         }
     }
 
+    /// [`Inits::forget`], after waiting up to `wait` for a killed init to exit and be reaped.
+    pub async fn forget_after(&self, container: &str, wait: std::time::Duration) {
+        let deadline = std::time::Instant::now() + wait;
+        while matches!(self.status(container), Some(InitStatus::Running))
+            && std::time::Instant::now() < deadline
+        {
+            tokio::time::sleep(std::time::Duration::from_millis(2)).await;
+        }
+        self.forget(container);
+    }
+
     /// Collects the exits of removed containers' inits (so none stays a zombie).
     pub fn reap_pending(&self) {
         lock(&self.pending).retain(|pid| try_reap(*pid) == Reaped::Alive);

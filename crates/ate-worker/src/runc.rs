@@ -33,6 +33,9 @@ pub const SANDBOX_CLASS: &str = "runc";
 /// Parent of every actor cgroup (`/sys/fs/cgroup/<controller>/ate/<short id>`).
 const CGROUP_PARENT: &str = "ate";
 const CPU_PERIOD_US: u64 = 100_000;
+/// How long a teardown waits for a killed init to exit (so it can be reaped) before it removes
+/// the cgroups anyway.
+const INIT_EXIT_WAIT: Duration = Duration::from_millis(500);
 const DEFAULT_PATH: &str = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
 
 /// Where the runtime keeps its state and which binaries it uses.
@@ -247,7 +250,12 @@ impl RuncRuntime {
                 .pointer_mut("/linux/resources")
                 .and_then(Value::as_object_mut)
         {
-            resources.remove("cpu");
+            // Explicitly unlimited, not just absent: a cgroup left by an earlier life of this
+            // actor (same name) would otherwise keep its old quota and throttle CRIU anyway.
+            resources.insert(
+                "cpu".to_string(),
+                json!({"quota": -1, "period": CPU_PERIOD_US}),
+            );
         }
         if let Some(obj) = config.as_object_mut() {
             // runc hands this file to CRIU on checkpoint and restore (its `org.criu.config`
@@ -503,7 +511,10 @@ impl RuncRuntime {
                 return Err(e);
             }
         }
-        self.inits.forget(&id);
+        // The init must be reaped before its cgroups can go (a zombie still counts as a member
+        // on this kernel's v1 hierarchies: rmdir says EBUSY and the cgroup, with its limits,
+        // would outlive the actor).
+        self.inits.forget_after(&id, INIT_EXIT_WAIT).await;
         self.inits.reap_pending();
         unmount_if_mounted(&actor.rootfs_dir())?;
         netns::delete(&actor.netns()).await?;
