@@ -414,12 +414,16 @@ async fn actor_state(c: &Clients, ns: &str, name: &str) -> anyhow::Result<i32> {
 }
 
 async fn suspend(c: &Clients, ns: &str, name: &str) -> anyhow::Result<()> {
+    suspend_mode(c, ns, name, SuspendMode::Async).await
+}
+
+async fn suspend_mode(c: &Clients, ns: &str, name: &str, mode: SuspendMode) -> anyhow::Result<()> {
     rpc(c
         .actors
         .clone()
         .suspend_actor(v1::SuspendActorRequest {
             actor: obj(ns, name),
-            mode: SuspendMode::Async.wire(),
+            mode: mode.wire(),
         })
         .await)
     .with_context(|| format!("suspend {ns}/{name}"))?;
@@ -471,7 +475,7 @@ async fn prime(
 
 // ------------------------------------------------------------------ numbers and output
 
-fn sorted(mut v: Vec<f64>) -> Vec<f64> {
+pub(crate) fn sorted(mut v: Vec<f64>) -> Vec<f64> {
     v.sort_by(f64::total_cmp);
     v
 }
@@ -485,7 +489,7 @@ fn pct(sorted: &[f64], p: f64) -> f64 {
     sorted[rank - 1]
 }
 
-fn median(sorted: &[f64]) -> f64 {
+pub(crate) fn median(sorted: &[f64]) -> f64 {
     match sorted.len() {
         0 => 0.0,
         n if n % 2 == 1 => sorted[n / 2],
@@ -659,19 +663,6 @@ async fn resume(c: Clients, a: ResumeArgs) -> anyhow::Result<ExitCode> {
 }
 
 // ------------------------------------------------------------------ snapshots
-
-async fn suspend_mode(c: &Clients, ns: &str, name: &str, mode: SuspendMode) -> anyhow::Result<()> {
-    rpc(c
-        .actors
-        .clone()
-        .suspend_actor(v1::SuspendActorRequest {
-            actor: obj(ns, name),
-            mode: mode.wire(),
-        })
-        .await)
-    .with_context(|| format!("suspend {ns}/{name}"))?;
-    Ok(())
-}
 
 /// One timed request that must answer 200.
 async fn timed_ok(http: &HttpClient, router: &str, actor: &str) -> anyhow::Result<f64> {

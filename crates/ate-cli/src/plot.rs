@@ -374,49 +374,27 @@ fn warm(root: &Area, v: &Value) -> anyhow::Result<()> {
         title += &opt(v, "seconds", |s| format!(" of {s} s"));
         title += ")";
     }
-    let n = sides.len() as f64;
-    let mut chart = ChartBuilder::on(root)
-        .caption(title, ("sans-serif", TITLE))
-        .margin(15)
-        .x_label_area_size(45)
-        .y_label_area_size(20)
-        .build_cartesian_2d(0.0..x_top, -0.6..n - 0.4)?;
-    chart
-        .configure_mesh()
-        .disable_y_mesh()
-        .y_labels(0)
-        .x_desc("requests per second (keep-alive connections, 200 answers and errors)")
-        .x_label_formatter(&tick)
-        .draw()?;
-    // The first path on top.
-    let row = |i: usize| n - 1.0 - i as f64;
-    let fill = BLUE.mix(0.55).filled();
-    chart
-        .draw_series(
-            sides.iter().enumerate().map(|(i, s)| {
-                Rectangle::new([(0.0, row(i) - 0.25), (rps(s.1), row(i) + 0.15)], fill)
-            }),
-        )?
-        .label("median of the rounds")
-        .legend(move |(x, y)| Rectangle::new([(x, y - 5), (x + 20, y + 5)], fill));
-    chart
-        .draw_series(sides.iter().enumerate().flat_map(|(i, s)| {
-            s.2.iter()
-                .map(move |r| Circle::new((rps(r), row(i) - 0.05), 3, BLACK.filled()))
-        }))?
-        .label("each round")
-        .legend(|(x, y)| Circle::new((x + 10, y), 3, BLACK.filled()));
-    // Each bar's path and figures on a line over it.
-    let font = TextStyle::from(("sans-serif", LABEL + 1).into_font())
-        .pos(Pos::new(HPos::Left, VPos::Center));
-    chart.draw_series(sides.iter().enumerate().map(|(i, (name, m, _))| {
-        let mut text = format!("{name}: {:.0} req/s", rps(m));
-        text += &opt(m, "p50_ms", |p| format!(", p50 {p:.2} ms"));
-        text += &opt(m, "p99_ms", |p| format!(", p99 {p:.2} ms"));
-        text += &opt(m, "errors", |e| format!(", {e} errors"));
-        Text::new(text, (0.0, row(i) + 0.32), font.clone())
-    }))?;
-    legend(&mut chart, SeriesLabelPosition::LowerRight)
+    let rows: Vec<Row> = sides
+        .iter()
+        .map(|(name, m, rounds)| {
+            let mut text = format!("{name}: {:.0} req/s", rps(m));
+            text += &opt(m, "p50_ms", |p| format!(", p50 {p:.2} ms"));
+            text += &opt(m, "p99_ms", |p| format!(", p99 {p:.2} ms"));
+            text += &opt(m, "errors", |e| format!(", {e} errors"));
+            Row {
+                text,
+                median: rps(m),
+                samples: rounds.iter().map(rps).collect(),
+            }
+        })
+        .collect();
+    bar_rows(
+        root,
+        title,
+        "requests per second (keep-alive connections, 200 answers and errors)",
+        x_top,
+        &rows,
+    )
 }
 
 /// `ate bench snapshots`: one bar per workload and figure (median of the rounds), the rounds as
@@ -439,15 +417,44 @@ fn snapshots(root: &Area, v: &Value) -> anyhow::Result<()> {
         }
     }
     ensure!(!bars.is_empty(), "no snapshot figures to plot");
-    let med = |xs: &[f64]| {
-        let mut v = xs.to_vec();
-        v.sort_by(f64::total_cmp);
-        v[v.len() / 2]
-    };
+    // The same median as the bench's table.
+    let med = |xs: &[f64]| crate::bench::median(&crate::bench::sorted(xs.to_vec()));
     let x_top = top(bars.iter().flat_map(|b| b.1.iter().copied()), 1.45);
-    let n = bars.len() as f64;
+    let rows: Vec<Row> = bars
+        .into_iter()
+        .map(|(name, samples)| Row {
+            text: format!("{name} {:.3} s", med(&samples)),
+            median: med(&samples),
+            samples,
+        })
+        .collect();
+    bar_rows(
+        root,
+        "Suspend and resume-to-first-answer".to_string(),
+        "seconds",
+        x_top,
+        &rows,
+    )
+}
+
+/// One horizontal bar per row (its median, first row on top), each sample as a dot on it and
+/// the row's text above it: the shape of the warm and snapshot charts.
+struct Row {
+    text: String,
+    median: f64,
+    samples: Vec<f64>,
+}
+
+fn bar_rows(
+    root: &Area,
+    title: String,
+    x_desc: &str,
+    x_top: f64,
+    rows: &[Row],
+) -> anyhow::Result<()> {
+    let n = rows.len() as f64;
     let mut chart = ChartBuilder::on(root)
-        .caption("Suspend and resume-to-first-answer", ("sans-serif", TITLE))
+        .caption(title, ("sans-serif", TITLE))
         .margin(15)
         .x_label_area_size(45)
         .y_label_area_size(20)
@@ -456,35 +463,34 @@ fn snapshots(root: &Area, v: &Value) -> anyhow::Result<()> {
         .configure_mesh()
         .disable_y_mesh()
         .y_labels(0)
-        .x_desc("seconds")
+        .x_desc(x_desc)
         .x_label_formatter(&tick)
         .draw()?;
-    let row = |i: usize| n - 1.0 - i as f64;
+    let y = |i: usize| n - 1.0 - i as f64;
     let fill = BLUE.mix(0.55).filled();
     chart
         .draw_series(
-            bars.iter().enumerate().map(|(i, b)| {
-                Rectangle::new([(0.0, row(i) - 0.25), (med(&b.1), row(i) + 0.1)], fill)
-            }),
+            rows.iter()
+                .enumerate()
+                .map(|(i, r)| Rectangle::new([(0.0, y(i) - 0.25), (r.median, y(i) + 0.15)], fill)),
         )?
         .label("median of the rounds")
         .legend(move |(x, y)| Rectangle::new([(x, y - 5), (x + 20, y + 5)], fill));
     chart
-        .draw_series(bars.iter().enumerate().flat_map(|(i, b)| {
-            b.1.iter()
-                .map(move |x| Circle::new((*x, row(i) - 0.07), 3, BLACK.filled()))
+        .draw_series(rows.iter().enumerate().flat_map(|(i, r)| {
+            r.samples
+                .iter()
+                .map(move |x| Circle::new((*x, y(i) - 0.05), 3, BLACK.filled()))
         }))?
         .label("each round")
         .legend(|(x, y)| Circle::new((x + 10, y), 3, BLACK.filled()));
-    let font =
-        TextStyle::from(("sans-serif", LABEL).into_font()).pos(Pos::new(HPos::Left, VPos::Center));
-    chart.draw_series(bars.iter().enumerate().map(|(i, (name, xs))| {
-        Text::new(
-            format!("{name} {:.3} s", med(xs)),
-            (0.0, row(i) + 0.3),
-            font.clone(),
-        )
-    }))?;
+    let font = TextStyle::from(("sans-serif", LABEL + 1).into_font())
+        .pos(Pos::new(HPos::Left, VPos::Center));
+    chart.draw_series(
+        rows.iter()
+            .enumerate()
+            .map(|(i, r)| Text::new(r.text.clone(), (0.0, y(i) + 0.32), font.clone())),
+    )?;
     legend(&mut chart, SeriesLabelPosition::LowerRight)
 }
 
