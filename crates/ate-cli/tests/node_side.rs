@@ -584,19 +584,25 @@ fn criu_dump_failure_falls_back_to_rootfs() {
     assert_eq!(counts(&get_ok(&sys, &format!("{ns}/c"), "/")), (1, 3, 3));
 }
 
+/// One worker with frozen copies off (`ATE_KEEP_FROZEN=0`), so every resume restores, and so
+/// verifies, the generation on disk; optionally a durable store.
+fn one_worker_restoring(durable_store: Option<String>) -> System {
+    System::up_with_env(
+        UpOptions {
+            workers: 1,
+            durable_store,
+            ..Default::default()
+        },
+        &[("ATE_KEEP_FROZEN", "0")],
+    )
+}
+
 #[test]
 fn corrupted_snapshot_is_refused_with_a_checksum_error() {
     // No frozen copy: a resume must restore (and so verify) the generation on disk. No durable
     // copy either (a read-only store): a COMPLETED one would replace the damaged local copy.
     let store = TmpfsStore::mount(true);
-    let sys = System::up_with_env(
-        UpOptions {
-            workers: 1,
-            durable_store: Some(store.url()),
-            ..Default::default()
-        },
-        &[("ATE_KEEP_FROZEN", "0")],
-    );
+    let sys = one_worker_restoring(Some(store.url()));
     let ns = "ns-corrupt";
     sys_apply(&sys, ns, "counter", &Tpl::counter());
     create_actor(&sys, ns, "c", "counter");
@@ -1760,13 +1766,7 @@ fn durable_manifest(store: &Path, ns: &str, name: &str, generation: u64) -> Opti
 #[test]
 fn corrupted_local_generation_is_restored_from_its_durable_copy() {
     // No frozen copy: a resume must restore (and so verify) the generation on disk.
-    let sys = System::up_with_env(
-        UpOptions {
-            workers: 1,
-            ..Default::default()
-        },
-        &[("ATE_KEEP_FROZEN", "0")],
-    );
+    let sys = one_worker_restoring(None);
     let ns = "ns-corrupt-durable";
     sys_apply(&sys, ns, "counter", &Tpl::counter());
     create_actor(&sys, ns, "c", "counter");
@@ -1895,14 +1895,7 @@ impl Drop for TmpfsStore {
 fn corrupted_local_generation_without_durable_copy_crashes_and_keeps_the_older_one() {
     // The durable store is writable for generation 1, read-only for generation 2.
     let store = TmpfsStore::mount(false);
-    let sys = System::up_with_env(
-        UpOptions {
-            workers: 1,
-            durable_store: Some(store.url()),
-            ..Default::default()
-        },
-        &[("ATE_KEEP_FROZEN", "0")],
-    );
+    let sys = one_worker_restoring(Some(store.url()));
     let ns = "ns-corrupt-local-only";
     sys_apply(&sys, ns, "counter", &Tpl::counter());
     create_actor(&sys, ns, "c", "counter");
