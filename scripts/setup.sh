@@ -6,6 +6,7 @@
 #     deps, PostgreSQL 15
 #   - CRIU 4.2.1 built from Debian's source archive (suite `unstable`) when `criu` is missing,
 #     older than 4.2, or `criu check` fails  (see shared/notes/sandbox-facts.md for why)
+#   - CRIU's kernel-probe cache on hosts whose /run is not a tmpfs (scripts/criu-kdat-cache.sh)
 #   - moto[server] from PyPI (S3 API on loopback for object-store tests)
 #   - cargo-nextest if missing
 set -euo pipefail
@@ -156,6 +157,11 @@ else
   if command -v pyenv >/dev/null 2>&1; then pyenv rehash || true; fi
   command -v moto_server >/dev/null 2>&1 || die "moto_server still not on PATH after pip install"
 fi
+
+# ---------------------------------------------------------------- CRIU's kernel-probe cache
+# ~30 ms off every dump and restore on hosts whose /run is not a tmpfs (see the script).
+bash "$(dirname "${BASH_SOURCE[0]}")/criu-kdat-cache.sh" ||
+  log "WARNING: no CRIU kernel-probe cache; every dump and restore probes the kernel again"
 
 # ---------------------------------------------------------------- Rust test tooling
 if command -v cargo >/dev/null 2>&1; then

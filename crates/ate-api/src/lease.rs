@@ -1,6 +1,7 @@
 //! The per-actor lease that serialises mutating workflows (`lease:actor:{atespace}:{name}`).
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use ate_core::ActorRef;
@@ -17,6 +18,9 @@ pub struct Lease {
     key: String,
     holder: String,
     renewal: tokio::task::JoinHandle<()>,
+    /// Set once the workflow's last write also deleted the lease row
+    /// ([`ate_store::Store::transition_releasing_lease`]): [`Lease::release`] has nothing left to do.
+    released_in_store: AtomicBool,
 }
 
 impl Lease {
@@ -62,11 +66,37 @@ impl Lease {
             key,
             holder,
             renewal,
+            released_in_store: AtomicBool::new(false),
         })
+    }
+
+    /// The lease's row key (`lease:actor:{atespace}:{name}`).
+    pub fn key(&self) -> &str {
+        &self.key
+    }
+
+    /// Who holds it (this api instance and workflow).
+    pub fn holder(&self) -> &str {
+        &self.holder
+    }
+
+    /// Stops renewing, before a store write that releases the lease along with its own change
+    /// (a renewal landing after that write would take the lease again).
+    pub fn stop_renewal(&self) {
+        self.renewal.abort();
+    }
+
+    /// Records that a store write released the lease: [`Lease::release`] has nothing to delete.
+    pub fn released_in_store(&self) {
+        self.released_in_store.store(true, Ordering::Release);
+        self.renewal.abort();
     }
 
     pub async fn release(self) {
         self.renewal.abort();
+        if self.released_in_store.load(Ordering::Acquire) {
+            return;
+        }
         if let Err(e) = self.store.release_lease(&self.key, &self.holder).await {
             // Not fatal: the lease expires on its own.
             tracing::warn!(lease = %self.key, error = %e, "lease release failed");

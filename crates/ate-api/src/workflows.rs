@@ -128,6 +128,43 @@ fn is_transient(status: &Status) -> bool {
     )
 }
 
+/// Per-step durations of one workflow, logged at debug level when it ends (where a slow resume
+/// spends its time: the lease, store reads, the bind, the node call, the finalizing writes).
+struct StepTimes {
+    begun: Instant,
+    marks: Mutex<Vec<(&'static str, Duration)>>,
+}
+
+impl StepTimes {
+    fn new() -> Self {
+        Self {
+            begun: Instant::now(),
+            marks: Mutex::new(Vec::new()),
+        }
+    }
+
+    fn mark(&self, step: &'static str) {
+        let at = self.begun.elapsed();
+        if let Ok(mut m) = self.marks.lock() {
+            m.push((step, at));
+        }
+    }
+
+    fn log(&self, actor: &ActorRef, what: &str) {
+        if !tracing::enabled!(tracing::Level::DEBUG) {
+            return;
+        }
+        let Ok(marks) = self.marks.lock() else { return };
+        let mut last = Duration::ZERO;
+        let mut parts = Vec::with_capacity(marks.len());
+        for (step, at) in marks.iter() {
+            parts.push(format!("{step}={:.2}", (*at - last).as_secs_f64() * 1e3));
+            last = *at;
+        }
+        tracing::debug!(actor = %actor, total_ms = format!("{:.2}", last.as_secs_f64() * 1e3), steps_ms = %parts.join(" "), "{what} steps");
+    }
+}
+
 fn template_ref(actor: &ActorRecord) -> Result<(String, String), Status> {
     ate_core::names::parse_namespaced("template", &actor.template).map_err(invalid)
 }
@@ -185,6 +222,33 @@ impl Api {
         }
     }
 
+    /// [`Self::under_lease`] for the resume, whose finalizing write also releases the lease.
+    async fn resume_under_lease(
+        &self,
+        r: &ActorRef,
+        steps: &StepTimes,
+    ) -> Result<(v1::Actor, bool), Status> {
+        let lease = self.lease(r).await?;
+        steps.mark("lease");
+        let result = self.resume_locked(r, steps, &lease).await;
+        let result = match result {
+            Ok(v) => {
+                lease.release().await;
+                Ok(v)
+            }
+            Err(Failure::Status(s)) => {
+                lease.release().await;
+                Err(s)
+            }
+            Err(Failure::Crash(s)) => {
+                lease.abandon();
+                Err(s)
+            }
+        };
+        steps.mark("release");
+        result
+    }
+
     /// The worker record for an actor's assignment, from the fleet view (no store read when fresh).
     async fn assigned_worker(&self, actor: &ActorRecord) -> Option<WorkerRecord> {
         let id = actor.worker_id.as_ref()?;
@@ -228,7 +292,9 @@ impl Api {
             ActorState::Suspended | ActorState::Resuming => {}
         }
         let started = Instant::now();
-        let result = self.under_lease(r, self.resume_locked(r)).await;
+        let steps = StepTimes::new();
+        let result = self.resume_under_lease(r, &steps).await;
+        steps.log(r, "cold resume");
         let outcome = match &result {
             Ok((_, true)) => "resumed",
             Ok((_, false)) => "already_running",
@@ -241,10 +307,16 @@ impl Api {
         result
     }
 
-    async fn resume_locked(&self, r: &ActorRef) -> Result<(v1::Actor, bool), Failure> {
+    async fn resume_locked(
+        &self,
+        r: &ActorRef,
+        steps: &StepTimes,
+        lease: &Lease,
+    ) -> Result<(v1::Actor, bool), Failure> {
         self.faults.fire(FaultPoint::ResumeAfterLease)?;
         // Re-read under the lease: another workflow may have finished in between.
         let actor = self.store.get_actor(&r.atespace, &r.name).await?;
+        steps.mark("reread");
         match actor.state {
             ActorState::Running => return Ok((self.actor_message(&actor).await, false)),
             ActorState::Crashed => return Err(crashed(r, &actor.last_error).into()),
@@ -254,6 +326,7 @@ impl Api {
         let (ns, tname) = template_ref(&actor)?;
         let template = self.store.get_template(&ns, &tname).await?;
         let mut snapshot = self.choose_snapshot(&actor, &template).await?;
+        steps.mark("template_and_snapshot");
 
         let (actor, worker) = match self.rebind_existing(&actor, &template).await? {
             Some(bound) => bound,
@@ -265,6 +338,7 @@ impl Api {
                 bound
             }
         };
+        steps.mark("bind");
         self.faults.fire(FaultPoint::ResumeAfterBind)?;
 
         let plan = decide(
@@ -339,6 +413,7 @@ impl Api {
                 return Err(crashed(r, &why).into());
             }
         };
+        steps.mark("node");
         self.faults.fire(FaultPoint::ResumeAfterNodeCall)?;
 
         // Finalize: the node's epoch must be the one the worker registered, else it restarted
@@ -356,17 +431,23 @@ impl Api {
             last_error: Some(String::new()),
             clear_attached_node: true,
         };
+        // RUNNING and the lease's release in one write: the resume is over either way.
+        lease.stop_renewal();
         let running = self
             .store
-            .transition(
+            .transition_releasing_lease(
                 &r.atespace,
                 &r.name,
                 &[ActorState::Resuming],
                 ActorState::Running,
                 update,
                 now_ms(),
+                lease.key(),
+                lease.holder(),
             )
             .await?;
+        lease.released_in_store();
+        steps.mark("finalize");
         tracing::info!(actor = %r, worker = %worker.id, ?plan, "actor resumed");
         Ok((convert::actor(&running, Some(&registered)), true))
     }

@@ -94,6 +94,12 @@ pub struct ResumeArgs {
     /// cores); `/healthz` answers without touching it, so the substrate's own cost shows.
     #[arg(long, default_value = "/")]
     path: String,
+    /// Pause between suspending the actors and each burst, in seconds. Every suspend leaves
+    /// work behind it (the generation's durable upload, pruning older ones): ~0.1 s of node CPU
+    /// per 50 MiB actor, so a burst sent at once competes with 16 uploads. The spec's burst is
+    /// of actors suspended a while ago; 0 measures the burst on the heels of the suspends.
+    #[arg(long, default_value_t = 2.0)]
+    settle: f64,
 }
 
 #[derive(Args, Debug)]
@@ -577,6 +583,12 @@ async fn resume(c: Clients, a: ResumeArgs) -> anyhow::Result<ExitCode> {
     let mib = parse_mib(&a.memory)?;
     let max = a.concurrency.iter().copied().max().unwrap_or(0);
     anyhow::ensure!(max > 0 && a.rounds > 0, "nothing to do");
+    anyhow::ensure!(
+        a.settle.is_finite() && (0.0..=600.0).contains(&a.settle),
+        "--settle {}: use 0 to 600 seconds",
+        a.settle
+    );
+    let settle = Duration::from_secs_f64(a.settle);
     let images = images_dir(&c, &a.common).await?;
     let template = format!("sleeper-{mib}mi");
     apply_yaml(&c, &sleeper_template(&ns, &template, &images, mib)).await?;
@@ -596,6 +608,7 @@ async fn resume(c: Clients, a: ResumeArgs) -> anyhow::Result<ExitCode> {
             for name in &names[..n] {
                 ensure_suspended(&c, &ns, name).await?;
             }
+            tokio::time::sleep(settle).await;
             let barrier = Arc::new(Barrier::new(n));
             let mut set = JoinSet::new();
             for name in &names[..n] {
@@ -652,7 +665,7 @@ async fn resume(c: Clients, a: ResumeArgs) -> anyhow::Result<ExitCode> {
     write_json(
         &a.common,
         "resume",
-        &json!({"kind": "resume", "memory_mib": mib, "rounds": a.rounds, "path": a.path, "router": router, "levels": levels}),
+        &json!({"kind": "resume", "memory_mib": mib, "rounds": a.rounds, "path": a.path, "settle_seconds": a.settle, "router": router, "levels": levels}),
     )?;
     let all_ok = rows.iter().all(|(_, req, ok, _, _)| req == ok);
     Ok(if all_ok {

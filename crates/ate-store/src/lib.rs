@@ -293,6 +293,21 @@ pub trait Store: Send + Sync + 'static {
         update: ActorUpdate,
         now_ms: i64,
     ) -> Result<ActorRecord>;
+    /// [`Store::transition`] that also releases the lease `lease_key` held by `lease_holder` (as
+    /// [`Store::release_lease`]) in the same transaction: a workflow's last write and the end
+    /// of its lease in one commit. On an error nothing changes and the lease is still held.
+    #[allow(clippy::too_many_arguments)] // transition's arguments plus the lease
+    async fn transition_releasing_lease(
+        &self,
+        atespace: &str,
+        name: &str,
+        from: &[ActorState],
+        to: ActorState,
+        update: ActorUpdate,
+        now_ms: i64,
+        lease_key: &str,
+        lease_holder: &str,
+    ) -> Result<ActorRecord>;
     /// One transaction: actor state in `from` (else StateConflict); worker exists (NotFound) and is
     /// ACTIVE; the worker's assignments minus this actor's plus `demand` fit its capacity (else
     /// NoRoom); the actor's assignment is set to this worker (replacing any other); the actor becomes

@@ -614,6 +614,34 @@ impl Store for StoreImpl {
         Ok(record)
     }
 
+    async fn transition_releasing_lease(
+        &self,
+        atespace: &str,
+        name: &str,
+        from: &[ActorState],
+        to: ActorState,
+        update: ActorUpdate,
+        now_ms: i64,
+        lease_key: &str,
+        lease_holder: &str,
+    ) -> Result<ActorRecord> {
+        self.counters.write();
+        self.counters.lease();
+        let mut tx = self.begin_write().await?;
+        let mut actor = lock_actor(&mut tx, atespace, name).await?;
+        check_state(actor.state, from)?;
+        actor.state = to;
+        apply_update(&mut actor, update, now_ms);
+        let record = write_actor(&mut tx, &actor).await?;
+        sqlx::query("DELETE FROM leases WHERE key = $1 AND holder = $2")
+            .bind(lease_key)
+            .bind(lease_holder)
+            .execute(&mut *tx)
+            .await?;
+        tx.commit().await?;
+        Ok(record)
+    }
+
     async fn bind_actor(
         &self,
         atespace: &str,

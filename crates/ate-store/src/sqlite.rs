@@ -112,6 +112,9 @@ impl SqliteStore {
                 .synchronous(SqliteSynchronous::Normal);
             SqlitePoolOptions::new()
                 .max_connections(MAX_CONNECTIONS)
+                // A connection to a local file does not go stale: the default ping before every
+                // acquire was one more hop to the connection's thread per statement.
+                .test_before_acquire(false)
                 .connect_with(options)
                 .await?
         };

@@ -115,6 +115,7 @@ both_backends!(
     actor_crud,
     list_actors_pages_in_order,
     transition_is_compare_and_set,
+    transition_releasing_lease_is_one_write,
     delete_actor_returns_untagged_snapshots,
     prune_keeps_newest_completed_and_tagged,
     lease_semantics,
@@ -607,6 +608,92 @@ mod cases {
                 .is_empty()
         );
         assert!(s.list_actors(None, None, 0).await.unwrap().is_empty());
+    }
+
+    pub async fn transition_releasing_lease_is_one_write(env: Env) {
+        let s = env.store.as_ref();
+        seed(s).await;
+        s.create_actor(&actor("ns", "a1", "ns/t")).await.unwrap();
+        let key = "lease:actor:ns:a1";
+        assert!(s.try_acquire_lease(key, "h1", NOW, 10_000).await.unwrap());
+
+        // A refused transition changes nothing: the lease is still h1's.
+        assert_err!(
+            s.transition_releasing_lease(
+                "ns",
+                "a1",
+                &[ActorState::Running],
+                ActorState::Suspending,
+                ActorUpdate::default(),
+                NOW + 1,
+                key,
+                "h1"
+            )
+            .await,
+            StoreError::StateConflict { .. }
+        );
+        assert_eq!(
+            s.get_actor("ns", "a1").await.unwrap().state,
+            ActorState::Suspended
+        );
+        assert!(
+            !s.try_acquire_lease(key, "h2", NOW + 2, 10_000)
+                .await
+                .unwrap()
+        );
+
+        // Another holder's name releases nothing, but the transition still happens.
+        let update = ActorUpdate {
+            last_error: Some("x".into()),
+            ..Default::default()
+        };
+        let a = s
+            .transition_releasing_lease(
+                "ns",
+                "a1",
+                &[ActorState::Suspended],
+                ActorState::Resuming,
+                update,
+                NOW + 3,
+                key,
+                "h2",
+            )
+            .await
+            .unwrap();
+        assert_eq!(
+            (a.state, a.last_error.as_str(), a.updated_ms),
+            (ActorState::Resuming, "x", NOW + 3)
+        );
+        assert!(
+            !s.try_acquire_lease(key, "h2", NOW + 4, 10_000)
+                .await
+                .unwrap()
+        );
+
+        // The holder's: state and lease in one commit.
+        let a = s
+            .transition_releasing_lease(
+                "ns",
+                "a1",
+                &[ActorState::Resuming],
+                ActorState::Running,
+                ActorUpdate::default(),
+                NOW + 5,
+                key,
+                "h1",
+            )
+            .await
+            .unwrap();
+        assert_eq!(a.state, ActorState::Running);
+        assert_eq!(
+            s.get_actor("ns", "a1").await.unwrap().state,
+            ActorState::Running
+        );
+        assert!(
+            s.try_acquire_lease(key, "h2", NOW + 6, 10_000)
+                .await
+                .unwrap()
+        );
     }
 
     pub async fn transition_is_compare_and_set(env: Env) {

@@ -121,6 +121,12 @@ impl RuncRuntime {
                 None
             }
         };
+        if criu.is_some() && !criu_kdat_cache_possible() {
+            tracing::warn!(
+                "/run is not a tmpfs and /run/criu.kdat is not kept on one: CRIU probes the kernel \
+                 again on every dump and restore (~30 ms each); scripts/criu-kdat-cache.sh gives it a cache"
+            );
+        }
         if let Err(e) = reaper::become_subreaper() {
             tracing::warn!(error = %e, "cannot become a child subreaper: exits are found with `runc state` and carry no exit code");
         }
@@ -689,6 +695,17 @@ impl SandboxRuntime for RuncRuntime {
             Some(_) => None,
         })
     }
+}
+
+/// Whether CRIU can keep its kernel-probe cache (`/run/criu.kdat`): it only does on a tmpfs,
+/// either because `/run` is one (systemd hosts) or because the file was put on one
+/// (`scripts/criu-kdat-cache.sh`).
+fn criu_kdat_cache_possible() -> bool {
+    let on_tmpfs = |p: &str| {
+        nix::sys::statfs::statfs(p)
+            .is_ok_and(|s| s.filesystem_type() == nix::sys::statfs::TMPFS_MAGIC)
+    };
+    on_tmpfs("/run") || on_tmpfs("/run/criu.kdat")
 }
 
 fn parse_criu_version(text: &str) -> Option<(u32, u32)> {
