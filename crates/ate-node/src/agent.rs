@@ -313,12 +313,32 @@ impl NodeAgent {
         name: &str,
         snap: &v1::Snapshot,
     ) -> Result<String, String> {
-        let key = format!("{atespace}/{name}/{}-{}", snap.generation, snap.uuid);
+        let key = Self::durable_key(atespace, name, snap);
         self.inner
             .durable
             .upload(Path::new(&snap.local_path), &key)
             .await
             .map_err(|e| e.to_string())
+    }
+
+    /// [`Self::upload`] for an ASYNC suspend's copy: nobody waits for it, so its hashing and
+    /// compression run at the lowest CPU priority and leave the cores to resumes.
+    async fn upload_in_background(
+        &self,
+        atespace: &str,
+        name: &str,
+        snap: &v1::Snapshot,
+    ) -> Result<String, String> {
+        let key = Self::durable_key(atespace, name, snap);
+        self.inner
+            .durable
+            .upload_in_background(Path::new(&snap.local_path), &key)
+            .await
+            .map_err(|e| e.to_string())
+    }
+
+    fn durable_key(atespace: &str, name: &str, snap: &v1::Snapshot) -> String {
+        format!("{atespace}/{name}/{}-{}", snap.generation, snap.uuid)
     }
 
     async fn report(
@@ -539,8 +559,21 @@ impl NodeService for NodeAgent {
                 if !Path::new(&snap.local_path).join("manifest.json").exists() {
                     return;
                 }
-                let (status, uri, reason) = match agent.upload(&atespace, &name, &snap).await {
+                let uploaded = agent.upload_in_background(&atespace, &name, &snap).await;
+                let (status, uri, reason) = match uploaded {
                     Ok(uri) => (DurableStatus::Completed, uri, String::new()),
+                    // Pruned (a newer generation replaced it) while it was being read: routine,
+                    // and not "kept". Still reported, in case something else removed it.
+                    Err(e) if !Path::new(&snap.local_path).join("manifest.json").exists() => {
+                        tracing::debug!(actor = %format!("{atespace}/{name}"), generation = snap.generation, error = %e, "generation removed during its background upload");
+                        (
+                            DurableStatus::Failed,
+                            String::new(),
+                            format!(
+                                "durable upload failed: the local copy was removed during the upload ({e})"
+                            ),
+                        )
+                    }
                     Err(e) => {
                         tracing::warn!(actor = %format!("{atespace}/{name}"), generation = snap.generation, error = %e, "background upload failed; local copy kept");
                         (

@@ -6,7 +6,7 @@
 
 use std::fs::{self, File};
 use std::io::{self, Read, Write};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -172,11 +172,30 @@ impl DurableStore {
         Ok(self.upload_with_stats(gen_dir, key).await?.0)
     }
 
+    /// [`DurableStore::upload`] for an upload nobody waits for: hashing and compression run at
+    /// the lowest CPU priority ([`UploadPriority::Background`]).
+    pub async fn upload_in_background(&self, gen_dir: &Path, key: &str) -> Result<String> {
+        Ok(self
+            .upload_prioritized(gen_dir, key, UploadPriority::Background)
+            .await?
+            .0)
+    }
+
     /// [`DurableStore::upload`] with the amount moved and the time it took.
     pub async fn upload_with_stats(
         &self,
         gen_dir: &Path,
         key: &str,
+    ) -> Result<(String, TransferStats)> {
+        self.upload_prioritized(gen_dir, key, UploadPriority::Normal)
+            .await
+    }
+
+    async fn upload_prioritized(
+        &self,
+        gen_dir: &Path,
+        key: &str,
+        priority: UploadPriority,
     ) -> Result<(String, TransferStats)> {
         let start = Instant::now();
         let uri = self.uri(key)?;
@@ -189,7 +208,7 @@ impl DurableStore {
         let transfers: Vec<_> = manifest
             .files
             .iter()
-            .map(|f| self.upload_file(gen_dir, &base, f).boxed())
+            .map(|f| self.upload_file(gen_dir, &base, f, priority).boxed())
             .collect();
         let results: Vec<Result<()>> = futures::stream::iter(transfers)
             .buffer_unordered(self.parallelism)
@@ -230,12 +249,17 @@ impl DurableStore {
         Ok((uri, stats))
     }
 
-    async fn upload_file(&self, gen_dir: &Path, base: &ObjPath, f: &FileEntry) -> Result<()> {
+    async fn upload_file(
+        &self,
+        gen_dir: &Path,
+        base: &ObjPath,
+        f: &FileEntry,
+        priority: UploadPriority,
+    ) -> Result<()> {
         let obj = obj_child(base, &format!("{}.zst", f.path));
         let src = gen_dir.join(&f.path);
         let (tx, mut rx) = mpsc::channel::<Bytes>(4);
-        let producer_src = src.clone();
-        let producer = tokio::task::spawn_blocking(move || compress_file(&producer_src, tx));
+        let producer = spawn_compress(src.clone(), tx, priority)?;
 
         // Small objects are one PUT; from PART_SIZE on, a multipart upload.
         let mut pending: Vec<Bytes> = Vec::new();
@@ -271,9 +295,10 @@ impl DurableStore {
         }
         // Dropping the receiver stops the producer early when sending failed.
         drop(rx);
-        let produced = producer
-            .await
-            .map_err(|e| Error::task(format!("compress {}", src.display()), e))?;
+        let produced = producer.await.map_err(|_| Error::Task {
+            what: format!("compress {}", src.display()),
+            message: "the compressing thread ended without a result".into(),
+        })?;
         if let Some(e) = send_err {
             if let Some(w) = multipart {
                 let _ = w.abort().await;
@@ -577,6 +602,72 @@ fn split_key(key: &str, allow_empty: bool) -> Result<Vec<String>> {
         .collect()
 }
 
+/// How an upload shares the cores with the rest of the node.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum UploadPriority {
+    /// Tokio's blocking pool at normal priority: someone waits for this upload (a DURABLE
+    /// suspend, a detach before a move).
+    #[default]
+    Normal,
+    /// A thread of its own at nice [`BACKGROUND_NICE`]: the upload after an ASYNC suspend,
+    /// which nobody waits for. Its hashing and zstd (~0.1 s of CPU per 50 MiB) then take only
+    /// the CPU that resumes and requests leave over, instead of an equal share of it.
+    Background,
+}
+
+/// Nice value of background compression threads (the lowest priority).
+pub const BACKGROUND_NICE: i32 = 19;
+
+/// Runs [`compress_file`] at `priority`; the receiver gets its result (dropped without one only
+/// if the work panicked).
+fn spawn_compress(
+    src: PathBuf,
+    tx: mpsc::Sender<Bytes>,
+    priority: UploadPriority,
+) -> Result<tokio::sync::oneshot::Receiver<Result<(u64, String)>>> {
+    let (done, result) = tokio::sync::oneshot::channel();
+    let work = move || {
+        let _ = done.send(compress_file(&src, tx));
+    };
+    match priority {
+        UploadPriority::Normal => {
+            tokio::task::spawn_blocking(work);
+        }
+        UploadPriority::Background => {
+            // A thread per file, not the shared pool: the nice value stays with the thread,
+            // and a pool thread kept at nice 19 would slow whatever it runs next.
+            std::thread::Builder::new()
+                .name("ate-upload-bg".into())
+                .spawn(move || {
+                    lower_this_thread_priority();
+                    work();
+                })
+                .map_err(|e| Error::Task {
+                    what: "start a background compression thread".into(),
+                    message: e.to_string(),
+                })?;
+        }
+    }
+    Ok(result)
+}
+
+/// Sets the calling thread's nice value to [`BACKGROUND_NICE`] (Linux keeps nice per thread).
+/// Best effort: on failure the work runs at normal priority.
+fn lower_this_thread_priority() {
+    let tid = nix::unistd::gettid().as_raw();
+    // SAFETY: setpriority only reads its integer arguments; `tid` is this thread's own id.
+    let rc = unsafe {
+        libc::setpriority(
+            libc::PRIO_PROCESS,
+            libc::id_t::try_from(tid).unwrap_or(0),
+            BACKGROUND_NICE,
+        )
+    };
+    if rc != 0 {
+        tracing::debug!(error = %io::Error::last_os_error(), "could not lower a background thread's priority");
+    }
+}
+
 /// Reads `src`, hashing the raw bytes, and sends zstd-compressed chunks. Returns (size, sha256).
 fn compress_file(src: &Path, tx: mpsc::Sender<Bytes>) -> Result<(u64, String)> {
     let mut file = File::open(src).map_err(|e| Error::io("open", src, e))?;
@@ -685,4 +776,35 @@ fn decompress_file(rx: mpsc::Receiver<Bytes>, dst: &Path, f: &FileEntry, key: &s
     // Durable with the rest of the download: one syncfs before the manifest is written.
     out.flush().map_err(|e| Error::io("write", dst, e))?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Field 19 of `/proc/thread-self/stat`: the calling thread's nice value.
+    fn this_thread_nice() -> i32 {
+        let stat = fs::read_to_string("/proc/thread-self/stat").unwrap_or_default();
+        // The command name (field 2) may hold spaces; count from the closing parenthesis.
+        let after = stat.rsplit_once(')').map(|(_, rest)| rest).unwrap_or("");
+        after
+            .split_whitespace()
+            .nth(16)
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(i32::MIN)
+    }
+
+    #[test]
+    fn background_threads_run_at_the_lowest_priority_and_others_do_not() {
+        let before = this_thread_nice();
+        let lowered = std::thread::spawn(|| {
+            lower_this_thread_priority();
+            this_thread_nice()
+        })
+        .join()
+        .unwrap_or(i32::MIN);
+        assert_eq!(lowered, BACKGROUND_NICE);
+        // Only that thread: the test's own thread keeps its nice value.
+        assert_eq!(this_thread_nice(), before);
+    }
 }

@@ -19,7 +19,7 @@ mod error;
 mod generation;
 mod manifest;
 
-pub use durable::{DurableStore, TransferStats};
+pub use durable::{BACKGROUND_NICE, DurableStore, TransferStats, UploadPriority};
 pub use error::{Error, Result};
 pub use generation::{
     CRIU_DIR, GenerationMeta, ROOTFS_ARCHIVE, VOLUMES_DIR, extract_rootfs, extract_volume,

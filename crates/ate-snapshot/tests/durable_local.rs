@@ -113,6 +113,42 @@ async fn upload_download_delete_round_trip() {
 }
 
 #[tokio::test]
+async fn background_upload_round_trips_and_checks_like_a_normal_one() {
+    let (fx, m) = sealed(3 << 20).await;
+    let dir = store_dir(&fx);
+    let store = DurableStore::from_url(&format!("file://{}", dir.display())).expect("store");
+    let key = "default/counter/8-6a1b";
+    let uri = store
+        .upload_in_background(&fx.gen_dir, key)
+        .await
+        .expect("background upload");
+    assert!(store.exists_complete(&uri).await.expect("exists"));
+    let target = fx.root.path().join("node-b/gen-8");
+    assert_eq!(store.download(key, &target).await.expect("download"), m);
+    for f in &m.files {
+        assert_eq!(
+            fs::read(target.join(&f.path)).expect("read"),
+            fs::read(fx.gen_dir.join(&f.path)).expect("read"),
+            "{}",
+            f.path
+        );
+    }
+
+    // A file changed after sealing fails the background upload too, and leaves no copy.
+    let victim = m.files.iter().max_by_key(|f| f.size).expect("a file");
+    let mut bytes = fs::read(fx.gen_dir.join(&victim.path)).expect("read");
+    bytes[0] ^= 0x01;
+    fs::write(fx.gen_dir.join(&victim.path), bytes).expect("write");
+    let key2 = "default/counter/8-6a1b-again";
+    let err = store
+        .upload_in_background(&fx.gen_dir, key2)
+        .await
+        .expect_err("changed file");
+    assert!(matches!(err, Error::ChecksumMismatch { .. }), "{err}");
+    assert!(store.list_objects(key2).await.expect("list").is_empty());
+}
+
+#[tokio::test]
 async fn corrupted_objects_fail_download_and_leave_nothing() {
     let (fx, m) = sealed(200_000).await;
     let dir = store_dir(&fx);
