@@ -128,6 +128,25 @@ fn is_transient(status: &Status) -> bool {
     )
 }
 
+/// Ends a workflow's lease by how the work ended: released after an answer (success or not),
+/// abandoned after a simulated crash (it expires).
+async fn end_lease<T>(lease: Lease, result: Result<T, Failure>) -> Result<T, Status> {
+    match result {
+        Ok(v) => {
+            lease.release().await;
+            Ok(v)
+        }
+        Err(Failure::Status(s)) => {
+            lease.release().await;
+            Err(s)
+        }
+        Err(Failure::Crash(s)) => {
+            lease.abandon();
+            Err(s)
+        }
+    }
+}
+
 /// Per-step durations of one workflow, logged at debug level when it ends (where a slow resume
 /// spends its time: the lease, store reads, the bind, the node call, the finalizing writes).
 struct StepTimes {
@@ -206,20 +225,8 @@ impl Api {
         work: impl Future<Output = Result<T, Failure>>,
     ) -> Result<T, Status> {
         let lease = self.lease(actor).await?;
-        match work.await {
-            Ok(v) => {
-                lease.release().await;
-                Ok(v)
-            }
-            Err(Failure::Status(s)) => {
-                lease.release().await;
-                Err(s)
-            }
-            Err(Failure::Crash(s)) => {
-                lease.abandon();
-                Err(s)
-            }
-        }
+        let result = work.await;
+        end_lease(lease, result).await
     }
 
     /// [`Self::under_lease`] for the resume, whose finalizing write also releases the lease.
@@ -231,20 +238,7 @@ impl Api {
         let lease = self.lease(r).await?;
         steps.mark("lease");
         let result = self.resume_locked(r, steps, &lease).await;
-        let result = match result {
-            Ok(v) => {
-                lease.release().await;
-                Ok(v)
-            }
-            Err(Failure::Status(s)) => {
-                lease.release().await;
-                Err(s)
-            }
-            Err(Failure::Crash(s)) => {
-                lease.abandon();
-                Err(s)
-            }
-        };
+        let result = end_lease(lease, result).await;
         steps.mark("release");
         result
     }

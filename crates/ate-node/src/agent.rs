@@ -11,7 +11,7 @@ use ate_core::{DurableStatus, Fidelity};
 use ate_proto::v1::{
     self, node_service_server::NodeService, node_service_server::NodeServiceServer,
 };
-use ate_snapshot::DurableStore;
+use ate_snapshot::{DurableStore, UploadPriority};
 use tokio::sync::Mutex as AsyncMutex;
 use tonic::{Request, Response, Status};
 
@@ -307,34 +307,23 @@ impl NodeAgent {
         })
     }
 
+    /// Uploads the generation to the durable store. `Background` for an ASYNC suspend's copy:
+    /// nobody waits for it, so its hashing and compression leave the cores to resumes.
     async fn upload(
         &self,
         atespace: &str,
         name: &str,
         snap: &v1::Snapshot,
+        priority: UploadPriority,
     ) -> Result<String, String> {
         let key = Self::durable_key(atespace, name, snap);
-        self.inner
-            .durable
-            .upload(Path::new(&snap.local_path), &key)
-            .await
-            .map_err(|e| e.to_string())
-    }
-
-    /// [`Self::upload`] for an ASYNC suspend's copy: nobody waits for it, so its hashing and
-    /// compression run at the lowest CPU priority and leave the cores to resumes.
-    async fn upload_in_background(
-        &self,
-        atespace: &str,
-        name: &str,
-        snap: &v1::Snapshot,
-    ) -> Result<String, String> {
-        let key = Self::durable_key(atespace, name, snap);
-        self.inner
-            .durable
-            .upload_in_background(Path::new(&snap.local_path), &key)
-            .await
-            .map_err(|e| e.to_string())
+        let local = Path::new(&snap.local_path);
+        let durable = &self.inner.durable;
+        match priority {
+            UploadPriority::Normal => durable.upload(local, &key).await,
+            UploadPriority::Background => durable.upload_in_background(local, &key).await,
+        }
+        .map_err(|e| e.to_string())
     }
 
     fn durable_key(atespace: &str, name: &str, snap: &v1::Snapshot) -> String {
@@ -537,7 +526,10 @@ impl NodeService for NodeAgent {
             create_time_unix_ms: 0,
         };
         if req.durable {
-            match self.upload(&atespace, &name, &snapshot).await {
+            match self
+                .upload(&atespace, &name, &snapshot, UploadPriority::Normal)
+                .await
+            {
                 Ok(uri) => {
                     snapshot.durable_uri = uri;
                     snapshot.durable_status = DurableStatus::Completed.wire();
@@ -559,7 +551,9 @@ impl NodeService for NodeAgent {
                 if !Path::new(&snap.local_path).join("manifest.json").exists() {
                     return;
                 }
-                let uploaded = agent.upload_in_background(&atespace, &name, &snap).await;
+                let uploaded = agent
+                    .upload(&atespace, &name, &snap, UploadPriority::Background)
+                    .await;
                 let (status, uri, reason) = match uploaded {
                     Ok(uri) => (DurableStatus::Completed, uri, String::new()),
                     // Pruned (a newer generation replaced it) while it was being read: routine,
@@ -606,7 +600,10 @@ impl NodeService for NodeAgent {
         let mut out = Vec::new();
         for mut snap in req.snapshots {
             if snap.durable_status != DurableStatus::Completed.wire() {
-                match self.upload(&actor.atespace, &actor.name, &snap).await {
+                match self
+                    .upload(&actor.atespace, &actor.name, &snap, UploadPriority::Normal)
+                    .await
+                {
                     Ok(uri) => {
                         snap.durable_uri = uri;
                         snap.durable_status = DurableStatus::Completed.wire();

@@ -191,6 +191,23 @@ async fn lock_actor(tx: &mut Tx, atespace: &str, name: &str) -> Result<ActorReco
     }
 }
 
+/// The compare-and-set state change of [`Store::transition`], inside `tx`.
+async fn transition_in(
+    tx: &mut Tx,
+    atespace: &str,
+    name: &str,
+    from: &[ActorState],
+    to: ActorState,
+    update: ActorUpdate,
+    now_ms: i64,
+) -> Result<ActorRecord> {
+    let mut actor = lock_actor(tx, atespace, name).await?;
+    check_state(actor.state, from)?;
+    actor.state = to;
+    apply_update(&mut actor, update, now_ms);
+    write_actor(tx, &actor).await
+}
+
 /// Writes every mutable field of the actor and returns the stored row.
 async fn write_actor(tx: &mut Tx, actor: &ActorRecord) -> Result<ActorRecord> {
     let row = sqlx::query(concat!(
@@ -605,11 +622,7 @@ impl Store for StoreImpl {
     ) -> Result<ActorRecord> {
         self.counters.write();
         let mut tx = self.begin_write().await?;
-        let mut actor = lock_actor(&mut tx, atespace, name).await?;
-        check_state(actor.state, from)?;
-        actor.state = to;
-        apply_update(&mut actor, update, now_ms);
-        let record = write_actor(&mut tx, &actor).await?;
+        let record = transition_in(&mut tx, atespace, name, from, to, update, now_ms).await?;
         tx.commit().await?;
         Ok(record)
     }
@@ -628,11 +641,7 @@ impl Store for StoreImpl {
         self.counters.write();
         self.counters.lease();
         let mut tx = self.begin_write().await?;
-        let mut actor = lock_actor(&mut tx, atespace, name).await?;
-        check_state(actor.state, from)?;
-        actor.state = to;
-        apply_update(&mut actor, update, now_ms);
-        let record = write_actor(&mut tx, &actor).await?;
+        let record = transition_in(&mut tx, atespace, name, from, to, update, now_ms).await?;
         sqlx::query("DELETE FROM leases WHERE key = $1 AND holder = $2")
             .bind(lease_key)
             .bind(lease_holder)
