@@ -15,7 +15,9 @@ pub const DEFAULT_SANDBOX_CLASS: &str = "runc";
 const DEFAULT_CPU_MILLIS: u32 = 250;
 const DEFAULT_MEMORY_BYTES: u64 = 128 << 20;
 const DEFAULT_PROBE_TIMEOUT_SECONDS: u32 = 30;
-const MAX_CONTAINERS: usize = 8;
+/// Containers per template. Each actor runs in one runc container with one CRIU image; a
+/// template with sidecars is refused at apply instead of silently running its first container.
+const MAX_CONTAINERS: usize = 1;
 const MAX_IDLE_TIMEOUT_SECONDS: u64 = 7 * 24 * 3600;
 
 // ---------------------------------------------------------------- document form
@@ -314,7 +316,11 @@ impl TemplateSpec {
         if self.containers.len() > MAX_CONTAINERS {
             return Err(ValidationError::new(
                 "spec.containers",
-                format!("at most {MAX_CONTAINERS} containers"),
+                format!(
+                    "{} containers given; this release runs one container per actor \
+                     (sidecars are not supported yet)",
+                    self.containers.len()
+                ),
             ));
         }
         let mut names = BTreeSet::new();
@@ -668,10 +674,33 @@ spec:
     }
 
     #[test]
+    fn a_second_container_is_refused_not_ignored() {
+        let mut doc = demo().spec;
+        let mut sidecar = doc.containers[0].clone();
+        sidecar.name = "logs".into();
+        doc.containers.push(sidecar);
+        let err = TemplateSpec::from_document(&doc).unwrap_err();
+        assert_eq!(err.field, "spec.containers");
+        assert!(
+            err.to_string()
+                .contains("2 containers given; this release runs one container per actor"),
+            "{err}"
+        );
+    }
+
+    #[test]
     fn invalid_fields_are_named() {
         type Mutation = fn(&mut SpecDocument);
         let cases: Vec<(Mutation, &str)> = vec![
             (|s| s.containers.clear(), "spec.containers"),
+            (
+                |s| {
+                    let mut sidecar = s.containers[0].clone();
+                    sidecar.name = "sidecar".into();
+                    s.containers.push(sidecar);
+                },
+                "spec.containers",
+            ),
             (
                 |s| s.containers[0].image = "Bad Image".into(),
                 "spec.containers[0].image",

@@ -218,6 +218,7 @@ impl RuncRuntime {
         restoring: bool,
     ) -> Result<()> {
         validate_spec(actor, spec)?;
+        let begun = Instant::now();
         let dir = &actor.dir;
         tokio::fs::create_dir_all(dir)
             .await
@@ -244,12 +245,14 @@ impl RuncRuntime {
                 .ctx(|| format!("create {}", d.display()))?;
         }
         write_identity(actor).await?;
+        let dirs_done = begun.elapsed();
         mount_overlay(
             &spec.image.rootfs,
             &actor.upper_dir(),
             &actor.work_dir(),
             &actor.rootfs_dir(),
         )?;
+        let overlay_done = begun.elapsed();
         let mut config = oci_config(actor, spec);
         if restoring
             && let Some(resources) = config
@@ -280,7 +283,17 @@ impl RuncRuntime {
         tokio::fs::write(&path, bytes)
             .await
             .ctx(|| format!("write {}", path.display()))?;
-        netns::create(&actor.netns()).await
+        let config_done = begun.elapsed();
+        netns::create(&actor.netns()).await?;
+        tracing::debug!(
+            container = %actor.container_id(),
+            dirs_us = dirs_done.as_micros() as u64,
+            overlay_us = (overlay_done - dirs_done).as_micros() as u64,
+            config_us = (config_done - overlay_done).as_micros() as u64,
+            netns_us = (begun.elapsed() - config_done).as_micros() as u64,
+            "sandbox prepared"
+        );
+        Ok(())
     }
 
     /// Spawns `runc <args>` (run -d / restore -d) with stdout+stderr on a fresh pipe whose read

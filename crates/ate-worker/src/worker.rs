@@ -307,10 +307,18 @@ impl Worker {
             }
         }
         self.trim_frozen().await;
-        let container = spec
-            .containers
-            .first()
-            .ok_or_else(|| Status::invalid_argument("workload.spec has no containers"))?;
+        let container = match spec.containers.as_slice() {
+            [one] => one,
+            [] => return Err(Status::invalid_argument("workload.spec has no containers")),
+            // The api refuses such templates at apply; one stored before that is refused here
+            // rather than started without its sidecars.
+            more => {
+                return Err(Status::failed_precondition(format!(
+                    "workload.spec has {} containers; this worker runs one container per actor",
+                    more.len()
+                )));
+            }
+        };
         let image = self
             .images
             .ensure(&container.image)
