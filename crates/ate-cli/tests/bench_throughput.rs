@@ -26,6 +26,7 @@ fn help_lists_the_burst_and_cycle_flags() {
         "--cycle",
         "--seconds",
         "--suspenders",
+        "--settle",
     ] {
         assert!(help.contains(flag), "{flag} missing from:\n{help}");
     }
@@ -38,5 +39,21 @@ fn cycle_flags_need_cycle() {
         let err = String::from_utf8_lossy(&out.stderr);
         assert_eq!(out.status.code(), Some(2), "{flag:?}: {err}");
         assert!(err.contains("--cycle"), "{flag:?}: {err}");
+    }
+}
+
+#[test]
+fn settle_is_for_the_burst_and_bounded() {
+    let out = ate(&["bench", "throughput", "--cycle", "--settle", "1"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("--settle") && err.contains("--cycle"), "{err}");
+
+    // Out of range or not a number: a usage error, before anything is sent.
+    for bad in ["--settle=-1", "--settle=601", "--settle=soon"] {
+        let out = ate(&["bench", "throughput", bad]);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{bad}: {err}");
+        assert!(err.contains("--settle"), "{bad}: {err}");
     }
 }
