@@ -639,7 +639,7 @@ fn spawn_compress(
             std::thread::Builder::new()
                 .name("ate-upload-bg".into())
                 .spawn(move || {
-                    lower_this_thread_priority();
+                    lower_this_thread_priority(BACKGROUND_NICE);
                     work();
                 })
                 .map_err(|e| Error::Task {
@@ -651,16 +651,17 @@ fn spawn_compress(
     Ok(result)
 }
 
-/// Sets the calling thread's nice value to [`BACKGROUND_NICE`] (Linux keeps nice per thread).
-/// Best effort: on failure the work runs at normal priority.
-fn lower_this_thread_priority() {
+/// Sets the calling thread's nice value to `nice` (Linux keeps nice per thread; processes the
+/// thread starts inherit it). Best effort: on failure the work runs at normal priority. Also
+/// used by the worker's background threads.
+pub fn lower_this_thread_priority(nice: i32) {
     let tid = nix::unistd::gettid().as_raw();
     // SAFETY: setpriority only reads its integer arguments; `tid` is this thread's own id.
     let rc = unsafe {
         libc::setpriority(
             libc::PRIO_PROCESS,
             libc::id_t::try_from(tid).unwrap_or(0),
-            BACKGROUND_NICE,
+            nice,
         )
     };
     if rc != 0 {
@@ -798,7 +799,7 @@ mod tests {
     fn background_threads_run_at_the_lowest_priority_and_others_do_not() {
         let before = this_thread_nice();
         let lowered = std::thread::spawn(|| {
-            lower_this_thread_priority();
+            lower_this_thread_priority(BACKGROUND_NICE);
             this_thread_nice()
         })
         .join()

@@ -19,7 +19,9 @@ mod error;
 mod generation;
 mod manifest;
 
-pub use durable::{BACKGROUND_NICE, DurableStore, TransferStats, UploadPriority};
+pub use durable::{
+    BACKGROUND_NICE, DurableStore, TransferStats, UploadPriority, lower_this_thread_priority,
+};
 pub use error::{Error, Result};
 pub use generation::{
     CRIU_DIR, GenerationMeta, ROOTFS_ARCHIVE, VOLUMES_DIR, extract_rootfs, extract_volume,

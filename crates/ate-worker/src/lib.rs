@@ -11,6 +11,7 @@ pub mod error;
 pub mod hardening;
 pub mod image;
 pub mod netns;
+pub mod netns_pool;
 pub mod probe;
 pub mod reaper;
 pub mod runc;

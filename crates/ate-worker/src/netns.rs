@@ -83,9 +83,19 @@ pub async fn create(netns: &str) -> Result<()> {
 /// Whether dummy links work here (cleared at the first "Unknown device type").
 static DUMMY_LINKS: AtomicBool = AtomicBool::new(true);
 
+/// Whether dummy links are believed to work here (else a veth pair stands in).
+pub(crate) fn dummy_links() -> bool {
+    DUMMY_LINKS.load(Ordering::Relaxed)
+}
+
+/// Records that this kernel has no dummy links (an "Unknown device type" from ip).
+pub(crate) fn no_dummy_links() {
+    DUMMY_LINKS.store(false, Ordering::Relaxed);
+}
+
 /// `ip -batch` lines that set up an actor namespace: lo up, [`ACTOR_LINK`] (dummy, or a veth
 /// pair with [`ACTOR_PEER_LINK`] when `veth`) carrying `addr`, and the default route through it.
-fn link_batch(addr: &str, veth: bool) -> String {
+pub(crate) fn link_batch(addr: &str, veth: bool) -> String {
     let link = if veth {
         format!(
             "link add {ACTOR_LINK} type veth peer name {ACTOR_PEER_LINK}\nlink set {ACTOR_PEER_LINK} up\n"

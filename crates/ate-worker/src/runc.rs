@@ -22,6 +22,7 @@ use crate::cmd;
 use crate::error::{IoContext, Result, SandboxError, tail};
 use crate::hardening;
 use crate::netns;
+use crate::netns_pool::NetnsPool;
 use crate::reaper::{self, InitStatus, Inits};
 use crate::runtime::{
     ActorSandbox, Capabilities, CheckpointStats, ExitInfo, RunMode, SandboxRuntime, SandboxSpec,
@@ -46,6 +47,8 @@ pub struct RuncConfig {
     pub runc: PathBuf,
     /// `None`: look up `criu` on PATH; memory snapshots are disabled when it is missing or < 4.2.
     pub criu: Option<PathBuf>,
+    /// Network namespaces kept ready for the next starts and restores (0: made on demand).
+    pub spare_netns: usize,
 }
 
 impl RuncConfig {
@@ -54,6 +57,7 @@ impl RuncConfig {
             state_dir: state_dir.into(),
             runc: PathBuf::from("runc"),
             criu: None,
+            spare_netns: crate::netns_pool::DEFAULT_SPARE_NETNS,
         }
     }
 }
@@ -68,6 +72,8 @@ pub struct RuncRuntime {
     locks: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
     /// Container inits, children of the worker (a subreaper): exits without `runc state`.
     inits: Inits,
+    /// Ready network namespaces, named for an actor in `prepare`.
+    netns_pool: NetnsPool,
 }
 
 /// CRIU options the worker's dumps and restores run with (the file overrides what runc asks
@@ -141,6 +147,7 @@ impl RuncRuntime {
             criu_conf,
             locks: Mutex::new(HashMap::new()),
             inits: Inits::new(),
+            netns_pool: NetnsPool::new(config.spare_netns),
         })
     }
 
@@ -284,7 +291,7 @@ impl RuncRuntime {
             .await
             .ctx(|| format!("write {}", path.display()))?;
         let config_done = begun.elapsed();
-        netns::create(&actor.netns()).await?;
+        self.netns_pool.create(&actor.netns()).await?;
         tracing::debug!(
             container = %actor.container_id(),
             dirs_us = dirs_done.as_micros() as u64,

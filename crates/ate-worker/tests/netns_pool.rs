@@ -1,0 +1,130 @@
+//! The spare-netns pool (src/netns_pool.rs) against the real kernel and iproute2 (root): a named
+//! spare is set up exactly like a namespace made on demand, the pool refills behind the one it
+//! gave, and spares, being only descriptors of this process, are gone once the pool is.
+
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use ate_worker::netns;
+use ate_worker::netns_pool::NetnsPool;
+
+/// Deletes the test's named namespaces however the test ends.
+struct Named(Vec<String>);
+
+impl Drop for Named {
+    fn drop(&mut self) {
+        for n in &self.0 {
+            let _ = Command::new("ip").args(["netns", "delete", n]).status();
+        }
+    }
+}
+
+fn ip_in(netns: &str, args: &[&str]) -> String {
+    let out = Command::new("ip")
+        .args(["-n", netns])
+        .args(args)
+        .output()
+        .expect("run ip");
+    assert!(out.status.success(), "ip -n {netns} {args:?}: {out:?}");
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// What `ip` shows of an actor namespace: lo up, the actor address, the default route.
+fn setup_of(netns: &str) -> (bool, bool, bool) {
+    let lo = ip_in(netns, &["-o", "link", "show", "lo"]);
+    let addrs = ip_in(netns, &["-o", "-4", "addr", "show"]);
+    let routes = ip_in(netns, &["route", "show"]);
+    (
+        lo.contains("UP"),
+        addrs.contains(&format!("{}/32", netns::ACTOR_IP)),
+        routes.contains(&format!("default dev {}", netns::ACTOR_LINK)),
+    )
+}
+
+/// Namespace descriptors this process holds (`/proc/self/fd/* -> net:[…]`).
+fn netns_fds() -> usize {
+    std::fs::read_dir("/proc/self/fd")
+        .map(|d| {
+            d.filter_map(|e| e.ok())
+                .filter_map(|e| std::fs::read_link(e.path()).ok())
+                .filter(|t| t.to_string_lossy().starts_with("net:["))
+                .count()
+        })
+        .unwrap_or(0)
+}
+
+fn wait_ready(pool: &NetnsPool, n: usize) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while pool.ready() < n {
+        assert!(
+            Instant::now() < deadline,
+            "pool has {} of {n} spares",
+            pool.ready()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn spares_are_set_up_like_made_ones_refill_and_leave_nothing_behind() {
+    assert!(
+        nix::unistd::geteuid().is_root(),
+        "netns tests need root (ip netns, mounts)"
+    );
+    let id = std::process::id();
+    let made = format!("ate-tpool-{id}-m");
+    let spare = format!("ate-tpool-{id}-s");
+    let _cleanup = Named(vec![made.clone(), spare.clone()]);
+
+    // On demand (no spares): also sets up /var/run/netns the way `ip netns add` does.
+    let empty = NetnsPool::new(0);
+    empty.create(&made).await.expect("made on demand");
+    assert_eq!(empty.ready(), 0);
+    let on_demand = setup_of(&made);
+    assert_eq!(on_demand, (true, true, true), "{made}");
+
+    let fds_before = netns_fds();
+    let pool = NetnsPool::new(2);
+    wait_ready(&pool, 2);
+    assert_eq!(
+        netns_fds(),
+        fds_before + 2,
+        "spares are held as descriptors"
+    );
+
+    // A spare, named: the same setup, found by name like any other.
+    pool.create(&spare).await.expect("named from a spare");
+    assert!(netns::exists(&spare));
+    assert_eq!(setup_of(&spare), on_demand, "{spare}");
+    let listed = Command::new("ip")
+        .args(["netns", "list"])
+        .output()
+        .expect("ip");
+    let listed = String::from_utf8_lossy(&listed.stdout);
+    assert_eq!(
+        listed
+            .lines()
+            .filter(|l| l.contains(&format!("ate-tpool-{id}")))
+            .count(),
+        2,
+        "only the two named ones are listed (spares are unnamed):\n{listed}"
+    );
+
+    // Naming a namespace again replaces it (a stale one of the same name goes first).
+    pool.create(&spare).await.expect("named again");
+    assert_eq!(setup_of(&spare), on_demand);
+
+    // The pool refills behind what it gave; dropped, it holds nothing.
+    wait_ready(&pool, 2);
+    drop(pool);
+    // (A refill thread that has just pushed the last spare may hold the pool a moment longer.)
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while netns_fds() != fds_before && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert_eq!(netns_fds(), fds_before, "spares are gone with the pool");
+
+    netns::delete(&spare).await.expect("delete");
+    netns::delete(&made).await.expect("delete");
+    assert!(!netns::exists(&spare) && !netns::exists(&made));
+}
