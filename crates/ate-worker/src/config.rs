@@ -62,6 +62,12 @@ pub struct WorkerConfig {
     )]
     pub frozen_min_available_percent: u8,
 
+    /// Network namespaces kept ready for the next starts and restores, so they need no `ip`
+    /// run (0: each is made on demand; never more than `--slots`). Each spare holds a
+    /// namespace with its loopback and one link.
+    #[arg(long, env = "ATE_SPARE_NETNS", default_value_t = crate::netns_pool::DEFAULT_SPARE_NETNS)]
+    pub spare_netns: usize,
+
     /// atunnel's identity (`--tls-cert/--tls-key/--tls-ca`): mTLS accepting only the router.
     #[command(flatten)]
     pub tls: ate_tls::TlsArgs,
@@ -86,6 +92,7 @@ impl WorkerConfig {
             keep_frozen: None,
             frozen_ttl_seconds: 300,
             frozen_min_available_percent: 25,
+            spare_netns: crate::netns_pool::DEFAULT_SPARE_NETNS,
             tls: ate_tls::TlsArgs::default(),
             faults: Arc::default(),
         }

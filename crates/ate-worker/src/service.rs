@@ -227,7 +227,13 @@ pub async fn run(
     tokio::fs::create_dir_all(&worker_dir)
         .await
         .map_err(io_err(format!("create {}", worker_dir.display())))?;
-    let runtime = RuncRuntime::new(RuncConfig::new(&worker_dir)).await?;
+    let runtime = RuncRuntime::new(RuncConfig {
+        spare_netns: config
+            .spare_netns
+            .min(usize::try_from(config.slots).unwrap_or(usize::MAX)),
+        ..RuncConfig::new(&worker_dir)
+    })
+    .await?;
     let listener = TcpListener::bind(config.listen)
         .await
         .map_err(io_err(format!("atunnel bind {}", config.listen)))?;
