@@ -86,10 +86,10 @@ impl Lease {
         self.renewal.abort();
     }
 
-    /// Records that a store write released the lease: [`Lease::release`] has nothing to delete.
+    /// Records that a store write released the lease (after [`Lease::stop_renewal`]):
+    /// [`Lease::release`] has nothing to delete.
     pub fn released_in_store(&self) {
         self.released_in_store.store(true, Ordering::Release);
-        self.renewal.abort();
     }
 
     pub async fn release(self) {

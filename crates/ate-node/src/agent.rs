@@ -316,18 +316,12 @@ impl NodeAgent {
         snap: &v1::Snapshot,
         priority: UploadPriority,
     ) -> Result<String, String> {
-        let key = Self::durable_key(atespace, name, snap);
-        let local = Path::new(&snap.local_path);
-        let durable = &self.inner.durable;
-        match priority {
-            UploadPriority::Normal => durable.upload(local, &key).await,
-            UploadPriority::Background => durable.upload_in_background(local, &key).await,
-        }
-        .map_err(|e| e.to_string())
-    }
-
-    fn durable_key(atespace: &str, name: &str, snap: &v1::Snapshot) -> String {
-        format!("{atespace}/{name}/{}-{}", snap.generation, snap.uuid)
+        let key = format!("{atespace}/{name}/{}-{}", snap.generation, snap.uuid);
+        self.inner
+            .durable
+            .upload_with_priority(Path::new(&snap.local_path), &key, priority)
+            .await
+            .map_err(|e| e.to_string())
     }
 
     async fn report(
@@ -548,7 +542,7 @@ impl NodeService for NodeAgent {
                 // Closed only if the agent is dropping; upload anyway then.
                 let _permit = queue.acquire_owned().await.ok();
                 // Detached or deleted while queued: whoever did that owns its durable status.
-                if !Path::new(&snap.local_path).join("manifest.json").exists() {
+                if !ate_snapshot::is_sealed(Path::new(&snap.local_path)) {
                     return;
                 }
                 let uploaded = agent
@@ -558,7 +552,7 @@ impl NodeService for NodeAgent {
                     Ok(uri) => (DurableStatus::Completed, uri, String::new()),
                     // Pruned (a newer generation replaced it) while it was being read: routine,
                     // and not "kept". Still reported, in case something else removed it.
-                    Err(e) if !Path::new(&snap.local_path).join("manifest.json").exists() => {
+                    Err(e) if !ate_snapshot::is_sealed(Path::new(&snap.local_path)) => {
                         tracing::debug!(actor = %format!("{atespace}/{name}"), generation = snap.generation, error = %e, "generation removed during its background upload");
                         (
                             DurableStatus::Failed,

@@ -172,13 +172,15 @@ impl DurableStore {
         Ok(self.upload_with_stats(gen_dir, key).await?.0)
     }
 
-    /// [`DurableStore::upload`] for an upload nobody waits for: hashing and compression run at
-    /// the lowest CPU priority ([`UploadPriority::Background`]).
-    pub async fn upload_in_background(&self, gen_dir: &Path, key: &str) -> Result<String> {
-        Ok(self
-            .upload_prioritized(gen_dir, key, UploadPriority::Background)
-            .await?
-            .0)
+    /// [`DurableStore::upload`] at `priority`: [`UploadPriority::Background`] for an upload
+    /// nobody waits for (hashing and compression at the lowest CPU priority).
+    pub async fn upload_with_priority(
+        &self,
+        gen_dir: &Path,
+        key: &str,
+        priority: UploadPriority,
+    ) -> Result<String> {
+        Ok(self.upload_prioritized(gen_dir, key, priority).await?.0)
     }
 
     /// [`DurableStore::upload`] with the amount moved and the time it took.

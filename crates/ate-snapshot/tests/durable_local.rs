@@ -6,7 +6,7 @@ use std::fs;
 use std::path::{Path, PathBuf};
 
 use ate_core::Fidelity;
-use ate_snapshot::{DurableStore, Error, Manifest, seal_generation, verify};
+use ate_snapshot::{DurableStore, Error, Manifest, UploadPriority, seal_generation, verify};
 use common::*;
 
 async fn sealed(big: usize) -> (Fixture, Manifest) {
@@ -119,7 +119,7 @@ async fn background_upload_round_trips_and_checks_like_a_normal_one() {
     let store = DurableStore::from_url(&format!("file://{}", dir.display())).expect("store");
     let key = "default/counter/8-6a1b";
     let uri = store
-        .upload_in_background(&fx.gen_dir, key)
+        .upload_with_priority(&fx.gen_dir, key, UploadPriority::Background)
         .await
         .expect("background upload");
     assert!(store.exists_complete(&uri).await.expect("exists"));
@@ -141,7 +141,7 @@ async fn background_upload_round_trips_and_checks_like_a_normal_one() {
     fs::write(fx.gen_dir.join(&victim.path), bytes).expect("write");
     let key2 = "default/counter/8-6a1b-again";
     let err = store
-        .upload_in_background(&fx.gen_dir, key2)
+        .upload_with_priority(&fx.gen_dir, key2, UploadPriority::Background)
         .await
         .expect_err("changed file");
     assert!(matches!(err, Error::ChecksumMismatch { .. }), "{err}");

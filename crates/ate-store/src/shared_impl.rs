@@ -191,6 +191,9 @@ async fn lock_actor(tx: &mut Tx, atespace: &str, name: &str) -> Result<ActorReco
     }
 }
 
+/// Releases a lease if `holder` holds it (binds: key, holder).
+const DELETE_LEASE: &str = "DELETE FROM leases WHERE key = $1 AND holder = $2";
+
 /// The compare-and-set state change of [`Store::transition`], inside `tx`.
 async fn transition_in(
     tx: &mut Tx,
@@ -642,7 +645,7 @@ impl Store for StoreImpl {
         self.counters.lease();
         let mut tx = self.begin_write().await?;
         let record = transition_in(&mut tx, atespace, name, from, to, update, now_ms).await?;
-        sqlx::query("DELETE FROM leases WHERE key = $1 AND holder = $2")
+        sqlx::query(DELETE_LEASE)
             .bind(lease_key)
             .bind(lease_holder)
             .execute(&mut *tx)
@@ -1146,7 +1149,7 @@ impl Store for StoreImpl {
     async fn release_lease(&self, key: &str, holder: &str) -> Result<()> {
         self.counters.lease();
         let _writer = self.write_guard().await;
-        sqlx::query("DELETE FROM leases WHERE key = $1 AND holder = $2")
+        sqlx::query(DELETE_LEASE)
             .bind(key)
             .bind(holder)
             .execute(&self.pool)
