@@ -19,6 +19,7 @@ pub fn actor(a: &ActorRecord, worker: Option<&WorkerRecord>) -> v1::Actor {
             worker_identity: worker.map(|w| w.identity.clone()).unwrap_or_default(),
             epoch: a.epoch,
             node: worker.map(|w| w.node.clone()).unwrap_or_default(),
+            activation: a.activation,
         }),
         generation: a.generation,
         attached_node: a.attached_node.clone().unwrap_or_default(),

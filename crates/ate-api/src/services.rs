@@ -171,6 +171,7 @@ impl actor_service_server::ActorService for Services {
             last_error: String::new(),
             created_ms: now,
             updated_ms: now,
+            activation: 0,
         };
         let created = self
             .api
@@ -659,11 +660,19 @@ impl fleet_service_server::FleetService for Services {
         req: Request<RegisterWorkerRequest>,
     ) -> Result<Response<RegisterWorkerResponse>, Status> {
         let caller = self.authorize(&req, "FleetService/RegisterWorker", |_| Need::Fleet)?;
+        let req = req.into_inner();
         let w = req
-            .into_inner()
             .worker
             .ok_or_else(|| Status::invalid_argument("invalid worker: missing"))?;
         let record = worker_record(w)?;
+        let held = req.held;
+        for (i, h) in held.iter().enumerate() {
+            let a = h.actor.as_ref().ok_or_else(|| {
+                Status::invalid_argument(format!("invalid held[{i}].actor: missing"))
+            })?;
+            label(&format!("held[{i}].actor.atespace"), &a.atespace)?;
+            label(&format!("held[{i}].actor.name"), &a.name)?;
+        }
         let previous = match self.api.store.get_worker(&record.id).await {
             Ok(p) => Some(p),
             Err(ate_store::StoreError::NotFound(_)) => None,
@@ -691,24 +700,28 @@ impl fleet_service_server::FleetService for Services {
                 ));
             }
         }
+        // A new epoch (the worker process restarted) or a return from GONE: whatever the
+        // worker does not hold any more is released; what it holds is kept or discarded.
+        let restarted =
+            previous.is_some_and(|p| p.epoch != record.epoch || p.status == WorkerStatus::Gone);
         self.api
             .store
             .register_worker(&record, now_ms())
             .await
             .map_err(error::store)?;
-        // A new epoch means the worker process restarted: its sandboxes are gone (a restore in
-        // progress there is retried by the next resume, not crashed).
-        if previous.is_some_and(|p| p.epoch != record.epoch) {
-            self.api
-                .worker_restarted(&record.id)
-                .await
-                .map_err(error::store)?;
-        }
+        let discard = self
+            .api
+            .reconcile_worker(&record.id, &held, restarted)
+            .await
+            .map_err(error::store)?;
         self.api.fleet.refresh().await.map_err(error::store)?;
-        tracing::info!(worker = %record.id, node = %record.node, epoch = record.epoch, "worker registered");
+        tracing::info!(worker = %record.id, node = %record.node, epoch = record.epoch, held = held.len(), discard = discard.len(), "worker registered");
         let interval = (self.api.heartbeat_timeout().as_secs() / 3).max(1);
         Ok(Response::new(RegisterWorkerResponse {
             heartbeat_interval_seconds: u32::try_from(interval).unwrap_or(1),
+            discard,
+            lease_seconds: u32::try_from(self.api.heartbeat_timeout().as_secs().max(1))
+                .unwrap_or(u32::MAX),
         }))
     }
 
@@ -719,12 +732,19 @@ impl fleet_service_server::FleetService for Services {
         let _ = self.authorize(&req, "FleetService/Heartbeat", |_| Need::Fleet)?;
         let req = req.into_inner();
         label("worker_id", &req.worker_id)?;
-        let known = self
+        let known = match self
             .api
             .store
             .heartbeat_worker(&req.worker_id, req.epoch, now_ms())
             .await
-            .map_err(error::store)?;
+        {
+            Ok(known) => known,
+            Err(e) => {
+                // This heartbeat is lost: expiry must not count the time it covered.
+                self.api.store_outage_seen();
+                return Err(error::store(e));
+            }
+        };
         Ok(Response::new(HeartbeatResponse { known }))
     }
 

@@ -97,6 +97,9 @@ pub struct Api {
     frozen: scheduler::FrozenHints,
     /// Cold resumes that found no room, oldest first: freed room goes to them first.
     waiters: scheduler::Waiters,
+    /// Since when (Unix ms) this api could have heard every heartbeat: its start, or the end of
+    /// the last store outage it saw. Worker expiry counts only time after it.
+    hearing_since_ms: std::sync::atomic::AtomicI64,
 }
 
 fn crashed(actor: &ActorRef, last_error: &str) -> Status {
@@ -198,7 +201,15 @@ impl Api {
             faults: Faults::default(),
             frozen: scheduler::FrozenHints::default(),
             waiters: scheduler::Waiters::default(),
+            hearing_since_ms: std::sync::atomic::AtomicI64::new(now_ms()),
         }
+    }
+
+    /// The store failed a heartbeat or an expiry pass: heartbeats sent meanwhile were lost, so
+    /// expiry starts counting again from now.
+    pub fn store_outage_seen(&self) {
+        self.hearing_since_ms
+            .store(now_ms(), std::sync::atomic::Ordering::Release);
     }
 
     /// The admission queue (fair hand-off of freed capacity; see [`scheduler::Waiters`]).
@@ -975,14 +986,32 @@ impl Api {
         }
     }
 
-    /// Marks workers without a recent heartbeat GONE; their RESUMING actors go to CRASHED, their
-    /// RUNNING and SUSPENDING actors to SUSPENDED with their last snapshot.
+    /// Marks workers without a heartbeat for the lease plus a margin GONE; their RESUMING actors
+    /// go to CRASHED, their RUNNING and SUSPENDING actors to SUSPENDED with their last snapshot.
+    ///
+    /// Only time in which this api could hear heartbeats counts: after its own start or a store
+    /// outage it waits a whole lease plus the margin before it expires anyone, so an api restart
+    /// or an outage of any length marks no live worker GONE. By the time a worker is expired its
+    /// node has been unable to renew for longer than the lease, so the worker has fenced itself
+    /// (atunnel refuses its actors' traffic) and releasing its actors cannot run them twice.
     pub async fn expire_workers(&self) -> Result<Vec<String>, StoreError> {
-        let stale_before =
-            now_ms() - i64::try_from(self.cfg.heartbeat_timeout.as_millis()).unwrap_or(i64::MAX);
-        let gone = self.store.expire_workers(stale_before).await?;
+        let now = now_ms();
+        let after = i64::try_from(self.expiry_after().as_millis()).unwrap_or(i64::MAX);
+        let hearing_since = self
+            .hearing_since_ms
+            .load(std::sync::atomic::Ordering::Acquire);
+        if now.saturating_sub(hearing_since) <= after {
+            return Ok(Vec::new());
+        }
+        let gone = match self.store.expire_workers(now - after).await {
+            Ok(gone) => gone,
+            Err(e) => {
+                self.store_outage_seen();
+                return Err(e);
+            }
+        };
         for id in &gone {
-            tracing::warn!(worker = %id, "worker stopped heartbeating; marked GONE");
+            tracing::warn!(worker = %id, silent_for_ms = after, "worker stopped heartbeating; marked GONE");
             self.release_actors_of(id).await?;
         }
         if !gone.is_empty() {
@@ -991,17 +1020,67 @@ impl Api {
         Ok(gone)
     }
 
+    /// How long a worker may go without a heartbeat before it is expired: the lease it was
+    /// given plus a margin for clock and scheduling skew between its node and the api.
+    pub fn expiry_after(&self) -> Duration {
+        self.cfg.heartbeat_timeout + self.cfg.heartbeat_timeout / 5
+    }
+
     pub async fn release_actors_of(&self, worker_id: &str) -> Result<(), StoreError> {
         self.release_actors_of_worker(worker_id, false).await
     }
 
-    /// The worker process restarted (it re-registered with a new epoch): its sandboxes are gone,
-    /// but the worker is not. RUNNING / SUSPENDING actors go to SUSPENDED as for a gone worker;
-    /// RESUMING actors stay RESUMING and bound to it, because a restore interrupted by a worker
-    /// restart is transient (spec, resume "Finalize": Unavailable, and the request is retried):
-    /// the next ResumeActor re-binds and restores on the new process.
-    pub async fn worker_restarted(&self, worker_id: &str) -> Result<(), StoreError> {
-        self.release_actors_of_worker(worker_id, true).await
+    /// Reconciles a (re-)registered worker with the actors it reports holding (each with its
+    /// activation token); returns the held copies the worker must discard.
+    ///
+    /// - held with the activation the record names on this worker: kept as it is (a RUNNING
+    ///   actor re-adopted by a restarted worker goes on with nothing lost);
+    /// - any other held copy (the actor moved, was released while the worker was unreachable,
+    ///   was deleted, or holds a newer activation now): discarded on the worker;
+    /// - `restarted` (a new epoch, or the worker was GONE): RUNNING and SUSPENDING actors the
+    ///   worker does not hold go to SUSPENDED with their last generation; RESUMING ones stay
+    ///   bound (a restore interrupted by a worker restart is transient: spec, resume "Finalize"),
+    ///   so the next ResumeActor re-binds and restores there.
+    ///
+    /// Without `restarted` (the node agent restarted, same worker process) an actor that is not
+    /// held is left alone: a resume may have finished after the node listed the worker's actors,
+    /// and real exits are reported by the exit watcher.
+    pub async fn reconcile_worker(
+        &self,
+        worker_id: &str,
+        held: &[v1::HeldActor],
+        restarted: bool,
+    ) -> Result<Vec<v1::HeldActor>, StoreError> {
+        let on_worker = self.store.actors_on_worker(worker_id).await?;
+        let mut discard = Vec::new();
+        for h in held {
+            let Some(a) = &h.actor else { continue };
+            let current = on_worker
+                .iter()
+                .find(|r| r.atespace == a.atespace && r.name == a.name);
+            let keep = current.is_some_and(|r| r.activation == h.activation);
+            if !keep {
+                tracing::warn!(actor = %format!("{}/{}", a.atespace, a.name), worker = %worker_id, activation = h.activation, current = ?current.map(|r| (r.state, r.activation)), "worker holds a stale copy of the actor; discarding it");
+                discard.push(h.clone());
+            } else {
+                tracing::info!(actor = %format!("{}/{}", a.atespace, a.name), worker = %worker_id, activation = h.activation, "worker still holds the actor; kept");
+            }
+        }
+        if restarted {
+            for a in on_worker {
+                let held_now = held.iter().any(|h| {
+                    h.activation == a.activation
+                        && h.actor
+                            .as_ref()
+                            .is_some_and(|r| r.atespace == a.atespace && r.name == a.name)
+                });
+                if held_now {
+                    continue;
+                }
+                self.release_gone(worker_id, &a, true).await?;
+            }
+        }
+        Ok(discard)
     }
 
     async fn release_actors_of_worker(
@@ -1010,32 +1089,43 @@ impl Api {
         restarted: bool,
     ) -> Result<(), StoreError> {
         for a in self.store.actors_on_worker(worker_id).await? {
-            let (to, why) = match a.state {
-                ActorState::Resuming if restarted => continue,
-                ActorState::Resuming => (
-                    ActorState::Crashed,
-                    format!("worker {worker_id} gone during the resume"),
-                ),
-                ActorState::Running | ActorState::Suspending => (
-                    ActorState::Suspended,
-                    format!("worker {worker_id} gone; resumes from the last generation"),
-                ),
-                _ => continue,
-            };
-            let update = ActorUpdate {
-                last_error: Some(why),
-                ..Default::default()
-            };
-            match self
-                .store
-                .release_actor(&a.atespace, &a.name, &[a.state], to, None, update, now_ms())
-                .await
-            {
-                Ok(_) | Err(StoreError::StateConflict { .. }) => {}
-                Err(e) => return Err(e),
-            }
+            self.release_gone(worker_id, &a, restarted).await?;
         }
         Ok(())
+    }
+
+    /// Releases one actor of a worker that is gone (or restarted without it).
+    async fn release_gone(
+        &self,
+        worker_id: &str,
+        a: &ActorRecord,
+        restarted: bool,
+    ) -> Result<(), StoreError> {
+        let (to, why) = match a.state {
+            ActorState::Resuming if restarted => return Ok(()),
+            ActorState::Resuming => (
+                ActorState::Crashed,
+                format!("worker {worker_id} gone during the resume"),
+            ),
+            ActorState::Running | ActorState::Suspending => (
+                ActorState::Suspended,
+                format!("worker {worker_id} gone; resumes from the last generation"),
+            ),
+            _ => return Ok(()),
+        };
+        tracing::warn!(actor = %format!("{}/{}", a.atespace, a.name), worker = %worker_id, from = %a.state, to = %to, "releasing an actor of a gone worker");
+        let update = ActorUpdate {
+            last_error: Some(why),
+            ..Default::default()
+        };
+        match self
+            .store
+            .release_actor(&a.atespace, &a.name, &[a.state], to, None, update, now_ms())
+            .await
+        {
+            Ok(_) | Err(StoreError::StateConflict { .. }) => Ok(()),
+            Err(e) => Err(e),
+        }
     }
 }
 
@@ -1057,6 +1147,7 @@ fn workload(actor: &ActorRecord, template: &TemplateRecord, worker_id: &str) -> 
         template: actor.template.clone(),
         spec: Some(ate_proto::spec_to_wire(&template.spec)),
         worker_id: worker_id.to_string(),
+        activation: actor.activation,
     }
 }
 

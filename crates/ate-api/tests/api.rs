@@ -954,6 +954,7 @@ async fn fleet_validation(b: Backend) {
     let err = t
         .fleet()
         .register_worker(RegisterWorkerRequest {
+            held: vec![],
             worker: Some(Worker {
                 id: "w1".into(),
                 ..Default::default()

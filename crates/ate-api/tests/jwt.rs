@@ -450,6 +450,7 @@ async fn node_agent_token_suspends_only_on_its_node() {
     fleet_service_client::FleetServiceClient::new(ch.clone())
         .register_worker(with_token(
             RegisterWorkerRequest {
+                held: vec![],
                 worker: Some(Worker {
                     id: "w1".into(),
                     node: "node-1".into(),

@@ -158,6 +158,7 @@ async fn seed(api: &TlsApi) -> (Channel, TestNode) {
     };
     fleet_service_client::FleetServiceClient::new(admin.clone())
         .register_worker(RegisterWorkerRequest {
+            held: vec![],
             worker: Some(worker),
         })
         .await
@@ -444,6 +445,7 @@ async fn node_agent_suspends_only_actors_on_its_own_workers() {
         let e = fleet2
             .clone()
             .register_worker(RegisterWorkerRequest {
+                held: vec![],
                 worker: Some(worker_msg(id, claimed, &node)),
             })
             .await
@@ -454,6 +456,7 @@ async fn node_agent_suspends_only_actors_on_its_own_workers() {
     fleet2
         .clone()
         .register_worker(RegisterWorkerRequest {
+            held: vec![],
             worker: Some(worker_msg("w2", "node-2", &node)),
         })
         .await
@@ -469,6 +472,7 @@ async fn node_agent_suspends_only_actors_on_its_own_workers() {
     // node-1 still registers (re-registers) its own worker.
     fleet_service_client::FleetServiceClient::new(node1)
         .register_worker(RegisterWorkerRequest {
+            held: vec![],
             worker: Some(worker_msg("w1", "node-1", &node)),
         })
         .await

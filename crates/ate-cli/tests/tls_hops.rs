@@ -82,6 +82,7 @@ fn route(t: &Atunnel, identity: &str) -> Route {
         worker_id: "w1".into(),
         epoch: 1,
         worker_identity: identity.into(),
+        activation: 0,
     }
 }
 

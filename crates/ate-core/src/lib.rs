@@ -20,5 +20,8 @@ pub const CRASHED_PREREQUISITE: &str = "AssignWorker prerequisite not met";
 pub const TARGET_ACTOR_HEADER: &str = "ate-target-actor";
 /// Header naming the actor's port on a tunnel stream.
 pub const TARGET_PORT_HEADER: &str = "ate-target-port";
+/// Header carrying the activation's fencing token on a tunnel stream (router → atunnel): atunnel
+/// serves only the copy of the actor that holds exactly this token.
+pub const ACTIVATION_HEADER: &str = "ate-activation";
 /// Default api gRPC address.
 pub const DEFAULT_API_ADDR: &str = "127.0.0.1:7443";

@@ -374,6 +374,7 @@ impl NodeAgent {
         };
         let req = v1::WorkerStopRequest {
             actor: Some(actor.clone()),
+            activation_at_most: 0,
         };
         if let Err(e) = worker.client.clone().stop(req).await {
             tracing::warn!(actor = %key, worker = %holder, error = %e.message(), "stopping a stale frozen copy");
@@ -629,7 +630,10 @@ impl NodeService for NodeAgent {
         let reply = worker
             .client
             .clone()
-            .stop(v1::WorkerStopRequest { actor: req.actor })
+            .stop(v1::WorkerStopRequest {
+                actor: req.actor,
+                activation_at_most: 0,
+            })
             .await?
             .into_inner();
         Ok(Response::new(Self::reply(&worker, reply.epoch)))

@@ -19,6 +19,28 @@ pub struct WorkerHandle {
     pub client: WorkerServiceClient<Channel>,
     pub info: v1::WorkerInfo,
     pub socket: PathBuf,
+    /// The liveness lease the api gave at registration.
+    pub lease: Duration,
+}
+
+/// Lease assumed until the api says otherwise (its default heartbeat timeout).
+const DEFAULT_LEASE: Duration = Duration::from_secs(10);
+
+/// Renews a worker's lease after a heartbeat sent at `sent` succeeded: valid for the lease
+/// counted from the send, so the worker's lease always ends before the api's expiry of it.
+async fn renew(
+    client: &mut WorkerServiceClient<Channel>,
+    worker: &str,
+    lease: Duration,
+    sent: std::time::Instant,
+) {
+    let left = lease.saturating_sub(sent.elapsed());
+    let req = v1::WorkerLeaseRequest {
+        valid_for_ms: u64::try_from(left.as_millis()).unwrap_or(u64::MAX),
+    };
+    if let Err(e) = client.renew_lease(req).await {
+        tracing::warn!(worker = %worker, error = %e.message(), "cannot renew the worker's lease");
+    }
 }
 
 /// Shared state of the node's fleet loops.
@@ -105,17 +127,27 @@ impl Fleet {
                 }
             };
             seen.insert(info.worker_id.clone());
-            let previous_epoch = self
+            let previous = self
                 .workers
                 .lock()
                 .ok()
-                .and_then(|w| w.get(&info.worker_id).map(|h| h.info.epoch));
-            if previous_epoch != Some(info.epoch)
-                && let Err(e) = self.register(&info).await
-            {
-                tracing::warn!(worker = %info.worker_id, error = %e.message(), "worker registration failed");
-                continue;
-            }
+                .and_then(|w| w.get(&info.worker_id).map(|h| (h.info.epoch, h.lease)));
+            let lease = match previous {
+                Some((epoch, lease)) if epoch == info.epoch => lease,
+                _ => {
+                    let sent = std::time::Instant::now();
+                    match self.register(&mut client, &info).await {
+                        Ok(lease) => {
+                            renew(&mut client, &info.worker_id, lease, sent).await;
+                            lease
+                        }
+                        Err(e) => {
+                            tracing::warn!(worker = %info.worker_id, error = %e.message(), "worker registration failed");
+                            continue;
+                        }
+                    }
+                }
+            };
             if let Ok(mut workers) = self.workers.lock() {
                 workers.insert(
                     info.worker_id.clone(),
@@ -123,6 +155,7 @@ impl Fleet {
                         client,
                         info,
                         socket,
+                        lease,
                     },
                 );
             }
@@ -132,7 +165,26 @@ impl Fleet {
         }
     }
 
-    async fn register(&self, info: &v1::WorkerInfo) -> Result<(), tonic::Status> {
+    /// Registers the worker with what it holds, discards what the api says is stale, and
+    /// returns the lease the api gave. Only then may the worker's lease be renewed: re-adopted
+    /// actors get their ingress back at the renewal, after the reconciliation.
+    async fn register(
+        &self,
+        client: &mut WorkerServiceClient<Channel>,
+        info: &v1::WorkerInfo,
+    ) -> Result<Duration, tonic::Status> {
+        let held: Vec<v1::HeldActor> = client
+            .activity(v1::WorkerActivityRequest {})
+            .await?
+            .into_inner()
+            .actors
+            .into_iter()
+            .filter(|a| !a.exited)
+            .map(|a| v1::HeldActor {
+                actor: a.actor,
+                activation: a.activation,
+            })
+            .collect();
         let worker = v1::Worker {
             id: info.worker_id.clone(),
             node: self.node.clone(),
@@ -149,37 +201,68 @@ impl Fleet {
             node_address: self.node_address.clone(),
             boot_id: self.boot_id.clone(),
         };
-        self.fleet_api
+        let reply = self
+            .fleet_api
             .clone()
             .register_worker(v1::RegisterWorkerRequest {
                 worker: Some(worker),
+                held: held.clone(),
             })
-            .await?;
-        tracing::info!(worker = %info.worker_id, epoch = info.epoch, "worker registered with the api");
-        Ok(())
+            .await?
+            .into_inner();
+        tracing::info!(worker = %info.worker_id, epoch = info.epoch, held = held.len(), discard = reply.discard.len(), "worker registered with the api");
+        for d in reply.discard {
+            let Some(actor) = d.actor else { continue };
+            let name = format!("{}/{}", actor.atespace, actor.name);
+            let stop = v1::WorkerStopRequest {
+                actor: Some(actor),
+                activation_at_most: d.activation.max(1),
+            };
+            match client.stop(stop).await {
+                Ok(_) => {
+                    tracing::info!(actor = %name, worker = %info.worker_id, activation = d.activation, "stale copy discarded")
+                }
+                // The worker goes on fenced for this actor: atunnel refuses any older token.
+                Err(e) => {
+                    tracing::warn!(actor = %name, worker = %info.worker_id, error = %e.message(), "cannot discard a stale copy")
+                }
+            }
+        }
+        Ok(match reply.lease_seconds {
+            0 => DEFAULT_LEASE,
+            n => Duration::from_secs(u64::from(n)),
+        })
     }
 
-    /// Heartbeats every known worker; one the api no longer knows is registered again.
+    /// Heartbeats every known worker and renews its lease on success; one the api no longer
+    /// knows is registered again (and reconciled) first. A worker whose heartbeats fail is not
+    /// renewed, so it fences itself when its lease runs out, before the api may release its
+    /// actors.
     pub async fn heartbeat(&self) {
-        let workers: Vec<v1::WorkerInfo> = self
+        let workers: Vec<WorkerHandle> = self
             .workers
             .lock()
-            .map(|w| w.values().map(|h| h.info.clone()).collect())
+            .map(|w| w.values().cloned().collect())
             .unwrap_or_default();
-        for info in workers {
+        for mut h in workers {
+            let info = &h.info;
             let req = v1::HeartbeatRequest {
                 worker_id: info.worker_id.clone(),
                 epoch: info.epoch,
             };
+            let sent = std::time::Instant::now();
             match self.fleet_api.clone().heartbeat(req).await {
-                Ok(r) if r.get_ref().known => {}
-                Ok(_) => {
-                    if let Err(e) = self.register(&info).await {
-                        tracing::warn!(worker = %info.worker_id, error = %e.message(), "re-registration failed");
-                    }
+                Ok(r) if r.get_ref().known => {
+                    renew(&mut h.client, &info.worker_id, h.lease, sent).await;
                 }
+                Ok(_) => match self.register(&mut h.client, info).await {
+                    Ok(lease) => renew(&mut h.client, &info.worker_id, lease, sent).await,
+                    Err(e) => {
+                        tracing::warn!(worker = %info.worker_id, error = %e.message(), "re-registration failed")
+                    }
+                },
                 Err(e) => {
-                    tracing::debug!(worker = %info.worker_id, error = %e.message(), "heartbeat failed")
+                    tracing::warn!(worker = %info.worker_id, error = %e.message(), "heartbeat failed; the worker's lease is not renewed")
                 }
             }
         }
@@ -202,7 +285,9 @@ impl Fleet {
             else {
                 continue;
             };
-            for a in reply.into_inner().actors {
+            let reply = reply.into_inner();
+            let draining = reply.draining;
+            for a in reply.actors {
                 let Some(actor) = a.actor.clone() else {
                     continue;
                 };
@@ -217,6 +302,11 @@ impl Fleet {
                     if let Err(e) = self.fleet_api.clone().report_actor_exit(req).await {
                         tracing::warn!(actor = %format!("{}/{}", actor.atespace, actor.name), error = %e.message(), "exit report failed");
                     }
+                    continue;
+                }
+                if draining {
+                    // The worker is stopping: every actor is suspended (state kept).
+                    self.suspend_idle(actor);
                     continue;
                 }
                 let idle_ms = now.saturating_sub(a.last_activity_unix_ms);

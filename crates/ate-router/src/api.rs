@@ -27,6 +27,22 @@ pub trait Resume: Send + Sync + 'static {
     fn resume(&self, actor: &ActorKey) -> ResumeFuture;
 }
 
+/// A call that failed in the transport (the api process died mid-call, its connection was
+/// reset) carries the local error as its source and a code such as Unknown, Internal or
+/// Cancelled. For the router that is the api being unavailable (spec: park and retry), never a
+/// 500. A status the api itself sent has no source and keeps its code.
+pub fn lost_api_is_unavailable(status: tonic::Status) -> tonic::Status {
+    use std::error::Error as _;
+    match status.code() {
+        tonic::Code::Unknown | tonic::Code::Internal | tonic::Code::Cancelled
+            if status.source().is_some() =>
+        {
+            tonic::Status::unavailable(format!("api connection lost: {}", status.message()))
+        }
+        _ => status,
+    }
+}
+
 /// ResumeActor over gRPC.
 #[derive(Clone)]
 pub struct GrpcResume {
@@ -62,7 +78,11 @@ impl Resume for GrpcResume {
             }),
         };
         Box::pin(async move {
-            let response = client.resume_actor(request).await?.into_inner();
+            let response = client
+                .resume_actor(request)
+                .await
+                .map_err(lost_api_is_unavailable)?
+                .into_inner();
             let resumed = response.resumed;
             let assignment = response
                 .actor
@@ -81,9 +101,32 @@ impl Resume for GrpcResume {
                     worker_id: assignment.worker_id,
                     epoch: assignment.epoch,
                     worker_identity: assignment.worker_identity,
+                    activation: assignment.activation,
                 }),
                 resumed,
             })
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_broken_connection_is_unavailable_a_sent_status_is_not() {
+        let reset = std::io::Error::new(std::io::ErrorKind::ConnectionReset, "connection reset");
+        let lost = lost_api_is_unavailable(tonic::Status::from_error(Box::new(reset)));
+        assert_eq!(lost.code(), tonic::Code::Unavailable);
+        assert!(lost.message().contains("api connection lost"), "{lost:?}");
+        // The api's own answers keep their meaning.
+        for sent in [
+            tonic::Status::internal("workflow task failed"),
+            tonic::Status::unknown("x"),
+            tonic::Status::not_found("actor a/b not found"),
+        ] {
+            let code = sent.code();
+            assert_eq!(lost_api_is_unavailable(sent).code(), code);
+        }
     }
 }

@@ -17,6 +17,8 @@ pub struct Route {
     pub epoch: u64,
     /// The worker's SPIFFE ID from the assignment, pinned when the router dials atunnel over mTLS.
     pub worker_identity: String,
+    /// The activation's fencing token, sent on every CONNECT (`ate-activation`).
+    pub activation: u64,
 }
 
 struct Entry {
@@ -130,6 +132,7 @@ mod tests {
             worker_id: "w".into(),
             worker_identity: String::new(),
             epoch: 1,
+            activation: 1,
         })
     }
 

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use ate_core::{TARGET_ACTOR_HEADER, TARGET_PORT_HEADER};
+use ate_core::{ACTIVATION_HEADER, TARGET_ACTOR_HEADER, TARGET_PORT_HEADER};
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::{Method, Request, Response, StatusCode, Uri, Version};
 use hyper::body::Incoming;
@@ -174,6 +174,7 @@ impl Proxy {
         // Present: `parse_target` refuses a missing header.
         let target = target.unwrap_or_else(|| HeaderValue::from_static(""));
         request.headers_mut().remove(TARGET_PORT_HEADER);
+        request.headers_mut().remove(ACTIVATION_HEADER);
         if request.method() == Method::CONNECT {
             if let Some(protocol) = request.extensions().get::<Protocol>() {
                 // RFC 8441: only WebSocket is bootstrapped over HTTP/2.
@@ -429,6 +430,7 @@ impl Proxy {
         }
         request.headers_mut().remove(TARGET_ACTOR_HEADER);
         request.headers_mut().remove(TARGET_PORT_HEADER);
+        request.headers_mut().remove(ACTIVATION_HEADER);
         self.clone().forward(request, actor.as_str(), port).await
     }
 }

@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
-use ate_core::{TARGET_ACTOR_HEADER, TARGET_PORT_HEADER};
+use ate_core::{ACTIVATION_HEADER, TARGET_ACTOR_HEADER, TARGET_PORT_HEADER};
 use ate_tls::rustls::ClientConfig;
 use ate_tls::rustls::pki_types::ServerName;
 use ate_tls::tokio_rustls::TlsConnector;
@@ -365,7 +365,7 @@ impl Tunnels {
         let mut retried = false;
         loop {
             let mut sender = self.worker(route).await?;
-            let request = connect_request(actor, port)?;
+            let request = connect_request(actor, port, route.activation)?;
             match sender.send_request(request).await {
                 Ok(response) => return accept(response).await,
                 Err(e) if !retried && sender.is_closed() => {
@@ -803,8 +803,13 @@ where
     Ok(sender)
 }
 
-/// `CONNECT <name>.<atespace>:<port>` with the routing headers (docs/tunnel-protocol.md).
-fn connect_request(actor: &str, port: u16) -> Result<Request<Empty<Bytes>>, TunnelError> {
+/// `CONNECT <name>.<atespace>:<port>` with the routing headers and the activation's fencing token
+/// (docs/tunnel-protocol.md).
+fn connect_request(
+    actor: &str,
+    port: u16,
+    activation: u64,
+) -> Result<Request<Empty<Bytes>>, TunnelError> {
     let (atespace, name) = actor.split_once('/').unwrap_or((actor, ""));
     let authority = format!("{name}.{atespace}:{port}");
     let uri =
@@ -819,6 +824,9 @@ fn connect_request(actor: &str, port: u16) -> Result<Request<Empty<Bytes>>, Tunn
     );
     if port != 80 {
         headers.insert(TARGET_PORT_HEADER, HeaderValue::from(port));
+    }
+    if activation != 0 {
+        headers.insert(ACTIVATION_HEADER, HeaderValue::from(activation));
     }
     Ok(request)
 }
@@ -846,12 +854,14 @@ mod tests {
 
     #[test]
     fn connect_request_follows_the_protocol() {
-        let r = connect_request("team-a/agent-7", 8080).unwrap();
+        let r = connect_request("team-a/agent-7", 8080, 12).unwrap();
         assert_eq!(r.method(), Method::CONNECT);
         assert_eq!(r.uri().to_string(), "agent-7.team-a:8080");
         assert_eq!(r.headers()[TARGET_ACTOR_HEADER], "team-a/agent-7");
         assert_eq!(r.headers()[TARGET_PORT_HEADER], "8080");
-        let r = connect_request("team-a/agent-7", 80).unwrap();
+        assert_eq!(r.headers()[ACTIVATION_HEADER], "12");
+        let r = connect_request("team-a/agent-7", 80, 0).unwrap();
         assert!(r.headers().get(TARGET_PORT_HEADER).is_none());
+        assert!(r.headers().get(ACTIVATION_HEADER).is_none());
     }
 }

@@ -107,6 +107,9 @@ pub struct ActorRecord {
     pub last_error: String,
     pub created_ms: i64,
     pub updated_ms: i64,
+    /// Fencing token of the newest activation (0 = never bound): strictly increasing, taken by
+    /// every [`Store::bind_actor`] that is not a retry of the same bind.
+    pub activation: u64,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -29,7 +29,7 @@ use crate::{
 macro_rules! actor_cols {
     () => {
         "atespace, name, uid, template, state, worker_selector, worker_id, epoch, generation, attached_node, \
-         last_error, created_ms, updated_ms"
+         last_error, created_ms, updated_ms, activation"
     };
 }
 
@@ -104,6 +104,7 @@ fn actor_from_row(row: &DbRow) -> Result<ActorRecord> {
         last_error: row.try_get("last_error")?,
         created_ms: row.try_get("created_ms")?,
         updated_ms: row.try_get("updated_ms")?,
+        activation: to_u64(row.try_get("activation")?, "actors.activation")?,
     })
 }
 
@@ -215,7 +216,7 @@ async fn transition_in(
 async fn write_actor(tx: &mut Tx, actor: &ActorRecord) -> Result<ActorRecord> {
     let row = sqlx::query(concat!(
         "UPDATE actors SET state = $3, worker_selector = $4, worker_id = $5, epoch = $6, generation = $7, \
-         attached_node = $8, last_error = $9, updated_ms = $10 WHERE atespace = $1 AND name = $2 RETURNING ",
+         attached_node = $8, last_error = $9, updated_ms = $10, activation = $11 WHERE atespace = $1 AND name = $2 RETURNING ",
         actor_cols!()
     ))
     .bind(&actor.atespace)
@@ -228,6 +229,7 @@ async fn write_actor(tx: &mut Tx, actor: &ActorRecord) -> Result<ActorRecord> {
     .bind(actor.attached_node.as_deref())
     .bind(&actor.last_error)
     .bind(actor.updated_ms)
+    .bind(to_i64(actor.activation, "activation")?)
     .fetch_optional(&mut **tx)
     .await?;
     match row {
@@ -474,7 +476,7 @@ impl Store for StoreImpl {
         let inserted = sqlx::query(concat!(
             "INSERT INTO actors (",
             actor_cols!(),
-            ") VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13) RETURNING ",
+            ") VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14) RETURNING ",
             actor_cols!()
         ))
         .bind(&actor.atespace)
@@ -490,6 +492,7 @@ impl Store for StoreImpl {
         .bind(&actor.last_error)
         .bind(actor.created_ms)
         .bind(actor.updated_ms)
+        .bind(to_i64(actor.activation, "activation")?)
         .fetch_one(&mut *tx)
         .await;
         let row = match inserted {
@@ -728,6 +731,13 @@ impl Store for StoreImpl {
         .bind(demand_memory)
         .execute(&mut *tx)
         .await?;
+        // A new activation gets a new fencing token; a retried bind keeps the one it took, so a
+        // sandbox its first attempt started is the same activation.
+        if !rebind {
+            actor.activation = actor.activation.checked_add(1).ok_or_else(|| {
+                StoreError::Database(format!("actor {atespace}/{name}: activation overflow"))
+            })?;
+        }
         actor.state = ActorState::Resuming;
         actor.worker_id = Some(worker_id.to_string());
         actor.epoch = epoch;

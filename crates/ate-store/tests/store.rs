@@ -177,6 +177,7 @@ fn actor(atespace: &str, name: &str, template: &str) -> ActorRecord {
         last_error: String::new(),
         created_ms: NOW,
         updated_ms: NOW,
+        activation: 0,
     }
 }
 
@@ -1139,6 +1140,8 @@ mod cases {
             .await
             .unwrap();
         assert_eq!(again, first);
+        // The first bind took fencing token 1; its retry keeps it (same activation).
+        assert_eq!(first.activation, 1);
         assert_eq!(
             s.get_worker("w1").await.unwrap().used,
             cap(800, 800 * MIB, 1)
@@ -1157,6 +1160,8 @@ mod cases {
             .await
             .unwrap();
         assert_eq!((moved.worker_id.as_deref(), moved.epoch), (Some("w2"), 2));
+        // Another worker is another activation: a new, larger token.
+        assert_eq!(moved.activation, 2);
         assert_eq!(s.get_worker("w1").await.unwrap().used, Capacity::default());
         assert_eq!(
             s.get_worker("w2").await.unwrap().used,
@@ -1184,9 +1189,29 @@ mod cases {
             StoreError::NoRoom { .. }
         );
         // Re-binding a1 on w2 with a bigger demand is measured without its own old assignment.
-        s.bind_actor("ns", "a1", from, "w2", demand(1000, 1024 * MIB), NOW)
+        let rebound = s
+            .bind_actor("ns", "a1", from, "w2", demand(1000, 1024 * MIB), NOW)
             .await
             .unwrap();
+        assert_eq!(rebound.activation, 2);
+        // Released and bound again (a suspend, then a resume): the next token.
+        s.release_actor(
+            "ns",
+            "a1",
+            &[ActorState::Resuming],
+            ActorState::Suspended,
+            None,
+            ActorUpdate::default(),
+            NOW + 2,
+        )
+        .await
+        .unwrap();
+        let next = s
+            .bind_actor("ns", "a1", from, "w2", demand(1, 1), NOW + 3)
+            .await
+            .unwrap();
+        assert_eq!(next.activation, 3);
+        assert_eq!(s.get_actor("ns", "a1").await.unwrap().activation, 3);
         assert_eq!(
             s.get_worker("w2").await.unwrap().used,
             cap(1000, 1024 * MIB, 1)

@@ -33,6 +33,7 @@ use crate::netns::{ACTOR_IP, NetnsDialer};
 pub const HEADER_ACTOR: &str = "ate-target-actor";
 pub const HEADER_PORT: &str = "ate-target-port";
 pub const HEADER_STALE: &str = "x-ate-assignment-stale";
+pub const HEADER_ACTIVATION: &str = ate_core::ACTIVATION_HEADER;
 /// A SYN into an actor netns is answered at once (RST or SYN-ACK); this only bounds a stuck one.
 const DIAL_TIMEOUT: Duration = Duration::from_secs(5);
 /// Per-direction pipe buffer: small, since most tunnels carry a few KiB and many stay open idle.
@@ -51,6 +52,8 @@ pub fn now_unix_ms() -> i64 {
 #[derive(Debug)]
 pub struct Activation {
     key: String,
+    /// The fencing token of the activation this copy belongs to.
+    token: u64,
     dialer: NetnsDialer,
     open: AtomicU32,
     last_activity_ms: AtomicI64,
@@ -62,6 +65,10 @@ pub struct Activation {
 impl Activation {
     pub fn key(&self) -> &str {
         &self.key
+    }
+
+    pub fn token(&self) -> u64 {
+        self.token
     }
 
     /// The socket factory of this activation (a sandbox thawed in place reuses it).
@@ -105,10 +112,30 @@ impl Drop for OpenGuard {
     }
 }
 
-/// The actors whose ingress is on, keyed `<atespace>/<name>`.
-#[derive(Debug, Default)]
+/// The actors whose ingress is on, keyed `<atespace>/<name>`, and the worker's liveness lease.
+#[derive(Debug)]
 pub struct Tunnels {
     actors: RwLock<HashMap<String, Arc<Activation>>>,
+    /// Milliseconds after `base` until which the lease admits traffic; `UNLEASED` until the
+    /// first renewal (a worker driven without a node, as in tests, is never fenced).
+    lease_until_ms: AtomicI64,
+    base: Instant,
+    /// Copies refused because a CONNECT carried a newer token: `(key, their token)`, for the
+    /// worker to discard.
+    superseded: std::sync::Mutex<Vec<(String, u64)>>,
+}
+
+const UNLEASED: i64 = i64::MIN;
+
+impl Default for Tunnels {
+    fn default() -> Self {
+        Self {
+            actors: RwLock::default(),
+            lease_until_ms: AtomicI64::new(UNLEASED),
+            base: Instant::now(),
+            superseded: std::sync::Mutex::new(Vec::new()),
+        }
+    }
 }
 
 impl Tunnels {
@@ -116,11 +143,63 @@ impl Tunnels {
         Self::default()
     }
 
-    /// Ingress on: tunnels to `key` are dialed through `dialer` from now on.
-    pub fn activate(&self, key: &str, dialer: NetnsDialer) -> Arc<Activation> {
+    fn elapsed_ms(&self) -> i64 {
+        i64::try_from(self.base.elapsed().as_millis()).unwrap_or(i64::MAX)
+    }
+
+    /// The node renewed the worker's lease with the api: traffic is admitted for `valid_for`.
+    pub fn renew_lease(&self, valid_for: Duration) {
+        let until = self
+            .elapsed_ms()
+            .saturating_add(i64::try_from(valid_for.as_millis()).unwrap_or(i64::MAX));
+        self.lease_until_ms.store(until, Ordering::Release);
+    }
+
+    /// Whether the worker was ever leased (a node renews it).
+    pub fn is_leased(&self) -> bool {
+        self.lease_until_ms.load(Ordering::Acquire) != UNLEASED
+    }
+
+    /// False once the lease ran out: the api may release this worker's actors soon, so none of
+    /// them may be served (the worker fences itself) until the node renews again.
+    pub fn lease_valid(&self) -> bool {
+        let until = self.lease_until_ms.load(Ordering::Acquire);
+        until == UNLEASED || self.elapsed_ms() < until
+    }
+
+    /// Copies found superseded by a newer activation since the last call.
+    pub fn take_superseded(&self) -> Vec<(String, u64)> {
+        match self.superseded.lock() {
+            Ok(mut v) => std::mem::take(&mut *v),
+            Err(poisoned) => std::mem::take(&mut *poisoned.into_inner()),
+        }
+    }
+
+    /// A CONNECT named a newer activation than the copy here: ingress off at once, and the copy
+    /// is queued for the worker to discard.
+    fn supersede(&self, a: &Activation) {
+        let removed = {
+            let mut actors = self.write();
+            match actors.get(&a.key) {
+                Some(current) if current.token == a.token => actors.remove(&a.key),
+                _ => None,
+            }
+        };
+        if let Some(old) = removed {
+            shut(&old);
+            match self.superseded.lock() {
+                Ok(mut v) => v.push((old.key.clone(), old.token)),
+                Err(poisoned) => poisoned.into_inner().push((old.key.clone(), old.token)),
+            }
+        }
+    }
+
+    /// Ingress on: tunnels to `key` (activation `token`) are dialed through `dialer` from now on.
+    pub fn activate(&self, key: &str, token: u64, dialer: NetnsDialer) -> Arc<Activation> {
         let (closed, _) = watch::channel(false);
         let a = Arc::new(Activation {
             key: key.to_string(),
+            token,
             dialer,
             open: AtomicU32::new(0),
             last_activity_ms: AtomicI64::new(now_unix_ms()),
@@ -251,10 +330,11 @@ fn reply(status: StatusCode, body: impl Into<Bytes>) -> Response<Full<Bytes>> {
 }
 
 fn stale(key: &str) -> Response<Full<Bytes>> {
-    let mut r = reply(
-        StatusCode::MISDIRECTED_REQUEST,
-        format!("actor {key} is not active on this worker\n"),
-    );
+    stale_because(format!("actor {key} is not active on this worker\n"))
+}
+
+fn stale_because(body: String) -> Response<Full<Bytes>> {
+    let mut r = reply(StatusCode::MISDIRECTED_REQUEST, body);
     r.headers_mut()
         .insert(HEADER_STALE, http::HeaderValue::from_static("true"));
     r
@@ -293,6 +373,17 @@ pub fn parse_target(headers: &http::HeaderMap) -> Result<(String, u16), String> 
     Ok((actor.to_string(), port))
 }
 
+/// The router's fencing token (`ate-activation`), if it sent one.
+pub fn parse_activation(headers: &http::HeaderMap) -> Result<Option<u64>, String> {
+    match headers.get(HEADER_ACTIVATION) {
+        None => Ok(None),
+        Some(v) => match v.to_str().ok().and_then(|t| t.parse::<u64>().ok()) {
+            Some(n) if n > 0 => Ok(Some(n)),
+            _ => Err(format!("{HEADER_ACTIVATION} is not a positive integer")),
+        },
+    }
+}
+
 async fn handle(tunnels: &Tunnels, req: Request<Incoming>) -> Response<Full<Bytes>> {
     if req.method() != Method::CONNECT {
         return reply(
@@ -304,9 +395,32 @@ async fn handle(tunnels: &Tunnels, req: Request<Incoming>) -> Response<Full<Byte
         Ok(t) => t,
         Err(msg) => return reply(StatusCode::BAD_REQUEST, msg + "\n"),
     };
+    let token = match parse_activation(req.headers()) {
+        Ok(t) => t,
+        Err(msg) => return reply(StatusCode::BAD_REQUEST, msg + "\n"),
+    };
+    if !tunnels.lease_valid() {
+        return stale_because(format!(
+            "actor {key}: this worker lost contact with the control plane and serves no actor until it is back\n"
+        ));
+    }
     let Some(activation) = tunnels.get(&key) else {
         return stale(&key);
     };
+    // Fencing: only the copy holding exactly the router's token serves. A newer token means
+    // the actor was activated elsewhere (or again here) since: this copy must go.
+    if let Some(token) = token
+        && token != activation.token
+    {
+        if token > activation.token {
+            tracing::warn!(actor = %key, held = activation.token, asked = token, "a newer activation exists; this copy stops serving and is discarded");
+            tunnels.supersede(&activation);
+        }
+        return stale_because(format!(
+            "actor {key}: activation {token} is not the one held here ({})\n",
+            activation.token
+        ));
+    }
     let addr = SocketAddr::new(ACTOR_IP.into(), port);
     let upstream = match activation.dialer.connect_timeout(addr, DIAL_TIMEOUT).await {
         Ok(s) => s,
@@ -391,5 +505,30 @@ mod tests {
             );
         }
         assert!(parse_target(&headers(&[])).is_err());
+    }
+
+    #[test]
+    fn activation_header() {
+        assert_eq!(parse_activation(&headers(&[])), Ok(None));
+        assert_eq!(
+            parse_activation(&headers(&[(HEADER_ACTIVATION, "42")])),
+            Ok(Some(42))
+        );
+        for bad in ["0", "-1", "x", "", "18446744073709551616"] {
+            assert!(
+                parse_activation(&headers(&[(HEADER_ACTIVATION, bad)])).is_err(),
+                "{bad:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn the_lease_fences_only_once_given() {
+        let t = Tunnels::new();
+        assert!(t.lease_valid() && !t.is_leased());
+        t.renew_lease(Duration::from_secs(60));
+        assert!(t.lease_valid() && t.is_leased());
+        t.renew_lease(Duration::ZERO);
+        assert!(!t.lease_valid());
     }
 }

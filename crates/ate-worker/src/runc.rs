@@ -12,10 +12,9 @@ use std::process::Stdio;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use nix::fcntl::{FcntlArg, OFlag, fcntl};
+use nix::fcntl::OFlag;
 use nix::mount::{MntFlags, MsFlags};
 use serde_json::{Value, json};
-use tokio::io::AsyncWriteExt;
 use tokio::process::Command;
 
 use crate::cmd;
@@ -304,12 +303,13 @@ impl RuncRuntime {
     }
 
     /// Spawns `runc <args>` (run -d / restore -d) with stdout+stderr on a fresh pipe whose read
-    /// end is copied into the actor log by a task that ends when every writer has closed.
+    /// end is copied into the actor log by a relay process that ends when every writer has
+    /// closed. The relay is not the worker: it outlives a worker that crashes or is killed, so
+    /// the actor never gets EPIPE/SIGPIPE for writing to its stdout while no worker runs, and
+    /// a restarted worker re-adopts the sandbox with its log still flowing.
     async fn spawn_detached(&self, actor: &ActorSandbox, args: Vec<String>) -> Result<()> {
         let (read, write) = nix::unistd::pipe2(OFlag::O_CLOEXEC).ctx(|| "create stdio pipe")?;
-        // Only our end is non-blocking; the container keeps ordinary blocking writes.
-        fcntl(&read, FcntlArg::F_SETFL(OFlag::O_NONBLOCK)).ctx(|| "set pipe non-blocking")?;
-        let copier = spawn_log_copier(read, actor.log_path())?;
+        let copier = spawn_log_relay(read, actor.log_path()).await?;
         let write_err: OwnedFd = write.try_clone().ctx(|| "dup stdio pipe")?;
         let mut full = self.base_args();
         full.extend(args);
@@ -331,8 +331,9 @@ impl RuncRuntime {
         if status.success() {
             return Ok(());
         }
-        // runc's own error went into the log pipe; give the copier a moment to drain it.
-        let _ = tokio::time::timeout(Duration::from_secs(1), copier).await;
+        // runc's own error went into the log pipe; give the relay a moment to drain it.
+        let mut copier = copier;
+        let _ = tokio::time::timeout(Duration::from_secs(1), copier.wait()).await;
         let log = tokio::fs::read(actor.log_path()).await.unwrap_or_default();
         let mut stderr = tail(&String::from_utf8_lossy(&log), 2000);
         if let Some(work) = full
@@ -693,6 +694,12 @@ impl SandboxRuntime for RuncRuntime {
         self.teardown(actor).await
     }
 
+    async fn is_running(&self, actor: &ActorSandbox) -> Result<bool> {
+        Ok(
+            matches!(self.status(&actor.container_id()).await?, Some((status, _)) if status == "running"),
+        )
+    }
+
     async fn exited(&self, actor: &ActorSandbox) -> Result<Option<ExitInfo>> {
         let id = actor.container_id();
         match self.inits.status(&id) {
@@ -953,40 +960,35 @@ async fn dir_size(dir: &Path) -> Result<u64> {
     Ok(total)
 }
 
-fn spawn_log_copier(read: OwnedFd, log: PathBuf) -> Result<tokio::task::JoinHandle<()>> {
-    let mut rx =
-        tokio::net::unix::pipe::Receiver::from_owned_fd(read).ctx(|| "register stdio pipe")?;
-    Ok(tokio::spawn(async move {
-        // The log may live outside the actor dir (shared `<state>/logs/actors/<atespace>/`).
-        if let Some(parent) = log.parent() {
-            let _ = tokio::fs::create_dir_all(parent).await;
-        }
-        let file = tokio::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&log)
-            .await;
-        let mut file = match file {
-            Ok(f) => f,
-            Err(e) => {
-                tracing::warn!(log = %log.display(), error = %e, "cannot open actor log; output discarded");
-                let _ = tokio::io::copy(&mut rx, &mut tokio::io::sink()).await;
-                return;
-            }
-        };
-        let mut buf = vec![0u8; 16 * 1024];
-        loop {
-            match tokio::io::AsyncReadExt::read(&mut rx, &mut buf).await {
-                Ok(0) | Err(_) => break,
-                Ok(n) => {
-                    if file.write_all(&buf[..n]).await.is_err() {
-                        break;
-                    }
-                    let _ = file.flush().await;
-                }
-            }
-        }
-    }))
+/// `cat` from the pipe's read end into the actor log (append): a tiny process of its own,
+/// in its own process group (a Ctrl-C meant for the worker's terminal does not reach it), that
+/// ends at EOF, when the container and every runc holding the write end are gone. The returned
+/// child is reaped by whoever waits for it or by tokio once dropped; after a worker crash, by
+/// the process that inherits it.
+async fn spawn_log_relay(read: OwnedFd, log: PathBuf) -> Result<tokio::process::Child> {
+    // The log may live outside the actor dir (shared `<state>/logs/actors/<atespace>/`).
+    if let Some(parent) = log.parent() {
+        tokio::fs::create_dir_all(parent)
+            .await
+            .ctx(|| format!("create {}", parent.display()))?;
+    }
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&log)
+        .ctx(|| format!("open actor log {}", log.display()))?;
+    let mut command = Command::new("cat");
+    command
+        .stdin(Stdio::from(read))
+        .stdout(Stdio::from(file))
+        .stderr(Stdio::null())
+        .process_group(0)
+        .kill_on_drop(false);
+    command.spawn().map_err(|e| SandboxError::Command {
+        command: "cat (actor log relay)".to_string(),
+        status: "could not start".to_string(),
+        stderr: e.to_string(),
+    })
 }
 
 /// The OCI runtime config: runc's default mounts plus the actor's process, namespaces (network

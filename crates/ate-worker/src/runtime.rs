@@ -248,4 +248,10 @@ pub trait SandboxRuntime: Send + Sync {
 
     /// `Some` once the actor's processes have all exited (or the sandbox is gone).
     async fn exited(&self, actor: &ActorSandbox) -> Result<Option<ExitInfo>>;
+
+    /// Whether the actor's sandbox exists and runs (not paused, not stopped): one a restarted
+    /// worker may re-adopt.
+    async fn is_running(&self, _actor: &ActorSandbox) -> Result<bool> {
+        Ok(false)
+    }
 }

@@ -111,6 +111,15 @@ impl WorkerService for WorkerServiceImpl {
     ) -> Result<Response<v1::WorkerActivityReply>, Status> {
         Ok(Response::new(self.worker.activity()))
     }
+
+    async fn renew_lease(
+        &self,
+        req: Request<v1::WorkerLeaseRequest>,
+    ) -> Result<Response<v1::WorkerLeaseReply>, Status> {
+        let valid_for = std::time::Duration::from_millis(req.into_inner().valid_for_ms);
+        self.worker.renew_lease(valid_for);
+        Ok(Response::new(v1::WorkerLeaseReply {}))
+    }
 }
 
 /// A WorkerService client over the worker's unix socket.
@@ -212,7 +221,10 @@ fn new_epoch() -> u64 {
 /// Runs the worker until `shutdown` resolves: the runc runtime (state
 /// `<state>/workers/<id>/runc`, actors under `<state>/workers/<id>/actors/<atespace>/<name>`),
 /// atunnel on `config.listen`, WorkerService on `<state>/workers/<id>/worker.sock` (mode 0600).
-/// On shutdown it stops accepting, stops every sandbox (no snapshot) and removes the socket.
+/// On shutdown it first drains (its node asks the api to suspend every actor, up to
+/// [`crate::worker::DRAIN_TIMEOUT`]), then stops accepting and removes the socket; sandboxes
+/// still running are left for the next process to re-adopt (only a worker no node ever leased
+/// stops them).
 pub async fn run(
     config: WorkerConfig,
     shutdown: impl Future<Output = ()> + Send,
@@ -289,7 +301,9 @@ pub async fn run(
         )
         .with_frozen_policy(config.frozen_policy()),
     );
-    worker.clean_leftovers().await;
+    // Sandboxes an earlier process of this worker left running are taken back (their
+    // ingress waits for the node's reconciliation with the api).
+    worker.adopt_leftovers().await;
     tracing::info!(worker = %config.id, epoch = worker.ident.epoch, atunnel = %bound, socket = %socket.display(), "worker up");
 
     let (stop_tx, stop_rx) = watch::channel(false);
@@ -352,7 +366,11 @@ pub async fn run(
     };
     let signal = async {
         tokio::select! {
-            _ = shutdown => {}
+            _ = shutdown => {
+                // A graceful stop keeps state: the node and the api suspend every actor while
+                // the worker still serves them (Activity reports it draining).
+                worker.drain(crate::worker::DRAIN_TIMEOUT).await;
+            }
             _ = wait_stop(stop_rx.clone()) => {}
         }
         stop_tx.send_replace(true);

@@ -35,6 +35,10 @@ const QUIESCE_TIMEOUT: Duration = Duration::from_secs(2);
 const LOG_TAIL_LINES: usize = 20;
 /// Sandboxes stopped at once when the worker shuts down.
 const SHUTDOWN_PARALLELISM: usize = 16;
+/// How long a stopping worker waits for its node and the api to suspend its actors.
+pub const DRAIN_TIMEOUT: Duration = Duration::from_secs(20);
+/// Next to each active actor: what a restarted worker needs to re-adopt its sandbox.
+const ADOPTION_FILE: &str = "adoption.pb";
 
 /// An actor running here.
 #[derive(Debug, Clone)]
@@ -44,6 +48,8 @@ struct Entry {
     template: String,
     /// Host pid of the container init (for the TCP-table check before a dump).
     pid: Option<u32>,
+    /// The fencing token of the activation this copy belongs to (0: none was given).
+    activation: u64,
 }
 
 /// An exit not yet reported through Activity.
@@ -74,6 +80,9 @@ struct Table {
     /// Not active, not counted against slots; dropped by [`Worker::trim_frozen`].
     frozen: HashMap<String, Frozen>,
     exits: Vec<ExitReport>,
+    /// Sandboxes re-adopted from an earlier worker process, in `actors` but without ingress
+    /// until the node has reconciled them with the api and renewed the lease.
+    adopted: HashMap<String, NetnsDialer>,
 }
 
 /// Static facts reported by Info.
@@ -203,6 +212,11 @@ impl Worker {
         .with_log_path(self.logs_dir.join(atespace).join(format!("{name}.log")))
     }
 
+    /// True once the worker is stopping: its node asks the api to suspend every actor.
+    pub fn draining(&self) -> bool {
+        self.shutting_down.load(Ordering::Acquire)
+    }
+
     fn check_running(&self) -> Result<(), Status> {
         if self.shutting_down.load(Ordering::Acquire) {
             return Err(Status::unavailable(format!(
@@ -270,11 +284,43 @@ impl Worker {
         self.table()
             .exits
             .retain(|x| !(x.atespace == atespace && x.name == name));
-        if self.table().actors.contains_key(&key) && self.tunnels.get(&key).is_some() {
-            return Ok(v1::WorkerStartReply {
-                epoch: self.ident.epoch,
-                ready_ms: 0,
-            });
+        let activation = workload.activation;
+        let held = self
+            .table()
+            .actors
+            .get(&key)
+            .map(|e| (e.sandbox.uid.clone(), e.activation));
+        if let Some((uid, held)) = held {
+            let same = uid == workload.uid;
+            if same && (activation == 0 || held == activation) {
+                // A retried start of the copy that runs here (or a re-adopted one the api
+                // still names): nothing to do but make sure ingress is on.
+                if self.tunnels.get(&key).is_none()
+                    && let Some(dialer) = self.table().adopted.remove(&key)
+                {
+                    self.tunnels.activate(&key, held, dialer);
+                    tracing::info!(actor = %key, activation = held, "re-adopted actor named by a start; ingress on");
+                }
+                if self.tunnels.get(&key).is_some() {
+                    return Ok(v1::WorkerStartReply {
+                        epoch: self.ident.epoch,
+                        ready_ms: 0,
+                    });
+                }
+            }
+            if same && activation != 0 && held > activation {
+                return Err(Status::failed_precondition(format!(
+                    "worker {} holds activation {held} of {key}; this start names the older {activation}",
+                    self.ident.id
+                )));
+            }
+            // An older copy (or one of a deleted actor of the same name) stops serving before
+            // the new activation exists; its sandbox goes with the discard below.
+            tracing::info!(actor = %key, held, activation, "replacing an older copy of the actor");
+            self.ingress_off(&key).await;
+            let mut t = self.table();
+            t.adopted.remove(&key);
+            t.actors.remove(&key);
         }
         let in_use = self.table().actors.len();
         if in_use >= self.ident.slots as usize {
@@ -289,7 +335,7 @@ impl Worker {
         if let (Some(f), Some(gen_dir)) = (frozen, generation_dir.as_deref()) {
             let memory = matches!(requested, None | Some(Fidelity::Memory));
             if memory && f.gen_dir == gen_dir {
-                match self.thaw(&key, f, &spec, &workload.template).await {
+                match self.thaw(&key, f, &spec, &workload).await {
                     Ok(()) => {
                         let ready_ms =
                             u64::try_from(begun.elapsed().as_millis()).unwrap_or(u64::MAX);
@@ -373,6 +419,7 @@ impl Worker {
                 )));
             }
         };
+        self.write_adoption(&sandbox, &workload, pid).await;
         self.table().actors.insert(
             key.clone(),
             Entry {
@@ -380,9 +427,10 @@ impl Worker {
                 spec,
                 template: workload.template.clone(),
                 pid,
+                activation,
             },
         );
-        self.tunnels.activate(&key, dialer);
+        self.tunnels.activate(&key, activation, dialer);
         let ready_ms = u64::try_from(begun.elapsed().as_millis()).unwrap_or(u64::MAX);
         tracing::info!(
             actor = %key,
@@ -406,7 +454,7 @@ impl Worker {
         key: &str,
         frozen: Frozen,
         spec: &TemplateSpec,
-        template: &str,
+        workload: &v1::Workload,
     ) -> Result<(), Status> {
         let sandbox = frozen.entry.sandbox.clone();
         let begun = Instant::now();
@@ -447,16 +495,19 @@ impl Worker {
                 return Err(e);
             }
         };
+        self.write_adoption(&sandbox, workload, frozen.entry.pid)
+            .await;
         self.table().actors.insert(
             key.to_string(),
             Entry {
                 sandbox,
                 spec: spec.clone(),
-                template: template.to_string(),
+                template: workload.template.clone(),
                 pid: frozen.entry.pid,
+                activation: workload.activation,
             },
         );
-        self.tunnels.activate(key, dialer);
+        self.tunnels.activate(key, workload.activation, dialer);
         Ok(())
     }
 
@@ -706,11 +757,21 @@ impl Worker {
             return Err(Status::invalid_argument("generation_dir must be absolute"));
         }
         let requested = fidelity_from_wire(req.fidelity)?;
+        let asked_activation = req.workload.as_ref().map_or(0, |w| w.activation);
         let key = key_of(&atespace, &name);
         let lock = self.lock_for(&key);
         let _guard = lock.lock().await;
 
         let entry = self.table().actors.get(&key).cloned();
+        if let Some(e) = &entry
+            && asked_activation != 0
+            && e.activation != asked_activation
+        {
+            return Err(Status::failed_precondition(format!(
+                "worker {} holds activation {} of {key}, not the {asked_activation} the checkpoint names",
+                self.ident.id, e.activation
+            )));
+        }
         let Some(entry) = entry else {
             // A retried call whose first attempt finished: answer from the sealed generation.
             if ate_snapshot::is_sealed(&gen_dir) {
@@ -732,6 +793,9 @@ impl Worker {
                 gen_dir.display()
             )));
         }
+        // From here on the sandbox is being dumped or stopped: a worker restarted meanwhile must
+        // not re-adopt it.
+        remove_file_quietly(&entry.sandbox.dir.join(ADOPTION_FILE)).await;
         let asked = requested.unwrap_or(entry.spec.fidelity);
         let keep_frozen = asked == Fidelity::Memory && self.keeps_frozen();
         let sandbox = entry.sandbox.clone();
@@ -878,7 +942,19 @@ impl Worker {
         let key = key_of(&atespace, &name);
         let lock = self.lock_for(&key);
         let _guard = lock.lock().await;
+        if req.activation_at_most != 0 {
+            let held = self.table().actors.get(&key).map(|e| e.activation);
+            if let Some(held) = held
+                && held > req.activation_at_most
+            {
+                // A newer activation started here since the caller looked: not its business.
+                return Ok(v1::WorkerStopReply {
+                    epoch: self.ident.epoch,
+                });
+            }
+        }
         self.ingress_off(&key).await;
+        self.table().adopted.remove(&key);
         let entry = self.table().actors.remove(&key);
         let frozen = self.table().frozen.remove(&key).map(|f| f.entry);
         let sandbox = entry
@@ -925,6 +1001,7 @@ impl Worker {
                     exit_code: 0,
                     last_log_lines: String::new(),
                     idle_timeout_seconds: e.spec.idle_timeout_seconds,
+                    activation: e.activation,
                 }
             })
             .collect();
@@ -941,6 +1018,7 @@ impl Worker {
                 exit_code: x.exit_code,
                 last_log_lines: x.log,
                 idle_timeout_seconds: x.idle_timeout_seconds,
+                activation: 0,
             });
         }
         actors.sort_by(|a, b| {
@@ -954,6 +1032,7 @@ impl Worker {
         v1::WorkerActivityReply {
             epoch: self.ident.epoch,
             actors,
+            draining: self.draining(),
         }
     }
 
@@ -961,7 +1040,67 @@ impl Worker {
     /// sandbox removed, and its exit queued for Activity.
     pub async fn reap_exited(&self) {
         self.trim_frozen().await;
+        self.discard_superseded().await;
         self.collect_exits().await;
+    }
+
+    /// Discards copies that atunnel found superseded by a newer activation (a CONNECT carried a
+    /// newer token): the actor runs elsewhere now, or is about to start again here.
+    pub async fn discard_superseded(&self) {
+        for (key, token) in self.tunnels.take_superseded() {
+            let lock = self.lock_for(&key);
+            let _guard = lock.lock().await;
+            let entry = {
+                let mut t = self.table();
+                match t.actors.get(&key) {
+                    Some(e) if e.activation == token => t.actors.remove(&key),
+                    _ => None,
+                }
+            };
+            if let Some(e) = entry {
+                tracing::warn!(actor = %key, activation = token, "discarding a superseded copy");
+                self.discard_quietly(&e.sandbox).await;
+            }
+        }
+    }
+
+    /// The node renewed this worker's lease: atunnel admits traffic for `valid_for` more, and
+    /// re-adopted actors (reconciled with the api by now) get their ingress back.
+    pub fn renew_lease(&self, valid_for: Duration) {
+        self.tunnels.renew_lease(valid_for);
+        let adopted: Vec<(String, NetnsDialer)> = self.table().adopted.drain().collect();
+        for (key, dialer) in adopted {
+            let activation = self.table().actors.get(&key).map(|e| e.activation);
+            if let Some(activation) = activation {
+                self.tunnels.activate(&key, activation, dialer);
+                tracing::info!(actor = %key, activation, "re-adopted actor; ingress on");
+            }
+        }
+    }
+
+    /// Records what a restarted worker needs to re-adopt the actor's sandbox. Best effort: a
+    /// missing record only means the sandbox would be discarded (not adopted) after a crash.
+    async fn write_adoption(
+        &self,
+        sandbox: &ActorSandbox,
+        workload: &v1::Workload,
+        pid: Option<u32>,
+    ) {
+        let record = v1::AdoptionRecord {
+            workload: Some(workload.clone()),
+            pid: pid.unwrap_or(0),
+        };
+        let path = sandbox.dir.join(ADOPTION_FILE);
+        let tmp = sandbox.dir.join(format!(".{ADOPTION_FILE}.tmp"));
+        let bytes = prost::Message::encode_to_vec(&record);
+        let written = async {
+            tokio::fs::write(&tmp, &bytes).await?;
+            tokio::fs::rename(&tmp, &path).await
+        }
+        .await;
+        if let Err(e) = written {
+            tracing::warn!(actor = %key_of(&sandbox.atespace, &sandbox.name), error = %e, "cannot write the adoption record; a worker restart would discard this sandbox");
+        }
     }
 
     /// The exit half of [`Worker::reap_exited`] (what a SIGCHLD asks for).
@@ -1006,9 +1145,12 @@ impl Worker {
 
     // ------------------------------------------------------------------ lifecycle
 
-    /// Removes sandboxes and dirs left by an earlier process of this worker id (a new epoch
-    /// starts empty).
-    pub async fn clean_leftovers(&self) {
+    /// Re-adopts the sandboxes an earlier process of this worker id left running (a crash or a
+    /// kill): each actor dir whose adoption record names a running container is taken back
+    /// into the table with its activation; ingress stays off until the node has reconciled it
+    /// with the api and renewed the lease ([`Worker::renew_lease`]), or a start names it.
+    /// Anything else left behind (a sandbox being dumped, frozen, half started) is removed.
+    pub async fn adopt_leftovers(&self) {
         let Ok(spaces) = std::fs::read_dir(&self.actors_dir) else {
             return;
         };
@@ -1019,17 +1161,119 @@ impl Worker {
             for n in names.flatten() {
                 let atespace = space.file_name().to_string_lossy().into_owned();
                 let name = n.file_name().to_string_lossy().into_owned();
-                let sandbox = self.sandbox_for(&atespace, &name, "");
-                tracing::info!(actor = %key_of(&atespace, &name), "removing leftover actor from an earlier run");
-                self.discard_quietly(&sandbox).await;
+                let key = key_of(&atespace, &name);
+                match self.adopt(&atespace, &name).await {
+                    Ok(activation) => {
+                        tracing::info!(actor = %key, activation, "re-adopted a running sandbox from an earlier worker process");
+                    }
+                    Err(why) => {
+                        tracing::info!(actor = %key, %why, "removing leftover actor from an earlier run");
+                        let sandbox = self.sandbox_for(&atespace, &name, "");
+                        self.discard_quietly(&sandbox).await;
+                    }
+                }
             }
         }
     }
 
-    /// Shutdown: refuse new work, then stop every sandbox (no snapshot).
+    async fn adopt(&self, atespace: &str, name: &str) -> Result<u64, String> {
+        let dir = self.actors_dir.join(atespace).join(name);
+        let bytes = tokio::fs::read(dir.join(ADOPTION_FILE))
+            .await
+            .map_err(|e| format!("no adoption record: {e}"))?;
+        let record: v1::AdoptionRecord = prost::Message::decode(bytes.as_slice())
+            .map_err(|e| format!("adoption record unreadable: {e}"))?;
+        let workload = record.workload.unwrap_or_default();
+        let (ns, n) = validate_ref(workload.actor.as_ref()).map_err(|e| e.message().to_string())?;
+        if ns != atespace || n != name {
+            return Err(format!("adoption record names {ns}/{n}"));
+        }
+        let spec = workload
+            .spec
+            .as_ref()
+            .ok_or("adoption record has no spec")
+            .and_then(|w| ate_proto::spec_from_wire(w).map_err(|_| "adoption record spec invalid"))
+            .map_err(str::to_string)?;
+        let sandbox = self.sandbox_for(atespace, name, &workload.uid);
+        match self.runtime.is_running(&sandbox).await {
+            Ok(true) => {}
+            Ok(false) => return Err("its container is not running".to_string()),
+            Err(e) => return Err(format!("container state: {e}")),
+        }
+        let key = key_of(atespace, name);
+        // The egress listener died with the old process; the netns keeps its redirect.
+        self.egress
+            .restart(&key, &sandbox.netns(), &spec.egress)
+            .await
+            .map_err(|e| format!("egress: {e}"))?;
+        let dialer = match NetnsDialer::new(&sandbox.netns()).await {
+            Ok(d) => d,
+            Err(e) => {
+                self.egress.stop(&key).await;
+                return Err(format!("socket factory: {e}"));
+            }
+        };
+        let activation = workload.activation;
+        let mut t = self.table();
+        t.actors.insert(
+            key.clone(),
+            Entry {
+                sandbox,
+                spec,
+                template: workload.template.clone(),
+                pid: (record.pid != 0).then_some(record.pid),
+                activation,
+            },
+        );
+        t.adopted.insert(key, dialer);
+        Ok(activation)
+    }
+
+    /// Marks the worker as stopping: starts are refused, and Activity tells the node, which
+    /// asks the api to suspend every actor here. Returns when none is left or `timeout` passed.
+    pub async fn drain(&self, timeout: Duration) {
+        self.shutting_down.store(true, Ordering::Release);
+        if !self.tunnels.is_leased() {
+            return; // No node drives this worker: nobody could suspend its actors.
+        }
+        let n = self.table().actors.len();
+        if n == 0 {
+            return;
+        }
+        tracing::info!(
+            actors = n,
+            timeout_s = timeout.as_secs(),
+            "stopping: asking for every actor to be suspended"
+        );
+        let deadline = Instant::now() + timeout;
+        while Instant::now() < deadline {
+            if self.table().actors.is_empty() {
+                tracing::info!("every actor suspended");
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        let left: Vec<String> = self.table().actors.keys().cloned().collect();
+        tracing::warn!(
+            ?left,
+            "actors not suspended within the stop timeout; their sandboxes keep running for the next worker process to re-adopt"
+        );
+    }
+
+    /// Shutdown after [`Worker::drain`]: frozen copies (caches of sealed generations) are
+    /// dropped. Running sandboxes of a worker under a node's lease are left running, never
+    /// killed without a snapshot: the next process of this worker re-adopts them. A worker no
+    /// node ever leased (driven directly, as in tests) stops them.
     pub async fn shutdown(&self) {
         self.shutting_down.store(true, Ordering::Release);
-        let keys: Vec<String> = self.table().actors.keys().cloned().collect();
+        let keys: Vec<String> = if self.tunnels.is_leased() {
+            for key in self.table().actors.keys() {
+                self.tunnels.deactivate(key);
+            }
+            Vec::new()
+        } else {
+            self.table().actors.keys().cloned().collect()
+        };
         // Several at a time: each stop is mostly waiting on runc and the kernel (~40 ms), and a
         // worker with hundreds of actors must be done well within its supervisor's grace period
         // (one by one, 256 actors took ~10 s and `ate up` killed the worker, leaking them).
@@ -1059,6 +1303,14 @@ fn memory_low(min_percent: u8) -> bool {
         .ok()
         .and_then(|t| crate::config::available_percent(&t))
         .is_some_and(|p| p < min_percent)
+}
+
+async fn remove_file_quietly(path: &Path) {
+    if let Err(e) = tokio::fs::remove_file(path).await
+        && e.kind() != std::io::ErrorKind::NotFound
+    {
+        tracing::warn!(file = %path.display(), error = %e, "cannot remove");
+    }
 }
 
 async fn remove_dir_all(dir: &Path) -> Result<(), Status> {

@@ -137,6 +137,7 @@ fn workload(worker_id: &str, name: &str, spec: v1::TemplateSpec) -> v1::Workload
         template: "test/counter".into(),
         spec: Some(spec),
         worker_id: worker_id.into(),
+        activation: 0,
     }
 }
 
@@ -505,6 +506,7 @@ async fn worker_end_to_end_counter() {
     // Stop: ingress off, sandbox gone; idempotent.
     let stop = v1::WorkerStopRequest {
         actor: w.actor.clone(),
+        activation_at_most: 0,
     };
     c.stop(stop.clone()).await.expect("Stop");
     c.stop(stop).await.expect("repeated Stop");

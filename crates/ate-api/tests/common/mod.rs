@@ -186,6 +186,7 @@ impl TestApi {
         };
         self.fleet()
             .register_worker(RegisterWorkerRequest {
+                held: vec![],
                 worker: Some(worker),
             })
             .await
