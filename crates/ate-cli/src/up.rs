@@ -1,11 +1,15 @@
 //! `ate up`: the embedded all-in-one. Starts each component as a child process, waits for it to
 //! be healthy, registers the demo template, prints one ready line, and stops everything on
-//! Ctrl-C / SIGTERM. A child that dies is reported and `ate up` exits non-zero: nothing is
-//! restarted silently.
+//! Ctrl-C / SIGTERM. A component that exits after start-up is reported on stderr and restarted
+//! with the same arguments after a backoff (100 ms doubling to 10 s, reset after 60 s up); one
+//! that exits more than 10 times in 5 minutes makes `ate up` stop everything and exit non-zero.
+//! Stopping goes router, workers, node agent, api, each group waiting for its processes, so the
+//! workers can still suspend their actors through the node agent and the api.
 
+use std::collections::VecDeque;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::process::{ExitCode, Stdio};
+use std::process::{ExitCode, ExitStatus, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -26,6 +30,17 @@ const READY_TIMEOUT: Duration = Duration::from_secs(30);
 /// How long a stopping component gets before it is killed. Generous: a worker stops every
 /// sandbox it hosts first, and a killed worker leaves them running.
 const STOP_GRACE: Duration = Duration::from_secs(30);
+/// How often the main loop looks for exited components.
+const POLL: Duration = Duration::from_millis(200);
+/// Restart delay after a component's first exit; doubles with each exit up to `BACKOFF_MAX`.
+const BACKOFF_FIRST: Duration = Duration::from_millis(100);
+const BACKOFF_MAX: Duration = Duration::from_secs(10);
+/// A component that ran this long before exiting counts as healthy: its backoff starts over.
+const BACKOFF_RESET: Duration = Duration::from_secs(60);
+/// More than `CRASH_LIMIT` exits of one component within `CRASH_WINDOW` is a crash loop that
+/// restarts will not fix.
+const CRASH_LIMIT: usize = 10;
+const CRASH_WINDOW: Duration = Duration::from_secs(5 * 60);
 
 #[derive(Args, Debug)]
 pub struct UpArgs {
@@ -204,7 +219,7 @@ fn worker_address(first: std::net::Ipv4Addr, i: u32) -> anyhow::Result<std::net:
 async fn wait_listening(c: &mut Component, addr: SocketAddr) -> anyhow::Result<()> {
     let started = Instant::now();
     loop {
-        if let Some(status) = c.child.try_wait()? {
+        if let Some(status) = c.try_wait()? {
             anyhow::bail!(
                 "{} exited during start-up ({status}); last log lines:\n{}",
                 c.name,
@@ -234,7 +249,7 @@ async fn wait_workers(
     let started = Instant::now();
     loop {
         for c in components.iter_mut() {
-            if let Some(status) = c.child.try_wait()? {
+            if let Some(status) = c.try_wait()? {
                 anyhow::bail!(
                     "{} exited during start-up ({status}); last log lines:\n{}",
                     c.name,
@@ -267,43 +282,222 @@ async fn wait_workers(
     }
 }
 
+/// What a component is; decides its place in the stop order.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Role {
+    Api,
+    Node,
+    Worker,
+    Router,
+}
+
+/// No new requests first; then the workers, which suspend their actors through the node agent and
+/// the api, so those two must outlive them.
+const STOP_ORDER: [Role; 4] = [Role::Router, Role::Worker, Role::Node, Role::Api];
+
+/// The restart delays and recent failures of one component.
+#[derive(Debug)]
+struct Backoff {
+    next: Duration,
+    /// Failures (exits and failed restarts) within the last `CRASH_WINDOW`.
+    failures: VecDeque<Instant>,
+}
+
+impl Backoff {
+    fn new() -> Self {
+        Backoff {
+            next: BACKOFF_FIRST,
+            failures: VecDeque::new(),
+        }
+    }
+
+    /// Records a failure at `now` of a process that had been up for `up` (zero for a restart that
+    /// could not be spawned). Returns the delay before the next restart, or `None` when the
+    /// component failed more than `CRASH_LIMIT` times within `CRASH_WINDOW`.
+    fn failed(&mut self, now: Instant, up: Duration) -> Option<Duration> {
+        if up >= BACKOFF_RESET {
+            self.next = BACKOFF_FIRST;
+        }
+        self.failures.push_back(now);
+        while self
+            .failures
+            .front()
+            .is_some_and(|&t| now.saturating_duration_since(t) > CRASH_WINDOW)
+        {
+            self.failures.pop_front();
+        }
+        if self.failures.len() > CRASH_LIMIT {
+            return None;
+        }
+        let delay = self.next;
+        self.next = (self.next * 2).min(BACKOFF_MAX);
+        Some(delay)
+    }
+}
+
 /// A supervised child process.
 struct Component {
     name: String,
-    child: Child,
+    role: Role,
+    /// The arguments after the executable, kept to restart the component identically.
+    args: Vec<String>,
     log: PathBuf,
+    /// `None` between an exit and the restart.
+    child: Option<Child>,
+    /// When `child` was started, to tell a crash from an exit after a healthy run.
+    since: Instant,
+    /// When to start the component again while `child` is `None`.
+    restart_at: Option<Instant>,
+    backoff: Backoff,
 }
 
 impl Component {
     fn pid(&self) -> Option<Pid> {
         self.child
-            .id()
+            .as_ref()
+            .and_then(Child::id)
             .and_then(|id| i32::try_from(id).ok())
             .map(Pid::from_raw)
     }
+
+    /// The exit status once the process has exited; `None` while it runs or while none does.
+    fn try_wait(&mut self) -> std::io::Result<Option<ExitStatus>> {
+        match &mut self.child {
+            Some(child) => child.try_wait(),
+            None => Ok(None),
+        }
+    }
 }
 
-fn spawn(name: &str, args: &[String], logs: &Path) -> anyhow::Result<Component> {
-    let exe = std::env::current_exe().context("cannot find the ate executable")?;
+fn spawn(name: &str, role: Role, args: Vec<String>, logs: &Path) -> anyhow::Result<Component> {
     let log = logs.join(format!("{name}.log"));
+    let child = start_process(name, &args, &log)?;
+    Ok(Component {
+        name: name.to_string(),
+        role,
+        args,
+        log,
+        child: Some(child),
+        since: Instant::now(),
+        restart_at: None,
+        backoff: Backoff::new(),
+    })
+}
+
+/// Starts `ate ARGS` with stdout and stderr appended to `log`.
+fn start_process(name: &str, args: &[String], log: &Path) -> anyhow::Result<Child> {
+    let exe = std::env::current_exe().context("cannot find the ate executable")?;
     let file = std::fs::OpenOptions::new()
         .create(true)
         .append(true)
-        .open(&log)
+        .open(log)
         .with_context(|| format!("cannot open {}", log.display()))?;
-    let child = Command::new(exe)
+    let stdout = file
+        .try_clone()
+        .with_context(|| format!("cannot open {}", log.display()))?;
+    Command::new(exe)
         .args(args)
         .stdin(Stdio::null())
-        .stdout(file.try_clone()?)
+        .stdout(stdout)
         .stderr(file)
+        // Its own process group: a Ctrl-C in the terminal then reaches only `ate up`, which stops
+        // the components in order, instead of all of them at once.
+        .process_group(0)
         .kill_on_drop(true)
         .spawn()
-        .with_context(|| format!("cannot start {name}"))?;
-    Ok(Component {
-        name: name.to_string(),
-        child,
-        log,
-    })
+        .with_context(|| format!("cannot start {name}"))
+}
+
+/// `message`, followed by the last `lines` lines of `log` if it has any.
+fn with_tail(message: String, log: &Path, lines: usize) -> String {
+    let tail = tail(log, lines);
+    if tail.is_empty() {
+        message
+    } else {
+        format!("{message}. Last log lines:\n{tail}")
+    }
+}
+
+/// One supervision pass: notices components that exited, schedules their restarts and performs
+/// those that are due. Fails when a component crash-loops.
+fn supervise(components: &mut [Component]) -> anyhow::Result<()> {
+    let now = Instant::now();
+    for c in components.iter_mut() {
+        // An error from `try_wait` is left for the next pass, as an exit we cannot see yet.
+        if let Ok(Some(status)) = c.try_wait() {
+            c.child = None;
+            let up = now.saturating_duration_since(c.since);
+            let Some(delay) = c.backoff.failed(now, up) else {
+                anyhow::bail!(with_tail(
+                    format!(
+                        "{} exited ({status}) more than {CRASH_LIMIT} times within {} minutes; \
+                         giving up",
+                        c.name,
+                        CRASH_WINDOW.as_secs() / 60
+                    ),
+                    &c.log,
+                    20
+                ));
+            };
+            eprintln!(
+                "ate up: {}",
+                with_tail(
+                    format!(
+                        "{} exited ({status}); restarting it in {} ms",
+                        c.name,
+                        delay.as_millis()
+                    ),
+                    &c.log,
+                    10
+                )
+            );
+            c.restart_at = Some(now + delay);
+        }
+        if c.child.is_none() && c.restart_at.is_some_and(|t| t <= now) {
+            match start_process(&c.name, &c.args, &c.log) {
+                Ok(child) => {
+                    c.child = Some(child);
+                    c.since = now;
+                    c.restart_at = None;
+                }
+                Err(e) => {
+                    let Some(delay) = c.backoff.failed(now, Duration::ZERO) else {
+                        anyhow::bail!(
+                            "cannot restart {}: {e:#}; it failed more than {CRASH_LIMIT} times \
+                             within {} minutes, giving up",
+                            c.name,
+                            CRASH_WINDOW.as_secs() / 60
+                        );
+                    };
+                    eprintln!(
+                        "ate up: cannot restart {}: {e:#}; retrying in {} ms",
+                        c.name,
+                        delay.as_millis()
+                    );
+                    c.restart_at = Some(now + delay);
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// How long the main loop sleeps: one poll interval, less when a restart is due sooner.
+fn next_wake(components: &[Component], now: Instant) -> Duration {
+    components
+        .iter()
+        .filter_map(|c| c.restart_at)
+        .min()
+        .map_or(POLL, |t| t.saturating_duration_since(now).min(POLL))
+}
+
+/// Sets the value following `flag` in `args`, if the flag is there.
+fn set_flag(args: &mut [String], flag: &str, value: &str) {
+    if let Some(i) = args.iter().position(|a| a == flag)
+        && let Some(v) = args.get_mut(i + 1)
+    {
+        *v = value.to_string();
+    }
 }
 
 /// Last lines of a log, for the report when a component dies.
@@ -316,7 +510,7 @@ fn tail(path: &Path, lines: usize) -> String {
 async fn wait_ready(c: &mut Component, ready_file: &Path) -> anyhow::Result<serde_json::Value> {
     let started = Instant::now();
     loop {
-        if let Some(status) = c.child.try_wait()? {
+        if let Some(status) = c.try_wait()? {
             anyhow::bail!(
                 "{} exited during start-up ({status}); last log lines:\n{}",
                 c.name,
@@ -424,7 +618,7 @@ async fn start_data_path(
             .1
             .to_args(),
     );
-    components.push(spawn("node", &node_args, logs)?);
+    components.push(spawn("node", Role::Node, node_args, logs)?);
     let node_index = components.len() - 1;
     wait_ready(&mut components[node_index], &node_ready).await?;
 
@@ -452,7 +646,7 @@ async fn start_data_path(
                 .to_args(),
         );
         let name = format!("worker-{i}");
-        components.push(spawn(&name, &worker_args, logs)?);
+        components.push(spawn(&name, Role::Worker, worker_args, logs)?);
     }
     wait_workers(clients, args.workers as usize, components).await?;
 
@@ -472,26 +666,38 @@ async fn start_data_path(
         .ip(std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST));
     router_args.extend(pki.issue_req("router", router_req)?.1.to_args());
     router_args.extend(args.router_args.iter().cloned());
-    components.push(spawn("router", &router_args, logs)?);
+    components.push(spawn("router", Role::Router, router_args, logs)?);
     let router_index = components.len() - 1;
     wait_listening(&mut components[router_index], args.router_listen).await
 }
 
+/// Stops the components group by group in `STOP_ORDER`.
 async fn stop_all(components: &mut [Component]) {
-    for c in components.iter() {
+    for role in STOP_ORDER {
+        stop_group(components, role).await;
+    }
+}
+
+/// SIGTERMs every running component of `role` and waits for them to exit, killing one that is
+/// still running after `STOP_GRACE`.
+async fn stop_group(components: &mut [Component], role: Role) {
+    for c in components.iter().filter(|c| c.role == role) {
         if let Some(pid) = c.pid() {
             let _ = kill(pid, Signal::SIGTERM);
         }
     }
     let deadline = Instant::now() + STOP_GRACE;
-    for c in components.iter_mut() {
+    for c in components.iter_mut().filter(|c| c.role == role) {
+        let Some(child) = c.child.as_mut() else {
+            continue;
+        };
         let left = deadline.saturating_duration_since(Instant::now());
-        if tokio::time::timeout(left, c.child.wait()).await.is_err() {
+        if tokio::time::timeout(left, child.wait()).await.is_err() {
             eprintln!(
                 "ate up: {} did not stop within {STOP_GRACE:?}; killing it",
                 c.name
             );
-            let _ = c.child.kill().await;
+            let _ = child.kill().await;
         }
     }
 }
@@ -524,10 +730,15 @@ async fn start_all(
     let td = args.trust_domain.clone();
     api_args.extend(pki.issue("api", ate_tls::SpiffeId::api(&td)?)?.1.to_args());
     let (admin, _) = pki.issue(client::ADMIN_CERT_NAME, ate_tls::SpiffeId::admin(&td)?)?;
-    components.push(spawn("api", &api_args, &logs)?);
-    let ready = wait_ready(&mut components[0], &api_ready).await?;
+    components.push(spawn("api", Role::Api, api_args, &logs)?);
+    let api = &mut components[0];
+    let ready = wait_ready(api, &api_ready).await?;
     let api_addr = ready["grpc"].as_str().unwrap_or_default().to_string();
     let api_http = ready["http"].as_str().unwrap_or_default().to_string();
+    // A restarted api must come back where the others were told it is (`--api-listen` may be
+    // port 0).
+    set_flag(&mut api.args, "--listen", &api_addr);
+    set_flag(&mut api.args, "--http-listen", &api_http);
     let channel = client::connect_to(&api_addr, Some(&admin))
         .await
         .with_context(|| format!("cannot reach the api at {api_addr}"))?;
@@ -600,21 +811,17 @@ pub async fn run(args: UpArgs) -> anyhow::Result<ExitCode> {
     );
 
     let code = loop {
+        let wake = next_wake(&components, Instant::now());
         tokio::select! {
+            // The signal first: nothing is restarted once stopping has begun.
+            biased;
             _ = &mut signal => {
                 eprintln!("ate up: stopping");
                 break ExitCode::SUCCESS;
             }
-            _ = tokio::time::sleep(Duration::from_millis(200)) => {
-                let mut died = None;
-                for c in components.iter_mut() {
-                    if let Ok(Some(status)) = c.child.try_wait() {
-                        died = Some((c.name.clone(), status, c.log.clone()));
-                        break;
-                    }
-                }
-                if let Some((name, status, log)) = died {
-                    eprintln!("ate up: {name} exited ({status}); stopping everything. Last log lines:\n{}", tail(&log, 20));
+            _ = tokio::time::sleep(wake) => {
+                if let Err(e) = supervise(&mut components) {
+                    eprintln!("ate up: {e:#}; stopping everything");
                     break ExitCode::FAILURE;
                 }
             }
@@ -622,4 +829,96 @@ pub async fn run(args: UpArgs) -> anyhow::Result<ExitCode> {
     };
     stop_all(&mut components).await;
     Ok(code)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_doubles_to_the_cap_and_resets_after_a_healthy_run() {
+        let mut b = Backoff::new();
+        let t0 = Instant::now();
+        let delays: Vec<_> = (0..8)
+            .map(|i| b.failed(t0 + Duration::from_secs(40 * i), Duration::ZERO))
+            .collect();
+        let ms = |m| Some(Duration::from_millis(m));
+        assert_eq!(
+            delays,
+            [
+                ms(100),
+                ms(200),
+                ms(400),
+                ms(800),
+                ms(1600),
+                ms(3200),
+                ms(6400),
+                ms(10_000)
+            ]
+        );
+        let later = t0 + Duration::from_secs(400);
+        assert_eq!(b.failed(later, BACKOFF_RESET), ms(100));
+        assert_eq!(b.failed(later, Duration::from_secs(1)), ms(200));
+    }
+
+    #[test]
+    fn more_than_ten_exits_within_five_minutes_is_a_crash_loop() {
+        let t0 = Instant::now();
+        let mut b = Backoff::new();
+        for i in 0..CRASH_LIMIT as u64 {
+            assert!(
+                b.failed(t0 + Duration::from_secs(i), Duration::ZERO)
+                    .is_some()
+            );
+        }
+        assert_eq!(b.failed(t0 + Duration::from_secs(20), Duration::ZERO), None);
+
+        // Exits spread over more than the window never add up to the limit.
+        let mut b = Backoff::new();
+        for i in 0..30 {
+            let at = t0 + Duration::from_secs(31 * i);
+            assert!(b.failed(at, Duration::ZERO).is_some(), "exit {i}");
+        }
+    }
+
+    /// A component that exits at once (this test binary with `--list`) is restarted after the
+    /// backoff, with the same arguments.
+    #[tokio::test]
+    async fn an_exited_component_is_restarted_after_its_backoff() -> anyhow::Result<()> {
+        let dir = tempfile::tempdir()?;
+        let mut components = vec![spawn(
+            "lister",
+            Role::Worker,
+            vec!["--list".into()],
+            dir.path(),
+        )?];
+        let started = Instant::now();
+        while components[0].backoff.failures.len() < 2 {
+            anyhow::ensure!(started.elapsed() < Duration::from_secs(20), "not restarted");
+            supervise(&mut components)?;
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        // Two exits: the first waited 100 ms, the second is waiting 200 ms.
+        assert!(started.elapsed() >= BACKOFF_FIRST);
+        assert!(components[0].child.is_none());
+        assert_eq!(components[0].backoff.next, Duration::from_millis(400));
+        let log = std::fs::read_to_string(dir.path().join("lister.log"))?;
+        // Both runs listed the tests, into the same (appended) log.
+        let listed = "an_exited_component_is_restarted_after_its_backoff: test";
+        assert_eq!(log.matches(listed).count(), 2, "{log}");
+        Ok(())
+    }
+
+    #[test]
+    fn set_flag_replaces_only_the_value_after_the_flag() {
+        let mut args: Vec<String> = ["api", "--listen", "127.0.0.1:0", "--http-listen", "x"]
+            .map(String::from)
+            .to_vec();
+        set_flag(&mut args, "--listen", "127.0.0.1:4000");
+        set_flag(&mut args, "--absent", "y");
+        assert_eq!(
+            args,
+            ["api", "--listen", "127.0.0.1:4000", "--http-listen", "x"]
+        );
+    }
 }
