@@ -779,49 +779,75 @@ impl Api {
             durable,
         };
         let mut client = self.nodes.client(&worker.node_address)?;
-        let reply =
-            match tokio::time::timeout(self.cfg.node_call_timeout, client.checkpoint(req)).await {
-                Ok(Ok(reply)) => reply.into_inner(),
-                Ok(Err(status)) if is_transient(&status) => {
-                    return Err(Status::unavailable(format!(
-                        "worker {} unavailable: {}",
-                        worker.id,
-                        status.message()
-                    ))
-                    .into());
-                }
-                Err(_) => {
-                    return Err(Status::unavailable(format!(
-                        "worker {} did not answer the checkpoint in time",
-                        worker.id
-                    ))
-                    .into());
-                }
-                Ok(Err(status)) => {
-                    // Nothing usable was written; the previous generation stays the newest.
-                    let why = format!(
-                        "checkpoint on worker {} failed: {}",
-                        worker.id,
-                        status.message()
-                    );
-                    let update = ActorUpdate {
-                        last_error: Some(why.clone()),
-                        ..Default::default()
-                    };
-                    self.store
-                        .release_actor(
-                            &r.atespace,
-                            &r.name,
-                            &from,
-                            ActorState::Crashed,
-                            None,
-                            update,
-                            now_ms(),
-                        )
-                        .await?;
-                    return Err(Status::internal(why).into());
-                }
-            };
+        let reply = match tokio::time::timeout(self.cfg.node_call_timeout, client.checkpoint(req))
+            .await
+        {
+            Ok(Ok(reply)) => reply.into_inner(),
+            // Nothing was written (disk full, …) and the worker put the actor back to work:
+            // it is RUNNING again, with the reason in lastError.
+            Ok(Err(status)) if status.code() == Code::Aborted => {
+                let why = format!(
+                    "suspend failed on worker {}: {}",
+                    worker.id,
+                    status.message()
+                );
+                tracing::warn!(actor = %r, worker = %worker.id, error = %status.message(), "suspend failed; the actor runs on");
+                let update = ActorUpdate {
+                    last_error: Some(why.clone()),
+                    ..Default::default()
+                };
+                self.store
+                    .transition(
+                        &r.atespace,
+                        &r.name,
+                        &from,
+                        ActorState::Running,
+                        update,
+                        now_ms(),
+                    )
+                    .await?;
+                return Err(Status::unavailable(why).into());
+            }
+            Ok(Err(status)) if is_transient(&status) => {
+                return Err(Status::unavailable(format!(
+                    "worker {} unavailable: {}",
+                    worker.id,
+                    status.message()
+                ))
+                .into());
+            }
+            Err(_) => {
+                return Err(Status::unavailable(format!(
+                    "worker {} did not answer the checkpoint in time",
+                    worker.id
+                ))
+                .into());
+            }
+            Ok(Err(status)) => {
+                // Nothing usable was written; the previous generation stays the newest.
+                let why = format!(
+                    "checkpoint on worker {} failed: {}",
+                    worker.id,
+                    status.message()
+                );
+                let update = ActorUpdate {
+                    last_error: Some(why.clone()),
+                    ..Default::default()
+                };
+                self.store
+                    .release_actor(
+                        &r.atespace,
+                        &r.name,
+                        &from,
+                        ActorState::Crashed,
+                        None,
+                        update,
+                        now_ms(),
+                    )
+                    .await?;
+                return Err(Status::internal(why).into());
+            }
+        };
         let snap = reply
             .snapshot
             .as_ref()
@@ -1103,9 +1129,13 @@ impl Api {
     ) -> Result<(), StoreError> {
         let (to, why) = match a.state {
             ActorState::Resuming if restarted => return Ok(()),
+            // The restore was never confirmed and its generation is intact: the next request
+            // resumes it elsewhere, with no revert needed.
             ActorState::Resuming => (
-                ActorState::Crashed,
-                format!("worker {worker_id} gone during the resume"),
+                ActorState::Suspended,
+                format!(
+                    "worker {worker_id} gone during the resume; resumes from the last generation"
+                ),
             ),
             ActorState::Running | ActorState::Suspending => (
                 ActorState::Suspended,

@@ -772,6 +772,109 @@ async fn worker_gone(b: Backend) {
 }
 both_stores!(expiry, worker_gone);
 
+fn held(ns: &str, name: &str, activation: u64) -> HeldActor {
+    HeldActor {
+        actor: Some(obj(ns, name)),
+        activation,
+    }
+}
+
+/// A restarted worker (new epoch) reports what it re-adopted: an actor it holds with the
+/// activation the record names stays RUNNING with nothing lost, one it lost is released to its
+/// last generation, and a stale copy (an older activation, or an actor that is not on this
+/// worker) comes back in `discard`.
+async fn reregistration_reconciles(b: Backend) {
+    let t = TestApi::start(b, cfg()).await;
+    let node = TestNode::start("node-1").await;
+    t.register(&node, "w1", 4).await;
+    t.seed("ns").await;
+    for name in ["a", "b", "c"] {
+        t.create_actor("ns", name).await;
+    }
+    let a = t.resume("ns", "a").await.unwrap().actor.unwrap();
+    let activation = a.worker_assignment.unwrap().activation;
+    assert!(activation > 0, "a bind takes a fencing token");
+    t.resume("ns", "b").await.unwrap();
+
+    node.set_epoch(2);
+    let reply = t
+        .register_holding(
+            &node,
+            "w1",
+            4,
+            vec![
+                held("ns", "a", activation),
+                held("ns", "c", 7),
+                held("ns", "gone", 1),
+            ],
+        )
+        .await;
+    let a = t.get("ns", "a").await;
+    assert_eq!(state(&a), ActorState::Running, "{}", a.last_error);
+    assert_eq!(a.worker_assignment.unwrap().activation, activation);
+    let b_ = t.get("ns", "b").await;
+    assert_eq!(state(&b_), ActorState::Suspended);
+    assert!(b_.last_error.contains("gone"), "{}", b_.last_error);
+    let mut discard: Vec<(String, u64)> = reply
+        .discard
+        .iter()
+        .map(|h| (h.actor.clone().unwrap().name, h.activation))
+        .collect();
+    discard.sort();
+    assert_eq!(discard, [("c".to_string(), 7), ("gone".to_string(), 1)]);
+    assert!(reply.lease_seconds > 0);
+
+    // The next resume of b is a new activation with a larger token.
+    let b2 = t.resume("ns", "b").await.unwrap().actor.unwrap();
+    assert!(b2.worker_assignment.unwrap().activation >= 2);
+}
+both_stores!(reconcile, reregistration_reconciles);
+
+/// Expiry counts only time in which the api could hear heartbeats: an api that has just
+/// started waits a whole lease (plus the margin) before it expires anyone, however old the
+/// last heartbeat in the store is.
+async fn fresh_api_waits_a_lease_before_expiry(b: Backend) {
+    let t = TestApi::start(
+        b,
+        ApiConfig {
+            heartbeat_timeout: Duration::from_secs(600),
+            ..cfg()
+        },
+    )
+    .await;
+    let node = TestNode::start("node-1").await;
+    t.register(&node, "w1", 2).await;
+    t.seed("ns").await;
+    t.create_actor("ns", "a").await;
+    t.resume("ns", "a").await.unwrap();
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    // A second api process on the same store, with a short lease: the heartbeat is older
+    // than its lease, but it has not been listening that long.
+    let restarted = ate_api::Api::new(
+        t.api.store().clone(),
+        ApiConfig {
+            heartbeat_timeout: Duration::from_millis(500),
+            ..cfg()
+        },
+    );
+    assert_eq!(
+        restarted.expire_workers().await.unwrap(),
+        Vec::<String>::new()
+    );
+    assert_eq!(state(&t.get("ns", "a").await), ActorState::Running);
+    restarted.store_outage_seen();
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    assert_eq!(
+        restarted.expire_workers().await.unwrap(),
+        Vec::<String>::new()
+    );
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    // Now it has heard nothing for longer than the lease plus the margin.
+    assert_eq!(restarted.expire_workers().await.unwrap(), ["w1"]);
+    assert_eq!(state(&t.get("ns", "a").await), ActorState::Suspended);
+}
+both_stores!(expiry_after_start, fresh_api_waits_a_lease_before_expiry);
+
 async fn actor_exit_releases(b: Backend) {
     let t = TestApi::start(b, cfg()).await;
     let node = TestNode::start("node-1").await;

@@ -951,14 +951,13 @@ impl Manual {
 
 impl Drop for Manual {
     fn drop(&mut self) {
-        // Reverse order: router, workers (they stop their sandboxes), node, api.
-        for (_, c) in self.children.iter().rev() {
+        // Reverse order, each stopped before the next: router, workers (the node and the api
+        // suspend their actors meanwhile), node, api.
+        for (_, c) in self.children.iter_mut().rev() {
             let _ = Command::new("kill")
                 .args(["-TERM", &c.id().to_string()])
                 .status();
-        }
-        let deadline = Instant::now() + Duration::from_secs(15);
-        for (_, c) in self.children.iter_mut().rev() {
+            let deadline = Instant::now() + Duration::from_secs(25);
             while Instant::now() < deadline {
                 if let Ok(Some(_)) = c.try_wait() {
                     break;
@@ -968,6 +967,7 @@ impl Drop for Manual {
             let _ = c.kill();
             let _ = c.wait();
         }
+        remove_leftover_sandboxes(&self.state());
     }
 }
 

@@ -212,7 +212,12 @@ impl Proxy {
 
         let mode = Mode::of(&request);
         prepare_request(&mut request, mode);
-        let mut retried = false;
+        // A bad route (stale, or its worker not answering) is evicted and resolved again at
+        // once; when that gives the same unreachable worker (it is restarting, or fenced until
+        // its node reconciles), the request waits like a parked one: retries with the parking
+        // backoff until the parking budget from its start is spent.
+        let mut retries = 0u32;
+        let mut backoff = crate::parking::Backoff::new(self.resolver.retry_initial());
         loop {
             let sent = Instant::now();
             let result = match mode {
@@ -233,9 +238,14 @@ impl Proxy {
                 Err(SendFailed {
                     error,
                     request: Some(back),
-                }) if error.route_is_bad() && !retried => {
-                    tracing::debug!(%actor, worker = %route.worker, %error, "route is bad; resolving again");
-                    retried = true;
+                }) if error.route_is_bad()
+                    && (retries == 0 || started.elapsed() < self.resolver.budget()) =>
+                {
+                    tracing::debug!(%actor, worker = %route.worker, %error, retries, "route is bad; resolving again");
+                    if retries > 0 {
+                        tokio::time::sleep(backoff.next_delay()).await;
+                    }
+                    retries += 1;
                     self.stats.stale_retries.fetch_add(1, Ordering::Relaxed);
                     metrics::counter!(STALE_RETRIES).increment(1);
                     self.resolver.evict_stale(actor, &route);

@@ -85,6 +85,16 @@ impl Resolver {
         })
     }
 
+    /// The parking budget (`--parked-request-budget`); zero when parking is off.
+    pub fn budget(&self) -> Duration {
+        self.cfg.budget
+    }
+
+    /// The first retry delay of parked work.
+    pub fn retry_initial(&self) -> Duration {
+        self.cfg.retry_initial
+    }
+
     /// The route of `actor` (`<atespace>/<name>`, already validated).
     pub async fn resolve(
         self: &Arc<Self>,

@@ -68,6 +68,13 @@ pub struct WorkerConfig {
     #[arg(long, env = "ATE_SPARE_NETNS", default_value_t = crate::netns_pool::DEFAULT_SPARE_NETNS)]
     pub spare_netns: usize,
 
+    /// Stop every sandbox an earlier process of this worker id left running under the state
+    /// dir (no snapshot), remove their netns, mounts and directories, and exit. For operators
+    /// retiring a worker whose actors were already moved, and for test clean-up; a worker
+    /// started normally re-adopts such sandboxes instead.
+    #[arg(long)]
+    pub remove_leftovers: bool,
+
     /// atunnel's identity (`--tls-cert/--tls-key/--tls-ca`): mTLS accepting only the router.
     #[command(flatten)]
     pub tls: ate_tls::TlsArgs,
@@ -93,6 +100,7 @@ impl WorkerConfig {
             frozen_ttl_seconds: 300,
             frozen_min_available_percent: 25,
             spare_netns: crate::netns_pool::DEFAULT_SPARE_NETNS,
+            remove_leftovers: false,
             tls: ate_tls::TlsArgs::default(),
             faults: Arc::default(),
         }

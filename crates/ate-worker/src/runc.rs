@@ -609,6 +609,12 @@ impl SandboxRuntime for RuncRuntime {
         self.dump(actor, image_dir, true).await
     }
 
+    async fn freeze(&self, actor: &ActorSandbox) -> Result<()> {
+        let lock = self.lock_for(actor);
+        let _guard = lock.lock().await;
+        self.set_frozen(actor, true).await
+    }
+
     async fn thaw(&self, actor: &ActorSandbox) -> Result<()> {
         let lock = self.lock_for(actor);
         let _guard = lock.lock().await;

@@ -226,6 +226,14 @@ pub trait SandboxRuntime: Send + Sync {
         })
     }
 
+    /// Freezes a running sandbox in place (its files then hold still for archiving); undone by
+    /// [`thaw`](Self::thaw).
+    async fn freeze(&self, _actor: &ActorSandbox) -> Result<()> {
+        Err(SandboxError::Unsupported(
+            "this runtime cannot freeze a sandbox".to_string(),
+        ))
+    }
+
     /// Resumes a sandbox left frozen by [`checkpoint_frozen`](Self::checkpoint_frozen).
     async fn thaw(&self, _actor: &ActorSandbox) -> Result<()> {
         Err(SandboxError::Unsupported(

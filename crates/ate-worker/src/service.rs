@@ -246,6 +246,27 @@ pub async fn run(
         ..RuncConfig::new(&worker_dir)
     })
     .await?;
+    if config.remove_leftovers {
+        let worker = Worker::new(
+            Identity {
+                spiffe_id: String::new(),
+                id: config.id.clone(),
+                epoch: new_epoch(),
+                addresses: Vec::new(),
+                cpu_millis: config.cpu_millis(),
+                memory_bytes: config.memory_bytes(),
+                slots: config.slots,
+                labels: config.label_map(),
+            },
+            Arc::new(runtime),
+            ImageCache::new(config.image_cache_dir()),
+            config.actors_dir(),
+            config.actor_logs_dir(),
+            config.faults.clone(),
+        );
+        worker.remove_leftovers().await;
+        return Ok(());
+    }
     let listener = TcpListener::bind(config.listen)
         .await
         .map_err(io_err(format!("atunnel bind {}", config.listen)))?;

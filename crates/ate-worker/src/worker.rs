@@ -37,6 +37,8 @@ const LOG_TAIL_LINES: usize = 20;
 const SHUTDOWN_PARALLELISM: usize = 16;
 /// How long a stopping worker waits for its node and the api to suspend its actors.
 pub const DRAIN_TIMEOUT: Duration = Duration::from_secs(20);
+/// A drain gives up when the node has not polled Activity for this long.
+const NODE_SILENCE: Duration = Duration::from_secs(2);
 /// Next to each active actor: what a restarted worker needs to re-adopt its sandbox.
 const ADOPTION_FILE: &str = "adoption.pb";
 
@@ -114,6 +116,8 @@ pub struct Worker {
     table: Mutex<Table>,
     locks: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
     shutting_down: AtomicBool,
+    /// When the node last asked for Activity (Unix ms).
+    last_poll_ms: std::sync::atomic::AtomicI64,
 }
 
 /// `<atespace>/<name>` of a validated ref.
@@ -174,6 +178,7 @@ impl Worker {
             table: Mutex::new(Table::default()),
             locks: Mutex::new(HashMap::new()),
             shutting_down: AtomicBool::new(false),
+            last_poll_ms: std::sync::atomic::AtomicI64::new(now_unix_ms()),
         }
     }
 
@@ -798,6 +803,10 @@ impl Worker {
         remove_file_quietly(&entry.sandbox.dir.join(ADOPTION_FILE)).await;
         let asked = requested.unwrap_or(entry.spec.fidelity);
         let keep_frozen = asked == Fidelity::Memory && self.keeps_frozen();
+        // Where the runtime can freeze, the sandbox is frozen (not stopped) while its generation
+        // is written, so a generation that cannot be written (disk full) costs nothing: the
+        // sandbox thaws and serves on. Only a sealed generation lets it go.
+        let can_freeze = self.runtime.capabilities().can_keep_frozen;
         let sandbox = entry.sandbox.clone();
         let begun = Instant::now();
 
@@ -817,7 +826,7 @@ impl Worker {
                 reason = "memory dump failed: injected fault (ATE_FAULT_CRIU_DUMP=fail); captured FIDELITY_ROOTFS".to_string();
             } else {
                 let criu = gen_dir.join(ate_snapshot::CRIU_DIR);
-                let dump = if keep_frozen {
+                let dump = if can_freeze {
                     self.runtime.checkpoint_frozen(&sandbox, &criu).await
                 } else {
                     self.runtime.checkpoint(&sandbox, &criu).await
@@ -840,9 +849,22 @@ impl Worker {
                 tracing::warn!(actor = %key, %reason, "falling back to ROOTFS fidelity");
             }
         }
-        // Everything but a successful dump (which already stopped or froze it) stops the
-        // sandbox here; the files stay for archiving.
-        let stopped = if dumped {
+        // A successful dump already froze (or stopped) the sandbox; otherwise it is frozen now,
+        // or stopped where the runtime cannot freeze. The files stay for archiving.
+        let paused = if dumped {
+            can_freeze
+        } else if can_freeze {
+            match self.runtime.freeze(&sandbox).await {
+                Ok(()) => true,
+                Err(e) => {
+                    tracing::warn!(actor = %key, error = %e, "cannot freeze for the checkpoint; stopping instead");
+                    false
+                }
+            }
+        } else {
+            false
+        };
+        let stopped = if dumped || paused {
             Ok(())
         } else {
             self.runtime.stop(&sandbox).await
@@ -881,6 +903,34 @@ impl Worker {
             }
         };
         let sealed_at = begun.elapsed();
+        if let Err(e) = &result {
+            // Nothing half written may look like a generation.
+            if let Err(rm) = tokio::fs::remove_dir_all(&gen_dir).await
+                && rm.kind() != std::io::ErrorKind::NotFound
+            {
+                tracing::warn!(actor = %key, dir = %gen_dir.display(), error = %rm, "cannot remove a partial generation");
+            }
+            if paused {
+                return match self
+                    .resume_after_failed_checkpoint(&key, &entry, dialer, e)
+                    .await
+                {
+                    Ok(()) => Err(Status::aborted(format!(
+                        "suspend of {key} failed, nothing was written and the actor runs on: {}",
+                        e.message()
+                    ))),
+                    Err(again) => {
+                        self.table().actors.remove(&key);
+                        self.discard_quietly(&sandbox).await;
+                        Err(Status::internal(format!(
+                            "checkpoint of {key} failed ({}) and the actor could not run on: {}",
+                            e.message(),
+                            again.message()
+                        )))
+                    }
+                };
+            }
+        }
         // Checkpointed or not, the actor no longer runs here. A sealed memory dump of a frozen
         // sandbox leaves the sandbox frozen in place as a cache of that generation.
         let entry = self.table().actors.remove(&key);
@@ -922,6 +972,47 @@ impl Worker {
         let mut reply = self.checkpoint_reply(&manifest);
         reply.kept_frozen = kept && self.table().frozen.contains_key(&key);
         Ok(reply)
+    }
+
+    /// After a checkpoint whose generation could not be written: the frozen sandbox thaws, its
+    /// egress proxy and ingress come back, and it is adoptable again.
+    async fn resume_after_failed_checkpoint(
+        &self,
+        key: &str,
+        entry: &Entry,
+        dialer: Option<NetnsDialer>,
+        why: &Status,
+    ) -> Result<(), Status> {
+        let sandbox = &entry.sandbox;
+        self.runtime
+            .thaw(sandbox)
+            .await
+            .map_err(|e| sandbox_status("thaw after a failed checkpoint", e))?;
+        self.egress
+            .restart(key, &sandbox.netns(), &entry.spec.egress)
+            .await
+            .map_err(|e| Status::internal(format!("egress for {key}: {e}")))?;
+        let dialer = match dialer {
+            Some(d) => d,
+            None => NetnsDialer::new(&sandbox.netns()).await.map_err(|e| {
+                Status::internal(format!("socket factory for netns {}: {e}", sandbox.netns()))
+            })?,
+        };
+        let record = v1::Workload {
+            actor: Some(v1::ObjectRef {
+                atespace: sandbox.atespace.clone(),
+                name: sandbox.name.clone(),
+            }),
+            uid: sandbox.uid.clone(),
+            template: entry.template.clone(),
+            spec: Some(ate_proto::spec_to_wire(&entry.spec)),
+            worker_id: self.ident.id.clone(),
+            activation: entry.activation,
+        };
+        self.write_adoption(sandbox, &record, entry.pid).await;
+        self.tunnels.activate(key, entry.activation, dialer);
+        tracing::warn!(actor = %key, error = %why.message(), "checkpoint failed; nothing written, the actor runs on");
+        Ok(())
     }
 
     fn checkpoint_reply(&self, m: &ate_snapshot::Manifest) -> v1::WorkerCheckpointReply {
@@ -973,6 +1064,7 @@ impl Worker {
     // ------------------------------------------------------------------ Activity
 
     pub fn activity(&self) -> v1::WorkerActivityReply {
+        self.last_poll_ms.store(now_unix_ms(), Ordering::Release);
         let mut table = self.table();
         let mut actors: Vec<v1::ActorActivity> = table
             .actors
@@ -1229,6 +1321,25 @@ impl Worker {
         Ok(activation)
     }
 
+    /// Stops and removes every sandbox left under this worker's actors dir (no snapshot).
+    pub async fn remove_leftovers(&self) {
+        let Ok(spaces) = std::fs::read_dir(&self.actors_dir) else {
+            return;
+        };
+        for space in spaces.flatten() {
+            let Ok(names) = std::fs::read_dir(space.path()) else {
+                continue;
+            };
+            for n in names.flatten() {
+                let atespace = space.file_name().to_string_lossy().into_owned();
+                let name = n.file_name().to_string_lossy().into_owned();
+                tracing::info!(actor = %key_of(&atespace, &name), "removing a leftover sandbox");
+                let sandbox = self.sandbox_for(&atespace, &name, "");
+                self.discard_quietly(&sandbox).await;
+            }
+        }
+    }
+
     /// Marks the worker as stopping: starts are refused, and Activity tells the node, which
     /// asks the api to suspend every actor here. Returns when none is left or `timeout` passed.
     pub async fn drain(&self, timeout: Duration) {
@@ -1250,6 +1361,12 @@ impl Worker {
             if self.table().actors.is_empty() {
                 tracing::info!("every actor suspended");
                 return;
+            }
+            // The node polls Activity twice a second: silence means no node is there to ask
+            // the api for the suspends, and waiting longer would change nothing.
+            let silent_ms = now_unix_ms().saturating_sub(self.last_poll_ms.load(Ordering::Acquire));
+            if silent_ms > NODE_SILENCE.as_millis() as i64 || !self.tunnels.lease_valid() {
+                break;
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
         }

@@ -192,6 +192,42 @@ impl TestApi {
             .await
             .expect("register worker");
     }
+
+    /// Registers worker `id` of `node` (with the node's current epoch) reporting `held`
+    /// actors; returns the api's answer (its `discard` list).
+    pub async fn register_holding(
+        &self,
+        node: &TestNode,
+        id: &str,
+        slots: u32,
+        held: Vec<HeldActor>,
+    ) -> RegisterWorkerResponse {
+        let worker = Worker {
+            id: id.into(),
+            node: node.name.clone(),
+            addresses: vec!["127.0.0.2:8443".into()],
+            identity: format!("spiffe://ate.local/ns/ate-system/sa/worker-{id}"),
+            sandbox_class: "runc".into(),
+            can_restore_memory: true,
+            capacity: Some(Capacity {
+                cpu_millis: 4_000_000,
+                memory_bytes: 1 << 50,
+                actor_slots: slots,
+            }),
+            epoch: node.epoch(),
+            node_address: node.addr.to_string(),
+            boot_id: node.boot_id.clone(),
+            ..Default::default()
+        };
+        self.fleet()
+            .register_worker(RegisterWorkerRequest {
+                held,
+                worker: Some(worker),
+            })
+            .await
+            .expect("register worker")
+            .into_inner()
+    }
 }
 
 impl Drop for TestApi {
@@ -297,6 +333,11 @@ impl TestNode {
 
     pub fn epoch(&self) -> u64 {
         self.state.epoch.load(Ordering::SeqCst)
+    }
+
+    /// A new worker process behind this node (its replies carry the new epoch).
+    pub fn set_epoch(&self, epoch: u64) {
+        self.state.epoch.store(epoch, Ordering::SeqCst);
     }
     pub fn set(&self, b: NodeBehaviour) {
         *self.state.behaviour.lock().unwrap() = b;

@@ -268,15 +268,54 @@ impl System {
         let _ = Command::new("kill")
             .args(["-TERM", &self.child.id().to_string()])
             .status();
-        let deadline = Instant::now() + Duration::from_secs(20);
+        // `ate up` stops router, workers (which have their actors suspended), node and api in
+        // that order, each with a grace period.
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let mut stopped = false;
         while Instant::now() < deadline {
             if let Ok(Some(_)) = self.child.try_wait() {
-                return;
+                stopped = true;
+                break;
             }
             std::thread::sleep(Duration::from_millis(50));
         }
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        if !stopped {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+        remove_leftover_sandboxes(&self.state_dir());
+    }
+}
+
+/// Sandboxes outlive their workers on purpose (a restarted worker re-adopts them). A test that
+/// ends with some left (a worker killed, a drain that could not finish) removes them here with
+/// `ate worker --remove-leftovers`, one run per worker id under `<state>/workers`.
+pub fn remove_leftover_sandboxes(state: &Path) {
+    let Ok(workers) = std::fs::read_dir(state.join("workers")) else {
+        return;
+    };
+    for w in workers.flatten() {
+        let id = w.file_name().to_string_lossy().into_owned();
+        let has_actors = std::fs::read_dir(w.path().join("actors"))
+            .map(|mut d| d.next().is_some())
+            .unwrap_or(false);
+        if !has_actors {
+            continue;
+        }
+        let _ = Command::new(ATE)
+            .args([
+                "worker",
+                "--id",
+                &id,
+                "--remove-leftovers",
+                "--spare-netns",
+                "0",
+            ])
+            .arg("--state-dir")
+            .arg(state)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status();
     }
 }
 
