@@ -117,6 +117,9 @@ pub async fn serve(
     serve_with(api, grpc, http, None, shutdown).await
 }
 
+/// How often the api looks for workers whose lease ran out.
+const EXPIRY_TICK: Duration = Duration::from_millis(500);
+
 /// Like [`serve`], with mTLS and roles on the gRPC listener when `tls` is given.
 pub async fn serve_with(
     api: Arc<Api>,
@@ -146,10 +149,20 @@ pub async fn serve_with(
         let api = api.clone();
         let mut stop = stop_rx.clone();
         tokio::spawn(async move {
-            let mut tick = tokio::time::interval(Duration::from_millis(500));
+            let mut tick = tokio::time::interval(EXPIRY_TICK);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            let mut last = tokio::time::Instant::now();
             loop {
                 tokio::select! {
                     _ = tick.tick() => {
+                        // A tick far later than due means this process did not run (stopped,
+                        // swapped out, starved): heartbeats sent meanwhile went unheard, so
+                        // expiry starts counting again.
+                        if last.elapsed() > EXPIRY_TICK * 4 {
+                            tracing::warn!(late_ms = last.elapsed().as_millis() as u64, "the api did not run for a while; worker expiry starts counting again");
+                            api.store_outage_seen();
+                        }
+                        last = tokio::time::Instant::now();
                         if let Err(e) = api.expire_workers().await {
                             tracing::warn!(error = %e, "worker expiry failed");
                         }

@@ -76,7 +76,9 @@ impl NodeAgent {
         let tls = cfg.tls.load("node")?;
         let endpoint = ate_tls::endpoint(&cfg.api)
             .map_err(|e| NodeError::Config(format!("bad --api {:?}: {e}", cfg.api)))?
-            .connect_timeout(Duration::from_secs(2));
+            .connect_timeout(Duration::from_secs(2))
+            // No call of the node's loops may hang on an api that stopped answering.
+            .timeout(Duration::from_secs(30));
         let channel = match &tls {
             Some(src) => {
                 let api = ate_tls::SpiffeId::api(cfg.tls.trust_domain())?;

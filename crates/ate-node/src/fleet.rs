@@ -23,6 +23,9 @@ pub struct WorkerHandle {
     pub lease: Duration,
 }
 
+/// Longest wait for one heartbeat's answer.
+const HEARTBEAT_TIMEOUT: Duration = Duration::from_secs(3);
+
 /// Lease assumed until the api says otherwise (its default heartbeat timeout).
 const DEFAULT_LEASE: Duration = Duration::from_secs(10);
 
@@ -251,7 +254,17 @@ impl Fleet {
                 epoch: info.epoch,
             };
             let sent = std::time::Instant::now();
-            match self.fleet_api.clone().heartbeat(req).await {
+            // A hung api must not hold the loop (and the other workers' renewals).
+            let answer = match tokio::time::timeout(
+                HEARTBEAT_TIMEOUT,
+                self.fleet_api.clone().heartbeat(req),
+            )
+            .await
+            {
+                Ok(a) => a,
+                Err(_) => Err(tonic::Status::deadline_exceeded("heartbeat timed out")),
+            };
+            match answer {
                 Ok(r) if r.get_ref().known => {
                     renew(&mut h.client, &info.worker_id, h.lease, sent).await;
                 }

@@ -541,14 +541,22 @@ async fn stale_421_evicts_resolves_again_and_retries_once() {
     );
     assert_eq!(w.api.calls("a/moved"), 2);
 
-    // Stale on both tries: the client still never sees 421.
+    // Stale whatever the api says (the worker it names is fenced or restarting): the request
+    // keeps retrying with the parking backoff until the parking budget is spent; the client
+    // still never sees 421.
     let stale_addr = old.addr.to_string();
     old.mark_stale("a/lost");
     w.api
         .script("a/lost", move |_| Reply::ok(&stale_addr, false));
+    let started = std::time::Instant::now();
     let got = get(w.router.addr, Some("a/lost")).await;
     assert_eq!(got.status, StatusCode::BAD_GATEWAY);
-    assert_eq!(w.api.calls("a/lost"), 2, "retried once only");
+    assert!(w.api.calls("a/lost") > 2, "retried within the budget");
+    assert!(
+        started.elapsed() < Duration::from_secs(8),
+        "gave up at the budget: {:?}",
+        started.elapsed()
+    );
 }
 
 // ---- gRPC ---------------------------------------------------------------------------------------

@@ -1194,6 +1194,10 @@ mod cases {
             .await
             .unwrap();
         assert_eq!(rebound.activation, 2);
+        assert_eq!(
+            s.get_worker("w2").await.unwrap().used,
+            cap(1000, 1024 * MIB, 1)
+        );
         // Released and bound again (a suspend, then a resume): the next token.
         s.release_actor(
             "ns",
@@ -1212,10 +1216,6 @@ mod cases {
             .unwrap();
         assert_eq!(next.activation, 3);
         assert_eq!(s.get_actor("ns", "a1").await.unwrap().activation, 3);
-        assert_eq!(
-            s.get_worker("w2").await.unwrap().used,
-            cap(1000, 1024 * MIB, 1)
-        );
     }
 
     async fn concurrent_binds(env: Env, capacity: Capacity, each: Capacity) {

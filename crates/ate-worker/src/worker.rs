@@ -819,6 +819,7 @@ impl Worker {
         let mut fidelity = asked;
         let mut reason = String::new();
         let mut dumped = false;
+        let mut no_space: Option<String> = None;
         if asked == Fidelity::Memory {
             if !self.can_restore_memory() {
                 reason = "memory dump unavailable on this worker (no CRIU ≥ 4.2); captured FIDELITY_ROOTFS".to_string();
@@ -837,14 +838,26 @@ impl Worker {
                         tracing::info!(actor = %key, dump_ms = stats.dump.as_millis() as u64, image_bytes = stats.image_bytes, "memory dumped");
                     }
                     Err(e) => {
-                        let text = crate::error::tail(&e.to_string(), 1500);
-                        reason = format!("memory dump failed, captured FIDELITY_ROOTFS: {text}");
+                        let full = e.to_string();
+                        let text = crate::error::tail(&full, 1500);
                         // A partial image must not be mistaken for a dump.
                         let _ = tokio::fs::remove_dir_all(&criu).await;
+                        if full.contains("No space left on device") {
+                            // Not a limit of CRIU but of the disk: a ROOTFS generation would
+                            // throw the memory away for a passing condition. Fail instead; the
+                            // actor runs on (below).
+                            no_space = Some(format!(
+                                "memory dump: no space left on device for {}",
+                                gen_dir.display()
+                            ));
+                        } else {
+                            reason =
+                                format!("memory dump failed, captured FIDELITY_ROOTFS: {text}");
+                        }
                     }
                 }
             }
-            if !dumped {
+            if !dumped && no_space.is_none() {
                 fidelity = Fidelity::Rootfs;
                 tracing::warn!(actor = %key, %reason, "falling back to ROOTFS fidelity");
             }
@@ -875,6 +888,9 @@ impl Worker {
                 "stop sandbox {} for checkpoint: {e}",
                 sandbox.container_id()
             ))),
+            Ok(()) if no_space.is_some() => Err(Status::resource_exhausted(
+                no_space.clone().unwrap_or_default(),
+            )),
             Ok(()) => {
                 let meta = ate_snapshot::GenerationMeta {
                     atespace: atespace.clone(),

@@ -776,3 +776,149 @@ async fn memory_restore_on_another_worker() {
     b.shutdown().await;
     env.assert_clean();
 }
+
+/// GET / through a CONNECT that carries the router's fencing token.
+async fn get_with_token(h2: &mut H2, actor: &str, token: u64) -> (u16, String) {
+    let t = token.to_string();
+    let resp = connect_stream(
+        h2,
+        &[("ate-target-actor", actor), ("ate-activation", t.as_str())],
+    )
+    .await;
+    let status = resp.status().as_u16();
+    if status != 200 {
+        return (status, body_text(resp).await);
+    }
+    let upgraded = hyper::upgrade::on(resp).await.expect("upgrade");
+    let (mut send, conn) = hyper::client::conn::http1::handshake(upgraded)
+        .await
+        .expect("h1 handshake");
+    tokio::spawn(async move {
+        let _ = conn.await;
+    });
+    h1_get(&mut send, "/").await
+}
+
+/// Unmounts a tmpfs when the test ends, however it ends.
+struct Tmpfs(PathBuf);
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount").arg(&self.0).status();
+    }
+}
+
+/// Fencing tokens on the data path (only the copy holding the router's token serves; a newer
+/// token makes the worker drop its copy; a start never goes back to an older activation) and a
+/// checkpoint into a full disk (nothing written, the actor serves on with its memory).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fencing_tokens_and_a_checkpoint_into_a_full_disk() {
+    let mut env = Env::new();
+    let id = unique_name("w");
+    let config = worker_config(&mut env, &id);
+    let worker = RunningWorker::start(config.clone()).await;
+    let mut c = worker.client.clone();
+    let info = c
+        .info(v1::WorkerInfoRequest {})
+        .await
+        .expect("Info")
+        .into_inner();
+    let addr = info.addresses[0].clone();
+    let name = unique_name("fence");
+    let _sandbox = track(&mut env, &config, &name);
+    let target = format!("{ATESPACE}/{name}");
+    let mut w = workload(&id, &name, counter_spec(80, 15));
+    w.activation = 1;
+    c.start(start_req(&w, None, v1::Fidelity::Unspecified))
+        .await
+        .expect("Start activation 1");
+    let mut h2 = h2_connect(&addr).await;
+    assert_eq!(
+        get_with_token(&mut h2, &target, 1).await,
+        (200, counts(1, 1, 1))
+    );
+    assert_eq!(
+        activity_of(&mut c, &name).await.map(|a| a.activation),
+        Some(1)
+    );
+
+    // A checkpoint into a full disk writes nothing and the actor serves on, memory intact.
+    let full = env.path().join("full");
+    std::fs::create_dir_all(&full).expect("mkdir");
+    let mounted = std::process::Command::new("mount")
+        .args(["-t", "tmpfs", "-o", "size=64k", "tmpfs"])
+        .arg(&full)
+        .status()
+        .expect("mount");
+    assert!(mounted.success(), "mount tmpfs");
+    let _tmpfs = Tmpfs(full.clone());
+    // Fill it to the last byte.
+    {
+        use std::io::Write;
+        let mut filler = std::fs::File::create(full.join("filler")).expect("filler");
+        let chunk = vec![0u8; 4096];
+        while filler.write_all(&chunk).is_ok() {}
+        let _ = filler.write_all(&[0u8]);
+    }
+    let gen_dir = full.join("gen-1");
+    let err = c
+        .checkpoint(checkpoint_req(&w, &gen_dir, 1))
+        .await
+        .expect_err("a checkpoint into a full disk must fail");
+    assert_eq!(err.code(), Code::Aborted, "{err:?}");
+    assert!(err.message().contains("runs on"), "{}", err.message());
+    assert!(!gen_dir.exists(), "the partial generation is removed");
+    assert_eq!(
+        get_with_token(&mut h2, &target, 1).await,
+        (200, counts(2, 2, 2))
+    );
+
+    // A checkpoint naming another activation is refused.
+    let mut other = w.clone();
+    other.activation = 5;
+    let err = c
+        .checkpoint(checkpoint_req(&other, &env.path().join("gen-x"), 1))
+        .await
+        .expect_err("another activation");
+    assert_eq!(err.code(), Code::FailedPrecondition, "{err:?}");
+
+    // A CONNECT with an older token is refused; one with a newer token is refused too, and the
+    // worker drops this copy (the actor was activated again elsewhere).
+    assert_eq!(get_with_token(&mut h2, &target, 0).await.0, 400);
+    let mut w2 = w.clone();
+    w2.activation = 2;
+    assert_eq!(get_with_token(&mut h2, &target, 2).await.0, 421);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while activity_of(&mut c, &name).await.is_some() {
+        assert!(
+            Instant::now() < deadline,
+            "the superseded copy was not dropped"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(get_with_token(&mut h2, &target, 1).await.0, 421);
+
+    // Activation 2 starts here; a late start of activation 1 is refused, a retried one of 2
+    // is a no-op.
+    c.start(start_req(&w2, None, v1::Fidelity::Unspecified))
+        .await
+        .expect("Start activation 2");
+    let err = c
+        .start(start_req(&w, None, v1::Fidelity::Unspecified))
+        .await
+        .expect_err("an older activation");
+    assert_eq!(err.code(), Code::FailedPrecondition, "{err:?}");
+    c.start(start_req(&w2, None, v1::Fidelity::Unspecified))
+        .await
+        .expect("retried Start activation 2");
+    assert_eq!(get_with_token(&mut h2, &target, 2).await.0, 200);
+    // Stop guarded by an older activation leaves the newer copy alone.
+    c.stop(v1::WorkerStopRequest {
+        actor: w.actor.clone(),
+        activation_at_most: 1,
+    })
+    .await
+    .expect("guarded Stop");
+    assert_eq!(get_with_token(&mut h2, &target, 2).await.0, 200);
+    worker.shutdown().await;
+}
