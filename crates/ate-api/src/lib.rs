@@ -51,6 +51,9 @@ pub struct ApiConfig {
     pub instance_id: String,
     /// mTLS to node agents (the api's identity; the node's pinned). None: plaintext.
     pub node_tls: Option<Arc<ate_tls::rustls::ClientConfig>>,
+    /// The only api on its store: a heartbeat that cannot be recorded because the store is down
+    /// is still acknowledged (no other replica can release the worker meanwhile).
+    pub sole_replica: bool,
 }
 
 impl Default for ApiConfig {
@@ -62,6 +65,7 @@ impl Default for ApiConfig {
             fleet_max_age: Duration::from_millis(250),
             instance_id: format!("api-{}", std::process::id()),
             node_tls: None,
+            sole_replica: false,
         }
     }
 }

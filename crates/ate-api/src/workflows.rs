@@ -1204,6 +1204,11 @@ impl Api {
     pub fn heartbeat_timeout(&self) -> Duration {
         self.cfg.heartbeat_timeout
     }
+
+    /// See [`ApiConfig::sole_replica`].
+    pub fn sole_replica(&self) -> bool {
+        self.cfg.sole_replica
+    }
 }
 
 /// Generations kept per actor besides the newest durable one and tagged ones.

@@ -29,6 +29,12 @@ pub struct ApiArgs {
     /// Seconds a workflow lease lives without renewal.
     #[arg(long, default_value_t = 30)]
     pub lease_ttl_seconds: u64,
+    /// This api is the only replica on its store (`ate up` sets it). Then a heartbeat it cannot
+    /// record because the store is down still renews the worker's lease: no other replica can
+    /// release that worker's actors meanwhile, so its actors keep serving through a store
+    /// outage. Never set it when several replicas share the store.
+    #[arg(long)]
+    pub sole_replica: bool,
     /// Write the bound addresses as JSON here once serving (used by `ate up` and tests).
     #[arg(long)]
     pub ready_file: Option<PathBuf>,
@@ -169,6 +175,7 @@ pub async fn run_api(args: ApiArgs) -> anyhow::Result<()> {
         heartbeat_timeout: Duration::from_secs(args.heartbeat_timeout_seconds.max(1)),
         lease_ttl: Duration::from_secs(args.lease_ttl_seconds.max(1)),
         node_tls,
+        sole_replica: args.sole_replica,
         ..Default::default()
     };
     let api = Arc::new(ate_api::Api::new(store, cfg));

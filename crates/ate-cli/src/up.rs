@@ -726,6 +726,8 @@ async fn start_all(
         store.to_string(),
         "--ready-file".into(),
         api_ready.display().to_string(),
+        // The embedded system has one api: a store outage need not fence the workers.
+        "--sole-replica".into(),
     ];
     let td = args.trust_domain.clone();
     api_args.extend(pki.issue("api", ate_tls::SpiffeId::api(&td)?)?.1.to_args());

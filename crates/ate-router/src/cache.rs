@@ -51,13 +51,22 @@ impl AssignmentCache {
         if !self.enabled() {
             return None;
         }
-        let mut entries = self.lock();
+        let entries = self.lock();
         let entry = entries.get(actor)?;
-        if entry.expires > Instant::now() {
-            return Some(entry.route.clone());
+        // An expired entry stays (until evicted or replaced) as the last known route.
+        (entry.expires > Instant::now()).then(|| entry.route.clone())
+    }
+
+    /// The last route the api gave for `actor`, expired at most `max_stale` ago: used only while
+    /// the api cannot be asked. Safe because atunnel serves it only if the worker still holds that
+    /// activation (fencing token) under a valid lease; otherwise it answers 421.
+    pub fn last_known(&self, actor: &str, max_stale: Duration) -> Option<Arc<Route>> {
+        if !self.enabled() {
+            return None;
         }
-        entries.remove(actor);
-        None
+        let entries = self.lock();
+        let entry = entries.get(actor)?;
+        (entry.expires + max_stale > Instant::now()).then(|| entry.route.clone())
     }
 
     /// Whether `actor` has a live assignment (like [`AssignmentCache::get`], without the route).
@@ -151,6 +160,11 @@ mod tests {
         std::thread::sleep(Duration::from_millis(60));
         assert!(!cache.contains("a/b"));
         assert!(cache.get("a/b").is_none());
+        // Kept as the last known route, for a while, for when the api cannot be asked.
+        assert!(cache.last_known("a/b", Duration::from_secs(1)).is_some());
+        assert!(cache.last_known("a/b", Duration::ZERO).is_none());
+        cache.evict("a/b");
+        assert!(cache.last_known("a/b", Duration::from_secs(1)).is_none());
         assert!(cache.is_empty());
     }
 

@@ -58,6 +58,9 @@ pub struct ResolveConfig {
     pub retry_initial: Duration,
 }
 
+/// How long after its expiry a cached route may still be used while the api is unavailable.
+const LAST_KNOWN_MAX_STALE: Duration = Duration::from_secs(300);
+
 pub struct Resolver {
     pub cache: AssignmentCache,
     flights: SingleFlight<FlightState>,
@@ -219,6 +222,17 @@ impl Resolver {
                 Ok(resumed) => return Ok(resumed),
                 Err(status) => status,
             };
+            // The api cannot be asked (restarting, its store down): an actor that was running a
+            // moment ago most likely still is, and atunnel's fencing refuses the route if not.
+            if status.code() == tonic::Code::Unavailable
+                && let Some(route) = self.cache.last_known(key.as_str(), LAST_KNOWN_MAX_STALE)
+            {
+                tracing::debug!(actor = %key, error = %status.message(), "api unavailable; using the last known route");
+                return Ok(Resumed {
+                    route,
+                    resumed: false,
+                });
+            }
             let (parks, if_exhausted) = match classify(&status, parking) {
                 Disposition::Fail(e) => {
                     if let ResolveError::Internal(detail) = &e {

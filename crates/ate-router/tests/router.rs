@@ -559,6 +559,39 @@ async fn stale_421_evicts_resolves_again_and_retries_once() {
     );
 }
 
+/// While the api cannot be asked (Unavailable), a running actor is still reached through its last
+/// known route: atunnel's fencing decides whether that copy may serve.
+#[tokio::test]
+async fn api_unavailable_uses_the_last_known_route() {
+    let w = World::start(|c| c.assignment_cache_ttl = Duration::from_millis(100)).await;
+    let worker = w.worker();
+    w.api.script("a/known", move |c| {
+        if c.n == 0 {
+            Reply::ok(&worker, false)
+        } else {
+            Reply::err(tonic::Status::unavailable("store unavailable"))
+        }
+    });
+    assert_eq!(
+        get(w.router.addr, Some("a/known")).await.status,
+        StatusCode::OK
+    );
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    let got = get(w.router.addr, Some("a/known")).await;
+    assert_eq!(got.status, StatusCode::OK, "{}", got.body);
+    assert_eq!(
+        w.api.calls("a/known"),
+        2,
+        "the api was asked, then the last route used"
+    );
+    // An actor the router never routed has no last known route: it parks as before.
+    w.api.script("a/never", |_| {
+        Reply::err(tonic::Status::unavailable("store unavailable"))
+    });
+    let got = get(w.router.addr, Some("a/never")).await;
+    assert_eq!(got.status, StatusCode::SERVICE_UNAVAILABLE, "{}", got.body);
+}
+
 // ---- gRPC ---------------------------------------------------------------------------------------
 
 #[tokio::test]
