@@ -59,7 +59,9 @@ pub struct ApiConfig {
 impl Default for ApiConfig {
     fn default() -> Self {
         Self {
-            lease_ttl: Duration::from_secs(30),
+            // An api that dies mid-workflow blocks its actors until their leases expire: keep
+            // that within the worker lease (renewed every third of it while a workflow runs).
+            lease_ttl: Duration::from_secs(10),
             heartbeat_timeout: Duration::from_secs(10),
             node_call_timeout: Duration::from_secs(120),
             fleet_max_age: Duration::from_millis(250),

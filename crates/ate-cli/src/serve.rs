@@ -26,8 +26,9 @@ pub struct ApiArgs {
     /// Seconds without a heartbeat before a worker is marked gone.
     #[arg(long, default_value_t = 10)]
     pub heartbeat_timeout_seconds: u64,
-    /// Seconds a workflow lease lives without renewal.
-    #[arg(long, default_value_t = 30)]
+    /// Seconds a workflow lease lives without renewal (an api that dies mid-workflow holds its
+    /// actors this long).
+    #[arg(long, default_value_t = 10)]
     pub lease_ttl_seconds: u64,
     /// This api is the only replica on its store (`ate up` sets it). Then a heartbeat it cannot
     /// record because the store is down still renews the worker's lease: no other replica can
