@@ -60,6 +60,8 @@ pub struct ResolveConfig {
 
 /// How long after its expiry a cached route may still be used while the api is unavailable.
 const LAST_KNOWN_MAX_STALE: Duration = Duration::from_secs(300);
+/// How long a ResumeActor may go unanswered before a last known route is used instead.
+const LAST_KNOWN_AFTER: Duration = Duration::from_secs(1);
 
 pub struct Resolver {
     pub cache: AssignmentCache,
@@ -218,7 +220,23 @@ impl Resolver {
         loop {
             self.stats.resume_calls.fetch_add(1, Ordering::Relaxed);
             metrics::counter!(RESUME_CALLS).increment(1);
-            let status = match self.api.resume(key).await {
+            // With a last known route, an api that does not answer at all (hung, stopped,
+            // unreachable without a reset) is not waited for past a second either.
+            let call = self.api.resume(key);
+            let answer = match self.cache.last_known(key.as_str(), LAST_KNOWN_MAX_STALE) {
+                Some(route) => match tokio::time::timeout(LAST_KNOWN_AFTER, call).await {
+                    Ok(answer) => answer,
+                    Err(_) => {
+                        tracing::debug!(actor = %key, "api did not answer; using the last known route");
+                        return Ok(Resumed {
+                            route,
+                            resumed: false,
+                        });
+                    }
+                },
+                None => call.await,
+            };
+            let status = match answer {
                 Ok(resumed) => return Ok(resumed),
                 Err(status) => status,
             };

@@ -584,6 +584,29 @@ async fn api_unavailable_uses_the_last_known_route() {
         2,
         "the api was asked, then the last route used"
     );
+    // An api that does not answer at all is not waited for past a second either.
+    let worker = w.worker();
+    w.api.script("a/slow", move |c| {
+        let r = Reply::ok(&worker, false);
+        if c.n == 0 {
+            r
+        } else {
+            r.after(Duration::from_secs(8))
+        }
+    });
+    assert_eq!(
+        get(w.router.addr, Some("a/slow")).await.status,
+        StatusCode::OK
+    );
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    let started = Instant::now();
+    let got = get(w.router.addr, Some("a/slow")).await;
+    assert_eq!(got.status, StatusCode::OK, "{}", got.body);
+    assert!(
+        started.elapsed() < Duration::from_secs(3),
+        "{:?}",
+        started.elapsed()
+    );
     // An actor the router never routed has no last known route: it parks as before.
     w.api.script("a/never", |_| {
         Reply::err(tonic::Status::unavailable("store unavailable"))
