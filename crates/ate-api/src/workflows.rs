@@ -1084,7 +1084,10 @@ impl Api {
             let current = on_worker
                 .iter()
                 .find(|r| r.atespace == a.atespace && r.name == a.name);
-            let keep = current.is_some_and(|r| r.activation == h.activation);
+            let mut keep = current.is_some_and(|r| r.activation == h.activation);
+            if !keep && current.is_none() {
+                keep = self.readopt(worker_id, a, h.activation).await;
+            }
             if !keep {
                 tracing::warn!(actor = %format!("{}/{}", a.atespace, a.name), worker = %worker_id, activation = h.activation, current = ?current.map(|r| (r.state, r.activation)), "worker holds a stale copy of the actor; discarding it");
                 discard.push(h.clone());
@@ -1107,6 +1110,45 @@ impl Api {
             }
         }
         Ok(discard)
+    }
+
+    /// A worker came back holding an actor the api released while it was unreachable: if no
+    /// one activated the actor since (same token, still SUSPENDED), the running copy is taken
+    /// back with nothing lost. False when it cannot be (the copy is then discarded).
+    async fn readopt(&self, worker_id: &str, a: &v1::ObjectRef, activation: u64) -> bool {
+        let Ok(actor) = self.store.get_actor(&a.atespace, &a.name).await else {
+            return false;
+        };
+        if actor.state != ActorState::Suspended || actor.activation != activation {
+            return false;
+        }
+        let Ok((ns, tname)) = template_ref(&actor) else {
+            return false;
+        };
+        let Ok(template) = self.store.get_template(&ns, &tname).await else {
+            return false;
+        };
+        match self
+            .store
+            .readopt_actor(
+                &a.atespace,
+                &a.name,
+                worker_id,
+                activation,
+                demand(&template),
+                now_ms(),
+            )
+            .await
+        {
+            Ok(_) => {
+                tracing::info!(actor = %format!("{}/{}", a.atespace, a.name), worker = %worker_id, activation, "re-adopted an actor released while its worker was unreachable; nothing lost");
+                true
+            }
+            Err(e) => {
+                tracing::info!(actor = %format!("{}/{}", a.atespace, a.name), worker = %worker_id, activation, error = %e, "cannot re-adopt");
+                false
+            }
+        }
     }
 
     async fn release_actors_of_worker(

@@ -729,7 +729,15 @@ async fn worker_gone(b: Backend) {
     t.register(&node, "w1", 2).await;
     t.seed("ns").await;
     t.create_actor("ns", "a").await;
-    t.resume("ns", "a").await.unwrap();
+    let activation = t
+        .resume("ns", "a")
+        .await
+        .unwrap()
+        .actor
+        .unwrap()
+        .worker_assignment
+        .unwrap()
+        .activation;
     // No heartbeats: within the timeout plus one expiry tick the worker is GONE and the actor
     // SUSPENDED with its capacity released.
     let mut waited = Duration::ZERO;
@@ -769,6 +777,15 @@ async fn worker_gone(b: Backend) {
         t.resume("ns", "a").await.unwrap_err().code(),
         Code::ResourceExhausted
     );
+    // The worker comes back (same process) still running the actor, and no one activated it
+    // since: it is taken back, RUNNING with the same token, nothing lost.
+    let reply = t
+        .register_holding(&node, "w1", 2, vec![held("ns", "a", activation)])
+        .await;
+    assert!(reply.discard.is_empty(), "{:?}", reply.discard);
+    let a = t.get("ns", "a").await;
+    assert_eq!(state(&a), ActorState::Running, "{}", a.last_error);
+    assert_eq!(a.worker_assignment.unwrap().activation, activation);
 }
 both_stores!(expiry, worker_gone);
 

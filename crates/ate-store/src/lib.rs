@@ -326,6 +326,20 @@ pub trait Store: Send + Sync + 'static {
         demand: Capacity,
         now_ms: i64,
     ) -> Result<ActorRecord>;
+    /// Takes back an actor released while its worker was unreachable, when that worker turns out
+    /// to still run it: one transaction, the actor is SUSPENDED and still at `activation` (no
+    /// bind happened since, so no other copy can exist; else StateConflict / FailedPrecondition),
+    /// capacity is admitted on `worker_id` as in [`Store::bind_actor`], and the actor becomes
+    /// RUNNING there with the same activation.
+    async fn readopt_actor(
+        &self,
+        atespace: &str,
+        name: &str,
+        worker_id: &str,
+        activation: u64,
+        demand: Capacity,
+        now_ms: i64,
+    ) -> Result<ActorRecord>;
     /// One transaction: optionally insert `snapshot` (the actor's generation and attached node
     /// follow it), drop the actor's assignment, and move it from a state in `from` to `to` with no
     /// worker.
