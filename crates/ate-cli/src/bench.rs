@@ -57,6 +57,11 @@ pub enum BenchCmd {
     /// Suspend time and resume-to-first-response of the small counter and of sleepers, from the
     /// node-local generation and from the durable copy.
     Snapshots(SnapshotsArgs),
+    /// A Jepsen-style fault suite on a system of its own (the bench starts and stops its own
+    /// `ate up`): kills and outages of each component, the store and the snapshot disk under a
+    /// client load; checks that no actor loses state or runs twice, slots add up and nothing is
+    /// orphaned.
+    Faults(crate::faults::FaultsArgs),
 }
 
 #[derive(Args, Debug, Clone)]
@@ -204,6 +209,8 @@ pub async fn run(c: Clients, cmd: BenchCmd) -> anyhow::Result<ExitCode> {
         BenchCmd::Throughput(a) => throughput(c, a).await,
         BenchCmd::Warm(a) => warm(c, a).await,
         BenchCmd::Snapshots(a) => snapshots(c, a).await,
+        // Normally routed by main before connecting: it starts its own system.
+        BenchCmd::Faults(a) => crate::faults::run(a).await,
     }
 }
 

@@ -3,6 +3,7 @@
 
 mod bench;
 mod client;
+mod faults;
 mod logs;
 mod plot;
 mod proxy;
@@ -154,6 +155,8 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Logs(cmd) => logs::run(cmd).await.map(|_| ExitCode::SUCCESS),
         Command::Proxy(args) => proxy::run(args).await.map(|_| ExitCode::SUCCESS),
         Command::Delete(cmd) => verbs::delete(&client::connect(api, &tls).await?, cmd).await,
+        // Starts its own system: no api to connect to first.
+        Command::Bench(bench::BenchCmd::Faults(args)) => faults::run(args).await,
         Command::Bench(cmd) => bench::run(client::connect(api, &tls).await?, cmd).await,
     }
 }

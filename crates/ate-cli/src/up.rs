@@ -26,6 +26,8 @@ use crate::client::{self, API_ADDRESS_FILE, Clients};
 use crate::serve::{shutdown_signal, write_atomically};
 
 const DEMO_TEMPLATE: &str = include_str!("demo-counter.yaml");
+/// The running executable, as the kernel keeps it (Linux).
+const SELF_EXE: &str = "/proc/self/exe";
 const READY_TIMEOUT: Duration = Duration::from_secs(30);
 /// How long a stopping component gets before it is killed. Generous: a worker stops every
 /// sandbox it hosts first, and a killed worker leaves them running.
@@ -386,7 +388,13 @@ fn spawn(name: &str, role: Role, args: Vec<String>, logs: &Path) -> anyhow::Resu
 
 /// Starts `ate ARGS` with stdout and stderr appended to `log`.
 fn start_process(name: &str, args: &[String], log: &Path) -> anyhow::Result<Child> {
-    let exe = std::env::current_exe().context("cannot find the ate executable")?;
+    // This very executable even after the file was replaced on disk (an upgrade or a rebuild
+    // while `ate up` runs): `current_exe()` would then name a path that no longer exists and
+    // every restart would fail.
+    let exe = match std::fs::metadata(SELF_EXE) {
+        Ok(_) => PathBuf::from(SELF_EXE),
+        Err(_) => std::env::current_exe().context("cannot find the ate executable")?,
+    };
     let file = std::fs::OpenOptions::new()
         .create(true)
         .append(true)

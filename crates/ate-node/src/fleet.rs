@@ -41,7 +41,7 @@ async fn renew(
     let req = v1::WorkerLeaseRequest {
         valid_for_ms: u64::try_from(left.as_millis()).unwrap_or(u64::MAX),
     };
-    if let Err(e) = client.renew_lease(req).await {
+    if let Err(e) = within(client.renew_lease(req)).await {
         tracing::warn!(worker = %worker, error = %e.message(), "cannot renew the worker's lease");
     }
 }
@@ -112,6 +112,7 @@ impl Fleet {
                 .lock()
                 .ok()
                 .and_then(|w| w.values().find(|h| h.socket == socket).cloned());
+            let known_handle = known.clone();
             let mut client = match known {
                 Some(h) => h.client,
                 None => match ate_worker::connect_worker(&socket).await {
@@ -122,10 +123,15 @@ impl Fleet {
                     }
                 },
             };
-            let info = match client.info(v1::WorkerInfoRequest {}).await {
+            let info = match within(client.info(v1::WorkerInfoRequest {})).await {
                 Ok(r) => r.into_inner(),
                 Err(e) => {
                     tracing::debug!(socket = %socket.display(), error = %e.message(), "worker info failed");
+                    if let Some(h) = &known_handle
+                        && self.keep_down_worker(h)
+                    {
+                        seen.insert(h.info.worker_id.clone());
+                    }
                     continue;
                 }
             };
@@ -171,13 +177,29 @@ impl Fleet {
     /// Registers the worker with what it holds, discards what the api says is stale, and
     /// returns the lease the api gave. Only then may the worker's lease be renewed: re-adopted
     /// actors get their ingress back at the renewal, after the reconciliation.
+    /// A known worker whose process does not answer (crashed, stopped, restarting) stays
+    /// registered and heartbeated while any of its sandboxes still runs: the api must not
+    /// release actors whose sandboxes may still run. The restarted worker re-adopts them (the
+    /// worker fences itself meanwhile: its lease is not renewed, and atunnel is down anyway).
+    fn keep_down_worker(&self, h: &WorkerHandle) -> bool {
+        let actors_dir = h
+            .socket
+            .parent()
+            .map(|d| d.join("actors"))
+            .unwrap_or_default();
+        let live = ate_worker::live_sandboxes(&actors_dir);
+        if live > 0 {
+            tracing::warn!(worker = %h.info.worker_id, live_sandboxes = live, "worker does not answer but its sandboxes still run; keeping it registered");
+        }
+        live > 0
+    }
+
     async fn register(
         &self,
         client: &mut WorkerServiceClient<Channel>,
         info: &v1::WorkerInfo,
     ) -> Result<Duration, tonic::Status> {
-        let held: Vec<v1::HeldActor> = client
-            .activity(v1::WorkerActivityRequest {})
+        let held: Vec<v1::HeldActor> = within(client.activity(v1::WorkerActivityRequest {}))
             .await?
             .into_inner()
             .actors
@@ -290,12 +312,8 @@ impl Fleet {
             .unwrap_or_default();
         let now = now_ms();
         for w in workers {
-            let Ok(reply) = w
-                .client
-                .clone()
-                .activity(v1::WorkerActivityRequest {})
-                .await
-            else {
+            let mut client = w.client.clone();
+            let Ok(reply) = within(client.activity(v1::WorkerActivityRequest {})).await else {
                 continue;
             };
             let reply = reply.into_inner();
@@ -360,17 +378,58 @@ impl Fleet {
     }
 
     /// Runs discovery + heartbeats + activity until `stop` flips.
-    pub async fn run_loops(self: Arc<Self>, mut stop: tokio::sync::watch::Receiver<bool>) {
-        let mut discover = tokio::time::interval(Duration::from_millis(500));
-        let mut heartbeat = tokio::time::interval(Duration::from_secs(2));
-        let mut activity = tokio::time::interval(Duration::from_millis(500));
-        loop {
-            tokio::select! {
-                _ = discover.tick() => self.discover().await,
-                _ = heartbeat.tick() => self.heartbeat().await,
-                _ = activity.tick() => self.watch_activity().await,
-                _ = stop.changed() => return,
-            }
+    /// Runs discovery, heartbeats and activity until `stop` flips, each in a loop of its own:
+    /// a worker or an api that stops answering slows one loop, never the heartbeats of the
+    /// others.
+    pub async fn run_loops(self: Arc<Self>, stop: tokio::sync::watch::Receiver<bool>) {
+        let every = |period: Duration, what: Loop| {
+            let fleet = self.clone();
+            let mut stop = stop.clone();
+            tokio::spawn(async move {
+                let mut tick = tokio::time::interval(period);
+                tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+                loop {
+                    tokio::select! {
+                        _ = tick.tick() => match what {
+                            Loop::Discover => fleet.discover().await,
+                            Loop::Heartbeat => fleet.heartbeat().await,
+                            Loop::Activity => fleet.watch_activity().await,
+                        },
+                        _ = stop.changed() => return,
+                    }
+                }
+            })
+        };
+        let loops = [
+            every(Duration::from_millis(500), Loop::Discover),
+            every(Duration::from_secs(2), Loop::Heartbeat),
+            every(Duration::from_millis(500), Loop::Activity),
+        ];
+        for l in loops {
+            let _ = l.await;
         }
     }
+}
+
+#[derive(Clone, Copy)]
+enum Loop {
+    Discover,
+    Heartbeat,
+    Activity,
+}
+
+/// Longest wait for a worker's answer to Info, Activity or RenewLease (a stopped worker
+/// process accepts connections but never answers).
+const WORKER_CALL_TIMEOUT: Duration = Duration::from_secs(2);
+
+async fn within<T>(
+    call: impl Future<Output = Result<T, tonic::Status>>,
+) -> Result<T, tonic::Status> {
+    tokio::time::timeout(WORKER_CALL_TIMEOUT, call)
+        .await
+        .unwrap_or_else(|_| {
+            Err(tonic::Status::deadline_exceeded(
+                "the worker did not answer",
+            ))
+        })
 }

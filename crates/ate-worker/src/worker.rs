@@ -1430,6 +1430,52 @@ impl Worker {
     }
 }
 
+/// How many sandboxes under a worker's actors dir (`<state>/workers/<id>/actors`) still run:
+/// those whose adoption record names an init that is alive (not a zombie) in the sandbox's own
+/// cgroup. The node asks this about a worker whose process does not answer: while any runs, the
+/// worker's actors may not be released (a restarted worker re-adopts them).
+pub fn live_sandboxes(actors_dir: &Path) -> usize {
+    let Ok(spaces) = std::fs::read_dir(actors_dir) else {
+        return 0;
+    };
+    let mut live = 0;
+    for space in spaces.flatten() {
+        let Ok(names) = std::fs::read_dir(space.path()) else {
+            continue;
+        };
+        for n in names.flatten() {
+            let dir = n.path();
+            let Ok(bytes) = std::fs::read(dir.join(ADOPTION_FILE)) else {
+                continue;
+            };
+            let Ok(record) = <v1::AdoptionRecord as prost::Message>::decode(bytes.as_slice())
+            else {
+                continue;
+            };
+            let short_id = ActorSandbox::new("", "", "", &dir).short_id();
+            if record.pid != 0 && init_alive(record.pid, &short_id) {
+                live += 1;
+            }
+        }
+    }
+    live
+}
+
+/// The process exists, is not a zombie, and sits in the sandbox's cgroup (not a reused pid).
+fn init_alive(pid: u32, short_id: &str) -> bool {
+    let proc_dir = PathBuf::from(format!("/proc/{pid}"));
+    let zombie = std::fs::read_to_string(proc_dir.join("stat"))
+        .ok()
+        .and_then(|stat| {
+            stat.rsplit_once(')')
+                .and_then(|(_, rest)| rest.split_whitespace().next().map(|s| s == "Z"))
+        });
+    if zombie != Some(false) {
+        return false;
+    }
+    std::fs::read_to_string(proc_dir.join("cgroup")).is_ok_and(|c| c.contains(short_id))
+}
+
 /// Whether the host's MemAvailable is below `min_percent` of its memory.
 fn memory_low(min_percent: u8) -> bool {
     std::fs::read_to_string("/proc/meminfo")
