@@ -19,6 +19,9 @@ const DEFAULT_PAGE_SIZE: u32 = 100;
 const MAX_PAGE_SIZE: u32 = 1000;
 
 /// A DNS-1123 label or InvalidArgument naming the field.
+/// Longest wait for the store to record a heartbeat (the node waits 3 s for the answer).
+const HEARTBEAT_STORE_TIMEOUT: std::time::Duration = std::time::Duration::from_millis(1500);
+
 fn label(field: &str, value: &str) -> Result<(), Status> {
     validate_label(field, value).map_err(invalid)
 }
@@ -732,12 +735,21 @@ impl fleet_service_server::FleetService for Services {
         let _ = self.authorize(&req, "FleetService/Heartbeat", |_| Need::Fleet)?;
         let req = req.into_inner();
         label("worker_id", &req.worker_id)?;
-        let known = match self
-            .api
-            .store
-            .heartbeat_worker(&req.worker_id, req.epoch, now_ms())
-            .await
-        {
+        // A store that does not answer (its server gone, connections being retried) must not
+        // hold the heartbeat past the node's patience: treat it as down.
+        let recorded = tokio::time::timeout(
+            HEARTBEAT_STORE_TIMEOUT,
+            self.api
+                .store
+                .heartbeat_worker(&req.worker_id, req.epoch, now_ms()),
+        )
+        .await
+        .unwrap_or_else(|_| {
+            Err(ate_store::StoreError::Database(format!(
+                "the store did not answer within {HEARTBEAT_STORE_TIMEOUT:?}"
+            )))
+        });
+        let known = match recorded {
             Ok(known) => known,
             Err(e) => {
                 // This heartbeat is lost: expiry must not count the time it covered.

@@ -18,7 +18,9 @@ type StoreImpl = PostgresStore;
 /// Enough for the warm path to run many reads in parallel on a 2-core machine while staying well
 /// under PostgreSQL's default limit of 100 connections with a few api replicas.
 const MAX_CONNECTIONS: u32 = 24;
-const ACQUIRE_TIMEOUT: Duration = Duration::from_secs(30);
+/// A caller waits at most this long for a connection (a server that is down is retried meanwhile):
+/// the router gives a routing decision 10 s, and a lost store must turn into Unavailable soon.
+const ACQUIRE_TIMEOUT: Duration = Duration::from_secs(5);
 
 static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("migrations/postgres");
 
