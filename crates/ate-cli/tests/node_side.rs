@@ -971,6 +971,95 @@ impl Drop for Manual {
     }
 }
 
+/// A worker killed with SIGKILL leaves its sandboxes running; its next process re-adopts them
+/// with their memory: one that was serving, and one frozen by a checkpoint that never finished
+/// (thawed, it runs on). The actors' stdout keeps flowing into their logs while no worker runs.
+#[test]
+fn a_killed_worker_readopts_its_sandboxes() {
+    let mut m = Manual::up();
+    let ns = "ns-adopt";
+    apply(
+        &|a: &[&str]| m.ate_ok(a),
+        m.dir.path(),
+        ns,
+        "counter",
+        &Tpl::counter(),
+    );
+    for name in ["r", "f"] {
+        m.ate_ok(&[
+            "create",
+            "actor",
+            name,
+            "-a",
+            ns,
+            "-t",
+            &format!("{ns}/counter"),
+        ]);
+        for n in 1..=2 {
+            let (status, _, body) = get(m.router, &format!("{ns}/{name}"), "/");
+            assert_eq!(status, 200, "{body}\n{}", m.log("node"));
+            assert_eq!(counts(&body), (n, n, n));
+        }
+    }
+    // A checkpoint froze "f", then the worker died.
+    let f = ate_worker::ActorSandbox::new(
+        ns,
+        "f",
+        "",
+        m.state().join("workers/worker-1/actors").join(ns).join("f"),
+    );
+    let paused = Command::new("runc")
+        .arg("--root")
+        .arg(m.state().join("workers/worker-1/runc"))
+        .args(["pause", &f.container_id()])
+        .status()
+        .expect("runc pause");
+    assert!(paused.success());
+    let old_epoch = m.worker_epoch().expect("epoch");
+    m.kill_worker();
+    assert_eq!(
+        containers(&m.state()).len(),
+        2,
+        "sandboxes outlive their worker"
+    );
+    m.start_worker();
+    let start = Instant::now();
+    while m.worker_epoch().is_none_or(|e| e == old_epoch) {
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "worker not re-registered:\n{}",
+            m.log("node")
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    for name in ["r", "f"] {
+        let target = format!("{ns}/{name}");
+        let (status, _, body) = get(m.router, &target, "/");
+        assert_eq!(
+            status,
+            200,
+            "{body}\nworker:\n{}\nnode:\n{}",
+            m.log("worker-1"),
+            m.log("node")
+        );
+        assert_eq!(counts(&body), (3, 3, 3), "{target} kept its memory");
+        let a = actor_json(&|a: &[&str]| m.ate_ok(a), ns, name);
+        assert_eq!(state_of(&a), "ACTOR_STATE_RUNNING", "{a}");
+        let log = std::fs::read_to_string(
+            m.state()
+                .join("logs/actors")
+                .join(ns)
+                .join(format!("{name}.log")),
+        )
+        .unwrap_or_default();
+        assert!(
+            log.contains("counted request 3"),
+            "the actor's stdout after the worker's death reached its log:\n{log}"
+        );
+    }
+    assert_eq!(containers(&m.state()).len(), 2, "no copy was added or lost");
+}
+
 #[test]
 fn worker_killed_mid_restore_then_restarted_resumes() {
     let mut m = Manual::up();

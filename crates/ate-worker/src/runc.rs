@@ -700,6 +700,12 @@ impl SandboxRuntime for RuncRuntime {
         self.teardown(actor).await
     }
 
+    async fn is_paused(&self, actor: &ActorSandbox) -> Result<bool> {
+        Ok(
+            matches!(self.status(&actor.container_id()).await?, Some((status, _)) if status == "paused"),
+        )
+    }
+
     async fn is_running(&self, actor: &ActorSandbox) -> Result<bool> {
         Ok(
             matches!(self.status(&actor.container_id()).await?, Some((status, _)) if status == "running"),

@@ -262,4 +262,9 @@ pub trait SandboxRuntime: Send + Sync {
     async fn is_running(&self, _actor: &ActorSandbox) -> Result<bool> {
         Ok(false)
     }
+
+    /// Whether the actor's sandbox exists and is frozen (paused).
+    async fn is_paused(&self, _actor: &ActorSandbox) -> Result<bool> {
+        Ok(false)
+    }
 }

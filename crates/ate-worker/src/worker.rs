@@ -798,9 +798,9 @@ impl Worker {
                 gen_dir.display()
             )));
         }
-        // From here on the sandbox is being dumped or stopped: a worker restarted meanwhile must
-        // not re-adopt it.
-        remove_file_quietly(&entry.sandbox.dir.join(ADOPTION_FILE)).await;
+        // The adoption record stays while the sandbox is frozen for the checkpoint: a worker
+        // restarted in the middle thaws it and takes it back (the checkpoint was interrupted;
+        // nothing may be lost). It goes once the sandbox is only a cache or gone.
         let asked = requested.unwrap_or(entry.spec.fidelity);
         let keep_frozen = asked == Fidelity::Memory && self.keeps_frozen();
         // Where the runtime can freeze, the sandbox is frozen (not stopped) while its generation
@@ -953,6 +953,7 @@ impl Worker {
         let kept = keep_frozen && dumped && result.is_ok();
         match entry {
             Some(entry) if kept => {
+                remove_file_quietly(&entry.sandbox.dir.join(ADOPTION_FILE)).await;
                 self.table().frozen.insert(
                     key.clone(),
                     Frozen {
@@ -1305,6 +1306,15 @@ impl Worker {
         let sandbox = self.sandbox_for(atespace, name, &workload.uid);
         match self.runtime.is_running(&sandbox).await {
             Ok(true) => {}
+            // Frozen with its record still there: a checkpoint this worker's previous process
+            // did not finish. The actor runs on.
+            Ok(false) if matches!(self.runtime.is_paused(&sandbox).await, Ok(true)) => {
+                self.runtime
+                    .thaw(&sandbox)
+                    .await
+                    .map_err(|e| format!("thaw after an interrupted checkpoint: {e}"))?;
+                tracing::warn!(actor = %key_of(atespace, name), "a checkpoint was interrupted by the worker's restart; the actor runs on");
+            }
             Ok(false) => return Err("its container is not running".to_string()),
             Err(e) => return Err(format!("container state: {e}")),
         }
