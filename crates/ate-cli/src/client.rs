@@ -185,19 +185,31 @@ pub async fn connect_to(
     address: &str,
     tls: Option<&ate_tls::CertSource>,
 ) -> anyhow::Result<Channel> {
-    let endpoint = endpoint(address)?;
-    let channel = match tls {
+    let config = match tls {
         Some(src) => {
             let td = src
                 .id()
                 .map(|id| id.trust_domain().to_string())
                 .unwrap_or_else(|| ate_tls::DEFAULT_TRUST_DOMAIN.to_string());
-            let config = ate_tls::client_config(
+            Some(std::sync::Arc::new(ate_tls::client_config(
                 src,
                 ate_tls::ServerCheck::Pin(ate_tls::SpiffeId::api(&td)?),
-            )?;
-            ate_tls::tls_channel(endpoint, std::sync::Arc::new(config)).await?
+            )?))
         }
+        None => None,
+    };
+    // Several replicas (`--api a:7443,b:7443`): whichever answers; the first call says if none.
+    if address.contains(',') {
+        return Ok(ate_tls::replicas_channel_lazy(
+            address,
+            config,
+            std::time::Duration::from_secs(2),
+            |e| e,
+        )?);
+    }
+    let endpoint = endpoint(address)?;
+    let channel = match config {
+        Some(config) => ate_tls::tls_channel(endpoint, config).await?,
         None => endpoint.connect().await?,
     };
     Ok(channel)

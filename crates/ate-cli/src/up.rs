@@ -403,7 +403,9 @@ fn start_process(name: &str, args: &[String], log: &Path) -> anyhow::Result<Chil
     let stdout = file
         .try_clone()
         .with_context(|| format!("cannot open {}", log.display()))?;
-    Command::new(exe)
+    let supervisor = nix::unistd::getpid();
+    let mut command = Command::new(exe);
+    command
         .args(args)
         .stdin(Stdio::null())
         .stdout(stdout)
@@ -411,7 +413,24 @@ fn start_process(name: &str, args: &[String], log: &Path) -> anyhow::Result<Chil
         // Its own process group: a Ctrl-C in the terminal then reaches only `ate up`, which stops
         // the components in order, instead of all of them at once.
         .process_group(0)
-        .kill_on_drop(true)
+        .kill_on_drop(true);
+    // SAFETY: the closure runs in the forked child before exec and only makes two system calls
+    // (prctl, getppid), which are async-signal-safe; it allocates nothing and takes no lock.
+    unsafe {
+        command.pre_exec(move || {
+            // A supervisor that dies without stopping its children (SIGKILL) takes them along:
+            // a worker stopped this way leaves its sandboxes running for the next `ate up` to
+            // re-adopt, and no orphaned api or router holds the ports the next one needs.
+            nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGTERM)
+                .map_err(std::io::Error::from)?;
+            if nix::unistd::getppid() != supervisor {
+                // The supervisor died before the line above: no signal would ever come.
+                return Err(std::io::Error::other("ate up exited"));
+            }
+            Ok(())
+        });
+    }
+    command
         .spawn()
         .with_context(|| format!("cannot start {name}"))
 }

@@ -831,6 +831,12 @@ impl Manual {
     }
 
     fn up() -> Manual {
+        Self::up_with(None, 1)
+    }
+
+    /// Like [`Manual::up`] with `apis` api replicas on `store` (default: SQLite in the state
+    /// dir); node and router get every replica's address (`--api a,b`), and so does `ate_ok`.
+    fn up_with(store: Option<String>, apis: usize) -> Manual {
         let dir = tempfile::tempdir().expect("tempdir");
         let ip = Ipv4Addr::new(127, 1 + (std::process::id() % 200) as u8, 252, 2);
         let mut m = Manual {
@@ -842,26 +848,34 @@ impl Manual {
         };
         std::fs::create_dir_all(m.state()).expect("state");
         let s = |x: &str| x.to_string();
-        let api_ready = m.dir.path().join("api.json");
-        let store = format!("sqlite://{}", m.state().join("ate.db").display());
-        m.spawn(
-            "api",
-            &[
-                s("api"),
-                s("--listen"),
-                s("127.0.0.1:0"),
-                s("--http-listen"),
-                s("127.0.0.1:0"),
-                s("--store"),
-                store,
-                s("--ready-file"),
-                api_ready.display().to_string(),
-            ],
-        );
-        m.api = m.wait_file(&api_ready)["grpc"]
-            .as_str()
-            .expect("grpc")
-            .to_string();
+        let store =
+            store.unwrap_or_else(|| format!("sqlite://{}", m.state().join("ate.db").display()));
+        let mut addresses = Vec::new();
+        for i in 1..=apis {
+            let name = if i == 1 { s("api") } else { format!("api-{i}") };
+            let api_ready = m.dir.path().join(format!("{name}.json"));
+            m.spawn(
+                &name,
+                &[
+                    s("api"),
+                    s("--listen"),
+                    s("127.0.0.1:0"),
+                    s("--http-listen"),
+                    s("127.0.0.1:0"),
+                    s("--store"),
+                    store.clone(),
+                    s("--ready-file"),
+                    api_ready.display().to_string(),
+                ],
+            );
+            addresses.push(
+                m.wait_file(&api_ready)["grpc"]
+                    .as_str()
+                    .expect("grpc")
+                    .to_string(),
+            );
+        }
+        m.api = addresses.join(",");
         let node_ready = m.dir.path().join("node.json");
         let state = m.state().display().to_string();
         m.spawn(
@@ -969,6 +983,95 @@ impl Drop for Manual {
         }
         remove_leftover_sandboxes(&self.state());
     }
+}
+
+/// A fresh PostgreSQL database on the test server (`ATE_TEST_POSTGRES_URL`).
+fn fresh_postgres() -> String {
+    let base = std::env::var("ATE_TEST_POSTGRES_URL").expect(
+        "ATE_TEST_POSTGRES_URL must point at a PostgreSQL server (scripts/test.sh starts one)",
+    );
+    let db = format!(
+        "ate_e2e_{}_{}",
+        std::process::id(),
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos())
+            .unwrap_or(0)
+    );
+    let status = Command::new("psql")
+        .args([base.as_str(), "-q", "-c", &format!("CREATE DATABASE {db}")])
+        .status()
+        .expect("run psql");
+    assert!(status.success(), "CREATE DATABASE failed");
+    let (prefix, _) = base.rsplit_once('/').expect("URL has a database part");
+    format!("{prefix}/{db}")
+}
+
+/// Two api replicas on one PostgreSQL; the one node and router talk to is killed and not
+/// restarted. Both fail over to the other (`--api a,b`): the worker stays ACTIVE well past the
+/// lease (its heartbeats go to the survivor), the running actor keeps its memory, and a cold
+/// resume goes through the survivor.
+#[test]
+fn a_lost_api_replica_is_failed_over() {
+    let mut m = Manual::up_with(Some(fresh_postgres()), 2);
+    let ns = "ns-replicas";
+    apply(
+        &|a: &[&str]| m.ate_ok(a),
+        m.dir.path(),
+        ns,
+        "counter",
+        &Tpl::counter(),
+    );
+    m.ate_ok(&[
+        "create",
+        "actor",
+        "c",
+        "-a",
+        ns,
+        "-t",
+        &format!("{ns}/counter"),
+    ]);
+    let target = format!("{ns}/c");
+    for n in 1..=2 {
+        let (status, _, body) = get(m.router, &target, "/");
+        assert_eq!(status, 200, "{body}\n{}", m.log("node"));
+        assert_eq!(counts(&body), (n, n, n));
+    }
+    let first = m
+        .children
+        .iter_mut()
+        .find(|(n, _)| n == "api")
+        .map(|(_, c)| c)
+        .expect("api");
+    first.kill().expect("SIGKILL api");
+    let _ = first.wait();
+    let survivor = m.api.split(',').nth(1).expect("second replica").to_string();
+    m.api = survivor;
+    // Longer than the lease plus its margin (12 s): only heartbeats through the survivor keep
+    // the worker.
+    let start = Instant::now();
+    let mut n = 2;
+    while start.elapsed() < Duration::from_secs(15) {
+        n += 1;
+        let (status, _, body) = get(m.router, &target, "/");
+        assert_eq!(status, 200, "{body}\nrouter:\n{}", m.log("router"));
+        assert_eq!(counts(&body), (n, n, n));
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    let workers: Value =
+        serde_json::from_str(&m.ate_ok(&["get", "workers", "-o", "json"])).expect("json");
+    assert_eq!(
+        workers[0]["status"],
+        "ACTIVE",
+        "{workers}\nnode:\n{}",
+        m.log("node")
+    );
+    // A suspend and a cold resume, both through the surviving replica.
+    m.ate_ok(&["suspend", "actor", "c", "-a", ns]);
+    n += 1;
+    let (status, _, body) = get(m.router, &target, "/");
+    assert_eq!(status, 200, "{body}\nrouter:\n{}", m.log("router"));
+    assert_eq!(counts(&body), (n, n, n), "nothing lost");
 }
 
 /// A worker killed with SIGKILL leaves its sandboxes running; its next process re-adopts them

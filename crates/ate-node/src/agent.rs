@@ -74,19 +74,25 @@ impl NodeAgent {
         let durable =
             DurableStore::from_url(&durable_url).map_err(|e| NodeError::Durable(e.to_string()))?;
         let tls = cfg.tls.load("node")?;
-        let endpoint = ate_tls::endpoint(&cfg.api)
-            .map_err(|e| NodeError::Config(format!("bad --api {:?}: {e}", cfg.api)))?
-            .connect_timeout(Duration::from_secs(2))
-            // No call of the node's loops may hang on an api that stopped answering.
-            .timeout(Duration::from_secs(30));
-        let channel = match &tls {
+        let client_tls = match &tls {
             Some(src) => {
                 let api = ate_tls::SpiffeId::api(cfg.tls.trust_domain())?;
-                let client = ate_tls::client_config(src, ate_tls::ServerCheck::Pin(api))?;
-                ate_tls::tls_channel_lazy(endpoint, Arc::new(client))
+                Some(Arc::new(ate_tls::client_config(
+                    src,
+                    ate_tls::ServerCheck::Pin(api),
+                )?))
             }
-            None => endpoint.connect_lazy(),
+            None => None,
         };
+        // `--api` may list several replicas: the node fails over between them.
+        let channel = ate_tls::replicas_channel_lazy(
+            &cfg.api,
+            client_tls,
+            Duration::from_secs(2),
+            // No call of the node's loops may hang on an api that stopped answering.
+            |e| e.timeout(Duration::from_secs(30)),
+        )
+        .map_err(|e| NodeError::Config(format!("bad --api {:?}: {e}", cfg.api)))?;
         let advertise = cfg.advertise.clone().unwrap_or_else(|| bound.to_string());
         let fleet = Arc::new(Fleet::new(
             cfg.name.clone(),

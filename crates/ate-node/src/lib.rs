@@ -26,7 +26,8 @@ pub struct NodeConfig {
     /// Address the api uses to reach this node (default: the listen address).
     #[arg(long = "advertise")]
     pub advertise: Option<String>,
-    /// api address.
+    /// api address, or several replicas' comma-separated (`host:port,host:port`): the node
+    /// fails over to another when the one it uses stops answering.
     #[arg(long = "api", env = "ATE_API", default_value = ate_core::DEFAULT_API_ADDR)]
     pub api: String,
     /// State directory shared with the node's workers.

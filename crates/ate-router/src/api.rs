@@ -43,6 +43,9 @@ pub fn lost_api_is_unavailable(status: tonic::Status) -> tonic::Status {
     }
 }
 
+/// Per replica, how long connecting to an api may take before the next one is tried.
+const API_CONNECT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);
+
 /// ResumeActor over gRPC.
 #[derive(Clone)]
 pub struct GrpcResume {
@@ -57,11 +60,9 @@ impl GrpcResume {
 
     /// Like `new`, over mTLS with `tls` (the router's certificate, the api's ID pinned) if given.
     pub fn with_tls(api: &str, tls: Option<Arc<ClientConfig>>) -> Result<Self, ate_tls::TlsError> {
-        let endpoint = ate_tls::endpoint(api)?.tcp_nodelay(true);
-        let channel = match tls {
-            Some(tls) => ate_tls::tls_channel_lazy(endpoint, tls),
-            None => endpoint.connect_lazy(),
-        };
+        // `--api` may list several replicas (comma-separated): the router fails over.
+        let channel =
+            ate_tls::replicas_channel_lazy(api, tls, API_CONNECT_TIMEOUT, |e| e.tcp_nodelay(true))?;
         Ok(Self {
             client: ActorServiceClient::new(channel),
         })

@@ -15,7 +15,8 @@ pub struct RouterConfig {
     #[arg(long = "metrics-listen", default_value = "127.0.0.1:9091")]
     pub metrics_listen: SocketAddr,
 
-    /// Address of the api (ResumeActor), `host:port` or `http://host:port`.
+    /// Address of the api (ResumeActor), `host:port` or `http://host:port`; several replicas
+    /// comma-separated, and the router fails over to another when one stops answering.
     #[arg(long = "api", default_value = ate_core::DEFAULT_API_ADDR)]
     pub api: String,
 

@@ -615,6 +615,23 @@ async fn api_unavailable_uses_the_last_known_route() {
     assert_eq!(got.status, StatusCode::SERVICE_UNAVAILABLE, "{}", got.body);
 }
 
+/// `--api` lists several replicas: one that refuses connections (down) is skipped, and the
+/// router keeps going through the one that answers.
+#[tokio::test]
+async fn api_replicas_fail_over() {
+    let dead = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap()
+    };
+    let w = World::start(|c| c.api = format!("{dead},{}", c.api)).await;
+    w.running("a/replicated");
+    for _ in 0..3 {
+        let got = get(w.router.addr, Some("a/replicated")).await;
+        assert_eq!(got.status, StatusCode::OK, "{}", got.body);
+    }
+    assert!(w.api.calls("a/replicated") >= 1);
+}
+
 // ---- gRPC ---------------------------------------------------------------------------------------
 
 #[tokio::test]

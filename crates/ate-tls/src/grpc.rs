@@ -273,6 +273,121 @@ fn connector(
     })
 }
 
+/// A lazily connecting channel to one of several replicas of a service (the api): `addrs` is a
+/// comma-separated list of `host:port` (a name resolving to several addresses also works: each
+/// is tried). Every (re)connection tries the replica that answered last first, then the others
+/// in order, each within `connect_timeout`; a replica that dies costs the calls in flight on its
+/// connection, and the next call goes to another one. With `tls`, every connection is mTLS with
+/// that config (ALPN h2). `tune` adjusts the endpoint (timeouts, nodelay).
+pub fn replicas_channel_lazy(
+    addrs: &str,
+    tls: Option<Arc<ClientConfig>>,
+    connect_timeout: Duration,
+    tune: impl FnOnce(Endpoint) -> Endpoint,
+) -> Result<Channel, TlsError> {
+    let list: Vec<&str> = addrs
+        .split(',')
+        .map(str::trim)
+        .filter(|a| !a.is_empty())
+        .collect();
+    let Some(first) = list.first() else {
+        return Err(TlsError::InvalidEndpoint(addrs.to_string()));
+    };
+    let mut targets = Vec::with_capacity(list.len());
+    for a in &list {
+        let uri: Uri = endpoint(a)?.uri().clone();
+        let host = uri
+            .host()
+            .ok_or_else(|| TlsError::InvalidEndpoint(a.to_string()))?
+            .trim_start_matches('[')
+            .trim_end_matches(']')
+            .to_string();
+        let port = uri
+            .port_u16()
+            .ok_or_else(|| TlsError::InvalidEndpoint(format!("{a}: no port")))?;
+        targets.push((host, port));
+    }
+    let endpoint = tune(endpoint(first)?.connect_timeout(connect_timeout));
+    let targets = Arc::new(targets);
+    let preferred = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    // Each attempt below has its own timeout; the endpoint's bounds the whole round.
+    let round = connect_timeout * u32::try_from(targets.len()).unwrap_or(u32::MAX);
+    let endpoint = endpoint.connect_timeout(round);
+    Ok(match tls {
+        Some(config) => {
+            let mut h2 = (*config).clone();
+            set_client_alpn(&mut h2, &[Alpn::H2]);
+            let h2 = Arc::new(h2);
+            endpoint.connect_with_connector_lazy(tower::service_fn(move |_: Uri| {
+                let (config, targets, preferred) = (h2.clone(), targets.clone(), preferred.clone());
+                async move {
+                    first_answering(&targets, &preferred, connect_timeout, |host, port| {
+                        let config = config.clone();
+                        async move { connect(config, &host, port).await }
+                    })
+                    .await
+                    .map(TokioIo::new)
+                }
+            }))
+        }
+        None => endpoint.connect_with_connector_lazy(tower::service_fn(move |_: Uri| {
+            let (targets, preferred) = (targets.clone(), preferred.clone());
+            async move {
+                first_answering(
+                    &targets,
+                    &preferred,
+                    connect_timeout,
+                    |host, port| async move {
+                        let tcp = TcpStream::connect((host.as_str(), port)).await?;
+                        tcp.set_nodelay(true)?;
+                        Ok(tcp)
+                    },
+                )
+                .await
+                .map(TokioIo::new)
+            }
+        })),
+    })
+}
+
+/// Tries `targets` starting with `preferred`, each within `timeout`; remembers the one that
+/// answered.
+async fn first_answering<S, F, Fut>(
+    targets: &[(String, u16)],
+    preferred: &std::sync::atomic::AtomicUsize,
+    timeout: Duration,
+    dial: F,
+) -> io::Result<S>
+where
+    F: Fn(String, u16) -> Fut,
+    Fut: Future<Output = io::Result<S>>,
+{
+    use std::sync::atomic::Ordering;
+    let start = preferred.load(Ordering::Relaxed);
+    let mut last = io::Error::new(io::ErrorKind::NotFound, "no address to connect to");
+    for i in 0..targets.len() {
+        let idx = (start + i) % targets.len();
+        let (host, port) = &targets[idx];
+        match tokio::time::timeout(timeout, dial(host.clone(), *port)).await {
+            Ok(Ok(stream)) => {
+                if idx != start {
+                    tracing::info!(replica = %format!("{host}:{port}"), "connected to another replica");
+                }
+                preferred.store(idx, Ordering::Relaxed);
+                return Ok(stream);
+            }
+            Ok(Err(e)) => last = e,
+            Err(_) => {
+                last = io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    format!("{host}:{port} did not answer within {timeout:?}"),
+                )
+            }
+        }
+    }
+    Err(last)
+}
+
 /// Dials `host:port` and completes a TLS handshake (server name = `host`, an IP or DNS name;
 /// with `ServerCheck::Pin` the name is not used for verification).
 pub async fn connect(

@@ -28,8 +28,8 @@ pub use config::{
 };
 pub use error::TlsError;
 pub use grpc::{
-    PeerInfo, TlsConn, TlsIncoming, connect, endpoint, request_identity, request_peer, tls_channel,
-    tls_channel_lazy,
+    PeerInfo, TlsConn, TlsIncoming, connect, endpoint, replicas_channel_lazy, request_identity,
+    request_peer, tls_channel, tls_channel_lazy,
 };
 pub use id::{DEFAULT_TRUST_DOMAIN, SYSTEM_NAMESPACE, SpiffeId};
 pub use peer::{PeerIdentity, peer_spiffe_id, spiffe_id_from_der};
