@@ -144,6 +144,10 @@ pub enum Fault {
     /// A graceful stop of the whole `ate up` (actors suspended) and a new one on the same state.
     #[value(name = "restart-up")]
     RestartUp,
+    /// kill -9 of `ate up` itself (its components die with it, the sandboxes do not) and a new
+    /// one on the same state: every actor must come back with its memory.
+    #[value(name = "kill-up")]
+    KillUp,
     /// The snapshot disk full: suspends must fail and leave the actors running.
     #[value(name = "snapshot-disk-full")]
     SnapshotDiskFull,
@@ -160,7 +164,7 @@ pub enum Fault {
 }
 
 impl Fault {
-    const ALL: [Fault; 11] = [
+    const ALL: [Fault; 12] = [
         Fault::KillWorker,
         Fault::KillNode,
         Fault::KillApi,
@@ -169,6 +173,7 @@ impl Fault {
         Fault::StoreDown12s,
         Fault::StoreDown60s,
         Fault::RestartUp,
+        Fault::KillUp,
         Fault::SnapshotDiskFull,
         Fault::WorkerStop30s,
         Fault::WorkerDown20s,
@@ -184,6 +189,7 @@ impl Fault {
             Fault::StoreDown12s => "store-down-12s",
             Fault::StoreDown60s => "store-down-60s",
             Fault::RestartUp => "restart-up",
+            Fault::KillUp => "kill-up",
             Fault::SnapshotDiskFull => "snapshot-disk-full",
             Fault::WorkerStop30s => "worker-stop-30s",
             Fault::WorkerDown20s => "worker-down-20s",
@@ -438,6 +444,10 @@ async fn inject(
                     UP_STOP_GRACE.as_secs()
                 ));
             }
+            lab.start_up().await?;
+        }
+        Fault::KillUp => {
+            lab.kill_up().await?;
             lab.start_up().await?;
         }
         Fault::SnapshotDiskFull => return snapshot_disk_full(lab, load, actors, notes).await,
@@ -1909,6 +1919,26 @@ impl Lab {
         Ok(false)
     }
 
+    /// SIGKILL of `ate up` alone: its components get SIGTERM from the kernel (their parent-death
+    /// signal) and exit; waits until none is left, so the next `ate up` finds its ports free.
+    async fn kill_up(&mut self) -> anyhow::Result<()> {
+        let Some(pid) = self.up_pid() else {
+            anyhow::bail!("ate up is not running");
+        };
+        let kids = children_of(pid);
+        signal(pid, Signal::SIGKILL)?;
+        if let Some(mut child) = self.up.take() {
+            let _ = child.wait().await;
+        }
+        let deadline = Instant::now() + UP_STOP_GRACE;
+        for (kid, _) in kids {
+            while alive(kid) && Instant::now() < deadline {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+        Ok(())
+    }
+
     /// The pid of a component of our `ate up`, waiting for `ate up` to restart it if it is
     /// between two lives.
     async fn component_pid(&self, component: Component) -> anyhow::Result<i32> {
@@ -2288,6 +2318,17 @@ fn temp_state_dir() -> anyhow::Result<PathBuf> {
     std::fs::set_permissions(&dir, std::os::unix::fs::PermissionsExt::from_mode(0o755))
         .with_context(|| format!("cannot set the mode of {}", dir.display()))?;
     Ok(dir)
+}
+
+/// The process exists and is not a zombie (a zombie holds no port).
+fn alive(pid: i32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|stat| {
+            stat.rsplit_once(')')
+                .and_then(|(_, rest)| rest.split_whitespace().next().map(|st| st != "Z"))
+        })
+        .unwrap_or(false)
 }
 
 #[cfg(test)]
