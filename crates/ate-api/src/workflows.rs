@@ -100,6 +100,9 @@ pub struct Api {
     /// Since when (Unix ms) this api could have heard every heartbeat: its start, or the end of
     /// the last store outage it saw. Worker expiry counts only time after it.
     hearing_since_ms: std::sync::atomic::AtomicI64,
+    /// Nodes a call could not reach, until when: new placements avoid their workers meanwhile
+    /// (soft state; the store expires them if they stay silent).
+    suspect_nodes: Mutex<std::collections::HashMap<String, Instant>>,
 }
 
 fn crashed(actor: &ActorRef, last_error: &str) -> Status {
@@ -117,6 +120,13 @@ fn transient(actor: &ActorRef, state: ActorState) -> Status {
     Status::failed_precondition(format!(
         "actor {actor} is {state}; try again when the operation on it has finished"
     ))
+}
+
+/// The call never reached the node: a transport failure carries its local error as the
+/// status's source (a status the node sent has none).
+fn unreachable(status: &Status) -> bool {
+    use std::error::Error as _;
+    status.source().is_some()
 }
 
 /// Node errors that leave the actor where it is (retry later) rather than crash it.
@@ -202,6 +212,28 @@ impl Api {
             frozen: scheduler::FrozenHints::default(),
             waiters: scheduler::Waiters::default(),
             hearing_since_ms: std::sync::atomic::AtomicI64::new(now_ms()),
+            suspect_nodes: Mutex::new(std::collections::HashMap::new()),
+        }
+    }
+
+    /// A call to `node` failed in the transport (refused, reset, timed out connecting): avoid
+    /// placing on it for as long as the api would take to expire its workers.
+    fn suspect_node(&self, node: &str) {
+        let until = Instant::now() + self.expiry_after();
+        if let Ok(mut s) = self.suspect_nodes.lock() {
+            s.insert(node.to_string(), until);
+        }
+    }
+
+    /// Nodes currently avoided by placement.
+    fn suspects(&self) -> HashSet<String> {
+        let now = Instant::now();
+        match self.suspect_nodes.lock() {
+            Ok(mut s) => {
+                s.retain(|_, until| *until > now);
+                s.keys().cloned().collect()
+            }
+            Err(_) => HashSet::new(),
         }
     }
 
@@ -377,6 +409,38 @@ impl Api {
         };
         let reply = match tokio::time::timeout(self.cfg.node_call_timeout, call).await {
             Ok(Ok(reply)) => reply.into_inner(),
+            Ok(Err(status)) if is_transient(&status) && unreachable(&status) => {
+                // The node itself could not be reached (its machine may be lost): the restore
+                // never started there, or its copy never served (the actor was never RUNNING),
+                // so the actor may resume elsewhere — a new activation fences any copy the node
+                // made. Released now and avoided for a while, the next attempt goes elsewhere.
+                self.suspect_node(&worker.node);
+                let update = ActorUpdate {
+                    last_error: Some(format!(
+                        "node {} unreachable during the resume ({}); resuming elsewhere",
+                        worker.node,
+                        status.message()
+                    )),
+                    ..Default::default()
+                };
+                self.store
+                    .release_actor(
+                        &r.atespace,
+                        &r.name,
+                        &[ActorState::Resuming],
+                        ActorState::Suspended,
+                        None,
+                        update,
+                        now_ms(),
+                    )
+                    .await?;
+                tracing::warn!(actor = %r, node = %worker.node, error = %status.message(), "node unreachable during the resume; released to resume elsewhere");
+                return Err(Status::unavailable(format!(
+                    "node {} unreachable; the actor resumes on another node at the next attempt",
+                    worker.node
+                ))
+                .into());
+            }
             Ok(Err(status)) if is_transient(&status) => {
                 // The actor stays RESUMING on this worker; the next resume picks up there.
                 return Err(Status::unavailable(format!(
@@ -572,12 +636,18 @@ impl Api {
                 self.fleet.refresh().await?
             };
             refreshed = true;
+            let suspects = self.suspects();
+            let exclude: Vec<String> = workers
+                .iter()
+                .filter(|w| suspects.contains(&w.node))
+                .map(|w| w.id.clone())
+                .collect();
             let req = Requirements {
                 selector: selector.clone(),
                 sandbox_class,
                 node: pinned.as_deref(),
                 demand,
-                exclude: &[],
+                exclude: &exclude,
             };
             // Room that older waiting resumes fit into is not offered to this one.
             let now = Instant::now();

@@ -892,6 +892,55 @@ async fn fresh_api_waits_a_lease_before_expiry(b: Backend) {
 }
 both_stores!(expiry_after_start, fresh_api_waits_a_lease_before_expiry);
 
+/// A resume sent to a node that cannot be reached (its machine lost) does not leave the actor
+/// RESUMING there or CRASHED: it is released with the reason, and the next attempt places it on
+/// another node.
+async fn unreachable_node_resumes_elsewhere(b: Backend) {
+    let t = TestApi::start(b, cfg()).await;
+    let dead = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap()
+    };
+    t.fleet()
+        .register_worker(RegisterWorkerRequest {
+            held: vec![],
+            worker: Some(Worker {
+                id: "w-dead".into(),
+                node: "node-dead".into(),
+                addresses: vec!["127.0.0.2:8443".into()],
+                identity: "spiffe://ate.local/ns/ate-system/sa/worker-w-dead".into(),
+                sandbox_class: "runc".into(),
+                can_restore_memory: true,
+                capacity: Some(Capacity {
+                    cpu_millis: 4_000_000,
+                    memory_bytes: 1 << 50,
+                    actor_slots: 4,
+                }),
+                epoch: 1,
+                node_address: dead.to_string(),
+                boot_id: "boot-dead".into(),
+                ..Default::default()
+            }),
+        })
+        .await
+        .unwrap();
+    t.seed("ns").await;
+    t.create_actor("ns", "a").await;
+    let err = t.resume("ns", "a").await.unwrap_err();
+    assert_eq!(err.code(), Code::Unavailable, "{err:?}");
+    let a = t.get("ns", "a").await;
+    assert_eq!(state(&a), ActorState::Suspended, "{}", a.last_error);
+    assert!(a.last_error.contains("unreachable"), "{}", a.last_error);
+    let live = TestNode::start("node-live").await;
+    t.register(&live, "w-live", 4).await;
+    let r = t.resume("ns", "a").await.unwrap();
+    assert_eq!(
+        r.actor.unwrap().worker_assignment.unwrap().worker_id,
+        "w-live"
+    );
+}
+both_stores!(node_unreachable, unreachable_node_resumes_elsewhere);
+
 async fn actor_exit_releases(b: Backend) {
     let t = TestApi::start(b, cfg()).await;
     let node = TestNode::start("node-1").await;
