@@ -256,7 +256,18 @@ fn egress_policy_is_enforced_per_template() {
     let sys = System::up(UpOptions::default());
     let ns = "ns-egress";
     let dir = sys.dir.path().to_path_buf();
-    apply(&sys, &dir, ns, "open", "");
+    // allow-all, but the test host sits in a private range (10.254.X.2): only the port listed
+    // is open to the actor.
+    apply(
+        &sys,
+        &dir,
+        ns,
+        "open",
+        &format!(
+            "  egress:\n    defaultAction: allow-all\n    allow: [\"{}\"]\n",
+            host.peer(0)
+        ),
+    );
     apply(
         &sys,
         &dir,
@@ -301,9 +312,10 @@ fn egress_policy_is_enforced_per_template() {
     let lo_listener = TcpListener::bind("127.0.0.1:0").expect("bind loopback");
     let lo_addr = lo_listener.local_addr().expect("addr").to_string();
 
-    // (a) allow-all: the test host yes; node addresses, link-local and loopback no.
+    // (a) allow-all: the listed private host:port yes, the same host's other port no (private
+    // ranges need an explicit entry); node addresses, link-local and loopback no.
     reached(&sys, &a, &host.peer(0));
-    reached(&sys, &a, &host.peer(1));
+    refused(&sys, &a, &host.peer(1));
     refused(&sys, &a, &node_addr);
     refused(&sys, &a, "169.254.169.254:80");
     refused(&sys, &a, &lo_addr);
@@ -332,8 +344,21 @@ fn egress_policy_is_enforced_per_template() {
 
     // The worker logged each decision.
     assert!(
-        logged(&sys, &host.peer(0), &["egress allowed", "allow-all", &a]),
+        logged(
+            &sys,
+            &host.peer(0),
+            &["egress allowed", "allow-all, allow entry", &a]
+        ),
         "no 'allowed' line for {a}\n{}",
+        worker_logs(&sys)
+    );
+    assert!(
+        logged(
+            &sys,
+            &host.peer(1),
+            &["egress denied", "need an explicit allow entry", &a]
+        ),
+        "no 'denied: private range' line for {a}\n{}",
         worker_logs(&sys)
     );
     assert!(
@@ -387,7 +412,15 @@ fn open_outbound_connection_keeps_the_actor_from_idle_suspend() {
     let ns = "ns-egress-idle";
     let dir = sys.dir.path().to_path_buf();
     let path = dir.join("idle.yaml");
-    let yaml = template(ns, "idle", "").replace("idleTimeout: 5m", "idleTimeout: 2s");
+    let yaml = template(
+        ns,
+        "idle",
+        &format!(
+            "  egress:\n    defaultAction: allow-all\n    allow: [\"{}\"]\n",
+            host.peer(0)
+        ),
+    )
+    .replace("idleTimeout: 5m", "idleTimeout: 2s");
     std::fs::write(&path, yaml).expect("write template");
     sys.ate_ok(&["apply", "-f", path.to_str().expect("utf-8 path")]);
     for name in ["busy", "quiet"] {

@@ -13,9 +13,12 @@
 //!   reset at once, allowed ones are dialed from the worker's namespace and spliced.
 //!
 //! Policy ([`decide`]): a CIDR deny list that always applies (link-local, loopback, `0.0.0.0/8`,
-//! multicast, broadcast and every address of the node), then `allow-all` → allow, `deny-all` →
-//! allow only destinations matching an `allow` entry (`host:port`; a host that is not an IPv4
-//! literal is resolved in the worker's namespace at check time).
+//! multicast, broadcast and every address of the node); then the private and cluster ranges
+//! (10/8, 172.16/12, 192.168/16, 100.64/10, 198.18/15 — where a deployment's api, store, object
+//! store and other nodes live) only through an explicit `allow` entry, whatever the default;
+//! then `allow-all` → allow, `deny-all` → allow only destinations matching an `allow` entry
+//! (`host:port`; a host that is not an IPv4 literal is resolved in the worker's namespace at
+//! check time).
 //!
 //! Teardown ([`Egress::stop`]) aborts the accept loop, drops the listener (a socket keeps its netns
 //! alive) and resets every open connection of the actor: the worker calls it when ingress goes off
@@ -58,6 +61,36 @@ const ALWAYS_DENIED: [(Ipv4Addr, u8, &str); 5] = [
     (Ipv4Addr::new(224, 0, 0, 0), 4, "multicast"),
     (Ipv4Addr::new(255, 255, 255, 255), 32, "broadcast"),
 ];
+
+/// Destinations only an explicit allow entry opens, even under `allow-all`: on a cluster network
+/// these hold the control plane, its store and object store, and the other nodes.
+const EXPLICIT_ONLY: [(Ipv4Addr, u8, &str); 5] = [
+    (Ipv4Addr::new(10, 0, 0, 0), 8, "private (10.0.0.0/8)"),
+    (Ipv4Addr::new(172, 16, 0, 0), 12, "private (172.16.0.0/12)"),
+    (
+        Ipv4Addr::new(192, 168, 0, 0),
+        16,
+        "private (192.168.0.0/16)",
+    ),
+    (
+        Ipv4Addr::new(100, 64, 0, 0),
+        10,
+        "shared address space (100.64.0.0/10)",
+    ),
+    (
+        Ipv4Addr::new(198, 18, 0, 0),
+        15,
+        "benchmarking (198.18.0.0/15)",
+    ),
+];
+
+/// The reason `ip` needs an explicit allow entry, if it does.
+pub fn explicit_only(ip: Ipv4Addr) -> Option<&'static str> {
+    EXPLICIT_ONLY
+        .iter()
+        .find(|(net, bits, _)| in_cidr(ip, *net, *bits))
+        .map(|(_, _, why)| *why)
+}
 
 fn in_cidr(ip: Ipv4Addr, net: Ipv4Addr, bits: u8) -> bool {
     let mask = if bits == 0 {
@@ -249,19 +282,28 @@ pub async fn decide(policy: &Policy, node: &NodeAddrs, dst: SocketAddrV4) -> Ver
     if node.cached().contains(&IpAddr::V4(ip)) {
         return Verdict::Denied("node address".into());
     }
-    let allowed = if policy.allow_all {
+    let explicit = explicit_only(ip);
+    let allowed = if policy.allow_all && explicit.is_none() {
         "allow-all".to_string()
     } else {
         let mut matched = None;
         for (host, port) in &policy.allow {
             if entry_matches(host, *port, dst).await {
-                matched = Some(format!("deny-all, allow entry {host}:{port}"));
+                let default = if policy.allow_all {
+                    "allow-all"
+                } else {
+                    "deny-all"
+                };
+                matched = Some(format!("{default}, allow entry {host}:{port}"));
                 break;
             }
         }
-        match matched {
-            Some(m) => m,
-            None => return Verdict::Denied("deny-all and no allow entry matches".into()),
+        match (matched, explicit) {
+            (Some(m), _) => m,
+            (None, Some(why)) if policy.allow_all => {
+                return Verdict::Denied(format!("{why} addresses need an explicit allow entry"));
+            }
+            (None, _) => return Verdict::Denied("deny-all and no allow entry matches".into()),
         }
     };
     // An address added to the node since the last read must not slip through.
@@ -709,7 +751,34 @@ mod tests {
     async fn allow_all_allows_all_but_the_deny_list_and_node_addresses() {
         let node = NodeAddrs::fixed(["10.1.2.3".parse().expect("ip")]);
         let p = policy("allow-all", &[]);
-        assert!(decide(&p, &node, v4("10.9.9.9:443")).await.is_allowed());
+        assert!(decide(&p, &node, v4("203.0.113.9:443")).await.is_allowed());
+        // Private and cluster ranges only through an explicit entry, even under allow-all.
+        for d in [
+            "10.9.9.9:443",
+            "172.20.0.1:5432",
+            "192.168.1.1:80",
+            "100.64.0.1:7443",
+        ] {
+            assert_eq!(
+                decide(&p, &node, v4(d)).await,
+                Verdict::Denied(format!(
+                    "{} addresses need an explicit allow entry",
+                    explicit_only(*v4(d).ip()).expect("listed")
+                )),
+                "{d}"
+            );
+        }
+        let listed = policy("allow-all", &["10.9.9.9:443"]);
+        assert!(
+            decide(&listed, &node, v4("10.9.9.9:443"))
+                .await
+                .is_allowed()
+        );
+        assert!(
+            !decide(&listed, &node, v4("10.9.9.9:444"))
+                .await
+                .is_allowed()
+        );
         for d in [
             "10.1.2.3:80",
             "169.254.169.254:80",
