@@ -1074,6 +1074,208 @@ fn a_lost_api_replica_is_failed_over() {
     assert_eq!(counts(&body), (n, n, n), "nothing lost");
 }
 
+/// The one fault with a rollback: a whole node lost (agent, worker, sandboxes and disk). Its
+/// actors resume on the other node from their newest durable generation, with no operator
+/// action: what changed since that generation is lost (docs/reliability.md, "Recovery point").
+#[test]
+fn a_lost_node_rolls_actors_back_to_their_durable_generation() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let second = 1 + (std::process::id() % 200) as u8;
+    let mut m = Manual {
+        api: String::new(),
+        router: SocketAddr::from(([127, 0, 0, 1], free_port())),
+        worker_listen: SocketAddr::new(Ipv4Addr::new(127, second, 253, 2).into(), free_port()),
+        children: Vec::new(),
+        dir,
+    };
+    let s = |x: &str| x.to_string();
+    let root = m.dir.path().to_path_buf();
+    let durable = format!("file://{}", root.join("durable").display());
+    let api_ready = root.join("api.json");
+    // A short lease, so the lost node's workers expire within seconds.
+    m.spawn(
+        "api",
+        &[
+            s("api"),
+            s("--listen"),
+            s("127.0.0.1:0"),
+            s("--http-listen"),
+            s("127.0.0.1:0"),
+            s("--store"),
+            format!("sqlite://{}", root.join("ate.db").display()),
+            s("--heartbeat-timeout-seconds"),
+            s("3"),
+            s("--ready-file"),
+            api_ready.display().to_string(),
+        ],
+    );
+    m.api = m.wait_file(&api_ready)["grpc"]
+        .as_str()
+        .expect("grpc")
+        .to_string();
+    let start_node = |m: &mut Manual, node: &str, ip: Ipv4Addr| {
+        let state = root.join(node);
+        std::fs::create_dir_all(&state).expect("state");
+        let ready = root.join(format!("{node}.json"));
+        m.spawn(
+            node,
+            &[
+                s("node"),
+                s("--name"),
+                s(node),
+                s("--listen"),
+                format!("127.0.0.1:{}", free_port()),
+                s("--api"),
+                m.api.clone(),
+                s("--state-dir"),
+                state.display().to_string(),
+                s("--durable-store"),
+                durable.clone(),
+                s("--ready-file"),
+                ready.display().to_string(),
+            ],
+        );
+        m.wait_file(&ready);
+        let worker = format!("{node}-w");
+        m.spawn(
+            &worker,
+            &[
+                s("worker"),
+                s("--id"),
+                worker.clone(),
+                s("--state-dir"),
+                state.display().to_string(),
+                s("--listen"),
+                SocketAddr::new(ip.into(), free_port()).to_string(),
+                s("--slots"),
+                s("4"),
+            ],
+        );
+    };
+    let active = |m: &Manual| -> usize {
+        let v: Value =
+            serde_json::from_str(&m.ate_ok(&["get", "workers", "-o", "json"])).unwrap_or_default();
+        v.as_array()
+            .map(|ws| ws.iter().filter(|w| w["status"] == "ACTIVE").count())
+            .unwrap_or(0)
+    };
+    let wait_active = |m: &Manual, n: usize| {
+        let start = Instant::now();
+        while active(m) != n {
+            assert!(
+                start.elapsed() < Duration::from_secs(30),
+                "{n} workers not ACTIVE"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    };
+    // Node A alone first, so every actor is placed there.
+    start_node(&mut m, "node-a", Ipv4Addr::new(127, second, 253, 10));
+    wait_active(&m, 1);
+    let metrics = SocketAddr::from(([127, 0, 0, 1], free_port()));
+    let router = m.router.to_string();
+    let api = m.api.clone();
+    m.spawn(
+        "router",
+        &[
+            s("router"),
+            s("--listen"),
+            router,
+            s("--metrics-listen"),
+            metrics.to_string(),
+            s("--api"),
+            api,
+        ],
+    );
+    let start = Instant::now();
+    while !healthz(metrics) {
+        assert!(start.elapsed() < Duration::from_secs(30), "router not up");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let ns = "ns-nodeloss";
+    apply(
+        &|a: &[&str]| m.ate_ok(a),
+        m.dir.path(),
+        ns,
+        "counter",
+        &Tpl::counter(),
+    );
+    for name in ["d", "r"] {
+        m.ate_ok(&[
+            "create",
+            "actor",
+            name,
+            "-a",
+            ns,
+            "-t",
+            &format!("{ns}/counter"),
+        ]);
+    }
+    let count = |m: &Manual, name: &str| -> u64 {
+        let (status, _, body) = get(m.router, &format!("{ns}/{name}"), "/");
+        assert_eq!(status, 200, "{body}\nnode-b:\n{}", m.log("node-b"));
+        counts(&body).0
+    };
+    // d: three requests, a DURABLE suspend (its recovery point), then one more request.
+    for n in 1..=3 {
+        assert_eq!(count(&m, "d"), n);
+    }
+    m.ate_ok(&["suspend", "actor", "d", "-a", ns, "--durable"]);
+    assert_eq!(count(&m, "d"), 4);
+    // r: running, never suspended: its recovery point is nothing.
+    for n in 1..=2 {
+        assert_eq!(count(&m, "r"), n);
+    }
+    start_node(&mut m, "node-b", Ipv4Addr::new(127, second, 253, 20));
+    wait_active(&m, 2);
+
+    // Node A is lost: agent, worker, sandboxes and its disk.
+    for name in ["node-a-w", "node-a"] {
+        let i = m
+            .children
+            .iter()
+            .position(|(n, _)| n == name)
+            .expect("child");
+        let (_, mut child) = m.children.remove(i);
+        child.kill().expect("SIGKILL");
+        let _ = child.wait();
+    }
+    remove_leftover_sandboxes(&root.join("node-a"));
+    std::fs::remove_dir_all(root.join("node-a")).expect("lose node-a's disk");
+
+    // Requests keep coming; within the lease plus a few parking budgets both actors answer from
+    // node B, rolled back to their recovery points.
+    let start = Instant::now();
+    let mut answers = Vec::new();
+    for name in ["d", "r"] {
+        loop {
+            let (status, _, body) = get(m.router, &format!("{ns}/{name}"), "/");
+            if status == 200 {
+                answers.push((name, counts(&body).0, start.elapsed()));
+                break;
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(40),
+                "{name} not back: {status} {body}\napi:\n{}",
+                m.log("api")
+            );
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+    eprintln!("after the node loss: {answers:?}");
+    assert_eq!(
+        answers[0].1, 4,
+        "d resumes from its durable generation (count 3), +1"
+    );
+    assert_eq!(answers[1].1, 1, "r had no durable generation: a cold boot");
+    for name in ["d", "r"] {
+        let a = actor_json(&|a: &[&str]| m.ate_ok(a), ns, name);
+        assert_eq!(state_of(&a), "ACTOR_STATE_RUNNING", "{a}");
+        assert_eq!(a["worker"], "node-b-w", "{a}");
+    }
+    remove_leftover_sandboxes(&root.join("node-b"));
+}
+
 /// A worker killed with SIGKILL leaves its sandboxes running; its next process re-adopts them
 /// with their memory: one that was serving, and one frozen by a checkpoint that never finished
 /// (thawed, it runs on). The actors' stdout keeps flowing into their logs while no worker runs.
