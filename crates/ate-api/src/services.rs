@@ -199,6 +199,18 @@ impl actor_service_server::ActorService for Services {
         Ok(Response::new(self.api.actor_message(&a).await))
     }
 
+    async fn read_actor_log(
+        &self,
+        req: Request<ReadActorLogRequest>,
+    ) -> Result<Response<ReadActorLogResponse>, Status> {
+        let _ = self.authorize(&req, "ActorService/ReadActorLog", |r| {
+            Need::Atespace(ref_atespace(&r.actor))
+        })?;
+        let req = req.into_inner();
+        let r = actor_ref(req.actor)?;
+        self.api.read_log(&r, req.offset).await.map(Response::new)
+    }
+
     async fn list_actors(
         &self,
         req: Request<ListActorsRequest>,

@@ -941,6 +941,45 @@ async fn unreachable_node_resumes_elsewhere(b: Backend) {
 }
 both_stores!(node_unreachable, unreachable_node_resumes_elsewhere);
 
+/// ReadActorLog goes to the node the actor runs on; an actor that never ran has no log.
+async fn actor_logs_through_the_api(b: Backend) {
+    let t = TestApi::start(b, cfg()).await;
+    let node = TestNode::start("node-1").await;
+    t.register(&node, "w1", 2).await;
+    t.seed("ns").await;
+    t.create_actor("ns", "a").await;
+    let read = |offset: u64| {
+        let mut c = t.actors();
+        async move {
+            c.read_actor_log(ReadActorLogRequest {
+                actor: Some(obj("ns", "a")),
+                offset,
+            })
+            .await
+        }
+    };
+    let err = read(0).await.unwrap_err();
+    assert_eq!(err.code(), Code::NotFound, "{err:?}");
+    assert!(err.message().contains("has not run"), "{}", err.message());
+    t.resume("ns", "a").await.unwrap();
+    let r = read(0).await.unwrap().into_inner();
+    assert_eq!(r.data, b"log of ns/a\n");
+    assert_eq!(r.node, "node-1");
+    let rest = read(r.next_offset).await.unwrap().into_inner();
+    assert!(rest.data.is_empty());
+    // Bad input is refused before anything is read.
+    let err = t
+        .actors()
+        .read_actor_log(ReadActorLogRequest {
+            actor: Some(obj("ns", "Bad_Name")),
+            offset: 0,
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::InvalidArgument);
+}
+both_stores!(logs, actor_logs_through_the_api);
+
 async fn actor_exit_releases(b: Backend) {
     let t = TestApi::start(b, cfg()).await;
     let node = TestNode::start("node-1").await;

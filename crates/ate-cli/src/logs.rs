@@ -1,7 +1,8 @@
 //! `ate logs actor NAME -a ATESPACE [-f]`: an actor's stdout and stderr. Workers append them to
 //! `<state>/logs/actors/<atespace>/<name>.log`, outside the actor's sandbox directory, so the log
-//! follows the actor across suspends, restores and workers of the node. This reads that file on
-//! the machine where `ate up` / the node runs (a remote logs API is not built yet).
+//! follows the actor across suspends, restores and workers of the node. By default this reads it
+//! through the api (`ActorService.ReadActorLog`), which asks the node the actor runs (or last
+//! ran) on, from any machine; `--state-dir DIR` reads the file on this machine instead.
 
 use std::io::{Read, Seek, SeekFrom, Write};
 use std::path::PathBuf;
@@ -19,9 +20,10 @@ pub enum LogsCmd {
         /// Keep printing what the actor writes (also across suspends and resumes).
         #[arg(short = 'f', long)]
         follow: bool,
-        /// State directory of the node the actor runs on.
-        #[arg(long, env = "ATE_STATE_DIR", default_value = crate::client::DEFAULT_STATE_DIR)]
-        state_dir: PathBuf,
+        /// Read the log file under this node state directory on this machine instead of
+        /// through the api.
+        #[arg(long)]
+        state_dir: Option<PathBuf>,
     },
 }
 
@@ -33,6 +35,58 @@ pub fn log_path(state_dir: &std::path::Path, actor: &ActorRef) -> PathBuf {
         .join(format!("{}.log", actor.name))
 }
 
+/// Whether the command reads a local file (`--state-dir`) rather than through the api.
+pub fn is_local(cmd: &LogsCmd) -> bool {
+    let LogsCmd::Actor { state_dir, .. } = cmd;
+    state_dir.is_some()
+}
+
+/// Through the api: each call returns what the node has from `offset` on.
+pub async fn run_remote(c: &crate::client::Clients, cmd: LogsCmd) -> anyhow::Result<()> {
+    let LogsCmd::Actor {
+        name,
+        atespace,
+        follow,
+        ..
+    } = cmd;
+    let actor = ActorRef::new(atespace, name);
+    actor.validate()?;
+    let mut offset = 0u64;
+    let mut out = std::io::stdout();
+    loop {
+        let req = ate_proto::v1::ReadActorLogRequest {
+            actor: Some(ate_proto::v1::ObjectRef {
+                atespace: actor.atespace.clone(),
+                name: actor.name.clone(),
+            }),
+            offset,
+        };
+        match c.actors.clone().read_actor_log(req).await {
+            Ok(reply) => {
+                let reply = reply.into_inner();
+                let more = !reply.data.is_empty();
+                out.write_all(&reply.data)?;
+                out.flush()?;
+                offset = reply.next_offset;
+                if more {
+                    continue; // drain what is there before waiting
+                }
+            }
+            Err(s) if follow && s.code() != tonic::Code::PermissionDenied => {
+                tracing::debug!(error = %s.message(), "log not readable yet");
+            }
+            Err(s) => anyhow::bail!("{}", s.message()),
+        }
+        if !follow {
+            return Ok(());
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(Duration::from_millis(500)) => {}
+            _ = crate::serve::shutdown_signal() => return Ok(()),
+        }
+    }
+}
+
 pub async fn run(cmd: LogsCmd) -> anyhow::Result<()> {
     let LogsCmd::Actor {
         name,
@@ -42,6 +96,7 @@ pub async fn run(cmd: LogsCmd) -> anyhow::Result<()> {
     } = cmd;
     let actor = ActorRef::new(atespace, name);
     actor.validate()?;
+    let state_dir = state_dir.unwrap_or_else(|| PathBuf::from(crate::client::DEFAULT_STATE_DIR));
     let path = log_path(&state_dir, &actor);
     let mut offset = 0u64;
     let mut out = std::io::stdout();

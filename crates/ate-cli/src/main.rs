@@ -152,7 +152,12 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Resume(cmd) => verbs::resume(&client::connect(api, &tls).await?, cmd, out).await,
         Command::Suspend(cmd) => verbs::suspend(&client::connect(api, &tls).await?, cmd, out).await,
         Command::Revert(cmd) => verbs::revert(&client::connect(api, &tls).await?, cmd, out).await,
-        Command::Logs(cmd) => logs::run(cmd).await.map(|_| ExitCode::SUCCESS),
+        Command::Logs(cmd) if logs::is_local(&cmd) => {
+            logs::run(cmd).await.map(|_| ExitCode::SUCCESS)
+        }
+        Command::Logs(cmd) => logs::run_remote(&client::connect(api, &tls).await?, cmd)
+            .await
+            .map(|_| ExitCode::SUCCESS),
         Command::Proxy(args) => proxy::run(args).await.map(|_| ExitCode::SUCCESS),
         Command::Delete(cmd) => verbs::delete(&client::connect(api, &tls).await?, cmd).await,
         // Starts its own system: no api to connect to first.

@@ -189,4 +189,14 @@ fn logs_follow_the_actor_across_suspends() {
     ]);
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("has no log"));
+    // Without --state-dir the log comes through the api from the actor's node (any machine).
+    let remote = sys.ate_ok(&["logs", "actor", "l1", "-a", "ate-demo"]);
+    assert_eq!(remote, log, "the same log through the api");
+    let out = sys.ate(&["logs", "actor", "nobody", "-a", "ate-demo"]);
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("not found"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }

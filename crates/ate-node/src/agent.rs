@@ -40,6 +40,23 @@ struct Inner {
     frozen_on: std::sync::Mutex<HashMap<String, String>>,
 }
 
+/// Largest part of a log one ReadLog returns.
+const MAX_LOG_READ: u32 = 1 << 20;
+
+/// Up to `max` bytes of the file at `path` from `offset` (from 0 when the file is now shorter:
+/// replaced or truncated); returns them and the offset after them.
+async fn read_log_part(path: &Path, offset: u64, max: u64) -> std::io::Result<(Vec<u8>, u64)> {
+    use tokio::io::{AsyncReadExt, AsyncSeekExt};
+    let mut file = tokio::fs::File::open(path).await?;
+    let len = file.metadata().await?.len();
+    let from = if offset > len { 0 } else { offset };
+    file.seek(std::io::SeekFrom::Start(from)).await?;
+    let mut data = Vec::new();
+    file.take(max).read_to_end(&mut data).await?;
+    let next = from + data.len() as u64;
+    Ok((data, next))
+}
+
 /// Concurrent background uploads per node.
 const BACKGROUND_UPLOADS: usize = 2;
 
@@ -645,6 +662,50 @@ impl NodeService for NodeAgent {
             .await?
             .into_inner();
         Ok(Response::new(Self::reply(&worker, reply.epoch)))
+    }
+
+    async fn read_log(
+        &self,
+        req: Request<v1::ReadLogRequest>,
+    ) -> Result<Response<v1::ReadLogReply>, Status> {
+        let req = req.into_inner();
+        let a = req
+            .actor
+            .ok_or_else(|| Status::invalid_argument("invalid actor: missing"))?;
+        ate_core::validate_label("actor.atespace", &a.atespace)
+            .map_err(|e| Status::invalid_argument(e.to_string()))?;
+        ate_core::validate_label("actor.name", &a.name)
+            .map_err(|e| Status::invalid_argument(e.to_string()))?;
+        // Where every worker of this node appends the actor's output (the worker's
+        // `actor_logs_dir`).
+        let path = self
+            .inner
+            .cfg
+            .state_dir
+            .join("logs")
+            .join("actors")
+            .join(&a.atespace)
+            .join(format!("{}.log", a.name));
+        let max = u64::from(req.max_bytes.clamp(1, MAX_LOG_READ));
+        let read = read_log_part(&path, req.offset, max).await;
+        match read {
+            Ok((data, next_offset)) => Ok(Response::new(v1::ReadLogReply {
+                data,
+                next_offset,
+                found: true,
+            })),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                Ok(Response::new(v1::ReadLogReply {
+                    data: Vec::new(),
+                    next_offset: 0,
+                    found: false,
+                }))
+            }
+            Err(e) => Err(Status::internal(format!(
+                "cannot read {}: {e}",
+                path.display()
+            ))),
+        }
     }
 
     async fn delete_snapshots(

@@ -469,6 +469,24 @@ impl node_service_server::NodeService for NodeSvc {
         self.0.calls.delete_snapshots.fetch_add(n, Ordering::SeqCst);
         Ok(Response::new(DeleteSnapshotsReply {}))
     }
+
+    /// Every actor's log on this node is `log of <atespace>/<name>\n`.
+    async fn read_log(
+        &self,
+        req: Request<ReadLogRequest>,
+    ) -> Result<Response<ReadLogReply>, Status> {
+        let req = req.into_inner();
+        let a = req.actor.unwrap_or_default();
+        let text = format!("log of {}/{}\n", a.atespace, a.name).into_bytes();
+        let from = usize::try_from(req.offset)
+            .unwrap_or(usize::MAX)
+            .min(text.len());
+        Ok(Response::new(ReadLogReply {
+            data: text[from..].to_vec(),
+            next_offset: text.len() as u64,
+            found: true,
+        }))
+    }
 }
 
 /// Runs an async test body once per backend.

@@ -197,6 +197,12 @@ impl ActorService for ScriptedApi {
     ) -> Result<tonic::Response<Actor>, Status> {
         Err(Status::unimplemented("test"))
     }
+    async fn read_actor_log(
+        &self,
+        _: tonic::Request<ReadActorLogRequest>,
+    ) -> Result<tonic::Response<ReadActorLogResponse>, Status> {
+        Err(Status::unimplemented("test"))
+    }
 }
 
 // ---------------------------------------------------------------------------------------------
