@@ -26,8 +26,9 @@ TMP_SRC_LIST=/etc/apt/sources.list.d/ate-criu-src-unstable.list
 
 # docker-registry: the distribution registry v2 the registry-pull tests run on loopback (each test
 # starts its own with a private config; the package's system service is not used).
+# systemd: systemd-analyze, which checks the deploy/systemd units in the test suite.
 RUNTIME_PKGS=(runc iptables nftables iproute2 jq curl ca-certificates tar gzip xz-utils python3
-  docker-registry)
+  docker-registry systemd)
 CRIU_BUILD_PKGS=(build-essential pkg-config libprotobuf-dev libprotobuf-c-dev protobuf-c-compiler
   protobuf-compiler python3-protobuf libnl-3-dev libcap-dev libnet1-dev libbsd-dev libaio-dev
   libgnutls28-dev libnftables-dev uuid-dev iptables)
@@ -156,6 +157,21 @@ else
   hash -r
   if command -v pyenv >/dev/null 2>&1; then pyenv rehash || true; fi
   command -v moto_server >/dev/null 2>&1 || die "moto_server still not on PATH after pip install"
+fi
+
+# ---------------------------------------------------------------- kubernetes-validate
+# Offline Kubernetes OpenAPI schemas for the deploy/ manifests (crates/ate-cli/tests/deploy.rs).
+if command -v kubernetes-validate >/dev/null 2>&1; then
+  log "kubernetes-validate already installed"
+else
+  if command -v pip3 >/dev/null 2>&1; then PIP=pip3; else PIP="python3 -m pip"; fi
+  log "pip install kubernetes-validate==1.37.0"
+  # shellcheck disable=SC2086 # PIP may be two words
+  $PIP install -q 'kubernetes-validate==1.37.0' 2>/dev/null \
+    || $PIP install -q --break-system-packages 'kubernetes-validate==1.37.0'
+  hash -r
+  if command -v pyenv >/dev/null 2>&1; then pyenv rehash || true; fi
+  command -v kubernetes-validate >/dev/null 2>&1 || die "kubernetes-validate not on PATH after pip install"
 fi
 
 # ---------------------------------------------------------------- CRIU's kernel-probe cache
