@@ -744,6 +744,19 @@ impl Layout {
                 ));
             }
         }
+        // Cgroup directories the runtime made for a sandbox (`<hierarchy>/ate/<short id>`) must
+        // go with it: a kept one would hand its limits to the actor's next start.
+        for (dir, short) in actor_cgroup_dirs() {
+            if let Some(id) = ours.get(&short)
+                && !listed.contains(id.as_str())
+            {
+                out.push(format!(
+                    "cgroup {} ({}) without its container",
+                    dir.display(),
+                    name(id)
+                ));
+            }
+        }
         Ok(out)
     }
 }
@@ -832,6 +845,25 @@ fn unescape_mountinfo(field: &str) -> String {
         }
     }
     String::from_utf8_lossy(&out).into_owned()
+}
+
+/// `(directory, short id)` of every actor cgroup in every hierarchy under /sys/fs/cgroup.
+fn actor_cgroup_dirs() -> Vec<(PathBuf, String)> {
+    let mut out = Vec::new();
+    let Ok(hierarchies) = std::fs::read_dir("/sys/fs/cgroup") else {
+        return out;
+    };
+    for h in hierarchies.flatten() {
+        let Ok(actors) = std::fs::read_dir(h.path().join("ate")) else {
+            continue;
+        };
+        for a in actors.flatten() {
+            if a.path().is_dir() {
+                out.push((a.path(), a.file_name().to_string_lossy().into_owned()));
+            }
+        }
+    }
+    out
 }
 
 /// `(pid, cgroup short id)` of every process named `counter` that sits in an actor cgroup
