@@ -2475,6 +2475,7 @@ mod tests {
                 "kill-api",
                 "kill-router",
                 "restart-up",
+                "kill-up",
                 "snapshot-disk-full"
             ]
         );
@@ -2483,8 +2484,8 @@ mod tests {
             names(&["--only", "restart-up,kill-api"]),
             ["kill-api", "restart-up"]
         );
-        assert_eq!(names(&[]).len(), 7);
-        assert_eq!(names(&["--private-postgres"]).len(), 9);
+        assert_eq!(names(&[]).len(), 8);
+        assert_eq!(names(&["--private-postgres"]).len(), 10);
         assert_eq!(names(&["--only", "worker-stop-30s"]), ["worker-stop-30s"]);
         assert!(names(&["--only", "store-down-12s"]).is_empty());
     }
