@@ -103,8 +103,11 @@ impl ApiArgs {
 pub fn init_logging(json: bool) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    // Colours only for a person at a terminal: `ate up` writes each component's stderr to a log
+    // file, where escape codes would only get in the way of grep and log shippers.
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_writer(std::io::stderr);
     // A second init (tests) is harmless.
     let _ = if json {
