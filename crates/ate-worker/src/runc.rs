@@ -71,6 +71,9 @@ pub struct RuncRuntime {
     locks: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
     /// Container inits, children of the worker (a subreaper): exits without `runc state`.
     inits: Inits,
+    /// Each running container's log relay (by container id): once the container is gone, the
+    /// relay's exit means its last output is in the log.
+    relays: Mutex<HashMap<String, tokio::process::Child>>,
     /// Ready network namespaces, named for an actor in `prepare`.
     netns_pool: NetnsPool,
 }
@@ -146,6 +149,7 @@ impl RuncRuntime {
             criu_conf,
             locks: Mutex::new(HashMap::new()),
             inits: Inits::new(),
+            relays: Mutex::new(HashMap::new()),
             netns_pool: NetnsPool::new(config.spare_netns),
         })
     }
@@ -329,6 +333,9 @@ impl RuncRuntime {
         })?;
         let status = child.wait().await.ctx(|| "wait for runc")?;
         if status.success() {
+            if let Ok(mut relays) = self.relays.lock() {
+                relays.insert(actor.container_id(), copier);
+            }
             return Ok(());
         }
         // runc's own error went into the log pipe; give the relay a moment to drain it.
@@ -543,6 +550,10 @@ impl RuncRuntime {
         // would outlive the actor).
         self.inits.forget_after(&id, INIT_EXIT_WAIT).await;
         self.inits.reap_pending();
+        // Dropped, the relay is reaped by tokio when it ends (at EOF, the container being gone).
+        if let Ok(mut relays) = self.relays.lock() {
+            relays.remove(&id);
+        }
         unmount_if_mounted(&actor.rootfs_dir())?;
         netns::delete(&actor.netns()).await?;
         remove_cgroups(&actor.short_id());
@@ -698,6 +709,21 @@ impl SandboxRuntime for RuncRuntime {
         let lock = self.lock_for(actor);
         let _guard = lock.lock().await;
         self.teardown(actor).await
+    }
+
+    async fn output_flushed(&self, actor: &ActorSandbox, timeout: Duration) {
+        let relay = self
+            .relays
+            .lock()
+            .ok()
+            .and_then(|mut r| r.remove(&actor.container_id()));
+        match relay {
+            Some(mut relay) => {
+                let _ = tokio::time::timeout(timeout, relay.wait()).await;
+            }
+            // A relay of an earlier worker process (re-adopted sandbox): give it a moment.
+            None => tokio::time::sleep(timeout.min(Duration::from_millis(100))).await,
+        }
     }
 
     async fn is_paused(&self, actor: &ActorSandbox) -> Result<bool> {

@@ -263,6 +263,10 @@ pub trait SandboxRuntime: Send + Sync {
         Ok(false)
     }
 
+    /// Waits (at most `timeout`) until the output of a sandbox whose processes all exited is
+    /// in its log.
+    async fn output_flushed(&self, _actor: &ActorSandbox, _timeout: std::time::Duration) {}
+
     /// Whether the actor's sandbox exists and is frozen (paused).
     async fn is_paused(&self, _actor: &ActorSandbox) -> Result<bool> {
         Ok(false)

@@ -1233,6 +1233,10 @@ impl Worker {
                 }
             };
             self.ingress_off(&key).await;
+            // The last lines the actor wrote may still be in its log relay's pipe.
+            self.runtime
+                .output_flushed(&entry.sandbox, Duration::from_millis(500))
+                .await;
             let log = log_tail(&entry.sandbox.log_path(), LOG_TAIL_LINES).await;
             let exit_code = exited.code.unwrap_or(-1);
             tracing::warn!(actor = %key, status = %exited.status, exit_code, "actor exited while active");
