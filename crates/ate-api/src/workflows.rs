@@ -415,14 +415,11 @@ impl Api {
                 // so the actor may resume elsewhere — a new activation fences any copy the node
                 // made. Released now and avoided for a while, the next attempt goes elsewhere.
                 self.suspect_node(&worker.node);
-                let update = ActorUpdate {
-                    last_error: Some(format!(
-                        "node {} unreachable during the resume ({}); resuming elsewhere",
-                        worker.node,
-                        status.message()
-                    )),
-                    ..Default::default()
-                };
+                let update = ActorUpdate::with_error(format!(
+                    "node {} unreachable during the resume ({}); resuming elsewhere",
+                    worker.node,
+                    status.message()
+                ));
                 self.store
                     .release_actor(
                         &r.atespace,
@@ -464,10 +461,7 @@ impl Api {
                     status.message()
                 );
                 tracing::warn!(actor = %r, worker = %worker.id, error = %status.message(), "resume failed; actor CRASHED");
-                let update = ActorUpdate {
-                    last_error: Some(why.clone()),
-                    ..Default::default()
-                };
+                let update = ActorUpdate::with_error(why.clone());
                 self.store
                     .release_actor(
                         &r.atespace,
@@ -820,10 +814,8 @@ impl Api {
         };
         let Some(worker) = worker else {
             // Its worker is gone, and with it the sandbox: the last generation is what remains.
-            let update = ActorUpdate {
-                last_error: Some("worker gone before the suspend; last generation kept".into()),
-                ..Default::default()
-            };
+            let update =
+                ActorUpdate::with_error("worker gone before the suspend; last generation kept");
             let a = self
                 .store
                 .release_actor(
@@ -862,10 +854,7 @@ impl Api {
                     status.message()
                 );
                 tracing::warn!(actor = %r, worker = %worker.id, error = %status.message(), "suspend failed; the actor runs on");
-                let update = ActorUpdate {
-                    last_error: Some(why.clone()),
-                    ..Default::default()
-                };
+                let update = ActorUpdate::with_error(why.clone());
                 self.store
                     .transition(
                         &r.atespace,
@@ -900,10 +889,7 @@ impl Api {
                     worker.id,
                     status.message()
                 );
-                let update = ActorUpdate {
-                    last_error: Some(why.clone()),
-                    ..Default::default()
-                };
+                let update = ActorUpdate::with_error(why.clone());
                 self.store
                     .release_actor(
                         &r.atespace,
@@ -929,10 +915,7 @@ impl Api {
                 ))
             })?;
         self.faults.fire(FaultPoint::SuspendAfterCheckpoint)?;
-        let update = ActorUpdate {
-            last_error: Some(snap.reason.clone()),
-            ..Default::default()
-        };
+        let update = ActorUpdate::with_error(snap.reason.clone());
         let a = self
             .store
             .release_actor(
@@ -1132,10 +1115,7 @@ impl Api {
         let why = format!(
             "all processes exited (code {exit_code}) on worker {worker_id}; last log lines:\n{tail}"
         );
-        let update = ActorUpdate {
-            last_error: Some(why),
-            ..Default::default()
-        };
+        let update = ActorUpdate::with_error(why);
         match self
             .store
             .release_actor(
@@ -1328,10 +1308,7 @@ impl Api {
             _ => return Ok(()),
         };
         tracing::warn!(actor = %format!("{}/{}", a.atespace, a.name), worker = %worker_id, from = %a.state, to = %to, "releasing an actor of a gone worker");
-        let update = ActorUpdate {
-            last_error: Some(why),
-            ..Default::default()
-        };
+        let update = ActorUpdate::with_error(why);
         match self
             .store
             .release_actor(&a.atespace, &a.name, &[a.state], to, None, update, now_ms())

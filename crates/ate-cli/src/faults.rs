@@ -1964,7 +1964,10 @@ impl Lab {
         }
         let deadline = Instant::now() + UP_STOP_GRACE;
         for (kid, _) in kids {
-            while alive(kid) && Instant::now() < deadline {
+            // A zombie holds no port.
+            while u32::try_from(kid).is_ok_and(ate_worker::process_running)
+                && Instant::now() < deadline
+            {
                 tokio::time::sleep(Duration::from_millis(50)).await;
             }
         }
@@ -2350,17 +2353,6 @@ fn temp_state_dir() -> anyhow::Result<PathBuf> {
     std::fs::set_permissions(&dir, std::os::unix::fs::PermissionsExt::from_mode(0o755))
         .with_context(|| format!("cannot set the mode of {}", dir.display()))?;
     Ok(dir)
-}
-
-/// The process exists and is not a zombie (a zombie holds no port).
-fn alive(pid: i32) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/stat"))
-        .ok()
-        .and_then(|stat| {
-            stat.rsplit_once(')')
-                .and_then(|(_, rest)| rest.split_whitespace().next().map(|st| st != "Z"))
-        })
-        .unwrap_or(false)
 }
 
 #[cfg(test)]

@@ -189,7 +189,8 @@ impl Fleet {
             .unwrap_or_default();
         let live = ate_worker::live_sandboxes(&actors_dir);
         if live > 0 {
-            tracing::warn!(worker = %h.info.worker_id, live_sandboxes = live, "worker does not answer but its sandboxes still run; keeping it registered");
+            // Debug: the heartbeat loop already warns every 2 s that the lease is not renewed.
+            tracing::debug!(worker = %h.info.worker_id, live_sandboxes = live, "worker does not answer but its sandboxes still run; keeping it registered");
         }
         live > 0
     }

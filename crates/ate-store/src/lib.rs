@@ -209,6 +209,16 @@ pub struct ActorUpdate {
     pub clear_attached_node: bool,
 }
 
+impl ActorUpdate {
+    /// Only `last_error` replaced (the reason of a transition).
+    pub fn with_error(why: impl Into<String>) -> Self {
+        Self {
+            last_error: Some(why.into()),
+            ..Self::default()
+        }
+    }
+}
+
 /// Operation counters, so tests can assert what a workflow did (e.g. the warm path is one read
 /// and takes no lease).
 #[derive(Debug, Default)]

@@ -1264,38 +1264,27 @@ impl Worker {
     /// with the api and renewed the lease ([`Worker::renew_lease`]), or a start names it.
     /// Anything else left behind (a sandbox being dumped, frozen, half started) is removed.
     pub async fn adopt_leftovers(&self) {
-        let Ok(spaces) = std::fs::read_dir(&self.actors_dir) else {
-            return;
-        };
-        for space in spaces.flatten() {
-            let Ok(names) = std::fs::read_dir(space.path()) else {
-                continue;
-            };
-            for n in names.flatten() {
-                let atespace = space.file_name().to_string_lossy().into_owned();
-                let name = n.file_name().to_string_lossy().into_owned();
-                let key = key_of(&atespace, &name);
-                match self.adopt(&atespace, &name).await {
-                    Ok(activation) => {
-                        tracing::info!(actor = %key, activation, "re-adopted a running sandbox from an earlier worker process");
-                    }
-                    Err(why) => {
-                        tracing::info!(actor = %key, %why, "removing leftover actor from an earlier run");
-                        let sandbox = self.sandbox_for(&atespace, &name, "");
-                        self.discard_quietly(&sandbox).await;
-                    }
+        for (atespace, name) in self.leftover_actors() {
+            let key = key_of(&atespace, &name);
+            match self.adopt(&atespace, &name).await {
+                Ok(activation) => {
+                    tracing::info!(actor = %key, activation, "re-adopted a running sandbox from an earlier worker process");
+                }
+                Err(why) => {
+                    tracing::info!(actor = %key, %why, "removing leftover actor from an earlier run");
+                    let sandbox = self.sandbox_for(&atespace, &name, "");
+                    self.discard_quietly(&sandbox).await;
                 }
             }
         }
     }
 
+    fn leftover_actors(&self) -> Vec<(String, String)> {
+        actor_dirs(&self.actors_dir)
+    }
+
     async fn adopt(&self, atespace: &str, name: &str) -> Result<u64, String> {
-        let dir = self.actors_dir.join(atespace).join(name);
-        let bytes = tokio::fs::read(dir.join(ADOPTION_FILE))
-            .await
-            .map_err(|e| format!("no adoption record: {e}"))?;
-        let record: v1::AdoptionRecord = prost::Message::decode(bytes.as_slice())
-            .map_err(|e| format!("adoption record unreadable: {e}"))?;
+        let record = read_adoption(&self.actors_dir.join(atespace).join(name))?;
         let workload = record.workload.unwrap_or_default();
         let (ns, n) = validate_ref(workload.actor.as_ref()).map_err(|e| e.message().to_string())?;
         if ns != atespace || n != name {
@@ -1353,20 +1342,10 @@ impl Worker {
 
     /// Stops and removes every sandbox left under this worker's actors dir (no snapshot).
     pub async fn remove_leftovers(&self) {
-        let Ok(spaces) = std::fs::read_dir(&self.actors_dir) else {
-            return;
-        };
-        for space in spaces.flatten() {
-            let Ok(names) = std::fs::read_dir(space.path()) else {
-                continue;
-            };
-            for n in names.flatten() {
-                let atespace = space.file_name().to_string_lossy().into_owned();
-                let name = n.file_name().to_string_lossy().into_owned();
-                tracing::info!(actor = %key_of(&atespace, &name), "removing a leftover sandbox");
-                let sandbox = self.sandbox_for(&atespace, &name, "");
-                self.discard_quietly(&sandbox).await;
-            }
+        for (atespace, name) in self.leftover_actors() {
+            tracing::info!(actor = %key_of(&atespace, &name), "removing a leftover sandbox");
+            let sandbox = self.sandbox_for(&atespace, &name, "");
+            self.discard_quietly(&sandbox).await;
         }
     }
 
@@ -1449,45 +1428,60 @@ impl Worker {
 /// cgroup. The node asks this about a worker whose process does not answer: while any runs, the
 /// worker's actors may not be released (a restarted worker re-adopts them).
 pub fn live_sandboxes(actors_dir: &Path) -> usize {
+    actor_dirs(actors_dir)
+        .into_iter()
+        .filter(|(atespace, name)| {
+            let dir = actors_dir.join(atespace).join(name);
+            let short_id = ActorSandbox::new("", "", "", &dir).short_id();
+            read_adoption(&dir).is_ok_and(|r| r.pid != 0 && init_alive(r.pid, &short_id))
+        })
+        .count()
+}
+
+/// `(atespace, name)` of every actor dir under an actors dir (`<atespace>/<name>`).
+fn actor_dirs(actors_dir: &Path) -> Vec<(String, String)> {
     let Ok(spaces) = std::fs::read_dir(actors_dir) else {
-        return 0;
+        return Vec::new();
     };
-    let mut live = 0;
+    let mut out = Vec::new();
     for space in spaces.flatten() {
         let Ok(names) = std::fs::read_dir(space.path()) else {
             continue;
         };
+        let atespace = space.file_name().to_string_lossy().into_owned();
         for n in names.flatten() {
-            let dir = n.path();
-            let Ok(bytes) = std::fs::read(dir.join(ADOPTION_FILE)) else {
-                continue;
-            };
-            let Ok(record) = <v1::AdoptionRecord as prost::Message>::decode(bytes.as_slice())
-            else {
-                continue;
-            };
-            let short_id = ActorSandbox::new("", "", "", &dir).short_id();
-            if record.pid != 0 && init_alive(record.pid, &short_id) {
-                live += 1;
-            }
+            out.push((
+                atespace.clone(),
+                n.file_name().to_string_lossy().into_owned(),
+            ));
         }
     }
-    live
+    out
+}
+
+/// The adoption record next to an actor's sandbox, or why there is none to use.
+fn read_adoption(dir: &Path) -> Result<v1::AdoptionRecord, String> {
+    let bytes =
+        std::fs::read(dir.join(ADOPTION_FILE)).map_err(|e| format!("no adoption record: {e}"))?;
+    prost::Message::decode(bytes.as_slice()).map_err(|e| format!("adoption record unreadable: {e}"))
 }
 
 /// The process exists, is not a zombie, and sits in the sandbox's cgroup (not a reused pid).
 fn init_alive(pid: u32, short_id: &str) -> bool {
-    let proc_dir = PathBuf::from(format!("/proc/{pid}"));
-    let zombie = std::fs::read_to_string(proc_dir.join("stat"))
+    process_running(pid)
+        && std::fs::read_to_string(format!("/proc/{pid}/cgroup"))
+            .is_ok_and(|c| c.contains(short_id))
+}
+
+/// The process exists and is not a zombie (its state in `/proc/<pid>/stat` is not `Z`).
+pub fn process_running(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
         .ok()
         .and_then(|stat| {
             stat.rsplit_once(')')
-                .and_then(|(_, rest)| rest.split_whitespace().next().map(|s| s == "Z"))
-        });
-    if zombie != Some(false) {
-        return false;
-    }
-    std::fs::read_to_string(proc_dir.join("cgroup")).is_ok_and(|c| c.contains(short_id))
+                .and_then(|(_, rest)| rest.split_whitespace().next().map(|st| st != "Z"))
+        })
+        .unwrap_or(false)
 }
 
 /// Whether the host's MemAvailable is below `min_percent` of its memory.
