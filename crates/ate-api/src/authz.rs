@@ -110,6 +110,11 @@ impl Authz {
         self
     }
 
+    /// The trust domain callers' identities must belong to.
+    pub fn trust_domain(&self) -> &str {
+        &self.trust_domain
+    }
+
     /// Whether bearer tokens are accepted (`--auth-mode=jwt`).
     pub fn accepts_tokens(&self) -> bool {
         self.jwt.is_some()

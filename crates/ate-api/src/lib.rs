@@ -8,6 +8,7 @@
 pub mod authz;
 pub mod convert;
 pub mod error;
+pub mod join;
 pub mod jwt;
 pub mod lease;
 pub mod node;
@@ -22,6 +23,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use ate_proto::v1::actor_service_server::ActorServiceServer;
 use ate_proto::v1::atespace_service_server::AtespaceServiceServer;
 use ate_proto::v1::fleet_service_server::FleetServiceServer;
+use ate_proto::v1::join_service_server::JoinServiceServer;
 use ate_proto::v1::tag_service_server::TagServiceServer;
 use ate_proto::v1::template_service_server::TemplateServiceServer;
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
@@ -110,6 +112,11 @@ pub struct TlsServe {
     pub server: Arc<ate_tls::rustls::ServerConfig>,
     /// Identity → role policy (and the bearer-token verifier in jwt mode).
     pub authz: authz::Authz,
+    /// The CA bundle peers trust (PEM, the `--tls-ca` file): what a joining machine fetches.
+    pub trust_bundle: String,
+    /// Signs joining nodes' certificates (`--ca-dir`); the server config must then use
+    /// `ClientAuth::Optional` so a machine without a certificate can reach JoinService.
+    pub join_signer: Option<Arc<join::Signer>>,
 }
 
 /// Serves the gRPC services on `grpc` (plaintext, every caller admin) and `/healthz` +
@@ -141,9 +148,20 @@ pub async fn serve_with(
         None => authz::Authz::new(ate_tls::DEFAULT_TRUST_DOMAIN, "")
             .map_err(|e| ServeError::Tls(e.to_string()))?,
     };
+    let authz = Arc::new(authz);
+    let join = join::Join {
+        store: api.store.clone(),
+        authz: authz.clone(),
+        signer: tls.as_ref().and_then(|t| t.join_signer.clone()),
+        trust_bundle: tls
+            .as_ref()
+            .map(|t| t.trust_bundle.clone())
+            .unwrap_or_default(),
+        trust_domain: authz.trust_domain().to_string(),
+    };
     let services = services::Services {
         api: api.clone(),
-        authz: Arc::new(authz),
+        authz,
     };
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     tokio::spawn(async move {
@@ -203,7 +221,8 @@ pub async fn serve_with(
         .add_service(AtespaceServiceServer::new(services.clone()))
         .add_service(TemplateServiceServer::new(services.clone()))
         .add_service(TagServiceServer::new(services.clone()))
-        .add_service(FleetServiceServer::new(services));
+        .add_service(FleetServiceServer::new(services))
+        .add_service(JoinServiceServer::new(join));
     let stopped = async move {
         let _ = stop.changed().await;
     };

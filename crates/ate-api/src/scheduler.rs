@@ -46,47 +46,6 @@ impl FleetView {
     }
 }
 
-/// Where an actor's newest generation is still kept frozen in place: `(worker, generation)`
-/// per actor, learnt from checkpoint replies. Placement prefers that worker when it is
-/// eligible, because a resume there is a thaw instead of a restore. A hint is only a
-/// preference: a lost or stale one (another api instance, a restart, a worker that dropped
-/// its copy) costs a normal restore, never correctness — the worker thaws only the exact
-/// generation it was asked to restore.
-#[derive(Default)]
-pub struct FrozenHints(std::sync::Mutex<std::collections::HashMap<String, (String, u64)>>);
-
-/// Hints kept at most; past it the map is cleared (a cache, not a record).
-const MAX_FROZEN_HINTS: usize = 1 << 20;
-
-impl FrozenHints {
-    fn map(&self) -> std::sync::MutexGuard<'_, std::collections::HashMap<String, (String, u64)>> {
-        match self.0.lock() {
-            Ok(m) => m,
-            Err(poisoned) => poisoned.into_inner(),
-        }
-    }
-
-    pub fn insert(&self, actor: &str, worker: &str, generation: u64) {
-        let mut map = self.map();
-        if map.len() >= MAX_FROZEN_HINTS {
-            map.clear();
-        }
-        map.insert(actor.to_string(), (worker.to_string(), generation));
-    }
-
-    /// The worker holding `generation` of `actor` frozen, if known.
-    pub fn worker_for(&self, actor: &str, generation: u64) -> Option<String> {
-        self.map()
-            .get(actor)
-            .filter(|(_, g)| *g == generation)
-            .map(|(w, _)| w.clone())
-    }
-
-    pub fn remove(&self, actor: &str) {
-        self.map().remove(actor);
-    }
-}
-
 /// The preferred worker when it is among the candidates, else two random choices.
 pub fn pick_preferring<'w>(
     candidates: &[&'w WorkerRecord],
@@ -479,14 +438,9 @@ mod tests {
     }
 
     #[test]
-    fn frozen_hint_wins_only_when_eligible_and_current() {
+    fn frozen_hint_wins_only_when_eligible() {
         let workers = [worker("a", "n1", 8, 0), worker("b", "n1", 8, 7)];
         let all: Vec<&WorkerRecord> = workers.iter().collect();
-        let hints = FrozenHints::default();
-        hints.insert("ns/x", "b", 3);
-        assert_eq!(hints.worker_for("ns/x", 3).as_deref(), Some("b"));
-        assert_eq!(hints.worker_for("ns/x", 4), None);
-        assert_eq!(hints.worker_for("ns/y", 3), None);
         // The fuller worker still wins when it holds the frozen copy.
         for _ in 0..20 {
             assert_eq!(
@@ -500,8 +454,6 @@ mod tests {
             pick_preferring(&only_a, Some("b")).map(|w| w.id.as_str()),
             Some("a")
         );
-        hints.remove("ns/x");
-        assert_eq!(hints.worker_for("ns/x", 3), None);
     }
 
     fn one_slot() -> Capacity {

@@ -93,8 +93,6 @@ pub struct Api {
     nodes: Arc<NodeClients>,
     cfg: ApiConfig,
     pub faults: Faults,
-    /// Workers that keep an actor's newest generation frozen in place (placement preference).
-    frozen: scheduler::FrozenHints,
     /// Cold resumes that found no room, oldest first: freed room goes to them first.
     waiters: scheduler::Waiters,
     /// Since when (Unix ms) this api could have heard every heartbeat: its start, or the end of
@@ -209,7 +207,6 @@ impl Api {
             nodes: Arc::new(NodeClients::new(cfg.node_tls.clone())),
             cfg,
             faults: Faults::default(),
-            frozen: scheduler::FrozenHints::default(),
             waiters: scheduler::Waiters::default(),
             hearing_since_ms: std::sync::atomic::AtomicI64::new(now_ms()),
             suspect_nodes: Mutex::new(std::collections::HashMap::new()),
@@ -251,6 +248,40 @@ impl Api {
 
     pub fn store(&self) -> &Arc<dyn Store> {
         &self.store
+    }
+
+    /// The worker that keeps `generation` of the actor frozen in place, if the store knows one
+    /// (a placement preference shared by every api replica: a resume there is a thaw). A store
+    /// error costs only the preference.
+    async fn frozen_worker(&self, atespace: &str, name: &str, generation: u64) -> Option<String> {
+        match self.store.get_frozen_copy(atespace, name).await {
+            Ok(Some(c)) if c.generation == generation => Some(c.worker_id),
+            Ok(_) => None,
+            Err(e) => {
+                tracing::debug!(actor = %format!("{atespace}/{name}"), error = %e, "cannot read the frozen-copy hint");
+                None
+            }
+        }
+    }
+
+    /// Records where the actor's new generation is kept frozen (`Some((worker, generation))`)
+    /// or that no copy is (`None`). Best effort: a lost hint costs a restore instead of a thaw.
+    async fn note_frozen_copy(&self, r: &ActorRef, kept: Option<(&String, u64)>) {
+        let result = match kept {
+            Some((worker, generation)) => {
+                let copy = ate_store::FrozenCopy {
+                    worker_id: worker.clone(),
+                    generation,
+                };
+                self.store
+                    .set_frozen_copy(&r.atespace, &r.name, &copy)
+                    .await
+            }
+            None => self.store.clear_frozen_copy(&r.atespace, &r.name).await,
+        };
+        if let Err(e) = result {
+            tracing::warn!(actor = %r, error = %e, "cannot record the frozen-copy hint");
+        }
     }
 
     fn holder(&self) -> String {
@@ -614,7 +645,13 @@ impl Api {
         let demand = demand(template);
         let from = [ActorState::Suspended, ActorState::Resuming];
         let actor_key = format!("{}/{}", actor.atespace, actor.name);
-        let frozen_on = snapshot.and_then(|s| self.frozen.worker_for(&actor_key, s.generation));
+        let frozen_on = match snapshot {
+            Some(s) => {
+                self.frozen_worker(&actor.atespace, &actor.name, s.generation)
+                    .await
+            }
+            None => None,
+        };
         // What this resume waits for if it finds no room (its entry in the admission queue).
         let needs = || scheduler::Needs {
             selector: selector.clone(),
@@ -677,9 +714,8 @@ impl Api {
             {
                 Ok(bound) => {
                     self.waiters.remove(&actor_key);
-                    // Consumed either way: thawed there, or discarded by the node once the
-                    // actor starts elsewhere.
-                    self.frozen.remove(&actor_key);
+                    // The frozen-copy row stays: it names this generation only, and the next
+                    // suspend replaces or clears it.
                     return Ok(((bound, worker.clone()), detached));
                 }
                 Err(StoreError::NoRoom { .. }) if attempt < MAX_BIND_RETRIES => {
@@ -928,12 +964,8 @@ impl Api {
                 now_ms(),
             )
             .await?;
-        let key = format!("{}/{}", r.atespace, r.name);
-        if reply.kept_frozen {
-            self.frozen.insert(&key, &worker.id, generation);
-        } else {
-            self.frozen.remove(&key);
-        }
+        self.note_frozen_copy(r, reply.kept_frozen.then_some((&worker.id, generation)))
+            .await;
         tracing::info!(actor = %r, generation, fidelity = %snap.fidelity, durable, kept_frozen = reply.kept_frozen, "actor suspended");
         self.prune_generations(r).await;
         Ok(convert::actor(&a, None))
@@ -1044,7 +1076,6 @@ impl Api {
             })
             .await?;
         let key = format!("{}/{}", r.atespace, r.name);
-        self.frozen.remove(&key);
         self.waiters.remove(&key);
         if !garbage.is_empty() {
             self.collect_garbage(garbage).await;

@@ -142,6 +142,8 @@ impl JwtApi {
         let tls = TlsServe {
             server: Arc::new(server),
             authz,
+            trust_bundle: String::new(),
+            join_signer: None,
         };
         tokio::spawn(async move {
             let _api_id = api_id;

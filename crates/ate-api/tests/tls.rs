@@ -68,6 +68,8 @@ impl TlsApi {
         let tls = TlsServe {
             server: Arc::new(server),
             authz,
+            trust_bundle: String::new(),
+            join_signer: None,
         };
         tokio::spawn(async move {
             // Keeps the api's identity alive for as long as it serves.

@@ -7,6 +7,7 @@ use anyhow::Context;
 use ate_proto::v1::actor_service_client::ActorServiceClient;
 use ate_proto::v1::atespace_service_client::AtespaceServiceClient;
 use ate_proto::v1::fleet_service_client::FleetServiceClient;
+use ate_proto::v1::join_service_client::JoinServiceClient;
 use ate_proto::v1::tag_service_client::TagServiceClient;
 use ate_proto::v1::template_service_client::TemplateServiceClient;
 use tonic::metadata::{Ascii, MetadataValue};
@@ -50,6 +51,7 @@ pub struct Clients {
     pub templates: TemplateServiceClient<ApiChannel>,
     pub tags: TagServiceClient<ApiChannel>,
     pub fleet: FleetServiceClient<ApiChannel>,
+    pub join: JoinServiceClient<ApiChannel>,
 }
 
 impl Clients {
@@ -65,6 +67,7 @@ impl Clients {
             templates: TemplateServiceClient::new(c(&channel)),
             tags: TagServiceClient::new(c(&channel)),
             fleet: FleetServiceClient::new(c(&channel)),
+            join: JoinServiceClient::new(c(&channel)),
         }
     }
 }

@@ -4,11 +4,13 @@
 mod bench;
 mod client;
 mod faults;
+mod join;
 mod logs;
 mod plot;
 mod proxy;
 mod render;
 mod serve;
+mod token;
 mod up;
 mod verbs;
 
@@ -100,6 +102,9 @@ enum Command {
     /// Delete an actor, atespace, template or tag.
     #[command(subcommand)]
     Delete(verbs::DeleteCmd),
+    /// Join tokens for machines joining the fleet (`ate up --role node --join … --token …`).
+    #[command(subcommand)]
+    Token(token::TokenCmd),
     /// Measure a running system through its router (tables on stdout, JSON to --out).
     #[command(subcommand)]
     Bench(bench::BenchCmd),
@@ -160,6 +165,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             .map(|_| ExitCode::SUCCESS),
         Command::Proxy(args) => proxy::run(args).await.map(|_| ExitCode::SUCCESS),
         Command::Delete(cmd) => verbs::delete(&client::connect(api, &tls).await?, cmd).await,
+        Command::Token(cmd) => token::run(&client::connect(api, &tls).await?, cmd, out).await,
         // Starts its own system: no api to connect to first.
         Command::Bench(bench::BenchCmd::Faults(args)) => faults::run(args).await,
         Command::Bench(cmd) => bench::run(client::connect(api, &tls).await?, cmd).await,

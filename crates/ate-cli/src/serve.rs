@@ -46,6 +46,13 @@ pub struct ApiArgs {
     /// to node agents. Absent: plaintext, and every caller is admin.
     #[command(flatten)]
     pub tls: ate_tls::TlsArgs,
+    /// The CA (`ca.crt` and `ca.key`) this api signs joining nodes' certificates with
+    /// (JoinService). Its certificate must be in `--tls-ca`. Without it, joins are refused.
+    #[arg(long, env = "ATE_CA_DIR")]
+    pub ca_dir: Option<PathBuf>,
+    /// Lifetime of the certificates signed for joining nodes and workers (renewed at 2/3).
+    #[arg(long, default_value = "24h", value_parser = ate_router::config::parse_duration)]
+    pub join_cert_lifetime: Duration,
     /// Atespaces of `client` identities: `spiffe://td/ns/x/sa/y=team-a,team-b;spiffe://…=*`.
     /// A client identity not listed has no atespace.
     #[arg(long, env = "ATE_CLIENT_ATESPACES", default_value = "")]
@@ -133,6 +140,36 @@ pub async fn shutdown_signal() {
     }
 }
 
+/// The CA in `dir` as the api's join signer, refusing a CA of another trust domain.
+fn join_signer(
+    dir: &std::path::Path,
+    td: &str,
+    lifetime: Duration,
+) -> anyhow::Result<ate_api::join::Signer> {
+    let ca = ate_tls::LocalCa::open(dir)
+        .with_context(|| format!("--ca-dir {}: cannot load the CA", dir.display()))?;
+    if ca.trust_domain() != td {
+        anyhow::bail!(
+            "--ca-dir {}: the CA belongs to trust domain {}, the api to {td}",
+            dir.display(),
+            ca.trust_domain()
+        );
+    }
+    if lifetime < Duration::from_secs(60) {
+        anyhow::bail!("--join-cert-lifetime must be at least 60s");
+    }
+    Ok(ate_api::join::Signer { ca, lifetime })
+}
+
+/// The `--tls-ca` bundle as text (what a joining machine checks against its token's pin).
+fn trust_bundle(tls: &ate_tls::TlsArgs) -> anyhow::Result<String> {
+    let Some(files) = tls.files()? else {
+        return Ok(String::new());
+    };
+    std::fs::read_to_string(&files.ca)
+        .with_context(|| format!("cannot read --tls-ca {}", files.ca.display()))
+}
+
 pub async fn run_api(args: ApiArgs) -> anyhow::Result<()> {
     init_logging(args.log_json);
     let store = ate_store::open(&args.store)
@@ -145,6 +182,9 @@ pub async fn run_api(args: ApiArgs) -> anyhow::Result<()> {
         // Plaintext would both leak the tokens and make every caller admin.
         anyhow::bail!("--auth-mode=jwt needs TLS: --tls-cert, --tls-key and --tls-ca");
     }
+    if source.is_none() && args.ca_dir.is_some() {
+        anyhow::bail!("--ca-dir needs TLS: --tls-cert, --tls-key and --tls-ca");
+    }
     let (node_tls, serve_tls) = match &source {
         Some(src) => {
             // Any node agent: the shared `…/sa/ate-node` or a per-node `…/sa/ate-node-<name>`.
@@ -155,7 +195,13 @@ pub async fn run_api(args: ApiArgs) -> anyhow::Result<()> {
                 },
             )?;
             let allowed = ate_tls::AllowList::any();
-            let client_auth = if jwt.is_some() {
+            let signer = match &args.ca_dir {
+                Some(dir) => Some(Arc::new(join_signer(dir, &td, args.join_cert_lifetime)?)),
+                None => None,
+            };
+            // A joining machine has no certificate yet: it may connect without one, and then
+            // reach nothing but JoinService (every other RPC needs an identity).
+            let client_auth = if jwt.is_some() || signer.is_some() {
                 ate_tls::ClientAuth::Optional { allowed }
             } else {
                 ate_tls::ClientAuth::Required { allowed }
@@ -170,6 +216,8 @@ pub async fn run_api(args: ApiArgs) -> anyhow::Result<()> {
                 Some(ate_api::TlsServe {
                     server: Arc::new(server),
                     authz,
+                    trust_bundle: trust_bundle(&args.tls)?,
+                    join_signer: signer,
                 }),
             )
         }

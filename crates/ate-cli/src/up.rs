@@ -98,14 +98,52 @@ pub struct UpArgs {
     #[arg(long, default_value = ate_tls::DEFAULT_TRUST_DOMAIN)]
     pub trust_domain: String,
     /// Lifetime of every component certificate; each is re-issued at 2/3 of it (e.g. `60s`).
+    /// Also the lifetime of the certificates the api signs for joining nodes.
     #[arg(long, default_value = "24h", value_parser = ate_router::config::parse_duration)]
     pub cert_lifetime: Duration,
+    /// What this machine runs: `all` (api, router, node agent, workers), `control` (api and
+    /// router; machines join it) or `node` (node agent and workers, joined to a control host
+    /// with `--join` and `--join-token`).
+    #[arg(long, value_enum, default_value_t = UpRole::All)]
+    pub role: UpRole,
+    /// `--role node`: the api address(es) to join, comma-separated (`10.0.0.1:7443,10.0.0.2:7443`).
+    #[arg(long, env = "ATE_JOIN")]
+    pub join: Option<String>,
+    /// `--role node`: the join token from `ate token create` on a control host. Needed for the
+    /// first start only: a restarted node renews with the certificates it holds.
+    #[arg(long, env = "ATE_JOIN_TOKEN", hide_env_values = true)]
+    pub join_token: Option<String>,
+    /// This machine's node name (`--role node`: default the host name; else `node-1`). Its
+    /// workers are `<node>-worker-<i>`.
+    #[arg(long)]
+    pub node_name: Option<String>,
+    /// The CA that signs every certificate (default STATE_DIR/ca). Control hosts that serve one
+    /// fleet share it (as api replicas share a Kubernetes Secret).
+    #[arg(long)]
+    pub ca_dir: Option<PathBuf>,
+    /// Extra DNS name or IP in the api's and the router's certificates, for clients that check
+    /// the host name (repeatable).
+    #[arg(long = "tls-san")]
+    pub tls_sans: Vec<String>,
+    /// Another api replica on the same store (repeatable): the router fails over to it, and the
+    /// api no longer assumes it is the only replica.
+    #[arg(long = "peer-api")]
+    pub peer_apis: Vec<String>,
+}
+
+/// What one `ate up` runs.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum UpRole {
+    All,
+    Control,
+    Node,
 }
 
 /// The local CA and one rotating certificate per component, written to `<state>/tls/<name>.crt`
 /// and `.key` (+ `ca.crt`) for the children, which reload them when they change.
 struct Pki {
-    ca: Arc<ate_tls::LocalCa>,
+    /// None on a joined node: its certificates come from the api (see `crate::join`).
+    ca: Option<Arc<ate_tls::LocalCa>>,
     dir: PathBuf,
     td: String,
     lifetime: Duration,
@@ -115,7 +153,7 @@ struct Pki {
 
 impl Pki {
     fn open(args: &UpArgs) -> anyhow::Result<Self> {
-        let ca_dir = args.state_dir.join("ca");
+        let ca_dir = ca_dir(args);
         let ca =
             ate_tls::LocalCa::open_or_create(&ca_dir, &args.trust_domain).with_context(|| {
                 format!("cannot open or create the local CA in {}", ca_dir.display())
@@ -124,12 +162,23 @@ impl Pki {
         std::fs::create_dir_all(&dir)
             .with_context(|| format!("cannot create {}", dir.display()))?;
         Ok(Pki {
-            ca: Arc::new(ca),
+            ca: Some(Arc::new(ca)),
             dir,
             td: args.trust_domain.clone(),
             lifetime: args.cert_lifetime,
             sources: Vec::new(),
         })
+    }
+
+    /// A joined node's certificates, already in `dir` and renewed by `crate::join`.
+    fn joined(dir: PathBuf, issued: &crate::join::Issued) -> Self {
+        Pki {
+            ca: None,
+            dir,
+            td: issued.trust_domain.clone(),
+            lifetime: issued.lifetime,
+            sources: Vec::new(),
+        }
     }
 
     /// Issues (and keeps rotating) `id`'s certificate as `<name>.{crt,key}`.
@@ -147,9 +196,16 @@ impl Pki {
         req: ate_tls::SvidRequest,
     ) -> anyhow::Result<(ate_tls::CertSource, ate_tls::TlsArgs)> {
         let files = ate_tls::PemFiles::in_dir(&self.dir, name);
-        let req = req.lifetime(self.lifetime);
-        let source = ate_tls::CertSource::issued_to_files(self.ca.clone(), req, files.clone())
-            .with_context(|| format!("cannot issue the {name} certificate"))?;
+        let source = match &self.ca {
+            Some(ca) => {
+                let req = req.lifetime(self.lifetime);
+                ate_tls::CertSource::issued_to_files(ca.clone(), req, files.clone())
+                    .with_context(|| format!("cannot issue the {name} certificate"))?
+            }
+            // Joined: the files are there (checked by loading them), renewed elsewhere.
+            None => ate_tls::CertSource::from_files(files.clone(), ate_tls::DEFAULT_FILE_POLL)
+                .with_context(|| format!("cannot load the {name} certificate"))?,
+        };
         self.sources.push(source.clone());
         let mut flags = ate_tls::TlsArgs::from_files(&files, &self.td);
         // Children must notice a rotated certificate well before the old one expires.
@@ -206,16 +262,36 @@ fn publish_admin(admin: &ate_tls::CertSource, pki_dir: &Path) {
     });
 }
 
-/// The loopback address of worker `i` (1-based): every worker serves atunnel on its own address,
-/// as a pod would.
+/// The CA directory: `--ca-dir`, else STATE_DIR/ca.
+fn ca_dir(args: &UpArgs) -> PathBuf {
+    args.ca_dir
+        .clone()
+        .unwrap_or_else(|| args.state_dir.join("ca"))
+}
+
+/// The address of worker `i` (1-based): every worker serves atunnel on its own address, as a
+/// pod would (loopback addresses on one machine; the host's addresses on a joined node).
 fn worker_address(first: std::net::Ipv4Addr, i: u32) -> anyhow::Result<std::net::IpAddr> {
     let ip = u32::from(first)
         .checked_add(i - 1)
         .map(std::net::Ipv4Addr::from);
     match ip {
-        Some(ip) if ip.is_loopback() => Ok(std::net::IpAddr::V4(ip)),
-        _ => anyhow::bail!("worker {i} would not get a loopback address starting from {first}"),
+        Some(ip) if ip.is_loopback() == first.is_loopback() && !ip.is_unspecified() => {
+            Ok(std::net::IpAddr::V4(ip))
+        }
+        _ => anyhow::bail!("worker {i} would not get an address starting from {first}"),
     }
+}
+
+/// `req` with the `--tls-san` names and addresses.
+fn with_sans(mut req: ate_tls::SvidRequest, sans: &[String]) -> ate_tls::SvidRequest {
+    for san in sans {
+        req = match san.parse::<std::net::IpAddr>() {
+            Ok(ip) => req.ip(ip),
+            Err(_) => req.dns(san.clone()),
+        };
+    }
+    req
 }
 
 async fn wait_listening(c: &mut Component, addr: SocketAddr) -> anyhow::Result<()> {
@@ -242,9 +318,10 @@ async fn wait_listening(c: &mut Component, addr: SocketAddr) -> anyhow::Result<(
     }
 }
 
-/// Waits until the api lists `n` ACTIVE workers.
+/// Waits until the api lists `n` ACTIVE workers of `node`.
 async fn wait_workers(
     clients: &Clients,
+    node: &str,
     n: usize,
     components: &mut [Component],
 ) -> anyhow::Result<()> {
@@ -266,6 +343,7 @@ async fn wait_workers(
             .await
             .map(|r| r.into_inner().workers)
             .unwrap_or_default();
+        let workers: Vec<_> = workers.into_iter().filter(|w| w.node == node).collect();
         if workers.iter().filter(|w| w.status == "ACTIVE").count() >= n {
             return Ok(());
         }
@@ -603,17 +681,19 @@ async fn register_demo(c: &Clients, images_dir: &Path) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Starts the node agent, the workers and the router, and waits until each is serving.
-async fn start_data_path(
+/// Starts the node agent and the workers, and waits until the api lists every worker.
+#[allow(clippy::too_many_arguments)]
+async fn start_node_and_workers(
     args: &UpArgs,
-    api_addr: &str,
+    node_name: &str,
+    api_addrs: &str,
     logs: &Path,
     run_dir: &Path,
     pki: &mut Pki,
     clients: &Clients,
     components: &mut Vec<Component>,
 ) -> anyhow::Result<()> {
-    let td = args.trust_domain.clone();
+    let td = pki.td.clone();
     let state = args.state_dir.display().to_string();
     if args.workers > 0 && !nix::unistd::Uid::effective().is_root() {
         anyhow::bail!(
@@ -622,7 +702,6 @@ async fn start_data_path(
     }
     let node_ready = run_dir.join("node.json");
     let _ = std::fs::remove_file(&node_ready);
-    let node_name = "node-1";
     let mut node_args = vec![
         "node".to_string(),
         "--name".into(),
@@ -630,7 +709,7 @@ async fn start_data_path(
         "--listen".into(),
         args.node_listen.to_string(),
         "--api".into(),
-        api_addr.to_string(),
+        api_addrs.to_string(),
         "--state-dir".into(),
         state.clone(),
         "--ready-file".into(),
@@ -641,20 +720,23 @@ async fn start_data_path(
     }
     node_args.extend(
         // A per-node identity: the api lets a node suspend only the actors on its own workers.
-        pki.issue("node", ate_tls::SpiffeId::node_instance(&td, node_name)?)?
-            .1
-            .to_args(),
+        pki.issue(
+            crate::join::NODE_CERT_NAME,
+            ate_tls::SpiffeId::node_instance(&td, node_name)?,
+        )?
+        .1
+        .to_args(),
     );
     components.push(spawn("node", Role::Node, node_args, logs)?);
     let node_index = components.len() - 1;
     wait_ready(&mut components[node_index], &node_ready).await?;
 
-    for i in 1..=args.workers {
+    for (i, id) in (1..=args.workers).zip(worker_ids(args, node_name)) {
         let listen = SocketAddr::new(worker_address(args.worker_first_ip, i)?, args.worker_port);
-        let worker_args = vec![
+        let mut worker_args = vec![
             "worker".to_string(),
             "--id".into(),
-            format!("worker-{i}"),
+            id.clone(),
             "--state-dir".into(),
             state.clone(),
             "--listen".into(),
@@ -663,20 +745,32 @@ async fn start_data_path(
             args.worker_slots.to_string(),
             // Lets an actor be pinned to one worker with a selector (`ate update actor --selector`).
             "--labels".into(),
-            format!("ate.dev/worker=worker-{i}"),
+            format!("ate.dev/worker={id},ate.dev/node={node_name}"),
         ];
-        let id = format!("worker-{i}");
-        let mut worker_args = worker_args;
         worker_args.extend(
             pki.issue(&id, ate_tls::SpiffeId::worker_instance(&td, &id)?)?
                 .1
                 .to_args(),
         );
-        let name = format!("worker-{i}");
-        components.push(spawn(&name, Role::Worker, worker_args, logs)?);
+        components.push(spawn(&id, Role::Worker, worker_args, logs)?);
     }
-    wait_workers(clients, args.workers as usize, components).await?;
+    wait_workers(clients, node_name, args.workers as usize, components).await
+}
 
+/// Worker ids of this machine: `worker-<i>` on an all-in-one (as before nodes could join), else
+/// `<node>-worker-<i>` (the api signs a node's worker certificates only under its name).
+fn worker_ids(args: &UpArgs, node_name: &str) -> Vec<String> {
+    (1..=args.workers)
+        .map(|i| match args.role {
+            UpRole::All => format!("worker-{i}"),
+            _ => format!("{node_name}-worker-{i}"),
+        })
+        .collect()
+}
+
+/// Starts the router and waits until it listens.
+fn router_args(args: &UpArgs, api_addrs: &str, pki: &mut Pki) -> anyhow::Result<Vec<String>> {
+    let td = pki.td.clone();
     let mut router_args = vec![
         "router".to_string(),
         "--listen".into(),
@@ -684,18 +778,38 @@ async fn start_data_path(
         "--metrics-listen".into(),
         args.router_metrics_listen.to_string(),
         "--api".into(),
-        api_addr.to_string(),
+        api_addrs.to_string(),
     ];
     // Also valid for `localhost` / 127.0.0.1, for clients of `--router-arg=--tls-listen=…` that
     // check the hostname rather than the SPIFFE ID.
     let router_req = ate_tls::SvidRequest::new(ate_tls::SpiffeId::router(&td)?)
         .dns("localhost")
         .ip(std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST));
+    let router_req = with_sans(router_req, &args.tls_sans);
     router_args.extend(pki.issue_req("router", router_req)?.1.to_args());
     router_args.extend(args.router_args.iter().cloned());
+    Ok(router_args)
+}
+
+async fn start_router(
+    args: &UpArgs,
+    api_addrs: &str,
+    logs: &Path,
+    pki: &mut Pki,
+    components: &mut Vec<Component>,
+) -> anyhow::Result<()> {
+    let router_args = router_args(args, api_addrs, pki)?;
     components.push(spawn("router", Role::Router, router_args, logs)?);
     let router_index = components.len() - 1;
     wait_listening(&mut components[router_index], args.router_listen).await
+}
+
+/// The api addresses a router or node agent of this host uses: ours first, then the peers.
+fn api_list(own: &str, peers: &[String]) -> String {
+    std::iter::once(own.to_string())
+        .chain(peers.iter().cloned())
+        .collect::<Vec<_>>()
+        .join(",")
 }
 
 /// Stops the components group by group in `STOP_ORDER`.
@@ -753,11 +867,22 @@ async fn start_all(
         store.to_string(),
         "--ready-file".into(),
         api_ready.display().to_string(),
-        // The embedded system has one api: a store outage need not fence the workers.
-        "--sole-replica".into(),
+        // Signs the certificates of machines that join (`ate up --role node`).
+        "--ca-dir".into(),
+        ca_dir(args).display().to_string(),
+        "--join-cert-lifetime".into(),
+        format!("{}s", args.cert_lifetime.as_secs().max(60)),
     ];
+    // One api on its store (no --peer-api): a store outage need not fence the workers.
+    if args.role == UpRole::All && args.peer_apis.is_empty() {
+        api_args.push("--sole-replica".into());
+    }
     let td = args.trust_domain.clone();
-    api_args.extend(pki.issue("api", ate_tls::SpiffeId::api(&td)?)?.1.to_args());
+    let api_req = with_sans(
+        ate_tls::SvidRequest::new(ate_tls::SpiffeId::api(&td)?),
+        &args.tls_sans,
+    );
+    api_args.extend(pki.issue_req("api", api_req)?.1.to_args());
     let (admin, _) = pki.issue(client::ADMIN_CERT_NAME, ate_tls::SpiffeId::admin(&td)?)?;
     components.push(spawn("api", Role::Api, api_args, &logs)?);
     let api = &mut components[0];
@@ -783,8 +908,111 @@ async fn start_all(
         write_atomically(&user, &api_addr)?;
         publish_admin(&admin, &pki.dir);
     }
-    start_data_path(args, &api_addr, &logs, &run_dir, pki, &clients, components).await?;
+    let api_addrs = api_list(&api_addr, &args.peer_apis);
+    if args.role == UpRole::All {
+        let node_name = args.node_name.clone().unwrap_or_else(|| "node-1".into());
+        start_node_and_workers(
+            args, &node_name, &api_addrs, &logs, &run_dir, pki, &clients, components,
+        )
+        .await?;
+    }
+    start_router(args, &api_addrs, &logs, pki, components).await?;
     Ok((api_addr, api_http))
+}
+
+/// Restarts components that exit until SIGINT/SIGTERM (SUCCESS) or a crash loop (FAILURE).
+async fn supervise_until_stopped(
+    components: &mut [Component],
+    signal: &mut std::pin::Pin<&mut impl std::future::Future<Output = ()>>,
+) -> ExitCode {
+    loop {
+        let wake = next_wake(components, Instant::now());
+        tokio::select! {
+            // The signal first: nothing is restarted once stopping has begun.
+            biased;
+            _ = signal.as_mut() => {
+                eprintln!("ate up: stopping");
+                return ExitCode::SUCCESS;
+            }
+            _ = tokio::time::sleep(wake) => {
+                if let Err(e) = supervise(components) {
+                    eprintln!("ate up: {e:#}; stopping everything");
+                    return ExitCode::FAILURE;
+                }
+            }
+        }
+    }
+}
+
+/// `--role node`: joins the fleet (or renews the certificates it holds), then runs the node
+/// agent and the workers, renewing their certificates in the background.
+async fn run_node(args: UpArgs) -> anyhow::Result<ExitCode> {
+    let Some(join) = args.join.clone() else {
+        anyhow::bail!("--role node needs --join <api address[,address…]> of a control host");
+    };
+    let token = args
+        .join_token
+        .as_deref()
+        .map(str::parse::<ate_tls::JoinToken>)
+        .transpose()?;
+    let node_name = match &args.node_name {
+        Some(n) => n.clone(),
+        None => std::fs::read_to_string("/proc/sys/kernel/hostname")
+            .map(|h| h.trim().to_ascii_lowercase())
+            .context("cannot read the host name: give --node-name")?,
+    };
+    ate_core::validate_label("--node-name", &node_name)?;
+    let state = &args.state_dir;
+    let logs = state.join("logs");
+    let run_dir = state.join("run");
+    let tls_dir = state.join(client::TLS_DIR);
+    let ids = Arc::new(crate::join::NodeIdentities {
+        api: join.clone(),
+        node: node_name.clone(),
+        workers: worker_ids(&args, &node_name),
+        dir: tls_dir.clone(),
+    });
+    let issued = ids.obtain(token.as_ref()).await?;
+    let _renewal = ids.clone().spawn_renewal(issued.clone());
+    let mut pki = Pki::joined(tls_dir, &issued);
+    // The node's own identity reads the fleet (to wait for its workers).
+    let (node_source, _) = pki.issue(
+        crate::join::NODE_CERT_NAME,
+        ate_tls::SpiffeId::node_instance(&issued.trust_domain, &node_name)?,
+    )?;
+    let clients = Clients::new(client::connect_to(&join, Some(&node_source)).await?);
+
+    let signal = shutdown_signal();
+    tokio::pin!(signal);
+    let mut components = Vec::new();
+    let started = tokio::select! {
+        r = start_node_and_workers(&args, &node_name, &join, &logs, &run_dir, &mut pki, &clients, &mut components) => r,
+        _ = &mut signal => Err(anyhow::anyhow!("interrupted during start-up")),
+    };
+    if let Err(e) = started {
+        stop_all(&mut components).await;
+        return Err(e);
+    }
+    if let Some(file) = &args.ready_file {
+        let body = serde_json::json!({
+            "node": node_name,
+            "api": join,
+            "node_listen": args.node_listen.to_string(),
+            "workers": worker_ids(&args, &node_name),
+            "state_dir": state.display().to_string(),
+            "tls_dir": pki.dir.display().to_string(),
+        });
+        write_atomically(file, &body.to_string())?;
+    }
+    println!(
+        "ate up: ready node={node_name} api={join} state={} (workers={} slots={})",
+        state.display(),
+        args.workers,
+        args.worker_slots
+    );
+    let code = supervise_until_stopped(&mut components, &mut signal).await;
+    stop_all(&mut components).await;
+    Ok(code)
 }
 
 pub async fn run(args: UpArgs) -> anyhow::Result<ExitCode> {
@@ -793,6 +1021,12 @@ pub async fn run(args: UpArgs) -> anyhow::Result<ExitCode> {
     let run_dir = state.join("run");
     for d in [state, &logs, &run_dir] {
         std::fs::create_dir_all(d).with_context(|| format!("cannot create {}", d.display()))?;
+    }
+    if args.role == UpRole::Node {
+        return run_node(args).await;
+    }
+    if args.join.is_some() || args.join_token.is_some() {
+        anyhow::bail!("--join and --join-token are for --role node");
     }
     let store = args
         .store
@@ -839,23 +1073,7 @@ pub async fn run(args: UpArgs) -> anyhow::Result<ExitCode> {
         args.worker_slots
     );
 
-    let code = loop {
-        let wake = next_wake(&components, Instant::now());
-        tokio::select! {
-            // The signal first: nothing is restarted once stopping has begun.
-            biased;
-            _ = &mut signal => {
-                eprintln!("ate up: stopping");
-                break ExitCode::SUCCESS;
-            }
-            _ = tokio::time::sleep(wake) => {
-                if let Err(e) = supervise(&mut components) {
-                    eprintln!("ate up: {e:#}; stopping everything");
-                    break ExitCode::FAILURE;
-                }
-            }
-        }
-    };
+    let code = supervise_until_stopped(&mut components, &mut signal).await;
     stop_all(&mut components).await;
     Ok(code)
 }

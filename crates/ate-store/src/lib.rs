@@ -146,6 +146,25 @@ pub struct TagRecord {
     pub created_ms: i64,
 }
 
+/// A join token as stored: the secret only as its SHA-256.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct JoinTokenRecord {
+    pub id: String,
+    pub secret_sha256: String,
+    pub description: String,
+    pub created_ms: i64,
+    pub expires_ms: i64,
+    /// Nodes that joined with it, oldest first.
+    pub used_by: Vec<String>,
+}
+
+/// A generation kept frozen in place on a worker (placement preference for the next resume).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FrozenCopy {
+    pub worker_id: String,
+    pub generation: u64,
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Capacity {
     pub cpu_millis: u64,
@@ -425,6 +444,21 @@ pub trait Store: Send + Sync + 'static {
     ) -> Result<bool>;
     /// Releases `key` if `holder` holds it.
     async fn release_lease(&self, key: &str, holder: &str) -> Result<()>;
+
+    // ---- join tokens
+    /// Inserts a token (AlreadyExists on an id clash) and drops tokens expired for a day.
+    async fn create_join_token(&self, token: &JoinTokenRecord) -> Result<()>;
+    async fn get_join_token(&self, id: &str) -> Result<JoinTokenRecord>;
+    async fn list_join_tokens(&self) -> Result<Vec<JoinTokenRecord>>;
+    /// False when no such token exists.
+    async fn delete_join_token(&self, id: &str) -> Result<bool>;
+    /// Appends `node` to the token's `used_by` (once; the list keeps its last 100 entries).
+    async fn record_join_token_use(&self, id: &str, node: &str) -> Result<()>;
+
+    // ---- frozen copies
+    async fn set_frozen_copy(&self, atespace: &str, name: &str, copy: &FrozenCopy) -> Result<()>;
+    async fn get_frozen_copy(&self, atespace: &str, name: &str) -> Result<Option<FrozenCopy>>;
+    async fn clear_frozen_copy(&self, atespace: &str, name: &str) -> Result<()>;
 
     fn counters(&self) -> &StoreCounters;
 }

@@ -22,7 +22,7 @@ use crate::util::{
     snapshot_not_found, split_template, to_i64, to_json, to_u64,
 };
 use crate::{
-    ActorRecord, ActorUpdate, AtespaceRecord, Capacity, Result, SnapshotRecord, Store,
+    ActorRecord, ActorUpdate, AtespaceRecord, Capacity, FrozenCopy, JoinTokenRecord, Result, SnapshotRecord, Store,
     StoreCounters, StoreError, TagRecord, TemplateRecord, WorkerRecord, WorkerStatus, async_trait,
 };
 
@@ -677,6 +677,11 @@ impl Store for StoreImpl {
             .bind(actor_lease_key(atespace, name))
             .execute(&mut *tx)
             .await?;
+        sqlx::query("DELETE FROM frozen_copies WHERE atespace = $1 AND name = $2")
+            .bind(atespace)
+            .bind(name)
+            .execute(&mut *tx)
+            .await?;
         sqlx::query("DELETE FROM actors WHERE atespace = $1 AND name = $2")
             .bind(atespace)
             .bind(name)
@@ -1211,6 +1216,153 @@ impl Store for StoreImpl {
         Ok(())
     }
 
+    // ---- join tokens
+
+    async fn create_join_token(&self, token: &JoinTokenRecord) -> Result<()> {
+        self.counters.write();
+        let mut tx = self.begin_write().await?;
+        // Expired tokens stay listed for a day (so an operator sees why a join failed), then go.
+        sqlx::query("DELETE FROM join_tokens WHERE expires_ms < $1")
+            .bind(token.created_ms - 24 * 3600 * 1000)
+            .execute(&mut *tx)
+            .await?;
+        let inserted = sqlx::query(
+            "INSERT INTO join_tokens (id, secret_sha256, description, created_ms, expires_ms, used_by) \
+             VALUES ($1, $2, $3, $4, $5, $6)",
+        )
+        .bind(&token.id)
+        .bind(&token.secret_sha256)
+        .bind(&token.description)
+        .bind(token.created_ms)
+        .bind(token.expires_ms)
+        .bind(to_json(&token.used_by, "used_by")?)
+        .execute(&mut *tx)
+        .await;
+        match inserted {
+            Ok(_) => {}
+            Err(e) if is_unique_violation(&e) => {
+                return Err(already_exists("join token", &token.id));
+            }
+            Err(e) => return Err(e.into()),
+        }
+        tx.commit().await?;
+        Ok(())
+    }
+
+    async fn get_join_token(&self, id: &str) -> Result<JoinTokenRecord> {
+        self.counters.read();
+        let row = sqlx::query(
+            "SELECT id, secret_sha256, description, created_ms, expires_ms, used_by \
+             FROM join_tokens WHERE id = $1",
+        )
+        .bind(id)
+        .fetch_optional(&self.pool)
+        .await?;
+        match row {
+            Some(row) => join_token_from_row(&row),
+            None => Err(not_found("join token", id)),
+        }
+    }
+
+    async fn list_join_tokens(&self) -> Result<Vec<JoinTokenRecord>> {
+        self.counters.read();
+        let rows = sqlx::query(
+            "SELECT id, secret_sha256, description, created_ms, expires_ms, used_by \
+             FROM join_tokens ORDER BY created_ms, id",
+        )
+        .fetch_all(&self.pool)
+        .await?;
+        rows.iter().map(join_token_from_row).collect()
+    }
+
+    async fn delete_join_token(&self, id: &str) -> Result<bool> {
+        self.counters.write();
+        let _guard = self.write_guard().await;
+        let done = sqlx::query("DELETE FROM join_tokens WHERE id = $1")
+            .bind(id)
+            .execute(&self.pool)
+            .await?;
+        Ok(done.rows_affected() > 0)
+    }
+
+    async fn record_join_token_use(&self, id: &str, node: &str) -> Result<()> {
+        self.counters.write();
+        let mut tx = self.begin_write().await?;
+        let row = sqlx::query(concat!(
+            "SELECT used_by FROM join_tokens WHERE id = $1",
+            for_update!()
+        ))
+        .bind(id)
+        .fetch_optional(&mut *tx)
+        .await?;
+        let Some(row) = row else {
+            return Err(not_found("join token", id));
+        };
+        let text: String = row.try_get("used_by")?;
+        let mut used: Vec<String> = from_json(&text, "used_by")?;
+        if used.last().map(String::as_str) != Some(node) {
+            used.retain(|n| n != node);
+            used.push(node.to_string());
+            let excess = used.len().saturating_sub(100);
+            used.drain(..excess);
+            sqlx::query("UPDATE join_tokens SET used_by = $2 WHERE id = $1")
+                .bind(id)
+                .bind(to_json(&used, "used_by")?)
+                .execute(&mut *tx)
+                .await?;
+        }
+        tx.commit().await?;
+        Ok(())
+    }
+
+    // ---- frozen copies
+
+    async fn set_frozen_copy(&self, atespace: &str, name: &str, copy: &FrozenCopy) -> Result<()> {
+        self.counters.write();
+        let _guard = self.write_guard().await;
+        sqlx::query(
+            "INSERT INTO frozen_copies (atespace, name, worker_id, generation) VALUES ($1, $2, $3, $4) \
+             ON CONFLICT (atespace, name) DO UPDATE SET worker_id = excluded.worker_id, \
+             generation = excluded.generation",
+        )
+        .bind(atespace)
+        .bind(name)
+        .bind(&copy.worker_id)
+        .bind(to_i64(copy.generation, "generation")?)
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+
+    async fn get_frozen_copy(&self, atespace: &str, name: &str) -> Result<Option<FrozenCopy>> {
+        self.counters.read();
+        let row = sqlx::query(
+            "SELECT worker_id, generation FROM frozen_copies WHERE atespace = $1 AND name = $2",
+        )
+        .bind(atespace)
+        .bind(name)
+        .fetch_optional(&self.pool)
+        .await?;
+        row.map(|row| {
+            Ok(FrozenCopy {
+                worker_id: row.try_get("worker_id")?,
+                generation: to_u64(row.try_get("generation")?, "generation")?,
+            })
+        })
+        .transpose()
+    }
+
+    async fn clear_frozen_copy(&self, atespace: &str, name: &str) -> Result<()> {
+        self.counters.write();
+        let _guard = self.write_guard().await;
+        sqlx::query("DELETE FROM frozen_copies WHERE atespace = $1 AND name = $2")
+            .bind(atespace)
+            .bind(name)
+            .execute(&self.pool)
+            .await?;
+        Ok(())
+    }
+
     fn counters(&self) -> &StoreCounters {
         &self.counters
     }
@@ -1248,4 +1400,16 @@ async fn insert_snapshot(tx: &mut Tx, s: &SnapshotRecord) -> Result<()> {
         ))),
         Err(e) => Err(e.into()),
     }
+}
+
+fn join_token_from_row(row: &DbRow) -> Result<JoinTokenRecord> {
+    let used: String = row.try_get("used_by")?;
+    Ok(JoinTokenRecord {
+        id: row.try_get("id")?,
+        secret_sha256: row.try_get("secret_sha256")?,
+        description: row.try_get("description")?,
+        created_ms: row.try_get("created_ms")?,
+        expires_ms: row.try_get("expires_ms")?,
+        used_by: from_json(&used, "used_by")?,
+    })
 }

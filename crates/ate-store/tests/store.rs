@@ -11,8 +11,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use ate_core::template::{Container, EgressPolicy, Resources};
 use ate_core::{ActorState, DurableStatus, Fidelity, TemplateSpec};
 use ate_store::{
-    ActorRecord, ActorUpdate, Capacity, SnapshotRecord, Store, StoreError, TagRecord, WorkerRecord,
-    WorkerStatus, actor_lease_key,
+    ActorRecord, ActorUpdate, Capacity, FrozenCopy, JoinTokenRecord, SnapshotRecord, Store,
+    StoreError, TagRecord, WorkerRecord, WorkerStatus, actor_lease_key,
 };
 use futures::FutureExt;
 use sqlx::Connection;
@@ -126,6 +126,7 @@ both_backends!(
     release_records_snapshot,
     snapshot_durable_and_local_updates,
     tag_crud,
+    join_tokens_and_frozen_copies,
     worker_lifecycle,
     counters_count_operations,
     reopen_keeps_data,
@@ -1582,6 +1583,78 @@ mod cases {
         // The tag's copy follows the generation it names.
         let t = s.get_tag("ns", "t2").await.unwrap();
         assert_eq!(t.snapshot, g[0]);
+    }
+
+    pub async fn join_tokens_and_frozen_copies(env: Env) {
+        let s = env.store.as_ref();
+        let token = JoinTokenRecord {
+            id: "abcd1234".into(),
+            secret_sha256: "f".repeat(64),
+            description: "rack 3".into(),
+            created_ms: NOW,
+            expires_ms: NOW + 3_600_000,
+            used_by: vec![],
+        };
+        s.create_join_token(&token).await.unwrap();
+        let e = assert_err!(
+            s.create_join_token(&token).await,
+            StoreError::AlreadyExists(_)
+        );
+        assert_eq!(e.to_string(), r#"join token "abcd1234" already exists"#);
+        assert_eq!(s.get_join_token("abcd1234").await.unwrap(), token);
+        s.record_join_token_use("abcd1234", "node-a").await.unwrap();
+        s.record_join_token_use("abcd1234", "node-b").await.unwrap();
+        s.record_join_token_use("abcd1234", "node-a").await.unwrap();
+        let got = s.get_join_token("abcd1234").await.unwrap();
+        assert_eq!(
+            got.used_by,
+            vec!["node-b".to_string(), "node-a".to_string()]
+        );
+        assert_err!(
+            s.record_join_token_use("zzzz0000", "x").await,
+            StoreError::NotFound(_)
+        );
+        // A token expired for over a day goes when the next one is created.
+        let old = JoinTokenRecord {
+            id: "old00000".into(),
+            created_ms: NOW - 3 * 86_400_000,
+            expires_ms: NOW - 2 * 86_400_000,
+            ..token.clone()
+        };
+        s.create_join_token(&old).await.unwrap();
+        let newer = JoinTokenRecord {
+            id: "new00000".into(),
+            ..token.clone()
+        };
+        s.create_join_token(&newer).await.unwrap();
+        let ids: Vec<String> = s
+            .list_join_tokens()
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|t| t.id)
+            .collect();
+        assert_eq!(ids, vec!["abcd1234".to_string(), "new00000".to_string()]);
+        assert!(s.delete_join_token("abcd1234").await.unwrap());
+        assert!(!s.delete_join_token("abcd1234").await.unwrap());
+        assert_err!(s.get_join_token("abcd1234").await, StoreError::NotFound(_));
+
+        assert_eq!(s.get_frozen_copy("ns", "a1").await.unwrap(), None);
+        let copy = FrozenCopy {
+            worker_id: "w1".into(),
+            generation: 4,
+        };
+        s.set_frozen_copy("ns", "a1", &copy).await.unwrap();
+        assert_eq!(s.get_frozen_copy("ns", "a1").await.unwrap(), Some(copy));
+        let moved = FrozenCopy {
+            worker_id: "w2".into(),
+            generation: 5,
+        };
+        s.set_frozen_copy("ns", "a1", &moved).await.unwrap();
+        assert_eq!(s.get_frozen_copy("ns", "a1").await.unwrap(), Some(moved));
+        s.clear_frozen_copy("ns", "a1").await.unwrap();
+        s.clear_frozen_copy("ns", "a1").await.unwrap();
+        assert_eq!(s.get_frozen_copy("ns", "a1").await.unwrap(), None);
     }
 
     pub async fn tag_crud(env: Env) {

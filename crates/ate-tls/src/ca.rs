@@ -352,29 +352,7 @@ impl LocalCa {
             ));
         }
         let key = KeyPair::generate()?;
-        let mut params = CertificateParams::default();
-        let mut dn = DistinguishedName::new();
-        dn.push(DnType::CommonName, req.id.service_account());
-        params.distinguished_name = dn;
-        // X509-SVID validators reject leaves without basicConstraints, so say CA:false explicitly.
-        params.is_ca = IsCa::ExplicitNoCa;
-        params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
-        params.extended_key_usages = vec![
-            ExtendedKeyUsagePurpose::ServerAuth,
-            ExtendedKeyUsagePurpose::ClientAuth,
-        ];
-        params.use_authority_key_identifier_extension = true;
-        let serial = random_serial()?;
-        let serial_bytes = serial.to_bytes();
-        params.serial_number = Some(serial);
-        params.not_before = not_before.into();
-        params.not_after = not_after.into();
-        let mut sans = vec![SanType::URI(Ia5String::try_from(req.id.uri())?)];
-        for name in &req.dns_names {
-            sans.push(SanType::DnsName(Ia5String::try_from(name.as_str())?));
-        }
-        sans.extend(req.ips.iter().copied().map(SanType::IpAddress));
-        params.subject_alt_names = sans;
+        let (params, serial_bytes) = leaf_params(req, not_before, not_after)?;
         let cert = params.signed_by(&key, &self.issuer)?;
         Ok(Svid {
             id: req.id.clone(),
@@ -387,6 +365,74 @@ impl LocalCa {
             not_after,
         })
     }
+
+    /// Signs a certificate signing request for `req.id`, valid from (about) now for
+    /// `req.lifetime`. Only the CSR's public key is used (after checking the CSR's signature,
+    /// which proves the caller holds the private key): the subject, SANs and usages are ours, so
+    /// a CSR can never ask for another identity or for CA powers.
+    pub fn sign_csr(&self, req: &SvidRequest, csr_pem: &str) -> Result<SignedCert, TlsError> {
+        if req.lifetime.is_zero() {
+            return Err(TlsError::InvalidLifetime("lifetime must be > 0".into()));
+        }
+        if req.id.trust_domain() != self.trust_domain {
+            return Err(TlsError::ForeignTrustDomain {
+                ca: self.trust_domain.clone(),
+                id: Box::new(req.id.clone()),
+            });
+        }
+        let csr = rcgen::CertificateSigningRequestParams::from_pem(csr_pem)
+            .map_err(|e| TlsError::BadCsr(e.to_string()))?;
+        let now = SystemTime::now();
+        let not_after = now + req.lifetime;
+        let (params, serial) = leaf_params(req, now - BACKDATE, not_after)?;
+        let cert = params.signed_by(&csr.public_key, &self.issuer)?;
+        Ok(SignedCert {
+            cert_pem: cert.pem(),
+            serial,
+            not_after,
+        })
+    }
+}
+
+/// A certificate signed from a CSR (the key stays with the requester).
+#[derive(Clone, Debug)]
+pub struct SignedCert {
+    pub cert_pem: String,
+    pub serial: Vec<u8>,
+    pub not_after: SystemTime,
+}
+
+/// The parameters of a leaf SVID for `req` (the same for a certificate we key ourselves and one
+/// signed from a CSR) and its serial number.
+fn leaf_params(
+    req: &SvidRequest,
+    not_before: SystemTime,
+    not_after: SystemTime,
+) -> Result<(CertificateParams, Vec<u8>), TlsError> {
+    let mut params = CertificateParams::default();
+    let mut dn = DistinguishedName::new();
+    dn.push(DnType::CommonName, req.id.service_account());
+    params.distinguished_name = dn;
+    // X509-SVID validators reject leaves without basicConstraints, so say CA:false explicitly.
+    params.is_ca = IsCa::ExplicitNoCa;
+    params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
+    params.extended_key_usages = vec![
+        ExtendedKeyUsagePurpose::ServerAuth,
+        ExtendedKeyUsagePurpose::ClientAuth,
+    ];
+    params.use_authority_key_identifier_extension = true;
+    let serial = random_serial()?;
+    let serial_bytes = serial.to_bytes();
+    params.serial_number = Some(serial);
+    params.not_before = not_before.into();
+    params.not_after = not_after.into();
+    let mut sans = vec![SanType::URI(Ia5String::try_from(req.id.uri())?)];
+    for name in &req.dns_names {
+        sans.push(SanType::DnsName(Ia5String::try_from(name.as_str())?));
+    }
+    sans.extend(req.ips.iter().copied().map(SanType::IpAddress));
+    params.subject_alt_names = sans;
+    Ok((params, serial_bytes))
 }
 
 /// Recovers the trust domain from the CA certificate (URI SAN `spiffe://<td>`, else O).

@@ -87,6 +87,17 @@ pub enum TlsError {
     #[error("invalid endpoint {0:?}")]
     InvalidEndpoint(String),
 
+    #[error("certificate signing request refused: {0}")]
+    BadCsr(String),
+
+    #[error("invalid join token: {0}")]
+    BadJoinToken(String),
+
+    #[error(
+        "the api's CA (sha256 {presented}) is not the one the join token names ({expected}): wrong api address, or a token of another system"
+    )]
+    CaPinMismatch { expected: String, presented: String },
+
     #[error("gRPC transport: {0}")]
     Transport(#[from] tonic::transport::Error),
 }

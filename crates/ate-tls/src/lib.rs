@@ -13,6 +13,7 @@ pub mod error;
 mod fsutil;
 pub mod grpc;
 pub mod id;
+pub mod join;
 pub mod peer;
 pub mod source;
 
@@ -21,17 +22,21 @@ use std::sync::{Arc, OnceLock};
 use rustls::crypto::CryptoProvider;
 
 pub use args::TlsArgs;
-pub use ca::{CA_CERT_FILE, CA_KEY_FILE, DEFAULT_SVID_LIFETIME, LocalCa, Svid, SvidRequest};
+pub use ca::{
+    CA_CERT_FILE, CA_KEY_FILE, DEFAULT_SVID_LIFETIME, LocalCa, SignedCert, Svid, SvidRequest,
+};
 pub use config::{
     AllowList, Alpn, ClientAuth, ServerCheck, client_config, client_config_no_cert, server_config,
     set_client_alpn, set_server_alpn,
 };
 pub use error::TlsError;
+pub use fsutil::write_atomic;
 pub use grpc::{
     PeerInfo, TlsConn, TlsIncoming, connect, endpoint, replicas_channel_lazy, request_identity,
     request_peer, tls_channel, tls_channel_lazy,
 };
 pub use id::{DEFAULT_TRUST_DOMAIN, SYSTEM_NAMESPACE, SpiffeId};
+pub use join::JoinToken;
 pub use peer::{PeerIdentity, peer_spiffe_id, spiffe_id_from_der};
 pub use source::{
     CertSource, DEFAULT_FILE_POLL, Material, PemFiles, load_roots, read_certs, read_key,

@@ -1,0 +1,274 @@
+//! A machine joining the fleet: certificates for its node agent and workers from the api's CA
+//! (JoinService), written as `<dir>/{ca.crt,node.crt,node.key,<worker>.crt,<worker>.key}`, and
+//! renewed at 2/3 of their lifetime with the node's own certificate. Keys are made here and never
+//! leave the machine. The components read the files and reload them when they change.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use anyhow::Context;
+use ate_proto::v1;
+use ate_proto::v1::join_service_client::JoinServiceClient;
+use ate_tls::{JoinToken, PemFiles, SpiffeId};
+
+/// Name of the node agent's certificate files (and its entry in JoinService requests).
+pub const NODE_CERT_NAME: &str = "node";
+/// How long one api call of a join may take.
+const CALL_TIMEOUT: Duration = Duration::from_secs(15);
+/// A renewal that fails is retried after this long (until the certificates expire).
+const RENEW_RETRY: Duration = Duration::from_secs(15);
+
+/// The identities of one node: its agent and its workers.
+#[derive(Clone, Debug)]
+pub struct NodeIdentities {
+    /// api address(es), comma-separated.
+    pub api: String,
+    pub node: String,
+    pub workers: Vec<String>,
+    /// Where the PEM files go.
+    pub dir: PathBuf,
+}
+
+/// What a join or renewal produced.
+#[derive(Clone, Debug)]
+pub struct Issued {
+    pub trust_domain: String,
+    /// The earliest expiry among the certificates.
+    pub not_after: SystemTime,
+    /// The shortest lifetime among them (renewal happens at 2/3 of it).
+    pub lifetime: Duration,
+}
+
+impl NodeIdentities {
+    pub fn files(&self, name: &str) -> PemFiles {
+        PemFiles::in_dir(&self.dir, name)
+    }
+
+    /// Gets fresh certificates: by renewal with the node's current certificate when it is still
+    /// valid (a restarted node needs no new token), else with `token`.
+    pub async fn obtain(&self, token: Option<&JoinToken>) -> anyhow::Result<Issued> {
+        if let Some(left) = self.node_cert_validity() {
+            if left > Duration::ZERO {
+                match self.renew().await {
+                    Ok(issued) => return Ok(issued),
+                    Err(e) if token.is_none() => return Err(e),
+                    Err(e) => eprintln!(
+                        "ate up: renewing with the node's certificate failed ({e:#}); joining with the token"
+                    ),
+                }
+            }
+        }
+        let Some(token) = token else {
+            anyhow::bail!(
+                "node {} has no valid certificate in {}: join with a token (`--token`, from `ate token create` on the control host)",
+                self.node,
+                self.dir.display()
+            );
+        };
+        self.join(token).await
+    }
+
+    /// How long the node's current certificate stays valid (None without one).
+    fn node_cert_validity(&self) -> Option<Duration> {
+        let files = self.files(NODE_CERT_NAME);
+        let source = ate_tls::CertSource::from_files(files, ate_tls::DEFAULT_FILE_POLL).ok()?;
+        let not_after = source.current().not_after?;
+        Some(
+            not_after
+                .duration_since(SystemTime::now())
+                .unwrap_or(Duration::ZERO),
+        )
+    }
+
+    /// The first join: trust bundle checked against the token's pin, then the CSRs with the token.
+    pub async fn join(&self, token: &JoinToken) -> anyhow::Result<Issued> {
+        let bundle = self.fetch_bundle(token).await?;
+        std::fs::create_dir_all(&self.dir)
+            .with_context(|| format!("cannot create {}", self.dir.display()))?;
+        let mut roots = ate_tls::rustls::RootCertStore::empty();
+        for c in ate_tls::join::check_bundle(&bundle.ca_pem, &token.ca_pin)? {
+            roots
+                .add(c)
+                .context("the api's CA bundle holds a bad certificate")?;
+        }
+        let config = ate_tls::client_config_no_cert(
+            roots,
+            ate_tls::ServerCheck::Pin(SpiffeId::api(&bundle.trust_domain)?),
+        )?;
+        let channel = ate_tls::replicas_channel_lazy(
+            &self.api,
+            Some(Arc::new(config)),
+            Duration::from_secs(3),
+            |e| e.timeout(CALL_TIMEOUT),
+        )?;
+        let (csrs, keys) = self.csrs(&bundle.trust_domain)?;
+        let reply = JoinServiceClient::new(channel)
+            .join_node(v1::JoinNodeRequest {
+                token: token.to_string(),
+                node: self.node.clone(),
+                csrs,
+            })
+            .await
+            .map_err(|s| anyhow::anyhow!("the api refused the join: {}", s.message()))?
+            .into_inner();
+        self.write(&reply, &keys)
+    }
+
+    /// Renews every certificate with the node's current one (mTLS).
+    pub async fn renew(&self) -> anyhow::Result<Issued> {
+        let source =
+            ate_tls::CertSource::from_files(self.files(NODE_CERT_NAME), ate_tls::DEFAULT_FILE_POLL)
+                .with_context(|| {
+                    format!("cannot load the node certificate in {}", self.dir.display())
+                })?;
+        let td = source
+            .id()
+            .map(|id| id.trust_domain().to_string())
+            .context("the node certificate has no SPIFFE ID")?;
+        let config =
+            ate_tls::client_config(&source, ate_tls::ServerCheck::Pin(SpiffeId::api(&td)?))?;
+        let channel = ate_tls::replicas_channel_lazy(
+            &self.api,
+            Some(Arc::new(config)),
+            Duration::from_secs(3),
+            |e| e.timeout(CALL_TIMEOUT),
+        )?;
+        let (csrs, keys) = self.csrs(&td)?;
+        let reply = JoinServiceClient::new(channel)
+            .renew_node_certificates(v1::RenewNodeCertificatesRequest {
+                node: self.node.clone(),
+                csrs,
+            })
+            .await
+            .map_err(|s| anyhow::anyhow!("the api refused the renewal: {}", s.message()))?
+            .into_inner();
+        self.write(&reply, &keys)
+    }
+
+    /// The api's CA bundle over an unauthenticated connection (checked by the caller).
+    async fn fetch_bundle(&self, token: &JoinToken) -> anyhow::Result<v1::TrustBundle> {
+        let config = Arc::new(ate_tls::join::first_contact_client_config()?);
+        let mut last = None;
+        for addr in self.api.split(',').map(str::trim).filter(|a| !a.is_empty()) {
+            let endpoint = ate_tls::endpoint(addr)?.timeout(CALL_TIMEOUT);
+            let attempt = async {
+                let channel = tokio::time::timeout(
+                    CALL_TIMEOUT,
+                    ate_tls::tls_channel(endpoint, config.clone()),
+                )
+                .await
+                .context("timed out")??;
+                let bundle = JoinServiceClient::new(channel)
+                    .get_trust_bundle(v1::GetTrustBundleRequest {})
+                    .await
+                    .map_err(|s| anyhow::anyhow!("{}", s.message()))?
+                    .into_inner();
+                // Checked here too, so a wrong replica is skipped rather than fatal.
+                ate_tls::join::check_bundle(&bundle.ca_pem, &token.ca_pin)?;
+                anyhow::Ok(bundle)
+            };
+            match attempt.await {
+                Ok(b) => return Ok(b),
+                Err(e) => last = Some(e.context(format!("api {addr}"))),
+            }
+        }
+        Err(last.unwrap_or_else(|| anyhow::anyhow!("no api address given")))
+    }
+
+    /// One key and CSR per identity (node first), and the keys by name.
+    fn csrs(
+        &self,
+        td: &str,
+    ) -> anyhow::Result<(Vec<v1::CertificateRequest>, Vec<(String, String)>)> {
+        let mut csrs = Vec::with_capacity(self.workers.len() + 1);
+        let mut keys = Vec::with_capacity(self.workers.len() + 1);
+        let mut add = |name: &str, id: SpiffeId| -> anyhow::Result<()> {
+            let (key, csr) = ate_tls::join::key_and_csr(&id)?;
+            csrs.push(v1::CertificateRequest {
+                name: name.to_string(),
+                csr_pem: csr,
+            });
+            keys.push((name.to_string(), key));
+            Ok(())
+        };
+        add(NODE_CERT_NAME, SpiffeId::node_instance(td, &self.node)?)?;
+        for w in &self.workers {
+            add(w, SpiffeId::worker_instance(td, w)?)?;
+        }
+        Ok((csrs, keys))
+    }
+
+    /// Writes the CA bundle, then each key and certificate (key first: a component that reads
+    /// the new certificate next to the old key retries at its next poll).
+    fn write(
+        &self,
+        reply: &v1::NodeCertificates,
+        keys: &[(String, String)],
+    ) -> anyhow::Result<Issued> {
+        if reply.ca_pem.is_empty() {
+            anyhow::bail!("the api sent no CA bundle");
+        }
+        write_file(&self.dir.join("ca.crt"), reply.ca_pem.as_bytes(), 0o644)?;
+        let mut not_after = i64::MAX;
+        for (name, key) in keys {
+            let cert = reply
+                .certificates
+                .iter()
+                .find(|c| &c.name == name)
+                .with_context(|| format!("the api sent no certificate for {name}"))?;
+            let files = self.files(name);
+            write_file(&files.key, key.as_bytes(), 0o600)?;
+            write_file(&files.cert, cert.cert_pem.as_bytes(), 0o644)?;
+            not_after = not_after.min(cert.not_after);
+        }
+        let not_after = UNIX_EPOCH + Duration::from_secs(u64::try_from(not_after).unwrap_or(0));
+        let lifetime = not_after
+            .duration_since(SystemTime::now())
+            .unwrap_or(Duration::ZERO);
+        Ok(Issued {
+            trust_domain: reply.trust_domain.clone(),
+            not_after,
+            lifetime,
+        })
+    }
+
+    /// Renews the certificates at 2/3 of their lifetime, forever; a failed renewal is retried
+    /// every `RENEW_RETRY` (and reported) until it works.
+    pub fn spawn_renewal(self: Arc<Self>, first: Issued) -> tokio::task::JoinHandle<()> {
+        tokio::spawn(async move {
+            let mut issued = first;
+            loop {
+                let wait = (issued.lifetime * 2 / 3).max(Duration::from_secs(1));
+                tokio::time::sleep(wait).await;
+                loop {
+                    match self.renew().await {
+                        Ok(next) => {
+                            issued = next;
+                            break;
+                        }
+                        Err(e) => {
+                            let left = issued
+                                .not_after
+                                .duration_since(SystemTime::now())
+                                .unwrap_or(Duration::ZERO);
+                            eprintln!(
+                                "ate up: cannot renew node {}'s certificates ({e:#}); they expire in {}s, retrying in {}s",
+                                self.node,
+                                left.as_secs(),
+                                RENEW_RETRY.as_secs()
+                            );
+                            tokio::time::sleep(RENEW_RETRY).await;
+                        }
+                    }
+                }
+            }
+        })
+    }
+}
+
+/// Atomic write with `mode` (readers never see half a file or a briefly readable key).
+fn write_file(path: &Path, data: &[u8], mode: u32) -> anyhow::Result<()> {
+    ate_tls::write_atomic(path, data, mode)
+        .with_context(|| format!("cannot write {}", path.display()))
+}
