@@ -6,6 +6,9 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
+use crate::egress::Cidr;
+use crate::service::WorkerError;
+
 /// Configuration of one worker process (flattened into `ate worker`).
 #[derive(Debug, Clone, clap::Args)]
 pub struct WorkerConfig {
@@ -20,6 +23,26 @@ pub struct WorkerConfig {
     /// atunnel listen address, the worker's own address (port 0 picks one; Info reports the bound one).
     #[arg(long, default_value = "127.0.0.2:8443")]
     pub listen: SocketAddr,
+
+    /// atunnel address reported to the node agent (and through the api to the routers) instead
+    /// of the bound one: the IP and port routers reach this worker on, when `--listen` binds
+    /// 0.0.0.0/`::` (then it is required) or an address other hosts cannot reach (NAT, a
+    /// container's own IP). Default: the bound address.
+    #[arg(long, env = "ATE_WORKER_ADVERTISE", value_name = "IP:PORT")]
+    pub advertise: Option<SocketAddr>,
+
+    /// Control-plane addresses no actor may reach — api replicas, the SQL store, the object
+    /// store — whatever its template's egress policy says, even an explicit `allow` entry for
+    /// them (unlike the private ranges, which such an entry opens). IPs or CIDRs, comma-separated
+    /// or repeated. IPv6 entries are accepted, though actors have no IPv6 route out today.
+    #[arg(
+        long,
+        env = "ATE_WORKER_DENY_EGRESS",
+        value_name = "IP|CIDR",
+        value_delimiter = ',',
+        value_parser = parse_deny_egress
+    )]
+    pub deny_egress: Vec<Cidr>,
 
     /// Actor slots offered to the scheduler.
     #[arg(long, default_value_t = 8)]
@@ -91,6 +114,8 @@ impl WorkerConfig {
             id: id.into(),
             state_dir: state_dir.into(),
             listen,
+            advertise: None,
+            deny_egress: Vec::new(),
             slots: 8,
             cpu: None,
             memory: None,
@@ -104,6 +129,32 @@ impl WorkerConfig {
             tls: ate_tls::TlsArgs::default(),
             faults: Arc::default(),
         }
+    }
+
+    /// Refuses `--listen`/`--advertise` that would report an address routers cannot dial.
+    pub fn check_addresses(&self) -> Result<(), WorkerError> {
+        match self.advertise {
+            Some(a) if a.ip().to_canonical().is_unspecified() => Err(WorkerError::Config(format!(
+                "--advertise {a} is not an address routers can dial: give the IP they reach \
+                 this worker on"
+            ))),
+            Some(a) if a.port() == 0 => Err(WorkerError::Config(format!(
+                "--advertise {a} has no port: give the port routers dial"
+            ))),
+            Some(_) => Ok(()),
+            None if self.listen.ip().to_canonical().is_unspecified() => {
+                Err(WorkerError::Config(format!(
+                    "--listen {} binds every address: say which one routers reach with --advertise",
+                    self.listen
+                )))
+            }
+            None => Ok(()),
+        }
+    }
+
+    /// The atunnel address Info reports: `--advertise`, else `bound` (what `--listen` bound).
+    pub fn reported_address(&self, bound: SocketAddr) -> SocketAddr {
+        self.advertise.unwrap_or(bound)
     }
 
     /// `<state>/workers/<id>`.
@@ -201,6 +252,10 @@ fn parse_memory(text: &str) -> Result<u64, String> {
     ate_core::template::parse_memory("--memory", text).map_err(|e| e.to_string())
 }
 
+fn parse_deny_egress(text: &str) -> Result<Cidr, String> {
+    text.parse::<Cidr>().map_err(|e| e.to_string())
+}
+
 fn parse_label(text: &str) -> Result<(String, String), String> {
     let (k, v) = text
         .split_once('=')
@@ -287,5 +342,118 @@ mod tests {
         assert_eq!(w.labels.len(), 2);
         assert!(w.cpu_millis() >= 1000);
         assert!(Cli::try_parse_from(["ate", "--id", "w", "--labels", "nokv"]).is_err());
+        assert_eq!(w.advertise, None);
+        assert!(w.deny_egress.is_empty());
+    }
+
+    fn config(listen: &str, advertise: Option<&str>) -> WorkerConfig {
+        let mut c = WorkerConfig::new("w1", "/tmp/ate", listen.parse().expect("listen"));
+        c.advertise = advertise.map(|a| a.parse().expect("advertise"));
+        c
+    }
+
+    fn config_error(c: &WorkerConfig) -> String {
+        match c.check_addresses() {
+            Err(WorkerError::Config(m)) => m,
+            other => panic!("expected a config error, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn advertise_defaults_to_the_bound_address() {
+        let c = config("127.0.0.3:0", None);
+        assert!(c.check_addresses().is_ok());
+        let bound: SocketAddr = "127.0.0.3:40123".parse().expect("bound");
+        assert_eq!(c.reported_address(bound), bound);
+    }
+
+    #[test]
+    fn advertise_replaces_the_bound_address() {
+        let c = config("0.0.0.0:8443", Some("10.0.0.5:8443"));
+        assert!(c.check_addresses().is_ok());
+        assert_eq!(
+            c.reported_address("0.0.0.0:8443".parse().expect("bound")),
+            "10.0.0.5:8443".parse::<SocketAddr>().expect("addr")
+        );
+        assert!(
+            config("[::]:8443", Some("[2001:db8::5]:8443"))
+                .check_addresses()
+                .is_ok()
+        );
+        assert!(
+            config("10.0.0.5:8443", Some("192.0.2.7:443"))
+                .check_addresses()
+                .is_ok()
+        );
+    }
+
+    #[test]
+    fn unspecified_listen_needs_advertise() {
+        assert_eq!(
+            config_error(&config("0.0.0.0:8443", None)),
+            "--listen 0.0.0.0:8443 binds every address: say which one routers reach with --advertise"
+        );
+        assert_eq!(
+            config_error(&config("[::]:8443", None)),
+            "--listen [::]:8443 binds every address: say which one routers reach with --advertise"
+        );
+        assert!(
+            config_error(&config("[::ffff:0.0.0.0]:8443", None)).contains("binds every address")
+        );
+    }
+
+    #[test]
+    fn advertise_must_be_dialable() {
+        for a in ["0.0.0.0:8443", "[::]:8443"] {
+            let m = config_error(&config("10.0.0.5:8443", Some(a)));
+            assert!(
+                m.starts_with(&format!("--advertise {a} is not an address")),
+                "{m}"
+            );
+        }
+        assert_eq!(
+            config_error(&config("0.0.0.0:8443", Some("10.0.0.5:0"))),
+            "--advertise 10.0.0.5:0 has no port: give the port routers dial"
+        );
+    }
+
+    #[test]
+    fn advertise_and_deny_egress_flags_parse() {
+        let cli = Cli::try_parse_from([
+            "ate",
+            "--id",
+            "w1",
+            "--listen",
+            "0.0.0.0:8443",
+            "--advertise",
+            "10.0.0.5:8443",
+            "--deny-egress",
+            "10.0.0.10,203.0.113.0/24",
+            "--deny-egress",
+            "2001:db8::/32",
+        ])
+        .expect("parse");
+        let w = cli.worker;
+        assert_eq!(w.advertise, Some("10.0.0.5:8443".parse().expect("addr")));
+        let denied: Vec<String> = w.deny_egress.iter().map(ToString::to_string).collect();
+        assert_eq!(denied, ["10.0.0.10/32", "203.0.113.0/24", "2001:db8::/32"]);
+        assert!(w.check_addresses().is_ok());
+    }
+
+    #[test]
+    fn bad_deny_egress_entry_is_named() {
+        for (arg, bad) in [
+            ("10.0.0.10,10.0.0.300", "10.0.0.300"),
+            ("api.internal", "api.internal"),
+            ("10.1.2.3/16", "10.1.2.3/16"),
+            ("10.0.0.0/40", "10.0.0.0/40"),
+        ] {
+            let err = match Cli::try_parse_from(["ate", "--id", "w1", "--deny-egress", arg]) {
+                Ok(_) => panic!("{arg} parsed"),
+                Err(e) => e.to_string(),
+            };
+            assert!(err.contains("--deny-egress"), "{err}");
+            assert!(err.contains(bad), "{err}");
+        }
     }
 }

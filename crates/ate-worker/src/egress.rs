@@ -13,12 +13,13 @@
 //!   reset at once, allowed ones are dialed from the worker's namespace and spliced.
 //!
 //! Policy ([`decide`]): a CIDR deny list that always applies (link-local, loopback, `0.0.0.0/8`,
-//! multicast, broadcast and every address of the node); then the private and cluster ranges
-//! (10/8, 172.16/12, 192.168/16, 100.64/10, 198.18/15 — where a deployment's api, store, object
-//! store and other nodes live) only through an explicit `allow` entry, whatever the default;
-//! then `allow-all` → allow, `deny-all` → allow only destinations matching an `allow` entry
-//! (`host:port`; a host that is not an IPv4 literal is resolved in the worker's namespace at
-//! check time).
+//! multicast, broadcast, every address of the node, and the worker's `--deny-egress` networks:
+//! the control plane's addresses, which not even an explicit allow entry opens); then the private
+//! and cluster ranges (10/8, 172.16/12, 192.168/16, 100.64/10, 198.18/15 — where a deployment's
+//! api, store, object store and other nodes live) only through an explicit `allow` entry,
+//! whatever the default; then `allow-all` → allow, `deny-all` → allow only destinations matching
+//! an `allow` entry (`host:port`; a host that is not an IPv4 literal is resolved in the worker's
+//! namespace at check time).
 //!
 //! Teardown ([`Egress::stop`]) aborts the accept loop, drops the listener (a socket keeps its netns
 //! alive) and resets every open connection of the actor: the worker calls it when ingress goes off
@@ -107,6 +108,116 @@ pub fn always_denied(ip: Ipv4Addr) -> Option<&'static str> {
         .iter()
         .find(|(net, bits, _)| in_cidr(ip, *net, *bits))
         .map(|(_, _, why)| *why)
+}
+
+/// One `--deny-egress` entry: an IP address or an `IP/prefix` network.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Cidr {
+    net: IpAddr,
+    bits: u8,
+}
+
+/// Why a `--deny-egress` entry did not parse (the message names the entry).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum CidrError {
+    #[error("empty entry (a stray comma?)")]
+    Empty,
+    #[error("{0:?} is not an IP address or IP/prefix-length")]
+    Syntax(String),
+    #[error("{entry:?}: prefix length {bits} is longer than {max}")]
+    PrefixTooLong { entry: String, bits: u8, max: u8 },
+    #[error("{entry:?} has bits set past the prefix length (the network is {network})")]
+    HostBits { entry: String, network: Cidr },
+}
+
+impl Cidr {
+    /// Whether `ip` is inside this network (an IPv4-mapped IPv6 address counts as its IPv4 one;
+    /// otherwise the families never match).
+    pub fn contains(&self, ip: IpAddr) -> bool {
+        match (self.net, ip.to_canonical()) {
+            (IpAddr::V4(net), IpAddr::V4(ip)) => in_cidr(ip, net, self.bits),
+            (IpAddr::V6(net), IpAddr::V6(ip)) => {
+                let mask = u128::MAX
+                    .checked_shl(128 - u32::from(self.bits))
+                    .unwrap_or(0);
+                u128::from(ip) & mask == u128::from(net) & mask
+            }
+            _ => false,
+        }
+    }
+}
+
+impl std::str::FromStr for Cidr {
+    type Err = CidrError;
+
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        let entry = text.trim();
+        if entry.is_empty() {
+            return Err(CidrError::Empty);
+        }
+        let syntax = || CidrError::Syntax(entry.to_string());
+        let (ip, bits) = match entry.split_once('/') {
+            Some((ip, bits)) => (
+                ip.parse::<IpAddr>().map_err(|_| syntax())?,
+                Some(bits.parse::<u8>().map_err(|_| syntax())?),
+            ),
+            None => (entry.parse::<IpAddr>().map_err(|_| syntax())?, None),
+        };
+        let max = if ip.is_ipv4() { 32 } else { 128 };
+        let bits = bits.unwrap_or(max);
+        if bits > max {
+            return Err(CidrError::PrefixTooLong {
+                entry: entry.to_string(),
+                bits,
+                max,
+            });
+        }
+        // An IPv4-mapped network (`::ffff:a.b.c.d/104`) is the IPv4 one: destinations are
+        // compared in canonical form.
+        let (net, bits) = match ip {
+            IpAddr::V6(v6) if bits >= 96 => match v6.to_ipv4_mapped() {
+                Some(v4) => (IpAddr::V4(v4), bits - 96),
+                None => (ip, bits),
+            },
+            _ => (ip, bits),
+        };
+        let masked = Cidr {
+            net: mask_ip(net, bits),
+            bits,
+        };
+        // A set host bit usually means a typo in the prefix: refuse rather than guess.
+        if masked.net != net {
+            return Err(CidrError::HostBits {
+                entry: entry.to_string(),
+                network: masked,
+            });
+        }
+        Ok(masked)
+    }
+}
+
+impl std::fmt::Display for Cidr {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{}", self.net, self.bits)
+    }
+}
+
+fn mask_ip(ip: IpAddr, bits: u8) -> IpAddr {
+    match ip {
+        IpAddr::V4(v4) => {
+            let mask = u32::MAX.checked_shl(32 - u32::from(bits)).unwrap_or(0);
+            IpAddr::V4(Ipv4Addr::from(u32::from(v4) & mask))
+        }
+        IpAddr::V6(v6) => {
+            let mask = u128::MAX.checked_shl(128 - u32::from(bits)).unwrap_or(0);
+            IpAddr::V6(std::net::Ipv6Addr::from(u128::from(v6) & mask))
+        }
+    }
+}
+
+/// The first `--deny-egress` entry holding `ip`, if any.
+pub fn control_plane(denied: &[Cidr], ip: IpAddr) -> Option<&Cidr> {
+    denied.iter().find(|c| c.contains(ip))
 }
 
 /// The node's own addresses (every interface of the worker's namespace), cached.
@@ -202,12 +313,15 @@ fn read_node_addrs() -> nix::Result<HashSet<IpAddr>> {
     Ok(set)
 }
 
-/// A template's egress policy, parsed once per actor start.
+/// A template's egress policy, parsed once per actor start, with the worker's control-plane
+/// deny list.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Policy {
     allow_all: bool,
     /// `(host, port)` of each allow entry (host without brackets).
     allow: Vec<(String, u16)>,
+    /// `--deny-egress`: denied whatever the template says, allow entries included.
+    control_plane: Arc<[Cidr]>,
 }
 
 impl Policy {
@@ -230,7 +344,14 @@ impl Policy {
         Policy {
             allow_all: p.default_action != "deny-all",
             allow,
+            control_plane: Arc::from([]),
         }
+    }
+
+    /// Adds the worker's `--deny-egress` networks.
+    pub fn with_control_plane(mut self, denied: Arc<[Cidr]>) -> Self {
+        self.control_plane = denied;
+        self
     }
 }
 
@@ -278,6 +399,13 @@ pub async fn decide(policy: &Policy, node: &NodeAddrs, dst: SocketAddrV4) -> Ver
     let ip = *dst.ip();
     if let Some(why) = always_denied(ip) {
         return Verdict::Denied(format!("{why} addresses are always denied"));
+    }
+    // Checked on the destination IP, before any allow entry: an explicit entry (even a DNS
+    // name resolving here) cannot open the control plane.
+    if let Some(cidr) = control_plane(&policy.control_plane, IpAddr::V4(ip)) {
+        return Verdict::Denied(format!(
+            "control-plane address (--deny-egress {cidr}) is always denied"
+        ));
     }
     if node.cached().contains(&IpAddr::V4(ip)) {
         return Verdict::Denied("node address".into());
@@ -376,6 +504,8 @@ fn lock_set(m: &Mutex<JoinSet<()>>) -> std::sync::MutexGuard<'_, JoinSet<()>> {
 /// The worker's egress proxies, one per active actor.
 pub struct Egress {
     node: Arc<NodeAddrs>,
+    /// `--deny-egress`, applied to every actor's policy.
+    control_plane: Arc<[Cidr]>,
     running: Mutex<HashMap<String, Running>>,
 }
 
@@ -396,8 +526,15 @@ impl Egress {
     pub fn new() -> Self {
         Egress {
             node: Arc::new(NodeAddrs::new()),
+            control_plane: Arc::from([]),
             running: Mutex::new(HashMap::new()),
         }
+    }
+
+    /// Denies every actor the `denied` networks (`--deny-egress`), whatever its policy says.
+    pub fn with_control_plane(mut self, denied: impl Into<Arc<[Cidr]>>) -> Self {
+        self.control_plane = denied.into();
+        self
     }
 
     fn running(&self) -> std::sync::MutexGuard<'_, HashMap<String, Running>> {
@@ -441,7 +578,8 @@ impl Egress {
         if load_rules {
             apply_rules(netns).await?;
         }
-        let policy = Arc::new(Policy::from_spec(policy));
+        let policy =
+            Arc::new(Policy::from_spec(policy).with_control_plane(self.control_plane.clone()));
         let conns = Arc::new(Mutex::new(JoinSet::new()));
         let stats = Arc::new(Stats::default());
         let accept = tokio::spawn(accept_loop(
@@ -458,6 +596,7 @@ impl Egress {
             %netns,
             allow_all = policy.allow_all,
             allow_entries = policy.allow.len(),
+            deny_egress = policy.control_plane.len(),
             "egress proxy on"
         );
         self.running().insert(
@@ -821,6 +960,123 @@ mod tests {
         assert!(!entry_matches("localhost", 81, v4("127.0.0.1:80")).await);
         assert!(!entry_matches("no-such-host.invalid", 80, v4("10.0.0.1:80")).await);
         assert!(entry_matches("10.0.0.1", 80, v4("10.0.0.1:80")).await);
+    }
+
+    fn cidrs(list: &[&str]) -> Arc<[Cidr]> {
+        list.iter()
+            .map(|c| c.parse::<Cidr>().expect("cidr"))
+            .collect()
+    }
+
+    #[test]
+    fn cidr_parses_ips_and_networks() {
+        let c = |s: &str| s.parse::<Cidr>();
+        assert_eq!(c("10.1.2.3").expect("ip").to_string(), "10.1.2.3/32");
+        assert_eq!(c(" 10.1.0.0/16 ").expect("net").to_string(), "10.1.0.0/16");
+        assert_eq!(c("0.0.0.0/0").expect("all").to_string(), "0.0.0.0/0");
+        assert_eq!(c("2001:db8::1").expect("v6").to_string(), "2001:db8::1/128");
+        assert_eq!(
+            c("2001:db8::/32").expect("v6 net").to_string(),
+            "2001:db8::/32"
+        );
+        // IPv4-mapped is the IPv4 network.
+        assert_eq!(
+            c("::ffff:10.1.0.0/112").expect("mapped").to_string(),
+            "10.1.0.0/16"
+        );
+        assert_eq!(c(""), Err(CidrError::Empty));
+        for bad in [
+            "10.1.2",
+            "10.1.2.3/",
+            "10.1.2.3/x",
+            "db.internal",
+            "10.0.0.300/8",
+        ] {
+            assert!(
+                matches!(c(bad), Err(CidrError::Syntax(ref e)) if e == bad),
+                "{bad}"
+            );
+        }
+        assert!(matches!(
+            c("10.0.0.0/33"),
+            Err(CidrError::PrefixTooLong { .. })
+        ));
+        assert!(matches!(c("::/129"), Err(CidrError::PrefixTooLong { .. })));
+        let err = c("10.1.2.3/16").expect_err("host bits");
+        assert_eq!(
+            err.to_string(),
+            "\"10.1.2.3/16\" has bits set past the prefix length (the network is 10.1.0.0/16)"
+        );
+    }
+
+    #[test]
+    fn cidr_contains() {
+        let net: Cidr = "10.1.0.0/16".parse().expect("net");
+        assert!(net.contains("10.1.255.255".parse().expect("ip")));
+        assert!(!net.contains("10.2.0.0".parse().expect("ip")));
+        assert!(net.contains("::ffff:10.1.2.3".parse().expect("mapped")));
+        assert!(!net.contains("2001:db8::1".parse().expect("ip")));
+        let v6: Cidr = "2001:db8::/32".parse().expect("v6");
+        assert!(v6.contains("2001:db8:ffff::1".parse().expect("ip")));
+        assert!(!v6.contains("2001:db9::1".parse().expect("ip")));
+        assert!(!v6.contains("10.1.2.3".parse().expect("ip")));
+        let all: Cidr = "0.0.0.0/0".parse().expect("all");
+        assert!(all.contains("203.0.113.9".parse().expect("ip")));
+    }
+
+    #[tokio::test]
+    async fn control_plane_is_denied_under_allow_all() {
+        let node = NodeAddrs::fixed([]);
+        let cp = cidrs(&["203.0.113.10", "10.20.0.0/16", "2001:db8::/32"]);
+        let p = policy("allow-all", &[]).with_control_plane(cp.clone());
+        assert_eq!(
+            decide(&p, &node, v4("203.0.113.10:5432")).await,
+            Verdict::Denied(
+                "control-plane address (--deny-egress 203.0.113.10/32) is always denied".into()
+            )
+        );
+        assert_eq!(
+            decide(&p, &node, v4("10.20.3.4:7443")).await,
+            Verdict::Denied(
+                "control-plane address (--deny-egress 10.20.0.0/16) is always denied".into()
+            )
+        );
+        // Outside the list: what the policy says without it.
+        assert_eq!(
+            decide(&p, &node, v4("203.0.113.11:5432")).await,
+            Verdict::Allowed("allow-all".into())
+        );
+        let without = policy("allow-all", &[]);
+        assert_eq!(
+            decide(&p, &node, v4("10.21.0.1:443")).await,
+            decide(&without, &node, v4("10.21.0.1:443")).await
+        );
+    }
+
+    #[tokio::test]
+    async fn control_plane_is_denied_even_with_an_allow_entry() {
+        let node = NodeAddrs::fixed([]);
+        let cp = cidrs(&["203.0.113.10/32", "10.20.0.0/16"]);
+        let allow = [
+            "203.0.113.10:5432",
+            "10.20.3.4:7443",
+            "203.0.113.11:5432",
+            "10.21.0.1:443",
+        ];
+        for action in ["deny-all", "allow-all"] {
+            let p = policy(action, &allow).with_control_plane(cp.clone());
+            for d in ["203.0.113.10:5432", "10.20.3.4:7443"] {
+                let v = decide(&p, &node, v4(d)).await;
+                assert!(
+                    matches!(&v, Verdict::Denied(r) if r.starts_with("control-plane address")),
+                    "{action} {d}: {v:?}"
+                );
+            }
+            // Entries outside the list still open their destinations.
+            for d in ["203.0.113.11:5432", "10.21.0.1:443"] {
+                assert!(decide(&p, &node, v4(d)).await.is_allowed(), "{action} {d}");
+            }
+        }
     }
 
     #[test]

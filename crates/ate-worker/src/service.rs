@@ -235,6 +235,11 @@ pub async fn run(
             config.id
         )));
     }
+    // Before anything is created: a worker reporting an address no router can dial would
+    // look healthy while every tunnel to it fails. Removing leftovers binds nothing.
+    if !config.remove_leftovers {
+        config.check_addresses()?;
+    }
     let worker_dir = config.worker_dir();
     tokio::fs::create_dir_all(&worker_dir)
         .await
@@ -273,6 +278,7 @@ pub async fn run(
     let bound = listener
         .local_addr()
         .map_err(io_err("atunnel local address"))?;
+    let reported = config.reported_address(bound);
 
     let socket = config.socket_path();
     // Only root (the node agent) or our own user may drive the worker: mode 0600 on the file,
@@ -305,7 +311,7 @@ pub async fn run(
         spiffe_id,
         id: config.id.clone(),
         epoch: new_epoch(),
-        addresses: vec![bound.to_string()],
+        addresses: vec![reported.to_string()],
         cpu_millis: config.cpu_millis(),
         memory_bytes: config.memory_bytes(),
         slots: config.slots,
@@ -320,12 +326,19 @@ pub async fn run(
             config.actor_logs_dir(),
             config.faults.clone(),
         )
-        .with_frozen_policy(config.frozen_policy()),
+        .with_frozen_policy(config.frozen_policy())
+        .with_egress_denied(config.deny_egress.clone()),
     );
     // Sandboxes an earlier process of this worker left running are taken back (their
     // ingress waits for the node's reconciliation with the api).
     worker.adopt_leftovers().await;
-    tracing::info!(worker = %config.id, epoch = worker.ident.epoch, atunnel = %bound, socket = %socket.display(), "worker up");
+    let deny_egress = config
+        .deny_egress
+        .iter()
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join(",");
+    tracing::info!(worker = %config.id, epoch = worker.ident.epoch, atunnel = %bound, advertised = %reported, %deny_egress, socket = %socket.display(), "worker up");
 
     let (stop_tx, stop_rx) = watch::channel(false);
     let wait_stop = |mut rx: watch::Receiver<bool>| async move {

@@ -19,7 +19,7 @@ use tonic::Status;
 
 use crate::atunnel::{Tunnels, now_unix_ms};
 use crate::config::{Faults, FrozenPolicy};
-use crate::egress::Egress;
+use crate::egress::{Cidr, Egress};
 use crate::error::SandboxError;
 use crate::image::ImageCache;
 use crate::netns::{ACTOR_IP, NetnsDialer, connect_in_netns_timeout};
@@ -180,6 +180,13 @@ impl Worker {
             shutting_down: AtomicBool::new(false),
             last_poll_ms: std::sync::atomic::AtomicI64::new(now_unix_ms()),
         }
+    }
+
+    /// Deny every actor's egress to `denied` (`--deny-egress`: the control plane), whatever its
+    /// template allows.
+    pub fn with_egress_denied(mut self, denied: Vec<Cidr>) -> Self {
+        self.egress = self.egress.with_control_plane(denied);
+        self
     }
 
     /// Keep memory-checkpointed actors frozen in place per `policy` (off by default).

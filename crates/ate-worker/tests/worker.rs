@@ -628,6 +628,221 @@ async fn measure_throughput(addr: &str, target: &str) {
     }
 }
 
+/// `--advertise` is the address Info reports (what routers dial); a wildcard `--listen` without
+/// it is refused before the worker creates anything.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn advertised_address_is_reported() {
+    let mut env = Env::new();
+    let id = unique_name("w");
+    let mut config = worker_config(&mut env, &id);
+    config.listen = "0.0.0.0:0".parse().expect("addr");
+    let err = ate_worker::run(config.clone(), std::future::pending())
+        .await
+        .expect_err("a wildcard --listen without --advertise must not start");
+    assert!(
+        matches!(err, ate_worker::WorkerError::Config(_)),
+        "wrong error: {err}"
+    );
+    assert!(
+        err.to_string().contains(
+            "--listen 0.0.0.0:0 binds every address: say which one routers reach with --advertise"
+        ),
+        "{err}"
+    );
+    assert!(!config.worker_dir().exists(), "created before refusing");
+
+    config.listen = "127.0.0.2:0".parse().expect("addr");
+    config.advertise = Some("192.0.2.7:8443".parse().expect("addr"));
+    let worker = RunningWorker::start(config).await;
+    let info = worker
+        .client
+        .clone()
+        .info(v1::WorkerInfoRequest {})
+        .await
+        .expect("Info")
+        .into_inner();
+    assert_eq!(info.addresses, ["192.0.2.7:8443"]);
+    worker.shutdown().await;
+    env.assert_clean();
+}
+
+/// Accepts on the port given, on every address, and holds each connection until the peer closes.
+const HOLD_SERVER: &str = r#"
+import socket, sys, threading
+def hold(c):
+    try:
+        c.recv(1)
+    finally:
+        c.close()
+s = socket.socket()
+s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind(("", int(sys.argv[1])))
+s.listen(64)
+while True:
+    c, _ = s.accept()
+    threading.Thread(target=hold, args=(c,), daemon=True).start()
+"#;
+
+/// A netns reached from the host over a veth (host side 10.254.X.1/29, which becomes a node
+/// address) holding two addresses, 10.254.X.2 and .3, with a holding server; removed on drop.
+struct TestHost {
+    netns: String,
+    host_link: String,
+    peers: [std::net::Ipv4Addr; 2],
+    port: u16,
+    server: Option<std::process::Child>,
+}
+
+fn ip(args: &[&str]) {
+    let out = std::process::Command::new("ip")
+        .args(args)
+        .output()
+        .unwrap_or_else(|e| panic!("ip {args:?}: {e}"));
+    assert!(
+        out.status.success(),
+        "ip {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+impl TestHost {
+    fn new() -> TestHost {
+        let seed = std::process::id()
+            ^ std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.subsec_nanos())
+                .unwrap_or(0);
+        let tag = format!("{:06x}", seed & 0xff_ffff);
+        let third = (seed % 250 + 1) as u8;
+        let peer_link = format!("wdep{tag}");
+        let mut h = TestHost {
+            netns: format!("wde-{tag}"),
+            host_link: format!("wdeh{tag}"),
+            peers: [
+                std::net::Ipv4Addr::new(10, 254, third, 2),
+                std::net::Ipv4Addr::new(10, 254, third, 3),
+            ],
+            port: 20000 + (seed % 20000) as u16,
+            server: None,
+        };
+        let (ns, host_link) = (h.netns.clone(), h.host_link.clone());
+        ip(&["netns", "add", &ns]);
+        ip(&["-n", &ns, "link", "set", "lo", "up"]);
+        ip(&[
+            "link", "add", &host_link, "type", "veth", "peer", "name", &peer_link,
+        ]);
+        ip(&["link", "set", &peer_link, "netns", &ns]);
+        ip(&[
+            "addr",
+            "add",
+            &format!("10.254.{third}.1/29"),
+            "dev",
+            &host_link,
+        ]);
+        ip(&["link", "set", &host_link, "up"]);
+        for peer in h.peers {
+            ip(&[
+                "-n",
+                &ns,
+                "addr",
+                "add",
+                &format!("{peer}/29"),
+                "dev",
+                &peer_link,
+            ]);
+        }
+        ip(&["-n", &ns, "link", "set", &peer_link, "up"]);
+        h.server = Some(
+            std::process::Command::new("ip")
+                .args(["netns", "exec", &ns, "python3", "-c", HOLD_SERVER])
+                .arg(h.port.to_string())
+                .stdin(std::process::Stdio::null())
+                .stdout(std::process::Stdio::null())
+                .spawn()
+                .expect("spawn the test host's server"),
+        );
+        let deadline = Instant::now() + Duration::from_secs(10);
+        for peer in h.peers {
+            let addr = SocketAddr::new(peer.into(), h.port);
+            while std::net::TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_err() {
+                assert!(
+                    Instant::now() < deadline,
+                    "test host server not up on {addr}"
+                );
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
+        h
+    }
+
+    fn addr(&self, i: usize) -> String {
+        format!("{}:{}", self.peers[i], self.port)
+    }
+}
+
+impl Drop for TestHost {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.server.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        let _ = std::process::Command::new("ip")
+            .args(["link", "del", &self.host_link])
+            .output();
+        let _ = std::process::Command::new("ip")
+            .args(["netns", "delete", &self.netns])
+            .output();
+    }
+}
+
+/// `--deny-egress` denies an address even to a template whose allow entry names it; an
+/// allowed address outside the list is still reached.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deny_egress_beats_an_allow_entry() {
+    let mut env = Env::new();
+    let host = TestHost::new();
+    let id = unique_name("w");
+    let mut config = worker_config(&mut env, &id);
+    config.deny_egress = vec![format!("{}/32", host.peers[0]).parse().expect("cidr")];
+    let worker = RunningWorker::start(config.clone()).await;
+    let mut c = worker.client.clone();
+    let info = c
+        .info(v1::WorkerInfoRequest {})
+        .await
+        .expect("Info")
+        .into_inner();
+    let addr = info.addresses[0].clone();
+
+    let name = unique_name("eg");
+    let _sandbox = track(&mut env, &config, &name);
+    let target = format!("{ATESPACE}/{name}");
+    let mut spec = counter_spec(80, 15);
+    spec.egress = Some(v1::EgressPolicy {
+        default_action: "deny-all".into(),
+        allow: vec![host.addr(0), host.addr(1)],
+    });
+    let w = workload(&id, &name, spec);
+    c.start(start_req(&w, None, v1::Fidelity::Unspecified))
+        .await
+        .expect("Start");
+    let mut h2 = h2_connect(&addr).await;
+    let connect = |i: usize| format!("/connect?addr={}", host.addr(i));
+    let (status, body) = get_via_tunnel(&mut h2, &target, &connect(1)).await;
+    assert_eq!(status, 200, "allowed, not listed: {body}");
+    let (status, body) = get_via_tunnel(&mut h2, &target, &connect(0)).await;
+    assert_eq!(status, 502, "listed in --deny-egress: {body}");
+
+    c.stop(v1::WorkerStopRequest {
+        actor: w.actor.clone(),
+        activation_at_most: 0,
+    })
+    .await
+    .expect("Stop");
+    worker.shutdown().await;
+    drop(host);
+    env.assert_clean();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn worker_probe_timeout_and_exit() {
     let mut env = Env::new();
