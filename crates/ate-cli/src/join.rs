@@ -19,6 +19,9 @@ const CALL_TIMEOUT: Duration = Duration::from_secs(15);
 /// A renewal that fails is retried after this long (until the certificates expire).
 const RENEW_RETRY: Duration = Duration::from_secs(15);
 
+/// CSRs to send and the matching private keys (PEM) by name.
+type Requests = (Vec<v1::CertificateRequest>, Vec<(String, String)>);
+
 /// The identities of one node: its agent and its workers.
 #[derive(Clone, Debug)]
 pub struct NodeIdentities {
@@ -48,15 +51,16 @@ impl NodeIdentities {
     /// Gets fresh certificates: by renewal with the node's current certificate when it is still
     /// valid (a restarted node needs no new token), else with `token`.
     pub async fn obtain(&self, token: Option<&JoinToken>) -> anyhow::Result<Issued> {
-        if let Some(left) = self.node_cert_validity() {
-            if left > Duration::ZERO {
-                match self.renew().await {
-                    Ok(issued) => return Ok(issued),
-                    Err(e) if token.is_none() => return Err(e),
-                    Err(e) => eprintln!(
-                        "ate up: renewing with the node's certificate failed ({e:#}); joining with the token"
-                    ),
-                }
+        if self
+            .node_cert_validity()
+            .is_some_and(|left| left > Duration::ZERO)
+        {
+            match self.renew().await {
+                Ok(issued) => return Ok(issued),
+                Err(e) if token.is_none() => return Err(e),
+                Err(e) => eprintln!(
+                    "ate up: renewing with the node's certificate failed ({e:#}); joining with the token"
+                ),
             }
         }
         let Some(token) = token else {
@@ -177,10 +181,7 @@ impl NodeIdentities {
     }
 
     /// One key and CSR per identity (node first), and the keys by name.
-    fn csrs(
-        &self,
-        td: &str,
-    ) -> anyhow::Result<(Vec<v1::CertificateRequest>, Vec<(String, String)>)> {
+    fn csrs(&self, td: &str) -> anyhow::Result<Requests> {
         let mut csrs = Vec::with_capacity(self.workers.len() + 1);
         let mut keys = Vec::with_capacity(self.workers.len() + 1);
         let mut add = |name: &str, id: SpiffeId| -> anyhow::Result<()> {

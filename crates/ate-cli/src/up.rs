@@ -731,6 +731,7 @@ async fn start_node_and_workers(
     let node_index = components.len() - 1;
     wait_ready(&mut components[node_index], &node_ready).await?;
 
+    let deny = control_plane_addresses(args, api_addrs);
     for (i, id) in (1..=args.workers).zip(worker_ids(args, node_name)) {
         let listen = SocketAddr::new(worker_address(args.worker_first_ip, i)?, args.worker_port);
         let mut worker_args = vec![
@@ -747,6 +748,10 @@ async fn start_node_and_workers(
             "--labels".into(),
             format!("ate.dev/worker={id},ate.dev/node={node_name}"),
         ];
+        if !deny.is_empty() {
+            // No egress policy may let an actor reach the api, the store or the object store.
+            worker_args.extend(["--deny-egress".to_string(), deny.join(",")]);
+        }
         worker_args.extend(
             pki.issue(&id, ate_tls::SpiffeId::worker_instance(&td, &id)?)?
                 .1
@@ -755,6 +760,53 @@ async fn start_node_and_workers(
         components.push(spawn(&id, Role::Worker, worker_args, logs)?);
     }
     wait_workers(clients, node_name, args.workers as usize, components).await
+}
+
+/// The addresses of the control plane this machine knows: the api replicas, the SQL store and
+/// the object store endpoint (`AWS_ENDPOINT_URL`), resolved now. Loopback ones are left out
+/// (always denied anyway); a name that does not resolve is skipped with a warning.
+fn control_plane_addresses(args: &UpArgs, api_addrs: &str) -> Vec<String> {
+    let mut hosts: Vec<String> = api_addrs
+        .split(',')
+        .map(str::trim)
+        .filter(|a| !a.is_empty())
+        .map(str::to_string)
+        .collect();
+    let mut add_url = |url: &str| {
+        // scheme://[user[:pass]@]host[:port][/…]
+        let Some((_, rest)) = url.split_once("://") else {
+            return;
+        };
+        let authority = rest.split(['/', '?']).next().unwrap_or_default();
+        let host_port = authority.rsplit_once('@').map_or(authority, |(_, h)| h);
+        if !host_port.is_empty() {
+            hosts.push(host_port.to_string());
+        }
+    };
+    if let Some(store) = &args.store {
+        add_url(store);
+    }
+    if let Ok(endpoint) = std::env::var("AWS_ENDPOINT_URL") {
+        add_url(&endpoint);
+    }
+    let mut out = std::collections::BTreeSet::new();
+    for h in hosts {
+        let with_port = if h.starts_with('[') || h.matches(':').count() == 1 {
+            h.clone()
+        } else {
+            format!("{h}:0")
+        };
+        match std::net::ToSocketAddrs::to_socket_addrs(&with_port) {
+            Ok(addrs) => out.extend(
+                addrs
+                    .map(|a| a.ip())
+                    .filter(|ip| !ip.is_loopback())
+                    .map(|ip| ip.to_string()),
+            ),
+            Err(e) => eprintln!("ate up: cannot resolve control-plane address {h}: {e}"),
+        }
+    }
+    out.into_iter().collect()
 }
 
 /// Worker ids of this machine: `worker-<i>` on an all-in-one (as before nodes could join), else
