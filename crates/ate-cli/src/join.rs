@@ -273,3 +273,63 @@ fn write_file(path: &Path, data: &[u8], mode: u32) -> anyhow::Result<()> {
     ate_tls::write_atomic(path, data, mode)
         .with_context(|| format!("cannot write {}", path.display()))
 }
+
+/// `ate join`: the certificates of a node agent and its workers, kept renewed.
+#[derive(clap::Args, Debug)]
+pub struct JoinArgs {
+    /// api address(es), comma-separated.
+    #[arg(long = "join", env = "ATE_JOIN")]
+    pub api: String,
+    /// The join token (`ate token create`); not needed while the node's certificate is valid.
+    #[arg(long, env = "ATE_JOIN_TOKEN", hide_env_values = true)]
+    pub join_token: Option<String>,
+    /// This node's name.
+    #[arg(long, env = "ATE_NODE_NAME")]
+    pub node_name: String,
+    /// Worker ids on this node (each must start with `<node>-`), comma-separated.
+    #[arg(long, env = "ATE_WORKER_IDS", value_delimiter = ',')]
+    pub workers: Vec<String>,
+    /// Where the PEM files go (`node.crt`, `<worker>.crt`, … and `ca.crt`).
+    #[arg(long, env = "ATE_TLS_DIR", default_value = "/var/lib/ate/tls")]
+    pub dir: PathBuf,
+    /// Get the certificates and exit instead of renewing them forever.
+    #[arg(long)]
+    pub once: bool,
+}
+
+pub async fn run(args: JoinArgs) -> anyhow::Result<std::process::ExitCode> {
+    let token = args
+        .join_token
+        .as_deref()
+        .map(str::parse::<JoinToken>)
+        .transpose()?;
+    ate_core::validate_label("--node-name", &args.node_name)?;
+    let ids = Arc::new(NodeIdentities {
+        api: args.api,
+        node: args.node_name,
+        workers: args.workers,
+        dir: args.dir,
+    });
+    let issued = ids.obtain(token.as_ref()).await?;
+    println!(
+        "node {} joined: {} certificates in {} (trust domain {}, valid {}s)",
+        ids.node,
+        ids.workers.len() + 1,
+        ids.dir.display(),
+        issued.trust_domain,
+        issued.lifetime.as_secs()
+    );
+    if args.once {
+        return Ok(std::process::ExitCode::SUCCESS);
+    }
+    let renewal = ids.clone().spawn_renewal(issued);
+    tokio::select! {
+        _ = crate::serve::shutdown_signal() => {}
+        r = renewal => {
+            if let Err(e) = r {
+                anyhow::bail!("the renewal task failed: {e}");
+            }
+        }
+    }
+    Ok(std::process::ExitCode::SUCCESS)
+}

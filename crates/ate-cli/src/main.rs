@@ -2,6 +2,7 @@
 //! Also works when installed as `kubectl-ate`.
 
 mod bench;
+mod ca;
 mod client;
 mod faults;
 mod join;
@@ -102,6 +103,12 @@ enum Command {
     /// Delete an actor, atespace, template or tag.
     #[command(subcommand)]
     Delete(verbs::DeleteCmd),
+    /// The fleet's CA and certificates for control-plane identities (api, router, admin).
+    #[command(subcommand)]
+    Ca(ca::CaCmd),
+    /// Get this machine's node and worker certificates with a join token and keep renewing them
+    /// (for node agents run by systemd or Kubernetes; `ate up --role node` does this itself).
+    Join(join::JoinArgs),
     /// Join tokens for machines joining the fleet (`ate up --role node --join … --token …`).
     #[command(subcommand)]
     Token(token::TokenCmd),
@@ -165,6 +172,8 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             .map(|_| ExitCode::SUCCESS),
         Command::Proxy(args) => proxy::run(args).await.map(|_| ExitCode::SUCCESS),
         Command::Delete(cmd) => verbs::delete(&client::connect(api, &tls).await?, cmd).await,
+        Command::Ca(cmd) => ca::run(cmd),
+        Command::Join(args) => join::run(args).await,
         Command::Token(cmd) => token::run(&client::connect(api, &tls).await?, cmd, out).await,
         // Starts its own system: no api to connect to first.
         Command::Bench(bench::BenchCmd::Faults(args)) => faults::run(args).await,

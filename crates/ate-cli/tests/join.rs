@@ -151,6 +151,63 @@ fn a_node_joins_with_a_token_and_renews_without_one() {
     let err = wait_node(&mut wrong_ca, &other).expect_err("foreign CA refused");
     assert!(err.contains("is not the one the join token names"), "{err}");
 
+    // `ate join` (for node agents under systemd or Kubernetes) gets the node's and its workers'
+    // certificates; a worker id outside the node's name is refused.
+    let token = sys.ate_ok(&["token", "create"]).trim().to_string();
+    let dir = tmp.path().join("joined");
+    let join = |workers: &str| {
+        Command::new(ATE)
+            .args(["join", "--once", "--join", &sys.api, "--join-token", &token])
+            .args(["--node-name", "edge-3", "--workers", workers, "--dir"])
+            .arg(&dir)
+            .output()
+            .expect("ate join")
+    };
+    let out = join("edge-3-w0,edge-3-w1");
+    assert!(
+        out.status.success(),
+        "ate join: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        cert_facts(&dir.join("edge-3-w1.crt")).0,
+        "spiffe://ate.local/ns/ate-system/sa/ate-worker-edge-3-w1"
+    );
+    let out = join("edge-4-w0");
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("must start with \"edge-3-\""),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    // `ate ca issue` makes the control plane's own certificates from the same CA.
+    let issued = tmp.path().join("issued");
+    let out = Command::new(ATE)
+        .args([
+            "ca",
+            "issue",
+            "--identity",
+            "router",
+            "--san",
+            "ingress.example",
+            "--dir",
+        ])
+        .arg(sys.state_dir().join("ca"))
+        .arg("--out")
+        .arg(&issued)
+        .output()
+        .expect("ate ca issue");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        cert_facts(&issued.join("atenet-router.crt")).0,
+        "spiffe://ate.local/ns/ate-system/sa/atenet-router"
+    );
+
     // Without a certificate, nothing but JoinService answers.
     let out = Command::new(ATE)
         .args(["--api", &sys.api, "--ca"])
