@@ -88,8 +88,15 @@ async fn remove_quarantined(gen_dir: &Path) {
 impl NodeAgent {
     pub async fn new(cfg: NodeConfig, bound: SocketAddr) -> Result<Self, NodeError> {
         let durable_url = cfg.durable_url();
-        let durable =
-            DurableStore::from_url(&durable_url).map_err(|e| NodeError::Durable(e.to_string()))?;
+        // With `--durable-gc-age 0` this node does not sweep, but other nodes of the store may
+        // (with the default age), so its uploads keep the default's time limit.
+        let gc_age = match cfg.durable_gc_age() {
+            age if age.is_zero() => ate_snapshot::DEFAULT_PARTIAL_GRACE,
+            age => age,
+        };
+        let durable = DurableStore::from_url(&durable_url)
+            .map_err(|e| NodeError::Durable(e.to_string()))?
+            .with_partial_grace(gc_age);
         let tls = cfg.tls.load("node")?;
         let client_tls = match &tls {
             Some(src) => {
@@ -139,6 +146,18 @@ impl NodeAgent {
     ) -> Result<(), NodeError> {
         let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
         let loops = tokio::spawn(self.inner.fleet.clone().run_loops(stop_rx.clone()));
+        let sweeper = if self.inner.cfg.durable_gc_age().is_zero() {
+            tracing::info!(
+                "durable store: no sweep of partial uploads on this node (--durable-gc-age 0)"
+            );
+            None
+        } else {
+            Some(tokio::spawn(crate::sweep::run(
+                self.inner.durable.clone(),
+                crate::sweep::Schedule::DEFAULT,
+                stop_rx.clone(),
+            )))
+        };
         let mut stop = stop_rx;
         tokio::spawn(async move {
             shutdown.await;
@@ -184,6 +203,9 @@ impl NodeAgent {
             }
         };
         loops.abort();
+        if let Some(sweeper) = sweeper {
+            sweeper.abort();
+        }
         result.map_err(NodeError::from)
     }
 
@@ -341,7 +363,7 @@ impl NodeAgent {
         snap: &v1::Snapshot,
         priority: UploadPriority,
     ) -> Result<String, String> {
-        let key = format!("{atespace}/{name}/{}-{}", snap.generation, snap.uuid);
+        let key = crate::sweep::durable_key(atespace, name, snap.generation, &snap.uuid);
         self.inner
             .durable
             .upload_with_priority(Path::new(&snap.local_path), &key, priority)

@@ -8,9 +8,11 @@
 
 mod agent;
 mod fleet;
+mod sweep;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::time::Duration;
 
 pub use agent::NodeAgent;
 
@@ -41,6 +43,12 @@ pub struct NodeConfig {
     /// `gs://…`, `az://…`.
     #[arg(long = "durable-store", env = "ATE_DURABLE_STORE")]
     pub durable_store: Option<String>,
+    /// Objects in the durable store without a `manifest.json` (an upload cut off by a dead
+    /// node) are deleted by this node's hourly sweep once their newest is older than this
+    /// (default 1h; `30m`, `6h`, seconds; `0`: this node does not sweep). Uploads give up
+    /// without writing their manifest after half of it. Use one value on every node of a store.
+    #[arg(long = "durable-gc-age", env = "ATE_DURABLE_GC_AGE", value_parser = parse_gc_age)]
+    pub durable_gc_age: Option<Duration>,
     /// Write the bound address as JSON here once serving.
     #[arg(long = "ready-file")]
     pub ready_file: Option<PathBuf>,
@@ -60,11 +68,24 @@ impl NodeConfig {
     pub fn cache_dir(&self) -> PathBuf {
         self.state_dir.join("snapshot-cache")
     }
+    /// `--durable-gc-age`, or its default ([`ate_snapshot::DEFAULT_PARTIAL_GRACE`]); zero: no
+    /// sweep on this node.
+    pub fn durable_gc_age(&self) -> Duration {
+        self.durable_gc_age
+            .unwrap_or(ate_snapshot::DEFAULT_PARTIAL_GRACE)
+    }
     pub fn durable_url(&self) -> String {
         self.durable_store
             .clone()
             .unwrap_or_else(|| format!("file://{}", self.state_dir.join("durable").display()))
     }
+}
+
+/// `1h`, `30m`, `90s`, `3600` (seconds) or `0`.
+fn parse_gc_age(text: &str) -> Result<Duration, String> {
+    ate_core::template::parse_duration_seconds("--durable-gc-age", text)
+        .map(|s| Duration::from_secs(s.into()))
+        .map_err(|e| e.to_string())
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -117,4 +138,42 @@ pub async fn run(
     }
     tracing::info!(node = %cfg.name, listen = %bound, api = %cfg.api, "node agent serving");
     agent.serve(listener, shutdown).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        node: NodeConfig,
+    }
+
+    fn gc_age(args: &[&str]) -> Duration {
+        let cli = Cli::try_parse_from(std::iter::once("node").chain(args.iter().copied()))
+            .unwrap_or_else(|e| panic!("{args:?}: {e}"));
+        cli.node.durable_gc_age()
+    }
+
+    #[test]
+    fn durable_gc_age_flag() {
+        // Not set in the test's environment, or the default below would be its value.
+        if std::env::var_os("ATE_DURABLE_GC_AGE").is_none() {
+            assert_eq!(gc_age(&[]), ate_snapshot::DEFAULT_PARTIAL_GRACE);
+            assert_eq!(gc_age(&[]), Duration::from_secs(3600));
+        }
+        assert_eq!(gc_age(&["--durable-gc-age", "0"]), Duration::ZERO);
+        assert_eq!(
+            gc_age(&["--durable-gc-age", "30m"]),
+            Duration::from_secs(1800)
+        );
+        assert_eq!(
+            gc_age(&["--durable-gc-age", "6h"]),
+            Duration::from_secs(6 * 3600)
+        );
+        assert_eq!(gc_age(&["--durable-gc-age", "90"]), Duration::from_secs(90));
+        assert!(Cli::try_parse_from(["node", "--durable-gc-age", "soon"]).is_err());
+    }
 }

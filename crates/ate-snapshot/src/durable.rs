@@ -3,17 +3,24 @@
 //! Layout under `<store url>/<key>/`: `<file>.zst` for every file of the manifest (zstd level 3),
 //! then `manifest.json` (plain JSON), uploaded last and deleted first, so an object set without a
 //! manifest is never taken for a complete generation.
+//!
+//! An upload cut off for good (its node died) leaves such a manifest-less object set behind.
+//! [`DurableStore::sweep_partial_uploads`] deletes those once their newest object is older than
+//! the store's grace age ([`DEFAULT_PARTIAL_GRACE`]); an upload that has run for half of it
+//! refuses to write its manifest, so a sweep never removes the files of a generation that then
+//! becomes complete.
 
+use std::collections::BTreeMap;
 use std::fs::{self, File};
 use std::io::{self, Read, Write};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use bytes::Bytes;
 use futures::{FutureExt, StreamExt};
 use object_store::path::Path as ObjPath;
-use object_store::{ObjectStore, ObjectStoreExt, PutPayload, WriteMultipart};
+use object_store::{ObjectMeta, ObjectStore, ObjectStoreExt, PutPayload, WriteMultipart};
 use sha2::{Digest, Sha256};
 use tokio::sync::mpsc;
 
@@ -32,6 +39,8 @@ const PARTS_IN_FLIGHT: usize = 2;
 const CHUNK: usize = 1 << 20;
 /// Files transferred at once by default.
 const DEFAULT_PARALLELISM: usize = 4;
+/// Default grace age of partial uploads (see [`DurableStore::with_partial_grace`]).
+pub const DEFAULT_PARTIAL_GRACE: Duration = Duration::from_secs(3600);
 
 /// What one upload or download moved.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -50,6 +59,8 @@ pub struct DurableStore {
     url: String,
     prefix: Vec<String>,
     parallelism: usize,
+    /// Age after which a manifest-less key is garbage; uploads stop at half of it.
+    partial_grace: Duration,
 }
 
 impl DurableStore {
@@ -99,6 +110,7 @@ impl DurableStore {
                 url: format!("file://{}", dir.trim_end_matches('/')),
                 prefix: Vec::new(),
                 parallelism: DEFAULT_PARALLELISM,
+                partial_grace: DEFAULT_PARTIAL_GRACE,
             });
         }
         let (scheme, rest) = trimmed.split_once("://").ok_or_else(|| {
@@ -145,6 +157,7 @@ impl DurableStore {
             url: trimmed.to_string(),
             prefix,
             parallelism: DEFAULT_PARALLELISM,
+            partial_grace: DEFAULT_PARTIAL_GRACE,
         })
     }
 
@@ -152,6 +165,22 @@ impl DurableStore {
     pub fn with_parallelism(mut self, n: usize) -> Self {
         self.parallelism = n.max(1);
         self
+    }
+
+    /// Grace age of partial uploads (default [`DEFAULT_PARTIAL_GRACE`], 1 hour). A key with
+    /// objects but no `manifest.json` whose newest object is older than this is deleted by
+    /// [`DurableStore::sweep_partial_uploads`]; in exchange an upload that has run longer than
+    /// half of it fails without writing its manifest (a sweep elsewhere may have taken its files).
+    /// Every node sharing a store should use the same value. Zero: uploads have no time limit
+    /// and sweeping is refused (only when no node sweeps this store).
+    pub fn with_partial_grace(mut self, grace: Duration) -> Self {
+        self.partial_grace = grace;
+        self
+    }
+
+    /// See [`DurableStore::with_partial_grace`].
+    pub fn partial_grace(&self) -> Duration {
+        self.partial_grace
     }
 
     /// The normalized store url; uris are `<url>/<key>`.
@@ -202,6 +231,11 @@ impl DurableStore {
         let start = Instant::now();
         let uri = self.uri(key)?;
         let base = self.base(key)?;
+        let deadline = Deadline {
+            start,
+            limit: (!self.partial_grace.is_zero()).then(|| self.partial_grace / 2),
+            uri: uri.clone(),
+        };
         // Sizes only here: every file is hashed while it is compressed and a mismatch fails the
         // upload before the manifest is written (so the copy never becomes COMPLETED).
         let (manifest, manifest_bytes) = generation::verify_with_bytes(gen_dir, false).await?;
@@ -210,7 +244,10 @@ impl DurableStore {
         let transfers: Vec<_> = manifest
             .files
             .iter()
-            .map(|f| self.upload_file(gen_dir, &base, f, priority).boxed())
+            .map(|f| {
+                self.upload_file(gen_dir, &base, f, priority, &deadline)
+                    .boxed()
+            })
             .collect();
         let results: Vec<Result<()>> = futures::stream::iter(transfers)
             .buffer_unordered(self.parallelism)
@@ -220,14 +257,7 @@ impl DurableStore {
         let first_err = results.into_iter().find_map(Result::err);
         let result = match first_err {
             Some(e) => Err(e),
-            None => {
-                let mpath = obj_child(&base, MANIFEST_FILE);
-                self.store
-                    .put(&mpath, PutPayload::from(manifest_bytes))
-                    .await
-                    .map(|_| ())
-                    .map_err(|e| Error::object(&mpath, e))
-            }
+            None => self.put_manifest(&base, manifest_bytes, &deadline).await,
         };
         if let Err(e) = result {
             tracing::warn!(uri, error = %e, "upload failed; removing partial objects");
@@ -251,27 +281,59 @@ impl DurableStore {
         Ok((uri, stats))
     }
 
+    /// Writes `manifest.json`, which makes the objects a generation: only while the upload is
+    /// within its deadline, and no later than the deadline either (the PUT is bounded by what is
+    /// left of it), so a sweep that sees a manifest-less key past the grace age cannot race it.
+    async fn put_manifest(
+        &self,
+        base: &ObjPath,
+        manifest_bytes: Vec<u8>,
+        deadline: &Deadline,
+    ) -> Result<()> {
+        deadline.check()?;
+        let mpath = obj_child(base, MANIFEST_FILE);
+        let put = self.store.put(&mpath, PutPayload::from(manifest_bytes));
+        let done = match deadline.remaining() {
+            None => put.await,
+            Some(left) => match tokio::time::timeout(left, put).await {
+                Ok(done) => done,
+                Err(_) => return Err(deadline.exceeded()),
+            },
+        };
+        done.map(|_| ()).map_err(|e| Error::object(&mpath, e))
+    }
+
     async fn upload_file(
         &self,
         gen_dir: &Path,
         base: &ObjPath,
         f: &FileEntry,
         priority: UploadPriority,
+        deadline: &Deadline,
     ) -> Result<()> {
+        // Files not started yet when the deadline passed are not worth sending.
+        deadline.check()?;
         let obj = obj_child(base, &format!("{}.zst", f.path));
         let src = gen_dir.join(&f.path);
         let (tx, mut rx) = mpsc::channel::<Bytes>(4);
         let producer = spawn_compress(src.clone(), tx, priority)?;
 
-        // Small objects are one PUT; from PART_SIZE on, a multipart upload.
+        // Small objects are one PUT; from PART_SIZE on, a multipart upload. Every way out of this
+        // function finishes or aborts it (the guard covers early returns and cancellation), so no
+        // incomplete multipart upload is left behind while this process lives.
         let mut pending: Vec<Bytes> = Vec::new();
         let mut pending_len = 0usize;
-        let mut multipart: Option<WriteMultipart> = None;
-        let mut send_err: Option<object_store::Error> = None;
+        let mut multipart: Option<MultipartGuard> = None;
+        let mut send_err: Option<Error> = None;
         while let Some(chunk) = rx.recv().await {
+            // A file of many GiB should not go on sending after the upload can no longer finish.
+            if let Err(e) = deadline.check() {
+                send_err = Some(e);
+                break;
+            }
             if let Some(w) = multipart.as_mut() {
                 if let Err(e) = w.wait_for_capacity(PARTS_IN_FLIGHT).await {
-                    send_err = Some(e);
+                    send_err = Some(Error::object(&obj, e));
                     break;
                 }
                 w.put(chunk);
@@ -280,9 +342,8 @@ impl DurableStore {
             pending_len += chunk.len();
             pending.push(chunk);
             if pending_len >= PART_SIZE {
-                match self.store.put_multipart(&obj).await {
-                    Ok(up) => {
-                        let mut w = WriteMultipart::new_with_chunk_size(up, PART_SIZE);
+                match MultipartGuard::start(self.store.clone(), obj.clone()).await {
+                    Ok(mut w) => {
                         for c in pending.drain(..) {
                             w.put(c);
                         }
@@ -297,53 +358,43 @@ impl DurableStore {
         }
         // Dropping the receiver stops the producer early when sending failed.
         drop(rx);
-        let produced = producer.await.map_err(|_| Error::Task {
-            what: format!("compress {}", src.display()),
-            message: "the compressing thread ended without a result".into(),
-        })?;
-        if let Some(e) = send_err {
-            if let Some(w) = multipart {
-                let _ = w.abort().await;
-            }
-            return Err(Error::object(&obj, e));
-        }
-        let (size, sha) = match produced {
-            Ok(v) => v,
-            Err(e) => {
-                if let Some(w) = multipart {
-                    let _ = w.abort().await;
-                }
-                return Err(e);
-            }
+        let produced = producer.await.unwrap_or_else(|_| {
+            Err(Error::Task {
+                what: format!("compress {}", src.display()),
+                message: "the compressing thread ended without a result".into(),
+            })
+        });
+        // A send error comes first: the producer then only saw its receiver close.
+        let checked = match (send_err, produced) {
+            (Some(e), _) | (None, Err(e)) => Err(e),
+            // The file changed after verify: do not store something the manifest does not describe.
+            (None, Ok((size, _))) if size != f.size => Err(Error::SizeMismatch {
+                file: f.path.clone(),
+                expected: f.size,
+                actual: size,
+            }),
+            (None, Ok((_, sha))) if sha != f.sha256 => Err(Error::ChecksumMismatch {
+                file: f.path.clone(),
+                expected: f.sha256.clone(),
+                actual: sha,
+            }),
+            (None, Ok(_)) => Ok(()),
         };
-        // The file changed after verify: do not store something the manifest does not describe.
-        if size != f.size || sha != f.sha256 {
+        if let Err(e) = checked {
             if let Some(w) = multipart {
-                let _ = w.abort().await;
+                w.abort().await;
             }
-            return Err(if size != f.size {
-                Error::SizeMismatch {
-                    file: f.path.clone(),
-                    expected: f.size,
-                    actual: size,
-                }
-            } else {
-                Error::ChecksumMismatch {
-                    file: f.path.clone(),
-                    expected: f.sha256.clone(),
-                    actual: sha,
-                }
-            });
+            return Err(e);
         }
         match multipart {
-            Some(w) => w.finish().await.map(|_| ()),
+            Some(w) => w.finish().await,
             None => self
                 .store
                 .put(&obj, PutPayload::from_iter(pending))
                 .await
-                .map(|_| ()),
+                .map(|_| ())
+                .map_err(|e| Error::object(&obj, e)),
         }
-        .map_err(|e| Error::object(&obj, e))
     }
 
     /// Downloads the generation at `uri_or_key` into `target_gen_dir` (which must not exist, or
@@ -539,6 +590,169 @@ impl DurableStore {
         Ok(())
     }
 
+    /// Deletes what uploads cut off for good (their node died) left behind: every key with
+    /// objects but no `manifest.json` whose newest object is older than the grace age
+    /// ([`DurableStore::with_partial_grace`]). A key is the first `key_depth` path segments
+    /// under the store's prefix (the node's `<atespace>/<name>/<generation>-<uuid>`: 3); objects
+    /// nearer the root are not looked at. A key with a manifest is never touched, nor one with
+    /// any object younger than the grace age (an upload may be in flight on another node), and
+    /// only the objects an upload writes (`*.zst`) are deleted.
+    ///
+    /// Candidates are listed again and each object re-read right before it is deleted, so a
+    /// retried upload of the same generation that started meanwhile keeps its files. Several
+    /// nodes may sweep at once (deleting is idempotent). Fails only when the store cannot be
+    /// listed; a key that cannot be deleted is logged, counted in [`SweepStats::keys_failed`]
+    /// and left to the next sweep.
+    pub async fn sweep_partial_uploads(&self, key_depth: usize) -> Result<SweepStats> {
+        if key_depth == 0 {
+            return Err(Error::InvalidInput(
+                "sweep of partial uploads: the key depth must be at least 1".into(),
+            ));
+        }
+        let grace = self.partial_grace;
+        if grace.is_zero() {
+            return Err(Error::InvalidInput(
+                "sweep of partial uploads: the grace age is 0, which would delete uploads in flight"
+                    .into(),
+            ));
+        }
+        let root = ObjPath::from_iter(self.prefix.iter().map(String::as_str));
+        let depth = self.prefix.len() + key_depth;
+        // One entry per key, not per object: the listing of a large store stays small in memory.
+        let mut keys: BTreeMap<ObjPath, KeySummary> = BTreeMap::new();
+        let mut listing = self.store.list((!self.prefix.is_empty()).then_some(&root));
+        while let Some(item) = listing.next().await {
+            let m = match item {
+                Ok(m) => m,
+                // Deleted between the listing and its metadata (local directories).
+                Err(object_store::Error::NotFound { .. }) => continue,
+                Err(e) => return Err(Error::object(&root, e)),
+            };
+            let parts = m.location.parts_count();
+            if parts <= depth {
+                continue;
+            }
+            let key = ObjPath::from_iter(m.location.parts().take(depth));
+            let t = SystemTime::from(m.last_modified);
+            let k = keys.entry(key).or_insert(KeySummary {
+                manifest: false,
+                uploaded: 0,
+                newest: t,
+            });
+            k.newest = k.newest.max(t);
+            if parts == depth + 1 && m.location.filename() == Some(MANIFEST_FILE) {
+                k.manifest = true;
+            } else if is_uploaded_file(&m.location) {
+                k.uploaded += 1;
+            }
+        }
+        drop(listing);
+
+        let mut stats = SweepStats {
+            keys_seen: keys.len(),
+            ..SweepStats::default()
+        };
+        let now = SystemTime::now();
+        for (key, k) in keys {
+            if k.manifest || k.uploaded == 0 {
+                continue;
+            }
+            if !older_than(k.newest, now, grace) {
+                stats.keys_young += 1;
+                continue;
+            }
+            match self.sweep_key(&key, grace).await {
+                Ok(KeySweep::Complete) => {}
+                Ok(KeySweep::Swept {
+                    objects,
+                    bytes,
+                    interrupted,
+                }) => {
+                    stats.objects_deleted += objects;
+                    stats.bytes_deleted += bytes;
+                    if interrupted {
+                        stats.keys_young += 1;
+                    } else {
+                        stats.keys_deleted += 1;
+                    }
+                    let age_s = now.duration_since(k.newest).unwrap_or_default().as_secs();
+                    if objects > 0 {
+                        tracing::info!(key = %key, objects, bytes, age_s, interrupted, "removed a partial upload (objects without manifest.json) from the durable store");
+                    } else if interrupted {
+                        tracing::debug!(key = %key, "partial upload written again since the listing; left alone");
+                    }
+                }
+                Err(e) => {
+                    stats.keys_failed += 1;
+                    tracing::warn!(key = %key, error = %e, "cannot remove a partial upload from the durable store; the next sweep retries");
+                }
+            }
+        }
+        Ok(stats)
+    }
+
+    /// Deletes one manifest-less key's uploaded objects after checking, on a fresh listing,
+    /// that it still has no manifest and nothing younger than `grace`.
+    async fn sweep_key(&self, key: &ObjPath, grace: Duration) -> Result<KeySweep> {
+        let mut objects: Vec<ObjectMeta> = Vec::new();
+        let mut listing = self.store.list(Some(key));
+        while let Some(item) = listing.next().await {
+            match item {
+                Ok(m) => objects.push(m),
+                Err(object_store::Error::NotFound { .. }) => {}
+                Err(e) => return Err(Error::object(key, e)),
+            }
+        }
+        drop(listing);
+        let mpath = obj_child(key, MANIFEST_FILE);
+        if objects.iter().any(|m| m.location == mpath) {
+            return Ok(KeySweep::Complete);
+        }
+        let now = SystemTime::now();
+        let young = |m: &ObjectMeta| !older_than(m.last_modified.into(), now, grace);
+        if objects.iter().any(young) {
+            return Ok(KeySweep::Swept {
+                objects: 0,
+                bytes: 0,
+                interrupted: true,
+            });
+        }
+        objects.retain(|m| is_uploaded_file(&m.location));
+        objects.sort_by(|a, b| a.location.cmp(&b.location));
+        let mut swept = (0usize, 0u64);
+        for m in objects {
+            // Re-read right before deleting: a retry of the same upload may have written this
+            // object since the listing; then it and the rest of the key are left to that upload.
+            match self.store.head(&m.location).await {
+                Ok(now_there) => {
+                    if !older_than(now_there.last_modified.into(), SystemTime::now(), grace) {
+                        return Ok(KeySweep::Swept {
+                            objects: swept.0,
+                            bytes: swept.1,
+                            interrupted: true,
+                        });
+                    }
+                }
+                // Another node's sweep was first.
+                Err(object_store::Error::NotFound { .. }) => continue,
+                Err(e) => return Err(Error::object(&m.location, e)),
+            }
+            match self.store.delete(&m.location).await {
+                Ok(()) => {
+                    swept.0 += 1;
+                    swept.1 += m.size;
+                }
+                Err(object_store::Error::NotFound { .. }) => {}
+                Err(e) => return Err(Error::object(&m.location, e)),
+            }
+        }
+        Ok(KeySweep::Swept {
+            objects: swept.0,
+            bytes: swept.1,
+            interrupted: false,
+        })
+    }
+
     /// Accepts `<store url>/<key>` or a bare key.
     fn key_of(&self, uri_or_key: &str) -> Result<String> {
         let key = if uri_or_key.contains("://") {
@@ -574,6 +788,179 @@ fn obj_child(base: &ObjPath, rel: &str) -> ObjPath {
         p = p.join(seg);
     }
     p
+}
+
+/// How long an upload may run before its manifest must be written: half the store's grace age
+/// (the other half is margin for the manifest PUT and for clocks that disagree).
+struct Deadline {
+    start: Instant,
+    /// None: no limit (grace age zero).
+    limit: Option<Duration>,
+    uri: String,
+}
+
+impl Deadline {
+    /// Time left; None without a limit.
+    fn remaining(&self) -> Option<Duration> {
+        self.limit
+            .map(|limit| limit.saturating_sub(self.start.elapsed()))
+    }
+
+    fn check(&self) -> Result<()> {
+        match self.limit {
+            Some(limit) if self.start.elapsed() > limit => Err(self.exceeded()),
+            _ => Ok(()),
+        }
+    }
+
+    fn exceeded(&self) -> Error {
+        Error::UploadTooSlow {
+            uri: self.uri.clone(),
+            elapsed: self.start.elapsed(),
+            limit: self.limit.unwrap_or_default(),
+        }
+    }
+}
+
+/// A multipart upload that is aborted unless it is finished: S3 keeps the parts of an upload
+/// that is neither completed nor aborted (billed, and invisible to `list`) until a bucket
+/// lifecycle rule removes them. Dropping the guard (an early return, a cancelled upload) aborts
+/// it in a task of its own.
+struct MultipartGuard {
+    writer: Option<WriteMultipart>,
+    obj: ObjPath,
+}
+
+impl MultipartGuard {
+    /// Creates the multipart upload in a task of its own. Cancelled while S3 creates it, a
+    /// plain call would drop the upload's id with its response and leave it incomplete; here
+    /// the guard is built in the task, and one nobody receives any more aborts on drop.
+    async fn start(store: Arc<dyn ObjectStore>, obj: ObjPath) -> Result<Self> {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let target = obj.clone();
+        tokio::spawn(async move {
+            let started = store.put_multipart(&target).await.map(|up| Self {
+                writer: Some(WriteMultipart::new_with_chunk_size(up, PART_SIZE)),
+                obj: target.clone(),
+            });
+            // A send that fails hands the guard back here, and dropping it aborts the upload.
+            let _ = tx.send(started);
+        });
+        match rx.await {
+            Ok(started) => started.map_err(|e| Error::object(&obj, e)),
+            Err(_) => Err(Error::Task {
+                what: format!("start a multipart upload of {obj}"),
+                message: "the task ended without a result".into(),
+            }),
+        }
+    }
+
+    fn put(&mut self, chunk: Bytes) {
+        if let Some(w) = self.writer.as_mut() {
+            w.put(chunk);
+        }
+    }
+
+    async fn wait_for_capacity(&mut self, parts: usize) -> object_store::Result<()> {
+        match self.writer.as_mut() {
+            Some(w) => w.wait_for_capacity(parts).await,
+            None => Ok(()),
+        }
+    }
+
+    /// Aborts and waits for it; a failure is logged (the lifecycle rule is the fallback).
+    async fn abort(mut self) {
+        if let Some(w) = self.writer.take() {
+            // Spawned: a caller dropped while waiting does not cut the abort short.
+            let _ = tokio::spawn(abort_multipart(w, self.obj.clone())).await;
+        }
+    }
+
+    /// Uploads the last part and completes the upload (`WriteMultipart::finish` aborts it
+    /// itself when a part or the completion fails). Spawned, so a caller dropped half-way
+    /// leaves neither an incomplete upload nor one cut off between its parts.
+    async fn finish(mut self) -> Result<()> {
+        let Some(w) = self.writer.take() else {
+            return Ok(());
+        };
+        match tokio::spawn(w.finish()).await {
+            Ok(done) => done.map(|_| ()).map_err(|e| Error::object(&self.obj, e)),
+            Err(e) => Err(Error::task(format!("complete {}", self.obj), e)),
+        }
+    }
+}
+
+impl Drop for MultipartGuard {
+    fn drop(&mut self) {
+        let Some(w) = self.writer.take() else {
+            return;
+        };
+        match tokio::runtime::Handle::try_current() {
+            Ok(rt) => {
+                rt.spawn(abort_multipart(w, self.obj.clone()));
+            }
+            Err(_) => {
+                tracing::warn!(object = %self.obj, "multipart upload left incomplete: no runtime to abort it on");
+            }
+        }
+    }
+}
+
+async fn abort_multipart(w: WriteMultipart, obj: ObjPath) {
+    if let Err(e) = w.abort().await {
+        tracing::warn!(object = %obj, error = %e, "cannot abort a multipart upload; the bucket's AbortIncompleteMultipartUpload rule has to remove it");
+    }
+}
+
+/// What one [`DurableStore::sweep_partial_uploads`] found and removed. When several nodes sweep
+/// at once, their counts may overlap (an object another sweep deleted first may still count).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SweepStats {
+    /// Keys listed, complete or not.
+    pub keys_seen: usize,
+    /// Manifest-less keys past the grace age whose objects were deleted.
+    pub keys_deleted: usize,
+    pub objects_deleted: usize,
+    /// Stored (compressed) size of the deleted objects.
+    pub bytes_deleted: u64,
+    /// Manifest-less keys left alone because an object under them is younger than the grace age
+    /// (an upload may be in flight).
+    pub keys_young: usize,
+    /// Keys whose deletion failed (logged; the next sweep tries again).
+    pub keys_failed: usize,
+}
+
+/// What the first listing saw of one key.
+struct KeySummary {
+    manifest: bool,
+    /// Objects an upload writes (`*.zst`).
+    uploaded: usize,
+    /// Newest object of any kind.
+    newest: SystemTime,
+}
+
+/// What [`DurableStore::sweep_key`] did.
+enum KeySweep {
+    /// A manifest appeared since the first listing.
+    Complete,
+    /// Deleted these; `interrupted` when an object turned out to be young (rewritten by a retry
+    /// of the same upload) and the rest of the key was left to that upload.
+    Swept {
+        objects: usize,
+        bytes: u64,
+        interrupted: bool,
+    },
+}
+
+/// True when `t` is more than `grace` before `now`. A time in the future (clocks that disagree)
+/// counts as young.
+fn older_than(t: SystemTime, now: SystemTime, grace: Duration) -> bool {
+    now.duration_since(t).is_ok_and(|age| age > grace)
+}
+
+/// Objects an upload writes besides the manifest: `<file>.zst`.
+fn is_uploaded_file(p: &ObjPath) -> bool {
+    p.filename().is_some_and(|n| n.ends_with(".zst"))
 }
 
 /// `/`-separated key segments: non-empty, no `.`/`..`, printable. `allow_empty` for prefixes.
@@ -795,6 +1182,40 @@ mod tests {
             .nth(16)
             .and_then(|v| v.parse().ok())
             .unwrap_or(i32::MIN)
+    }
+
+    /// The last gate: files all written, but the upload is past half the grace age when it
+    /// comes to the manifest. It is not written.
+    #[tokio::test]
+    async fn manifest_is_refused_past_the_deadline() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store =
+            DurableStore::from_url(&format!("file://{}", dir.path().display())).expect("store");
+        let base = store.base("default/counter/7").expect("base");
+        let start = Instant::now();
+        std::thread::sleep(Duration::from_millis(2));
+        let late = Deadline {
+            start,
+            limit: Some(Duration::from_millis(1)),
+            uri: store.uri("default/counter/7").expect("uri"),
+        };
+        let err = store
+            .put_manifest(&base, b"{}".to_vec(), &late)
+            .await
+            .expect_err("late");
+        assert!(matches!(err, Error::UploadTooSlow { .. }), "{err}");
+        assert!(!dir.path().join("default/counter/7/manifest.json").exists());
+
+        let in_time = Deadline {
+            start: Instant::now(),
+            limit: Some(Duration::from_secs(3600)),
+            uri: late.uri.clone(),
+        };
+        store
+            .put_manifest(&base, b"{}".to_vec(), &in_time)
+            .await
+            .expect("in time");
+        assert!(dir.path().join("default/counter/7/manifest.json").exists());
     }
 
     #[test]

@@ -75,6 +75,19 @@ pub enum Error {
     InvalidInput(String),
     #[error("{what}: background task failed: {message}")]
     Task { what: String, message: String },
+    /// An upload ran longer than half the store's partial-upload grace age: a sweep may already
+    /// have deleted its objects, so its `manifest.json` was not written (and what it wrote was
+    /// removed). Retrying starts a fresh upload.
+    #[error(
+        "upload to {uri} still unfinished after {elapsed:?}, past its limit of {limit:?} (half the \
+         partial-upload grace age): manifest.json not written, a sweep may already have removed \
+         its objects"
+    )]
+    UploadTooSlow {
+        uri: String,
+        elapsed: std::time::Duration,
+        limit: std::time::Duration,
+    },
 }
 
 impl Error {

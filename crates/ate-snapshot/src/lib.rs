@@ -11,7 +11,8 @@
 //! ```
 //!
 //! The durable copy mirrors it under `<store url>/<key>/`: every file zstd-compressed as
-//! `<path>.zst`, plus the plain `manifest.json`, again uploaded last.
+//! `<path>.zst`, plus the plain `manifest.json`, again uploaded last. Object sets an upload cut
+//! off for good left without a manifest are removed by `DurableStore::sweep_partial_uploads`.
 
 mod archive;
 mod durable;
@@ -20,7 +21,8 @@ mod generation;
 mod manifest;
 
 pub use durable::{
-    BACKGROUND_NICE, DurableStore, TransferStats, UploadPriority, lower_this_thread_priority,
+    BACKGROUND_NICE, DEFAULT_PARTIAL_GRACE, DurableStore, SweepStats, TransferStats,
+    UploadPriority, lower_this_thread_priority,
 };
 pub use error::{Error, Result};
 pub use generation::{

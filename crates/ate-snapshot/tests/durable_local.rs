@@ -6,7 +6,12 @@ use std::fs;
 use std::path::{Path, PathBuf};
 
 use ate_core::Fidelity;
-use ate_snapshot::{DurableStore, Error, Manifest, UploadPriority, seal_generation, verify};
+use std::time::{Duration, SystemTime};
+
+use ate_snapshot::{
+    DEFAULT_PARTIAL_GRACE, DurableStore, Error, Manifest, SweepStats, UploadPriority,
+    seal_generation, verify,
+};
 use common::*;
 
 async fn sealed(big: usize) -> (Fixture, Manifest) {
@@ -325,4 +330,176 @@ async fn corrupted_local_generation_is_never_uploaded_as_complete() {
         store.list_objects(key).await.expect("list").is_empty(),
         "partial objects removed"
     );
+}
+
+/// Writes `path` (creating its directory) with its mtime, which the local store reports as the
+/// object's last-modified time, `age` in the past: no sleeping to make an object old.
+fn write_aged(path: &Path, data: &[u8], age: Duration) {
+    fs::create_dir_all(path.parent().expect("parent")).expect("mkdir");
+    fs::write(path, data).expect("write");
+    age_file(path, age);
+}
+
+fn age_file(path: &Path, age: Duration) {
+    let f = fs::File::options().write(true).open(path).expect("open");
+    f.set_modified(SystemTime::now() - age).expect("set mtime");
+}
+
+fn age_tree(dir: &Path, age: Duration) {
+    for e in fs::read_dir(dir).expect("read_dir") {
+        let p = e.expect("entry").path();
+        if p.is_dir() {
+            age_tree(&p, age);
+        } else {
+            age_file(&p, age);
+        }
+    }
+}
+
+/// The node's key layout: `<atespace>/<name>/<generation>-<uuid>`.
+const DEPTH: usize = 3;
+
+#[tokio::test]
+async fn sweep_removes_old_partial_uploads_and_nothing_else() {
+    let (fx, m) = sealed(1 << 20).await;
+    let dir = store_dir(&fx);
+    let store = DurableStore::from_url(&format!("file://{}", dir.display())).expect("store");
+    assert_eq!(store.partial_grace(), DEFAULT_PARTIAL_GRACE);
+    let two_hours = Duration::from_secs(2 * 3600);
+
+    // A complete generation, all of it (manifest included) far older than the grace age.
+    let complete = "default/counter/7-complete";
+    store.upload(&fx.gen_dir, complete).await.expect("upload");
+    age_tree(&dir.join(complete), two_hours);
+
+    // What a node killed mid-upload leaves: compressed files, no manifest, two hours old. A file
+    // an upload never writes (no .zst) stays, even there.
+    let partial = dir.join("default/counter/8-partial");
+    write_aged(&partial.join("criu/pages-1.img.zst"), &[1; 1000], two_hours);
+    write_aged(&partial.join("volumes/data.tar.zst"), &[2; 500], two_hours);
+    write_aged(&partial.join("notes.txt"), b"not ours", two_hours);
+    // A partial upload still in flight: young.
+    let young = dir.join("default/counter/9-young");
+    write_aged(&young.join("rootfs.tar.zst"), &[3; 10], Duration::ZERO);
+    // Old files, but one written just now: the upload may still be going.
+    let mixed = dir.join("default/counter/10-mixed");
+    write_aged(&mixed.join("criu/inventory.img.zst"), &[4; 10], two_hours);
+    write_aged(&mixed.join("rootfs.tar.zst"), &[5; 10], Duration::ZERO);
+    // Nearer the root than a key: not a generation's object, never looked at.
+    let stray = dir.join("default/stray.zst");
+    write_aged(&stray, b"stray", two_hours);
+
+    let stats = store.sweep_partial_uploads(DEPTH).await.expect("sweep");
+    assert_eq!(
+        stats,
+        SweepStats {
+            keys_seen: 4,
+            keys_deleted: 1,
+            objects_deleted: 2,
+            bytes_deleted: 1500,
+            keys_young: 2,
+            keys_failed: 0,
+        }
+    );
+    assert!(!partial.join("criu").exists());
+    assert!(!partial.join("volumes/data.tar.zst").exists());
+    assert!(partial.join("notes.txt").exists());
+    assert!(young.join("rootfs.tar.zst").exists());
+    assert!(mixed.join("criu/inventory.img.zst").exists());
+    assert!(stray.exists());
+    // The complete generation is intact and still downloads.
+    assert!(store.exists_complete(complete).await.expect("exists"));
+    assert_eq!(
+        store.list_objects(complete).await.expect("list").len(),
+        m.files.len() + 1
+    );
+    let target = fx.root.path().join("node-b/gen-7");
+    assert_eq!(
+        store.download(complete, &target).await.expect("download"),
+        m
+    );
+
+    // Idempotent: a second sweep (another node's, say) finds nothing more to delete.
+    let again = store
+        .sweep_partial_uploads(DEPTH)
+        .await
+        .expect("sweep again");
+    assert_eq!((again.keys_deleted, again.objects_deleted), (0, 0));
+
+    // With a grace age of zero sweeping is refused (it would take uploads in flight).
+    let no_grace = store.clone().with_partial_grace(Duration::ZERO);
+    let err = no_grace
+        .sweep_partial_uploads(DEPTH)
+        .await
+        .expect_err("refused");
+    assert!(matches!(err, Error::InvalidInput(_)), "{err}");
+    assert!(young.join("rootfs.tar.zst").exists());
+}
+
+#[tokio::test]
+async fn upload_past_half_the_grace_age_writes_no_manifest() {
+    let (fx, m) = sealed(3 << 20).await;
+    let dir = store_dir(&fx);
+    // Half of 2 ns is over before the first file is read: the upload runs out of time.
+    let store = DurableStore::from_url(&format!("file://{}", dir.display()))
+        .expect("store")
+        .with_partial_grace(Duration::from_nanos(2));
+    let key = "default/counter/7-slow";
+    let err = store.upload(&fx.gen_dir, key).await.expect_err("too slow");
+    assert!(matches!(err, Error::UploadTooSlow { .. }), "{err}");
+    assert!(
+        err.to_string().contains("manifest.json not written"),
+        "{err}"
+    );
+    assert!(!store.exists_complete(key).await.expect("exists"));
+    assert!(
+        store.list_objects(key).await.expect("list").is_empty(),
+        "what it wrote is removed"
+    );
+    // No multipart staging file left behind either.
+    assert!(!dir.exists() || staging_files(&dir).is_empty());
+    verify(&fx.gen_dir).await.expect("local intact");
+
+    // Without a limit (grace age 0) the same upload completes.
+    let unlimited = store.with_partial_grace(Duration::ZERO);
+    unlimited.upload(&fx.gen_dir, key).await.expect("upload");
+    assert!(unlimited.exists_complete(key).await.expect("exists"));
+    assert_eq!(
+        unlimited.list_objects(key).await.expect("list").len(),
+        m.files.len() + 1
+    );
+}
+
+/// The local store stages multipart uploads as `<object>#<n>` files.
+fn staging_files(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    for e in fs::read_dir(dir).expect("read_dir") {
+        let p = e.expect("entry").path();
+        if p.is_dir() {
+            out.extend(staging_files(&p));
+        } else if p.to_string_lossy().contains('#') {
+            out.push(p);
+        }
+    }
+    out
+}
+
+#[tokio::test]
+async fn failed_multipart_upload_is_aborted() {
+    // 12 MiB of noise: more than one part, so pages-1.img goes up as a multipart upload.
+    let (fx, m) = sealed(12 << 20).await;
+    let dir = store_dir(&fx);
+    let store = DurableStore::from_url(&format!("file://{}", dir.display())).expect("store");
+    // Same size, other bytes: found only once the whole file is hashed, after its parts went up.
+    let path = fx.gen_dir.join("criu/pages-1.img");
+    let mut bytes = fs::read(&path).expect("read");
+    let last = bytes.len() - 1;
+    bytes[last] ^= 0x01;
+    fs::write(&path, bytes).expect("write");
+    let key = "default/counter/7-multipart";
+    let err = store.upload(&fx.gen_dir, key).await.expect_err("changed");
+    assert!(matches!(err, Error::ChecksumMismatch { .. }), "{err}");
+    assert!(store.list_objects(key).await.expect("list").is_empty());
+    assert!(staging_files(&dir).is_empty(), "{:?}", staging_files(&dir));
+    assert!(m.files.iter().any(|f| f.path == "criu/pages-1.img"));
 }
