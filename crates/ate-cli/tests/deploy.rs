@@ -480,11 +480,12 @@ fn rendered_overlays_validate_where_kubectl_is_installed() {
     }
 }
 
-const UNITS: [&str; 5] = [
+const UNITS: [&str; 6] = [
     "ate.target",
     "ate-api.service",
     "ate-router.service",
     "ate-node.service",
+    "ate-join.service",
     "ate-worker@.service",
 ];
 
@@ -556,6 +557,7 @@ fn systemd_units_pass_systemd_analyze_verify() {
         "ate-api.service",
         "ate-router.service",
         "ate-node.service",
+        "ate-join.service",
         "ate-worker@node-a-w0.service",
     ]
     .iter()
