@@ -146,7 +146,8 @@ fn join_signer(
     td: &str,
     lifetime: Duration,
 ) -> anyhow::Result<ate_api::join::Signer> {
-    let ca = ate_tls::LocalCa::open(dir)
+    // A Kubernetes Secret volume of a non-root pod is group-readable (root:<fsGroup>, 0440).
+    let ca = ate_tls::LocalCa::open_mounted(dir)
         .with_context(|| format!("--ca-dir {}: cannot load the CA", dir.display()))?;
     if ca.trust_domain() != td {
         anyhow::bail!(

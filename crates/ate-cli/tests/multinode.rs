@@ -283,6 +283,8 @@ fn wait_file(p: &mut Proc, file: &Path, log: &Path) -> Value {
 /// One answer seen by a client.
 #[derive(Clone, Debug)]
 struct Sample {
+    /// When the request was sent and when its answer came (s since the load started).
+    sent: f64,
     t: f64,
     actor: usize,
     status: u16,
@@ -320,6 +322,42 @@ fn get(router: SocketAddr, actor: &str) -> (u16, String) {
     (status, body.to_string())
 }
 
+/// `mn/open`: the counter with an allow-all egress policy and explicit allow entries.
+fn egress_template(allow: &[String]) -> String {
+    let images = images_dir();
+    let allow: Vec<String> = allow.iter().map(|a| format!("\"{a}\"")).collect();
+    format!(
+        "apiVersion: ate.dev/v1alpha1
+kind: ActorTemplate
+metadata:
+  namespace: {NS}
+  name: open
+spec:
+  containers:
+    - name: main
+      image: oci-layout:{images}/counter:latest
+      command: [\"/counter\"]
+      wakeupProbe:
+        httpGet: {{path: /healthz, port: 80}}
+        timeoutSeconds: 10
+  resources: {{cpu: 250m, memory: 64Mi}}
+  snapshots: {{fidelity: memory}}
+  idleTimeout: 5m
+  egress:
+    defaultAction: allow-all
+    allow: [{}]
+",
+        allow.join(", "),
+        images = images.display(),
+    )
+}
+
+/// GET `path` of `actor` through `router`: (status, body).
+fn get_path(router: SocketAddr, actor: &str, path: &str) -> (u16, String) {
+    let (status, _, body) = support::get(router, actor, path);
+    (status, body)
+}
+
 struct Bed {
     tmp: PathBuf,
     ctl_api: [String; 2],
@@ -327,6 +365,40 @@ struct Bed {
     nodes: Vec<Proc>,
     node_states: Vec<PathBuf>,
     admin_state: PathBuf,
+}
+
+impl Drop for Bed {
+    fn drop(&mut self) {
+        for n in &mut self.nodes {
+            n.stop(Duration::from_secs(60));
+        }
+        // A lost node's containers still run (as on a machine that is gone, but this one is not).
+        for state in &self.node_states {
+            kill_containers(state);
+            support::remove_leftover_sandboxes(state);
+        }
+        for c in &mut self.ctl {
+            c.stop(Duration::from_secs(30));
+        }
+    }
+}
+
+/// A database of our own on the test PostgreSQL, dropped with the guard.
+struct Database {
+    base: String,
+    name: String,
+}
+
+impl Drop for Database {
+    fn drop(&mut self) {
+        let _ = Command::new("psql")
+            .args([
+                &self.base,
+                "-qc",
+                &format!("DROP DATABASE IF EXISTS {} WITH (FORCE)", self.name),
+            ])
+            .output();
+    }
 }
 
 impl Bed {
@@ -452,6 +524,13 @@ fn multi_node_test_bed() {
     }
     let tmp = tempfile::tempdir().expect("tempdir");
     let root = tmp.path().to_path_buf();
+    // ATE_KEEP_TEST_DIR=1 keeps the logs of every component for a look after the run.
+    let _tmp = if std::env::var_os("ATE_KEEP_TEST_DIR").is_some() {
+        let _ = tmp.keep();
+        None
+    } else {
+        Some(tmp)
+    };
     let net = Net::create();
     let gw = net.gateway;
 
@@ -462,6 +541,10 @@ fn multi_node_test_bed() {
         .args([&pg_base, "-qc", &format!("DROP DATABASE IF EXISTS {db}")])
         .output();
     run(Command::new("psql").args([&pg_base, "-qc", &format!("CREATE DATABASE {db}")]));
+    let _db = Database {
+        base: pg_base.clone(),
+        name: db.clone(),
+    };
     let (pg_prefix, _) = pg_base.rsplit_once('/').expect("pg url has a database");
     let store = format!("{pg_prefix}/{db}");
     let moto_port = free_port();
@@ -629,6 +712,73 @@ fn multi_node_test_bed() {
         let node = if i < ACTORS / 2 { "node-a" } else { "node-b" };
         assert!(w.starts_with(node), "c{i} on {w}, pinned to {node}");
     }
+    // Egress on the cluster network: an actor on node-a with an allow-all policy reaches
+    // node-b's address only through an explicit allow entry, and never the api or the object
+    // store, even though its template names them explicitly.
+    let node_b = net.hosts[1].ips[0];
+    let api_addr = ctl_api[0].clone();
+    let moto_addr = format!("{gw}:{moto_port}");
+    let tpl = root.join("egress.yaml");
+    std::fs::write(
+        &tpl,
+        egress_template(&[
+            format!("{node_b}:8443"),
+            api_addr.clone(),
+            moto_addr.clone(),
+        ]),
+    )
+    .expect("write template");
+    bed.ate_ok(0, &["apply", "-f", tpl.to_str().expect("utf-8 path")]);
+    bed.ate_ok(
+        0,
+        &[
+            "create",
+            "actor",
+            "out",
+            "-a",
+            NS,
+            "-t",
+            "mn/open",
+            "--selector",
+            "ate.dev/node=node-a",
+        ],
+    );
+    let connect = |addr: &str| {
+        get_path(
+            routers[0],
+            &format!("{NS}/out"),
+            &format!("/connect?addr={addr}"),
+        )
+    };
+    let reached = connect(&format!("{node_b}:8443"));
+    assert_eq!(
+        reached,
+        (200, "ok".to_string()),
+        "explicitly allowed cluster address"
+    );
+    let unlisted = connect(&format!("{}:8443", net.hosts[1].ips[1]));
+    assert_eq!(
+        unlisted.0, 502,
+        "a cluster address without an allow entry: {unlisted:?}"
+    );
+    for addr in [&api_addr, &moto_addr] {
+        let denied = connect(addr);
+        assert_eq!(denied.0, 502, "control-plane address {addr}: {denied:?}");
+    }
+    let worker_logs: String = ["node-a-worker-1", "node-a-worker-2"]
+        .iter()
+        .map(|w| {
+            std::fs::read_to_string(root.join("node-a/logs").join(format!("{w}.log")))
+                .unwrap_or_default()
+        })
+        .collect();
+    assert!(
+        worker_logs.contains("control-plane address"),
+        "the denial names the control plane:\n{worker_logs}"
+    );
+    bed.ate_ok(0, &["suspend", "actor", "out", "-a", NS]);
+    bed.ate_ok(0, &["delete", "actor", "out", "-a", NS]);
+
     // From now on any node may host any actor.
     for i in 0..ACTORS {
         bed.ate_ok(
@@ -659,11 +809,13 @@ fn multi_node_test_bed() {
                 let mut n = i;
                 while !stop.load(Ordering::Relaxed) {
                     n += 1;
+                    let sent = t0.elapsed().as_secs_f64();
                     let mut answer = get(routers[n % 2], &target);
                     if answer.0 == 0 {
                         answer = get(routers[(n + 1) % 2], &target);
                     }
                     let s = Sample {
+                        sent,
                         t: t0.elapsed().as_secs_f64(),
                         actor: i,
                         status: answer.0,
@@ -705,7 +857,7 @@ fn multi_node_test_bed() {
             .map(|a| {
                 samples
                     .iter()
-                    .filter(|s| s.actor == *a && s.t >= from && s.status == 200)
+                    .filter(|s| s.actor == *a && s.sent >= from && s.status == 200)
                     .map(|s| s.t - from)
                     .fold(f64::INFINITY, f64::min)
             })
@@ -729,7 +881,6 @@ fn multi_node_test_bed() {
     };
 
     // 1. A move through the durable copy: c0 (node-a) pinned to node-b, suspended durably.
-    let f_start = now();
     bed.ate_ok(
         0,
         &[
@@ -743,6 +894,8 @@ fn multi_node_test_bed() {
         ],
     );
     bed.ate_ok(0, &["suspend", "actor", "c0", "-a", NS, "--durable"]);
+    // Measured from the suspend's return: the next request resumes c0 on node-b.
+    let f_start = now();
     wait_ok(&samples, &[0], f_start);
     std::thread::sleep(Duration::from_secs(1));
     let moved_to = bed.worker_of(1, "c0").unwrap_or_default();
@@ -819,10 +972,11 @@ fn multi_node_test_bed() {
         .collect();
     assert!(!on_b.is_empty(), "node-b hosts actors before its loss");
     // Their recovery point: the newest durable generation, at least the durable suspend above.
-    let f_start = now();
     kill_tree(bed.nodes[1].pid());
     kill_containers(&bed.node_states[1]);
     ip(&["link", "set", &net.hosts[1].veth, "down"]);
+    // From here on nothing on node-b can answer.
+    let f_start = now();
     wait_ok(&samples, &on_b, f_start);
     std::thread::sleep(Duration::from_secs(2));
     faults.push(Fault {
@@ -846,7 +1000,18 @@ fn multi_node_test_bed() {
             .rev()
             .find(|s| s.actor == i)
             .expect("samples");
-        assert_eq!(last.status, 200, "c{i} answers at the end: {last:?}");
+        if last.status != 200 {
+            let mine: Vec<&Sample> = samples.iter().filter(|s| s.actor == i).collect();
+            let timeline: Vec<String> = faults
+                .iter()
+                .map(|f| format!("{} at {:.1}s", f.name, f.start))
+                .collect();
+            panic!(
+                "c{i} does not answer at the end: {last:?}\nfaults: {timeline:?}\nits last answers: {:?}\nlogs in {}",
+                &mine[mine.len().saturating_sub(15)..],
+                root.display()
+            );
+        }
     }
 
     // No state lost: counts never go back, except for node-b's actors at its loss, and then
@@ -976,13 +1141,15 @@ fn multi_node_test_bed() {
                 .max()
                 .unwrap_or(0);
             let after = mine
-                .filter(|s| s.t >= node_loss_start)
+                .filter(|s| s.sent >= node_loss_start)
                 .find_map(|s| s.count)
                 .unwrap_or(0);
             format!("c{i}: {before} → {after}")
         })
         .collect();
-    println!("node-b's actors after its loss (count before → first count after): {rollback:?}");
+    println!(
+        "node-b's actors after its loss (last count before → first count after): {rollback:?}"
+    );
     println!("double activations: {double:?}; slot mismatches: {slot_mismatch:?}");
 
     for f in &faults {
@@ -1001,23 +1168,8 @@ fn multi_node_test_bed() {
     assert!(double.is_empty(), "double activations: {double:?}");
     assert!(slot_mismatch.is_empty(), "slots: {slot_mismatch:?}");
 
-    // Orderly teardown: nodes, then control hosts, then the services.
-    for n in &mut bed.nodes {
-        n.stop(Duration::from_secs(60));
-    }
-    for s in &bed.node_states {
-        support::remove_leftover_sandboxes(s);
-    }
-    for c in &mut bed.ctl {
-        c.stop(Duration::from_secs(30));
-    }
+    // Teardown (also on panic): `bed`'s drop stops the nodes and removes what their sandboxes
+    // left, then the control hosts; then moto, the database and the network go.
+    drop(bed);
     moto.stop(Duration::from_secs(5));
-    let _ = Command::new("psql")
-        .args([
-            &pg_base,
-            "-qc",
-            &format!("DROP DATABASE IF EXISTS {db} WITH (FORCE)"),
-        ])
-        .output();
-    drop(net);
 }

@@ -200,6 +200,17 @@ impl LocalCa {
 
     /// Loads an existing CA; NotFound (as `TlsError::Io`) when neither file exists.
     pub fn open(dir: &Path) -> Result<Self, TlsError> {
+        Self::open_checked(dir, false)
+    }
+
+    /// Like [`LocalCa::open`], but also accepts a key its group may read (never write, and
+    /// nothing for others): how Kubernetes mounts a Secret for a pod that runs as a non-root
+    /// user with an `fsGroup` (files `root:<fsGroup>`, mode 0440).
+    pub fn open_mounted(dir: &Path) -> Result<Self, TlsError> {
+        Self::open_checked(dir, true)
+    }
+
+    fn open_checked(dir: &Path, group_read: bool) -> Result<Self, TlsError> {
         let cert_path = dir.join(CA_CERT_FILE);
         let key_path = dir.join(CA_KEY_FILE);
         match (cert_path.exists(), key_path.exists()) {
@@ -226,7 +237,11 @@ impl LocalCa {
                 });
             }
         }
-        check_key_permissions(&key_path)?;
+        if group_read {
+            crate::fsutil::check_key_permissions_group_read(&key_path)?;
+        } else {
+            check_key_permissions(&key_path)?;
+        }
         let key_pem =
             fs::read_to_string(&key_path).map_err(|e| TlsError::io("read", &key_path, e))?;
         let key = KeyPair::from_pem(&key_pem).map_err(|e| TlsError::Pem {

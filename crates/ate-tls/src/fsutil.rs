@@ -51,6 +51,19 @@ pub fn write_atomic(path: &Path, data: &[u8], mode: u32) -> Result<(), TlsError>
     result
 }
 
+/// Refuses a private key its group may write or others may touch at all (group read allowed).
+pub fn check_key_permissions_group_read(path: &Path) -> Result<(), TlsError> {
+    let meta = fs::metadata(path).map_err(|e| TlsError::io("stat", path, e))?;
+    let mode = meta.permissions().mode() & 0o7777;
+    if mode & 0o027 != 0 {
+        return Err(TlsError::InsecureKeyPermissions {
+            path: path.to_path_buf(),
+            mode,
+        });
+    }
+    Ok(())
+}
+
 /// Refuses a private key readable or writable by group/other.
 pub fn check_key_permissions(path: &Path) -> Result<(), TlsError> {
     let meta = fs::metadata(path).map_err(|e| TlsError::io("stat", path, e))?;
