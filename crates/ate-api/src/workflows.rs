@@ -1080,7 +1080,46 @@ impl Api {
         if !garbage.is_empty() {
             self.collect_garbage(garbage).await;
         }
+        self.forget_on_nodes(r).await;
         Ok(())
+    }
+
+    /// Asks every live node to drop what it keeps of a deleted actor outside its generations
+    /// (its log). Best effort, concurrently, 3 s per node: a node that misses it keeps a log
+    /// file no one reads, which its next `ate delete` of that name removes.
+    async fn forget_on_nodes(&self, r: &ActorRef) {
+        let Ok(workers) = self.fleet.workers().await else {
+            return;
+        };
+        let mut nodes: Vec<String> = workers
+            .iter()
+            .filter(|w| w.status == WorkerStatus::Active)
+            .map(|w| w.node_address.clone())
+            .collect();
+        nodes.sort();
+        nodes.dedup();
+        let mut calls = tokio::task::JoinSet::new();
+        for address in nodes {
+            let nodes = self.nodes.clone();
+            let actor = Some(v1::ObjectRef {
+                atespace: r.atespace.clone(),
+                name: r.name.clone(),
+            });
+            calls.spawn(async move {
+                let call = async {
+                    nodes
+                        .client(&address)?
+                        .forget_actor(v1::ForgetActorRequest { actor })
+                        .await
+                };
+                match tokio::time::timeout(Duration::from_secs(3), call).await {
+                    Ok(Ok(_)) => {}
+                    Ok(Err(s)) => tracing::warn!(node = %address, error = %s.message(), "cannot remove a deleted actor's log"),
+                    Err(_) => tracing::warn!(node = %address, "removing a deleted actor's log timed out"),
+                }
+            });
+        }
+        while calls.join_next().await.is_some() {}
     }
 
     /// Deletes the files of removed generations: local copies on their node, durable objects via

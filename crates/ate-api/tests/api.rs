@@ -392,13 +392,15 @@ async fn freed_room_goes_to_the_oldest_waiter(b: Backend) {
         t.api.admission().queued(std::time::Instant::now()),
         ["ns/c"]
     );
-    // Deleting a waiter removes it from the queue.
+    // Deleting a waiter removes it from the queue, and every live node is asked to forget it
+    // (its log).
     t.actors()
         .delete_actor(DeleteActorRequest {
             actor: Some(obj("ns", "c")),
         })
         .await
         .unwrap();
+    assert_eq!(*node.calls().forgotten.lock().unwrap(), ["ns/c"]);
     assert!(
         t.api
             .admission()

@@ -129,6 +129,13 @@ pub struct UpArgs {
     /// api no longer assumes it is the only replica.
     #[arg(long = "peer-api")]
     pub peer_apis: Vec<String>,
+    /// A registry the workers may reach over plain HTTP (`HOST:PORT`, repeatable; e.g. a
+    /// loopback registry for your own images). Adds to `ATE_INSECURE_REGISTRIES`.
+    #[arg(long = "insecure-registry")]
+    pub insecure_registries: Vec<String>,
+    /// Registry credentials for the workers (a Docker `config.json`; `ATE_REGISTRY_AUTH_FILE`).
+    #[arg(long)]
+    pub registry_auth_file: Option<PathBuf>,
 }
 
 /// What one `ate up` runs.
@@ -421,6 +428,8 @@ struct Component {
     role: Role,
     /// The arguments after the executable, kept to restart the component identically.
     args: Vec<String>,
+    /// Environment added to `ate up`'s own (kept for restarts too).
+    env: Vec<(String, String)>,
     log: PathBuf,
     /// `None` between an exit and the restart.
     child: Option<Child>,
@@ -449,13 +458,57 @@ impl Component {
     }
 }
 
+/// The workers' registry settings from `--insecure-registry` and `--registry-auth-file`, on top
+/// of the environment `ate up` was started with.
+fn registry_env(args: &UpArgs) -> anyhow::Result<Vec<(String, String)>> {
+    let mut env = Vec::new();
+    if !args.insecure_registries.is_empty() {
+        for r in &args.insecure_registries {
+            if r.is_empty() || r.contains(['/', ',', ' ']) {
+                anyhow::bail!("--insecure-registry {r:?}: expected HOST:PORT (no scheme, no path)");
+            }
+        }
+        let mut list: Vec<String> = std::env::var("ATE_INSECURE_REGISTRIES")
+            .map(|v| {
+                v.split(',')
+                    .map(str::trim)
+                    .filter(|s| !s.is_empty())
+                    .map(String::from)
+                    .collect()
+            })
+            .unwrap_or_default();
+        list.extend(args.insecure_registries.iter().cloned());
+        env.push(("ATE_INSECURE_REGISTRIES".to_string(), list.join(",")));
+    }
+    if let Some(file) = &args.registry_auth_file {
+        let file = std::fs::canonicalize(file)
+            .with_context(|| format!("--registry-auth-file {}", file.display()))?;
+        env.push((
+            "ATE_REGISTRY_AUTH_FILE".to_string(),
+            file.display().to_string(),
+        ));
+    }
+    Ok(env)
+}
+
 fn spawn(name: &str, role: Role, args: Vec<String>, logs: &Path) -> anyhow::Result<Component> {
+    spawn_with_env(name, role, args, logs, Vec::new())
+}
+
+fn spawn_with_env(
+    name: &str,
+    role: Role,
+    args: Vec<String>,
+    logs: &Path,
+    env: Vec<(String, String)>,
+) -> anyhow::Result<Component> {
     let log = logs.join(format!("{name}.log"));
-    let child = start_process(name, &args, &log)?;
+    let child = start_process(name, &args, &env, &log)?;
     Ok(Component {
         name: name.to_string(),
         role,
         args,
+        env,
         log,
         child: Some(child),
         since: Instant::now(),
@@ -465,7 +518,12 @@ fn spawn(name: &str, role: Role, args: Vec<String>, logs: &Path) -> anyhow::Resu
 }
 
 /// Starts `ate ARGS` with stdout and stderr appended to `log`.
-fn start_process(name: &str, args: &[String], log: &Path) -> anyhow::Result<Child> {
+fn start_process(
+    name: &str,
+    args: &[String],
+    env: &[(String, String)],
+    log: &Path,
+) -> anyhow::Result<Child> {
     // This very executable even after the file was replaced on disk (an upgrade or a rebuild
     // while `ate up` runs): `current_exe()` would then name a path that no longer exists and
     // every restart would fail.
@@ -485,6 +543,7 @@ fn start_process(name: &str, args: &[String], log: &Path) -> anyhow::Result<Chil
     let mut command = Command::new(exe);
     command
         .args(args)
+        .envs(env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
         .stdin(Stdio::null())
         .stdout(stdout)
         .stderr(file)
@@ -559,7 +618,7 @@ fn supervise(components: &mut [Component]) -> anyhow::Result<()> {
             c.restart_at = Some(now + delay);
         }
         if c.child.is_none() && c.restart_at.is_some_and(|t| t <= now) {
-            match start_process(&c.name, &c.args, &c.log) {
+            match start_process(&c.name, &c.args, &c.env, &c.log) {
                 Ok(child) => {
                     c.child = Some(child);
                     c.since = now;
@@ -757,7 +816,13 @@ async fn start_node_and_workers(
                 .1
                 .to_args(),
         );
-        components.push(spawn(&id, Role::Worker, worker_args, logs)?);
+        components.push(spawn_with_env(
+            &id,
+            Role::Worker,
+            worker_args,
+            logs,
+            registry_env(args)?,
+        )?);
     }
     wait_workers(clients, node_name, args.workers as usize, components).await
 }

@@ -6,6 +6,8 @@
 //! build, and it goes into a temp dir instead of /usr/local/bin. The second README command is the test
 //! command itself, so it is checked for presence, not run recursively.
 
+mod support;
+
 use std::io::{BufRead, BufReader};
 use std::path::Path;
 use std::process::{Command, Stdio};
@@ -50,8 +52,29 @@ fn readme_quickstart_and_first_actor() {
     let tmp = tempfile::tempdir().expect("tempdir");
     let state = tmp.path().join("state-does-not-exist-yet");
     let bin = tmp.path().join("bin");
+    // Private ports and worker addresses, so the suite passes beside a quickstart a person left
+    // running on the defaults (the quickstart script passes extra arguments on to `ate up`).
+    let router = format!("127.0.0.1:{}", support::free_port());
+    let worker_ip = format!("127.{}.250.2", 1 + std::process::id() % 200);
     let mut up = Command::new("bash")
         .arg(root().join(&blocks[0][0]))
+        .args([
+            "--api-listen",
+            "127.0.0.1:0",
+            "--api-http-listen",
+            "127.0.0.1:0",
+        ])
+        .args(["--router-listen", &router])
+        .args([
+            "--router-metrics-listen",
+            &format!("127.0.0.1:{}", support::free_port()),
+        ])
+        .args([
+            "--node-listen",
+            &format!("127.0.0.1:{}", support::free_port()),
+        ])
+        .args(["--worker-first-ip", &worker_ip])
+        .args(["--worker-port", &support::free_port().to_string()])
         .current_dir(root())
         .env("ATE_SKIP_SETUP", "1")
         // The binary nextest built: a `cargo build` here would relink target/debug/ate (other
@@ -88,7 +111,10 @@ fn readme_quickstart_and_first_actor() {
             "quickstart not ready in 300 s"
         );
     };
-    assert!(ready.contains("router=http://127.0.0.1:8080"), "{ready}");
+    assert!(
+        ready.contains(&format!("router=http://{router}")),
+        "{ready}"
+    );
 
     // The three lines, as written, with the installed `ate` first on PATH.
     let path = format!(
@@ -98,8 +124,14 @@ fn readme_quickstart_and_first_actor() {
     );
     let mut outputs = Vec::new();
     for line in &blocks[2] {
+        // The README's lines as written, but for the router on its private port.
+        assert!(
+            !line.contains("curl") || line.contains("http://127.0.0.1:8080/"),
+            "the README's curl lines name the default router address: {line}"
+        );
+        let line = line.replace("http://127.0.0.1:8080/", &format!("http://{router}/"));
         let out = Command::new("bash")
-            .args(["-c", line])
+            .args(["-c", &line])
             .env("PATH", &path)
             .env("ATE_STATE_DIR", &state)
             .env("HOME", tmp.path())

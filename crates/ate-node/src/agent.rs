@@ -686,6 +686,51 @@ impl NodeService for NodeAgent {
         Ok(Response::new(Self::reply(&worker, reply.epoch)))
     }
 
+    async fn forget_actor(
+        &self,
+        req: Request<v1::ForgetActorRequest>,
+    ) -> Result<Response<v1::ForgetActorReply>, Status> {
+        let a = req
+            .into_inner()
+            .actor
+            .ok_or_else(|| Status::invalid_argument("invalid actor: missing"))?;
+        ate_core::validate_label("actor.atespace", &a.atespace)
+            .map_err(|e| Status::invalid_argument(e.to_string()))?;
+        ate_core::validate_label("actor.name", &a.name)
+            .map_err(|e| Status::invalid_argument(e.to_string()))?;
+        let state = &self.inner.cfg.state_dir;
+        // A sandbox of that name still running here (a re-created actor, or a copy the api
+        // gave up on) keeps writing the log: it stays.
+        let workers = std::fs::read_dir(state.join("workers"))
+            .map(|d| d.flatten().map(|e| e.path()).collect::<Vec<_>>())
+            .unwrap_or_default();
+        if workers
+            .iter()
+            .any(|w| ate_worker::sandbox_alive(&w.join("actors"), &a.atespace, &a.name))
+        {
+            return Ok(Response::new(v1::ForgetActorReply { log_removed: false }));
+        }
+        let path = state
+            .join("logs")
+            .join("actors")
+            .join(&a.atespace)
+            .join(format!("{}.log", a.name));
+        let removed = match tokio::fs::remove_file(&path).await {
+            Ok(()) => true,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => false,
+            Err(e) => {
+                return Err(Status::internal(format!(
+                    "cannot remove {}: {e}",
+                    path.display()
+                )));
+            }
+        };
+        tracing::info!(actor = %format!("{}/{}", a.atespace, a.name), log_removed = removed, "deleted actor forgotten");
+        Ok(Response::new(v1::ForgetActorReply {
+            log_removed: removed,
+        }))
+    }
+
     async fn read_log(
         &self,
         req: Request<v1::ReadLogRequest>,

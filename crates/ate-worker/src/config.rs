@@ -64,6 +64,11 @@ pub struct WorkerConfig {
     #[arg(long)]
     pub image_cache: Option<PathBuf>,
 
+    /// Unpacked images no sandbox has used for this long are removed (checked hourly; `0`
+    /// keeps them forever). A later start unpacks (or pulls) the image again.
+    #[arg(long, env = "ATE_IMAGE_RETENTION", default_value = "24h", value_parser = parse_retention)]
+    pub image_retention: std::time::Duration,
+
     /// Memory-checkpointed actors kept frozen in place after a suspend, so a resume on this
     /// worker thaws them in milliseconds instead of restoring the dump (default: the slot
     /// count; 0 turns it off). The dump is still written and is what any other resume uses;
@@ -121,6 +126,7 @@ impl WorkerConfig {
             memory: None,
             labels: Vec::new(),
             image_cache: None,
+            image_retention: std::time::Duration::from_secs(24 * 3600),
             keep_frozen: None,
             frozen_ttl_seconds: 300,
             frozen_min_available_percent: 25,
@@ -290,6 +296,26 @@ fn total_memory_bytes() -> u64 {
         })
         .map(|kib| kib * 1024)
         .unwrap_or(0)
+}
+
+/// `24h`, `90m`, `30s`, `3600` (seconds) or `0`.
+fn parse_retention(value: &str) -> Result<std::time::Duration, String> {
+    let v = value.trim();
+    let (num, unit) = match v.find(|c: char| !c.is_ascii_digit()) {
+        Some(i) => v.split_at(i),
+        None => (v, "s"),
+    };
+    let n: u64 = num
+        .parse()
+        .map_err(|_| format!("{value:?}: expected a duration such as 24h, 90m or 3600"))?;
+    let secs = match unit {
+        "s" => n,
+        "m" => n.saturating_mul(60),
+        "h" => n.saturating_mul(3600),
+        "d" => n.saturating_mul(86_400),
+        _ => return Err(format!("{value:?}: the unit must be s, m, h or d")),
+    };
+    Ok(std::time::Duration::from_secs(secs))
 }
 
 #[cfg(test)]

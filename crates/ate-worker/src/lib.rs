@@ -30,4 +30,4 @@ pub use runtime::{
     Started,
 };
 pub use service::{WorkerError, connect_worker, run};
-pub use worker::{live_sandboxes, process_running};
+pub use worker::{live_sandboxes, process_running, sandbox_alive};

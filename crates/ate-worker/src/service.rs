@@ -332,6 +332,7 @@ pub async fn run(
     // Sandboxes an earlier process of this worker left running are taken back (their
     // ingress waits for the node's reconciliation with the api).
     worker.adopt_leftovers().await;
+    let _image_sweep = spawn_image_sweep(config.image_cache_dir(), config.image_retention);
     let deny_egress = config
         .deny_egress
         .iter()
@@ -421,6 +422,44 @@ pub async fn run(
     }
     tracing::info!(worker = %config.id, "worker stopped");
     served.map_err(WorkerError::from)
+}
+
+/// Removes unpacked images no sandbox used for `retention`, a few minutes after start and then
+/// hourly (every worker of a node may sweep the shared cache: each entry is checked under its
+/// lock). Aborted when the returned guard drops.
+fn spawn_image_sweep(cache: PathBuf, retention: std::time::Duration) -> Option<AbortOnDrop> {
+    if retention.is_zero() {
+        return None;
+    }
+    let task = tokio::spawn(async move {
+        tokio::time::sleep(std::time::Duration::from_secs(120)).await;
+        loop {
+            let (c, r) = (cache.clone(), retention);
+            match tokio::task::spawn_blocking(move || crate::image::sweep_unused(&c, r)).await {
+                Ok(Ok(stats)) if stats.entries_removed > 0 => {
+                    tracing::info!(
+                        removed = stats.entries_removed,
+                        seen = stats.entries_seen,
+                        "image cache swept"
+                    )
+                }
+                Ok(Ok(_)) => {}
+                Ok(Err(e)) => tracing::warn!(error = %e, "image cache sweep failed"),
+                Err(e) => tracing::warn!(error = %e, "image cache sweep task failed"),
+            }
+            tokio::time::sleep(std::time::Duration::from_secs(3600)).await;
+        }
+    });
+    Some(AbortOnDrop(task))
+}
+
+/// Aborts a background task when dropped (the worker's `run` returning).
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
 }
 
 #[cfg(test)]

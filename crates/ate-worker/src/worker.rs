@@ -1437,12 +1437,16 @@ impl Worker {
 pub fn live_sandboxes(actors_dir: &Path) -> usize {
     actor_dirs(actors_dir)
         .into_iter()
-        .filter(|(atespace, name)| {
-            let dir = actors_dir.join(atespace).join(name);
-            let short_id = ActorSandbox::new("", "", "", &dir).short_id();
-            read_adoption(&dir).is_ok_and(|r| r.pid != 0 && init_alive(r.pid, &short_id))
-        })
+        .filter(|(atespace, name)| sandbox_alive(actors_dir, atespace, name))
         .count()
+}
+
+/// Whether a sandbox of actor `atespace/name` still runs under a worker's actors dir (see
+/// [`live_sandboxes`]).
+pub fn sandbox_alive(actors_dir: &Path, atespace: &str, name: &str) -> bool {
+    let dir = actors_dir.join(atespace).join(name);
+    let short_id = ActorSandbox::new("", "", "", &dir).short_id();
+    read_adoption(&dir).is_ok_and(|r| r.pid != 0 && init_alive(r.pid, &short_id))
 }
 
 /// `(atespace, name)` of every actor dir under an actors dir (`<atespace>/<name>`).

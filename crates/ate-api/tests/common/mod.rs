@@ -283,6 +283,8 @@ pub struct NodeCalls {
     pub detach: AtomicU64,
     pub delete_snapshots: AtomicU64,
     pub restores: Mutex<Vec<RestoreRequest>>,
+    /// Actors named by ForgetActor calls (`ns/name`).
+    pub forgotten: Mutex<Vec<String>>,
 }
 
 struct NodeState {
@@ -471,6 +473,20 @@ impl node_service_server::NodeService for NodeSvc {
     }
 
     /// Every actor's log on this node is `log of <atespace>/<name>\n`.
+    async fn forget_actor(
+        &self,
+        req: Request<ForgetActorRequest>,
+    ) -> Result<Response<ForgetActorReply>, Status> {
+        let a = req.into_inner().actor.unwrap_or_default();
+        self.0
+            .calls
+            .forgotten
+            .lock()
+            .unwrap()
+            .push(format!("{}/{}", a.atespace, a.name));
+        Ok(Response::new(ForgetActorReply { log_removed: true }))
+    }
+
     async fn read_log(
         &self,
         req: Request<ReadLogRequest>,

@@ -39,7 +39,8 @@ use tokio::io::AsyncWriteExt;
 
 use super::{
     Descriptor, EntryBuild, MEDIA_DOCKER_LIST, MEDIA_INDEX, Manifest, UnpackedImage,
-    apply_verified_layer, cached, digest_hex, lock_entry, parse_config, select_platform,
+    apply_verified_layer, cached, cached_locked, digest_hex, lock_entry, parse_config,
+    select_platform,
 };
 use crate::error::{IoContext, Result, SandboxError};
 
@@ -288,7 +289,7 @@ impl Puller {
                 reference.to_string(),
                 resolved.digest.clone(),
             );
-            blocking(move || cached(&cache, &reference, &digest)).await?
+            blocking(move || cached_locked(&cache, &reference, &digest)).await?
         };
         let img = match done {
             Some(img) => {
@@ -416,7 +417,7 @@ async fn pull_into_cache(
         }
         std::fs::remove_dir_all(&blobs).ctx(|| format!("remove {}", blobs.display()))?;
         build.finish(&reference, &config)?;
-        cached(&cache, &reference, &digest)?
+        cached_locked(&cache, &reference, &digest)?
             .ok_or_else(|| image_err(&reference, "cache entry vanished after unpacking"))
     })
     .await

@@ -1,0 +1,62 @@
+//! Deleting an actor leaves nothing of it behind on the node: its generations (local files),
+//! its log, and the actor can be created again under the same name with a fresh log.
+
+mod support;
+
+use std::time::{Duration, Instant};
+
+use support::*;
+
+fn log_file(sys: &System, ns: &str, name: &str) -> std::path::PathBuf {
+    sys.state_dir()
+        .join("logs")
+        .join("actors")
+        .join(ns)
+        .join(format!("{name}.log"))
+}
+
+#[test]
+fn deleting_an_actor_removes_its_log_and_generations() {
+    let sys = System::up(UpOptions {
+        workers: 1,
+        ..Default::default()
+    });
+    let (ns, name) = ("ate-demo", "gone");
+    sys.ate_ok(&["create", "actor", name, "-a", ns, "-t", "ate-demo/counter"]);
+    let target = format!("{ns}/{name}");
+    let (status, _, body) = get(sys.router_addr, &target, "/");
+    assert_eq!(status, 200, "{body}");
+    sys.ate_ok(&["suspend", "actor", name, "-a", ns]);
+    let snapshots = sys.state_dir().join("snapshots").join(ns).join(name);
+    let generations = || {
+        std::fs::read_dir(&snapshots)
+            .map(|d| d.flatten().count())
+            .unwrap_or(0)
+    };
+    assert!(generations() > 0, "the suspend wrote a generation");
+    // The counter writes a line at start: the log exists (the relay may lag a moment).
+    let start = Instant::now();
+    while !log_file(&sys, ns, name).exists() && start.elapsed() < Duration::from_secs(5) {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(log_file(&sys, ns, name).exists(), "the actor wrote a log");
+
+    sys.ate_ok(&["delete", "actor", name, "-a", ns]);
+    assert_eq!(generations(), 0, "generations left in {}", snapshots.display());
+    assert!(
+        !log_file(&sys, ns, name).exists(),
+        "the log of a deleted actor stays"
+    );
+    // `ate logs` of the deleted actor: the actor is gone.
+    let out = sys.ate(&["logs", "actor", name, "-a", ns]);
+    assert!(!out.status.success());
+
+    // The same name again starts from nothing.
+    sys.ate_ok(&["create", "actor", name, "-a", ns, "-t", "ate-demo/counter"]);
+    let (status, _, body) = get(sys.router_addr, &target, "/");
+    assert_eq!(status, 200, "{body}");
+    assert!(
+        body.contains("preserved memory count: 1 |"),
+        "a re-created actor starts fresh: {body}"
+    );
+}
