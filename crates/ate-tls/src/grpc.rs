@@ -275,8 +275,9 @@ fn connector(
 
 /// A lazily connecting channel to one of several replicas of a service (the api): `addrs` is a
 /// comma-separated list of `host:port` (a name resolving to several addresses also works: each
-/// is tried). Every (re)connection tries the replica that answered last first, then the others
-/// in order, each within `connect_timeout`; a replica that dies costs the calls in flight on its
+/// is tried). Each client starts at a replica picked from its pid and start time (so many
+/// routers and node agents spread over the replicas); every (re)connection tries the replica
+/// that answered last first, then the others in order, each within `connect_timeout`; a replica that dies costs the calls in flight on its
 /// connection, and the next call goes to another one. With `tls`, every connection is mTLS with
 /// that config (ALPN h2). `tune` adjusts the endpoint (timeouts, nodelay).
 pub fn replicas_channel_lazy(
@@ -309,7 +310,14 @@ pub fn replicas_channel_lazy(
     }
     let endpoint = tune(endpoint(first)?.connect_timeout(connect_timeout));
     let targets = Arc::new(targets);
-    let preferred = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    // Clients spread over the replicas: each process starts at a replica of its own (from its
+    // pid and start time) and stays there until that replica stops answering.
+    let spread = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.subsec_nanos() as usize)
+        .unwrap_or(0)
+        .wrapping_add(std::process::id() as usize);
+    let preferred = Arc::new(std::sync::atomic::AtomicUsize::new(spread % targets.len()));
     // Each attempt below has its own timeout; the endpoint's bounds the whole round.
     let round = connect_timeout * u32::try_from(targets.len()).unwrap_or(u32::MAX);
     let endpoint = endpoint.connect_timeout(round);
