@@ -1,9 +1,11 @@
-//! `ate logs actor NAME -a ATESPACE [-f]`: an actor's stdout and stderr. Workers append them to
-//! `<state>/logs/actors/<atespace>/<name>.log`, outside the actor's sandbox directory, so the log
-//! follows the actor across suspends, restores and workers of the node. By default this reads it
-//! through the api (`ActorService.ReadActorLog`), which asks the node the actor runs (or last
-//! ran) on, from any machine; `--state-dir DIR` reads the file on this machine instead.
+//! `ate logs actor NAME -a ATESPACE [-f] [--tail N]`: an actor's stdout and stderr. Workers
+//! append them to `<state>/logs/actors/<atespace>/<name>.log`, outside the actor's sandbox
+//! directory, so the log follows the actor across suspends, restores and workers of the node. By
+//! default this reads it through the api (`ActorService.ReadActorLog`), which asks the node the
+//! actor runs (or last ran) on, from any machine; `--state-dir DIR` reads the file on this
+//! machine instead. The log is the actor's raw output, without times.
 
+use std::collections::VecDeque;
 use std::io::{Read, Seek, SeekFrom, Write};
 use std::path::PathBuf;
 use std::time::Duration;
@@ -13,6 +15,7 @@ use ate_core::ActorRef;
 
 #[derive(clap::Subcommand, Debug)]
 pub enum LogsCmd {
+    /// One actor's output.
     Actor {
         name: String,
         #[arg(short = 'a', long)]
@@ -20,6 +23,17 @@ pub enum LogsCmd {
         /// Keep printing what the actor writes (also across suspends and resumes).
         #[arg(short = 'f', long)]
         follow: bool,
+        /// Print only the last N lines (then, with -f, what comes after them).
+        #[arg(long, value_name = "N")]
+        tail: Option<usize>,
+        /// Only lines written in the last DURATION (e.g. 10m). Not available yet: actor logs
+        /// are stored without the time of each line.
+        #[arg(long, value_name = "DURATION", value_parser = ate_router::config::parse_duration)]
+        since: Option<Duration>,
+        /// Start each line with the time it was written. Not available yet: actor logs are
+        /// stored without the time of each line.
+        #[arg(long)]
+        timestamps: bool,
         /// Read the log file under this node state directory on this machine instead of
         /// through the api.
         #[arg(long)]
@@ -41,18 +55,113 @@ pub fn is_local(cmd: &LogsCmd) -> bool {
     state_dir.is_some()
 }
 
+/// Refuses the flags that need a time per line: workers append the actor's raw output to the
+/// log, and `ReadActorLog` returns bytes, so no time is known for any line.
+pub fn check_supported(cmd: &LogsCmd) -> anyhow::Result<()> {
+    let LogsCmd::Actor {
+        since, timestamps, ..
+    } = cmd;
+    let flag = match (since, timestamps) {
+        (Some(_), _) => "--since",
+        (None, true) => "--timestamps",
+        (None, false) => return Ok(()),
+    };
+    anyhow::bail!(
+        "{flag} is not available yet: actor logs are stored without the time each line was \
+         written (use --tail N to limit the output)"
+    )
+}
+
+/// The last `n` lines of what it is given, as `tail -n` counts them: a last line without its
+/// newline yet is a line. Holds at most `n` lines, however long the log.
+#[derive(Debug)]
+struct TailLines {
+    n: usize,
+    /// Whole lines (each ending in `\n`) and, last, possibly one still open.
+    lines: VecDeque<Vec<u8>>,
+}
+
+impl TailLines {
+    fn new(n: usize) -> Self {
+        Self {
+            n,
+            lines: VecDeque::new(),
+        }
+    }
+
+    fn push(&mut self, data: &[u8]) {
+        for piece in data.split_inclusive(|b| *b == b'\n') {
+            match self.lines.back_mut() {
+                Some(open) if open.last() != Some(&b'\n') => open.extend_from_slice(piece),
+                _ => self.lines.push_back(piece.to_vec()),
+            }
+            while self.lines.len() > self.n {
+                self.lines.pop_front();
+            }
+        }
+    }
+
+    fn into_bytes(self) -> Vec<u8> {
+        self.lines.into_iter().flatten().collect()
+    }
+}
+
+/// Where log bytes go: straight to stdout, or, with `--tail` until the reader has caught up with
+/// the end of the log, into the last lines kept so far.
+struct Printer {
+    tail: Option<TailLines>,
+    out: std::io::Stdout,
+}
+
+impl Printer {
+    fn new(tail: Option<usize>) -> Self {
+        Self {
+            tail: tail.map(TailLines::new),
+            out: std::io::stdout(),
+        }
+    }
+
+    fn write(&mut self, data: &[u8]) -> std::io::Result<()> {
+        match &mut self.tail {
+            Some(t) => t.push(data),
+            None => {
+                self.out.write_all(data)?;
+                self.out.flush()?;
+            }
+        }
+        Ok(())
+    }
+
+    /// The log was replaced or truncated: what was kept for the tail is gone from it.
+    fn restart(&mut self) {
+        if let Some(t) = &mut self.tail {
+            *t = TailLines::new(t.n);
+        }
+    }
+
+    /// The reader reached the end of the log: print the tail, then pass everything through.
+    fn caught_up(&mut self) -> std::io::Result<()> {
+        if let Some(t) = self.tail.take() {
+            self.out.write_all(&t.into_bytes())?;
+            self.out.flush()?;
+        }
+        Ok(())
+    }
+}
+
 /// Through the api: each call returns what the node has from `offset` on.
 pub async fn run_remote(c: &crate::client::Clients, cmd: LogsCmd) -> anyhow::Result<()> {
     let LogsCmd::Actor {
         name,
         atespace,
         follow,
+        tail,
         ..
     } = cmd;
     let actor = ActorRef::new(atespace, name);
     actor.validate()?;
     let mut offset = 0u64;
-    let mut out = std::io::stdout();
+    let mut out = Printer::new(tail);
     loop {
         let req = ate_proto::v1::ReadActorLogRequest {
             actor: Some(ate_proto::v1::ObjectRef {
@@ -64,9 +173,13 @@ pub async fn run_remote(c: &crate::client::Clients, cmd: LogsCmd) -> anyhow::Res
         match c.actors.clone().read_actor_log(req).await {
             Ok(reply) => {
                 let reply = reply.into_inner();
+                // The node reads from 0 when the log became shorter than `offset`.
+                let start = reply.next_offset.saturating_sub(reply.data.len() as u64);
+                if start < offset {
+                    out.restart();
+                }
                 let more = !reply.data.is_empty();
-                out.write_all(&reply.data)?;
-                out.flush()?;
+                out.write(&reply.data)?;
                 offset = reply.next_offset;
                 if more {
                     continue; // drain what is there before waiting
@@ -77,6 +190,7 @@ pub async fn run_remote(c: &crate::client::Clients, cmd: LogsCmd) -> anyhow::Res
             }
             Err(s) => anyhow::bail!("{}", s.message()),
         }
+        out.caught_up()?;
         if !follow {
             return Ok(());
         }
@@ -87,34 +201,45 @@ pub async fn run_remote(c: &crate::client::Clients, cmd: LogsCmd) -> anyhow::Res
     }
 }
 
+/// Bytes read from the local log per read (the tail keeps only its lines of each).
+const LOCAL_READ_CHUNK: usize = 1 << 20;
+
 pub async fn run(cmd: LogsCmd) -> anyhow::Result<()> {
     let LogsCmd::Actor {
         name,
         atespace,
         follow,
+        tail,
         state_dir,
+        ..
     } = cmd;
     let actor = ActorRef::new(atespace, name);
     actor.validate()?;
     let state_dir = state_dir.unwrap_or_else(|| PathBuf::from(crate::client::DEFAULT_STATE_DIR));
     let path = log_path(&state_dir, &actor);
     let mut offset = 0u64;
-    let mut out = std::io::stdout();
+    let mut out = Printer::new(tail);
+    let mut buf = vec![0u8; LOCAL_READ_CHUNK];
     loop {
         match std::fs::File::open(&path) {
             Ok(mut file) => {
                 let len = file.metadata().map(|m| m.len()).unwrap_or(0);
                 if len < offset {
                     offset = 0; // truncated or replaced
+                    out.restart();
                 }
                 file.seek(SeekFrom::Start(offset))
                     .with_context(|| format!("cannot read {}", path.display()))?;
-                let mut buf = Vec::new();
-                file.read_to_end(&mut buf)
-                    .with_context(|| format!("cannot read {}", path.display()))?;
-                offset += buf.len() as u64;
-                out.write_all(&buf)?;
-                out.flush()?;
+                loop {
+                    let n = file
+                        .read(&mut buf)
+                        .with_context(|| format!("cannot read {}", path.display()))?;
+                    if n == 0 {
+                        break;
+                    }
+                    offset += n as u64;
+                    out.write(&buf[..n])?;
+                }
             }
             Err(e) if e.kind() == std::io::ErrorKind::NotFound && follow => {}
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
@@ -125,6 +250,7 @@ pub async fn run(cmd: LogsCmd) -> anyhow::Result<()> {
             }
             Err(e) => return Err(e).with_context(|| format!("cannot read {}", path.display())),
         }
+        out.caught_up()?;
         if !follow {
             return Ok(());
         }
@@ -132,5 +258,30 @@ pub async fn run(cmd: LogsCmd) -> anyhow::Result<()> {
             _ = tokio::time::sleep(Duration::from_millis(200)) => {}
             _ = crate::serve::shutdown_signal() => return Ok(()),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tail(n: usize, pieces: &[&str]) -> String {
+        let mut t = TailLines::new(n);
+        for p in pieces {
+            t.push(p.as_bytes());
+        }
+        String::from_utf8(t.into_bytes()).unwrap()
+    }
+
+    #[test]
+    fn tail_keeps_the_last_lines_across_reads() {
+        assert_eq!(tail(2, &["a\nb\nc\n"]), "b\nc\n");
+        // Lines split across reads are joined before counting.
+        assert_eq!(tail(2, &["a\nb", "b\nc", "c\n"]), "bb\ncc\n");
+        // An open last line counts, as in `tail -n`.
+        assert_eq!(tail(2, &["a\nb\nc"]), "b\nc");
+        assert_eq!(tail(5, &["a\nb\n"]), "a\nb\n");
+        assert_eq!(tail(0, &["a\nb\n"]), "");
+        assert_eq!(tail(3, &[]), "");
     }
 }

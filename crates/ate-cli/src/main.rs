@@ -18,7 +18,7 @@ mod verbs;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use clap::{Parser, Subcommand, ValueEnum};
+use clap::{Args, CommandFactory, FromArgMatches, Parser, Subcommand, ValueEnum};
 
 #[derive(Parser)]
 #[command(
@@ -27,6 +27,17 @@ use clap::{Parser, Subcommand, ValueEnum};
     about = "Agent Substrate: suspend idle actors, resume them on the next request"
 )]
 struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+// How a client verb reaches the api. Declared `global` so that the verb's subcommands take them
+// too (`ate get actors --api X`); `command()` also adds them to the root, not global there, so
+// that `ate --api X get actors` works while the servers' `--help` does not list them. (Plain
+// comments: a doc comment here would become the `about` of every command that flattens it.)
+#[derive(Args, Clone, Debug)]
+#[command(next_help_heading = "Connection to the api")]
+struct ApiFlags {
     /// api address (host:port). Default: the address `ate up` wrote, else 127.0.0.1:7443.
     #[arg(long, global = true, env = "ATE_API")]
     api: Option<String>,
@@ -46,18 +57,42 @@ struct Cli {
     /// With --token and no client certificate: trust domain of the api's pinned SPIFFE ID.
     #[arg(long, global = true, env = "ATE_API_TRUST_DOMAIN", default_value = ate_tls::DEFAULT_TRUST_DOMAIN)]
     api_trust_domain: String,
-    /// Output format.
+}
+
+impl ApiFlags {
+    async fn connect(self) -> anyhow::Result<client::Clients> {
+        let tls = client::ClientTls {
+            cert: self.cert,
+            key: self.key,
+            ca: self.ca,
+            token: self.token,
+            trust_domain: self.api_trust_domain,
+        };
+        client::connect(self.api, &tls).await
+    }
+}
+
+// `-o`, for the verbs that print api objects (global, and on the root, like `ApiFlags`).
+#[derive(Args, Clone, Copy, Debug)]
+struct OutputFlag {
+    /// Output format; `wide` is the table with more columns (`get actors`: LAST ERROR).
     #[arg(short = 'o', long, global = true, value_enum, default_value_t = Format::Table)]
     output: Format,
-    #[command(subcommand)]
-    command: Command,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum Format {
     Table,
+    Wide,
     Json,
     Yaml,
+}
+
+impl Format {
+    /// Table or wide: output for a person rather than a program.
+    pub fn is_table(self) -> bool {
+        matches!(self, Format::Table | Format::Wide)
+    }
 }
 
 #[derive(Subcommand)]
@@ -72,37 +107,86 @@ enum Command {
     Worker(serve::WorkerArgs),
     /// Start the whole system on this machine (api, node, workers, router) with a demo template.
     Up(up::UpArgs),
-    /// Create or update ActorTemplates and Atespaces from a YAML file (multi-document).
+    /// Create or update ActorTemplates and Atespaces from a YAML file (multi-document); prints
+    /// `created`, `configured` (changed) or `unchanged` for each.
     Apply {
         #[arg(short = 'f', long = "filename")]
         file: PathBuf,
+        #[command(flatten)]
+        out: OutputFlag,
+        #[command(flatten)]
+        api: ApiFlags,
     },
     /// Create an atespace, actor or tag.
-    #[command(subcommand)]
-    Create(verbs::CreateCmd),
+    Create {
+        #[command(subcommand)]
+        cmd: verbs::CreateCmd,
+        #[command(flatten)]
+        out: OutputFlag,
+        #[command(flatten)]
+        api: ApiFlags,
+    },
     /// Show actors, atespaces, templates, workers or tags.
-    #[command(subcommand)]
-    Get(verbs::GetCmd),
+    Get {
+        #[command(subcommand)]
+        cmd: verbs::GetCmd,
+        #[command(flatten)]
+        out: OutputFlag,
+        #[command(flatten)]
+        api: ApiFlags,
+    },
     /// Change an actor's worker selector.
-    #[command(subcommand)]
-    Update(verbs::UpdateCmd),
+    Update {
+        #[command(subcommand)]
+        cmd: verbs::UpdateCmd,
+        #[command(flatten)]
+        out: OutputFlag,
+        #[command(flatten)]
+        api: ApiFlags,
+    },
     /// Resume an actor (wakes it on a worker with room).
-    #[command(subcommand)]
-    Resume(verbs::ActorCmd),
+    Resume {
+        #[command(subcommand)]
+        cmd: verbs::ActorCmd,
+        #[command(flatten)]
+        out: OutputFlag,
+        #[command(flatten)]
+        api: ApiFlags,
+    },
     /// Suspend an actor to a snapshot.
-    #[command(subcommand)]
-    Suspend(verbs::SuspendCmd),
+    Suspend {
+        #[command(subcommand)]
+        cmd: verbs::SuspendCmd,
+        #[command(flatten)]
+        out: OutputFlag,
+        #[command(flatten)]
+        api: ApiFlags,
+    },
     /// Return a CRASHED actor to SUSPENDED.
-    #[command(subcommand)]
-    Revert(verbs::ActorCmd),
+    Revert {
+        #[command(subcommand)]
+        cmd: verbs::ActorCmd,
+        #[command(flatten)]
+        out: OutputFlag,
+        #[command(flatten)]
+        api: ApiFlags,
+    },
     /// Print an actor's output (stdout and stderr), across suspends with -f.
-    #[command(subcommand)]
-    Logs(logs::LogsCmd),
+    Logs {
+        #[command(subcommand)]
+        cmd: logs::LogsCmd,
+        #[command(flatten)]
+        api: ApiFlags,
+    },
     /// Forward a local port to an actor through the router (adds the ate-target-actor header).
     Proxy(proxy::ProxyArgs),
     /// Delete an actor, atespace, template or tag.
-    #[command(subcommand)]
-    Delete(verbs::DeleteCmd),
+    Delete {
+        #[command(subcommand)]
+        cmd: verbs::DeleteCmd,
+        #[command(flatten)]
+        api: ApiFlags,
+    },
     /// The fleet's CA and certificates for control-plane identities (api, router, admin).
     #[command(subcommand)]
     Ca(ca::CaCmd),
@@ -110,16 +194,39 @@ enum Command {
     /// (for node agents run by systemd or Kubernetes; `ate up --role node` does this itself).
     Join(join::JoinArgs),
     /// Join tokens for machines joining the fleet (`ate up --role node --join … --token …`).
-    #[command(subcommand)]
-    Token(token::TokenCmd),
+    Token {
+        #[command(subcommand)]
+        cmd: token::TokenCmd,
+        #[command(flatten)]
+        out: OutputFlag,
+        #[command(flatten)]
+        api: ApiFlags,
+    },
     /// Measure a running system through its router (tables on stdout, JSON to --out).
-    #[command(subcommand)]
-    Bench(bench::BenchCmd),
+    Bench {
+        #[command(subcommand)]
+        cmd: bench::BenchCmd,
+        #[command(flatten)]
+        api: ApiFlags,
+    },
+}
+
+/// The command line: [`Cli`] plus the client flags on the root, where they are not global (each
+/// client verb declares them global for its own subtree; clap copies a value given on the root
+/// down to the verb, and one given after the verb up, so both positions work).
+fn command() -> clap::Command {
+    let root = ApiFlags::augment_args(OutputFlag::augment_args(Cli::command()));
+    root.mut_args(|a| a.global(false))
+}
+
+fn parse() -> Cli {
+    let mut matches = command().get_matches();
+    Cli::from_arg_matches_mut(&mut matches).unwrap_or_else(|e| e.exit())
 }
 
 fn main() -> ExitCode {
     ate_tls::install_crypto_provider();
-    let cli = Cli::parse();
+    let cli = parse();
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -140,43 +247,107 @@ fn main() -> ExitCode {
 }
 
 async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
-    let out = cli.output;
-    let api = cli.api;
-    let tls = client::ClientTls {
-        cert: cli.cert,
-        key: cli.key,
-        ca: cli.ca,
-        token: cli.token,
-        trust_domain: cli.api_trust_domain,
-    };
     match cli.command {
         Command::Api(args) => serve::run_api(args).await.map(|_| ExitCode::SUCCESS),
         Command::Router(args) => serve::run_router(args).await.map(|_| ExitCode::SUCCESS),
         Command::Node(args) => serve::run_node(args).await.map(|_| ExitCode::SUCCESS),
         Command::Worker(args) => serve::run_worker(args).await.map(|_| ExitCode::SUCCESS),
         Command::Up(args) => up::run(args).await,
-        Command::Apply { file } => {
-            verbs::apply(&client::connect(api, &tls).await?, &file, out).await
+        Command::Apply { file, api, out } => {
+            verbs::apply(&api.connect().await?, &file, out.output).await
         }
-        Command::Create(cmd) => verbs::create(&client::connect(api, &tls).await?, cmd, out).await,
-        Command::Get(cmd) => verbs::get(&client::connect(api, &tls).await?, cmd, out).await,
-        Command::Update(cmd) => verbs::update(&client::connect(api, &tls).await?, cmd, out).await,
-        Command::Resume(cmd) => verbs::resume(&client::connect(api, &tls).await?, cmd, out).await,
-        Command::Suspend(cmd) => verbs::suspend(&client::connect(api, &tls).await?, cmd, out).await,
-        Command::Revert(cmd) => verbs::revert(&client::connect(api, &tls).await?, cmd, out).await,
-        Command::Logs(cmd) if logs::is_local(&cmd) => {
-            logs::run(cmd).await.map(|_| ExitCode::SUCCESS)
+        Command::Create { cmd, api, out } => {
+            verbs::create(&api.connect().await?, cmd, out.output).await
         }
-        Command::Logs(cmd) => logs::run_remote(&client::connect(api, &tls).await?, cmd)
-            .await
-            .map(|_| ExitCode::SUCCESS),
+        Command::Get { cmd, api, out } => verbs::get(&api.connect().await?, cmd, out.output).await,
+        Command::Update { cmd, api, out } => {
+            verbs::update(&api.connect().await?, cmd, out.output).await
+        }
+        Command::Resume { cmd, api, out } => {
+            verbs::resume(&api.connect().await?, cmd, out.output).await
+        }
+        Command::Suspend { cmd, api, out } => {
+            verbs::suspend(&api.connect().await?, cmd, out.output).await
+        }
+        Command::Revert { cmd, api, out } => {
+            verbs::revert(&api.connect().await?, cmd, out.output).await
+        }
+        Command::Logs { cmd, api } => {
+            // Refused before connecting: nothing to wait for when the flag cannot work.
+            logs::check_supported(&cmd)?;
+            if logs::is_local(&cmd) {
+                logs::run(cmd).await?;
+            } else {
+                logs::run_remote(&api.connect().await?, cmd).await?;
+            }
+            Ok(ExitCode::SUCCESS)
+        }
         Command::Proxy(args) => proxy::run(args).await.map(|_| ExitCode::SUCCESS),
-        Command::Delete(cmd) => verbs::delete(&client::connect(api, &tls).await?, cmd).await,
+        Command::Delete { cmd, api } => verbs::delete(&api.connect().await?, cmd).await,
         Command::Ca(cmd) => ca::run(cmd),
         Command::Join(args) => join::run(args).await,
-        Command::Token(cmd) => token::run(&client::connect(api, &tls).await?, cmd, out).await,
+        Command::Token { cmd, api, out } => {
+            // Tokens have no wide view; token.rs knows table, json and yaml.
+            let out = if out.output.is_table() {
+                Format::Table
+            } else {
+                out.output
+            };
+            token::run(&api.connect().await?, cmd, out).await
+        }
         // Starts its own system: no api to connect to first.
-        Command::Bench(bench::BenchCmd::Faults(args)) => faults::run(args).await,
-        Command::Bench(cmd) => bench::run(client::connect(api, &tls).await?, cmd).await,
+        Command::Bench {
+            cmd: bench::BenchCmd::Faults(args),
+            ..
+        } => faults::run(args).await,
+        Command::Bench { cmd, api } => bench::run(api.connect().await?, cmd).await,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// clap's own checks of the whole command line (duplicate flags, bad settings).
+    #[test]
+    fn command_line_is_consistent() {
+        command().debug_assert();
+    }
+
+    /// The client flags parse before and after the verb, and the later position wins.
+    #[test]
+    fn client_flags_in_either_position() {
+        let api_of = |args: &[&str]| {
+            let mut m = command()
+                .try_get_matches_from(std::iter::once("ate").chain(args.iter().copied()))
+                .map_err(|e| e.to_string())?;
+            match Cli::from_arg_matches_mut(&mut m)
+                .map_err(|e| e.to_string())?
+                .command
+            {
+                Command::Get { api, out, .. } => Ok((api.api, out.output)),
+                _ => Err("not get".to_string()),
+            }
+        };
+        let want = Ok((Some("h:1".to_string()), Format::Wide));
+        assert_eq!(
+            api_of(&["--api", "h:1", "-o", "wide", "get", "actors"]),
+            want
+        );
+        assert_eq!(
+            api_of(&["get", "actors", "--api", "h:1", "-o", "wide"]),
+            want
+        );
+        assert_eq!(
+            api_of(&["get", "--api", "h:1", "actors", "-o", "wide"]),
+            want
+        );
+        assert_eq!(
+            api_of(&[
+                "--api", "h:0", "get", "actors", "--api", "h:1", "-o", "wide"
+            ]),
+            want
+        );
+        assert!(api_of(&["api", "--api", "h:1"]).is_err());
     }
 }

@@ -202,6 +202,40 @@ pub fn actors_table(actors: &[ActorView]) -> Table {
     }
 }
 
+/// `-o wide`: [`actors_table`] plus LAST ERROR, cut to one short line (`-o json` has it whole).
+pub fn actors_wide_table(actors: &[ActorView]) -> Table {
+    let mut t = actors_table(actors);
+    t.header.push("LAST ERROR");
+    for (row, a) in t.rows.iter_mut().zip(actors) {
+        row.push(short_error(&a.last_error));
+    }
+    t
+}
+
+/// Longest LAST ERROR cell, in characters: room for the first line of the usual reasons.
+const LAST_ERROR_CHARS: usize = 80;
+
+/// The first line of an error, whitespace collapsed, at most [`LAST_ERROR_CHARS`]; `…` when
+/// something was left out (more lines, such as the log tail an exit reason carries, or a longer
+/// line). `-` when there is none.
+pub fn short_error(error: &str) -> String {
+    let mut lines = error.lines().map(str::trim).filter(|l| !l.is_empty());
+    let Some(first) = lines.next() else {
+        return "-".into();
+    };
+    let first = first.split_whitespace().collect::<Vec<_>>().join(" ");
+    let cut = first.chars().count() > LAST_ERROR_CHARS;
+    let mut s: String = if cut {
+        first.chars().take(LAST_ERROR_CHARS - 1).collect()
+    } else {
+        first
+    };
+    if cut || lines.next().is_some() {
+        s.push('…');
+    }
+    s
+}
+
 pub fn atespaces_table(rows: &[AtespaceView]) -> Table {
     Table {
         header: vec!["NAME", "ACTORS"],
@@ -303,7 +337,8 @@ pub fn render_list<T: Serialize>(
     format: Format,
 ) -> anyhow::Result<String> {
     Ok(match format {
-        Format::Table => table(items).render(),
+        // Lists without a wider view show their usual table.
+        Format::Table | Format::Wide => table(items).render(),
         Format::Json => serde_json::to_string_pretty(items)? + "\n",
         Format::Yaml => serde_saphyr::to_string(&items)?,
     })
@@ -386,6 +421,32 @@ ate-demo   c2          SUSPENDED   ate-demo/counter   -          0
 ]
 "#;
         assert_eq!(out, expected);
+    }
+
+    #[test]
+    fn actor_wide_table_has_a_short_last_error() {
+        let mut views = actors();
+        views[1].last_error = "all processes exited (code 3) on worker worker-1; last log lines:\n\
+                               exiting with code 3 as asked\n"
+            .into();
+        let out = render_list(&views, actors_wide_table, Format::Wide).unwrap();
+        let expected = "\
+ATESPACE   NAME        STATE       TEMPLATE           WORKER     GENERATION   LAST ERROR
+ate-demo   counter-1   RUNNING     ate-demo/counter   worker-1   3            -
+ate-demo   c2          SUSPENDED   ate-demo/counter   -          0            all processes exited (code 3) on worker worker-1; last log lines:…
+";
+        assert_eq!(out, expected);
+    }
+
+    #[test]
+    fn short_error_is_one_bounded_line() {
+        assert_eq!(short_error(""), "-");
+        assert_eq!(short_error("  \n "), "-");
+        assert_eq!(short_error("probe   failed"), "probe failed");
+        let long = "é".repeat(200);
+        let s = short_error(&long);
+        assert_eq!(s.chars().count(), LAST_ERROR_CHARS);
+        assert!(s.ends_with('…') && !s.contains('\n'));
     }
 
     #[test]

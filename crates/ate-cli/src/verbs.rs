@@ -7,7 +7,7 @@ use anyhow::Context;
 use ate_core::template::TemplateSpec;
 use ate_core::{ActorRef, Document, SuspendMode};
 use ate_proto::v1;
-use clap::Subcommand;
+use clap::{Args, Subcommand};
 
 use crate::Format;
 use crate::client::Clients;
@@ -43,25 +43,49 @@ pub enum CreateCmd {
     },
 }
 
+// Which atespaces a `get` lists: one (-a) or all (-A, also what no flag gives). (A plain comment:
+// a doc comment would become the about text of the commands that flatten it.)
+#[derive(Args, Debug)]
+pub struct Scope {
+    /// Only this atespace.
+    #[arg(short = 'a', long)]
+    pub atespace: Option<String>,
+    /// Every atespace (also what you get without -a).
+    #[arg(short = 'A', long = "all-atespaces", conflicts_with = "atespace")]
+    pub all: bool,
+}
+
+impl Scope {
+    /// The list requests' filter: empty means every atespace.
+    fn filter(&self) -> String {
+        match (&self.atespace, self.all) {
+            (Some(a), false) => a.clone(),
+            _ => String::new(),
+        }
+    }
+}
+
 #[derive(Subcommand)]
 pub enum GetCmd {
-    /// Actors of one atespace (-a) or of all (-A).
+    /// Actors, or one actor by NAME (with -a). `-o wide` adds LAST ERROR.
     Actors {
         name: Option<String>,
-        #[arg(short = 'a', long)]
-        atespace: Option<String>,
-        #[arg(short = 'A', long = "all-atespaces")]
-        all: bool,
+        #[command(flatten)]
+        scope: Scope,
     },
+    /// Atespaces and how many actors each holds.
     Atespaces,
+    /// ActorTemplates (`-o yaml` prints documents `apply -f` takes back).
     Templates {
-        #[arg(short = 'a', long)]
-        atespace: Option<String>,
+        #[command(flatten)]
+        scope: Scope,
     },
+    /// Workers: status, slots, CPU and memory used of their capacity.
     Workers,
+    /// Tags: names for an actor's snapshot generation.
     Tags {
-        #[arg(short = 'a', long)]
-        atespace: Option<String>,
+        #[command(flatten)]
+        scope: Scope,
     },
 }
 
@@ -134,10 +158,12 @@ fn obj(atespace: &str, name: &str) -> Option<v1::ObjectRef> {
 
 fn print_actors(actors: &[v1::Actor], out: Format) -> anyhow::Result<ExitCode> {
     let views: Vec<ActorView> = actors.iter().map(ActorView::from).collect();
-    print!(
-        "{}",
-        render::render_list(&views, render::actors_table, out)?
-    );
+    let table = if out == Format::Wide {
+        render::actors_wide_table
+    } else {
+        render::actors_table
+    };
+    print!("{}", render::render_list(&views, table, out)?);
     Ok(ExitCode::SUCCESS)
 }
 
@@ -193,23 +219,12 @@ pub async fn apply(c: &Clients, file: &Path, out: Format) -> anyhow::Result<Exit
         }
     }
     for (ns, name, spec) in templates {
-        let template = v1::ActorTemplate {
-            namespace: ns.clone(),
-            name: name.clone(),
-            spec: Some(ate_proto::spec_to_wire(&spec)),
-            ..Default::default()
-        };
-        rpc(c
-            .templates
-            .clone()
-            .apply_template(v1::ApplyTemplateRequest {
-                template: Some(template),
-            })
-            .await)
-        .with_context(|| format!("template {ns}/{name}"))?;
-        lines.push(format!("actortemplate/{ns}/{name} configured"));
+        let word = apply_template(c, &ns, &name, &spec)
+            .await
+            .with_context(|| format!("template {ns}/{name}"))?;
+        lines.push(format!("actortemplate/{ns}/{name} {word}"));
     }
-    if out == Format::Table {
+    if out.is_table() {
         for l in lines {
             println!("{l}");
         }
@@ -217,6 +232,55 @@ pub async fn apply(c: &Clients, file: &Path, out: Format) -> anyhow::Result<Exit
         println!("{}", serde_json::to_string_pretty(&lines)?);
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// Applies one template and says what it did, from a Get just before: `created` (there was
+/// none), `unchanged` (the same spec: nothing is written) or `configured`. A concurrent apply
+/// can make the word stale (it describes the Get's view), never an error: a Get that fails
+/// otherwise than NotFound just leaves the Apply to report the problem.
+async fn apply_template(
+    c: &Clients,
+    ns: &str,
+    name: &str,
+    spec: &TemplateSpec,
+) -> anyhow::Result<&'static str> {
+    let before = c
+        .templates
+        .clone()
+        .get_template(v1::GetTemplateRequest {
+            namespace: ns.to_string(),
+            name: name.to_string(),
+        })
+        .await;
+    let word = match before {
+        Err(s) if s.code() == tonic::Code::NotFound => "created",
+        Ok(t) if same_spec(t.get_ref(), spec) => return Ok("unchanged"),
+        _ => "configured",
+    };
+    let template = v1::ActorTemplate {
+        namespace: ns.to_string(),
+        name: name.to_string(),
+        spec: Some(ate_proto::spec_to_wire(spec)),
+        ..Default::default()
+    };
+    rpc(c
+        .templates
+        .clone()
+        .apply_template(v1::ApplyTemplateRequest {
+            template: Some(template),
+        })
+        .await)?;
+    Ok(word)
+}
+
+/// Whether a stored template already has `spec` (compared validated, so wire details such as
+/// map order do not count as a change).
+fn same_spec(stored: &v1::ActorTemplate, spec: &TemplateSpec) -> bool {
+    stored
+        .spec
+        .as_ref()
+        .and_then(|w| ate_proto::spec_from_wire(w).ok())
+        .is_some_and(|s| &s == spec)
 }
 
 fn check_api_version(i: usize, v: &str) -> anyhow::Result<()> {
@@ -301,13 +365,10 @@ pub async fn create(c: &Clients, cmd: CreateCmd, out: Format) -> anyhow::Result<
 
 pub async fn get(c: &Clients, cmd: GetCmd, out: Format) -> anyhow::Result<ExitCode> {
     match cmd {
-        GetCmd::Actors {
-            name,
-            atespace,
-            all,
-        } => {
+        GetCmd::Actors { name, scope } => {
             if let Some(name) = name {
-                let atespace = atespace
+                let atespace = scope
+                    .atespace
                     .ok_or_else(|| anyhow::anyhow!("getting one actor needs -a ATESPACE"))?;
                 let a = rpc(c
                     .actors
@@ -318,11 +379,7 @@ pub async fn get(c: &Clients, cmd: GetCmd, out: Format) -> anyhow::Result<ExitCo
                     .await)?;
                 return print_actors(&[a], out);
             }
-            let atespace = if all {
-                String::new()
-            } else {
-                atespace.unwrap_or_default()
-            };
+            let atespace = scope.filter();
             let mut actors = Vec::new();
             let mut page_token = String::new();
             loop {
@@ -363,15 +420,15 @@ pub async fn get(c: &Clients, cmd: GetCmd, out: Format) -> anyhow::Result<ExitCo
             );
             Ok(ExitCode::SUCCESS)
         }
-        GetCmd::Templates { atespace } => {
+        GetCmd::Templates { scope } => {
             let list = rpc(c
                 .templates
                 .clone()
                 .list_templates(v1::ListTemplatesRequest {
-                    namespace: atespace.unwrap_or_default(),
+                    namespace: scope.filter(),
                 })
                 .await)?;
-            if out == Format::Table {
+            if out.is_table() {
                 let rows = list
                     .templates
                     .iter()
@@ -407,12 +464,12 @@ pub async fn get(c: &Clients, cmd: GetCmd, out: Format) -> anyhow::Result<ExitCo
             );
             Ok(ExitCode::SUCCESS)
         }
-        GetCmd::Tags { atespace } => {
+        GetCmd::Tags { scope } => {
             let list = rpc(c
                 .tags
                 .clone()
                 .list_tags(v1::ListTagsRequest {
-                    atespace: atespace.unwrap_or_default(),
+                    atespace: scope.filter(),
                 })
                 .await)?;
             let views: Vec<TagView> = list.tags.iter().map(TagView::from).collect();

@@ -93,13 +93,13 @@ fn apply_round_trips_and_verbs_work() {
     let applied = ok(ate(&api, &["apply", "-f", example().to_str().unwrap()]));
     assert_eq!(
         applied,
-        "atespace/team-a created\nactortemplate/team-a/counter configured\n"
+        "atespace/team-a created\nactortemplate/team-a/counter created\n"
     );
     // Applying again is idempotent.
     let again = ok(ate(&api, &["apply", "-f", example().to_str().unwrap()]));
     assert_eq!(
         again,
-        "atespace/team-a unchanged\nactortemplate/team-a/counter configured\n"
+        "atespace/team-a unchanged\nactortemplate/team-a/counter unchanged\n"
     );
 
     // `get templates -o yaml` gives back a document `apply -f` accepts, equal to what went in.

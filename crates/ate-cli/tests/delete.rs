@@ -42,7 +42,12 @@ fn deleting_an_actor_removes_its_log_and_generations() {
     assert!(log_file(&sys, ns, name).exists(), "the actor wrote a log");
 
     sys.ate_ok(&["delete", "actor", name, "-a", ns]);
-    assert_eq!(generations(), 0, "generations left in {}", snapshots.display());
+    assert_eq!(
+        generations(),
+        0,
+        "generations left in {}",
+        snapshots.display()
+    );
     assert!(
         !log_file(&sys, ns, name).exists(),
         "the log of a deleted actor stays"
