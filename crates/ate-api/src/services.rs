@@ -294,10 +294,12 @@ impl actor_service_server::ActorService for Services {
         let _ = self.authorize(&req, "ActorService/DeleteActor", |r| {
             Need::Atespace(ref_atespace(&r.actor))
         })?;
-        let r = actor_ref(req.into_inner().actor)?;
+        let req = req.into_inner();
+        let force = req.force;
+        let r = actor_ref(req.actor)?;
         let api = self.api.clone();
-        to_completion(async move { api.delete(&r).await }).await?;
-        Ok(Response::new(DeleteActorResponse {}))
+        let stopped = to_completion(async move { api.delete(&r, force).await }).await?;
+        Ok(Response::new(DeleteActorResponse { stopped }))
     }
 
     async fn resume_actor(

@@ -1061,14 +1061,21 @@ impl Api {
         .await
     }
 
-    pub async fn delete(&self, r: &ActorRef) -> Result<(), Status> {
+    /// Deletes the actor and its generations. `force` also deletes an active actor: its
+    /// sandbox is stopped without a snapshot first. Returns whether one was stopped.
+    pub async fn delete(&self, r: &ActorRef, force: bool) -> Result<bool, Status> {
         r.validate().map_err(invalid)?;
-        let garbage = self
+        let (garbage, stopped) = self
             .under_lease(r, async {
+                let stopped = if force {
+                    self.stop_without_snapshot(r).await?
+                } else {
+                    false
+                };
                 match self.store.delete_actor(&r.atespace, &r.name).await {
-                    Ok(garbage) => Ok(garbage),
+                    Ok(garbage) => Ok((garbage, stopped)),
                     Err(StoreError::StateConflict { actual, .. }) => Err(Status::failed_precondition(format!(
-                        "actor {r} is {actual}; only ACTOR_STATE_SUSPENDED or ACTOR_STATE_CRASHED actors can be deleted (suspend it first)"
+                        "actor {r} is {actual}; only ACTOR_STATE_SUSPENDED or ACTOR_STATE_CRASHED actors can be deleted (suspend it first, or delete with --force to stop it without a snapshot)"
                     ))
                     .into()),
                     Err(e) => Err(e.into()),
@@ -1081,7 +1088,69 @@ impl Api {
             self.collect_garbage(garbage).await;
         }
         self.forget_on_nodes(r).await;
-        Ok(())
+        Ok(stopped)
+    }
+
+    /// For a forced delete (under the actor's lease): an active actor's sandbox is stopped
+    /// without a snapshot and the actor released to SUSPENDED. A worker that is gone has no
+    /// sandbox left to stop. True if the actor was active.
+    async fn stop_without_snapshot(&self, r: &ActorRef) -> Result<bool, Failure> {
+        let actor = self.store.get_actor(&r.atespace, &r.name).await?;
+        let active = [
+            ActorState::Running,
+            ActorState::Suspending,
+            ActorState::Resuming,
+        ];
+        if !active.contains(&actor.state) {
+            return Ok(false);
+        }
+        if let Some(id) = &actor.worker_id {
+            match self.store.get_worker(id).await {
+                Ok(w) if w.status == WorkerStatus::Active => {
+                    let mut client = self.nodes.client(&w.node_address)?;
+                    let call = client.stop(v1::StopRequest {
+                        actor: Some(v1::ObjectRef {
+                            atespace: r.atespace.clone(),
+                            name: r.name.clone(),
+                        }),
+                        worker_id: w.id.clone(),
+                    });
+                    match tokio::time::timeout(self.cfg.node_call_timeout, call).await {
+                        Ok(Ok(_)) => {}
+                        Ok(Err(s)) => {
+                            return Err(Status::unavailable(format!(
+                                "cannot stop actor {r} on worker {}: {}; nothing was deleted",
+                                w.id,
+                                s.message()
+                            ))
+                            .into());
+                        }
+                        Err(_) => {
+                            return Err(Status::unavailable(format!(
+                                "stopping actor {r} on worker {} timed out; nothing was deleted",
+                                w.id
+                            ))
+                            .into());
+                        }
+                    }
+                }
+                Ok(_) | Err(StoreError::NotFound(_)) => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+        self.store
+            .release_actor(
+                &r.atespace,
+                &r.name,
+                &active,
+                ActorState::Suspended,
+                None,
+                ActorUpdate::with_error("deleted with --force: stopped without a snapshot"),
+                now_ms(),
+            )
+            .await?;
+        tracing::warn!(actor = %r, state = %actor.state, "actor stopped without a snapshot for a forced delete");
+        Ok(true)
     }
 
     /// Asks every live node to drop what it keeps of a deleted actor outside its generations

@@ -221,6 +221,7 @@ async fn crud_and_validation(b: Backend) {
         t.actors()
             .delete_actor(DeleteActorRequest {
                 actor: Some(obj("team-a", &format!("a{i}"))),
+                force: false,
             })
             .await
             .unwrap();
@@ -397,6 +398,7 @@ async fn freed_room_goes_to_the_oldest_waiter(b: Backend) {
     t.actors()
         .delete_actor(DeleteActorRequest {
             actor: Some(obj("ns", "c")),
+            force: false,
         })
         .await
         .unwrap();
@@ -1115,6 +1117,7 @@ async fn tags_and_gc(b: Backend) {
         .actors()
         .delete_actor(DeleteActorRequest {
             actor: Some(obj("ns", "child")),
+            force: false,
         })
         .await
         .unwrap_err();
@@ -1128,6 +1131,7 @@ async fn tags_and_gc(b: Backend) {
     t.actors()
         .delete_actor(DeleteActorRequest {
             actor: Some(obj("ns", "golden")),
+            force: false,
         })
         .await
         .unwrap();

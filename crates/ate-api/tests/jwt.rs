@@ -365,6 +365,7 @@ async fn client_token_is_limited_to_its_atespaces() {
             .delete_actor(with_token(
                 DeleteActorRequest {
                     actor: Some(obj("team-b", "x")),
+                    force: false,
                 },
                 &token,
             ))

@@ -196,6 +196,7 @@ async fn router_may_only_resume() {
     let e = actors(&router)
         .delete_actor(DeleteActorRequest {
             actor: Some(obj("team-a", "x")),
+            force: false,
         })
         .await
         .unwrap_err();
@@ -234,6 +235,7 @@ async fn client_limited_to_its_atespaces() {
         actors(&a)
             .delete_actor(DeleteActorRequest {
                 actor: Some(obj("team-b", "x")),
+                force: false,
             })
             .await
             .unwrap_err(),

@@ -128,6 +128,10 @@ pub enum DeleteCmd {
         name: String,
         #[arg(short = 'a', long)]
         atespace: String,
+        /// Also delete a running actor: its sandbox is stopped without a snapshot, so what it
+        /// did since its last suspend is lost.
+        #[arg(long)]
+        force: bool,
     },
     Atespace {
         name: String,
@@ -550,15 +554,26 @@ pub async fn revert(c: &Clients, cmd: ActorCmd, out: Format) -> anyhow::Result<E
 
 pub async fn delete(c: &Clients, cmd: DeleteCmd) -> anyhow::Result<ExitCode> {
     match cmd {
-        DeleteCmd::Actor { name, atespace } => {
-            rpc(c
+        DeleteCmd::Actor {
+            name,
+            atespace,
+            force,
+        } => {
+            let reply = rpc(c
                 .actors
                 .clone()
                 .delete_actor(v1::DeleteActorRequest {
                     actor: obj(&atespace, &name),
+                    force,
                 })
                 .await)?;
-            println!("actor/{atespace}/{name} deleted");
+            if reply.stopped {
+                println!(
+                    "actor/{atespace}/{name} deleted (it was running: stopped without a snapshot)"
+                );
+            } else {
+                println!("actor/{atespace}/{name} deleted");
+            }
         }
         DeleteCmd::Atespace { name } => {
             rpc(c

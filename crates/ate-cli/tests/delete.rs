@@ -65,3 +65,34 @@ fn deleting_an_actor_removes_its_log_and_generations() {
         "a re-created actor starts fresh: {body}"
     );
 }
+
+#[test]
+fn a_running_actor_is_deleted_only_with_force() {
+    let sys = System::up(UpOptions {
+        workers: 1,
+        ..Default::default()
+    });
+    let (ns, name) = ("ate-demo", "busy");
+    sys.ate_ok(&["create", "actor", name, "-a", ns, "-t", "ate-demo/counter"]);
+    let target = format!("{ns}/{name}");
+    let (status, _, body) = get(sys.router_addr, &target, "/");
+    assert_eq!(status, 200, "{body}");
+
+    let refused = sys.ate(&["delete", "actor", name, "-a", ns]);
+    assert!(!refused.status.success());
+    let err = String::from_utf8_lossy(&refused.stderr);
+    assert!(err.contains("--force"), "the refusal names --force: {err}");
+
+    let out = sys.ate_ok(&["delete", "actor", name, "-a", ns, "--force"]);
+    assert!(
+        out.contains("stopped without a snapshot"),
+        "the forced delete says what it did: {out}"
+    );
+    let list = sys.ate_ok(&["get", "actors", "-a", ns, "-o", "json"]);
+    assert!(!list.contains(&format!("\"{name}\"")), "{list}");
+    // Its sandbox is gone: the same name starts fresh on the same worker.
+    sys.ate_ok(&["create", "actor", name, "-a", ns, "-t", "ate-demo/counter"]);
+    let (status, _, body) = get(sys.router_addr, &target, "/");
+    assert_eq!(status, 200, "{body}");
+    assert!(body.contains("preserved memory count: 1 |"), "{body}");
+}
