@@ -72,12 +72,17 @@ impl Clients {
     }
 }
 
-/// User config dir file (`$XDG_CONFIG_HOME/ate/api-address` or `~/.config/ate/api-address`).
-pub fn user_config_file() -> Option<PathBuf> {
+/// The CLI's config dir: `$XDG_CONFIG_HOME/ate` or `~/.config/ate`.
+pub fn config_dir() -> Option<PathBuf> {
     let base = std::env::var_os("XDG_CONFIG_HOME")
         .map(PathBuf::from)
         .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".config")))?;
-    Some(base.join("ate").join(API_ADDRESS_FILE))
+    Some(base.join("ate"))
+}
+
+/// The api-address file of earlier releases (`<config>/ate/api-address`), still read.
+pub fn user_config_file() -> Option<PathBuf> {
+    Some(config_dir()?.join(API_ADDRESS_FILE))
 }
 
 /// The admin certificate's name in the files `ate up` writes (`admin.crt`, `admin.key`).
@@ -111,11 +116,25 @@ fn discovered() -> Vec<Discovered> {
     let state_dir = env_state
         .clone()
         .unwrap_or_else(|| PathBuf::from(DEFAULT_STATE_DIR));
-    let mut out = vec![Discovered {
+    let from_state = Discovered {
         address_file: state_dir.join(API_ADDRESS_FILE),
         tls: ate_tls::PemFiles::in_dir(&state_dir.join(TLS_DIR), ADMIN_CERT_NAME),
         explicit: env_state.is_some(),
-    }];
+    };
+    // An explicit ATE_STATE_DIR first, then the current context, then the default state dir.
+    let context = crate::contexts::current_dir().map(|dir| Discovered {
+        address_file: dir.join(API_ADDRESS_FILE),
+        tls: ate_tls::PemFiles::in_dir(&dir, ADMIN_CERT_NAME),
+        explicit: false,
+    });
+    let mut out = Vec::new();
+    if from_state.explicit {
+        out.push(from_state);
+        out.extend(context);
+    } else {
+        out.extend(context);
+        out.push(from_state);
+    }
     if let Some(file) = user_config_file()
         && let Some(dir) = file.parent()
     {

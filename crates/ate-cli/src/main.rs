@@ -4,6 +4,7 @@
 mod bench;
 mod ca;
 mod client;
+mod contexts;
 mod faults;
 mod join;
 mod logs;
@@ -190,6 +191,9 @@ enum Command {
     /// The fleet's CA and certificates for control-plane identities (api, router, admin).
     #[command(subcommand)]
     Ca(ca::CaCmd),
+    /// CLI contexts: which system `ate` talks to (each `ate up` adds one for its state dir).
+    #[command(subcommand)]
+    Config(contexts::ConfigCmd),
     /// Get this machine's node and worker certificates with a join token and keep renewing them
     /// (for node agents run by systemd or Kubernetes; `ate up --role node` does this itself).
     Join(join::JoinArgs),
@@ -285,6 +289,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Proxy(args) => proxy::run(args).await.map(|_| ExitCode::SUCCESS),
         Command::Delete { cmd, api } => verbs::delete(&api.connect().await?, cmd).await,
         Command::Ca(cmd) => ca::run(cmd),
+        Command::Config(cmd) => contexts::run(cmd),
         Command::Join(args) => join::run(args).await,
         Command::Token { cmd, api, out } => {
             // Tokens have no wide view; token.rs knows table, json and yaml.

@@ -223,13 +223,9 @@ impl Pki {
     }
 }
 
-/// Copies the admin certificate next to the user's `api-address` (key 0600) now and after each
+/// Copies the admin certificate into the CLI context `dir` (key 0600) now and after each
 /// rotation, so `ate` finds it without flags.
-fn publish_admin(admin: &ate_tls::CertSource, pki_dir: &Path) {
-    let Some(dir) = client::user_config_file().and_then(|f| f.parent().map(Path::to_path_buf))
-    else {
-        return;
-    };
+fn publish_admin(admin: &ate_tls::CertSource, pki_dir: &Path, dir: PathBuf) {
     let from = ate_tls::PemFiles::in_dir(pki_dir, client::ADMIN_CERT_NAME);
     let to = ate_tls::PemFiles::in_dir(&dir, client::ADMIN_CERT_NAME);
     let copy = move || -> anyhow::Result<()> {
@@ -1018,12 +1014,15 @@ async fn start_all(
         register_demo(&clients, images_dir).await?;
     }
     write_atomically(&state.join(API_ADDRESS_FILE), &api_addr)?;
-    if let Some(user) = client::user_config_file()
-        && let Some(dir) = user.parent()
-        && std::fs::create_dir_all(dir).is_ok()
-    {
-        write_atomically(&user, &api_addr)?;
-        publish_admin(&admin, &pki.dir);
+    // A CLI context of this state dir (current unless the user already uses another one).
+    let context = crate::contexts::name_for_state_dir(state);
+    match crate::contexts::publish(&context, &api_addr) {
+        Ok(_) => {
+            if let Some(dir) = crate::contexts::context_dir(&context) {
+                publish_admin(&admin, &pki.dir, dir);
+            }
+        }
+        Err(e) => eprintln!("ate up: cannot write the CLI context {context:?}: {e:#}"),
     }
     let api_addrs = api_list(&api_addr, &args.peer_apis);
     if args.role == UpRole::All {
