@@ -18,6 +18,39 @@ pub enum TargetError {
     Malformed,
 }
 
+impl TargetError {
+    /// The 404 body: the problem, the value as sent (escaped, cut) and the expected form.
+    pub fn body(self, value: Option<&HeaderValue>) -> String {
+        match (self, value) {
+            (TargetError::Malformed, Some(value)) => format!(
+                "ate-target-actor {} is not <atespace>/<name>: both halves must be lowercase DNS-1123 labels (a-z, 0-9, '-', at most 63 characters)",
+                crate::error::shown(value.as_bytes())
+            ),
+            _ => "missing ate-target-actor header; name the actor with `ate-target-actor: <atespace>/<name>`"
+                .to_string(),
+        }
+    }
+}
+
+/// `ate-target-port` is not a port number 1-65535.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("ate-target-port is not a port number (1-65535)")]
+pub struct BadPort;
+
+/// The actor port a client names in `ate-target-port`: 1 to 5 decimal digits, 1-65535. Checked
+/// without allocating (it is on every request that carries the header).
+pub fn parse_port(value: &HeaderValue) -> Result<u16, BadPort> {
+    let bytes = value.as_bytes();
+    if bytes.is_empty() || bytes.len() > 5 || !bytes.iter().all(u8::is_ascii_digit) {
+        return Err(BadPort);
+    }
+    let n = bytes.iter().fold(0u32, |n, b| n * 10 + u32::from(b - b'0'));
+    match u16::try_from(n) {
+        Ok(port) if port != 0 => Ok(port),
+        _ => Err(BadPort),
+    }
+}
+
 /// Validates the header value without allocating and returns it as `<atespace>/<name>`.
 pub fn parse_target(value: Option<&HeaderValue>) -> Result<&str, TargetError> {
     let value = value.ok_or(TargetError::Missing)?;
@@ -146,6 +179,37 @@ mod tests {
         ] {
             assert_eq!(parse(bad), Err(TargetError::Malformed), "{bad:?}");
         }
+    }
+
+    #[test]
+    fn ports() {
+        let port = |s: &str| parse_port(&HeaderValue::from_str(s).unwrap());
+        assert_eq!(port("80"), Ok(80));
+        assert_eq!(port("8080"), Ok(8080));
+        assert_eq!(port("65535"), Ok(65535));
+        assert_eq!(port("1"), Ok(1));
+        for bad in [
+            "", "0", "00000", "65536", "99999", "123456", "-1", "+80", " 80", "80 ", "8o", "0x50",
+            "1e3",
+        ] {
+            assert_eq!(port(bad), Err(BadPort), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn target_error_bodies_are_one_line() {
+        let value = HeaderValue::from_bytes(b"Team/\"x\"\xff").unwrap();
+        let body = TargetError::Malformed.body(Some(&value));
+        assert!(
+            body.starts_with("ate-target-actor \"Team/\\\"x\\\"\u{fffd}\" is not"),
+            "{body}"
+        );
+        assert!(!body.contains('\n'));
+        assert!(
+            TargetError::Missing
+                .body(None)
+                .starts_with("missing ate-target-actor header")
+        );
     }
 
     #[test]

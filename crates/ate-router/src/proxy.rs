@@ -19,16 +19,16 @@ use hyper::ext::Protocol;
 use hyper::service::service_fn;
 use hyper_util::rt::TokioTimer;
 
-use crate::actor_ref::{ActorKey, parse_target};
+use crate::actor_ref::{ActorKey, parse_port, parse_target};
 use crate::body::RouterBody;
 use crate::cache::Route;
 use crate::drain::{Drain, spawn_pipe};
-use crate::error::ResolveError;
+use crate::error::{ForwardError, RequestError, ResolveError, shown};
 use crate::metrics::{
     FORWARD_SECONDS, REQUESTS, RESOLVE_SECONDS, STALE_RETRIES, Stats, status_label,
 };
 use crate::resolve::{Resolver, ResumeKind};
-use crate::tunnel::{SendFailed, TunnelError, Tunnels};
+use crate::tunnel::{FailureKind, SendFailed, TunnelError, Tunnels};
 
 /// Response header telling how the actor was found: `cold`, `warm` or `parked`.
 pub const RESUME_HEADER: &str = "ate-resume";
@@ -149,8 +149,8 @@ impl Proxy {
     ) -> impl Future<Output = Result<Response<RouterBody>, Infallible>> + Send + use<> {
         use futures::future::{Either, FutureExt, ready};
         let answer = match self.preflight(request) {
-            Preflight::Forward(request, target) => {
-                Either::Left(self.forward(request, Target(target), 80))
+            Preflight::Forward(request, target, port) => {
+                Either::Left(self.forward(request, Target(target), port))
             }
             Preflight::Answer(response) => Either::Right(ready(response)),
         };
@@ -160,38 +160,79 @@ impl Proxy {
         })
     }
 
-    /// Checks the target and takes the routing headers out of `request`: forward it to the actor
-    /// of the returned header, or answer at once.
+    /// Checks the target and takes the routing headers out of `request` (they must not reach
+    /// the actor): forward it to the actor and port they name, or answer at once.
     fn preflight(self: &Arc<Self>, mut request: Request<Incoming>) -> Preflight {
-        if uri_len(request.uri()) > self.cfg.max_uri_len {
-            return Preflight::Answer(text(StatusCode::URI_TOO_LONG, "request target too long"));
-        }
-        // Taken out of the request: it must not reach the actor.
-        let target = request.headers_mut().remove(TARGET_ACTOR_HEADER);
-        if let Err(e) = parse_target(target.as_ref()) {
-            return Preflight::Answer(text(StatusCode::NOT_FOUND, e.to_string()));
-        }
-        // Present: `parse_target` refuses a missing header.
-        let target = target.unwrap_or_else(|| HeaderValue::from_static(""));
-        request.headers_mut().remove(TARGET_PORT_HEADER);
+        let (target, targets) = take_header(request.headers_mut(), TARGET_ACTOR_HEADER);
+        let (port, ports) = take_header(request.headers_mut(), TARGET_PORT_HEADER);
         request.headers_mut().remove(ACTIVATION_HEADER);
+        let port = match self.check_routing(
+            request.uri(),
+            target.as_ref(),
+            targets,
+            port.as_ref(),
+            ports,
+        ) {
+            Ok(port) => port,
+            Err((status, body)) => return Preflight::Answer(text(status, body)),
+        };
+        // Present: `check_routing` refuses a missing header.
+        let target = target.unwrap_or_else(|| HeaderValue::from_static(""));
         if request.method() == Method::CONNECT {
             if let Some(protocol) = request.extensions().get::<Protocol>() {
                 // RFC 8441: only WebSocket is bootstrapped over HTTP/2.
                 if !protocol.as_str().eq_ignore_ascii_case("websocket") {
-                    return Preflight::Answer(text(
-                        StatusCode::NOT_IMPLEMENTED,
-                        format!(
-                            "extended CONNECT :protocol {:?} is not supported (only websocket)",
-                            protocol.as_str()
-                        ),
-                    ));
+                    let body = format!(
+                        "actor {}: extended CONNECT :protocol {} is not supported (only websocket)",
+                        Target(target).as_ref(),
+                        shown(protocol.as_str().as_bytes())
+                    );
+                    return Preflight::Answer(text(StatusCode::NOT_IMPLEMENTED, body));
                 }
-                return Preflight::Forward(request, target);
+                return Preflight::Forward(request, target, port.unwrap_or(80));
             }
-            return Preflight::Answer(self.client_connect(request, Target(target).as_ref()));
+            return Preflight::Answer(self.client_connect(request, Target(target).as_ref(), port));
         }
-        Preflight::Forward(request, target)
+        Preflight::Forward(request, target, port.unwrap_or(80))
+    }
+
+    /// The routing headers of a request (already taken out of it) and its target length: the
+    /// port asked for (`ate-target-port`, if any), or the status and body of the refusal.
+    fn check_routing(
+        &self,
+        uri: &Uri,
+        target: Option<&HeaderValue>,
+        targets: usize,
+        port: Option<&HeaderValue>,
+        ports: usize,
+    ) -> Result<Option<u16>, (StatusCode, String)> {
+        let parsed = parse_target(target);
+        let actor = parsed.ok();
+        let refuse = |e: RequestError| (e.status(), e.body(actor, port.map(HeaderValue::as_bytes)));
+        if uri_len(uri) > self.cfg.max_uri_len {
+            let about = actor.map(|a| format!("actor {a}: ")).unwrap_or_default();
+            let body = format!(
+                "{about}request target longer than {} bytes",
+                self.cfg.max_uri_len
+            );
+            return Err((StatusCode::URI_TOO_LONG, body));
+        }
+        // Two actor headers (an intermediary appending one, a client bug): guessing which one
+        // is meant could send the request to the wrong actor.
+        if targets > 1 {
+            return Err(refuse(RequestError::DuplicateTarget));
+        }
+        if let Err(e) = parsed {
+            return Err((StatusCode::NOT_FOUND, e.body(target)));
+        }
+        if ports > 1 {
+            return Err(refuse(RequestError::DuplicatePort));
+        }
+        match port.map(parse_port) {
+            None => Ok(None),
+            Some(Ok(port)) => Ok(Some(port)),
+            Some(Err(_)) => Err(refuse(RequestError::BadPort)),
+        }
     }
 
     /// Resolves `actor` and forwards `request` to its `port`; a stale route is evicted, resolved
@@ -260,14 +301,48 @@ impl Proxy {
                     request = back;
                 }
                 Err(failed) => {
-                    tracing::warn!(%actor, worker = %route.worker, error = %failed.error, "forward failed");
-                    return text(
-                        StatusCode::BAD_GATEWAY,
-                        format!("actor {actor} unreachable"),
-                    );
+                    // Boxed: only failed requests ask atunnel why, and the probe's future
+                    // would otherwise sit in every request's future.
+                    let why = Box::pin(self.explain(&route, actor, port, failed)).await;
+                    return text(why.status(), why.body(actor, port));
                 }
             }
         }
+    }
+
+    /// What the client is told about a request that got no answer from the actor. A tunnel that
+    /// ended after the request was written is either the actor's own doing or atunnel closing
+    /// the actor's tunnels because its ingress went off (a suspend, a move): atunnel is asked
+    /// whether the actor is still active there (a probe, nothing dialed) to tell the two apart.
+    async fn explain(
+        &self,
+        route: &Route,
+        actor: &str,
+        port: u16,
+        failed: SendFailed<Request<Incoming>>,
+    ) -> ForwardError {
+        let error = failed.error;
+        let why = match error.kind() {
+            FailureKind::PortClosed => ForwardError::PortClosed,
+            FailureKind::RouteBad if matches!(error, TunnelError::Stale) => ForwardError::NotServed,
+            FailureKind::RouteBad => ForwardError::WorkerDown,
+            // Written, then the tunnel broke: was it cut because ingress went off?
+            FailureKind::Other
+                if matches!(error, TunnelError::Actor(_)) && failed.request.is_none() =>
+            {
+                match self.tunnels.probe(route, actor, port).await {
+                    Ok(false) => ForwardError::CutBySuspend,
+                    Ok(true) => ForwardError::ClosedByActor,
+                    Err(probe) => {
+                        tracing::debug!(%actor, error = %probe, "probe after a failed forward");
+                        ForwardError::Tunnel
+                    }
+                }
+            }
+            FailureKind::Other => ForwardError::Tunnel,
+        };
+        tracing::warn!(%actor, worker = %route.worker, port, %error, %why, "forward failed");
+        why
     }
 
     /// WebSocket (any HTTP/1.1 upgrade): forward the handshake on a fresh tunnel, then relay bytes.
@@ -352,25 +427,37 @@ impl Proxy {
         }
         if status.is_success() {
             tracing::warn!(%actor, %status, "actor answered a WebSocket upgrade without switching protocols");
-            return Ok(text(
-                StatusCode::BAD_GATEWAY,
-                format!("actor {actor} did not accept the WebSocket upgrade"),
-            ));
+            let why = ForwardError::UpgradeRefused;
+            return Ok(text(why.status(), why.body(actor, port)));
         }
         Ok(response.map(RouterBody::from))
     }
 
     /// Client `CONNECT host:port` with the actor header: answer 200, then serve the bytes inside as
-    /// HTTP/1.1, routing (and resuming) each request independently to that port.
+    /// HTTP/1.1, routing (and resuming) each request independently to that port. An
+    /// `ate-target-port` on the CONNECT must name the same port.
     fn client_connect(
         self: &Arc<Self>,
         request: Request<Incoming>,
         actor: &str,
+        header_port: Option<u16>,
     ) -> Response<RouterBody> {
         let port = match request.uri().port_u16() {
             Some(port) if port != 0 => port,
-            _ => return text(StatusCode::BAD_REQUEST, "CONNECT needs host:port"),
+            _ => {
+                return text(
+                    StatusCode::BAD_REQUEST,
+                    format!("actor {actor}: CONNECT needs host:port with a port from 1 to 65535"),
+                );
+            }
         };
+        if let Some(header) = header_port.filter(|h| *h != port) {
+            let e = RequestError::PortMismatch {
+                header,
+                connect: port,
+            };
+            return text(e.status(), e.body(Some(actor), None));
+        }
         let actor = ActorKey::from_validated(actor);
         let proxy = self.clone();
         let on_upgrade = hyper::upgrade::on(request);
@@ -433,11 +520,21 @@ impl Proxy {
         port: u16,
     ) -> Response<RouterBody> {
         if request.method() == Method::CONNECT {
-            return text(StatusCode::BAD_REQUEST, "CONNECT inside a CONNECT tunnel");
+            return text(
+                StatusCode::BAD_REQUEST,
+                format!("actor {actor}: a CONNECT inside a CONNECT tunnel is not supported"),
+            );
         }
         if uri_len(request.uri()) > self.cfg.max_uri_len {
-            return text(StatusCode::URI_TOO_LONG, "request target too long");
+            return text(
+                StatusCode::URI_TOO_LONG,
+                format!(
+                    "actor {actor}: request target longer than {} bytes",
+                    self.cfg.max_uri_len
+                ),
+            );
         }
+        // The tunnel's actor and port apply to every request inside; these are dropped.
         request.headers_mut().remove(TARGET_ACTOR_HEADER);
         request.headers_mut().remove(TARGET_PORT_HEADER);
         request.headers_mut().remove(ACTIVATION_HEADER);
@@ -472,10 +569,17 @@ fn unshare_head<B>(request: &mut Request<B>) {
     }
 }
 
+/// Removes every `name` header: the first value, and how many there were (no allocation).
+fn take_header(headers: &mut HeaderMap, name: &str) -> (Option<HeaderValue>, usize) {
+    let count = headers.get_all(name).iter().take(2).count();
+    (headers.remove(name), count)
+}
+
 /// What [`Proxy::preflight`] decided.
 enum Preflight {
-    /// Forward the request (routing headers removed) to the actor of this `ate-target-actor`.
-    Forward(Request<Incoming>, HeaderValue),
+    /// Forward the request (routing headers removed) to the actor of this `ate-target-actor`, at
+    /// this port.
+    Forward(Request<Incoming>, HeaderValue, u16),
     /// Answer at once.
     Answer(Response<RouterBody>),
 }

@@ -29,6 +29,22 @@ use crate::metrics::Stats;
 
 /// Header atunnel sets on a 421 for an actor it does not serve.
 pub const STALE_HEADER: &str = "x-ate-assignment-stale";
+/// Header atunnel sets on a 502 when nothing accepts connections on the actor's port.
+pub const PORT_CLOSED_HEADER: &str = "x-ate-port-closed";
+/// Request header of a probe CONNECT: atunnel only says whether it serves the actor (200 or
+/// 421) and dials nothing.
+pub const PROBE_HEADER: &str = "ate-probe";
+
+/// What a failed tunnel means for the request: resolve again, tell the client nothing listens on
+/// the port, or neither.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FailureKind {
+    /// The route is wrong (stale, or its worker does not answer): resolve again and retry.
+    RouteBad,
+    /// atunnel reached the actor's netns but nothing listens on the port.
+    PortClosed,
+    Other,
+}
 
 #[derive(Debug, thiserror::Error)]
 pub enum TunnelError {
@@ -60,6 +76,9 @@ pub enum TunnelError {
     /// 421 + `x-ate-assignment-stale: true`: the actor is not active on that worker.
     #[error("stale assignment: the actor is not served by that worker")]
     Stale,
+    /// 502 + `x-ate-port-closed: true`: the actor is active but nothing listens on the port.
+    #[error("nothing listens on that port in the actor")]
+    PortClosed,
     #[error("atunnel refused the tunnel with {0}")]
     Refused(StatusCode),
     #[error("tunnel upgrade: {0}")]
@@ -68,24 +87,26 @@ pub enum TunnelError {
     Actor(hyper::Error),
     /// The gRPC tunnel this request waited for could not be opened (by the request that tried).
     #[error("{reason}")]
-    Shared { reason: String, route_bad: bool },
+    Shared { reason: String, kind: FailureKind },
 }
 
 impl TunnelError {
+    pub fn kind(&self) -> FailureKind {
+        match self {
+            TunnelError::Stale
+            | TunnelError::Connect { .. }
+            | TunnelError::ConnectTimeout { .. }
+            | TunnelError::Handshake { .. }
+            | TunnelError::Tls { .. } => FailureKind::RouteBad,
+            TunnelError::PortClosed => FailureKind::PortClosed,
+            TunnelError::Shared { kind, .. } => *kind,
+            _ => FailureKind::Other,
+        }
+    }
+
     /// The route itself is wrong (stale or the worker is gone): resolve again and retry.
     pub fn route_is_bad(&self) -> bool {
-        matches!(
-            self,
-            TunnelError::Stale
-                | TunnelError::Connect { .. }
-                | TunnelError::ConnectTimeout { .. }
-                | TunnelError::Handshake { .. }
-                | TunnelError::Tls { .. }
-                | TunnelError::Shared {
-                    route_bad: true,
-                    ..
-                }
-        )
+        self.kind() == FailureKind::RouteBad
     }
 }
 
@@ -197,10 +218,9 @@ impl GrpcConn {
 #[derive(Default)]
 struct GrpcSlotState {
     conn: Option<GrpcConn>,
-    /// Failed attempts so far, and the last one's worker and error (its text, and whether the
-    /// route is bad).
+    /// Failed attempts so far, and the last one's worker and error (its text and kind).
     failures: u64,
-    last_failure: Option<(Arc<str>, String, bool)>,
+    last_failure: Option<(Arc<str>, String, FailureKind)>,
 }
 
 #[derive(Default)]
@@ -377,6 +397,26 @@ impl Tunnels {
         }
     }
 
+    /// Asks the route's worker whether it serves `actor` (with the route's activation) right
+    /// now, without a tunnel: true on 200, false on 421 stale. Used only to explain a failed
+    /// request, over the worker's existing connection when it has one.
+    pub async fn probe(&self, route: &Route, actor: &str, port: u16) -> Result<bool, TunnelError> {
+        let mut sender = self.worker(route).await?;
+        let mut request = connect_request(actor, port, route.activation)?;
+        request
+            .headers_mut()
+            .insert(PROBE_HEADER, HeaderValue::from_static("1"));
+        let response = sender
+            .send_request(request)
+            .await
+            .map_err(TunnelError::Stream)?;
+        match response.status() {
+            StatusCode::OK => Ok(true),
+            _ if is_stale(&response) => Ok(false),
+            status => Err(TunnelError::Refused(status)),
+        }
+    }
+
     /// An HTTP/1.1 connection to the actor: an idle pooled one, or a new tunnel.
     pub async fn h1(&self, route: &Route, actor: &str, port: u16) -> Result<H1Conn, TunnelError> {
         if let Some(conn) = self.checkout(actor, port, &route.worker) {
@@ -528,19 +568,19 @@ impl Tunnels {
             // Dropping our handle closes the connection (and its tunnel) after its last stream.
             state.conn = None;
         } else if state.failures != failures_seen
-            && let Some((worker, reason, route_bad)) = &state.last_failure
+            && let Some((worker, reason, kind)) = &state.last_failure
             && *worker == route.worker
         {
             return Err(TunnelError::Shared {
                 reason: reason.clone(),
-                route_bad: *route_bad,
+                kind: *kind,
             });
         }
         let sender = match self.h2(route, actor, port).await {
             Ok(sender) => sender,
             Err(e) => {
                 state.failures += 1;
-                state.last_failure = Some((route.worker.clone(), e.to_string(), e.route_is_bad()));
+                state.last_failure = Some((route.worker.clone(), e.to_string(), e.kind()));
                 slot.failures.store(state.failures, Ordering::SeqCst);
                 return Err(e);
             }
@@ -831,18 +871,27 @@ fn connect_request(
     Ok(request)
 }
 
+/// Whether atunnel's answer carries `header: true`.
+fn flagged(response: &Response<Incoming>, header: &str) -> bool {
+    response
+        .headers()
+        .get(header)
+        .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"true"))
+}
+
+/// 421 marked stale: the actor is not served by that worker.
+fn is_stale(response: &Response<Incoming>) -> bool {
+    response.status() == StatusCode::MISDIRECTED_REQUEST && flagged(response, STALE_HEADER)
+}
+
 async fn accept(response: Response<Incoming>) -> Result<Upgraded, TunnelError> {
     match response.status() {
         StatusCode::OK => hyper::upgrade::on(response)
             .await
             .map_err(TunnelError::Upgrade),
-        StatusCode::MISDIRECTED_REQUEST
-            if response
-                .headers()
-                .get(STALE_HEADER)
-                .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"true")) =>
-        {
-            Err(TunnelError::Stale)
+        _ if is_stale(&response) => Err(TunnelError::Stale),
+        StatusCode::BAD_GATEWAY if flagged(&response, PORT_CLOSED_HEADER) => {
+            Err(TunnelError::PortClosed)
         }
         status => Err(TunnelError::Refused(status)),
     }

@@ -1,12 +1,14 @@
 //! Fuzz targets (property tests, bounded: a fixed number of cases each, a few seconds in all) for
-//! the router's parser of untrusted input: the `ate-target-actor` header (`actor_ref`).
+//! the router's parsers of untrusted input: the `ate-target-actor` and `ate-target-port` headers
+//! (`actor_ref`), and the refusal bodies made from them.
 //!
 //! Properties: arbitrary bytes never panic and are accepted exactly when they are
 //! `<label>/<label>` by an independent DNS-1123 oracle; valid references round-trip through
 //! `parse_target` and `ActorKey`; everything else is a `Malformed` error whose message names the
 //! header and the expected form.
 
-use ate_router::actor_ref::{ActorKey, TargetError, parse_target};
+use ate_router::actor_ref::{ActorKey, BadPort, TargetError, parse_port, parse_target};
+use ate_router::error::RequestError;
 use http::HeaderValue;
 use proptest::prelude::*;
 
@@ -124,6 +126,46 @@ proptest! {
         prop_assert_eq!(key.to_string(), text.clone());
         // Validated text → key → text is the identity, and keys compare by text.
         prop_assert!(ActorKey::from_validated(key.as_str()) == key);
+    }
+
+    #[test]
+    fn fuzz_target_port_matches_the_oracle(bytes in prop::collection::vec(any::<u8>(), 0..8)) {
+        let Ok(value) = HeaderValue::from_bytes(&bytes) else {
+            return Ok(());
+        };
+        // Independent oracle: 1 to 5 ASCII digits, and the number is a port (1-65535).
+        let oracle = std::str::from_utf8(&bytes)
+            .ok()
+            .filter(|t| (1..=5).contains(&t.len()) && t.bytes().all(|b| b.is_ascii_digit()))
+            .and_then(|t| t.parse::<u32>().ok())
+            .filter(|n| (1..=65535).contains(n));
+        match parse_port(&value) {
+            Ok(port) => prop_assert_eq!(Some(u32::from(port)), oracle, "{:?}", bytes),
+            Err(BadPort) => {
+                prop_assert_eq!(None, oracle, "{:?}", bytes);
+                // The refusal stays one line whatever was sent.
+                let body = RequestError::BadPort.body(Some("a/b"), Some(&bytes));
+                prop_assert!(!body.contains(['\n', '\r']), "{:?}", body);
+                prop_assert!(body.starts_with("actor a/b: ate-target-port "), "{:?}", body);
+            }
+        }
+    }
+
+    #[test]
+    fn fuzz_target_port_valid_round_trips(port in 1u16..) {
+        prop_assert_eq!(parse_port(&HeaderValue::from(port)), Ok(port));
+    }
+
+    #[test]
+    fn fuzz_actor_ref_bodies_are_one_line(bytes in prop::collection::vec(any::<u8>(), 0..300)) {
+        let Ok(value) = HeaderValue::from_bytes(&bytes) else {
+            return Ok(());
+        };
+        if let Err(e) = parse_target(Some(&value)) {
+            let body = e.body(Some(&value));
+            prop_assert!(!body.contains(['\n', '\r']), "{:?}", body);
+            prop_assert!(body.chars().count() < 300, "{:?}", body);
+        }
     }
 
     #[test]

@@ -60,7 +60,7 @@ async fn running_actor_is_routed_with_host_unchanged_and_routing_headers_strippe
         "my-app.internal:3000",
         |r| {
             r.headers_mut()
-                .insert("ate-target-port", "9999".parse().unwrap());
+                .insert("ate-activation", "99".parse().unwrap());
             r.headers_mut().insert("x-custom", "kept".parse().unwrap());
             r.headers_mut()
                 .insert("connection", "keep-alive, x-hop".parse().unwrap());
@@ -78,6 +78,7 @@ async fn running_actor_is_routed_with_host_unchanged_and_routing_headers_strippe
     assert!(got.body.contains("path=/hello?x=1\n"), "{}", got.body);
     assert!(got.body.contains("header x-custom: kept\n"), "{}", got.body);
     assert!(!got.body.contains("ate-target"), "{}", got.body);
+    assert!(!got.body.contains("ate-activation"), "{}", got.body);
     assert!(!got.body.contains("x-hop"), "{}", got.body);
     assert_eq!(got.resume(), "warm");
     // The tunnel carried the routing headers, with the informational authority.
@@ -144,7 +145,11 @@ async fn not_found_is_404_at_once() {
     let w = World::start(|_| {}).await;
     let got = get(w.router.addr, Some("a/ghost")).await;
     assert_eq!(got.status, StatusCode::NOT_FOUND);
-    assert_eq!(got.body, "actor a/ghost not found");
+    assert_eq!(
+        got.body,
+        "actor a/ghost not found; create it with `ate create actor ghost -a a -t <atespace>/<template>`"
+    );
+    assert_clean(&got, Some("a/ghost"));
     assert!(got.elapsed < Duration::from_millis(500));
     assert_eq!(w.api.calls("a/ghost"), 1);
 }
@@ -161,6 +166,13 @@ async fn crashed_actor_is_503_at_once_with_the_prerequisite_text() {
     assert_eq!(got.status, StatusCode::SERVICE_UNAVAILABLE);
     assert!(
         got.body.contains("AssignWorker prerequisite not met"),
+        "{}",
+        got.body
+    );
+    assert_clean(&got, Some("a/crashed"));
+    assert!(
+        got.body
+            .contains("run `ate revert actor crashed -a a` to retry"),
         "{}",
         got.body
     );
@@ -247,6 +259,7 @@ async fn api_down_parks_then_503_unavailable() {
     let got = get(router.addr, Some("lab/p3")).await;
     assert_eq!(got.status, StatusCode::SERVICE_UNAVAILABLE);
     assert_eq!(got.body, "actor lab/p3 unavailable");
+    assert_clean(&got, Some("lab/p3"));
     let s = secs(got.elapsed);
     assert!((1.0..1.5).contains(&s), "{s}");
 }
@@ -285,6 +298,7 @@ async fn transient_failed_precondition_and_aborted_become_503_after_retries() {
             "{}",
             got.body
         );
+        assert_clean(&got, Some(actor));
         assert!(w.api.calls(actor) > 2);
         let s = secs(got.elapsed);
         assert!((0.5..0.8).contains(&s), "{s}");
@@ -325,8 +339,12 @@ async fn error_mapping_table() {
             "{actor} answered at once"
         );
         if code == 500 {
-            assert_eq!(got.body, "internal error");
+            assert_eq!(
+                got.body,
+                format!("actor {actor}: internal error (details are in the router's log)")
+            );
         }
+        assert_clean(&got, Some(actor));
         assert!(!got.body.contains("hunter2") && !got.body.contains("secret"));
     }
 }
@@ -370,6 +388,7 @@ async fn parking_limit_sheds_the_third_request_at_once() {
         third.body,
         "actor \"lab/p3\" unavailable: router at capacity"
     );
+    assert_clean(&third, Some("lab/p3"));
     assert!(
         third.elapsed < Duration::from_millis(300),
         "{:?}",
@@ -551,6 +570,10 @@ async fn stale_421_evicts_resolves_again_and_retries_once() {
     let started = std::time::Instant::now();
     let got = get(w.router.addr, Some("a/lost")).await;
     assert_eq!(got.status, StatusCode::BAD_GATEWAY);
+    assert_eq!(
+        got.body,
+        "actor a/lost unreachable: its worker is not serving it right now; retry in a few seconds"
+    );
     assert!(w.api.calls("a/lost") > 2, "retried within the budget");
     assert!(
         started.elapsed() < Duration::from_secs(8),
@@ -1000,4 +1023,403 @@ async fn drain_finishes_parked_requests_and_refuses_new_connections() {
         .await
         .expect("router exits after the drain")
         .unwrap();
+}
+
+// ---- routing headers: duplicates and ate-target-port --------------------------------------------
+
+/// Writes `request` on a new connection and reads the answer's status and body (the requests
+/// here ask for `connection: close`).
+async fn raw(addr: std::net::SocketAddr, request: &str) -> Got {
+    let started = Instant::now();
+    let mut tcp = TcpStream::connect(addr).await.unwrap();
+    tcp.write_all(request.as_bytes()).await.unwrap();
+    let mut out = Vec::new();
+    let _ = tokio::time::timeout(Duration::from_secs(5), tcp.read_to_end(&mut out)).await;
+    let out = String::from_utf8_lossy(&out).into_owned();
+    let (head, body) = out.split_once("\r\n\r\n").unwrap_or((&out, ""));
+    let status = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse::<u16>().ok())
+        .unwrap_or(0);
+    Got {
+        status: StatusCode::from_u16(status).unwrap_or(StatusCode::IM_A_TEAPOT),
+        headers: http::HeaderMap::new(),
+        body: body.to_string(),
+        elapsed: started.elapsed(),
+    }
+}
+
+const DUPLICATE_TARGET: &str =
+    "more than one ate-target-actor header in the request; send exactly one";
+
+#[tokio::test]
+async fn duplicate_target_actor_headers_are_400_before_any_api_call() {
+    let w = World::start(|_| {}).await;
+    w.running("a/b");
+    w.running("a/c");
+    let addr = w.router.addr;
+    // The same actor twice, and two different actors: either could be a mistake.
+    for second in ["a/b", "a/c"] {
+        let got = get_with(addr, Some("a/b"), "x", |r| {
+            r.headers_mut()
+                .append("ate-target-actor", second.parse().unwrap());
+        })
+        .await;
+        assert_eq!(got.status, StatusCode::BAD_REQUEST, "{}", got.body);
+        assert_eq!(got.body, DUPLICATE_TARGET);
+        assert_clean(&got, None);
+    }
+    // As raw header lines on the wire.
+    let got = raw(
+        addr,
+        "GET / HTTP/1.1\r\nhost: x\r\nate-target-actor: a/b\r\nATE-Target-Actor: a/c\r\nconnection: close\r\n\r\n",
+    )
+    .await;
+    assert_eq!(got.status, StatusCode::BAD_REQUEST, "{}", got.body);
+    assert_eq!(got.body, DUPLICATE_TARGET);
+    // On a client CONNECT, and over HTTP/2.
+    let got = raw(
+        addr,
+        "CONNECT b.a:8080 HTTP/1.1\r\nhost: b.a:8080\r\nate-target-actor: a/b\r\nate-target-actor: a/b\r\nconnection: close\r\n\r\n",
+    )
+    .await;
+    assert_eq!(got.status, StatusCode::BAD_REQUEST, "{}", got.body);
+    assert_eq!(got.body, DUPLICATE_TARGET);
+    let tcp = TcpStream::connect(addr).await.unwrap();
+    let (mut sender, conn) =
+        hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(tcp))
+            .await
+            .unwrap();
+    tokio::spawn(conn);
+    let req = http::Request::builder()
+        .uri("http://h2.example/")
+        .header("ate-target-actor", "a/b")
+        .header("ate-target-actor", "a/c")
+        .body(Empty::<Bytes>::new())
+        .unwrap();
+    let got = collect(sender.send_request(req).await.unwrap(), Instant::now()).await;
+    assert_eq!(got.status, StatusCode::BAD_REQUEST, "{}", got.body);
+    assert_eq!(got.body, DUPLICATE_TARGET);
+    assert_eq!(w.api.total_calls(), 0, "refused before the api is asked");
+    assert_eq!(w.atunnel.connects(), 0);
+    // One header still works.
+    assert_eq!(get(addr, Some("a/b")).await.status, StatusCode::OK);
+}
+
+#[tokio::test]
+async fn target_port_routes_to_that_port_of_the_actor() {
+    let w = World::start(|_| {}).await;
+    w.running("a/b");
+    let addr = w.router.addr;
+    let with_port = |port: &'static str| {
+        move |r: &mut http::Request<Empty<Bytes>>| {
+            r.headers_mut()
+                .insert("ate-target-port", port.parse().unwrap());
+        }
+    };
+    let got = get_with(addr, Some("a/b"), "app.example", with_port("8080")).await;
+    assert_eq!(got.status, StatusCode::OK, "{}", got.body);
+    assert!(got.body.contains("name=port8080\n"), "{}", got.body);
+    assert!(got.body.contains("host=app.example\n"), "{}", got.body);
+    assert!(
+        !got.body.contains("ate-target"),
+        "header stripped: {}",
+        got.body
+    );
+    let got = get_with(addr, Some("a/b"), "x", with_port("80")).await;
+    assert!(got.body.contains("name=port80\n"), "{}", got.body);
+    let got = get(addr, Some("a/b")).await;
+    assert!(
+        got.body.contains("name=port80\n"),
+        "default 80: {}",
+        got.body
+    );
+    let connects = w.atunnel.state.connects.lock().unwrap().clone();
+    assert_eq!(connects[0], ("a/b".into(), 8080, "b.a:8080".into()));
+    assert!(connects[1..].iter().all(|c| c.1 == 80), "{connects:?}");
+
+    // Over HTTP/2 too.
+    let tcp = TcpStream::connect(addr).await.unwrap();
+    let (mut sender, conn) =
+        hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(tcp))
+            .await
+            .unwrap();
+    tokio::spawn(conn);
+    let req = http::Request::builder()
+        .uri("http://h2.example/x")
+        .header("ate-target-actor", "a/b")
+        .header("ate-target-port", "8080")
+        .body(Empty::<Bytes>::new())
+        .unwrap();
+    let got = collect(sender.send_request(req).await.unwrap(), Instant::now()).await;
+    assert_eq!(got.status, StatusCode::OK, "{}", got.body);
+    assert!(got.body.contains("name=port8080\n"), "{}", got.body);
+
+    // A port nothing listens on in the actor.
+    let got = get_with(addr, Some("a/b"), "x", with_port("9999")).await;
+    assert_eq!(got.status, StatusCode::BAD_GATEWAY);
+    assert_eq!(
+        got.body,
+        "actor a/b: nothing listens on port 9999 in the actor; check its process with `ate logs actor b -a a`"
+    );
+    assert_clean(&got, Some("a/b"));
+
+    // Not a port, or two of them: 400 naming the actor, before the api is asked.
+    let calls = w.api.total_calls();
+    for bad in ["0", "65536", "http", "-1", "8080,8081", "0x50", ""] {
+        let got = get_with(addr, Some("a/new"), "x", |r| {
+            r.headers_mut()
+                .insert("ate-target-port", http::HeaderValue::from_str(bad).unwrap());
+        })
+        .await;
+        assert_eq!(got.status, StatusCode::BAD_REQUEST, "{bad:?}: {}", got.body);
+        assert_eq!(
+            got.body,
+            format!("actor a/new: ate-target-port {bad:?} is not a port number (1-65535)")
+        );
+        assert_clean(&got, Some("a/new"));
+    }
+    let got = get_with(addr, Some("a/new"), "x", |r| {
+        r.headers_mut()
+            .append("ate-target-port", "80".parse().unwrap());
+        r.headers_mut()
+            .append("ate-target-port", "8080".parse().unwrap());
+    })
+    .await;
+    assert_eq!(got.status, StatusCode::BAD_REQUEST, "{}", got.body);
+    assert_eq!(
+        got.body,
+        "actor a/new: more than one ate-target-port header in the request; send at most one"
+    );
+    assert_eq!(
+        w.api.total_calls(),
+        calls,
+        "refused before the api is asked"
+    );
+    assert_eq!(w.api.calls("a/new"), 0);
+
+    // A client CONNECT names its port itself; a header naming another one is refused.
+    let got = raw(
+        addr,
+        "CONNECT b.a:8080 HTTP/1.1\r\nhost: b.a:8080\r\nate-target-actor: a/b\r\nate-target-port: 9090\r\nconnection: close\r\n\r\n",
+    )
+    .await;
+    assert_eq!(got.status, StatusCode::BAD_REQUEST, "{}", got.body);
+    assert_eq!(
+        got.body,
+        "actor a/b: ate-target-port 9090 disagrees with the CONNECT port 8080; send one of them"
+    );
+    let mut tcp = TcpStream::connect(addr).await.unwrap();
+    tcp.write_all(
+        b"CONNECT b.a:8080 HTTP/1.1\r\nhost: b.a:8080\r\nate-target-actor: a/b\r\nate-target-port: 8080\r\n\r\n",
+    )
+    .await
+    .unwrap();
+    let mut head = [0u8; 12];
+    tcp.read_exact(&mut head).await.unwrap();
+    assert_eq!(&head, b"HTTP/1.1 200");
+}
+
+// ---- forwarding failures ------------------------------------------------------------------------
+
+#[tokio::test]
+async fn a_suspend_cut_a_closing_actor_and_a_dead_worker_have_their_own_502s() {
+    let w = World::start(|_| {}).await;
+    let addr = w.router.addr;
+
+    // Ingress goes off for a suspend while the actor works on the request: atunnel closes the
+    // tunnel, and a probe finds the actor no longer served there.
+    w.running("a/s");
+    let slow = tokio::spawn(async move {
+        get_with(addr, Some("a/s"), "x", |r| {
+            *r.uri_mut() = "/sleep/3000".parse().unwrap();
+        })
+        .await
+    });
+    let deadline = Instant::now() + Duration::from_secs(2);
+    while w.atunnel.open_tunnels() == 0 && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    w.atunnel.suspend("a/s");
+    let got = slow.await.unwrap();
+    assert_eq!(got.status, StatusCode::BAD_GATEWAY, "{}", got.body);
+    assert_eq!(
+        got.body,
+        "actor a/s: its connection was cut by a suspend before it answered; send the request again to resume it"
+    );
+    assert!(got.elapsed < Duration::from_secs(2), "{:?}", got.elapsed);
+    assert_clean(&got, Some("a/s"));
+    assert_eq!(w.atunnel.probes(), vec![("a/s".to_string(), 421)]);
+
+    // The actor's process closes the connection without an answer: still served there.
+    w.running("a/c");
+    let got = get_with(addr, Some("a/c"), "x", |r| {
+        r.headers_mut()
+            .insert("ate-target-port", CLOSER_PORT.into());
+    })
+    .await;
+    assert_eq!(got.status, StatusCode::BAD_GATEWAY, "{}", got.body);
+    assert_eq!(
+        got.body,
+        "actor a/c closed the connection before it answered; check its process with `ate logs actor c -a a`"
+    );
+    assert_clean(&got, Some("a/c"));
+    assert!(
+        w.atunnel.probes().contains(&("a/c".to_string(), 200)),
+        "{:?}",
+        w.atunnel.probes()
+    );
+
+    // A worker that does not answer, until the parking budget is spent.
+    let dead = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let dead_addr = dead.local_addr().unwrap().to_string();
+    drop(dead);
+    w.api.script("a/d", move |_| Reply::ok(&dead_addr, false));
+    let got = get(addr, Some("a/d")).await;
+    assert_eq!(got.status, StatusCode::BAD_GATEWAY, "{}", got.body);
+    assert_eq!(
+        got.body,
+        "actor a/d unreachable: its worker did not answer; retry in a few seconds"
+    );
+    assert_clean(&got, Some("a/d"));
+}
+
+// ---- every error body: one line, naming the actor, no internal names ----------------------------
+
+#[tokio::test]
+async fn every_error_body_is_one_line_naming_the_actor_without_internal_names() {
+    let w = World::start(|c| c.parked_request_budget = Duration::from_millis(300)).await;
+    let addr = w.router.addr;
+    let long_error = format!(
+        "restore on worker w-1 failed: node call RestoreWorkload: Status {{ code: Internal, message: \"{}\" }}\nline two",
+        "z".repeat(400)
+    );
+    let crashed = format!(
+        "actor e/crashed is ACTOR_STATE_CRASHED ({long_error}): AssignWorker prerequisite not met; RevertActor returns it to ACTOR_STATE_SUSPENDED"
+    );
+    let statuses: Vec<(&str, Status, u16)> = vec![
+        ("e/crashed", Status::failed_precondition(crashed), 503),
+        (
+            "e/suspending",
+            Status::failed_precondition(
+                "actor e/suspending is ACTOR_STATE_SUSPENDING; try again when the operation on it has finished",
+            ),
+            503,
+        ),
+        (
+            "e/leased",
+            Status::aborted("another operation holds actor e/leased"),
+            503,
+        ),
+        (
+            "e/full",
+            Status::resource_exhausted(ate_core::NO_ROOM_MESSAGE),
+            503,
+        ),
+        (
+            "e/template",
+            Status::not_found("template \"e/gone\" not found"),
+            404,
+        ),
+        (
+            "e/deadline",
+            Status::deadline_exceeded("ResumeActor: Status { code: DeadlineExceeded }"),
+            504,
+        ),
+        (
+            "e/denied",
+            Status::permission_denied("ResumeActor denied to x"),
+            403,
+        ),
+        (
+            "e/unauth",
+            Status::unauthenticated("tonic: no certificate"),
+            401,
+        ),
+        (
+            "e/internal",
+            Status::internal("Status { code: Internal, message: \"tonic::transport\" }"),
+            500,
+        ),
+    ];
+    for (actor, status, _) in &statuses {
+        let status = status.clone();
+        w.api.script(actor, move |_| Reply::err(status.clone()));
+    }
+    for (actor, _, code) in &statuses {
+        let got = get(addr, Some(actor)).await;
+        assert_eq!(got.status.as_u16(), *code, "{actor}: {}", got.body);
+        assert_clean(&got, Some(actor));
+    }
+    let got = get(addr, Some("e/crashed")).await;
+    assert!(
+        got.body.starts_with(
+            "actor e/crashed crashed: restore on worker w-1 failed: node call restore; run `ate revert actor crashed -a e` to retry"
+        ),
+        "{}",
+        got.body
+    );
+    assert!(got.body.ends_with("(AssignWorker prerequisite not met)"));
+    let got = get(addr, Some("e/suspending")).await;
+    assert_eq!(
+        got.body,
+        "actor e/suspending unavailable: it is still suspending; retry in a few seconds"
+    );
+    let got = get(addr, Some("e/full")).await;
+    assert_eq!(
+        got.body,
+        "actor e/full unavailable: no worker has room for the actor"
+    );
+    let got = get(addr, Some("e/template")).await;
+    assert_eq!(
+        got.body,
+        "actor e/template cannot start: template \"e/gone\" not found; apply the template again with `ate apply -f <file>`"
+    );
+
+    // Unknown actor, and the forwarding failures.
+    let got = get(addr, Some("e/ghost")).await;
+    assert_eq!(got.status, StatusCode::NOT_FOUND);
+    assert_clean(&got, Some("e/ghost"));
+    w.running("e/run");
+    let got = get_with(addr, Some("e/run"), "x", |r| {
+        r.headers_mut()
+            .insert("ate-target-port", "7".parse().unwrap());
+    })
+    .await;
+    assert_eq!(got.status, StatusCode::BAD_GATEWAY);
+    assert_clean(&got, Some("e/run"));
+
+    // Refused before anything is resolved.
+    let got = get(addr, None).await;
+    assert_eq!(got.status, StatusCode::NOT_FOUND);
+    assert_clean(&got, None);
+    assert!(
+        got.body.starts_with("missing ate-target-actor header"),
+        "{}",
+        got.body
+    );
+    let got = get(addr, Some("Team/Agent")).await;
+    assert_eq!(got.status, StatusCode::NOT_FOUND);
+    assert_clean(&got, Some("\"Team/Agent\""));
+    let got = get_with(addr, Some("e/run"), "x", |r| {
+        *r.uri_mut() = format!("/{}", "u".repeat(9000)).parse().unwrap();
+    })
+    .await;
+    assert_eq!(got.status, StatusCode::URI_TOO_LONG);
+    assert_clean(&got, Some("e/run"));
+    let got = raw(
+        addr,
+        "CONNECT b.e HTTP/1.1\r\nhost: b.e\r\nate-target-actor: e/run\r\nconnection: close\r\n\r\n",
+    )
+    .await;
+    assert_eq!(got.status, StatusCode::BAD_REQUEST, "{}", got.body);
+    assert_clean(&got, Some("e/run"));
+    let got = get_with(addr, Some("e/run"), "x", |r| {
+        r.headers_mut()
+            .insert("ate-target-port", "99999".parse().unwrap());
+    })
+    .await;
+    assert_eq!(got.status, StatusCode::BAD_REQUEST);
+    assert_clean(&got, Some("e/run"));
 }

@@ -3,7 +3,8 @@
 //! h2c with prior knowledge; every tunnel is one HTTP/2 `CONNECT` stream naming the actor in
 //! `ate-target-actor` and the port in `ate-target-port`. A stream for an actor that is active here
 //! becomes a byte pipe to `169.254.17.2:<port>`, dialed from a socket made inside the actor's
-//! network namespace by its [`NetnsDialer`]. atunnel also counts open tunnels and the last
+//! network namespace by its [`NetnsDialer`]; a probe (`ate-probe: 1`) only answers whether the
+//! actor is served here. A port nothing listens on is a 502 marked `x-ate-port-closed: true`. atunnel also counts open tunnels and the last
 //! activity per actor (idle auto-suspend), and closes an actor's tunnels when ingress goes off
 //! (so a memory dump sees no established connection).
 //!
@@ -33,6 +34,13 @@ use crate::netns::{ACTOR_IP, NetnsDialer};
 pub const HEADER_ACTOR: &str = "ate-target-actor";
 pub const HEADER_PORT: &str = "ate-target-port";
 pub const HEADER_STALE: &str = "x-ate-assignment-stale";
+/// Set (`true`) on the 502 for a port nothing listens on inside the actor, so the router can tell
+/// the client that rather than "unreachable".
+pub const HEADER_PORT_CLOSED: &str = "x-ate-port-closed";
+/// `ate-probe: 1` on a CONNECT: only answer whether this copy of the actor serves (200, or the
+/// usual 421), dial nothing. The router asks after a tunnel broke mid-request, to tell a tunnel
+/// cut by a suspend (ingress off: 421) from the actor closing its connection (still 200).
+pub const HEADER_PROBE: &str = "ate-probe";
 pub const HEADER_ACTIVATION: &str = ate_core::ACTIVATION_HEADER;
 /// A SYN into an actor netns is answered at once (RST or SYN-ACK); this only bounds a stuck one.
 const DIAL_TIMEOUT: Duration = Duration::from_secs(5);
@@ -373,6 +381,34 @@ pub fn parse_target(headers: &http::HeaderMap) -> Result<(String, u16), String> 
     Ok((actor.to_string(), port))
 }
 
+/// Whether the CONNECT is a probe (`ate-probe: 1`).
+pub fn parse_probe(headers: &http::HeaderMap) -> Result<bool, String> {
+    match headers.get(HEADER_PROBE) {
+        None => Ok(false),
+        Some(v) if v == "1" => Ok(true),
+        Some(_) => Err(format!("{HEADER_PROBE} must be 1 when present")),
+    }
+}
+
+/// The 502 for a dial into the actor's netns that failed. A refused connection means nothing
+/// listens on the port (the actor's process is not up on it, or listens elsewhere): marked, so
+/// the router can say so instead of "unreachable".
+fn dial_failed(key: &str, port: u16, e: &std::io::Error) -> Response<Full<Bytes>> {
+    if e.kind() == std::io::ErrorKind::ConnectionRefused {
+        let mut r = reply(
+            StatusCode::BAD_GATEWAY,
+            format!("actor {key}: nothing listens on port {port} in the actor\n"),
+        );
+        r.headers_mut()
+            .insert(HEADER_PORT_CLOSED, http::HeaderValue::from_static("true"));
+        return r;
+    }
+    reply(
+        StatusCode::BAD_GATEWAY,
+        format!("actor {key}: cannot connect to port {port} in the actor: {e}\n"),
+    )
+}
+
 /// The router's fencing token (`ate-activation`), if it sent one.
 pub fn parse_activation(headers: &http::HeaderMap) -> Result<Option<u64>, String> {
     match headers.get(HEADER_ACTIVATION) {
@@ -399,6 +435,10 @@ async fn handle(tunnels: &Tunnels, req: Request<Incoming>) -> Response<Full<Byte
         Ok(t) => t,
         Err(msg) => return reply(StatusCode::BAD_REQUEST, msg + "\n"),
     };
+    let probe = match parse_probe(req.headers()) {
+        Ok(p) => p,
+        Err(msg) => return reply(StatusCode::BAD_REQUEST, msg + "\n"),
+    };
     if !tunnels.lease_valid() {
         return stale_because(format!(
             "actor {key}: this worker lost contact with the control plane and serves no actor until it is back\n"
@@ -421,15 +461,17 @@ async fn handle(tunnels: &Tunnels, req: Request<Incoming>) -> Response<Full<Byte
             activation.token
         ));
     }
+    if probe {
+        // Not traffic: neither dialed nor counted as activity.
+        if activation.off.load(Ordering::Acquire) {
+            return stale(&key);
+        }
+        return reply(StatusCode::OK, Bytes::new());
+    }
     let addr = SocketAddr::new(ACTOR_IP.into(), port);
     let upstream = match activation.dialer.connect_timeout(addr, DIAL_TIMEOUT).await {
         Ok(s) => s,
-        Err(e) => {
-            return reply(
-                StatusCode::BAD_GATEWAY,
-                format!("actor {key} port {port}: {e}\n"),
-            );
-        }
+        Err(e) => return dial_failed(&key, port, &e),
     };
     activation.open.fetch_add(1, Ordering::AcqRel);
     let guard = OpenGuard(activation.clone());
@@ -520,6 +562,30 @@ mod tests {
                 "{bad:?}"
             );
         }
+    }
+
+    #[test]
+    fn probe_header() {
+        assert_eq!(parse_probe(&headers(&[])), Ok(false));
+        assert_eq!(parse_probe(&headers(&[(HEADER_PROBE, "1")])), Ok(true));
+        for bad in ["0", "true", "", "11"] {
+            assert!(
+                parse_probe(&headers(&[(HEADER_PROBE, bad)])).is_err(),
+                "{bad:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_refused_dial_is_marked_port_closed() {
+        let refused = std::io::Error::from(std::io::ErrorKind::ConnectionRefused);
+        let r = dial_failed("a/b", 8080, &refused);
+        assert_eq!(r.status(), StatusCode::BAD_GATEWAY);
+        assert_eq!(r.headers()[HEADER_PORT_CLOSED], "true");
+        let other = std::io::Error::from(std::io::ErrorKind::TimedOut);
+        let r = dial_failed("a/b", 8080, &other);
+        assert_eq!(r.status(), StatusCode::BAD_GATEWAY);
+        assert!(r.headers().get(HEADER_PORT_CLOSED).is_none());
     }
 
     #[test]

@@ -437,10 +437,17 @@ async fn grpc_echo(req: Request<Incoming>, name: &str) -> Response<EchoBody> {
 // ---------------------------------------------------------------------------------------------
 // Test atunnel
 
+/// Cuts a tunnel when dropped (or sent on).
+type Cut = tokio::sync::oneshot::Sender<()>;
+
 #[derive(Clone, Default)]
 pub struct AtunnelState {
     /// Actors this worker answers 421 stale for.
     pub stale: Arc<Mutex<HashSet<String>>>,
+    /// Probe CONNECTs (`ate-probe: 1`): (actor, answered status).
+    pub probes: Arc<Mutex<Vec<(String, u16)>>>,
+    /// Per actor, what cuts each of its open tunnels (as ingress off does in atunnel).
+    cuts: Arc<Mutex<HashMap<String, Vec<Cut>>>>,
     /// Every CONNECT: (actor, port, :authority).
     pub connects: Arc<Mutex<Vec<(String, u16, String)>>>,
     /// TCP connections from the router.
@@ -458,6 +465,15 @@ impl Atunnel {
     pub fn mark_stale(&self, actor: &str) {
         self.state.stale.lock().unwrap().insert(actor.to_string());
     }
+    /// What atunnel does when an actor is suspended: ingress off (421 from now on) and every
+    /// open tunnel of the actor closed at once.
+    pub fn suspend(&self, actor: &str) {
+        self.mark_stale(actor);
+        self.state.cuts.lock().unwrap().remove(actor);
+    }
+    pub fn probes(&self) -> Vec<(String, u16)> {
+        self.state.probes.lock().unwrap().clone()
+    }
     pub fn connects(&self) -> usize {
         self.state.connects.lock().unwrap().len()
     }
@@ -466,7 +482,8 @@ impl Atunnel {
     }
 }
 
-/// An h2c server accepting CONNECT streams; port `p` pipes to `ports[p]`.
+/// An h2c server accepting CONNECT streams like atunnel (docs/tunnel-protocol.md); port `p`
+/// pipes to `ports[p]`, any other port is the 502 of a port nothing listens on.
 pub async fn start_atunnel(ports: HashMap<u16, SocketAddr>) -> Atunnel {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
@@ -525,21 +542,42 @@ fn atunnel_stream(
             _ => return reply(StatusCode::BAD_REQUEST, "bad ate-target-port"),
         },
     };
+    let stale = st.stale.lock().unwrap().contains(&actor);
+    let stale_reply = || {
+        let mut r = reply(StatusCode::MISDIRECTED_REQUEST, "stale");
+        r.headers_mut()
+            .insert("x-ate-assignment-stale", "true".parse().unwrap());
+        r
+    };
+    if req.headers().get("ate-probe").is_some_and(|v| v == "1") {
+        let status = if stale { 421 } else { 200 };
+        st.probes.lock().unwrap().push((actor, status));
+        return if stale {
+            stale_reply()
+        } else {
+            reply(StatusCode::OK, "")
+        };
+    }
     st.connects
         .lock()
         .unwrap()
         .push((actor.clone(), port, req.uri().to_string()));
-    if st.stale.lock().unwrap().contains(&actor) {
-        let mut r = reply(StatusCode::MISDIRECTED_REQUEST, "stale");
-        r.headers_mut()
-            .insert("x-ate-assignment-stale", "true".parse().unwrap());
-        return r;
+    if stale {
+        return stale_reply();
     }
     let Some(upstream) = ports.get(&port).copied() else {
-        return reply(StatusCode::BAD_GATEWAY, "port refused");
+        let mut r = reply(
+            StatusCode::BAD_GATEWAY,
+            &format!("actor {actor}: nothing listens on port {port} in the actor"),
+        );
+        r.headers_mut()
+            .insert("x-ate-port-closed", "true".parse().unwrap());
+        return r;
     };
     let on = hyper::upgrade::on(req);
     let open = st.open_tunnels.clone();
+    let (cut, mut cut_rx) = tokio::sync::oneshot::channel::<()>();
+    st.cuts.lock().unwrap().entry(actor).or_default().push(cut);
     tokio::spawn(async move {
         let Ok(up) = on.await else { return };
         let Ok(mut tcp) = TcpStream::connect(upstream).await else {
@@ -547,7 +585,11 @@ fn atunnel_stream(
         };
         open.fetch_add(1, Ordering::SeqCst);
         let mut up = TokioIo::new(up);
-        let _ = tokio::io::copy_bidirectional(&mut up, &mut tcp).await;
+        tokio::select! {
+            _ = tokio::io::copy_bidirectional(&mut up, &mut tcp) => {}
+            // Dropping both ends here is how atunnel closes a tunnel when ingress goes off.
+            _ = &mut cut_rx => {}
+        }
         open.fetch_sub(1, Ordering::SeqCst);
     });
     reply(StatusCode::OK, "")
@@ -613,7 +655,30 @@ pub async fn start_router(config: RouterConfig) -> TestRouter {
     }
 }
 
-/// One world: scripted api, upstreams on ports 80 and 8080 behind one atunnel, and a router.
+/// An actor port whose process reads a request and closes the connection without answering.
+pub async fn start_closer() -> SocketAddr {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        loop {
+            let Ok((mut tcp, _)) = listener.accept().await else {
+                return;
+            };
+            tokio::spawn(async move {
+                use tokio::io::AsyncReadExt;
+                let mut buf = [0u8; 1024];
+                let _ = tcp.read(&mut buf).await;
+            });
+        }
+    });
+    addr
+}
+
+/// The actor port of [`start_closer`] in every [`World`].
+pub const CLOSER_PORT: u16 = 9000;
+
+/// One world: scripted api, upstreams on ports 80 and 8080 (and [`CLOSER_PORT`]) behind one
+/// atunnel, and a router.
 pub struct World {
     pub api: ScriptedApi,
     pub atunnel: Atunnel,
@@ -628,7 +693,13 @@ impl World {
         let api_addr = api.start().await;
         let up80 = start_upstream("port80").await;
         let up8080 = start_upstream("port8080").await;
-        let atunnel = start_atunnel(HashMap::from([(80, up80.addr), (8080, up8080.addr)])).await;
+        let closer = start_closer().await;
+        let atunnel = start_atunnel(HashMap::from([
+            (80, up80.addr),
+            (8080, up8080.addr),
+            (CLOSER_PORT, closer),
+        ]))
+        .await;
         let mut cfg = config(api_addr);
         tune(&mut cfg);
         let router = start_router(cfg).await;
@@ -743,4 +814,48 @@ pub fn secs(d: Duration) -> f64 {
 
 pub fn no_room() -> Status {
     Status::resource_exhausted(ate_core::NO_ROOM_MESSAGE)
+}
+
+/// Internal names no error body may contain (RPCs, state enums, gRPC status dumps).
+pub const INTERNAL_NAMES: [&str; 7] = [
+    "AssignWorker",
+    "ResumeActor",
+    "RevertActor",
+    "ACTOR_STATE_",
+    "Status {",
+    "tonic",
+    "code:",
+];
+
+/// An error body for a person: one line, naming `actor` when there is one, and none of
+/// [`INTERNAL_NAMES`] — apart from the spec's own CRASHED text (`AssignWorker prerequisite not
+/// met`, which spec 4.4 tells operators to look for in the 503).
+pub fn assert_clean(got: &Got, actor: Option<&str>) {
+    let body = &got.body;
+    assert!(!body.is_empty(), "{} with an empty body", got.status);
+    assert!(
+        !body.trim_end().contains(['\n', '\r']),
+        "{}: more than one line: {body:?}",
+        got.status
+    );
+    assert!(
+        body.chars().count() <= 400,
+        "{}: too long: {body:?}",
+        got.status
+    );
+    let without_spec = body.replace(ate_core::CRASHED_PREREQUISITE, "");
+    for name in INTERNAL_NAMES {
+        assert!(
+            !without_spec.contains(name),
+            "{}: {name} in {body:?}",
+            got.status
+        );
+    }
+    if let Some(actor) = actor {
+        assert!(
+            body.contains(actor),
+            "{}: {body:?} does not name {actor}",
+            got.status
+        );
+    }
 }
