@@ -16,6 +16,8 @@ use crate::now_ms;
 use crate::workflows::Api;
 
 const DEFAULT_PAGE_SIZE: u32 = 100;
+/// Longest grace a suspend may give requests in flight.
+const MAX_SUSPEND_GRACE_MS: u32 = 600_000;
 const MAX_PAGE_SIZE: u32 = 1000;
 
 /// A DNS-1123 label or InvalidArgument naming the field.
@@ -342,9 +344,16 @@ impl actor_service_server::ActorService for Services {
                 }
             },
         };
+        if req.grace_ms > MAX_SUSPEND_GRACE_MS {
+            return Err(Status::invalid_argument(format!(
+                "invalid grace_ms: at most {MAX_SUSPEND_GRACE_MS} (10 minutes)"
+            )));
+        }
+        let grace_ms = req.grace_ms;
         let api = self.api.clone();
         Ok(Response::new(
-            to_completion(async move { api.suspend(&r, durable).await }).await?,
+            to_completion(async move { api.suspend_with_grace(&r, durable, grace_ms).await })
+                .await?,
         ))
     }
 

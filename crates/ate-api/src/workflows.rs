@@ -799,6 +799,16 @@ impl Api {
     // ------------------------------------------------------------------ suspend
 
     pub async fn suspend(&self, r: &ActorRef, durable: bool) -> Result<v1::Actor, Status> {
+        self.suspend_with_grace(r, durable, 0).await
+    }
+
+    /// [`Self::suspend`] giving requests in flight `grace_ms` to finish (0: the worker's default).
+    pub async fn suspend_with_grace(
+        &self,
+        r: &ActorRef,
+        durable: bool,
+        grace_ms: u32,
+    ) -> Result<v1::Actor, Status> {
         r.validate().map_err(invalid)?;
         let actor = self
             .store
@@ -812,12 +822,19 @@ impl Api {
             ActorState::Running | ActorState::Suspending => {}
         }
         let started = Instant::now();
-        let result = self.under_lease(r, self.suspend_locked(r, durable)).await;
+        let result = self
+            .under_lease(r, self.suspend_locked(r, durable, grace_ms))
+            .await;
         metrics::histogram!("ate_api_suspend_seconds").record(started.elapsed().as_secs_f64());
         result
     }
 
-    async fn suspend_locked(&self, r: &ActorRef, durable: bool) -> Result<v1::Actor, Failure> {
+    async fn suspend_locked(
+        &self,
+        r: &ActorRef,
+        durable: bool,
+        grace_ms: u32,
+    ) -> Result<v1::Actor, Failure> {
         let mut actor = self.store.get_actor(&r.atespace, &r.name).await?;
         match actor.state {
             ActorState::Suspended => return Ok(self.actor_message(&actor).await),
@@ -875,6 +892,7 @@ impl Api {
             uuid: uuid::Uuid::new_v4().to_string(),
             fidelity: template.spec.fidelity.wire(),
             durable,
+            grace_ms,
         };
         let mut client = self.nodes.client(&worker.node_address)?;
         let reply = match tokio::time::timeout(self.cfg.node_call_timeout, client.checkpoint(req))

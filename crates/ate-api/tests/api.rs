@@ -1041,6 +1041,7 @@ async fn tags_and_gc(b: Backend) {
         .suspend_actor(SuspendActorRequest {
             actor: Some(obj("ns", "golden")),
             mode: SuspendMode::Durable as i32,
+            grace_ms: 0,
         })
         .await
         .unwrap();

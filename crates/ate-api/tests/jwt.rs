@@ -487,6 +487,7 @@ async fn node_agent_token_suspends_only_on_its_node() {
     let suspend = || SuspendActorRequest {
         actor: Some(obj("team-a", "x")),
         mode: SuspendMode::Async as i32,
+        grace_ms: 0,
     };
     for (token, needle) in [
         (

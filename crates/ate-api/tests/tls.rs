@@ -370,6 +370,7 @@ fn suspend_req(ns: &str, name: &str) -> SuspendActorRequest {
     SuspendActorRequest {
         actor: Some(obj(ns, name)),
         mode: SuspendMode::Async as i32,
+        grace_ms: 0,
     }
 }
 

@@ -442,6 +442,7 @@ async fn suspend_mode(c: &Clients, ns: &str, name: &str, mode: SuspendMode) -> a
         .suspend_actor(v1::SuspendActorRequest {
             actor: obj(ns, name),
             mode: mode.wire(),
+            grace_ms: 0,
         })
         .await)
     .with_context(|| format!("suspend {ns}/{name}"))?;

@@ -2120,6 +2120,7 @@ impl Lab {
                 name: name.into(),
             }),
             mode: ate_core::SuspendMode::Async.wire(),
+            grace_ms: 0,
         });
         match tokio::time::timeout(Duration::from_secs(60), call).await {
             Ok(Ok(_)) => Ok(()),

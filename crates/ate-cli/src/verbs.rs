@@ -119,6 +119,11 @@ pub enum SuspendCmd {
         /// Return only after the snapshot's durable copy is uploaded.
         #[arg(long)]
         durable: bool,
+        /// How long requests in flight may take to finish before the suspend cuts them (new
+        /// ones wait and resume the actor afterwards; WebSockets get a close frame, 1001).
+        /// Default: the worker's `--suspend-grace` (5s).
+        #[arg(long, value_parser = ate_router::config::parse_duration)]
+        grace: Option<std::time::Duration>,
     },
 }
 
@@ -523,7 +528,14 @@ pub async fn suspend(c: &Clients, cmd: SuspendCmd, out: Format) -> anyhow::Resul
         name,
         atespace,
         durable,
+        grace,
     } = cmd;
+    let grace_ms = match grace {
+        None => 0,
+        Some(g) if g.is_zero() => anyhow::bail!("--grace must be at least 1ms"),
+        Some(g) => u32::try_from(g.as_millis())
+            .map_err(|_| anyhow::anyhow!("--grace {g:?} is too long (at most 10m)"))?,
+    };
     let mode = if durable {
         SuspendMode::Durable
     } else {
@@ -535,6 +547,7 @@ pub async fn suspend(c: &Clients, cmd: SuspendCmd, out: Format) -> anyhow::Resul
         .suspend_actor(v1::SuspendActorRequest {
             actor: obj(&atespace, &name),
             mode: mode.wire(),
+            grace_ms,
         })
         .await)?;
     print_actors(&[a], out)

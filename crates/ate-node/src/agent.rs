@@ -533,6 +533,7 @@ impl NodeService for NodeAgent {
                 uuid: req.uuid.clone(),
                 node: self.inner.cfg.name.clone(),
                 boot_id: self.inner.fleet.boot_id.clone(),
+                grace_ms: req.grace_ms,
             })
             .await?
             .into_inner();

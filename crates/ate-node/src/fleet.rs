@@ -368,6 +368,7 @@ impl Fleet {
             let req = v1::SuspendActorRequest {
                 actor: Some(actor.clone()),
                 mode: v1::SuspendMode::Async as i32,
+                grace_ms: 0,
             };
             if let Err(e) = fleet.actor_api.clone().suspend_actor(req).await {
                 tracing::info!(actor = %format!("{}/{}", actor.atespace, actor.name), error = %e.message(), "idle suspend not done");

@@ -30,6 +30,12 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 
 use crate::netns::{ACTOR_IP, NetnsDialer};
+use crate::pipe::{Command, TunnelState};
+
+/// A tunnel whose last bytes were the actor's answer and that was quiet this long has no
+/// request in flight (a drain closes it).
+const DRAIN_QUIET: Duration = Duration::from_millis(100);
+const DRAIN_POLL: Duration = Duration::from_millis(20);
 
 pub const HEADER_ACTOR: &str = "ate-target-actor";
 pub const HEADER_PORT: &str = "ate-target-port";
@@ -68,6 +74,8 @@ pub struct Activation {
     closed: watch::Sender<bool>,
     /// Set once ingress is off: a tunnel dialed concurrently with `deactivate` is refused.
     off: AtomicBool,
+    /// The open tunnels, for a graceful drain.
+    pipes: std::sync::Mutex<Vec<std::sync::Weak<TunnelState>>>,
 }
 
 impl Activation {
@@ -95,6 +103,51 @@ impl Activation {
     fn touch(&self) {
         self.last_activity_ms
             .store(now_unix_ms(), Ordering::Release);
+    }
+
+    fn register(&self, state: &Arc<TunnelState>) {
+        let mut pipes = match self.pipes.lock() {
+            Ok(p) => p,
+            Err(poisoned) => poisoned.into_inner(),
+        };
+        pipes.retain(|w| w.strong_count() > 0);
+        pipes.push(Arc::downgrade(state));
+    }
+
+    fn live_pipes(&self) -> Vec<Arc<TunnelState>> {
+        let pipes = match self.pipes.lock() {
+            Ok(p) => p,
+            Err(poisoned) => poisoned.into_inner(),
+        };
+        pipes.iter().filter_map(std::sync::Weak::upgrade).collect()
+    }
+
+    /// A graceful ingress off, before the suspend cuts what is left: new tunnels are refused
+    /// (421: the router parks the request, and it resumes the actor after the suspend), idle
+    /// tunnels (pooled keep-alive connections) close at once, WebSockets get a close frame
+    /// (1001 "actor suspending") at a frame boundary, and tunnels with a request in flight get
+    /// up to `grace` to finish. Returns how many tunnels were still open at the end.
+    pub async fn drain(&self, grace: Duration) -> usize {
+        self.off.store(true, Ordering::Release);
+        let deadline = Instant::now() + grace;
+        loop {
+            let live = self.live_pipes();
+            if live.is_empty() {
+                return 0;
+            }
+            for p in &live {
+                if p.is_websocket() {
+                    p.command(Command::GoingAway);
+                } else if p.is_idle(DRAIN_QUIET) {
+                    p.command(Command::Close);
+                }
+            }
+            if Instant::now() >= deadline {
+                return live.len();
+            }
+            drop(live);
+            tokio::time::sleep(DRAIN_POLL).await;
+        }
     }
 
     /// Waits until every tunnel of this activation has closed, up to `timeout`; true if they did.
@@ -213,6 +266,7 @@ impl Tunnels {
             last_activity_ms: AtomicI64::new(now_unix_ms()),
             closed,
             off: AtomicBool::new(false),
+            pipes: std::sync::Mutex::new(Vec::new()),
         });
         let old = self.write().insert(key.to_string(), a.clone());
         if let Some(old) = old {
@@ -468,6 +522,10 @@ async fn handle(tunnels: &Tunnels, req: Request<Incoming>) -> Response<Full<Byte
         }
         return reply(StatusCode::OK, Bytes::new());
     }
+    if activation.off.load(Ordering::Acquire) {
+        // Draining for a suspend: the router parks the request and resumes the actor after.
+        return stale(&key);
+    }
     let addr = SocketAddr::new(ACTOR_IP.into(), port);
     let upstream = match activation.dialer.connect_timeout(addr, DIAL_TIMEOUT).await {
         Ok(s) => s,
@@ -483,9 +541,10 @@ async fn handle(tunnels: &Tunnels, req: Request<Incoming>) -> Response<Full<Byte
     }
     activation.touch();
     let mut closed = activation.closed.subscribe();
+    let state = TunnelState::new();
+    activation.register(&state);
     tokio::spawn(async move {
         let _guard = guard;
-        let mut upstream = upstream;
         let upgraded = tokio::select! {
             u = hyper::upgrade::on(req) => match u {
                 Ok(u) => u,
@@ -496,15 +555,8 @@ async fn handle(tunnels: &Tunnels, req: Request<Incoming>) -> Response<Full<Byte
             },
             _ = closed.wait_for(|c| *c) => return,
         };
-        let mut downstream = TokioIo::new(upgraded);
-        tokio::select! {
-            r = tokio::io::copy_bidirectional_with_sizes(&mut downstream, &mut upstream, COPY_BUF, COPY_BUF) => {
-                if let Err(e) = r {
-                    tracing::debug!(actor = %key, error = %e, "tunnel ended with error");
-                }
-            }
-            _ = closed.wait_for(|c| *c) => {}
-        }
+        let downstream = TokioIo::new(upgraded);
+        crate::pipe::run(downstream, upstream, state, closed, COPY_BUF).await;
     });
     reply(StatusCode::OK, Bytes::new())
 }

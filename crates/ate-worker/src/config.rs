@@ -64,6 +64,12 @@ pub struct WorkerConfig {
     #[arg(long)]
     pub image_cache: Option<PathBuf>,
 
+    /// How long a suspend lets requests in flight finish before it cuts them (a suspend request
+    /// may ask for another grace). New requests wait meanwhile and resume the actor afterwards;
+    /// idle connections close at once; WebSockets get a close frame (1001).
+    #[arg(long, env = "ATE_SUSPEND_GRACE", default_value = "5s", value_parser = parse_retention)]
+    pub suspend_grace: std::time::Duration,
+
     /// Unpacked images no sandbox has used for this long are removed (checked hourly; `0`
     /// keeps them forever). A later start unpacks (or pulls) the image again.
     #[arg(long, env = "ATE_IMAGE_RETENTION", default_value = "24h", value_parser = parse_retention)]
@@ -127,6 +133,7 @@ impl WorkerConfig {
             labels: Vec::new(),
             image_cache: None,
             image_retention: std::time::Duration::from_secs(24 * 3600),
+            suspend_grace: std::time::Duration::from_secs(5),
             keep_frozen: None,
             frozen_ttl_seconds: 300,
             frozen_min_available_percent: 25,

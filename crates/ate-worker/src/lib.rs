@@ -12,6 +12,7 @@ pub mod hardening;
 pub mod image;
 pub mod netns;
 pub mod netns_pool;
+pub mod pipe;
 pub mod probe;
 pub mod reaper;
 pub mod runc;

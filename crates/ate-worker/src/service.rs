@@ -327,7 +327,8 @@ pub async fn run(
             config.faults.clone(),
         )
         .with_frozen_policy(config.frozen_policy())
-        .with_egress_denied(config.deny_egress.clone()),
+        .with_egress_denied(config.deny_egress.clone())
+        .with_suspend_grace(config.suspend_grace),
     );
     // Sandboxes an earlier process of this worker left running are taken back (their
     // ingress waits for the node's reconciliation with the api).

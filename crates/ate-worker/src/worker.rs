@@ -24,7 +24,8 @@ use crate::error::SandboxError;
 use crate::image::ImageCache;
 use crate::netns::{ACTOR_IP, NetnsDialer, connect_in_netns_timeout};
 use crate::probe;
-use crate::runtime::{ActorSandbox, RunMode, SandboxRuntime, SandboxSpec};
+use crate::runc;
+use crate::runtime::{ActorSandbox, ExitInfo, RunMode, SandboxRuntime, SandboxSpec};
 
 /// How often the exit watcher asks the runtime about active actors.
 pub const EXIT_POLL: Duration = Duration::from_millis(500);
@@ -32,7 +33,11 @@ pub const EXIT_POLL: Duration = Duration::from_millis(500);
 const DEFAULT_PROBE_TIMEOUT: Duration = Duration::from_secs(30);
 /// How long a checkpoint waits for closed tunnels' connections to leave the actor's TCP table.
 const QUIESCE_TIMEOUT: Duration = Duration::from_secs(2);
+/// The default grace of a suspend for requests in flight (`--suspend-grace`).
+pub const DEFAULT_SUSPEND_GRACE: Duration = Duration::from_secs(5);
 const LOG_TAIL_LINES: usize = 20;
+/// How often a start checks, while its wakeup probe runs, whether the container already exited.
+const START_EXIT_CHECK: Duration = Duration::from_millis(100);
 /// Sandboxes stopped at once when the worker shuts down.
 const SHUTDOWN_PARALLELISM: usize = 16;
 /// How long a stopping worker waits for its node and the api to suspend its actors.
@@ -113,6 +118,8 @@ pub struct Worker {
     egress: Egress,
     faults: Arc<Faults>,
     frozen_policy: FrozenPolicy,
+    /// Default time a suspend lets requests in flight finish (`--suspend-grace`).
+    suspend_grace: Duration,
     table: Mutex<Table>,
     locks: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
     shutting_down: AtomicBool,
@@ -175,6 +182,7 @@ impl Worker {
             egress: Egress::new(),
             faults,
             frozen_policy: FrozenPolicy::OFF,
+            suspend_grace: DEFAULT_SUSPEND_GRACE,
             table: Mutex::new(Table::default()),
             locks: Mutex::new(HashMap::new()),
             shutting_down: AtomicBool::new(false),
@@ -186,6 +194,12 @@ impl Worker {
     /// template allows.
     pub fn with_egress_denied(mut self, denied: Vec<Cidr>) -> Self {
         self.egress = self.egress.with_control_plane(denied);
+        self
+    }
+
+    /// The time a suspend lets requests in flight finish unless it asks for another.
+    pub fn with_suspend_grace(mut self, grace: Duration) -> Self {
+        self.suspend_grace = grace;
         self
     }
 
@@ -389,6 +403,10 @@ impl Worker {
         // Nothing of an earlier life of this actor on this worker carries over: the generation
         // (or nothing, for a cold boot) is the whole truth.
         self.discard(&sandbox).await?;
+        // The log is appended across lives: a failed start quotes only what this one wrote.
+        let log_from = tokio::fs::metadata(sandbox.log_path())
+            .await
+            .map_or(0, |m| m.len());
         let booted = self
             .boot(
                 &sandbox,
@@ -416,7 +434,10 @@ impl Worker {
             return Err(Status::internal(format!("egress for {key}: {e}")));
         }
         let egress_at = begun.elapsed();
-        if let Err(e) = self.wait_probe(&sandbox, &spec).await {
+        if let Err(e) = self
+            .wait_ready(&sandbox, &spec, &sandbox_spec, log_from)
+            .await
+        {
             self.discard_quietly(&sandbox).await;
             return Err(e);
         }
@@ -673,6 +694,73 @@ impl Worker {
         Ok(started.pid)
     }
 
+    /// The wakeup probe of a sandbox just started, given up as soon as the container's processes
+    /// have all exited: a command that could not be executed, or a process that dies at start,
+    /// fails the start at once with the reason (and the log lines of this start) instead of after
+    /// the probe's whole timeout with only "did not answer".
+    async fn wait_ready(
+        &self,
+        sandbox: &ActorSandbox,
+        spec: &TemplateSpec,
+        sandbox_spec: &SandboxSpec,
+        log_from: u64,
+    ) -> Result<(), Status> {
+        let probe = self.wait_probe(sandbox, spec);
+        tokio::pin!(probe);
+        loop {
+            tokio::select! {
+                ready = &mut probe => return ready,
+                () = tokio::time::sleep(START_EXIT_CHECK) => {}
+            }
+            match self.runtime.exited(sandbox).await {
+                Ok(Some(exit)) => {
+                    return Err(self
+                        .exited_at_start(sandbox, sandbox_spec, &exit, log_from)
+                        .await);
+                }
+                Ok(None) => {}
+                Err(e) => {
+                    tracing::debug!(container = %sandbox.container_id(), error = %e, "exit check during the wakeup probe")
+                }
+            }
+        }
+    }
+
+    /// Why a sandbox's processes ended before its wakeup probe passed: an exec failure names the
+    /// command and the kernel's reason; any other exit gives the code and the last log lines.
+    async fn exited_at_start(
+        &self,
+        sandbox: &ActorSandbox,
+        sandbox_spec: &SandboxSpec,
+        exit: &ExitInfo,
+        log_from: u64,
+    ) -> Status {
+        // Its last words may still be in the log relay's pipe.
+        self.runtime
+            .output_flushed(sandbox, Duration::from_millis(500))
+            .await;
+        let log = log_tail_from(&sandbox.log_path(), log_from, LOG_TAIL_LINES).await;
+        let args = runc::process_args(sandbox_spec);
+        let code = exit.code.map_or("unknown".to_string(), |c| c.to_string());
+        tracing::warn!(container = %sandbox.container_id(), status = %exit.status, code = %code, "container exited before its wakeup probe passed");
+        if let Some(reason) = exec_failed_after_start(&log, exit.code, &args) {
+            return sandbox_status(
+                "start",
+                SandboxError::Command {
+                    command: runc::render_args(&args),
+                    status: runc::EXEC_FAILED.to_string(),
+                    stderr: format!(
+                        "{reason} (the container exited with code {code} before its wakeup probe passed)"
+                    ),
+                },
+            );
+        }
+        Status::failed_precondition(format!(
+            "start: `{}` exited (code {code}) before its wakeup probe passed; last log lines:\n{log}",
+            runc::render_args(&args)
+        ))
+    }
+
     /// The first container's wakeup probe; without one, a TCP connect to its port.
     async fn wait_probe(&self, sandbox: &ActorSandbox, spec: &TemplateSpec) -> Result<(), Status> {
         let netns = sandbox.netns();
@@ -817,6 +905,18 @@ impl Worker {
         let sandbox = entry.sandbox.clone();
         let begun = Instant::now();
 
+        // Requests in flight finish first (new ones are refused with 421: the router parks them
+        // and resumes the actor after the suspend); then everything left is cut.
+        let grace = match req.grace_ms {
+            0 => self.suspend_grace,
+            ms => Duration::from_millis(u64::from(ms)),
+        };
+        if let Some(a) = self.tunnels.get(&key) {
+            let left = a.drain(grace).await;
+            if left > 0 {
+                tracing::info!(actor = %key, open = left, grace_ms = grace.as_millis() as u64, "requests still in flight after the suspend grace; cutting them");
+            }
+        }
         let dialer = self.ingress_off(&key).await;
         if let Some(pid) = entry.pid {
             wait_tcp_quiet(pid, QUIESCE_TIMEOUT).await;
@@ -1576,13 +1676,35 @@ fn busy_tcp_sockets(pid: u32) -> std::io::Result<usize> {
     Ok(busy)
 }
 
+/// The kernel's reason when the container's init could not execute its command after the
+/// container started (runc checks only that the file exists and is executable beforehand):
+/// runc's init then prints `exec <path>: <reason>` as the last line and exits with code 1
+/// (`exec format error`, or `no such file or directory` for a script or dynamically linked
+/// binary whose interpreter is missing from the image).
+fn exec_failed_after_start(log: &str, code: Option<i32>, args: &[String]) -> Option<String> {
+    if code.is_some_and(|c| c != 1) {
+        return None;
+    }
+    let command = args.first()?;
+    let last = log.lines().rev().find(|l| !l.trim().is_empty())?.trim();
+    let (path, reason) = last.strip_prefix("exec ")?.split_once(": ")?;
+    // runc resolves a bare name through PATH before it executes it.
+    let same = path == command || (!command.contains('/') && path.ends_with(&format!("/{command}")));
+    (same && !reason.is_empty()).then(|| reason.to_string())
+}
+
 /// The last `lines` lines of the actor log (reads at most the last 64 KiB).
 async fn log_tail(path: &Path, lines: usize) -> String {
+    log_tail_from(path, 0, lines).await
+}
+
+/// [`log_tail`] of what was written at or after byte `from`.
+async fn log_tail_from(path: &Path, from: u64, lines: usize) -> String {
     let path = path.to_path_buf();
     tokio::task::spawn_blocking(move || {
         let mut f = std::fs::File::open(&path).ok()?;
         let len = f.metadata().ok()?.len();
-        let start = len.saturating_sub(64 * 1024);
+        let start = len.saturating_sub(64 * 1024).max(from.min(len));
         f.seek(SeekFrom::Start(start)).ok()?;
         let mut buf = Vec::new();
         f.read_to_end(&mut buf).ok()?;
@@ -1595,4 +1717,36 @@ async fn log_tail(path: &Path, lines: usize) -> String {
     .ok()
     .flatten()
     .unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::exec_failed_after_start;
+
+    fn args(a: &[&str]) -> Vec<String> {
+        a.iter().map(|s| s.to_string()).collect()
+    }
+
+    #[test]
+    fn exec_failures_after_the_start_are_told_from_other_exits() {
+        let script = "exec /app/server: no such file or directory\n";
+        assert_eq!(
+            exec_failed_after_start(script, Some(1), &args(&["/app/server", "-v"])).as_deref(),
+            Some("no such file or directory")
+        );
+        // A bare name resolved through PATH; the code unknown (init not the worker's child).
+        let format = "exec /usr/bin/app: exec format error";
+        assert_eq!(
+            exec_failed_after_start(format, None, &args(&["app"])).as_deref(),
+            Some("exec format error")
+        );
+        // Another command's words, another exit code, or the program's own last line.
+        assert_eq!(exec_failed_after_start(format, Some(1), &args(&["/app"])), None);
+        assert_eq!(exec_failed_after_start(script, Some(2), &args(&["/app/server"])), None);
+        assert_eq!(
+            exec_failed_after_start("listening\npanic: boom\n", Some(1), &args(&["/app/server"])),
+            None
+        );
+        assert_eq!(exec_failed_after_start("", Some(1), &[]), None);
+    }
 }

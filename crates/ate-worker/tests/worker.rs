@@ -168,6 +168,7 @@ fn checkpoint_req(
         uuid: format!("uuid-{generation}"),
         node: "node-1".into(),
         boot_id: "boot-1".into(),
+        grace_ms: 0,
     }
 }
 

@@ -134,6 +134,7 @@ impl TestApi {
             .suspend_actor(SuspendActorRequest {
                 actor: Some(obj(ns, name)),
                 mode: SuspendMode::Async as i32,
+                grace_ms: 0,
             })
             .await
             .map(|r| r.into_inner())
