@@ -19,6 +19,21 @@ const DEFAULT_PROBE_TIMEOUT_SECONDS: u32 = 30;
 /// template with sidecars is refused at apply instead of silently running its first container.
 const MAX_CONTAINERS: usize = 1;
 const MAX_IDLE_TIMEOUT_SECONDS: u64 = 7 * 24 * 3600;
+/// The kernel's limit on one argument or environment string, its NUL included
+/// (`MAX_ARG_STRLEN`, 32 pages): `execve` fails with E2BIG on a longer one, so the actor could
+/// never start.
+pub const MAX_ARG_STRLEN: usize = 128 * 1024;
+/// Bound on a container's `command` plus `env` as `execve` counts them (each string with its
+/// NUL, plus one pointer per string). The kernel allows a quarter of the stack limit (2 MiB under
+/// the usual 8 MiB); the rest is left for the image's own environment and `PORT`/`PATH`, which
+/// the worker adds.
+pub const MAX_EXEC_BYTES: usize = 1 << 20;
+/// The smallest CPU limit: the quota is `cpu × 100 ms` per 100 ms period and the kernel refuses
+/// a CFS quota under 1 ms (`cpu.cfs_quota_us` EINVAL), so `runc run` would fail.
+const MIN_CPU_MILLIS: u32 = 10;
+/// Where the worker bind-mounts the actor's identity files; it refuses any volume whose mount
+/// path begins with this string.
+const IDENTITY_DIR: &str = "/etc/ate";
 
 // ---------------------------------------------------------------- document form
 
@@ -341,6 +356,17 @@ impl TemplateSpec {
                         "contains a NUL byte",
                     ));
                 }
+                if arg.len() + 1 > MAX_ARG_STRLEN {
+                    return Err(ValidationError::new(
+                        format!("{f}.command[{j}]"),
+                        format!(
+                            "is {} bytes; the kernel refuses an argument over {} bytes \
+                             (MAX_ARG_STRLEN), so the container could not start",
+                            arg.len(),
+                            MAX_ARG_STRLEN - 1
+                        ),
+                    ));
+                }
             }
             if c.command.first().is_some_and(|a| a.is_empty()) {
                 return Err(ValidationError::new(
@@ -362,12 +388,37 @@ impl TemplateSpec {
                         "contains a NUL byte",
                     ));
                 }
+                // The process sees `NAME=value`: that string, with its NUL, is what the kernel limits.
+                let entry = e.name.len() + 1 + e.value.len();
+                if entry + 1 > MAX_ARG_STRLEN {
+                    return Err(ValidationError::new(
+                        format!("{f}.env[{j}].value"),
+                        format!(
+                            "{}=<{} bytes> is {entry} bytes; the kernel refuses an environment \
+                             string over {} bytes (MAX_ARG_STRLEN), so the container could not start",
+                            e.name,
+                            e.value.len(),
+                            MAX_ARG_STRLEN - 1
+                        ),
+                    ));
+                }
                 if !env_names.insert(e.name.as_str()) {
                     return Err(ValidationError::new(
                         format!("{f}.env[{j}].name"),
                         format!("duplicate variable {:?}", e.name),
                     ));
                 }
+            }
+            let exec_bytes = exec_bytes(c);
+            if exec_bytes > MAX_EXEC_BYTES {
+                return Err(ValidationError::new(
+                    f.clone(),
+                    format!(
+                        "command and env take {exec_bytes} bytes of execve's argument space \
+                         (each string with its NUL and a pointer); the limit is {MAX_EXEC_BYTES} \
+                         (1 MiB), leaving the rest of the kernel's 2 MiB for the image's own env"
+                    ),
+                ));
             }
             if let Some(p) = &c.wakeup_probe {
                 let pf = format!("{f}.wakeupProbe");
@@ -396,10 +447,14 @@ impl TemplateSpec {
                 }
             }
         }
-        if self.resources.cpu_millis == 0 || self.resources.cpu_millis > 64_000 {
+        if self.resources.cpu_millis < MIN_CPU_MILLIS || self.resources.cpu_millis > 64_000 {
             return Err(ValidationError::new(
                 "spec.resources.cpu",
-                "must be between 1m and 64",
+                format!(
+                    "{} must be between {MIN_CPU_MILLIS}m and 64 (the kernel refuses a CPU quota \
+                     under 1 ms per 100 ms)",
+                    format_cpu(self.resources.cpu_millis)
+                ),
             ));
         }
         if self.resources.memory_bytes < (4 << 20) || self.resources.memory_bytes > (1 << 40) {
@@ -429,6 +484,12 @@ impl TemplateSpec {
                 return Err(ValidationError::new(
                     format!("{f}.mountPath"),
                     format!("{p:?} must be an absolute path other than / without . or .. parts"),
+                ));
+            }
+            if let Some(why) = reserved_mount_path(p) {
+                return Err(ValidationError::new(
+                    format!("{f}.mountPath"),
+                    format!("{p:?}: {why}"),
                 ));
             }
             if !vol_paths.insert(p.trim_end_matches('/')) {
@@ -475,6 +536,45 @@ impl TemplateSpec {
     }
 }
 
+/// What `execve` counts for the container's command and env: each string with its NUL and one
+/// pointer per string. The image's entrypoint and env are not known here.
+fn exec_bytes(c: &Container) -> usize {
+    const POINTER: usize = 8;
+    let args: usize = c.command.iter().map(|a| a.len() + 1 + POINTER).sum();
+    let env: usize = c
+        .env
+        .iter()
+        .map(|e| e.name.len() + 1 + e.value.len() + 1 + POINTER)
+        .sum();
+    args + env
+}
+
+/// Why a volume cannot be mounted at `path` (already absolute, without `.`/`..` parts), when the
+/// start would fail: runc refuses mounts on or inside `/proc` and fails on `/dev` itself and on
+/// the device nodes it sets up afterwards; the worker refuses `/etc/ate…`.
+fn reserved_mount_path(path: &str) -> Option<String> {
+    let p = path.trim_end_matches('/');
+    let at_or_under = |dir: &str| p == dir || p.starts_with(&format!("{dir}/"));
+    if at_or_under("/proc") {
+        return Some(
+            "/proc is the container's procfs; runc refuses a mount on or inside it".to_string(),
+        );
+    }
+    if matches!(p, "/dev" | "/dev/null" | "/dev/ptmx") {
+        return Some(format!(
+            "{p} is set up by runc (a tmpfs /dev with its device nodes); a volume there makes \
+             the container fail to start (other paths under /dev, like /dev/shm, work)"
+        ));
+    }
+    if p.starts_with(IDENTITY_DIR) {
+        return Some(format!(
+            "{IDENTITY_DIR} holds the actor's identity files (a read-only mount); workers refuse \
+             any mount path beginning with {IDENTITY_DIR}"
+        ));
+    }
+    None
+}
+
 fn is_env_name(s: &str) -> bool {
     let b = s.as_bytes();
     !b.is_empty()
@@ -503,7 +603,16 @@ pub fn validate_image(field: &str, image: &str) -> Result<(), ValidationError> {
         }
         return Ok(());
     }
-    let (name, digest) = match image.split_once('@') {
+    let bad = |why: &str| {
+        ValidationError::new(
+            field,
+            format!(
+                "{image:?} is not an image reference ({why}); use host[:port]/repo[:tag], \
+                 host[:port]/repo@sha256:<hex> or oci-layout:/dir[:tag]"
+            ),
+        )
+    };
+    let (name_tag, digest) = match image.split_once('@') {
         Some((n, d)) => (n, Some(d)),
         None => (image, None),
     };
@@ -520,21 +629,95 @@ pub fn validate_image(field: &str, image: &str) -> Result<(), ValidationError> {
             ));
         }
     }
-    let ok_chars = name
+    let ok_chars = name_tag
         .bytes()
         .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b"-._/:".contains(&b));
-    if name.is_empty()
-        || !ok_chars
-        || name.starts_with('/')
-        || name.ends_with('/')
-        || name.contains("//")
-    {
-        return Err(ValidationError::new(
-            field,
-            format!("{image:?} is not an image reference"),
+    if name_tag.is_empty() || !ok_chars {
+        return Err(bad("lower-case letters, digits and -._/: only"));
+    }
+    // The grammar the workers' registry client parses (distribution's reference regexp), so a
+    // reference that passes here is never refused at pull time for its form. A ':' after the
+    // last '/' starts the tag; otherwise it is a registry port.
+    let (name, tag) = match name_tag.rsplit_once(':') {
+        Some((n, t)) if !t.contains('/') => (n, Some(t)),
+        _ => (name_tag, None),
+    };
+    if let Some(t) = tag {
+        let first_ok = t
+            .bytes()
+            .next()
+            .is_some_and(|b| b.is_ascii_alphanumeric() || b == b'_');
+        if !first_ok || t.len() > 128 {
+            return Err(bad(
+                "a tag is 1-128 of [a-z0-9_.-], not starting with '.' or '-'",
+            ));
+        }
+    }
+    let parts: Vec<&str> = name.split('/').collect();
+    let path_ok = |from: usize| parts[from..].iter().all(|c| is_path_component(c));
+    let with_registry = parts.len() > 1 && is_registry(parts[0]) && path_ok(1);
+    if !with_registry && !path_ok(0) {
+        return Err(bad(
+            "repository parts are [a-z0-9] runs joined by '.', '_', '__' or dashes; \
+             a registry is host[:port]",
         ));
     }
+    // The repository without its registry, as the registry client splits it (`busybox` is
+    // `docker.io/library/busybox`), is limited to 255 characters.
+    let explicit_registry =
+        parts.len() > 1 && (parts[0].contains(['.', ':']) || parts[0] == "localhost");
+    let repository_len = match (explicit_registry, parts.len()) {
+        (true, _) => name.len() - parts[0].len() - 1,
+        (false, 1) => "library/".len() + name.len(),
+        (false, _) => name.len(),
+    };
+    if repository_len > 255 {
+        return Err(bad("the repository name is longer than 255 characters"));
+    }
     Ok(())
+}
+
+/// `[a-z0-9]+` runs joined by one separator each: `.`, `_`, `__` or any number of `-`.
+fn is_path_component(c: &str) -> bool {
+    let b = c.as_bytes();
+    let alnum = |x: u8| x.is_ascii_lowercase() || x.is_ascii_digit();
+    if b.is_empty() || !alnum(b[0]) || !alnum(b[b.len() - 1]) {
+        return false;
+    }
+    let mut i = 0;
+    while i < b.len() {
+        if alnum(b[i]) {
+            i += 1;
+            continue;
+        }
+        let start = i;
+        while i < b.len() && !alnum(b[i]) {
+            i += 1;
+        }
+        let sep = &c[start..i];
+        let ok = sep == "." || sep == "_" || sep == "__" || sep.bytes().all(|x| x == b'-');
+        if !ok {
+            return false;
+        }
+    }
+    true
+}
+
+/// `host[:port]`: dot-separated labels of letters, digits and inner dashes, then digits.
+fn is_registry(c: &str) -> bool {
+    let (host, port) = match c.split_once(':') {
+        Some((h, p)) => (h, Some(p)),
+        None => (c, None),
+    };
+    let label_ok = |l: &str| {
+        let b = l.as_bytes();
+        !b.is_empty()
+            && b[0].is_ascii_alphanumeric()
+            && b[b.len() - 1].is_ascii_alphanumeric()
+            && b.iter().all(|x| x.is_ascii_alphanumeric() || *x == b'-')
+    };
+    host.split('.').all(label_ok)
+        && port.is_none_or(|p| !p.is_empty() && p.bytes().all(|x| x.is_ascii_digit()))
 }
 
 /// `500m`, `1`, `0.5`, `2` → millicores.
@@ -768,6 +951,175 @@ spec:
             let err = TemplateSpec::from_document(&doc).unwrap_err();
             assert_eq!(err.field, field, "{err}");
         }
+    }
+
+    fn field_of(mutate: impl FnOnce(&mut SpecDocument)) -> Option<String> {
+        let mut doc = demo().spec;
+        mutate(&mut doc);
+        TemplateSpec::from_document(&doc).err().map(|e| {
+            // The message never echoes a huge value back.
+            assert!(
+                e.message.len() < 1000,
+                "{} bytes of message",
+                e.message.len()
+            );
+            e.field
+        })
+    }
+
+    #[test]
+    fn an_env_string_over_the_kernel_limit_is_refused() {
+        // `PORT=<value>` plus its NUL exactly at MAX_ARG_STRLEN starts; one byte more cannot.
+        let at_limit = "x".repeat(MAX_ARG_STRLEN - "PORT=".len() - 1);
+        assert_eq!(
+            field_of(|s| s.containers[0].env[0].value = at_limit.clone()),
+            None
+        );
+        let over = format!("{at_limit}x");
+        assert_eq!(
+            field_of(|s| s.containers[0].env[0].value = over).as_deref(),
+            Some("spec.containers[0].env[0].value")
+        );
+        let mut doc = demo().spec;
+        doc.containers[0].env[0].value = "x".repeat(200 * 1024);
+        let err = TemplateSpec::from_document(&doc).unwrap_err();
+        assert!(err.message.contains("MAX_ARG_STRLEN"), "{err}");
+        assert!(err.message.contains("PORT=<204800 bytes>"), "{err}");
+    }
+
+    #[test]
+    fn a_command_argument_over_the_kernel_limit_is_refused() {
+        let over = "a".repeat(MAX_ARG_STRLEN);
+        assert_eq!(
+            field_of(|s| s.containers[0].command.push(over)).as_deref(),
+            Some("spec.containers[0].command[1]")
+        );
+        let at_limit = "a".repeat(MAX_ARG_STRLEN - 1);
+        assert_eq!(field_of(|s| s.containers[0].command.push(at_limit)), None);
+    }
+
+    #[test]
+    fn command_and_env_together_over_the_exec_bound_are_refused() {
+        // Ten 100 KiB variables: each fine alone, 1000 KiB together plus the command.
+        let ten = |s: &mut SpecDocument| {
+            for i in 0..10 {
+                s.containers[0].env.push(EnvVar {
+                    name: format!("BIG_{i}"),
+                    value: "v".repeat(100 * 1024),
+                });
+            }
+        };
+        assert_eq!(field_of(ten), None);
+        let more = |s: &mut SpecDocument| {
+            ten(s);
+            s.containers[0].command.push("a".repeat(100 * 1024));
+        };
+        assert_eq!(field_of(more).as_deref(), Some("spec.containers[0]"));
+        let mut doc = demo().spec;
+        more(&mut doc);
+        let err = TemplateSpec::from_document(&doc).unwrap_err();
+        assert!(
+            err.message.contains("command and env take") && err.message.contains("1 MiB"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn a_cpu_limit_under_the_kernels_minimum_quota_is_refused() {
+        let cpu = |q: &'static str| {
+            field_of(move |s| s.resources.as_mut().unwrap().cpu = Some(Scalar::Text(q.into())))
+        };
+        assert_eq!(cpu("9m").as_deref(), Some("spec.resources.cpu"));
+        assert_eq!(cpu("0").as_deref(), Some("spec.resources.cpu"));
+        assert_eq!(cpu("10m"), None);
+        assert_eq!(cpu("0.01"), None);
+    }
+
+    #[test]
+    fn volumes_where_the_start_would_fail_are_refused() {
+        for bad in [
+            "/proc",
+            "/proc/sys",
+            "/proc/",
+            "/dev",
+            "/dev/",
+            "/dev/null",
+            "/dev/ptmx",
+            "/etc/ate",
+            "/etc/ate/keys",
+            "/etc/atelier",
+        ] {
+            assert_eq!(
+                field_of(|s| s.volumes[0].mount_path = bad.into()).as_deref(),
+                Some("spec.volumes[0].mountPath"),
+                "{bad}"
+            );
+        }
+        for ok in [
+            "/dev/shm",
+            "/sys/fs/x",
+            "/etc",
+            "/etc/app",
+            "/procfiles",
+            "/state",
+        ] {
+            assert_eq!(
+                field_of(|s| s.volumes[0].mount_path = ok.into()),
+                None,
+                "{ok}"
+            );
+        }
+    }
+
+    #[test]
+    fn image_references_follow_the_registry_grammar() {
+        let digest = format!("sha256:{}", "0".repeat(64));
+        let good = [
+            "busybox".to_string(),
+            "busybox:1.36".to_string(),
+            "library/busybox:latest".to_string(),
+            "registry.local:5000/ate/counter:v1".to_string(),
+            "127.0.0.1:5000/demo/counter:v1".to_string(),
+            "localhost/x".to_string(),
+            "my_repo/a__b/c-d--e.f:_tag.1-x".to_string(),
+            format!("127.0.0.1:5000/demo/counter@{digest}"),
+            format!("127.0.0.1:5000/demo/counter:v1@{digest}"),
+            "oci-layout:/var/lib/ate/images/counter:latest".to_string(),
+            format!("r.example/{}", "a".repeat(255)),
+        ];
+        for image in &good {
+            assert!(validate_image("f", image).is_ok(), "{image}");
+        }
+        let bad = [
+            "a//b".to_string(),
+            "a/b:".to_string(),
+            "a/b:-x".to_string(),
+            "a/b:.x".to_string(),
+            "a/b:x:y".to_string(),
+            "a/-b".to_string(),
+            "a/b-".to_string(),
+            "a..b/c".to_string(),
+            "a/b___c".to_string(),
+            "a/b._c".to_string(),
+            "-host/x".to_string(),
+            "host:port/x".to_string(),
+            "host:/x".to_string(),
+            "host:5000/".to_string(),
+            "/x".to_string(),
+            "Upper/x".to_string(),
+            format!("a/b:{}", "t".repeat(129)),
+            format!("r.example/{}", "a".repeat(256)),
+            "a".repeat(248),
+            "a/b@sha256:00".to_string(),
+            format!("a/b@sha512:{}", "0".repeat(128)),
+            "oci-layout:relative/dir".to_string(),
+        ];
+        for image in &bad {
+            assert!(validate_image("f", image).is_err(), "{image}");
+        }
+        let err = validate_image("spec.containers[0].image", "a/b:").unwrap_err();
+        assert_eq!(err.field, "spec.containers[0].image");
+        assert!(err.message.contains("a tag is"), "{err}");
     }
 
     #[test]

@@ -598,7 +598,8 @@ impl SandboxRuntime for RuncRuntime {
                     actor.container_id(),
                 ],
             )
-            .await?;
+            .await
+            .map_err(|e| exec_failure(e, spec))?;
             self.started(actor, begun).await
         }
         .await;
@@ -1033,17 +1034,7 @@ async fn spawn_log_relay(read: OwnedFd, log: PathBuf) -> Result<tokio::process::
 /// by path), volumes, identity dir and limits; [`hardening::apply`] adds the security fields
 /// (capabilities, no-new-privs, seccomp, masked/read-only paths, pids limit).
 fn oci_config(actor: &ActorSandbox, spec: &SandboxSpec) -> Value {
-    let args: Vec<String> = if spec.command.is_empty() {
-        spec.image
-            .config
-            .entrypoint
-            .iter()
-            .chain(spec.image.config.cmd.iter())
-            .cloned()
-            .collect()
-    } else {
-        spec.command.clone()
-    };
+    let args = process_args(spec);
     let env = build_env(spec);
     let cwd = if spec.image.config.working_dir.is_empty() {
         "/".to_string()
@@ -1100,6 +1091,71 @@ fn oci_config(actor: &ActorSandbox, spec: &SandboxSpec) -> Value {
     });
     hardening::apply(&mut config);
     config
+}
+
+/// The container's command line: the template's `command` when it has one, else the image's
+/// Entrypoint followed by its Cmd.
+pub(crate) fn process_args(spec: &SandboxSpec) -> Vec<String> {
+    if spec.command.is_empty() {
+        spec.image
+            .config
+            .entrypoint
+            .iter()
+            .chain(spec.image.config.cmd.iter())
+            .cloned()
+            .collect()
+    } else {
+        spec.command.clone()
+    }
+}
+
+/// The status of a [`SandboxError::Command`] naming the container's own command when it could
+/// not be executed (`` `/app/server` failed (exec failed): <reason> ``).
+pub(crate) const EXEC_FAILED: &str = "exec failed";
+
+/// The container command as shown in errors: its words joined by spaces, cut to 200 bytes.
+pub(crate) fn render_args(args: &[String]) -> String {
+    let line = args.join(" ");
+    if line.len() <= 200 {
+        return line;
+    }
+    let mut end = 200;
+    while !line.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}…", &line[..end])
+}
+
+/// The reason runc gave for not executing the container's command, from its output (`runc run`
+/// checks the command before it starts the container: `…unable to start container process: exec:
+/// "/app/nope": stat /app/nope: no such file or directory` → `stat /app/nope: no such file or
+/// directory`). runc logs in logfmt, so the quotes inside `msg="…"` come escaped.
+fn runc_exec_failure(output: &str) -> Option<String> {
+    let line = output
+        .lines()
+        .rev()
+        .find(|l| l.contains("unable to start container process"))?;
+    let text = line.replace("\\\"", "\"");
+    let after = &text[text.rfind("exec: \"")? + "exec: \"".len()..];
+    let (_name, reason) = after.split_once("\": ")?;
+    let reason = reason.trim_end().trim_end_matches('"').trim();
+    (!reason.is_empty()).then(|| reason.to_string())
+}
+
+/// A failed `runc run` whose output says the container's command could not be executed, in
+/// terms of the template (`` `/app/nope` failed (exec failed): stat /app/nope: … ``) instead of
+/// runc's command line and logfmt; any other error as it is.
+fn exec_failure(e: SandboxError, spec: &SandboxSpec) -> SandboxError {
+    if let SandboxError::Command { stderr, .. } = &e
+        && let Some(reason) = runc_exec_failure(stderr)
+    {
+        return SandboxError::Command {
+            command: render_args(&process_args(spec)),
+            status: EXEC_FAILED.to_string(),
+            stderr: reason,
+        };
+    }
+    e
 }
 
 /// Image env, then template env (same name replaces), then `PORT` and `PATH` if still unset.
@@ -1200,6 +1256,45 @@ mod tests {
             mount_path: "data".into(),
         }];
         assert!(validate_spec(&actor, &s).is_err());
+    }
+
+    #[test]
+    fn exec_failures_from_runc_output() {
+        let line = |msg: &str| format!("time=\"2026-01-01T00:00:00Z\" level=error msg=\"{msg}\"");
+        let cases = [
+            (
+                r#"runc run failed: unable to start container process: exec: \"/nope\": stat /nope: no such file or directory"#,
+                "stat /nope: no such file or directory",
+            ),
+            (
+                r#"runc run failed: unable to start container process: exec: \"/data\": permission denied"#,
+                "permission denied",
+            ),
+            (
+                r#"runc run failed: unable to start container process: error during container init: exec: \"nope\": executable file not found in $PATH"#,
+                "executable file not found in $PATH",
+            ),
+        ];
+        for (msg, reason) in cases {
+            let out = format!("earlier output\n{}\n", line(msg));
+            assert_eq!(runc_exec_failure(&out).as_deref(), Some(reason), "{msg}");
+        }
+        let mount = line(
+            r#"runc run failed: unable to start container process: error during container init: error mounting \"/v\" to rootfs at \"/proc\": not of type proc"#,
+        );
+        assert_eq!(runc_exec_failure(&mount), None);
+        assert_eq!(runc_exec_failure("exec: \"/x\": nope"), None);
+    }
+
+    #[test]
+    fn the_image_command_is_used_without_a_template_command() {
+        let mut s = spec();
+        s.image.config.cmd = vec!["--flag".into()];
+        assert_eq!(process_args(&s), vec!["/counter", "--flag"]);
+        s.command = vec!["/other".into()];
+        assert_eq!(process_args(&s), vec!["/other"]);
+        let long = vec!["x".repeat(300)];
+        assert!(render_args(&long).len() < 210);
     }
 
     #[test]

@@ -755,8 +755,18 @@ impl Worker {
                 },
             );
         }
+        // The last line first (a client sees only the first line of a crash reason), then the
+        // tail of what this start wrote.
+        let last: String = log
+            .lines()
+            .rev()
+            .find(|l| !l.trim().is_empty())
+            .map_or("it wrote nothing to its log".to_string(), |l| {
+                l.trim().chars().take(200).collect()
+            });
         Status::failed_precondition(format!(
-            "start: `{}` exited (code {code}) before its wakeup probe passed; last log lines:\n{log}",
+            "start: `{}` exited (code {code}) before its wakeup probe passed: {last}\n\
+             --- last log lines ---\n{log}",
             runc::render_args(&args)
         ))
     }
@@ -1689,7 +1699,8 @@ fn exec_failed_after_start(log: &str, code: Option<i32>, args: &[String]) -> Opt
     let last = log.lines().rev().find(|l| !l.trim().is_empty())?.trim();
     let (path, reason) = last.strip_prefix("exec ")?.split_once(": ")?;
     // runc resolves a bare name through PATH before it executes it.
-    let same = path == command || (!command.contains('/') && path.ends_with(&format!("/{command}")));
+    let same =
+        path == command || (!command.contains('/') && path.ends_with(&format!("/{command}")));
     (same && !reason.is_empty()).then(|| reason.to_string())
 }
 
@@ -1741,8 +1752,14 @@ mod tests {
             Some("exec format error")
         );
         // Another command's words, another exit code, or the program's own last line.
-        assert_eq!(exec_failed_after_start(format, Some(1), &args(&["/app"])), None);
-        assert_eq!(exec_failed_after_start(script, Some(2), &args(&["/app/server"])), None);
+        assert_eq!(
+            exec_failed_after_start(format, Some(1), &args(&["/app"])),
+            None
+        );
+        assert_eq!(
+            exec_failed_after_start(script, Some(2), &args(&["/app/server"])),
+            None
+        );
         assert_eq!(
             exec_failed_after_start("listening\npanic: boom\n", Some(1), &args(&["/app/server"])),
             None
