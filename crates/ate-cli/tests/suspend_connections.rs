@@ -149,3 +149,68 @@ fn a_suspend_closes_websockets_with_1001_and_lets_uploads_finish() {
     );
     assert!(body.contains("preserved memory count: 2 |"), "{body}");
 }
+
+fn state_of(sys: &System, ns: &str, name: &str) -> String {
+    let json = sys.ate_ok(&["get", "actors", name, "-a", ns, "-o", "json"]);
+    let v: serde_json::Value = serde_json::from_str(&json).expect("json");
+    v[0]["state"].as_str().unwrap_or_default().to_string()
+}
+
+#[test]
+fn an_open_websocket_keeps_an_actor_from_idle_suspend() {
+    let sys = System::up(UpOptions {
+        workers: 1,
+        ..Default::default()
+    });
+    // The demo counter with a 2 s idle timeout.
+    let images = images_dir();
+    let yaml = format!(
+        "apiVersion: ate.dev/v1alpha1
+kind: ActorTemplate
+metadata:
+  namespace: ate-demo
+  name: idle
+spec:
+  containers:
+    - name: main
+      image: oci-layout:{}/counter:latest
+      command: [\"/counter\"]
+      wakeupProbe:
+        httpGet: {{path: /healthz, port: 80}}
+  resources: {{cpu: 250m, memory: 64Mi}}
+  snapshots: {{fidelity: memory}}
+  idleTimeout: 2s
+",
+        images.display()
+    );
+    let path = sys.dir.path().join("idle.yaml");
+    std::fs::write(&path, yaml).expect("write template");
+    sys.ate_ok(&["apply", "-f", path.to_str().expect("utf-8 path")]);
+    sys.ate_ok(&[
+        "create",
+        "actor",
+        "conn",
+        "-a",
+        "ate-demo",
+        "-t",
+        "ate-demo/idle",
+    ]);
+    let mut ws = websocket(sys.router_addr);
+    assert_eq!(echo(&mut ws, b"hi"), b"hi");
+    std::thread::sleep(Duration::from_secs(6));
+    assert_eq!(
+        state_of(&sys, "ate-demo", "conn"),
+        "ACTOR_STATE_RUNNING",
+        "an actor with an open WebSocket is not idle"
+    );
+    assert_eq!(echo(&mut ws, b"still"), b"still");
+    drop(ws);
+    let start = Instant::now();
+    while state_of(&sys, "ate-demo", "conn") != "ACTOR_STATE_SUSPENDED" {
+        assert!(
+            start.elapsed() < Duration::from_secs(15),
+            "not idle-suspended after its WebSocket closed"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
