@@ -11,13 +11,14 @@ pub mod error;
 pub mod join;
 pub mod jwt;
 pub mod lease;
+pub mod metrics;
 pub mod node;
 pub mod scheduler;
 pub mod services;
 pub mod workflows;
 
 use std::net::SocketAddr;
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use ate_proto::v1::actor_service_server::ActorServiceServer;
@@ -26,7 +27,6 @@ use ate_proto::v1::fleet_service_server::FleetServiceServer;
 use ate_proto::v1::join_service_server::JoinServiceServer;
 use ate_proto::v1::tag_service_server::TagServiceServer;
 use ate_proto::v1::template_service_server::TemplateServiceServer;
-use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 use tokio::net::TcpListener;
 
 pub use workflows::{Api, FaultPoint};
@@ -89,20 +89,6 @@ pub enum ServeError {
     Http(std::io::Error),
 }
 
-/// Process-wide Prometheus recorder (installed once; later calls share it).
-pub fn metrics_handle() -> PrometheusHandle {
-    static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
-    HANDLE
-        .get_or_init(|| {
-            let recorder = PrometheusBuilder::new().build_recorder();
-            let handle = recorder.handle();
-            // Fails only if another recorder is installed already; metrics then go there.
-            let _ = metrics::set_global_recorder(recorder);
-            handle
-        })
-        .clone()
-}
-
 /// How the gRPC listener authenticates and authorizes callers.
 #[derive(Debug, Clone)]
 pub struct TlsServe {
@@ -141,7 +127,7 @@ pub async fn serve_with(
     tls: Option<TlsServe>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), ServeError> {
-    let handle = metrics_handle();
+    metrics::install();
     let authz = match &tls {
         Some(t) => t.authz.clone(),
         // Plaintext: no identities, every caller is admin (see `authz`).
@@ -199,18 +185,25 @@ pub async fn serve_with(
 
     let http_task = http.map(|listener| {
         let mut stop = stop_rx.clone();
-        let router = axum::Router::new()
-            .route("/healthz", axum::routing::get(|| async { "ok" }))
-            .route(
-                "/metrics",
-                axum::routing::get(move || std::future::ready(handle.render())),
-            );
+        // Each scrape re-reads the fleet when the view is older than its max age, so the fleet
+        // gauges are current even while no resume runs.
+        let fleet_api = api.clone();
+        let before_scrape: ate_tls::telemetry::BeforeScrape = Arc::new(move || {
+            let api = fleet_api.clone();
+            Box::pin(async move {
+                let _ = api.fleet.workers().await;
+            })
+        });
+        let endpoint = ate_tls::telemetry::Endpoint {
+            health: None,
+            before_scrape: Some(before_scrape),
+        };
         tokio::spawn(async move {
-            axum::serve(listener, router)
-                .with_graceful_shutdown(async move {
-                    let _ = stop.changed().await;
-                })
-                .await
+            ate_tls::telemetry::serve_with(listener, endpoint, async move {
+                let _ = stop.changed().await;
+            })
+            .await;
+            Ok::<(), std::io::Error>(())
         })
     });
 

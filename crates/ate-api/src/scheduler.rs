@@ -41,6 +41,7 @@ impl FleetView {
 
     pub async fn refresh(&self) -> Result<Arc<Vec<WorkerRecord>>, StoreError> {
         let workers = Arc::new(self.store.list_workers().await?);
+        crate::metrics::fleet(&workers);
         *self.cached.write().await = (Instant::now(), workers.clone());
         Ok(workers)
     }
@@ -258,14 +259,14 @@ impl Waiters {
                 },
             );
         }
-        metrics::gauge!("ate_api_admission_waiters").set(q.waiters.len() as f64);
+        metrics::gauge!(crate::metrics::ADMISSION_WAITERS).set(q.waiters.len() as f64);
     }
 
     /// `actor` was admitted (bound to a worker) or deleted.
     pub fn remove(&self, actor: &str) {
         let mut q = self.queue();
         if q.waiters.remove(actor).is_some() {
-            metrics::gauge!("ate_api_admission_waiters").set(q.waiters.len() as f64);
+            metrics::gauge!(crate::metrics::ADMISSION_WAITERS).set(q.waiters.len() as f64);
         }
     }
 
@@ -348,7 +349,7 @@ impl Waiters {
             .map(|(_, w)| w)
             .collect();
         if admissible.is_empty() {
-            metrics::counter!("ate_api_admission_deferred_total").increment(1);
+            metrics::counter!(crate::metrics::ADMISSION_DEFERRED).increment(1);
             tracing::debug!(
                 actor,
                 older = older.len(),

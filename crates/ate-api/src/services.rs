@@ -8,6 +8,7 @@ use ate_core::{ActorRef, ActorState, DurableStatus, SuspendMode, validate_label}
 use ate_proto::v1::{self, *};
 use ate_store::{ActorRecord, Capacity, TagRecord, WorkerRecord, WorkerStatus};
 use tonic::{Request, Response, Status};
+use tracing::Instrument;
 
 use crate::authz::{Authz, Caller, Need};
 use crate::convert;
@@ -311,9 +312,19 @@ impl actor_service_server::ActorService for Services {
         let _ = self.authorize(&req, "ActorService/ResumeActor", |r| {
             Need::Resume(ref_atespace(&r.actor))
         })?;
+        // The router's request id (`x-request-id` metadata), or a new one for another caller:
+        // every log line of the workflow carries it, and the node calls pass it on.
+        let request_id = match ate_proto::request_id::of(&req) {
+            Some(id) => id.to_string(),
+            None => {
+                String::from_utf8_lossy(&ate_core::request_id::hex_id(rand::random())).into_owned()
+            }
+        };
         let r = actor_ref(req.into_inner().actor)?;
+        let span = tracing::info_span!("resume", request_id = %request_id, actor = %r);
         let api = self.api.clone();
-        let (actor, resumed) = to_completion(async move { api.resume(&r).await }).await?;
+        let work = async move { api.resume(&r, Some(&request_id)).await };
+        let (actor, resumed) = to_completion(work.instrument(span)).await?;
         Ok(Response::new(ResumeActorResponse {
             actor: Some(actor),
             resumed,

@@ -180,6 +180,16 @@ impl StepTimes {
         }
     }
 
+    /// Each step's time into `ate_api_resume_step_seconds{step}`.
+    fn observe(&self) {
+        let Ok(marks) = self.marks.lock() else { return };
+        let mut last = Duration::ZERO;
+        for (step, at) in marks.iter() {
+            crate::metrics::resume_step(step, at.saturating_sub(last));
+            last = *at;
+        }
+    }
+
     fn log(&self, actor: &ActorRef, what: &str) {
         if !tracing::enabled!(tracing::Level::DEBUG) {
             return;
@@ -308,10 +318,11 @@ impl Api {
         &self,
         r: &ActorRef,
         steps: &StepTimes,
+        request_id: Option<&str>,
     ) -> Result<(v1::Actor, bool), Status> {
         let lease = self.lease(r).await?;
         steps.mark("lease");
-        let result = self.resume_locked(r, steps, &lease).await;
+        let result = self.resume_locked(r, steps, &lease, request_id).await;
         let result = end_lease(lease, result).await;
         steps.mark("release");
         result
@@ -336,8 +347,15 @@ impl Api {
 
     // ------------------------------------------------------------------ resume
 
-    /// ResumeActor. Warm path (RUNNING): one read, no lease, `resumed = false`.
-    pub async fn resume(&self, r: &ActorRef) -> Result<(v1::Actor, bool), Status> {
+    /// ResumeActor. Warm path (RUNNING): one read, no lease, `resumed = false`. `request_id`
+    /// (the router's `x-request-id`) goes on to the node's Run/Restore as metadata; the caller
+    /// runs this inside a span carrying it.
+    pub async fn resume(
+        &self,
+        r: &ActorRef,
+        request_id: Option<&str>,
+    ) -> Result<(v1::Actor, bool), Status> {
+        let warm_started = Instant::now();
         r.validate().map_err(invalid)?;
         let actor = self
             .store
@@ -346,8 +364,9 @@ impl Api {
             .map_err(error::store)?;
         match actor.state {
             ActorState::Running => {
-                metrics::counter!("ate_api_resume_total", "path" => "warm").increment(1);
-                return Ok((self.actor_message(&actor).await, false));
+                let message = self.actor_message(&actor).await;
+                crate::metrics::resumed("warm", crate::metrics::WARM_OUTCOME, warm_started);
+                return Ok((message, false));
             }
             ActorState::Crashed => return Err(crashed(r, &actor.last_error)),
             ActorState::Suspending if self.stale(&actor) => {
@@ -361,17 +380,15 @@ impl Api {
         }
         let started = Instant::now();
         let steps = StepTimes::new();
-        let result = self.resume_under_lease(r, &steps).await;
+        let result = self.resume_under_lease(r, &steps, request_id).await;
         steps.log(r, "cold resume");
+        steps.observe();
         let outcome = match &result {
             Ok((_, true)) => "resumed",
             Ok((_, false)) => "already_running",
             Err(s) => code_label(s.code()),
         };
-        metrics::counter!("ate_api_resume_total", "path" => "cold", "outcome" => outcome)
-            .increment(1);
-        metrics::histogram!("ate_api_resume_seconds", "outcome" => outcome)
-            .record(started.elapsed().as_secs_f64());
+        crate::metrics::resumed("cold", outcome, started);
         result
     }
 
@@ -380,6 +397,7 @@ impl Api {
         r: &ActorRef,
         steps: &StepTimes,
         lease: &Lease,
+        request_id: Option<&str>,
     ) -> Result<(v1::Actor, bool), Failure> {
         self.faults.fire(FaultPoint::ResumeAfterLease)?;
         // Re-read under the lease: another workflow may have finished in between.
@@ -427,13 +445,16 @@ impl Api {
                         snapshot: Some(convert::snapshot(snap)),
                         fidelity: fidelity.wire(),
                     };
-                    client.restore(req).await
+                    client
+                        .restore(ate_proto::request_id::request(req, request_id))
+                        .await
                 }
                 _ => {
+                    let req = v1::RunRequest {
+                        workload: Some(workload),
+                    };
                     client
-                        .run(v1::RunRequest {
-                            workload: Some(workload),
-                        })
+                        .run(ate_proto::request_id::request(req, request_id))
                         .await
                 }
             }
@@ -825,7 +846,11 @@ impl Api {
         let result = self
             .under_lease(r, self.suspend_locked(r, durable, grace_ms))
             .await;
-        metrics::histogram!("ate_api_suspend_seconds").record(started.elapsed().as_secs_f64());
+        let outcome = match &result {
+            Ok(_) => "suspended",
+            Err(s) => code_label(s.code()),
+        };
+        crate::metrics::suspended(outcome, started);
         result
     }
 

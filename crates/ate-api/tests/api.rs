@@ -1294,3 +1294,40 @@ both_stores!(
     frozen_preference,
     resume_prefers_the_worker_keeping_it_frozen
 );
+
+/// The router's `x-request-id` (gRPC metadata on ResumeActor) reaches the node's Run and
+/// Restore; a resume without one gets a new id (128 bits in hex), passed on the same way.
+async fn request_ids_reach_the_node(b: Backend) {
+    let t = TestApi::start(b, cfg()).await;
+    let node = TestNode::start("node-1").await;
+    t.register(&node, "w1", 4).await;
+    t.seed("ns").await;
+    t.create_actor("ns", "a").await;
+    assert!(
+        t.resume_with_id("ns", "a", "test-123")
+            .await
+            .unwrap()
+            .resumed
+    );
+    t.suspend("ns", "a").await.unwrap();
+    assert!(
+        t.resume_with_id("ns", "a", "test-456")
+            .await
+            .unwrap()
+            .resumed
+    );
+    t.suspend("ns", "a").await.unwrap();
+    assert!(t.resume("ns", "a").await.unwrap().resumed);
+    assert_eq!(node.calls().run.load(Ordering::SeqCst), 1);
+    assert_eq!(node.calls().restore.load(Ordering::SeqCst), 2);
+    let ids = node.calls().request_ids.lock().unwrap().clone();
+    assert_eq!(ids.len(), 3, "{ids:?}");
+    assert_eq!(ids[0].as_deref(), Some("test-123"), "Run");
+    assert_eq!(ids[1].as_deref(), Some("test-456"), "Restore");
+    let made = ids[2].as_deref().unwrap_or_default();
+    assert!(
+        made.len() == 32 && made.bytes().all(|c| c.is_ascii_hexdigit()),
+        "{made:?}"
+    );
+}
+both_stores!(request_ids, request_ids_reach_the_node);

@@ -3,7 +3,9 @@
 //! directory, so the log follows the actor across suspends, restores and workers of the node. By
 //! default this reads it through the api (`ActorService.ReadActorLog`), which asks the node the
 //! actor runs (or last ran) on, from any machine; `--state-dir DIR` reads the file on this
-//! machine instead. The log is the actor's raw output, without times.
+//! machine instead. Workers stamp each line with the time it was written (`ate log-relay`);
+//! `--timestamps` shows the stamps, `--since` keeps the lines newer than a duration, and by
+//! default the stamps are left out. Lines written by an older relay carry no stamp.
 
 use std::collections::VecDeque;
 use std::io::{Read, Seek, SeekFrom, Write};
@@ -26,12 +28,11 @@ pub enum LogsCmd {
         /// Print only the last N lines (then, with -f, what comes after them).
         #[arg(long, value_name = "N")]
         tail: Option<usize>,
-        /// Only lines written in the last DURATION (e.g. 10m). Not available yet: actor logs
-        /// are stored without the time of each line.
+        /// Only lines written in the last DURATION (e.g. 10m); lines without a time (written
+        /// before this release) are left out.
         #[arg(long, value_name = "DURATION", value_parser = ate_router::config::parse_duration)]
         since: Option<Duration>,
-        /// Start each line with the time it was written. Not available yet: actor logs are
-        /// stored without the time of each line.
+        /// Start each line with the time it was written (RFC 3339, UTC).
         #[arg(long)]
         timestamps: bool,
         /// Read the log file under this node state directory on this machine instead of
@@ -55,21 +56,86 @@ pub fn is_local(cmd: &LogsCmd) -> bool {
     state_dir.is_some()
 }
 
-/// Refuses the flags that need a time per line: workers append the actor's raw output to the
-/// log, and `ReadActorLog` returns bytes, so no time is known for any line.
-pub fn check_supported(cmd: &LogsCmd) -> anyhow::Result<()> {
-    let LogsCmd::Actor {
-        since, timestamps, ..
-    } = cmd;
-    let flag = match (since, timestamps) {
-        (Some(_), _) => "--since",
-        (None, true) => "--timestamps",
-        (None, false) => return Ok(()),
-    };
-    anyhow::bail!(
-        "{flag} is not available yet: actor logs are stored without the time each line was \
-         written (use --tail N to limit the output)"
-    )
+/// Kept for the callers: every flag is supported now that lines carry their time.
+pub fn check_supported(_cmd: &LogsCmd) -> anyhow::Result<()> {
+    Ok(())
+}
+
+/// Turns the log's bytes into what is printed: the time stamp of each line dropped (or kept
+/// with `--timestamps`), and lines older than `--since` left out. Streams: a line may arrive in
+/// pieces; only its first bytes (the stamp) are held until they are complete.
+#[derive(Debug)]
+struct LineFilter {
+    timestamps: bool,
+    /// Lines stamped before this are left out (`--since`).
+    cutoff: Option<std::time::SystemTime>,
+    /// The start of the current line, held until the stamp can be told.
+    head: Vec<u8>,
+    at_line_start: bool,
+    /// Whether the current line (past its head) is printed.
+    visible: bool,
+}
+
+impl LineFilter {
+    fn new(timestamps: bool, since: Option<Duration>) -> Self {
+        let now = std::time::SystemTime::now();
+        Self {
+            timestamps,
+            cutoff: since.and_then(|d| now.checked_sub(d)),
+            head: Vec::with_capacity(ate_core::log_line::PREFIX_LEN),
+            at_line_start: true,
+            visible: true,
+        }
+    }
+
+    /// Decides the current line from its head and writes what is shown of it.
+    fn decide(&mut self, out: &mut Vec<u8>) {
+        let text = String::from_utf8_lossy(&self.head).into_owned();
+        let (stamp, _) = ate_core::log_line::split(&text);
+        self.visible = match (self.cutoff, stamp) {
+            (None, _) => true,
+            (Some(cutoff), Some(at)) => at >= cutoff,
+            (Some(_), None) => false,
+        };
+        if self.visible {
+            let skip = if stamp.is_some() && !self.timestamps {
+                ate_core::log_line::PREFIX_LEN
+            } else {
+                0
+            };
+            out.extend_from_slice(&self.head[skip.min(self.head.len())..]);
+        }
+        self.head.clear();
+        self.at_line_start = false;
+    }
+
+    fn feed(&mut self, data: &[u8], out: &mut Vec<u8>) {
+        for &b in data {
+            if self.at_line_start {
+                self.head.push(b);
+                if b == b'\n' || self.head.len() >= ate_core::log_line::PREFIX_LEN {
+                    self.decide(out);
+                    if b == b'\n' {
+                        self.at_line_start = true;
+                    }
+                }
+                continue;
+            }
+            if self.visible {
+                out.push(b);
+            }
+            if b == b'\n' {
+                self.at_line_start = true;
+            }
+        }
+    }
+
+    /// At the end of what is there: a short unfinished line is shown as it is.
+    fn flush(&mut self, out: &mut Vec<u8>) {
+        if self.at_line_start && !self.head.is_empty() {
+            self.decide(out);
+        }
+    }
 }
 
 /// The last `n` lines of what it is given, as `tail -n` counts them: a last line without its
@@ -110,18 +176,29 @@ impl TailLines {
 /// the end of the log, into the last lines kept so far.
 struct Printer {
     tail: Option<TailLines>,
+    filter: LineFilter,
     out: std::io::Stdout,
 }
 
 impl Printer {
-    fn new(tail: Option<usize>) -> Self {
+    fn new(tail: Option<usize>, timestamps: bool, since: Option<Duration>) -> Self {
         Self {
             tail: tail.map(TailLines::new),
+            filter: LineFilter::new(timestamps, since),
             out: std::io::stdout(),
         }
     }
 
     fn write(&mut self, data: &[u8]) -> std::io::Result<()> {
+        let mut shown = Vec::with_capacity(data.len());
+        self.filter.feed(data, &mut shown);
+        self.emit(&shown)
+    }
+
+    fn emit(&mut self, data: &[u8]) -> std::io::Result<()> {
+        if data.is_empty() {
+            return Ok(());
+        }
         match &mut self.tail {
             Some(t) => t.push(data),
             None => {
@@ -141,6 +218,9 @@ impl Printer {
 
     /// The reader reached the end of the log: print the tail, then pass everything through.
     fn caught_up(&mut self) -> std::io::Result<()> {
+        let mut rest = Vec::new();
+        self.filter.flush(&mut rest);
+        self.emit(&rest)?;
         if let Some(t) = self.tail.take() {
             self.out.write_all(&t.into_bytes())?;
             self.out.flush()?;
@@ -156,12 +236,14 @@ pub async fn run_remote(c: &crate::client::Clients, cmd: LogsCmd) -> anyhow::Res
         atespace,
         follow,
         tail,
+        since,
+        timestamps,
         ..
     } = cmd;
     let actor = ActorRef::new(atespace, name);
     actor.validate()?;
     let mut offset = 0u64;
-    let mut out = Printer::new(tail);
+    let mut out = Printer::new(tail, timestamps, since);
     loop {
         let req = ate_proto::v1::ReadActorLogRequest {
             actor: Some(ate_proto::v1::ObjectRef {
@@ -211,14 +293,15 @@ pub async fn run(cmd: LogsCmd) -> anyhow::Result<()> {
         follow,
         tail,
         state_dir,
-        ..
+        since,
+        timestamps,
     } = cmd;
     let actor = ActorRef::new(atespace, name);
     actor.validate()?;
     let state_dir = state_dir.unwrap_or_else(|| PathBuf::from(crate::client::DEFAULT_STATE_DIR));
     let path = log_path(&state_dir, &actor);
     let mut offset = 0u64;
-    let mut out = Printer::new(tail);
+    let mut out = Printer::new(tail, timestamps, since);
     let mut buf = vec![0u8; LOCAL_READ_CHUNK];
     loop {
         match std::fs::File::open(&path) {
@@ -264,6 +347,36 @@ pub async fn run(cmd: LogsCmd) -> anyhow::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn filtered(timestamps: bool, since: Option<Duration>, pieces: &[&[u8]]) -> String {
+        let mut f = LineFilter::new(timestamps, since);
+        let mut out = Vec::new();
+        for p in pieces {
+            f.feed(p, &mut out);
+        }
+        f.flush(&mut out);
+        String::from_utf8(out).unwrap()
+    }
+
+    #[test]
+    fn stamps_are_dropped_kept_or_filtered_across_split_reads() {
+        let now = std::time::SystemTime::now();
+        let new = ate_core::log_line::prefix(now);
+        let old = ate_core::log_line::prefix(now - Duration::from_secs(3600));
+        let log = format!("{old}first\n{new}second\nplain line\n{new}third");
+        let bytes = log.as_bytes();
+        // Split everywhere, including inside a stamp.
+        let pieces: Vec<&[u8]> = bytes.chunks(7).collect();
+        assert_eq!(
+            filtered(false, None, &pieces),
+            "first\nsecond\nplain line\nthird"
+        );
+        assert_eq!(filtered(true, None, &pieces), log);
+        assert_eq!(
+            filtered(false, Some(Duration::from_secs(60)), &pieces),
+            "second\nthird"
+        );
+    }
 
     fn tail(n: usize, pieces: &[&str]) -> String {
         let mut t = TailLines::new(n);

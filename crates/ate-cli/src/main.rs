@@ -100,6 +100,9 @@ impl Format {
 enum Command {
     /// Run the control plane (gRPC api).
     Api(serve::ApiArgs),
+    /// Internal: copies a container's output into its log, stamping each line (run by workers).
+    #[command(hide = true)]
+    LogRelay,
     /// Run the router (ingress): names → actors, parking, tunnels to workers.
     Router(serve::RouterArgs),
     /// Run the node agent (one per machine).
@@ -253,6 +256,13 @@ fn main() -> ExitCode {
 async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
         Command::Api(args) => serve::run_api(args).await.map(|_| ExitCode::SUCCESS),
+        Command::LogRelay => {
+            // Blocking reads: on a thread of its own rather than a runtime worker.
+            tokio::task::spawn_blocking(serve::log_relay)
+                .await
+                .map_err(|e| anyhow::anyhow!("log relay: {e}"))??;
+            Ok(ExitCode::SUCCESS)
+        }
         Command::Router(args) => serve::run_router(args).await.map(|_| ExitCode::SUCCESS),
         Command::Node(args) => serve::run_node(args).await.map(|_| ExitCode::SUCCESS),
         Command::Worker(args) => serve::run_worker(args).await.map(|_| ExitCode::SUCCESS),

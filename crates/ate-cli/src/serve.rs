@@ -39,9 +39,8 @@ pub struct ApiArgs {
     /// Write the bound addresses as JSON here once serving (used by `ate up` and tests).
     #[arg(long)]
     pub ready_file: Option<PathBuf>,
-    /// Log as JSON lines.
-    #[arg(long)]
-    pub log_json: bool,
+    #[command(flatten)]
+    pub log: LogArgs,
     /// The api's identity (`--tls-cert/--tls-key/--tls-ca`): gRPC over mTLS with roles, and mTLS
     /// to node agents. Absent: plaintext, and every caller is admin.
     #[command(flatten)]
@@ -105,6 +104,60 @@ impl ApiArgs {
             },
         )?))
     }
+}
+
+/// How a component writes its log lines (stderr).
+#[derive(clap::ValueEnum, Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum LogFormat {
+    /// Plain text; coloured only when stderr is a terminal.
+    #[default]
+    Text,
+    /// One JSON object per line.
+    Json,
+}
+
+impl LogFormat {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            LogFormat::Text => "text",
+            LogFormat::Json => "json",
+        }
+    }
+}
+
+/// `--log-format` (and its older spelling `--log-json`) of every component.
+#[derive(Args, Debug, Clone, Default)]
+pub struct LogArgs {
+    /// Log line format: `text` (plain, coloured only at a terminal) or `json` (JSON lines).
+    #[arg(long, value_enum, default_value_t = LogFormat::Text)]
+    pub log_format: LogFormat,
+    /// The same as `--log-format json`.
+    #[arg(long)]
+    pub log_json: bool,
+}
+
+impl LogArgs {
+    pub fn json(&self) -> bool {
+        self.log_json || self.log_format == LogFormat::Json
+    }
+}
+
+/// Serves `/metrics` and `/healthz` on `addr` for the rest of the process, with `install`'s
+/// recorder (a component's `metrics::install`); returns the bound address.
+async fn serve_metrics(
+    addr: SocketAddr,
+    install: fn() -> &'static ate_tls::telemetry::PrometheusHandle,
+) -> anyhow::Result<SocketAddr> {
+    install();
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .with_context(|| format!("--metrics-listen {addr}: cannot listen"))?;
+    let bound = listener.local_addr()?;
+    tokio::spawn(ate_tls::telemetry::serve(
+        listener,
+        std::future::pending::<()>(),
+    ));
+    Ok(bound)
 }
 
 pub fn init_logging(json: bool) {
@@ -172,7 +225,7 @@ fn trust_bundle(tls: &ate_tls::TlsArgs) -> anyhow::Result<String> {
 }
 
 pub async fn run_api(args: ApiArgs) -> anyhow::Result<()> {
-    init_logging(args.log_json);
+    init_logging(args.log.json());
     let store = ate_store::open(&args.store)
         .await
         .with_context(|| format!("cannot open store {}", args.store))?;
@@ -255,13 +308,12 @@ pub async fn run_api(args: ApiArgs) -> anyhow::Result<()> {
 pub struct RouterArgs {
     #[command(flatten)]
     pub config: ate_router::RouterConfig,
-    /// Log as JSON lines.
-    #[arg(long)]
-    pub log_json: bool,
+    #[command(flatten)]
+    pub log: LogArgs,
 }
 
 pub async fn run_router(args: RouterArgs) -> anyhow::Result<()> {
-    init_logging(args.log_json);
+    init_logging(args.log.json());
     tracing::info!(listen = %args.config.listen, api = %args.config.api, "router starting");
     ate_router::run(args.config, shutdown_signal()).await?;
     tracing::info!("router stopped");
@@ -272,13 +324,19 @@ pub async fn run_router(args: RouterArgs) -> anyhow::Result<()> {
 pub struct NodeArgs {
     #[command(flatten)]
     pub config: ate_node::NodeConfig,
-    /// Log as JSON lines.
-    #[arg(long)]
-    pub log_json: bool,
+    /// Serve `/metrics` (Prometheus) and `/healthz` on this address. Off when absent.
+    #[arg(long, env = "ATE_NODE_METRICS_LISTEN")]
+    pub metrics_listen: Option<SocketAddr>,
+    #[command(flatten)]
+    pub log: LogArgs,
 }
 
 pub async fn run_node(args: NodeArgs) -> anyhow::Result<()> {
-    init_logging(args.log_json);
+    init_logging(args.log.json());
+    if let Some(addr) = args.metrics_listen {
+        let bound = serve_metrics(addr, ate_node::metrics::install).await?;
+        tracing::info!(metrics = %bound, "node agent metrics serving");
+    }
     ate_node::run(args.config, shutdown_signal()).await?;
     tracing::info!("node agent stopped");
     Ok(())
@@ -288,14 +346,28 @@ pub async fn run_node(args: NodeArgs) -> anyhow::Result<()> {
 pub struct WorkerArgs {
     #[command(flatten)]
     pub config: ate_worker::WorkerConfig,
-    /// Log as JSON lines.
-    #[arg(long)]
-    pub log_json: bool,
+    /// Serve `/metrics` (Prometheus) and `/healthz` on this address. Off when absent.
+    #[arg(long, env = "ATE_WORKER_METRICS_LISTEN")]
+    pub metrics_listen: Option<SocketAddr>,
+    #[command(flatten)]
+    pub log: LogArgs,
 }
 
 pub async fn run_worker(args: WorkerArgs) -> anyhow::Result<()> {
-    init_logging(args.log_json);
-    ate_worker::run(args.config, shutdown_signal()).await?;
+    init_logging(args.log.json());
+    // Not for `--remove-leftovers`, a clean-up run that serves nothing.
+    if let Some(addr) = args
+        .metrics_listen
+        .filter(|_| !args.config.remove_leftovers)
+    {
+        let bound = serve_metrics(addr, ate_worker::metrics::install).await?;
+        tracing::info!(metrics = %bound, "worker metrics serving");
+    }
+    let mut config = args.config;
+    // Actor output goes through `ate log-relay` (this executable, as the kernel keeps it):
+    // every line stamped with its time, for `ate logs --since/--timestamps`.
+    config.log_relay = Some(vec!["/proc/self/exe".to_string(), "log-relay".to_string()]);
+    ate_worker::run(config, shutdown_signal()).await?;
     tracing::info!("worker stopped");
     Ok(())
 }
@@ -319,6 +391,41 @@ pub fn write_atomically(path: &std::path::Path, body: &str) -> anyhow::Result<()
     std::fs::write(&tmp, body).with_context(|| format!("cannot write {}", tmp.display()))?;
     std::fs::rename(&tmp, path).with_context(|| format!("cannot write {}", path.display()))?;
     Ok(())
+}
+
+/// `ate log-relay`: copies stdin to stdout, each line prefixed with the time its first byte
+/// arrived (`ate_core::log_line`). The worker runs it with a container's output pipe on stdin
+/// and the actor's log (append) on stdout; it ends at EOF. Synchronous and unbuffered: each
+/// chunk is written as soon as it is read, so `ate logs -f` sees output at once.
+pub fn log_relay() -> std::io::Result<()> {
+    use std::io::{Read, Write};
+    let mut input = std::io::stdin().lock();
+    let mut output = std::io::stdout().lock();
+    let mut buf = vec![0u8; 16 * 1024];
+    let mut out = Vec::with_capacity(buf.len() + 256);
+    let mut at_line_start = true;
+    loop {
+        let n = match input.read(&mut buf) {
+            Ok(0) => return output.flush(),
+            Ok(n) => n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e),
+        };
+        out.clear();
+        let stamp = ate_core::log_line::prefix(std::time::SystemTime::now());
+        for &b in &buf[..n] {
+            if at_line_start {
+                out.extend_from_slice(stamp.as_bytes());
+                at_line_start = false;
+            }
+            out.push(b);
+            if b == b'\n' {
+                at_line_start = true;
+            }
+        }
+        output.write_all(&out)?;
+        output.flush()?;
+    }
 }
 
 #[cfg(test)]

@@ -23,7 +23,7 @@ use nix::unistd::Pid;
 use tokio::process::{Child, Command};
 
 use crate::client::{self, API_ADDRESS_FILE, Clients};
-use crate::serve::{shutdown_signal, write_atomically};
+use crate::serve::{LogFormat, shutdown_signal, write_atomically};
 
 const DEMO_TEMPLATE: &str = include_str!("demo-counter.yaml");
 /// The running executable, as the kernel keeps it (Linux).
@@ -136,6 +136,10 @@ pub struct UpArgs {
     /// Registry credentials for the workers (a Docker `config.json`; `ATE_REGISTRY_AUTH_FILE`).
     #[arg(long)]
     pub registry_auth_file: Option<PathBuf>,
+    /// Log line format of every component (their logs in STATE_DIR/logs): `text` (plain, no
+    /// colours in a file) or `json` (JSON lines).
+    #[arg(long, value_enum, default_value_t = LogFormat::Text)]
+    pub log_format: LogFormat,
 }
 
 /// What one `ate up` runs.
@@ -736,7 +740,32 @@ async fn register_demo(c: &Clients, images_dir: &Path) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Starts the node agent and the workers, and waits until the api lists every worker.
+/// The `/metrics` addresses of this machine's node agent and workers: free loopback ports,
+/// chosen once so that a restarted component comes back on the same one.
+#[derive(Debug, Clone, Default)]
+struct NodeMetrics {
+    node: String,
+    workers: Vec<String>,
+}
+
+impl NodeMetrics {
+    fn pick(workers: u32) -> anyhow::Result<Self> {
+        let free = || -> anyhow::Result<String> {
+            let l = std::net::TcpListener::bind((std::net::Ipv4Addr::LOCALHOST, 0))
+                .context("cannot find a free loopback port for metrics")?;
+            Ok(l.local_addr()?.to_string())
+        };
+        Ok(NodeMetrics {
+            node: free()?,
+            workers: (0..workers)
+                .map(|_| free())
+                .collect::<anyhow::Result<_>>()?,
+        })
+    }
+}
+
+/// Starts the node agent and the workers, and waits until the api lists every worker; returns
+/// their metrics addresses.
 #[allow(clippy::too_many_arguments)]
 async fn start_node_and_workers(
     args: &UpArgs,
@@ -747,7 +776,8 @@ async fn start_node_and_workers(
     pki: &mut Pki,
     clients: &Clients,
     components: &mut Vec<Component>,
-) -> anyhow::Result<()> {
+) -> anyhow::Result<NodeMetrics> {
+    let metrics = NodeMetrics::pick(args.workers)?;
     let td = pki.td.clone();
     let state = args.state_dir.display().to_string();
     if args.workers > 0 && !nix::unistd::Uid::effective().is_root() {
@@ -769,6 +799,10 @@ async fn start_node_and_workers(
         state.clone(),
         "--ready-file".into(),
         node_ready.display().to_string(),
+        "--log-format".into(),
+        args.log_format.as_str().into(),
+        "--metrics-listen".into(),
+        metrics.node.clone(),
     ];
     if let Some(url) = &args.durable_store {
         node_args.extend(["--durable-store".to_string(), url.clone()]);
@@ -802,6 +836,10 @@ async fn start_node_and_workers(
             // Lets an actor be pinned to one worker with a selector (`ate update actor --selector`).
             "--labels".into(),
             format!("ate.dev/worker={id},ate.dev/node={node_name}"),
+            "--log-format".into(),
+            args.log_format.as_str().into(),
+            "--metrics-listen".into(),
+            metrics.workers[(i - 1) as usize].clone(),
         ];
         if !deny.is_empty() {
             // No egress policy may let an actor reach the api, the store or the object store.
@@ -820,7 +858,8 @@ async fn start_node_and_workers(
             registry_env(args)?,
         )?);
     }
-    wait_workers(clients, node_name, args.workers as usize, components).await
+    wait_workers(clients, node_name, args.workers as usize, components).await?;
+    Ok(metrics)
 }
 
 /// The addresses of the control plane this machine knows: the api replicas, the SQL store and
@@ -892,6 +931,8 @@ fn router_args(args: &UpArgs, api_addrs: &str, pki: &mut Pki) -> anyhow::Result<
         args.router_metrics_listen.to_string(),
         "--api".into(),
         api_addrs.to_string(),
+        "--log-format".into(),
+        args.log_format.as_str().into(),
     ];
     // Also valid for `localhost` / 127.0.0.1, for clients of `--router-arg=--tls-listen=…` that
     // check the hostname rather than the SPIFFE ID.
@@ -956,15 +997,15 @@ async fn stop_group(components: &mut [Component], role: Role) {
     }
 }
 
-/// Starts the api, registers the demo, then the data path; returns the api's gRPC address and its
-/// bound health/metrics (http) address.
+/// Starts the api, registers the demo, then the data path; returns the api's gRPC address, its
+/// bound health/metrics (http) address, and the node agent's and workers' metrics addresses.
 async fn start_all(
     args: &UpArgs,
     store: &str,
     images_dir: &Path,
     pki: &mut Pki,
     components: &mut Vec<Component>,
-) -> anyhow::Result<(String, String)> {
+) -> anyhow::Result<(String, String, Option<NodeMetrics>)> {
     let state = &args.state_dir;
     let logs = state.join("logs");
     let run_dir = state.join("run");
@@ -985,6 +1026,8 @@ async fn start_all(
         ca_dir(args).display().to_string(),
         "--join-cert-lifetime".into(),
         format!("{}s", args.cert_lifetime.as_secs().max(60)),
+        "--log-format".into(),
+        args.log_format.as_str().into(),
     ];
     // One api on its store (no --peer-api): a store outage need not fence the workers.
     if args.role == UpRole::All && args.peer_apis.is_empty() {
@@ -1025,15 +1068,18 @@ async fn start_all(
         Err(e) => eprintln!("ate up: cannot write the CLI context {context:?}: {e:#}"),
     }
     let api_addrs = api_list(&api_addr, &args.peer_apis);
+    let mut node_metrics = None;
     if args.role == UpRole::All {
         let node_name = args.node_name.clone().unwrap_or_else(|| "node-1".into());
-        start_node_and_workers(
-            args, &node_name, &api_addrs, &logs, &run_dir, pki, &clients, components,
-        )
-        .await?;
+        node_metrics = Some(
+            start_node_and_workers(
+                args, &node_name, &api_addrs, &logs, &run_dir, pki, &clients, components,
+            )
+            .await?,
+        );
     }
     start_router(args, &api_addrs, &logs, pki, components).await?;
-    Ok((api_addr, api_http))
+    Ok((api_addr, api_http, node_metrics))
 }
 
 /// Restarts components that exit until SIGINT/SIGTERM (SUCCESS) or a crash loop (FAILURE).
@@ -1105,16 +1151,21 @@ async fn run_node(args: UpArgs) -> anyhow::Result<ExitCode> {
         r = start_node_and_workers(&args, &node_name, &join, &logs, &run_dir, &mut pki, &clients, &mut components) => r,
         _ = &mut signal => Err(anyhow::anyhow!("interrupted during start-up")),
     };
-    if let Err(e) = started {
-        stop_all(&mut components).await;
-        return Err(e);
-    }
+    let metrics = match started {
+        Ok(m) => m,
+        Err(e) => {
+            stop_all(&mut components).await;
+            return Err(e);
+        }
+    };
     if let Some(file) = &args.ready_file {
         let body = serde_json::json!({
             "node": node_name,
             "api": join,
             "node_listen": args.node_listen.to_string(),
             "workers": worker_ids(&args, &node_name),
+            "node_metrics": metrics.node,
+            "worker_metrics": metrics.workers,
             "state_dir": state.display().to_string(),
             "tls_dir": pki.dir.display().to_string(),
         });
@@ -1162,7 +1213,7 @@ pub async fn run(args: UpArgs) -> anyhow::Result<ExitCode> {
         r = start_all(&args, &store, &images_dir, &mut pki, &mut components) => r,
         _ = &mut signal => Err(anyhow::anyhow!("interrupted during start-up")),
     };
-    let (api_addr, api_http) = match started {
+    let (api_addr, api_http, node_metrics) = match started {
         Ok(a) => a,
         Err(e) => {
             stop_all(&mut components).await;
@@ -1176,6 +1227,9 @@ pub async fn run(args: UpArgs) -> anyhow::Result<ExitCode> {
             // The api's bound health/metrics address (`--api-http-listen` may be port 0).
             "api_http": api_http,
             "router_metrics": args.router_metrics_listen.to_string(),
+            // The node agent's and each worker's `/metrics` (absent with `--role control`).
+            "node_metrics": node_metrics.as_ref().map(|m| m.node.clone()),
+            "worker_metrics": node_metrics.map(|m| m.workers).unwrap_or_default(),
             "state_dir": state.display().to_string(),
             "tls_dir": pki.dir.display().to_string(),
         });

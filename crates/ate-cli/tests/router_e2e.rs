@@ -213,7 +213,7 @@ fn stale_assignment_is_re_resolved() {
     let stale = |sys: &System| {
         metric(
             &sys.router_metrics.to_string(),
-            "atenet_router_stale_assignment_retries_total",
+            "ate_router_stale_assignment_retries_total",
             &[],
         )
     };

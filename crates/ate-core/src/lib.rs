@@ -2,7 +2,9 @@
 //! snapshot fidelity, the template spec and its validation, label selectors and the restore
 //! decision. This crate performs no I/O.
 
+pub mod log_line;
 pub mod names;
+pub mod request_id;
 pub mod restore;
 pub mod selector;
 pub mod state;
@@ -23,5 +25,7 @@ pub const TARGET_PORT_HEADER: &str = "ate-target-port";
 /// Header carrying the activation's fencing token on a tunnel stream (router → atunnel): atunnel
 /// serves only the copy of the actor that holds exactly this token.
 pub const ACTIVATION_HEADER: &str = "ate-activation";
+/// Header (and gRPC metadata key) carrying a request's id through every component.
+pub use request_id::REQUEST_ID_HEADER;
 /// Default api gRPC address.
 pub const DEFAULT_API_ADDR: &str = "127.0.0.1:7443";

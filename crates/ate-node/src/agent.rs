@@ -14,6 +14,7 @@ use ate_proto::v1::{
 use ate_snapshot::{DurableStore, UploadPriority};
 use tokio::sync::Mutex as AsyncMutex;
 use tonic::{Request, Response, Status};
+use tracing::Instrument;
 
 use crate::fleet::{Fleet, WorkerHandle};
 use crate::{NodeConfig, NodeError};
@@ -274,16 +275,19 @@ impl NodeAgent {
             return Ok(target);
         }
         let _ = tokio::fs::remove_dir_all(&target).await;
-        self.inner
+        let begun = std::time::Instant::now();
+        let downloaded = self
+            .inner
             .durable
             .download(&snap.durable_uri, &target)
-            .await
-            .map_err(|e| {
-                Status::failed_precondition(format!(
-                    "cannot fetch generation {} from {}: {e}",
-                    snap.generation, snap.durable_uri
-                ))
-            })?;
+            .await;
+        crate::metrics::downloaded(downloaded.is_ok(), snap.size_bytes, begun.elapsed());
+        downloaded.map_err(|e| {
+            Status::failed_precondition(format!(
+                "cannot fetch generation {} from {}: {e}",
+                snap.generation, snap.durable_uri
+            ))
+        })?;
         Ok(target)
     }
 
@@ -334,6 +338,7 @@ impl NodeAgent {
             return Err(refused);
         }
         tracing::warn!(actor = %actor, generation = snap.generation, file = %bad_file, error = %damage, uri = %snap.durable_uri, "node-local generation failed verification; discarding it and restoring the same generation from its durable copy");
+        crate::metrics::local_replaced();
         match ate_snapshot::quarantine(local).await {
             Ok(Some(aside)) => {
                 tracing::warn!(actor = %actor, generation = snap.generation, from = %local.display(), to = %aside.display(), "damaged node-local generation moved aside")
@@ -364,11 +369,15 @@ impl NodeAgent {
         priority: UploadPriority,
     ) -> Result<String, String> {
         let key = crate::sweep::durable_key(atespace, name, snap.generation, &snap.uuid);
-        self.inner
+        let begun = std::time::Instant::now();
+        let uploaded = self
+            .inner
             .durable
             .upload_with_priority(Path::new(&snap.local_path), &key, priority)
             .await
-            .map_err(|e| e.to_string())
+            .map_err(|e| e.to_string());
+        crate::metrics::uploaded(priority, &uploaded, snap.size_bytes, begun);
+        uploaded
     }
 
     async fn report(
@@ -396,6 +405,22 @@ impl NodeAgent {
         {
             tracing::warn!(generation, error = %e.message(), "snapshot report to the api failed");
         }
+    }
+
+    /// Keeps `ate_node_frozen_copies` current at every scrape while this agent lives.
+    pub fn export_gauges(&self) {
+        let inner = Arc::downgrade(&self.inner);
+        ate_tls::telemetry::on_scrape(move || {
+            let Some(inner) = inner.upgrade() else {
+                return false;
+            };
+            let n = match inner.frozen_on.lock() {
+                Ok(m) => m.len(),
+                Err(poisoned) => poisoned.into_inner().len(),
+            };
+            crate::metrics::frozen_copies(n);
+            true
+        });
     }
 
     fn frozen_on(&self) -> std::sync::MutexGuard<'_, HashMap<String, String>> {
@@ -437,40 +462,62 @@ impl NodeAgent {
     }
 }
 
-#[tonic::async_trait]
-impl NodeService for NodeAgent {
-    async fn run(&self, req: Request<v1::RunRequest>) -> Result<Response<v1::NodeReply>, Status> {
+/// The span of a Run or Restore (`call`): the request id the api passed on (DESIGN §8: on every
+/// line of the request, in every component) and the actor.
+fn start_span<T>(call: &str, req: &Request<T>, workload: Option<&v1::Workload>) -> tracing::Span {
+    let actor = workload
+        .and_then(|w| w.actor.as_ref())
+        .map(|a| format!("{}/{}", a.atespace, a.name))
+        .unwrap_or_default();
+    let request_id = ate_proto::request_id::of(req).unwrap_or_default();
+    tracing::info_span!("start", call, request_id = %request_id, actor = %actor)
+}
+
+/// Run, Restore and Checkpoint themselves; the NodeService methods below add their metrics.
+impl NodeAgent {
+    async fn run_inner(
+        &self,
+        req: Request<v1::RunRequest>,
+    ) -> Result<Response<v1::NodeReply>, Status> {
+        let begun = std::time::Instant::now();
+        // Passed on to the worker's Start, as the api passed it here.
+        let request_id = ate_proto::request_id::of(&req).map(str::to_owned);
         let workload = req
             .into_inner()
             .workload
             .ok_or_else(|| Status::invalid_argument("invalid workload: missing"))?;
-        obj_key(&workload)?;
+        let (atespace, name) = obj_key(&workload)?;
         let worker = self.worker(&workload.worker_id)?;
         if let Some(actor) = &workload.actor {
             self.forget_frozen(actor, &workload.worker_id).await;
         }
+        let start = v1::WorkerStartRequest {
+            workload: Some(workload),
+            generation_dir: String::new(),
+            fidelity: 0,
+        };
         let reply = worker
             .client
             .clone()
-            .start(v1::WorkerStartRequest {
-                workload: Some(workload),
-                generation_dir: String::new(),
-                fidelity: 0,
-            })
+            .start(ate_proto::request_id::request(start, request_id.as_deref()))
             .await?
             .into_inner();
+        tracing::info!(actor = %format!("{atespace}/{name}"), worker = %worker.info.worker_id, ms = begun.elapsed().as_millis() as u64, "actor started (cold boot)");
         Ok(Response::new(Self::reply(&worker, reply.epoch)))
     }
 
-    async fn restore(
+    async fn restore_inner(
         &self,
         req: Request<v1::RestoreRequest>,
     ) -> Result<Response<v1::NodeReply>, Status> {
+        let begun = std::time::Instant::now();
+        // Passed on to the worker's Start, as the api passed it here.
+        let request_id = ate_proto::request_id::of(&req).map(str::to_owned);
         let req = req.into_inner();
         let workload = req
             .workload
             .ok_or_else(|| Status::invalid_argument("invalid workload: missing"))?;
-        obj_key(&workload)?;
+        let (atespace, name) = obj_key(&workload)?;
         let snap = req
             .snapshot
             .ok_or_else(|| Status::invalid_argument("invalid snapshot: missing"))?;
@@ -488,25 +535,30 @@ impl NodeService for NodeAgent {
                 generation_dir: dir.display().to_string(),
                 fidelity: req.fidelity,
             };
+            let start = ate_proto::request_id::request(start, request_id.as_deref());
             async move { client.start(start).await }
         };
-        let reply = match self.local_copy(&snap) {
-            None => start(&self.fetch(&snap).await?).await?,
+        let (reply, from) = match self.local_copy(&snap) {
+            None => (start(&self.fetch(&snap).await?).await?, "durable copy"),
             Some(local) => match start(&local).await {
-                Ok(reply) => reply,
+                Ok(reply) => (reply, "node-local copy"),
                 Err(refused) => {
                     let dir = self.replace_damaged_local(&snap, &local, refused).await?;
-                    start(&dir).await?
+                    (
+                        start(&dir).await?,
+                        "durable copy replacing a damaged local one",
+                    )
                 }
             },
         };
+        tracing::info!(actor = %format!("{atespace}/{name}"), worker = %worker.info.worker_id, generation = snap.generation, from, ms = begun.elapsed().as_millis() as u64, "actor restored");
         Ok(Response::new(Self::reply(
             &worker,
             reply.into_inner().epoch,
         )))
     }
 
-    async fn checkpoint(
+    async fn checkpoint_inner(
         &self,
         req: Request<v1::CheckpointRequest>,
     ) -> Result<Response<v1::CheckpointReply>, Status> {
@@ -587,9 +639,11 @@ impl NodeService for NodeAgent {
             let agent = self.clone();
             let snap = snapshot.clone();
             let queue = self.inner.background_uploads.clone();
+            let mut queued = crate::metrics::BackgroundUpload::queued();
             tokio::spawn(async move {
                 // Closed only if the agent is dropping; upload anyway then.
                 let _permit = queue.acquire_owned().await.ok();
+                queued.running();
                 // Detached or deleted while queued: whoever did that owns its durable status.
                 if !ate_snapshot::is_sealed(Path::new(&snap.local_path)) {
                     return;
@@ -630,6 +684,37 @@ impl NodeService for NodeAgent {
             epoch: reply.epoch,
             kept_frozen,
         }))
+    }
+}
+
+#[tonic::async_trait]
+impl NodeService for NodeAgent {
+    async fn run(&self, req: Request<v1::RunRequest>) -> Result<Response<v1::NodeReply>, Status> {
+        let span = start_span("run", &req, req.get_ref().workload.as_ref());
+        let result = self.run_inner(req).instrument(span).await;
+        crate::metrics::ran(&result);
+        result
+    }
+
+    async fn restore(
+        &self,
+        req: Request<v1::RestoreRequest>,
+    ) -> Result<Response<v1::NodeReply>, Status> {
+        let begun = std::time::Instant::now();
+        let span = start_span("restore", &req, req.get_ref().workload.as_ref());
+        let result = self.restore_inner(req).instrument(span).await;
+        crate::metrics::restored(&result, begun);
+        result
+    }
+
+    async fn checkpoint(
+        &self,
+        req: Request<v1::CheckpointRequest>,
+    ) -> Result<Response<v1::CheckpointReply>, Status> {
+        let begun = std::time::Instant::now();
+        let result = self.checkpoint_inner(req).await;
+        crate::metrics::checkpointed(&result, begun);
+        result
     }
 
     async fn detach(

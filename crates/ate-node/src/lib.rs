@@ -8,6 +8,7 @@
 
 mod agent;
 mod fleet;
+pub mod metrics;
 mod sweep;
 
 use std::net::SocketAddr;
@@ -131,6 +132,7 @@ pub async fn run(
         })?;
     let bound = listener.local_addr()?;
     let agent = NodeAgent::new(cfg.clone(), bound).await?;
+    agent.export_gauges();
     if let Some(file) = &cfg.ready_file {
         let tmp = file.with_extension("tmp");
         std::fs::write(&tmp, format!("{{\"grpc\":\"{bound}\"}}"))?;

@@ -6,4 +6,5 @@ pub mod v1 {
 }
 
 mod convert;
+pub mod request_id;
 pub use convert::*;

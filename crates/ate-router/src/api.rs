@@ -22,9 +22,10 @@ pub struct Resumed {
 
 pub type ResumeFuture = Pin<Box<dyn Future<Output = Result<Resumed, tonic::Status>> + Send>>;
 
-/// One ResumeActor call.
+/// One ResumeActor call, on behalf of the request with id `request_id` (sent to the api as
+/// `x-request-id` metadata, so its logs of the resume carry it).
 pub trait Resume: Send + Sync + 'static {
-    fn resume(&self, actor: &ActorKey) -> ResumeFuture;
+    fn resume(&self, actor: &ActorKey, request_id: Option<&str>) -> ResumeFuture;
 }
 
 /// A call that failed in the transport (the api process died mid-call, its connection was
@@ -70,14 +71,17 @@ impl GrpcResume {
 }
 
 impl Resume for GrpcResume {
-    fn resume(&self, actor: &ActorKey) -> ResumeFuture {
+    fn resume(&self, actor: &ActorKey, request_id: Option<&str>) -> ResumeFuture {
         let mut client = self.client.clone();
-        let request = ResumeActorRequest {
-            actor: Some(ObjectRef {
-                atespace: actor.atespace().to_string(),
-                name: actor.name().to_string(),
-            }),
-        };
+        let request = ate_proto::request_id::request(
+            ResumeActorRequest {
+                actor: Some(ObjectRef {
+                    atespace: actor.atespace().to_string(),
+                    name: actor.name().to_string(),
+                }),
+            },
+            request_id,
+        );
         Box::pin(async move {
             let response = client
                 .resume_actor(request)

@@ -52,6 +52,12 @@ pub struct RouterConfig {
     #[arg(long = "tunnel-idle-per-actor")]
     pub tunnel_idle_per_actor: Option<usize>,
 
+    /// Write a JSON access log, one line per request: `stdout`, `stderr` or a file (appended
+    /// to). Off by default. Lines are written by a thread of their own; when it falls behind,
+    /// lines are dropped and counted, never waited for.
+    #[arg(long = "access-log", value_name = "stdout|stderr|FILE")]
+    pub access_log: Option<String>,
+
     /// The router's identity (`--tls-cert/--tls-key/--tls-ca`, `--trust-domain`): mTLS to the
     /// api and to every atunnel. Absent: plaintext.
     #[command(flatten)]
@@ -129,6 +135,7 @@ impl Default for RouterConfig {
             tls_listen: None,
             ingress_allowed_spiffe_ids: None,
             tunnel_idle_per_actor: None,
+            access_log: None,
             tls: ate_tls::TlsArgs::default(),
             tuning: Tuning::default(),
         }
@@ -211,6 +218,7 @@ mod tests {
             "--assignment-cache-ttl=0",
             "--drain-delay=1s",
             "--tunnel-idle-per-actor=8",
+            "--access-log=stderr",
         ])
         .unwrap();
         let r = cli.router;
@@ -222,5 +230,10 @@ mod tests {
         assert_eq!(r.assignment_cache_ttl, Duration::ZERO);
         assert_eq!(r.drain_delay, Duration::from_secs(1));
         assert_eq!(r.tunnel_idle_per_actor, Some(8));
+        assert_eq!(r.access_log.as_deref(), Some("stderr"));
+        assert_eq!(
+            Cli::try_parse_from(["ate"]).unwrap().router.access_log,
+            None
+        );
     }
 }

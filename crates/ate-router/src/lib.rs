@@ -8,8 +8,14 @@
 //! Pieces, each tested on its own: [`actor_ref`] (header), [`cache`] (assignments),
 //! [`single_flight`], [`parking`] (limit, places, backoff), [`error`] (status mapping),
 //! [`resolve`] (the resolution state machine), [`tunnel`] (atunnel client), [`proxy`] (one
-//! request), [`drain`] (relays the drain waits for), [`server`] (listeners, drain).
+//! request), [`drain`] (relays the drain waits for), [`server`] (listeners, drain),
+//! [`access_log`] (the optional JSON access log).
+//!
+//! Every request has an id (`x-request-id`: the client's if acceptable, else a new one), which
+//! reaches the actor, comes back on the response, is a field of the request's tracing span and
+//! goes to the api as gRPC metadata on ResumeActor.
 
+pub mod access_log;
 pub mod actor_ref;
 pub mod api;
 pub mod body;
@@ -36,6 +42,7 @@ pub use crate::api::{GrpcResume, Resume, Resumed};
 pub use crate::config::{RouterConfig, Tuning};
 pub use crate::metrics::Stats;
 
+use crate::access_log::AccessLog;
 use crate::cache::AssignmentCache;
 use crate::drain::Drain;
 use crate::parking::ParkingLot;
@@ -62,6 +69,11 @@ pub enum RouterError {
     TlsListenWithoutCert,
     #[error("install SIGTERM handler: {0}")]
     Signal(std::io::Error),
+    #[error("--access-log {target}: {source}")]
+    AccessLog {
+        target: String,
+        source: std::io::Error,
+    },
 }
 
 /// A router instance: its parts, shared by the listeners.
@@ -94,21 +106,33 @@ impl Router {
                 api: config.api.clone(),
                 source,
             })?;
-        Ok(Self::with_resume_tls(config, Arc::new(api), source))
+        Self::with_resume_tls(config, Arc::new(api), source)
     }
 
     /// A router over any [`Resume`] implementation.
-    pub fn with_resume(config: RouterConfig, api: Arc<dyn Resume>) -> Self {
+    pub fn with_resume(config: RouterConfig, api: Arc<dyn Resume>) -> Result<Self, RouterError> {
         Self::with_resume_tls(config, api, None)
     }
 
     /// Like `with_resume`; with `tls`, tunnels to atunnel use mTLS with the router's identity and
-    /// pin each worker's SPIFFE ID from its assignment.
+    /// pin each worker's SPIFFE ID from its assignment. Fails only when `--access-log` names a
+    /// file that cannot be opened.
     pub fn with_resume_tls(
         config: RouterConfig,
         api: Arc<dyn Resume>,
         tls: Option<ate_tls::CertSource>,
-    ) -> Self {
+    ) -> Result<Self, RouterError> {
+        let access_log = match &config.access_log {
+            Some(target) => {
+                Some(
+                    AccessLog::open(target).map_err(|source| RouterError::AccessLog {
+                        target: target.clone(),
+                        source,
+                    })?,
+                )
+            }
+            None => None,
+        };
         let stats = Arc::new(Stats::default());
         let t = &config.tuning;
         let resolver = Resolver::new(
@@ -141,17 +165,18 @@ impl Router {
             ProxyConfig {
                 max_uri_len: t.max_uri_len,
                 header_read_timeout: t.header_read_timeout,
+                access_log,
             },
             stats.clone(),
         );
-        Self {
+        Ok(Self {
             config,
             tls,
             proxy,
             resolver,
             tunnels,
             stats,
-        }
+        })
     }
 
     pub fn stats(&self) -> Arc<Stats> {
@@ -207,6 +232,7 @@ impl Router {
         let tls_ingress = self.tls_ingress().await?;
         let draining = Arc::new(AtomicBool::new(false));
         let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+        crate::metrics::export_tunnel_stats(&self.stats);
         let ops = tokio::spawn(server::serve_operations(
             metrics_listener,
             draining.clone(),
@@ -229,6 +255,7 @@ impl Router {
             budget = ?self.config.parked_request_budget,
             max = self.config.parked_request_max,
             ttl = ?self.config.assignment_cache_ttl,
+            access_log = ?self.config.access_log,
             "router serving"
         );
         let drain_flag = draining.clone();

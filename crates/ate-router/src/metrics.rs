@@ -1,41 +1,109 @@
-//! Metric names (the spec's `atenet.router.*` in Prometheus form), the process-wide Prometheus
-//! recorder, and in-process counters that tests (and `/healthz`) read without parsing text.
+//! Metric names (the spec's two `atenet.router.parking.*` series in Prometheus form, the rest
+//! under `ate_router_`), their descriptions, the process-wide Prometheus recorder (shared with
+//! the other components: [`ate_tls::telemetry`]), and in-process counters that tests (and
+//! `/healthz`) read without parsing text.
 
-use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Weak};
 
-use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
+use ate_tls::telemetry::PrometheusHandle;
+use metrics::Unit;
 
+/// The spec's `atenet.router.parking.active`: requests parked now.
 pub const PARKING_ACTIVE: &str = "atenet_router_parking_active";
+/// The spec's `atenet.router.parking.rejected`: requests refused because the lot was full.
 pub const PARKING_REJECTED: &str = "atenet_router_parking_rejected_total";
-pub const PARKING_WAIT: &str = "atenet_router_parking_wait_seconds";
-pub const RESOLVE_SECONDS: &str = "atenet_router_resolve_duration_seconds";
-pub const FORWARD_SECONDS: &str = "atenet_router_forward_duration_seconds";
-pub const REQUESTS: &str = "atenet_router_requests_total";
-pub const RESUME_CALLS: &str = "atenet_router_resume_calls_total";
-pub const STALE_RETRIES: &str = "atenet_router_stale_assignment_retries_total";
+pub const PARKING_WAIT: &str = "ate_router_parking_wait_seconds";
+pub const RESOLVE_SECONDS: &str = "ate_router_resolve_duration_seconds";
+pub const FORWARD_SECONDS: &str = "ate_router_forward_duration_seconds";
+pub const REQUESTS: &str = "ate_router_requests_total";
+pub const RESUME_CALLS: &str = "ate_router_resume_calls_total";
+pub const STALE_RETRIES: &str = "ate_router_stale_assignment_retries_total";
+pub const TUNNEL_CONNECTS: &str = "ate_router_tunnel_connects_total";
+pub const TUNNEL_REUSES: &str = "ate_router_tunnel_reuses_total";
 
-const BUCKETS: &[f64] = &[
-    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 7.5, 10.0,
-    15.0, 30.0,
-];
+/// Every series of the router with its help text (`# HELP` / `# TYPE` on `/metrics`).
+pub fn describe() {
+    metrics::describe_counter!(
+        crate::access_log::DROPPED_METRIC,
+        Unit::Count,
+        "Access log lines dropped because the writer fell behind (--access-log; requests never wait for it)."
+    );
+    metrics::describe_gauge!(
+        PARKING_ACTIVE,
+        Unit::Count,
+        "Requests parked now, waiting for their actor's resume (spec: atenet.router.parking.active)."
+    );
+    metrics::describe_counter!(
+        PARKING_REJECTED,
+        Unit::Count,
+        "Requests answered 503 at once because the parking lot was full (spec: atenet.router.parking.rejected)."
+    );
+    metrics::describe_histogram!(
+        PARKING_WAIT,
+        Unit::Seconds,
+        "Time a request spent parked, by how the wait ended (outcome: served, timeout, canceled, error)."
+    );
+    metrics::describe_histogram!(
+        RESOLVE_SECONDS,
+        Unit::Seconds,
+        "Time to find a request's worker: assignment cache hit, or a ResumeActor call (parking included)."
+    );
+    metrics::describe_histogram!(
+        FORWARD_SECONDS,
+        Unit::Seconds,
+        "Time from sending a request to the worker's atunnel to its response head."
+    );
+    metrics::describe_counter!(
+        REQUESTS,
+        Unit::Count,
+        "Requests answered by the router, by HTTP status code (status: exact for common codes, else 1xx..5xx)."
+    );
+    metrics::describe_counter!(
+        RESUME_CALLS,
+        Unit::Count,
+        "ResumeActor calls the router made to the api (one per actor per wake-up, shared by the requests waiting on it)."
+    );
+    metrics::describe_counter!(
+        STALE_RETRIES,
+        Unit::Count,
+        "Requests retried after the worker answered 421 (a stale cached assignment, or an actor suspending)."
+    );
+    metrics::describe_counter!(
+        TUNNEL_CONNECTS,
+        Unit::Count,
+        "New atunnel connections (TCP + TLS + HTTP/2) the router opened to workers."
+    );
+    metrics::describe_counter!(
+        TUNNEL_REUSES,
+        Unit::Count,
+        "Requests sent over an already open atunnel connection."
+    );
+    // Present (at zero) from the start: alerts and rate() need the series before the first event.
+    metrics::gauge!(PARKING_ACTIVE).increment(0.0);
+    metrics::counter!(PARKING_REJECTED).increment(0);
+    metrics::counter!(RESUME_CALLS).increment(0);
+    metrics::counter!(STALE_RETRIES).increment(0);
+}
 
 /// The Prometheus handle behind `/metrics`. Installed once per process; if the embedding binary
-/// already installed another recorder, ours renders only what it was given (nothing).
+/// already installed another recorder, ours renders only the process series.
 pub fn prometheus() -> &'static PrometheusHandle {
-    static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
-    HANDLE.get_or_init(|| {
-        let builder = PrometheusBuilder::new();
-        let builder = builder
-            .set_buckets(BUCKETS)
-            .unwrap_or_else(|_| PrometheusBuilder::new());
-        let recorder = builder.build_recorder();
-        let handle = recorder.handle();
-        if metrics::set_global_recorder(recorder).is_err() {
-            tracing::warn!("a metrics recorder was already installed; /metrics shows only ours");
-        }
-        handle
-    })
+    ate_tls::telemetry::install("router", describe)
+}
+
+/// Exports `stats`' tunnel counters (kept by the tunnel pool, which has no recorder calls of its
+/// own) at every scrape, for as long as the router holding them lives.
+pub fn export_tunnel_stats(stats: &Arc<Stats>) {
+    let stats: Weak<Stats> = Arc::downgrade(stats);
+    ate_tls::telemetry::on_scrape(move || {
+        let Some(stats) = stats.upgrade() else {
+            return false;
+        };
+        metrics::counter!(TUNNEL_CONNECTS).absolute(Stats::get(&stats.tunnel_connects));
+        metrics::counter!(TUNNEL_REUSES).absolute(Stats::get(&stats.tunnel_reuses));
+        true
+    });
 }
 
 /// Counters of one router instance, read by tests and logs.

@@ -5,11 +5,17 @@
 //! forwarded as HTTP/2 over the actor port's shared gRPC tunnel, so trailers pass through
 //! untouched; a client `CONNECT host:port` opens a tunnel in which each HTTP/1.1 request is routed
 //! on its own. Relays and client tunnels are registered with the [`Drain`].
+//!
+//! Every request gets an id ([`REQUEST_ID`]: the client's if acceptable, else a new one), which
+//! the actor receives, the response carries, and the request's tracing span (`request_id`,
+//! `actor`) holds around its resolution, parking and forwarding. A request the router answers
+//! with an error of its own is logged in one line ([`log_failure`]); with `--access-log` every
+//! request is a line of the access log.
 
 use std::convert::Infallible;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use ate_core::{ACTIVATION_HEADER, TARGET_ACTOR_HEADER, TARGET_PORT_HEADER};
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
@@ -18,7 +24,9 @@ use hyper::body::Incoming;
 use hyper::ext::Protocol;
 use hyper::service::service_fn;
 use hyper_util::rt::TokioTimer;
+use tracing::Instrument;
 
+use crate::access_log::{AccessLog, Entry};
 use crate::actor_ref::{ActorKey, parse_port, parse_target};
 use crate::body::RouterBody;
 use crate::cache::Route;
@@ -32,6 +40,9 @@ use crate::tunnel::{FailureKind, SendFailed, TunnelError, Tunnels};
 
 /// Response header telling how the actor was found: `cold`, `warm` or `parked`.
 pub const RESUME_HEADER: &str = "ate-resume";
+
+/// The request's id, on the request to the actor and on every response (`x-request-id`).
+pub const REQUEST_ID: HeaderName = HeaderName::from_static(ate_core::REQUEST_ID_HEADER);
 
 /// Set on the HTTP/1.1 upgrade the router makes for an HTTP/2 WebSocket (RFC 6455 §4.1).
 const SEC_WEBSOCKET_KEY: HeaderName = HeaderName::from_static("sec-websocket-key");
@@ -85,6 +96,90 @@ impl Mode {
 pub struct ProxyConfig {
     pub max_uri_len: usize,
     pub header_read_timeout: Duration,
+    /// `--access-log`: one line per request.
+    pub access_log: Option<AccessLog>,
+}
+
+/// What [`Proxy::forward`] measured, for the access log. Microseconds in `u32`s (`u32::MAX`:
+/// not measured) rather than `Option<Duration>`s: every request future carries this twice.
+#[derive(Debug, Clone, Copy)]
+pub struct Timings {
+    /// Finding (or waking) the actor, again after a stale route included.
+    resolve_us: u32,
+    /// Sending the request to the actor until its response head (the last attempt).
+    forward_us: u32,
+    /// How the actor was found.
+    pub kind: Option<ResumeKind>,
+}
+
+impl Default for Timings {
+    fn default() -> Self {
+        Self {
+            resolve_us: u32::MAX,
+            forward_us: u32::MAX,
+            kind: None,
+        }
+    }
+}
+
+impl Timings {
+    fn micros(d: Duration) -> u32 {
+        u32::try_from(d.as_micros()).unwrap_or(u32::MAX - 1)
+    }
+    fn add_resolve(&mut self, d: Duration) {
+        let before = if self.resolve_us == u32::MAX {
+            0
+        } else {
+            self.resolve_us
+        };
+        self.resolve_us = before.saturating_add(Self::micros(d)).min(u32::MAX - 1);
+    }
+    fn duration(us: u32) -> Option<Duration> {
+        (us != u32::MAX).then(|| Duration::from_micros(u64::from(us)))
+    }
+    /// Finding (or waking) the actor (every resolution of the request), if it was measured.
+    pub fn resolve(&self) -> Option<Duration> {
+        Self::duration(self.resolve_us)
+    }
+    /// Sending the request to the actor until its response head, if it was measured.
+    pub fn forward(&self) -> Option<Duration> {
+        Self::duration(self.forward_us)
+    }
+}
+
+/// The answer [`Proxy::forward`] got for a request, with the actor it was given back.
+pub struct Forwarded<A> {
+    pub response: Response<RouterBody>,
+    pub timings: Timings,
+    pub actor: A,
+}
+
+/// What the router knows about a request from its start until its answer.
+struct Begun {
+    /// The request's id; the router's own copy, for the response.
+    id: HeaderValue,
+    /// The client's id was kept (it is already on the request); else `id` replaces it.
+    kept: bool,
+    /// Only with the access log on (boxed: every request future carries this).
+    access: Option<Box<AccessStart>>,
+}
+
+struct AccessStart {
+    time: SystemTime,
+    started: Instant,
+    method: Method,
+    path: String,
+}
+
+/// Why the router answered an error itself, beyond what the client is told (the worker, the
+/// tunnel's error, an internal reason): a response extension, logged by [`log_failure`].
+#[derive(Debug, Clone)]
+struct Detail(String);
+
+/// `response` with a [`Detail`] for the failure log.
+fn with_detail(mut response: Response<RouterBody>, detail: String) -> Response<RouterBody> {
+    response.extensions_mut().insert(Detail(detail));
+    response
 }
 
 pub struct Proxy {
@@ -145,19 +240,86 @@ impl Proxy {
     /// hyper allocates this future's full size for every connection, parked ones included.
     pub fn handle(
         self: Arc<Self>,
-        request: Request<Incoming>,
+        mut request: Request<Incoming>,
     ) -> impl Future<Output = Result<Response<RouterBody>, Infallible>> + Send + use<> {
         use futures::future::{Either, FutureExt, ready};
+        let begun = self.begin(&mut request);
         let answer = match self.preflight(request) {
-            Preflight::Forward(request, target, port) => {
-                Either::Left(self.forward(request, Target(target), port))
+            Preflight::Forward(mut request, target, port) => {
+                if !begun.kept {
+                    request.headers_mut().insert(REQUEST_ID, begun.id.clone());
+                }
+                let span = request_span(&begun.id, &target);
+                let forward = self.clone().forward(request, Target(target), port);
+                Either::Left(forward.instrument(span).map(|f| {
+                    let Target(actor) = f.actor;
+                    (f.response, f.timings, Some(actor))
+                }))
             }
-            Preflight::Answer(response) => Either::Right(ready(response)),
+            Preflight::Answer(response, target) => {
+                Either::Right(ready((response, Timings::default(), target)))
+            }
         };
-        answer.map(|response| {
-            metrics::counter!(REQUESTS, "status" => status_label(response.status())).increment(1);
-            Ok(response)
+        answer.map(move |(response, timings, actor)| {
+            let actor = actor.as_ref().and_then(|a| a.to_str().ok());
+            Ok(self.finish(response, begun, actor.unwrap_or_default(), timings))
         })
+    }
+
+    /// The request's id (see [`request_id`]) and, with the access log on, what its line needs
+    /// from the request.
+    fn begin(&self, request: &mut Request<Incoming>) -> Begun {
+        let (id, kept) = request_id(request.headers());
+        let access = self.cfg.access_log.as_ref().map(|_| {
+            let uri = request.uri();
+            // A CONNECT names an authority, not a path.
+            let path = match (uri.path_and_query(), uri.authority()) {
+                (Some(pq), _) => pq.path(),
+                (None, Some(authority)) => authority.as_str(),
+                (None, None) => "",
+            };
+            Box::new(AccessStart {
+                time: SystemTime::now(),
+                started: Instant::now(),
+                method: request.method().clone(),
+                path: path.to_owned(),
+            })
+        });
+        Begun { id, kept, access }
+    }
+
+    /// Every answer ends here: the request counter, the failure line, the access log line, and
+    /// the request's id on the response.
+    fn finish(
+        &self,
+        mut response: Response<RouterBody>,
+        begun: Begun,
+        actor: &str,
+        timings: Timings,
+    ) -> Response<RouterBody> {
+        let status = response.status();
+        metrics::counter!(REQUESTS, "status" => status_label(status)).increment(1);
+        let id = begun.id.to_str().unwrap_or_default();
+        log_failure(&response, id, actor);
+        if let (Some(log), Some(start)) = (&self.cfg.access_log, begun.access) {
+            use hyper::body::Body as _;
+            let start = *start;
+            log.record(Entry {
+                time: start.time,
+                request_id: id.to_owned(),
+                actor: actor.to_owned(),
+                method: start.method,
+                path: start.path,
+                status: status.as_u16(),
+                resume: timings.kind.map(ResumeKind::header_value),
+                duration: start.started.elapsed(),
+                resolve: timings.resolve(),
+                forward: timings.forward(),
+                bytes: response.body().size_hint().exact(),
+            });
+        }
+        response.headers_mut().insert(REQUEST_ID, begun.id);
+        response
     }
 
     /// Checks the target and takes the routing headers out of `request` (they must not reach
@@ -174,7 +336,10 @@ impl Proxy {
             ports,
         ) {
             Ok(port) => port,
-            Err((status, body)) => return Preflight::Answer(text(status, body)),
+            Err((status, body)) => {
+                let valid = target.filter(|t| targets == 1 && parse_target(Some(t)).is_ok());
+                return Preflight::Answer(text(status, body), valid);
+            }
         };
         // Present: `check_routing` refuses a missing header.
         let target = target.unwrap_or_else(|| HeaderValue::from_static(""));
@@ -184,14 +349,18 @@ impl Proxy {
                 if !protocol.as_str().eq_ignore_ascii_case("websocket") {
                     let body = format!(
                         "actor {}: extended CONNECT :protocol {} is not supported (only websocket)",
-                        Target(target).as_ref(),
+                        Target(target.clone()).as_ref(),
                         shown(protocol.as_str().as_bytes())
                     );
-                    return Preflight::Answer(text(StatusCode::NOT_IMPLEMENTED, body));
+                    return Preflight::Answer(
+                        text(StatusCode::NOT_IMPLEMENTED, body),
+                        Some(target),
+                    );
                 }
                 return Preflight::Forward(request, target, port.unwrap_or(80));
             }
-            return Preflight::Answer(self.client_connect(request, Target(target).as_ref(), port));
+            let response = self.client_connect(request, Target(target.clone()).as_ref(), port);
+            return Preflight::Answer(response, Some(target));
         }
         Preflight::Forward(request, target, port.unwrap_or(80))
     }
@@ -235,20 +404,34 @@ impl Proxy {
         }
     }
 
-    /// Resolves `actor` and forwards `request` to its `port`; a stale route is evicted, resolved
-    /// again and retried once (the client never sees the 421).
-    pub async fn forward(
+    /// Resolves `actor` and forwards `request` (carrying its [`REQUEST_ID`]) to its `port`; a
+    /// stale route is evicted, resolved again and retried once (the client never sees the 421).
+    pub async fn forward<A: AsRef<str>>(
         self: Arc<Self>,
         mut request: Request<Incoming>,
-        actor: impl AsRef<str>,
+        actor: A,
         port: u16,
-    ) -> Response<RouterBody> {
-        let actor = actor.as_ref();
+    ) -> Forwarded<A> {
+        let mut timings = Timings::default();
+        macro_rules! done {
+            ($response:expr) => {{
+                let response = $response;
+                return Forwarded {
+                    response,
+                    timings,
+                    actor,
+                };
+            }};
+        }
+        let name = actor.as_ref();
         let started = Instant::now();
-        let (mut route, mut kind) = match self.resolver.resolve(actor).await {
+        let found = self.resolver.resolve(name, id_of(&request)).await;
+        timings.add_resolve(started.elapsed());
+        let (mut route, mut kind) = match found {
             Ok(found) => found,
-            Err(e) => return error_response(&e, actor),
+            Err(e) => done!(error_response(&e, name)),
         };
+        timings.kind = Some(kind);
         metrics::histogram!(RESOLVE_SECONDS).record(started.elapsed().as_secs_f64());
 
         let mode = Mode::of(&request);
@@ -264,17 +447,18 @@ impl Proxy {
             let result = match mode {
                 Mode::Http1 => self
                     .tunnels
-                    .send_h1(&route, actor, port, request)
+                    .send_h1(&route, name, port, request)
                     .await
                     .map(|r| r.map(RouterBody::from)),
-                Mode::Upgrade => self.upgrade(&route, actor, port, request).await,
-                Mode::H2WebSocket => self.h2_websocket(&route, actor, port, request).await,
-                Mode::Grpc => self.tunnels.send_grpc(&route, actor, port, request).await,
+                Mode::Upgrade => self.upgrade(&route, name, port, request).await,
+                Mode::H2WebSocket => self.h2_websocket(&route, name, port, request).await,
+                Mode::Grpc => self.tunnels.send_grpc(&route, name, port, request).await,
             };
+            timings.forward_us = Timings::micros(sent.elapsed());
             match result {
                 Ok(response) => {
                     metrics::histogram!(FORWARD_SECONDS).record(sent.elapsed().as_secs_f64());
-                    return finish_response(response, kind);
+                    done!(finish_response(response, kind));
                 }
                 Err(SendFailed {
                     error,
@@ -282,29 +466,34 @@ impl Proxy {
                 }) if error.route_is_bad()
                     && (retries == 0 || started.elapsed() < self.resolver.budget()) =>
                 {
-                    tracing::debug!(%actor, worker = %route.worker, %error, retries, "route is bad; resolving again");
+                    tracing::debug!(actor = %name, worker = %route.worker, %error, retries, "route is bad; resolving again");
                     if retries > 0 {
                         tokio::time::sleep(backoff.next_delay()).await;
                     }
                     retries += 1;
                     self.stats.stale_retries.fetch_add(1, Ordering::Relaxed);
                     metrics::counter!(STALE_RETRIES).increment(1);
-                    self.resolver.evict_stale(actor, &route);
-                    self.tunnels.evict(actor, &route.worker);
-                    match self.resolver.resolve(actor).await {
+                    self.resolver.evict_stale(name, &route);
+                    self.tunnels.evict(name, &route.worker);
+                    let resolving = Instant::now();
+                    let found = self.resolver.resolve(name, id_of(&back)).await;
+                    timings.add_resolve(resolving.elapsed());
+                    match found {
                         Ok((r, k)) => {
                             route = r;
                             kind = kind.max(k);
+                            timings.kind = Some(kind);
                         }
-                        Err(e) => return error_response(&e, actor),
+                        Err(e) => done!(error_response(&e, name)),
                     }
                     request = back;
                 }
                 Err(failed) => {
                     // Boxed: only failed requests ask atunnel why, and the probe's future
                     // would otherwise sit in every request's future.
-                    let why = Box::pin(self.explain(&route, actor, port, failed)).await;
-                    return text(why.status(), why.body(actor, port));
+                    let (why, detail) = Box::pin(self.explain(&route, name, port, failed)).await;
+                    let response = text(why.status(), why.body(name, port));
+                    done!(with_detail(response, detail));
                 }
             }
         }
@@ -314,13 +503,14 @@ impl Proxy {
     /// ended after the request was written is either the actor's own doing or atunnel closing
     /// the actor's tunnels because its ingress went off (a suspend, a move): atunnel is asked
     /// whether the actor is still active there (a probe, nothing dialed) to tell the two apart.
+    /// Also returns what the failure line logs beyond the client's text.
     async fn explain(
         &self,
         route: &Route,
         actor: &str,
         port: u16,
         failed: SendFailed<Request<Incoming>>,
-    ) -> ForwardError {
+    ) -> (ForwardError, String) {
         let error = failed.error;
         let why = match error.kind() {
             FailureKind::PortClosed => ForwardError::PortClosed,
@@ -341,8 +531,7 @@ impl Proxy {
             }
             FailureKind::Other => ForwardError::Tunnel,
         };
-        tracing::warn!(%actor, worker = %route.worker, port, %error, %why, "forward failed");
-        why
+        (why, format!("worker {} port {port}: {error}", route.worker))
     }
 
     /// WebSocket (any HTTP/1.1 upgrade): forward the handshake on a fresh tunnel, then relay bytes.
@@ -426,9 +615,12 @@ impl Proxy {
             return Ok(response.map(RouterBody::from));
         }
         if status.is_success() {
-            tracing::warn!(%actor, %status, "actor answered a WebSocket upgrade without switching protocols");
             let why = ForwardError::UpgradeRefused;
-            return Ok(text(why.status(), why.body(actor, port)));
+            let detail = format!("the actor answered the WebSocket upgrade with {status}");
+            return Ok(with_detail(
+                text(why.status(), why.body(actor, port)),
+                detail,
+            ));
         }
         Ok(response.map(RouterBody::from))
     }
@@ -475,14 +667,20 @@ impl Proxy {
                 () = relay.cut() => return,
             };
             let header_read_timeout = proxy.cfg.header_read_timeout;
-            let service = service_fn(move |inner: Request<Incoming>| {
+            let service = service_fn(move |mut inner: Request<Incoming>| {
                 let proxy = proxy.clone();
                 let actor = actor.clone();
                 async move {
-                    let response = proxy.tunneled_request(inner, &actor, port).await;
-                    metrics::counter!(REQUESTS, "status" => status_label(response.status()))
-                        .increment(1);
-                    Ok::<_, Infallible>(response)
+                    let begun = proxy.begin(&mut inner);
+                    if !begun.kept {
+                        inner.headers_mut().insert(REQUEST_ID, begun.id.clone());
+                    }
+                    let span = request_span(&begun.id, actor.as_str());
+                    let (response, timings) = proxy
+                        .tunneled_request(inner, &actor, port)
+                        .instrument(span)
+                        .await;
+                    Ok::<_, Infallible>(proxy.finish(response, begun, actor.as_str(), timings))
                 }
             });
             let conn = hyper::server::conn::http1::Builder::new()
@@ -518,27 +716,24 @@ impl Proxy {
         mut request: Request<Incoming>,
         actor: &ActorKey,
         port: u16,
-    ) -> Response<RouterBody> {
+    ) -> (Response<RouterBody>, Timings) {
         if request.method() == Method::CONNECT {
-            return text(
-                StatusCode::BAD_REQUEST,
-                format!("actor {actor}: a CONNECT inside a CONNECT tunnel is not supported"),
-            );
+            let body = format!("actor {actor}: a CONNECT inside a CONNECT tunnel is not supported");
+            return (text(StatusCode::BAD_REQUEST, body), Timings::default());
         }
         if uri_len(request.uri()) > self.cfg.max_uri_len {
-            return text(
-                StatusCode::URI_TOO_LONG,
-                format!(
-                    "actor {actor}: request target longer than {} bytes",
-                    self.cfg.max_uri_len
-                ),
+            let body = format!(
+                "actor {actor}: request target longer than {} bytes",
+                self.cfg.max_uri_len
             );
+            return (text(StatusCode::URI_TOO_LONG, body), Timings::default());
         }
         // The tunnel's actor and port apply to every request inside; these are dropped.
         request.headers_mut().remove(TARGET_ACTOR_HEADER);
         request.headers_mut().remove(TARGET_PORT_HEADER);
         request.headers_mut().remove(ACTIVATION_HEADER);
-        self.clone().forward(request, actor.as_str(), port).await
+        let forwarded = self.clone().forward(request, actor.as_str(), port).await;
+        (forwarded.response, forwarded.timings)
     }
 }
 
@@ -580,8 +775,85 @@ enum Preflight {
     /// Forward the request (routing headers removed) to the actor of this `ate-target-actor`, at
     /// this port.
     Forward(Request<Incoming>, HeaderValue, u16),
-    /// Answer at once.
-    Answer(Response<RouterBody>),
+    /// Answer at once; the request's `ate-target-actor` if it named one valid actor.
+    Answer(Response<RouterBody>, Option<HeaderValue>),
+}
+
+/// The id of a request: the client's `x-request-id` when there is exactly one and it is
+/// acceptable (1-128 printable ASCII characters, no space: `ate_core::request_id::is_valid`),
+/// as the router's own copy (`true`: the request already carries it); else a new random 128-bit
+/// id in hex (`false`: the caller puts it on the request, replacing the client's). One small
+/// allocation either way; a copy of the client's value rather than a slice of it, which would
+/// keep hyper's read buffer shared (and make hyper allocate a new one) until the response.
+fn request_id(headers: &HeaderMap) -> (HeaderValue, bool) {
+    let mut sent = headers.get_all(&REQUEST_ID).iter();
+    if let (Some(value), None) = (sent.next(), sent.next())
+        && ate_core::request_id::is_valid(value.as_bytes())
+        && let Ok(own) =
+            HeaderValue::from_maybe_shared(bytes::Bytes::copy_from_slice(value.as_bytes()))
+    {
+        return (own, true);
+    }
+    let id = ate_core::request_id::hex_id(rand::random());
+    // One allocation, shared by the request and the response (clones are reference counts).
+    let id = HeaderValue::from_maybe_shared(bytes::Bytes::from_owner(id))
+        .unwrap_or_else(|_| HeaderValue::from_static("0"));
+    (id, false)
+}
+
+/// The request id a request carries (set before it is forwarded); empty if none.
+fn id_of<B>(request: &Request<B>) -> &str {
+    request
+        .headers()
+        .get(&REQUEST_ID)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default()
+}
+
+/// The span around one request's resolution, parking and forwarding.
+fn request_span(id: &HeaderValue, actor: impl AsRef<[u8]>) -> tracing::Span {
+    let actor = std::str::from_utf8(actor.as_ref()).unwrap_or_default();
+    let request_id = id.to_str().unwrap_or_default();
+    tracing::info_span!("request", request_id = %request_id, actor = %actor)
+}
+
+/// One line for a request the router answered with an error of its own (status 400 or more and
+/// a body the router wrote; an actor's own error answers are not logged): warn for 5xx, info for
+/// 4xx. Carries the request id, the actor, the status, the client's text and the [`Detail`].
+fn log_failure(response: &Response<RouterBody>, request_id: &str, actor: &str) {
+    let status = response.status();
+    let RouterBody::Text(body) = response.body() else {
+        return;
+    };
+    if status.as_u16() < 400 {
+        return;
+    }
+    let error = body
+        .as_deref()
+        .map(String::from_utf8_lossy)
+        .unwrap_or_default();
+    let error = error.trim_end();
+    let detail = response.extensions().get::<Detail>().map(|d| d.0.as_str());
+    let code = status.as_u16();
+    if status.is_server_error() {
+        tracing::warn!(
+            request_id,
+            actor,
+            status = code,
+            error,
+            detail,
+            "request failed"
+        );
+    } else {
+        tracing::info!(
+            request_id,
+            actor,
+            status = code,
+            error,
+            detail,
+            "request failed"
+        );
+    }
 }
 
 /// An `ate-target-actor` value that [`parse_target`] accepted, as the actor's `<atespace>/<name>`.
@@ -738,17 +1010,18 @@ pub fn text(status: StatusCode, body: impl Into<bytes::Bytes>) -> Response<Route
     response
 }
 
+/// The answer to a request whose actor could not be found or woken; the failure line says why
+/// (for an internal error, the reason the client is not shown).
 fn error_response(error: &ResolveError, actor: &str) -> Response<RouterBody> {
-    if let ResolveError::Internal(detail) = error {
-        tracing::warn!(%actor, %detail, "resolve failed");
-    }
     let body = error.body(actor);
-    if body.is_empty() {
+    let response = if body.is_empty() {
         let mut response = Response::new(RouterBody::empty());
         *response.status_mut() = error.status();
-        return response;
-    }
-    text(error.status(), body)
+        response
+    } else {
+        text(error.status(), body)
+    };
+    with_detail(response, error.to_string())
 }
 
 #[cfg(test)]

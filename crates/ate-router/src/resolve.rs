@@ -100,10 +100,13 @@ impl Resolver {
         self.cfg.retry_initial
     }
 
-    /// The route of `actor` (`<atespace>/<name>`, already validated).
+    /// The route of `actor` (`<atespace>/<name>`, already validated) for the request with id
+    /// `request_id`. A resolution this request starts sends that id to the api and runs in the
+    /// request's tracing span; one it joins keeps those of the request that started it.
     pub async fn resolve(
         self: &Arc<Self>,
         actor: &str,
+        request_id: &str,
     ) -> Result<(Arc<Route>, ResumeKind), ResolveError> {
         if let Some(route) = self.cache.get(actor) {
             return Ok((route, ResumeKind::Warm));
@@ -121,7 +124,9 @@ impl Resolver {
                 })
             },
             |key, tx| {
-                tokio::spawn(self.clone().run_flight(key, tx));
+                use tracing::Instrument;
+                let id = (!request_id.is_empty()).then(|| request_id.to_string());
+                tokio::spawn(self.clone().run_flight(key, tx, id).in_current_span());
             },
         );
 
@@ -198,8 +203,13 @@ impl Resolver {
         self.lot.enabled()
     }
 
-    async fn run_flight(self: Arc<Self>, key: ActorKey, tx: watch::Sender<FlightState>) {
-        let result = self.attempts(&key, &tx).await;
+    async fn run_flight(
+        self: Arc<Self>,
+        key: ActorKey,
+        tx: watch::Sender<FlightState>,
+        request_id: Option<String>,
+    ) {
+        let result = self.attempts(&key, &tx, request_id.as_deref()).await;
         if let Ok(resumed) = &result {
             self.cache.insert(key.clone(), resumed.route.clone());
         }
@@ -213,6 +223,7 @@ impl Resolver {
         &self,
         key: &ActorKey,
         tx: &watch::Sender<FlightState>,
+        request_id: Option<&str>,
     ) -> Result<Resumed, ResolveError> {
         let parking = self.lot.enabled();
         let mut deadline: Option<Instant> = None;
@@ -222,7 +233,7 @@ impl Resolver {
             metrics::counter!(RESUME_CALLS).increment(1);
             // With a last known route, an api that does not answer at all (hung, stopped,
             // unreachable without a reset) is not waited for past a second either.
-            let call = self.api.resume(key);
+            let call = self.api.resume(key, request_id);
             let answer = match self.cache.last_known(key.as_str(), LAST_KNOWN_MAX_STALE) {
                 Some(route) => match tokio::time::timeout(LAST_KNOWN_AFTER, call).await {
                     Ok(answer) => answer,

@@ -13,7 +13,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use http::{Request, Response, StatusCode};
+use http::{Request, Response};
 use hyper::body::Incoming;
 use hyper::server::conn::http1;
 use hyper::service::service_fn;
@@ -26,7 +26,7 @@ use tokio::sync::watch;
 
 use crate::body::RouterBody;
 use crate::drain::{Drain, Phase};
-use crate::proxy::{Proxy, text};
+use crate::proxy::Proxy;
 
 /// After the drain deadline, how long relays get to notice the cut before `run` returns anyway.
 const CUT_GRACE: Duration = Duration::from_secs(1);
@@ -287,39 +287,27 @@ async fn serve_until_cut<F: Future>(
     }
 }
 
-/// `/healthz` (503 while draining) and `/metrics` until `stop` turns true.
+/// `/healthz` (503 while draining) and `/metrics` until `stop` turns true (the endpoint every
+/// component shares: [`ate_tls::telemetry`]).
 pub async fn serve_operations(
     listener: TcpListener,
     draining: Arc<AtomicBool>,
     mut stop: watch::Receiver<bool>,
 ) {
-    let handle = crate::metrics::prometheus();
-    loop {
-        tokio::select! {
-            _ = stop.wait_for(|s| *s) => return,
-            accepted = listener.accept() => {
-                let Ok((tcp, _)) = accepted else { continue };
-                let draining = draining.clone();
-                let service = service_fn(move |request: Request<Incoming>| {
-                    let draining = draining.clone();
-                    async move {
-                        let response: Response<RouterBody> = match request.uri().path() {
-                            "/healthz" if draining.load(Ordering::Relaxed) => {
-                                text(StatusCode::SERVICE_UNAVAILABLE, "draining\n")
-                            }
-                            "/healthz" => text(StatusCode::OK, "ok\n"),
-                            "/metrics" => text(StatusCode::OK, handle.render()),
-                            _ => text(StatusCode::NOT_FOUND, "not found\n"),
-                        };
-                        Ok::<_, Infallible>(response)
-                    }
-                });
-                tokio::spawn(async move {
-                    let _ = hyper::server::conn::http1::Builder::new()
-                        .serve_connection(TokioIo::new(tcp), service)
-                        .await;
-                });
-            }
+    crate::metrics::prometheus();
+    let health: ate_tls::telemetry::Health = Arc::new(move || {
+        if draining.load(Ordering::Relaxed) {
+            Err("draining".to_string())
+        } else {
+            Ok(())
         }
-    }
+    });
+    let endpoint = ate_tls::telemetry::Endpoint {
+        health: Some(health),
+        before_scrape: None,
+    };
+    ate_tls::telemetry::serve_with(listener, endpoint, async move {
+        let _ = stop.wait_for(|s| *s).await;
+    })
+    .await
 }

@@ -99,6 +99,18 @@ async fn warm_path_allocations() {
         routed - direct
     );
     println!("with ate-target-port: {with_port:.1}, with another header: {with_other:.1}");
+    // A client's `x-request-id` is kept (one small copy for the response) instead of a new one
+    // made (one allocation shared by request and response): no dearer than any other header
+    // the router passes on to the actor.
+    let id = Some(("x-request-id", "client-request-id-1"));
+    let with_id = allocations_per_request(w.router.addr, Some("a/b"), id, 200).await;
+    let custom = Some(("x-custom-header", "client-request-id-1"));
+    let with_custom = allocations_per_request(w.router.addr, Some("a/b"), custom, 200).await;
+    println!("with x-request-id: {with_id:.1}, with another passed-on header: {with_custom:.1}");
+    assert!(
+        with_id <= with_custom + 0.5,
+        "with x-request-id {with_id}, with x-custom-header {with_custom}"
+    );
     // A regression guard, not a target: the router + atunnel share must stay small.
     assert!(routed - direct < 150.0, "direct {direct}, routed {routed}");
     // (hyper's parse of one more non-standard header is ~3.5 allocations, in any header.)

@@ -228,7 +228,7 @@ async fn parked_request_is_served_when_a_worker_frees_up() {
     assert!((0.4..0.9).contains(&s), "{s}");
     let m = metrics_text(w.router.metrics_addr).await;
     assert!(
-        m.contains("atenet_router_parking_wait_seconds_count{outcome=\"served\"} 1"),
+        m.contains("ate_router_parking_wait_seconds_count{outcome=\"served\"} 1"),
         "{m}"
     );
 }
@@ -502,7 +502,7 @@ async fn client_disconnect_releases_its_parking_place() {
     let m = metrics_text(w.router.metrics_addr).await;
     assert_eq!(metric(&m, "atenet_router_parking_active"), Some(0.0), "{m}");
     assert!(
-        m.contains("atenet_router_parking_wait_seconds_count{outcome=\"canceled\"} 1"),
+        m.contains("ate_router_parking_wait_seconds_count{outcome=\"canceled\"} 1"),
         "{m}"
     );
 }
@@ -880,7 +880,7 @@ async fn ten_thousand_unknown_actors_are_404_and_the_cache_stays_empty() {
     assert_eq!(w.router.probe.resolutions_in_flight(), 0);
     let m = metrics_text(w.router.metrics_addr).await;
     assert!(
-        m.contains("atenet_router_requests_total{status=\"404\"} 10000"),
+        m.contains("ate_router_requests_total{status=\"404\"} 10000"),
         "{m}"
     );
 }
@@ -969,10 +969,10 @@ async fn healthz_and_metrics() {
     assert_eq!(get(w.router.addr, Some("a/b")).await.status, StatusCode::OK);
     let m = metrics_text(w.router.metrics_addr).await;
     for name in [
-        "atenet_router_requests_total{status=\"200\"} 1",
-        "atenet_router_resolve_duration_seconds_bucket",
-        "atenet_router_forward_duration_seconds_bucket",
-        "atenet_router_resume_calls_total 1",
+        "ate_router_requests_total{status=\"200\"} 1",
+        "ate_router_resolve_duration_seconds_bucket",
+        "ate_router_forward_duration_seconds_bucket",
+        "ate_router_resume_calls_total 1",
     ] {
         assert!(m.contains(name), "{name} missing in\n{m}");
     }

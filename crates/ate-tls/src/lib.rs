@@ -1,6 +1,8 @@
 //! Identity for Agent Substrate: SPIFFE IDs, the embedded local CA, rotating certificate
 //! sources, rustls configs that authenticate peers by SPIFFE ID during the handshake, and
-//! helpers to serve and call tonic over those configs.
+//! helpers to serve and call tonic over those configs; and [`telemetry`], the Prometheus
+//! recorder and `/metrics` + `/healthz` endpoint every component shares (this is the one crate
+//! all of them depend on that may do I/O).
 //!
 //! Everything uses the aws-lc-rs provider explicitly, so configs work whether or not
 //! [`install_crypto_provider`] was called; call it anyway first thing in `main` so other crates
@@ -16,6 +18,7 @@ pub mod id;
 pub mod join;
 pub mod peer;
 pub mod source;
+pub mod telemetry;
 
 use std::sync::{Arc, OnceLock};
 

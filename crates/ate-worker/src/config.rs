@@ -64,6 +64,11 @@ pub struct WorkerConfig {
     #[arg(long)]
     pub image_cache: Option<PathBuf>,
 
+    /// The actor log relay program (set by `ate worker` to `ate log-relay`, which stamps each
+    /// line with its time); `None`: plain `cat`.
+    #[arg(skip)]
+    pub log_relay: Option<Vec<String>>,
+
     /// How long a suspend lets requests in flight finish before it cuts them (a suspend request
     /// may ask for another grace). New requests wait meanwhile and resume the actor afterwards;
     /// idle connections close at once; WebSockets get a close frame (1001).
@@ -134,6 +139,7 @@ impl WorkerConfig {
             image_cache: None,
             image_retention: std::time::Duration::from_secs(24 * 3600),
             suspend_grace: std::time::Duration::from_secs(5),
+            log_relay: None,
             keep_frozen: None,
             frozen_ttl_seconds: 300,
             frozen_min_available_percent: 25,

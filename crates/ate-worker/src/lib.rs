@@ -10,6 +10,7 @@ pub mod egress;
 pub mod error;
 pub mod hardening;
 pub mod image;
+pub mod metrics;
 pub mod netns;
 pub mod netns_pool;
 pub mod pipe;

@@ -48,6 +48,10 @@ pub struct RuncConfig {
     pub criu: Option<PathBuf>,
     /// Network namespaces kept ready for the next starts and restores (0: made on demand).
     pub spare_netns: usize,
+    /// The program (and arguments) that copies a container's output into its log: reads the
+    /// pipe on stdin, appends to the log on stdout. `ate worker` uses `ate log-relay`, which
+    /// stamps each line with its time; plain `cat` (the default) does not.
+    pub log_relay: Vec<String>,
 }
 
 impl RuncConfig {
@@ -57,6 +61,7 @@ impl RuncConfig {
             runc: PathBuf::from("runc"),
             criu: None,
             spare_netns: crate::netns_pool::DEFAULT_SPARE_NETNS,
+            log_relay: vec!["cat".to_string()],
         }
     }
 }
@@ -68,6 +73,8 @@ pub struct RuncRuntime {
     criu: Option<String>,
     /// CRIU options for every dump and restore (see [`CRIU_OPTIONS`]).
     criu_conf: PathBuf,
+    /// See [`RuncConfig::log_relay`].
+    log_relay: Vec<String>,
     locks: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
     /// Container inits, children of the worker (a subreaper): exits without `runc state`.
     inits: Inits,
@@ -147,6 +154,7 @@ impl RuncRuntime {
             runc,
             criu,
             criu_conf,
+            log_relay: config.log_relay.clone(),
             locks: Mutex::new(HashMap::new()),
             inits: Inits::new(),
             relays: Mutex::new(HashMap::new()),
@@ -313,7 +321,7 @@ impl RuncRuntime {
     /// a restarted worker re-adopts the sandbox with its log still flowing.
     async fn spawn_detached(&self, actor: &ActorSandbox, args: Vec<String>) -> Result<()> {
         let (read, write) = nix::unistd::pipe2(OFlag::O_CLOEXEC).ctx(|| "create stdio pipe")?;
-        let copier = spawn_log_relay(read, actor.log_path()).await?;
+        let copier = spawn_log_relay(&self.log_relay, read, actor.log_path()).await?;
         let write_err: OwnedFd = write.try_clone().ctx(|| "dup stdio pipe")?;
         let mut full = self.base_args();
         full.extend(args);
@@ -1004,7 +1012,11 @@ async fn dir_size(dir: &Path) -> Result<u64> {
 /// ends at EOF, when the container and every runc holding the write end are gone. The returned
 /// child is reaped by whoever waits for it or by tokio once dropped; after a worker crash, by
 /// the process that inherits it.
-async fn spawn_log_relay(read: OwnedFd, log: PathBuf) -> Result<tokio::process::Child> {
+async fn spawn_log_relay(
+    relay: &[String],
+    read: OwnedFd,
+    log: PathBuf,
+) -> Result<tokio::process::Child> {
     // The log may live outside the actor dir (shared `<state>/logs/actors/<atespace>/`).
     if let Some(parent) = log.parent() {
         tokio::fs::create_dir_all(parent)
@@ -1016,15 +1028,20 @@ async fn spawn_log_relay(read: OwnedFd, log: PathBuf) -> Result<tokio::process::
         .append(true)
         .open(&log)
         .ctx(|| format!("open actor log {}", log.display()))?;
-    let mut command = Command::new("cat");
+    let (program, args) = relay
+        .split_first()
+        .map(|(p, a)| (p.as_str(), a))
+        .unwrap_or(("cat", &[]));
+    let mut command = Command::new(program);
     command
+        .args(args)
         .stdin(Stdio::from(read))
         .stdout(Stdio::from(file))
         .stderr(Stdio::null())
         .process_group(0)
         .kill_on_drop(false);
     command.spawn().map_err(|e| SandboxError::Command {
-        command: "cat (actor log relay)".to_string(),
+        command: format!("{program} (actor log relay)"),
         status: "could not start".to_string(),
         stderr: e.to_string(),
     })

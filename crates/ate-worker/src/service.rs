@@ -21,6 +21,7 @@ use tokio_stream::StreamExt as _;
 use tokio_stream::wrappers::UnixListenerStream;
 use tonic::transport::{Channel, Endpoint, Server, Uri};
 use tonic::{Request, Response, Status};
+use tracing::Instrument;
 
 use crate::config::WorkerConfig;
 use crate::image::ImageCache;
@@ -85,17 +86,34 @@ impl WorkerService for WorkerServiceImpl {
         &self,
         req: Request<v1::WorkerStartRequest>,
     ) -> Result<Response<v1::WorkerStartReply>, Status> {
-        self.worker.start(req.into_inner()).await.map(Response::new)
+        // Every line of the start carries the request id the node passed on (DESIGN §8).
+        let span = {
+            let request_id = ate_proto::request_id::of(&req).unwrap_or_default();
+            let actor = req
+                .get_ref()
+                .workload
+                .as_ref()
+                .and_then(|w| w.actor.as_ref())
+                .map(|a| format!("{}/{}", a.atespace, a.name))
+                .unwrap_or_default();
+            tracing::info_span!("start", request_id = %request_id, actor = %actor)
+        };
+        let req = req.into_inner();
+        let kind = crate::metrics::start_kind(&req);
+        let begun = std::time::Instant::now();
+        let result = self.worker.start(req).instrument(span).await;
+        crate::metrics::started(kind, &result, begun);
+        result.map(Response::new)
     }
 
     async fn checkpoint(
         &self,
         req: Request<v1::WorkerCheckpointRequest>,
     ) -> Result<Response<v1::WorkerCheckpointReply>, Status> {
-        self.worker
-            .checkpoint(req.into_inner())
-            .await
-            .map(Response::new)
+        let begun = std::time::Instant::now();
+        let result = self.worker.checkpoint(req.into_inner()).await;
+        crate::metrics::checkpointed(&result, begun);
+        result.map(Response::new)
     }
 
     async fn stop(
@@ -244,11 +262,16 @@ pub async fn run(
     tokio::fs::create_dir_all(&worker_dir)
         .await
         .map_err(io_err(format!("create {}", worker_dir.display())))?;
+    let defaults = RuncConfig::new(&worker_dir);
     let runtime = RuncRuntime::new(RuncConfig {
         spare_netns: config
             .spare_netns
             .min(usize::try_from(config.slots).unwrap_or(usize::MAX)),
-        ..RuncConfig::new(&worker_dir)
+        log_relay: config
+            .log_relay
+            .clone()
+            .unwrap_or_else(|| defaults.log_relay.clone()),
+        ..defaults
     })
     .await?;
     if config.remove_leftovers {
@@ -330,6 +353,7 @@ pub async fn run(
         .with_egress_denied(config.deny_egress.clone())
         .with_suspend_grace(config.suspend_grace),
     );
+    crate::metrics::export_gauges(&worker);
     // Sandboxes an earlier process of this worker left running are taken back (their
     // ingress waits for the node's reconciliation with the api).
     worker.adopt_leftovers().await;

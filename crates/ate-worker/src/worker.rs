@@ -238,6 +238,12 @@ impl Worker {
         .with_log_path(self.logs_dir.join(atespace).join(format!("{name}.log")))
     }
 
+    /// Actors running here and actors kept frozen in place (for the metrics).
+    pub(crate) fn occupancy(&self) -> (usize, usize) {
+        let t = self.table();
+        (t.actors.len(), t.frozen.len())
+    }
+
     /// True once the worker is stopping: its node asks the api to suspend every actor.
     pub fn draining(&self) -> bool {
         self.shutting_down.load(Ordering::Acquire)
@@ -363,6 +369,7 @@ impl Worker {
             if memory && f.gen_dir == gen_dir {
                 match self.thaw(&key, f, &spec, &workload).await {
                     Ok(()) => {
+                        crate::metrics::thawed(true);
                         let ready_ms =
                             u64::try_from(begun.elapsed().as_millis()).unwrap_or(u64::MAX);
                         tracing::info!(actor = %key, ready_ms, restore = req.generation_dir.as_str(), "actor thawed in place; ingress on");
@@ -373,6 +380,7 @@ impl Worker {
                     }
                     // The generation on disk is intact: restore it the ordinary way.
                     Err(e) => {
+                        crate::metrics::thawed(false);
                         tracing::warn!(actor = %key, error = %e.message(), "thaw failed; restoring the generation instead")
                     }
                 }
@@ -465,6 +473,13 @@ impl Worker {
         );
         self.tunnels.activate(&key, activation, dialer);
         let ready_ms = u64::try_from(begun.elapsed().as_millis()).unwrap_or(u64::MAX);
+        let kind = if generation_dir.is_some() {
+            "restore"
+        } else {
+            "cold"
+        };
+        crate::metrics::start_phase(kind, "boot_and_egress", egress_at);
+        crate::metrics::start_phase(kind, "probe", probed_at - egress_at);
         tracing::info!(
             actor = %key,
             ready_ms,
@@ -683,6 +698,9 @@ impl Worker {
         let ((checked, verified), built) = tokio::join!(verify, build);
         checked.map_err(|e| snapshot_status(&format!("generation {}", gen_dir.display()), e))?;
         let (started, extracted) = built?;
+        crate::metrics::start_phase("restore", "verify", verified);
+        crate::metrics::start_phase("restore", "extract", extracted);
+        crate::metrics::start_phase("restore", "runtime", begun.elapsed() - extracted);
         tracing::debug!(
             actor = %key_of(&sandbox.atespace, &sandbox.name),
             fidelity = ?fidelity,
@@ -1088,6 +1106,9 @@ impl Worker {
             }
         }
         let manifest = result?;
+        crate::metrics::checkpoint_phase("quiesce", quiesced);
+        crate::metrics::checkpoint_phase("dump_or_stop", stopped_at - quiesced);
+        crate::metrics::checkpoint_phase("seal", sealed_at - stopped_at);
         tracing::info!(
             actor = %key,
             fidelity = %manifest.fidelity,
@@ -1720,7 +1741,8 @@ async fn log_tail_from(path: &Path, from: u64, lines: usize) -> String {
         let mut buf = Vec::new();
         f.read_to_end(&mut buf).ok()?;
         let text = String::from_utf8_lossy(&buf);
-        let all: Vec<&str> = text.lines().collect();
+        // The relay's time stamps are not part of what the actor said.
+        let all: Vec<&str> = text.lines().map(ate_core::log_line::strip).collect();
         let from = all.len().saturating_sub(lines);
         Some(all[from..].join("\n"))
     })

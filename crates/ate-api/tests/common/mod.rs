@@ -129,6 +129,24 @@ impl TestApi {
             .map(|r| r.into_inner())
     }
 
+    /// ResumeActor as the router calls it: with `x-request-id` metadata.
+    pub async fn resume_with_id(
+        &self,
+        ns: &str,
+        name: &str,
+        request_id: &str,
+    ) -> Result<ResumeActorResponse, Status> {
+        let mut req = Request::new(ResumeActorRequest {
+            actor: Some(obj(ns, name)),
+        });
+        req.metadata_mut()
+            .insert("x-request-id", request_id.parse().expect("ASCII id"));
+        self.actors()
+            .resume_actor(req)
+            .await
+            .map(|r| r.into_inner())
+    }
+
     pub async fn suspend(&self, ns: &str, name: &str) -> Result<Actor, Status> {
         self.actors()
             .suspend_actor(SuspendActorRequest {
@@ -286,6 +304,8 @@ pub struct NodeCalls {
     pub restores: Mutex<Vec<RestoreRequest>>,
     /// Actors named by ForgetActor calls (`ns/name`).
     pub forgotten: Mutex<Vec<String>>,
+    /// The `x-request-id` metadata of each Run and Restore call, in order.
+    pub request_ids: Mutex<Vec<Option<String>>>,
 }
 
 struct NodeState {
@@ -354,6 +374,14 @@ impl TestNode {
 }
 
 impl NodeSvc {
+    fn record_request_id<T>(&self, req: &Request<T>) {
+        let id = req
+            .metadata()
+            .get("x-request-id")
+            .map(|v| v.to_str().unwrap_or("<not ASCII>").to_string());
+        self.0.calls.request_ids.lock().unwrap().push(id);
+    }
+
     async fn start_reply(&self, worker_id: &str) -> Result<Response<NodeReply>, Status> {
         let delay = *self.0.delay.lock().unwrap();
         tokio::time::sleep(delay).await;
@@ -382,12 +410,14 @@ impl NodeSvc {
 impl node_service_server::NodeService for NodeSvc {
     async fn run(&self, req: Request<RunRequest>) -> Result<Response<NodeReply>, Status> {
         self.0.calls.run.fetch_add(1, Ordering::SeqCst);
+        self.record_request_id(&req);
         let w = req.into_inner().workload.unwrap_or_default();
         self.start_reply(&w.worker_id).await
     }
 
     async fn restore(&self, req: Request<RestoreRequest>) -> Result<Response<NodeReply>, Status> {
         self.0.calls.restore.fetch_add(1, Ordering::SeqCst);
+        self.record_request_id(&req);
         let req = req.into_inner();
         let worker_id = req
             .workload

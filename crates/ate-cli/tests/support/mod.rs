@@ -81,6 +81,10 @@ pub struct System {
     pub api: String,
     /// The api's health/metrics address (`/metrics`), from the ready file.
     pub api_http: String,
+    /// The node agent's `/metrics` address, from the ready file (empty if absent).
+    pub node_metrics: String,
+    /// Each worker's `/metrics` address, from the ready file.
+    pub worker_metrics: Vec<String>,
     pub worker_ips: Vec<Ipv4Addr>,
     pub worker_port: u16,
 }
@@ -194,6 +198,15 @@ impl System {
             router_metrics: SocketAddr::from(([127, 0, 0, 1], router_metrics_port)),
             api: v["api"].as_str().expect("api").to_string(),
             api_http: v["api_http"].as_str().unwrap_or_default().to_string(),
+            node_metrics: v["node_metrics"].as_str().unwrap_or_default().to_string(),
+            worker_metrics: v["worker_metrics"]
+                .as_array()
+                .map(|a| {
+                    a.iter()
+                        .filter_map(|w| w.as_str().map(str::to_string))
+                        .collect()
+                })
+                .unwrap_or_default(),
             dir,
             worker_ips,
             worker_port,

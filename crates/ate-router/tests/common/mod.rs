@@ -65,6 +65,8 @@ pub type Script = Arc<dyn Fn(Call) -> Reply + Send + Sync>;
 struct ApiState {
     scripts: HashMap<String, Script>,
     calls: HashMap<String, (usize, Instant)>,
+    /// Every ResumeActor call in order: (actor, its `x-request-id` metadata).
+    request_ids: Vec<(String, Option<String>)>,
 }
 
 #[derive(Clone, Default)]
@@ -96,6 +98,18 @@ impl ScriptedApi {
         self.total.load(Ordering::SeqCst)
     }
 
+    /// The `x-request-id` metadata of each ResumeActor call for `actor`, in order.
+    pub fn request_ids(&self, actor: &str) -> Vec<Option<String>> {
+        self.state
+            .lock()
+            .unwrap()
+            .request_ids
+            .iter()
+            .filter(|(a, _)| a == actor)
+            .map(|(_, id)| id.clone())
+            .collect()
+    }
+
     /// Serves on 127.0.0.1:0; returns its address.
     pub async fn start(&self) -> SocketAddr {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -119,10 +133,15 @@ impl ActorService for ScriptedApi {
         req: tonic::Request<ResumeActorRequest>,
     ) -> Result<tonic::Response<ResumeActorResponse>, Status> {
         self.total.fetch_add(1, Ordering::SeqCst);
+        let request_id = req
+            .metadata()
+            .get("x-request-id")
+            .map(|v| v.to_str().unwrap_or("<not ASCII>").to_string());
         let r = req.into_inner().actor.unwrap_or_default();
         let key = format!("{}/{}", r.atespace, r.name);
         let (script, call) = {
             let mut st = self.state.lock().unwrap();
+            st.request_ids.push((key.clone(), request_id));
             let now = Instant::now();
             let entry = st.calls.entry(key.clone()).or_insert((0, now));
             let call = Call {

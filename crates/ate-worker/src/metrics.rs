@@ -1,0 +1,161 @@
+//! The worker's Prometheus series (`ate_worker_…`): names, descriptions, and the recording
+//! helpers WorkerService and the actor table call. Rendered by the endpoint every component
+//! shares ([`ate_tls::telemetry`]) when `ate worker --metrics-listen` is given; without it the
+//! calls below record into nothing.
+
+use std::sync::{Arc, Weak};
+use std::time::{Duration, Instant};
+
+use ate_proto::v1;
+use ate_tls::telemetry::PrometheusHandle;
+use metrics::Unit;
+use tonic::Status;
+
+pub const STARTS: &str = "ate_worker_starts_total";
+pub const START_SECONDS: &str = "ate_worker_start_seconds";
+pub const START_PHASE_SECONDS: &str = "ate_worker_start_phase_seconds";
+pub const THAWS: &str = "ate_worker_thaws_total";
+pub const CHECKPOINTS: &str = "ate_worker_checkpoints_total";
+pub const CHECKPOINT_SECONDS: &str = "ate_worker_checkpoint_seconds";
+pub const CHECKPOINT_PHASE_SECONDS: &str = "ate_worker_checkpoint_phase_seconds";
+pub const SNAPSHOT_BYTES_WRITTEN: &str = "ate_worker_snapshot_bytes_written_total";
+pub const SNAPSHOT_SIZE: &str = "ate_worker_snapshot_size_bytes";
+pub const ACTORS_ACTIVE: &str = "ate_worker_actors_active";
+pub const SLOTS: &str = "ate_worker_slots";
+pub const FROZEN_ACTORS: &str = "ate_worker_frozen_actors";
+
+/// Every series of the worker with its help text (`# HELP` / `# TYPE` on `/metrics`).
+pub fn describe() {
+    metrics::describe_counter!(
+        STARTS,
+        Unit::Count,
+        "Actor starts by kind (cold: a fresh boot; restore: from a generation, a thaw in place included) and outcome (ok, or the gRPC code in snake case)."
+    );
+    metrics::describe_histogram!(
+        START_SECONDS,
+        Unit::Seconds,
+        "Time from a start request to the actor ready (probe passed, ingress on), by kind and outcome."
+    );
+    metrics::describe_histogram!(
+        START_PHASE_SECONDS,
+        Unit::Seconds,
+        "Phases of a successful start, by kind and phase: verify (checksums of the generation's files, alongside extract and runtime), extract (rootfs and volumes), runtime (runc/CRIU restore or run), boot_and_egress (from the request to the sandbox started with its egress proxy), probe (the wakeup probe)."
+    );
+    metrics::describe_counter!(
+        THAWS,
+        Unit::Count,
+        "Restores served by thawing a sandbox kept frozen in place, by outcome (ok; failed: the generation was restored instead)."
+    );
+    metrics::describe_counter!(
+        CHECKPOINTS,
+        Unit::Count,
+        "Checkpoints by fidelity captured (memory, rootfs, volumes; none on failure) and outcome (ok, or the gRPC code in snake case)."
+    );
+    metrics::describe_histogram!(
+        CHECKPOINT_SECONDS,
+        Unit::Seconds,
+        "Checkpoint latency on the worker (grace for requests in flight included), by outcome."
+    );
+    metrics::describe_histogram!(
+        CHECKPOINT_PHASE_SECONDS,
+        Unit::Seconds,
+        "Phases of a successful checkpoint: quiesce (requests in flight, connections closing), dump_or_stop (CRIU dump, freeze or stop), seal (archives, checksums, manifest)."
+    );
+    metrics::describe_counter!(
+        SNAPSHOT_BYTES_WRITTEN,
+        Unit::Bytes,
+        "Bytes of the generations this worker wrote (their files' total size)."
+    );
+    metrics::describe_histogram!(
+        SNAPSHOT_SIZE,
+        Unit::Bytes,
+        "Size of each generation this worker wrote, by fidelity."
+    );
+    metrics::describe_gauge!(
+        ACTORS_ACTIVE,
+        Unit::Count,
+        "Actors running on this worker (each takes a slot)."
+    );
+    metrics::describe_gauge!(SLOTS, Unit::Count, "Actor slots this worker offers.");
+    metrics::describe_gauge!(
+        FROZEN_ACTORS,
+        Unit::Count,
+        "Checkpointed actors kept frozen in place (no slot taken; a resume here thaws them)."
+    );
+    // Present (at zero) from the start: rate() needs the series before the first event.
+    metrics::counter!(SNAPSHOT_BYTES_WRITTEN).increment(0);
+}
+
+/// Installs the process-wide recorder with the worker's series (idempotent).
+pub fn install() -> &'static PrometheusHandle {
+    ate_tls::telemetry::install("worker", describe)
+}
+
+/// `kind` label of a start request.
+pub(crate) fn start_kind(req: &v1::WorkerStartRequest) -> &'static str {
+    if req.generation_dir.is_empty() {
+        "cold"
+    } else {
+        "restore"
+    }
+}
+
+pub(crate) fn started<T>(kind: &'static str, result: &Result<T, Status>, begun: Instant) {
+    let outcome = ate_tls::telemetry::outcome(result);
+    metrics::counter!(STARTS, "kind" => kind, "outcome" => outcome).increment(1);
+    metrics::histogram!(START_SECONDS, "kind" => kind, "outcome" => outcome)
+        .record(begun.elapsed().as_secs_f64());
+}
+
+pub(crate) fn start_phase(kind: &'static str, phase: &'static str, took: Duration) {
+    metrics::histogram!(START_PHASE_SECONDS, "kind" => kind, "phase" => phase)
+        .record(took.as_secs_f64());
+}
+
+pub(crate) fn thawed(ok: bool) {
+    let outcome = if ok { "ok" } else { "failed" };
+    metrics::counter!(THAWS, "outcome" => outcome).increment(1);
+}
+
+/// `fidelity` label of a wire fidelity.
+fn fidelity_label(wire: i32) -> &'static str {
+    match ate_core::Fidelity::from_wire(wire) {
+        Some(ate_core::Fidelity::Memory) => "memory",
+        Some(ate_core::Fidelity::Rootfs) => "rootfs",
+        Some(ate_core::Fidelity::Volumes) => "volumes",
+        None => "none",
+    }
+}
+
+pub(crate) fn checkpointed(result: &Result<v1::WorkerCheckpointReply, Status>, begun: Instant) {
+    let outcome = ate_tls::telemetry::outcome(result);
+    let fidelity = result
+        .as_ref()
+        .map_or("none", |reply| fidelity_label(reply.fidelity));
+    metrics::counter!(CHECKPOINTS, "fidelity" => fidelity, "outcome" => outcome).increment(1);
+    metrics::histogram!(CHECKPOINT_SECONDS, "outcome" => outcome)
+        .record(begun.elapsed().as_secs_f64());
+    if let Ok(reply) = result {
+        metrics::counter!(SNAPSHOT_BYTES_WRITTEN).increment(reply.size_bytes);
+        metrics::histogram!(SNAPSHOT_SIZE, "fidelity" => fidelity).record(reply.size_bytes as f64);
+    }
+}
+
+pub(crate) fn checkpoint_phase(phase: &'static str, took: Duration) {
+    metrics::histogram!(CHECKPOINT_PHASE_SECONDS, "phase" => phase).record(took.as_secs_f64());
+}
+
+/// Keeps the slot and frozen gauges of `worker` current at every scrape while it lives.
+pub(crate) fn export_gauges(worker: &Arc<crate::worker::Worker>) {
+    let worker: Weak<crate::worker::Worker> = Arc::downgrade(worker);
+    ate_tls::telemetry::on_scrape(move || {
+        let Some(worker) = worker.upgrade() else {
+            return false;
+        };
+        let (active, frozen) = worker.occupancy();
+        metrics::gauge!(ACTORS_ACTIVE).set(active as f64);
+        metrics::gauge!(SLOTS).set(f64::from(worker.ident.slots));
+        metrics::gauge!(FROZEN_ACTORS).set(frozen as f64);
+        true
+    });
+}
