@@ -61,6 +61,25 @@ async fn read_log_part(path: &Path, offset: u64, max: u64) -> std::io::Result<(V
 /// Concurrent background uploads per node.
 const BACKGROUND_UPLOADS: usize = 2;
 
+/// `(atespace, name)` of a request's actor, validated.
+fn actor_key(a: Option<&v1::ObjectRef>) -> Result<(String, String), Status> {
+    let a = a.ok_or_else(|| Status::invalid_argument("invalid actor: missing"))?;
+    ate_core::validate_label("actor.atespace", &a.atespace)
+        .map_err(|e| Status::invalid_argument(e.to_string()))?;
+    ate_core::validate_label("actor.name", &a.name)
+        .map_err(|e| Status::invalid_argument(e.to_string()))?;
+    Ok((a.atespace.clone(), a.name.clone()))
+}
+
+/// Where every worker of this node appends an actor's output (the worker's `actor_logs_dir`).
+fn actor_log_path(state_dir: &Path, atespace: &str, name: &str) -> std::path::PathBuf {
+    state_dir
+        .join("logs")
+        .join("actors")
+        .join(atespace)
+        .join(format!("{name}.log"))
+}
+
 fn obj_key(w: &v1::Workload) -> Result<(String, String), Status> {
     let a = w
         .actor
@@ -776,14 +795,7 @@ impl NodeService for NodeAgent {
         &self,
         req: Request<v1::ForgetActorRequest>,
     ) -> Result<Response<v1::ForgetActorReply>, Status> {
-        let a = req
-            .into_inner()
-            .actor
-            .ok_or_else(|| Status::invalid_argument("invalid actor: missing"))?;
-        ate_core::validate_label("actor.atespace", &a.atespace)
-            .map_err(|e| Status::invalid_argument(e.to_string()))?;
-        ate_core::validate_label("actor.name", &a.name)
-            .map_err(|e| Status::invalid_argument(e.to_string()))?;
+        let (atespace, name) = actor_key(req.get_ref().actor.as_ref())?;
         let state = &self.inner.cfg.state_dir;
         // A sandbox of that name still running here (a re-created actor, or a copy the api
         // gave up on) keeps writing the log: it stays.
@@ -792,15 +804,11 @@ impl NodeService for NodeAgent {
             .unwrap_or_default();
         if workers
             .iter()
-            .any(|w| ate_worker::sandbox_alive(&w.join("actors"), &a.atespace, &a.name))
+            .any(|w| ate_worker::sandbox_alive(&w.join("actors"), &atespace, &name))
         {
             return Ok(Response::new(v1::ForgetActorReply { log_removed: false }));
         }
-        let path = state
-            .join("logs")
-            .join("actors")
-            .join(&a.atespace)
-            .join(format!("{}.log", a.name));
+        let path = actor_log_path(state, &atespace, &name);
         let removed = match tokio::fs::remove_file(&path).await {
             Ok(()) => true,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => false,
@@ -811,7 +819,7 @@ impl NodeService for NodeAgent {
                 )));
             }
         };
-        tracing::info!(actor = %format!("{}/{}", a.atespace, a.name), log_removed = removed, "deleted actor forgotten");
+        tracing::info!(actor = %format!("{atespace}/{name}"), log_removed = removed, "deleted actor forgotten");
         Ok(Response::new(v1::ForgetActorReply {
             log_removed: removed,
         }))
@@ -822,23 +830,8 @@ impl NodeService for NodeAgent {
         req: Request<v1::ReadLogRequest>,
     ) -> Result<Response<v1::ReadLogReply>, Status> {
         let req = req.into_inner();
-        let a = req
-            .actor
-            .ok_or_else(|| Status::invalid_argument("invalid actor: missing"))?;
-        ate_core::validate_label("actor.atespace", &a.atespace)
-            .map_err(|e| Status::invalid_argument(e.to_string()))?;
-        ate_core::validate_label("actor.name", &a.name)
-            .map_err(|e| Status::invalid_argument(e.to_string()))?;
-        // Where every worker of this node appends the actor's output (the worker's
-        // `actor_logs_dir`).
-        let path = self
-            .inner
-            .cfg
-            .state_dir
-            .join("logs")
-            .join("actors")
-            .join(&a.atespace)
-            .join(format!("{}.log", a.name));
+        let (atespace, name) = actor_key(req.actor.as_ref())?;
+        let path = actor_log_path(&self.inner.cfg.state_dir, &atespace, &name);
         let max = u64::from(req.max_bytes.clamp(1, MAX_LOG_READ));
         let read = read_log_part(&path, req.offset, max).await;
         match read {
