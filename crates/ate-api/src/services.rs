@@ -868,7 +868,13 @@ impl fleet_service_server::FleetService for Services {
         self.check_node_worker(&caller, "FleetService/ReportActorExit", &req.worker_id)
             .await?;
         self.api
-            .actor_exited(&r, &req.worker_id, req.exit_code, &req.last_log_lines)
+            .actor_exited(
+                &r,
+                &req.worker_id,
+                req.exit_code,
+                &req.last_log_lines,
+                &req.crash_reason,
+            )
             .await?;
         Ok(Response::new(ReportActorExitResponse {}))
     }

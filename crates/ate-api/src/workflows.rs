@@ -1269,13 +1269,16 @@ impl Api {
     // ------------------------------------------------------------------ fleet reports
 
     /// A worker saw all of an actor's processes exit while RUNNING: release its capacity at once
-    /// and leave it SUSPENDED with its last usable generation.
+    /// and leave it SUSPENDED with its last usable generation. With a `crash_reason` the worker
+    /// ended the actor because it must not run on (its restored memory could not be completed):
+    /// it becomes CRASHED with that reason, for an operator to look at before RevertActor.
     pub async fn actor_exited(
         &self,
         r: &ActorRef,
         worker_id: &str,
         exit_code: i32,
         last_lines: &str,
+        crash_reason: &str,
     ) -> Result<(), Status> {
         r.validate().map_err(invalid)?;
         let actor = self
@@ -1294,9 +1297,19 @@ impl Api {
             .into_iter()
             .rev()
             .collect();
-        let why = format!(
-            "all processes exited (code {exit_code}) on worker {worker_id}; last log lines:\n{tail}"
-        );
+        let (why, next) = if crash_reason.is_empty() {
+            (
+                format!(
+                    "all processes exited (code {exit_code}) on worker {worker_id}; last log lines:\n{tail}"
+                ),
+                ActorState::Suspended,
+            )
+        } else {
+            (
+                format!("worker {worker_id} stopped the actor: {crash_reason}"),
+                ActorState::Crashed,
+            )
+        };
         let update = ActorUpdate::with_error(why);
         match self
             .store
@@ -1304,7 +1317,7 @@ impl Api {
                 &r.atespace,
                 &r.name,
                 &[ActorState::Running],
-                ActorState::Suspended,
+                next,
                 None,
                 update,
                 now_ms(),

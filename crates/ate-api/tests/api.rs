@@ -998,6 +998,7 @@ async fn actor_exit_releases(b: Backend) {
             epoch: node.epoch(),
             exit_code: 3,
             last_log_lines: "panic: boom".into(),
+            crash_reason: String::new(),
         })
         .await
         .unwrap();
@@ -1018,6 +1019,42 @@ async fn actor_exit_releases(b: Backend) {
     assert_eq!(w.used.unwrap().actor_slots, 0);
 }
 both_stores!(exit, actor_exit_releases);
+
+async fn actor_stopped_for_incomplete_memory_crashes(b: Backend) {
+    let t = TestApi::start(b, cfg()).await;
+    let node = TestNode::start("node-1").await;
+    t.register(&node, "w1", 1).await;
+    t.seed("ns").await;
+    t.create_actor("ns", "a").await;
+    t.resume("ns", "a").await.unwrap();
+    t.fleet()
+        .report_actor_exit(ReportActorExitRequest {
+            actor: Some(obj("ns", "a")),
+            worker_id: "w1".into(),
+            epoch: node.epoch(),
+            exit_code: -1,
+            last_log_lines: String::new(),
+            crash_reason: "lazy memory restore failed: chunk 3 is damaged".into(),
+        })
+        .await
+        .unwrap();
+    let a = t.get("ns", "a").await;
+    assert_eq!(state(&a), ActorState::Crashed);
+    assert!(
+        a.last_error.contains("w1") && a.last_error.contains("chunk 3 is damaged"),
+        "{}",
+        a.last_error
+    );
+    let w = &t
+        .fleet()
+        .list_workers(ListWorkersRequest {})
+        .await
+        .unwrap()
+        .into_inner()
+        .workers[0];
+    assert_eq!(w.used.unwrap().actor_slots, 0, "its slot is released");
+}
+both_stores!(exit_crash, actor_stopped_for_incomplete_memory_crashes);
 
 async fn tags_and_gc(b: Backend) {
     let t = TestApi::start(b, cfg()).await;

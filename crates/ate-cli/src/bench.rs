@@ -375,7 +375,8 @@ spec:
     )
 }
 
-fn sleeper_template(ns: &str, name: &str, images: &str, mib: u64) -> String {
+fn sleeper_template(ns: &str, name: &str, images: &str, mib: u64, eager: bool) -> String {
+    let restore = if eager { ", memoryRestore: eager" } else { "" };
     format!(
         r#"apiVersion: ate.dev/v1alpha1
 kind: Atespace
@@ -390,12 +391,15 @@ spec:
       image: "oci-layout:{images}/sleeper:latest"
       command: ["/sleeper"]
       env: [{{name: SLEEPER_MEMORY_MIB, value: "{mib}"}}]
-      wakeupProbe: {{httpGet: {{path: /healthz, port: 80}}, timeoutSeconds: 10}}
+      wakeupProbe: {{httpGet: {{path: /healthz, port: 80}}, timeoutSeconds: {probe}}}
   resources: {{cpu: 250m, memory: {limit}Mi}}
-  snapshots: {{fidelity: memory}}
+  snapshots: {{fidelity: memory{restore}}}
   idleTimeout: 5m
 "#,
-        limit = mib + 64
+        limit = mib + 64,
+        // A cold start fills the memory first, on a quarter of a core: 4 GiB takes about a
+        // minute.
+        probe = 10 + mib / 32,
     )
 }
 
@@ -611,7 +615,7 @@ async fn resume(c: Clients, a: ResumeArgs) -> anyhow::Result<ExitCode> {
     let settle = Duration::from_secs_f64(a.settle);
     let images = images_dir(&c, &a.common).await?;
     let template = format!("sleeper-{mib}mi");
-    apply_yaml(&c, &sleeper_template(&ns, &template, &images, mib)).await?;
+    apply_yaml(&c, &sleeper_template(&ns, &template, &images, mib, false)).await?;
     let http = http_client(max);
     let router = a.common.router.clone();
     let names: Vec<String> = (0..max).map(|i| format!("burst-{mib}mi-{i}")).collect();
@@ -697,17 +701,105 @@ async fn resume(c: Clients, a: ResumeArgs) -> anyhow::Result<ExitCode> {
 
 // ------------------------------------------------------------------ snapshots
 
-/// One timed request that must answer 200.
-async fn timed_ok(http: &HttpClient, router: &str, actor: &str) -> anyhow::Result<f64> {
-    let r = call(http, router, Some(actor), "/").await;
-    anyhow::ensure!(r.status == 200, "{actor}: {} {}", r.status, r.body);
-    Ok(r.secs)
+/// One measured actor of `ate bench snapshots` and its figures over the rounds.
+#[derive(Default)]
+struct SnapSeries {
+    label: String,
+    template: String,
+    restore: &'static str,
+    /// Suspends after `GET /dirty?percent=1` (the sleeper), when the workload supports it.
+    dirtied: bool,
+    suspend: Vec<f64>,
+    first_local: Vec<f64>,
+    full_local: Vec<f64>,
+    suspend_durable: Vec<f64>,
+    uploaded: Vec<f64>,
+    first_durable: Vec<f64>,
+    full_durable: Vec<f64>,
 }
 
-/// Issue 3's snapshot figures: for the counter and each sleeper size, `rounds` times: an ASYNC
-/// suspend (timed), a request (resume from the node-local generation, timed to the first
-/// answer), then with a state dir a DURABLE suspend (timed, upload included), the node-local
-/// copies deleted, and a request (restore from the durable store: download, verify, restore).
+impl SnapSeries {
+    fn json(&self) -> serde_json::Value {
+        json!({"workload": self.label, "template": self.template, "restore": self.restore,
+            "dirtied_percent_before_suspend": if self.dirtied { 1.0 } else { 0.0 },
+            "suspend_seconds": self.suspend, "resume_local_seconds": self.first_local,
+            "full_local_seconds": self.full_local,
+            "suspend_durable_seconds": self.suspend_durable,
+            "uploaded_bytes": self.uploaded,
+            "resume_durable_seconds": self.first_durable,
+            "full_durable_seconds": self.full_durable})
+    }
+}
+
+/// Total size of the newest generation of `ns/name` in a `file://` durable store under the
+/// state dir (`<state>/durable/<ns>/<name>/<generation>-<uuid>/`): the bytes the last upload
+/// sent (compressed). None when the store is elsewhere.
+fn uploaded_bytes(state: &Path, ns: &str, name: &str) -> Option<f64> {
+    let dir = state.join("durable").join(ns).join(name);
+    let newest = std::fs::read_dir(&dir)
+        .ok()?
+        .flatten()
+        .filter_map(|e| {
+            let gen_no: u64 = e
+                .file_name()
+                .to_string_lossy()
+                .split('-')
+                .next()?
+                .parse()
+                .ok()?;
+            Some((gen_no, e.path()))
+        })
+        .max_by_key(|(g, _)| *g)?
+        .1;
+    let mut total = 0u64;
+    let mut stack = vec![newest];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).ok()?.flatten() {
+            let meta = e.metadata().ok()?;
+            if meta.is_dir() {
+                stack.push(e.path());
+            } else {
+                total += meta.len();
+            }
+        }
+    }
+    Some(total as f64)
+}
+
+/// `GET path` that must answer 200, sent again (as the router's 503/504 ask) while the resume
+/// takes longer than the router's parking budget (a large restore from the durable store): the
+/// time until the answer, retries included.
+async fn timed_path(
+    http: &HttpClient,
+    router: &str,
+    actor: &str,
+    path: &str,
+) -> anyhow::Result<f64> {
+    let begun = Instant::now();
+    loop {
+        let r = call(http, router, Some(actor), path).await;
+        if r.status == 200 {
+            return Ok(begun.elapsed().as_secs_f64());
+        }
+        let retry = matches!(r.status, 503 | 504) && begun.elapsed() < Duration::from_secs(120);
+        anyhow::ensure!(retry, "{actor}{path}: {} {}", r.status, r.body);
+        eprintln!(
+            "{actor}{path}: {} after {:.1} s ({}); sending it again",
+            r.status,
+            begun.elapsed().as_secs_f64(),
+            r.body.lines().next().unwrap_or_default()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Snapshot figures: for the counter and each sleeper size (restored lazily and, as a second
+/// actor of the same size, eagerly: `memoryRestore: eager`), `rounds` times, lazy and eager
+/// interleaved: 1 % of the sleeper's pages dirtied, an ASYNC suspend (timed), `GET /healthz`
+/// (resume from the node-local generation, timed to the first answer), `GET /` (the sleeper
+/// checksums all of its memory: every page in); then with a state dir a DURABLE suspend (timed,
+/// upload included, bytes uploaded), the node-local copies deleted, and the same two requests
+/// (restore from the durable store: download, verify, restore).
 async fn snapshots(c: Clients, a: SnapshotsArgs) -> anyhow::Result<ExitCode> {
     let ns = a
         .common
@@ -716,90 +808,158 @@ async fn snapshots(c: Clients, a: SnapshotsArgs) -> anyhow::Result<ExitCode> {
         .unwrap_or_else(|| "ate-bench-snap".into());
     anyhow::ensure!(a.rounds > 0, "--rounds 0: nothing to do");
     let images = images_dir(&c, &a.common).await?;
-    let mut workloads = vec![("counter".to_string(), "snap-counter".to_string())];
+    let mut groups: Vec<Vec<SnapSeries>> = vec![vec![SnapSeries {
+        label: "counter".into(),
+        template: "snap-counter".into(),
+        restore: "lazy",
+        ..Default::default()
+    }]];
     apply_yaml(&c, &counter_template(&ns, "snap-counter", &images, "250m")).await?;
     for m in a.memory.iter().filter(|m| !m.trim().is_empty()) {
         let mib = parse_mib(m)?;
-        let template = format!("snap-sleeper-{mib}mi");
-        apply_yaml(&c, &sleeper_template(&ns, &template, &images, mib)).await?;
-        workloads.push((format!("sleeper {mib} MiB"), template));
+        let mut group = Vec::new();
+        for restore in ["lazy", "eager"] {
+            let template = format!("snap-sleeper-{mib}mi-{restore}");
+            apply_yaml(
+                &c,
+                &sleeper_template(&ns, &template, &images, mib, restore == "eager"),
+            )
+            .await?;
+            group.push(SnapSeries {
+                label: format!("sleeper {mib} MiB"),
+                template,
+                restore,
+                ..Default::default()
+            });
+        }
+        groups.push(group);
     }
     let http = http_client(4);
     let router = a.common.router.clone();
-    let mut rows = Vec::new();
-    let mut out = Vec::new();
-    for (label, template) in &workloads {
-        let name = template.clone();
-        let actor = format!("{ns}/{name}");
-        ensure_actor(&c, &ns, &name, template).await?;
-        timed_ok(&http, &router, &actor).await?;
-        let (mut sus_local, mut res_local, mut sus_durable, mut res_durable) =
-            (Vec::new(), Vec::new(), Vec::new(), Vec::new());
-        for round in 1..=a.rounds {
-            let t = Instant::now();
-            suspend_mode(&c, &ns, &name, SuspendMode::Async).await?;
-            sus_local.push(t.elapsed().as_secs_f64());
-            res_local.push(timed_ok(&http, &router, &actor).await?);
-            if let Some(state) = &a.state_dir {
-                let t = Instant::now();
-                suspend_mode(&c, &ns, &name, SuspendMode::Durable).await?;
-                sus_durable.push(t.elapsed().as_secs_f64());
-                let local = state.join("snapshots").join(&ns).join(&name);
-                std::fs::remove_dir_all(&local).with_context(|| {
-                    format!("delete the node-local copies in {}", local.display())
-                })?;
-                res_durable.push(timed_ok(&http, &router, &actor).await?);
-            }
-            eprintln!(
-                "{label}: round {round}/{}: suspend {:.3} s, node-local resume {:.3} s{}",
-                a.rounds,
-                sus_local[round - 1],
-                res_local[round - 1],
-                match (sus_durable.last(), res_durable.last()) {
-                    (Some(s), Some(r)) =>
-                        format!(", durable suspend {s:.3} s, durable resume {r:.3} s"),
-                    _ => String::new(),
-                }
-            );
+    for group in &mut groups {
+        for s in group.iter() {
+            ensure_actor(&c, &ns, &s.template, &s.template).await?;
+            // The cold start of a large sleeper outlasts the router's parking budget.
+            timed_path(&http, &router, &format!("{ns}/{}", s.template), "/").await?;
         }
-        ensure_suspended(&c, &ns, &name).await?;
-        out.push(json!({"workload": label, "template": template,
-            "suspend_seconds": sus_local, "resume_local_seconds": res_local,
-            "suspend_durable_seconds": sus_durable, "resume_durable_seconds": res_durable}));
-        rows.push((
-            label.clone(),
-            [sus_local, res_local, sus_durable, res_durable].map(|v| median(&sorted(v))),
-        ));
-    }
-    println!(
-        "Workload          | Suspend  | Resume, node-local | Suspend DURABLE | Resume from durable"
-    );
-    for (label, m) in &rows {
-        let cell = |v: f64| {
-            if v > 0.0 {
-                format!("{v:.3} s")
-            } else {
-                "-".to_string()
+        for round in 1..=a.rounds {
+            for s in group.iter_mut() {
+                let name = s.template.clone();
+                let actor = format!("{ns}/{name}");
+                let dirty = call(&http, &router, Some(&actor), "/dirty?percent=1").await;
+                s.dirtied = dirty.status == 200 && dirty.body.starts_with("dirtied");
+                let t = Instant::now();
+                suspend_mode(&c, &ns, &name, SuspendMode::Async).await?;
+                s.suspend.push(t.elapsed().as_secs_f64());
+                let t = Instant::now();
+                timed_path(&http, &router, &actor, "/healthz").await?;
+                s.first_local.push(t.elapsed().as_secs_f64());
+                timed_path(&http, &router, &actor, "/").await?;
+                s.full_local.push(t.elapsed().as_secs_f64());
+                if let Some(state) = &a.state_dir {
+                    let t = Instant::now();
+                    suspend_mode(&c, &ns, &name, SuspendMode::Durable).await?;
+                    s.suspend_durable.push(t.elapsed().as_secs_f64());
+                    if let Some(bytes) = uploaded_bytes(state, &ns, &name) {
+                        s.uploaded.push(bytes);
+                    }
+                    let local = state.join("snapshots").join(&ns).join(&name);
+                    std::fs::remove_dir_all(&local).with_context(|| {
+                        format!("delete the node-local copies in {}", local.display())
+                    })?;
+                    let t = Instant::now();
+                    timed_path(&http, &router, &actor, "/healthz").await?;
+                    s.first_durable.push(t.elapsed().as_secs_f64());
+                    timed_path(&http, &router, &actor, "/").await?;
+                    s.full_durable.push(t.elapsed().as_secs_f64());
+                }
+                let last = |v: &[f64]| v.last().map_or("-".to_string(), |x| format!("{x:.3} s"));
+                eprintln!(
+                    "{} ({}): round {round}/{}: suspend {}, node-local first answer {}, full memory {}; durable suspend {}, first answer {}, full memory {}",
+                    s.label,
+                    s.restore,
+                    a.rounds,
+                    last(&s.suspend),
+                    last(&s.first_local),
+                    last(&s.full_local),
+                    last(&s.suspend_durable),
+                    last(&s.first_durable),
+                    last(&s.full_durable),
+                );
             }
-        };
-        println!(
-            "{label:<17} | {:>8} | {:>18} | {:>15} | {:>19}",
-            cell(m[0]),
-            cell(m[1]),
-            cell(m[2]),
-            cell(m[3])
-        );
+        }
+        for s in group.iter() {
+            ensure_suspended(&c, &ns, &s.template).await?;
+        }
     }
-    println!(
-        "(medians of {} rounds; resume = request sent → first answer through the router)",
-        a.rounds
-    );
+    let all: Vec<&SnapSeries> = groups.iter().flatten().collect();
+    print!("{}", snapshots_table(&all, a.rounds));
     write_json(
         &a.common,
         "snapshots",
-        &json!({"kind": "snapshots", "rounds": a.rounds, "router": router, "workloads": out}),
+        &json!({"kind": "snapshots", "rounds": a.rounds, "router": router,
+            "workloads": all.iter().map(|s| s.json()).collect::<Vec<_>>()}),
     )?;
     Ok(ExitCode::SUCCESS)
+}
+
+/// The table `ate bench snapshots` prints: medians per series, then lazy/eager ratios.
+fn snapshots_table(all: &[&SnapSeries], rounds: usize) -> String {
+    let med = |v: &[f64]| median(&sorted(v.to_vec()));
+    let secs = |v: &[f64]| {
+        if v.is_empty() {
+            "-".to_string()
+        } else {
+            format!("{:.3} s", med(v))
+        }
+    };
+    let mib = |v: &[f64]| {
+        if v.is_empty() {
+            "-".to_string()
+        } else {
+            format!("{:.2} MiB", med(v) / (1024.0 * 1024.0))
+        }
+    };
+    let mut out = String::new();
+    out.push_str("Workload          | Restore | Suspend  | Local: first answer | Local: all memory | Suspend DURABLE | Uploaded    | Durable: first answer | Durable: all memory\n");
+    for s in all {
+        out.push_str(&format!(
+            "{:<17} | {:<7} | {:>8} | {:>19} | {:>17} | {:>15} | {:>11} | {:>21} | {:>19}\n",
+            s.label,
+            s.restore,
+            secs(&s.suspend),
+            secs(&s.first_local),
+            secs(&s.full_local),
+            secs(&s.suspend_durable),
+            mib(&s.uploaded),
+            secs(&s.first_durable),
+            secs(&s.full_durable),
+        ));
+    }
+    out.push_str(&format!(
+        "(medians of {rounds} rounds; first answer = GET /healthz sent → answered through the router, resume included; all memory = until GET / answered (the sleeper checksums all of its memory); suspends of the sleeper follow GET /dirty?percent=1)\n"
+    ));
+    for pair in all.windows(2) {
+        let (lazy, eager) = (pair[0], pair[1]);
+        if lazy.label == eager.label && lazy.restore == "lazy" && eager.restore == "eager" {
+            let ratio = |l: &[f64], e: &[f64]| {
+                if l.is_empty() || e.is_empty() || med(e) == 0.0 {
+                    "-".to_string()
+                } else {
+                    format!("{:.2}×", med(l) / med(e))
+                }
+            };
+            out.push_str(&format!(
+                "{}: lazy/eager first answer node-local {}, durable {}; all memory node-local {}, durable {}\n",
+                lazy.label,
+                ratio(&lazy.first_local, &eager.first_local),
+                ratio(&lazy.first_durable, &eager.first_durable),
+                ratio(&lazy.full_local, &eager.full_local),
+                ratio(&lazy.full_durable, &eager.full_durable),
+            ));
+        }
+    }
+    out
 }
 
 // ------------------------------------------------------------------ parking
@@ -1934,6 +2094,31 @@ async fn warm(c: Clients, a: WarmArgs) -> anyhow::Result<ExitCode> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn snapshot_table_compares_lazy_with_eager() {
+        let series = |restore: &'static str, first: f64| SnapSeries {
+            label: "sleeper 1024 MiB".into(),
+            template: format!("t-{restore}"),
+            restore,
+            suspend: vec![1.0, 2.0, 3.0],
+            first_local: vec![first, first, first],
+            full_local: vec![1.0],
+            uploaded: vec![2.0 * 1024.0 * 1024.0],
+            ..Default::default()
+        };
+        let (lazy, eager) = (series("lazy", 0.1), series("eager", 0.4));
+        let table = snapshots_table(&[&lazy, &eager], 3);
+        assert!(
+            table.contains("sleeper 1024 MiB  | lazy    |  2.000 s |"),
+            "{table}"
+        );
+        assert!(table.contains("2.00 MiB"), "{table}");
+        assert!(
+            table.contains("lazy/eager first answer node-local 0.25×, durable -"),
+            "{table}"
+        );
+    }
 
     #[test]
     fn summary_block_matches_the_spec_format() {

@@ -51,6 +51,8 @@ impl NodeIdentities {
     /// Gets fresh certificates: by renewal with the node's current certificate when it is still
     /// valid (a restarted node needs no new token), else with `token`.
     pub async fn obtain(&self, token: Option<&JoinToken>) -> anyhow::Result<Issued> {
+        // A renewal cut short by a crash: finish it, or keep the set it was replacing.
+        recover_staged(&self.dir)?;
         if self
             .node_cert_validity()
             .is_some_and(|left| left > Duration::ZERO)
@@ -200,8 +202,12 @@ impl NodeIdentities {
         Ok((csrs, keys))
     }
 
-    /// Writes the CA bundle, then each key and certificate (key first: a component that reads
-    /// the new certificate next to the old key retries at its next poll).
+    /// Writes the CA bundle and every key and certificate so that a crash at any point leaves
+    /// a matching set: all of it is first written to a staging dir (`.renew/`) and marked
+    /// complete there, then each file is renamed into place (key first: a component that reads
+    /// the new certificate next to the old key retries at its next poll). A restart finishes a
+    /// complete staging dir and drops an incomplete one ([`recover_staged`]), so a node killed
+    /// mid-renewal restarts with its certificates, not needing a new join token.
     fn write(
         &self,
         reply: &v1::NodeCertificates,
@@ -210,7 +216,11 @@ impl NodeIdentities {
         if reply.ca_pem.is_empty() {
             anyhow::bail!("the api sent no CA bundle");
         }
-        write_file(&self.dir.join("ca.crt"), reply.ca_pem.as_bytes(), 0o644)?;
+        recover_staged(&self.dir)?;
+        let staging = self.dir.join(STAGING_DIR);
+        std::fs::create_dir_all(&staging)
+            .with_context(|| format!("cannot create {}", staging.display()))?;
+        write_file(&staging.join("ca.crt"), reply.ca_pem.as_bytes(), 0o644)?;
         let mut not_after = i64::MAX;
         for (name, key) in keys {
             let cert = reply
@@ -218,11 +228,16 @@ impl NodeIdentities {
                 .iter()
                 .find(|c| &c.name == name)
                 .with_context(|| format!("the api sent no certificate for {name}"))?;
-            let files = self.files(name);
+            let files = PemFiles::in_dir(&staging, name);
             write_file(&files.key, key.as_bytes(), 0o600)?;
             write_file(&files.cert, cert.cert_pem.as_bytes(), 0o644)?;
             not_after = not_after.min(cert.not_after);
         }
+        // The staged files' names reach the disk before the marker that makes them a set.
+        sync_dir(&staging)?;
+        write_file(&staging.join(STAGED_COMPLETE), b"", 0o644)?;
+        sync_dir(&staging)?;
+        recover_staged(&self.dir)?;
         let not_after = UNIX_EPOCH + Duration::from_secs(u64::try_from(not_after).unwrap_or(0));
         let lifetime = not_after
             .duration_since(SystemTime::now())
@@ -266,6 +281,51 @@ impl NodeIdentities {
             }
         })
     }
+}
+
+/// Where a renewal stages its files before moving them into place.
+const STAGING_DIR: &str = ".renew";
+/// Written last into the staging dir: the staged set is whole.
+const STAGED_COMPLETE: &str = "complete";
+
+/// Finishes or drops a renewal staged in `dir/.renew/`: with its `complete` marker every staged
+/// file is renamed into `dir` (keys before certificates, the marker last), without it the staged
+/// files are removed and `dir` keeps its current set. Idempotent.
+fn recover_staged(dir: &Path) -> anyhow::Result<()> {
+    let staging = dir.join(STAGING_DIR);
+    if !staging.is_dir() {
+        return Ok(());
+    }
+    let complete = staging.join(STAGED_COMPLETE);
+    if complete.is_file() {
+        let mut names: Vec<std::ffi::OsString> = std::fs::read_dir(&staging)
+            .with_context(|| format!("cannot read {}", staging.display()))?
+            .filter_map(|e| e.ok().map(|e| e.file_name()))
+            // Not the marker, nor a temporary file of an atomic write.
+            .filter(|n| n != STAGED_COMPLETE && !n.to_string_lossy().starts_with('.'))
+            .collect();
+        // Keys first, then certificates and the CA bundle.
+        names.sort_by_key(|n| (!n.to_string_lossy().ends_with(".key"), n.clone()));
+        for name in names {
+            std::fs::rename(staging.join(&name), dir.join(&name)).with_context(|| {
+                format!(
+                    "cannot move {} into {}",
+                    staging.join(&name).display(),
+                    dir.display()
+                )
+            })?;
+        }
+        sync_dir(dir)?;
+    }
+    std::fs::remove_dir_all(&staging)
+        .with_context(|| format!("cannot remove {}", staging.display()))?;
+    Ok(())
+}
+
+fn sync_dir(dir: &Path) -> anyhow::Result<()> {
+    std::fs::File::open(dir)
+        .and_then(|d| d.sync_all())
+        .with_context(|| format!("cannot sync {}", dir.display()))
 }
 
 /// Atomic write with `mode` (readers never see half a file or a briefly readable key).
@@ -332,4 +392,61 @@ pub async fn run(args: JoinArgs) -> anyhow::Result<std::process::ExitCode> {
         }
     }
     Ok(std::process::ExitCode::SUCCESS)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn staged(dir: &Path, complete: bool) {
+        let staging = dir.join(STAGING_DIR);
+        std::fs::create_dir_all(&staging).unwrap();
+        for (name, text) in [
+            ("node.key", "new key"),
+            ("node.crt", "new cert"),
+            ("ca.crt", "new ca"),
+            (".node.crt.tmp.1.2", "torn"),
+        ] {
+            std::fs::write(staging.join(name), text).unwrap();
+        }
+        if complete {
+            std::fs::write(staging.join(STAGED_COMPLETE), "").unwrap();
+        }
+    }
+
+    fn current(dir: &Path) -> (String, String) {
+        (
+            std::fs::read_to_string(dir.join("node.key")).unwrap(),
+            std::fs::read_to_string(dir.join("node.crt")).unwrap(),
+        )
+    }
+
+    #[test]
+    fn a_renewal_cut_short_keeps_a_matching_set() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("node.key"), "old key").unwrap();
+        std::fs::write(dir.path().join("node.crt"), "old cert").unwrap();
+
+        // Killed before the set was whole: the old key and certificate stay.
+        staged(dir.path(), false);
+        recover_staged(dir.path()).unwrap();
+        assert_eq!(current(dir.path()), ("old key".into(), "old cert".into()));
+        assert!(!dir.path().join(STAGING_DIR).exists());
+
+        // Killed after it was whole: the new set is moved in, with nothing else.
+        staged(dir.path(), true);
+        recover_staged(dir.path()).unwrap();
+        assert_eq!(current(dir.path()), ("new key".into(), "new cert".into()));
+        assert_eq!(
+            std::fs::read_to_string(dir.path().join("ca.crt")).unwrap(),
+            "new ca"
+        );
+        assert!(!dir.path().join(STAGING_DIR).exists());
+        assert!(!dir.path().join(".node.crt.tmp.1.2").exists());
+        assert!(!dir.path().join(STAGED_COMPLETE).exists());
+
+        // Nothing staged: nothing to do.
+        recover_staged(dir.path()).unwrap();
+        assert_eq!(current(dir.path()), ("new key".into(), "new cert".into()));
+    }
 }

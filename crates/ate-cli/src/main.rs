@@ -103,6 +103,17 @@ enum Command {
     /// Internal: copies a container's output into its log, stamping each line (run by workers).
     #[command(hide = true)]
     LogRelay,
+    /// Internal: serves a lazily restored actor's memory pages (run by workers, one per lazy
+    /// restore, with the worker's report socket as fd 3).
+    #[command(hide = true)]
+    PageSource {
+        /// The generation being restored (its manifest holds the chunk digests).
+        #[arg(long)]
+        generation: std::path::PathBuf,
+        /// The restore's work dir, where CRIU connects to `lazy-pages.socket`.
+        #[arg(long)]
+        work_dir: std::path::PathBuf,
+    },
     /// Run the router (ingress): names → actors, parking, tunnels to workers.
     Router(serve::RouterArgs),
     /// Run the node agent (one per machine).
@@ -262,6 +273,27 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 .await
                 .map_err(|e| anyhow::anyhow!("log relay: {e}"))??;
             Ok(ExitCode::SUCCESS)
+        }
+        Command::PageSource {
+            generation,
+            work_dir,
+        } => {
+            // Blocking (poll on userfaultfds): on a thread of its own.
+            let served = tokio::task::spawn_blocking(move || {
+                ate_worker::lazy::source::main(&generation, &work_dir)
+            })
+            .await
+            .map_err(|e| anyhow::anyhow!("page source: {e}"))?;
+            match served {
+                Ok(stats) => {
+                    eprintln!("page source done: {}", stats.summary());
+                    Ok(ExitCode::SUCCESS)
+                }
+                Err(e) => {
+                    eprintln!("page source failed: {e}");
+                    Ok(ExitCode::FAILURE)
+                }
+            }
         }
         Command::Router(args) => serve::run_router(args).await.map(|_| ExitCode::SUCCESS),
         Command::Node(args) => serve::run_node(args).await.map(|_| ExitCode::SUCCESS),

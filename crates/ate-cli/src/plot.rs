@@ -400,15 +400,21 @@ fn warm(root: &Area, v: &Value) -> anyhow::Result<()> {
 /// `ate bench snapshots`: one bar per workload and figure (median of the rounds), the rounds as
 /// dots.
 fn snapshots(root: &Area, v: &Value) -> anyhow::Result<()> {
-    const FIGURES: [(&str, &str); 4] = [
+    const FIGURES: [(&str, &str); 6] = [
         ("suspend_seconds", "suspend"),
         ("resume_local_seconds", "resume, node-local"),
+        ("full_local_seconds", "all memory, node-local"),
         ("suspend_durable_seconds", "suspend DURABLE"),
         ("resume_durable_seconds", "resume from durable"),
+        ("full_durable_seconds", "all memory from durable"),
     ];
     let mut bars: Vec<(String, Vec<f64>)> = Vec::new();
     for w in list(v, "workloads") {
-        let name = w.get("workload").and_then(Value::as_str).unwrap_or("?");
+        let label = w.get("workload").and_then(Value::as_str).unwrap_or("?");
+        let name = match w.get("restore").and_then(Value::as_str) {
+            Some(restore) => format!("{label} ({restore})"),
+            None => label.to_string(),
+        };
         for (key, what) in FIGURES {
             let samples: Vec<f64> = list(w, key).iter().filter_map(Value::as_f64).collect();
             if !samples.is_empty() {

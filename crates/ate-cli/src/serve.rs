@@ -367,6 +367,11 @@ pub async fn run_worker(args: WorkerArgs) -> anyhow::Result<()> {
     // Actor output goes through `ate log-relay` (this executable, as the kernel keeps it):
     // every line stamped with its time, for `ate logs --since/--timestamps`.
     config.log_relay = Some(vec!["/proc/self/exe".to_string(), "log-relay".to_string()]);
+    // Lazy memory restores are served by `ate page-source` (this executable again).
+    config.page_source = Some(vec![
+        "/proc/self/exe".to_string(),
+        "page-source".to_string(),
+    ]);
     ate_worker::run(config, shutdown_signal()).await?;
     tracing::info!("worker stopped");
     Ok(())

@@ -1057,16 +1057,6 @@ async fn start_all(
         register_demo(&clients, images_dir).await?;
     }
     write_atomically(&state.join(API_ADDRESS_FILE), &api_addr)?;
-    // A CLI context of this state dir (current unless the user already uses another one).
-    let context = crate::contexts::name_for_state_dir(state);
-    match crate::contexts::publish(&context, &api_addr) {
-        Ok(_) => {
-            if let Some(dir) = crate::contexts::context_dir(&context) {
-                publish_admin(&admin, &pki.dir, dir);
-            }
-        }
-        Err(e) => eprintln!("ate up: cannot write the CLI context {context:?}: {e:#}"),
-    }
     let api_addrs = api_list(&api_addr, &args.peer_apis);
     let mut node_metrics = None;
     if args.role == UpRole::All {
@@ -1079,6 +1069,18 @@ async fn start_all(
         );
     }
     start_router(args, &api_addrs, &logs, pki, components).await?;
+    // A CLI context of this state dir (current unless the user already uses another one), only
+    // once everything started: an `ate up` that fails (a port in use) leaves no context behind,
+    // let alone a current one pointing at nothing.
+    let context = crate::contexts::name_for_state_dir(state);
+    match crate::contexts::publish(&context, &api_addr) {
+        Ok(_) => {
+            if let Some(dir) = crate::contexts::context_dir(&context) {
+                publish_admin(&admin, &pki.dir, dir);
+            }
+        }
+        Err(e) => eprintln!("ate up: cannot write the CLI context {context:?}: {e:#}"),
+    }
     Ok((api_addr, api_http, node_metrics))
 }
 

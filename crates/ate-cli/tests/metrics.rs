@@ -12,8 +12,6 @@
 mod support;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::io::{Read, Write};
-use std::net::TcpStream;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
@@ -207,34 +205,6 @@ fn every_component_exports_well_formed_prometheus_metrics() {
         missing.is_empty(),
         "the dashboard queries metrics no component exports: {missing:?}"
     );
-}
-
-/// `GET path` on a plain HTTP/1.1 endpoint: (status, body).
-fn http_get(addr: &str, path: &str) -> (u16, String) {
-    let mut s = TcpStream::connect(addr).unwrap_or_else(|e| panic!("connect {addr}: {e}"));
-    s.set_read_timeout(Some(Duration::from_secs(10))).ok();
-    write!(
-        s,
-        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
-    )
-    .expect("write");
-    let mut buf = Vec::new();
-    let _ = s.read_to_end(&mut buf);
-    let text = String::from_utf8_lossy(&buf).into_owned();
-    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
-    let status = head
-        .split_whitespace()
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .unwrap_or(0);
-    // hyper answers HTTP/1.1 with a fixed length here; a chunked body would not parse below.
-    assert!(
-        !head
-            .to_ascii_lowercase()
-            .contains("transfer-encoding: chunked"),
-        "{head}"
-    );
-    (status, body.to_string())
 }
 
 /// The metric names in the dashboard's PromQL expressions (`_bucket`/`_sum`/`_count` of a

@@ -144,6 +144,40 @@ pub struct ResourcesDocument {
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct SnapshotsDocument {
     pub fidelity: String,
+    /// `lazy` (default) or `eager`: how a MEMORY generation's pages come back on a restore.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory_restore: Option<String>,
+}
+
+/// How a restore brings back an actor's memory (`spec.snapshots.memoryRestore`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum MemoryRestore {
+    /// The actor runs as soon as its state is restored; pages arrive as it touches them (each
+    /// chunk checked against the manifest), the rest in the background. Resume time does not
+    /// grow with the actor's size.
+    #[default]
+    Lazy,
+    /// Every page is read and checked before the actor gets ingress: no page fault ever waits
+    /// on the snapshot, at the cost of a resume time that grows with memory size.
+    Eager,
+}
+
+impl MemoryRestore {
+    pub fn parse(text: &str) -> Option<Self> {
+        match text {
+            "lazy" => Some(MemoryRestore::Lazy),
+            "eager" => Some(MemoryRestore::Eager),
+            _ => None,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            MemoryRestore::Lazy => "lazy",
+            MemoryRestore::Eager => "eager",
+        }
+    }
 }
 
 // ---------------------------------------------------------------- validated form
@@ -214,6 +248,9 @@ pub struct TemplateSpec {
     pub resources: Resources,
     pub volumes: Vec<Volume>,
     pub fidelity: Fidelity,
+    /// How MEMORY restores bring pages back (records stored before it existed read as lazy).
+    #[serde(default)]
+    pub memory_restore: MemoryRestore,
     /// 0 = never suspend automatically.
     pub idle_timeout_seconds: u32,
     pub worker_selector: BTreeMap<String, String>,
@@ -242,6 +279,19 @@ impl TemplateSpec {
                 )
             })?,
             None => Fidelity::Memory,
+        };
+        let memory_restore = match doc
+            .snapshots
+            .as_ref()
+            .and_then(|s| s.memory_restore.as_deref())
+        {
+            None => MemoryRestore::Lazy,
+            Some(text) => MemoryRestore::parse(text).ok_or_else(|| {
+                ValidationError::new(
+                    "spec.snapshots.memoryRestore",
+                    format!("{text:?} is not one of lazy, eager"),
+                )
+            })?,
         };
         let idle_timeout_seconds = match &doc.idle_timeout {
             Some(d) => parse_duration_seconds("spec.idleTimeout", &d.text())?,
@@ -273,6 +323,7 @@ impl TemplateSpec {
             },
             volumes: doc.volumes.clone(),
             fidelity,
+            memory_restore,
             idle_timeout_seconds,
             worker_selector: doc.worker_selector.clone(),
             egress: doc.egress.clone().unwrap_or_else(|| EgressPolicy {
@@ -310,6 +361,9 @@ impl TemplateSpec {
             volumes: self.volumes.clone(),
             snapshots: Some(SnapshotsDocument {
                 fidelity: self.fidelity.short().to_string(),
+                // Only when it is not the default, so documents read as they were written.
+                memory_restore: (self.memory_restore != MemoryRestore::Lazy)
+                    .then(|| self.memory_restore.as_str().to_string()),
             }),
             idle_timeout: (self.idle_timeout_seconds > 0)
                 .then(|| Scalar::Text(format!("{}s", self.idle_timeout_seconds))),
@@ -839,6 +893,33 @@ spec:
     }
 
     #[test]
+    fn memory_restore_defaults_to_lazy_and_eager_round_trips() {
+        let mut doc = demo();
+        let spec = TemplateSpec::from_document(&doc.spec).unwrap();
+        assert_eq!(spec.memory_restore, MemoryRestore::Lazy);
+        assert_eq!(
+            spec.to_document().snapshots.unwrap().memory_restore,
+            None,
+            "the default is not written out"
+        );
+        doc.spec.snapshots = Some(SnapshotsDocument {
+            fidelity: "memory".into(),
+            memory_restore: Some("eager".into()),
+        });
+        let eager = TemplateSpec::from_document(&doc.spec).unwrap();
+        assert_eq!(eager.memory_restore, MemoryRestore::Eager);
+        assert_eq!(
+            TemplateSpec::from_document(&eager.to_document()).unwrap(),
+            eager
+        );
+        // A record stored before the field existed reads as lazy.
+        let mut stored = serde_json::to_value(&spec).unwrap();
+        stored.as_object_mut().unwrap().remove("memory_restore");
+        let old: TemplateSpec = serde_json::from_value(stored).unwrap();
+        assert_eq!(old.memory_restore, MemoryRestore::Lazy);
+    }
+
+    #[test]
     fn demo_template_parses_and_round_trips() {
         let doc = demo();
         let spec = TemplateSpec::from_document(&doc.spec).unwrap();
@@ -920,9 +1001,19 @@ spec:
                 |s| {
                     s.snapshots = Some(SnapshotsDocument {
                         fidelity: "disk".into(),
+                        memory_restore: None,
                     })
                 },
                 "spec.snapshots.fidelity",
+            ),
+            (
+                |s| {
+                    s.snapshots = Some(SnapshotsDocument {
+                        fidelity: "memory".into(),
+                        memory_restore: Some("sometimes".into()),
+                    })
+                },
+                "spec.snapshots.memoryRestore",
             ),
             (
                 |s| s.idle_timeout = Some(Scalar::Text("soon".into())),

@@ -330,6 +330,7 @@ impl Fleet {
                         epoch: w.info.epoch,
                         exit_code: a.exit_code,
                         last_log_lines: a.last_log_lines.clone(),
+                        crash_reason: a.crash_reason.clone(),
                     };
                     if let Err(e) = self.fleet_api.clone().report_actor_exit(req).await {
                         tracing::warn!(actor = %format!("{}/{}", actor.atespace, actor.name), error = %e.message(), "exit report failed");

@@ -1,7 +1,7 @@
 //! Template spec conversions between the wire form and [`ate_core::TemplateSpec`].
 
 use ate_core::template::{
-    Container, EgressPolicy, EnvVar, HttpGet, Resources, Volume, WakeupProbe,
+    Container, EgressPolicy, EnvVar, HttpGet, MemoryRestore, Resources, Volume, WakeupProbe,
 };
 use ate_core::{Fidelity, TemplateSpec, ValidationError};
 
@@ -66,6 +66,11 @@ pub fn spec_from_wire(w: &v1::TemplateSpec) -> Result<TemplateSpec, ValidationEr
             })
             .collect(),
         fidelity,
+        memory_restore: if w.eager_memory_restore {
+            MemoryRestore::Eager
+        } else {
+            MemoryRestore::Lazy
+        },
         idle_timeout_seconds: w.idle_timeout_seconds,
         worker_selector: w.worker_selector.clone().into_iter().collect(),
         egress: w
@@ -130,6 +135,7 @@ pub fn spec_to_wire(s: &TemplateSpec) -> v1::TemplateSpec {
             })
             .collect(),
         fidelity: s.fidelity.wire(),
+        eager_memory_restore: s.memory_restore == MemoryRestore::Eager,
         idle_timeout_seconds: s.idle_timeout_seconds,
         worker_selector: s.worker_selector.clone().into_iter().collect(),
         egress: Some(v1::EgressPolicy {

@@ -20,7 +20,11 @@ pub enum Error {
     /// The durable copy has no `manifest.json`: the upload never finished (or was deleted).
     #[error("not a complete generation: {uri} has no manifest.json")]
     NotComplete { uri: String },
-    #[error("manifest.json: unsupported format_version {found} (this build reads {supported})")]
+    /// `supported` is the newest version this build reads (it reads every one from 1 on).
+    #[error(
+        "manifest.json: unsupported format_version {found} (this build reads {} to {supported})",
+        crate::manifest::OLDEST_FORMAT_VERSION
+    )]
     UnsupportedFormat { found: u64, supported: u32 },
     #[error("manifest.json is invalid: {0}")]
     InvalidManifest(String),
@@ -38,6 +42,20 @@ pub enum Error {
     #[error("{file}: sha256 {actual}, manifest says {expected}")]
     ChecksumMismatch {
         file: String,
+        expected: String,
+        actual: String,
+    },
+    /// A chunk of a memory image does not match its BLAKE3 digest in the manifest (found when
+    /// the chunk was read, or by a full verification).
+    #[error(
+        "memory image {file} chunk {chunk} (bytes {start}..{end}) is damaged (checksum mismatch): blake3 {actual}, \
+         manifest says {expected}"
+    )]
+    ChunkMismatch {
+        file: String,
+        chunk: u64,
+        start: u64,
+        end: u64,
         expected: String,
         actual: String,
     },
@@ -114,7 +132,8 @@ impl Error {
     }
 
     /// True when a generation's own content is wrong, as [`crate::verify`] found it: the manifest
-    /// does not parse, or a file it lists is missing, has another size or another sha256. Such a
+    /// does not parse, or a file it lists is missing, has another size, another sha256 or a chunk
+    /// whose BLAKE3 differs ([`crate::read_verified_chunk`] finds that too). Such a
     /// copy never verifies again, unlike one behind an I/O error (retry), without a manifest
     /// (never sealed) or in a format this build does not read (not damaged).
     pub fn is_corrupt(&self) -> bool {
@@ -124,6 +143,7 @@ impl Error {
                 | Self::MissingFile { .. }
                 | Self::SizeMismatch { .. }
                 | Self::ChecksumMismatch { .. }
+                | Self::ChunkMismatch { .. }
         )
     }
 
@@ -133,7 +153,8 @@ impl Error {
             Self::InvalidManifest(_) => Some(crate::MANIFEST_FILE),
             Self::MissingFile { file }
             | Self::SizeMismatch { file, .. }
-            | Self::ChecksumMismatch { file, .. } => Some(file),
+            | Self::ChecksumMismatch { file, .. }
+            | Self::ChunkMismatch { file, .. } => Some(file),
             _ => None,
         }
     }

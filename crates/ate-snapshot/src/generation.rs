@@ -2,6 +2,7 @@
 
 use std::fs::{self, File};
 use std::io::{self, Read, Write};
+use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
 use ate_core::Fidelity;
@@ -10,7 +11,9 @@ use sha2::{Digest, Sha256};
 
 use crate::archive;
 use crate::error::{Error, Result};
-use crate::manifest::{FORMAT_VERSION, FileEntry, MANIFEST_FILE, Manifest};
+use crate::manifest::{
+    CHUNK_BYTES, FORMAT_VERSION, FileEntry, MANIFEST_FILE, Manifest, is_memory_pages_file,
+};
 
 /// CRIU images, written there directly by `runc checkpoint --image-path <gen>/criu`.
 pub const CRIU_DIR: &str = "criu";
@@ -45,7 +48,8 @@ pub fn is_sealed(gen_dir: &Path) -> bool {
 }
 
 /// Archives `upper_dir` (ROOTFS and MEMORY fidelity) and `volumes` into `gen_dir`, hashes every
-/// file (including the CRIU images already in `gen_dir/criu` for MEMORY), and writes
+/// file (including the CRIU images already in `gen_dir/criu` for MEMORY; memory images
+/// `criu/pages-<N>.img` also get a BLAKE3 digest per 2 MiB chunk, from the same read), and writes
 /// `manifest.json` last. A `criu/` dir left by a failed dump is not part of a ROOTFS/VOLUMES
 /// generation and is left out of the manifest.
 pub async fn seal_generation(
@@ -125,11 +129,13 @@ fn seal_blocking(
 
     let mut files = Vec::with_capacity(rel_files.len());
     for rel in rel_files {
-        let (size, sha256) = hash_file(&gen_dir.join(&rel))?;
+        let chunked = is_memory_pages_file(&rel);
+        let hashed = hash_file(&gen_dir.join(&rel), chunked)?;
         files.push(FileEntry {
             path: rel,
-            size,
-            sha256,
+            size: hashed.size,
+            sha256: hashed.sha256,
+            blake3_chunks: hashed.blake3_chunks,
         });
     }
     let manifest = Manifest {
@@ -157,7 +163,8 @@ fn seal_blocking(
 }
 
 /// Checks that the manifest is present and parses, and that every listed file exists with its
-/// size and sha256. Files not listed are ignored.
+/// size and sha256 (and, for memory images, its chunk digests, from the same read). Files not
+/// listed are ignored.
 pub async fn verify(gen_dir: &Path) -> Result<Manifest> {
     Ok(verify_with_bytes(gen_dir, true).await?.0)
 }
@@ -168,7 +175,8 @@ pub async fn verify(gen_dir: &Path) -> Result<Manifest> {
 /// only cost CPU).
 pub(crate) async fn verify_with_bytes(gen_dir: &Path, hash: bool) -> Result<(Manifest, Vec<u8>)> {
     let (manifest, bytes) = read_manifest_with_bytes(gen_dir).await?;
-    check_files(gen_dir, &manifest, hash).await?;
+    let check = if hash { Check::Full } else { Check::SizeOnly };
+    check_files(gen_dir, &manifest, check).await?;
     Ok((manifest, bytes))
 }
 
@@ -179,9 +187,147 @@ pub async fn read_manifest(gen_dir: &Path) -> Result<Manifest> {
 }
 
 /// The second half of [`verify`]: every file `manifest` lists exists in `gen_dir` with its size
-/// and sha256.
+/// and sha256, and every chunk digest a file has matches (one read of each file for both).
 pub async fn verify_files(gen_dir: &Path, manifest: &Manifest) -> Result<()> {
-    check_files(gen_dir, manifest, true).await
+    check_files(gen_dir, manifest, Check::Full).await
+}
+
+/// [`verify_files`] for a lazy restore: a file with chunk digests (a memory image) is only
+/// checked for presence and size, since its chunks are checked as they are read
+/// ([`read_verified_chunk_at`], [`verify_chunks`]); every other file is hashed in full.
+pub async fn verify_files_except_chunked(gen_dir: &Path, manifest: &Manifest) -> Result<()> {
+    check_files(gen_dir, manifest, Check::ExceptChunked).await
+}
+
+/// Reads chunk `index` of `file` (the file `entry` describes) into `buf`, resized to the chunk's
+/// length, and checks it against the manifest's BLAKE3 digest. Blocking (a positioned read of up
+/// to [`CHUNK_BYTES`]); for a page-source thread. See [`read_verified_chunk_at`] for an open file.
+pub fn read_verified_chunk(
+    file: &Path,
+    entry: &FileEntry,
+    index: u64,
+    buf: &mut Vec<u8>,
+) -> Result<()> {
+    // Arguments first: a bad index is the caller's mistake whatever is on disk.
+    chunk_span(entry, index)?;
+    let f = open_listed(file, entry)?;
+    read_chunk(&f, file, entry, index, buf)
+}
+
+/// [`read_verified_chunk`] on a file already open (a page source keeps its images open). I/O
+/// errors name `entry.path`. A file shorter than the chunk is a [`Error::SizeMismatch`]; a chunk
+/// whose BLAKE3 differs is an [`Error::ChunkMismatch`] (both [`Error::is_corrupt`]). An index
+/// past the end, or an entry without chunk digests, is an [`Error::InvalidInput`].
+pub fn read_verified_chunk_at(
+    file: &File,
+    entry: &FileEntry,
+    index: u64,
+    buf: &mut Vec<u8>,
+) -> Result<()> {
+    read_chunk(file, Path::new(&entry.path), entry, index, buf)
+}
+
+/// Checks the chunks `which` (`(path relative to gen_dir, chunk index)`) of the generation's
+/// memory images against `manifest` (e.g. the chunks a restore reads eagerly). Blocking; each
+/// file is opened once. A path the manifest does not list, a file without chunk digests or an
+/// index past the end is an [`Error::InvalidInput`].
+pub fn verify_chunks(gen_dir: &Path, manifest: &Manifest, which: &[(String, u64)]) -> Result<()> {
+    let mut open: Vec<(&str, &FileEntry, File, PathBuf)> = Vec::new();
+    let mut buf = Vec::new();
+    for (rel, index) in which {
+        let slot = match open.iter().position(|(p, ..)| *p == rel.as_str()) {
+            Some(i) => i,
+            None => {
+                let entry = manifest.file(rel).ok_or_else(|| {
+                    Error::InvalidInput(format!("{rel}: not listed in the manifest"))
+                })?;
+                chunk_span(entry, *index)?;
+                let full = gen_dir.join(rel);
+                let f = open_listed(&full, entry)?;
+                open.push((rel.as_str(), entry, f, full));
+                open.len() - 1
+            }
+        };
+        let (_, entry, f, full) = &open[slot];
+        read_chunk(f, full, entry, *index, &mut buf)?;
+    }
+    Ok(())
+}
+
+/// `(start, end, digest)` of chunk `index`, or why there is none.
+fn chunk_span(entry: &FileEntry, index: u64) -> Result<(u64, u64, &str)> {
+    if !entry.has_chunk_digests() {
+        return Err(Error::InvalidInput(format!(
+            "{}: the manifest has no chunk digests for it",
+            entry.path
+        )));
+    }
+    match (entry.chunk_range(index), entry.chunk_digest(index)) {
+        (Some((start, end)), Some(digest)) => Ok((start, end, digest)),
+        _ => Err(Error::InvalidInput(format!(
+            "{}: chunk {index} is past the end ({} bytes, {} chunks)",
+            entry.path,
+            entry.size,
+            entry.chunk_count()
+        ))),
+    }
+}
+
+/// Opens a listed file for reading; absent (or not a regular file) is [`Error::MissingFile`].
+fn open_listed(full: &Path, entry: &FileEntry) -> Result<File> {
+    match File::open(full) {
+        Ok(f) => match f.metadata() {
+            Ok(m) if m.is_file() => Ok(f),
+            Ok(_) => Err(Error::MissingFile {
+                file: entry.path.clone(),
+            }),
+            Err(e) => Err(Error::io("stat", full, e)),
+        },
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Err(Error::MissingFile {
+            file: entry.path.clone(),
+        }),
+        Err(e) => Err(Error::io("open", full, e)),
+    }
+}
+
+/// pread of chunk `index` into `buf`, then BLAKE3 against the manifest. `shown` names the file
+/// in I/O errors.
+fn read_chunk(
+    f: &File,
+    shown: &Path,
+    entry: &FileEntry,
+    index: u64,
+    buf: &mut Vec<u8>,
+) -> Result<()> {
+    let (start, end, expected) = chunk_span(entry, index)?;
+    // A chunk is at most CHUNK_BYTES (2 MiB): fits usize.
+    let len = (end - start) as usize;
+    buf.resize(len, 0);
+    match f.read_exact_at(buf, start) {
+        Ok(()) => {}
+        Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => {
+            // Shorter than the manifest says: the image was truncated.
+            let actual = f.metadata().map_err(|e| Error::io("stat", shown, e))?.len();
+            return Err(Error::SizeMismatch {
+                file: entry.path.clone(),
+                expected: entry.size,
+                actual,
+            });
+        }
+        Err(e) => return Err(Error::io("read", shown, e)),
+    }
+    let actual = blake3::hash(buf).to_hex();
+    if actual.as_str() != expected {
+        return Err(Error::ChunkMismatch {
+            file: entry.path.clone(),
+            chunk: index,
+            start,
+            end,
+            expected: expected.to_string(),
+            actual: actual.to_string(),
+        });
+    }
+    Ok(())
 }
 
 async fn read_manifest_with_bytes(gen_dir: &Path) -> Result<(Manifest, Vec<u8>)> {
@@ -199,7 +345,18 @@ async fn read_manifest_with_bytes(gen_dir: &Path) -> Result<(Manifest, Vec<u8>)>
     Ok((manifest, bytes))
 }
 
-async fn check_files(gen_dir: &Path, manifest: &Manifest, hash: bool) -> Result<()> {
+/// How much of each listed file [`check_files`] looks at.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Check {
+    /// Presence and size only.
+    SizeOnly,
+    /// Presence, size, sha256 and chunk digests.
+    Full,
+    /// [`Check::Full`], except presence and size only for a file with chunk digests.
+    ExceptChunked,
+}
+
+async fn check_files(gen_dir: &Path, manifest: &Manifest, check: Check) -> Result<()> {
     // Built eagerly and boxed: a stream `map` closure here makes callers' futures fail rustc's
     // higher-ranked `Send` check (rust-lang/rust#102211).
     let checks: Vec<_> = manifest
@@ -210,7 +367,7 @@ async fn check_files(gen_dir: &Path, manifest: &Manifest, hash: bool) -> Result<
             let full = gen_dir.join(&f.path);
             async move {
                 let what = format!("hash {}", full.display());
-                tokio::task::spawn_blocking(move || check_file(&full, &f, hash))
+                tokio::task::spawn_blocking(move || check_file(&full, &f, check))
                     .await
                     .map_err(|e| Error::task(what, e))?
             }
@@ -224,7 +381,7 @@ async fn check_files(gen_dir: &Path, manifest: &Manifest, hash: bool) -> Result<
     Ok(())
 }
 
-fn check_file(full: &Path, f: &FileEntry, hash: bool) -> Result<()> {
+fn check_file(full: &Path, f: &FileEntry, check: Check) -> Result<()> {
     let meta = match fs::symlink_metadata(full) {
         Ok(m) if m.is_file() => m,
         Ok(_) => {
@@ -247,22 +404,41 @@ fn check_file(full: &Path, f: &FileEntry, hash: bool) -> Result<()> {
             actual: meta.len(),
         });
     }
-    if !hash {
-        return Ok(());
+    match check {
+        Check::SizeOnly => return Ok(()),
+        Check::ExceptChunked if f.has_chunk_digests() => return Ok(()),
+        Check::Full | Check::ExceptChunked => {}
     }
-    let (size, sha) = hash_file(full)?;
-    if size != f.size {
+    let hashed = hash_file(full, f.has_chunk_digests())?;
+    if hashed.size != f.size {
         return Err(Error::SizeMismatch {
             file: f.path.clone(),
             expected: f.size,
-            actual: size,
+            actual: hashed.size,
         });
     }
-    if sha != f.sha256 {
+    // The first damaged chunk first: it says where the damage is, the sha256 only that there
+    // is some.
+    for (index, (actual, expected)) in
+        (0u64..).zip(hashed.blake3_chunks.iter().zip(&f.blake3_chunks))
+    {
+        if actual != expected {
+            let (start, end) = f.chunk_range(index).unwrap_or((0, f.size));
+            return Err(Error::ChunkMismatch {
+                file: f.path.clone(),
+                chunk: index,
+                start,
+                end,
+                expected: expected.clone(),
+                actual: actual.clone(),
+            });
+        }
+    }
+    if hashed.sha256 != f.sha256 {
         return Err(Error::ChecksumMismatch {
             file: f.path.clone(),
             expected: f.sha256.clone(),
-            actual: sha,
+            actual: hashed.sha256,
         });
     }
     Ok(())
@@ -457,23 +633,116 @@ fn list_files(base: &Path, rel: &Path, out: &mut Vec<String>) -> Result<()> {
     Ok(())
 }
 
-/// `(size, sha256 hex)` of a file.
-pub(crate) fn hash_file(path: &Path) -> Result<(u64, String)> {
+/// What one read of a file found.
+struct Hashed {
+    size: u64,
+    /// Lowercase hex.
+    sha256: String,
+    /// BLAKE3 (lowercase hex) per [`CHUNK_BYTES`] chunk; empty unless asked for.
+    blake3_chunks: Vec<String>,
+}
+
+/// Size and sha256 of a file and, when `chunked`, the BLAKE3 of each [`CHUNK_BYTES`] chunk: one
+/// read of the file. The chunk digests are computed on a second thread while this one reads and
+/// feeds sha256 (a memory image of 1 GiB hashes in about the time of its sha256 alone).
+fn hash_file(path: &Path, chunked: bool) -> Result<Hashed> {
     let mut f = File::open(path).map_err(|e| Error::io("open", path, e))?;
     let mut h = Sha256::new();
-    let mut buf = vec![0u8; 1 << 20];
-    let mut size = 0u64;
-    loop {
-        let n = match f.read(&mut buf) {
-            Ok(0) => break,
-            Ok(n) => n,
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-            Err(e) => return Err(Error::io("read", path, e)),
-        };
-        h.update(&buf[..n]);
-        size += n as u64;
+    // CHUNK_BYTES is 2 MiB: fits usize.
+    let chunk = CHUNK_BYTES as usize;
+    if !chunked {
+        let mut buf = vec![0u8; chunk];
+        let mut size = 0u64;
+        loop {
+            let n = read_full(&mut f, &mut buf).map_err(|e| Error::io("read", path, e))?;
+            h.update(&buf[..n]);
+            size += n as u64;
+            if n < buf.len() {
+                break;
+            }
+        }
+        return Ok(Hashed {
+            size,
+            sha256: hex::encode(h.finalize()),
+            blake3_chunks: Vec::new(),
+        });
     }
-    Ok((size, hex::encode(h.finalize())))
+    std::thread::scope(|scope| {
+        // Filled chunks go to the BLAKE3 thread and come back empty: three buffers in flight.
+        let (to_blake3, filled) = std::sync::mpsc::sync_channel::<Vec<u8>>(2);
+        let (give_back, empty) = std::sync::mpsc::channel::<Vec<u8>>();
+        for _ in 0..3 {
+            let _ = give_back.send(vec![0u8; chunk]);
+        }
+        let blake3_thread = scope.spawn(move || {
+            let mut digests = Vec::new();
+            for buf in filled {
+                digests.push(blake3::hash(&buf).to_hex().to_string());
+                // The reader may have stopped (error or end): nobody needs the buffer then.
+                let _ = give_back.send(buf);
+            }
+            digests
+        });
+        let mut size = 0u64;
+        let read = (|| -> Result<()> {
+            loop {
+                let Ok(mut buf) = empty.recv() else {
+                    return Err(Error::io(
+                        "hash",
+                        path,
+                        io::Error::other("chunk hashing thread ended"),
+                    ));
+                };
+                buf.resize(chunk, 0);
+                let n = read_full(&mut f, &mut buf).map_err(|e| Error::io("read", path, e))?;
+                if n == 0 {
+                    return Ok(());
+                }
+                buf.truncate(n);
+                h.update(&buf);
+                size += n as u64;
+                if to_blake3.send(buf).is_err() {
+                    return Err(Error::io(
+                        "hash",
+                        path,
+                        io::Error::other("chunk hashing thread ended"),
+                    ));
+                }
+                if n < chunk {
+                    // read_full stops short only at end of file.
+                    return Ok(());
+                }
+            }
+        })();
+        drop(to_blake3);
+        let digests = blake3_thread.join().map_err(|_| {
+            Error::io(
+                "hash",
+                path,
+                io::Error::other("chunk hashing thread panicked"),
+            )
+        })?;
+        read?;
+        Ok(Hashed {
+            size,
+            sha256: hex::encode(h.finalize()),
+            blake3_chunks: digests,
+        })
+    })
+}
+
+/// Fills `buf` from `f`, short only at end of file; returns how many bytes it read.
+fn read_full(f: &mut File, buf: &mut [u8]) -> io::Result<usize> {
+    let mut filled = 0;
+    while filled < buf.len() {
+        match f.read(&mut buf[filled..]) {
+            Ok(0) => break,
+            Ok(n) => filled += n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(filled)
 }
 
 /// tmp, fsync, rename, fsync dir: the manifest appears whole or not at all.

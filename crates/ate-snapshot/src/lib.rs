@@ -10,6 +10,11 @@
 //! <gen>/manifest.json        written last: a generation without it is incomplete
 //! ```
 //!
+//! The manifest pins every file by size and sha256; the memory images (`criu/pages-<N>.img`)
+//! also by a BLAKE3 digest per 2 MiB chunk, so a lazy restore checks each chunk as it first reads
+//! it ([`read_verified_chunk_at`], [`verify_files_except_chunked`]) instead of hashing the whole
+//! image first.
+//!
 //! The durable copy mirrors it under `<store url>/<key>/`: every file zstd-compressed as
 //! `<path>.zst`, plus the plain `manifest.json`, again uploaded last. Object sets an upload cut
 //! off for good left without a manifest are removed by `DurableStore::sweep_partial_uploads`.
@@ -27,6 +32,10 @@ pub use durable::{
 pub use error::{Error, Result};
 pub use generation::{
     CRIU_DIR, GenerationMeta, ROOTFS_ARCHIVE, VOLUMES_DIR, extract_rootfs, extract_volume,
-    is_sealed, quarantine, quarantine_path, read_manifest, seal_generation, verify, verify_files,
+    is_sealed, quarantine, quarantine_path, read_manifest, read_verified_chunk,
+    read_verified_chunk_at, seal_generation, verify, verify_chunks, verify_files,
+    verify_files_except_chunked,
 };
-pub use manifest::{FORMAT_VERSION, FileEntry, MANIFEST_FILE, Manifest};
+pub use manifest::{
+    CHUNK_BYTES, FORMAT_VERSION, FileEntry, MANIFEST_FILE, Manifest, is_memory_pages_file,
+};

@@ -1,4 +1,10 @@
 //! `manifest.json`: what a generation is and every file it holds (size + sha256).
+//!
+//! Memory images (`criu/pages-<N>.img`, see [`is_memory_pages_file`]) also carry a BLAKE3 digest
+//! per [`CHUNK_BYTES`] (2 MiB) chunk of the file, `blake3_chunks` (format version 2): a lazy
+//! restore verifies each chunk when it first reads it instead of hashing the whole image before
+//! the restore starts. The whole-file sha256 stays the reference for full verification and for
+//! durable copies. Version 1 manifests (no chunk digests) are still read.
 
 use std::collections::HashSet;
 use std::path::{Component, Path};
@@ -9,8 +15,14 @@ use sha2::{Digest, Sha256};
 
 use crate::error::{Error, Result};
 
-/// Format this build writes and reads.
-pub const FORMAT_VERSION: u32 = 1;
+/// Format this build writes; it reads every version from 1 up to this one.
+/// Version 2 added `blake3_chunks` (version 1 manifests have no chunk digests).
+pub const FORMAT_VERSION: u32 = 2;
+/// Oldest format this build still reads.
+pub(crate) const OLDEST_FORMAT_VERSION: u32 = 1;
+/// Size of the chunks of a memory image that get their own BLAKE3 digest (the last chunk of a
+/// file may be shorter).
+pub const CHUNK_BYTES: u64 = 2 * 1024 * 1024;
 /// File name of the manifest inside a generation directory (and under a durable key).
 pub const MANIFEST_FILE: &str = "manifest.json";
 
@@ -22,6 +34,59 @@ pub struct FileEntry {
     pub size: u64,
     /// Lowercase hex.
     pub sha256: String,
+    /// BLAKE3 of each [`CHUNK_BYTES`] chunk of the file, in order, lowercase hex (64 digits);
+    /// the last chunk may be shorter. Only memory images ([`is_memory_pages_file`]) have them;
+    /// empty for every other file and for an empty image.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub blake3_chunks: Vec<String>,
+}
+
+/// True for CRIU's memory images, `criu/pages-<digits>.img` exactly: the files that get chunk
+/// digests.
+pub fn is_memory_pages_file(rel: &str) -> bool {
+    rel.strip_prefix("criu/pages-")
+        .and_then(|r| r.strip_suffix(".img"))
+        .is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
+}
+
+impl FileEntry {
+    /// How many chunks of the file have a digest: `ceil(size / CHUNK_BYTES)` for a memory image
+    /// with chunk digests (a validated entry has exactly one per chunk), 0 for a file without
+    /// them (every other file, an empty image, an image from a version 1 manifest).
+    pub fn chunk_count(&self) -> u64 {
+        self.blake3_chunks.len() as u64
+    }
+
+    /// True when the manifest carries per-chunk BLAKE3 digests for this file.
+    pub fn has_chunk_digests(&self) -> bool {
+        !self.blake3_chunks.is_empty()
+    }
+
+    /// The manifest's BLAKE3 (lowercase hex) of chunk `index`; `None` past the end or for a
+    /// file without chunk digests.
+    pub fn chunk_digest(&self, index: u64) -> Option<&str> {
+        let i = usize::try_from(index).ok()?;
+        self.blake3_chunks.get(i).map(String::as_str)
+    }
+
+    /// Byte range `(start, end)` (end exclusive) of chunk `index` in the file: `index *
+    /// CHUNK_BYTES` up to the next chunk or the end of the file. `None` past the end of the file.
+    /// Only the size counts: a file without chunk digests has chunks too.
+    pub fn chunk_range(&self, index: u64) -> Option<(u64, u64)> {
+        if index >= self.size.div_ceil(CHUNK_BYTES) {
+            return None;
+        }
+        // index < ceil(size / CHUNK_BYTES), so start < size: no overflow.
+        let start = index * CHUNK_BYTES;
+        let end = start.saturating_add(CHUNK_BYTES).min(self.size);
+        Some((start, end))
+    }
+}
+
+fn is_lower_hex_64(s: &str) -> bool {
+    s.len() == 64
+        && s.bytes()
+            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
 }
 
 /// The same facts as the api's `SnapshotRecord`, plus the file list.
@@ -78,7 +143,9 @@ impl Manifest {
         match probe.format_version {
             None => return Err(Error::InvalidManifest("format_version missing".into())),
             Some(v) => match v.as_u64() {
-                Some(n) if n == u64::from(FORMAT_VERSION) => {}
+                Some(n)
+                    if (u64::from(OLDEST_FORMAT_VERSION)..=u64::from(FORMAT_VERSION))
+                        .contains(&n) => {}
                 Some(n) => {
                     return Err(Error::UnsupportedFormat {
                         found: n,
@@ -143,7 +210,7 @@ impl Manifest {
     }
 
     pub(crate) fn validate(&self) -> Result<()> {
-        if self.format_version != FORMAT_VERSION {
+        if !(OLDEST_FORMAT_VERSION..=FORMAT_VERSION).contains(&self.format_version) {
             return Err(Error::UnsupportedFormat {
                 found: u64::from(self.format_version),
                 supported: FORMAT_VERSION,
@@ -161,17 +228,13 @@ impl Manifest {
                     f.path
                 )));
             }
-            if f.sha256.len() != 64
-                || !f
-                    .sha256
-                    .bytes()
-                    .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
-            {
+            if !is_lower_hex_64(&f.sha256) {
                 return Err(Error::InvalidManifest(format!(
                     "file {:?}: sha256 {:?} is not 64 lowercase hex digits",
                     f.path, f.sha256
                 )));
             }
+            check_chunk_digests(self.format_version, f)?;
         }
         if self
             .files
@@ -195,6 +258,45 @@ impl Manifest {
         }
         Ok(())
     }
+}
+
+/// `blake3_chunks`: only on memory images, only from format 2 on, one well-formed digest per
+/// chunk.
+fn check_chunk_digests(format_version: u32, f: &FileEntry) -> Result<()> {
+    if f.blake3_chunks.is_empty() {
+        return Ok(());
+    }
+    let bad = |why: String| Err(Error::InvalidManifest(format!("file {:?}: {why}", f.path)));
+    if format_version < 2 {
+        return bad(format!(
+            "blake3_chunks in a format_version {format_version} manifest (chunk digests came \
+             with version 2)"
+        ));
+    }
+    if !is_memory_pages_file(&f.path) {
+        return bad(
+            "blake3_chunks on a file that is not a memory image (criu/pages-<N>.img)".into(),
+        );
+    }
+    let want = f.size.div_ceil(CHUNK_BYTES);
+    if f.blake3_chunks.len() as u64 != want {
+        return bad(format!(
+            "{} blake3_chunks for {} bytes, expected {want} (one per {CHUNK_BYTES} bytes)",
+            f.blake3_chunks.len(),
+            f.size
+        ));
+    }
+    if let Some((i, d)) = f
+        .blake3_chunks
+        .iter()
+        .enumerate()
+        .find(|(_, d)| !is_lower_hex_64(d))
+    {
+        return bad(format!(
+            "blake3_chunks[{i}] {d:?} is not 64 lowercase hex digits"
+        ));
+    }
+    Ok(())
 }
 
 /// A listed path must stay inside the generation: relative, `/`-separated plain names only.
@@ -243,6 +345,7 @@ mod tests {
                 path: "criu/pages-1.img".into(),
                 size: 4096,
                 sha256: "a".repeat(64),
+                blake3_chunks: vec!["c".repeat(64)],
             }],
         }
     }
@@ -264,13 +367,35 @@ mod tests {
         assert!(err.to_string().contains("extra"), "{err}");
 
         let mut v: serde_json::Value = serde_json::from_slice(&sample().to_json()).expect("json");
-        v["format_version"] = serde_json::json!(2);
-        let err = Manifest::from_json(v.to_string().as_bytes()).expect_err("v2");
+        v["format_version"] = serde_json::json!(3);
+        let err = Manifest::from_json(v.to_string().as_bytes()).expect_err("v3");
         assert!(
-            matches!(err, Error::UnsupportedFormat { found: 2, .. }),
+            matches!(
+                err,
+                Error::UnsupportedFormat {
+                    found: 3,
+                    supported: 2
+                }
+            ),
             "{err}"
         );
-        assert!(err.to_string().contains("unsupported format_version 2"));
+        assert!(
+            err.to_string()
+                .contains("unsupported format_version 3 (this build reads 1 to 2)"),
+            "{err}"
+        );
+        for bad in [0, 3, 1000] {
+            let mut v: serde_json::Value =
+                serde_json::from_slice(&sample().to_json()).expect("json");
+            v["format_version"] = serde_json::json!(bad);
+            assert!(
+                matches!(
+                    Manifest::from_json(v.to_string().as_bytes()),
+                    Err(Error::UnsupportedFormat { .. })
+                ),
+                "{bad}"
+            );
+        }
 
         let mut v: serde_json::Value = serde_json::from_slice(&sample().to_json()).expect("json");
         v["fidelity"] = serde_json::json!("FIDELITY_EVERYTHING");
@@ -304,8 +429,171 @@ mod tests {
             path: "criu/pages-1.img/x".into(),
             size: 1,
             sha256: "b".repeat(64),
+            blake3_chunks: Vec::new(),
         });
         assert!(Manifest::from_json(&m.to_json()).is_err(), "file and dir");
+    }
+
+    #[test]
+    fn pages_file_names() {
+        for ok in [
+            "criu/pages-1.img",
+            "criu/pages-0.img",
+            "criu/pages-1234567890.img",
+        ] {
+            assert!(is_memory_pages_file(ok), "{ok}");
+        }
+        for no in [
+            "criu/pages-.img",
+            "criu/pages-1.img.x",
+            "criu/pages-1a.img",
+            "criu/pages-1",
+            "criu/pagemap-1.img",
+            "criu/sub/pages-1.img",
+            "pages-1.img",
+            "x/criu/pages-1.img",
+            "criu/pages--1.img",
+            "criu/pages-+1.img",
+            "criu/inventory.img",
+            "rootfs.tar",
+        ] {
+            assert!(!is_memory_pages_file(no), "{no}");
+        }
+    }
+
+    #[test]
+    fn chunk_geometry() {
+        let entry = |size| FileEntry {
+            path: "criu/pages-1.img".into(),
+            size,
+            sha256: "a".repeat(64),
+            blake3_chunks: Vec::new(),
+        };
+        let empty = entry(0);
+        assert_eq!(empty.chunk_count(), 0);
+        assert_eq!(empty.chunk_range(0), None);
+        // Without digests (another file, a version 1 manifest): no chunks to verify, but the
+        // byte ranges are still defined by the size.
+        let one = entry(1);
+        assert_eq!(one.chunk_count(), 0);
+        assert!(!one.has_chunk_digests());
+        assert_eq!(one.chunk_range(0), Some((0, 1)));
+        assert_eq!(one.chunk_digest(0), None, "no digests");
+        let exact = entry(2 * CHUNK_BYTES);
+        assert_eq!(exact.chunk_count(), 0);
+        assert_eq!(exact.chunk_range(1), Some((CHUNK_BYTES, 2 * CHUNK_BYTES)));
+        assert_eq!(exact.chunk_range(2), None);
+        let mut odd = entry(5 * 1024 * 1024 + 123);
+        odd.blake3_chunks = vec!["0".repeat(64), "1".repeat(64), "2".repeat(64)];
+        assert_eq!(odd.chunk_count(), 3);
+        assert!(odd.has_chunk_digests());
+        assert_eq!(
+            odd.chunk_range(2),
+            Some((2 * CHUNK_BYTES, 5 * 1024 * 1024 + 123))
+        );
+        assert_eq!(odd.chunk_digest(1), Some("1".repeat(64).as_str()));
+        assert_eq!(odd.chunk_digest(3), None);
+        assert_eq!(odd.chunk_digest(u64::MAX), None);
+        // The largest sizes do not overflow.
+        let huge = entry(u64::MAX);
+        let last = u64::MAX.div_ceil(CHUNK_BYTES) - 1;
+        assert_eq!(huge.chunk_range(last).map(|r| r.1), Some(u64::MAX));
+        assert_eq!(huge.chunk_range(last + 1), None);
+    }
+
+    #[test]
+    fn chunk_digests_are_validated() {
+        let parse = |m: &Manifest| Manifest::from_json(&m.to_json());
+        // Serialized only when present; a file without them has no such field.
+        let mut m = sample();
+        assert!(String::from_utf8_lossy(&m.to_json()).contains("blake3_chunks"));
+        m.files[0].blake3_chunks.clear();
+        assert!(!String::from_utf8_lossy(&m.to_json()).contains("blake3_chunks"));
+        assert_eq!(parse(&m).expect("no chunks is fine"), m);
+
+        let mut m = sample();
+        m.files[0].blake3_chunks.push("d".repeat(64));
+        let err = parse(&m).expect_err("two digests for one chunk");
+        assert!(
+            matches!(&err, Error::InvalidManifest(t) if t.contains("2 blake3_chunks for 4096 bytes, expected 1")),
+            "{err}"
+        );
+        let mut m = sample();
+        m.files[0].size = CHUNK_BYTES + 1;
+        let err = parse(&m).expect_err("one digest for two chunks");
+        assert!(err.to_string().contains("expected 2"), "{err}");
+
+        for bad in [
+            "C".repeat(64),
+            "c".repeat(63),
+            "c".repeat(65),
+            "g".repeat(64),
+            String::new(),
+        ] {
+            let mut m = sample();
+            m.files[0].blake3_chunks = vec![bad.clone()];
+            let err = parse(&m).expect_err(&bad);
+            assert!(
+                matches!(&err, Error::InvalidManifest(t) if t.contains("blake3_chunks[0]") && t.contains("\"criu/pages-1.img\"")),
+                "{bad:?}: {err}"
+            );
+        }
+
+        let mut m = sample();
+        m.files[0].path = "criu/inventory.img".into();
+        let err = parse(&m).expect_err("digests on a non-pages file");
+        assert!(err.to_string().contains("not a memory image"), "{err}");
+
+        let mut m = sample();
+        m.files[0].size = 0;
+        assert!(parse(&m).is_err(), "digests for an empty file");
+    }
+
+    #[test]
+    fn version_1_manifests_still_parse() {
+        let mut m = sample();
+        m.files[0].blake3_chunks.clear();
+        m.format_version = 1;
+        let json = m.to_json();
+        let parsed = Manifest::from_json(&json).expect("v1");
+        assert_eq!(parsed.format_version, 1);
+        assert_eq!(parsed, m);
+        // Re-serialized unchanged: the record's checksum still matches.
+        assert_eq!(parsed.to_json(), json);
+        assert_eq!(parsed.checksum(), m.checksum());
+        // A version 1 writer never wrote chunk digests.
+        let mut m = sample();
+        m.format_version = 1;
+        let err = Manifest::from_json(&m.to_json()).expect_err("v1 with chunks");
+        assert!(err.to_string().contains("version 2"), "{err}");
+        // A literal version 1 manifest, as the previous build wrote it.
+        let v1 = r#"{
+  "format_version": 1,
+  "atespace": "default",
+  "name": "counter",
+  "generation": 3,
+  "uuid": "0b6f3c1e-0000-4000-8000-000000000000",
+  "fidelity": "FIDELITY_MEMORY",
+  "template": "default/counter",
+  "sandbox_class": "runc",
+  "node": "node-a",
+  "boot_id": "b00t",
+  "created_unix_ms": 1700000000000,
+  "reason": "",
+  "files": [
+    {
+      "path": "criu/pages-1.img",
+      "size": 4096,
+      "sha256": "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa"
+    }
+  ]
+}
+"#;
+        let parsed = Manifest::from_json(v1.as_bytes()).expect("literal v1");
+        assert!(!parsed.files[0].has_chunk_digests());
+        // A reader can tell it cannot verify this image chunk by chunk.
+        assert_eq!(parsed.files[0].chunk_count(), 0);
+        assert_eq!(parsed.to_json(), v1.as_bytes());
     }
 
     proptest! {

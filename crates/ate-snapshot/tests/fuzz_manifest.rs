@@ -5,11 +5,12 @@
 //! Properties: arbitrary bytes and arbitrary JSON values are refused with an error, never a
 //! panic; a valid manifest round-trips through `to_json`/`from_json` with a stable checksum;
 //! a damaged one is refused with an error that names the problem (the missing or unknown field,
-//! the unsafe path, the bad checksum, the unsupported version).
+//! the unsafe path, the bad checksum, the bad or misplaced chunk digests, the unsupported
+//! version); a version 1 manifest (no chunk digests) still parses.
 //! The unit tests in src/manifest.rs cover the fixed cases.
 
 use ate_core::Fidelity;
-use ate_snapshot::{Error, FORMAT_VERSION, FileEntry, MANIFEST_FILE, Manifest};
+use ate_snapshot::{CHUNK_BYTES, Error, FORMAT_VERSION, FileEntry, MANIFEST_FILE, Manifest};
 use proptest::prelude::*;
 use serde_json::{Map, Value, json};
 
@@ -57,8 +58,32 @@ fn files() -> impl Strategy<Value = Vec<FileEntry>> {
     )
     .prop_map(|m| {
         m.into_iter()
-            .map(|(path, (size, sha256))| FileEntry { path, size, sha256 })
+            .map(|(path, (size, sha256))| FileEntry {
+                path,
+                size,
+                sha256,
+                blake3_chunks: Vec::new(),
+            })
             .collect()
+    })
+}
+
+/// Memory images `criu/pages-<N>.img` (distinct N) of up to 8 chunks, with one digest per chunk.
+fn pages_files() -> impl Strategy<Value = Vec<FileEntry>> {
+    prop::collection::btree_set(0u32..1000, 0..3).prop_flat_map(|ns| {
+        ns.into_iter()
+            .map(|n| {
+                (0u64..=8 * CHUNK_BYTES, "[0-9a-f]{64}").prop_flat_map(move |(size, sha256)| {
+                    prop::collection::vec("[0-9a-f]{64}", size.div_ceil(CHUNK_BYTES) as usize)
+                        .prop_map(move |blake3_chunks| FileEntry {
+                            path: format!("criu/pages-{n}.img"),
+                            size,
+                            sha256: sha256.clone(),
+                            blake3_chunks,
+                        })
+                })
+            })
+            .collect::<Vec<_>>()
     })
 }
 
@@ -76,7 +101,15 @@ prop_compose! {
         created_unix_ms in any::<i64>(),
         reason in "\\PC{0,60}",
         files in files(),
+        pages in pages_files(),
     ) -> Manifest {
+        // A random path may happen to be one of the images'.
+        let mut files: Vec<FileEntry> = files
+            .into_iter()
+            .filter(|f| pages.iter().all(|p| p.path != f.path))
+            .collect();
+        files.extend(pages);
+        files.sort_by(|a, b| a.path.cmp(&b.path));
         Manifest {
             format_version: FORMAT_VERSION,
             atespace, name, generation, uuid, fidelity, template, sandbox_class, node,
@@ -109,6 +142,7 @@ fn json_value() -> impl Strategy<Value = Value> {
                         Just("path".to_string()),
                         Just("size".to_string()),
                         Just("sha256".to_string()),
+                        Just("blake3_chunks".to_string()),
                         "\\PC{0,10}",
                     ],
                     inner
@@ -216,7 +250,8 @@ proptest! {
 
     #[test]
     fn fuzz_manifest_other_versions_are_unsupported(m in manifest(), version in any::<u64>()) {
-        prop_assume!(version != u64::from(FORMAT_VERSION));
+        // This build reads 1 ..= FORMAT_VERSION.
+        prop_assume!(version == 0 || version > u64::from(FORMAT_VERSION));
         let mut o = as_object(&m)?;
         o.insert("format_version".into(), json!(version));
         match Manifest::from_json(&bytes_of(o)) {
@@ -247,7 +282,7 @@ proptest! {
         ],
     ) {
         let mut m = m;
-        m.files.push(FileEntry { path: path.clone(), size: 1, sha256: "0".repeat(64) });
+        m.files.push(FileEntry { path: path.clone(), size: 1, sha256: "0".repeat(64), blake3_chunks: Vec::new() });
         let text = manifest_error(Manifest::from_json(&m.to_json()))?;
         let shown = format!("{path:?}");
         // Long paths are named too (the message quotes the whole path).
@@ -261,8 +296,8 @@ proptest! {
     fn fuzz_manifest_overflowing_sizes_are_refused(m in manifest(), a in (1u64 << 63)..=u64::MAX, b in (1u64 << 63)..=u64::MAX) {
         let mut m = m;
         let sha256 = "0".repeat(64);
-        m.files.push(FileEntry { path: "zz/huge-1".into(), size: a, sha256: sha256.clone() });
-        m.files.push(FileEntry { path: "zz/huge-2".into(), size: b, sha256 });
+        m.files.push(FileEntry { path: "zz/huge-1".into(), size: a, sha256: sha256.clone(), blake3_chunks: Vec::new() });
+        m.files.push(FileEntry { path: "zz/huge-2".into(), size: b, sha256, blake3_chunks: Vec::new() });
         prop_assume!(m.file("zz/huge-1").is_some_and(|f| f.size == a));
         let text = manifest_error(Manifest::from_json(&m.to_json()))?;
         prop_assert!(text.contains("sizes"), "{}", text);
@@ -275,7 +310,7 @@ proptest! {
         prop_assume!(sha.len() != 64 || !sha.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b)));
         prop_assume!(m.file("zz/bad").is_none());
         let mut m = m;
-        m.files.push(FileEntry { path: "zz/bad".into(), size: 1, sha256: sha.clone() });
+        m.files.push(FileEntry { path: "zz/bad".into(), size: 1, sha256: sha.clone(), blake3_chunks: Vec::new() });
         let text = manifest_error(Manifest::from_json(&m.to_json()))?;
         prop_assert!(text.contains("sha256") && text.contains("\"zz/bad\""), "{}", text);
     }
@@ -286,7 +321,8 @@ proptest! {
         let mut m = m;
         let f = m.files[idx.index(m.files.len())].clone();
         let extra = if as_dir {
-            FileEntry { path: format!("{}/inner", f.path), ..f.clone() }
+            // Not a memory image: no chunk digests.
+            FileEntry { path: format!("{}/inner", f.path), blake3_chunks: Vec::new(), ..f.clone() }
         } else {
             f.clone()
         };
@@ -294,5 +330,64 @@ proptest! {
         let text = manifest_error(Manifest::from_json(&m.to_json()))?;
         prop_assert!(text.contains(&format!("{:?}", f.path)), "{}", text);
         prop_assert!(text.contains(if as_dir { "both a file and a directory" } else { "duplicate" }), "{}", text);
+    }
+
+    #[test]
+    fn fuzz_manifest_version_1_parses_without_chunk_digests(m in manifest()) {
+        let mut m = m;
+        m.format_version = 1;
+        let had_chunks = m.files.iter().any(FileEntry::has_chunk_digests);
+        if had_chunks {
+            // A version 1 writer never wrote them.
+            let text = manifest_error(Manifest::from_json(&m.to_json()))?;
+            prop_assert!(text.contains("blake3_chunks"), "{}", text);
+        }
+        for f in &mut m.files {
+            f.blake3_chunks.clear();
+        }
+        let json = m.to_json();
+        let back = Manifest::from_json(&json).map_err(|e| TestCaseError::fail(e.to_string()))?;
+        prop_assert_eq!(back.format_version, 1);
+        prop_assert_eq!(back.to_json(), json);
+        prop_assert_eq!(back, m);
+    }
+
+    #[test]
+    fn fuzz_manifest_bad_chunk_digests_are_named(
+        m in manifest(),
+        idx in any::<prop::sample::Index>(),
+        how in 0u8..5,
+        bad in prop_oneof!["[0-9a-f]{0,63}", "[0-9a-f]{65,70}", "[0-9a-fA-Z]{64}", "\\PC{0,64}"],
+        moved_to in "[a-z]{1,6}/[a-z]{1,6}",
+    ) {
+        let chunked: Vec<usize> = (0..m.files.len()).filter(|&i| m.files[i].has_chunk_digests()).collect();
+        prop_assume!(!chunked.is_empty());
+        let mut m = m;
+        let i = chunked[idx.index(chunked.len())];
+        let f = &mut m.files[i];
+        let n = f.blake3_chunks.len();
+        match how {
+            // One digest too many, one too few (none left is fine: digests are optional).
+            0 => f.blake3_chunks.push("0".repeat(64)),
+            1 => {
+                prop_assume!(n > 1);
+                f.blake3_chunks.pop();
+            }
+            // A malformed digest.
+            2 => {
+                prop_assume!(bad.len() != 64 || !bad.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b)));
+                f.blake3_chunks[idx.index(n)] = bad;
+            }
+            // Digests on a file that is not a memory image.
+            3 => {
+                prop_assume!(m.files.iter().all(|g| g.path.split('/').next() != moved_to.split('/').next()));
+                m.files[i].path = moved_to;
+            }
+            // The size no longer fits the number of chunks.
+            _ => f.size = (n as u64 + 1) * CHUNK_BYTES,
+        }
+        let path = m.files[i].path.clone();
+        let text = manifest_error(Manifest::from_json(&m.to_json()))?;
+        prop_assert!(text.contains("blake3_chunks") && text.contains(&format!("{path:?}")), "{}", text);
     }
 }

@@ -5,7 +5,11 @@ mod common;
 use std::fs;
 
 use ate_core::Fidelity;
-use ate_snapshot::{Error, Manifest, extract_rootfs, extract_volume, seal_generation, verify};
+use ate_snapshot::{
+    CHUNK_BYTES, Error, FORMAT_VERSION, Manifest, extract_rootfs, extract_volume,
+    read_verified_chunk, read_verified_chunk_at, seal_generation, verify, verify_chunks,
+    verify_files, verify_files_except_chunked,
+};
 use common::*;
 
 #[tokio::test]
@@ -128,9 +132,21 @@ async fn flipped_byte_in_any_file_is_named() {
                 file,
                 expected,
                 actual,
-            } => {
+            } if !f.has_chunk_digests() => {
                 assert_eq!(file, &f.path);
                 assert_eq!(expected, &f.sha256);
+                assert_ne!(actual, expected);
+            }
+            // A memory image names the damaged chunk instead.
+            Error::ChunkMismatch {
+                file,
+                chunk: 0,
+                expected,
+                actual,
+                ..
+            } if f.has_chunk_digests() => {
+                assert_eq!(file, &f.path);
+                assert_eq!(expected, &f.blake3_chunks[0]);
                 assert_ne!(actual, expected);
             }
             other => panic!("{}: expected checksum mismatch, got {other}", f.path),
@@ -322,4 +338,260 @@ async fn corruption_is_classified_and_quarantined_idempotently() {
     assert_eq!(again, aside);
     assert_eq!(fs::read(aside.join("marker")).expect("read"), b"second");
     assert!(!aside.join(victim).exists());
+}
+
+/// Memory images get a BLAKE3 digest per 2 MiB chunk, checked chunk by chunk on a lazy restore.
+#[tokio::test]
+async fn memory_images_get_chunk_digests() {
+    const IMAGE: usize = 5 * 1024 * 1024 + 123;
+    let fx = fixture(IMAGE);
+    let m = seal_generation(
+        &fx.gen_dir,
+        meta(Fidelity::Memory),
+        Some(&fx.upper),
+        &fx.volumes,
+    )
+    .await
+    .expect("seal");
+    assert_eq!(m.format_version, FORMAT_VERSION);
+    assert_eq!(FORMAT_VERSION, 2);
+    let pages = m.file("criu/pages-1.img").expect("pages listed").clone();
+    assert_eq!(pages.size, IMAGE as u64);
+    assert_eq!(pages.chunk_count(), 3);
+    assert_eq!(pages.blake3_chunks.len(), 3);
+    let image = fs::read(fx.gen_dir.join("criu/pages-1.img")).expect("read");
+    let chunk_len = CHUNK_BYTES as usize;
+    for (i, part) in image.chunks(chunk_len).enumerate() {
+        assert_eq!(
+            pages.blake3_chunks[i],
+            blake3::hash(part).to_hex().as_str(),
+            "chunk {i}"
+        );
+    }
+    assert_eq!(
+        pages.chunk_range(2),
+        Some((2 * CHUNK_BYTES, IMAGE as u64)),
+        "last chunk is short"
+    );
+    // Every other file is sha256 only, the nested image too.
+    for f in &m.files {
+        if f.path != "criu/pages-1.img" {
+            assert!(f.blake3_chunks.is_empty(), "{}", f.path);
+        }
+    }
+    let text =
+        String::from_utf8(fs::read(fx.gen_dir.join("manifest.json")).expect("read")).expect("utf8");
+    assert_eq!(text.matches("blake3_chunks").count(), 1, "{text}");
+    verify(&fx.gen_dir).await.expect("verify");
+
+    // Each chunk reads back verified, by path and by open file, into a reused buffer.
+    let path = fx.gen_dir.join("criu/pages-1.img");
+    let mut buf = Vec::new();
+    for i in 0..3u64 {
+        read_verified_chunk(&path, &pages, i, &mut buf).expect("chunk");
+        let (start, end) = pages.chunk_range(i).expect("range");
+        assert_eq!(buf, image[start as usize..end as usize], "chunk {i}");
+    }
+    let open = fs::File::open(&path).expect("open");
+    read_verified_chunk_at(&open, &pages, 2, &mut buf).expect("chunk at");
+    assert_eq!(buf.len(), IMAGE - 2 * chunk_len);
+    read_verified_chunk_at(&open, &pages, 0, &mut buf).expect("chunk at");
+    assert_eq!(buf.len(), chunk_len);
+    let all: Vec<(String, u64)> = (0..3).map(|i| (pages.path.clone(), i)).collect();
+    verify_chunks(&fx.gen_dir, &m, &all).expect("verify chunks");
+
+    // Bad arguments: past the end, a file without chunk digests, a path not listed.
+    let err = read_verified_chunk(&path, &pages, 3, &mut buf).expect_err("past the end");
+    assert!(
+        matches!(&err, Error::InvalidInput(t) if t.contains("criu/pages-1.img")),
+        "{err}"
+    );
+    assert!(!err.is_corrupt());
+    let inventory = m.file("criu/inventory.img").expect("inventory");
+    let err = read_verified_chunk(
+        &fx.gen_dir.join("criu/inventory.img"),
+        inventory,
+        0,
+        &mut buf,
+    )
+    .expect_err("no digests");
+    assert!(
+        matches!(&err, Error::InvalidInput(t) if t.contains("criu/inventory.img")),
+        "{err}"
+    );
+    let err =
+        verify_chunks(&fx.gen_dir, &m, &[("criu/nope.img".into(), 0)]).expect_err("not listed");
+    assert!(
+        matches!(&err, Error::InvalidInput(t) if t.contains("criu/nope.img")),
+        "{err}"
+    );
+
+    // One flipped byte in chunk 1: that chunk, and only it, fails, naming its byte range.
+    let at = 3 * 1024 * 1024 + 7;
+    let mut damaged = image.clone();
+    damaged[at] ^= 0x5a;
+    fs::write(&path, &damaged).expect("write");
+    read_verified_chunk(&path, &pages, 0, &mut buf).expect("chunk 0 intact");
+    read_verified_chunk(&path, &pages, 2, &mut buf).expect("chunk 2 intact");
+    let err = read_verified_chunk(&path, &pages, 1, &mut buf).expect_err("chunk 1 damaged");
+    match &err {
+        Error::ChunkMismatch {
+            file,
+            chunk,
+            start,
+            end,
+            expected,
+            actual,
+        } => {
+            assert_eq!(file, "criu/pages-1.img");
+            assert_eq!(*chunk, 1);
+            assert_eq!((*start, *end), (CHUNK_BYTES, 2 * CHUNK_BYTES));
+            assert_eq!(expected, &pages.blake3_chunks[1]);
+            assert_eq!(
+                actual,
+                blake3::hash(&damaged[chunk_len..2 * chunk_len])
+                    .to_hex()
+                    .as_str()
+            );
+        }
+        other => panic!("expected a chunk mismatch, got {other}"),
+    }
+    assert!(err.is_corrupt());
+    assert_eq!(err.corrupt_file(), Some("criu/pages-1.img"));
+    let text = err.to_string();
+    assert!(
+        text.contains("memory image criu/pages-1.img chunk 1 (bytes 2097152..4194304) is damaged"),
+        "{text}"
+    );
+    let err = read_verified_chunk_at(&open, &pages, 1, &mut buf).expect_err("open file too");
+    assert!(
+        matches!(err, Error::ChunkMismatch { chunk: 1, .. }),
+        "{err}"
+    );
+    let err = verify_chunks(&fx.gen_dir, &m, &all).expect_err("verify chunks");
+    assert!(
+        matches!(err, Error::ChunkMismatch { chunk: 1, .. }),
+        "{err}"
+    );
+    verify_chunks(
+        &fx.gen_dir,
+        &m,
+        &[(pages.path.clone(), 2), (pages.path.clone(), 0)],
+    )
+    .expect("the intact chunks");
+
+    // A lazy restore's up-front check passes (the chunk is caught when read); the full one fails.
+    verify_files_except_chunked(&fx.gen_dir, &m)
+        .await
+        .expect("except chunked");
+    let err = verify_files(&fx.gen_dir, &m).await.expect_err("full");
+    assert!(
+        matches!(&err, Error::ChunkMismatch { file, chunk: 1, .. } if file == "criu/pages-1.img"),
+        "{err}"
+    );
+    assert!(err.is_corrupt());
+    let err = verify(&fx.gen_dir).await.expect_err("verify");
+    assert!(
+        matches!(err, Error::ChunkMismatch { chunk: 1, .. }),
+        "{err}"
+    );
+
+    // The up-front check still hashes every other file, and sizes the chunked ones.
+    flip_byte(&fx.gen_dir.join("criu/inventory.img"));
+    let err = verify_files_except_chunked(&fx.gen_dir, &m)
+        .await
+        .expect_err("inventory damaged");
+    assert!(
+        matches!(&err, Error::ChecksumMismatch { file, .. } if file == "criu/inventory.img"),
+        "{err}"
+    );
+    flip_byte(&fx.gen_dir.join("criu/inventory.img"));
+    fs::write(&path, &image[..IMAGE - 1]).expect("truncate");
+    let err = verify_files_except_chunked(&fx.gen_dir, &m)
+        .await
+        .expect_err("truncated");
+    assert!(
+        matches!(&err, Error::SizeMismatch { file, .. } if file == "criu/pages-1.img"),
+        "{err}"
+    );
+    // Read lazily, the truncated last chunk is a size mismatch, the others still verify.
+    let err = read_verified_chunk(&path, &pages, 2, &mut buf).expect_err("short");
+    assert!(
+        matches!(&err, Error::SizeMismatch { expected, actual, .. } if *expected == IMAGE as u64 && *actual == IMAGE as u64 - 1),
+        "{err}"
+    );
+    read_verified_chunk(&path, &pages, 1, &mut buf).expect("chunk 1 restored by the rewrite");
+    fs::remove_file(&path).expect("rm");
+    let err = read_verified_chunk(&path, &pages, 0, &mut buf).expect_err("missing");
+    assert!(
+        matches!(&err, Error::MissingFile { file } if file == "criu/pages-1.img"),
+        "{err}"
+    );
+    let err = verify_files_except_chunked(&fx.gen_dir, &m)
+        .await
+        .expect_err("missing");
+    assert!(matches!(err, Error::MissingFile { .. }), "{err}");
+    fs::write(&path, &image).expect("restore");
+    verify(&fx.gen_dir).await.expect("intact again");
+}
+
+/// A manifest whose chunk digests disagree with an intact file (the whole-file sha256 matches)
+/// still fails full verification: the chunk digests are checked too.
+#[tokio::test]
+async fn full_verification_checks_chunk_digests_too() {
+    let fx = fixture(CHUNK_BYTES as usize + 10);
+    let mut m = seal_generation(
+        &fx.gen_dir,
+        meta(Fidelity::Memory),
+        Some(&fx.upper),
+        &fx.volumes,
+    )
+    .await
+    .expect("seal");
+    verify_files(&fx.gen_dir, &m).await.expect("intact");
+    let idx = m
+        .files
+        .iter()
+        .position(|f| f.path == "criu/pages-1.img")
+        .expect("pages");
+    assert_eq!(m.files[idx].blake3_chunks.len(), 2);
+    m.files[idx].blake3_chunks[1] = "0".repeat(64);
+    let err = verify_files(&fx.gen_dir, &m).await.expect_err("bad digest");
+    assert!(
+        matches!(&err, Error::ChunkMismatch { chunk: 1, start, end, .. } if *start == CHUNK_BYTES && *end == CHUNK_BYTES + 10),
+        "{err}"
+    );
+    // Written to disk, the whole generation fails `verify` the same way.
+    fs::write(fx.gen_dir.join("manifest.json"), m.to_json()).expect("write");
+    let err = verify(&fx.gen_dir).await.expect_err("verify");
+    assert!(
+        matches!(err, Error::ChunkMismatch { chunk: 1, .. }),
+        "{err}"
+    );
+    verify_files_except_chunked(&fx.gen_dir, &m)
+        .await
+        .expect("not hashed up front");
+}
+
+/// An empty memory image has no chunks; a generation of only small images still gets digests.
+#[tokio::test]
+async fn empty_memory_image_has_no_chunks() {
+    let fx = fixture(0);
+    let m = seal_generation(
+        &fx.gen_dir,
+        meta(Fidelity::Memory),
+        Some(&fx.upper),
+        &fx.volumes,
+    )
+    .await
+    .expect("seal");
+    let pages = m.file("criu/pages-1.img").expect("pages");
+    assert_eq!(pages.size, 0);
+    assert!(pages.blake3_chunks.is_empty());
+    assert_eq!(pages.chunk_count(), 0);
+    let mut buf = vec![1, 2, 3];
+    let err = read_verified_chunk(&fx.gen_dir.join(&pages.path), pages, 0, &mut buf)
+        .expect_err("no chunks");
+    assert!(matches!(err, Error::InvalidInput(_)), "{err}");
+    verify(&fx.gen_dir).await.expect("verify");
 }

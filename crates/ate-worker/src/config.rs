@@ -7,6 +7,13 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use crate::egress::Cidr;
+
+/// `--memory-restore`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum MemoryRestore {
+    Lazy,
+    Eager,
+}
 use crate::service::WorkerError;
 
 /// Configuration of one worker process (flattened into `ate worker`).
@@ -68,6 +75,18 @@ pub struct WorkerConfig {
     /// line with its time); `None`: plain `cat`.
     #[arg(skip)]
     pub log_relay: Option<Vec<String>>,
+
+    /// The page source program for lazy memory restores (set by `ate worker` to `ate
+    /// page-source`); `None`: every memory restore is eager.
+    #[arg(skip)]
+    pub page_source: Option<Vec<String>>,
+
+    /// How memory snapshots are restored: `lazy` (the actor runs once CRIU has restored its
+    /// state; pages arrive as it touches them, each 2 MiB chunk checked against the manifest,
+    /// the rest pushed in the background) or `eager` (every page is read and checked first).
+    /// Generations written before chunk digests existed always restore eagerly.
+    #[arg(long, env = "ATE_MEMORY_RESTORE", value_enum, default_value_t = MemoryRestore::Lazy)]
+    pub memory_restore: MemoryRestore,
 
     /// How long a suspend lets requests in flight finish before it cuts them (a suspend request
     /// may ask for another grace). New requests wait meanwhile and resume the actor afterwards;
@@ -140,6 +159,8 @@ impl WorkerConfig {
             image_retention: std::time::Duration::from_secs(24 * 3600),
             suspend_grace: std::time::Duration::from_secs(5),
             log_relay: None,
+            page_source: None,
+            memory_restore: MemoryRestore::Lazy,
             keep_frozen: None,
             frozen_ttl_seconds: 300,
             frozen_min_available_percent: 25,

@@ -10,6 +10,7 @@ pub mod egress;
 pub mod error;
 pub mod hardening;
 pub mod image;
+pub mod lazy;
 pub mod metrics;
 pub mod netns;
 pub mod netns_pool;
@@ -21,7 +22,7 @@ pub mod runtime;
 pub mod service;
 mod worker;
 
-pub use config::{Faults, WorkerConfig};
+pub use config::{Faults, MemoryRestore, WorkerConfig};
 pub use error::{Result, SandboxError};
 pub use image::{ImageCache, ImageConfig, LayoutRef, UnpackedImage};
 pub use netns::{ACTOR_IP, NetnsDialer, connect_in_netns, connect_in_netns_timeout};

@@ -23,6 +23,7 @@ pub const SNAPSHOT_SIZE: &str = "ate_worker_snapshot_size_bytes";
 pub const ACTORS_ACTIVE: &str = "ate_worker_actors_active";
 pub const SLOTS: &str = "ate_worker_slots";
 pub const FROZEN_ACTORS: &str = "ate_worker_frozen_actors";
+pub const LAZY_RESTORES: &str = "ate_worker_lazy_restores_total";
 
 /// Every series of the worker with its help text (`# HELP` / `# TYPE` on `/metrics`).
 pub fn describe() {
@@ -82,8 +83,16 @@ pub fn describe() {
         Unit::Count,
         "Checkpointed actors kept frozen in place (no slot taken; a resume here thaws them)."
     );
+    metrics::describe_counter!(
+        LAZY_RESTORES,
+        Unit::Count,
+        "Lazy memory restores by outcome once their page source ended: complete (every page in), failed (a damaged chunk or a dead page source: the actor was stopped and marked CRASHED)."
+    );
     // Present (at zero) from the start: rate() needs the series before the first event.
     metrics::counter!(SNAPSHOT_BYTES_WRITTEN).increment(0);
+    for outcome in ["complete", "failed"] {
+        metrics::counter!(LAZY_RESTORES, "outcome" => outcome).increment(0);
+    }
 }
 
 /// Installs the process-wide recorder with the worker's series (idempotent).
@@ -139,6 +148,14 @@ pub(crate) fn checkpointed(result: &Result<v1::WorkerCheckpointReply, Status>, b
         metrics::counter!(SNAPSHOT_BYTES_WRITTEN).increment(reply.size_bytes);
         metrics::histogram!(SNAPSHOT_SIZE, "fidelity" => fidelity).record(reply.size_bytes as f64);
     }
+}
+
+pub(crate) fn lazy_restore_done() {
+    metrics::counter!(LAZY_RESTORES, "outcome" => "complete").increment(1);
+}
+
+pub(crate) fn lazy_restore_failed() {
+    metrics::counter!(LAZY_RESTORES, "outcome" => "failed").increment(1);
 }
 
 pub(crate) fn checkpoint_phase(phase: &'static str, took: Duration) {

@@ -20,6 +20,7 @@ use tokio::process::Command;
 use crate::cmd;
 use crate::error::{IoContext, Result, SandboxError, tail};
 use crate::hardening;
+use crate::lazy::PageSource;
 use crate::netns;
 use crate::netns_pool::NetnsPool;
 use crate::reaper::{self, InitStatus, Inits};
@@ -71,6 +72,8 @@ pub struct RuncRuntime {
     root: PathBuf,
     runc: String,
     criu: Option<String>,
+    /// CRIU and the kernel can restore memory lazily (`criu check --feature uffd-noncoop`).
+    lazy_pages: bool,
     /// CRIU options for every dump and restore (see [`CRIU_OPTIONS`]).
     criu_conf: PathBuf,
     /// See [`RuncConfig::log_relay`].
@@ -136,6 +139,18 @@ impl RuncRuntime {
                 None
             }
         };
+        // Lazy restores need userfaultfd with the non-cooperative events CRIU asks for (a
+        // kernel or sysctl without them would fail every lazy restore): probed once here.
+        let lazy_pages = match &criu {
+            Some(bin) => match cmd::run(bin, ["check", "--feature", "uffd-noncoop"]).await {
+                Ok(_) => true,
+                Err(e) => {
+                    tracing::warn!(error = %e, "CRIU reports no non-cooperative userfaultfd: memory restores are eager");
+                    false
+                }
+            },
+            None => false,
+        };
         if criu.is_some() && !criu_kdat_cache_possible() {
             tracing::warn!(
                 "/run is not a tmpfs and /run/criu.kdat is not kept on one: CRIU probes the kernel \
@@ -153,6 +168,7 @@ impl RuncRuntime {
             root,
             runc,
             criu,
+            lazy_pages,
             criu_conf,
             log_relay: config.log_relay.clone(),
             locks: Mutex::new(HashMap::new()),
@@ -319,7 +335,12 @@ impl RuncRuntime {
     /// closed. The relay is not the worker: it outlives a worker that crashes or is killed, so
     /// the actor never gets EPIPE/SIGPIPE for writing to its stdout while no worker runs, and
     /// a restarted worker re-adopts the sandbox with its log still flowing.
-    async fn spawn_detached(&self, actor: &ActorSandbox, args: Vec<String>) -> Result<()> {
+    async fn spawn_detached(
+        &self,
+        actor: &ActorSandbox,
+        args: Vec<String>,
+        page_source: Option<&PageSource>,
+    ) -> Result<()> {
         let (read, write) = nix::unistd::pipe2(OFlag::O_CLOEXEC).ctx(|| "create stdio pipe")?;
         let copier = spawn_log_relay(&self.log_relay, read, actor.log_path()).await?;
         let write_err: OwnedFd = write.try_clone().ctx(|| "dup stdio pipe")?;
@@ -339,7 +360,27 @@ impl RuncRuntime {
             status: "could not start".to_string(),
             stderr: e.to_string(),
         })?;
-        let status = child.wait().await.ctx(|| "wait for runc")?;
+        // A lazy restore whose page source gives up mid-restore would leave CRIU and the
+        // restored tasks waiting on a page forever: end them all instead.
+        let failed = async {
+            match page_source {
+                Some(source) => source.failed().await,
+                None => std::future::pending().await,
+            }
+        };
+        let status = tokio::select! {
+            status = child.wait() => status.ctx(|| "wait for runc")?,
+            why = failed => {
+                let _ = child.start_kill();
+                kill_cgroup_processes(&actor.short_id());
+                let _ = child.wait().await;
+                return Err(SandboxError::Command {
+                    command: cmd::render(&self.runc, &full),
+                    status: "ended: the page source gave up".to_string(),
+                    stderr: why,
+                });
+            }
+        };
         if status.success() {
             if let Ok(mut relays) = self.relays.lock() {
                 relays.insert(actor.container_id(), copier);
@@ -485,6 +526,85 @@ impl RuncRuntime {
         Ok(CheckpointStats { dump, image_bytes })
     }
 
+    /// `runc restore` of the dump in `image_dir`; with `lazy` (the generation dir and the page
+    /// source command) the memory pages are left to a page source started first
+    /// (`--lazy-pages`), which is returned with the sandbox.
+    async fn restore_memory(
+        &self,
+        actor: &ActorSandbox,
+        spec: &SandboxSpec,
+        image_dir: &Path,
+        lazy: Option<(&Path, &[String])>,
+    ) -> Result<(Started, Option<PageSource>)> {
+        if self.criu.is_none() {
+            return Err(SandboxError::Unsupported(
+                "memory restore needs CRIU ≥ 4.2".to_string(),
+            ));
+        }
+        if !image_dir.join("inventory.img").is_file() {
+            return Err(SandboxError::Checkpoint {
+                path: image_dir.to_path_buf(),
+                message: "no inventory.img: not a complete CRIU image".to_string(),
+            });
+        }
+        let lock = self.lock_for(actor);
+        let _guard = lock.lock().await;
+        let begun = Instant::now();
+        self.teardown(actor).await?;
+        let mut page_source = None;
+        let result = async {
+            self.prepare(actor, spec, false, true).await?;
+            let prepared = begun.elapsed();
+            let work = actor.dir.join("criu-restore");
+            remove_dir_if_exists(&work).await?;
+            tokio::fs::create_dir_all(&work)
+                .await
+                .ctx(|| format!("create {}", work.display()))?;
+            remove_file_if_exists(&pid_file(actor)).await?;
+            let mut args = vec!["restore".to_string(), "-d".to_string()];
+            if let Some((generation_dir, command)) = lazy {
+                // CRIU connects to `lazy-pages.socket` in its work dir: the source listens first.
+                page_source = Some(PageSource::start(command, generation_dir, &work).await?);
+                args.push("--lazy-pages".to_string());
+            }
+            args.extend([
+                "--pid-file".to_string(),
+                pid_file(actor).to_string_lossy().into_owned(),
+                "--image-path".to_string(),
+                image_dir.to_string_lossy().into_owned(),
+                "--work-path".to_string(),
+                work.to_string_lossy().into_owned(),
+                "--bundle".to_string(),
+                actor.dir.to_string_lossy().into_owned(),
+                actor.container_id(),
+            ]);
+            self.spawn_detached(actor, args, page_source.as_ref())
+                .await?;
+            let restored = begun.elapsed();
+            self.set_cpu_quota(actor, cpu_quota_us(spec)).await?;
+            let started = self.started(actor, begun).await;
+            tracing::debug!(
+                container = %actor.container_id(),
+                lazy = lazy.is_some(),
+                prepare_ms = prepared.as_millis() as u64,
+                runc_restore_ms = (restored - prepared).as_millis() as u64,
+                after_ms = (begun.elapsed() - restored).as_millis() as u64,
+                "runc restore"
+            );
+            started
+        }
+        .await;
+        match result {
+            Ok(started) => Ok((started, page_source)),
+            Err(e) => {
+                let _ = self.teardown(actor).await;
+                // Dropping the handle ends the page source; the sandbox is gone first.
+                drop(page_source);
+                Err(e)
+            }
+        }
+    }
+
     /// Sets the container's CFS quota (µs per [`CPU_PERIOD_US`]; `None` = unlimited): the v1
     /// cpu controller file directly where this host has one, `runc update` otherwise.
     async fn set_cpu_quota(&self, actor: &ActorSandbox, quota_us: Option<u64>) -> Result<()> {
@@ -524,6 +644,10 @@ impl RuncRuntime {
         let id = actor.container_id();
         // runc keeps a container's state in `<root>/<id>`: without it there is nothing to ask
         // runc about (spares a `runc state` process before every run and restore).
+        // Leftovers of a restore ended in the middle (see `unmount_below`) first: runc cannot
+        // delete a container whose state dir still has CRIU's root mounted.
+        unmount_below(&actor.dir.join("criu-restore"));
+        unmount_below(&self.root.join(&id));
         let known = tokio::fs::try_exists(self.root.join(&id))
             .await
             .unwrap_or(true);
@@ -553,6 +677,17 @@ impl RuncRuntime {
                 return Err(e);
             }
         }
+        // A restore ended in the middle leaves runc a state dir it cannot read back (no state
+        // for `runc state`, so nothing was deleted above) and a later restore would be refused
+        // ("container with given ID already exists"). Its processes are gone (killed with the
+        // cgroup); the dir is only runc's bookkeeping.
+        let state_dir = self.root.join(&id);
+        if tokio::fs::try_exists(&state_dir).await.unwrap_or(false)
+            && self.status(&id).await.ok().flatten().is_none()
+        {
+            tracing::debug!(container = %id, "removing runc state left by an interrupted restore");
+            remove_dir_if_exists(&state_dir).await?;
+        }
         // The init must be reaped before its cgroups can go (a zombie still counts as a member
         // on this kernel's v1 hierarchies: rmdir says EBUSY and the cgroup, with its limits,
         // would outlive the actor).
@@ -575,6 +710,7 @@ impl SandboxRuntime for RuncRuntime {
         Capabilities {
             can_restore_memory: self.criu.is_some(),
             can_keep_frozen: self.criu.is_some(),
+            can_restore_lazily: self.lazy_pages,
             sandbox_class: SANDBOX_CLASS.to_string(),
         }
     }
@@ -605,6 +741,7 @@ impl SandboxRuntime for RuncRuntime {
                     bundle,
                     actor.container_id(),
                 ],
+                None,
             )
             .await
             .map_err(|e| exec_failure(e, spec))?;
@@ -657,61 +794,26 @@ impl SandboxRuntime for RuncRuntime {
         spec: &SandboxSpec,
         image_dir: &Path,
     ) -> Result<Started> {
-        if self.criu.is_none() {
-            return Err(SandboxError::Unsupported(
-                "memory restore needs CRIU ≥ 4.2".to_string(),
-            ));
-        }
-        if !image_dir.join("inventory.img").is_file() {
-            return Err(SandboxError::Checkpoint {
-                path: image_dir.to_path_buf(),
-                message: "no inventory.img: not a complete CRIU image".to_string(),
-            });
-        }
-        let lock = self.lock_for(actor);
-        let _guard = lock.lock().await;
-        let begun = Instant::now();
-        self.teardown(actor).await?;
-        let result = async {
-            self.prepare(actor, spec, false, true).await?;
-            let prepared = begun.elapsed();
-            let work = actor.dir.join("criu-restore");
-            remove_dir_if_exists(&work).await?;
-            tokio::fs::create_dir_all(&work)
-                .await
-                .ctx(|| format!("create {}", work.display()))?;
-            remove_file_if_exists(&pid_file(actor)).await?;
-            let args = vec![
-                "restore".to_string(),
-                "-d".to_string(),
-                "--pid-file".to_string(),
-                pid_file(actor).to_string_lossy().into_owned(),
-                "--image-path".to_string(),
-                image_dir.to_string_lossy().into_owned(),
-                "--work-path".to_string(),
-                work.to_string_lossy().into_owned(),
-                "--bundle".to_string(),
-                actor.dir.to_string_lossy().into_owned(),
-                actor.container_id(),
-            ];
-            self.spawn_detached(actor, args).await?;
-            let restored = begun.elapsed();
-            self.set_cpu_quota(actor, cpu_quota_us(spec)).await?;
-            let started = self.started(actor, begun).await;
-            tracing::debug!(
-                container = %actor.container_id(),
-                prepare_ms = prepared.as_millis() as u64,
-                runc_restore_ms = (restored - prepared).as_millis() as u64,
-                after_ms = (begun.elapsed() - restored).as_millis() as u64,
-                "runc restore"
-            );
-            started
-        }
-        .await;
-        if result.is_err() {
-            let _ = self.teardown(actor).await;
-        }
-        result
+        self.restore_memory(actor, spec, image_dir, None)
+            .await
+            .map(|(started, _)| started)
+    }
+
+    async fn restore_lazily(
+        &self,
+        actor: &ActorSandbox,
+        spec: &SandboxSpec,
+        generation_dir: &Path,
+        page_source: &[String],
+    ) -> Result<(Started, PageSource)> {
+        let image_dir = generation_dir.join(ate_snapshot::CRIU_DIR);
+        let (started, source) = self
+            .restore_memory(actor, spec, &image_dir, Some((generation_dir, page_source)))
+            .await?;
+        let source = source.ok_or_else(|| {
+            SandboxError::Unsupported("lazy restore started no page source".into())
+        })?;
+        Ok((started, source))
     }
 
     async fn stop(&self, actor: &ActorSandbox) -> Result<()> {
@@ -890,8 +992,50 @@ fn unmount_if_mounted(target: &Path) -> Result<()> {
     Ok(())
 }
 
-/// Removes leftover actor cgroups in every hierarchy (runc delete normally does this; a crash
-/// between dump and delete can leave empty ones).
+/// Detaches every mount at or below `dir`, deepest first. A CRIU restore that was ended in the
+/// middle (its page source gave up) leaves its cgroup yard (a tmpfs with cgroup mounts, in the
+/// restore's work dir) and runc's `criu-root` overlay mounted; nothing else mounts there.
+fn unmount_below(dir: &Path) {
+    let Ok(info) = std::fs::read_to_string("/proc/self/mountinfo") else {
+        return;
+    };
+    let mut points: Vec<PathBuf> = info
+        .lines()
+        .filter_map(|l| l.split(' ').nth(4))
+        .map(|p| PathBuf::from(unescape_mount_path(p)))
+        .filter(|p| p.starts_with(dir))
+        .collect();
+    points.sort_by_key(|p| std::cmp::Reverse(p.components().count()));
+    points.dedup();
+    for p in points {
+        if let Err(e) = unmount_if_mounted(&p) {
+            tracing::warn!(mount = %p.display(), error = %e, "leftover mount");
+        }
+    }
+}
+
+/// mountinfo escapes space, tab, newline and backslash as `\ooo`.
+fn unescape_mount_path(p: &str) -> String {
+    let bytes = p.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'\\'
+            && i + 4 <= bytes.len()
+            && let Some(v) = std::str::from_utf8(&bytes[i + 1..i + 4])
+                .ok()
+                .and_then(|o| u8::from_str_radix(o, 8).ok())
+        {
+            out.push(v);
+            i += 4;
+            continue;
+        }
+        out.push(bytes[i]);
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
 /// `freezer.state` of the actor's cgroup in the v1 freezer hierarchy (hybrid hosts like these;
 /// runc's "paused" is this file reading FROZEN), if it exists.
 fn freezer_state_file(actor: &ActorSandbox) -> Option<PathBuf> {
@@ -951,15 +1095,39 @@ async fn read_cpu_quota(actor: &ActorSandbox) -> Option<i64> {
     text.trim().parse().ok()
 }
 
-fn remove_cgroups(short_id: &str) {
+/// The actor's cgroup directory in each hierarchy that has one.
+fn actor_cgroups(short_id: &str) -> Vec<PathBuf> {
     let Ok(hierarchies) = std::fs::read_dir("/sys/fs/cgroup") else {
-        return;
+        return Vec::new();
     };
-    for h in hierarchies.flatten() {
-        let dir = h.path().join(CGROUP_PARENT).join(short_id);
-        if dir.is_dir()
-            && let Err(e) = std::fs::remove_dir(&dir)
-        {
+    hierarchies
+        .flatten()
+        .map(|h| h.path().join(CGROUP_PARENT).join(short_id))
+        .filter(|dir| dir.is_dir())
+        .collect()
+}
+
+/// SIGKILLs every process in the actor's cgroups (the restored tasks, and CRIU, which runc
+/// puts there for a restore).
+fn kill_cgroup_processes(short_id: &str) {
+    for dir in actor_cgroups(short_id) {
+        let Ok(text) = std::fs::read_to_string(dir.join("cgroup.procs")) else {
+            continue;
+        };
+        for pid in text.lines().filter_map(|l| l.trim().parse::<i32>().ok()) {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(pid),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+        }
+    }
+}
+
+/// Removes leftover actor cgroups in every hierarchy (runc delete normally does this; a crash
+/// between dump and delete can leave empty ones).
+fn remove_cgroups(short_id: &str) {
+    for dir in actor_cgroups(short_id) {
+        if let Err(e) = std::fs::remove_dir(&dir) {
             tracing::warn!(cgroup = %dir.display(), error = %e, "could not remove actor cgroup");
         }
     }
@@ -1312,6 +1480,14 @@ mod tests {
         assert_eq!(process_args(&s), vec!["/other"]);
         let long = vec!["x".repeat(300)];
         assert!(render_args(&long).len() < 210);
+    }
+
+    #[test]
+    fn mount_paths_are_unescaped() {
+        assert_eq!(unescape_mount_path("/a\\040b/c"), "/a b/c");
+        assert_eq!(unescape_mount_path("/plain"), "/plain");
+        assert_eq!(unescape_mount_path("/é\\134x"), "/é\\x");
+        assert_eq!(unescape_mount_path("/end\\04"), "/end\\04");
     }
 
     #[test]

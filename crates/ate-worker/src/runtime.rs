@@ -23,6 +23,8 @@ pub struct Capabilities {
     pub sandbox_class: String,
     /// [`SandboxRuntime::checkpoint_frozen`] and [`SandboxRuntime::thaw`] work.
     pub can_keep_frozen: bool,
+    /// Memory can come back on demand ([`SandboxRuntime::restore_lazily`]).
+    pub can_restore_lazily: bool,
 }
 
 /// An actor's identity and its directory on the node. Everything a runtime names for the actor
@@ -249,6 +251,22 @@ pub trait SandboxRuntime: Send + Sync {
         spec: &SandboxSpec,
         image_dir: &Path,
     ) -> Result<Started>;
+
+    /// Like [`SandboxRuntime::restore`] from `generation_dir/criu`, but the memory pages are
+    /// left to a page source (`page_source`: the command of `ate page-source`) that the
+    /// returned handle watches: the actor runs once its state is restored and its pages arrive
+    /// as it touches them. The handle must outlive the sandbox until it reports `Done`.
+    async fn restore_lazily(
+        &self,
+        _actor: &ActorSandbox,
+        _spec: &SandboxSpec,
+        _generation_dir: &Path,
+        _page_source: &[String],
+    ) -> Result<(Started, crate::lazy::PageSource)> {
+        Err(SandboxError::Unsupported(
+            "this runtime restores memory only eagerly".to_string(),
+        ))
+    }
 
     /// Kills and removes everything the sandbox holds on the host except the actor's files.
     /// Idempotent: stopping a stopped or unknown actor is Ok.

@@ -351,7 +351,11 @@ pub async fn run(
         )
         .with_frozen_policy(config.frozen_policy())
         .with_egress_denied(config.deny_egress.clone())
-        .with_suspend_grace(config.suspend_grace),
+        .with_suspend_grace(config.suspend_grace)
+        .with_page_source(match config.memory_restore {
+            crate::config::MemoryRestore::Lazy => config.page_source.clone(),
+            crate::config::MemoryRestore::Eager => None,
+        }),
     );
     crate::metrics::export_gauges(&worker);
     // Sandboxes an earlier process of this worker left running are taken back (their

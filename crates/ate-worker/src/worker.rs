@@ -12,6 +12,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use ate_core::template::MemoryRestore;
 use ate_core::{Fidelity, TemplateSpec};
 use ate_proto::v1;
 use futures::StreamExt as _;
@@ -22,6 +23,7 @@ use crate::config::{Faults, FrozenPolicy};
 use crate::egress::{Cidr, Egress};
 use crate::error::SandboxError;
 use crate::image::ImageCache;
+use crate::lazy::{Outcome, PageSource};
 use crate::netns::{ACTOR_IP, NetnsDialer, connect_in_netns_timeout};
 use crate::probe;
 use crate::runc;
@@ -44,6 +46,11 @@ const SHUTDOWN_PARALLELISM: usize = 16;
 pub const DRAIN_TIMEOUT: Duration = Duration::from_secs(20);
 /// A drain gives up when the node has not polled Activity for this long.
 const NODE_SILENCE: Duration = Duration::from_secs(2);
+/// How long a checkpoint waits for a lazy restore to place every page.
+const LAZY_COMPLETE_WAIT: Duration = Duration::from_secs(60);
+/// How long a restarted worker waits for a lazy restore's page source to finish before it
+/// gives up adopting the sandbox.
+const ADOPT_PAGE_SOURCE_WAIT: Duration = Duration::from_secs(30);
 /// Next to each active actor: what a restarted worker needs to re-adopt its sandbox.
 const ADOPTION_FILE: &str = "adoption.pb";
 
@@ -57,6 +64,8 @@ struct Entry {
     pid: Option<u32>,
     /// The fencing token of the activation this copy belongs to (0: none was given).
     activation: u64,
+    /// A lazy restore's page source until every page is in (see [`crate::lazy`]).
+    page_source: Option<Arc<PageSource>>,
 }
 
 /// An exit not yet reported through Activity.
@@ -68,6 +77,9 @@ struct ExitReport {
     at_ms: i64,
     exit_code: i32,
     log: String,
+    /// Why the worker ended the actor because it must not run on (its memory could not be
+    /// completed); empty for an exit of its own.
+    crash: String,
 }
 
 /// An actor suspended with a memory dump whose sandbox was kept frozen in place: a cache of the
@@ -120,6 +132,8 @@ pub struct Worker {
     frozen_policy: FrozenPolicy,
     /// Default time a suspend lets requests in flight finish (`--suspend-grace`).
     suspend_grace: Duration,
+    /// The page source command (`ate page-source`) when memory is restored lazily.
+    page_source: Option<Vec<String>>,
     table: Mutex<Table>,
     locks: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
     shutting_down: AtomicBool,
@@ -183,6 +197,7 @@ impl Worker {
             faults,
             frozen_policy: FrozenPolicy::OFF,
             suspend_grace: DEFAULT_SUSPEND_GRACE,
+            page_source: None,
             table: Mutex::new(Table::default()),
             locks: Mutex::new(HashMap::new()),
             shutting_down: AtomicBool::new(false),
@@ -200,6 +215,13 @@ impl Worker {
     /// The time a suspend lets requests in flight finish unless it asks for another.
     pub fn with_suspend_grace(mut self, grace: Duration) -> Self {
         self.suspend_grace = grace;
+        self
+    }
+
+    /// Restore memory lazily with this page source command (`ate page-source`) when a
+    /// generation carries chunk digests (eager restores otherwise).
+    pub fn with_page_source(mut self, command: Option<Vec<String>>) -> Self {
+        self.page_source = command.filter(|c| !c.is_empty());
         self
     }
 
@@ -421,10 +443,13 @@ impl Worker {
                 &sandbox_spec,
                 generation_dir.as_deref(),
                 requested,
+                spec.memory_restore,
             )
             .await;
-        let pid = match booted {
-            Ok(pid) => pid,
+        // Declared after the sandbox is discarded on every error path below: a page source is
+        // released only once its sandbox is gone.
+        let (pid, page_source) = match booted {
+            Ok(booted) => booted,
             Err(e) => {
                 self.discard_quietly(&sandbox).await;
                 return Err(e);
@@ -443,7 +468,13 @@ impl Worker {
         }
         let egress_at = begun.elapsed();
         if let Err(e) = self
-            .wait_ready(&sandbox, &spec, &sandbox_spec, log_from)
+            .wait_ready(
+                &sandbox,
+                &spec,
+                &sandbox_spec,
+                log_from,
+                page_source.as_ref(),
+            )
             .await
         {
             self.discard_quietly(&sandbox).await;
@@ -460,7 +491,13 @@ impl Worker {
                 )));
             }
         };
-        self.write_adoption(&sandbox, &workload, pid).await;
+        self.write_adoption(
+            &sandbox,
+            &workload,
+            pid,
+            page_source.as_ref().map(PageSource::pid),
+        )
+        .await;
         self.table().actors.insert(
             key.clone(),
             Entry {
@@ -469,6 +506,7 @@ impl Worker {
                 template: workload.template.clone(),
                 pid,
                 activation,
+                page_source: page_source.map(Arc::new),
             },
         );
         self.tunnels.activate(&key, activation, dialer);
@@ -543,7 +581,7 @@ impl Worker {
                 return Err(e);
             }
         };
-        self.write_adoption(&sandbox, workload, frozen.entry.pid)
+        self.write_adoption(&sandbox, workload, frozen.entry.pid, None)
             .await;
         self.table().actors.insert(
             key.to_string(),
@@ -553,6 +591,8 @@ impl Worker {
                 template: workload.template.clone(),
                 pid: frozen.entry.pid,
                 activation: workload.activation,
+                // A frozen copy was dumped only once all its pages were in.
+                page_source: None,
             },
         );
         self.tunnels.activate(key, workload.activation, dialer);
@@ -606,14 +646,16 @@ impl Worker {
         }
     }
 
-    /// Extracts what the fidelity keeps and starts the sandbox; returns the init pid.
+    /// Extracts what the fidelity keeps and starts the sandbox; returns the init pid and, for a
+    /// lazy memory restore, the page source serving the actor's memory.
     async fn boot(
         &self,
         sandbox: &ActorSandbox,
         spec: &SandboxSpec,
         generation_dir: Option<&Path>,
         requested: Option<Fidelity>,
-    ) -> Result<Option<u32>, Status> {
+        memory_restore: MemoryRestore,
+    ) -> Result<(Option<u32>, Option<PageSource>), Status> {
         let Some(gen_dir) = generation_dir else {
             // Egress is set up by `start` once this returns (the netns is made by the runtime).
             let started = self
@@ -621,7 +663,7 @@ impl Worker {
                 .run(sandbox, spec, RunMode::KeepRootfs)
                 .await
                 .map_err(|e| sandbox_status("cold boot", e))?;
-            return Ok(started.pid);
+            return Ok((started.pid, None));
         };
         let begun = Instant::now();
         let manifest = ate_snapshot::read_manifest(gen_dir)
@@ -649,13 +691,33 @@ impl Worker {
                 self.ident.id
             )));
         }
+        // Lazy when this worker has a page source, the template does not ask for eager
+        // restores, and every memory image carries chunk digests (generations written before
+        // them restore eagerly).
+        let lazy = match &self.page_source {
+            Some(command)
+                if fidelity == Fidelity::Memory
+                    && memory_restore == MemoryRestore::Lazy
+                    && self.runtime.capabilities().can_restore_lazily
+                    && lazy_restorable(&manifest) =>
+            {
+                Some(command.clone())
+            }
+            _ => None,
+        };
         // The files' checksums are checked while the sandbox is built from them (hashing a
         // 50 MiB generation takes ~35 ms, a third of a restore): the restored processes sit in
         // a netns with no way out and get no ingress until this returns, and a mismatch fails
         // the start (the caller discards the sandbox and everything extracted), reported as the
-        // checksum error whatever the restore itself made of the damaged files.
+        // checksum error whatever the restore itself made of the damaged files. A lazy restore
+        // checks here only the files CRIU reads itself and the chunks of the memory images that
+        // hold pages the restorer loads; the page source checks every other chunk as it reads it.
         let verify = async {
-            let checked = ate_snapshot::verify_files(gen_dir, &manifest).await;
+            let checked = if lazy.is_some() {
+                verify_for_lazy_restore(gen_dir, &manifest).await
+            } else {
+                ate_snapshot::verify_files(gen_dir, &manifest).await
+            };
             (checked, begun.elapsed())
         };
         let build = async {
@@ -676,12 +738,24 @@ impl Worker {
             let extracted = begun.elapsed();
             // Egress (nftables redirect in the actor netns to the worker's egress listener) is
             // set up by `start` right after this returns: the runtime creates the netns.
+            let mut page_source = None;
             let started = match fidelity {
-                Fidelity::Memory => self
-                    .runtime
-                    .restore(sandbox, spec, &gen_dir.join(ate_snapshot::CRIU_DIR))
-                    .await
-                    .map_err(|e| sandbox_status("memory restore", e))?,
+                Fidelity::Memory => match &lazy {
+                    Some(command) => {
+                        let (started, source) = self
+                            .runtime
+                            .restore_lazily(sandbox, spec, gen_dir, command)
+                            .await
+                            .map_err(|e| sandbox_status("lazy memory restore", e))?;
+                        page_source = Some(source);
+                        started
+                    }
+                    None => self
+                        .runtime
+                        .restore(sandbox, spec, &gen_dir.join(ate_snapshot::CRIU_DIR))
+                        .await
+                        .map_err(|e| sandbox_status("memory restore", e))?,
+                },
                 Fidelity::Rootfs => self
                     .runtime
                     .run(sandbox, spec, RunMode::KeepRootfs)
@@ -693,11 +767,25 @@ impl Worker {
                     .await
                     .map_err(|e| sandbox_status("volumes restart", e))?,
             };
-            Ok::<_, Status>((started, extracted))
+            Ok::<_, Status>((started, extracted, page_source))
         };
         let ((checked, verified), built) = tokio::join!(verify, build);
-        checked.map_err(|e| snapshot_status(&format!("generation {}", gen_dir.display()), e))?;
-        let (started, extracted) = built?;
+        // On a failed check a page source must not be released before its sandbox is gone:
+        // stop the sandbox here, then drop the handle (the caller removes the rest).
+        if let Err(e) = checked {
+            if let Ok((_, _, Some(source))) = &built {
+                source.kill();
+                if let Err(stop) = self.runtime.stop(sandbox).await {
+                    tracing::warn!(container = %sandbox.container_id(), error = %stop, "stop after a failed generation check");
+                }
+            }
+            drop(built);
+            return Err(snapshot_status(
+                &format!("generation {}", gen_dir.display()),
+                e,
+            ));
+        }
+        let (started, extracted, page_source) = built?;
         crate::metrics::start_phase("restore", "verify", verified);
         crate::metrics::start_phase("restore", "extract", extracted);
         crate::metrics::start_phase("restore", "runtime", begun.elapsed() - extracted);
@@ -707,9 +795,10 @@ impl Worker {
             verify_ms = verified.as_millis() as u64,
             extract_ms = extracted.as_millis() as u64,
             runtime_ms = (begun.elapsed() - extracted).as_millis() as u64,
+            lazy = page_source.is_some(),
             "generation restored"
         );
-        Ok(started.pid)
+        Ok((started.pid, page_source))
     }
 
     /// The wakeup probe of a sandbox just started, given up as soon as the container's processes
@@ -722,12 +811,27 @@ impl Worker {
         spec: &TemplateSpec,
         sandbox_spec: &SandboxSpec,
         log_from: u64,
+        page_source: Option<&PageSource>,
     ) -> Result<(), Status> {
         let probe = self.wait_probe(sandbox, spec);
         tokio::pin!(probe);
+        let source_failed = async {
+            match page_source {
+                Some(ps) => ps.failed().await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::pin!(source_failed);
         loop {
             tokio::select! {
                 ready = &mut probe => return ready,
+                // The restored processes wait on pages that will never come: fail the start
+                // (the caller removes the sandbox; the node checks the generation).
+                why = &mut source_failed => {
+                    return Err(Status::failed_precondition(format!(
+                        "lazy memory restore failed: {why}"
+                    )));
+                }
                 () = tokio::time::sleep(START_EXIT_CHECK) => {}
             }
             match self.runtime.exited(sandbox).await {
@@ -920,6 +1024,24 @@ impl Worker {
                 "generation_dir {} exists and is not empty",
                 gen_dir.display()
             )));
+        }
+        // A dump reads memory through the page tables: pages a lazy restore has not placed yet
+        // would be missing from it. Wait until every page is in (the background push takes
+        // about a second per GiB here).
+        if let Some(source) = &entry.page_source {
+            match tokio::time::timeout(LAZY_COMPLETE_WAIT, source.finished()).await {
+                Ok(Outcome::Done(_)) => {}
+                Ok(Outcome::Failed(why)) => {
+                    return Err(Status::failed_precondition(format!(
+                        "actor {key} cannot be checkpointed: its lazy memory restore failed: {why}"
+                    )));
+                }
+                Ok(Outcome::Running) | Err(_) => {
+                    return Err(Status::unavailable(format!(
+                        "actor {key} is still receiving its memory from a lazy restore after {LAZY_COMPLETE_WAIT:?}; suspend it again later"
+                    )));
+                }
+            }
         }
         // The adoption record stays while the sandbox is frozen for the checkpoint: a worker
         // restarted in the middle thaws it and takes it back (the checkpoint was interrupted;
@@ -1164,7 +1286,7 @@ impl Worker {
             worker_id: self.ident.id.clone(),
             activation: entry.activation,
         };
-        self.write_adoption(sandbox, &record, entry.pid).await;
+        self.write_adoption(sandbox, &record, entry.pid, None).await;
         self.tunnels.activate(key, entry.activation, dialer);
         tracing::warn!(actor = %key, error = %why.message(), "checkpoint failed; nothing written, the actor runs on");
         Ok(())
@@ -1249,6 +1371,7 @@ impl Worker {
                     last_log_lines: String::new(),
                     idle_timeout_seconds: e.spec.idle_timeout_seconds,
                     activation: e.activation,
+                    crash_reason: String::new(),
                 }
             })
             .collect();
@@ -1266,6 +1389,7 @@ impl Worker {
                 last_log_lines: x.log,
                 idle_timeout_seconds: x.idle_timeout_seconds,
                 activation: 0,
+                crash_reason: x.crash,
             });
         }
         actors.sort_by(|a, b| {
@@ -1332,10 +1456,12 @@ impl Worker {
         sandbox: &ActorSandbox,
         workload: &v1::Workload,
         pid: Option<u32>,
+        page_source_pid: Option<u32>,
     ) {
         let record = v1::AdoptionRecord {
             workload: Some(workload.clone()),
             pid: pid.unwrap_or(0),
+            page_source_pid: page_source_pid.unwrap_or(0),
         };
         let path = sandbox.dir.join(ADOPTION_FILE);
         let tmp = sandbox.dir.join(format!(".{ADOPTION_FILE}.tmp"));
@@ -1362,6 +1488,20 @@ impl Worker {
             let Some(entry) = self.table().actors.get(&key).cloned() else {
                 continue;
             };
+            match entry.page_source.as_ref().map(|p| p.outcome()) {
+                Some(Outcome::Failed(why)) => {
+                    self.end_incomplete(&key, entry, why).await;
+                    continue;
+                }
+                Some(Outcome::Done(summary)) => {
+                    tracing::debug!(actor = %key, %summary, "lazy restore: every page is in");
+                    crate::metrics::lazy_restore_done();
+                    if let Some(e) = self.table().actors.get_mut(&key) {
+                        e.page_source = None;
+                    }
+                }
+                Some(Outcome::Running) | None => {}
+            }
             let exited = match self.runtime.exited(&entry.sandbox).await {
                 Ok(Some(info)) => info,
                 Ok(None) => continue,
@@ -1390,8 +1530,33 @@ impl Worker {
                 // -1: unknown (the init was not the worker's child; runc keeps no exit status).
                 exit_code,
                 log,
+                crash: String::new(),
             });
         }
+    }
+
+    /// Ends an actor whose lazily restored memory cannot be completed (its page source failed:
+    /// a damaged chunk, or it died): the processes wait on pages that will never come and must
+    /// not run on. The sandbox is stopped before the page source's descriptors are released
+    /// (dropping `entry` last), and the api is told to mark the actor CRASHED with `why`.
+    async fn end_incomplete(&self, key: &str, entry: Entry, why: String) {
+        tracing::error!(actor = %key, error = %why, "lazy restore failed; stopping the actor");
+        crate::metrics::lazy_restore_failed();
+        self.ingress_off(key).await;
+        self.table().actors.remove(key);
+        if let Err(e) = self.discard(&entry.sandbox).await {
+            tracing::warn!(actor = %key, error = %e.message(), "cleanup after a failed lazy restore");
+        }
+        self.table().exits.push(ExitReport {
+            atespace: entry.sandbox.atespace.clone(),
+            name: entry.sandbox.name.clone(),
+            idle_timeout_seconds: entry.spec.idle_timeout_seconds,
+            at_ms: now_unix_ms(),
+            exit_code: -1,
+            log: String::new(),
+            crash: format!("lazy memory restore failed: {why}"),
+        });
+        drop(entry);
     }
 
     // ------------------------------------------------------------------ lifecycle
@@ -1435,6 +1600,9 @@ impl Worker {
             .and_then(|w| ate_proto::spec_from_wire(w).map_err(|_| "adoption record spec invalid"))
             .map_err(str::to_string)?;
         let sandbox = self.sandbox_for(atespace, name, &workload.uid);
+        if record.page_source_pid != 0 {
+            wait_page_source(&sandbox, record.page_source_pid).await?;
+        }
         match self.runtime.is_running(&sandbox).await {
             Ok(true) => {}
             // Frozen with its record still there: a checkpoint this worker's previous process
@@ -1472,6 +1640,7 @@ impl Worker {
                 template: workload.template.clone(),
                 pid: (record.pid != 0).then_some(record.pid),
                 activation,
+                page_source: None,
             },
         );
         t.adopted.insert(key, dialer);
@@ -1627,6 +1796,83 @@ pub fn process_running(pid: u32) -> bool {
 }
 
 /// Whether the host's MemAvailable is below `min_percent` of its memory.
+/// A sandbox left by an earlier worker process was restored lazily: adopt it only once its page
+/// source (which outlives the worker) has placed every page. A page source that died first, or
+/// is not done in time, leaves memory that cannot be trusted: the sandbox is removed.
+async fn wait_page_source(sandbox: &ActorSandbox, pid: u32) -> Result<(), String> {
+    let status_file = sandbox
+        .dir
+        .join("criu-restore")
+        .join(crate::lazy::STATUS_FILE);
+    let begun = Instant::now();
+    loop {
+        let status = tokio::fs::read_to_string(&status_file)
+            .await
+            .unwrap_or_default();
+        if status.trim() == "done" {
+            return Ok(());
+        }
+        if !status.is_empty() {
+            return Err(format!("its lazy restore failed: {}", status.trim()));
+        }
+        if !process_running(pid) {
+            return Err(format!(
+                "the page source of its lazy restore (pid {pid}) ended without placing every page"
+            ));
+        }
+        if begun.elapsed() > ADOPT_PAGE_SOURCE_WAIT {
+            return Err(format!(
+                "the page source of its lazy restore (pid {pid}) is not done after {ADOPT_PAGE_SOURCE_WAIT:?}"
+            ));
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Every memory image of the generation carries chunk digests (a page source can check each
+/// chunk as it reads it).
+fn lazy_restorable(manifest: &ate_snapshot::Manifest) -> bool {
+    let mut pages = manifest
+        .files
+        .iter()
+        .filter(|f| ate_snapshot::is_memory_pages_file(&f.path))
+        .peekable();
+    pages.peek().is_some() && pages.all(|f| f.size == 0 || f.chunk_count() > 0)
+}
+
+/// What a lazy restore checks before the actor gets ingress: every file but the memory images
+/// in full, and of the memory images the chunks holding pages CRIU's restorer loads itself
+/// (stacks and other pages it does not leave to the page source).
+async fn verify_for_lazy_restore(
+    gen_dir: &Path,
+    manifest: &ate_snapshot::Manifest,
+) -> ate_snapshot::Result<()> {
+    ate_snapshot::verify_files_except_chunked(gen_dir, manifest).await?;
+    let criu_dir = gen_dir.join(ate_snapshot::CRIU_DIR);
+    let dir = gen_dir.to_path_buf();
+    let m = manifest.clone();
+    tokio::task::spawn_blocking(move || {
+        let chunks = crate::lazy::images::eager_chunks(&criu_dir, ate_snapshot::CHUNK_BYTES)
+            .map_err(|e| ate_snapshot::Error::InvalidInput(format!("memory images: {e}")))?;
+        let which: Vec<(String, u64)> = chunks
+            .into_iter()
+            .map(|(pages_id, chunk)| {
+                (
+                    format!(
+                        "{}/{}",
+                        ate_snapshot::CRIU_DIR,
+                        crate::lazy::images::pages_file_name(pages_id)
+                    ),
+                    chunk,
+                )
+            })
+            .collect();
+        ate_snapshot::verify_chunks(&dir, &m, &which)
+    })
+    .await
+    .map_err(|e| ate_snapshot::Error::InvalidInput(format!("chunk check task: {e}")))?
+}
+
 fn memory_low(min_percent: u8) -> bool {
     std::fs::read_to_string("/proc/meminfo")
         .ok()

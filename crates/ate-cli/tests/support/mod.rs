@@ -4,6 +4,8 @@
 
 #![allow(dead_code)]
 
+pub mod actors;
+
 use std::net::{Ipv4Addr, SocketAddr, TcpListener};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
@@ -334,8 +336,60 @@ pub fn remove_leftover_sandboxes(state: &Path) {
 
 impl Drop for System {
     fn drop(&mut self) {
+        // A failing test shows what `ate up` and each component said last (a component that
+        // died and was restarted shows up in up.log), before the temp dir goes.
+        if std::thread::panicking() {
+            let tail = |text: &str| {
+                let lines: Vec<&str> = text.lines().collect();
+                lines[lines.len().saturating_sub(40)..].join("\n")
+            };
+            let up = std::fs::read_to_string(self.dir.path().join("up.log")).unwrap_or_default();
+            eprintln!("--- up.log (last 40 lines) ---\n{}", tail(&up));
+            if let Ok(dir) = std::fs::read_dir(self.state_dir().join("logs")) {
+                let mut logs: Vec<_> = dir.flatten().map(|e| e.path()).collect();
+                logs.sort();
+                for path in logs.into_iter().filter(|p| p.is_file()) {
+                    let text = std::fs::read_to_string(&path).unwrap_or_default();
+                    eprintln!(
+                        "--- {} (last 40 lines) ---\n{}",
+                        path.display(),
+                        tail(&text)
+                    );
+                }
+            }
+        }
         self.stop();
     }
+}
+
+/// `GET path` on a plain HTTP/1.1 endpoint: (status, body).
+pub fn http_get(addr: &str, path: &str) -> (u16, String) {
+    use std::io::{Read, Write};
+    let mut s =
+        std::net::TcpStream::connect(addr).unwrap_or_else(|e| panic!("connect {addr}: {e}"));
+    s.set_read_timeout(Some(Duration::from_secs(10))).ok();
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+    )
+    .expect("write");
+    let mut buf = Vec::new();
+    let _ = s.read_to_end(&mut buf);
+    let text = String::from_utf8_lossy(&buf).into_owned();
+    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
+    let status = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    // hyper answers HTTP/1.1 with a fixed length here; a chunked body would not parse below.
+    assert!(
+        !head
+            .to_ascii_lowercase()
+            .contains("transfer-encoding: chunked"),
+        "{head}"
+    );
+    (status, body.to_string())
 }
 
 /// A minimal HTTP/1.1 GET through the router with the actor header; returns (status, headers, body).

@@ -1,0 +1,283 @@
+//! Lazy memory restores end to end (real runc + CRIU + userfaultfd through `ate up`): memory
+//! survives suspend/resume cycles on either worker and from the durable copy, a damaged chunk
+//! crashes the actor (never a wrong page), and a page source killed mid-restore never leaves
+//! the actor running on incomplete memory.
+
+mod support;
+
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use support::actors::*;
+use support::*;
+
+/// The sleeper's answer to `GET /`: `sleeper holding N MiB, checksum X`.
+fn checksum(body: &str) -> String {
+    body.rsplit("checksum ")
+        .next()
+        .map(|s| s.trim().to_string())
+        .filter(|s| s.len() == 16)
+        .unwrap_or_else(|| panic!("not a sleeper answer: {body:?}"))
+}
+
+/// `ate_worker_lazy_restores_total{outcome}` summed over the system's workers.
+fn lazy_restores(sys: &System, outcome: &str) -> u64 {
+    let needle = format!("ate_worker_lazy_restores_total{{outcome=\"{outcome}\"}}");
+    sys.worker_metrics
+        .iter()
+        .map(|addr| {
+            let (_, text) = http_get(addr, "/metrics");
+            text.lines()
+                .find(|l| l.starts_with(&needle))
+                .and_then(|l| l.rsplit(' ').next())
+                .and_then(|v| v.parse::<f64>().ok())
+                .map_or(0, |v| v as u64)
+        })
+        .sum()
+}
+
+fn lazy_system(workers: u32, env: &[(&str, &str)]) -> System {
+    // No frozen copies: every resume restores the generation.
+    let mut all = vec![("ATE_KEEP_FROZEN", "0")];
+    all.extend_from_slice(env);
+    System::up_with_env(
+        UpOptions {
+            workers,
+            ..Default::default()
+        },
+        &all,
+    )
+}
+
+/// A page source of this system (a worker's child, found by its generation under our state dir).
+fn page_source_pid(sys: &System) -> Option<u32> {
+    let pattern = format!("page-source --generation {}", sys.state_dir().display());
+    let out = Command::new("pgrep").args(["-f", &pattern]).output().ok()?;
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .next()?
+        .trim()
+        .parse()
+        .ok()
+}
+
+/// A 64 MiB sleeper `s` in `ns` that answered once (its checksum returned) and is suspended.
+fn suspended_sleeper(sys: &System, ns: &str) -> (String, String) {
+    sys_apply(sys, ns, "sleeper", &Tpl::sleeper(64));
+    create_actor(sys, ns, "s", "sleeper");
+    let target = format!("{ns}/s");
+    let original = checksum(&get_ok(sys, &target, "/"));
+    sys.ate_ok(&["suspend", "actor", "s", "-a", ns]);
+    (target, original)
+}
+
+fn worker_of(sys: &System, ns: &str, name: &str) -> String {
+    actor(sys, ns, name)["worker"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string()
+}
+
+#[test]
+fn memory_survives_five_lazy_cycles_on_either_worker_and_from_the_durable_copy() {
+    let sys = lazy_system(2, &[]);
+    let ns = "ns-lazy";
+    sys_apply(&sys, ns, "sleeper", &Tpl::sleeper(64));
+    sys_apply(&sys, ns, "counter", &Tpl::counter());
+    create_actor(&sys, ns, "s", "sleeper");
+    create_actor(&sys, ns, "c", "counter");
+    let sleeper = format!("{ns}/s");
+    let counter = format!("{ns}/c");
+    let first = checksum(&get_ok(&sys, &sleeper, "/"));
+    assert_eq!(counts(&get_ok(&sys, &counter, "/")), (1, 1, 1));
+    let mut workers = std::collections::BTreeSet::new();
+    for cycle in 1..=5u64 {
+        sys.ate_ok(&["suspend", "actor", "s", "-a", ns, "--durable"]);
+        sys.ate_ok(&["suspend", "actor", "c", "-a", ns, "--durable"]);
+        if cycle == 3 {
+            // The node-local copies disappear: these resumes come from the durable store.
+            for name in ["s", "c"] {
+                let dir = generation_dir(&sys.state_dir(), ns, name, cycle);
+                std::fs::remove_dir_all(&dir).expect("remove the node-local generation");
+            }
+        }
+        let t = Instant::now();
+        let health = get_ok(&sys, &sleeper, "/healthz");
+        let first_answer = t.elapsed();
+        assert_eq!(health, "ok");
+        let sum = checksum(&get_ok(&sys, &sleeper, "/"));
+        eprintln!(
+            "[timing] cycle {cycle}: sleeper 64 MiB first answer {} ms, full memory {} ms",
+            first_answer.as_millis(),
+            t.elapsed().as_millis()
+        );
+        assert_eq!(
+            sum, first,
+            "cycle {cycle}: the sleeper's memory changed across a lazy restore"
+        );
+        let n = cycle + 1;
+        assert_eq!(
+            counts(&get_ok(&sys, &counter, "/")),
+            (n, n, n),
+            "cycle {cycle}: the counter continues"
+        );
+        workers.insert(worker_of(&sys, ns, "s"));
+        workers.insert(worker_of(&sys, ns, "c"));
+    }
+    // Every restore above was lazy and each page source finished (checked a moment later: the
+    // exit watcher records it).
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while lazy_restores(&sys, "complete") < 10 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert!(
+        lazy_restores(&sys, "complete") >= 10,
+        "ten lazy restores completed: {}\nworker logs:\n{}\n{}",
+        lazy_restores(&sys, "complete"),
+        sys.log("worker-1"),
+        sys.log("worker-2")
+    );
+    assert_eq!(lazy_restores(&sys, "failed"), 0);
+    assert_eq!(
+        workers.len(),
+        2,
+        "the actors ran on both workers over the cycles: {workers:?}"
+    );
+}
+
+/// Flips one byte in the middle of the largest memory image of generation `generation`.
+fn damage_pages_image(sys: &System, ns: &str, name: &str, generation: u64) -> String {
+    let criu = generation_dir(&sys.state_dir(), ns, name, generation).join("criu");
+    let mut images: Vec<(u64, std::path::PathBuf)> = std::fs::read_dir(&criu)
+        .expect("read criu dir")
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().starts_with("pages-"))
+        .map(|e| (e.metadata().map(|m| m.len()).unwrap_or(0), e.path()))
+        .collect();
+    images.sort();
+    let (len, victim) = images.pop().expect("a pages image");
+    let mut bytes = std::fs::read(&victim).expect("read");
+    let at = (len / 2) as usize;
+    bytes[at] ^= 0x40;
+    std::fs::write(&victim, bytes).expect("write");
+    format!("chunk {}", at as u64 / (2 << 20))
+}
+
+#[test]
+fn a_damaged_chunk_crashes_the_actor_and_no_wrong_page_is_served() {
+    let sys = lazy_system(1, &[]);
+    let ns = "ns-lazy-damage";
+    let (target, original) = suspended_sleeper(&sys, ns);
+    let chunk = damage_pages_image(&sys, ns, "s", 1);
+    // The first answer may come before the damaged chunk is read (a lazy restore starts the
+    // actor at once); whatever answers must never be computed from the damaged page.
+    let (status, _, body) = get(sys.router_addr, &target, "/");
+    eprintln!("first request after the damage: {status} {body}");
+    if status == 200 {
+        assert_eq!(
+            checksum(&body),
+            original,
+            "an answer computed from unverified memory"
+        );
+    }
+    let a = wait_state(
+        &sys,
+        ns,
+        "s",
+        "ACTOR_STATE_CRASHED",
+        Duration::from_secs(30),
+    );
+    let why = a["lastError"].as_str().unwrap_or_default();
+    eprintln!("lastError: {why}");
+    assert!(
+        why.contains(&chunk) && why.contains("damaged"),
+        "lastError names the damaged chunk ({chunk}): {why}"
+    );
+    let (status, _, body) = get(sys.router_addr, &target, "/");
+    assert_ne!(status, 200, "a CRASHED actor is not served: {body}");
+    assert!(
+        page_source_pid(&sys).is_none(),
+        "no page source is left running"
+    );
+}
+
+#[test]
+fn a_page_source_killed_mid_restore_never_leaves_the_actor_on_incomplete_memory() {
+    // The background push is slowed down so the restore stays lazy for seconds.
+    let sys = lazy_system(1, &[("ATE_FAULT_PAGE_SOURCE_PUSH_DELAY_MS", "200")]);
+    let ns = "ns-lazy-kill";
+    let (target, original) = suspended_sleeper(&sys, ns);
+    assert_eq!(get_ok(&sys, &target, "/healthz"), "ok");
+    let pid = page_source_pid(&sys).expect("the lazy restore's page source runs");
+    // Ours: started by this test's `ate up`, found by its command line.
+    let _ = Command::new("kill").args(["-9", &pid.to_string()]).status();
+    // Either the request is refused (the actor is being stopped) or it is answered from
+    // complete, verified memory: never a different checksum.
+    let (status, _, body) = get(sys.router_addr, &target, "/");
+    eprintln!("request after the kill: {status} {body}");
+    if status == 200 {
+        assert_eq!(checksum(&body), original, "answered from incomplete memory");
+    }
+    let a = wait_state(
+        &sys,
+        ns,
+        "s",
+        "ACTOR_STATE_CRASHED",
+        Duration::from_secs(30),
+    );
+    let why = a["lastError"].as_str().unwrap_or_default();
+    eprintln!("lastError: {why}");
+    assert!(
+        why.contains("page source"),
+        "lastError says the page source ended: {why}"
+    );
+    // RevertActor + resume: the generation itself is intact.
+    sys.ate_ok(&["revert", "actor", "s", "-a", ns]);
+    assert_eq!(checksum(&get_ok(&sys, &target, "/")), original);
+}
+
+#[test]
+fn a_worker_killed_during_the_background_push_adopts_the_actor_once_every_page_is_in() {
+    // Slow background push: the page source is still working when the worker dies.
+    let sys = lazy_system(1, &[("ATE_FAULT_PAGE_SOURCE_PUSH_DELAY_MS", "100")]);
+    let ns = "ns-lazy-adopt";
+    let (target, original) = suspended_sleeper(&sys, ns);
+    assert_eq!(get_ok(&sys, &target, "/healthz"), "ok");
+    let source = page_source_pid(&sys).expect("the lazy restore's page source runs");
+    let worker = sys
+        .pid_of("worker --id worker-1")
+        .expect("the worker process");
+    // Ours: a child of this test's `ate up`, which restarts it.
+    let _ = Command::new("kill")
+        .args(["-9", &worker.to_string()])
+        .status();
+    // The page source outlives the worker and finishes; the restarted worker adopts the
+    // sandbox once it has, and the actor answers from complete memory.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let (status, _, body) = get(sys.router_addr, &target, "/");
+        if status == 200 {
+            assert_eq!(checksum(&body), original, "memory after the adoption");
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no answer after the worker restart: {status} {body}\n{}",
+            sys.log("worker-1")
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    assert!(
+        !std::path::Path::new(&format!("/proc/{source}")).exists()
+            || std::fs::read_to_string(format!("/proc/{source}/stat"))
+                .is_ok_and(|s| s.contains(") Z")),
+        "the page source has finished"
+    );
+    let a = actor(&sys, ns, "s");
+    assert_eq!(state_of(&a), "ACTOR_STATE_RUNNING", "{a}");
+    let log = sys.log("worker-1");
+    assert!(
+        log.contains("re-adopted a running sandbox"),
+        "the sandbox was adopted, not restored again:\n{log}"
+    );
+}

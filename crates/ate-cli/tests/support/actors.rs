@@ -1,0 +1,186 @@
+//! Actors through the CLI and the router: templates as YAML, `ate create`, state polling, and
+//! where their generations live. Shared by the end-to-end tests that drive one `ate up`.
+
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+use super::{System, get, images_dir};
+
+pub fn counts(body: &str) -> (u64, u64, u64) {
+    let nums: Vec<u64> = body
+        .split('|')
+        .filter_map(|part| part.rsplit(':').next()?.trim().parse().ok())
+        .collect();
+    assert_eq!(nums.len(), 3, "unexpected body {body:?}");
+    (nums[0], nums[1], nums[2])
+}
+
+/// A template (and its atespace) as YAML for `ate apply -f`.
+#[derive(Clone)]
+pub struct Tpl {
+    pub image: &'static str,
+    pub fidelity: &'static str,
+    pub probe_port: u16,
+    pub probe_timeout: u32,
+    pub memory: &'static str,
+    pub env: Vec<(String, String)>,
+    pub golden_tag: Option<String>,
+}
+
+impl Tpl {
+    pub fn counter() -> Tpl {
+        Tpl {
+            image: "counter",
+            fidelity: "memory",
+            probe_port: 80,
+            probe_timeout: 10,
+            memory: "64Mi",
+            env: Vec::new(),
+            golden_tag: None,
+        }
+    }
+
+    pub fn sleeper(mib: u32) -> Tpl {
+        Tpl {
+            image: "sleeper",
+            memory: "256Mi",
+            env: vec![("SLEEPER_MEMORY_MIB".into(), mib.to_string())],
+            ..Tpl::counter()
+        }
+    }
+
+    pub fn yaml(&self, ns: &str, name: &str) -> String {
+        let images = images_dir();
+        let mut env = String::new();
+        if !self.env.is_empty() {
+            env.push_str("      env:\n");
+            for (k, v) in &self.env {
+                env.push_str(&format!("        - {{name: {k}, value: \"{v}\"}}\n"));
+            }
+        }
+        let golden = self
+            .golden_tag
+            .as_ref()
+            .map(|t| format!("  goldenTag: {t}\n"))
+            .unwrap_or_default();
+        format!(
+            "apiVersion: ate.dev/v1alpha1
+kind: Atespace
+metadata:
+  name: {ns}
+---
+apiVersion: ate.dev/v1alpha1
+kind: ActorTemplate
+metadata:
+  namespace: {ns}
+  name: {name}
+spec:
+  containers:
+    - name: main
+      image: oci-layout:{images}/{image}:latest
+      command: [\"/{image}\"]
+{env}      wakeupProbe:
+        httpGet: {{path: /healthz, port: {port}}}
+        timeoutSeconds: {timeout}
+  resources: {{cpu: 250m, memory: {memory}}}
+  volumes:
+    - name: data
+      mountPath: /data
+  snapshots: {{fidelity: {fidelity}}}
+  idleTimeout: 5m
+{golden}",
+            images = images.display(),
+            image = self.image,
+            port = self.probe_port,
+            timeout = self.probe_timeout,
+            memory = self.memory,
+            fidelity = self.fidelity,
+        )
+    }
+}
+
+/// `ate create actor NAME -a NS -t NS/TEMPLATE`.
+pub fn create_actor(sys: &System, ns: &str, name: &str, template: &str) {
+    sys.ate_ok(&[
+        "create",
+        "actor",
+        name,
+        "-a",
+        ns,
+        "-t",
+        &format!("{ns}/{template}"),
+    ]);
+}
+
+/// Writes the template to the test's temp dir and applies it.
+pub fn apply(api: &dyn Fn(&[&str]) -> String, dir: &Path, ns: &str, name: &str, t: &Tpl) {
+    let path = dir.join(format!("{ns}-{name}-{}.yaml", std::process::id()));
+    std::fs::write(&path, t.yaml(ns, name)).expect("write template");
+    api(&["apply", "-f", path.to_str().expect("utf-8 path")]);
+}
+
+pub fn sys_apply(sys: &System, ns: &str, name: &str, t: &Tpl) {
+    apply(&|a: &[&str]| sys.ate_ok(a), sys.dir.path(), ns, name, t);
+}
+
+pub fn actor_json(sys_ate: &dyn Fn(&[&str]) -> String, ns: &str, name: &str) -> Value {
+    let json = sys_ate(&["get", "actors", name, "-a", ns, "-o", "json"]);
+    let v: Value = serde_json::from_str(&json).expect("json");
+    v[0].clone()
+}
+
+pub fn actor(sys: &System, ns: &str, name: &str) -> Value {
+    actor_json(&|a: &[&str]| sys.ate_ok(a), ns, name)
+}
+
+pub fn state_of(v: &Value) -> String {
+    v["state"].as_str().unwrap_or_default().to_string()
+}
+
+pub fn wait_state(sys: &System, ns: &str, name: &str, state: &str, within: Duration) -> Value {
+    let start = Instant::now();
+    loop {
+        let v = actor(sys, ns, name);
+        if state_of(&v) == state {
+            return v;
+        }
+        assert!(
+            start.elapsed() < within,
+            "{ns}/{name} not {state} within {within:?}: {v}\nnode log:\n{}",
+            sys.log("node")
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// GET through the router that must answer 200.
+pub fn get_ok(sys: &System, target: &str, path: &str) -> String {
+    let (status, head, body) = get(sys.router_addr, target, path);
+    assert_eq!(
+        status,
+        200,
+        "{target}{path}: {head}\n{body}\nnode log:\n{}\nworker logs:\n{}\n{}",
+        sys.log("node"),
+        sys.log("worker-1"),
+        sys.log("worker-2")
+    );
+    body
+}
+
+pub fn generation_dir(state: &Path, ns: &str, name: &str, generation: u64) -> PathBuf {
+    let dir = state.join("snapshots").join(ns).join(name);
+    let prefix = format!("{generation}-");
+    std::fs::read_dir(&dir)
+        .unwrap_or_else(|e| panic!("read {}: {e}", dir.display()))
+        .flatten()
+        .map(|e| e.path())
+        .find(|p| {
+            p.file_name()
+                .is_some_and(|n| n.to_string_lossy().starts_with(&prefix))
+        })
+        .unwrap_or_else(|| panic!("no generation {generation} under {}", dir.display()))
+}

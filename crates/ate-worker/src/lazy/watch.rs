@@ -1,0 +1,254 @@
+//! The worker's side of a lazy restore: starts the page source, holds a copy of every
+//! userfaultfd it serves, and tells the worker how it ended.
+//!
+//! Architecture invariant: the worker drops its userfaultfd copies only once the page source
+//! has reported every page in, or after the sandbox is gone ([`PageSource::release`], or the
+//! handle dropped). While any copy is open the kernel keeps the tasks' ranges registered, so a
+//! page source that dies leaves faults waiting (the worker then kills the sandbox), never
+//! reading zero pages.
+
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::unix::net::UnixStream;
+use std::os::unix::process::CommandExt;
+use std::path::Path;
+use std::process::Stdio;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use super::report::{self, Received};
+use crate::error::SandboxError;
+
+/// How long the page source may take to listen before the restore gives up on it.
+const LISTEN_TIMEOUT: Duration = Duration::from_secs(10);
+/// The page source's descriptor for the report socket.
+pub const REPORT_FD: i32 = 3;
+
+/// How a page source ended, so far.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Outcome {
+    Running,
+    /// Every page is in (the counters' summary).
+    Done(String),
+    /// It gave up or died: the actor's memory is incomplete and it must not run on.
+    Failed(String),
+}
+
+#[derive(Debug)]
+struct Shared {
+    outcome: Mutex<Outcome>,
+    changed: tokio::sync::Notify,
+}
+
+/// One running page source. Dropping the handle releases the descriptor copies: drop it only
+/// after the outcome is `Done` or the sandbox has been stopped.
+#[derive(Debug)]
+pub struct PageSource {
+    pid: u32,
+    shared: Arc<Shared>,
+    /// Dropped (or sent) to let the reader thread close the descriptor copies after a failure.
+    release: Mutex<Option<std::sync::mpsc::Sender<()>>>,
+}
+
+impl PageSource {
+    /// Starts `command --generation <gen> --work-dir <work>` with the report socket as fd 3 and
+    /// waits until it listens for CRIU. Its output goes to `<work>/page-source.log`.
+    pub async fn start(
+        command: &[String],
+        generation: &Path,
+        work_dir: &Path,
+    ) -> Result<PageSource, SandboxError> {
+        let Some((program, args)) = command.split_first() else {
+            return Err(SandboxError::Invalid("empty page source command".into()));
+        };
+        let (ours, theirs) = report::pair().map_err(|e| SandboxError::Io {
+            what: "create the page source's report socket".into(),
+            source: e,
+        })?;
+        let log_path = work_dir.join("page-source.log");
+        let log = std::fs::File::create(&log_path).map_err(|e| SandboxError::Io {
+            what: format!("create {}", log_path.display()),
+            source: e,
+        })?;
+        let log_err = log.try_clone().map_err(|e| SandboxError::Io {
+            what: "dup page source log".into(),
+            source: e,
+        })?;
+        let mut command = std::process::Command::new(program);
+        command
+            .args(args)
+            .arg("--generation")
+            .arg(generation)
+            .arg("--work-dir")
+            .arg(work_dir)
+            .stdin(Stdio::null())
+            .stdout(Stdio::from(log))
+            .stderr(Stdio::from(log_err))
+            // Its own process group: a signal to the worker's group (or the worker's death)
+            // must not end it while it serves a running actor.
+            .process_group(0);
+        let raw = theirs.as_raw_fd();
+        // SAFETY: only dup2 between fork and exec (async-signal-safe); dup2 clears
+        // close-on-exec on the new descriptor, so exactly this socket is inherited.
+        unsafe {
+            command.pre_exec(move || {
+                if libc::dup2(raw, REPORT_FD) < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+        let mut child = tokio::process::Command::from(command)
+            .spawn()
+            .map_err(|e| SandboxError::Command {
+                command: format!("{program} page-source"),
+                status: "could not start".into(),
+                stderr: e.to_string(),
+            })?;
+        drop(theirs);
+        let pid = child.id().unwrap_or(0);
+        // tokio reaps it; its end is seen through the report socket.
+        tokio::spawn(async move {
+            let _ = child.wait().await;
+        });
+        let shared = Arc::new(Shared {
+            outcome: Mutex::new(Outcome::Running),
+            changed: tokio::sync::Notify::new(),
+        });
+        let (listening_tx, listening_rx) = tokio::sync::oneshot::channel();
+        let (release_tx, release_rx) = std::sync::mpsc::channel();
+        let thread_shared = shared.clone();
+        std::thread::Builder::new()
+            .name(format!("page-source-{pid}"))
+            .spawn(move || read_reports(ours, thread_shared, listening_tx, release_rx))
+            .map_err(|e| SandboxError::Io {
+                what: "start the page source reader".into(),
+                source: e,
+            })?;
+        let source = PageSource {
+            pid,
+            shared,
+            release: Mutex::new(Some(release_tx)),
+        };
+        match tokio::time::timeout(LISTEN_TIMEOUT, listening_rx).await {
+            Ok(Ok(())) => Ok(source),
+            _ => {
+                source.kill();
+                let log = std::fs::read_to_string(&log_path).unwrap_or_default();
+                Err(SandboxError::Command {
+                    command: format!("{program} page-source"),
+                    status: format!("not listening within {LISTEN_TIMEOUT:?}"),
+                    stderr: log,
+                })
+            }
+        }
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.pid
+    }
+
+    pub fn outcome(&self) -> Outcome {
+        self.shared
+            .outcome
+            .lock()
+            .map(|o| o.clone())
+            .unwrap_or_else(|_| Outcome::Failed("page source state poisoned".into()))
+    }
+
+    /// Waits until the page source is done or failed.
+    pub async fn finished(&self) -> Outcome {
+        loop {
+            let notified = self.shared.changed.notified();
+            let now = self.outcome();
+            if now != Outcome::Running {
+                return now;
+            }
+            notified.await;
+        }
+    }
+
+    /// Resolves with the reason once the page source has failed; never if it finishes.
+    pub async fn failed(&self) -> String {
+        match self.finished().await {
+            Outcome::Failed(why) => why,
+            _ => std::future::pending().await,
+        }
+    }
+
+    /// Ends the page source (the restore it serves failed or the sandbox is being removed).
+    pub fn kill(&self) {
+        if self.pid > 0 && self.outcome() == Outcome::Running {
+            // Our own child, by pid; it may have exited already.
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(self.pid as i32),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+        }
+    }
+
+    /// The sandbox is gone: the descriptor copies may close.
+    pub fn release(&self) {
+        if let Ok(mut r) = self.release.lock() {
+            r.take();
+        }
+    }
+}
+
+impl Drop for PageSource {
+    fn drop(&mut self) {
+        self.kill();
+        self.release();
+    }
+}
+
+fn set_outcome(shared: &Shared, outcome: Outcome) {
+    if let Ok(mut o) = shared.outcome.lock()
+        && *o == Outcome::Running
+    {
+        *o = outcome;
+    }
+    shared.changed.notify_waiters();
+}
+
+fn read_reports(
+    sock: UnixStream,
+    shared: Arc<Shared>,
+    listening: tokio::sync::oneshot::Sender<()>,
+    release: std::sync::mpsc::Receiver<()>,
+) {
+    let mut listening = Some(listening);
+    let mut held: Vec<OwnedFd> = Vec::new();
+    loop {
+        match report::receive_report(&sock) {
+            Ok(Received::Listening) => {
+                if let Some(tx) = listening.take() {
+                    let _ = tx.send(());
+                }
+            }
+            Ok(Received::Uffd(fd)) => held.push(fd),
+            Ok(Received::Done(summary)) => {
+                // Every page is in: nothing can fault into the source any more. Closing our
+                // copies (and the socket) lets the page source exit.
+                drop(held);
+                drop(sock);
+                set_outcome(&shared, Outcome::Done(summary));
+                return;
+            }
+            Ok(Received::Failed(why)) => set_outcome(&shared, Outcome::Failed(why)),
+            Ok(Received::Closed) | Err(_) => {
+                set_outcome(
+                    &shared,
+                    Outcome::Failed(
+                        "the page source exited before every page of the actor's memory was in"
+                            .into(),
+                    ),
+                );
+                break;
+            }
+        }
+    }
+    drop(listening);
+    // Keep the registrations until the sandbox is gone (or the handle is dropped).
+    let _ = release.recv();
+    drop(held);
+}
