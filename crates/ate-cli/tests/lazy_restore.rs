@@ -123,6 +123,15 @@ fn memory_survives_five_lazy_cycles_on_either_worker_and_from_the_durable_copy()
         );
         workers.insert(worker_of(&sys, ns, "s"));
         workers.insert(worker_of(&sys, ns, "c"));
+        if cycle == 3 {
+            // From the durable copy, memory on demand: only the small files and the chunks CRIU
+            // reads came down before the restore; the page source fetched the rest.
+            let node_log = sys.log("node");
+            assert!(
+                node_log.matches("durable copy, memory on demand").count() >= 2,
+                "cycle 3 restored lazily from the durable copy:\n{node_log}"
+            );
+        }
     }
     // Every restore above was lazy and each page source finished (checked a moment later: the
     // exit watcher records it).
@@ -195,6 +204,96 @@ fn a_damaged_chunk_crashes_the_actor_and_no_wrong_page_is_served() {
     );
     let (status, _, body) = get(sys.router_addr, &target, "/");
     assert_ne!(status, 200, "a CRASHED actor is not served: {body}");
+    assert!(
+        page_source_pid(&sys).is_none(),
+        "no page source is left running"
+    );
+}
+
+/// Replaces the stored object of a memory chunk in the middle of `ns/name`'s newest durable
+/// generation by another chunk's (valid zstd, other bytes), and removes the node-local copy, so
+/// the next resume fetches it from the durable store. Returns "chunk N".
+fn damage_durable_chunk(sys: &System, ns: &str, name: &str, generation: u64) -> String {
+    let durable = sys.state_dir().join("durable");
+    let key_dir = std::fs::read_dir(durable.join(ns).join(name))
+        .expect("durable generations")
+        .flatten()
+        .map(|e| e.path())
+        .find(|p| {
+            p.file_name()
+                .is_some_and(|n| n.to_string_lossy().starts_with(&format!("{generation}-")))
+        })
+        .expect("the durable generation");
+    let manifest: serde_json::Value = serde_json::from_slice(
+        &std::fs::read(key_dir.join("manifest.json")).expect("read the durable manifest"),
+    )
+    .expect("manifest json");
+    let pages = manifest["files"]
+        .as_array()
+        .expect("files")
+        .iter()
+        .filter(|f| f["path"].as_str().is_some_and(|p| p.contains("pages-")))
+        .max_by_key(|f| f["size"].as_u64().unwrap_or(0))
+        .expect("a memory image");
+    let chunks: Vec<&str> = pages["blake3_chunks"]
+        .as_array()
+        .expect("chunk digests")
+        .iter()
+        .filter_map(|d| d.as_str())
+        .collect();
+    let victim = chunks.len() / 2;
+    let other = chunks
+        .iter()
+        .take(chunks.len() - 1) // full-size chunks only
+        .find(|d| **d != chunks[victim])
+        .expect("another chunk");
+    let object = |d: &str| {
+        durable
+            .join("_chunks")
+            .join(&d[..2])
+            .join(format!("{d}.zst"))
+    };
+    std::fs::copy(object(other), object(chunks[victim])).expect("damage the stored chunk");
+    std::fs::remove_dir_all(generation_dir(&sys.state_dir(), ns, name, generation))
+        .expect("remove the node-local generation");
+    format!("chunk {victim}")
+}
+
+#[test]
+fn a_damaged_chunk_in_the_durable_store_crashes_the_actor_and_no_wrong_page_is_served() {
+    let sys = lazy_system(1, &[]);
+    let ns = "ns-lazy-durable-damage";
+    sys_apply(&sys, ns, "sleeper", &Tpl::sleeper(64));
+    create_actor(&sys, ns, "s", "sleeper");
+    let target = format!("{ns}/s");
+    let original = checksum(&get_ok(&sys, &target, "/"));
+    sys.ate_ok(&["suspend", "actor", "s", "-a", ns, "--durable"]);
+    let chunk = damage_durable_chunk(&sys, ns, "s", 1);
+    let (status, _, body) = get(sys.router_addr, &target, "/");
+    eprintln!("first request after the damage: {status} {body}");
+    if status == 200 {
+        assert_eq!(
+            checksum(&body),
+            original,
+            "an answer computed from unverified memory"
+        );
+    }
+    let a = wait_state(
+        &sys,
+        ns,
+        "s",
+        "ACTOR_STATE_CRASHED",
+        Duration::from_secs(30),
+    );
+    let why = a["lastError"].as_str().unwrap_or_default();
+    eprintln!("lastError: {why}");
+    for l in sys.log("node").lines().filter(|l| l.contains("lazy")) {
+        eprintln!("node: {l}");
+    }
+    assert!(
+        why.contains(&chunk) && why.contains("damaged"),
+        "lastError names the damaged chunk ({chunk}): {why}"
+    );
     assert!(
         page_source_pid(&sys).is_none(),
         "no page source is left running"

@@ -174,6 +174,7 @@ impl NodeAgent {
         } else {
             Some(tokio::spawn(crate::sweep::run(
                 self.inner.durable.clone(),
+                self.inner.cfg.name.clone(),
                 crate::sweep::Schedule::DEFAULT,
                 stop_rx.clone(),
             )))
@@ -264,8 +265,13 @@ impl NodeAgent {
         .then(|| local.to_path_buf())
     }
 
-    /// A (cached) download of the generation's durable copy, verified.
-    async fn fetch(&self, snap: &v1::Snapshot) -> Result<PathBuf, Status> {
+    /// Where the download of `snap` (`suffix` "" for a whole one, ".lazy" for a lazy
+    /// restore's) is cached, and the lock that serialises making it.
+    fn cache_slot(
+        &self,
+        snap: &v1::Snapshot,
+        suffix: &str,
+    ) -> Result<(PathBuf, Arc<AsyncMutex<()>>), Status> {
         if snap.durable_uri.is_empty() {
             return Err(Status::failed_precondition(format!(
                 "generation {} ({}) is not on node {} and has no durable copy",
@@ -280,15 +286,54 @@ impl NodeAgent {
         if uuid.is_empty() {
             return Err(Status::invalid_argument("invalid snapshot.uuid: empty"));
         }
-        let target = self.inner.cfg.cache_dir().join(&uuid);
+        let name = format!("{uuid}{suffix}");
         let lock = {
             let mut map = self
                 .inner
                 .downloads
                 .lock()
                 .map_err(|_| Status::internal("download lock poisoned"))?;
-            map.entry(uuid.clone()).or_default().clone()
+            map.entry(name.clone()).or_default().clone()
         };
+        Ok((self.inner.cfg.cache_dir().join(name), lock))
+    }
+
+    /// What a lazy restore of `snap` needs before it starts, from the durable copy (cached):
+    /// the small files and the memory chunks CRIU reads itself; the worker's page source
+    /// fetches the rest as the actor touches it (`ate_snapshot::DurableSource`).
+    async fn fetch_for_lazy_restore(&self, snap: &v1::Snapshot) -> Result<PathBuf, Status> {
+        let (target, lock) = self.cache_slot(snap, ".lazy")?;
+        let _guard = lock.lock().await;
+        if let Ok(manifest) = ate_snapshot::read_manifest(&target).await
+            && ate_snapshot::verify_files_except_chunked(&target, &manifest)
+                .await
+                .is_ok()
+        {
+            return Ok(target);
+        }
+        let _ = tokio::fs::remove_dir_all(&target).await;
+        let begun = std::time::Instant::now();
+        let eager = |dir: &Path| {
+            ate_worker::lazy::images::eager_chunk_files(&dir.join(ate_snapshot::CRIU_DIR))
+                .map_err(|e| ate_snapshot::Error::InvalidInput(format!("memory images: {e}")))
+        };
+        self.inner
+            .durable
+            .download_for_lazy_restore(&snap.durable_uri, &target, eager)
+            .await
+            .map_err(|e| {
+                Status::failed_precondition(format!(
+                    "cannot fetch generation {} from {} for a lazy restore: {e}",
+                    snap.generation, snap.durable_uri
+                ))
+            })?;
+        tracing::info!(generation = snap.generation, uri = %snap.durable_uri, ms = begun.elapsed().as_millis() as u64, "generation fetched for a lazy restore (memory stays in the durable store)");
+        Ok(target)
+    }
+
+    /// A (cached) download of the generation's durable copy, verified.
+    async fn fetch(&self, snap: &v1::Snapshot) -> Result<PathBuf, Status> {
+        let (target, lock) = self.cache_slot(snap, "")?;
         let _guard = lock.lock().await;
         if ate_snapshot::verify(&target).await.is_ok() {
             return Ok(target);
@@ -557,7 +602,43 @@ impl NodeAgent {
             let start = ate_proto::request_id::request(start, request_id.as_deref());
             async move { client.start(start).await }
         };
+        // Memory on demand from the durable copy when the worker restores lazily and the
+        // template does not ask for eager restores; else the whole generation first.
+        let lazy = worker.info.can_restore_lazily
+            && Fidelity::from_wire(req.fidelity) == Some(Fidelity::Memory)
+            && !workload
+                .spec
+                .as_ref()
+                .is_some_and(|s| s.eager_memory_restore);
         let (reply, from) = match self.local_copy(&snap) {
+            None if lazy => {
+                let started = match self.fetch_for_lazy_restore(&snap).await {
+                    Ok(dir) => start(&dir).await,
+                    Err(e) => Err(e),
+                };
+                match started {
+                    Ok(reply) => (reply, "durable copy, memory on demand"),
+                    // The worker is busy, gone or was cancelled: that says nothing about the copy.
+                    Err(e)
+                        if matches!(
+                            e.code(),
+                            tonic::Code::Unavailable
+                                | tonic::Code::Cancelled
+                                | tonic::Code::ResourceExhausted
+                                | tonic::Code::Aborted
+                        ) =>
+                    {
+                        return Err(e);
+                    }
+                    Err(e) => {
+                        tracing::warn!(actor = %format!("{atespace}/{name}"), generation = snap.generation, error = %e.message(), "lazy restore from the durable copy refused; fetching the whole generation");
+                        (
+                            start(&self.fetch(&snap).await?).await?,
+                            "durable copy (whole, after a refused lazy restore)",
+                        )
+                    }
+                }
+            }
             None => (start(&self.fetch(&snap).await?).await?, "durable copy"),
             Some(local) => match start(&local).await {
                 Ok(reply) => (reply, "node-local copy"),

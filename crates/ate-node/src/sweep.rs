@@ -1,5 +1,7 @@
 //! Background sweep of the durable store: deletes what uploads cut off by a dead node left
-//! behind (objects under a key with no `manifest.json`, older than `--durable-gc-age`). It runs
+//! behind (objects under a key with no `manifest.json`, older than `--durable-gc-age`), and the
+//! memory chunks no generation references any more (deleted generations leave their chunks,
+//! which other generations may share). It runs
 //! in a task of its own, so a slow or failing object store never holds up the node's other loops.
 
 use std::time::Duration;
@@ -43,7 +45,13 @@ impl Schedule {
 }
 
 /// Sweeps `store` on `schedule` until `stop` changes (or its sender is gone).
-pub(crate) async fn run(store: DurableStore, schedule: Schedule, mut stop: watch::Receiver<bool>) {
+/// `sweeper` names this node in the store's sweep announcements.
+pub(crate) async fn run(
+    store: DurableStore,
+    sweeper: String,
+    schedule: Schedule,
+    mut stop: watch::Receiver<bool>,
+) {
     tracing::info!(
         store = store.url(),
         grace_s = store.partial_grace().as_secs(),
@@ -56,7 +64,7 @@ pub(crate) async fn run(store: DurableStore, schedule: Schedule, mut stop: watch
             _ = stop.changed() => return,
         }
         tokio::select! {
-            _ = sweep_once(&store, schedule.timeout) => {}
+            _ = sweep_once(&store, &sweeper, schedule.timeout) => {}
             // Cut short at shutdown: what it did not delete, the next sweep will.
             _ = stop.changed() => return,
         }
@@ -65,7 +73,27 @@ pub(crate) async fn run(store: DurableStore, schedule: Schedule, mut stop: watch
     }
 }
 
-async fn sweep_once(store: &DurableStore, timeout: Duration) {
+async fn sweep_once(store: &DurableStore, sweeper: &str, timeout: Duration) {
+    sweep_partial_uploads(store, timeout).await;
+    let chunks = tokio::time::timeout(timeout, store.sweep_unreferenced_chunks(sweeper));
+    match chunks.await {
+        Ok(Ok(n)) => tracing::debug!(
+            store = store.url(),
+            deleted = n,
+            "durable store: unreferenced chunks swept"
+        ),
+        Ok(Err(e)) => {
+            tracing::warn!(store = store.url(), error = %e, "durable store: sweep of unreferenced chunks failed")
+        }
+        Err(_) => tracing::warn!(
+            store = store.url(),
+            timeout_s = timeout.as_secs(),
+            "durable store: sweep of unreferenced chunks did not finish in time; abandoned"
+        ),
+    }
+}
+
+async fn sweep_partial_uploads(store: &DurableStore, timeout: Duration) {
     let swept = tokio::time::timeout(timeout, store.sweep_partial_uploads(DURABLE_KEY_DEPTH));
     match swept.await {
         Ok(Ok(s)) if s.keys_deleted > 0 || s.objects_deleted > 0 || s.keys_failed > 0 => {
@@ -165,7 +193,7 @@ mod tests {
             every_jitter: Duration::ZERO,
             timeout: Duration::from_secs(60),
         };
-        let task = tokio::spawn(run(store, schedule, stop_rx));
+        let task = tokio::spawn(run(store, "node-test".to_string(), schedule, stop_rx));
         // Bounded wait for the first sweep (no assertion on how long it takes).
         for _ in 0..600 {
             if !partial.join("rootfs.tar.zst").exists() {

@@ -48,19 +48,25 @@ pub struct TransferStats {
     pub files: usize,
     /// Uncompressed bytes (the generation's size).
     pub raw_bytes: u64,
+    /// Bytes written to the store (compressed; an upload leaves out the memory chunks the store
+    /// already holds). 0 for a download.
+    pub sent_bytes: u64,
+    /// Memory chunks the upload found in the store and did not send again.
+    pub chunks_reused: u64,
     pub elapsed: Duration,
 }
 
 /// An object store plus the prefix generations live under.
 #[derive(Debug, Clone)]
 pub struct DurableStore {
-    store: Arc<dyn ObjectStore>,
+    pub(crate) store: Arc<dyn ObjectStore>,
     /// Normalized, no trailing `/` (`file:///var/lib/ate/durable`, `s3://bucket/prefix`).
-    url: String,
-    prefix: Vec<String>,
+    pub(crate) url: String,
+    pub(crate) prefix: Vec<String>,
     parallelism: usize,
-    /// Age after which a manifest-less key is garbage; uploads stop at half of it.
-    partial_grace: Duration,
+    /// Age after which a manifest-less key (or an unreferenced chunk) is garbage; uploads stop
+    /// at half of it.
+    pub(crate) partial_grace: Duration,
 }
 
 impl DurableStore {
@@ -229,6 +235,7 @@ impl DurableStore {
         priority: UploadPriority,
     ) -> Result<(String, TransferStats)> {
         let start = Instant::now();
+        let started_at = SystemTime::now();
         let uri = self.uri(key)?;
         let base = self.base(key)?;
         let deadline = Deadline {
@@ -241,23 +248,53 @@ impl DurableStore {
         let (manifest, manifest_bytes) = generation::verify_with_bytes(gen_dir, false).await?;
         // Futures are built eagerly and boxed: a stream `map` closure here makes the caller's future
         // fail rustc's higher-ranked `Send` check (rust-lang/rust#102211).
+        // Memory images go up as content-addressed chunks (crate::chunks), everything else as
+        // one object per file.
         let transfers: Vec<_> = manifest
             .files
             .iter()
             .map(|f| {
-                self.upload_file(gen_dir, &base, f, priority, &deadline)
-                    .boxed()
+                if f.has_chunk_digests() {
+                    self.upload_chunks(gen_dir, f, priority, &deadline)
+                        .map(|r| r.map(|c| (c.sent_bytes, c.reused)))
+                        .boxed()
+                } else {
+                    self.upload_file(gen_dir, &base, f, priority, &deadline)
+                        .map(|r| r.map(|sent| (sent, 0)))
+                        .boxed()
+                }
             })
             .collect();
-        let results: Vec<Result<()>> = futures::stream::iter(transfers)
+        let results: Vec<Result<(u64, u64)>> = futures::stream::iter(transfers)
             .buffer_unordered(self.parallelism)
             .collect()
             .await;
+        let last_write = Instant::now();
         // Every transfer has finished (none is cancelled half-way), so cleanup sees all objects.
-        let first_err = results.into_iter().find_map(Result::err);
+        let mut sent = (0u64, 0u64);
+        let mut first_err = None;
+        for r in results {
+            match r {
+                Ok((bytes, reused)) => {
+                    sent.0 += bytes;
+                    sent.1 += reused;
+                }
+                Err(e) => {
+                    first_err.get_or_insert(e);
+                }
+            }
+        }
         let result = match first_err {
             Some(e) => Err(e),
-            None => self.put_manifest(&base, manifest_bytes, &deadline).await,
+            None => match self
+                .confirm_chunks(
+                    gen_dir, &manifest, started_at, last_write, priority, &deadline,
+                )
+                .await
+            {
+                Ok(()) => self.put_manifest(&base, manifest_bytes, &deadline).await,
+                Err(e) => Err(e),
+            },
         };
         if let Err(e) = result {
             tracing::warn!(uri, error = %e, "upload failed; removing partial objects");
@@ -269,12 +306,16 @@ impl DurableStore {
         let stats = TransferStats {
             files: manifest.files.len(),
             raw_bytes: manifest.total_size(),
+            sent_bytes: sent.0,
+            chunks_reused: sent.1,
             elapsed: start.elapsed(),
         };
         tracing::info!(
             uri,
             files = stats.files,
             bytes = stats.raw_bytes,
+            sent_bytes = stats.sent_bytes,
+            chunks_reused = stats.chunks_reused,
             ms = stats.elapsed.as_millis() as u64,
             "generation uploaded"
         );
@@ -310,7 +351,7 @@ impl DurableStore {
         f: &FileEntry,
         priority: UploadPriority,
         deadline: &Deadline,
-    ) -> Result<()> {
+    ) -> Result<u64> {
         // Files not started yet when the deadline passed are not worth sending.
         deadline.check()?;
         let obj = obj_child(base, &format!("{}.zst", f.path));
@@ -325,7 +366,9 @@ impl DurableStore {
         let mut pending_len = 0usize;
         let mut multipart: Option<MultipartGuard> = None;
         let mut send_err: Option<Error> = None;
+        let mut sent = 0u64;
         while let Some(chunk) = rx.recv().await {
+            sent += chunk.len() as u64;
             // A file of many GiB should not go on sending after the upload can no longer finish.
             if let Err(e) = deadline.check() {
                 send_err = Some(e);
@@ -395,6 +438,7 @@ impl DurableStore {
                 .map(|_| ())
                 .map_err(|e| Error::object(&obj, e)),
         }
+        .map(|()| sent)
     }
 
     /// Downloads the generation at `uri_or_key` into `target_gen_dir` (which must not exist, or
@@ -416,17 +460,7 @@ impl DurableStore {
         let start = Instant::now();
         let key = self.key_of(uri_or_key)?;
         let base = self.base(&key)?;
-        let mpath = obj_child(&base, MANIFEST_FILE);
-        let manifest_bytes = match self.store.get(&mpath).await {
-            Ok(r) => r.bytes().await.map_err(|e| Error::object(&mpath, e))?,
-            Err(object_store::Error::NotFound { .. }) => {
-                return Err(Error::NotComplete {
-                    uri: self.uri(&key)?,
-                });
-            }
-            Err(e) => return Err(Error::object(&mpath, e)),
-        };
-        let manifest = Manifest::from_json(&manifest_bytes)?;
+        let (manifest, manifest_bytes) = self.get_manifest(&base, &key).await?;
 
         let (parent, tmp) = sibling(target_gen_dir, "download")?;
         fs::create_dir_all(&parent).map_err(|e| Error::io("create dir", &parent, e))?;
@@ -442,6 +476,8 @@ impl DurableStore {
         let stats = TransferStats {
             files: manifest.files.len(),
             raw_bytes: manifest.total_size(),
+            sent_bytes: 0,
+            chunks_reused: 0,
             elapsed: start.elapsed(),
         };
         tracing::info!(
@@ -454,6 +490,65 @@ impl DurableStore {
         Ok((manifest, stats))
     }
 
+    /// The generation's manifest (parsed, and its bytes as stored); [`Error::NotComplete`]
+    /// when it has none.
+    pub(crate) async fn get_manifest(
+        &self,
+        base: &ObjPath,
+        key: &str,
+    ) -> Result<(Manifest, Vec<u8>)> {
+        let mpath = obj_child(base, MANIFEST_FILE);
+        let manifest_bytes = match self.store.get(&mpath).await {
+            Ok(r) => r.bytes().await.map_err(|e| Error::object(&mpath, e))?,
+            Err(object_store::Error::NotFound { .. }) => {
+                return Err(Error::NotComplete {
+                    uri: self.uri(key)?,
+                });
+            }
+            Err(e) => return Err(Error::object(&mpath, e)),
+        };
+        let manifest = Manifest::from_json(&manifest_bytes)?;
+        Ok((manifest, manifest_bytes.to_vec()))
+    }
+
+    /// Downloads the manifest's files into `dir`: all of them, or (`with_chunked` false) only
+    /// those without chunk digests. A memory image comes from its chunks.
+    pub(crate) async fn download_files(
+        &self,
+        base: &ObjPath,
+        manifest: &Manifest,
+        dir: &Path,
+        with_chunked: bool,
+    ) -> Result<()> {
+        // Built eagerly and boxed for the same reason as in upload (rust-lang/rust#102211).
+        let transfers: Vec<_> = manifest
+            .files
+            .iter()
+            .filter(|f| with_chunked || !f.has_chunk_digests())
+            .map(|f| {
+                if f.has_chunk_digests() {
+                    async move {
+                        let dst = dir.join(&f.path);
+                        if let Some(p) = dst.parent() {
+                            tokio::fs::create_dir_all(p)
+                                .await
+                                .map_err(|e| Error::io("create dir", p, e))?;
+                        }
+                        self.download_chunks(f, &dst, None).await
+                    }
+                    .boxed()
+                } else {
+                    self.download_file(base, f, dir).boxed()
+                }
+            })
+            .collect();
+        let results: Vec<Result<()>> = futures::stream::iter(transfers)
+            .buffer_unordered(self.parallelism)
+            .collect()
+            .await;
+        results.into_iter().collect()
+    }
+
     async fn download_into(
         &self,
         base: &ObjPath,
@@ -462,19 +557,7 @@ impl DurableStore {
         tmp: &Path,
         target: &Path,
     ) -> Result<()> {
-        // Built eagerly and boxed for the same reason as in upload (rust-lang/rust#102211).
-        let transfers: Vec<_> = manifest
-            .files
-            .iter()
-            .map(|f| self.download_file(base, f, tmp).boxed())
-            .collect();
-        let results: Vec<Result<()>> = futures::stream::iter(transfers)
-            .buffer_unordered(self.parallelism)
-            .collect()
-            .await;
-        if let Some(e) = results.into_iter().find_map(Result::err) {
-            return Err(e);
-        }
+        self.download_files(base, manifest, tmp, true).await?;
         let tmp_owned = tmp.to_path_buf();
         let bytes = manifest_bytes.to_vec();
         // No syncfs before the manifest (a sealed generation gets one): a download is a cache of
@@ -634,6 +717,8 @@ impl DurableStore {
             ));
         }
         let root = ObjPath::from_iter(self.prefix.iter().map(String::as_str));
+        // Shared memory chunks have their own sweep (`sweep_unreferenced_chunks`).
+        let chunks_root = root.clone().join(crate::chunks::CHUNKS_DIR);
         let depth = self.prefix.len() + key_depth;
         // One entry per key, not per object: the listing of a large store stays small in memory.
         let mut keys: BTreeMap<ObjPath, KeySummary> = BTreeMap::new();
@@ -646,7 +731,7 @@ impl DurableStore {
                 Err(e) => return Err(Error::object(&root, e)),
             };
             let parts = m.location.parts_count();
-            if parts <= depth {
+            if parts <= depth || m.location.prefix_matches(&chunks_root) {
                 continue;
             }
             let key = ObjPath::from_iter(m.location.parts().take(depth));
@@ -771,7 +856,7 @@ impl DurableStore {
     }
 
     /// Accepts `<store url>/<key>` or a bare key.
-    fn key_of(&self, uri_or_key: &str) -> Result<String> {
+    pub(crate) fn key_of(&self, uri_or_key: &str) -> Result<String> {
         let key = if uri_or_key.contains("://") {
             uri_or_key
                 .strip_prefix(&self.url)
@@ -788,7 +873,7 @@ impl DurableStore {
         Ok(key.trim_matches('/').to_string())
     }
 
-    fn base(&self, key: &str) -> Result<ObjPath> {
+    pub(crate) fn base(&self, key: &str) -> Result<ObjPath> {
         let parts = self
             .prefix
             .iter()
@@ -809,7 +894,7 @@ fn obj_child(base: &ObjPath, rel: &str) -> ObjPath {
 
 /// How long an upload may run before its manifest must be written: half the store's grace age
 /// (the other half is margin for the manifest PUT and for clocks that disagree).
-struct Deadline {
+pub(crate) struct Deadline {
     start: Instant,
     /// None: no limit (grace age zero).
     limit: Option<Duration>,
@@ -818,19 +903,19 @@ struct Deadline {
 
 impl Deadline {
     /// Time left; None without a limit.
-    fn remaining(&self) -> Option<Duration> {
+    pub(crate) fn remaining(&self) -> Option<Duration> {
         self.limit
             .map(|limit| limit.saturating_sub(self.start.elapsed()))
     }
 
-    fn check(&self) -> Result<()> {
+    pub(crate) fn check(&self) -> Result<()> {
         match self.limit {
             Some(limit) if self.start.elapsed() > limit => Err(self.exceeded()),
             _ => Ok(()),
         }
     }
 
-    fn exceeded(&self) -> Error {
+    pub(crate) fn exceeded(&self) -> Error {
         Error::UploadTooSlow {
             uri: self.uri.clone(),
             elapsed: self.start.elapsed(),
@@ -971,7 +1056,7 @@ enum KeySweep {
 
 /// True when `t` is more than `grace` before `now`. A time in the future (clocks that disagree)
 /// counts as young.
-fn older_than(t: SystemTime, now: SystemTime, grace: Duration) -> bool {
+pub(crate) fn older_than(t: SystemTime, now: SystemTime, grace: Duration) -> bool {
     now.duration_since(t).is_ok_and(|age| age > grace)
 }
 
@@ -1055,6 +1140,37 @@ fn spawn_compress(
         }
     }
     Ok(result)
+}
+
+/// Runs blocking `work` at `priority`: on the blocking pool, or for
+/// [`UploadPriority::Background`] on a thread of its own at [`BACKGROUND_NICE`].
+pub(crate) async fn run_at<T: Send + 'static>(
+    priority: UploadPriority,
+    what: String,
+    work: impl FnOnce() -> Result<T> + Send + 'static,
+) -> Result<T> {
+    match priority {
+        UploadPriority::Normal => tokio::task::spawn_blocking(work)
+            .await
+            .map_err(|e| Error::task(what, e))?,
+        UploadPriority::Background => {
+            let (done, result) = tokio::sync::oneshot::channel();
+            std::thread::Builder::new()
+                .name("ate-upload-bg".into())
+                .spawn(move || {
+                    lower_this_thread_priority(BACKGROUND_NICE);
+                    let _ = done.send(work());
+                })
+                .map_err(|e| Error::Task {
+                    what: "start a background compression thread".into(),
+                    message: e.to_string(),
+                })?;
+            result.await.map_err(|_| Error::Task {
+                what,
+                message: "the thread ended without a result".into(),
+            })?
+        }
+    }
 }
 
 /// Sets the calling thread's nice value to `nice` (Linux keeps nice per thread; processes the

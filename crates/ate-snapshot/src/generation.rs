@@ -299,7 +299,7 @@ fn read_chunk(
     index: u64,
     buf: &mut Vec<u8>,
 ) -> Result<()> {
-    let (start, end, expected) = chunk_span(entry, index)?;
+    let (start, end, _) = chunk_span(entry, index)?;
     // A chunk is at most CHUNK_BYTES (2 MiB): fits usize.
     let len = (end - start) as usize;
     buf.resize(len, 0);
@@ -316,8 +316,15 @@ fn read_chunk(
         }
         Err(e) => return Err(Error::io("read", shown, e)),
     }
-    let actual = blake3::hash(buf).to_hex();
-    if actual.as_str() != expected {
+    verify_chunk_bytes(entry, index, buf)
+}
+
+/// Checks `data` as chunk `index` of the file `entry` describes: its length and its BLAKE3
+/// digest against the manifest (a chunk fetched from the durable store, or read from disk).
+pub fn verify_chunk_bytes(entry: &FileEntry, index: u64, data: &[u8]) -> Result<()> {
+    let (start, end, expected) = chunk_span(entry, index)?;
+    let actual = blake3::hash(data).to_hex();
+    if data.len() as u64 != end - start || actual.as_str() != expected {
         return Err(Error::ChunkMismatch {
             file: entry.path.clone(),
             chunk: index,

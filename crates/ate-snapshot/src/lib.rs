@@ -16,15 +16,19 @@
 //! image first.
 //!
 //! The durable copy mirrors it under `<store url>/<key>/`: every file zstd-compressed as
-//! `<path>.zst`, plus the plain `manifest.json`, again uploaded last. Object sets an upload cut
+//! `<path>.zst`, except the memory images, whose chunks are shared content-addressed objects
+//! under `<store url>/_chunks/` (see `chunks.rs`), plus the plain `manifest.json`, again uploaded
+//! last. Object sets an upload cut
 //! off for good left without a manifest are removed by `DurableStore::sweep_partial_uploads`.
 
 mod archive;
+mod chunks;
 mod durable;
 mod error;
 mod generation;
 mod manifest;
 
+pub use chunks::{DURABLE_SOURCE_FILE, DurableSource, durable_source};
 pub use durable::{
     BACKGROUND_NICE, DEFAULT_PARTIAL_GRACE, DurableStore, SweepStats, TransferStats,
     UploadPriority, lower_this_thread_priority,
@@ -33,8 +37,8 @@ pub use error::{Error, Result};
 pub use generation::{
     CRIU_DIR, GenerationMeta, ROOTFS_ARCHIVE, VOLUMES_DIR, extract_rootfs, extract_volume,
     is_sealed, quarantine, quarantine_path, read_manifest, read_verified_chunk,
-    read_verified_chunk_at, seal_generation, verify, verify_chunks, verify_files,
-    verify_files_except_chunked,
+    read_verified_chunk_at, seal_generation, verify, verify_chunk_bytes, verify_chunks,
+    verify_files, verify_files_except_chunked,
 };
 pub use manifest::{
     CHUNK_BYTES, FORMAT_VERSION, FileEntry, MANIFEST_FILE, Manifest, is_memory_pages_file,

@@ -6,7 +6,7 @@ use std::fs;
 use std::path::{Path, PathBuf};
 
 use ate_core::Fidelity;
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use ate_snapshot::{
     DEFAULT_PARTIAL_GRACE, DurableStore, Error, Manifest, SweepStats, UploadPriority,
@@ -14,8 +14,17 @@ use ate_snapshot::{
 };
 use common::*;
 
+/// A sealed generation whose big file is a memory image (its durable copy is chunks).
 async fn sealed(big: usize) -> (Fixture, Manifest) {
-    let fx = fixture(big);
+    seal(fixture(big)).await
+}
+
+/// A sealed generation whose big file is a plain file: every file of it is one object.
+async fn sealed_plain(big: usize) -> (Fixture, Manifest) {
+    seal(fixture_with_big_file(big, "core-1.img")).await
+}
+
+async fn seal(fx: Fixture) -> (Fixture, Manifest) {
     let m = seal_generation(
         &fx.gen_dir,
         meta(Fidelity::Memory),
@@ -37,7 +46,7 @@ fn object_file(store_root: &Path, key: &str, rel: &str) -> PathBuf {
 
 #[tokio::test]
 async fn upload_download_delete_round_trip() {
-    let (fx, m) = sealed(3 << 20).await;
+    let (fx, m) = sealed_plain(3 << 20).await;
     let dir = store_dir(&fx);
     let store = DurableStore::from_url(&format!("file://{}", dir.display())).expect("store");
     let key = "default/counter/7-5f0e0c4a";
@@ -119,7 +128,7 @@ async fn upload_download_delete_round_trip() {
 
 #[tokio::test]
 async fn background_upload_round_trips_and_checks_like_a_normal_one() {
-    let (fx, m) = sealed(3 << 20).await;
+    let (fx, m) = sealed_plain(3 << 20).await;
     let dir = store_dir(&fx);
     let store = DurableStore::from_url(&format!("file://{}", dir.display())).expect("store");
     let key = "default/counter/8-6a1b";
@@ -155,7 +164,7 @@ async fn background_upload_round_trips_and_checks_like_a_normal_one() {
 
 #[tokio::test]
 async fn corrupted_objects_fail_download_and_leave_nothing() {
-    let (fx, m) = sealed(200_000).await;
+    let (fx, m) = sealed_plain(200_000).await;
     let dir = store_dir(&fx);
     let store = DurableStore::from_url(&format!("file://{}", dir.display())).expect("store");
     let key = "gen-7";
@@ -301,7 +310,7 @@ async fn disk_full_surfaces_and_keeps_local_generation() {
 
 #[tokio::test]
 async fn corrupted_local_generation_is_never_uploaded_as_complete() {
-    let (fx, m) = sealed(1 << 20).await;
+    let (fx, m) = sealed_plain(1 << 20).await;
     let dir = store_dir(&fx);
     let store = DurableStore::from_url(&format!("file://{}", dir.display())).expect("store");
     // Flip one byte of the largest file, keeping its size (so only its hash can tell).
@@ -321,7 +330,7 @@ async fn corrupted_local_generation_is_never_uploaded_as_complete() {
     let key = "default/counter/8-corrupt";
     let err = store.upload(&fx.gen_dir, key).await.expect_err("refused");
     assert!(
-        matches!(err, Error::ChecksumMismatch { ref file, .. } if *file == victim),
+        matches!(err, Error::ChecksumMismatch { ref file, .. } | Error::ChunkMismatch { ref file, .. } if *file == victim),
         "{err}"
     );
     let uri = format!("file://{}/{key}", dir.display());
@@ -332,36 +341,12 @@ async fn corrupted_local_generation_is_never_uploaded_as_complete() {
     );
 }
 
-/// Writes `path` (creating its directory) with its mtime, which the local store reports as the
-/// object's last-modified time, `age` in the past: no sleeping to make an object old.
-fn write_aged(path: &Path, data: &[u8], age: Duration) {
-    fs::create_dir_all(path.parent().expect("parent")).expect("mkdir");
-    fs::write(path, data).expect("write");
-    age_file(path, age);
-}
-
-fn age_file(path: &Path, age: Duration) {
-    let f = fs::File::options().write(true).open(path).expect("open");
-    f.set_modified(SystemTime::now() - age).expect("set mtime");
-}
-
-fn age_tree(dir: &Path, age: Duration) {
-    for e in fs::read_dir(dir).expect("read_dir") {
-        let p = e.expect("entry").path();
-        if p.is_dir() {
-            age_tree(&p, age);
-        } else {
-            age_file(&p, age);
-        }
-    }
-}
-
 /// The node's key layout: `<atespace>/<name>/<generation>-<uuid>`.
 const DEPTH: usize = 3;
 
 #[tokio::test]
 async fn sweep_removes_old_partial_uploads_and_nothing_else() {
-    let (fx, m) = sealed(1 << 20).await;
+    let (fx, m) = sealed_plain(1 << 20).await;
     let dir = store_dir(&fx);
     let store = DurableStore::from_url(&format!("file://{}", dir.display())).expect("store");
     assert_eq!(store.partial_grace(), DEFAULT_PARTIAL_GRACE);
@@ -438,7 +423,7 @@ async fn sweep_removes_old_partial_uploads_and_nothing_else() {
 
 #[tokio::test]
 async fn upload_past_half_the_grace_age_writes_no_manifest() {
-    let (fx, m) = sealed(3 << 20).await;
+    let (fx, m) = sealed_plain(3 << 20).await;
     let dir = store_dir(&fx);
     // Half of 2 ns is over before the first file is read: the upload runs out of time.
     let store = DurableStore::from_url(&format!("file://{}", dir.display()))
@@ -486,12 +471,12 @@ fn staging_files(dir: &Path) -> Vec<PathBuf> {
 
 #[tokio::test]
 async fn failed_multipart_upload_is_aborted() {
-    // 12 MiB of noise: more than one part, so pages-1.img goes up as a multipart upload.
-    let (fx, m) = sealed(12 << 20).await;
+    // 12 MiB of noise: more than one part, so core-1.img goes up as a multipart upload.
+    let (fx, m) = sealed_plain(12 << 20).await;
     let dir = store_dir(&fx);
     let store = DurableStore::from_url(&format!("file://{}", dir.display())).expect("store");
     // Same size, other bytes: found only once the whole file is hashed, after its parts went up.
-    let path = fx.gen_dir.join("criu/pages-1.img");
+    let path = fx.gen_dir.join("criu/core-1.img");
     let mut bytes = fs::read(&path).expect("read");
     let last = bytes.len() - 1;
     bytes[last] ^= 0x01;
@@ -501,5 +486,5 @@ async fn failed_multipart_upload_is_aborted() {
     assert!(matches!(err, Error::ChecksumMismatch { .. }), "{err}");
     assert!(store.list_objects(key).await.expect("list").is_empty());
     assert!(staging_files(&dir).is_empty(), "{:?}", staging_files(&dir));
-    assert!(m.files.iter().any(|f| f.path == "criu/pages-1.img"));
+    assert!(m.files.iter().any(|f| f.path == "criu/core-1.img"));
 }

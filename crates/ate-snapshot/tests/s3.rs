@@ -221,8 +221,9 @@ async fn s3_upload_past_half_the_grace_age_writes_no_manifest() {
 async fn s3_failed_and_cancelled_multipart_uploads_are_aborted() {
     let ep = endpoint();
     let (bucket, store) = s3_store(&ep).await;
-    // 40 MiB of noise: five parts, long enough to be cut off half-way.
-    let fx = fixture(40 << 20);
+    // 40 MiB of noise in a plain file (one object): five parts, long enough to be cut off
+    // half-way.
+    let fx = fixture_with_big_file(40 << 20, "core-1.img");
     seal_generation(
         &fx.gen_dir,
         meta(Fidelity::Memory),
@@ -269,7 +270,7 @@ async fn s3_failed_and_cancelled_multipart_uploads_are_aborted() {
     }
 
     // 2. Failed: same size, one other byte, found only after all the parts went up.
-    let path = fx.gen_dir.join("criu/pages-1.img");
+    let path = fx.gen_dir.join("criu/core-1.img");
     let mut bytes = fs::read(&path).expect("read");
     let last = bytes.len() - 1;
     bytes[last] ^= 0x01;
@@ -287,7 +288,7 @@ async fn s3_upload_download_corrupt_delete() {
     let bucket = format!("ate-snap-{}", uuid::Uuid::new_v4().simple());
     create_bucket(&ep, &bucket).await;
 
-    // 12 MiB of noise in pages-1.img: bigger than one part, so it goes up as a multipart upload.
+    // 12 MiB of noise in pages-1.img: a memory image, so six content-addressed chunks.
     let fx = fixture(12 << 20);
     let m = seal_generation(
         &fx.gen_dir,
@@ -304,10 +305,38 @@ async fn s3_upload_download_corrupt_delete() {
     let uri = store.upload(&fx.gen_dir, key).await.expect("upload");
     assert_eq!(uri, format!("s3://{bucket}/snapshots/{key}"));
     assert!(store.exists_complete(&uri).await.expect("exists"));
+    // Every file but the memory image, plus the manifest.
     assert_eq!(
         store.list_objects(&uri).await.expect("list").len(),
-        m.files.len() + 1
+        m.files.len()
     );
+    // The same memory again under another key: no chunk is sent twice.
+    let (_, again) = store
+        .upload_with_stats(&fx.gen_dir, "default/counter/8")
+        .await
+        .expect("upload again");
+    assert_eq!(again.chunks_reused, 6, "{again:?}");
+    assert!(again.sent_bytes < 1 << 20, "{again:?}");
+    // A lazy restore's download: the small files and the chunks named; the rest by fetch.
+    let lazy = fx.root.path().join("node-b/gen-7.lazy");
+    store
+        .download_for_lazy_restore(&uri, &lazy, |_| Ok(vec![("criu/pages-1.img".into(), 0)]))
+        .await
+        .expect("lazy download");
+    let entry = m.file("criu/pages-1.img").expect("listed").clone();
+    let original = fs::read(fx.gen_dir.join("criu/pages-1.img")).expect("read");
+    let local = fs::read(lazy.join("criu/pages-1.img")).expect("read");
+    let c = ate_snapshot::CHUNK_BYTES as usize;
+    assert_eq!(&local[..c], &original[..c]);
+    assert!(local[c..].iter().all(|b| *b == 0));
+    assert_eq!(
+        store.fetch_chunk(&entry, 5).await.expect("fetch"),
+        &original[5 * c..]
+    );
+    store
+        .delete("default/counter/8")
+        .await
+        .expect("delete the copy");
 
     let target = fx.root.path().join("node-b/gen-7");
     let got = store.download(&uri, &target).await.expect("download");

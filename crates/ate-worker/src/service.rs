@@ -79,6 +79,7 @@ impl WorkerService for WorkerServiceImpl {
             sandbox_class: w.sandbox_class(),
             can_restore_memory: w.can_restore_memory(),
             identity: id.spiffe_id.clone(),
+            can_restore_lazily: w.can_restore_lazily(),
         }))
     }
 

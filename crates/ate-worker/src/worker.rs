@@ -285,6 +285,11 @@ impl Worker {
         self.runtime.capabilities().can_restore_memory
     }
 
+    /// True when memory restores can be lazy here (a page source and userfaultfd support).
+    pub fn can_restore_lazily(&self) -> bool {
+        self.page_source.is_some() && self.runtime.capabilities().can_restore_lazily
+    }
+
     pub fn sandbox_class(&self) -> String {
         self.runtime.capabilities().sandbox_class
     }
@@ -705,6 +710,17 @@ impl Worker {
             }
             _ => None,
         };
+        // A generation downloaded for a lazy restore holds only part of its memory (the rest is
+        // in the durable store): it cannot be restored eagerly. The node then fetches it whole.
+        let partial = ate_snapshot::durable_source(gen_dir)
+            .map_err(|e| snapshot_status(&format!("generation {}", gen_dir.display()), e))?;
+        if partial.is_some() && fidelity == Fidelity::Memory && lazy.is_none() {
+            return Err(Status::failed_precondition(format!(
+                "generation {} holds only part of its memory (the rest is in the durable store) and worker {} restores memory eagerly; fetch the whole generation",
+                gen_dir.display(),
+                self.ident.id
+            )));
+        }
         // The files' checksums are checked while the sandbox is built from them (hashing a
         // 50 MiB generation takes ~35 ms, a third of a restore): the restored processes sit in
         // a netns with no way out and get no ingress until this returns, and a mismatch fails
@@ -1852,21 +1868,8 @@ async fn verify_for_lazy_restore(
     let dir = gen_dir.to_path_buf();
     let m = manifest.clone();
     tokio::task::spawn_blocking(move || {
-        let chunks = crate::lazy::images::eager_chunks(&criu_dir, ate_snapshot::CHUNK_BYTES)
+        let which = crate::lazy::images::eager_chunk_files(&criu_dir)
             .map_err(|e| ate_snapshot::Error::InvalidInput(format!("memory images: {e}")))?;
-        let which: Vec<(String, u64)> = chunks
-            .into_iter()
-            .map(|(pages_id, chunk)| {
-                (
-                    format!(
-                        "{}/{}",
-                        ate_snapshot::CRIU_DIR,
-                        crate::lazy::images::pages_file_name(pages_id)
-                    ),
-                    chunk,
-                )
-            })
-            .collect();
         ate_snapshot::verify_chunks(&dir, &m, &which)
     })
     .await

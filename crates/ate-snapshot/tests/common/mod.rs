@@ -56,13 +56,20 @@ pub struct Fixture {
 /// criu/ with three images (one nested), an upper dir with a regular file, a symlink, an empty
 /// dir, a whiteout (char 0:0), an opaque dir (xattr), a fifo; two volumes.
 pub fn fixture(big: usize) -> Fixture {
+    fixture_with_big_file(big, "pages-1.img")
+}
+
+/// [`fixture`] with the `big` bytes of noise in `criu/<big_name>`: `pages-1.img` is a memory
+/// image (chunk digests; its durable copy is content-addressed chunks), any other name a plain
+/// file (one object per file).
+pub fn fixture_with_big_file(big: usize, big_name: &str) -> Fixture {
     require_root();
     let root = tempfile::tempdir().expect("tempdir");
     let gen_dir = root.path().join("gen-7");
     let criu = gen_dir.join("criu");
     fs::create_dir_all(criu.join("sub")).expect("mkdir");
     fs::write(criu.join("inventory.img"), b"criu inventory").expect("write");
-    fs::write(criu.join("pages-1.img"), noise(big, 1)).expect("write");
+    fs::write(criu.join(big_name), noise(big, 1)).expect("write");
     fs::write(criu.join("sub/extra.img"), b"nested").expect("write");
 
     let upper = root.path().join("upper");
@@ -234,5 +241,30 @@ impl Drop for TmpfsMount {
             .arg("-l")
             .arg(&self.0)
             .status();
+    }
+}
+
+/// Writes `path` (creating its directory) with its mtime, which the local store reports as the
+/// object's last-modified time, `age` in the past: no sleeping to make an object old.
+pub fn write_aged(path: &Path, data: &[u8], age: std::time::Duration) {
+    fs::create_dir_all(path.parent().expect("parent")).expect("mkdir");
+    fs::write(path, data).expect("write");
+    age_file(path, age);
+}
+
+pub fn age_file(path: &Path, age: std::time::Duration) {
+    let f = fs::File::options().write(true).open(path).expect("open");
+    f.set_modified(std::time::SystemTime::now() - age)
+        .expect("set mtime");
+}
+
+pub fn age_tree(dir: &Path, age: std::time::Duration) {
+    for e in fs::read_dir(dir).expect("read_dir") {
+        let p = e.expect("entry").path();
+        if p.is_dir() {
+            age_tree(&p, age);
+        } else {
+            age_file(&p, age);
+        }
     }
 }

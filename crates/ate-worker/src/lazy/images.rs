@@ -202,6 +202,20 @@ pub fn image_pids(criu_dir: &Path) -> Result<Vec<i32>, ImageError> {
     Ok(pids)
 }
 
+/// [`eager_chunks`] of [`ate_snapshot::CHUNK_BYTES`] as `(path relative to the generation
+/// directory, chunk index)`: the chunks a lazy restore needs locally before CRIU starts.
+pub fn eager_chunk_files(criu_dir: &Path) -> Result<Vec<(String, u64)>, ImageError> {
+    Ok(eager_chunks(criu_dir, ate_snapshot::CHUNK_BYTES)?
+        .into_iter()
+        .map(|(pages_id, chunk)| {
+            (
+                format!("{}/{}", ate_snapshot::CRIU_DIR, pages_file_name(pages_id)),
+                chunk,
+            )
+        })
+        .collect())
+}
+
 /// Chunks of each pages file that hold any eager page, over all tasks of `criu_dir`, as
 /// `(pages_id, chunk index)` where chunk index = image byte offset / `chunk_bytes`.
 ///

@@ -7,12 +7,15 @@
 //! - [`uffd`]: the userfaultfd ABI (events, COPY, ZEROPAGE, WAKE).
 //! - [`source`]: the page source process (`ate page-source`), in place of `criu lazy-pages`,
 //!   verifying each 2 MiB chunk against the manifest's BLAKE3 digest as it first reads it.
+//! - [`remote`]: chunks fetched from the durable store when only part of the generation is
+//!   local (a restore from the durable copy), the fault's chunk at once, the push's ahead.
 //! - [`report`] / [`watch`]: how the page source tells the worker about itself, and the
 //!   worker's handle, which holds a copy of every userfaultfd so a dead page source leaves
 //!   faults blocked rather than zero-filled.
 
 pub mod images;
 pub mod ranges;
+pub mod remote;
 pub mod report;
 pub mod source;
 pub mod uffd;

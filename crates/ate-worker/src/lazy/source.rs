@@ -5,9 +5,11 @@
 //! work directory, where `criu restore --lazy-pages` sends the userfaultfd of each restored task
 //! (a 4-byte pid, then the descriptor), then `LAZY_PAGES_RESTORE_FINISHED`. From then on:
 //!
-//! - a fault on a page still to come loads the 2 MiB chunk of the pages image that holds it,
-//!   checks the chunk's BLAKE3 digest against the generation's manifest, and copies every page
-//!   of that chunk the task still lacks (so neighbouring faults cost nothing);
+//! - a fault on a page still to come loads the 2 MiB chunk of the pages image that holds it
+//!   (from the local image, or from the durable store when the generation was downloaded for a
+//!   lazy restore: [`super::remote`]), checks the chunk's BLAKE3 digest against the generation's
+//!   manifest, and copies every page of that chunk the task still lacks (so neighbouring faults
+//!   cost nothing);
 //! - a fault on a page the dump did not hold (or the task dropped since) gets the zero page;
 //! - when no fault waits, the next chunk is pushed in the background, so the task soon depends
 //!   on nothing;
@@ -32,6 +34,7 @@ use ate_snapshot::{CHUNK_BYTES, FileEntry, Manifest};
 
 use super::images::{self, ImageError};
 use super::ranges::Pending;
+use super::remote::{self, Remote};
 use super::report::{Report, send_report};
 use super::uffd::{self, Event, Placed};
 
@@ -68,6 +71,8 @@ pub struct Stats {
     pub pages_on_fault: u64,
     pub pages_pushed: u64,
     pub chunks_read: u64,
+    /// Of `chunks_read`, those fetched from the durable store.
+    pub chunks_fetched: u64,
     pub restore_finished_ms: u64,
     pub all_in_ms: u64,
 }
@@ -75,13 +80,14 @@ pub struct Stats {
 impl Stats {
     pub fn summary(&self) -> String {
         format!(
-            "tasks={} faults={} zero_pages={} pages_on_fault={} pages_pushed={} chunks={} restore_ms={} all_in_ms={}",
+            "tasks={} faults={} zero_pages={} pages_on_fault={} pages_pushed={} chunks={} fetched={} restore_ms={} all_in_ms={}",
             self.tasks,
             self.faults,
             self.zero_pages,
             self.pages_on_fault,
             self.pages_pushed,
             self.chunks_read,
+            self.chunks_fetched,
             self.restore_finished_ms,
             self.all_in_ms
         )
@@ -97,9 +103,10 @@ struct Task {
     exited: bool,
 }
 
-/// A pages image and its manifest entry (with the chunk digests).
+/// A pages image and its manifest entry (with the chunk digests). No file when the chunks
+/// come from the durable store.
 struct PagesFile {
-    file: File,
+    file: Option<File>,
     entry: FileEntry,
 }
 
@@ -115,6 +122,10 @@ struct Source {
     report: Option<UnixStream>,
     begun: Instant,
     push_delay: Option<Duration>,
+    /// The durable store, when only part of the generation is local.
+    remote: Option<Remote>,
+    /// The background push waits for chunks on their way from the store.
+    push_stalled: bool,
 }
 
 /// Runs the page source until every page is in and the worker has acknowledged (or is gone).
@@ -125,6 +136,9 @@ pub fn run(generation: &Path, work_dir: &Path, report: UnixStream) -> Result<Sta
     let bytes = std::fs::read(&manifest_path)
         .map_err(io_err(format!("read {}", manifest_path.display())))?;
     let manifest = Manifest::from_json(&bytes)?;
+    let remote = ate_snapshot::durable_source(generation)?
+        .map(|s| Remote::new(&s))
+        .transpose()?;
     // CRIU connects to the name relative to the work dir. A long state path would not fit in a
     // socket address: then bind relative to it, from inside it.
     let mut socket_path = work_dir.join(SOCKET_NAME);
@@ -152,12 +166,15 @@ pub fn run(generation: &Path, work_dir: &Path, report: UnixStream) -> Result<Sta
             .ok()
             .and_then(|v| v.parse::<u64>().ok())
             .map(Duration::from_millis),
+        remote,
+        push_stalled: false,
     };
     source.send(Report::Listening);
     let client = accept_within(&listener, RESTORE_TIMEOUT)?;
     drop(listener);
     let _ = std::fs::remove_file(&socket_path);
     source.serve(client)?;
+    source.stats.chunks_fetched = source.remote.as_ref().map_or(0, |r| r.fetched);
     Ok(source.stats)
 }
 
@@ -226,8 +243,8 @@ impl Source {
                     "CRIU did not finish the restore within {RESTORE_TIMEOUT:?}"
                 )));
             }
-            let busy = !self.faults.is_empty() || (finished && !all_in);
-            let mut fds = Vec::with_capacity(self.tasks.len() + 2);
+            let busy = !self.faults.is_empty() || (finished && !all_in && !self.push_stalled);
+            let mut fds = Vec::with_capacity(self.tasks.len() + 3);
             let client_fd = client.as_ref().map(|c| c.as_raw_fd()).unwrap_or(-1);
             fds.push(pollfd(client_fd));
             let report_fd = if done_sent {
@@ -236,6 +253,7 @@ impl Source {
                 -1
             };
             fds.push(pollfd(report_fd));
+            fds.push(pollfd(self.remote.as_ref().map_or(-1, Remote::wake_fd)));
             for t in &self.tasks {
                 fds.push(pollfd(if t.exited { -1 } else { t.uffd.as_raw_fd() }));
             }
@@ -265,7 +283,7 @@ impl Source {
                 // The worker closed the report socket: it holds no descriptor any more.
                 self.report = None;
             }
-            let ready: Vec<usize> = fds[2..]
+            let ready: Vec<usize> = fds[3..]
                 .iter()
                 .enumerate()
                 .filter(|(_, p)| p.revents != 0)
@@ -314,8 +332,13 @@ impl Source {
                     "the manifest has no chunk digests for {rel}: this generation cannot be restored lazily"
                 ))
             })?;
-        let path = self.criu_dir.join(&name);
-        let file = File::open(&path).map_err(io_err(format!("open {}", path.display())))?;
+        let file = match self.remote {
+            Some(_) => None,
+            None => {
+                let path = self.criu_dir.join(&name);
+                Some(File::open(&path).map_err(io_err(format!("open {}", path.display())))?)
+            }
+        };
         self.files.insert(pages_id, PagesFile { file, entry });
         Ok(())
     }
@@ -415,6 +438,9 @@ impl Source {
             // for a fault test to act in the middle of it. Faults are still served at once.
             std::thread::sleep(delay);
         }
+        if self.remote.is_some() {
+            return self.push_fetched_chunk();
+        }
         let next = self.tasks.iter().filter(|t| !t.exited).find_map(|t| {
             t.pending
                 .first()
@@ -424,6 +450,48 @@ impl Source {
             self.place_chunk(pages_id, chunk, false)?;
         }
         Ok(())
+    }
+
+    /// The push from the durable store: keeps the next chunks any task lacks on their way and
+    /// places one that has arrived; stalls (waits in poll) when none has.
+    fn push_fetched_chunk(&mut self) -> Result<(), SourceError> {
+        let Some(remote) = self.remote.as_mut() else {
+            return Ok(());
+        };
+        remote.collect()?;
+        let mut upcoming: Vec<remote::ChunkKey> = Vec::with_capacity(remote::PREFETCH);
+        'tasks: for t in self.tasks.iter().filter(|t| !t.exited) {
+            for r in t.pending.iter() {
+                let last = r.img_end().saturating_sub(1) / CHUNK_BYTES;
+                for chunk in r.img_offset / CHUNK_BYTES..=last {
+                    let key = (t.pages_id, chunk);
+                    if !upcoming.contains(&key) {
+                        upcoming.push(key);
+                        if upcoming.len() >= remote::PREFETCH {
+                            break 'tasks;
+                        }
+                    }
+                }
+            }
+        }
+        for key in &upcoming {
+            if remote.in_flight() >= remote::PREFETCH {
+                break;
+            }
+            if let Some(f) = self.files.get(&key.0) {
+                remote.request(*key, &f.entry);
+            }
+        }
+        match upcoming.iter().find(|k| remote.is_ready(**k)).copied() {
+            Some((pages_id, chunk)) => {
+                self.push_stalled = false;
+                self.place_chunk(pages_id, chunk, false)
+            }
+            None => {
+                self.push_stalled = !upcoming.is_empty();
+                Ok(())
+            }
+        }
     }
 
     /// Reads and verifies one chunk of a pages image and copies every page of it that any task
@@ -438,7 +506,23 @@ impl Source {
             .files
             .get(&pages_id)
             .ok_or_else(|| SourceError::Protocol(format!("pages image {pages_id} not open")))?;
-        ate_snapshot::read_verified_chunk_at(&file.file, &file.entry, chunk, &mut self.buf)?;
+        match (self.remote.as_mut(), &file.file) {
+            (Some(remote), _) => {
+                let key = (pages_id, chunk);
+                self.buf = match remote.take(key) {
+                    Some(data) => data,
+                    None => remote.wait_for(key, &file.entry)?,
+                };
+            }
+            (None, Some(local)) => {
+                ate_snapshot::read_verified_chunk_at(local, &file.entry, chunk, &mut self.buf)?
+            }
+            (None, None) => {
+                return Err(SourceError::Protocol(format!(
+                    "pages image {pages_id} is not open"
+                )));
+            }
+        }
         self.stats.chunks_read += 1;
         let span_start = chunk * CHUNK_BYTES;
         let span_end = span_start + self.buf.len() as u64;

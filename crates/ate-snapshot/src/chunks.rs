@@ -1,0 +1,582 @@
+//! Memory images in the durable store as content-addressed chunks.
+//!
+//! A file with chunk digests (CRIU's memory images, manifest format 2) is not stored as one
+//! `<path>.zst`: each [`CHUNK_BYTES`] chunk is its own object, `<store>/_chunks/<b3[..2]>/<b3>.zst`
+//! (zstd with a frame checksum), named by the chunk's BLAKE3 digest from the manifest. So
+//!
+//! - an upload sends only the chunks the store does not hold yet: the memory an actor did not
+//!   change since its previous generation, the chunks a golden tag shares with every actor made
+//!   from it;
+//! - a lazy restore from the durable copy fetches exactly the chunks its faults need, in parallel
+//!   ([`DurableStore::fetch_chunk`]); [`DurableStore::download_for_lazy_restore`] brings only the
+//!   small files and the chunks CRIU reads itself.
+//!
+//! Chunks are shared between generations, so deleting a generation leaves them in place; a chunk
+//! no manifest references is deleted by [`DurableStore::sweep_unreferenced_chunks`] once it is
+//! older than the store's grace age. An upload reuses a stored chunk only while it is younger
+//! than a quarter of that age (an older one is written again, which renews it), and it writes its
+//! manifest within half of it; so a chunk a pending upload relies on is young, and a sweep never
+//! takes it. See `sweep_unreferenced_chunks` for the last window (a chunk re-written while a
+//! sweep deletes it) and how uploads close it.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fs::File;
+use std::os::unix::fs::FileExt;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime};
+
+use futures::{FutureExt, StreamExt};
+use object_store::path::Path as ObjPath;
+use object_store::{ObjectStoreExt, PutPayload};
+use serde::{Deserialize, Serialize};
+
+use crate::durable::{Deadline, DurableStore, UploadPriority, older_than, run_at};
+use crate::error::{Error, Result};
+use crate::manifest::{FileEntry, MANIFEST_FILE, Manifest};
+
+/// Top-level folder of the chunk objects (not a valid atespace name, so never a generation key).
+pub(crate) const CHUNKS_DIR: &str = "_chunks";
+/// Folder (under [`CHUNKS_DIR`]) of the sweeps' announcements.
+const SWEEPS_DIR: &str = "_sweeps";
+/// zstd level of a chunk (as for whole files).
+const CHUNK_ZSTD_LEVEL: i32 = 3;
+/// Chunks moved at once per file.
+const CHUNKS_IN_FLIGHT: usize = 8;
+/// Longest a sweep may spend deleting after it announced itself.
+const SWEEP_DELETE_WINDOW: Duration = Duration::from_secs(60);
+/// Longest between a sweep's check of a chunk and its delete; a delete that would come later is
+/// not sent.
+const SWEEP_CHECK_TO_DELETE: Duration = Duration::from_millis(250);
+/// An upload that overlapped a sweep checks its chunks again no sooner than this after writing
+/// the last of them (well past [`SWEEP_CHECK_TO_DELETE`], so a delete decided before the write
+/// has landed).
+const RECHECK_AFTER_WRITE: Duration = Duration::from_secs(1);
+/// Slack for clocks that disagree, when an upload compares its time with a sweep's.
+const CLOCK_SLACK: Duration = Duration::from_secs(5);
+
+/// File a download for a lazy restore leaves in the generation directory: where the memory
+/// images' chunks are (the local images hold only the chunks CRIU reads itself).
+pub const DURABLE_SOURCE_FILE: &str = "durable-source.json";
+
+/// Contents of [`DURABLE_SOURCE_FILE`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DurableSource {
+    /// The store's url (`file:///…`, `s3://bucket/prefix`); credentials come from the
+    /// environment, as for the node.
+    pub store: String,
+    /// The generation's durable uri.
+    pub uri: String,
+}
+
+/// The [`DurableSource`] of a generation directory made by
+/// [`DurableStore::download_for_lazy_restore`]; `None` for a complete generation.
+pub fn durable_source(gen_dir: &Path) -> Result<Option<DurableSource>> {
+    let path = gen_dir.join(DURABLE_SOURCE_FILE);
+    match std::fs::read(&path) {
+        Ok(bytes) => serde_json::from_slice(&bytes)
+            .map(Some)
+            .map_err(|e| Error::InvalidInput(format!("{}: {e}", path.display()))),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(Error::io("read", &path, e)),
+    }
+}
+
+/// A sweep's announcement: it may delete chunks from `started_ms` to `ends_by_ms` (its clock).
+#[derive(Debug, Serialize, Deserialize)]
+struct SweepWindow {
+    started_ms: u64,
+    ends_by_ms: u64,
+}
+
+/// What an upload did with the chunks of one file.
+#[derive(Debug, Default, Clone, Copy)]
+pub(crate) struct ChunkUpload {
+    /// Compressed bytes written.
+    pub sent_bytes: u64,
+    pub written: u64,
+    pub reused: u64,
+}
+
+fn unix_ms(t: SystemTime) -> u64 {
+    t.duration_since(SystemTime::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+fn chunk_len(entry: &FileEntry, index: u64) -> Result<usize> {
+    entry
+        .chunk_range(index)
+        .map(|(s, e)| (e - s) as usize)
+        .ok_or_else(|| {
+            Error::InvalidInput(format!(
+                "{}: chunk {index} is past the end ({} bytes)",
+                entry.path, entry.size
+            ))
+        })
+}
+
+impl DurableStore {
+    fn chunks_root(&self) -> ObjPath {
+        ObjPath::from_iter(
+            self.prefix
+                .iter()
+                .map(String::as_str)
+                .chain(std::iter::once(CHUNKS_DIR)),
+        )
+    }
+
+    /// The object holding the chunk with BLAKE3 `digest` (64 lowercase hex digits, checked by
+    /// the manifest's parser).
+    fn chunk_object(&self, digest: &str) -> ObjPath {
+        let fan = digest.get(..2).unwrap_or("00");
+        self.chunks_root().join(fan).join(format!("{digest}.zst"))
+    }
+
+    /// Uploads the chunks of `entry` (a file with chunk digests) that the store lacks or holds
+    /// only in an old copy. Each chunk is read from `gen_dir`, checked against its digest (a file
+    /// changed since sealing is refused) and compressed at `priority`.
+    pub(crate) async fn upload_chunks(
+        &self,
+        gen_dir: &Path,
+        entry: &FileEntry,
+        priority: UploadPriority,
+        deadline: &Deadline,
+    ) -> Result<ChunkUpload> {
+        let src = gen_dir.join(&entry.path);
+        let file = Arc::new(File::open(&src).map_err(|e| Error::io("open", &src, e))?);
+        let transfers: Vec<_> = (0..entry.chunk_count())
+            .map(|i| {
+                self.upload_chunk(file.clone(), entry, i, priority, deadline)
+                    .boxed()
+            })
+            .collect();
+        let results: Vec<Result<Option<u64>>> = futures::stream::iter(transfers)
+            .buffer_unordered(CHUNKS_IN_FLIGHT)
+            .collect()
+            .await;
+        let mut done = ChunkUpload::default();
+        for r in results {
+            match r? {
+                Some(bytes) => {
+                    done.written += 1;
+                    done.sent_bytes += bytes;
+                }
+                None => done.reused += 1,
+            }
+        }
+        Ok(done)
+    }
+
+    /// `None` when the store already holds a recent copy; else the compressed bytes written.
+    async fn upload_chunk(
+        &self,
+        file: Arc<File>,
+        entry: &FileEntry,
+        index: u64,
+        priority: UploadPriority,
+        deadline: &Deadline,
+    ) -> Result<Option<u64>> {
+        deadline.check()?;
+        let digest = entry
+            .chunk_digest(index)
+            .ok_or_else(|| Error::InvalidInput(format!("{}: no chunk {index}", entry.path)))?;
+        let obj = self.chunk_object(digest);
+        match self.store.head(&obj).await {
+            Ok(meta) if !self.chunk_needs_renewal(meta.last_modified.into()) => return Ok(None),
+            Ok(_) | Err(object_store::Error::NotFound { .. }) => {}
+            Err(e) => return Err(Error::object(&obj, e)),
+        }
+        let entry_owned = entry.clone();
+        let compressed = run_at(priority, format!("compress {obj}"), move || {
+            let mut buf = Vec::new();
+            crate::generation::read_verified_chunk_at(&file, &entry_owned, index, &mut buf)?;
+            compress_chunk(&buf, &entry_owned.path)
+        })
+        .await?;
+        let n = compressed.len() as u64;
+        let put = self.store.put(&obj, PutPayload::from(compressed));
+        match deadline.remaining() {
+            None => put.await,
+            Some(left) => tokio::time::timeout(left, put)
+                .await
+                .map_err(|_| deadline.exceeded())?,
+        }
+        .map_err(|e| Error::object(&obj, e))?;
+        Ok(Some(n))
+    }
+
+    /// A stored chunk older than a quarter of the grace age is written again rather than
+    /// reused, so no sweep can take it before the upload's manifest references it.
+    fn chunk_needs_renewal(&self, written: SystemTime) -> bool {
+        if self.partial_grace.is_zero() {
+            return false; // no sweeps
+        }
+        older_than(written, SystemTime::now(), self.partial_grace / 4)
+    }
+
+    /// Before an upload writes its manifest: when a sweep of unreferenced chunks may have run
+    /// since `started`, checks that every chunk of the manifest is in the store (writing again
+    /// any that is not), so the manifest never references a chunk a sweep deleted while this
+    /// upload wrote it.
+    pub(crate) async fn confirm_chunks(
+        &self,
+        gen_dir: &Path,
+        manifest: &Manifest,
+        started: SystemTime,
+        last_write: Instant,
+        priority: UploadPriority,
+        deadline: &Deadline,
+    ) -> Result<()> {
+        if !manifest.files.iter().any(FileEntry::has_chunk_digests)
+            || !self.sweep_overlapped(started).await?
+        {
+            return Ok(());
+        }
+        let wait = RECHECK_AFTER_WRITE.saturating_sub(last_write.elapsed());
+        tokio::time::sleep(wait).await;
+        for entry in manifest.files.iter().filter(|f| f.has_chunk_digests()) {
+            let src = gen_dir.join(&entry.path);
+            let file = Arc::new(File::open(&src).map_err(|e| Error::io("open", &src, e))?);
+            let checks: Vec<_> = (0..entry.chunk_count())
+                .map(|i| {
+                    let file = file.clone();
+                    async move {
+                        let digest = entry.chunk_digest(i).unwrap_or_default();
+                        let obj = self.chunk_object(digest);
+                        match self.store.head(&obj).await {
+                            Ok(_) => Ok(()),
+                            Err(object_store::Error::NotFound { .. }) => {
+                                tracing::info!(chunk = %obj, "a sweep removed a chunk during the upload; writing it again");
+                                self.upload_chunk(file, entry, i, priority, deadline)
+                                    .await
+                                    .map(|_| ())
+                            }
+                            Err(e) => Err(Error::object(&obj, e)),
+                        }
+                    }
+                    .boxed()
+                })
+                .collect();
+            let results: Vec<Result<()>> = futures::stream::iter(checks)
+                .buffer_unordered(CHUNKS_IN_FLIGHT * 2)
+                .collect()
+                .await;
+            if let Some(e) = results.into_iter().find_map(Result::err) {
+                return Err(e);
+            }
+        }
+        Ok(())
+    }
+
+    /// True when a sweep's deletion window overlaps `started` .. now (with slack for clocks).
+    async fn sweep_overlapped(&self, started: SystemTime) -> Result<bool> {
+        let dir = self.chunks_root().join(SWEEPS_DIR);
+        let mut listing = self.store.list(Some(&dir));
+        let mut markers = Vec::new();
+        while let Some(item) = listing.next().await {
+            match item {
+                Ok(m) => markers.push(m.location),
+                Err(object_store::Error::NotFound { .. }) => {}
+                Err(e) => return Err(Error::object(&dir, e)),
+            }
+        }
+        drop(listing);
+        let from = unix_ms(started).saturating_sub(CLOCK_SLACK.as_millis() as u64);
+        let to = unix_ms(SystemTime::now()) + CLOCK_SLACK.as_millis() as u64;
+        for m in markers {
+            let window = match self.store.get(&m).await {
+                Ok(r) => r.bytes().await.map_err(|e| Error::object(&m, e))?,
+                Err(object_store::Error::NotFound { .. }) => continue,
+                Err(e) => return Err(Error::object(&m, e)),
+            };
+            // An unreadable announcement counts as overlapping: checking costs only time.
+            let overlaps = match serde_json::from_slice::<SweepWindow>(&window) {
+                Ok(w) => w.started_ms <= to && w.ends_by_ms >= from,
+                Err(_) => true,
+            };
+            if overlaps {
+                return Ok(true);
+            }
+        }
+        Ok(false)
+    }
+
+    /// Fetches chunk `index` of `entry` from the store, decompressed and checked against its
+    /// BLAKE3 digest ([`Error::ChunkMismatch`] when it differs, [`Error::MissingFile`] when the
+    /// store does not hold it).
+    pub async fn fetch_chunk(&self, entry: &FileEntry, index: u64) -> Result<Vec<u8>> {
+        let digest = entry
+            .chunk_digest(index)
+            .ok_or_else(|| Error::InvalidInput(format!("{}: no chunk {index}", entry.path)))?;
+        let len = chunk_len(entry, index)?;
+        let obj = self.chunk_object(digest);
+        let got = match self.store.get(&obj).await {
+            Ok(r) => r.bytes().await.map_err(|e| Error::object(&obj, e))?,
+            Err(object_store::Error::NotFound { .. }) => {
+                return Err(Error::MissingFile {
+                    file: format!("{} (chunk {index}, {obj})", entry.path),
+                });
+            }
+            Err(e) => return Err(Error::object(&obj, e)),
+        };
+        let entry = entry.clone();
+        tokio::task::spawn_blocking(move || {
+            let data = zstd::bulk::decompress(&got, len).map_err(|e| Error::Decompress {
+                key: obj.to_string(),
+                source: e,
+            })?;
+            crate::generation::verify_chunk_bytes(&entry, index, &data)?;
+            Ok(data)
+        })
+        .await
+        .map_err(|e| Error::task("decompress a chunk", e))?
+    }
+
+    /// Writes the chunks `which` of `entry` (all when `None`) into `dst`, which is created with
+    /// the file's full size (chunks not fetched read as zeros).
+    pub(crate) async fn download_chunks(
+        &self,
+        entry: &FileEntry,
+        dst: &Path,
+        which: Option<&BTreeSet<u64>>,
+    ) -> Result<()> {
+        let file = File::create(dst).map_err(|e| Error::io("create", dst, e))?;
+        file.set_len(entry.size)
+            .map_err(|e| Error::io("size", dst, e))?;
+        let file = Arc::new(file);
+        let indices: Vec<u64> = match which {
+            Some(set) => set.iter().copied().collect(),
+            None => (0..entry.chunk_count()).collect(),
+        };
+        let transfers: Vec<_> = indices
+            .into_iter()
+            .map(|i| {
+                let file = file.clone();
+                async move {
+                    let data = self.fetch_chunk(entry, i).await?;
+                    let offset = i * crate::manifest::CHUNK_BYTES;
+                    let dst = dst.to_path_buf();
+                    tokio::task::spawn_blocking(move || {
+                        file.write_all_at(&data, offset)
+                            .map_err(|e| Error::io("write", &dst, e))
+                    })
+                    .await
+                    .map_err(|e| Error::task("write a chunk", e))?
+                }
+                .boxed()
+            })
+            .collect();
+        let results: Vec<Result<()>> = futures::stream::iter(transfers)
+            .buffer_unordered(CHUNKS_IN_FLIGHT)
+            .collect()
+            .await;
+        results.into_iter().collect()
+    }
+
+    /// Downloads what a lazy restore needs before it starts into `target_gen_dir`: every file
+    /// without chunk digests, and of the memory images only the chunks `eager` names (it is
+    /// called with the directory once the small files are in; CRIU's own reads). The images are
+    /// sparse files of their full size, and [`DURABLE_SOURCE_FILE`] says where the rest is (the
+    /// page source fetches it). Nothing is left at the target on error.
+    pub async fn download_for_lazy_restore<F>(
+        &self,
+        uri_or_key: &str,
+        target_gen_dir: &Path,
+        eager: F,
+    ) -> Result<Manifest>
+    where
+        F: FnOnce(&Path) -> Result<Vec<(String, u64)>> + Send + 'static,
+    {
+        let key = self.key_of(uri_or_key)?;
+        let base = self.base(&key)?;
+        let (manifest, manifest_bytes) = self.get_manifest(&base, &key).await?;
+        let (parent, tmp) = crate::generation::sibling(target_gen_dir, "lazy-download")?;
+        std::fs::create_dir_all(&parent).map_err(|e| Error::io("create dir", &parent, e))?;
+        std::fs::create_dir(&tmp).map_err(|e| Error::io("create dir", &tmp, e))?;
+        let chunked = manifest.files.iter().any(FileEntry::has_chunk_digests);
+        let result = async {
+            self.download_files(&base, &manifest, &tmp, !chunked)
+                .await?;
+            if !chunked {
+                // Nothing to leave in the store: a whole generation, as `download` makes it.
+                return self
+                    .seal_download(&tmp, target_gen_dir, manifest_bytes)
+                    .await;
+            }
+            let dir = tmp.clone();
+            let wanted = tokio::task::spawn_blocking(move || eager(&dir))
+                .await
+                .map_err(|e| Error::task("find the chunks CRIU reads", e))??;
+            let mut by_file: BTreeMap<String, BTreeSet<u64>> = BTreeMap::new();
+            for (path, index) in wanted {
+                by_file.entry(path).or_default().insert(index);
+            }
+            let empty = BTreeSet::new();
+            for entry in manifest.files.iter().filter(|f| f.has_chunk_digests()) {
+                let which = by_file.get(&entry.path).unwrap_or(&empty);
+                self.download_chunks(entry, &tmp.join(&entry.path), Some(which))
+                    .await?;
+            }
+            let source = DurableSource {
+                store: self.url.clone(),
+                uri: self.uri(&key)?,
+            };
+            let json = serde_json::to_vec(&source)
+                .map_err(|e| Error::InvalidInput(format!("durable source: {e}")))?;
+            let path = tmp.join(DURABLE_SOURCE_FILE);
+            std::fs::write(&path, json).map_err(|e| Error::io("write", &path, e))?;
+            self.seal_download(&tmp, target_gen_dir, manifest_bytes)
+                .await
+        }
+        .await;
+        if let Err(e) = result {
+            let _ = std::fs::remove_dir_all(&tmp);
+            return Err(e);
+        }
+        Ok(manifest)
+    }
+
+    /// Writes the manifest into the downloaded `tmp` and moves it to `target`.
+    async fn seal_download(
+        &self,
+        tmp: &Path,
+        target: &Path,
+        manifest_bytes: Vec<u8>,
+    ) -> Result<()> {
+        let dir = tmp.to_path_buf();
+        tokio::task::spawn_blocking(move || {
+            crate::generation::write_manifest(&dir, &manifest_bytes)
+        })
+        .await
+        .map_err(|e| Error::task("write manifest", e))??;
+        std::fs::rename(tmp, target).map_err(|e| Error::io("rename into place", target, e))
+    }
+
+    /// Deletes the chunks no generation references any more: those under `_chunks/` that no
+    /// `manifest.json` in the store lists and that are older than the grace age. Returns how many
+    /// were deleted.
+    ///
+    /// The window this leaves: a sweep checks a chunk (old, unreferenced), an upload writes the
+    /// same chunk again, then the sweep's delete lands. So a sweep first announces itself
+    /// (`_chunks/_sweeps/<id>`: when it deletes, at most [`SWEEP_DELETE_WINDOW`]), sends each
+    /// delete within [`SWEEP_CHECK_TO_DELETE`] of its check, and stops at the end of its
+    /// window; an upload that overlapped an announced window checks all its chunks again
+    /// after its last write (writing back any that is gone) before it writes its manifest.
+    pub async fn sweep_unreferenced_chunks(&self, sweeper_id: &str) -> Result<u64> {
+        let grace = self.partial_grace;
+        if grace.is_zero() {
+            return Err(Error::InvalidInput(
+                "sweep of unreferenced chunks: the grace age is 0, which would delete chunks of uploads in flight".into(),
+            ));
+        }
+        let listed_at = Instant::now();
+        let root = ObjPath::from_iter(self.prefix.iter().map(String::as_str));
+        let chunks_root = self.chunks_root();
+        let mut manifests = Vec::new();
+        let mut chunks: Vec<(ObjPath, String)> = Vec::new();
+        let now = SystemTime::now();
+        let mut listing = self.store.list((!self.prefix.is_empty()).then_some(&root));
+        while let Some(item) = listing.next().await {
+            let m = match item {
+                Ok(m) => m,
+                Err(object_store::Error::NotFound { .. }) => continue,
+                Err(e) => return Err(Error::object(&root, e)),
+            };
+            if m.location.prefix_matches(&chunks_root) {
+                let digest = m
+                    .location
+                    .filename()
+                    .and_then(|n| n.strip_suffix(".zst"))
+                    .map(str::to_owned);
+                if let Some(d) = digest
+                    && older_than(m.last_modified.into(), now, grace)
+                {
+                    chunks.push((m.location, d));
+                }
+            } else if m.location.filename() == Some(MANIFEST_FILE) {
+                manifests.push(m.location);
+            }
+        }
+        drop(listing);
+        if chunks.is_empty() {
+            return Ok(0);
+        }
+        let mut referenced: BTreeSet<String> = BTreeSet::new();
+        for mpath in &manifests {
+            let bytes = match self.store.get(mpath).await {
+                Ok(r) => r.bytes().await.map_err(|e| Error::object(mpath, e))?,
+                Err(object_store::Error::NotFound { .. }) => continue, // deleted meanwhile
+                Err(e) => return Err(Error::object(mpath, e)),
+            };
+            // A manifest this build cannot read still protects nothing it can name; refuse to
+            // sweep rather than guess (a newer format may reference chunks differently).
+            let manifest = Manifest::from_json(&bytes).map_err(|e| {
+                Error::InvalidInput(format!(
+                    "sweep of unreferenced chunks: cannot read {mpath}: {e}; nothing deleted"
+                ))
+            })?;
+            for f in manifest.files {
+                referenced.extend(f.blake3_chunks);
+            }
+        }
+        chunks.retain(|(_, d)| !referenced.contains(d));
+        if chunks.is_empty() {
+            return Ok(0);
+        }
+        // Manifests written after the listing are not known here: stop well before an upload
+        // that started after it could have written its manifest (see the module docs).
+        let listing_valid_until = listed_at + grace / 4;
+        let started = SystemTime::now();
+        let window = SweepWindow {
+            started_ms: unix_ms(started),
+            ends_by_ms: unix_ms(started + SWEEP_DELETE_WINDOW),
+        };
+        let marker = chunks_root.join(SWEEPS_DIR).join(sweeper_id);
+        let body = serde_json::to_vec(&window)
+            .map_err(|e| Error::InvalidInput(format!("sweep window: {e}")))?;
+        self.store
+            .put(&marker, PutPayload::from(body))
+            .await
+            .map_err(|e| Error::object(&marker, e))?;
+        let window_end = Instant::now() + SWEEP_DELETE_WINDOW;
+        let mut deleted = 0u64;
+        for (obj, _) in chunks {
+            if Instant::now() >= window_end.min(listing_valid_until) {
+                break;
+            }
+            let checked = Instant::now();
+            match self.store.head(&obj).await {
+                Ok(meta) if older_than(meta.last_modified.into(), SystemTime::now(), grace) => {}
+                Ok(_) | Err(object_store::Error::NotFound { .. }) => continue,
+                Err(e) => return Err(Error::object(&obj, e)),
+            }
+            if checked.elapsed() > SWEEP_CHECK_TO_DELETE {
+                continue;
+            }
+            match self.store.delete(&obj).await {
+                Ok(()) => deleted += 1,
+                Err(object_store::Error::NotFound { .. }) => {}
+                Err(e) => return Err(Error::object(&obj, e)),
+            }
+        }
+        if deleted > 0 {
+            tracing::info!(
+                deleted,
+                "removed chunks no generation references from the durable store"
+            );
+        }
+        Ok(deleted)
+    }
+}
+
+fn compress_chunk(data: &[u8], path: &str) -> Result<Vec<u8>> {
+    let mut c = zstd::bulk::Compressor::new(CHUNK_ZSTD_LEVEL)
+        .map_err(|e| Error::io("zstd init", Path::new(path), e))?;
+    // Frame checksum: a damaged object fails in the decoder, before the BLAKE3 check.
+    c.include_checksum(true)
+        .map_err(|e| Error::io("zstd init", Path::new(path), e))?;
+    c.compress(data)
+        .map_err(|e| Error::io("compress", Path::new(path), e))
+}

@@ -1,0 +1,394 @@
+//! Memory images in the durable store as content-addressed chunks: upload without re-sending
+//! what the store holds, whole and lazy downloads, damaged and missing chunks, and the sweep of
+//! chunks no generation references (DurableStore over a local directory).
+
+mod common;
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use ate_core::Fidelity;
+use ate_snapshot::{
+    CHUNK_BYTES, DURABLE_SOURCE_FILE, DurableStore, Error, FileEntry, Manifest, durable_source,
+    seal_generation, verify,
+};
+use common::*;
+
+const PAGES: &str = "criu/pages-1.img";
+/// 2.5 chunks of noise.
+const BIG: usize = (CHUNK_BYTES * 5 / 2) as usize;
+
+async fn seal(fx: &Fixture) -> Manifest {
+    seal_generation(
+        &fx.gen_dir,
+        meta(Fidelity::Memory),
+        Some(&fx.upper),
+        &fx.volumes,
+    )
+    .await
+    .expect("seal")
+}
+
+fn store_of(fx: &Fixture) -> (DurableStore, PathBuf) {
+    let dir = fx.root.path().join("durable");
+    let store = DurableStore::from_url(&format!("file://{}", dir.display())).expect("store");
+    (store, dir)
+}
+
+fn pages_entry(m: &Manifest) -> FileEntry {
+    m.file(PAGES).expect("pages image listed").clone()
+}
+
+fn chunk_file(store_dir: &Path, digest: &str) -> PathBuf {
+    store_dir
+        .join("_chunks")
+        .join(&digest[..2])
+        .join(format!("{digest}.zst"))
+}
+
+/// Every stored chunk object (sweep announcements left out).
+fn chunk_files(store_dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    let root = store_dir.join("_chunks");
+    let Ok(rd) = fs::read_dir(&root) else {
+        return out;
+    };
+    for fan in rd.flatten() {
+        if fan.file_name() == "_sweeps" {
+            continue;
+        }
+        for f in fs::read_dir(fan.path()).expect("read_dir").flatten() {
+            out.push(f.path());
+        }
+    }
+    out.sort();
+    out
+}
+
+fn original_chunk(fx: &Fixture, index: u64) -> Vec<u8> {
+    let all = fs::read(fx.gen_dir.join(PAGES)).expect("read");
+    let start = (index * CHUNK_BYTES) as usize;
+    let end = (start + CHUNK_BYTES as usize).min(all.len());
+    all[start..end].to_vec()
+}
+
+#[tokio::test]
+async fn memory_images_go_up_as_shared_chunks_and_come_back_whole() {
+    let fx = fixture(BIG);
+    let m = seal(&fx).await;
+    let (store, dir) = store_of(&fx);
+    let entry = pages_entry(&m);
+    assert_eq!(entry.chunk_count(), 3);
+
+    let (_, first) = store
+        .upload_with_stats(&fx.gen_dir, "default/counter/7-a")
+        .await
+        .expect("upload");
+    assert_eq!(first.chunks_reused, 0);
+    // Noise does not compress: the chunks alone are about the image's size.
+    assert!(first.sent_bytes >= entry.size, "{first:?}");
+    let objects = store
+        .list_objects("default/counter/7-a")
+        .await
+        .expect("list");
+    assert!(
+        !objects.iter().any(|o| o.contains("pages-")),
+        "the memory image is not one object: {objects:?}"
+    );
+    assert_eq!(objects.len(), m.files.len(), "{objects:?}"); // others + manifest
+    assert_eq!(chunk_files(&dir).len(), 3);
+
+    // The same memory under another key: nothing of it is sent again.
+    let (_, second) = store
+        .upload_with_stats(&fx.gen_dir, "default/counter/8-b")
+        .await
+        .expect("upload again");
+    assert_eq!(second.chunks_reused, 3);
+    assert!(
+        second.sent_bytes < first.sent_bytes - entry.size + 4096,
+        "{second:?} vs {first:?}"
+    );
+    assert_eq!(chunk_files(&dir).len(), 3);
+
+    // Deleting one generation keeps the chunks the other references; it downloads whole.
+    store.delete("default/counter/7-a").await.expect("delete");
+    assert_eq!(chunk_files(&dir).len(), 3);
+    let target = fx.root.path().join("node-b/gen");
+    assert_eq!(
+        store
+            .download("default/counter/8-b", &target)
+            .await
+            .expect("download"),
+        m
+    );
+    assert_eq!(verify(&target).await.expect("verified"), m);
+    assert_eq!(
+        fs::read(target.join(PAGES)).expect("read"),
+        fs::read(fx.gen_dir.join(PAGES)).expect("read")
+    );
+}
+
+#[tokio::test]
+async fn a_lazy_download_brings_the_small_files_and_the_chunks_criu_reads() {
+    let fx = fixture(BIG);
+    let m = seal(&fx).await;
+    let (store, _) = store_of(&fx);
+    let uri = store
+        .upload(&fx.gen_dir, "default/counter/7-a")
+        .await
+        .expect("upload");
+
+    let target = fx.root.path().join("cache/7-a.lazy");
+    let seen = std::sync::Arc::new(std::sync::Mutex::new(None));
+    let seen2 = seen.clone();
+    let got = store
+        .download_for_lazy_restore(&uri, &target, move |dir| {
+            // The small files are in when the eager chunks are chosen (CRIU's images).
+            *seen2.lock().expect("lock") = Some(dir.join("criu/inventory.img").is_file());
+            Ok(vec![(PAGES.to_string(), 1)])
+        })
+        .await
+        .expect("lazy download");
+    assert_eq!(got, m);
+    assert_eq!(*seen.lock().expect("lock"), Some(true));
+    let source = durable_source(&target)
+        .expect("read")
+        .expect("a durable source");
+    assert_eq!(source.uri, uri);
+    assert_eq!(source.store, store.url());
+    // Full size, chunk 1 in place, the others not fetched (zeros).
+    let local = fs::read(target.join(PAGES)).expect("read");
+    assert_eq!(local.len() as u64, pages_entry(&m).size);
+    let c = CHUNK_BYTES as usize;
+    assert_eq!(&local[c..2 * c], original_chunk(&fx, 1).as_slice());
+    assert!(local[..c].iter().all(|b| *b == 0));
+    for f in m.files.iter().filter(|f| f.path != PAGES) {
+        assert_eq!(
+            fs::read(target.join(&f.path)).expect("read"),
+            fs::read(fx.gen_dir.join(&f.path)).expect("read"),
+            "{}",
+            f.path
+        );
+    }
+    assert!(target.join(DURABLE_SOURCE_FILE).is_file());
+    // What the page source does for the rest.
+    let entry = pages_entry(&m);
+    for i in [0, 2] {
+        assert_eq!(
+            store.fetch_chunk(&entry, i).await.expect("fetch"),
+            original_chunk(&fx, i)
+        );
+    }
+    // A complete generation has no durable source.
+    assert_eq!(durable_source(&fx.gen_dir).expect("read"), None);
+
+    // An error choosing the eager chunks leaves nothing behind.
+    let other = fx.root.path().join("cache/7-b.lazy");
+    let err = store
+        .download_for_lazy_restore(&uri, &other, |_| {
+            Err(Error::InvalidInput("no pagemap".into()))
+        })
+        .await
+        .expect_err("eager chunks unknown");
+    assert!(err.to_string().contains("no pagemap"), "{err}");
+    assert!(!other.exists());
+    assert!(no_temp_siblings(&other));
+}
+
+#[tokio::test]
+async fn damaged_or_missing_chunks_are_refused_by_name() {
+    let fx = fixture(BIG);
+    let m = seal(&fx).await;
+    let (store, dir) = store_of(&fx);
+    store
+        .upload(&fx.gen_dir, "default/counter/7-a")
+        .await
+        .expect("upload");
+    let entry = pages_entry(&m);
+    let obj = chunk_file(&dir, entry.chunk_digest(1).expect("digest"));
+    let saved = fs::read(&obj).expect("read");
+
+    // A flipped byte: the zstd frame checksum or the BLAKE3 digest catches it.
+    flip_byte(&obj);
+    let err = store.fetch_chunk(&entry, 1).await.expect_err("damaged");
+    assert!(
+        matches!(err, Error::Decompress { .. } | Error::ChunkMismatch { .. }),
+        "{err}"
+    );
+    // Valid zstd, other bytes of the right length: the digest names file and chunk.
+    let mut other = original_chunk(&fx, 1);
+    other[7] ^= 1;
+    fs::write(&obj, zstd::encode_all(other.as_slice(), 3).expect("zstd")).expect("write");
+    match store.fetch_chunk(&entry, 1).await.expect_err("wrong bytes") {
+        Error::ChunkMismatch { file, chunk, .. } => {
+            assert_eq!(file, PAGES);
+            assert_eq!(chunk, 1);
+        }
+        other => panic!("expected a chunk mismatch, got {other}"),
+    }
+    let target = fx.root.path().join("node-b/gen");
+    let err = store
+        .download("default/counter/7-a", &target)
+        .await
+        .expect_err("damaged chunk");
+    assert!(err.to_string().contains(PAGES), "{err}");
+    assert!(!target.exists());
+    assert!(no_temp_siblings(&target));
+
+    // A missing chunk is named too, and nothing is left.
+    fs::remove_file(&obj).expect("rm");
+    let err = store.fetch_chunk(&entry, 1).await.expect_err("missing");
+    assert!(
+        matches!(&err, Error::MissingFile { file } if file.contains(PAGES) && file.contains("chunk 1")),
+        "{err}"
+    );
+    let err = store
+        .download("default/counter/7-a", &target)
+        .await
+        .expect_err("missing chunk");
+    assert!(matches!(err, Error::MissingFile { .. }), "{err}");
+    assert!(!target.exists());
+
+    // A new upload of the generation writes the missing chunk back.
+    fs::write(&obj, saved).expect("restore");
+    fs::remove_file(&obj).expect("rm again");
+    store
+        .upload(&fx.gen_dir, "default/counter/8-b")
+        .await
+        .expect("upload");
+    assert!(obj.is_file());
+    assert_eq!(
+        store
+            .download("default/counter/7-a", &target)
+            .await
+            .expect("download"),
+        m
+    );
+}
+
+#[tokio::test]
+async fn the_sweep_deletes_old_chunks_no_generation_references_and_nothing_else() {
+    let two_hours = Duration::from_secs(2 * 3600);
+    let fx = fixture(BIG);
+    let a = seal(&fx).await;
+    let (store, dir) = store_of(&fx);
+    store
+        .upload(&fx.gen_dir, "default/counter/7-a")
+        .await
+        .expect("upload a");
+
+    // Generation b: the same memory but its first chunk changed (shares chunks 1 and 2).
+    let fx_b = fixture(BIG);
+    let pages_b = fx_b.gen_dir.join(PAGES);
+    let mut bytes = fs::read(&pages_b).expect("read");
+    bytes[100] ^= 0xff;
+    fs::write(&pages_b, bytes).expect("write");
+    let b = seal(&fx_b).await;
+    let (_, stats) = store
+        .upload_with_stats(&fx_b.gen_dir, "default/counter/8-b")
+        .await
+        .expect("upload b");
+    assert_eq!(stats.chunks_reused, 2, "{stats:?}");
+    assert_eq!(chunk_files(&dir).len(), 4);
+
+    // a is deleted (retention, say): its first chunk is now referenced by nobody.
+    store.delete("default/counter/7-a").await.expect("delete a");
+    let only_a = chunk_file(&dir, pages_entry(&a).chunk_digest(0).expect("digest"));
+    // A young unreferenced chunk (an upload in flight) stays.
+    let young = chunk_file(&dir, &"ab".repeat(32));
+    fs::create_dir_all(young.parent().expect("parent")).expect("mkdir");
+    fs::write(&young, b"in flight").expect("write");
+    for f in chunk_files(&dir) {
+        if f != young {
+            age_file(&f, two_hours);
+        }
+    }
+    assert_eq!(
+        store
+            .sweep_unreferenced_chunks("node-a")
+            .await
+            .expect("sweep"),
+        1
+    );
+    assert!(!only_a.exists());
+    assert!(young.exists());
+    assert_eq!(chunk_files(&dir).len(), 4); // b's three + the young one
+    // The sweep announced itself.
+    assert!(dir.join("_chunks/_sweeps/node-a").is_file());
+    // The partial-upload sweep never takes chunks.
+    let partial = store.sweep_partial_uploads(3).await.expect("partial sweep");
+    assert_eq!(partial.objects_deleted, 0, "{partial:?}");
+    // b is whole.
+    let target = fx.root.path().join("node-b/gen");
+    assert_eq!(
+        store
+            .download("default/counter/8-b", &target)
+            .await
+            .expect("download b"),
+        b
+    );
+    // Idempotent.
+    assert_eq!(
+        store
+            .sweep_unreferenced_chunks("node-b")
+            .await
+            .expect("again"),
+        0
+    );
+
+    // An upload that would reuse old chunks writes them again (renewing them), so a sweep
+    // cannot take them before its manifest is written.
+    let (_, renewed) = store
+        .upload_with_stats(&fx_b.gen_dir, "default/counter/9-c")
+        .await
+        .expect("upload c");
+    assert_eq!(renewed.chunks_reused, 0, "{renewed:?}");
+    assert!(renewed.sent_bytes >= pages_entry(&b).size, "{renewed:?}");
+
+    // With a grace age of zero the sweep is refused.
+    let err = store
+        .clone()
+        .with_partial_grace(Duration::ZERO)
+        .sweep_unreferenced_chunks("node-a")
+        .await
+        .expect_err("refused");
+    assert!(matches!(err, Error::InvalidInput(_)), "{err}");
+}
+
+#[tokio::test]
+async fn an_upload_during_a_sweep_checks_its_chunks_before_its_manifest() {
+    let fx = fixture(BIG);
+    let m = seal(&fx).await;
+    let (store, dir) = store_of(&fx);
+    // A sweep is (said to be) deleting right now.
+    let marker = dir.join("_chunks/_sweeps/node-z");
+    fs::create_dir_all(marker.parent().expect("parent")).expect("mkdir");
+    let now_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("clock")
+        .as_millis() as u64;
+    fs::write(
+        &marker,
+        format!(
+            r#"{{"started_ms":{},"ends_by_ms":{}}}"#,
+            now_ms - 1000,
+            now_ms + 60_000
+        ),
+    )
+    .expect("write");
+    let begun = std::time::Instant::now();
+    store
+        .upload(&fx.gen_dir, "default/counter/7-a")
+        .await
+        .expect("upload");
+    // It waited past any delete the sweep could still send, then checked every chunk.
+    assert!(
+        begun.elapsed() >= Duration::from_secs(1),
+        "{:?}",
+        begun.elapsed()
+    );
+    for (i, digest) in pages_entry(&m).blake3_chunks.iter().enumerate() {
+        assert!(chunk_file(&dir, digest).is_file(), "chunk {i}");
+    }
+}
