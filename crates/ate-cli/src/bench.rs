@@ -731,11 +731,13 @@ impl SnapSeries {
     }
 }
 
-/// Total size of the newest generation of `ns/name` in a `file://` durable store under the
-/// state dir (`<state>/durable/<ns>/<name>/<generation>-<uuid>/`): the bytes the last upload
-/// sent (compressed). None when the store is elsewhere.
-fn uploaded_bytes(state: &Path, ns: &str, name: &str) -> Option<f64> {
-    let dir = state.join("durable").join(ns).join(name);
+/// Bytes the last upload of `ns/name` wrote to a `file://` durable store under the state dir:
+/// the newest generation's objects (`<state>/durable/<ns>/<name>/<generation>-<uuid>/`) plus the
+/// memory chunks written since `since` (`<state>/durable/_chunks/`; chunks the store already
+/// held are not sent again). None when the store is elsewhere.
+fn uploaded_bytes(state: &Path, ns: &str, name: &str, since: std::time::SystemTime) -> Option<f64> {
+    let durable = state.join("durable");
+    let dir = durable.join(ns).join(name);
     let newest = std::fs::read_dir(&dir)
         .ok()?
         .flatten()
@@ -751,19 +753,32 @@ fn uploaded_bytes(state: &Path, ns: &str, name: &str) -> Option<f64> {
         })
         .max_by_key(|(g, _)| *g)?
         .1;
+    let all = |_: &std::fs::Metadata| true;
+    let fresh = |m: &std::fs::Metadata| m.modified().is_ok_and(|t| t >= since);
+    let chunks = durable.join("_chunks");
+    let chunk_bytes = if chunks.is_dir() {
+        tree_size(&chunks, &fresh)?
+    } else {
+        0
+    };
+    Some((tree_size(&newest, &all)? + chunk_bytes) as f64)
+}
+
+/// Total size of the files under `dir` that `keep` accepts.
+fn tree_size(dir: &Path, keep: &dyn Fn(&std::fs::Metadata) -> bool) -> Option<u64> {
     let mut total = 0u64;
-    let mut stack = vec![newest];
+    let mut stack = vec![dir.to_path_buf()];
     while let Some(d) = stack.pop() {
         for e in std::fs::read_dir(&d).ok()?.flatten() {
             let meta = e.metadata().ok()?;
             if meta.is_dir() {
                 stack.push(e.path());
-            } else {
+            } else if keep(&meta) {
                 total += meta.len();
             }
         }
     }
-    Some(total as f64)
+    Some(total)
 }
 
 /// `GET path` that must answer 200, sent again (as the router's 503/504 ask) while the resume
@@ -858,9 +873,10 @@ async fn snapshots(c: Clients, a: SnapshotsArgs) -> anyhow::Result<ExitCode> {
                 s.full_local.push(t.elapsed().as_secs_f64());
                 if let Some(state) = &a.state_dir {
                     let t = Instant::now();
+                    let since = std::time::SystemTime::now();
                     suspend_mode(&c, &ns, &name, SuspendMode::Durable).await?;
                     s.suspend_durable.push(t.elapsed().as_secs_f64());
-                    if let Some(bytes) = uploaded_bytes(state, &ns, &name) {
+                    if let Some(bytes) = uploaded_bytes(state, &ns, &name, since) {
                         s.uploaded.push(bytes);
                     }
                     let local = state.join("snapshots").join(&ns).join(&name);
