@@ -43,6 +43,9 @@ const SWEEPS_DIR: &str = "_sweeps";
 const CHUNK_ZSTD_LEVEL: i32 = 3;
 /// Chunks moved at once per file.
 const CHUNKS_IN_FLIGHT: usize = 8;
+/// Chunks compressed at once by a background upload: one at a time, as a whole file was before
+/// chunks, so an upload nobody waits for takes one core at most from the restores beside it.
+const BACKGROUND_CHUNKS_IN_FLIGHT: usize = 1;
 /// Longest a sweep may spend deleting after it announced itself.
 const SWEEP_DELETE_WINDOW: Duration = Duration::from_secs(60);
 /// Longest between a sweep's check of a chunk and its delete; a delete that would come later is
@@ -152,8 +155,12 @@ impl DurableStore {
                     .boxed()
             })
             .collect();
+        let in_flight = match priority {
+            UploadPriority::Normal => CHUNKS_IN_FLIGHT,
+            UploadPriority::Background => BACKGROUND_CHUNKS_IN_FLIGHT,
+        };
         let results: Vec<Result<Option<u64>>> = futures::stream::iter(transfers)
-            .buffer_unordered(CHUNKS_IN_FLIGHT)
+            .buffer_unordered(in_flight)
             .collect()
             .await;
         let mut done = ChunkUpload::default();
