@@ -152,6 +152,23 @@ fn memory_survives_five_lazy_cycles_on_either_worker_and_from_the_durable_copy()
         2,
         "the actors ran on both workers over the cycles: {workers:?}"
     );
+    // Working-set prefetch: each generation dumped after a lazy restore carries the chunks that
+    // restore faulted first, and the restores of such generations pushed them first.
+    let carried = generation_dir(&sys.state_dir(), ns, "s", 5)
+        .join("criu")
+        .join("working-set.json");
+    assert!(carried.is_file(), "{} is missing", carried.display());
+    let logs = format!("{}\n{}", sys.log("worker-1"), sys.log("worker-2"));
+    let prefetched: Vec<u64> = logs
+        .lines()
+        .filter(|l| l.contains("every page is in"))
+        .filter_map(|l| l.split("prefetched=").nth(1))
+        .filter_map(|v| v.split_whitespace().next()?.parse().ok())
+        .collect();
+    assert!(
+        prefetched.iter().any(|n| *n > 0),
+        "some restore pushed its working set first: {prefetched:?}"
+    );
 }
 
 /// Flips one byte in the middle of the largest memory image of generation `generation`.

@@ -1109,6 +1109,7 @@ impl Worker {
                     Ok(stats) => {
                         dumped = true;
                         tracing::info!(actor = %key, dump_ms = stats.dump.as_millis() as u64, image_bytes = stats.image_bytes, "memory dumped");
+                        carry_working_set(&sandbox, &criu).await;
                     }
                     Err(e) => {
                         let full = e.to_string();
@@ -1510,7 +1511,7 @@ impl Worker {
                     continue;
                 }
                 Some(Outcome::Done(summary)) => {
-                    tracing::debug!(actor = %key, %summary, "lazy restore: every page is in");
+                    tracing::info!(actor = %key, %summary, "lazy restore: every page is in");
                     crate::metrics::lazy_restore_done();
                     if let Some(e) = self.table().actors.get_mut(&key) {
                         e.page_source = None;
@@ -1874,6 +1875,21 @@ async fn verify_for_lazy_restore(
     })
     .await
     .map_err(|e| ate_snapshot::Error::InvalidInput(format!("chunk check task: {e}")))?
+}
+
+/// Copies the working set the page source recorded at the actor's last lazy restore into the
+/// new dump (`criu/working-set.json`), so the next restore brings that memory in first. Best
+/// effort: without it the next restore only does no prefetch.
+async fn carry_working_set(sandbox: &ActorSandbox, criu: &Path) {
+    let file = crate::lazy::working_set::FILE;
+    let recorded = sandbox.dir.join("criu-restore").join(file);
+    match tokio::fs::copy(&recorded, criu.join(file)).await {
+        Ok(_) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => {
+            tracing::warn!(actor = %key_of(&sandbox.atespace, &sandbox.name), error = %e, "cannot carry the working set into the new generation; its restore will not prefetch");
+        }
+    }
 }
 
 fn memory_low(min_percent: u8) -> bool {

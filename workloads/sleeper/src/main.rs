@@ -12,6 +12,10 @@
 //!   `dirtied N pages, checksum X` with X the new checksum over all held memory.  Lets a benchmark
 //!   time a suspend when only a small share of the memory changed since the previous snapshot.
 //!   A missing or invalid `percent` → 400.
+//! - `GET /tail?percent=P` → reads only the last P % of the held memory (a working set at the end
+//!   of the buffer, which a lazy restore's push in address order reaches last) and answers
+//!   `tail N pages, checksum X` over those pages. Lets a benchmark time a first request that needs
+//!   part of the memory. A missing or invalid `percent` → 400.
 //! - any other request → `sleeper holding N MiB, checksum X` (X: 16 hex digits, computed over the
 //!   held memory on every request).
 //!
@@ -125,6 +129,14 @@ fn dirty(memory: &mut Memory, ppb: u64) -> usize {
     n
 }
 
+/// Pages in the last `ppb` parts per billion of `words` (rounded up) and the checksum over them.
+fn tail_checksum(words: &[u64], ppb: u64) -> (usize, u64) {
+    let pages = words.len() / WORDS_PER_PAGE;
+    let n = ((pages as u128 * ppb as u128).div_ceil(PPB as u128) as usize).clamp(1, pages.max(1));
+    let start = pages.saturating_sub(n) * WORDS_PER_PAGE;
+    (n.min(pages), checksum(&words[start..]))
+}
+
 fn handle(held: &Held, req: &Request) -> Response {
     match req.path.as_str() {
         "/healthz" => Response::text(200, "ok"),
@@ -135,6 +147,15 @@ fn handle(held: &Held, req: &Request) -> Response {
                 let sum = checksum(&memory.words);
                 drop(memory);
                 Response::text(200, format!("dirtied {n} pages, checksum {sum:016x}"))
+            }
+            Err(msg) => Response::text(400, format!("{msg}\n")),
+        },
+        "/tail" => match parse_percent(&req.query) {
+            Ok(ppb) => {
+                let memory = held.lock();
+                let (pages, sum) = tail_checksum(&memory.words, ppb);
+                drop(memory);
+                Response::text(200, format!("tail {pages} pages, checksum {sum:016x}"))
             }
             Err(msg) => Response::text(400, format!("{msg}\n")),
         },
@@ -215,6 +236,16 @@ mod tests {
             vec![0]
         );
         assert_eq!(pages(0, PPB).len(), 0);
+    }
+
+    #[test]
+    fn tail_reads_the_last_share_of_the_pages() {
+        let words: Vec<u64> = (0..(WORDS_PER_PAGE * 100) as u64).collect();
+        let (n, sum) = tail_checksum(&words, PPB / 10);
+        assert_eq!(n, 10);
+        assert_eq!(sum, checksum(&words[90 * WORDS_PER_PAGE..]));
+        assert_eq!(tail_checksum(&words, PPB).0, 100);
+        assert_eq!(tail_checksum(&words, 1).0, 1);
     }
 
     #[test]

@@ -9,6 +9,8 @@
 //!   verifying each 2 MiB chunk against the manifest's BLAKE3 digest as it first reads it.
 //! - [`remote`]: chunks fetched from the durable store when only part of the generation is
 //!   local (a restore from the durable copy), the fault's chunk at once, the push's ahead.
+//! - [`working_set`]: the chunks an actor faulted first after a restore, recorded by the page
+//!   source and carried by the next generation, so its restore brings them in first.
 //! - [`report`] / [`watch`]: how the page source tells the worker about itself, and the
 //!   worker's handle, which holds a copy of every userfaultfd so a dead page source leaves
 //!   faults blocked rather than zero-filled.
@@ -20,6 +22,7 @@ pub mod report;
 pub mod source;
 pub mod uffd;
 pub mod watch;
+pub mod working_set;
 
 pub use source::{SOCKET_NAME, SourceError, Stats};
 

@@ -22,7 +22,7 @@
 //! instead of reading zero pages, and the worker kills the sandbox. Nothing here ever places a
 //! page it did not verify.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, HashSet, VecDeque};
 use std::fs::File;
 use std::io::{self, Read};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
@@ -37,6 +37,7 @@ use super::ranges::Pending;
 use super::remote::{self, Remote};
 use super::report::{Report, send_report};
 use super::uffd::{self, Event, Placed};
+use super::working_set::{self, Recorder, WorkingSet};
 
 /// Name CRIU connects to, relative to the restore's work directory (criu/uffd.c).
 pub const SOCKET_NAME: &str = "lazy-pages.socket";
@@ -73,6 +74,10 @@ pub struct Stats {
     pub chunks_read: u64,
     /// Of `chunks_read`, those fetched from the durable store.
     pub chunks_fetched: u64,
+    /// Chunks pushed first because the previous restore's working set named them.
+    pub prefetched: u64,
+    /// Entries of the working set recorded for the next restore.
+    pub working_set: u64,
     pub restore_finished_ms: u64,
     pub all_in_ms: u64,
 }
@@ -80,7 +85,7 @@ pub struct Stats {
 impl Stats {
     pub fn summary(&self) -> String {
         format!(
-            "tasks={} faults={} zero_pages={} pages_on_fault={} pages_pushed={} chunks={} fetched={} restore_ms={} all_in_ms={}",
+            "tasks={} faults={} zero_pages={} pages_on_fault={} pages_pushed={} chunks={} fetched={} prefetched={} working_set={} restore_ms={} all_in_ms={}",
             self.tasks,
             self.faults,
             self.zero_pages,
@@ -88,6 +93,8 @@ impl Stats {
             self.pages_pushed,
             self.chunks_read,
             self.chunks_fetched,
+            self.prefetched,
+            self.working_set,
             self.restore_finished_ms,
             self.all_in_ms
         )
@@ -126,6 +133,14 @@ struct Source {
     remote: Option<Remote>,
     /// The background push waits for chunks on their way from the store.
     push_stalled: bool,
+    work_dir: PathBuf,
+    /// The working set the generation carries (the previous restore's first faults).
+    working_set: WorkingSet,
+    /// Chunks of that working set, in fault order: pushed before any other.
+    hot: VecDeque<(u32, u64)>,
+    hot_seen: HashSet<(u32, u64)>,
+    /// This restore's first faults, for the next generation.
+    recorder: Recorder,
 }
 
 /// Runs the page source until every page is in and the worker has acknowledged (or is gone).
@@ -168,6 +183,11 @@ pub fn run(generation: &Path, work_dir: &Path, report: UnixStream) -> Result<Sta
             .map(Duration::from_millis),
         remote,
         push_stalled: false,
+        work_dir: work_dir.to_path_buf(),
+        working_set: working_set::read(&generation.join(ate_snapshot::CRIU_DIR)),
+        hot: VecDeque::new(),
+        hot_seen: HashSet::new(),
+        recorder: Recorder::default(),
     };
     source.send(Report::Listening);
     let client = accept_within(&listener, RESTORE_TIMEOUT)?;
@@ -229,6 +249,13 @@ impl Source {
             let all_in = self.tasks.iter().all(|t| t.pending.is_empty());
             if finished && all_in && self.faults.is_empty() && !done_sent {
                 self.stats.all_in_ms = self.begun.elapsed().as_millis() as u64;
+                self.stats.working_set = self.recorder.len() as u64;
+                if !self.recorder.is_empty()
+                    && let Err(e) = self.recorder.write(&self.work_dir)
+                {
+                    // Only the next restore's prefetch is lost.
+                    eprintln!("page source: cannot write the working set: {e}");
+                }
                 let summary = self.stats.summary();
                 self.send(Report::Done(summary));
                 done_sent = true;
@@ -306,11 +333,27 @@ impl Source {
         let pages = images::read_task_pages(&self.criu_dir, pid)?;
         self.open_pages_file(pages.pages_id)?;
         self.stats.tasks += 1;
+        let pending = Pending::new(pages.lazy);
+        // The previous restore's first faults of this task, mapped onto this dump's chunks.
+        for &(ws_pid, addr) in &self.working_set.faults {
+            if ws_pid != pid {
+                continue;
+            }
+            if let Some(r) = pending.find(addr) {
+                let key = (
+                    pages.pages_id,
+                    (r.img_offset + (addr - r.start)) / CHUNK_BYTES,
+                );
+                if self.hot_seen.insert(key) {
+                    self.hot.push_back(key);
+                }
+            }
+        }
         self.tasks.push(Task {
             pid,
             uffd,
             pages_id: pages.pages_id,
-            pending: Pending::new(pages.lazy),
+            pending,
             exited: false,
         });
         Ok(())
@@ -399,6 +442,7 @@ impl Source {
                 Some(range) => {
                     let chunk = (range.img_offset + (page - range.start)) / CHUNK_BYTES;
                     let pages_id = task.pages_id;
+                    self.recorder.fault(task.pid, page, pages_id, chunk);
                     self.place_chunk(pages_id, chunk, true)?;
                     match self.tasks.get(i) {
                         Some(t) if t.pending.find(page).is_some() && !t.exited => Placed::Retry,
@@ -441,6 +485,13 @@ impl Source {
         if self.remote.is_some() {
             return self.push_fetched_chunk();
         }
+        // The working set first.
+        while let Some((pages_id, chunk)) = self.hot.pop_front() {
+            if self.chunk_pending(pages_id, chunk) {
+                self.stats.prefetched += 1;
+                return self.place_chunk(pages_id, chunk, false);
+            }
+        }
         let next = self.tasks.iter().filter(|t| !t.exited).find_map(|t| {
             t.pending
                 .first()
@@ -455,12 +506,23 @@ impl Source {
     /// The push from the durable store: keeps the next chunks any task lacks on their way and
     /// places one that has arrived; stalls (waits in poll) when none has.
     fn push_fetched_chunk(&mut self) -> Result<(), SourceError> {
+        // The working set first (its chunks fetched in parallel), then by address.
+        while let Some(&(pages_id, chunk)) = self.hot.front() {
+            if self.chunk_pending(pages_id, chunk) {
+                break;
+            }
+            self.hot.pop_front();
+        }
         let Some(remote) = self.remote.as_mut() else {
             return Ok(());
         };
         remote.collect()?;
         let mut upcoming: Vec<remote::ChunkKey> = Vec::with_capacity(remote::PREFETCH);
+        upcoming.extend(self.hot.iter().take(remote::PREFETCH).copied());
         'tasks: for t in self.tasks.iter().filter(|t| !t.exited) {
+            if upcoming.len() >= remote::PREFETCH {
+                break;
+            }
             for r in t.pending.iter() {
                 let last = r.img_end().saturating_sub(1) / CHUNK_BYTES;
                 for chunk in r.img_offset / CHUNK_BYTES..=last {
@@ -485,6 +547,9 @@ impl Source {
         match upcoming.iter().find(|k| remote.is_ready(**k)).copied() {
             Some((pages_id, chunk)) => {
                 self.push_stalled = false;
+                if self.hot_seen.contains(&(pages_id, chunk)) {
+                    self.stats.prefetched += 1;
+                }
                 self.place_chunk(pages_id, chunk, false)
             }
             None => {
@@ -492,6 +557,18 @@ impl Source {
                 Ok(())
             }
         }
+    }
+
+    /// True when a task served from pages image `pages_id` still lacks a page of chunk `chunk`.
+    fn chunk_pending(&self, pages_id: u32, chunk: u64) -> bool {
+        self.tasks.iter().any(|t| {
+            !t.exited
+                && t.pages_id == pages_id
+                && !t
+                    .pending
+                    .in_image_span(chunk * CHUNK_BYTES, (chunk + 1) * CHUNK_BYTES)
+                    .is_empty()
+        })
     }
 
     /// Reads and verifies one chunk of a pages image and copies every page of it that any task
