@@ -194,7 +194,6 @@ pub fn run(generation: &Path, work_dir: &Path, report: UnixStream) -> Result<Sta
     drop(listener);
     let _ = std::fs::remove_file(&socket_path);
     source.serve(client)?;
-    source.stats.chunks_fetched = source.remote.as_ref().map_or(0, |r| r.fetched);
     Ok(source.stats)
 }
 
@@ -249,7 +248,9 @@ impl Source {
             let all_in = self.tasks.iter().all(|t| t.pending.is_empty());
             if finished && all_in && self.faults.is_empty() && !done_sent {
                 self.stats.all_in_ms = self.begun.elapsed().as_millis() as u64;
+                self.recorder.carry(&self.working_set);
                 self.stats.working_set = self.recorder.len() as u64;
+                self.stats.chunks_fetched = self.remote.as_ref().map_or(0, |r| r.fetched);
                 if !self.recorder.is_empty()
                     && let Err(e) = self.recorder.write(&self.work_dir)
                 {
@@ -335,7 +336,7 @@ impl Source {
         self.stats.tasks += 1;
         let pending = Pending::new(pages.lazy);
         // The previous restore's first faults of this task, mapped onto this dump's chunks.
-        for &(ws_pid, addr) in &self.working_set.faults {
+        for &(ws_pid, addr, _) in &self.working_set.faults {
             if ws_pid != pid {
                 continue;
             }
