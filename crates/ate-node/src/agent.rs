@@ -179,6 +179,23 @@ impl NodeAgent {
                 stop_rx.clone(),
             )))
         };
+        let ttl = self.inner.cfg.snapshot_cache_ttl();
+        let evictor = (!ttl.is_zero()).then(|| {
+            let inner = self.inner.clone();
+            let lock_of: crate::cache::LockOf = Arc::new(move |name: &str| {
+                inner
+                    .downloads
+                    .lock()
+                    .ok()
+                    .map(|mut m| m.entry(name.to_string()).or_default().clone())
+            });
+            tokio::spawn(crate::cache::run(
+                self.inner.cfg.cache_dir(),
+                ttl,
+                lock_of,
+                stop_rx.clone(),
+            ))
+        });
         let mut stop = stop_rx;
         tokio::spawn(async move {
             shutdown.await;
@@ -226,6 +243,9 @@ impl NodeAgent {
         loops.abort();
         if let Some(sweeper) = sweeper {
             sweeper.abort();
+        }
+        if let Some(evictor) = evictor {
+            evictor.abort();
         }
         result.map_err(NodeError::from)
     }
@@ -309,6 +329,7 @@ impl NodeAgent {
                 .await
                 .is_ok()
         {
+            crate::cache::touch(&target);
             return Ok(target);
         }
         let _ = tokio::fs::remove_dir_all(&target).await;
@@ -328,6 +349,7 @@ impl NodeAgent {
                 ))
             })?;
         tracing::info!(generation = snap.generation, uri = %snap.durable_uri, ms = begun.elapsed().as_millis() as u64, "generation fetched for a lazy restore (memory stays in the durable store)");
+        crate::cache::touch(&target);
         Ok(target)
     }
 
@@ -336,6 +358,7 @@ impl NodeAgent {
         let (target, lock) = self.cache_slot(snap, "")?;
         let _guard = lock.lock().await;
         if ate_snapshot::verify(&target).await.is_ok() {
+            crate::cache::touch(&target);
             return Ok(target);
         }
         let _ = tokio::fs::remove_dir_all(&target).await;

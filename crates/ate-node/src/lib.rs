@@ -7,6 +7,7 @@
 //! through FleetService / ActorService, which applies it under the api's rules.
 
 mod agent;
+mod cache;
 mod fleet;
 pub mod metrics;
 mod sweep;
@@ -50,6 +51,10 @@ pub struct NodeConfig {
     /// without writing their manifest after half of it. Use one value on every node of a store.
     #[arg(long = "durable-gc-age", env = "ATE_DURABLE_GC_AGE", value_parser = parse_gc_age)]
     pub durable_gc_age: Option<Duration>,
+    /// Downloads of durable generations kept in STATE_DIR/snapshot-cache for later restores
+    /// are removed once unused for this long (default 1h; `30m`, `6h`, seconds; `0`: kept).
+    #[arg(long = "snapshot-cache-ttl", env = "ATE_SNAPSHOT_CACHE_TTL", value_parser = parse_cache_ttl)]
+    pub snapshot_cache_ttl: Option<Duration>,
     /// Write the bound address as JSON here once serving.
     #[arg(long = "ready-file")]
     pub ready_file: Option<PathBuf>,
@@ -69,6 +74,10 @@ impl NodeConfig {
     pub fn cache_dir(&self) -> PathBuf {
         self.state_dir.join("snapshot-cache")
     }
+    /// `--snapshot-cache-ttl`, or its default (1 h); zero: nothing is evicted.
+    pub fn snapshot_cache_ttl(&self) -> Duration {
+        self.snapshot_cache_ttl.unwrap_or(Duration::from_secs(3600))
+    }
     /// `--durable-gc-age`, or its default ([`ate_snapshot::DEFAULT_PARTIAL_GRACE`]); zero: no
     /// sweep on this node.
     pub fn durable_gc_age(&self) -> Duration {
@@ -80,6 +89,13 @@ impl NodeConfig {
             .clone()
             .unwrap_or_else(|| format!("file://{}", self.state_dir.join("durable").display()))
     }
+}
+
+/// `1h`, `30m`, `90s`, `3600` (seconds) or `0`.
+fn parse_cache_ttl(text: &str) -> Result<Duration, String> {
+    ate_core::template::parse_duration_seconds("--snapshot-cache-ttl", text)
+        .map(|s| Duration::from_secs(s.into()))
+        .map_err(|e| e.to_string())
 }
 
 /// `1h`, `30m`, `90s`, `3600` (seconds) or `0`.
