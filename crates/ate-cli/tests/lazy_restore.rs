@@ -318,6 +318,50 @@ fn a_damaged_chunk_in_the_durable_store_crashes_the_actor_and_no_wrong_page_is_s
 }
 
 #[test]
+fn chunks_gone_from_the_durable_store_mid_restore_crash_the_actor_and_revert_recovers_it() {
+    // The background push is slowed down so the restore is still fetching when the chunks go.
+    let sys = lazy_system(1, &[("ATE_FAULT_PAGE_SOURCE_PUSH_DELAY_MS", "200")]);
+    let ns = "ns-lazy-store-gone";
+    sys_apply(&sys, ns, "sleeper", &Tpl::sleeper(64));
+    create_actor(&sys, ns, "s", "sleeper");
+    let target = format!("{ns}/s");
+    let original = checksum(&get_ok(&sys, &target, "/"));
+    sys.ate_ok(&["suspend", "actor", "s", "-a", ns, "--durable"]);
+    std::fs::remove_dir_all(generation_dir(&sys.state_dir(), ns, "s", 1))
+        .expect("remove the node-local generation");
+    assert_eq!(get_ok(&sys, &target, "/healthz"), "ok");
+    // The store loses every chunk while the page source still fetches (the test's own store
+    // under its state dir; moved back below).
+    let chunks = sys.state_dir().join("durable").join("_chunks");
+    let aside = sys.state_dir().join("durable-chunks-aside");
+    std::fs::rename(&chunks, &aside).expect("move the chunks away");
+    // Whatever answers must come from complete, verified memory.
+    let (status, _, body) = get(sys.router_addr, &target, "/");
+    eprintln!("request while the chunks are gone: {status} {body}");
+    if status == 200 {
+        assert_eq!(checksum(&body), original, "answered from incomplete memory");
+    }
+    let a = wait_state(
+        &sys,
+        ns,
+        "s",
+        "ACTOR_STATE_CRASHED",
+        Duration::from_secs(30),
+    );
+    let why = a["lastError"].as_str().unwrap_or_default();
+    eprintln!("lastError: {why}");
+    assert!(
+        why.contains("chunk") && why.contains("pages-"),
+        "lastError names the missing chunk: {why}"
+    );
+    assert!(page_source_pid(&sys).is_none(), "no page source is left");
+    // The store is back: revert and the next request restore the same memory.
+    std::fs::rename(&aside, &chunks).expect("move the chunks back");
+    sys.ate_ok(&["revert", "actor", "s", "-a", ns]);
+    assert_eq!(checksum(&get_ok(&sys, &target, "/")), original);
+}
+
+#[test]
 fn a_page_source_killed_mid_restore_never_leaves_the_actor_on_incomplete_memory() {
     // The background push is slowed down so the restore stays lazy for seconds.
     let sys = lazy_system(1, &[("ATE_FAULT_PAGE_SOURCE_PUSH_DELAY_MS", "200")]);

@@ -320,9 +320,10 @@ pub enum ForwardError {
     #[error("nothing listens on the port")]
     PortClosed,
     /// The tunnel ended before the answer and the actor is no longer active on its worker:
-    /// ingress was switched off for a suspend (or a move), which closes its tunnels.
-    #[error("connection cut by a suspend")]
-    CutBySuspend,
+    /// ingress was switched off for a suspend, a move or a stop (a crash too), which closes its
+    /// tunnels.
+    #[error("connection cut: the actor's ingress was closed")]
+    IngressClosed,
     /// The tunnel ended before the answer while the actor is still active: the actor's process
     /// closed (or reset) the connection.
     #[error("actor closed the connection")]
@@ -353,8 +354,8 @@ impl ForwardError {
             ForwardError::PortClosed => format!(
                 "actor {actor}: nothing listens on port {port} in the actor; check its process with `ate logs actor {name} -a {atespace}`"
             ),
-            ForwardError::CutBySuspend => format!(
-                "actor {actor}: its connection was cut by a suspend before it answered; send the request again to resume it"
+            ForwardError::IngressClosed => format!(
+                "actor {actor}: its connection was cut before it answered (the actor was suspended, moved or stopped); send the request again"
             ),
             ForwardError::ClosedByActor => format!(
                 "actor {actor} closed the connection before it answered; check its process with `ate logs actor {name} -a {atespace}`"
@@ -675,7 +676,7 @@ mod tests {
             ForwardError::NotServed,
             ForwardError::Tunnel,
             ForwardError::PortClosed,
-            ForwardError::CutBySuspend,
+            ForwardError::IngressClosed,
             ForwardError::ClosedByActor,
             ForwardError::UpgradeRefused,
         ];

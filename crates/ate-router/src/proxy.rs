@@ -521,7 +521,7 @@ impl Proxy {
                 if matches!(error, TunnelError::Actor(_)) && failed.request.is_none() =>
             {
                 match self.tunnels.probe(route, actor, port).await {
-                    Ok(false) => ForwardError::CutBySuspend,
+                    Ok(false) => ForwardError::IngressClosed,
                     Ok(true) => ForwardError::ClosedByActor,
                     Err(probe) => {
                         tracing::debug!(%actor, error = %probe, "probe after a failed forward");

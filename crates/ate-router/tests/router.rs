@@ -1246,7 +1246,7 @@ async fn a_suspend_cut_a_closing_actor_and_a_dead_worker_have_their_own_502s() {
     assert_eq!(got.status, StatusCode::BAD_GATEWAY, "{}", got.body);
     assert_eq!(
         got.body,
-        "actor a/s: its connection was cut by a suspend before it answered; send the request again to resume it"
+        "actor a/s: its connection was cut before it answered (the actor was suspended, moved or stopped); send the request again"
     );
     assert!(got.elapsed < Duration::from_secs(2), "{:?}", got.elapsed);
     assert_clean(&got, Some("a/s"));
