@@ -171,6 +171,33 @@ fn memory_survives_five_lazy_cycles_on_either_worker_and_from_the_durable_copy()
     );
 }
 
+/// After a fault in a lazy restore: the next request is either refused or answered from
+/// complete, verified memory (the `original` checksum), and the actor becomes CRASHED with a
+/// lastError holding every one of `why`; no page source is left running.
+fn expect_crash_never_a_wrong_answer(sys: &System, ns: &str, original: &str, why: &[&str]) {
+    let target = format!("{ns}/s");
+    let (status, _, body) = get(sys.router_addr, &target, "/");
+    eprintln!("request after the fault: {status} {body}");
+    if status == 200 {
+        assert_eq!(
+            checksum(&body),
+            original,
+            "an answer from unverified memory"
+        );
+    }
+    let a = wait_state(sys, ns, "s", "ACTOR_STATE_CRASHED", Duration::from_secs(30));
+    let last_error = a["lastError"].as_str().unwrap_or_default();
+    eprintln!("lastError: {last_error}");
+    assert!(
+        why.iter().all(|w| last_error.contains(w)),
+        "lastError names {why:?}: {last_error}"
+    );
+    assert!(
+        page_source_pid(sys).is_none(),
+        "no page source is left running"
+    );
+}
+
 /// Flips one byte in the middle of the largest memory image of generation `generation`.
 fn damage_pages_image(sys: &System, ns: &str, name: &str, generation: u64) -> String {
     let criu = generation_dir(&sys.state_dir(), ns, name, generation).join("criu");
@@ -197,34 +224,9 @@ fn a_damaged_chunk_crashes_the_actor_and_no_wrong_page_is_served() {
     let chunk = damage_pages_image(&sys, ns, "s", 1);
     // The first answer may come before the damaged chunk is read (a lazy restore starts the
     // actor at once); whatever answers must never be computed from the damaged page.
-    let (status, _, body) = get(sys.router_addr, &target, "/");
-    eprintln!("first request after the damage: {status} {body}");
-    if status == 200 {
-        assert_eq!(
-            checksum(&body),
-            original,
-            "an answer computed from unverified memory"
-        );
-    }
-    let a = wait_state(
-        &sys,
-        ns,
-        "s",
-        "ACTOR_STATE_CRASHED",
-        Duration::from_secs(30),
-    );
-    let why = a["lastError"].as_str().unwrap_or_default();
-    eprintln!("lastError: {why}");
-    assert!(
-        why.contains(&chunk) && why.contains("damaged"),
-        "lastError names the damaged chunk ({chunk}): {why}"
-    );
+    expect_crash_never_a_wrong_answer(&sys, ns, &original, &[&chunk, "damaged"]);
     let (status, _, body) = get(sys.router_addr, &target, "/");
     assert_ne!(status, 200, "a CRASHED actor is not served: {body}");
-    assert!(
-        page_source_pid(&sys).is_none(),
-        "no page source is left running"
-    );
 }
 
 /// Replaces the stored object of a memory chunk in the middle of `ns/name`'s newest durable
@@ -286,35 +288,7 @@ fn a_damaged_chunk_in_the_durable_store_crashes_the_actor_and_no_wrong_page_is_s
     let original = checksum(&get_ok(&sys, &target, "/"));
     sys.ate_ok(&["suspend", "actor", "s", "-a", ns, "--durable"]);
     let chunk = damage_durable_chunk(&sys, ns, "s", 1);
-    let (status, _, body) = get(sys.router_addr, &target, "/");
-    eprintln!("first request after the damage: {status} {body}");
-    if status == 200 {
-        assert_eq!(
-            checksum(&body),
-            original,
-            "an answer computed from unverified memory"
-        );
-    }
-    let a = wait_state(
-        &sys,
-        ns,
-        "s",
-        "ACTOR_STATE_CRASHED",
-        Duration::from_secs(30),
-    );
-    let why = a["lastError"].as_str().unwrap_or_default();
-    eprintln!("lastError: {why}");
-    for l in sys.log("node").lines().filter(|l| l.contains("lazy")) {
-        eprintln!("node: {l}");
-    }
-    assert!(
-        why.contains(&chunk) && why.contains("damaged"),
-        "lastError names the damaged chunk ({chunk}): {why}"
-    );
-    assert!(
-        page_source_pid(&sys).is_none(),
-        "no page source is left running"
-    );
+    expect_crash_never_a_wrong_answer(&sys, ns, &original, &[&chunk, "damaged"]);
 }
 
 #[test]
@@ -335,26 +309,7 @@ fn chunks_gone_from_the_durable_store_mid_restore_crash_the_actor_and_revert_rec
     let chunks = sys.state_dir().join("durable").join("_chunks");
     let aside = sys.state_dir().join("durable-chunks-aside");
     std::fs::rename(&chunks, &aside).expect("move the chunks away");
-    // Whatever answers must come from complete, verified memory.
-    let (status, _, body) = get(sys.router_addr, &target, "/");
-    eprintln!("request while the chunks are gone: {status} {body}");
-    if status == 200 {
-        assert_eq!(checksum(&body), original, "answered from incomplete memory");
-    }
-    let a = wait_state(
-        &sys,
-        ns,
-        "s",
-        "ACTOR_STATE_CRASHED",
-        Duration::from_secs(30),
-    );
-    let why = a["lastError"].as_str().unwrap_or_default();
-    eprintln!("lastError: {why}");
-    assert!(
-        why.contains("chunk") && why.contains("pages-"),
-        "lastError names the missing chunk: {why}"
-    );
-    assert!(page_source_pid(&sys).is_none(), "no page source is left");
+    expect_crash_never_a_wrong_answer(&sys, ns, &original, &["chunk", "pages-", "missing"]);
     // The store is back: revert and the next request restore the same memory.
     std::fs::rename(&aside, &chunks).expect("move the chunks back");
     sys.ate_ok(&["revert", "actor", "s", "-a", ns]);
