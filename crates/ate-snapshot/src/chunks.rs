@@ -86,7 +86,8 @@ pub fn durable_source(gen_dir: &Path) -> Result<Option<DurableSource>> {
     }
 }
 
-/// A sweep's announcement: it may delete chunks from `started_ms` to `ends_by_ms` (its clock).
+/// A sweep's announcement, for people reading the store: it may delete chunks from `started_ms`
+/// to `ends_by_ms` (its clock). Uploads go by the object's last-modified time only.
 #[derive(Debug, Serialize, Deserialize)]
 struct SweepWindow {
     started_ms: u64,
@@ -279,32 +280,23 @@ impl DurableStore {
 
     /// True when a sweep's deletion window overlaps `started` .. now (with slack for clocks).
     async fn sweep_overlapped(&self, started: SystemTime) -> Result<bool> {
+        // One listing, no reads: an announcement's last-modified time is when its sweep began
+        // deleting (the store's clock, like every age the sweeps compare), and a sweep deletes
+        // for at most SWEEP_DELETE_WINDOW after it.
         let dir = self.chunks_root().join(SWEEPS_DIR);
+        let from = started - CLOCK_SLACK - SWEEP_DELETE_WINDOW;
+        let to = SystemTime::now() + CLOCK_SLACK;
         let mut listing = self.store.list(Some(&dir));
-        let mut markers = Vec::new();
         while let Some(item) = listing.next().await {
             match item {
-                Ok(m) => markers.push(m.location),
+                Ok(m) => {
+                    let began = SystemTime::from(m.last_modified);
+                    if began >= from && began <= to {
+                        return Ok(true);
+                    }
+                }
                 Err(object_store::Error::NotFound { .. }) => {}
                 Err(e) => return Err(Error::object(&dir, e)),
-            }
-        }
-        drop(listing);
-        let from = unix_ms(started).saturating_sub(CLOCK_SLACK.as_millis() as u64);
-        let to = unix_ms(SystemTime::now()) + CLOCK_SLACK.as_millis() as u64;
-        for m in markers {
-            let window = match self.store.get(&m).await {
-                Ok(r) => r.bytes().await.map_err(|e| Error::object(&m, e))?,
-                Err(object_store::Error::NotFound { .. }) => continue,
-                Err(e) => return Err(Error::object(&m, e)),
-            };
-            // An unreadable announcement counts as overlapping: checking costs only time.
-            let overlaps = match serde_json::from_slice::<SweepWindow>(&window) {
-                Ok(w) => w.started_ms <= to && w.ends_by_ms >= from,
-                Err(_) => true,
-            };
-            if overlaps {
-                return Ok(true);
             }
         }
         Ok(false)
