@@ -24,6 +24,9 @@ pub const ACTORS_ACTIVE: &str = "ate_worker_actors_active";
 pub const SLOTS: &str = "ate_worker_slots";
 pub const FROZEN_ACTORS: &str = "ate_worker_frozen_actors";
 pub const LAZY_RESTORES: &str = "ate_worker_lazy_restores_total";
+pub const LAZY_CHUNKS: &str = "ate_worker_lazy_chunks_total";
+pub const LAZY_PREFETCHED_CHUNKS: &str = "ate_worker_lazy_prefetched_chunks_total";
+pub const LAZY_ALL_IN_SECONDS: &str = "ate_worker_lazy_all_in_seconds";
 
 /// Every series of the worker with its help text (`# HELP` / `# TYPE` on `/metrics`).
 pub fn describe() {
@@ -88,8 +91,27 @@ pub fn describe() {
         Unit::Count,
         "Lazy memory restores by outcome once their page source ended: complete (every page in), failed (a damaged chunk or a dead page source: the actor was stopped and marked CRASHED)."
     );
+    metrics::describe_counter!(
+        LAZY_CHUNKS,
+        Unit::Count,
+        "2 MiB memory chunks placed by completed lazy restores, by where they came from: local (the generation on this node), store (fetched from the durable store)."
+    );
+    metrics::describe_counter!(
+        LAZY_PREFETCHED_CHUNKS,
+        Unit::Count,
+        "Chunks completed lazy restores pushed first because the previous restore's working set named them."
+    );
+    metrics::describe_histogram!(
+        LAZY_ALL_IN_SECONDS,
+        Unit::Seconds,
+        "Time from a lazy restore's start until every page of the actor's memory was in (the actor answers long before)."
+    );
     // Present (at zero) from the start: rate() needs the series before the first event.
     metrics::counter!(SNAPSHOT_BYTES_WRITTEN).increment(0);
+    metrics::counter!(LAZY_PREFETCHED_CHUNKS).increment(0);
+    for source in ["local", "store"] {
+        metrics::counter!(LAZY_CHUNKS, "source" => source).increment(0);
+    }
     for outcome in ["complete", "failed"] {
         metrics::counter!(LAZY_RESTORES, "outcome" => outcome).increment(0);
     }
@@ -150,8 +172,25 @@ pub(crate) fn checkpointed(result: &Result<v1::WorkerCheckpointReply, Status>, b
     }
 }
 
-pub(crate) fn lazy_restore_done() {
+/// A completed lazy restore, with the page source's summary (`key=value …`, see
+/// `lazy::source::Stats::summary`).
+pub(crate) fn lazy_restore_done(summary: &str) {
     metrics::counter!(LAZY_RESTORES, "outcome" => "complete").increment(1);
+    let value = |key: &str| {
+        summary
+            .split_whitespace()
+            .filter_map(|kv| kv.split_once('='))
+            .find(|(k, _)| *k == key)
+            .and_then(|(_, v)| v.parse::<u64>().ok())
+    };
+    let read = value("chunks").unwrap_or(0);
+    let fetched = value("fetched").unwrap_or(0).min(read);
+    metrics::counter!(LAZY_CHUNKS, "source" => "local").increment(read - fetched);
+    metrics::counter!(LAZY_CHUNKS, "source" => "store").increment(fetched);
+    metrics::counter!(LAZY_PREFETCHED_CHUNKS).increment(value("prefetched").unwrap_or(0));
+    if let Some(ms) = value("all_in_ms") {
+        metrics::histogram!(LAZY_ALL_IN_SECONDS).record(ms as f64 / 1000.0);
+    }
 }
 
 pub(crate) fn lazy_restore_failed() {

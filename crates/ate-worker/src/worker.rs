@@ -1512,7 +1512,7 @@ impl Worker {
                 }
                 Some(Outcome::Done(summary)) => {
                     tracing::info!(actor = %key, %summary, "lazy restore: every page is in");
-                    crate::metrics::lazy_restore_done();
+                    crate::metrics::lazy_restore_done(&summary);
                     if let Some(e) = self.table().actors.get_mut(&key) {
                         e.page_source = None;
                     }
