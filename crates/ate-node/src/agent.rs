@@ -338,16 +338,25 @@ impl NodeAgent {
             ate_worker::lazy::images::eager_chunk_files(&dir.join(ate_snapshot::CRIU_DIR))
                 .map_err(|e| ate_snapshot::Error::InvalidInput(format!("memory images: {e}")))
         };
-        self.inner
+        let downloaded = self
+            .inner
             .durable
             .download_for_lazy_restore(&snap.durable_uri, &target, eager)
-            .await
-            .map_err(|e| {
-                Status::failed_precondition(format!(
-                    "cannot fetch generation {} from {} for a lazy restore: {e}",
-                    snap.generation, snap.durable_uri
-                ))
-            })?;
+            .await;
+        let small_files: u64 = downloaded.as_ref().map_or(0, |m| {
+            m.files
+                .iter()
+                .filter(|f| !f.has_chunk_digests())
+                .map(|f| f.size)
+                .sum()
+        });
+        crate::metrics::downloaded("lazy", downloaded.is_ok(), small_files, begun.elapsed());
+        downloaded.map_err(|e| {
+            Status::failed_precondition(format!(
+                "cannot fetch generation {} from {} for a lazy restore: {e}",
+                snap.generation, snap.durable_uri
+            ))
+        })?;
         tracing::info!(generation = snap.generation, uri = %snap.durable_uri, ms = begun.elapsed().as_millis() as u64, "generation fetched for a lazy restore (memory stays in the durable store)");
         crate::cache::touch(&target);
         Ok(target)
@@ -368,7 +377,12 @@ impl NodeAgent {
             .durable
             .download(&snap.durable_uri, &target)
             .await;
-        crate::metrics::downloaded(downloaded.is_ok(), snap.size_bytes, begun.elapsed());
+        crate::metrics::downloaded(
+            "whole",
+            downloaded.is_ok(),
+            snap.size_bytes,
+            begun.elapsed(),
+        );
         downloaded.map_err(|e| {
             Status::failed_precondition(format!(
                 "cannot fetch generation {} from {}: {e}",

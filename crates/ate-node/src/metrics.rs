@@ -63,17 +63,17 @@ pub fn describe() {
     metrics::describe_counter!(
         DOWNLOADS,
         Unit::Count,
-        "Generations fetched from the durable store for a restore, by outcome (ok, error; a verified cached copy counts as ok without a download)."
+        "Generations fetched from the durable store for a restore, by outcome (ok, error) and kind (whole: every file; lazy: the small files and the chunks CRIU reads, the rest fetched by the worker's page source)."
     );
     metrics::describe_histogram!(
         DOWNLOAD_SECONDS,
         Unit::Seconds,
-        "Time to fetch a generation from the durable store and verify it, by outcome."
+        "Time to fetch a generation from the durable store and verify it, by outcome and kind."
     );
     metrics::describe_counter!(
         DOWNLOADED_BYTES,
         Unit::Bytes,
-        "Bytes of the generations downloaded from the durable store."
+        "Bytes downloaded from the durable store by the node (uncompressed; a lazy download counts its small files, the workers count the memory chunks they fetch)."
     );
     metrics::describe_counter!(
         LOCAL_REPLACED,
@@ -148,10 +148,12 @@ pub(crate) fn checkpointed(result: &Result<Response<v1::CheckpointReply>, Status
     }
 }
 
-pub(crate) fn downloaded(ok: bool, bytes: u64, took: Duration) {
+/// `kind`: `whole` or `lazy` (see the description of [`DOWNLOADS`]).
+pub(crate) fn downloaded(kind: &'static str, ok: bool, bytes: u64, took: Duration) {
     let outcome = if ok { "ok" } else { "error" };
-    metrics::counter!(DOWNLOADS, "outcome" => outcome).increment(1);
-    metrics::histogram!(DOWNLOAD_SECONDS, "outcome" => outcome).record(took.as_secs_f64());
+    metrics::counter!(DOWNLOADS, "outcome" => outcome, "kind" => kind).increment(1);
+    metrics::histogram!(DOWNLOAD_SECONDS, "outcome" => outcome, "kind" => kind)
+        .record(took.as_secs_f64());
     if ok {
         metrics::counter!(DOWNLOADED_BYTES).increment(bytes);
     }
