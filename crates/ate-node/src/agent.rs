@@ -407,16 +407,7 @@ impl NodeAgent {
         local: &Path,
         refused: Status,
     ) -> Result<PathBuf, Status> {
-        use tonic::Code;
-        // The worker is busy, gone or was cancelled: that says nothing about the generation.
-        if matches!(
-            refused.code(),
-            Code::Unavailable
-                | Code::ResourceExhausted
-                | Code::Aborted
-                | Code::Cancelled
-                | Code::DeadlineExceeded
-        ) {
+        if says_nothing_about_the_generation(&refused) {
             return Err(refused);
         }
         let damage = match ate_snapshot::verify(local).await {
@@ -565,6 +556,21 @@ impl NodeAgent {
 
 /// The span of a Run or Restore (`call`): the request id the api passed on (DESIGN §8: on every
 /// line of the request, in every component) and the actor.
+/// A refused start that says nothing about the generation it was given: the worker is busy,
+/// gone, or the call was cancelled or timed out. Any other refusal may be the copy's fault, and
+/// another copy of the same generation is worth a try.
+fn says_nothing_about_the_generation(refused: &Status) -> bool {
+    use tonic::Code;
+    matches!(
+        refused.code(),
+        Code::Unavailable
+            | Code::ResourceExhausted
+            | Code::Aborted
+            | Code::Cancelled
+            | Code::DeadlineExceeded
+    )
+}
+
 fn start_span<T>(call: &str, req: &Request<T>, workload: Option<&v1::Workload>) -> tracing::Span {
     let actor = workload
         .and_then(|w| w.actor.as_ref())
@@ -655,16 +661,7 @@ impl NodeAgent {
                 };
                 match started {
                     Ok(reply) => (reply, "durable copy, memory on demand"),
-                    // The worker is busy, gone or was cancelled: that says nothing about the copy.
-                    Err(e)
-                        if matches!(
-                            e.code(),
-                            tonic::Code::Unavailable
-                                | tonic::Code::Cancelled
-                                | tonic::Code::ResourceExhausted
-                                | tonic::Code::Aborted
-                        ) =>
-                    {
+                    Err(e) if says_nothing_about_the_generation(&e) => {
                         return Err(e);
                     }
                     Err(e) => {

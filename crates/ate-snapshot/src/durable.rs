@@ -1116,17 +1116,26 @@ fn spawn_compress(
     tx: mpsc::Sender<Bytes>,
     priority: UploadPriority,
 ) -> Result<tokio::sync::oneshot::Receiver<Result<(u64, String)>>> {
+    spawn_at(priority, move || compress_file(&src, tx))
+}
+
+/// Starts blocking `work` at once at `priority`: on the blocking pool, or for
+/// [`UploadPriority::Background`] on a thread of its own at [`BACKGROUND_NICE`] (not the shared
+/// pool: the nice value stays with the thread, and a pool thread kept at nice 19 would slow
+/// whatever it runs next). The receiver gets its result (dropped without one only if it panicked).
+fn spawn_at<T: Send + 'static>(
+    priority: UploadPriority,
+    work: impl FnOnce() -> T + Send + 'static,
+) -> Result<tokio::sync::oneshot::Receiver<T>> {
     let (done, result) = tokio::sync::oneshot::channel();
     let work = move || {
-        let _ = done.send(compress_file(&src, tx));
+        let _ = done.send(work());
     };
     match priority {
         UploadPriority::Normal => {
             tokio::task::spawn_blocking(work);
         }
         UploadPriority::Background => {
-            // A thread per file, not the shared pool: the nice value stays with the thread,
-            // and a pool thread kept at nice 19 would slow whatever it runs next.
             std::thread::Builder::new()
                 .name("ate-upload-bg".into())
                 .spawn(move || {
@@ -1142,35 +1151,16 @@ fn spawn_compress(
     Ok(result)
 }
 
-/// Runs blocking `work` at `priority`: on the blocking pool, or for
-/// [`UploadPriority::Background`] on a thread of its own at [`BACKGROUND_NICE`].
+/// [`spawn_at`], awaited.
 pub(crate) async fn run_at<T: Send + 'static>(
     priority: UploadPriority,
     what: String,
     work: impl FnOnce() -> Result<T> + Send + 'static,
 ) -> Result<T> {
-    match priority {
-        UploadPriority::Normal => tokio::task::spawn_blocking(work)
-            .await
-            .map_err(|e| Error::task(what, e))?,
-        UploadPriority::Background => {
-            let (done, result) = tokio::sync::oneshot::channel();
-            std::thread::Builder::new()
-                .name("ate-upload-bg".into())
-                .spawn(move || {
-                    lower_this_thread_priority(BACKGROUND_NICE);
-                    let _ = done.send(work());
-                })
-                .map_err(|e| Error::Task {
-                    what: "start a background compression thread".into(),
-                    message: e.to_string(),
-                })?;
-            result.await.map_err(|_| Error::Task {
-                what,
-                message: "the thread ended without a result".into(),
-            })?
-        }
-    }
+    spawn_at(priority, work)?.await.map_err(|_| Error::Task {
+        what,
+        message: "the work ended without a result".into(),
+    })?
 }
 
 /// Sets the calling thread's nice value to `nice` (Linux keeps nice per thread; processes the
