@@ -39,7 +39,17 @@ struct Inner {
     /// Actor (`atespace/name`) → the worker that keeps it frozen in place after its last
     /// checkpoint. When the actor starts on another worker, that copy is stopped.
     frozen_on: std::sync::Mutex<HashMap<String, String>>,
+    /// Actor (`atespace/name`) → the generation directories it last ran from or was
+    /// checkpointed into on this node, newest last: the parents its next upload sends deltas
+    /// against (`DurableStore::upload_with_parents`). Lost on restart: the first upload after
+    /// one sends whole chunks.
+    recent_dirs: std::sync::Mutex<HashMap<String, Vec<PathBuf>>>,
 }
+
+/// Generation directories remembered per actor as delta parents.
+const RECENT_DIRS: usize = 2;
+/// Actors whose directories are remembered at most (a bound on the map's memory).
+const MAX_ACTORS_REMEMBERED: usize = 100_000;
 
 /// Largest part of a log one ReadLog returns.
 const MAX_LOG_READ: u32 = 1 << 20;
@@ -155,6 +165,7 @@ impl NodeAgent {
                 downloads: Default::default(),
                 background_uploads: Arc::new(tokio::sync::Semaphore::new(BACKGROUND_UPLOADS)),
                 frozen_on: std::sync::Mutex::new(HashMap::new()),
+                recent_dirs: std::sync::Mutex::new(HashMap::new()),
             }),
         })
     }
@@ -257,6 +268,28 @@ impl NodeAgent {
                 self.inner.cfg.name
             ))
         })
+    }
+
+    /// Records `dir` as the actor's newest generation directory on this node and returns the
+    /// ones before it (newest first): the delta parents of an upload of `dir`.
+    fn remember_dir(&self, actor: &str, dir: PathBuf) -> Vec<PathBuf> {
+        let mut recent = self
+            .inner
+            .recent_dirs
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        if recent.len() >= MAX_ACTORS_REMEMBERED && !recent.contains_key(actor) {
+            // A hint, not state: forgetting only costs whole chunks on some uploads.
+            recent.clear();
+        }
+        let dirs = recent.entry(actor.to_string()).or_default();
+        let parents: Vec<PathBuf> = dirs.iter().rev().filter(|d| **d != dir).cloned().collect();
+        dirs.retain(|d| *d != dir);
+        dirs.push(dir);
+        if dirs.len() > RECENT_DIRS {
+            dirs.remove(0);
+        }
+        parents
     }
 
     /// Where this node keeps an actor's generation.
@@ -459,14 +492,16 @@ impl NodeAgent {
         name: &str,
         snap: &v1::Snapshot,
         priority: UploadPriority,
+        parents: &[PathBuf],
     ) -> Result<String, String> {
         let key = crate::sweep::durable_key(atespace, name, snap.generation, &snap.uuid);
         let begun = std::time::Instant::now();
         let uploaded = self
             .inner
             .durable
-            .upload_with_priority(Path::new(&snap.local_path), &key, priority)
+            .upload_with_parents(Path::new(&snap.local_path), &key, priority, parents)
             .await
+            .map(|(uri, _)| uri)
             .map_err(|e| e.to_string());
         crate::metrics::uploaded(priority, &uploaded, snap.size_bytes, begun);
         uploaded
@@ -653,38 +688,45 @@ impl NodeAgent {
                 .spec
                 .as_ref()
                 .is_some_and(|s| s.eager_memory_restore);
-        let (reply, from) = match self.local_copy(&snap) {
+        let (reply, from, dir) = match self.local_copy(&snap) {
             None if lazy => {
                 let started = match self.fetch_for_lazy_restore(&snap).await {
-                    Ok(dir) => start(&dir).await,
+                    Ok(dir) => start(&dir).await.map(|r| (r, dir)),
                     Err(e) => Err(e),
                 };
                 match started {
-                    Ok(reply) => (reply, "durable copy, memory on demand"),
+                    Ok((reply, dir)) => (reply, "durable copy, memory on demand", dir),
                     Err(e) if says_nothing_about_the_generation(&e) => {
                         return Err(e);
                     }
                     Err(e) => {
                         tracing::warn!(actor = %format!("{atespace}/{name}"), generation = snap.generation, error = %e.message(), "lazy restore from the durable copy refused; fetching the whole generation");
+                        let dir = self.fetch(&snap).await?;
                         (
-                            start(&self.fetch(&snap).await?).await?,
+                            start(&dir).await?,
                             "durable copy (whole, after a refused lazy restore)",
+                            dir,
                         )
                     }
                 }
             }
-            None => (start(&self.fetch(&snap).await?).await?, "durable copy"),
+            None => {
+                let dir = self.fetch(&snap).await?;
+                (start(&dir).await?, "durable copy", dir)
+            }
             Some(local) => match start(&local).await {
-                Ok(reply) => (reply, "node-local copy"),
+                Ok(reply) => (reply, "node-local copy", local),
                 Err(refused) => {
                     let dir = self.replace_damaged_local(&snap, &local, refused).await?;
                     (
                         start(&dir).await?,
                         "durable copy replacing a damaged local one",
+                        dir,
                     )
                 }
             },
         };
+        self.remember_dir(&format!("{atespace}/{name}"), dir);
         tracing::info!(actor = %format!("{atespace}/{name}"), worker = %worker.info.worker_id, generation = snap.generation, from, ms = begun.elapsed().as_millis() as u64, "actor restored");
         Ok(Response::new(Self::reply(
             &worker,
@@ -737,6 +779,7 @@ impl NodeAgent {
                 frozen_on.remove(&key);
             }
         }
+        let parents = self.remember_dir(&format!("{atespace}/{name}"), dir.clone());
         let mut snapshot = v1::Snapshot {
             actor: Some(actor.clone()),
             generation: req.generation,
@@ -756,7 +799,13 @@ impl NodeAgent {
         };
         if req.durable {
             match self
-                .upload(&atespace, &name, &snapshot, UploadPriority::Normal)
+                .upload(
+                    &atespace,
+                    &name,
+                    &snapshot,
+                    UploadPriority::Normal,
+                    &parents,
+                )
                 .await
             {
                 Ok(uri) => {
@@ -783,7 +832,13 @@ impl NodeAgent {
                     return;
                 }
                 let uploaded = agent
-                    .upload(&atespace, &name, &snap, UploadPriority::Background)
+                    .upload(
+                        &atespace,
+                        &name,
+                        &snap,
+                        UploadPriority::Background,
+                        &parents,
+                    )
                     .await;
                 let (status, uri, reason) = match uploaded {
                     Ok(uri) => (DurableStatus::Completed, uri, String::new()),
@@ -860,10 +915,24 @@ impl NodeService for NodeAgent {
             .actor
             .ok_or_else(|| Status::invalid_argument("invalid actor: missing"))?;
         let mut out = Vec::new();
+        let parents = self
+            .inner
+            .recent_dirs
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&format!("{}/{}", actor.atespace, actor.name))
+            .cloned()
+            .unwrap_or_default();
         for mut snap in req.snapshots {
             if snap.durable_status != DurableStatus::Completed.wire() {
                 match self
-                    .upload(&actor.atespace, &actor.name, &snap, UploadPriority::Normal)
+                    .upload(
+                        &actor.atespace,
+                        &actor.name,
+                        &snap,
+                        UploadPriority::Normal,
+                        &parents,
+                    )
                     .await
                 {
                     Ok(uri) => {

@@ -31,6 +31,7 @@ use object_store::path::Path as ObjPath;
 use object_store::{ObjectStoreExt, PutPayload};
 use serde::{Deserialize, Serialize};
 
+use crate::chunk_delta::{self, PageSet};
 use crate::durable::{Deadline, DurableStore, UploadPriority, older_than, run_at};
 use crate::error::{Error, Result};
 use crate::manifest::{FileEntry, MANIFEST_FILE, Manifest};
@@ -95,12 +96,72 @@ struct SweepWindow {
 }
 
 /// What an upload did with the chunks of one file.
-#[derive(Debug, Default, Clone, Copy)]
+#[derive(Debug, Default, Clone)]
 pub(crate) struct ChunkUpload {
     /// Compressed bytes written.
     pub sent_bytes: u64,
+    /// Chunks written whole.
     pub written: u64,
+    /// Chunks written as deltas: `(digest, base digest)`.
+    pub deltas: Vec<(String, String)>,
     pub reused: u64,
+}
+
+/// What an upload did with one chunk.
+enum Written {
+    Reused,
+    /// Written whole, compressed bytes.
+    Full(u64),
+    /// Written as a delta: bytes, digest, base digest.
+    Delta(u64, String, String),
+}
+
+/// An earlier generation on this node whose chunks a new generation's may be deltas of.
+#[derive(Debug, Clone)]
+pub(crate) struct Parent {
+    pub dir: std::path::PathBuf,
+    pub manifest: Manifest,
+}
+
+/// A chunk of a parent a new chunk may be stored as a delta of: read from `dir` (the parent's
+/// copy of it) and compared; stored on `base` (the parent's chunk itself, or its base with the
+/// pages `carried` that the parent's delta replaces).
+struct DeltaBase {
+    dir: std::path::PathBuf,
+    entry: FileEntry,
+    index: u64,
+    base: String,
+    carried: PageSet,
+}
+
+/// Infix of a delta marker's name: `<digest>.base-<base digest>`.
+const MARKER_INFIX: &str = ".base-";
+
+/// The first of `bases` that `new` can be stored as a delta of (its local copy reads back with
+/// its digest, few pages differ): the delta object and its base's digest.
+fn encode_delta(new: &[u8], bases: &[DeltaBase]) -> Option<(Vec<u8>, String)> {
+    let mut old = Vec::new();
+    for b in bases {
+        let path = b.dir.join(&b.entry.path);
+        // A node-local copy may be partial (a lazy restore's download) or gone: skip it.
+        let Ok(file) = File::open(&path) else {
+            continue;
+        };
+        if crate::generation::read_verified_chunk_at(&file, &b.entry, b.index, &mut old).is_err() {
+            continue;
+        }
+        let Some(changed) = chunk_delta::diff_pages(&old, new) else {
+            continue;
+        };
+        let pages = changed.union(&b.carried);
+        if pages.len() > chunk_delta::MAX_DELTA_PAGES {
+            continue;
+        }
+        if let Ok(obj) = chunk_delta::encode(&b.base, new, &pages, CHUNK_ZSTD_LEVEL) {
+            return Some((obj, b.base.clone()));
+        }
+    }
+    None
 }
 
 fn unix_ms(t: SystemTime) -> u64 {
@@ -140,11 +201,14 @@ impl DurableStore {
 
     /// Uploads the chunks of `entry` (a file with chunk digests) that the store lacks or holds
     /// only in an old copy. Each chunk is read from `gen_dir`, checked against its digest (a file
-    /// changed since sealing is refused) and compressed at `priority`.
+    /// changed since sealing is refused) and compressed at `priority`; a chunk the store lacks
+    /// goes up as a delta on the same chunk of one of `parents` when few pages differ
+    /// ([`crate::chunk_delta`]).
     pub(crate) async fn upload_chunks(
         &self,
         gen_dir: &Path,
         entry: &FileEntry,
+        parents: &[Parent],
         priority: UploadPriority,
         deadline: &Deadline,
     ) -> Result<ChunkUpload> {
@@ -152,7 +216,7 @@ impl DurableStore {
         let file = Arc::new(File::open(&src).map_err(|e| Error::io("open", &src, e))?);
         let transfers: Vec<_> = (0..entry.chunk_count())
             .map(|i| {
-                self.upload_chunk(file.clone(), entry, i, priority, deadline)
+                self.upload_chunk(file.clone(), entry, i, parents, priority, deadline)
                     .boxed()
             })
             .collect();
@@ -160,59 +224,168 @@ impl DurableStore {
             UploadPriority::Normal => CHUNKS_IN_FLIGHT,
             UploadPriority::Background => BACKGROUND_CHUNKS_IN_FLIGHT,
         };
-        let results: Vec<Result<Option<u64>>> = futures::stream::iter(transfers)
+        let results: Vec<Result<Written>> = futures::stream::iter(transfers)
             .buffer_unordered(in_flight)
             .collect()
             .await;
         let mut done = ChunkUpload::default();
         for r in results {
             match r? {
-                Some(bytes) => {
+                Written::Reused => done.reused += 1,
+                Written::Full(bytes) => {
                     done.written += 1;
                     done.sent_bytes += bytes;
                 }
-                None => done.reused += 1,
+                Written::Delta(bytes, digest, base) => {
+                    done.deltas.push((digest, base));
+                    done.sent_bytes += bytes;
+                }
             }
         }
         Ok(done)
     }
 
-    /// `None` when the store already holds a recent copy; else the compressed bytes written.
+    /// Uploads chunk `index` unless the store already holds a recent copy.
     async fn upload_chunk(
         &self,
         file: Arc<File>,
         entry: &FileEntry,
         index: u64,
+        parents: &[Parent],
         priority: UploadPriority,
         deadline: &Deadline,
-    ) -> Result<Option<u64>> {
+    ) -> Result<Written> {
         deadline.check()?;
         let digest = entry
             .chunk_digest(index)
             .ok_or_else(|| Error::InvalidInput(format!("{}: no chunk {index}", entry.path)))?;
         let obj = self.chunk_object(digest);
-        match self.store.head(&obj).await {
-            Ok(meta) if !self.chunk_needs_renewal(meta.last_modified.into()) => return Ok(None),
-            Ok(_) | Err(object_store::Error::NotFound { .. }) => {}
+        let absent = match self.store.head(&obj).await {
+            Ok(meta) if !self.chunk_needs_renewal(meta.last_modified.into()) => {
+                return Ok(Written::Reused);
+            }
+            // An old copy is renewed whole: a chunk object that exists is only ever replaced by
+            // a full copy, so a reader chasing bases rarely meets a delta where a base was.
+            Ok(_) => false,
+            Err(object_store::Error::NotFound { .. }) => true,
             Err(e) => return Err(Error::object(&obj, e)),
-        }
+        };
+        let bases = if absent {
+            self.delta_bases(entry, index, digest, parents).await
+        } else {
+            Vec::new()
+        };
         let entry_owned = entry.clone();
-        let compressed = run_at(priority, format!("compress {obj}"), move || {
+        let (compressed, base) = run_at(priority, format!("compress {obj}"), move || {
             let mut buf = Vec::new();
             crate::generation::read_verified_chunk_at(&file, &entry_owned, index, &mut buf)?;
-            compress_chunk(&buf, &entry_owned.path)
+            if let Some((obj, base)) = encode_delta(&buf, &bases) {
+                return Ok((obj, Some(base)));
+            }
+            compress_chunk(&buf, &entry_owned.path).map(|c| (c, None))
         })
         .await?;
         let n = compressed.len() as u64;
-        let put = self.store.put(&obj, PutPayload::from(compressed));
+        if let Some(base) = &base {
+            // The edge the sweep follows, before the delta that needs it (see the sweep).
+            let marker = self.delta_marker(digest, base);
+            self.put_bounded(&marker, PutPayload::default(), deadline)
+                .await?;
+        }
+        self.put_bounded(&obj, PutPayload::from(compressed), deadline)
+            .await?;
+        Ok(match base {
+            Some(base) => Written::Delta(n, digest.to_string(), base),
+            None => Written::Full(n),
+        })
+    }
+
+    async fn put_bounded(
+        &self,
+        obj: &ObjPath,
+        payload: PutPayload,
+        deadline: &Deadline,
+    ) -> Result<()> {
+        let put = self.store.put(obj, payload);
         match deadline.remaining() {
             None => put.await,
             Some(left) => tokio::time::timeout(left, put)
                 .await
                 .map_err(|_| deadline.exceeded())?,
         }
-        .map_err(|e| Error::object(&obj, e))?;
-        Ok(Some(n))
+        .map(|_| ())
+        .map_err(|e| Error::object(obj, e))
+    }
+
+    /// The marker saying that chunk `digest` is stored as a delta on `base`.
+    fn delta_marker(&self, digest: &str, base: &str) -> ObjPath {
+        let fan = digest.get(..2).unwrap_or("00");
+        self.chunks_root()
+            .join(fan)
+            .join(format!("{digest}{MARKER_INFIX}{base}"))
+    }
+
+    /// The chunks of `parents` that chunk `index` (digest `digest`) may be stored as a delta of:
+    /// the same chunk of the same file, of the same length, other content, whose full copy in
+    /// the store (the parent's chunk itself, or the base it is a delta of) is recent enough to
+    /// be relied on until this upload's manifest is written (as for reuse). Lookup failures only
+    /// mean no delta.
+    async fn delta_bases(
+        &self,
+        entry: &FileEntry,
+        index: u64,
+        digest: &str,
+        parents: &[Parent],
+    ) -> Vec<DeltaBase> {
+        let mut out = Vec::new();
+        let Ok(len) = chunk_len(entry, index) else {
+            return out;
+        };
+        for parent in parents {
+            let Some(pentry) = parent.manifest.file(&entry.path) else {
+                continue;
+            };
+            let Some(pdigest) = pentry.chunk_digest(index) else {
+                continue;
+            };
+            if pdigest == digest || chunk_len(pentry, index).ok() != Some(len) {
+                continue;
+            }
+            let pobj = self.chunk_object(pdigest);
+            let opts = object_store::GetOptions {
+                range: Some((0..chunk_delta::PREFIX_BYTES as u64).into()),
+                ..Default::default()
+            };
+            let Ok(got) = self.store.get_opts(&pobj, opts).await else {
+                continue;
+            };
+            let written: SystemTime = got.meta.last_modified.into();
+            let Ok(prefix) = got.bytes().await else {
+                continue;
+            };
+            let (base, carried, base_written) =
+                match chunk_delta::parse_header(&prefix, pobj.as_ref()) {
+                    Ok(None) => (pdigest.to_string(), PageSet::default(), written),
+                    Ok(Some(h)) if h.len == len => {
+                        match self.store.head(&self.chunk_object(&h.base)).await {
+                            Ok(meta) => (h.base, h.pages, meta.last_modified.into()),
+                            Err(_) => continue,
+                        }
+                    }
+                    _ => continue,
+                };
+            if self.chunk_needs_renewal(base_written) || base == digest {
+                continue;
+            }
+            out.push(DeltaBase {
+                dir: parent.dir.clone(),
+                entry: pentry.clone(),
+                index,
+                base,
+                carried,
+            });
+        }
+        out
     }
 
     /// A stored chunk older than a quarter of the grace age is written again rather than
@@ -232,8 +405,8 @@ impl DurableStore {
         &self,
         gen_dir: &Path,
         manifest: &Manifest,
-        started: SystemTime,
-        last_write: Instant,
+        deltas: &[(String, String)],
+        (started, last_write): (SystemTime, Instant),
         priority: UploadPriority,
         deadline: &Deadline,
     ) -> Result<()> {
@@ -244,6 +417,19 @@ impl DurableStore {
         }
         let wait = RECHECK_AFTER_WRITE.saturating_sub(last_write.elapsed());
         tokio::time::sleep(wait).await;
+        // A sweep that deleted a chunk and its marker may have deleted the marker this upload
+        // wrote again for the same delta (same name): write it back.
+        for (digest, base) in deltas {
+            let marker = self.delta_marker(digest, base);
+            match self.store.head(&marker).await {
+                Ok(_) => {}
+                Err(object_store::Error::NotFound { .. }) => {
+                    self.put_bounded(&marker, PutPayload::default(), deadline)
+                        .await?
+                }
+                Err(e) => return Err(Error::object(&marker, e)),
+            }
+        }
         for entry in manifest.files.iter().filter(|f| f.has_chunk_digests()) {
             let src = gen_dir.join(&entry.path);
             let file = Arc::new(File::open(&src).map_err(|e| Error::io("open", &src, e))?);
@@ -257,7 +443,7 @@ impl DurableStore {
                             Ok(_) => Ok(()),
                             Err(object_store::Error::NotFound { .. }) => {
                                 tracing::info!(chunk = %obj, "a sweep removed a chunk during the upload; writing it again");
-                                self.upload_chunk(file, entry, i, priority, deadline)
+                                self.upload_chunk(file, entry, i, &[], priority, deadline)
                                     .await
                                     .map(|_| ())
                             }
@@ -304,33 +490,86 @@ impl DurableStore {
 
     /// Fetches chunk `index` of `entry` from the store, decompressed and checked against its
     /// BLAKE3 digest ([`Error::ChunkMismatch`] when it differs, [`Error::MissingFile`] when the
-    /// store does not hold it).
+    /// store does not hold it or a base it is a delta of). A delta chunk
+    /// ([`crate::chunk_delta`]) is rebuilt from its base, which is checked against its own digest
+    /// first.
     pub async fn fetch_chunk(&self, entry: &FileEntry, index: u64) -> Result<Vec<u8>> {
         let digest = entry
             .chunk_digest(index)
             .ok_or_else(|| Error::InvalidInput(format!("{}: no chunk {index}", entry.path)))?;
         let len = chunk_len(entry, index)?;
-        let obj = self.chunk_object(digest);
-        let got = match self.store.get(&obj).await {
-            Ok(r) => r.bytes().await.map_err(|e| Error::object(&obj, e))?,
-            Err(object_store::Error::NotFound { .. }) => {
-                return Err(Error::MissingFile {
-                    file: format!("{} (chunk {index}, {obj})", entry.path),
-                });
-            }
-            Err(e) => return Err(Error::object(&obj, e)),
-        };
+        let label = format!("{} (chunk {index}", entry.path);
+        let data = self.fetch_chunk_object(digest, len, &label, 0).await?;
         let entry = entry.clone();
         tokio::task::spawn_blocking(move || {
-            let data = zstd::bulk::decompress(&got, len).map_err(|e| Error::Decompress {
-                key: obj.to_string(),
-                source: e,
-            })?;
             crate::generation::verify_chunk_bytes(&entry, index, &data)?;
             Ok(data)
         })
         .await
-        .map_err(|e| Error::task("decompress a chunk", e))?
+        .map_err(|e| Error::task("check a chunk", e))?
+    }
+
+    /// The bytes of the chunk object named `digest` (`len` long), rebuilt from its bases when it
+    /// is a delta; `depth` bases followed so far. Bases are checked against their digests; the
+    /// chunk itself is the caller's to check.
+    fn fetch_chunk_object<'a>(
+        &'a self,
+        digest: &'a str,
+        len: usize,
+        label: &'a str,
+        depth: usize,
+    ) -> futures::future::BoxFuture<'a, Result<Vec<u8>>> {
+        async move {
+            let obj = self.chunk_object(digest);
+            let got = match self.store.get(&obj).await {
+                Ok(r) => r.bytes().await.map_err(|e| Error::object(&obj, e))?,
+                Err(object_store::Error::NotFound { .. }) => {
+                    return Err(Error::MissingFile {
+                        file: format!("{label}, {obj})"),
+                    });
+                }
+                Err(e) => return Err(Error::object(&obj, e)),
+            };
+            let name = obj.to_string();
+            let Some(header) = chunk_delta::parse_header(&got, &name)? else {
+                return tokio::task::spawn_blocking(move || {
+                    zstd::bulk::decompress(&got, len).map_err(|e| Error::Decompress {
+                        key: name,
+                        source: e,
+                    })
+                })
+                .await
+                .map_err(|e| Error::task("decompress a chunk", e))?;
+            };
+            if depth >= chunk_delta::MAX_CHAIN || header.len != len {
+                return Err(Error::InvalidInput(format!(
+                    "chunk object {name}: a delta {} (of {} bytes) where a chunk of {len} bytes is read",
+                    if depth >= chunk_delta::MAX_CHAIN {
+                        "past the longest chain of bases"
+                    } else {
+                        "of another length"
+                    },
+                    header.len
+                )));
+            }
+            let base_label = format!("{label}, {obj}: its base");
+            let base = self
+                .fetch_chunk_object(&header.base, len, &base_label, depth + 1)
+                .await?;
+            tokio::task::spawn_blocking(move || {
+                let actual = blake3::hash(&base).to_hex();
+                if actual.as_str() != header.base {
+                    return Err(Error::InvalidInput(format!(
+                        "chunk object {name}: its base holds {actual}, not {}",
+                        header.base
+                    )));
+                }
+                chunk_delta::apply(&header, &got, base, &name)
+            })
+            .await
+            .map_err(|e| Error::task("rebuild a delta chunk", e))?
+        }
+        .boxed()
     }
 
     /// Writes the chunks `which` of `entry` (all when `None`) into `dst`, which is created with
@@ -474,7 +713,9 @@ impl DurableStore {
         let root = ObjPath::from_iter(self.prefix.iter().map(String::as_str));
         let chunks_root = self.chunks_root();
         let mut manifests = Vec::new();
-        let mut chunks: Vec<(ObjPath, String)> = Vec::new();
+        // Every chunk object: digest → (object, old enough to delete).
+        let mut stored: BTreeMap<String, (ObjPath, bool)> = BTreeMap::new();
+        let mut markers: Vec<DeltaMarker> = Vec::new();
         let now = SystemTime::now();
         let mut listing = self.store.list((!self.prefix.is_empty()).then_some(&root));
         while let Some(item) = listing.next().await {
@@ -484,22 +725,26 @@ impl DurableStore {
                 Err(e) => return Err(Error::object(&root, e)),
             };
             if m.location.prefix_matches(&chunks_root) {
-                let digest = m
-                    .location
-                    .filename()
-                    .and_then(|n| n.strip_suffix(".zst"))
-                    .map(str::to_owned);
-                if let Some(d) = digest
-                    && older_than(m.last_modified.into(), now, grace)
-                {
-                    chunks.push((m.location, d));
+                let old = older_than(m.last_modified.into(), now, grace);
+                let Some(name) = m.location.filename().map(str::to_owned) else {
+                    continue;
+                };
+                if let Some(digest) = name.strip_suffix(".zst") {
+                    stored.insert(digest.to_owned(), (m.location, old));
+                } else if let Some((digest, base)) = name.split_once(MARKER_INFIX) {
+                    markers.push(DeltaMarker {
+                        obj: m.location,
+                        digest: digest.to_owned(),
+                        base: base.to_owned(),
+                        old,
+                    });
                 }
             } else if m.location.filename() == Some(MANIFEST_FILE) {
                 manifests.push(m.location);
             }
         }
         drop(listing);
-        if chunks.is_empty() {
+        if !stored.values().any(|(_, old)| *old) && !markers.iter().any(|m| m.old) {
             return Ok(0);
         }
         let mut referenced: BTreeSet<String> = BTreeSet::new();
@@ -520,7 +765,24 @@ impl DurableStore {
                 referenced.extend(f.blake3_chunks);
             }
         }
-        chunks.retain(|(_, d)| !referenced.contains(d));
+        let keep = chunks_to_keep(&stored, &markers, &referenced);
+        // A marker goes with its chunk, after it; an old one whose chunk is gone, at once.
+        let markers_to_delete: Vec<(ObjPath, bool)> = markers
+            .into_iter()
+            .filter(|m| {
+                m.old
+                    && !keep.contains(&m.digest)
+                    && stored.get(&m.digest).is_none_or(|(_, old)| *old)
+            })
+            .map(|m| (m.obj, false))
+            .collect();
+        // (object, is a chunk rather than a marker)
+        let mut chunks: Vec<(ObjPath, bool)> = stored
+            .into_iter()
+            .filter(|(d, (_, old))| *old && !keep.contains(d))
+            .map(|(_, (obj, _))| (obj, true))
+            .collect();
+        chunks.extend(markers_to_delete);
         if chunks.is_empty() {
             return Ok(0);
         }
@@ -541,7 +803,7 @@ impl DurableStore {
             .map_err(|e| Error::object(&marker, e))?;
         let window_end = Instant::now() + SWEEP_DELETE_WINDOW;
         let mut deleted = 0u64;
-        for (obj, _) in chunks {
+        for (obj, is_chunk) in chunks {
             if Instant::now() >= window_end.min(listing_valid_until) {
                 break;
             }
@@ -555,7 +817,7 @@ impl DurableStore {
                 continue;
             }
             match self.store.delete(&obj).await {
-                Ok(()) => deleted += 1,
+                Ok(()) => deleted += u64::from(is_chunk),
                 Err(object_store::Error::NotFound { .. }) => {}
                 Err(e) => return Err(Error::object(&obj, e)),
             }
@@ -568,6 +830,48 @@ impl DurableStore {
         }
         Ok(deleted)
     }
+}
+
+/// A delta marker from a sweep's listing: chunk `digest` is stored as a delta on `base`.
+struct DeltaMarker {
+    obj: ObjPath,
+    digest: String,
+    base: String,
+    old: bool,
+}
+
+/// The chunks a sweep must not delete: those a manifest references, those too young to judge,
+/// and every base a kept delta chunk needs, transitively. A marker whose chunk the listing did
+/// not hold keeps its base while it is young (an upload writes the marker, then the chunk).
+fn chunks_to_keep(
+    stored: &BTreeMap<String, (ObjPath, bool)>,
+    markers: &[DeltaMarker],
+    referenced: &BTreeSet<String>,
+) -> BTreeSet<String> {
+    let mut keep: BTreeSet<String> = referenced.clone();
+    keep.extend(
+        stored
+            .iter()
+            .filter(|(_, (_, old))| !*old)
+            .map(|(d, _)| d.clone()),
+    );
+    let mut bases_of: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
+    for m in markers {
+        if stored.contains_key(&m.digest) {
+            bases_of.entry(&m.digest).or_default().push(&m.base);
+        } else if !m.old {
+            keep.insert(m.base.clone());
+        }
+    }
+    let mut work: Vec<String> = keep.iter().cloned().collect();
+    while let Some(d) = work.pop() {
+        for base in bases_of.get(d.as_str()).into_iter().flatten() {
+            if keep.insert((*base).to_string()) {
+                work.push((*base).to_string());
+            }
+        }
+    }
+    keep
 }
 
 fn compress_chunk(data: &[u8], path: &str) -> Result<Vec<u8>> {

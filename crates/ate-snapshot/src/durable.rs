@@ -53,6 +53,9 @@ pub struct TransferStats {
     pub sent_bytes: u64,
     /// Memory chunks the upload found in the store and did not send again.
     pub chunks_reused: u64,
+    /// Memory chunks sent as the pages that differ from a parent's chunk (see
+    /// [`DurableStore::upload_with_parents`]).
+    pub chunks_delta: u64,
     pub elapsed: Duration,
 }
 
@@ -215,7 +218,41 @@ impl DurableStore {
         key: &str,
         priority: UploadPriority,
     ) -> Result<String> {
-        Ok(self.upload_prioritized(gen_dir, key, priority).await?.0)
+        Ok(self
+            .upload_prioritized(gen_dir, key, priority, &[])
+            .await?
+            .0)
+    }
+
+    /// [`DurableStore::upload`] at `priority`, sending the memory chunks the store lacks as
+    /// deltas on the same chunks of `parents` (earlier generations of the actor on this node)
+    /// where few pages differ: an actor that changed 1 % of its memory sends about 1 %, although
+    /// CRIU dumped all of it. A parent that cannot be read, or whose chunk does not read back
+    /// with its digest (a lazy restore's partial download), only means whole chunks.
+    pub async fn upload_with_parents(
+        &self,
+        gen_dir: &Path,
+        key: &str,
+        priority: UploadPriority,
+        parents: &[PathBuf],
+    ) -> Result<(String, TransferStats)> {
+        let mut loaded = Vec::new();
+        for dir in parents {
+            if dir.as_path() == gen_dir {
+                continue;
+            }
+            match generation::read_manifest(dir).await {
+                Ok(manifest) => loaded.push(crate::chunks::Parent {
+                    dir: dir.clone(),
+                    manifest,
+                }),
+                Err(e) => {
+                    tracing::debug!(parent = %dir.display(), error = %e, "not a parent for deltas")
+                }
+            }
+        }
+        self.upload_prioritized(gen_dir, key, priority, &loaded)
+            .await
     }
 
     /// [`DurableStore::upload`] with the amount moved and the time it took.
@@ -224,7 +261,7 @@ impl DurableStore {
         gen_dir: &Path,
         key: &str,
     ) -> Result<(String, TransferStats)> {
-        self.upload_prioritized(gen_dir, key, UploadPriority::Normal)
+        self.upload_prioritized(gen_dir, key, UploadPriority::Normal, &[])
             .await
     }
 
@@ -233,6 +270,7 @@ impl DurableStore {
         gen_dir: &Path,
         key: &str,
         priority: UploadPriority,
+        parents: &[crate::chunks::Parent],
     ) -> Result<(String, TransferStats)> {
         let start = Instant::now();
         let started_at = SystemTime::now();
@@ -255,29 +293,35 @@ impl DurableStore {
             .iter()
             .map(|f| {
                 if f.has_chunk_digests() {
-                    self.upload_chunks(gen_dir, f, priority, &deadline)
-                        .map(|r| r.map(|c| (c.sent_bytes, c.reused)))
+                    self.upload_chunks(gen_dir, f, parents, priority, &deadline)
                         .boxed()
                 } else {
                     self.upload_file(gen_dir, &base, f, priority, &deadline)
-                        .map(|r| r.map(|sent| (sent, 0)))
+                        .map(|r| {
+                            r.map(|sent_bytes| crate::chunks::ChunkUpload {
+                                sent_bytes,
+                                ..Default::default()
+                            })
+                        })
                         .boxed()
                 }
             })
             .collect();
-        let results: Vec<Result<(u64, u64)>> = futures::stream::iter(transfers)
+        let results: Vec<Result<crate::chunks::ChunkUpload>> = futures::stream::iter(transfers)
             .buffer_unordered(self.parallelism)
             .collect()
             .await;
         let last_write = Instant::now();
         // Every transfer has finished (none is cancelled half-way), so cleanup sees all objects.
         let mut sent = (0u64, 0u64);
+        let mut deltas: Vec<(String, String)> = Vec::new();
         let mut first_err = None;
         for r in results {
             match r {
-                Ok((bytes, reused)) => {
-                    sent.0 += bytes;
-                    sent.1 += reused;
+                Ok(done) => {
+                    sent.0 += done.sent_bytes;
+                    sent.1 += done.reused;
+                    deltas.extend(done.deltas);
                 }
                 Err(e) => {
                     first_err.get_or_insert(e);
@@ -288,7 +332,12 @@ impl DurableStore {
             Some(e) => Err(e),
             None => match self
                 .confirm_chunks(
-                    gen_dir, &manifest, started_at, last_write, priority, &deadline,
+                    gen_dir,
+                    &manifest,
+                    &deltas,
+                    (started_at, last_write),
+                    priority,
+                    &deadline,
                 )
                 .await
             {
@@ -308,6 +357,7 @@ impl DurableStore {
             raw_bytes: manifest.total_size(),
             sent_bytes: sent.0,
             chunks_reused: sent.1,
+            chunks_delta: deltas.len() as u64,
             elapsed: start.elapsed(),
         };
         tracing::info!(
@@ -316,6 +366,7 @@ impl DurableStore {
             bytes = stats.raw_bytes,
             sent_bytes = stats.sent_bytes,
             chunks_reused = stats.chunks_reused,
+            chunks_delta = stats.chunks_delta,
             ms = stats.elapsed.as_millis() as u64,
             "generation uploaded"
         );
@@ -478,6 +529,7 @@ impl DurableStore {
             raw_bytes: manifest.total_size(),
             sent_bytes: 0,
             chunks_reused: 0,
+            chunks_delta: 0,
             elapsed: start.elapsed(),
         };
         tracing::info!(

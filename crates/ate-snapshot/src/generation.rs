@@ -130,7 +130,14 @@ fn seal_blocking(
     let mut files = Vec::with_capacity(rel_files.len());
     for rel in rel_files {
         let chunked = is_memory_pages_file(&rel);
-        let hashed = hash_file(&gen_dir.join(&rel), chunked)?;
+        // A memory image is pinned by its chunk digests alone (manifest format 3); an empty
+        // one has no chunks and keeps its sha256.
+        let hashed = hash_file(&gen_dir.join(&rel), chunked, !chunked)?;
+        let hashed = if chunked && hashed.blake3_chunks.is_empty() {
+            hash_file(&gen_dir.join(&rel), false, true)?
+        } else {
+            hashed
+        };
         files.push(FileEntry {
             path: rel,
             size: hashed.size,
@@ -416,7 +423,7 @@ fn check_file(full: &Path, f: &FileEntry, check: Check) -> Result<()> {
         Check::ExceptChunked if f.has_chunk_digests() => return Ok(()),
         Check::Full | Check::ExceptChunked => {}
     }
-    let hashed = hash_file(full, f.has_chunk_digests())?;
+    let hashed = hash_file(full, f.has_chunk_digests(), !f.sha256.is_empty())?;
     if hashed.size != f.size {
         return Err(Error::SizeMismatch {
             file: f.path.clone(),
@@ -441,7 +448,7 @@ fn check_file(full: &Path, f: &FileEntry, check: Check) -> Result<()> {
             });
         }
     }
-    if hashed.sha256 != f.sha256 {
+    if !f.sha256.is_empty() && hashed.sha256 != f.sha256 {
         return Err(Error::ChecksumMismatch {
             file: f.path.clone(),
             expected: f.sha256.clone(),
@@ -649,12 +656,12 @@ struct Hashed {
     blake3_chunks: Vec<String>,
 }
 
-/// Size and sha256 of a file and, when `chunked`, the BLAKE3 of each [`CHUNK_BYTES`] chunk: one
-/// read of the file. The chunk digests are computed on a second thread while this one reads and
-/// feeds sha256 (a memory image of 1 GiB hashes in about the time of its sha256 alone).
-fn hash_file(path: &Path, chunked: bool) -> Result<Hashed> {
+/// Size and (when `sha256`) sha256 of a file and, when `chunked`, the BLAKE3 of each
+/// [`CHUNK_BYTES`] chunk: one read of the file. The chunk digests are computed on a second
+/// thread while this one reads (and feeds sha256); `sha256` is empty when not asked for.
+fn hash_file(path: &Path, chunked: bool, sha256: bool) -> Result<Hashed> {
     let mut f = File::open(path).map_err(|e| Error::io("open", path, e))?;
-    let mut h = Sha256::new();
+    let mut h = sha256.then(Sha256::new);
     // CHUNK_BYTES is 2 MiB: fits usize.
     let chunk = CHUNK_BYTES as usize;
     if !chunked {
@@ -662,7 +669,9 @@ fn hash_file(path: &Path, chunked: bool) -> Result<Hashed> {
         let mut size = 0u64;
         loop {
             let n = read_full(&mut f, &mut buf).map_err(|e| Error::io("read", path, e))?;
-            h.update(&buf[..n]);
+            if let Some(h) = h.as_mut() {
+                h.update(&buf[..n]);
+            }
             size += n as u64;
             if n < buf.len() {
                 break;
@@ -670,7 +679,7 @@ fn hash_file(path: &Path, chunked: bool) -> Result<Hashed> {
         }
         return Ok(Hashed {
             size,
-            sha256: hex::encode(h.finalize()),
+            sha256: h.map(|h| hex::encode(h.finalize())).unwrap_or_default(),
             blake3_chunks: Vec::new(),
         });
     }
@@ -706,7 +715,9 @@ fn hash_file(path: &Path, chunked: bool) -> Result<Hashed> {
                     return Ok(());
                 }
                 buf.truncate(n);
-                h.update(&buf);
+                if let Some(h) = h.as_mut() {
+                    h.update(&buf);
+                }
                 size += n as u64;
                 if to_blake3.send(buf).is_err() {
                     return Err(Error::io(
@@ -732,7 +743,7 @@ fn hash_file(path: &Path, chunked: bool) -> Result<Hashed> {
         read?;
         Ok(Hashed {
             size,
-            sha256: hex::encode(h.finalize()),
+            sha256: h.map(|h| hex::encode(h.finalize())).unwrap_or_default(),
             blake3_chunks: digests,
         })
     })

@@ -22,6 +22,7 @@
 //! off for good left without a manifest are removed by `DurableStore::sweep_partial_uploads`.
 
 mod archive;
+mod chunk_delta;
 mod chunks;
 mod durable;
 mod error;

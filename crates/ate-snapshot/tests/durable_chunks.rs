@@ -392,3 +392,194 @@ async fn an_upload_during_a_sweep_checks_its_chunks_before_its_manifest() {
         assert!(chunk_file(&dir, digest).is_file(), "chunk {i}");
     }
 }
+
+/// A copy of the fixture's generation with bytes flipped at `(chunk, page)` positions, sealed.
+async fn changed(pages: &[(u64, usize)]) -> (Fixture, Manifest) {
+    let fx = fixture(BIG);
+    let path = fx.gen_dir.join(PAGES);
+    let mut bytes = fs::read(&path).expect("read");
+    for (chunk, page) in pages {
+        bytes[(*chunk * CHUNK_BYTES) as usize + page * 4096 + 17] ^= 0x5a;
+    }
+    fs::write(&path, bytes).expect("write");
+    let m = seal(&fx).await;
+    (fx, m)
+}
+
+/// Whether the stored object of `digest` is a delta (a zstd skippable frame first).
+fn is_delta(store_dir: &Path, digest: &str) -> bool {
+    let bytes = fs::read(chunk_file(store_dir, digest)).expect("chunk object");
+    bytes[..4] == 0x184D_2A50u32.to_le_bytes()
+}
+
+fn marker_files(store_dir: &Path) -> Vec<PathBuf> {
+    chunk_files(store_dir)
+        .into_iter()
+        .filter(|p| p.to_string_lossy().contains(".base-"))
+        .collect()
+}
+
+/// Incremental uploads: a generation that changed a few pages sends those pages (deltas on its
+/// parent's chunks); a chain of generations keeps one base per chunk; the parents can be
+/// deleted (their generations and their local copies) and the newest still comes back whole.
+#[tokio::test]
+async fn changed_pages_go_up_as_deltas_that_outlive_their_parents() {
+    let two_hours = Duration::from_secs(2 * 3600);
+    let (fx1, g1) = changed(&[]).await;
+    let (store, dir) = store_of(&fx1);
+    store
+        .upload(&fx1.gen_dir, "default/counter/7-a")
+        .await
+        .expect("upload g1");
+
+    // g2: three pages changed in chunks 0 and 1; chunk 2 as in g1. A parent that is not a
+    // generation is passed over.
+    let (fx2, g2) = changed(&[(0, 0), (0, 100), (1, 3)]).await;
+    let missing = fx1.root.path().join("no-such-generation");
+    let (_, s2) = store
+        .upload_with_parents(
+            &fx2.gen_dir,
+            "default/counter/8-b",
+            ate_snapshot::UploadPriority::Normal,
+            &[missing, fx1.gen_dir.clone()],
+        )
+        .await
+        .expect("upload g2");
+    assert_eq!((s2.chunks_reused, s2.chunks_delta), (1, 2), "{s2:?}");
+    // Three pages and the small files, of a 5 MiB generation.
+    assert!(s2.sent_bytes < 128 * 1024, "{s2:?}");
+    let e1 = pages_entry(&g1);
+    let e2 = pages_entry(&g2);
+    for i in 0..2 {
+        assert!(
+            is_delta(&dir, e2.chunk_digest(i).expect("digest")),
+            "chunk {i}"
+        );
+    }
+    assert_eq!(marker_files(&dir).len(), 2);
+    assert_eq!(
+        store
+            .fetch_chunk(&e2, 0)
+            .await
+            .expect("fetch a delta chunk"),
+        fs::read(fx2.gen_dir.join(PAGES)).expect("read")[..CHUNK_BYTES as usize]
+    );
+
+    // g3: one more page in chunk 0. Its delta stays on g1's chunk (carrying g2's pages), so a
+    // read takes two objects however long the chain.
+    let (fx3, g3) = changed(&[(0, 0), (0, 100), (1, 3), (0, 200)]).await;
+    let (_, s3) = store
+        .upload_with_parents(
+            &fx3.gen_dir,
+            "default/counter/9-c",
+            ate_snapshot::UploadPriority::Normal,
+            std::slice::from_ref(&fx2.gen_dir),
+        )
+        .await
+        .expect("upload g3");
+    assert_eq!((s3.chunks_reused, s3.chunks_delta), (2, 1), "{s3:?}");
+    let e3 = pages_entry(&g3);
+    let obj = fs::read(chunk_file(&dir, e3.chunk_digest(0).expect("digest"))).expect("read");
+    let base = e1.chunk_digest(0).expect("digest");
+    assert!(
+        obj.windows(64).any(|w| w == base.as_bytes()),
+        "g3's chunk 0 is a delta on g1's chunk 0"
+    );
+
+    // The parents go: their generations from the store, their local copies from the node.
+    store
+        .delete("default/counter/7-a")
+        .await
+        .expect("delete g1");
+    store
+        .delete("default/counter/8-b")
+        .await
+        .expect("delete g2");
+    fs::remove_dir_all(&fx1.gen_dir).expect("rm g1's local copy");
+    fs::remove_dir_all(&fx2.gen_dir).expect("rm g2's local copy");
+    for f in chunk_files(&dir) {
+        age_file(&f, two_hours);
+    }
+    // Only g2's own chunk 0 (no manifest references it, no kept delta needs it) goes, with its
+    // marker; g1's chunks 0 and 1 stay as the bases of g3's deltas.
+    assert_eq!(
+        store
+            .sweep_unreferenced_chunks("node-a")
+            .await
+            .expect("sweep"),
+        1
+    );
+    assert!(!chunk_file(&dir, e2.chunk_digest(0).expect("digest")).exists());
+    assert!(chunk_file(&dir, base).exists());
+    assert!(chunk_file(&dir, e1.chunk_digest(1).expect("digest")).exists());
+    assert_eq!(marker_files(&dir).len(), 2, "g3's two deltas keep theirs");
+    let target = fx3.root.path().join("node-b/gen");
+    assert_eq!(
+        store
+            .download("default/counter/9-c", &target)
+            .await
+            .expect("download g3"),
+        g3
+    );
+    assert_eq!(verify(&target).await.expect("verified"), g3);
+    assert_eq!(
+        fs::read(target.join(PAGES)).expect("read"),
+        fs::read(fx3.gen_dir.join(PAGES)).expect("read")
+    );
+
+    // Once g3 goes too, everything goes: deltas, their bases, the markers.
+    store
+        .delete("default/counter/9-c")
+        .await
+        .expect("delete g3");
+    for f in chunk_files(&dir) {
+        age_file(&f, two_hours);
+    }
+    store
+        .sweep_unreferenced_chunks("node-a")
+        .await
+        .expect("sweep");
+    assert_eq!(chunk_files(&dir), Vec::<PathBuf>::new());
+}
+
+/// A damaged base is named; the delta chunk is not rebuilt from it.
+#[tokio::test]
+async fn a_delta_on_a_damaged_base_is_refused() {
+    let (fx1, g1) = changed(&[]).await;
+    let (store, dir) = store_of(&fx1);
+    store
+        .upload(&fx1.gen_dir, "default/counter/7-a")
+        .await
+        .expect("upload g1");
+    let (fx2, g2) = changed(&[(0, 5)]).await;
+    store
+        .upload_with_parents(
+            &fx2.gen_dir,
+            "default/counter/8-b",
+            ate_snapshot::UploadPriority::Normal,
+            std::slice::from_ref(&fx1.gen_dir),
+        )
+        .await
+        .expect("upload g2");
+    let base = pages_entry(&g1)
+        .chunk_digest(0)
+        .expect("digest")
+        .to_string();
+    // The base replaced by a valid zstd frame of other bytes.
+    fs::write(
+        chunk_file(&dir, &base),
+        zstd::bulk::compress(&vec![7u8; CHUNK_BYTES as usize], 3).expect("compress"),
+    )
+    .expect("write");
+    let err = store
+        .fetch_chunk(&pages_entry(&g2), 0)
+        .await
+        .expect_err("damaged base");
+    assert!(err.to_string().contains(&base), "{err}");
+    let target = fx2.root.path().join("node-b/gen");
+    store
+        .download("default/counter/8-b", &target)
+        .await
+        .expect_err("no download from a damaged base");
+    assert!(!target.exists());
+}

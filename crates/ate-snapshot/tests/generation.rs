@@ -354,9 +354,18 @@ async fn memory_images_get_chunk_digests() {
     .await
     .expect("seal");
     assert_eq!(m.format_version, FORMAT_VERSION);
-    assert_eq!(FORMAT_VERSION, 2);
+    assert_eq!(FORMAT_VERSION, 3);
     let pages = m.file("criu/pages-1.img").expect("pages listed").clone();
     assert_eq!(pages.size, IMAGE as u64);
+    // Pinned by its chunk digests alone (format 3); every other file keeps its sha256.
+    assert_eq!(pages.sha256, "");
+    assert!(
+        m.files
+            .iter()
+            .filter(|f| !f.has_chunk_digests())
+            .all(|f| f.sha256.len() == 64),
+        "{m:?}"
+    );
     assert_eq!(pages.chunk_count(), 3);
     assert_eq!(pages.blake3_chunks.len(), 3);
     let image = fs::read(fx.gen_dir.join("criu/pages-1.img")).expect("read");

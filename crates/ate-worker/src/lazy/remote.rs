@@ -28,6 +28,24 @@ pub type ChunkKey = (u32, u64);
 
 type Fetched = (ChunkKey, Result<Vec<u8>, ate_snapshot::Error>);
 
+/// Writes a verified chunk into the generation's sparse image (never creating or growing it).
+fn write_back(image: &std::path::Path, offset: u64, data: &[u8]) {
+    use std::os::unix::fs::FileExt;
+    let written = std::fs::OpenOptions::new()
+        .write(true)
+        .open(image)
+        .and_then(|f| {
+            let len = f.metadata()?.len();
+            if offset + data.len() as u64 > len {
+                return Err(io::Error::other("past the image's end"));
+            }
+            f.write_all_at(data, offset)
+        });
+    if let Err(e) = written {
+        tracing::debug!(image = %image.display(), offset, error = %e, "chunk not written back");
+    }
+}
+
 pub struct Remote {
     runtime: tokio::runtime::Runtime,
     store: DurableStore,
@@ -37,12 +55,16 @@ pub struct Remote {
     wake_write: Arc<OwnedFd>,
     in_flight: HashSet<ChunkKey>,
     ready: HashMap<ChunkKey, Vec<u8>>,
+    /// The generation directory: each fetched chunk is also written into its (sparse) image
+    /// there, so the node's download becomes a whole copy over time, which the actor's next
+    /// upload sends deltas against (`DurableStore::upload_with_parents`).
+    generation: std::path::PathBuf,
     /// Chunks fetched so far (for the page source's summary).
     pub fetched: u64,
 }
 
 impl Remote {
-    pub fn new(source: &DurableSource) -> Result<Self, SourceError> {
+    pub fn new(source: &DurableSource, generation: &std::path::Path) -> Result<Self, SourceError> {
         let store = DurableStore::from_url(&source.store)?;
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
@@ -69,6 +91,7 @@ impl Remote {
             wake_write: Arc::new(wake_write),
             in_flight: HashSet::new(),
             ready: HashMap::new(),
+            generation: generation.to_path_buf(),
             fetched: 0,
         })
     }
@@ -100,11 +123,19 @@ impl Remote {
         let entry = entry.clone();
         let tx = self.tx.clone();
         let wake = self.wake_write.clone();
+        let image = self.generation.join(&entry.path);
         self.runtime.spawn(async move {
             let got = store.fetch_chunk(&entry, key.1).await;
+            let copy = got.as_ref().ok().cloned();
             let _ = tx.send((key, got));
             // A full pipe already wakes the reader.
             let _ = nix::unistd::write(&*wake, &[1u8]);
+            if let Some(data) = copy {
+                let offset = key.1 * ate_snapshot::CHUNK_BYTES;
+                // Best effort: a chunk not written back only means a whole chunk in an upload.
+                let _ =
+                    tokio::task::spawn_blocking(move || write_back(&image, offset, &data)).await;
+            }
         });
     }
 

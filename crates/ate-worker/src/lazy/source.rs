@@ -152,7 +152,7 @@ pub fn run(generation: &Path, work_dir: &Path, report: UnixStream) -> Result<Sta
         .map_err(io_err(format!("read {}", manifest_path.display())))?;
     let manifest = Manifest::from_json(&bytes)?;
     let remote = ate_snapshot::durable_source(generation)?
-        .map(|s| Remote::new(&s))
+        .map(|s| Remote::new(&s, generation))
         .transpose()?;
     // CRIU connects to the name relative to the work dir. A long state path would not fit in a
     // socket address: then bind relative to it, from inside it.
