@@ -735,6 +735,29 @@ impl SnapSeries {
 /// the newest generation's objects (`<state>/durable/<ns>/<name>/<generation>-<uuid>/`) plus the
 /// memory chunks written since `since` (`<state>/durable/_chunks/`; chunks the store already
 /// held are not sent again). None when the store is elsewhere.
+/// Waits (up to 5 minutes) until generation `generation` of `ns/name` has its durable copy in
+/// the state dir's `file://` store (its manifest is written last).
+async fn wait_for_durable_copy(state: &Path, ns: &str, name: &str, generation: u64) {
+    let dir = state.join("durable").join(ns).join(name);
+    let prefix = format!("{generation}-");
+    let deadline = Instant::now() + Duration::from_secs(300);
+    while Instant::now() < deadline {
+        let done = std::fs::read_dir(&dir).is_ok_and(|rd| {
+            rd.flatten().any(|e| {
+                e.file_name().to_string_lossy().starts_with(&prefix)
+                    && e.path().join("manifest.json").is_file()
+            })
+        });
+        if done {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    eprintln!(
+        "generation {generation} of {ns}/{name} has no durable copy after 5 minutes; going on"
+    );
+}
+
 fn uploaded_bytes(state: &Path, ns: &str, name: &str, since: std::time::SystemTime) -> Option<f64> {
     let durable = state.join("durable");
     let dir = durable.join(ns).join(name);
@@ -872,6 +895,10 @@ async fn snapshots(c: Clients, a: SnapshotsArgs) -> anyhow::Result<ExitCode> {
                 timed_path(&http, &router, &actor, "/").await?;
                 s.full_local.push(t.elapsed().as_secs_f64());
                 if let Some(state) = &a.state_dir {
+                    // The ASYNC suspend's background upload first: the DURABLE suspend is then
+                    // timed, and its upload counted, on its own.
+                    let async_generation = get_actor(&c, &ns, &name).await?.generation;
+                    wait_for_durable_copy(state, &ns, &name, async_generation).await;
                     let t = Instant::now();
                     let since = std::time::SystemTime::now();
                     suspend_mode(&c, &ns, &name, SuspendMode::Durable).await?;

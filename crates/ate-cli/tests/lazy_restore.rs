@@ -407,3 +407,172 @@ fn a_worker_killed_during_the_background_push_adopts_the_actor_once_every_page_i
         "the sandbox was adopted, not restored again:\n{log}"
     );
 }
+
+/// `(sent_bytes, chunks_delta)` of every upload of `ns/name` the node logged, oldest first.
+fn uploads_of(sys: &System, ns: &str, name: &str) -> Vec<(u64, u64)> {
+    let field = |line: &str, key: &str| -> u64 {
+        line.split(&format!(" {key}="))
+            .nth(1)
+            .and_then(|v| v.split_whitespace().next())
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| panic!("no {key} in {line}"))
+    };
+    sys.log("node")
+        .lines()
+        .filter(|l| l.contains("generation uploaded") && l.contains(&format!("/{ns}/{name}/")))
+        .map(|l| (field(l, "sent_bytes"), field(l, "chunks_delta")))
+        .collect()
+}
+
+/// The bases a stored chunk object is a delta of (none for a whole chunk): after the skippable
+/// frame's 8 bytes, `ATEDELTA`, a version byte, the length (4), the base count (1), the bases.
+fn delta_bases(object: &std::path::Path) -> Vec<String> {
+    let bytes = std::fs::read(object).expect("read a chunk object");
+    if bytes.get(..4) != Some(0x184D_2A50u32.to_le_bytes().as_slice()) {
+        return Vec::new();
+    }
+    let n = usize::from(bytes[21]);
+    (0..n)
+        .map(|i| String::from_utf8_lossy(&bytes[22 + 64 * i..22 + 64 * (i + 1)]).into_owned())
+        .collect()
+}
+
+/// Incremental generations: each DURABLE suspend after `/dirty?percent=1` sends about 1 % of the
+/// sleeper's memory (deltas on the chunks of the generation it ran from, which the node holds),
+/// although CRIU dumped all of it. Retention then prunes the parent generations (records,
+/// durable copies, node-local copies), a sweep of the store deletes what no generation needs,
+/// and the newest generation still restores from the durable copy with the memory it had.
+#[test]
+fn incremental_generations_restore_after_their_parents_were_pruned() {
+    let sys = lazy_system(1, &[("ATE_DURABLE_SWEEP_EVERY", "2")]);
+    let ns = "ns-incremental";
+    sys_apply(&sys, ns, "sleeper", &Tpl::sleeper(64));
+    create_actor(&sys, ns, "s", "sleeper");
+    let target = format!("{ns}/s");
+    get_ok(&sys, &target, "/");
+    sys.ate_ok(&["suspend", "actor", "s", "-a", ns, "--durable"]);
+    let mut sum = String::new();
+    for _ in 2..=4 {
+        let dirty = get_ok(&sys, &target, "/dirty?percent=1");
+        assert!(dirty.starts_with("dirtied"), "{dirty}");
+        sum = checksum(&get_ok(&sys, &target, "/"));
+        sys.ate_ok(&["suspend", "actor", "s", "-a", ns, "--durable"]);
+    }
+    let uploads = uploads_of(&sys, ns, "s");
+    eprintln!("uploads (sent bytes, delta chunks): {uploads:?}");
+    assert_eq!(uploads.len(), 4, "{uploads:?}");
+    assert_eq!(uploads[0].1, 0, "the first generation goes up whole");
+    assert!(uploads[0].0 > 32 << 20, "{uploads:?}");
+    for (sent, deltas) in &uploads[1..] {
+        assert!(
+            *deltas >= 16,
+            "the dirtied chunks went up as deltas: {uploads:?}"
+        );
+        assert!(
+            *sent < 6 << 20,
+            "1 % of 64 MiB changed; under 6 MiB sent: {uploads:?}"
+        );
+    }
+
+    // Retention keeps generation 4 only: the durable copies of 1 to 3 go (asynchronously).
+    let durable = sys.state_dir().join("durable");
+    let keys = || -> Vec<String> {
+        std::fs::read_dir(durable.join(ns).join("s"))
+            .map(|rd| {
+                rd.flatten()
+                    .map(|e| e.file_name().to_string_lossy().into_owned())
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while keys().len() > 1 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let left = keys();
+    assert!(
+        left.len() == 1 && left[0].starts_with("4-"),
+        "only generation 4 is left in the store: {left:?}"
+    );
+    // Its memory chunks include deltas whose bases no generation lists any more.
+    let manifest: serde_json::Value = serde_json::from_slice(
+        &std::fs::read(
+            durable
+                .join(ns)
+                .join("s")
+                .join(&left[0])
+                .join("manifest.json"),
+        )
+        .expect("read the manifest"),
+    )
+    .expect("manifest json");
+    let listed: std::collections::BTreeSet<String> = manifest["files"]
+        .as_array()
+        .expect("files")
+        .iter()
+        .filter_map(|f| f["blake3_chunks"].as_array())
+        .flatten()
+        .filter_map(|d| d.as_str().map(str::to_owned))
+        .collect();
+    let object = |d: &str| {
+        durable
+            .join("_chunks")
+            .join(&d[..2])
+            .join(format!("{d}.zst"))
+    };
+    let orphan_bases: std::collections::BTreeSet<String> = listed
+        .iter()
+        .flat_map(|d| delta_bases(&object(d)))
+        .filter(|b| !listed.contains(b))
+        .collect();
+    assert!(
+        !orphan_bases.is_empty(),
+        "generation 4 has deltas on chunks of a pruned generation"
+    );
+
+    // Time passes (every chunk object looks two hours old) and the node sweeps the store: the
+    // pruned generations' own chunks go, the bases generation 4 needs stay.
+    let two_hours_ago = std::time::SystemTime::now() - Duration::from_secs(2 * 3600);
+    for fan in std::fs::read_dir(durable.join("_chunks"))
+        .expect("chunks")
+        .flatten()
+    {
+        if fan.file_name() == "_sweeps" {
+            continue;
+        }
+        for f in std::fs::read_dir(fan.path()).expect("fan").flatten() {
+            std::fs::File::options()
+                .write(true)
+                .open(f.path())
+                .and_then(|f| f.set_modified(two_hours_ago))
+                .expect("age a chunk object");
+        }
+    }
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !sys
+        .log("node")
+        .contains("removed chunks no generation references")
+        && Instant::now() < deadline
+    {
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    assert!(
+        sys.log("node")
+            .contains("removed chunks no generation references"),
+        "the sweep deleted the pruned generations' chunks:\n{}",
+        sys.log("node")
+    );
+    for b in &orphan_bases {
+        assert!(object(b).is_file(), "base {b} was kept");
+    }
+
+    // From the durable copy alone: no node-local generation, no cached download.
+    std::fs::remove_dir_all(generation_dir(&sys.state_dir(), ns, "s", 4))
+        .expect("remove the node-local generation");
+    let _ = std::fs::remove_dir_all(sys.state_dir().join("snapshot-cache"));
+    assert_eq!(
+        checksum(&get_ok(&sys, &target, "/")),
+        sum,
+        "generation 4's memory, rebuilt from deltas on a pruned generation's chunks"
+    );
+}

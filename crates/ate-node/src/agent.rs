@@ -186,7 +186,10 @@ impl NodeAgent {
             Some(tokio::spawn(crate::sweep::run(
                 self.inner.durable.clone(),
                 self.inner.cfg.name.clone(),
-                crate::sweep::Schedule::DEFAULT,
+                self.inner.cfg.durable_sweep_every.map_or(
+                    crate::sweep::Schedule::DEFAULT,
+                    crate::sweep::Schedule::every,
+                ),
                 stop_rx.clone(),
             )))
         };
@@ -499,7 +502,13 @@ impl NodeAgent {
         let uploaded = self
             .inner
             .durable
-            .upload_with_parents(Path::new(&snap.local_path), &key, priority, parents)
+            .upload_with_parents(
+                Path::new(&snap.local_path),
+                &key,
+                priority,
+                parents,
+                &|dir: &Path| ate_worker::lazy::images::memory_layout(dir).ok(),
+            )
             .await
             .map(|(uri, _)| uri)
             .map_err(|e| e.to_string());

@@ -51,6 +51,11 @@ pub struct NodeConfig {
     /// without writing their manifest after half of it. Use one value on every node of a store.
     #[arg(long = "durable-gc-age", env = "ATE_DURABLE_GC_AGE", value_parser = parse_gc_age)]
     pub durable_gc_age: Option<Duration>,
+    /// How often this node sweeps the durable store (partial uploads, unreferenced chunks):
+    /// default hourly, give or take a quarter, the first one 1 to 5 minutes after the start
+    /// (`30m`, `6h`, seconds). Sooner frees space sooner; each sweep lists the whole store.
+    #[arg(long = "durable-sweep-every", env = "ATE_DURABLE_SWEEP_EVERY", value_parser = parse_sweep_every)]
+    pub durable_sweep_every: Option<Duration>,
     /// Downloads of durable generations kept in STATE_DIR/snapshot-cache for later restores
     /// are removed once unused for this long (default 1h; `30m`, `6h`, seconds; `0`: kept).
     #[arg(long = "snapshot-cache-ttl", env = "ATE_SNAPSHOT_CACHE_TTL", value_parser = parse_cache_ttl)]
@@ -96,6 +101,15 @@ fn parse_cache_ttl(text: &str) -> Result<Duration, String> {
     ate_core::template::parse_duration_seconds("--snapshot-cache-ttl", text)
         .map(|s| Duration::from_secs(s.into()))
         .map_err(|e| e.to_string())
+}
+
+/// `1h`, `30m`, `90s`, `3600` (seconds); not `0`.
+fn parse_sweep_every(text: &str) -> Result<Duration, String> {
+    match ate_core::template::parse_duration_seconds("--durable-sweep-every", text) {
+        Ok(0) => Err("--durable-sweep-every must be more than 0 seconds (use --durable-gc-age 0 for no sweeps)".into()),
+        Ok(s) => Ok(Duration::from_secs(s.into())),
+        Err(e) => Err(e.to_string()),
+    }
 }
 
 /// `1h`, `30m`, `90s`, `3600` (seconds) or `0`.

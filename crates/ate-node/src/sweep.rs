@@ -42,6 +42,20 @@ impl Schedule {
         every_jitter: Duration::from_secs(15 * 60),
         timeout: Duration::from_secs(30 * 60),
     };
+
+    /// Every `every` (`--durable-sweep-every`), give or take a quarter; the first one after
+    /// one period.
+    pub(crate) fn every(every: Duration) -> Schedule {
+        Schedule {
+            first: every,
+            first_jitter: every / 4,
+            every,
+            every_jitter: every / 4,
+            timeout: Schedule::DEFAULT
+                .timeout
+                .min(every.max(Duration::from_secs(60))),
+        }
+    }
 }
 
 /// Sweeps `store` on `schedule` until `stop` changes (or its sender is gone).

@@ -31,7 +31,8 @@ use object_store::path::Path as ObjPath;
 use object_store::{ObjectStoreExt, PutPayload};
 use serde::{Deserialize, Serialize};
 
-use crate::chunk_delta::{self, PageSet};
+use crate::chunk_delta;
+use crate::delta_upload::{DeltaSources, encode_planned};
 use crate::durable::{Deadline, DurableStore, UploadPriority, older_than, run_at};
 use crate::error::{Error, Result};
 use crate::manifest::{FileEntry, MANIFEST_FILE, Manifest};
@@ -102,7 +103,9 @@ pub(crate) struct ChunkUpload {
     pub sent_bytes: u64,
     /// Chunks written whole.
     pub written: u64,
-    /// Chunks written as deltas: `(digest, base digest)`.
+    /// Chunks written as deltas.
+    pub delta_chunks: u64,
+    /// Their bases: `(digest, base digest)`, one pair per base.
     pub deltas: Vec<(String, String)>,
     pub reused: u64,
 }
@@ -112,57 +115,12 @@ enum Written {
     Reused,
     /// Written whole, compressed bytes.
     Full(u64),
-    /// Written as a delta: bytes, digest, base digest.
-    Delta(u64, String, String),
-}
-
-/// An earlier generation on this node whose chunks a new generation's may be deltas of.
-#[derive(Debug, Clone)]
-pub(crate) struct Parent {
-    pub dir: std::path::PathBuf,
-    pub manifest: Manifest,
-}
-
-/// A chunk of a parent a new chunk may be stored as a delta of: read from `dir` (the parent's
-/// copy of it) and compared; stored on `base` (the parent's chunk itself, or its base with the
-/// pages `carried` that the parent's delta replaces).
-struct DeltaBase {
-    dir: std::path::PathBuf,
-    entry: FileEntry,
-    index: u64,
-    base: String,
-    carried: PageSet,
+    /// Written as a delta: bytes, digest, base digests.
+    Delta(u64, String, Vec<String>),
 }
 
 /// Infix of a delta marker's name: `<digest>.base-<base digest>`.
 const MARKER_INFIX: &str = ".base-";
-
-/// The first of `bases` that `new` can be stored as a delta of (its local copy reads back with
-/// its digest, few pages differ): the delta object and its base's digest.
-fn encode_delta(new: &[u8], bases: &[DeltaBase]) -> Option<(Vec<u8>, String)> {
-    let mut old = Vec::new();
-    for b in bases {
-        let path = b.dir.join(&b.entry.path);
-        // A node-local copy may be partial (a lazy restore's download) or gone: skip it.
-        let Ok(file) = File::open(&path) else {
-            continue;
-        };
-        if crate::generation::read_verified_chunk_at(&file, &b.entry, b.index, &mut old).is_err() {
-            continue;
-        }
-        let Some(changed) = chunk_delta::diff_pages(&old, new) else {
-            continue;
-        };
-        let pages = changed.union(&b.carried);
-        if pages.len() > chunk_delta::MAX_DELTA_PAGES {
-            continue;
-        }
-        if let Ok(obj) = chunk_delta::encode(&b.base, new, &pages, CHUNK_ZSTD_LEVEL) {
-            return Some((obj, b.base.clone()));
-        }
-    }
-    None
-}
 
 fn unix_ms(t: SystemTime) -> u64 {
     t.duration_since(SystemTime::UNIX_EPOCH)
@@ -194,7 +152,7 @@ impl DurableStore {
 
     /// The object holding the chunk with BLAKE3 `digest` (64 lowercase hex digits, checked by
     /// the manifest's parser).
-    fn chunk_object(&self, digest: &str) -> ObjPath {
+    pub(crate) fn chunk_object(&self, digest: &str) -> ObjPath {
         let fan = digest.get(..2).unwrap_or("00");
         self.chunks_root().join(fan).join(format!("{digest}.zst"))
     }
@@ -202,13 +160,13 @@ impl DurableStore {
     /// Uploads the chunks of `entry` (a file with chunk digests) that the store lacks or holds
     /// only in an old copy. Each chunk is read from `gen_dir`, checked against its digest (a file
     /// changed since sealing is refused) and compressed at `priority`; a chunk the store lacks
-    /// goes up as a delta on the same chunk of one of `parents` when few pages differ
-    /// ([`crate::chunk_delta`]).
+    /// goes up as a delta when few of its pages differ from the pages at the same addresses in
+    /// one of the `sources`' parents ([`crate::chunk_delta`]).
     pub(crate) async fn upload_chunks(
         &self,
         gen_dir: &Path,
         entry: &FileEntry,
-        parents: &[Parent],
+        sources: &DeltaSources,
         priority: UploadPriority,
         deadline: &Deadline,
     ) -> Result<ChunkUpload> {
@@ -216,7 +174,7 @@ impl DurableStore {
         let file = Arc::new(File::open(&src).map_err(|e| Error::io("open", &src, e))?);
         let transfers: Vec<_> = (0..entry.chunk_count())
             .map(|i| {
-                self.upload_chunk(file.clone(), entry, i, parents, priority, deadline)
+                self.upload_chunk(file.clone(), entry, i, sources, priority, deadline)
                     .boxed()
             })
             .collect();
@@ -236,8 +194,10 @@ impl DurableStore {
                     done.written += 1;
                     done.sent_bytes += bytes;
                 }
-                Written::Delta(bytes, digest, base) => {
-                    done.deltas.push((digest, base));
+                Written::Delta(bytes, digest, bases) => {
+                    done.delta_chunks += 1;
+                    done.deltas
+                        .extend(bases.into_iter().map(|b| (digest.clone(), b)));
                     done.sent_bytes += bytes;
                 }
             }
@@ -251,7 +211,7 @@ impl DurableStore {
         file: Arc<File>,
         entry: &FileEntry,
         index: u64,
-        parents: &[Parent],
+        sources: &DeltaSources,
         priority: UploadPriority,
         deadline: &Deadline,
     ) -> Result<Written> {
@@ -270,33 +230,38 @@ impl DurableStore {
             Err(object_store::Error::NotFound { .. }) => true,
             Err(e) => return Err(Error::object(&obj, e)),
         };
-        let bases = if absent {
-            self.delta_bases(entry, index, digest, parents).await
+        let plan = if absent && !sources.is_empty() {
+            self.plan_delta(entry, index, sources).await
         } else {
-            Vec::new()
+            None
         };
         let entry_owned = entry.clone();
-        let (compressed, base) = run_at(priority, format!("compress {obj}"), move || {
+        let digest_owned = digest.to_string();
+        let (compressed, bases) = run_at(priority, format!("compress {obj}"), move || {
             let mut buf = Vec::new();
             crate::generation::read_verified_chunk_at(&file, &entry_owned, index, &mut buf)?;
-            if let Some((obj, base)) = encode_delta(&buf, &bases) {
-                return Ok((obj, Some(base)));
+            if let Some((obj, bases)) = plan
+                .as_ref()
+                .and_then(|p| encode_planned(p, &digest_owned, &buf, CHUNK_ZSTD_LEVEL))
+            {
+                return Ok((obj, bases));
             }
-            compress_chunk(&buf, &entry_owned.path).map(|c| (c, None))
+            compress_chunk(&buf, &entry_owned.path).map(|c| (c, Vec::new()))
         })
         .await?;
         let n = compressed.len() as u64;
-        if let Some(base) = &base {
-            // The edge the sweep follows, before the delta that needs it (see the sweep).
+        for base in &bases {
+            // The edges the sweep follows, before the delta that needs them (see the sweep).
             let marker = self.delta_marker(digest, base);
             self.put_bounded(&marker, PutPayload::default(), deadline)
                 .await?;
         }
         self.put_bounded(&obj, PutPayload::from(compressed), deadline)
             .await?;
-        Ok(match base {
-            Some(base) => Written::Delta(n, digest.to_string(), base),
-            None => Written::Full(n),
+        Ok(if bases.is_empty() {
+            Written::Full(n)
+        } else {
+            Written::Delta(n, digest.to_string(), bases)
         })
     }
 
@@ -325,72 +290,9 @@ impl DurableStore {
             .join(format!("{digest}{MARKER_INFIX}{base}"))
     }
 
-    /// The chunks of `parents` that chunk `index` (digest `digest`) may be stored as a delta of:
-    /// the same chunk of the same file, of the same length, other content, whose full copy in
-    /// the store (the parent's chunk itself, or the base it is a delta of) is recent enough to
-    /// be relied on until this upload's manifest is written (as for reuse). Lookup failures only
-    /// mean no delta.
-    async fn delta_bases(
-        &self,
-        entry: &FileEntry,
-        index: u64,
-        digest: &str,
-        parents: &[Parent],
-    ) -> Vec<DeltaBase> {
-        let mut out = Vec::new();
-        let Ok(len) = chunk_len(entry, index) else {
-            return out;
-        };
-        for parent in parents {
-            let Some(pentry) = parent.manifest.file(&entry.path) else {
-                continue;
-            };
-            let Some(pdigest) = pentry.chunk_digest(index) else {
-                continue;
-            };
-            if pdigest == digest || chunk_len(pentry, index).ok() != Some(len) {
-                continue;
-            }
-            let pobj = self.chunk_object(pdigest);
-            let opts = object_store::GetOptions {
-                range: Some((0..chunk_delta::PREFIX_BYTES as u64).into()),
-                ..Default::default()
-            };
-            let Ok(got) = self.store.get_opts(&pobj, opts).await else {
-                continue;
-            };
-            let written: SystemTime = got.meta.last_modified.into();
-            let Ok(prefix) = got.bytes().await else {
-                continue;
-            };
-            let (base, carried, base_written) =
-                match chunk_delta::parse_header(&prefix, pobj.as_ref()) {
-                    Ok(None) => (pdigest.to_string(), PageSet::default(), written),
-                    Ok(Some(h)) if h.len == len => {
-                        match self.store.head(&self.chunk_object(&h.base)).await {
-                            Ok(meta) => (h.base, h.pages, meta.last_modified.into()),
-                            Err(_) => continue,
-                        }
-                    }
-                    _ => continue,
-                };
-            if self.chunk_needs_renewal(base_written) || base == digest {
-                continue;
-            }
-            out.push(DeltaBase {
-                dir: parent.dir.clone(),
-                entry: pentry.clone(),
-                index,
-                base,
-                carried,
-            });
-        }
-        out
-    }
-
     /// A stored chunk older than a quarter of the grace age is written again rather than
     /// reused, so no sweep can take it before the upload's manifest references it.
-    fn chunk_needs_renewal(&self, written: SystemTime) -> bool {
+    pub(crate) fn chunk_needs_renewal(&self, written: SystemTime) -> bool {
         if self.partial_grace.is_zero() {
             return false; // no sweeps
         }
@@ -430,6 +332,8 @@ impl DurableStore {
                 Err(e) => return Err(Error::object(&marker, e)),
             }
         }
+        // A chunk written again here goes whole.
+        let no_sources = &DeltaSources::default();
         for entry in manifest.files.iter().filter(|f| f.has_chunk_digests()) {
             let src = gen_dir.join(&entry.path);
             let file = Arc::new(File::open(&src).map_err(|e| Error::io("open", &src, e))?);
@@ -443,7 +347,7 @@ impl DurableStore {
                             Ok(_) => Ok(()),
                             Err(object_store::Error::NotFound { .. }) => {
                                 tracing::info!(chunk = %obj, "a sweep removed a chunk during the upload; writing it again");
-                                self.upload_chunk(file, entry, i, &[], priority, deadline)
+                                self.upload_chunk(file, entry, i, no_sources, priority, deadline)
                                     .await
                                     .map(|_| ())
                             }
@@ -509,8 +413,8 @@ impl DurableStore {
         .map_err(|e| Error::task("check a chunk", e))?
     }
 
-    /// The bytes of the chunk object named `digest` (`len` long), rebuilt from its bases when it
-    /// is a delta; `depth` bases followed so far. Bases are checked against their digests; the
+    /// The bytes of the chunk object named `digest` (at most `len`), rebuilt from its bases when
+    /// it is a delta; `depth` levels of bases followed so far. Bases are checked against their digests; the
     /// chunk itself is the caller's to check.
     fn fetch_chunk_object<'a>(
         &'a self,
@@ -541,30 +445,45 @@ impl DurableStore {
                 .await
                 .map_err(|e| Error::task("decompress a chunk", e))?;
             };
-            if depth >= chunk_delta::MAX_CHAIN || header.len != len {
+            if depth >= chunk_delta::MAX_CHAIN || header.len > len {
                 return Err(Error::InvalidInput(format!(
-                    "chunk object {name}: a delta {} (of {} bytes) where a chunk of {len} bytes is read",
+                    "chunk object {name}: a delta {} (of {} bytes, at most {len} read)",
                     if depth >= chunk_delta::MAX_CHAIN {
                         "past the longest chain of bases"
                     } else {
-                        "of another length"
+                        "too long"
                     },
                     header.len
                 )));
             }
-            let base_label = format!("{label}, {obj}: its base");
-            let base = self
-                .fetch_chunk_object(&header.base, len, &base_label, depth + 1)
-                .await?;
-            tokio::task::spawn_blocking(move || {
-                let actual = blake3::hash(&base).to_hex();
-                if actual.as_str() != header.base {
-                    return Err(Error::InvalidInput(format!(
-                        "chunk object {name}: its base holds {actual}, not {}",
-                        header.base
-                    )));
+            let base_label = format!("{label}, {obj}: a base");
+            let bases = futures::future::try_join_all(header.bases.iter().map(|b| {
+                let base_label = &base_label;
+                async move {
+                    let data = self
+                        .fetch_chunk_object(
+                            b,
+                            chunk_delta::CHUNK_PAGES * chunk_delta::PAGE,
+                            base_label,
+                            depth + 1,
+                        )
+                        .await?;
+                    Ok::<_, Error>((b.clone(), data))
                 }
-                chunk_delta::apply(&header, &got, base, &name)
+            }))
+            .await?;
+            tokio::task::spawn_blocking(move || {
+                let mut contents = Vec::with_capacity(bases.len());
+                for (digest, data) in bases {
+                    let actual = blake3::hash(&data).to_hex();
+                    if actual.as_str() != digest {
+                        return Err(Error::InvalidInput(format!(
+                            "chunk object {name}: its base {digest} holds {actual}: damaged"
+                        )));
+                    }
+                    contents.push(data);
+                }
+                chunk_delta::apply(&header, &got, &contents, &name)
             })
             .await
             .map_err(|e| Error::task("rebuild a delta chunk", e))?

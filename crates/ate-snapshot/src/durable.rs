@@ -24,8 +24,10 @@ use object_store::{ObjectMeta, ObjectStore, ObjectStoreExt, PutPayload, WriteMul
 use sha2::{Digest, Sha256};
 use tokio::sync::mpsc;
 
+use crate::delta_upload::DeltaSources;
 use crate::error::{Error, Result};
 use crate::generation::{self, fsync_dir, sibling, write_manifest};
+use crate::layout::MemoryLayout;
 use crate::manifest::{FileEntry, MANIFEST_FILE, Manifest};
 
 /// zstd level for every uploaded file (fast, ~3x on typical memory images).
@@ -219,22 +221,25 @@ impl DurableStore {
         priority: UploadPriority,
     ) -> Result<String> {
         Ok(self
-            .upload_prioritized(gen_dir, key, priority, &[])
+            .upload_prioritized(gen_dir, key, priority, &DeltaSources::default())
             .await?
             .0)
     }
 
-    /// [`DurableStore::upload`] at `priority`, sending the memory chunks the store lacks as
-    /// deltas on the same chunks of `parents` (earlier generations of the actor on this node)
-    /// where few pages differ: an actor that changed 1 % of its memory sends about 1 %, although
-    /// CRIU dumped all of it. A parent that cannot be read, or whose chunk does not read back
-    /// with its digest (a lazy restore's partial download), only means whole chunks.
+    /// [`DurableStore::upload`] at `priority`, sending each memory chunk the store lacks as a
+    /// delta when few of its pages differ from the pages at the same addresses in `parents`
+    /// (earlier generations of the actor on this node): an actor that changed 1 % of its memory
+    /// sends about 1 %, although CRIU dumped all of it. `layout_of` gives a generation
+    /// directory's [`MemoryLayout`] (from CRIU's pagemaps; `None`: pages are matched by offset).
+    /// A parent that cannot be read, or whose chunk does not read back with its digest (a lazy
+    /// restore's partial download), only means whole chunks.
     pub async fn upload_with_parents(
         &self,
         gen_dir: &Path,
         key: &str,
         priority: UploadPriority,
         parents: &[PathBuf],
+        layout_of: &(dyn Fn(&Path) -> Option<MemoryLayout> + Send + Sync),
     ) -> Result<(String, TransferStats)> {
         let mut loaded = Vec::new();
         for dir in parents {
@@ -242,16 +247,23 @@ impl DurableStore {
                 continue;
             }
             match generation::read_manifest(dir).await {
-                Ok(manifest) => loaded.push(crate::chunks::Parent {
+                Ok(manifest) => loaded.push(crate::delta_upload::Parent {
                     dir: dir.clone(),
                     manifest,
+                    layout: layout_of(dir),
                 }),
                 Err(e) => {
                     tracing::debug!(parent = %dir.display(), error = %e, "not a parent for deltas")
                 }
             }
         }
-        self.upload_prioritized(gen_dir, key, priority, &loaded)
+        let layout = if loaded.is_empty() {
+            None
+        } else {
+            layout_of(gen_dir)
+        };
+        let sources = crate::delta_upload::DeltaSources::new(layout, loaded);
+        self.upload_prioritized(gen_dir, key, priority, &sources)
             .await
     }
 
@@ -261,8 +273,13 @@ impl DurableStore {
         gen_dir: &Path,
         key: &str,
     ) -> Result<(String, TransferStats)> {
-        self.upload_prioritized(gen_dir, key, UploadPriority::Normal, &[])
-            .await
+        self.upload_prioritized(
+            gen_dir,
+            key,
+            UploadPriority::Normal,
+            &DeltaSources::default(),
+        )
+        .await
     }
 
     async fn upload_prioritized(
@@ -270,7 +287,7 @@ impl DurableStore {
         gen_dir: &Path,
         key: &str,
         priority: UploadPriority,
-        parents: &[crate::chunks::Parent],
+        sources: &DeltaSources,
     ) -> Result<(String, TransferStats)> {
         let start = Instant::now();
         let started_at = SystemTime::now();
@@ -293,7 +310,7 @@ impl DurableStore {
             .iter()
             .map(|f| {
                 if f.has_chunk_digests() {
-                    self.upload_chunks(gen_dir, f, parents, priority, &deadline)
+                    self.upload_chunks(gen_dir, f, sources, priority, &deadline)
                         .boxed()
                 } else {
                     self.upload_file(gen_dir, &base, f, priority, &deadline)
@@ -313,7 +330,7 @@ impl DurableStore {
             .await;
         let last_write = Instant::now();
         // Every transfer has finished (none is cancelled half-way), so cleanup sees all objects.
-        let mut sent = (0u64, 0u64);
+        let mut sent = (0u64, 0u64, 0u64);
         let mut deltas: Vec<(String, String)> = Vec::new();
         let mut first_err = None;
         for r in results {
@@ -321,6 +338,7 @@ impl DurableStore {
                 Ok(done) => {
                     sent.0 += done.sent_bytes;
                     sent.1 += done.reused;
+                    sent.2 += done.delta_chunks;
                     deltas.extend(done.deltas);
                 }
                 Err(e) => {
@@ -357,7 +375,7 @@ impl DurableStore {
             raw_bytes: manifest.total_size(),
             sent_bytes: sent.0,
             chunks_reused: sent.1,
-            chunks_delta: deltas.len() as u64,
+            chunks_delta: sent.2,
             elapsed: start.elapsed(),
         };
         tracing::info!(

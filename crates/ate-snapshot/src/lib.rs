@@ -24,9 +24,11 @@
 mod archive;
 mod chunk_delta;
 mod chunks;
+mod delta_upload;
 mod durable;
 mod error;
 mod generation;
+mod layout;
 mod manifest;
 
 pub use chunks::{DURABLE_SOURCE_FILE, DurableSource, durable_source};
@@ -41,6 +43,7 @@ pub use generation::{
     read_verified_chunk_at, seal_generation, verify, verify_chunk_bytes, verify_chunks,
     verify_files, verify_files_except_chunked,
 };
+pub use layout::{MemoryLayout, PageRun};
 pub use manifest::{
     CHUNK_BYTES, FORMAT_VERSION, FileEntry, MANIFEST_FILE, Manifest, is_memory_pages_file,
 };

@@ -406,6 +406,11 @@ async fn changed(pages: &[(u64, usize)]) -> (Fixture, Manifest) {
     (fx, m)
 }
 
+/// No pagemaps: pages are matched by offset.
+fn no_layout(_: &Path) -> Option<ate_snapshot::MemoryLayout> {
+    None
+}
+
 /// Whether the stored object of `digest` is a delta (a zstd skippable frame first).
 fn is_delta(store_dir: &Path, digest: &str) -> bool {
     let bytes = fs::read(chunk_file(store_dir, digest)).expect("chunk object");
@@ -442,6 +447,7 @@ async fn changed_pages_go_up_as_deltas_that_outlive_their_parents() {
             "default/counter/8-b",
             ate_snapshot::UploadPriority::Normal,
             &[missing, fx1.gen_dir.clone()],
+            &no_layout,
         )
         .await
         .expect("upload g2");
@@ -474,6 +480,7 @@ async fn changed_pages_go_up_as_deltas_that_outlive_their_parents() {
             "default/counter/9-c",
             ate_snapshot::UploadPriority::Normal,
             std::slice::from_ref(&fx2.gen_dir),
+            &no_layout,
         )
         .await
         .expect("upload g3");
@@ -558,6 +565,7 @@ async fn a_delta_on_a_damaged_base_is_refused() {
             "default/counter/8-b",
             ate_snapshot::UploadPriority::Normal,
             std::slice::from_ref(&fx1.gen_dir),
+            &no_layout,
         )
         .await
         .expect("upload g2");
@@ -582,4 +590,86 @@ async fn a_delta_on_a_damaged_base_is_refused() {
         .await
         .expect_err("no download from a damaged base");
     assert!(!target.exists());
+}
+
+/// A page added in front of the memory moves every page of the image; matched by address (the
+/// generations' layouts), the chunks still go up as deltas, each taking its pages from the two
+/// parent chunks it now straddles.
+#[tokio::test]
+async fn a_shifted_image_goes_up_as_deltas_when_pages_are_matched_by_address() {
+    const VADDR: u64 = 0x7f00_0000_0000;
+    let (fx1, g1) = changed(&[]).await;
+    let (store, dir) = store_of(&fx1);
+    store
+        .upload(&fx1.gen_dir, "default/counter/7-a")
+        .await
+        .expect("upload g1");
+    // g2: one new page before g1's pages (one page lower in the address space).
+    let fx2 = fixture(BIG);
+    let path = fx2.gen_dir.join(PAGES);
+    let mut shifted = vec![0xabu8; 4096];
+    shifted.extend(fs::read(&path).expect("read"));
+    fs::write(&path, &shifted).expect("write");
+    let g2 = seal(&fx2).await;
+    let pages = |dir: &Path, first: u64, n: u64| {
+        let mut l = ate_snapshot::MemoryLayout::default();
+        l.add(
+            PAGES.to_string(),
+            [ate_snapshot::PageRun {
+                vaddr: first,
+                img_offset: 0,
+                pages: n,
+            }],
+        );
+        (dir.to_path_buf(), l)
+    };
+    let layouts = [
+        pages(&fx1.gen_dir, VADDR, BIG as u64 / 4096),
+        pages(&fx2.gen_dir, VADDR - 4096, BIG as u64 / 4096 + 1),
+    ];
+    let by_address = |d: &Path| layouts.iter().find(|(p, _)| p == d).map(|(_, l)| l.clone());
+    // By offset, nothing matches: whole chunks.
+    let (_, whole) = store
+        .upload_with_parents(
+            &fx2.gen_dir,
+            "default/counter/8-b",
+            ate_snapshot::UploadPriority::Normal,
+            std::slice::from_ref(&fx1.gen_dir),
+            &no_layout,
+        )
+        .await
+        .expect("upload by offset");
+    assert_eq!(whole.chunks_delta, 0, "{whole:?}");
+    store.delete("default/counter/8-b").await.expect("delete");
+    for f in chunk_files(&dir) {
+        if !pages_entry(&g1)
+            .blake3_chunks
+            .iter()
+            .any(|d| f == chunk_file(&dir, d))
+        {
+            fs::remove_file(f).expect("drop g2's whole chunks");
+        }
+    }
+    // By address: every chunk is a delta holding at most the one new page.
+    let (_, s2) = store
+        .upload_with_parents(
+            &fx2.gen_dir,
+            "default/counter/9-c",
+            ate_snapshot::UploadPriority::Normal,
+            std::slice::from_ref(&fx1.gen_dir),
+            &by_address,
+        )
+        .await
+        .expect("upload by address");
+    assert_eq!(s2.chunks_delta, 3, "{s2:?}");
+    assert!(s2.sent_bytes < whole.sent_bytes / 20, "{s2:?} vs {whole:?}");
+    let target = fx2.root.path().join("node-b/gen");
+    assert_eq!(
+        store
+            .download("default/counter/9-c", &target)
+            .await
+            .expect("download g2"),
+        g2
+    );
+    assert_eq!(fs::read(target.join(PAGES)).expect("read"), shifted);
 }

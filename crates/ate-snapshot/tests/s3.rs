@@ -338,6 +338,49 @@ async fn s3_upload_download_corrupt_delete() {
         .await
         .expect("delete the copy");
 
+    // A generation with one page changed goes up as a delta (its header read back by a ranged
+    // GET of the parent's chunk) and comes back whole.
+    let fx2 = fixture(12 << 20);
+    let pages2 = fx2.gen_dir.join("criu/pages-1.img");
+    let mut changed = fs::read(&pages2).expect("read");
+    changed[3 * c + 4096 * 7 + 1] ^= 0x11;
+    fs::write(&pages2, &changed).expect("write");
+    let m2 = seal_generation(
+        &fx2.gen_dir,
+        meta(Fidelity::Memory),
+        Some(&fx2.upper),
+        &fx2.volumes,
+    )
+    .await
+    .expect("seal g2");
+    let (_, delta) = store
+        .upload_with_parents(
+            &fx2.gen_dir,
+            "default/counter/9",
+            ate_snapshot::UploadPriority::Normal,
+            std::slice::from_ref(&fx.gen_dir),
+            &|_| None,
+        )
+        .await
+        .expect("upload g2");
+    assert_eq!(
+        (delta.chunks_reused, delta.chunks_delta),
+        (5, 1),
+        "{delta:?}"
+    );
+    let target2 = fx.root.path().join("node-b/gen-9");
+    assert_eq!(
+        store
+            .download("default/counter/9", &target2)
+            .await
+            .expect("download g2"),
+        m2
+    );
+    assert_eq!(
+        fs::read(target2.join("criu/pages-1.img")).expect("read"),
+        changed
+    );
+
     let target = fx.root.path().join("node-b/gen-7");
     let got = store.download(&uri, &target).await.expect("download");
     assert_eq!(got, m);

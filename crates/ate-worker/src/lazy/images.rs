@@ -216,6 +216,35 @@ pub fn eager_chunk_files(criu_dir: &Path) -> Result<Vec<(String, u64)>, ImageErr
         .collect())
 }
 
+/// Where the pages of each memory image of the generation in `gen_dir` sit in the address
+/// space they were dumped from (every `PE_PRESENT` run of every task's pagemap): what an upload
+/// matches a new generation's pages with its parent's by (`DurableStore::upload_with_parents`).
+pub fn memory_layout(gen_dir: &Path) -> Result<ate_snapshot::MemoryLayout, ImageError> {
+    let criu_dir = gen_dir.join(ate_snapshot::CRIU_DIR);
+    let mut layout = ate_snapshot::MemoryLayout::default();
+    for pid in image_pids(&criu_dir)? {
+        let pagemap = read_pagemap(&criu_dir, pid)?;
+        let runs = pagemap
+            .lazy
+            .iter()
+            .chain(&pagemap.eager)
+            .map(|r| ate_snapshot::PageRun {
+                vaddr: r.start,
+                img_offset: r.img_offset,
+                pages: r.pages(),
+            });
+        layout.add(
+            format!(
+                "{}/{}",
+                ate_snapshot::CRIU_DIR,
+                pages_file_name(pagemap.pages_id)
+            ),
+            runs,
+        );
+    }
+    Ok(layout)
+}
+
 /// Chunks of each pages file that hold any eager page, over all tasks of `criu_dir`, as
 /// `(pages_id, chunk index)` where chunk index = image byte offset / `chunk_bytes`.
 ///
