@@ -684,21 +684,36 @@ fn hash_file(path: &Path, chunked: bool, sha256: bool) -> Result<Hashed> {
         });
     }
     std::thread::scope(|scope| {
-        // Filled chunks go to the BLAKE3 thread and come back empty: three buffers in flight.
-        let (to_blake3, filled) = std::sync::mpsc::sync_channel::<Vec<u8>>(2);
+        // Filled chunks go to the BLAKE3 threads and come back empty. Two hashing threads: a
+        // suspend waits for this, and one thread hashes a 1 GiB image in ~0.4 s here.
+        let threads = std::thread::available_parallelism().map_or(1, |n| n.get().clamp(1, 2));
+        let (to_blake3, filled) = std::sync::mpsc::sync_channel::<(usize, Vec<u8>)>(threads);
+        let filled = std::sync::Arc::new(std::sync::Mutex::new(filled));
         let (give_back, empty) = std::sync::mpsc::channel::<Vec<u8>>();
-        for _ in 0..3 {
+        for _ in 0..2 * threads + 1 {
             let _ = give_back.send(vec![0u8; chunk]);
         }
-        let blake3_thread = scope.spawn(move || {
-            let mut digests = Vec::new();
-            for buf in filled {
-                digests.push(blake3::hash(&buf).to_hex().to_string());
-                // The reader may have stopped (error or end): nobody needs the buffer then.
-                let _ = give_back.send(buf);
-            }
-            digests
-        });
+        let hashers: Vec<_> = (0..threads)
+            .map(|_| {
+                let give_back = give_back.clone();
+                let filled = filled.clone();
+                scope.spawn(move || {
+                    let mut digests = Vec::new();
+                    loop {
+                        let next = filled.lock().map(|rx| rx.recv());
+                        let Ok(Ok((index, buf))) = next else {
+                            break;
+                        };
+                        digests.push((index, blake3::hash(&buf).to_hex().to_string()));
+                        // The reader may have stopped (error or end): nobody needs the buffer.
+                        let _ = give_back.send(buf);
+                    }
+                    digests
+                })
+            })
+            .collect();
+        drop(give_back);
+        let mut index = 0usize;
         let mut size = 0u64;
         let read = (|| -> Result<()> {
             loop {
@@ -719,7 +734,8 @@ fn hash_file(path: &Path, chunked: bool, sha256: bool) -> Result<Hashed> {
                     h.update(&buf);
                 }
                 size += n as u64;
-                if to_blake3.send(buf).is_err() {
+                index += 1;
+                if to_blake3.send((index - 1, buf)).is_err() {
                     return Err(Error::io(
                         "hash",
                         path,
@@ -733,14 +749,26 @@ fn hash_file(path: &Path, chunked: bool, sha256: bool) -> Result<Hashed> {
             }
         })();
         drop(to_blake3);
-        let digests = blake3_thread.join().map_err(|_| {
-            Error::io(
+        let mut indexed = Vec::new();
+        for hasher in hashers {
+            indexed.extend(hasher.join().map_err(|_| {
+                Error::io(
+                    "hash",
+                    path,
+                    io::Error::other("chunk hashing thread panicked"),
+                )
+            })?);
+        }
+        read?;
+        indexed.sort_unstable_by_key(|(i, _)| *i);
+        if indexed.len() != index || indexed.iter().enumerate().any(|(n, (i, _))| n != *i) {
+            return Err(Error::io(
                 "hash",
                 path,
-                io::Error::other("chunk hashing thread panicked"),
-            )
-        })?;
-        read?;
+                io::Error::other("a chunk was not hashed"),
+            ));
+        }
+        let digests = indexed.into_iter().map(|(_, d)| d).collect();
         Ok(Hashed {
             size,
             sha256: h.map(|h| hex::encode(h.finalize())).unwrap_or_default(),
