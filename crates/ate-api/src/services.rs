@@ -320,8 +320,11 @@ impl actor_service_server::ActorService for Services {
                 String::from_utf8_lossy(&ate_core::request_id::hex_id(rand::random())).into_owned()
             }
         };
-        let r = actor_ref(req.into_inner().actor)?;
+        let (metadata, _, message) = req.into_parts();
+        let r = actor_ref(message.actor)?;
+        // The spec's tags: the actor's atespace and name (as `actor`), for following one resume.
         let span = tracing::info_span!("resume", request_id = %request_id, actor = %r);
+        ate_tls::trace_context::continue_metadata(&span, &metadata);
         let api = self.api.clone();
         let work = async move { api.resume(&r, Some(&request_id)).await };
         let (actor, resumed) = to_completion(work.instrument(span)).await?;
