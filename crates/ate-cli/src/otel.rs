@@ -140,6 +140,8 @@ where
         .with_tracer(tracer)
         // Log lines stay log lines; only spans are exported.
         .with_location(false)
+        // busy/idle times per span: a cost on every poll, and the span's duration says enough.
+        .with_tracked_inactivity(false)
         .with_threads(false)
         .with_target(false);
     ate_tls::trace_context::enable();

@@ -411,7 +411,7 @@ fn forward_span(req: &Request<Incoming>) -> tracing::Span {
         "forward",
         request_id = %request_id,
         actor = %text(HEADER_ACTOR),
-        port = %text(HEADER_PORT),
+        port = %Some(text(HEADER_PORT)).filter(|p| !p.is_empty()).unwrap_or("80"),
         status = tracing::field::Empty,
     );
     ate_tls::trace_context::continue_http(&span, headers);
