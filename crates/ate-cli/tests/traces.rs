@@ -289,6 +289,11 @@ fn check_cold(receiver: &Receiver, request_id: &str, call: &str) -> Vec<Got> {
     let resume = one(&trace, "ate-api", "resume");
     assert_eq!(resume.parent, call_span.span_id, "api continues the router");
     assert_eq!(resume.attr("request_id"), request_id);
+    assert_eq!(
+        (resume.attr("atespace"), resume.attr("name")),
+        ("ate-demo", "tr"),
+        "the spec's tags: {resume:?}"
+    );
     let node_call = one(&trace, "ate-api", "node");
     let start = one(&trace, "ate-node", "start");
     assert_eq!(start.parent, node_call.span_id, "node continues the api");
