@@ -320,8 +320,22 @@ impl actor_service_server::ActorService for Services {
                 String::from_utf8_lossy(&ate_core::request_id::hex_id(rand::random())).into_owned()
             }
         };
-        let r = actor_ref(req.into_inner().actor)?;
-        let span = tracing::info_span!("resume", request_id = %request_id, actor = %r);
+        let (metadata, _, message) = req.into_parts();
+        let r = actor_ref(message.actor)?;
+        let span = tracing::info_span!(
+            "resume",
+            request_id = %request_id,
+            actor = %r,
+            atespace = tracing::field::Empty,
+            name = tracing::field::Empty,
+        );
+        if ate_tls::trace_context::enabled() {
+            // The spec's tags for following one resume: the actor's atespace and name (the log
+            // lines have both in `actor` already).
+            span.record("atespace", r.atespace.as_str());
+            span.record("name", r.name.as_str());
+            ate_tls::trace_context::continue_metadata(&span, &metadata);
+        }
         let api = self.api.clone();
         let work = async move { api.resume(&r, Some(&request_id)).await };
         let (actor, resumed) = to_completion(work.instrument(span)).await?;

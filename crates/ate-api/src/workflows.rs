@@ -17,6 +17,7 @@ use ate_store::{
 };
 use rand::Rng;
 use tonic::{Code, Status};
+use tracing::Instrument;
 
 use crate::convert;
 use crate::error::{self, invalid};
@@ -205,6 +206,13 @@ impl StepTimes {
     }
 }
 
+/// A call to a node agent for the request `request_id`, continuing the current span's trace.
+fn node_request<T>(message: T, request_id: Option<&str>) -> tonic::Request<T> {
+    let mut request = ate_proto::request_id::request(message, request_id);
+    ate_tls::trace_context::inject_grpc(&mut request);
+    request
+}
+
 fn template_ref(actor: &ActorRecord) -> Result<(String, String), Status> {
     ate_core::names::parse_namespaced("template", &actor.template).map_err(invalid)
 }
@@ -320,7 +328,10 @@ impl Api {
         steps: &StepTimes,
         request_id: Option<&str>,
     ) -> Result<(v1::Actor, bool), Status> {
-        let lease = self.lease(r).await?;
+        let lease = self
+            .lease(r)
+            .instrument(ate_tls::trace_span!("lease"))
+            .await?;
         steps.mark("lease");
         let result = self.resume_locked(r, steps, &lease, request_id).await;
         let result = end_lease(lease, result).await;
@@ -400,6 +411,9 @@ impl Api {
         request_id: Option<&str>,
     ) -> Result<(v1::Actor, bool), Failure> {
         self.faults.fire(FaultPoint::ResumeAfterLease)?;
+        // Trace spans of the steps (disabled when traces are off), each from its creation to its
+        // drop; an early return ends the step it is in.
+        let step = ate_tls::trace_span!("load");
         // Re-read under the lease: another workflow may have finished in between.
         let actor = self.store.get_actor(&r.atespace, &r.name).await?;
         steps.mark("reread");
@@ -413,17 +427,23 @@ impl Api {
         let template = self.store.get_template(&ns, &tname).await?;
         let mut snapshot = self.choose_snapshot(&actor, &template).await?;
         steps.mark("template_and_snapshot");
+        drop(step);
 
-        let (actor, worker) = match self.rebind_existing(&actor, &template).await? {
-            Some(bound) => bound,
-            None => {
-                let (bound, detached) = self.assign(&actor, &template, snapshot.as_ref()).await?;
-                if detached {
-                    snapshot = self.choose_snapshot(&bound.0, &template).await?;
+        // Placement: the worker (two random choices) and its admission (`bind` spans within).
+        let placed = async {
+            match self.rebind_existing(&actor, &template).await? {
+                Some(bound) => Ok::<_, Failure>(bound),
+                None => {
+                    let (bound, detached) =
+                        self.assign(&actor, &template, snapshot.as_ref()).await?;
+                    if detached {
+                        snapshot = self.choose_snapshot(&bound.0, &template).await?;
+                    }
+                    Ok(bound)
                 }
-                bound
             }
         };
+        let (actor, worker) = placed.instrument(ate_tls::trace_span!("schedule")).await?;
         steps.mark("bind");
         self.faults.fire(FaultPoint::ResumeAfterBind)?;
 
@@ -445,21 +465,24 @@ impl Api {
                         snapshot: Some(convert::snapshot(snap)),
                         fidelity: fidelity.wire(),
                     };
-                    client
-                        .restore(ate_proto::request_id::request(req, request_id))
-                        .await
+                    client.restore(node_request(req, request_id)).await
                 }
                 _ => {
                     let req = v1::RunRequest {
                         workload: Some(workload),
                     };
-                    client
-                        .run(ate_proto::request_id::request(req, request_id))
-                        .await
+                    client.run(node_request(req, request_id)).await
                 }
             }
         };
-        let reply = match tokio::time::timeout(self.cfg.node_call_timeout, call).await {
+        let node_span = ate_tls::trace_span!(
+            "node",
+            node = %worker.node,
+            worker = %worker.id,
+            otel.kind = "client"
+        );
+        let call = tokio::time::timeout(self.cfg.node_call_timeout, call).instrument(node_span);
+        let reply = match call.await {
             Ok(Ok(reply)) => reply.into_inner(),
             Ok(Err(status)) if is_transient(&status) && unreachable(&status) => {
                 // The node itself could not be reached (its machine may be lost): the restore
@@ -530,6 +553,7 @@ impl Api {
         };
         steps.mark("node");
         self.faults.fire(FaultPoint::ResumeAfterNodeCall)?;
+        let _step = ate_tls::trace_span!("finalize");
 
         // Finalize: the node's epoch must be the one the worker registered, else it restarted
         // during the restore and whatever it did is gone.
@@ -595,6 +619,7 @@ impl Api {
                 demand(template),
                 now_ms(),
             )
+            .instrument(ate_tls::trace_span!("bind", worker = %worker.id, rebind = true))
             .await
         {
             Ok(a) => Ok(Some((a, worker))),
@@ -731,6 +756,7 @@ impl Api {
                     demand,
                     now_ms(),
                 )
+                .instrument(ate_tls::trace_span!("bind", worker = %worker.id, attempt))
                 .await
             {
                 Ok(bound) => {

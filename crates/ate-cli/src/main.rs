@@ -8,6 +8,7 @@ mod contexts;
 mod faults;
 mod join;
 mod logs;
+mod otel;
 mod plot;
 mod proxy;
 mod render;

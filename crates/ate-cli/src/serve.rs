@@ -8,6 +8,8 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::Args;
 
+use crate::otel;
+
 #[derive(Args, Debug)]
 pub struct ApiArgs {
     /// gRPC listen address.
@@ -160,21 +162,42 @@ async fn serve_metrics(
     Ok(bound)
 }
 
-pub fn init_logging(json: bool) {
+/// Logging to stderr, and the OpenTelemetry traces of `component` (None: a run that serves
+/// nothing) when the `OTEL_*` variables ask for them (`crate::otel`); the caller shuts the
+/// returned [`otel::Tracing`] down last.
+pub fn init_logging(json: bool, component: Option<&'static str>) -> otel::Tracing {
+    use tracing_subscriber::Layer as _;
+    use tracing_subscriber::layer::SubscriberExt as _;
+    use tracing_subscriber::util::SubscriberInitExt as _;
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
     // Colours only for a person at a terminal: `ate up` writes each component's stderr to a log
     // file, where escape codes would only get in the way of grep and log shippers.
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
+    let fmt = tracing_subscriber::fmt::layer()
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_writer(std::io::stderr);
-    // A second init (tests) is harmless.
-    let _ = if json {
-        builder.json().try_init()
+    let fmt = if json {
+        fmt.json().boxed()
     } else {
-        builder.try_init()
+        fmt.boxed()
     };
+    let (traces, tracing, refused) = match component {
+        Some(component) => otel::layer(component),
+        None => (None, otel::Tracing::off(), None),
+    };
+    let on = traces.is_some();
+    // A second init (tests) is harmless.
+    let _ = tracing_subscriber::registry()
+        .with(filter)
+        .with(traces)
+        .with(fmt)
+        .try_init();
+    if let Some(why) = refused {
+        tracing::warn!("{why}");
+    } else if on {
+        tracing::info!("traces: exporting by OTLP/gRPC (OTEL_* variables)");
+    }
+    tracing
 }
 
 /// Resolves on SIGINT or SIGTERM.
@@ -225,7 +248,7 @@ fn trust_bundle(tls: &ate_tls::TlsArgs) -> anyhow::Result<String> {
 }
 
 pub async fn run_api(args: ApiArgs) -> anyhow::Result<()> {
-    init_logging(args.log.json());
+    let traces = init_logging(args.log.json(), Some("ate-api"));
     let store = ate_store::open(&args.store)
         .await
         .with_context(|| format!("cannot open store {}", args.store))?;
@@ -301,6 +324,7 @@ pub async fn run_api(args: ApiArgs) -> anyhow::Result<()> {
     tracing::info!(grpc = %grpc_addr, http = %http_addr, store = %redact(&args.store), tls = serve_tls.is_some(), auth_mode = ?args.auth_mode, "api serving");
     ate_api::serve_with(api, grpc, Some(http), serve_tls, shutdown_signal()).await?;
     tracing::info!("api stopped");
+    traces.shutdown().await;
     Ok(())
 }
 
@@ -313,10 +337,11 @@ pub struct RouterArgs {
 }
 
 pub async fn run_router(args: RouterArgs) -> anyhow::Result<()> {
-    init_logging(args.log.json());
+    let traces = init_logging(args.log.json(), Some("ate-router"));
     tracing::info!(listen = %args.config.listen, api = %args.config.api, "router starting");
     ate_router::run(args.config, shutdown_signal()).await?;
     tracing::info!("router stopped");
+    traces.shutdown().await;
     Ok(())
 }
 
@@ -332,13 +357,14 @@ pub struct NodeArgs {
 }
 
 pub async fn run_node(args: NodeArgs) -> anyhow::Result<()> {
-    init_logging(args.log.json());
+    let traces = init_logging(args.log.json(), Some("ate-node"));
     if let Some(addr) = args.metrics_listen {
         let bound = serve_metrics(addr, ate_node::metrics::install).await?;
         tracing::info!(metrics = %bound, "node agent metrics serving");
     }
     ate_node::run(args.config, shutdown_signal()).await?;
     tracing::info!("node agent stopped");
+    traces.shutdown().await;
     Ok(())
 }
 
@@ -354,7 +380,11 @@ pub struct WorkerArgs {
 }
 
 pub async fn run_worker(args: WorkerArgs) -> anyhow::Result<()> {
-    init_logging(args.log.json());
+    // A `--remove-leftovers` run serves nothing and has nothing to trace.
+    let traces = init_logging(
+        args.log.json(),
+        Some("ate-worker").filter(|_| !args.config.remove_leftovers),
+    );
     // Not for `--remove-leftovers`, a clean-up run that serves nothing.
     if let Some(addr) = args
         .metrics_listen
@@ -374,6 +404,7 @@ pub async fn run_worker(args: WorkerArgs) -> anyhow::Result<()> {
     ]);
     ate_worker::run(config, shutdown_signal()).await?;
     tracing::info!("worker stopped");
+    traces.shutdown().await;
     Ok(())
 }
 

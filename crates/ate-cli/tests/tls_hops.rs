@@ -95,7 +95,10 @@ async fn router_reaches_atunnel_pinning_the_worker() {
     let t = atunnel().await;
     let router = dialer(&t, SpiffeId::router(TD).unwrap());
     // Through the handshake both ways: atunnel answers 421 (no such actor here).
-    let e = router.open(&route(&t, &w1()), "team-a/x", 80).await.err();
+    let e = router
+        .open(&route(&t, &w1()), "team-a/x", 80, "")
+        .await
+        .err();
     assert!(matches!(e, Some(TunnelError::Stale)), "{e:?}");
 }
 
@@ -108,7 +111,10 @@ async fn atunnel_refuses_a_client_that_is_not_the_router() {
         SpiffeId::admin(TD).unwrap(),
     ] {
         let client = dialer(&t, id.clone());
-        let e = client.open(&route(&t, &w1()), "team-a/x", 80).await.err();
+        let e = client
+            .open(&route(&t, &w1()), "team-a/x", 80, "")
+            .await
+            .err();
         assert!(
             matches!(
                 e,
@@ -129,9 +135,9 @@ async fn router_refuses_a_worker_that_is_not_the_pinned_id() {
     let router = dialer(&t, SpiffeId::router(TD).unwrap());
     // The assignment names w2, but the server at that address is w1.
     let w2 = SpiffeId::worker_instance(TD, "w2").unwrap().uri();
-    let e = router.open(&route(&t, &w2), "team-a/x", 80).await.err();
+    let e = router.open(&route(&t, &w2), "team-a/x", 80, "").await.err();
     assert!(matches!(e, Some(TunnelError::Tls { .. })), "{e:?}");
     // No identity in the assignment: refused before dialing.
-    let e = router.open(&route(&t, ""), "team-a/x", 80).await.err();
+    let e = router.open(&route(&t, ""), "team-a/x", 80, "").await.err();
     assert!(matches!(e, Some(TunnelError::Identity { .. })), "{e:?}");
 }

@@ -8,6 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use ate_core::{DurableStatus, Fidelity};
+use ate_proto::v1::worker_service_client::WorkerServiceClient;
 use ate_proto::v1::{
     self, node_service_server::NodeService, node_service_server::NodeServiceServer,
 };
@@ -621,7 +622,22 @@ fn start_span<T>(call: &str, req: &Request<T>, workload: Option<&v1::Workload>) 
         .map(|a| format!("{}/{}", a.atespace, a.name))
         .unwrap_or_default();
     let request_id = ate_proto::request_id::of(req).unwrap_or_default();
-    tracing::info_span!("start", call, request_id = %request_id, actor = %actor)
+    let span = tracing::info_span!("start", call, request_id = %request_id, actor = %actor);
+    ate_tls::trace_context::continue_grpc(&span, req);
+    span
+}
+
+/// The worker's Start for the request `request_id`, in a span of its own whose trace context
+/// the worker continues.
+fn worker_start(
+    mut client: WorkerServiceClient<tonic::transport::Channel>,
+    start: v1::WorkerStartRequest,
+    request_id: Option<&str>,
+) -> impl Future<Output = Result<Response<v1::WorkerStartReply>, Status>> + use<> {
+    let span = ate_tls::trace_span!("worker_start", otel.kind = "client");
+    let mut request = ate_proto::request_id::request(start, request_id);
+    span.in_scope(|| ate_tls::trace_context::inject_grpc(&mut request));
+    async move { client.start(request).await }.instrument(span)
 }
 
 /// Run, Restore and Checkpoint themselves; the NodeService methods below add their metrics.
@@ -647,10 +663,7 @@ impl NodeAgent {
             generation_dir: String::new(),
             fidelity: 0,
         };
-        let reply = worker
-            .client
-            .clone()
-            .start(ate_proto::request_id::request(start, request_id.as_deref()))
+        let reply = worker_start(worker.client.clone(), start, request_id.as_deref())
             .await?
             .into_inner();
         tracing::info!(actor = %format!("{atespace}/{name}"), worker = %worker.info.worker_id, ms = begun.elapsed().as_millis() as u64, "actor started (cold boot)");
@@ -680,14 +693,16 @@ impl NodeAgent {
             self.forget_frozen(actor, &workload.worker_id).await;
         }
         let start = |dir: &Path| {
-            let mut client = worker.client.clone();
             let start = v1::WorkerStartRequest {
                 workload: Some(workload.clone()),
                 generation_dir: dir.display().to_string(),
                 fidelity: req.fidelity,
             };
-            let start = ate_proto::request_id::request(start, request_id.as_deref());
-            async move { client.start(start).await }
+            worker_start(worker.client.clone(), start, request_id.as_deref())
+        };
+        // Fetching the generation from the durable store, when the node has no usable copy.
+        let download = |kind: &'static str| {
+            ate_tls::trace_span!("download", generation = snap.generation, kind)
         };
         // Memory on demand from the durable copy when the worker restores lazily and the
         // template does not ask for eager restores; else the whole generation first.
@@ -699,7 +714,11 @@ impl NodeAgent {
                 .is_some_and(|s| s.eager_memory_restore);
         let (reply, from, dir) = match self.local_copy(&snap) {
             None if lazy => {
-                let started = match self.fetch_for_lazy_restore(&snap).await {
+                let fetched = self
+                    .fetch_for_lazy_restore(&snap)
+                    .instrument(download("lazy"))
+                    .await;
+                let started = match fetched {
                     Ok(dir) => start(&dir).await.map(|r| (r, dir)),
                     Err(e) => Err(e),
                 };
@@ -710,7 +729,7 @@ impl NodeAgent {
                     }
                     Err(e) => {
                         tracing::warn!(actor = %format!("{atespace}/{name}"), generation = snap.generation, error = %e.message(), "lazy restore from the durable copy refused; fetching the whole generation");
-                        let dir = self.fetch(&snap).await?;
+                        let dir = self.fetch(&snap).instrument(download("whole")).await?;
                         (
                             start(&dir).await?,
                             "durable copy (whole, after a refused lazy restore)",
@@ -720,13 +739,16 @@ impl NodeAgent {
                 }
             }
             None => {
-                let dir = self.fetch(&snap).await?;
+                let dir = self.fetch(&snap).instrument(download("whole")).await?;
                 (start(&dir).await?, "durable copy", dir)
             }
             Some(local) => match start(&local).await {
                 Ok(reply) => (reply, "node-local copy", local),
                 Err(refused) => {
-                    let dir = self.replace_damaged_local(&snap, &local, refused).await?;
+                    let dir = self
+                        .replace_damaged_local(&snap, &local, refused)
+                        .instrument(download("replace_damaged"))
+                        .await?;
                     (
                         start(&dir).await?,
                         "durable copy replacing a damaged local one",

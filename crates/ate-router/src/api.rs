@@ -73,7 +73,7 @@ impl GrpcResume {
 impl Resume for GrpcResume {
     fn resume(&self, actor: &ActorKey, request_id: Option<&str>) -> ResumeFuture {
         let mut client = self.client.clone();
-        let request = ate_proto::request_id::request(
+        let mut request = ate_proto::request_id::request(
             ResumeActorRequest {
                 actor: Some(ObjectRef {
                     atespace: actor.atespace().to_string(),
@@ -82,6 +82,7 @@ impl Resume for GrpcResume {
             },
             request_id,
         );
+        ate_tls::trace_context::inject_grpc(&mut request);
         Box::pin(async move {
             let response = client
                 .resume_actor(request)

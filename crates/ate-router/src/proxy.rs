@@ -250,6 +250,7 @@ impl Proxy {
                     request.headers_mut().insert(REQUEST_ID, begun.id.clone());
                 }
                 let span = request_span(&begun.id, &target);
+                ate_tls::trace_context::continue_http(&span, request.headers());
                 let forward = self.clone().forward(request, Target(target), port);
                 Either::Left(forward.instrument(span).map(|f| {
                     let Target(actor) = f.actor;
@@ -416,6 +417,7 @@ impl Proxy {
         macro_rules! done {
             ($response:expr) => {{
                 let response = $response;
+                note_status(response.status());
                 return Forwarded {
                     response,
                     timings,
@@ -425,13 +427,18 @@ impl Proxy {
         }
         let name = actor.as_ref();
         let started = Instant::now();
-        let found = self.resolver.resolve(name, id_of(&request)).await;
+        let found = self
+            .resolver
+            .resolve(name, id_of(&request))
+            .instrument(ate_tls::trace_span!("resolve"))
+            .await;
         timings.add_resolve(started.elapsed());
         let (mut route, mut kind) = match found {
             Ok(found) => found,
             Err(e) => done!(error_response(&e, name)),
         };
         timings.kind = Some(kind);
+        note_kind(kind);
         metrics::histogram!(RESOLVE_SECONDS).record(started.elapsed().as_secs_f64());
 
         let mode = Mode::of(&request);
@@ -444,6 +451,9 @@ impl Proxy {
         let mut backoff = crate::parking::Backoff::new(self.resolver.retry_initial());
         loop {
             let sent = Instant::now();
+            // The actor (and atunnel, on a new tunnel) continue the trace from the request's
+            // span. No span per attempt: it would sit in this (per connection) future.
+            ate_tls::trace_context::inject_http(request.headers_mut());
             let result = match mode {
                 Mode::Http1 => self
                     .tunnels
@@ -476,13 +486,18 @@ impl Proxy {
                     self.resolver.evict_stale(name, &route);
                     self.tunnels.evict(name, &route.worker);
                     let resolving = Instant::now();
-                    let found = self.resolver.resolve(name, id_of(&back)).await;
+                    let found = self
+                        .resolver
+                        .resolve(name, id_of(&back))
+                        .instrument(ate_tls::trace_span!("resolve", retry = retries))
+                        .await;
                     timings.add_resolve(resolving.elapsed());
                     match found {
                         Ok((r, k)) => {
                             route = r;
                             kind = kind.max(k);
                             timings.kind = Some(kind);
+                            note_kind(kind);
                         }
                         Err(e) => done!(error_response(&e, name)),
                     }
@@ -542,7 +557,8 @@ impl Proxy {
         port: u16,
         mut request: Request<Incoming>,
     ) -> Result<Response<RouterBody>, SendFailed<Request<Incoming>>> {
-        let mut conn = match self.tunnels.new_h1(route, actor, port).await {
+        let id = crate::tunnel::request_id_of(&request);
+        let mut conn = match self.tunnels.new_h1(route, actor, port, id).await {
             Ok(conn) => conn,
             Err(error) => {
                 return Err(SendFailed {
@@ -579,7 +595,8 @@ impl Proxy {
         port: u16,
         mut request: Request<Incoming>,
     ) -> Result<Response<RouterBody>, SendFailed<Request<Incoming>>> {
-        let mut conn = match self.tunnels.new_h1(route, actor, port).await {
+        let id = crate::tunnel::request_id_of(&request);
+        let mut conn = match self.tunnels.new_h1(route, actor, port, id).await {
             Ok(conn) => conn,
             Err(error) => {
                 return Err(SendFailed {
@@ -676,6 +693,7 @@ impl Proxy {
                         inner.headers_mut().insert(REQUEST_ID, begun.id.clone());
                     }
                     let span = request_span(&begun.id, actor.as_str());
+                    ate_tls::trace_context::continue_http(&span, inner.headers());
                     let (response, timings) = proxy
                         .tunneled_request(inner, &actor, port)
                         .instrument(span)
@@ -810,11 +828,38 @@ fn id_of<B>(request: &Request<B>) -> &str {
         .unwrap_or_default()
 }
 
-/// The span around one request's resolution, parking and forwarding.
+/// The span around one request's resolution, parking and forwarding (the root of the router's
+/// part of a trace, or the child of a client's `traceparent`). `status`, `resume` and the error
+/// status are recorded only when traces are on ([`note_status`], [`note_kind`]).
 fn request_span(id: &HeaderValue, actor: impl AsRef<[u8]>) -> tracing::Span {
     let actor = std::str::from_utf8(actor.as_ref()).unwrap_or_default();
     let request_id = id.to_str().unwrap_or_default();
-    tracing::info_span!("request", request_id = %request_id, actor = %actor)
+    tracing::info_span!(
+        "request",
+        request_id = %request_id,
+        actor = %actor,
+        status = tracing::field::Empty,
+        resume = tracing::field::Empty,
+        otel.status_code = tracing::field::Empty,
+    )
+}
+
+/// The answer's status on the current request span (a server error marks the span failed).
+fn note_status(status: StatusCode) {
+    if ate_tls::trace_context::enabled() {
+        let span = tracing::Span::current();
+        span.record("status", status.as_u16());
+        if status.is_server_error() {
+            span.record("otel.status_code", "ERROR");
+        }
+    }
+}
+
+/// How the actor was found (`ate-resume`: warm, cold, parked) on the current request span.
+fn note_kind(kind: ResumeKind) {
+    if ate_tls::trace_context::enabled() {
+        tracing::Span::current().record("resume", kind.header_value());
+    }
 }
 
 /// One line for a request the router answered with an error of its own (status 400 or more and

@@ -113,6 +113,7 @@ impl Resolver {
         }
         let decision_deadline =
             tokio::time::Instant::now() + self.cfg.budget + self.cfg.decision_grace;
+        let mut started = false;
         let mut rx = self.flights.join_or_start(
             actor,
             || {
@@ -125,11 +126,17 @@ impl Resolver {
             },
             |key, tx| {
                 use tracing::Instrument;
+                started = true;
                 let id = (!request_id.is_empty()).then(|| request_id.to_string());
                 tokio::spawn(self.clone().run_flight(key, tx, id).in_current_span());
             },
         );
 
+        // Trace spans (disabled when traces are off): waiting for the actor's one resolution,
+        // started here or joined, and within it the time holding a parking place. Never entered:
+        // each lasts from its creation until this future ends.
+        let _wait = ate_tls::trace_span!("single_flight_wait", joined = !started);
+        let mut parked = tracing::Span::none();
         // Held while this request waits after a failed attempt; dropped with this future.
         let mut place: Option<ParkingPlace> = None;
         let mut waited = false;
@@ -149,6 +156,7 @@ impl Resolver {
                     if let Some(place) = place.take() {
                         place.finish(outcome);
                     }
+                    drop(parked);
                     return result.map(|r| {
                         let kind = if waited {
                             ResumeKind::Parked
@@ -164,7 +172,10 @@ impl Resolver {
                     waited = true;
                     if parks && place.is_none() {
                         match self.lot.try_park() {
-                            Some(p) => place = Some(p),
+                            Some(p) => {
+                                place = Some(p);
+                                parked = ate_tls::trace_span!("parked");
+                            }
                             None => return Err(ResolveError::AtCapacity),
                         }
                     }
@@ -228,12 +239,18 @@ impl Resolver {
         let parking = self.lot.enabled();
         let mut deadline: Option<Instant> = None;
         let mut backoff = Backoff::new(self.cfg.retry_initial);
+        let mut attempt = 0u32;
         loop {
+            use tracing::Instrument;
             self.stats.resume_calls.fetch_add(1, Ordering::Relaxed);
             metrics::counter!(RESUME_CALLS).increment(1);
+            attempt += 1;
+            // The call's span is the api's parent (its `traceparent` metadata).
+            let span = ate_tls::trace_span!("ResumeActor", attempt, otel.kind = "client");
+            let call = span.in_scope(|| self.api.resume(key, request_id));
+            let call = call.instrument(span);
             // With a last known route, an api that does not answer at all (hung, stopped,
             // unreachable without a reset) is not waited for past a second either.
-            let call = self.api.resume(key, request_id);
             let answer = match self.cache.last_known(key.as_str(), LAST_KNOWN_MAX_STALE) {
                 Some(route) => match tokio::time::timeout(LAST_KNOWN_AFTER, call).await {
                     Ok(answer) => answer,

@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
-use ate_core::{ACTIVATION_HEADER, TARGET_ACTOR_HEADER, TARGET_PORT_HEADER};
+use ate_core::{ACTIVATION_HEADER, REQUEST_ID_HEADER, TARGET_ACTOR_HEADER, TARGET_PORT_HEADER};
 use ate_tls::rustls::ClientConfig;
 use ate_tls::rustls::pki_types::ServerName;
 use ate_tls::tokio_rustls::TlsConnector;
@@ -373,19 +373,28 @@ impl Tunnels {
         Ok(sender)
     }
 
-    /// Opens one tunnel (a CONNECT stream) to `actor`'s `port` on the route's worker.
+    /// Opens one tunnel (a CONNECT stream) to `actor`'s `port` on the route's worker, for the
+    /// request with id `request_id` (on the CONNECT with the current span's trace context, so
+    /// atunnel's lines and span about it belong to that request).
     pub async fn open(
         &self,
         route: &Route,
         actor: &str,
         port: u16,
+        request_id: &str,
     ) -> Result<Upgraded, TunnelError> {
         self.stats.tunnel_connects.fetch_add(1, Ordering::Relaxed);
         // One retry: a shared connection that died since its last use is replaced.
         let mut retried = false;
         loop {
             let mut sender = self.worker(route).await?;
-            let request = connect_request(actor, port, route.activation)?;
+            let mut request = connect_request(actor, port, route.activation)?;
+            if let Ok(id) = HeaderValue::from_str(request_id)
+                && !request_id.is_empty()
+            {
+                request.headers_mut().insert(REQUEST_ID_HEADER, id);
+            }
+            ate_tls::trace_context::inject_http(request.headers_mut());
             match sender.send_request(request).await {
                 Ok(response) => return accept(response).await,
                 Err(e) if !retried && sender.is_closed() => {
@@ -418,12 +427,18 @@ impl Tunnels {
     }
 
     /// An HTTP/1.1 connection to the actor: an idle pooled one, or a new tunnel.
-    pub async fn h1(&self, route: &Route, actor: &str, port: u16) -> Result<H1Conn, TunnelError> {
+    pub async fn h1(
+        &self,
+        route: &Route,
+        actor: &str,
+        port: u16,
+        request_id: &str,
+    ) -> Result<H1Conn, TunnelError> {
         if let Some(conn) = self.checkout(actor, port, &route.worker) {
             self.stats.tunnel_reuses.fetch_add(1, Ordering::Relaxed);
             return Ok(conn);
         }
-        self.new_h1(route, actor, port).await
+        self.new_h1(route, actor, port, request_id).await
     }
 
     /// A new HTTP/1.1 connection over a new tunnel (upgrades allowed, for WebSocket).
@@ -432,12 +447,13 @@ impl Tunnels {
         route: &Route,
         actor: &str,
         port: u16,
+        request_id: &str,
     ) -> Result<H1Conn, TunnelError> {
         // Boxed, like the worker connection: opening a tunnel (CONNECT stream, upgrade, HTTP/1.1
         // handshake) is a large future that would otherwise sit in every request's future,
         // parked ones included; the warm path takes a pooled tunnel and never gets here (with
         // the pool off, this is one allocation beside a new CONNECT stream and handshake).
-        Box::pin(self.new_h1_unboxed(route, actor, port)).await
+        Box::pin(self.new_h1_unboxed(route, actor, port, request_id)).await
     }
 
     async fn new_h1_unboxed(
@@ -445,8 +461,9 @@ impl Tunnels {
         route: &Route,
         actor: &str,
         port: u16,
+        request_id: &str,
     ) -> Result<H1Conn, TunnelError> {
-        let io = self.open(route, actor, port).await?;
+        let io = self.open(route, actor, port, request_id).await?;
         let (sender, conn) = http1::Builder::new()
             .handshake(io)
             .await
@@ -477,7 +494,8 @@ impl Tunnels {
         mut request: Request<Incoming>,
     ) -> Result<Response<RouterBody>, SendFailed<Request<Incoming>>> {
         if self.cfg.idle_per_actor == 0 {
-            let mut sender = match self.h2(route, actor, port).await {
+            let id = request_id_of(&request);
+            let mut sender = match self.h2(route, actor, port, id).await {
                 Ok(sender) => sender,
                 Err(error) => {
                     return Err(SendFailed {
@@ -496,7 +514,8 @@ impl Tunnels {
         }
         let mut replaced = false;
         loop {
-            let (mut sender, in_use, fresh) = match self.grpc_conn(route, actor, port).await {
+            let id = request_id_of(&request);
+            let (mut sender, in_use, fresh) = match self.grpc_conn(route, actor, port, id).await {
                 Ok(conn) => conn,
                 Err(error) => {
                     return Err(SendFailed {
@@ -537,6 +556,7 @@ impl Tunnels {
         route: &Route,
         actor: &str,
         port: u16,
+        request_id: &str,
     ) -> Result<(http2::SendRequest<Incoming>, InUse, bool), TunnelError> {
         let slot = {
             let mut grpc = self.grpc.lock().unwrap_or_else(PoisonError::into_inner);
@@ -576,7 +596,7 @@ impl Tunnels {
                 kind: *kind,
             });
         }
-        let sender = match self.h2(route, actor, port).await {
+        let sender = match self.h2(route, actor, port, request_id).await {
             Ok(sender) => sender,
             Err(e) => {
                 state.failures += 1;
@@ -624,9 +644,10 @@ impl Tunnels {
         route: &Route,
         actor: &str,
         port: u16,
+        request_id: &str,
     ) -> Result<http2::SendRequest<Incoming>, TunnelError> {
         // Boxed for the same reason as `new_h1`.
-        Box::pin(self.h2_unboxed(route, actor, port)).await
+        Box::pin(self.h2_unboxed(route, actor, port, request_id)).await
     }
 
     async fn h2_unboxed(
@@ -634,8 +655,9 @@ impl Tunnels {
         route: &Route,
         actor: &str,
         port: u16,
+        request_id: &str,
     ) -> Result<http2::SendRequest<Incoming>, TunnelError> {
-        let io = self.open(route, actor, port).await?;
+        let io = self.open(route, actor, port, request_id).await?;
         let (sender, conn) = http2::Builder::new(TokioExecutor::new())
             .timer(TokioTimer::new())
             .handshake(io)
@@ -676,7 +698,8 @@ impl Tunnels {
                 },
             }
         }
-        let mut conn = match self.new_h1(route, actor, port).await {
+        let id = request_id_of(&request);
+        let mut conn = match self.new_h1(route, actor, port, id).await {
             Ok(conn) => conn,
             Err(error) => {
                 return Err(SendFailed {
@@ -841,6 +864,15 @@ where
         }
     });
     Ok(sender)
+}
+
+/// The request id a request carries (the router set it before forwarding); empty if none.
+pub fn request_id_of<B>(request: &Request<B>) -> &str {
+    request
+        .headers()
+        .get(REQUEST_ID_HEADER)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default()
 }
 
 /// `CONNECT <name>.<atespace>:<port>` with the routing headers and the activation's fencing token

@@ -393,3 +393,24 @@ async fn the_access_log_has_one_json_line_per_request() {
         raw[3]
     );
 }
+
+/// With traces off (no OpenTelemetry layer: no `OTEL_*` variables) a client's `traceparent`
+/// reaches the actor as it was sent (`tests/traces.rs` checks it on).
+#[tokio::test]
+async fn with_traces_off_a_client_traceparent_passes_through() {
+    let w = World::start(|_| {}).await;
+    w.running("a/b");
+    let sent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+    let got = get_with(w.router.addr, Some("a/b"), "app.example", |r| {
+        r.headers_mut()
+            .insert("traceparent", http::HeaderValue::from_static(sent));
+    })
+    .await;
+    assert_eq!(got.status, StatusCode::OK, "{}", got.body);
+    let seen: Vec<&str> = got
+        .body
+        .lines()
+        .filter_map(|l| l.strip_prefix("header traceparent: "))
+        .collect();
+    assert_eq!(seen, [sent], "{}", got.body);
+}

@@ -19,6 +19,7 @@ pub mod join;
 pub mod peer;
 pub mod source;
 pub mod telemetry;
+pub mod trace_context;
 
 use std::sync::{Arc, OnceLock};
 

@@ -28,6 +28,7 @@ use hyper::body::Incoming;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
+use tracing::Instrument;
 
 use crate::netns::{ACTOR_IP, NetnsDialer};
 use crate::pipe::{Command, TunnelState};
@@ -367,9 +368,14 @@ async fn serve_connection<S>(stream: S, peer: SocketAddr, tunnels: Arc<Tunnels>)
 where
     S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
 {
-    let service = hyper::service::service_fn(move |req| {
+    let service = hyper::service::service_fn(move |req: Request<Incoming>| {
         let tunnels = tunnels.clone();
-        async move { Ok::<_, Infallible>(handle(&tunnels, req).await) }
+        let span = forward_span(&req);
+        async move {
+            let response = handle(&tunnels, req).instrument(span.clone()).await;
+            span.record("status", response.status().as_u16());
+            Ok::<_, Infallible>(response)
+        }
     });
     let mut builder = hyper::server::conn::http2::Builder::new(TokioExecutor::new());
     // One connection carries every tunnel from the router: many streams, roomy windows.
@@ -383,6 +389,43 @@ where
     {
         tracing::debug!(%peer, error = %e, "atunnel connection ended");
     }
+}
+
+/// The span of one CONNECT (one tunnel: its checks and the dial into the actor's netns, until
+/// atunnel answers; the bytes piped afterwards are not in it). Carries the request id of the
+/// request that opened the tunnel, so every line about it has one, and continues that request's
+/// trace (the router's `traceparent` on the CONNECT). Requests sent later over the same pooled
+/// tunnel never reach atunnel as requests: they are bytes in the pipe.
+fn forward_span(req: &Request<Incoming>) -> tracing::Span {
+    let headers = req.headers();
+    let text = |name: &str| {
+        headers
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or_default()
+    };
+    let request_id = Some(text(ate_core::REQUEST_ID_HEADER))
+        .filter(|id| ate_core::request_id::is_valid(id.as_bytes()))
+        .unwrap_or_default();
+    let span = tracing::info_span!(
+        "forward",
+        request_id = %request_id,
+        actor = %text(HEADER_ACTOR),
+        port = %Some(text(HEADER_PORT)).filter(|p| !p.is_empty()).unwrap_or("80"),
+        status = tracing::field::Empty,
+    );
+    ate_tls::trace_context::continue_http(&span, headers);
+    span
+}
+
+/// The request id on a CONNECT (for the lines of the tunnel's task, which outlives its span).
+fn request_id_of(headers: &http::HeaderMap) -> String {
+    headers
+        .get(ate_core::REQUEST_ID_HEADER)
+        .filter(|v| ate_core::request_id::is_valid(v.as_bytes()))
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default()
+        .to_owned()
 }
 
 fn reply(status: StatusCode, body: impl Into<Bytes>) -> Response<Full<Bytes>> {
@@ -543,13 +586,14 @@ async fn handle(tunnels: &Tunnels, req: Request<Incoming>) -> Response<Full<Byte
     let mut closed = activation.closed.subscribe();
     let state = TunnelState::new();
     activation.register(&state);
+    let request_id = request_id_of(req.headers());
     tokio::spawn(async move {
         let _guard = guard;
         let upgraded = tokio::select! {
             u = hyper::upgrade::on(req) => match u {
                 Ok(u) => u,
                 Err(e) => {
-                    tracing::debug!(actor = %key, error = %e, "tunnel upgrade failed");
+                    tracing::debug!(actor = %key, request_id = %request_id, error = %e, "tunnel upgrade failed");
                     return;
                 }
             },

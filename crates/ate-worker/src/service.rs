@@ -97,7 +97,9 @@ impl WorkerService for WorkerServiceImpl {
                 .and_then(|w| w.actor.as_ref())
                 .map(|a| format!("{}/{}", a.atespace, a.name))
                 .unwrap_or_default();
-            tracing::info_span!("start", request_id = %request_id, actor = %actor)
+            let span = tracing::info_span!("start", request_id = %request_id, actor = %actor);
+            ate_tls::trace_context::continue_grpc(&span, &req);
+            span
         };
         let req = req.into_inner();
         let kind = crate::metrics::start_kind(&req);

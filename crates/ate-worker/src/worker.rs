@@ -11,6 +11,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+use tracing::Instrument;
 
 use ate_core::template::MemoryRestore;
 use ate_core::{Fidelity, TemplateSpec};
@@ -394,7 +395,11 @@ impl Worker {
         if let (Some(f), Some(gen_dir)) = (frozen, generation_dir.as_deref()) {
             let memory = matches!(requested, None | Some(Fidelity::Memory));
             if memory && f.gen_dir == gen_dir {
-                match self.thaw(&key, f, &spec, &workload).await {
+                match self
+                    .thaw(&key, f, &spec, &workload)
+                    .instrument(ate_tls::trace_span!("thaw"))
+                    .await
+                {
                     Ok(()) => {
                         crate::metrics::thawed(true);
                         let ready_ms =
@@ -442,6 +447,13 @@ impl Worker {
         let log_from = tokio::fs::metadata(sandbox.log_path())
             .await
             .map_or(0, |m| m.len());
+        // Trace spans of the phases (disabled when traces are off): the sandbox with its netns
+        // (a CRIU restore or a run), egress, the wakeup probe, activation.
+        let boot_span = if generation_dir.is_some() {
+            ate_tls::trace_span!("restore")
+        } else {
+            ate_tls::trace_span!("run")
+        };
         let booted = self
             .boot(
                 &sandbox,
@@ -450,6 +462,7 @@ impl Worker {
                 requested,
                 spec.memory_restore,
             )
+            .instrument(boot_span)
             .await;
         // Declared after the sandbox is discarded on every error path below: a page source is
         // released only once its sandbox is gone.
@@ -466,6 +479,7 @@ impl Worker {
         if let Err(e) = self
             .egress
             .start(&key, &sandbox.netns(), &spec.egress)
+            .instrument(ate_tls::trace_span!("egress"))
             .await
         {
             self.discard_quietly(&sandbox).await;
@@ -480,12 +494,14 @@ impl Worker {
                 log_from,
                 page_source.as_ref(),
             )
+            .instrument(ate_tls::trace_span!("probe"))
             .await
         {
             self.discard_quietly(&sandbox).await;
             return Err(e);
         }
         let probed_at = begun.elapsed();
+        let _activate = ate_tls::trace_span!("activate");
         let dialer = match NetnsDialer::new(&sandbox.netns()).await {
             Ok(d) => d,
             Err(e) => {

@@ -1,0 +1,454 @@
+//! OpenTelemetry traces end to end (issue 15): a real OTLP/gRPC trace receiver (the collector's
+//! TraceService from `opentelemetry-proto`, on 127.0.0.1) and a real `ate up` (api, node agent,
+//! runc + CRIU worker, router) configured only by `OTEL_*` variables, which `ate up` passes on to
+//! every component.
+//!
+//! - A cold request (the actor suspended, resumed by it) is one trace with spans from the router,
+//!   the api, the node agent and the worker, each hop the child of the previous one, and the
+//!   api's workflow steps in order; a restore from a snapshot likewise (node `download` aside:
+//!   the generation is node-local).
+//! - A warm request (route cached) is the router's and atunnel's spans only.
+//! - A client's `traceparent` is the parent of the router's span.
+//!
+//! The router runs with `--tunnel-idle-per-actor=0` so that every request opens its own tunnel:
+//! atunnel sees CONNECTs, not the requests inside a pooled tunnel, so only a request that opens
+//! a tunnel has an atunnel span (docs/observability.md).
+
+mod support;
+
+use std::collections::{BTreeSet, HashMap};
+use std::io::{Read, Write};
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use opentelemetry_proto::tonic::collector::trace::v1::trace_service_server::{
+    TraceService, TraceServiceServer,
+};
+use opentelemetry_proto::tonic::collector::trace::v1::{
+    ExportTraceServiceRequest, ExportTraceServiceResponse,
+};
+use opentelemetry_proto::tonic::common::v1::{AnyValue, KeyValue, any_value};
+use support::*;
+
+/// One span as received, with what the test looks at.
+#[derive(Debug, Clone)]
+struct Got {
+    service: String,
+    name: String,
+    trace_id: String,
+    span_id: String,
+    /// Empty for a root span.
+    parent: String,
+    start: u64,
+    attributes: HashMap<String, String>,
+}
+
+impl Got {
+    fn attr(&self, key: &str) -> &str {
+        self.attributes.get(key).map(String::as_str).unwrap_or("")
+    }
+}
+
+#[derive(Default, Clone)]
+struct Receiver {
+    spans: Arc<Mutex<Vec<Got>>>,
+}
+
+fn text(value: &Option<AnyValue>) -> String {
+    match value.as_ref().and_then(|v| v.value.as_ref()) {
+        Some(any_value::Value::StringValue(s)) => s.clone(),
+        Some(any_value::Value::IntValue(i)) => i.to_string(),
+        Some(any_value::Value::BoolValue(b)) => b.to_string(),
+        Some(any_value::Value::DoubleValue(d)) => d.to_string(),
+        _ => String::new(),
+    }
+}
+
+fn attributes(kvs: &[KeyValue]) -> HashMap<String, String> {
+    kvs.iter()
+        .map(|kv| (kv.key.clone(), text(&kv.value)))
+        .collect()
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+#[tonic::async_trait]
+impl TraceService for Receiver {
+    async fn export(
+        &self,
+        request: tonic::Request<ExportTraceServiceRequest>,
+    ) -> Result<tonic::Response<ExportTraceServiceResponse>, tonic::Status> {
+        let mut got = Vec::new();
+        for rs in request.into_inner().resource_spans {
+            let resource = rs
+                .resource
+                .as_ref()
+                .map(|r| attributes(&r.attributes))
+                .unwrap_or_default();
+            let service = resource.get("service.name").cloned().unwrap_or_default();
+            for ss in rs.scope_spans {
+                for s in ss.spans {
+                    got.push(Got {
+                        service: service.clone(),
+                        name: s.name.clone(),
+                        trace_id: hex(&s.trace_id),
+                        span_id: hex(&s.span_id),
+                        parent: hex(&s.parent_span_id),
+                        start: s.start_time_unix_nano,
+                        attributes: attributes(&s.attributes),
+                    });
+                }
+            }
+        }
+        self.spans.lock().expect("spans").extend(got);
+        Ok(tonic::Response::new(ExportTraceServiceResponse {
+            partial_success: None,
+        }))
+    }
+}
+
+impl Receiver {
+    fn all(&self) -> Vec<Got> {
+        self.spans.lock().expect("spans").clone()
+    }
+
+    fn trace(&self, trace_id: &str) -> Vec<Got> {
+        let mut spans: Vec<Got> = self
+            .all()
+            .into_iter()
+            .filter(|s| s.trace_id == trace_id)
+            .collect();
+        spans.sort_by_key(|s| s.start);
+        spans
+    }
+
+    /// Waits (up to 20 s: spans leave in batches every 200 ms) until `ready` holds for what
+    /// was received; returns it.
+    fn wait_for(&self, what: &str, ready: impl Fn(&[Got]) -> bool) -> Vec<Got> {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let all = self.all();
+            if ready(&all) {
+                return all;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{what}: not received in 20 s; got:\n{}",
+                show(&all)
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// The router's `request` span of the request with id `request_id`, once received.
+    fn router_span(&self, request_id: &str) -> Got {
+        let all = self.wait_for(&format!("router span of {request_id}"), |all| {
+            all.iter().any(|s| is_router_request(s, request_id))
+        });
+        all.into_iter()
+            .find(|s| is_router_request(s, request_id))
+            .expect("found above")
+    }
+}
+
+fn is_router_request(s: &Got, request_id: &str) -> bool {
+    s.service == "ate-router" && s.name == "request" && s.attr("request_id") == request_id
+}
+
+fn show(spans: &[Got]) -> String {
+    spans
+        .iter()
+        .map(|s| {
+            format!(
+                "  {} {} {} trace={} span={} parent={} {:?}",
+                s.start, s.service, s.name, s.trace_id, s.span_id, s.parent, s.attributes
+            )
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// GET `/` through the router for `actor` with extra header lines: (status, head).
+fn get_with(router: SocketAddr, actor: &str, headers: &[(&str, &str)]) -> (u16, String) {
+    let mut s = std::net::TcpStream::connect(router).expect("connect router");
+    s.set_read_timeout(Some(Duration::from_secs(30))).ok();
+    let extra: String = headers
+        .iter()
+        .map(|(k, v)| format!("{k}: {v}\r\n"))
+        .collect();
+    write!(
+        s,
+        "GET / HTTP/1.1\r\nHost: test.local\r\nate-target-actor: {actor}\r\n{extra}Connection: close\r\n\r\n"
+    )
+    .expect("write");
+    let mut buf = Vec::new();
+    let _ = s.read_to_end(&mut buf);
+    let text = String::from_utf8_lossy(&buf).into_owned();
+    let head = text
+        .split("\r\n\r\n")
+        .next()
+        .unwrap_or_default()
+        .to_string();
+    let status = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    (status, head)
+}
+
+fn header<'a>(head: &'a str, name: &str) -> Option<&'a str> {
+    head.lines().find_map(|l| {
+        let (k, v) = l.split_once(':')?;
+        k.trim().eq_ignore_ascii_case(name).then(|| v.trim())
+    })
+}
+
+/// The one span of `trace` from `service` named `name`.
+fn one<'a>(trace: &'a [Got], service: &str, name: &str) -> &'a Got {
+    let found: Vec<&Got> = trace
+        .iter()
+        .filter(|s| s.service == service && s.name == name)
+        .collect();
+    assert_eq!(
+        found.len(),
+        1,
+        "one {service} span {name:?} expected in:\n{}",
+        show(trace)
+    );
+    found[0]
+}
+
+/// Checks the trace of a request that resumed its actor (`call`: the node's `run` or
+/// `restore`); returns it.
+fn check_cold(receiver: &Receiver, request_id: &str, call: &str) -> Vec<Got> {
+    let root = receiver.router_span(request_id);
+    let trace_id = root.trace_id.clone();
+    // A span is sent when it ends, and a parent ends after its children: once each
+    // component's outermost span is in, so is the rest.
+    receiver.wait_for(&format!("the whole trace of {request_id}"), |all| {
+        let has = |service: &str, name: &str| {
+            all.iter().any(|s| {
+                s.trace_id == trace_id
+                    && s.service == service
+                    && s.name == name
+                    && (name != "forward" || s.attr("status") == "200")
+            })
+        };
+        has("ate-worker", "forward")
+            && has("ate-worker", "start")
+            && has("ate-node", "start")
+            && has("ate-api", "resume")
+            && has("ate-router", "ResumeActor")
+    });
+    let trace = receiver.trace(&trace_id);
+    eprintln!("trace of {request_id}:\n{}", show(&trace));
+
+    assert!(root.parent.is_empty(), "router span is the root: {root:?}");
+    assert_eq!(root.attr("resume"), "cold", "{root:?}");
+    assert_eq!(root.attr("status"), "200", "{root:?}");
+    assert_eq!(root.attr("actor"), "ate-demo/tr", "{root:?}");
+
+    let services: BTreeSet<&str> = trace.iter().map(|s| s.service.as_str()).collect();
+    for service in ["ate-router", "ate-api", "ate-node", "ate-worker"] {
+        assert!(
+            services.contains(service),
+            "{service} missing:\n{}",
+            show(&trace)
+        );
+    }
+    // One trace for the request: every span carrying its id is in it.
+    for s in receiver.all() {
+        if s.attr("request_id") == request_id {
+            assert_eq!(
+                s.trace_id, trace_id,
+                "a span of {request_id} elsewhere: {s:?}"
+            );
+        }
+    }
+
+    // Each hop is the child of the previous one. (A route cached before a suspend is tried
+    // first and found stale: then the resume is in the request's second `resolve`.)
+    let call_span = one(&trace, "ate-router", "ResumeActor");
+    let resolve = trace
+        .iter()
+        .find(|s| s.span_id == call_span.parent)
+        .unwrap_or_else(|| panic!("parent of ResumeActor:\n{}", show(&trace)));
+    assert_eq!(resolve.name, "resolve");
+    assert_eq!(resolve.parent, root.span_id);
+    assert!(
+        trace
+            .iter()
+            .any(|s| s.name == "single_flight_wait" && s.parent == resolve.span_id),
+        "{}",
+        show(&trace)
+    );
+    let resume = one(&trace, "ate-api", "resume");
+    assert_eq!(resume.parent, call_span.span_id, "api continues the router");
+    assert_eq!(resume.attr("request_id"), request_id);
+    assert_eq!(
+        (resume.attr("atespace"), resume.attr("name")),
+        ("ate-demo", "tr"),
+        "the spec's tags: {resume:?}"
+    );
+    let node_call = one(&trace, "ate-api", "node");
+    let start = one(&trace, "ate-node", "start");
+    assert_eq!(start.parent, node_call.span_id, "node continues the api");
+    assert_eq!(start.attr("call"), call);
+    let worker_call = one(&trace, "ate-node", "worker_start");
+    assert_eq!(worker_call.parent, start.span_id);
+    let worker = one(&trace, "ate-worker", "start");
+    assert_eq!(
+        worker.parent, worker_call.span_id,
+        "worker continues the node"
+    );
+    let phases: Vec<&str> = trace
+        .iter()
+        .filter(|s| s.parent == worker.span_id)
+        .map(|s| s.name.as_str())
+        .collect();
+    let fresh = |boot| vec![boot, "egress", "probe", "activate"];
+    if call == "run" {
+        assert_eq!(phases, fresh("run"), "{}", show(&trace));
+    } else {
+        // The suspended copy kept frozen in place is thawed, or the generation restored.
+        assert!(
+            phases == ["thaw"] || phases == fresh("restore"),
+            "{phases:?}\n{}",
+            show(&trace)
+        );
+    }
+    let forwards: Vec<&Got> = trace
+        .iter()
+        .filter(|s| s.service == "ate-worker" && s.name == "forward" && s.attr("status") == "200")
+        .collect();
+    assert_eq!(forwards.len(), 1, "{}", show(&trace));
+    assert_eq!(
+        forwards[0].parent, root.span_id,
+        "atunnel continues the router"
+    );
+    assert_eq!(forwards[0].attr("request_id"), request_id);
+
+    // The workflow's steps, children of the resume, in order.
+    let steps: Vec<&str> = trace
+        .iter()
+        .filter(|s| s.service == "ate-api" && s.parent == resume.span_id)
+        .map(|s| s.name.as_str())
+        .collect();
+    assert_eq!(
+        steps,
+        ["lease", "load", "schedule", "node", "finalize"],
+        "{}",
+        show(&trace)
+    );
+    let schedule = one(&trace, "ate-api", "schedule");
+    assert_eq!(one(&trace, "ate-api", "bind").parent, schedule.span_id);
+    trace
+}
+
+#[test]
+fn one_trace_per_request_across_every_hop() {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let receiver = Receiver::default();
+    let listener = runtime
+        .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
+        .expect("bind the receiver");
+    let endpoint = format!("http://{}", listener.local_addr().expect("address"));
+    runtime.spawn(
+        tonic::transport::Server::builder()
+            .add_service(TraceServiceServer::new(receiver.clone()))
+            .serve_with_incoming(tonic::transport::server::TcpIncoming::from(listener)),
+    );
+
+    let sys = System::up_with_env(
+        UpOptions {
+            workers: 1,
+            router_args: vec!["--tunnel-idle-per-actor=0".into()],
+            ..Default::default()
+        },
+        &[
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint.as_str()),
+            ("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc"),
+            ("OTEL_BSP_SCHEDULE_DELAY", "200"),
+        ],
+    );
+    sys.ate_ok(&[
+        "create",
+        "actor",
+        "tr",
+        "-a",
+        "ate-demo",
+        "-t",
+        "ate-demo/counter",
+    ]);
+
+    // Cold (a cold boot), then at once warm (route cached) and warm with a client's trace.
+    let (status, head) = get_with(
+        sys.router_addr,
+        "ate-demo/tr",
+        &[("x-request-id", "tr-cold")],
+    );
+    assert_eq!(status, 200, "{head}\nrouter log:\n{}", sys.log("router"));
+    assert_eq!(header(&head, "ate-resume"), Some("cold"), "{head}");
+    let (status, head) = get_with(
+        sys.router_addr,
+        "ate-demo/tr",
+        &[("x-request-id", "tr-warm")],
+    );
+    assert_eq!(status, 200, "{head}");
+    assert_eq!(header(&head, "ate-resume"), Some("warm"), "{head}");
+    let client_trace = "0af7651916cd43dd8448eb211c80319c";
+    let client_span = "b7ad6b7169203331";
+    let traceparent = format!("00-{client_trace}-{client_span}-01");
+    let (status, head) = get_with(
+        sys.router_addr,
+        "ate-demo/tr",
+        &[("x-request-id", "tr-client"), ("traceparent", &traceparent)],
+    );
+    assert_eq!(status, 200, "{head}");
+    assert_eq!(header(&head, "ate-resume"), Some("warm"), "{head}");
+
+    check_cold(&receiver, "tr-cold", "run");
+
+    // Warm: the router and atunnel only (nothing asked the api).
+    let warm = receiver.router_span("tr-warm");
+    assert_eq!(warm.attr("resume"), "warm", "{warm:?}");
+    let trace_id = warm.trace_id.clone();
+    receiver.wait_for("atunnel's span of tr-warm", |all| {
+        all.iter()
+            .any(|s| s.trace_id == trace_id && s.service == "ate-worker" && s.name == "forward")
+    });
+    // Anything else of this trace would have come in the same batches.
+    std::thread::sleep(Duration::from_millis(1000));
+    let trace = receiver.trace(&trace_id);
+    eprintln!("trace of tr-warm:\n{}", show(&trace));
+    for s in &trace {
+        let ours = (s.service == "ate-router")
+            || (s.service == "ate-worker" && s.name == "forward" && s.parent == warm.span_id);
+        assert!(ours, "a warm request is the router and atunnel only: {s:?}");
+    }
+    assert_eq!(one(&trace, "ate-router", "resolve").parent, warm.span_id);
+
+    // The client's trace: the router's span is its child.
+    let client = receiver.router_span("tr-client");
+    assert_eq!(client.trace_id, client_trace, "{client:?}");
+    assert_eq!(client.parent, client_span, "{client:?}");
+
+    // A restore from the snapshot its suspend made: the node's Restore, the worker's restore.
+    sys.ate_ok(&["suspend", "actor", "tr", "-a", "ate-demo"]);
+    let (status, head) = get_with(
+        sys.router_addr,
+        "ate-demo/tr",
+        &[("x-request-id", "tr-restore")],
+    );
+    assert_eq!(status, 200, "{head}\nrouter log:\n{}", sys.log("router"));
+    assert_eq!(header(&head, "ate-resume"), Some("cold"), "{head}");
+    check_cold(&receiver, "tr-restore", "restore");
+}
