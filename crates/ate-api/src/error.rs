@@ -1,4 +1,4 @@
-//! Mapping of store and node errors onto gRPC statuses (DESIGN.md §3).
+//! Mapping of store and node errors onto gRPC statuses.
 
 use ate_core::{NO_ROOM_MESSAGE, ValidationError};
 use ate_store::StoreError;

@@ -1,4 +1,4 @@
-//! The actor workflows (DESIGN.md §4): resume, suspend, revert, delete, and the fleet's reports.
+//! The actor workflows: resume, suspend, revert, delete, and the fleet's reports.
 //!
 //! Architecture invariant: every mutating workflow runs under the actor's lease, and every state
 //! change is a compare-and-set in the store, so a workflow interrupted after any step is picked up
@@ -26,7 +26,7 @@ use crate::node::NodeClients;
 use crate::scheduler::{self, FleetView, Requirements};
 use crate::{ApiConfig, now_ms};
 
-/// Most admission attempts after a lost race (DESIGN.md §4: up to 12 retries).
+/// Most admission attempts after a lost race (up to 12 retries).
 const MAX_BIND_RETRIES: u32 = 12;
 /// Cap of the jittered backoff between admission attempts.
 const MAX_BIND_BACKOFF: Duration = Duration::from_millis(250);

@@ -39,7 +39,7 @@ macro_rules! text_enum {
 }
 
 text_enum!(
-    /// Lifecycle of an actor (DESIGN.md §3).
+    /// Lifecycle of an actor.
     ActorState {
         Suspended = 1, "ACTOR_STATE_SUSPENDED";
         Resuming = 2, "ACTOR_STATE_RESUMING";

@@ -1,5 +1,5 @@
-//! atenet-router, the ingress of Agent Substrate (DESIGN.md §6, spec "Request path" and 4.4
-//! "Request parking", Envoy dataplane behaviour plus the AgentGateway-style assignment cache).
+//! atenet-router, the ingress of Agent Substrate (crates/ate-router/README.md: the request path and
+//! request parking, Envoy dataplane behaviour plus the AgentGateway-style assignment cache).
 //!
 //! A request names its actor in `ate-target-actor`; the router finds the actor's worker (cache,
 //! or one shared ResumeActor per actor, parking while no worker has room) and forwards the request

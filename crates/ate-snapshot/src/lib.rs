@@ -1,5 +1,5 @@
 //! Snapshot generations of an actor: the on-disk layout, `manifest.json`, archives of the overlay
-//! upper dir and volumes, verification, and durable copies in an object store (DESIGN.md §5).
+//! upper dir and volumes, verification, and durable copies in an object store, see docs/snapshots.md.
 //!
 //! A generation directory looks like
 //!

@@ -110,7 +110,7 @@ pub(crate) fn split_template(reference: &str) -> Option<(&str, &str)> {
         .filter(|(ns, name)| !ns.is_empty() && !name.is_empty())
 }
 
-/// The lease key of an actor's mutating workflows (DESIGN.md §4).
+/// The lease key of an actor's mutating workflows.
 pub fn actor_lease_key(atespace: &str, name: &str) -> String {
     format!("lease:actor:{atespace}:{name}")
 }
