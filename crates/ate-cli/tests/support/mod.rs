@@ -22,6 +22,16 @@ pub fn free_port() -> u16 {
         .expect("free port")
 }
 
+/// `N` distinct free ports: every listener is held until all are picked, so two picks cannot
+/// return the same port (separate `free_port` calls can, and then two components of one
+/// `ate up` race for it).
+pub fn free_ports<const N: usize>() -> [u16; N] {
+    let held: Vec<TcpListener> = (0..N)
+        .map(|_| TcpListener::bind("127.0.0.1:0").expect("free port"))
+        .collect();
+    std::array::from_fn(|i| held[i].local_addr().expect("free port").port())
+}
+
 /// A loopback /24 nobody else in this test process uses: 127.<pid-derived>.<n>.x.
 fn private_ip_block() -> Ipv4Addr {
     static NEXT: AtomicU32 = AtomicU32::new(0);
@@ -115,9 +125,7 @@ impl System {
     fn try_up(opts: &UpOptions, env: &[(&str, &str)]) -> Result<System, String> {
         let dir = tempfile::tempdir().expect("tempdir");
         let first_ip = private_ip_block();
-        let router_port = free_port();
-        let router_metrics_port = free_port();
-        let worker_port = free_port();
+        let [router_port, router_metrics_port, worker_port, node_port] = free_ports();
         let ready = dir.path().join("ready.json");
         let mut cmd = Command::new(ATE);
         cmd.arg("up")
@@ -137,7 +145,7 @@ impl System {
                 "--api-http-listen",
                 "127.0.0.1:0",
             ])
-            .args(["--node-listen", &format!("127.0.0.1:{}", free_port())])
+            .args(["--node-listen", &format!("127.0.0.1:{node_port}")])
             .args(["--router-listen", &format!("127.0.0.1:{router_port}")])
             .args([
                 "--router-metrics-listen",
