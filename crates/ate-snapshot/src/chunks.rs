@@ -265,7 +265,7 @@ impl DurableStore {
         })
     }
 
-    async fn put_bounded(
+    pub(crate) async fn put_bounded(
         &self,
         obj: &ObjPath,
         payload: PutPayload,

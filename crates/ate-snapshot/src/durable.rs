@@ -402,15 +402,8 @@ impl DurableStore {
     ) -> Result<()> {
         deadline.check()?;
         let mpath = obj_child(base, MANIFEST_FILE);
-        let put = self.store.put(&mpath, PutPayload::from(manifest_bytes));
-        let done = match deadline.remaining() {
-            None => put.await,
-            Some(left) => match tokio::time::timeout(left, put).await {
-                Ok(done) => done,
-                Err(_) => return Err(deadline.exceeded()),
-            },
-        };
-        done.map(|_| ()).map_err(|e| Error::object(&mpath, e))
+        self.put_bounded(&mpath, PutPayload::from(manifest_bytes), deadline)
+            .await
     }
 
     async fn upload_file(
