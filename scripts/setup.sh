@@ -28,6 +28,7 @@ TMP_SRC_LIST=/etc/apt/sources.list.d/ate-criu-src-unstable.list
 # starts its own with a private config; the package's system service is not used).
 # systemd: systemd-analyze, which checks the deploy/systemd units in the test suite.
 RUNTIME_PKGS=(runc iptables nftables iproute2 jq curl ca-certificates tar gzip xz-utils python3
+  nginx-light nghttp2-client
   docker-registry systemd)
 CRIU_BUILD_PKGS=(build-essential pkg-config libprotobuf-dev libprotobuf-c-dev protobuf-c-compiler
   protobuf-compiler python3-protobuf libnl-3-dev libcap-dev libnet1-dev libbsd-dev libaio-dev

@@ -16,7 +16,6 @@
 //! `bench-<kind>.json`, with every sample) and an SVG chart beside it (`plot.rs`).
 
 use std::collections::VecDeque;
-use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -26,18 +25,23 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use anyhow::Context;
 use ate_core::{Document, SuspendMode};
 use ate_proto::v1;
-use ate_tls::rustls::pki_types::ServerName;
 use bytes::Bytes;
 use clap::{Args, Subcommand};
-use http_body_util::{BodyExt, Empty, Full};
+use http_body_util::{BodyExt, Empty};
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::rt::TokioExecutor;
 use serde_json::json;
 use tokio::sync::{Barrier, Mutex};
 use tokio::task::JoinSet;
 
 use crate::client::Clients;
+
+mod h2load;
+mod nginx;
+mod warm;
+
+pub use warm::WarmArgs;
 
 const SUSPENDED: i32 = 1;
 const RUNNING: i32 = 3;
@@ -165,49 +169,12 @@ pub struct ThroughputArgs {
     settle: f64,
 }
 
-#[derive(Args, Debug)]
-pub struct WarmArgs {
-    #[command(flatten)]
-    common: Common,
-    /// Measured seconds per side and round (after one second of warm-up).
-    #[arg(long, default_value_t = 10)]
-    seconds: u64,
-    /// Connections (keep-alive), one request in flight each.
-    #[arg(long, default_value_t = 32)]
-    concurrency: usize,
-    /// Path requested on both sides (`/healthz` answers without touching disk).
-    #[arg(long, default_value = "/healthz")]
-    path: String,
-    /// Rounds; each measures every side in turn, and the table shows the medians (the sides
-    /// are interleaved so that a noisy neighbour hits them alike).
-    #[arg(long, default_value_t = 3)]
-    rounds: usize,
-    /// The same system's router over TLS (`ate up --router-arg=--tls-listen=ADDR`), e.g.
-    /// `https://127.0.0.1:17682`: client → router TLS, router → atunnel mTLS.
-    #[arg(long)]
-    tls_router: Option<String>,
-    /// CA bundle that checks `--tls-router`'s certificate (default: `$ATE_STATE_DIR/tls/ca.crt`).
-    #[arg(long)]
-    tls_ca: Option<PathBuf>,
-    /// Router URL of a second system running without TLS on any hop (components started without
-    /// `--tls-*`; see docs/benchmarks.md): the plaintext side of the TLS cost.
-    #[arg(long)]
-    plain_router: Option<String>,
-    /// api address of that plaintext system (the bench creates its actor there).
-    #[arg(long)]
-    plain_api: Option<String>,
-    /// Another router of the same system, measured beside the first (repeatable), as
-    /// `NAME=URL`: e.g. a second `ate router` with other flags, for a before/after in one run.
-    #[arg(long, value_name = "NAME=URL")]
-    extra_router: Vec<String>,
-}
-
 pub async fn run(c: Clients, cmd: BenchCmd) -> anyhow::Result<ExitCode> {
     match cmd {
         BenchCmd::Resume(a) => resume(c, a).await,
         BenchCmd::Parking(a) => parking(c, a).await,
         BenchCmd::Throughput(a) => throughput(c, a).await,
-        BenchCmd::Warm(a) => warm(c, a).await,
+        BenchCmd::Warm(a) => warm::warm(c, a).await,
         BenchCmd::Snapshots(a) => snapshots(c, a).await,
         // Normally routed by main before connecting: it starts its own system.
         BenchCmd::Faults(a) => crate::faults::run(a).await,
@@ -1735,402 +1702,6 @@ async fn cycle(run: TpRun, a: &ThroughputArgs) -> anyhow::Result<ExitCode> {
                 "cold_resumes": cold.len(), "resumes_per_second": row.rate(),
                 "p50_seconds": row.p50, "p99_seconds": row.p99,
                 "cold_per_second": per_second, "first_errors": errors, "samples": samples}),
-    )?;
-    Ok(ExitCode::SUCCESS)
-}
-
-// ------------------------------------------------------------------ warm
-
-/// A counter-like HTTP/1.1 server in this process (the direct baseline): `/healthz` → `ok`,
-/// anything else counts in memory.
-async fn baseline_server() -> anyhow::Result<SocketAddr> {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-    let addr = listener.local_addr()?;
-    let count = Arc::new(AtomicU64::new(0));
-    tokio::spawn(async move {
-        loop {
-            let Ok((tcp, _)) = listener.accept().await else {
-                continue;
-            };
-            let _ = tcp.set_nodelay(true);
-            let count = count.clone();
-            tokio::spawn(async move {
-                let service = hyper::service::service_fn(
-                    move |req: hyper::Request<hyper::body::Incoming>| {
-                        let body = if req.uri().path() == "/healthz" {
-                            "ok".to_string()
-                        } else {
-                            let n = count.fetch_add(1, Ordering::Relaxed) + 1;
-                            format!(
-                                "preserved memory count: {n} | preserved file counter: {n} | preserved rootfs counter: {n}"
-                            )
-                        };
-                        async move {
-                            hyper::Response::builder()
-                                .header("content-type", "text/plain; charset=utf-8")
-                                .body(Full::new(Bytes::from(body)))
-                        }
-                    },
-                );
-                let _ = hyper::server::conn::http1::Builder::new()
-                    .serve_connection(TokioIo::new(tcp), service)
-                    .await;
-            });
-        }
-    });
-    Ok(addr)
-}
-
-/// One path measured by the warm bench: where to connect, and how.
-#[derive(Clone)]
-struct Side {
-    name: String,
-    addr: SocketAddr,
-    /// `Host` of every request (the URL's authority).
-    host: String,
-    /// The `ate-target-actor` header (none for the direct baseline).
-    actor: Option<String>,
-    /// TLS to the router's `--tls-listen` (server checked by hostname against `ate up`'s CA).
-    tls: Option<(ate_tls::tokio_rustls::TlsConnector, ServerName<'static>)>,
-}
-
-impl Side {
-    fn new(
-        name: &str,
-        url: &str,
-        actor: Option<String>,
-        tls: Option<&Arc<ate_tls::rustls::ClientConfig>>,
-    ) -> anyhow::Result<Side> {
-        let uri: hyper::Uri = url.parse().with_context(|| format!("URL {url:?}"))?;
-        let https = uri.scheme_str() == Some("https");
-        let host = uri
-            .host()
-            .with_context(|| format!("URL {url:?} has no host"))?
-            .trim_start_matches('[')
-            .trim_end_matches(']')
-            .to_string();
-        let port = uri.port_u16().unwrap_or(if https { 443 } else { 80 });
-        let ip: std::net::IpAddr = match host.parse() {
-            Ok(ip) => ip,
-            Err(_) if host == "localhost" => std::net::Ipv4Addr::LOCALHOST.into(),
-            Err(_) => anyhow::bail!("URL {url:?}: the bench needs an IP address or localhost"),
-        };
-        let tls = match (https, tls) {
-            (false, _) => None,
-            (true, None) => anyhow::bail!("{url}: https needs the CA (--tls-ca)"),
-            (true, Some(config)) => {
-                let name = ServerName::try_from(host.clone())
-                    .with_context(|| format!("URL {url:?}: server name"))?;
-                Some((
-                    ate_tls::tokio_rustls::TlsConnector::from(config.clone()),
-                    name,
-                ))
-            }
-        };
-        Ok(Side {
-            name: name.to_string(),
-            addr: SocketAddr::new(ip, port),
-            host: uri
-                .authority()
-                .map_or_else(|| host.clone(), |a| a.as_str().to_string()),
-            actor,
-            tls,
-        })
-    }
-
-    /// A keep-alive HTTP/1.1 connection (TCP, or TLS over TCP).
-    async fn connect(
-        &self,
-    ) -> anyhow::Result<hyper::client::conn::http1::SendRequest<Empty<Bytes>>> {
-        let tcp = tokio::net::TcpStream::connect(self.addr).await?;
-        tcp.set_nodelay(true)?;
-        let sender = match &self.tls {
-            None => {
-                let (sender, conn) =
-                    hyper::client::conn::http1::handshake(TokioIo::new(tcp)).await?;
-                tokio::spawn(conn);
-                sender
-            }
-            Some((connector, name)) => {
-                let tls = connector.connect(name.clone(), tcp).await?;
-                let (sender, conn) =
-                    hyper::client::conn::http1::handshake(TokioIo::new(tls)).await?;
-                tokio::spawn(conn);
-                sender
-            }
-        };
-        Ok(sender)
-    }
-
-    /// One GET on `sender`; true for a 200 with its body read.
-    async fn get(
-        &self,
-        sender: &mut hyper::client::conn::http1::SendRequest<Empty<Bytes>>,
-        path: &str,
-    ) -> anyhow::Result<bool> {
-        let mut req = hyper::Request::get(path).header(hyper::header::HOST, &self.host);
-        if let Some(actor) = &self.actor {
-            req = req.header("ate-target-actor", actor);
-        }
-        sender.ready().await?;
-        let resp = sender.send_request(req.body(Empty::new())?).await?;
-        let ok = resp.status() == hyper::StatusCode::OK;
-        resp.into_body().collect().await?;
-        Ok(ok)
-    }
-}
-
-/// One measurement of one side.
-#[derive(Clone, Copy, Debug)]
-struct Load {
-    requests: usize,
-    errors: usize,
-    rps: f64,
-    p50_ms: f64,
-    p99_ms: f64,
-}
-
-/// `conc` keep-alive connections, one request in flight each: one second of warm-up (connections
-/// open, caches fill), then `secs` measured.
-async fn load(side: &Side, path: &str, conc: usize, secs: u64) -> Load {
-    let started = Instant::now();
-    let measure_from = started + Duration::from_secs(1);
-    let deadline = measure_from + Duration::from_secs(secs);
-    let mut set = JoinSet::new();
-    for _ in 0..conc {
-        let (side, path) = (side.clone(), path.to_string());
-        set.spawn(async move {
-            let (mut lat, mut errors) = (Vec::new(), 0usize);
-            let mut sender = None;
-            while Instant::now() < deadline {
-                let s = match sender.as_mut() {
-                    Some(s) => s,
-                    None => match side.connect().await {
-                        Ok(s) => sender.insert(s),
-                        Err(_) => {
-                            errors += 1;
-                            tokio::time::sleep(Duration::from_millis(10)).await;
-                            continue;
-                        }
-                    },
-                };
-                let t = Instant::now();
-                let ok = side.get(s, &path).await;
-                if t < measure_from {
-                    continue;
-                }
-                match ok {
-                    Ok(true) => lat.push(t.elapsed().as_secs_f64() * 1000.0),
-                    Ok(false) => errors += 1,
-                    Err(_) => {
-                        errors += 1;
-                        sender = None;
-                    }
-                }
-            }
-            (lat, errors)
-        });
-    }
-    let results = set.join_all().await;
-    let elapsed = measure_from.elapsed().as_secs_f64();
-    let errors = results.iter().map(|(_, e)| e).sum();
-    let lat = sorted(results.into_iter().flat_map(|(l, _)| l).collect());
-    Load {
-        requests: lat.len(),
-        errors,
-        rps: lat.len() as f64 / elapsed,
-        p50_ms: pct(&lat, 0.5),
-        p99_ms: pct(&lat, 0.99),
-    }
-}
-
-/// Medians over the rounds of one side.
-fn medians(rounds: &[Load]) -> Load {
-    let m = |f: fn(&Load) -> f64| median(&sorted(rounds.iter().map(f).collect()));
-    Load {
-        requests: rounds.iter().map(|l| l.requests).sum(),
-        errors: rounds.iter().map(|l| l.errors).sum(),
-        rps: m(|l| l.rps),
-        p50_ms: m(|l| l.p50_ms),
-        p99_ms: m(|l| l.p99_ms),
-    }
-}
-
-/// Creates the bench's 1-CPU counter actor on a system and answers one request through its
-/// router, so that the actor runs and the router has its route.
-async fn warm_actor(
-    c: &Clients,
-    ns: &str,
-    name: &str,
-    images: &str,
-    side: &Side,
-) -> anyhow::Result<()> {
-    // A whole CPU for the actor, so that its CPU quota does not cap the warm path.
-    apply_yaml(c, &counter_template(ns, "counter-1cpu", images, "1")).await?;
-    ensure_actor(c, ns, name, "counter-1cpu").await?;
-    let mut sender = side.connect().await?;
-    let ok = side.get(&mut sender, "/").await?;
-    anyhow::ensure!(ok, "warming {ns}/{name} through {} failed", side.name);
-    Ok(())
-}
-
-async fn warm(c: Clients, a: WarmArgs) -> anyhow::Result<ExitCode> {
-    let ns = a
-        .common
-        .atespace
-        .clone()
-        .unwrap_or_else(|| "ate-bench".into());
-    let images = images_dir(&c, &a.common).await?;
-    let actor = format!("{ns}/warm-1");
-    let direct_addr = baseline_server().await?;
-    let mut sides = vec![
-        Side::new(
-            "direct (in-process baseline)",
-            &format!("http://{direct_addr}"),
-            None,
-            None,
-        )?,
-        Side::new(
-            "router → atunnel → actor",
-            &a.common.router,
-            Some(actor.clone()),
-            None,
-        )?,
-    ];
-    warm_actor(&c, &ns, "warm-1", &images, &sides[1]).await?;
-    for extra in &a.extra_router {
-        let (name, url) = extra
-            .split_once('=')
-            .with_context(|| format!("--extra-router {extra:?}: want NAME=URL"))?;
-        sides.push(Side::new(name, url, Some(actor.clone()), None)?);
-    }
-    if let Some(url) = &a.tls_router {
-        let ca = match &a.tls_ca {
-            Some(ca) => ca.clone(),
-            None => std::env::var_os("ATE_STATE_DIR")
-                .map(PathBuf::from)
-                .unwrap_or_else(|| PathBuf::from(crate::client::DEFAULT_STATE_DIR))
-                .join(crate::client::TLS_DIR)
-                .join("ca.crt"),
-        };
-        let roots = ate_tls::load_roots(&ca)
-            .with_context(|| format!("CA for --tls-router: {}", ca.display()))?;
-        let mut config = ate_tls::client_config_no_cert(roots, ate_tls::ServerCheck::Hostname)?;
-        ate_tls::set_client_alpn(&mut config, &[ate_tls::Alpn::Http11]);
-        let config = Arc::new(config);
-        sides.push(Side::new(
-            "router TLS listener (TLS both hops)",
-            url,
-            Some(actor.clone()),
-            Some(&config),
-        )?);
-    }
-    if let Some(url) = &a.plain_router {
-        let api = a
-            .plain_api
-            .as_deref()
-            .context("--plain-router needs --plain-api (the plaintext system's api)")?;
-        let channel = crate::client::connect_to(api, None)
-            .await
-            .with_context(|| format!("plaintext api at {api}"))?;
-        // Another name: a worker names the actor's network namespace and container after
-        // `<atespace>/<name>`, so the same actor on both systems of one machine would collide.
-        let side = Side::new(
-            "plaintext system (no TLS on any hop)",
-            url,
-            Some(format!("{ns}/warm-plain-1")),
-            None,
-        )?;
-        warm_actor(&Clients::new(channel), &ns, "warm-plain-1", &images, &side).await?;
-        sides.push(side);
-    }
-
-    let mut rounds: Vec<Vec<Load>> = vec![Vec::new(); sides.len()];
-    for round in 1..=a.rounds.max(1) {
-        for (side, results) in sides.iter().zip(rounds.iter_mut()) {
-            eprintln!(
-                "==> round {round}/{}: {} — {} s, {} keep-alive connections → {}{}",
-                a.rounds.max(1),
-                side.name,
-                a.seconds,
-                a.concurrency,
-                side.addr,
-                a.path
-            );
-            let l = load(side, &a.path, a.concurrency, a.seconds).await;
-            eprintln!(
-                "    {:.0} req/s, p50 {:.2} ms, p99 {:.2} ms, {} errors",
-                l.rps, l.p50_ms, l.p99_ms, l.errors
-            );
-            results.push(l);
-        }
-    }
-    let summary: Vec<Load> = rounds.iter().map(|r| medians(r)).collect();
-
-    println!(
-        "Medians of {} round(s) of {} s, {} connections, GET {}",
-        a.rounds.max(1),
-        a.seconds,
-        a.concurrency,
-        a.path
-    );
-    println!(
-        "Path                                 | Requests | Errors | Req/s    | p50      | p99"
-    );
-    for (side, l) in sides.iter().zip(&summary) {
-        println!(
-            "{:<36} | {:>8} | {:>6} | {:>8.0} | {:>5.2} ms | {:>5.2} ms",
-            side.name, l.requests, l.errors, l.rps, l.p50_ms, l.p99_ms
-        );
-    }
-    let (direct, routed) = (&summary[0], &summary[1]);
-    let ratio = routed.rps / direct.rps.max(f64::MIN_POSITIVE);
-    println!(
-        "router/direct req/s ratio: {ratio:.3}; added latency p50 {:+.2} ms, p99 {:+.2} ms",
-        routed.p50_ms - direct.p50_ms,
-        routed.p99_ms - direct.p99_ms
-    );
-    let tls = sides.iter().position(|s| s.tls.is_some());
-    let plain = a.plain_router.as_ref().map(|_| sides.len() - 1);
-    let mut tls_cost = serde_json::Value::Null;
-    if let (Some(ti), Some(pi)) = (tls, plain) {
-        let (t, p) = (summary[ti], summary[pi]);
-        let r = t.rps / p.rps.max(f64::MIN_POSITIVE);
-        // A round measures the two sides back to back, so its ratio sees the same neighbours.
-        let per_round: Vec<f64> = rounds[ti]
-            .iter()
-            .zip(&rounds[pi])
-            .map(|(t, p)| t.rps / p.rps.max(f64::MIN_POSITIVE))
-            .collect();
-        let paired = median(&sorted(per_round.clone()));
-        println!(
-            "TLS both hops / plaintext: req/s ratio {r:.3} (TLS costs {:.1} % of plaintext throughput); p50 {:+.2} ms",
-            (1.0 - r) * 100.0,
-            t.p50_ms - p.p50_ms
-        );
-        let shown: Vec<String> = per_round.iter().map(|x| format!("{x:.3}")).collect();
-        println!("  per round: {} (median {paired:.3})", shown.join(", "));
-        tls_cost = json!({"ratio": r, "cost_percent": (1.0 - r) * 100.0,
-                          "added_p50_ms": t.p50_ms - p.p50_ms,
-                          "per_round_ratios": per_round, "median_round_ratio": paired});
-    }
-    let side_json = |l: &Load| json!({"requests": l.requests, "errors": l.errors, "rps": l.rps, "p50_ms": l.p50_ms, "p99_ms": l.p99_ms});
-    let sides_json: Vec<_> = sides
-        .iter()
-        .zip(summary.iter().zip(&rounds))
-        .map(|(s, (m, r))| {
-            json!({"name": s.name, "median": side_json(m),
-                   "rounds": r.iter().map(side_json).collect::<Vec<_>>()})
-        })
-        .collect();
-    write_json(
-        &a.common,
-        "warm",
-        &json!({"kind": "warm", "seconds": a.seconds, "concurrency": a.concurrency, "path": a.path,
-                "rounds": a.rounds.max(1), "sides": sides_json,
-                "direct": side_json(direct), "router": side_json(routed), "ratio": ratio,
-                "added_p50_ms": routed.p50_ms - direct.p50_ms, "added_p99_ms": routed.p99_ms - direct.p99_ms,
-                "tls_cost": tls_cost}),
     )?;
     Ok(ExitCode::SUCCESS)
 }
