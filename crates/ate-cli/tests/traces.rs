@@ -9,6 +9,8 @@
 //!   the generation is node-local).
 //! - A warm request (route cached) is the router's and atunnel's spans only.
 //! - A client's `traceparent` is the parent of the router's span.
+//! - The log lines of a request carry its trace id beside its request id: the router's access
+//!   log line and the lines of the api, the node agent and the worker for the cold request.
 //!
 //! The router runs with `--tunnel-idle-per-actor=0` so that every request opens its own tunnel:
 //! atunnel sees CONNECTs, not the requests inside a pooled tunnel, so only a request that opens
@@ -207,6 +209,47 @@ fn header<'a>(head: &'a str, name: &str) -> Option<&'a str> {
     })
 }
 
+/// The access log line of the request `request_id`, once written (the writer is a thread).
+fn access_line(path: &std::path::Path, request_id: &str) -> serde_json::Value {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let text = std::fs::read_to_string(path).unwrap_or_default();
+        let found = text
+            .lines()
+            .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+            .find(|l| l["request_id"] == request_id);
+        if let Some(line) = found {
+            return line;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no access log line for {request_id}:\n{text}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// The lines of `component`'s log containing `needle`, once there is one.
+fn lines_with(sys: &System, component: &str, needle: &str) -> Vec<String> {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let log = sys.log(component);
+        let found: Vec<String> = log
+            .lines()
+            .filter(|l| l.contains(needle))
+            .map(str::to_string)
+            .collect();
+        if !found.is_empty() {
+            return found;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no line with {needle:?} in the {component} log:\n{log}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
 /// The one span of `trace` from `service` named `name`.
 fn one<'a>(trace: &'a [Got], service: &str, name: &str) -> &'a Got {
     let found: Vec<&Got> = trace
@@ -367,10 +410,15 @@ fn one_trace_per_request_across_every_hop() {
             .serve_with_incoming(tonic::transport::server::TcpIncoming::from(listener)),
     );
 
+    let access = tempfile::tempdir().expect("tempdir");
+    let access_log = access.path().join("access.log");
     let sys = System::up_with_env(
         UpOptions {
             workers: 1,
-            router_args: vec!["--tunnel-idle-per-actor=0".into()],
+            router_args: vec![
+                "--tunnel-idle-per-actor=0".into(),
+                format!("--access-log={}", access_log.display()),
+            ],
             ..Default::default()
         },
         &[
@@ -415,7 +463,23 @@ fn one_trace_per_request_across_every_hop() {
     assert_eq!(status, 200, "{head}");
     assert_eq!(header(&head, "ate-resume"), Some("warm"), "{head}");
 
-    check_cold(&receiver, "tr-cold", "run");
+    let cold = check_cold(&receiver, "tr-cold", "run");
+    let cold_trace = &cold[0].trace_id;
+    // The log lines of the request carry its trace id: the access log's, and every line of the
+    // api, the node agent and the worker that names the request.
+    assert_eq!(
+        access_line(&access_log, "tr-cold")["trace_id"],
+        cold_trace.as_str()
+    );
+    for component in ["api", "node", "worker-1"] {
+        let lines = lines_with(&sys, component, "request_id=tr-cold");
+        for line in &lines {
+            assert!(
+                line.contains(&format!("trace_id={cold_trace}")),
+                "{component}: a line of tr-cold without its trace id {cold_trace}:\n{line}"
+            );
+        }
+    }
 
     // Warm: the router and atunnel only (nothing asked the api).
     let warm = receiver.router_span("tr-warm");
@@ -440,6 +504,10 @@ fn one_trace_per_request_across_every_hop() {
     let client = receiver.router_span("tr-client");
     assert_eq!(client.trace_id, client_trace, "{client:?}");
     assert_eq!(client.parent, client_span, "{client:?}");
+    assert_eq!(
+        access_line(&access_log, "tr-client")["trace_id"],
+        client_trace
+    );
 
     // A restore from the snapshot its suspend made: the node's Restore, the worker's restore.
     sys.ate_ok(&["suspend", "actor", "tr", "-a", "ate-demo"]);
