@@ -325,6 +325,7 @@ impl actor_service_server::ActorService for Services {
         let span = tracing::info_span!(
             "resume",
             request_id = %request_id,
+            trace_id = tracing::field::Empty,
             actor = %r,
             atespace = tracing::field::Empty,
             name = tracing::field::Empty,
@@ -334,8 +335,8 @@ impl actor_service_server::ActorService for Services {
             // lines have both in `actor` already).
             span.record("atespace", r.atespace.as_str());
             span.record("name", r.name.as_str());
-            ate_tls::trace_context::continue_metadata(&span, &metadata);
         }
+        ate_tls::trace_context::continue_metadata(&span, &metadata);
         let api = self.api.clone();
         let work = async move { api.resume(&r, Some(&request_id)).await };
         let (actor, resumed) = to_completion(work.instrument(span)).await?;

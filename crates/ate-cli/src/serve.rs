@@ -181,21 +181,20 @@ pub fn init_logging(json: bool, component: Option<&'static str>) -> otel::Tracin
     } else {
         fmt.boxed()
     };
-    let (traces, tracing, refused) = match component {
+    let (traces, tracing, notice) = match component {
         Some(component) => otel::layer(component),
         None => (None, otel::Tracing::off(), None),
     };
-    let on = traces.is_some();
     // A second init (tests) is harmless.
     let _ = tracing_subscriber::registry()
         .with(filter)
         .with(traces)
         .with(fmt)
         .try_init();
-    if let Some(why) = refused {
-        tracing::warn!("{why}");
-    } else if on {
-        tracing::info!("traces: exporting by OTLP/gRPC (OTEL_* variables)");
+    match notice {
+        Some(otel::Notice::Exporting(how)) => tracing::info!("{how}"),
+        Some(otel::Notice::Refused(why)) => tracing::warn!("{why}"),
+        None => {}
     }
     tracing
 }

@@ -1,7 +1,13 @@
-//! OpenTelemetry traces end to end (issue 15): a real OTLP/gRPC trace receiver (the collector's
-//! TraceService from `opentelemetry-proto`, on 127.0.0.1) and a real `ate up` (api, node agent,
+//! OpenTelemetry traces end to end (issue 15): a real OTLP trace receiver on 127.0.0.1 (the
+//! collector's TraceService from `opentelemetry-proto` over gRPC, or `POST /v1/traces` over HTTP
+//! with protobuf or JSON bodies, either of them over TLS) and a real `ate up` (api, node agent,
 //! runc + CRIU worker, router) configured only by `OTEL_*` variables, which `ate up` passes on to
 //! every component.
+//!
+//! - Every transport: OTLP/gRPC in plaintext (the full check below), over TLS with the CA from
+//!   `OTEL_EXPORTER_OTLP_TRACES_CERTIFICATE`; OTLP/HTTP with protobuf over TLS presenting a
+//!   client certificate the receiver requires, and with JSON in plaintext. Each of those
+//!   exports the whole trace of a cold request.
 //!
 //! - A cold request (the actor suspended, resumed by it) is one trace with spans from the router,
 //!   the api, the node agent and the worker, each hop the child of the previous one, and the
@@ -9,6 +15,8 @@
 //!   the generation is node-local).
 //! - A warm request (route cached) is the router's and atunnel's spans only.
 //! - A client's `traceparent` is the parent of the router's span.
+//! - The log lines of a request carry its trace id beside its request id: the router's access
+//!   log line and the lines of the api, the node agent and the worker for the cold request.
 //!
 //! The router runs with `--tunnel-idle-per-actor=0` so that every request opens its own tunnel:
 //! atunnel sees CONNECTs, not the requests inside a pooled tunnel, so only a request that opens
@@ -22,6 +30,7 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use ate_tls::rustls::ServerConfig;
 use opentelemetry_proto::tonic::collector::trace::v1::trace_service_server::{
     TraceService, TraceServiceServer,
 };
@@ -81,8 +90,18 @@ impl TraceService for Receiver {
         &self,
         request: tonic::Request<ExportTraceServiceRequest>,
     ) -> Result<tonic::Response<ExportTraceServiceResponse>, tonic::Status> {
+        self.record(request.into_inner());
+        Ok(tonic::Response::new(ExportTraceServiceResponse {
+            partial_success: None,
+        }))
+    }
+}
+
+impl Receiver {
+    /// Keeps the spans of one export, whichever transport brought it.
+    fn record(&self, request: ExportTraceServiceRequest) {
         let mut got = Vec::new();
-        for rs in request.into_inner().resource_spans {
+        for rs in request.resource_spans {
             let resource = rs
                 .resource
                 .as_ref()
@@ -104,13 +123,8 @@ impl TraceService for Receiver {
             }
         }
         self.spans.lock().expect("spans").extend(got);
-        Ok(tonic::Response::new(ExportTraceServiceResponse {
-            partial_success: None,
-        }))
     }
-}
 
-impl Receiver {
     fn all(&self) -> Vec<Got> {
         self.spans.lock().expect("spans").clone()
     }
@@ -171,6 +185,203 @@ fn show(spans: &[Got]) -> String {
         .join("\n")
 }
 
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .expect("runtime")
+}
+
+/// Serves the collector's gRPC TraceService on 127.0.0.1 (over TLS with `tls`); its endpoint.
+fn serve_grpc(
+    runtime: &tokio::runtime::Runtime,
+    receiver: &Receiver,
+    tls: Option<Arc<ServerConfig>>,
+) -> String {
+    let _in = runtime.enter();
+    let listener = runtime
+        .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
+        .expect("bind the receiver");
+    let addr = listener.local_addr().expect("address");
+    let server =
+        tonic::transport::Server::builder().add_service(TraceServiceServer::new(receiver.clone()));
+    match tls {
+        None => {
+            runtime.spawn(
+                server.serve_with_incoming(tonic::transport::server::TcpIncoming::from(listener)),
+            );
+            format!("http://{addr}")
+        }
+        Some(mut config) => {
+            Arc::make_mut(&mut config).alpn_protocols = vec![b"h2".to_vec()];
+            let incoming = ate_tls::TlsIncoming::new(listener, config).expect("TLS listener");
+            runtime.spawn(server.serve_with_incoming(incoming));
+            format!("https://{addr}")
+        }
+    }
+}
+
+/// Serves OTLP/HTTP on 127.0.0.1 (over TLS with `tls`): `POST /v1/traces` with a protobuf or
+/// JSON `ExportTraceServiceRequest`, answered in kind; anything else is a 404, which the
+/// exporter takes as a failed export. Returns the base URL (the collector's, without the path).
+fn serve_http(
+    runtime: &tokio::runtime::Runtime,
+    receiver: &Receiver,
+    tls: Option<Arc<ServerConfig>>,
+) -> String {
+    use http_body_util::BodyExt as _;
+    use prost::Message as _;
+
+    async fn answer(
+        receiver: Receiver,
+        request: hyper::Request<hyper::body::Incoming>,
+    ) -> Result<hyper::Response<http_body_util::Full<bytes::Bytes>>, hyper::Error> {
+        let json = request
+            .headers()
+            .get(hyper::header::CONTENT_TYPE)
+            .is_some_and(|v| v.as_bytes().starts_with(b"application/json"));
+        let ours = request.method() == hyper::Method::POST && request.uri().path() == "/v1/traces";
+        let body = request.into_body().collect().await?.to_bytes();
+        let decoded = if json {
+            serde_json::from_slice::<ExportTraceServiceRequest>(&body).map_err(|e| e.to_string())
+        } else {
+            ExportTraceServiceRequest::decode(body).map_err(|e| e.to_string())
+        };
+        let (status, reply, kind) = match decoded {
+            Ok(request) if ours => {
+                receiver.record(request);
+                let reply = ExportTraceServiceResponse {
+                    partial_success: None,
+                };
+                if json {
+                    (200, b"{}".to_vec(), "application/json")
+                } else {
+                    (200, reply.encode_to_vec(), "application/x-protobuf")
+                }
+            }
+            Ok(_) => (404, b"not /v1/traces".to_vec(), "text/plain"),
+            Err(e) => (400, e.into_bytes(), "text/plain"),
+        };
+        let mut response = hyper::Response::new(http_body_util::Full::from(reply));
+        *response.status_mut() = hyper::StatusCode::from_u16(status).expect("status");
+        response.headers_mut().insert(
+            hyper::header::CONTENT_TYPE,
+            hyper::header::HeaderValue::from_static(kind),
+        );
+        Ok(response)
+    }
+
+    async fn serve<S>(stream: S, receiver: Receiver)
+    where
+        S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+    {
+        let service = hyper::service::service_fn(move |r| answer(receiver.clone(), r));
+        let _ = hyper::server::conn::http1::Builder::new()
+            .serve_connection(hyper_util::rt::TokioIo::new(stream), service)
+            .await;
+    }
+
+    let listener = runtime
+        .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
+        .expect("bind the receiver");
+    let addr = listener.local_addr().expect("address");
+    let scheme = if tls.is_some() { "https" } else { "http" };
+    let acceptor = tls.map(ate_tls::tokio_rustls::TlsAcceptor::from);
+    let receiver = receiver.clone();
+    runtime.spawn(async move {
+        while let Ok((tcp, _)) = listener.accept().await {
+            let receiver = receiver.clone();
+            let acceptor = acceptor.clone();
+            tokio::spawn(async move {
+                match acceptor {
+                    None => serve(tcp, receiver).await,
+                    Some(acceptor) => match acceptor.accept(tcp).await {
+                        Ok(tls) => serve(tls, receiver).await,
+                        Err(e) => eprintln!("receiver: TLS handshake refused: {e}"),
+                    },
+                }
+            });
+        }
+    });
+    format!("{scheme}://{addr}")
+}
+
+/// A CA in `dir` (its certificate at the returned path), and the receiver's TLS config with a
+/// certificate of that CA for 127.0.0.1; requiring a client certificate of the CA when
+/// `client_auth`, in which case it also writes one for the exporter (`client.pem`,
+/// `client.key` in `dir`).
+fn tls_receiver(dir: &std::path::Path, client_auth: bool) -> (std::path::PathBuf, ServerConfig) {
+    use ate_tls::rustls;
+    let ca = ate_tls::LocalCa::open_or_create(&dir.join("ca"), "otel.test").expect("CA");
+    let issue = |name: &str| {
+        let id = ate_tls::SpiffeId::parse(&format!("spiffe://otel.test/ns/t/sa/{name}"))
+            .expect("SPIFFE ID");
+        ca.issue(&ate_tls::SvidRequest::new(id).ip([127, 0, 0, 1].into()))
+            .expect("issue")
+    };
+    let server = issue("collector");
+    let provider = ate_tls::crypto_provider();
+    let builder = rustls::ServerConfig::builder_with_provider(provider.clone())
+        .with_safe_default_protocol_versions()
+        .expect("TLS versions");
+    let builder = if client_auth {
+        let client = issue("exporter");
+        std::fs::write(dir.join("client.pem"), client.cert_pem()).expect("write");
+        std::fs::write(dir.join("client.key"), client.key_pem()).expect("write");
+        let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(
+            Arc::new(ca.roots().expect("roots")),
+            provider,
+        )
+        .build()
+        .expect("client verifier");
+        builder.with_client_cert_verifier(verifier)
+    } else {
+        builder.with_no_client_auth()
+    };
+    let config = builder
+        .with_single_cert(server.chain.clone(), server.key_der())
+        .expect("server certificate");
+    (ca.cert_path(), config)
+}
+
+/// `ate up` exporting with `otel` (and spans every 200 ms); one cold request, whose trace must
+/// arrive whole at `receiver`.
+fn cold_request_exports_its_trace(receiver: &Receiver, otel: &[(&str, &str)], request_id: &str) {
+    let mut env = otel.to_vec();
+    env.push(("OTEL_BSP_SCHEDULE_DELAY", "200"));
+    let sys = System::up_with_env(
+        UpOptions {
+            workers: 1,
+            router_args: vec!["--tunnel-idle-per-actor=0".into()],
+            ..Default::default()
+        },
+        &env,
+    );
+    sys.ate_ok(&[
+        "create",
+        "actor",
+        "tr",
+        "-a",
+        "ate-demo",
+        "-t",
+        "ate-demo/counter",
+    ]);
+    let (status, head) = get_with(
+        sys.router_addr,
+        "ate-demo/tr",
+        &[("x-request-id", request_id)],
+    );
+    assert_eq!(status, 200, "{head}\nrouter log:\n{}", sys.log("router"));
+    assert_eq!(header(&head, "ate-resume"), Some("cold"), "{head}");
+    let exporting = sys.log("router");
+    assert!(
+        exporting.contains("traces: exporting by"),
+        "the router says how it exports:\n{exporting}"
+    );
+    check_cold(receiver, request_id, "run");
+}
+
 /// GET `/` through the router for `actor` with extra header lines: (status, head).
 fn get_with(router: SocketAddr, actor: &str, headers: &[(&str, &str)]) -> (u16, String) {
     let mut s = std::net::TcpStream::connect(router).expect("connect router");
@@ -205,6 +416,47 @@ fn header<'a>(head: &'a str, name: &str) -> Option<&'a str> {
         let (k, v) = l.split_once(':')?;
         k.trim().eq_ignore_ascii_case(name).then(|| v.trim())
     })
+}
+
+/// The access log line of the request `request_id`, once written (the writer is a thread).
+fn access_line(path: &std::path::Path, request_id: &str) -> serde_json::Value {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let text = std::fs::read_to_string(path).unwrap_or_default();
+        let found = text
+            .lines()
+            .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+            .find(|l| l["request_id"] == request_id);
+        if let Some(line) = found {
+            return line;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no access log line for {request_id}:\n{text}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// The lines of `component`'s log containing `needle`, once there is one.
+fn lines_with(sys: &System, component: &str, needle: &str) -> Vec<String> {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let log = sys.log(component);
+        let found: Vec<String> = log
+            .lines()
+            .filter(|l| l.contains(needle))
+            .map(str::to_string)
+            .collect();
+        if !found.is_empty() {
+            return found;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no line with {needle:?} in the {component} log:\n{log}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
 }
 
 /// The one span of `trace` from `service` named `name`.
@@ -351,26 +603,19 @@ fn check_cold(receiver: &Receiver, request_id: &str, call: &str) -> Vec<Got> {
 
 #[test]
 fn one_trace_per_request_across_every_hop() {
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(1)
-        .enable_all()
-        .build()
-        .expect("runtime");
+    let runtime = runtime();
     let receiver = Receiver::default();
-    let listener = runtime
-        .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
-        .expect("bind the receiver");
-    let endpoint = format!("http://{}", listener.local_addr().expect("address"));
-    runtime.spawn(
-        tonic::transport::Server::builder()
-            .add_service(TraceServiceServer::new(receiver.clone()))
-            .serve_with_incoming(tonic::transport::server::TcpIncoming::from(listener)),
-    );
+    let endpoint = serve_grpc(&runtime, &receiver, None);
 
+    let access = tempfile::tempdir().expect("tempdir");
+    let access_log = access.path().join("access.log");
     let sys = System::up_with_env(
         UpOptions {
             workers: 1,
-            router_args: vec!["--tunnel-idle-per-actor=0".into()],
+            router_args: vec![
+                "--tunnel-idle-per-actor=0".into(),
+                format!("--access-log={}", access_log.display()),
+            ],
             ..Default::default()
         },
         &[
@@ -415,7 +660,23 @@ fn one_trace_per_request_across_every_hop() {
     assert_eq!(status, 200, "{head}");
     assert_eq!(header(&head, "ate-resume"), Some("warm"), "{head}");
 
-    check_cold(&receiver, "tr-cold", "run");
+    let cold = check_cold(&receiver, "tr-cold", "run");
+    let cold_trace = &cold[0].trace_id;
+    // The log lines of the request carry its trace id: the access log's, and every line of the
+    // api, the node agent and the worker that names the request.
+    assert_eq!(
+        access_line(&access_log, "tr-cold")["trace_id"],
+        cold_trace.as_str()
+    );
+    for component in ["api", "node", "worker-1"] {
+        let lines = lines_with(&sys, component, "request_id=tr-cold");
+        for line in &lines {
+            assert!(
+                line.contains(&format!("trace_id={cold_trace}")),
+                "{component}: a line of tr-cold without its trace id {cold_trace}:\n{line}"
+            );
+        }
+    }
 
     // Warm: the router and atunnel only (nothing asked the api).
     let warm = receiver.router_span("tr-warm");
@@ -440,6 +701,10 @@ fn one_trace_per_request_across_every_hop() {
     let client = receiver.router_span("tr-client");
     assert_eq!(client.trace_id, client_trace, "{client:?}");
     assert_eq!(client.parent, client_span, "{client:?}");
+    assert_eq!(
+        access_line(&access_log, "tr-client")["trace_id"],
+        client_trace
+    );
 
     // A restore from the snapshot its suspend made: the node's Restore, the worker's restore.
     sys.ate_ok(&["suspend", "actor", "tr", "-a", "ate-demo"]);
@@ -451,4 +716,71 @@ fn one_trace_per_request_across_every_hop() {
     assert_eq!(status, 200, "{head}\nrouter log:\n{}", sys.log("router"));
     assert_eq!(header(&head, "ate-resume"), Some("cold"), "{head}");
     check_cold(&receiver, "tr-restore", "restore");
+}
+
+#[test]
+fn otlp_http_protobuf_over_tls_with_a_client_certificate() {
+    let runtime = runtime();
+    let receiver = Receiver::default();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (ca, config) = tls_receiver(dir.path(), true);
+    // The general endpoint: the exporter adds /v1/traces.
+    let endpoint = serve_http(&runtime, &receiver, Some(Arc::new(config)));
+    let (cert, key) = (dir.path().join("client.pem"), dir.path().join("client.key"));
+    cold_request_exports_its_trace(
+        &receiver,
+        &[
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint.as_str()),
+            ("OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf"),
+            ("OTEL_EXPORTER_OTLP_CERTIFICATE", &ca.to_string_lossy()),
+            (
+                "OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE",
+                &cert.to_string_lossy(),
+            ),
+            ("OTEL_EXPORTER_OTLP_CLIENT_KEY", &key.to_string_lossy()),
+        ],
+        "tr-https",
+    );
+}
+
+#[test]
+fn otlp_grpc_over_tls() {
+    let runtime = runtime();
+    let receiver = Receiver::default();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (ca, config) = tls_receiver(dir.path(), false);
+    let endpoint = serve_grpc(&runtime, &receiver, Some(Arc::new(config)));
+    // The traces forms of the variables, over general ones that would fail.
+    cold_request_exports_its_trace(
+        &receiver,
+        &[
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:9"),
+            ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", endpoint.as_str()),
+            ("OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf"),
+            ("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "grpc"),
+            ("OTEL_EXPORTER_OTLP_CERTIFICATE", "/nonexistent/ca.pem"),
+            (
+                "OTEL_EXPORTER_OTLP_TRACES_CERTIFICATE",
+                &ca.to_string_lossy(),
+            ),
+        ],
+        "tr-grpcs",
+    );
+}
+
+#[test]
+fn otlp_http_json() {
+    let runtime = runtime();
+    let receiver = Receiver::default();
+    let endpoint = serve_http(&runtime, &receiver, None);
+    // The traces endpoint is the whole URL.
+    let url = format!("{endpoint}/v1/traces");
+    cold_request_exports_its_trace(
+        &receiver,
+        &[
+            ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", url.as_str()),
+            ("OTEL_EXPORTER_OTLP_PROTOCOL", "http/json"),
+        ],
+        "tr-json",
+    );
 }

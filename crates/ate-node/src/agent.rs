@@ -622,7 +622,13 @@ fn start_span<T>(call: &str, req: &Request<T>, workload: Option<&v1::Workload>) 
         .map(|a| format!("{}/{}", a.atespace, a.name))
         .unwrap_or_default();
     let request_id = ate_proto::request_id::of(req).unwrap_or_default();
-    let span = tracing::info_span!("start", call, request_id = %request_id, actor = %actor);
+    let span = tracing::info_span!(
+        "start",
+        call,
+        request_id = %request_id,
+        trace_id = tracing::field::Empty,
+        actor = %actor
+    );
     ate_tls::trace_context::continue_grpc(&span, req);
     span
 }

@@ -6,10 +6,11 @@
 //! ([`AccessLog::dropped`], metric `ate_router_access_log_dropped_total`, a warning at every
 //! power of two).
 //!
-//! A line (keys in this order; `resume`, `resolve_ms`, `forward_ms` and `bytes` only when known):
+//! A line (keys in this order; `trace_id`, `resume`, `resolve_ms`, `forward_ms` and `bytes` only
+//! when known):
 //!
 //! ```text
-//! {"time":"2025-06-01T12:00:00.123Z","request_id":"test-123","actor":"ate-demo/counter","method":"GET","path":"/","status":200,"resume":"cold","duration_ms":412.501,"resolve_ms":410.2,"forward_ms":2.187,"bytes":86}
+//! {"time":"2025-06-01T12:00:00.123Z","request_id":"test-123","trace_id":"4bf92f3577b34da6a3ce929d0e0e4736","actor":"ate-demo/counter","method":"GET","path":"/","status":200,"resume":"cold","duration_ms":412.501,"resolve_ms":410.2,"forward_ms":2.187,"bytes":86}
 //! ```
 //!
 //! `time` is when the request arrived (UTC, milliseconds); `path` is without the query;
@@ -18,7 +19,8 @@
 //! route), `forward_ms` the time from sending the request to the actor to its response head (the
 //! last attempt); `bytes` is the response body's size when it is known up front
 //! (`content-length`, or a body the router wrote). `actor` is empty when the request named no
-//! valid actor.
+//! valid actor. `trace_id` is the request span's (traces on) or the client's `traceparent`'s
+//! (traces off), as on the router's log lines for the request.
 
 use std::io::Write;
 use std::sync::Arc;
@@ -38,6 +40,7 @@ pub const DROPPED_METRIC: &str = "ate_router_access_log_dropped_total";
 pub struct Entry {
     pub time: SystemTime,
     pub request_id: String,
+    pub trace_id: Option<ate_tls::trace_context::TraceId>,
     /// `<atespace>/<name>`; empty when the request named no valid actor.
     pub actor: String,
     pub method: http::Method,
@@ -149,6 +152,9 @@ pub fn format_line(entry: &Entry, out: &mut String) {
     rfc3339_millis(entry.time, out);
     out.push_str("\",\"request_id\":");
     json_str(&entry.request_id, out);
+    if let Some(id) = entry.trace_id {
+        let _ = write!(out, ",\"trace_id\":\"{id}\"");
+    }
     out.push_str(",\"actor\":");
     json_str(&entry.actor, out);
     out.push_str(",\"method\":");
@@ -237,6 +243,9 @@ mod tests {
         Entry {
             time: UNIX_EPOCH + Duration::from_millis(1_748_779_200_123),
             request_id: "test-123".into(),
+            trace_id: ate_tls::trace_context::TraceId::from_traceparent(
+                b"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+            ),
             actor: "ate-demo/counter".into(),
             method: http::Method::GET,
             path: "/a\"b\\c".into(),
@@ -256,12 +265,13 @@ mod tests {
         assert_eq!(
             line,
             "{\"time\":\"2025-06-01T12:00:00.123Z\",\"request_id\":\"test-123\",\
-             \"actor\":\"ate-demo/counter\",\"method\":\"GET\",\"path\":\"/a\\\"b\\\\c\",\
+             \"trace_id\":\"4bf92f3577b34da6a3ce929d0e0e4736\",\"actor\":\"ate-demo/counter\",\"method\":\"GET\",\"path\":\"/a\\\"b\\\\c\",\
              \"status\":200,\"resume\":\"cold\",\"duration_ms\":412.501,\"resolve_ms\":410.2,\
              \"forward_ms\":2.187,\"bytes\":86}\n"
         );
         let mut e = entry();
         e.resume = None;
+        e.trace_id = None;
         e.resolve = None;
         e.forward = None;
         e.bytes = None;

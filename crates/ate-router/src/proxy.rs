@@ -160,6 +160,9 @@ struct Begun {
     id: HeaderValue,
     /// The client's id was kept (it is already on the request); else `id` replaces it.
     kept: bool,
+    /// The trace id on the request span (see `ate_tls::trace_context`), for the lines written
+    /// after it: the failure line and the access log.
+    trace_id: Option<ate_tls::trace_context::TraceId>,
     /// Only with the access log on (boxed: every request future carries this).
     access: Option<Box<AccessStart>>,
 }
@@ -243,14 +246,14 @@ impl Proxy {
         mut request: Request<Incoming>,
     ) -> impl Future<Output = Result<Response<RouterBody>, Infallible>> + Send + use<> {
         use futures::future::{Either, FutureExt, ready};
-        let begun = self.begin(&mut request);
+        let mut begun = self.begin(&mut request);
         let answer = match self.preflight(request) {
             Preflight::Forward(mut request, target, port) => {
                 if !begun.kept {
                     request.headers_mut().insert(REQUEST_ID, begun.id.clone());
                 }
                 let span = request_span(&begun.id, &target);
-                ate_tls::trace_context::continue_http(&span, request.headers());
+                begun.trace_id = ate_tls::trace_context::continue_http(&span, request.headers());
                 let forward = self.clone().forward(request, Target(target), port);
                 Either::Left(forward.instrument(span).map(|f| {
                     let Target(actor) = f.actor;
@@ -286,7 +289,12 @@ impl Proxy {
                 path: path.to_owned(),
             })
         });
-        Begun { id, kept, access }
+        Begun {
+            id,
+            kept,
+            trace_id: None,
+            access,
+        }
     }
 
     /// Every answer ends here: the request counter, the failure line, the access log line, and
@@ -301,13 +309,14 @@ impl Proxy {
         let status = response.status();
         metrics::counter!(REQUESTS, "status" => status_label(status)).increment(1);
         let id = begun.id.to_str().unwrap_or_default();
-        log_failure(&response, id, actor);
+        log_failure(&response, id, begun.trace_id, actor);
         if let (Some(log), Some(start)) = (&self.cfg.access_log, begun.access) {
             use hyper::body::Body as _;
             let start = *start;
             log.record(Entry {
                 time: start.time,
                 request_id: id.to_owned(),
+                trace_id: begun.trace_id,
                 actor: actor.to_owned(),
                 method: start.method,
                 path: start.path,
@@ -688,12 +697,12 @@ impl Proxy {
                 let proxy = proxy.clone();
                 let actor = actor.clone();
                 async move {
-                    let begun = proxy.begin(&mut inner);
+                    let mut begun = proxy.begin(&mut inner);
                     if !begun.kept {
                         inner.headers_mut().insert(REQUEST_ID, begun.id.clone());
                     }
                     let span = request_span(&begun.id, actor.as_str());
-                    ate_tls::trace_context::continue_http(&span, inner.headers());
+                    begun.trace_id = ate_tls::trace_context::continue_http(&span, inner.headers());
                     let (response, timings) = proxy
                         .tunneled_request(inner, &actor, port)
                         .instrument(span)
@@ -829,14 +838,16 @@ fn id_of<B>(request: &Request<B>) -> &str {
 }
 
 /// The span around one request's resolution, parking and forwarding (the root of the router's
-/// part of a trace, or the child of a client's `traceparent`). `status`, `resume` and the error
-/// status are recorded only when traces are on ([`note_status`], [`note_kind`]).
+/// part of a trace, or the child of a client's `traceparent`). `trace_id` is recorded by
+/// `continue_http`; `status`, `resume` and the error status only when traces are on
+/// ([`note_status`], [`note_kind`]).
 fn request_span(id: &HeaderValue, actor: impl AsRef<[u8]>) -> tracing::Span {
     let actor = std::str::from_utf8(actor.as_ref()).unwrap_or_default();
     let request_id = id.to_str().unwrap_or_default();
     tracing::info_span!(
         "request",
         request_id = %request_id,
+        trace_id = tracing::field::Empty,
         actor = %actor,
         status = tracing::field::Empty,
         resume = tracing::field::Empty,
@@ -864,8 +875,14 @@ fn note_kind(kind: ResumeKind) {
 
 /// One line for a request the router answered with an error of its own (status 400 or more and
 /// a body the router wrote; an actor's own error answers are not logged): warn for 5xx, info for
-/// 4xx. Carries the request id, the actor, the status, the client's text and the [`Detail`].
-fn log_failure(response: &Response<RouterBody>, request_id: &str, actor: &str) {
+/// 4xx. Carries the request id, the trace id, the actor, the status, the client's text and the
+/// [`Detail`]. (Written after the request span ended, so the ids are fields of the line.)
+fn log_failure(
+    response: &Response<RouterBody>,
+    request_id: &str,
+    trace_id: Option<ate_tls::trace_context::TraceId>,
+    actor: &str,
+) {
     let status = response.status();
     let RouterBody::Text(body) = response.body() else {
         return;
@@ -880,9 +897,11 @@ fn log_failure(response: &Response<RouterBody>, request_id: &str, actor: &str) {
     let error = error.trim_end();
     let detail = response.extensions().get::<Detail>().map(|d| d.0.as_str());
     let code = status.as_u16();
+    let trace_id = trace_id.map(tracing::field::display);
     if status.is_server_error() {
         tracing::warn!(
             request_id,
+            trace_id,
             actor,
             status = code,
             error,
@@ -892,6 +911,7 @@ fn log_failure(response: &Response<RouterBody>, request_id: &str, actor: &str) {
     } else {
         tracing::info!(
             request_id,
+            trace_id,
             actor,
             status = code,
             error,

@@ -241,7 +241,15 @@ async fn a_failed_request_is_one_log_line_with_its_id_and_lines_of_its_resume_ca
         .script("a/crashed", |_| Reply::err(Status::internal("boom")));
     let ok = get_with_id(w.router.addr, Some("a/b"), &[b"fine-1"]).await;
     assert_eq!(ok.status, StatusCode::OK);
-    let failed = get_with_id(w.router.addr, Some("a/crashed"), &[b"log-test-1"]).await;
+    // With traces off, a client's `traceparent` still names the trace on the request's lines.
+    let client_trace = "4bf92f3577b34da6a3ce929d0e0e4736";
+    let failed = get_with(w.router.addr, Some("a/crashed"), "app.example", |r| {
+        let h = r.headers_mut();
+        h.insert("x-request-id", http::HeaderValue::from_static("log-test-1"));
+        let traceparent = format!("00-{client_trace}-00f067aa0ba902b7-01");
+        h.insert("traceparent", traceparent.parse().unwrap());
+    })
+    .await;
     assert_eq!(failed.status, StatusCode::INTERNAL_SERVER_ERROR);
     let missing = get_with_id(w.router.addr, None, &[b"log-test-2"]).await;
     assert_eq!(missing.status, StatusCode::NOT_FOUND);
@@ -257,6 +265,7 @@ async fn a_failed_request_is_one_log_line_with_its_id_and_lines_of_its_resume_ca
         .find(|l| l["fields"]["request_id"] == "log-test-1")
         .unwrap_or_else(|| panic!("{failures:#?}"));
     assert_eq!(crashed["level"], "WARN");
+    assert_eq!(crashed["fields"]["trace_id"], client_trace);
     assert_eq!(crashed["fields"]["actor"], "a/crashed");
     assert_eq!(crashed["fields"]["status"], 500);
     // The client's text, and the reason it is not shown.
@@ -270,12 +279,18 @@ async fn a_failed_request_is_one_log_line_with_its_id_and_lines_of_its_resume_ca
         .unwrap_or_else(|| panic!("{failures:#?}"));
     assert_eq!(missing["level"], "INFO");
     assert_eq!(missing["fields"]["status"], 404);
+    assert_eq!(
+        missing["fields"].get("trace_id"),
+        None,
+        "no traceparent, no trace id"
+    );
     // The resume's own line (the api's failure) is inside the request's span.
     let resume = lines
         .iter()
         .find(|l| l["fields"]["message"] == "ResumeActor failed")
         .unwrap_or_else(|| panic!("{lines:#?}"));
     assert_eq!(field(resume, "request_id").unwrap(), "log-test-1");
+    assert_eq!(field(resume, "trace_id").unwrap(), client_trace);
     assert_eq!(field(resume, "actor").unwrap(), "a/crashed");
     // A served request logs nothing.
     assert!(
@@ -316,7 +331,16 @@ async fn the_access_log_has_one_json_line_per_request() {
     let started = std::time::SystemTime::now();
     let cold = get_with_id(w.router.addr, Some("a/b"), &[b"access-1"]).await;
     assert_eq!(cold.resume(), "cold");
-    let warm = get(w.router.addr, Some("a/b")).await;
+    // Traces are off here: the trace id logged is the client's.
+    let warm = get_with(w.router.addr, Some("a/b"), "app.example", |r| {
+        r.headers_mut().insert(
+            "traceparent",
+            http::HeaderValue::from_static(
+                "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
+            ),
+        );
+    })
+    .await;
     assert_eq!(warm.resume(), "warm");
     let missing = get_with_id(w.router.addr, Some("a/nobody"), &[b"access-3"]).await;
     assert_eq!(missing.status, StatusCode::NOT_FOUND);
@@ -354,6 +378,7 @@ async fn the_access_log_has_one_json_line_per_request() {
     let l = &lines[1];
     assert_eq!(l["request_id"].as_str().unwrap(), id_of(&warm));
     assert!(is_generated(l["request_id"].as_str().unwrap()));
+    assert_eq!(l["trace_id"], "0af7651916cd43dd8448eb211c80319c");
     assert_eq!(l["resume"], "warm");
     assert_eq!(l["status"], 200);
 

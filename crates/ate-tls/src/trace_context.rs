@@ -6,6 +6,11 @@
 //! Everything is a no-op until [`enable`] (the binary calls it after installing an exporter from
 //! the `OTEL_*` variables): one relaxed atomic load per call, so with tracing off the request path
 //! pays nothing else and a client's `traceparent` passes through to the actor untouched.
+//!
+//! The `continue_*` functions also put the trace id on the span they continue, as its
+//! [`TRACE_ID_FIELD`] field (declare it `tracing::field::Empty`), so every log line written inside
+//! it carries the id: the span's own when tracing is on; when it is off, the id of a valid
+//! incoming `traceparent` (a client's, at the router), read in place without allocating.
 
 use std::sync::LazyLock;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -20,6 +25,74 @@ use tracing_opentelemetry::OpenTelemetrySpanExt;
 
 /// The W3C header carrying the trace id and parent span id.
 pub const TRACEPARENT: &str = "traceparent";
+
+/// The span field the `continue_*` functions record the trace id in.
+pub const TRACE_ID_FIELD: &str = "trace_id";
+
+/// A trace id, kept as its 16 bytes (no allocation; `Option<TraceId>` is 17 bytes) and shown as
+/// 32 lowercase hex digits, as in `traceparent` and in the exported spans.
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+pub struct TraceId([u8; 16]);
+
+impl TraceId {
+    /// The trace id of a W3C `traceparent` value, if the value is valid: version (not `ff`),
+    /// trace id, parent id and flags in lowercase hex, neither id all zeros; a later version may
+    /// append fields after a `-`.
+    pub fn from_traceparent(value: &[u8]) -> Option<TraceId> {
+        fn hex(b: u8) -> Option<u8> {
+            match b {
+                b'0'..=b'9' => Some(b - b'0'),
+                b'a'..=b'f' => Some(b - b'a' + 10),
+                _ => None,
+            }
+        }
+        fn all_hex(s: &[u8]) -> bool {
+            s.iter().all(|&b| hex(b).is_some())
+        }
+        let (version, rest) = value.split_at_checked(2)?;
+        if !all_hex(version) || version == b"ff" || rest.len() < 53 {
+            return None;
+        }
+        let version_00 = version == b"00";
+        if (version_00 && rest.len() != 53) || (!version_00 && rest.len() > 53 && rest[53] != b'-')
+        {
+            return None;
+        }
+        let dashes = rest[0] == b'-' && rest[33] == b'-' && rest[50] == b'-';
+        let (trace, parent, flags) = (&rest[1..33], &rest[34..50], &rest[51..53]);
+        if !dashes || !all_hex(trace) || !all_hex(parent) || !all_hex(flags) {
+            return None;
+        }
+        if trace.iter().all(|&b| b == b'0') || parent.iter().all(|&b| b == b'0') {
+            return None;
+        }
+        let mut id = [0u8; 16];
+        for (byte, pair) in id.iter_mut().zip(trace.chunks_exact(2)) {
+            *byte = (hex(pair[0])? << 4) | hex(pair[1])?;
+        }
+        Some(TraceId(id))
+    }
+
+    fn of_context(cx: &Context) -> Option<TraceId> {
+        let sc = cx.span().span_context().clone();
+        sc.is_valid().then(|| TraceId(sc.trace_id().to_bytes()))
+    }
+}
+
+impl std::fmt::Display for TraceId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        for b in self.0 {
+            write!(f, "{b:02x}")?;
+        }
+        Ok(())
+    }
+}
+
+impl std::fmt::Debug for TraceId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        std::fmt::Display::fmt(self, f)
+    }
+}
 
 static ENABLED: AtomicBool = AtomicBool::new(false);
 static PROPAGATOR: LazyLock<TraceContextPropagator> = LazyLock::new(TraceContextPropagator::new);
@@ -110,32 +183,54 @@ impl Injector for HeaderInjector<'_> {
 }
 
 /// Makes the trace context `carrier` holds the parent of `span` (which must not have been
-/// entered yet). A carrier without a valid `traceparent` leaves `span` a root.
-fn adopt(span: &tracing::Span, carrier: &dyn Extractor) {
+/// entered yet; a carrier without a valid `traceparent` leaves `span` a root), and returns the
+/// trace id `span` then has. That starts `span`'s OpenTelemetry span (its parent is fixed from
+/// here on), which its first entry would have done anyway.
+fn adopt(span: &tracing::Span, carrier: &dyn Extractor) -> Option<TraceId> {
     let cx = PROPAGATOR.extract(carrier);
     if cx.span().span_context().is_valid() {
         // Fails only for a disabled span or one already started: then it simply keeps its parent.
         let _ = span.set_parent(cx);
     }
+    TraceId::of_context(&span.context())
 }
 
-/// `span` continues the trace of an incoming gRPC call (its `traceparent` metadata).
-pub fn continue_grpc<T>(span: &tracing::Span, request: &tonic::Request<T>) {
-    continue_metadata(span, request.metadata());
+/// `span` continues the trace of an incoming gRPC call (its `traceparent` metadata); returns the
+/// trace id it recorded on `span` (see the module's doc).
+pub fn continue_grpc<T>(span: &tracing::Span, request: &tonic::Request<T>) -> Option<TraceId> {
+    continue_metadata(span, request.metadata())
 }
 
 /// [`continue_grpc`] for a call already taken apart.
-pub fn continue_metadata(span: &tracing::Span, metadata: &MetadataMap) {
-    if enabled() {
-        adopt(span, &MetadataExtractor(metadata));
-    }
+pub fn continue_metadata(span: &tracing::Span, metadata: &MetadataMap) -> Option<TraceId> {
+    let id = if enabled() {
+        adopt(span, &MetadataExtractor(metadata))
+    } else {
+        metadata
+            .get(TRACEPARENT)
+            .and_then(|v| TraceId::from_traceparent(v.as_bytes()))
+    };
+    record(span, id)
 }
 
-/// `span` continues the trace of an incoming HTTP request (its `traceparent` header).
-pub fn continue_http(span: &tracing::Span, headers: &HeaderMap) {
-    if enabled() {
-        adopt(span, &HeaderExtractor(headers));
+/// `span` continues the trace of an incoming HTTP request (its `traceparent` header); returns the
+/// trace id it recorded on `span` (see the module's doc).
+pub fn continue_http(span: &tracing::Span, headers: &HeaderMap) -> Option<TraceId> {
+    let id = if enabled() {
+        adopt(span, &HeaderExtractor(headers))
+    } else {
+        headers
+            .get(TRACEPARENT)
+            .and_then(|v| TraceId::from_traceparent(v.as_bytes()))
+    };
+    record(span, id)
+}
+
+fn record(span: &tracing::Span, id: Option<TraceId>) -> Option<TraceId> {
+    if let Some(id) = id {
+        span.record(TRACE_ID_FIELD, tracing::field::display(id));
     }
+    id
 }
 
 /// Puts the current span's trace context on an outgoing gRPC call.
@@ -163,14 +258,12 @@ fn inject_valid(cx: &Context, carrier: &mut dyn Injector) {
     }
 }
 
-/// The current span's trace id in hex, when tracing is on and the span is in a trace.
-pub fn current_trace_id() -> Option<String> {
+/// The current span's trace id, when tracing is on and the span is in a trace.
+pub fn current_trace_id() -> Option<TraceId> {
     if !enabled() {
         return None;
     }
-    let cx = tracing::Span::current().context();
-    let sc = cx.span().span_context().clone();
-    sc.is_valid().then(|| sc.trace_id().to_string())
+    TraceId::of_context(&tracing::Span::current().context())
 }
 
 #[cfg(test)]
@@ -209,6 +302,35 @@ mod tests {
         // A value a header cannot hold is dropped, not a panic.
         HeaderInjector(&mut headers).set("bad key", "x".into());
         MetadataInjector(&mut MetadataMap::new()).set(TRACEPARENT, "a\nb".into());
+    }
+
+    #[test]
+    fn trace_ids_of_traceparents() {
+        let id = TraceId::from_traceparent(PARENT.as_bytes()).expect("valid");
+        assert_eq!(id.to_string(), "4bf92f3577b34da6a3ce929d0e0e4736");
+        // What the propagator reads, byte for byte.
+        let mut headers = HeaderMap::new();
+        headers.insert(TRACEPARENT, HeaderValue::from_static(PARENT));
+        let cx = PROPAGATOR.extract(&HeaderExtractor(&headers));
+        assert_eq!(TraceId::of_context(&cx), Some(id));
+        // A later version may append fields.
+        let future = format!("01{}-what-comes-next", &PARENT[2..]);
+        assert_eq!(TraceId::from_traceparent(future.as_bytes()), Some(id));
+        for bad in [
+            "",
+            "00",
+            "ff-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01-x",
+            "00-4BF92F3577B34DA6A3CE929D0E0E4736-00f067aa0ba902b7-01",
+            "00-00000000000000000000000000000000-00f067aa0ba902b7-01",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-0000000000000000-01",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-0",
+            "00_4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+            "01-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01x",
+            "00-4bf92f3577b34da6a3ce929d0e0e473g-00f067aa0ba902b7-01",
+        ] {
+            assert_eq!(TraceId::from_traceparent(bad.as_bytes()), None, "{bad:?}");
+        }
     }
 
     #[test]

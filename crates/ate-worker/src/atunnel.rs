@@ -410,6 +410,7 @@ fn forward_span(req: &Request<Incoming>) -> tracing::Span {
     let span = tracing::info_span!(
         "forward",
         request_id = %request_id,
+        trace_id = tracing::field::Empty,
         actor = %text(HEADER_ACTOR),
         port = %Some(text(HEADER_PORT)).filter(|p| !p.is_empty()).unwrap_or("80"),
         status = tracing::field::Empty,
@@ -587,13 +588,20 @@ async fn handle(tunnels: &Tunnels, req: Request<Incoming>) -> Response<Full<Byte
     let state = TunnelState::new();
     activation.register(&state);
     let request_id = request_id_of(req.headers());
+    // The tunnel's trace is the CONNECT's (the router's request span), whether or not this
+    // process exports traces.
+    let trace_id = req
+        .headers()
+        .get(ate_tls::trace_context::TRACEPARENT)
+        .and_then(|v| ate_tls::trace_context::TraceId::from_traceparent(v.as_bytes()));
     tokio::spawn(async move {
         let _guard = guard;
         let upgraded = tokio::select! {
             u = hyper::upgrade::on(req) => match u {
                 Ok(u) => u,
                 Err(e) => {
-                    tracing::debug!(actor = %key, request_id = %request_id, error = %e, "tunnel upgrade failed");
+                    let trace_id = trace_id.map(tracing::field::display);
+                    tracing::debug!(actor = %key, request_id = %request_id, trace_id, error = %e, "tunnel upgrade failed");
                     return;
                 }
             },

@@ -97,7 +97,12 @@ impl WorkerService for WorkerServiceImpl {
                 .and_then(|w| w.actor.as_ref())
                 .map(|a| format!("{}/{}", a.atespace, a.name))
                 .unwrap_or_default();
-            let span = tracing::info_span!("start", request_id = %request_id, actor = %actor);
+            let span = tracing::info_span!(
+                "start",
+                request_id = %request_id,
+                trace_id = tracing::field::Empty,
+                actor = %actor
+            );
             ate_tls::trace_context::continue_grpc(&span, &req);
             span
         };
