@@ -94,6 +94,11 @@ pub struct UpArgs {
     /// Extra flags for the router, e.g. `--router-arg=--parked-request-budget=2s` (repeatable).
     #[arg(long = "router-arg", allow_hyphen_values = true)]
     pub router_args: Vec<String>,
+    /// The router uses mTLS CONNECT tunnels through atunnel for every request, instead of
+    /// taking plain HTTP/1.1 tunnels as the actor's own socket from the workers of this
+    /// machine (docs/tunnel-protocol.md, "Handoff").
+    #[arg(long)]
+    pub no_local_tunnels: bool,
     /// SPIFFE trust domain of the local CA and every component's identity.
     #[arg(long, default_value = ate_tls::DEFAULT_TRUST_DOMAIN)]
     pub trust_domain: String,
@@ -941,6 +946,23 @@ fn router_args(args: &UpArgs, api_addrs: &str, pki: &mut Pki) -> anyhow::Result<
         .ip(std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST));
     let router_req = with_sans(router_req, &args.tls_sans);
     router_args.extend(pki.issue_req("router", router_req)?.1.to_args());
+    // The workers' handoff sockets (every worker of `ate up` is on this machine): plain
+    // HTTP/1.1 tunnels skip atunnel's byte pipe.
+    let chosen = args.no_local_tunnels
+        || args
+            .router_args
+            .iter()
+            .any(|a| a == "--local-tunnels" || a.starts_with("--local-tunnels="));
+    if !chosen {
+        router_args.push("--local-tunnels".into());
+        router_args.push(
+            args.state_dir
+                .join("run")
+                .join("atunnel")
+                .display()
+                .to_string(),
+        );
+    }
     router_args.extend(args.router_args.iter().cloned());
     Ok(router_args)
 }

@@ -70,6 +70,7 @@ fn dialer(t: &Atunnel, id: SpiffeId) -> Arc<Tunnels> {
             idle_per_actor: 0,
             idle_timeout: Duration::from_secs(1),
             connect_timeout: Duration::from_secs(3),
+            local_tunnels: None,
         },
         Some(src),
         Arc::new(Stats::default()),

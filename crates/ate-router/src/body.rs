@@ -9,11 +9,13 @@ use std::task::{Context, Poll};
 use bytes::Bytes;
 use hyper::body::{Body, Frame, Incoming, SizeHint};
 
-use crate::tunnel::InUse;
+use crate::tunnel::{InUse, PoolReturn};
 
 #[derive(Debug)]
 pub enum RouterBody {
     Stream(Incoming),
+    /// The actor's body on a pooled HTTP/1.1 tunnel, which goes back to the pool when it ends.
+    Pooled(Pooled),
     /// The actor's body on a shared tunnel connection, marked in use while it lives.
     Shared(Incoming, InUse),
     Text(Option<Bytes>),
@@ -27,6 +29,44 @@ impl RouterBody {
 
     pub fn empty() -> Self {
         RouterBody::Text(None)
+    }
+}
+
+/// A body whose end returns its connection to the pool: when `poll_frame` sees the end, or when
+/// it is dropped after its end (a server that saw `is_end_stream` need not poll again). Dropped
+/// before its end, the connection is not reusable and goes with it.
+#[derive(Debug)]
+pub struct Pooled {
+    body: Incoming,
+    back: Option<PoolReturn>,
+}
+
+impl Pooled {
+    fn finish(&mut self) {
+        if let Some(back) = self.back.take() {
+            back.done();
+        }
+    }
+}
+
+impl Drop for Pooled {
+    fn drop(&mut self) {
+        if self.body.is_end_stream() {
+            self.finish();
+        }
+    }
+}
+
+impl RouterBody {
+    /// `body` from a pooled connection, `back` returning it (none with the pool off).
+    pub fn pooled(body: Incoming, back: Option<PoolReturn>) -> Self {
+        match back {
+            None => RouterBody::Stream(body),
+            Some(back) => RouterBody::Pooled(Pooled {
+                body,
+                back: Some(back),
+            }),
+        }
     }
 }
 
@@ -54,6 +94,17 @@ impl Body for RouterBody {
                 }
                 frame
             }
+            RouterBody::Pooled(pooled) => {
+                let frame = Pin::new(&mut pooled.body).poll_frame(cx);
+                match &frame {
+                    Poll::Ready(None) => pooled.finish(),
+                    Poll::Ready(Some(Ok(_))) if pooled.body.is_end_stream() => pooled.finish(),
+                    // A broken body: the connection is not reused.
+                    Poll::Ready(Some(Err(_))) => pooled.back = None,
+                    _ => {}
+                }
+                frame
+            }
             RouterBody::Text(text) => Poll::Ready(text.take().map(|b| Ok(Frame::data(b)))),
         }
     }
@@ -61,6 +112,7 @@ impl Body for RouterBody {
     fn is_end_stream(&self) -> bool {
         match self {
             RouterBody::Stream(body) | RouterBody::Shared(body, _) => body.is_end_stream(),
+            RouterBody::Pooled(pooled) => pooled.body.is_end_stream(),
             RouterBody::Text(text) => text.is_none(),
         }
     }
@@ -68,6 +120,7 @@ impl Body for RouterBody {
     fn size_hint(&self) -> SizeHint {
         match self {
             RouterBody::Stream(body) | RouterBody::Shared(body, _) => body.size_hint(),
+            RouterBody::Pooled(pooled) => pooled.body.size_hint(),
             RouterBody::Text(text) => {
                 SizeHint::with_exact(text.as_ref().map_or(0, |b| b.len() as u64))
             }

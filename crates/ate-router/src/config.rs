@@ -52,6 +52,14 @@ pub struct RouterConfig {
     #[arg(long = "tunnel-idle-per-actor")]
     pub tunnel_idle_per_actor: Option<usize>,
 
+    /// Directory of the handoff sockets of the workers on this machine (`ate up` passes
+    /// `<state>/run/atunnel`). A plain HTTP/1.1 tunnel to a worker that has one there is handed
+    /// over by atunnel as the actor's own socket, so requests cross one proxy instead of two
+    /// (docs/tunnel-protocol.md, "Handoff"); every other tunnel, and every worker without a
+    /// socket there, uses the mTLS CONNECT path. Unset: CONNECT only.
+    #[arg(long = "local-tunnels", value_name = "DIR")]
+    pub local_tunnels: Option<std::path::PathBuf>,
+
     /// Write a JSON access log, one line per request: `stdout`, `stderr` or a file (appended
     /// to). Off by default. Lines are written by a thread of their own; when it falls behind,
     /// lines are dropped and counted, never waited for.
@@ -135,6 +143,7 @@ impl Default for RouterConfig {
             tls_listen: None,
             ingress_allowed_spiffe_ids: None,
             tunnel_idle_per_actor: None,
+            local_tunnels: None,
             access_log: None,
             tls: ate_tls::TlsArgs::default(),
             tuning: Tuning::default(),

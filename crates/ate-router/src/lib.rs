@@ -23,6 +23,7 @@ pub mod cache;
 pub mod config;
 pub mod drain;
 pub mod error;
+pub mod handoff;
 pub mod metrics;
 pub mod parking;
 pub mod proxy;
@@ -154,6 +155,7 @@ impl Router {
                     .unwrap_or(t.tunnel_idle_per_actor),
                 idle_timeout: t.tunnel_idle_timeout,
                 connect_timeout: t.worker_connect_timeout,
+                local_tunnels: config.local_tunnels.clone(),
             },
             tls.clone(),
             stats.clone(),

@@ -21,6 +21,7 @@ pub const RESUME_CALLS: &str = "ate_router_resume_calls_total";
 pub const STALE_RETRIES: &str = "ate_router_stale_assignment_retries_total";
 pub const TUNNEL_CONNECTS: &str = "ate_router_tunnel_connects_total";
 pub const TUNNEL_REUSES: &str = "ate_router_tunnel_reuses_total";
+pub const TUNNEL_HANDOFFS: &str = "ate_router_tunnel_handoffs_total";
 
 /// Every series of the router with its help text (`# HELP` / `# TYPE` on `/metrics`).
 pub fn describe() {
@@ -79,6 +80,11 @@ pub fn describe() {
         Unit::Count,
         "Requests sent over an already open atunnel connection."
     );
+    metrics::describe_counter!(
+        TUNNEL_HANDOFFS,
+        Unit::Count,
+        "Tunnels taken as the actor's own socket from a worker on this machine (--local-tunnels) instead of a CONNECT stream."
+    );
     // Present (at zero) from the start: alerts and rate() need the series before the first event.
     metrics::gauge!(PARKING_ACTIVE).increment(0.0);
     metrics::counter!(PARKING_REJECTED).increment(0);
@@ -102,6 +108,7 @@ pub fn export_tunnel_stats(stats: &Arc<Stats>) {
         };
         metrics::counter!(TUNNEL_CONNECTS).absolute(Stats::get(&stats.tunnel_connects));
         metrics::counter!(TUNNEL_REUSES).absolute(Stats::get(&stats.tunnel_reuses));
+        metrics::counter!(TUNNEL_HANDOFFS).absolute(Stats::get(&stats.tunnel_handoffs));
         true
     });
 }
@@ -115,6 +122,8 @@ pub struct Stats {
     pub stale_retries: AtomicU64,
     pub tunnel_connects: AtomicU64,
     pub tunnel_reuses: AtomicU64,
+    /// Tunnels taken as the actor's socket from a worker on this machine (`--local-tunnels`).
+    pub tunnel_handoffs: AtomicU64,
 }
 
 impl Stats {

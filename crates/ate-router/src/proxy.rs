@@ -464,11 +464,7 @@ impl Proxy {
             // span. No span per attempt: it would sit in this (per connection) future.
             ate_tls::trace_context::inject_http(request.headers_mut());
             let result = match mode {
-                Mode::Http1 => self
-                    .tunnels
-                    .send_h1(&route, name, port, request)
-                    .await
-                    .map(|r| r.map(RouterBody::from)),
+                Mode::Http1 => self.tunnels.send_h1(&route, name, port, request).await,
                 Mode::Upgrade => self.upgrade(&route, name, port, request).await,
                 Mode::H2WebSocket => self.h2_websocket(&route, name, port, request).await,
                 Mode::Grpc => self.tunnels.send_grpc(&route, name, port, request).await,

@@ -122,6 +122,17 @@ pub struct TunnelConfig {
     pub idle_per_actor: usize,
     pub idle_timeout: Duration,
     pub connect_timeout: Duration,
+    /// The handoff sockets of the workers on this machine (`--local-tunnels`).
+    pub local_tunnels: Option<std::path::PathBuf>,
+}
+
+/// A handed-off tunnel's state shared by the pool and its connection task: whether a request
+/// is on it, and whether atunnel asked for it back (the actor drains for a suspend). Whoever
+/// sees both "retired" and "not in use" last closes it.
+#[derive(Debug, Default)]
+struct HandoffUse {
+    in_use: AtomicBool,
+    retired: AtomicBool,
 }
 
 type WorkerSlot = Arc<tokio::sync::Mutex<Option<http2::SendRequest<Empty<Bytes>>>>>;
@@ -131,6 +142,7 @@ struct IdleH1 {
     worker: Arc<str>,
     port: u16,
     since: Instant,
+    handoff: Option<Arc<HandoffUse>>,
 }
 
 /// How a shared HTTP/2 tunnel connection is used: streams open on it, and since when it is idle.
@@ -236,6 +248,56 @@ pub struct H1Conn {
     pub sender: http1::SendRequest<Incoming>,
     worker: Arc<str>,
     port: u16,
+    /// Set for a handed-off tunnel (the actor's own socket).
+    handoff: Option<Arc<HandoffUse>>,
+}
+
+/// A pooled HTTP/1.1 connection waiting for the end of the response body it carries, carried by
+/// that body ([`crate::body::RouterBody`]): the body's end puts the connection back in the pool
+/// in place, without a task per request waiting for it to be ready again (a pooled connection
+/// that is not ready yet is skipped by `checkout`, not dropped).
+pub struct PoolReturn {
+    tunnels: Arc<Tunnels>,
+    key: ActorKey,
+    conn: H1Conn,
+}
+
+impl PoolReturn {
+    /// The body ended: the connection goes back to the pool (unless atunnel asked for it back).
+    pub fn done(self) {
+        let PoolReturn { tunnels, key, conn } = self;
+        if conn.sender.is_closed() {
+            return;
+        }
+        if let Some(h) = &conn.handoff {
+            h.in_use.store(false, Ordering::SeqCst);
+            if h.retired.load(Ordering::SeqCst) {
+                // atunnel asked for it back while the request ran: dropping the sender ends
+                // its connection task, which closes the socket.
+                return;
+            }
+        }
+        let mut idle = tunnels.idle.lock().unwrap_or_else(PoisonError::into_inner);
+        let conns = idle.entry(key).or_default();
+        if conns.len() < tunnels.cfg.idle_per_actor {
+            conns.push(IdleH1 {
+                sender: conn.sender,
+                worker: conn.worker,
+                port: conn.port,
+                since: Instant::now(),
+                handoff: conn.handoff,
+            });
+        }
+    }
+}
+
+impl std::fmt::Debug for PoolReturn {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PoolReturn")
+            .field("worker", &self.conn.worker)
+            .field("port", &self.conn.port)
+            .finish()
+    }
 }
 
 /// mTLS to atunnel: the router's identity, and one client config per pinned worker ID.
@@ -456,6 +518,111 @@ impl Tunnels {
         Box::pin(self.new_h1_unboxed(route, actor, port, request_id)).await
     }
 
+    /// A new HTTP/1.1 connection for the pool: the actor's own socket handed over by a worker
+    /// on this machine when there is one (`--local-tunnels`), else a CONNECT tunnel. No upgrades
+    /// go over it (WebSockets take [`Tunnels::new_h1`]: atunnel closes them with a close frame
+    /// on a suspend, which needs the bytes to pass through it).
+    async fn pooled_h1(
+        &self,
+        route: &Route,
+        actor: &str,
+        port: u16,
+        request_id: &str,
+    ) -> Result<H1Conn, TunnelError> {
+        if let Some(dir) = &self.cfg.local_tunnels {
+            // Boxed for the same reason as `new_h1`.
+            match Box::pin(self.handed_h1(dir, route, actor, port, request_id)).await {
+                Ok(conn) => return Ok(conn),
+                Err(crate::handoff::HandoffError::Unavailable { .. }) => {}
+                Err(crate::handoff::HandoffError::Refused(reply)) => {
+                    return Err(match reply {
+                        ate_core::handoff::Reply::Stale(_) => TunnelError::Stale,
+                        ate_core::handoff::Reply::PortClosed(_) => TunnelError::PortClosed,
+                        ate_core::handoff::Reply::Refused(status, _) => TunnelError::Refused(
+                            StatusCode::from_u16(status).unwrap_or(StatusCode::BAD_GATEWAY),
+                        ),
+                        ate_core::handoff::Reply::Ok => TunnelError::Refused(StatusCode::OK),
+                    });
+                }
+                Err(e) => {
+                    // The worker's process is going or gone: as when its atunnel does not
+                    // answer, the route is bad.
+                    return Err(TunnelError::Connect {
+                        worker: route.worker.clone(),
+                        source: std::io::Error::other(e.to_string()),
+                    });
+                }
+            }
+        }
+        self.new_h1(route, actor, port, request_id).await
+    }
+
+    async fn handed_h1(
+        &self,
+        dir: &std::path::Path,
+        route: &Route,
+        actor: &str,
+        port: u16,
+        request_id: &str,
+    ) -> Result<H1Conn, crate::handoff::HandoffError> {
+        let request = ate_core::handoff::Request {
+            actor,
+            port,
+            // 0: an assignment without a token (as the CONNECT path, none is sent).
+            activation: (route.activation != 0).then_some(route.activation),
+            request_id,
+        };
+        let handed =
+            crate::handoff::take(dir, &route.worker, &request, self.cfg.connect_timeout).await?;
+        self.stats.tunnel_connects.fetch_add(1, Ordering::Relaxed);
+        self.stats.tunnel_handoffs.fetch_add(1, Ordering::Relaxed);
+        let (sender, conn) = http1::Builder::new()
+            .handshake(TokioIo::new(handed.tcp))
+            .await
+            .map_err(|e| crate::handoff::HandoffError::Io {
+                worker: route.worker.to_string(),
+                source: std::io::Error::other(e),
+            })?;
+        let usage = Arc::new(HandoffUse {
+            in_use: AtomicBool::new(true),
+            retired: AtomicBool::new(handed.retired),
+        });
+        let task_usage = usage.clone();
+        let mut control = handed.control;
+        tokio::spawn(async move {
+            use tokio::io::AsyncReadExt;
+            tokio::pin!(conn);
+            let mut byte = [0u8; 1];
+            loop {
+                tokio::select! {
+                    done = &mut conn => {
+                        if let Err(e) = done {
+                            tracing::debug!(error = %e, "handed-off HTTP/1.1 connection ended");
+                        }
+                        return;
+                    }
+                    read = control.read(&mut byte) => match read {
+                        Ok(1) if byte[0] == ate_core::handoff::RETIRE => {
+                            task_usage.retired.store(true, Ordering::SeqCst);
+                            if !task_usage.in_use.load(Ordering::SeqCst) {
+                                return;
+                            }
+                        }
+                        // atunnel is gone (the worker process ended) or spoke out of turn: the
+                        // socket goes at once, so nothing reaches a copy no worker vouches for.
+                        _ => return,
+                    },
+                }
+            }
+        });
+        Ok(H1Conn {
+            sender,
+            worker: route.worker.clone(),
+            port,
+            handoff: Some(usage),
+        })
+    }
+
     async fn new_h1_unboxed(
         &self,
         route: &Route,
@@ -477,6 +644,7 @@ impl Tunnels {
             sender,
             worker: route.worker.clone(),
             port,
+            handoff: None,
         })
     }
 
@@ -679,13 +847,13 @@ impl Tunnels {
         actor: &str,
         port: u16,
         mut request: Request<Incoming>,
-    ) -> Result<Response<Incoming>, SendFailed<Request<Incoming>>> {
+    ) -> Result<Response<RouterBody>, SendFailed<Request<Incoming>>> {
         if let Some(mut conn) = self.checkout(actor, port, &route.worker) {
             self.stats.tunnel_reuses.fetch_add(1, Ordering::Relaxed);
             match conn.sender.try_send_request(request).await {
                 Ok(response) => {
-                    self.checkin(actor, conn);
-                    return Ok(response);
+                    let back = self.checkin(actor, conn);
+                    return Ok(response.map(|body| RouterBody::pooled(body, back)));
                 }
                 Err(mut e) => match e.take_message() {
                     Some(back) => request = back,
@@ -699,7 +867,7 @@ impl Tunnels {
             }
         }
         let id = request_id_of(&request);
-        let mut conn = match self.new_h1(route, actor, port, id).await {
+        let mut conn = match self.pooled_h1(route, actor, port, id).await {
             Ok(conn) => conn,
             Err(error) => {
                 return Err(SendFailed {
@@ -710,8 +878,8 @@ impl Tunnels {
         };
         match conn.sender.send_request(request).await {
             Ok(response) => {
-                self.checkin(actor, conn);
-                Ok(response)
+                let back = self.checkin(actor, conn);
+                Ok(response.map(|body| RouterBody::pooled(body, back)))
             }
             Err(e) => Err(SendFailed {
                 error: TunnelError::Actor(e),
@@ -728,20 +896,41 @@ impl Tunnels {
         let conns = idle.get_mut(actor)?;
         let now = Instant::now();
         let mut found = None;
-        while let Some(pos) = conns.iter().rposition(|c| c.port == port) {
-            let c = conns.swap_remove(pos);
-            if c.worker == *worker
-                && !c.sender.is_closed()
-                && c.sender.is_ready()
-                && now.duration_since(c.since) < self.cfg.idle_timeout
-            {
-                found = Some(H1Conn {
-                    sender: c.sender,
-                    worker: c.worker,
-                    port: c.port,
-                });
-                break;
+        // Newest first. Dead entries go; one still finishing its last response (its body
+        // ended a moment ago, the connection task has not caught up) stays for the next turn.
+        let mut i = conns.len();
+        while i > 0 {
+            i -= 1;
+            let c = &conns[i];
+            if c.port != port {
+                continue;
             }
+            let retired = c
+                .handoff
+                .as_ref()
+                .is_some_and(|h| h.retired.load(Ordering::SeqCst));
+            if c.worker != *worker
+                || retired
+                || c.sender.is_closed()
+                || now.duration_since(c.since) >= self.cfg.idle_timeout
+            {
+                conns.swap_remove(i);
+                continue;
+            }
+            if !c.sender.is_ready() {
+                continue;
+            }
+            let c = conns.swap_remove(i);
+            if let Some(h) = &c.handoff {
+                h.in_use.store(true, Ordering::SeqCst);
+            }
+            found = Some(H1Conn {
+                sender: c.sender,
+                worker: c.worker,
+                port: c.port,
+                handoff: c.handoff,
+            });
+            break;
         }
         if conns.is_empty() {
             idle.remove(actor);
@@ -749,29 +938,17 @@ impl Tunnels {
         found
     }
 
-    /// Returns the connection to the pool once its response has been read to the end.
-    fn checkin(self: &Arc<Self>, actor: &str, mut conn: H1Conn) {
+    /// What returns `conn` to the pool once its response body has ended (see
+    /// [`PoolReturn`]); `None` with the pool off.
+    fn checkin(self: &Arc<Self>, actor: &str, conn: H1Conn) -> Option<PoolReturn> {
         if self.cfg.idle_per_actor == 0 {
-            return;
+            return None;
         }
-        let tunnels = self.clone();
-        let key = ActorKey::from_validated(actor);
-        tokio::spawn(async move {
-            // Ready again only after the previous response body ended on a keep-alive connection.
-            if conn.sender.ready().await.is_err() {
-                return;
-            }
-            let mut idle = tunnels.idle.lock().unwrap_or_else(PoisonError::into_inner);
-            let conns = idle.entry(key).or_default();
-            if conns.len() < tunnels.cfg.idle_per_actor {
-                conns.push(IdleH1 {
-                    sender: conn.sender,
-                    worker: conn.worker,
-                    port: conn.port,
-                    since: Instant::now(),
-                });
-            }
-        });
+        Some(PoolReturn {
+            tunnels: self.clone(),
+            key: ActorKey::from_validated(actor),
+            conn,
+        })
     }
 
     /// Closes idle tunnels older than the idle timeout: an open tunnel counts as activity for

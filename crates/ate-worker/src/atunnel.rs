@@ -93,6 +93,11 @@ impl Activation {
         &self.dialer
     }
 
+    /// Turns true when ingress goes off for good (every tunnel is cut).
+    pub(crate) fn subscribe_closed(&self) -> watch::Receiver<bool> {
+        self.closed.subscribe()
+    }
+
     pub fn open_tunnels(&self) -> u32 {
         self.open.load(Ordering::Acquire)
     }
@@ -106,7 +111,7 @@ impl Activation {
             .store(now_unix_ms(), Ordering::Release);
     }
 
-    fn register(&self, state: &Arc<TunnelState>) {
+    pub(crate) fn register(&self, state: &Arc<TunnelState>) {
         let mut pipes = match self.pipes.lock() {
             Ok(p) => p,
             Err(poisoned) => poisoned.into_inner(),
@@ -165,7 +170,7 @@ impl Activation {
 }
 
 /// Decrements the open count and records activity when a tunnel ends, whichever way it ends.
-struct OpenGuard(Arc<Activation>);
+pub(crate) struct OpenGuard(Arc<Activation>);
 
 impl Drop for OpenGuard {
     fn drop(&mut self) {
@@ -492,18 +497,26 @@ pub fn parse_probe(headers: &http::HeaderMap) -> Result<bool, String> {
 /// listens on the port (the actor's process is not up on it, or listens elsewhere): marked, so
 /// the router can say so instead of "unreachable".
 fn dial_failed(key: &str, port: u16, e: &std::io::Error) -> Response<Full<Bytes>> {
-    if e.kind() == std::io::ErrorKind::ConnectionRefused {
-        let mut r = reply(
-            StatusCode::BAD_GATEWAY,
-            format!("actor {key}: nothing listens on port {port} in the actor\n"),
-        );
+    let (port_closed, body) = dial_failure(key, port, e);
+    let mut r = reply(StatusCode::BAD_GATEWAY, body + "\n");
+    if port_closed {
         r.headers_mut()
             .insert(HEADER_PORT_CLOSED, http::HeaderValue::from_static("true"));
-        return r;
     }
-    reply(
-        StatusCode::BAD_GATEWAY,
-        format!("actor {key}: cannot connect to port {port} in the actor: {e}\n"),
+    r
+}
+
+/// Whether a failed dial means nothing listens on the port, and the text that says so.
+pub(crate) fn dial_failure(key: &str, port: u16, e: &std::io::Error) -> (bool, String) {
+    if e.kind() == std::io::ErrorKind::ConnectionRefused {
+        return (
+            true,
+            format!("actor {key}: nothing listens on port {port} in the actor"),
+        );
+    }
+    (
+        false,
+        format!("actor {key}: cannot connect to port {port} in the actor: {e}"),
     )
 }
 
@@ -516,6 +529,74 @@ pub fn parse_activation(headers: &http::HeaderMap) -> Result<Option<u64>, String
             _ => Err(format!("{HEADER_ACTIVATION} is not a positive integer")),
         },
     }
+}
+
+/// Why an admitted tunnel was not opened.
+pub(crate) enum Refusal {
+    /// Ingress went off (a drain for a suspend): the CONNECT's 421.
+    Stale,
+    /// The dial into the actor's netns failed.
+    Dial(std::io::Error),
+}
+
+/// The checks every tunnel request passes, CONNECT or handoff: the worker's lease, the actor
+/// active here, and the fencing token (a newer one than the copy's supersedes this copy). The
+/// error is the 421's body.
+pub(crate) fn admit(
+    tunnels: &Tunnels,
+    key: &str,
+    token: Option<u64>,
+) -> Result<Arc<Activation>, String> {
+    if !tunnels.lease_valid() {
+        return Err(format!(
+            "actor {key}: this worker lost contact with the control plane and serves no actor until it is back\n"
+        ));
+    }
+    let Some(activation) = tunnels.get(key) else {
+        return Err(format!("actor {key} is not active on this worker\n"));
+    };
+    // Fencing: only the copy holding exactly the router's token serves. A newer token means
+    // the actor was activated elsewhere (or again here) since: this copy must go.
+    if let Some(token) = token
+        && token != activation.token
+    {
+        if token > activation.token {
+            tracing::warn!(actor = %key, held = activation.token, asked = token, "a newer activation exists; this copy stops serving and is discarded");
+            tunnels.supersede(&activation);
+        }
+        return Err(format!(
+            "actor {key}: activation {token} is not the one held here ({})\n",
+            activation.token
+        ));
+    }
+    Ok(activation)
+}
+
+/// Dials the admitted actor's `port` and counts the tunnel as open (and as activity) for as
+/// long as the returned guard lives.
+pub(crate) async fn dial(
+    activation: &Arc<Activation>,
+    port: u16,
+) -> Result<(tokio::net::TcpStream, OpenGuard), Refusal> {
+    if activation.off.load(Ordering::Acquire) {
+        // Draining for a suspend: the router parks the request and resumes the actor after.
+        return Err(Refusal::Stale);
+    }
+    let addr = SocketAddr::new(ACTOR_IP.into(), port);
+    let upstream = activation
+        .dialer
+        .connect_timeout(addr, DIAL_TIMEOUT)
+        .await
+        .map_err(Refusal::Dial)?;
+    activation.open.fetch_add(1, Ordering::AcqRel);
+    let guard = OpenGuard(activation.clone());
+    // Re-check after counting: `deactivate` sets `off` before waiting for the count to drop,
+    // so either it sees this tunnel or this tunnel sees ingress off.
+    if activation.off.load(Ordering::Acquire) {
+        return Err(Refusal::Stale);
+    }
+    activation.touch();
+    Ok((upstream, guard))
 }
 
 async fn handle(tunnels: &Tunnels, req: Request<Incoming>) -> Response<Full<Bytes>> {
@@ -537,28 +618,10 @@ async fn handle(tunnels: &Tunnels, req: Request<Incoming>) -> Response<Full<Byte
         Ok(p) => p,
         Err(msg) => return reply(StatusCode::BAD_REQUEST, msg + "\n"),
     };
-    if !tunnels.lease_valid() {
-        return stale_because(format!(
-            "actor {key}: this worker lost contact with the control plane and serves no actor until it is back\n"
-        ));
-    }
-    let Some(activation) = tunnels.get(&key) else {
-        return stale(&key);
+    let activation = match admit(tunnels, &key, token) {
+        Ok(a) => a,
+        Err(body) => return stale_because(body),
     };
-    // Fencing: only the copy holding exactly the router's token serves. A newer token means
-    // the actor was activated elsewhere (or again here) since: this copy must go.
-    if let Some(token) = token
-        && token != activation.token
-    {
-        if token > activation.token {
-            tracing::warn!(actor = %key, held = activation.token, asked = token, "a newer activation exists; this copy stops serving and is discarded");
-            tunnels.supersede(&activation);
-        }
-        return stale_because(format!(
-            "actor {key}: activation {token} is not the one held here ({})\n",
-            activation.token
-        ));
-    }
     if probe {
         // Not traffic: neither dialed nor counted as activity.
         if activation.off.load(Ordering::Acquire) {
@@ -566,24 +629,11 @@ async fn handle(tunnels: &Tunnels, req: Request<Incoming>) -> Response<Full<Byte
         }
         return reply(StatusCode::OK, Bytes::new());
     }
-    if activation.off.load(Ordering::Acquire) {
-        // Draining for a suspend: the router parks the request and resumes the actor after.
-        return stale(&key);
-    }
-    let addr = SocketAddr::new(ACTOR_IP.into(), port);
-    let upstream = match activation.dialer.connect_timeout(addr, DIAL_TIMEOUT).await {
-        Ok(s) => s,
-        Err(e) => return dial_failed(&key, port, &e),
+    let (upstream, guard) = match dial(&activation, port).await {
+        Ok(x) => x,
+        Err(Refusal::Stale) => return stale(&key),
+        Err(Refusal::Dial(e)) => return dial_failed(&key, port, &e),
     };
-    activation.open.fetch_add(1, Ordering::AcqRel);
-    let guard = OpenGuard(activation.clone());
-    // Re-check after counting: `deactivate` sets `off` before waiting for the count to drop,
-    // so either it sees this tunnel or this tunnel sees ingress off.
-    if activation.off.load(Ordering::Acquire) {
-        drop(guard);
-        return stale(&key);
-    }
-    activation.touch();
     let mut closed = activation.closed.subscribe();
     let state = TunnelState::new();
     activation.register(&state);

@@ -207,6 +207,13 @@ impl WorkerConfig {
         self.worker_dir().join("worker.sock")
     }
 
+    /// Where atunnel's handoff sockets live, one per advertised address
+    /// (`<state>/run/atunnel/<ip:port>.sock`): shared by the workers of a machine, and what a
+    /// router on it is given as `--local-tunnels`.
+    pub fn handoff_dir(&self) -> PathBuf {
+        self.state_dir.join("run").join("atunnel")
+    }
+
     pub fn actors_dir(&self) -> PathBuf {
         self.worker_dir().join("actors")
     }

@@ -8,6 +8,7 @@ mod cmd;
 pub mod config;
 pub mod egress;
 pub mod error;
+pub mod handoff;
 pub mod hardening;
 pub mod image;
 pub mod lazy;

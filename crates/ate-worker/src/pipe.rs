@@ -33,20 +33,38 @@ pub struct TunnelState {
     up_ms: AtomicI64,
     down_ms: AtomicI64,
     websocket: AtomicBool,
+    /// Handed off to the router (`crate::handoff`): no bytes pass here, and the router closes
+    /// it itself once idle when told to, so a drain treats it as idle.
+    handoff: bool,
     born: std::time::Instant,
     command: watch::Sender<Command>,
 }
 
 impl TunnelState {
     pub fn new() -> Arc<Self> {
+        Self::with_handoff(false)
+    }
+
+    /// The state of a tunnel handed off to the router.
+    pub fn handoff() -> Arc<Self> {
+        Self::with_handoff(true)
+    }
+
+    fn with_handoff(handoff: bool) -> Arc<Self> {
         let (command, _) = watch::channel(Command::Run);
         Arc::new(TunnelState {
             up_ms: AtomicI64::new(-1),
             down_ms: AtomicI64::new(-1),
             websocket: AtomicBool::new(false),
+            handoff,
             born: std::time::Instant::now(),
             command,
         })
+    }
+
+    /// What the worker asks of this tunnel, as it changes.
+    pub fn commands(&self) -> watch::Receiver<Command> {
+        self.command.subscribe()
     }
 
     fn now_ms(&self) -> i64 {
@@ -58,8 +76,12 @@ impl TunnelState {
     }
 
     /// No request in flight: nothing ever sent, or the actor spoke last and both sides have
-    /// been quiet for `quiet`.
+    /// been quiet for `quiet`. Always for a handed-off tunnel: told to close, the router waits
+    /// for its request in flight itself.
     pub fn is_idle(&self, quiet: Duration) -> bool {
+        if self.handoff {
+            return true;
+        }
         let up = self.up_ms.load(Ordering::Acquire);
         let down = self.down_ms.load(Ordering::Acquire);
         if up < 0 {

@@ -388,6 +388,22 @@ pub async fn run(
         worker.tunnels.clone(),
         wait_stop(stop_rx.clone()),
     ));
+    // The same-machine fast path (handoff.rs): a router on this machine takes the actor's socket
+    // from here instead of piping through atunnel. Without it, routers use the CONNECT path.
+    let handoff_task = match crate::handoff::bind(&config.handoff_dir(), &reported.to_string()) {
+        Ok((listener, path)) => {
+            tracing::info!(socket = %path.display(), "handoff socket for routers on this machine");
+            Some(tokio::spawn(crate::handoff::serve(
+                listener,
+                worker.tunnels.clone(),
+                wait_stop(stop_rx.clone()),
+            )))
+        }
+        Err(e) => {
+            tracing::warn!(dir = %config.handoff_dir().display(), error = %e, "no handoff socket: routers on this machine use CONNECT tunnels");
+            None
+        }
+    };
     let watcher = {
         let worker = worker.clone();
         let stopped = wait_stop(stop_rx.clone());
@@ -450,6 +466,9 @@ pub async fn run(
     let (served, ()) = tokio::join!(serve, signal);
 
     let _ = tunnel_task.await;
+    if let Some(task) = handoff_task {
+        let _ = task.await;
+    }
     let _ = watcher.await;
     worker.shutdown().await;
     if let Err(e) = tokio::fs::remove_file(&socket).await
