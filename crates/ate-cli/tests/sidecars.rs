@@ -281,3 +281,85 @@ fn port_collisions_between_containers_are_refused_at_apply_naming_the_field() {
     let table = String::from_utf8_lossy(&out.stdout);
     assert!(!table.contains("pair"), "nothing was stored: {table}");
 }
+
+/// The sidecar's rootfs counter from the counter's answer.
+fn sidecar_rootfs(body: &str) -> u64 {
+    body.split('|')
+        .find_map(|f| {
+            f.trim()
+                .strip_prefix("sidecar rootfs counter:")?
+                .trim()
+                .parse()
+                .ok()
+        })
+        .unwrap_or_else(|| panic!("no sidecar rootfs counter in {body:?}"))
+}
+
+#[test]
+fn frozen_copies_golden_tags_and_rootfs_fidelity_work_for_two_containers() {
+    // Frozen copies kept (the default): a node-local resume thaws the whole sandbox in place.
+    let sys = System::up(UpOptions {
+        workers: 1,
+        slots: 8,
+        ..Default::default()
+    });
+    let ns = "ns-side-tiers";
+    let out = apply_yaml(&sys, "pair.yaml", &two_containers(ns, "pair", 9000, "stop"));
+    assert!(out.status.success(), "{out:?}");
+    create_actor(&sys, ns, "p", "pair");
+    let target = format!("{ns}/p");
+    assert_eq!(parse(&get_ok(&sys, &target, "/")), (1, 1, 1, 1, 1));
+    sys.ate_ok(&["suspend", "actor", "p", "-a", ns]);
+    assert_eq!(parse(&get_ok(&sys, &target, "/")), (2, 2, 2, 2, 1));
+    assert!(
+        sys.log("worker-1").contains("actor thawed in place"),
+        "the resume thawed the frozen sandbox:\n{}",
+        sys.log("worker-1")
+    );
+
+    // A golden tag of the pair seeds new actors with both containers' memory.
+    sys.ate_ok(&["suspend", "actor", "p", "-a", ns, "--durable"]);
+    sys.ate_ok(&["create", "tag", "gold", "-a", ns, "--actor", &target]);
+    let golden = format!(
+        "{}  goldenTag: {ns}/gold\n",
+        two_containers(ns, "pair", 9000, "stop")
+    );
+    let out = apply_yaml(&sys, "golden.yaml", &golden);
+    assert!(out.status.success(), "{out:?}");
+    create_actor(&sys, ns, "a1", "pair");
+    let a1 = format!("{ns}/a1");
+    assert_eq!(
+        parse(&get_ok(&sys, &a1, "/")),
+        (3, 3, 3, 3, 1),
+        "a1 starts from p's memory, sidecar included, over p's restored connection"
+    );
+    let uid = actor(&sys, ns, "a1")["uid"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    assert_eq!(
+        get_ok(&sys, &a1, "/whoami").trim(),
+        format!("{ns}/a1 {uid}")
+    );
+    assert_eq!(parse(&get_ok(&sys, &target, "/")).0, 3, "p is untouched");
+
+    // ROOTFS fidelity: processes start afresh, both containers' files carry on.
+    let rootfs = two_containers(ns, "pair-rootfs", 9000, "stop").replace(
+        "snapshots: {fidelity: memory}",
+        "snapshots: {fidelity: rootfs}",
+    );
+    let out = apply_yaml(&sys, "rootfs.yaml", &rootfs);
+    assert!(out.status.success(), "{out:?}");
+    create_actor(&sys, ns, "r", "pair-rootfs");
+    let r = format!("{ns}/r");
+    get_ok(&sys, &r, "/");
+    let body = get_ok(&sys, &r, "/");
+    assert_eq!((parse(&body), sidecar_rootfs(&body)), ((2, 2, 2, 2, 1), 2));
+    sys.ate_ok(&["suspend", "actor", "r", "-a", ns]);
+    let body = get_ok(&sys, &r, "/");
+    assert_eq!(
+        (parse(&body), sidecar_rootfs(&body)),
+        ((1, 3, 3, 1, 1), 3),
+        "memory starts over, each container's rootfs and the volume carry on: {body}"
+    );
+}

@@ -23,18 +23,21 @@ impl Sidecar {
         })
     }
 
-    /// ` | sidecar memory count: N | sidecar connection: C`, or the error.
+    /// ` | sidecar memory count: N | sidecar rootfs counter: R | sidecar connection: C`, or the
+    /// error.
     pub fn report(&mut self) -> String {
         match self.call() {
             Ok(body) => {
-                let count = body
-                    .split('|')
-                    .next()
-                    .and_then(|f| f.trim().strip_prefix("preserved memory count: "))
-                    .unwrap_or("?")
-                    .to_string();
+                let field = |name: &str| {
+                    body.split('|')
+                        .find_map(|f| f.trim().strip_prefix(name))
+                        .unwrap_or("?")
+                        .to_string()
+                };
                 format!(
-                    " | sidecar memory count: {count} | sidecar connection: {}",
+                    " | sidecar memory count: {} | sidecar rootfs counter: {} | sidecar connection: {}",
+                    field("preserved memory count: "),
+                    field("preserved rootfs counter: "),
                     self.opened
                 )
             }
