@@ -47,7 +47,9 @@ spec:
       env:
         - {{name: PORT, value: \"9000\"}}
         - {{name: PORT2, value: \"off\"}}
-        - {{name: ATE_DATA_DIR, value: /data/side}}
+        - {{name: ATE_DATA_DIR, value: /side-data/side}}
+      volumeMounts:
+        - {{name: data, mountPath: /side-data}}
       ports:
         - containerPort: 9000
       wakeupProbe:
@@ -282,6 +284,22 @@ fn port_collisions_between_containers_are_refused_at_apply_naming_the_field() {
     assert!(!table.contains("pair"), "nothing was stored: {table}");
 }
 
+/// The first file under `dir` whose path ends with `suffix`.
+fn find_file(dir: &std::path::Path, suffix: &str) -> Option<std::path::PathBuf> {
+    for entry in std::fs::read_dir(dir).ok()?.flatten() {
+        let path = entry.path();
+        let kind = entry.file_type().ok()?;
+        if kind.is_dir() && !kind.is_symlink() {
+            if let Some(found) = find_file(&path, suffix) {
+                return Some(found);
+            }
+        } else if path.to_string_lossy().ends_with(suffix) {
+            return Some(path);
+        }
+    }
+    None
+}
+
 /// The sidecar's rootfs counter from the counter's answer.
 fn sidecar_rootfs(body: &str) -> u64 {
     body.split('|')
@@ -309,6 +327,10 @@ fn frozen_copies_golden_tags_and_rootfs_fidelity_work_for_two_containers() {
     create_actor(&sys, ns, "p", "pair");
     let target = format!("{ns}/p");
     assert_eq!(parse(&get_ok(&sys, &target, "/")), (1, 1, 1, 1, 1));
+    // The sidecar mounts the volume where its volumeMounts say: its file is in the volume.
+    let side_file = find_file(&sys.state_dir(), "volumes/data/side/counter")
+        .expect("the sidecar's counter file in the actor's data volume");
+    assert_eq!(std::fs::read_to_string(&side_file).unwrap().trim(), "1");
     sys.ate_ok(&["suspend", "actor", "p", "-a", ns]);
     assert_eq!(parse(&get_ok(&sys, &target, "/")), (2, 2, 2, 2, 1));
     assert!(

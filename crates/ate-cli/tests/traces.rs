@@ -354,6 +354,8 @@ fn cold_request_exports_its_trace(receiver: &Receiver, otel: &[(&str, &str)], re
         UpOptions {
             workers: 1,
             router_args: vec!["--tunnel-idle-per-actor=0".into()],
+            // Requests through atunnel (its forward span): not handed off to the router.
+            up_args: vec!["--no-local-tunnels".into()],
             ..Default::default()
         },
         &env,
@@ -616,6 +618,8 @@ fn one_trace_per_request_across_every_hop() {
                 "--tunnel-idle-per-actor=0".into(),
                 format!("--access-log={}", access_log.display()),
             ],
+            // Requests through atunnel (its forward span): not handed off to the router.
+            up_args: vec!["--no-local-tunnels".into()],
             ..Default::default()
         },
         &[

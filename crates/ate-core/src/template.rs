@@ -132,6 +132,10 @@ pub struct ContainerDocument {
     /// containers) default to the sum over its containers and must cover it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub resources: Option<ResourcesDocument>,
+    /// Which of `spec.volumes` this container mounts, and where. Absent: every volume at its
+    /// `spec.volumes[].mountPath`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub volume_mounts: Option<Vec<Volume>>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -237,6 +241,9 @@ pub struct Container {
     pub ports: Vec<u32>,
     #[serde(default)]
     pub exit_policy: ExitPolicy,
+    /// `(volume, mountPath)` pairs; None: every volume of the template at its own mountPath.
+    #[serde(default)]
+    pub volume_mounts: Option<Vec<Volume>>,
 }
 
 /// What the exit of one of an actor's containers does (`spec.containers[].exitPolicy`).
@@ -269,6 +276,11 @@ impl ExitPolicy {
 }
 
 impl Container {
+    /// The volumes this container mounts (`name` = the volume, `mount_path` = where).
+    pub fn mounts<'a>(&'a self, volumes: &'a [Volume]) -> &'a [Volume] {
+        self.volume_mounts.as_deref().unwrap_or(volumes)
+    }
+
     /// The port the wakeup probe (or, without one, the TCP check) uses: also the port requests
     /// reach when this is the actor's first container.
     pub fn probe_port(&self) -> u32 {
@@ -413,6 +425,7 @@ impl TemplateSpec {
                 }),
                 ports: c.ports.iter().map(|p| p.container_port).collect(),
                 exit_policy,
+                volume_mounts: c.volume_mounts.clone(),
             });
         }
         let spec = TemplateSpec {
@@ -468,6 +481,7 @@ impl TemplateSpec {
                     exit_policy: (c.exit_policy != ExitPolicy::Stop)
                         .then(|| c.exit_policy.as_str().to_string()),
                     resources: None,
+                    volume_mounts: c.volume_mounts.clone(),
                 })
                 .collect(),
             resources: Some(ResourcesDocument {
@@ -645,28 +659,34 @@ impl TemplateSpec {
                 ));
             }
             let p = &v.mount_path;
-            if !p.starts_with('/')
-                || p == "/"
-                || p.split('/').any(|s| s == ".." || s == ".")
-                || p.contains('\0')
-                || p.len() > 4096
-            {
-                return Err(ValidationError::new(
-                    format!("{f}.mountPath"),
-                    format!("{p:?} must be an absolute path other than / without . or .. parts"),
-                ));
-            }
-            if let Some(why) = reserved_mount_path(p) {
-                return Err(ValidationError::new(
-                    format!("{f}.mountPath"),
-                    format!("{p:?}: {why}"),
-                ));
-            }
+            check_mount_path(&format!("{f}.mountPath"), p)?;
             if !vol_paths.insert(p.trim_end_matches('/')) {
                 return Err(ValidationError::new(
                     format!("{f}.mountPath"),
                     format!("{p:?} is mounted twice"),
                 ));
+            }
+        }
+        for (i, c) in self.containers.iter().enumerate() {
+            let Some(mounts) = &c.volume_mounts else {
+                continue;
+            };
+            let mut paths = BTreeSet::new();
+            for (j, m) in mounts.iter().enumerate() {
+                let f = format!("spec.containers[{i}].volumeMounts[{j}]");
+                if !vol_names.contains(m.name.as_str()) {
+                    return Err(ValidationError::new(
+                        format!("{f}.name"),
+                        format!("no volume {:?} in spec.volumes", m.name),
+                    ));
+                }
+                check_mount_path(&format!("{f}.mountPath"), &m.mount_path)?;
+                if !paths.insert(m.mount_path.trim_end_matches('/')) {
+                    return Err(ValidationError::new(
+                        format!("{f}.mountPath"),
+                        format!("{:?} is mounted twice", m.mount_path),
+                    ));
+                }
             }
         }
         if u64::from(self.idle_timeout_seconds) > MAX_IDLE_TIMEOUT_SECONDS {
@@ -736,6 +756,11 @@ fn reserved_mount_path(path: &str) -> Option<String> {
              the container fail to start (other paths under /dev, like /dev/shm, work)"
         ));
     }
+    if at_or_under("/.ate") {
+        return Some(
+            "/.ate holds the init of actors with several containers and their roots".to_string(),
+        );
+    }
     if p.starts_with(IDENTITY_DIR) {
         return Some(format!(
             "{IDENTITY_DIR} holds the actor's identity files (a read-only mount); workers refuse \
@@ -754,6 +779,25 @@ fn is_env_name(s: &str) -> bool {
 }
 
 /// Accepts `oci-layout:<dir>[:<tag>]` and registry references (`[host/]repo[:tag][@sha256:<hex>]`).
+/// A volume's mount path: absolute, not `/`, without `.`/`..` parts, not a reserved place.
+fn check_mount_path(field: &str, p: &str) -> Result<(), ValidationError> {
+    if !p.starts_with('/')
+        || p == "/"
+        || p.split('/').any(|s| s == ".." || s == ".")
+        || p.contains('\0')
+        || p.len() > 4096
+    {
+        return Err(ValidationError::new(
+            field,
+            format!("{p:?} must be an absolute path other than / without . or .. parts"),
+        ));
+    }
+    if let Some(why) = reserved_mount_path(p) {
+        return Err(ValidationError::new(field, format!("{p:?}: {why}")));
+    }
+    Ok(())
+}
+
 /// Each container's declared ports and probe port: valid, and not used by another container
 /// (the containers share one network namespace, so two listeners on one port cannot both work).
 fn validate_ports(containers: &[Container]) -> Result<(), ValidationError> {
@@ -1226,6 +1270,48 @@ spec:
         doc.containers[1].exit_policy = Some("restart".into());
         let err = TemplateSpec::from_document(&doc).unwrap_err();
         assert_eq!(err.field, "spec.containers[1].exitPolicy");
+        doc.containers[1].exit_policy = None;
+        // volumeMounts name a volume of the template, at a usable path, once.
+        let mount = |name: &str, path: &str| Volume {
+            name: name.into(),
+            mount_path: path.into(),
+        };
+        for (mounts, field) in [
+            (
+                vec![mount("cache", "/cache")],
+                "spec.containers[1].volumeMounts[0].name",
+            ),
+            (
+                vec![mount("data", "/.ate/x")],
+                "spec.containers[1].volumeMounts[0].mountPath",
+            ),
+            (
+                vec![mount("data", "/proc/x")],
+                "spec.containers[1].volumeMounts[0].mountPath",
+            ),
+            (
+                vec![mount("data", "/a"), mount("data", "/a/")],
+                "spec.containers[1].volumeMounts[1].mountPath",
+            ),
+        ] {
+            doc.containers[1].volume_mounts = Some(mounts);
+            let err = TemplateSpec::from_document(&doc).unwrap_err();
+            assert_eq!(err.field, field, "{err}");
+        }
+        doc.containers[1].volume_mounts = Some(vec![mount("data", "/side")]);
+        let spec = TemplateSpec::from_document(&doc).unwrap();
+        assert_eq!(
+            spec.containers[1].mounts(&spec.volumes)[0].mount_path,
+            "/side"
+        );
+        assert_eq!(
+            spec.containers[0].mounts(&spec.volumes)[0].mount_path,
+            "/data"
+        );
+        assert_eq!(
+            TemplateSpec::from_document(&spec.to_document()).unwrap(),
+            spec
+        );
     }
 
     #[test]

@@ -58,6 +58,15 @@ pub fn spec_from_wire(w: &v1::TemplateSpec) -> Result<TemplateSpec, ValidationEr
                 } else {
                     ExitPolicy::Stop
                 },
+                volume_mounts: c.volume_mounts_set.then(|| {
+                    c.volume_mounts
+                        .iter()
+                        .map(|v| Volume {
+                            name: v.name.clone(),
+                            mount_path: v.mount_path.clone(),
+                        })
+                        .collect()
+                }),
             })
             .collect(),
         resources: Resources {
@@ -129,6 +138,16 @@ pub fn spec_to_wire(s: &TemplateSpec) -> v1::TemplateSpec {
                 }),
                 ports: c.ports.clone(),
                 ignore_exit: c.exit_policy == ExitPolicy::Ignore,
+                volume_mounts: c
+                    .volume_mounts
+                    .iter()
+                    .flatten()
+                    .map(|v| v1::Volume {
+                        name: v.name.clone(),
+                        mount_path: v.mount_path.clone(),
+                    })
+                    .collect(),
+                volume_mounts_set: c.volume_mounts.is_some(),
             })
             .collect(),
         resources: Some(v1::Resources {

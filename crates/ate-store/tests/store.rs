@@ -148,6 +148,7 @@ fn spec(cpu_millis: u32, memory_bytes: u64) -> TemplateSpec {
             wakeup_probe: None,
             ports: vec![],
             exit_policy: Default::default(),
+            volume_mounts: None,
         }],
         resources: Resources {
             cpu_millis,

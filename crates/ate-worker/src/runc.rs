@@ -983,7 +983,11 @@ fn validate_spec(actor: &ActorSandbox, spec: &SandboxSpec) -> Result<()> {
             )));
         }
     }
-    for v in &spec.volumes {
+    let all_mounts = spec
+        .mounts
+        .iter()
+        .chain(spec.sidecars.iter().flat_map(|s| s.mounts.iter()));
+    for v in spec.volumes.iter().chain(all_mounts) {
         let ok_name =
             !v.name.is_empty() && !v.name.contains('/') && v.name != "." && v.name != "..";
         let mp = Path::new(&v.mount_path);
@@ -992,7 +996,8 @@ fn validate_spec(actor: &ActorSandbox, spec: &SandboxSpec) -> Result<()> {
                 .components()
                 .all(|c| !matches!(c, std::path::Component::ParentDir))
             && v.mount_path != "/"
-            && !v.mount_path.starts_with("/etc/ate");
+            && !v.mount_path.starts_with("/etc/ate")
+            && !v.mount_path.starts_with("/.ate");
         if !ok_name || !ok_path {
             return Err(SandboxError::Invalid(format!(
                 "volume {:?} at {:?}",
@@ -1312,8 +1317,8 @@ fn oci_config(actor: &ActorSandbox, spec: &SandboxSpec) -> Value {
         // one more mount CRIU would have to carry.
         json!({"destination": "/etc/ate", "type": "bind", "source": actor.identity_dir(), "options": ["bind", "ro", "nosuid", "nodev", "noexec"]}),
     ];
-    for v in &spec.volumes {
-        mounts.push(json!({"destination": v.mount_path, "type": "bind", "source": actor.volume_dir(&v.name), "options": ["rbind", "rw", "nosuid", "nodev"]}));
+    for m in &spec.mounts {
+        mounts.push(json!({"destination": m.mount_path, "type": "bind", "source": actor.volume_dir(&m.name), "options": ["rbind", "rw", "nosuid", "nodev"]}));
     }
 
     let mut resources = json!({"devices": [{"allow": false, "access": "rwm"}]});
@@ -1482,6 +1487,10 @@ mod tests {
             env: vec![("A".into(), "2".into())],
             port: 8080,
             volumes: vec![Volume {
+                name: "data".into(),
+                mount_path: "/data".into(),
+            }],
+            mounts: vec![Volume {
                 name: "data".into(),
                 mount_path: "/data".into(),
             }],

@@ -144,7 +144,11 @@ pub struct SandboxSpec {
     pub env: Vec<(String, String)>,
     /// Exported as `PORT` unless `env` sets it.
     pub port: u16,
+    /// The actor's volumes (each a directory of its own, kept in snapshots).
     pub volumes: Vec<Volume>,
+    /// Where the first container mounts them (`name` = the volume): `volumes` unless the
+    /// template gives the container its own `volumeMounts`.
+    pub mounts: Vec<Volume>,
     pub resources: Resources,
     /// What the first container's exit does when there are sidecars (alone, it ends the actor).
     pub exit_policy: ExitPolicy,
@@ -160,6 +164,8 @@ pub struct SidecarSpec {
     pub command: Vec<String>,
     pub env: Vec<(String, String)>,
     pub exit_policy: ExitPolicy,
+    /// Where this container mounts the actor's volumes (`name` = the volume).
+    pub mounts: Vec<Volume>,
 }
 
 impl SandboxSpec {
@@ -192,6 +198,7 @@ impl SandboxSpec {
                     .map(|e| (e.name.clone(), e.value.clone()))
                     .collect(),
                 exit_policy: c.exit_policy,
+                mounts: c.mounts(&template.volumes).to_vec(),
             })
             .collect();
         let container = template
@@ -216,6 +223,7 @@ impl SandboxSpec {
                 .collect(),
             port,
             volumes: template.volumes.clone(),
+            mounts: container.mounts(&template.volumes).to_vec(),
             resources: template.resources,
             exit_policy: container.exit_policy,
             sidecars,

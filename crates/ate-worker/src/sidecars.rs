@@ -209,8 +209,10 @@ fn sidecar_mounts(actor: &ActorSandbox, spec: &SandboxSpec, name: &str) -> Vec<V
         json!({"destination": format!("{root}/sys"), "type": "sysfs", "source": "sysfs", "options": ["nosuid", "noexec", "nodev", "ro"]}),
         json!({"destination": format!("{root}/etc/ate"), "type": "bind", "source": actor.identity_dir(), "options": ["bind", "ro", "nosuid", "nodev", "noexec"]}),
     ]);
-    for v in &spec.volumes {
-        mounts.push(json!({"destination": format!("{root}{}", v.mount_path), "type": "bind", "source": actor.volume_dir(&v.name), "options": ["rbind", "rw", "nosuid", "nodev"]}));
+    if let Some(s) = spec.sidecars.iter().find(|s| s.name == name) {
+        for m in &s.mounts {
+            mounts.push(json!({"destination": format!("{root}{}", m.mount_path), "type": "bind", "source": actor.volume_dir(&m.name), "options": ["rbind", "rw", "nosuid", "nodev"]}));
+        }
     }
     mounts
 }
@@ -245,6 +247,7 @@ mod tests {
                 name: "data".into(),
                 mount_path: "/data".into(),
             }],
+            mounts: vec![],
             resources: Resources {
                 cpu_millis: 500,
                 memory_bytes: 64 << 20,
@@ -256,6 +259,10 @@ mod tests {
                 command: vec![],
                 env: vec![("MODE".into(), "x".into())],
                 exit_policy: ExitPolicy::Ignore,
+                mounts: vec![Volume {
+                    name: "data".into(),
+                    mount_path: "/srv/data".into(),
+                }],
             }],
         }
     }
@@ -381,10 +388,11 @@ mod tests {
             "/.ate/containers/side/proc",
             "/.ate/containers/side/dev/null",
             "/.ate/containers/side/etc/ate",
-            "/.ate/containers/side/data",
+            "/.ate/containers/side/srv/data",
         ] {
             assert!(dests.contains(&d), "{d} not mounted: {dests:?}");
         }
+        assert!(!dests.contains(&"/.ate/containers/side/data"), "{dests:?}");
         let masked = config["linux"]["maskedPaths"].as_array().unwrap();
         assert!(masked.contains(&json!("/.ate/containers/side/proc/kcore")));
         assert!(masked.contains(&json!("/proc/kcore")));

@@ -422,6 +422,7 @@ async fn sleeper_memory_survives_restore_with_timings() {
         env: vec![("SLEEPER_MEMORY_MIB".into(), MIB.to_string())],
         port: 80,
         volumes: vec![],
+        mounts: vec![],
         resources: Resources {
             cpu_millis: 1000,
             memory_bytes: 256 << 20,

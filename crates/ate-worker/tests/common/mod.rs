@@ -199,6 +199,10 @@ pub async fn counter_spec(env: &Env) -> ate_worker::SandboxSpec {
             name: "data".into(),
             mount_path: "/data".into(),
         }],
+        mounts: vec![ate_core::template::Volume {
+            name: "data".into(),
+            mount_path: "/data".into(),
+        }],
         resources: ate_core::template::Resources {
             cpu_millis: 500,
             memory_bytes: 128 << 20,
