@@ -19,7 +19,7 @@ pub mod workflows;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use ate_proto::v1::actor_service_server::ActorServiceServer;
 use ate_proto::v1::atespace_service_server::AtespaceServiceServer;
@@ -30,14 +30,6 @@ use ate_proto::v1::template_service_server::TemplateServiceServer;
 use tokio::net::TcpListener;
 
 pub use workflows::{Api, FaultPoint};
-
-/// Unix time in milliseconds.
-pub fn now_ms() -> i64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
-        .unwrap_or(0)
-}
 
 #[derive(Debug, Clone)]
 pub struct ApiConfig {

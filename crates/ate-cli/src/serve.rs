@@ -199,19 +199,12 @@ pub fn init_logging(json: bool, component: Option<&'static str>) -> otel::Tracin
     tracing
 }
 
-/// Resolves on SIGINT or SIGTERM.
-pub async fn shutdown_signal() {
-    let term = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
-            }
-            Err(_) => std::future::pending::<()>().await,
-        }
-    };
-    tokio::select! {
-        _ = tokio::signal::ctrl_c() => {}
-        _ = term => {}
+/// SIGINT or SIGTERM ([`ate_tls::process::shutdown_signal`]) for a component: logs which one
+/// stopped it.
+fn component_shutdown() -> impl Future<Output = ()> + Send + 'static {
+    let signal = ate_tls::process::shutdown_signal();
+    async move {
+        tracing::info!("{}", signal.await);
     }
 }
 
@@ -321,7 +314,7 @@ pub async fn run_api(args: ApiArgs) -> anyhow::Result<()> {
         write_atomically(file, &body.to_string())?;
     }
     tracing::info!(grpc = %grpc_addr, http = %http_addr, store = %redact(&args.store), tls = serve_tls.is_some(), auth_mode = ?args.auth_mode, "api serving");
-    ate_api::serve_with(api, grpc, Some(http), serve_tls, shutdown_signal()).await?;
+    ate_api::serve_with(api, grpc, Some(http), serve_tls, component_shutdown()).await?;
     tracing::info!("api stopped");
     traces.shutdown().await;
     Ok(())
@@ -338,7 +331,7 @@ pub struct RouterArgs {
 pub async fn run_router(args: RouterArgs) -> anyhow::Result<()> {
     let traces = init_logging(args.log.json(), Some("ate-router"));
     tracing::info!(listen = %args.config.listen, api = %args.config.api, "router starting");
-    ate_router::run(args.config, shutdown_signal()).await?;
+    ate_router::run(args.config, component_shutdown()).await?;
     tracing::info!("router stopped");
     traces.shutdown().await;
     Ok(())
@@ -361,7 +354,7 @@ pub async fn run_node(args: NodeArgs) -> anyhow::Result<()> {
         let bound = serve_metrics(addr, ate_node::metrics::install).await?;
         tracing::info!(metrics = %bound, "node agent metrics serving");
     }
-    ate_node::run(args.config, shutdown_signal()).await?;
+    ate_node::run(args.config, component_shutdown()).await?;
     tracing::info!("node agent stopped");
     traces.shutdown().await;
     Ok(())
@@ -401,7 +394,7 @@ pub async fn run_worker(args: WorkerArgs) -> anyhow::Result<()> {
         "/proc/self/exe".to_string(),
         "page-source".to_string(),
     ]);
-    ate_worker::run(config, shutdown_signal()).await?;
+    ate_worker::run(config, component_shutdown()).await?;
     tracing::info!("worker stopped");
     traces.shutdown().await;
     Ok(())
@@ -421,11 +414,11 @@ fn redact(url: &str) -> String {
     }
 }
 
+/// Replaces `path` with `body` whole ([`ate_tls::process::write_ready_file`]: ready files and
+/// the small state files other processes read).
 pub fn write_atomically(path: &std::path::Path, body: &str) -> anyhow::Result<()> {
-    let tmp = path.with_extension("tmp");
-    std::fs::write(&tmp, body).with_context(|| format!("cannot write {}", tmp.display()))?;
-    std::fs::rename(&tmp, path).with_context(|| format!("cannot write {}", path.display()))?;
-    Ok(())
+    ate_tls::process::write_ready_file(path, body)
+        .with_context(|| format!("cannot write {}", path.display()))
 }
 
 /// `ate log-relay`: copies stdin to stdout, each line prefixed with the time its first byte
