@@ -14,6 +14,7 @@ pub mod lease;
 pub mod metrics;
 pub mod node;
 pub mod scheduler;
+pub mod server;
 pub mod services;
 pub mod workflows;
 
@@ -29,6 +30,7 @@ use ate_proto::v1::tag_service_server::TagServiceServer;
 use ate_proto::v1::template_service_server::TemplateServiceServer;
 use tokio::net::TcpListener;
 
+pub use server::{AuthMode, RunError, ServerConfig, run};
 pub use workflows::{Api, FaultPoint};
 
 #[derive(Debug, Clone)]

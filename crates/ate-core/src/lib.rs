@@ -4,6 +4,7 @@
 
 pub mod backoff;
 pub mod clock;
+pub mod duration;
 pub mod handoff;
 pub mod log_line;
 pub mod names;
