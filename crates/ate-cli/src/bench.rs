@@ -342,6 +342,39 @@ spec:
     )
 }
 
+/// The counter with a sidecar (a second counter it calls over loopback on every request):
+/// `ate bench snapshots` measures it beside the single counter.
+fn counter_sidecar_template(ns: &str, name: &str, images: &str) -> String {
+    format!(
+        r#"apiVersion: ate.dev/v1alpha1
+kind: Atespace
+metadata: {{name: {ns}}}
+---
+apiVersion: ate.dev/v1alpha1
+kind: ActorTemplate
+metadata: {{namespace: {ns}, name: {name}}}
+spec:
+  containers:
+    - name: counter
+      image: "oci-layout:{images}/counter:latest"
+      command: ["/counter"]
+      env: [{{name: SIDECAR_ADDR, value: "127.0.0.1:9000"}}, {{name: PORT2, value: "off"}}]
+      wakeupProbe: {{httpGet: {{path: /healthz, port: 80}}, timeoutSeconds: 10}}
+    - name: sidecar
+      image: "oci-layout:{images}/counter:latest"
+      command: ["/counter"]
+      env: [{{name: PORT, value: "9000"}}, {{name: PORT2, value: "off"}}, {{name: ATE_DATA_DIR, value: /data/sidecar}}]
+      ports: [{{containerPort: 9000}}]
+      wakeupProbe: {{httpGet: {{path: /healthz, port: 9000}}, timeoutSeconds: 10}}
+  resources: {{cpu: 250m, memory: {memory}Mi}}
+  volumes: [{{name: data, mountPath: /data}}]
+  snapshots: {{fidelity: memory}}
+  idleTimeout: 5m
+"#,
+        memory = 2 * COUNTER_MEMORY_MIB,
+    )
+}
+
 fn sleeper_template(ns: &str, name: &str, images: &str, mib: u64, eager: bool) -> String {
     let restore = if eager { ", memoryRestore: eager" } else { "" };
     format!(
@@ -813,13 +846,26 @@ async fn snapshots(c: Clients, a: SnapshotsArgs) -> anyhow::Result<ExitCode> {
         .unwrap_or_else(|| "ate-bench-snap".into());
     anyhow::ensure!(a.rounds > 0, "--rounds 0: nothing to do");
     let images = images_dir(&c, &a.common).await?;
-    let mut groups: Vec<Vec<SnapSeries>> = vec![vec![SnapSeries {
-        label: "counter".into(),
-        template: "snap-counter".into(),
-        restore: "lazy",
-        ..Default::default()
-    }]];
+    let mut groups: Vec<Vec<SnapSeries>> = vec![vec![
+        SnapSeries {
+            label: "counter".into(),
+            template: "snap-counter".into(),
+            restore: "lazy",
+            ..Default::default()
+        },
+        SnapSeries {
+            label: "counter + sidecar".into(),
+            template: "snap-counter-sidecar".into(),
+            restore: "lazy",
+            ..Default::default()
+        },
+    ]];
     apply_yaml(&c, &counter_template(&ns, "snap-counter", &images, "250m")).await?;
+    apply_yaml(
+        &c,
+        &counter_sidecar_template(&ns, "snap-counter-sidecar", &images),
+    )
+    .await?;
     for m in a.memory.iter().filter(|m| !m.trim().is_empty()) {
         let mib = parse_mib(m)?;
         let mut group = Vec::new();

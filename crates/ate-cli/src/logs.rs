@@ -6,6 +6,8 @@
 //! machine instead. Workers stamp each line with the time it was written (`ate log-relay`);
 //! `--timestamps` shows the stamps, `--since` keeps the lines newer than a duration, and by
 //! default the stamps are left out. Lines written by an older relay carry no stamp.
+//! An actor with several containers prefixes each line with `[<container>] ` (its `ate-init`
+//! does); `-c CONTAINER` shows one container's lines without the prefix.
 
 use std::collections::VecDeque;
 use std::io::{Read, Seek, SeekFrom, Write};
@@ -35,6 +37,9 @@ pub enum LogsCmd {
         /// Start each line with the time it was written (RFC 3339, UTC).
         #[arg(long)]
         timestamps: bool,
+        /// Only this container's lines (an actor with several containers).
+        #[arg(short = 'c', long, value_name = "CONTAINER")]
+        container: Option<String>,
         /// Read the log file under this node state directory on this machine instead of
         /// through the api.
         #[arg(long)]
@@ -74,18 +79,27 @@ struct LineFilter {
     at_line_start: bool,
     /// Whether the current line (past its head) is printed.
     visible: bool,
+    /// `[<container>] `: only lines with this prefix (after the stamp) are shown, without it.
+    container: Option<Vec<u8>>,
 }
 
 impl LineFilter {
-    fn new(timestamps: bool, since: Option<Duration>) -> Self {
+    fn new(timestamps: bool, since: Option<Duration>, container: Option<&str>) -> Self {
         let now = std::time::SystemTime::now();
+        let container = container.map(|c| format!("[{c}] ").into_bytes());
         Self {
             timestamps,
             cutoff: since.and_then(|d| now.checked_sub(d)),
-            head: Vec::with_capacity(ate_core::log_line::PREFIX_LEN),
+            head: Vec::with_capacity(ate_core::log_line::PREFIX_LEN + 64),
             at_line_start: true,
             visible: true,
+            container,
         }
+    }
+
+    /// How much of a line is held before it is decided: its stamp and container prefix.
+    fn head_len(&self) -> usize {
+        ate_core::log_line::PREFIX_LEN + self.container.as_ref().map_or(0, Vec::len)
     }
 
     /// Decides the current line from its head and writes what is shown of it.
@@ -97,13 +111,24 @@ impl LineFilter {
             (Some(cutoff), Some(at)) => at >= cutoff,
             (Some(_), None) => false,
         };
-        if self.visible {
-            let skip = if stamp.is_some() && !self.timestamps {
-                ate_core::log_line::PREFIX_LEN
+        let stamp_len = if stamp.is_some() {
+            ate_core::log_line::PREFIX_LEN.min(self.head.len())
+        } else {
+            0
+        };
+        let mut prefix_len = 0;
+        if let Some(prefix) = &self.container {
+            if self.head[stamp_len..].starts_with(prefix) {
+                prefix_len = prefix.len();
             } else {
-                0
-            };
-            out.extend_from_slice(&self.head[skip.min(self.head.len())..]);
+                self.visible = false;
+            }
+        }
+        if self.visible {
+            if self.timestamps {
+                out.extend_from_slice(&self.head[..stamp_len]);
+            }
+            out.extend_from_slice(&self.head[stamp_len + prefix_len..]);
         }
         self.head.clear();
         self.at_line_start = false;
@@ -113,7 +138,7 @@ impl LineFilter {
         for &b in data {
             if self.at_line_start {
                 self.head.push(b);
-                if b == b'\n' || self.head.len() >= ate_core::log_line::PREFIX_LEN {
+                if b == b'\n' || self.head.len() >= self.head_len() {
                     self.decide(out);
                     if b == b'\n' {
                         self.at_line_start = true;
@@ -181,10 +206,15 @@ struct Printer {
 }
 
 impl Printer {
-    fn new(tail: Option<usize>, timestamps: bool, since: Option<Duration>) -> Self {
+    fn new(
+        tail: Option<usize>,
+        timestamps: bool,
+        since: Option<Duration>,
+        container: Option<&str>,
+    ) -> Self {
         Self {
             tail: tail.map(TailLines::new),
-            filter: LineFilter::new(timestamps, since),
+            filter: LineFilter::new(timestamps, since, container),
             out: std::io::stdout(),
         }
     }
@@ -238,12 +268,13 @@ pub async fn run_remote(c: &crate::client::Clients, cmd: LogsCmd) -> anyhow::Res
         tail,
         since,
         timestamps,
+        container,
         ..
     } = cmd;
     let actor = ActorRef::new(atespace, name);
     actor.validate()?;
     let mut offset = 0u64;
-    let mut out = Printer::new(tail, timestamps, since);
+    let mut out = Printer::new(tail, timestamps, since, container.as_deref());
     loop {
         let req = ate_proto::v1::ReadActorLogRequest {
             actor: Some(ate_proto::v1::ObjectRef {
@@ -295,13 +326,14 @@ pub async fn run(cmd: LogsCmd) -> anyhow::Result<()> {
         state_dir,
         since,
         timestamps,
+        container,
     } = cmd;
     let actor = ActorRef::new(atespace, name);
     actor.validate()?;
     let state_dir = state_dir.unwrap_or_else(|| PathBuf::from(crate::client::DEFAULT_STATE_DIR));
     let path = log_path(&state_dir, &actor);
     let mut offset = 0u64;
-    let mut out = Printer::new(tail, timestamps, since);
+    let mut out = Printer::new(tail, timestamps, since, container.as_deref());
     let mut buf = vec![0u8; LOCAL_READ_CHUNK];
     loop {
         match std::fs::File::open(&path) {
@@ -349,13 +381,39 @@ mod tests {
     use super::*;
 
     fn filtered(timestamps: bool, since: Option<Duration>, pieces: &[&[u8]]) -> String {
-        let mut f = LineFilter::new(timestamps, since);
+        let mut f = LineFilter::new(timestamps, since, None);
         let mut out = Vec::new();
         for p in pieces {
             f.feed(p, &mut out);
         }
         f.flush(&mut out);
         String::from_utf8(out).unwrap()
+    }
+
+    #[test]
+    fn one_containers_lines_are_picked_without_their_prefix() {
+        let now = std::time::SystemTime::now();
+        let stamp = ate_core::log_line::prefix(now);
+        let log = format!(
+            "{stamp}[app] counted 1\n{stamp}[side] hello\n[app] unstamped\n{stamp}[ate-init] container \"side\" exited\n{stamp}[app]\n"
+        );
+        let bytes = log.as_bytes();
+        for cut in 0..bytes.len() {
+            let mut f = LineFilter::new(false, None, Some("app"));
+            let mut out = Vec::new();
+            f.feed(&bytes[..cut], &mut out);
+            f.feed(&bytes[cut..], &mut out);
+            f.flush(&mut out);
+            assert_eq!(
+                String::from_utf8(out).unwrap(),
+                "counted 1\nunstamped\n",
+                "split at {cut}"
+            );
+        }
+        let mut f = LineFilter::new(true, None, Some("side"));
+        let mut out = Vec::new();
+        f.feed(bytes, &mut out);
+        assert_eq!(String::from_utf8(out).unwrap(), format!("{stamp}hello\n"));
     }
 
     #[test]

@@ -15,9 +15,8 @@ pub const DEFAULT_SANDBOX_CLASS: &str = "runc";
 const DEFAULT_CPU_MILLIS: u32 = 250;
 const DEFAULT_MEMORY_BYTES: u64 = 128 << 20;
 const DEFAULT_PROBE_TIMEOUT_SECONDS: u32 = 30;
-/// Containers per template. Each actor runs in one runc container with one CRIU image; a
-/// template with sidecars is refused at apply instead of silently running its first container.
-const MAX_CONTAINERS: usize = 1;
+/// Containers per actor: one sandbox holds them all (one cgroup, netns and snapshot).
+const MAX_CONTAINERS: usize = 8;
 const MAX_IDLE_TIMEOUT_SECONDS: u64 = 7 * 24 * 3600;
 /// The kernel's limit on one argument or environment string, its NUL included
 /// (`MAX_ARG_STRLEN`, 32 pages): `execve` fails with E2BIG on a longer one, so the actor could
@@ -121,6 +120,29 @@ pub struct ContainerDocument {
     pub env: Vec<EnvVar>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub wakeup_probe: Option<WakeupProbeDocument>,
+    /// Ports the container listens on. The containers of an actor share its network namespace,
+    /// so no two may declare the same port (checked at apply).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub ports: Vec<PortDocument>,
+    /// `stop` (default): the container's exit ends the actor; `ignore`: the exit is logged and
+    /// the other containers keep running.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exit_policy: Option<String>,
+    /// What this container needs; the actor's limits (`spec.resources`, one cgroup for all its
+    /// containers) default to the sum over its containers and must cover it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resources: Option<ResourcesDocument>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct PortDocument {
+    pub container_port: u32,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    /// Only `TCP`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub protocol: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -210,6 +232,48 @@ pub struct Container {
     pub command: Vec<String>,
     pub env: Vec<EnvVar>,
     pub wakeup_probe: Option<WakeupProbe>,
+    /// Declared TCP ports (records stored before ports existed read as none).
+    #[serde(default)]
+    pub ports: Vec<u32>,
+    #[serde(default)]
+    pub exit_policy: ExitPolicy,
+}
+
+/// What the exit of one of an actor's containers does (`spec.containers[].exitPolicy`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum ExitPolicy {
+    /// The actor ends (its other containers are stopped), reported like a single container's
+    /// exit: the actor's `lastError` names the container.
+    #[default]
+    Stop,
+    /// The exit is logged (`[ate-init] container "x" exited …`) and the actor keeps running.
+    Ignore,
+}
+
+impl ExitPolicy {
+    pub fn parse(text: &str) -> Option<Self> {
+        match text {
+            "stop" => Some(ExitPolicy::Stop),
+            "ignore" => Some(ExitPolicy::Ignore),
+            _ => None,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ExitPolicy::Stop => "stop",
+            ExitPolicy::Ignore => "ignore",
+        }
+    }
+}
+
+impl Container {
+    /// The port the wakeup probe (or, without one, the TCP check) uses: also the port requests
+    /// reach when this is the actor's first container.
+    pub fn probe_port(&self) -> u32 {
+        self.wakeup_probe.as_ref().map_or(80, |p| p.http_get.port)
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -263,14 +327,35 @@ impl TemplateSpec {
     /// Validates a document's spec and fills defaults. Errors name the field (`spec.containers[0].image`).
     pub fn from_document(doc: &SpecDocument) -> Result<Self, ValidationError> {
         let resources = doc.resources.clone().unwrap_or_default();
+        let (wanted_cpu, wanted_memory) = container_resources(&doc.containers)?;
         let cpu_millis = match &resources.cpu {
             Some(q) => parse_cpu("spec.resources.cpu", &q.text())?,
-            None => DEFAULT_CPU_MILLIS,
+            None => wanted_cpu.unwrap_or(DEFAULT_CPU_MILLIS),
         };
         let memory_bytes = match &resources.memory {
             Some(q) => parse_memory("spec.resources.memory", &q.text())?,
-            None => DEFAULT_MEMORY_BYTES,
+            None => wanted_memory.unwrap_or(DEFAULT_MEMORY_BYTES),
         };
+        if let Some(cpu) = wanted_cpu.filter(|c| *c > cpu_millis) {
+            return Err(ValidationError::new(
+                "spec.resources.cpu",
+                format!(
+                    "{} is less than the {} its containers ask for together",
+                    format_cpu(cpu_millis),
+                    format_cpu(cpu)
+                ),
+            ));
+        }
+        if let Some(memory) = wanted_memory.filter(|m| *m > memory_bytes) {
+            return Err(ValidationError::new(
+                "spec.resources.memory",
+                format!(
+                    "{} is less than the {} its containers ask for together",
+                    format_memory(memory_bytes),
+                    format_memory(memory)
+                ),
+            ));
+        }
         let fidelity = match &doc.snapshots {
             Some(s) => Fidelity::parse_any(&s.fidelity).ok_or_else(|| {
                 ValidationError::new(
@@ -297,10 +382,27 @@ impl TemplateSpec {
             Some(d) => parse_duration_seconds("spec.idleTimeout", &d.text())?,
             None => 0,
         };
-        let containers = doc
-            .containers
-            .iter()
-            .map(|c| Container {
+        let mut containers = Vec::with_capacity(doc.containers.len());
+        for (i, c) in doc.containers.iter().enumerate() {
+            let f = format!("spec.containers[{i}]");
+            let exit_policy = match c.exit_policy.as_deref() {
+                None => ExitPolicy::Stop,
+                Some(text) => ExitPolicy::parse(text).ok_or_else(|| {
+                    ValidationError::new(
+                        format!("{f}.exitPolicy"),
+                        format!("{text:?} is not one of stop, ignore"),
+                    )
+                })?,
+            };
+            for (j, p) in c.ports.iter().enumerate() {
+                if let Some(proto) = p.protocol.as_deref().filter(|p| *p != "TCP") {
+                    return Err(ValidationError::new(
+                        format!("{f}.ports[{j}].protocol"),
+                        format!("{proto:?}: only TCP ports are served"),
+                    ));
+                }
+            }
+            containers.push(Container {
                 name: c.name.clone(),
                 image: c.image.clone(),
                 command: c.command.clone(),
@@ -309,8 +411,10 @@ impl TemplateSpec {
                     http_get: p.http_get.clone(),
                     timeout_seconds: p.timeout_seconds.unwrap_or(DEFAULT_PROBE_TIMEOUT_SECONDS),
                 }),
-            })
-            .collect();
+                ports: c.ports.iter().map(|p| p.container_port).collect(),
+                exit_policy,
+            });
+        }
         let spec = TemplateSpec {
             sandbox_class: doc
                 .sandbox_class
@@ -352,6 +456,18 @@ impl TemplateSpec {
                         http_get: p.http_get.clone(),
                         timeout_seconds: Some(p.timeout_seconds),
                     }),
+                    ports: c
+                        .ports
+                        .iter()
+                        .map(|p| PortDocument {
+                            container_port: *p,
+                            name: None,
+                            protocol: None,
+                        })
+                        .collect(),
+                    exit_policy: (c.exit_policy != ExitPolicy::Stop)
+                        .then(|| c.exit_policy.as_str().to_string()),
+                    resources: None,
                 })
                 .collect(),
             resources: Some(ResourcesDocument {
@@ -386,8 +502,7 @@ impl TemplateSpec {
             return Err(ValidationError::new(
                 "spec.containers",
                 format!(
-                    "{} containers given; this release runs one container per actor \
-                     (sidecars are not supported yet)",
+                    "{} containers given; an actor has at most {MAX_CONTAINERS}",
                     self.containers.len()
                 ),
             ));
@@ -501,6 +616,7 @@ impl TemplateSpec {
                 }
             }
         }
+        validate_ports(&self.containers)?;
         if self.resources.cpu_millis < MIN_CPU_MILLIS || self.resources.cpu_millis > 64_000 {
             return Err(ValidationError::new(
                 "spec.resources.cpu",
@@ -638,6 +754,73 @@ fn is_env_name(s: &str) -> bool {
 }
 
 /// Accepts `oci-layout:<dir>[:<tag>]` and registry references (`[host/]repo[:tag][@sha256:<hex>]`).
+/// Each container's declared ports and probe port: valid, and not used by another container
+/// (the containers share one network namespace, so two listeners on one port cannot both work).
+fn validate_ports(containers: &[Container]) -> Result<(), ValidationError> {
+    let mut owners: BTreeMap<u32, &str> = BTreeMap::new();
+    for (i, c) in containers.iter().enumerate() {
+        let mut own = BTreeSet::new();
+        for (j, port) in c.ports.iter().enumerate() {
+            let field = format!("spec.containers[{i}].ports[{j}].containerPort");
+            if *port == 0 || *port > 65535 {
+                return Err(ValidationError::new(
+                    field,
+                    format!("{port} is not a port (1-65535)"),
+                ));
+            }
+            if !own.insert(*port) {
+                return Err(ValidationError::new(
+                    field,
+                    format!("port {port} is listed twice"),
+                ));
+            }
+        }
+        let probe = c.wakeup_probe.as_ref().map(|p| p.http_get.port);
+        if containers.len() > 1
+            && let Some(port) = probe
+        {
+            own.insert(port);
+        }
+        for port in own {
+            if let Some(other) = owners.insert(port, c.name.as_str()) {
+                let field = match c.ports.iter().position(|p| *p == port) {
+                    Some(j) => format!("spec.containers[{i}].ports[{j}].containerPort"),
+                    None => format!("spec.containers[{i}].wakeupProbe.httpGet.port"),
+                };
+                return Err(ValidationError::new(
+                    field,
+                    format!(
+                        "port {port} is already used by container {other:?} (an actor's \
+                         containers share one network namespace)"
+                    ),
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The sum of what the containers ask for (`spec.containers[].resources`); None for a
+/// dimension no container gives.
+fn container_resources(
+    containers: &[ContainerDocument],
+) -> Result<(Option<u32>, Option<u64>), ValidationError> {
+    let mut cpu: Option<u32> = None;
+    let mut memory: Option<u64> = None;
+    for (i, c) in containers.iter().enumerate() {
+        let Some(r) = &c.resources else { continue };
+        if let Some(q) = &r.cpu {
+            let m = parse_cpu(&format!("spec.containers[{i}].resources.cpu"), &q.text())?;
+            cpu = Some(cpu.unwrap_or(0).saturating_add(m));
+        }
+        if let Some(q) = &r.memory {
+            let b = parse_memory(&format!("spec.containers[{i}].resources.memory"), &q.text())?;
+            memory = Some(memory.unwrap_or(0).saturating_add(b));
+        }
+    }
+    Ok((cpu, memory))
+}
+
 pub fn validate_image(field: &str, image: &str) -> Result<(), ValidationError> {
     if image.is_empty() {
         return Err(ValidationError::new(field, "must not be empty"));
@@ -937,19 +1120,112 @@ spec:
         assert_eq!(again, spec);
     }
 
-    #[test]
-    fn a_second_container_is_refused_not_ignored() {
-        let mut doc = demo().spec;
+    fn with_sidecar(doc: &mut SpecDocument, port: u32) {
         let mut sidecar = doc.containers[0].clone();
-        sidecar.name = "logs".into();
+        sidecar.name = "sidecar".into();
+        if let Some(p) = sidecar.wakeup_probe.as_mut() {
+            p.http_get.port = port;
+        }
         doc.containers.push(sidecar);
+    }
+
+    #[test]
+    fn sidecars_round_trip_with_ports_exit_policy_and_summed_resources() {
+        let mut doc = demo().spec;
+        doc.resources = None;
+        with_sidecar(&mut doc, 9000);
+        doc.containers[1].ports = vec![PortDocument {
+            container_port: 9000,
+            name: Some("http".into()),
+            protocol: Some("TCP".into()),
+        }];
+        doc.containers[1].exit_policy = Some("ignore".into());
+        doc.containers[0].resources = Some(ResourcesDocument {
+            cpu: Some(Scalar::Text("200m".into())),
+            memory: Some(Scalar::Text("64Mi".into())),
+        });
+        doc.containers[1].resources = Some(ResourcesDocument {
+            cpu: Some(Scalar::Text("100m".into())),
+            memory: Some(Scalar::Text("32Mi".into())),
+        });
+        let spec = TemplateSpec::from_document(&doc).unwrap();
+        assert_eq!(spec.containers.len(), 2);
+        assert_eq!(spec.containers[1].ports, [9000]);
+        assert_eq!(spec.containers[1].exit_policy, ExitPolicy::Ignore);
+        assert_eq!(spec.containers[0].exit_policy, ExitPolicy::Stop);
+        assert_eq!(
+            spec.resources,
+            Resources {
+                cpu_millis: 300,
+                memory_bytes: 96 << 20
+            },
+            "the actor's limits default to the sum of its containers'"
+        );
+        assert_eq!(
+            TemplateSpec::from_document(&spec.to_document()).unwrap(),
+            spec
+        );
+        // Limits below what the containers ask for together are refused.
+        doc.resources = Some(ResourcesDocument {
+            cpu: Some(Scalar::Text("250m".into())),
+            memory: None,
+        });
         let err = TemplateSpec::from_document(&doc).unwrap_err();
-        assert_eq!(err.field, "spec.containers");
+        assert_eq!(err.field, "spec.resources.cpu");
+        assert!(err.message.contains("300m"), "{err}");
+        // A record stored before ports and exit policies existed reads as none and stop.
+        let mut stored = serde_json::to_value(&spec).unwrap();
+        for c in stored["containers"].as_array_mut().unwrap() {
+            c.as_object_mut().unwrap().remove("ports");
+            c.as_object_mut().unwrap().remove("exit_policy");
+        }
+        let old: TemplateSpec = serde_json::from_value(stored).unwrap();
+        assert!(old.containers[1].ports.is_empty());
+        assert_eq!(old.containers[1].exit_policy, ExitPolicy::Stop);
+    }
+
+    #[test]
+    fn port_collisions_between_containers_name_the_field() {
+        // Both probes on port 80.
+        let mut doc = demo().spec;
+        with_sidecar(&mut doc, 80);
+        let err = TemplateSpec::from_document(&doc).unwrap_err();
+        assert_eq!(err.field, "spec.containers[1].wakeupProbe.httpGet.port");
         assert!(
-            err.to_string()
-                .contains("2 containers given; this release runs one container per actor"),
+            err.message
+                .contains("already used by container \"counter\""),
             "{err}"
         );
+        // A declared port of the sidecar that the first container declares too.
+        let mut doc = demo().spec;
+        with_sidecar(&mut doc, 9000);
+        let port = |p| PortDocument {
+            container_port: p,
+            name: None,
+            protocol: None,
+        };
+        doc.containers[0].ports = vec![port(80), port(8080)];
+        doc.containers[1].ports = vec![port(9000), port(8080)];
+        let err = TemplateSpec::from_document(&doc).unwrap_err();
+        assert_eq!(err.field, "spec.containers[1].ports[1].containerPort");
+        // Out of range, listed twice, not TCP.
+        doc.containers[1].ports = vec![port(0)];
+        let err = TemplateSpec::from_document(&doc).unwrap_err();
+        assert_eq!(err.field, "spec.containers[1].ports[0].containerPort");
+        doc.containers[1].ports = vec![port(9001), port(9001)];
+        let err = TemplateSpec::from_document(&doc).unwrap_err();
+        assert_eq!(err.field, "spec.containers[1].ports[1].containerPort");
+        doc.containers[1].ports = vec![PortDocument {
+            container_port: 9001,
+            name: None,
+            protocol: Some("UDP".into()),
+        }];
+        let err = TemplateSpec::from_document(&doc).unwrap_err();
+        assert_eq!(err.field, "spec.containers[1].ports[0].protocol");
+        doc.containers[1].ports = vec![];
+        doc.containers[1].exit_policy = Some("restart".into());
+        let err = TemplateSpec::from_document(&doc).unwrap_err();
+        assert_eq!(err.field, "spec.containers[1].exitPolicy");
     }
 
     #[test]
@@ -959,11 +1235,22 @@ spec:
             (|s| s.containers.clear(), "spec.containers"),
             (
                 |s| {
-                    let mut sidecar = s.containers[0].clone();
-                    sidecar.name = "sidecar".into();
-                    s.containers.push(sidecar);
+                    for i in 0..8 {
+                        let mut sidecar = s.containers[0].clone();
+                        sidecar.name = format!("sidecar{i}");
+                        sidecar.wakeup_probe = None;
+                        s.containers.push(sidecar);
+                    }
                 },
                 "spec.containers",
+            ),
+            (
+                |s| {
+                    let mut sidecar = s.containers[0].clone();
+                    sidecar.name = "counter".into();
+                    s.containers.push(sidecar);
+                },
+                "spec.containers[1].name",
             ),
             (
                 |s| s.containers[0].image = "Bad Image".into(),

@@ -1,7 +1,8 @@
 //! Template spec conversions between the wire form and [`ate_core::TemplateSpec`].
 
 use ate_core::template::{
-    Container, EgressPolicy, EnvVar, HttpGet, MemoryRestore, Resources, Volume, WakeupProbe,
+    Container, EgressPolicy, EnvVar, ExitPolicy, HttpGet, MemoryRestore, Resources, Volume,
+    WakeupProbe,
 };
 use ate_core::{Fidelity, TemplateSpec, ValidationError};
 
@@ -51,6 +52,12 @@ pub fn spec_from_wire(w: &v1::TemplateSpec) -> Result<TemplateSpec, ValidationEr
                         }),
                     timeout_seconds: p.timeout_seconds,
                 }),
+                ports: c.ports.clone(),
+                exit_policy: if c.ignore_exit {
+                    ExitPolicy::Ignore
+                } else {
+                    ExitPolicy::Stop
+                },
             })
             .collect(),
         resources: Resources {
@@ -120,6 +127,8 @@ pub fn spec_to_wire(s: &TemplateSpec) -> v1::TemplateSpec {
                     }),
                     timeout_seconds: p.timeout_seconds,
                 }),
+                ports: c.ports.clone(),
+                ignore_exit: c.exit_policy == ExitPolicy::Ignore,
             })
             .collect(),
         resources: Some(v1::Resources {

@@ -21,6 +21,13 @@ pub const CRIU_DIR: &str = "criu";
 pub const ROOTFS_ARCHIVE: &str = "rootfs.tar";
 /// `volumes/<name>.tar`, one per volume.
 pub const VOLUMES_DIR: &str = "volumes";
+/// `containers/<name>/rootfs.tar`: the upper dir of each container after an actor's first.
+pub const CONTAINERS_DIR: &str = "containers";
+
+/// Where a sidecar container's upper dir is archived in a generation.
+pub fn container_rootfs_path(container: &str) -> String {
+    format!("{CONTAINERS_DIR}/{container}/{ROOTFS_ARCHIVE}")
+}
 
 /// How many files are hashed at once by [`verify`].
 const HASH_PARALLELISM: usize = 4;
@@ -58,6 +65,19 @@ pub async fn seal_generation(
     upper_dir: Option<&Path>,
     volumes: &[(String, PathBuf)],
 ) -> Result<Manifest> {
+    seal_actor_generation(gen_dir, meta, upper_dir, &[], volumes).await
+}
+
+/// [`seal_generation`] of an actor with several containers: `upper_dir` is its first
+/// container's, `containers` (name, upper dir) the others', archived as
+/// `containers/<name>/rootfs.tar` at ROOTFS and MEMORY fidelity (ignored at VOLUMES).
+pub async fn seal_actor_generation(
+    gen_dir: &Path,
+    meta: GenerationMeta,
+    upper_dir: Option<&Path>,
+    containers: &[(String, PathBuf)],
+    volumes: &[(String, PathBuf)],
+) -> Result<Manifest> {
     match (meta.fidelity, upper_dir) {
         (Fidelity::Memory | Fidelity::Rootfs, None) => {
             return Err(Error::InvalidInput(format!(
@@ -72,22 +92,30 @@ pub async fn seal_generation(
         }
         _ => {}
     }
-    for (name, _) in volumes {
+    for (name, _) in volumes.iter().chain(containers) {
         check_volume_name(name)?;
     }
     let gen_dir = gen_dir.to_path_buf();
     let upper = upper_dir.map(Path::to_path_buf);
+    let containers = if upper.is_some() {
+        containers.to_vec()
+    } else {
+        Vec::new()
+    };
     let volumes = volumes.to_vec();
     let what = format!("seal {}", gen_dir.display());
-    tokio::task::spawn_blocking(move || seal_blocking(&gen_dir, meta, upper.as_deref(), &volumes))
-        .await
-        .map_err(|e| Error::task(what, e))?
+    tokio::task::spawn_blocking(move || {
+        seal_blocking(&gen_dir, meta, upper.as_deref(), &containers, &volumes)
+    })
+    .await
+    .map_err(|e| Error::task(what, e))?
 }
 
 fn seal_blocking(
     gen_dir: &Path,
     meta: GenerationMeta,
     upper: Option<&Path>,
+    containers: &[(String, PathBuf)],
     volumes: &[(String, PathBuf)],
 ) -> Result<Manifest> {
     if is_sealed(gen_dir) {
@@ -107,6 +135,13 @@ fn seal_blocking(
     if let Some(upper) = upper {
         archive::create(upper, &gen_dir.join(ROOTFS_ARCHIVE))?;
     }
+    for (name, src) in containers {
+        let path = gen_dir.join(container_rootfs_path(name));
+        if let Some(parent) = path.parent() {
+            fs::create_dir_all(parent).map_err(|e| Error::io("create dir", parent, e))?;
+        }
+        archive::create(src, &path)?;
+    }
     if !volumes.is_empty() {
         let vdir = gen_dir.join(VOLUMES_DIR);
         fs::create_dir_all(&vdir).map_err(|e| Error::io("create dir", &vdir, e))?;
@@ -118,6 +153,9 @@ fn seal_blocking(
     let mut rel_files = Vec::new();
     if upper.is_some() {
         rel_files.push(ROOTFS_ARCHIVE.to_string());
+    }
+    for (name, _) in containers {
+        rel_files.push(container_rootfs_path(name));
     }
     for (name, _) in volumes {
         rel_files.push(format!("{VOLUMES_DIR}/{name}.tar"));
@@ -508,6 +546,21 @@ fn quarantine_blocking(gen_dir: &Path) -> Result<Option<PathBuf>> {
 /// Replaces the contents of `target_upper` with the generation's `rootfs.tar`.
 pub async fn extract_rootfs(gen_dir: &Path, target_upper: &Path) -> Result<()> {
     extract_to(gen_dir.join(ROOTFS_ARCHIVE), target_upper.to_path_buf()).await
+}
+
+/// Replaces the contents of `target_upper` with the generation's archive of the upper dir of
+/// container `name` (an actor's second or later container).
+pub async fn extract_container_rootfs(
+    gen_dir: &Path,
+    name: &str,
+    target_upper: &Path,
+) -> Result<()> {
+    check_volume_name(name)?;
+    extract_to(
+        gen_dir.join(container_rootfs_path(name)),
+        target_upper.to_path_buf(),
+    )
+    .await
 }
 
 /// Replaces the contents of `target` with the generation's `volumes/<name>.tar`.

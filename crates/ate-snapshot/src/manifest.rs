@@ -217,6 +217,12 @@ impl Manifest {
         self.file(crate::generation::ROOTFS_ARCHIVE).is_some()
     }
 
+    /// Whether the upper dir of container `name` (not an actor's first) is archived here.
+    pub fn has_container_rootfs(&self, name: &str) -> bool {
+        self.file(&crate::generation::container_rootfs_path(name))
+            .is_some()
+    }
+
     pub(crate) fn validate(&self) -> Result<()> {
         if !(OLDEST_FORMAT_VERSION..=FORMAT_VERSION).contains(&self.format_version) {
             return Err(Error::UnsupportedFormat {

@@ -146,6 +146,8 @@ fn spec(cpu_millis: u32, memory_bytes: u64) -> TemplateSpec {
             command: vec!["/bin/counter".into()],
             env: vec![],
             wakeup_probe: None,
+            ports: vec![],
+            exit_policy: Default::default(),
         }],
         resources: Resources {
             cpu_millis,

@@ -205,6 +205,19 @@ pub fn seccomp() -> Value {
     profile
 }
 
+/// [`seccomp`] with `chroot` allowed: for an actor with sidecars, whose `ate-init` chroots each
+/// into its rootfs (it needs CAP_SYS_CHROOT for that and drops it from every container it starts).
+pub fn seccomp_allowing_chroot() -> Value {
+    let mut profile = seccomp();
+    if let Some(names) = profile
+        .pointer_mut("/syscalls/0/names")
+        .and_then(Value::as_array_mut)
+    {
+        names.retain(|n| n != "chroot");
+    }
+    profile
+}
+
 /// Writes the hardening into an OCI config built by `oci_config`: `process.capabilities`,
 /// `process.noNewPrivileges`, `linux.seccomp`, `linux.maskedPaths`, `linux.readonlyPaths` and
 /// `linux.resources.pids`. Fields already set are replaced (the pids limit only when unset).

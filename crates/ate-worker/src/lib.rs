@@ -21,6 +21,7 @@ pub mod reaper;
 pub mod runc;
 pub mod runtime;
 pub mod service;
+pub mod sidecars;
 mod worker;
 
 pub use config::{Faults, MemoryRestore, WorkerConfig};
@@ -31,7 +32,7 @@ pub use probe::wait_ready;
 pub use runc::{RuncConfig, RuncRuntime};
 pub use runtime::{
     ActorSandbox, Capabilities, CheckpointStats, ExitInfo, RunMode, SandboxRuntime, SandboxSpec,
-    Started,
+    SidecarSpec, Started,
 };
 pub use service::{WorkerError, connect_worker, run};
 pub use worker::{live_sandboxes, process_running, sandbox_alive};

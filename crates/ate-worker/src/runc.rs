@@ -28,6 +28,7 @@ use crate::runtime::{
     ActorSandbox, Capabilities, CheckpointStats, ExitInfo, RunMode, SandboxRuntime, SandboxSpec,
     Started,
 };
+use crate::sidecars;
 
 /// Sandbox class reported for this runtime.
 pub const SANDBOX_CLASS: &str = "runc";
@@ -37,7 +38,8 @@ const CPU_PERIOD_US: u64 = 100_000;
 /// How long a teardown waits for a killed init to exit (so it can be reaped) before it removes
 /// the cgroups anyway.
 const INIT_EXIT_WAIT: Duration = Duration::from_millis(500);
-const DEFAULT_PATH: &str = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+pub(crate) const DEFAULT_PATH: &str =
+    "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
 
 /// Where the runtime keeps its state and which binaries it uses.
 #[derive(Debug, Clone)]
@@ -100,6 +102,13 @@ pub struct RuncRuntime {
 ///   cgroup handling (mounting every controller into a scratch yard, dumping and comparing
 ///   properties) cost ~20 ms of a ~100 ms CRIU restore and some of each dump.
 pub const CRIU_OPTIONS: &str = "network-lock skip\nmanage-cgroups ignore\n";
+
+/// [`CRIU_OPTIONS`] for an actor with sidecars, plus `tcp-established`: its containers talk over
+/// loopback inside the actor's netns, and CRIU dumps both ends of such a connection (they are in
+/// one process tree) and restores them with TCP repair, so they survive a suspend. With every
+/// task frozen during the dump and both ends repaired before any runs, no lock is needed.
+pub const CRIU_OPTIONS_SIDECARS: &str =
+    "network-lock skip\nmanage-cgroups ignore\ntcp-established\n";
 
 impl std::fmt::Debug for RuncRuntime {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -259,6 +268,9 @@ impl RuncRuntime {
             .ctx(|| format!("create {}", dir.display()))?;
         if fresh_upper {
             remove_dir_if_exists(&actor.upper_dir()).await?;
+            for s in &spec.sidecars {
+                remove_dir_if_exists(&actor.container_upper_dir(&s.name)).await?;
+            }
         }
         // Overlay refuses a work dir left over from another mount; it is scratch space anyway.
         remove_dir_if_exists(&actor.work_dir()).await?;
@@ -279,6 +291,32 @@ impl RuncRuntime {
                 .ctx(|| format!("create {}", d.display()))?;
         }
         write_identity(actor).await?;
+        if !spec.sidecars.is_empty() && !restoring {
+            // A process starts fresh from these (a memory restore keeps the bytes it maps).
+            let plan = sidecars::plan(spec, &process_args(spec), &build_env(spec));
+            sidecars::write_init(&actor.upper_dir(), &plan).await?;
+        }
+        for s in &spec.sidecars {
+            let dir = actor.container_dir(&s.name);
+            let work = dir.join("work");
+            remove_dir_if_exists(&work).await?;
+            for d in [
+                actor.container_upper_dir(&s.name),
+                work.clone(),
+                actor.container_rootfs_dir(&s.name),
+            ] {
+                tokio::fs::create_dir_all(&d)
+                    .await
+                    .ctx(|| format!("create {}", d.display()))?;
+            }
+            unmount_if_mounted(&actor.container_rootfs_dir(&s.name))?;
+            mount_overlay(
+                &s.image.rootfs,
+                &actor.container_upper_dir(&s.name),
+                &work,
+                &actor.container_rootfs_dir(&s.name),
+            )?;
+        }
         let dirs_done = begun.elapsed();
         mount_overlay(
             &spec.image.rootfs,
@@ -300,6 +338,15 @@ impl RuncRuntime {
                 json!({"quota": -1, "period": CPU_PERIOD_US}),
             );
         }
+        let criu_conf = if spec.sidecars.is_empty() {
+            self.criu_conf.clone()
+        } else {
+            let path = dir.join("criu.conf");
+            tokio::fs::write(&path, CRIU_OPTIONS_SIDECARS)
+                .await
+                .ctx(|| format!("write {}", path.display()))?;
+            path
+        };
         if let Some(obj) = config.as_object_mut() {
             // runc hands this file to CRIU on checkpoint and restore (its `org.criu.config`
             // annotation): per-actor CRIU options without touching /etc/criu.
@@ -307,7 +354,7 @@ impl RuncRuntime {
             if let Some(a) = annotations.as_object_mut() {
                 a.insert(
                     "org.criu.config".to_string(),
-                    Value::String(self.criu_conf.to_string_lossy().into_owned()),
+                    Value::String(criu_conf.to_string_lossy().into_owned()),
                 );
             }
         }
@@ -698,6 +745,12 @@ impl RuncRuntime {
             relays.remove(&id);
         }
         unmount_if_mounted(&actor.rootfs_dir())?;
+        // Sidecars' rootfs overlays (whatever the template says now: a dir is all it takes).
+        if let Ok(mut dirs) = tokio::fs::read_dir(actor.dir.join("containers")).await {
+            while let Ok(Some(d)) = dirs.next_entry().await {
+                unmount_if_mounted(&d.path().join("rootfs"))?;
+            }
+        }
         netns::delete(&actor.netns()).await?;
         remove_cgroups(&actor.short_id());
         Ok(())
@@ -899,7 +952,29 @@ fn parse_criu_version(text: &str) -> Option<(u32, u32)> {
 }
 
 fn validate_spec(actor: &ActorSandbox, spec: &SandboxSpec) -> Result<()> {
-    for p in [&actor.dir, &spec.image.rootfs] {
+    for s in &spec.sidecars {
+        if sidecars::sidecar_args(s).is_empty() {
+            return Err(SandboxError::Invalid(format!(
+                "container {:?} has no command: template and image both leave it empty",
+                s.name
+            )));
+        }
+        let ok_name = !s.name.is_empty()
+            && s.name != spec.name
+            && s.name
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'-');
+        if !ok_name {
+            return Err(SandboxError::Invalid(format!(
+                "container name {:?}",
+                s.name
+            )));
+        }
+    }
+    for p in std::iter::once(&actor.dir)
+        .chain(std::iter::once(&spec.image.rootfs))
+        .chain(spec.sidecars.iter().map(|s| &s.image.rootfs))
+    {
         let s = p.to_string_lossy();
         // Overlay mount options are comma/colon separated: such paths cannot be expressed.
         if s.contains(',') || s.contains(':') || !p.is_absolute() {
@@ -1275,6 +1350,9 @@ fn oci_config(actor: &ActorSandbox, spec: &SandboxSpec) -> Value {
         }
     });
     hardening::apply(&mut config);
+    if !spec.sidecars.is_empty() {
+        sidecars::apply(&mut config, actor, spec);
+    }
     config
 }
 
@@ -1345,6 +1423,16 @@ fn exec_failure(e: SandboxError, spec: &SandboxSpec) -> SandboxError {
 
 /// Image env, then template env (same name replaces), then `PORT` and `PATH` if still unset.
 fn build_env(spec: &SandboxSpec) -> Vec<String> {
+    merge_env(&spec.image.config.env, &spec.env, Some(spec.port))
+}
+
+/// `image_env` (`K=V`), then `template_env` (same name replaces), then `PORT` (when given) and
+/// `PATH` if still unset.
+pub(crate) fn merge_env(
+    image_env: &[String],
+    template_env: &[(String, String)],
+    port: Option<u16>,
+) -> Vec<String> {
     let mut env: Vec<(String, String)> = Vec::new();
     let mut set = |name: &str, value: &str| {
         if let Some(slot) = env.iter_mut().find(|(n, _)| n == name) {
@@ -1353,16 +1441,18 @@ fn build_env(spec: &SandboxSpec) -> Vec<String> {
             env.push((name.to_string(), value.to_string()));
         }
     };
-    for kv in &spec.image.config.env {
+    for kv in image_env {
         let (n, v) = kv.split_once('=').unwrap_or((kv.as_str(), ""));
         set(n, v);
     }
-    for (n, v) in &spec.env {
+    for (n, v) in template_env {
         set(n, v);
     }
     let mut out: Vec<String> = env.into_iter().map(|(n, v)| format!("{n}={v}")).collect();
-    if !out.iter().any(|e| e.starts_with("PORT=")) {
-        out.push(format!("PORT={}", spec.port));
+    if let Some(port) = port
+        && !out.iter().any(|e| e.starts_with("PORT="))
+    {
+        out.push(format!("PORT={port}"));
     }
     if !out.iter().any(|e| e.starts_with("PATH=")) {
         out.push(DEFAULT_PATH.to_string());
@@ -1399,6 +1489,9 @@ mod tests {
                 cpu_millis: 500,
                 memory_bytes: 64 << 20,
             },
+            name: "counter".into(),
+            exit_policy: Default::default(),
+            sidecars: vec![],
         }
     }
 

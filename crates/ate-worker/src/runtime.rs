@@ -8,7 +8,7 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use ate_core::template::{Resources, TemplateSpec, Volume};
+use ate_core::template::{ExitPolicy, Resources, TemplateSpec, Volume};
 
 use crate::error::{Result, SandboxError};
 use crate::image::UnpackedImage;
@@ -107,6 +107,19 @@ impl ActorSandbox {
     }
 
     /// Host directory bind-mounted at `/etc/ate` (identity files).
+    /// Upper, work and rootfs dirs of container `name` (an actor's second or later container).
+    pub fn container_dir(&self, name: &str) -> PathBuf {
+        self.dir.join("containers").join(name)
+    }
+
+    pub fn container_upper_dir(&self, name: &str) -> PathBuf {
+        self.container_dir(name).join("upper")
+    }
+
+    pub fn container_rootfs_dir(&self, name: &str) -> PathBuf {
+        self.container_dir(name).join("rootfs")
+    }
+
     pub fn identity_dir(&self) -> PathBuf {
         self.dir.join("etc-ate")
     }
@@ -117,9 +130,13 @@ impl ActorSandbox {
     }
 }
 
-/// What to run: the image, the process and its limits. One container per sandbox.
+/// What to run: the image, the process and its limits of the actor's first container, and its
+/// other containers (sidecars) if it has any. One sandbox (one runc container, cgroup and netns)
+/// holds them all; with sidecars its PID 1 is `ate-init` (see `init/main.rs`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SandboxSpec {
+    /// The first container's name (prefixes its log lines when there are sidecars).
+    pub name: String,
     pub image: UnpackedImage,
     /// Replaces the image's Entrypoint + Cmd when not empty.
     pub command: Vec<String>,
@@ -129,11 +146,54 @@ pub struct SandboxSpec {
     pub port: u16,
     pub volumes: Vec<Volume>,
     pub resources: Resources,
+    /// What the first container's exit does when there are sidecars (alone, it ends the actor).
+    pub exit_policy: ExitPolicy,
+    pub sidecars: Vec<SidecarSpec>,
+}
+
+/// An actor's second or later container: its own image and rootfs (chrooted into by
+/// `ate-init`), the actor's netns, volumes and identity files.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SidecarSpec {
+    pub name: String,
+    pub image: UnpackedImage,
+    pub command: Vec<String>,
+    pub env: Vec<(String, String)>,
+    pub exit_policy: ExitPolicy,
 }
 
 impl SandboxSpec {
-    /// The spec for a template's first container (the one the worker serves and probes).
-    pub fn from_template(template: &TemplateSpec, image: UnpackedImage) -> Result<Self> {
+    /// The spec for a template: its first container (the one requests reach) with `image`, and
+    /// one sidecar per further container with `sidecar_images` (in template order).
+    pub fn from_template(
+        template: &TemplateSpec,
+        image: UnpackedImage,
+        sidecar_images: Vec<UnpackedImage>,
+    ) -> Result<Self> {
+        if sidecar_images.len() + 1 != template.containers.len() {
+            return Err(SandboxError::Invalid(format!(
+                "{} images for {} containers",
+                sidecar_images.len() + 1,
+                template.containers.len()
+            )));
+        }
+        let sidecars = template
+            .containers
+            .iter()
+            .skip(1)
+            .zip(sidecar_images)
+            .map(|(c, image)| SidecarSpec {
+                name: c.name.clone(),
+                image,
+                command: c.command.clone(),
+                env: c
+                    .env
+                    .iter()
+                    .map(|e| (e.name.clone(), e.value.clone()))
+                    .collect(),
+                exit_policy: c.exit_policy,
+            })
+            .collect();
         let container = template
             .containers
             .first()
@@ -146,6 +206,7 @@ impl SandboxSpec {
             .try_into()
             .map_err(|_| SandboxError::Invalid("wakeup probe port out of range".to_string()))?;
         Ok(SandboxSpec {
+            name: container.name.clone(),
             image,
             command: container.command.clone(),
             env: container
@@ -156,6 +217,8 @@ impl SandboxSpec {
             port,
             volumes: template.volumes.clone(),
             resources: template.resources,
+            exit_policy: container.exit_policy,
+            sidecars,
         })
     }
 }

@@ -420,24 +420,20 @@ impl Worker {
             }
         }
         self.trim_frozen().await;
-        let container = match spec.containers.as_slice() {
-            [one] => one,
-            [] => return Err(Status::invalid_argument("workload.spec has no containers")),
-            // The api refuses such templates at apply; one stored before that is refused here
-            // rather than started without its sidecars.
-            more => {
-                return Err(Status::failed_precondition(format!(
-                    "workload.spec has {} containers; this worker runs one container per actor",
-                    more.len()
-                )));
-            }
-        };
-        let image = self
-            .images
-            .ensure(&container.image)
-            .await
-            .map_err(|e| sandbox_status(&format!("image {}", container.image), e))?;
-        let sandbox_spec = SandboxSpec::from_template(&spec, image)
+        if spec.containers.is_empty() {
+            return Err(Status::invalid_argument("workload.spec has no containers"));
+        }
+        let mut images = Vec::with_capacity(spec.containers.len());
+        for c in &spec.containers {
+            let image = self
+                .images
+                .ensure(&c.image)
+                .await
+                .map_err(|e| sandbox_status(&format!("image {}", c.image), e))?;
+            images.push(image);
+        }
+        let first_image = images.remove(0);
+        let sandbox_spec = SandboxSpec::from_template(&spec, first_image, images)
             .map_err(|e| sandbox_status("sandbox spec", e))?;
         let sandbox = self.sandbox_for(&atespace, &name, &workload.uid);
 
@@ -759,6 +755,18 @@ impl Worker {
                     .await
                     .map_err(|e| snapshot_status("extract rootfs", e))?;
             }
+            for c in &spec.sidecars {
+                // A container the generation does not hold (template change) starts afresh.
+                if fidelity != Fidelity::Volumes && manifest.has_container_rootfs(&c.name) {
+                    ate_snapshot::extract_container_rootfs(
+                        gen_dir,
+                        &c.name,
+                        &sandbox.container_upper_dir(&c.name),
+                    )
+                    .await
+                    .map_err(|e| snapshot_status(&format!("extract rootfs of {}", c.name), e))?;
+                }
+            }
             let archived = manifest.volumes();
             for v in &spec.volumes {
                 // A volume the generation does not hold (template change) starts empty.
@@ -919,63 +927,45 @@ impl Worker {
             .map_or("it wrote nothing to its log".to_string(), |l| {
                 l.trim().chars().take(200).collect()
             });
+        // With sidecars the sandbox's process is ate-init; its last line names the container.
+        let what = if sandbox_spec.sidecars.is_empty() {
+            format!("`{}`", runc::render_args(&args))
+        } else {
+            "the actor's containers".to_string()
+        };
         Status::failed_precondition(format!(
-            "start: `{}` exited (code {code}) before its wakeup probe passed: {last}\n\
-             --- last log lines ---\n{log}",
-            runc::render_args(&args)
+            "start: {what} exited (code {code}) before its wakeup probe passed: {last}\n\
+             --- last log lines ---\n{log}"
         ))
     }
 
-    /// The first container's wakeup probe; without one, a TCP connect to its port.
+    /// Every container's wakeup probe, at once; the first container without one gets a TCP
+    /// connect to its port (80), a sidecar without one a TCP connect to its first declared port
+    /// (or nothing). With sidecars, a failure names the container.
     async fn wait_probe(&self, sandbox: &ActorSandbox, spec: &TemplateSpec) -> Result<(), Status> {
         let netns = sandbox.netns();
-        let probe_def = spec.containers.first().and_then(|c| c.wakeup_probe.clone());
-        match probe_def {
-            Some(p) => {
-                let port = u16::try_from(p.http_get.port).map_err(|_| {
-                    Status::invalid_argument(format!("wakeup probe port {}", p.http_get.port))
-                })?;
-                let secs = if p.timeout_seconds == 0 {
-                    DEFAULT_PROBE_TIMEOUT.as_secs()
-                } else {
-                    u64::from(p.timeout_seconds)
+        let several = spec.containers.len() > 1;
+        let probes = spec.containers.iter().enumerate().map(|(i, c)| {
+            let netns = netns.clone();
+            async move {
+                let result = match &c.wakeup_probe {
+                    Some(p) => http_probe(&netns, p).await,
+                    None if i == 0 => tcp_probe(&netns, 80).await,
+                    None => match c.ports.first() {
+                        Some(port) => tcp_probe(&netns, *port).await,
+                        None => Ok(()),
+                    },
                 };
-                let path = if p.http_get.path.is_empty() {
-                    "/".to_string()
-                } else {
-                    p.http_get.path.clone()
-                };
-                probe::wait_ready(&netns, port, &path, Duration::from_secs(secs))
-                    .await
-                    .map(|_| ())
-                    .map_err(|e| {
-                        let last = match e {
-                            SandboxError::ProbeTimeout { last, .. } => last,
-                            other => other.to_string(),
-                        };
-                        Status::failed_precondition(format!(
-                            "wakeup probe GET {path} on port {port} did not answer 200 within {secs}s (last: {last})"
-                        ))
-                    })
-            }
-            None => {
-                let port = 80;
-                let deadline = Instant::now() + DEFAULT_PROBE_TIMEOUT;
-                let addr = std::net::SocketAddr::new(ACTOR_IP.into(), port);
-                let mut last = String::from("no attempt made");
-                while Instant::now() < deadline {
-                    match connect_in_netns_timeout(&netns, addr, Duration::from_secs(1)).await {
-                        Ok(_) => return Ok(()),
-                        Err(e) => last = e.to_string(),
+                result.map_err(|e| {
+                    if several {
+                        Status::failed_precondition(format!("container {:?}: {e}", c.name))
+                    } else {
+                        Status::failed_precondition(e)
                     }
-                    tokio::time::sleep(probe::PROBE_INTERVAL).await;
-                }
-                Err(Status::failed_precondition(format!(
-                    "wakeup probe (TCP connect to port {port}, no HTTP probe in the template) did not succeed within {}s (last: {last})",
-                    DEFAULT_PROBE_TIMEOUT.as_secs()
-                )))
+                })
             }
-        }
+        });
+        futures::future::try_join_all(probes).await.map(|_| ())
     }
 
     /// Stops the sandbox and removes the actor's working dirs (egress first: its listener holds
@@ -1102,7 +1092,9 @@ impl Worker {
         }
         let dialer = self.ingress_off(&key).await;
         if let Some(pid) = entry.pid {
-            wait_tcp_quiet(pid, QUIESCE_TIMEOUT).await;
+            // Connections between an actor's containers stay: CRIU keeps them (tcp-established).
+            let internal_ok = entry.spec.containers.len() > 1;
+            wait_tcp_quiet(pid, QUIESCE_TIMEOUT, internal_ok).await;
         }
         let quiesced = begun.elapsed();
 
@@ -1204,9 +1196,22 @@ impl Worker {
                     .iter()
                     .map(|v| (v.name.clone(), sandbox.volume_dir(&v.name)))
                     .collect();
-                ate_snapshot::seal_generation(&gen_dir, meta, upper, &volumes)
-                    .await
-                    .map_err(|e| Status::internal(format!("seal {}: {e}", gen_dir.display())))
+                let sidecar_uppers: Vec<(String, PathBuf)> = entry
+                    .spec
+                    .containers
+                    .iter()
+                    .skip(1)
+                    .map(|c| (c.name.clone(), sandbox.container_upper_dir(&c.name)))
+                    .collect();
+                ate_snapshot::seal_actor_generation(
+                    &gen_dir,
+                    meta,
+                    upper,
+                    &sidecar_uppers,
+                    &volumes,
+                )
+                .await
+                .map_err(|e| Status::internal(format!("seal {}: {e}", gen_dir.display())))
             }
         };
         let sealed_at = begun.elapsed();
@@ -1948,10 +1953,57 @@ async fn dir_has_entries(dir: &Path) -> Result<bool, Status> {
 /// TIME_WAIT remnants (closed tunnels leave the actor's end in CLOSE_WAIT until it closes it;
 /// CRIU refuses connected sockets without `--tcp-established`). Gives up silently after
 /// `timeout`: the dump then reports what it found.
-async fn wait_tcp_quiet(pid: u32, timeout: Duration) {
+/// A wakeup probe: GET until 200 or its timeout.
+async fn http_probe(netns: &str, p: &ate_core::template::WakeupProbe) -> Result<(), String> {
+    let port = u16::try_from(p.http_get.port)
+        .map_err(|_| format!("wakeup probe port {}", p.http_get.port))?;
+    let secs = if p.timeout_seconds == 0 {
+        DEFAULT_PROBE_TIMEOUT.as_secs()
+    } else {
+        u64::from(p.timeout_seconds)
+    };
+    let path = if p.http_get.path.is_empty() {
+        "/".to_string()
+    } else {
+        p.http_get.path.clone()
+    };
+    probe::wait_ready(netns, port, &path, Duration::from_secs(secs))
+        .await
+        .map(|_| ())
+        .map_err(|e| {
+            let last = match e {
+                SandboxError::ProbeTimeout { last, .. } => last,
+                other => other.to_string(),
+            };
+            format!(
+                "wakeup probe GET {path} on port {port} did not answer 200 within {secs}s (last: {last})"
+            )
+        })
+}
+
+/// Without an HTTP probe: a TCP connect to `port` until it succeeds or the default timeout.
+async fn tcp_probe(netns: &str, port: u32) -> Result<(), String> {
+    let port = u16::try_from(port).map_err(|_| format!("port {port}"))?;
+    let deadline = Instant::now() + DEFAULT_PROBE_TIMEOUT;
+    let addr = std::net::SocketAddr::new(ACTOR_IP.into(), port);
+    let mut last = String::from("no attempt made");
+    while Instant::now() < deadline {
+        match connect_in_netns_timeout(netns, addr, Duration::from_secs(1)).await {
+            Ok(_) => return Ok(()),
+            Err(e) => last = e.to_string(),
+        }
+        tokio::time::sleep(probe::PROBE_INTERVAL).await;
+    }
+    Err(format!(
+        "wakeup probe (TCP connect to port {port}, no HTTP probe in the template) did not succeed within {}s (last: {last})",
+        DEFAULT_PROBE_TIMEOUT.as_secs()
+    ))
+}
+
+async fn wait_tcp_quiet(pid: u32, timeout: Duration, ignore_loopback: bool) {
     let deadline = Instant::now() + timeout;
     loop {
-        match busy_tcp_sockets(pid) {
+        match busy_tcp_sockets(pid, ignore_loopback) {
             Ok(0) | Err(_) => return,
             Ok(n) => {
                 if Instant::now() >= deadline {
@@ -1968,8 +2020,10 @@ async fn wait_tcp_quiet(pid: u32, timeout: Duration) {
     }
 }
 
-/// Connected-ish TCP sockets in `pid`'s network namespace (`/proc/<pid>/net/tcp{,6}`).
-fn busy_tcp_sockets(pid: u32) -> std::io::Result<usize> {
+/// Connected-ish TCP sockets in `pid`'s network namespace (`/proc/<pid>/net/tcp{,6}`); with
+/// `ignore_loopback`, not those between two loopback addresses (inside the actor's netns, both
+/// ends belong to the actor).
+fn busy_tcp_sockets(pid: u32, ignore_loopback: bool) -> std::io::Result<usize> {
     const LISTEN: &str = "0A";
     const TIME_WAIT: &str = "06";
     let mut busy = 0;
@@ -1982,11 +2036,32 @@ fn busy_tcp_sockets(pid: u32) -> std::io::Result<usize> {
         busy += text
             .lines()
             .skip(1)
-            .filter_map(|l| l.split_whitespace().nth(3))
-            .filter(|st| *st != LISTEN && *st != TIME_WAIT)
+            .filter(|l| {
+                let fields: Vec<&str> = l.split_whitespace().take(4).collect();
+                let [_, local, remote, state] = fields[..] else {
+                    return false;
+                };
+                state != LISTEN
+                    && state != TIME_WAIT
+                    && !(ignore_loopback && is_loopback(local) && is_loopback(remote))
+            })
             .count();
     }
     Ok(busy)
+}
+
+/// `/proc/net/tcp{,6}` address `HEX:PORT` on loopback: 127.0.0.0/8 (IPv4 in host byte order:
+/// the first octet is the last hex pair), ::1, or ::ffff:127.x.y.z.
+fn is_loopback(addr: &str) -> bool {
+    let ip = addr.split(':').next().unwrap_or("");
+    match ip.len() {
+        8 => ip.ends_with("7F"),
+        32 => {
+            ip == "00000000000000000000000001000000"
+                || (ip.starts_with("0000000000000000FFFF0000") && ip.ends_with("7F"))
+        }
+        _ => false,
+    }
 }
 
 /// The kernel's reason when the container's init could not execute its command after the

@@ -426,6 +426,9 @@ async fn sleeper_memory_survives_restore_with_timings() {
             cpu_millis: 1000,
             memory_bytes: 256 << 20,
         },
+        name: "sleeper".into(),
+        exit_policy: Default::default(),
+        sidecars: vec![],
     };
     let actor = env.actor("sleep", "uid-1");
     runtime

@@ -112,6 +112,7 @@ fn counter_spec(probe_port: u32, probe_timeout: u32) -> v1::TemplateSpec {
                 }),
                 timeout_seconds: probe_timeout,
             }),
+            ..Default::default()
         }],
         resources: Some(v1::Resources {
             cpu_millis: 500,

@@ -13,9 +13,14 @@
 //! Every request except `/healthz`, `/whoami`, `/echo`, `/ws`, `/connect` and `/sandbox` increments all three and answers
 //! `preserved memory count: N | preserved file counter: M | preserved rootfs counter: K`.
 //!
+//! `POST /sidecar-exit?code=N` asks the sidecar (`$SIDECAR_ADDR`) to exit with code N.
+//!
 //! `GET /connect?addr=IP:PORT` tries an outbound TCP connect (1 s timeout), then waits up to 1 s for
 //! an immediate close or reset (what the worker's egress proxy does to a denied connection), and
 //! answers `ok` or the error: the isolation tests use it to show what an actor can (not) reach.
+//!
+//! With `$SIDECAR_ADDR` set, each counted request also asks a sidecar counter at that address for
+//! its memory count, over one kept-alive connection (see `sidecar.rs`).
 //!
 //! Listens on `$BIND_ADDR` (default 0.0.0.0) ports `$PORT` (default 80) and `$PORT2` (default 8080,
 //! `off` disables it), both with the same handler.
@@ -23,6 +28,7 @@
 #[path = "../../common/http.rs"]
 mod http;
 mod sandbox;
+mod sidecar;
 mod ws;
 
 use http::{Request, Response};
@@ -33,6 +39,7 @@ use std::sync::{Arc, Mutex};
 
 struct Counters {
     memory: u64,
+    sidecar: Option<sidecar::Sidecar>,
     volume_file: PathBuf,
     rootfs_file: PathBuf,
 }
@@ -135,6 +142,14 @@ fn handle(counters: &Mutex<Counters>, req: &Request) -> Response {
         }
         "/connect" => connect(&req.query),
         "/exit" => exit_later(&req.method, &req.query),
+        "/sidecar-exit" if req.method == "POST" => {
+            let mut c = counters.lock().unwrap_or_else(|p| p.into_inner());
+            match c.sidecar.as_mut().map(|s| s.exit(&req.query)) {
+                Some(Ok(body)) => Response::text(200, format!("sidecar: {body}")),
+                Some(Err(e)) => Response::text(502, format!("sidecar: {e}\n")),
+                None => Response::text(404, "no SIDECAR_ADDR\n"),
+            }
+        }
         "/sandbox" => Response::text(200, sandbox::report()),
         _ => {
             let mut c = counters.lock().unwrap_or_else(|p| p.into_inner());
@@ -142,10 +157,11 @@ fn handle(counters: &Mutex<Counters>, req: &Request) -> Response {
                 Ok((m, f, r)) => {
                     // One line per counted request, so `ate logs` shows output across suspends.
                     http::log(&format!("counted request {m}"));
+                    let side = c.sidecar.as_mut().map(|s| s.report()).unwrap_or_default();
                     Response::text(
                         200,
                         format!(
-                            "preserved memory count: {m} | preserved file counter: {f} | preserved rootfs counter: {r}"
+                            "preserved memory count: {m} | preserved file counter: {f} | preserved rootfs counter: {r}{side}"
                         ),
                     )
                 }
@@ -242,6 +258,7 @@ fn main() {
     let data_dir = env_path("ATE_DATA_DIR", "/data");
     let counters = Counters {
         memory: 0,
+        sidecar: sidecar::Sidecar::from_env(),
         volume_file: data_dir.join("counter"),
         rootfs_file: env_path("COUNTER_ROOTFS_FILE", "/var/lib/counter/count"),
     };

@@ -97,8 +97,9 @@ fn config(dir: &Path, addr: SocketAddr, upstream: SocketAddr, listen: &Listen) -
     };
     let dir = dir.display();
     // Debian's defaults where they matter (one worker per core, keep-alive to the client), a
-    // keep-alive upstream pool (without it every request would dial the actor), and the Host
-    // header passed through as the router does.
+    // keep-alive upstream pool (without it every request would dial the actor), the Host header
+    // passed through as the router does, and no cap on requests per connection either way (the
+    // router has none; nginx's default of 1000 closes a busy connection every 1000 requests).
     format!(
         "daemon off;
 worker_processes auto;
@@ -107,9 +108,10 @@ error_log {dir}/error.log warn;
 events {{ worker_connections 4096; }}
 http {{
   access_log off;
-  upstream actor {{ server {upstream}; keepalive 256; }}
+  upstream actor {{ server {upstream}; keepalive 256; keepalive_requests 100000000; }}
   server {{
     listen {addr}{flags};
+    keepalive_requests 100000000;
 {tls}    location / {{
       proxy_pass http://actor;
       proxy_http_version 1.1;

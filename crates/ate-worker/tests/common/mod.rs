@@ -203,6 +203,9 @@ pub async fn counter_spec(env: &Env) -> ate_worker::SandboxSpec {
             cpu_millis: 500,
             memory_bytes: 128 << 20,
         },
+        name: "counter".into(),
+        exit_policy: Default::default(),
+        sidecars: vec![],
     }
 }
 
