@@ -17,7 +17,7 @@ use ate_tls::{JoinToken, LocalCa, SpiffeId, SvidRequest};
 use tonic::{Request, Response, Status};
 
 use crate::authz::{Authz, Need};
-use crate::now_ms;
+use ate_core::clock::now_ms;
 
 /// Lifetime of a join token when the request names none.
 pub const DEFAULT_TOKEN_TTL: Duration = Duration::from_secs(3600);

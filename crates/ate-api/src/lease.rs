@@ -9,7 +9,7 @@ use ate_store::Store;
 use tonic::Status;
 
 use crate::error;
-use crate::now_ms;
+use ate_core::clock::now_ms;
 
 /// A held lease. It is renewed in the background until [`Lease::release`]; if the holder crashes
 /// the renewal stops and the lease expires after its TTL, freeing the actor for the next workflow.

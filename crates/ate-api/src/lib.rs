@@ -14,12 +14,13 @@ pub mod lease;
 pub mod metrics;
 pub mod node;
 pub mod scheduler;
+pub mod server;
 pub mod services;
 pub mod workflows;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use ate_proto::v1::actor_service_server::ActorServiceServer;
 use ate_proto::v1::atespace_service_server::AtespaceServiceServer;
@@ -29,15 +30,8 @@ use ate_proto::v1::tag_service_server::TagServiceServer;
 use ate_proto::v1::template_service_server::TemplateServiceServer;
 use tokio::net::TcpListener;
 
+pub use server::{AuthMode, RunError, ServerConfig, run};
 pub use workflows::{Api, FaultPoint};
-
-/// Unix time in milliseconds.
-pub fn now_ms() -> i64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
-        .unwrap_or(0)
-}
 
 #[derive(Debug, Clone)]
 pub struct ApiConfig {

@@ -13,8 +13,8 @@ use tracing::Instrument;
 use crate::authz::{Authz, Caller, Need};
 use crate::convert;
 use crate::error::{self, invalid};
-use crate::now_ms;
 use crate::workflows::Api;
+use ate_core::clock::now_ms;
 
 const DEFAULT_PAGE_SIZE: u32 = 100;
 /// Longest grace a suspend may give requests in flight.

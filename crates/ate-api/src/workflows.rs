@@ -8,6 +8,8 @@ use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use ate_core::backoff::{Backoff, Policy};
+use ate_core::clock::now_ms;
 use ate_core::restore::{RestorePlan, SnapshotFacts, decide};
 use ate_core::{ActorRef, ActorState, CRASHED_PREREQUISITE, DurableStatus, NO_ROOM_MESSAGE};
 use ate_proto::v1;
@@ -15,21 +17,25 @@ use ate_store::{
     ActorRecord, ActorUpdate, Capacity, SnapshotRecord, Store, StoreError, TemplateRecord,
     WorkerRecord, WorkerStatus,
 };
-use rand::Rng;
 use tonic::{Code, Status};
 use tracing::Instrument;
 
+use crate::ApiConfig;
 use crate::convert;
 use crate::error::{self, invalid};
 use crate::lease::Lease;
 use crate::node::NodeClients;
 use crate::scheduler::{self, FleetView, Requirements};
-use crate::{ApiConfig, now_ms};
 
 /// Most admission attempts after a lost race (up to 12 retries).
 const MAX_BIND_RETRIES: u32 = 12;
-/// Cap of the jittered backoff between admission attempts.
-const MAX_BIND_BACKOFF: Duration = Duration::from_millis(250);
+/// Between admission attempts: from 10 ms, doubling to 250 ms, each delay ×[0.5, 1) so that
+/// the racers for a worker's last room spread out instead of colliding again.
+const BIND_BACKOFF: Policy = Policy {
+    factor: 2.0,
+    max: Duration::from_millis(250),
+    jitter: (0.5, 1.0),
+};
 
 /// Points between workflow steps where a test can simulate a crash of the api.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -706,6 +712,7 @@ impl Api {
         };
         let mut refreshed = false;
         let mut attempt = 0;
+        let mut backoff = Backoff::new(Duration::from_millis(10), &BIND_BACKOFF);
         loop {
             let workers = if refreshed {
                 self.fleet.workers().await?
@@ -768,10 +775,7 @@ impl Api {
                 Err(StoreError::NoRoom { .. }) if attempt < MAX_BIND_RETRIES => {
                     // Lost a race for the worker's last room: back off a little and look again.
                     attempt += 1;
-                    let cap =
-                        (Duration::from_millis(5) * 2u32.pow(attempt.min(6))).min(MAX_BIND_BACKOFF);
-                    let jitter = rand::rng().random_range(0.5..1.0);
-                    tokio::time::sleep(cap.mul_f64(jitter)).await;
+                    tokio::time::sleep(backoff.next_delay(rand::random())).await;
                     self.fleet.refresh().await?;
                 }
                 Err(StoreError::NoRoom { .. }) => {

@@ -262,7 +262,7 @@ pub async fn run(a: FaultsArgs) -> anyhow::Result<ExitCode> {
             "SQLite"
         }
     );
-    let signal = crate::serve::shutdown_signal();
+    let signal = ate_tls::process::shutdown_signal();
     let outcome = tokio::select! {
         r = suite(&mut lab, &a, &plan) => r,
         _ = signal => Err(anyhow::anyhow!("interrupted")),

@@ -384,7 +384,7 @@ pub async fn run(args: JoinArgs) -> anyhow::Result<std::process::ExitCode> {
     }
     let renewal = ids.clone().spawn_renewal(issued);
     tokio::select! {
-        _ = crate::serve::shutdown_signal() => {}
+        _ = ate_tls::process::shutdown_signal() => {}
         r = renewal => {
             if let Err(e) = r {
                 anyhow::bail!("the renewal task failed: {e}");

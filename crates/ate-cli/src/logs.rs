@@ -309,7 +309,7 @@ pub async fn run_remote(c: &crate::client::Clients, cmd: LogsCmd) -> anyhow::Res
         }
         tokio::select! {
             _ = tokio::time::sleep(Duration::from_millis(500)) => {}
-            _ = crate::serve::shutdown_signal() => return Ok(()),
+            _ = ate_tls::process::shutdown_signal() => return Ok(()),
         }
     }
 }
@@ -371,7 +371,7 @@ pub async fn run(cmd: LogsCmd) -> anyhow::Result<()> {
         }
         tokio::select! {
             _ = tokio::time::sleep(Duration::from_millis(200)) => {}
-            _ = crate::serve::shutdown_signal() => return Ok(()),
+            _ = ate_tls::process::shutdown_signal() => return Ok(()),
         }
     }
 }

@@ -186,7 +186,7 @@ pub async fn run(args: ProxyArgs) -> anyhow::Result<()> {
         listener.local_addr()?,
         args.router
     );
-    let shutdown = crate::serve::shutdown_signal();
+    let shutdown = ate_tls::process::shutdown_signal();
     tokio::pin!(shutdown);
     loop {
         let (stream, _) = tokio::select! {

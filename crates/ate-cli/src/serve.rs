@@ -1,9 +1,7 @@
-//! `ate api`: the control-plane server process.
+//! The component subcommands (`ate api`, `ate router`, `ate node`, `ate worker`): their flags, logging
+//! and the signal that stops them; each component's own work is its crate's `run(config, shutdown)`.
 
 use std::net::SocketAddr;
-use std::path::PathBuf;
-use std::sync::Arc;
-use std::time::Duration;
 
 use anyhow::Context;
 use clap::Args;
@@ -12,100 +10,10 @@ use crate::otel;
 
 #[derive(Args, Debug)]
 pub struct ApiArgs {
-    /// gRPC listen address.
-    #[arg(long, default_value = ate_core::DEFAULT_API_ADDR)]
-    pub listen: SocketAddr,
-    /// `/healthz` and `/metrics` listen address.
-    #[arg(long, default_value = "127.0.0.1:9090")]
-    pub http_listen: SocketAddr,
-    /// Store URL: `sqlite:///path/ate.db` (embedded) or `postgres://…`.
-    #[arg(
-        long,
-        env = "ATE_STORE",
-        default_value = "sqlite:///var/lib/ate/ate.db"
-    )]
-    pub store: String,
-    /// Seconds without a heartbeat before a worker is marked gone.
-    #[arg(long, default_value_t = 10)]
-    pub heartbeat_timeout_seconds: u64,
-    /// Seconds a workflow lease lives without renewal (an api that dies mid-workflow holds its
-    /// actors this long).
-    #[arg(long, default_value_t = 10)]
-    pub lease_ttl_seconds: u64,
-    /// This api is the only replica on its store (`ate up` sets it). Then a heartbeat it cannot
-    /// record because the store is down still renews the worker's lease: no other replica can
-    /// release that worker's actors meanwhile, so its actors keep serving through a store
-    /// outage. Never set it when several replicas share the store.
-    #[arg(long)]
-    pub sole_replica: bool,
-    /// Write the bound addresses as JSON here once serving (used by `ate up` and tests).
-    #[arg(long)]
-    pub ready_file: Option<PathBuf>,
+    #[command(flatten)]
+    pub config: ate_api::ServerConfig,
     #[command(flatten)]
     pub log: LogArgs,
-    /// The api's identity (`--tls-cert/--tls-key/--tls-ca`): gRPC over mTLS with roles, and mTLS
-    /// to node agents. Absent: plaintext, and every caller is admin.
-    #[command(flatten)]
-    pub tls: ate_tls::TlsArgs,
-    /// The CA (`ca.crt` and `ca.key`) this api signs joining nodes' certificates with
-    /// (JoinService). Its certificate must be in `--tls-ca`. Without it, joins are refused.
-    #[arg(long, env = "ATE_CA_DIR")]
-    pub ca_dir: Option<PathBuf>,
-    /// Lifetime of the certificates signed for joining nodes and workers (renewed at 2/3).
-    #[arg(long, default_value = "24h", value_parser = ate_router::config::parse_duration)]
-    pub join_cert_lifetime: Duration,
-    /// Atespaces of `client` identities: `spiffe://td/ns/x/sa/y=team-a,team-b;spiffe://…=*`.
-    /// A client identity not listed has no atespace.
-    #[arg(long, env = "ATE_CLIENT_ATESPACES", default_value = "")]
-    pub client_atespaces: String,
-    /// How callers authenticate: `mtls` (a client certificate on every connection) or `jwt`
-    /// (a verified client certificate still works; a connection without one must send
-    /// `authorization: Bearer <jwt>`). jwt needs the TLS flags and the three --jwt-* flags.
-    #[arg(long, value_enum, default_value_t = AuthMode::Mtls)]
-    pub auth_mode: AuthMode,
-    /// jwt mode: the required `iss` of bearer tokens.
-    #[arg(long, env = "ATE_JWT_ISSUER")]
-    pub jwt_issuer: Option<String>,
-    /// jwt mode: the audience bearer tokens must be for (`aud`).
-    #[arg(long, env = "ATE_JWT_AUDIENCE")]
-    pub jwt_audience: Option<String>,
-    /// jwt mode: the issuer's public keys (JWKS JSON); re-read when the file changes.
-    #[arg(long, env = "ATE_JWT_JWKS_FILE")]
-    pub jwt_jwks_file: Option<PathBuf>,
-}
-
-#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
-pub enum AuthMode {
-    Mtls,
-    Jwt,
-}
-
-impl ApiArgs {
-    /// The bearer-token verifier for `--auth-mode=jwt` (None in mtls mode).
-    fn jwt(&self) -> anyhow::Result<Option<ate_api::jwt::JwtVerifier>> {
-        let (issuer, audience, jwks) = (&self.jwt_issuer, &self.jwt_audience, &self.jwt_jwks_file);
-        if self.auth_mode == AuthMode::Mtls {
-            if issuer.is_some() || audience.is_some() || jwks.is_some() {
-                anyhow::bail!(
-                    "--jwt-issuer, --jwt-audience and --jwt-jwks-file need --auth-mode=jwt"
-                );
-            }
-            return Ok(None);
-        }
-        let (Some(issuer), Some(audience), Some(jwks)) = (issuer, audience, jwks) else {
-            anyhow::bail!("--auth-mode=jwt needs --jwt-issuer, --jwt-audience and --jwt-jwks-file");
-        };
-        if issuer.is_empty() || audience.is_empty() {
-            anyhow::bail!("--jwt-issuer and --jwt-audience must not be empty");
-        }
-        Ok(Some(ate_api::jwt::JwtVerifier::new(
-            ate_api::jwt::JwtConfig {
-                issuer: issuer.clone(),
-                audience: audience.clone(),
-                jwks_file: jwks.clone(),
-            },
-        )?))
-    }
 }
 
 /// How a component writes its log lines (stderr).
@@ -199,129 +107,18 @@ pub fn init_logging(json: bool, component: Option<&'static str>) -> otel::Tracin
     tracing
 }
 
-/// Resolves on SIGINT or SIGTERM.
-pub async fn shutdown_signal() {
-    let term = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
-            }
-            Err(_) => std::future::pending::<()>().await,
-        }
-    };
-    tokio::select! {
-        _ = tokio::signal::ctrl_c() => {}
-        _ = term => {}
+/// SIGINT or SIGTERM ([`ate_tls::process::shutdown_signal`]) for a component: logs which one
+/// stopped it.
+fn component_shutdown() -> impl Future<Output = ()> + Send + 'static {
+    let signal = ate_tls::process::shutdown_signal();
+    async move {
+        tracing::info!("{}", signal.await);
     }
-}
-
-/// The CA in `dir` as the api's join signer, refusing a CA of another trust domain.
-fn join_signer(
-    dir: &std::path::Path,
-    td: &str,
-    lifetime: Duration,
-) -> anyhow::Result<ate_api::join::Signer> {
-    // A Kubernetes Secret volume of a non-root pod is group-readable (root:<fsGroup>, 0440).
-    let ca = ate_tls::LocalCa::open_mounted(dir)
-        .with_context(|| format!("--ca-dir {}: cannot load the CA", dir.display()))?;
-    if ca.trust_domain() != td {
-        anyhow::bail!(
-            "--ca-dir {}: the CA belongs to trust domain {}, the api to {td}",
-            dir.display(),
-            ca.trust_domain()
-        );
-    }
-    if lifetime < Duration::from_secs(60) {
-        anyhow::bail!("--join-cert-lifetime must be at least 60s");
-    }
-    Ok(ate_api::join::Signer { ca, lifetime })
-}
-
-/// The `--tls-ca` bundle as text (what a joining machine checks against its token's pin).
-fn trust_bundle(tls: &ate_tls::TlsArgs) -> anyhow::Result<String> {
-    let Some(files) = tls.files()? else {
-        return Ok(String::new());
-    };
-    std::fs::read_to_string(&files.ca)
-        .with_context(|| format!("cannot read --tls-ca {}", files.ca.display()))
 }
 
 pub async fn run_api(args: ApiArgs) -> anyhow::Result<()> {
     let traces = init_logging(args.log.json(), Some("ate-api"));
-    let store = ate_store::open(&args.store)
-        .await
-        .with_context(|| format!("cannot open store {}", args.store))?;
-    let td = args.tls.trust_domain().to_string();
-    let jwt = args.jwt()?;
-    let source = args.tls.load("api")?;
-    if source.is_none() && jwt.is_some() {
-        // Plaintext would both leak the tokens and make every caller admin.
-        anyhow::bail!("--auth-mode=jwt needs TLS: --tls-cert, --tls-key and --tls-ca");
-    }
-    if source.is_none() && args.ca_dir.is_some() {
-        anyhow::bail!("--ca-dir needs TLS: --tls-cert, --tls-key and --tls-ca");
-    }
-    let (node_tls, serve_tls) = match &source {
-        Some(src) => {
-            // Any node agent: the shared `…/sa/ate-node` or a per-node `…/sa/ate-node-<name>`.
-            let node = ate_tls::client_config(
-                src,
-                ate_tls::ServerCheck::NodeAgent {
-                    trust_domain: td.clone(),
-                },
-            )?;
-            let allowed = ate_tls::AllowList::any();
-            let signer = match &args.ca_dir {
-                Some(dir) => Some(Arc::new(join_signer(dir, &td, args.join_cert_lifetime)?)),
-                None => None,
-            };
-            // A joining machine has no certificate yet: it may connect without one, and then
-            // reach nothing but JoinService (every other RPC needs an identity).
-            let client_auth = if jwt.is_some() || signer.is_some() {
-                ate_tls::ClientAuth::Optional { allowed }
-            } else {
-                ate_tls::ClientAuth::Required { allowed }
-            };
-            let server = ate_tls::server_config(src, client_auth)?;
-            let mut authz = ate_api::authz::Authz::new(&td, &args.client_atespaces)?;
-            if let Some(verifier) = jwt {
-                authz = authz.with_jwt(verifier);
-            }
-            (
-                Some(Arc::new(node)),
-                Some(ate_api::TlsServe {
-                    server: Arc::new(server),
-                    authz,
-                    trust_bundle: trust_bundle(&args.tls)?,
-                    join_signer: signer,
-                }),
-            )
-        }
-        None => (None, None),
-    };
-    let cfg = ate_api::ApiConfig {
-        heartbeat_timeout: Duration::from_secs(args.heartbeat_timeout_seconds.max(1)),
-        lease_ttl: Duration::from_secs(args.lease_ttl_seconds.max(1)),
-        node_tls,
-        sole_replica: args.sole_replica,
-        ..Default::default()
-    };
-    let api = Arc::new(ate_api::Api::new(store, cfg));
-    let grpc = tokio::net::TcpListener::bind(args.listen)
-        .await
-        .with_context(|| format!("cannot listen on {}", args.listen))?;
-    let http = tokio::net::TcpListener::bind(args.http_listen)
-        .await
-        .with_context(|| format!("cannot listen on {}", args.http_listen))?;
-    let grpc_addr = grpc.local_addr()?;
-    let http_addr = http.local_addr()?;
-    if let Some(file) = &args.ready_file {
-        let body =
-            serde_json::json!({ "grpc": grpc_addr.to_string(), "http": http_addr.to_string() });
-        write_atomically(file, &body.to_string())?;
-    }
-    tracing::info!(grpc = %grpc_addr, http = %http_addr, store = %redact(&args.store), tls = serve_tls.is_some(), auth_mode = ?args.auth_mode, "api serving");
-    ate_api::serve_with(api, grpc, Some(http), serve_tls, shutdown_signal()).await?;
+    ate_api::run(args.config, component_shutdown()).await?;
     tracing::info!("api stopped");
     traces.shutdown().await;
     Ok(())
@@ -338,7 +135,7 @@ pub struct RouterArgs {
 pub async fn run_router(args: RouterArgs) -> anyhow::Result<()> {
     let traces = init_logging(args.log.json(), Some("ate-router"));
     tracing::info!(listen = %args.config.listen, api = %args.config.api, "router starting");
-    ate_router::run(args.config, shutdown_signal()).await?;
+    ate_router::run(args.config, component_shutdown()).await?;
     tracing::info!("router stopped");
     traces.shutdown().await;
     Ok(())
@@ -361,7 +158,7 @@ pub async fn run_node(args: NodeArgs) -> anyhow::Result<()> {
         let bound = serve_metrics(addr, ate_node::metrics::install).await?;
         tracing::info!(metrics = %bound, "node agent metrics serving");
     }
-    ate_node::run(args.config, shutdown_signal()).await?;
+    ate_node::run(args.config, component_shutdown()).await?;
     tracing::info!("node agent stopped");
     traces.shutdown().await;
     Ok(())
@@ -401,31 +198,17 @@ pub async fn run_worker(args: WorkerArgs) -> anyhow::Result<()> {
         "/proc/self/exe".to_string(),
         "page-source".to_string(),
     ]);
-    ate_worker::run(config, shutdown_signal()).await?;
+    ate_worker::run(config, component_shutdown()).await?;
     tracing::info!("worker stopped");
     traces.shutdown().await;
     Ok(())
 }
 
-/// Hides a password in a store URL for logs.
-fn redact(url: &str) -> String {
-    match (url.find("://"), url.rfind('@')) {
-        (Some(s), Some(at)) if at > s => {
-            let creds = &url[s + 3..at];
-            match creds.split_once(':') {
-                Some((user, _)) => format!("{}{user}:***{}", &url[..s + 3], &url[at..]),
-                None => url.to_string(),
-            }
-        }
-        _ => url.to_string(),
-    }
-}
-
+/// Replaces `path` with `body` whole ([`ate_tls::process::write_ready_file`]: ready files and
+/// the small state files other processes read).
 pub fn write_atomically(path: &std::path::Path, body: &str) -> anyhow::Result<()> {
-    let tmp = path.with_extension("tmp");
-    std::fs::write(&tmp, body).with_context(|| format!("cannot write {}", tmp.display()))?;
-    std::fs::rename(&tmp, path).with_context(|| format!("cannot write {}", path.display()))?;
-    Ok(())
+    ate_tls::process::write_ready_file(path, body)
+        .with_context(|| format!("cannot write {}", path.display()))
 }
 
 /// `ate log-relay`: copies stdin to stdout, each line prefixed with the time its first byte
@@ -460,20 +243,5 @@ pub fn log_relay() -> std::io::Result<()> {
         }
         output.write_all(&out)?;
         output.flush()?;
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn redacts_passwords() {
-        assert_eq!(
-            super::redact("postgres://u:secret@h:5432/db"),
-            "postgres://u:***@h:5432/db"
-        );
-        assert_eq!(
-            super::redact("sqlite:///var/lib/ate/ate.db"),
-            "sqlite:///var/lib/ate/ate.db"
-        );
     }
 }

@@ -56,7 +56,7 @@ pub async fn run(c: &Clients, cmd: TokenCmd, out: Format) -> anyhow::Result<Exit
             let list = rpc(join.list_join_tokens(v1::ListJoinTokensRequest {}).await)?;
             match out {
                 Format::Table => {
-                    let now = ate_api::now_ms();
+                    let now = ate_core::clock::now_ms();
                     println!(
                         "{:<10} {:<22} {:<24} DESCRIPTION",
                         "ID", "EXPIRES", "USED BY"

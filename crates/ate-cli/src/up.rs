@@ -17,13 +17,14 @@ use anyhow::Context;
 use ate_core::Document;
 use ate_core::template::TemplateSpec;
 use ate_proto::v1;
+use ate_tls::process::shutdown_signal;
 use clap::Args;
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 use tokio::process::{Child, Command};
 
 use crate::client::{self, API_ADDRESS_FILE, Clients};
-use crate::serve::{LogFormat, shutdown_signal, write_atomically};
+use crate::serve::{LogFormat, write_atomically};
 
 const DEMO_TEMPLATE: &str = include_str!("demo-counter.yaml");
 /// The running executable, as the kernel keeps it (Linux).
@@ -1109,7 +1110,7 @@ async fn start_all(
 /// Restarts components that exit until SIGINT/SIGTERM (SUCCESS) or a crash loop (FAILURE).
 async fn supervise_until_stopped(
     components: &mut [Component],
-    signal: &mut std::pin::Pin<&mut impl std::future::Future<Output = ()>>,
+    signal: &mut std::pin::Pin<&mut impl std::future::Future<Output = ate_tls::process::Signal>>,
 ) -> ExitCode {
     loop {
         let wake = next_wake(components, Instant::now());

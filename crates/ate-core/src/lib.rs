@@ -2,6 +2,9 @@
 //! snapshot fidelity, the template spec and its validation, label selectors and the restore
 //! decision. This crate performs no I/O.
 
+pub mod backoff;
+pub mod clock;
+pub mod duration;
 pub mod handoff;
 pub mod log_line;
 pub mod names;

@@ -5,8 +5,9 @@
 use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
+use ate_core::clock::now_ms;
 use ate_proto::v1::{
     self, actor_service_client::ActorServiceClient, fleet_service_client::FleetServiceClient,
     worker_service_client::WorkerServiceClient,
@@ -57,13 +58,6 @@ pub struct Fleet {
     pub actor_api: ActorServiceClient<Channel>,
     /// Actors an idle suspend has been asked for and not answered yet.
     suspending: Mutex<HashSet<(String, String)>>,
-}
-
-fn now_ms() -> i64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
-        .unwrap_or(0)
 }
 
 impl Fleet {

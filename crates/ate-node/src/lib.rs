@@ -164,9 +164,7 @@ pub async fn run(
     let agent = NodeAgent::new(cfg.clone(), bound).await?;
     agent.export_gauges();
     if let Some(file) = &cfg.ready_file {
-        let tmp = file.with_extension("tmp");
-        std::fs::write(&tmp, format!("{{\"grpc\":\"{bound}\"}}"))?;
-        std::fs::rename(&tmp, file)?;
+        ate_tls::process::write_ready_file(file, &format!("{{\"grpc\":\"{bound}\"}}"))?;
     }
     tracing::info!(node = %cfg.name, listen = %bound, api = %cfg.api, "node agent serving");
     agent.serve(listener, shutdown).await

@@ -68,8 +68,6 @@ pub enum RouterError {
     Tls(#[from] ate_tls::TlsError),
     #[error("--tls-listen needs the router's certificate (--tls-cert, --tls-key, --tls-ca)")]
     TlsListenWithoutCert,
-    #[error("install SIGTERM handler: {0}")]
-    Signal(std::io::Error),
     #[error("--access-log {target}: {source}")]
     AccessLog {
         target: String,
@@ -327,8 +325,8 @@ pub async fn serve(
         .await
 }
 
-/// Binds `--listen` and `--metrics-listen` and serves until `shutdown` or SIGTERM, then drains
-/// for at most `--drain-delay`.
+/// Binds `--listen` and `--metrics-listen` and serves until `shutdown` (the binary passes
+/// [`ate_tls::process::shutdown_signal`]), then drains for at most `--drain-delay`.
 pub async fn run(
     config: RouterConfig,
     shutdown: impl Future<Output = ()>,
@@ -345,13 +343,5 @@ pub async fn run(
             addr: config.metrics_listen,
             source,
         })?;
-    let mut sigterm = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-        .map_err(RouterError::Signal)?;
-    let shutdown = async move {
-        tokio::select! {
-            () = shutdown => {}
-            _ = sigterm.recv() => tracing::info!("SIGTERM"),
-        }
-    };
     serve(config, listener, metrics_listener, shutdown).await
 }

@@ -6,7 +6,6 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use rand::Rng;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use crate::metrics::{PARKING_ACTIVE, PARKING_REJECTED, PARKING_WAIT, Stats};
@@ -98,27 +97,19 @@ impl Drop for ParkingPlace {
     }
 }
 
-/// Retry delays: `initial`, then ×1.1 each time, plus up to 10 % random so that parked resumes of
-/// many actors do not hit the api in lockstep.
-#[derive(Debug, Clone)]
-pub struct Backoff {
-    next: Duration,
-}
+pub use ate_core::backoff::Backoff;
 
-pub const BACKOFF_FACTOR: f64 = 1.1;
-const JITTER: f64 = 0.1;
+/// Retry delays: ×1.1 each time, plus up to 10 % random so that parked resumes of many actors
+/// do not hit the api in lockstep. No cap: the parking budget bounds the retries.
+pub const RETRY_BACKOFF: ate_core::backoff::Policy = ate_core::backoff::Policy {
+    factor: 1.1,
+    max: Duration::MAX,
+    jitter: (1.0, 1.1),
+};
 
-impl Backoff {
-    pub fn new(initial: Duration) -> Self {
-        Self { next: initial }
-    }
-
-    pub fn next_delay(&mut self) -> Duration {
-        let base = self.next;
-        self.next = base.mul_f64(BACKOFF_FACTOR);
-        let jitter = rand::rng().random_range(0.0..JITTER);
-        base.mul_f64(1.0 + jitter)
-    }
+/// [`RETRY_BACKOFF`] from `initial`; draw each delay's jitter with `rand::random()`.
+pub fn backoff(initial: Duration) -> Backoff {
+    Backoff::new(initial, &RETRY_BACKOFF)
 }
 
 #[cfg(test)]
@@ -127,10 +118,10 @@ mod tests {
 
     #[test]
     fn backoff_grows_by_a_tenth_with_jitter() {
-        let mut b = Backoff::new(Duration::from_millis(100));
+        let mut b = backoff(Duration::from_millis(100));
         let mut base = 100.0;
         for _ in 0..20 {
-            let d = b.next_delay().as_secs_f64() * 1000.0;
+            let d = b.next_delay(rand::random()).as_secs_f64() * 1000.0;
             assert!(d >= base - 1e-6 && d <= base * 1.1 + 1e-6, "{d} vs {base}");
             base *= 1.1;
         }

@@ -457,7 +457,7 @@ impl Proxy {
         // its node reconciles), the request waits like a parked one: retries with the parking
         // backoff until the parking budget from its start is spent.
         let mut retries = 0u32;
-        let mut backoff = crate::parking::Backoff::new(self.resolver.retry_initial());
+        let mut backoff = crate::parking::backoff(self.resolver.retry_initial());
         loop {
             let sent = Instant::now();
             // The actor (and atunnel, on a new tunnel) continue the trace from the request's
@@ -483,7 +483,7 @@ impl Proxy {
                 {
                     tracing::debug!(actor = %name, worker = %route.worker, %error, retries, "route is bad; resolving again");
                     if retries > 0 {
-                        tokio::time::sleep(backoff.next_delay()).await;
+                        tokio::time::sleep(backoff.next_delay(rand::random())).await;
                     }
                     retries += 1;
                     self.stats.stale_retries.fetch_add(1, Ordering::Relaxed);

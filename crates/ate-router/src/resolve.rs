@@ -12,7 +12,7 @@ use crate::api::{Resume, Resumed};
 use crate::cache::{AssignmentCache, Route};
 use crate::error::{Disposition, ResolveError, classify};
 use crate::metrics::{RESUME_CALLS, Stats};
-use crate::parking::{Backoff, Outcome, ParkingLot, ParkingPlace};
+use crate::parking::{self, Outcome, ParkingLot, ParkingPlace};
 use crate::single_flight::SingleFlight;
 
 /// Progress of one actor's resolution, watched by every request for that actor.
@@ -238,7 +238,7 @@ impl Resolver {
     ) -> Result<Resumed, ResolveError> {
         let parking = self.lot.enabled();
         let mut deadline: Option<Instant> = None;
-        let mut backoff = Backoff::new(self.cfg.retry_initial);
+        let mut backoff = parking::backoff(self.cfg.retry_initial);
         let mut attempt = 0u32;
         loop {
             use tracing::Instrument;
@@ -309,7 +309,7 @@ impl Resolver {
                     true
                 }
             });
-            let wake = (now + backoff.next_delay()).min(deadline);
+            let wake = (now + backoff.next_delay(rand::random())).min(deadline);
             tokio::time::sleep_until(wake.into()).await;
             if Instant::now() >= deadline {
                 tracing::debug!(actor = %key, code = ?status.code(), "park budget spent");

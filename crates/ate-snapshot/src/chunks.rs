@@ -122,10 +122,9 @@ enum Written {
 /// Infix of a delta marker's name: `<digest>.base-<base digest>`.
 const MARKER_INFIX: &str = ".base-";
 
+/// The markers store unsigned milliseconds; [`ate_core::clock::unix_ms`] is never negative.
 fn unix_ms(t: SystemTime) -> u64 {
-    t.duration_since(SystemTime::UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
+    u64::try_from(ate_core::clock::unix_ms(t)).unwrap_or(0)
 }
 
 fn chunk_len(entry: &FileEntry, index: u64) -> Result<usize> {

@@ -458,7 +458,7 @@ struct Stats {
 impl Stats {
     fn touch(&self) {
         self.last_activity_ms
-            .store(crate::atunnel::now_unix_ms(), Ordering::Release);
+            .store(ate_core::clock::now_ms(), Ordering::Release);
     }
 }
 

@@ -13,13 +13,14 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tracing::Instrument;
 
+use ate_core::clock::now_ms;
 use ate_core::template::MemoryRestore;
 use ate_core::{Fidelity, TemplateSpec};
 use ate_proto::v1;
 use futures::StreamExt as _;
 use tonic::Status;
 
-use crate::atunnel::{Tunnels, now_unix_ms};
+use crate::atunnel::Tunnels;
 use crate::config::{Faults, FrozenPolicy};
 use crate::egress::{Cidr, Egress};
 use crate::error::SandboxError;
@@ -202,7 +203,7 @@ impl Worker {
             table: Mutex::new(Table::default()),
             locks: Mutex::new(HashMap::new()),
             shutting_down: AtomicBool::new(false),
-            last_poll_ms: std::sync::atomic::AtomicI64::new(now_unix_ms()),
+            last_poll_ms: std::sync::atomic::AtomicI64::new(now_ms()),
         }
     }
 
@@ -1184,7 +1185,7 @@ impl Worker {
                     sandbox_class: self.sandbox_class(),
                     node: req.node.clone(),
                     boot_id: req.boot_id.clone(),
-                    created_unix_ms: now_unix_ms(),
+                    created_unix_ms: now_ms(),
                     reason: reason.clone(),
                 };
                 let upper = sandbox.upper_dir();
@@ -1379,7 +1380,7 @@ impl Worker {
     // ------------------------------------------------------------------ Activity
 
     pub fn activity(&self) -> v1::WorkerActivityReply {
-        self.last_poll_ms.store(now_unix_ms(), Ordering::Release);
+        self.last_poll_ms.store(now_ms(), Ordering::Release);
         let mut table = self.table();
         let mut actors: Vec<v1::ActorActivity> = table
             .actors
@@ -1390,7 +1391,7 @@ impl Worker {
                 // every actor in the middle of a suspend.
                 let (open, last) = match self.tunnels.get(key) {
                     Some(a) => (a.open_tunnels(), a.last_activity_unix_ms()),
-                    None => (0, now_unix_ms()),
+                    None => (0, now_ms()),
                 };
                 // Outbound connections count as activity too: open ones keep the actor busy.
                 let out = self.egress.activity(key);
@@ -1564,7 +1565,7 @@ impl Worker {
                 atespace: entry.sandbox.atespace.clone(),
                 name: entry.sandbox.name.clone(),
                 idle_timeout_seconds: entry.spec.idle_timeout_seconds,
-                at_ms: now_unix_ms(),
+                at_ms: now_ms(),
                 // -1: unknown (the init was not the worker's child; runc keeps no exit status).
                 exit_code,
                 log,
@@ -1589,7 +1590,7 @@ impl Worker {
             atespace: entry.sandbox.atespace.clone(),
             name: entry.sandbox.name.clone(),
             idle_timeout_seconds: entry.spec.idle_timeout_seconds,
-            at_ms: now_unix_ms(),
+            at_ms: now_ms(),
             exit_code: -1,
             log: String::new(),
             crash: format!("lazy memory restore failed: {why}"),
@@ -1718,7 +1719,7 @@ impl Worker {
             }
             // The node polls Activity twice a second: silence means no node is there to ask
             // the api for the suspends, and waiting longer would change nothing.
-            let silent_ms = now_unix_ms().saturating_sub(self.last_poll_ms.load(Ordering::Acquire));
+            let silent_ms = now_ms().saturating_sub(self.last_poll_ms.load(Ordering::Acquire));
             if silent_ms > NODE_SILENCE.as_millis() as i64 || !self.tunnels.lease_valid() {
                 break;
             }
