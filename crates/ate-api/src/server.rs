@@ -231,9 +231,9 @@ pub async fn run(
             source,
         })?;
     let td = config.tls.trust_domain().to_string();
-    let jwt = config.jwt()?;
     let source = config.tls.load("api")?;
-    if source.is_none() && jwt.is_some() {
+    // Checked before the JWKS is read: the flags are wrong whatever the file holds.
+    if source.is_none() && config.auth_mode == AuthMode::Jwt {
         // Plaintext would both leak the tokens and make every caller admin.
         return Err(config_error(
             "--auth-mode=jwt needs TLS: --tls-cert, --tls-key and --tls-ca",
@@ -244,6 +244,7 @@ pub async fn run(
             "--ca-dir needs TLS: --tls-cert, --tls-key and --tls-ca",
         ));
     }
+    let jwt = config.jwt()?;
     let (node_tls, serve_tls) = match &source {
         Some(src) => {
             // Any node agent: the shared `…/sa/ate-node` or a per-node `…/sa/ate-node-<name>`.
