@@ -6,7 +6,6 @@ use std::fmt;
 use std::hash::{Hash, Hasher};
 use std::sync::Arc;
 
-use ate_core::names::is_label;
 use http::HeaderValue;
 
 /// Why a request names no routable actor (always a 404).
@@ -40,15 +39,7 @@ pub struct BadPort;
 /// The actor port a client names in `ate-target-port`: 1 to 5 decimal digits, 1-65535. Checked
 /// without allocating (it is on every request that carries the header).
 pub fn parse_port(value: &HeaderValue) -> Result<u16, BadPort> {
-    let bytes = value.as_bytes();
-    if bytes.is_empty() || bytes.len() > 5 || !bytes.iter().all(u8::is_ascii_digit) {
-        return Err(BadPort);
-    }
-    let n = bytes.iter().fold(0u32, |n, b| n * 10 + u32::from(b - b'0'));
-    match u16::try_from(n) {
-        Ok(port) if port != 0 => Ok(port),
-        _ => Err(BadPort),
-    }
+    ate_core::tunnel::parse_port(value.as_bytes()).ok_or(BadPort)
 }
 
 /// Validates the header value without allocating and returns it as `<atespace>/<name>`.
@@ -56,12 +47,9 @@ pub fn parse_target(value: Option<&HeaderValue>) -> Result<&str, TargetError> {
     let value = value.ok_or(TargetError::Missing)?;
     // Non-UTF-8 or non-visible bytes can never form two labels.
     let text = value.to_str().map_err(|_| TargetError::Malformed)?;
-    let (atespace, name) = text.split_once('/').ok_or(TargetError::Malformed)?;
-    if is_label(atespace) && is_label(name) {
-        Ok(text)
-    } else {
-        Err(TargetError::Malformed)
-    }
+    ate_core::tunnel::split_actor_ref(text)
+        .map(|_| text)
+        .ok_or(TargetError::Malformed)
 }
 
 /// An owned, validated actor reference; cheap to clone, hashes as its `<atespace>/<name>` text so

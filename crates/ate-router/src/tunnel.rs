@@ -27,13 +27,11 @@ use crate::body::RouterBody;
 use crate::cache::Route;
 use crate::metrics::Stats;
 
-/// Header atunnel sets on a 421 for an actor it does not serve.
-pub const STALE_HEADER: &str = "x-ate-assignment-stale";
-/// Header atunnel sets on a 502 when nothing accepts connections on the actor's port.
-pub const PORT_CLOSED_HEADER: &str = "x-ate-port-closed";
-/// Request header of a probe CONNECT: atunnel only says whether it serves the actor (200 or
-/// 421) and dials nothing.
-pub const PROBE_HEADER: &str = "ate-probe";
+/// The tunnel protocol's headers (defined in [`ate_core::tunnel`]): atunnel's 421 for an actor
+/// it does not serve, its 502 mark for a closed port, and the probe CONNECT.
+pub use ate_core::tunnel::{
+    PORT_CLOSED as PORT_CLOSED_HEADER, PROBE as PROBE_HEADER, STALE as STALE_HEADER,
+};
 
 /// What a failed tunnel means for the request: resolve again, tell the client nothing listens on
 /// the port, or neither.

@@ -38,17 +38,14 @@ use crate::pipe::{Command, TunnelState};
 const DRAIN_QUIET: Duration = Duration::from_millis(100);
 const DRAIN_POLL: Duration = Duration::from_millis(20);
 
-pub const HEADER_ACTOR: &str = "ate-target-actor";
-pub const HEADER_PORT: &str = "ate-target-port";
-pub const HEADER_STALE: &str = "x-ate-assignment-stale";
-/// Set (`true`) on the 502 for a port nothing listens on inside the actor, so the router can tell
-/// the client that rather than "unreachable".
-pub const HEADER_PORT_CLOSED: &str = "x-ate-port-closed";
-/// `ate-probe: 1` on a CONNECT: only answer whether this copy of the actor serves (200, or the
-/// usual 421), dial nothing. The router asks after a tunnel broke mid-request, to tell a tunnel
-/// cut by a suspend (ingress off: 421) from the actor closing its connection (still 200).
-pub const HEADER_PROBE: &str = "ate-probe";
-pub const HEADER_ACTIVATION: &str = ate_core::ACTIVATION_HEADER;
+/// The tunnel protocol's headers (defined in [`ate_core::tunnel`]). A probe (`ate-probe: 1`)
+/// only answers whether this copy of the actor serves (200, or the usual 421) and dials nothing:
+/// the router asks after a tunnel broke mid-request, to tell a tunnel cut by a suspend (ingress
+/// off: 421) from the actor closing its connection (still 200).
+pub use ate_core::tunnel::{
+    ACTIVATION as HEADER_ACTIVATION, PORT_CLOSED as HEADER_PORT_CLOSED, PROBE as HEADER_PROBE,
+    STALE as HEADER_STALE, TARGET_ACTOR as HEADER_ACTOR, TARGET_PORT as HEADER_PORT,
+};
 /// A SYN into an actor netns is answered at once (RST or SYN-ACK); this only bounds a stuck one.
 const DIAL_TIMEOUT: Duration = Duration::from_secs(5);
 /// Per-direction pipe buffer: small, since most tunnels carry a few KiB and many stay open idle.
@@ -459,10 +456,7 @@ pub fn parse_target(headers: &http::HeaderMap) -> Result<(String, u16), String> 
             .to_str()
             .map_err(|_| format!("{HEADER_ACTOR} is not ASCII"))?,
     };
-    let valid = actor
-        .split_once('/')
-        .is_some_and(|(ns, name)| ate_core::names::is_label(ns) && ate_core::names::is_label(name));
-    if !valid {
+    if ate_core::tunnel::split_actor_ref(actor).is_none() {
         let shown: String = actor.chars().take(140).collect();
         return Err(format!(
             "{HEADER_ACTOR} {shown:?} is not <atespace>/<name> with both DNS-1123 labels"
@@ -470,16 +464,16 @@ pub fn parse_target(headers: &http::HeaderMap) -> Result<(String, u16), String> 
     }
     let port = match headers.get(HEADER_PORT) {
         None => 80,
-        Some(v) => {
-            let text = v.to_str().unwrap_or("");
-            match text.parse::<u16>() {
-                Ok(p) if p > 0 => p,
-                _ => {
-                    let shown: String = text.chars().take(20).collect();
-                    return Err(format!("{HEADER_PORT} {shown:?} is not a port (1-65535)"));
-                }
+        Some(v) => match ate_core::tunnel::parse_port(v.as_bytes()) {
+            Some(p) => p,
+            None => {
+                let shown: String = String::from_utf8_lossy(v.as_bytes())
+                    .chars()
+                    .take(20)
+                    .collect();
+                return Err(format!("{HEADER_PORT} {shown:?} is not a port (1-65535)"));
             }
-        }
+        },
     };
     Ok((actor.to_string(), port))
 }

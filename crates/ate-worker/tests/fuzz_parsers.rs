@@ -36,24 +36,13 @@ fn oracle_actor(bytes: &[u8]) -> Option<String> {
     (parts.len() == 2 && oracle_label(parts[0]) && oracle_label(parts[1])).then(|| text.to_string())
 }
 
-/// `Some(port)` for 1–65535 written as decimal digits (an optional leading `+` and leading
-/// zeros included, as Rust's integer parser takes them).
+/// `Some(port)` for 1–65535 written as 1 to 5 decimal digits, nothing else (no sign, no
+/// spaces): the tunnel protocol's rule, the same on the router and in atunnel.
 fn oracle_port(bytes: &[u8]) -> Option<u16> {
-    let digits = bytes.strip_prefix(b"+").unwrap_or(bytes);
-    if digits.is_empty() || !digits.iter().all(u8::is_ascii_digit) {
+    if bytes.is_empty() || bytes.len() > 5 || !bytes.iter().all(u8::is_ascii_digit) {
         return None;
     }
-    let trimmed: &[u8] = {
-        let start = digits
-            .iter()
-            .position(|&d| d != b'0')
-            .unwrap_or(digits.len());
-        &digits[start..]
-    };
-    if trimmed.len() > 5 {
-        return None;
-    }
-    let n: u32 = trimmed.iter().fold(0, |n, &d| n * 10 + u32::from(d - b'0'));
+    let n: u32 = bytes.iter().fold(0, |n, &d| n * 10 + u32::from(d - b'0'));
     u16::try_from(n).ok().filter(|p| *p > 0)
 }
 

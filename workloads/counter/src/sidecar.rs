@@ -15,7 +15,9 @@ pub struct Sidecar {
 
 impl Sidecar {
     pub fn from_env() -> Option<Sidecar> {
-        let addr = std::env::var("SIDECAR_ADDR").ok().filter(|a| !a.is_empty())?;
+        let addr = std::env::var("SIDECAR_ADDR")
+            .ok()
+            .filter(|a| !a.is_empty())?;
         Some(Sidecar {
             addr,
             conn: None,
@@ -73,13 +75,17 @@ impl Sidecar {
 }
 
 fn request(conn: &mut BufReader<TcpStream>, line: &str) -> io::Result<String> {
-    conn.get_mut()
-        .write_all(format!("{line} HTTP/1.1\r\nHost: sidecar\r\nContent-Length: 0\r\n\r\n").as_bytes())?;
+    conn.get_mut().write_all(
+        format!("{line} HTTP/1.1\r\nHost: sidecar\r\nContent-Length: 0\r\n\r\n").as_bytes(),
+    )?;
     let mut length = 0usize;
     let mut status = String::new();
     conn.read_line(&mut status)?;
     if !status.starts_with("HTTP/1.1 200") {
-        return Err(io::Error::other(format!("sidecar answered {:?}", status.trim())));
+        return Err(io::Error::other(format!(
+            "sidecar answered {:?}",
+            status.trim()
+        )));
     }
     loop {
         let mut line = String::new();
