@@ -1191,6 +1191,89 @@ fn a_killed_worker_readopts_its_sandboxes() {
     assert_eq!(containers(&m.state()).len(), 2, "no copy was added or lost");
 }
 
+/// The same for an actor with a sidecar (its sandbox's PID 1 is ate-init): after the worker's
+/// SIGKILL and restart, both containers answer with their memory over the same connection.
+#[test]
+fn a_killed_worker_readopts_a_two_container_actor() {
+    let mut m = Manual::up();
+    let ns = "ns-adopt-pair";
+    let images = images_dir();
+    let yaml = format!(
+        "apiVersion: ate.dev/v1alpha1
+kind: Atespace
+metadata: {{name: {ns}}}
+---
+apiVersion: ate.dev/v1alpha1
+kind: ActorTemplate
+metadata: {{namespace: {ns}, name: pair}}
+spec:
+  containers:
+    - name: main
+      image: oci-layout:{images}/counter:latest
+      command: [\"/counter\"]
+      env: [{{name: SIDECAR_ADDR, value: \"127.0.0.1:9000\"}}, {{name: PORT2, value: \"off\"}}]
+      wakeupProbe: {{httpGet: {{path: /healthz, port: 80}}, timeoutSeconds: 10}}
+    - name: side
+      image: oci-layout:{images}/counter:latest
+      command: [\"/counter\"]
+      env: [{{name: PORT, value: \"9000\"}}, {{name: PORT2, value: \"off\"}}, {{name: ATE_DATA_DIR, value: /data/side}}]
+      wakeupProbe: {{httpGet: {{path: /healthz, port: 9000}}, timeoutSeconds: 10}}
+  resources: {{cpu: 250m, memory: 128Mi}}
+  volumes: [{{name: data, mountPath: /data}}]
+  snapshots: {{fidelity: memory}}
+",
+        images = images.display()
+    );
+    let path = m.dir.path().join("pair.yaml");
+    std::fs::write(&path, yaml).expect("write template");
+    m.ate_ok(&["apply", "-f", path.to_str().expect("utf-8 path")]);
+    m.ate_ok(&[
+        "create",
+        "actor",
+        "p",
+        "-a",
+        ns,
+        "-t",
+        &format!("{ns}/pair"),
+    ]);
+    let target = format!("{ns}/p");
+    let answer = |m: &Manual| {
+        let (status, _, body) = get(m.router, &target, "/");
+        assert_eq!(status, 200, "{body}\n{}", m.log("worker-1"));
+        body
+    };
+    let first = answer(&m);
+    assert!(
+        first.contains("sidecar memory count: 1 |") && first.ends_with("sidecar connection: 1"),
+        "{first}"
+    );
+    let old_epoch = m.worker_epoch().expect("epoch");
+    m.kill_worker();
+    assert_eq!(
+        containers(&m.state()).len(),
+        1,
+        "the sandbox outlives its worker"
+    );
+    m.start_worker();
+    let start = Instant::now();
+    while m.worker_epoch().is_none_or(|e| e == old_epoch) {
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "worker not re-registered:\n{}",
+            m.log("node")
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let body = answer(&m);
+    assert!(
+        body.starts_with("preserved memory count: 2 |")
+            && body.contains("sidecar memory count: 2 |")
+            && body.ends_with("sidecar connection: 1"),
+        "both containers kept their memory and their connection: {body}"
+    );
+    assert_eq!(containers(&m.state()).len(), 1, "no copy was added or lost");
+}
+
 #[test]
 fn worker_killed_mid_restore_then_restarted_resumes() {
     let mut m = Manual::up();
