@@ -15,7 +15,8 @@
 //! unset) and `OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE` + `_CLIENT_KEY` (mutual TLS). TLS uses one
 //! rustls config on the aws-lc-rs provider every component uses (`ate_tls::crypto_provider`),
 //! given to tonic through our connector and to reqwest as a preconfigured backend. Headers and
-//! compression (`OTEL_EXPORTER_OTLP_HEADERS`, `_COMPRESSION`) are read by the exporter.
+//! compression (`OTEL_EXPORTER_OTLP_HEADERS`, `_COMPRESSION`: gzip; zstd is not built in) are
+//! read by the exporter.
 //!
 //! A configuration this build cannot honour (an unknown protocol, a TLS file that does not
 //! load, half a client certificate) leaves traces off with a warning in the component's log:

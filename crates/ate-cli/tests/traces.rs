@@ -62,6 +62,8 @@ impl Got {
 #[derive(Default, Clone)]
 struct Receiver {
     spans: Arc<Mutex<Vec<Got>>>,
+    /// Exports that arrived gzip-compressed (`grpc-encoding` / `content-encoding: gzip`).
+    gzipped: Arc<std::sync::atomic::AtomicUsize>,
 }
 
 fn text(value: &Option<AnyValue>) -> String {
@@ -90,6 +92,14 @@ impl TraceService for Receiver {
         &self,
         request: tonic::Request<ExportTraceServiceRequest>,
     ) -> Result<tonic::Response<ExportTraceServiceResponse>, tonic::Status> {
+        if request
+            .metadata()
+            .get("grpc-encoding")
+            .is_some_and(|v| v == "gzip")
+        {
+            self.gzipped
+                .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        }
         self.record(request.into_inner());
         Ok(tonic::Response::new(ExportTraceServiceResponse {
             partial_success: None,
@@ -204,8 +214,10 @@ fn serve_grpc(
         .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
         .expect("bind the receiver");
     let addr = listener.local_addr().expect("address");
-    let server =
-        tonic::transport::Server::builder().add_service(TraceServiceServer::new(receiver.clone()));
+    let server = tonic::transport::Server::builder().add_service(
+        TraceServiceServer::new(receiver.clone())
+            .accept_compressed(tonic::codec::CompressionEncoding::Gzip),
+    );
     match tls {
         None => {
             runtime.spawn(
@@ -242,7 +254,24 @@ fn serve_http(
             .get(hyper::header::CONTENT_TYPE)
             .is_some_and(|v| v.as_bytes().starts_with(b"application/json"));
         let ours = request.method() == hyper::Method::POST && request.uri().path() == "/v1/traces";
-        let body = request.into_body().collect().await?.to_bytes();
+        let gzip = request
+            .headers()
+            .get(hyper::header::CONTENT_ENCODING)
+            .is_some_and(|v| v == "gzip");
+        let mut body = request.into_body().collect().await?.to_bytes();
+        if gzip {
+            use std::io::Read as _;
+            let mut plain = Vec::new();
+            if flate2::read::GzDecoder::new(&body[..])
+                .read_to_end(&mut plain)
+                .is_ok()
+            {
+                receiver
+                    .gzipped
+                    .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                body = plain.into();
+            }
+        }
         let decoded = if json {
             serde_json::from_slice::<ExportTraceServiceRequest>(&body).map_err(|e| e.to_string())
         } else {
@@ -770,6 +799,34 @@ fn otlp_grpc_over_tls() {
         ],
         "tr-grpcs",
     );
+}
+
+/// `OTEL_EXPORTER_OTLP_COMPRESSION=gzip`, over gRPC and over HTTP: the exports arrive
+/// compressed and whole.
+#[test]
+fn otlp_gzip_over_grpc_and_http() {
+    let runtime = runtime();
+    for (protocol, request_id) in [("grpc", "tr-gzip-grpc"), ("http/protobuf", "tr-gzip-http")] {
+        let receiver = Receiver::default();
+        let endpoint = if protocol == "grpc" {
+            serve_grpc(&runtime, &receiver, None)
+        } else {
+            serve_http(&runtime, &receiver, None)
+        };
+        cold_request_exports_its_trace(
+            &receiver,
+            &[
+                ("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint.as_str()),
+                ("OTEL_EXPORTER_OTLP_PROTOCOL", protocol),
+                ("OTEL_EXPORTER_OTLP_COMPRESSION", "gzip"),
+            ],
+            request_id,
+        );
+        assert!(
+            receiver.gzipped.load(std::sync::atomic::Ordering::SeqCst) > 0,
+            "{protocol}: the exports were gzip-compressed"
+        );
+    }
 }
 
 #[test]
