@@ -819,11 +819,8 @@ fn validate_ports(containers: &[Container]) -> Result<(), ValidationError> {
                 ));
             }
         }
-        let probe = c.wakeup_probe.as_ref().map(|p| p.http_get.port);
-        if containers.len() > 1
-            && let Some(port) = probe
-        {
-            own.insert(port);
+        if let Some(p) = &c.wakeup_probe {
+            own.insert(p.http_get.port);
         }
         for port in own {
             if let Some(other) = owners.insert(port, c.name.as_str()) {

@@ -165,43 +165,19 @@ fn parse_plan(bytes: &[u8]) -> Result<Vec<Plan>, String> {
     Ok(plans)
 }
 
-/// Copies `from` to stdout line by line, each line prefixed with `[name] `.
+/// Copies `from` to stdout line by line, each line prefixed with `[name] ` (a line longer than
+/// [`MAX_LINE`] in pieces, each prefixed).
 fn relay(name: String, from: std::io::PipeReader) -> JoinHandle<()> {
     std::thread::spawn(move || {
         let prefix = format!("[{name}] ");
-        let mut reader = BufReader::with_capacity(MAX_LINE, from);
+        let mut reader = BufReader::new(from);
+        let mut line = Vec::with_capacity(256);
         loop {
-            let chunk = match reader.fill_buf() {
-                Ok([]) | Err(_) => return,
-                Ok(c) => c,
-            };
-            let (line, used) = match chunk.iter().position(|b| *b == b'\n') {
-                Some(i) => (&chunk[..=i], i + 1),
-                None if chunk.len() >= MAX_LINE => (chunk, chunk.len()),
-                None => {
-                    // A partial line: wait for the rest unless the writer is gone.
-                    let mut more = Vec::with_capacity(MAX_LINE);
-                    more.extend_from_slice(chunk);
-                    let n = more.len();
-                    reader.consume(n);
-                    let mut byte = [0u8; 1];
-                    while more.len() < MAX_LINE {
-                        match reader.read(&mut byte) {
-                            Ok(1) => {
-                                more.push(byte[0]);
-                                if byte[0] == b'\n' {
-                                    break;
-                                }
-                            }
-                            _ => break,
-                        }
-                    }
-                    write_line(&prefix, &more);
-                    continue;
-                }
-            };
-            write_line(&prefix, line);
-            reader.consume(used);
+            line.clear();
+            match (&mut reader).take(MAX_LINE as u64).read_until(b'\n', &mut line) {
+                Ok(0) | Err(_) => return,
+                Ok(_) => write_line(&prefix, &line),
+            }
         }
     })
 }

@@ -959,12 +959,7 @@ fn validate_spec(actor: &ActorSandbox, spec: &SandboxSpec) -> Result<()> {
                 s.name
             )));
         }
-        let ok_name = !s.name.is_empty()
-            && s.name != spec.name
-            && s.name
-                .bytes()
-                .all(|b| b.is_ascii_alphanumeric() || b == b'-');
-        if !ok_name {
+        if !ate_core::names::is_label(&s.name) || s.name == spec.name {
             return Err(SandboxError::Invalid(format!(
                 "container name {:?}",
                 s.name

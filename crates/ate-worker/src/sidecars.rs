@@ -164,7 +164,7 @@ pub fn apply(config: &mut Value, actor: &ActorSandbox, spec: &SandboxSpec) {
     }
     if let Some(mounts) = config.get_mut("mounts").and_then(Value::as_array_mut) {
         for s in &spec.sidecars {
-            mounts.extend(sidecar_mounts(actor, spec, &s.name));
+            mounts.extend(sidecar_mounts(actor, s));
         }
     }
     if let Some(linux) = config.get_mut("linux").and_then(Value::as_object_mut) {
@@ -194,10 +194,10 @@ pub fn apply(config: &mut Value, actor: &ActorSandbox, spec: &SandboxSpec) {
 /// A sidecar's rootfs at `/.ate/containers/<name>` and, inside it, what runc gives the first
 /// container: proc, a tmpfs `/dev` with the usual device nodes and `/dev/shm`, a read-only
 /// sysfs, the identity files and the template's volumes.
-fn sidecar_mounts(actor: &ActorSandbox, spec: &SandboxSpec, name: &str) -> Vec<Value> {
-    let root = container_root(name);
+fn sidecar_mounts(actor: &ActorSandbox, sidecar: &SidecarSpec) -> Vec<Value> {
+    let root = container_root(&sidecar.name);
     let mut mounts = vec![
-        json!({"destination": root, "type": "bind", "source": actor.container_rootfs_dir(name), "options": ["rbind", "rw"]}),
+        json!({"destination": root, "type": "bind", "source": actor.container_rootfs_dir(&sidecar.name), "options": ["rbind", "rw"]}),
         json!({"destination": format!("{root}/proc"), "type": "proc", "source": "proc"}),
         json!({"destination": format!("{root}/dev"), "type": "tmpfs", "source": "tmpfs", "options": ["nosuid", "strictatime", "mode=755", "size=65536k"]}),
     ];
@@ -209,10 +209,8 @@ fn sidecar_mounts(actor: &ActorSandbox, spec: &SandboxSpec, name: &str) -> Vec<V
         json!({"destination": format!("{root}/sys"), "type": "sysfs", "source": "sysfs", "options": ["nosuid", "noexec", "nodev", "ro"]}),
         json!({"destination": format!("{root}/etc/ate"), "type": "bind", "source": actor.identity_dir(), "options": ["bind", "ro", "nosuid", "nodev", "noexec"]}),
     ]);
-    if let Some(s) = spec.sidecars.iter().find(|s| s.name == name) {
-        for m in &s.mounts {
-            mounts.push(json!({"destination": format!("{root}{}", m.mount_path), "type": "bind", "source": actor.volume_dir(&m.name), "options": ["rbind", "rw", "nosuid", "nodev"]}));
-        }
+    for m in &sidecar.mounts {
+        mounts.push(json!({"destination": format!("{root}{}", m.mount_path), "type": "bind", "source": actor.volume_dir(&m.name), "options": ["rbind", "rw", "nosuid", "nodev"]}));
     }
     mounts
 }
