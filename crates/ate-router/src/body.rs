@@ -34,7 +34,8 @@ impl RouterBody {
 
 /// A body whose end returns its connection to the pool: when `poll_frame` sees the end, or when
 /// it is dropped after its end (a server that saw `is_end_stream` need not poll again). Dropped
-/// before its end, the connection is not reusable and goes with it.
+/// before its end, the connection is not reusable and goes with it. While it streams, polling it
+/// also polls the connection's I/O (a handed-off tunnel has no task of its own).
 #[derive(Debug)]
 pub struct Pooled {
     body: Incoming,
@@ -58,15 +59,12 @@ impl Drop for Pooled {
 }
 
 impl RouterBody {
-    /// `body` from a pooled connection, `back` returning it (none with the pool off).
-    pub fn pooled(body: Incoming, back: Option<PoolReturn>) -> Self {
-        match back {
-            None => RouterBody::Stream(body),
-            Some(back) => RouterBody::Pooled(Pooled {
-                body,
-                back: Some(back),
-            }),
-        }
+    /// `body` from a pooled connection, `back` returning it.
+    pub fn pooled(body: Incoming, back: PoolReturn) -> Self {
+        RouterBody::Pooled(Pooled {
+            body,
+            back: Some(back),
+        })
     }
 }
 
@@ -95,7 +93,14 @@ impl Body for RouterBody {
                 frame
             }
             RouterBody::Pooled(pooled) => {
-                let frame = Pin::new(&mut pooled.body).poll_frame(cx);
+                let mut frame = Pin::new(&mut pooled.body).poll_frame(cx);
+                if frame.is_pending()
+                    && let Some(back) = &mut pooled.back
+                    && back.poll_io(cx)
+                {
+                    // The connection may just have read the next frame.
+                    frame = Pin::new(&mut pooled.body).poll_frame(cx);
+                }
                 match &frame {
                     Poll::Ready(None) => pooled.finish(),
                     Poll::Ready(Some(Ok(_))) if pooled.body.is_end_stream() => pooled.finish(),

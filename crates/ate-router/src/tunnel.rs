@@ -5,8 +5,12 @@
 //! that carries every gRPC request to that port.
 
 use std::collections::HashMap;
+use std::future::Future;
+use std::os::fd::AsFd;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
+use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use ate_core::{ACTIVATION_HEADER, REQUEST_ID_HEADER, TARGET_ACTOR_HEADER, TARGET_PORT_HEADER};
@@ -124,23 +128,44 @@ pub struct TunnelConfig {
     pub local_tunnels: Option<std::path::PathBuf>,
 }
 
-/// A handed-off tunnel's state shared by the pool and its connection task: whether a request
-/// is on it, and whether atunnel asked for it back (the actor drains for a suspend). Whoever
-/// sees both "retired" and "not in use" last closes it.
+/// Whether atunnel asked for a handed-off tunnel back (the actor drains for a suspend). Read and
+/// written under the pool's lock: a retired connection found in the pool is closed at once, one
+/// a request holds is closed when that request's response ends (it is not put back).
 #[derive(Debug, Default)]
 struct HandoffUse {
-    in_use: AtomicBool,
     retired: AtomicBool,
 }
+
+/// What a handed-off connection has beyond a CONNECT one, boxed so that [`H1Conn`] (which a
+/// request's future holds) stays small. `_alive` ties it to its watcher task
+/// ([`Tunnels::watch_handoff`]): dropped with the connection, wherever that happens, it ends the
+/// watcher, whose end closes the unix connection, which is the tunnel's end at atunnel.
+struct Handed {
+    usage: Arc<HandoffUse>,
+    _alive: tokio::sync::oneshot::Sender<()>,
+    /// The connection's I/O, polled by whoever holds the connection; `None` once it has ended.
+    driver: Option<Driver>,
+}
+
+impl Handed {
+    fn retired(&self) -> bool {
+        self.usage.retired.load(Ordering::SeqCst)
+    }
+}
+
+/// The I/O of an HTTP/1.1 connection to an actor (hyper's connection future), polled by the task
+/// that holds the connection: the request's own task while it waits for the answer and streams
+/// the body, so a warm request never hands off to another task (no cross-task wake-ups, which
+/// were most of the router's cost per request beside nginx). An idle pooled connection is
+/// polled by the next request that checks it out, which then sees what happened meanwhile (the
+/// actor closed it, or the previous response's end).
+type Driver = Pin<Box<dyn std::future::Future<Output = hyper::Result<()>> + Send>>;
 
 type WorkerSlot = Arc<tokio::sync::Mutex<Option<http2::SendRequest<Empty<Bytes>>>>>;
 
 struct IdleH1 {
-    sender: http1::SendRequest<Incoming>,
-    worker: Arc<str>,
-    port: u16,
+    conn: H1Conn,
     since: Instant,
-    handoff: Option<Arc<HandoffUse>>,
 }
 
 /// How a shared HTTP/2 tunnel connection is used: streams open on it, and since when it is idle.
@@ -246,8 +271,75 @@ pub struct H1Conn {
     pub sender: http1::SendRequest<Incoming>,
     worker: Arc<str>,
     port: u16,
-    /// Set for a handed-off tunnel (the actor's own socket).
-    handoff: Option<Arc<HandoffUse>>,
+    /// Set for a handed-off tunnel (the actor's own socket), whose I/O its holder polls; a
+    /// CONNECT tunnel's runs in a task of its own (its bytes cross the shared HTTP/2
+    /// connection's task anyway).
+    handoff: Option<Box<Handed>>,
+}
+
+impl H1Conn {
+    /// Whether the connection's I/O is polled by its holder (and has not ended).
+    fn polled_inline(&self) -> bool {
+        self.handoff.as_ref().is_some_and(|h| h.driver.is_some())
+    }
+
+    /// Polls the connection's I/O in the caller's task (nothing when it has its own task).
+    fn poll_io(&mut self, cx: &mut Context<'_>) {
+        if let Some(handed) = &mut self.handoff
+            && let Some(driver) = &mut handed.driver
+            && let Poll::Ready(result) = driver.as_mut().poll(cx)
+        {
+            if let Err(e) = result {
+                tracing::debug!(error = %e, "handed-off HTTP/1.1 connection ended");
+            }
+            handed.driver = None;
+        }
+    }
+
+    /// Waits for `answer` (the response to a request just given to this connection), polling
+    /// the connection's I/O in this same task.
+    fn drive<'a, F: Future>(&'a mut self, answer: Pin<&'a mut F>) -> Drive<'a, F> {
+        Drive { conn: self, answer }
+    }
+
+    /// The connection will not be reused (the pool is off): its I/O gets a task of its own,
+    /// which ends after the response in flight (the sender is dropped here).
+    fn detach(self) {
+        if let Some(mut handed) = self.handoff
+            && let Some(driver) = handed.driver.take()
+        {
+            tokio::spawn(async move {
+                if let Err(e) = driver.await {
+                    tracing::debug!(error = %e, "handed-off HTTP/1.1 connection ended");
+                }
+                drop(handed);
+            });
+        }
+    }
+}
+
+/// [`H1Conn::drive`]'s future. Written out rather than an `async fn` so that the answer's
+/// future is stored once, pinned in the request's future, not copied into this one: the request
+/// future's size is what every parked request costs.
+pub struct Drive<'a, F> {
+    conn: &'a mut H1Conn,
+    answer: Pin<&'a mut F>,
+}
+
+impl<F: Future> Future for Drive<'_, F> {
+    type Output = F::Output;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
+        let this = self.get_mut();
+        if let Poll::Ready(out) = this.answer.as_mut().poll(cx) {
+            return Poll::Ready(out);
+        }
+        if !this.conn.polled_inline() {
+            return Poll::Pending;
+        }
+        this.conn.poll_io(cx);
+        this.answer.as_mut().poll(cx)
+    }
 }
 
 /// A pooled HTTP/1.1 connection waiting for the end of the response body it carries, carried by
@@ -261,31 +353,36 @@ pub struct PoolReturn {
 }
 
 impl PoolReturn {
-    /// The body ended: the connection goes back to the pool (unless atunnel asked for it back).
+    /// The body ended: the connection goes back to the pool (unless atunnel asked for it back,
+    /// or the pool is full: then it is dropped, which closes it).
     pub fn done(self) {
         let PoolReturn { tunnels, key, conn } = self;
         if conn.sender.is_closed() {
             return;
         }
-        if let Some(h) = &conn.handoff {
-            h.in_use.store(false, Ordering::SeqCst);
-            if h.retired.load(Ordering::SeqCst) {
-                // atunnel asked for it back while the request ran: dropping the sender ends
-                // its connection task, which closes the socket.
-                return;
-            }
-        }
         let mut idle = tunnels.idle.lock().unwrap_or_else(PoisonError::into_inner);
+        // Checked under the pool's lock, where the watcher sets it: a connection atunnel asked
+        // for back while the request ran is closed now, not pooled.
+        if conn.handoff.as_ref().is_some_and(|h| h.retired()) {
+            drop(idle);
+            return;
+        }
         let conns = idle.entry(key).or_default();
         if conns.len() < tunnels.cfg.idle_per_actor {
             conns.push(IdleH1 {
-                sender: conn.sender,
-                worker: conn.worker,
-                port: conn.port,
+                conn,
                 since: Instant::now(),
-                handoff: conn.handoff,
             });
         }
+    }
+
+    /// Polls the connection's I/O (the body's task drives it while the body streams).
+    pub fn poll_io(&mut self, cx: &mut Context<'_>) -> bool {
+        if !self.conn.polled_inline() {
+            return false;
+        }
+        self.conn.poll_io(cx);
+        true
     }
 }
 
@@ -486,21 +583,6 @@ impl Tunnels {
         }
     }
 
-    /// An HTTP/1.1 connection to the actor: an idle pooled one, or a new tunnel.
-    pub async fn h1(
-        &self,
-        route: &Route,
-        actor: &str,
-        port: u16,
-        request_id: &str,
-    ) -> Result<H1Conn, TunnelError> {
-        if let Some(conn) = self.checkout(actor, port, &route.worker) {
-            self.stats.tunnel_reuses.fetch_add(1, Ordering::Relaxed);
-            return Ok(conn);
-        }
-        self.new_h1(route, actor, port, request_id).await
-    }
-
     /// A new HTTP/1.1 connection over a new tunnel (upgrades allowed, for WebSocket).
     pub async fn new_h1(
         &self,
@@ -521,15 +603,14 @@ impl Tunnels {
     /// go over it (WebSockets take [`Tunnels::new_h1`]: atunnel closes them with a close frame
     /// on a suspend, which needs the bytes to pass through it).
     async fn pooled_h1(
-        &self,
+        self: &Arc<Self>,
         route: &Route,
         actor: &str,
         port: u16,
         request_id: &str,
     ) -> Result<H1Conn, TunnelError> {
         if let Some(dir) = &self.cfg.local_tunnels {
-            // Boxed for the same reason as `new_h1`.
-            match Box::pin(self.handed_h1(dir, route, actor, port, request_id)).await {
+            match self.handed_h1(dir, route, actor, port, request_id).await {
                 Ok(conn) => return Ok(conn),
                 Err(crate::handoff::HandoffError::Unavailable { .. }) => {}
                 Err(crate::handoff::HandoffError::Refused(reply)) => {
@@ -556,7 +637,7 @@ impl Tunnels {
     }
 
     async fn handed_h1(
-        &self,
+        self: &Arc<Self>,
         dir: &std::path::Path,
         route: &Route,
         actor: &str,
@@ -574,51 +655,104 @@ impl Tunnels {
             crate::handoff::take(dir, &route.worker, &request, self.cfg.connect_timeout).await?;
         self.stats.tunnel_connects.fetch_add(1, Ordering::Relaxed);
         self.stats.tunnel_handoffs.fetch_add(1, Ordering::Relaxed);
+        let io_err = |e: std::io::Error| crate::handoff::HandoffError::Io {
+            worker: route.worker.to_string(),
+            source: e,
+        };
+        // A second descriptor of the socket, for the watcher to cut it with (`shutdown(2)`)
+        // whoever holds the connection at that moment.
+        let cut = handed.tcp.as_fd().try_clone_to_owned().map_err(io_err)?;
         let (sender, conn) = http1::Builder::new()
             .handshake(TokioIo::new(handed.tcp))
             .await
-            .map_err(|e| crate::handoff::HandoffError::Io {
-                worker: route.worker.to_string(),
-                source: std::io::Error::other(e),
-            })?;
+            .map_err(|e| io_err(std::io::Error::other(e)))?;
         let usage = Arc::new(HandoffUse {
-            in_use: AtomicBool::new(true),
             retired: AtomicBool::new(handed.retired),
         });
-        let task_usage = usage.clone();
-        let mut control = handed.control;
-        tokio::spawn(async move {
-            use tokio::io::AsyncReadExt;
-            tokio::pin!(conn);
-            let mut byte = [0u8; 1];
-            loop {
-                tokio::select! {
-                    done = &mut conn => {
-                        if let Err(e) = done {
-                            tracing::debug!(error = %e, "handed-off HTTP/1.1 connection ended");
-                        }
-                        return;
-                    }
-                    read = control.read(&mut byte) => match read {
-                        Ok(1) if byte[0] == ate_core::handoff::RETIRE => {
-                            task_usage.retired.store(true, Ordering::SeqCst);
-                            if !task_usage.in_use.load(Ordering::SeqCst) {
-                                return;
-                            }
-                        }
-                        // atunnel is gone (the worker process ended) or spoke out of turn: the
-                        // socket goes at once, so nothing reaches a copy no worker vouches for.
-                        _ => return,
-                    },
-                }
-            }
-        });
+        let (alive, dropped) = tokio::sync::oneshot::channel();
+        tokio::spawn(Self::watch_handoff(
+            Arc::downgrade(self),
+            ActorKey::from_validated(actor),
+            usage.clone(),
+            handed.control,
+            std::net::TcpStream::from(cut),
+            dropped,
+        ));
         Ok(H1Conn {
             sender,
             worker: route.worker.clone(),
             port,
-            handoff: Some(usage),
+            handoff: Some(Box::new(Handed {
+                usage,
+                _alive: alive,
+                driver: Some(Box::pin(conn)),
+            })),
         })
+    }
+
+    /// Holds a handed-off tunnel's unix connection for as long as the connection lives, and
+    /// acts on what atunnel says on it: [`ate_core::handoff::RETIRE`] closes the connection if
+    /// it sits in the pool (else its request's end does, see [`PoolReturn::done`]); atunnel gone
+    /// (the worker process ended) or speaking out of turn cuts the socket at once, request in
+    /// flight or not, so nothing reaches a copy no worker vouches for. Returning drops `control`,
+    /// which tells atunnel the tunnel ended.
+    async fn watch_handoff(
+        tunnels: std::sync::Weak<Self>,
+        key: ActorKey,
+        usage: Arc<HandoffUse>,
+        mut control: tokio::net::UnixStream,
+        socket: std::net::TcpStream,
+        mut dropped: tokio::sync::oneshot::Receiver<()>,
+    ) {
+        use tokio::io::AsyncReadExt;
+        let mut byte = [0u8; 1];
+        loop {
+            tokio::select! {
+                // The connection was dropped (closed): the tunnel ends with it.
+                _ = &mut dropped => return,
+                read = control.read(&mut byte) => match read {
+                    Ok(1) if byte[0] == ate_core::handoff::RETIRE => {
+                        let Some(tunnels) = tunnels.upgrade() else { return };
+                        if tunnels.retire_handoff(&key, &usage) {
+                            return;
+                        }
+                        // A request holds it: its end closes it, and `dropped` fires.
+                    }
+                    _ => {
+                        let _ = socket.shutdown(std::net::Shutdown::Both);
+                        if let Some(tunnels) = tunnels.upgrade() {
+                            tunnels.retire_handoff(&key, &usage);
+                        }
+                        return;
+                    }
+                },
+            }
+        }
+    }
+
+    /// Marks a handed-off connection retired and closes it if it sits in the pool; says whether
+    /// it did (false: a request holds it).
+    fn retire_handoff(&self, key: &ActorKey, usage: &Arc<HandoffUse>) -> bool {
+        let mut idle = self.idle.lock().unwrap_or_else(PoisonError::into_inner);
+        usage.retired.store(true, Ordering::SeqCst);
+        let Some(conns) = idle.get_mut(key.as_str()) else {
+            return false;
+        };
+        let Some(i) = conns.iter().position(|c| {
+            c.conn
+                .handoff
+                .as_ref()
+                .is_some_and(|h| Arc::ptr_eq(&h.usage, usage))
+        }) else {
+            return false;
+        };
+        let conn = conns.swap_remove(i);
+        if conns.is_empty() {
+            idle.remove(key.as_str());
+        }
+        drop(idle);
+        drop(conn);
+        true
     }
 
     async fn new_h1_unboxed(
@@ -787,7 +921,7 @@ impl Tunnels {
         {
             let mut idle = self.idle.lock().unwrap_or_else(PoisonError::into_inner);
             if let Some(conns) = idle.get_mut(actor) {
-                conns.retain(|c| c.worker != *worker);
+                conns.retain(|c| c.conn.worker != *worker);
                 if conns.is_empty() {
                     idle.remove(actor);
                 }
@@ -846,16 +980,43 @@ impl Tunnels {
         port: u16,
         mut request: Request<Incoming>,
     ) -> Result<Response<RouterBody>, SendFailed<Request<Incoming>>> {
-        if let Some(mut conn) = self.checkout(actor, port, &route.worker) {
-            self.stats.tunnel_reuses.fetch_add(1, Ordering::Relaxed);
-            match conn.sender.try_send_request(request).await {
-                Ok(response) => {
-                    let back = self.checkin(actor, conn);
-                    return Ok(response.map(|body| RouterBody::pooled(body, back)));
+        // One call site for sending, so the request's future holds one send state, not two.
+        let mut fresh = false;
+        loop {
+            let pooled = std::future::poll_fn(|cx| {
+                Poll::Ready(self.checkout(actor, port, &route.worker, cx))
+            })
+            .await;
+            let mut conn = match pooled {
+                Some(conn) => {
+                    self.stats.tunnel_reuses.fetch_add(1, Ordering::Relaxed);
+                    conn
                 }
+                None => {
+                    let id = request_id_of(&request);
+                    // Boxed for the same reason as `new_h1`: a new connection (a handoff or a
+                    // CONNECT tunnel) is a large future, and the warm path never makes one.
+                    match Box::pin(self.pooled_h1(route, actor, port, id)).await {
+                        Ok(conn) => {
+                            fresh = true;
+                            conn
+                        }
+                        Err(error) => {
+                            return Err(SendFailed {
+                                error,
+                                request: Some(request),
+                            });
+                        }
+                    }
+                }
+            };
+            let answer = std::pin::pin!(conn.sender.try_send_request(request));
+            match conn.drive(answer).await {
+                Ok(response) => return Ok(self.respond(actor, conn, response)),
                 Err(mut e) => match e.take_message() {
-                    Some(back) => request = back,
-                    None => {
+                    // A pooled connection that died before the request was written: another.
+                    Some(back) if !fresh => request = back,
+                    _ => {
                         return Err(SendFailed {
                             error: TunnelError::Actor(e.into_error()),
                             request: None,
@@ -864,29 +1025,33 @@ impl Tunnels {
                 },
             }
         }
-        let id = request_id_of(&request);
-        let mut conn = match self.pooled_h1(route, actor, port, id).await {
-            Ok(conn) => conn,
-            Err(error) => {
-                return Err(SendFailed {
-                    error,
-                    request: Some(request),
-                });
+    }
+
+    /// The actor's response, its body returning `conn` to the pool at its end.
+    fn respond(
+        self: &Arc<Self>,
+        actor: &str,
+        conn: H1Conn,
+        response: Response<Incoming>,
+    ) -> Response<RouterBody> {
+        match self.checkin(actor, conn) {
+            Ok(back) => response.map(|body| RouterBody::pooled(body, back)),
+            Err(conn) => {
+                conn.detach();
+                response.map(RouterBody::from)
             }
-        };
-        match conn.sender.send_request(request).await {
-            Ok(response) => {
-                let back = self.checkin(actor, conn);
-                Ok(response.map(|body| RouterBody::pooled(body, back)))
-            }
-            Err(e) => Err(SendFailed {
-                error: TunnelError::Actor(e),
-                request: None,
-            }),
         }
     }
 
-    fn checkout(&self, actor: &str, port: u16, worker: &Arc<str>) -> Option<H1Conn> {
+    /// A pooled connection for `actor`'s `port` on `worker`, newest first, its I/O polled here
+    /// (in `cx`'s task) first so that one the actor closed while it was idle is not used.
+    fn checkout(
+        &self,
+        actor: &str,
+        port: u16,
+        worker: &Arc<str>,
+        cx: &mut Context<'_>,
+    ) -> Option<H1Conn> {
         if self.cfg.idle_per_actor == 0 {
             return None;
         }
@@ -895,39 +1060,31 @@ impl Tunnels {
         let now = Instant::now();
         let mut found = None;
         // Newest first. Dead entries go; one still finishing its last response (its body
-        // ended a moment ago, the connection task has not caught up) stays for the next turn.
+        // ended a moment ago, the connection has not caught up) stays for the next turn.
         let mut i = conns.len();
         while i > 0 {
             i -= 1;
-            let c = &conns[i];
-            if c.port != port {
+            let c = &mut conns[i];
+            if c.conn.port != port {
                 continue;
             }
-            let retired = c
-                .handoff
-                .as_ref()
-                .is_some_and(|h| h.retired.load(Ordering::SeqCst));
-            if c.worker != *worker
+            let retired = c.conn.handoff.as_ref().is_some_and(|h| h.retired());
+            if c.conn.worker != *worker
                 || retired
-                || c.sender.is_closed()
                 || now.duration_since(c.since) >= self.cfg.idle_timeout
             {
                 conns.swap_remove(i);
                 continue;
             }
-            if !c.sender.is_ready() {
+            c.conn.poll_io(cx);
+            if c.conn.sender.is_closed() {
+                conns.swap_remove(i);
                 continue;
             }
-            let c = conns.swap_remove(i);
-            if let Some(h) = &c.handoff {
-                h.in_use.store(true, Ordering::SeqCst);
+            if !c.conn.sender.is_ready() {
+                continue;
             }
-            found = Some(H1Conn {
-                sender: c.sender,
-                worker: c.worker,
-                port: c.port,
-                handoff: c.handoff,
-            });
+            found = Some(conns.swap_remove(i).conn);
             break;
         }
         if conns.is_empty() {
@@ -937,12 +1094,12 @@ impl Tunnels {
     }
 
     /// What returns `conn` to the pool once its response body has ended (see
-    /// [`PoolReturn`]); `None` with the pool off.
-    fn checkin(self: &Arc<Self>, actor: &str, conn: H1Conn) -> Option<PoolReturn> {
+    /// [`PoolReturn`]); the connection back with the pool off.
+    fn checkin(self: &Arc<Self>, actor: &str, conn: H1Conn) -> Result<PoolReturn, H1Conn> {
         if self.cfg.idle_per_actor == 0 {
-            return None;
+            return Err(conn);
         }
-        Some(PoolReturn {
+        Ok(PoolReturn {
             tunnels: self.clone(),
             key: ActorKey::from_validated(actor),
             conn,
@@ -956,7 +1113,7 @@ impl Tunnels {
         let mut idle = self.idle.lock().unwrap_or_else(PoisonError::into_inner);
         idle.retain(|_, conns| {
             conns.retain(|c| {
-                !c.sender.is_closed() && now.duration_since(c.since) < self.cfg.idle_timeout
+                !c.conn.sender.is_closed() && now.duration_since(c.since) < self.cfg.idle_timeout
             });
             !conns.is_empty()
         });
