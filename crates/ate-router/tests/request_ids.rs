@@ -235,7 +235,8 @@ async fn a_failed_request_is_one_log_line_with_its_id_and_lines_of_its_resume_ca
         .finish();
     let _guard = tracing::subscriber::set_default(subscriber);
 
-    let w = World::start(|_| {}).await;
+    // No ingress threads: the connections are served on this thread, where the subscriber is.
+    let w = World::start(|c| c.ingress_threads = Some(0)).await;
     w.running("a/b");
     w.api
         .script("a/crashed", |_| Reply::err(Status::internal("boom")));
