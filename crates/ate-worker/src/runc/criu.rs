@@ -1,0 +1,242 @@
+//! CRIU: the options every dump and restore runs with, probing the installed CRIU, and the two
+//! memory paths (dump for `checkpoint`/`checkpoint_frozen`, `runc restore` eager or lazy).
+
+use std::path::Path;
+use std::time::Instant;
+
+use super::RuncRuntime;
+use super::cgroup::{cpu_quota_us, read_cpu_quota};
+use super::files::{dir_size, remove_dir_if_exists, remove_file_if_exists};
+use super::spawn::pid_file;
+use crate::error::{IoContext, Result, SandboxError, tail};
+use crate::lazy::PageSource;
+use crate::reaper::InitStatus;
+use crate::runtime::{ActorSandbox, CheckpointStats, SandboxSpec, Started};
+
+/// CRIU options the worker's dumps and restores run with (the file overrides what runc asks
+/// for over RPC):
+/// - `network-lock skip`: CRIU's default network lock runs `iptables-restore` in the actor
+///   netns twice per dump and per restore (~100 ms of a ~250 ms restore here); the lock only
+///   guards established TCP traffic during the dump, and the worker never dumps with
+///   established connections (ingress off, tunnels closed, egress reset, TCP table checked
+///   first), while the netns is private to the actor.
+/// - `manage-cgroups ignore`: runc creates the actor's cgroups (from config.json) and puts
+///   CRIU into them before a restore, so the restored tasks land there anyway; CRIU's own
+///   cgroup handling (mounting every controller into a scratch yard, dumping and comparing
+///   properties) cost ~20 ms of a ~100 ms CRIU restore and some of each dump.
+pub const CRIU_OPTIONS: &str = "network-lock skip\nmanage-cgroups ignore\n";
+
+/// [`CRIU_OPTIONS`] for an actor with sidecars, plus `tcp-established`: its containers talk over
+/// loopback inside the actor's netns, and CRIU dumps both ends of such a connection (they are in
+/// one process tree) and restores them with TCP repair, so they survive a suspend. With every
+/// task frozen during the dump and both ends repaired before any runs, no lock is needed.
+pub const CRIU_OPTIONS_SIDECARS: &str =
+    "network-lock skip\nmanage-cgroups ignore\ntcp-established\n";
+
+impl RuncRuntime {
+    /// The memory dump behind `checkpoint` and `checkpoint_frozen`. With `keep_frozen` the
+    /// container is paused (cgroup freezer) before the dump and CRIU leaves it paused, so the
+    /// kept processes are exactly the dumped state; without, runc removes the container.
+    pub(super) async fn dump(
+        &self,
+        actor: &ActorSandbox,
+        image_dir: &Path,
+        keep_frozen: bool,
+    ) -> Result<CheckpointStats> {
+        if self.criu.is_none() {
+            return Err(SandboxError::Unsupported(
+                "memory checkpoint needs CRIU ≥ 4.2".to_string(),
+            ));
+        }
+        let lock = self.lock_for(actor);
+        let _guard = lock.lock().await;
+        let id = actor.container_id();
+        let running = match self.inits.status(&id) {
+            // The init is our child and alive: no need to ask runc (one process less per suspend).
+            Some(InitStatus::Running) => Some(("running".to_string(), None)),
+            _ => self.status(&id).await?,
+        };
+        match running {
+            Some((status, _)) if status == "running" => {}
+            other => {
+                return Err(SandboxError::Checkpoint {
+                    path: image_dir.to_path_buf(),
+                    message: format!("container {id} is not running ({other:?})"),
+                });
+            }
+        }
+        tokio::fs::create_dir_all(image_dir)
+            .await
+            .ctx(|| format!("create {}", image_dir.display()))?;
+        let work = actor.dir.join("criu-dump");
+        remove_dir_if_exists(&work).await?;
+        tokio::fs::create_dir_all(&work)
+            .await
+            .ctx(|| format!("create {}", work.display()))?;
+        let image = image_dir.to_string_lossy().into_owned();
+        let work_s = work.to_string_lossy().into_owned();
+        let begun = Instant::now();
+        // CRIU's parasite code runs in the actor's tasks, so in its cgroup: lift the CPU quota
+        // for the dump (put back below when the container stays).
+        let quota = read_cpu_quota(actor).await;
+        if quota.is_some_and(|q| q > 0) {
+            self.set_cpu_quota(actor, None).await?;
+        }
+        if keep_frozen {
+            self.set_frozen(actor, true).await?;
+        }
+        // Default flags suffice here: no established TCP (the worker closes connections first),
+        // cgroups in runc's default "soft" mode; the netns is external and re-supplied on restore.
+        let mut args = vec!["checkpoint"];
+        if keep_frozen {
+            args.push("--leave-running");
+        }
+        args.extend(["--image-path", &image, "--work-path", &work_s, &id]);
+        let dumped = self.runc(&args).await;
+        let dump = begun.elapsed();
+        if (keep_frozen || dumped.is_err())
+            && let Some(q) = quota.filter(|q| *q > 0)
+            && let Err(e) = self.set_cpu_quota(actor, u64::try_from(q).ok()).await
+        {
+            tracing::warn!(container = %id, error = %e, "could not put the CPU quota back after a dump");
+        }
+        if let Err(e) = dumped {
+            if keep_frozen {
+                // The caller falls back to stopping the sandbox; leave it as it found it.
+                if let Err(e) = self.set_frozen(actor, false).await {
+                    tracing::debug!(container = %id, error = %e, "thaw after a failed dump");
+                }
+            }
+            let log = tokio::fs::read_to_string(work.join("dump.log"))
+                .await
+                .unwrap_or_default();
+            let message = format!("{e}\n--- dump.log ---\n{}", tail(&log, 2000));
+            return Err(SandboxError::Checkpoint {
+                path: image_dir.to_path_buf(),
+                message,
+            });
+        }
+        if !keep_frozen {
+            // runc removed the container; release the host-side pieces (files stay for archiving).
+            self.teardown(actor).await?;
+        }
+        let image_bytes = dir_size(image_dir).await?;
+        Ok(CheckpointStats { dump, image_bytes })
+    }
+
+    /// `runc restore` of the dump in `image_dir`; with `lazy` (the generation dir and the page
+    /// source command) the memory pages are left to a page source started first
+    /// (`--lazy-pages`), which is returned with the sandbox.
+    pub(super) async fn restore_memory(
+        &self,
+        actor: &ActorSandbox,
+        spec: &SandboxSpec,
+        image_dir: &Path,
+        lazy: Option<(&Path, &[String])>,
+    ) -> Result<(Started, Option<PageSource>)> {
+        if self.criu.is_none() {
+            return Err(SandboxError::Unsupported(
+                "memory restore needs CRIU ≥ 4.2".to_string(),
+            ));
+        }
+        if !image_dir.join("inventory.img").is_file() {
+            return Err(SandboxError::Checkpoint {
+                path: image_dir.to_path_buf(),
+                message: "no inventory.img: not a complete CRIU image".to_string(),
+            });
+        }
+        let lock = self.lock_for(actor);
+        let _guard = lock.lock().await;
+        let begun = Instant::now();
+        self.teardown(actor).await?;
+        let mut page_source = None;
+        let result = async {
+            self.prepare(actor, spec, false, true).await?;
+            let prepared = begun.elapsed();
+            let work = actor.dir.join("criu-restore");
+            remove_dir_if_exists(&work).await?;
+            tokio::fs::create_dir_all(&work)
+                .await
+                .ctx(|| format!("create {}", work.display()))?;
+            remove_file_if_exists(&pid_file(actor)).await?;
+            let mut args = vec!["restore".to_string(), "-d".to_string()];
+            if let Some((generation_dir, command)) = lazy {
+                // CRIU connects to `lazy-pages.socket` in its work dir: the source listens first.
+                page_source = Some(PageSource::start(command, generation_dir, &work).await?);
+                args.push("--lazy-pages".to_string());
+            }
+            args.extend([
+                "--pid-file".to_string(),
+                pid_file(actor).to_string_lossy().into_owned(),
+                "--image-path".to_string(),
+                image_dir.to_string_lossy().into_owned(),
+                "--work-path".to_string(),
+                work.to_string_lossy().into_owned(),
+                "--bundle".to_string(),
+                actor.dir.to_string_lossy().into_owned(),
+                actor.container_id(),
+            ]);
+            self.spawn_detached(actor, args, page_source.as_ref())
+                .await?;
+            let restored = begun.elapsed();
+            self.set_cpu_quota(actor, cpu_quota_us(spec)).await?;
+            let started = self.started(actor, begun).await;
+            tracing::debug!(
+                container = %actor.container_id(),
+                lazy = lazy.is_some(),
+                prepare_ms = prepared.as_millis() as u64,
+                runc_restore_ms = (restored - prepared).as_millis() as u64,
+                after_ms = (begun.elapsed() - restored).as_millis() as u64,
+                "runc restore"
+            );
+            started
+        }
+        .await;
+        match result {
+            Ok(started) => Ok((started, page_source)),
+            Err(e) => {
+                let _ = self.teardown(actor).await;
+                // Dropping the handle ends the page source; the sandbox is gone first.
+                drop(page_source);
+                Err(e)
+            }
+        }
+    }
+}
+
+/// Whether CRIU can keep its kernel-probe cache (`/run/criu.kdat`): it only does on a tmpfs,
+/// either because `/run` is one (systemd hosts) or because the file was put on one
+/// (`scripts/criu-kdat-cache.sh`).
+pub(super) fn criu_kdat_cache_possible() -> bool {
+    let on_tmpfs = |p: &str| {
+        nix::sys::statfs::statfs(p)
+            .is_ok_and(|s| s.filesystem_type() == nix::sys::statfs::TMPFS_MAGIC)
+    };
+    on_tmpfs("/run") || on_tmpfs("/run/criu.kdat")
+}
+
+pub(super) fn parse_criu_version(text: &str) -> Option<(u32, u32)> {
+    let v = text
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("Version:"))?
+        .trim();
+    let mut parts = v.split('.');
+    let major = parts.next()?.trim().parse().ok()?;
+    let minor = parts
+        .next()
+        .and_then(|m| m.trim().parse().ok())
+        .unwrap_or(0);
+    Some((major, minor))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn criu_versions() {
+        assert_eq!(parse_criu_version("Version: 4.2.1\n"), Some((4, 2)));
+        assert_eq!(parse_criu_version("Version: 3.17\nGitID: x"), Some((3, 17)));
+        assert_eq!(parse_criu_version("nope"), None);
+    }
+}

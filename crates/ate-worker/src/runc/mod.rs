@@ -1,0 +1,407 @@
+//! [`SandboxRuntime`] on `runc` (OCI containers) with CRIU for memory checkpoints.
+//!
+//! Host facts this follows (see shared/notes/sandbox-facts.md): the netns is pre-created and
+//! passed by path (a runc-made one comes back with `lo` down after restore); container stdio is a
+//! pipe, never a host file (CRIU cannot dump those); restore runs in runc's fresh PID namespace so
+//! old pids never collide; the host has hybrid cgroups, which runc 1.1 drives through v1.
+//!
+//! This file holds the runtime, its config and the verbs (`SandboxRuntime`); what they use is
+//! split by concern: `bundle` (the actor's directories, overlays and `config.json` before runc
+//! runs), `spawn` (runc started detached, its output relayed into the actor log), `criu` (CRIU
+//! options and probing, dump and memory restore), `teardown`, `cgroup` (freezer, CPU quota),
+//! `mounts` (overlays), `oci` (the spec as an OCI config) and `files` (filesystem helpers).
+
+mod bundle;
+mod cgroup;
+mod criu;
+mod files;
+mod mounts;
+mod oci;
+mod spawn;
+mod teardown;
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+use crate::cmd;
+use crate::error::{IoContext, Result, SandboxError};
+use crate::lazy::PageSource;
+use crate::netns_pool::NetnsPool;
+use crate::reaper::{self, InitStatus, Inits};
+use crate::runtime::{
+    ActorSandbox, Capabilities, CheckpointStats, ExitInfo, RunMode, SandboxRuntime, SandboxSpec,
+    Started,
+};
+
+use cgroup::{freezer_state_file, read_freezer};
+pub use criu::{CRIU_OPTIONS, CRIU_OPTIONS_SIDECARS};
+use criu::{criu_kdat_cache_possible, parse_criu_version};
+use files::remove_file_if_exists;
+use oci::exec_failure;
+pub(crate) use oci::{DEFAULT_PATH, EXEC_FAILED, merge_env, process_args, render_args};
+use spawn::pid_file;
+
+/// Sandbox class reported for this runtime.
+pub const SANDBOX_CLASS: &str = "runc";
+
+/// Where the runtime keeps its state and which binaries it uses.
+#[derive(Debug, Clone)]
+pub struct RuncConfig {
+    /// runc state goes to `<state_dir>/runc` (`--root`).
+    pub state_dir: PathBuf,
+    pub runc: PathBuf,
+    /// `None`: look up `criu` on PATH; memory snapshots are disabled when it is missing or < 4.2.
+    pub criu: Option<PathBuf>,
+    /// Network namespaces kept ready for the next starts and restores (0: made on demand).
+    pub spare_netns: usize,
+    /// The program (and arguments) that copies a container's output into its log: reads the
+    /// pipe on stdin, appends to the log on stdout. `ate worker` uses `ate log-relay`, which
+    /// stamps each line with its time; plain `cat` (the default) does not.
+    pub log_relay: Vec<String>,
+}
+
+impl RuncConfig {
+    pub fn new(state_dir: impl Into<PathBuf>) -> Self {
+        RuncConfig {
+            state_dir: state_dir.into(),
+            runc: PathBuf::from("runc"),
+            criu: None,
+            spare_netns: crate::netns_pool::DEFAULT_SPARE_NETNS,
+            log_relay: vec!["cat".to_string()],
+        }
+    }
+}
+
+/// runc + CRIU runtime.
+pub struct RuncRuntime {
+    root: PathBuf,
+    runc: String,
+    criu: Option<String>,
+    /// CRIU and the kernel can restore memory lazily (`criu check --feature uffd-noncoop`).
+    lazy_pages: bool,
+    /// CRIU options for every dump and restore (see [`CRIU_OPTIONS`]).
+    criu_conf: PathBuf,
+    /// See [`RuncConfig::log_relay`].
+    log_relay: Vec<String>,
+    locks: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+    /// Container inits, children of the worker (a subreaper): exits without `runc state`.
+    inits: Inits,
+    /// Each running container's log relay (by container id): once the container is gone, the
+    /// relay's exit means its last output is in the log.
+    relays: Mutex<HashMap<String, tokio::process::Child>>,
+    /// Ready network namespaces, named for an actor in `prepare`.
+    netns_pool: NetnsPool,
+}
+
+impl std::fmt::Debug for RuncRuntime {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RuncRuntime")
+            .field("root", &self.root)
+            .field("criu", &self.criu)
+            .finish()
+    }
+}
+
+impl RuncRuntime {
+    /// Checks runc is usable and finds a CRIU ≥ 4.2 (older ones fail on this kernel).
+    pub async fn new(config: RuncConfig) -> Result<Self> {
+        let runc = config.runc.to_string_lossy().into_owned();
+        cmd::run(&runc, ["--version"]).await?;
+        let root = config.state_dir.join("runc");
+        tokio::fs::create_dir_all(&root)
+            .await
+            .ctx(|| format!("create {}", root.display()))?;
+        let criu_bin = config
+            .criu
+            .map(|p| p.to_string_lossy().into_owned())
+            .unwrap_or_else(|| "criu".to_string());
+        let criu = match cmd::run(&criu_bin, ["--version"]).await {
+            Ok(out) => {
+                let text = String::from_utf8_lossy(&out.stdout);
+                match parse_criu_version(&text) {
+                    Some(v) if v >= (4, 2) => Some(criu_bin),
+                    v => {
+                        tracing::warn!(criu = %criu_bin, version = ?v, "CRIU older than 4.2: memory snapshots disabled (ROOTFS fallback)");
+                        None
+                    }
+                }
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "CRIU not usable: memory snapshots disabled (ROOTFS fallback)");
+                None
+            }
+        };
+        // Lazy restores need userfaultfd with the non-cooperative events CRIU asks for (a
+        // kernel or sysctl without them would fail every lazy restore): probed once here.
+        let lazy_pages = match &criu {
+            Some(bin) => match cmd::run(bin, ["check", "--feature", "uffd-noncoop"]).await {
+                Ok(_) => true,
+                Err(e) => {
+                    tracing::warn!(error = %e, "CRIU reports no non-cooperative userfaultfd: memory restores are eager");
+                    false
+                }
+            },
+            None => false,
+        };
+        if criu.is_some() && !criu_kdat_cache_possible() {
+            tracing::warn!(
+                "/run is not a tmpfs and /run/criu.kdat is not kept on one: CRIU probes the kernel \
+                 again on every dump and restore (~30 ms each); scripts/criu-kdat-cache.sh gives it a cache"
+            );
+        }
+        if let Err(e) = reaper::become_subreaper() {
+            tracing::warn!(error = %e, "cannot become a child subreaper: exits are found with `runc state` and carry no exit code");
+        }
+        let criu_conf = root.join("criu.conf");
+        tokio::fs::write(&criu_conf, CRIU_OPTIONS)
+            .await
+            .ctx(|| format!("write {}", criu_conf.display()))?;
+        Ok(RuncRuntime {
+            root,
+            runc,
+            criu,
+            lazy_pages,
+            criu_conf,
+            log_relay: config.log_relay.clone(),
+            locks: Mutex::new(HashMap::new()),
+            inits: Inits::new(),
+            relays: Mutex::new(HashMap::new()),
+            netns_pool: NetnsPool::new(config.spare_netns),
+        })
+    }
+
+    /// The `--root` directory (for `runc --root … list` in diagnostics and tests).
+    pub fn runc_root(&self) -> &Path {
+        &self.root
+    }
+
+    fn lock_for(&self, actor: &ActorSandbox) -> Arc<tokio::sync::Mutex<()>> {
+        let mut map = match self.locks.lock() {
+            Ok(m) => m,
+            Err(poisoned) => poisoned.into_inner(),
+        };
+        map.entry(actor.container_id()).or_default().clone()
+    }
+
+    fn base_args(&self) -> Vec<String> {
+        let mut args = vec![
+            "--root".to_string(),
+            self.root.to_string_lossy().into_owned(),
+        ];
+        if let Some(criu) = &self.criu {
+            args.push("--criu".to_string());
+            args.push(criu.clone());
+        }
+        args
+    }
+
+    async fn runc(&self, extra: &[&str]) -> Result<std::process::Output> {
+        let mut args = self.base_args();
+        args.extend(extra.iter().map(|s| s.to_string()));
+        cmd::run(&self.runc, &args).await
+    }
+
+    /// `runc state` status, `None` when runc does not know the container.
+    async fn status(&self, id: &str) -> Result<Option<(String, Option<u32>)>> {
+        let mut args = self.base_args();
+        args.extend(["state".to_string(), id.to_string()]);
+        let out = cmd::output(&self.runc, &args).await?;
+        if !out.status.success() {
+            let err = String::from_utf8_lossy(&out.stderr);
+            if err.contains("does not exist") || err.contains("not exist") {
+                return Ok(None);
+            }
+            return Err(cmd::failed(&self.runc, &args, &out));
+        }
+        let state: Value =
+            serde_json::from_slice(&out.stdout).map_err(|e| SandboxError::Command {
+                command: cmd::render(&self.runc, &args),
+                status: "unparsable output".to_string(),
+                stderr: e.to_string(),
+            })?;
+        let status = state
+            .get("status")
+            .and_then(Value::as_str)
+            .unwrap_or("unknown")
+            .to_string();
+        let pid = state
+            .get("pid")
+            .and_then(Value::as_u64)
+            .and_then(|p| u32::try_from(p).ok())
+            .filter(|p| *p > 0);
+        Ok(Some((status, pid)))
+    }
+}
+
+#[async_trait::async_trait]
+impl SandboxRuntime for RuncRuntime {
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            can_restore_memory: self.criu.is_some(),
+            can_keep_frozen: self.criu.is_some(),
+            can_restore_lazily: self.lazy_pages,
+            sandbox_class: SANDBOX_CLASS.to_string(),
+        }
+    }
+
+    async fn run(
+        &self,
+        actor: &ActorSandbox,
+        spec: &SandboxSpec,
+        mode: RunMode,
+    ) -> Result<Started> {
+        let lock = self.lock_for(actor);
+        let _guard = lock.lock().await;
+        let begun = Instant::now();
+        self.teardown(actor).await?;
+        let result = async {
+            self.prepare(actor, spec, mode == RunMode::FreshRootfs, false)
+                .await?;
+            let bundle = actor.dir.to_string_lossy().into_owned();
+            remove_file_if_exists(&pid_file(actor)).await?;
+            self.spawn_detached(
+                actor,
+                vec![
+                    "run".into(),
+                    "-d".into(),
+                    "--pid-file".into(),
+                    pid_file(actor).to_string_lossy().into_owned(),
+                    "--bundle".into(),
+                    bundle,
+                    actor.container_id(),
+                ],
+                None,
+            )
+            .await
+            .map_err(|e| exec_failure(e, spec))?;
+            self.started(actor, begun).await
+        }
+        .await;
+        if result.is_err() {
+            let _ = self.teardown(actor).await;
+        }
+        result
+    }
+
+    async fn checkpoint(&self, actor: &ActorSandbox, image_dir: &Path) -> Result<CheckpointStats> {
+        self.dump(actor, image_dir, false).await
+    }
+
+    async fn checkpoint_frozen(
+        &self,
+        actor: &ActorSandbox,
+        image_dir: &Path,
+    ) -> Result<CheckpointStats> {
+        self.dump(actor, image_dir, true).await
+    }
+
+    async fn freeze(&self, actor: &ActorSandbox) -> Result<()> {
+        let lock = self.lock_for(actor);
+        let _guard = lock.lock().await;
+        self.set_frozen(actor, true).await
+    }
+
+    async fn thaw(&self, actor: &ActorSandbox) -> Result<()> {
+        let lock = self.lock_for(actor);
+        let _guard = lock.lock().await;
+        let id = actor.container_id();
+        let frozen = match freezer_state_file(actor) {
+            Some(state) => read_freezer(&state).await? == "FROZEN",
+            None => matches!(self.status(&id).await?, Some((status, _)) if status == "paused"),
+        };
+        if !frozen {
+            return Err(SandboxError::Invalid(format!(
+                "container {id} is not frozen"
+            )));
+        }
+        self.set_frozen(actor, false).await
+    }
+
+    async fn restore(
+        &self,
+        actor: &ActorSandbox,
+        spec: &SandboxSpec,
+        image_dir: &Path,
+    ) -> Result<Started> {
+        self.restore_memory(actor, spec, image_dir, None)
+            .await
+            .map(|(started, _)| started)
+    }
+
+    async fn restore_lazily(
+        &self,
+        actor: &ActorSandbox,
+        spec: &SandboxSpec,
+        generation_dir: &Path,
+        page_source: &[String],
+    ) -> Result<(Started, PageSource)> {
+        let image_dir = generation_dir.join(ate_snapshot::CRIU_DIR);
+        let (started, source) = self
+            .restore_memory(actor, spec, &image_dir, Some((generation_dir, page_source)))
+            .await?;
+        let source = source.ok_or_else(|| {
+            SandboxError::Unsupported("lazy restore started no page source".into())
+        })?;
+        Ok((started, source))
+    }
+
+    async fn stop(&self, actor: &ActorSandbox) -> Result<()> {
+        let lock = self.lock_for(actor);
+        let _guard = lock.lock().await;
+        self.teardown(actor).await
+    }
+
+    async fn output_flushed(&self, actor: &ActorSandbox, timeout: Duration) {
+        let relay = self
+            .relays
+            .lock()
+            .ok()
+            .and_then(|mut r| r.remove(&actor.container_id()));
+        match relay {
+            Some(mut relay) => {
+                let _ = tokio::time::timeout(timeout, relay.wait()).await;
+            }
+            // A relay of an earlier worker process (re-adopted sandbox): give it a moment.
+            None => tokio::time::sleep(timeout.min(Duration::from_millis(100))).await,
+        }
+    }
+
+    async fn is_paused(&self, actor: &ActorSandbox) -> Result<bool> {
+        Ok(
+            matches!(self.status(&actor.container_id()).await?, Some((status, _)) if status == "paused"),
+        )
+    }
+
+    async fn is_running(&self, actor: &ActorSandbox) -> Result<bool> {
+        Ok(
+            matches!(self.status(&actor.container_id()).await?, Some((status, _)) if status == "running"),
+        )
+    }
+
+    async fn exited(&self, actor: &ActorSandbox) -> Result<Option<ExitInfo>> {
+        let id = actor.container_id();
+        match self.inits.status(&id) {
+            Some(InitStatus::Running) => return Ok(None),
+            Some(InitStatus::Exited(code)) => {
+                return Ok(Some(ExitInfo {
+                    status: "exited".to_string(),
+                    code: Some(code),
+                }));
+            }
+            // Unknown init, or not our child: runc's view (no exit code).
+            Some(InitStatus::NotOurs) | None => {}
+        }
+        Ok(match self.status(&id).await? {
+            None => Some(ExitInfo {
+                status: "missing".to_string(),
+                code: None,
+            }),
+            Some((status, _)) if status == "stopped" => Some(ExitInfo { status, code: None }),
+            Some(_) => None,
+        })
+    }
+}

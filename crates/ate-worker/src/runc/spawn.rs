@@ -1,0 +1,170 @@
+//! Starting `runc run -d` / `runc restore -d` with the container's stdout and stderr on a pipe
+//! that a separate relay process copies into the actor log, and reading back the init's pid.
+
+use std::os::fd::OwnedFd;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use nix::fcntl::OFlag;
+use tokio::process::Command;
+
+use super::RuncRuntime;
+use super::cgroup::kill_cgroup_processes;
+use crate::cmd;
+use crate::error::{IoContext, Result, SandboxError, tail};
+use crate::lazy::PageSource;
+use crate::runtime::{ActorSandbox, Started};
+
+impl RuncRuntime {
+    /// Spawns `runc <args>` (run -d / restore -d) with stdout+stderr on a fresh pipe whose read
+    /// end is copied into the actor log by a relay process that ends when every writer has
+    /// closed. The relay is not the worker: it outlives a worker that crashes or is killed, so
+    /// the actor never gets EPIPE/SIGPIPE for writing to its stdout while no worker runs, and
+    /// a restarted worker re-adopts the sandbox with its log still flowing.
+    pub(super) async fn spawn_detached(
+        &self,
+        actor: &ActorSandbox,
+        args: Vec<String>,
+        page_source: Option<&PageSource>,
+    ) -> Result<()> {
+        let (read, write) = nix::unistd::pipe2(OFlag::O_CLOEXEC).ctx(|| "create stdio pipe")?;
+        let copier = spawn_log_relay(&self.log_relay, read, actor.log_path()).await?;
+        let write_err: OwnedFd = write.try_clone().ctx(|| "dup stdio pipe")?;
+        let mut full = self.base_args();
+        full.extend(args);
+        let mut command = Command::new(&self.runc);
+        command
+            .args(&full)
+            .stdin(Stdio::null())
+            .stdout(Stdio::from(write))
+            .stderr(Stdio::from(write_err));
+        let child = command.spawn();
+        // Drop our copies of the write end so the copier sees EOF when the container is gone.
+        drop(command);
+        let mut child = child.map_err(|e| SandboxError::Command {
+            command: cmd::render(&self.runc, &full),
+            status: "could not start".to_string(),
+            stderr: e.to_string(),
+        })?;
+        // A lazy restore whose page source gives up mid-restore would leave CRIU and the
+        // restored tasks waiting on a page forever: end them all instead.
+        let failed = async {
+            match page_source {
+                Some(source) => source.failed().await,
+                None => std::future::pending().await,
+            }
+        };
+        let status = tokio::select! {
+            status = child.wait() => status.ctx(|| "wait for runc")?,
+            why = failed => {
+                let _ = child.start_kill();
+                kill_cgroup_processes(&actor.short_id());
+                let _ = child.wait().await;
+                return Err(SandboxError::Command {
+                    command: cmd::render(&self.runc, &full),
+                    status: "ended: the page source gave up".to_string(),
+                    stderr: why,
+                });
+            }
+        };
+        if status.success() {
+            if let Ok(mut relays) = self.relays.lock() {
+                relays.insert(actor.container_id(), copier);
+            }
+            return Ok(());
+        }
+        // runc's own error went into the log pipe; give the relay a moment to drain it.
+        let mut copier = copier;
+        let _ = tokio::time::timeout(Duration::from_secs(1), copier.wait()).await;
+        let log = tokio::fs::read(actor.log_path()).await.unwrap_or_default();
+        let mut stderr = tail(&String::from_utf8_lossy(&log), 2000);
+        if let Some(work) = full
+            .iter()
+            .position(|a| a == "--work-path")
+            .and_then(|i| full.get(i + 1))
+        {
+            let criu_log = Path::new(work).join("restore.log");
+            if let Ok(text) = tokio::fs::read_to_string(&criu_log).await {
+                stderr.push_str(&format!(
+                    "\n--- {} ---\n{}",
+                    criu_log.display(),
+                    tail(&text, 2000)
+                ));
+            }
+        }
+        Err(SandboxError::Command {
+            command: cmd::render(&self.runc, &full),
+            status: status.to_string(),
+            stderr,
+        })
+    }
+
+    pub(super) async fn started(&self, actor: &ActorSandbox, begun: Instant) -> Result<Started> {
+        let id = actor.container_id();
+        // runc wrote the init's pid (`--pid-file`): no `runc state` process on the resume path.
+        let written = tokio::fs::read_to_string(pid_file(actor))
+            .await
+            .ok()
+            .and_then(|t| t.trim().parse::<u32>().ok())
+            .filter(|p| *p > 0);
+        let pid = match written {
+            Some(pid) => Some(pid),
+            None => self.status(&id).await?.and_then(|(_, pid)| pid),
+        };
+        if let Some(pid) = pid {
+            self.inits.register(&id, pid);
+        }
+        Ok(Started {
+            netns: actor.netns(),
+            container_id: id,
+            pid,
+            elapsed: begun.elapsed(),
+        })
+    }
+}
+
+/// Where runc writes the container init's host pid (`--pid-file`).
+pub(super) fn pid_file(actor: &ActorSandbox) -> PathBuf {
+    actor.dir.join("init.pid")
+}
+
+/// `cat` from the pipe's read end into the actor log (append): a tiny process of its own,
+/// in its own process group (a Ctrl-C meant for the worker's terminal does not reach it), that
+/// ends at EOF, when the container and every runc holding the write end are gone. The returned
+/// child is reaped by whoever waits for it or by tokio once dropped; after a worker crash, by
+/// the process that inherits it.
+async fn spawn_log_relay(
+    relay: &[String],
+    read: OwnedFd,
+    log: PathBuf,
+) -> Result<tokio::process::Child> {
+    // The log may live outside the actor dir (shared `<state>/logs/actors/<atespace>/`).
+    if let Some(parent) = log.parent() {
+        tokio::fs::create_dir_all(parent)
+            .await
+            .ctx(|| format!("create {}", parent.display()))?;
+    }
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&log)
+        .ctx(|| format!("open actor log {}", log.display()))?;
+    let (program, args) = relay
+        .split_first()
+        .map(|(p, a)| (p.as_str(), a))
+        .unwrap_or(("cat", &[]));
+    let mut command = Command::new(program);
+    command
+        .args(args)
+        .stdin(Stdio::from(read))
+        .stdout(Stdio::from(file))
+        .stderr(Stdio::null())
+        .process_group(0)
+        .kill_on_drop(false);
+    command.spawn().map_err(|e| SandboxError::Command {
+        command: format!("{program} (actor log relay)"),
+        status: "could not start".to_string(),
+        stderr: e.to_string(),
+    })
+}
