@@ -454,7 +454,7 @@ mod tests {
         }
     }
 
-    /// The api's CRASHED message (crates/ate-api/src/workflows.rs `crashed`).
+    /// The api's CRASHED message (crates/ate-api/src/workflows/mod.rs `crashed`).
     fn api_crashed(actor: &str, last_error: &str) -> Status {
         let why = if last_error.is_empty() {
             String::new()

@@ -1,0 +1,339 @@
+//! The actor workflows: resume, suspend, revert, delete, and the fleet's reports.
+//!
+//! Architecture invariant: every mutating workflow runs under the actor's lease, and every state
+//! change is a compare-and-set in the store, so a workflow interrupted after any step is picked up
+//! by the next call (after the dead holder's lease expires) and never corrupts a record.
+//!
+//! This file holds [`Api`] and what the workflows share (leases, `Failure`, fault points, status
+//! helpers); each verb family has a file of its own: `resume` (with `placement`: which worker,
+//! which generation), `suspend`, `lifecycle` (revert, delete, removed generations' files),
+//! `logs`, and `fleet` (the node agents' reports).
+
+mod fleet;
+mod lifecycle;
+mod logs;
+mod placement;
+mod resume;
+mod suspend;
+
+use std::collections::HashSet;
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use ate_core::clock::now_ms;
+use ate_core::{ActorRef, ActorState, CRASHED_PREREQUISITE};
+use ate_proto::v1;
+use ate_store::{ActorRecord, Capacity, Store, StoreError, TemplateRecord, WorkerRecord};
+use tonic::{Code, Status};
+
+use crate::ApiConfig;
+use crate::convert;
+use crate::error::{self, invalid};
+use crate::lease::Lease;
+use crate::node::NodeClients;
+use crate::scheduler::{self, FleetView};
+
+/// Points between workflow steps where a test can simulate a crash of the api.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum FaultPoint {
+    ResumeAfterLease,
+    ResumeAfterBind,
+    ResumeAfterNodeCall,
+    SuspendAfterSuspending,
+    SuspendAfterCheckpoint,
+}
+
+/// Armed fault points; each fires once. Empty in production.
+#[derive(Default)]
+pub struct Faults(Mutex<HashSet<FaultPoint>>);
+
+impl Faults {
+    pub fn arm(&self, point: FaultPoint) {
+        if let Ok(mut set) = self.0.lock() {
+            set.insert(point);
+        }
+    }
+
+    fn fire(&self, point: FaultPoint) -> Result<(), Failure> {
+        let fired = self
+            .0
+            .lock()
+            .map(|mut set| set.remove(&point))
+            .unwrap_or(false);
+        if fired {
+            Err(Failure::Crash(Status::internal(format!(
+                "injected crash at {point:?}"
+            ))))
+        } else {
+            Ok(())
+        }
+    }
+}
+
+/// How a workflow under a lease ended badly.
+enum Failure {
+    /// An answer for the caller; the lease is released.
+    Status(Status),
+    /// A simulated crash: the lease is abandoned (it expires) and nothing is cleaned up.
+    Crash(Status),
+}
+
+impl From<Status> for Failure {
+    fn from(s: Status) -> Self {
+        Failure::Status(s)
+    }
+}
+
+impl From<StoreError> for Failure {
+    fn from(e: StoreError) -> Self {
+        Failure::Status(error::store(e))
+    }
+}
+
+pub struct Api {
+    pub(crate) store: Arc<dyn Store>,
+    pub(crate) fleet: FleetView,
+    nodes: Arc<NodeClients>,
+    cfg: ApiConfig,
+    pub faults: Faults,
+    /// Cold resumes that found no room, oldest first: freed room goes to them first.
+    waiters: scheduler::Waiters,
+    /// Since when (Unix ms) this api could have heard every heartbeat: its start, or the end of
+    /// the last store outage it saw. Worker expiry counts only time after it.
+    hearing_since_ms: std::sync::atomic::AtomicI64,
+    /// Nodes a call could not reach, until when: new placements avoid their workers meanwhile
+    /// (soft state; the store expires them if they stay silent).
+    suspect_nodes: Mutex<std::collections::HashMap<String, Instant>>,
+}
+
+fn crashed(actor: &ActorRef, last_error: &str) -> Status {
+    let why = if last_error.is_empty() {
+        String::new()
+    } else {
+        format!(" ({last_error})")
+    };
+    Status::failed_precondition(format!(
+        "actor {actor} is ACTOR_STATE_CRASHED{why}: {CRASHED_PREREQUISITE}; RevertActor returns it to ACTOR_STATE_SUSPENDED"
+    ))
+}
+
+fn transient(actor: &ActorRef, state: ActorState) -> Status {
+    Status::failed_precondition(format!(
+        "actor {actor} is {state}; try again when the operation on it has finished"
+    ))
+}
+
+/// The call never reached the node: a transport failure carries its local error as the
+/// status's source (a status the node sent has none).
+fn unreachable(status: &Status) -> bool {
+    use std::error::Error as _;
+    status.source().is_some()
+}
+
+/// Node errors that leave the actor where it is (retry later) rather than crash it.
+fn is_transient(status: &Status) -> bool {
+    matches!(
+        status.code(),
+        Code::Unavailable
+            | Code::DeadlineExceeded
+            | Code::Cancelled
+            | Code::Aborted
+            | Code::Unknown
+    )
+}
+
+/// A node call failed transiently (the node may have answered Unavailable, or never got the
+/// call): the actor stays where it is, and the caller may retry.
+fn worker_unavailable(worker_id: &str, status: &Status) -> Status {
+    Status::unavailable(format!(
+        "worker {} unavailable: {}",
+        worker_id,
+        status.message()
+    ))
+}
+
+/// Ends a workflow's lease by how the work ended: released after an answer (success or not),
+/// abandoned after a simulated crash (it expires).
+async fn end_lease<T>(lease: Lease, result: Result<T, Failure>) -> Result<T, Status> {
+    match result {
+        Ok(v) => {
+            lease.release().await;
+            Ok(v)
+        }
+        Err(Failure::Status(s)) => {
+            lease.release().await;
+            Err(s)
+        }
+        Err(Failure::Crash(s)) => {
+            lease.abandon();
+            Err(s)
+        }
+    }
+}
+
+fn template_ref(actor: &ActorRecord) -> Result<(String, String), Status> {
+    ate_core::names::parse_namespaced("template", &actor.template).map_err(invalid)
+}
+
+fn demand(template: &TemplateRecord) -> Capacity {
+    Capacity {
+        cpu_millis: u64::from(template.spec.resources.cpu_millis),
+        memory_bytes: template.spec.resources.memory_bytes,
+        slots: 1,
+    }
+}
+
+fn workload(actor: &ActorRecord, template: &TemplateRecord, worker_id: &str) -> v1::Workload {
+    v1::Workload {
+        actor: Some(v1::ObjectRef {
+            atespace: actor.atespace.clone(),
+            name: actor.name.clone(),
+        }),
+        uid: actor.uid.clone(),
+        template: actor.template.clone(),
+        spec: Some(ate_proto::spec_to_wire(&template.spec)),
+        worker_id: worker_id.to_string(),
+        activation: actor.activation,
+    }
+}
+
+fn code_label(code: Code) -> &'static str {
+    match code {
+        Code::ResourceExhausted => "no_room",
+        Code::Aborted => "aborted",
+        Code::FailedPrecondition => "failed_precondition",
+        Code::Unavailable => "unavailable",
+        Code::NotFound => "not_found",
+        Code::InvalidArgument => "invalid_argument",
+        _ => "error",
+    }
+}
+
+impl Api {
+    pub fn new(store: Arc<dyn Store>, cfg: ApiConfig) -> Self {
+        Self {
+            fleet: FleetView::new(store.clone(), cfg.fleet_max_age),
+            store,
+            nodes: Arc::new(NodeClients::new(cfg.node_tls.clone())),
+            cfg,
+            faults: Faults::default(),
+            waiters: scheduler::Waiters::default(),
+            hearing_since_ms: std::sync::atomic::AtomicI64::new(now_ms()),
+            suspect_nodes: Mutex::new(std::collections::HashMap::new()),
+        }
+    }
+
+    /// A call to `node` failed in the transport (refused, reset, timed out connecting): avoid
+    /// placing on it for as long as the api would take to expire its workers.
+    fn suspect_node(&self, node: &str) {
+        let until = Instant::now() + self.expiry_after();
+        if let Ok(mut s) = self.suspect_nodes.lock() {
+            s.insert(node.to_string(), until);
+        }
+    }
+
+    /// Nodes currently avoided by placement.
+    fn suspects(&self) -> HashSet<String> {
+        let now = Instant::now();
+        match self.suspect_nodes.lock() {
+            Ok(mut s) => {
+                s.retain(|_, until| *until > now);
+                s.keys().cloned().collect()
+            }
+            Err(_) => HashSet::new(),
+        }
+    }
+
+    /// The store failed a heartbeat or an expiry pass: heartbeats sent meanwhile were lost, so
+    /// expiry starts counting again from now.
+    pub fn store_outage_seen(&self) {
+        self.hearing_since_ms
+            .store(now_ms(), std::sync::atomic::Ordering::Release);
+    }
+
+    /// The admission queue (fair hand-off of freed capacity; see [`scheduler::Waiters`]).
+    pub fn admission(&self) -> &scheduler::Waiters {
+        &self.waiters
+    }
+
+    pub fn store(&self) -> &Arc<dyn Store> {
+        &self.store
+    }
+
+    /// The worker that keeps `generation` of the actor frozen in place, if the store knows one
+    /// (a placement preference shared by every api replica: a resume there is a thaw). A store
+    /// error costs only the preference.
+    async fn frozen_worker(&self, atespace: &str, name: &str, generation: u64) -> Option<String> {
+        match self.store.get_frozen_copy(atespace, name).await {
+            Ok(Some(c)) if c.generation == generation => Some(c.worker_id),
+            Ok(_) => None,
+            Err(e) => {
+                tracing::debug!(actor = %format!("{atespace}/{name}"), error = %e, "cannot read the frozen-copy hint");
+                None
+            }
+        }
+    }
+
+    /// Records where the actor's new generation is kept frozen (`Some((worker, generation))`)
+    /// or that no copy is (`None`). Best effort: a lost hint costs a restore instead of a thaw.
+    async fn note_frozen_copy(&self, r: &ActorRef, kept: Option<(&String, u64)>) {
+        let result = match kept {
+            Some((worker, generation)) => {
+                let copy = ate_store::FrozenCopy {
+                    worker_id: worker.clone(),
+                    generation,
+                };
+                self.store
+                    .set_frozen_copy(&r.atespace, &r.name, &copy)
+                    .await
+            }
+            None => self.store.clear_frozen_copy(&r.atespace, &r.name).await,
+        };
+        if let Err(e) = result {
+            tracing::warn!(actor = %r, error = %e, "cannot record the frozen-copy hint");
+        }
+    }
+
+    fn holder(&self) -> String {
+        format!("{}/{}", self.cfg.instance_id, uuid::Uuid::new_v4())
+    }
+
+    async fn lease(&self, actor: &ActorRef) -> Result<Lease, Status> {
+        Lease::acquire(&self.store, actor, self.holder(), self.cfg.lease_ttl).await
+    }
+
+    /// Runs `work` under the actor's lease; releases it unless the work "crashed".
+    async fn under_lease<T>(
+        &self,
+        actor: &ActorRef,
+        work: impl Future<Output = Result<T, Failure>>,
+    ) -> Result<T, Status> {
+        let lease = self.lease(actor).await?;
+        let result = work.await;
+        end_lease(lease, result).await
+    }
+
+    /// The worker record for an actor's assignment, from the fleet view (no store read when fresh).
+    async fn assigned_worker(&self, actor: &ActorRecord) -> Option<WorkerRecord> {
+        let id = actor.worker_id.as_ref()?;
+        let workers = self.fleet.workers().await.ok()?;
+        if let Some(w) = workers.iter().find(|w| &w.id == id) {
+            return Some(w.clone());
+        }
+        // Registered after the view was read.
+        let workers = self.fleet.refresh().await.ok()?;
+        workers.iter().find(|w| &w.id == id).cloned()
+    }
+
+    pub async fn actor_message(&self, actor: &ActorRecord) -> v1::Actor {
+        let worker = self.assigned_worker(actor).await;
+        convert::actor(actor, worker.as_ref())
+    }
+
+    /// True when the actor's last change is older than a lease: whatever workflow set its
+    /// transient state is no longer running.
+    fn stale(&self, actor: &ActorRecord) -> bool {
+        let lease_ms = i64::try_from(self.cfg.lease_ttl.as_millis()).unwrap_or(i64::MAX);
+        now_ms().saturating_sub(actor.updated_ms) > lease_ms
+    }
+}

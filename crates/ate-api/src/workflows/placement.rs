@@ -1,0 +1,283 @@
+//! Where a cold resume runs and from which generation: the snapshot choice, the worker choice
+//! and its admission (bind, with retries and the admission queue), and the detach that frees an
+//! actor pinned to a node without room.
+
+use std::time::{Duration, Instant};
+
+use ate_core::NO_ROOM_MESSAGE;
+use ate_core::backoff::{Backoff, Policy};
+use ate_core::clock::now_ms;
+use ate_core::{ActorState, DurableStatus};
+use ate_proto::v1;
+use ate_store::{
+    ActorRecord, SnapshotRecord, StoreError, TemplateRecord, WorkerRecord, WorkerStatus,
+};
+use tonic::Status;
+use tracing::Instrument;
+
+use super::{Api, Failure, demand};
+use crate::convert;
+use crate::error::invalid;
+use crate::scheduler::{self, Requirements};
+
+/// Most admission attempts after a lost race (up to 12 retries).
+const MAX_BIND_RETRIES: u32 = 12;
+/// Between admission attempts: from 10 ms, doubling to 250 ms, each delay ×[0.5, 1) so that
+/// the racers for a worker's last room spread out instead of colliding again.
+const BIND_BACKOFF: Policy = Policy {
+    factor: 2.0,
+    max: Duration::from_millis(250),
+    jitter: (0.5, 1.0),
+};
+
+impl Api {
+    /// A RESUMING actor whose worker is still ACTIVE is resumed there again (the previous attempt
+    /// failed transiently); binding is idempotent.
+    pub(super) async fn rebind_existing(
+        &self,
+        actor: &ActorRecord,
+        template: &TemplateRecord,
+    ) -> Result<Option<(ActorRecord, WorkerRecord)>, Failure> {
+        if actor.state != ActorState::Resuming {
+            return Ok(None);
+        }
+        let Some(worker_id) = &actor.worker_id else {
+            return Ok(None);
+        };
+        let worker = match self.store.get_worker(worker_id).await {
+            Ok(w) if w.status == WorkerStatus::Active => w,
+            Ok(_) | Err(StoreError::NotFound(_)) => return Ok(None),
+            Err(e) => return Err(e.into()),
+        };
+        match self
+            .store
+            .bind_actor(
+                &actor.atespace,
+                &actor.name,
+                &[ActorState::Resuming],
+                &worker.id,
+                demand(template),
+                now_ms(),
+            )
+            .instrument(ate_tls::trace_span!("bind", worker = %worker.id, rebind = true))
+            .await
+        {
+            Ok(a) => Ok(Some((a, worker))),
+            Err(StoreError::NoRoom { .. }) => Ok(None),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// Newest usable generation: node-local on a node still in the boot that wrote it, or with a
+    /// COMPLETED durable copy; else the template's golden tag; else none (cold boot).
+    pub(super) async fn choose_snapshot(
+        &self,
+        actor: &ActorRecord,
+        template: &TemplateRecord,
+    ) -> Result<Option<SnapshotRecord>, Failure> {
+        let workers = self.fleet.workers().await?;
+        let usable = |s: &SnapshotRecord| {
+            self.local_usable(s, &workers) || s.durable_status == Some(DurableStatus::Completed)
+        };
+        let snapshots = self
+            .store
+            .list_snapshots(&actor.atespace, &actor.name)
+            .await?;
+        if let Some(s) = snapshots.into_iter().find(|s| usable(s)) {
+            return Ok(Some(s));
+        }
+        if actor.generation == 0
+            && let Some(tag) = &template.spec.golden_tag
+        {
+            let (ts, tn) =
+                ate_core::names::parse_namespaced("spec.goldenTag", tag).map_err(invalid)?;
+            match self.store.get_tag(&ts, &tn).await {
+                Ok(t) if usable(&t.snapshot) => return Ok(Some(t.snapshot)),
+                Ok(_) => tracing::warn!(tag = %tag, "golden tag has no usable copy; cold boot"),
+                Err(StoreError::NotFound(_)) => {
+                    tracing::warn!(tag = %tag, "golden tag not found; cold boot")
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Ok(None)
+    }
+
+    fn local_usable(&self, s: &SnapshotRecord, workers: &[WorkerRecord]) -> bool {
+        !s.local_path.is_empty()
+            && workers.iter().any(|w| {
+                w.status == WorkerStatus::Active && w.node == s.node && w.boot_id == s.boot_id
+            })
+    }
+
+    /// Picks a worker and binds the actor to it. Returns whether the actor's node-local snapshot
+    /// had to be detached (uploaded) so it could move to another node.
+    pub(super) async fn assign(
+        &self,
+        actor: &ActorRecord,
+        template: &TemplateRecord,
+        snapshot: Option<&SnapshotRecord>,
+    ) -> Result<((ActorRecord, WorkerRecord), bool), Failure> {
+        let mut selector = template.spec.worker_selector.clone();
+        selector.extend(actor.worker_selector.clone());
+        let sandbox_class = snapshot
+            .map(|s| s.sandbox_class.as_str())
+            .unwrap_or(&template.spec.sandbox_class);
+        // A node-local generation without a durable copy pins the actor to its node.
+        let mut pinned = snapshot
+            .filter(|s| s.durable_status != Some(DurableStatus::Completed))
+            .map(|s| s.node.clone());
+        let mut detached = false;
+        let demand = demand(template);
+        let from = [ActorState::Suspended, ActorState::Resuming];
+        let actor_key = format!("{}/{}", actor.atespace, actor.name);
+        let frozen_on = match snapshot {
+            Some(s) => {
+                self.frozen_worker(&actor.atespace, &actor.name, s.generation)
+                    .await
+            }
+            None => None,
+        };
+        // What this resume waits for if it finds no room (its entry in the admission queue).
+        let needs = || scheduler::Needs {
+            selector: selector.clone(),
+            sandbox_class: sandbox_class.to_string(),
+            demand,
+        };
+        let mut refreshed = false;
+        let mut attempt = 0;
+        let mut backoff = Backoff::new(Duration::from_millis(10), &BIND_BACKOFF);
+        loop {
+            let workers = if refreshed {
+                self.fleet.workers().await?
+            } else {
+                self.fleet.refresh().await?
+            };
+            refreshed = true;
+            let suspects = self.suspects();
+            let exclude: Vec<String> = workers
+                .iter()
+                .filter(|w| suspects.contains(&w.node))
+                .map(|w| w.id.clone())
+                .collect();
+            let req = Requirements {
+                selector: selector.clone(),
+                sandbox_class,
+                node: pinned.as_deref(),
+                demand,
+                exclude: &exclude,
+            };
+            // Room that older waiting resumes fit into is not offered to this one.
+            let now = Instant::now();
+            let candidates = self.waiters.admissible(&actor_key, &req, &workers, now);
+            let Some(worker) = scheduler::pick_preferring(&candidates, frozen_on.as_deref()) else {
+                if let (Some(node), Some(snap)) = (pinned.clone(), snapshot) {
+                    let anywhere = Requirements { node: None, ..req };
+                    if !self
+                        .waiters
+                        .admissible(&actor_key, &anywhere, &workers, now)
+                        .is_empty()
+                    {
+                        self.detach(actor, &node, snap, &workers).await?;
+                        pinned = None;
+                        detached = true;
+                        continue;
+                    }
+                }
+                self.waiters.no_room(&actor_key, needs(), Instant::now());
+                return Err(Status::resource_exhausted(NO_ROOM_MESSAGE).into());
+            };
+            match self
+                .store
+                .bind_actor(
+                    &actor.atespace,
+                    &actor.name,
+                    &from,
+                    &worker.id,
+                    demand,
+                    now_ms(),
+                )
+                .instrument(ate_tls::trace_span!("bind", worker = %worker.id, attempt))
+                .await
+            {
+                Ok(bound) => {
+                    self.waiters.remove(&actor_key);
+                    // The frozen-copy row stays: it names this generation only, and the next
+                    // suspend replaces or clears it.
+                    return Ok(((bound, worker.clone()), detached));
+                }
+                Err(StoreError::NoRoom { .. }) if attempt < MAX_BIND_RETRIES => {
+                    // Lost a race for the worker's last room: back off a little and look again.
+                    attempt += 1;
+                    tokio::time::sleep(backoff.next_delay(rand::random())).await;
+                    self.fleet.refresh().await?;
+                }
+                Err(StoreError::NoRoom { .. }) => {
+                    self.waiters.no_room(&actor_key, needs(), Instant::now());
+                    return Err(Status::resource_exhausted(NO_ROOM_MESSAGE).into());
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
+    }
+
+    /// Asks the node holding the actor's local generation to upload it and drop the local copy.
+    async fn detach(
+        &self,
+        actor: &ActorRecord,
+        node: &str,
+        snap: &SnapshotRecord,
+        workers: &[WorkerRecord],
+    ) -> Result<(), Failure> {
+        let node_address = workers
+            .iter()
+            .find(|w| w.node == node && w.status == WorkerStatus::Active)
+            .map(|w| w.node_address.clone())
+            .ok_or_else(|| {
+                Status::unavailable(format!(
+                    "node {node} holding the actor's snapshot is not registered"
+                ))
+            })?;
+        let mut client = self.nodes.client(&node_address)?;
+        let req = v1::DetachRequest {
+            actor: Some(v1::ObjectRef {
+                atespace: actor.atespace.clone(),
+                name: actor.name.clone(),
+            }),
+            snapshots: vec![convert::snapshot(snap)],
+        };
+        let reply = client
+            .detach(req)
+            .await
+            .map_err(|s| {
+                Status::unavailable(format!("detach from node {node} failed: {}", s.message()))
+            })?
+            .into_inner();
+        for s in reply.snapshots {
+            let status =
+                DurableStatus::from_wire(s.durable_status).unwrap_or(DurableStatus::Failed);
+            self.store
+                .update_snapshot_durable(
+                    &actor.atespace,
+                    &actor.name,
+                    s.generation,
+                    status,
+                    &s.durable_uri,
+                    &s.reason,
+                )
+                .await?;
+            if status == DurableStatus::Completed {
+                self.store
+                    .clear_snapshot_local(&actor.atespace, &actor.name, s.generation)
+                    .await?;
+            } else {
+                return Err(Status::unavailable(format!(
+                    "upload of generation {} failed: {}",
+                    s.generation, s.reason
+                ))
+                .into());
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,323 @@
+//! ResumeActor: the warm answer, and the cold path under the actor's lease (placement in
+//! `placement`, then the node's Run/Restore, the epoch check and RUNNING), timed step by step.
+
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use ate_core::clock::now_ms;
+use ate_core::restore::{RestorePlan, SnapshotFacts, decide};
+use ate_core::{ActorRef, ActorState};
+use ate_proto::v1;
+use ate_store::{ActorUpdate, WorkerStatus};
+use tonic::Status;
+use tracing::Instrument;
+
+use super::{
+    Api, Failure, FaultPoint, code_label, crashed, end_lease, is_transient, template_ref,
+    transient, unreachable, worker_unavailable, workload,
+};
+use crate::convert;
+use crate::error::{self, invalid};
+use crate::lease::Lease;
+
+/// Per-step durations of one workflow, logged at debug level when it ends (where a slow resume
+/// spends its time: the lease, store reads, the bind, the node call, the finalizing writes).
+struct StepTimes {
+    begun: Instant,
+    marks: Mutex<Vec<(&'static str, Duration)>>,
+}
+
+impl StepTimes {
+    fn new() -> Self {
+        Self {
+            begun: Instant::now(),
+            marks: Mutex::new(Vec::new()),
+        }
+    }
+
+    fn mark(&self, step: &'static str) {
+        let at = self.begun.elapsed();
+        if let Ok(mut m) = self.marks.lock() {
+            m.push((step, at));
+        }
+    }
+
+    /// Each step's time into `ate_api_resume_step_seconds{step}`.
+    fn observe(&self) {
+        let Ok(marks) = self.marks.lock() else { return };
+        let mut last = Duration::ZERO;
+        for (step, at) in marks.iter() {
+            crate::metrics::resume_step(step, at.saturating_sub(last));
+            last = *at;
+        }
+    }
+
+    fn log(&self, actor: &ActorRef, what: &str) {
+        if !tracing::enabled!(tracing::Level::DEBUG) {
+            return;
+        }
+        let Ok(marks) = self.marks.lock() else { return };
+        let mut last = Duration::ZERO;
+        let mut parts = Vec::with_capacity(marks.len());
+        for (step, at) in marks.iter() {
+            parts.push(format!("{step}={:.2}", (*at - last).as_secs_f64() * 1e3));
+            last = *at;
+        }
+        tracing::debug!(actor = %actor, total_ms = format!("{:.2}", last.as_secs_f64() * 1e3), steps_ms = %parts.join(" "), "{what} steps");
+    }
+}
+
+/// A call to a node agent for the request `request_id`, continuing the current span's trace.
+fn node_request<T>(message: T, request_id: Option<&str>) -> tonic::Request<T> {
+    let mut request = ate_proto::request_id::request(message, request_id);
+    ate_tls::trace_context::inject_grpc(&mut request);
+    request
+}
+
+impl Api {
+    /// ResumeActor. Warm path (RUNNING): one read, no lease, `resumed = false`. `request_id`
+    /// (the router's `x-request-id`) goes on to the node's Run/Restore as metadata; the caller
+    /// runs this inside a span carrying it.
+    pub async fn resume(
+        &self,
+        r: &ActorRef,
+        request_id: Option<&str>,
+    ) -> Result<(v1::Actor, bool), Status> {
+        let warm_started = Instant::now();
+        r.validate().map_err(invalid)?;
+        let actor = self
+            .store
+            .get_actor(&r.atespace, &r.name)
+            .await
+            .map_err(error::store)?;
+        match actor.state {
+            ActorState::Running => {
+                let message = self.actor_message(&actor).await;
+                crate::metrics::resumed("warm", crate::metrics::WARM_OUTCOME, warm_started);
+                return Ok((message, false));
+            }
+            ActorState::Crashed => return Err(crashed(r, &actor.last_error)),
+            ActorState::Suspending if self.stale(&actor) => {
+                // The suspend that set SUSPENDING died (api crash, node timeout) and nothing else
+                // would ever finish it: the request finishes it, then resumes as usual.
+                tracing::info!(actor = %r, "finishing a stale suspend before the resume");
+                self.suspend(r, false).await?;
+            }
+            ActorState::Suspending => return Err(transient(r, actor.state)),
+            ActorState::Suspended | ActorState::Resuming => {}
+        }
+        let started = Instant::now();
+        let steps = StepTimes::new();
+        let result = self.resume_under_lease(r, &steps, request_id).await;
+        steps.log(r, "cold resume");
+        steps.observe();
+        let outcome = match &result {
+            Ok((_, true)) => "resumed",
+            Ok((_, false)) => "already_running",
+            Err(s) => code_label(s.code()),
+        };
+        crate::metrics::resumed("cold", outcome, started);
+        result
+    }
+
+    /// [`Self::under_lease`] for the resume, whose finalizing write also releases the lease.
+    async fn resume_under_lease(
+        &self,
+        r: &ActorRef,
+        steps: &StepTimes,
+        request_id: Option<&str>,
+    ) -> Result<(v1::Actor, bool), Status> {
+        let lease = self
+            .lease(r)
+            .instrument(ate_tls::trace_span!("lease"))
+            .await?;
+        steps.mark("lease");
+        let result = self.resume_locked(r, steps, &lease, request_id).await;
+        let result = end_lease(lease, result).await;
+        steps.mark("release");
+        result
+    }
+
+    async fn resume_locked(
+        &self,
+        r: &ActorRef,
+        steps: &StepTimes,
+        lease: &Lease,
+        request_id: Option<&str>,
+    ) -> Result<(v1::Actor, bool), Failure> {
+        self.faults.fire(FaultPoint::ResumeAfterLease)?;
+        // Trace spans of the steps (disabled when traces are off), each from its creation to its
+        // drop; an early return ends the step it is in.
+        let step = ate_tls::trace_span!("load");
+        // Re-read under the lease: another workflow may have finished in between.
+        let actor = self.store.get_actor(&r.atespace, &r.name).await?;
+        steps.mark("reread");
+        match actor.state {
+            ActorState::Running => return Ok((self.actor_message(&actor).await, false)),
+            ActorState::Crashed => return Err(crashed(r, &actor.last_error).into()),
+            ActorState::Suspending => return Err(transient(r, actor.state).into()),
+            ActorState::Suspended | ActorState::Resuming => {}
+        }
+        let (ns, tname) = template_ref(&actor)?;
+        let template = self.store.get_template(&ns, &tname).await?;
+        let mut snapshot = self.choose_snapshot(&actor, &template).await?;
+        steps.mark("template_and_snapshot");
+        drop(step);
+
+        // Placement: the worker (two random choices) and its admission (`bind` spans within).
+        let placed = async {
+            match self.rebind_existing(&actor, &template).await? {
+                Some(bound) => Ok::<_, Failure>(bound),
+                None => {
+                    let (bound, detached) =
+                        self.assign(&actor, &template, snapshot.as_ref()).await?;
+                    if detached {
+                        snapshot = self.choose_snapshot(&bound.0, &template).await?;
+                    }
+                    Ok(bound)
+                }
+            }
+        };
+        let (actor, worker) = placed.instrument(ate_tls::trace_span!("schedule")).await?;
+        steps.mark("bind");
+        self.faults.fire(FaultPoint::ResumeAfterBind)?;
+
+        let plan = decide(
+            snapshot.as_ref().map(|s| SnapshotFacts {
+                fidelity: s.fidelity,
+                template: &s.template,
+            }),
+            &actor.template,
+            worker.can_restore_memory,
+        );
+        let workload = workload(&actor, &template, &worker.id);
+        let mut client = self.nodes.client(&worker.node_address)?;
+        let call = async {
+            match (plan, &snapshot) {
+                (RestorePlan::Restore(fidelity), Some(snap)) => {
+                    let req = v1::RestoreRequest {
+                        workload: Some(workload),
+                        snapshot: Some(convert::snapshot(snap)),
+                        fidelity: fidelity.wire(),
+                    };
+                    client.restore(node_request(req, request_id)).await
+                }
+                _ => {
+                    let req = v1::RunRequest {
+                        workload: Some(workload),
+                    };
+                    client.run(node_request(req, request_id)).await
+                }
+            }
+        };
+        let node_span = ate_tls::trace_span!(
+            "node",
+            node = %worker.node,
+            worker = %worker.id,
+            otel.kind = "client"
+        );
+        let call = tokio::time::timeout(self.cfg.node_call_timeout, call).instrument(node_span);
+        let reply = match call.await {
+            Ok(Ok(reply)) => reply.into_inner(),
+            Ok(Err(status)) if is_transient(&status) && unreachable(&status) => {
+                // The node itself could not be reached (its machine may be lost): the restore
+                // never started there, or its copy never served (the actor was never RUNNING),
+                // so the actor may resume elsewhere — a new activation fences any copy the node
+                // made. Released now and avoided for a while, the next attempt goes elsewhere.
+                self.suspect_node(&worker.node);
+                let update = ActorUpdate::with_error(format!(
+                    "node {} unreachable during the resume ({}); resuming elsewhere",
+                    worker.node,
+                    status.message()
+                ));
+                self.store
+                    .release_actor(
+                        &r.atespace,
+                        &r.name,
+                        &[ActorState::Resuming],
+                        ActorState::Suspended,
+                        None,
+                        update,
+                        now_ms(),
+                    )
+                    .await?;
+                tracing::warn!(actor = %r, node = %worker.node, error = %status.message(), "node unreachable during the resume; released to resume elsewhere");
+                return Err(Status::unavailable(format!(
+                    "node {} unreachable; the actor resumes on another node at the next attempt",
+                    worker.node
+                ))
+                .into());
+            }
+            Ok(Err(status)) if is_transient(&status) => {
+                // The actor stays RESUMING on this worker; the next resume picks up there.
+                return Err(worker_unavailable(&worker.id, &status).into());
+            }
+            Err(_) => {
+                return Err(Status::unavailable(format!(
+                    "worker {} did not answer within {:?}",
+                    worker.id, self.cfg.node_call_timeout
+                ))
+                .into());
+            }
+            Ok(Err(status)) => {
+                let why = format!(
+                    "restore on worker {} failed: {}",
+                    worker.id,
+                    status.message()
+                );
+                tracing::warn!(actor = %r, worker = %worker.id, error = %status.message(), "resume failed; actor CRASHED");
+                let update = ActorUpdate::with_error(why.clone());
+                self.store
+                    .release_actor(
+                        &r.atespace,
+                        &r.name,
+                        &[ActorState::Resuming],
+                        ActorState::Crashed,
+                        None,
+                        update,
+                        now_ms(),
+                    )
+                    .await?;
+                return Err(crashed(r, &why).into());
+            }
+        };
+        steps.mark("node");
+        self.faults.fire(FaultPoint::ResumeAfterNodeCall)?;
+        let _step = ate_tls::trace_span!("finalize");
+
+        // Finalize: the node's epoch must be the one the worker registered, else it restarted
+        // during the restore and whatever it did is gone.
+        let registered = self.store.get_worker(&worker.id).await?;
+        if reply.epoch != registered.epoch || registered.status != WorkerStatus::Active {
+            return Err(Status::unavailable(format!(
+                "worker {} restarted during the restore (epoch {} != registered {})",
+                worker.id, reply.epoch, registered.epoch
+            ))
+            .into());
+        }
+        let update = ActorUpdate {
+            epoch: Some(reply.epoch),
+            last_error: Some(String::new()),
+            clear_attached_node: true,
+        };
+        // RUNNING and the lease's release in one write: the resume is over either way.
+        lease.stop_renewal();
+        let running = self
+            .store
+            .transition_releasing_lease(
+                &r.atespace,
+                &r.name,
+                &[ActorState::Resuming],
+                ActorState::Running,
+                update,
+                now_ms(),
+                lease.key(),
+                lease.holder(),
+            )
+            .await?;
+        lease.released_in_store();
+        steps.mark("finalize");
+        tracing::info!(actor = %r, worker = %worker.id, ?plan, "actor resumed");
+        Ok((convert::actor(&running, Some(&registered)), true))
+    }
+}
