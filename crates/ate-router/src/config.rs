@@ -60,13 +60,6 @@ pub struct RouterConfig {
     #[arg(long = "local-tunnels", value_name = "DIR")]
     pub local_tunnels: Option<std::path::PathBuf>,
 
-    /// Threads that serve client connections: each runs a single-threaded runtime and keeps
-    /// every connection handed to it for that connection's life (nginx's worker model), so a
-    /// request, its tunnel and their sockets stay on one thread. 0 serves them on the shared
-    /// runtime instead. Default: one per CPU.
-    #[arg(long = "ingress-threads", value_name = "N")]
-    pub ingress_threads: Option<usize>,
-
     /// Write a JSON access log, one line per request: `stdout`, `stderr` or a file (appended
     /// to). Off by default. Lines are written by a thread of their own; when it falls behind,
     /// lines are dropped and counted, never waited for.
@@ -151,7 +144,6 @@ impl Default for RouterConfig {
             ingress_allowed_spiffe_ids: None,
             tunnel_idle_per_actor: None,
             local_tunnels: None,
-            ingress_threads: None,
             access_log: None,
             tls: ate_tls::TlsArgs::default(),
             tuning: Tuning::default(),
@@ -199,7 +191,6 @@ mod tests {
             "--drain-delay=1s",
             "--tunnel-idle-per-actor=8",
             "--access-log=stderr",
-            "--ingress-threads=3",
         ])
         .unwrap();
         let r = cli.router;
@@ -212,7 +203,6 @@ mod tests {
         assert_eq!(r.drain_delay, Duration::from_secs(1));
         assert_eq!(r.tunnel_idle_per_actor, Some(8));
         assert_eq!(r.access_log.as_deref(), Some("stderr"));
-        assert_eq!(r.ingress_threads, Some(3));
         assert_eq!(
             Cli::try_parse_from(["ate"]).unwrap().router.access_log,
             None

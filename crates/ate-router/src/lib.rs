@@ -228,9 +228,6 @@ impl Router {
             header_read_timeout: t.header_read_timeout,
             max_header_bytes: t.max_header_bytes,
             drain_delay: self.config.drain_delay,
-            ingress_threads: self.config.ingress_threads.unwrap_or_else(|| {
-                std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get)
-            }),
         };
         let tls_ingress = self.tls_ingress().await?;
         let draining = Arc::new(AtomicBool::new(false));

@@ -36,8 +36,6 @@ pub struct ListenerConfig {
     pub header_read_timeout: Duration,
     pub max_header_bytes: usize,
     pub drain_delay: Duration,
-    /// `--ingress-threads` (resolved: 0 serves connections on the shared runtime).
-    pub ingress_threads: usize,
 }
 
 /// The first bytes an h2c prior-knowledge client sends (RFC 9113 §3.4).
@@ -55,7 +53,6 @@ pub struct Ingress {
     /// A client that sends nothing at all is closed after this long (the slowloris guard for
     /// the bytes before a request head; hyper's header timer only starts once it reads).
     first_byte_timeout: Duration,
-    ingress_threads: usize,
 }
 
 impl Ingress {
@@ -92,7 +89,6 @@ impl Ingress {
             http1: Arc::new(http1),
             graceful: GracefulShutdown::new(),
             first_byte_timeout: cfg.header_read_timeout,
-            ingress_threads: cfg.ingress_threads,
         }
     }
 
@@ -132,194 +128,14 @@ impl Ingress {
     /// Peeking (`MSG_PEEK`) leaves the bytes in the socket, so the first read gets the whole head
     /// and the buffer stays 8 KiB: ~8 KiB less per parked request (see the README decisions).
     fn serve_tcp(&self, tcp: TcpStream) {
-        self.tcp_job().spawn(tcp);
-    }
-
-    /// What serving one TCP connection needs, gathered where the connection was accepted, to be
-    /// spawned on whichever runtime will serve it (see [`IngressLoops`]).
-    fn tcp_job(&self) -> TcpJob {
-        TcpJob {
-            proxy: self.proxy.clone(),
-            builder: self.builder.clone(),
-            http1: self.http1.clone(),
-            watcher: self.graceful.watcher(),
-            phase: self.drain.watch(),
-            first_byte_timeout: self.first_byte_timeout,
-        }
-    }
-
-    /// Accepts until `shutdown`; then closes the listener (new connections are refused), lets
-    /// in-flight and parked requests, WebSocket relays and client CONNECT tunnels finish, and
-    /// returns once they have, or once `drain_delay` passed and whatever was left is closed.
-    pub async fn run(
-        self,
-        listener: TcpListener,
-        mut tls: Option<ate_tls::TlsIncoming>,
-        shutdown: impl Future<Output = ()>,
-        drain_delay: Duration,
-    ) {
-        use futures::StreamExt;
-        tokio::pin!(shutdown);
-        let mut loops = match self.ingress_threads {
-            0 => None,
-            n => match IngressLoops::start(n) {
-                Ok(loops) => Some(loops),
-                Err(e) => {
-                    tracing::warn!(error = %e, threads = n, "cannot start the ingress threads; serving on the shared runtime");
-                    None
-                }
-            },
-        };
-        loop {
-            tokio::select! {
-                biased;
-                () = &mut shutdown => break,
-                // Handshaken (and, with an allow-list, client-verified) TLS connections.
-                Some(conn) = async {
-                    match tls.as_mut() {
-                        Some(incoming) => incoming.next().await,
-                        None => std::future::pending().await,
-                    }
-                } => match conn {
-                    Ok(conn) => self.serve_connection(conn),
-                    Err(e) => tracing::warn!(error = %e, "TLS accept failed"),
-                },
-                accepted = listener.accept() => match accepted {
-                    Ok((tcp, _peer)) => {
-                        let _ = tcp.set_nodelay(true);
-                        match loops.as_mut() {
-                            Some(loops) => loops.hand(self.tcp_job(), tcp),
-                            None => self.serve_tcp(tcp),
-                        }
-                    }
-                    Err(e) => {
-                        // EMFILE and friends: back off instead of spinning.
-                        tracing::warn!(error = %e, "accept failed");
-                        tokio::time::sleep(Duration::from_millis(50)).await;
-                    }
-                },
-            }
-        }
-        drop(listener);
-        drop(tls);
-        let drain = self.drain.clone();
-        drain.begin();
-        let open = self.graceful.count();
-        tracing::info!(open, relays = drain.open(), ?drain_delay, "draining");
-        let everything = async {
-            tokio::join!(self.graceful.shutdown(), drain.idle());
-        };
-        if tokio::time::timeout(drain_delay, everything).await.is_err() {
-            tracing::warn!(
-                relays = drain.open(),
-                "drain delay passed with requests or relays still open; closing them"
-            );
-            drain.cut();
-            // Each relay and connection stops at the cut; wait (briefly) until they are gone.
-            if tokio::time::timeout(CUT_GRACE, drain.idle()).await.is_err() {
-                tracing::warn!(relays = drain.open(), "relays still open after the cut");
-            }
-        }
-        drain.cut();
-        if let Some(loops) = loops {
-            let _ = tokio::task::spawn_blocking(move || loops.stop()).await;
-        }
-    }
-}
-
-/// The ingress threads (`--ingress-threads`): each runs a single-threaded runtime that serves
-/// the TCP connections handed to it for their whole life, as an nginx worker does. A warm
-/// request then runs on one thread from the client's socket to the actor's and back, with its
-/// pooled tunnel (see `tunnel.rs`, the home thread): on the shared work-stealing runtime the
-/// tasks of one request hopped between threads, and a router with one thread used ~30 % less
-/// CPU per request than one with two (docs/benchmarks.md). The listener, TLS handshakes and
-/// the api client stay on the shared runtime.
-struct IngressLoops {
-    loops: Vec<IngressLoop>,
-    next: usize,
-}
-
-struct IngressLoop {
-    jobs: tokio::sync::mpsc::UnboundedSender<(TcpJob, std::net::TcpStream)>,
-    thread: std::thread::JoinHandle<()>,
-}
-
-impl IngressLoops {
-    fn start(threads: usize) -> std::io::Result<Self> {
-        let mut loops = Vec::with_capacity(threads);
-        for i in 0..threads {
-            let runtime = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()?;
-            let (jobs, mut queue) = tokio::sync::mpsc::unbounded_channel();
-            let thread = std::thread::Builder::new()
-                .name(format!("ingress-{i}"))
-                .spawn(move || {
-                    crate::tunnel::set_home_thread(i);
-                    runtime.block_on(async move {
-                        while let Some((job, tcp)) = queue.recv().await {
-                            match TcpStream::from_std(tcp) {
-                                Ok(tcp) => TcpJob::spawn(job, tcp),
-                                Err(e) => tracing::warn!(error = %e, "cannot serve a connection"),
-                            }
-                        }
-                    });
-                    // Dropping the runtime here ends what is left on it: the router has
-                    // drained and cut every connection by now.
-                })?;
-            loops.push(IngressLoop { jobs, thread });
-        }
-        Ok(Self { loops, next: 0 })
-    }
-
-    /// Hands `tcp` to the next thread (round robin); it serves the connection from then on.
-    fn hand(&mut self, job: TcpJob, tcp: TcpStream) {
-        let tcp = match tcp.into_std() {
-            Ok(tcp) => tcp,
-            Err(e) => {
-                tracing::warn!(error = %e, "cannot hand a connection to an ingress thread");
-                return;
-            }
-        };
-        let i = self.next % self.loops.len();
-        self.next = self.next.wrapping_add(1);
-        if self.loops[i].jobs.send((job, tcp)).is_err() {
-            tracing::warn!(thread = i, "ingress thread is gone; connection dropped");
-        }
-    }
-
-    /// Ends the threads (their channels close) and waits for them.
-    fn stop(self) {
-        for l in self.loops {
-            drop(l.jobs);
-            let _ = l.thread.join();
-        }
-    }
-}
-
-/// One accepted TCP connection's serving, ready to be spawned on the runtime that will own it.
-struct TcpJob {
-    proxy: Arc<Proxy>,
-    builder: Arc<auto::Builder<TokioExecutor>>,
-    http1: Arc<http1::Builder>,
-    /// Held for the connection's life: `GracefulShutdown::shutdown` waits for it.
-    watcher: hyper_util::server::graceful::Watcher,
-    phase: watch::Receiver<Phase>,
-    first_byte_timeout: Duration,
-}
-
-impl TcpJob {
-    /// Serves `tcp` in a task of the current runtime.
-    fn spawn(self, tcp: TcpStream) {
-        let TcpJob {
-            proxy,
-            builder,
-            http1,
-            watcher,
-            mut phase,
-            first_byte_timeout,
-        } = self;
+        let proxy = self.proxy.clone();
         let service = service_fn(move |request| handle(&proxy, request));
+        let builder = self.builder.clone();
+        let http1 = self.http1.clone();
+        // Held for the connection's life: `GracefulShutdown::shutdown` waits for it.
+        let watcher = self.graceful.watcher();
+        let mut phase = self.drain.watch();
+        let first_byte_timeout = self.first_byte_timeout;
         tokio::spawn(async move {
             let is_http1 = tokio::select! {
                 peeked = tokio::time::timeout(first_byte_timeout, is_http1(&tcp)) => match peeked {
@@ -369,6 +185,68 @@ impl TcpJob {
                 None => tracing::debug!("drain deadline passed: client connection closed"),
             }
         });
+    }
+
+    /// Accepts until `shutdown`; then closes the listener (new connections are refused), lets
+    /// in-flight and parked requests, WebSocket relays and client CONNECT tunnels finish, and
+    /// returns once they have, or once `drain_delay` passed and whatever was left is closed.
+    pub async fn run(
+        self,
+        listener: TcpListener,
+        mut tls: Option<ate_tls::TlsIncoming>,
+        shutdown: impl Future<Output = ()>,
+        drain_delay: Duration,
+    ) {
+        use futures::StreamExt;
+        tokio::pin!(shutdown);
+        loop {
+            tokio::select! {
+                biased;
+                () = &mut shutdown => break,
+                // Handshaken (and, with an allow-list, client-verified) TLS connections.
+                Some(conn) = async {
+                    match tls.as_mut() {
+                        Some(incoming) => incoming.next().await,
+                        None => std::future::pending().await,
+                    }
+                } => match conn {
+                    Ok(conn) => self.serve_connection(conn),
+                    Err(e) => tracing::warn!(error = %e, "TLS accept failed"),
+                },
+                accepted = listener.accept() => match accepted {
+                    Ok((tcp, _peer)) => {
+                        let _ = tcp.set_nodelay(true);
+                        self.serve_tcp(tcp);
+                    }
+                    Err(e) => {
+                        // EMFILE and friends: back off instead of spinning.
+                        tracing::warn!(error = %e, "accept failed");
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                    }
+                },
+            }
+        }
+        drop(listener);
+        drop(tls);
+        let drain = self.drain.clone();
+        drain.begin();
+        let open = self.graceful.count();
+        tracing::info!(open, relays = drain.open(), ?drain_delay, "draining");
+        let everything = async {
+            tokio::join!(self.graceful.shutdown(), drain.idle());
+        };
+        if tokio::time::timeout(drain_delay, everything).await.is_err() {
+            tracing::warn!(
+                relays = drain.open(),
+                "drain delay passed with requests or relays still open; closing them"
+            );
+            drain.cut();
+            // Each relay and connection stops at the cut; wait (briefly) until they are gone.
+            if tokio::time::timeout(CUT_GRACE, drain.idle()).await.is_err() {
+                tracing::warn!(relays = drain.open(), "relays still open after the cut");
+            }
+        }
+        drain.cut();
     }
 }
 

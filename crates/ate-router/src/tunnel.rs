@@ -266,28 +266,11 @@ struct GrpcSlotInner {
 
 type GrpcSlot = Arc<GrpcSlotInner>;
 
-thread_local! {
-    /// The ingress thread this is (`--ingress-threads`); `u16::MAX` on the shared runtime.
-    static HOME_THREAD: std::cell::Cell<u16> = const { std::cell::Cell::new(u16::MAX) };
-}
-
-/// Marks the calling thread as ingress thread `i`: connections made on it prefer it.
-pub(crate) fn set_home_thread(i: usize) {
-    HOME_THREAD.with(|h| h.set(u16::try_from(i).unwrap_or(u16::MAX)));
-}
-
-fn home_thread() -> u16 {
-    HOME_THREAD.with(std::cell::Cell::get)
-}
-
 /// An HTTP/1.1 connection to an actor over a tunnel.
 pub struct H1Conn {
     pub sender: http1::SendRequest<Incoming>,
     worker: Arc<str>,
     port: u16,
-    /// The ingress thread it was made on, whose runtime drives its socket: a request on that
-    /// thread takes it first, so its I/O does not cross threads.
-    home: u16,
     /// Set for a handed-off tunnel (the actor's own socket), whose I/O its holder polls; a
     /// CONNECT tunnel's runs in a task of its own (its bytes cross the shared HTTP/2
     /// connection's task anyway).
@@ -699,7 +682,6 @@ impl Tunnels {
             sender,
             worker: route.worker.clone(),
             port,
-            home: home_thread(),
             handoff: Some(Box::new(Handed {
                 usage,
                 _alive: alive,
@@ -794,7 +776,6 @@ impl Tunnels {
             sender,
             worker: route.worker.clone(),
             port,
-            home: home_thread(),
             handoff: None,
         })
     }
@@ -1077,35 +1058,14 @@ impl Tunnels {
         let mut idle = self.idle.lock().unwrap_or_else(PoisonError::into_inner);
         let conns = idle.get_mut(actor)?;
         let now = Instant::now();
-        let home = home_thread();
-        // One made on this thread first, then any.
-        let mut found = self.take_idle(conns, port, worker, now, Some(home), cx);
-        if found.is_none() {
-            found = self.take_idle(conns, port, worker, now, None, cx);
-        }
-        if conns.is_empty() {
-            idle.remove(actor);
-        }
-        found
-    }
-
-    /// The newest usable idle connection for `port` on `worker` (made on thread `home`, if
-    /// given). Dead entries go; one still finishing its last response (its body ended a moment
-    /// ago, the connection has not caught up) stays for the next turn.
-    fn take_idle(
-        &self,
-        conns: &mut Vec<IdleH1>,
-        port: u16,
-        worker: &Arc<str>,
-        now: Instant,
-        home: Option<u16>,
-        cx: &mut Context<'_>,
-    ) -> Option<H1Conn> {
+        let mut found = None;
+        // Newest first. Dead entries go; one still finishing its last response (its body
+        // ended a moment ago, the connection has not caught up) stays for the next turn.
         let mut i = conns.len();
         while i > 0 {
             i -= 1;
             let c = &mut conns[i];
-            if c.conn.port != port || home.is_some_and(|h| h != c.conn.home) {
+            if c.conn.port != port {
                 continue;
             }
             let retired = c.conn.handoff.as_ref().is_some_and(|h| h.retired());
@@ -1124,9 +1084,13 @@ impl Tunnels {
             if !c.conn.sender.is_ready() {
                 continue;
             }
-            return Some(conns.swap_remove(i).conn);
+            found = Some(conns.swap_remove(i).conn);
+            break;
         }
-        None
+        if conns.is_empty() {
+            idle.remove(actor);
+        }
+        found
     }
 
     /// What returns `conn` to the pool once its response body has ended (see

@@ -83,14 +83,7 @@ async fn allocations_per_request(
 
 #[tokio::test(flavor = "current_thread")]
 async fn warm_path_allocations() {
-    // One ingress thread: every client connection and its tunnel on the same thread, so the
-    // count does not depend on which thread a connection lands on (a pooled CONNECT tunnel
-    // used from another thread's connection costs ~3.5 allocations more per request).
-    let w = common::World::start(|c| {
-        c.assignment_cache_ttl = Duration::from_secs(3600);
-        c.ingress_threads = Some(1);
-    })
-    .await;
+    let w = common::World::start(|c| c.assignment_cache_ttl = Duration::from_secs(3600)).await;
     w.running("a/b");
     let direct = allocations_per_request(w.up80.addr, None, None, 200).await;
     let routed = allocations_per_request(w.router.addr, Some("a/b"), None, 200).await;

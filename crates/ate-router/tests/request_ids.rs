@@ -235,8 +235,7 @@ async fn a_failed_request_is_one_log_line_with_its_id_and_lines_of_its_resume_ca
         .finish();
     let _guard = tracing::subscriber::set_default(subscriber);
 
-    // No ingress threads: the connections are served on this thread, where the subscriber is.
-    let w = World::start(|c| c.ingress_threads = Some(0)).await;
+    let w = World::start(|_| {}).await;
     w.running("a/b");
     w.api
         .script("a/crashed", |_| Reply::err(Status::internal("boom")));
