@@ -1,0 +1,192 @@
+//! Activity (what the node polls: open tunnels and connections, last activity, exits) and the
+//! exit watcher: superseded copies discarded, exited actors and failed lazy restores collected.
+
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use ate_core::clock::now_ms;
+use ate_proto::v1;
+
+use super::logs::{LOG_TAIL_LINES, log_tail};
+use super::{Entry, ExitReport, Worker};
+use crate::lazy::Outcome;
+
+impl Worker {
+    pub fn activity(&self) -> v1::WorkerActivityReply {
+        self.last_poll_ms.store(now_ms(), Ordering::Release);
+        let mut table = self.table();
+        let mut actors: Vec<v1::ActorActivity> = table
+            .actors
+            .iter()
+            .map(|(key, e)| {
+                // Ingress off (a checkpoint, stop or start is deciding the actor's fate): not
+                // idle. A last activity of 0 here made the node ask for an idle suspend of
+                // every actor in the middle of a suspend.
+                let (open, last) = match self.tunnels.get(key) {
+                    Some(a) => (a.open_tunnels(), a.last_activity_unix_ms()),
+                    None => (0, now_ms()),
+                };
+                // Outbound connections count as activity too: open ones keep the actor busy.
+                let out = self.egress.activity(key);
+                let open =
+                    open.saturating_add(u32::try_from(out.open_connections).unwrap_or(u32::MAX));
+                let last = last.max(out.last_activity_unix_ms);
+                v1::ActorActivity {
+                    actor: Some(v1::ObjectRef {
+                        atespace: e.sandbox.atespace.clone(),
+                        name: e.sandbox.name.clone(),
+                    }),
+                    open_streams: open,
+                    last_activity_unix_ms: last,
+                    exited: false,
+                    exit_code: 0,
+                    last_log_lines: String::new(),
+                    idle_timeout_seconds: e.spec.idle_timeout_seconds,
+                    activation: e.activation,
+                    crash_reason: String::new(),
+                }
+            })
+            .collect();
+        // Exits are reported once.
+        for x in table.exits.drain(..) {
+            actors.push(v1::ActorActivity {
+                actor: Some(v1::ObjectRef {
+                    atespace: x.atespace,
+                    name: x.name,
+                }),
+                open_streams: 0,
+                last_activity_unix_ms: x.at_ms,
+                exited: true,
+                exit_code: x.exit_code,
+                last_log_lines: x.log,
+                idle_timeout_seconds: x.idle_timeout_seconds,
+                activation: 0,
+                crash_reason: x.crash,
+            });
+        }
+        actors.sort_by(|a, b| {
+            let k = |x: &v1::ActorActivity| {
+                x.actor
+                    .as_ref()
+                    .map(|r| (r.atespace.clone(), r.name.clone()))
+            };
+            k(a).cmp(&k(b))
+        });
+        v1::WorkerActivityReply {
+            epoch: self.ident.epoch,
+            actors,
+            draining: self.draining(),
+        }
+    }
+
+    /// One pass of the exit watcher: an actor whose processes all exited is deactivated, its
+    /// sandbox removed, and its exit queued for Activity.
+    pub async fn reap_exited(&self) {
+        self.trim_frozen().await;
+        self.discard_superseded().await;
+        self.collect_exits().await;
+    }
+
+    /// Discards copies that atunnel found superseded by a newer activation (a CONNECT carried a
+    /// newer token): the actor runs elsewhere now, or is about to start again here.
+    pub async fn discard_superseded(&self) {
+        for (key, token) in self.tunnels.take_superseded() {
+            let lock = self.lock_for(&key);
+            let _guard = lock.lock().await;
+            let entry = {
+                let mut t = self.table();
+                match t.actors.get(&key) {
+                    Some(e) if e.activation == token => t.actors.remove(&key),
+                    _ => None,
+                }
+            };
+            if let Some(e) = entry {
+                tracing::warn!(actor = %key, activation = token, "discarding a superseded copy");
+                self.discard_quietly(&e.sandbox).await;
+            }
+        }
+    }
+
+    /// The exit half of [`Worker::reap_exited`] (what a SIGCHLD asks for).
+    pub async fn collect_exits(&self) {
+        let keys: Vec<String> = self.table().actors.keys().cloned().collect();
+        for key in keys {
+            let lock = self.lock_for(&key);
+            // Busy actors are in the middle of an operation that decides their fate itself.
+            let Ok(_guard) = lock.try_lock() else {
+                continue;
+            };
+            let Some(entry) = self.table().actors.get(&key).cloned() else {
+                continue;
+            };
+            match entry.page_source.as_ref().map(|p| p.outcome()) {
+                Some(Outcome::Failed(why)) => {
+                    self.end_incomplete(&key, entry, why).await;
+                    continue;
+                }
+                Some(Outcome::Done(summary)) => {
+                    tracing::info!(actor = %key, %summary, "lazy restore: every page is in");
+                    crate::metrics::lazy_restore_done(&summary);
+                    if let Some(e) = self.table().actors.get_mut(&key) {
+                        e.page_source = None;
+                    }
+                }
+                Some(Outcome::Running) | None => {}
+            }
+            let exited = match self.runtime.exited(&entry.sandbox).await {
+                Ok(Some(info)) => info,
+                Ok(None) => continue,
+                Err(e) => {
+                    tracing::debug!(actor = %key, error = %e, "exit check");
+                    continue;
+                }
+            };
+            self.ingress_off(&key).await;
+            // The last lines the actor wrote may still be in its log relay's pipe.
+            self.runtime
+                .output_flushed(&entry.sandbox, Duration::from_millis(500))
+                .await;
+            let log = log_tail(&entry.sandbox.log_path(), LOG_TAIL_LINES).await;
+            let exit_code = exited.code.unwrap_or(-1);
+            tracing::warn!(actor = %key, status = %exited.status, exit_code, "actor exited while active");
+            self.table().actors.remove(&key);
+            if let Err(e) = self.discard(&entry.sandbox).await {
+                tracing::warn!(actor = %key, error = %e.message(), "cleanup after exit");
+            }
+            self.table().exits.push(ExitReport {
+                atespace: entry.sandbox.atespace.clone(),
+                name: entry.sandbox.name.clone(),
+                idle_timeout_seconds: entry.spec.idle_timeout_seconds,
+                at_ms: now_ms(),
+                // -1: unknown (the init was not the worker's child; runc keeps no exit status).
+                exit_code,
+                log,
+                crash: String::new(),
+            });
+        }
+    }
+
+    /// Ends an actor whose lazily restored memory cannot be completed (its page source failed:
+    /// a damaged chunk, or it died): the processes wait on pages that will never come and must
+    /// not run on. The sandbox is stopped before the page source's descriptors are released
+    /// (dropping `entry` last), and the api is told to mark the actor CRASHED with `why`.
+    async fn end_incomplete(&self, key: &str, entry: Entry, why: String) {
+        tracing::error!(actor = %key, error = %why, "lazy restore failed; stopping the actor");
+        crate::metrics::lazy_restore_failed();
+        self.ingress_off(key).await;
+        self.table().actors.remove(key);
+        if let Err(e) = self.discard(&entry.sandbox).await {
+            tracing::warn!(actor = %key, error = %e.message(), "cleanup after a failed lazy restore");
+        }
+        self.table().exits.push(ExitReport {
+            atespace: entry.sandbox.atespace.clone(),
+            name: entry.sandbox.name.clone(),
+            idle_timeout_seconds: entry.spec.idle_timeout_seconds,
+            at_ms: now_ms(),
+            exit_code: -1,
+            log: String::new(),
+            crash: format!("lazy memory restore failed: {why}"),
+        });
+        drop(entry);
+    }
+}

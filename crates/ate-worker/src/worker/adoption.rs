@@ -1,0 +1,245 @@
+//! Adoption: the record next to each active actor's sandbox, and a restarted worker taking back
+//! the sandboxes its earlier process left running (ingress on again once the node renews the
+//! lease); the liveness checks the node makes on a worker that does not answer.
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use ate_proto::v1;
+
+use super::{Entry, Worker, key_of, validate_ref};
+use crate::netns::NetnsDialer;
+use crate::runtime::ActorSandbox;
+
+/// How long a restarted worker waits for a lazy restore's page source to finish before it
+/// gives up adopting the sandbox.
+const ADOPT_PAGE_SOURCE_WAIT: Duration = Duration::from_secs(30);
+/// Next to each active actor: what a restarted worker needs to re-adopt its sandbox.
+pub(super) const ADOPTION_FILE: &str = "adoption.pb";
+
+impl Worker {
+    /// The node renewed this worker's lease: atunnel admits traffic for `valid_for` more, and
+    /// re-adopted actors (reconciled with the api by now) get their ingress back.
+    pub fn renew_lease(&self, valid_for: Duration) {
+        self.tunnels.renew_lease(valid_for);
+        let adopted: Vec<(String, NetnsDialer)> = self.table().adopted.drain().collect();
+        for (key, dialer) in adopted {
+            let activation = self.table().actors.get(&key).map(|e| e.activation);
+            if let Some(activation) = activation {
+                self.tunnels.activate(&key, activation, dialer);
+                tracing::info!(actor = %key, activation, "re-adopted actor; ingress on");
+            }
+        }
+    }
+
+    /// Records what a restarted worker needs to re-adopt the actor's sandbox. Best effort: a
+    /// missing record only means the sandbox would be discarded (not adopted) after a crash.
+    pub(super) async fn write_adoption(
+        &self,
+        sandbox: &ActorSandbox,
+        workload: &v1::Workload,
+        pid: Option<u32>,
+        page_source_pid: Option<u32>,
+    ) {
+        let record = v1::AdoptionRecord {
+            workload: Some(workload.clone()),
+            pid: pid.unwrap_or(0),
+            page_source_pid: page_source_pid.unwrap_or(0),
+        };
+        let path = sandbox.dir.join(ADOPTION_FILE);
+        let tmp = sandbox.dir.join(format!(".{ADOPTION_FILE}.tmp"));
+        let bytes = prost::Message::encode_to_vec(&record);
+        let written = async {
+            tokio::fs::write(&tmp, &bytes).await?;
+            tokio::fs::rename(&tmp, &path).await
+        }
+        .await;
+        if let Err(e) = written {
+            tracing::warn!(actor = %key_of(&sandbox.atespace, &sandbox.name), error = %e, "cannot write the adoption record; a worker restart would discard this sandbox");
+        }
+    }
+
+    /// Re-adopts the sandboxes an earlier process of this worker id left running (a crash or a
+    /// kill): each actor dir whose adoption record names a running container is taken back
+    /// into the table with its activation; ingress stays off until the node has reconciled it
+    /// with the api and renewed the lease ([`Worker::renew_lease`]), or a start names it.
+    /// Anything else left behind (a sandbox being dumped, frozen, half started) is removed.
+    pub async fn adopt_leftovers(&self) {
+        for (atespace, name) in self.leftover_actors() {
+            let key = key_of(&atespace, &name);
+            match self.adopt(&atespace, &name).await {
+                Ok(activation) => {
+                    tracing::info!(actor = %key, activation, "re-adopted a running sandbox from an earlier worker process");
+                }
+                Err(why) => {
+                    tracing::info!(actor = %key, %why, "removing leftover actor from an earlier run");
+                    let sandbox = self.sandbox_for(&atespace, &name, "");
+                    self.discard_quietly(&sandbox).await;
+                }
+            }
+        }
+    }
+
+    pub(super) fn leftover_actors(&self) -> Vec<(String, String)> {
+        actor_dirs(&self.actors_dir)
+    }
+
+    async fn adopt(&self, atespace: &str, name: &str) -> Result<u64, String> {
+        let record = read_adoption(&self.actors_dir.join(atespace).join(name))?;
+        let workload = record.workload.unwrap_or_default();
+        let (ns, n) = validate_ref(workload.actor.as_ref()).map_err(|e| e.message().to_string())?;
+        if ns != atespace || n != name {
+            return Err(format!("adoption record names {ns}/{n}"));
+        }
+        let spec = workload
+            .spec
+            .as_ref()
+            .ok_or("adoption record has no spec")
+            .and_then(|w| ate_proto::spec_from_wire(w).map_err(|_| "adoption record spec invalid"))
+            .map_err(str::to_string)?;
+        let sandbox = self.sandbox_for(atespace, name, &workload.uid);
+        if record.page_source_pid != 0 {
+            wait_page_source(&sandbox, record.page_source_pid).await?;
+        }
+        match self.runtime.is_running(&sandbox).await {
+            Ok(true) => {}
+            // Frozen with its record still there: a checkpoint this worker's previous process
+            // did not finish. The actor runs on.
+            Ok(false) if matches!(self.runtime.is_paused(&sandbox).await, Ok(true)) => {
+                self.runtime
+                    .thaw(&sandbox)
+                    .await
+                    .map_err(|e| format!("thaw after an interrupted checkpoint: {e}"))?;
+                tracing::warn!(actor = %key_of(atespace, name), "a checkpoint was interrupted by the worker's restart; the actor runs on");
+            }
+            Ok(false) => return Err("its container is not running".to_string()),
+            Err(e) => return Err(format!("container state: {e}")),
+        }
+        let key = key_of(atespace, name);
+        // The egress listener died with the old process; the netns keeps its redirect.
+        self.egress
+            .restart(&key, &sandbox.netns(), &spec.egress)
+            .await
+            .map_err(|e| format!("egress: {e}"))?;
+        let dialer = match NetnsDialer::new(&sandbox.netns()).await {
+            Ok(d) => d,
+            Err(e) => {
+                self.egress.stop(&key).await;
+                return Err(format!("socket factory: {e}"));
+            }
+        };
+        let activation = workload.activation;
+        let mut t = self.table();
+        t.actors.insert(
+            key.clone(),
+            Entry {
+                sandbox,
+                spec,
+                template: workload.template.clone(),
+                pid: (record.pid != 0).then_some(record.pid),
+                activation,
+                page_source: None,
+            },
+        );
+        t.adopted.insert(key, dialer);
+        Ok(activation)
+    }
+}
+
+/// How many sandboxes under a worker's actors dir (`<state>/workers/<id>/actors`) still run:
+/// those whose adoption record names an init that is alive (not a zombie) in the sandbox's own
+/// cgroup. The node asks this about a worker whose process does not answer: while any runs, the
+/// worker's actors may not be released (a restarted worker re-adopts them).
+pub fn live_sandboxes(actors_dir: &Path) -> usize {
+    actor_dirs(actors_dir)
+        .into_iter()
+        .filter(|(atespace, name)| sandbox_alive(actors_dir, atespace, name))
+        .count()
+}
+
+/// Whether a sandbox of actor `atespace/name` still runs under a worker's actors dir (see
+/// [`live_sandboxes`]).
+pub fn sandbox_alive(actors_dir: &Path, atespace: &str, name: &str) -> bool {
+    let dir = actors_dir.join(atespace).join(name);
+    let short_id = ActorSandbox::new("", "", "", &dir).short_id();
+    read_adoption(&dir).is_ok_and(|r| r.pid != 0 && init_alive(r.pid, &short_id))
+}
+
+/// `(atespace, name)` of every actor dir under an actors dir (`<atespace>/<name>`).
+fn actor_dirs(actors_dir: &Path) -> Vec<(String, String)> {
+    let Ok(spaces) = std::fs::read_dir(actors_dir) else {
+        return Vec::new();
+    };
+    let mut out = Vec::new();
+    for space in spaces.flatten() {
+        let Ok(names) = std::fs::read_dir(space.path()) else {
+            continue;
+        };
+        let atespace = space.file_name().to_string_lossy().into_owned();
+        for n in names.flatten() {
+            out.push((
+                atespace.clone(),
+                n.file_name().to_string_lossy().into_owned(),
+            ));
+        }
+    }
+    out
+}
+
+/// The adoption record next to an actor's sandbox, or why there is none to use.
+fn read_adoption(dir: &Path) -> Result<v1::AdoptionRecord, String> {
+    let bytes =
+        std::fs::read(dir.join(ADOPTION_FILE)).map_err(|e| format!("no adoption record: {e}"))?;
+    prost::Message::decode(bytes.as_slice()).map_err(|e| format!("adoption record unreadable: {e}"))
+}
+
+/// The process exists, is not a zombie, and sits in the sandbox's cgroup (not a reused pid).
+fn init_alive(pid: u32, short_id: &str) -> bool {
+    process_running(pid)
+        && std::fs::read_to_string(format!("/proc/{pid}/cgroup"))
+            .is_ok_and(|c| c.contains(short_id))
+}
+
+/// The process exists and is not a zombie (its state in `/proc/<pid>/stat` is not `Z`).
+pub fn process_running(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|stat| {
+            stat.rsplit_once(')')
+                .and_then(|(_, rest)| rest.split_whitespace().next().map(|st| st != "Z"))
+        })
+        .unwrap_or(false)
+}
+
+/// A sandbox left by an earlier worker process was restored lazily: adopt it only once its page
+/// source (which outlives the worker) has placed every page. A page source that died first, or
+/// is not done in time, leaves memory that cannot be trusted: the sandbox is removed.
+async fn wait_page_source(sandbox: &ActorSandbox, pid: u32) -> Result<(), String> {
+    let status_file = sandbox
+        .dir
+        .join("criu-restore")
+        .join(crate::lazy::STATUS_FILE);
+    let begun = Instant::now();
+    loop {
+        let status = tokio::fs::read_to_string(&status_file)
+            .await
+            .unwrap_or_default();
+        if status.trim() == "done" {
+            return Ok(());
+        }
+        if !status.is_empty() {
+            return Err(format!("its lazy restore failed: {}", status.trim()));
+        }
+        if !process_running(pid) {
+            return Err(format!(
+                "the page source of its lazy restore (pid {pid}) ended without placing every page"
+            ));
+        }
+        if begun.elapsed() > ADOPT_PAGE_SOURCE_WAIT {
+            return Err(format!(
+                "the page source of its lazy restore (pid {pid}) is not done after {ADOPT_PAGE_SOURCE_WAIT:?}"
+            ));
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}

@@ -1,0 +1,471 @@
+//! Checkpoint (suspend): requests in flight drained, ingress off, a memory dump (or the ROOTFS
+//! fallback) of the frozen or stopped sandbox, the generation sealed; a failed write thaws the
+//! actor and it runs on, a sealed memory dump may leave it frozen in place.
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use ate_core::Fidelity;
+use ate_core::clock::now_ms;
+use ate_proto::v1;
+use tonic::Status;
+
+use super::adoption::ADOPTION_FILE;
+use super::{
+    Entry, Frozen, QUIESCE_TIMEOUT, Worker, fidelity_from_wire, key_of, sandbox_status,
+    snapshot_status,
+};
+use crate::lazy::Outcome;
+use crate::netns::NetnsDialer;
+use crate::runtime::ActorSandbox;
+
+/// How long a checkpoint waits for a lazy restore to place every page.
+const LAZY_COMPLETE_WAIT: Duration = Duration::from_secs(60);
+
+impl Worker {
+    pub async fn checkpoint(
+        &self,
+        req: v1::WorkerCheckpointRequest,
+    ) -> Result<v1::WorkerCheckpointReply, Status> {
+        let (atespace, name) = self.check_workload(req.workload.as_ref())?;
+        if req.generation_dir.is_empty() {
+            return Err(Status::invalid_argument("generation_dir missing"));
+        }
+        let gen_dir = PathBuf::from(&req.generation_dir);
+        if !gen_dir.is_absolute() {
+            return Err(Status::invalid_argument("generation_dir must be absolute"));
+        }
+        let requested = fidelity_from_wire(req.fidelity)?;
+        let asked_activation = req.workload.as_ref().map_or(0, |w| w.activation);
+        let key = key_of(&atespace, &name);
+        let lock = self.lock_for(&key);
+        let _guard = lock.lock().await;
+
+        let entry = self.table().actors.get(&key).cloned();
+        if let Some(e) = &entry
+            && asked_activation != 0
+            && e.activation != asked_activation
+        {
+            return Err(Status::failed_precondition(format!(
+                "worker {} holds activation {} of {key}, not the {asked_activation} the checkpoint names",
+                self.ident.id, e.activation
+            )));
+        }
+        let Some(entry) = entry else {
+            // A retried call whose first attempt finished: answer from the sealed generation.
+            if ate_snapshot::is_sealed(&gen_dir) {
+                let m = ate_snapshot::verify(&gen_dir)
+                    .await
+                    .map_err(|e| snapshot_status("sealed generation", e))?;
+                if m.atespace == atespace && m.name == name {
+                    return Ok(self.checkpoint_reply(&m));
+                }
+            }
+            return Err(Status::failed_precondition(format!(
+                "actor {key} is not running on worker {}",
+                self.ident.id
+            )));
+        };
+        if dir_has_entries(&gen_dir).await? {
+            return Err(Status::failed_precondition(format!(
+                "generation_dir {} exists and is not empty",
+                gen_dir.display()
+            )));
+        }
+        // A dump reads memory through the page tables: pages a lazy restore has not placed yet
+        // would be missing from it. Wait until every page is in (the background push takes
+        // about a second per GiB here).
+        if let Some(source) = &entry.page_source {
+            match tokio::time::timeout(LAZY_COMPLETE_WAIT, source.finished()).await {
+                Ok(Outcome::Done(_)) => {}
+                Ok(Outcome::Failed(why)) => {
+                    return Err(Status::failed_precondition(format!(
+                        "actor {key} cannot be checkpointed: its lazy memory restore failed: {why}"
+                    )));
+                }
+                Ok(Outcome::Running) | Err(_) => {
+                    return Err(Status::unavailable(format!(
+                        "actor {key} is still receiving its memory from a lazy restore after {LAZY_COMPLETE_WAIT:?}; suspend it again later"
+                    )));
+                }
+            }
+        }
+        // The adoption record stays while the sandbox is frozen for the checkpoint: a worker
+        // restarted in the middle thaws it and takes it back (the checkpoint was interrupted;
+        // nothing may be lost). It goes once the sandbox is only a cache or gone.
+        let asked = requested.unwrap_or(entry.spec.fidelity);
+        let keep_frozen = asked == Fidelity::Memory && self.keeps_frozen();
+        // Where the runtime can freeze, the sandbox is frozen (not stopped) while its generation
+        // is written, so a generation that cannot be written (disk full) costs nothing: the
+        // sandbox thaws and serves on. Only a sealed generation lets it go.
+        let can_freeze = self.runtime.capabilities().can_keep_frozen;
+        let sandbox = entry.sandbox.clone();
+        let begun = Instant::now();
+
+        // Requests in flight finish first (new ones are refused with 421: the router parks them
+        // and resumes the actor after the suspend); then everything left is cut.
+        let grace = match req.grace_ms {
+            0 => self.suspend_grace,
+            ms => Duration::from_millis(u64::from(ms)),
+        };
+        if let Some(a) = self.tunnels.get(&key) {
+            let left = a.drain(grace).await;
+            if left > 0 {
+                tracing::info!(actor = %key, open = left, grace_ms = grace.as_millis() as u64, "requests still in flight after the suspend grace; cutting them");
+            }
+        }
+        let dialer = self.ingress_off(&key).await;
+        if let Some(pid) = entry.pid {
+            // Connections between an actor's containers stay: CRIU keeps them (tcp-established).
+            let internal_ok = entry.spec.containers.len() > 1;
+            wait_tcp_quiet(pid, QUIESCE_TIMEOUT, internal_ok).await;
+        }
+        let quiesced = begun.elapsed();
+
+        let mut fidelity = asked;
+        let mut reason = String::new();
+        let mut dumped = false;
+        let mut no_space: Option<String> = None;
+        if asked == Fidelity::Memory {
+            if !self.can_restore_memory() {
+                reason = "memory dump unavailable on this worker (no CRIU ≥ 4.2); captured FIDELITY_ROOTFS".to_string();
+            } else if self.faults.criu_dump_fails() {
+                reason = "memory dump failed: injected fault (ATE_FAULT_CRIU_DUMP=fail); captured FIDELITY_ROOTFS".to_string();
+            } else {
+                let criu = gen_dir.join(ate_snapshot::CRIU_DIR);
+                let dump = if can_freeze {
+                    self.runtime.checkpoint_frozen(&sandbox, &criu).await
+                } else {
+                    self.runtime.checkpoint(&sandbox, &criu).await
+                };
+                match dump {
+                    Ok(stats) => {
+                        dumped = true;
+                        tracing::info!(actor = %key, dump_ms = stats.dump.as_millis() as u64, image_bytes = stats.image_bytes, "memory dumped");
+                        carry_working_set(&sandbox, &criu).await;
+                    }
+                    Err(e) => {
+                        let full = e.to_string();
+                        let text = crate::error::tail(&full, 1500);
+                        // A partial image must not be mistaken for a dump.
+                        let _ = tokio::fs::remove_dir_all(&criu).await;
+                        if full.contains("No space left on device") {
+                            // Not a limit of CRIU but of the disk: a ROOTFS generation would
+                            // throw the memory away for a passing condition. Fail instead; the
+                            // actor runs on (below).
+                            no_space = Some(format!(
+                                "memory dump: no space left on device for {}",
+                                gen_dir.display()
+                            ));
+                        } else {
+                            reason =
+                                format!("memory dump failed, captured FIDELITY_ROOTFS: {text}");
+                        }
+                    }
+                }
+            }
+            if !dumped && no_space.is_none() {
+                fidelity = Fidelity::Rootfs;
+                tracing::warn!(actor = %key, %reason, "falling back to ROOTFS fidelity");
+            }
+        }
+        // A successful dump already froze (or stopped) the sandbox; otherwise it is frozen now,
+        // or stopped where the runtime cannot freeze. The files stay for archiving.
+        let paused = if dumped {
+            can_freeze
+        } else if can_freeze {
+            match self.runtime.freeze(&sandbox).await {
+                Ok(()) => true,
+                Err(e) => {
+                    tracing::warn!(actor = %key, error = %e, "cannot freeze for the checkpoint; stopping instead");
+                    false
+                }
+            }
+        } else {
+            false
+        };
+        let stopped = if dumped || paused {
+            Ok(())
+        } else {
+            self.runtime.stop(&sandbox).await
+        };
+        let stopped_at = begun.elapsed();
+        let result = match stopped {
+            Err(e) => Err(Status::internal(format!(
+                "stop sandbox {} for checkpoint: {e}",
+                sandbox.container_id()
+            ))),
+            Ok(()) if no_space.is_some() => Err(Status::resource_exhausted(
+                no_space.clone().unwrap_or_default(),
+            )),
+            Ok(()) => {
+                let meta = ate_snapshot::GenerationMeta {
+                    atespace: atespace.clone(),
+                    name: name.clone(),
+                    generation: req.generation,
+                    uuid: req.uuid.clone(),
+                    fidelity,
+                    template: entry.template.clone(),
+                    sandbox_class: self.sandbox_class(),
+                    node: req.node.clone(),
+                    boot_id: req.boot_id.clone(),
+                    created_unix_ms: now_ms(),
+                    reason: reason.clone(),
+                };
+                let upper = sandbox.upper_dir();
+                let upper = (fidelity != Fidelity::Volumes).then_some(upper.as_path());
+                let volumes: Vec<(String, PathBuf)> = entry
+                    .spec
+                    .volumes
+                    .iter()
+                    .map(|v| (v.name.clone(), sandbox.volume_dir(&v.name)))
+                    .collect();
+                let sidecar_uppers: Vec<(String, PathBuf)> = entry
+                    .spec
+                    .containers
+                    .iter()
+                    .skip(1)
+                    .map(|c| (c.name.clone(), sandbox.container_upper_dir(&c.name)))
+                    .collect();
+                ate_snapshot::seal_actor_generation(
+                    &gen_dir,
+                    meta,
+                    upper,
+                    &sidecar_uppers,
+                    &volumes,
+                )
+                .await
+                .map_err(|e| Status::internal(format!("seal {}: {e}", gen_dir.display())))
+            }
+        };
+        let sealed_at = begun.elapsed();
+        if let Err(e) = &result {
+            // Nothing half written may look like a generation.
+            if let Err(rm) = tokio::fs::remove_dir_all(&gen_dir).await
+                && rm.kind() != std::io::ErrorKind::NotFound
+            {
+                tracing::warn!(actor = %key, dir = %gen_dir.display(), error = %rm, "cannot remove a partial generation");
+            }
+            if paused {
+                return match self
+                    .resume_after_failed_checkpoint(&key, &entry, dialer, e)
+                    .await
+                {
+                    Ok(()) => Err(Status::aborted(format!(
+                        "suspend of {key} failed, nothing was written and the actor runs on: {}",
+                        e.message()
+                    ))),
+                    Err(again) => {
+                        self.table().actors.remove(&key);
+                        self.discard_quietly(&sandbox).await;
+                        Err(Status::internal(format!(
+                            "checkpoint of {key} failed ({}) and the actor could not run on: {}",
+                            e.message(),
+                            again.message()
+                        )))
+                    }
+                };
+            }
+        }
+        // Checkpointed or not, the actor no longer runs here. A sealed memory dump of a frozen
+        // sandbox leaves the sandbox frozen in place as a cache of that generation.
+        let entry = self.table().actors.remove(&key);
+        let kept = keep_frozen && dumped && result.is_ok();
+        match entry {
+            Some(entry) if kept => {
+                remove_file_quietly(&entry.sandbox.dir.join(ADOPTION_FILE)).await;
+                self.table().frozen.insert(
+                    key.clone(),
+                    Frozen {
+                        entry,
+                        gen_dir: gen_dir.clone(),
+                        since: Instant::now(),
+                        dialer,
+                    },
+                );
+            }
+            _ => {
+                if let Err(e) = self.discard(&sandbox).await {
+                    tracing::warn!(actor = %key, error = %e.message(), "cleanup after checkpoint");
+                }
+            }
+        }
+        let manifest = result?;
+        crate::metrics::checkpoint_phase("quiesce", quiesced);
+        crate::metrics::checkpoint_phase("dump_or_stop", stopped_at - quiesced);
+        crate::metrics::checkpoint_phase("seal", sealed_at - stopped_at);
+        tracing::info!(
+            actor = %key,
+            fidelity = %manifest.fidelity,
+            size = manifest.total_size(),
+            quiesce_ms = quiesced.as_millis() as u64,
+            dump_or_stop_ms = (stopped_at - quiesced).as_millis() as u64,
+            seal_ms = (sealed_at - stopped_at).as_millis() as u64,
+            total_ms = begun.elapsed().as_millis() as u64,
+            kept_frozen = kept,
+            "generation sealed"
+        );
+        drop(_guard);
+        if kept {
+            self.trim_frozen().await;
+        }
+        let mut reply = self.checkpoint_reply(&manifest);
+        reply.kept_frozen = kept && self.table().frozen.contains_key(&key);
+        Ok(reply)
+    }
+
+    /// After a checkpoint whose generation could not be written: the frozen sandbox thaws, its
+    /// egress proxy and ingress come back, and it is adoptable again.
+    async fn resume_after_failed_checkpoint(
+        &self,
+        key: &str,
+        entry: &Entry,
+        dialer: Option<NetnsDialer>,
+        why: &Status,
+    ) -> Result<(), Status> {
+        let sandbox = &entry.sandbox;
+        self.runtime
+            .thaw(sandbox)
+            .await
+            .map_err(|e| sandbox_status("thaw after a failed checkpoint", e))?;
+        self.egress
+            .restart(key, &sandbox.netns(), &entry.spec.egress)
+            .await
+            .map_err(|e| Status::internal(format!("egress for {key}: {e}")))?;
+        let dialer = match dialer {
+            Some(d) => d,
+            None => NetnsDialer::new(&sandbox.netns()).await.map_err(|e| {
+                Status::internal(format!("socket factory for netns {}: {e}", sandbox.netns()))
+            })?,
+        };
+        let record = v1::Workload {
+            actor: Some(v1::ObjectRef {
+                atespace: sandbox.atespace.clone(),
+                name: sandbox.name.clone(),
+            }),
+            uid: sandbox.uid.clone(),
+            template: entry.template.clone(),
+            spec: Some(ate_proto::spec_to_wire(&entry.spec)),
+            worker_id: self.ident.id.clone(),
+            activation: entry.activation,
+        };
+        self.write_adoption(sandbox, &record, entry.pid, None).await;
+        self.tunnels.activate(key, entry.activation, dialer);
+        tracing::warn!(actor = %key, error = %why.message(), "checkpoint failed; nothing written, the actor runs on");
+        Ok(())
+    }
+
+    fn checkpoint_reply(&self, m: &ate_snapshot::Manifest) -> v1::WorkerCheckpointReply {
+        v1::WorkerCheckpointReply {
+            epoch: self.ident.epoch,
+            fidelity: m.fidelity.wire(),
+            reason: m.reason.clone(),
+            size_bytes: m.total_size(),
+            checksum: m.checksum(),
+            kept_frozen: false,
+        }
+    }
+}
+
+/// Copies the working set the page source recorded at the actor's last lazy restore into the
+/// new dump (`criu/working-set.json`), so the next restore brings that memory in first. Best
+/// effort: without it the next restore only does no prefetch.
+async fn carry_working_set(sandbox: &ActorSandbox, criu: &Path) {
+    let file = crate::lazy::working_set::FILE;
+    let recorded = sandbox.dir.join("criu-restore").join(file);
+    match tokio::fs::copy(&recorded, criu.join(file)).await {
+        Ok(_) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => {
+            tracing::warn!(actor = %key_of(&sandbox.atespace, &sandbox.name), error = %e, "cannot carry the working set into the new generation; its restore will not prefetch");
+        }
+    }
+}
+
+async fn remove_file_quietly(path: &Path) {
+    if let Err(e) = tokio::fs::remove_file(path).await
+        && e.kind() != std::io::ErrorKind::NotFound
+    {
+        tracing::warn!(file = %path.display(), error = %e, "cannot remove");
+    }
+}
+
+async fn dir_has_entries(dir: &Path) -> Result<bool, Status> {
+    match tokio::fs::read_dir(dir).await {
+        Ok(mut rd) => Ok(rd
+            .next_entry()
+            .await
+            .map_err(|e| Status::internal(format!("list {}: {e}", dir.display())))?
+            .is_some()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(false),
+        Err(e) => Err(Status::internal(format!("list {}: {e}", dir.display()))),
+    }
+}
+
+/// Waits until the actor's network namespace has no TCP socket other than listeners and
+/// TIME_WAIT remnants (closed tunnels leave the actor's end in CLOSE_WAIT until it closes it;
+/// CRIU refuses connected sockets without `--tcp-established`). Gives up silently after
+/// `timeout`: the dump then reports what it found.
+async fn wait_tcp_quiet(pid: u32, timeout: Duration, ignore_loopback: bool) {
+    let deadline = Instant::now() + timeout;
+    loop {
+        match busy_tcp_sockets(pid, ignore_loopback) {
+            Ok(0) | Err(_) => return,
+            Ok(n) => {
+                if Instant::now() >= deadline {
+                    tracing::warn!(
+                        pid,
+                        sockets = n,
+                        "actor still has TCP connections before the dump"
+                    );
+                    return;
+                }
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// Connected-ish TCP sockets in `pid`'s network namespace (`/proc/<pid>/net/tcp{,6}`); with
+/// `ignore_loopback`, not those between two loopback addresses (inside the actor's netns, both
+/// ends belong to the actor).
+fn busy_tcp_sockets(pid: u32, ignore_loopback: bool) -> std::io::Result<usize> {
+    const LISTEN: &str = "0A";
+    const TIME_WAIT: &str = "06";
+    let mut busy = 0;
+    for file in ["tcp", "tcp6"] {
+        let text = match std::fs::read_to_string(format!("/proc/{pid}/net/{file}")) {
+            Ok(t) => t,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound && file == "tcp6" => continue,
+            Err(e) => return Err(e),
+        };
+        busy += text
+            .lines()
+            .skip(1)
+            .filter(|l| {
+                let fields: Vec<&str> = l.split_whitespace().take(4).collect();
+                let [_, local, remote, state] = fields[..] else {
+                    return false;
+                };
+                state != LISTEN
+                    && state != TIME_WAIT
+                    && !(ignore_loopback && is_loopback(local) && is_loopback(remote))
+            })
+            .count();
+    }
+    Ok(busy)
+}
+
+/// `/proc/net/tcp{,6}` address `HEX:PORT` on loopback: 127.0.0.0/8 (IPv4 in host byte order:
+/// the first octet is the last hex pair), ::1, or ::ffff:127.x.y.z.
+fn is_loopback(addr: &str) -> bool {
+    let ip = addr.split(':').next().unwrap_or("");
+    match ip.len() {
+        8 => ip.ends_with("7F"),
+        32 => {
+            ip == "00000000000000000000000001000000"
+                || (ip.starts_with("0000000000000000FFFF0000") && ip.ends_with("7F"))
+        }
+        _ => false,
+    }
+}

@@ -1,0 +1,136 @@
+//! The frozen-in-place tier: a sandbox kept frozen after a memory checkpoint is thawed by a
+//! resume of exactly that generation, and dropped by `trim_frozen` when over the policy.
+
+use std::path::PathBuf;
+use std::time::Instant;
+
+use ate_core::TemplateSpec;
+use ate_proto::v1;
+use tonic::Status;
+
+use super::{Entry, Frozen, Worker, sandbox_status};
+use crate::netns::NetnsDialer;
+
+impl Worker {
+    /// Thaws a sandbox kept frozen since its checkpoint: the dumped processes continue with
+    /// their netns, mounts and files as they were, so nothing is extracted or verified. On
+    /// failure the sandbox is discarded (the caller restores the generation instead).
+    pub(super) async fn thaw(
+        &self,
+        key: &str,
+        frozen: Frozen,
+        spec: &TemplateSpec,
+        workload: &v1::Workload,
+    ) -> Result<(), Status> {
+        let sandbox = frozen.entry.sandbox.clone();
+        let begun = Instant::now();
+        let thawed = async {
+            self.runtime
+                .thaw(&sandbox)
+                .await
+                .map_err(|e| sandbox_status("thaw", e))?;
+            let resumed = begun.elapsed();
+            // Independent of each other, so at once: the egress proxy (the netns kept its
+            // nftables redirect; only the proxy was stopped at checkpoint), the wakeup probe and
+            // the socket factory for ingress.
+            let netns = sandbox.netns();
+            let kept = frozen.dialer.clone();
+            let (egress, probe, dialer) = tokio::join!(
+                self.egress.restart(key, &netns, &spec.egress),
+                self.wait_probe(&sandbox, spec),
+                async {
+                    match kept {
+                        Some(d) => Ok(d),
+                        None => NetnsDialer::new(&netns).await,
+                    }
+                },
+            );
+            egress.map_err(|e| Status::internal(format!("egress for {key}: {e}")))?;
+            probe?;
+            let dialer = dialer.map_err(|e| {
+                Status::internal(format!("socket factory for netns {netns}: {e}"))
+            })?;
+            tracing::debug!(actor = %key, runc_resume_ms = resumed.as_millis() as u64, total_ms = begun.elapsed().as_millis() as u64, "thawed");
+            Ok(dialer)
+        }
+        .await;
+        let dialer = match thawed {
+            Ok(d) => d,
+            Err(e) => {
+                self.discard_quietly(&sandbox).await;
+                return Err(e);
+            }
+        };
+        self.write_adoption(&sandbox, workload, frozen.entry.pid, None)
+            .await;
+        self.table().actors.insert(
+            key.to_string(),
+            Entry {
+                sandbox,
+                spec: spec.clone(),
+                template: workload.template.clone(),
+                pid: frozen.entry.pid,
+                activation: workload.activation,
+                // A frozen copy was dumped only once all its pages were in.
+                page_source: None,
+            },
+        );
+        self.tunnels.activate(key, workload.activation, dialer);
+        Ok(())
+    }
+
+    /// Drops frozen actors, oldest first, until at most the policy's `max` remain, none is older
+    /// than the policy's TTL or has lost its generation directory (deleted or detached), and
+    /// the host has the policy's share of memory available. Each drop takes that actor's lock;
+    /// one busy with another operation is skipped.
+    pub async fn trim_frozen(&self) {
+        let policy = self.frozen_policy;
+        let mut frozen: Vec<(String, Instant, PathBuf)> = self
+            .table()
+            .frozen
+            .iter()
+            .map(|(k, f)| (k.clone(), f.since, f.gen_dir.clone()))
+            .collect();
+        if frozen.is_empty() {
+            return;
+        }
+        frozen.sort_by_key(|(_, since, _)| *since);
+        let mut excess = frozen.len().saturating_sub(policy.max);
+        let mut low_memory = memory_low(policy.min_available_percent);
+        for (key, since, gen_dir) in frozen {
+            let stale = since.elapsed() >= policy.ttl
+                || !gen_dir.join(ate_snapshot::MANIFEST_FILE).exists();
+            if excess == 0 && !low_memory && !stale {
+                continue;
+            }
+            let lock = self.lock_for(&key);
+            let Ok(_guard) = lock.try_lock() else {
+                continue;
+            };
+            let Some(f) = self.table().frozen.remove(&key) else {
+                continue;
+            };
+            let why = if excess > 0 {
+                "over the frozen limit"
+            } else if low_memory {
+                "host memory low"
+            } else {
+                "expired or its generation is gone"
+            };
+            tracing::info!(actor = %key, frozen_s = f.since.elapsed().as_secs(), why, "dropping frozen actor (its generation remains)");
+            self.discard_quietly(&f.entry.sandbox).await;
+            excess = excess.saturating_sub(1);
+            if low_memory {
+                low_memory = memory_low(policy.min_available_percent);
+            }
+        }
+    }
+}
+
+/// Whether the host's MemAvailable is below `min_percent` of its memory.
+fn memory_low(min_percent: u8) -> bool {
+    std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|t| crate::config::available_percent(&t))
+        .is_some_and(|p| p < min_percent)
+}

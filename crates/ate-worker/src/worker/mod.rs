@@ -1,0 +1,346 @@
+//! The worker's actor table and the operations behind WorkerService: start (cold or restore),
+//! checkpoint, stop, activity, and the exit watcher.
+//!
+//! Operations on one actor are serialized by a per-actor async lock; different actors proceed
+//! concurrently. An actor is "active" from the moment its probe passed and ingress went on until
+//! ingress goes off again (checkpoint, stop, exit, shutdown).
+//!
+//! This file holds the table, the `Worker` with its constructor and the helpers every verb
+//! uses (discard, ingress off); each verb has a file of its own: `start` (Start), `restore`
+//! (boot: cold run or a generation restored, eager or lazy), `ready` (wakeup probes and an exit
+//! before them), `frozen` (the frozen-in-place tier: thaw, trim), `checkpoint` (suspend: dump,
+//! seal, the ROOTFS fallback), `stop` (Stop, drain, shutdown), `activity` (Activity and the exit
+//! watcher), `adoption` (the adoption record, re-adopting sandboxes after a worker restart) and
+//! `logs` (actor log tails).
+
+mod activity;
+mod adoption;
+mod checkpoint;
+mod frozen;
+mod logs;
+mod ready;
+mod restore;
+mod start;
+mod stop;
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use ate_core::clock::now_ms;
+use ate_core::{Fidelity, TemplateSpec};
+use ate_proto::v1;
+use tonic::Status;
+
+use crate::atunnel::Tunnels;
+use crate::config::{Faults, FrozenPolicy};
+use crate::egress::{Cidr, Egress};
+use crate::error::SandboxError;
+use crate::image::ImageCache;
+use crate::lazy::PageSource;
+use crate::netns::NetnsDialer;
+use crate::runtime::{ActorSandbox, SandboxRuntime};
+
+pub use adoption::{live_sandboxes, process_running, sandbox_alive};
+
+/// How often the exit watcher asks the runtime about active actors.
+pub const EXIT_POLL: Duration = Duration::from_millis(500);
+/// How long a checkpoint waits for closed tunnels' connections to leave the actor's TCP table.
+const QUIESCE_TIMEOUT: Duration = Duration::from_secs(2);
+/// The default grace of a suspend for requests in flight (`--suspend-grace`).
+pub const DEFAULT_SUSPEND_GRACE: Duration = Duration::from_secs(5);
+/// How long a stopping worker waits for its node and the api to suspend its actors.
+pub const DRAIN_TIMEOUT: Duration = Duration::from_secs(20);
+
+/// An actor running here.
+#[derive(Debug, Clone)]
+struct Entry {
+    sandbox: ActorSandbox,
+    spec: TemplateSpec,
+    template: String,
+    /// Host pid of the container init (for the TCP-table check before a dump).
+    pid: Option<u32>,
+    /// The fencing token of the activation this copy belongs to (0: none was given).
+    activation: u64,
+    /// A lazy restore's page source until every page is in (see [`crate::lazy`]).
+    page_source: Option<Arc<PageSource>>,
+}
+
+/// An exit not yet reported through Activity.
+#[derive(Debug, Clone)]
+struct ExitReport {
+    atespace: String,
+    name: String,
+    idle_timeout_seconds: u32,
+    at_ms: i64,
+    exit_code: i32,
+    log: String,
+    /// Why the worker ended the actor because it must not run on (its memory could not be
+    /// completed); empty for an exit of its own.
+    crash: String,
+}
+
+/// An actor suspended with a memory dump whose sandbox was kept frozen in place: a cache of the
+/// sealed generation at `gen_dir` that a resume of exactly that generation thaws.
+#[derive(Debug, Clone)]
+struct Frozen {
+    entry: Entry,
+    gen_dir: PathBuf,
+    since: Instant,
+    /// The ingress socket factory of its netns, kept for the thaw.
+    dialer: Option<NetnsDialer>,
+}
+
+#[derive(Default)]
+struct Table {
+    actors: HashMap<String, Entry>,
+    /// Not active, not counted against slots; dropped by [`Worker::trim_frozen`].
+    frozen: HashMap<String, Frozen>,
+    exits: Vec<ExitReport>,
+    /// Sandboxes re-adopted from an earlier worker process, in `actors` but without ingress
+    /// until the node has reconciled them with the api and renewed the lease.
+    adopted: HashMap<String, NetnsDialer>,
+}
+
+/// Static facts reported by Info.
+#[derive(Debug, Clone)]
+pub struct Identity {
+    pub id: String,
+    /// The SPIFFE ID atunnel presents (reported in Info, pinned by the router).
+    pub spiffe_id: String,
+    pub epoch: u64,
+    pub addresses: Vec<String>,
+    pub cpu_millis: u32,
+    pub memory_bytes: u64,
+    pub slots: u32,
+    pub labels: BTreeMap<String, String>,
+}
+
+pub struct Worker {
+    pub ident: Identity,
+    runtime: Arc<dyn SandboxRuntime>,
+    images: ImageCache,
+    actors_dir: PathBuf,
+    /// `<state>/logs/actors`: actor logs outside the actor dirs.
+    logs_dir: PathBuf,
+    pub tunnels: Arc<Tunnels>,
+    /// Per-actor egress proxies (policy checks on every outbound TCP connection).
+    egress: Egress,
+    faults: Arc<Faults>,
+    frozen_policy: FrozenPolicy,
+    /// Default time a suspend lets requests in flight finish (`--suspend-grace`).
+    suspend_grace: Duration,
+    /// The page source command (`ate page-source`) when memory is restored lazily.
+    page_source: Option<Vec<String>>,
+    table: Mutex<Table>,
+    locks: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+    shutting_down: AtomicBool,
+    /// When the node last asked for Activity (Unix ms).
+    last_poll_ms: std::sync::atomic::AtomicI64,
+}
+
+/// `<atespace>/<name>` of a validated ref.
+fn key_of(atespace: &str, name: &str) -> String {
+    format!("{atespace}/{name}")
+}
+
+fn validate_ref(r: Option<&v1::ObjectRef>) -> Result<(String, String), Status> {
+    let r = r.ok_or_else(|| Status::invalid_argument("actor ref missing"))?;
+    ate_core::validate_label("actor.atespace", &r.atespace)
+        .map_err(|e| Status::invalid_argument(e.to_string()))?;
+    ate_core::validate_label("actor.name", &r.name)
+        .map_err(|e| Status::invalid_argument(e.to_string()))?;
+    Ok((r.atespace.clone(), r.name.clone()))
+}
+
+/// Sandbox-layer failures as RPC errors: a broken image, spec, snapshot or runtime command is
+/// not transient (the api crashes the actor); host I/O failures are INTERNAL.
+fn sandbox_status(what: &str, e: SandboxError) -> Status {
+    match e {
+        SandboxError::Io { .. } => Status::internal(format!("{what}: {e}")),
+        _ => Status::failed_precondition(format!("{what}: {e}")),
+    }
+}
+
+fn snapshot_status(what: &str, e: ate_snapshot::Error) -> Status {
+    Status::failed_precondition(format!("{what}: {e}"))
+}
+
+fn fidelity_from_wire(n: i32) -> Result<Option<Fidelity>, Status> {
+    if n == 0 {
+        return Ok(None);
+    }
+    Fidelity::from_wire(n)
+        .map(Some)
+        .ok_or_else(|| Status::invalid_argument(format!("unknown fidelity {n}")))
+}
+
+impl Worker {
+    pub fn new(
+        ident: Identity,
+        runtime: Arc<dyn SandboxRuntime>,
+        images: ImageCache,
+        actors_dir: PathBuf,
+        logs_dir: PathBuf,
+        faults: Arc<Faults>,
+    ) -> Self {
+        Worker {
+            ident,
+            runtime,
+            images,
+            actors_dir,
+            logs_dir,
+            tunnels: Arc::new(Tunnels::new()),
+            egress: Egress::new(),
+            faults,
+            frozen_policy: FrozenPolicy::OFF,
+            suspend_grace: DEFAULT_SUSPEND_GRACE,
+            page_source: None,
+            table: Mutex::new(Table::default()),
+            locks: Mutex::new(HashMap::new()),
+            shutting_down: AtomicBool::new(false),
+            last_poll_ms: std::sync::atomic::AtomicI64::new(now_ms()),
+        }
+    }
+
+    /// Deny every actor's egress to `denied` (`--deny-egress`: the control plane), whatever its
+    /// template allows.
+    pub fn with_egress_denied(mut self, denied: Vec<Cidr>) -> Self {
+        self.egress = self.egress.with_control_plane(denied);
+        self
+    }
+
+    /// The time a suspend lets requests in flight finish unless it asks for another.
+    pub fn with_suspend_grace(mut self, grace: Duration) -> Self {
+        self.suspend_grace = grace;
+        self
+    }
+
+    /// Restore memory lazily with this page source command (`ate page-source`) when a
+    /// generation carries chunk digests (eager restores otherwise).
+    pub fn with_page_source(mut self, command: Option<Vec<String>>) -> Self {
+        self.page_source = command.filter(|c| !c.is_empty());
+        self
+    }
+
+    /// Keep memory-checkpointed actors frozen in place per `policy` (off by default).
+    pub fn with_frozen_policy(mut self, policy: FrozenPolicy) -> Self {
+        self.frozen_policy = policy;
+        self
+    }
+
+    fn keeps_frozen(&self) -> bool {
+        self.frozen_policy.max > 0 && self.runtime.capabilities().can_keep_frozen
+    }
+
+    fn table(&self) -> std::sync::MutexGuard<'_, Table> {
+        match self.table.lock() {
+            Ok(t) => t,
+            Err(poisoned) => poisoned.into_inner(),
+        }
+    }
+
+    fn lock_for(&self, key: &str) -> Arc<tokio::sync::Mutex<()>> {
+        let mut locks = match self.locks.lock() {
+            Ok(l) => l,
+            Err(poisoned) => poisoned.into_inner(),
+        };
+        locks.entry(key.to_string()).or_default().clone()
+    }
+
+    fn sandbox_for(&self, atespace: &str, name: &str, uid: &str) -> ActorSandbox {
+        ActorSandbox::new(
+            atespace,
+            name,
+            uid,
+            self.actors_dir.join(atespace).join(name),
+        )
+        .with_log_path(self.logs_dir.join(atespace).join(format!("{name}.log")))
+    }
+
+    /// Actors running here and actors kept frozen in place (for the metrics).
+    pub(crate) fn occupancy(&self) -> (usize, usize) {
+        let t = self.table();
+        (t.actors.len(), t.frozen.len())
+    }
+
+    /// True once the worker is stopping: its node asks the api to suspend every actor.
+    pub fn draining(&self) -> bool {
+        self.shutting_down.load(Ordering::Acquire)
+    }
+
+    fn check_running(&self) -> Result<(), Status> {
+        if self.shutting_down.load(Ordering::Acquire) {
+            return Err(Status::unavailable(format!(
+                "worker {} is shutting down",
+                self.ident.id
+            )));
+        }
+        Ok(())
+    }
+
+    pub fn can_restore_memory(&self) -> bool {
+        self.runtime.capabilities().can_restore_memory
+    }
+
+    /// True when memory restores can be lazy here (a page source and userfaultfd support).
+    pub fn can_restore_lazily(&self) -> bool {
+        self.page_source.is_some() && self.runtime.capabilities().can_restore_lazily
+    }
+
+    pub fn sandbox_class(&self) -> String {
+        self.runtime.capabilities().sandbox_class
+    }
+
+    /// Validates a workload addressed to this worker; returns `(atespace, name)`.
+    fn check_workload(&self, w: Option<&v1::Workload>) -> Result<(String, String), Status> {
+        let w = w.ok_or_else(|| Status::invalid_argument("workload missing"))?;
+        let (atespace, name) = validate_ref(w.actor.as_ref())?;
+        if w.worker_id != self.ident.id {
+            return Err(Status::failed_precondition(format!(
+                "workload for {atespace}/{name} names worker {:?}, this is worker {:?}",
+                w.worker_id, self.ident.id
+            )));
+        }
+        Ok((atespace, name))
+    }
+
+    /// Stops the sandbox and removes the actor's working dirs (egress first: its listener holds
+    /// the netns the runtime deletes).
+    async fn discard(&self, sandbox: &ActorSandbox) -> Result<(), Status> {
+        self.egress
+            .stop(&key_of(&sandbox.atespace, &sandbox.name))
+            .await;
+        self.runtime.stop(sandbox).await.map_err(|e| {
+            Status::internal(format!("stop sandbox {}: {e}", sandbox.container_id()))
+        })?;
+        remove_dir_all(&sandbox.dir).await
+    }
+
+    async fn discard_quietly(&self, sandbox: &ActorSandbox) {
+        if let Err(e) = self.discard(sandbox).await {
+            tracing::warn!(actor = %key_of(&sandbox.atespace, &sandbox.name), error = %e.message(), "cleanup after a failed start");
+        }
+    }
+
+    /// Ingress off and every tunnel of `key` closed (waits for them to go, bounded); egress off
+    /// too, its connections reset (a dump cannot take established TCP).
+    async fn ingress_off(&self, key: &str) -> Option<NetnsDialer> {
+        self.egress.stop(key).await;
+        let a = self.tunnels.deactivate(key)?;
+        if !a.wait_closed(QUIESCE_TIMEOUT).await {
+            tracing::warn!(actor = %key, open = a.open_tunnels(), "tunnels still open after ingress off");
+        }
+        Some(a.dialer().clone())
+    }
+}
+
+async fn remove_dir_all(dir: &Path) -> Result<(), Status> {
+    match tokio::fs::remove_dir_all(dir).await {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(Status::internal(format!("remove {}: {e}", dir.display()))),
+    }
+}

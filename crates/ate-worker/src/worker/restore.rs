@@ -1,0 +1,224 @@
+//! Boot: a cold run, or a generation restored at its fidelity (memory eager or lazy, rootfs,
+//! volumes), its files checked while the sandbox is built from them.
+
+use std::path::Path;
+use std::time::Instant;
+
+use ate_core::Fidelity;
+use ate_core::template::MemoryRestore;
+use tonic::Status;
+
+use super::{Worker, key_of, sandbox_status, snapshot_status};
+use crate::lazy::PageSource;
+use crate::runtime::{ActorSandbox, RunMode, SandboxSpec};
+
+impl Worker {
+    /// Extracts what the fidelity keeps and starts the sandbox; returns the init pid and, for a
+    /// lazy memory restore, the page source serving the actor's memory.
+    pub(super) async fn boot(
+        &self,
+        sandbox: &ActorSandbox,
+        spec: &SandboxSpec,
+        generation_dir: Option<&Path>,
+        requested: Option<Fidelity>,
+        memory_restore: MemoryRestore,
+    ) -> Result<(Option<u32>, Option<PageSource>), Status> {
+        let Some(gen_dir) = generation_dir else {
+            // Egress is set up by `start` once this returns (the netns is made by the runtime).
+            let started = self
+                .runtime
+                .run(sandbox, spec, RunMode::KeepRootfs)
+                .await
+                .map_err(|e| sandbox_status("cold boot", e))?;
+            return Ok((started.pid, None));
+        };
+        let begun = Instant::now();
+        let manifest = ate_snapshot::read_manifest(gen_dir)
+            .await
+            .map_err(|e| snapshot_status(&format!("generation {}", gen_dir.display()), e))?;
+        let fidelity = requested.unwrap_or(manifest.fidelity);
+        if fidelity.rank() > manifest.fidelity.rank() {
+            return Err(Status::failed_precondition(format!(
+                "generation {} holds {} and cannot be restored at {fidelity}",
+                gen_dir.display(),
+                manifest.fidelity
+            )));
+        }
+        if fidelity == Fidelity::Memory && manifest.sandbox_class != self.sandbox_class() {
+            return Err(Status::failed_precondition(format!(
+                "generation {} was captured by sandbox class {:?}; its memory cannot restore on {:?}",
+                gen_dir.display(),
+                manifest.sandbox_class,
+                self.sandbox_class()
+            )));
+        }
+        if fidelity == Fidelity::Memory && !self.can_restore_memory() {
+            return Err(Status::failed_precondition(format!(
+                "worker {} cannot restore memory (no CRIU ≥ 4.2); restore at FIDELITY_ROOTFS",
+                self.ident.id
+            )));
+        }
+        // Lazy when this worker has a page source, the template does not ask for eager
+        // restores, and every memory image carries chunk digests (generations written before
+        // them restore eagerly).
+        let lazy = match &self.page_source {
+            Some(command)
+                if fidelity == Fidelity::Memory
+                    && memory_restore == MemoryRestore::Lazy
+                    && self.runtime.capabilities().can_restore_lazily
+                    && lazy_restorable(&manifest) =>
+            {
+                Some(command.clone())
+            }
+            _ => None,
+        };
+        // A generation downloaded for a lazy restore holds only part of its memory (the rest is
+        // in the durable store): it cannot be restored eagerly. The node then fetches it whole.
+        let partial = ate_snapshot::durable_source(gen_dir)
+            .map_err(|e| snapshot_status(&format!("generation {}", gen_dir.display()), e))?;
+        if partial.is_some() && fidelity == Fidelity::Memory && lazy.is_none() {
+            return Err(Status::failed_precondition(format!(
+                "generation {} holds only part of its memory (the rest is in the durable store) and worker {} restores memory eagerly; fetch the whole generation",
+                gen_dir.display(),
+                self.ident.id
+            )));
+        }
+        // The files' checksums are checked while the sandbox is built from them (hashing a
+        // 50 MiB generation takes ~35 ms, a third of a restore): the restored processes sit in
+        // a netns with no way out and get no ingress until this returns, and a mismatch fails
+        // the start (the caller discards the sandbox and everything extracted), reported as the
+        // checksum error whatever the restore itself made of the damaged files. A lazy restore
+        // checks here only the files CRIU reads itself and the chunks of the memory images that
+        // hold pages the restorer loads; the page source checks every other chunk as it reads it.
+        let verify = async {
+            let checked = if lazy.is_some() {
+                verify_for_lazy_restore(gen_dir, &manifest).await
+            } else {
+                ate_snapshot::verify_files(gen_dir, &manifest).await
+            };
+            (checked, begun.elapsed())
+        };
+        let build = async {
+            if fidelity != Fidelity::Volumes && manifest.has_rootfs() {
+                ate_snapshot::extract_rootfs(gen_dir, &sandbox.upper_dir())
+                    .await
+                    .map_err(|e| snapshot_status("extract rootfs", e))?;
+            }
+            for c in &spec.sidecars {
+                // A container the generation does not hold (template change) starts afresh.
+                if fidelity != Fidelity::Volumes && manifest.has_container_rootfs(&c.name) {
+                    ate_snapshot::extract_container_rootfs(
+                        gen_dir,
+                        &c.name,
+                        &sandbox.container_upper_dir(&c.name),
+                    )
+                    .await
+                    .map_err(|e| snapshot_status(&format!("extract rootfs of {}", c.name), e))?;
+                }
+            }
+            let archived = manifest.volumes();
+            for v in &spec.volumes {
+                // A volume the generation does not hold (template change) starts empty.
+                if archived.contains(&v.name) {
+                    ate_snapshot::extract_volume(gen_dir, &v.name, &sandbox.volume_dir(&v.name))
+                        .await
+                        .map_err(|e| snapshot_status(&format!("extract volume {}", v.name), e))?;
+                }
+            }
+            let extracted = begun.elapsed();
+            // Egress (nftables redirect in the actor netns to the worker's egress listener) is
+            // set up by `start` right after this returns: the runtime creates the netns.
+            let mut page_source = None;
+            let started = match fidelity {
+                Fidelity::Memory => match &lazy {
+                    Some(command) => {
+                        let (started, source) = self
+                            .runtime
+                            .restore_lazily(sandbox, spec, gen_dir, command)
+                            .await
+                            .map_err(|e| sandbox_status("lazy memory restore", e))?;
+                        page_source = Some(source);
+                        started
+                    }
+                    None => self
+                        .runtime
+                        .restore(sandbox, spec, &gen_dir.join(ate_snapshot::CRIU_DIR))
+                        .await
+                        .map_err(|e| sandbox_status("memory restore", e))?,
+                },
+                Fidelity::Rootfs => self
+                    .runtime
+                    .run(sandbox, spec, RunMode::KeepRootfs)
+                    .await
+                    .map_err(|e| sandbox_status("rootfs restart", e))?,
+                Fidelity::Volumes => self
+                    .runtime
+                    .run(sandbox, spec, RunMode::FreshRootfs)
+                    .await
+                    .map_err(|e| sandbox_status("volumes restart", e))?,
+            };
+            Ok::<_, Status>((started, extracted, page_source))
+        };
+        let ((checked, verified), built) = tokio::join!(verify, build);
+        // On a failed check a page source must not be released before its sandbox is gone:
+        // stop the sandbox here, then drop the handle (the caller removes the rest).
+        if let Err(e) = checked {
+            if let Ok((_, _, Some(source))) = &built {
+                source.kill();
+                if let Err(stop) = self.runtime.stop(sandbox).await {
+                    tracing::warn!(container = %sandbox.container_id(), error = %stop, "stop after a failed generation check");
+                }
+            }
+            drop(built);
+            return Err(snapshot_status(
+                &format!("generation {}", gen_dir.display()),
+                e,
+            ));
+        }
+        let (started, extracted, page_source) = built?;
+        crate::metrics::start_phase("restore", "verify", verified);
+        crate::metrics::start_phase("restore", "extract", extracted);
+        crate::metrics::start_phase("restore", "runtime", begun.elapsed() - extracted);
+        tracing::debug!(
+            actor = %key_of(&sandbox.atespace, &sandbox.name),
+            fidelity = ?fidelity,
+            verify_ms = verified.as_millis() as u64,
+            extract_ms = extracted.as_millis() as u64,
+            runtime_ms = (begun.elapsed() - extracted).as_millis() as u64,
+            lazy = page_source.is_some(),
+            "generation restored"
+        );
+        Ok((started.pid, page_source))
+    }
+}
+
+/// Every memory image of the generation carries chunk digests (a page source can check each
+/// chunk as it reads it).
+fn lazy_restorable(manifest: &ate_snapshot::Manifest) -> bool {
+    let mut pages = manifest
+        .files
+        .iter()
+        .filter(|f| ate_snapshot::is_memory_pages_file(&f.path))
+        .peekable();
+    pages.peek().is_some() && pages.all(|f| f.size == 0 || f.chunk_count() > 0)
+}
+
+/// What a lazy restore checks before the actor gets ingress: every file but the memory images
+/// in full, and of the memory images the chunks holding pages CRIU's restorer loads itself
+/// (stacks and other pages it does not leave to the page source).
+async fn verify_for_lazy_restore(
+    gen_dir: &Path,
+    manifest: &ate_snapshot::Manifest,
+) -> ate_snapshot::Result<()> {
+    ate_snapshot::verify_files_except_chunked(gen_dir, manifest).await?;
+    let criu_dir = gen_dir.join(ate_snapshot::CRIU_DIR);
+    let dir = gen_dir.to_path_buf();
+    let m = manifest.clone();
+    tokio::task::spawn_blocking(move || {
+        let which = crate::lazy::images::eager_chunk_files(&criu_dir)
+            .map_err(|e| ate_snapshot::Error::InvalidInput(format!("memory images: {e}")))?;
+        ate_snapshot::verify_chunks(&dir, &m, &which)
+    })
+    .await
+    .map_err(|e| ate_snapshot::Error::InvalidInput(format!("chunk check task: {e}")))?
+}

@@ -1,0 +1,258 @@
+//! Start: a workload placed on this worker runs cold or from a generation (or thaws a
+//! frozen-in-place copy of exactly that generation), then egress, the wakeup probe, the adoption
+//! record and ingress on.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Instant;
+use tracing::Instrument;
+
+use ate_core::Fidelity;
+use ate_proto::v1;
+use tonic::Status;
+
+use super::{Entry, Worker, fidelity_from_wire, key_of, sandbox_status};
+use crate::lazy::PageSource;
+use crate::netns::NetnsDialer;
+use crate::runtime::SandboxSpec;
+
+impl Worker {
+    pub async fn start(&self, req: v1::WorkerStartRequest) -> Result<v1::WorkerStartReply, Status> {
+        let begun = Instant::now();
+        let (atespace, name) = self.check_workload(req.workload.as_ref())?;
+        let workload = req.workload.unwrap_or_default();
+        let wire_spec = workload
+            .spec
+            .as_ref()
+            .ok_or_else(|| Status::invalid_argument("workload.spec missing"))?;
+        let spec = ate_proto::spec_from_wire(wire_spec)
+            .map_err(|e| Status::invalid_argument(format!("workload.spec: {e}")))?;
+        let requested = fidelity_from_wire(req.fidelity)?;
+        let generation_dir =
+            (!req.generation_dir.is_empty()).then(|| PathBuf::from(&req.generation_dir));
+        if requested.is_some() && generation_dir.is_none() {
+            return Err(Status::invalid_argument(
+                "a fidelity was given without a generation_dir",
+            ));
+        }
+        if spec.sandbox_class != self.sandbox_class() {
+            return Err(Status::failed_precondition(format!(
+                "template wants sandbox class {:?}; worker {} runs {:?}",
+                spec.sandbox_class,
+                self.ident.id,
+                self.sandbox_class()
+            )));
+        }
+        let key = key_of(&atespace, &name);
+        let lock = self.lock_for(&key);
+        let _guard = lock.lock().await;
+        self.check_running()?;
+        // An exit of an earlier run that was never collected is about a sandbox that is gone.
+        self.table()
+            .exits
+            .retain(|x| !(x.atespace == atespace && x.name == name));
+        let activation = workload.activation;
+        let held = self
+            .table()
+            .actors
+            .get(&key)
+            .map(|e| (e.sandbox.uid.clone(), e.activation));
+        if let Some((uid, held)) = held {
+            let same = uid == workload.uid;
+            if same && (activation == 0 || held == activation) {
+                // A retried start of the copy that runs here (or a re-adopted one the api
+                // still names): nothing to do but make sure ingress is on.
+                if self.tunnels.get(&key).is_none()
+                    && let Some(dialer) = self.table().adopted.remove(&key)
+                {
+                    self.tunnels.activate(&key, held, dialer);
+                    tracing::info!(actor = %key, activation = held, "re-adopted actor named by a start; ingress on");
+                }
+                if self.tunnels.get(&key).is_some() {
+                    return Ok(v1::WorkerStartReply {
+                        epoch: self.ident.epoch,
+                        ready_ms: 0,
+                    });
+                }
+            }
+            if same && activation != 0 && held > activation {
+                return Err(Status::failed_precondition(format!(
+                    "worker {} holds activation {held} of {key}; this start names the older {activation}",
+                    self.ident.id
+                )));
+            }
+            // An older copy (or one of a deleted actor of the same name) stops serving before
+            // the new activation exists; its sandbox goes with the discard below.
+            tracing::info!(actor = %key, held, activation, "replacing an older copy of the actor");
+            self.ingress_off(&key).await;
+            let mut t = self.table();
+            t.adopted.remove(&key);
+            t.actors.remove(&key);
+        }
+        let in_use = self.table().actors.len();
+        if in_use >= self.ident.slots as usize {
+            return Err(Status::resource_exhausted(format!(
+                "worker {} has all {} actor slots in use",
+                self.ident.id, self.ident.slots
+            )));
+        }
+        // Whatever happens next, a frozen copy of this actor stops being a cache: it is thawed
+        // now (a resume of exactly its generation) or discarded with the rest below.
+        let frozen = self.table().frozen.remove(&key);
+        if let (Some(f), Some(gen_dir)) = (frozen, generation_dir.as_deref()) {
+            let memory = matches!(requested, None | Some(Fidelity::Memory));
+            if memory && f.gen_dir == gen_dir {
+                match self
+                    .thaw(&key, f, &spec, &workload)
+                    .instrument(ate_tls::trace_span!("thaw"))
+                    .await
+                {
+                    Ok(()) => {
+                        crate::metrics::thawed(true);
+                        let ready_ms =
+                            u64::try_from(begun.elapsed().as_millis()).unwrap_or(u64::MAX);
+                        tracing::info!(actor = %key, ready_ms, restore = req.generation_dir.as_str(), "actor thawed in place; ingress on");
+                        return Ok(v1::WorkerStartReply {
+                            epoch: self.ident.epoch,
+                            ready_ms,
+                        });
+                    }
+                    // The generation on disk is intact: restore it the ordinary way.
+                    Err(e) => {
+                        crate::metrics::thawed(false);
+                        tracing::warn!(actor = %key, error = %e.message(), "thaw failed; restoring the generation instead")
+                    }
+                }
+            }
+        }
+        self.trim_frozen().await;
+        if spec.containers.is_empty() {
+            return Err(Status::invalid_argument("workload.spec has no containers"));
+        }
+        let mut images = Vec::with_capacity(spec.containers.len());
+        for c in &spec.containers {
+            let image = self
+                .images
+                .ensure(&c.image)
+                .await
+                .map_err(|e| sandbox_status(&format!("image {}", c.image), e))?;
+            images.push(image);
+        }
+        let first_image = images.remove(0);
+        let sandbox_spec = SandboxSpec::from_template(&spec, first_image, images)
+            .map_err(|e| sandbox_status("sandbox spec", e))?;
+        let sandbox = self.sandbox_for(&atespace, &name, &workload.uid);
+
+        // Nothing of an earlier life of this actor on this worker carries over: the generation
+        // (or nothing, for a cold boot) is the whole truth.
+        self.discard(&sandbox).await?;
+        // The log is appended across lives: a failed start quotes only what this one wrote.
+        let log_from = tokio::fs::metadata(sandbox.log_path())
+            .await
+            .map_or(0, |m| m.len());
+        // Trace spans of the phases (disabled when traces are off): the sandbox with its netns
+        // (a CRIU restore or a run), egress, the wakeup probe, activation.
+        let boot_span = if generation_dir.is_some() {
+            ate_tls::trace_span!("restore")
+        } else {
+            ate_tls::trace_span!("run")
+        };
+        let booted = self
+            .boot(
+                &sandbox,
+                &sandbox_spec,
+                generation_dir.as_deref(),
+                requested,
+                spec.memory_restore,
+            )
+            .instrument(boot_span)
+            .await;
+        // Declared after the sandbox is discarded on every error path below: a page source is
+        // released only once its sandbox is gone.
+        let (pid, page_source) = match booted {
+            Ok(booted) => booted,
+            Err(e) => {
+                self.discard_quietly(&sandbox).await;
+                return Err(e);
+            }
+        };
+        // Egress proxy + nftables redirect, right after the sandbox started (cold boot or any
+        // restore). Nothing leaks before: the netns has no way out (its only link leads nowhere),
+        // so an early connect just times out or is refused.
+        if let Err(e) = self
+            .egress
+            .start(&key, &sandbox.netns(), &spec.egress)
+            .instrument(ate_tls::trace_span!("egress"))
+            .await
+        {
+            self.discard_quietly(&sandbox).await;
+            return Err(Status::internal(format!("egress for {key}: {e}")));
+        }
+        let egress_at = begun.elapsed();
+        if let Err(e) = self
+            .wait_ready(
+                &sandbox,
+                &spec,
+                &sandbox_spec,
+                log_from,
+                page_source.as_ref(),
+            )
+            .instrument(ate_tls::trace_span!("probe"))
+            .await
+        {
+            self.discard_quietly(&sandbox).await;
+            return Err(e);
+        }
+        let probed_at = begun.elapsed();
+        let _activate = ate_tls::trace_span!("activate");
+        let dialer = match NetnsDialer::new(&sandbox.netns()).await {
+            Ok(d) => d,
+            Err(e) => {
+                self.discard_quietly(&sandbox).await;
+                return Err(Status::internal(format!(
+                    "socket factory for netns {}: {e}",
+                    sandbox.netns()
+                )));
+            }
+        };
+        self.write_adoption(
+            &sandbox,
+            &workload,
+            pid,
+            page_source.as_ref().map(PageSource::pid),
+        )
+        .await;
+        self.table().actors.insert(
+            key.clone(),
+            Entry {
+                sandbox,
+                spec,
+                template: workload.template.clone(),
+                pid,
+                activation,
+                page_source: page_source.map(Arc::new),
+            },
+        );
+        self.tunnels.activate(&key, activation, dialer);
+        let ready_ms = u64::try_from(begun.elapsed().as_millis()).unwrap_or(u64::MAX);
+        let kind = if generation_dir.is_some() {
+            "restore"
+        } else {
+            "cold"
+        };
+        crate::metrics::start_phase(kind, "boot_and_egress", egress_at);
+        crate::metrics::start_phase(kind, "probe", probed_at - egress_at);
+        tracing::info!(
+            actor = %key,
+            ready_ms,
+            boot_and_egress_ms = egress_at.as_millis() as u64,
+            probe_ms = (probed_at - egress_at).as_millis() as u64,
+            restore = req.generation_dir.as_str(),
+            "actor started; ingress on"
+        );
+        Ok(v1::WorkerStartReply {
+            epoch: self.ident.epoch,
+            ready_ms,
+        })
+    }
+}
