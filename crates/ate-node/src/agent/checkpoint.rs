@@ -1,0 +1,268 @@
+//! Checkpoint: the worker's checkpoint into a new generation directory, the frozen-copy and
+//! delta-parent bookkeeping, the durable upload (in the call, or queued in the background for an
+//! ASYNC suspend) and the report of a background upload's outcome to the api.
+
+use std::path::{Path, PathBuf};
+
+use ate_core::{DurableStatus, Fidelity};
+use ate_proto::v1;
+use ate_snapshot::UploadPriority;
+use tonic::Status;
+
+use super::{NodeAgent, obj_key};
+
+impl NodeAgent {
+    pub(super) async fn checkpoint_inner(
+        &self,
+        req: v1::CheckpointRequest,
+    ) -> Result<v1::CheckpointReply, Status> {
+        let workload = req
+            .workload
+            .ok_or_else(|| Status::invalid_argument("invalid workload: missing"))?;
+        let (atespace, name) = obj_key(&workload)?;
+        Fidelity::from_wire(req.fidelity).ok_or_else(|| {
+            Status::invalid_argument(format!("invalid fidelity: {}", req.fidelity))
+        })?;
+        let worker = self.worker(&workload.worker_id)?;
+        let dir = self.generation_dir(&atespace, &name, req.generation, &req.uuid);
+        let template = workload.template.clone();
+        let sandbox_class = worker.info.sandbox_class.clone();
+        let reply = worker
+            .client
+            .clone()
+            .checkpoint(v1::WorkerCheckpointRequest {
+                workload: Some(workload),
+                generation_dir: dir.display().to_string(),
+                fidelity: req.fidelity,
+                generation: req.generation,
+                uuid: req.uuid.clone(),
+                node: self.inner.cfg.name.clone(),
+                boot_id: self.inner.fleet.boot_id.clone(),
+                grace_ms: req.grace_ms,
+            })
+            .await?
+            .into_inner();
+        let actor = v1::ObjectRef {
+            atespace: atespace.clone(),
+            name: name.clone(),
+        };
+        let kept_frozen = reply.kept_frozen;
+        {
+            let key = format!("{atespace}/{name}");
+            let mut frozen_on = self.frozen_on();
+            if kept_frozen {
+                frozen_on.insert(key, worker.info.worker_id.clone());
+            } else {
+                frozen_on.remove(&key);
+            }
+        }
+        let parents = self.remember_dir(&format!("{atespace}/{name}"), dir.clone());
+        let mut snapshot = v1::Snapshot {
+            actor: Some(actor.clone()),
+            generation: req.generation,
+            uuid: req.uuid,
+            fidelity: reply.fidelity,
+            template,
+            sandbox_class,
+            node: self.inner.cfg.name.clone(),
+            boot_id: self.inner.fleet.boot_id.clone(),
+            local_path: dir.display().to_string(),
+            durable_uri: String::new(),
+            durable_status: DurableStatus::Pending.wire(),
+            size_bytes: reply.size_bytes,
+            checksum: reply.checksum,
+            reason: reply.reason,
+            create_time_unix_ms: 0,
+        };
+        if req.durable {
+            match self
+                .upload(
+                    &atespace,
+                    &name,
+                    &snapshot,
+                    UploadPriority::Normal,
+                    &parents,
+                )
+                .await
+            {
+                Ok(uri) => {
+                    snapshot.durable_uri = uri;
+                    snapshot.durable_status = DurableStatus::Completed.wire();
+                }
+                Err(e) => {
+                    // The local generation is kept and usable; only the durable copy failed.
+                    snapshot.durable_status = DurableStatus::Failed.wire();
+                    snapshot.reason = format!("durable upload failed: {e}");
+                }
+            }
+        } else {
+            let agent = self.clone();
+            let snap = snapshot.clone();
+            let queue = self.inner.background_uploads.clone();
+            let mut queued = crate::metrics::BackgroundUpload::queued();
+            tokio::spawn(async move {
+                // Closed only if the agent is dropping; upload anyway then.
+                let _permit = queue.acquire_owned().await.ok();
+                queued.running();
+                // Detached or deleted while queued: whoever did that owns its durable status.
+                if !ate_snapshot::is_sealed(Path::new(&snap.local_path)) {
+                    return;
+                }
+                let uploaded = agent
+                    .upload(
+                        &atespace,
+                        &name,
+                        &snap,
+                        UploadPriority::Background,
+                        &parents,
+                    )
+                    .await;
+                let (status, uri, reason) = match uploaded {
+                    Ok(uri) => (DurableStatus::Completed, uri, String::new()),
+                    // Pruned (a newer generation replaced it) while it was being read: routine,
+                    // and not "kept". Still reported, in case something else removed it.
+                    Err(e) if !ate_snapshot::is_sealed(Path::new(&snap.local_path)) => {
+                        tracing::debug!(actor = %format!("{atespace}/{name}"), generation = snap.generation, error = %e, "generation removed during its background upload");
+                        (
+                            DurableStatus::Failed,
+                            String::new(),
+                            format!(
+                                "durable upload failed: the local copy was removed during the upload ({e})"
+                            ),
+                        )
+                    }
+                    Err(e) => {
+                        tracing::warn!(actor = %format!("{atespace}/{name}"), generation = snap.generation, error = %e, "background upload failed; local copy kept");
+                        (
+                            DurableStatus::Failed,
+                            String::new(),
+                            format!("durable upload failed: {e}"),
+                        )
+                    }
+                };
+                agent
+                    .report(actor, snap.generation, status, uri, reason)
+                    .await;
+            });
+        }
+        Ok(v1::CheckpointReply {
+            snapshot: Some(snapshot),
+            epoch: reply.epoch,
+            kept_frozen,
+        })
+    }
+
+    /// Uploads the generation to the durable store. `Background` for an ASYNC suspend's copy:
+    /// nobody waits for it, so its hashing and compression leave the cores to resumes.
+    pub(super) async fn upload(
+        &self,
+        atespace: &str,
+        name: &str,
+        snap: &v1::Snapshot,
+        priority: UploadPriority,
+        parents: &[PathBuf],
+    ) -> Result<String, String> {
+        let key = crate::sweep::durable_key(atespace, name, snap.generation, &snap.uuid);
+        let begun = std::time::Instant::now();
+        let uploaded = self
+            .inner
+            .durable
+            .upload_with_parents(
+                Path::new(&snap.local_path),
+                &key,
+                priority,
+                parents,
+                &|dir: &Path| ate_worker::lazy::images::memory_layout(dir).ok(),
+            )
+            .await
+            .map(|(uri, _)| uri)
+            .map_err(|e| e.to_string());
+        crate::metrics::uploaded(priority, &uploaded, snap.size_bytes, begun);
+        uploaded
+    }
+
+    async fn report(
+        &self,
+        actor: v1::ObjectRef,
+        generation: u64,
+        status: DurableStatus,
+        uri: String,
+        reason: String,
+    ) {
+        let req = v1::ReportSnapshotRequest {
+            actor: Some(actor),
+            generation,
+            durable_status: status.wire(),
+            durable_uri: uri,
+            reason,
+        };
+        if let Err(e) = self
+            .inner
+            .fleet
+            .fleet_api
+            .clone()
+            .report_snapshot(req)
+            .await
+        {
+            tracing::warn!(generation, error = %e.message(), "snapshot report to the api failed");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::agent::test_agent;
+    use tonic::Code;
+
+    #[tokio::test]
+    async fn checkpoint_validates_before_calling_a_worker() {
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("tempdir: {e}"));
+        let agent = test_agent(dir.path()).await;
+        let workload = v1::Workload {
+            actor: Some(v1::ObjectRef {
+                atespace: "ns".into(),
+                name: "a".into(),
+            }),
+            worker_id: "w-1".into(),
+            ..Default::default()
+        };
+        let req = |workload: Option<v1::Workload>, fidelity: i32| v1::CheckpointRequest {
+            workload,
+            generation: 1,
+            uuid: "u-1".into(),
+            fidelity,
+            durable: false,
+            grace_ms: 0,
+        };
+        let code_msg = |r: Result<v1::CheckpointReply, Status>| {
+            r.err().map(|s| (s.code(), s.message().to_string()))
+        };
+        let memory = Fidelity::Memory.wire();
+        assert_eq!(
+            code_msg(agent.checkpoint_inner(req(None, memory)).await),
+            Some((
+                Code::InvalidArgument,
+                "invalid workload: missing".to_string()
+            ))
+        );
+        assert_eq!(
+            code_msg(
+                agent
+                    .checkpoint_inner(req(Some(workload.clone()), 999))
+                    .await
+            ),
+            Some((Code::InvalidArgument, "invalid fidelity: 999".to_string()))
+        );
+        assert_eq!(
+            code_msg(agent.checkpoint_inner(req(Some(workload), memory)).await),
+            Some((
+                Code::Unavailable,
+                "worker w-1 is not running on node node-t".to_string()
+            ))
+        );
+        // Nothing was remembered or written for a refused checkpoint.
+        assert!(agent.inner.recent_dirs.lock().is_ok_and(|m| m.is_empty()));
+        assert!(!dir.path().join("snapshots").join("ns").exists());
+    }
+}

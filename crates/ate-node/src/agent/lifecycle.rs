@@ -1,0 +1,350 @@
+//! The rest of an actor's and its generations' life on this node: Detach (upload what has no
+//! durable copy, then drop the local copies), Stop, ForgetActor (a deleted actor's log),
+//! DeleteSnapshots (local directories, their quarantined copies, durable copies), and the stop
+//! of a stale frozen-in-place copy when the actor starts or stops elsewhere.
+
+use std::path::Path;
+
+use ate_core::DurableStatus;
+use ate_proto::v1;
+use ate_snapshot::UploadPriority;
+use tonic::Status;
+
+use super::logs::actor_log_path;
+use super::{NodeAgent, actor_key};
+
+impl NodeAgent {
+    pub(super) async fn detach_inner(
+        &self,
+        req: v1::DetachRequest,
+    ) -> Result<v1::DetachReply, Status> {
+        let actor = req
+            .actor
+            .ok_or_else(|| Status::invalid_argument("invalid actor: missing"))?;
+        let mut out = Vec::new();
+        let parents = self
+            .inner
+            .recent_dirs
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&format!("{}/{}", actor.atespace, actor.name))
+            .cloned()
+            .unwrap_or_default();
+        for mut snap in req.snapshots {
+            if snap.durable_status != DurableStatus::Completed.wire() {
+                match self
+                    .upload(
+                        &actor.atespace,
+                        &actor.name,
+                        &snap,
+                        UploadPriority::Normal,
+                        &parents,
+                    )
+                    .await
+                {
+                    Ok(uri) => {
+                        snap.durable_uri = uri;
+                        snap.durable_status = DurableStatus::Completed.wire();
+                    }
+                    Err(e) => {
+                        snap.durable_status = DurableStatus::Failed.wire();
+                        snap.reason = format!("durable upload failed: {e}");
+                        out.push(snap);
+                        continue;
+                    }
+                }
+            }
+            if !snap.local_path.is_empty() && snap.node == self.inner.cfg.name {
+                let _ = tokio::fs::remove_dir_all(&snap.local_path).await;
+                remove_quarantined(Path::new(&snap.local_path)).await;
+            }
+            snap.local_path.clear();
+            out.push(snap);
+        }
+        Ok(v1::DetachReply { snapshots: out })
+    }
+
+    pub(super) async fn stop_inner(&self, req: v1::StopRequest) -> Result<v1::NodeReply, Status> {
+        let worker = self.worker(&req.worker_id)?;
+        if let Some(actor) = &req.actor {
+            self.forget_frozen(actor, &req.worker_id).await;
+        }
+        let reply = worker
+            .client
+            .clone()
+            .stop(v1::WorkerStopRequest {
+                actor: req.actor,
+                activation_at_most: 0,
+            })
+            .await?
+            .into_inner();
+        Ok(Self::reply(&worker, reply.epoch))
+    }
+
+    pub(super) async fn forget_actor_inner(
+        &self,
+        req: v1::ForgetActorRequest,
+    ) -> Result<v1::ForgetActorReply, Status> {
+        let (atespace, name) = actor_key(req.actor.as_ref())?;
+        let state = &self.inner.cfg.state_dir;
+        // A sandbox of that name still running here (a re-created actor, or a copy the api
+        // gave up on) keeps writing the log: it stays.
+        let workers = std::fs::read_dir(state.join("workers"))
+            .map(|d| d.flatten().map(|e| e.path()).collect::<Vec<_>>())
+            .unwrap_or_default();
+        if workers
+            .iter()
+            .any(|w| ate_worker::sandbox_alive(&w.join("actors"), &atespace, &name))
+        {
+            return Ok(v1::ForgetActorReply { log_removed: false });
+        }
+        let path = actor_log_path(state, &atespace, &name);
+        let removed = match tokio::fs::remove_file(&path).await {
+            Ok(()) => true,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => false,
+            Err(e) => {
+                return Err(Status::internal(format!(
+                    "cannot remove {}: {e}",
+                    path.display()
+                )));
+            }
+        };
+        tracing::info!(actor = %format!("{atespace}/{name}"), log_removed = removed, "deleted actor forgotten");
+        Ok(v1::ForgetActorReply {
+            log_removed: removed,
+        })
+    }
+
+    pub(super) async fn delete_snapshots_inner(
+        &self,
+        req: v1::DeleteSnapshotsRequest,
+    ) -> Result<v1::DeleteSnapshotsReply, Status> {
+        for snap in req.snapshots {
+            let root = self.inner.cfg.snapshots_dir();
+            // Only directories this node wrote, under its own snapshot root.
+            if !snap.local_path.is_empty()
+                && snap.node == self.inner.cfg.name
+                && Path::new(&snap.local_path).starts_with(&root)
+                && let Err(e) = tokio::fs::remove_dir_all(&snap.local_path).await
+                && e.kind() != std::io::ErrorKind::NotFound
+            {
+                return Err(Status::internal(format!(
+                    "cannot delete {}: {e}",
+                    snap.local_path
+                )));
+            }
+            if !snap.local_path.is_empty()
+                && snap.node == self.inner.cfg.name
+                && Path::new(&snap.local_path).starts_with(&root)
+            {
+                remove_quarantined(Path::new(&snap.local_path)).await;
+            }
+            if !snap.durable_uri.is_empty() {
+                self.inner
+                    .durable
+                    .delete(&snap.durable_uri)
+                    .await
+                    .map_err(|e| {
+                        Status::unavailable(format!("cannot delete {}: {e}", snap.durable_uri))
+                    })?;
+            }
+        }
+        tracing::debug!(store = %self.inner.durable_url, "snapshots deleted");
+        Ok(v1::DeleteSnapshotsReply {})
+    }
+
+    /// The actor is starting on `worker_id`: a frozen copy of it on another worker of this node
+    /// is stale now and is stopped first (it holds the actor's netns and cgroup names, which
+    /// the new sandbox takes).
+    pub(super) async fn forget_frozen(&self, actor: &v1::ObjectRef, worker_id: &str) {
+        let key = format!("{}/{}", actor.atespace, actor.name);
+        let Some(holder) = self.frozen_on().remove(&key) else {
+            return;
+        };
+        if holder == worker_id {
+            return;
+        }
+        let Some(worker) = self.inner.fleet.worker(&holder) else {
+            return;
+        };
+        let req = v1::WorkerStopRequest {
+            actor: Some(actor.clone()),
+            activation_at_most: 0,
+        };
+        if let Err(e) = worker.client.clone().stop(req).await {
+            tracing::warn!(actor = %key, worker = %holder, error = %e.message(), "stopping a stale frozen copy");
+        }
+    }
+}
+
+/// Removes what [`ate_snapshot::quarantine`] set aside of a generation directory (its files
+/// are kept for inspection until the generation itself is deleted).
+async fn remove_quarantined(gen_dir: &Path) {
+    let Ok(aside) = ate_snapshot::quarantine_path(gen_dir) else {
+        return;
+    };
+    if let Err(e) = tokio::fs::remove_dir_all(&aside).await
+        && e.kind() != std::io::ErrorKind::NotFound
+    {
+        tracing::warn!(dir = %aside.display(), error = %e, "cannot delete a quarantined generation");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::agent::test_agent;
+    use tonic::Code;
+
+    fn tempdir() -> tempfile::TempDir {
+        tempfile::tempdir().unwrap_or_else(|e| panic!("tempdir: {e}"))
+    }
+
+    fn mkdir(dir: &Path) {
+        std::fs::create_dir_all(dir).unwrap_or_else(|e| panic!("mkdir {}: {e}", dir.display()));
+        std::fs::write(dir.join("f"), b"x").unwrap_or_else(|e| panic!("write: {e}"));
+    }
+
+    fn aside(dir: &Path) -> std::path::PathBuf {
+        ate_snapshot::quarantine_path(dir).unwrap_or_else(|e| panic!("quarantine_path: {e}"))
+    }
+
+    fn snap(node: &str, local: &Path, status: DurableStatus) -> v1::Snapshot {
+        v1::Snapshot {
+            generation: 1,
+            node: node.into(),
+            local_path: local.display().to_string(),
+            durable_status: status.wire(),
+            ..Default::default()
+        }
+    }
+
+    #[tokio::test]
+    async fn remove_quarantined_removes_only_the_set_aside_copy() {
+        let dir = tempdir();
+        let gen_dir = dir.path().join("1-abc");
+        mkdir(&gen_dir);
+        mkdir(&aside(&gen_dir));
+        remove_quarantined(&gen_dir).await;
+        assert!(!aside(&gen_dir).exists());
+        assert!(gen_dir.join("f").is_file());
+        // Nothing set aside: nothing to do, and nothing else touched.
+        remove_quarantined(&gen_dir).await;
+        assert!(gen_dir.join("f").is_file());
+    }
+
+    #[tokio::test]
+    async fn delete_snapshots_deletes_only_this_nodes_dirs_under_its_root() {
+        let dir = tempdir();
+        let agent = test_agent(dir.path()).await;
+        let root = dir.path().join("snapshots").join("ns").join("a");
+        let ours = root.join("1-aaa");
+        let other_node = root.join("2-bbb");
+        let outside = dir.path().join("elsewhere").join("3-ccc");
+        for d in [&ours, &other_node, &outside] {
+            mkdir(d);
+        }
+        mkdir(&aside(&ours));
+        let gone = root.join("4-ddd");
+        let req = v1::DeleteSnapshotsRequest {
+            snapshots: vec![
+                snap("node-t", &ours, DurableStatus::Pending),
+                snap("node-2", &other_node, DurableStatus::Pending),
+                snap("node-t", &outside, DurableStatus::Pending),
+                // Already gone: not an error.
+                snap("node-t", &gone, DurableStatus::Pending),
+            ],
+        };
+        let reply = agent.delete_snapshots_inner(req).await;
+        assert!(reply.is_ok(), "{reply:?}");
+        assert!(!ours.exists());
+        assert!(!aside(&ours).exists());
+        assert!(other_node.join("f").is_file());
+        assert!(outside.join("f").is_file());
+    }
+
+    #[tokio::test]
+    async fn detach_drops_the_local_copies_of_durable_generations() {
+        let dir = tempdir();
+        let agent = test_agent(dir.path()).await;
+        let root = dir.path().join("snapshots").join("ns").join("a");
+        let ours = root.join("1-aaa");
+        let other_node = root.join("2-bbb");
+        mkdir(&ours);
+        mkdir(&aside(&ours));
+        mkdir(&other_node);
+        let mut theirs = snap("node-2", &other_node, DurableStatus::Completed);
+        theirs.generation = 2;
+        let req = v1::DetachRequest {
+            actor: Some(v1::ObjectRef {
+                atespace: "ns".into(),
+                name: "a".into(),
+            }),
+            snapshots: vec![snap("node-t", &ours, DurableStatus::Completed), theirs],
+        };
+        let reply = agent
+            .detach_inner(req)
+            .await
+            .unwrap_or_else(|e| panic!("detach: {e}"));
+        assert_eq!(reply.snapshots.len(), 2);
+        for s in &reply.snapshots {
+            assert!(s.local_path.is_empty(), "{s:?}");
+            assert_eq!(s.durable_status, DurableStatus::Completed.wire());
+        }
+        assert!(!ours.exists());
+        assert!(!aside(&ours).exists());
+        // Another node's directory is that node's to delete.
+        assert!(other_node.join("f").is_file());
+
+        let missing = agent.detach_inner(v1::DetachRequest::default()).await.err();
+        assert_eq!(
+            missing.map(|s| (s.code(), s.message().to_string())),
+            Some((Code::InvalidArgument, "invalid actor: missing".to_string()))
+        );
+    }
+
+    #[tokio::test]
+    async fn forget_actor_removes_the_log_once() {
+        let dir = tempdir();
+        let agent = test_agent(dir.path()).await;
+        let log = actor_log_path(dir.path(), "ns", "a");
+        mkdir(log.parent().unwrap_or(dir.path()));
+        std::fs::write(&log, b"out\n").unwrap_or_else(|e| panic!("write: {e}"));
+        let req = || v1::ForgetActorRequest {
+            actor: Some(v1::ObjectRef {
+                atespace: "ns".into(),
+                name: "a".into(),
+            }),
+        };
+        let first = agent.forget_actor_inner(req()).await.ok();
+        assert_eq!(first, Some(v1::ForgetActorReply { log_removed: true }));
+        assert!(!log.exists());
+        let second = agent.forget_actor_inner(req()).await.ok();
+        assert_eq!(second, Some(v1::ForgetActorReply { log_removed: false }));
+        let bad = agent
+            .forget_actor_inner(v1::ForgetActorRequest { actor: None })
+            .await
+            .err();
+        assert_eq!(bad.map(|s| s.code()), Some(Code::InvalidArgument));
+    }
+
+    #[tokio::test]
+    async fn stop_on_an_unknown_worker_is_unavailable() {
+        let dir = tempdir();
+        let agent = test_agent(dir.path()).await;
+        let err = agent
+            .stop_inner(v1::StopRequest {
+                actor: None,
+                worker_id: "w-9".into(),
+            })
+            .await
+            .err();
+        assert_eq!(
+            err.map(|s| (s.code(), s.message().to_string())),
+            Some((
+                Code::Unavailable,
+                "worker w-9 is not running on node node-t".to_string()
+            ))
+        );
+    }
+}
