@@ -95,6 +95,10 @@ pub struct UpArgs {
     /// Extra flags for the router, e.g. `--router-arg=--parked-request-budget=2s` (repeatable).
     #[arg(long = "router-arg", allow_hyphen_values = true)]
     pub router_args: Vec<String>,
+    /// Extra flags for the api, e.g. `--api-arg=--heartbeat-timeout-seconds=20` (repeatable; the flags
+    /// `ate up` sets itself — listeners, store, TLS, ready file — cannot be given again).
+    #[arg(long = "api-arg", allow_hyphen_values = true)]
+    pub api_args: Vec<String>,
     /// The router uses mTLS CONNECT tunnels through atunnel for every request, instead of
     /// taking plain HTTP/1.1 tunnels as the actor's own socket from the workers of this
     /// machine (docs/tunnel-protocol.md, "Handoff").
@@ -1062,6 +1066,7 @@ async fn start_all(
         &args.tls_sans,
     );
     api_args.extend(pki.issue_req("api", api_req)?.1.to_args());
+    api_args.extend(args.api_args.iter().cloned());
     let (admin, _) = pki.issue(client::ADMIN_CERT_NAME, ate_tls::SpiffeId::admin(&td)?)?;
     components.push(spawn("api", Role::Api, api_args, &logs)?);
     let api = &mut components[0];

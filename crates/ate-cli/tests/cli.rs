@@ -210,3 +210,27 @@ fn cli_without_api_says_where_it_looked() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("cannot reach the api at 127.0.0.1:1"));
 }
+
+/// `ate up --api-arg` reaches the api: a flag the api does not know stops the start-up, and the
+/// error quotes the api's own complaint about that flag.
+#[test]
+fn ate_up_passes_api_args_to_the_api() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = Command::new(ATE)
+        .args(["up", "--no-demo", "--workers", "1", "--state-dir"])
+        .arg(dir.path().join("state"))
+        .args([
+            "--api-listen",
+            "127.0.0.1:0",
+            "--api-http-listen",
+            "127.0.0.1:0",
+            "--api-arg=--no-such-api-flag=1",
+        ])
+        .env("HOME", dir.path())
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(err.contains("api exited during start-up"), "{err}");
+    assert!(err.contains("--no-such-api-flag"), "{err}");
+}
