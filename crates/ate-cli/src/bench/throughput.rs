@@ -1,0 +1,741 @@
+//! `ate bench throughput`: resumes/s of small counter actors, as a burst (default) or a
+//! sustained resume/suspend loop (`--cycle`), with its table, histogram and not-200 summary.
+
+use std::collections::VecDeque;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use ate_proto::v1;
+use clap::Args;
+use serde_json::json;
+use tokio::sync::Mutex;
+use tokio::task::JoinSet;
+
+use super::{
+    COUNTER_MEMORY_MIB, Common, HttpClient, NO_ROOM, Reply, apply_yaml, call, counter_template,
+    ensure_actor, http_client, images_dir, median, parse_settle, pct, prime, reply_json, rpc,
+    sorted, suspend, write_json,
+};
+use crate::client::Clients;
+
+#[derive(Args, Debug)]
+pub struct ThroughputArgs {
+    #[command(flatten)]
+    common: Common,
+    /// Number of suspended counter actors (default: 600; with --cycle, 2 × concurrency). Actors
+    /// of an earlier run that are still suspended are reused.
+    #[arg(long)]
+    actors: Option<usize>,
+    /// Requests in flight at most (default: 300; with --cycle, 64).
+    #[arg(long)]
+    concurrency: Option<usize>,
+    /// The sustained resume/suspend loop instead of the burst: requesters keep --concurrency
+    /// requests to suspended actors in flight for --seconds while --suspenders suspend each
+    /// served actor again.
+    #[arg(long)]
+    cycle: bool,
+    /// With --cycle: length of the measurement in seconds.
+    #[arg(long, default_value_t = 20, requires = "cycle")]
+    seconds: u64,
+    /// With --cycle: suspend calls in flight.
+    #[arg(long, default_value_t = 16, requires = "cycle")]
+    suspenders: usize,
+    /// Burst only: pause between preparing the suspended actors and the burst, in seconds, so
+    /// the preparing suspends' durable uploads are not measured as resume time (as in `bench
+    /// resume`). 0 sends the burst at once.
+    #[arg(long, default_value_t = 2.0, conflicts_with = "cycle", value_parser = parse_settle)]
+    settle: f64,
+}
+
+/// CPU of each throughput actor: tiny, so that the slots (not the workers' CPU) bound how many
+/// run at once.
+const TP_CPU_MILLIS: u32 = 10;
+/// Preparations (create, first request, suspend) in flight.
+const TP_PREPARERS: usize = 8;
+
+pub(super) async fn throughput(c: Clients, a: ThroughputArgs) -> anyhow::Result<ExitCode> {
+    let settle = Duration::from_secs_f64(a.settle);
+    let ns = a
+        .common
+        .atespace
+        .clone()
+        .unwrap_or_else(|| "ate-bench-tp".into());
+    let concurrency = a
+        .concurrency
+        .unwrap_or(if a.cycle { 64 } else { 300 })
+        .max(1);
+    let n_actors = if a.cycle {
+        a.actors.unwrap_or(concurrency * 2).max(concurrency)
+    } else {
+        a.actors.unwrap_or(600)
+    };
+    anyhow::ensure!(n_actors > 0, "--actors 0: nothing to do");
+    let images = images_dir(&c, &a.common).await?;
+    let cpu = format!("{TP_CPU_MILLIS}m");
+    apply_yaml(&c, &counter_template(&ns, "counter", &images, &cpu)).await?;
+    let http = http_client(concurrency);
+    let router = a.common.router.clone();
+    let names: Vec<String> = (0..n_actors).map(|i| format!("tp-{i}")).collect();
+    prepare_counters(&c, &http, &router, &ns, &names).await?;
+    let run = TpRun {
+        c,
+        http,
+        router,
+        ns,
+        names,
+        concurrency,
+    };
+    if a.cycle {
+        cycle(run, &a).await
+    } else {
+        burst(run, &a.common, settle).await
+    }
+}
+
+/// What both throughput modes work on: prepared (suspended) actors and the client to reach them.
+struct TpRun {
+    c: Clients,
+    http: HttpClient,
+    router: String,
+    ns: String,
+    names: Vec<String>,
+    concurrency: usize,
+}
+
+/// Makes every named actor exist and be suspended with a snapshot, [`TP_PREPARERS`] at a time;
+/// actors that already are (an earlier run's) are only checked.
+async fn prepare_counters(
+    c: &Clients,
+    http: &HttpClient,
+    router: &str,
+    ns: &str,
+    names: &[String],
+) -> anyhow::Result<()> {
+    let n_actors = names.len();
+    eprintln!(
+        "==> preparing {n_actors} suspended counter actors in {ns} (create, first request, suspend; suspended ones are reused)"
+    );
+    let started = Instant::now();
+    let done = Arc::new(AtomicU64::new(0));
+    let reused = Arc::new(AtomicU64::new(0));
+    let queue = Arc::new(Mutex::new(names.iter().cloned().collect::<VecDeque<_>>()));
+    let mut set = JoinSet::new();
+    for _ in 0..TP_PREPARERS.min(n_actors) {
+        let (c, http, router, ns) = (c.clone(), http.clone(), router.to_string(), ns.to_string());
+        let (queue, done, reused) = (queue.clone(), done.clone(), reused.clone());
+        set.spawn(async move {
+            loop {
+                let Some(name) = queue.lock().await.pop_front() else {
+                    return anyhow::Ok(());
+                };
+                ensure_actor(&c, &ns, &name, "counter").await?;
+                if !prime(&c, &http, &router, &ns, &name).await? {
+                    reused.fetch_add(1, Ordering::Relaxed);
+                }
+                let d = done.fetch_add(1, Ordering::Relaxed) + 1;
+                if d % 16 == 0 || d as usize == n_actors {
+                    eprintln!(
+                        "    {d}/{n_actors} ready ({} were ready before), {:.0} s",
+                        reused.load(Ordering::Relaxed),
+                        started.elapsed().as_secs_f64()
+                    );
+                }
+            }
+        });
+    }
+    for r in set.join_all().await {
+        r?;
+    }
+    Ok(())
+}
+
+/// How many more actors of `cpu_millis` and `memory_bytes` fit the ACTIVE workers now (the
+/// scheduler's test: slots, CPU and memory), and the number of ACTIVE workers.
+fn free_room(workers: &[v1::Worker], cpu_millis: u32, memory_bytes: u64) -> (u64, usize) {
+    let active: Vec<&v1::Worker> = workers.iter().filter(|w| w.status == "ACTIVE").collect();
+    let room = active
+        .iter()
+        .map(|w| {
+            let (cap, used) = (w.capacity.unwrap_or_default(), w.used.unwrap_or_default());
+            let slots = u64::from(cap.actor_slots.saturating_sub(used.actor_slots));
+            let cpu = u64::from(cap.cpu_millis.saturating_sub(used.cpu_millis))
+                / u64::from(cpu_millis.max(1));
+            let mem = cap.memory_bytes.saturating_sub(used.memory_bytes) / memory_bytes.max(1);
+            slots.min(cpu).min(mem)
+        })
+        .sum();
+    (room, active.len())
+}
+
+/// One request of the burst, times in seconds since the burst started.
+struct BurstSample {
+    actor: String,
+    sent: f64,
+    done: f64,
+    reply: Reply,
+}
+
+/// A 200 that resumed a suspended actor (`parked`: the resume waited for room first).
+fn is_cold(r: &Reply) -> bool {
+    r.status == 200 && (r.resume == "cold" || r.resume == "parked")
+}
+
+/// The row of the throughput table (both modes).
+struct TpRow {
+    actors: usize,
+    concurrency: usize,
+    requests: usize,
+    ok: usize,
+    cold: usize,
+    seconds: f64,
+    p50: f64,
+    p99: f64,
+}
+
+impl TpRow {
+    fn rate(&self) -> f64 {
+        self.cold as f64 / self.seconds.max(f64::MIN_POSITIVE)
+    }
+
+    fn table(&self) -> String {
+        format!(
+            "Actors | Concurrency | Requests | Returned 200 | Not 200 | Cold resumes | Seconds | Resumes/s | p50     | p99\n\
+             {:>6} | {:>11} | {:>8} | {:>12} | {:>7} | {:>12} | {:>7.1} | {:>9.1} | {:>5.3} s | {:>5.3} s",
+            self.actors,
+            self.concurrency,
+            self.requests,
+            self.ok,
+            self.requests - self.ok,
+            self.cold,
+            self.seconds,
+            self.rate(),
+            self.p50,
+            self.p99
+        )
+    }
+}
+
+/// `503 × 12 (no worker has room: 12), 0 (no answer) × 1`: the answers that were not 200.
+fn not_ok_summary(replies: &[&Reply]) -> String {
+    let mut by_status = std::collections::BTreeMap::<u16, (usize, usize)>::new();
+    for r in replies.iter().filter(|r| r.status != 200) {
+        let e = by_status.entry(r.status).or_default();
+        e.0 += 1;
+        e.1 += usize::from(r.body.contains(NO_ROOM));
+    }
+    let parts: Vec<String> = by_status
+        .iter()
+        .map(|(status, (n, no_room))| {
+            let name = match status {
+                0 => "0 (no answer)".to_string(),
+                s => s.to_string(),
+            };
+            match no_room {
+                0 => format!("{name} × {n}"),
+                k => format!("{name} × {n} (no worker has room: {k})"),
+            }
+        })
+        .collect();
+    if parts.is_empty() {
+        "none".into()
+    } else {
+        parts.join(", ")
+    }
+}
+
+/// Per-second counts as a text table, bins of `ceil(len / 60)` seconds so that it stays short.
+fn histogram(answers: &[u64], cold: &[u64], not_ok: &[u64]) -> String {
+    let bin = answers.len().div_ceil(60).max(1);
+    let sum = |v: &[u64], i: usize| v.iter().skip(i).take(bin).sum::<u64>();
+    let rows: Vec<(usize, u64, u64, u64)> = (0..answers.len())
+        .step_by(bin)
+        .map(|i| (i, sum(answers, i), sum(cold, i), sum(not_ok, i)))
+        .collect();
+    let widest = rows.iter().map(|r| r.1).max().unwrap_or(0).max(1);
+    let mut out = format!(
+        "Seconds | Answers | Cold resumes | Not 200 | (# cold resume, x not 200; per {bin} s)\n"
+    );
+    for (i, n, c, bad) in rows {
+        let scale = |k: u64| (k * 50).div_ceil(widest) as usize;
+        let line = format!(
+            "{:>7} | {n:>7} | {c:>12} | {bad:>7} | {}{}",
+            format!("{i}–{}", i + bin),
+            "#".repeat(scale(c)),
+            "x".repeat(scale(bad))
+        );
+        out += line.trim_end();
+        out.push('\n');
+    }
+    out
+}
+
+/// Counts of `at` (seconds) per whole second, over `len` seconds.
+fn per_second(len: usize, at: impl Iterator<Item = f64>) -> Vec<u64> {
+    let mut v = vec![0u64; len.max(1)];
+    for t in at {
+        let i = (t.max(0.0) as usize).min(v.len() - 1);
+        v[i] += 1;
+    }
+    v
+}
+
+/// The spec's shape: one request to each suspended actor, at most `concurrency` in flight;
+/// resumes/s = cold resumes / (last answer − first request sent).
+async fn burst(run: TpRun, common: &Common, settle: Duration) -> anyhow::Result<ExitCode> {
+    let TpRun {
+        c,
+        http,
+        router,
+        ns,
+        names,
+        concurrency,
+    } = run;
+    let n = names.len();
+    let memory = COUNTER_MEMORY_MIB << 20;
+    let room = match rpc(c
+        .fleet
+        .clone()
+        .list_workers(v1::ListWorkersRequest {})
+        .await)
+    {
+        Ok(list) => Some(free_room(&list.workers, TP_CPU_MILLIS, memory)),
+        Err(e) => {
+            eprintln!("warning: cannot list the workers to check their free room: {e:#}");
+            None
+        }
+    };
+    let note = match room {
+        Some((room, workers)) if (room as usize) < n => Some(format!(
+            "note: the pool has room for {room} more actors of this size ({TP_CPU_MILLIS}m CPU, \
+             {COUNTER_MEMORY_MIB} MiB; {workers} active workers), fewer than --actors {n}. Answered \
+             actors keep running, so requests beyond that room park for the router's budget and \
+             may get 503 (no worker has room): the pool is full, not a failed resume; they show \
+             in the table as Not 200."
+        )),
+        _ => None,
+    };
+    if let Some(note) = &note {
+        eprintln!("{note}");
+    }
+    tokio::time::sleep(settle).await;
+    eprintln!(
+        "==> burst: one request to each of {n} suspended actors, at most {concurrency} in flight{}",
+        room.map(|(r, _)| format!(" (free room for {r})"))
+            .unwrap_or_default()
+    );
+    let permits = Arc::new(tokio::sync::Semaphore::new(concurrency));
+    let answered = Arc::new(AtomicU64::new(0));
+    let served = Arc::new(AtomicU64::new(0));
+    let started = Instant::now();
+    let mut set = JoinSet::new();
+    for name in names {
+        let (http, router, permits) = (http.clone(), router.clone(), permits.clone());
+        let (answered, served) = (answered.clone(), served.clone());
+        let actor = format!("{ns}/{name}");
+        set.spawn(async move {
+            let _permit = permits.acquire_owned().await.expect("never closed");
+            let sent = started.elapsed().as_secs_f64();
+            let reply = call(&http, &router, Some(&actor), "/").await;
+            let done = started.elapsed().as_secs_f64();
+            answered.fetch_add(1, Ordering::Relaxed);
+            served.fetch_add(u64::from(reply.status == 200), Ordering::Relaxed);
+            BurstSample {
+                actor,
+                sent,
+                done,
+                reply,
+            }
+        });
+    }
+    let mut all = tokio::spawn(async move { set.join_all().await });
+    let mut ticker = tokio::time::interval(Duration::from_secs(5));
+    ticker.tick().await;
+    let samples: Vec<BurstSample> = loop {
+        tokio::select! {
+            _ = ticker.tick() => {
+                let (a, s) = (answered.load(Ordering::Relaxed), served.load(Ordering::Relaxed));
+                eprintln!(
+                    "    {:.0} s: {a}/{n} answered ({s} × 200), {} in flight",
+                    started.elapsed().as_secs_f64(),
+                    (n as u64 - a).min(concurrency as u64)
+                );
+            }
+            r = &mut all => break r?,
+        }
+    };
+    let first = samples.iter().map(|s| s.sent).fold(f64::INFINITY, f64::min);
+    let last = samples.iter().map(|s| s.done).fold(0.0, f64::max);
+    let wall = (last - first).max(0.0);
+    let replies: Vec<&Reply> = samples.iter().map(|s| &s.reply).collect();
+    let ok = replies.iter().filter(|r| r.status == 200).count();
+    let cold: Vec<&BurstSample> = samples.iter().filter(|s| is_cold(&s.reply)).collect();
+    let parked = cold.iter().filter(|s| s.reply.resume == "parked").count();
+    let cold_secs = sorted(cold.iter().map(|s| s.reply.secs).collect());
+    let all_secs = sorted(replies.iter().map(|r| r.secs).collect());
+    let row = TpRow {
+        actors: n,
+        concurrency,
+        requests: samples.len(),
+        ok,
+        cold: cold.len(),
+        seconds: wall,
+        p50: median(&cold_secs),
+        p99: pct(&cold_secs, 0.99),
+    };
+    let bins = wall.ceil() as usize;
+    let at = |f: fn(&Reply) -> bool| {
+        per_second(
+            bins,
+            samples
+                .iter()
+                .filter(move |s| f(&s.reply))
+                .map(move |s| s.done - first),
+        )
+    };
+    let answers = at(|_| true);
+    let cold_per_second = at(is_cold);
+    let not_ok_per_second = at(|r| r.status != 200);
+
+    println!(
+        "Burst: one request to each of {n} suspended actors, at most {concurrency} in flight; \
+         seconds from the first request sent to the last answer"
+    );
+    println!("{}", row.table());
+    println!("not 200: {}", not_ok_summary(&replies));
+    println!(
+        "cold resumes (ate-resume cold|parked): {}, of which parked {parked}; other 200: {}; \
+         p50/p99 of every answer: {:.3} s / {:.3} s",
+        cold.len(),
+        ok - cold.len(),
+        median(&all_secs),
+        pct(&all_secs, 0.99)
+    );
+    // The wall time runs to the last answer; when some answers were not 200 (a 503 comes after
+    // the parking budget), the rate up to the last cold resume tells what the resumes did.
+    let last_cold = cold.iter().map(|s| s.done - first).fold(0.0, f64::max);
+    let rate_to_last_cold = cold.len() as f64 / last_cold.max(f64::MIN_POSITIVE);
+    if ok < n && !cold.is_empty() {
+        println!(
+            "up to the last cold resume ({last_cold:.1} s after the first request): \
+             {rate_to_last_cold:.1} resumes/s"
+        );
+    }
+    if let Some(note) = &note {
+        println!("{note}");
+    }
+    print!(
+        "{}",
+        histogram(&answers, &cold_per_second, &not_ok_per_second)
+    );
+    let errors: Vec<String> = replies
+        .iter()
+        .filter(|r| r.status != 200)
+        .take(10)
+        .map(|r| format!("{} {}", r.status, r.body))
+        .collect();
+    for e in &errors {
+        eprintln!("    {e}");
+    }
+    let samples_json: Vec<serde_json::Value> = samples
+        .iter()
+        .map(|s| {
+            let mut v = reply_json(&s.reply);
+            v["actor"] = json!(s.actor);
+            v["sent_seconds"] = json!(s.sent - first);
+            v["done_seconds"] = json!(s.done - first);
+            v
+        })
+        .collect();
+    write_json(
+        common,
+        "throughput",
+        &json!({"kind": "throughput", "mode": "burst", "router": router, "atespace": ns,
+                "seconds": wall, "concurrency": concurrency, "actors": n,
+                "free_room_at_start": room.map(|r| r.0), "active_workers": room.map(|r| r.1),
+                "note": note,
+                "requests": samples.len(), "returned_200": ok, "not_200": samples.len() - ok,
+                "cold_resumes": cold.len(), "parked_resumes": parked,
+                "resumes_per_second": row.rate(),
+                "last_cold_resume_seconds": last_cold,
+                "resumes_per_second_to_last_cold_resume": rate_to_last_cold,
+                "p50_seconds": row.p50, "p99_seconds": row.p99,
+                "p50_seconds_all": median(&all_secs), "p99_seconds_all": pct(&all_secs, 0.99),
+                "answers_per_second": answers, "cold_per_second": cold_per_second,
+                "not_200_per_second": not_ok_per_second,
+                "first_errors": errors, "samples": samples_json}),
+    )?;
+    Ok(if ok == n {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    })
+}
+
+/// The sustained loop: requesters keep `concurrency` requests to suspended actors in flight for
+/// `--seconds`, suspenders suspend each served actor again (bounded by the suspends' dumps).
+async fn cycle(run: TpRun, a: &ThroughputArgs) -> anyhow::Result<ExitCode> {
+    let TpRun {
+        c,
+        http,
+        router,
+        ns,
+        names,
+        concurrency,
+    } = run;
+    let n_actors = names.len();
+    // Ready (suspended) actors → requesters → suspend queue → suspenders → ready again.
+    let (ready_tx, ready_rx) = tokio::sync::mpsc::unbounded_channel::<String>();
+    let (done_tx, done_rx) = tokio::sync::mpsc::unbounded_channel::<String>();
+    for n in &names {
+        ready_tx.send(n.clone())?;
+    }
+    let ready_rx = Arc::new(Mutex::new(ready_rx));
+    let done_rx = Arc::new(Mutex::new(done_rx));
+    eprintln!(
+        "==> cycle, {} s: {concurrency} requests in flight, each to a suspended actor; {} suspends in flight",
+        a.seconds, a.suspenders
+    );
+    let started = Instant::now();
+    let deadline = started + Duration::from_secs(a.seconds);
+    // Set at the end: each suspender finishes the suspend it is in and takes no other. A suspend
+    // call is never dropped halfway: the api runs the workflow inside the call, and a cancelled
+    // one has left the actor SUSPENDING under a lease that is never released.
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut suspenders = JoinSet::new();
+    for _ in 0..a.suspenders.max(1) {
+        let (c, ns, done_rx, ready_tx) = (c.clone(), ns.clone(), done_rx.clone(), ready_tx.clone());
+        let stop = stop.clone();
+        suspenders.spawn(async move {
+            let mut n = 0u64;
+            loop {
+                if stop.load(Ordering::Relaxed) {
+                    return n;
+                }
+                let next = done_rx.lock().await.recv().await;
+                let Some(name) = next else { return n };
+                match suspend(&c, &ns, &name).await {
+                    Ok(()) => n += 1,
+                    Err(e) => {
+                        eprintln!("{e:#}");
+                        // Leave it a moment (it may be RESUMING) and try again later.
+                        tokio::time::sleep(Duration::from_millis(200)).await;
+                        let _ = ready_tx.send(name);
+                        continue;
+                    }
+                }
+                let _ = ready_tx.send(name);
+            }
+        });
+    }
+    let mut requesters = JoinSet::new();
+    for _ in 0..concurrency {
+        let (http, router, ns, ready_rx, done_tx) = (
+            http.clone(),
+            router.clone(),
+            ns.clone(),
+            ready_rx.clone(),
+            done_tx.clone(),
+        );
+        requesters.spawn(async move {
+            let mut out = Vec::new();
+            while Instant::now() < deadline {
+                let left = deadline.saturating_duration_since(Instant::now());
+                let next =
+                    tokio::time::timeout(left, async { ready_rx.lock().await.recv().await }).await;
+                let Ok(Some(name)) = next else { break };
+                let actor = format!("{ns}/{name}");
+                let r = call(&http, &router, Some(&actor), "/").await;
+                let at = started.elapsed().as_secs_f64();
+                let _ = done_tx.send(name);
+                out.push((at, actor, r));
+            }
+            out
+        });
+    }
+    let mut ticker = tokio::time::interval(Duration::from_secs(5));
+    ticker.tick().await;
+    let replies: Vec<(f64, String, Reply)> = loop {
+        tokio::select! {
+            _ = ticker.tick() => eprintln!("    {:.0} s", started.elapsed().as_secs_f64()),
+            _ = tokio::time::sleep_until(deadline.into()) => break requesters.join_all().await.into_iter().flatten().collect(),
+        }
+    };
+    let elapsed = started.elapsed().as_secs_f64();
+    stop.store(true, Ordering::Relaxed);
+    drop(done_tx);
+    drop(ready_tx);
+    eprintln!("==> waiting for the suspends in flight");
+    if tokio::time::timeout(Duration::from_secs(120), suspenders.join_all())
+        .await
+        .is_err()
+    {
+        eprintln!("warning: suspends still in flight after 120 s; abandoned");
+    }
+    let cold: Vec<&(f64, String, Reply)> = replies.iter().filter(|(_, _, r)| is_cold(r)).collect();
+    let ok = replies.iter().filter(|(_, _, r)| r.status == 200).count();
+    let secs = sorted(cold.iter().map(|(_, _, r)| r.secs).collect());
+    let per_second = per_second(elapsed.ceil() as usize + 1, cold.iter().map(|c| c.0));
+    let row = TpRow {
+        actors: n_actors,
+        concurrency,
+        requests: replies.len(),
+        ok,
+        cold: cold.len(),
+        seconds: elapsed,
+        p50: median(&secs),
+        p99: pct(&secs, 0.99),
+    };
+    println!(
+        "Cycle: {concurrency} requests in flight to suspended actors for {} s, {} suspenders; \
+         seconds include draining",
+        a.seconds, a.suspenders
+    );
+    println!("{}", row.table());
+    let all: Vec<&Reply> = replies.iter().map(|(_, _, r)| r).collect();
+    println!("not 200: {}", not_ok_summary(&all));
+    let errors: Vec<String> = replies
+        .iter()
+        .filter(|(_, _, r)| r.status != 200)
+        .take(10)
+        .map(|(_, _, r)| format!("{} {}", r.status, r.body))
+        .collect();
+    for e in &errors {
+        eprintln!("    {e}");
+    }
+    let samples: Vec<serde_json::Value> = replies
+        .iter()
+        .map(|(at, actor, r)| {
+            let mut v = reply_json(r);
+            v["actor"] = json!(actor);
+            v["done_seconds"] = json!(at);
+            v
+        })
+        .collect();
+    write_json(
+        &a.common,
+        "throughput",
+        &json!({"kind": "throughput", "mode": "cycle", "seconds": elapsed,
+                "concurrency": concurrency, "suspenders": a.suspenders,
+                "actors": n_actors, "requests": replies.len(), "returned_200": ok,
+                "not_200": replies.len() - ok,
+                "cold_resumes": cold.len(), "resumes_per_second": row.rate(),
+                "p50_seconds": row.p50, "p99_seconds": row.p99,
+                "cold_per_second": per_second, "first_errors": errors, "samples": samples}),
+    )?;
+    Ok(ExitCode::SUCCESS)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::UNIX_EPOCH;
+
+    use super::*;
+
+    fn worker(status: &str, cap: (u32, u32, u64), used: (u32, u32, u64)) -> v1::Worker {
+        let capacity = |(slots, cpu, mib): (u32, u32, u64)| v1::Capacity {
+            actor_slots: slots,
+            cpu_millis: cpu,
+            memory_bytes: mib << 20,
+        };
+        v1::Worker {
+            status: status.into(),
+            capacity: Some(capacity(cap)),
+            used: Some(capacity(used)),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn free_room_is_the_tightest_resource_of_each_active_worker() {
+        let workers = [
+            // 64 − 10 slots, but CPU for (2000 − 1900) / 10 = 10.
+            worker("ACTIVE", (64, 2000, 8192), (10, 1900, 0)),
+            // Slots bound: 8 − 5 = 3.
+            worker("ACTIVE", (8, 2000, 8192), (5, 0, 0)),
+            // Memory bounds: (1024 − 64 × 12) / 64 = 4.
+            worker("ACTIVE", (64, 2000, 1024), (12, 0, 768)),
+            // Over-used: none, not a negative number.
+            worker("ACTIVE", (4, 2000, 8192), (5, 0, 0)),
+            worker("GONE", (64, 2000, 8192), (0, 0, 0)),
+        ];
+        assert_eq!(free_room(&workers, 10, 64 << 20), (17, 4));
+        assert_eq!(free_room(&[], 10, 64 << 20), (0, 0));
+    }
+
+    #[test]
+    fn per_second_counts_and_histogram() {
+        assert_eq!(
+            per_second(3, [0.1, 0.9, 1.0, 2.99, 3.0].into_iter()),
+            [2, 1, 2]
+        );
+        assert_eq!(per_second(0, [5.0].into_iter()), [1]);
+        let h = histogram(&[3, 1, 0], &[2, 1, 0], &[1, 0, 0]);
+        assert_eq!(
+            h,
+            concat!(
+                "Seconds | Answers | Cold resumes | Not 200 | (# cold resume, x not 200; per 1 s)\n",
+                "    0–1 |       3 |            2 |       1 | ##################################xxxxxxxxxxxxxxxxx\n",
+                "    1–2 |       1 |            1 |       0 | #################\n",
+                "    2–3 |       0 |            0 |       0 |\n",
+            )
+        );
+        // Long runs are binned so that the table stays short.
+        let long = vec![1u64; 125];
+        let h = histogram(&long, &long, &vec![0; 125]);
+        assert_eq!(h.lines().count(), 1 + 42, "{h}");
+        assert!(
+            h.contains("per 3 s") && h.contains("123–126 |       2 |"),
+            "{h}"
+        );
+    }
+
+    #[test]
+    fn throughput_table_and_not_200_summary() {
+        let row = TpRow {
+            actors: 64,
+            concurrency: 32,
+            requests: 64,
+            ok: 60,
+            cold: 59,
+            seconds: 5.0,
+            p50: 1.25,
+            p99: 3.5,
+        };
+        assert_eq!(
+            row.table(),
+            concat!(
+                "Actors | Concurrency | Requests | Returned 200 | Not 200 | Cold resumes | Seconds | Resumes/s | p50     | p99\n",
+                "    64 |          32 |       64 |           60 |       4 |           59 |     5.0 |      11.8 | 1.250 s | 3.500 s",
+            )
+        );
+        let reply = |status: u16, body: &str| Reply {
+            status,
+            body: body.into(),
+            resume: String::new(),
+            secs: 1.0,
+            start: UNIX_EPOCH,
+        };
+        let replies = [
+            reply(200, "ok"),
+            reply(503, &format!("actor a/b {NO_ROOM}")),
+            reply(503, "other"),
+            reply(0, "timed out after 60 s"),
+        ];
+        let refs: Vec<&Reply> = replies.iter().collect();
+        assert_eq!(
+            not_ok_summary(&refs),
+            "0 (no answer) × 1, 503 × 2 (no worker has room: 1)"
+        );
+        assert_eq!(not_ok_summary(&refs[..1]), "none");
+        assert!(is_cold(&Reply {
+            resume: "parked".into(),
+            ..reply(200, "")
+        }));
+        assert!(!is_cold(&Reply {
+            resume: "warm".into(),
+            ..reply(200, "")
+        }));
+    }
+}
