@@ -321,7 +321,14 @@ async fn wait_listening(c: &mut Component, addr: SocketAddr) -> anyhow::Result<(
                 tail(&c.log, 20)
             );
         }
-        if tokio::net::TcpStream::connect(addr).await.is_ok() {
+        // The component's own socket, not merely something answering there: a neighbour that
+        // took the port (an ephemeral bind by another process) must not make a router that
+        // cannot bind look ready.
+        if c.child
+            .as_ref()
+            .and_then(tokio::process::Child::id)
+            .is_some_and(|pid| listens_on(pid, addr.port()))
+        {
             return Ok(());
         }
         if started.elapsed() > READY_TIMEOUT {
@@ -333,6 +340,44 @@ async fn wait_listening(c: &mut Component, addr: SocketAddr) -> anyhow::Result<(
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+}
+
+/// Whether process `pid` holds a TCP socket listening on `port` (IPv4 or IPv6), read from
+/// `/proc`: the socket inodes among its descriptors against the LISTEN entries of its network
+/// namespace.
+fn listens_on(pid: u32, port: u16) -> bool {
+    let Ok(fds) = std::fs::read_dir(format!("/proc/{pid}/fd")) else {
+        return false;
+    };
+    let sockets: std::collections::HashSet<u64> = fds
+        .flatten()
+        .filter_map(|fd| std::fs::read_link(fd.path()).ok())
+        .filter_map(|target| {
+            target
+                .to_str()?
+                .strip_prefix("socket:[")?
+                .strip_suffix(']')?
+                .parse()
+                .ok()
+        })
+        .collect();
+    ["tcp", "tcp6"].iter().any(|table| {
+        let Ok(text) = std::fs::read_to_string(format!("/proc/{pid}/net/{table}")) else {
+            return false;
+        };
+        text.lines().skip(1).any(|line| {
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            // sl local_address rem_address st … inode (10th field); st 0A is LISTEN.
+            let local_port = fields
+                .get(1)
+                .and_then(|a| a.rsplit_once(':'))
+                .and_then(|(_, p)| u16::from_str_radix(p, 16).ok());
+            let inode = fields.get(9).and_then(|i| i.parse::<u64>().ok());
+            fields.get(3) == Some(&"0A")
+                && local_port == Some(port)
+                && inode.is_some_and(|i| sockets.contains(&i))
+        })
+    })
 }
 
 /// Waits until the api lists `n` ACTIVE workers of `node`.
@@ -1353,6 +1398,24 @@ mod tests {
         // Both runs listed the tests, into the same (appended) log.
         let listed = "an_exited_component_is_restarted_after_its_backoff: test";
         assert_eq!(log.matches(listed).count(), 2, "{log}");
+        Ok(())
+    }
+
+    #[test]
+    fn listens_on_sees_only_listening_sockets_of_that_process() -> anyhow::Result<()> {
+        let me = std::process::id();
+        let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
+        let port = listener.local_addr()?.port();
+        assert!(listens_on(me, port));
+        // A connected socket on another port is not a listener there.
+        let client = std::net::TcpStream::connect(("127.0.0.1", port))?;
+        let client_port = client.local_addr()?.port();
+        assert!(!listens_on(me, client_port));
+        drop(listener);
+        assert!(!listens_on(me, port));
+        // Another process's listener is not ours (pid 1 holds none of our sockets).
+        let again = std::net::TcpListener::bind("127.0.0.1:0")?;
+        assert!(!listens_on(1, again.local_addr()?.port()));
         Ok(())
     }
 
