@@ -53,7 +53,7 @@ impl Handed {
 /// req/s at 16 connections, docs/benchmarks.md). An idle pooled connection is
 /// polled by the next request that checks it out, which then sees what happened meanwhile (the
 /// actor closed it, or the previous response's end).
-type Driver = Pin<Box<dyn std::future::Future<Output = hyper::Result<()>> + Send>>;
+type Driver = Pin<Box<dyn Future<Output = hyper::Result<()>> + Send>>;
 
 pub(super) struct IdleH1 {
     pub(super) conn: H1Conn,
@@ -115,7 +115,7 @@ impl H1Conn {
 /// [`H1Conn::drive`]'s future. Written out rather than an `async fn` so that the answer's
 /// future is stored once, pinned in the request's future, not copied into this one: the request
 /// future's size is what every parked request costs.
-pub struct Drive<'a, F> {
+struct Drive<'a, F> {
     conn: &'a mut H1Conn,
     answer: Pin<&'a mut F>,
 }

@@ -33,7 +33,7 @@ mod h1;
 use grpc::GrpcSlot;
 pub use grpc::InUse;
 use h1::IdleH1;
-pub use h1::{Drive, H1Conn, PoolReturn};
+pub use h1::{H1Conn, PoolReturn};
 
 /// The tunnel protocol's headers (defined in [`ate_core::tunnel`]): atunnel's 421 for an actor
 /// it does not serve, its 502 mark for a closed port, and the probe CONNECT.
