@@ -112,7 +112,10 @@ pub fn init_logging(json: bool, component: Option<&'static str>) -> otel::Tracin
 fn component_shutdown() -> impl Future<Output = ()> + Send + 'static {
     let signal = ate_tls::process::shutdown_signal();
     async move {
-        tracing::info!("{}", signal.await);
+        // Awaited outside the log macro: a disabled level (`RUST_LOG=warn`) skips the macro's
+        // arguments, and the component would stop as soon as it started.
+        let which = signal.await;
+        tracing::info!("{which}");
     }
 }
 

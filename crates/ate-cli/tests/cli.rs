@@ -39,9 +39,14 @@ fn wait_for_json(file: &Path, child: &mut Child) -> serde_json::Value {
 }
 
 fn start_api() -> ApiProcess {
+    start_api_logging("info")
+}
+
+fn start_api_logging(rust_log: &str) -> ApiProcess {
     let dir = tempfile::tempdir().unwrap();
     let ready = dir.path().join("ready.json");
     let mut child = Command::new(ATE)
+        .env("RUST_LOG", rust_log)
         .args([
             "api",
             "--listen",
@@ -233,4 +238,28 @@ fn ate_up_passes_api_args_to_the_api() {
     assert!(!out.status.success(), "{err}");
     assert!(err.contains("api exited during start-up"), "{err}");
     assert!(err.contains("--no-such-api-flag"), "{err}");
+}
+
+/// A component started with info lines off (`RUST_LOG=warn`) serves until it is told to stop:
+/// the shutdown signal is not an argument of a log line that the level skips.
+#[test]
+fn a_component_with_info_logs_off_keeps_serving_until_sigterm() {
+    let mut api = start_api_logging("warn");
+    std::thread::sleep(Duration::from_millis(1500));
+    assert!(
+        matches!(api.child.try_wait(), Ok(None)),
+        "the api stopped by itself"
+    );
+    ok(ate(&api, &["get", "atespaces"]));
+    let pid = nix::unistd::Pid::from_raw(api.child.id() as i32);
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let status = loop {
+        if let Some(status) = api.child.try_wait().unwrap() {
+            break status;
+        }
+        assert!(Instant::now() < deadline, "the api did not stop on SIGTERM");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert!(status.success(), "{status}");
 }
