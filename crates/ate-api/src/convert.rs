@@ -1,9 +1,82 @@
-//! Store records → wire messages.
+//! Between the api's own types and the wire: store records and workflow results → messages,
+//! and [`WorkflowError`] → `tonic::Status` (its code by [`ErrorKind`], its text unchanged).
 
+use ate_core::{ActorRef, ValidationError};
 use ate_proto::v1;
 use ate_store::{
-    ActorRecord, AtespaceRecord, Capacity, SnapshotRecord, TagRecord, TemplateRecord, WorkerRecord,
+    ActorRecord, AtespaceRecord, Capacity, SnapshotRecord, StoreError, TagRecord, TemplateRecord,
+    WorkerRecord,
 };
+use tonic::{Code, Status};
+
+use crate::error::{ErrorKind, WorkflowError};
+use crate::workflows::{ActorLog, ActorView, HeldActor};
+
+fn code(kind: ErrorKind) -> Code {
+    match kind {
+        ErrorKind::InvalidArgument => Code::InvalidArgument,
+        ErrorKind::NotFound => Code::NotFound,
+        ErrorKind::AlreadyExists => Code::AlreadyExists,
+        ErrorKind::FailedPrecondition => Code::FailedPrecondition,
+        ErrorKind::NoRoom => Code::ResourceExhausted,
+        ErrorKind::Aborted => Code::Aborted,
+        ErrorKind::Unavailable => Code::Unavailable,
+        ErrorKind::Internal => Code::Internal,
+    }
+}
+
+/// The answer to a caller for a workflow's error.
+pub fn status(e: WorkflowError) -> Status {
+    Status::new(code(e.kind()), e.to_string())
+}
+
+impl From<WorkflowError> for Status {
+    fn from(e: WorkflowError) -> Self {
+        status(e)
+    }
+}
+
+/// The answer for a store error met in a service.
+pub fn store_status(e: StoreError) -> Status {
+    status(WorkflowError::Store(e))
+}
+
+/// InvalidArgument naming the field.
+pub fn invalid(e: ValidationError) -> Status {
+    status(WorkflowError::Invalid(e))
+}
+
+pub fn actor_view(v: &ActorView) -> v1::Actor {
+    actor(&v.actor, v.worker.as_ref())
+}
+
+pub fn actor_log(log: ActorLog) -> v1::ReadActorLogResponse {
+    v1::ReadActorLogResponse {
+        data: log.data,
+        next_offset: log.next_offset,
+        node: log.node,
+    }
+}
+
+/// A worker's held actor from its registration; None without the actor reference (the
+/// service refuses such a registration before).
+pub fn held_from_wire(h: &v1::HeldActor) -> Option<HeldActor> {
+    let a = h.actor.as_ref()?;
+    Some(HeldActor {
+        actor: ActorRef::new(a.atespace.clone(), a.name.clone()),
+        activation: h.activation,
+    })
+}
+
+pub fn held(h: &HeldActor) -> v1::HeldActor {
+    v1::HeldActor {
+        actor: Some(v1::ObjectRef {
+            atespace: h.actor.atespace.clone(),
+            name: h.actor.name.clone(),
+        }),
+        activation: h.activation,
+    }
+}
 
 pub fn actor(a: &ActorRecord, worker: Option<&WorkerRecord>) -> v1::Actor {
     v1::Actor {

@@ -11,8 +11,8 @@ use tonic::{Request, Response, Status};
 use tracing::Instrument;
 
 use crate::authz::{Authz, Caller, Need};
-use crate::convert;
-use crate::error::{self, invalid};
+use crate::convert::{self, invalid, store_status};
+use crate::error::WorkflowError;
 use crate::workflows::Api;
 use ate_core::clock::now_ms;
 
@@ -85,7 +85,7 @@ impl Services {
                 &format!("the worker belongs to node {}", w.node),
             )),
             Ok(_) | Err(ate_store::StoreError::NotFound(_)) => Ok(()),
-            Err(e) => Err(error::store(e)),
+            Err(e) => Err(store_status(e)),
         }
     }
 
@@ -112,7 +112,7 @@ impl Services {
             .store
             .get_actor(&r.atespace, &r.name)
             .await
-            .map_err(error::store)?;
+            .map_err(store_status)?;
         let Some(worker_id) = actor.worker_id.as_deref() else {
             return Err(caller.deny(
                 RPC,
@@ -123,7 +123,7 @@ impl Services {
         let owner = match self.api.store.get_worker(worker_id).await {
             Ok(w) => w.node,
             Err(ate_store::StoreError::NotFound(_)) => String::from("(unknown)"),
-            Err(e) => return Err(error::store(e)),
+            Err(e) => return Err(store_status(e)),
         };
         if owner != node {
             return Err(caller.deny(
@@ -184,7 +184,7 @@ impl actor_service_server::ActorService for Services {
             .store
             .create_actor(&record)
             .await
-            .map_err(error::store)?;
+            .map_err(store_status)?;
         Ok(Response::new(convert::actor(&created, None)))
     }
 
@@ -198,8 +198,10 @@ impl actor_service_server::ActorService for Services {
             .store
             .get_actor(&r.atespace, &r.name)
             .await
-            .map_err(error::store)?;
-        Ok(Response::new(self.api.actor_message(&a).await))
+            .map_err(store_status)?;
+        Ok(Response::new(convert::actor_view(
+            &self.api.actor_view(a).await,
+        )))
     }
 
     async fn read_actor_log(
@@ -211,7 +213,8 @@ impl actor_service_server::ActorService for Services {
         })?;
         let req = req.into_inner();
         let r = actor_ref(req.actor)?;
-        self.api.read_log(&r, req.offset).await.map(Response::new)
+        let log = self.api.read_log(&r, req.offset).await?;
+        Ok(Response::new(convert::actor_log(log)))
     }
 
     async fn list_actors(
@@ -244,7 +247,7 @@ impl actor_service_server::ActorService for Services {
                 limit,
             )
             .await
-            .map_err(error::store)?;
+            .map_err(store_status)?;
         let next_page_token = if rows.len() as u32 == limit {
             rows.last()
                 .map(|a| format!("{}/{}", a.atespace, a.name))
@@ -252,7 +255,7 @@ impl actor_service_server::ActorService for Services {
         } else {
             String::new()
         };
-        let workers = self.api.fleet.workers().await.map_err(error::store)?;
+        let workers = self.api.fleet.workers().await.map_err(store_status)?;
         let actors = rows
             .iter()
             .filter(|a| caller.sees(&a.atespace))
@@ -286,8 +289,10 @@ impl actor_service_server::ActorService for Services {
             .store
             .update_actor_selector(&r.atespace, &r.name, &sel, now_ms())
             .await
-            .map_err(error::store)?;
-        Ok(Response::new(self.api.actor_message(&a).await))
+            .map_err(store_status)?;
+        Ok(Response::new(convert::actor_view(
+            &self.api.actor_view(a).await,
+        )))
     }
 
     async fn delete_actor(
@@ -341,7 +346,7 @@ impl actor_service_server::ActorService for Services {
         let work = async move { api.resume(&r, Some(&request_id)).await };
         let (actor, resumed) = to_completion(work.instrument(span)).await?;
         Ok(Response::new(ResumeActorResponse {
-            actor: Some(actor),
+            actor: Some(convert::actor_view(&actor)),
             resumed,
         }))
     }
@@ -377,10 +382,10 @@ impl actor_service_server::ActorService for Services {
         }
         let grace_ms = req.grace_ms;
         let api = self.api.clone();
-        Ok(Response::new(
+        let suspended =
             to_completion(async move { api.suspend_with_grace(&r, durable, grace_ms).await })
-                .await?,
-        ))
+                .await?;
+        Ok(Response::new(convert::actor_view(&suspended)))
     }
 
     async fn revert_actor(
@@ -392,9 +397,8 @@ impl actor_service_server::ActorService for Services {
         })?;
         let r = actor_ref(req.into_inner().actor)?;
         let api = self.api.clone();
-        Ok(Response::new(
-            to_completion(async move { api.revert(&r).await }).await?,
-        ))
+        let reverted = to_completion(async move { api.revert(&r).await }).await?;
+        Ok(Response::new(convert::actor_view(&reverted)))
     }
 }
 
@@ -414,7 +418,7 @@ impl atespace_service_server::AtespaceService for Services {
             .store
             .create_atespace(&name, now_ms())
             .await
-            .map_err(error::store)?;
+            .map_err(store_status)?;
         Ok(Response::new(convert::atespace(&a)))
     }
 
@@ -432,7 +436,7 @@ impl atespace_service_server::AtespaceService for Services {
             .store
             .get_atespace(&name)
             .await
-            .map_err(error::store)?;
+            .map_err(store_status)?;
         Ok(Response::new(convert::atespace(&a)))
     }
 
@@ -446,7 +450,7 @@ impl atespace_service_server::AtespaceService for Services {
             .store
             .list_atespaces()
             .await
-            .map_err(error::store)?;
+            .map_err(store_status)?;
         Ok(Response::new(ListAtespacesResponse {
             atespaces: rows
                 .iter()
@@ -469,7 +473,7 @@ impl atespace_service_server::AtespaceService for Services {
             .store
             .delete_atespace(&name)
             .await
-            .map_err(error::store)?;
+            .map_err(store_status)?;
         Ok(Response::new(DeleteAtespaceResponse {}))
     }
 }
@@ -496,7 +500,7 @@ impl template_service_server::TemplateService for Services {
             .store
             .apply_template(&t.namespace, &t.name, &spec, now_ms())
             .await
-            .map_err(error::store)?;
+            .map_err(store_status)?;
         Ok(Response::new(convert::template(&rec)))
     }
 
@@ -513,7 +517,7 @@ impl template_service_server::TemplateService for Services {
             .store
             .get_template(&req.namespace, &req.name)
             .await
-            .map_err(error::store)?;
+            .map_err(store_status)?;
         Ok(Response::new(convert::template(&rec)))
     }
 
@@ -531,7 +535,7 @@ impl template_service_server::TemplateService for Services {
             .store
             .list_templates(Some(ns.as_str()).filter(|n| !n.is_empty()))
             .await
-            .map_err(error::store)?;
+            .map_err(store_status)?;
         Ok(Response::new(ListTemplatesResponse {
             templates: rows.iter().map(convert::template).collect(),
         }))
@@ -549,7 +553,7 @@ impl template_service_server::TemplateService for Services {
             .store
             .delete_template(&req.namespace, &req.name)
             .await
-            .map_err(error::store)?;
+            .map_err(store_status)?;
         Ok(Response::new(DeleteTemplateResponse {}))
     }
 }
@@ -567,7 +571,7 @@ impl tag_service_server::TagService for Services {
             .store
             .list_snapshots(&source.atespace, &source.name)
             .await
-            .map_err(error::store)?;
+            .map_err(store_status)?;
         let snap = match req.generation {
             0 => snapshots.into_iter().next(),
             g => snapshots.into_iter().find(|s| s.generation == g),
@@ -593,7 +597,7 @@ impl tag_service_server::TagService for Services {
             .store
             .create_tag(&tag)
             .await
-            .map_err(error::store)?;
+            .map_err(store_status)?;
         Ok(Response::new(convert::tag(&created)))
     }
 
@@ -607,7 +611,7 @@ impl tag_service_server::TagService for Services {
             .store
             .get_tag(&req.atespace, &req.name)
             .await
-            .map_err(error::store)?;
+            .map_err(store_status)?;
         Ok(Response::new(convert::tag(&t)))
     }
 
@@ -625,7 +629,7 @@ impl tag_service_server::TagService for Services {
             .store
             .list_tags(Some(ns.as_str()).filter(|n| !n.is_empty()))
             .await
-            .map_err(error::store)?;
+            .map_err(store_status)?;
         Ok(Response::new(ListTagsResponse {
             tags: rows.iter().map(convert::tag).collect(),
         }))
@@ -643,7 +647,7 @@ impl tag_service_server::TagService for Services {
             .store
             .delete_tag(&req.atespace, &req.name)
             .await
-            .map_err(error::store)?;
+            .map_err(store_status)?;
         Ok(Response::new(DeleteTagResponse {}))
     }
 }
@@ -728,7 +732,7 @@ impl fleet_service_server::FleetService for Services {
         let previous = match self.api.store.get_worker(&record.id).await {
             Ok(p) => Some(p),
             Err(ate_store::StoreError::NotFound(_)) => None,
-            Err(e) => return Err(error::store(e)),
+            Err(e) => return Err(store_status(e)),
         };
         // A node bound to a name registers only its own workers, and cannot take over a live
         // worker of another node (that would move the other node's actors under it).
@@ -760,18 +764,20 @@ impl fleet_service_server::FleetService for Services {
             .store
             .register_worker(&record, now_ms())
             .await
-            .map_err(error::store)?;
+            .map_err(store_status)?;
+        // Every entry names its actor (checked above).
+        let held: Vec<_> = held.iter().filter_map(convert::held_from_wire).collect();
         let discard = self
             .api
             .reconcile_worker(&record.id, &held, restarted)
             .await
-            .map_err(error::store)?;
-        self.api.fleet.refresh().await.map_err(error::store)?;
+            .map_err(store_status)?;
+        self.api.fleet.refresh().await.map_err(store_status)?;
         tracing::info!(worker = %record.id, node = %record.node, epoch = record.epoch, held = held.len(), discard = discard.len(), "worker registered");
         let interval = (self.api.heartbeat_timeout().as_secs() / 3).max(1);
         Ok(Response::new(RegisterWorkerResponse {
             heartbeat_interval_seconds: u32::try_from(interval).unwrap_or(1),
-            discard,
+            discard: discard.iter().map(convert::held).collect(),
             lease_seconds: u32::try_from(self.api.heartbeat_timeout().as_secs().max(1))
                 .unwrap_or(u32::MAX),
         }))
@@ -809,7 +815,7 @@ impl fleet_service_server::FleetService for Services {
                     tracing::debug!(worker = %req.worker_id, error = %e, "store down; heartbeat acknowledged unrecorded (sole replica)");
                     return Ok(Response::new(HeartbeatResponse { known: true }));
                 }
-                return Err(error::store(e));
+                return Err(store_status(e));
             }
         };
         Ok(Response::new(HeartbeatResponse { known }))
@@ -828,12 +834,12 @@ impl fleet_service_server::FleetService for Services {
             .store
             .deregister_worker(&id)
             .await
-            .map_err(error::store)?;
+            .map_err(store_status)?;
         self.api
             .release_actors_of(&id)
             .await
-            .map_err(error::store)?;
-        self.api.fleet.refresh().await.map_err(error::store)?;
+            .map_err(store_status)?;
+        self.api.fleet.refresh().await.map_err(store_status)?;
         Ok(Response::new(DeregisterWorkerResponse {}))
     }
 
@@ -842,7 +848,7 @@ impl fleet_service_server::FleetService for Services {
         _req: Request<ListWorkersRequest>,
     ) -> Result<Response<ListWorkersResponse>, Status> {
         let _ = self.authorize(&_req, "FleetService/ListWorkers", |_| Need::Fleet)?;
-        let rows = self.api.store.list_workers().await.map_err(error::store)?;
+        let rows = self.api.store.list_workers().await.map_err(store_status)?;
         Ok(Response::new(ListWorkersResponse {
             workers: rows.iter().map(convert::worker).collect(),
         }))
@@ -869,7 +875,7 @@ impl fleet_service_server::FleetService for Services {
                 &req.reason,
             )
             .await
-            .map_err(error::store)?;
+            .map_err(store_status)?;
         Ok(Response::new(ReportSnapshotResponse {}))
     }
 
@@ -900,9 +906,10 @@ impl fleet_service_server::FleetService for Services {
 /// would stop a workflow between two steps (an actor left SUSPENDING or RESUMING, its lease held
 /// until the renewal task noticed nothing). A started resume is never cancelled (spec).
 async fn to_completion<T: Send + 'static>(
-    work: impl Future<Output = Result<T, Status>> + Send + 'static,
+    work: impl Future<Output = Result<T, WorkflowError>> + Send + 'static,
 ) -> Result<T, Status> {
     tokio::spawn(work)
         .await
         .map_err(|e| Status::internal(format!("workflow task failed: {e}")))?
+        .map_err(convert::status)
 }
