@@ -205,3 +205,177 @@ pub fn snapshot_from_wire(
         created_ms: now_ms,
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use ate_core::{ActorRef, ActorState, ValidationError};
+    use ate_store::StoreError;
+    use tonic::Code;
+
+    use super::status;
+    use crate::error::WorkflowError;
+
+    fn answer(e: WorkflowError) -> (Code, String) {
+        let s = status(e);
+        (s.code(), s.message().to_string())
+    }
+
+    fn actor() -> ActorRef {
+        ActorRef::new("ate-demo", "counter-1")
+    }
+
+    #[test]
+    fn each_workflow_error_keeps_its_code_and_text() {
+        let cases = [
+            (
+                WorkflowError::Invalid(ValidationError::new("template", "must be ns/name")),
+                Code::InvalidArgument,
+                "invalid template: must be ns/name",
+            ),
+            (
+                WorkflowError::Crashed {
+                    actor: actor(),
+                    last_error: "restore on worker w1 failed: boom".into(),
+                },
+                Code::FailedPrecondition,
+                "actor ate-demo/counter-1 is ACTOR_STATE_CRASHED (restore on worker w1 failed: boom): AssignWorker prerequisite not met; RevertActor returns it to ACTOR_STATE_SUSPENDED",
+            ),
+            (
+                WorkflowError::Crashed {
+                    actor: actor(),
+                    last_error: String::new(),
+                },
+                Code::FailedPrecondition,
+                "actor ate-demo/counter-1 is ACTOR_STATE_CRASHED: AssignWorker prerequisite not met; RevertActor returns it to ACTOR_STATE_SUSPENDED",
+            ),
+            (
+                WorkflowError::Busy {
+                    actor: actor(),
+                    state: ActorState::Suspending,
+                },
+                Code::FailedPrecondition,
+                "actor ate-demo/counter-1 is ACTOR_STATE_SUSPENDING; try again when the operation on it has finished",
+            ),
+            (
+                WorkflowError::LeaseHeld(actor()),
+                Code::Aborted,
+                "another operation holds actor ate-demo/counter-1",
+            ),
+            (
+                WorkflowError::NoRoom,
+                Code::ResourceExhausted,
+                "no worker has room for the actor",
+            ),
+            (
+                WorkflowError::WorkerUnavailable {
+                    worker_id: "w1".into(),
+                    reason: "connection refused".into(),
+                },
+                Code::Unavailable,
+                "worker w1 unavailable: connection refused",
+            ),
+            (
+                WorkflowError::NotFound("actor ate-demo/counter-1 has no log on node n1".into()),
+                Code::NotFound,
+                "actor ate-demo/counter-1 has no log on node n1",
+            ),
+            (
+                WorkflowError::FailedPrecondition("bad node address \"x\": y".into()),
+                Code::FailedPrecondition,
+                "bad node address \"x\": y",
+            ),
+            (
+                WorkflowError::Unavailable("node n1 unreachable".into()),
+                Code::Unavailable,
+                "node n1 unreachable",
+            ),
+            (
+                WorkflowError::Internal("injected crash at ResumeAfterBind".into()),
+                Code::Internal,
+                "injected crash at ResumeAfterBind",
+            ),
+        ];
+        for (error, code, text) in cases {
+            assert_eq!(answer(error), (code, text.to_string()));
+        }
+    }
+
+    #[test]
+    fn store_errors_keep_their_code_and_text() {
+        let cases = [
+            (
+                StoreError::NotFound("actor \"a/b\" not found".into()),
+                Code::NotFound,
+                "actor \"a/b\" not found",
+            ),
+            (
+                StoreError::AlreadyExists("actor \"a/b\" already exists".into()),
+                Code::AlreadyExists,
+                "actor \"a/b\" already exists",
+            ),
+            (
+                StoreError::FailedPrecondition("atespace a still holds actors".into()),
+                Code::FailedPrecondition,
+                "atespace a still holds actors",
+            ),
+            (
+                StoreError::StateConflict {
+                    actual: ActorState::Running,
+                    expected: "ACTOR_STATE_SUSPENDED".into(),
+                },
+                Code::FailedPrecondition,
+                "actor is ACTOR_STATE_RUNNING, expected one of ACTOR_STATE_SUSPENDED",
+            ),
+            (
+                StoreError::NoRoom {
+                    worker_id: "w1".into(),
+                },
+                Code::ResourceExhausted,
+                "no worker has room for the actor",
+            ),
+            (
+                StoreError::Database("connection reset".into()),
+                Code::Unavailable,
+                "store unavailable: connection reset",
+            ),
+        ];
+        for (error, code, text) in cases {
+            let s = super::store_status(error);
+            assert_eq!((s.code(), s.message()), (code, text));
+        }
+    }
+
+    #[test]
+    fn outcome_labels_follow_the_code() {
+        let label = |e: WorkflowError| e.outcome();
+        assert_eq!(label(WorkflowError::NoRoom), "no_room");
+        assert_eq!(
+            label(WorkflowError::Store(StoreError::NoRoom {
+                worker_id: "w1".into()
+            })),
+            "no_room"
+        );
+        assert_eq!(label(WorkflowError::LeaseHeld(actor())), "aborted");
+        assert_eq!(
+            label(WorkflowError::Busy {
+                actor: actor(),
+                state: ActorState::Resuming
+            }),
+            "failed_precondition"
+        );
+        assert_eq!(
+            label(WorkflowError::Store(StoreError::Database("x".into()))),
+            "unavailable"
+        );
+        assert_eq!(label(WorkflowError::NotFound("x".into())), "not_found");
+        assert_eq!(
+            label(WorkflowError::Invalid(ValidationError::new("a", "b"))),
+            "invalid_argument"
+        );
+        assert_eq!(label(WorkflowError::Internal("x".into())), "error");
+        assert_eq!(
+            label(WorkflowError::Store(StoreError::AlreadyExists("x".into()))),
+            "error"
+        );
+    }
+}

@@ -316,3 +316,45 @@ impl NodeAgent {
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use tonic::{Code, Status};
+
+    use super::{NodeError, NodeErrorKind};
+
+    #[test]
+    fn node_answers_are_classed_as_the_workflows_decide_on_them() {
+        let cases = [
+            (Code::Aborted, NodeErrorKind::Aborted, true),
+            (Code::Unavailable, NodeErrorKind::Transient, true),
+            (Code::DeadlineExceeded, NodeErrorKind::Transient, true),
+            (Code::Cancelled, NodeErrorKind::Transient, true),
+            (Code::Unknown, NodeErrorKind::Transient, true),
+            (Code::Internal, NodeErrorKind::Failed, false),
+            (Code::FailedPrecondition, NodeErrorKind::Failed, false),
+            (Code::NotFound, NodeErrorKind::Failed, false),
+            (Code::InvalidArgument, NodeErrorKind::Failed, false),
+        ];
+        for (code, kind, transient) in cases {
+            let e = NodeError::from(Status::new(code, "the node's words"));
+            assert_eq!(e.kind, kind, "{code:?}");
+            assert_eq!(e.is_transient(), transient, "{code:?}");
+            // The node answered: a status it sent carries no local source.
+            assert!(!e.unreached, "{code:?}");
+            assert_eq!(e.message, "the node's words");
+        }
+    }
+
+    #[test]
+    fn a_transport_failure_is_unreached() {
+        let mut status = Status::unavailable("tcp connect error");
+        status.set_source(Arc::new(std::io::Error::other("connection refused")));
+        let e = NodeError::from(status);
+        assert!(e.unreached);
+        assert!(e.is_transient());
+        assert_eq!(e.message, "tcp connect error");
+    }
+}

@@ -5,9 +5,9 @@
 //! by the next call (after the dead holder's lease expires) and never corrupts a record.
 //!
 //! This file holds [`Api`] and what the workflows share (leases, `Failure`, fault points, error
-//! helpers, [`ActorView`]); each verb family has a file of its own: `resume` (with `placement`: which worker,
-//! which generation), `suspend`, `lifecycle` (revert, delete, removed generations' files),
-//! `logs`, and `fleet` (the node agents' reports).
+//! helpers, [`ActorView`]); each verb family has a file of its own: `resume` (with `placement`:
+//! which worker, which generation), `suspend`, `lifecycle` (revert, delete, removed generations'
+//! files), `logs`, and `fleet` (the node agents' reports).
 //!
 //! Architecture invariant: no wire type here. Workflows take and return store records and core
 //! types and fail with [`WorkflowError`]; `services.rs`/`convert.rs` answer the caller, and
