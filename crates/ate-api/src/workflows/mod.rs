@@ -10,7 +10,7 @@
 //! files), `logs`, and `fleet` (the node agents' reports).
 //!
 //! Architecture invariant: no wire type here. Workflows take and return store records and core
-//! types and fail with [`WorkflowError`]; `services.rs`/`convert.rs` answer the caller, and
+//! types and fail with [`WorkflowError`]; `services/` and `convert.rs` answer the caller, and
 //! `node.rs` speaks NodeService for them.
 
 mod fleet;
