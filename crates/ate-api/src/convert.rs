@@ -1,9 +1,82 @@
-//! Store records → wire messages.
+//! Between the api's own types and the wire: store records and workflow results → messages,
+//! and [`WorkflowError`] → `tonic::Status` (its code by [`ErrorKind`], its text unchanged).
 
+use ate_core::{ActorRef, ValidationError};
 use ate_proto::v1;
 use ate_store::{
-    ActorRecord, AtespaceRecord, Capacity, SnapshotRecord, TagRecord, TemplateRecord, WorkerRecord,
+    ActorRecord, AtespaceRecord, Capacity, SnapshotRecord, StoreError, TagRecord, TemplateRecord,
+    WorkerRecord,
 };
+use tonic::{Code, Status};
+
+use crate::error::{ErrorKind, WorkflowError};
+use crate::workflows::{ActorLog, ActorView, HeldActor};
+
+fn code(kind: ErrorKind) -> Code {
+    match kind {
+        ErrorKind::InvalidArgument => Code::InvalidArgument,
+        ErrorKind::NotFound => Code::NotFound,
+        ErrorKind::AlreadyExists => Code::AlreadyExists,
+        ErrorKind::FailedPrecondition => Code::FailedPrecondition,
+        ErrorKind::NoRoom => Code::ResourceExhausted,
+        ErrorKind::Aborted => Code::Aborted,
+        ErrorKind::Unavailable => Code::Unavailable,
+        ErrorKind::Internal => Code::Internal,
+    }
+}
+
+/// The answer to a caller for a workflow's error.
+pub fn status(e: WorkflowError) -> Status {
+    Status::new(code(e.kind()), e.to_string())
+}
+
+impl From<WorkflowError> for Status {
+    fn from(e: WorkflowError) -> Self {
+        status(e)
+    }
+}
+
+/// The answer for a store error met in a service.
+pub fn store_status(e: StoreError) -> Status {
+    status(WorkflowError::Store(e))
+}
+
+/// InvalidArgument naming the field.
+pub fn invalid(e: ValidationError) -> Status {
+    status(WorkflowError::Invalid(e))
+}
+
+pub fn actor_view(v: &ActorView) -> v1::Actor {
+    actor(&v.actor, v.worker.as_ref())
+}
+
+pub fn actor_log(log: ActorLog) -> v1::ReadActorLogResponse {
+    v1::ReadActorLogResponse {
+        data: log.data,
+        next_offset: log.next_offset,
+        node: log.node,
+    }
+}
+
+/// A worker's held actor from its registration; None without the actor reference (the
+/// service refuses such a registration before).
+pub fn held_from_wire(h: &v1::HeldActor) -> Option<HeldActor> {
+    let a = h.actor.as_ref()?;
+    Some(HeldActor {
+        actor: ActorRef::new(a.atespace.clone(), a.name.clone()),
+        activation: h.activation,
+    })
+}
+
+pub fn held(h: &HeldActor) -> v1::HeldActor {
+    v1::HeldActor {
+        actor: Some(v1::ObjectRef {
+            atespace: h.actor.atespace.clone(),
+            name: h.actor.name.clone(),
+        }),
+        activation: h.activation,
+    }
+}
 
 pub fn actor(a: &ActorRecord, worker: Option<&WorkerRecord>) -> v1::Actor {
     v1::Actor {
@@ -131,4 +204,178 @@ pub fn snapshot_from_wire(
         reason: s.reason.clone(),
         created_ms: now_ms,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use ate_core::{ActorRef, ActorState, ValidationError};
+    use ate_store::StoreError;
+    use tonic::Code;
+
+    use super::status;
+    use crate::error::WorkflowError;
+
+    fn answer(e: WorkflowError) -> (Code, String) {
+        let s = status(e);
+        (s.code(), s.message().to_string())
+    }
+
+    fn actor() -> ActorRef {
+        ActorRef::new("ate-demo", "counter-1")
+    }
+
+    #[test]
+    fn each_workflow_error_keeps_its_code_and_text() {
+        let cases = [
+            (
+                WorkflowError::Invalid(ValidationError::new("template", "must be ns/name")),
+                Code::InvalidArgument,
+                "invalid template: must be ns/name",
+            ),
+            (
+                WorkflowError::Crashed {
+                    actor: actor(),
+                    last_error: "restore on worker w1 failed: boom".into(),
+                },
+                Code::FailedPrecondition,
+                "actor ate-demo/counter-1 is ACTOR_STATE_CRASHED (restore on worker w1 failed: boom): AssignWorker prerequisite not met; RevertActor returns it to ACTOR_STATE_SUSPENDED",
+            ),
+            (
+                WorkflowError::Crashed {
+                    actor: actor(),
+                    last_error: String::new(),
+                },
+                Code::FailedPrecondition,
+                "actor ate-demo/counter-1 is ACTOR_STATE_CRASHED: AssignWorker prerequisite not met; RevertActor returns it to ACTOR_STATE_SUSPENDED",
+            ),
+            (
+                WorkflowError::Busy {
+                    actor: actor(),
+                    state: ActorState::Suspending,
+                },
+                Code::FailedPrecondition,
+                "actor ate-demo/counter-1 is ACTOR_STATE_SUSPENDING; try again when the operation on it has finished",
+            ),
+            (
+                WorkflowError::LeaseHeld(actor()),
+                Code::Aborted,
+                "another operation holds actor ate-demo/counter-1",
+            ),
+            (
+                WorkflowError::NoRoom,
+                Code::ResourceExhausted,
+                "no worker has room for the actor",
+            ),
+            (
+                WorkflowError::WorkerUnavailable {
+                    worker_id: "w1".into(),
+                    reason: "connection refused".into(),
+                },
+                Code::Unavailable,
+                "worker w1 unavailable: connection refused",
+            ),
+            (
+                WorkflowError::NotFound("actor ate-demo/counter-1 has no log on node n1".into()),
+                Code::NotFound,
+                "actor ate-demo/counter-1 has no log on node n1",
+            ),
+            (
+                WorkflowError::FailedPrecondition("bad node address \"x\": y".into()),
+                Code::FailedPrecondition,
+                "bad node address \"x\": y",
+            ),
+            (
+                WorkflowError::Unavailable("node n1 unreachable".into()),
+                Code::Unavailable,
+                "node n1 unreachable",
+            ),
+            (
+                WorkflowError::Internal("injected crash at ResumeAfterBind".into()),
+                Code::Internal,
+                "injected crash at ResumeAfterBind",
+            ),
+        ];
+        for (error, code, text) in cases {
+            assert_eq!(answer(error), (code, text.to_string()));
+        }
+    }
+
+    #[test]
+    fn store_errors_keep_their_code_and_text() {
+        let cases = [
+            (
+                StoreError::NotFound("actor \"a/b\" not found".into()),
+                Code::NotFound,
+                "actor \"a/b\" not found",
+            ),
+            (
+                StoreError::AlreadyExists("actor \"a/b\" already exists".into()),
+                Code::AlreadyExists,
+                "actor \"a/b\" already exists",
+            ),
+            (
+                StoreError::FailedPrecondition("atespace a still holds actors".into()),
+                Code::FailedPrecondition,
+                "atespace a still holds actors",
+            ),
+            (
+                StoreError::StateConflict {
+                    actual: ActorState::Running,
+                    expected: "ACTOR_STATE_SUSPENDED".into(),
+                },
+                Code::FailedPrecondition,
+                "actor is ACTOR_STATE_RUNNING, expected one of ACTOR_STATE_SUSPENDED",
+            ),
+            (
+                StoreError::NoRoom {
+                    worker_id: "w1".into(),
+                },
+                Code::ResourceExhausted,
+                "no worker has room for the actor",
+            ),
+            (
+                StoreError::Database("connection reset".into()),
+                Code::Unavailable,
+                "store unavailable: connection reset",
+            ),
+        ];
+        for (error, code, text) in cases {
+            let s = super::store_status(error);
+            assert_eq!((s.code(), s.message()), (code, text));
+        }
+    }
+
+    #[test]
+    fn outcome_labels_follow_the_code() {
+        let label = |e: WorkflowError| e.outcome();
+        assert_eq!(label(WorkflowError::NoRoom), "no_room");
+        assert_eq!(
+            label(WorkflowError::Store(StoreError::NoRoom {
+                worker_id: "w1".into()
+            })),
+            "no_room"
+        );
+        assert_eq!(label(WorkflowError::LeaseHeld(actor())), "aborted");
+        assert_eq!(
+            label(WorkflowError::Busy {
+                actor: actor(),
+                state: ActorState::Resuming
+            }),
+            "failed_precondition"
+        );
+        assert_eq!(
+            label(WorkflowError::Store(StoreError::Database("x".into()))),
+            "unavailable"
+        );
+        assert_eq!(label(WorkflowError::NotFound("x".into())), "not_found");
+        assert_eq!(
+            label(WorkflowError::Invalid(ValidationError::new("a", "b"))),
+            "invalid_argument"
+        );
+        assert_eq!(label(WorkflowError::Internal("x".into())), "error");
+        assert_eq!(
+            label(WorkflowError::Store(StoreError::AlreadyExists("x".into()))),
+            "error"
+        );
+    }
 }

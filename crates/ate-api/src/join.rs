@@ -83,7 +83,7 @@ impl Join {
         let record = match self.store.get_join_token(&token.id).await {
             Ok(r) => r,
             Err(StoreError::NotFound(_)) => return Err(unknown()),
-            Err(e) => return Err(crate::error::store(e)),
+            Err(e) => return Err(crate::convert::store_status(e)),
         };
         if record.secret_sha256 != token.secret_hash() {
             return Err(unknown());
@@ -106,7 +106,7 @@ impl Join {
         node: &str,
         csrs: Vec<CertificateRequest>,
     ) -> Result<NodeCertificates, Status> {
-        ate_core::validate_label("node", node).map_err(crate::error::invalid)?;
+        ate_core::validate_label("node", node).map_err(crate::convert::invalid)?;
         let signer = self.signer()?;
         if !csrs.iter().any(|c| c.name == NODE_CERT_NAME) {
             return Err(Status::invalid_argument(
@@ -136,7 +136,7 @@ impl Join {
                         c.name
                     )));
                 }
-                ate_core::validate_label("worker id", &c.name).map_err(crate::error::invalid)?;
+                ate_core::validate_label("worker id", &c.name).map_err(crate::convert::invalid)?;
                 SpiffeId::worker_instance(&self.trust_domain, &c.name)
             }
             .map_err(|e| Status::invalid_argument(e.to_string()))?;
@@ -266,7 +266,7 @@ impl JoinService for Join {
         self.store
             .create_join_token(&record)
             .await
-            .map_err(crate::error::store)?;
+            .map_err(crate::convert::store_status)?;
         tracing::info!(target: "audit", token = %token.id, identity = %caller.identity, ttl_s = ttl.as_secs(), "join token created");
         Ok(Response::new(CreatedJoinToken {
             token: token.to_string(),
@@ -284,7 +284,7 @@ impl JoinService for Join {
             .store
             .list_join_tokens()
             .await
-            .map_err(crate::error::store)?;
+            .map_err(crate::convert::store_status)?;
         Ok(Response::new(ListJoinTokensResponse {
             tokens: tokens.iter().map(token_info).collect(),
         }))
@@ -301,7 +301,7 @@ impl JoinService for Join {
             .store
             .delete_join_token(&id)
             .await
-            .map_err(crate::error::store)?;
+            .map_err(crate::convert::store_status)?;
         if !deleted {
             return Err(Status::not_found(format!("join token {id:?} not found")));
         }

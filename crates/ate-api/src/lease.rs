@@ -6,9 +6,8 @@ use std::time::Duration;
 
 use ate_core::ActorRef;
 use ate_store::Store;
-use tonic::Status;
 
-use crate::error;
+use crate::error::WorkflowError;
 use ate_core::clock::now_ms;
 
 /// A held lease. It is renewed in the background until [`Lease::release`]; if the holder crashes
@@ -24,23 +23,20 @@ pub struct Lease {
 }
 
 impl Lease {
-    /// Takes the actor's lease or answers Aborted naming the actor.
+    /// Takes the actor's lease, or [`WorkflowError::LeaseHeld`] naming the actor.
     pub async fn acquire(
         store: &Arc<dyn Store>,
         actor: &ActorRef,
         holder: String,
         ttl: Duration,
-    ) -> Result<Lease, Status> {
+    ) -> Result<Lease, WorkflowError> {
         let key = actor.lease_key();
         let ttl_ms = i64::try_from(ttl.as_millis()).unwrap_or(i64::MAX);
         let taken = store
             .try_acquire_lease(&key, &holder, now_ms(), ttl_ms)
-            .await
-            .map_err(error::store)?;
+            .await?;
         if !taken {
-            return Err(Status::aborted(format!(
-                "another operation holds actor {actor}"
-            )));
+            return Err(WorkflowError::LeaseHeld(actor.clone()));
         }
         let renewal = {
             let store = store.clone();

@@ -4,6 +4,10 @@
 //! Architecture invariant: the api never talks to a worker directly, only to node agents
 //! (NodeService), and it never holds state outside the store that it cannot rebuild from the
 //! store (the fleet view is a cache).
+//!
+//! Architecture invariant: wire types (`ate_proto::v1`, `tonic::Status`) stay at the gRPC edge —
+//! `services/`, `convert.rs`, `node.rs` and the servers' plumbing; the workflows below them speak
+//! store records, core types and [`error::WorkflowError`].
 
 pub mod authz;
 pub mod convert;

@@ -6,12 +6,17 @@ use std::time::Duration;
 
 use ate_core::clock::now_ms;
 use ate_core::{ActorRef, ActorState};
-use ate_proto::v1;
 use ate_store::{ActorRecord, ActorUpdate, StoreError};
-use tonic::Status;
 
 use super::{Api, demand, template_ref};
-use crate::error::{self, invalid};
+use crate::error::WorkflowError;
+
+/// An actor a worker reports holding at its registration, with the activation its copy runs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HeldActor {
+    pub actor: ActorRef,
+    pub activation: u64,
+}
 
 impl Api {
     /// A worker saw all of an actor's processes exit while RUNNING: release its capacity at once
@@ -25,13 +30,9 @@ impl Api {
         exit_code: i32,
         last_lines: &str,
         crash_reason: &str,
-    ) -> Result<(), Status> {
-        r.validate().map_err(invalid)?;
-        let actor = self
-            .store
-            .get_actor(&r.atespace, &r.name)
-            .await
-            .map_err(error::store)?;
+    ) -> Result<(), WorkflowError> {
+        r.validate()?;
+        let actor = self.store.get_actor(&r.atespace, &r.name).await?;
         if actor.state != ActorState::Running || actor.worker_id.as_deref() != Some(worker_id) {
             return Ok(());
         }
@@ -71,7 +72,7 @@ impl Api {
             .await
         {
             Ok(_) | Err(StoreError::StateConflict { .. }) => Ok(()),
-            Err(e) => Err(error::store(e)),
+            Err(e) => Err(e.into()),
         }
     }
 
@@ -137,13 +138,13 @@ impl Api {
     pub async fn reconcile_worker(
         &self,
         worker_id: &str,
-        held: &[v1::HeldActor],
+        held: &[HeldActor],
         restarted: bool,
-    ) -> Result<Vec<v1::HeldActor>, StoreError> {
+    ) -> Result<Vec<HeldActor>, StoreError> {
         let on_worker = self.store.actors_on_worker(worker_id).await?;
         let mut discard = Vec::new();
         for h in held {
-            let Some(a) = &h.actor else { continue };
+            let a = &h.actor;
             let current = on_worker
                 .iter()
                 .find(|r| r.atespace == a.atespace && r.name == a.name);
@@ -162,9 +163,8 @@ impl Api {
             for a in on_worker {
                 let held_now = held.iter().any(|h| {
                     h.activation == a.activation
-                        && h.actor
-                            .as_ref()
-                            .is_some_and(|r| r.atespace == a.atespace && r.name == a.name)
+                        && h.actor.atespace == a.atespace
+                        && h.actor.name == a.name
                 });
                 if held_now {
                     continue;
@@ -178,7 +178,7 @@ impl Api {
     /// A worker came back holding an actor the api released while it was unreachable: if no
     /// one activated the actor since (same token, still SUSPENDED), the running copy is taken
     /// back with nothing lost. False when it cannot be (the copy is then discarded).
-    async fn readopt(&self, worker_id: &str, a: &v1::ObjectRef, activation: u64) -> bool {
+    async fn readopt(&self, worker_id: &str, a: &ActorRef, activation: u64) -> bool {
         let Ok(actor) = self.store.get_actor(&a.atespace, &a.name).await else {
             return false;
         };

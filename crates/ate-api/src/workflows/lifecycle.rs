@@ -6,27 +6,24 @@ use std::time::Duration;
 
 use ate_core::clock::now_ms;
 use ate_core::{ActorRef, ActorState};
-use ate_proto::v1;
 use ate_store::{ActorUpdate, SnapshotRecord, StoreError, WorkerRecord, WorkerStatus};
-use tonic::Status;
 
-use super::{Api, Failure};
-use crate::convert;
-use crate::error::invalid;
+use super::{ActorView, Api, Failure};
+use crate::error::WorkflowError;
 use crate::node::NodeClients;
 
 impl Api {
-    pub async fn revert(&self, r: &ActorRef) -> Result<v1::Actor, Status> {
-        r.validate().map_err(invalid)?;
+    pub async fn revert(&self, r: &ActorRef) -> Result<ActorView, WorkflowError> {
+        r.validate()?;
         self.under_lease(r, async {
             let actor = self.store.get_actor(&r.atespace, &r.name).await?;
             match actor.state {
-                ActorState::Suspended => Ok(convert::actor(&actor, None)),
+                ActorState::Suspended => Ok(ActorView::bare(actor)),
                 ActorState::Crashed => {
                     let a = self.store.release_actor(&r.atespace, &r.name, &[ActorState::Crashed], ActorState::Suspended, None, ActorUpdate::default(), now_ms()).await?;
-                    Ok(convert::actor(&a, None))
+                    Ok(ActorView::bare(a))
                 }
-                state => Err(Status::failed_precondition(format!("RevertActor is refused while actor {r} is {state}; it reverts only ACTOR_STATE_CRASHED")).into()),
+                state => Err(WorkflowError::FailedPrecondition(format!("RevertActor is refused while actor {r} is {state}; it reverts only ACTOR_STATE_CRASHED")).into()),
             }
         })
         .await
@@ -34,8 +31,8 @@ impl Api {
 
     /// Deletes the actor and its generations. `force` also deletes an active actor: its
     /// sandbox is stopped without a snapshot first. Returns whether one was stopped.
-    pub async fn delete(&self, r: &ActorRef, force: bool) -> Result<bool, Status> {
-        r.validate().map_err(invalid)?;
+    pub async fn delete(&self, r: &ActorRef, force: bool) -> Result<bool, WorkflowError> {
+        r.validate()?;
         let (garbage, stopped) = self
             .under_lease(r, async {
                 let stopped = if force {
@@ -45,7 +42,7 @@ impl Api {
                 };
                 match self.store.delete_actor(&r.atespace, &r.name).await {
                     Ok(garbage) => Ok((garbage, stopped)),
-                    Err(StoreError::StateConflict { actual, .. }) => Err(Status::failed_precondition(format!(
+                    Err(StoreError::StateConflict { actual, .. }) => Err(WorkflowError::FailedPrecondition(format!(
                         "actor {r} is {actual}; only ACTOR_STATE_SUSPENDED or ACTOR_STATE_CRASHED actors can be deleted (suspend it first, or delete with --force to stop it without a snapshot)"
                     ))
                     .into()),
@@ -79,25 +76,18 @@ impl Api {
             match self.store.get_worker(id).await {
                 Ok(w) if w.status == WorkerStatus::Active => {
                     let mut client = self.nodes.client(&w.node_address)?;
-                    let call = client.stop(v1::StopRequest {
-                        actor: Some(v1::ObjectRef {
-                            atespace: r.atespace.clone(),
-                            name: r.name.clone(),
-                        }),
-                        worker_id: w.id.clone(),
-                    });
+                    let call = client.stop(r, &w.id);
                     match tokio::time::timeout(self.cfg.node_call_timeout, call).await {
-                        Ok(Ok(_)) => {}
-                        Ok(Err(s)) => {
-                            return Err(Status::unavailable(format!(
+                        Ok(Ok(())) => {}
+                        Ok(Err(e)) => {
+                            return Err(WorkflowError::Unavailable(format!(
                                 "cannot stop actor {r} on worker {}: {}; nothing was deleted",
-                                w.id,
-                                s.message()
+                                w.id, e.message
                             ))
                             .into());
                         }
                         Err(_) => {
-                            return Err(Status::unavailable(format!(
+                            return Err(WorkflowError::Unavailable(format!(
                                 "stopping actor {r} on worker {} timed out; nothing was deleted",
                                 w.id
                             ))
@@ -141,20 +131,17 @@ impl Api {
         let mut calls = tokio::task::JoinSet::new();
         for address in nodes {
             let nodes = self.nodes.clone();
-            let actor = Some(v1::ObjectRef {
-                atespace: r.atespace.clone(),
-                name: r.name.clone(),
-            });
+            let actor = r.clone();
             calls.spawn(async move {
                 let call = async {
-                    nodes
-                        .client(&address)?
-                        .forget_actor(v1::ForgetActorRequest { actor })
-                        .await
+                    match nodes.client(&address) {
+                        Ok(mut c) => c.forget_actor(&actor).await.map_err(|e| e.message),
+                        Err(e) => Err(e.to_string()),
+                    }
                 };
                 match tokio::time::timeout(Duration::from_secs(3), call).await {
-                    Ok(Ok(_)) => {}
-                    Ok(Err(s)) => tracing::warn!(node = %address, error = %s.message(), "cannot remove a deleted actor's log"),
+                    Ok(Ok(())) => {}
+                    Ok(Err(why)) => tracing::warn!(node = %address, error = %why, "cannot remove a deleted actor's log"),
                     Err(_) => tracing::warn!(node = %address, "removing a deleted actor's log timed out"),
                 }
             });
@@ -221,15 +208,13 @@ async fn delete_snapshot_files(
         };
         let result = match nodes.client(&address) {
             Ok(mut c) => c
-                .delete_snapshots(v1::DeleteSnapshotsRequest {
-                    snapshots: vec![convert::snapshot(&snap)],
-                })
+                .delete_snapshots(std::slice::from_ref(&snap))
                 .await
-                .map(|_| ()),
-            Err(s) => Err(s),
+                .map_err(|e| e.message),
+            Err(e) => Err(e.to_string()),
         };
-        if let Err(s) = result {
-            tracing::warn!(generation = snap.generation, uri = %snap.durable_uri, error = %s.message(), "snapshot garbage collection failed");
+        if let Err(why) = result {
+            tracing::warn!(generation = snap.generation, uri = %snap.durable_uri, error = %why, "snapshot garbage collection failed");
         }
     }
 }

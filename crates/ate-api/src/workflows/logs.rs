@@ -2,27 +2,29 @@
 //! of the runs there).
 
 use ate_core::ActorRef;
-use ate_proto::v1;
 use ate_store::WorkerStatus;
-use tonic::Status;
 
 use super::Api;
-use crate::error;
+use crate::error::WorkflowError;
+
+/// Most bytes of log one ReadActorLog returns.
+const MAX_LOG_READ: u32 = 1 << 20;
+
+/// A part of an actor's log, and the node it was read on.
+#[derive(Debug, Clone)]
+pub struct ActorLog {
+    pub data: Vec<u8>,
+    /// Where the next read starts.
+    pub next_offset: u64,
+    pub node: String,
+}
 
 impl Api {
     /// A part of the actor's log, read on the node it runs on (else the node holding its
     /// newest generation): each node keeps the output of the actor's runs there.
-    pub async fn read_log(
-        &self,
-        r: &ActorRef,
-        offset: u64,
-    ) -> Result<v1::ReadActorLogResponse, Status> {
-        let actor = self
-            .store
-            .get_actor(&r.atespace, &r.name)
-            .await
-            .map_err(error::store)?;
-        let workers = self.fleet.refresh().await.map_err(error::store)?;
+    pub async fn read_log(&self, r: &ActorRef, offset: u64) -> Result<ActorLog, WorkflowError> {
+        let actor = self.store.get_actor(&r.atespace, &r.name).await?;
+        let workers = self.fleet.refresh().await?;
         let on_worker = actor
             .worker_id
             .as_ref()
@@ -33,14 +35,13 @@ impl Api {
             None => self
                 .store
                 .list_snapshots(&r.atespace, &r.name)
-                .await
-                .map_err(error::store)?
+                .await?
                 .first()
                 .map(|s| s.node.clone())
                 .filter(|n| !n.is_empty()),
         };
         let Some(node) = node else {
-            return Err(Status::not_found(format!(
+            return Err(WorkflowError::NotFound(format!(
                 "actor {r} has not run yet: it has no log"
             )));
         };
@@ -49,31 +50,23 @@ impl Api {
             .find(|w| w.node == node && w.status == WorkerStatus::Active)
             .map(|w| w.node_address.clone())
             .ok_or_else(|| {
-                Status::unavailable(format!(
+                WorkflowError::Unavailable(format!(
                     "node {node}, which holds the log of actor {r}, is not registered"
                 ))
             })?;
         let mut client = self.nodes.client(&address)?;
         let reply = client
-            .read_log(v1::ReadLogRequest {
-                actor: Some(v1::ObjectRef {
-                    atespace: r.atespace.clone(),
-                    name: r.name.clone(),
-                }),
-                offset,
-                max_bytes: 1 << 20,
-            })
+            .read_log(r, offset, MAX_LOG_READ)
             .await
-            .map_err(|s| {
-                Status::unavailable(format!("reading the log on node {node}: {}", s.message()))
-            })?
-            .into_inner();
+            .map_err(|e| {
+                WorkflowError::Unavailable(format!("reading the log on node {node}: {}", e.message))
+            })?;
         if !reply.found {
-            return Err(Status::not_found(format!(
+            return Err(WorkflowError::NotFound(format!(
                 "actor {r} has no log on node {node}"
             )));
         }
-        Ok(v1::ReadActorLogResponse {
+        Ok(ActorLog {
             data: reply.data,
             next_offset: reply.next_offset,
             node,

@@ -4,10 +4,14 @@
 //! change is a compare-and-set in the store, so a workflow interrupted after any step is picked up
 //! by the next call (after the dead holder's lease expires) and never corrupts a record.
 //!
-//! This file holds [`Api`] and what the workflows share (leases, `Failure`, fault points, status
-//! helpers); each verb family has a file of its own: `resume` (with `placement`: which worker,
-//! which generation), `suspend`, `lifecycle` (revert, delete, removed generations' files),
-//! `logs`, and `fleet` (the node agents' reports).
+//! This file holds [`Api`] and what the workflows share (leases, `Failure`, fault points, error
+//! helpers, [`ActorView`]); each verb family has a file of its own: `resume` (with `placement`:
+//! which worker, which generation), `suspend`, `lifecycle` (revert, delete, removed generations'
+//! files), `logs`, and `fleet` (the node agents' reports).
+//!
+//! Architecture invariant: no wire type here. Workflows take and return store records and core
+//! types and fail with [`WorkflowError`]; `services/` and `convert.rs` answer the caller, and
+//! `node.rs` speaks NodeService for them.
 
 mod fleet;
 mod lifecycle;
@@ -21,17 +25,17 @@ use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use ate_core::clock::now_ms;
-use ate_core::{ActorRef, ActorState, CRASHED_PREREQUISITE};
-use ate_proto::v1;
+use ate_core::{ActorRef, ActorState};
 use ate_store::{ActorRecord, Capacity, Store, StoreError, TemplateRecord, WorkerRecord};
-use tonic::{Code, Status};
 
 use crate::ApiConfig;
-use crate::convert;
-use crate::error::{self, invalid};
+use crate::error::WorkflowError;
 use crate::lease::Lease;
-use crate::node::NodeClients;
+use crate::node::{NodeClients, NodeError};
 use crate::scheduler::{self, FleetView};
+
+pub use fleet::HeldActor;
+pub use logs::ActorLog;
 
 /// Points between workflow steps where a test can simulate a crash of the api.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -61,7 +65,7 @@ impl Faults {
             .map(|mut set| set.remove(&point))
             .unwrap_or(false);
         if fired {
-            Err(Failure::Crash(Status::internal(format!(
+            Err(Failure::Crash(WorkflowError::Internal(format!(
                 "injected crash at {point:?}"
             ))))
         } else {
@@ -73,20 +77,38 @@ impl Faults {
 /// How a workflow under a lease ended badly.
 enum Failure {
     /// An answer for the caller; the lease is released.
-    Status(Status),
+    Error(WorkflowError),
     /// A simulated crash: the lease is abandoned (it expires) and nothing is cleaned up.
-    Crash(Status),
+    Crash(WorkflowError),
 }
 
-impl From<Status> for Failure {
-    fn from(s: Status) -> Self {
-        Failure::Status(s)
+impl From<WorkflowError> for Failure {
+    fn from(e: WorkflowError) -> Self {
+        Failure::Error(e)
     }
 }
 
 impl From<StoreError> for Failure {
     fn from(e: StoreError) -> Self {
-        Failure::Status(error::store(e))
+        Failure::Error(WorkflowError::Store(e))
+    }
+}
+
+/// An actor with the worker it is assigned to, if that worker is known (its addresses and
+/// identity go to the caller with the assignment).
+#[derive(Debug, Clone)]
+pub struct ActorView {
+    pub actor: ActorRecord,
+    pub worker: Option<WorkerRecord>,
+}
+
+impl ActorView {
+    /// An actor no worker holds any more (just released: SUSPENDED or CRASHED).
+    fn bare(actor: ActorRecord) -> Self {
+        Self {
+            actor,
+            worker: None,
+        }
     }
 }
 
@@ -106,61 +128,38 @@ pub struct Api {
     suspect_nodes: Mutex<std::collections::HashMap<String, Instant>>,
 }
 
-fn crashed(actor: &ActorRef, last_error: &str) -> Status {
-    let why = if last_error.is_empty() {
-        String::new()
-    } else {
-        format!(" ({last_error})")
-    };
-    Status::failed_precondition(format!(
-        "actor {actor} is ACTOR_STATE_CRASHED{why}: {CRASHED_PREREQUISITE}; RevertActor returns it to ACTOR_STATE_SUSPENDED"
-    ))
+fn crashed(actor: &ActorRef, last_error: &str) -> WorkflowError {
+    WorkflowError::Crashed {
+        actor: actor.clone(),
+        last_error: last_error.to_string(),
+    }
 }
 
-fn transient(actor: &ActorRef, state: ActorState) -> Status {
-    Status::failed_precondition(format!(
-        "actor {actor} is {state}; try again when the operation on it has finished"
-    ))
-}
-
-/// The call never reached the node: a transport failure carries its local error as the
-/// status's source (a status the node sent has none).
-fn unreachable(status: &Status) -> bool {
-    use std::error::Error as _;
-    status.source().is_some()
-}
-
-/// Node errors that leave the actor where it is (retry later) rather than crash it.
-fn is_transient(status: &Status) -> bool {
-    matches!(
-        status.code(),
-        Code::Unavailable
-            | Code::DeadlineExceeded
-            | Code::Cancelled
-            | Code::Aborted
-            | Code::Unknown
-    )
+fn transient(actor: &ActorRef, state: ActorState) -> WorkflowError {
+    WorkflowError::Busy {
+        actor: actor.clone(),
+        state,
+    }
 }
 
 /// A node call failed transiently (the node may have answered Unavailable, or never got the
 /// call): the actor stays where it is, and the caller may retry.
-fn worker_unavailable(worker_id: &str, status: &Status) -> Status {
-    Status::unavailable(format!(
-        "worker {} unavailable: {}",
-        worker_id,
-        status.message()
-    ))
+fn worker_unavailable(worker_id: &str, error: &NodeError) -> WorkflowError {
+    WorkflowError::WorkerUnavailable {
+        worker_id: worker_id.to_string(),
+        reason: error.message.clone(),
+    }
 }
 
 /// Ends a workflow's lease by how the work ended: released after an answer (success or not),
 /// abandoned after a simulated crash (it expires).
-async fn end_lease<T>(lease: Lease, result: Result<T, Failure>) -> Result<T, Status> {
+async fn end_lease<T>(lease: Lease, result: Result<T, Failure>) -> Result<T, WorkflowError> {
     match result {
         Ok(v) => {
             lease.release().await;
             Ok(v)
         }
-        Err(Failure::Status(s)) => {
+        Err(Failure::Error(s)) => {
             lease.release().await;
             Err(s)
         }
@@ -171,8 +170,11 @@ async fn end_lease<T>(lease: Lease, result: Result<T, Failure>) -> Result<T, Sta
     }
 }
 
-fn template_ref(actor: &ActorRecord) -> Result<(String, String), Status> {
-    ate_core::names::parse_namespaced("template", &actor.template).map_err(invalid)
+fn template_ref(actor: &ActorRecord) -> Result<(String, String), WorkflowError> {
+    Ok(ate_core::names::parse_namespaced(
+        "template",
+        &actor.template,
+    )?)
 }
 
 fn demand(template: &TemplateRecord) -> Capacity {
@@ -180,32 +182,6 @@ fn demand(template: &TemplateRecord) -> Capacity {
         cpu_millis: u64::from(template.spec.resources.cpu_millis),
         memory_bytes: template.spec.resources.memory_bytes,
         slots: 1,
-    }
-}
-
-fn workload(actor: &ActorRecord, template: &TemplateRecord, worker_id: &str) -> v1::Workload {
-    v1::Workload {
-        actor: Some(v1::ObjectRef {
-            atespace: actor.atespace.clone(),
-            name: actor.name.clone(),
-        }),
-        uid: actor.uid.clone(),
-        template: actor.template.clone(),
-        spec: Some(ate_proto::spec_to_wire(&template.spec)),
-        worker_id: worker_id.to_string(),
-        activation: actor.activation,
-    }
-}
-
-fn code_label(code: Code) -> &'static str {
-    match code {
-        Code::ResourceExhausted => "no_room",
-        Code::Aborted => "aborted",
-        Code::FailedPrecondition => "failed_precondition",
-        Code::Unavailable => "unavailable",
-        Code::NotFound => "not_found",
-        Code::InvalidArgument => "invalid_argument",
-        _ => "error",
     }
 }
 
@@ -298,7 +274,7 @@ impl Api {
         format!("{}/{}", self.cfg.instance_id, uuid::Uuid::new_v4())
     }
 
-    async fn lease(&self, actor: &ActorRef) -> Result<Lease, Status> {
+    async fn lease(&self, actor: &ActorRef) -> Result<Lease, WorkflowError> {
         Lease::acquire(&self.store, actor, self.holder(), self.cfg.lease_ttl).await
     }
 
@@ -307,7 +283,7 @@ impl Api {
         &self,
         actor: &ActorRef,
         work: impl Future<Output = Result<T, Failure>>,
-    ) -> Result<T, Status> {
+    ) -> Result<T, WorkflowError> {
         let lease = self.lease(actor).await?;
         let result = work.await;
         end_lease(lease, result).await
@@ -325,9 +301,10 @@ impl Api {
         workers.iter().find(|w| &w.id == id).cloned()
     }
 
-    pub async fn actor_message(&self, actor: &ActorRecord) -> v1::Actor {
-        let worker = self.assigned_worker(actor).await;
-        convert::actor(actor, worker.as_ref())
+    /// The actor with its assigned worker's details.
+    pub async fn actor_view(&self, actor: ActorRecord) -> ActorView {
+        let worker = self.assigned_worker(&actor).await;
+        ActorView { actor, worker }
     }
 
     /// True when the actor's last change is older than a lease: whatever workflow set its

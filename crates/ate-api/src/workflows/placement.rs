@@ -4,20 +4,16 @@
 
 use std::time::{Duration, Instant};
 
-use ate_core::NO_ROOM_MESSAGE;
 use ate_core::backoff::{Backoff, Policy};
 use ate_core::clock::now_ms;
-use ate_core::{ActorState, DurableStatus};
-use ate_proto::v1;
+use ate_core::{ActorRef, ActorState, DurableStatus};
 use ate_store::{
     ActorRecord, SnapshotRecord, StoreError, TemplateRecord, WorkerRecord, WorkerStatus,
 };
-use tonic::Status;
 use tracing::Instrument;
 
 use super::{Api, Failure, demand};
-use crate::convert;
-use crate::error::invalid;
+use crate::error::WorkflowError;
 use crate::scheduler::{self, Requirements};
 
 /// Most admission attempts after a lost race (up to 12 retries).
@@ -89,8 +85,8 @@ impl Api {
         if actor.generation == 0
             && let Some(tag) = &template.spec.golden_tag
         {
-            let (ts, tn) =
-                ate_core::names::parse_namespaced("spec.goldenTag", tag).map_err(invalid)?;
+            let (ts, tn) = ate_core::names::parse_namespaced("spec.goldenTag", tag)
+                .map_err(WorkflowError::from)?;
             match self.store.get_tag(&ts, &tn).await {
                 Ok(t) if usable(&t.snapshot) => return Ok(Some(t.snapshot)),
                 Ok(_) => tracing::warn!(tag = %tag, "golden tag has no usable copy; cold boot"),
@@ -185,7 +181,7 @@ impl Api {
                     }
                 }
                 self.waiters.no_room(&actor_key, needs(), Instant::now());
-                return Err(Status::resource_exhausted(NO_ROOM_MESSAGE).into());
+                return Err(WorkflowError::NoRoom.into());
             };
             match self
                 .store
@@ -214,7 +210,7 @@ impl Api {
                 }
                 Err(StoreError::NoRoom { .. }) => {
                     self.waiters.no_room(&actor_key, needs(), Instant::now());
-                    return Err(Status::resource_exhausted(NO_ROOM_MESSAGE).into());
+                    return Err(WorkflowError::NoRoom.into());
                 }
                 Err(e) => return Err(e.into()),
             }
@@ -234,28 +230,20 @@ impl Api {
             .find(|w| w.node == node && w.status == WorkerStatus::Active)
             .map(|w| w.node_address.clone())
             .ok_or_else(|| {
-                Status::unavailable(format!(
+                WorkflowError::Unavailable(format!(
                     "node {node} holding the actor's snapshot is not registered"
                 ))
             })?;
         let mut client = self.nodes.client(&node_address)?;
-        let req = v1::DetachRequest {
-            actor: Some(v1::ObjectRef {
-                atespace: actor.atespace.clone(),
-                name: actor.name.clone(),
-            }),
-            snapshots: vec![convert::snapshot(snap)],
-        };
-        let reply = client
-            .detach(req)
+        let r = ActorRef::new(actor.atespace.clone(), actor.name.clone());
+        let detached = client
+            .detach(&r, std::slice::from_ref(snap))
             .await
-            .map_err(|s| {
-                Status::unavailable(format!("detach from node {node} failed: {}", s.message()))
-            })?
-            .into_inner();
-        for s in reply.snapshots {
-            let status =
-                DurableStatus::from_wire(s.durable_status).unwrap_or(DurableStatus::Failed);
+            .map_err(|e| {
+                WorkflowError::Unavailable(format!("detach from node {node} failed: {}", e.message))
+            })?;
+        for s in detached {
+            let status = s.durable_status;
             self.store
                 .update_snapshot_durable(
                     &actor.atespace,
@@ -271,7 +259,7 @@ impl Api {
                     .clear_snapshot_local(&actor.atespace, &actor.name, s.generation)
                     .await?;
             } else {
-                return Err(Status::unavailable(format!(
+                return Err(WorkflowError::Unavailable(format!(
                     "upload of generation {} failed: {}",
                     s.generation, s.reason
                 ))

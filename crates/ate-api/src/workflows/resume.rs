@@ -7,18 +7,16 @@ use std::time::{Duration, Instant};
 use ate_core::clock::now_ms;
 use ate_core::restore::{RestorePlan, SnapshotFacts, decide};
 use ate_core::{ActorRef, ActorState};
-use ate_proto::v1;
 use ate_store::{ActorUpdate, WorkerStatus};
-use tonic::Status;
 use tracing::Instrument;
 
 use super::{
-    Api, Failure, FaultPoint, code_label, crashed, end_lease, is_transient, template_ref,
-    transient, unreachable, worker_unavailable, workload,
+    ActorView, Api, Failure, FaultPoint, crashed, end_lease, template_ref, transient,
+    worker_unavailable,
 };
-use crate::convert;
-use crate::error::{self, invalid};
+use crate::error::WorkflowError;
 use crate::lease::Lease;
+use crate::node::Workload;
 
 /// Per-step durations of one workflow, logged at debug level when it ends (where a slow resume
 /// spends its time: the lease, store reads, the bind, the node call, the finalizing writes).
@@ -67,13 +65,6 @@ impl StepTimes {
     }
 }
 
-/// A call to a node agent for the request `request_id`, continuing the current span's trace.
-fn node_request<T>(message: T, request_id: Option<&str>) -> tonic::Request<T> {
-    let mut request = ate_proto::request_id::request(message, request_id);
-    ate_tls::trace_context::inject_grpc(&mut request);
-    request
-}
-
 impl Api {
     /// ResumeActor. Warm path (RUNNING): one read, no lease, `resumed = false`. `request_id`
     /// (the router's `x-request-id`) goes on to the node's Run/Restore as metadata; the caller
@@ -82,17 +73,13 @@ impl Api {
         &self,
         r: &ActorRef,
         request_id: Option<&str>,
-    ) -> Result<(v1::Actor, bool), Status> {
+    ) -> Result<(ActorView, bool), WorkflowError> {
         let warm_started = Instant::now();
-        r.validate().map_err(invalid)?;
-        let actor = self
-            .store
-            .get_actor(&r.atespace, &r.name)
-            .await
-            .map_err(error::store)?;
+        r.validate()?;
+        let actor = self.store.get_actor(&r.atespace, &r.name).await?;
         match actor.state {
             ActorState::Running => {
-                let message = self.actor_message(&actor).await;
+                let message = self.actor_view(actor).await;
                 crate::metrics::resumed("warm", crate::metrics::WARM_OUTCOME, warm_started);
                 return Ok((message, false));
             }
@@ -114,7 +101,7 @@ impl Api {
         let outcome = match &result {
             Ok((_, true)) => "resumed",
             Ok((_, false)) => "already_running",
-            Err(s) => code_label(s.code()),
+            Err(e) => e.outcome(),
         };
         crate::metrics::resumed("cold", outcome, started);
         result
@@ -126,7 +113,7 @@ impl Api {
         r: &ActorRef,
         steps: &StepTimes,
         request_id: Option<&str>,
-    ) -> Result<(v1::Actor, bool), Status> {
+    ) -> Result<(ActorView, bool), WorkflowError> {
         let lease = self
             .lease(r)
             .instrument(ate_tls::trace_span!("lease"))
@@ -144,7 +131,7 @@ impl Api {
         steps: &StepTimes,
         lease: &Lease,
         request_id: Option<&str>,
-    ) -> Result<(v1::Actor, bool), Failure> {
+    ) -> Result<(ActorView, bool), Failure> {
         self.faults.fire(FaultPoint::ResumeAfterLease)?;
         // Trace spans of the steps (disabled when traces are off), each from its creation to its
         // drop; an early return ends the step it is in.
@@ -153,7 +140,7 @@ impl Api {
         let actor = self.store.get_actor(&r.atespace, &r.name).await?;
         steps.mark("reread");
         match actor.state {
-            ActorState::Running => return Ok((self.actor_message(&actor).await, false)),
+            ActorState::Running => return Ok((self.actor_view(actor).await, false)),
             ActorState::Crashed => return Err(crashed(r, &actor.last_error).into()),
             ActorState::Suspending => return Err(transient(r, actor.state).into()),
             ActorState::Suspended | ActorState::Resuming => {}
@@ -190,24 +177,18 @@ impl Api {
             &actor.template,
             worker.can_restore_memory,
         );
-        let workload = workload(&actor, &template, &worker.id);
+        let workload = Workload {
+            actor: &actor,
+            template: &template,
+            worker_id: &worker.id,
+        };
         let mut client = self.nodes.client(&worker.node_address)?;
         let call = async {
             match (plan, &snapshot) {
                 (RestorePlan::Restore(fidelity), Some(snap)) => {
-                    let req = v1::RestoreRequest {
-                        workload: Some(workload),
-                        snapshot: Some(convert::snapshot(snap)),
-                        fidelity: fidelity.wire(),
-                    };
-                    client.restore(node_request(req, request_id)).await
+                    client.restore(&workload, snap, fidelity, request_id).await
                 }
-                _ => {
-                    let req = v1::RunRequest {
-                        workload: Some(workload),
-                    };
-                    client.run(node_request(req, request_id)).await
-                }
+                _ => client.run(&workload, request_id).await,
             }
         };
         let node_span = ate_tls::trace_span!(
@@ -218,8 +199,8 @@ impl Api {
         );
         let call = tokio::time::timeout(self.cfg.node_call_timeout, call).instrument(node_span);
         let reply = match call.await {
-            Ok(Ok(reply)) => reply.into_inner(),
-            Ok(Err(status)) if is_transient(&status) && unreachable(&status) => {
+            Ok(Ok(started)) => started,
+            Ok(Err(error)) if error.is_transient() && error.unreached => {
                 // The node itself could not be reached (its machine may be lost): the restore
                 // never started there, or its copy never served (the actor was never RUNNING),
                 // so the actor may resume elsewhere — a new activation fences any copy the node
@@ -227,8 +208,7 @@ impl Api {
                 self.suspect_node(&worker.node);
                 let update = ActorUpdate::with_error(format!(
                     "node {} unreachable during the resume ({}); resuming elsewhere",
-                    worker.node,
-                    status.message()
+                    worker.node, error.message
                 ));
                 self.store
                     .release_actor(
@@ -241,31 +221,27 @@ impl Api {
                         now_ms(),
                     )
                     .await?;
-                tracing::warn!(actor = %r, node = %worker.node, error = %status.message(), "node unreachable during the resume; released to resume elsewhere");
-                return Err(Status::unavailable(format!(
+                tracing::warn!(actor = %r, node = %worker.node, error = %error.message, "node unreachable during the resume; released to resume elsewhere");
+                return Err(WorkflowError::Unavailable(format!(
                     "node {} unreachable; the actor resumes on another node at the next attempt",
                     worker.node
                 ))
                 .into());
             }
-            Ok(Err(status)) if is_transient(&status) => {
+            Ok(Err(error)) if error.is_transient() => {
                 // The actor stays RESUMING on this worker; the next resume picks up there.
-                return Err(worker_unavailable(&worker.id, &status).into());
+                return Err(worker_unavailable(&worker.id, &error).into());
             }
             Err(_) => {
-                return Err(Status::unavailable(format!(
+                return Err(WorkflowError::Unavailable(format!(
                     "worker {} did not answer within {:?}",
                     worker.id, self.cfg.node_call_timeout
                 ))
                 .into());
             }
-            Ok(Err(status)) => {
-                let why = format!(
-                    "restore on worker {} failed: {}",
-                    worker.id,
-                    status.message()
-                );
-                tracing::warn!(actor = %r, worker = %worker.id, error = %status.message(), "resume failed; actor CRASHED");
+            Ok(Err(error)) => {
+                let why = format!("restore on worker {} failed: {}", worker.id, error.message);
+                tracing::warn!(actor = %r, worker = %worker.id, error = %error.message, "resume failed; actor CRASHED");
                 let update = ActorUpdate::with_error(why.clone());
                 self.store
                     .release_actor(
@@ -289,7 +265,7 @@ impl Api {
         // during the restore and whatever it did is gone.
         let registered = self.store.get_worker(&worker.id).await?;
         if reply.epoch != registered.epoch || registered.status != WorkerStatus::Active {
-            return Err(Status::unavailable(format!(
+            return Err(WorkflowError::Unavailable(format!(
                 "worker {} restarted during the restore (epoch {} != registered {})",
                 worker.id, reply.epoch, registered.epoch
             ))
@@ -318,6 +294,12 @@ impl Api {
         lease.released_in_store();
         steps.mark("finalize");
         tracing::info!(actor = %r, worker = %worker.id, ?plan, "actor resumed");
-        Ok((convert::actor(&running, Some(&registered)), true))
+        Ok((
+            ActorView {
+                actor: running,
+                worker: Some(registered),
+            },
+            true,
+        ))
     }
 }

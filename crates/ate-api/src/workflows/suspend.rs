@@ -6,19 +6,16 @@ use std::time::Instant;
 
 use ate_core::clock::now_ms;
 use ate_core::{ActorRef, ActorState};
-use ate_proto::v1;
 use ate_store::{ActorUpdate, StoreError, WorkerStatus};
-use tonic::{Code, Status};
 
 use super::{
-    Api, Failure, FaultPoint, code_label, crashed, is_transient, template_ref, transient,
-    worker_unavailable, workload,
+    ActorView, Api, Failure, FaultPoint, crashed, template_ref, transient, worker_unavailable,
 };
-use crate::convert;
-use crate::error::{self, invalid};
+use crate::error::WorkflowError;
+use crate::node::{NodeErrorKind, Workload};
 
 impl Api {
-    pub async fn suspend(&self, r: &ActorRef, durable: bool) -> Result<v1::Actor, Status> {
+    pub async fn suspend(&self, r: &ActorRef, durable: bool) -> Result<ActorView, WorkflowError> {
         self.suspend_with_grace(r, durable, 0).await
     }
 
@@ -28,15 +25,11 @@ impl Api {
         r: &ActorRef,
         durable: bool,
         grace_ms: u32,
-    ) -> Result<v1::Actor, Status> {
-        r.validate().map_err(invalid)?;
-        let actor = self
-            .store
-            .get_actor(&r.atespace, &r.name)
-            .await
-            .map_err(error::store)?;
+    ) -> Result<ActorView, WorkflowError> {
+        r.validate()?;
+        let actor = self.store.get_actor(&r.atespace, &r.name).await?;
         match actor.state {
-            ActorState::Suspended => return Ok(self.actor_message(&actor).await),
+            ActorState::Suspended => return Ok(self.actor_view(actor).await),
             ActorState::Crashed => return Err(crashed(r, &actor.last_error)),
             ActorState::Resuming => return Err(transient(r, actor.state)),
             ActorState::Running | ActorState::Suspending => {}
@@ -47,7 +40,7 @@ impl Api {
             .await;
         let outcome = match &result {
             Ok(_) => "suspended",
-            Err(s) => code_label(s.code()),
+            Err(e) => e.outcome(),
         };
         crate::metrics::suspended(outcome, started);
         result
@@ -58,10 +51,10 @@ impl Api {
         r: &ActorRef,
         durable: bool,
         grace_ms: u32,
-    ) -> Result<v1::Actor, Failure> {
+    ) -> Result<ActorView, Failure> {
         let mut actor = self.store.get_actor(&r.atespace, &r.name).await?;
         match actor.state {
-            ActorState::Suspended => return Ok(self.actor_message(&actor).await),
+            ActorState::Suspended => return Ok(self.actor_view(actor).await),
             ActorState::Crashed => return Err(crashed(r, &actor.last_error).into()),
             ActorState::Resuming => return Err(transient(r, actor.state).into()),
             ActorState::Running => {
@@ -105,33 +98,32 @@ impl Api {
                     now_ms(),
                 )
                 .await?;
-            return Ok(convert::actor(&a, None));
+            return Ok(ActorView::bare(a));
         };
         let (ns, tname) = template_ref(&actor)?;
         let template = self.store.get_template(&ns, &tname).await?;
         let generation = actor.generation + 1;
-        let req = v1::CheckpointRequest {
-            workload: Some(workload(&actor, &template, &worker.id)),
-            generation,
-            uuid: uuid::Uuid::new_v4().to_string(),
-            fidelity: template.spec.fidelity.wire(),
-            durable,
-            grace_ms,
+        let workload = Workload {
+            actor: &actor,
+            template: &template,
+            worker_id: &worker.id,
         };
         let mut client = self.nodes.client(&worker.node_address)?;
-        let reply = match tokio::time::timeout(self.cfg.node_call_timeout, client.checkpoint(req))
-            .await
-        {
-            Ok(Ok(reply)) => reply.into_inner(),
+        let call = client.checkpoint(
+            &workload,
+            generation,
+            uuid::Uuid::new_v4().to_string(),
+            template.spec.fidelity,
+            durable,
+            grace_ms,
+        );
+        let reply = match tokio::time::timeout(self.cfg.node_call_timeout, call).await {
+            Ok(Ok(reply)) => reply,
             // Nothing was written (disk full, …) and the worker put the actor back to work:
             // it is RUNNING again, with the reason in lastError.
-            Ok(Err(status)) if status.code() == Code::Aborted => {
-                let why = format!(
-                    "suspend failed on worker {}: {}",
-                    worker.id,
-                    status.message()
-                );
-                tracing::warn!(actor = %r, worker = %worker.id, error = %status.message(), "suspend failed; the actor runs on");
+            Ok(Err(error)) if error.kind == NodeErrorKind::Aborted => {
+                let why = format!("suspend failed on worker {}: {}", worker.id, error.message);
+                tracing::warn!(actor = %r, worker = %worker.id, error = %error.message, "suspend failed; the actor runs on");
                 let update = ActorUpdate::with_error(why.clone());
                 self.store
                     .transition(
@@ -143,24 +135,23 @@ impl Api {
                         now_ms(),
                     )
                     .await?;
-                return Err(Status::unavailable(why).into());
+                return Err(WorkflowError::Unavailable(why).into());
             }
-            Ok(Err(status)) if is_transient(&status) => {
-                return Err(worker_unavailable(&worker.id, &status).into());
+            Ok(Err(error)) if error.is_transient() => {
+                return Err(worker_unavailable(&worker.id, &error).into());
             }
             Err(_) => {
-                return Err(Status::unavailable(format!(
+                return Err(WorkflowError::Unavailable(format!(
                     "worker {} did not answer the checkpoint in time",
                     worker.id
                 ))
                 .into());
             }
-            Ok(Err(status)) => {
+            Ok(Err(error)) => {
                 // Nothing usable was written; the previous generation stays the newest.
                 let why = format!(
                     "checkpoint on worker {} failed: {}",
-                    worker.id,
-                    status.message()
+                    worker.id, error.message
                 );
                 let update = ActorUpdate::with_error(why.clone());
                 self.store
@@ -174,16 +165,14 @@ impl Api {
                         now_ms(),
                     )
                     .await?;
-                return Err(Status::internal(why).into());
+                return Err(WorkflowError::Internal(why).into());
             }
         };
         let snap = reply
             .snapshot
-            .as_ref()
-            .and_then(|s| convert::snapshot_from_wire(s, &r.atespace, &r.name, now_ms()))
             .filter(|s| s.generation == generation)
             .ok_or_else(|| {
-                Status::internal(format!(
+                WorkflowError::Internal(format!(
                     "node returned no valid snapshot for generation {generation}"
                 ))
             })?;
@@ -205,6 +194,6 @@ impl Api {
             .await;
         tracing::info!(actor = %r, generation, fidelity = %snap.fidelity, durable, kept_frozen = reply.kept_frozen, "actor suspended");
         self.prune_generations(r).await;
-        Ok(convert::actor(&a, None))
+        Ok(ActorView::bare(a))
     }
 }

@@ -1,0 +1,274 @@
+//! ActorService: create, read, list, update and delete actors, and the verbs that run a
+//! workflow to its end (resume, suspend, revert, delete).
+
+use ate_core::clock::now_ms;
+use ate_core::names::parse_namespaced;
+use ate_core::{ActorState, SuspendMode};
+use ate_proto::v1::*;
+use ate_store::ActorRecord;
+use tonic::{Request, Response, Status};
+use tracing::Instrument;
+
+use super::{
+    DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE, Services, actor_ref, label, parse_page_token, ref_atespace,
+    selector, to_completion,
+};
+use crate::authz::Need;
+use crate::convert::{self, invalid, store_status};
+
+/// Longest grace a suspend may give requests in flight.
+const MAX_SUSPEND_GRACE_MS: u32 = 600_000;
+
+#[tonic::async_trait]
+impl actor_service_server::ActorService for Services {
+    async fn create_actor(
+        &self,
+        req: Request<CreateActorRequest>,
+    ) -> Result<Response<Actor>, Status> {
+        let _ = self.authorize(&req, "ActorService/CreateActor", |r| {
+            Need::Atespace(&r.atespace)
+        })?;
+        let req = req.into_inner();
+        label("atespace", &req.atespace)?;
+        label("actor name", &req.name)?;
+        let (tns, tname) = parse_namespaced("template", &req.template).map_err(invalid)?;
+        let worker_selector = selector("worker_selector", req.worker_selector)?;
+        let now = now_ms();
+        let record = ActorRecord {
+            atespace: req.atespace,
+            name: req.name,
+            uid: uuid::Uuid::new_v4().to_string(),
+            template: format!("{tns}/{tname}"),
+            state: ActorState::Suspended,
+            worker_selector,
+            worker_id: None,
+            epoch: 0,
+            generation: 0,
+            attached_node: None,
+            last_error: String::new(),
+            created_ms: now,
+            updated_ms: now,
+            activation: 0,
+        };
+        let created = self
+            .api
+            .store
+            .create_actor(&record)
+            .await
+            .map_err(store_status)?;
+        Ok(Response::new(convert::actor(&created, None)))
+    }
+
+    async fn get_actor(&self, req: Request<GetActorRequest>) -> Result<Response<Actor>, Status> {
+        let _ = self.authorize(&req, "ActorService/GetActor", |r| {
+            Need::Atespace(ref_atespace(&r.actor))
+        })?;
+        let r = actor_ref(req.into_inner().actor)?;
+        let a = self
+            .api
+            .store
+            .get_actor(&r.atespace, &r.name)
+            .await
+            .map_err(store_status)?;
+        Ok(Response::new(convert::actor_view(
+            &self.api.actor_view(a).await,
+        )))
+    }
+
+    async fn read_actor_log(
+        &self,
+        req: Request<ReadActorLogRequest>,
+    ) -> Result<Response<ReadActorLogResponse>, Status> {
+        let _ = self.authorize(&req, "ActorService/ReadActorLog", |r| {
+            Need::Atespace(ref_atespace(&r.actor))
+        })?;
+        let req = req.into_inner();
+        let r = actor_ref(req.actor)?;
+        let log = self.api.read_log(&r, req.offset).await?;
+        Ok(Response::new(convert::actor_log(log)))
+    }
+
+    async fn list_actors(
+        &self,
+        req: Request<ListActorsRequest>,
+    ) -> Result<Response<ListActorsResponse>, Status> {
+        let caller = self.authorize(&req, "ActorService/ListActors", |r| {
+            if r.atespace.is_empty() {
+                Need::List
+            } else {
+                Need::Atespace(&r.atespace)
+            }
+        })?;
+        let req = req.into_inner();
+        if !req.atespace.is_empty() {
+            label("atespace", &req.atespace)?;
+        }
+        let limit = match req.page_size {
+            0 => DEFAULT_PAGE_SIZE,
+            n => n.min(MAX_PAGE_SIZE),
+        };
+        let after = parse_page_token(&req.page_token)?;
+        let atespace = Some(req.atespace.as_str()).filter(|a| !a.is_empty());
+        let rows = self
+            .api
+            .store
+            .list_actors(
+                atespace,
+                after.as_ref().map(|(a, n)| (a.as_str(), n.as_str())),
+                limit,
+            )
+            .await
+            .map_err(store_status)?;
+        let next_page_token = if rows.len() as u32 == limit {
+            rows.last()
+                .map(|a| format!("{}/{}", a.atespace, a.name))
+                .unwrap_or_default()
+        } else {
+            String::new()
+        };
+        let workers = self.api.fleet.workers().await.map_err(store_status)?;
+        let actors = rows
+            .iter()
+            .filter(|a| caller.sees(&a.atespace))
+            .map(|a| {
+                convert::actor(
+                    a,
+                    a.worker_id
+                        .as_ref()
+                        .and_then(|id| workers.iter().find(|w| &w.id == id)),
+                )
+            })
+            .collect();
+        Ok(Response::new(ListActorsResponse {
+            actors,
+            next_page_token,
+        }))
+    }
+
+    async fn update_actor(
+        &self,
+        req: Request<UpdateActorRequest>,
+    ) -> Result<Response<Actor>, Status> {
+        let _ = self.authorize(&req, "ActorService/UpdateActor", |r| {
+            Need::Atespace(ref_atespace(&r.actor))
+        })?;
+        let req = req.into_inner();
+        let r = actor_ref(req.actor)?;
+        let sel = selector("worker_selector", req.worker_selector)?;
+        let a = self
+            .api
+            .store
+            .update_actor_selector(&r.atespace, &r.name, &sel, now_ms())
+            .await
+            .map_err(store_status)?;
+        Ok(Response::new(convert::actor_view(
+            &self.api.actor_view(a).await,
+        )))
+    }
+
+    async fn delete_actor(
+        &self,
+        req: Request<DeleteActorRequest>,
+    ) -> Result<Response<DeleteActorResponse>, Status> {
+        let _ = self.authorize(&req, "ActorService/DeleteActor", |r| {
+            Need::Atespace(ref_atespace(&r.actor))
+        })?;
+        let req = req.into_inner();
+        let force = req.force;
+        let r = actor_ref(req.actor)?;
+        let api = self.api.clone();
+        let stopped = to_completion(async move { api.delete(&r, force).await }).await?;
+        Ok(Response::new(DeleteActorResponse { stopped }))
+    }
+
+    async fn resume_actor(
+        &self,
+        req: Request<ResumeActorRequest>,
+    ) -> Result<Response<ResumeActorResponse>, Status> {
+        let _ = self.authorize(&req, "ActorService/ResumeActor", |r| {
+            Need::Resume(ref_atespace(&r.actor))
+        })?;
+        // The router's request id (`x-request-id` metadata), or a new one for another caller:
+        // every log line of the workflow carries it, and the node calls pass it on.
+        let request_id = match ate_proto::request_id::of(&req) {
+            Some(id) => id.to_string(),
+            None => {
+                String::from_utf8_lossy(&ate_core::request_id::hex_id(rand::random())).into_owned()
+            }
+        };
+        let (metadata, _, message) = req.into_parts();
+        let r = actor_ref(message.actor)?;
+        let span = tracing::info_span!(
+            "resume",
+            request_id = %request_id,
+            trace_id = tracing::field::Empty,
+            actor = %r,
+            atespace = tracing::field::Empty,
+            name = tracing::field::Empty,
+        );
+        if ate_tls::trace_context::enabled() {
+            // The spec's tags for following one resume: the actor's atespace and name (the log
+            // lines have both in `actor` already).
+            span.record("atespace", r.atespace.as_str());
+            span.record("name", r.name.as_str());
+        }
+        ate_tls::trace_context::continue_metadata(&span, &metadata);
+        let api = self.api.clone();
+        let work = async move { api.resume(&r, Some(&request_id)).await };
+        let (actor, resumed) = to_completion(work.instrument(span)).await?;
+        Ok(Response::new(ResumeActorResponse {
+            actor: Some(convert::actor_view(&actor)),
+            resumed,
+        }))
+    }
+
+    async fn suspend_actor(
+        &self,
+        req: Request<SuspendActorRequest>,
+    ) -> Result<Response<Actor>, Status> {
+        let caller = self.authorize(&req, "ActorService/SuspendActor", |r| {
+            Need::Suspend(ref_atespace(&r.actor))
+        })?;
+        let req = req.into_inner();
+        let r = actor_ref(req.actor)?;
+        if let Some(node) = caller.node_agent() {
+            self.check_node_actor(&caller, node, &r).await?;
+        }
+        let durable = match req.mode {
+            0 => false,
+            n => match SuspendMode::from_wire(n) {
+                Some(SuspendMode::Durable) => true,
+                Some(SuspendMode::Async) => false,
+                None => {
+                    return Err(Status::invalid_argument(format!(
+                        "invalid mode: unknown suspend mode {n}"
+                    )));
+                }
+            },
+        };
+        if req.grace_ms > MAX_SUSPEND_GRACE_MS {
+            return Err(Status::invalid_argument(format!(
+                "invalid grace_ms: at most {MAX_SUSPEND_GRACE_MS} (10 minutes)"
+            )));
+        }
+        let grace_ms = req.grace_ms;
+        let api = self.api.clone();
+        let suspended =
+            to_completion(async move { api.suspend_with_grace(&r, durable, grace_ms).await })
+                .await?;
+        Ok(Response::new(convert::actor_view(&suspended)))
+    }
+
+    async fn revert_actor(
+        &self,
+        req: Request<RevertActorRequest>,
+    ) -> Result<Response<Actor>, Status> {
+        let _ = self.authorize(&req, "ActorService/RevertActor", |r| {
+            Need::Atespace(ref_atespace(&r.actor))
+        })?;
+        let r = actor_ref(req.into_inner().actor)?;
+        let api = self.api.clone();
+        let reverted = to_completion(async move { api.revert(&r).await }).await?;
+        Ok(Response::new(convert::actor_view(&reverted)))
+    }
+}
