@@ -7,10 +7,14 @@
 //! through FleetService / ActorService, which applies it under the api's rules.
 
 mod agent;
+mod api_client;
 mod cache;
 mod fleet;
 pub mod metrics;
 mod sweep;
+mod types;
+mod wire;
+mod worker_client;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
