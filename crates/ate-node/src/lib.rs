@@ -5,6 +5,10 @@
 //!
 //! Architecture invariant: the node never writes the store; everything it learns goes to the api
 //! through FleetService / ActorService, which applies it under the api's rules.
+//!
+//! Architecture invariant: wire messages are decoded and built only in the adapters
+//! (`agent/service.rs` with `agent/convert.rs`, `worker_client.rs`, `api_client.rs`, `wire.rs`);
+//! the agent's verbs and the fleet loops work on the node's own types (`types.rs`).
 
 mod agent;
 mod api_client;
