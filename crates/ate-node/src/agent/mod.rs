@@ -1,12 +1,13 @@
 //! NodeService on top of the node's workers and its snapshot store.
 //!
 //! This file holds [`NodeAgent`] (its state, construction, `serve`) and what the verbs share
-//! (the worker lookup, the actor keys, the generation directories and delta parents, the
-//! frozen-copy map); `service` is the `NodeService` impl, a thin adapter over the verbs (with
-//! `convert`, the only code here that sees wire messages), each family in a file of its own: `start` (Run, Restore and the downloads they need), `checkpoint`
-//! (Checkpoint, durable uploads and their reports), `lifecycle` (Detach, Stop, ForgetActor,
-//! DeleteSnapshots, stale frozen copies) and `logs` (ReadLog). The verbs take and return the
-//! node's own types (`types`) and fail with an [`AgentError`].
+//! (the worker lookup, the generation directories and delta parents, the frozen-copy map);
+//! `service` is the `NodeService` impl and the gRPC server, a thin adapter over the verbs (with
+//! `convert`, the only code here that sees wire messages), each family in a file of its own:
+//! `start` (Run, Restore and the downloads they need), `checkpoint` (Checkpoint, durable
+//! uploads and their reports), `lifecycle` (Detach, Stop, ForgetActor, DeleteSnapshots, stale
+//! frozen copies) and `logs` (ReadLog). The verbs take and return the node's own types
+//! (`types`) and fail with an [`AgentError`].
 
 mod checkpoint;
 mod convert;
