@@ -8,17 +8,17 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use ate_core::clock::now_ms;
-use ate_proto::v1::{
-    self, actor_service_client::ActorServiceClient, fleet_service_client::FleetServiceClient,
-    worker_service_client::WorkerServiceClient,
-};
-use tonic::transport::Channel;
+use ate_core::{ActorRef, SuspendMode};
+
+use crate::api_client::{ActorExit, ApiClient, HeldActor, Registering};
+use crate::types::{CallCode, CallError};
+use crate::worker_client::{WorkerClient, WorkerInfo};
 
 /// A worker this node knows, with the facts it last reported.
 #[derive(Clone)]
 pub struct WorkerHandle {
-    pub client: WorkerServiceClient<Channel>,
-    pub info: v1::WorkerInfo,
+    pub client: WorkerClient,
+    pub info: WorkerInfo,
     pub socket: PathBuf,
     /// The liveness lease the api gave at registration.
     pub lease: Duration,
@@ -32,18 +32,11 @@ const DEFAULT_LEASE: Duration = Duration::from_secs(10);
 
 /// Renews a worker's lease after a heartbeat sent at `sent` succeeded: valid for the lease
 /// counted from the send, so the worker's lease always ends before the api's expiry of it.
-async fn renew(
-    client: &mut WorkerServiceClient<Channel>,
-    worker: &str,
-    lease: Duration,
-    sent: std::time::Instant,
-) {
+async fn renew(client: &mut WorkerClient, worker: &str, lease: Duration, sent: std::time::Instant) {
     let left = lease.saturating_sub(sent.elapsed());
-    let req = v1::WorkerLeaseRequest {
-        valid_for_ms: u64::try_from(left.as_millis()).unwrap_or(u64::MAX),
-    };
-    if let Err(e) = within(client.renew_lease(req)).await {
-        tracing::warn!(worker = %worker, error = %e.message(), "cannot renew the worker's lease");
+    let valid_for_ms = u64::try_from(left.as_millis()).unwrap_or(u64::MAX);
+    if let Err(e) = client.renew_lease(valid_for_ms).await {
+        tracing::warn!(worker = %worker, error = %e.message, "cannot renew the worker's lease");
     }
 }
 
@@ -54,8 +47,7 @@ pub struct Fleet {
     pub boot_id: String,
     pub workers_dir: PathBuf,
     pub workers: Mutex<HashMap<String, WorkerHandle>>,
-    pub fleet_api: FleetServiceClient<Channel>,
-    pub actor_api: ActorServiceClient<Channel>,
+    pub api: ApiClient,
     /// Actors an idle suspend has been asked for and not answered yet.
     suspending: Mutex<HashSet<(String, String)>>,
 }
@@ -66,7 +58,7 @@ impl Fleet {
         node_address: String,
         boot_id: String,
         workers_dir: PathBuf,
-        api: Channel,
+        api: ApiClient,
     ) -> Self {
         Self {
             node,
@@ -74,8 +66,7 @@ impl Fleet {
             boot_id,
             workers_dir,
             workers: Mutex::new(HashMap::new()),
-            fleet_api: FleetServiceClient::new(api.clone()),
-            actor_api: ActorServiceClient::new(api),
+            api,
             suspending: Mutex::new(HashSet::new()),
         }
     }
@@ -109,7 +100,7 @@ impl Fleet {
             let known_handle = known.clone();
             let mut client = match known {
                 Some(h) => h.client,
-                None => match ate_worker::connect_worker(&socket).await {
+                None => match WorkerClient::connect(&socket).await {
                     Ok(c) => c,
                     Err(e) => {
                         tracing::debug!(socket = %socket.display(), error = %e, "worker socket not answering");
@@ -117,10 +108,10 @@ impl Fleet {
                     }
                 },
             };
-            let info = match within(client.info(v1::WorkerInfoRequest {})).await {
-                Ok(r) => r.into_inner(),
+            let info = match client.info().await {
+                Ok(info) => info,
                 Err(e) => {
-                    tracing::debug!(socket = %socket.display(), error = %e.message(), "worker info failed");
+                    tracing::debug!(socket = %socket.display(), error = %e.message, "worker info failed");
                     if let Some(h) = &known_handle
                         && self.keep_down_worker(h)
                     {
@@ -145,7 +136,7 @@ impl Fleet {
                             lease
                         }
                         Err(e) => {
-                            tracing::warn!(worker = %info.worker_id, error = %e.message(), "worker registration failed");
+                            tracing::warn!(worker = %info.worker_id, error = %e.message, "worker registration failed");
                             continue;
                         }
                     }
@@ -191,60 +182,40 @@ impl Fleet {
 
     async fn register(
         &self,
-        client: &mut WorkerServiceClient<Channel>,
-        info: &v1::WorkerInfo,
-    ) -> Result<Duration, tonic::Status> {
-        let held: Vec<v1::HeldActor> = within(client.activity(v1::WorkerActivityRequest {}))
+        client: &mut WorkerClient,
+        info: &WorkerInfo,
+    ) -> Result<Duration, CallError> {
+        let held: Vec<HeldActor> = client
+            .activity()
             .await?
-            .into_inner()
             .actors
             .into_iter()
             .filter(|a| !a.exited)
-            .map(|a| v1::HeldActor {
+            .map(|a| HeldActor {
                 actor: a.actor,
                 activation: a.activation,
             })
             .collect();
-        let worker = v1::Worker {
-            id: info.worker_id.clone(),
-            node: self.node.clone(),
-            addresses: info.addresses.clone(),
-            identity: info.identity.clone(),
-            labels: info.labels.clone(),
-            sandbox_class: info.sandbox_class.clone(),
-            can_restore_memory: info.can_restore_memory,
-            capacity: info.capacity,
-            used: None,
-            epoch: info.epoch,
-            status: String::new(),
-            last_heartbeat_unix_ms: 0,
-            node_address: self.node_address.clone(),
-            boot_id: self.boot_id.clone(),
-        };
         let reply = self
-            .fleet_api
-            .clone()
-            .register_worker(v1::RegisterWorkerRequest {
-                worker: Some(worker),
-                held: held.clone(),
+            .api
+            .register_worker(Registering {
+                info,
+                node: &self.node,
+                node_address: &self.node_address,
+                boot_id: &self.boot_id,
+                held: &held,
             })
-            .await?
-            .into_inner();
+            .await?;
         tracing::info!(worker = %info.worker_id, epoch = info.epoch, held = held.len(), discard = reply.discard.len(), "worker registered with the api");
         for d in reply.discard {
             let Some(actor) = d.actor else { continue };
-            let name = format!("{}/{}", actor.atespace, actor.name);
-            let stop = v1::WorkerStopRequest {
-                actor: Some(actor),
-                activation_at_most: d.activation.max(1),
-            };
-            match client.stop(stop).await {
+            match client.stop(Some(&actor), d.activation.max(1)).await {
                 Ok(_) => {
-                    tracing::info!(actor = %name, worker = %info.worker_id, activation = d.activation, "stale copy discarded")
+                    tracing::info!(actor = %actor, worker = %info.worker_id, activation = d.activation, "stale copy discarded")
                 }
                 // The worker goes on fenced for this actor: atunnel refuses any older token.
                 Err(e) => {
-                    tracing::warn!(actor = %name, worker = %info.worker_id, error = %e.message(), "cannot discard a stale copy")
+                    tracing::warn!(actor = %actor, worker = %info.worker_id, error = %e.message, "cannot discard a stale copy")
                 }
             }
         }
@@ -266,33 +237,32 @@ impl Fleet {
             .unwrap_or_default();
         for mut h in workers {
             let info = &h.info;
-            let req = v1::HeartbeatRequest {
-                worker_id: info.worker_id.clone(),
-                epoch: info.epoch,
-            };
             let sent = std::time::Instant::now();
             // A hung api must not hold the loop (and the other workers' renewals).
             let answer = match tokio::time::timeout(
                 HEARTBEAT_TIMEOUT,
-                self.fleet_api.clone().heartbeat(req),
+                self.api.heartbeat(&info.worker_id, info.epoch),
             )
             .await
             {
                 Ok(a) => a,
-                Err(_) => Err(tonic::Status::deadline_exceeded("heartbeat timed out")),
+                Err(_) => Err(CallError::new(
+                    CallCode::DeadlineExceeded,
+                    "heartbeat timed out",
+                )),
             };
             match answer {
-                Ok(r) if r.get_ref().known => {
+                Ok(true) => {
                     renew(&mut h.client, &info.worker_id, h.lease, sent).await;
                 }
-                Ok(_) => match self.register(&mut h.client, info).await {
+                Ok(false) => match self.register(&mut h.client, info).await {
                     Ok(lease) => renew(&mut h.client, &info.worker_id, lease, sent).await,
                     Err(e) => {
-                        tracing::warn!(worker = %info.worker_id, error = %e.message(), "re-registration failed")
+                        tracing::warn!(worker = %info.worker_id, error = %e.message, "re-registration failed")
                     }
                 },
                 Err(e) => {
-                    tracing::warn!(worker = %info.worker_id, error = %e.message(), "heartbeat failed; the worker's lease is not renewed")
+                    tracing::warn!(worker = %info.worker_id, error = %e.message, "heartbeat failed; the worker's lease is not renewed")
                 }
             }
         }
@@ -308,26 +278,25 @@ impl Fleet {
         let now = now_ms();
         for w in workers {
             let mut client = w.client.clone();
-            let Ok(reply) = within(client.activity(v1::WorkerActivityRequest {})).await else {
+            let Ok(reply) = client.activity().await else {
                 continue;
             };
-            let reply = reply.into_inner();
             let draining = reply.draining;
             for a in reply.actors {
                 let Some(actor) = a.actor.clone() else {
                     continue;
                 };
                 if a.exited {
-                    let req = v1::ReportActorExitRequest {
-                        actor: Some(actor.clone()),
+                    let exit = ActorExit {
+                        actor: actor.clone(),
                         worker_id: w.info.worker_id.clone(),
                         epoch: w.info.epoch,
                         exit_code: a.exit_code,
                         last_log_lines: a.last_log_lines.clone(),
                         crash_reason: a.crash_reason.clone(),
                     };
-                    if let Err(e) = self.fleet_api.clone().report_actor_exit(req).await {
-                        tracing::warn!(actor = %format!("{}/{}", actor.atespace, actor.name), error = %e.message(), "exit report failed");
+                    if let Err(e) = self.api.report_actor_exit(exit).await {
+                        tracing::warn!(actor = %actor, error = %e.message, "exit report failed");
                     }
                     continue;
                 }
@@ -347,7 +316,7 @@ impl Fleet {
         }
     }
 
-    fn suspend_idle(self: &Arc<Self>, actor: v1::ObjectRef) {
+    fn suspend_idle(self: &Arc<Self>, actor: ActorRef) {
         let key = (actor.atespace.clone(), actor.name.clone());
         if !self
             .suspending
@@ -359,14 +328,9 @@ impl Fleet {
         }
         let fleet = self.clone();
         tokio::spawn(async move {
-            tracing::info!(actor = %format!("{}/{}", actor.atespace, actor.name), "idle; asking the api to suspend");
-            let req = v1::SuspendActorRequest {
-                actor: Some(actor.clone()),
-                mode: v1::SuspendMode::Async as i32,
-                grace_ms: 0,
-            };
-            if let Err(e) = fleet.actor_api.clone().suspend_actor(req).await {
-                tracing::info!(actor = %format!("{}/{}", actor.atespace, actor.name), error = %e.message(), "idle suspend not done");
+            tracing::info!(actor = %actor, "idle; asking the api to suspend");
+            if let Err(e) = fleet.api.suspend_actor(&actor, SuspendMode::Async, 0).await {
+                tracing::info!(actor = %actor, error = %e.message, "idle suspend not done");
             }
             if let Ok(mut s) = fleet.suspending.lock() {
                 s.remove(&key);
@@ -413,20 +377,4 @@ enum Loop {
     Discover,
     Heartbeat,
     Activity,
-}
-
-/// Longest wait for a worker's answer to Info, Activity or RenewLease (a stopped worker
-/// process accepts connections but never answers).
-const WORKER_CALL_TIMEOUT: Duration = Duration::from_secs(2);
-
-async fn within<T>(
-    call: impl Future<Output = Result<T, tonic::Status>>,
-) -> Result<T, tonic::Status> {
-    tokio::time::timeout(WORKER_CALL_TIMEOUT, call)
-        .await
-        .unwrap_or_else(|_| {
-            Err(tonic::Status::deadline_exceeded(
-                "the worker did not answer",
-            ))
-        })
 }

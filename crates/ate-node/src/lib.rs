@@ -5,12 +5,20 @@
 //!
 //! Architecture invariant: the node never writes the store; everything it learns goes to the api
 //! through FleetService / ActorService, which applies it under the api's rules.
+//!
+//! Architecture invariant: wire messages are decoded and built only in the adapters
+//! (`agent/service.rs` with `agent/convert.rs`, `worker_client.rs`, `api_client.rs`, `wire.rs`);
+//! the agent's verbs and the fleet loops work on the node's own types (`types.rs`).
 
 mod agent;
+mod api_client;
 mod cache;
 mod fleet;
 pub mod metrics;
 mod sweep;
+mod types;
+mod wire;
+mod worker_client;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;

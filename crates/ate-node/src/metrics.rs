@@ -8,9 +8,6 @@ use std::time::{Duration, Instant};
 use ate_snapshot::UploadPriority;
 use ate_tls::telemetry::PrometheusHandle;
 use metrics::Unit;
-use tonic::{Response, Status};
-
-use ate_proto::v1;
 
 pub const RUNS: &str = "ate_node_runs_total";
 pub const RESTORES: &str = "ate_node_restores_total";
@@ -126,25 +123,23 @@ fn seconds(since: Instant) -> f64 {
     since.elapsed().as_secs_f64()
 }
 
-pub(crate) fn ran<T>(result: &Result<T, Status>) {
-    let outcome = ate_tls::telemetry::outcome(result);
+/// `outcome`: `ok`, or the gRPC code of the answer in snake case
+/// (`ate_tls::telemetry::outcome`).
+pub(crate) fn ran(outcome: &'static str) {
     metrics::counter!(RUNS, "outcome" => outcome).increment(1);
 }
 
-pub(crate) fn restored<T>(result: &Result<T, Status>, begun: Instant) {
-    let outcome = ate_tls::telemetry::outcome(result);
+pub(crate) fn restored(outcome: &'static str, begun: Instant) {
     metrics::counter!(RESTORES, "outcome" => outcome).increment(1);
     metrics::histogram!(RESTORE_SECONDS, "outcome" => outcome).record(seconds(begun));
 }
 
-pub(crate) fn checkpointed(result: &Result<Response<v1::CheckpointReply>, Status>, begun: Instant) {
-    let outcome = ate_tls::telemetry::outcome(result);
+/// `written`: the size of the generation a successful checkpoint wrote.
+pub(crate) fn checkpointed(outcome: &'static str, begun: Instant, written: Option<u64>) {
     metrics::counter!(CHECKPOINTS, "outcome" => outcome).increment(1);
     metrics::histogram!(CHECKPOINT_SECONDS, "outcome" => outcome).record(seconds(begun));
-    if let Ok(reply) = result
-        && let Some(snap) = &reply.get_ref().snapshot
-    {
-        metrics::counter!(SNAPSHOT_BYTES_WRITTEN).increment(snap.size_bytes);
+    if let Some(bytes) = written {
+        metrics::counter!(SNAPSHOT_BYTES_WRITTEN).increment(bytes);
     }
 }
 

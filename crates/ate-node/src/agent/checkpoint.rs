@@ -4,34 +4,30 @@
 
 use std::path::{Path, PathBuf};
 
-use ate_core::{DurableStatus, Fidelity};
-use ate_proto::v1;
+use ate_core::{ActorRef, DurableStatus};
 use ate_snapshot::UploadPriority;
-use tonic::Status;
 
-use super::{NodeAgent, obj_key};
+use super::types::{CheckpointRequest, Checkpointed};
+use super::{AgentError, NodeAgent};
+use crate::types::Snapshot;
+use crate::worker_client::Checkpoint;
 
 impl NodeAgent {
     pub(super) async fn checkpoint_inner(
         &self,
-        req: v1::CheckpointRequest,
-    ) -> Result<v1::CheckpointReply, Status> {
-        let workload = req
-            .workload
-            .ok_or_else(|| Status::invalid_argument("invalid workload: missing"))?;
-        let (atespace, name) = obj_key(&workload)?;
-        Fidelity::from_wire(req.fidelity).ok_or_else(|| {
-            Status::invalid_argument(format!("invalid fidelity: {}", req.fidelity))
-        })?;
+        req: CheckpointRequest,
+    ) -> Result<Checkpointed, AgentError> {
+        let workload = req.workload;
+        let actor = workload.actor.clone();
+        let (atespace, name) = (actor.atespace.clone(), actor.name.clone());
         let worker = self.worker(&workload.worker_id)?;
         let dir = self.generation_dir(&atespace, &name, req.generation, &req.uuid);
         let template = workload.template.clone();
         let sandbox_class = worker.info.sandbox_class.clone();
         let reply = worker
             .client
-            .clone()
-            .checkpoint(v1::WorkerCheckpointRequest {
-                workload: Some(workload),
+            .checkpoint(Checkpoint {
+                workload,
                 generation_dir: dir.display().to_string(),
                 fidelity: req.fidelity,
                 generation: req.generation,
@@ -40,12 +36,7 @@ impl NodeAgent {
                 boot_id: self.inner.fleet.boot_id.clone(),
                 grace_ms: req.grace_ms,
             })
-            .await?
-            .into_inner();
-        let actor = v1::ObjectRef {
-            atespace: atespace.clone(),
-            name: name.clone(),
-        };
+            .await?;
         let kept_frozen = reply.kept_frozen;
         {
             let key = format!("{atespace}/{name}");
@@ -57,7 +48,7 @@ impl NodeAgent {
             }
         }
         let parents = self.remember_dir(&format!("{atespace}/{name}"), dir.clone());
-        let mut snapshot = v1::Snapshot {
+        let mut snapshot = Snapshot {
             actor: Some(actor.clone()),
             generation: req.generation,
             uuid: req.uuid,
@@ -68,7 +59,7 @@ impl NodeAgent {
             boot_id: self.inner.fleet.boot_id.clone(),
             local_path: dir.display().to_string(),
             durable_uri: String::new(),
-            durable_status: DurableStatus::Pending.wire(),
+            durable_status: Some(DurableStatus::Pending),
             size_bytes: reply.size_bytes,
             checksum: reply.checksum,
             reason: reply.reason,
@@ -87,11 +78,11 @@ impl NodeAgent {
             {
                 Ok(uri) => {
                     snapshot.durable_uri = uri;
-                    snapshot.durable_status = DurableStatus::Completed.wire();
+                    snapshot.durable_status = Some(DurableStatus::Completed);
                 }
                 Err(e) => {
                     // The local generation is kept and usable; only the durable copy failed.
-                    snapshot.durable_status = DurableStatus::Failed.wire();
+                    snapshot.durable_status = Some(DurableStatus::Failed);
                     snapshot.reason = format!("durable upload failed: {e}");
                 }
             }
@@ -141,12 +132,12 @@ impl NodeAgent {
                     }
                 };
                 agent
-                    .report(actor, snap.generation, status, uri, reason)
+                    .report(&actor, snap.generation, status, uri, reason)
                     .await;
             });
         }
-        Ok(v1::CheckpointReply {
-            snapshot: Some(snapshot),
+        Ok(Checkpointed {
+            snapshot,
             epoch: reply.epoch,
             kept_frozen,
         })
@@ -158,7 +149,7 @@ impl NodeAgent {
         &self,
         atespace: &str,
         name: &str,
-        snap: &v1::Snapshot,
+        snap: &Snapshot,
         priority: UploadPriority,
         parents: &[PathBuf],
     ) -> Result<String, String> {
@@ -183,28 +174,20 @@ impl NodeAgent {
 
     async fn report(
         &self,
-        actor: v1::ObjectRef,
+        actor: &ActorRef,
         generation: u64,
         status: DurableStatus,
         uri: String,
         reason: String,
     ) {
-        let req = v1::ReportSnapshotRequest {
-            actor: Some(actor),
-            generation,
-            durable_status: status.wire(),
-            durable_uri: uri,
-            reason,
-        };
         if let Err(e) = self
             .inner
             .fleet
-            .fleet_api
-            .clone()
-            .report_snapshot(req)
+            .api
+            .report_snapshot(actor, generation, status, uri, reason)
             .await
         {
-            tracing::warn!(generation, error = %e.message(), "snapshot report to the api failed");
+            tracing::warn!(generation, error = %e.message, "snapshot report to the api failed");
         }
     }
 }
@@ -213,53 +196,32 @@ impl NodeAgent {
 mod tests {
     use super::*;
     use crate::agent::test_agent;
-    use tonic::Code;
+    use crate::types::Workload;
+    use ate_core::Fidelity;
 
     #[tokio::test]
-    async fn checkpoint_validates_before_calling_a_worker() {
+    async fn checkpoint_needs_a_running_worker() {
         let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("tempdir: {e}"));
         let agent = test_agent(dir.path()).await;
-        let workload = v1::Workload {
-            actor: Some(v1::ObjectRef {
-                atespace: "ns".into(),
-                name: "a".into(),
-            }),
-            worker_id: "w-1".into(),
-            ..Default::default()
-        };
-        let req = |workload: Option<v1::Workload>, fidelity: i32| v1::CheckpointRequest {
-            workload,
+        let req = CheckpointRequest {
+            workload: Workload {
+                actor: ActorRef::new("ns", "a"),
+                uid: String::new(),
+                template: String::new(),
+                spec: None,
+                worker_id: "w-1".into(),
+                activation: 0,
+            },
             generation: 1,
             uuid: "u-1".into(),
-            fidelity,
+            fidelity: Fidelity::Memory,
             durable: false,
             grace_ms: 0,
         };
-        let code_msg = |r: Result<v1::CheckpointReply, Status>| {
-            r.err().map(|s| (s.code(), s.message().to_string()))
-        };
-        let memory = Fidelity::Memory.wire();
-        assert_eq!(
-            code_msg(agent.checkpoint_inner(req(None, memory)).await),
-            Some((
-                Code::InvalidArgument,
-                "invalid workload: missing".to_string()
-            ))
-        );
-        assert_eq!(
-            code_msg(
-                agent
-                    .checkpoint_inner(req(Some(workload.clone()), 999))
-                    .await
-            ),
-            Some((Code::InvalidArgument, "invalid fidelity: 999".to_string()))
-        );
-        assert_eq!(
-            code_msg(agent.checkpoint_inner(req(Some(workload), memory)).await),
-            Some((
-                Code::Unavailable,
-                "worker w-1 is not running on node node-t".to_string()
-            ))
+        let err = agent.checkpoint_inner(req).await.err();
+        assert!(
+            matches!(&err, Some(AgentError::WorkerNotRunning { worker, node }) if worker == "w-1" && node == "node-t"),
+            "{err:?}"
         );
         // Nothing was remembered or written for a refused checkpoint.
         assert!(agent.inner.recent_dirs.lock().is_ok_and(|m| m.is_empty()));

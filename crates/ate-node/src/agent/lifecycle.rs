@@ -5,22 +5,22 @@
 
 use std::path::Path;
 
-use ate_core::DurableStatus;
-use ate_proto::v1;
+use ate_core::{ActorRef, DurableStatus};
 use ate_snapshot::UploadPriority;
-use tonic::Status;
 
 use super::logs::actor_log_path;
-use super::{NodeAgent, actor_key};
+use super::types::{OnWorker, StopRequest};
+use super::{AgentError, NodeAgent};
+use crate::types::Snapshot;
 
 impl NodeAgent {
+    /// Detach: uploads the actor's generations that have no durable copy yet, then drops the
+    /// node-local copies of the durable ones; returns the generations as they are now.
     pub(super) async fn detach_inner(
         &self,
-        req: v1::DetachRequest,
-    ) -> Result<v1::DetachReply, Status> {
-        let actor = req
-            .actor
-            .ok_or_else(|| Status::invalid_argument("invalid actor: missing"))?;
+        actor: &ActorRef,
+        snapshots: Vec<Snapshot>,
+    ) -> Result<Vec<Snapshot>, AgentError> {
         let mut out = Vec::new();
         let parents = self
             .inner
@@ -30,8 +30,8 @@ impl NodeAgent {
             .get(&format!("{}/{}", actor.atespace, actor.name))
             .cloned()
             .unwrap_or_default();
-        for mut snap in req.snapshots {
-            if snap.durable_status != DurableStatus::Completed.wire() {
+        for mut snap in snapshots {
+            if snap.durable_status != Some(DurableStatus::Completed) {
                 match self
                     .upload(
                         &actor.atespace,
@@ -44,10 +44,10 @@ impl NodeAgent {
                 {
                     Ok(uri) => {
                         snap.durable_uri = uri;
-                        snap.durable_status = DurableStatus::Completed.wire();
+                        snap.durable_status = Some(DurableStatus::Completed);
                     }
                     Err(e) => {
-                        snap.durable_status = DurableStatus::Failed.wire();
+                        snap.durable_status = Some(DurableStatus::Failed);
                         snap.reason = format!("durable upload failed: {e}");
                         out.push(snap);
                         continue;
@@ -61,31 +61,22 @@ impl NodeAgent {
             snap.local_path.clear();
             out.push(snap);
         }
-        Ok(v1::DetachReply { snapshots: out })
+        Ok(out)
     }
 
-    pub(super) async fn stop_inner(&self, req: v1::StopRequest) -> Result<v1::NodeReply, Status> {
+    pub(super) async fn stop_inner(&self, req: StopRequest) -> Result<OnWorker, AgentError> {
         let worker = self.worker(&req.worker_id)?;
         if let Some(actor) = &req.actor {
             self.forget_frozen(actor, &req.worker_id).await;
         }
-        let reply = worker
-            .client
-            .clone()
-            .stop(v1::WorkerStopRequest {
-                actor: req.actor,
-                activation_at_most: 0,
-            })
-            .await?
-            .into_inner();
-        Ok(Self::reply(&worker, reply.epoch))
+        let epoch = worker.client.clone().stop(req.actor.as_ref(), 0).await?;
+        Ok(Self::reply(&worker, epoch))
     }
 
-    pub(super) async fn forget_actor_inner(
-        &self,
-        req: v1::ForgetActorRequest,
-    ) -> Result<v1::ForgetActorReply, Status> {
-        let (atespace, name) = actor_key(req.actor.as_ref())?;
+    /// ForgetActor: removes the deleted actor's log unless a sandbox of that name still runs
+    /// on this node; returns whether the log was removed.
+    pub(super) async fn forget_actor_inner(&self, actor: &ActorRef) -> Result<bool, AgentError> {
+        let (atespace, name) = (actor.atespace.as_str(), actor.name.as_str());
         let state = &self.inner.cfg.state_dir;
         // A sandbox of that name still running here (a re-created actor, or a copy the api
         // gave up on) keeps writing the log: it stays.
@@ -94,32 +85,33 @@ impl NodeAgent {
             .unwrap_or_default();
         if workers
             .iter()
-            .any(|w| ate_worker::sandbox_alive(&w.join("actors"), &atespace, &name))
+            .any(|w| ate_worker::sandbox_alive(&w.join("actors"), atespace, name))
         {
-            return Ok(v1::ForgetActorReply { log_removed: false });
+            return Ok(false);
         }
-        let path = actor_log_path(state, &atespace, &name);
+        let path = actor_log_path(state, atespace, name);
         let removed = match tokio::fs::remove_file(&path).await {
             Ok(()) => true,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => false,
             Err(e) => {
-                return Err(Status::internal(format!(
-                    "cannot remove {}: {e}",
-                    path.display()
-                )));
+                return Err(AgentError::LocalFile {
+                    verb: "remove",
+                    path: path.display().to_string(),
+                    source: e,
+                });
             }
         };
-        tracing::info!(actor = %format!("{atespace}/{name}"), log_removed = removed, "deleted actor forgotten");
-        Ok(v1::ForgetActorReply {
-            log_removed: removed,
-        })
+        tracing::info!(actor = %actor, log_removed = removed, "deleted actor forgotten");
+        Ok(removed)
     }
 
+    /// DeleteSnapshots: this node's directories of the generations (under its own snapshot
+    /// root), their quarantined copies, and their durable copies.
     pub(super) async fn delete_snapshots_inner(
         &self,
-        req: v1::DeleteSnapshotsRequest,
-    ) -> Result<v1::DeleteSnapshotsReply, Status> {
-        for snap in req.snapshots {
+        snapshots: Vec<Snapshot>,
+    ) -> Result<(), AgentError> {
+        for snap in snapshots {
             let root = self.inner.cfg.snapshots_dir();
             // Only directories this node wrote, under its own snapshot root.
             if !snap.local_path.is_empty()
@@ -128,10 +120,11 @@ impl NodeAgent {
                 && let Err(e) = tokio::fs::remove_dir_all(&snap.local_path).await
                 && e.kind() != std::io::ErrorKind::NotFound
             {
-                return Err(Status::internal(format!(
-                    "cannot delete {}: {e}",
-                    snap.local_path
-                )));
+                return Err(AgentError::LocalFile {
+                    verb: "delete",
+                    path: snap.local_path,
+                    source: e,
+                });
             }
             if !snap.local_path.is_empty()
                 && snap.node == self.inner.cfg.name
@@ -144,20 +137,21 @@ impl NodeAgent {
                     .durable
                     .delete(&snap.durable_uri)
                     .await
-                    .map_err(|e| {
-                        Status::unavailable(format!("cannot delete {}: {e}", snap.durable_uri))
+                    .map_err(|e| AgentError::DeleteDurable {
+                        uri: snap.durable_uri.clone(),
+                        error: e.to_string(),
                     })?;
             }
         }
         tracing::debug!(store = %self.inner.durable_url, "snapshots deleted");
-        Ok(v1::DeleteSnapshotsReply {})
+        Ok(())
     }
 
     /// The actor is starting on `worker_id`: a frozen copy of it on another worker of this node
     /// is stale now and is stopped first (it holds the actor's netns and cgroup names, which
     /// the new sandbox takes).
-    pub(super) async fn forget_frozen(&self, actor: &v1::ObjectRef, worker_id: &str) {
-        let key = format!("{}/{}", actor.atespace, actor.name);
+    pub(super) async fn forget_frozen(&self, actor: &ActorRef, worker_id: &str) {
+        let key = actor.to_string();
         let Some(holder) = self.frozen_on().remove(&key) else {
             return;
         };
@@ -167,12 +161,8 @@ impl NodeAgent {
         let Some(worker) = self.inner.fleet.worker(&holder) else {
             return;
         };
-        let req = v1::WorkerStopRequest {
-            actor: Some(actor.clone()),
-            activation_at_most: 0,
-        };
-        if let Err(e) = worker.client.clone().stop(req).await {
-            tracing::warn!(actor = %key, worker = %holder, error = %e.message(), "stopping a stale frozen copy");
+        if let Err(e) = worker.client.clone().stop(Some(actor), 0).await {
+            tracing::warn!(actor = %key, worker = %holder, error = %e.message, "stopping a stale frozen copy");
         }
     }
 }
@@ -194,7 +184,6 @@ async fn remove_quarantined(gen_dir: &Path) {
 mod tests {
     use super::*;
     use crate::agent::test_agent;
-    use tonic::Code;
 
     fn tempdir() -> tempfile::TempDir {
         tempfile::tempdir().unwrap_or_else(|e| panic!("tempdir: {e}"))
@@ -209,12 +198,12 @@ mod tests {
         ate_snapshot::quarantine_path(dir).unwrap_or_else(|e| panic!("quarantine_path: {e}"))
     }
 
-    fn snap(node: &str, local: &Path, status: DurableStatus) -> v1::Snapshot {
-        v1::Snapshot {
+    fn snap(node: &str, local: &Path, status: DurableStatus) -> Snapshot {
+        Snapshot {
             generation: 1,
             node: node.into(),
             local_path: local.display().to_string(),
-            durable_status: status.wire(),
+            durable_status: Some(status),
             ..Default::default()
         }
     }
@@ -246,15 +235,13 @@ mod tests {
         }
         mkdir(&aside(&ours));
         let gone = root.join("4-ddd");
-        let req = v1::DeleteSnapshotsRequest {
-            snapshots: vec![
-                snap("node-t", &ours, DurableStatus::Pending),
-                snap("node-2", &other_node, DurableStatus::Pending),
-                snap("node-t", &outside, DurableStatus::Pending),
-                // Already gone: not an error.
-                snap("node-t", &gone, DurableStatus::Pending),
-            ],
-        };
+        let req = vec![
+            snap("node-t", &ours, DurableStatus::Pending),
+            snap("node-2", &other_node, DurableStatus::Pending),
+            snap("node-t", &outside, DurableStatus::Pending),
+            // Already gone: not an error.
+            snap("node-t", &gone, DurableStatus::Pending),
+        ];
         let reply = agent.delete_snapshots_inner(req).await;
         assert!(reply.is_ok(), "{reply:?}");
         assert!(!ours.exists());
@@ -275,32 +262,20 @@ mod tests {
         mkdir(&other_node);
         let mut theirs = snap("node-2", &other_node, DurableStatus::Completed);
         theirs.generation = 2;
-        let req = v1::DetachRequest {
-            actor: Some(v1::ObjectRef {
-                atespace: "ns".into(),
-                name: "a".into(),
-            }),
-            snapshots: vec![snap("node-t", &ours, DurableStatus::Completed), theirs],
-        };
+        let snapshots = vec![snap("node-t", &ours, DurableStatus::Completed), theirs];
         let reply = agent
-            .detach_inner(req)
+            .detach_inner(&ActorRef::new("ns", "a"), snapshots)
             .await
             .unwrap_or_else(|e| panic!("detach: {e}"));
-        assert_eq!(reply.snapshots.len(), 2);
-        for s in &reply.snapshots {
+        assert_eq!(reply.len(), 2);
+        for s in &reply {
             assert!(s.local_path.is_empty(), "{s:?}");
-            assert_eq!(s.durable_status, DurableStatus::Completed.wire());
+            assert_eq!(s.durable_status, Some(DurableStatus::Completed));
         }
         assert!(!ours.exists());
         assert!(!aside(&ours).exists());
         // Another node's directory is that node's to delete.
         assert!(other_node.join("f").is_file());
-
-        let missing = agent.detach_inner(v1::DetachRequest::default()).await.err();
-        assert_eq!(
-            missing.map(|s| (s.code(), s.message().to_string())),
-            Some((Code::InvalidArgument, "invalid actor: missing".to_string()))
-        );
     }
 
     #[tokio::test]
@@ -310,22 +285,12 @@ mod tests {
         let log = actor_log_path(dir.path(), "ns", "a");
         mkdir(log.parent().unwrap_or(dir.path()));
         std::fs::write(&log, b"out\n").unwrap_or_else(|e| panic!("write: {e}"));
-        let req = || v1::ForgetActorRequest {
-            actor: Some(v1::ObjectRef {
-                atespace: "ns".into(),
-                name: "a".into(),
-            }),
-        };
-        let first = agent.forget_actor_inner(req()).await.ok();
-        assert_eq!(first, Some(v1::ForgetActorReply { log_removed: true }));
+        let actor = ActorRef::new("ns", "a");
+        let first = agent.forget_actor_inner(&actor).await.ok();
+        assert_eq!(first, Some(true));
         assert!(!log.exists());
-        let second = agent.forget_actor_inner(req()).await.ok();
-        assert_eq!(second, Some(v1::ForgetActorReply { log_removed: false }));
-        let bad = agent
-            .forget_actor_inner(v1::ForgetActorRequest { actor: None })
-            .await
-            .err();
-        assert_eq!(bad.map(|s| s.code()), Some(Code::InvalidArgument));
+        let second = agent.forget_actor_inner(&actor).await.ok();
+        assert_eq!(second, Some(false));
     }
 
     #[tokio::test]
@@ -333,18 +298,15 @@ mod tests {
         let dir = tempdir();
         let agent = test_agent(dir.path()).await;
         let err = agent
-            .stop_inner(v1::StopRequest {
+            .stop_inner(StopRequest {
                 actor: None,
                 worker_id: "w-9".into(),
             })
             .await
             .err();
         assert_eq!(
-            err.map(|s| (s.code(), s.message().to_string())),
-            Some((
-                Code::Unavailable,
-                "worker w-9 is not running on node node-t".to_string()
-            ))
+            err.map(|e| e.to_string()).as_deref(),
+            Some("worker w-9 is not running on node node-t")
         );
     }
 }

@@ -1,31 +1,37 @@
 //! NodeService on top of the node's workers and its snapshot store.
 //!
 //! This file holds [`NodeAgent`] (its state, construction, `serve`) and what the verbs share
-//! (the worker lookup, the actor keys, the generation directories and delta parents, the
-//! frozen-copy map); `service` is the `NodeService` impl, a thin adapter over the verbs, each
-//! family in a file of its own: `start` (Run, Restore and the downloads they need), `checkpoint`
-//! (Checkpoint, durable uploads and their reports), `lifecycle` (Detach, Stop, ForgetActor,
-//! DeleteSnapshots, stale frozen copies) and `logs` (ReadLog).
+//! (the worker lookup, the generation directories and delta parents, the frozen-copy map);
+//! `service` is the `NodeService` impl and the gRPC server, a thin adapter over the verbs (with
+//! `convert`, the only code here that sees wire messages), each family in a file of its own:
+//! `start` (Run, Restore and the downloads they need), `checkpoint` (Checkpoint, durable
+//! uploads and their reports), `lifecycle` (Detach, Stop, ForgetActor, DeleteSnapshots, stale
+//! frozen copies) and `logs` (ReadLog). The verbs take and return the node's own types
+//! (`types`) and fail with an [`AgentError`].
 
 mod checkpoint;
+mod convert;
+mod error;
 mod lifecycle;
 mod logs;
 mod service;
 mod start;
+pub mod types;
+
+pub use error::AgentError;
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::Duration;
 
-use ate_proto::v1::{self, node_service_server::NodeServiceServer};
 use ate_snapshot::DurableStore;
 use tokio::sync::Mutex as AsyncMutex;
-use tonic::Status;
 
+use crate::api_client::ApiClient;
 use crate::fleet::{Fleet, WorkerHandle};
 use crate::{NodeConfig, NodeError};
+use types::OnWorker;
 
 #[derive(Clone)]
 pub struct NodeAgent {
@@ -62,28 +68,6 @@ const MAX_ACTORS_REMEMBERED: usize = 100_000;
 /// Concurrent background uploads per node.
 const BACKGROUND_UPLOADS: usize = 2;
 
-/// `(atespace, name)` of a request's actor, validated.
-fn actor_key(a: Option<&v1::ObjectRef>) -> Result<(String, String), Status> {
-    let a = a.ok_or_else(|| Status::invalid_argument("invalid actor: missing"))?;
-    ate_core::validate_label("actor.atespace", &a.atespace)
-        .map_err(|e| Status::invalid_argument(e.to_string()))?;
-    ate_core::validate_label("actor.name", &a.name)
-        .map_err(|e| Status::invalid_argument(e.to_string()))?;
-    Ok((a.atespace.clone(), a.name.clone()))
-}
-
-fn obj_key(w: &v1::Workload) -> Result<(String, String), Status> {
-    let a = w
-        .actor
-        .as_ref()
-        .ok_or_else(|| Status::invalid_argument("invalid workload.actor: missing"))?;
-    ate_core::validate_label("workload.actor.atespace", &a.atespace)
-        .map_err(|e| Status::invalid_argument(e.to_string()))?;
-    ate_core::validate_label("workload.actor.name", &a.name)
-        .map_err(|e| Status::invalid_argument(e.to_string()))?;
-    Ok((a.atespace.clone(), a.name.clone()))
-}
-
 impl NodeAgent {
     pub async fn new(cfg: NodeConfig, bound: SocketAddr) -> Result<Self, NodeError> {
         let durable_url = cfg.durable_url();
@@ -108,21 +92,15 @@ impl NodeAgent {
             None => None,
         };
         // `--api` may list several replicas: the node fails over between them.
-        let channel = ate_tls::replicas_channel_lazy(
-            &cfg.api,
-            client_tls,
-            Duration::from_secs(2),
-            // No call of the node's loops may hang on an api that stopped answering.
-            |e| e.timeout(Duration::from_secs(30)),
-        )
-        .map_err(|e| NodeError::Config(format!("bad --api {:?}: {e}", cfg.api)))?;
+        let api = ApiClient::connect_lazy(&cfg.api, client_tls)
+            .map_err(|e| NodeError::Config(format!("bad --api {:?}: {e}", cfg.api)))?;
         let advertise = cfg.advertise.clone().unwrap_or_else(|| bound.to_string());
         let fleet = Arc::new(Fleet::new(
             cfg.name.clone(),
             advertise,
             crate::boot_id(),
             cfg.workers_dir(),
-            channel,
+            api,
         ));
         Ok(Self {
             inner: Arc::new(Inner {
@@ -202,27 +180,7 @@ impl NodeAgent {
             }
             None => None,
         };
-        let router = tonic::transport::Server::builder()
-            .tcp_nodelay(true)
-            .add_service(NodeServiceServer::new(self));
-        let result = match server_tls {
-            Some(server) => {
-                router
-                    .serve_with_incoming_shutdown(
-                        ate_tls::TlsIncoming::new(listener, server)?,
-                        stopped,
-                    )
-                    .await
-            }
-            None => {
-                router
-                    .serve_with_incoming_shutdown(
-                        tokio_stream::wrappers::TcpListenerStream::new(listener),
-                        stopped,
-                    )
-                    .await
-            }
-        };
+        let result = service::serve_grpc(self, listener, server_tls, stopped).await;
         loops.abort();
         if let Some(sweeper) = sweeper {
             sweeper.abort();
@@ -230,16 +188,17 @@ impl NodeAgent {
         if let Some(evictor) = evictor {
             evictor.abort();
         }
-        result.map_err(NodeError::from)
+        result
     }
 
-    fn worker(&self, id: &str) -> Result<WorkerHandle, Status> {
-        self.inner.fleet.worker(id).ok_or_else(|| {
-            Status::unavailable(format!(
-                "worker {id} is not running on node {}",
-                self.inner.cfg.name
-            ))
-        })
+    fn worker(&self, id: &str) -> Result<WorkerHandle, AgentError> {
+        self.inner
+            .fleet
+            .worker(id)
+            .ok_or_else(|| AgentError::WorkerNotRunning {
+                worker: id.to_string(),
+                node: self.inner.cfg.name.clone(),
+            })
     }
 
     /// Records `dir` as the actor's newest generation directory on this node and returns the
@@ -302,8 +261,8 @@ impl NodeAgent {
         }
     }
 
-    fn reply(worker: &WorkerHandle, epoch: u64) -> v1::NodeReply {
-        v1::NodeReply {
+    fn reply(worker: &WorkerHandle, epoch: u64) -> OnWorker {
+        OnWorker {
             worker_id: worker.info.worker_id.clone(),
             epoch,
             addresses: worker.info.addresses.clone(),
@@ -344,84 +303,6 @@ pub(super) async fn test_agent(state: &std::path::Path) -> NodeAgent {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use tonic::Code;
-
-    fn obj(atespace: &str, name: &str) -> v1::ObjectRef {
-        v1::ObjectRef {
-            atespace: atespace.into(),
-            name: name.into(),
-        }
-    }
-
-    #[test]
-    fn actor_key_validates_the_actor() {
-        assert_eq!(
-            actor_key(Some(&obj("ns-1", "counter-1"))).ok(),
-            Some(("ns-1".to_string(), "counter-1".to_string()))
-        );
-        let missing = actor_key(None)
-            .err()
-            .map(|s| (s.code(), s.message().to_string()));
-        assert_eq!(
-            missing,
-            Some((Code::InvalidArgument, "invalid actor: missing".to_string()))
-        );
-        for (atespace, name, field) in [
-            ("", "a", "actor.atespace"),
-            ("Bad_Space", "a", "actor.atespace"),
-            ("ns", "", "actor.name"),
-            ("ns", "../etc", "actor.name"),
-        ] {
-            let err = actor_key(Some(&obj(atespace, name)))
-                .err()
-                .unwrap_or_else(|| panic!("{atespace:?}/{name:?} accepted"));
-            assert_eq!(err.code(), Code::InvalidArgument, "{atespace:?}/{name:?}");
-            assert!(
-                err.message().contains(field),
-                "{atespace:?}/{name:?}: {}",
-                err.message()
-            );
-        }
-    }
-
-    #[test]
-    fn obj_key_validates_the_workloads_actor() {
-        let mut w = v1::Workload {
-            actor: Some(obj("ns", "a-1")),
-            ..Default::default()
-        };
-        assert_eq!(
-            obj_key(&w).ok(),
-            Some(("ns".to_string(), "a-1".to_string()))
-        );
-        w.actor = Some(obj("ns", "A/1"));
-        let err = obj_key(&w)
-            .err()
-            .map(|s| (s.code(), s.message().to_string()));
-        assert!(
-            matches!(&err, Some((Code::InvalidArgument, m)) if m.contains("workload.actor.name")),
-            "{err:?}"
-        );
-        w.actor = Some(obj("NS", "a"));
-        let err = obj_key(&w)
-            .err()
-            .map(|s| (s.code(), s.message().to_string()));
-        assert!(
-            matches!(&err, Some((Code::InvalidArgument, m)) if m.contains("workload.actor.atespace")),
-            "{err:?}"
-        );
-        w.actor = None;
-        let err = obj_key(&w)
-            .err()
-            .map(|s| (s.code(), s.message().to_string()));
-        assert_eq!(
-            err,
-            Some((
-                Code::InvalidArgument,
-                "invalid workload.actor: missing".to_string()
-            ))
-        );
-    }
 
     #[tokio::test]
     async fn generation_dir_keeps_twelve_alphanumerics_of_the_uuid() {
@@ -464,16 +345,14 @@ mod tests {
     async fn worker_unknown_to_the_fleet_is_unavailable() {
         let tmp = tempfile::tempdir().unwrap_or_else(|e| panic!("tempdir: {e}"));
         let agent = test_agent(tmp.path()).await;
-        let err = agent
-            .worker("w-1")
-            .err()
-            .map(|s| (s.code(), s.message().to_string()));
+        let err = agent.worker("w-1").err();
+        assert!(
+            matches!(&err, Some(AgentError::WorkerNotRunning { worker, node }) if worker == "w-1" && node == "node-t"),
+            "{err:?}"
+        );
         assert_eq!(
-            err,
-            Some((
-                Code::Unavailable,
-                "worker w-1 is not running on node node-t".to_string()
-            ))
+            err.map(|e| e.to_string()).as_deref(),
+            Some("worker w-1 is not running on node node-t")
         );
     }
 }

@@ -1,12 +1,20 @@
-//! The `NodeService` impl: a thin adapter that takes each call's message (and, for Run and
-//! Restore, the request id and trace context of its metadata), calls the verb on [`NodeAgent`]
-//! and wraps the reply; Run, Restore and Checkpoint also record their metrics here.
+//! The `NodeService` impl: a thin adapter that decodes each call's message into the verb's
+//! types (`convert.rs`; for Run and Restore also the request id and trace context of its
+//! metadata), calls the verb on [`NodeAgent`], and encodes its reply or maps its
+//! [`AgentError`](super::AgentError) to a status; Run, Restore and Checkpoint also record their
+//! metrics here. The gRPC server itself ([`serve_grpc`]) is started here too.
 
-use ate_proto::v1::{self, node_service_server::NodeService};
+use std::sync::Arc;
+
+use ate_proto::v1::{
+    self,
+    node_service_server::{NodeService, NodeServiceServer},
+};
 use tonic::{Request, Response, Status};
 use tracing::Instrument;
 
-use super::NodeAgent;
+use super::{NodeAgent, convert};
+use crate::NodeError;
 
 #[tonic::async_trait]
 impl NodeService for NodeAgent {
@@ -14,12 +22,15 @@ impl NodeService for NodeAgent {
         let span = start_span("run", &req, req.get_ref().workload.as_ref());
         // Passed on to the worker's Start, as the api passed it here.
         let request_id = ate_proto::request_id::of(&req).map(str::to_owned);
-        let result = self
-            .run_inner(request_id.as_deref(), req.into_inner())
-            .instrument(span)
-            .await
-            .map(Response::new);
-        crate::metrics::ran(&result);
+        let result = async {
+            let workload = convert::run(req.into_inner())?;
+            self.run_inner(request_id.as_deref(), workload).await
+        }
+        .instrument(span)
+        .await
+        .map(|r| Response::new(convert::node_reply(r)))
+        .map_err(|e| convert::status(&e));
+        crate::metrics::ran(ate_tls::telemetry::outcome(&result));
         result
     }
 
@@ -31,12 +42,15 @@ impl NodeService for NodeAgent {
         let span = start_span("restore", &req, req.get_ref().workload.as_ref());
         // Passed on to the worker's Start, as the api passed it here.
         let request_id = ate_proto::request_id::of(&req).map(str::to_owned);
-        let result = self
-            .restore_inner(request_id.as_deref(), req.into_inner())
-            .instrument(span)
-            .await
-            .map(Response::new);
-        crate::metrics::restored(&result, begun);
+        let result = async {
+            let restore = convert::restore(req.into_inner())?;
+            self.restore_inner(request_id.as_deref(), restore).await
+        }
+        .instrument(span)
+        .await
+        .map(|r| Response::new(convert::node_reply(r)))
+        .map_err(|e| convert::status(&e));
+        crate::metrics::restored(ate_tls::telemetry::outcome(&result), begun);
         result
     }
 
@@ -45,11 +59,15 @@ impl NodeService for NodeAgent {
         req: Request<v1::CheckpointRequest>,
     ) -> Result<Response<v1::CheckpointReply>, Status> {
         let begun = std::time::Instant::now();
-        let result = self
-            .checkpoint_inner(req.into_inner())
-            .await
-            .map(Response::new);
-        crate::metrics::checkpointed(&result, begun);
+        let result = match convert::checkpoint(req.into_inner()) {
+            Ok(checkpoint) => self.checkpoint_inner(checkpoint).await,
+            Err(e) => Err(e),
+        };
+        let written = result.as_ref().ok().map(|c| c.snapshot.size_bytes);
+        let result = result
+            .map(|c| Response::new(convert::checkpoint_reply(c)))
+            .map_err(|e| convert::status(&e));
+        crate::metrics::checkpointed(ate_tls::telemetry::outcome(&result), begun, written);
         result
     }
 
@@ -57,38 +75,56 @@ impl NodeService for NodeAgent {
         &self,
         req: Request<v1::DetachRequest>,
     ) -> Result<Response<v1::DetachReply>, Status> {
-        self.detach_inner(req.into_inner()).await.map(Response::new)
+        let result = match convert::detach(req.into_inner()) {
+            Ok((actor, snapshots)) => self.detach_inner(&actor, snapshots).await,
+            Err(e) => Err(e),
+        };
+        result
+            .map(|s| Response::new(convert::detach_reply(s)))
+            .map_err(|e| convert::status(&e))
     }
 
     async fn stop(&self, req: Request<v1::StopRequest>) -> Result<Response<v1::NodeReply>, Status> {
-        self.stop_inner(req.into_inner()).await.map(Response::new)
+        self.stop_inner(convert::stop(req.into_inner()))
+            .await
+            .map(|r| Response::new(convert::node_reply(r)))
+            .map_err(|e| convert::status(&e))
     }
 
     async fn forget_actor(
         &self,
         req: Request<v1::ForgetActorRequest>,
     ) -> Result<Response<v1::ForgetActorReply>, Status> {
-        self.forget_actor_inner(req.into_inner())
-            .await
-            .map(Response::new)
+        let result = match convert::actor(req.into_inner().actor) {
+            Ok(actor) => self.forget_actor_inner(&actor).await,
+            Err(e) => Err(e),
+        };
+        result
+            .map(|log_removed| Response::new(v1::ForgetActorReply { log_removed }))
+            .map_err(|e| convert::status(&e))
     }
 
     async fn read_log(
         &self,
         req: Request<v1::ReadLogRequest>,
     ) -> Result<Response<v1::ReadLogReply>, Status> {
-        self.read_log_inner(req.into_inner())
-            .await
-            .map(Response::new)
+        let result = match convert::read_log(req.into_inner()) {
+            Ok(read) => self.read_log_inner(read).await,
+            Err(e) => Err(e),
+        };
+        result
+            .map(|p| Response::new(convert::read_log_reply(p)))
+            .map_err(|e| convert::status(&e))
     }
 
     async fn delete_snapshots(
         &self,
         req: Request<v1::DeleteSnapshotsRequest>,
     ) -> Result<Response<v1::DeleteSnapshotsReply>, Status> {
-        self.delete_snapshots_inner(req.into_inner())
+        self.delete_snapshots_inner(convert::snapshots(req.into_inner().snapshots))
             .await
-            .map(Response::new)
+            .map(|()| Response::new(v1::DeleteSnapshotsReply {}))
+            .map_err(|e| convert::status(&e))
     }
 }
 
@@ -109,4 +145,32 @@ fn start_span<T>(call: &str, req: &Request<T>, workload: Option<&v1::Workload>) 
     );
     ate_tls::trace_context::continue_grpc(&span, req);
     span
+}
+
+/// Serves NodeService on `listener` (with TLS when `server_tls` is given) until `stopped`.
+pub(super) async fn serve_grpc(
+    agent: NodeAgent,
+    listener: tokio::net::TcpListener,
+    server_tls: Option<Arc<ate_tls::rustls::ServerConfig>>,
+    stopped: impl Future<Output = ()>,
+) -> Result<(), NodeError> {
+    let router = tonic::transport::Server::builder()
+        .tcp_nodelay(true)
+        .add_service(NodeServiceServer::new(agent));
+    let result = match server_tls {
+        Some(server) => {
+            router
+                .serve_with_incoming_shutdown(ate_tls::TlsIncoming::new(listener, server)?, stopped)
+                .await
+        }
+        None => {
+            router
+                .serve_with_incoming_shutdown(
+                    tokio_stream::wrappers::TcpListenerStream::new(listener),
+                    stopped,
+                )
+                .await
+        }
+    };
+    result.map_err(NodeError::from)
 }

@@ -5,68 +5,60 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use ate_core::template::MemoryRestore;
 use ate_core::{DurableStatus, Fidelity};
-use ate_proto::v1::{self, worker_service_client::WorkerServiceClient};
 use tokio::sync::Mutex as AsyncMutex;
-use tonic::{Response, Status};
 use tracing::Instrument;
 
-use super::{NodeAgent, obj_key};
+use super::types::{OnWorker, RestoreRequest};
+use super::{AgentError, NodeAgent};
+use crate::types::{CallCode, CallError, Snapshot, Workload};
+use crate::worker_client::Start;
 
 impl NodeAgent {
+    /// Run: a cold boot of the workload on its worker.
     pub(super) async fn run_inner(
         &self,
         request_id: Option<&str>,
-        req: v1::RunRequest,
-    ) -> Result<v1::NodeReply, Status> {
+        workload: Workload,
+    ) -> Result<OnWorker, AgentError> {
         let begun = std::time::Instant::now();
-        let workload = req
-            .workload
-            .ok_or_else(|| Status::invalid_argument("invalid workload: missing"))?;
-        let (atespace, name) = obj_key(&workload)?;
+        let actor = workload.actor.clone();
         let worker = self.worker(&workload.worker_id)?;
-        if let Some(actor) = &workload.actor {
-            self.forget_frozen(actor, &workload.worker_id).await;
-        }
-        let start = v1::WorkerStartRequest {
-            workload: Some(workload),
-            generation_dir: String::new(),
-            fidelity: 0,
+        self.forget_frozen(&actor, &workload.worker_id).await;
+        let start = Start {
+            workload,
+            generation_dir: None,
+            fidelity: None,
         };
-        let reply = worker_start(worker.client.clone(), start, request_id)
-            .await?
-            .into_inner();
-        tracing::info!(actor = %format!("{atespace}/{name}"), worker = %worker.info.worker_id, ms = begun.elapsed().as_millis() as u64, "actor started (cold boot)");
-        Ok(Self::reply(&worker, reply.epoch))
+        let epoch = worker.client.start(start, request_id).await?;
+        tracing::info!(actor = %actor, worker = %worker.info.worker_id, ms = begun.elapsed().as_millis() as u64, "actor started (cold boot)");
+        Ok(Self::reply(&worker, epoch))
     }
 
+    /// Restore: the worker's Start from the generation's node-local copy, or from its durable
+    /// copy (downloaded whole, or for a lazy restore).
     pub(super) async fn restore_inner(
         &self,
         request_id: Option<&str>,
-        req: v1::RestoreRequest,
-    ) -> Result<v1::NodeReply, Status> {
+        req: RestoreRequest,
+    ) -> Result<OnWorker, AgentError> {
         let begun = std::time::Instant::now();
-        let workload = req
-            .workload
-            .ok_or_else(|| Status::invalid_argument("invalid workload: missing"))?;
-        let (atespace, name) = obj_key(&workload)?;
-        let snap = req
-            .snapshot
-            .ok_or_else(|| Status::invalid_argument("invalid snapshot: missing"))?;
-        Fidelity::from_wire(req.fidelity).ok_or_else(|| {
-            Status::invalid_argument(format!("invalid fidelity: {}", req.fidelity))
-        })?;
+        let RestoreRequest {
+            workload,
+            snapshot: snap,
+            fidelity,
+        } = req;
+        let actor = workload.actor.clone();
         let worker = self.worker(&workload.worker_id)?;
-        if let Some(actor) = &workload.actor {
-            self.forget_frozen(actor, &workload.worker_id).await;
-        }
+        self.forget_frozen(&actor, &workload.worker_id).await;
         let start = |dir: &Path| {
-            let start = v1::WorkerStartRequest {
-                workload: Some(workload.clone()),
-                generation_dir: dir.display().to_string(),
-                fidelity: req.fidelity,
+            let start = Start {
+                workload: workload.clone(),
+                generation_dir: Some(dir.display().to_string()),
+                fidelity: Some(fidelity),
             };
-            worker_start(worker.client.clone(), start, request_id)
+            worker.client.start(start, request_id)
         };
         // Fetching the generation from the durable store, when the node has no usable copy.
         let download = |kind: &'static str| {
@@ -75,28 +67,31 @@ impl NodeAgent {
         // Memory on demand from the durable copy when the worker restores lazily and the
         // template does not ask for eager restores; else the whole generation first.
         let lazy = worker.info.can_restore_lazily
-            && Fidelity::from_wire(req.fidelity) == Some(Fidelity::Memory)
+            && fidelity == Fidelity::Memory
             && !workload
                 .spec
                 .as_ref()
-                .is_some_and(|s| s.eager_memory_restore);
-        let (reply, from, dir) = match self.local_copy(&snap) {
+                .is_some_and(|s| s.memory_restore == MemoryRestore::Eager);
+        let (epoch, from, dir) = match self.local_copy(&snap) {
             None if lazy => {
                 let fetched = self
                     .fetch_for_lazy_restore(&snap)
                     .instrument(download("lazy"))
                     .await;
                 let started = match fetched {
-                    Ok(dir) => start(&dir).await.map(|r| (r, dir)),
+                    Ok(dir) => start(&dir)
+                        .await
+                        .map(|epoch| (epoch, dir))
+                        .map_err(AgentError::from),
                     Err(e) => Err(e),
                 };
                 match started {
-                    Ok((reply, dir)) => (reply, "durable copy, memory on demand", dir),
+                    Ok((epoch, dir)) => (epoch, "durable copy, memory on demand", dir),
                     Err(e) if says_nothing_about_the_generation(&e) => {
                         return Err(e);
                     }
                     Err(e) => {
-                        tracing::warn!(actor = %format!("{atespace}/{name}"), generation = snap.generation, error = %e.message(), "lazy restore from the durable copy refused; fetching the whole generation");
+                        tracing::warn!(actor = %actor, generation = snap.generation, error = %e, "lazy restore from the durable copy refused; fetching the whole generation");
                         let dir = self.fetch(&snap).instrument(download("whole")).await?;
                         (
                             start(&dir).await?,
@@ -111,7 +106,7 @@ impl NodeAgent {
                 (start(&dir).await?, "durable copy", dir)
             }
             Some(local) => match start(&local).await {
-                Ok(reply) => (reply, "node-local copy", local),
+                Ok(epoch) => (epoch, "node-local copy", local),
                 Err(refused) => {
                     let dir = self
                         .replace_damaged_local(&snap, &local, refused)
@@ -125,14 +120,14 @@ impl NodeAgent {
                 }
             },
         };
-        self.remember_dir(&format!("{atespace}/{name}"), dir);
-        tracing::info!(actor = %format!("{atespace}/{name}"), worker = %worker.info.worker_id, generation = snap.generation, from, ms = begun.elapsed().as_millis() as u64, "actor restored");
-        Ok(Self::reply(&worker, reply.into_inner().epoch))
+        self.remember_dir(&actor.to_string(), dir);
+        tracing::info!(actor = %actor, worker = %worker.info.worker_id, generation = snap.generation, from, ms = begun.elapsed().as_millis() as u64, "actor restored");
+        Ok(Self::reply(&worker, epoch))
     }
 
     /// The node-local copy of the generation, when this node wrote it in this boot and it is
     /// still sealed (its contents are verified by the worker that restores it).
-    fn local_copy(&self, snap: &v1::Snapshot) -> Option<PathBuf> {
+    fn local_copy(&self, snap: &Snapshot) -> Option<PathBuf> {
         let local = Path::new(&snap.local_path);
         (!snap.local_path.is_empty()
             && snap.node == self.inner.cfg.name
@@ -145,14 +140,15 @@ impl NodeAgent {
     /// restore's) is cached, and the lock that serialises making it.
     fn cache_slot(
         &self,
-        snap: &v1::Snapshot,
+        snap: &Snapshot,
         suffix: &str,
-    ) -> Result<(PathBuf, Arc<AsyncMutex<()>>), Status> {
+    ) -> Result<(PathBuf, Arc<AsyncMutex<()>>), AgentError> {
         if snap.durable_uri.is_empty() {
-            return Err(Status::failed_precondition(format!(
-                "generation {} ({}) is not on node {} and has no durable copy",
-                snap.generation, snap.uuid, self.inner.cfg.name
-            )));
+            return Err(AgentError::NoDurableCopy {
+                generation: snap.generation,
+                uuid: snap.uuid.clone(),
+                node: self.inner.cfg.name.clone(),
+            });
         }
         let uuid: String = snap
             .uuid
@@ -160,7 +156,7 @@ impl NodeAgent {
             .filter(|c| c.is_ascii_alphanumeric() || *c == '-')
             .collect();
         if uuid.is_empty() {
-            return Err(Status::invalid_argument("invalid snapshot.uuid: empty"));
+            return Err(AgentError::Invalid("invalid snapshot.uuid: empty".into()));
         }
         let name = format!("{uuid}{suffix}");
         let lock = {
@@ -168,7 +164,7 @@ impl NodeAgent {
                 .inner
                 .downloads
                 .lock()
-                .map_err(|_| Status::internal("download lock poisoned"))?;
+                .map_err(|_| AgentError::DownloadLockPoisoned)?;
             map.entry(name.clone()).or_default().clone()
         };
         Ok((self.inner.cfg.cache_dir().join(name), lock))
@@ -177,7 +173,7 @@ impl NodeAgent {
     /// What a lazy restore of `snap` needs before it starts, from the durable copy (cached):
     /// the small files and the memory chunks CRIU reads itself; the worker's page source
     /// fetches the rest as the actor touches it (`ate_snapshot::DurableSource`).
-    async fn fetch_for_lazy_restore(&self, snap: &v1::Snapshot) -> Result<PathBuf, Status> {
+    async fn fetch_for_lazy_restore(&self, snap: &Snapshot) -> Result<PathBuf, AgentError> {
         let (target, lock) = self.cache_slot(snap, ".lazy")?;
         let _guard = lock.lock().await;
         if let Ok(manifest) = ate_snapshot::read_manifest(&target).await
@@ -207,11 +203,11 @@ impl NodeAgent {
                 .sum()
         });
         crate::metrics::downloaded("lazy", downloaded.is_ok(), small_files, begun.elapsed());
-        downloaded.map_err(|e| {
-            Status::failed_precondition(format!(
-                "cannot fetch generation {} from {} for a lazy restore: {e}",
-                snap.generation, snap.durable_uri
-            ))
+        downloaded.map_err(|e| AgentError::Fetch {
+            generation: snap.generation,
+            uri: snap.durable_uri.clone(),
+            for_what: " for a lazy restore",
+            error: e.to_string(),
         })?;
         tracing::info!(generation = snap.generation, uri = %snap.durable_uri, ms = begun.elapsed().as_millis() as u64, "generation fetched for a lazy restore (memory stays in the durable store)");
         crate::cache::touch(&target);
@@ -219,7 +215,7 @@ impl NodeAgent {
     }
 
     /// A (cached) download of the generation's durable copy, verified.
-    async fn fetch(&self, snap: &v1::Snapshot) -> Result<PathBuf, Status> {
+    async fn fetch(&self, snap: &Snapshot) -> Result<PathBuf, AgentError> {
         let (target, lock) = self.cache_slot(snap, "")?;
         let _guard = lock.lock().await;
         if ate_snapshot::verify(&target).await.is_ok() {
@@ -239,11 +235,11 @@ impl NodeAgent {
             snap.size_bytes,
             begun.elapsed(),
         );
-        downloaded.map_err(|e| {
-            Status::failed_precondition(format!(
-                "cannot fetch generation {} from {}: {e}",
-                snap.generation, snap.durable_uri
-            ))
+        downloaded.map_err(|e| AgentError::Fetch {
+            generation: snap.generation,
+            uri: snap.durable_uri.clone(),
+            for_what: "",
+            error: e.to_string(),
         })?;
         Ok(target)
     }
@@ -259,16 +255,16 @@ impl NodeAgent {
     /// pass (the worker verifies every generation it restores).
     async fn replace_damaged_local(
         &self,
-        snap: &v1::Snapshot,
+        snap: &Snapshot,
         local: &Path,
-        refused: Status,
-    ) -> Result<PathBuf, Status> {
-        if says_nothing_about_the_generation(&refused) {
-            return Err(refused);
+        refused: CallError,
+    ) -> Result<PathBuf, AgentError> {
+        if call_says_nothing_about_the_generation(&refused) {
+            return Err(refused.into());
         }
         let damage = match ate_snapshot::verify(local).await {
             Err(e) if e.is_corrupt() => e,
-            _ => return Err(refused),
+            _ => return Err(refused.into()),
         };
         let bad_file = damage
             .corrupt_file()
@@ -280,10 +276,10 @@ impl NodeAgent {
             .map(|a| format!("{}/{}", a.atespace, a.name))
             .unwrap_or_default();
         let durable =
-            snap.durable_status == DurableStatus::Completed.wire() && !snap.durable_uri.is_empty();
+            snap.durable_status == Some(DurableStatus::Completed) && !snap.durable_uri.is_empty();
         if !durable {
             tracing::warn!(actor = %actor, generation = snap.generation, file = %bad_file, error = %damage, "node-local generation failed verification and has no COMPLETED durable copy; the restore fails");
-            return Err(refused);
+            return Err(refused.into());
         }
         tracing::warn!(actor = %actor, generation = snap.generation, file = %bad_file, error = %damage, uri = %snap.durable_uri, "node-local generation failed verification; discarding it and restoring the same generation from its durable copy");
         crate::metrics::local_replaced();
@@ -298,12 +294,9 @@ impl NodeAgent {
                 tracing::warn!(actor = %actor, generation = snap.generation, dir = %local.display(), error = %e, "cannot move the damaged node-local generation aside")
             }
         }
-        self.fetch(snap).await.map_err(|e| {
-            Status::failed_precondition(format!(
-                "{}; its durable copy could not replace it: {}",
-                refused.message(),
-                e.message()
-            ))
+        self.fetch(snap).await.map_err(|e| AgentError::NotReplaced {
+            refused: refused.message,
+            error: e.to_string(),
         })
     }
 }
@@ -311,36 +304,29 @@ impl NodeAgent {
 /// A refused start that says nothing about the generation it was given: the worker is busy,
 /// gone, or the call was cancelled or timed out. Any other refusal may be the copy's fault, and
 /// another copy of the same generation is worth a try.
-fn says_nothing_about_the_generation(refused: &Status) -> bool {
-    use tonic::Code;
-    matches!(
-        refused.code(),
-        Code::Unavailable
-            | Code::ResourceExhausted
-            | Code::Aborted
-            | Code::Cancelled
-            | Code::DeadlineExceeded
-    )
+fn says_nothing_about_the_generation(refused: &AgentError) -> bool {
+    match refused {
+        AgentError::Worker(e) => call_says_nothing_about_the_generation(e),
+        _ => false,
+    }
 }
 
-/// The worker's Start for the request `request_id`, in a span of its own whose trace context
-/// the worker continues.
-fn worker_start(
-    mut client: WorkerServiceClient<tonic::transport::Channel>,
-    start: v1::WorkerStartRequest,
-    request_id: Option<&str>,
-) -> impl Future<Output = Result<Response<v1::WorkerStartReply>, Status>> + use<> {
-    let span = ate_tls::trace_span!("worker_start", otel.kind = "client");
-    let mut request = ate_proto::request_id::request(start, request_id);
-    span.in_scope(|| ate_tls::trace_context::inject_grpc(&mut request));
-    async move { client.start(request).await }.instrument(span)
+fn call_says_nothing_about_the_generation(refused: &CallError) -> bool {
+    matches!(
+        refused.code,
+        CallCode::Unavailable
+            | CallCode::ResourceExhausted
+            | CallCode::Aborted
+            | CallCode::Cancelled
+            | CallCode::DeadlineExceeded
+    )
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::agent::test_agent;
-    use tonic::Code;
+    use ate_core::ActorRef;
 
     fn tempdir() -> tempfile::TempDir {
         tempfile::tempdir().unwrap_or_else(|e| panic!("tempdir: {e}"))
@@ -349,37 +335,48 @@ mod tests {
     #[test]
     fn refusals_that_say_nothing_about_the_generation() {
         for code in [
-            Code::Unavailable,
-            Code::ResourceExhausted,
-            Code::Aborted,
-            Code::Cancelled,
-            Code::DeadlineExceeded,
+            CallCode::Unavailable,
+            CallCode::ResourceExhausted,
+            CallCode::Aborted,
+            CallCode::Cancelled,
+            CallCode::DeadlineExceeded,
         ] {
+            let refused = CallError::new(code, "x");
+            assert!(call_says_nothing_about_the_generation(&refused), "{code:?}");
             assert!(
-                says_nothing_about_the_generation(&Status::new(code, "x")),
+                says_nothing_about_the_generation(&refused.into()),
                 "{code:?}"
             );
         }
         for code in [
-            Code::FailedPrecondition,
-            Code::DataLoss,
-            Code::Internal,
-            Code::InvalidArgument,
-            Code::NotFound,
-            Code::Unknown,
+            CallCode::FailedPrecondition,
+            CallCode::DataLoss,
+            CallCode::Internal,
+            CallCode::InvalidArgument,
+            CallCode::NotFound,
+            CallCode::Unknown,
         ] {
+            let refused = CallError::new(code, "x");
             assert!(
-                !says_nothing_about_the_generation(&Status::new(code, "x")),
+                !call_says_nothing_about_the_generation(&refused),
+                "{code:?}"
+            );
+            assert!(
+                !says_nothing_about_the_generation(&refused.into()),
                 "{code:?}"
             );
         }
+        // The node's own errors on the way (a download that failed) are worth the whole copy.
+        assert!(!says_nothing_about_the_generation(
+            &AgentError::DownloadLockPoisoned
+        ));
     }
 
     #[tokio::test]
     async fn cache_slot_names_the_download_by_uuid_and_suffix() {
         let dir = tempdir();
         let agent = test_agent(dir.path()).await;
-        let snap = v1::Snapshot {
+        let snap = Snapshot {
             generation: 3,
             uuid: "ab/../cd-01".into(),
             durable_uri: "file:///d/x".into(),
@@ -406,28 +403,26 @@ mod tests {
     async fn cache_slot_refuses_a_generation_without_a_durable_copy_or_uuid() {
         let dir = tempdir();
         let agent = test_agent(dir.path()).await;
-        let mut snap = v1::Snapshot {
+        let mut snap = Snapshot {
             generation: 3,
             uuid: "u-1".into(),
             ..Default::default()
         };
         let err = agent.cache_slot(&snap, "").err();
+        assert!(
+            matches!(&err, Some(AgentError::NoDurableCopy { generation: 3, .. })),
+            "{err:?}"
+        );
         assert_eq!(
-            err.map(|s| (s.code(), s.message().to_string())),
-            Some((
-                Code::FailedPrecondition,
-                "generation 3 (u-1) is not on node node-t and has no durable copy".to_string()
-            ))
+            err.map(|e| e.to_string()).as_deref(),
+            Some("generation 3 (u-1) is not on node node-t and has no durable copy")
         );
         snap.durable_uri = "file:///d/x".into();
         snap.uuid = "/./".into();
         let err = agent.cache_slot(&snap, "").err();
-        assert_eq!(
-            err.map(|s| (s.code(), s.message().to_string())),
-            Some((
-                Code::InvalidArgument,
-                "invalid snapshot.uuid: empty".to_string()
-            ))
+        assert!(
+            matches!(&err, Some(AgentError::Invalid(m)) if m == "invalid snapshot.uuid: empty"),
+            "{err:?}"
         );
     }
 
@@ -442,7 +437,7 @@ mod tests {
             .join("a")
             .join("1-x");
         std::fs::create_dir_all(&gen_dir).unwrap_or_else(|e| panic!("mkdir: {e}"));
-        let ours = v1::Snapshot {
+        let ours = Snapshot {
             node: "node-t".into(),
             boot_id: crate::boot_id(),
             local_path: gen_dir.display().to_string(),
@@ -453,17 +448,17 @@ mod tests {
         std::fs::write(gen_dir.join("manifest.json"), b"{}")
             .unwrap_or_else(|e| panic!("write: {e}"));
         assert_eq!(agent.local_copy(&ours), Some(gen_dir.clone()));
-        let other_node = v1::Snapshot {
+        let other_node = Snapshot {
             node: "node-2".into(),
             ..ours.clone()
         };
         assert_eq!(agent.local_copy(&other_node), None);
-        let other_boot = v1::Snapshot {
+        let other_boot = Snapshot {
             boot_id: "another-boot".into(),
             ..ours.clone()
         };
         assert_eq!(agent.local_copy(&other_boot), None);
-        let no_path = v1::Snapshot {
+        let no_path = Snapshot {
             local_path: String::new(),
             ..ours
         };
@@ -471,74 +466,26 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn run_and_restore_validate_before_calling_a_worker() {
+    async fn run_and_restore_need_a_running_worker() {
         let dir = tempdir();
         let agent = test_agent(dir.path()).await;
-        let workload = v1::Workload {
-            actor: Some(v1::ObjectRef {
-                atespace: "ns".into(),
-                name: "a".into(),
-            }),
+        let workload = Workload {
+            actor: ActorRef::new("ns", "a"),
+            uid: String::new(),
+            template: String::new(),
+            spec: None,
             worker_id: "w-1".into(),
-            ..Default::default()
+            activation: 0,
         };
-        let code_msg =
-            |r: Result<v1::NodeReply, Status>| r.err().map(|s| (s.code(), s.message().to_string()));
-        let missing = agent
-            .run_inner(None, v1::RunRequest { workload: None })
-            .await;
-        assert_eq!(
-            code_msg(missing),
-            Some((
-                Code::InvalidArgument,
-                "invalid workload: missing".to_string()
-            ))
-        );
-        let no_worker = agent
-            .run_inner(
-                None,
-                v1::RunRequest {
-                    workload: Some(workload.clone()),
-                },
-            )
-            .await;
-        assert_eq!(
-            code_msg(no_worker),
-            Some((
-                Code::Unavailable,
-                "worker w-1 is not running on node node-t".to_string()
-            ))
-        );
-        let no_snapshot = agent
-            .restore_inner(
-                None,
-                v1::RestoreRequest {
-                    workload: Some(workload.clone()),
-                    snapshot: None,
-                    fidelity: Fidelity::Memory.wire(),
-                },
-            )
-            .await;
-        assert_eq!(
-            code_msg(no_snapshot),
-            Some((
-                Code::InvalidArgument,
-                "invalid snapshot: missing".to_string()
-            ))
-        );
-        let bad_fidelity = agent
-            .restore_inner(
-                None,
-                v1::RestoreRequest {
-                    workload: Some(workload),
-                    snapshot: Some(v1::Snapshot::default()),
-                    fidelity: 999,
-                },
-            )
-            .await;
-        assert_eq!(
-            code_msg(bad_fidelity),
-            Some((Code::InvalidArgument, "invalid fidelity: 999".to_string()))
-        );
+        let not_running = |r: Result<OnWorker, AgentError>| matches!(r, Err(AgentError::WorkerNotRunning { worker, node }) if worker == "w-1" && node == "node-t");
+        assert!(not_running(agent.run_inner(None, workload.clone()).await));
+        let restore = RestoreRequest {
+            workload,
+            snapshot: Snapshot::default(),
+            fidelity: Fidelity::Memory,
+        };
+        assert!(not_running(agent.restore_inner(None, restore).await));
+        // Nothing was remembered for a refused restore.
+        assert!(agent.inner.recent_dirs.lock().is_ok_and(|m| m.is_empty()));
     }
 }
