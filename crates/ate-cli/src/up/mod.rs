@@ -17,13 +17,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
-use ate_core::Document;
-use ate_core::template::TemplateSpec;
-use ate_proto::v1;
 use ate_tls::process::shutdown_signal;
 use clap::Args;
 
-use crate::client::{self, API_ADDRESS_FILE, Clients};
+use crate::client::{self, API_ADDRESS_FILE, ApplyError, Clients};
 use crate::serve::{LogFormat, write_atomically};
 use node::{NodeMetrics, start_node_and_workers, worker_ids};
 use pki::{Pki, ca_dir, publish_admin, with_sans};
@@ -238,45 +235,17 @@ async fn start_all(
 
 async fn register_demo(c: &Clients, images_dir: &Path) -> anyhow::Result<()> {
     let text = DEMO_TEMPLATE.replace("IMAGES_DIR", &images_dir.display().to_string());
-    for doc in crate::verbs::parse_documents(&text)? {
-        match doc {
-            Document::Atespace(a) => match c
-                .atespaces
-                .clone()
-                .create_atespace(v1::CreateAtespaceRequest {
-                    name: a.metadata.name.clone(),
-                })
-                .await
-            {
-                Ok(_) => {}
-                Err(s) if s.code() == tonic::Code::AlreadyExists => {}
-                Err(s) => anyhow::bail!(
-                    "cannot create atespace {}: {}",
-                    a.metadata.name,
-                    s.message()
-                ),
-            },
-            Document::ActorTemplate(t) => {
-                let spec = TemplateSpec::from_document(&t.spec)?;
-                let template = v1::ActorTemplate {
-                    namespace: t.metadata.namespace.clone(),
-                    name: t.metadata.name.clone(),
-                    spec: Some(ate_proto::spec_to_wire(&spec)),
-                    ..Default::default()
-                };
-                c.templates
-                    .clone()
-                    .apply_template(v1::ApplyTemplateRequest {
-                        template: Some(template),
-                    })
-                    .await
-                    .map_err(|s| {
-                        anyhow::anyhow!("cannot apply the demo template: {}", s.message())
-                    })?;
+    client::apply_documents(c, &text)
+        .await
+        .map_err(|e| match e {
+            ApplyError::Invalid(e) => e,
+            ApplyError::Atespace { name, status } => {
+                anyhow::anyhow!("cannot create atespace {name}: {}", status.message())
             }
-        }
-    }
-    Ok(())
+            ApplyError::Template { status, .. } => {
+                anyhow::anyhow!("cannot apply the demo template: {}", status.message())
+            }
+        })
 }
 
 /// Starts the router and waits until it listens.
