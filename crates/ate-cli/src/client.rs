@@ -4,6 +4,9 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::Context;
+use ate_core::Document;
+use ate_core::template::TemplateSpec;
+use ate_proto::v1;
 use ate_proto::v1::actor_service_client::ActorServiceClient;
 use ate_proto::v1::atespace_service_client::AtespaceServiceClient;
 use ate_proto::v1::fleet_service_client::FleetServiceClient;
@@ -70,6 +73,67 @@ impl Clients {
             join: JoinServiceClient::new(c(&channel)),
         }
     }
+}
+
+/// Why [`apply_documents`] stopped. Each caller words the api's refusals in its own terms.
+pub(crate) enum ApplyError {
+    /// The text is not a valid document stream, or a template's spec is invalid.
+    Invalid(anyhow::Error),
+    /// The api refused to create an atespace (one that already exists is not an error).
+    Atespace { name: String, status: tonic::Status },
+    /// The api refused a template.
+    Template { name: String, status: tonic::Status },
+}
+
+/// Creates the atespaces (leaving existing ones as they are) and applies the templates of a YAML
+/// document stream, in order: `ate up`'s demo and the benches' templates. (`ate apply` checks
+/// every document before it changes anything and reports each object: `crate::verbs::apply`.)
+pub(crate) async fn apply_documents(c: &Clients, text: &str) -> Result<(), ApplyError> {
+    for doc in crate::verbs::parse_documents(text).map_err(ApplyError::Invalid)? {
+        match doc {
+            Document::Atespace(a) => match c
+                .atespaces
+                .clone()
+                .create_atespace(v1::CreateAtespaceRequest {
+                    name: a.metadata.name.clone(),
+                })
+                .await
+            {
+                Ok(_) => {}
+                Err(s) if s.code() == tonic::Code::AlreadyExists => {}
+                Err(status) => {
+                    return Err(ApplyError::Atespace {
+                        name: a.metadata.name,
+                        status,
+                    });
+                }
+            },
+            Document::ActorTemplate(t) => {
+                let spec = TemplateSpec::from_document(&t.spec)
+                    .map_err(|e| ApplyError::Invalid(e.into()))?;
+                let template = v1::ActorTemplate {
+                    namespace: t.metadata.namespace.clone(),
+                    name: t.metadata.name.clone(),
+                    spec: Some(ate_proto::spec_to_wire(&spec)),
+                    ..Default::default()
+                };
+                if let Err(status) = c
+                    .templates
+                    .clone()
+                    .apply_template(v1::ApplyTemplateRequest {
+                        template: Some(template),
+                    })
+                    .await
+                {
+                    return Err(ApplyError::Template {
+                        name: t.metadata.name,
+                        status,
+                    });
+                }
+            }
+        }
+    }
+    Ok(())
 }
 
 /// The CLI's config dir: `$XDG_CONFIG_HOME/ate` or `~/.config/ate`.

@@ -20,7 +20,7 @@ use std::process::ExitCode;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::Context;
-use ate_core::{Document, SuspendMode};
+use ate_core::SuspendMode;
 use ate_proto::v1;
 use bytes::Bytes;
 use clap::{Args, Subcommand};
@@ -30,7 +30,7 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 use serde_json::json;
 
-use crate::client::Clients;
+use crate::client::{ApplyError, Clients};
 
 mod h2load;
 mod nginx;
@@ -160,8 +160,12 @@ async fn call(c: &HttpClient, base: &str, actor: Option<&str>, path: &str) -> Re
 // ------------------------------------------------------------------ api helpers
 
 fn rpc<T>(r: Result<tonic::Response<T>, tonic::Status>) -> anyhow::Result<T> {
-    r.map(tonic::Response::into_inner)
-        .map_err(|s| anyhow::anyhow!("{} ({:?})", s.message(), s.code()))
+    r.map(tonic::Response::into_inner).map_err(status_error)
+}
+
+/// An api error as the bench reports it: the message and the code.
+fn status_error(s: tonic::Status) -> anyhow::Error {
+    anyhow::anyhow!("{} ({:?})", s.message(), s.code())
 }
 
 fn obj(atespace: &str, name: &str) -> Option<v1::ObjectRef> {
@@ -200,39 +204,17 @@ async fn images_dir(c: &Clients, common: &Common) -> anyhow::Result<String> {
 
 /// Creates the atespace and applies the templates of a YAML text (the `ate apply` documents).
 async fn apply_yaml(c: &Clients, text: &str) -> anyhow::Result<()> {
-    for doc in crate::verbs::parse_documents(text)? {
-        match doc {
-            Document::Atespace(a) => match c
-                .atespaces
-                .clone()
-                .create_atespace(v1::CreateAtespaceRequest {
-                    name: a.metadata.name.clone(),
-                })
-                .await
-            {
-                Ok(_) => {}
-                Err(s) if s.code() == tonic::Code::AlreadyExists => {}
-                Err(s) => anyhow::bail!("atespace {}: {}", a.metadata.name, s.message()),
-            },
-            Document::ActorTemplate(t) => {
-                let spec = ate_core::template::TemplateSpec::from_document(&t.spec)?;
-                rpc(c
-                    .templates
-                    .clone()
-                    .apply_template(v1::ApplyTemplateRequest {
-                        template: Some(v1::ActorTemplate {
-                            namespace: t.metadata.namespace.clone(),
-                            name: t.metadata.name.clone(),
-                            spec: Some(ate_proto::spec_to_wire(&spec)),
-                            ..Default::default()
-                        }),
-                    })
-                    .await)
-                .with_context(|| format!("template {}", t.metadata.name))?;
+    crate::client::apply_documents(c, text)
+        .await
+        .map_err(|e| match e {
+            ApplyError::Invalid(e) => e,
+            ApplyError::Atespace { name, status } => {
+                anyhow::anyhow!("atespace {name}: {}", status.message())
             }
-        }
-    }
-    Ok(())
+            ApplyError::Template { name, status } => {
+                status_error(status).context(format!("template {name}"))
+            }
+        })
 }
 
 /// Memory of every counter actor of the bench's templates.

@@ -1,0 +1,454 @@
+//! `ate up`: the embedded all-in-one. Starts each component as a child process, waits for it to
+//! be healthy, registers the demo template, prints one ready line, and stops everything on
+//! Ctrl-C / SIGTERM. A component that exits after start-up is reported on stderr and restarted
+//! with the same arguments after a backoff (100 ms doubling to 10 s, reset after 60 s up); one
+//! that exits more than 10 times in 5 minutes makes `ate up` stop everything and exit non-zero.
+//! Stopping goes router, workers, node agent, api, each group waiting for its processes, so the
+//! workers can still suspend their actors through the node agent and the api.
+
+mod node;
+mod pki;
+mod supervise;
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use ate_tls::process::shutdown_signal;
+use clap::Args;
+
+use crate::client::{self, API_ADDRESS_FILE, ApplyError, Clients};
+use crate::serve::{LogFormat, write_atomically};
+use node::{NodeMetrics, start_node_and_workers, worker_ids};
+use pki::{Pki, ca_dir, publish_admin, with_sans};
+use supervise::{
+    Component, Role, set_flag, spawn, stop_all, supervise_until_stopped, wait_listening, wait_ready,
+};
+
+const DEMO_TEMPLATE: &str = include_str!("demo-counter.yaml");
+
+#[derive(Args, Debug)]
+pub struct UpArgs {
+    /// Where the store, snapshots, images and logs live.
+    #[arg(long, env = "ATE_STATE_DIR", default_value = client::DEFAULT_STATE_DIR)]
+    pub state_dir: PathBuf,
+    /// Number of workers to start.
+    #[arg(long, default_value_t = 2)]
+    pub workers: u32,
+    /// Actor slots per worker.
+    #[arg(long, default_value_t = 8)]
+    pub worker_slots: u32,
+    /// Do not register the `ate-demo` atespace and `ate-demo/counter` template.
+    #[arg(long)]
+    pub no_demo: bool,
+    /// api gRPC address.
+    #[arg(long, default_value = ate_core::DEFAULT_API_ADDR)]
+    pub api_listen: SocketAddr,
+    /// api health/metrics address.
+    #[arg(long, default_value = "127.0.0.1:9090")]
+    pub api_http_listen: SocketAddr,
+    /// Store URL (default: SQLite file in the state dir).
+    #[arg(long)]
+    pub store: Option<String>,
+    /// Directory of OCI image layouts for the demo (default: STATE_DIR/images).
+    #[arg(long)]
+    pub images_dir: Option<PathBuf>,
+    /// Router (ingress) address.
+    #[arg(long, default_value = "127.0.0.1:8080")]
+    pub router_listen: SocketAddr,
+    /// Router metrics address.
+    #[arg(long, default_value = "127.0.0.1:9091")]
+    pub router_metrics_listen: SocketAddr,
+    /// Node agent address.
+    #[arg(long, default_value = "127.0.0.1:8085")]
+    pub node_listen: SocketAddr,
+    /// Durable snapshot store URL (default: a directory in the state dir).
+    #[arg(long)]
+    pub durable_store: Option<String>,
+    /// First worker's loopback address; worker i gets this address + (i - 1).
+    #[arg(long, default_value = "127.0.0.2")]
+    pub worker_first_ip: std::net::Ipv4Addr,
+    /// atunnel port of every worker.
+    #[arg(long, default_value_t = 8443)]
+    pub worker_port: u16,
+    /// Write the addresses of the running system as JSON here once ready.
+    #[arg(long)]
+    pub ready_file: Option<PathBuf>,
+    /// Extra flags for the router, e.g. `--router-arg=--parked-request-budget=2s` (repeatable).
+    #[arg(long = "router-arg", allow_hyphen_values = true)]
+    pub router_args: Vec<String>,
+    /// Extra flags for the api, e.g. `--api-arg=--heartbeat-timeout-seconds=20` (repeatable; the flags
+    /// `ate up` sets itself — listeners, store, TLS, ready file — cannot be given again).
+    #[arg(long = "api-arg", allow_hyphen_values = true)]
+    pub api_args: Vec<String>,
+    /// The router uses mTLS CONNECT tunnels through atunnel for every request, instead of
+    /// taking plain HTTP/1.1 tunnels as the actor's own socket from the workers of this
+    /// machine (docs/tunnel-protocol.md, "Handoff").
+    #[arg(long)]
+    pub no_local_tunnels: bool,
+    /// SPIFFE trust domain of the local CA and every component's identity.
+    #[arg(long, default_value = ate_tls::DEFAULT_TRUST_DOMAIN)]
+    pub trust_domain: String,
+    /// Lifetime of every component certificate; each is re-issued at 2/3 of it (e.g. `60s`).
+    /// Also the lifetime of the certificates the api signs for joining nodes.
+    #[arg(long, default_value = "24h", value_parser = ate_router::config::parse_duration)]
+    pub cert_lifetime: Duration,
+    /// What this machine runs: `all` (api, router, node agent, workers), `control` (api and
+    /// router; machines join it) or `node` (node agent and workers, joined to a control host
+    /// with `--join` and `--join-token`).
+    #[arg(long, value_enum, default_value_t = UpRole::All)]
+    pub role: UpRole,
+    /// `--role node`: the api address(es) to join, comma-separated (`10.0.0.1:7443,10.0.0.2:7443`).
+    #[arg(long, env = "ATE_JOIN")]
+    pub join: Option<String>,
+    /// `--role node`: the join token from `ate token create` on a control host. Needed for the
+    /// first start only: a restarted node renews with the certificates it holds.
+    #[arg(long, env = "ATE_JOIN_TOKEN", hide_env_values = true)]
+    pub join_token: Option<String>,
+    /// This machine's node name (`--role node`: default the host name; else `node-1`). Its
+    /// workers are `<node>-worker-<i>`.
+    #[arg(long)]
+    pub node_name: Option<String>,
+    /// The CA that signs every certificate (default STATE_DIR/ca). Control hosts that serve one
+    /// fleet share it (as api replicas share a Kubernetes Secret).
+    #[arg(long)]
+    pub ca_dir: Option<PathBuf>,
+    /// Extra DNS name or IP in the api's and the router's certificates, for clients that check
+    /// the host name (repeatable).
+    #[arg(long = "tls-san")]
+    pub tls_sans: Vec<String>,
+    /// Another api replica on the same store (repeatable): the router fails over to it, and the
+    /// api no longer assumes it is the only replica.
+    #[arg(long = "peer-api")]
+    pub peer_apis: Vec<String>,
+    /// A registry the workers may reach over plain HTTP (`HOST:PORT`, repeatable; e.g. a
+    /// loopback registry for your own images). Adds to `ATE_INSECURE_REGISTRIES`.
+    #[arg(long = "insecure-registry")]
+    pub insecure_registries: Vec<String>,
+    /// Registry credentials for the workers (a Docker `config.json`; `ATE_REGISTRY_AUTH_FILE`).
+    #[arg(long)]
+    pub registry_auth_file: Option<PathBuf>,
+    /// Log line format of every component (their logs in STATE_DIR/logs): `text` (plain, no
+    /// colours in a file) or `json` (JSON lines).
+    #[arg(long, value_enum, default_value_t = LogFormat::Text)]
+    pub log_format: LogFormat,
+}
+
+/// What one `ate up` runs.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum UpRole {
+    All,
+    Control,
+    Node,
+}
+
+/// Starts the api, registers the demo, then the data path; returns the api's gRPC address, its
+/// bound health/metrics (http) address, and the node agent's and workers' metrics addresses.
+async fn start_all(
+    args: &UpArgs,
+    store: &str,
+    images_dir: &Path,
+    pki: &mut Pki,
+    components: &mut Vec<Component>,
+) -> anyhow::Result<(String, String, Option<NodeMetrics>)> {
+    let state = &args.state_dir;
+    let logs = state.join("logs");
+    let run_dir = state.join("run");
+    let api_ready = run_dir.join("api.json");
+    let _ = std::fs::remove_file(&api_ready);
+    let mut api_args = vec![
+        "api".to_string(),
+        "--listen".into(),
+        args.api_listen.to_string(),
+        "--http-listen".into(),
+        args.api_http_listen.to_string(),
+        "--store".into(),
+        store.to_string(),
+        "--ready-file".into(),
+        api_ready.display().to_string(),
+        // Signs the certificates of machines that join (`ate up --role node`).
+        "--ca-dir".into(),
+        ca_dir(args).display().to_string(),
+        "--join-cert-lifetime".into(),
+        format!("{}s", args.cert_lifetime.as_secs().max(60)),
+        "--log-format".into(),
+        args.log_format.as_str().into(),
+    ];
+    // One api on its store (no --peer-api): a store outage need not fence the workers.
+    if args.role == UpRole::All && args.peer_apis.is_empty() {
+        api_args.push("--sole-replica".into());
+    }
+    let td = args.trust_domain.clone();
+    let api_req = with_sans(
+        ate_tls::SvidRequest::new(ate_tls::SpiffeId::api(&td)?),
+        &args.tls_sans,
+    );
+    api_args.extend(pki.issue_req("api", api_req)?.1.to_args());
+    api_args.extend(args.api_args.iter().cloned());
+    let (admin, _) = pki.issue(client::ADMIN_CERT_NAME, ate_tls::SpiffeId::admin(&td)?)?;
+    components.push(spawn("api", Role::Api, api_args, &logs)?);
+    let api = &mut components[0];
+    let ready = wait_ready(api, &api_ready).await?;
+    let api_addr = ready["grpc"].as_str().unwrap_or_default().to_string();
+    let api_http = ready["http"].as_str().unwrap_or_default().to_string();
+    // A restarted api must come back where the others were told it is (`--api-listen` may be
+    // port 0).
+    set_flag(&mut api.args, "--listen", &api_addr);
+    set_flag(&mut api.args, "--http-listen", &api_http);
+    let channel = client::connect_to(&api_addr, Some(&admin))
+        .await
+        .with_context(|| format!("cannot reach the api at {api_addr}"))?;
+    let clients = Clients::new(channel);
+    if !args.no_demo {
+        register_demo(&clients, images_dir).await?;
+    }
+    write_atomically(&state.join(API_ADDRESS_FILE), &api_addr)?;
+    let api_addrs = api_list(&api_addr, &args.peer_apis);
+    let mut node_metrics = None;
+    if args.role == UpRole::All {
+        let node_name = args.node_name.clone().unwrap_or_else(|| "node-1".into());
+        node_metrics = Some(
+            start_node_and_workers(
+                args, &node_name, &api_addrs, &logs, &run_dir, pki, &clients, components,
+            )
+            .await?,
+        );
+    }
+    start_router(args, &api_addrs, &logs, pki, components).await?;
+    // A CLI context of this state dir (current unless the user already uses another one), only
+    // once everything started: an `ate up` that fails (a port in use) leaves no context behind,
+    // let alone a current one pointing at nothing.
+    let context = crate::contexts::name_for_state_dir(state);
+    match crate::contexts::publish(&context, &api_addr) {
+        Ok(_) => {
+            if let Some(dir) = crate::contexts::context_dir(&context) {
+                publish_admin(&admin, &pki.dir, dir);
+            }
+        }
+        Err(e) => eprintln!("ate up: cannot write the CLI context {context:?}: {e:#}"),
+    }
+    Ok((api_addr, api_http, node_metrics))
+}
+
+async fn register_demo(c: &Clients, images_dir: &Path) -> anyhow::Result<()> {
+    let text = DEMO_TEMPLATE.replace("IMAGES_DIR", &images_dir.display().to_string());
+    client::apply_documents(c, &text)
+        .await
+        .map_err(|e| match e {
+            ApplyError::Invalid(e) => e,
+            ApplyError::Atespace { name, status } => {
+                anyhow::anyhow!("cannot create atespace {name}: {}", status.message())
+            }
+            ApplyError::Template { status, .. } => {
+                anyhow::anyhow!("cannot apply the demo template: {}", status.message())
+            }
+        })
+}
+
+/// Starts the router and waits until it listens.
+fn router_args(args: &UpArgs, api_addrs: &str, pki: &mut Pki) -> anyhow::Result<Vec<String>> {
+    let td = pki.td.clone();
+    let mut router_args = vec![
+        "router".to_string(),
+        "--listen".into(),
+        args.router_listen.to_string(),
+        "--metrics-listen".into(),
+        args.router_metrics_listen.to_string(),
+        "--api".into(),
+        api_addrs.to_string(),
+        "--log-format".into(),
+        args.log_format.as_str().into(),
+    ];
+    // Also valid for `localhost` / 127.0.0.1, for clients of `--router-arg=--tls-listen=…` that
+    // check the hostname rather than the SPIFFE ID.
+    let router_req = ate_tls::SvidRequest::new(ate_tls::SpiffeId::router(&td)?)
+        .dns("localhost")
+        .ip(std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST));
+    let router_req = with_sans(router_req, &args.tls_sans);
+    router_args.extend(pki.issue_req("router", router_req)?.1.to_args());
+    // The workers' handoff sockets (every worker of `ate up` is on this machine): plain
+    // HTTP/1.1 tunnels skip atunnel's byte pipe.
+    let chosen = args.no_local_tunnels
+        || args
+            .router_args
+            .iter()
+            .any(|a| a == "--local-tunnels" || a.starts_with("--local-tunnels="));
+    if !chosen {
+        router_args.push("--local-tunnels".into());
+        router_args.push(
+            args.state_dir
+                .join("run")
+                .join("atunnel")
+                .display()
+                .to_string(),
+        );
+    }
+    router_args.extend(args.router_args.iter().cloned());
+    Ok(router_args)
+}
+
+async fn start_router(
+    args: &UpArgs,
+    api_addrs: &str,
+    logs: &Path,
+    pki: &mut Pki,
+    components: &mut Vec<Component>,
+) -> anyhow::Result<()> {
+    let router_args = router_args(args, api_addrs, pki)?;
+    components.push(spawn("router", Role::Router, router_args, logs)?);
+    let router_index = components.len() - 1;
+    wait_listening(&mut components[router_index], args.router_listen).await
+}
+
+/// The api addresses a router or node agent of this host uses: ours first, then the peers.
+fn api_list(own: &str, peers: &[String]) -> String {
+    std::iter::once(own.to_string())
+        .chain(peers.iter().cloned())
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+/// `--role node`: joins the fleet (or renews the certificates it holds), then runs the node
+/// agent and the workers, renewing their certificates in the background.
+async fn run_node(args: UpArgs) -> anyhow::Result<ExitCode> {
+    let Some(join) = args.join.clone() else {
+        anyhow::bail!("--role node needs --join <api address[,address…]> of a control host");
+    };
+    let token = args
+        .join_token
+        .as_deref()
+        .map(str::parse::<ate_tls::JoinToken>)
+        .transpose()?;
+    let node_name = match &args.node_name {
+        Some(n) => n.clone(),
+        None => std::fs::read_to_string("/proc/sys/kernel/hostname")
+            .map(|h| h.trim().to_ascii_lowercase())
+            .context("cannot read the host name: give --node-name")?,
+    };
+    ate_core::validate_label("--node-name", &node_name)?;
+    let state = &args.state_dir;
+    let logs = state.join("logs");
+    let run_dir = state.join("run");
+    let tls_dir = state.join(client::TLS_DIR);
+    let ids = Arc::new(crate::join::NodeIdentities {
+        api: join.clone(),
+        node: node_name.clone(),
+        workers: worker_ids(&args, &node_name),
+        dir: tls_dir.clone(),
+    });
+    let issued = ids.obtain(token.as_ref()).await?;
+    let _renewal = ids.clone().spawn_renewal(issued.clone());
+    let mut pki = Pki::joined(tls_dir, &issued);
+    // The node's own identity reads the fleet (to wait for its workers).
+    let (node_source, _) = pki.issue(
+        crate::join::NODE_CERT_NAME,
+        ate_tls::SpiffeId::node_instance(&issued.trust_domain, &node_name)?,
+    )?;
+    let clients = Clients::new(client::connect_to(&join, Some(&node_source)).await?);
+
+    let signal = shutdown_signal();
+    tokio::pin!(signal);
+    let mut components = Vec::new();
+    let started = tokio::select! {
+        r = start_node_and_workers(&args, &node_name, &join, &logs, &run_dir, &mut pki, &clients, &mut components) => r,
+        _ = &mut signal => Err(anyhow::anyhow!("interrupted during start-up")),
+    };
+    let metrics = match started {
+        Ok(m) => m,
+        Err(e) => {
+            stop_all(&mut components).await;
+            return Err(e);
+        }
+    };
+    if let Some(file) = &args.ready_file {
+        let body = serde_json::json!({
+            "node": node_name,
+            "api": join,
+            "node_listen": args.node_listen.to_string(),
+            "workers": worker_ids(&args, &node_name),
+            "node_metrics": metrics.node,
+            "worker_metrics": metrics.workers,
+            "state_dir": state.display().to_string(),
+            "tls_dir": pki.dir.display().to_string(),
+        });
+        write_atomically(file, &body.to_string())?;
+    }
+    println!(
+        "ate up: ready node={node_name} api={join} state={} (workers={} slots={})",
+        state.display(),
+        args.workers,
+        args.worker_slots
+    );
+    let code = supervise_until_stopped(&mut components, &mut signal).await;
+    stop_all(&mut components).await;
+    Ok(code)
+}
+
+pub async fn run(args: UpArgs) -> anyhow::Result<ExitCode> {
+    let state = &args.state_dir;
+    let logs = state.join("logs");
+    let run_dir = state.join("run");
+    for d in [state, &logs, &run_dir] {
+        std::fs::create_dir_all(d).with_context(|| format!("cannot create {}", d.display()))?;
+    }
+    if args.role == UpRole::Node {
+        return run_node(args).await;
+    }
+    if args.join.is_some() || args.join_token.is_some() {
+        anyhow::bail!("--join and --join-token are for --role node");
+    }
+    let store = args
+        .store
+        .clone()
+        .unwrap_or_else(|| format!("sqlite://{}", state.join("ate.db").display()));
+    let images_dir = args
+        .images_dir
+        .clone()
+        .unwrap_or_else(|| state.join("images"));
+
+    let mut pki = Pki::open(&args)?;
+    let signal = shutdown_signal();
+    tokio::pin!(signal);
+    let mut components = Vec::new();
+    // Ctrl-C / SIGTERM during start-up stops whatever already started.
+    let started = tokio::select! {
+        r = start_all(&args, &store, &images_dir, &mut pki, &mut components) => r,
+        _ = &mut signal => Err(anyhow::anyhow!("interrupted during start-up")),
+    };
+    let (api_addr, api_http, node_metrics) = match started {
+        Ok(a) => a,
+        Err(e) => {
+            stop_all(&mut components).await;
+            return Err(e);
+        }
+    };
+    if let Some(file) = &args.ready_file {
+        let body = serde_json::json!({
+            "router": format!("http://{}", args.router_listen),
+            "api": api_addr,
+            // The api's bound health/metrics address (`--api-http-listen` may be port 0).
+            "api_http": api_http,
+            "router_metrics": args.router_metrics_listen.to_string(),
+            // The node agent's and each worker's `/metrics` (absent with `--role control`).
+            "node_metrics": node_metrics.as_ref().map(|m| m.node.clone()),
+            "worker_metrics": node_metrics.map(|m| m.workers).unwrap_or_default(),
+            "state_dir": state.display().to_string(),
+            "tls_dir": pki.dir.display().to_string(),
+        });
+        write_atomically(file, &body.to_string())?;
+    }
+    println!(
+        "ate up: ready router=http://{} api={api_addr} store={store} state={} (workers={} slots={})",
+        args.router_listen,
+        state.display(),
+        args.workers,
+        args.worker_slots
+    );
+
+    let code = supervise_until_stopped(&mut components, &mut signal).await;
+    stop_all(&mut components).await;
+    Ok(code)
+}
