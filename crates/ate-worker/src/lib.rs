@@ -6,6 +6,7 @@
 pub mod atunnel;
 mod cmd;
 pub mod config;
+mod convert;
 pub mod egress;
 pub mod error;
 pub mod handoff;

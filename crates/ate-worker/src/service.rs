@@ -24,6 +24,7 @@ use tonic::{Request, Response, Status};
 use tracing::Instrument;
 
 use crate::config::WorkerConfig;
+use crate::convert;
 use crate::image::ImageCache;
 use crate::runc::{RuncConfig, RuncRuntime};
 use crate::worker::{EXIT_POLL, Identity, Worker};
@@ -52,7 +53,8 @@ fn io_err(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> WorkerError
     move |source| WorkerError::Io { what, source }
 }
 
-/// The tonic service: a thin shell over [`Worker`].
+/// The tonic service: a thin shell over [`Worker`]. Requests are decoded and answers encoded
+/// here (`convert.rs`); the worker's verbs see only its own types.
 #[derive(Clone)]
 pub struct WorkerServiceImpl {
     worker: Arc<Worker>,
@@ -64,23 +66,7 @@ impl WorkerService for WorkerServiceImpl {
         &self,
         _req: Request<v1::WorkerInfoRequest>,
     ) -> Result<Response<v1::WorkerInfo>, Status> {
-        let w = &self.worker;
-        let id = &w.ident;
-        Ok(Response::new(v1::WorkerInfo {
-            worker_id: id.id.clone(),
-            epoch: id.epoch,
-            addresses: id.addresses.clone(),
-            capacity: Some(v1::Capacity {
-                cpu_millis: id.cpu_millis,
-                memory_bytes: id.memory_bytes,
-                actor_slots: id.slots,
-            }),
-            labels: id.labels.clone().into_iter().collect(),
-            sandbox_class: w.sandbox_class(),
-            can_restore_memory: w.can_restore_memory(),
-            identity: id.spiffe_id.clone(),
-            can_restore_lazily: w.can_restore_lazily(),
-        }))
+        Ok(Response::new(convert::worker_info(&self.worker)))
     }
 
     async fn start(
@@ -107,11 +93,17 @@ impl WorkerService for WorkerServiceImpl {
             span
         };
         let req = req.into_inner();
-        let kind = crate::metrics::start_kind(&req);
+        let kind = crate::metrics::start_kind(&req.generation_dir);
         let begun = std::time::Instant::now();
-        let result = self.worker.start(req).instrument(span).await;
+        // A request refused as malformed counts in the start metrics too.
+        let result = match convert::start_request(req) {
+            Ok(req) => self.worker.start(req).instrument(span).await,
+            Err(e) => Err(e),
+        };
         crate::metrics::started(kind, &result, begun);
-        result.map(Response::new)
+        result
+            .map(|r| Response::new(convert::start_reply(r)))
+            .map_err(convert::status)
     }
 
     async fn checkpoint(
@@ -119,23 +111,35 @@ impl WorkerService for WorkerServiceImpl {
         req: Request<v1::WorkerCheckpointRequest>,
     ) -> Result<Response<v1::WorkerCheckpointReply>, Status> {
         let begun = std::time::Instant::now();
-        let result = self.worker.checkpoint(req.into_inner()).await;
+        let result = match convert::checkpoint_request(req.into_inner()) {
+            Ok(req) => self.worker.checkpoint(req).await,
+            Err(e) => Err(e),
+        };
         crate::metrics::checkpointed(&result, begun);
-        result.map(Response::new)
+        result
+            .map(|r| Response::new(convert::checkpoint_reply(r)))
+            .map_err(convert::status)
     }
 
     async fn stop(
         &self,
         req: Request<v1::WorkerStopRequest>,
     ) -> Result<Response<v1::WorkerStopReply>, Status> {
-        self.worker.stop(req.into_inner()).await.map(Response::new)
+        let req = convert::stop_request(req.into_inner()).map_err(convert::status)?;
+        self.worker
+            .stop(req)
+            .await
+            .map(|r| Response::new(convert::stop_reply(r)))
+            .map_err(convert::status)
     }
 
     async fn activity(
         &self,
         _req: Request<v1::WorkerActivityRequest>,
     ) -> Result<Response<v1::WorkerActivityReply>, Status> {
-        Ok(Response::new(self.worker.activity()))
+        Ok(Response::new(convert::activity_reply(
+            self.worker.activity(),
+        )))
     }
 
     async fn renew_lease(
