@@ -25,6 +25,8 @@ mod ready;
 mod restore;
 mod start;
 mod stop;
+#[cfg(test)]
+mod tests;
 mod types;
 
 use std::collections::{BTreeMap, HashMap};
