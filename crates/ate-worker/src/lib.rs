@@ -23,6 +23,7 @@ pub mod runc;
 pub mod runtime;
 pub mod service;
 pub mod sidecars;
+mod socket;
 mod worker;
 
 pub use config::{Faults, MemoryRestore, WorkerConfig};

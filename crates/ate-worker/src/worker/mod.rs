@@ -14,7 +14,7 @@
 //! `logs` (actor log tails) and `types` (what the verbs take and return, and [`VerbError`]).
 //!
 //! No wire type lives here: WorkerService (`service.rs`) decodes requests into [`types`] and
-//! encodes the answers (`convert.rs`).
+//! encodes the answers (`convert`).
 
 mod activity;
 mod adoption;

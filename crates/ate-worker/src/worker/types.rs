@@ -1,5 +1,5 @@
 //! What the worker's verbs take and return, in the worker's own terms: no wire type here. The
-//! WorkerService adapter (`service.rs`, with `convert.rs`) decodes requests into these and
+//! WorkerService adapter (`service.rs`, with `convert`) decodes requests into these and
 //! encodes the answers and [`VerbError`]s back.
 
 use std::path::PathBuf;
