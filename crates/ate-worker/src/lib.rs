@@ -6,6 +6,7 @@
 pub mod atunnel;
 mod cmd;
 pub mod config;
+mod convert;
 pub mod egress;
 pub mod error;
 pub mod handoff;
@@ -22,6 +23,7 @@ pub mod runc;
 pub mod runtime;
 pub mod service;
 pub mod sidecars;
+mod socket;
 mod worker;
 
 pub use config::{Faults, MemoryRestore, WorkerConfig};

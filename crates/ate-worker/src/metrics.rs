@@ -6,10 +6,10 @@
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
-use ate_proto::v1;
 use ate_tls::telemetry::PrometheusHandle;
 use metrics::Unit;
-use tonic::Status;
+
+use crate::worker::{CheckpointReply, VerbError, outcome};
 
 pub const STARTS: &str = "ate_worker_starts_total";
 pub const START_SECONDS: &str = "ate_worker_start_seconds";
@@ -122,17 +122,17 @@ pub fn install() -> &'static PrometheusHandle {
     ate_tls::telemetry::install("worker", describe)
 }
 
-/// `kind` label of a start request.
-pub(crate) fn start_kind(req: &v1::WorkerStartRequest) -> &'static str {
-    if req.generation_dir.is_empty() {
+/// `kind` label of a start request with this generation directory (empty: a cold boot).
+pub(crate) fn start_kind(generation_dir: &str) -> &'static str {
+    if generation_dir.is_empty() {
         "cold"
     } else {
         "restore"
     }
 }
 
-pub(crate) fn started<T>(kind: &'static str, result: &Result<T, Status>, begun: Instant) {
-    let outcome = ate_tls::telemetry::outcome(result);
+pub(crate) fn started<T>(kind: &'static str, result: &Result<T, VerbError>, begun: Instant) {
+    let outcome = outcome(result);
     metrics::counter!(STARTS, "kind" => kind, "outcome" => outcome).increment(1);
     metrics::histogram!(START_SECONDS, "kind" => kind, "outcome" => outcome)
         .record(begun.elapsed().as_secs_f64());
@@ -148,21 +148,11 @@ pub(crate) fn thawed(ok: bool) {
     metrics::counter!(THAWS, "outcome" => outcome).increment(1);
 }
 
-/// `fidelity` label of a wire fidelity.
-fn fidelity_label(wire: i32) -> &'static str {
-    match ate_core::Fidelity::from_wire(wire) {
-        Some(ate_core::Fidelity::Memory) => "memory",
-        Some(ate_core::Fidelity::Rootfs) => "rootfs",
-        Some(ate_core::Fidelity::Volumes) => "volumes",
-        None => "none",
-    }
-}
-
-pub(crate) fn checkpointed(result: &Result<v1::WorkerCheckpointReply, Status>, begun: Instant) {
-    let outcome = ate_tls::telemetry::outcome(result);
+pub(crate) fn checkpointed(result: &Result<CheckpointReply, VerbError>, begun: Instant) {
+    let outcome = outcome(result);
     let fidelity = result
         .as_ref()
-        .map_or("none", |reply| fidelity_label(reply.fidelity));
+        .map_or("none", |reply| reply.fidelity.short());
     metrics::counter!(CHECKPOINTS, "fidelity" => fidelity, "outcome" => outcome).increment(1);
     metrics::histogram!(CHECKPOINT_SECONDS, "outcome" => outcome)
         .record(begun.elapsed().as_secs_f64());

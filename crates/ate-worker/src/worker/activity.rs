@@ -4,18 +4,18 @@
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
+use ate_core::ActorRef;
 use ate_core::clock::now_ms;
-use ate_proto::v1;
 
 use super::logs::{LOG_TAIL_LINES, log_tail};
-use super::{Entry, ExitReport, Worker};
+use super::{ActivityReport, ActorActivity, Entry, ExitReport, Worker};
 use crate::lazy::Outcome;
 
 impl Worker {
-    pub fn activity(&self) -> v1::WorkerActivityReply {
+    pub fn activity(&self) -> ActivityReport {
         self.last_poll_ms.store(now_ms(), Ordering::Release);
         let mut table = self.table();
-        let mut actors: Vec<v1::ActorActivity> = table
+        let mut actors: Vec<ActorActivity> = table
             .actors
             .iter()
             .map(|(key, e)| {
@@ -31,11 +31,8 @@ impl Worker {
                 let open =
                     open.saturating_add(u32::try_from(out.open_connections).unwrap_or(u32::MAX));
                 let last = last.max(out.last_activity_unix_ms);
-                v1::ActorActivity {
-                    actor: Some(v1::ObjectRef {
-                        atespace: e.sandbox.atespace.clone(),
-                        name: e.sandbox.name.clone(),
-                    }),
+                ActorActivity {
+                    actor: ActorRef::new(e.sandbox.atespace.clone(), e.sandbox.name.clone()),
                     open_streams: open,
                     last_activity_unix_ms: last,
                     exited: false,
@@ -49,11 +46,8 @@ impl Worker {
             .collect();
         // Exits are reported once.
         for x in table.exits.drain(..) {
-            actors.push(v1::ActorActivity {
-                actor: Some(v1::ObjectRef {
-                    atespace: x.atespace,
-                    name: x.name,
-                }),
+            actors.push(ActorActivity {
+                actor: ActorRef::new(x.atespace, x.name),
                 open_streams: 0,
                 last_activity_unix_ms: x.at_ms,
                 exited: true,
@@ -64,15 +58,9 @@ impl Worker {
                 crash_reason: x.crash,
             });
         }
-        actors.sort_by(|a, b| {
-            let k = |x: &v1::ActorActivity| {
-                x.actor
-                    .as_ref()
-                    .map(|r| (r.atespace.clone(), r.name.clone()))
-            };
-            k(a).cmp(&k(b))
-        });
-        v1::WorkerActivityReply {
+        // By atespace, then name (a stable sort: an exit after the running copy of the same key).
+        actors.sort_by(|a, b| a.actor.cmp(&b.actor));
+        ActivityReport {
             epoch: self.ident.epoch,
             actors,
             draining: self.draining(),

@@ -5,9 +5,7 @@
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use ate_proto::v1;
-
-use super::{Entry, Worker, key_of, validate_ref};
+use super::{AdoptionRecord, Entry, Worker, Workload, key_of};
 use crate::netns::NetnsDialer;
 use crate::runtime::ActorSandbox;
 
@@ -37,18 +35,18 @@ impl Worker {
     pub(super) async fn write_adoption(
         &self,
         sandbox: &ActorSandbox,
-        workload: &v1::Workload,
+        workload: &Workload,
         pid: Option<u32>,
         page_source_pid: Option<u32>,
     ) {
-        let record = v1::AdoptionRecord {
-            workload: Some(workload.clone()),
-            pid: pid.unwrap_or(0),
-            page_source_pid: page_source_pid.unwrap_or(0),
+        let record = AdoptionRecord {
+            workload: workload.clone(),
+            pid,
+            page_source_pid,
         };
         let path = sandbox.dir.join(ADOPTION_FILE);
         let tmp = sandbox.dir.join(format!(".{ADOPTION_FILE}.tmp"));
-        let bytes = prost::Message::encode_to_vec(&record);
+        let bytes = crate::convert::adoption_to_bytes(&record);
         let written = async {
             tokio::fs::write(&tmp, &bytes).await?;
             tokio::fs::rename(&tmp, &path).await
@@ -86,20 +84,14 @@ impl Worker {
 
     async fn adopt(&self, atespace: &str, name: &str) -> Result<u64, String> {
         let record = read_adoption(&self.actors_dir.join(atespace).join(name))?;
-        let workload = record.workload.unwrap_or_default();
-        let (ns, n) = validate_ref(workload.actor.as_ref()).map_err(|e| e.message().to_string())?;
+        let workload = record.workload;
+        let (ns, n) = (&workload.actor.atespace, &workload.actor.name);
         if ns != atespace || n != name {
             return Err(format!("adoption record names {ns}/{n}"));
         }
-        let spec = workload
-            .spec
-            .as_ref()
-            .ok_or("adoption record has no spec")
-            .and_then(|w| ate_proto::spec_from_wire(w).map_err(|_| "adoption record spec invalid"))
-            .map_err(str::to_string)?;
         let sandbox = self.sandbox_for(atespace, name, &workload.uid);
-        if record.page_source_pid != 0 {
-            wait_page_source(&sandbox, record.page_source_pid).await?;
+        if let Some(page_source_pid) = record.page_source_pid {
+            wait_page_source(&sandbox, page_source_pid).await?;
         }
         match self.runtime.is_running(&sandbox).await {
             Ok(true) => {}
@@ -118,7 +110,7 @@ impl Worker {
         let key = key_of(atespace, name);
         // The egress listener died with the old process; the netns keeps its redirect.
         self.egress
-            .restart(&key, &sandbox.netns(), &spec.egress)
+            .restart(&key, &sandbox.netns(), &workload.spec.egress)
             .await
             .map_err(|e| format!("egress: {e}"))?;
         let dialer = match NetnsDialer::new(&sandbox.netns()).await {
@@ -134,9 +126,9 @@ impl Worker {
             key.clone(),
             Entry {
                 sandbox,
-                spec,
-                template: workload.template.clone(),
-                pid: (record.pid != 0).then_some(record.pid),
+                spec: workload.spec,
+                template: workload.template,
+                pid: record.pid,
                 activation,
                 page_source: None,
             },
@@ -162,7 +154,7 @@ pub fn live_sandboxes(actors_dir: &Path) -> usize {
 pub fn sandbox_alive(actors_dir: &Path, atespace: &str, name: &str) -> bool {
     let dir = actors_dir.join(atespace).join(name);
     let short_id = ActorSandbox::new("", "", "", &dir).short_id();
-    read_adoption(&dir).is_ok_and(|r| r.pid != 0 && init_alive(r.pid, &short_id))
+    read_adoption_pid(&dir).is_ok_and(|pid| pid.is_some_and(|pid| init_alive(pid, &short_id)))
 }
 
 /// `(atespace, name)` of every actor dir under an actors dir (`<atespace>/<name>`).
@@ -187,10 +179,17 @@ fn actor_dirs(actors_dir: &Path) -> Vec<(String, String)> {
 }
 
 /// The adoption record next to an actor's sandbox, or why there is none to use.
-fn read_adoption(dir: &Path) -> Result<v1::AdoptionRecord, String> {
-    let bytes =
-        std::fs::read(dir.join(ADOPTION_FILE)).map_err(|e| format!("no adoption record: {e}"))?;
-    prost::Message::decode(bytes.as_slice()).map_err(|e| format!("adoption record unreadable: {e}"))
+fn read_adoption(dir: &Path) -> Result<AdoptionRecord, String> {
+    crate::convert::adoption_from_bytes(&read_adoption_file(dir)?)
+}
+
+/// Only the init pid of the adoption record next to an actor's sandbox (the rest unchecked).
+fn read_adoption_pid(dir: &Path) -> Result<Option<u32>, String> {
+    crate::convert::adoption_pid_from_bytes(&read_adoption_file(dir)?)
+}
+
+fn read_adoption_file(dir: &Path) -> Result<Vec<u8>, String> {
+    std::fs::read(dir.join(ADOPTION_FILE)).map_err(|e| format!("no adoption record: {e}"))
 }
 
 /// The process exists, is not a zombie, and sits in the sandbox's cgroup (not a reused pid).

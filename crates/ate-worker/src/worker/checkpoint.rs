@@ -5,15 +5,13 @@
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use ate_core::Fidelity;
 use ate_core::clock::now_ms;
-use ate_proto::v1;
-use tonic::Status;
+use ate_core::{ActorRef, Fidelity};
 
 use super::adoption::ADOPTION_FILE;
 use super::{
-    Entry, Frozen, QUIESCE_TIMEOUT, Worker, fidelity_from_wire, key_of, sandbox_status,
-    snapshot_status,
+    CheckpointReply, CheckpointRequest, Entry, Frozen, QUIESCE_TIMEOUT, VerbError, Worker,
+    Workload, key_of, sandbox_error, snapshot_error,
 };
 use crate::lazy::Outcome;
 use crate::netns::NetnsDialer;
@@ -23,20 +21,12 @@ use crate::runtime::ActorSandbox;
 const LAZY_COMPLETE_WAIT: Duration = Duration::from_secs(60);
 
 impl Worker {
-    pub async fn checkpoint(
-        &self,
-        req: v1::WorkerCheckpointRequest,
-    ) -> Result<v1::WorkerCheckpointReply, Status> {
-        let (atespace, name) = self.check_workload(req.workload.as_ref())?;
-        if req.generation_dir.is_empty() {
-            return Err(Status::invalid_argument("generation_dir missing"));
-        }
-        let gen_dir = PathBuf::from(&req.generation_dir);
-        if !gen_dir.is_absolute() {
-            return Err(Status::invalid_argument("generation_dir must be absolute"));
-        }
-        let requested = fidelity_from_wire(req.fidelity)?;
-        let asked_activation = req.workload.as_ref().map_or(0, |w| w.activation);
+    pub async fn checkpoint(&self, req: CheckpointRequest) -> Result<CheckpointReply, VerbError> {
+        self.check_addressed(&req.actor, &req.worker_id)?;
+        let (atespace, name) = (req.actor.atespace.clone(), req.actor.name.clone());
+        let gen_dir = req.generation_dir.clone();
+        let requested = req.fidelity;
+        let asked_activation = req.activation;
         let key = key_of(&atespace, &name);
         let lock = self.lock_for(&key);
         let _guard = lock.lock().await;
@@ -46,7 +36,7 @@ impl Worker {
             && asked_activation != 0
             && e.activation != asked_activation
         {
-            return Err(Status::failed_precondition(format!(
+            return Err(VerbError::FailedPrecondition(format!(
                 "worker {} holds activation {} of {key}, not the {asked_activation} the checkpoint names",
                 self.ident.id, e.activation
             )));
@@ -56,18 +46,18 @@ impl Worker {
             if ate_snapshot::is_sealed(&gen_dir) {
                 let m = ate_snapshot::verify(&gen_dir)
                     .await
-                    .map_err(|e| snapshot_status("sealed generation", e))?;
+                    .map_err(|e| snapshot_error("sealed generation", e))?;
                 if m.atespace == atespace && m.name == name {
                     return Ok(self.checkpoint_reply(&m));
                 }
             }
-            return Err(Status::failed_precondition(format!(
+            return Err(VerbError::FailedPrecondition(format!(
                 "actor {key} is not running on worker {}",
                 self.ident.id
             )));
         };
         if dir_has_entries(&gen_dir).await? {
-            return Err(Status::failed_precondition(format!(
+            return Err(VerbError::FailedPrecondition(format!(
                 "generation_dir {} exists and is not empty",
                 gen_dir.display()
             )));
@@ -79,12 +69,12 @@ impl Worker {
             match tokio::time::timeout(LAZY_COMPLETE_WAIT, source.finished()).await {
                 Ok(Outcome::Done(_)) => {}
                 Ok(Outcome::Failed(why)) => {
-                    return Err(Status::failed_precondition(format!(
+                    return Err(VerbError::FailedPrecondition(format!(
                         "actor {key} cannot be checkpointed: its lazy memory restore failed: {why}"
                     )));
                 }
                 Ok(Outcome::Running) | Err(_) => {
-                    return Err(Status::unavailable(format!(
+                    return Err(VerbError::Unavailable(format!(
                         "actor {key} is still receiving its memory from a lazy restore after {LAZY_COMPLETE_WAIT:?}; suspend it again later"
                     )));
                 }
@@ -104,10 +94,7 @@ impl Worker {
 
         // Requests in flight finish first (new ones are refused with 421: the router parks them
         // and resumes the actor after the suspend); then everything left is cut.
-        let grace = match req.grace_ms {
-            0 => self.suspend_grace,
-            ms => Duration::from_millis(u64::from(ms)),
-        };
+        let grace = req.grace.unwrap_or(self.suspend_grace);
         if let Some(a) = self.tunnels.get(&key) {
             let left = a.drain(grace).await;
             if left > 0 {
@@ -191,11 +178,11 @@ impl Worker {
         };
         let stopped_at = begun.elapsed();
         let result = match stopped {
-            Err(e) => Err(Status::internal(format!(
+            Err(e) => Err(VerbError::Internal(format!(
                 "stop sandbox {} for checkpoint: {e}",
                 sandbox.container_id()
             ))),
-            Ok(()) if no_space.is_some() => Err(Status::resource_exhausted(
+            Ok(()) if no_space.is_some() => Err(VerbError::ResourceExhausted(
                 no_space.clone().unwrap_or_default(),
             )),
             Ok(()) => {
@@ -235,7 +222,7 @@ impl Worker {
                     &volumes,
                 )
                 .await
-                .map_err(|e| Status::internal(format!("seal {}: {e}", gen_dir.display())))
+                .map_err(|e| VerbError::Internal(format!("seal {}: {e}", gen_dir.display())))
             }
         };
         let sealed_at = begun.elapsed();
@@ -251,14 +238,14 @@ impl Worker {
                     .resume_after_failed_checkpoint(&key, &entry, dialer, e)
                     .await
                 {
-                    Ok(()) => Err(Status::aborted(format!(
+                    Ok(()) => Err(VerbError::Aborted(format!(
                         "suspend of {key} failed, nothing was written and the actor runs on: {}",
                         e.message()
                     ))),
                     Err(again) => {
                         self.table().actors.remove(&key);
                         self.discard_quietly(&sandbox).await;
-                        Err(Status::internal(format!(
+                        Err(VerbError::Internal(format!(
                             "checkpoint of {key} failed ({}) and the actor could not run on: {}",
                             e.message(),
                             again.message()
@@ -321,31 +308,28 @@ impl Worker {
         key: &str,
         entry: &Entry,
         dialer: Option<NetnsDialer>,
-        why: &Status,
-    ) -> Result<(), Status> {
+        why: &VerbError,
+    ) -> Result<(), VerbError> {
         let sandbox = &entry.sandbox;
         self.runtime
             .thaw(sandbox)
             .await
-            .map_err(|e| sandbox_status("thaw after a failed checkpoint", e))?;
+            .map_err(|e| sandbox_error("thaw after a failed checkpoint", e))?;
         self.egress
             .restart(key, &sandbox.netns(), &entry.spec.egress)
             .await
-            .map_err(|e| Status::internal(format!("egress for {key}: {e}")))?;
+            .map_err(|e| VerbError::Internal(format!("egress for {key}: {e}")))?;
         let dialer = match dialer {
             Some(d) => d,
             None => NetnsDialer::new(&sandbox.netns()).await.map_err(|e| {
-                Status::internal(format!("socket factory for netns {}: {e}", sandbox.netns()))
+                VerbError::Internal(format!("socket factory for netns {}: {e}", sandbox.netns()))
             })?,
         };
-        let record = v1::Workload {
-            actor: Some(v1::ObjectRef {
-                atespace: sandbox.atespace.clone(),
-                name: sandbox.name.clone(),
-            }),
+        let record = Workload {
+            actor: ActorRef::new(sandbox.atespace.clone(), sandbox.name.clone()),
             uid: sandbox.uid.clone(),
             template: entry.template.clone(),
-            spec: Some(ate_proto::spec_to_wire(&entry.spec)),
+            spec: entry.spec.clone(),
             worker_id: self.ident.id.clone(),
             activation: entry.activation,
         };
@@ -355,10 +339,10 @@ impl Worker {
         Ok(())
     }
 
-    fn checkpoint_reply(&self, m: &ate_snapshot::Manifest) -> v1::WorkerCheckpointReply {
-        v1::WorkerCheckpointReply {
+    fn checkpoint_reply(&self, m: &ate_snapshot::Manifest) -> CheckpointReply {
+        CheckpointReply {
             epoch: self.ident.epoch,
-            fidelity: m.fidelity.wire(),
+            fidelity: m.fidelity,
             reason: m.reason.clone(),
             size_bytes: m.total_size(),
             checksum: m.checksum(),
@@ -390,15 +374,15 @@ async fn remove_file_quietly(path: &Path) {
     }
 }
 
-async fn dir_has_entries(dir: &Path) -> Result<bool, Status> {
+async fn dir_has_entries(dir: &Path) -> Result<bool, VerbError> {
     match tokio::fs::read_dir(dir).await {
         Ok(mut rd) => Ok(rd
             .next_entry()
             .await
-            .map_err(|e| Status::internal(format!("list {}: {e}", dir.display())))?
+            .map_err(|e| VerbError::Internal(format!("list {}: {e}", dir.display())))?
             .is_some()),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(false),
-        Err(e) => Err(Status::internal(format!("list {}: {e}", dir.display()))),
+        Err(e) => Err(VerbError::Internal(format!("list {}: {e}", dir.display()))),
     }
 }
 

@@ -5,10 +5,8 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 use ate_core::TemplateSpec;
-use ate_proto::v1;
-use tonic::Status;
 
-use super::{Entry, Frozen, Worker, sandbox_status};
+use super::{Entry, Frozen, VerbError, Worker, Workload, sandbox_error};
 use crate::netns::NetnsDialer;
 
 impl Worker {
@@ -20,15 +18,15 @@ impl Worker {
         key: &str,
         frozen: Frozen,
         spec: &TemplateSpec,
-        workload: &v1::Workload,
-    ) -> Result<(), Status> {
+        workload: &Workload,
+    ) -> Result<(), VerbError> {
         let sandbox = frozen.entry.sandbox.clone();
         let begun = Instant::now();
         let thawed = async {
             self.runtime
                 .thaw(&sandbox)
                 .await
-                .map_err(|e| sandbox_status("thaw", e))?;
+                .map_err(|e| sandbox_error("thaw", e))?;
             let resumed = begun.elapsed();
             // Independent of each other, so at once: the egress proxy (the netns kept its
             // nftables redirect; only the proxy was stopped at checkpoint), the wakeup probe and
@@ -45,10 +43,10 @@ impl Worker {
                     }
                 },
             );
-            egress.map_err(|e| Status::internal(format!("egress for {key}: {e}")))?;
+            egress.map_err(|e| VerbError::Internal(format!("egress for {key}: {e}")))?;
             probe?;
             let dialer = dialer.map_err(|e| {
-                Status::internal(format!("socket factory for netns {netns}: {e}"))
+                VerbError::Internal(format!("socket factory for netns {netns}: {e}"))
             })?;
             tracing::debug!(actor = %key, runc_resume_ms = resumed.as_millis() as u64, total_ms = begun.elapsed().as_millis() as u64, "thawed");
             Ok(dialer)

@@ -10,8 +10,11 @@
 //! (boot: cold run or a generation restored, eager or lazy), `ready` (wakeup probes and an exit
 //! before them), `frozen` (the frozen-in-place tier: thaw, trim), `checkpoint` (suspend: dump,
 //! seal, the ROOTFS fallback), `stop` (Stop, drain, shutdown), `activity` (Activity and the exit
-//! watcher), `adoption` (the adoption record, re-adopting sandboxes after a worker restart) and
-//! `logs` (actor log tails).
+//! watcher), `adoption` (the adoption record, re-adopting sandboxes after a worker restart),
+//! `logs` (actor log tails) and `types` (what the verbs take and return, and [`VerbError`]).
+//!
+//! No wire type lives here: WorkerService (`service.rs`) decodes requests into [`types`] and
+//! encodes the answers (`convert`).
 
 mod activity;
 mod adoption;
@@ -22,6 +25,9 @@ mod ready;
 mod restore;
 mod start;
 mod stop;
+#[cfg(test)]
+mod tests;
+mod types;
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
@@ -30,9 +36,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use ate_core::clock::now_ms;
-use ate_core::{Fidelity, TemplateSpec};
-use ate_proto::v1;
-use tonic::Status;
+use ate_core::{ActorRef, TemplateSpec};
 
 use crate::atunnel::Tunnels;
 use crate::config::{Faults, FrozenPolicy};
@@ -44,6 +48,10 @@ use crate::netns::NetnsDialer;
 use crate::runtime::{ActorSandbox, SandboxRuntime};
 
 pub use adoption::{live_sandboxes, process_running, sandbox_alive};
+pub use types::{
+    ActivityReport, ActorActivity, AdoptionRecord, CheckpointReply, CheckpointRequest, StartReply,
+    StartRequest, StopReply, StopRequest, VerbError, Workload, outcome,
+};
 
 /// How often the exit watcher asks the runtime about active actors.
 pub const EXIT_POLL: Duration = Duration::from_millis(500);
@@ -146,35 +154,17 @@ fn key_of(atespace: &str, name: &str) -> String {
     format!("{atespace}/{name}")
 }
 
-fn validate_ref(r: Option<&v1::ObjectRef>) -> Result<(String, String), Status> {
-    let r = r.ok_or_else(|| Status::invalid_argument("actor ref missing"))?;
-    ate_core::validate_label("actor.atespace", &r.atespace)
-        .map_err(|e| Status::invalid_argument(e.to_string()))?;
-    ate_core::validate_label("actor.name", &r.name)
-        .map_err(|e| Status::invalid_argument(e.to_string()))?;
-    Ok((r.atespace.clone(), r.name.clone()))
-}
-
-/// Sandbox-layer failures as RPC errors: a broken image, spec, snapshot or runtime command is
+/// Sandbox-layer failures as verb errors: a broken image, spec, snapshot or runtime command is
 /// not transient (the api crashes the actor); host I/O failures are INTERNAL.
-fn sandbox_status(what: &str, e: SandboxError) -> Status {
+fn sandbox_error(what: &str, e: SandboxError) -> VerbError {
     match e {
-        SandboxError::Io { .. } => Status::internal(format!("{what}: {e}")),
-        _ => Status::failed_precondition(format!("{what}: {e}")),
+        SandboxError::Io { .. } => VerbError::Internal(format!("{what}: {e}")),
+        _ => VerbError::FailedPrecondition(format!("{what}: {e}")),
     }
 }
 
-fn snapshot_status(what: &str, e: ate_snapshot::Error) -> Status {
-    Status::failed_precondition(format!("{what}: {e}"))
-}
-
-fn fidelity_from_wire(n: i32) -> Result<Option<Fidelity>, Status> {
-    if n == 0 {
-        return Ok(None);
-    }
-    Fidelity::from_wire(n)
-        .map(Some)
-        .ok_or_else(|| Status::invalid_argument(format!("unknown fidelity {n}")))
+fn snapshot_error(what: &str, e: ate_snapshot::Error) -> VerbError {
+    VerbError::FailedPrecondition(format!("{what}: {e}"))
 }
 
 impl Worker {
@@ -271,9 +261,9 @@ impl Worker {
         self.shutting_down.load(Ordering::Acquire)
     }
 
-    fn check_running(&self) -> Result<(), Status> {
+    fn check_running(&self) -> Result<(), VerbError> {
         if self.shutting_down.load(Ordering::Acquire) {
-            return Err(Status::unavailable(format!(
+            return Err(VerbError::Unavailable(format!(
                 "worker {} is shutting down",
                 self.ident.id
             )));
@@ -294,27 +284,25 @@ impl Worker {
         self.runtime.capabilities().sandbox_class
     }
 
-    /// Validates a workload addressed to this worker; returns `(atespace, name)`.
-    fn check_workload(&self, w: Option<&v1::Workload>) -> Result<(String, String), Status> {
-        let w = w.ok_or_else(|| Status::invalid_argument("workload missing"))?;
-        let (atespace, name) = validate_ref(w.actor.as_ref())?;
-        if w.worker_id != self.ident.id {
-            return Err(Status::failed_precondition(format!(
-                "workload for {atespace}/{name} names worker {:?}, this is worker {:?}",
-                w.worker_id, self.ident.id
+    /// Refuses a request that names another worker as the actor's (`worker_id`).
+    fn check_addressed(&self, actor: &ActorRef, worker_id: &str) -> Result<(), VerbError> {
+        if worker_id != self.ident.id {
+            return Err(VerbError::FailedPrecondition(format!(
+                "workload for {}/{} names worker {:?}, this is worker {:?}",
+                actor.atespace, actor.name, worker_id, self.ident.id
             )));
         }
-        Ok((atespace, name))
+        Ok(())
     }
 
     /// Stops the sandbox and removes the actor's working dirs (egress first: its listener holds
     /// the netns the runtime deletes).
-    async fn discard(&self, sandbox: &ActorSandbox) -> Result<(), Status> {
+    async fn discard(&self, sandbox: &ActorSandbox) -> Result<(), VerbError> {
         self.egress
             .stop(&key_of(&sandbox.atespace, &sandbox.name))
             .await;
         self.runtime.stop(sandbox).await.map_err(|e| {
-            Status::internal(format!("stop sandbox {}: {e}", sandbox.container_id()))
+            VerbError::Internal(format!("stop sandbox {}: {e}", sandbox.container_id()))
         })?;
         remove_dir_all(&sandbox.dir).await
     }
@@ -337,10 +325,13 @@ impl Worker {
     }
 }
 
-async fn remove_dir_all(dir: &Path) -> Result<(), Status> {
+async fn remove_dir_all(dir: &Path) -> Result<(), VerbError> {
     match tokio::fs::remove_dir_all(dir).await {
         Ok(()) => Ok(()),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
-        Err(e) => Err(Status::internal(format!("remove {}: {e}", dir.display()))),
+        Err(e) => Err(VerbError::Internal(format!(
+            "remove {}: {e}",
+            dir.display()
+        ))),
     }
 }

@@ -5,11 +5,10 @@
 use std::time::{Duration, Instant};
 
 use ate_core::TemplateSpec;
-use tonic::Status;
 
-use super::Worker;
 use super::logs::{LOG_TAIL_LINES, log_tail_from};
-use super::sandbox_status;
+use super::sandbox_error;
+use super::{VerbError, Worker};
 use crate::error::SandboxError;
 use crate::lazy::PageSource;
 use crate::netns::{ACTOR_IP, connect_in_netns_timeout};
@@ -34,7 +33,7 @@ impl Worker {
         sandbox_spec: &SandboxSpec,
         log_from: u64,
         page_source: Option<&PageSource>,
-    ) -> Result<(), Status> {
+    ) -> Result<(), VerbError> {
         let probe = self.wait_probe(sandbox, spec);
         tokio::pin!(probe);
         let source_failed = async {
@@ -50,7 +49,7 @@ impl Worker {
                 // The restored processes wait on pages that will never come: fail the start
                 // (the caller removes the sandbox; the node checks the generation).
                 why = &mut source_failed => {
-                    return Err(Status::failed_precondition(format!(
+                    return Err(VerbError::FailedPrecondition(format!(
                         "lazy memory restore failed: {why}"
                     )));
                 }
@@ -78,7 +77,7 @@ impl Worker {
         sandbox_spec: &SandboxSpec,
         exit: &ExitInfo,
         log_from: u64,
-    ) -> Status {
+    ) -> VerbError {
         // Its last words may still be in the log relay's pipe.
         self.runtime
             .output_flushed(sandbox, Duration::from_millis(500))
@@ -88,7 +87,7 @@ impl Worker {
         let code = exit.code.map_or("unknown".to_string(), |c| c.to_string());
         tracing::warn!(container = %sandbox.container_id(), status = %exit.status, code = %code, "container exited before its wakeup probe passed");
         if let Some(reason) = exec_failed_after_start(&log, exit.code, &args) {
-            return sandbox_status(
+            return sandbox_error(
                 "start",
                 SandboxError::Command {
                     command: runc::render_args(&args),
@@ -114,7 +113,7 @@ impl Worker {
         } else {
             "the actor's containers".to_string()
         };
-        Status::failed_precondition(format!(
+        VerbError::FailedPrecondition(format!(
             "start: {what} exited (code {code}) before its wakeup probe passed: {last}\n\
              --- last log lines ---\n{log}"
         ))
@@ -127,7 +126,7 @@ impl Worker {
         &self,
         sandbox: &ActorSandbox,
         spec: &TemplateSpec,
-    ) -> Result<(), Status> {
+    ) -> Result<(), VerbError> {
         let netns = sandbox.netns();
         let several = spec.containers.len() > 1;
         let probes = spec.containers.iter().enumerate().map(|(i, c)| {
@@ -143,9 +142,9 @@ impl Worker {
                 };
                 result.map_err(|e| {
                     if several {
-                        Status::failed_precondition(format!("container {:?}: {e}", c.name))
+                        VerbError::FailedPrecondition(format!("container {:?}: {e}", c.name))
                     } else {
-                        Status::failed_precondition(e)
+                        VerbError::FailedPrecondition(e)
                     }
                 })
             }

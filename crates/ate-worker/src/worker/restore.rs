@@ -6,9 +6,8 @@ use std::time::Instant;
 
 use ate_core::Fidelity;
 use ate_core::template::MemoryRestore;
-use tonic::Status;
 
-use super::{Worker, key_of, sandbox_status, snapshot_status};
+use super::{VerbError, Worker, key_of, sandbox_error, snapshot_error};
 use crate::lazy::PageSource;
 use crate::runtime::{ActorSandbox, RunMode, SandboxSpec};
 
@@ -22,30 +21,30 @@ impl Worker {
         generation_dir: Option<&Path>,
         requested: Option<Fidelity>,
         memory_restore: MemoryRestore,
-    ) -> Result<(Option<u32>, Option<PageSource>), Status> {
+    ) -> Result<(Option<u32>, Option<PageSource>), VerbError> {
         let Some(gen_dir) = generation_dir else {
             // Egress is set up by `start` once this returns (the netns is made by the runtime).
             let started = self
                 .runtime
                 .run(sandbox, spec, RunMode::KeepRootfs)
                 .await
-                .map_err(|e| sandbox_status("cold boot", e))?;
+                .map_err(|e| sandbox_error("cold boot", e))?;
             return Ok((started.pid, None));
         };
         let begun = Instant::now();
         let manifest = ate_snapshot::read_manifest(gen_dir)
             .await
-            .map_err(|e| snapshot_status(&format!("generation {}", gen_dir.display()), e))?;
+            .map_err(|e| snapshot_error(&format!("generation {}", gen_dir.display()), e))?;
         let fidelity = requested.unwrap_or(manifest.fidelity);
         if fidelity.rank() > manifest.fidelity.rank() {
-            return Err(Status::failed_precondition(format!(
+            return Err(VerbError::FailedPrecondition(format!(
                 "generation {} holds {} and cannot be restored at {fidelity}",
                 gen_dir.display(),
                 manifest.fidelity
             )));
         }
         if fidelity == Fidelity::Memory && manifest.sandbox_class != self.sandbox_class() {
-            return Err(Status::failed_precondition(format!(
+            return Err(VerbError::FailedPrecondition(format!(
                 "generation {} was captured by sandbox class {:?}; its memory cannot restore on {:?}",
                 gen_dir.display(),
                 manifest.sandbox_class,
@@ -53,7 +52,7 @@ impl Worker {
             )));
         }
         if fidelity == Fidelity::Memory && !self.can_restore_memory() {
-            return Err(Status::failed_precondition(format!(
+            return Err(VerbError::FailedPrecondition(format!(
                 "worker {} cannot restore memory (no CRIU ≥ 4.2); restore at FIDELITY_ROOTFS",
                 self.ident.id
             )));
@@ -75,9 +74,9 @@ impl Worker {
         // A generation downloaded for a lazy restore holds only part of its memory (the rest is
         // in the durable store): it cannot be restored eagerly. The node then fetches it whole.
         let partial = ate_snapshot::durable_source(gen_dir)
-            .map_err(|e| snapshot_status(&format!("generation {}", gen_dir.display()), e))?;
+            .map_err(|e| snapshot_error(&format!("generation {}", gen_dir.display()), e))?;
         if partial.is_some() && fidelity == Fidelity::Memory && lazy.is_none() {
-            return Err(Status::failed_precondition(format!(
+            return Err(VerbError::FailedPrecondition(format!(
                 "generation {} holds only part of its memory (the rest is in the durable store) and worker {} restores memory eagerly; fetch the whole generation",
                 gen_dir.display(),
                 self.ident.id
@@ -102,7 +101,7 @@ impl Worker {
             if fidelity != Fidelity::Volumes && manifest.has_rootfs() {
                 ate_snapshot::extract_rootfs(gen_dir, &sandbox.upper_dir())
                     .await
-                    .map_err(|e| snapshot_status("extract rootfs", e))?;
+                    .map_err(|e| snapshot_error("extract rootfs", e))?;
             }
             for c in &spec.sidecars {
                 // A container the generation does not hold (template change) starts afresh.
@@ -113,7 +112,7 @@ impl Worker {
                         &sandbox.container_upper_dir(&c.name),
                     )
                     .await
-                    .map_err(|e| snapshot_status(&format!("extract rootfs of {}", c.name), e))?;
+                    .map_err(|e| snapshot_error(&format!("extract rootfs of {}", c.name), e))?;
                 }
             }
             let archived = manifest.volumes();
@@ -122,7 +121,7 @@ impl Worker {
                 if archived.contains(&v.name) {
                     ate_snapshot::extract_volume(gen_dir, &v.name, &sandbox.volume_dir(&v.name))
                         .await
-                        .map_err(|e| snapshot_status(&format!("extract volume {}", v.name), e))?;
+                        .map_err(|e| snapshot_error(&format!("extract volume {}", v.name), e))?;
                 }
             }
             let extracted = begun.elapsed();
@@ -136,7 +135,7 @@ impl Worker {
                             .runtime
                             .restore_lazily(sandbox, spec, gen_dir, command)
                             .await
-                            .map_err(|e| sandbox_status("lazy memory restore", e))?;
+                            .map_err(|e| sandbox_error("lazy memory restore", e))?;
                         page_source = Some(source);
                         started
                     }
@@ -144,20 +143,20 @@ impl Worker {
                         .runtime
                         .restore(sandbox, spec, &gen_dir.join(ate_snapshot::CRIU_DIR))
                         .await
-                        .map_err(|e| sandbox_status("memory restore", e))?,
+                        .map_err(|e| sandbox_error("memory restore", e))?,
                 },
                 Fidelity::Rootfs => self
                     .runtime
                     .run(sandbox, spec, RunMode::KeepRootfs)
                     .await
-                    .map_err(|e| sandbox_status("rootfs restart", e))?,
+                    .map_err(|e| sandbox_error("rootfs restart", e))?,
                 Fidelity::Volumes => self
                     .runtime
                     .run(sandbox, spec, RunMode::FreshRootfs)
                     .await
-                    .map_err(|e| sandbox_status("volumes restart", e))?,
+                    .map_err(|e| sandbox_error("volumes restart", e))?,
             };
-            Ok::<_, Status>((started, extracted, page_source))
+            Ok::<_, VerbError>((started, extracted, page_source))
         };
         let ((checked, verified), built) = tokio::join!(verify, build);
         // On a failed check a page source must not be released before its sandbox is gone:
@@ -170,7 +169,7 @@ impl Worker {
                 }
             }
             drop(built);
-            return Err(snapshot_status(
+            return Err(snapshot_error(
                 &format!("generation {}", gen_dir.display()),
                 e,
             ));

@@ -2,41 +2,35 @@
 //! frozen-in-place copy of exactly that generation), then egress, the wakeup probe, the adoption
 //! record and ingress on.
 
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Instant;
 use tracing::Instrument;
 
 use ate_core::Fidelity;
-use ate_proto::v1;
-use tonic::Status;
 
-use super::{Entry, Worker, fidelity_from_wire, key_of, sandbox_status};
+use super::{Entry, StartReply, StartRequest, VerbError, Worker, key_of, sandbox_error};
 use crate::lazy::PageSource;
 use crate::netns::NetnsDialer;
 use crate::runtime::SandboxSpec;
 
 impl Worker {
-    pub async fn start(&self, req: v1::WorkerStartRequest) -> Result<v1::WorkerStartReply, Status> {
+    pub async fn start(&self, req: StartRequest) -> Result<StartReply, VerbError> {
         let begun = Instant::now();
-        let (atespace, name) = self.check_workload(req.workload.as_ref())?;
-        let workload = req.workload.unwrap_or_default();
-        let wire_spec = workload
-            .spec
-            .as_ref()
-            .ok_or_else(|| Status::invalid_argument("workload.spec missing"))?;
-        let spec = ate_proto::spec_from_wire(wire_spec)
-            .map_err(|e| Status::invalid_argument(format!("workload.spec: {e}")))?;
-        let requested = fidelity_from_wire(req.fidelity)?;
-        let generation_dir =
-            (!req.generation_dir.is_empty()).then(|| PathBuf::from(&req.generation_dir));
-        if requested.is_some() && generation_dir.is_none() {
-            return Err(Status::invalid_argument(
-                "a fidelity was given without a generation_dir",
-            ));
-        }
+        let StartRequest {
+            workload,
+            generation_dir,
+            fidelity: requested,
+        } = req;
+        self.check_addressed(&workload.actor, &workload.worker_id)?;
+        let (atespace, name) = (workload.actor.atespace.clone(), workload.actor.name.clone());
+        let spec = workload.spec.clone();
+        // For the log lines: the generation restored, empty for a cold boot.
+        let restore = generation_dir
+            .as_deref()
+            .map(|d| d.display().to_string())
+            .unwrap_or_default();
         if spec.sandbox_class != self.sandbox_class() {
-            return Err(Status::failed_precondition(format!(
+            return Err(VerbError::FailedPrecondition(format!(
                 "template wants sandbox class {:?}; worker {} runs {:?}",
                 spec.sandbox_class,
                 self.ident.id,
@@ -69,14 +63,14 @@ impl Worker {
                     tracing::info!(actor = %key, activation = held, "re-adopted actor named by a start; ingress on");
                 }
                 if self.tunnels.get(&key).is_some() {
-                    return Ok(v1::WorkerStartReply {
+                    return Ok(StartReply {
                         epoch: self.ident.epoch,
                         ready_ms: 0,
                     });
                 }
             }
             if same && activation != 0 && held > activation {
-                return Err(Status::failed_precondition(format!(
+                return Err(VerbError::FailedPrecondition(format!(
                     "worker {} holds activation {held} of {key}; this start names the older {activation}",
                     self.ident.id
                 )));
@@ -91,7 +85,7 @@ impl Worker {
         }
         let in_use = self.table().actors.len();
         if in_use >= self.ident.slots as usize {
-            return Err(Status::resource_exhausted(format!(
+            return Err(VerbError::ResourceExhausted(format!(
                 "worker {} has all {} actor slots in use",
                 self.ident.id, self.ident.slots
             )));
@@ -111,8 +105,8 @@ impl Worker {
                         crate::metrics::thawed(true);
                         let ready_ms =
                             u64::try_from(begun.elapsed().as_millis()).unwrap_or(u64::MAX);
-                        tracing::info!(actor = %key, ready_ms, restore = req.generation_dir.as_str(), "actor thawed in place; ingress on");
-                        return Ok(v1::WorkerStartReply {
+                        tracing::info!(actor = %key, ready_ms, restore = restore.as_str(), "actor thawed in place; ingress on");
+                        return Ok(StartReply {
                             epoch: self.ident.epoch,
                             ready_ms,
                         });
@@ -127,7 +121,9 @@ impl Worker {
         }
         self.trim_frozen().await;
         if spec.containers.is_empty() {
-            return Err(Status::invalid_argument("workload.spec has no containers"));
+            return Err(VerbError::InvalidArgument(
+                "workload.spec has no containers".to_string(),
+            ));
         }
         let mut images = Vec::with_capacity(spec.containers.len());
         for c in &spec.containers {
@@ -135,12 +131,12 @@ impl Worker {
                 .images
                 .ensure(&c.image)
                 .await
-                .map_err(|e| sandbox_status(&format!("image {}", c.image), e))?;
+                .map_err(|e| sandbox_error(&format!("image {}", c.image), e))?;
             images.push(image);
         }
         let first_image = images.remove(0);
         let sandbox_spec = SandboxSpec::from_template(&spec, first_image, images)
-            .map_err(|e| sandbox_status("sandbox spec", e))?;
+            .map_err(|e| sandbox_error("sandbox spec", e))?;
         let sandbox = self.sandbox_for(&atespace, &name, &workload.uid);
 
         // Nothing of an earlier life of this actor on this worker carries over: the generation
@@ -186,7 +182,7 @@ impl Worker {
             .await
         {
             self.discard_quietly(&sandbox).await;
-            return Err(Status::internal(format!("egress for {key}: {e}")));
+            return Err(VerbError::Internal(format!("egress for {key}: {e}")));
         }
         let egress_at = begun.elapsed();
         if let Err(e) = self
@@ -209,7 +205,7 @@ impl Worker {
             Ok(d) => d,
             Err(e) => {
                 self.discard_quietly(&sandbox).await;
-                return Err(Status::internal(format!(
+                return Err(VerbError::Internal(format!(
                     "socket factory for netns {}: {e}",
                     sandbox.netns()
                 )));
@@ -247,10 +243,10 @@ impl Worker {
             ready_ms,
             boot_and_egress_ms = egress_at.as_millis() as u64,
             probe_ms = (probed_at - egress_at).as_millis() as u64,
-            restore = req.generation_dir.as_str(),
+            restore = restore.as_str(),
             "actor started; ingress on"
         );
-        Ok(v1::WorkerStartReply {
+        Ok(StartReply {
             epoch: self.ident.epoch,
             ready_ms,
         })

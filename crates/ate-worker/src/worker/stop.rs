@@ -5,11 +5,9 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use ate_core::clock::now_ms;
-use ate_proto::v1;
 use futures::StreamExt as _;
-use tonic::Status;
 
-use super::{Frozen, Worker, key_of, validate_ref};
+use super::{Frozen, StopReply, StopRequest, VerbError, Worker, key_of};
 
 /// Sandboxes stopped at once when the worker shuts down.
 const SHUTDOWN_PARALLELISM: usize = 16;
@@ -17,18 +15,18 @@ const SHUTDOWN_PARALLELISM: usize = 16;
 const NODE_SILENCE: Duration = Duration::from_secs(2);
 
 impl Worker {
-    pub async fn stop(&self, req: v1::WorkerStopRequest) -> Result<v1::WorkerStopReply, Status> {
-        let (atespace, name) = validate_ref(req.actor.as_ref())?;
+    pub async fn stop(&self, req: StopRequest) -> Result<StopReply, VerbError> {
+        let (atespace, name) = (req.actor.atespace, req.actor.name);
         let key = key_of(&atespace, &name);
         let lock = self.lock_for(&key);
         let _guard = lock.lock().await;
-        if req.activation_at_most != 0 {
+        if let Some(at_most) = req.activation_at_most {
             let held = self.table().actors.get(&key).map(|e| e.activation);
             if let Some(held) = held
-                && held > req.activation_at_most
+                && held > at_most
             {
                 // A newer activation started here since the caller looked: not its business.
-                return Ok(v1::WorkerStopReply {
+                return Ok(StopReply {
                     epoch: self.ident.epoch,
                 });
             }
@@ -45,7 +43,7 @@ impl Worker {
         self.table()
             .exits
             .retain(|x| !(x.atespace == atespace && x.name == name));
-        Ok(v1::WorkerStopReply {
+        Ok(StopReply {
             epoch: self.ident.epoch,
         })
     }
