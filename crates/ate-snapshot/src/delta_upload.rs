@@ -11,7 +11,7 @@
 //! checked against its digest first, so a named page is the page the store holds.
 //!
 //! Bases must be younger than a quarter of the store's grace age, like reused chunks (see
-//! `chunks.rs`): a sweep cannot take them before this upload's manifest references the delta
+//! `chunks/`): a sweep cannot take them before this upload's manifest references the delta
 //! (whose markers then keep them).
 
 use std::collections::{BTreeMap, HashMap};

@@ -17,7 +17,7 @@
 //!
 //! The durable copy mirrors it under `<store url>/<key>/`: every file zstd-compressed as
 //! `<path>.zst`, except the memory images, whose chunks are shared content-addressed objects
-//! under `<store url>/_chunks/` (see `chunks.rs`), plus the plain `manifest.json`, again uploaded
+//! under `<store url>/_chunks/` (see `chunks/`), plus the plain `manifest.json`, again uploaded
 //! last. Object sets an upload cut
 //! off for good left without a manifest are removed by `DurableStore::sweep_partial_uploads`.
 
