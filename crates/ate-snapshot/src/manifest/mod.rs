@@ -1,5 +1,3 @@
-//! Over 600 lines only with its tests: the code is ~340 lines, one format kept in one place.
-//!
 //! `manifest.json`: what a generation is and every file it holds (size + sha256).
 //!
 //! Memory images (`criu/pages-<N>.img`, see [`is_memory_pages_file`]) also carry a BLAKE3 digest
