@@ -5,6 +5,9 @@
 //! rewriting, failure paths (probe never answers, CRIU dump fails, worker killed mid-restore,
 //! corrupted snapshot, durable store full), exit detection, network isolation and atunnel's
 //! refusals, cleanup after shutdown; plus suspend / resume timings (printed, not asserted).
+//!
+//! One file of tests only (its helpers are in `support/`): they share one harness and run as one
+//! binary (`--test node_side`), and each section is a few long scenarios.
 
 mod support;
 
