@@ -8,6 +8,7 @@ use std::time::Duration;
 use ate_api::{ApiConfig, FaultPoint};
 use ate_core::{CRASHED_PREREQUISITE, NO_ROOM_MESSAGE};
 use ate_proto::v1::*;
+use ate_test_support::test_node::NodeBehaviour;
 use common::*;
 use tonic::Code;
 

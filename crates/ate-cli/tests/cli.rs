@@ -20,22 +20,7 @@ impl Drop for ApiProcess {
 }
 
 fn wait_for_json(file: &Path, child: &mut Child) -> serde_json::Value {
-    let start = Instant::now();
-    loop {
-        if let Ok(text) = std::fs::read_to_string(file)
-            && let Ok(v) = serde_json::from_str(&text)
-        {
-            return v;
-        }
-        if let Ok(Some(status)) = child.try_wait() {
-            panic!("process exited early: {status}");
-        }
-        assert!(
-            start.elapsed() < Duration::from_secs(20),
-            "not ready in time"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    ate_test_support::wait::wait_for_ready_file(file, child, "process", Duration::from_secs(20))
 }
 
 fn start_api() -> ApiProcess {

@@ -359,15 +359,8 @@ fn actor_json(sys: &System, ns: &str, name: &str) -> serde_json::Value {
 }
 
 /// Polls `what` until it returns Some, for at most `limit`.
-fn wait_for<T>(limit: Duration, what: &str, mut f: impl FnMut() -> Option<T>) -> T {
-    let start = Instant::now();
-    loop {
-        if let Some(v) = f() {
-            return v;
-        }
-        assert!(start.elapsed() < limit, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(100));
-    }
+fn wait_for<T>(limit: Duration, what: &str, f: impl FnMut() -> Option<T>) -> T {
+    ate_test_support::wait::wait_for(what, limit, Duration::from_millis(100), f)
 }
 
 /// A child process killed (and reaped) on drop, so a failing assertion leaves nothing behind.

@@ -687,12 +687,8 @@ fn start_entrypoint(stub: &Path) -> Child {
         .expect("start worker-entrypoint.sh")
 }
 
-fn wait_until(what: &str, timeout: Duration, mut done: impl FnMut() -> bool) {
-    let start = Instant::now();
-    while !done() {
-        assert!(start.elapsed() < timeout, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+fn wait_until(what: &str, timeout: Duration, done: impl FnMut() -> bool) {
+    ate_test_support::wait::wait_until(what, timeout, Duration::from_millis(20), done)
 }
 
 fn wait_exit(child: &mut Child, timeout: Duration) -> std::process::ExitStatus {

@@ -18,6 +18,7 @@ use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
+use ate_test_support::http::http_get;
 use support::actors::create_actor;
 use support::*;
 

@@ -2,7 +2,7 @@
 
 use std::path::Path;
 use std::process::{Child, Command, Output, Stdio};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use jsonwebtoken::jwk::Jwk;
 use jsonwebtoken::{Algorithm, EncodingKey, Header, encode};
@@ -29,22 +29,7 @@ impl Drop for JwtApi {
 }
 
 fn wait_for_json(file: &Path, child: &mut Child) -> serde_json::Value {
-    let start = Instant::now();
-    loop {
-        if let Ok(text) = std::fs::read_to_string(file)
-            && let Ok(v) = serde_json::from_str(&text)
-        {
-            return v;
-        }
-        if let Ok(Some(status)) = child.try_wait() {
-            panic!("ate api exited early: {status}");
-        }
-        assert!(
-            start.elapsed() < Duration::from_secs(20),
-            "not ready in time"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    ate_test_support::wait::wait_for_ready_file(file, child, "ate api", Duration::from_secs(20))
 }
 
 impl JwtApi {

@@ -8,6 +8,7 @@ mod support;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
+use ate_test_support::http::http_get;
 use support::actors::*;
 use support::*;
 

@@ -15,6 +15,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::Path;
 use std::time::{Duration, Instant};
 
+use ate_test_support::http::http_get;
 use support::*;
 
 /// Actors of this test: no label value of any series may contain these.

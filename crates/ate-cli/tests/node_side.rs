@@ -5,112 +5,31 @@
 //! rewriting, failure paths (probe never answers, CRIU dump fails, worker killed mid-restore,
 //! corrupted snapshot, durable store full), exit detection, network isolation and atunnel's
 //! refusals, cleanup after shutdown; plus suspend / resume timings (printed, not asserted).
+//!
+//! One file of tests only (its helpers are in `support/`): they share one harness and run as one
+//! binary (`--test node_side`), and each section is a few long scenarios.
 
 mod support;
 
 use std::net::{Ipv4Addr, SocketAddr, TcpListener};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
+use ate_test_support::block_on;
+use ate_test_support::fs::walk;
+use ate_test_support::http::healthz;
+use ate_test_support::services::create_s3_bucket as create_bucket;
 use serde_json::Value;
 use support::actors::*;
+use support::atunnel::*;
+use support::generations::*;
+use support::manual::*;
+use support::runc::*;
 use support::*;
 
 // ---------------------------------------------------------------------------------------------
-// helpers
-
-/// Container ids (= netns names) of `ns/name` under `state`, found by their bundle (the actor's
-/// directory on a worker); the worker derives the id from that path.
-fn ids_of(state: &Path, ns: &str, name: &str) -> Vec<String> {
-    actor_containers(state, ns, name)
-        .into_iter()
-        .map(|c| c.0)
-        .collect()
-}
-
-/// [`containers_full`] of `ns/name` only (any worker).
-fn actor_containers(state: &Path, ns: &str, name: &str) -> Vec<(String, u32, String, String)> {
-    let suffix = format!("/actors/{ns}/{name}");
-    containers_full(state)
-        .into_iter()
-        .filter(|c| c.3.ends_with(&suffix))
-        .collect()
-}
-
-/// `(container id, pid)` of every runc container of every worker under `state`.
-fn containers(state: &Path) -> Vec<(String, u32)> {
-    containers_with_status(state)
-        .into_iter()
-        .map(|(id, pid, _)| (id, pid))
-        .collect()
-}
-
-/// `(container id, pid, runc status)` of every runc container of every worker under `state`.
-fn containers_with_status(state: &Path) -> Vec<(String, u32, String)> {
-    containers_full(state)
-        .into_iter()
-        .map(|(id, pid, status, _)| (id, pid, status))
-        .collect()
-}
-
-/// `(container id, pid, runc status, bundle)` of every runc container under `state`.
-fn containers_full(state: &Path) -> Vec<(String, u32, String, String)> {
-    let mut out = Vec::new();
-    let Ok(workers) = std::fs::read_dir(state.join("workers")) else {
-        return out;
-    };
-    for w in workers.flatten() {
-        let root = w.path().join("runc");
-        if !root.exists() {
-            continue;
-        }
-        let o = Command::new("runc")
-            .arg("--root")
-            .arg(&root)
-            .args(["list", "-f", "json"])
-            .output()
-            .expect("runc list");
-        let text = String::from_utf8_lossy(&o.stdout);
-        if let Ok(Value::Array(list)) = serde_json::from_str::<Value>(&text) {
-            for c in list {
-                out.push((
-                    c["id"].as_str().unwrap_or_default().to_string(),
-                    c["pid"].as_u64().unwrap_or(0) as u32,
-                    c["status"].as_str().unwrap_or_default().to_string(),
-                    c["bundle"].as_str().unwrap_or_default().to_string(),
-                ));
-            }
-        }
-    }
-    out
-}
-
-/// The one generation dir of `ns/name` with this generation number on the node.
-fn ms(d: Duration) -> u128 {
-    d.as_millis()
-}
-
-// ---------------------------------------------------------------------------------------------
 // 1. durable restore
-
-/// Creates an S3 bucket on moto with an unsigned PUT.
-fn create_bucket(endpoint: &str, bucket: &str) {
-    use std::io::{Read, Write};
-    let hostport = endpoint.trim_start_matches("http://").trim_end_matches('/');
-    let mut s = std::net::TcpStream::connect(hostport).expect("connect to the S3 endpoint");
-    write!(
-        s,
-        "PUT /{bucket} HTTP/1.1\r\nHost: {hostport}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
-    )
-    .expect("write");
-    let mut buf = String::new();
-    let _ = s.read_to_string(&mut buf);
-    assert!(
-        buf.starts_with("HTTP/1.1 200") || buf.contains("BucketAlreadyOwnedByYou"),
-        "bucket create: {buf}"
-    );
-}
 
 #[test]
 fn durable_restore_from_s3_after_local_copy_is_gone() {
@@ -311,17 +230,6 @@ fn golden_tag_seeds_new_actors_with_their_own_identity() {
 // ---------------------------------------------------------------------------------------------
 // 4. failure paths
 
-/// The counter on its usual ports with a probe on 9999, where nothing listens. (The worker
-/// exports the probe port as `PORT` unless the template sets it, so it is set here.)
-fn probe_on_closed_port(timeout: u32) -> Tpl {
-    Tpl {
-        probe_port: 9999,
-        probe_timeout: timeout,
-        env: vec![("PORT".into(), "80".into())],
-        ..Tpl::counter()
-    }
-}
-
 #[test]
 fn probe_never_answering_crashes_then_revert_and_fixed_template_resume() {
     let sys = System::up(UpOptions {
@@ -408,19 +316,6 @@ fn criu_dump_failure_falls_back_to_rootfs() {
         "the worker log says so"
     );
     assert_eq!(counts(&get_ok(&sys, &format!("{ns}/c"), "/")), (1, 3, 3));
-}
-
-/// One worker with frozen copies off (`ATE_KEEP_FROZEN=0`), so every resume restores, and so
-/// verifies, the generation on disk; optionally a durable store.
-fn one_worker_restoring(durable_store: Option<String>) -> System {
-    System::up_with_env(
-        UpOptions {
-            workers: 1,
-            durable_store,
-            ..Default::default()
-        },
-        &[("ATE_KEEP_FROZEN", "0")],
-    )
 }
 
 #[test]
@@ -529,308 +424,6 @@ fn durable_store_full_keeps_the_local_copy() {
         before,
         "memory restored from the local copy"
     );
-}
-
-fn walk(dir: &Path) -> Vec<PathBuf> {
-    let mut out = Vec::new();
-    let mut stack = vec![dir.to_path_buf()];
-    while let Some(d) = stack.pop() {
-        for e in std::fs::read_dir(&d).into_iter().flatten().flatten() {
-            let p = e.path();
-            if p.is_dir() {
-                stack.push(p.clone());
-            }
-            out.push(p);
-        }
-    }
-    out
-}
-
-/// api, node, worker and router started one by one (not `ate up`, which stops everything when a
-/// child dies), so a test can kill and restart a worker.
-struct Manual {
-    dir: tempfile::TempDir,
-    api: String,
-    router: SocketAddr,
-    worker_listen: SocketAddr,
-    children: Vec<(String, Child)>,
-}
-
-/// True when an `ate router` answers `/healthz` on its metrics address.
-fn healthz(metrics: SocketAddr) -> bool {
-    use std::io::{Read, Write};
-    let Ok(mut s) = std::net::TcpStream::connect(metrics) else {
-        return false;
-    };
-    let _ = s.set_read_timeout(Some(Duration::from_secs(2)));
-    if s.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
-        .is_err()
-    {
-        return false;
-    }
-    let mut buf = String::new();
-    let _ = s.read_to_string(&mut buf);
-    buf.starts_with("HTTP/1.1 200")
-}
-
-impl Manual {
-    fn state(&self) -> PathBuf {
-        self.dir.path().join("state")
-    }
-
-    fn spawn(&mut self, name: &str, args: &[String]) {
-        let log = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(self.dir.path().join(format!("{name}.log")))
-            .expect("log");
-        let child = Command::new(ATE)
-            .args(args)
-            .stdin(Stdio::null())
-            .stdout(log.try_clone().expect("log"))
-            .stderr(log)
-            .spawn()
-            .expect("spawn");
-        self.children.push((name.to_string(), child));
-    }
-
-    fn log(&self, name: &str) -> String {
-        std::fs::read_to_string(self.dir.path().join(format!("{name}.log"))).unwrap_or_default()
-    }
-
-    fn ate_ok(&self, args: &[&str]) -> String {
-        let out = Command::new(ATE)
-            .arg("--api")
-            .arg(&self.api)
-            .args(args)
-            .output()
-            .expect("ate");
-        assert!(
-            out.status.success(),
-            "ate {args:?}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8_lossy(&out.stdout).into_owned()
-    }
-
-    fn wait_file(&self, path: &Path) -> Value {
-        let start = Instant::now();
-        loop {
-            if let Ok(t) = std::fs::read_to_string(path)
-                && let Ok(v) = serde_json::from_str(&t)
-            {
-                return v;
-            }
-            assert!(
-                start.elapsed() < Duration::from_secs(30),
-                "{} not written",
-                path.display()
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
-    }
-
-    fn start_worker(&mut self) {
-        let args: Vec<String> = [
-            "worker",
-            "--id",
-            "worker-1",
-            "--state-dir",
-            self.state().to_str().expect("utf-8"),
-            "--listen",
-            &self.worker_listen.to_string(),
-            "--slots",
-            "4",
-        ]
-        .iter()
-        .map(|s| s.to_string())
-        .collect();
-        self.spawn("worker-1", &args);
-    }
-
-    /// The worker's epoch as the api has it, once ACTIVE.
-    fn worker_epoch(&self) -> Option<u64> {
-        let v: Value =
-            serde_json::from_str(&self.ate_ok(&["get", "workers", "-o", "json"])).ok()?;
-        let w = v.as_array()?.iter().find(|w| w["status"] == "ACTIVE")?;
-        w["epoch"].as_u64()
-    }
-
-    fn up() -> Manual {
-        Self::up_with(None, 1)
-    }
-
-    /// Like [`Manual::up`] with `apis` api replicas on `store` (default: SQLite in the state
-    /// dir); node and router get every replica's address (`--api a,b`), and so does `ate_ok`.
-    fn up_with(store: Option<String>, apis: usize) -> Manual {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let ip = Ipv4Addr::new(127, 1 + (std::process::id() % 200) as u8, 252, 2);
-        let mut m = Manual {
-            api: String::new(),
-            router: SocketAddr::from(([127, 0, 0, 1], free_port())),
-            worker_listen: SocketAddr::new(ip.into(), free_port()),
-            children: Vec::new(),
-            dir,
-        };
-        std::fs::create_dir_all(m.state()).expect("state");
-        let s = |x: &str| x.to_string();
-        let store =
-            store.unwrap_or_else(|| format!("sqlite://{}", m.state().join("ate.db").display()));
-        let mut addresses = Vec::new();
-        for i in 1..=apis {
-            let name = if i == 1 { s("api") } else { format!("api-{i}") };
-            let api_ready = m.dir.path().join(format!("{name}.json"));
-            m.spawn(
-                &name,
-                &[
-                    s("api"),
-                    s("--listen"),
-                    s("127.0.0.1:0"),
-                    s("--http-listen"),
-                    s("127.0.0.1:0"),
-                    s("--store"),
-                    store.clone(),
-                    s("--ready-file"),
-                    api_ready.display().to_string(),
-                ],
-            );
-            addresses.push(
-                m.wait_file(&api_ready)["grpc"]
-                    .as_str()
-                    .expect("grpc")
-                    .to_string(),
-            );
-        }
-        m.api = addresses.join(",");
-        let node_ready = m.dir.path().join("node.json");
-        let state = m.state().display().to_string();
-        m.spawn(
-            "node",
-            &[
-                s("node"),
-                s("--listen"),
-                format!("127.0.0.1:{}", free_port()),
-                s("--api"),
-                m.api.clone(),
-                s("--state-dir"),
-                state,
-                s("--ready-file"),
-                node_ready.display().to_string(),
-            ],
-        );
-        m.wait_file(&node_ready);
-        m.start_worker();
-        let start = Instant::now();
-        while m.worker_epoch().is_none() {
-            assert!(
-                start.elapsed() < Duration::from_secs(30),
-                "worker not registered:\n{}",
-                m.log("worker-1")
-            );
-            std::thread::sleep(Duration::from_millis(100));
-        }
-        // Ports are picked free and then bound by the child, so another test may take one in
-        // between: start the router again on new ports until it is ours that answers.
-        let mut attempt = 0;
-        loop {
-            attempt += 1;
-            let metrics = SocketAddr::from(([127, 0, 0, 1], free_port()));
-            let api = m.api.clone();
-            let router = m.router.to_string();
-            m.spawn(
-                "router",
-                &[
-                    s("router"),
-                    s("--listen"),
-                    router,
-                    s("--metrics-listen"),
-                    metrics.to_string(),
-                    s("--api"),
-                    api,
-                ],
-            );
-            let start = Instant::now();
-            let up = loop {
-                let exited = m
-                    .children
-                    .last_mut()
-                    .is_some_and(|(_, c)| matches!(c.try_wait(), Ok(Some(_))));
-                if exited {
-                    break false;
-                }
-                if std::net::TcpStream::connect(m.router).is_ok() && healthz(metrics) {
-                    break true;
-                }
-                assert!(
-                    start.elapsed() < Duration::from_secs(30),
-                    "router not listening"
-                );
-                std::thread::sleep(Duration::from_millis(50));
-            };
-            if up {
-                break;
-            }
-            assert!(attempt < 5, "router failed to start:\n{}", m.log("router"));
-            m.children.pop();
-            m.router = SocketAddr::from(([127, 0, 0, 1], free_port()));
-        }
-        m
-    }
-
-    fn kill_worker(&mut self) {
-        let i = self
-            .children
-            .iter()
-            .position(|(n, _)| n == "worker-1")
-            .expect("worker");
-        let (_, mut child) = self.children.remove(i);
-        child.kill().expect("SIGKILL worker");
-        let _ = child.wait();
-    }
-}
-
-impl Drop for Manual {
-    fn drop(&mut self) {
-        // Reverse order, each stopped before the next: router, workers (the node and the api
-        // suspend their actors meanwhile), node, api.
-        for (_, c) in self.children.iter_mut().rev() {
-            let _ = Command::new("kill")
-                .args(["-TERM", &c.id().to_string()])
-                .status();
-            let deadline = Instant::now() + Duration::from_secs(25);
-            while Instant::now() < deadline {
-                if let Ok(Some(_)) = c.try_wait() {
-                    break;
-                }
-                std::thread::sleep(Duration::from_millis(50));
-            }
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-        remove_leftover_sandboxes(&self.state());
-    }
-}
-
-/// A fresh PostgreSQL database on the test server (`ATE_TEST_POSTGRES_URL`).
-fn fresh_postgres() -> String {
-    let base = std::env::var("ATE_TEST_POSTGRES_URL").expect(
-        "ATE_TEST_POSTGRES_URL must point at a PostgreSQL server (scripts/test.sh starts one)",
-    );
-    let db = format!(
-        "ate_e2e_{}_{}",
-        std::process::id(),
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_nanos())
-            .unwrap_or(0)
-    );
-    let status = Command::new("psql")
-        .args([base.as_str(), "-q", "-c", &format!("CREATE DATABASE {db}")])
-        .status()
-        .expect("run psql");
-    assert!(status.success(), "CREATE DATABASE failed");
-    let (prefix, _) = base.rsplit_once('/').expect("URL has a database part");
-    format!("{prefix}/{db}")
 }
 
 /// Two api replicas on one PostgreSQL; the one node and router talk to is killed and not
@@ -1393,20 +986,6 @@ fn worker_killed_mid_restore_then_restarted_resumes() {
 // ---------------------------------------------------------------------------------------------
 // 5. exits
 
-/// SIGKILLs the init of `ns/name`'s container.
-fn kill_actor(sys: &System, ns: &str, name: &str) {
-    let (pid, _) = container_of(&sys.state_dir(), ns, name)
-        .unwrap_or_else(|| panic!("no container for {ns}/{name}"));
-    assert!(pid > 0);
-    assert!(
-        Command::new("kill")
-            .args(["-KILL", &pid.to_string()])
-            .status()
-            .expect("kill")
-            .success()
-    );
-}
-
 #[test]
 fn exited_actor_is_released_within_a_second_and_resumes_from_its_last_generation() {
     let sys = System::up(UpOptions {
@@ -1503,98 +1082,6 @@ fn exited_actor_is_released_within_a_second_and_resumes_from_its_last_generation
 
 // ---------------------------------------------------------------------------------------------
 // 6. isolation
-
-/// A TLS client config for atunnel presenting `<tls>/<name>.crt` (ALPN h2; any worker of the CA).
-fn atunnel_tls(tls: &Path, name: &str) -> std::sync::Arc<ate_tls::rustls::ClientConfig> {
-    let src = ate_tls::CertSource::from_files(
-        ate_tls::PemFiles::in_dir(tls, name),
-        Duration::from_secs(60),
-    )
-    .expect("read certificate");
-    let mut cfg =
-        ate_tls::client_config(&src, ate_tls::ServerCheck::ChainOnly).expect("client config");
-    ate_tls::set_client_alpn(&mut cfg, &[ate_tls::Alpn::H2]);
-    std::sync::Arc::new(cfg)
-}
-
-/// One CONNECT to atunnel over HTTP/2; `as_cert` names the certificate in `<tls>` to present
-/// (None: h2c in the clear). Err: the connection was refused before any response.
-async fn atunnel_request(
-    tls: &Path,
-    as_cert: Option<&str>,
-    worker: SocketAddr,
-    actor: &str,
-    port: Option<&str>,
-) -> Result<(u16, Option<String>), String> {
-    use http_body_util::Empty;
-    use hyper::body::Bytes;
-    let mut req = hyper::Request::new(Empty::<Bytes>::new());
-    *req.method_mut() = hyper::Method::CONNECT;
-    *req.uri_mut() = "x.y:80".parse().expect("uri");
-    req.headers_mut()
-        .insert("ate-target-actor", actor.parse().expect("header"));
-    if let Some(p) = port {
-        req.headers_mut()
-            .insert("ate-target-port", p.parse().expect("header"));
-    }
-    let exec = hyper_util::rt::TokioExecutor::new();
-    let mut sender = match as_cert {
-        Some(name) => {
-            let stream = ate_tls::connect(
-                atunnel_tls(tls, name),
-                &worker.ip().to_string(),
-                worker.port(),
-            )
-            .await
-            .map_err(|e| format!("TLS: {e}"))?;
-            let (sender, conn) =
-                hyper::client::conn::http2::handshake(exec, hyper_util::rt::TokioIo::new(stream))
-                    .await
-                    .map_err(|e| format!("h2 handshake: {e}"))?;
-            tokio::spawn(conn);
-            sender
-        }
-        None => {
-            let tcp = tokio::net::TcpStream::connect(worker)
-                .await
-                .expect("connect atunnel");
-            let (sender, conn) =
-                hyper::client::conn::http2::handshake(exec, hyper_util::rt::TokioIo::new(tcp))
-                    .await
-                    .map_err(|e| format!("h2 handshake: {e}"))?;
-            tokio::spawn(conn);
-            sender
-        }
-    };
-    let resp = tokio::time::timeout(Duration::from_secs(10), sender.send_request(req))
-        .await
-        .map_err(|_| "no answer in 10 s".to_string())?
-        .map_err(|e| format!("CONNECT: {e}"))?;
-    let stale = resp
-        .headers()
-        .get("x-ate-assignment-stale")
-        .map(|v| v.to_str().unwrap_or_default().to_string());
-    Ok((resp.status().as_u16(), stale))
-}
-
-fn block_on<F: std::future::Future>(f: F) -> F::Output {
-    tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("rt")
-        .block_on(f)
-}
-
-/// One CONNECT to atunnel as the router (mTLS with `<tls>/router.crt`); returns (status, stale
-/// header).
-fn atunnel_connect(
-    tls: &Path,
-    worker: SocketAddr,
-    actor: &str,
-    port: Option<&str>,
-) -> (u16, Option<String>) {
-    block_on(atunnel_request(tls, Some("router"), worker, actor, port)).expect("CONNECT")
-}
 
 #[test]
 fn actors_are_isolated_and_atunnel_refuses_strangers() {
@@ -1856,13 +1343,6 @@ fn nothing_is_left_behind_after_shutdown() {
 // ---------------------------------------------------------------------------------------------
 // frozen in place
 
-fn container_of(state: &Path, ns: &str, name: &str) -> Option<(u32, String)> {
-    actor_containers(state, ns, name)
-        .into_iter()
-        .next()
-        .map(|(_, pid, status, _)| (pid, status))
-}
-
 #[test]
 fn suspended_actor_is_kept_frozen_and_thawed_in_place() {
     let sys = System::up_with_env(
@@ -2023,49 +1503,6 @@ fn timings_local_and_durable() {
 // ---------------------------------------------------------------------------------------------
 // a damaged node-local generation and its durable copy
 
-/// Flips one byte in the middle of the largest file of a generation (a CRIU pages image or the
-/// rootfs tar; never the manifest) and returns that file.
-fn flip_byte_in_largest_file(gen_dir: &Path) -> PathBuf {
-    let mut files: Vec<(u64, PathBuf)> = walk(gen_dir)
-        .into_iter()
-        .filter(|p| p.is_file() && p.file_name().is_some_and(|n| n != "manifest.json"))
-        .map(|p| (std::fs::metadata(&p).map(|m| m.len()).unwrap_or(0), p))
-        .collect();
-    files.sort();
-    let (len, victim) = files.pop().expect("a file to corrupt");
-    let mut bytes = std::fs::read(&victim).expect("read");
-    bytes[(len / 2) as usize] ^= 0x40;
-    std::fs::write(&victim, bytes).expect("write");
-    victim
-}
-
-/// `<parent>/.<name>.corrupt`: where the node moves a damaged node-local generation.
-fn quarantined(gen_dir: &Path) -> PathBuf {
-    let name = gen_dir
-        .file_name()
-        .expect("generation dir name")
-        .to_string_lossy();
-    gen_dir
-        .parent()
-        .expect("generation dir parent")
-        .join(format!(".{name}.corrupt"))
-}
-
-/// The durable copy's manifest of generation `generation` of `ns/name` in a `file://` store.
-fn durable_manifest(store: &Path, ns: &str, name: &str, generation: u64) -> Option<PathBuf> {
-    let prefix = format!("{generation}-");
-    std::fs::read_dir(store.join(ns).join(name))
-        .ok()?
-        .flatten()
-        .map(|e| e.path())
-        .find(|p| {
-            p.file_name()
-                .is_some_and(|n| n.to_string_lossy().starts_with(&prefix))
-        })
-        .map(|p| p.join("manifest.json"))
-        .filter(|m| m.is_file())
-}
-
 #[test]
 fn corrupted_local_generation_is_restored_from_its_durable_copy() {
     // No frozen copy: a resume must restore (and so verify) the generation on disk.
@@ -2149,48 +1586,6 @@ fn corrupted_local_generation_is_restored_from_its_durable_copy() {
             aside.display()
         );
         std::thread::sleep(Duration::from_millis(100));
-    }
-}
-
-/// A tmpfs mounted as a `file://` durable store, unmounted on drop (declare it before the
-/// system that uses it). Read-only, every upload to it fails.
-struct TmpfsStore {
-    _tmp: tempfile::TempDir,
-    dir: PathBuf,
-}
-
-impl TmpfsStore {
-    fn mount(read_only: bool) -> TmpfsStore {
-        let tmp = tempfile::tempdir().expect("tempdir");
-        let dir = tmp.path().join("store");
-        std::fs::create_dir_all(&dir).expect("mkdir");
-        let opts = if read_only { "ro,size=1m" } else { "size=256m" };
-        let mounted = Command::new("mount")
-            .args(["-t", "tmpfs", "-o", opts, "tmpfs"])
-            .arg(&dir)
-            .status()
-            .expect("mount");
-        assert!(mounted.success(), "mount tmpfs");
-        TmpfsStore { _tmp: tmp, dir }
-    }
-
-    fn url(&self) -> String {
-        format!("file://{}", self.dir.display())
-    }
-
-    fn make_read_only(&self) {
-        let ro = Command::new("mount")
-            .args(["-o", "remount,ro"])
-            .arg(&self.dir)
-            .status()
-            .expect("remount");
-        assert!(ro.success(), "remount the store read-only");
-    }
-}
-
-impl Drop for TmpfsStore {
-    fn drop(&mut self) {
-        let _ = Command::new("umount").arg(&self.dir).status();
     }
 }
 

@@ -7,11 +7,9 @@
 
 mod support;
 
-#[path = "../../ate-worker/tests/registry_fixture/mod.rs"]
-mod registry_fixture;
-
 use std::time::{Duration, Instant};
 
+use ate_test_support::registry as registry_fixture;
 use registry_fixture::Registry;
 use serde_json::Value;
 use support::*;

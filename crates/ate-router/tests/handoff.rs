@@ -230,15 +230,8 @@ async fn get_path(router: SocketAddr, path: &str) -> (http::StatusCode, String) 
     (status, String::from_utf8_lossy(&body).into_owned())
 }
 
-async fn eventually(within: Duration, mut check: impl FnMut() -> bool) -> bool {
-    let deadline = Instant::now() + within;
-    while Instant::now() < deadline {
-        if check() {
-            return true;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    check()
+async fn eventually(within: Duration, check: impl FnMut() -> bool) -> bool {
+    ate_test_support::wait::eventually(within, Duration::from_millis(10), check).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

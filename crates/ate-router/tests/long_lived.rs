@@ -26,15 +26,8 @@ use tokio::net::TcpStream;
 type Body = BoxBody<Bytes, Infallible>;
 
 /// Polls `cond` every 5 ms for up to `within`.
-async fn eventually(within: Duration, mut cond: impl FnMut() -> bool) -> bool {
-    let deadline = Instant::now() + within;
-    while Instant::now() < deadline {
-        if cond() {
-            return true;
-        }
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-    cond()
+async fn eventually(within: Duration, cond: impl FnMut() -> bool) -> bool {
+    ate_test_support::wait::eventually(within, Duration::from_millis(5), cond).await
 }
 
 /// An HTTP/2 (prior knowledge) client connection to the router.

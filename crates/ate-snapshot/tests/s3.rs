@@ -13,12 +13,7 @@ use object_store::ObjectStoreExt;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 fn endpoint() -> String {
-    std::env::var("ATE_TEST_S3_ENDPOINT").unwrap_or_else(|_| {
-        panic!(
-            "ATE_TEST_S3_ENDPOINT is not set: start moto with `eval \"$(scripts/test-services.sh)\"` \
-             (or `moto_server -H 127.0.0.1 -p 55000` and ATE_TEST_S3_ENDPOINT=http://127.0.0.1:55000)"
-        )
-    })
+    ate_test_support::services::s3_endpoint()
 }
 
 fn env_or(name: &str, default: &str) -> String {

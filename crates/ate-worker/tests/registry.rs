@@ -7,12 +7,12 @@
 //! Skipped with a message when `docker-registry` is not installed and `CI` is unset.
 
 mod common;
-mod registry_fixture;
 
 use std::collections::BTreeMap;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
+use ate_test_support::registry as registry_fixture;
 use ate_worker::image::RegistryConfig;
 use ate_worker::{ImageCache, SandboxError, UnpackedImage};
 use common::images_dir;

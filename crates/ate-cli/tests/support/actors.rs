@@ -184,3 +184,14 @@ pub fn generation_dir(state: &Path, ns: &str, name: &str, generation: u64) -> Pa
         })
         .unwrap_or_else(|| panic!("no generation {generation} under {}", dir.display()))
 }
+
+/// The counter on its usual ports with a probe on 9999, where nothing listens. (The worker
+/// exports the probe port as `PORT` unless the template sets it, so it is set here.)
+pub fn probe_on_closed_port(timeout: u32) -> Tpl {
+    Tpl {
+        probe_port: 9999,
+        probe_timeout: timeout,
+        env: vec![("PORT".into(), "80".into())],
+        ..Tpl::counter()
+    }
+}

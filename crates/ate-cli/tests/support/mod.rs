@@ -5,32 +5,20 @@
 #![allow(dead_code)]
 
 pub mod actors;
+pub mod atunnel;
+pub mod generations;
+pub mod manual;
+pub mod runc;
 
-use std::net::{Ipv4Addr, SocketAddr, TcpListener};
+use std::net::{Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
+pub use ate_test_support::ports::{free_port, free_ports};
+
 pub const ATE: &str = env!("CARGO_BIN_EXE_ate");
-
-/// A free TCP port on 127.0.0.1 (bound then released; the tiny race is acceptable in tests).
-pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("free port")
-}
-
-/// `N` distinct free ports: every listener is held until all are picked, so two picks cannot
-/// return the same port (separate `free_port` calls can, and then two components of one
-/// `ate up` race for it).
-pub fn free_ports<const N: usize>() -> [u16; N] {
-    let held: Vec<TcpListener> = (0..N)
-        .map(|_| TcpListener::bind("127.0.0.1:0").expect("free port"))
-        .collect();
-    std::array::from_fn(|i| held[i].local_addr().expect("free port").port())
-}
 
 /// A loopback /24 nobody else in this test process uses: 127.<pid-derived>.<n>.x.
 fn private_ip_block() -> Ipv4Addr {
@@ -178,9 +166,7 @@ impl System {
         let mut child = cmd.spawn().expect("spawn ate up");
         let start = Instant::now();
         let v: serde_json::Value = loop {
-            if let Ok(text) = std::fs::read_to_string(&ready)
-                && let Ok(v) = serde_json::from_str(&text)
-            {
+            if let Some(v) = ate_test_support::wait::read_json(&ready) {
                 break v;
             }
             if let Ok(Some(status)) = child.try_wait() {
@@ -370,36 +356,6 @@ impl Drop for System {
     }
 }
 
-/// `GET path` on a plain HTTP/1.1 endpoint: (status, body).
-pub fn http_get(addr: &str, path: &str) -> (u16, String) {
-    use std::io::{Read, Write};
-    let mut s =
-        std::net::TcpStream::connect(addr).unwrap_or_else(|e| panic!("connect {addr}: {e}"));
-    s.set_read_timeout(Some(Duration::from_secs(10))).ok();
-    write!(
-        s,
-        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
-    )
-    .expect("write");
-    let mut buf = Vec::new();
-    let _ = s.read_to_end(&mut buf);
-    let text = String::from_utf8_lossy(&buf).into_owned();
-    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
-    let status = head
-        .split_whitespace()
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .unwrap_or(0);
-    // hyper answers HTTP/1.1 with a fixed length here; a chunked body would not parse below.
-    assert!(
-        !head
-            .to_ascii_lowercase()
-            .contains("transfer-encoding: chunked"),
-        "{head}"
-    );
-    (status, body.to_string())
-}
-
 /// A minimal HTTP/1.1 GET through the router with the actor header; returns (status, headers, body).
 pub fn get(router: SocketAddr, actor: &str, path: &str) -> (u16, String, String) {
     request(router, "GET", actor, path, "")
@@ -430,4 +386,35 @@ pub fn request(
         .and_then(|c| c.parse().ok())
         .unwrap_or(0);
     (status, head.to_string(), body.to_string())
+}
+
+/// One worker with frozen copies off (`ATE_KEEP_FROZEN=0`), so every resume restores, and so
+/// verifies, the generation on disk; optionally a durable store.
+pub fn one_worker_restoring(durable_store: Option<String>) -> System {
+    System::up_with_env(
+        UpOptions {
+            workers: 1,
+            durable_store,
+            ..Default::default()
+        },
+        &[("ATE_KEEP_FROZEN", "0")],
+    )
+}
+
+/// A fresh PostgreSQL database on the test server (`ATE_TEST_POSTGRES_URL`).
+pub fn fresh_postgres() -> String {
+    let db = format!(
+        "ate_e2e_{}_{}",
+        std::process::id(),
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos())
+            .unwrap_or(0)
+    );
+    ate_test_support::services::create_postgres_database(&db)
+}
+
+/// Milliseconds of `d`, for printed timings.
+pub fn ms(d: Duration) -> u128 {
+    d.as_millis()
 }

@@ -6,8 +6,8 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::OnceLock;
-use std::time::{SystemTime, UNIX_EPOCH};
 
+pub use ate_test_support::fs::unique_name;
 use ate_worker::{ActorSandbox, netns};
 
 /// Directory with `counter/` and `sleeper/` OCI layouts: `$ATE_TEST_IMAGES`, or built once per
@@ -48,15 +48,6 @@ pub fn images_dir() -> PathBuf {
 
 pub fn counter_ref() -> String {
     format!("oci-layout:{}", images_dir().join("counter").display())
-}
-
-/// A name unique across concurrently running test processes.
-pub fn unique_name(prefix: &str) -> String {
-    let nanos = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.subsec_nanos())
-        .unwrap_or(0);
-    format!("{prefix}-{}-{nanos:x}", std::process::id())
 }
 
 /// Per-test root; cleans up on drop.

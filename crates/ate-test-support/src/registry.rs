@@ -3,14 +3,15 @@
 //! auth by default; optionally HTTPS and htpasswd basic auth), plus a push of an on-disk OCI layout through the registry's HTTP API (blob uploads and
 //! a manifest PUT, byte for byte, so the pushed manifest keeps the layout's digest).
 //!
-//! std, tempfile and serde_json only: also included by `crates/ate-cli/tests/registry.rs`.
-#![allow(dead_code)]
+//! Used by the worker's registry pull tests and by `ate-cli`'s registry and images-doc tests.
 
 use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
+
+use crate::ports::free_port;
 
 /// The registry binary, if installed.
 pub fn binary() -> Option<PathBuf> {
@@ -47,13 +48,6 @@ pub struct Registry {
     pub addr: SocketAddr,
     storage: PathBuf,
     tls: bool,
-}
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("free port")
 }
 
 /// How to run a registry beyond the defaults (plain HTTP, no auth, its own storage).
