@@ -1,0 +1,243 @@
+use super::*;
+
+fn worker(id: &str, node: &str, slots: u64, used: u64) -> WorkerRecord {
+    WorkerRecord {
+        id: id.into(),
+        node: node.into(),
+        addresses: vec![],
+        identity: String::new(),
+        labels: BTreeMap::from([("zone".to_string(), "a".to_string())]),
+        sandbox_class: "runc".into(),
+        can_restore_memory: true,
+        capacity: Capacity {
+            cpu_millis: 4000,
+            memory_bytes: 8 << 30,
+            slots,
+        },
+        used: Capacity {
+            cpu_millis: 0,
+            memory_bytes: 0,
+            slots: used,
+        },
+        epoch: 1,
+        status: WorkerStatus::Active,
+        last_heartbeat_ms: 0,
+        node_address: String::new(),
+        boot_id: String::new(),
+    }
+}
+
+#[test]
+fn filters_and_two_choices() {
+    let mut gone = worker("gone", "n1", 8, 0);
+    gone.status = WorkerStatus::Gone;
+    let workers = vec![
+        worker("full", "n1", 2, 2),
+        worker("busy", "n1", 8, 6),
+        worker("idle", "n2", 8, 0),
+        gone,
+    ];
+    let req = Requirements {
+        selector: BTreeMap::new(),
+        sandbox_class: "runc",
+        node: None,
+        demand: Capacity {
+            cpu_millis: 100,
+            memory_bytes: 1 << 20,
+            slots: 1,
+        },
+        exclude: &[],
+    };
+    let ids: Vec<&str> = eligible(&workers, &req)
+        .iter()
+        .map(|w| w.id.as_str())
+        .collect();
+    assert_eq!(ids, ["busy", "idle"]);
+    // With exactly two candidates both are sampled, so the less loaded always wins.
+    for _ in 0..20 {
+        assert_eq!(
+            pick(&eligible(&workers, &req)).map(|w| w.id.as_str()),
+            Some("idle")
+        );
+    }
+    let on_n1 = Requirements {
+        node: Some("n1"),
+        ..req
+    };
+    assert_eq!(eligible(&workers, &on_n1).len(), 1);
+    let sel = Requirements {
+        selector: BTreeMap::from([("zone".into(), "b".into())]),
+        node: None,
+        ..on_n1
+    };
+    assert!(eligible(&workers, &sel).is_empty());
+    assert!(pick(&[]).is_none());
+}
+
+#[test]
+fn frozen_hint_wins_only_when_eligible() {
+    let workers = [worker("a", "n1", 8, 0), worker("b", "n1", 8, 7)];
+    let all: Vec<&WorkerRecord> = workers.iter().collect();
+    // The fuller worker still wins when it holds the frozen copy.
+    for _ in 0..20 {
+        assert_eq!(
+            pick_preferring(&all, Some("b")).map(|w| w.id.as_str()),
+            Some("b")
+        );
+    }
+    // Not a candidate (full, excluded, gone): ordinary choice.
+    let only_a: Vec<&WorkerRecord> = workers.iter().filter(|w| w.id == "a").collect();
+    assert_eq!(
+        pick_preferring(&only_a, Some("b")).map(|w| w.id.as_str()),
+        Some("a")
+    );
+}
+
+fn one_slot() -> Capacity {
+    Capacity {
+        cpu_millis: 100,
+        memory_bytes: 1 << 20,
+        slots: 1,
+    }
+}
+
+fn needs(class: &str) -> Needs {
+    Needs {
+        selector: BTreeMap::new(),
+        sandbox_class: class.into(),
+        demand: one_slot(),
+    }
+}
+
+fn req(class: &str) -> Requirements<'_> {
+    Requirements {
+        selector: BTreeMap::new(),
+        sandbox_class: class,
+        node: None,
+        demand: one_slot(),
+        exclude: &[],
+    }
+}
+
+fn ids(ws: &[&WorkerRecord]) -> Vec<String> {
+    ws.iter().map(|w| w.id.clone()).collect()
+}
+
+#[test]
+fn waiters_are_served_oldest_first() {
+    let q = Waiters::new(Duration::from_secs(1), Duration::from_secs(6));
+    let t0 = Instant::now();
+    let ms = Duration::from_millis;
+    q.no_room("ns/b", needs("runc"), t0);
+    q.no_room("ns/c", needs("runc"), t0 + ms(100));
+    q.no_room("ns/d", needs("runc"), t0 + ms(200));
+    // A later failure keeps the waiter's place.
+    q.no_room("ns/b", needs("runc"), t0 + ms(300));
+    assert_eq!(q.queued(t0 + ms(300)), ["ns/b", "ns/c", "ns/d"]);
+
+    // One free slot: only the oldest waiter may take it.
+    let workers = [worker("w1", "n1", 2, 1)];
+    let now = t0 + ms(400);
+    assert!(
+        q.admissible("ns/new", &req("runc"), &workers, now)
+            .is_empty()
+    );
+    assert!(q.admissible("ns/d", &req("runc"), &workers, now).is_empty());
+    assert!(q.admissible("ns/c", &req("runc"), &workers, now).is_empty());
+    assert_eq!(
+        ids(&q.admissible("ns/b", &req("runc"), &workers, now)),
+        ["w1"]
+    );
+    // b is bound: c is next.
+    q.remove("ns/b");
+    assert_eq!(
+        ids(&q.admissible("ns/c", &req("runc"), &workers, now)),
+        ["w1"]
+    );
+    assert!(q.admissible("ns/d", &req("runc"), &workers, now).is_empty());
+    // Two free slots: the oldest waiter's room is set aside, the second is free.
+    let two = [worker("w1", "n1", 3, 1)];
+    assert_eq!(ids(&q.admissible("ns/d", &req("runc"), &two, now)), ["w1"]);
+    assert!(q.admissible("ns/new", &req("runc"), &two, now).is_empty());
+    // No waiters, no free room: nothing changes.
+    let full = [worker("w1", "n1", 1, 1)];
+    assert!(q.admissible("ns/c", &req("runc"), &full, now).is_empty());
+    let empty = Waiters::default();
+    assert_eq!(
+        ids(&empty.admissible("ns/x", &req("runc"), &workers, now)),
+        ["w1"]
+    );
+}
+
+#[test]
+fn a_silent_waiter_stops_holding_room_and_expires() {
+    let q = Waiters::new(Duration::from_secs(1), Duration::from_secs(6));
+    let t0 = Instant::now();
+    let s = Duration::from_millis;
+    q.no_room("ns/b", needs("runc"), t0);
+    let workers = [worker("w1", "n1", 1, 0)];
+    // Within the hold the room is b's.
+    assert!(
+        q.admissible("ns/c", &req("runc"), &workers, t0 + s(900))
+            .is_empty()
+    );
+    // b did not try again within the hold: a newcomer gets the room, b keeps its place.
+    assert_eq!(
+        ids(&q.admissible("ns/c", &req("runc"), &workers, t0 + s(1100))),
+        ["w1"]
+    );
+    assert_eq!(q.queued(t0 + s(1100)), ["ns/b"]);
+    // b asks again (its client came back): it holds the room again, still first.
+    q.no_room("ns/c", needs("runc"), t0 + s(1200));
+    q.no_room("ns/b", needs("runc"), t0 + s(1300));
+    assert_eq!(q.queued(t0 + s(1300)), ["ns/b", "ns/c"]);
+    assert!(
+        q.admissible("ns/c", &req("runc"), &workers, t0 + s(1400))
+            .is_empty()
+    );
+    // Six seconds after its last attempt b is forgotten; c (last seen at 1.2 s) too.
+    assert_eq!(q.queued(t0 + s(7250)), ["ns/b"]);
+    assert!(q.queued(t0 + s(7400)).is_empty());
+    assert_eq!(
+        ids(&q.admissible("ns/new", &req("runc"), &workers, t0 + s(7400))),
+        ["w1"]
+    );
+}
+
+#[test]
+fn waiters_hold_only_room_they_can_use() {
+    let q = Waiters::new(Duration::from_secs(1), Duration::from_secs(6));
+    let t0 = Instant::now();
+    // An older waiter of another sandbox class holds nothing on runc workers.
+    q.no_room("ns/g", needs("gvisor"), t0);
+    let workers = [worker("w1", "n1", 1, 0)];
+    assert_eq!(
+        ids(&q.admissible("ns/x", &req("runc"), &workers, t0)),
+        ["w1"]
+    );
+    // A waiter that needs more than any free room sets nothing aside (no head-of-line
+    // blocking).
+    let mut big = needs("runc");
+    big.demand.slots = 2;
+    q.no_room("ns/big", big, t0);
+    assert_eq!(
+        ids(&q.admissible("ns/x", &req("runc"), &workers, t0)),
+        ["w1"]
+    );
+    // An older waiter that can use either of two free workers is given the one the
+    // newcomer cannot use (its selector matches only w1).
+    q.no_room("ns/any", needs("runc"), t0);
+    let mut w2 = worker("w2", "n1", 1, 0);
+    w2.labels.insert("zone".into(), "b".into());
+    let two = [worker("w1", "n1", 1, 0), w2];
+    let zone_a = Requirements {
+        selector: BTreeMap::from([("zone".to_string(), "a".to_string())]),
+        ..req("runc")
+    };
+    assert_eq!(ids(&q.admissible("ns/x", &zone_a, &two, t0)), ["w1"]);
+    // With only w1 free, that is the older waiter's room: a newcomer is refused.
+    assert!(
+        q.admissible("ns/y", &req("runc"), &[worker("w1", "n1", 1, 0)], t0)
+            .is_empty()
+    );
+}
