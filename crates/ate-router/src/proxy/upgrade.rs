@@ -8,6 +8,7 @@ use http::header::{self, HeaderName, HeaderValue};
 use http::{Method, Request, Response, StatusCode};
 use hyper::body::Incoming;
 use hyper::service::service_fn;
+use hyper::upgrade::OnUpgrade;
 use hyper_util::rt::TokioTimer;
 use tracing::Instrument;
 
@@ -19,21 +20,26 @@ use crate::body::RouterBody;
 use crate::cache::Route;
 use crate::drain::spawn_pipe;
 use crate::error::{ForwardError, RequestError};
-use crate::tunnel::{SendFailed, TunnelError};
+use crate::tunnel::{H1Conn, SendFailed, TunnelError};
 
 /// Set on the HTTP/1.1 upgrade the router makes for an HTTP/2 WebSocket (RFC 6455 §4.1).
 pub(super) const SEC_WEBSOCKET_KEY: HeaderName = HeaderName::from_static("sec-websocket-key");
 const SEC_WEBSOCKET_ACCEPT: HeaderName = HeaderName::from_static("sec-websocket-accept");
 
 impl Proxy {
-    /// WebSocket (any HTTP/1.1 upgrade): forward the handshake on a fresh tunnel, then relay bytes.
-    pub(super) async fn upgrade(
+    /// Sends an upgrade handshake to the actor on a fresh tunnel (never a pooled one: the
+    /// connection becomes the relay). Returns the client's side of the upgrade and the actor's
+    /// answer, and the connection, which the caller keeps until it has taken the actor's side
+    /// of the upgrade; the request comes back when no tunnel could be had, so it can be retried.
+    /// Callers box it: it would otherwise sit in every request's future (one allocation per
+    /// upgrade, which opens a tunnel anyway).
+    async fn send_upgrade(
         &self,
         route: &Route,
         actor: &str,
         port: u16,
         mut request: Request<Incoming>,
-    ) -> Result<Response<RouterBody>, SendFailed<Request<Incoming>>> {
+    ) -> Result<(OnUpgrade, Response<Incoming>, H1Conn), SendFailed<Request<Incoming>>> {
         let id = crate::tunnel::request_id_of(&request);
         let mut conn = match self.tunnels.new_h1(route, actor, port, id).await {
             Ok(conn) => conn,
@@ -45,7 +51,7 @@ impl Proxy {
             }
         };
         let client_side = hyper::upgrade::on(&mut request);
-        let mut response = conn
+        let response = conn
             .sender
             .send_request(request)
             .await
@@ -53,6 +59,19 @@ impl Proxy {
                 error: TunnelError::Actor(e),
                 request: None,
             })?;
+        Ok((client_side, response, conn))
+    }
+
+    /// WebSocket (any HTTP/1.1 upgrade): forward the handshake on a fresh tunnel, then relay bytes.
+    pub(super) async fn upgrade(
+        &self,
+        route: &Route,
+        actor: &str,
+        port: u16,
+        request: Request<Incoming>,
+    ) -> Result<Response<RouterBody>, SendFailed<Request<Incoming>>> {
+        let (client_side, mut response, _conn) =
+            Box::pin(self.send_upgrade(route, actor, port, request)).await?;
         if response.status() == StatusCode::SWITCHING_PROTOCOLS {
             let actor_side = hyper::upgrade::on(&mut response);
             spawn_pipe(self.drain.relay(), client_side, actor_side, "websocket");
@@ -72,27 +91,10 @@ impl Proxy {
         route: &Route,
         actor: &str,
         port: u16,
-        mut request: Request<Incoming>,
+        request: Request<Incoming>,
     ) -> Result<Response<RouterBody>, SendFailed<Request<Incoming>>> {
-        let id = crate::tunnel::request_id_of(&request);
-        let mut conn = match self.tunnels.new_h1(route, actor, port, id).await {
-            Ok(conn) => conn,
-            Err(error) => {
-                return Err(SendFailed {
-                    error,
-                    request: Some(request),
-                });
-            }
-        };
-        let client_side = hyper::upgrade::on(&mut request);
-        let mut response = conn
-            .sender
-            .send_request(request)
-            .await
-            .map_err(|e| SendFailed {
-                error: TunnelError::Actor(e),
-                request: None,
-            })?;
+        let (client_side, mut response, _conn) =
+            Box::pin(self.send_upgrade(route, actor, port, request)).await?;
         let status = response.status();
         if status == StatusCode::SWITCHING_PROTOCOLS {
             let actor_side = hyper::upgrade::on(&mut response);
