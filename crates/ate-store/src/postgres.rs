@@ -10,6 +10,8 @@ use std::time::Duration;
 
 use sqlx::postgres::{PgPool, PgPoolOptions};
 
+use crate::{Result, StoreCounters};
+
 type Db = sqlx::Postgres;
 type DbRow = sqlx::postgres::PgRow;
 type Tx = sqlx::Transaction<'static, Db>;
@@ -73,5 +75,8 @@ impl PostgresStore {
     }
 }
 
-// Brings the shared `Store` impl and its imports (`Result`, `StoreCounters`, `StoreError`, …).
-include!("shared_impl.rs");
+// The shared `Store` impl, compiled against this backend's `Db`, `DbRow`, `Tx`, `StoreImpl` and
+// `for_update!` / `for_share!` (defined above, so in scope there).
+#[path = "shared/mod.rs"]
+#[allow(clippy::duplicate_mod)] // by design: the other backend compiles it too, with its items
+mod shared;

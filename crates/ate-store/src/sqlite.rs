@@ -12,6 +12,8 @@ use sqlx::sqlite::{
     SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous,
 };
 
+use crate::{Result, StoreCounters, StoreError};
+
 type Db = sqlx::Sqlite;
 type DbRow = sqlx::sqlite::SqliteRow;
 type Tx = WriteTx;
@@ -148,5 +150,8 @@ impl SqliteStore {
     }
 }
 
-// Brings the shared `Store` impl and its imports (`Result`, `StoreCounters`, `StoreError`, …).
-include!("shared_impl.rs");
+// The shared `Store` impl, compiled against this backend's `Db`, `DbRow`, `Tx`, `StoreImpl` and
+// `for_update!` / `for_share!` (defined above, so in scope there).
+#[path = "shared/mod.rs"]
+#[allow(clippy::duplicate_mod)] // by design: the other backend compiles it too, with its items
+mod shared;

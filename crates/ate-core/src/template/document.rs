@@ -1,0 +1,189 @@
+//! The document form: what `ate apply -f` reads and `-o yaml` writes, before validation.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use super::{EgressPolicy, EnvVar, HttpGet, Volume};
+
+/// One document of `ate apply -f`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind")]
+pub enum Document {
+    ActorTemplate(Box<TemplateDocument>),
+    Atespace(AtespaceDocument),
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Metadata {
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub namespace: String,
+    pub name: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct AtespaceDocument {
+    pub api_version: String,
+    pub metadata: Metadata,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct TemplateDocument {
+    pub api_version: String,
+    pub metadata: Metadata,
+    pub spec: SpecDocument,
+}
+
+/// A number or a string in YAML (`cpu: 1` and `cpu: "500m"` are both valid).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum Scalar {
+    Int(u64),
+    Float(f64),
+    Text(String),
+}
+
+impl Scalar {
+    pub(super) fn text(&self) -> String {
+        match self {
+            Scalar::Int(n) => n.to_string(),
+            Scalar::Float(f) => f.to_string(),
+            Scalar::Text(s) => s.trim().to_string(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct SpecDocument {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sandbox_class: Option<String>,
+    #[serde(default)]
+    pub containers: Vec<ContainerDocument>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resources: Option<ResourcesDocument>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub volumes: Vec<Volume>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub snapshots: Option<SnapshotsDocument>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub idle_timeout: Option<Scalar>,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub worker_selector: BTreeMap<String, String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub egress: Option<EgressPolicy>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub golden_tag: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ContainerDocument {
+    pub name: String,
+    pub image: String,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub command: Vec<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub env: Vec<EnvVar>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub wakeup_probe: Option<WakeupProbeDocument>,
+    /// Ports the container listens on. The containers of an actor share its network namespace,
+    /// so no two may declare the same port (checked at apply).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub ports: Vec<PortDocument>,
+    /// `stop` (default): the container's exit ends the actor; `ignore`: the exit is logged and
+    /// the other containers keep running.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exit_policy: Option<String>,
+    /// What this container needs; the actor's limits (`spec.resources`, one cgroup for all its
+    /// containers) default to the sum over its containers and must cover it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resources: Option<ResourcesDocument>,
+    /// Which of `spec.volumes` this container mounts, and where. Absent: every volume at its
+    /// `spec.volumes[].mountPath`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub volume_mounts: Option<Vec<Volume>>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct PortDocument {
+    pub container_port: u32,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    /// Only `TCP`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub protocol: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct WakeupProbeDocument {
+    pub http_get: HttpGet,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeout_seconds: Option<u32>,
+}
+
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ResourcesDocument {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu: Option<Scalar>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory: Option<Scalar>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct SnapshotsDocument {
+    pub fidelity: String,
+    /// `lazy` (default) or `eager`: how a MEMORY generation's pages come back on a restore.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory_restore: Option<String>,
+}
+
+/// How a restore brings back an actor's memory (`spec.snapshots.memoryRestore`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum MemoryRestore {
+    /// The actor runs as soon as its state is restored; pages arrive as it touches them (each
+    /// chunk checked against the manifest), the rest in the background. Resume time does not
+    /// grow with the actor's size.
+    #[default]
+    Lazy,
+    /// Every page is read and checked before the actor gets ingress: no page fault ever waits
+    /// on the snapshot, at the cost of a resume time that grows with memory size.
+    Eager,
+}
+
+impl MemoryRestore {
+    pub fn parse(text: &str) -> Option<Self> {
+        match text {
+            "lazy" => Some(MemoryRestore::Lazy),
+            "eager" => Some(MemoryRestore::Eager),
+            _ => None,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            MemoryRestore::Lazy => "lazy",
+            MemoryRestore::Eager => "eager",
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::template::fixtures::DEMO;
+
+    #[test]
+    fn unknown_fields_are_rejected() {
+        let text = DEMO.replace("idleTimeout: 5m", "idleTimout: 5m");
+        assert!(serde_saphyr::from_str::<Document>(&text).is_err());
+    }
+}

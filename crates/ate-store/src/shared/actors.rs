@@ -1,0 +1,328 @@
+//! Actors: create, read, list, delete, and the compare-and-set state transitions; also the
+//! actor-row helpers that binding shares (lock, write, apply an update).
+
+use std::collections::BTreeMap;
+
+use ate_core::ActorState;
+
+use super::atespaces::share_atespace;
+use super::leases::DELETE_LEASE;
+use super::rows::{actor_from_row, snapshot_from_row};
+use super::{StoreImpl, Tx};
+use crate::util::{
+    actor_lease_key, already_exists, check_state, is_unique_violation, not_found, split_template,
+    to_i64, to_json,
+};
+use crate::{ActorRecord, ActorUpdate, Result, SnapshotRecord};
+
+pub(super) async fn create_actor(store: &StoreImpl, actor: &ActorRecord) -> Result<ActorRecord> {
+    store.counters.write();
+    let selector = to_json(&actor.worker_selector, "worker_selector")?;
+    let epoch = to_i64(actor.epoch, "epoch")?;
+    let generation = to_i64(actor.generation, "generation")?;
+    let mut tx = store.begin_write().await?;
+    share_atespace(&mut tx, &actor.atespace).await?;
+    let Some((template_ns, template_name)) = split_template(&actor.template) else {
+        return Err(not_found("template", &actor.template));
+    };
+    let template = sqlx::query(concat!(
+        "SELECT name FROM templates WHERE namespace = $1 AND name = $2",
+        for_share!()
+    ))
+    .bind(template_ns)
+    .bind(template_name)
+    .fetch_optional(&mut *tx)
+    .await?;
+    if template.is_none() {
+        return Err(not_found("template", &actor.template));
+    }
+    let inserted = sqlx::query(concat!(
+        "INSERT INTO actors (",
+        actor_cols!(),
+        ") VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14) RETURNING ",
+        actor_cols!()
+    ))
+    .bind(&actor.atespace)
+    .bind(&actor.name)
+    .bind(&actor.uid)
+    .bind(&actor.template)
+    .bind(actor.state.as_str())
+    .bind(selector)
+    .bind(actor.worker_id.as_deref())
+    .bind(epoch)
+    .bind(generation)
+    .bind(actor.attached_node.as_deref())
+    .bind(&actor.last_error)
+    .bind(actor.created_ms)
+    .bind(actor.updated_ms)
+    .bind(to_i64(actor.activation, "activation")?)
+    .fetch_one(&mut *tx)
+    .await;
+    let row = match inserted {
+        Ok(row) => row,
+        Err(e) if is_unique_violation(&e) => {
+            return Err(already_exists(
+                "actor",
+                &format!("{}/{}", actor.atespace, actor.name),
+            ));
+        }
+        Err(e) => return Err(e.into()),
+    };
+    let record = actor_from_row(&row)?;
+    tx.commit().await?;
+    Ok(record)
+}
+
+pub(super) async fn get_actor(
+    store: &StoreImpl,
+    atespace: &str,
+    name: &str,
+) -> Result<ActorRecord> {
+    store.counters.read();
+    let row = sqlx::query(concat!(
+        "SELECT ",
+        actor_cols!(),
+        " FROM actors WHERE atespace = $1 AND name = $2"
+    ))
+    .bind(atespace)
+    .bind(name)
+    .fetch_optional(&store.pool)
+    .await?;
+    match row {
+        Some(row) => actor_from_row(&row),
+        None => Err(not_found("actor", &format!("{atespace}/{name}"))),
+    }
+}
+
+pub(super) async fn list_actors(
+    store: &StoreImpl,
+    atespace: Option<&str>,
+    after: Option<(&str, &str)>,
+    limit: u32,
+) -> Result<Vec<ActorRecord>> {
+    store.counters.read();
+    // Names are never empty, so ("", "") sorts before every actor.
+    let (after_space, after_name) = after.unwrap_or(("", ""));
+    let rows = sqlx::query(concat!(
+        "SELECT ",
+        actor_cols!(),
+        " FROM actors WHERE ($1 IS NULL OR atespace = $1) AND (atespace > $2 OR (atespace = $2 AND name > $3)) \
+         ORDER BY atespace, name LIMIT $4"
+    ))
+    .bind(atespace)
+    .bind(after_space)
+    .bind(after_name)
+    .bind(i64::from(limit))
+    .fetch_all(&store.pool)
+    .await?;
+    rows.iter().map(actor_from_row).collect()
+}
+
+pub(super) async fn update_actor_selector(
+    store: &StoreImpl,
+    atespace: &str,
+    name: &str,
+    selector: &BTreeMap<String, String>,
+    now_ms: i64,
+) -> Result<ActorRecord> {
+    store.counters.write();
+    let row = sqlx::query(concat!(
+        "UPDATE actors SET worker_selector = $3, updated_ms = $4 WHERE atespace = $1 AND name = $2 RETURNING ",
+        actor_cols!()
+    ))
+    .bind(atespace)
+    .bind(name)
+    .bind(to_json(selector, "worker_selector")?)
+    .bind(now_ms)
+    .fetch_optional(&store.pool)
+    .await?;
+    match row {
+        Some(row) => actor_from_row(&row),
+        None => Err(not_found("actor", &format!("{atespace}/{name}"))),
+    }
+}
+
+pub(super) async fn delete_actor(
+    store: &StoreImpl,
+    atespace: &str,
+    name: &str,
+) -> Result<Vec<SnapshotRecord>> {
+    store.counters.write();
+    let mut tx = store.begin_write().await?;
+    let actor = lock_actor(&mut tx, atespace, name).await?;
+    check_state(actor.state, &[ActorState::Suspended, ActorState::Crashed])?;
+    let rows = sqlx::query(concat!(
+        "SELECT ",
+        snapshot_cols!(),
+        " FROM snapshots s WHERE atespace = $1 AND name = $2 \
+         AND NOT EXISTS (SELECT 1 FROM tags t WHERE t.s_uuid = s.uuid) ORDER BY generation DESC"
+    ))
+    .bind(atespace)
+    .bind(name)
+    .fetch_all(&mut *tx)
+    .await?;
+    let unreferenced = rows
+        .iter()
+        .map(|r| snapshot_from_row(r, ""))
+        .collect::<Result<Vec<_>>>()?;
+    sqlx::query("DELETE FROM snapshots WHERE atespace = $1 AND name = $2")
+        .bind(atespace)
+        .bind(name)
+        .execute(&mut *tx)
+        .await?;
+    sqlx::query("DELETE FROM actor_assignments WHERE atespace = $1 AND name = $2")
+        .bind(atespace)
+        .bind(name)
+        .execute(&mut *tx)
+        .await?;
+    sqlx::query("DELETE FROM leases WHERE key = $1")
+        .bind(actor_lease_key(atespace, name))
+        .execute(&mut *tx)
+        .await?;
+    sqlx::query("DELETE FROM frozen_copies WHERE atespace = $1 AND name = $2")
+        .bind(atespace)
+        .bind(name)
+        .execute(&mut *tx)
+        .await?;
+    sqlx::query("DELETE FROM actors WHERE atespace = $1 AND name = $2")
+        .bind(atespace)
+        .bind(name)
+        .execute(&mut *tx)
+        .await?;
+    tx.commit().await?;
+    Ok(unreferenced)
+}
+
+pub(super) async fn transition(
+    store: &StoreImpl,
+    atespace: &str,
+    name: &str,
+    from: &[ActorState],
+    to: ActorState,
+    update: ActorUpdate,
+    now_ms: i64,
+) -> Result<ActorRecord> {
+    store.counters.write();
+    let mut tx = store.begin_write().await?;
+    let record = transition_in(&mut tx, atespace, name, from, to, update, now_ms).await?;
+    tx.commit().await?;
+    Ok(record)
+}
+
+#[allow(clippy::too_many_arguments)] // the Store method's arguments, plus the store
+pub(super) async fn transition_releasing_lease(
+    store: &StoreImpl,
+    atespace: &str,
+    name: &str,
+    from: &[ActorState],
+    to: ActorState,
+    update: ActorUpdate,
+    now_ms: i64,
+    lease_key: &str,
+    lease_holder: &str,
+) -> Result<ActorRecord> {
+    store.counters.write();
+    store.counters.lease();
+    let mut tx = store.begin_write().await?;
+    let record = transition_in(&mut tx, atespace, name, from, to, update, now_ms).await?;
+    sqlx::query(DELETE_LEASE)
+        .bind(lease_key)
+        .bind(lease_holder)
+        .execute(&mut *tx)
+        .await?;
+    tx.commit().await?;
+    Ok(record)
+}
+
+pub(super) async fn actors_on_worker(
+    store: &StoreImpl,
+    worker_id: &str,
+) -> Result<Vec<ActorRecord>> {
+    store.counters.read();
+    let rows = sqlx::query(concat!(
+        "SELECT ",
+        actor_cols!(),
+        " FROM actors WHERE worker_id = $1 ORDER BY atespace, name"
+    ))
+    .bind(worker_id)
+    .fetch_all(&store.pool)
+    .await?;
+    rows.iter().map(actor_from_row).collect()
+}
+
+/// The actor row, locked for update (Postgres). NotFound if missing.
+pub(super) async fn lock_actor(tx: &mut Tx, atespace: &str, name: &str) -> Result<ActorRecord> {
+    let row = sqlx::query(concat!(
+        "SELECT ",
+        actor_cols!(),
+        " FROM actors WHERE atespace = $1 AND name = $2",
+        for_update!()
+    ))
+    .bind(atespace)
+    .bind(name)
+    .fetch_optional(&mut **tx)
+    .await?;
+    match row {
+        Some(row) => actor_from_row(&row),
+        None => Err(not_found("actor", &format!("{atespace}/{name}"))),
+    }
+}
+
+/// The compare-and-set state change of [`Store::transition`], inside `tx`.
+async fn transition_in(
+    tx: &mut Tx,
+    atespace: &str,
+    name: &str,
+    from: &[ActorState],
+    to: ActorState,
+    update: ActorUpdate,
+    now_ms: i64,
+) -> Result<ActorRecord> {
+    let mut actor = lock_actor(tx, atespace, name).await?;
+    check_state(actor.state, from)?;
+    actor.state = to;
+    apply_update(&mut actor, update, now_ms);
+    write_actor(tx, &actor).await
+}
+
+/// Writes every mutable field of the actor and returns the stored row.
+pub(super) async fn write_actor(tx: &mut Tx, actor: &ActorRecord) -> Result<ActorRecord> {
+    let row = sqlx::query(concat!(
+        "UPDATE actors SET state = $3, worker_selector = $4, worker_id = $5, epoch = $6, generation = $7, \
+         attached_node = $8, last_error = $9, updated_ms = $10, activation = $11 WHERE atespace = $1 AND name = $2 RETURNING ",
+        actor_cols!()
+    ))
+    .bind(&actor.atespace)
+    .bind(&actor.name)
+    .bind(actor.state.as_str())
+    .bind(to_json(&actor.worker_selector, "worker_selector")?)
+    .bind(actor.worker_id.as_deref())
+    .bind(to_i64(actor.epoch, "epoch")?)
+    .bind(to_i64(actor.generation, "generation")?)
+    .bind(actor.attached_node.as_deref())
+    .bind(&actor.last_error)
+    .bind(actor.updated_ms)
+    .bind(to_i64(actor.activation, "activation")?)
+    .fetch_optional(&mut **tx)
+    .await?;
+    match row {
+        Some(row) => actor_from_row(&row),
+        None => Err(not_found(
+            "actor",
+            &format!("{}/{}", actor.atespace, actor.name),
+        )),
+    }
+}
+
+pub(super) fn apply_update(actor: &mut ActorRecord, update: ActorUpdate, now_ms: i64) {
+    if let Some(error) = update.last_error {
+        actor.last_error = error;
+    }
+    if let Some(epoch) = update.epoch {
+        actor.epoch = epoch;
+    }
+    if update.clear_attached_node {
+        actor.attached_node = None;
+    }
+    actor.updated_ms = now_ms;
+}

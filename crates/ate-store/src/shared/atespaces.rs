@@ -1,0 +1,111 @@
+//! Atespaces, and the `FOR SHARE` check that keeps one alive while something is created in it.
+
+use sqlx::Row as _;
+
+use super::rows::atespace_from_row;
+use super::{StoreImpl, Tx};
+use crate::util::{already_exists, count_of, is_unique_violation, not_found};
+use crate::{AtespaceRecord, Result, StoreError};
+
+pub(super) async fn create_atespace(
+    store: &StoreImpl,
+    name: &str,
+    now_ms: i64,
+) -> Result<AtespaceRecord> {
+    store.counters.write();
+    let result = sqlx::query("INSERT INTO atespaces (name, created_ms) VALUES ($1, $2)")
+        .bind(name)
+        .bind(now_ms)
+        .execute(&store.pool)
+        .await;
+    match result {
+        Ok(_) => Ok(AtespaceRecord {
+            name: name.to_string(),
+            created_ms: now_ms,
+            actor_count: 0,
+        }),
+        Err(e) if is_unique_violation(&e) => Err(already_exists("atespace", name)),
+        Err(e) => Err(e.into()),
+    }
+}
+
+pub(super) async fn get_atespace(store: &StoreImpl, name: &str) -> Result<AtespaceRecord> {
+    store.counters.read();
+    let row = sqlx::query(concat!(atespace_select!(), " WHERE s.name = $1"))
+        .bind(name)
+        .fetch_optional(&store.pool)
+        .await?;
+    match row {
+        Some(row) => atespace_from_row(&row),
+        None => Err(not_found("atespace", name)),
+    }
+}
+
+pub(super) async fn list_atespaces(store: &StoreImpl) -> Result<Vec<AtespaceRecord>> {
+    store.counters.read();
+    let rows = sqlx::query(concat!(atespace_select!(), " ORDER BY s.name"))
+        .fetch_all(&store.pool)
+        .await?;
+    rows.iter().map(atespace_from_row).collect()
+}
+
+pub(super) async fn delete_atespace(store: &StoreImpl, name: &str) -> Result<()> {
+    store.counters.write();
+    let mut tx = store.begin_write().await?;
+    let row = sqlx::query(concat!(
+        "SELECT name FROM atespaces WHERE name = $1",
+        for_update!()
+    ))
+    .bind(name)
+    .fetch_optional(&mut *tx)
+    .await?;
+    if row.is_none() {
+        return Err(not_found("atespace", name));
+    }
+    let counts = sqlx::query(
+        "SELECT (SELECT COUNT(*) FROM actors WHERE atespace = $1) AS actors, \
+         (SELECT COUNT(*) FROM templates WHERE namespace = $1) AS templates, \
+         (SELECT COUNT(*) FROM tags WHERE atespace = $1) AS tags",
+    )
+    .bind(name)
+    .fetch_one(&mut *tx)
+    .await?;
+    let mut held = Vec::new();
+    for (column, noun) in [
+        ("actors", "actor"),
+        ("templates", "template"),
+        ("tags", "tag"),
+    ] {
+        let n: i64 = counts.try_get(column)?;
+        if n > 0 {
+            held.push(count_of(n, noun));
+        }
+    }
+    if !held.is_empty() {
+        return Err(StoreError::FailedPrecondition(format!(
+            "atespace \"{name}\" still holds {}",
+            held.join(", ")
+        )));
+    }
+    sqlx::query("DELETE FROM atespaces WHERE name = $1")
+        .bind(name)
+        .execute(&mut *tx)
+        .await?;
+    tx.commit().await?;
+    Ok(())
+}
+
+/// Checks that the atespace exists and keeps it from being deleted until commit (Postgres).
+pub(super) async fn share_atespace(tx: &mut Tx, name: &str) -> Result<()> {
+    let row = sqlx::query(concat!(
+        "SELECT name FROM atespaces WHERE name = $1",
+        for_share!()
+    ))
+    .bind(name)
+    .fetch_optional(&mut **tx)
+    .await?;
+    match row {
+        Some(_) => Ok(()),
+        None => Err(not_found("atespace", name)),
+    }
+}

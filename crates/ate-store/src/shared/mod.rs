@@ -1,0 +1,340 @@
+//! The `Store` implementation shared by both backends, one file per concern; this file is the
+//! trait impl, which only delegates. It is not declared in `lib.rs`: `sqlite.rs` and
+//! `postgres.rs` each declare it (`#[path = "shared/mod.rs"] mod shared;`), so it is compiled
+//! once per backend against that backend's items, which each defines before the declaration:
+//!
+//! - `Db` (the sqlx database), `DbRow` (its row type), `Tx` (a write transaction that derefs to
+//!   the backend's connection), `StoreImpl` (the store struct, with fields `pool` and `counters`,
+//!   an inherent `begin_write()` that opens a transaction serialized against other writers:
+//!   `BEGIN IMMEDIATE` behind an in-process writer lock on SQLite — and `write_guard()`, that lock
+//!   for one-statement writes, a no-op on PostgreSQL);
+//! - macros `for_update!()` / `for_share!()` expanding to the row-lock suffix of a SELECT (empty on
+//!   SQLite, where `BEGIN IMMEDIATE` already serializes writers).
+//!
+//! SQL text uses `$N` placeholders, which both backends accept.
+
+use std::collections::BTreeMap;
+
+use ate_core::{ActorState, DurableStatus, TemplateSpec};
+
+use super::{DbRow, StoreImpl, Tx};
+use crate::{
+    ActorRecord, ActorUpdate, AtespaceRecord, Capacity, FrozenCopy, JoinTokenRecord, Result,
+    SnapshotRecord, Store, StoreCounters, TagRecord, TemplateRecord, WorkerRecord, async_trait,
+};
+
+// Column lists and row mapping; `macro_use` makes the column macros visible to the modules below.
+#[macro_use]
+mod rows;
+
+mod actors;
+mod atespaces;
+mod binding;
+mod frozen_copies;
+mod join_tokens;
+mod leases;
+mod snapshots;
+mod tags;
+mod templates;
+mod workers;
+
+#[async_trait]
+impl Store for StoreImpl {
+    // ---- atespaces
+
+    async fn create_atespace(&self, name: &str, now_ms: i64) -> Result<AtespaceRecord> {
+        atespaces::create_atespace(self, name, now_ms).await
+    }
+
+    async fn get_atespace(&self, name: &str) -> Result<AtespaceRecord> {
+        atespaces::get_atespace(self, name).await
+    }
+
+    async fn list_atespaces(&self) -> Result<Vec<AtespaceRecord>> {
+        atespaces::list_atespaces(self).await
+    }
+
+    async fn delete_atespace(&self, name: &str) -> Result<()> {
+        atespaces::delete_atespace(self, name).await
+    }
+
+    // ---- templates
+
+    async fn apply_template(
+        &self,
+        namespace: &str,
+        name: &str,
+        spec: &TemplateSpec,
+        now_ms: i64,
+    ) -> Result<TemplateRecord> {
+        templates::apply_template(self, namespace, name, spec, now_ms).await
+    }
+
+    async fn get_template(&self, namespace: &str, name: &str) -> Result<TemplateRecord> {
+        templates::get_template(self, namespace, name).await
+    }
+
+    async fn list_templates(&self, namespace: Option<&str>) -> Result<Vec<TemplateRecord>> {
+        templates::list_templates(self, namespace).await
+    }
+
+    async fn delete_template(&self, namespace: &str, name: &str) -> Result<()> {
+        templates::delete_template(self, namespace, name).await
+    }
+
+    // ---- actors
+
+    async fn create_actor(&self, actor: &ActorRecord) -> Result<ActorRecord> {
+        actors::create_actor(self, actor).await
+    }
+
+    async fn get_actor(&self, atespace: &str, name: &str) -> Result<ActorRecord> {
+        actors::get_actor(self, atespace, name).await
+    }
+
+    async fn list_actors(
+        &self,
+        atespace: Option<&str>,
+        after: Option<(&str, &str)>,
+        limit: u32,
+    ) -> Result<Vec<ActorRecord>> {
+        actors::list_actors(self, atespace, after, limit).await
+    }
+
+    async fn update_actor_selector(
+        &self,
+        atespace: &str,
+        name: &str,
+        selector: &BTreeMap<String, String>,
+        now_ms: i64,
+    ) -> Result<ActorRecord> {
+        actors::update_actor_selector(self, atespace, name, selector, now_ms).await
+    }
+
+    async fn delete_actor(&self, atespace: &str, name: &str) -> Result<Vec<SnapshotRecord>> {
+        actors::delete_actor(self, atespace, name).await
+    }
+
+    async fn transition(
+        &self,
+        atespace: &str,
+        name: &str,
+        from: &[ActorState],
+        to: ActorState,
+        update: ActorUpdate,
+        now_ms: i64,
+    ) -> Result<ActorRecord> {
+        actors::transition(self, atespace, name, from, to, update, now_ms).await
+    }
+
+    async fn transition_releasing_lease(
+        &self,
+        atespace: &str,
+        name: &str,
+        from: &[ActorState],
+        to: ActorState,
+        update: ActorUpdate,
+        now_ms: i64,
+        lease_key: &str,
+        lease_holder: &str,
+    ) -> Result<ActorRecord> {
+        actors::transition_releasing_lease(
+            self,
+            atespace,
+            name,
+            from,
+            to,
+            update,
+            now_ms,
+            lease_key,
+            lease_holder,
+        )
+        .await
+    }
+
+    async fn bind_actor(
+        &self,
+        atespace: &str,
+        name: &str,
+        from: &[ActorState],
+        worker_id: &str,
+        demand: Capacity,
+        now_ms: i64,
+    ) -> Result<ActorRecord> {
+        binding::bind_actor(self, atespace, name, from, worker_id, demand, now_ms).await
+    }
+
+    async fn readopt_actor(
+        &self,
+        atespace: &str,
+        name: &str,
+        worker_id: &str,
+        activation: u64,
+        demand: Capacity,
+        now_ms: i64,
+    ) -> Result<ActorRecord> {
+        binding::readopt_actor(self, atespace, name, worker_id, activation, demand, now_ms).await
+    }
+
+    async fn release_actor(
+        &self,
+        atespace: &str,
+        name: &str,
+        from: &[ActorState],
+        to: ActorState,
+        snapshot: Option<&SnapshotRecord>,
+        update: ActorUpdate,
+        now_ms: i64,
+    ) -> Result<ActorRecord> {
+        binding::release_actor(self, atespace, name, from, to, snapshot, update, now_ms).await
+    }
+
+    async fn actors_on_worker(&self, worker_id: &str) -> Result<Vec<ActorRecord>> {
+        actors::actors_on_worker(self, worker_id).await
+    }
+
+    // ---- snapshots
+
+    async fn list_snapshots(&self, atespace: &str, name: &str) -> Result<Vec<SnapshotRecord>> {
+        snapshots::list_snapshots(self, atespace, name).await
+    }
+
+    async fn prune_snapshots(
+        &self,
+        atespace: &str,
+        name: &str,
+        keep_newest: usize,
+    ) -> Result<Vec<SnapshotRecord>> {
+        snapshots::prune_snapshots(self, atespace, name, keep_newest).await
+    }
+
+    async fn update_snapshot_durable(
+        &self,
+        atespace: &str,
+        name: &str,
+        generation: u64,
+        status: DurableStatus,
+        durable_uri: &str,
+        reason: &str,
+    ) -> Result<()> {
+        snapshots::update_snapshot_durable(
+            self,
+            atespace,
+            name,
+            generation,
+            status,
+            durable_uri,
+            reason,
+        )
+        .await
+    }
+
+    async fn clear_snapshot_local(
+        &self,
+        atespace: &str,
+        name: &str,
+        generation: u64,
+    ) -> Result<()> {
+        snapshots::clear_snapshot_local(self, atespace, name, generation).await
+    }
+
+    // ---- tags
+
+    async fn create_tag(&self, tag: &TagRecord) -> Result<TagRecord> {
+        tags::create_tag(self, tag).await
+    }
+
+    async fn get_tag(&self, atespace: &str, name: &str) -> Result<TagRecord> {
+        tags::get_tag(self, atespace, name).await
+    }
+
+    async fn list_tags(&self, atespace: Option<&str>) -> Result<Vec<TagRecord>> {
+        tags::list_tags(self, atespace).await
+    }
+
+    async fn delete_tag(&self, atespace: &str, name: &str) -> Result<()> {
+        tags::delete_tag(self, atespace, name).await
+    }
+
+    // ---- workers
+
+    async fn register_worker(&self, worker: &WorkerRecord, now_ms: i64) -> Result<WorkerRecord> {
+        workers::register_worker(self, worker, now_ms).await
+    }
+
+    async fn heartbeat_worker(&self, id: &str, epoch: u64, now_ms: i64) -> Result<bool> {
+        workers::heartbeat_worker(self, id, epoch, now_ms).await
+    }
+
+    async fn deregister_worker(&self, id: &str) -> Result<()> {
+        workers::deregister_worker(self, id).await
+    }
+
+    async fn get_worker(&self, id: &str) -> Result<WorkerRecord> {
+        workers::get_worker(self, id).await
+    }
+
+    async fn list_workers(&self) -> Result<Vec<WorkerRecord>> {
+        workers::list_workers(self).await
+    }
+
+    async fn expire_workers(&self, stale_before_ms: i64) -> Result<Vec<String>> {
+        workers::expire_workers(self, stale_before_ms).await
+    }
+
+    // ---- leases
+
+    async fn try_acquire_lease(
+        &self,
+        key: &str,
+        holder: &str,
+        now_ms: i64,
+        ttl_ms: i64,
+    ) -> Result<bool> {
+        leases::try_acquire_lease(self, key, holder, now_ms, ttl_ms).await
+    }
+
+    async fn release_lease(&self, key: &str, holder: &str) -> Result<()> {
+        leases::release_lease(self, key, holder).await
+    }
+
+    // ---- join tokens
+
+    async fn create_join_token(&self, token: &JoinTokenRecord) -> Result<()> {
+        join_tokens::create_join_token(self, token).await
+    }
+
+    async fn get_join_token(&self, id: &str) -> Result<JoinTokenRecord> {
+        join_tokens::get_join_token(self, id).await
+    }
+
+    async fn list_join_tokens(&self) -> Result<Vec<JoinTokenRecord>> {
+        join_tokens::list_join_tokens(self).await
+    }
+
+    async fn delete_join_token(&self, id: &str) -> Result<bool> {
+        join_tokens::delete_join_token(self, id).await
+    }
+
+    async fn record_join_token_use(&self, id: &str, node: &str) -> Result<()> {
+        join_tokens::record_join_token_use(self, id, node).await
+    }
+
+    // ---- frozen copies
+
+    async fn set_frozen_copy(&self, atespace: &str, name: &str, copy: &FrozenCopy) -> Result<()> {
+        frozen_copies::set_frozen_copy(self, atespace, name, copy).await
+    }
+
+    async fn get_frozen_copy(&self, atespace: &str, name: &str) -> Result<Option<FrozenCopy>> {
+        frozen_copies::get_frozen_copy(self, atespace, name).await
+    }
+
+    async fn clear_frozen_copy(&self, atespace: &str, name: &str) -> Result<()> {
+        frozen_copies::clear_frozen_copy(self, atespace, name).await
+    }
+
+    fn counters(&self) -> &StoreCounters {
+        &self.counters
+    }
+}

@@ -1,0 +1,170 @@
+//! Column lists and the mapping from rows to records.
+
+use ate_core::TemplateSpec;
+use sqlx::Row as _;
+
+use super::DbRow;
+use crate::util::{
+    from_json, parse_durable, parse_fidelity, parse_labels, parse_state, parse_worker_status,
+    to_u64,
+};
+use crate::{
+    ActorRecord, AtespaceRecord, Capacity, JoinTokenRecord, Result, SnapshotRecord, TagRecord,
+    TemplateRecord, WorkerRecord,
+};
+
+macro_rules! actor_cols {
+    () => {
+        "atespace, name, uid, template, state, worker_selector, worker_id, epoch, generation, attached_node, \
+         last_error, created_ms, updated_ms, activation"
+    };
+}
+
+macro_rules! snapshot_cols {
+    () => {
+        "atespace, name, generation, uuid, fidelity, template, sandbox_class, node, boot_id, local_path, \
+         durable_uri, durable_status, size_bytes, checksum, reason, created_ms"
+    };
+}
+
+macro_rules! tag_cols {
+    () => {
+        "atespace, name, created_ms, s_atespace, s_name, s_generation, s_uuid, s_fidelity, s_template, \
+         s_sandbox_class, s_node, s_boot_id, s_local_path, s_durable_uri, s_durable_status, s_size_bytes, \
+         s_checksum, s_reason, s_created_ms"
+    };
+}
+
+macro_rules! atespace_select {
+    () => {
+        "SELECT s.name, s.created_ms, (SELECT COUNT(*) FROM actors a WHERE a.atespace = s.name) AS actor_count \
+         FROM atespaces s"
+    };
+}
+
+macro_rules! worker_select {
+    () => {
+        "SELECT w.id, w.node, w.addresses, w.identity, w.labels, w.sandbox_class, w.can_restore_memory, \
+         w.cpu_millis, w.memory_bytes, w.slots, w.epoch, w.status, w.last_heartbeat_ms, w.node_address, \
+         w.boot_id, CAST(COALESCE(u.cpu, 0) AS BIGINT) AS used_cpu, CAST(COALESCE(u.mem, 0) AS BIGINT) AS used_mem, \
+         CAST(COALESCE(u.n, 0) AS BIGINT) AS used_slots \
+         FROM workers w LEFT JOIN (SELECT worker_id, SUM(cpu_millis) AS cpu, SUM(memory_bytes) AS mem, \
+         COUNT(*) AS n FROM actor_assignments GROUP BY worker_id) u ON u.worker_id = w.id"
+    };
+}
+
+pub(super) fn atespace_from_row(row: &DbRow) -> Result<AtespaceRecord> {
+    Ok(AtespaceRecord {
+        name: row.try_get("name")?,
+        created_ms: row.try_get("created_ms")?,
+        actor_count: to_u64(row.try_get("actor_count")?, "actor_count")?,
+    })
+}
+
+pub(super) fn template_from_row(row: &DbRow) -> Result<TemplateRecord> {
+    let spec: String = row.try_get("spec")?;
+    Ok(TemplateRecord {
+        namespace: row.try_get("namespace")?,
+        name: row.try_get("name")?,
+        spec: from_json::<TemplateSpec>(&spec, "templates.spec")?,
+        created_ms: row.try_get("created_ms")?,
+        updated_ms: row.try_get("updated_ms")?,
+    })
+}
+
+pub(super) fn actor_from_row(row: &DbRow) -> Result<ActorRecord> {
+    let state: String = row.try_get("state")?;
+    let selector: String = row.try_get("worker_selector")?;
+    Ok(ActorRecord {
+        atespace: row.try_get("atespace")?,
+        name: row.try_get("name")?,
+        uid: row.try_get("uid")?,
+        template: row.try_get("template")?,
+        state: parse_state(&state)?,
+        worker_selector: parse_labels(&selector, "actors.worker_selector")?,
+        worker_id: row.try_get("worker_id")?,
+        epoch: to_u64(row.try_get("epoch")?, "actors.epoch")?,
+        generation: to_u64(row.try_get("generation")?, "actors.generation")?,
+        attached_node: row.try_get("attached_node")?,
+        last_error: row.try_get("last_error")?,
+        created_ms: row.try_get("created_ms")?,
+        updated_ms: row.try_get("updated_ms")?,
+        activation: to_u64(row.try_get("activation")?, "actors.activation")?,
+    })
+}
+
+/// Snapshot columns, optionally prefixed (`s_` in the tags table).
+pub(super) fn snapshot_from_row(row: &DbRow, prefix: &str) -> Result<SnapshotRecord> {
+    let col = |c: &str| format!("{prefix}{c}");
+    let fidelity: String = row.try_get(col("fidelity").as_str())?;
+    let durable: Option<String> = row.try_get(col("durable_status").as_str())?;
+    Ok(SnapshotRecord {
+        atespace: row.try_get(col("atespace").as_str())?,
+        name: row.try_get(col("name").as_str())?,
+        generation: to_u64(row.try_get(col("generation").as_str())?, "generation")?,
+        uuid: row.try_get(col("uuid").as_str())?,
+        fidelity: parse_fidelity(&fidelity)?,
+        template: row.try_get(col("template").as_str())?,
+        sandbox_class: row.try_get(col("sandbox_class").as_str())?,
+        node: row.try_get(col("node").as_str())?,
+        boot_id: row.try_get(col("boot_id").as_str())?,
+        local_path: row.try_get(col("local_path").as_str())?,
+        durable_uri: row.try_get(col("durable_uri").as_str())?,
+        durable_status: parse_durable(durable.as_deref())?,
+        size_bytes: to_u64(row.try_get(col("size_bytes").as_str())?, "size_bytes")?,
+        checksum: row.try_get(col("checksum").as_str())?,
+        reason: row.try_get(col("reason").as_str())?,
+        created_ms: row.try_get(col("created_ms").as_str())?,
+    })
+}
+
+pub(super) fn tag_from_row(row: &DbRow) -> Result<TagRecord> {
+    Ok(TagRecord {
+        atespace: row.try_get("atespace")?,
+        name: row.try_get("name")?,
+        snapshot: snapshot_from_row(row, "s_")?,
+        created_ms: row.try_get("created_ms")?,
+    })
+}
+
+pub(super) fn worker_from_row(row: &DbRow) -> Result<WorkerRecord> {
+    let addresses: String = row.try_get("addresses")?;
+    let labels: String = row.try_get("labels")?;
+    let status: String = row.try_get("status")?;
+    Ok(WorkerRecord {
+        id: row.try_get("id")?,
+        node: row.try_get("node")?,
+        addresses: from_json::<Vec<String>>(&addresses, "workers.addresses")?,
+        identity: row.try_get("identity")?,
+        labels: parse_labels(&labels, "workers.labels")?,
+        sandbox_class: row.try_get("sandbox_class")?,
+        can_restore_memory: row.try_get("can_restore_memory")?,
+        capacity: Capacity {
+            cpu_millis: to_u64(row.try_get("cpu_millis")?, "workers.cpu_millis")?,
+            memory_bytes: to_u64(row.try_get("memory_bytes")?, "workers.memory_bytes")?,
+            slots: to_u64(row.try_get("slots")?, "workers.slots")?,
+        },
+        used: Capacity {
+            cpu_millis: to_u64(row.try_get("used_cpu")?, "used cpu_millis")?,
+            memory_bytes: to_u64(row.try_get("used_mem")?, "used memory_bytes")?,
+            slots: to_u64(row.try_get("used_slots")?, "used slots")?,
+        },
+        epoch: to_u64(row.try_get("epoch")?, "workers.epoch")?,
+        status: parse_worker_status(&status)?,
+        last_heartbeat_ms: row.try_get("last_heartbeat_ms")?,
+        node_address: row.try_get("node_address")?,
+        boot_id: row.try_get("boot_id")?,
+    })
+}
+
+pub(super) fn join_token_from_row(row: &DbRow) -> Result<JoinTokenRecord> {
+    let used: String = row.try_get("used_by")?;
+    Ok(JoinTokenRecord {
+        id: row.try_get("id")?,
+        secret_sha256: row.try_get("secret_sha256")?,
+        description: row.try_get("description")?,
+        created_ms: row.try_get("created_ms")?,
+        expires_ms: row.try_get("expires_ms")?,
+        used_by: from_json(&used, "used_by")?,
+    })
+}

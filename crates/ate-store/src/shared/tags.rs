@@ -1,0 +1,98 @@
+//! Tags: named copies of a snapshot row.
+
+use super::StoreImpl;
+use super::atespaces::share_atespace;
+use super::rows::tag_from_row;
+use crate::util::{already_exists, is_unique_violation, not_found, to_i64};
+use crate::{Result, TagRecord};
+
+pub(super) async fn create_tag(store: &StoreImpl, tag: &TagRecord) -> Result<TagRecord> {
+    store.counters.write();
+    let s = &tag.snapshot;
+    let mut tx = store.begin_write().await?;
+    share_atespace(&mut tx, &tag.atespace).await?;
+    let inserted = sqlx::query(concat!(
+        "INSERT INTO tags (",
+        tag_cols!(),
+        ") VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19) \
+         RETURNING ",
+        tag_cols!()
+    ))
+    .bind(&tag.atespace)
+    .bind(&tag.name)
+    .bind(tag.created_ms)
+    .bind(&s.atespace)
+    .bind(&s.name)
+    .bind(to_i64(s.generation, "generation")?)
+    .bind(&s.uuid)
+    .bind(s.fidelity.as_str())
+    .bind(&s.template)
+    .bind(&s.sandbox_class)
+    .bind(&s.node)
+    .bind(&s.boot_id)
+    .bind(&s.local_path)
+    .bind(&s.durable_uri)
+    .bind(s.durable_status.map(|d| d.as_str()))
+    .bind(to_i64(s.size_bytes, "size_bytes")?)
+    .bind(&s.checksum)
+    .bind(&s.reason)
+    .bind(s.created_ms)
+    .fetch_one(&mut *tx)
+    .await;
+    let row = match inserted {
+        Ok(row) => row,
+        Err(e) if is_unique_violation(&e) => {
+            return Err(already_exists(
+                "tag",
+                &format!("{}/{}", tag.atespace, tag.name),
+            ));
+        }
+        Err(e) => return Err(e.into()),
+    };
+    let record = tag_from_row(&row)?;
+    tx.commit().await?;
+    Ok(record)
+}
+
+pub(super) async fn get_tag(store: &StoreImpl, atespace: &str, name: &str) -> Result<TagRecord> {
+    store.counters.read();
+    let row = sqlx::query(concat!(
+        "SELECT ",
+        tag_cols!(),
+        " FROM tags WHERE atespace = $1 AND name = $2"
+    ))
+    .bind(atespace)
+    .bind(name)
+    .fetch_optional(&store.pool)
+    .await?;
+    match row {
+        Some(row) => tag_from_row(&row),
+        None => Err(not_found("tag", &format!("{atespace}/{name}"))),
+    }
+}
+
+pub(super) async fn list_tags(store: &StoreImpl, atespace: Option<&str>) -> Result<Vec<TagRecord>> {
+    store.counters.read();
+    let rows = sqlx::query(concat!(
+        "SELECT ",
+        tag_cols!(),
+        " FROM tags WHERE ($1 IS NULL OR atespace = $1) ORDER BY atespace, name"
+    ))
+    .bind(atespace)
+    .fetch_all(&store.pool)
+    .await?;
+    rows.iter().map(tag_from_row).collect()
+}
+
+pub(super) async fn delete_tag(store: &StoreImpl, atespace: &str, name: &str) -> Result<()> {
+    store.counters.write();
+    let done = sqlx::query("DELETE FROM tags WHERE atespace = $1 AND name = $2")
+        .bind(atespace)
+        .bind(name)
+        .execute(&store.pool)
+        .await?;
+    if done.rows_affected() == 0 {
+        return Err(not_found("tag", &format!("{atespace}/{name}")));
+    }
+    Ok(())
+}
