@@ -96,7 +96,7 @@ pub fn actor(a: &ActorRecord, worker: Option<&WorkerRecord>) -> v1::Actor {
         }),
         generation: a.generation,
         attached_node: a.attached_node.clone().unwrap_or_default(),
-        last_error: a.last_error.clone(),
+        last_error: a.last_error.clone().unwrap_or_default(),
         create_time_unix_ms: a.created_ms,
         update_time_unix_ms: a.updated_ms,
     }
@@ -133,12 +133,12 @@ pub fn snapshot(s: &SnapshotRecord) -> v1::Snapshot {
         sandbox_class: s.sandbox_class.clone(),
         node: s.node.clone(),
         boot_id: s.boot_id.clone(),
-        local_path: s.local_path.clone(),
-        durable_uri: s.durable_uri.clone(),
+        local_path: s.local_path.clone().unwrap_or_default(),
+        durable_uri: s.durable_uri.clone().unwrap_or_default(),
         durable_status: s.durable_status.map(|d| d.wire()).unwrap_or(0),
         size_bytes: s.size_bytes,
         checksum: s.checksum.clone(),
-        reason: s.reason.clone(),
+        reason: s.reason.clone().unwrap_or_default(),
         create_time_unix_ms: s.created_ms,
     }
 }
@@ -196,14 +196,19 @@ pub fn snapshot_from_wire(
         sandbox_class: s.sandbox_class.clone(),
         node: s.node.clone(),
         boot_id: s.boot_id.clone(),
-        local_path: s.local_path.clone(),
-        durable_uri: s.durable_uri.clone(),
+        local_path: non_empty(&s.local_path),
+        durable_uri: non_empty(&s.durable_uri),
         durable_status: ate_core::DurableStatus::from_wire(s.durable_status),
         size_bytes: s.size_bytes,
         checksum: s.checksum.clone(),
-        reason: s.reason.clone(),
+        reason: non_empty(&s.reason),
         created_ms: now_ms,
     })
+}
+
+/// A wire string where empty means "absent".
+fn non_empty(text: &str) -> Option<String> {
+    (!text.is_empty()).then(|| text.to_string())
 }
 
 #[cfg(test)]
@@ -235,7 +240,7 @@ mod tests {
             (
                 WorkflowError::Crashed {
                     actor: actor(),
-                    last_error: "restore on worker w1 failed: boom".into(),
+                    last_error: Some("restore on worker w1 failed: boom".into()),
                 },
                 Code::FailedPrecondition,
                 "actor ate-demo/counter-1 is ACTOR_STATE_CRASHED (restore on worker w1 failed: boom): AssignWorker prerequisite not met; RevertActor returns it to ACTOR_STATE_SUSPENDED",
@@ -243,7 +248,7 @@ mod tests {
             (
                 WorkflowError::Crashed {
                     actor: actor(),
-                    last_error: String::new(),
+                    last_error: None,
                 },
                 Code::FailedPrecondition,
                 "actor ate-demo/counter-1 is ACTOR_STATE_CRASHED: AssignWorker prerequisite not met; RevertActor returns it to ACTOR_STATE_SUSPENDED",

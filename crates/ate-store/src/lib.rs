@@ -104,7 +104,8 @@ pub struct ActorRecord {
     pub generation: u64,
     /// Node holding the newest node-local generation (async suspend), if any.
     pub attached_node: Option<String>,
-    pub last_error: String,
+    /// Why the actor last failed or fell back, if it did (stored as `''` when `None`).
+    pub last_error: Option<String>,
     pub created_ms: i64,
     pub updated_ms: i64,
     /// Fencing token of the newest activation (0 = never bound): strictly increasing, taken by
@@ -125,15 +126,17 @@ pub struct SnapshotRecord {
     /// Node that wrote the generation and the boot it was written in.
     pub node: String,
     pub boot_id: String,
-    /// Directory on `node`; empty once the local copy is dropped.
-    pub local_path: String,
-    pub durable_uri: String,
+    /// Directory on `node`; `None` once the local copy is dropped (stored as `''` when `None`).
+    pub local_path: Option<String>,
+    /// Where the durable copy is, once known (stored as `''` when `None`).
+    pub durable_uri: Option<String>,
     /// `None` = no durable copy was asked for yet.
     pub durable_status: Option<DurableStatus>,
     pub size_bytes: u64,
     pub checksum: String,
-    /// Why the fidelity is lower than the template asked for, if it is.
-    pub reason: String,
+    /// Why the fidelity is lower than the template asked for, if it is (stored as `''` when
+    /// `None`).
+    pub reason: Option<String>,
     pub created_ms: i64,
 }
 
@@ -220,8 +223,8 @@ pub struct WorkerRecord {
 /// Fields a state transition may also change.
 #[derive(Debug, Clone, Default)]
 pub struct ActorUpdate {
-    /// Replace `last_error` (use `Some(String::new())` to clear it).
-    pub last_error: Option<String>,
+    /// Replace `last_error`: `Some(None)` clears it, `None` keeps it.
+    pub last_error: Option<Option<String>>,
     /// Record this worker epoch.
     pub epoch: Option<u64>,
     /// Forget the attached node (its local generation was detached).
@@ -232,7 +235,7 @@ impl ActorUpdate {
     /// Only `last_error` replaced (the reason of a transition).
     pub fn with_error(why: impl Into<String>) -> Self {
         Self {
-            last_error: Some(why.into()),
+            last_error: Some(Some(why.into())),
             ..Self::default()
         }
     }

@@ -147,3 +147,13 @@ impl From<sqlx::migrate::MigrateError> for StoreError {
         StoreError::Database(format!("migration failed: {error}"))
     }
 }
+
+/// A text column where `''` stands for "absent" → `None` for `''`.
+pub(crate) fn empty_as_none(text: String) -> Option<String> {
+    if text.is_empty() { None } else { Some(text) }
+}
+
+/// The inverse of [`empty_as_none`]: the stored text of an optional value.
+pub(crate) fn none_as_empty(value: &Option<String>) -> &str {
+    value.as_deref().unwrap_or("")
+}

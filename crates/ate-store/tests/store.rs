@@ -179,7 +179,7 @@ fn actor(atespace: &str, name: &str, template: &str) -> ActorRecord {
         epoch: 0,
         generation: 0,
         attached_node: None,
-        last_error: String::new(),
+        last_error: None,
         created_ms: NOW,
         updated_ms: NOW,
         activation: 0,
@@ -216,12 +216,12 @@ fn snapshot(atespace: &str, name: &str, generation: u64, node: &str) -> Snapshot
         sandbox_class: "runc".into(),
         node: node.into(),
         boot_id: "boot-1".into(),
-        local_path: format!("/var/lib/ate/snapshots/{name}/{generation}"),
-        durable_uri: String::new(),
+        local_path: Some(format!("/var/lib/ate/snapshots/{name}/{generation}")),
+        durable_uri: None,
         durable_status: None,
         size_bytes: 123_456,
         checksum: "sha256:abc".into(),
-        reason: String::new(),
+        reason: None,
         created_ms: NOW + generation as i64,
     }
 }
@@ -493,7 +493,7 @@ mod cases {
         record.worker_selector = BTreeMap::from([("gpu".to_string(), "none".to_string())]);
         record.generation = 7;
         record.attached_node = Some("n1".into());
-        record.last_error = "boom".into();
+        record.last_error = Some("boom".into());
         let created = s.create_actor(&record).await.unwrap();
         assert_eq!(created, record);
         assert_eq!(s.get_actor("ate-demo", "a1").await.unwrap(), record);
@@ -650,7 +650,7 @@ mod cases {
 
         // Another holder's name releases nothing, but the transition still happens.
         let update = ActorUpdate {
-            last_error: Some("x".into()),
+            last_error: Some(Some("x".into())),
             ..Default::default()
         };
         let a = s
@@ -667,8 +667,8 @@ mod cases {
             .await
             .unwrap();
         assert_eq!(
-            (a.state, a.last_error.as_str(), a.updated_ms),
-            (ActorState::Resuming, "x", NOW + 3)
+            (a.state, a.last_error.as_deref(), a.updated_ms),
+            (ActorState::Resuming, Some("x"), NOW + 3)
         );
         assert!(
             !s.try_acquire_lease(key, "h2", NOW + 4, 10_000)
@@ -734,7 +734,7 @@ mod cases {
         );
 
         let update = ActorUpdate {
-            last_error: Some("it broke".into()),
+            last_error: Some(Some("it broke".into())),
             epoch: Some(42),
             clear_attached_node: true,
         };
@@ -750,7 +750,7 @@ mod cases {
             .await
             .unwrap();
         assert_eq!(t.state, ActorState::Crashed);
-        assert_eq!(t.last_error, "it broke");
+        assert_eq!(t.last_error.as_deref(), Some("it broke"));
         assert_eq!(t.epoch, 42);
         assert_eq!(t.attached_node, None);
         assert_eq!(t.updated_ms, NOW + 3);
@@ -769,11 +769,11 @@ mod cases {
             .await
             .unwrap();
         assert_eq!(
-            (t2.state, t2.last_error.as_str(), t2.epoch),
-            (ActorState::Suspended, "it broke", 42)
+            (t2.state, t2.last_error.as_deref(), t2.epoch),
+            (ActorState::Suspended, Some("it broke"), 42)
         );
         let clear = ActorUpdate {
-            last_error: Some(String::new()),
+            last_error: Some(None),
             ..Default::default()
         };
         let t3 = s
@@ -787,7 +787,7 @@ mod cases {
             )
             .await
             .unwrap();
-        assert_eq!(t3.last_error, "");
+        assert_eq!(t3.last_error, None);
         assert_err!(
             s.transition(
                 "ns",
@@ -814,7 +814,7 @@ mod cases {
             // 2 and 4 got durable copies; 5 and 6 are local only (uploads pending).
             if generation == 2 || generation == 4 {
                 snap.durable_status = Some(DurableStatus::Completed);
-                snap.durable_uri = format!("file:///d/{generation}");
+                snap.durable_uri = Some(format!("file:///d/{generation}"));
             }
             record_generation(s, "a1", &snap).await;
         }
@@ -1415,7 +1415,7 @@ mod cases {
             ..snapshot("ns", "a1", 2, "node-b")
         };
         let update = ActorUpdate {
-            last_error: Some("note".into()),
+            last_error: Some(Some("note".into())),
             epoch: None,
             clear_attached_node: true,
         };
@@ -1435,9 +1435,9 @@ mod cases {
             (
                 r2.generation,
                 r2.attached_node.as_deref(),
-                r2.last_error.as_str()
+                r2.last_error.as_deref()
             ),
-            (2, Some("node-b"), "note")
+            (2, Some("node-b"), Some("note"))
         );
         let gens: Vec<_> = s
             .list_snapshots("ns", "a1")
@@ -1521,7 +1521,7 @@ mod cases {
         s.create_actor(&actor("ns", "a1", "ns/t")).await.unwrap();
         for generation in 1..=2 {
             let mut snap = snapshot("ns", "a1", generation, "n1");
-            snap.reason = "memory checkpoint unsupported".into();
+            snap.reason = Some("memory checkpoint unsupported".into());
             record_generation(s, "a1", &snap).await;
         }
         let tag = TagRecord {
@@ -1547,9 +1547,10 @@ mod cases {
         .unwrap();
         let g = s.list_snapshots("ns", "a1").await.unwrap();
         assert_eq!(g[0].durable_status, Some(DurableStatus::Completed));
-        assert_eq!(g[0].durable_uri, "s3://bucket/ns/a1/2");
+        assert_eq!(g[0].durable_uri.as_deref(), Some("s3://bucket/ns/a1/2"));
         assert_eq!(
-            g[0].reason, "memory checkpoint unsupported",
+            g[0].reason.as_deref(),
+            Some("memory checkpoint unsupported"),
             "an empty reason keeps the old one"
         );
         assert_eq!(g[1].durable_status, None);
@@ -1565,8 +1566,8 @@ mod cases {
         .unwrap();
         let g = s.list_snapshots("ns", "a1").await.unwrap();
         assert_eq!(
-            (g[1].durable_status, g[1].reason.as_str()),
-            (Some(DurableStatus::Failed), "upload failed: 503")
+            (g[1].durable_status, g[1].reason.as_deref()),
+            (Some(DurableStatus::Failed), Some("upload failed: 503"))
         );
         let e = assert_err!(
             s.update_snapshot_durable("ns", "a1", 9, DurableStatus::Completed, "x", "")
@@ -1577,8 +1578,8 @@ mod cases {
 
         s.clear_snapshot_local("ns", "a1", 2).await.unwrap();
         let g = s.list_snapshots("ns", "a1").await.unwrap();
-        assert_eq!(g[0].local_path, "");
-        assert_ne!(g[1].local_path, "");
+        assert_eq!(g[0].local_path, None);
+        assert!(g[1].local_path.is_some());
         assert_err!(
             s.clear_snapshot_local("ns", "a1", 9).await,
             StoreError::NotFound(_)
@@ -1675,9 +1676,9 @@ mod cases {
         s.create_atespace("other", NOW).await.unwrap();
         let mut full = tag.clone();
         full.snapshot.durable_status = Some(DurableStatus::Completed);
-        full.snapshot.durable_uri = "s3://b/k".into();
+        full.snapshot.durable_uri = Some("s3://b/k".into());
         full.snapshot.fidelity = Fidelity::Rootfs;
-        full.snapshot.reason = "criu missing".into();
+        full.snapshot.reason = Some("criu missing".into());
         assert_eq!(s.create_tag(&full).await.unwrap(), full);
         let e = assert_err!(s.create_tag(&full).await, StoreError::AlreadyExists(_));
         assert_eq!(e.to_string(), r#"tag "ns/golden" already exists"#);

@@ -45,7 +45,7 @@ impl actor_service_server::ActorService for Services {
             epoch: 0,
             generation: 0,
             attached_node: None,
-            last_error: String::new(),
+            last_error: None,
             created_ms: now,
             updated_ms: now,
             activation: 0,

@@ -203,7 +203,7 @@ async fn delete_snapshot_files(
             .map(|w| w.node_address.clone())
             .or_else(|| any_node.clone());
         let Some(address) = target else {
-            tracing::warn!(actor = %format!("{}/{}", snap.atespace, snap.name), generation = snap.generation, uri = %snap.durable_uri, "no live node to delete snapshot files");
+            tracing::warn!(actor = %format!("{}/{}", snap.atespace, snap.name), generation = snap.generation, uri = snap.durable_uri.as_deref().unwrap_or_default(), "no live node to delete snapshot files");
             continue;
         };
         let result = match nodes.client(&address) {
@@ -214,7 +214,7 @@ async fn delete_snapshot_files(
             Err(e) => Err(e.to_string()),
         };
         if let Err(why) = result {
-            tracing::warn!(generation = snap.generation, uri = %snap.durable_uri, error = %why, "snapshot garbage collection failed");
+            tracing::warn!(generation = snap.generation, uri = snap.durable_uri.as_deref().unwrap_or_default(), error = %why, "snapshot garbage collection failed");
         }
     }
 }

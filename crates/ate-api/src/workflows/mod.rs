@@ -128,10 +128,10 @@ pub struct Api {
     suspect_nodes: Mutex<std::collections::HashMap<String, Instant>>,
 }
 
-fn crashed(actor: &ActorRef, last_error: &str) -> WorkflowError {
+fn crashed(actor: &ActorRef, last_error: &Option<String>) -> WorkflowError {
     WorkflowError::Crashed {
         actor: actor.clone(),
-        last_error: last_error.to_string(),
+        last_error: last_error.clone(),
     }
 }
 

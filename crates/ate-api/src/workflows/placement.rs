@@ -100,7 +100,7 @@ impl Api {
     }
 
     fn local_usable(&self, s: &SnapshotRecord, workers: &[WorkerRecord]) -> bool {
-        !s.local_path.is_empty()
+        s.local_path.is_some()
             && workers.iter().any(|w| {
                 w.status == WorkerStatus::Active && w.node == s.node && w.boot_id == s.boot_id
             })

@@ -254,7 +254,7 @@ impl Api {
                         now_ms(),
                     )
                     .await?;
-                return Err(crashed(r, &why).into());
+                return Err(crashed(r, &Some(why)).into());
             }
         };
         steps.mark("node");
@@ -273,7 +273,7 @@ impl Api {
         }
         let update = ActorUpdate {
             epoch: Some(reply.epoch),
-            last_error: Some(String::new()),
+            last_error: Some(None),
             clear_attached_node: true,
         };
         // RUNNING and the lease's release in one write: the resume is over either way.

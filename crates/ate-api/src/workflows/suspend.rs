@@ -177,7 +177,10 @@ impl Api {
                 ))
             })?;
         self.faults.fire(FaultPoint::SuspendAfterCheckpoint)?;
-        let update = ActorUpdate::with_error(snap.reason.clone());
+        let update = ActorUpdate {
+            last_error: Some(snap.reason.clone()),
+            ..ActorUpdate::default()
+        };
         let a = self
             .store
             .release_actor(

@@ -10,8 +10,8 @@ use super::leases::DELETE_LEASE;
 use super::rows::{actor_from_row, snapshot_from_row};
 use super::{StoreImpl, Tx};
 use crate::util::{
-    actor_lease_key, already_exists, check_state, is_unique_violation, not_found, split_template,
-    to_i64, to_json,
+    actor_lease_key, already_exists, check_state, is_unique_violation, none_as_empty, not_found,
+    split_template, to_i64, to_json,
 };
 use crate::{ActorRecord, ActorUpdate, Result, SnapshotRecord};
 
@@ -52,7 +52,7 @@ pub(super) async fn create_actor(store: &StoreImpl, actor: &ActorRecord) -> Resu
     .bind(epoch)
     .bind(generation)
     .bind(actor.attached_node.as_deref())
-    .bind(&actor.last_error)
+    .bind(none_as_empty(&actor.last_error))
     .bind(actor.created_ms)
     .bind(actor.updated_ms)
     .bind(to_i64(actor.activation, "activation")?)
@@ -300,7 +300,7 @@ pub(super) async fn write_actor(tx: &mut Tx, actor: &ActorRecord) -> Result<Acto
     .bind(to_i64(actor.epoch, "epoch")?)
     .bind(to_i64(actor.generation, "generation")?)
     .bind(actor.attached_node.as_deref())
-    .bind(&actor.last_error)
+    .bind(none_as_empty(&actor.last_error))
     .bind(actor.updated_ms)
     .bind(to_i64(actor.activation, "activation")?)
     .fetch_optional(&mut **tx)

@@ -5,8 +5,8 @@ use sqlx::Row as _;
 
 use super::DbRow;
 use crate::util::{
-    from_json, parse_durable, parse_fidelity, parse_labels, parse_state, parse_worker_status,
-    to_u64,
+    empty_as_none, from_json, parse_durable, parse_fidelity, parse_labels, parse_state,
+    parse_worker_status, to_u64,
 };
 use crate::{
     ActorRecord, AtespaceRecord, Capacity, JoinTokenRecord, Result, SnapshotRecord, TagRecord,
@@ -86,7 +86,7 @@ pub(super) fn actor_from_row(row: &DbRow) -> Result<ActorRecord> {
         epoch: to_u64(row.try_get("epoch")?, "actors.epoch")?,
         generation: to_u64(row.try_get("generation")?, "actors.generation")?,
         attached_node: row.try_get("attached_node")?,
-        last_error: row.try_get("last_error")?,
+        last_error: empty_as_none(row.try_get("last_error")?),
         created_ms: row.try_get("created_ms")?,
         updated_ms: row.try_get("updated_ms")?,
         activation: to_u64(row.try_get("activation")?, "actors.activation")?,
@@ -108,12 +108,12 @@ pub(super) fn snapshot_from_row(row: &DbRow, prefix: &str) -> Result<SnapshotRec
         sandbox_class: row.try_get(col("sandbox_class").as_str())?,
         node: row.try_get(col("node").as_str())?,
         boot_id: row.try_get(col("boot_id").as_str())?,
-        local_path: row.try_get(col("local_path").as_str())?,
-        durable_uri: row.try_get(col("durable_uri").as_str())?,
+        local_path: empty_as_none(row.try_get(col("local_path").as_str())?),
+        durable_uri: empty_as_none(row.try_get(col("durable_uri").as_str())?),
         durable_status: parse_durable(durable.as_deref())?,
         size_bytes: to_u64(row.try_get(col("size_bytes").as_str())?, "size_bytes")?,
         checksum: row.try_get(col("checksum").as_str())?,
-        reason: row.try_get(col("reason").as_str())?,
+        reason: empty_as_none(row.try_get(col("reason").as_str())?),
         created_ms: row.try_get(col("created_ms").as_str())?,
     })
 }
