@@ -1,7 +1,7 @@
 //! Between the api's own types and the wire: store records and workflow results → messages,
 //! and [`WorkflowError`] → `tonic::Status` (its code by [`ErrorKind`], its text unchanged).
 
-use ate_core::{ActorRef, ValidationError};
+use ate_core::{ActorRef, TemplateRef, ValidationError};
 use ate_proto::v1;
 use ate_store::{
     ActorRecord, AtespaceRecord, Capacity, SnapshotRecord, StoreError, TagRecord, TemplateRecord,
@@ -83,7 +83,7 @@ pub fn actor(a: &ActorRecord, worker: Option<&WorkerRecord>) -> v1::Actor {
         atespace: a.atespace.clone(),
         name: a.name.clone(),
         uid: a.uid.clone(),
-        template: a.template.clone(),
+        template: a.template.to_string(),
         state: a.state.wire(),
         worker_selector: a.worker_selector.clone().into_iter().collect(),
         worker_assignment: a.worker_id.as_ref().map(|id| v1::WorkerAssignment {
@@ -129,7 +129,7 @@ pub fn snapshot(s: &SnapshotRecord) -> v1::Snapshot {
         generation: s.generation,
         uuid: s.uuid.clone(),
         fidelity: s.fidelity.wire(),
-        template: s.template.clone(),
+        template: s.template.to_string(),
         sandbox_class: s.sandbox_class.clone(),
         node: s.node.clone(),
         boot_id: s.boot_id.clone(),
@@ -179,7 +179,8 @@ pub fn worker(w: &WorkerRecord) -> v1::Worker {
     }
 }
 
-/// Wire snapshot → record, for the node's checkpoint reply.
+/// Wire snapshot → record, for the node's checkpoint reply; `None` when its fidelity or template
+/// is not valid.
 pub fn snapshot_from_wire(
     s: &v1::Snapshot,
     atespace: &str,
@@ -192,7 +193,7 @@ pub fn snapshot_from_wire(
         generation: s.generation,
         uuid: s.uuid.clone(),
         fidelity: ate_core::Fidelity::from_wire(s.fidelity)?,
-        template: s.template.clone(),
+        template: TemplateRef::parse("template", &s.template).ok()?,
         sandbox_class: s.sandbox_class.clone(),
         node: s.node.clone(),
         boot_id: s.boot_id.clone(),

@@ -10,7 +10,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use ate_core::{ActorState, DurableStatus, Fidelity, TemplateSpec};
+use ate_core::{ActorState, DurableStatus, Fidelity, TemplateRef, TemplateSpec};
 
 pub use async_trait::async_trait;
 
@@ -92,8 +92,8 @@ pub struct ActorRecord {
     pub atespace: String,
     pub name: String,
     pub uid: String,
-    /// `<namespace>/<name>` of the template.
-    pub template: String,
+    /// The actor's template (stored as `ns/name`).
+    pub template: TemplateRef,
     pub state: ActorState,
     pub worker_selector: BTreeMap<String, String>,
     /// Worker the actor is bound to (RESUMING, RUNNING, SUSPENDING); `None` otherwise.
@@ -120,8 +120,8 @@ pub struct SnapshotRecord {
     pub generation: u64,
     pub uuid: String,
     pub fidelity: Fidelity,
-    /// Template the generation was captured under (`ns/name`).
-    pub template: String,
+    /// Template the generation was captured under (stored as `ns/name`).
+    pub template: TemplateRef,
     pub sandbox_class: String,
     /// Node that wrote the generation and the boot it was written in.
     pub node: String,

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use ate_core::template::{Container, EgressPolicy, Resources};
-use ate_core::{ActorState, DurableStatus, Fidelity, TemplateSpec};
+use ate_core::{ActorState, DurableStatus, Fidelity, TemplateRef, TemplateSpec};
 use ate_store::{
     ActorRecord, ActorUpdate, Capacity, FrozenCopy, JoinTokenRecord, SnapshotRecord, Store,
     StoreError, TagRecord, WorkerRecord, WorkerStatus, actor_lease_key,
@@ -172,7 +172,7 @@ fn actor(atespace: &str, name: &str, template: &str) -> ActorRecord {
         atespace: atespace.into(),
         name: name.into(),
         uid: format!("uid-{atespace}-{name}"),
-        template: template.into(),
+        template: TemplateRef::parse("template", template).unwrap(),
         state: ActorState::Suspended,
         worker_selector: BTreeMap::new(),
         worker_id: None,
@@ -212,7 +212,7 @@ fn snapshot(atespace: &str, name: &str, generation: u64, node: &str) -> Snapshot
         generation,
         uuid: format!("uuid-{atespace}-{name}-{generation}"),
         fidelity: Fidelity::Memory,
-        template: "ns/t".into(),
+        template: TemplateRef::new("ns", "t"),
         sandbox_class: "runc".into(),
         node: node.into(),
         boot_id: "boot-1".into(),
@@ -483,11 +483,7 @@ mod cases {
             StoreError::NotFound(_)
         );
         assert_eq!(e.to_string(), r#"template "ns/nope" not found"#);
-        let e = assert_err!(
-            s.create_actor(&actor("ate-demo", "a1", "no-slash")).await,
-            StoreError::NotFound(_)
-        );
-        assert_eq!(e.to_string(), r#"template "no-slash" not found"#);
+        // A template reference without a '/' is no longer representable (`TemplateRef`).
 
         let mut record = actor("ate-demo", "a1", "ns/t");
         record.worker_selector = BTreeMap::from([("gpu".to_string(), "none".to_string())]);

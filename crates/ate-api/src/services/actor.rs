@@ -1,8 +1,8 @@
 //! ActorService: create, read, list, update and delete actors, and the verbs that run a
 //! workflow to its end (resume, suspend, revert, delete).
 
+use ate_core::TemplateRef;
 use ate_core::clock::now_ms;
-use ate_core::names::parse_namespaced;
 use ate_core::{ActorState, SuspendMode};
 use ate_proto::v1::*;
 use ate_store::ActorRecord;
@@ -31,14 +31,14 @@ impl actor_service_server::ActorService for Services {
         let req = req.into_inner();
         label("atespace", &req.atespace)?;
         label("actor name", &req.name)?;
-        let (tns, tname) = parse_namespaced("template", &req.template).map_err(invalid)?;
+        let template = TemplateRef::parse("template", &req.template).map_err(invalid)?;
         let worker_selector = selector("worker_selector", req.worker_selector)?;
         let now = now_ms();
         let record = ActorRecord {
             atespace: req.atespace,
             name: req.name,
             uid: uuid::Uuid::new_v4().to_string(),
-            template: format!("{tns}/{tname}"),
+            template,
             state: ActorState::Suspended,
             worker_selector,
             worker_id: None,

@@ -8,7 +8,7 @@ use ate_core::clock::now_ms;
 use ate_core::{ActorRef, ActorState};
 use ate_store::{ActorRecord, ActorUpdate, StoreError};
 
-use super::{Api, demand, template_ref};
+use super::{Api, demand};
 use crate::error::WorkflowError;
 
 /// An actor a worker reports holding at its registration, with the activation its copy runs.
@@ -185,10 +185,8 @@ impl Api {
         if actor.state != ActorState::Suspended || actor.activation != activation {
             return false;
         }
-        let Ok((ns, tname)) = template_ref(&actor) else {
-            return false;
-        };
-        let Ok(template) = self.store.get_template(&ns, &tname).await else {
+        let t = &actor.template;
+        let Ok(template) = self.store.get_template(&t.namespace, &t.name).await else {
             return false;
         };
         match self

@@ -170,13 +170,6 @@ async fn end_lease<T>(lease: Lease, result: Result<T, Failure>) -> Result<T, Wor
     }
 }
 
-fn template_ref(actor: &ActorRecord) -> Result<(String, String), WorkflowError> {
-    Ok(ate_core::names::parse_namespaced(
-        "template",
-        &actor.template,
-    )?)
-}
-
 fn demand(template: &TemplateRecord) -> Capacity {
     Capacity {
         cpu_millis: u64::from(template.spec.resources.cpu_millis),

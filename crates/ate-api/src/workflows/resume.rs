@@ -11,8 +11,7 @@ use ate_store::{ActorUpdate, WorkerStatus};
 use tracing::Instrument;
 
 use super::{
-    ActorView, Api, Failure, FaultPoint, crashed, end_lease, template_ref, transient,
-    worker_unavailable,
+    ActorView, Api, Failure, FaultPoint, crashed, end_lease, transient, worker_unavailable,
 };
 use crate::error::WorkflowError;
 use crate::lease::Lease;
@@ -145,8 +144,8 @@ impl Api {
             ActorState::Suspending => return Err(transient(r, actor.state).into()),
             ActorState::Suspended | ActorState::Resuming => {}
         }
-        let (ns, tname) = template_ref(&actor)?;
-        let template = self.store.get_template(&ns, &tname).await?;
+        let t = &actor.template;
+        let template = self.store.get_template(&t.namespace, &t.name).await?;
         let mut snapshot = self.choose_snapshot(&actor, &template).await?;
         steps.mark("template_and_snapshot");
         drop(step);
@@ -169,12 +168,16 @@ impl Api {
         steps.mark("bind");
         self.faults.fire(FaultPoint::ResumeAfterBind)?;
 
+        let snapshot_template = snapshot.as_ref().map(|s| s.template.to_string());
         let plan = decide(
-            snapshot.as_ref().map(|s| SnapshotFacts {
-                fidelity: s.fidelity,
-                template: &s.template,
-            }),
-            &actor.template,
+            snapshot
+                .as_ref()
+                .zip(snapshot_template.as_deref())
+                .map(|(s, template)| SnapshotFacts {
+                    fidelity: s.fidelity,
+                    template,
+                }),
+            &actor.template.to_string(),
             worker.can_restore_memory,
         );
         let workload = Workload {

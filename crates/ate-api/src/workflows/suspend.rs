@@ -8,9 +8,7 @@ use ate_core::clock::now_ms;
 use ate_core::{ActorRef, ActorState};
 use ate_store::{ActorUpdate, StoreError, WorkerStatus};
 
-use super::{
-    ActorView, Api, Failure, FaultPoint, crashed, template_ref, transient, worker_unavailable,
-};
+use super::{ActorView, Api, Failure, FaultPoint, crashed, transient, worker_unavailable};
 use crate::error::WorkflowError;
 use crate::node::{NodeErrorKind, Workload};
 
@@ -100,8 +98,8 @@ impl Api {
                 .await?;
             return Ok(ActorView::bare(a));
         };
-        let (ns, tname) = template_ref(&actor)?;
-        let template = self.store.get_template(&ns, &tname).await?;
+        let t = &actor.template;
+        let template = self.store.get_template(&t.namespace, &t.name).await?;
         let generation = actor.generation + 1;
         let workload = Workload {
             actor: &actor,

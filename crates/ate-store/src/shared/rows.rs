@@ -6,7 +6,7 @@ use sqlx::Row as _;
 use super::DbRow;
 use crate::util::{
     empty_as_none, from_json, parse_durable, parse_fidelity, parse_labels, parse_state,
-    parse_worker_status, to_u64,
+    parse_template_ref, parse_worker_status, to_u64,
 };
 use crate::{
     ActorRecord, AtespaceRecord, Capacity, JoinTokenRecord, Result, SnapshotRecord, TagRecord,
@@ -75,11 +75,12 @@ pub(super) fn template_from_row(row: &DbRow) -> Result<TemplateRecord> {
 pub(super) fn actor_from_row(row: &DbRow) -> Result<ActorRecord> {
     let state: String = row.try_get("state")?;
     let selector: String = row.try_get("worker_selector")?;
+    let template: String = row.try_get("template")?;
     Ok(ActorRecord {
         atespace: row.try_get("atespace")?,
         name: row.try_get("name")?,
         uid: row.try_get("uid")?,
-        template: row.try_get("template")?,
+        template: parse_template_ref(&template, "actors.template")?,
         state: parse_state(&state)?,
         worker_selector: parse_labels(&selector, "actors.worker_selector")?,
         worker_id: row.try_get("worker_id")?,
@@ -98,13 +99,14 @@ pub(super) fn snapshot_from_row(row: &DbRow, prefix: &str) -> Result<SnapshotRec
     let col = |c: &str| format!("{prefix}{c}");
     let fidelity: String = row.try_get(col("fidelity").as_str())?;
     let durable: Option<String> = row.try_get(col("durable_status").as_str())?;
+    let template: String = row.try_get(col("template").as_str())?;
     Ok(SnapshotRecord {
         atespace: row.try_get(col("atespace").as_str())?,
         name: row.try_get(col("name").as_str())?,
         generation: to_u64(row.try_get(col("generation").as_str())?, "generation")?,
         uuid: row.try_get(col("uuid").as_str())?,
         fidelity: parse_fidelity(&fidelity)?,
-        template: row.try_get(col("template").as_str())?,
+        template: parse_template_ref(&template, &col("template"))?,
         sandbox_class: row.try_get(col("sandbox_class").as_str())?,
         node: row.try_get(col("node").as_str())?,
         boot_id: row.try_get(col("boot_id").as_str())?,

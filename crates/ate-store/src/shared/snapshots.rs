@@ -152,7 +152,7 @@ pub(super) async fn insert_snapshot(tx: &mut Tx, s: &SnapshotRecord) -> Result<(
     .bind(to_i64(s.generation, "generation")?)
     .bind(&s.uuid)
     .bind(s.fidelity.as_str())
-    .bind(&s.template)
+    .bind(s.template.to_string())
     .bind(&s.sandbox_class)
     .bind(&s.node)
     .bind(&s.boot_id)

@@ -26,7 +26,7 @@ pub(super) async fn create_tag(store: &StoreImpl, tag: &TagRecord) -> Result<Tag
     .bind(to_i64(s.generation, "generation")?)
     .bind(&s.uuid)
     .bind(s.fidelity.as_str())
-    .bind(&s.template)
+    .bind(s.template.to_string())
     .bind(&s.sandbox_class)
     .bind(&s.node)
     .bind(&s.boot_id)
