@@ -10,7 +10,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use ate_core::{ActorState, DurableStatus, Fidelity, TemplateRef, TemplateSpec};
+use ate_core::{ActorRef, ActorState, DurableStatus, Fidelity, TemplateRef, TemplateSpec};
 
 pub use async_trait::async_trait;
 
@@ -111,6 +111,13 @@ pub struct ActorRecord {
     /// Fencing token of the newest activation (0 = never bound): strictly increasing, taken by
     /// every [`Store::bind_actor`] that is not a retry of the same bind.
     pub activation: u64,
+}
+
+impl ActorRecord {
+    /// The actor's `<atespace>/<name>` address.
+    pub fn actor_ref(&self) -> ActorRef {
+        ActorRef::new(self.atespace.clone(), self.name.clone())
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -300,7 +307,7 @@ pub trait Store: Send + Sync + 'static {
     /// AlreadyExists if the actor does.
     async fn create_actor(&self, actor: &ActorRecord) -> Result<ActorRecord>;
     /// Exactly one read.
-    async fn get_actor(&self, atespace: &str, name: &str) -> Result<ActorRecord>;
+    async fn get_actor(&self, actor: &ActorRef) -> Result<ActorRecord>;
     /// Ordered by (atespace, name); starts strictly after `after`; at most `limit`.
     async fn list_actors(
         &self,
@@ -317,7 +324,7 @@ pub trait Store: Send + Sync + 'static {
     ) -> Result<ActorRecord>;
     /// Only SUSPENDED or CRASHED (else StateConflict). Removes the actor, its snapshot rows, its
     /// assignment and its lease; returns the removed snapshot rows that no tag references, for GC.
-    async fn delete_actor(&self, atespace: &str, name: &str) -> Result<Vec<SnapshotRecord>>;
+    async fn delete_actor(&self, actor: &ActorRef) -> Result<Vec<SnapshotRecord>>;
     /// Compare-and-set of the state (StateConflict if not in `from`), plus `update`.
     async fn transition(
         &self,
@@ -392,7 +399,7 @@ pub trait Store: Send + Sync + 'static {
 
     // ---- snapshots
     /// Newest generation first.
-    async fn list_snapshots(&self, atespace: &str, name: &str) -> Result<Vec<SnapshotRecord>>;
+    async fn list_snapshots(&self, actor: &ActorRef) -> Result<Vec<SnapshotRecord>>;
     /// Retention, in one transaction: keeps the newest `keep_newest` generations (at least one),
     /// the newest generation with a COMPLETED durable copy, and every generation a tag refers to;
     /// deletes the other records and returns them (their files are the caller's to delete).
@@ -414,8 +421,7 @@ pub trait Store: Send + Sync + 'static {
         reason: &str,
     ) -> Result<()>;
     /// Forget the node-local copy of a generation (after Detach), in tags' copies too.
-    async fn clear_snapshot_local(&self, atespace: &str, name: &str, generation: u64)
-    -> Result<()>;
+    async fn clear_snapshot_local(&self, actor: &ActorRef, generation: u64) -> Result<()>;
 
     // ---- tags
     async fn create_tag(&self, tag: &TagRecord) -> Result<TagRecord>;
@@ -459,9 +465,9 @@ pub trait Store: Send + Sync + 'static {
     async fn record_join_token_use(&self, id: &str, node: &str) -> Result<()>;
 
     // ---- frozen copies
-    async fn set_frozen_copy(&self, atespace: &str, name: &str, copy: &FrozenCopy) -> Result<()>;
-    async fn get_frozen_copy(&self, atespace: &str, name: &str) -> Result<Option<FrozenCopy>>;
-    async fn clear_frozen_copy(&self, atespace: &str, name: &str) -> Result<()>;
+    async fn set_frozen_copy(&self, actor: &ActorRef, copy: &FrozenCopy) -> Result<()>;
+    async fn get_frozen_copy(&self, actor: &ActorRef) -> Result<Option<FrozenCopy>>;
+    async fn clear_frozen_copy(&self, actor: &ActorRef) -> Result<()>;
 
     fn counters(&self) -> &StoreCounters;
 }

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use ate_core::template::{Container, EgressPolicy, Resources};
-use ate_core::{ActorState, DurableStatus, Fidelity, TemplateRef, TemplateSpec};
+use ate_core::{ActorRef, ActorState, DurableStatus, Fidelity, TemplateRef, TemplateSpec};
 use ate_store::{
     ActorRecord, ActorUpdate, Capacity, FrozenCopy, JoinTokenRecord, SnapshotRecord, Store,
     StoreError, TagRecord, WorkerRecord, WorkerStatus, actor_lease_key,
@@ -356,7 +356,7 @@ mod cases {
             r#"atespace "x" still holds 3 actors, 1 template"#
         );
         for name in ["a1", "a2", "a3"] {
-            s.delete_actor("x", name).await.unwrap();
+            s.delete_actor(&ActorRef::new("x", name)).await.unwrap();
         }
         let e = assert_err!(
             s.delete_atespace("x").await,
@@ -461,8 +461,8 @@ mod cases {
             StoreError::FailedPrecondition(_)
         );
         assert_eq!(e.to_string(), r#"template "ns/t" is used by 2 actors"#);
-        s.delete_actor("other", "a1").await.unwrap();
-        s.delete_actor("other", "a2").await.unwrap();
+        s.delete_actor(&ActorRef::new("other", "a1")).await.unwrap();
+        s.delete_actor(&ActorRef::new("other", "a2")).await.unwrap();
         s.delete_template("ns", "t").await.unwrap();
         assert_err!(s.get_template("ns", "t").await, StoreError::NotFound(_));
         let e = assert_err!(s.delete_template("ns", "t").await, StoreError::NotFound(_));
@@ -492,11 +492,17 @@ mod cases {
         record.last_error = Some("boom".into());
         let created = s.create_actor(&record).await.unwrap();
         assert_eq!(created, record);
-        assert_eq!(s.get_actor("ate-demo", "a1").await.unwrap(), record);
+        assert_eq!(
+            s.get_actor(&ActorRef::new("ate-demo", "a1")).await.unwrap(),
+            record
+        );
         let e = assert_err!(s.create_actor(&record).await, StoreError::AlreadyExists(_));
         assert_eq!(e.to_string(), r#"actor "ate-demo/a1" already exists"#);
 
-        let e = assert_err!(s.get_actor("ate-demo", "a2").await, StoreError::NotFound(_));
+        let e = assert_err!(
+            s.get_actor(&ActorRef::new("ate-demo", "a2")).await,
+            StoreError::NotFound(_)
+        );
         assert_eq!(e.to_string(), r#"actor "ate-demo/a2" not found"#);
 
         let selector = BTreeMap::from([("zone".to_string(), "b".to_string())]);
@@ -506,14 +512,17 @@ mod cases {
             .unwrap();
         assert_eq!(updated.worker_selector, selector);
         assert_eq!(updated.updated_ms, NOW + 9);
-        assert_eq!(s.get_actor("ate-demo", "a1").await.unwrap(), updated);
+        assert_eq!(
+            s.get_actor(&ActorRef::new("ate-demo", "a1")).await.unwrap(),
+            updated
+        );
         assert_err!(
             s.update_actor_selector("ate-demo", "zz", &selector, NOW)
                 .await,
             StoreError::NotFound(_)
         );
         let e = assert_err!(
-            s.delete_actor("ate-demo", "zz").await,
+            s.delete_actor(&ActorRef::new("ate-demo", "zz")).await,
             StoreError::NotFound(_)
         );
         assert_eq!(e.to_string(), r#"actor "ate-demo/zz" not found"#);
@@ -635,7 +644,7 @@ mod cases {
             StoreError::StateConflict { .. }
         );
         assert_eq!(
-            s.get_actor("ns", "a1").await.unwrap().state,
+            s.get_actor(&ActorRef::new("ns", "a1")).await.unwrap().state,
             ActorState::Suspended
         );
         assert!(
@@ -688,7 +697,7 @@ mod cases {
             .unwrap();
         assert_eq!(a.state, ActorState::Running);
         assert_eq!(
-            s.get_actor("ns", "a1").await.unwrap().state,
+            s.get_actor(&ActorRef::new("ns", "a1")).await.unwrap().state,
             ActorState::Running
         );
         assert!(
@@ -750,7 +759,7 @@ mod cases {
         assert_eq!(t.epoch, 42);
         assert_eq!(t.attached_node, None);
         assert_eq!(t.updated_ms, NOW + 3);
-        assert_eq!(s.get_actor("ns", "a1").await.unwrap(), t);
+        assert_eq!(s.get_actor(&ActorRef::new("ns", "a1")).await.unwrap(), t);
 
         // Without an update, only the state (and updated_ms) changes.
         let t2 = s
@@ -829,7 +838,7 @@ mod cases {
         // Kept: 6 (newest), 4 (newest with a durable copy), 1 (tagged).
         assert_eq!(gone, [2, 3, 5]);
         let left: Vec<u64> = s
-            .list_snapshots("ns", "a1")
+            .list_snapshots(&ActorRef::new("ns", "a1"))
             .await
             .unwrap()
             .iter()
@@ -880,7 +889,7 @@ mod cases {
         .await
         .unwrap();
         let e = assert_err!(
-            s.delete_actor("ns", "a1").await,
+            s.delete_actor(&ActorRef::new("ns", "a1")).await,
             StoreError::StateConflict { .. }
         );
         assert_eq!(
@@ -909,12 +918,20 @@ mod cases {
         );
 
         // CRASHED (still assigned to w1): deletable; returns generations 3 and 1, newest first.
-        let gc = s.delete_actor("ns", "a1").await.unwrap();
+        let gc = s.delete_actor(&ActorRef::new("ns", "a1")).await.unwrap();
         let generations: Vec<_> = gc.iter().map(|g| g.generation).collect();
         assert_eq!(generations, [3, 1]);
         assert_eq!(gc[0], snapshot("ns", "a1", 3, "node-w1"));
-        assert_err!(s.get_actor("ns", "a1").await, StoreError::NotFound(_));
-        assert!(s.list_snapshots("ns", "a1").await.unwrap().is_empty());
+        assert_err!(
+            s.get_actor(&ActorRef::new("ns", "a1")).await,
+            StoreError::NotFound(_)
+        );
+        assert!(
+            s.list_snapshots(&ActorRef::new("ns", "a1"))
+                .await
+                .unwrap()
+                .is_empty()
+        );
         assert_eq!(s.get_worker("w1").await.unwrap().used, Capacity::default());
         // Its lease is gone (another holder can take it at once); the other actor's is not.
         assert!(
@@ -935,7 +952,12 @@ mod cases {
         // An actor of the same name can be created again from scratch.
         let again = s.create_actor(&actor("ns", "a1", "ns/t")).await.unwrap();
         assert_eq!(again.generation, 0);
-        assert!(s.delete_actor("ns", "a1").await.unwrap().is_empty());
+        assert!(
+            s.delete_actor(&ActorRef::new("ns", "a1"))
+                .await
+                .unwrap()
+                .is_empty()
+        );
     }
 
     pub async fn lease_semantics(env: Env) {
@@ -1039,7 +1061,10 @@ mod cases {
         assert_eq!(bound.worker_id.as_deref(), Some("w1"));
         assert_eq!(bound.epoch, 7);
         assert_eq!(bound.updated_ms, NOW + 1);
-        assert_eq!(s.get_actor("ns", "a1").await.unwrap(), bound);
+        assert_eq!(
+            s.get_actor(&ActorRef::new("ns", "a1")).await.unwrap(),
+            bound
+        );
         assert_eq!(
             s.get_worker("w1").await.unwrap().used,
             cap(600, 100 * MIB, 1)
@@ -1079,7 +1104,7 @@ mod cases {
             StoreError::NoRoom { .. }
         );
         // The refused actor is untouched.
-        let a3 = s.get_actor("ns", "a3").await.unwrap();
+        let a3 = s.get_actor(&ActorRef::new("ns", "a3")).await.unwrap();
         assert_eq!((a3.state, a3.worker_id), (ActorState::Suspended, None));
 
         // State check.
@@ -1216,7 +1241,13 @@ mod cases {
             .await
             .unwrap();
         assert_eq!(next.activation, 3);
-        assert_eq!(s.get_actor("ns", "a1").await.unwrap().activation, 3);
+        assert_eq!(
+            s.get_actor(&ActorRef::new("ns", "a1"))
+                .await
+                .unwrap()
+                .activation,
+            3
+        );
     }
 
     async fn concurrent_binds(env: Env, capacity: Capacity, each: Capacity) {
@@ -1353,7 +1384,12 @@ mod cases {
                 ..
             }
         );
-        assert!(s.list_snapshots("ns", "a1").await.unwrap().is_empty());
+        assert!(
+            s.list_snapshots(&ActorRef::new("ns", "a1"))
+                .await
+                .unwrap()
+                .is_empty()
+        );
         // A snapshot of another actor is refused.
         let foreign = snapshot("ns", "other", 1, "node-w1");
         assert_err!(
@@ -1387,11 +1423,14 @@ mod cases {
         assert_eq!(released.generation, 1);
         assert_eq!(released.attached_node.as_deref(), Some("node-w1"));
         assert_eq!(released.updated_ms, NOW + 7);
-        assert_eq!(s.get_actor("ns", "a1").await.unwrap(), released);
+        assert_eq!(
+            s.get_actor(&ActorRef::new("ns", "a1")).await.unwrap(),
+            released
+        );
         assert_eq!(s.get_worker("w1").await.unwrap().used, Capacity::default());
         assert!(s.actors_on_worker("w1").await.unwrap().is_empty());
         assert_eq!(
-            s.list_snapshots("ns", "a1").await.unwrap(),
+            s.list_snapshots(&ActorRef::new("ns", "a1")).await.unwrap(),
             vec![snap.clone()]
         );
 
@@ -1436,7 +1475,7 @@ mod cases {
             (2, Some("node-b"), Some("note"))
         );
         let gens: Vec<_> = s
-            .list_snapshots("ns", "a1")
+            .list_snapshots(&ActorRef::new("ns", "a1"))
             .await
             .unwrap()
             .into_iter()
@@ -1467,7 +1506,7 @@ mod cases {
             .await,
             StoreError::AlreadyExists(_)
         );
-        let still = s.get_actor("ns", "a1").await.unwrap();
+        let still = s.get_actor(&ActorRef::new("ns", "a1")).await.unwrap();
         assert_eq!(
             (still.state, still.worker_id.as_deref()),
             (ActorState::Resuming, Some("w1"))
@@ -1523,7 +1562,7 @@ mod cases {
         let tag = TagRecord {
             atespace: "ns".into(),
             name: "t2".into(),
-            snapshot: s.list_snapshots("ns", "a1").await.unwrap()[0].clone(),
+            snapshot: s.list_snapshots(&ActorRef::new("ns", "a1")).await.unwrap()[0].clone(),
             created_ms: NOW,
         };
         s.create_tag(&tag).await.unwrap();
@@ -1541,7 +1580,7 @@ mod cases {
         )
         .await
         .unwrap();
-        let g = s.list_snapshots("ns", "a1").await.unwrap();
+        let g = s.list_snapshots(&ActorRef::new("ns", "a1")).await.unwrap();
         assert_eq!(g[0].durable_status, Some(DurableStatus::Completed));
         assert_eq!(g[0].durable_uri.as_deref(), Some("s3://bucket/ns/a1/2"));
         assert_eq!(
@@ -1560,7 +1599,7 @@ mod cases {
         )
         .await
         .unwrap();
-        let g = s.list_snapshots("ns", "a1").await.unwrap();
+        let g = s.list_snapshots(&ActorRef::new("ns", "a1")).await.unwrap();
         assert_eq!(
             (g[1].durable_status, g[1].reason.as_deref()),
             (Some(DurableStatus::Failed), Some("upload failed: 503"))
@@ -1572,12 +1611,14 @@ mod cases {
         );
         assert_eq!(e.to_string(), r#"snapshot 9 of actor "ns/a1" not found"#);
 
-        s.clear_snapshot_local("ns", "a1", 2).await.unwrap();
-        let g = s.list_snapshots("ns", "a1").await.unwrap();
+        s.clear_snapshot_local(&ActorRef::new("ns", "a1"), 2)
+            .await
+            .unwrap();
+        let g = s.list_snapshots(&ActorRef::new("ns", "a1")).await.unwrap();
         assert_eq!(g[0].local_path, None);
         assert!(g[1].local_path.is_some());
         assert_err!(
-            s.clear_snapshot_local("ns", "a1", 9).await,
+            s.clear_snapshot_local(&ActorRef::new("ns", "a1"), 9).await,
             StoreError::NotFound(_)
         );
 
@@ -1640,22 +1681,42 @@ mod cases {
         assert!(!s.delete_join_token("abcd1234").await.unwrap());
         assert_err!(s.get_join_token("abcd1234").await, StoreError::NotFound(_));
 
-        assert_eq!(s.get_frozen_copy("ns", "a1").await.unwrap(), None);
+        assert_eq!(
+            s.get_frozen_copy(&ActorRef::new("ns", "a1")).await.unwrap(),
+            None
+        );
         let copy = FrozenCopy {
             worker_id: "w1".into(),
             generation: 4,
         };
-        s.set_frozen_copy("ns", "a1", &copy).await.unwrap();
-        assert_eq!(s.get_frozen_copy("ns", "a1").await.unwrap(), Some(copy));
+        s.set_frozen_copy(&ActorRef::new("ns", "a1"), &copy)
+            .await
+            .unwrap();
+        assert_eq!(
+            s.get_frozen_copy(&ActorRef::new("ns", "a1")).await.unwrap(),
+            Some(copy)
+        );
         let moved = FrozenCopy {
             worker_id: "w2".into(),
             generation: 5,
         };
-        s.set_frozen_copy("ns", "a1", &moved).await.unwrap();
-        assert_eq!(s.get_frozen_copy("ns", "a1").await.unwrap(), Some(moved));
-        s.clear_frozen_copy("ns", "a1").await.unwrap();
-        s.clear_frozen_copy("ns", "a1").await.unwrap();
-        assert_eq!(s.get_frozen_copy("ns", "a1").await.unwrap(), None);
+        s.set_frozen_copy(&ActorRef::new("ns", "a1"), &moved)
+            .await
+            .unwrap();
+        assert_eq!(
+            s.get_frozen_copy(&ActorRef::new("ns", "a1")).await.unwrap(),
+            Some(moved)
+        );
+        s.clear_frozen_copy(&ActorRef::new("ns", "a1"))
+            .await
+            .unwrap();
+        s.clear_frozen_copy(&ActorRef::new("ns", "a1"))
+            .await
+            .unwrap();
+        assert_eq!(
+            s.get_frozen_copy(&ActorRef::new("ns", "a1")).await.unwrap(),
+            None
+        );
     }
 
     pub async fn tag_crud(env: Env) {
@@ -1843,7 +1904,7 @@ mod cases {
         seed(s).await;
         s.create_actor(&actor("ns", "a1", "ns/t")).await.unwrap();
         let before = s.counters().snapshot();
-        s.get_actor("ns", "a1").await.unwrap();
+        s.get_actor(&ActorRef::new("ns", "a1")).await.unwrap();
         let after = s.counters().snapshot();
         assert_eq!(
             (after.0 - before.0, after.1 - before.1, after.2 - before.2),
@@ -1881,7 +1942,9 @@ mod cases {
 
         // Failed operations count too.
         let before = s.counters().snapshot();
-        s.get_actor("ns", "missing").await.unwrap_err();
+        s.get_actor(&ActorRef::new("ns", "missing"))
+            .await
+            .unwrap_err();
         s.list_actors(None, None, 10).await.unwrap();
         s.list_workers().await.unwrap();
         let after = s.counters().snapshot();
@@ -1897,8 +1960,11 @@ mod cases {
         // Opening again applies no migration twice and sees the same data.
         let again = ate_store::open(&env.url).await.unwrap();
         assert_eq!(
-            again.get_actor("ns", "a1").await.unwrap(),
-            env.store.get_actor("ns", "a1").await.unwrap()
+            again.get_actor(&ActorRef::new("ns", "a1")).await.unwrap(),
+            env.store
+                .get_actor(&ActorRef::new("ns", "a1"))
+                .await
+                .unwrap()
         );
         assert_eq!(
             again.counters().snapshot(),

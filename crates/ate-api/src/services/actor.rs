@@ -64,12 +64,7 @@ impl actor_service_server::ActorService for Services {
             Need::Atespace(ref_atespace(&r.actor))
         })?;
         let r = actor_ref(req.into_inner().actor)?;
-        let a = self
-            .api
-            .store
-            .get_actor(&r.atespace, &r.name)
-            .await
-            .map_err(store_status)?;
+        let a = self.api.store.get_actor(&r).await.map_err(store_status)?;
         Ok(Response::new(convert::actor_view(
             &self.api.actor_view(a).await,
         )))

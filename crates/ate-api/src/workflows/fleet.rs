@@ -32,7 +32,7 @@ impl Api {
         crash_reason: &str,
     ) -> Result<(), WorkflowError> {
         r.validate()?;
-        let actor = self.store.get_actor(&r.atespace, &r.name).await?;
+        let actor = self.store.get_actor(r).await?;
         if actor.state != ActorState::Running || actor.worker_id.as_deref() != Some(worker_id) {
             return Ok(());
         }
@@ -179,7 +179,7 @@ impl Api {
     /// one activated the actor since (same token, still SUSPENDED), the running copy is taken
     /// back with nothing lost. False when it cannot be (the copy is then discarded).
     async fn readopt(&self, worker_id: &str, a: &ActorRef, activation: u64) -> bool {
-        let Ok(actor) = self.store.get_actor(&a.atespace, &a.name).await else {
+        let Ok(actor) = self.store.get_actor(a).await else {
             return false;
         };
         if actor.state != ActorState::Suspended || actor.activation != activation {

@@ -232,12 +232,12 @@ impl Api {
     /// The worker that keeps `generation` of the actor frozen in place, if the store knows one
     /// (a placement preference shared by every api replica: a resume there is a thaw). A store
     /// error costs only the preference.
-    async fn frozen_worker(&self, atespace: &str, name: &str, generation: u64) -> Option<String> {
-        match self.store.get_frozen_copy(atespace, name).await {
+    async fn frozen_worker(&self, actor: &ActorRef, generation: u64) -> Option<String> {
+        match self.store.get_frozen_copy(actor).await {
             Ok(Some(c)) if c.generation == generation => Some(c.worker_id),
             Ok(_) => None,
             Err(e) => {
-                tracing::debug!(actor = %format!("{atespace}/{name}"), error = %e, "cannot read the frozen-copy hint");
+                tracing::debug!(actor = %actor, error = %e, "cannot read the frozen-copy hint");
                 None
             }
         }
@@ -252,11 +252,9 @@ impl Api {
                     worker_id: worker.clone(),
                     generation,
                 };
-                self.store
-                    .set_frozen_copy(&r.atespace, &r.name, &copy)
-                    .await
+                self.store.set_frozen_copy(r, &copy).await
             }
-            None => self.store.clear_frozen_copy(&r.atespace, &r.name).await,
+            None => self.store.clear_frozen_copy(r).await,
         };
         if let Err(e) = result {
             tracing::warn!(actor = %r, error = %e, "cannot record the frozen-copy hint");

@@ -75,7 +75,7 @@ impl Api {
     ) -> Result<(ActorView, bool), WorkflowError> {
         let warm_started = Instant::now();
         r.validate()?;
-        let actor = self.store.get_actor(&r.atespace, &r.name).await?;
+        let actor = self.store.get_actor(r).await?;
         match actor.state {
             ActorState::Running => {
                 let message = self.actor_view(actor).await;
@@ -136,7 +136,7 @@ impl Api {
         // drop; an early return ends the step it is in.
         let step = ate_tls::trace_span!("load");
         // Re-read under the lease: another workflow may have finished in between.
-        let actor = self.store.get_actor(&r.atespace, &r.name).await?;
+        let actor = self.store.get_actor(r).await?;
         steps.mark("reread");
         match actor.state {
             ActorState::Running => return Ok((self.actor_view(actor).await, false)),

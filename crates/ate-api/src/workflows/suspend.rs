@@ -25,7 +25,7 @@ impl Api {
         grace_ms: u32,
     ) -> Result<ActorView, WorkflowError> {
         r.validate()?;
-        let actor = self.store.get_actor(&r.atespace, &r.name).await?;
+        let actor = self.store.get_actor(r).await?;
         match actor.state {
             ActorState::Suspended => return Ok(self.actor_view(actor).await),
             ActorState::Crashed => return Err(crashed(r, &actor.last_error)),
@@ -50,7 +50,7 @@ impl Api {
         durable: bool,
         grace_ms: u32,
     ) -> Result<ActorView, Failure> {
-        let mut actor = self.store.get_actor(&r.atespace, &r.name).await?;
+        let mut actor = self.store.get_actor(r).await?;
         match actor.state {
             ActorState::Suspended => return Ok(self.actor_view(actor).await),
             ActorState::Crashed => return Err(crashed(r, &actor.last_error).into()),
