@@ -328,8 +328,7 @@ pub trait Store: Send + Sync + 'static {
     /// Compare-and-set of the state (StateConflict if not in `from`), plus `update`.
     async fn transition(
         &self,
-        atespace: &str,
-        name: &str,
+        actor: &ActorRef,
         from: &[ActorState],
         to: ActorState,
         update: ActorUpdate,
@@ -341,8 +340,7 @@ pub trait Store: Send + Sync + 'static {
     #[allow(clippy::too_many_arguments)] // transition's arguments plus the lease
     async fn transition_releasing_lease(
         &self,
-        atespace: &str,
-        name: &str,
+        actor: &ActorRef,
         from: &[ActorState],
         to: ActorState,
         update: ActorUpdate,
@@ -413,8 +411,7 @@ pub trait Store: Send + Sync + 'static {
     /// a copy of the generation (same uuid) are updated too. NotFound if the generation is missing.
     async fn update_snapshot_durable(
         &self,
-        atespace: &str,
-        name: &str,
+        actor: &ActorRef,
         generation: u64,
         status: DurableStatus,
         durable_uri: &str,

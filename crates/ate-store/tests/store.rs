@@ -631,8 +631,7 @@ mod cases {
         // A refused transition changes nothing: the lease is still h1's.
         assert_err!(
             s.transition_releasing_lease(
-                "ns",
-                "a1",
+                &ActorRef::new("ns", "a1"),
                 &[ActorState::Running],
                 ActorState::Suspending,
                 ActorUpdate::default(),
@@ -660,8 +659,7 @@ mod cases {
         };
         let a = s
             .transition_releasing_lease(
-                "ns",
-                "a1",
+                &ActorRef::new("ns", "a1"),
                 &[ActorState::Suspended],
                 ActorState::Resuming,
                 update,
@@ -684,8 +682,7 @@ mod cases {
         // The holder's: state and lease in one commit.
         let a = s
             .transition_releasing_lease(
-                "ns",
-                "a1",
+                &ActorRef::new("ns", "a1"),
                 &[ActorState::Resuming],
                 ActorState::Running,
                 ActorUpdate::default(),
@@ -716,8 +713,7 @@ mod cases {
 
         let e = assert_err!(
             s.transition(
-                "ns",
-                "a1",
+                &ActorRef::new("ns", "a1"),
                 &[ActorState::Running, ActorState::Resuming],
                 ActorState::Suspending,
                 ActorUpdate::default(),
@@ -745,8 +741,7 @@ mod cases {
         };
         let t = s
             .transition(
-                "ns",
-                "a1",
+                &ActorRef::new("ns", "a1"),
                 &[ActorState::Suspended],
                 ActorState::Crashed,
                 update,
@@ -764,8 +759,7 @@ mod cases {
         // Without an update, only the state (and updated_ms) changes.
         let t2 = s
             .transition(
-                "ns",
-                "a1",
+                &ActorRef::new("ns", "a1"),
                 &[ActorState::Crashed],
                 ActorState::Suspended,
                 ActorUpdate::default(),
@@ -783,8 +777,7 @@ mod cases {
         };
         let t3 = s
             .transition(
-                "ns",
-                "a1",
+                &ActorRef::new("ns", "a1"),
                 &[ActorState::Suspended],
                 ActorState::Suspended,
                 clear,
@@ -795,8 +788,7 @@ mod cases {
         assert_eq!(t3.last_error, None);
         assert_err!(
             s.transition(
-                "ns",
-                "zz",
+                &ActorRef::new("ns", "zz"),
                 &[ActorState::Suspended],
                 ActorState::Running,
                 ActorUpdate::default(),
@@ -897,8 +889,7 @@ mod cases {
             "actor is ACTOR_STATE_RESUMING, expected one of ACTOR_STATE_SUSPENDED, ACTOR_STATE_CRASHED"
         );
         s.transition(
-            "ns",
-            "a1",
+            &ActorRef::new("ns", "a1"),
             &[ActorState::Resuming],
             ActorState::Crashed,
             ActorUpdate::default(),
@@ -1346,8 +1337,7 @@ mod cases {
         .await
         .unwrap();
         s.transition(
-            "ns",
-            "a1",
+            &ActorRef::new("ns", "a1"),
             &[ActorState::Resuming],
             ActorState::Running,
             ActorUpdate::default(),
@@ -1356,8 +1346,7 @@ mod cases {
         .await
         .unwrap();
         s.transition(
-            "ns",
-            "a1",
+            &ActorRef::new("ns", "a1"),
             &[ActorState::Running],
             ActorState::Suspending,
             ActorUpdate::default(),
@@ -1567,12 +1556,17 @@ mod cases {
         };
         s.create_tag(&tag).await.unwrap();
 
-        s.update_snapshot_durable("ns", "a1", 2, DurableStatus::Pending, "", "")
-            .await
-            .unwrap();
         s.update_snapshot_durable(
-            "ns",
-            "a1",
+            &ActorRef::new("ns", "a1"),
+            2,
+            DurableStatus::Pending,
+            "",
+            "",
+        )
+        .await
+        .unwrap();
+        s.update_snapshot_durable(
+            &ActorRef::new("ns", "a1"),
             2,
             DurableStatus::Completed,
             "s3://bucket/ns/a1/2",
@@ -1590,8 +1584,7 @@ mod cases {
         );
         assert_eq!(g[1].durable_status, None);
         s.update_snapshot_durable(
-            "ns",
-            "a1",
+            &ActorRef::new("ns", "a1"),
             1,
             DurableStatus::Failed,
             "",
@@ -1605,8 +1598,14 @@ mod cases {
             (Some(DurableStatus::Failed), Some("upload failed: 503"))
         );
         let e = assert_err!(
-            s.update_snapshot_durable("ns", "a1", 9, DurableStatus::Completed, "x", "")
-                .await,
+            s.update_snapshot_durable(
+                &ActorRef::new("ns", "a1"),
+                9,
+                DurableStatus::Completed,
+                "x",
+                ""
+            )
+            .await,
             StoreError::NotFound(_)
         );
         assert_eq!(e.to_string(), r#"snapshot 9 of actor "ns/a1" not found"#);
@@ -1914,8 +1913,7 @@ mod cases {
 
         let before = s.counters().snapshot();
         s.transition(
-            "ns",
-            "a1",
+            &ActorRef::new("ns", "a1"),
             &[ActorState::Suspended],
             ActorState::Crashed,
             ActorUpdate::default(),

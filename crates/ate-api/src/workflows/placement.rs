@@ -239,14 +239,7 @@ impl Api {
         for s in detached {
             let status = s.durable_status;
             self.store
-                .update_snapshot_durable(
-                    &actor.atespace,
-                    &actor.name,
-                    s.generation,
-                    status,
-                    &s.durable_uri,
-                    &s.reason,
-                )
+                .update_snapshot_durable(&r, s.generation, status, &s.durable_uri, &s.reason)
                 .await?;
             if status == DurableStatus::Completed {
                 self.store.clear_snapshot_local(&r, s.generation).await?;

@@ -284,8 +284,7 @@ impl Api {
         let running = self
             .store
             .transition_releasing_lease(
-                &r.atespace,
-                &r.name,
+                r,
                 &[ActorState::Resuming],
                 ActorState::Running,
                 update,

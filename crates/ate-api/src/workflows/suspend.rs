@@ -59,8 +59,7 @@ impl Api {
                 actor = self
                     .store
                     .transition(
-                        &r.atespace,
-                        &r.name,
+                        r,
                         &[ActorState::Running],
                         ActorState::Suspending,
                         ActorUpdate::default(),
@@ -124,14 +123,7 @@ impl Api {
                 tracing::warn!(actor = %r, worker = %worker.id, error = %error.message, "suspend failed; the actor runs on");
                 let update = ActorUpdate::with_error(why.clone());
                 self.store
-                    .transition(
-                        &r.atespace,
-                        &r.name,
-                        &from,
-                        ActorState::Running,
-                        update,
-                        now_ms(),
-                    )
+                    .transition(r, &from, ActorState::Running, update, now_ms())
                     .await?;
                 return Err(WorkflowError::Unavailable(why).into());
             }

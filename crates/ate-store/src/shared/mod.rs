@@ -117,20 +117,18 @@ impl Store for StoreImpl {
 
     async fn transition(
         &self,
-        atespace: &str,
-        name: &str,
+        actor: &ActorRef,
         from: &[ActorState],
         to: ActorState,
         update: ActorUpdate,
         now_ms: i64,
     ) -> Result<ActorRecord> {
-        actors::transition(self, atespace, name, from, to, update, now_ms).await
+        actors::transition(self, &actor.atespace, &actor.name, from, to, update, now_ms).await
     }
 
     async fn transition_releasing_lease(
         &self,
-        atespace: &str,
-        name: &str,
+        actor: &ActorRef,
         from: &[ActorState],
         to: ActorState,
         update: ActorUpdate,
@@ -140,8 +138,8 @@ impl Store for StoreImpl {
     ) -> Result<ActorRecord> {
         actors::transition_releasing_lease(
             self,
-            atespace,
-            name,
+            &actor.atespace,
+            &actor.name,
             from,
             to,
             update,
@@ -210,8 +208,7 @@ impl Store for StoreImpl {
 
     async fn update_snapshot_durable(
         &self,
-        atespace: &str,
-        name: &str,
+        actor: &ActorRef,
         generation: u64,
         status: DurableStatus,
         durable_uri: &str,
@@ -219,8 +216,8 @@ impl Store for StoreImpl {
     ) -> Result<()> {
         snapshots::update_snapshot_durable(
             self,
-            atespace,
-            name,
+            &actor.atespace,
+            &actor.name,
             generation,
             status,
             durable_uri,
