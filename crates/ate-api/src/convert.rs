@@ -1,7 +1,7 @@
 //! Between the api's own types and the wire: store records and workflow results → messages,
 //! and [`WorkflowError`] → `tonic::Status` (its code by [`ErrorKind`], its text unchanged).
 
-use ate_core::{ActorRef, ValidationError};
+use ate_core::{ActorRef, TemplateRef, ValidationError};
 use ate_proto::v1;
 use ate_store::{
     ActorRecord, AtespaceRecord, Capacity, SnapshotRecord, StoreError, TagRecord, TemplateRecord,
@@ -83,7 +83,7 @@ pub fn actor(a: &ActorRecord, worker: Option<&WorkerRecord>) -> v1::Actor {
         atespace: a.atespace.clone(),
         name: a.name.clone(),
         uid: a.uid.clone(),
-        template: a.template.clone(),
+        template: a.template.to_string(),
         state: a.state.wire(),
         worker_selector: a.worker_selector.clone().into_iter().collect(),
         worker_assignment: a.worker_id.as_ref().map(|id| v1::WorkerAssignment {
@@ -96,7 +96,7 @@ pub fn actor(a: &ActorRecord, worker: Option<&WorkerRecord>) -> v1::Actor {
         }),
         generation: a.generation,
         attached_node: a.attached_node.clone().unwrap_or_default(),
-        last_error: a.last_error.clone(),
+        last_error: a.last_error.clone().unwrap_or_default(),
         create_time_unix_ms: a.created_ms,
         update_time_unix_ms: a.updated_ms,
     }
@@ -129,16 +129,16 @@ pub fn snapshot(s: &SnapshotRecord) -> v1::Snapshot {
         generation: s.generation,
         uuid: s.uuid.clone(),
         fidelity: s.fidelity.wire(),
-        template: s.template.clone(),
+        template: s.template.to_string(),
         sandbox_class: s.sandbox_class.clone(),
         node: s.node.clone(),
         boot_id: s.boot_id.clone(),
-        local_path: s.local_path.clone(),
-        durable_uri: s.durable_uri.clone(),
+        local_path: s.local_path.clone().unwrap_or_default(),
+        durable_uri: s.durable_uri.clone().unwrap_or_default(),
         durable_status: s.durable_status.map(|d| d.wire()).unwrap_or(0),
         size_bytes: s.size_bytes,
         checksum: s.checksum.clone(),
-        reason: s.reason.clone(),
+        reason: s.reason.clone().unwrap_or_default(),
         create_time_unix_ms: s.created_ms,
     }
 }
@@ -179,7 +179,8 @@ pub fn worker(w: &WorkerRecord) -> v1::Worker {
     }
 }
 
-/// Wire snapshot → record, for the node's checkpoint reply.
+/// Wire snapshot → record, for the node's checkpoint reply; `None` when its fidelity or template
+/// is not valid.
 pub fn snapshot_from_wire(
     s: &v1::Snapshot,
     atespace: &str,
@@ -192,18 +193,23 @@ pub fn snapshot_from_wire(
         generation: s.generation,
         uuid: s.uuid.clone(),
         fidelity: ate_core::Fidelity::from_wire(s.fidelity)?,
-        template: s.template.clone(),
+        template: TemplateRef::parse("template", &s.template).ok()?,
         sandbox_class: s.sandbox_class.clone(),
         node: s.node.clone(),
         boot_id: s.boot_id.clone(),
-        local_path: s.local_path.clone(),
-        durable_uri: s.durable_uri.clone(),
+        local_path: non_empty(&s.local_path),
+        durable_uri: non_empty(&s.durable_uri),
         durable_status: ate_core::DurableStatus::from_wire(s.durable_status),
         size_bytes: s.size_bytes,
         checksum: s.checksum.clone(),
-        reason: s.reason.clone(),
+        reason: non_empty(&s.reason),
         created_ms: now_ms,
     })
+}
+
+/// A wire string where empty means "absent".
+fn non_empty(text: &str) -> Option<String> {
+    (!text.is_empty()).then(|| text.to_string())
 }
 
 #[cfg(test)]
@@ -235,7 +241,7 @@ mod tests {
             (
                 WorkflowError::Crashed {
                     actor: actor(),
-                    last_error: "restore on worker w1 failed: boom".into(),
+                    last_error: Some("restore on worker w1 failed: boom".into()),
                 },
                 Code::FailedPrecondition,
                 "actor ate-demo/counter-1 is ACTOR_STATE_CRASHED (restore on worker w1 failed: boom): AssignWorker prerequisite not met; RevertActor returns it to ACTOR_STATE_SUSPENDED",
@@ -243,7 +249,7 @@ mod tests {
             (
                 WorkflowError::Crashed {
                     actor: actor(),
-                    last_error: String::new(),
+                    last_error: None,
                 },
                 Code::FailedPrecondition,
                 "actor ate-demo/counter-1 is ACTOR_STATE_CRASHED: AssignWorker prerequisite not met; RevertActor returns it to ACTOR_STATE_SUSPENDED",

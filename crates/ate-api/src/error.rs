@@ -14,7 +14,10 @@ pub enum WorkflowError {
     Store(#[from] StoreError),
     /// The actor is CRASHED: every verb but RevertActor and DeleteActor is refused.
     #[error("actor {actor} is ACTOR_STATE_CRASHED{}: {CRASHED_PREREQUISITE}; RevertActor returns it to ACTOR_STATE_SUSPENDED", crash_reason(.last_error))]
-    Crashed { actor: ActorRef, last_error: String },
+    Crashed {
+        actor: ActorRef,
+        last_error: Option<String>,
+    },
     /// Another workflow's transient state (RESUMING, SUSPENDING): retry when it has finished.
     #[error("actor {actor} is {state}; try again when the operation on it has finished")]
     Busy { actor: ActorRef, state: ActorState },
@@ -103,10 +106,9 @@ fn store_message(e: &StoreError) -> String {
     }
 }
 
-fn crash_reason(last_error: &str) -> String {
-    if last_error.is_empty() {
-        String::new()
-    } else {
-        format!(" ({last_error})")
+fn crash_reason(last_error: &Option<String>) -> String {
+    match last_error {
+        Some(why) => format!(" ({why})"),
+        None => String::new(),
     }
 }

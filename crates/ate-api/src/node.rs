@@ -121,7 +121,7 @@ impl Workload<'_> {
         v1::Workload {
             actor: Some(object_ref(&self.actor.atespace, &self.actor.name)),
             uid: self.actor.uid.clone(),
-            template: self.actor.template.clone(),
+            template: self.actor.template.to_string(),
             spec: Some(ate_proto::spec_to_wire(&self.template.spec)),
             worker_id: self.worker_id.to_string(),
             activation: self.actor.activation,

@@ -15,7 +15,7 @@ pub mod state;
 pub mod template;
 pub mod tunnel;
 
-pub use names::{ActorRef, ValidationError, validate_label};
+pub use names::{ActorRef, TemplateRef, ValidationError, validate_label};
 pub use state::{ActorState, DurableStatus, Fidelity, SuspendMode};
 pub use template::{Document, TemplateSpec};
 

@@ -1,4 +1,5 @@
-//! DNS-1123 label validation and the `<atespace>/<name>` actor reference.
+//! DNS-1123 label validation, the `<atespace>/<name>` actor reference and the
+//! `<namespace>/<name>` template reference.
 
 use std::fmt;
 
@@ -108,6 +109,35 @@ impl fmt::Display for ActorRef {
     }
 }
 
+/// A template's address: `<namespace>/<name>`, the namespace being the atespace the template
+/// lives in. Shown (and stored) as `ns/name`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct TemplateRef {
+    pub namespace: String,
+    pub name: String,
+}
+
+impl TemplateRef {
+    pub fn new(namespace: impl Into<String>, name: impl Into<String>) -> Self {
+        Self {
+            namespace: namespace.into(),
+            name: name.into(),
+        }
+    }
+
+    /// Parses `<namespace>/<name>` with both halves DNS-1123 labels; errors name `field`.
+    pub fn parse(field: &str, value: &str) -> Result<Self, ValidationError> {
+        let (namespace, name) = parse_namespaced(field, value)?;
+        Ok(Self { namespace, name })
+    }
+}
+
+impl fmt::Display for TemplateRef {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}", self.namespace, self.name)
+    }
+}
+
 /// Parses `<namespace>/<name>` of a template (or tag) reference.
 pub fn parse_namespaced(field: &str, value: &str) -> Result<(String, String), ValidationError> {
     let (ns, name) = value.split_once('/').ok_or_else(|| {
@@ -148,5 +178,19 @@ mod tests {
         assert!(ActorRef::parse("a/b/c").is_err());
         assert!(ActorRef::parse("/b").is_err());
         assert_eq!(ActorRef::parse("a/B").unwrap_err().field, "actor name");
+    }
+
+    #[test]
+    fn template_ref() {
+        let t = TemplateRef::parse("template", "team-a/web").unwrap();
+        assert_eq!(t, TemplateRef::new("team-a", "web"));
+        assert_eq!(t.to_string(), "team-a/web");
+        let e = TemplateRef::parse("template", "no-slash").unwrap_err();
+        assert_eq!(e.field, "template");
+        assert!(e.message.contains("<namespace>/<name>"), "{e}");
+        assert_eq!(
+            TemplateRef::parse("template", "a/B").unwrap_err().field,
+            "template name"
+        );
     }
 }

@@ -10,7 +10,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use ate_core::{ActorState, DurableStatus, Fidelity, TemplateSpec};
+use ate_core::{ActorRef, ActorState, DurableStatus, Fidelity, TemplateRef, TemplateSpec};
 
 pub use async_trait::async_trait;
 
@@ -92,8 +92,8 @@ pub struct ActorRecord {
     pub atespace: String,
     pub name: String,
     pub uid: String,
-    /// `<namespace>/<name>` of the template.
-    pub template: String,
+    /// The actor's template (stored as `ns/name`).
+    pub template: TemplateRef,
     pub state: ActorState,
     pub worker_selector: BTreeMap<String, String>,
     /// Worker the actor is bound to (RESUMING, RUNNING, SUSPENDING); `None` otherwise.
@@ -104,12 +104,20 @@ pub struct ActorRecord {
     pub generation: u64,
     /// Node holding the newest node-local generation (async suspend), if any.
     pub attached_node: Option<String>,
-    pub last_error: String,
+    /// Why the actor last failed or fell back, if it did (stored as `''` when `None`).
+    pub last_error: Option<String>,
     pub created_ms: i64,
     pub updated_ms: i64,
     /// Fencing token of the newest activation (0 = never bound): strictly increasing, taken by
     /// every [`Store::bind_actor`] that is not a retry of the same bind.
     pub activation: u64,
+}
+
+impl ActorRecord {
+    /// The actor's `<atespace>/<name>` address.
+    pub fn actor_ref(&self) -> ActorRef {
+        ActorRef::new(self.atespace.clone(), self.name.clone())
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -119,21 +127,23 @@ pub struct SnapshotRecord {
     pub generation: u64,
     pub uuid: String,
     pub fidelity: Fidelity,
-    /// Template the generation was captured under (`ns/name`).
-    pub template: String,
+    /// Template the generation was captured under (stored as `ns/name`).
+    pub template: TemplateRef,
     pub sandbox_class: String,
     /// Node that wrote the generation and the boot it was written in.
     pub node: String,
     pub boot_id: String,
-    /// Directory on `node`; empty once the local copy is dropped.
-    pub local_path: String,
-    pub durable_uri: String,
+    /// Directory on `node`; `None` once the local copy is dropped (stored as `''` when `None`).
+    pub local_path: Option<String>,
+    /// Where the durable copy is, once known (stored as `''` when `None`).
+    pub durable_uri: Option<String>,
     /// `None` = no durable copy was asked for yet.
     pub durable_status: Option<DurableStatus>,
     pub size_bytes: u64,
     pub checksum: String,
-    /// Why the fidelity is lower than the template asked for, if it is.
-    pub reason: String,
+    /// Why the fidelity is lower than the template asked for, if it is (stored as `''` when
+    /// `None`).
+    pub reason: Option<String>,
     pub created_ms: i64,
 }
 
@@ -220,8 +230,8 @@ pub struct WorkerRecord {
 /// Fields a state transition may also change.
 #[derive(Debug, Clone, Default)]
 pub struct ActorUpdate {
-    /// Replace `last_error` (use `Some(String::new())` to clear it).
-    pub last_error: Option<String>,
+    /// Replace `last_error`: `Some(None)` clears it, `None` keeps it.
+    pub last_error: Option<Option<String>>,
     /// Record this worker epoch.
     pub epoch: Option<u64>,
     /// Forget the attached node (its local generation was detached).
@@ -232,7 +242,7 @@ impl ActorUpdate {
     /// Only `last_error` replaced (the reason of a transition).
     pub fn with_error(why: impl Into<String>) -> Self {
         Self {
-            last_error: Some(why.into()),
+            last_error: Some(Some(why.into())),
             ..Self::default()
         }
     }
@@ -297,7 +307,7 @@ pub trait Store: Send + Sync + 'static {
     /// AlreadyExists if the actor does.
     async fn create_actor(&self, actor: &ActorRecord) -> Result<ActorRecord>;
     /// Exactly one read.
-    async fn get_actor(&self, atespace: &str, name: &str) -> Result<ActorRecord>;
+    async fn get_actor(&self, actor: &ActorRef) -> Result<ActorRecord>;
     /// Ordered by (atespace, name); starts strictly after `after`; at most `limit`.
     async fn list_actors(
         &self,
@@ -314,12 +324,11 @@ pub trait Store: Send + Sync + 'static {
     ) -> Result<ActorRecord>;
     /// Only SUSPENDED or CRASHED (else StateConflict). Removes the actor, its snapshot rows, its
     /// assignment and its lease; returns the removed snapshot rows that no tag references, for GC.
-    async fn delete_actor(&self, atespace: &str, name: &str) -> Result<Vec<SnapshotRecord>>;
+    async fn delete_actor(&self, actor: &ActorRef) -> Result<Vec<SnapshotRecord>>;
     /// Compare-and-set of the state (StateConflict if not in `from`), plus `update`.
     async fn transition(
         &self,
-        atespace: &str,
-        name: &str,
+        actor: &ActorRef,
         from: &[ActorState],
         to: ActorState,
         update: ActorUpdate,
@@ -331,8 +340,7 @@ pub trait Store: Send + Sync + 'static {
     #[allow(clippy::too_many_arguments)] // transition's arguments plus the lease
     async fn transition_releasing_lease(
         &self,
-        atespace: &str,
-        name: &str,
+        actor: &ActorRef,
         from: &[ActorState],
         to: ActorState,
         update: ActorUpdate,
@@ -389,7 +397,7 @@ pub trait Store: Send + Sync + 'static {
 
     // ---- snapshots
     /// Newest generation first.
-    async fn list_snapshots(&self, atespace: &str, name: &str) -> Result<Vec<SnapshotRecord>>;
+    async fn list_snapshots(&self, actor: &ActorRef) -> Result<Vec<SnapshotRecord>>;
     /// Retention, in one transaction: keeps the newest `keep_newest` generations (at least one),
     /// the newest generation with a COMPLETED durable copy, and every generation a tag refers to;
     /// deletes the other records and returns them (their files are the caller's to delete).
@@ -403,16 +411,14 @@ pub trait Store: Send + Sync + 'static {
     /// a copy of the generation (same uuid) are updated too. NotFound if the generation is missing.
     async fn update_snapshot_durable(
         &self,
-        atespace: &str,
-        name: &str,
+        actor: &ActorRef,
         generation: u64,
         status: DurableStatus,
         durable_uri: &str,
         reason: &str,
     ) -> Result<()>;
     /// Forget the node-local copy of a generation (after Detach), in tags' copies too.
-    async fn clear_snapshot_local(&self, atespace: &str, name: &str, generation: u64)
-    -> Result<()>;
+    async fn clear_snapshot_local(&self, actor: &ActorRef, generation: u64) -> Result<()>;
 
     // ---- tags
     async fn create_tag(&self, tag: &TagRecord) -> Result<TagRecord>;
@@ -456,9 +462,9 @@ pub trait Store: Send + Sync + 'static {
     async fn record_join_token_use(&self, id: &str, node: &str) -> Result<()>;
 
     // ---- frozen copies
-    async fn set_frozen_copy(&self, atespace: &str, name: &str, copy: &FrozenCopy) -> Result<()>;
-    async fn get_frozen_copy(&self, atespace: &str, name: &str) -> Result<Option<FrozenCopy>>;
-    async fn clear_frozen_copy(&self, atespace: &str, name: &str) -> Result<()>;
+    async fn set_frozen_copy(&self, actor: &ActorRef, copy: &FrozenCopy) -> Result<()>;
+    async fn get_frozen_copy(&self, actor: &ActorRef) -> Result<Option<FrozenCopy>>;
+    async fn clear_frozen_copy(&self, actor: &ActorRef) -> Result<()>;
 
     fn counters(&self) -> &StoreCounters;
 }

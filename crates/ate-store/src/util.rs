@@ -2,7 +2,7 @@
 
 use std::collections::BTreeMap;
 
-use ate_core::{ActorState, DurableStatus, Fidelity};
+use ate_core::{ActorState, DurableStatus, Fidelity, TemplateRef};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
@@ -104,10 +104,17 @@ pub(crate) fn count_of(n: i64, noun: &str) -> String {
 }
 
 /// Splits a template reference `ns/name`.
-pub(crate) fn split_template(reference: &str) -> Option<(&str, &str)> {
-    reference
-        .split_once('/')
+/// A stored `ns/name` template reference. Lenient (any non-empty halves), so rows written before
+/// the type existed always read back.
+pub(crate) fn parse_template_ref(text: &str, field: &str) -> Result<TemplateRef> {
+    text.split_once('/')
         .filter(|(ns, name)| !ns.is_empty() && !name.is_empty())
+        .map(|(ns, name)| TemplateRef::new(ns, name))
+        .ok_or_else(|| {
+            StoreError::Database(format!(
+                "column {field} holds {text:?}, not <namespace>/<name>"
+            ))
+        })
 }
 
 /// The lease key of an actor's mutating workflows.
@@ -146,4 +153,14 @@ impl From<sqlx::migrate::MigrateError> for StoreError {
     fn from(error: sqlx::migrate::MigrateError) -> Self {
         StoreError::Database(format!("migration failed: {error}"))
     }
+}
+
+/// A text column where `''` stands for "absent" → `None` for `''`.
+pub(crate) fn empty_as_none(text: String) -> Option<String> {
+    if text.is_empty() { None } else { Some(text) }
+}
+
+/// The inverse of [`empty_as_none`]: the stored text of an optional value.
+pub(crate) fn none_as_empty(value: &Option<String>) -> &str {
+    value.as_deref().unwrap_or("")
 }

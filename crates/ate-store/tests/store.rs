@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use ate_core::template::{Container, EgressPolicy, Resources};
-use ate_core::{ActorState, DurableStatus, Fidelity, TemplateSpec};
+use ate_core::{ActorRef, ActorState, DurableStatus, Fidelity, TemplateRef, TemplateSpec};
 use ate_store::{
     ActorRecord, ActorUpdate, Capacity, FrozenCopy, JoinTokenRecord, SnapshotRecord, Store,
     StoreError, TagRecord, WorkerRecord, WorkerStatus, actor_lease_key,
@@ -172,14 +172,14 @@ fn actor(atespace: &str, name: &str, template: &str) -> ActorRecord {
         atespace: atespace.into(),
         name: name.into(),
         uid: format!("uid-{atespace}-{name}"),
-        template: template.into(),
+        template: TemplateRef::parse("template", template).unwrap(),
         state: ActorState::Suspended,
         worker_selector: BTreeMap::new(),
         worker_id: None,
         epoch: 0,
         generation: 0,
         attached_node: None,
-        last_error: String::new(),
+        last_error: None,
         created_ms: NOW,
         updated_ms: NOW,
         activation: 0,
@@ -212,16 +212,16 @@ fn snapshot(atespace: &str, name: &str, generation: u64, node: &str) -> Snapshot
         generation,
         uuid: format!("uuid-{atespace}-{name}-{generation}"),
         fidelity: Fidelity::Memory,
-        template: "ns/t".into(),
+        template: TemplateRef::new("ns", "t"),
         sandbox_class: "runc".into(),
         node: node.into(),
         boot_id: "boot-1".into(),
-        local_path: format!("/var/lib/ate/snapshots/{name}/{generation}"),
-        durable_uri: String::new(),
+        local_path: Some(format!("/var/lib/ate/snapshots/{name}/{generation}")),
+        durable_uri: None,
         durable_status: None,
         size_bytes: 123_456,
         checksum: "sha256:abc".into(),
-        reason: String::new(),
+        reason: None,
         created_ms: NOW + generation as i64,
     }
 }
@@ -356,7 +356,7 @@ mod cases {
             r#"atespace "x" still holds 3 actors, 1 template"#
         );
         for name in ["a1", "a2", "a3"] {
-            s.delete_actor("x", name).await.unwrap();
+            s.delete_actor(&ActorRef::new("x", name)).await.unwrap();
         }
         let e = assert_err!(
             s.delete_atespace("x").await,
@@ -461,8 +461,8 @@ mod cases {
             StoreError::FailedPrecondition(_)
         );
         assert_eq!(e.to_string(), r#"template "ns/t" is used by 2 actors"#);
-        s.delete_actor("other", "a1").await.unwrap();
-        s.delete_actor("other", "a2").await.unwrap();
+        s.delete_actor(&ActorRef::new("other", "a1")).await.unwrap();
+        s.delete_actor(&ActorRef::new("other", "a2")).await.unwrap();
         s.delete_template("ns", "t").await.unwrap();
         assert_err!(s.get_template("ns", "t").await, StoreError::NotFound(_));
         let e = assert_err!(s.delete_template("ns", "t").await, StoreError::NotFound(_));
@@ -483,24 +483,26 @@ mod cases {
             StoreError::NotFound(_)
         );
         assert_eq!(e.to_string(), r#"template "ns/nope" not found"#);
-        let e = assert_err!(
-            s.create_actor(&actor("ate-demo", "a1", "no-slash")).await,
-            StoreError::NotFound(_)
-        );
-        assert_eq!(e.to_string(), r#"template "no-slash" not found"#);
+        // A template reference without a '/' is no longer representable (`TemplateRef`).
 
         let mut record = actor("ate-demo", "a1", "ns/t");
         record.worker_selector = BTreeMap::from([("gpu".to_string(), "none".to_string())]);
         record.generation = 7;
         record.attached_node = Some("n1".into());
-        record.last_error = "boom".into();
+        record.last_error = Some("boom".into());
         let created = s.create_actor(&record).await.unwrap();
         assert_eq!(created, record);
-        assert_eq!(s.get_actor("ate-demo", "a1").await.unwrap(), record);
+        assert_eq!(
+            s.get_actor(&ActorRef::new("ate-demo", "a1")).await.unwrap(),
+            record
+        );
         let e = assert_err!(s.create_actor(&record).await, StoreError::AlreadyExists(_));
         assert_eq!(e.to_string(), r#"actor "ate-demo/a1" already exists"#);
 
-        let e = assert_err!(s.get_actor("ate-demo", "a2").await, StoreError::NotFound(_));
+        let e = assert_err!(
+            s.get_actor(&ActorRef::new("ate-demo", "a2")).await,
+            StoreError::NotFound(_)
+        );
         assert_eq!(e.to_string(), r#"actor "ate-demo/a2" not found"#);
 
         let selector = BTreeMap::from([("zone".to_string(), "b".to_string())]);
@@ -510,14 +512,17 @@ mod cases {
             .unwrap();
         assert_eq!(updated.worker_selector, selector);
         assert_eq!(updated.updated_ms, NOW + 9);
-        assert_eq!(s.get_actor("ate-demo", "a1").await.unwrap(), updated);
+        assert_eq!(
+            s.get_actor(&ActorRef::new("ate-demo", "a1")).await.unwrap(),
+            updated
+        );
         assert_err!(
             s.update_actor_selector("ate-demo", "zz", &selector, NOW)
                 .await,
             StoreError::NotFound(_)
         );
         let e = assert_err!(
-            s.delete_actor("ate-demo", "zz").await,
+            s.delete_actor(&ActorRef::new("ate-demo", "zz")).await,
             StoreError::NotFound(_)
         );
         assert_eq!(e.to_string(), r#"actor "ate-demo/zz" not found"#);
@@ -626,8 +631,7 @@ mod cases {
         // A refused transition changes nothing: the lease is still h1's.
         assert_err!(
             s.transition_releasing_lease(
-                "ns",
-                "a1",
+                &ActorRef::new("ns", "a1"),
                 &[ActorState::Running],
                 ActorState::Suspending,
                 ActorUpdate::default(),
@@ -639,7 +643,7 @@ mod cases {
             StoreError::StateConflict { .. }
         );
         assert_eq!(
-            s.get_actor("ns", "a1").await.unwrap().state,
+            s.get_actor(&ActorRef::new("ns", "a1")).await.unwrap().state,
             ActorState::Suspended
         );
         assert!(
@@ -650,13 +654,12 @@ mod cases {
 
         // Another holder's name releases nothing, but the transition still happens.
         let update = ActorUpdate {
-            last_error: Some("x".into()),
+            last_error: Some(Some("x".into())),
             ..Default::default()
         };
         let a = s
             .transition_releasing_lease(
-                "ns",
-                "a1",
+                &ActorRef::new("ns", "a1"),
                 &[ActorState::Suspended],
                 ActorState::Resuming,
                 update,
@@ -667,8 +670,8 @@ mod cases {
             .await
             .unwrap();
         assert_eq!(
-            (a.state, a.last_error.as_str(), a.updated_ms),
-            (ActorState::Resuming, "x", NOW + 3)
+            (a.state, a.last_error.as_deref(), a.updated_ms),
+            (ActorState::Resuming, Some("x"), NOW + 3)
         );
         assert!(
             !s.try_acquire_lease(key, "h2", NOW + 4, 10_000)
@@ -679,8 +682,7 @@ mod cases {
         // The holder's: state and lease in one commit.
         let a = s
             .transition_releasing_lease(
-                "ns",
-                "a1",
+                &ActorRef::new("ns", "a1"),
                 &[ActorState::Resuming],
                 ActorState::Running,
                 ActorUpdate::default(),
@@ -692,7 +694,7 @@ mod cases {
             .unwrap();
         assert_eq!(a.state, ActorState::Running);
         assert_eq!(
-            s.get_actor("ns", "a1").await.unwrap().state,
+            s.get_actor(&ActorRef::new("ns", "a1")).await.unwrap().state,
             ActorState::Running
         );
         assert!(
@@ -711,8 +713,7 @@ mod cases {
 
         let e = assert_err!(
             s.transition(
-                "ns",
-                "a1",
+                &ActorRef::new("ns", "a1"),
                 &[ActorState::Running, ActorState::Resuming],
                 ActorState::Suspending,
                 ActorUpdate::default(),
@@ -734,14 +735,13 @@ mod cases {
         );
 
         let update = ActorUpdate {
-            last_error: Some("it broke".into()),
+            last_error: Some(Some("it broke".into())),
             epoch: Some(42),
             clear_attached_node: true,
         };
         let t = s
             .transition(
-                "ns",
-                "a1",
+                &ActorRef::new("ns", "a1"),
                 &[ActorState::Suspended],
                 ActorState::Crashed,
                 update,
@@ -750,17 +750,16 @@ mod cases {
             .await
             .unwrap();
         assert_eq!(t.state, ActorState::Crashed);
-        assert_eq!(t.last_error, "it broke");
+        assert_eq!(t.last_error.as_deref(), Some("it broke"));
         assert_eq!(t.epoch, 42);
         assert_eq!(t.attached_node, None);
         assert_eq!(t.updated_ms, NOW + 3);
-        assert_eq!(s.get_actor("ns", "a1").await.unwrap(), t);
+        assert_eq!(s.get_actor(&ActorRef::new("ns", "a1")).await.unwrap(), t);
 
         // Without an update, only the state (and updated_ms) changes.
         let t2 = s
             .transition(
-                "ns",
-                "a1",
+                &ActorRef::new("ns", "a1"),
                 &[ActorState::Crashed],
                 ActorState::Suspended,
                 ActorUpdate::default(),
@@ -769,17 +768,16 @@ mod cases {
             .await
             .unwrap();
         assert_eq!(
-            (t2.state, t2.last_error.as_str(), t2.epoch),
-            (ActorState::Suspended, "it broke", 42)
+            (t2.state, t2.last_error.as_deref(), t2.epoch),
+            (ActorState::Suspended, Some("it broke"), 42)
         );
         let clear = ActorUpdate {
-            last_error: Some(String::new()),
+            last_error: Some(None),
             ..Default::default()
         };
         let t3 = s
             .transition(
-                "ns",
-                "a1",
+                &ActorRef::new("ns", "a1"),
                 &[ActorState::Suspended],
                 ActorState::Suspended,
                 clear,
@@ -787,11 +785,10 @@ mod cases {
             )
             .await
             .unwrap();
-        assert_eq!(t3.last_error, "");
+        assert_eq!(t3.last_error, None);
         assert_err!(
             s.transition(
-                "ns",
-                "zz",
+                &ActorRef::new("ns", "zz"),
                 &[ActorState::Suspended],
                 ActorState::Running,
                 ActorUpdate::default(),
@@ -814,7 +811,7 @@ mod cases {
             // 2 and 4 got durable copies; 5 and 6 are local only (uploads pending).
             if generation == 2 || generation == 4 {
                 snap.durable_status = Some(DurableStatus::Completed);
-                snap.durable_uri = format!("file:///d/{generation}");
+                snap.durable_uri = Some(format!("file:///d/{generation}"));
             }
             record_generation(s, "a1", &snap).await;
         }
@@ -833,7 +830,7 @@ mod cases {
         // Kept: 6 (newest), 4 (newest with a durable copy), 1 (tagged).
         assert_eq!(gone, [2, 3, 5]);
         let left: Vec<u64> = s
-            .list_snapshots("ns", "a1")
+            .list_snapshots(&ActorRef::new("ns", "a1"))
             .await
             .unwrap()
             .iter()
@@ -884,7 +881,7 @@ mod cases {
         .await
         .unwrap();
         let e = assert_err!(
-            s.delete_actor("ns", "a1").await,
+            s.delete_actor(&ActorRef::new("ns", "a1")).await,
             StoreError::StateConflict { .. }
         );
         assert_eq!(
@@ -892,8 +889,7 @@ mod cases {
             "actor is ACTOR_STATE_RESUMING, expected one of ACTOR_STATE_SUSPENDED, ACTOR_STATE_CRASHED"
         );
         s.transition(
-            "ns",
-            "a1",
+            &ActorRef::new("ns", "a1"),
             &[ActorState::Resuming],
             ActorState::Crashed,
             ActorUpdate::default(),
@@ -913,12 +909,20 @@ mod cases {
         );
 
         // CRASHED (still assigned to w1): deletable; returns generations 3 and 1, newest first.
-        let gc = s.delete_actor("ns", "a1").await.unwrap();
+        let gc = s.delete_actor(&ActorRef::new("ns", "a1")).await.unwrap();
         let generations: Vec<_> = gc.iter().map(|g| g.generation).collect();
         assert_eq!(generations, [3, 1]);
         assert_eq!(gc[0], snapshot("ns", "a1", 3, "node-w1"));
-        assert_err!(s.get_actor("ns", "a1").await, StoreError::NotFound(_));
-        assert!(s.list_snapshots("ns", "a1").await.unwrap().is_empty());
+        assert_err!(
+            s.get_actor(&ActorRef::new("ns", "a1")).await,
+            StoreError::NotFound(_)
+        );
+        assert!(
+            s.list_snapshots(&ActorRef::new("ns", "a1"))
+                .await
+                .unwrap()
+                .is_empty()
+        );
         assert_eq!(s.get_worker("w1").await.unwrap().used, Capacity::default());
         // Its lease is gone (another holder can take it at once); the other actor's is not.
         assert!(
@@ -939,7 +943,12 @@ mod cases {
         // An actor of the same name can be created again from scratch.
         let again = s.create_actor(&actor("ns", "a1", "ns/t")).await.unwrap();
         assert_eq!(again.generation, 0);
-        assert!(s.delete_actor("ns", "a1").await.unwrap().is_empty());
+        assert!(
+            s.delete_actor(&ActorRef::new("ns", "a1"))
+                .await
+                .unwrap()
+                .is_empty()
+        );
     }
 
     pub async fn lease_semantics(env: Env) {
@@ -1043,7 +1052,10 @@ mod cases {
         assert_eq!(bound.worker_id.as_deref(), Some("w1"));
         assert_eq!(bound.epoch, 7);
         assert_eq!(bound.updated_ms, NOW + 1);
-        assert_eq!(s.get_actor("ns", "a1").await.unwrap(), bound);
+        assert_eq!(
+            s.get_actor(&ActorRef::new("ns", "a1")).await.unwrap(),
+            bound
+        );
         assert_eq!(
             s.get_worker("w1").await.unwrap().used,
             cap(600, 100 * MIB, 1)
@@ -1083,7 +1095,7 @@ mod cases {
             StoreError::NoRoom { .. }
         );
         // The refused actor is untouched.
-        let a3 = s.get_actor("ns", "a3").await.unwrap();
+        let a3 = s.get_actor(&ActorRef::new("ns", "a3")).await.unwrap();
         assert_eq!((a3.state, a3.worker_id), (ActorState::Suspended, None));
 
         // State check.
@@ -1220,7 +1232,13 @@ mod cases {
             .await
             .unwrap();
         assert_eq!(next.activation, 3);
-        assert_eq!(s.get_actor("ns", "a1").await.unwrap().activation, 3);
+        assert_eq!(
+            s.get_actor(&ActorRef::new("ns", "a1"))
+                .await
+                .unwrap()
+                .activation,
+            3
+        );
     }
 
     async fn concurrent_binds(env: Env, capacity: Capacity, each: Capacity) {
@@ -1319,8 +1337,7 @@ mod cases {
         .await
         .unwrap();
         s.transition(
-            "ns",
-            "a1",
+            &ActorRef::new("ns", "a1"),
             &[ActorState::Resuming],
             ActorState::Running,
             ActorUpdate::default(),
@@ -1329,8 +1346,7 @@ mod cases {
         .await
         .unwrap();
         s.transition(
-            "ns",
-            "a1",
+            &ActorRef::new("ns", "a1"),
             &[ActorState::Running],
             ActorState::Suspending,
             ActorUpdate::default(),
@@ -1357,7 +1373,12 @@ mod cases {
                 ..
             }
         );
-        assert!(s.list_snapshots("ns", "a1").await.unwrap().is_empty());
+        assert!(
+            s.list_snapshots(&ActorRef::new("ns", "a1"))
+                .await
+                .unwrap()
+                .is_empty()
+        );
         // A snapshot of another actor is refused.
         let foreign = snapshot("ns", "other", 1, "node-w1");
         assert_err!(
@@ -1391,11 +1412,14 @@ mod cases {
         assert_eq!(released.generation, 1);
         assert_eq!(released.attached_node.as_deref(), Some("node-w1"));
         assert_eq!(released.updated_ms, NOW + 7);
-        assert_eq!(s.get_actor("ns", "a1").await.unwrap(), released);
+        assert_eq!(
+            s.get_actor(&ActorRef::new("ns", "a1")).await.unwrap(),
+            released
+        );
         assert_eq!(s.get_worker("w1").await.unwrap().used, Capacity::default());
         assert!(s.actors_on_worker("w1").await.unwrap().is_empty());
         assert_eq!(
-            s.list_snapshots("ns", "a1").await.unwrap(),
+            s.list_snapshots(&ActorRef::new("ns", "a1")).await.unwrap(),
             vec![snap.clone()]
         );
 
@@ -1415,7 +1439,7 @@ mod cases {
             ..snapshot("ns", "a1", 2, "node-b")
         };
         let update = ActorUpdate {
-            last_error: Some("note".into()),
+            last_error: Some(Some("note".into())),
             epoch: None,
             clear_attached_node: true,
         };
@@ -1435,12 +1459,12 @@ mod cases {
             (
                 r2.generation,
                 r2.attached_node.as_deref(),
-                r2.last_error.as_str()
+                r2.last_error.as_deref()
             ),
-            (2, Some("node-b"), "note")
+            (2, Some("node-b"), Some("note"))
         );
         let gens: Vec<_> = s
-            .list_snapshots("ns", "a1")
+            .list_snapshots(&ActorRef::new("ns", "a1"))
             .await
             .unwrap()
             .into_iter()
@@ -1471,7 +1495,7 @@ mod cases {
             .await,
             StoreError::AlreadyExists(_)
         );
-        let still = s.get_actor("ns", "a1").await.unwrap();
+        let still = s.get_actor(&ActorRef::new("ns", "a1")).await.unwrap();
         assert_eq!(
             (still.state, still.worker_id.as_deref()),
             (ActorState::Resuming, Some("w1"))
@@ -1521,23 +1545,28 @@ mod cases {
         s.create_actor(&actor("ns", "a1", "ns/t")).await.unwrap();
         for generation in 1..=2 {
             let mut snap = snapshot("ns", "a1", generation, "n1");
-            snap.reason = "memory checkpoint unsupported".into();
+            snap.reason = Some("memory checkpoint unsupported".into());
             record_generation(s, "a1", &snap).await;
         }
         let tag = TagRecord {
             atespace: "ns".into(),
             name: "t2".into(),
-            snapshot: s.list_snapshots("ns", "a1").await.unwrap()[0].clone(),
+            snapshot: s.list_snapshots(&ActorRef::new("ns", "a1")).await.unwrap()[0].clone(),
             created_ms: NOW,
         };
         s.create_tag(&tag).await.unwrap();
 
-        s.update_snapshot_durable("ns", "a1", 2, DurableStatus::Pending, "", "")
-            .await
-            .unwrap();
         s.update_snapshot_durable(
-            "ns",
-            "a1",
+            &ActorRef::new("ns", "a1"),
+            2,
+            DurableStatus::Pending,
+            "",
+            "",
+        )
+        .await
+        .unwrap();
+        s.update_snapshot_durable(
+            &ActorRef::new("ns", "a1"),
             2,
             DurableStatus::Completed,
             "s3://bucket/ns/a1/2",
@@ -1545,17 +1574,17 @@ mod cases {
         )
         .await
         .unwrap();
-        let g = s.list_snapshots("ns", "a1").await.unwrap();
+        let g = s.list_snapshots(&ActorRef::new("ns", "a1")).await.unwrap();
         assert_eq!(g[0].durable_status, Some(DurableStatus::Completed));
-        assert_eq!(g[0].durable_uri, "s3://bucket/ns/a1/2");
+        assert_eq!(g[0].durable_uri.as_deref(), Some("s3://bucket/ns/a1/2"));
         assert_eq!(
-            g[0].reason, "memory checkpoint unsupported",
+            g[0].reason.as_deref(),
+            Some("memory checkpoint unsupported"),
             "an empty reason keeps the old one"
         );
         assert_eq!(g[1].durable_status, None);
         s.update_snapshot_durable(
-            "ns",
-            "a1",
+            &ActorRef::new("ns", "a1"),
             1,
             DurableStatus::Failed,
             "",
@@ -1563,24 +1592,32 @@ mod cases {
         )
         .await
         .unwrap();
-        let g = s.list_snapshots("ns", "a1").await.unwrap();
+        let g = s.list_snapshots(&ActorRef::new("ns", "a1")).await.unwrap();
         assert_eq!(
-            (g[1].durable_status, g[1].reason.as_str()),
-            (Some(DurableStatus::Failed), "upload failed: 503")
+            (g[1].durable_status, g[1].reason.as_deref()),
+            (Some(DurableStatus::Failed), Some("upload failed: 503"))
         );
         let e = assert_err!(
-            s.update_snapshot_durable("ns", "a1", 9, DurableStatus::Completed, "x", "")
-                .await,
+            s.update_snapshot_durable(
+                &ActorRef::new("ns", "a1"),
+                9,
+                DurableStatus::Completed,
+                "x",
+                ""
+            )
+            .await,
             StoreError::NotFound(_)
         );
         assert_eq!(e.to_string(), r#"snapshot 9 of actor "ns/a1" not found"#);
 
-        s.clear_snapshot_local("ns", "a1", 2).await.unwrap();
-        let g = s.list_snapshots("ns", "a1").await.unwrap();
-        assert_eq!(g[0].local_path, "");
-        assert_ne!(g[1].local_path, "");
+        s.clear_snapshot_local(&ActorRef::new("ns", "a1"), 2)
+            .await
+            .unwrap();
+        let g = s.list_snapshots(&ActorRef::new("ns", "a1")).await.unwrap();
+        assert_eq!(g[0].local_path, None);
+        assert!(g[1].local_path.is_some());
         assert_err!(
-            s.clear_snapshot_local("ns", "a1", 9).await,
+            s.clear_snapshot_local(&ActorRef::new("ns", "a1"), 9).await,
             StoreError::NotFound(_)
         );
 
@@ -1643,22 +1680,42 @@ mod cases {
         assert!(!s.delete_join_token("abcd1234").await.unwrap());
         assert_err!(s.get_join_token("abcd1234").await, StoreError::NotFound(_));
 
-        assert_eq!(s.get_frozen_copy("ns", "a1").await.unwrap(), None);
+        assert_eq!(
+            s.get_frozen_copy(&ActorRef::new("ns", "a1")).await.unwrap(),
+            None
+        );
         let copy = FrozenCopy {
             worker_id: "w1".into(),
             generation: 4,
         };
-        s.set_frozen_copy("ns", "a1", &copy).await.unwrap();
-        assert_eq!(s.get_frozen_copy("ns", "a1").await.unwrap(), Some(copy));
+        s.set_frozen_copy(&ActorRef::new("ns", "a1"), &copy)
+            .await
+            .unwrap();
+        assert_eq!(
+            s.get_frozen_copy(&ActorRef::new("ns", "a1")).await.unwrap(),
+            Some(copy)
+        );
         let moved = FrozenCopy {
             worker_id: "w2".into(),
             generation: 5,
         };
-        s.set_frozen_copy("ns", "a1", &moved).await.unwrap();
-        assert_eq!(s.get_frozen_copy("ns", "a1").await.unwrap(), Some(moved));
-        s.clear_frozen_copy("ns", "a1").await.unwrap();
-        s.clear_frozen_copy("ns", "a1").await.unwrap();
-        assert_eq!(s.get_frozen_copy("ns", "a1").await.unwrap(), None);
+        s.set_frozen_copy(&ActorRef::new("ns", "a1"), &moved)
+            .await
+            .unwrap();
+        assert_eq!(
+            s.get_frozen_copy(&ActorRef::new("ns", "a1")).await.unwrap(),
+            Some(moved)
+        );
+        s.clear_frozen_copy(&ActorRef::new("ns", "a1"))
+            .await
+            .unwrap();
+        s.clear_frozen_copy(&ActorRef::new("ns", "a1"))
+            .await
+            .unwrap();
+        assert_eq!(
+            s.get_frozen_copy(&ActorRef::new("ns", "a1")).await.unwrap(),
+            None
+        );
     }
 
     pub async fn tag_crud(env: Env) {
@@ -1675,9 +1732,9 @@ mod cases {
         s.create_atespace("other", NOW).await.unwrap();
         let mut full = tag.clone();
         full.snapshot.durable_status = Some(DurableStatus::Completed);
-        full.snapshot.durable_uri = "s3://b/k".into();
+        full.snapshot.durable_uri = Some("s3://b/k".into());
         full.snapshot.fidelity = Fidelity::Rootfs;
-        full.snapshot.reason = "criu missing".into();
+        full.snapshot.reason = Some("criu missing".into());
         assert_eq!(s.create_tag(&full).await.unwrap(), full);
         let e = assert_err!(s.create_tag(&full).await, StoreError::AlreadyExists(_));
         assert_eq!(e.to_string(), r#"tag "ns/golden" already exists"#);
@@ -1846,7 +1903,7 @@ mod cases {
         seed(s).await;
         s.create_actor(&actor("ns", "a1", "ns/t")).await.unwrap();
         let before = s.counters().snapshot();
-        s.get_actor("ns", "a1").await.unwrap();
+        s.get_actor(&ActorRef::new("ns", "a1")).await.unwrap();
         let after = s.counters().snapshot();
         assert_eq!(
             (after.0 - before.0, after.1 - before.1, after.2 - before.2),
@@ -1856,8 +1913,7 @@ mod cases {
 
         let before = s.counters().snapshot();
         s.transition(
-            "ns",
-            "a1",
+            &ActorRef::new("ns", "a1"),
             &[ActorState::Suspended],
             ActorState::Crashed,
             ActorUpdate::default(),
@@ -1884,7 +1940,9 @@ mod cases {
 
         // Failed operations count too.
         let before = s.counters().snapshot();
-        s.get_actor("ns", "missing").await.unwrap_err();
+        s.get_actor(&ActorRef::new("ns", "missing"))
+            .await
+            .unwrap_err();
         s.list_actors(None, None, 10).await.unwrap();
         s.list_workers().await.unwrap();
         let after = s.counters().snapshot();
@@ -1900,8 +1958,11 @@ mod cases {
         // Opening again applies no migration twice and sees the same data.
         let again = ate_store::open(&env.url).await.unwrap();
         assert_eq!(
-            again.get_actor("ns", "a1").await.unwrap(),
-            env.store.get_actor("ns", "a1").await.unwrap()
+            again.get_actor(&ActorRef::new("ns", "a1")).await.unwrap(),
+            env.store
+                .get_actor(&ActorRef::new("ns", "a1"))
+                .await
+                .unwrap()
         );
         assert_eq!(
             again.counters().snapshot(),

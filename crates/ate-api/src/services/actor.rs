@@ -1,8 +1,8 @@
 //! ActorService: create, read, list, update and delete actors, and the verbs that run a
 //! workflow to its end (resume, suspend, revert, delete).
 
+use ate_core::TemplateRef;
 use ate_core::clock::now_ms;
-use ate_core::names::parse_namespaced;
 use ate_core::{ActorState, SuspendMode};
 use ate_proto::v1::*;
 use ate_store::ActorRecord;
@@ -31,21 +31,21 @@ impl actor_service_server::ActorService for Services {
         let req = req.into_inner();
         label("atespace", &req.atespace)?;
         label("actor name", &req.name)?;
-        let (tns, tname) = parse_namespaced("template", &req.template).map_err(invalid)?;
+        let template = TemplateRef::parse("template", &req.template).map_err(invalid)?;
         let worker_selector = selector("worker_selector", req.worker_selector)?;
         let now = now_ms();
         let record = ActorRecord {
             atespace: req.atespace,
             name: req.name,
             uid: uuid::Uuid::new_v4().to_string(),
-            template: format!("{tns}/{tname}"),
+            template,
             state: ActorState::Suspended,
             worker_selector,
             worker_id: None,
             epoch: 0,
             generation: 0,
             attached_node: None,
-            last_error: String::new(),
+            last_error: None,
             created_ms: now,
             updated_ms: now,
             activation: 0,
@@ -64,12 +64,7 @@ impl actor_service_server::ActorService for Services {
             Need::Atespace(ref_atespace(&r.actor))
         })?;
         let r = actor_ref(req.into_inner().actor)?;
-        let a = self
-            .api
-            .store
-            .get_actor(&r.atespace, &r.name)
-            .await
-            .map_err(store_status)?;
+        let a = self.api.store.get_actor(&r).await.map_err(store_status)?;
         Ok(Response::new(convert::actor_view(
             &self.api.actor_view(a).await,
         )))

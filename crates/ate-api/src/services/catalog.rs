@@ -176,7 +176,7 @@ impl tag_service_server::TagService for Services {
         let snapshots = self
             .api
             .store
-            .list_snapshots(&source.atespace, &source.name)
+            .list_snapshots(&source)
             .await
             .map_err(store_status)?;
         let snap = match req.generation {

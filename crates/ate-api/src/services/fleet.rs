@@ -230,14 +230,7 @@ impl fleet_service_server::FleetService for Services {
         })?;
         self.api
             .store
-            .update_snapshot_durable(
-                &r.atespace,
-                &r.name,
-                req.generation,
-                status,
-                &req.durable_uri,
-                &req.reason,
-            )
+            .update_snapshot_durable(&r, req.generation, status, &req.durable_uri, &req.reason)
             .await
             .map_err(store_status)?;
         Ok(Response::new(ReportSnapshotResponse {}))

@@ -105,12 +105,7 @@ impl Services {
                  …/sa/ate-node-<node> or a token with ate_node)",
             ));
         };
-        let actor = self
-            .api
-            .store
-            .get_actor(&r.atespace, &r.name)
-            .await
-            .map_err(store_status)?;
+        let actor = self.api.store.get_actor(r).await.map_err(store_status)?;
         let Some(worker_id) = actor.worker_id.as_deref() else {
             return Err(caller.deny(
                 RPC,

@@ -8,7 +8,7 @@ use ate_core::clock::now_ms;
 use ate_core::{ActorRef, ActorState};
 use ate_store::{ActorRecord, ActorUpdate, StoreError};
 
-use super::{Api, demand, template_ref};
+use super::{Api, demand};
 use crate::error::WorkflowError;
 
 /// An actor a worker reports holding at its registration, with the activation its copy runs.
@@ -32,7 +32,7 @@ impl Api {
         crash_reason: &str,
     ) -> Result<(), WorkflowError> {
         r.validate()?;
-        let actor = self.store.get_actor(&r.atespace, &r.name).await?;
+        let actor = self.store.get_actor(r).await?;
         if actor.state != ActorState::Running || actor.worker_id.as_deref() != Some(worker_id) {
             return Ok(());
         }
@@ -179,16 +179,14 @@ impl Api {
     /// one activated the actor since (same token, still SUSPENDED), the running copy is taken
     /// back with nothing lost. False when it cannot be (the copy is then discarded).
     async fn readopt(&self, worker_id: &str, a: &ActorRef, activation: u64) -> bool {
-        let Ok(actor) = self.store.get_actor(&a.atespace, &a.name).await else {
+        let Ok(actor) = self.store.get_actor(a).await else {
             return false;
         };
         if actor.state != ActorState::Suspended || actor.activation != activation {
             return false;
         }
-        let Ok((ns, tname)) = template_ref(&actor) else {
-            return false;
-        };
-        let Ok(template) = self.store.get_template(&ns, &tname).await else {
+        let t = &actor.template;
+        let Ok(template) = self.store.get_template(&t.namespace, &t.name).await else {
             return false;
         };
         match self

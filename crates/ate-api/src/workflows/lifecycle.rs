@@ -16,7 +16,7 @@ impl Api {
     pub async fn revert(&self, r: &ActorRef) -> Result<ActorView, WorkflowError> {
         r.validate()?;
         self.under_lease(r, async {
-            let actor = self.store.get_actor(&r.atespace, &r.name).await?;
+            let actor = self.store.get_actor(r).await?;
             match actor.state {
                 ActorState::Suspended => Ok(ActorView::bare(actor)),
                 ActorState::Crashed => {
@@ -40,7 +40,7 @@ impl Api {
                 } else {
                     false
                 };
-                match self.store.delete_actor(&r.atespace, &r.name).await {
+                match self.store.delete_actor(r).await {
                     Ok(garbage) => Ok((garbage, stopped)),
                     Err(StoreError::StateConflict { actual, .. }) => Err(WorkflowError::FailedPrecondition(format!(
                         "actor {r} is {actual}; only ACTOR_STATE_SUSPENDED or ACTOR_STATE_CRASHED actors can be deleted (suspend it first, or delete with --force to stop it without a snapshot)"
@@ -63,7 +63,7 @@ impl Api {
     /// without a snapshot and the actor released to SUSPENDED. A worker that is gone has no
     /// sandbox left to stop. True if the actor was active.
     async fn stop_without_snapshot(&self, r: &ActorRef) -> Result<bool, Failure> {
-        let actor = self.store.get_actor(&r.atespace, &r.name).await?;
+        let actor = self.store.get_actor(r).await?;
         let active = [
             ActorState::Running,
             ActorState::Suspending,
@@ -203,7 +203,7 @@ async fn delete_snapshot_files(
             .map(|w| w.node_address.clone())
             .or_else(|| any_node.clone());
         let Some(address) = target else {
-            tracing::warn!(actor = %format!("{}/{}", snap.atespace, snap.name), generation = snap.generation, uri = %snap.durable_uri, "no live node to delete snapshot files");
+            tracing::warn!(actor = %format!("{}/{}", snap.atespace, snap.name), generation = snap.generation, uri = snap.durable_uri.as_deref().unwrap_or_default(), "no live node to delete snapshot files");
             continue;
         };
         let result = match nodes.client(&address) {
@@ -214,7 +214,7 @@ async fn delete_snapshot_files(
             Err(e) => Err(e.to_string()),
         };
         if let Err(why) = result {
-            tracing::warn!(generation = snap.generation, uri = %snap.durable_uri, error = %why, "snapshot garbage collection failed");
+            tracing::warn!(generation = snap.generation, uri = snap.durable_uri.as_deref().unwrap_or_default(), error = %why, "snapshot garbage collection failed");
         }
     }
 }

@@ -23,7 +23,7 @@ impl Api {
     /// A part of the actor's log, read on the node it runs on (else the node holding its
     /// newest generation): each node keeps the output of the actor's runs there.
     pub async fn read_log(&self, r: &ActorRef, offset: u64) -> Result<ActorLog, WorkflowError> {
-        let actor = self.store.get_actor(&r.atespace, &r.name).await?;
+        let actor = self.store.get_actor(r).await?;
         let workers = self.fleet.refresh().await?;
         let on_worker = actor
             .worker_id
@@ -34,7 +34,7 @@ impl Api {
             Some(n) => Some(n),
             None => self
                 .store
-                .list_snapshots(&r.atespace, &r.name)
+                .list_snapshots(r)
                 .await?
                 .first()
                 .map(|s| s.node.clone())

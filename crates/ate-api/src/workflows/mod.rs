@@ -128,10 +128,10 @@ pub struct Api {
     suspect_nodes: Mutex<std::collections::HashMap<String, Instant>>,
 }
 
-fn crashed(actor: &ActorRef, last_error: &str) -> WorkflowError {
+fn crashed(actor: &ActorRef, last_error: &Option<String>) -> WorkflowError {
     WorkflowError::Crashed {
         actor: actor.clone(),
-        last_error: last_error.to_string(),
+        last_error: last_error.clone(),
     }
 }
 
@@ -168,13 +168,6 @@ async fn end_lease<T>(lease: Lease, result: Result<T, Failure>) -> Result<T, Wor
             Err(s)
         }
     }
-}
-
-fn template_ref(actor: &ActorRecord) -> Result<(String, String), WorkflowError> {
-    Ok(ate_core::names::parse_namespaced(
-        "template",
-        &actor.template,
-    )?)
 }
 
 fn demand(template: &TemplateRecord) -> Capacity {
@@ -239,12 +232,12 @@ impl Api {
     /// The worker that keeps `generation` of the actor frozen in place, if the store knows one
     /// (a placement preference shared by every api replica: a resume there is a thaw). A store
     /// error costs only the preference.
-    async fn frozen_worker(&self, atespace: &str, name: &str, generation: u64) -> Option<String> {
-        match self.store.get_frozen_copy(atespace, name).await {
+    async fn frozen_worker(&self, actor: &ActorRef, generation: u64) -> Option<String> {
+        match self.store.get_frozen_copy(actor).await {
             Ok(Some(c)) if c.generation == generation => Some(c.worker_id),
             Ok(_) => None,
             Err(e) => {
-                tracing::debug!(actor = %format!("{atespace}/{name}"), error = %e, "cannot read the frozen-copy hint");
+                tracing::debug!(actor = %actor, error = %e, "cannot read the frozen-copy hint");
                 None
             }
         }
@@ -259,11 +252,9 @@ impl Api {
                     worker_id: worker.clone(),
                     generation,
                 };
-                self.store
-                    .set_frozen_copy(&r.atespace, &r.name, &copy)
-                    .await
+                self.store.set_frozen_copy(r, &copy).await
             }
-            None => self.store.clear_frozen_copy(&r.atespace, &r.name).await,
+            None => self.store.clear_frozen_copy(r).await,
         };
         if let Err(e) = result {
             tracing::warn!(actor = %r, error = %e, "cannot record the frozen-copy hint");

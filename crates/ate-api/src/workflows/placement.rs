@@ -75,10 +75,7 @@ impl Api {
         let usable = |s: &SnapshotRecord| {
             self.local_usable(s, &workers) || s.durable_status == Some(DurableStatus::Completed)
         };
-        let snapshots = self
-            .store
-            .list_snapshots(&actor.atespace, &actor.name)
-            .await?;
+        let snapshots = self.store.list_snapshots(&actor.actor_ref()).await?;
         if let Some(s) = snapshots.into_iter().find(|s| usable(s)) {
             return Ok(Some(s));
         }
@@ -100,7 +97,7 @@ impl Api {
     }
 
     fn local_usable(&self, s: &SnapshotRecord, workers: &[WorkerRecord]) -> bool {
-        !s.local_path.is_empty()
+        s.local_path.is_some()
             && workers.iter().any(|w| {
                 w.status == WorkerStatus::Active && w.node == s.node && w.boot_id == s.boot_id
             })
@@ -128,10 +125,7 @@ impl Api {
         let from = [ActorState::Suspended, ActorState::Resuming];
         let actor_key = format!("{}/{}", actor.atespace, actor.name);
         let frozen_on = match snapshot {
-            Some(s) => {
-                self.frozen_worker(&actor.atespace, &actor.name, s.generation)
-                    .await
-            }
+            Some(s) => self.frozen_worker(&actor.actor_ref(), s.generation).await,
             None => None,
         };
         // What this resume waits for if it finds no room (its entry in the admission queue).
@@ -245,19 +239,10 @@ impl Api {
         for s in detached {
             let status = s.durable_status;
             self.store
-                .update_snapshot_durable(
-                    &actor.atespace,
-                    &actor.name,
-                    s.generation,
-                    status,
-                    &s.durable_uri,
-                    &s.reason,
-                )
+                .update_snapshot_durable(&r, s.generation, status, &s.durable_uri, &s.reason)
                 .await?;
             if status == DurableStatus::Completed {
-                self.store
-                    .clear_snapshot_local(&actor.atespace, &actor.name, s.generation)
-                    .await?;
+                self.store.clear_snapshot_local(&r, s.generation).await?;
             } else {
                 return Err(WorkflowError::Unavailable(format!(
                     "upload of generation {} failed: {}",

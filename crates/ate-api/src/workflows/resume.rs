@@ -11,8 +11,7 @@ use ate_store::{ActorUpdate, WorkerStatus};
 use tracing::Instrument;
 
 use super::{
-    ActorView, Api, Failure, FaultPoint, crashed, end_lease, template_ref, transient,
-    worker_unavailable,
+    ActorView, Api, Failure, FaultPoint, crashed, end_lease, transient, worker_unavailable,
 };
 use crate::error::WorkflowError;
 use crate::lease::Lease;
@@ -76,7 +75,7 @@ impl Api {
     ) -> Result<(ActorView, bool), WorkflowError> {
         let warm_started = Instant::now();
         r.validate()?;
-        let actor = self.store.get_actor(&r.atespace, &r.name).await?;
+        let actor = self.store.get_actor(r).await?;
         match actor.state {
             ActorState::Running => {
                 let message = self.actor_view(actor).await;
@@ -137,7 +136,7 @@ impl Api {
         // drop; an early return ends the step it is in.
         let step = ate_tls::trace_span!("load");
         // Re-read under the lease: another workflow may have finished in between.
-        let actor = self.store.get_actor(&r.atespace, &r.name).await?;
+        let actor = self.store.get_actor(r).await?;
         steps.mark("reread");
         match actor.state {
             ActorState::Running => return Ok((self.actor_view(actor).await, false)),
@@ -145,8 +144,8 @@ impl Api {
             ActorState::Suspending => return Err(transient(r, actor.state).into()),
             ActorState::Suspended | ActorState::Resuming => {}
         }
-        let (ns, tname) = template_ref(&actor)?;
-        let template = self.store.get_template(&ns, &tname).await?;
+        let t = &actor.template;
+        let template = self.store.get_template(&t.namespace, &t.name).await?;
         let mut snapshot = self.choose_snapshot(&actor, &template).await?;
         steps.mark("template_and_snapshot");
         drop(step);
@@ -169,12 +168,16 @@ impl Api {
         steps.mark("bind");
         self.faults.fire(FaultPoint::ResumeAfterBind)?;
 
+        let snapshot_template = snapshot.as_ref().map(|s| s.template.to_string());
         let plan = decide(
-            snapshot.as_ref().map(|s| SnapshotFacts {
-                fidelity: s.fidelity,
-                template: &s.template,
-            }),
-            &actor.template,
+            snapshot
+                .as_ref()
+                .zip(snapshot_template.as_deref())
+                .map(|(s, template)| SnapshotFacts {
+                    fidelity: s.fidelity,
+                    template,
+                }),
+            &actor.template.to_string(),
             worker.can_restore_memory,
         );
         let workload = Workload {
@@ -254,7 +257,7 @@ impl Api {
                         now_ms(),
                     )
                     .await?;
-                return Err(crashed(r, &why).into());
+                return Err(crashed(r, &Some(why)).into());
             }
         };
         steps.mark("node");
@@ -273,7 +276,7 @@ impl Api {
         }
         let update = ActorUpdate {
             epoch: Some(reply.epoch),
-            last_error: Some(String::new()),
+            last_error: Some(None),
             clear_attached_node: true,
         };
         // RUNNING and the lease's release in one write: the resume is over either way.
@@ -281,8 +284,7 @@ impl Api {
         let running = self
             .store
             .transition_releasing_lease(
-                &r.atespace,
-                &r.name,
+                r,
                 &[ActorState::Resuming],
                 ActorState::Running,
                 update,

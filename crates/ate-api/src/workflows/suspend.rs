@@ -8,9 +8,7 @@ use ate_core::clock::now_ms;
 use ate_core::{ActorRef, ActorState};
 use ate_store::{ActorUpdate, StoreError, WorkerStatus};
 
-use super::{
-    ActorView, Api, Failure, FaultPoint, crashed, template_ref, transient, worker_unavailable,
-};
+use super::{ActorView, Api, Failure, FaultPoint, crashed, transient, worker_unavailable};
 use crate::error::WorkflowError;
 use crate::node::{NodeErrorKind, Workload};
 
@@ -27,7 +25,7 @@ impl Api {
         grace_ms: u32,
     ) -> Result<ActorView, WorkflowError> {
         r.validate()?;
-        let actor = self.store.get_actor(&r.atespace, &r.name).await?;
+        let actor = self.store.get_actor(r).await?;
         match actor.state {
             ActorState::Suspended => return Ok(self.actor_view(actor).await),
             ActorState::Crashed => return Err(crashed(r, &actor.last_error)),
@@ -52,7 +50,7 @@ impl Api {
         durable: bool,
         grace_ms: u32,
     ) -> Result<ActorView, Failure> {
-        let mut actor = self.store.get_actor(&r.atespace, &r.name).await?;
+        let mut actor = self.store.get_actor(r).await?;
         match actor.state {
             ActorState::Suspended => return Ok(self.actor_view(actor).await),
             ActorState::Crashed => return Err(crashed(r, &actor.last_error).into()),
@@ -61,8 +59,7 @@ impl Api {
                 actor = self
                     .store
                     .transition(
-                        &r.atespace,
-                        &r.name,
+                        r,
                         &[ActorState::Running],
                         ActorState::Suspending,
                         ActorUpdate::default(),
@@ -100,8 +97,8 @@ impl Api {
                 .await?;
             return Ok(ActorView::bare(a));
         };
-        let (ns, tname) = template_ref(&actor)?;
-        let template = self.store.get_template(&ns, &tname).await?;
+        let t = &actor.template;
+        let template = self.store.get_template(&t.namespace, &t.name).await?;
         let generation = actor.generation + 1;
         let workload = Workload {
             actor: &actor,
@@ -126,14 +123,7 @@ impl Api {
                 tracing::warn!(actor = %r, worker = %worker.id, error = %error.message, "suspend failed; the actor runs on");
                 let update = ActorUpdate::with_error(why.clone());
                 self.store
-                    .transition(
-                        &r.atespace,
-                        &r.name,
-                        &from,
-                        ActorState::Running,
-                        update,
-                        now_ms(),
-                    )
+                    .transition(r, &from, ActorState::Running, update, now_ms())
                     .await?;
                 return Err(WorkflowError::Unavailable(why).into());
             }
@@ -177,7 +167,10 @@ impl Api {
                 ))
             })?;
         self.faults.fire(FaultPoint::SuspendAfterCheckpoint)?;
-        let update = ActorUpdate::with_error(snap.reason.clone());
+        let update = ActorUpdate {
+            last_error: Some(snap.reason.clone()),
+            ..ActorUpdate::default()
+        };
         let a = self
             .store
             .release_actor(

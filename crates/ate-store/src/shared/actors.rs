@@ -10,7 +10,7 @@ use super::leases::DELETE_LEASE;
 use super::rows::{actor_from_row, snapshot_from_row};
 use super::{StoreImpl, Tx};
 use crate::util::{
-    actor_lease_key, already_exists, check_state, is_unique_violation, not_found, split_template,
+    actor_lease_key, already_exists, check_state, is_unique_violation, none_as_empty, not_found,
     to_i64, to_json,
 };
 use crate::{ActorRecord, ActorUpdate, Result, SnapshotRecord};
@@ -22,19 +22,16 @@ pub(super) async fn create_actor(store: &StoreImpl, actor: &ActorRecord) -> Resu
     let generation = to_i64(actor.generation, "generation")?;
     let mut tx = store.begin_write().await?;
     share_atespace(&mut tx, &actor.atespace).await?;
-    let Some((template_ns, template_name)) = split_template(&actor.template) else {
-        return Err(not_found("template", &actor.template));
-    };
     let template = sqlx::query(concat!(
         "SELECT name FROM templates WHERE namespace = $1 AND name = $2",
         for_share!()
     ))
-    .bind(template_ns)
-    .bind(template_name)
+    .bind(&actor.template.namespace)
+    .bind(&actor.template.name)
     .fetch_optional(&mut *tx)
     .await?;
     if template.is_none() {
-        return Err(not_found("template", &actor.template));
+        return Err(not_found("template", &actor.template.to_string()));
     }
     let inserted = sqlx::query(concat!(
         "INSERT INTO actors (",
@@ -45,14 +42,14 @@ pub(super) async fn create_actor(store: &StoreImpl, actor: &ActorRecord) -> Resu
     .bind(&actor.atespace)
     .bind(&actor.name)
     .bind(&actor.uid)
-    .bind(&actor.template)
+    .bind(actor.template.to_string())
     .bind(actor.state.as_str())
     .bind(selector)
     .bind(actor.worker_id.as_deref())
     .bind(epoch)
     .bind(generation)
     .bind(actor.attached_node.as_deref())
-    .bind(&actor.last_error)
+    .bind(none_as_empty(&actor.last_error))
     .bind(actor.created_ms)
     .bind(actor.updated_ms)
     .bind(to_i64(actor.activation, "activation")?)
@@ -300,7 +297,7 @@ pub(super) async fn write_actor(tx: &mut Tx, actor: &ActorRecord) -> Result<Acto
     .bind(to_i64(actor.epoch, "epoch")?)
     .bind(to_i64(actor.generation, "generation")?)
     .bind(actor.attached_node.as_deref())
-    .bind(&actor.last_error)
+    .bind(none_as_empty(&actor.last_error))
     .bind(actor.updated_ms)
     .bind(to_i64(actor.activation, "activation")?)
     .fetch_optional(&mut **tx)

@@ -68,7 +68,7 @@ pub(super) async fn readopt_actor(
     actor.state = ActorState::Running;
     actor.worker_id = Some(worker_id.to_string());
     actor.epoch = epoch;
-    actor.last_error = String::new();
+    actor.last_error = None;
     actor.updated_ms = now_ms;
     let record = write_actor(&mut tx, &actor).await?;
     tx.commit().await?;

@@ -15,7 +15,7 @@
 
 use std::collections::BTreeMap;
 
-use ate_core::{ActorState, DurableStatus, TemplateSpec};
+use ate_core::{ActorRef, ActorState, DurableStatus, TemplateSpec};
 
 use super::{DbRow, StoreImpl, Tx};
 use crate::{
@@ -88,8 +88,8 @@ impl Store for StoreImpl {
         actors::create_actor(self, actor).await
     }
 
-    async fn get_actor(&self, atespace: &str, name: &str) -> Result<ActorRecord> {
-        actors::get_actor(self, atespace, name).await
+    async fn get_actor(&self, actor: &ActorRef) -> Result<ActorRecord> {
+        actors::get_actor(self, &actor.atespace, &actor.name).await
     }
 
     async fn list_actors(
@@ -111,26 +111,24 @@ impl Store for StoreImpl {
         actors::update_actor_selector(self, atespace, name, selector, now_ms).await
     }
 
-    async fn delete_actor(&self, atespace: &str, name: &str) -> Result<Vec<SnapshotRecord>> {
-        actors::delete_actor(self, atespace, name).await
+    async fn delete_actor(&self, actor: &ActorRef) -> Result<Vec<SnapshotRecord>> {
+        actors::delete_actor(self, &actor.atespace, &actor.name).await
     }
 
     async fn transition(
         &self,
-        atespace: &str,
-        name: &str,
+        actor: &ActorRef,
         from: &[ActorState],
         to: ActorState,
         update: ActorUpdate,
         now_ms: i64,
     ) -> Result<ActorRecord> {
-        actors::transition(self, atespace, name, from, to, update, now_ms).await
+        actors::transition(self, &actor.atespace, &actor.name, from, to, update, now_ms).await
     }
 
     async fn transition_releasing_lease(
         &self,
-        atespace: &str,
-        name: &str,
+        actor: &ActorRef,
         from: &[ActorState],
         to: ActorState,
         update: ActorUpdate,
@@ -140,8 +138,8 @@ impl Store for StoreImpl {
     ) -> Result<ActorRecord> {
         actors::transition_releasing_lease(
             self,
-            atespace,
-            name,
+            &actor.atespace,
+            &actor.name,
             from,
             to,
             update,
@@ -195,8 +193,8 @@ impl Store for StoreImpl {
 
     // ---- snapshots
 
-    async fn list_snapshots(&self, atespace: &str, name: &str) -> Result<Vec<SnapshotRecord>> {
-        snapshots::list_snapshots(self, atespace, name).await
+    async fn list_snapshots(&self, actor: &ActorRef) -> Result<Vec<SnapshotRecord>> {
+        snapshots::list_snapshots(self, &actor.atespace, &actor.name).await
     }
 
     async fn prune_snapshots(
@@ -210,8 +208,7 @@ impl Store for StoreImpl {
 
     async fn update_snapshot_durable(
         &self,
-        atespace: &str,
-        name: &str,
+        actor: &ActorRef,
         generation: u64,
         status: DurableStatus,
         durable_uri: &str,
@@ -219,8 +216,8 @@ impl Store for StoreImpl {
     ) -> Result<()> {
         snapshots::update_snapshot_durable(
             self,
-            atespace,
-            name,
+            &actor.atespace,
+            &actor.name,
             generation,
             status,
             durable_uri,
@@ -229,13 +226,8 @@ impl Store for StoreImpl {
         .await
     }
 
-    async fn clear_snapshot_local(
-        &self,
-        atespace: &str,
-        name: &str,
-        generation: u64,
-    ) -> Result<()> {
-        snapshots::clear_snapshot_local(self, atespace, name, generation).await
+    async fn clear_snapshot_local(&self, actor: &ActorRef, generation: u64) -> Result<()> {
+        snapshots::clear_snapshot_local(self, &actor.atespace, &actor.name, generation).await
     }
 
     // ---- tags
@@ -322,16 +314,16 @@ impl Store for StoreImpl {
 
     // ---- frozen copies
 
-    async fn set_frozen_copy(&self, atespace: &str, name: &str, copy: &FrozenCopy) -> Result<()> {
-        frozen_copies::set_frozen_copy(self, atespace, name, copy).await
+    async fn set_frozen_copy(&self, actor: &ActorRef, copy: &FrozenCopy) -> Result<()> {
+        frozen_copies::set_frozen_copy(self, &actor.atespace, &actor.name, copy).await
     }
 
-    async fn get_frozen_copy(&self, atespace: &str, name: &str) -> Result<Option<FrozenCopy>> {
-        frozen_copies::get_frozen_copy(self, atespace, name).await
+    async fn get_frozen_copy(&self, actor: &ActorRef) -> Result<Option<FrozenCopy>> {
+        frozen_copies::get_frozen_copy(self, &actor.atespace, &actor.name).await
     }
 
-    async fn clear_frozen_copy(&self, atespace: &str, name: &str) -> Result<()> {
-        frozen_copies::clear_frozen_copy(self, atespace, name).await
+    async fn clear_frozen_copy(&self, actor: &ActorRef) -> Result<()> {
+        frozen_copies::clear_frozen_copy(self, &actor.atespace, &actor.name).await
     }
 
     fn counters(&self) -> &StoreCounters {

@@ -5,8 +5,8 @@ use sqlx::Row as _;
 
 use super::DbRow;
 use crate::util::{
-    from_json, parse_durable, parse_fidelity, parse_labels, parse_state, parse_worker_status,
-    to_u64,
+    empty_as_none, from_json, parse_durable, parse_fidelity, parse_labels, parse_state,
+    parse_template_ref, parse_worker_status, to_u64,
 };
 use crate::{
     ActorRecord, AtespaceRecord, Capacity, JoinTokenRecord, Result, SnapshotRecord, TagRecord,
@@ -75,18 +75,19 @@ pub(super) fn template_from_row(row: &DbRow) -> Result<TemplateRecord> {
 pub(super) fn actor_from_row(row: &DbRow) -> Result<ActorRecord> {
     let state: String = row.try_get("state")?;
     let selector: String = row.try_get("worker_selector")?;
+    let template: String = row.try_get("template")?;
     Ok(ActorRecord {
         atespace: row.try_get("atespace")?,
         name: row.try_get("name")?,
         uid: row.try_get("uid")?,
-        template: row.try_get("template")?,
+        template: parse_template_ref(&template, "actors.template")?,
         state: parse_state(&state)?,
         worker_selector: parse_labels(&selector, "actors.worker_selector")?,
         worker_id: row.try_get("worker_id")?,
         epoch: to_u64(row.try_get("epoch")?, "actors.epoch")?,
         generation: to_u64(row.try_get("generation")?, "actors.generation")?,
         attached_node: row.try_get("attached_node")?,
-        last_error: row.try_get("last_error")?,
+        last_error: empty_as_none(row.try_get("last_error")?),
         created_ms: row.try_get("created_ms")?,
         updated_ms: row.try_get("updated_ms")?,
         activation: to_u64(row.try_get("activation")?, "actors.activation")?,
@@ -98,22 +99,23 @@ pub(super) fn snapshot_from_row(row: &DbRow, prefix: &str) -> Result<SnapshotRec
     let col = |c: &str| format!("{prefix}{c}");
     let fidelity: String = row.try_get(col("fidelity").as_str())?;
     let durable: Option<String> = row.try_get(col("durable_status").as_str())?;
+    let template: String = row.try_get(col("template").as_str())?;
     Ok(SnapshotRecord {
         atespace: row.try_get(col("atespace").as_str())?,
         name: row.try_get(col("name").as_str())?,
         generation: to_u64(row.try_get(col("generation").as_str())?, "generation")?,
         uuid: row.try_get(col("uuid").as_str())?,
         fidelity: parse_fidelity(&fidelity)?,
-        template: row.try_get(col("template").as_str())?,
+        template: parse_template_ref(&template, &col("template"))?,
         sandbox_class: row.try_get(col("sandbox_class").as_str())?,
         node: row.try_get(col("node").as_str())?,
         boot_id: row.try_get(col("boot_id").as_str())?,
-        local_path: row.try_get(col("local_path").as_str())?,
-        durable_uri: row.try_get(col("durable_uri").as_str())?,
+        local_path: empty_as_none(row.try_get(col("local_path").as_str())?),
+        durable_uri: empty_as_none(row.try_get(col("durable_uri").as_str())?),
         durable_status: parse_durable(durable.as_deref())?,
         size_bytes: to_u64(row.try_get(col("size_bytes").as_str())?, "size_bytes")?,
         checksum: row.try_get(col("checksum").as_str())?,
-        reason: row.try_get(col("reason").as_str())?,
+        reason: empty_as_none(row.try_get(col("reason").as_str())?),
         created_ms: row.try_get(col("created_ms").as_str())?,
     })
 }

@@ -7,7 +7,7 @@ use sqlx::Row as _;
 use super::actors::lock_actor;
 use super::rows::snapshot_from_row;
 use super::{StoreImpl, Tx};
-use crate::util::{is_unique_violation, snapshot_not_found, to_i64};
+use crate::util::{is_unique_violation, none_as_empty, snapshot_not_found, to_i64};
 use crate::{Result, SnapshotRecord, StoreError};
 
 pub(super) async fn list_snapshots(
@@ -152,16 +152,16 @@ pub(super) async fn insert_snapshot(tx: &mut Tx, s: &SnapshotRecord) -> Result<(
     .bind(to_i64(s.generation, "generation")?)
     .bind(&s.uuid)
     .bind(s.fidelity.as_str())
-    .bind(&s.template)
+    .bind(s.template.to_string())
     .bind(&s.sandbox_class)
     .bind(&s.node)
     .bind(&s.boot_id)
-    .bind(&s.local_path)
-    .bind(&s.durable_uri)
+    .bind(none_as_empty(&s.local_path))
+    .bind(none_as_empty(&s.durable_uri))
     .bind(s.durable_status.map(|d| d.as_str()))
     .bind(to_i64(s.size_bytes, "size_bytes")?)
     .bind(&s.checksum)
-    .bind(&s.reason)
+    .bind(none_as_empty(&s.reason))
     .bind(s.created_ms)
     .execute(&mut **tx)
     .await;

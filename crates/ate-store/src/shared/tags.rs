@@ -3,7 +3,7 @@
 use super::StoreImpl;
 use super::atespaces::share_atespace;
 use super::rows::tag_from_row;
-use crate::util::{already_exists, is_unique_violation, not_found, to_i64};
+use crate::util::{already_exists, is_unique_violation, none_as_empty, not_found, to_i64};
 use crate::{Result, TagRecord};
 
 pub(super) async fn create_tag(store: &StoreImpl, tag: &TagRecord) -> Result<TagRecord> {
@@ -26,16 +26,16 @@ pub(super) async fn create_tag(store: &StoreImpl, tag: &TagRecord) -> Result<Tag
     .bind(to_i64(s.generation, "generation")?)
     .bind(&s.uuid)
     .bind(s.fidelity.as_str())
-    .bind(&s.template)
+    .bind(s.template.to_string())
     .bind(&s.sandbox_class)
     .bind(&s.node)
     .bind(&s.boot_id)
-    .bind(&s.local_path)
-    .bind(&s.durable_uri)
+    .bind(none_as_empty(&s.local_path))
+    .bind(none_as_empty(&s.durable_uri))
     .bind(s.durable_status.map(|d| d.as_str()))
     .bind(to_i64(s.size_bytes, "size_bytes")?)
     .bind(&s.checksum)
-    .bind(&s.reason)
+    .bind(none_as_empty(&s.reason))
     .bind(s.created_ms)
     .fetch_one(&mut *tx)
     .await;
