@@ -11,7 +11,7 @@ use super::{
     Common, NO_ROOM, Reply, apply_yaml, call, counter_template, ensure_actor, ensure_suspended,
     http_client, images_dir, reply_json, rfc3339, summary_block, suspend, write_json,
 };
-use crate::client::Clients;
+use ate_client::Clients;
 
 #[derive(Args, Debug)]
 pub struct ParkingArgs {

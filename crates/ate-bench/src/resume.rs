@@ -13,7 +13,7 @@ use super::{
     Common, Reply, apply_yaml, call, ensure_actor, ensure_suspended, http_client, images_dir,
     median, parse_mib, parse_settle, pct, prime, reply_json, sleeper_template, sorted, write_json,
 };
-use crate::client::Clients;
+use ate_client::Clients;
 
 #[derive(Args, Debug)]
 pub struct ResumeArgs {

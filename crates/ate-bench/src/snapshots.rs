@@ -15,7 +15,7 @@ use super::{
     ensure_suspended, get_actor, http_client, images_dir, median, parse_mib, sleeper_template,
     sorted, suspend_mode, write_json,
 };
-use crate::client::Clients;
+use ate_client::Clients;
 
 #[derive(Args, Debug)]
 pub struct SnapshotsArgs {
