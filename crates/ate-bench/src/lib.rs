@@ -26,6 +26,7 @@ use std::process::ExitCode;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::Context;
+use ate_client::{ApplyError, Clients};
 use ate_core::SuspendMode;
 use ate_proto::v1;
 use bytes::Bytes;
@@ -35,8 +36,6 @@ use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 use serde_json::json;
-
-use ate_client::{ApplyError, Clients};
 
 mod h2load;
 mod nginx;

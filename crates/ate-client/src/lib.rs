@@ -109,15 +109,10 @@ impl Clients {
 pub enum ApplyError {
     /// The text is not a valid document stream, or a template's spec is invalid.
     Invalid(DocumentError),
-    Atespace {
-        name: String,
-        status: tonic::Status,
-    },
+    /// The api refused to create an atespace (one that already exists is not an error).
+    Atespace { name: String, status: tonic::Status },
     /// The api refused a template.
-    Template {
-        name: String,
-        status: tonic::Status,
-    },
+    Template { name: String, status: tonic::Status },
 }
 
 /// Creates the atespaces (leaving existing ones as they are) and applies the templates of a YAML

@@ -7,6 +7,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+use ate_client::Clients;
 use ate_proto::v1;
 use clap::Args;
 use serde_json::json;
@@ -18,7 +19,6 @@ use crate::{
     ensure_actor, http_client, images_dir, median, parse_settle, pct, prime, reply_json, rpc,
     sorted, suspend, write_json,
 };
-use ate_client::Clients;
 use burst::burst;
 use cycle::cycle;
 

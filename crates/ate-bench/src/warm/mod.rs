@@ -21,6 +21,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
+use ate_client::Clients;
 use ate_tls::rustls::pki_types::ServerName;
 use bytes::Bytes;
 use clap::Args;
@@ -33,7 +34,6 @@ use crate::{
     Common, apply_yaml, counter_template, ensure_actor, h2load, images_dir, median, nginx, pct,
     sorted, write_json,
 };
-use ate_client::Clients;
 pub use side::Load;
 use side::{Role, Side, baseline_server, load, medians};
 
