@@ -1,140 +1,17 @@
-//! Connecting to the api: address resolution and one channel shared by every service client.
+//! Connecting to the api: address resolution and one channel shared by every service client
+//! (the channel and the service clients themselves: the ate-client crate).
 
 use std::path::PathBuf;
-use std::time::Duration;
 
 use anyhow::Context;
-use ate_core::Document;
-use ate_core::template::TemplateSpec;
-use ate_proto::v1;
-use ate_proto::v1::actor_service_client::ActorServiceClient;
-use ate_proto::v1::atespace_service_client::AtespaceServiceClient;
-use ate_proto::v1::fleet_service_client::FleetServiceClient;
-use ate_proto::v1::join_service_client::JoinServiceClient;
-use ate_proto::v1::tag_service_client::TagServiceClient;
-use ate_proto::v1::template_service_client::TemplateServiceClient;
-use tonic::metadata::{Ascii, MetadataValue};
-use tonic::service::Interceptor;
-use tonic::service::interceptor::InterceptedService;
-use tonic::transport::{Channel, Endpoint};
+
+use ate_client::Bearer;
+pub use ate_client::{
+    ApplyError, Clients, DEFAULT_STATE_DIR, TLS_DIR, apply_documents, connect_to, endpoint,
+};
 
 /// File in the state dir (and the user config dir) where `ate up` records the api address.
 pub const API_ADDRESS_FILE: &str = "api-address";
-pub const DEFAULT_STATE_DIR: &str = "/var/lib/ate";
-
-/// Adds `authorization: Bearer <token>` to every call when a token is set (`--token`).
-#[derive(Clone, Default)]
-pub struct Bearer(Option<MetadataValue<Ascii>>);
-
-impl Bearer {
-    pub fn new(token: &str) -> anyhow::Result<Self> {
-        let value = format!("Bearer {}", token.trim())
-            .parse::<MetadataValue<Ascii>>()
-            .map_err(|_| anyhow::anyhow!("--token (ATE_TOKEN) is not a valid header value"))?;
-        Ok(Bearer(Some(value)))
-    }
-}
-
-impl Interceptor for Bearer {
-    fn call(&mut self, mut req: tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status> {
-        if let Some(v) = &self.0 {
-            req.metadata_mut().insert("authorization", v.clone());
-        }
-        Ok(req)
-    }
-}
-
-/// The channel every client uses: the api connection plus the bearer token, if any.
-pub type ApiChannel = InterceptedService<Channel, Bearer>;
-
-#[derive(Clone)]
-pub struct Clients {
-    pub actors: ActorServiceClient<ApiChannel>,
-    pub atespaces: AtespaceServiceClient<ApiChannel>,
-    pub templates: TemplateServiceClient<ApiChannel>,
-    pub tags: TagServiceClient<ApiChannel>,
-    pub fleet: FleetServiceClient<ApiChannel>,
-    pub join: JoinServiceClient<ApiChannel>,
-}
-
-impl Clients {
-    pub fn new(channel: Channel) -> Self {
-        Self::with_bearer(channel, Bearer::default())
-    }
-
-    pub fn with_bearer(channel: Channel, bearer: Bearer) -> Self {
-        let c = |ch: &Channel| InterceptedService::new(ch.clone(), bearer.clone());
-        Self {
-            actors: ActorServiceClient::new(c(&channel)),
-            atespaces: AtespaceServiceClient::new(c(&channel)),
-            templates: TemplateServiceClient::new(c(&channel)),
-            tags: TagServiceClient::new(c(&channel)),
-            fleet: FleetServiceClient::new(c(&channel)),
-            join: JoinServiceClient::new(c(&channel)),
-        }
-    }
-}
-
-/// Why [`apply_documents`] stopped. Each caller words the api's refusals in its own terms.
-pub(crate) enum ApplyError {
-    /// The text is not a valid document stream, or a template's spec is invalid.
-    Invalid(anyhow::Error),
-    /// The api refused to create an atespace (one that already exists is not an error).
-    Atespace { name: String, status: tonic::Status },
-    /// The api refused a template.
-    Template { name: String, status: tonic::Status },
-}
-
-/// Creates the atespaces (leaving existing ones as they are) and applies the templates of a YAML
-/// document stream, in order: `ate up`'s demo and the benches' templates. (`ate apply` checks
-/// every document before it changes anything and reports each object: `crate::verbs::apply`.)
-pub(crate) async fn apply_documents(c: &Clients, text: &str) -> Result<(), ApplyError> {
-    for doc in crate::verbs::parse_documents(text).map_err(ApplyError::Invalid)? {
-        match doc {
-            Document::Atespace(a) => match c
-                .atespaces
-                .clone()
-                .create_atespace(v1::CreateAtespaceRequest {
-                    name: a.metadata.name.clone(),
-                })
-                .await
-            {
-                Ok(_) => {}
-                Err(s) if s.code() == tonic::Code::AlreadyExists => {}
-                Err(status) => {
-                    return Err(ApplyError::Atespace {
-                        name: a.metadata.name,
-                        status,
-                    });
-                }
-            },
-            Document::ActorTemplate(t) => {
-                let spec = TemplateSpec::from_document(&t.spec)
-                    .map_err(|e| ApplyError::Invalid(e.into()))?;
-                let template = v1::ActorTemplate {
-                    namespace: t.metadata.namespace.clone(),
-                    name: t.metadata.name.clone(),
-                    spec: Some(ate_proto::spec_to_wire(&spec)),
-                    ..Default::default()
-                };
-                if let Err(status) = c
-                    .templates
-                    .clone()
-                    .apply_template(v1::ApplyTemplateRequest {
-                        template: Some(template),
-                    })
-                    .await
-                {
-                    return Err(ApplyError::Template {
-                        name: t.metadata.name,
-                        status,
-                    });
-                }
-            }
-        }
-    }
-    Ok(())
-}
 
 /// The CLI's config dir: `$XDG_CONFIG_HOME/ate` or `~/.config/ate`.
 pub fn config_dir() -> Option<PathBuf> {
@@ -151,8 +28,6 @@ pub fn user_config_file() -> Option<PathBuf> {
 
 /// The admin certificate's name in the files `ate up` writes (`admin.crt`, `admin.key`).
 pub const ADMIN_CERT_NAME: &str = "admin";
-/// Subdirectory of the state dir with every component's certificate (`ate up`).
-pub const TLS_DIR: &str = "tls";
 
 /// `--cert`, `--key`, `--ca` (or `ATE_CERT`, `ATE_KEY`, `ATE_CA`): the CLI's identity; or
 /// `--token` (`ATE_TOKEN`) with `--ca`: a bearer token for an api in jwt mode.
@@ -251,54 +126,6 @@ pub fn resolve_tls(address: &str, flags: &ClientTls) -> anyhow::Result<Option<at
                 && (d.explicit || read_address(&d.address_file).as_deref() == Some(address))
         })
         .map(|d| d.tls))
-}
-
-pub fn endpoint(address: &str) -> anyhow::Result<Endpoint> {
-    let uri = if address.contains("://") {
-        address.to_string()
-    } else {
-        format!("http://{address}")
-    };
-    Ok(Endpoint::from_shared(uri.clone())
-        .with_context(|| format!("invalid api address {address:?}"))?
-        .connect_timeout(Duration::from_secs(3))
-        .tcp_nodelay(true))
-}
-
-/// Connects to the api at `address`, over mTLS with `tls` (the api's SPIFFE ID in the trust
-/// domain of our own certificate is pinned) or in plaintext.
-pub async fn connect_to(
-    address: &str,
-    tls: Option<&ate_tls::CertSource>,
-) -> anyhow::Result<Channel> {
-    let config = match tls {
-        Some(src) => {
-            let td = src
-                .id()
-                .map(|id| id.trust_domain().to_string())
-                .unwrap_or_else(|| ate_tls::DEFAULT_TRUST_DOMAIN.to_string());
-            Some(std::sync::Arc::new(ate_tls::client_config(
-                src,
-                ate_tls::ServerCheck::Pin(ate_tls::SpiffeId::api(&td)?),
-            )?))
-        }
-        None => None,
-    };
-    // Several replicas (`--api a:7443,b:7443`): whichever answers; the first call says if none.
-    if address.contains(',') {
-        return Ok(ate_tls::replicas_channel_lazy(
-            address,
-            config,
-            std::time::Duration::from_secs(2),
-            |e| e,
-        )?);
-    }
-    let endpoint = endpoint(address)?;
-    let channel = match config {
-        Some(config) => ate_tls::tls_channel(endpoint, config).await?,
-        None => endpoint.connect().await?,
-    };
-    Ok(channel)
 }
 
 /// The CA bundle to check the api with when sending a bearer token without a certificate:

@@ -9,7 +9,6 @@ mod faults;
 mod join;
 mod logs;
 mod otel;
-mod plot;
 mod proxy;
 mod render;
 mod serve;
@@ -348,7 +347,10 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             cmd: bench::BenchCmd::Faults(args),
             ..
         } => faults::run(args).await,
-        Command::Bench { cmd, api } => bench::run(api.connect().await?, cmd).await,
+        Command::Bench {
+            cmd: bench::BenchCmd::Measure(cmd),
+            api,
+        } => ate_bench::run(api.connect().await?, cmd).await,
     }
 }
 

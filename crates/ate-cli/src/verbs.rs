@@ -4,6 +4,7 @@ use std::path::Path;
 use std::process::ExitCode;
 
 use anyhow::Context;
+use ate_client::parse_documents;
 use ate_core::template::TemplateSpec;
 use ate_core::{ActorRef, Document, SuspendMode};
 use ate_proto::v1;
@@ -174,12 +175,6 @@ fn print_actors(actors: &[v1::Actor], out: Format) -> anyhow::Result<ExitCode> {
     };
     print!("{}", render::render_list(&views, table, out)?);
     Ok(ExitCode::SUCCESS)
-}
-
-/// Parses every document of a YAML stream, with the document index in errors.
-pub fn parse_documents(text: &str) -> anyhow::Result<Vec<Document>> {
-    let docs: Vec<Document> = serde_saphyr::from_multiple(text).context("invalid YAML document")?;
-    Ok(docs)
 }
 
 pub async fn apply(c: &Clients, file: &Path, out: Format) -> anyhow::Result<ExitCode> {

@@ -238,7 +238,7 @@ async fn register_demo(c: &Clients, images_dir: &Path) -> anyhow::Result<()> {
     client::apply_documents(c, &text)
         .await
         .map_err(|e| match e {
-            ApplyError::Invalid(e) => e,
+            ApplyError::Invalid(e) => e.into(),
             ApplyError::Atespace { name, status } => {
                 anyhow::anyhow!("cannot create atespace {name}: {}", status.message())
             }

@@ -6,6 +6,7 @@ use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
+use ate_client::Clients;
 use ate_core::SuspendMode;
 use clap::Args;
 use serde_json::json;
@@ -15,7 +16,6 @@ use super::{
     ensure_suspended, get_actor, http_client, images_dir, median, parse_mib, sleeper_template,
     sorted, suspend_mode, write_json,
 };
-use crate::client::Clients;
 
 #[derive(Args, Debug)]
 pub struct SnapshotsArgs {

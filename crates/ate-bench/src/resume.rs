@@ -4,6 +4,7 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
 
+use ate_client::Clients;
 use clap::Args;
 use serde_json::json;
 use tokio::sync::Barrier;
@@ -13,7 +14,6 @@ use super::{
     Common, Reply, apply_yaml, call, ensure_actor, ensure_suspended, http_client, images_dir,
     median, parse_mib, parse_settle, pct, prime, reply_json, sleeper_template, sorted, write_json,
 };
-use crate::client::Clients;
 
 #[derive(Args, Debug)]
 pub struct ResumeArgs {

@@ -3,6 +3,7 @@
 use std::process::ExitCode;
 use std::time::{Duration, Instant, SystemTime};
 
+use ate_client::Clients;
 use clap::Args;
 use serde_json::json;
 use tokio::task::JoinSet;
@@ -11,7 +12,6 @@ use super::{
     Common, NO_ROOM, Reply, apply_yaml, call, counter_template, ensure_actor, ensure_suspended,
     http_client, images_dir, reply_json, rfc3339, summary_block, suspend, write_json,
 };
-use crate::client::Clients;
 
 #[derive(Args, Debug)]
 pub struct ParkingArgs {

@@ -87,7 +87,7 @@ pub(super) fn snapshots(root: &Area, v: &Value) -> anyhow::Result<()> {
     }
     ensure!(!bars.is_empty(), "no snapshot figures to plot");
     // The same median as the bench's table.
-    let med = |xs: &[f64]| crate::bench::median(&crate::bench::sorted(xs.to_vec()));
+    let med = |xs: &[f64]| crate::median(&crate::sorted(xs.to_vec()));
     let x_top = top(bars.iter().flat_map(|b| b.1.iter().copied()), 1.45);
     let rows: Vec<Row> = bars
         .into_iter()

@@ -13,13 +13,20 @@
 //!   second, plaintext system (the cost of TLS on both hops), interleaved in rounds.
 //!
 //! Progress goes to stderr, the table to stdout, the results as JSON to `--out` (default
-//! `bench-<kind>.json`, with every sample) and an SVG chart beside it (`plot.rs`).
+//! `bench-<kind>.json`, with every sample) and an SVG chart beside it (`plot/`).
+//!
+//! `ate bench faults` starts a system of its own and stays in ate-cli (`faults/`), which puts
+//! these subcommands and its own under `ate bench`.
+//!
+//! Errors are `anyhow`: this crate is used only by the `ate` binary (ate-cli), and the benches
+//! report failures as the binary does (a message with its context chain), nothing matches on them.
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::Context;
+use ate_client::{ApplyError, Clients};
 use ate_core::SuspendMode;
 use ate_proto::v1;
 use bytes::Bytes;
@@ -30,11 +37,10 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 use serde_json::json;
 
-use crate::client::{ApplyError, Clients};
-
 mod h2load;
 mod nginx;
 mod parking;
+mod plot;
 mod resume;
 mod snapshots;
 mod throughput;
@@ -64,11 +70,6 @@ pub enum BenchCmd {
     /// Suspend time and resume-to-first-response of the small counter and of sleepers, from the
     /// node-local generation and from the durable copy.
     Snapshots(SnapshotsArgs),
-    /// A Jepsen-style fault suite on a system of its own (the bench starts and stops its own
-    /// `ate up`): kills and outages of each component, the store and the snapshot disk under a
-    /// client load; checks that no actor loses state or runs twice, slots add up and nothing is
-    /// orphaned.
-    Faults(crate::faults::FaultsArgs),
 }
 
 #[derive(Args, Debug, Clone)]
@@ -95,8 +96,6 @@ pub async fn run(c: Clients, cmd: BenchCmd) -> anyhow::Result<ExitCode> {
         BenchCmd::Throughput(a) => throughput::throughput(c, a).await,
         BenchCmd::Warm(a) => warm::warm(c, a).await,
         BenchCmd::Snapshots(a) => snapshots::snapshots(c, a).await,
-        // Normally routed by main before connecting: it starts its own system.
-        BenchCmd::Faults(a) => crate::faults::run(a).await,
     }
 }
 
@@ -204,10 +203,10 @@ async fn images_dir(c: &Clients, common: &Common) -> anyhow::Result<String> {
 
 /// Creates the atespace and applies the templates of a YAML text (the `ate apply` documents).
 async fn apply_yaml(c: &Clients, text: &str) -> anyhow::Result<()> {
-    crate::client::apply_documents(c, text)
+    ate_client::apply_documents(c, text)
         .await
         .map_err(|e| match e {
-            ApplyError::Invalid(e) => e,
+            ApplyError::Invalid(e) => e.into(),
             ApplyError::Atespace { name, status } => {
                 anyhow::anyhow!("atespace {name}: {}", status.message())
             }
