@@ -109,7 +109,14 @@ fn both_containers_keep_their_state_and_their_connection_across_five_cycles() {
     create_actor(&sys, ns, "p", "pair");
     let target = format!("{ns}/p");
     assert_eq!(parse(&get_ok(&sys, &target, "/")), (1, 1, 1, 1, 1));
-    let mut workers = std::collections::BTreeSet::new();
+    let worker_of = |sys: &System| {
+        actor(sys, ns, "p")["worker"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string()
+    };
+    let mut last = worker_of(&sys);
+    let mut workers = std::collections::BTreeSet::from([last.clone()]);
     for cycle in 1..=5u64 {
         // Node-local and durable suspends alternate; cycle 3 restores from the durable copy.
         let durable = cycle % 2 == 1;
@@ -122,6 +129,15 @@ fn both_containers_keep_their_state_and_their_connection_across_five_cycles() {
             let dir = generation_dir(&sys.state_dir(), ns, "p", cycle);
             std::fs::remove_dir_all(&dir).expect("remove the node-local generation");
         }
+        // Every restore goes to the other worker (placement alone would pick either: two
+        // random choices between two idle workers).
+        let next = if last == "worker-1" {
+            "worker-2"
+        } else {
+            "worker-1"
+        };
+        let selector = format!("ate.dev/worker={next}");
+        sys.ate_ok(&["update", "actor", "p", "-a", ns, "--selector", &selector]);
         let n = cycle + 1;
         let body = get_ok(&sys, &target, "/");
         assert_eq!(
@@ -129,12 +145,9 @@ fn both_containers_keep_their_state_and_their_connection_across_five_cycles() {
             (n, n, n, n, 1),
             "cycle {cycle}: both memory counts continue over the same loopback connection: {body}"
         );
-        workers.insert(
-            actor(&sys, ns, "p")["worker"]
-                .as_str()
-                .unwrap_or_default()
-                .to_string(),
-        );
+        last = worker_of(&sys);
+        assert_eq!(last, next, "cycle {cycle}: restored on the selected worker");
+        workers.insert(last.clone());
     }
     assert_eq!(
         workers.len(),
