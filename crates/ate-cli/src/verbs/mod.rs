@@ -1,18 +1,17 @@
 //! Client verbs: each parses its arguments, calls one api RPC (or a few), and prints the result.
 
-use std::path::Path;
 use std::process::ExitCode;
 
-use anyhow::Context;
-use ate_client::parse_documents;
-use ate_core::template::TemplateSpec;
-use ate_core::{ActorRef, Document, SuspendMode};
+use ate_core::{ActorRef, SuspendMode};
 use ate_proto::v1;
 use clap::{Args, Subcommand};
 
 use crate::Format;
 use crate::client::Clients;
 use crate::render::{self, ActorView, AtespaceView, TagView, WorkerView};
+
+mod apply;
+pub use apply::apply;
 
 #[derive(Subcommand)]
 pub enum CreateCmd {
@@ -175,126 +174,6 @@ fn print_actors(actors: &[v1::Actor], out: Format) -> anyhow::Result<ExitCode> {
     };
     print!("{}", render::render_list(&views, table, out)?);
     Ok(ExitCode::SUCCESS)
-}
-
-pub async fn apply(c: &Clients, file: &Path, out: Format) -> anyhow::Result<ExitCode> {
-    let text =
-        std::fs::read_to_string(file).with_context(|| format!("cannot read {}", file.display()))?;
-    let docs = parse_documents(&text).with_context(|| format!("in {}", file.display()))?;
-    // Validate everything before changing anything, so a bad file applies nothing.
-    let mut atespaces = Vec::new();
-    let mut templates = Vec::new();
-    for (i, d) in docs.iter().enumerate() {
-        match d {
-            Document::Atespace(a) => {
-                check_api_version(i, &a.api_version)?;
-                ate_core::validate_label("metadata.name", &a.metadata.name)
-                    .with_context(|| format!("document {i}"))?;
-                atespaces.push(a.metadata.name.clone());
-            }
-            Document::ActorTemplate(t) => {
-                check_api_version(i, &t.api_version)?;
-                ate_core::validate_label("metadata.namespace", &t.metadata.namespace)
-                    .with_context(|| format!("document {i}"))?;
-                ate_core::validate_label("metadata.name", &t.metadata.name)
-                    .with_context(|| format!("document {i}"))?;
-                let spec = TemplateSpec::from_document(&t.spec).with_context(|| {
-                    format!(
-                        "document {i} ({}/{})",
-                        t.metadata.namespace, t.metadata.name
-                    )
-                })?;
-                templates.push((t.metadata.namespace.clone(), t.metadata.name.clone(), spec));
-            }
-        }
-    }
-    let mut lines = Vec::new();
-    for name in atespaces {
-        let mut atespaces = c.atespaces.clone();
-        match atespaces
-            .create_atespace(v1::CreateAtespaceRequest { name: name.clone() })
-            .await
-        {
-            Ok(_) => lines.push(format!("atespace/{name} created")),
-            Err(s) if s.code() == tonic::Code::AlreadyExists => {
-                lines.push(format!("atespace/{name} unchanged"))
-            }
-            Err(s) => return Err(anyhow::anyhow!("atespace {name}: {}", s.message())),
-        }
-    }
-    for (ns, name, spec) in templates {
-        let word = apply_template(c, &ns, &name, &spec)
-            .await
-            .with_context(|| format!("template {ns}/{name}"))?;
-        lines.push(format!("actortemplate/{ns}/{name} {word}"));
-    }
-    if out.is_table() {
-        for l in lines {
-            println!("{l}");
-        }
-    } else {
-        println!("{}", serde_json::to_string_pretty(&lines)?);
-    }
-    Ok(ExitCode::SUCCESS)
-}
-
-/// Applies one template and says what it did, from a Get just before: `created` (there was
-/// none), `unchanged` (the same spec: nothing is written) or `configured`. A concurrent apply
-/// can make the word stale (it describes the Get's view), never an error: a Get that fails
-/// otherwise than NotFound just leaves the Apply to report the problem.
-async fn apply_template(
-    c: &Clients,
-    ns: &str,
-    name: &str,
-    spec: &TemplateSpec,
-) -> anyhow::Result<&'static str> {
-    let before = c
-        .templates
-        .clone()
-        .get_template(v1::GetTemplateRequest {
-            namespace: ns.to_string(),
-            name: name.to_string(),
-        })
-        .await;
-    let word = match before {
-        Err(s) if s.code() == tonic::Code::NotFound => "created",
-        Ok(t) if same_spec(t.get_ref(), spec) => return Ok("unchanged"),
-        _ => "configured",
-    };
-    let template = v1::ActorTemplate {
-        namespace: ns.to_string(),
-        name: name.to_string(),
-        spec: Some(ate_proto::spec_to_wire(spec)),
-        ..Default::default()
-    };
-    rpc(c
-        .templates
-        .clone()
-        .apply_template(v1::ApplyTemplateRequest {
-            template: Some(template),
-        })
-        .await)?;
-    Ok(word)
-}
-
-/// Whether a stored template already has `spec` (compared validated, so wire details such as
-/// map order do not count as a change).
-fn same_spec(stored: &v1::ActorTemplate, spec: &TemplateSpec) -> bool {
-    stored
-        .spec
-        .as_ref()
-        .and_then(|w| ate_proto::spec_from_wire(w).ok())
-        .is_some_and(|s| &s == spec)
-}
-
-fn check_api_version(i: usize, v: &str) -> anyhow::Result<()> {
-    if v != ate_core::template::API_VERSION {
-        anyhow::bail!(
-            "document {i}: apiVersion {v:?} is not {}",
-            ate_core::template::API_VERSION
-        );
-    }
-    Ok(())
 }
 
 pub async fn create(c: &Clients, cmd: CreateCmd, out: Format) -> anyhow::Result<ExitCode> {
