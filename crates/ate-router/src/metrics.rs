@@ -4,7 +4,8 @@
 //! `/healthz`) read without parsing text.
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Weak};
+use std::sync::{Arc, OnceLock, Weak};
+use std::time::Duration;
 
 use ate_tls::telemetry::PrometheusHandle;
 use metrics::Unit;
@@ -132,31 +133,93 @@ impl Stats {
     }
 }
 
-/// A `&'static str` label for common status codes (no allocation per request); others by class.
-pub fn status_label(status: http::StatusCode) -> &'static str {
+/// The `status` label values of [`REQUESTS`]: common codes exactly, others by class.
+const STATUS_LABELS: [&str; 22] = [
+    "101", "200", "201", "204", "301", "302", "304", "400", "401", "403", "404", "414", "421",
+    "500", "502", "503", "504", "1xx", "2xx", "3xx", "4xx", "5xx",
+];
+
+/// Where `status` stands in [`STATUS_LABELS`].
+fn status_slot(status: http::StatusCode) -> usize {
     #[allow(clippy::match_overlapping_arm)] // exact codes first, then the class
     match status.as_u16() {
-        101 => "101",
-        200 => "200",
-        201 => "201",
-        204 => "204",
-        301 => "301",
-        302 => "302",
-        304 => "304",
-        400 => "400",
-        401 => "401",
-        403 => "403",
-        404 => "404",
-        414 => "414",
-        421 => "421",
-        500 => "500",
-        502 => "502",
-        503 => "503",
-        504 => "504",
-        100..=199 => "1xx",
-        200..=299 => "2xx",
-        300..=399 => "3xx",
-        400..=499 => "4xx",
-        _ => "5xx",
+        101 => 0,
+        200 => 1,
+        201 => 2,
+        204 => 3,
+        301 => 4,
+        302 => 5,
+        304 => 6,
+        400 => 7,
+        401 => 8,
+        403 => 9,
+        404 => 10,
+        414 => 11,
+        421 => 12,
+        500 => 13,
+        502 => 14,
+        503 => 15,
+        504 => 16,
+        100..=199 => 17,
+        200..=299 => 18,
+        300..=399 => 19,
+        400..=499 => 20,
+        _ => 21,
+    }
+}
+
+/// A `&'static str` label for common status codes (no allocation per request); others by class.
+pub fn status_label(status: http::StatusCode) -> &'static str {
+    STATUS_LABELS[status_slot(status)]
+}
+
+/// The series every request touches, looked up once. A `counter!`/`histogram!` call hashes its
+/// key, takes a registry shard's lock and allocates a new handle each time (five allocations per
+/// request between them); a handle kept here records straight into the series.
+pub struct RequestMetrics {
+    resolve: metrics::Histogram,
+    forward: metrics::Histogram,
+    /// One per [`STATUS_LABELS`] entry, registered on the first answer with that status (a
+    /// series appears on `/metrics` once it has counted something, as with `counter!`).
+    requests: [OnceLock<metrics::Counter>; STATUS_LABELS.len()],
+}
+
+impl RequestMetrics {
+    /// Binds to the process's recorder, which this installs if nothing has yet (a handle taken
+    /// before would stay bound to the no-op recorder).
+    pub fn new() -> Self {
+        prometheus();
+        Self {
+            resolve: metrics::histogram!(RESOLVE_SECONDS),
+            forward: metrics::histogram!(FORWARD_SECONDS),
+            requests: std::array::from_fn(|_| OnceLock::new()),
+        }
+    }
+
+    pub fn resolved(&self, took: Duration) {
+        self.resolve.record(took.as_secs_f64());
+    }
+
+    pub fn forwarded(&self, took: Duration) {
+        self.forward.record(took.as_secs_f64());
+    }
+
+    pub fn answered(&self, status: http::StatusCode) {
+        let slot = status_slot(status);
+        self.requests[slot]
+            .get_or_init(|| metrics::counter!(REQUESTS, "status" => STATUS_LABELS[slot]))
+            .increment(1);
+    }
+}
+
+impl Default for RequestMetrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl std::fmt::Debug for RequestMetrics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("RequestMetrics")
     }
 }

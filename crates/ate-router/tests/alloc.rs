@@ -112,7 +112,9 @@ async fn warm_path_allocations() {
         "with x-request-id {with_id}, with x-custom-header {with_custom}"
     );
     // A regression guard, not a target: the router + atunnel share must stay small.
-    assert!(routed - direct < 150.0, "direct {direct}, routed {routed}");
+    // (22 on the CONNECT path since the request series are kept as handles and a warm request
+    // makes no span; it was 29.)
+    assert!(routed - direct < 30.0, "direct {direct}, routed {routed}");
     // (hyper's parse of one more non-standard header is ~3.5 allocations, in any header.)
     assert!(
         with_port <= with_other + 0.5,

@@ -6,7 +6,7 @@ use hyper::body::Incoming;
 use hyper::ext::Protocol;
 
 use super::upgrade::{SEC_WEBSOCKET_KEY, websocket_key};
-use super::{REQUEST_ID, RESUME_HEADER};
+use super::{REQUEST_ID, RESUME};
 use crate::body::RouterBody;
 use crate::resolve::ResumeKind;
 
@@ -232,7 +232,7 @@ pub(super) fn finish_response(
     }
     response
         .headers_mut()
-        .insert(RESUME_HEADER, HeaderValue::from_static(kind.header_value()));
+        .insert(RESUME, HeaderValue::from_static(kind.header_value()));
     response
 }
 

@@ -90,6 +90,14 @@ pub(super) fn request_span(id: &HeaderValue, actor: impl AsRef<[u8]>) -> tracing
     )
 }
 
+/// [`request_span`] for a request that already carries its id.
+pub(super) fn request_span_for<B>(request: &http::Request<B>, actor: &str) -> tracing::Span {
+    match request.headers().get(&super::REQUEST_ID) {
+        Some(id) => request_span(id, actor),
+        None => request_span(&HeaderValue::from_static(""), actor),
+    }
+}
+
 /// The answer's status on the current request span (a server error marks the span failed).
 pub(super) fn note_status(status: StatusCode) {
     if ate_tls::trace_context::enabled() {

@@ -39,6 +39,9 @@ struct Handed {
     _alive: tokio::sync::oneshot::Sender<()>,
     /// The connection's I/O, polled by whoever holds the connection; `None` once it has ended.
     driver: Option<Driver>,
+    /// The actor it serves: the pool's key at every return, without a new copy of the name
+    /// per request.
+    actor: ActorKey,
 }
 
 impl Handed {
@@ -277,9 +280,10 @@ impl Tunnels {
             retired: AtomicBool::new(handed.retired),
         });
         let (alive, dropped) = tokio::sync::oneshot::channel();
+        let key = ActorKey::from_validated(actor);
         tokio::spawn(Self::watch_handoff(
             Arc::downgrade(self),
-            ActorKey::from_validated(actor),
+            key.clone(),
             usage.clone(),
             handed.control,
             std::net::TcpStream::from(cut),
@@ -293,6 +297,7 @@ impl Tunnels {
                 usage,
                 _alive: alive,
                 driver: Some(Box::pin(conn)),
+                actor: key,
             })),
         })
     }
@@ -503,9 +508,9 @@ impl Tunnels {
             found = Some(conns.swap_remove(i).conn);
             break;
         }
-        if conns.is_empty() {
-            idle.remove(actor);
-        }
+        // An actor's entry stays while it is empty (its connections are all in use, and come
+        // back at their responses' ends, which would make it anew each time);
+        // `reap_idle_h1` removes it once it has stayed empty.
         found
     }
 
@@ -515,9 +520,13 @@ impl Tunnels {
         if self.cfg.idle_per_actor == 0 {
             return Err(conn);
         }
+        let key = match &conn.handoff {
+            Some(handed) => handed.actor.clone(),
+            None => ActorKey::from_validated(actor),
+        };
         Ok(PoolReturn {
             tunnels: self.clone(),
-            key: ActorKey::from_validated(actor),
+            key,
             conn,
         })
     }
