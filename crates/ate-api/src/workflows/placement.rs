@@ -48,8 +48,7 @@ impl Api {
         match self
             .store
             .bind_actor(
-                &actor.atespace,
-                &actor.name,
+                &actor.actor_ref(),
                 &[ActorState::Resuming],
                 &worker.id,
                 demand(template),
@@ -179,14 +178,7 @@ impl Api {
             };
             match self
                 .store
-                .bind_actor(
-                    &actor.atespace,
-                    &actor.name,
-                    &from,
-                    &worker.id,
-                    demand,
-                    now_ms(),
-                )
+                .bind_actor(&actor.actor_ref(), &from, &worker.id, demand, now_ms())
                 .instrument(ate_tls::trace_span!("bind", worker = %worker.id, attempt))
                 .await
             {
