@@ -8,7 +8,7 @@ use ate_core::clock::now_ms;
 use ate_core::{ActorRef, ActorState};
 use ate_store::{ActorUpdate, SnapshotRecord, StoreError, Transition, WorkerRecord, WorkerStatus};
 
-use super::{ActorView, Api, Failure};
+use super::{ActorView, Api, Failure, live_node_address};
 use crate::error::WorkflowError;
 use crate::node::NodeClients;
 
@@ -192,11 +192,7 @@ async fn delete_snapshot_files(
         .find(|w| w.status == WorkerStatus::Active)
         .map(|w| w.node_address.clone());
     for snap in snapshots {
-        let target = workers
-            .iter()
-            .find(|w| w.status == WorkerStatus::Active && w.node == snap.node)
-            .map(|w| w.node_address.clone())
-            .or_else(|| any_node.clone());
+        let target = live_node_address(workers, &snap.node).or_else(|| any_node.clone());
         let Some(address) = target else {
             tracing::warn!(actor = %format!("{}/{}", snap.atespace, snap.name), generation = snap.generation, uri = snap.durable_uri.as_deref().unwrap_or_default(), "no live node to delete snapshot files");
             continue;

@@ -124,49 +124,45 @@ pub(super) async fn delete_actor(
     store: &StoreImpl,
     actor: &ActorRef,
 ) -> Result<Vec<SnapshotRecord>> {
-    store.counters.write();
-    let mut tx = store.begin_write().await?;
-    let record = lock_actor(&mut tx, actor).await?;
+    let (mut tx, record) = begin_on_actor(store, actor).await?;
     check_state(record.state, &[ActorState::Suspended, ActorState::Crashed])?;
-    let (atespace, name) = (&actor.atespace, &actor.name);
     let rows = sqlx::query(concat!(
         "SELECT ",
         snapshot_cols!(),
         " FROM snapshots s WHERE atespace = $1 AND name = $2 \
          AND NOT EXISTS (SELECT 1 FROM tags t WHERE t.s_uuid = s.uuid) ORDER BY generation DESC"
     ))
-    .bind(atespace)
-    .bind(name)
+    .bind(&actor.atespace)
+    .bind(&actor.name)
     .fetch_all(&mut *tx)
     .await?;
     let unreferenced = rows
         .iter()
         .map(|r| snapshot_from_row(r, ""))
         .collect::<Result<Vec<_>>>()?;
-    sqlx::query("DELETE FROM snapshots WHERE atespace = $1 AND name = $2")
-        .bind(atespace)
-        .bind(name)
-        .execute(&mut *tx)
-        .await?;
-    sqlx::query("DELETE FROM actor_assignments WHERE atespace = $1 AND name = $2")
-        .bind(atespace)
-        .bind(name)
-        .execute(&mut *tx)
-        .await?;
+    delete_actor_rows(
+        &mut tx,
+        "DELETE FROM snapshots WHERE atespace = $1 AND name = $2",
+        actor,
+    )
+    .await?;
+    delete_actor_rows(&mut tx, DELETE_ASSIGNMENT, actor).await?;
     sqlx::query("DELETE FROM leases WHERE key = $1")
         .bind(actor.lease_key())
         .execute(&mut *tx)
         .await?;
-    sqlx::query("DELETE FROM frozen_copies WHERE atespace = $1 AND name = $2")
-        .bind(atespace)
-        .bind(name)
-        .execute(&mut *tx)
-        .await?;
-    sqlx::query("DELETE FROM actors WHERE atespace = $1 AND name = $2")
-        .bind(atespace)
-        .bind(name)
-        .execute(&mut *tx)
-        .await?;
+    delete_actor_rows(
+        &mut tx,
+        "DELETE FROM frozen_copies WHERE atespace = $1 AND name = $2",
+        actor,
+    )
+    .await?;
+    delete_actor_rows(
+        &mut tx,
+        "DELETE FROM actors WHERE atespace = $1 AND name = $2",
+        actor,
+    )
+    .await?;
     tx.commit().await?;
     Ok(unreferenced)
 }
@@ -181,12 +177,10 @@ pub(super) async fn transition(
     now_ms: i64,
     lease: Option<(&str, &str)>,
 ) -> Result<ActorRecord> {
-    store.counters.write();
     if lease.is_some() {
         store.counters.lease();
     }
-    let mut tx = store.begin_write().await?;
-    let mut record = lock_actor(&mut tx, actor).await?;
+    let (mut tx, mut record) = begin_on_actor(store, actor).await?;
     check_state(record.state, transition.from)?;
     record.state = transition.to;
     apply_update(&mut record, transition.update, now_ms);
@@ -216,6 +210,35 @@ pub(super) async fn actors_on_worker(
     .fetch_all(&store.pool)
     .await?;
     rows.iter().map(actor_from_row).collect()
+}
+
+/// A write transaction (counted as one write) holding the actor's row lock, and the row.
+pub(super) async fn begin_on_actor(
+    store: &StoreImpl,
+    actor: &ActorRef,
+) -> Result<(Tx, ActorRecord)> {
+    store.counters.write();
+    let mut tx = store.begin_write().await?;
+    let record = lock_actor(&mut tx, actor).await?;
+    Ok((tx, record))
+}
+
+/// Drops the actor's assignment (its claim on a worker's capacity).
+pub(super) const DELETE_ASSIGNMENT: &str =
+    "DELETE FROM actor_assignments WHERE atespace = $1 AND name = $2";
+
+/// Runs `sql`, a DELETE keyed by `atespace = $1 AND name = $2`, for the actor.
+pub(super) async fn delete_actor_rows(
+    tx: &mut Tx,
+    sql: &'static str,
+    actor: &ActorRef,
+) -> Result<()> {
+    sqlx::query(sql)
+        .bind(&actor.atespace)
+        .bind(&actor.name)
+        .execute(&mut **tx)
+        .await?;
+    Ok(())
 }
 
 /// The actor row, locked for update (Postgres). NotFound if missing.

@@ -4,7 +4,9 @@
 use ate_core::{ActorRef, ActorState};
 use sqlx::Row as _;
 
-use super::actors::{apply_update, lock_actor, write_actor};
+use super::actors::{
+    DELETE_ASSIGNMENT, apply_update, begin_on_actor, delete_actor_rows, write_actor,
+};
 use super::snapshots::insert_snapshot;
 use super::{StoreImpl, Tx};
 use crate::util::{admits, check_state, not_found, parse_worker_status, to_i64, to_u64};
@@ -18,9 +20,7 @@ pub(super) async fn bind_actor(
     demand: Capacity,
     now_ms: i64,
 ) -> Result<ActorRecord> {
-    store.counters.write();
-    let mut tx = store.begin_write().await?;
-    let mut record = lock_actor(&mut tx, actor).await?;
+    let (mut tx, mut record) = begin_on_actor(store, actor).await?;
     // Already bound here (a retried bind): the same call succeeds again.
     let rebind =
         record.state == ActorState::Resuming && record.worker_id.as_deref() == Some(worker_id);
@@ -48,9 +48,7 @@ pub(super) async fn readopt_actor(
     demand: Capacity,
     now_ms: i64,
 ) -> Result<ActorRecord> {
-    store.counters.write();
-    let mut tx = store.begin_write().await?;
-    let mut record = lock_actor(&mut tx, actor).await?;
+    let (mut tx, mut record) = begin_on_actor(store, actor).await?;
     check_state(record.state, &[ActorState::Suspended])?;
     if record.activation != activation {
         return Err(StoreError::FailedPrecondition(format!(
@@ -88,9 +86,7 @@ pub(super) async fn release_actor(
     snapshot: Option<&SnapshotRecord>,
     now_ms: i64,
 ) -> Result<ActorRecord> {
-    store.counters.write();
-    let mut tx = store.begin_write().await?;
-    let mut record = lock_actor(&mut tx, actor).await?;
+    let (mut tx, mut record) = begin_on_actor(store, actor).await?;
     check_state(record.state, transition.from)?;
     apply_update(&mut record, transition.update, now_ms);
     if let Some(snapshot) = snapshot {
@@ -105,11 +101,7 @@ pub(super) async fn release_actor(
         record.generation = snapshot.generation;
         record.attached_node = Some(snapshot.node.clone()).filter(|node| !node.is_empty());
     }
-    sqlx::query("DELETE FROM actor_assignments WHERE atespace = $1 AND name = $2")
-        .bind(&actor.atespace)
-        .bind(&actor.name)
-        .execute(&mut *tx)
-        .await?;
+    delete_actor_rows(&mut tx, DELETE_ASSIGNMENT, actor).await?;
     record.state = transition.to;
     record.worker_id = None;
     let record = write_actor(&mut tx, &record).await?;

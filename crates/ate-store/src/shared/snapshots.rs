@@ -4,7 +4,7 @@
 use ate_core::{ActorRef, DurableStatus};
 use sqlx::Row as _;
 
-use super::actors::lock_actor;
+use super::actors::begin_on_actor;
 use super::rows::{bind_snapshot, snapshot_from_row};
 use super::{StoreImpl, Tx};
 use crate::util::{snapshot_not_found, to_i64, unique_or};
@@ -32,10 +32,8 @@ pub(super) async fn prune_snapshots(
     actor: &ActorRef,
     keep_newest: usize,
 ) -> Result<Vec<SnapshotRecord>> {
-    store.counters.write();
-    let mut tx = store.begin_write().await?;
     // The actor row lock serializes this with suspends and deletes of the same actor.
-    lock_actor(&mut tx, actor).await?;
+    let (mut tx, _) = begin_on_actor(store, actor).await?;
     let rows = sqlx::query(concat!(
         "SELECT ",
         snapshot_cols!(),
