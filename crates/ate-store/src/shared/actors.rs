@@ -140,29 +140,14 @@ pub(super) async fn delete_actor(
         .iter()
         .map(|r| snapshot_from_row(r, ""))
         .collect::<Result<Vec<_>>>()?;
-    delete_actor_rows(
-        &mut tx,
-        "DELETE FROM snapshots WHERE atespace = $1 AND name = $2",
-        actor,
-    )
-    .await?;
+    delete_actor_rows(&mut tx, DELETE_SNAPSHOTS, actor).await?;
     delete_actor_rows(&mut tx, DELETE_ASSIGNMENT, actor).await?;
     sqlx::query("DELETE FROM leases WHERE key = $1")
         .bind(actor.lease_key())
         .execute(&mut *tx)
         .await?;
-    delete_actor_rows(
-        &mut tx,
-        "DELETE FROM frozen_copies WHERE atespace = $1 AND name = $2",
-        actor,
-    )
-    .await?;
-    delete_actor_rows(
-        &mut tx,
-        "DELETE FROM actors WHERE atespace = $1 AND name = $2",
-        actor,
-    )
-    .await?;
+    delete_actor_rows(&mut tx, DELETE_FROZEN_COPY, actor).await?;
+    delete_actor_rows(&mut tx, DELETE_ACTOR, actor).await?;
     tx.commit().await?;
     Ok(unreferenced)
 }
@@ -223,9 +208,13 @@ pub(super) async fn begin_on_actor(
     Ok((tx, record))
 }
 
+// Statements for `delete_actor_rows`: each deletes the actor's rows of one table.
+const DELETE_SNAPSHOTS: &str = "DELETE FROM snapshots WHERE atespace = $1 AND name = $2";
 /// Drops the actor's assignment (its claim on a worker's capacity).
 pub(super) const DELETE_ASSIGNMENT: &str =
     "DELETE FROM actor_assignments WHERE atespace = $1 AND name = $2";
+const DELETE_FROZEN_COPY: &str = "DELETE FROM frozen_copies WHERE atespace = $1 AND name = $2";
+const DELETE_ACTOR: &str = "DELETE FROM actors WHERE atespace = $1 AND name = $2";
 
 /// Runs `sql`, a DELETE keyed by `atespace = $1 AND name = $2`, for the actor.
 pub(super) async fn delete_actor_rows(
