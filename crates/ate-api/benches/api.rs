@@ -15,9 +15,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use ate_api::ApiConfig;
-use ate_core::ActorState;
+use ate_core::{ActorRef, ActorState};
 use ate_proto::v1::*;
-use ate_store::Capacity;
+use ate_store::{Capacity, Transition};
 use common::*;
 
 fn seconds() -> Duration {
@@ -131,7 +131,10 @@ async fn bench(backend: Backend) {
         async move {
             // Disjoint actors per task: the figure is admission throughput, not lock contention.
             let per_task = n / 16;
-            let name = format!("c{}", task as u64 * per_task + i % per_task);
+            let actor = ActorRef::new(
+                "bench",
+                format!("c{}", task as u64 * per_task + i % per_task),
+            );
             let demand = Capacity {
                 cpu_millis: 1,
                 memory_bytes: 1,
@@ -143,23 +146,19 @@ async fn bench(backend: Backend) {
                 ActorState::Running,
             ];
             let worker = format!("w{}", task % 4);
-            let bound = store
-                .bind_actor("bench", &name, &from, &worker, demand, 0)
-                .await;
+            let bound = store.bind_actor(&actor, &from, &worker, demand, 0).await;
             let released = store
                 .release_actor(
-                    "bench",
-                    &name,
-                    &[ActorState::Resuming],
-                    ActorState::Suspended,
+                    &actor,
+                    Transition::new(&[ActorState::Resuming], ActorState::Suspended),
                     None,
-                    Default::default(),
                     0,
                 )
                 .await;
             if i == 0 && (bound.is_err() || released.is_err()) {
                 eprintln!(
-                    "bind/release of {name} failed: {:?} / {:?}",
+                    "bind/release of {} failed: {:?} / {:?}",
+                    actor.name,
                     bound.as_ref().err(),
                     released.as_ref().err()
                 );

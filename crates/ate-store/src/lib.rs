@@ -248,6 +248,31 @@ impl ActorUpdate {
     }
 }
 
+/// A compare-and-set of an actor's state: allowed only while the actor is in one of `from`, it
+/// moves the actor to `to` and applies `update`.
+#[derive(Debug, Clone)]
+pub struct Transition<'a> {
+    pub from: &'a [ActorState],
+    pub to: ActorState,
+    pub update: ActorUpdate,
+}
+
+impl<'a> Transition<'a> {
+    /// From one of `from` to `to`, changing no other field.
+    pub fn new(from: &'a [ActorState], to: ActorState) -> Self {
+        Self {
+            from,
+            to,
+            update: ActorUpdate::default(),
+        }
+    }
+
+    /// The same transition, also applying `update`.
+    pub fn with(self, update: ActorUpdate) -> Self {
+        Self { update, ..self }
+    }
+}
+
 /// Operation counters, so tests can assert what a workflow did (e.g. the warm path is one read
 /// and takes no lease).
 #[derive(Debug, Default)]
@@ -312,38 +337,32 @@ pub trait Store: Send + Sync + 'static {
     async fn list_actors(
         &self,
         atespace: Option<&str>,
-        after: Option<(&str, &str)>,
+        after: Option<&ActorRef>,
         limit: u32,
     ) -> Result<Vec<ActorRecord>>;
     async fn update_actor_selector(
         &self,
-        atespace: &str,
-        name: &str,
+        actor: &ActorRef,
         selector: &BTreeMap<String, String>,
         now_ms: i64,
     ) -> Result<ActorRecord>;
     /// Only SUSPENDED or CRASHED (else StateConflict). Removes the actor, its snapshot rows, its
     /// assignment and its lease; returns the removed snapshot rows that no tag references, for GC.
     async fn delete_actor(&self, actor: &ActorRef) -> Result<Vec<SnapshotRecord>>;
-    /// Compare-and-set of the state (StateConflict if not in `from`), plus `update`.
+    /// Compare-and-set of the state (StateConflict if not in `transition.from`), plus its update.
     async fn transition(
         &self,
         actor: &ActorRef,
-        from: &[ActorState],
-        to: ActorState,
-        update: ActorUpdate,
+        transition: Transition<'_>,
         now_ms: i64,
     ) -> Result<ActorRecord>;
     /// [`Store::transition`] that also releases the lease `lease_key` held by `lease_holder` (as
     /// [`Store::release_lease`]) in the same transaction: a workflow's last write and the end
     /// of its lease in one commit. On an error nothing changes and the lease is still held.
-    #[allow(clippy::too_many_arguments)] // transition's arguments plus the lease
     async fn transition_releasing_lease(
         &self,
         actor: &ActorRef,
-        from: &[ActorState],
-        to: ActorState,
-        update: ActorUpdate,
+        transition: Transition<'_>,
         now_ms: i64,
         lease_key: &str,
         lease_holder: &str,
@@ -356,8 +375,7 @@ pub trait Store: Send + Sync + 'static {
     /// its own assignment is not counted against the room, so a retried bind succeeds again.)
     async fn bind_actor(
         &self,
-        atespace: &str,
-        name: &str,
+        actor: &ActorRef,
         from: &[ActorState],
         worker_id: &str,
         demand: Capacity,
@@ -370,27 +388,22 @@ pub trait Store: Send + Sync + 'static {
     /// RUNNING there with the same activation.
     async fn readopt_actor(
         &self,
-        atespace: &str,
-        name: &str,
+        actor: &ActorRef,
         worker_id: &str,
         activation: u64,
         demand: Capacity,
         now_ms: i64,
     ) -> Result<ActorRecord>;
     /// One transaction: optionally insert `snapshot` (the actor's generation and attached node
-    /// follow it), drop the actor's assignment, and move it from a state in `from` to `to` with no
-    /// worker.
+    /// follow it), drop the actor's assignment, and make `transition` (StateConflict if not in
+    /// its `from`), leaving the actor with no worker.
     /// The snapshot must be of this actor (else FailedPrecondition) and a new generation (else
-    /// AlreadyExists); `attached_node` becomes its `node` (`None` if empty) after `update` applied.
-    #[allow(clippy::too_many_arguments)] // the whole state change is one call, by design
+    /// AlreadyExists); `attached_node` becomes its `node` (`None` if empty) after the update applied.
     async fn release_actor(
         &self,
-        atespace: &str,
-        name: &str,
-        from: &[ActorState],
-        to: ActorState,
+        actor: &ActorRef,
+        transition: Transition<'_>,
         snapshot: Option<&SnapshotRecord>,
-        update: ActorUpdate,
         now_ms: i64,
     ) -> Result<ActorRecord>;
     async fn actors_on_worker(&self, worker_id: &str) -> Result<Vec<ActorRecord>>;
@@ -403,8 +416,7 @@ pub trait Store: Send + Sync + 'static {
     /// deletes the other records and returns them (their files are the caller's to delete).
     async fn prune_snapshots(
         &self,
-        atespace: &str,
-        name: &str,
+        actor: &ActorRef,
         keep_newest: usize,
     ) -> Result<Vec<SnapshotRecord>>;
     /// Sets the durable status and URI; `reason` replaces the stored one unless empty. Tags holding

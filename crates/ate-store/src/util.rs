@@ -117,14 +117,26 @@ pub(crate) fn parse_template_ref(text: &str, field: &str) -> Result<TemplateRef>
         })
 }
 
-/// The lease key of an actor's mutating workflows.
+/// The lease key of an actor's mutating workflows ([`ate_core::ActorRef::lease_key`]).
 pub fn actor_lease_key(atespace: &str, name: &str) -> String {
-    format!("lease:actor:{atespace}:{name}")
+    ate_core::ActorRef::new(atespace, name).lease_key()
 }
 
 /// True for a unique / primary-key violation (both backends).
-pub(crate) fn is_unique_violation(error: &sqlx::Error) -> bool {
+fn is_unique_violation(error: &sqlx::Error) -> bool {
     matches!(error, sqlx::Error::Database(db) if db.is_unique_violation())
+}
+
+/// The outcome of an insert, with `exists()` in place of a unique / primary-key violation.
+pub(crate) fn unique_or<T>(
+    inserted: std::result::Result<T, sqlx::Error>,
+    exists: impl FnOnce() -> StoreError,
+) -> Result<T> {
+    match inserted {
+        Ok(value) => Ok(value),
+        Err(e) if is_unique_violation(&e) => Err(exists()),
+        Err(e) => Err(e.into()),
+    }
 }
 
 // ---- messages naming the object (`actor "a/b" not found`)
@@ -137,9 +149,9 @@ pub(crate) fn already_exists(kind: &str, id: &str) -> StoreError {
     StoreError::AlreadyExists(format!("{kind} \"{id}\" already exists"))
 }
 
-pub(crate) fn snapshot_not_found(atespace: &str, name: &str, generation: u64) -> StoreError {
+pub(crate) fn snapshot_not_found(actor: &ate_core::ActorRef, generation: u64) -> StoreError {
     StoreError::NotFound(format!(
-        "snapshot {generation} of actor \"{atespace}/{name}\" not found"
+        "snapshot {generation} of actor \"{actor}\" not found"
     ))
 }
 

@@ -12,7 +12,7 @@ use ate_core::template::{Container, EgressPolicy, Resources};
 use ate_core::{ActorRef, ActorState, DurableStatus, Fidelity, TemplateRef, TemplateSpec};
 use ate_store::{
     ActorRecord, ActorUpdate, Capacity, FrozenCopy, JoinTokenRecord, SnapshotRecord, Store,
-    StoreError, TagRecord, WorkerRecord, WorkerStatus, actor_lease_key,
+    StoreError, TagRecord, Transition, WorkerRecord, WorkerStatus, actor_lease_key,
 };
 use futures::FutureExt;
 use sqlx::Connection;
@@ -247,8 +247,7 @@ fn demand(cpu_millis: u64, memory_bytes: u64) -> Capacity {
 async fn record_generation(store: &dyn Store, name: &str, snap: &SnapshotRecord) {
     store
         .bind_actor(
-            "ns",
-            name,
+            &ActorRef::new("ns", name),
             &[ActorState::Suspended],
             "w1",
             demand(1, 1),
@@ -258,12 +257,9 @@ async fn record_generation(store: &dyn Store, name: &str, snap: &SnapshotRecord)
         .unwrap();
     store
         .release_actor(
-            "ns",
-            name,
-            &[ActorState::Resuming],
-            ActorState::Suspended,
+            &ActorRef::new("ns", name),
+            Transition::new(&[ActorState::Resuming], ActorState::Suspended),
             Some(snap),
-            ActorUpdate::default(),
             NOW,
         )
         .await
@@ -507,7 +503,7 @@ mod cases {
 
         let selector = BTreeMap::from([("zone".to_string(), "b".to_string())]);
         let updated = s
-            .update_actor_selector("ate-demo", "a1", &selector, NOW + 9)
+            .update_actor_selector(&ActorRef::new("ate-demo", "a1"), &selector, NOW + 9)
             .await
             .unwrap();
         assert_eq!(updated.worker_selector, selector);
@@ -517,7 +513,7 @@ mod cases {
             updated
         );
         assert_err!(
-            s.update_actor_selector("ate-demo", "zz", &selector, NOW)
+            s.update_actor_selector(&ActorRef::new("ate-demo", "zz"), &selector, NOW)
                 .await,
             StoreError::NotFound(_)
         );
@@ -560,22 +556,15 @@ mod cases {
         assert_eq!(all, expected);
 
         let mut pages = Vec::new();
-        let mut after: Option<(String, String)> = None;
+        let mut after: Option<ActorRef> = None;
         loop {
-            let page = s
-                .list_actors(
-                    None,
-                    after.as_ref().map(|(a, n)| (a.as_str(), n.as_str())),
-                    3,
-                )
-                .await
-                .unwrap();
+            let page = s.list_actors(None, after.as_ref(), 3).await.unwrap();
             if page.is_empty() {
                 break;
             }
             assert!(page.len() <= 3);
             let last = page.last().unwrap();
-            after = Some((last.atespace.clone(), last.name.clone()));
+            after = Some(last.actor_ref());
             pages.push(page.iter().map(key).collect::<Vec<_>>());
         }
         assert_eq!(
@@ -596,7 +585,7 @@ mod cases {
             .collect();
         assert_eq!(in_b, ["b/B", "b/a", "b/x"]);
         let in_b: Vec<_> = s
-            .list_actors(Some("b"), Some(("b", "B")), 1)
+            .list_actors(Some("b"), Some(&ActorRef::new("b", "B")), 1)
             .await
             .unwrap()
             .iter()
@@ -605,7 +594,7 @@ mod cases {
         assert_eq!(in_b, ["b/a"]);
         // `after` in an earlier atespace than the filter: starts at the filter's first actor.
         let in_b: Vec<_> = s
-            .list_actors(Some("b"), Some(("a", "zzz")), 10)
+            .list_actors(Some("b"), Some(&ActorRef::new("a", "zzz")), 10)
             .await
             .unwrap()
             .iter()
@@ -632,9 +621,7 @@ mod cases {
         assert_err!(
             s.transition_releasing_lease(
                 &ActorRef::new("ns", "a1"),
-                &[ActorState::Running],
-                ActorState::Suspending,
-                ActorUpdate::default(),
+                Transition::new(&[ActorState::Running], ActorState::Suspending),
                 NOW + 1,
                 key,
                 "h1"
@@ -660,9 +647,7 @@ mod cases {
         let a = s
             .transition_releasing_lease(
                 &ActorRef::new("ns", "a1"),
-                &[ActorState::Suspended],
-                ActorState::Resuming,
-                update,
+                Transition::new(&[ActorState::Suspended], ActorState::Resuming).with(update),
                 NOW + 3,
                 key,
                 "h2",
@@ -683,9 +668,7 @@ mod cases {
         let a = s
             .transition_releasing_lease(
                 &ActorRef::new("ns", "a1"),
-                &[ActorState::Resuming],
-                ActorState::Running,
-                ActorUpdate::default(),
+                Transition::new(&[ActorState::Resuming], ActorState::Running),
                 NOW + 5,
                 key,
                 "h1",
@@ -714,9 +697,10 @@ mod cases {
         let e = assert_err!(
             s.transition(
                 &ActorRef::new("ns", "a1"),
-                &[ActorState::Running, ActorState::Resuming],
-                ActorState::Suspending,
-                ActorUpdate::default(),
+                Transition::new(
+                    &[ActorState::Running, ActorState::Resuming],
+                    ActorState::Suspending
+                ),
                 NOW
             )
             .await,
@@ -742,9 +726,7 @@ mod cases {
         let t = s
             .transition(
                 &ActorRef::new("ns", "a1"),
-                &[ActorState::Suspended],
-                ActorState::Crashed,
-                update,
+                Transition::new(&[ActorState::Suspended], ActorState::Crashed).with(update),
                 NOW + 3,
             )
             .await
@@ -760,9 +742,7 @@ mod cases {
         let t2 = s
             .transition(
                 &ActorRef::new("ns", "a1"),
-                &[ActorState::Crashed],
-                ActorState::Suspended,
-                ActorUpdate::default(),
+                Transition::new(&[ActorState::Crashed], ActorState::Suspended),
                 NOW + 4,
             )
             .await
@@ -778,9 +758,7 @@ mod cases {
         let t3 = s
             .transition(
                 &ActorRef::new("ns", "a1"),
-                &[ActorState::Suspended],
-                ActorState::Suspended,
-                clear,
+                Transition::new(&[ActorState::Suspended], ActorState::Suspended).with(clear),
                 NOW + 5,
             )
             .await
@@ -789,9 +767,7 @@ mod cases {
         assert_err!(
             s.transition(
                 &ActorRef::new("ns", "zz"),
-                &[ActorState::Suspended],
-                ActorState::Running,
-                ActorUpdate::default(),
+                Transition::new(&[ActorState::Suspended], ActorState::Running),
                 NOW
             )
             .await,
@@ -824,7 +800,10 @@ mod cases {
         };
         s.create_tag(&tag).await.unwrap();
 
-        let gone = s.prune_snapshots("ns", "a1", 1).await.unwrap();
+        let gone = s
+            .prune_snapshots(&ActorRef::new("ns", "a1"), 1)
+            .await
+            .unwrap();
         let mut gone: Vec<u64> = gone.iter().map(|g| g.generation).collect();
         gone.sort();
         // Kept: 6 (newest), 4 (newest with a durable copy), 1 (tagged).
@@ -838,10 +817,15 @@ mod cases {
             .collect();
         assert_eq!(left, [6, 4, 1]);
         // Idempotent; keep_newest 0 still keeps the newest.
-        assert!(s.prune_snapshots("ns", "a1", 0).await.unwrap().is_empty());
+        assert!(
+            s.prune_snapshots(&ActorRef::new("ns", "a1"), 0)
+                .await
+                .unwrap()
+                .is_empty()
+        );
         // Unknown actor: NotFound, nothing changed.
         assert_err!(
-            s.prune_snapshots("ns", "nobody", 1).await,
+            s.prune_snapshots(&ActorRef::new("ns", "nobody"), 1).await,
             StoreError::NotFound(_)
         );
     }
@@ -871,8 +855,7 @@ mod cases {
 
         // Bound actor: refused.
         s.bind_actor(
-            "ns",
-            "a1",
+            &ActorRef::new("ns", "a1"),
             &[ActorState::Suspended],
             "w1",
             demand(100, MIB),
@@ -890,9 +873,7 @@ mod cases {
         );
         s.transition(
             &ActorRef::new("ns", "a1"),
-            &[ActorState::Resuming],
-            ActorState::Crashed,
-            ActorUpdate::default(),
+            Transition::new(&[ActorState::Resuming], ActorState::Crashed),
             NOW,
         )
         .await
@@ -1027,14 +1008,26 @@ mod cases {
         }
         let from = &[ActorState::Suspended];
         let e = assert_err!(
-            s.bind_actor("ns", "a1", from, "w1", demand(100, MIB), NOW)
-                .await,
+            s.bind_actor(
+                &ActorRef::new("ns", "a1"),
+                from,
+                "w1",
+                demand(100, MIB),
+                NOW
+            )
+            .await,
             StoreError::NotFound(_)
         );
         assert_eq!(e.to_string(), r#"worker "w1" not found"#);
         let e = assert_err!(
-            s.bind_actor("ns", "zz", from, "w1", demand(100, MIB), NOW)
-                .await,
+            s.bind_actor(
+                &ActorRef::new("ns", "zz"),
+                from,
+                "w1",
+                demand(100, MIB),
+                NOW
+            )
+            .await,
             StoreError::NotFound(_)
         );
         assert_eq!(e.to_string(), r#"actor "ns/zz" not found"#);
@@ -1045,7 +1038,13 @@ mod cases {
             .unwrap();
         assert_eq!(w.used, Capacity::default());
         let bound = s
-            .bind_actor("ns", "a1", from, "w1", demand(600, 100 * MIB), NOW + 1)
+            .bind_actor(
+                &ActorRef::new("ns", "a1"),
+                from,
+                "w1",
+                demand(600, 100 * MIB),
+                NOW + 1,
+            )
             .await
             .unwrap();
         assert_eq!(bound.state, ActorState::Resuming);
@@ -1063,34 +1062,58 @@ mod cases {
 
         // CPU: 600 + 500 > 1000.
         let e = assert_err!(
-            s.bind_actor("ns", "a2", from, "w1", demand(500, MIB), NOW)
-                .await,
+            s.bind_actor(
+                &ActorRef::new("ns", "a2"),
+                from,
+                "w1",
+                demand(500, MIB),
+                NOW
+            )
+            .await,
             StoreError::NoRoom { .. }
         );
         assert_eq!(e.to_string(), "worker w1 has no room for the actor");
         // Memory: 100 MiB + 1000 MiB > 1024 MiB.
         assert_err!(
-            s.bind_actor("ns", "a2", from, "w1", demand(100, 1000 * MIB), NOW)
-                .await,
+            s.bind_actor(
+                &ActorRef::new("ns", "a2"),
+                from,
+                "w1",
+                demand(100, 1000 * MIB),
+                NOW
+            )
+            .await,
             StoreError::NoRoom { .. }
         );
         // A demand that would overflow never fits (and does not panic).
         assert_err!(
-            s.bind_actor("ns", "a2", from, "w1", cap(100, MIB, u64::MAX), NOW)
-                .await,
+            s.bind_actor(
+                &ActorRef::new("ns", "a2"),
+                from,
+                "w1",
+                cap(100, MIB, u64::MAX),
+                NOW
+            )
+            .await,
             StoreError::NoRoom { .. }
         );
         // Exactly full is fine.
-        s.bind_actor("ns", "a2", from, "w1", demand(400, 924 * MIB), NOW)
-            .await
-            .unwrap();
+        s.bind_actor(
+            &ActorRef::new("ns", "a2"),
+            from,
+            "w1",
+            demand(400, 924 * MIB),
+            NOW,
+        )
+        .await
+        .unwrap();
         assert_eq!(
             s.get_worker("w1").await.unwrap().used,
             cap(1000, 1024 * MIB, 2)
         );
         // Slots: 2 of 2 used even with no cpu/memory asked.
         assert_err!(
-            s.bind_actor("ns", "a3", from, "w1", demand(0, 0), NOW)
+            s.bind_actor(&ActorRef::new("ns", "a3"), from, "w1", demand(0, 0), NOW)
                 .await,
             StoreError::NoRoom { .. }
         );
@@ -1100,7 +1123,7 @@ mod cases {
 
         // State check.
         let e = assert_err!(
-            s.bind_actor("ns", "a1", from, "w2", demand(1, 1), NOW)
+            s.bind_actor(&ActorRef::new("ns", "a1"), from, "w2", demand(1, 1), NOW)
                 .await,
             StoreError::StateConflict {
                 actual: ActorState::Resuming,
@@ -1118,7 +1141,7 @@ mod cases {
             .unwrap();
         s.deregister_worker("w2").await.unwrap();
         assert_err!(
-            s.bind_actor("ns", "a3", from, "w2", demand(1, 1), NOW)
+            s.bind_actor(&ActorRef::new("ns", "a3"), from, "w2", demand(1, 1), NOW)
                 .await,
             StoreError::NoRoom { .. }
         );
@@ -1147,13 +1170,25 @@ mod cases {
         let from = &[ActorState::Suspended];
 
         let first = s
-            .bind_actor("ns", "a1", from, "w1", demand(800, 800 * MIB), NOW)
+            .bind_actor(
+                &ActorRef::new("ns", "a1"),
+                from,
+                "w1",
+                demand(800, 800 * MIB),
+                NOW,
+            )
             .await
             .unwrap();
         // Retried bind to the same worker: succeeds again (no double count, even though a second
         // copy of the demand would not fit, and even though the actor is no longer SUSPENDED).
         let again = s
-            .bind_actor("ns", "a1", from, "w1", demand(800, 800 * MIB), NOW)
+            .bind_actor(
+                &ActorRef::new("ns", "a1"),
+                from,
+                "w1",
+                demand(800, 800 * MIB),
+                NOW,
+            )
             .await
             .unwrap();
         assert_eq!(again, first);
@@ -1167,8 +1202,7 @@ mod cases {
         // Bind to another worker (caller allows RESUMING): the assignment moves.
         let moved = s
             .bind_actor(
-                "ns",
-                "a1",
+                &ActorRef::new("ns", "a1"),
                 &[ActorState::Suspended, ActorState::Resuming],
                 "w2",
                 demand(300, 300 * MIB),
@@ -1201,13 +1235,19 @@ mod cases {
 
         // w2 has one slot, held by a1.
         assert_err!(
-            s.bind_actor("ns", "a2", from, "w2", demand(1, 1), NOW)
+            s.bind_actor(&ActorRef::new("ns", "a2"), from, "w2", demand(1, 1), NOW)
                 .await,
             StoreError::NoRoom { .. }
         );
         // Re-binding a1 on w2 with a bigger demand is measured without its own old assignment.
         let rebound = s
-            .bind_actor("ns", "a1", from, "w2", demand(1000, 1024 * MIB), NOW)
+            .bind_actor(
+                &ActorRef::new("ns", "a1"),
+                from,
+                "w2",
+                demand(1000, 1024 * MIB),
+                NOW,
+            )
             .await
             .unwrap();
         assert_eq!(rebound.activation, 2);
@@ -1217,18 +1257,21 @@ mod cases {
         );
         // Released and bound again (a suspend, then a resume): the next token.
         s.release_actor(
-            "ns",
-            "a1",
-            &[ActorState::Resuming],
-            ActorState::Suspended,
+            &ActorRef::new("ns", "a1"),
+            Transition::new(&[ActorState::Resuming], ActorState::Suspended),
             None,
-            ActorUpdate::default(),
             NOW + 2,
         )
         .await
         .unwrap();
         let next = s
-            .bind_actor("ns", "a1", from, "w2", demand(1, 1), NOW + 3)
+            .bind_actor(
+                &ActorRef::new("ns", "a1"),
+                from,
+                "w2",
+                demand(1, 1),
+                NOW + 3,
+            )
             .await
             .unwrap();
         assert_eq!(next.activation, 3);
@@ -1261,8 +1304,7 @@ mod cases {
                     barrier.wait().await;
                     store
                         .bind_actor(
-                            "ns",
-                            &format!("a{i}"),
+                            &ActorRef::new("ns", format!("a{i}")),
                             &[ActorState::Suspended],
                             "w1",
                             each,
@@ -1327,8 +1369,7 @@ mod cases {
         a.attached_node = Some("old-node".into());
         s.create_actor(&a).await.unwrap();
         s.bind_actor(
-            "ns",
-            "a1",
+            &ActorRef::new("ns", "a1"),
             &[ActorState::Suspended],
             "w1",
             demand(500, 512 * MIB),
@@ -1338,18 +1379,14 @@ mod cases {
         .unwrap();
         s.transition(
             &ActorRef::new("ns", "a1"),
-            &[ActorState::Resuming],
-            ActorState::Running,
-            ActorUpdate::default(),
+            Transition::new(&[ActorState::Resuming], ActorState::Running),
             NOW,
         )
         .await
         .unwrap();
         s.transition(
             &ActorRef::new("ns", "a1"),
-            &[ActorState::Running],
-            ActorState::Suspending,
-            ActorUpdate::default(),
+            Transition::new(&[ActorState::Running], ActorState::Suspending),
             NOW,
         )
         .await
@@ -1359,12 +1396,9 @@ mod cases {
         let snap = snapshot("ns", "a1", 1, "node-w1");
         assert_err!(
             s.release_actor(
-                "ns",
-                "a1",
-                &[ActorState::Running],
-                ActorState::Suspended,
+                &ActorRef::new("ns", "a1"),
+                Transition::new(&[ActorState::Running], ActorState::Suspended),
                 Some(&snap),
-                ActorUpdate::default(),
                 NOW
             )
             .await,
@@ -1383,12 +1417,9 @@ mod cases {
         let foreign = snapshot("ns", "other", 1, "node-w1");
         assert_err!(
             s.release_actor(
-                "ns",
-                "a1",
-                &[ActorState::Suspending],
-                ActorState::Suspended,
+                &ActorRef::new("ns", "a1"),
+                Transition::new(&[ActorState::Suspending], ActorState::Suspended),
                 Some(&foreign),
-                ActorUpdate::default(),
                 NOW
             )
             .await,
@@ -1397,12 +1428,9 @@ mod cases {
 
         let released = s
             .release_actor(
-                "ns",
-                "a1",
-                &[ActorState::Suspending],
-                ActorState::Suspended,
+                &ActorRef::new("ns", "a1"),
+                Transition::new(&[ActorState::Suspending], ActorState::Suspended),
                 Some(&snap),
-                ActorUpdate::default(),
                 NOW + 7,
             )
             .await
@@ -1425,8 +1453,7 @@ mod cases {
 
         // Second cycle: generation 2 on another node; the update's fields apply too.
         s.bind_actor(
-            "ns",
-            "a1",
+            &ActorRef::new("ns", "a1"),
             &[ActorState::Suspended],
             "w1",
             demand(500, 512 * MIB),
@@ -1445,12 +1472,9 @@ mod cases {
         };
         let r2 = s
             .release_actor(
-                "ns",
-                "a1",
-                &[ActorState::Resuming],
-                ActorState::Suspended,
+                &ActorRef::new("ns", "a1"),
+                Transition::new(&[ActorState::Resuming], ActorState::Suspended).with(update),
                 Some(&snap2),
-                update,
                 NOW + 8,
             )
             .await
@@ -1473,8 +1497,7 @@ mod cases {
         assert_eq!(gens, [2, 1]);
         // The same generation twice is refused (and rolls back the whole release).
         s.bind_actor(
-            "ns",
-            "a1",
+            &ActorRef::new("ns", "a1"),
             &[ActorState::Suspended],
             "w1",
             demand(500, 512 * MIB),
@@ -1484,12 +1507,9 @@ mod cases {
         .unwrap();
         assert_err!(
             s.release_actor(
-                "ns",
-                "a1",
-                &[ActorState::Resuming],
-                ActorState::Suspended,
+                &ActorRef::new("ns", "a1"),
+                Transition::new(&[ActorState::Resuming], ActorState::Suspended),
                 Some(&snap2),
-                ActorUpdate::default(),
                 NOW
             )
             .await,
@@ -1505,12 +1525,9 @@ mod cases {
         // Release without a snapshot (crash path): capacity freed, generation kept.
         let crashed = s
             .release_actor(
-                "ns",
-                "a1",
-                &[ActorState::Resuming],
-                ActorState::Crashed,
+                &ActorRef::new("ns", "a1"),
+                Transition::new(&[ActorState::Resuming], ActorState::Crashed),
                 None,
-                ActorUpdate::default(),
                 NOW + 9,
             )
             .await
@@ -1523,12 +1540,9 @@ mod cases {
         assert_eq!(s.get_worker("w1").await.unwrap().used, Capacity::default());
         assert_err!(
             s.release_actor(
-                "ns",
-                "zz",
-                &[ActorState::Resuming],
-                ActorState::Crashed,
+                &ActorRef::new("ns", "zz"),
+                Transition::new(&[ActorState::Resuming], ActorState::Crashed),
                 None,
-                ActorUpdate::default(),
                 NOW
             )
             .await,
@@ -1812,8 +1826,7 @@ mod cases {
         // An assignment survives re-registration (new epoch, new capacity).
         s.create_actor(&actor("ns", "a1", "ns/t")).await.unwrap();
         s.bind_actor(
-            "ns",
-            "a1",
+            &ActorRef::new("ns", "a1"),
             &[ActorState::Suspended],
             "w1",
             demand(100, MIB),
@@ -1914,9 +1927,7 @@ mod cases {
         let before = s.counters().snapshot();
         s.transition(
             &ActorRef::new("ns", "a1"),
-            &[ActorState::Suspended],
-            ActorState::Crashed,
-            ActorUpdate::default(),
+            Transition::new(&[ActorState::Suspended], ActorState::Crashed),
             NOW,
         )
         .await

@@ -3,7 +3,7 @@
 
 use ate_core::TemplateRef;
 use ate_core::clock::now_ms;
-use ate_core::{ActorState, SuspendMode};
+use ate_core::{ActorRef, ActorState, SuspendMode};
 use ate_proto::v1::*;
 use ate_store::ActorRecord;
 use tonic::{Request, Response, Status};
@@ -102,16 +102,12 @@ impl actor_service_server::ActorService for Services {
             0 => DEFAULT_PAGE_SIZE,
             n => n.min(MAX_PAGE_SIZE),
         };
-        let after = parse_page_token(&req.page_token)?;
+        let after = parse_page_token(&req.page_token)?.map(|(a, n)| ActorRef::new(a, n));
         let atespace = Some(req.atespace.as_str()).filter(|a| !a.is_empty());
         let rows = self
             .api
             .store
-            .list_actors(
-                atespace,
-                after.as_ref().map(|(a, n)| (a.as_str(), n.as_str())),
-                limit,
-            )
+            .list_actors(atespace, after.as_ref(), limit)
             .await
             .map_err(store_status)?;
         let next_page_token = if rows.len() as u32 == limit {
@@ -153,7 +149,7 @@ impl actor_service_server::ActorService for Services {
         let a = self
             .api
             .store
-            .update_actor_selector(&r.atespace, &r.name, &sel, now_ms())
+            .update_actor_selector(&r, &sel, now_ms())
             .await
             .map_err(store_status)?;
         Ok(Response::new(convert::actor_view(

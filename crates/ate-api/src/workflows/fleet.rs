@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use ate_core::clock::now_ms;
 use ate_core::{ActorRef, ActorState};
-use ate_store::{ActorRecord, ActorUpdate, StoreError};
+use ate_store::{ActorRecord, ActorUpdate, StoreError, Transition};
 
 use super::{Api, demand};
 use crate::error::WorkflowError;
@@ -61,12 +61,9 @@ impl Api {
         match self
             .store
             .release_actor(
-                &r.atespace,
-                &r.name,
-                &[ActorState::Running],
-                next,
+                r,
+                Transition::new(&[ActorState::Running], next).with(update),
                 None,
-                update,
                 now_ms(),
             )
             .await
@@ -191,14 +188,7 @@ impl Api {
         };
         match self
             .store
-            .readopt_actor(
-                &a.atespace,
-                &a.name,
-                worker_id,
-                activation,
-                demand(&template),
-                now_ms(),
-            )
+            .readopt_actor(a, worker_id, activation, demand(&template), now_ms())
             .await
         {
             Ok(_) => {
@@ -250,7 +240,12 @@ impl Api {
         let update = ActorUpdate::with_error(why);
         match self
             .store
-            .release_actor(&a.atespace, &a.name, &[a.state], to, None, update, now_ms())
+            .release_actor(
+                &a.actor_ref(),
+                Transition::new(&[a.state], to).with(update),
+                None,
+                now_ms(),
+            )
             .await
         {
             Ok(_) | Err(StoreError::StateConflict { .. }) => Ok(()),

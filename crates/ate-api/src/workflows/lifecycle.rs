@@ -6,9 +6,9 @@ use std::time::Duration;
 
 use ate_core::clock::now_ms;
 use ate_core::{ActorRef, ActorState};
-use ate_store::{ActorUpdate, SnapshotRecord, StoreError, WorkerRecord, WorkerStatus};
+use ate_store::{ActorUpdate, SnapshotRecord, StoreError, Transition, WorkerRecord, WorkerStatus};
 
-use super::{ActorView, Api, Failure};
+use super::{ActorView, Api, Failure, live_node_address};
 use crate::error::WorkflowError;
 use crate::node::NodeClients;
 
@@ -20,7 +20,7 @@ impl Api {
             match actor.state {
                 ActorState::Suspended => Ok(ActorView::bare(actor)),
                 ActorState::Crashed => {
-                    let a = self.store.release_actor(&r.atespace, &r.name, &[ActorState::Crashed], ActorState::Suspended, None, ActorUpdate::default(), now_ms()).await?;
+                    let a = self.store.release_actor(r, Transition::new(&[ActorState::Crashed], ActorState::Suspended), None, now_ms()).await?;
                     Ok(ActorView::bare(a))
                 }
                 state => Err(WorkflowError::FailedPrecondition(format!("RevertActor is refused while actor {r} is {state}; it reverts only ACTOR_STATE_CRASHED")).into()),
@@ -101,12 +101,11 @@ impl Api {
         }
         self.store
             .release_actor(
-                &r.atespace,
-                &r.name,
-                &active,
-                ActorState::Suspended,
+                r,
+                Transition::new(&active, ActorState::Suspended).with(ActorUpdate::with_error(
+                    "deleted with --force: stopped without a snapshot",
+                )),
                 None,
-                ActorUpdate::with_error("deleted with --force: stopped without a snapshot"),
                 now_ms(),
             )
             .await?;
@@ -162,11 +161,7 @@ impl Api {
     /// [`ate_store::Store::prune_snapshots`]) and deletes their files in the background, so a
     /// suspend does not wait for object-store deletes.
     pub(super) async fn prune_generations(&self, r: &ActorRef) {
-        let garbage = match self
-            .store
-            .prune_snapshots(&r.atespace, &r.name, KEEP_NEWEST_GENERATIONS)
-            .await
-        {
+        let garbage = match self.store.prune_snapshots(r, KEEP_NEWEST_GENERATIONS).await {
             Ok(g) if g.is_empty() => return,
             Ok(g) => g,
             Err(e) => {
@@ -197,11 +192,7 @@ async fn delete_snapshot_files(
         .find(|w| w.status == WorkerStatus::Active)
         .map(|w| w.node_address.clone());
     for snap in snapshots {
-        let target = workers
-            .iter()
-            .find(|w| w.status == WorkerStatus::Active && w.node == snap.node)
-            .map(|w| w.node_address.clone())
-            .or_else(|| any_node.clone());
+        let target = live_node_address(workers, &snap.node).or_else(|| any_node.clone());
         let Some(address) = target else {
             tracing::warn!(actor = %format!("{}/{}", snap.atespace, snap.name), generation = snap.generation, uri = snap.durable_uri.as_deref().unwrap_or_default(), "no live node to delete snapshot files");
             continue;

@@ -2,9 +2,8 @@
 //! of the runs there).
 
 use ate_core::ActorRef;
-use ate_store::WorkerStatus;
 
-use super::Api;
+use super::{Api, live_node_address};
 use crate::error::WorkflowError;
 
 /// Most bytes of log one ReadActorLog returns.
@@ -45,15 +44,11 @@ impl Api {
                 "actor {r} has not run yet: it has no log"
             )));
         };
-        let address = workers
-            .iter()
-            .find(|w| w.node == node && w.status == WorkerStatus::Active)
-            .map(|w| w.node_address.clone())
-            .ok_or_else(|| {
-                WorkflowError::Unavailable(format!(
-                    "node {node}, which holds the log of actor {r}, is not registered"
-                ))
-            })?;
+        let address = live_node_address(&workers, &node).ok_or_else(|| {
+            WorkflowError::Unavailable(format!(
+                "node {node}, which holds the log of actor {r}, is not registered"
+            ))
+        })?;
         let mut client = self.nodes.client(&address)?;
         let reply = client
             .read_log(r, offset, MAX_LOG_READ)

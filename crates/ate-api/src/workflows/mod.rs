@@ -26,7 +26,9 @@ use std::time::Instant;
 
 use ate_core::clock::now_ms;
 use ate_core::{ActorRef, ActorState};
-use ate_store::{ActorRecord, Capacity, Store, StoreError, TemplateRecord, WorkerRecord};
+use ate_store::{
+    ActorRecord, Capacity, Store, StoreError, TemplateRecord, WorkerRecord, WorkerStatus,
+};
 
 use crate::ApiConfig;
 use crate::error::WorkflowError;
@@ -168,6 +170,14 @@ async fn end_lease<T>(lease: Lease, result: Result<T, Failure>) -> Result<T, Wor
             Err(s)
         }
     }
+}
+
+/// The NodeService address of `node` while one of its workers is ACTIVE.
+fn live_node_address(workers: &[WorkerRecord], node: &str) -> Option<String> {
+    workers
+        .iter()
+        .find(|w| w.node == node && w.status == WorkerStatus::Active)
+        .map(|w| w.node_address.clone())
 }
 
 fn demand(template: &TemplateRecord) -> Capacity {

@@ -6,13 +6,13 @@ use std::time::{Duration, Instant};
 
 use ate_core::backoff::{Backoff, Policy};
 use ate_core::clock::now_ms;
-use ate_core::{ActorRef, ActorState, DurableStatus};
+use ate_core::{ActorState, DurableStatus};
 use ate_store::{
     ActorRecord, SnapshotRecord, StoreError, TemplateRecord, WorkerRecord, WorkerStatus,
 };
 use tracing::Instrument;
 
-use super::{Api, Failure, demand};
+use super::{Api, Failure, demand, live_node_address};
 use crate::error::WorkflowError;
 use crate::scheduler::{self, Requirements};
 
@@ -48,8 +48,7 @@ impl Api {
         match self
             .store
             .bind_actor(
-                &actor.atespace,
-                &actor.name,
+                &actor.actor_ref(),
                 &[ActorState::Resuming],
                 &worker.id,
                 demand(template),
@@ -123,9 +122,10 @@ impl Api {
         let mut detached = false;
         let demand = demand(template);
         let from = [ActorState::Suspended, ActorState::Resuming];
-        let actor_key = format!("{}/{}", actor.atespace, actor.name);
+        let r = actor.actor_ref();
+        let actor_key = r.to_string();
         let frozen_on = match snapshot {
-            Some(s) => self.frozen_worker(&actor.actor_ref(), s.generation).await,
+            Some(s) => self.frozen_worker(&r, s.generation).await,
             None => None,
         };
         // What this resume waits for if it finds no room (its entry in the admission queue).
@@ -179,14 +179,7 @@ impl Api {
             };
             match self
                 .store
-                .bind_actor(
-                    &actor.atespace,
-                    &actor.name,
-                    &from,
-                    &worker.id,
-                    demand,
-                    now_ms(),
-                )
+                .bind_actor(&r, &from, &worker.id, demand, now_ms())
                 .instrument(ate_tls::trace_span!("bind", worker = %worker.id, attempt))
                 .await
             {
@@ -219,17 +212,13 @@ impl Api {
         snap: &SnapshotRecord,
         workers: &[WorkerRecord],
     ) -> Result<(), Failure> {
-        let node_address = workers
-            .iter()
-            .find(|w| w.node == node && w.status == WorkerStatus::Active)
-            .map(|w| w.node_address.clone())
-            .ok_or_else(|| {
-                WorkflowError::Unavailable(format!(
-                    "node {node} holding the actor's snapshot is not registered"
-                ))
-            })?;
+        let node_address = live_node_address(workers, node).ok_or_else(|| {
+            WorkflowError::Unavailable(format!(
+                "node {node} holding the actor's snapshot is not registered"
+            ))
+        })?;
         let mut client = self.nodes.client(&node_address)?;
-        let r = ActorRef::new(actor.atespace.clone(), actor.name.clone());
+        let r = actor.actor_ref();
         let detached = client
             .detach(&r, std::slice::from_ref(snap))
             .await

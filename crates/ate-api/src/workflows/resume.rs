@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use ate_core::clock::now_ms;
 use ate_core::restore::{RestorePlan, SnapshotFacts, decide};
 use ate_core::{ActorRef, ActorState};
-use ate_store::{ActorUpdate, WorkerStatus};
+use ate_store::{ActorUpdate, Transition, WorkerStatus};
 use tracing::Instrument;
 
 use super::{
@@ -215,12 +215,10 @@ impl Api {
                 ));
                 self.store
                     .release_actor(
-                        &r.atespace,
-                        &r.name,
-                        &[ActorState::Resuming],
-                        ActorState::Suspended,
+                        r,
+                        Transition::new(&[ActorState::Resuming], ActorState::Suspended)
+                            .with(update),
                         None,
-                        update,
                         now_ms(),
                     )
                     .await?;
@@ -248,12 +246,9 @@ impl Api {
                 let update = ActorUpdate::with_error(why.clone());
                 self.store
                     .release_actor(
-                        &r.atespace,
-                        &r.name,
-                        &[ActorState::Resuming],
-                        ActorState::Crashed,
+                        r,
+                        Transition::new(&[ActorState::Resuming], ActorState::Crashed).with(update),
                         None,
-                        update,
                         now_ms(),
                     )
                     .await?;
@@ -285,9 +280,7 @@ impl Api {
             .store
             .transition_releasing_lease(
                 r,
-                &[ActorState::Resuming],
-                ActorState::Running,
-                update,
+                Transition::new(&[ActorState::Resuming], ActorState::Running).with(update),
                 now_ms(),
                 lease.key(),
                 lease.holder(),

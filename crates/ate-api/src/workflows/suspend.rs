@@ -6,7 +6,7 @@ use std::time::Instant;
 
 use ate_core::clock::now_ms;
 use ate_core::{ActorRef, ActorState};
-use ate_store::{ActorUpdate, StoreError, WorkerStatus};
+use ate_store::{ActorUpdate, StoreError, Transition, WorkerStatus};
 
 use super::{ActorView, Api, Failure, FaultPoint, crashed, transient, worker_unavailable};
 use crate::error::WorkflowError;
@@ -60,9 +60,7 @@ impl Api {
                     .store
                     .transition(
                         r,
-                        &[ActorState::Running],
-                        ActorState::Suspending,
-                        ActorUpdate::default(),
+                        Transition::new(&[ActorState::Running], ActorState::Suspending),
                         now_ms(),
                     )
                     .await?;
@@ -86,12 +84,9 @@ impl Api {
             let a = self
                 .store
                 .release_actor(
-                    &r.atespace,
-                    &r.name,
-                    &from,
-                    ActorState::Suspended,
+                    r,
+                    Transition::new(&from, ActorState::Suspended).with(update),
                     None,
-                    update,
                     now_ms(),
                 )
                 .await?;
@@ -123,7 +118,11 @@ impl Api {
                 tracing::warn!(actor = %r, worker = %worker.id, error = %error.message, "suspend failed; the actor runs on");
                 let update = ActorUpdate::with_error(why.clone());
                 self.store
-                    .transition(r, &from, ActorState::Running, update, now_ms())
+                    .transition(
+                        r,
+                        Transition::new(&from, ActorState::Running).with(update),
+                        now_ms(),
+                    )
                     .await?;
                 return Err(WorkflowError::Unavailable(why).into());
             }
@@ -146,12 +145,9 @@ impl Api {
                 let update = ActorUpdate::with_error(why.clone());
                 self.store
                     .release_actor(
-                        &r.atespace,
-                        &r.name,
-                        &from,
-                        ActorState::Crashed,
+                        r,
+                        Transition::new(&from, ActorState::Crashed).with(update),
                         None,
-                        update,
                         now_ms(),
                     )
                     .await?;
@@ -174,12 +170,9 @@ impl Api {
         let a = self
             .store
             .release_actor(
-                &r.atespace,
-                &r.name,
-                &from,
-                ActorState::Suspended,
+                r,
+                Transition::new(&from, ActorState::Suspended).with(update),
                 Some(&snap),
-                update,
                 now_ms(),
             )
             .await?;

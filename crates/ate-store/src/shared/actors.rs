@@ -3,17 +3,16 @@
 
 use std::collections::BTreeMap;
 
-use ate_core::ActorState;
+use ate_core::{ActorRef, ActorState};
 
 use super::atespaces::share_atespace;
 use super::leases::DELETE_LEASE;
-use super::rows::{actor_from_row, snapshot_from_row};
+use super::rows::{actor_from_row, found, snapshot_from_row};
 use super::{StoreImpl, Tx};
 use crate::util::{
-    actor_lease_key, already_exists, check_state, is_unique_violation, none_as_empty, not_found,
-    to_i64, to_json,
+    already_exists, check_state, none_as_empty, not_found, to_i64, to_json, unique_or,
 };
-use crate::{ActorRecord, ActorUpdate, Result, SnapshotRecord};
+use crate::{ActorRecord, ActorUpdate, Result, SnapshotRecord, Transition};
 
 pub(super) async fn create_actor(store: &StoreImpl, actor: &ActorRecord) -> Result<ActorRecord> {
     store.counters.write();
@@ -55,51 +54,37 @@ pub(super) async fn create_actor(store: &StoreImpl, actor: &ActorRecord) -> Resu
     .bind(to_i64(actor.activation, "activation")?)
     .fetch_one(&mut *tx)
     .await;
-    let row = match inserted {
-        Ok(row) => row,
-        Err(e) if is_unique_violation(&e) => {
-            return Err(already_exists(
-                "actor",
-                &format!("{}/{}", actor.atespace, actor.name),
-            ));
-        }
-        Err(e) => return Err(e.into()),
-    };
+    let row = unique_or(inserted, || {
+        already_exists("actor", &format!("{}/{}", actor.atespace, actor.name))
+    })?;
     let record = actor_from_row(&row)?;
     tx.commit().await?;
     Ok(record)
 }
 
-pub(super) async fn get_actor(
-    store: &StoreImpl,
-    atespace: &str,
-    name: &str,
-) -> Result<ActorRecord> {
+pub(super) async fn get_actor(store: &StoreImpl, actor: &ActorRef) -> Result<ActorRecord> {
     store.counters.read();
     let row = sqlx::query(concat!(
         "SELECT ",
         actor_cols!(),
         " FROM actors WHERE atespace = $1 AND name = $2"
     ))
-    .bind(atespace)
-    .bind(name)
+    .bind(&actor.atespace)
+    .bind(&actor.name)
     .fetch_optional(&store.pool)
     .await?;
-    match row {
-        Some(row) => actor_from_row(&row),
-        None => Err(not_found("actor", &format!("{atespace}/{name}"))),
-    }
+    found(row, actor_from_row, "actor", actor)
 }
 
 pub(super) async fn list_actors(
     store: &StoreImpl,
     atespace: Option<&str>,
-    after: Option<(&str, &str)>,
+    after: Option<&ActorRef>,
     limit: u32,
 ) -> Result<Vec<ActorRecord>> {
     store.counters.read();
     // Names are never empty, so ("", "") sorts before every actor.
-    let (after_space, after_name) = after.unwrap_or(("", ""));
+    let (after_space, after_name) = after.map_or(("", ""), |a| (&a.atespace, &a.name));
     let rows = sqlx::query(concat!(
         "SELECT ",
         actor_cols!(),
@@ -117,8 +102,7 @@ pub(super) async fn list_actors(
 
 pub(super) async fn update_actor_selector(
     store: &StoreImpl,
-    atespace: &str,
-    name: &str,
+    actor: &ActorRef,
     selector: &BTreeMap<String, String>,
     now_ms: i64,
 ) -> Result<ActorRecord> {
@@ -127,106 +111,72 @@ pub(super) async fn update_actor_selector(
         "UPDATE actors SET worker_selector = $3, updated_ms = $4 WHERE atespace = $1 AND name = $2 RETURNING ",
         actor_cols!()
     ))
-    .bind(atespace)
-    .bind(name)
+    .bind(&actor.atespace)
+    .bind(&actor.name)
     .bind(to_json(selector, "worker_selector")?)
     .bind(now_ms)
     .fetch_optional(&store.pool)
     .await?;
-    match row {
-        Some(row) => actor_from_row(&row),
-        None => Err(not_found("actor", &format!("{atespace}/{name}"))),
-    }
+    found(row, actor_from_row, "actor", actor)
 }
 
 pub(super) async fn delete_actor(
     store: &StoreImpl,
-    atespace: &str,
-    name: &str,
+    actor: &ActorRef,
 ) -> Result<Vec<SnapshotRecord>> {
-    store.counters.write();
-    let mut tx = store.begin_write().await?;
-    let actor = lock_actor(&mut tx, atespace, name).await?;
-    check_state(actor.state, &[ActorState::Suspended, ActorState::Crashed])?;
+    let (mut tx, record) = begin_on_actor(store, actor).await?;
+    check_state(record.state, &[ActorState::Suspended, ActorState::Crashed])?;
     let rows = sqlx::query(concat!(
         "SELECT ",
         snapshot_cols!(),
         " FROM snapshots s WHERE atespace = $1 AND name = $2 \
          AND NOT EXISTS (SELECT 1 FROM tags t WHERE t.s_uuid = s.uuid) ORDER BY generation DESC"
     ))
-    .bind(atespace)
-    .bind(name)
+    .bind(&actor.atespace)
+    .bind(&actor.name)
     .fetch_all(&mut *tx)
     .await?;
     let unreferenced = rows
         .iter()
         .map(|r| snapshot_from_row(r, ""))
         .collect::<Result<Vec<_>>>()?;
-    sqlx::query("DELETE FROM snapshots WHERE atespace = $1 AND name = $2")
-        .bind(atespace)
-        .bind(name)
-        .execute(&mut *tx)
-        .await?;
-    sqlx::query("DELETE FROM actor_assignments WHERE atespace = $1 AND name = $2")
-        .bind(atespace)
-        .bind(name)
-        .execute(&mut *tx)
-        .await?;
+    delete_actor_rows(&mut tx, DELETE_SNAPSHOTS, actor).await?;
+    delete_actor_rows(&mut tx, DELETE_ASSIGNMENT, actor).await?;
     sqlx::query("DELETE FROM leases WHERE key = $1")
-        .bind(actor_lease_key(atespace, name))
+        .bind(actor.lease_key())
         .execute(&mut *tx)
         .await?;
-    sqlx::query("DELETE FROM frozen_copies WHERE atespace = $1 AND name = $2")
-        .bind(atespace)
-        .bind(name)
-        .execute(&mut *tx)
-        .await?;
-    sqlx::query("DELETE FROM actors WHERE atespace = $1 AND name = $2")
-        .bind(atespace)
-        .bind(name)
-        .execute(&mut *tx)
-        .await?;
+    delete_actor_rows(&mut tx, DELETE_FROZEN_COPY, actor).await?;
+    delete_actor_rows(&mut tx, DELETE_ACTOR, actor).await?;
     tx.commit().await?;
     Ok(unreferenced)
 }
 
+/// [`crate::Store::transition`], and with `lease` (key, holder)
+/// [`crate::Store::transition_releasing_lease`]:
+/// the lease row is deleted in the same transaction.
 pub(super) async fn transition(
     store: &StoreImpl,
-    atespace: &str,
-    name: &str,
-    from: &[ActorState],
-    to: ActorState,
-    update: ActorUpdate,
+    actor: &ActorRef,
+    transition: Transition<'_>,
     now_ms: i64,
+    lease: Option<(&str, &str)>,
 ) -> Result<ActorRecord> {
-    store.counters.write();
-    let mut tx = store.begin_write().await?;
-    let record = transition_in(&mut tx, atespace, name, from, to, update, now_ms).await?;
-    tx.commit().await?;
-    Ok(record)
-}
-
-#[allow(clippy::too_many_arguments)] // the Store method's arguments, plus the store
-pub(super) async fn transition_releasing_lease(
-    store: &StoreImpl,
-    atespace: &str,
-    name: &str,
-    from: &[ActorState],
-    to: ActorState,
-    update: ActorUpdate,
-    now_ms: i64,
-    lease_key: &str,
-    lease_holder: &str,
-) -> Result<ActorRecord> {
-    store.counters.write();
-    store.counters.lease();
-    let mut tx = store.begin_write().await?;
-    let record = transition_in(&mut tx, atespace, name, from, to, update, now_ms).await?;
-    sqlx::query(DELETE_LEASE)
-        .bind(lease_key)
-        .bind(lease_holder)
-        .execute(&mut *tx)
-        .await?;
+    if lease.is_some() {
+        store.counters.lease();
+    }
+    let (mut tx, mut record) = begin_on_actor(store, actor).await?;
+    check_state(record.state, transition.from)?;
+    record.state = transition.to;
+    apply_update(&mut record, transition.update, now_ms);
+    let record = write_actor(&mut tx, &record).await?;
+    if let Some((key, holder)) = lease {
+        sqlx::query(DELETE_LEASE)
+            .bind(key)
+            .bind(holder)
+            .execute(&mut *tx)
+            .await?;
+    }
     tx.commit().await?;
     Ok(record)
 }
@@ -247,39 +197,52 @@ pub(super) async fn actors_on_worker(
     rows.iter().map(actor_from_row).collect()
 }
 
+/// A write transaction (counted as one write) holding the actor's row lock, and the row.
+pub(super) async fn begin_on_actor(
+    store: &StoreImpl,
+    actor: &ActorRef,
+) -> Result<(Tx, ActorRecord)> {
+    store.counters.write();
+    let mut tx = store.begin_write().await?;
+    let record = lock_actor(&mut tx, actor).await?;
+    Ok((tx, record))
+}
+
+// Statements for `delete_actor_rows`: each deletes the actor's rows of one table.
+const DELETE_SNAPSHOTS: &str = "DELETE FROM snapshots WHERE atespace = $1 AND name = $2";
+/// Drops the actor's assignment (its claim on a worker's capacity).
+pub(super) const DELETE_ASSIGNMENT: &str =
+    "DELETE FROM actor_assignments WHERE atespace = $1 AND name = $2";
+const DELETE_FROZEN_COPY: &str = "DELETE FROM frozen_copies WHERE atespace = $1 AND name = $2";
+const DELETE_ACTOR: &str = "DELETE FROM actors WHERE atespace = $1 AND name = $2";
+
+/// Runs `sql`, a DELETE keyed by `atespace = $1 AND name = $2`, for the actor.
+pub(super) async fn delete_actor_rows(
+    tx: &mut Tx,
+    sql: &'static str,
+    actor: &ActorRef,
+) -> Result<()> {
+    sqlx::query(sql)
+        .bind(&actor.atespace)
+        .bind(&actor.name)
+        .execute(&mut **tx)
+        .await?;
+    Ok(())
+}
+
 /// The actor row, locked for update (Postgres). NotFound if missing.
-pub(super) async fn lock_actor(tx: &mut Tx, atespace: &str, name: &str) -> Result<ActorRecord> {
+pub(super) async fn lock_actor(tx: &mut Tx, actor: &ActorRef) -> Result<ActorRecord> {
     let row = sqlx::query(concat!(
         "SELECT ",
         actor_cols!(),
         " FROM actors WHERE atespace = $1 AND name = $2",
         for_update!()
     ))
-    .bind(atespace)
-    .bind(name)
+    .bind(&actor.atespace)
+    .bind(&actor.name)
     .fetch_optional(&mut **tx)
     .await?;
-    match row {
-        Some(row) => actor_from_row(&row),
-        None => Err(not_found("actor", &format!("{atespace}/{name}"))),
-    }
-}
-
-/// The compare-and-set state change of [`Store::transition`], inside `tx`.
-async fn transition_in(
-    tx: &mut Tx,
-    atespace: &str,
-    name: &str,
-    from: &[ActorState],
-    to: ActorState,
-    update: ActorUpdate,
-    now_ms: i64,
-) -> Result<ActorRecord> {
-    let mut actor = lock_actor(tx, atespace, name).await?;
-    check_state(actor.state, from)?;
-    actor.state = to;
-    apply_update(&mut actor, update, now_ms);
-    write_actor(tx, &actor).await
+    found(row, actor_from_row, "actor", actor)
 }
 
 /// Writes every mutable field of the actor and returns the stored row.
@@ -302,13 +265,12 @@ pub(super) async fn write_actor(tx: &mut Tx, actor: &ActorRecord) -> Result<Acto
     .bind(to_i64(actor.activation, "activation")?)
     .fetch_optional(&mut **tx)
     .await?;
-    match row {
-        Some(row) => actor_from_row(&row),
-        None => Err(not_found(
-            "actor",
-            &format!("{}/{}", actor.atespace, actor.name),
-        )),
-    }
+    found(
+        row,
+        actor_from_row,
+        "actor",
+        format_args!("{}/{}", actor.atespace, actor.name),
+    )
 }
 
 pub(super) fn apply_update(actor: &mut ActorRecord, update: ActorUpdate, now_ms: i64) {

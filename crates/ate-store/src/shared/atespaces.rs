@@ -2,9 +2,9 @@
 
 use sqlx::Row as _;
 
-use super::rows::atespace_from_row;
+use super::rows::{atespace_from_row, found};
 use super::{StoreImpl, Tx};
-use crate::util::{already_exists, count_of, is_unique_violation, not_found};
+use crate::util::{already_exists, count_of, not_found, unique_or};
 use crate::{AtespaceRecord, Result, StoreError};
 
 pub(super) async fn create_atespace(
@@ -18,15 +18,12 @@ pub(super) async fn create_atespace(
         .bind(now_ms)
         .execute(&store.pool)
         .await;
-    match result {
-        Ok(_) => Ok(AtespaceRecord {
-            name: name.to_string(),
-            created_ms: now_ms,
-            actor_count: 0,
-        }),
-        Err(e) if is_unique_violation(&e) => Err(already_exists("atespace", name)),
-        Err(e) => Err(e.into()),
-    }
+    unique_or(result, || already_exists("atespace", name))?;
+    Ok(AtespaceRecord {
+        name: name.to_string(),
+        created_ms: now_ms,
+        actor_count: 0,
+    })
 }
 
 pub(super) async fn get_atespace(store: &StoreImpl, name: &str) -> Result<AtespaceRecord> {
@@ -35,10 +32,7 @@ pub(super) async fn get_atespace(store: &StoreImpl, name: &str) -> Result<Atespa
         .bind(name)
         .fetch_optional(&store.pool)
         .await?;
-    match row {
-        Some(row) => atespace_from_row(&row),
-        None => Err(not_found("atespace", name)),
-    }
+    found(row, atespace_from_row, "atespace", name)
 }
 
 pub(super) async fn list_atespaces(store: &StoreImpl) -> Result<Vec<AtespaceRecord>> {

@@ -1,116 +1,110 @@
 //! Binding an actor to a worker (capacity admission), re-adopting it, and releasing it (the end
 //! of a suspend).
 
-use ate_core::ActorState;
+use ate_core::{ActorRef, ActorState};
 use sqlx::Row as _;
 
-use super::actors::{apply_update, lock_actor, write_actor};
+use super::actors::{
+    DELETE_ASSIGNMENT, apply_update, begin_on_actor, delete_actor_rows, write_actor,
+};
 use super::snapshots::insert_snapshot;
 use super::{StoreImpl, Tx};
 use crate::util::{admits, check_state, not_found, parse_worker_status, to_i64, to_u64};
-use crate::{ActorRecord, ActorUpdate, Capacity, Result, SnapshotRecord, StoreError, WorkerStatus};
+use crate::{ActorRecord, Capacity, Result, SnapshotRecord, StoreError, Transition, WorkerStatus};
 
 pub(super) async fn bind_actor(
     store: &StoreImpl,
-    atespace: &str,
-    name: &str,
+    actor: &ActorRef,
     from: &[ActorState],
     worker_id: &str,
     demand: Capacity,
     now_ms: i64,
 ) -> Result<ActorRecord> {
-    store.counters.write();
-    let mut tx = store.begin_write().await?;
-    let mut actor = lock_actor(&mut tx, atespace, name).await?;
+    let (mut tx, mut record) = begin_on_actor(store, actor).await?;
     // Already bound here (a retried bind): the same call succeeds again.
     let rebind =
-        actor.state == ActorState::Resuming && actor.worker_id.as_deref() == Some(worker_id);
+        record.state == ActorState::Resuming && record.worker_id.as_deref() == Some(worker_id);
     if !rebind {
-        check_state(actor.state, from)?;
+        check_state(record.state, from)?;
     }
-    let epoch = admit(&mut tx, atespace, name, worker_id, demand).await?;
+    let epoch = admit(&mut tx, actor, worker_id, demand).await?;
     // A new activation gets a new fencing token; a retried bind keeps the one it took, so a
     // sandbox its first attempt started is the same activation.
     if !rebind {
-        actor.activation = actor.activation.checked_add(1).ok_or_else(|| {
-            StoreError::Database(format!("actor {atespace}/{name}: activation overflow"))
-        })?;
+        record.activation = record
+            .activation
+            .checked_add(1)
+            .ok_or_else(|| StoreError::Database(format!("actor {actor}: activation overflow")))?;
     }
-    actor.state = ActorState::Resuming;
-    actor.worker_id = Some(worker_id.to_string());
-    actor.epoch = epoch;
-    actor.updated_ms = now_ms;
-    let record = write_actor(&mut tx, &actor).await?;
-    tx.commit().await?;
-    Ok(record)
+    record.state = ActorState::Resuming;
+    commit_bound(tx, record, worker_id, epoch, now_ms).await
 }
 
 pub(super) async fn readopt_actor(
     store: &StoreImpl,
-    atespace: &str,
-    name: &str,
+    actor: &ActorRef,
     worker_id: &str,
     activation: u64,
     demand: Capacity,
     now_ms: i64,
 ) -> Result<ActorRecord> {
-    store.counters.write();
-    let mut tx = store.begin_write().await?;
-    let mut actor = lock_actor(&mut tx, atespace, name).await?;
-    check_state(actor.state, &[ActorState::Suspended])?;
-    if actor.activation != activation {
+    let (mut tx, mut record) = begin_on_actor(store, actor).await?;
+    check_state(record.state, &[ActorState::Suspended])?;
+    if record.activation != activation {
         return Err(StoreError::FailedPrecondition(format!(
-            "actor {atespace}/{name} is at activation {}, not {activation}",
-            actor.activation
+            "actor {actor} is at activation {}, not {activation}",
+            record.activation
         )));
     }
-    let epoch = admit(&mut tx, atespace, name, worker_id, demand).await?;
-    actor.state = ActorState::Running;
-    actor.worker_id = Some(worker_id.to_string());
-    actor.epoch = epoch;
-    actor.last_error = None;
-    actor.updated_ms = now_ms;
-    let record = write_actor(&mut tx, &actor).await?;
+    let epoch = admit(&mut tx, actor, worker_id, demand).await?;
+    record.state = ActorState::Running;
+    record.last_error = None;
+    commit_bound(tx, record, worker_id, epoch, now_ms).await
+}
+
+/// The end of a bind or a re-adoption: the actor, admitted on `worker_id` at its registered
+/// `epoch`, is written and the transaction committed.
+async fn commit_bound(
+    mut tx: Tx,
+    mut record: ActorRecord,
+    worker_id: &str,
+    epoch: u64,
+    now_ms: i64,
+) -> Result<ActorRecord> {
+    record.worker_id = Some(worker_id.to_string());
+    record.epoch = epoch;
+    record.updated_ms = now_ms;
+    let record = write_actor(&mut tx, &record).await?;
     tx.commit().await?;
     Ok(record)
 }
 
-#[allow(clippy::too_many_arguments)] // the Store method's arguments, plus the store
 pub(super) async fn release_actor(
     store: &StoreImpl,
-    atespace: &str,
-    name: &str,
-    from: &[ActorState],
-    to: ActorState,
+    actor: &ActorRef,
+    transition: Transition<'_>,
     snapshot: Option<&SnapshotRecord>,
-    update: ActorUpdate,
     now_ms: i64,
 ) -> Result<ActorRecord> {
-    store.counters.write();
-    let mut tx = store.begin_write().await?;
-    let mut actor = lock_actor(&mut tx, atespace, name).await?;
-    check_state(actor.state, from)?;
-    apply_update(&mut actor, update, now_ms);
+    let (mut tx, mut record) = begin_on_actor(store, actor).await?;
+    check_state(record.state, transition.from)?;
+    apply_update(&mut record, transition.update, now_ms);
     if let Some(snapshot) = snapshot {
-        if snapshot.atespace != atespace || snapshot.name != name {
+        if snapshot.atespace != actor.atespace || snapshot.name != actor.name {
             return Err(StoreError::FailedPrecondition(format!(
-                "snapshot of actor \"{}/{}\" cannot be recorded for actor \"{atespace}/{name}\"",
+                "snapshot of actor \"{}/{}\" cannot be recorded for actor \"{actor}\"",
                 snapshot.atespace, snapshot.name
             )));
         }
         insert_snapshot(&mut tx, snapshot).await?;
         // The newest generation now lives on the node that wrote it.
-        actor.generation = snapshot.generation;
-        actor.attached_node = Some(snapshot.node.clone()).filter(|node| !node.is_empty());
+        record.generation = snapshot.generation;
+        record.attached_node = Some(snapshot.node.clone()).filter(|node| !node.is_empty());
     }
-    sqlx::query("DELETE FROM actor_assignments WHERE atespace = $1 AND name = $2")
-        .bind(atespace)
-        .bind(name)
-        .execute(&mut *tx)
-        .await?;
-    actor.state = to;
-    actor.worker_id = None;
-    let record = write_actor(&mut tx, &actor).await?;
+    delete_actor_rows(&mut tx, DELETE_ASSIGNMENT, actor).await?;
+    record.state = transition.to;
+    record.worker_id = None;
+    let record = write_actor(&mut tx, &record).await?;
     tx.commit().await?;
     Ok(record)
 }
@@ -118,13 +112,7 @@ pub(super) async fn release_actor(
 /// Capacity admission inside a bind's transaction: the worker exists (NotFound) and is ACTIVE,
 /// and its assignments minus this actor's plus `demand` fit (else NoRoom); then the actor's
 /// assignment is set to this worker. Returns the worker's registered epoch.
-async fn admit(
-    tx: &mut Tx,
-    atespace: &str,
-    name: &str,
-    worker_id: &str,
-    demand: Capacity,
-) -> Result<u64> {
+async fn admit(tx: &mut Tx, actor: &ActorRef, worker_id: &str, demand: Capacity) -> Result<u64> {
     let demand_cpu = to_i64(demand.cpu_millis, "cpu_millis")?;
     let demand_memory = to_i64(demand.memory_bytes, "memory_bytes")?;
     // The worker row lock serializes every admission onto this worker (Postgres; SQLite's
@@ -155,8 +143,8 @@ async fn admit(
          FROM actor_assignments WHERE worker_id = $1 AND NOT (atespace = $2 AND name = $3)",
     )
     .bind(worker_id)
-    .bind(atespace)
-    .bind(name)
+    .bind(&actor.atespace)
+    .bind(&actor.name)
     .fetch_one(&mut **tx)
     .await?;
     let used = Capacity {
@@ -174,8 +162,8 @@ async fn admit(
          VALUES ($1, $2, $3, $4, $5) ON CONFLICT (atespace, name) DO UPDATE SET \
          worker_id = excluded.worker_id, cpu_millis = excluded.cpu_millis, memory_bytes = excluded.memory_bytes",
     )
-    .bind(atespace)
-    .bind(name)
+    .bind(&actor.atespace)
+    .bind(&actor.name)
     .bind(worker_id)
     .bind(demand_cpu)
     .bind(demand_memory)

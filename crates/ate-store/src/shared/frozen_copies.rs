@@ -1,5 +1,6 @@
 //! Frozen-copy hints: which worker holds a frozen-in-place copy of which generation.
 
+use ate_core::ActorRef;
 use sqlx::Row as _;
 
 use super::StoreImpl;
@@ -8,8 +9,7 @@ use crate::{FrozenCopy, Result};
 
 pub(super) async fn set_frozen_copy(
     store: &StoreImpl,
-    atespace: &str,
-    name: &str,
+    actor: &ActorRef,
     copy: &FrozenCopy,
 ) -> Result<()> {
     store.counters.write();
@@ -19,8 +19,8 @@ pub(super) async fn set_frozen_copy(
          ON CONFLICT (atespace, name) DO UPDATE SET worker_id = excluded.worker_id, \
          generation = excluded.generation",
     )
-    .bind(atespace)
-    .bind(name)
+    .bind(&actor.atespace)
+    .bind(&actor.name)
     .bind(&copy.worker_id)
     .bind(to_i64(copy.generation, "generation")?)
     .execute(&store.pool)
@@ -30,15 +30,14 @@ pub(super) async fn set_frozen_copy(
 
 pub(super) async fn get_frozen_copy(
     store: &StoreImpl,
-    atespace: &str,
-    name: &str,
+    actor: &ActorRef,
 ) -> Result<Option<FrozenCopy>> {
     store.counters.read();
     let row = sqlx::query(
         "SELECT worker_id, generation FROM frozen_copies WHERE atespace = $1 AND name = $2",
     )
-    .bind(atespace)
-    .bind(name)
+    .bind(&actor.atespace)
+    .bind(&actor.name)
     .fetch_optional(&store.pool)
     .await?;
     row.map(|row| {
@@ -50,12 +49,12 @@ pub(super) async fn get_frozen_copy(
     .transpose()
 }
 
-pub(super) async fn clear_frozen_copy(store: &StoreImpl, atespace: &str, name: &str) -> Result<()> {
+pub(super) async fn clear_frozen_copy(store: &StoreImpl, actor: &ActorRef) -> Result<()> {
     store.counters.write();
     let _guard = store.write_guard().await;
     sqlx::query("DELETE FROM frozen_copies WHERE atespace = $1 AND name = $2")
-        .bind(atespace)
-        .bind(name)
+        .bind(&actor.atespace)
+        .bind(&actor.name)
         .execute(&store.pool)
         .await?;
     Ok(())

@@ -3,8 +3,8 @@
 use sqlx::Row as _;
 
 use super::StoreImpl;
-use super::rows::join_token_from_row;
-use crate::util::{already_exists, from_json, is_unique_violation, not_found, to_json};
+use super::rows::{found, join_token_from_row};
+use crate::util::{already_exists, from_json, not_found, to_json, unique_or};
 use crate::{JoinTokenRecord, Result};
 
 pub(super) async fn create_join_token(store: &StoreImpl, token: &JoinTokenRecord) -> Result<()> {
@@ -27,13 +27,7 @@ pub(super) async fn create_join_token(store: &StoreImpl, token: &JoinTokenRecord
     .bind(to_json(&token.used_by, "used_by")?)
     .execute(&mut *tx)
     .await;
-    match inserted {
-        Ok(_) => {}
-        Err(e) if is_unique_violation(&e) => {
-            return Err(already_exists("join token", &token.id));
-        }
-        Err(e) => return Err(e.into()),
-    }
+    unique_or(inserted, || already_exists("join token", &token.id))?;
     tx.commit().await?;
     Ok(())
 }
@@ -47,10 +41,7 @@ pub(super) async fn get_join_token(store: &StoreImpl, id: &str) -> Result<JoinTo
     .bind(id)
     .fetch_optional(&store.pool)
     .await?;
-    match row {
-        Some(row) => join_token_from_row(&row),
-        None => Err(not_found("join token", id)),
-    }
+    found(row, join_token_from_row, "join token", id)
 }
 
 pub(super) async fn list_join_tokens(store: &StoreImpl) -> Result<Vec<JoinTokenRecord>> {

@@ -17,10 +17,10 @@ use std::collections::BTreeMap;
 
 use ate_core::{ActorRef, ActorState, DurableStatus, TemplateSpec};
 
-use super::{DbRow, StoreImpl, Tx};
+use super::{Db, DbRow, StoreImpl, Tx};
 use crate::{
-    ActorRecord, ActorUpdate, AtespaceRecord, Capacity, FrozenCopy, JoinTokenRecord, Result,
-    SnapshotRecord, Store, StoreCounters, TagRecord, TemplateRecord, WorkerRecord, async_trait,
+    ActorRecord, AtespaceRecord, Capacity, FrozenCopy, JoinTokenRecord, Result, SnapshotRecord,
+    Store, StoreCounters, TagRecord, TemplateRecord, Transition, WorkerRecord, async_trait,
 };
 
 // Column lists and row mapping; `macro_use` makes the column macros visible to the modules below.
@@ -89,13 +89,13 @@ impl Store for StoreImpl {
     }
 
     async fn get_actor(&self, actor: &ActorRef) -> Result<ActorRecord> {
-        actors::get_actor(self, &actor.atespace, &actor.name).await
+        actors::get_actor(self, actor).await
     }
 
     async fn list_actors(
         &self,
         atespace: Option<&str>,
-        after: Option<(&str, &str)>,
+        after: Option<&ActorRef>,
         limit: u32,
     ) -> Result<Vec<ActorRecord>> {
         actors::list_actors(self, atespace, after, limit).await
@@ -103,88 +103,68 @@ impl Store for StoreImpl {
 
     async fn update_actor_selector(
         &self,
-        atespace: &str,
-        name: &str,
+        actor: &ActorRef,
         selector: &BTreeMap<String, String>,
         now_ms: i64,
     ) -> Result<ActorRecord> {
-        actors::update_actor_selector(self, atespace, name, selector, now_ms).await
+        actors::update_actor_selector(self, actor, selector, now_ms).await
     }
 
     async fn delete_actor(&self, actor: &ActorRef) -> Result<Vec<SnapshotRecord>> {
-        actors::delete_actor(self, &actor.atespace, &actor.name).await
+        actors::delete_actor(self, actor).await
     }
 
     async fn transition(
         &self,
         actor: &ActorRef,
-        from: &[ActorState],
-        to: ActorState,
-        update: ActorUpdate,
+        transition: Transition<'_>,
         now_ms: i64,
     ) -> Result<ActorRecord> {
-        actors::transition(self, &actor.atespace, &actor.name, from, to, update, now_ms).await
+        actors::transition(self, actor, transition, now_ms, None).await
     }
 
     async fn transition_releasing_lease(
         &self,
         actor: &ActorRef,
-        from: &[ActorState],
-        to: ActorState,
-        update: ActorUpdate,
+        transition: Transition<'_>,
         now_ms: i64,
         lease_key: &str,
         lease_holder: &str,
     ) -> Result<ActorRecord> {
-        actors::transition_releasing_lease(
-            self,
-            &actor.atespace,
-            &actor.name,
-            from,
-            to,
-            update,
-            now_ms,
-            lease_key,
-            lease_holder,
-        )
-        .await
+        let lease = Some((lease_key, lease_holder));
+        actors::transition(self, actor, transition, now_ms, lease).await
     }
 
     async fn bind_actor(
         &self,
-        atespace: &str,
-        name: &str,
+        actor: &ActorRef,
         from: &[ActorState],
         worker_id: &str,
         demand: Capacity,
         now_ms: i64,
     ) -> Result<ActorRecord> {
-        binding::bind_actor(self, atespace, name, from, worker_id, demand, now_ms).await
+        binding::bind_actor(self, actor, from, worker_id, demand, now_ms).await
     }
 
     async fn readopt_actor(
         &self,
-        atespace: &str,
-        name: &str,
+        actor: &ActorRef,
         worker_id: &str,
         activation: u64,
         demand: Capacity,
         now_ms: i64,
     ) -> Result<ActorRecord> {
-        binding::readopt_actor(self, atespace, name, worker_id, activation, demand, now_ms).await
+        binding::readopt_actor(self, actor, worker_id, activation, demand, now_ms).await
     }
 
     async fn release_actor(
         &self,
-        atespace: &str,
-        name: &str,
-        from: &[ActorState],
-        to: ActorState,
+        actor: &ActorRef,
+        transition: Transition<'_>,
         snapshot: Option<&SnapshotRecord>,
-        update: ActorUpdate,
         now_ms: i64,
     ) -> Result<ActorRecord> {
-        binding::release_actor(self, atespace, name, from, to, snapshot, update, now_ms).await
+        binding::release_actor(self, actor, transition, snapshot, now_ms).await
     }
 
     async fn actors_on_worker(&self, worker_id: &str) -> Result<Vec<ActorRecord>> {
@@ -194,16 +174,15 @@ impl Store for StoreImpl {
     // ---- snapshots
 
     async fn list_snapshots(&self, actor: &ActorRef) -> Result<Vec<SnapshotRecord>> {
-        snapshots::list_snapshots(self, &actor.atespace, &actor.name).await
+        snapshots::list_snapshots(self, actor).await
     }
 
     async fn prune_snapshots(
         &self,
-        atespace: &str,
-        name: &str,
+        actor: &ActorRef,
         keep_newest: usize,
     ) -> Result<Vec<SnapshotRecord>> {
-        snapshots::prune_snapshots(self, atespace, name, keep_newest).await
+        snapshots::prune_snapshots(self, actor, keep_newest).await
     }
 
     async fn update_snapshot_durable(
@@ -214,20 +193,12 @@ impl Store for StoreImpl {
         durable_uri: &str,
         reason: &str,
     ) -> Result<()> {
-        snapshots::update_snapshot_durable(
-            self,
-            &actor.atespace,
-            &actor.name,
-            generation,
-            status,
-            durable_uri,
-            reason,
-        )
-        .await
+        snapshots::update_snapshot_durable(self, actor, generation, status, durable_uri, reason)
+            .await
     }
 
     async fn clear_snapshot_local(&self, actor: &ActorRef, generation: u64) -> Result<()> {
-        snapshots::clear_snapshot_local(self, &actor.atespace, &actor.name, generation).await
+        snapshots::clear_snapshot_local(self, actor, generation).await
     }
 
     // ---- tags
@@ -315,15 +286,15 @@ impl Store for StoreImpl {
     // ---- frozen copies
 
     async fn set_frozen_copy(&self, actor: &ActorRef, copy: &FrozenCopy) -> Result<()> {
-        frozen_copies::set_frozen_copy(self, &actor.atespace, &actor.name, copy).await
+        frozen_copies::set_frozen_copy(self, actor, copy).await
     }
 
     async fn get_frozen_copy(&self, actor: &ActorRef) -> Result<Option<FrozenCopy>> {
-        frozen_copies::get_frozen_copy(self, &actor.atespace, &actor.name).await
+        frozen_copies::get_frozen_copy(self, actor).await
     }
 
     async fn clear_frozen_copy(&self, actor: &ActorRef) -> Result<()> {
-        frozen_copies::clear_frozen_copy(self, &actor.atespace, &actor.name).await
+        frozen_copies::clear_frozen_copy(self, actor).await
     }
 
     fn counters(&self) -> &StoreCounters {

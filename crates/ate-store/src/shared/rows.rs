@@ -3,10 +3,10 @@
 use ate_core::TemplateSpec;
 use sqlx::Row as _;
 
-use super::DbRow;
+use super::{Db, DbRow};
 use crate::util::{
-    empty_as_none, from_json, parse_durable, parse_fidelity, parse_labels, parse_state,
-    parse_template_ref, parse_worker_status, to_u64,
+    empty_as_none, from_json, none_as_empty, not_found, parse_durable, parse_fidelity,
+    parse_labels, parse_state, parse_template_ref, parse_worker_status, to_i64, to_u64,
 };
 use crate::{
     ActorRecord, AtespaceRecord, Capacity, JoinTokenRecord, Result, SnapshotRecord, TagRecord,
@@ -51,6 +51,44 @@ macro_rules! worker_select {
          FROM workers w LEFT JOIN (SELECT worker_id, SUM(cpu_millis) AS cpu, SUM(memory_bytes) AS mem, \
          COUNT(*) AS n FROM actor_assignments GROUP BY worker_id) u ON u.worker_id = w.id"
     };
+}
+
+/// A write query with the 16 [`snapshot_cols!`] of `s` bound next, in that order (the snapshot
+/// row itself, or a tag's copy of it).
+pub(super) fn bind_snapshot<'q>(query: DbQuery<'q>, s: &SnapshotRecord) -> Result<DbQuery<'q>> {
+    Ok(query
+        .bind(&s.atespace)
+        .bind(&s.name)
+        .bind(to_i64(s.generation, "generation")?)
+        .bind(&s.uuid)
+        .bind(s.fidelity.as_str())
+        .bind(s.template.to_string())
+        .bind(&s.sandbox_class)
+        .bind(&s.node)
+        .bind(&s.boot_id)
+        .bind(none_as_empty(&s.local_path))
+        .bind(none_as_empty(&s.durable_uri))
+        .bind(s.durable_status.map(|d| d.as_str()))
+        .bind(to_i64(s.size_bytes, "size_bytes")?)
+        .bind(&s.checksum)
+        .bind(none_as_empty(&s.reason))
+        .bind(s.created_ms))
+}
+
+/// A query on this backend, as `sqlx::query` returns it.
+pub(super) type DbQuery<'q> = sqlx::query::Query<'q, Db, <Db as sqlx::Database>::Arguments>;
+
+/// The record of `row`, or NotFound naming the `kind` `id` when there is no row.
+pub(super) fn found<T>(
+    row: Option<DbRow>,
+    from_row: impl FnOnce(&DbRow) -> Result<T>,
+    kind: &str,
+    id: impl std::fmt::Display,
+) -> Result<T> {
+    match row {
+        Some(row) => from_row(&row),
+        None => Err(not_found(kind, &id.to_string())),
+    }
 }
 
 pub(super) fn atespace_from_row(row: &DbRow) -> Result<AtespaceRecord> {

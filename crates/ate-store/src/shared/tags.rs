@@ -2,8 +2,8 @@
 
 use super::StoreImpl;
 use super::atespaces::share_atespace;
-use super::rows::tag_from_row;
-use crate::util::{already_exists, is_unique_violation, none_as_empty, not_found, to_i64};
+use super::rows::{bind_snapshot, found, tag_from_row};
+use crate::util::{already_exists, not_found, unique_or};
 use crate::{Result, TagRecord};
 
 pub(super) async fn create_tag(store: &StoreImpl, tag: &TagRecord) -> Result<TagRecord> {
@@ -11,7 +11,7 @@ pub(super) async fn create_tag(store: &StoreImpl, tag: &TagRecord) -> Result<Tag
     let s = &tag.snapshot;
     let mut tx = store.begin_write().await?;
     share_atespace(&mut tx, &tag.atespace).await?;
-    let inserted = sqlx::query(concat!(
+    let insert = sqlx::query(concat!(
         "INSERT INTO tags (",
         tag_cols!(),
         ") VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19) \
@@ -20,35 +20,12 @@ pub(super) async fn create_tag(store: &StoreImpl, tag: &TagRecord) -> Result<Tag
     ))
     .bind(&tag.atespace)
     .bind(&tag.name)
-    .bind(tag.created_ms)
-    .bind(&s.atespace)
-    .bind(&s.name)
-    .bind(to_i64(s.generation, "generation")?)
-    .bind(&s.uuid)
-    .bind(s.fidelity.as_str())
-    .bind(s.template.to_string())
-    .bind(&s.sandbox_class)
-    .bind(&s.node)
-    .bind(&s.boot_id)
-    .bind(none_as_empty(&s.local_path))
-    .bind(none_as_empty(&s.durable_uri))
-    .bind(s.durable_status.map(|d| d.as_str()))
-    .bind(to_i64(s.size_bytes, "size_bytes")?)
-    .bind(&s.checksum)
-    .bind(none_as_empty(&s.reason))
-    .bind(s.created_ms)
-    .fetch_one(&mut *tx)
-    .await;
-    let row = match inserted {
-        Ok(row) => row,
-        Err(e) if is_unique_violation(&e) => {
-            return Err(already_exists(
-                "tag",
-                &format!("{}/{}", tag.atespace, tag.name),
-            ));
-        }
-        Err(e) => return Err(e.into()),
-    };
+    .bind(tag.created_ms);
+    // The tag's own columns, then the copy of the snapshot row.
+    let inserted = bind_snapshot(insert, s)?.fetch_one(&mut *tx).await;
+    let row = unique_or(inserted, || {
+        already_exists("tag", &format!("{}/{}", tag.atespace, tag.name))
+    })?;
     let record = tag_from_row(&row)?;
     tx.commit().await?;
     Ok(record)
@@ -65,10 +42,7 @@ pub(super) async fn get_tag(store: &StoreImpl, atespace: &str, name: &str) -> Re
     .bind(name)
     .fetch_optional(&store.pool)
     .await?;
-    match row {
-        Some(row) => tag_from_row(&row),
-        None => Err(not_found("tag", &format!("{atespace}/{name}"))),
-    }
+    found(row, tag_from_row, "tag", format_args!("{atespace}/{name}"))
 }
 
 pub(super) async fn list_tags(store: &StoreImpl, atespace: Option<&str>) -> Result<Vec<TagRecord>> {

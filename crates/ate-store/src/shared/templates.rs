@@ -5,7 +5,7 @@ use sqlx::Row as _;
 
 use super::StoreImpl;
 use super::atespaces::share_atespace;
-use super::rows::template_from_row;
+use super::rows::{found, template_from_row};
 use crate::util::{count_of, not_found, to_json};
 use crate::{Result, StoreError, TemplateRecord};
 
@@ -49,10 +49,12 @@ pub(super) async fn get_template(
     .bind(name)
     .fetch_optional(&store.pool)
     .await?;
-    match row {
-        Some(row) => template_from_row(&row),
-        None => Err(not_found("template", &format!("{namespace}/{name}"))),
-    }
+    found(
+        row,
+        template_from_row,
+        "template",
+        format_args!("{namespace}/{name}"),
+    )
 }
 
 pub(super) async fn list_templates(

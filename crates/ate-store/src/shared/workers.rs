@@ -3,7 +3,7 @@
 use sqlx::Row as _;
 
 use super::StoreImpl;
-use super::rows::worker_from_row;
+use super::rows::{found, worker_from_row};
 use crate::util::{not_found, to_i64, to_json};
 use crate::{Result, WorkerRecord, WorkerStatus};
 
@@ -90,10 +90,7 @@ pub(super) async fn get_worker(store: &StoreImpl, id: &str) -> Result<WorkerReco
         .bind(id)
         .fetch_optional(&store.pool)
         .await?;
-    match row {
-        Some(row) => worker_from_row(&row),
-        None => Err(not_found("worker", id)),
-    }
+    found(row, worker_from_row, "worker", id)
 }
 
 pub(super) async fn list_workers(store: &StoreImpl) -> Result<Vec<WorkerRecord>> {
