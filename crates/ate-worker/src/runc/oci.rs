@@ -79,7 +79,14 @@ pub(super) fn validate_spec(actor: &ActorSandbox, spec: &SandboxSpec) -> Result<
 /// The OCI runtime config: runc's default mounts plus the actor's process, namespaces (network
 /// by path), volumes, identity dir and limits; [`hardening::apply`] adds the security fields
 /// (capabilities, no-new-privs, seccomp, masked/read-only paths, pids limit).
-pub(super) fn oci_config(actor: &ActorSandbox, spec: &SandboxSpec) -> Value {
+/// With `restoring`, the CPU quota is explicitly unlimited (see `RuncRuntime::prepare`);
+/// `criu_conf` is the CRIU options file runc hands CRIU (its `org.criu.config` annotation).
+pub(super) fn oci_config(
+    actor: &ActorSandbox,
+    spec: &SandboxSpec,
+    restoring: bool,
+    criu_conf: &Path,
+) -> Value {
     let args = process_args(spec);
     let env = build_env(spec);
     let cwd = if spec.image.config.working_dir.is_empty() {
@@ -106,7 +113,11 @@ pub(super) fn oci_config(actor: &ActorSandbox, spec: &SandboxSpec) -> Value {
     if spec.resources.memory_bytes > 0 {
         resources["memory"] = json!({"limit": spec.resources.memory_bytes});
     }
-    if let Some(quota) = cpu_quota_us(spec) {
+    if restoring {
+        // Explicitly unlimited, not just absent: a cgroup left by an earlier life of this
+        // actor (same name) would otherwise keep its old quota and throttle CRIU anyway.
+        resources["cpu"] = json!({"quota": -1, "period": CPU_PERIOD_US});
+    } else if let Some(quota) = cpu_quota_us(spec) {
         resources["cpu"] = json!({"quota": quota, "period": CPU_PERIOD_US});
     }
 
@@ -139,6 +150,9 @@ pub(super) fn oci_config(actor: &ActorSandbox, spec: &SandboxSpec) -> Value {
     if !spec.sidecars.is_empty() {
         sidecars::apply(&mut config, actor, spec);
     }
+    // runc hands this file to CRIU on checkpoint and restore (its `org.criu.config`
+    // annotation): per-actor CRIU options without touching /etc/criu.
+    config["annotations"] = json!({"org.criu.config": criu_conf.to_string_lossy()});
     config
 }
 
@@ -250,7 +264,8 @@ pub(crate) fn merge_env(
 mod tests {
     use super::*;
     use crate::image::{ImageConfig, UnpackedImage};
-    use ate_core::template::{Resources, Volume};
+    use crate::runtime::SidecarSpec;
+    use ate_core::template::{ExitPolicy, Resources, Volume};
 
     fn spec() -> SandboxSpec {
         SandboxSpec {
@@ -285,6 +300,116 @@ mod tests {
         }
     }
 
+    /// Specs covering every branch of [`oci_config`]: limits or none, volumes mounted or not,
+    /// a template command and working dir, sidecars (with and without their own mounts), cold
+    /// start or restore.
+    fn fixture_cases() -> Vec<(&'static str, ActorSandbox, SandboxSpec, bool, &'static str)> {
+        let actor = ActorSandbox::new("team", "c1", "u1", "/var/lib/ate/actors/team/c1");
+        let shared_criu = "/var/lib/ate/runc/criu.conf";
+        let own_criu = "/var/lib/ate/actors/team/c1/criu.conf";
+        let mut bare = spec();
+        bare.command = vec!["/bin/server".into(), "--port".into(), "80".into()];
+        bare.image.config.working_dir = "/srv".into();
+        bare.image.config.env = vec!["LANG=C".into()];
+        bare.env = vec![("PORT".into(), "9000".into())];
+        bare.volumes = vec![];
+        bare.mounts = vec![];
+        bare.resources = Resources {
+            cpu_millis: 0,
+            memory_bytes: 0,
+        };
+        let mut pod = spec();
+        pod.sidecars = vec![
+            SidecarSpec {
+                name: "side".into(),
+                image: UnpackedImage {
+                    manifest_digest: "sha256:01".into(),
+                    rootfs: "/cache/y/rootfs".into(),
+                    config: ImageConfig {
+                        entrypoint: vec!["/side".into()],
+                        cmd: vec!["-v".into()],
+                        env: vec![],
+                        working_dir: "/w".into(),
+                    },
+                },
+                command: vec![],
+                env: vec![("MODE".into(), "x".into())],
+                exit_policy: ExitPolicy::Ignore,
+                mounts: vec![Volume {
+                    name: "data".into(),
+                    mount_path: "/srv/data".into(),
+                }],
+            },
+            SidecarSpec {
+                name: "logs".into(),
+                image: spec().image,
+                command: vec!["/tail".into()],
+                env: vec![],
+                exit_policy: ExitPolicy::Stop,
+                mounts: vec![],
+            },
+        ];
+        let mut pod_memory_only = pod.clone();
+        pod_memory_only.resources.cpu_millis = 0;
+        vec![
+            ("single", actor.clone(), spec(), false, shared_criu),
+            ("single-restoring", actor.clone(), spec(), true, shared_criu),
+            ("bare", actor.clone(), bare.clone(), false, shared_criu),
+            ("bare-restoring", actor.clone(), bare, true, shared_criu),
+            ("sidecars", actor.clone(), pod, false, own_criu),
+            ("sidecars-restoring", actor, pod_memory_only, true, own_criu),
+        ]
+    }
+
+    fn fixture_path(name: &str) -> std::path::PathBuf {
+        Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("src/runc/testdata")
+            .join(format!("{name}.json"))
+    }
+
+    /// The config as compared with a fixture: capability sets sorted (they are sets; their
+    /// order means nothing to runc), and the seccomp architectures of this build in place of
+    /// the fixtures' x86_64 ones.
+    fn normalized(mut config: Value) -> Value {
+        if let Some(caps) = config
+            .pointer_mut("/process/capabilities")
+            .and_then(Value::as_object_mut)
+        {
+            for set in caps.values_mut() {
+                if let Some(list) = set.as_array_mut() {
+                    list.sort_by_key(|c| c.as_str().map(str::to_string));
+                }
+            }
+        }
+        if let Some(seccomp) = config
+            .pointer_mut("/linux/seccomp")
+            .and_then(Value::as_object_mut)
+        {
+            seccomp.remove("architectures");
+        }
+        config
+    }
+
+    /// `config.json` field for field as the untyped (`serde_json::json!`) builder wrote it
+    /// before the config was built from `oci-spec` types: the fixtures are its output.
+    #[test]
+    fn config_matches_the_fixtures() {
+        for (name, actor, spec, restoring, criu_conf) in fixture_cases() {
+            let config = oci_config(&actor, &spec, restoring, Path::new(criu_conf));
+            let config = serde_json::to_value(&config).unwrap();
+            let path = fixture_path(name);
+            let expected: Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+            if std::env::consts::ARCH == "x86_64" {
+                assert_eq!(
+                    config["linux"]["seccomp"]["architectures"],
+                    expected["linux"]["seccomp"]["architectures"],
+                    "{name}"
+                );
+            }
+            assert_eq!(normalized(config), normalized(expected), "{name}");
+        }
+    }
+
     #[test]
     fn env_merges_template_over_image() {
         assert_eq!(build_env(&spec()), vec!["PATH=/bin", "A=2", "PORT=8080"]);
@@ -293,7 +418,7 @@ mod tests {
     #[test]
     fn config_has_netns_path_and_limits() {
         let actor = ActorSandbox::new("team", "c1", "u1", "/var/lib/ate/actors/c1");
-        let c = oci_config(&actor, &spec());
+        let c = oci_config(&actor, &spec(), false, Path::new("/var/lib/ate/criu.conf"));
         let ns = &c["linux"]["namespaces"][1];
         assert_eq!(ns["type"], "network");
         assert_eq!(ns["path"], format!("/var/run/netns/{}", actor.netns()));
