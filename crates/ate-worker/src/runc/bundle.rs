@@ -98,7 +98,7 @@ impl RuncRuntime {
                 .ctx(|| format!("write {}", path.display()))?;
             path
         };
-        let config = oci_config(actor, spec, restoring, &criu_conf);
+        let config = oci_config(actor, spec, restoring, &criu_conf)?;
         let bytes =
             serde_json::to_vec_pretty(&config).map_err(|e| SandboxError::Invalid(e.to_string()))?;
         let path = dir.join("config.json");
