@@ -21,7 +21,7 @@ use oci_spec::runtime::Mount;
 
 use crate::error::{Result, SandboxError};
 use crate::runc::{
-    DEV_OPTIONS, IDENTITY_OPTIONS, SHM_OPTIONS, SYSFS_OPTIONS, VOLUME_OPTIONS, mount,
+    DEV_OPTIONS, IDENTITY_OPTIONS, SHM_OPTIONS, SYSFS_OPTIONS, VOLUME_OPTIONS, command_line, mount,
 };
 use crate::runtime::{ActorSandbox, SandboxSpec, SidecarSpec};
 
@@ -42,17 +42,7 @@ const DEVICES: &[&str] = &["null", "zero", "full", "random", "urandom", "tty"];
 
 /// The sidecar's command: the template's, else its image's Entrypoint + Cmd.
 pub fn sidecar_args(s: &SidecarSpec) -> Vec<String> {
-    if s.command.is_empty() {
-        s.image
-            .config
-            .entrypoint
-            .iter()
-            .chain(s.image.config.cmd.iter())
-            .cloned()
-            .collect()
-    } else {
-        s.command.clone()
-    }
+    command_line(&s.command, &s.image.config)
 }
 
 /// One container as `ate-init` starts it.

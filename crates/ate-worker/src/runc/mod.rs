@@ -44,7 +44,7 @@ use files::remove_file_if_exists;
 use oci::exec_failure;
 pub(crate) use oci::{
     DEV_OPTIONS, EXEC_FAILED, IDENTITY_OPTIONS, SHM_OPTIONS, SYSFS_OPTIONS, VOLUME_OPTIONS,
-    merge_env, mount, process_args, render_args,
+    command_line, merge_env, mount, process_args, render_args,
 };
 use spawn::pid_file;
 

@@ -15,6 +15,7 @@ use oci_spec::runtime::{
 use super::cgroup::{CGROUP_PARENT, CPU_PERIOD_US, cpu_quota_us};
 use crate::error::{Result, SandboxError};
 use crate::hardening::{self, oci_error};
+use crate::image::ImageConfig;
 use crate::netns;
 use crate::runtime::{ActorSandbox, SandboxSpec};
 use crate::sidecars;
@@ -309,19 +310,18 @@ fn namespaces(actor: &ActorSandbox) -> Result<Vec<LinuxNamespace>> {
     .collect()
 }
 
-/// The container's command line: the template's `command` when it has one, else the image's
-/// Entrypoint followed by its Cmd.
+/// The first container's command line (see [`command_line`]).
 pub(crate) fn process_args(spec: &SandboxSpec) -> Vec<String> {
-    if spec.command.is_empty() {
-        spec.image
-            .config
-            .entrypoint
-            .iter()
-            .chain(spec.image.config.cmd.iter())
-            .cloned()
-            .collect()
+    command_line(&spec.command, &spec.image.config)
+}
+
+/// A container's command line: the template's `command` when it has one, else the image's
+/// Entrypoint followed by its Cmd.
+pub(crate) fn command_line(command: &[String], image: &ImageConfig) -> Vec<String> {
+    if command.is_empty() {
+        image.entrypoint.iter().chain(&image.cmd).cloned().collect()
     } else {
-        spec.command.clone()
+        command.to_vec()
     }
 }
 
@@ -416,7 +416,7 @@ pub(crate) fn merge_env(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::image::{ImageConfig, UnpackedImage};
+    use crate::image::UnpackedImage;
     use crate::runtime::SidecarSpec;
     use ate_core::template::{ExitPolicy, Resources, Volume};
     use serde_json::{Value, json};
