@@ -79,7 +79,7 @@ pub async fn serve(
                     }
                 };
                 let uid = stream.peer_cred().map(|c| c.uid());
-                if !matches!(uid, Ok(u) if u == 0 || u == me) {
+                if !matches!(uid, Ok(u) if crate::socket::peer_allowed(u, me)) {
                     tracing::warn!(?uid, "handoff refused: the peer is neither root nor this worker's user");
                     continue;
                 }

@@ -10,12 +10,18 @@
 //!
 //! See docs/security.md for what this does and does not protect against.
 
-use serde_json::{Value, json};
+use oci_spec::OciSpecError;
+use oci_spec::runtime::{
+    Arch, Capabilities, Capability, LinuxCapabilities, LinuxSeccomp, LinuxSeccompAction,
+    LinuxSeccompArgBuilder, LinuxSeccompBuilder, LinuxSeccompOperator, LinuxSyscallBuilder,
+};
+
+use crate::error::{Result, SandboxError};
 
 /// The only capability an actor keeps: the demo workloads (and most HTTP servers) run as root
 /// in the container and bind port 80. Root in the container owns its rootfs upper dir, volumes
 /// and `/tmp`, so it needs neither `CAP_DAC_OVERRIDE` nor `CAP_CHOWN`/`CAP_FOWNER` for them.
-pub const CAPABILITIES: &[&str] = &["CAP_NET_BIND_SERVICE"];
+pub const CAPABILITIES: &[Capability] = &[Capability::NetBindService];
 
 /// Upper bound on tasks (processes + threads) in one actor's cgroup: stops a fork bomb from
 /// taking the host's pid space. The demo servers use one thread per connection.
@@ -135,160 +141,138 @@ pub const READONLY_PATHS: &[&str] = &[
 ];
 
 /// The capability bit mask `/proc/<pid>/status` shows (`CapEff`, `CapPrm`, `CapBnd`) for
-/// [`CAPABILITIES`], or `None` if a name is not in the table below.
+/// [`CAPABILITIES`], or `None` if one is not in the table below.
 pub fn capability_mask() -> Option<u64> {
     CAPABILITIES
         .iter()
         .try_fold(0u64, |mask, name| Some(mask | 1 << capability_bit(name)?))
 }
 
-fn capability_bit(name: &str) -> Option<u32> {
-    Some(match name {
-        "CAP_CHOWN" => 0,
-        "CAP_DAC_OVERRIDE" => 1,
-        "CAP_FOWNER" => 3,
-        "CAP_FSETID" => 4,
-        "CAP_KILL" => 5,
-        "CAP_SETGID" => 6,
-        "CAP_SETUID" => 7,
-        "CAP_SETPCAP" => 8,
-        "CAP_NET_BIND_SERVICE" => 10,
-        "CAP_NET_RAW" => 13,
-        "CAP_SYS_CHROOT" => 18,
-        "CAP_MKNOD" => 27,
-        "CAP_AUDIT_WRITE" => 29,
-        "CAP_SETFCAP" => 31,
+fn capability_bit(cap: &Capability) -> Option<u32> {
+    Some(match cap {
+        Capability::Chown => 0,
+        Capability::DacOverride => 1,
+        Capability::Fowner => 3,
+        Capability::Fsetid => 4,
+        Capability::Kill => 5,
+        Capability::Setgid => 6,
+        Capability::Setuid => 7,
+        Capability::Setpcap => 8,
+        Capability::NetBindService => 10,
+        Capability::NetRaw => 13,
+        Capability::SysChroot => 18,
+        Capability::Mknod => 27,
+        Capability::AuditWrite => 29,
+        Capability::Setfcap => 31,
         _ => return None,
     })
 }
 
-/// `process.capabilities`: bounding = effective = permitted; nothing inheritable or ambient
-/// (the actor runs as uid 0, which keeps its permitted set across `execve` without ambient
-/// capabilities; a non-root process it starts gets none).
-pub fn capabilities() -> Value {
-    let caps = json!(CAPABILITIES);
-    json!({"bounding": caps, "effective": caps, "permitted": caps})
+/// `process.capabilities`: bounding = effective = permitted = [`CAPABILITIES`] plus `extra`;
+/// nothing inheritable or ambient (the actor runs as uid 0, which keeps its permitted set across
+/// `execve` without ambient capabilities; a non-root process it starts gets none).
+pub fn capabilities(extra: &[Capability]) -> LinuxCapabilities {
+    let set: Capabilities = CAPABILITIES.iter().chain(extra).copied().collect();
+    // Not the builder: it fills what is left unset with oci-spec's default capabilities
+    // (CAP_AUDIT_WRITE, CAP_KILL, …), and inheritable/ambient must stay absent.
+    let mut caps = LinuxCapabilities::default();
+    caps.set_bounding(Some(set.clone()))
+        .set_effective(Some(set.clone()))
+        .set_permitted(Some(set))
+        .set_inheritable(None)
+        .set_ambient(None);
+    caps
 }
 
 /// seccomp architectures for this build: the native ABI plus the compat ABIs a process could
 /// switch to (`int 0x80`, x32), so the deny list holds on every entry point.
-fn seccomp_architectures() -> Vec<&'static str> {
+fn seccomp_architectures() -> Vec<Arch> {
     match std::env::consts::ARCH {
-        "x86_64" => vec!["SCMP_ARCH_X86_64", "SCMP_ARCH_X86", "SCMP_ARCH_X32"],
-        "x86" => vec!["SCMP_ARCH_X86"],
-        "aarch64" => vec!["SCMP_ARCH_AARCH64", "SCMP_ARCH_ARM"],
+        "x86_64" => vec![Arch::ScmpArchX86_64, Arch::ScmpArchX86, Arch::ScmpArchX32],
+        "x86" => vec![Arch::ScmpArchX86],
+        "aarch64" => vec![Arch::ScmpArchAarch64, Arch::ScmpArchArm],
         _ => Vec::new(),
     }
 }
 
 /// `linux.seccomp`: allow by default; [`DENIED_SYSCALLS`] → EPERM; [`ENOSYS_SYSCALLS`] → ENOSYS;
 /// `clone` with `CLONE_NEWUSER` → EPERM.
-pub fn seccomp() -> Value {
-    let mut profile = json!({
-        "defaultAction": "SCMP_ACT_ALLOW",
-        "syscalls": [
-            {"names": DENIED_SYSCALLS, "action": "SCMP_ACT_ERRNO", "errnoRet": EPERM},
-            {"names": ENOSYS_SYSCALLS, "action": "SCMP_ACT_ERRNO", "errnoRet": ENOSYS},
-            {
-                "names": ["clone"],
-                "action": "SCMP_ACT_ERRNO",
-                "errnoRet": EPERM,
-                // flags are the first argument of clone on x86 and arm
-                "args": [{"index": 0, "value": CLONE_NEWUSER, "valueTwo": CLONE_NEWUSER, "op": "SCMP_CMP_MASKED_EQ"}]
-            }
-        ]
-    });
-    let arches = seccomp_architectures();
-    if !arches.is_empty() {
-        profile["architectures"] = json!(arches);
-    }
-    profile
+pub fn seccomp() -> Result<LinuxSeccomp> {
+    seccomp_denying(DENIED_SYSCALLS.iter())
 }
 
 /// [`seccomp`] with `chroot` allowed: for an actor with sidecars, whose `ate-init` chroots each
 /// into its rootfs (it needs CAP_SYS_CHROOT for that and drops it from every container it starts).
-pub fn seccomp_allowing_chroot() -> Value {
-    let mut profile = seccomp();
-    if let Some(names) = profile
-        .pointer_mut("/syscalls/0/names")
-        .and_then(Value::as_array_mut)
-    {
-        names.retain(|n| n != "chroot");
-    }
-    profile
+pub fn seccomp_allowing_chroot() -> Result<LinuxSeccomp> {
+    seccomp_denying(DENIED_SYSCALLS.iter().filter(|n| **n != "chroot"))
 }
 
-/// Writes the hardening into an OCI config built by `oci_config`: `process.capabilities`,
-/// `process.noNewPrivileges`, `linux.seccomp`, `linux.maskedPaths`, `linux.readonlyPaths` and
-/// `linux.resources.pids`. Fields already set are replaced (the pids limit only when unset).
-pub fn apply(config: &mut Value) {
-    if let Some(process) = config.get_mut("process").and_then(Value::as_object_mut) {
-        process.insert("capabilities".into(), capabilities());
-        process.insert("noNewPrivileges".into(), Value::Bool(true));
+fn seccomp_denying<'a>(denied: impl Iterator<Item = &'a &'static str>) -> Result<LinuxSeccomp> {
+    let errno = |names: Vec<String>, errno: u32| {
+        LinuxSyscallBuilder::default()
+            .names(names)
+            .action(LinuxSeccompAction::ScmpActErrno)
+            .errno_ret(errno)
+    };
+    let names = |list: &[&str]| list.iter().map(|n| n.to_string()).collect::<Vec<_>>();
+    // flags are the first argument of clone on x86 and arm
+    let new_user = LinuxSeccompArgBuilder::default()
+        .index(0usize)
+        .value(CLONE_NEWUSER)
+        .value_two(CLONE_NEWUSER)
+        .op(LinuxSeccompOperator::ScmpCmpMaskedEq)
+        .build()
+        .map_err(oci_error)?;
+    let syscalls = vec![
+        errno(denied.map(|n| n.to_string()).collect(), EPERM)
+            .build()
+            .map_err(oci_error)?,
+        errno(names(ENOSYS_SYSCALLS), ENOSYS)
+            .build()
+            .map_err(oci_error)?,
+        errno(names(&["clone"]), EPERM)
+            .args(vec![new_user])
+            .build()
+            .map_err(oci_error)?,
+    ];
+    let mut profile = LinuxSeccompBuilder::default()
+        .default_action(LinuxSeccompAction::ScmpActAllow)
+        .syscalls(syscalls);
+    let arches = seccomp_architectures();
+    if !arches.is_empty() {
+        profile = profile.architectures(arches);
     }
-    if let Some(linux) = config.get_mut("linux").and_then(Value::as_object_mut) {
-        linux.insert("seccomp".into(), seccomp());
-        linux.insert("maskedPaths".into(), json!(MASKED_PATHS));
-        linux.insert("readonlyPaths".into(), json!(READONLY_PATHS));
-        let resources = linux
-            .entry("resources")
-            .or_insert_with(|| json!({}))
-            .as_object_mut();
-        if let Some(resources) = resources {
-            resources
-                .entry("pids")
-                .or_insert_with(|| json!({"limit": PIDS_LIMIT}));
-        }
-    }
+    profile.build().map_err(oci_error)
+}
+
+/// An `oci-spec` builder's error as a [`SandboxError`]. The builders here fail only for a field
+/// oci-spec requires and the code left unset, so this is a bug, not a bad template.
+pub(crate) fn oci_error(e: OciSpecError) -> SandboxError {
+    SandboxError::Invalid(format!("OCI runtime config: {e}"))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn base() -> Value {
-        json!({
-            "process": {"args": ["/x"], "capabilities": {"bounding": ["CAP_SYS_ADMIN"]}},
-            "linux": {"resources": {"memory": {"limit": 1}}}
-        })
-    }
+    use serde_json::{Value, json};
 
     #[test]
-    fn apply_sets_every_field() {
-        let mut c = base();
-        apply(&mut c);
-        assert_eq!(c["process"]["noNewPrivileges"], true);
+    fn capabilities_are_bounding_effective_and_permitted_only() {
+        let caps = serde_json::to_value(capabilities(&[])).unwrap();
         for set in ["bounding", "effective", "permitted"] {
-            assert_eq!(
-                c["process"]["capabilities"][set],
-                json!(["CAP_NET_BIND_SERVICE"])
-            );
+            assert_eq!(caps[set], json!(["CAP_NET_BIND_SERVICE"]));
         }
-        assert!(c["process"]["capabilities"]["inheritable"].is_null());
-        assert!(c["process"]["capabilities"]["ambient"].is_null());
-        assert_eq!(c["process"]["args"], json!(["/x"]));
-        assert_eq!(c["linux"]["seccomp"]["defaultAction"], "SCMP_ACT_ALLOW");
-        assert_eq!(c["linux"]["resources"]["pids"]["limit"], PIDS_LIMIT);
-        assert_eq!(c["linux"]["resources"]["memory"]["limit"], 1);
-        let masked = c["linux"]["maskedPaths"]
-            .as_array()
-            .cloned()
-            .unwrap_or_default();
-        for p in ["/proc/kcore", "/proc/keys", "/sys/firmware", "/proc/scsi"] {
-            assert!(masked.contains(&json!(p)), "{p} not masked");
-        }
-        let ro = c["linux"]["readonlyPaths"]
-            .as_array()
-            .cloned()
-            .unwrap_or_default();
-        for p in ["/proc/sys", "/proc/sysrq-trigger"] {
-            assert!(ro.contains(&json!(p)), "{p} not read-only");
-        }
+        assert!(caps["inheritable"].is_null());
+        assert!(caps["ambient"].is_null());
+        let caps = serde_json::to_value(capabilities(&[Capability::SysChroot])).unwrap();
+        let effective = caps["effective"].as_array().cloned().unwrap_or_default();
+        assert_eq!(effective.len(), 2);
+        assert!(effective.contains(&json!("CAP_SYS_CHROOT")));
     }
 
     #[test]
     fn seccomp_denies_the_dangerous_syscalls() {
-        let s = seccomp();
+        let s = serde_json::to_value(seccomp().unwrap()).unwrap();
         let rules = s["syscalls"].as_array().cloned().unwrap_or_default();
         let eperm = &rules[0];
         assert_eq!(eperm["action"], "SCMP_ACT_ERRNO");
@@ -351,6 +335,6 @@ mod tests {
     fn capability_mask_matches_proc_status() {
         // CapEff of a process holding only CAP_NET_BIND_SERVICE reads 0000000000000400.
         assert_eq!(capability_mask(), Some(0x400));
-        assert_eq!(capability_bit("CAP_NOPE"), None);
+        assert_eq!(capability_bit(&Capability::SysAdmin), None);
     }
 }

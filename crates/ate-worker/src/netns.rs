@@ -146,12 +146,7 @@ pub async fn connect_in_netns(
             let made = (|| -> std::io::Result<std::os::fd::OwnedFd> {
                 let ns = std::fs::File::open(&path)?;
                 setns(ns.as_fd(), CloneFlags::CLONE_NEWNET)?;
-                Ok(socket(
-                    family,
-                    SockType::Stream,
-                    SockFlag::SOCK_CLOEXEC | SockFlag::SOCK_NONBLOCK,
-                    None,
-                )?)
+                new_socket(family)
             })();
             let _ = tx.send(made);
         })?;

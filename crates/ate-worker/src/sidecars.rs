@@ -17,10 +17,12 @@
 
 use std::path::Path;
 
-use serde_json::{Value, json};
+use oci_spec::runtime::Mount;
 
 use crate::error::{Result, SandboxError};
-use crate::hardening;
+use crate::runc::{
+    DEV_OPTIONS, IDENTITY_OPTIONS, SHM_OPTIONS, SYSFS_OPTIONS, VOLUME_OPTIONS, command_line, mount,
+};
 use crate::runtime::{ActorSandbox, SandboxSpec, SidecarSpec};
 
 /// The static `ate-init` executable (see `build.rs`).
@@ -40,17 +42,7 @@ const DEVICES: &[&str] = &["null", "zero", "full", "random", "urandom", "tty"];
 
 /// The sidecar's command: the template's, else its image's Entrypoint + Cmd.
 pub fn sidecar_args(s: &SidecarSpec) -> Vec<String> {
-    if s.command.is_empty() {
-        s.image
-            .config
-            .entrypoint
-            .iter()
-            .chain(s.image.config.cmd.iter())
-            .cloned()
-            .collect()
-    } else {
-        s.command.clone()
-    }
+    command_line(&s.command, &s.image.config)
 }
 
 /// One container as `ate-init` starts it.
@@ -141,78 +133,56 @@ pub async fn write_init(upper: &Path, plan: &[u8]) -> Result<()> {
     Ok(())
 }
 
-/// Turns a single-container OCI config (already hardened) into the multi-container one:
-/// `ate-init` as the process, each sidecar's rootfs and its own mounts, `chroot` allowed, the
-/// masked and read-only paths repeated under each sidecar's root.
-pub fn apply(config: &mut Value, actor: &ActorSandbox, spec: &SandboxSpec) {
-    if let Some(process) = config.get_mut("process").and_then(Value::as_object_mut) {
-        process.insert("args".into(), json!([INIT_PATH, PLAN_PATH]));
-        process.insert("env".into(), json!([crate::runc::DEFAULT_PATH]));
-        process.insert("cwd".into(), json!("/"));
-        // For ate-init's chroot only: it takes the capability away from every container it
-        // starts (no_new_privs keeps an exec from giving it back).
-        if let Some(caps) = process
-            .get_mut("capabilities")
-            .and_then(Value::as_object_mut)
-        {
-            for set in ["bounding", "effective", "permitted"] {
-                if let Some(list) = caps.get_mut(set).and_then(Value::as_array_mut) {
-                    list.push(json!("CAP_SYS_CHROOT"));
-                }
-            }
-        }
-    }
-    if let Some(mounts) = config.get_mut("mounts").and_then(Value::as_array_mut) {
-        for s in &spec.sidecars {
-            mounts.extend(sidecar_mounts(actor, s));
-        }
-    }
-    if let Some(linux) = config.get_mut("linux").and_then(Value::as_object_mut) {
-        let mut masked: Vec<String> = hardening::MASKED_PATHS
-            .iter()
-            .map(|p| p.to_string())
-            .collect();
-        let mut readonly: Vec<String> = hardening::READONLY_PATHS
-            .iter()
-            .map(|p| p.to_string())
-            .collect();
-        for s in &spec.sidecars {
-            let root = container_root(&s.name);
-            masked.extend(hardening::MASKED_PATHS.iter().map(|p| format!("{root}{p}")));
-            readonly.extend(
-                hardening::READONLY_PATHS
-                    .iter()
-                    .map(|p| format!("{root}{p}")),
-            );
-        }
-        linux.insert("maskedPaths".into(), json!(masked));
-        linux.insert("readonlyPaths".into(), json!(readonly));
-        linux.insert("seccomp".into(), hardening::seccomp_allowing_chroot());
-    }
+/// `paths` (absolute in the first container), then the same under each sidecar's root: the
+/// masked and read-only `/proc` and `/sys` paths hold in every container of the actor.
+pub fn under_each_root(paths: &[&str], spec: &SandboxSpec) -> Vec<String> {
+    let roots =
+        std::iter::once(String::new()).chain(spec.sidecars.iter().map(|s| container_root(&s.name)));
+    roots
+        .flat_map(|root| paths.iter().map(move |p| format!("{root}{p}")))
+        .collect()
 }
 
 /// A sidecar's rootfs at `/.ate/containers/<name>` and, inside it, what runc gives the first
 /// container: proc, a tmpfs `/dev` with the usual device nodes and `/dev/shm`, a read-only
 /// sysfs, the identity files and the template's volumes.
-fn sidecar_mounts(actor: &ActorSandbox, sidecar: &SidecarSpec) -> Vec<Value> {
+pub fn sidecar_mounts(actor: &ActorSandbox, sidecar: &SidecarSpec) -> Result<Vec<Mount>> {
     let root = container_root(&sidecar.name);
+    let rootfs = actor.container_rootfs_dir(&sidecar.name);
     let mut mounts = vec![
-        json!({"destination": root, "type": "bind", "source": actor.container_rootfs_dir(&sidecar.name), "options": ["rbind", "rw"]}),
-        json!({"destination": format!("{root}/proc"), "type": "proc", "source": "proc"}),
-        json!({"destination": format!("{root}/dev"), "type": "tmpfs", "source": "tmpfs", "options": ["nosuid", "strictatime", "mode=755", "size=65536k"]}),
+        mount(&root, "bind", rootfs, &["rbind", "rw"])?,
+        mount(format!("{root}/proc"), "proc", "proc", &[])?,
+        mount(format!("{root}/dev"), "tmpfs", "tmpfs", DEV_OPTIONS)?,
     ];
     for d in DEVICES {
-        mounts.push(json!({"destination": format!("{root}/dev/{d}"), "type": "bind", "source": format!("/dev/{d}"), "options": ["bind", "rw", "nosuid", "noexec"]}));
+        let options = &["bind", "rw", "nosuid", "noexec"];
+        mounts.push(mount(
+            format!("{root}/dev/{d}"),
+            "bind",
+            format!("/dev/{d}"),
+            options,
+        )?);
     }
     mounts.extend([
-        json!({"destination": format!("{root}/dev/shm"), "type": "tmpfs", "source": "shm", "options": ["nosuid", "noexec", "nodev", "mode=1777", "size=65536k"]}),
-        json!({"destination": format!("{root}/sys"), "type": "sysfs", "source": "sysfs", "options": ["nosuid", "noexec", "nodev", "ro"]}),
-        json!({"destination": format!("{root}/etc/ate"), "type": "bind", "source": actor.identity_dir(), "options": ["bind", "ro", "nosuid", "nodev", "noexec"]}),
+        mount(format!("{root}/dev/shm"), "tmpfs", "shm", SHM_OPTIONS)?,
+        mount(format!("{root}/sys"), "sysfs", "sysfs", SYSFS_OPTIONS)?,
+        mount(
+            format!("{root}/etc/ate"),
+            "bind",
+            actor.identity_dir(),
+            IDENTITY_OPTIONS,
+        )?,
     ]);
     for m in &sidecar.mounts {
-        mounts.push(json!({"destination": format!("{root}{}", m.mount_path), "type": "bind", "source": actor.volume_dir(&m.name), "options": ["rbind", "rw", "nosuid", "nodev"]}));
+        let destination = format!("{root}{}", m.mount_path);
+        mounts.push(mount(
+            destination,
+            "bind",
+            actor.volume_dir(&m.name),
+            VOLUME_OPTIONS,
+        )?);
     }
-    mounts
+    Ok(mounts)
 }
 
 #[cfg(test)]
@@ -359,45 +329,5 @@ mod tests {
         ] {
             assert!(text.contains(line), "{line:?} not in:\n{text}");
         }
-    }
-
-    #[test]
-    fn the_config_runs_init_with_each_sidecars_mounts_and_masks() {
-        let s = spec();
-        let actor = ActorSandbox::new("ns", "a", "uid", "/var/lib/ate/actors/ns/a");
-        let mut config = json!({"process": {"args": ["/app"]}, "mounts": [], "linux": {}});
-        hardening::apply(&mut config);
-        apply(&mut config, &actor, &s);
-        assert!(
-            config["process"]["capabilities"]["effective"]
-                .as_array()
-                .unwrap()
-                .contains(&json!("CAP_SYS_CHROOT"))
-        );
-        assert_eq!(config["process"]["args"], json!([INIT_PATH, PLAN_PATH]));
-        let dests: Vec<&str> = config["mounts"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .filter_map(|m| m["destination"].as_str())
-            .collect();
-        for d in [
-            "/.ate/containers/side",
-            "/.ate/containers/side/proc",
-            "/.ate/containers/side/dev/null",
-            "/.ate/containers/side/etc/ate",
-            "/.ate/containers/side/srv/data",
-        ] {
-            assert!(dests.contains(&d), "{d} not mounted: {dests:?}");
-        }
-        assert!(!dests.contains(&"/.ate/containers/side/data"), "{dests:?}");
-        let masked = config["linux"]["maskedPaths"].as_array().unwrap();
-        assert!(masked.contains(&json!("/.ate/containers/side/proc/kcore")));
-        assert!(masked.contains(&json!("/proc/kcore")));
-        let denied = config["linux"]["seccomp"]["syscalls"][0]["names"]
-            .as_array()
-            .unwrap();
-        assert!(!denied.contains(&json!("chroot")));
-        assert!(denied.contains(&json!("pivot_root")));
     }
 }

@@ -13,8 +13,8 @@ use tokio_stream::wrappers::UnixListenerStream;
 
 use crate::service::{WorkerError, io_err};
 
-/// Whether a peer running as `uid` may use the WorkerService of a worker running as `own_uid`:
-/// root (the node agent) or the worker's own user.
+/// Whether a peer running as `uid` may use the unix sockets (WorkerService, handoff) of a worker
+/// running as `own_uid`: root (the node agent, a router) or the worker's own user.
 pub fn peer_allowed(uid: u32, own_uid: u32) -> bool {
     uid == 0 || uid == own_uid
 }
@@ -115,6 +115,17 @@ mod tests {
         })
     }
 
+    /// Connects to `path` as this process's user and expects [`serve_ok`]'s answer.
+    async fn assert_admitted(path: &Path) {
+        let mut client = UnixStream::connect(path).await.unwrap();
+        let mut reply = Vec::new();
+        tokio::time::timeout(Duration::from_secs(10), client.read_to_end(&mut reply))
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(reply, b"ok");
+    }
+
     #[tokio::test]
     async fn socket_is_0600_and_the_same_user_gets_in() {
         let dir = tempfile::tempdir().unwrap();
@@ -131,13 +142,7 @@ mod tests {
             .collect();
         assert_eq!(names, [std::ffi::OsString::from("worker.sock")]);
         let server = serve_ok(listener);
-        let mut client = UnixStream::connect(&path).await.unwrap();
-        let mut reply = Vec::new();
-        tokio::time::timeout(Duration::from_secs(10), client.read_to_end(&mut reply))
-            .await
-            .unwrap()
-            .unwrap();
-        assert_eq!(reply, b"ok");
+        assert_admitted(&path).await;
         server.abort();
     }
 
@@ -229,13 +234,7 @@ mod tests {
         assert_eq!(seen, CHILD_REFUSED, "a uid 65534 peer must be refused");
 
         // And root still gets in on the same listener.
-        let mut client = UnixStream::connect(&path).await.unwrap();
-        let mut reply = Vec::new();
-        tokio::time::timeout(Duration::from_secs(10), client.read_to_end(&mut reply))
-            .await
-            .unwrap()
-            .unwrap();
-        assert_eq!(reply, b"ok");
+        assert_admitted(&path).await;
         server.abort();
     }
 }

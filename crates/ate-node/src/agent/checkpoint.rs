@@ -66,26 +66,9 @@ impl NodeAgent {
             create_time_unix_ms: 0,
         };
         if req.durable {
-            match self
-                .upload(
-                    &atespace,
-                    &name,
-                    &snapshot,
-                    UploadPriority::Normal,
-                    &parents,
-                )
-                .await
-            {
-                Ok(uri) => {
-                    snapshot.durable_uri = uri;
-                    snapshot.durable_status = Some(DurableStatus::Completed);
-                }
-                Err(e) => {
-                    // The local generation is kept and usable; only the durable copy failed.
-                    snapshot.durable_status = Some(DurableStatus::Failed);
-                    snapshot.reason = format!("durable upload failed: {e}");
-                }
-            }
+            // On failure the local generation is kept and usable; only the durable copy failed.
+            self.upload_now(&atespace, &name, &mut snapshot, &parents)
+                .await;
         } else {
             let agent = self.clone();
             let snap = snapshot.clone();
@@ -143,6 +126,32 @@ impl NodeAgent {
         })
     }
 
+    /// Uploads the generation to the durable store now and records the outcome on it: its
+    /// durable URI and `Completed`, or `Failed` and why. False when the upload failed.
+    pub(super) async fn upload_now(
+        &self,
+        atespace: &str,
+        name: &str,
+        snap: &mut Snapshot,
+        parents: &[PathBuf],
+    ) -> bool {
+        let uploaded = self
+            .upload(atespace, name, snap, UploadPriority::Normal, parents)
+            .await;
+        match uploaded {
+            Ok(uri) => {
+                snap.durable_uri = uri;
+                snap.durable_status = Some(DurableStatus::Completed);
+                true
+            }
+            Err(e) => {
+                snap.durable_status = Some(DurableStatus::Failed);
+                snap.reason = format!("durable upload failed: {e}");
+                false
+            }
+        }
+    }
+
     /// Uploads the generation to the durable store. `Background` for an ASYNC suspend's copy:
     /// nobody waits for it, so its hashing and compression leave the cores to resumes.
     pub(super) async fn upload(
@@ -195,8 +204,7 @@ impl NodeAgent {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::agent::test_agent;
-    use crate::types::Workload;
+    use crate::agent::{test_agent, test_workload};
     use ate_core::Fidelity;
 
     #[tokio::test]
@@ -204,14 +212,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("tempdir: {e}"));
         let agent = test_agent(dir.path()).await;
         let req = CheckpointRequest {
-            workload: Workload {
-                actor: ActorRef::new("ns", "a"),
-                uid: String::new(),
-                template: String::new(),
-                spec: None,
-                worker_id: "w-1".into(),
-                activation: 0,
-            },
+            workload: test_workload(),
             generation: 1,
             uuid: "u-1".into(),
             fidelity: Fidelity::Memory,

@@ -6,7 +6,6 @@
 use std::path::Path;
 
 use ate_core::{ActorRef, DurableStatus};
-use ate_snapshot::UploadPriority;
 
 use super::logs::actor_log_path;
 use super::types::{OnWorker, StopRequest};
@@ -31,28 +30,13 @@ impl NodeAgent {
             .cloned()
             .unwrap_or_default();
         for mut snap in snapshots {
-            if snap.durable_status != Some(DurableStatus::Completed) {
-                match self
-                    .upload(
-                        &actor.atespace,
-                        &actor.name,
-                        &snap,
-                        UploadPriority::Normal,
-                        &parents,
-                    )
+            if snap.durable_status != Some(DurableStatus::Completed)
+                && !self
+                    .upload_now(&actor.atespace, &actor.name, &mut snap, &parents)
                     .await
-                {
-                    Ok(uri) => {
-                        snap.durable_uri = uri;
-                        snap.durable_status = Some(DurableStatus::Completed);
-                    }
-                    Err(e) => {
-                        snap.durable_status = Some(DurableStatus::Failed);
-                        snap.reason = format!("durable upload failed: {e}");
-                        out.push(snap);
-                        continue;
-                    }
-                }
+            {
+                out.push(snap);
+                continue;
             }
             if !snap.local_path.is_empty() && snap.node == self.inner.cfg.name {
                 let _ = tokio::fs::remove_dir_all(&snap.local_path).await;

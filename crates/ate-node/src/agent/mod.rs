@@ -270,6 +270,20 @@ impl NodeAgent {
     }
 }
 
+/// A workload for actor `ns/a` placed on worker `w-1`, with no spec: what the verbs' tests
+/// send to a [`test_agent`] that has no worker.
+#[cfg(test)]
+pub(super) fn test_workload() -> crate::types::Workload {
+    crate::types::Workload {
+        actor: ate_core::ActorRef::new("ns", "a"),
+        uid: String::new(),
+        template: String::new(),
+        spec: None,
+        worker_id: "w-1".into(),
+        activation: 0,
+    }
+}
+
 /// A [`NodeAgent`] on a temporary state directory, with no worker and an api it never reaches
 /// (the channel is lazy): enough for the verbs' validation and their files.
 #[cfg(test)]

@@ -325,8 +325,7 @@ fn call_says_nothing_about_the_generation(refused: &CallError) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::agent::test_agent;
-    use ate_core::ActorRef;
+    use crate::agent::{test_agent, test_workload};
 
     fn tempdir() -> tempfile::TempDir {
         tempfile::tempdir().unwrap_or_else(|e| panic!("tempdir: {e}"))
@@ -469,14 +468,7 @@ mod tests {
     async fn run_and_restore_need_a_running_worker() {
         let dir = tempdir();
         let agent = test_agent(dir.path()).await;
-        let workload = Workload {
-            actor: ActorRef::new("ns", "a"),
-            uid: String::new(),
-            template: String::new(),
-            spec: None,
-            worker_id: "w-1".into(),
-            activation: 0,
-        };
+        let workload = test_workload();
         let not_running = |r: Result<OnWorker, AgentError>| matches!(r, Err(AgentError::WorkerNotRunning { worker, node }) if worker == "w-1" && node == "node-t");
         assert!(not_running(agent.run_inner(None, workload.clone()).await));
         let restore = RestoreRequest {

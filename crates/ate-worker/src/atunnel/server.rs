@@ -23,10 +23,9 @@ use super::{
 use crate::pipe::TunnelState;
 
 /// Serves atunnel on `listener` until `shutdown` resolves; then stops accepting and cuts every
-/// connection (the worker stops its sandboxes right after).
-/// Serves atunnel on `listener` until `shutdown`. With `tls` (a server config requiring the
-/// router's SPIFFE ID, ALPN h2) every connection is mTLS and anyone else fails the handshake;
-/// without, h2c.
+/// connection (the worker stops its sandboxes right after). With `tls` (a server config
+/// requiring the router's SPIFFE ID, ALPN h2) every connection is mTLS and anyone else fails the
+/// handshake; without, h2c.
 pub async fn serve(
     listener: TcpListener,
     tls: Option<Arc<ServerConfig>>,

@@ -8,7 +8,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use ate_core::{ActorRef, Fidelity};
+use ate_core::{ActorRef, Fidelity, TemplateSpec};
 use ate_proto::v1;
 use tonic::Status;
 
@@ -79,14 +79,7 @@ pub(crate) fn start_request(req: v1::WorkerStartRequest) -> Result<StartRequest,
         return Err(invalid("a fidelity was given without a generation_dir"));
     }
     Ok(StartRequest {
-        workload: Workload {
-            actor,
-            uid: w.uid,
-            template: w.template,
-            spec,
-            worker_id: w.worker_id,
-            activation: w.activation,
-        },
+        workload: workload_from_wire(w, actor, spec),
         generation_dir,
         fidelity,
     })
@@ -201,6 +194,19 @@ fn workload_to_wire(w: &Workload) -> v1::Workload {
     }
 }
 
+/// The reverse of [`workload_to_wire`], with the actor and spec already read from `w` (each
+/// caller words its own errors for them).
+fn workload_from_wire(w: v1::Workload, actor: ActorRef, spec: TemplateSpec) -> Workload {
+    Workload {
+        actor,
+        uid: w.uid,
+        template: w.template,
+        spec,
+        worker_id: w.worker_id,
+        activation: w.activation,
+    }
+}
+
 /// The adoption record file's bytes.
 pub(crate) fn adoption_to_bytes(r: &AdoptionRecord) -> Vec<u8> {
     prost::Message::encode_to_vec(&v1::AdoptionRecord {
@@ -226,14 +232,7 @@ pub(crate) fn adoption_from_bytes(bytes: &[u8]) -> Result<AdoptionRecord, String
         .and_then(|s| ate_proto::spec_from_wire(s).map_err(|_| "adoption record spec invalid"))
         .map_err(str::to_string)?;
     Ok(AdoptionRecord {
-        workload: Workload {
-            actor,
-            uid: w.uid,
-            template: w.template,
-            spec,
-            worker_id: w.worker_id,
-            activation: w.activation,
-        },
+        workload: workload_from_wire(w, actor, spec),
         pid: nonzero(record.pid),
         page_source_pid: nonzero(record.page_source_pid),
     })

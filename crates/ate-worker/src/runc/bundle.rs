@@ -3,10 +3,7 @@
 
 use std::time::Instant;
 
-use serde_json::{Value, json};
-
 use super::RuncRuntime;
-use super::cgroup::CPU_PERIOD_US;
 use super::criu::CRIU_OPTIONS_SIDECARS;
 use super::files::remove_dir_if_exists;
 use super::mounts::{mount_overlay, unmount_if_mounted};
@@ -92,19 +89,6 @@ impl RuncRuntime {
             &actor.rootfs_dir(),
         )?;
         let overlay_done = begun.elapsed();
-        let mut config = oci_config(actor, spec);
-        if restoring
-            && let Some(resources) = config
-                .pointer_mut("/linux/resources")
-                .and_then(Value::as_object_mut)
-        {
-            // Explicitly unlimited, not just absent: a cgroup left by an earlier life of this
-            // actor (same name) would otherwise keep its old quota and throttle CRIU anyway.
-            resources.insert(
-                "cpu".to_string(),
-                json!({"quota": -1, "period": CPU_PERIOD_US}),
-            );
-        }
         let criu_conf = if spec.sidecars.is_empty() {
             self.criu_conf.clone()
         } else {
@@ -114,17 +98,7 @@ impl RuncRuntime {
                 .ctx(|| format!("write {}", path.display()))?;
             path
         };
-        if let Some(obj) = config.as_object_mut() {
-            // runc hands this file to CRIU on checkpoint and restore (its `org.criu.config`
-            // annotation): per-actor CRIU options without touching /etc/criu.
-            let annotations = obj.entry("annotations").or_insert_with(|| json!({}));
-            if let Some(a) = annotations.as_object_mut() {
-                a.insert(
-                    "org.criu.config".to_string(),
-                    Value::String(criu_conf.to_string_lossy().into_owned()),
-                );
-            }
-        }
+        let config = oci_config(actor, spec, restoring, &criu_conf)?;
         let bytes =
             serde_json::to_vec_pretty(&config).map_err(|e| SandboxError::Invalid(e.to_string()))?;
         let path = dir.join("config.json");

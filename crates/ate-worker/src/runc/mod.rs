@@ -42,7 +42,10 @@ pub use criu::{CRIU_OPTIONS, CRIU_OPTIONS_SIDECARS};
 use criu::{criu_kdat_cache_possible, parse_criu_version};
 use files::remove_file_if_exists;
 use oci::exec_failure;
-pub(crate) use oci::{DEFAULT_PATH, EXEC_FAILED, merge_env, process_args, render_args};
+pub(crate) use oci::{
+    DEV_OPTIONS, EXEC_FAILED, IDENTITY_OPTIONS, SHM_OPTIONS, SYSFS_OPTIONS, VOLUME_OPTIONS,
+    command_line, merge_env, mount, process_args, render_args,
+};
 use spawn::pid_file;
 
 /// Sandbox class reported for this runtime.
