@@ -25,7 +25,8 @@ use crate::serve::{LogFormat, write_atomically};
 use node::{NodeMetrics, start_node_and_workers, worker_ids};
 use pki::{Pki, ca_dir, publish_admin, with_sans};
 use supervise::{
-    Component, Role, set_flag, spawn, stop_all, supervise_until_stopped, wait_listening, wait_ready,
+    Component, Role, set_flag, spawn, start_or_stop, stop_all, supervise_until_stopped,
+    wait_listening, wait_ready,
 };
 
 const DEMO_TEMPLATE: &str = include_str!("demo-counter.yaml");
@@ -159,24 +160,22 @@ async fn start_all(
     let run_dir = state.join("run");
     let api_ready = run_dir.join("api.json");
     let _ = std::fs::remove_file(&api_ready);
-    let mut api_args = vec![
-        "api".to_string(),
-        "--listen".into(),
-        args.api_listen.to_string(),
-        "--http-listen".into(),
-        args.api_http_listen.to_string(),
-        "--store".into(),
-        store.to_string(),
-        "--ready-file".into(),
-        api_ready.display().to_string(),
-        // Signs the certificates of machines that join (`ate up --role node`).
-        "--ca-dir".into(),
-        ca_dir(args).display().to_string(),
-        "--join-cert-lifetime".into(),
-        format!("{}s", args.cert_lifetime.as_secs().max(60)),
-        "--log-format".into(),
-        args.log_format.as_str().into(),
-    ];
+    let mut api_args = command_line(
+        "api",
+        args,
+        [
+            ("--listen", args.api_listen.to_string()),
+            ("--http-listen", args.api_http_listen.to_string()),
+            ("--store", store.to_string()),
+            ("--ready-file", api_ready.display().to_string()),
+            // Signs the certificates of machines that join (`ate up --role node`).
+            ("--ca-dir", ca_dir(args).display().to_string()),
+            (
+                "--join-cert-lifetime",
+                format!("{}s", args.cert_lifetime.as_secs().max(60)),
+            ),
+        ],
+    );
     // One api on its store (no --peer-api): a store outage need not fence the workers.
     if args.role == UpRole::All && args.peer_apis.is_empty() {
         api_args.push("--sole-replica".into());
@@ -251,17 +250,15 @@ async fn register_demo(c: &Clients, images_dir: &Path) -> anyhow::Result<()> {
 /// Starts the router and waits until it listens.
 fn router_args(args: &UpArgs, api_addrs: &str, pki: &mut Pki) -> anyhow::Result<Vec<String>> {
     let td = pki.td.clone();
-    let mut router_args = vec![
-        "router".to_string(),
-        "--listen".into(),
-        args.router_listen.to_string(),
-        "--metrics-listen".into(),
-        args.router_metrics_listen.to_string(),
-        "--api".into(),
-        api_addrs.to_string(),
-        "--log-format".into(),
-        args.log_format.as_str().into(),
-    ];
+    let mut router_args = command_line(
+        "router",
+        args,
+        [
+            ("--listen", args.router_listen.to_string()),
+            ("--metrics-listen", args.router_metrics_listen.to_string()),
+            ("--api", api_addrs.to_string()),
+        ],
+    );
     // Also valid for `localhost` / 127.0.0.1, for clients of `--router-arg=--tls-listen=…` that
     // check the hostname rather than the SPIFFE ID.
     let router_req = ate_tls::SvidRequest::new(ate_tls::SpiffeId::router(&td)?)
@@ -304,6 +301,21 @@ async fn start_router(
 }
 
 /// The api addresses a router or node agent of this host uses: ours first, then the peers.
+/// A component's command line: `subcommand`, each flag with its value, then the log format
+/// (every component of `ate up` logs alike).
+fn command_line(
+    subcommand: &str,
+    args: &UpArgs,
+    flags: impl IntoIterator<Item = (&'static str, String)>,
+) -> Vec<String> {
+    let mut line = vec![subcommand.to_string()];
+    for (flag, value) in flags {
+        line.extend([flag.to_string(), value]);
+    }
+    line.extend(["--log-format".to_string(), args.log_format.as_str().into()]);
+    line
+}
+
 fn api_list(own: &str, peers: &[String]) -> String {
     std::iter::once(own.to_string())
         .chain(peers.iter().cloned())
@@ -352,17 +364,14 @@ async fn run_node(args: UpArgs) -> anyhow::Result<ExitCode> {
     let signal = shutdown_signal();
     tokio::pin!(signal);
     let mut components = Vec::new();
-    let started = tokio::select! {
-        r = start_node_and_workers(&args, &node_name, &join, &logs, &run_dir, &mut pki, &clients, &mut components) => r,
-        _ = &mut signal => Err(anyhow::anyhow!("interrupted during start-up")),
-    };
-    let metrics = match started {
-        Ok(m) => m,
-        Err(e) => {
-            stop_all(&mut components).await;
-            return Err(e);
-        }
-    };
+    let metrics = start_or_stop(&mut components, &mut signal, async |components| {
+        let (args, pki) = (&args, &mut pki);
+        start_node_and_workers(
+            args, &node_name, &join, &logs, &run_dir, pki, &clients, components,
+        )
+        .await
+    })
+    .await?;
     if let Some(file) = &args.ready_file {
         let body = serde_json::json!({
             "node": node_name,
@@ -414,17 +423,11 @@ pub async fn run(args: UpArgs) -> anyhow::Result<ExitCode> {
     tokio::pin!(signal);
     let mut components = Vec::new();
     // Ctrl-C / SIGTERM during start-up stops whatever already started.
-    let started = tokio::select! {
-        r = start_all(&args, &store, &images_dir, &mut pki, &mut components) => r,
-        _ = &mut signal => Err(anyhow::anyhow!("interrupted during start-up")),
-    };
-    let (api_addr, api_http, node_metrics) = match started {
-        Ok(a) => a,
-        Err(e) => {
-            stop_all(&mut components).await;
-            return Err(e);
-        }
-    };
+    let (api_addr, api_http, node_metrics) =
+        start_or_stop(&mut components, &mut signal, async |components| {
+            start_all(&args, &store, &images_dir, &mut pki, components).await
+        })
+        .await?;
     if let Some(file) = &args.ready_file {
         let body = serde_json::json!({
             "router": format!("http://{}", args.router_listen),
