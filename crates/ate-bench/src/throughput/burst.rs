@@ -10,17 +10,10 @@ pub(super) async fn burst(
     common: &Common,
     settle: Duration,
 ) -> anyhow::Result<ExitCode> {
-    let TpRun {
-        c,
-        http,
-        router,
-        ns,
-        names,
-        concurrency,
-    } = run;
-    let n = names.len();
+    let n = run.names.len();
     let memory = COUNTER_MEMORY_MIB << 20;
-    let room = match rpc(c
+    let room = match rpc(run
+        .c
         .fleet
         .clone()
         .list_workers(v1::ListWorkersRequest {})
@@ -46,6 +39,14 @@ pub(super) async fn burst(
         eprintln!("{note}");
     }
     tokio::time::sleep(settle).await;
+    let TpRun {
+        http,
+        router,
+        ns,
+        names,
+        concurrency,
+        ..
+    } = run;
     eprintln!(
         "==> burst: one request to each of {n} suspended actors, at most {concurrency} in flight{}",
         room.map(|(r, _)| format!(" (free room for {r})"))
@@ -155,15 +156,7 @@ pub(super) async fn burst(
         "{}",
         histogram(&answers, &cold_per_second, &not_ok_per_second)
     );
-    let errors: Vec<String> = replies
-        .iter()
-        .filter(|r| r.status != 200)
-        .take(10)
-        .map(|r| format!("{} {}", r.status, r.body))
-        .collect();
-    for e in &errors {
-        eprintln!("    {e}");
-    }
+    let errors = first_errors(&replies);
     let samples_json: Vec<serde_json::Value> = samples
         .iter()
         .map(|s| {

@@ -124,15 +124,7 @@ pub(super) async fn cycle(run: TpRun, a: &ThroughputArgs) -> anyhow::Result<Exit
     println!("{}", row.table());
     let all: Vec<&Reply> = replies.iter().map(|(_, _, r)| r).collect();
     println!("not 200: {}", not_ok_summary(&all));
-    let errors: Vec<String> = replies
-        .iter()
-        .filter(|(_, _, r)| r.status != 200)
-        .take(10)
-        .map(|(_, _, r)| format!("{} {}", r.status, r.body))
-        .collect();
-    for e in &errors {
-        eprintln!("    {e}");
-    }
+    let errors = first_errors(&all);
     let samples: Vec<serde_json::Value> = replies
         .iter()
         .map(|(at, actor, r)| {

@@ -223,6 +223,20 @@ impl TpRow {
 }
 
 /// `503 × 12 (no worker has room: 12), 0 (no answer) × 1`: the answers that were not 200.
+/// The first ten answers that were not 200, each also printed (for the JSON's `first_errors`).
+fn first_errors(replies: &[&Reply]) -> Vec<String> {
+    let errors: Vec<String> = replies
+        .iter()
+        .filter(|r| r.status != 200)
+        .take(10)
+        .map(|r| format!("{} {}", r.status, r.body))
+        .collect();
+    for e in &errors {
+        eprintln!("    {e}");
+    }
+    errors
+}
+
 fn not_ok_summary(replies: &[&Reply]) -> String {
     let mut by_status = std::collections::BTreeMap::<u16, (usize, usize)>::new();
     for r in replies.iter().filter(|r| r.status != 200) {
