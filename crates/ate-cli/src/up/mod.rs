@@ -160,22 +160,19 @@ async fn start_all(
     let run_dir = state.join("run");
     let api_ready = run_dir.join("api.json");
     let _ = std::fs::remove_file(&api_ready);
-    let mut api_args = command_line(
-        "api",
-        args,
-        [
-            ("--listen", args.api_listen.to_string()),
-            ("--http-listen", args.api_http_listen.to_string()),
-            ("--store", store.to_string()),
-            ("--ready-file", api_ready.display().to_string()),
-            // Signs the certificates of machines that join (`ate up --role node`).
-            ("--ca-dir", ca_dir(args).display().to_string()),
-            (
-                "--join-cert-lifetime",
-                format!("{}s", args.cert_lifetime.as_secs().max(60)),
-            ),
-        ],
-    );
+    let flags = [
+        ("--listen", args.api_listen.to_string()),
+        ("--http-listen", args.api_http_listen.to_string()),
+        ("--store", store.to_string()),
+        ("--ready-file", api_ready.display().to_string()),
+        // Signs the certificates of machines that join (`ate up --role node`).
+        ("--ca-dir", ca_dir(args).display().to_string()),
+        (
+            "--join-cert-lifetime",
+            format!("{}s", args.cert_lifetime.as_secs().max(60)),
+        ),
+    ];
+    let mut api_args = command_line("api", args, flags);
     // One api on its store (no --peer-api): a store outage need not fence the workers.
     if args.role == UpRole::All && args.peer_apis.is_empty() {
         api_args.push("--sole-replica".into());
@@ -250,15 +247,12 @@ async fn register_demo(c: &Clients, images_dir: &Path) -> anyhow::Result<()> {
 /// Starts the router and waits until it listens.
 fn router_args(args: &UpArgs, api_addrs: &str, pki: &mut Pki) -> anyhow::Result<Vec<String>> {
     let td = pki.td.clone();
-    let mut router_args = command_line(
-        "router",
-        args,
-        [
-            ("--listen", args.router_listen.to_string()),
-            ("--metrics-listen", args.router_metrics_listen.to_string()),
-            ("--api", api_addrs.to_string()),
-        ],
-    );
+    let flags = [
+        ("--listen", args.router_listen.to_string()),
+        ("--metrics-listen", args.router_metrics_listen.to_string()),
+        ("--api", api_addrs.to_string()),
+    ];
+    let mut router_args = command_line("router", args, flags);
     // Also valid for `localhost` / 127.0.0.1, for clients of `--router-arg=--tls-listen=…` that
     // check the hostname rather than the SPIFFE ID.
     let router_req = ate_tls::SvidRequest::new(ate_tls::SpiffeId::router(&td)?)

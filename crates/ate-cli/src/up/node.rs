@@ -60,18 +60,15 @@ pub(super) async fn start_node_and_workers(
     }
     let node_ready = run_dir.join("node.json");
     let _ = std::fs::remove_file(&node_ready);
-    let mut node_args = command_line(
-        "node",
-        args,
-        [
-            ("--name", node_name.into()),
-            ("--listen", args.node_listen.to_string()),
-            ("--api", api_addrs.to_string()),
-            ("--state-dir", state.clone()),
-            ("--ready-file", node_ready.display().to_string()),
-            ("--metrics-listen", metrics.node.clone()),
-        ],
-    );
+    let flags = [
+        ("--name", node_name.into()),
+        ("--listen", args.node_listen.to_string()),
+        ("--api", api_addrs.to_string()),
+        ("--state-dir", state.clone()),
+        ("--ready-file", node_ready.display().to_string()),
+        ("--metrics-listen", metrics.node.clone()),
+    ];
+    let mut node_args = command_line("node", args, flags);
     if let Some(url) = &args.durable_store {
         node_args.extend(["--durable-store".to_string(), url.clone()]);
     }
@@ -91,26 +88,23 @@ pub(super) async fn start_node_and_workers(
     let deny = control_plane_addresses(args, api_addrs);
     for (i, id) in (1..=args.workers).zip(worker_ids(args, node_name)) {
         let listen = SocketAddr::new(worker_address(args.worker_first_ip, i)?, args.worker_port);
-        let mut worker_args = command_line(
-            "worker",
-            args,
-            [
-                ("--id", id.clone()),
-                ("--state-dir", state.clone()),
-                ("--listen", listen.to_string()),
-                ("--slots", args.worker_slots.to_string()),
-                // Lets an actor be pinned to one worker with a selector (`ate update actor
-                // --selector`).
-                (
-                    "--labels",
-                    format!("ate.dev/worker={id},ate.dev/node={node_name}"),
-                ),
-                (
-                    "--metrics-listen",
-                    metrics.workers[(i - 1) as usize].clone(),
-                ),
-            ],
-        );
+        let flags = [
+            ("--id", id.clone()),
+            ("--state-dir", state.clone()),
+            ("--listen", listen.to_string()),
+            ("--slots", args.worker_slots.to_string()),
+            // Lets an actor be pinned to one worker with a selector (`ate update actor
+            // --selector`).
+            (
+                "--labels",
+                format!("ate.dev/worker={id},ate.dev/node={node_name}"),
+            ),
+            (
+                "--metrics-listen",
+                metrics.workers[(i - 1) as usize].clone(),
+            ),
+        ];
+        let mut worker_args = command_line("worker", args, flags);
         if !deny.is_empty() {
             // No egress policy may let an actor reach the api, the store or the object store.
             worker_args.extend(["--deny-egress".to_string(), deny.join(",")]);
