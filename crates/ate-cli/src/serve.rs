@@ -133,12 +133,8 @@ where
 
 pub async fn run_api(args: ApiArgs) -> anyhow::Result<()> {
     let traces = init_logging(args.log.json(), Some("ate-api"));
-    stopped(
-        traces,
-        "api",
-        ate_api::run(args.config, component_shutdown()).await,
-    )
-    .await
+    let ran = ate_api::run(args.config, component_shutdown()).await;
+    stopped(traces, "api", ran).await
 }
 
 #[derive(Args, Debug)]
@@ -152,12 +148,8 @@ pub struct RouterArgs {
 pub async fn run_router(args: RouterArgs) -> anyhow::Result<()> {
     let traces = init_logging(args.log.json(), Some("ate-router"));
     tracing::info!(listen = %args.config.listen, api = %args.config.api, "router starting");
-    stopped(
-        traces,
-        "router",
-        ate_router::run(args.config, component_shutdown()).await,
-    )
-    .await
+    let ran = ate_router::run(args.config, component_shutdown()).await;
+    stopped(traces, "router", ran).await
 }
 
 #[derive(Args, Debug)]
@@ -215,12 +207,8 @@ pub async fn run_worker(args: WorkerArgs) -> anyhow::Result<()> {
         "/proc/self/exe".to_string(),
         "page-source".to_string(),
     ]);
-    stopped(
-        traces,
-        "worker",
-        ate_worker::run(config, component_shutdown()).await,
-    )
-    .await
+    let ran = ate_worker::run(config, component_shutdown()).await;
+    stopped(traces, "worker", ran).await
 }
 
 /// Replaces `path` with `body` whole ([`ate_tls::process::write_ready_file`]: ready files and

@@ -101,16 +101,15 @@ pub(super) async fn burst(
     let parked = cold.iter().filter(|s| s.reply.resume == "parked").count();
     let cold_secs = sorted(cold.iter().map(|s| s.reply.secs).collect());
     let all_secs = sorted(replies.iter().map(|r| r.secs).collect());
-    let row = TpRow {
-        actors: n,
+    let row = TpRow::new(
+        n,
         concurrency,
-        requests: samples.len(),
+        samples.len(),
         ok,
-        cold: cold.len(),
-        seconds: wall,
-        p50: median(&cold_secs),
-        p99: pct(&cold_secs, 0.99),
-    };
+        cold.len(),
+        &cold_secs,
+        wall,
+    );
     let bins = wall.ceil() as usize;
     let at = |f: fn(&Reply) -> bool| {
         per_second(

@@ -100,16 +100,8 @@ pub(super) async fn cycle(run: TpRun, a: &ThroughputArgs) -> anyhow::Result<Exit
     let ok = replies.iter().filter(|(_, _, r)| r.status == 200).count();
     let secs = sorted(cold.iter().map(|(_, _, r)| r.secs).collect());
     let per_second = per_second(elapsed.ceil() as usize + 1, cold.iter().map(|c| c.0));
-    let row = TpRow {
-        actors: n_actors,
-        concurrency,
-        requests: replies.len(),
-        ok,
-        cold: cold.len(),
-        seconds: elapsed,
-        p50: median(&secs),
-        p99: pct(&secs, 0.99),
-    };
+    let (requests, cold_n) = (replies.len(), cold.len());
+    let row = TpRow::new(n_actors, concurrency, requests, ok, cold_n, &secs, elapsed);
     println!(
         "Cycle: {concurrency} requests in flight to suspended actors for {} s, {} suspenders; \
          seconds include draining",

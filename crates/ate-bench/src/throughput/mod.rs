@@ -200,6 +200,29 @@ struct TpRow {
 }
 
 impl TpRow {
+    /// The row of a run; the latencies of its `cold` resumes, `cold_secs` (sorted), give its p50
+    /// and p99.
+    fn new(
+        actors: usize,
+        concurrency: usize,
+        requests: usize,
+        ok: usize,
+        cold: usize,
+        cold_secs: &[f64],
+        seconds: f64,
+    ) -> Self {
+        TpRow {
+            actors,
+            concurrency,
+            requests,
+            ok,
+            cold,
+            seconds,
+            p50: median(cold_secs),
+            p99: pct(cold_secs, 0.99),
+        }
+    }
+
     fn rate(&self) -> f64 {
         self.cold as f64 / self.seconds.max(f64::MIN_POSITIVE)
     }

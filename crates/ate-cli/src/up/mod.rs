@@ -366,28 +366,21 @@ async fn run_node(args: UpArgs) -> anyhow::Result<ExitCode> {
         .await
     })
     .await?;
-    if let Some(file) = &args.ready_file {
-        let body = serde_json::json!({
-            "node": node_name,
-            "api": join,
-            "node_listen": args.node_listen.to_string(),
-            "workers": worker_ids(&args, &node_name),
-            "node_metrics": metrics.node,
-            "worker_metrics": metrics.workers,
-            "state_dir": state.display().to_string(),
-            "tls_dir": pki.dir.display().to_string(),
-        });
-        write_atomically(file, &body.to_string())?;
-    }
-    println!(
+    let ready = serde_json::json!({
+        "node": node_name,
+        "api": join,
+        "node_listen": args.node_listen.to_string(),
+        "workers": worker_ids(&args, &node_name),
+        "node_metrics": metrics.node,
+        "worker_metrics": metrics.workers,
+    });
+    let line = format!(
         "ate up: ready node={node_name} api={join} state={} (workers={} slots={})",
         state.display(),
         args.workers,
         args.worker_slots
     );
-    let code = supervise_until_stopped(&mut components, &mut signal).await;
-    stop_all(&mut components).await;
-    Ok(code)
+    ready_then_supervise(&args, &pki, ready, &line, &mut components, &mut signal).await
 }
 
 pub async fn run(args: UpArgs) -> anyhow::Result<ExitCode> {
@@ -422,30 +415,43 @@ pub async fn run(args: UpArgs) -> anyhow::Result<ExitCode> {
             start_all(&args, &store, &images_dir, &mut pki, components).await
         })
         .await?;
-    if let Some(file) = &args.ready_file {
-        let body = serde_json::json!({
-            "router": format!("http://{}", args.router_listen),
-            "api": api_addr,
-            // The api's bound health/metrics address (`--api-http-listen` may be port 0).
-            "api_http": api_http,
-            "router_metrics": args.router_metrics_listen.to_string(),
-            // The node agent's and each worker's `/metrics` (absent with `--role control`).
-            "node_metrics": node_metrics.as_ref().map(|m| m.node.clone()),
-            "worker_metrics": node_metrics.map(|m| m.workers).unwrap_or_default(),
-            "state_dir": state.display().to_string(),
-            "tls_dir": pki.dir.display().to_string(),
-        });
-        write_atomically(file, &body.to_string())?;
-    }
-    println!(
+    let ready = serde_json::json!({
+        "router": format!("http://{}", args.router_listen),
+        "api": api_addr,
+        // The api's bound health/metrics address (`--api-http-listen` may be port 0).
+        "api_http": api_http,
+        "router_metrics": args.router_metrics_listen.to_string(),
+        // The node agent's and each worker's `/metrics` (absent with `--role control`).
+        "node_metrics": node_metrics.as_ref().map(|m| m.node.clone()),
+        "worker_metrics": node_metrics.map(|m| m.workers).unwrap_or_default(),
+    });
+    let line = format!(
         "ate up: ready router=http://{} api={api_addr} store={store} state={} (workers={} slots={})",
         args.router_listen,
         state.display(),
         args.workers,
         args.worker_slots
     );
+    ready_then_supervise(&args, &pki, ready, &line, &mut components, &mut signal).await
+}
 
-    let code = supervise_until_stopped(&mut components, &mut signal).await;
-    stop_all(&mut components).await;
+/// Start-up done: the ready file (`--ready-file`: `ready` with the state and TLS directories),
+/// the ready `line`, then supervision until a shutdown signal, and every component stopped.
+async fn ready_then_supervise(
+    args: &UpArgs,
+    pki: &Pki,
+    mut ready: serde_json::Value,
+    line: &str,
+    components: &mut [Component],
+    signal: &mut std::pin::Pin<&mut impl std::future::Future<Output = ate_tls::process::Signal>>,
+) -> anyhow::Result<ExitCode> {
+    if let Some(file) = &args.ready_file {
+        ready["state_dir"] = args.state_dir.display().to_string().into();
+        ready["tls_dir"] = pki.dir.display().to_string().into();
+        write_atomically(file, &ready.to_string())?;
+    }
+    println!("{line}");
+    let code = supervise_until_stopped(components, signal).await;
+    stop_all(components).await;
     Ok(code)
 }
