@@ -220,73 +220,62 @@ async fn apply_yaml(c: &Clients, text: &str) -> anyhow::Result<()> {
 const COUNTER_MEMORY_MIB: u64 = 64;
 
 fn counter_template(ns: &str, name: &str, images: &str, cpu: &str) -> String {
-    format!(
-        r#"apiVersion: ate.dev/v1alpha1
-kind: Atespace
-metadata: {{name: {ns}}}
----
-apiVersion: ate.dev/v1alpha1
-kind: ActorTemplate
-metadata: {{namespace: {ns}, name: {name}}}
-spec:
-  containers:
-    - name: counter
-      image: "oci-layout:{images}/counter:latest"
-      command: ["/counter"]
-      wakeupProbe: {{httpGet: {{path: /healthz, port: 80}}, timeoutSeconds: 10}}
-  resources: {{cpu: {cpu}, memory: {COUNTER_MEMORY_MIB}Mi}}
-  volumes: [{{name: data, mountPath: /data}}]
-  snapshots: {{fidelity: memory}}
-  idleTimeout: 5m
-"#
-    )
+    let counter = counter_container("counter", images, "", 80);
+    counter_spec(ns, name, &counter, cpu, COUNTER_MEMORY_MIB)
 }
 
 /// The counter with a sidecar (a second counter it calls over loopback on every request):
 /// `ate bench snapshots` measures it beside the single counter.
 fn counter_sidecar_template(ns: &str, name: &str, images: &str) -> String {
+    let counter = counter_container(
+        "counter",
+        images,
+        r#"      env: [{name: SIDECAR_ADDR, value: "127.0.0.1:9000"}, {name: PORT2, value: "off"}]
+"#,
+        80,
+    );
+    let sidecar = counter_container(
+        "sidecar",
+        images,
+        r#"      env: [{name: PORT, value: "9000"}, {name: PORT2, value: "off"}, {name: ATE_DATA_DIR, value: /data/sidecar}]
+      ports: [{containerPort: 9000}]
+"#,
+        9000,
+    );
+    let containers = format!("{counter}{sidecar}");
+    counter_spec(ns, name, &containers, "250m", 2 * COUNTER_MEMORY_MIB)
+}
+
+/// One container of the counter image: `extra` its lines between the command and the wake-up
+/// probe, which asks port `probe_port`.
+fn counter_container(name: &str, images: &str, extra: &str, probe_port: u16) -> String {
     format!(
-        r#"apiVersion: ate.dev/v1alpha1
-kind: Atespace
-metadata: {{name: {ns}}}
----
-apiVersion: ate.dev/v1alpha1
-kind: ActorTemplate
-metadata: {{namespace: {ns}, name: {name}}}
-spec:
-  containers:
-    - name: counter
+        r#"    - name: {name}
       image: "oci-layout:{images}/counter:latest"
       command: ["/counter"]
-      env: [{{name: SIDECAR_ADDR, value: "127.0.0.1:9000"}}, {{name: PORT2, value: "off"}}]
-      wakeupProbe: {{httpGet: {{path: /healthz, port: 80}}, timeoutSeconds: 10}}
-    - name: sidecar
-      image: "oci-layout:{images}/counter:latest"
-      command: ["/counter"]
-      env: [{{name: PORT, value: "9000"}}, {{name: PORT2, value: "off"}}, {{name: ATE_DATA_DIR, value: /data/sidecar}}]
-      ports: [{{containerPort: 9000}}]
-      wakeupProbe: {{httpGet: {{path: /healthz, port: 9000}}, timeoutSeconds: 10}}
-  resources: {{cpu: 250m, memory: {memory}Mi}}
+{extra}      wakeupProbe: {{httpGet: {{path: /healthz, port: {probe_port}}}, timeoutSeconds: 10}}
+"#
+    )
+}
+
+/// A counter template: `containers`, then the resources, the data volume, memory snapshots and
+/// the idle timeout.
+fn counter_spec(ns: &str, name: &str, containers: &str, cpu: &str, memory_mib: u64) -> String {
+    let spec = format!(
+        r#"  containers:
+{containers}  resources: {{cpu: {cpu}, memory: {memory_mib}Mi}}
   volumes: [{{name: data, mountPath: /data}}]
   snapshots: {{fidelity: memory}}
   idleTimeout: 5m
-"#,
-        memory = 2 * COUNTER_MEMORY_MIB,
-    )
+"#
+    );
+    template_yaml(ns, name, &spec)
 }
 
 fn sleeper_template(ns: &str, name: &str, images: &str, mib: u64, eager: bool) -> String {
     let restore = if eager { ", memoryRestore: eager" } else { "" };
-    format!(
-        r#"apiVersion: ate.dev/v1alpha1
-kind: Atespace
-metadata: {{name: {ns}}}
----
-apiVersion: ate.dev/v1alpha1
-kind: ActorTemplate
-metadata: {{namespace: {ns}, name: {name}}}
-spec:
-  containers:
+    let spec = format!(
+        r#"  containers:
     - name: sleeper
       image: "oci-layout:{images}/sleeper:latest"
       command: ["/sleeper"]
@@ -300,6 +289,22 @@ spec:
         // A cold start fills the memory first, on a quarter of a core: 4 GiB takes about a
         // minute.
         probe = 10 + mib / 32,
+    );
+    template_yaml(ns, name, &spec)
+}
+
+/// An atespace `ns` and the actor template `name` in it with `spec` (YAML, indented).
+fn template_yaml(ns: &str, name: &str, spec: &str) -> String {
+    format!(
+        r#"apiVersion: ate.dev/v1alpha1
+kind: Atespace
+metadata: {{name: {ns}}}
+---
+apiVersion: ate.dev/v1alpha1
+kind: ActorTemplate
+metadata: {{namespace: {ns}, name: {name}}}
+spec:
+{spec}"#
     )
 }
 

@@ -102,14 +102,9 @@ impl NodeIdentities {
             roots,
             ate_tls::ServerCheck::Pin(SpiffeId::api(&bundle.trust_domain)?),
         )?;
-        let channel = ate_tls::replicas_channel_lazy(
-            &self.api,
-            Some(Arc::new(config)),
-            Duration::from_secs(3),
-            |e| e.timeout(CALL_TIMEOUT),
-        )?;
         let (csrs, keys) = self.csrs(&bundle.trust_domain)?;
-        let reply = JoinServiceClient::new(channel)
+        let reply = self
+            .join_client(config)?
             .join_node(v1::JoinNodeRequest {
                 token: token.to_string(),
                 node: self.node.clone(),
@@ -134,14 +129,9 @@ impl NodeIdentities {
             .context("the node certificate has no SPIFFE ID")?;
         let config =
             ate_tls::client_config(&source, ate_tls::ServerCheck::Pin(SpiffeId::api(&td)?))?;
-        let channel = ate_tls::replicas_channel_lazy(
-            &self.api,
-            Some(Arc::new(config)),
-            Duration::from_secs(3),
-            |e| e.timeout(CALL_TIMEOUT),
-        )?;
         let (csrs, keys) = self.csrs(&td)?;
-        let reply = JoinServiceClient::new(channel)
+        let reply = self
+            .join_client(config)?
             .renew_node_certificates(v1::RenewNodeCertificatesRequest {
                 node: self.node.clone(),
                 csrs,
@@ -150,6 +140,20 @@ impl NodeIdentities {
             .map_err(|s| anyhow::anyhow!("the api refused the renewal: {}", s.message()))?
             .into_inner();
         self.write(&reply, &keys)
+    }
+
+    /// The JoinService of the api replicas, their certificate checked with `config`.
+    fn join_client(
+        &self,
+        config: ate_tls::rustls::ClientConfig,
+    ) -> anyhow::Result<JoinServiceClient<tonic::transport::Channel>> {
+        let channel = ate_tls::replicas_channel_lazy(
+            &self.api,
+            Some(Arc::new(config)),
+            Duration::from_secs(3),
+            |e| e.timeout(CALL_TIMEOUT),
+        )?;
+        Ok(JoinServiceClient::new(channel))
     }
 
     /// The api's CA bundle over an unauthenticated connection (checked by the caller).

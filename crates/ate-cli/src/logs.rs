@@ -261,20 +261,8 @@ impl Printer {
 
 /// Through the api: each call returns what the node has from `offset` on.
 pub async fn run_remote(c: &crate::client::Clients, cmd: LogsCmd) -> anyhow::Result<()> {
-    let LogsCmd::Actor {
-        name,
-        atespace,
-        follow,
-        tail,
-        since,
-        timestamps,
-        container,
-        ..
-    } = cmd;
-    let actor = ActorRef::new(atespace, name);
-    actor.validate()?;
+    let (actor, mut out, follow, _) = start(cmd)?;
     let mut offset = 0u64;
-    let mut out = Printer::new(tail, timestamps, since, container.as_deref());
     loop {
         let req = ate_proto::v1::ReadActorLogRequest {
             actor: Some(ate_proto::v1::ObjectRef {
@@ -303,13 +291,8 @@ pub async fn run_remote(c: &crate::client::Clients, cmd: LogsCmd) -> anyhow::Res
             }
             Err(s) => anyhow::bail!("{}", s.message()),
         }
-        out.caught_up()?;
-        if !follow {
+        if !more_to_come(&mut out, follow, Duration::from_millis(500)).await? {
             return Ok(());
-        }
-        tokio::select! {
-            _ = tokio::time::sleep(Duration::from_millis(500)) => {}
-            _ = ate_tls::process::shutdown_signal() => return Ok(()),
         }
     }
 }
@@ -318,22 +301,10 @@ pub async fn run_remote(c: &crate::client::Clients, cmd: LogsCmd) -> anyhow::Res
 const LOCAL_READ_CHUNK: usize = 1 << 20;
 
 pub async fn run(cmd: LogsCmd) -> anyhow::Result<()> {
-    let LogsCmd::Actor {
-        name,
-        atespace,
-        follow,
-        tail,
-        state_dir,
-        since,
-        timestamps,
-        container,
-    } = cmd;
-    let actor = ActorRef::new(atespace, name);
-    actor.validate()?;
+    let (actor, mut out, follow, state_dir) = start(cmd)?;
     let state_dir = state_dir.unwrap_or_else(|| PathBuf::from(crate::client::DEFAULT_STATE_DIR));
     let path = log_path(&state_dir, &actor);
     let mut offset = 0u64;
-    let mut out = Printer::new(tail, timestamps, since, container.as_deref());
     let mut buf = vec![0u8; LOCAL_READ_CHUNK];
     loop {
         match std::fs::File::open(&path) {
@@ -365,14 +336,41 @@ pub async fn run(cmd: LogsCmd) -> anyhow::Result<()> {
             }
             Err(e) => return Err(e).with_context(|| format!("cannot read {}", path.display())),
         }
-        out.caught_up()?;
-        if !follow {
+        if !more_to_come(&mut out, follow, Duration::from_millis(200)).await? {
             return Ok(());
         }
-        tokio::select! {
-            _ = tokio::time::sleep(Duration::from_millis(200)) => {}
-            _ = ate_tls::process::shutdown_signal() => return Ok(()),
-        }
+    }
+}
+
+/// What both ways of reading start from: the actor (checked), the printer for the flags,
+/// `--follow` and `--state-dir`.
+fn start(cmd: LogsCmd) -> anyhow::Result<(ActorRef, Printer, bool, Option<PathBuf>)> {
+    let LogsCmd::Actor {
+        name,
+        atespace,
+        follow,
+        tail,
+        state_dir,
+        since,
+        timestamps,
+        container,
+    } = cmd;
+    let actor = ActorRef::new(atespace, name);
+    actor.validate()?;
+    let out = Printer::new(tail, timestamps, since, container.as_deref());
+    Ok((actor, out, follow, state_dir))
+}
+
+/// After printing all there is: whether to read again, `poll` later (only with `--follow`, and
+/// not once a shutdown signal came).
+async fn more_to_come(out: &mut Printer, follow: bool, poll: Duration) -> anyhow::Result<bool> {
+    out.caught_up()?;
+    if !follow {
+        return Ok(false);
+    }
+    tokio::select! {
+        _ = tokio::time::sleep(poll) => Ok(true),
+        _ = ate_tls::process::shutdown_signal() => Ok(false),
     }
 }
 

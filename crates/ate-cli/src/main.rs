@@ -81,6 +81,18 @@ struct OutputFlag {
     output: Format,
 }
 
+// An api verb: its subcommand, then `-o` and the connection flags. (No doc comment, as for
+// `ApiFlags`: it would become the `about` of every verb.)
+#[derive(Args, Debug)]
+struct Verb<C: Subcommand> {
+    #[command(subcommand)]
+    cmd: C,
+    #[command(flatten)]
+    out: OutputFlag,
+    #[command(flatten)]
+    api: ApiFlags,
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum Format {
     Table,
@@ -133,59 +145,17 @@ enum Command {
         api: ApiFlags,
     },
     /// Create an atespace, actor or tag.
-    Create {
-        #[command(subcommand)]
-        cmd: verbs::CreateCmd,
-        #[command(flatten)]
-        out: OutputFlag,
-        #[command(flatten)]
-        api: ApiFlags,
-    },
+    Create(Verb<verbs::CreateCmd>),
     /// Show actors, atespaces, templates, workers or tags.
-    Get {
-        #[command(subcommand)]
-        cmd: verbs::GetCmd,
-        #[command(flatten)]
-        out: OutputFlag,
-        #[command(flatten)]
-        api: ApiFlags,
-    },
+    Get(Verb<verbs::GetCmd>),
     /// Change an actor's worker selector.
-    Update {
-        #[command(subcommand)]
-        cmd: verbs::UpdateCmd,
-        #[command(flatten)]
-        out: OutputFlag,
-        #[command(flatten)]
-        api: ApiFlags,
-    },
+    Update(Verb<verbs::UpdateCmd>),
     /// Resume an actor (wakes it on a worker with room).
-    Resume {
-        #[command(subcommand)]
-        cmd: verbs::ActorCmd,
-        #[command(flatten)]
-        out: OutputFlag,
-        #[command(flatten)]
-        api: ApiFlags,
-    },
+    Resume(Verb<verbs::ActorCmd>),
     /// Suspend an actor to a snapshot.
-    Suspend {
-        #[command(subcommand)]
-        cmd: verbs::SuspendCmd,
-        #[command(flatten)]
-        out: OutputFlag,
-        #[command(flatten)]
-        api: ApiFlags,
-    },
+    Suspend(Verb<verbs::SuspendCmd>),
     /// Return a CRASHED actor to SUSPENDED.
-    Revert {
-        #[command(subcommand)]
-        cmd: verbs::ActorCmd,
-        #[command(flatten)]
-        out: OutputFlag,
-        #[command(flatten)]
-        api: ApiFlags,
-    },
+    Revert(Verb<verbs::ActorCmd>),
     /// Print an actor's output (stdout and stderr), across suspends with -f.
     Logs {
         #[command(subcommand)]
@@ -302,20 +272,22 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Apply { file, api, out } => {
             verbs::apply(&api.connect().await?, &file, out.output).await
         }
-        Command::Create { cmd, api, out } => {
+        Command::Create(Verb { cmd, api, out }) => {
             verbs::create(&api.connect().await?, cmd, out.output).await
         }
-        Command::Get { cmd, api, out } => verbs::get(&api.connect().await?, cmd, out.output).await,
-        Command::Update { cmd, api, out } => {
+        Command::Get(Verb { cmd, api, out }) => {
+            verbs::get(&api.connect().await?, cmd, out.output).await
+        }
+        Command::Update(Verb { cmd, api, out }) => {
             verbs::update(&api.connect().await?, cmd, out.output).await
         }
-        Command::Resume { cmd, api, out } => {
+        Command::Resume(Verb { cmd, api, out }) => {
             verbs::resume(&api.connect().await?, cmd, out.output).await
         }
-        Command::Suspend { cmd, api, out } => {
+        Command::Suspend(Verb { cmd, api, out }) => {
             verbs::suspend(&api.connect().await?, cmd, out.output).await
         }
-        Command::Revert { cmd, api, out } => {
+        Command::Revert(Verb { cmd, api, out }) => {
             verbs::revert(&api.connect().await?, cmd, out.output).await
         }
         Command::Logs { cmd, api } => {
@@ -375,7 +347,7 @@ mod tests {
                 .map_err(|e| e.to_string())?
                 .command
             {
-                Command::Get { api, out, .. } => Ok((api.api, out.output)),
+                Command::Get(Verb { api, out, .. }) => Ok((api.api, out.output)),
                 _ => Err("not get".to_string()),
             }
         };

@@ -119,12 +119,22 @@ fn component_shutdown() -> impl Future<Output = ()> + Send + 'static {
     }
 }
 
-pub async fn run_api(args: ApiArgs) -> anyhow::Result<()> {
-    let traces = init_logging(args.log.json(), Some("ate-api"));
-    ate_api::run(args.config, component_shutdown()).await?;
-    tracing::info!("api stopped");
+/// The end of a component's run: its error, or a log line that `what` stopped and its traces
+/// flushed.
+async fn stopped<E>(traces: otel::Tracing, what: &str, ran: Result<(), E>) -> anyhow::Result<()>
+where
+    anyhow::Error: From<E>,
+{
+    ran?;
+    tracing::info!("{what} stopped");
     traces.shutdown().await;
     Ok(())
+}
+
+pub async fn run_api(args: ApiArgs) -> anyhow::Result<()> {
+    let traces = init_logging(args.log.json(), Some("ate-api"));
+    let ran = ate_api::run(args.config, component_shutdown()).await;
+    stopped(traces, "api", ran).await
 }
 
 #[derive(Args, Debug)]
@@ -138,10 +148,8 @@ pub struct RouterArgs {
 pub async fn run_router(args: RouterArgs) -> anyhow::Result<()> {
     let traces = init_logging(args.log.json(), Some("ate-router"));
     tracing::info!(listen = %args.config.listen, api = %args.config.api, "router starting");
-    ate_router::run(args.config, component_shutdown()).await?;
-    tracing::info!("router stopped");
-    traces.shutdown().await;
-    Ok(())
+    let ran = ate_router::run(args.config, component_shutdown()).await;
+    stopped(traces, "router", ran).await
 }
 
 #[derive(Args, Debug)]
@@ -161,10 +169,8 @@ pub async fn run_node(args: NodeArgs) -> anyhow::Result<()> {
         let bound = serve_metrics(addr, ate_node::metrics::install).await?;
         tracing::info!(metrics = %bound, "node agent metrics serving");
     }
-    ate_node::run(args.config, component_shutdown()).await?;
-    tracing::info!("node agent stopped");
-    traces.shutdown().await;
-    Ok(())
+    let ran = ate_node::run(args.config, component_shutdown()).await;
+    stopped(traces, "node agent", ran).await
 }
 
 #[derive(Args, Debug)]
@@ -201,10 +207,8 @@ pub async fn run_worker(args: WorkerArgs) -> anyhow::Result<()> {
         "/proc/self/exe".to_string(),
         "page-source".to_string(),
     ]);
-    ate_worker::run(config, component_shutdown()).await?;
-    tracing::info!("worker stopped");
-    traces.shutdown().await;
-    Ok(())
+    let ran = ate_worker::run(config, component_shutdown()).await;
+    stopped(traces, "worker", ran).await
 }
 
 /// Replaces `path` with `body` whole ([`ate_tls::process::write_ready_file`]: ready files and

@@ -30,14 +30,7 @@ pub fn spec_from_wire(w: &v1::TemplateSpec) -> Result<TemplateSpec, ValidationEr
                 name: c.name.clone(),
                 image: c.image.clone(),
                 command: c.command.clone(),
-                env: c
-                    .env
-                    .iter()
-                    .map(|e| EnvVar {
-                        name: e.name.clone(),
-                        value: e.value.clone(),
-                    })
-                    .collect(),
+                env: c.env.iter().map(EnvVar::from).collect(),
                 wakeup_probe: c.wakeup_probe.as_ref().map(|p| WakeupProbe {
                     http_get: p
                         .http_get
@@ -58,29 +51,16 @@ pub fn spec_from_wire(w: &v1::TemplateSpec) -> Result<TemplateSpec, ValidationEr
                 } else {
                     ExitPolicy::Stop
                 },
-                volume_mounts: c.volume_mounts_set.then(|| {
-                    c.volume_mounts
-                        .iter()
-                        .map(|v| Volume {
-                            name: v.name.clone(),
-                            mount_path: v.mount_path.clone(),
-                        })
-                        .collect()
-                }),
+                volume_mounts: c
+                    .volume_mounts_set
+                    .then(|| c.volume_mounts.iter().map(Volume::from).collect()),
             })
             .collect(),
         resources: Resources {
             cpu_millis: resources.cpu_millis,
             memory_bytes: resources.memory_bytes,
         },
-        volumes: w
-            .volumes
-            .iter()
-            .map(|v| Volume {
-                name: v.name.clone(),
-                mount_path: v.mount_path.clone(),
-            })
-            .collect(),
+        volumes: w.volumes.iter().map(Volume::from).collect(),
         fidelity,
         memory_restore: if w.eager_memory_restore {
             MemoryRestore::Eager
@@ -121,14 +101,7 @@ pub fn spec_to_wire(s: &TemplateSpec) -> v1::TemplateSpec {
                 name: c.name.clone(),
                 image: c.image.clone(),
                 command: c.command.clone(),
-                env: c
-                    .env
-                    .iter()
-                    .map(|e| v1::EnvVar {
-                        name: e.name.clone(),
-                        value: e.value.clone(),
-                    })
-                    .collect(),
+                env: c.env.iter().map(v1::EnvVar::from).collect(),
                 wakeup_probe: c.wakeup_probe.as_ref().map(|p| v1::WakeupProbe {
                     http_get: Some(v1::HttpGetAction {
                         path: p.http_get.path.clone(),
@@ -142,10 +115,7 @@ pub fn spec_to_wire(s: &TemplateSpec) -> v1::TemplateSpec {
                     .volume_mounts
                     .iter()
                     .flatten()
-                    .map(|v| v1::Volume {
-                        name: v.name.clone(),
-                        mount_path: v.mount_path.clone(),
-                    })
+                    .map(v1::Volume::from)
                     .collect(),
                 volume_mounts_set: c.volume_mounts.is_some(),
             })
@@ -154,14 +124,7 @@ pub fn spec_to_wire(s: &TemplateSpec) -> v1::TemplateSpec {
             cpu_millis: s.resources.cpu_millis,
             memory_bytes: s.resources.memory_bytes,
         }),
-        volumes: s
-            .volumes
-            .iter()
-            .map(|v| v1::Volume {
-                name: v.name.clone(),
-                mount_path: v.mount_path.clone(),
-            })
-            .collect(),
+        volumes: s.volumes.iter().map(v1::Volume::from).collect(),
         fidelity: s.fidelity.wire(),
         eager_memory_restore: s.memory_restore == MemoryRestore::Eager,
         idle_timeout_seconds: s.idle_timeout_seconds,
@@ -171,6 +134,44 @@ pub fn spec_to_wire(s: &TemplateSpec) -> v1::TemplateSpec {
             allow: s.egress.allow.clone(),
         }),
         golden_tag: s.golden_tag.clone().unwrap_or_default(),
+    }
+}
+
+// The parts with the same fields on both sides.
+
+impl From<&v1::EnvVar> for EnvVar {
+    fn from(e: &v1::EnvVar) -> Self {
+        EnvVar {
+            name: e.name.clone(),
+            value: e.value.clone(),
+        }
+    }
+}
+
+impl From<&EnvVar> for v1::EnvVar {
+    fn from(e: &EnvVar) -> Self {
+        v1::EnvVar {
+            name: e.name.clone(),
+            value: e.value.clone(),
+        }
+    }
+}
+
+impl From<&v1::Volume> for Volume {
+    fn from(v: &v1::Volume) -> Self {
+        Volume {
+            name: v.name.clone(),
+            mount_path: v.mount_path.clone(),
+        }
+    }
+}
+
+impl From<&Volume> for v1::Volume {
+    fn from(v: &Volume) -> Self {
+        v1::Volume {
+            name: v.name.clone(),
+            mount_path: v.mount_path.clone(),
+        }
     }
 }
 

@@ -7,21 +7,53 @@ use std::fmt;
 use std::sync::Arc;
 
 use arc_swap::ArcSwapOption;
-use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
-use rustls::client::{Resumption, verify_server_cert_signed_by_trust_anchor, verify_server_name};
-use rustls::crypto::{CryptoProvider, verify_tls12_signature, verify_tls13_signature};
+use rustls::client::danger::{ServerCertVerified, ServerCertVerifier};
+use rustls::client::{
+    Resumption, WantsClientCert, verify_server_cert_signed_by_trust_anchor, verify_server_name,
+};
+use rustls::crypto::CryptoProvider;
 use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
 use rustls::server::danger::{ClientCertVerified, ClientCertVerifier};
 use rustls::server::{NoServerSessionStorage, ParsedCertificate, WebPkiClientVerifier};
-use rustls::{
-    ClientConfig, DigitallySignedStruct, DistinguishedName, RootCertStore, ServerConfig,
-    SignatureScheme,
-};
+use rustls::{ClientConfig, ConfigBuilder, DistinguishedName, RootCertStore, ServerConfig};
 
 use crate::error::TlsError;
 use crate::id::SpiffeId;
 use crate::peer::spiffe_id_from_der;
 use crate::source::CertSource;
+
+/// The handshake signature checks of a rustls certificate verifier, which every verifier here
+/// makes the same way: with the signature algorithms of its `provider` field. A macro because
+/// `ServerCertVerifier` and `ClientCertVerifier` each declare the same three methods.
+macro_rules! provider_signature_checks {
+    () => {
+        provider_signature_checks!(@check verify_tls12_signature);
+        provider_signature_checks!(@check verify_tls13_signature);
+
+        fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
+            self.provider
+                .signature_verification_algorithms
+                .supported_schemes()
+        }
+    };
+    // rustls names its checking functions as the trait names the methods.
+    (@check $check:ident) => {
+        fn $check(
+            &self,
+            message: &[u8],
+            cert: &rustls::pki_types::CertificateDer<'_>,
+            dss: &rustls::DigitallySignedStruct,
+        ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+            rustls::crypto::$check(
+                message,
+                cert,
+                dss,
+                &self.provider.signature_verification_algorithms,
+            )
+        }
+    };
+}
+pub(crate) use provider_signature_checks;
 
 /// Which client SPIFFE IDs a server admits.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -136,20 +168,19 @@ pub fn server_config(
     client_auth: ClientAuth,
 ) -> Result<ServerConfig, TlsError> {
     let provider = crate::crypto_provider();
-    let verifier: Arc<dyn ClientCertVerifier> = match client_auth {
+    let spiffe = |allowed, mandatory| -> Arc<dyn ClientCertVerifier> {
+        let roots = Roots::Source(source.clone());
+        Arc::new(SpiffeClientVerifier::new(
+            roots,
+            allowed,
+            mandatory,
+            provider.clone(),
+        ))
+    };
+    let verifier = match client_auth {
         ClientAuth::None => WebPkiClientVerifier::no_client_auth(),
-        ClientAuth::Optional { allowed } => Arc::new(SpiffeClientVerifier::new(
-            Roots::Source(source.clone()),
-            allowed,
-            false,
-            provider.clone(),
-        )),
-        ClientAuth::Required { allowed } => Arc::new(SpiffeClientVerifier::new(
-            Roots::Source(source.clone()),
-            allowed,
-            true,
-            provider.clone(),
-        )),
+        ClientAuth::Optional { allowed } => spiffe(allowed, false),
+        ClientAuth::Required { allowed } => spiffe(allowed, true),
     };
     let mut config = ServerConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()?
@@ -166,19 +197,9 @@ pub fn client_config(
     source: &CertSource,
     expected_server: ServerCheck,
 ) -> Result<ClientConfig, TlsError> {
-    let provider = crate::crypto_provider();
-    let verifier = SpiffeServerVerifier {
-        roots: Roots::Source(source.clone()),
-        check: expected_server,
-        provider: provider.clone(),
-    };
-    let mut config = ClientConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()?
-        .dangerous()
-        .with_custom_certificate_verifier(Arc::new(verifier))
-        .with_client_cert_resolver(source.resolver());
-    config.resumption = Resumption::disabled();
-    Ok(config)
+    spiffe_client_config(Roots::Source(source.clone()), expected_server, |b| {
+        b.with_client_cert_resolver(source.resolver())
+    })
 }
 
 /// A client config without a client certificate (JWT clients, ingress clients in AgentGateway
@@ -187,17 +208,38 @@ pub fn client_config_no_cert(
     roots: RootCertStore,
     expected_server: ServerCheck,
 ) -> Result<ClientConfig, TlsError> {
+    spiffe_client_config(Roots::Fixed(Arc::new(roots)), expected_server, |b| {
+        b.with_no_client_auth()
+    })
+}
+
+/// A client config checking the server with a [`SpiffeServerVerifier`].
+fn spiffe_client_config(
+    roots: Roots,
+    check: ServerCheck,
+    auth: impl FnOnce(ConfigBuilder<ClientConfig, WantsClientCert>) -> ClientConfig,
+) -> Result<ClientConfig, TlsError> {
     let provider = crate::crypto_provider();
     let verifier = SpiffeServerVerifier {
-        roots: Roots::Fixed(Arc::new(roots)),
-        check: expected_server,
+        roots,
+        check,
         provider: provider.clone(),
     };
-    let mut config = ClientConfig::builder_with_provider(provider)
+    client_config_with(provider, Arc::new(verifier), auth)
+}
+
+/// A client config checking the server with `verifier`, its own authentication set by `auth`.
+/// Resumption is off so every connection runs the verifier (as in [`server_config`]).
+pub(crate) fn client_config_with(
+    provider: Arc<CryptoProvider>,
+    verifier: Arc<dyn ServerCertVerifier>,
+    auth: impl FnOnce(ConfigBuilder<ClientConfig, WantsClientCert>) -> ClientConfig,
+) -> Result<ClientConfig, TlsError> {
+    let builder = ClientConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()?
         .dangerous()
-        .with_custom_certificate_verifier(Arc::new(verifier))
-        .with_no_client_auth();
+        .with_custom_certificate_verifier(verifier);
+    let mut config = auth(builder);
     config.resumption = Resumption::disabled();
     Ok(config)
 }
@@ -304,39 +346,7 @@ impl ClientCertVerifier for SpiffeClientVerifier {
         Ok(ClientCertVerified::assertion())
     }
 
-    fn verify_tls12_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        verify_tls12_signature(
-            message,
-            cert,
-            dss,
-            &self.provider.signature_verification_algorithms,
-        )
-    }
-
-    fn verify_tls13_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        verify_tls13_signature(
-            message,
-            cert,
-            dss,
-            &self.provider.signature_verification_algorithms,
-        )
-    }
-
-    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.provider
-            .signature_verification_algorithms
-            .supported_schemes()
-    }
+    provider_signature_checks!();
 }
 
 /// WebPKI chain validation (as `WebPkiServerVerifier`), then the SPIFFE check in place of the
@@ -415,39 +425,7 @@ impl ServerCertVerifier for SpiffeServerVerifier {
         Ok(ServerCertVerified::assertion())
     }
 
-    fn verify_tls12_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        verify_tls12_signature(
-            message,
-            cert,
-            dss,
-            &self.provider.signature_verification_algorithms,
-        )
-    }
-
-    fn verify_tls13_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        verify_tls13_signature(
-            message,
-            cert,
-            dss,
-            &self.provider.signature_verification_algorithms,
-        )
-    }
-
-    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.provider
-            .signature_verification_algorithms
-            .supported_schemes()
-    }
+    provider_signature_checks!();
 }
 
 #[cfg(test)]

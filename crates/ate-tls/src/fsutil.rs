@@ -53,22 +53,19 @@ pub fn write_atomic(path: &Path, data: &[u8], mode: u32) -> Result<(), TlsError>
 
 /// Refuses a private key its group may write or others may touch at all (group read allowed).
 pub fn check_key_permissions_group_read(path: &Path) -> Result<(), TlsError> {
-    let meta = fs::metadata(path).map_err(|e| TlsError::io("stat", path, e))?;
-    let mode = meta.permissions().mode() & 0o7777;
-    if mode & 0o027 != 0 {
-        return Err(TlsError::InsecureKeyPermissions {
-            path: path.to_path_buf(),
-            mode,
-        });
-    }
-    Ok(())
+    check_key_mode(path, 0o027)
 }
 
 /// Refuses a private key readable or writable by group/other.
 pub fn check_key_permissions(path: &Path) -> Result<(), TlsError> {
+    check_key_mode(path, 0o077)
+}
+
+/// Refuses a private key with any of the `forbidden` permission bits.
+fn check_key_mode(path: &Path, forbidden: u32) -> Result<(), TlsError> {
     let meta = fs::metadata(path).map_err(|e| TlsError::io("stat", path, e))?;
     let mode = meta.permissions().mode() & 0o7777;
-    if mode & 0o077 != 0 {
+    if mode & forbidden != 0 {
         return Err(TlsError::InsecureKeyPermissions {
             path: path.to_path_buf(),
             mode,

@@ -13,12 +13,13 @@ use std::str::FromStr;
 use std::sync::Arc;
 
 use rcgen::{CertificateParams, DistinguishedName, DnType, KeyPair};
-use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
+use rustls::ClientConfig;
+use rustls::client::danger::{ServerCertVerified, ServerCertVerifier};
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
-use rustls::{ClientConfig, DigitallySignedStruct, SignatureScheme};
 use sha2::{Digest, Sha256};
 
+use crate::config::{client_config_with, provider_signature_checks};
 use crate::error::TlsError;
 use crate::id::SpiffeId;
 
@@ -162,13 +163,7 @@ pub fn first_contact_client_config() -> Result<ClientConfig, TlsError> {
     let verifier = AnyServer {
         provider: provider.clone(),
     };
-    let mut config = ClientConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()?
-        .dangerous()
-        .with_custom_certificate_verifier(Arc::new(verifier))
-        .with_no_client_auth();
-    config.resumption = rustls::client::Resumption::disabled();
-    Ok(config)
+    client_config_with(provider, Arc::new(verifier), |b| b.with_no_client_auth())
 }
 
 #[derive(Debug)]
@@ -188,39 +183,7 @@ impl ServerCertVerifier for AnyServer {
         Ok(ServerCertVerified::assertion())
     }
 
-    fn verify_tls12_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls12_signature(
-            message,
-            cert,
-            dss,
-            &self.provider.signature_verification_algorithms,
-        )
-    }
-
-    fn verify_tls13_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls13_signature(
-            message,
-            cert,
-            dss,
-            &self.provider.signature_verification_algorithms,
-        )
-    }
-
-    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.provider
-            .signature_verification_algorithms
-            .supported_schemes()
-    }
+    provider_signature_checks!();
 }
 
 fn random_string(len: usize) -> Result<String, TlsError> {

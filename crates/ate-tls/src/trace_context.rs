@@ -203,25 +203,30 @@ pub fn continue_grpc<T>(span: &tracing::Span, request: &tonic::Request<T>) -> Op
 
 /// [`continue_grpc`] for a call already taken apart.
 pub fn continue_metadata(span: &tracing::Span, metadata: &MetadataMap) -> Option<TraceId> {
-    let id = if enabled() {
-        adopt(span, &MetadataExtractor(metadata))
-    } else {
-        metadata
-            .get(TRACEPARENT)
-            .and_then(|v| TraceId::from_traceparent(v.as_bytes()))
-    };
-    record(span, id)
+    continue_from(span, &MetadataExtractor(metadata), || {
+        metadata.get(TRACEPARENT).map(|v| v.as_bytes())
+    })
 }
 
 /// `span` continues the trace of an incoming HTTP request (its `traceparent` header); returns the
 /// trace id it recorded on `span` (see the module's doc).
 pub fn continue_http(span: &tracing::Span, headers: &HeaderMap) -> Option<TraceId> {
+    continue_from(span, &HeaderExtractor(headers), || {
+        headers.get(TRACEPARENT).map(|v| v.as_bytes())
+    })
+}
+
+/// With tracing on, `span` adopts the trace `carrier` holds; off, only the trace id of the
+/// `traceparent` value is read, for the logs.
+fn continue_from<'a>(
+    span: &tracing::Span,
+    carrier: &dyn Extractor,
+    traceparent: impl FnOnce() -> Option<&'a [u8]>,
+) -> Option<TraceId> {
     let id = if enabled() {
-        adopt(span, &HeaderExtractor(headers))
+        adopt(span, carrier)
     } else {
-        headers
-            .get(TRACEPARENT)
-            .and_then(|v| TraceId::from_traceparent(v.as_bytes()))
+        traceparent().and_then(TraceId::from_traceparent)
     };
     record(span, id)
 }

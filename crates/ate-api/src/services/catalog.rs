@@ -5,9 +5,43 @@ use ate_proto::v1::*;
 use ate_store::TagRecord;
 use tonic::{Request, Response, Status};
 
-use super::{Services, actor_ref, label};
+use super::{Services, actor_ref, label, reply};
 use crate::authz::Need;
 use crate::convert::{self, invalid, store_status};
+
+/// What the two parts of a template's or a tag's key are called in errors: templates live in a
+/// namespace, tags in an atespace.
+struct Key {
+    scope: &'static str,
+    name: &'static str,
+}
+
+const TEMPLATE_KEY: Key = Key {
+    scope: "template namespace",
+    name: "template name",
+};
+
+const TAG_KEY: Key = Key {
+    scope: "atespace",
+    name: "tag name",
+};
+
+impl Key {
+    /// Both parts, each a DNS-1123 label.
+    fn check(&self, scope: &str, name: &str) -> Result<(), Status> {
+        label(self.scope, scope)?;
+        label(self.name, name)
+    }
+
+    /// A list call's scope: empty lists all of them.
+    fn scope_filter<'a>(&self, scope: &'a str) -> Result<Option<&'a str>, Status> {
+        if scope.is_empty() {
+            return Ok(None);
+        }
+        label(self.scope, scope)?;
+        Ok(Some(scope))
+    }
+}
 
 #[tonic::async_trait]
 impl atespace_service_server::AtespaceService for Services {
@@ -20,13 +54,11 @@ impl atespace_service_server::AtespaceService for Services {
         })?;
         let name = req.into_inner().name;
         label("atespace", &name)?;
-        let a = self
-            .api
-            .store
-            .create_atespace(&name, now_ms())
-            .await
-            .map_err(store_status)?;
-        Ok(Response::new(convert::atespace(&a)))
+        reply(
+            self.api.store.create_atespace(&name, now_ms()),
+            convert::atespace,
+        )
+        .await
     }
 
     async fn get_atespace(
@@ -38,13 +70,7 @@ impl atespace_service_server::AtespaceService for Services {
         })?;
         let name = req.into_inner().name;
         label("atespace", &name)?;
-        let a = self
-            .api
-            .store
-            .get_atespace(&name)
-            .await
-            .map_err(store_status)?;
-        Ok(Response::new(convert::atespace(&a)))
+        reply(self.api.store.get_atespace(&name), convert::atespace).await
     }
 
     async fn list_atespaces(
@@ -52,19 +78,16 @@ impl atespace_service_server::AtespaceService for Services {
         _req: Request<ListAtespacesRequest>,
     ) -> Result<Response<ListAtespacesResponse>, Status> {
         let caller = self.authorize(&_req, "AtespaceService/ListAtespaces", |_| Need::List)?;
-        let rows = self
-            .api
-            .store
-            .list_atespaces()
-            .await
-            .map_err(store_status)?;
-        Ok(Response::new(ListAtespacesResponse {
-            atespaces: rows
-                .iter()
-                .filter(|a| caller.sees(&a.name))
-                .map(convert::atespace)
-                .collect(),
-        }))
+        reply(self.api.store.list_atespaces(), |rows| {
+            ListAtespacesResponse {
+                atespaces: rows
+                    .iter()
+                    .filter(|a| caller.sees(&a.name))
+                    .map(convert::atespace)
+                    .collect(),
+            }
+        })
+        .await
     }
 
     async fn delete_atespace(
@@ -76,12 +99,10 @@ impl atespace_service_server::AtespaceService for Services {
         })?;
         let name = req.into_inner().name;
         label("atespace", &name)?;
-        self.api
-            .store
-            .delete_atespace(&name)
-            .await
-            .map_err(store_status)?;
-        Ok(Response::new(DeleteAtespaceResponse {}))
+        reply(self.api.store.delete_atespace(&name), |_| {
+            DeleteAtespaceResponse {}
+        })
+        .await
     }
 }
 
@@ -96,19 +117,17 @@ impl template_service_server::TemplateService for Services {
             .into_inner()
             .template
             .ok_or_else(|| Status::invalid_argument("invalid template: missing"))?;
-        label("template namespace", &t.namespace)?;
-        label("template name", &t.name)?;
+        TEMPLATE_KEY.check(&t.namespace, &t.name)?;
         let wire = t
             .spec
             .ok_or_else(|| Status::invalid_argument("invalid spec: missing"))?;
         let spec = ate_proto::spec_from_wire(&wire).map_err(invalid)?;
-        let rec = self
-            .api
-            .store
-            .apply_template(&t.namespace, &t.name, &spec, now_ms())
-            .await
-            .map_err(store_status)?;
-        Ok(Response::new(convert::template(&rec)))
+        let store = &self.api.store;
+        reply(
+            store.apply_template(&t.namespace, &t.name, &spec, now_ms()),
+            convert::template,
+        )
+        .await
     }
 
     async fn get_template(
@@ -117,15 +136,13 @@ impl template_service_server::TemplateService for Services {
     ) -> Result<Response<ActorTemplate>, Status> {
         let _ = self.authorize(&req, "TemplateService/GetTemplate", |_| Need::Admin)?;
         let req = req.into_inner();
-        label("template namespace", &req.namespace)?;
-        label("template name", &req.name)?;
-        let rec = self
-            .api
-            .store
-            .get_template(&req.namespace, &req.name)
-            .await
-            .map_err(store_status)?;
-        Ok(Response::new(convert::template(&rec)))
+        TEMPLATE_KEY.check(&req.namespace, &req.name)?;
+        let store = &self.api.store;
+        reply(
+            store.get_template(&req.namespace, &req.name),
+            convert::template,
+        )
+        .await
     }
 
     async fn list_templates(
@@ -134,18 +151,14 @@ impl template_service_server::TemplateService for Services {
     ) -> Result<Response<ListTemplatesResponse>, Status> {
         let _ = self.authorize(&req, "TemplateService/ListTemplates", |_| Need::Admin)?;
         let ns = req.into_inner().namespace;
-        if !ns.is_empty() {
-            label("template namespace", &ns)?;
-        }
         let rows = self
             .api
             .store
-            .list_templates(Some(ns.as_str()).filter(|n| !n.is_empty()))
-            .await
-            .map_err(store_status)?;
-        Ok(Response::new(ListTemplatesResponse {
+            .list_templates(TEMPLATE_KEY.scope_filter(&ns)?);
+        reply(rows, |rows| ListTemplatesResponse {
             templates: rows.iter().map(convert::template).collect(),
-        }))
+        })
+        .await
     }
 
     async fn delete_template(
@@ -154,14 +167,9 @@ impl template_service_server::TemplateService for Services {
     ) -> Result<Response<DeleteTemplateResponse>, Status> {
         let _ = self.authorize(&req, "TemplateService/DeleteTemplate", |_| Need::Admin)?;
         let req = req.into_inner();
-        label("template namespace", &req.namespace)?;
-        label("template name", &req.name)?;
-        self.api
-            .store
-            .delete_template(&req.namespace, &req.name)
-            .await
-            .map_err(store_status)?;
-        Ok(Response::new(DeleteTemplateResponse {}))
+        TEMPLATE_KEY.check(&req.namespace, &req.name)?;
+        let gone = self.api.store.delete_template(&req.namespace, &req.name);
+        reply(gone, |_| DeleteTemplateResponse {}).await
     }
 }
 
@@ -170,8 +178,7 @@ impl tag_service_server::TagService for Services {
     async fn create_tag(&self, req: Request<CreateTagRequest>) -> Result<Response<Tag>, Status> {
         let _ = self.authorize(&req, "TagService/CreateTag", |_| Need::Admin)?;
         let req = req.into_inner();
-        label("atespace", &req.atespace)?;
-        label("tag name", &req.name)?;
+        TAG_KEY.check(&req.atespace, &req.name)?;
         let source = actor_ref(req.actor)?;
         let snapshots = self
             .api
@@ -199,27 +206,18 @@ impl tag_service_server::TagService for Services {
             snapshot: snap,
             created_ms: now_ms(),
         };
-        let created = self
-            .api
-            .store
-            .create_tag(&tag)
-            .await
-            .map_err(store_status)?;
-        Ok(Response::new(convert::tag(&created)))
+        reply(self.api.store.create_tag(&tag), convert::tag).await
     }
 
     async fn get_tag(&self, req: Request<GetTagRequest>) -> Result<Response<Tag>, Status> {
         let _ = self.authorize(&req, "TagService/GetTag", |_| Need::Admin)?;
         let req = req.into_inner();
-        label("atespace", &req.atespace)?;
-        label("tag name", &req.name)?;
-        let t = self
-            .api
-            .store
-            .get_tag(&req.atespace, &req.name)
-            .await
-            .map_err(store_status)?;
-        Ok(Response::new(convert::tag(&t)))
+        TAG_KEY.check(&req.atespace, &req.name)?;
+        reply(
+            self.api.store.get_tag(&req.atespace, &req.name),
+            convert::tag,
+        )
+        .await
     }
 
     async fn list_tags(
@@ -227,19 +225,12 @@ impl tag_service_server::TagService for Services {
         req: Request<ListTagsRequest>,
     ) -> Result<Response<ListTagsResponse>, Status> {
         let _ = self.authorize(&req, "TagService/ListTags", |_| Need::Admin)?;
-        let ns = req.into_inner().atespace;
-        if !ns.is_empty() {
-            label("atespace", &ns)?;
-        }
-        let rows = self
-            .api
-            .store
-            .list_tags(Some(ns.as_str()).filter(|n| !n.is_empty()))
-            .await
-            .map_err(store_status)?;
-        Ok(Response::new(ListTagsResponse {
+        let atespace = req.into_inner().atespace;
+        let rows = self.api.store.list_tags(TAG_KEY.scope_filter(&atespace)?);
+        reply(rows, |rows| ListTagsResponse {
             tags: rows.iter().map(convert::tag).collect(),
-        }))
+        })
+        .await
     }
 
     async fn delete_tag(
@@ -248,13 +239,8 @@ impl tag_service_server::TagService for Services {
     ) -> Result<Response<DeleteTagResponse>, Status> {
         let _ = self.authorize(&req, "TagService/DeleteTag", |_| Need::Admin)?;
         let req = req.into_inner();
-        label("atespace", &req.atespace)?;
-        label("tag name", &req.name)?;
-        self.api
-            .store
-            .delete_tag(&req.atespace, &req.name)
-            .await
-            .map_err(store_status)?;
-        Ok(Response::new(DeleteTagResponse {}))
+        TAG_KEY.check(&req.atespace, &req.name)?;
+        let gone = self.api.store.delete_tag(&req.atespace, &req.name);
+        reply(gone, |_| DeleteTagResponse {}).await
     }
 }

@@ -12,7 +12,7 @@ use std::sync::Arc;
 
 use ate_core::{ActorRef, validate_label};
 use ate_proto::v1;
-use tonic::{Request, Status};
+use tonic::{Request, Response, Status};
 
 use crate::authz::{Authz, Caller, Need};
 use crate::convert::{self, invalid, store_status};
@@ -41,6 +41,15 @@ fn selector(
     let sel: BTreeMap<String, String> = map.into_iter().collect();
     ate_core::selector::validate(field, &sel).map_err(invalid)?;
     Ok(sel)
+}
+
+/// The answer to a call that is one store call: `to_wire` of what the store returns, or the
+/// store's error as its status.
+async fn reply<T, W>(
+    call: impl Future<Output = Result<T, ate_store::StoreError>>,
+    to_wire: impl FnOnce(&T) -> W,
+) -> Result<Response<W>, Status> {
+    Ok(Response::new(to_wire(&call.await.map_err(store_status)?)))
 }
 
 /// Page tokens are the last (atespace, name) of the previous page, `atespace/name`.

@@ -5,7 +5,7 @@ use plotters::prelude::*;
 use plotters::style::text_anchor::{HPos, Pos, VPos};
 use serde_json::Value;
 
-use super::{Area, LABEL, TITLE, legend, list, num, opt, tick, top};
+use super::{Area, LABEL, chart_builder, legend, list, num, opt, tick, top};
 
 /// Requests per second of each path (median of the rounds as a bar, each round as a dot).
 pub(super) fn warm(root: &Area, v: &Value) -> anyhow::Result<()> {
@@ -122,12 +122,7 @@ fn bar_rows(
     rows: &[Row],
 ) -> anyhow::Result<()> {
     let n = rows.len() as f64;
-    let mut chart = ChartBuilder::on(root)
-        .caption(title, ("sans-serif", TITLE))
-        .margin(15)
-        .x_label_area_size(45)
-        .y_label_area_size(20)
-        .build_cartesian_2d(0.0..x_top, -0.6..n - 0.4)?;
+    let mut chart = chart_builder(root, title, 20).build_cartesian_2d(0.0..x_top, -0.6..n - 0.4)?;
     chart
         .configure_mesh()
         .disable_y_mesh()

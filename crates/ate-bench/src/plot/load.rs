@@ -5,7 +5,9 @@ use plotters::prelude::*;
 use plotters::style::text_anchor::{HPos, Pos, VPos};
 use serde_json::Value;
 
-use super::{Area, DARK_GREEN, GREY, LABEL, ORANGE, TITLE, legend, list, num, opt, tick, top};
+use super::{
+    Area, DARK_GREEN, GREY, LABEL, ORANGE, chart_builder, legend, list, num, opt, tick, top,
+};
 
 /// Cold resumes completed in each second of the run, answers other than 200 stacked over them
 /// (burst mode), and the run's mean rate.
@@ -38,12 +40,7 @@ pub(super) fn throughput(root: &Area, v: &Value) -> anyhow::Result<()> {
         title += &opt(v, "seconds", |s| format!(", {s:.1} s run"));
         title += ")";
     }
-    let mut chart = ChartBuilder::on(root)
-        .caption(title, ("sans-serif", TITLE))
-        .margin(15)
-        .x_label_area_size(45)
-        .y_label_area_size(60)
-        .build_cartesian_2d(0.0..x_max, 0.0..y_top)?;
+    let mut chart = chart_builder(root, title, 60).build_cartesian_2d(0.0..x_max, 0.0..y_top)?;
     chart
         .configure_mesh()
         .x_desc(if burst {
@@ -154,12 +151,7 @@ pub(super) fn parking(root: &Area, v: &Value) -> anyhow::Result<()> {
         Some(s) if from_load => format!("Parking: latency of each request of the {s} s load run"),
         _ => "Parking: latency of each scripted request".to_string(),
     };
-    let mut chart = ChartBuilder::on(root)
-        .caption(title, ("sans-serif", TITLE))
-        .margin(15)
-        .x_label_area_size(45)
-        .y_label_area_size(60)
-        .build_cartesian_2d(0.0..x_top, 0.0..y_top)?;
+    let mut chart = chart_builder(root, title, 60).build_cartesian_2d(0.0..x_top, 0.0..y_top)?;
     chart
         .configure_mesh()
         .x_desc("request start, seconds since the first request")

@@ -75,6 +75,22 @@ fn top(values: impl Iterator<Item = f64>, headroom: f64) -> f64 {
     if max > 0.0 { max * headroom } else { 1.0 }
 }
 
+/// A chart with `title` and the frame of every chart here; `y_label_area` is the room for the
+/// y axis labels.
+fn chart_builder<'a, 'b>(
+    root: &'a Area<'b>,
+    title: String,
+    y_label_area: u32,
+) -> ChartBuilder<'a, 'b, SVGBackend<'b>> {
+    let mut builder = ChartBuilder::on(root);
+    builder
+        .caption(title, ("sans-serif", TITLE))
+        .margin(15)
+        .x_label_area_size(45)
+        .y_label_area_size(y_label_area);
+    builder
+}
+
 fn legend<'a, X: Ranged, Y: Ranged>(
     chart: &mut ChartContext<'a, SVGBackend<'a>, Cartesian2d<X, Y>>,
     position: SeriesLabelPosition,

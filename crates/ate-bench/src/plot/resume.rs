@@ -5,7 +5,7 @@ use plotters::coord::ranged1d::SegmentValue;
 use plotters::prelude::*;
 use serde_json::Value;
 
-use super::{Area, LABEL, TITLE, legend, list, num, opt, tick, top};
+use super::{Area, LABEL, chart_builder, legend, list, num, opt, tick, top};
 
 /// Median and slowest resume per concurrency level; x is categorical (the levels as run).
 pub(super) fn resume(root: &Area, v: &Value) -> anyhow::Result<()> {
@@ -25,11 +25,7 @@ pub(super) fn resume(root: &Area, v: &Value) -> anyhow::Result<()> {
         title += ")";
     }
     let last = u32::try_from(levels.len() - 1)?;
-    let mut chart = ChartBuilder::on(root)
-        .caption(title, ("sans-serif", TITLE))
-        .margin(15)
-        .x_label_area_size(45)
-        .y_label_area_size(70)
+    let mut chart = chart_builder(root, title, 70)
         .build_cartesian_2d((0..last).into_segmented(), 0.0..y_top)?;
     chart
         .configure_mesh()

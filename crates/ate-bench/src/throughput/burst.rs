@@ -10,17 +10,10 @@ pub(super) async fn burst(
     common: &Common,
     settle: Duration,
 ) -> anyhow::Result<ExitCode> {
-    let TpRun {
-        c,
-        http,
-        router,
-        ns,
-        names,
-        concurrency,
-    } = run;
-    let n = names.len();
+    let n = run.names.len();
     let memory = COUNTER_MEMORY_MIB << 20;
-    let room = match rpc(c
+    let room = match rpc(run
+        .c
         .fleet
         .clone()
         .list_workers(v1::ListWorkersRequest {})
@@ -46,6 +39,14 @@ pub(super) async fn burst(
         eprintln!("{note}");
     }
     tokio::time::sleep(settle).await;
+    let TpRun {
+        http,
+        router,
+        ns,
+        names,
+        concurrency,
+        ..
+    } = run;
     eprintln!(
         "==> burst: one request to each of {n} suspended actors, at most {concurrency} in flight{}",
         room.map(|(r, _)| format!(" (free room for {r})"))
@@ -100,16 +101,15 @@ pub(super) async fn burst(
     let parked = cold.iter().filter(|s| s.reply.resume == "parked").count();
     let cold_secs = sorted(cold.iter().map(|s| s.reply.secs).collect());
     let all_secs = sorted(replies.iter().map(|r| r.secs).collect());
-    let row = TpRow {
-        actors: n,
+    let row = TpRow::new(
+        n,
         concurrency,
-        requests: samples.len(),
+        samples.len(),
         ok,
-        cold: cold.len(),
-        seconds: wall,
-        p50: median(&cold_secs),
-        p99: pct(&cold_secs, 0.99),
-    };
+        cold.len(),
+        &cold_secs,
+        wall,
+    );
     let bins = wall.ceil() as usize;
     let at = |f: fn(&Reply) -> bool| {
         per_second(
@@ -155,15 +155,7 @@ pub(super) async fn burst(
         "{}",
         histogram(&answers, &cold_per_second, &not_ok_per_second)
     );
-    let errors: Vec<String> = replies
-        .iter()
-        .filter(|r| r.status != 200)
-        .take(10)
-        .map(|r| format!("{} {}", r.status, r.body))
-        .collect();
-    for e in &errors {
-        eprintln!("    {e}");
-    }
+    let errors = first_errors(&replies);
     let samples_json: Vec<serde_json::Value> = samples
         .iter()
         .map(|s| {

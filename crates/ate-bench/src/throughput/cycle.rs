@@ -5,19 +5,12 @@ use super::*;
 /// The sustained loop: requesters keep `concurrency` requests to suspended actors in flight for
 /// `--seconds`, suspenders suspend each served actor again (bounded by the suspends' dumps).
 pub(super) async fn cycle(run: TpRun, a: &ThroughputArgs) -> anyhow::Result<ExitCode> {
-    let TpRun {
-        c,
-        http,
-        router,
-        ns,
-        names,
-        concurrency,
-    } = run;
-    let n_actors = names.len();
+    let concurrency = run.concurrency;
+    let n_actors = run.names.len();
     // Ready (suspended) actors → requesters → suspend queue → suspenders → ready again.
     let (ready_tx, ready_rx) = tokio::sync::mpsc::unbounded_channel::<String>();
     let (done_tx, done_rx) = tokio::sync::mpsc::unbounded_channel::<String>();
-    for n in &names {
+    for n in &run.names {
         ready_tx.send(n.clone())?;
     }
     let ready_rx = Arc::new(Mutex::new(ready_rx));
@@ -34,7 +27,8 @@ pub(super) async fn cycle(run: TpRun, a: &ThroughputArgs) -> anyhow::Result<Exit
     let stop = Arc::new(AtomicBool::new(false));
     let mut suspenders = JoinSet::new();
     for _ in 0..a.suspenders.max(1) {
-        let (c, ns, done_rx, ready_tx) = (c.clone(), ns.clone(), done_rx.clone(), ready_tx.clone());
+        let (c, ns) = (run.c.clone(), run.ns.clone());
+        let (done_rx, ready_tx) = (done_rx.clone(), ready_tx.clone());
         let stop = stop.clone();
         suspenders.spawn(async move {
             let mut n = 0u64;
@@ -61,9 +55,9 @@ pub(super) async fn cycle(run: TpRun, a: &ThroughputArgs) -> anyhow::Result<Exit
     let mut requesters = JoinSet::new();
     for _ in 0..concurrency {
         let (http, router, ns, ready_rx, done_tx) = (
-            http.clone(),
-            router.clone(),
-            ns.clone(),
+            run.http.clone(),
+            run.router.clone(),
+            run.ns.clone(),
             ready_rx.clone(),
             done_tx.clone(),
         );
@@ -106,16 +100,8 @@ pub(super) async fn cycle(run: TpRun, a: &ThroughputArgs) -> anyhow::Result<Exit
     let ok = replies.iter().filter(|(_, _, r)| r.status == 200).count();
     let secs = sorted(cold.iter().map(|(_, _, r)| r.secs).collect());
     let per_second = per_second(elapsed.ceil() as usize + 1, cold.iter().map(|c| c.0));
-    let row = TpRow {
-        actors: n_actors,
-        concurrency,
-        requests: replies.len(),
-        ok,
-        cold: cold.len(),
-        seconds: elapsed,
-        p50: median(&secs),
-        p99: pct(&secs, 0.99),
-    };
+    let (requests, cold_n) = (replies.len(), cold.len());
+    let row = TpRow::new(n_actors, concurrency, requests, ok, cold_n, &secs, elapsed);
     println!(
         "Cycle: {concurrency} requests in flight to suspended actors for {} s, {} suspenders; \
          seconds include draining",
@@ -124,15 +110,7 @@ pub(super) async fn cycle(run: TpRun, a: &ThroughputArgs) -> anyhow::Result<Exit
     println!("{}", row.table());
     let all: Vec<&Reply> = replies.iter().map(|(_, _, r)| r).collect();
     println!("not 200: {}", not_ok_summary(&all));
-    let errors: Vec<String> = replies
-        .iter()
-        .filter(|(_, _, r)| r.status != 200)
-        .take(10)
-        .map(|(_, _, r)| format!("{} {}", r.status, r.body))
-        .collect();
-    for e in &errors {
-        eprintln!("    {e}");
-    }
+    let errors = first_errors(&all);
     let samples: Vec<serde_json::Value> = replies
         .iter()
         .map(|(at, actor, r)| {

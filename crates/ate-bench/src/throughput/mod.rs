@@ -200,6 +200,29 @@ struct TpRow {
 }
 
 impl TpRow {
+    /// The row of a run; the latencies of its `cold` resumes, `cold_secs` (sorted), give its p50
+    /// and p99.
+    fn new(
+        actors: usize,
+        concurrency: usize,
+        requests: usize,
+        ok: usize,
+        cold: usize,
+        cold_secs: &[f64],
+        seconds: f64,
+    ) -> Self {
+        TpRow {
+            actors,
+            concurrency,
+            requests,
+            ok,
+            cold,
+            seconds,
+            p50: median(cold_secs),
+            p99: pct(cold_secs, 0.99),
+        }
+    }
+
     fn rate(&self) -> f64 {
         self.cold as f64 / self.seconds.max(f64::MIN_POSITIVE)
     }
@@ -223,6 +246,20 @@ impl TpRow {
 }
 
 /// `503 × 12 (no worker has room: 12), 0 (no answer) × 1`: the answers that were not 200.
+/// The first ten answers that were not 200, each also printed (for the JSON's `first_errors`).
+fn first_errors(replies: &[&Reply]) -> Vec<String> {
+    let errors: Vec<String> = replies
+        .iter()
+        .filter(|r| r.status != 200)
+        .take(10)
+        .map(|r| format!("{} {}", r.status, r.body))
+        .collect();
+    for e in &errors {
+        eprintln!("    {e}");
+    }
+    errors
+}
+
 fn not_ok_summary(replies: &[&Reply]) -> String {
     let mut by_status = std::collections::BTreeMap::<u16, (usize, usize)>::new();
     for r in replies.iter().filter(|r| r.status != 200) {

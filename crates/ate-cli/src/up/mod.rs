@@ -25,7 +25,8 @@ use crate::serve::{LogFormat, write_atomically};
 use node::{NodeMetrics, start_node_and_workers, worker_ids};
 use pki::{Pki, ca_dir, publish_admin, with_sans};
 use supervise::{
-    Component, Role, set_flag, spawn, stop_all, supervise_until_stopped, wait_listening, wait_ready,
+    Component, Role, set_flag, spawn, start_or_stop, stop_all, supervise_until_stopped,
+    wait_listening, wait_ready,
 };
 
 const DEMO_TEMPLATE: &str = include_str!("demo-counter.yaml");
@@ -159,24 +160,19 @@ async fn start_all(
     let run_dir = state.join("run");
     let api_ready = run_dir.join("api.json");
     let _ = std::fs::remove_file(&api_ready);
-    let mut api_args = vec![
-        "api".to_string(),
-        "--listen".into(),
-        args.api_listen.to_string(),
-        "--http-listen".into(),
-        args.api_http_listen.to_string(),
-        "--store".into(),
-        store.to_string(),
-        "--ready-file".into(),
-        api_ready.display().to_string(),
+    let flags = [
+        ("--listen", args.api_listen.to_string()),
+        ("--http-listen", args.api_http_listen.to_string()),
+        ("--store", store.to_string()),
+        ("--ready-file", api_ready.display().to_string()),
         // Signs the certificates of machines that join (`ate up --role node`).
-        "--ca-dir".into(),
-        ca_dir(args).display().to_string(),
-        "--join-cert-lifetime".into(),
-        format!("{}s", args.cert_lifetime.as_secs().max(60)),
-        "--log-format".into(),
-        args.log_format.as_str().into(),
+        ("--ca-dir", ca_dir(args).display().to_string()),
+        (
+            "--join-cert-lifetime",
+            format!("{}s", args.cert_lifetime.as_secs().max(60)),
+        ),
     ];
+    let mut api_args = command_line("api", args, flags);
     // One api on its store (no --peer-api): a store outage need not fence the workers.
     if args.role == UpRole::All && args.peer_apis.is_empty() {
         api_args.push("--sole-replica".into());
@@ -251,17 +247,12 @@ async fn register_demo(c: &Clients, images_dir: &Path) -> anyhow::Result<()> {
 /// Starts the router and waits until it listens.
 fn router_args(args: &UpArgs, api_addrs: &str, pki: &mut Pki) -> anyhow::Result<Vec<String>> {
     let td = pki.td.clone();
-    let mut router_args = vec![
-        "router".to_string(),
-        "--listen".into(),
-        args.router_listen.to_string(),
-        "--metrics-listen".into(),
-        args.router_metrics_listen.to_string(),
-        "--api".into(),
-        api_addrs.to_string(),
-        "--log-format".into(),
-        args.log_format.as_str().into(),
+    let flags = [
+        ("--listen", args.router_listen.to_string()),
+        ("--metrics-listen", args.router_metrics_listen.to_string()),
+        ("--api", api_addrs.to_string()),
     ];
+    let mut router_args = command_line("router", args, flags);
     // Also valid for `localhost` / 127.0.0.1, for clients of `--router-arg=--tls-listen=…` that
     // check the hostname rather than the SPIFFE ID.
     let router_req = ate_tls::SvidRequest::new(ate_tls::SpiffeId::router(&td)?)
@@ -304,6 +295,21 @@ async fn start_router(
 }
 
 /// The api addresses a router or node agent of this host uses: ours first, then the peers.
+/// A component's command line: `subcommand`, each flag with its value, then the log format
+/// (every component of `ate up` logs alike).
+fn command_line(
+    subcommand: &str,
+    args: &UpArgs,
+    flags: impl IntoIterator<Item = (&'static str, String)>,
+) -> Vec<String> {
+    let mut line = vec![subcommand.to_string()];
+    for (flag, value) in flags {
+        line.extend([flag.to_string(), value]);
+    }
+    line.extend(["--log-format".to_string(), args.log_format.as_str().into()]);
+    line
+}
+
 fn api_list(own: &str, peers: &[String]) -> String {
     std::iter::once(own.to_string())
         .chain(peers.iter().cloned())
@@ -352,39 +358,29 @@ async fn run_node(args: UpArgs) -> anyhow::Result<ExitCode> {
     let signal = shutdown_signal();
     tokio::pin!(signal);
     let mut components = Vec::new();
-    let started = tokio::select! {
-        r = start_node_and_workers(&args, &node_name, &join, &logs, &run_dir, &mut pki, &clients, &mut components) => r,
-        _ = &mut signal => Err(anyhow::anyhow!("interrupted during start-up")),
-    };
-    let metrics = match started {
-        Ok(m) => m,
-        Err(e) => {
-            stop_all(&mut components).await;
-            return Err(e);
-        }
-    };
-    if let Some(file) = &args.ready_file {
-        let body = serde_json::json!({
-            "node": node_name,
-            "api": join,
-            "node_listen": args.node_listen.to_string(),
-            "workers": worker_ids(&args, &node_name),
-            "node_metrics": metrics.node,
-            "worker_metrics": metrics.workers,
-            "state_dir": state.display().to_string(),
-            "tls_dir": pki.dir.display().to_string(),
-        });
-        write_atomically(file, &body.to_string())?;
-    }
-    println!(
+    let metrics = start_or_stop(&mut components, &mut signal, async |components| {
+        let (args, pki) = (&args, &mut pki);
+        start_node_and_workers(
+            args, &node_name, &join, &logs, &run_dir, pki, &clients, components,
+        )
+        .await
+    })
+    .await?;
+    let ready = serde_json::json!({
+        "node": node_name,
+        "api": join,
+        "node_listen": args.node_listen.to_string(),
+        "workers": worker_ids(&args, &node_name),
+        "node_metrics": metrics.node,
+        "worker_metrics": metrics.workers,
+    });
+    let line = format!(
         "ate up: ready node={node_name} api={join} state={} (workers={} slots={})",
         state.display(),
         args.workers,
         args.worker_slots
     );
-    let code = supervise_until_stopped(&mut components, &mut signal).await;
-    stop_all(&mut components).await;
-    Ok(code)
+    ready_then_supervise(&args, &pki, ready, &line, &mut components, &mut signal).await
 }
 
 pub async fn run(args: UpArgs) -> anyhow::Result<ExitCode> {
@@ -414,41 +410,48 @@ pub async fn run(args: UpArgs) -> anyhow::Result<ExitCode> {
     tokio::pin!(signal);
     let mut components = Vec::new();
     // Ctrl-C / SIGTERM during start-up stops whatever already started.
-    let started = tokio::select! {
-        r = start_all(&args, &store, &images_dir, &mut pki, &mut components) => r,
-        _ = &mut signal => Err(anyhow::anyhow!("interrupted during start-up")),
-    };
-    let (api_addr, api_http, node_metrics) = match started {
-        Ok(a) => a,
-        Err(e) => {
-            stop_all(&mut components).await;
-            return Err(e);
-        }
-    };
-    if let Some(file) = &args.ready_file {
-        let body = serde_json::json!({
-            "router": format!("http://{}", args.router_listen),
-            "api": api_addr,
-            // The api's bound health/metrics address (`--api-http-listen` may be port 0).
-            "api_http": api_http,
-            "router_metrics": args.router_metrics_listen.to_string(),
-            // The node agent's and each worker's `/metrics` (absent with `--role control`).
-            "node_metrics": node_metrics.as_ref().map(|m| m.node.clone()),
-            "worker_metrics": node_metrics.map(|m| m.workers).unwrap_or_default(),
-            "state_dir": state.display().to_string(),
-            "tls_dir": pki.dir.display().to_string(),
-        });
-        write_atomically(file, &body.to_string())?;
-    }
-    println!(
+    let (api_addr, api_http, node_metrics) =
+        start_or_stop(&mut components, &mut signal, async |components| {
+            start_all(&args, &store, &images_dir, &mut pki, components).await
+        })
+        .await?;
+    let ready = serde_json::json!({
+        "router": format!("http://{}", args.router_listen),
+        "api": api_addr,
+        // The api's bound health/metrics address (`--api-http-listen` may be port 0).
+        "api_http": api_http,
+        "router_metrics": args.router_metrics_listen.to_string(),
+        // The node agent's and each worker's `/metrics` (absent with `--role control`).
+        "node_metrics": node_metrics.as_ref().map(|m| m.node.clone()),
+        "worker_metrics": node_metrics.map(|m| m.workers).unwrap_or_default(),
+    });
+    let line = format!(
         "ate up: ready router=http://{} api={api_addr} store={store} state={} (workers={} slots={})",
         args.router_listen,
         state.display(),
         args.workers,
         args.worker_slots
     );
+    ready_then_supervise(&args, &pki, ready, &line, &mut components, &mut signal).await
+}
 
-    let code = supervise_until_stopped(&mut components, &mut signal).await;
-    stop_all(&mut components).await;
+/// Start-up done: the ready file (`--ready-file`: `ready` with the state and TLS directories),
+/// the ready `line`, then supervision until a shutdown signal, and every component stopped.
+async fn ready_then_supervise(
+    args: &UpArgs,
+    pki: &Pki,
+    mut ready: serde_json::Value,
+    line: &str,
+    components: &mut [Component],
+    signal: &mut std::pin::Pin<&mut impl std::future::Future<Output = ate_tls::process::Signal>>,
+) -> anyhow::Result<ExitCode> {
+    if let Some(file) = &args.ready_file {
+        ready["state_dir"] = args.state_dir.display().to_string().into();
+        ready["tls_dir"] = pki.dir.display().to_string().into();
+        write_atomically(file, &ready.to_string())?;
+    }
+    println!("{line}");
+    let code = supervise_until_stopped(components, signal).await;
+    stop_all(components).await;
     Ok(code)
 }

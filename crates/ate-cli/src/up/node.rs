@@ -10,7 +10,7 @@ use ate_proto::v1;
 
 use super::pki::Pki;
 use super::supervise::{Component, READY_TIMEOUT, Role, spawn, spawn_with_env, tail, wait_ready};
-use super::{UpArgs, UpRole};
+use super::{UpArgs, UpRole, command_line};
 use crate::client::Clients;
 
 /// The `/metrics` addresses of this machine's node agent and workers: free loopback ports,
@@ -60,23 +60,15 @@ pub(super) async fn start_node_and_workers(
     }
     let node_ready = run_dir.join("node.json");
     let _ = std::fs::remove_file(&node_ready);
-    let mut node_args = vec![
-        "node".to_string(),
-        "--name".into(),
-        node_name.into(),
-        "--listen".into(),
-        args.node_listen.to_string(),
-        "--api".into(),
-        api_addrs.to_string(),
-        "--state-dir".into(),
-        state.clone(),
-        "--ready-file".into(),
-        node_ready.display().to_string(),
-        "--log-format".into(),
-        args.log_format.as_str().into(),
-        "--metrics-listen".into(),
-        metrics.node.clone(),
+    let flags = [
+        ("--name", node_name.into()),
+        ("--listen", args.node_listen.to_string()),
+        ("--api", api_addrs.to_string()),
+        ("--state-dir", state.clone()),
+        ("--ready-file", node_ready.display().to_string()),
+        ("--metrics-listen", metrics.node.clone()),
     ];
+    let mut node_args = command_line("node", args, flags);
     if let Some(url) = &args.durable_store {
         node_args.extend(["--durable-store".to_string(), url.clone()]);
     }
@@ -96,24 +88,23 @@ pub(super) async fn start_node_and_workers(
     let deny = control_plane_addresses(args, api_addrs);
     for (i, id) in (1..=args.workers).zip(worker_ids(args, node_name)) {
         let listen = SocketAddr::new(worker_address(args.worker_first_ip, i)?, args.worker_port);
-        let mut worker_args = vec![
-            "worker".to_string(),
-            "--id".into(),
-            id.clone(),
-            "--state-dir".into(),
-            state.clone(),
-            "--listen".into(),
-            listen.to_string(),
-            "--slots".into(),
-            args.worker_slots.to_string(),
-            // Lets an actor be pinned to one worker with a selector (`ate update actor --selector`).
-            "--labels".into(),
-            format!("ate.dev/worker={id},ate.dev/node={node_name}"),
-            "--log-format".into(),
-            args.log_format.as_str().into(),
-            "--metrics-listen".into(),
-            metrics.workers[(i - 1) as usize].clone(),
+        let flags = [
+            ("--id", id.clone()),
+            ("--state-dir", state.clone()),
+            ("--listen", listen.to_string()),
+            ("--slots", args.worker_slots.to_string()),
+            // Lets an actor be pinned to one worker with a selector (`ate update actor
+            // --selector`).
+            (
+                "--labels",
+                format!("ate.dev/worker={id},ate.dev/node={node_name}"),
+            ),
+            (
+                "--metrics-listen",
+                metrics.workers[(i - 1) as usize].clone(),
+            ),
         ];
+        let mut worker_args = command_line("worker", args, flags);
         if !deny.is_empty() {
             // No egress policy may let an actor reach the api, the store or the object store.
             worker_args.extend(["--deny-egress".to_string(), deny.join(",")]);

@@ -332,32 +332,34 @@ pub(super) async fn wait_ready(
     c: &mut Component,
     ready_file: &Path,
 ) -> anyhow::Result<serde_json::Value> {
-    let started = Instant::now();
-    loop {
-        if let Some(status) = c.try_wait()? {
-            anyhow::bail!(
-                "{} exited during start-up ({status}); last log lines:\n{}",
-                c.name,
-                tail(&c.log, 20)
-            );
-        }
-        if let Ok(text) = std::fs::read_to_string(ready_file)
-            && let Ok(v) = serde_json::from_str(&text)
-        {
-            return Ok(v);
-        }
-        if started.elapsed() > READY_TIMEOUT {
-            anyhow::bail!(
-                "{} not ready after {READY_TIMEOUT:?}; see {}",
-                c.name,
-                c.log.display()
-            );
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    wait_until(c, "ready", |_| {
+        let text = std::fs::read_to_string(ready_file).ok()?;
+        serde_json::from_str(&text).ok()
+    })
+    .await
 }
 
 pub(super) async fn wait_listening(c: &mut Component, addr: SocketAddr) -> anyhow::Result<()> {
+    // The component's own socket, not merely something answering there: a neighbour that took
+    // the port (an ephemeral bind by another process) must not make a router that cannot bind
+    // look ready.
+    wait_until(c, &format!("listening on {addr}"), |c| {
+        c.child
+            .as_ref()
+            .and_then(tokio::process::Child::id)
+            .is_some_and(|pid| listens_on(pid, addr.port()))
+            .then_some(())
+    })
+    .await
+}
+
+/// Polls `ready` every 50 ms until it gives a value; an error when `c` exits first or after
+/// [`READY_TIMEOUT`] (`state` is what `c` is then not).
+async fn wait_until<T>(
+    c: &mut Component,
+    state: &str,
+    mut ready: impl FnMut(&Component) -> Option<T>,
+) -> anyhow::Result<T> {
     let started = Instant::now();
     loop {
         if let Some(status) = c.try_wait()? {
@@ -367,19 +369,12 @@ pub(super) async fn wait_listening(c: &mut Component, addr: SocketAddr) -> anyho
                 tail(&c.log, 20)
             );
         }
-        // The component's own socket, not merely something answering there: a neighbour that
-        // took the port (an ephemeral bind by another process) must not make a router that
-        // cannot bind look ready.
-        if c.child
-            .as_ref()
-            .and_then(tokio::process::Child::id)
-            .is_some_and(|pid| listens_on(pid, addr.port()))
-        {
-            return Ok(());
+        if let Some(value) = ready(c) {
+            return Ok(value);
         }
         if started.elapsed() > READY_TIMEOUT {
             anyhow::bail!(
-                "{} not listening on {addr} after {READY_TIMEOUT:?}; see {}",
+                "{} not {state} after {READY_TIMEOUT:?}; see {}",
                 c.name,
                 c.log.display()
             );
@@ -427,6 +422,23 @@ fn listens_on(pid: u32, port: u16) -> bool {
 }
 
 /// Stops the components group by group in `STOP_ORDER`.
+/// Runs `start` on `components` unless a shutdown signal comes first; when start-up fails or is
+/// interrupted, stops whatever already started.
+pub(super) async fn start_or_stop<T>(
+    components: &mut Vec<Component>,
+    signal: &mut std::pin::Pin<&mut impl std::future::Future<Output = ate_tls::process::Signal>>,
+    start: impl AsyncFnOnce(&mut Vec<Component>) -> anyhow::Result<T>,
+) -> anyhow::Result<T> {
+    let started = tokio::select! {
+        r = start(components) => r,
+        _ = signal.as_mut() => Err(anyhow::anyhow!("interrupted during start-up")),
+    };
+    if started.is_err() {
+        stop_all(components).await;
+    }
+    started
+}
+
 pub(super) async fn stop_all(components: &mut [Component]) {
     for role in STOP_ORDER {
         stop_group(components, role).await;

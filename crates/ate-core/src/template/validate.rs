@@ -31,13 +31,7 @@ impl TemplateSpec {
         let mut names = BTreeSet::new();
         for (i, c) in self.containers.iter().enumerate() {
             let f = format!("spec.containers[{i}]");
-            validate_label(&format!("{f}.name"), &c.name)?;
-            if !names.insert(c.name.as_str()) {
-                return Err(ValidationError::new(
-                    format!("{f}.name"),
-                    format!("duplicate container name {:?}", c.name),
-                ));
-            }
+            unique_name(&f, "container", &c.name, &mut names)?;
             validate_image(&format!("{f}.image"), &c.image)?;
             for (j, arg) in c.command.iter().enumerate() {
                 if arg.contains('\0') {
@@ -158,13 +152,7 @@ impl TemplateSpec {
         let mut vol_paths = BTreeSet::new();
         for (i, v) in self.volumes.iter().enumerate() {
             let f = format!("spec.volumes[{i}]");
-            validate_label(&format!("{f}.name"), &v.name)?;
-            if !vol_names.insert(v.name.as_str()) {
-                return Err(ValidationError::new(
-                    format!("{f}.name"),
-                    format!("duplicate volume name {:?}", v.name),
-                ));
-            }
+            unique_name(&f, "volume", &v.name, &mut vol_names)?;
             let p = &v.mount_path;
             check_mount_path(&format!("{f}.mountPath"), p)?;
             if !vol_paths.insert(p.trim_end_matches('/')) {
@@ -235,6 +223,24 @@ impl TemplateSpec {
 
 /// What `execve` counts for the container's command and env: each string with its NUL and one
 /// pointer per string. The image's entrypoint and env are not known here.
+/// `{f}.name`: a DNS-1123 label that no other `kind` in `seen` has.
+fn unique_name<'a>(
+    f: &str,
+    kind: &str,
+    name: &'a str,
+    seen: &mut BTreeSet<&'a str>,
+) -> Result<(), ValidationError> {
+    let field = format!("{f}.name");
+    validate_label(&field, name)?;
+    if !seen.insert(name) {
+        return Err(ValidationError::new(
+            field,
+            format!("duplicate {kind} name {name:?}"),
+        ));
+    }
+    Ok(())
+}
+
 fn exec_bytes(c: &Container) -> usize {
     const POINTER: usize = 8;
     let args: usize = c.command.iter().map(|a| a.len() + 1 + POINTER).sum();

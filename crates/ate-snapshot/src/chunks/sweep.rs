@@ -53,13 +53,9 @@ impl DurableStore {
         let mut stored: BTreeMap<String, (ObjPath, bool)> = BTreeMap::new();
         let mut markers: Vec<DeltaMarker> = Vec::new();
         let now = SystemTime::now();
-        let mut listing = self.store.list((!self.prefix.is_empty()).then_some(&root));
-        while let Some(item) = listing.next().await {
-            let m = match item {
-                Ok(m) => m,
-                Err(object_store::Error::NotFound { .. }) => continue,
-                Err(e) => return Err(Error::object(&root, e)),
-            };
+        let mut listing = self.list_under_prefix(&root);
+        while let Some(m) = listing.next().await {
+            let m = m?;
             if m.location.prefix_matches(&chunks_root) {
                 let old = older_than(m.last_modified.into(), now, grace);
                 let Some(name) = m.location.filename().map(str::to_owned) else {

@@ -241,17 +241,11 @@ impl DurableStore {
         let dir = self.chunks_root().join(SWEEPS_DIR);
         let from = started - CLOCK_SLACK - SWEEP_DELETE_WINDOW;
         let to = SystemTime::now() + CLOCK_SLACK;
-        let mut listing = self.store.list(Some(&dir));
-        while let Some(item) = listing.next().await {
-            match item {
-                Ok(m) => {
-                    let began = SystemTime::from(m.last_modified);
-                    if began >= from && began <= to {
-                        return Ok(true);
-                    }
-                }
-                Err(object_store::Error::NotFound { .. }) => {}
-                Err(e) => return Err(Error::object(&dir, e)),
+        let mut listing = self.list_present(Some(&dir), &dir);
+        while let Some(m) = listing.next().await {
+            let began = SystemTime::from(m?.last_modified);
+            if began >= from && began <= to {
+                return Ok(true);
             }
         }
         Ok(false)

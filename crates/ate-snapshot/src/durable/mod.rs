@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use object_store::path::Path as ObjPath;
-use object_store::{ObjectStore, ObjectStoreExt};
+use object_store::{ObjectMeta, ObjectStore, ObjectStoreExt};
 
 use crate::error::{Error, Result};
 use crate::manifest::MANIFEST_FILE;
@@ -244,15 +244,39 @@ impl DurableStore {
         Ok(out)
     }
 
+    /// Every object under `base`, or in the whole store when `base` is `None` (then `root`
+    /// names it in errors). An object deleted between the listing and its metadata (local
+    /// directories) is left out.
+    pub(crate) fn list_present<'a>(
+        &'a self,
+        base: Option<&'a ObjPath>,
+        root: &'a ObjPath,
+    ) -> futures::stream::BoxStream<'a, Result<ObjectMeta>> {
+        self.store
+            .list(base)
+            .filter_map(move |item| async move {
+                match item {
+                    Ok(m) => Some(Ok(m)),
+                    Err(object_store::Error::NotFound { .. }) => None,
+                    Err(e) => Some(Err(Error::object(root, e))),
+                }
+            })
+            .boxed()
+    }
+
+    /// Every object under the store's prefix, `root` (the whole store without a prefix).
+    pub(crate) fn list_under_prefix<'a>(
+        &'a self,
+        root: &'a ObjPath,
+    ) -> futures::stream::BoxStream<'a, Result<ObjectMeta>> {
+        self.list_present((!self.prefix.is_empty()).then_some(root), root)
+    }
+
     async fn delete_prefix(&self, base: &ObjPath) -> Result<()> {
         let mut listed = Vec::new();
-        let mut s = self.store.list(Some(base));
+        let mut s = self.list_present(Some(base), base);
         while let Some(m) = s.next().await {
-            match m {
-                Ok(m) => listed.push(m.location),
-                Err(object_store::Error::NotFound { .. }) => {}
-                Err(e) => return Err(Error::object(base, e)),
-            }
+            listed.push(m?.location);
         }
         // Manifest first even here: a failed upload might have raced a retry that wrote one.
         listed.sort_by_key(|p| p.filename() != Some(MANIFEST_FILE));

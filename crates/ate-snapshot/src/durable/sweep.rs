@@ -3,7 +3,7 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, SystemTime};
 
-use futures::StreamExt;
+use futures::{StreamExt, TryStreamExt};
 use object_store::path::Path as ObjPath;
 use object_store::{ObjectMeta, ObjectStoreExt};
 
@@ -44,14 +44,9 @@ impl DurableStore {
         let depth = self.prefix.len() + key_depth;
         // One entry per key, not per object: the listing of a large store stays small in memory.
         let mut keys: BTreeMap<ObjPath, KeySummary> = BTreeMap::new();
-        let mut listing = self.store.list((!self.prefix.is_empty()).then_some(&root));
-        while let Some(item) = listing.next().await {
-            let m = match item {
-                Ok(m) => m,
-                // Deleted between the listing and its metadata (local directories).
-                Err(object_store::Error::NotFound { .. }) => continue,
-                Err(e) => return Err(Error::object(&root, e)),
-            };
+        let mut listing = self.list_under_prefix(&root);
+        while let Some(m) = listing.next().await {
+            let m = m?;
             let parts = m.location.parts_count();
             if parts <= depth || m.location.prefix_matches(&chunks_root) {
                 continue;
@@ -118,16 +113,7 @@ impl DurableStore {
     /// Deletes one manifest-less key's uploaded objects after checking, on a fresh listing,
     /// that it still has no manifest and nothing younger than `grace`.
     async fn sweep_key(&self, key: &ObjPath, grace: Duration) -> Result<KeySweep> {
-        let mut objects: Vec<ObjectMeta> = Vec::new();
-        let mut listing = self.store.list(Some(key));
-        while let Some(item) = listing.next().await {
-            match item {
-                Ok(m) => objects.push(m),
-                Err(object_store::Error::NotFound { .. }) => {}
-                Err(e) => return Err(Error::object(key, e)),
-            }
-        }
-        drop(listing);
+        let mut objects: Vec<ObjectMeta> = self.list_present(Some(key), key).try_collect().await?;
         let mpath = obj_child(key, MANIFEST_FILE);
         if objects.iter().any(|m| m.location == mpath) {
             return Ok(KeySweep::Complete);

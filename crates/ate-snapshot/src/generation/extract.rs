@@ -5,7 +5,8 @@ use std::io;
 use std::path::{Path, PathBuf};
 
 use super::{
-    ROOTFS_ARCHIVE, VOLUMES_DIR, check_volume_name, container_rootfs_path, fsync_dir, sibling,
+    ROOTFS_ARCHIVE, VOLUMES_DIR, check_volume_name, container_rootfs_path, fsync_dir,
+    parent_and_name, sibling,
 };
 use crate::archive;
 use crate::error::{Error, Result};
@@ -13,15 +14,7 @@ use crate::error::{Error, Result};
 /// Where [`quarantine`] moves a generation directory: `<parent>/.<name>.corrupt`, beside it
 /// (hidden, like every other non-generation sibling this crate writes).
 pub fn quarantine_path(gen_dir: &Path) -> Result<PathBuf> {
-    let name = gen_dir.file_name().ok_or_else(|| Error::InvalidName {
-        what: "generation dir",
-        value: gen_dir.display().to_string(),
-        message: "has no final component".into(),
-    })?;
-    let parent = match gen_dir.parent() {
-        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
-        _ => PathBuf::from("."),
-    };
+    let (parent, name) = parent_and_name(gen_dir, "generation dir")?;
     Ok(parent.join(format!(".{}.corrupt", name.to_string_lossy())))
 }
 

@@ -64,21 +64,31 @@ pub fn is_sealed(gen_dir: &Path) -> bool {
 
 /// `(<parent>, <parent>/.<name>.<tag>-<uuid>)`: same file system, so the final rename is atomic.
 pub(crate) fn sibling(target: &Path, tag: &str) -> Result<(PathBuf, PathBuf)> {
-    let name = target.file_name().ok_or_else(|| Error::InvalidName {
-        what: "target",
-        value: target.display().to_string(),
-        message: "has no final component".into(),
-    })?;
-    let parent = match target.parent() {
-        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
-        _ => PathBuf::from("."),
-    };
+    let (parent, name) = parent_and_name(target, "target")?;
     let tmp = parent.join(format!(
         ".{}.{tag}-{}",
         name.to_string_lossy(),
         uuid::Uuid::new_v4().simple()
     ));
     Ok((parent, tmp))
+}
+
+/// `path`'s directory (`.` for a bare name) and its final component; `what` names `path` in
+/// the error.
+pub(crate) fn parent_and_name<'a>(
+    path: &'a Path,
+    what: &'static str,
+) -> Result<(PathBuf, &'a std::ffi::OsStr)> {
+    let name = path.file_name().ok_or_else(|| Error::InvalidName {
+        what,
+        value: path.display().to_string(),
+        message: "has no final component".into(),
+    })?;
+    let parent = match path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    Ok((parent, name))
 }
 
 fn check_volume_name(name: &str) -> Result<()> {
