@@ -361,16 +361,24 @@ pub(super) async fn warm(c: Clients, a: WarmArgs) -> anyhow::Result<ExitCode> {
                 let l = match &h2load_bin {
                     None => load(side, &a.path, conc, a.seconds).await,
                     Some(bin) => {
-                        h2load::Run {
+                        let run = h2load::Run {
                             url: &format!("{}{}", side.url, a.path),
                             actor: side.actor.as_deref(),
                             connections: conc,
                             seconds: a.seconds,
                             http1: a.protocol == Protocol::H1,
                             log: &log,
+                        };
+                        match run.measure(bin).await {
+                            Ok(l) => l,
+                            // One failed or stuck generator run (h2load once hung against
+                            // nginx's TLS listener) costs that side this round, not the whole
+                            // invocation; the tables say how many rounds each median has.
+                            Err(e) => {
+                                eprintln!("    left out of the medians: {e:#}");
+                                continue;
+                            }
                         }
-                        .measure(bin)
-                        .await?
                     }
                 };
                 eprintln!(
@@ -383,6 +391,7 @@ pub(super) async fn warm(c: Clients, a: WarmArgs) -> anyhow::Result<ExitCode> {
     }
     let _ = std::fs::remove_file(&log);
     drop(_nginx);
+    every_side_measured(&rounds, &a.concurrency, &sides)?;
 
     let generator = match a.generator {
         Generator::Builtin => "builtin client",
@@ -409,6 +418,15 @@ pub(super) async fn warm(c: Clients, a: WarmArgs) -> anyhow::Result<ExitCode> {
                 "{:<36} | {:>8} | {:>6} | {:>8.0} | {:>5.2} ms | {:>5.2} ms | {:>6.2} ms",
                 side.name, l.requests, l.errors, l.rps, l.p50_ms, l.p99_ms, l.max_ms
             );
+        }
+        for (side, r) in sides.iter().zip(&rounds[ci]) {
+            if r.len() < rounds_n {
+                println!(
+                    "({}: medians of {} of {rounds_n} rounds; the others failed, see above)",
+                    side.name,
+                    r.len()
+                );
+            }
         }
         let find = |role: Role| sides.iter().position(|s| s.role == role);
         let (direct, routed) = (summary[0], summary[1]);
@@ -448,7 +466,8 @@ pub(super) async fn warm(c: Clients, a: WarmArgs) -> anyhow::Result<ExitCode> {
             };
             sides_json.push(
                 json!({"name": name, "concurrency": conc, "median": m.json(),
-                "rounds": r.iter().map(Load::json).collect::<Vec<_>>()}),
+                "rounds": r.iter().map(Load::json).collect::<Vec<_>>(),
+                "rounds_failed": rounds_n - r.len()}),
             );
         }
         if first.is_none() {
@@ -471,9 +490,50 @@ pub(super) async fn warm(c: Clients, a: WarmArgs) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
+/// Every side has at least one round at every concurrency (`rounds[c][s]`): a median needs one.
+fn every_side_measured(
+    rounds: &[Vec<Vec<Load>>],
+    concurrency: &[usize],
+    sides: &[Side],
+) -> anyhow::Result<()> {
+    every_name_measured(rounds, concurrency, sides.iter().map(|s| s.name.as_str()))
+}
+
+fn every_name_measured<'a>(
+    rounds: &[Vec<Vec<Load>>],
+    concurrency: &[usize],
+    names: impl Iterator<Item = &'a str> + Clone,
+) -> anyhow::Result<()> {
+    for (per_side, conc) in rounds.iter().zip(concurrency) {
+        for (r, name) in per_side.iter().zip(names.clone()) {
+            anyhow::ensure!(
+                !r.is_empty(),
+                "{name}: every round at {conc} connections failed (see the lines above)"
+            );
+        }
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_side_without_any_round_is_an_error_naming_it() {
+        let ok = vec![vec![load(1.0, 1.0, 1.0)], vec![load(2.0, 1.0, 1.0)]];
+        let names = ["router", "nginx TLS"];
+        assert!(
+            every_name_measured(std::slice::from_ref(&ok), &[16], names.iter().copied()).is_ok()
+        );
+        let partial = vec![vec![load(1.0, 1.0, 1.0)], Vec::new()];
+        let err = every_name_measured(&[ok, partial], &[16, 64], names.iter().copied())
+            .expect_err("nginx TLS has no round at 64");
+        assert_eq!(
+            err.to_string(),
+            "nginx TLS: every round at 64 connections failed (see the lines above)"
+        );
+    }
 
     fn load(rps: f64, p99: f64, max: f64) -> Load {
         Load {
