@@ -260,12 +260,11 @@ async fn is_http1(tcp: &TcpStream) -> std::io::Result<bool> {
 }
 
 /// The ingress service: every request goes to the proxy. Runs as hyper hands over a request
-/// head, before hyper reads the socket again (see [`Proxy::unshare_head_if_cold`]).
+/// head, before hyper reads the socket again (see [`Proxy::handle`]).
 fn handle(
     proxy: &Arc<Proxy>,
-    mut request: Request<Incoming>,
+    request: Request<Incoming>,
 ) -> impl Future<Output = Result<Response<RouterBody>, Infallible>> + Send + use<> {
-    proxy.unshare_head_if_cold(&mut request);
     proxy.clone().handle(request)
 }
 

@@ -123,24 +123,23 @@ impl Proxy {
         &self.drain
     }
 
-    /// Called as hyper hands over an HTTP/1.x request head whose actor has no cached route (the
-    /// request will call the api and may park): copies the header values and the target out of
-    /// hyper's read buffer. They are slices of it, and while they live hyper cannot reuse that
-    /// buffer, so the read it makes next (to notice a client that goes away) allocated a second
-    /// 8 KiB buffer for every waiting request. Copied, the head costs a few dozen bytes and the
-    /// read buffer is reused in place. Warm requests (cached route) are left as they are: they
-    /// are forwarded at once.
-    pub fn unshare_head_if_cold(&self, request: &mut Request<Incoming>) {
-        if request.version() > Version::HTTP_11 {
-            return; // HTTP/2 heads are decoded into their own memory.
-        }
+    /// Whether the request names an actor with no cached route (it will call the api and may
+    /// park). Such an HTTP/1.x head has its header values and target copied out of hyper's read
+    /// buffer: they are slices of it, and while they live hyper cannot reuse that buffer, so the
+    /// read it makes next (to notice a client that goes away) allocated a second 8 KiB buffer for
+    /// every waiting request. Copied, the head costs a few dozen bytes and the read buffer is
+    /// reused in place. Warm requests (cached route) are left as they are: they are forwarded at
+    /// once. Runs as hyper hands over the head, before it reads the socket again.
+    fn unshare_head_if_cold(&self, request: &mut Request<Incoming>) -> bool {
         let cold = match parse_target(request.headers().get(TARGET_ACTOR_HEADER)) {
             Ok(actor) => !self.resolver.cache.contains(actor),
             Err(_) => false, // answered at once
         };
-        if cold {
+        // HTTP/2 heads are decoded into their own memory.
+        if cold && request.version() <= Version::HTTP_11 {
             unshare_head(request);
         }
+        cold
     }
 
     /// The hyper service of the ingress listener. Requests answered without an actor (bad target,
@@ -154,13 +153,14 @@ impl Proxy {
         mut request: Request<Incoming>,
     ) -> impl Future<Output = Result<Response<RouterBody>, Infallible>> + Send + use<> {
         use futures::future::{Either, FutureExt, ready};
+        let cold = self.unshare_head_if_cold(&mut request);
         let mut begun = self.begin(&mut request);
         let answer = match self.preflight(request) {
             Preflight::Forward(mut request, target, port) => {
                 if !begun.kept {
                     request.headers_mut().insert(REQUEST_ID, begun.id.clone());
                 }
-                let span = if self.wants_span(&request, &target) {
+                let span = if cold || wants_span(&request) {
                     request_span(&begun.id, &target)
                 } else {
                     tracing::Span::none()
@@ -180,19 +180,6 @@ impl Proxy {
             let actor = actor.as_ref().and_then(|a| a.to_str().ok());
             Ok(self.finish(response, begun, actor.unwrap_or_default(), timings))
         })
-    }
-
-    /// Whether a request to be forwarded gets its span. The span is for the trace (when traces
-    /// are exported), for debug lines, and for the lines a request writes while its actor is
-    /// found or woken (a failed ResumeActor, parking), which only a request without a cached
-    /// route does; a warm HTTP/1.1 request writes none, and a span costs it ~5 allocations
-    /// (its fields formatted for the log layer, a registry slot) and ~5 % of its CPU. A warm
-    /// request whose route turns out bad gets one when it resolves again (see `forward`).
-    fn wants_span(&self, request: &Request<Incoming>, target: &HeaderValue) -> bool {
-        ate_tls::trace_context::enabled()
-            || tracing::enabled!(tracing::Level::DEBUG)
-            || Mode::of(request) != Mode::Http1
-            || parse_target(Some(target)).is_ok_and(|actor| !self.resolver.cache.contains(actor))
     }
 
     /// The request's id (see [`request_id`]) and, with the access log on, what its line needs
@@ -488,6 +475,19 @@ impl Proxy {
         };
         (why, format!("worker {} port {port}: {error}", route.worker))
     }
+}
+
+/// Whether a request to be forwarded whose route is cached gets its span. The span is for the
+/// trace (when traces are exported), for debug lines, and for the lines a request writes while
+/// its actor is found or woken (a failed ResumeActor, parking), which only a request without a
+/// cached route does (it always gets one); a warm HTTP/1.1 request writes none, and a span costs
+/// it ~5 allocations (its fields formatted for the log layer, a registry slot) and ~5 % of its
+/// CPU. A warm request whose route turns out bad gets one when it resolves again (see
+/// `Proxy::forward`).
+fn wants_span(request: &Request<Incoming>) -> bool {
+    ate_tls::trace_context::enabled()
+        || tracing::enabled!(tracing::Level::DEBUG)
+        || Mode::of(request) != Mode::Http1
 }
 
 /// What [`Proxy::preflight`] decided.
