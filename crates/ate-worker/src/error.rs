@@ -56,6 +56,18 @@ pub enum SandboxError {
 pub type Result<T, E = SandboxError> = std::result::Result<T, E>;
 
 impl SandboxError {
+    /// A restore that was cut short rather than refused: `runc` (or what it ran) killed by a
+    /// signal, or the page source of a lazy restore dead without reporting a damaged chunk. The
+    /// generation is not at fault; restoring it again may succeed.
+    pub fn interrupted(&self) -> bool {
+        match self {
+            SandboxError::Command { status, stderr, .. } => {
+                status.starts_with("signal:") || stderr.contains(crate::lazy::SOURCE_DIED)
+            }
+            _ => false,
+        }
+    }
+
     pub(crate) fn io(what: impl Into<String>, source: std::io::Error) -> Self {
         SandboxError::Io {
             what: what.into(),

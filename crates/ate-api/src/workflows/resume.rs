@@ -87,7 +87,17 @@ impl Api {
                 // The suspend that set SUSPENDING died (api crash, node timeout) and nothing else
                 // would ever finish it: the request finishes it, then resumes as usual.
                 tracing::info!(actor = %r, "finishing a stale suspend before the resume");
-                self.suspend(r, false).await?;
+                if let Err(e) = self.suspend(r, false).await {
+                    // A suspend that failed may still have settled the actor: RUNNING again
+                    // (nothing written, it runs on) is served warm, SUSPENDED (at its
+                    // previous generation) is resumed; anything else is the answer.
+                    let now = self.store.get_actor(r).await?;
+                    match now.state {
+                        ActorState::Running => return Ok((self.actor_view(now).await, false)),
+                        ActorState::Suspended => {}
+                        _ => return Err(e),
+                    }
+                }
             }
             ActorState::Suspending => return Err(transient(r, actor.state)),
             ActorState::Suspended | ActorState::Resuming => {}

@@ -2,15 +2,30 @@
 //! generation (or back to RUNNING when nothing was written), then the frozen-copy hint and
 //! generation retention.
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use ate_core::clock::now_ms;
 use ate_core::{ActorRef, ActorState};
-use ate_store::{ActorUpdate, StoreError, Transition, WorkerStatus};
+use ate_store::{ActorRecord, ActorUpdate, StoreError, Transition, WorkerStatus};
 
 use super::{ActorView, Api, Failure, FaultPoint, crashed, transient, worker_unavailable};
 use crate::error::WorkflowError;
 use crate::node::{NodeErrorKind, Workload};
+
+/// How long a suspend keeps asking a node that does not answer (restarting), and the pauses
+/// between its tries (doubling).
+const SUSPEND_RETRY_WINDOW: Duration = Duration::from_secs(20);
+const SUSPEND_RETRY_FIRST: Duration = Duration::from_millis(200);
+const SUSPEND_RETRY_MAX: Duration = Duration::from_secs(2);
+
+/// The uuid of the generation a suspend of `actor`'s current activation writes as `generation`:
+/// derived (UUID v5), so that every attempt of one suspend names the same generation, and no
+/// two suspends do (the actor's uid is its own, and each activation suspends at most once
+/// successfully).
+fn suspend_uuid(actor: &ActorRecord, generation: u64) -> String {
+    let name = format!("ate-suspend/{}/{generation}/{}", actor.uid, actor.activation);
+    uuid::Uuid::new_v5(&uuid::Uuid::NAMESPACE_OID, name.as_bytes()).to_string()
+}
 
 impl Api {
     pub async fn suspend(&self, r: &ActorRef, durable: bool) -> Result<ActorView, WorkflowError> {
@@ -100,16 +115,38 @@ impl Api {
             template: &template,
             worker_id: &worker.id,
         };
-        let mut client = self.nodes.client(&worker.node_address)?;
-        let call = client.checkpoint(
-            &workload,
-            generation,
-            uuid::Uuid::new_v4().to_string(),
-            template.spec.fidelity,
-            durable,
-            grace_ms,
-        );
-        let reply = match tokio::time::timeout(self.cfg.node_call_timeout, call).await {
+        // The same for every attempt of this suspend (api, node or worker restarted in the
+        // middle): the node writes the same generation directory, and a worker that already
+        // sealed it answers from it instead of losing it.
+        let uuid = suspend_uuid(&actor, generation);
+        let began = Instant::now();
+        let mut pause = SUSPEND_RETRY_FIRST;
+        let answer = loop {
+            let mut client = self.nodes.client(&worker.node_address)?;
+            let call = client.checkpoint(
+                &workload,
+                generation,
+                uuid.clone(),
+                template.spec.fidelity,
+                durable,
+                grace_ms,
+            );
+            match tokio::time::timeout(self.cfg.node_call_timeout, call).await {
+                // The node or the worker is restarting (killed in the middle, say): ask again
+                // while the lease holds, rather than leave the actor SUSPENDING until it
+                // goes stale.
+                Ok(Err(error))
+                    if error.kind == NodeErrorKind::Transient
+                        && began.elapsed() < SUSPEND_RETRY_WINDOW =>
+                {
+                    tracing::info!(actor = %r, worker = %worker.id, error = %error.message, retry_in_ms = pause.as_millis() as u64, "checkpoint call failed; asking again");
+                    tokio::time::sleep(pause).await;
+                    pause = (pause * 2).min(SUSPEND_RETRY_MAX);
+                }
+                answer => break answer,
+            }
+        };
+        let reply = match answer {
             Ok(Ok(reply)) => reply,
             // Nothing was written (disk full, …) and the worker put the actor back to work:
             // it is RUNNING again, with the reason in lastError.
@@ -201,5 +238,39 @@ impl Api {
         tracing::info!(actor = %r, generation, fidelity = %snap.fidelity, durable, kept_frozen = reply.kept_frozen, "actor suspended");
         self.prune_generations(r).await;
         Ok(ActorView::bare(a))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn record(uid: &str, activation: u64) -> ActorRecord {
+        ActorRecord {
+            atespace: "a".into(),
+            name: "b".into(),
+            uid: uid.into(),
+            template: ate_core::TemplateRef::new("a", "t"),
+            state: ActorState::Suspending,
+            worker_selector: Default::default(),
+            worker_id: Some("w-1".into()),
+            epoch: 1,
+            generation: 3,
+            attached_node: None,
+            last_error: None,
+            created_ms: 0,
+            updated_ms: 0,
+            activation,
+        }
+    }
+
+    #[test]
+    fn every_attempt_of_one_suspend_names_the_same_generation_and_no_other_suspend_does() {
+        let a = record("uid-1", 7);
+        assert_eq!(suspend_uuid(&a, 4), suspend_uuid(&a, 4));
+        assert_ne!(suspend_uuid(&a, 4), suspend_uuid(&a, 5));
+        assert_ne!(suspend_uuid(&a, 4), suspend_uuid(&record("uid-1", 8), 4));
+        assert_ne!(suspend_uuid(&a, 4), suspend_uuid(&record("uid-2", 7), 4));
+        assert!(uuid::Uuid::parse_str(&suspend_uuid(&a, 4)).is_ok());
     }
 }

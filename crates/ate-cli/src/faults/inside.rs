@@ -73,7 +73,7 @@ impl Target {
     fn delay(self) -> Duration {
         let max_ms = match self {
             Target::RuncCheckpoint | Target::RuncRestore => 250,
-            Target::CriuDump | Target::CriuRestore => 120,
+            Target::CriuDump | Target::CriuRestore => 40,
             Target::PageSource => 150,
             Target::Worker | Target::Node => 500,
         };
@@ -269,6 +269,11 @@ pub(super) async fn kill_in_resume(
     for trial in 0..trials {
         let actor = &actors[trial % actors.len()];
         let target = Target::IN_RESUME[trial % Target::IN_RESUME.len()];
+        // Pinned to the worker it is not on, so the resume restores the generation there (a
+        // real CRIU restore, lazy) rather than thawing a frozen copy in place.
+        if let Err(e) = pin_elsewhere(lab, actor).await {
+            notes.push(format!("trial {trial}: could not pin {actor} to another worker: {e:#}"));
+        }
         if let Err(e) = lab.suspend(actor).await {
             notes.push(format!(
                 "trial {trial}: the suspend before the resume failed: {}",
@@ -340,6 +345,26 @@ async fn settle(
 async fn worker_of(lab: &Lab, actor: &str) -> Option<u32> {
     let a = get_actor(lab, actor).await?;
     worker_number(&a.worker_assignment?.worker_id)
+}
+
+/// Sets `actor`'s worker selector to the other worker of two (`ate.dev/worker=worker-N`, as
+/// `ate up` labels them).
+async fn pin_elsewhere(lab: &Lab, actor: &str) -> anyhow::Result<()> {
+    let now = worker_of(lab, actor).await.unwrap_or(2);
+    let other = if now == 1 { 2 } else { 1 };
+    let c = lab.api().await?;
+    c.actors
+        .clone()
+        .update_actor(v1::UpdateActorRequest {
+            actor: Some(v1::ObjectRef {
+                atespace: ATESPACE.into(),
+                name: actor.into(),
+            }),
+            worker_selector: [("ate.dev/worker".to_string(), format!("worker-{other}"))].into(),
+        })
+        .await
+        .map_err(|s| anyhow::anyhow!("{} ({:?})", s.message(), s.code()))?;
+    Ok(())
 }
 
 async fn get_actor(lab: &Lab, actor: &str) -> Option<v1::Actor> {

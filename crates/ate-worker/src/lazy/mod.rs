@@ -28,4 +28,4 @@ pub use source::{SOCKET_NAME, SourceError, Stats};
 
 /// Left by the page source in the restore's work dir when it ends: `done` or `failed: …`.
 pub const STATUS_FILE: &str = "page-source.status";
-pub use watch::{Outcome, PageSource, REPORT_FD};
+pub use watch::{Outcome, PageSource, REPORT_FD, SOURCE_DIED};

@@ -23,6 +23,11 @@ const LISTEN_TIMEOUT: Duration = Duration::from_secs(10);
 /// The page source's descriptor for the report socket.
 pub const REPORT_FD: i32 = 3;
 
+/// Why a lazy restore failed when its page source died without a report (killed, crashed):
+/// the generation is not at fault, and a new restore of it may well succeed.
+pub const SOURCE_DIED: &str =
+    "the page source exited before every page of the actor's memory was in";
+
 /// How a page source ended, so far.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Outcome {
@@ -238,10 +243,7 @@ fn read_reports(
             Ok(Received::Closed) | Err(_) => {
                 set_outcome(
                     &shared,
-                    Outcome::Failed(
-                        "the page source exited before every page of the actor's memory was in"
-                            .into(),
-                    ),
+                    Outcome::Failed(SOURCE_DIED.into()),
                 );
                 break;
             }

@@ -55,8 +55,28 @@ impl RuncRuntime {
                 None => std::future::pending().await,
             }
         };
+        // A CRIU killed in the middle of a restore leaves runc waiting for ever: the half
+        // restored tasks hold CRIU's end of runc's socket. Noticed here, it ends like a page
+        // source that gave up: everything of the restore is killed.
+        let runc_pid = child.id();
+        let criu_gone = async {
+            match runc_pid {
+                Some(pid) => criu_died_under(pid).await,
+                None => std::future::pending().await,
+            }
+        };
         let status = tokio::select! {
             status = child.wait() => status.ctx(|| "wait for runc")?,
+            () = criu_gone => {
+                let _ = child.start_kill();
+                kill_cgroup_processes(&actor.short_id());
+                let _ = child.wait().await;
+                return Err(SandboxError::Command {
+                    command: cmd::render(&self.runc, &full),
+                    status: "signal: 9 (SIGKILL)".to_string(),
+                    stderr: "CRIU died before the restore finished; runc was ended".to_string(),
+                });
+            }
             why = failed => {
                 let _ = child.start_kill();
                 kill_cgroup_processes(&actor.short_id());
@@ -167,4 +187,60 @@ async fn spawn_log_relay(
         status: "could not start".to_string(),
         stderr: e.to_string(),
     })
+}
+
+/// How long runc may outlive its CRIU child before the restore counts as cut short (runc
+/// exits within milliseconds of a CRIU that finished).
+const CRIU_GONE_GRACE: Duration = Duration::from_secs(2);
+
+/// Resolves once the `criu` that `runc` started has been gone for [`CRIU_GONE_GRACE`] while
+/// runc still runs (the caller selects it against runc's exit). Never resolves if CRIU is
+/// never seen (runc run) or runc exits first. The first `criu` child is the one runc talks to;
+/// the restored tasks CRIU forks are also called `criu` until they become the actor, and may
+/// be left to runc when CRIU dies, so only that first pid is watched.
+async fn criu_died_under(runc: u32) {
+    let mut criu: Option<u32> = None;
+    let mut gone_since: Option<Instant> = None;
+    loop {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        match criu {
+            None => criu = criu_child(runc),
+            Some(pid) if alive(pid) => gone_since = None,
+            Some(_) => {
+                let since = *gone_since.get_or_insert_with(Instant::now);
+                if since.elapsed() >= CRIU_GONE_GRACE {
+                    return;
+                }
+            }
+        }
+    }
+}
+
+/// `(name, state)` of a process from its `/proc/<pid>/stat`.
+fn name_and_state(pid: u32) -> Option<(String, String)> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let open = stat.find('(')?;
+    let close = stat.rfind(')')?;
+    let name = stat.get(open + 1..close)?.to_string();
+    let state = stat.get(close + 1..)?.split_whitespace().next()?.to_string();
+    Some((name, state))
+}
+
+fn alive(pid: u32) -> bool {
+    name_and_state(pid).is_some_and(|(_, state)| state != "Z")
+}
+
+/// A live child of `pid` named `criu`. Each thread lists the children it forked (runc is a Go
+/// program: any of its threads may have).
+fn criu_child(pid: u32) -> Option<u32> {
+    let tasks = std::fs::read_dir(format!("/proc/{pid}/task")).ok()?;
+    let children: Vec<String> = tasks
+        .flatten()
+        .filter_map(|t| std::fs::read_to_string(t.path().join("children")).ok())
+        .collect();
+    children
+        .iter()
+        .flat_map(|c| c.split_whitespace())
+        .filter_map(|c| c.parse::<u32>().ok())
+        .find(|c| name_and_state(*c).is_some_and(|(name, state)| name == "criu" && state != "Z"))
 }

@@ -157,7 +157,9 @@ impl Worker {
     /// Ends an actor whose lazily restored memory cannot be completed (its page source failed:
     /// a damaged chunk, or it died): the processes wait on pages that will never come and must
     /// not run on. The sandbox is stopped before the page source's descriptors are released
-    /// (dropping `entry` last), and the api is told to mark the actor CRASHED with `why`.
+    /// (dropping `entry` last), and the api is told to mark the actor CRASHED with `why` for a
+    /// damaged chunk, or that its processes ended (SUSPENDED at its generation) for a page
+    /// source that died.
     async fn end_incomplete(&self, key: &str, entry: Entry, why: String) {
         tracing::error!(actor = %key, error = %why, "lazy restore failed; stopping the actor");
         crate::metrics::lazy_restore_failed();
@@ -172,8 +174,21 @@ impl Worker {
             idle_timeout_seconds: entry.spec.idle_timeout_seconds,
             at_ms: now_ms(),
             exit_code: -1,
-            log: String::new(),
-            crash: format!("lazy memory restore failed: {why}"),
+            // A page source that died says nothing against the generation: the actor goes back
+            // to it (SUSPENDED; what it did since this restore is lost). A damaged chunk makes
+            // it CRASHED, for an operator to look at.
+            log: if why == crate::lazy::SOURCE_DIED {
+                format!(
+                    "ate: the lazy memory restore was interrupted ({why}); the actor was stopped and goes back to its generation"
+                )
+            } else {
+                String::new()
+            },
+            crash: if why == crate::lazy::SOURCE_DIED {
+                String::new()
+            } else {
+                format!("lazy memory restore failed: {why}")
+            },
         });
         drop(entry);
     }

@@ -59,10 +59,14 @@ impl Worker {
             )));
         };
         if dir_has_entries(&gen_dir).await? {
-            return Err(VerbError::FailedPrecondition(format!(
-                "generation_dir {} exists and is not empty",
-                gen_dir.display()
-            )));
+            // An earlier attempt of this same suspend (the caller names the same directory on
+            // every attempt) ended in the middle, and the sandbox is here again (re-adopted by
+            // a restarted worker, which may have served since): what it wrote is not this
+            // sandbox's state any more. Written again from the start.
+            tracing::warn!(actor = %key, dir = %gen_dir.display(), "removing what an interrupted checkpoint wrote; dumping again");
+            tokio::fs::remove_dir_all(&gen_dir).await.map_err(|e| {
+                VerbError::Internal(format!("remove {}: {e}", gen_dir.display()))
+            })?;
         }
         // A dump reads memory through the page tables: pages a lazy restore has not placed yet
         // would be missing from it. Wait until every page is in (the background push takes

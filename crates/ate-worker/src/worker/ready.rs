@@ -49,9 +49,17 @@ impl Worker {
                 // The restored processes wait on pages that will never come: fail the start
                 // (the caller removes the sandbox; the node checks the generation).
                 why = &mut source_failed => {
-                    return Err(VerbError::FailedPrecondition(format!(
-                        "lazy memory restore failed: {why}"
-                    )));
+                    // A page source that died (not one that found a damaged chunk) says
+                    // nothing about the generation: the api tries it again.
+                    return Err(if why == crate::lazy::SOURCE_DIED {
+                        VerbError::Unavailable(format!(
+                            "lazy memory restore interrupted, the generation is intact; try again: {why}"
+                        ))
+                    } else {
+                        VerbError::FailedPrecondition(format!(
+                            "lazy memory restore failed: {why}"
+                        ))
+                    });
                 }
                 () = tokio::time::sleep(START_EXIT_CHECK) => {}
             }

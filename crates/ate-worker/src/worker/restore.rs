@@ -135,7 +135,7 @@ impl Worker {
                             .runtime
                             .restore_lazily(sandbox, spec, gen_dir, command)
                             .await
-                            .map_err(|e| sandbox_error("lazy memory restore", e))?;
+                            .map_err(|e| restore_error("lazy memory restore", e))?;
                         page_source = Some(source);
                         started
                     }
@@ -143,7 +143,7 @@ impl Worker {
                         .runtime
                         .restore(sandbox, spec, &gen_dir.join(ate_snapshot::CRIU_DIR))
                         .await
-                        .map_err(|e| sandbox_error("memory restore", e))?,
+                        .map_err(|e| restore_error("memory restore", e))?,
                 },
                 Fidelity::Rootfs => self
                     .runtime
@@ -220,4 +220,17 @@ async fn verify_for_lazy_restore(
     })
     .await
     .map_err(|e| ate_snapshot::Error::InvalidInput(format!("chunk check task: {e}")))?
+}
+
+/// A failed memory restore as a verb error: one that was interrupted (a process of it killed)
+/// is UNAVAILABLE, so the api keeps the actor RESUMING and tries the same generation again;
+/// any other is the generation's or the runtime's fault (see [`sandbox_error`]).
+fn restore_error(what: &str, e: crate::error::SandboxError) -> VerbError {
+    if e.interrupted() {
+        VerbError::Unavailable(format!(
+            "{what} interrupted, the generation is intact; try again: {e}"
+        ))
+    } else {
+        sandbox_error(what, e)
+    }
 }
