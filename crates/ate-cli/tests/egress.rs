@@ -1,19 +1,20 @@
 //! Egress control end to end: real runc actors whose outbound TCP is redirected (nftables in the
 //! actor netns) to the worker's egress proxy, which applies the template's policy.
 //!
-//! The destination that may be reached is a network namespace this test creates ("test host"):
-//! a veth pair with the host side at 10.254.X.1/30 (which thereby becomes a node address) and
-//! the test host at 10.254.X.2, where a small Python server holds connections open on two ports.
-//! Everything the test creates is removed by a drop guard, also on panic. Traffic only goes to
-//! 127.0.0.0/8 and to that namespace.
+//! The destination that may be reached is a network namespace this test creates ("test host",
+//! `support/test_host.rs`): a veth pair with the host side at 10.254.X.1/30 (which thereby
+//! becomes a node address) and the test host at 10.254.X.2, where a small Python server holds
+//! connections open on two ports. Everything the test creates is removed by a drop guard, also
+//! on panic. Traffic only goes to 127.0.0.0/8 and to that namespace.
 
 mod support;
 
-use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};
+use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
+use support::test_host::TestHost;
 use support::*;
 
 /// Accepts on every port given and holds each connection until the peer closes it.
@@ -37,88 +38,37 @@ for p in sys.argv[2:]:
 threading.Event().wait()
 "#;
 
-fn run(args: &[&str]) {
-    let out = Command::new(args[0])
-        .args(&args[1..])
-        .output()
-        .unwrap_or_else(|e| panic!("run {args:?}: {e}"));
-    assert!(
-        out.status.success(),
-        "{args:?} failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
-/// A network namespace with a veth to the host and a holding server on two ports; removed on drop.
-struct TestHost {
-    netns: String,
-    host_link: String,
-    host_ip: Ipv4Addr,
-    peer_ip: Ipv4Addr,
+/// The test host with the holding server on two ports; the server is stopped on drop, before
+/// the namespace goes.
+struct HoldHost {
+    host: TestHost,
     ports: [u16; 2],
     server: Option<Child>,
 }
 
-impl TestHost {
-    fn new() -> TestHost {
-        let nanos = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map(|d| d.subsec_nanos())
-            .unwrap_or(0);
-        let seed = std::process::id() ^ nanos;
-        let tag = format!("{:06x}", seed & 0xff_ffff);
-        let third = (seed % 250 + 1) as u8;
-        let base = 20000 + (seed % 20000) as u16;
-        let mut h = TestHost {
-            netns: format!("egt-{tag}"),
-            host_link: format!("egth{tag}"),
-            host_ip: Ipv4Addr::new(10, 254, third, 1),
-            peer_ip: Ipv4Addr::new(10, 254, third, 2),
-            ports: [base, base + 1],
-            server: None,
-        };
-        let peer_link = format!("egtp{tag}");
-        let (ns, host_link) = (h.netns.clone(), h.host_link.clone());
-        run(&["ip", "netns", "add", &ns]);
-        run(&["ip", "-n", &ns, "link", "set", "lo", "up"]);
-        run(&[
-            "ip", "link", "add", &host_link, "type", "veth", "peer", "name", &peer_link,
-        ]);
-        run(&["ip", "link", "set", &peer_link, "netns", &ns]);
-        run(&[
-            "ip",
-            "addr",
-            "add",
-            &format!("{}/30", h.host_ip),
-            "dev",
-            &host_link,
-        ]);
-        run(&["ip", "link", "set", &host_link, "up"]);
-        run(&[
-            "ip",
-            "-n",
-            &ns,
-            "addr",
-            "add",
-            &format!("{}/30", h.peer_ip),
-            "dev",
-            &peer_link,
-        ]);
-        run(&["ip", "-n", &ns, "link", "set", &peer_link, "up"]);
+impl HoldHost {
+    fn new() -> HoldHost {
+        let host = TestHost::new("egt");
+        let base = 20000 + (host.seed % 20000) as u16;
+        let ports = [base, base + 1];
         let server = Command::new("ip")
-            .args(["netns", "exec", &ns, "python3", "-c", HOLD_SERVER])
-            .arg(h.peer_ip.to_string())
-            .args(h.ports.iter().map(|p| p.to_string()))
+            .args(["netns", "exec", &host.netns, "python3", "-c", HOLD_SERVER])
+            .arg(host.peer_ip.to_string())
+            .args(ports.iter().map(|p| p.to_string()))
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::inherit())
             .spawn()
             .expect("spawn the test host's server");
-        h.server = Some(server);
+        let h = HoldHost {
+            host,
+            ports,
+            server: Some(server),
+        };
         // Ready when both ports accept (from the host, over the veth).
         let deadline = Instant::now() + Duration::from_secs(10);
         for p in h.ports {
-            let addr = SocketAddr::new(h.peer_ip.into(), p);
+            let addr = SocketAddr::new(h.host.peer_ip.into(), p);
             while TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_err() {
                 assert!(
                     Instant::now() < deadline,
@@ -131,24 +81,16 @@ impl TestHost {
     }
 
     fn peer(&self, i: usize) -> String {
-        format!("{}:{}", self.peer_ip, self.ports[i])
+        format!("{}:{}", self.host.peer_ip, self.ports[i])
     }
 }
 
-impl Drop for TestHost {
+impl Drop for HoldHost {
     fn drop(&mut self) {
         if let Some(mut c) = self.server.take() {
             let _ = c.kill();
             let _ = c.wait();
         }
-        let _ = Command::new("ip")
-            .args(["link", "del", &self.host_link])
-            .stderr(Stdio::null())
-            .status();
-        let _ = Command::new("ip")
-            .args(["netns", "delete", &self.netns])
-            .stderr(Stdio::null())
-            .status();
     }
 }
 
@@ -252,7 +194,7 @@ fn logged(sys: &System, destination: &str, words: &[&str]) -> bool {
 #[test]
 fn egress_policy_is_enforced_per_template() {
     // Before the system starts, so the workers' first read of the node addresses has 10.254.X.1.
-    let host = TestHost::new();
+    let host = HoldHost::new();
     let sys = System::up(UpOptions::default());
     let ns = "ns-egress";
     let dir = sys.dir.path().to_path_buf();
@@ -307,7 +249,7 @@ fn egress_policy_is_enforced_per_template() {
 
     // Host listeners the actors must never reach: a node address (the veth's host side) and
     // loopback.
-    let node_listener = TcpListener::bind((host.host_ip, 0)).expect("bind node address");
+    let node_listener = TcpListener::bind((host.host.host_ip, 0)).expect("bind node address");
     let node_addr = node_listener.local_addr().expect("addr").to_string();
     let lo_listener = TcpListener::bind("127.0.0.1:0").expect("bind loopback");
     let lo_addr = lo_listener.local_addr().expect("addr").to_string();
@@ -407,7 +349,7 @@ fn actor_state(sys: &System, ns: &str, name: &str) -> String {
 
 #[test]
 fn open_outbound_connection_keeps_the_actor_from_idle_suspend() {
-    let host = TestHost::new();
+    let host = HoldHost::new();
     let sys = System::up(UpOptions::default());
     let ns = "ns-egress-idle";
     let dir = sys.dir.path().to_path_buf();

@@ -9,6 +9,7 @@ pub mod atunnel;
 pub mod generations;
 pub mod manual;
 pub mod runc;
+pub mod test_host;
 
 use std::net::{Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
