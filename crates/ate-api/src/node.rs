@@ -69,6 +69,9 @@ pub enum NodeErrorKind {
     Transient,
     /// The operation failed on the node.
     Failed,
+    /// A checkpoint failed and took the sandbox with it (DATA_LOSS from the worker): nothing
+    /// was written and the actor no longer runs, so its previous generation is what remains.
+    SandboxLost,
 }
 
 /// A failed node call.
@@ -94,6 +97,7 @@ impl From<Status> for NodeError {
         use std::error::Error as _;
         let kind = match status.code() {
             Code::Aborted => NodeErrorKind::Aborted,
+            Code::DataLoss => NodeErrorKind::SandboxLost,
             Code::Unavailable | Code::DeadlineExceeded | Code::Cancelled | Code::Unknown => {
                 NodeErrorKind::Transient
             }
@@ -334,6 +338,7 @@ mod tests {
             (Code::Cancelled, NodeErrorKind::Transient, true),
             (Code::Unknown, NodeErrorKind::Transient, true),
             (Code::Internal, NodeErrorKind::Failed, false),
+            (Code::DataLoss, NodeErrorKind::SandboxLost, false),
             (Code::FailedPrecondition, NodeErrorKind::Failed, false),
             (Code::NotFound, NodeErrorKind::Failed, false),
             (Code::InvalidArgument, NodeErrorKind::Failed, false),

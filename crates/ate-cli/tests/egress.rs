@@ -1,98 +1,20 @@
 //! Egress control end to end: real runc actors whose outbound TCP is redirected (nftables in the
 //! actor netns) to the worker's egress proxy, which applies the template's policy.
 //!
-//! The destination that may be reached is a network namespace this test creates ("test host",
-//! `support/test_host.rs`): a veth pair with the host side at 10.254.X.1/30 (which thereby
-//! becomes a node address) and the test host at 10.254.X.2, where a small Python server holds
-//! connections open on two ports. Everything the test creates is removed by a drop guard, also
-//! on panic. Traffic only goes to 127.0.0.0/8 and to that namespace.
+//! The destination that may be reached is a network namespace this test creates ("test host"):
+//! a veth pair with the host side at 10.254.X.1/30 (which thereby becomes a node address) and
+//! the test host at 10.254.X.2, where a small Python server holds connections open on two ports.
+//! Everything the test creates is removed by a drop guard, also on panic. Traffic only goes to
+//! 127.0.0.0/8 and to that namespace.
 
 mod support;
 
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::TcpListener;
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use support::test_host::TestHost;
 use support::*;
-
-/// Accepts on every port given and holds each connection until the peer closes it.
-const HOLD_SERVER: &str = r#"
-import socket, sys, threading
-def hold(c):
-    try:
-        c.recv(1)
-    finally:
-        c.close()
-def serve(port):
-    s = socket.socket()
-    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    s.bind((sys.argv[1], port))
-    s.listen(64)
-    while True:
-        c, _ = s.accept()
-        threading.Thread(target=hold, args=(c,), daemon=True).start()
-for p in sys.argv[2:]:
-    threading.Thread(target=serve, args=(int(p),), daemon=True).start()
-threading.Event().wait()
-"#;
-
-/// The test host with the holding server on two ports; the server is stopped on drop, before
-/// the namespace goes.
-struct HoldHost {
-    host: TestHost,
-    ports: [u16; 2],
-    server: Option<Child>,
-}
-
-impl HoldHost {
-    fn new() -> HoldHost {
-        let host = TestHost::new("egt");
-        let base = 20000 + (host.seed % 20000) as u16;
-        let ports = [base, base + 1];
-        let server = Command::new("ip")
-            .args(["netns", "exec", &host.netns, "python3", "-c", HOLD_SERVER])
-            .arg(host.peer_ip.to_string())
-            .args(ports.iter().map(|p| p.to_string()))
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("spawn the test host's server");
-        let h = HoldHost {
-            host,
-            ports,
-            server: Some(server),
-        };
-        // Ready when both ports accept (from the host, over the veth).
-        let deadline = Instant::now() + Duration::from_secs(10);
-        for p in h.ports {
-            let addr = SocketAddr::new(h.host.peer_ip.into(), p);
-            while TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_err() {
-                assert!(
-                    Instant::now() < deadline,
-                    "test host server not up on {addr}"
-                );
-                std::thread::sleep(Duration::from_millis(50));
-            }
-        }
-        h
-    }
-
-    fn peer(&self, i: usize) -> String {
-        format!("{}:{}", self.host.peer_ip, self.ports[i])
-    }
-}
-
-impl Drop for HoldHost {
-    fn drop(&mut self) {
-        if let Some(mut c) = self.server.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-}
 
 fn template(ns: &str, name: &str, egress: &str) -> String {
     let images = images_dir();
@@ -194,7 +116,7 @@ fn logged(sys: &System, destination: &str, words: &[&str]) -> bool {
 #[test]
 fn egress_policy_is_enforced_per_template() {
     // Before the system starts, so the workers' first read of the node addresses has 10.254.X.1.
-    let host = HoldHost::new();
+    let host = TestHost::new();
     let sys = System::up(UpOptions::default());
     let ns = "ns-egress";
     let dir = sys.dir.path().to_path_buf();
@@ -249,7 +171,7 @@ fn egress_policy_is_enforced_per_template() {
 
     // Host listeners the actors must never reach: a node address (the veth's host side) and
     // loopback.
-    let node_listener = TcpListener::bind((host.host.host_ip, 0)).expect("bind node address");
+    let node_listener = TcpListener::bind((host.host_ip, 0)).expect("bind node address");
     let node_addr = node_listener.local_addr().expect("addr").to_string();
     let lo_listener = TcpListener::bind("127.0.0.1:0").expect("bind loopback");
     let lo_addr = lo_listener.local_addr().expect("addr").to_string();
@@ -349,7 +271,7 @@ fn actor_state(sys: &System, ns: &str, name: &str) -> String {
 
 #[test]
 fn open_outbound_connection_keeps_the_actor_from_idle_suspend() {
-    let host = HoldHost::new();
+    let host = TestHost::new();
     let sys = System::up(UpOptions::default());
     let ns = "ns-egress-idle";
     let dir = sys.dir.path().to_path_buf();

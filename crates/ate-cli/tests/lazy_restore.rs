@@ -8,7 +8,6 @@ mod support;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use ate_test_support::http::http_get;
 use support::actors::*;
 use support::*;
 
@@ -23,25 +22,9 @@ fn checksum(body: &str) -> String {
 
 /// `ate_worker_lazy_restores_total{outcome}` summed over the system's workers.
 fn lazy_restores(sys: &System, outcome: &str) -> u64 {
-    worker_metric(
-        sys,
-        &format!("ate_worker_lazy_restores_total{{outcome=\"{outcome}\"}}"),
-    )
-}
-
-/// The series `needle` (name and labels as rendered) summed over the system's workers.
-fn worker_metric(sys: &System, needle: &str) -> u64 {
-    sys.worker_metrics
-        .iter()
-        .map(|addr| {
-            let (_, text) = http_get(addr, "/metrics");
-            text.lines()
-                .find(|l| l.starts_with(needle))
-                .and_then(|l| l.rsplit(' ').next())
-                .and_then(|v| v.parse::<f64>().ok())
-                .map_or(0, |v| v as u64)
-        })
-        .sum()
+    sys.worker_metric(&format!(
+        "ate_worker_lazy_restores_total{{outcome=\"{outcome}\"}}"
+    ))
 }
 
 fn lazy_system(workers: u32, env: &[(&str, &str)]) -> System {
@@ -178,9 +161,9 @@ fn memory_survives_five_lazy_cycles_on_either_worker_and_from_the_durable_copy()
         "some restore pushed its working set first: {prefetched:?}"
     );
     // The same, as the workers' metrics count it.
-    assert!(worker_metric(&sys, "ate_worker_lazy_chunks_total{source=\"store\"}") > 0);
-    assert!(worker_metric(&sys, "ate_worker_lazy_chunks_total{source=\"local\"}") > 0);
-    assert!(worker_metric(&sys, "ate_worker_lazy_prefetched_chunks_total") > 0);
+    assert!(sys.worker_metric("ate_worker_lazy_chunks_total{source=\"store\"}") > 0);
+    assert!(sys.worker_metric("ate_worker_lazy_chunks_total{source=\"local\"}") > 0);
+    assert!(sys.worker_metric("ate_worker_lazy_prefetched_chunks_total") > 0);
 }
 
 /// After a fault in a lazy restore: the next request is either refused or answered from

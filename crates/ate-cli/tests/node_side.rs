@@ -282,7 +282,7 @@ fn probe_never_answering_crashes_then_revert_and_fixed_template_resume() {
 }
 
 #[test]
-fn criu_dump_failure_falls_back_to_rootfs() {
+fn a_failed_memory_dump_fails_the_suspend_unless_the_template_allows_rootfs() {
     let sys = System::up_with_env(
         UpOptions {
             workers: 1,
@@ -296,6 +296,35 @@ fn criu_dump_failure_falls_back_to_rootfs() {
     for n in 1..=2 {
         assert_eq!(counts(&get_ok(&sys, &format!("{ns}/c"), "/")), (n, n, n));
     }
+    // By default a memory suspend that cannot dump memory fails, visibly, and the actor runs on
+    // with its memory: never a quiet ROOTFS generation.
+    let out = sys.ate(&["suspend", "actor", "c", "-a", ns]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "the suspend must fail: {stderr}");
+    assert!(
+        stderr.contains("memory dump failed") && stderr.contains("runs on"),
+        "{stderr}"
+    );
+    let a = actor(&sys, ns, "c");
+    assert_eq!(state_of(&a), "ACTOR_STATE_RUNNING");
+    let why = a["lastError"].as_str().unwrap_or_default();
+    assert!(why.contains("memory dump failed"), "lastError: {a}");
+    let written = std::fs::read_dir(sys.state_dir().join("snapshots").join(ns).join("c"))
+        .map(|d| d.count())
+        .unwrap_or(0);
+    assert_eq!(written, 0, "no generation written");
+    assert_eq!(counts(&get_ok(&sys, &format!("{ns}/c"), "/")), (3, 3, 3));
+    assert_eq!(
+        sys.worker_metric("ate_worker_memory_dump_failures_total{outcome=\"suspend_failed\"}"),
+        1
+    );
+
+    // A template that opts in gets a ROOTFS generation, which says so.
+    let fallback = Tpl {
+        on_memory_failure: Some("rootfs"),
+        ..Tpl::counter()
+    };
+    sys_apply(&sys, ns, "counter", &fallback);
     sys.ate_ok(&["suspend", "actor", "c", "-a", ns]);
     let a = actor(&sys, ns, "c");
     assert_eq!(state_of(&a), "ACTOR_STATE_SUSPENDED");
@@ -315,7 +344,7 @@ fn criu_dump_failure_falls_back_to_rootfs() {
         sys.log("worker-1").contains("falling back to ROOTFS"),
         "the worker log says so"
     );
-    assert_eq!(counts(&get_ok(&sys, &format!("{ns}/c"), "/")), (1, 3, 3));
+    assert_eq!(counts(&get_ok(&sys, &format!("{ns}/c"), "/")), (1, 4, 4));
 }
 
 #[test]

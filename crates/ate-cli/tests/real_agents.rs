@@ -572,7 +572,7 @@ fn other(worker: &str) -> &'static str {
 
 fn agent_keeps_its_state_across_suspends(rt: Runtime) {
     // Before the system starts: the workers' first read of the node addresses has the host side.
-    let host = TestHost::new("agt");
+    let host = TestHost::new();
     let model = FakeServer::start(host.listen(0), serve_model);
     let events = FakeServer::start(host.listen(0), serve_events);
     // No frozen copies: every resume restores a generation with CRIU.

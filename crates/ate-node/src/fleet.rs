@@ -5,7 +5,7 @@
 use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use ate_core::clock::now_ms;
 use ate_core::{ActorRef, SuspendMode};
@@ -40,6 +40,20 @@ async fn renew(client: &mut WorkerClient, worker: &str, lease: Duration, sent: s
     }
 }
 
+/// First wait after an idle suspend failed (a memory dump refused, a full disk) before the
+/// next try; each further failure doubles it up to [`IDLE_RETRY_MAX`]. Without it a refused
+/// dump would freeze and dump the actor again at every activity poll.
+const IDLE_RETRY_FIRST: Duration = Duration::from_secs(30);
+const IDLE_RETRY_MAX: Duration = Duration::from_secs(600);
+
+/// The wait after an idle suspend failed, given the wait after the previous failure (if the
+/// one before also failed).
+fn idle_retry_after(previous: Option<Duration>) -> Duration {
+    previous.map_or(IDLE_RETRY_FIRST, |p| {
+        (p * 2).clamp(IDLE_RETRY_FIRST, IDLE_RETRY_MAX)
+    })
+}
+
 /// Shared state of the node's fleet loops.
 pub struct Fleet {
     pub node: String,
@@ -50,6 +64,9 @@ pub struct Fleet {
     pub api: ApiClient,
     /// Actors an idle suspend has been asked for and not answered yet.
     suspending: Mutex<HashSet<(String, String)>>,
+    /// Actors whose last idle suspend failed: not asked again before the instant, and the
+    /// wait that led to it.
+    idle_retry: Mutex<HashMap<(String, String), (Instant, Duration)>>,
 }
 
 impl Fleet {
@@ -68,6 +85,7 @@ impl Fleet {
             workers: Mutex::new(HashMap::new()),
             api,
             suspending: Mutex::new(HashSet::new()),
+            idle_retry: Mutex::new(HashMap::new()),
         }
     }
 
@@ -309,11 +327,20 @@ impl Fleet {
                 if a.idle_timeout_seconds > 0
                     && a.open_streams == 0
                     && idle_ms >= i64::from(a.idle_timeout_seconds) * 1000
+                    && !self.idle_retry_pending(&actor)
                 {
                     self.suspend_idle(actor);
                 }
             }
         }
+    }
+
+    /// An earlier idle suspend of `actor` failed and its retry wait has not passed.
+    fn idle_retry_pending(&self, actor: &ActorRef) -> bool {
+        let key = (actor.atespace.clone(), actor.name.clone());
+        self.idle_retry
+            .lock()
+            .is_ok_and(|r| r.get(&key).is_some_and(|(at, _)| Instant::now() < *at))
     }
 
     fn suspend_idle(self: &Arc<Self>, actor: ActorRef) {
@@ -329,8 +356,22 @@ impl Fleet {
         let fleet = self.clone();
         tokio::spawn(async move {
             tracing::info!(actor = %actor, "idle; asking the api to suspend");
-            if let Err(e) = fleet.api.suspend_actor(&actor, SuspendMode::Async, 0).await {
-                tracing::info!(actor = %actor, error = %e.message, "idle suspend not done");
+            let failed = fleet
+                .api
+                .suspend_actor(&actor, SuspendMode::Async, 0)
+                .await
+                .err();
+            if let Ok(mut retry) = fleet.idle_retry.lock() {
+                match failed {
+                    Some(e) => {
+                        let wait = idle_retry_after(retry.get(&key).map(|(_, w)| *w));
+                        tracing::info!(actor = %actor, error = %e.message, retry_in_s = wait.as_secs(), "idle suspend not done");
+                        retry.insert(key.clone(), (Instant::now() + wait, wait));
+                    }
+                    None => {
+                        retry.remove(&key);
+                    }
+                }
             }
             if let Ok(mut s) = fleet.suspending.lock() {
                 s.remove(&key);
@@ -377,4 +418,21 @@ enum Loop {
     Discover,
     Heartbeat,
     Activity,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_failing_idle_suspend_is_retried_ever_later_up_to_ten_minutes() {
+        let mut waits = Vec::new();
+        let mut last = None;
+        for _ in 0..7 {
+            let w = idle_retry_after(last);
+            waits.push(w.as_secs());
+            last = Some(w);
+        }
+        assert_eq!(waits, [30, 60, 120, 240, 480, 600, 600]);
+    }
 }

@@ -1,8 +1,8 @@
 //! Template spec conversions between the wire form and [`ate_core::TemplateSpec`].
 
 use ate_core::template::{
-    Container, EgressPolicy, EnvVar, ExitPolicy, HttpGet, MemoryRestore, Resources, Volume,
-    WakeupProbe,
+    Container, EgressPolicy, EnvVar, ExitPolicy, HttpGet, MemoryRestore, OnMemoryFailure,
+    Resources, Volume, WakeupProbe,
 };
 use ate_core::{Fidelity, TemplateSpec, ValidationError};
 
@@ -67,6 +67,11 @@ pub fn spec_from_wire(w: &v1::TemplateSpec) -> Result<TemplateSpec, ValidationEr
         } else {
             MemoryRestore::Lazy
         },
+        on_memory_failure: if w.rootfs_on_memory_failure {
+            OnMemoryFailure::Rootfs
+        } else {
+            OnMemoryFailure::Fail
+        },
         idle_timeout_seconds: w.idle_timeout_seconds,
         worker_selector: w.worker_selector.clone().into_iter().collect(),
         egress: w
@@ -127,6 +132,7 @@ pub fn spec_to_wire(s: &TemplateSpec) -> v1::TemplateSpec {
         volumes: s.volumes.iter().map(v1::Volume::from).collect(),
         fidelity: s.fidelity.wire(),
         eager_memory_restore: s.memory_restore == MemoryRestore::Eager,
+        rootfs_on_memory_failure: s.on_memory_failure == OnMemoryFailure::Rootfs,
         idle_timeout_seconds: s.idle_timeout_seconds,
         worker_selector: s.worker_selector.clone().into_iter().collect(),
         egress: Some(v1::EgressPolicy {

@@ -157,6 +157,7 @@ fn spec(cpu_millis: u32, memory_bytes: u64) -> TemplateSpec {
         volumes: vec![],
         fidelity: Fidelity::Memory,
         memory_restore: Default::default(),
+        on_memory_failure: Default::default(),
         idle_timeout_seconds: 300,
         worker_selector: BTreeMap::from([("zone".to_string(), "a".to_string())]),
         egress: EgressPolicy {

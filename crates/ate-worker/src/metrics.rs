@@ -27,6 +27,7 @@ pub const LAZY_RESTORES: &str = "ate_worker_lazy_restores_total";
 pub const LAZY_CHUNKS: &str = "ate_worker_lazy_chunks_total";
 pub const LAZY_PREFETCHED_CHUNKS: &str = "ate_worker_lazy_prefetched_chunks_total";
 pub const LAZY_ALL_IN_SECONDS: &str = "ate_worker_lazy_all_in_seconds";
+pub const MEMORY_DUMP_FAILURES: &str = "ate_worker_memory_dump_failures_total";
 
 /// Every series of the worker with its help text (`# HELP` / `# TYPE` on `/metrics`).
 pub fn describe() {
@@ -106,6 +107,11 @@ pub fn describe() {
         Unit::Seconds,
         "Time from a lazy restore's start until every page of the actor's memory was in (the actor answers long before)."
     );
+    metrics::describe_counter!(
+        MEMORY_DUMP_FAILURES,
+        Unit::Count,
+        "MEMORY suspends whose memory could not be dumped, by what followed: suspend_failed (nothing written, the actor runs on or, if its sandbox did not survive, stays at its previous generation), rootfs_fallback (the template's snapshots.onMemoryFailure: rootfs wrote a ROOTFS generation: the process memory is lost)."
+    );
     // Present (at zero) from the start: rate() needs the series before the first event.
     metrics::counter!(SNAPSHOT_BYTES_WRITTEN).increment(0);
     metrics::counter!(LAZY_PREFETCHED_CHUNKS).increment(0);
@@ -114,6 +120,9 @@ pub fn describe() {
     }
     for outcome in ["complete", "failed"] {
         metrics::counter!(LAZY_RESTORES, "outcome" => outcome).increment(0);
+    }
+    for outcome in ["suspend_failed", "rootfs_fallback"] {
+        metrics::counter!(MEMORY_DUMP_FAILURES, "outcome" => outcome).increment(0);
     }
 }
 
@@ -185,6 +194,17 @@ pub(crate) fn lazy_restore_done(summary: &str) {
 
 pub(crate) fn lazy_restore_failed() {
     metrics::counter!(LAZY_RESTORES, "outcome" => "failed").increment(1);
+}
+
+/// A MEMORY suspend that could not dump memory; `fell_back`: it wrote ROOTFS as the template
+/// allows, else the suspend failed.
+pub(crate) fn memory_dump_failed(fell_back: bool) {
+    let outcome = if fell_back {
+        "rootfs_fallback"
+    } else {
+        "suspend_failed"
+    };
+    metrics::counter!(MEMORY_DUMP_FAILURES, "outcome" => outcome).increment(1);
 }
 
 pub(crate) fn checkpoint_phase(phase: &'static str, took: Duration) {

@@ -23,7 +23,7 @@ use crate::image::ImageCache;
 use crate::runc::{RuncConfig, RuncRuntime};
 pub use crate::socket::peer_allowed;
 use crate::socket::{authorized_incoming, bind_socket};
-use crate::worker::{EXIT_POLL, Identity, Worker};
+use crate::worker::{EXIT_POLL, Identity, VerbError, Worker};
 
 /// Why the worker process could not start or serve.
 #[derive(Debug, thiserror::Error)]
@@ -47,6 +47,18 @@ pub enum WorkerError {
 pub(crate) fn io_err(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> WorkerError {
     let what = what.into();
     move |source| WorkerError::Io { what, source }
+}
+
+/// Runs a verb that changes a sandbox to its end even when its caller goes away (the node was
+/// killed, its call timed out): tonic drops a handler whose caller is gone, and a checkpoint
+/// dropped half way would leave the sandbox frozen with its ingress off. The node learns the
+/// outcome when it asks again (the verbs are idempotent).
+async fn to_completion<T: Send + 'static>(
+    verb: impl Future<Output = Result<T, VerbError>> + Send + 'static,
+) -> Result<T, VerbError> {
+    tokio::spawn(verb)
+        .await
+        .map_err(|e| VerbError::Internal(format!("worker verb task failed: {e}")))?
 }
 
 /// The tonic service: a thin shell over [`Worker`]. Requests are decoded and answers encoded
@@ -93,7 +105,10 @@ impl WorkerService for WorkerServiceImpl {
         let begun = std::time::Instant::now();
         // A request refused as malformed counts in the start metrics too.
         let result = match convert::start_request(req) {
-            Ok(req) => self.worker.start(req).instrument(span).await,
+            Ok(req) => {
+                let worker = self.worker.clone();
+                to_completion(async move { worker.start(req).instrument(span).await }).await
+            }
             Err(e) => Err(e),
         };
         crate::metrics::started(kind, &result, begun);
@@ -108,7 +123,10 @@ impl WorkerService for WorkerServiceImpl {
     ) -> Result<Response<v1::WorkerCheckpointReply>, Status> {
         let begun = std::time::Instant::now();
         let result = match convert::checkpoint_request(req.into_inner()) {
-            Ok(req) => self.worker.checkpoint(req).await,
+            Ok(req) => {
+                let worker = self.worker.clone();
+                to_completion(async move { worker.checkpoint(req).await }).await
+            }
             Err(e) => Err(e),
         };
         crate::metrics::checkpointed(&result, begun);
@@ -122,8 +140,8 @@ impl WorkerService for WorkerServiceImpl {
         req: Request<v1::WorkerStopRequest>,
     ) -> Result<Response<v1::WorkerStopReply>, Status> {
         let req = convert::stop_request(req.into_inner()).map_err(convert::status)?;
-        self.worker
-            .stop(req)
+        let worker = self.worker.clone();
+        to_completion(async move { worker.stop(req).await })
             .await
             .map(|r| Response::new(convert::stop_reply(r)))
             .map_err(convert::status)

@@ -483,17 +483,43 @@ async fn worker_end_to_end_counter() {
     let (_, who) = get_via_tunnel(&mut h2, &target, "/whoami").await;
     assert_eq!(who, format!("{ATESPACE}/{name} uid-{name}"));
 
-    // A failing memory dump falls back to ROOTFS and says why.
+    // A failing memory dump fails the checkpoint: nothing is written and the actor runs on
+    // with its memory (never a quiet ROOTFS generation).
     faults.set_criu_dump_fail(true);
     let gen2 = env.path().join("generations/2");
-    let cp = c
+    let refused = c
         .checkpoint(checkpoint_req(&w, &gen2, 2))
         .await
-        .expect("Checkpoint with failing dump")
+        .expect_err("a checkpoint whose memory dump fails");
+    assert_eq!(refused.code(), tonic::Code::Aborted, "{refused:?}");
+    assert!(
+        refused.message().contains("memory dump failed")
+            && refused.message().contains("the actor runs on"),
+        "{}",
+        refused.message()
+    );
+    assert!(!gen2.exists(), "nothing of the generation is left");
+    let (status, body) = get_via_tunnel(&mut h2, &target, "/").await;
+    assert_eq!((status, body), (200, counts(5, 5, 5)));
+
+    // Where the template allows it (snapshots.onMemoryFailure: rootfs), a ROOTFS generation
+    // instead, which says why.
+    let mut fallback = w.clone();
+    if let Some(spec) = fallback.spec.as_mut() {
+        spec.rootfs_on_memory_failure = true;
+    }
+    let cp = c
+        .checkpoint(checkpoint_req(&fallback, &gen2, 2))
+        .await
+        .expect("Checkpoint with failing dump, ROOTFS allowed")
         .into_inner();
     faults.set_criu_dump_fail(false);
     assert_eq!(cp.fidelity, v1::Fidelity::Rootfs as i32);
-    assert!(cp.reason.contains("memory dump failed"), "{}", cp.reason);
+    assert!(
+        cp.reason.contains("memory dump failed") && cp.reason.contains("onMemoryFailure"),
+        "{}",
+        cp.reason
+    );
     assert!(!gen2.join("criu").exists());
 
     // Restore from it: memory starts over, file and rootfs counters continue.
@@ -503,7 +529,7 @@ async fn worker_end_to_end_counter() {
         .expect("restore ROOTFS");
     let (_, body) = get_via_tunnel(&mut h2, &target, "/").await;
     eprintln!("restore ROOTFS → first response: {:?}", t0.elapsed());
-    assert_eq!(body, counts(1, 5, 5));
+    assert_eq!(body, counts(1, 6, 6));
 
     // Stop: ingress off, sandbox gone; idempotent.
     let stop = v1::WorkerStopRequest {

@@ -129,6 +129,26 @@ impl Api {
             Ok(Err(error)) if error.is_transient() => {
                 return Err(worker_unavailable(&worker.id, &error).into());
             }
+            // The checkpoint failed and the sandbox with it (a dump killed inside the actor's
+            // processes): nothing runs any more and nothing was written, so the actor is back
+            // at its previous generation; it resumes from there on the next request.
+            Ok(Err(error)) if error.kind == NodeErrorKind::SandboxLost => {
+                let why = format!(
+                    "suspend failed on worker {} and the actor's sandbox did not survive it; back at generation {} (what it did since is lost): {}",
+                    worker.id, actor.generation, error.message
+                );
+                tracing::error!(actor = %r, worker = %worker.id, error = %error.message, "suspend lost the sandbox; the previous generation stands");
+                let update = ActorUpdate::with_error(why.clone());
+                self.store
+                    .release_actor(
+                        r,
+                        Transition::new(&from, ActorState::Suspended).with(update),
+                        None,
+                        now_ms(),
+                    )
+                    .await?;
+                return Err(WorkflowError::Internal(why).into());
+            }
             Err(_) => {
                 return Err(WorkflowError::Unavailable(format!(
                     "worker {} did not answer the checkpoint in time",

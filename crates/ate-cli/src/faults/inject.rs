@@ -107,6 +107,12 @@ async fn inject(
             lab.start_up().await?;
         }
         Fault::SnapshotDiskFull => return snapshot_disk_full(lab, load, actors, notes).await,
+        Fault::KillInSuspend => {
+            return super::inside::kill_in_suspend(lab, load, actors, lab.trials, notes).await;
+        }
+        Fault::KillInResume => {
+            return super::inside::kill_in_resume(lab, load, actors, lab.trials, notes).await;
+        }
     }
     Ok(Vec::new())
 }
@@ -220,7 +226,7 @@ fn fill_disk(path: &Path) -> anyhow::Result<u64> {
 
 /// A component of the bench's `ate up`, found among its children by command line.
 #[derive(Clone, Copy, Debug)]
-enum Component {
+pub(super) enum Component {
     Api,
     Node,
     Router,
@@ -256,7 +262,7 @@ impl Component {
 impl Lab {
     /// The pid of a component of our `ate up`, waiting for `ate up` to restart it if it is
     /// between two lives.
-    async fn component_pid(&self, component: Component) -> anyhow::Result<i32> {
+    pub(super) async fn component_pid(&self, component: Component) -> anyhow::Result<i32> {
         self.component_pid_other_than(component, None).await
     }
 
@@ -343,7 +349,7 @@ impl Lab {
     }
 
     /// An ASYNC suspend through the api.
-    async fn suspend(&self, name: &str) -> anyhow::Result<()> {
+    pub(super) async fn suspend(&self, name: &str) -> anyhow::Result<()> {
         let mut actors = self.api().await?.actors;
         let call = actors.suspend_actor(v1::SuspendActorRequest {
             actor: Some(v1::ObjectRef {
@@ -361,7 +367,7 @@ impl Lab {
     }
 
     /// Polls the actor's state for up to 10 s until it is `want`; returns the last state read.
-    async fn wait_state(&self, name: &str, want: v1::ActorState) -> String {
+    pub(super) async fn wait_state(&self, name: &str, want: v1::ActorState) -> String {
         let deadline = Instant::now() + Duration::from_secs(10);
         let mut last = String::from("unknown");
         loop {

@@ -44,6 +44,8 @@ pub(super) struct Lab {
     pub(super) pg: Option<Pg>,
     pub(super) tmpfs: Option<PathBuf>,
     pub(super) clock: Clock,
+    /// Trials of each kill-inside fault (`--trials`).
+    pub(super) trials: usize,
 }
 
 impl Lab {
@@ -85,6 +87,7 @@ impl Lab {
             pg: None,
             tmpfs: None,
             clock: Clock(Instant::now()),
+            trials: a.trials,
         })
     }
 

@@ -21,6 +21,7 @@
 
 mod checks;
 mod inject;
+mod inside;
 mod lab;
 mod load;
 mod pg;
@@ -62,8 +63,9 @@ pub struct FaultsArgs {
     /// Workers of the bench's `ate up` (8 slots each).
     #[arg(long, default_value_t = 2)]
     workers: u32,
-    /// The short suite: kill-worker, kill-node, kill-api, kill-router, restart-up,
-    /// snapshot-disk-full (and store-down-12s with --private-postgres).
+    /// The short suite: kill-worker, kill-node, kill-api, kill-router, restart-up, kill-up,
+    /// snapshot-disk-full, kill-in-suspend, kill-in-resume (and store-down-12s with
+    /// --private-postgres).
     #[arg(long, conflicts_with = "only")]
     short: bool,
     /// Only these faults, comma separated, in the suite's order.
@@ -79,6 +81,11 @@ pub struct FaultsArgs {
     /// JSON results file.
     #[arg(long, default_value = "bench-faults.json")]
     out: PathBuf,
+    /// Trials of each kill-inside fault (`kill-in-suspend`, `kill-in-resume`): each kills one
+    /// process of the operation (runc, criu, the page source, the worker, the node agent, in
+    /// turn) at a random moment.
+    #[arg(long, default_value_t = 12)]
+    trials: usize,
 }
 
 /// The faults, in the order the suite injects them.
@@ -115,6 +122,14 @@ pub enum Fault {
     /// The snapshot disk full: suspends must fail and leave the actors running.
     #[value(name = "snapshot-disk-full")]
     SnapshotDiskFull,
+    /// `--trials` suspends, each with `runc checkpoint`, its `criu`, the worker or the node
+    /// agent killed (in turn) at a random moment inside it.
+    #[value(name = "kill-in-suspend")]
+    KillInSuspend,
+    /// `--trials` resumes, each with `runc restore`, its `criu`, the page source, the worker or
+    /// the node agent killed (in turn) at a random moment inside it.
+    #[value(name = "kill-in-resume")]
+    KillInResume,
     /// SIGSTOP of `ate worker --id worker-1` for 30 s, well beyond the api's worker expiry
     /// (12 s) and the router's assignment cache (5 s), while its sandboxes keep running. Only
     /// with `--only`: not part of the suites.
@@ -128,7 +143,7 @@ pub enum Fault {
 }
 
 impl Fault {
-    const ALL: [Fault; 12] = [
+    const ALL: [Fault; 14] = [
         Fault::KillWorker,
         Fault::KillNode,
         Fault::KillApi,
@@ -139,6 +154,8 @@ impl Fault {
         Fault::RestartUp,
         Fault::KillUp,
         Fault::SnapshotDiskFull,
+        Fault::KillInSuspend,
+        Fault::KillInResume,
         Fault::WorkerStop30s,
         Fault::WorkerDown20s,
     ];
@@ -155,6 +172,8 @@ impl Fault {
             Fault::RestartUp => "restart-up",
             Fault::KillUp => "kill-up",
             Fault::SnapshotDiskFull => "snapshot-disk-full",
+            Fault::KillInSuspend => "kill-in-suspend",
+            Fault::KillInResume => "kill-in-resume",
             Fault::WorkerStop30s => "worker-stop-30s",
             Fault::WorkerDown20s => "worker-down-20s",
         }
@@ -357,7 +376,9 @@ mod tests {
                 "kill-router",
                 "restart-up",
                 "kill-up",
-                "snapshot-disk-full"
+                "snapshot-disk-full",
+                "kill-in-suspend",
+                "kill-in-resume"
             ]
         );
         assert!(names(&["--short", "--private-postgres"]).contains(&"store-down-12s"));
@@ -365,8 +386,8 @@ mod tests {
             names(&["--only", "restart-up,kill-api"]),
             ["kill-api", "restart-up"]
         );
-        assert_eq!(names(&[]).len(), 8);
-        assert_eq!(names(&["--private-postgres"]).len(), 10);
+        assert_eq!(names(&[]).len(), 10);
+        assert_eq!(names(&["--private-postgres"]).len(), 12);
         assert_eq!(names(&["--only", "worker-stop-30s"]), ["worker-stop-30s"]);
         assert!(names(&["--only", "store-down-12s"]).is_empty());
     }

@@ -424,6 +424,11 @@ pub async fn suspend(c: &Clients, cmd: SuspendCmd, out: Format) -> anyhow::Resul
             grace_ms,
         })
         .await)?;
+    // A suspend that succeeded carries its generation's reason as lastError, which is only
+    // set when it captured less than the template asked for (snapshots.onMemoryFailure).
+    if !a.last_error.is_empty() {
+        eprintln!("warning: {}/{}: {}", a.atespace, a.name, a.last_error);
+    }
     print_actors(&[a], out)
 }
 

@@ -29,6 +29,10 @@ pub struct Tpl {
     pub memory: &'static str,
     pub env: Vec<(String, String)>,
     pub golden_tag: Option<String>,
+    /// `spec.snapshots.onMemoryFailure` (None: the default, `fail`).
+    pub on_memory_failure: Option<&'static str>,
+    /// `spec.egress` as YAML lines indented under `spec` (None: the default, allow-all).
+    pub egress: Option<String>,
 }
 
 impl Tpl {
@@ -41,6 +45,8 @@ impl Tpl {
             memory: "64Mi",
             env: Vec::new(),
             golden_tag: None,
+            on_memory_failure: None,
+            egress: None,
         }
     }
 
@@ -90,15 +96,20 @@ spec:
   volumes:
     - name: data
       mountPath: /data
-  snapshots: {{fidelity: {fidelity}}}
+  snapshots: {{fidelity: {fidelity}{on_failure}}}
   idleTimeout: 5m
-{golden}",
+{golden}{egress}",
             images = images.display(),
             image = self.image,
             port = self.probe_port,
             timeout = self.probe_timeout,
             memory = self.memory,
             fidelity = self.fidelity,
+            egress = self.egress.as_deref().unwrap_or_default(),
+            on_failure = self
+                .on_memory_failure
+                .map(|f| format!(", onMemoryFailure: {f}"))
+                .unwrap_or_default(),
         )
     }
 }

@@ -270,6 +270,21 @@ impl System {
 impl System {
     /// Stops the system like drop does, but keeps the temp dir, so a test can inspect what was
     /// left behind. Idempotent.
+    /// The series `needle` (name and labels as rendered) summed over the system's workers.
+    pub fn worker_metric(&self, needle: &str) -> u64 {
+        self.worker_metrics
+            .iter()
+            .map(|addr| {
+                let (_, text) = ate_test_support::http::http_get(addr, "/metrics");
+                text.lines()
+                    .find(|l| l.starts_with(needle))
+                    .and_then(|l| l.rsplit(' ').next())
+                    .and_then(|v| v.parse::<f64>().ok())
+                    .map_or(0, |v| v as u64)
+            })
+            .sum()
+    }
+
     pub fn stop(&mut self) {
         if let Ok(Some(_)) = self.child.try_wait() {
             return;

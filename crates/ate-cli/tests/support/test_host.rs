@@ -1,19 +1,40 @@
-//! A "test host" an actor may reach through its egress allow list: a network namespace with a
-//! veth pair, the host side at 10.254.X.1/30 (which thereby becomes a node address, always
-//! denied to actors) and the namespace side at 10.254.X.2. Create it before `System::up`, so the
-//! workers' first read of the node addresses has 10.254.X.1. Removed on drop, also on panic.
-//! Traffic to it stays on this machine, inside a namespace the test created.
+//! A "test host": a network namespace this test creates, joined to the host by a veth pair
+//! (host side 10.254.X.1/30, which thereby becomes a node address; the test host 10.254.X.2),
+//! where a small Python server holds every connection open on two ports until its peer closes
+//! it. Actors reach it only through their template's egress allow list (private ranges need an
+//! explicit entry). Create it before `ate up`, so the workers' first read of the node addresses
+//! has 10.254.X.1. Everything is removed on drop, also on panic. A test may also serve from the
+//! test host itself: [`TestHost::listen`] makes a listener inside it.
 
-#![allow(dead_code)]
-
-use std::net::{Ipv4Addr, SocketAddr, TcpListener};
+use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};
 use std::os::fd::AsFd;
-use std::process::{Command, Stdio};
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use nix::sched::{CloneFlags, setns};
 
-fn run(args: &[&str]) {
+/// Accepts on every port given and holds each connection until the peer closes it.
+const HOLD_SERVER: &str = r#"
+import socket, sys, threading
+def hold(c):
+    try:
+        c.recv(1)
+    finally:
+        c.close()
+def serve(port):
+    s = socket.socket()
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    s.bind((sys.argv[1], port))
+    s.listen(64)
+    while True:
+        c, _ = s.accept()
+        threading.Thread(target=hold, args=(c,), daemon=True).start()
+for p in sys.argv[2:]:
+    threading.Thread(target=serve, args=(int(p),), daemon=True).start()
+threading.Event().wait()
+"#;
+
+pub fn run(args: &[&str]) {
     let out = Command::new(args[0])
         .args(&args[1..])
         .output()
@@ -25,22 +46,18 @@ fn run(args: &[&str]) {
     );
 }
 
+/// A network namespace with a veth to the host and a holding server on two ports; removed on drop.
 pub struct TestHost {
     pub netns: String,
-    pub host_link: String,
+    host_link: String,
     pub host_ip: Ipv4Addr,
     pub peer_ip: Ipv4Addr,
-    /// A number derived from this process and the clock, for ports and names of its own.
-    pub seed: u32,
+    pub ports: [u16; 2],
+    server: Option<Child>,
 }
 
 impl TestHost {
-    /// `prefix` (at most 4 characters) starts the names of the namespace and the links.
-    pub fn new(prefix: &str) -> TestHost {
-        assert!(
-            prefix.len() <= 4,
-            "interface names have 15 characters at most"
-        );
+    pub fn new() -> TestHost {
         let nanos = SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .map(|d| d.subsec_nanos())
@@ -48,47 +65,76 @@ impl TestHost {
         let seed = std::process::id() ^ nanos;
         let tag = format!("{:06x}", seed & 0xff_ffff);
         let third = (seed % 250 + 1) as u8;
-        let h = TestHost {
-            netns: format!("{prefix}-{tag}"),
-            host_link: format!("{prefix}h{tag}"),
+        let base = 20000 + (seed % 20000) as u16;
+        let mut h = TestHost {
+            netns: format!("egt-{tag}"),
+            host_link: format!("egth{tag}"),
             host_ip: Ipv4Addr::new(10, 254, third, 1),
             peer_ip: Ipv4Addr::new(10, 254, third, 2),
-            seed,
+            ports: [base, base + 1],
+            server: None,
         };
-        let peer_link = format!("{prefix}p{tag}");
-        let (ns, host_link) = (h.netns.as_str(), h.host_link.as_str());
-        // From here on, drop removes whatever was made (also when a step below fails).
-        run(&["ip", "netns", "add", ns]);
-        run(&["ip", "-n", ns, "link", "set", "lo", "up"]);
+        let peer_link = format!("egtp{tag}");
+        let (ns, host_link) = (h.netns.clone(), h.host_link.clone());
+        run(&["ip", "netns", "add", &ns]);
+        run(&["ip", "-n", &ns, "link", "set", "lo", "up"]);
         run(&[
-            "ip", "link", "add", host_link, "type", "veth", "peer", "name", &peer_link,
+            "ip", "link", "add", &host_link, "type", "veth", "peer", "name", &peer_link,
         ]);
-        run(&["ip", "link", "set", &peer_link, "netns", ns]);
+        run(&["ip", "link", "set", &peer_link, "netns", &ns]);
         run(&[
             "ip",
             "addr",
             "add",
             &format!("{}/30", h.host_ip),
             "dev",
-            host_link,
+            &host_link,
         ]);
-        run(&["ip", "link", "set", host_link, "up"]);
+        run(&["ip", "link", "set", &host_link, "up"]);
         run(&[
             "ip",
             "-n",
-            ns,
+            &ns,
             "addr",
             "add",
             &format!("{}/30", h.peer_ip),
             "dev",
             &peer_link,
         ]);
-        run(&["ip", "-n", ns, "link", "set", &peer_link, "up"]);
+        run(&["ip", "-n", &ns, "link", "set", &peer_link, "up"]);
+        let server = Command::new("ip")
+            .args(["netns", "exec", &ns, "python3", "-c", HOLD_SERVER])
+            .arg(h.peer_ip.to_string())
+            .args(h.ports.iter().map(|p| p.to_string()))
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("spawn the test host's server");
+        h.server = Some(server);
+        // Ready when both ports accept (from the host, over the veth).
+        let deadline = Instant::now() + Duration::from_secs(10);
+        for p in h.ports {
+            let addr = SocketAddr::new(h.peer_ip.into(), p);
+            while TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_err() {
+                assert!(
+                    Instant::now() < deadline,
+                    "test host server not up on {addr}"
+                );
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
         h
     }
 
-    /// A listener on the namespace side (`port` 0: any free port), made by a short-lived thread
-    /// that enters the namespace: the socket keeps it, so any thread of this process serves it.
+    /// `ip:port` of the holding server's port `i` (0 or 1).
+    pub fn peer(&self, i: usize) -> String {
+        format!("{}:{}", self.peer_ip, self.ports[i])
+    }
+
+    /// A listener on the test host's address (`port` 0: any free port), made by a short-lived
+    /// thread that enters the namespace: the socket keeps it, so any thread of this process
+    /// serves it.
     pub fn listen(&self, port: u16) -> TcpListener {
         let path = format!("/run/netns/{}", self.netns);
         let addr = SocketAddr::new(self.peer_ip.into(), port);
@@ -105,6 +151,10 @@ impl TestHost {
 
 impl Drop for TestHost {
     fn drop(&mut self) {
+        if let Some(mut c) = self.server.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
         let _ = Command::new("ip")
             .args(["link", "del", &self.host_link])
             .stderr(Stdio::null())

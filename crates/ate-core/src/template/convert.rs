@@ -4,9 +4,9 @@
 use super::{
     Container, ContainerDocument, DEFAULT_CPU_MILLIS, DEFAULT_MEMORY_BYTES,
     DEFAULT_PROBE_TIMEOUT_SECONDS, DEFAULT_SANDBOX_CLASS, EgressPolicy, ExitPolicy, MemoryRestore,
-    PortDocument, Resources, ResourcesDocument, Scalar, SnapshotsDocument, SpecDocument,
-    TemplateSpec, WakeupProbe, WakeupProbeDocument, allow_all, format_cpu, format_memory,
-    parse_cpu, parse_duration_seconds, parse_memory,
+    OnMemoryFailure, PortDocument, Resources, ResourcesDocument, Scalar, SnapshotsDocument,
+    SpecDocument, TemplateSpec, WakeupProbe, WakeupProbeDocument, allow_all, format_cpu,
+    format_memory, parse_cpu, parse_duration_seconds, parse_memory,
 };
 use crate::names::ValidationError;
 use crate::state::Fidelity;
@@ -66,6 +66,19 @@ impl TemplateSpec {
                 )
             })?,
         };
+        let on_memory_failure = match doc
+            .snapshots
+            .as_ref()
+            .and_then(|s| s.on_memory_failure.as_deref())
+        {
+            None => OnMemoryFailure::Fail,
+            Some(text) => OnMemoryFailure::parse(text).ok_or_else(|| {
+                ValidationError::new(
+                    "spec.snapshots.onMemoryFailure",
+                    format!("{text:?} is not one of fail, rootfs"),
+                )
+            })?,
+        };
         let idle_timeout_seconds = match &doc.idle_timeout {
             Some(d) => parse_duration_seconds("spec.idleTimeout", &d.text())?,
             None => 0,
@@ -117,6 +130,7 @@ impl TemplateSpec {
             volumes: doc.volumes.clone(),
             fidelity,
             memory_restore,
+            on_memory_failure,
             idle_timeout_seconds,
             worker_selector: doc.worker_selector.clone(),
             egress: doc.egress.clone().unwrap_or_else(|| EgressPolicy {
@@ -170,6 +184,8 @@ impl TemplateSpec {
                 // Only when it is not the default, so documents read as they were written.
                 memory_restore: (self.memory_restore != MemoryRestore::Lazy)
                     .then(|| self.memory_restore.as_str().to_string()),
+                on_memory_failure: (self.on_memory_failure != OnMemoryFailure::Fail)
+                    .then(|| self.on_memory_failure.as_str().to_string()),
             }),
             idle_timeout: (self.idle_timeout_seconds > 0)
                 .then(|| Scalar::Text(format!("{}s", self.idle_timeout_seconds))),
@@ -219,6 +235,7 @@ mod tests {
         doc.spec.snapshots = Some(SnapshotsDocument {
             fidelity: "memory".into(),
             memory_restore: Some("eager".into()),
+            on_memory_failure: None,
         });
         let eager = TemplateSpec::from_document(&doc.spec).unwrap();
         assert_eq!(eager.memory_restore, MemoryRestore::Eager);
@@ -231,6 +248,34 @@ mod tests {
         stored.as_object_mut().unwrap().remove("memory_restore");
         let old: TemplateSpec = serde_json::from_value(stored).unwrap();
         assert_eq!(old.memory_restore, MemoryRestore::Lazy);
+    }
+
+    #[test]
+    fn on_memory_failure_is_fail_unless_rootfs_is_asked_for() {
+        let mut doc = demo();
+        let spec = TemplateSpec::from_document(&doc.spec).unwrap();
+        assert_eq!(spec.on_memory_failure, OnMemoryFailure::Fail);
+        assert_eq!(
+            spec.to_document().snapshots.unwrap().on_memory_failure,
+            None,
+            "the default is not written out"
+        );
+        doc.spec.snapshots = Some(SnapshotsDocument {
+            fidelity: "memory".into(),
+            memory_restore: None,
+            on_memory_failure: Some("rootfs".into()),
+        });
+        let rootfs = TemplateSpec::from_document(&doc.spec).unwrap();
+        assert_eq!(rootfs.on_memory_failure, OnMemoryFailure::Rootfs);
+        assert_eq!(
+            TemplateSpec::from_document(&rootfs.to_document()).unwrap(),
+            rootfs
+        );
+        // A record stored before the field existed reads as fail.
+        let mut stored = serde_json::to_value(&rootfs).unwrap();
+        stored.as_object_mut().unwrap().remove("on_memory_failure");
+        let old: TemplateSpec = serde_json::from_value(stored).unwrap();
+        assert_eq!(old.on_memory_failure, OnMemoryFailure::Fail);
     }
 
     #[test]

@@ -143,6 +143,9 @@ pub struct SnapshotsDocument {
     /// `lazy` (default) or `eager`: how a MEMORY generation's pages come back on a restore.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub memory_restore: Option<String>,
+    /// `fail` (default) or `rootfs`: what a suspend does when the memory dump fails.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub on_memory_failure: Option<String>,
 }
 
 /// How a restore brings back an actor's memory (`spec.snapshots.memoryRestore`).
@@ -172,6 +175,36 @@ impl MemoryRestore {
         match self {
             MemoryRestore::Lazy => "lazy",
             MemoryRestore::Eager => "eager",
+        }
+    }
+}
+
+/// What a MEMORY suspend does when the memory cannot be dumped
+/// (`spec.snapshots.onMemoryFailure`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum OnMemoryFailure {
+    /// The suspend fails: the actor runs on with its memory, the caller gets the reason.
+    #[default]
+    Fail,
+    /// The suspend writes a ROOTFS generation instead (the process memory is lost) and says
+    /// so: the snapshot's reason, the actor's lastError, a metric.
+    Rootfs,
+}
+
+impl OnMemoryFailure {
+    pub fn parse(text: &str) -> Option<Self> {
+        match text {
+            "fail" => Some(OnMemoryFailure::Fail),
+            "rootfs" => Some(OnMemoryFailure::Rootfs),
+            _ => None,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            OnMemoryFailure::Fail => "fail",
+            OnMemoryFailure::Rootfs => "rootfs",
         }
     }
 }

@@ -43,8 +43,8 @@ mod quantity;
 mod validate;
 
 pub use document::{
-    AtespaceDocument, ContainerDocument, Document, MemoryRestore, Metadata, PortDocument,
-    ResourcesDocument, Scalar, SnapshotsDocument, SpecDocument, TemplateDocument,
+    AtespaceDocument, ContainerDocument, Document, MemoryRestore, Metadata, OnMemoryFailure,
+    PortDocument, ResourcesDocument, Scalar, SnapshotsDocument, SpecDocument, TemplateDocument,
     WakeupProbeDocument,
 };
 pub use image::validate_image;
@@ -169,6 +169,10 @@ pub struct TemplateSpec {
     /// How MEMORY restores bring pages back (records stored before it existed read as lazy).
     #[serde(default)]
     pub memory_restore: MemoryRestore,
+    /// What a MEMORY suspend does when the dump fails (records stored before it existed read
+    /// as `fail`).
+    #[serde(default)]
+    pub on_memory_failure: OnMemoryFailure,
     /// 0 = never suspend automatically.
     pub idle_timeout_seconds: u32,
     pub worker_selector: BTreeMap<String, String>,

@@ -458,6 +458,7 @@ mod tests {
                     s.snapshots = Some(SnapshotsDocument {
                         fidelity: "disk".into(),
                         memory_restore: None,
+                        on_memory_failure: None,
                     })
                 },
                 "spec.snapshots.fidelity",
@@ -467,9 +468,20 @@ mod tests {
                     s.snapshots = Some(SnapshotsDocument {
                         fidelity: "memory".into(),
                         memory_restore: Some("sometimes".into()),
+                        on_memory_failure: None,
                     })
                 },
                 "spec.snapshots.memoryRestore",
+            ),
+            (
+                |s| {
+                    s.snapshots = Some(SnapshotsDocument {
+                        fidelity: "memory".into(),
+                        memory_restore: None,
+                        on_memory_failure: Some("volumes".into()),
+                    })
+                },
+                "spec.snapshots.onMemoryFailure",
             ),
             (
                 |s| s.idle_timeout = Some(Scalar::Text("soon".into())),

@@ -22,16 +22,20 @@ impl NodeService for NodeAgent {
         let span = start_span("run", &req, req.get_ref().workload.as_ref());
         // Passed on to the worker's Start, as the api passed it here.
         let request_id = ate_proto::request_id::of(&req).map(str::to_owned);
-        let result = async {
-            let workload = convert::run(req.into_inner())?;
-            self.run_inner(request_id.as_deref(), workload).await
-        }
-        .instrument(span)
+        let agent = self.clone();
+        to_completion(async move {
+            let result = async {
+                let workload = convert::run(req.into_inner())?;
+                agent.run_inner(request_id.as_deref(), workload).await
+            }
+            .instrument(span)
+            .await
+            .map(|r| Response::new(convert::node_reply(r)))
+            .map_err(|e| convert::status(&e));
+            crate::metrics::ran(ate_tls::telemetry::outcome(&result));
+            result
+        })
         .await
-        .map(|r| Response::new(convert::node_reply(r)))
-        .map_err(|e| convert::status(&e));
-        crate::metrics::ran(ate_tls::telemetry::outcome(&result));
-        result
     }
 
     async fn restore(
@@ -42,16 +46,20 @@ impl NodeService for NodeAgent {
         let span = start_span("restore", &req, req.get_ref().workload.as_ref());
         // Passed on to the worker's Start, as the api passed it here.
         let request_id = ate_proto::request_id::of(&req).map(str::to_owned);
-        let result = async {
-            let restore = convert::restore(req.into_inner())?;
-            self.restore_inner(request_id.as_deref(), restore).await
-        }
-        .instrument(span)
+        let agent = self.clone();
+        to_completion(async move {
+            let result = async {
+                let restore = convert::restore(req.into_inner())?;
+                agent.restore_inner(request_id.as_deref(), restore).await
+            }
+            .instrument(span)
+            .await
+            .map(|r| Response::new(convert::node_reply(r)))
+            .map_err(|e| convert::status(&e));
+            crate::metrics::restored(ate_tls::telemetry::outcome(&result), begun);
+            result
+        })
         .await
-        .map(|r| Response::new(convert::node_reply(r)))
-        .map_err(|e| convert::status(&e));
-        crate::metrics::restored(ate_tls::telemetry::outcome(&result), begun);
-        result
     }
 
     async fn checkpoint(
@@ -59,36 +67,49 @@ impl NodeService for NodeAgent {
         req: Request<v1::CheckpointRequest>,
     ) -> Result<Response<v1::CheckpointReply>, Status> {
         let begun = std::time::Instant::now();
-        let result = match convert::checkpoint(req.into_inner()) {
-            Ok(checkpoint) => self.checkpoint_inner(checkpoint).await,
-            Err(e) => Err(e),
-        };
-        let written = result.as_ref().ok().map(|c| c.snapshot.size_bytes);
-        let result = result
-            .map(|c| Response::new(convert::checkpoint_reply(c)))
-            .map_err(|e| convert::status(&e));
-        crate::metrics::checkpointed(ate_tls::telemetry::outcome(&result), begun, written);
-        result
+        let agent = self.clone();
+        to_completion(async move {
+            let result = match convert::checkpoint(req.into_inner()) {
+                Ok(checkpoint) => agent.checkpoint_inner(checkpoint).await,
+                Err(e) => Err(e),
+            };
+            let written = result.as_ref().ok().map(|c| c.snapshot.size_bytes);
+            let result = result
+                .map(|c| Response::new(convert::checkpoint_reply(c)))
+                .map_err(|e| convert::status(&e));
+            crate::metrics::checkpointed(ate_tls::telemetry::outcome(&result), begun, written);
+            result
+        })
+        .await
     }
 
     async fn detach(
         &self,
         req: Request<v1::DetachRequest>,
     ) -> Result<Response<v1::DetachReply>, Status> {
-        let result = match convert::detach(req.into_inner()) {
-            Ok((actor, snapshots)) => self.detach_inner(&actor, snapshots).await,
-            Err(e) => Err(e),
-        };
-        result
-            .map(|s| Response::new(convert::detach_reply(s)))
-            .map_err(|e| convert::status(&e))
+        let agent = self.clone();
+        to_completion(async move {
+            let result = match convert::detach(req.into_inner()) {
+                Ok((actor, snapshots)) => agent.detach_inner(&actor, snapshots).await,
+                Err(e) => Err(e),
+            };
+            result
+                .map(|s| Response::new(convert::detach_reply(s)))
+                .map_err(|e| convert::status(&e))
+        })
+        .await
     }
 
     async fn stop(&self, req: Request<v1::StopRequest>) -> Result<Response<v1::NodeReply>, Status> {
-        self.stop_inner(convert::stop(req.into_inner()))
-            .await
-            .map(|r| Response::new(convert::node_reply(r)))
-            .map_err(|e| convert::status(&e))
+        let agent = self.clone();
+        to_completion(async move {
+            agent
+                .stop_inner(convert::stop(req.into_inner()))
+                .await
+                .map(|r| Response::new(convert::node_reply(r)))
+                .map_err(|e| convert::status(&e))
+        })
+        .await
     }
 
     async fn forget_actor(
@@ -126,6 +147,19 @@ impl NodeService for NodeAgent {
             .map(|()| Response::new(v1::DeleteSnapshotsReply {}))
             .map_err(|e| convert::status(&e))
     }
+}
+
+/// Runs a verb that changes a sandbox or a generation to its end even when the api goes away
+/// in the middle (its call timed out, it was killed, a connection broke): tonic drops a
+/// handler whose caller is gone, and a checkpoint dropped half way would leave the sandbox
+/// frozen and without ingress, a start half made. The api learns the outcome when it asks
+/// again (every verb is idempotent).
+async fn to_completion<T: Send + 'static>(
+    verb: impl std::future::Future<Output = Result<T, Status>> + Send + 'static,
+) -> Result<T, Status> {
+    tokio::spawn(verb)
+        .await
+        .map_err(|e| Status::internal(format!("node verb task failed: {e}")))?
 }
 
 /// The span of a Run or Restore (`call`): the request id the api passed on (DESIGN §8: on every

@@ -364,10 +364,11 @@ impl Proxy {
 
         let mode = Mode::of(&request);
         prepare_request(&mut request, mode);
-        // A bad route (stale, or its worker not answering) is evicted and resolved again at
-        // once; when that gives the same unreachable worker (it is restarting, or fenced until
-        // its node reconciles), the request waits like a parked one: retries with the parking
-        // backoff until the parking budget from its start is spent.
+        // A bad route (stale, or its worker not answering), or a tunnel that broke before the
+        // request was written, is evicted and resolved again at once; when that gives the same
+        // unreachable worker (it is restarting, or fenced until its node reconciles), the
+        // request waits like a parked one: retries with the parking backoff until the parking
+        // budget from its start is spent. A request that was written is never sent twice.
         let mut retries = 0u32;
         let mut backoff = crate::parking::backoff(self.resolver.retry_initial());
         loop {
@@ -390,7 +391,7 @@ impl Proxy {
                 Err(SendFailed {
                     error,
                     request: Some(back),
-                }) if error.route_is_bad()
+                }) if error.retry_unsent()
                     && (retries == 0 || started.elapsed() < self.resolver.budget()) =>
                 {
                     tracing::debug!(actor = %name, worker = %route.worker, %error, retries, "route is bad; resolving again");

@@ -437,10 +437,12 @@ impl Tunnels {
                 Err(mut e) => match e.take_message() {
                     // A pooled connection that died before the request was written: another.
                     Some(back) if !fresh => request = back,
-                    _ => {
+                    // A fresh one too: the request was not written, so the caller may send it
+                    // again (its worker may be restarting).
+                    back => {
                         return Err(SendFailed {
                             error: TunnelError::Actor(e.into_error()),
-                            request: None,
+                            request: back,
                         });
                     }
                 },

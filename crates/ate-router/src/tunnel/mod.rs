@@ -110,9 +110,16 @@ impl TunnelError {
         }
     }
 
-    /// The route itself is wrong (stale or the worker is gone): resolve again and retry.
-    pub fn route_is_bad(&self) -> bool {
-        self.kind() == FailureKind::RouteBad
+    /// Worth resolving again and retrying when the request was not written: the route is bad,
+    /// or the way to the actor broke before the request left (the worker's connection closed
+    /// as its process died or restarted, a refused or failed tunnel). Not when the actor itself
+    /// has nothing on the port, nor for a worker identity the router cannot use.
+    pub fn retry_unsent(&self) -> bool {
+        match self {
+            TunnelError::PortClosed | TunnelError::Identity { .. } => false,
+            TunnelError::Shared { kind, .. } => *kind != FailureKind::PortClosed,
+            _ => true,
+        }
     }
 }
 
@@ -451,5 +458,37 @@ mod tests {
         let r = connect_request("team-a/agent-7", 80, 0).unwrap();
         assert!(r.headers().get(TARGET_PORT_HEADER).is_none());
         assert!(r.headers().get(ACTIVATION_HEADER).is_none());
+    }
+
+    #[test]
+    fn an_unsent_request_is_retried_unless_the_actor_has_nothing_on_the_port() {
+        let worker: Arc<str> = Arc::from("w-1");
+        for retried in [
+            TunnelError::Stale,
+            TunnelError::ConnectTimeout {
+                worker: worker.clone(),
+            },
+            TunnelError::Refused(StatusCode::SERVICE_UNAVAILABLE),
+            TunnelError::Shared {
+                reason: "tunnel failed".into(),
+                kind: FailureKind::Other,
+            },
+        ] {
+            assert!(retried.retry_unsent(), "{retried}");
+        }
+        for answered in [
+            TunnelError::PortClosed,
+            TunnelError::Identity {
+                worker,
+                identity: String::new(),
+                reason: "empty".into(),
+            },
+            TunnelError::Shared {
+                reason: "closed".into(),
+                kind: FailureKind::PortClosed,
+            },
+        ] {
+            assert!(!answered.retry_unsent(), "{answered}");
+        }
     }
 }

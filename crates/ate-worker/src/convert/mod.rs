@@ -8,6 +8,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
+use ate_core::template::OnMemoryFailure;
 use ate_core::{ActorRef, Fidelity, TemplateSpec};
 use ate_proto::v1;
 use tonic::Status;
@@ -26,6 +27,7 @@ pub(crate) fn status(e: VerbError) -> Status {
         VerbError::Unavailable(m) => Status::unavailable(m),
         VerbError::Aborted(m) => Status::aborted(m),
         VerbError::Internal(m) => Status::internal(m),
+        VerbError::SandboxLost(m) => Status::data_loss(m),
     }
 }
 
@@ -92,7 +94,8 @@ pub(crate) fn start_reply(r: StartReply) -> v1::WorkerStartReply {
     }
 }
 
-/// The workload of a checkpoint needs only its ref, worker and activation (no spec).
+/// The workload of a checkpoint needs only its ref, worker and activation, and of its spec (if
+/// sent) only `onMemoryFailure`.
 pub(crate) fn checkpoint_request(
     req: v1::WorkerCheckpointRequest,
 ) -> Result<CheckpointRequest, VerbError> {
@@ -116,6 +119,13 @@ pub(crate) fn checkpoint_request(
         node: req.node,
         boot_id: req.boot_id,
         grace: nonzero(req.grace_ms).map(|ms| Duration::from_millis(u64::from(ms))),
+        on_memory_failure: w.spec.as_ref().map(|s| {
+            if s.rootfs_on_memory_failure {
+                OnMemoryFailure::Rootfs
+            } else {
+                OnMemoryFailure::Fail
+            }
+        }),
     })
 }
 

@@ -53,6 +53,37 @@ impl RuncRuntime {
     }
 }
 
+impl RuncRuntime {
+    /// Thaws a frozen (or freezing) sandbox after SIGKILL went to every one of its tasks, so
+    /// that they die instead of waiting for a thaw that would never come. `paused`: runc
+    /// reports the container paused (hosts without the v1 freezer files).
+    pub(super) async fn thaw_to_die(&self, actor: &ActorSandbox, paused: bool) {
+        let id = actor.container_id();
+        if let Some(state) = freezer_state_file(actor) {
+            match read_freezer(&state).await {
+                Ok(now) if now == "THAWED" => {}
+                Ok(now) => {
+                    kill_cgroup_processes(&actor.short_id());
+                    match set_freezer(&state, "THAWED").await {
+                        Ok(()) => {
+                            tracing::info!(container = %id, was = %now, "thawed a frozen sandbox to end it")
+                        }
+                        Err(e) => {
+                            tracing::warn!(container = %id, error = %e, "cannot thaw a frozen sandbox to end it")
+                        }
+                    }
+                }
+                Err(e) => tracing::debug!(container = %id, error = %e, "freezer state"),
+            }
+        } else if paused {
+            kill_cgroup_processes(&actor.short_id());
+            if let Err(e) = self.runc(&["resume", &id]).await {
+                tracing::warn!(container = %id, error = %e, "cannot resume a paused sandbox to end it");
+            }
+        }
+    }
+}
+
 /// `freezer.state` of the actor's cgroup in the v1 freezer hierarchy (hybrid hosts like these;
 /// runc's "paused" is this file reading FROZEN), if it exists.
 pub(super) fn freezer_state_file(actor: &ActorSandbox) -> Option<PathBuf> {

@@ -15,21 +15,29 @@ use crate::runtime::{ActorSandbox, CheckpointStats, SandboxSpec, Started};
 
 /// CRIU options the worker's dumps and restores run with (the file overrides what runc asks
 /// for over RPC):
+/// - `tcp-close`: an actor's TCP connections are dumped without TCP repair and restored
+///   closed (shut down both ways), like a laptop that slept: a read sees end-of-file, a write
+///   EPIPE, epoll a hang-up, and the actor reconnects. Open connections (an HTTP keep-alive
+///   pool, a stream, a database) never block a suspend and never break a restore; a
+///   connection's peer (the worker's egress proxy, a router's tunnel) is gone by then anyway.
+///   Listening sockets are restored listening. The dump records the option, and a restore of
+///   such an image needs it too.
 /// - `network-lock skip`: CRIU's default network lock runs `iptables-restore` in the actor
-///   netns twice per dump and per restore (~100 ms of a ~250 ms restore here); the lock only
-///   guards established TCP traffic during the dump, and the worker never dumps with
-///   established connections (ingress off, tunnels closed, egress reset, TCP table checked
-///   first), while the netns is private to the actor.
+///   netns twice per dump and per restore (~100 ms of a ~250 ms restore here); it guards TCP
+///   connections under repair, and with `tcp-close` none is (the netns is private to the
+///   actor and its ingress and egress are off during the dump).
 /// - `manage-cgroups ignore`: runc creates the actor's cgroups (from config.json) and puts
 ///   CRIU into them before a restore, so the restored tasks land there anyway; CRIU's own
 ///   cgroup handling (mounting every controller into a scratch yard, dumping and comparing
 ///   properties) cost ~20 ms of a ~100 ms CRIU restore and some of each dump.
-pub const CRIU_OPTIONS: &str = "network-lock skip\nmanage-cgroups ignore\n";
+pub const CRIU_OPTIONS: &str = "network-lock skip\nmanage-cgroups ignore\ntcp-close\n";
 
-/// [`CRIU_OPTIONS`] for an actor with sidecars, plus `tcp-established`: its containers talk over
-/// loopback inside the actor's netns, and CRIU dumps both ends of such a connection (they are in
-/// one process tree) and restores them with TCP repair, so they survive a suspend. With every
-/// task frozen during the dump and both ends repaired before any runs, no lock is needed.
+/// [`CRIU_OPTIONS`] for an actor with sidecars, with `tcp-established` in place of
+/// `tcp-close`: its containers talk over loopback inside the actor's netns, and CRIU dumps both
+/// ends of such a connection (they are in one process tree) and restores them with TCP repair,
+/// so they survive a suspend. With every task frozen during the dump and both ends repaired
+/// before any runs, no lock is needed. A connection to outside the actor is restored too, but
+/// its peer is gone: the actor's next write on it is answered with a reset.
 pub const CRIU_OPTIONS_SIDECARS: &str =
     "network-lock skip\nmanage-cgroups ignore\ntcp-established\n";
 
@@ -85,7 +93,7 @@ impl RuncRuntime {
         if keep_frozen {
             self.set_frozen(actor, true).await?;
         }
-        // Default flags suffice here: no established TCP (the worker closes connections first),
+        // Default flags suffice here: TCP as the CRIU config file says (see CRIU_OPTIONS),
         // cgroups in runc's default "soft" mode; the netns is external and re-supplied on restore.
         let mut args = vec!["checkpoint"];
         if keep_frozen {
@@ -107,6 +115,10 @@ impl RuncRuntime {
                     tracing::debug!(container = %id, error = %e, "thaw after a failed dump");
                 }
             }
+            // A `runc checkpoint` that died (killed) leaves its CRIU running, reparented to this
+            // process (a child subreaper): it must be gone before the caller thaws the sandbox
+            // for good or tries again.
+            wait_orphaned_criu(ORPHAN_CRIU_WAIT).await;
             let log = tokio::fs::read_to_string(work.join("dump.log"))
                 .await
                 .unwrap_or_default();
@@ -202,6 +214,58 @@ impl RuncRuntime {
             }
         }
     }
+}
+
+/// How long a failed dump waits for a CRIU its dead `runc` left behind, before killing it.
+const ORPHAN_CRIU_WAIT: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// Waits until no `criu` process is a child of this one (a CRIU whose `runc` died is
+/// reparented here), reaping each; past `timeout` the rest are killed. Without a tracer CRIU
+/// fails its next exchange with runc and lets the actor's tasks go within milliseconds.
+async fn wait_orphaned_criu(timeout: std::time::Duration) {
+    let deadline = Instant::now() + timeout;
+    loop {
+        let orphans = orphaned_criu();
+        if orphans.is_empty() {
+            return;
+        }
+        let past = Instant::now() >= deadline;
+        for pid in &orphans {
+            let pid = nix::unistd::Pid::from_raw(*pid);
+            if past {
+                tracing::warn!(pid = %pid, "a CRIU left by a dead runc is still running; killing it");
+                let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGKILL);
+            }
+            // Reaps it if it has exited (it is this process's child now).
+            let _ = nix::sys::wait::waitpid(pid, Some(nix::sys::wait::WaitPidFlag::WNOHANG));
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+}
+
+/// Pids of the `criu` processes whose parent is this process.
+fn orphaned_criu() -> Vec<i32> {
+    let me = std::process::id().to_string();
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    entries
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|pid| {
+            std::fs::read_to_string(format!("/proc/{pid}/status")).is_ok_and(|status| {
+                let field = |name: &str| {
+                    status
+                        .lines()
+                        .find_map(|l| l.strip_prefix(name))
+                        .map(str::trim)
+                        .unwrap_or("")
+                        .to_string()
+                };
+                field("Name:") == "criu" && field("PPid:") == me
+            })
+        })
+        .collect()
 }
 
 /// Whether CRIU can keep its kernel-probe cache (`/run/criu.kdat`): it only does on a tmpfs,

@@ -28,11 +28,17 @@ impl RuncRuntime {
         let known = tokio::fs::try_exists(self.root.join(&id))
             .await
             .unwrap_or(true);
-        if known && self.status(&id).await?.is_some() {
+        let status = if known { self.status(&id).await? } else { None };
+        if let Some((state, _)) = &status {
             // The container may be dying on its own; kill errors are only informative.
             if let Err(e) = self.runc(&["kill", &id, "KILL"]).await {
                 tracing::debug!(container = %id, error = %e, "runc kill");
             }
+            // A frozen task cannot die (SIGKILL waits for the thaw), and a killed init waits
+            // in the kernel for its frozen children forever: a checkpoint that died with the
+            // sandbox frozen must not leave it so. Every task is killed first, so no actor code
+            // runs again; then the cgroup thaws and they die.
+            self.thaw_to_die(actor, state == "paused").await;
             let mut last_err = None;
             for _ in 0..20 {
                 match self.runc(&["delete", "-f", &id]).await {

@@ -6,6 +6,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use ate_core::clock::now_ms;
+use ate_core::template::OnMemoryFailure;
 use ate_core::{ActorRef, Fidelity};
 
 use super::adoption::ADOPTION_FILE;
@@ -51,7 +52,8 @@ impl Worker {
                     return Ok(self.checkpoint_reply(&m));
                 }
             }
-            return Err(VerbError::FailedPrecondition(format!(
+            // Nothing to checkpoint: its previous generation is what remains.
+            return Err(VerbError::SandboxLost(format!(
                 "actor {key} is not running on worker {}",
                 self.ident.id
             )));
@@ -102,22 +104,27 @@ impl Worker {
             }
         }
         let dialer = self.ingress_off(&key).await;
-        if let Some(pid) = entry.pid {
-            // Connections between an actor's containers stay: CRIU keeps them (tcp-established).
-            let internal_ok = entry.spec.containers.len() > 1;
-            wait_tcp_quiet(pid, QUIESCE_TIMEOUT, internal_ok).await;
+        if let Some(pid) = entry.pid
+            && entry.spec.containers.len() > 1
+        {
+            // With sidecars CRIU keeps the connections between the containers (TCP repair,
+            // `CRIU_OPTIONS_SIDECARS`), and would restore any other one with a peer that is
+            // gone: give those a moment to close. A single container's connections are all
+            // restored closed (`tcp-close`), so nothing needs to wait for them.
+            wait_tcp_quiet(pid, QUIESCE_TIMEOUT).await;
         }
         let quiesced = begun.elapsed();
 
         let mut fidelity = asked;
         let mut reason = String::new();
         let mut dumped = false;
-        let mut no_space: Option<String> = None;
+        // Why nothing may be written: the suspend fails and the actor runs on with its memory.
+        let mut refused: Option<VerbError> = None;
         if asked == Fidelity::Memory {
-            if !self.can_restore_memory() {
-                reason = "memory dump unavailable on this worker (no CRIU ≥ 4.2); captured FIDELITY_ROOTFS".to_string();
+            let failure = if !self.can_restore_memory() {
+                Some("this worker cannot dump memory (no CRIU ≥ 4.2)".to_string())
             } else if self.faults.criu_dump_fails() {
-                reason = "memory dump failed: injected fault (ATE_FAULT_CRIU_DUMP=fail); captured FIDELITY_ROOTFS".to_string();
+                Some("injected fault (ATE_FAULT_CRIU_DUMP=fail)".to_string())
             } else {
                 let criu = gen_dir.join(ate_snapshot::CRIU_DIR);
                 let dump = if can_freeze {
@@ -130,31 +137,50 @@ impl Worker {
                         dumped = true;
                         tracing::info!(actor = %key, dump_ms = stats.dump.as_millis() as u64, image_bytes = stats.image_bytes, "memory dumped");
                         carry_working_set(&sandbox, &criu).await;
+                        None
                     }
                     Err(e) => {
-                        let full = e.to_string();
-                        let text = crate::error::tail(&full, 1500);
                         // A partial image must not be mistaken for a dump.
                         let _ = tokio::fs::remove_dir_all(&criu).await;
+                        let full = e.to_string();
                         if full.contains("No space left on device") {
-                            // Not a limit of CRIU but of the disk: a ROOTFS generation would
-                            // throw the memory away for a passing condition. Fail instead; the
-                            // actor runs on (below).
-                            no_space = Some(format!(
+                            // Not a limit of CRIU but of the disk: a passing condition.
+                            refused = Some(VerbError::ResourceExhausted(format!(
                                 "memory dump: no space left on device for {}",
                                 gen_dir.display()
-                            ));
+                            )));
+                            crate::metrics::memory_dump_failed(false);
+                            None
                         } else {
-                            reason =
-                                format!("memory dump failed, captured FIDELITY_ROOTFS: {text}");
+                            Some(crate::error::tail(&full, 1500).to_string())
                         }
                     }
                 }
+            };
+            if let Some(why) = failure {
+                // Never a quiet downgrade: less than the memory asked for is written only where
+                // the template says so, and then the generation's reason says it.
+                let fall_back = req
+                    .on_memory_failure
+                    .unwrap_or(entry.spec.on_memory_failure)
+                    == OnMemoryFailure::Rootfs;
+                crate::metrics::memory_dump_failed(fall_back);
+                if fall_back {
+                    fidelity = Fidelity::Rootfs;
+                    reason = format!(
+                        "memory dump failed, captured FIDELITY_ROOTFS as the template allows (snapshots.onMemoryFailure: rootfs); the process memory is lost: {why}"
+                    );
+                    tracing::warn!(actor = %key, %reason, "falling back to ROOTFS fidelity");
+                } else {
+                    refused = Some(VerbError::Aborted(format!("memory dump failed: {why}")));
+                }
             }
-            if !dumped && no_space.is_none() {
-                fidelity = Fidelity::Rootfs;
-                tracing::warn!(actor = %key, %reason, "falling back to ROOTFS fidelity");
-            }
+        }
+        if let Some(why) = refused {
+            remove_partial_generation(&key, &gen_dir).await;
+            return Err(self
+                .run_on_after_failed_checkpoint(&key, &entry, dialer, why)
+                .await);
         }
         // A successful dump already froze (or stopped) the sandbox; otherwise it is frozen now,
         // or stopped where the runtime cannot freeze. The files stay for archiving.
@@ -182,9 +208,6 @@ impl Worker {
                 "stop sandbox {} for checkpoint: {e}",
                 sandbox.container_id()
             ))),
-            Ok(()) if no_space.is_some() => Err(VerbError::ResourceExhausted(
-                no_space.clone().unwrap_or_default(),
-            )),
             Ok(()) => {
                 let meta = ate_snapshot::GenerationMeta {
                     atespace: atespace.clone(),
@@ -228,30 +251,11 @@ impl Worker {
         let sealed_at = begun.elapsed();
         if let Err(e) = &result {
             // Nothing half written may look like a generation.
-            if let Err(rm) = tokio::fs::remove_dir_all(&gen_dir).await
-                && rm.kind() != std::io::ErrorKind::NotFound
-            {
-                tracing::warn!(actor = %key, dir = %gen_dir.display(), error = %rm, "cannot remove a partial generation");
-            }
+            remove_partial_generation(&key, &gen_dir).await;
             if paused {
-                return match self
-                    .resume_after_failed_checkpoint(&key, &entry, dialer, e)
-                    .await
-                {
-                    Ok(()) => Err(VerbError::Aborted(format!(
-                        "suspend of {key} failed, nothing was written and the actor runs on: {}",
-                        e.message()
-                    ))),
-                    Err(again) => {
-                        self.table().actors.remove(&key);
-                        self.discard_quietly(&sandbox).await;
-                        Err(VerbError::Internal(format!(
-                            "checkpoint of {key} failed ({}) and the actor could not run on: {}",
-                            e.message(),
-                            again.message()
-                        )))
-                    }
-                };
+                return Err(self
+                    .run_on_after_failed_checkpoint(&key, &entry, dialer, e.clone())
+                    .await);
             }
         }
         // Checkpointed or not, the actor no longer runs here. A sealed memory dump of a frozen
@@ -277,7 +281,12 @@ impl Worker {
                 }
             }
         }
-        let manifest = result?;
+        let manifest = result.map_err(|e| {
+            VerbError::SandboxLost(format!(
+                "checkpoint of {key} failed after its sandbox was stopped: {}",
+                e.message()
+            ))
+        })?;
         crate::metrics::checkpoint_phase("quiesce", quiesced);
         crate::metrics::checkpoint_phase("dump_or_stop", stopped_at - quiesced);
         crate::metrics::checkpoint_phase("seal", sealed_at - stopped_at);
@@ -301,42 +310,79 @@ impl Worker {
         Ok(reply)
     }
 
-    /// After a checkpoint whose generation could not be written: the frozen sandbox thaws, its
-    /// egress proxy and ingress come back, and it is adoptable again.
-    async fn resume_after_failed_checkpoint(
+    /// After a checkpoint that wrote nothing: the sandbox thaws (if it is frozen), its egress
+    /// proxy comes back, its wakeup probe must pass, and ingress goes on again: the actor runs
+    /// on with its memory and the answer is Aborted with `why`. A sandbox that does not come
+    /// back (a dump killed inside the actor's processes) is removed, and the answer says the
+    /// actor is no longer here: its previous generation is what remains.
+    async fn run_on_after_failed_checkpoint(
         &self,
         key: &str,
         entry: &Entry,
         dialer: Option<NetnsDialer>,
-        why: &VerbError,
-    ) -> Result<(), VerbError> {
+        why: VerbError,
+    ) -> VerbError {
         let sandbox = &entry.sandbox;
-        self.runtime
-            .thaw(sandbox)
-            .await
-            .map_err(|e| sandbox_error("thaw after a failed checkpoint", e))?;
-        self.egress
-            .restart(key, &sandbox.netns(), &entry.spec.egress)
-            .await
-            .map_err(|e| VerbError::Internal(format!("egress for {key}: {e}")))?;
-        let dialer = match dialer {
-            Some(d) => d,
-            None => NetnsDialer::new(&sandbox.netns()).await.map_err(|e| {
-                VerbError::Internal(format!("socket factory for netns {}: {e}", sandbox.netns()))
-            })?,
-        };
-        let record = Workload {
-            actor: ActorRef::new(sandbox.atespace.clone(), sandbox.name.clone()),
-            uid: sandbox.uid.clone(),
-            template: entry.template.clone(),
-            spec: entry.spec.clone(),
-            worker_id: self.ident.id.clone(),
-            activation: entry.activation,
-        };
-        self.write_adoption(sandbox, &record, entry.pid, None).await;
-        self.tunnels.activate(key, entry.activation, dialer);
-        tracing::warn!(actor = %key, error = %why.message(), "checkpoint failed; nothing written, the actor runs on");
-        Ok(())
+        let back = async {
+            if self
+                .runtime
+                .is_paused(sandbox)
+                .await
+                .map_err(|e| sandbox_error("freezer state after a failed checkpoint", e))?
+            {
+                self.runtime
+                    .thaw(sandbox)
+                    .await
+                    .map_err(|e| sandbox_error("thaw after a failed checkpoint", e))?;
+            }
+            let netns = sandbox.netns();
+            let (egress, probe, dialer) = tokio::join!(
+                self.egress.restart(key, &netns, &entry.spec.egress),
+                self.wait_probe(sandbox, &entry.spec),
+                async {
+                    match dialer {
+                        Some(d) => Ok(d),
+                        None => NetnsDialer::new(&netns).await,
+                    }
+                },
+            );
+            egress.map_err(|e| VerbError::Internal(format!("egress for {key}: {e}")))?;
+            probe.map_err(|e| {
+                VerbError::Internal(format!("the actor does not answer: {}", e.message()))
+            })?;
+            dialer
+                .map_err(|e| VerbError::Internal(format!("socket factory for netns {netns}: {e}")))
+        }
+        .await;
+        match back {
+            Ok(dialer) => {
+                let record = Workload {
+                    actor: ActorRef::new(sandbox.atespace.clone(), sandbox.name.clone()),
+                    uid: sandbox.uid.clone(),
+                    template: entry.template.clone(),
+                    spec: entry.spec.clone(),
+                    worker_id: self.ident.id.clone(),
+                    activation: entry.activation,
+                };
+                self.write_adoption(sandbox, &record, entry.pid, None).await;
+                self.tunnels.activate(key, entry.activation, dialer);
+                tracing::warn!(actor = %key, error = %why.message(), "checkpoint failed; nothing written, the actor runs on");
+                VerbError::Aborted(format!(
+                    "suspend of {key} failed, nothing was written and the actor runs on: {}",
+                    why.message()
+                ))
+            }
+            Err(again) => {
+                tracing::error!(actor = %key, error = %why.message(), sandbox = %again.message(), "checkpoint failed and the sandbox did not survive it; removing it");
+                self.table().actors.remove(key);
+                self.discard_quietly(sandbox).await;
+                VerbError::SandboxLost(format!(
+                    "checkpoint of {key} failed ({}) and its sandbox did not survive it ({}); nothing was written",
+                    why.message(),
+                    again.message()
+                ))
+            }
+        }
     }
 
     fn checkpoint_reply(&self, m: &ate_snapshot::Manifest) -> CheckpointReply {
@@ -366,6 +412,16 @@ async fn carry_working_set(sandbox: &ActorSandbox, criu: &Path) {
     }
 }
 
+/// Removes what a failed checkpoint wrote of `gen_dir` (nothing half written may look like a
+/// generation).
+async fn remove_partial_generation(key: &str, gen_dir: &Path) {
+    if let Err(rm) = tokio::fs::remove_dir_all(gen_dir).await
+        && rm.kind() != std::io::ErrorKind::NotFound
+    {
+        tracing::warn!(actor = %key, dir = %gen_dir.display(), error = %rm, "cannot remove a partial generation");
+    }
+}
+
 async fn remove_file_quietly(path: &Path) {
     if let Err(e) = tokio::fs::remove_file(path).await
         && e.kind() != std::io::ErrorKind::NotFound
@@ -386,14 +442,14 @@ async fn dir_has_entries(dir: &Path) -> Result<bool, VerbError> {
     }
 }
 
-/// Waits until the actor's network namespace has no TCP socket other than listeners and
-/// TIME_WAIT remnants (closed tunnels leave the actor's end in CLOSE_WAIT until it closes it;
-/// CRIU refuses connected sockets without `--tcp-established`). Gives up silently after
-/// `timeout`: the dump then reports what it found.
-async fn wait_tcp_quiet(pid: u32, timeout: Duration, ignore_loopback: bool) {
+/// Waits until the actor's network namespace has no TCP socket other than listeners, TIME_WAIT
+/// remnants and connections between two loopback addresses (closed tunnels leave the actor's
+/// end in CLOSE_WAIT until it closes it; with sidecars CRIU would restore such a socket under
+/// TCP repair, its peer gone). Gives up after `timeout`: the dump takes what is left.
+async fn wait_tcp_quiet(pid: u32, timeout: Duration) {
     let deadline = Instant::now() + timeout;
     loop {
-        match busy_tcp_sockets(pid, ignore_loopback) {
+        match busy_tcp_sockets(pid) {
             Ok(0) | Err(_) => return,
             Ok(n) => {
                 if Instant::now() >= deadline {
@@ -410,10 +466,10 @@ async fn wait_tcp_quiet(pid: u32, timeout: Duration, ignore_loopback: bool) {
     }
 }
 
-/// Connected-ish TCP sockets in `pid`'s network namespace (`/proc/<pid>/net/tcp{,6}`); with
-/// `ignore_loopback`, not those between two loopback addresses (inside the actor's netns, both
-/// ends belong to the actor).
-fn busy_tcp_sockets(pid: u32, ignore_loopback: bool) -> std::io::Result<usize> {
+/// Connected-ish TCP sockets in `pid`'s network namespace (`/proc/<pid>/net/tcp{,6}`), not
+/// counting those between two loopback addresses (inside the actor's netns, both ends belong
+/// to the actor).
+fn busy_tcp_sockets(pid: u32) -> std::io::Result<usize> {
     const LISTEN: &str = "0A";
     const TIME_WAIT: &str = "06";
     let mut busy = 0;
@@ -433,7 +489,7 @@ fn busy_tcp_sockets(pid: u32, ignore_loopback: bool) -> std::io::Result<usize> {
                 };
                 state != LISTEN
                     && state != TIME_WAIT
-                    && !(ignore_loopback && is_loopback(local) && is_loopback(remote))
+                    && !(is_loopback(local) && is_loopback(remote))
             })
             .count();
     }

@@ -94,6 +94,7 @@ fn spec(class: &str) -> TemplateSpec {
         volumes: Vec::new(),
         fidelity: Fidelity::Memory,
         memory_restore: MemoryRestore::Lazy,
+        on_memory_failure: Default::default(),
         idle_timeout_seconds: 60,
         worker_selector: BTreeMap::new(),
         egress: EgressPolicy::default(),
@@ -128,6 +129,7 @@ fn checkpoint_request(worker_id: &str, dir: &Path) -> CheckpointRequest {
         node: "n-1".into(),
         boot_id: "b-1".into(),
         grace: None,
+        on_memory_failure: None,
     }
 }
 
@@ -194,13 +196,14 @@ async fn a_draining_worker_refuses_starts_and_says_so_in_activity() {
 }
 
 #[tokio::test]
-async fn a_checkpoint_of_an_actor_not_here_is_refused() {
+async fn a_checkpoint_of_an_actor_not_here_says_its_sandbox_is_lost() {
     let f = worker(4);
+    // Nothing to checkpoint: the caller keeps the actor's previous generation.
     assert_eq!(
         f.worker
             .checkpoint(checkpoint_request("w-1", f.dir.path()))
             .await,
-        Err(VerbError::FailedPrecondition(
+        Err(VerbError::SandboxLost(
             "actor ns/a is not running on worker w-1".into()
         ))
     );

@@ -5,6 +5,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
+use ate_core::template::OnMemoryFailure;
 use ate_core::{ActorRef, Fidelity, TemplateSpec};
 
 /// Why a verb failed. Each variant is one gRPC code on the wire (the api and the node act on
@@ -30,6 +31,11 @@ pub enum VerbError {
     /// A host failure (I/O, a runtime command, a socket).
     #[error("{0}")]
     Internal(String),
+    /// A checkpoint failed and the sandbox did not survive it (a dump killed inside the
+    /// actor's processes): nothing was written and the actor no longer runs here, so its
+    /// previous generation is what remains (gRPC DATA_LOSS).
+    #[error("{0}")]
+    SandboxLost(String),
 }
 
 impl VerbError {
@@ -41,7 +47,8 @@ impl VerbError {
             | VerbError::ResourceExhausted(m)
             | VerbError::Unavailable(m)
             | VerbError::Aborted(m)
-            | VerbError::Internal(m) => m,
+            | VerbError::Internal(m)
+            | VerbError::SandboxLost(m) => m,
         }
     }
 
@@ -54,6 +61,7 @@ impl VerbError {
             VerbError::Unavailable(_) => "unavailable",
             VerbError::Aborted(_) => "aborted",
             VerbError::Internal(_) => "internal",
+            VerbError::SandboxLost(_) => "data_loss",
         }
     }
 }
@@ -114,6 +122,9 @@ pub struct CheckpointRequest {
     pub boot_id: String,
     /// How long requests in flight may take to finish; `None`: the worker's `--suspend-grace`.
     pub grace: Option<Duration>,
+    /// The template's `snapshots.onMemoryFailure` as the caller knows it now; `None`: as the
+    /// actor started with.
+    pub on_memory_failure: Option<OnMemoryFailure>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]

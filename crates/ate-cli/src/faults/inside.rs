@@ -1,0 +1,385 @@
+//! Kills inside a suspend or a resume (`kill-in-suspend`, `kill-in-resume`): trials with random
+//! timing, each killing one process that the operation runs through — `runc`, `criu`, the page
+//! source of a lazy restore, the worker or the node agent — while it runs. Whatever dies and
+//! whenever, the actor must end RUNNING with its memory or SUSPENDED at its previous generation
+//! (the load client then resumes it): it must answer 200 again within [`STUCK_AFTER`], its count
+//! never going back (the row's state-lost check), with nothing left behind (the row's checks).
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use ate_proto::v1;
+use nix::sys::signal::Signal;
+
+use super::ATESPACE;
+use super::inject::Component;
+use super::lab::{Lab, signal};
+use super::load::Load;
+
+/// An actor that has not answered 200 this long after its trial is stuck.
+const STUCK_AFTER: Duration = Duration::from_secs(60);
+/// How long a trial waits for the process it is to kill to appear.
+const APPEAR_WAIT: Duration = Duration::from_secs(15);
+
+/// What a trial kills.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Target {
+    /// `runc checkpoint` (the dump), at a random moment of its life.
+    RuncCheckpoint,
+    /// The `criu` that `runc checkpoint` runs.
+    CriuDump,
+    /// `runc restore`.
+    RuncRestore,
+    /// The `criu` that `runc restore` runs.
+    CriuRestore,
+    /// `ate page-source` of a lazy restore (it outlives the restore's start; killed early).
+    PageSource,
+    /// The worker holding the actor, a random moment after the operation began.
+    Worker,
+    /// The node agent, a random moment after the operation began.
+    Node,
+}
+
+impl Target {
+    pub(super) const IN_SUSPEND: [Target; 4] = [
+        Target::RuncCheckpoint,
+        Target::CriuDump,
+        Target::Worker,
+        Target::Node,
+    ];
+    pub(super) const IN_RESUME: [Target; 5] = [
+        Target::RuncRestore,
+        Target::CriuRestore,
+        Target::PageSource,
+        Target::Worker,
+        Target::Node,
+    ];
+
+    fn name(self) -> &'static str {
+        match self {
+            Target::RuncCheckpoint => "runc checkpoint",
+            Target::CriuDump => "criu (dump)",
+            Target::RuncRestore => "runc restore",
+            Target::CriuRestore => "criu (restore)",
+            Target::PageSource => "page source",
+            Target::Worker => "worker",
+            Target::Node => "node agent",
+        }
+    }
+
+    /// The random delay before the kill: after the process appeared (runc, criu, page source),
+    /// or after the operation began (worker, node), so the kill lands anywhere in it.
+    fn delay(self) -> Duration {
+        let max_ms = match self {
+            Target::RuncCheckpoint | Target::RuncRestore => 250,
+            Target::CriuDump | Target::CriuRestore => 120,
+            Target::PageSource => 150,
+            Target::Worker | Target::Node => 500,
+        };
+        Duration::from_millis(rand::random_range(0..=max_ms))
+    }
+}
+
+/// One process of the host: pid, parent, name (comm) and command line.
+struct Proc {
+    pid: i32,
+    ppid: i32,
+    comm: String,
+    args: Vec<String>,
+}
+
+fn processes() -> Vec<Proc> {
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    dir.flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
+        .filter_map(|pid| {
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+            let open = stat.find('(')?;
+            let close = stat.rfind(')')?;
+            let comm = stat.get(open + 1..close)?.to_string();
+            let ppid = stat
+                .get(close + 1..)?
+                .split_whitespace()
+                .nth(1)?
+                .parse()
+                .ok()?;
+            let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+            let args = cmdline
+                .split(|&b| b == 0)
+                .filter(|a| !a.is_empty())
+                .map(|a| String::from_utf8_lossy(a).into_owned())
+                .collect();
+            Some(Proc {
+                pid,
+                ppid,
+                comm,
+                args,
+            })
+        })
+        .collect()
+}
+
+/// The pid of the process `target` names, among the descendants of `ate up` (`up`).
+fn find(target: Target, up: i32) -> Option<i32> {
+    let procs = processes();
+    let by_pid: HashMap<i32, &Proc> = procs.iter().map(|p| (p.pid, p)).collect();
+    let under_up = |mut pid: i32| {
+        for _ in 0..16 {
+            match by_pid.get(&pid) {
+                Some(p) if p.ppid == up => return true,
+                Some(p) => pid = p.ppid,
+                None => return false,
+            }
+        }
+        false
+    };
+    let runc = |p: &Proc, verb: &str| {
+        p.args
+            .first()
+            .is_some_and(|a| a == "runc" || a.ends_with("/runc"))
+            && p.args.iter().any(|a| a == verb)
+    };
+    let criu_of = |p: &Proc, verb: &str| {
+        p.comm == "criu" && by_pid.get(&p.ppid).is_some_and(|parent| runc(parent, verb))
+    };
+    procs
+        .iter()
+        .filter(|p| under_up(p.pid))
+        .find(|p| match target {
+            Target::RuncCheckpoint => runc(p, "checkpoint"),
+            Target::RuncRestore => runc(p, "restore"),
+            Target::CriuDump => criu_of(p, "checkpoint"),
+            Target::CriuRestore => criu_of(p, "restore"),
+            Target::PageSource => p.args.iter().any(|a| a == "page-source"),
+            Target::Worker | Target::Node => false,
+        })
+        .map(|p| p.pid)
+}
+
+/// Waits for `target`'s process to appear (for the worker: for the api to name the worker that
+/// holds `actor`), then kills it after its random delay. Returns what was done, for the notes,
+/// and the component killed, which `ate up` restarts.
+async fn kill_when_seen(lab: &Lab, target: Target, actor: &str) -> (String, Option<Component>) {
+    let delay = target.delay();
+    let deadline = Instant::now() + APPEAR_WAIT;
+    match target {
+        Target::Worker | Target::Node => {
+            let component = if target == Target::Node {
+                Component::Node
+            } else {
+                loop {
+                    if let Some(i) = worker_of(lab, actor).await {
+                        break Component::Worker(i);
+                    }
+                    if Instant::now() >= deadline {
+                        return ("no worker held the actor".into(), None);
+                    }
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                }
+            };
+            tokio::time::sleep(delay).await;
+            let killed = match lab.component_pid(component).await {
+                Ok(pid) => signal(pid, Signal::SIGKILL),
+                Err(e) => Err(e),
+            };
+            match killed {
+                Ok(()) => (
+                    format!("{} killed {} ms in", target.name(), delay.as_millis()),
+                    Some(component),
+                ),
+                Err(e) => (format!("{e:#}"), None),
+            }
+        }
+        _ => {
+            let Some(up) = lab.up_pid() else {
+                return ("ate up is not running".into(), None);
+            };
+            let pid = loop {
+                if let Some(pid) = find(target, up) {
+                    break pid;
+                }
+                if Instant::now() >= deadline {
+                    return (format!("{} never appeared", target.name()), None);
+                }
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            };
+            tokio::time::sleep(delay).await;
+            let note = match signal(pid, Signal::SIGKILL) {
+                Ok(()) => format!(
+                    "{} killed {} ms after it appeared",
+                    target.name(),
+                    delay.as_millis()
+                ),
+                // It ended before the delay did: the operation went through untouched.
+                Err(_) => format!("{} ended before the kill", target.name()),
+            };
+            (note, None)
+        }
+    }
+}
+
+/// `kill-in-suspend`: `trials` suspends, each with one of [`Target::IN_SUSPEND`] killed inside
+/// it. Returns the failed expectations (stuck actors).
+pub(super) async fn kill_in_suspend(
+    lab: &Lab,
+    load: &Load,
+    actors: &[String],
+    trials: usize,
+    notes: &mut Vec<String>,
+) -> anyhow::Result<Vec<String>> {
+    let mut failed = Vec::new();
+    for trial in 0..trials {
+        let actor = &actors[trial % actors.len()];
+        let target = Target::IN_SUSPEND[trial % Target::IN_SUSPEND.len()];
+        let (suspended, killed) =
+            tokio::join!(lab.suspend(actor), kill_when_seen(lab, target, actor));
+        let outcome = match suspended {
+            Ok(()) => "suspended".to_string(),
+            Err(e) => format!("suspend failed: {}", first_line(&format!("{e:#}"))),
+        };
+        settle(
+            lab,
+            load,
+            actor,
+            target,
+            trial,
+            &killed,
+            &outcome,
+            notes,
+            &mut failed,
+        )
+        .await?;
+    }
+    Ok(failed)
+}
+
+/// `kill-in-resume`: `trials` times, an actor suspended and then resumed by its load client's
+/// next request, with one of [`Target::IN_RESUME`] killed inside the resume.
+pub(super) async fn kill_in_resume(
+    lab: &Lab,
+    load: &Load,
+    actors: &[String],
+    trials: usize,
+    notes: &mut Vec<String>,
+) -> anyhow::Result<Vec<String>> {
+    let mut failed = Vec::new();
+    for trial in 0..trials {
+        let actor = &actors[trial % actors.len()];
+        let target = Target::IN_RESUME[trial % Target::IN_RESUME.len()];
+        if let Err(e) = lab.suspend(actor).await {
+            notes.push(format!(
+                "trial {trial}: the suspend before the resume failed: {}",
+                first_line(&format!("{e:#}"))
+            ));
+            continue;
+        }
+        // The load client asks again at once: the resume is under way.
+        let killed = kill_when_seen(lab, target, actor).await;
+        settle(
+            lab,
+            load,
+            actor,
+            target,
+            trial,
+            &killed,
+            "resumed",
+            notes,
+            &mut failed,
+        )
+        .await?;
+    }
+    Ok(failed)
+}
+
+/// After a trial's kill: the actor must answer 200 again (resumed by its load client if the
+/// operation left it SUSPENDED), and a killed component must be back before the next trial.
+#[allow(clippy::too_many_arguments)]
+async fn settle(
+    lab: &Lab,
+    load: &Load,
+    actor: &str,
+    target: Target,
+    trial: usize,
+    (killed, component): &(String, Option<Component>),
+    outcome: &str,
+    notes: &mut Vec<String>,
+    failed: &mut Vec<String>,
+) -> anyhow::Result<()> {
+    let after = lab.clock.now();
+    let answered = load
+        .wait_answered_by(&[actor.to_string()], after, STUCK_AFTER)
+        .await;
+    let back = match answered {
+        Ok(t) => format!("answered again {:.2} s later", (t - after).max(0.0)),
+        Err(_) => {
+            let state = lab.wait_state(actor, v1::ActorState::Running).await;
+            failed.push(format!(
+                "trial {trial} ({}): {actor} did not answer 200 within {} s ({state})",
+                target.name(),
+                STUCK_AFTER.as_secs()
+            ));
+            format!("STUCK ({state})")
+        }
+    };
+    notes.push(format!(
+        "trial {trial}: {actor}, {killed}; {outcome}; {back}"
+    ));
+    if let Some(component) = component {
+        // `ate up` restarts what was killed; the next trial needs it.
+        lab.component_pid(*component)
+            .await
+            .with_context(|| format!("{} did not come back", target.name()))?;
+    }
+    Ok(())
+}
+
+/// The number N of `worker-N`, the worker the api says runs `actor`.
+async fn worker_of(lab: &Lab, actor: &str) -> Option<u32> {
+    let a = get_actor(lab, actor).await?;
+    worker_number(&a.worker_assignment?.worker_id)
+}
+
+async fn get_actor(lab: &Lab, actor: &str) -> Option<v1::Actor> {
+    let c = lab.api().await.ok()?;
+    c.actors
+        .clone()
+        .get_actor(v1::GetActorRequest {
+            actor: Some(v1::ObjectRef {
+                atespace: ATESPACE.into(),
+                name: actor.into(),
+            }),
+        })
+        .await
+        .ok()
+        .map(tonic::Response::into_inner)
+}
+
+fn worker_number(id: &str) -> Option<u32> {
+    id.strip_prefix("worker-")?.parse().ok()
+}
+
+fn first_line(text: &str) -> &str {
+    text.lines().next().unwrap_or("")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn worker_numbers_come_from_ate_up_worker_ids() {
+        assert_eq!(worker_number("worker-2"), Some(2));
+        assert_eq!(worker_number("w-2"), None);
+    }
+
+    #[test]
+    fn kill_delays_stay_within_their_bounds() {
+        for _ in 0..100 {
+            assert!(Target::CriuDump.delay() <= Duration::from_millis(120));
+            assert!(Target::Worker.delay() <= Duration::from_millis(500));
+        }
+    }
+}
