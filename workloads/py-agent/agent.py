@@ -5,6 +5,9 @@ Each `GET /` (or `/turn`) is one agent turn:
   - the fake model server ($MODEL_ADDR, host:port) is asked over one kept-alive HTTP connection
     (an `http.client.HTTPConnection` held in a global, so every turn reuses it);
   - a row is added to an SQLite database kept open under the volume ($ATE_DATA_DIR, /data);
+    when SQLite refuses the write because the file at its path is not the one it opened
+    (SQLITE_READONLY_DBMOVED: a restore re-created the volume's files, same contents, new
+    inodes), the database is opened again and the row written once more;
   - a message goes to the fake event server ($EVENTS_ADDR, host:port) over one WebSocket client
     connection, kept open between turns, and its acknowledgement is read back;
   - the answer is JSON: the counters, the rows in the database, how many times each connection
@@ -63,9 +66,10 @@ def broken_reason(exc):
 
 
 class Link:
-    """What the answer says about one kept connection."""
+    """What the answer says about one kept connection (or the open database)."""
 
-    def __init__(self):
+    def __init__(self, name):
+        self.name = name
         self.connects = 0
         self.errors = 0
         self.last_error = ""
@@ -73,11 +77,12 @@ class Link:
     def broke(self, reason, exc):
         self.errors += 1
         self.last_error = f"{reason}: {exc}"
-        print(f"connection broken ({self.last_error}); reconnecting", flush=True)
+        print(f"{self.name} broken ({self.last_error}); opening it again", flush=True)
 
 
-MODEL_LINK = Link()
-WS_LINK = Link()
+MODEL_LINK = Link("model connection")
+WS_LINK = Link("event connection")
+DB_LINK = Link("database")
 
 
 class ModelConnection(http.client.HTTPConnection):
@@ -176,14 +181,23 @@ class EventStream:
         return self._recv_text()
 
 
-def with_retry(link, reset, call):
-    """Runs `call`; on a broken connection records it, resets and runs it once more."""
+def moved_reason(exc):
+    """Names SQLITE_READONLY_DBMOVED (SQLite refuses to write because the file at the
+    database's path is no longer the one it opened: a restore re-created the volume, same path
+    and contents, another inode); None for any other error."""
+    name = getattr(exc, "sqlite_errorname", "")
+    return name if name == "SQLITE_READONLY_DBMOVED" else None
+
+
+def with_retry(link, reset, call, reason_of=broken_reason):
+    """Runs `call`; when `reason_of` names the error (a broken connection), records it, resets
+    and runs it once more."""
     for attempt in (1, 2):
         try:
             return call()
         except Exception as exc:  # noqa: BLE001 - re-raised unless a broken connection
             reset()
-            reason = broken_reason(exc)
+            reason = reason_of(exc)
             if reason is not None:
                 link.broke(reason, exc)
             if reason is None or attempt == 2:
@@ -201,13 +215,30 @@ class Agent:
         self.model = ModelConnection(model_host, model_port, timeout=TIMEOUT)
         self.events = EventStream(events_host, events_port)
         os.makedirs(DATA_DIR, exist_ok=True)
+        self.db = None
+        self.open_db()
+        threading.Thread(target=self.tick, name="ticker", daemon=True).start()
+
+    def open_db(self):
+        if self.db is not None:
+            self.db.close()
         self.db = sqlite3.connect(os.path.join(DATA_DIR, "agent.db"), check_same_thread=False)
         self.db.execute(
             "CREATE TABLE IF NOT EXISTS turns (turn INTEGER, model_connection INTEGER, "
             "ws_connection INTEGER, reply TEXT, at REAL)"
         )
         self.db.commit()
-        threading.Thread(target=self.tick, name="ticker", daemon=True).start()
+        DB_LINK.connects += 1
+
+    def record(self, turn, reply):
+        """Adds the turn's row; answers the rows in the database."""
+        self.db.execute(
+            "INSERT INTO turns VALUES (?, ?, ?, ?, ?)",
+            (turn, MODEL_LINK.connects, WS_LINK.connects, reply.get("text", ""), time.time()),
+        )
+        self.db.commit()
+        (rows,) = self.db.execute("SELECT COUNT(*) FROM turns").fetchone()
+        return rows
 
     def tick(self):
         while True:
@@ -236,12 +267,8 @@ class Agent:
                 self.events.close,
                 lambda: self.events.exchange(json.dumps({"turn": turn, "event": "turn done"})),
             )
-            self.db.execute(
-                "INSERT INTO turns VALUES (?, ?, ?, ?, ?)",
-                (turn, MODEL_LINK.connects, WS_LINK.connects, reply.get("text", ""), time.time()),
-            )
-            self.db.commit()
-            (rows,) = self.db.execute("SELECT COUNT(*) FROM turns").fetchone()
+            # A database whose file was re-created under it (a restore) is opened again.
+            rows = with_retry(DB_LINK, self.open_db, lambda: self.record(turn, reply), moved_reason)
             return {
                 "runtime": f"python {sys.version.split()[0]}",
                 "memory_count": turn,
@@ -255,6 +282,9 @@ class Agent:
                 "ws_errors": WS_LINK.errors,
                 "ws_last_error": WS_LINK.last_error,
                 "ws_ack": ack,
+                "db_opens": DB_LINK.connects,
+                "db_errors": DB_LINK.errors,
+                "db_last_error": DB_LINK.last_error,
             }
 
 
