@@ -3,7 +3,8 @@
 # Idempotent; run as root.  Steps that are already satisfied are skipped and say so.
 #
 #   - Debian packages: runc, iptables, nftables, iproute2, jq, curl, docker-registry, CRIU build
-#     deps, PostgreSQL 15
+#     deps, PostgreSQL 15, Python 3.11 and Node.js (the interpreters of the py-agent and node-agent
+#     images: workloads/build-images.sh copies them from these packages)
 #   - CRIU 4.2.1 built from Debian's source archive (suite `unstable`) when `criu` is missing,
 #     older than 4.2, or `criu check` fails  (see shared/notes/sandbox-facts.md for why)
 #   - CRIU's kernel-probe cache on hosts whose /run is not a tmpfs (scripts/criu-kdat-cache.sh)
@@ -27,7 +28,10 @@ TMP_SRC_LIST=/etc/apt/sources.list.d/ate-criu-src-unstable.list
 # docker-registry: the distribution registry v2 the registry-pull tests run on loopback (each test
 # starts its own with a private config; the package's system service is not used).
 # systemd: systemd-analyze, which checks the deploy/systemd units in the test suite.
+# python3.11-minimal, libpython3.11-minimal, libpython3.11-stdlib (sqlite3 module included): the
+# py-agent image's interpreter and standard library.
 RUNTIME_PKGS=(runc iptables nftables iproute2 jq curl ca-certificates tar gzip xz-utils python3
+  python3.11-minimal libpython3.11-minimal libpython3.11-stdlib
   nginx-light nghttp2-client
   docker-registry systemd)
 CRIU_BUILD_PKGS=(build-essential pkg-config libprotobuf-dev libprotobuf-c-dev protobuf-c-compiler
@@ -69,6 +73,11 @@ done
 if [[ ! -x /usr/lib/postgresql/15/bin/postgres ]]; then
   missing+=(postgresql-15)
 fi
+# The node-agent image's interpreter: whatever package provides /usr/bin/node (Debian's nodejs,
+# or a nodejs from another source already installed); Debian's when there is none.
+if [[ ! -x /usr/bin/node ]]; then
+  missing+=(nodejs)
+fi
 if ((${#missing[@]})); then
   log "installing Debian packages: ${missing[*]}"
   apt-get install -y -qq --no-install-recommends "${missing[@]}"
@@ -76,6 +85,7 @@ else
   log "Debian packages already installed"
 fi
 [[ -x /usr/lib/postgresql/15/bin/postgres ]] || die "PostgreSQL 15 server binaries missing after install"
+[[ -x /usr/bin/node ]] || die "/usr/bin/node missing after installing nodejs"
 
 # ---------------------------------------------------------------- CRIU 4.2.1
 criu_ok() {

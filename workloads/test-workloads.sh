@@ -3,6 +3,12 @@
 #   - counter: /healthz, three GETs count 1, 2, 3 on all counters, the second port, keep-alive,
 #     POST /echo, /whoami, /sandbox, and a restart keeps the file counters but not the memory one;
 #   - sleeper: /healthz and a stable checksum over its memory;
+#   - py-agent, node-agent: run from their image's rootfs (chroot, when root; else the host's
+#     /usr/bin/python3 and /usr/bin/node) against a fake model server and a fake WebSocket event
+#     server on loopback: turns count, both connections are kept between turns, a restart of the
+#     fake servers breaks them and the next turn reconnects (and says so), py-agent opens its
+#     database again when its file is re-created under it, a restart of an agent keeps its rows
+#     on the volume;
 #   - build-images.sh: OCI layouts whose digests, sizes and diff_ids check out (when given OUT_DIR,
 #     the layouts already built there are checked instead of building new ones).
 #
@@ -49,7 +55,7 @@ OUT_DIR=${1:-}
 if [[ -z $OUT_DIR ]]; then
   OUT_DIR=$WORK/images
   "$HERE/build-images.sh" "$OUT_DIR"
-elif [[ ! -d $OUT_DIR/counter ]]; then
+elif [[ ! -d $OUT_DIR/counter || ! -d $OUT_DIR/py-agent || ! -d $OUT_DIR/node-agent ]]; then
   "$HERE/build-images.sh" "$OUT_DIR"
 fi
 # build-images.sh built the binaries.
@@ -170,8 +176,210 @@ else
 fi
 kill -TERM "$SLEEPER_PID"; wait "$SLEEPER_PID" 2>/dev/null || true
 
+# ------------------------------------------------------------------ py-agent, node-agent
+# The fake servers: a model server (HTTP/1.1 keep-alive, answers {"turn", "connection", "text"})
+# and an event server (WebSocket, acks each text message {"turn"} with {"ack", "connection"}).
+cat >"$WORK/fake_servers.py" <<'PY'
+import base64, hashlib, json, socket, struct, sys, threading
+GUID = b"258EAFA5-E914-47DA-95CA-C5AB0DC85B11"
+counts = {"model": 0, "events": 0}
+lock = threading.Lock()
+def number(kind):
+    with lock:
+        counts[kind] += 1
+        return counts[kind]
+class Conn:
+    def __init__(self, c): self.c, self.buf = c, b""
+    def read(self, n):
+        while len(self.buf) < n:
+            d = self.c.recv(65536)
+            if not d: raise EOFError
+            self.buf += d
+        out, self.buf = self.buf[:n], self.buf[n:]
+        return out
+    def head(self):
+        while b"\r\n\r\n" not in self.buf:
+            d = self.c.recv(65536)
+            if not d: raise EOFError
+            self.buf += d
+        h, self.buf = self.buf.split(b"\r\n\r\n", 1)
+        lines = h.decode("latin-1").split("\r\n")
+        return {k.strip().lower(): v.strip() for k, _, v in (l.partition(":") for l in lines[1:])}
+def model(c):
+    n, conn = number("model"), Conn(c)
+    while True:
+        body = json.loads(conn.read(int(conn.head().get("content-length", "0"))))
+        out = json.dumps({"turn": body["turn"], "connection": n, "text": "answer"}).encode()
+        c.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(out) + out)
+def events(c):
+    conn = Conn(c)
+    key = conn.head()["sec-websocket-key"].encode()
+    accept = base64.b64encode(hashlib.sha1(key + GUID).digest())
+    c.sendall(b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Accept: " + accept + b"\r\n\r\n")
+    n = number("events")
+    while True:
+        b0, b1 = conn.read(2)
+        size = b1 & 0x7F
+        if size == 126: (size,) = struct.unpack("!H", conn.read(2))
+        elif size == 127: (size,) = struct.unpack("!Q", conn.read(8))
+        mask = conn.read(4) if b1 & 0x80 else b"\0\0\0\0"
+        payload = bytes(b ^ mask[i % 4] for i, b in enumerate(conn.read(size)))
+        if b0 & 0x0F == 0x8: return
+        if b0 & 0x0F == 0x1:
+            out = json.dumps({"ack": json.loads(payload)["turn"], "connection": n}).encode()
+            c.sendall(bytes([0x81, len(out)]) + out)
+def handle(fn, c):
+    try: fn(c)
+    except (EOFError, OSError, KeyError, ValueError): pass
+    finally: c.close()
+def serve(port, fn):
+    s = socket.socket()
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    s.bind(("127.0.0.1", port))
+    s.listen(16)
+    while True:
+        c, _ = s.accept()
+        threading.Thread(target=handle, args=(fn, c), daemon=True).start()
+threading.Thread(target=serve, args=(int(sys.argv[1]), model), daemon=True).start()
+threading.Thread(target=serve, args=(int(sys.argv[2]), events), daemon=True).start()
+threading.Event().wait()
+PY
+MODEL_PORT=$(free_port)
+EVENTS_PORT=$(free_port)
+start_fakes() {
+  python3 "$WORK/fake_servers.py" "$MODEL_PORT" "$EVENTS_PORT" 2>>"$WORK/fakes.log" &
+  FAKES_PID=$!
+  PIDS+=("$FAKES_PID")
+  local i
+  for i in $(seq 1 100); do
+    if python3 -c "import socket, sys; [socket.create_connection(('127.0.0.1', int(p)), 1).close() for p in sys.argv[1:]]" \
+      "$MODEL_PORT" "$EVENTS_PORT" 2>/dev/null; then return 0; fi
+    sleep 0.05
+  done
+  fail "fake servers did not come up"
+  return 1
+}
+stop_fakes() { kill "$FAKES_PID" 2>/dev/null || true; wait "$FAKES_PID" 2>/dev/null || true; }
+
+# One field of a JSON answer (nested with dots), or "" when absent.
+field() {
+  python3 -c 'import json, sys
+v = json.loads(sys.argv[1])
+for k in sys.argv[2].split("."):
+    v = v.get(k, "") if isinstance(v, dict) else ""
+print(v)' "$1" "$2" 2>/dev/null || true
+}
+
+# The layer of an image, unpacked (for a chroot).
+unpack_layer() { # name dir
+  python3 - "$OUT_DIR/$1" "$2" <<'PY'
+import json, os, sys, tarfile
+layout, dest = sys.argv[1], sys.argv[2]
+index = json.load(open(os.path.join(layout, "index.json")))
+blob = lambda d: os.path.join(layout, "blobs", "sha256", d.split(":", 1)[1])
+manifest = json.load(open(blob(index["manifests"][0]["digest"])))
+with tarfile.open(blob(manifest["layers"][0]["digest"])) as t:
+    t.extractall(dest)
+PY
+}
+
+AGENT_PIDS=()
+CHROOT=""
+if [[ $(id -u) == 0 ]]; then CHROOT=$(command -v chroot || true); fi
+start_agent() { # name port data_dir
+  local name=$1 port=$2 data=$3 root=$WORK/$1-root
+  local -a cmd
+  if [[ $name == py-agent ]]; then cmd=(/usr/bin/python3 -u); else cmd=(/usr/bin/node); fi
+  local script=agent.py
+  [[ $name == node-agent ]] && script=agent.js
+  local -a envs=(PORT="$port" BIND_ADDR=127.0.0.1 MODEL_ADDR="127.0.0.1:$MODEL_PORT"
+    EVENTS_ADDR="127.0.0.1:$EVENTS_PORT" HOME=/tmp PYTHONDONTWRITEBYTECODE=1 UV_USE_IO_URING=0)
+  if [[ -n $CHROOT ]]; then
+    # From the image's own rootfs: nothing of the host but the kernel (and its loopback).
+    mkdir -p "$root$data"
+    env -i "${envs[@]}" ATE_DATA_DIR="$data" "$CHROOT" "$root" "${cmd[@]}" "/app/$script" >>"$WORK/$name.log" 2>&1 &
+  else
+    mkdir -p "$WORK/$name$data"
+    env -i "${envs[@]}" ATE_DATA_DIR="$WORK/$name$data" "${cmd[@]}" "$HERE/$name/$script" >>"$WORK/$name.log" 2>&1 &
+  fi
+  AGENT_PIDS+=($!)
+  PIDS+=($!)
+  wait_http "http://127.0.0.1:$port/healthz" || { cat "$WORK/$name.log" >&2; fail "$name did not come up"; return 1; }
+}
+
+if [[ -n $CHROOT ]]; then
+  log "agents run from their images' rootfs (chroot)"
+  for name in py-agent node-agent; do unpack_layer "$name" "$WORK/$name-root"; done
+else
+  log "not root: agents run on the host's /usr/bin/python3 and /usr/bin/node"
+fi
+PY_PORT=$(free_port)
+NODE_PORT=$(free_port)
+if start_fakes && start_agent py-agent "$PY_PORT" /data && start_agent node-agent "$NODE_PORT" /data; then
+  for name in py-agent node-agent; do
+    if [[ $name == py-agent ]]; then B=http://127.0.0.1:$PY_PORT; else B=http://127.0.0.1:$NODE_PORT; fi
+    expect_eq "$name /healthz" "ok" "$(curl -fsS --max-time 5 "$B/healthz")"
+    t1=$(curl -fsS --max-time 10 "$B/")
+    t2=$(curl -fsS --max-time 10 "$B/turn")
+    expect_eq "$name turns count (memory, rows)" "1 1 2 2" \
+      "$(field "$t1" memory_count) $(field "$t1" db_rows) $(field "$t2" memory_count) $(field "$t2" db_rows)"
+    expect_eq "$name keeps one model and one WebSocket connection" "1 1" \
+      "$(field "$t2" model_connection) $(field "$t2" ws_connection)"
+    expect_eq "$name turn answered by the model and acked by the event server" "1 2 2" \
+      "$(field "$t1" model_reply.turn) $(field "$t2" model_reply.turn) $(field "$(field "$t2" ws_ack)" ack)"
+    case $(field "$t2" runtime) in
+      "python 3."* | "node v"*) ok "$name runtime: $(field "$t2" runtime)" ;;
+      *) fail "$name runtime: $t2" ;;
+    esac
+  done
+  sleep 0.3
+  for name in py-agent node-agent; do
+    if [[ $name == py-agent ]]; then B=http://127.0.0.1:$PY_PORT; else B=http://127.0.0.1:$NODE_PORT; fi
+    t=$(curl -fsS --max-time 10 "$B/")
+    if (($(field "$t" ticks) >= 3)); then ok "$name ticks: $(field "$t" ticks)"; else fail "$name ticks: $t"; fi
+  done
+  # The fake servers restart: both kept connections break, the next turn reconnects once.
+  stop_fakes
+  start_fakes
+  for name in py-agent node-agent; do
+    if [[ $name == py-agent ]]; then B=http://127.0.0.1:$PY_PORT; else B=http://127.0.0.1:$NODE_PORT; fi
+    t=$(curl -fsS --max-time 10 "$B/")
+    got="$(field "$t" memory_count) $(field "$t" model_connection) $(field "$t" model_errors) $(field "$t" ws_connection) $(field "$t" ws_errors)"
+    expect_eq "$name reconnects after its servers restart (count, conns, errors)" "4 2 1 2 1" "$got"
+    [[ $got == "4 2 1 2 1" ]] || tail -n 20 "$WORK/$name.log" >&2
+    if [[ $(field "$t" model_last_error) =~ ^(EOF|ECONNRESET|EPIPE|ENOTCONN|ECONNABORTED) &&
+      $(field "$t" ws_last_error) =~ ^(EOF|ECONNRESET|EPIPE|ENOTCONN|ECONNABORTED) ]]; then
+      ok "$name says which error broke each connection: $(field "$t" model_last_error) / $(field "$t" ws_last_error)"
+    else
+      fail "$name last errors: $t"
+    fi
+  done
+  # py-agent's database file re-created under it (same path and contents, another inode: what a
+  # restore does to a volume): SQLite refuses the write (SQLITE_READONLY_DBMOVED), the agent
+  # opens the database again and the row goes in.
+  if [[ -n $CHROOT ]]; then db=$WORK/py-agent-root/data/agent.db; else db=$WORK/py-agent/data/agent.db; fi
+  cp -p "$db" "$db.copy" && mv "$db.copy" "$db"
+  t=$(curl -fsS --max-time 10 "http://127.0.0.1:$PY_PORT/")
+  expect_eq "py-agent reopens its moved database (count, rows, opens, errors)" "5 5 2 1" \
+    "$(field "$t" memory_count) $(field "$t" db_rows) $(field "$t" db_opens) $(field "$t" db_errors)"
+  expect_eq "py-agent names the database error" "SQLITE_READONLY_DBMOVED" "$(field "$t" db_last_error | cut -d: -f1)"
+  # An agent restarted: memory starts over, the rows on its volume stay.
+  for pid in "${AGENT_PIDS[@]}"; do kill "$pid" 2>/dev/null || true; wait "$pid" 2>/dev/null || true; done
+  AGENT_PIDS=()
+  start_agent py-agent "$PY_PORT" /data && start_agent node-agent "$NODE_PORT" /data
+  for name in py-agent node-agent; do
+    if [[ $name == py-agent ]]; then B=http://127.0.0.1:$PY_PORT; else B=http://127.0.0.1:$NODE_PORT; fi
+    t=$(curl -fsS --max-time 10 "$B/")
+    rows=5
+    [[ $name == py-agent ]] && rows=6
+    expect_eq "$name after a restart (memory, rows)" "1 $rows" "$(field "$t" memory_count) $(field "$t" db_rows)"
+  done
+fi
+for pid in "${AGENT_PIDS[@]}"; do kill "$pid" 2>/dev/null || true; wait "$pid" 2>/dev/null || true; done
+stop_fakes
+
 # ------------------------------------------------------------------ OCI layouts
-if python3 - "$OUT_DIR" counter sleeper <<'PY'
+if python3 - "$OUT_DIR" counter sleeper py-agent node-agent <<'PY'
 import gzip, hashlib, json, os, sys, tarfile
 out, names = sys.argv[1], sys.argv[2:]
 bad = []
@@ -198,7 +406,11 @@ for name in names:
     if len(cdata) != m["config"]["size"]:
         bad.append(f"{name}: config size")
     c = json.loads(cdata)
-    if (c["os"], c["architecture"], c["config"]["Cmd"]) != ("linux", "amd64", ["/" + name]):
+    cmd = {
+        "py-agent": ["/usr/bin/python3", "-u", "/app/agent.py"],
+        "node-agent": ["/usr/bin/node", "/app/agent.js"],
+    }.get(name, ["/" + name])
+    if (c["os"], c["architecture"], c["config"]["Cmd"]) != ("linux", "amd64", cmd):
         bad.append(f"{name}: config {c}")
     (layer,) = m["layers"]
     ldata = blob(layout, layer["digest"])
@@ -212,8 +424,40 @@ for name in names:
     for d in ("etc/ate", "data", "tmp", "var/lib"):
         if d not in members or not members[d].isdir():
             bad.append(f"{name}: layer lacks dir /{d}")
-    if name not in members or not members[name].isfile() or not members[name].mode & 0o111:
-        bad.append(f"{name}: layer lacks executable /{name}")
+    def resolve(path):
+        """A path in the layer with its symlinks followed (merged /usr: /lib64 → usr/lib64 ...)."""
+        parts, seen = path.strip("/").split("/"), 0
+        i = 0
+        while i < len(parts):
+            here = "/".join(parts[: i + 1])
+            m = members.get(here)
+            if m is not None and m.issym():
+                seen += 1
+                if seen > 40:
+                    return None
+                base = [] if m.linkname.startswith("/") else parts[:i]
+                parts = [p for p in "/".join(base + [m.linkname.strip("/")] + parts[i + 1:]).split("/") if p]
+                # resolve ".." entries
+                out = []
+                for p in parts:
+                    if p == "..":
+                        out = out[:-1]
+                    elif p != ".":
+                        out.append(p)
+                parts, i = out, 0
+                continue
+            i += 1
+        return members.get("/".join(parts))
+    program = resolve(cmd[0])
+    if program is None or not program.isfile() or not program.mode & 0o111:
+        bad.append(f"{name}: layer lacks executable {cmd[0]}")
+    if name in ("py-agent", "node-agent"):
+        for needed in (cmd[-1], "/lib64/ld-linux-x86-64.so.2", "/lib/x86_64-linux-gnu/libc.so.6"):
+            m = resolve(needed)
+            if m is None or not m.isfile():
+                bad.append(f"{name}: layer lacks {needed}")
+        if name == "py-agent" and not any(n.startswith("usr/lib/python3.") and "/lib-dynload/_sqlite3." in n for n in members):
+            bad.append(f"{name}: layer lacks the sqlite3 module")
 for b in bad:
     print(b, file=sys.stderr)
 sys.exit(1 if bad else 0)

@@ -3,11 +3,15 @@
 //! where a small Python server holds every connection open on two ports until its peer closes
 //! it. Actors reach it only through their template's egress allow list (private ranges need an
 //! explicit entry). Create it before `ate up`, so the workers' first read of the node addresses
-//! has 10.254.X.1. Everything is removed on drop, also on panic.
+//! has 10.254.X.1. Everything is removed on drop, also on panic. A test may also serve from the
+//! test host itself: [`TestHost::listen`] makes a listener inside it.
 
-use std::net::{Ipv4Addr, SocketAddr, TcpStream};
+use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};
+use std::os::fd::AsFd;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use nix::sched::{CloneFlags, setns};
 
 /// Accepts on every port given and holds each connection until the peer closes it.
 const HOLD_SERVER: &str = r#"
@@ -126,6 +130,22 @@ impl TestHost {
     /// `ip:port` of the holding server's port `i` (0 or 1).
     pub fn peer(&self, i: usize) -> String {
         format!("{}:{}", self.peer_ip, self.ports[i])
+    }
+
+    /// A listener on the test host's address (`port` 0: any free port), made by a short-lived
+    /// thread that enters the namespace: the socket keeps it, so any thread of this process
+    /// serves it.
+    pub fn listen(&self, port: u16) -> TcpListener {
+        let path = format!("/run/netns/{}", self.netns);
+        let addr = SocketAddr::new(self.peer_ip.into(), port);
+        std::thread::spawn(move || -> std::io::Result<TcpListener> {
+            let ns = std::fs::File::open(&path)?;
+            setns(ns.as_fd(), CloneFlags::CLONE_NEWNET)?;
+            TcpListener::bind(addr)
+        })
+        .join()
+        .expect("the listening thread")
+        .unwrap_or_else(|e| panic!("listen on {addr} in netns {}: {e}", self.netns))
     }
 }
 
