@@ -569,7 +569,7 @@ async fn stale_421_evicts_resolves_again_and_retries_once() {
         .script("a/lost", move |_| Reply::ok(&stale_addr, false));
     let started = std::time::Instant::now();
     let got = get(w.router.addr, Some("a/lost")).await;
-    assert_eq!(got.status, StatusCode::BAD_GATEWAY);
+    assert_eq!(got.status, StatusCode::SERVICE_UNAVAILABLE);
     assert_eq!(
         got.body,
         "actor a/lost unreachable: its worker is not serving it right now; retry in a few seconds"
@@ -1277,7 +1277,7 @@ async fn a_suspend_cut_a_closing_actor_and_a_dead_worker_have_their_own_502s() {
     drop(dead);
     w.api.script("a/d", move |_| Reply::ok(&dead_addr, false));
     let got = get(addr, Some("a/d")).await;
-    assert_eq!(got.status, StatusCode::BAD_GATEWAY, "{}", got.body);
+    assert_eq!(got.status, StatusCode::SERVICE_UNAVAILABLE, "{}", got.body);
     assert_eq!(
         got.body,
         "actor a/d unreachable: its worker did not answer; retry in a few seconds"

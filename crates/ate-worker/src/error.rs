@@ -62,7 +62,13 @@ impl SandboxError {
     pub fn interrupted(&self) -> bool {
         match self {
             SandboxError::Command { status, stderr, .. } => {
-                status.starts_with("signal:") || stderr.contains(crate::lazy::SOURCE_DIED)
+                status.starts_with("signal:")
+                    || stderr.contains(crate::lazy::SOURCE_DIED)
+                    // runc's words for a CRIU that died under it: its socket to CRIU was cut
+                    // without an answer (a CRIU that fails answers with its error).
+                    || (stderr.contains("unixpacket")
+                        && (stderr.contains("connection reset by peer")
+                            || stderr.contains("EOF")))
             }
             _ => false,
         }
@@ -104,4 +110,41 @@ pub(crate) fn tail(text: &str, max: usize) -> String {
         start += 1;
     }
     format!("…{}", &t[start..])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn command(status: &str, stderr: &str) -> SandboxError {
+        SandboxError::Command {
+            command: "runc restore".into(),
+            status: status.into(),
+            stderr: stderr.into(),
+        }
+    }
+
+    #[test]
+    fn restores_cut_short_are_told_from_refused_ones() {
+        for cut in [
+            command("signal: 9 (SIGKILL)", ""),
+            command("ended: the page source gave up", crate::lazy::SOURCE_DIED),
+            command(
+                "exit status: 1",
+                "level=error msg=\"read unixpacket @->@: recvmsg: connection reset by peer\"",
+            ),
+        ] {
+            assert!(cut.interrupted(), "{cut}");
+        }
+        for refused in [
+            command("exit status: 1", "criu failed: type RESTORE errno 0"),
+            command(
+                "ended: the page source gave up",
+                "chunk 3 of pages-1.img is damaged",
+            ),
+            SandboxError::Invalid("no".into()),
+        ] {
+            assert!(!refused.interrupted(), "{refused}");
+        }
+    }
 }

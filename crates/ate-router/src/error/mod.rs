@@ -163,8 +163,14 @@ pub enum ForwardError {
 }
 
 impl ForwardError {
+    /// 503 for a route that stayed bad through the retries within the parking budget (the
+    /// spec's "Unavailable (after retries)": the worker is fenced or restarting and nothing
+    /// reached the actor), 502 for the rest (the actor or its tunnel failed the request).
     pub fn status(self) -> StatusCode {
-        StatusCode::BAD_GATEWAY
+        match self {
+            ForwardError::WorkerDown | ForwardError::NotServed => StatusCode::SERVICE_UNAVAILABLE,
+            _ => StatusCode::BAD_GATEWAY,
+        }
     }
 
     /// The response body; `actor` is `<atespace>/<name>`, `port` the actor port asked for.
@@ -483,7 +489,15 @@ mod tests {
         ];
         let mut seen = std::collections::HashSet::new();
         for e in forward {
-            assert_eq!(e.status(), StatusCode::BAD_GATEWAY);
+            let unavailable = matches!(e, ForwardError::WorkerDown | ForwardError::NotServed);
+            assert_eq!(
+                e.status(),
+                if unavailable {
+                    StatusCode::SERVICE_UNAVAILABLE
+                } else {
+                    StatusCode::BAD_GATEWAY
+                }
+            );
             let body = e.body(a, 8080);
             assert_clean(&body);
             assert!(body.contains(a), "{body}");
