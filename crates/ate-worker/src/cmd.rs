@@ -38,6 +38,68 @@ where
     }
 }
 
+/// [`run`], but `give_up(pid)` (given the program's pid) may end it early: when that future
+/// resolves first, the program is killed (SIGKILL) and its output, a failure, is what is
+/// returned.
+pub(crate) async fn run_unless<I, S, F>(
+    program: &str,
+    args: I,
+    give_up: impl FnOnce(u32) -> F,
+) -> Result<Output>
+where
+    I: IntoIterator<Item = S> + Clone,
+    S: AsRef<OsStr>,
+    F: std::future::Future<Output = ()>,
+{
+    let child = Command::new(program)
+        .args(args.clone())
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .map_err(|e| SandboxError::Command {
+            command: render(program, args.clone()),
+            status: "could not start".to_string(),
+            stderr: e.to_string(),
+        })?;
+    let pid = child.id();
+    let output = child.wait_with_output();
+    tokio::pin!(output);
+    let give_up = async {
+        match pid {
+            Some(pid) => give_up(pid).await,
+            None => std::future::pending().await,
+        }
+    };
+    tokio::pin!(give_up);
+    let mut killed = false;
+    let out = loop {
+        tokio::select! {
+            out = &mut output => break out,
+            () = &mut give_up, if !killed => {
+                killed = true;
+                if let Some(pid) = pid.and_then(|p| i32::try_from(p).ok()) {
+                    let _ = nix::sys::signal::kill(
+                        nix::unistd::Pid::from_raw(pid),
+                        nix::sys::signal::Signal::SIGKILL,
+                    );
+                }
+            }
+        }
+    }
+    .map_err(|e| SandboxError::Command {
+        command: render(program, args.clone()),
+        status: "could not be waited for".to_string(),
+        stderr: e.to_string(),
+    })?;
+    if out.status.success() {
+        Ok(out)
+    } else {
+        Err(failed(program, args, &out))
+    }
+}
+
 /// Runs `program args` and returns its output whatever the exit status.
 pub(crate) async fn output<I, S>(program: &str, args: I) -> Result<Output>
 where

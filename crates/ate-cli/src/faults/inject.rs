@@ -58,6 +58,9 @@ pub(super) async fn run_fault(
     let history = load.samples();
     let mut row = Row::new(fault, started, injected, recovered, checked);
     row.tally(&history, &load.actors, started, window_end, segment_start);
+    if let Ok(rollbacks) = lab.reported_rollbacks.lock() {
+        row.excuse_reported_rollbacks(&rollbacks);
+    }
     row.double = checks.double;
     row.double_seen = sampler.seen_between(segment_start, checked);
     row.slots = checks.slots;

@@ -17,6 +17,42 @@ use super::inject::Component;
 use super::lab::{Lab, signal};
 use super::load::Load;
 
+/// `ate up` gives up on a component that exits more than 10 times in 5 minutes: kills of the
+/// worker or the node agent are spaced at least this much.
+const COMPONENT_KILL_SPACING: Duration = Duration::from_secs(32);
+
+/// When a worker, and the node agent, were last killed by a trial.
+static LAST_KILLS: std::sync::Mutex<Option<(Option<Instant>, Option<Instant>)>> =
+    std::sync::Mutex::new(None);
+
+/// Waits until `target` (the worker or the node agent) may be killed again without `ate up`
+/// giving up on it, and notes that it is about to be.
+async fn pace_component_kill(target: Target) {
+    let slot = |k: &mut (Option<Instant>, Option<Instant>)| -> Option<Instant> {
+        match target {
+            Target::Worker => k.0,
+            Target::Node => k.1,
+            _ => None,
+        }
+    };
+    let last = LAST_KILLS
+        .lock()
+        .ok()
+        .and_then(|mut k| slot(k.get_or_insert((None, None))));
+    if let Some(at) = last {
+        let wait = COMPONENT_KILL_SPACING.saturating_sub(at.elapsed());
+        tokio::time::sleep(wait).await;
+    }
+    if let Ok(mut k) = LAST_KILLS.lock() {
+        let k = k.get_or_insert((None, None));
+        match target {
+            Target::Worker => k.0 = Some(Instant::now()),
+            Target::Node => k.1 = Some(Instant::now()),
+            _ => {}
+        }
+    }
+}
+
 /// An actor that has not answered 200 this long after its trial is stuck.
 const STUCK_AFTER: Duration = Duration::from_secs(60);
 /// How long a trial waits for the process it is to kill to appear.
@@ -234,6 +270,9 @@ pub(super) async fn kill_in_suspend(
     for trial in 0..trials {
         let actor = &actors[trial % actors.len()];
         let target = Target::IN_SUSPEND[trial % Target::IN_SUSPEND.len()];
+        pace_component_kill(target).await;
+        let began = lab.clock.now();
+        let reported_before = rollbacks_reported(lab, actor);
         let (suspended, killed) =
             tokio::join!(lab.suspend(actor), kill_when_seen(lab, target, actor));
         let outcome = match suspended {
@@ -252,8 +291,32 @@ pub(super) async fn kill_in_suspend(
             &mut failed,
         )
         .await?;
+        // The one loss these kills may cause, and only where the system says so: a CRIU killed
+        // inside the actor's processes can take them with it; the actor is then back at its
+        // previous generation (the suspend's answer, lastError and the api's log say so).
+        if rollbacks_reported(lab, actor) > reported_before {
+            notes.push(format!(
+                "trial {trial}: {actor}'s sandbox did not survive; back at its previous generation (reported)"
+            ));
+            if let Ok(mut r) = lab.reported_rollbacks.lock() {
+                r.push((actor.clone(), began, lab.clock.now()));
+            }
+        }
     }
     Ok(failed)
+}
+
+/// How many times the api has logged that a suspend of `actor` lost its sandbox (the actor
+/// went back to its previous generation).
+fn rollbacks_reported(lab: &Lab, actor: &str) -> usize {
+    let needle = format!("actor={ATESPACE}/{actor} ");
+    std::fs::read_to_string(lab.state.join("logs").join("api.log"))
+        .map(|log| {
+            log.lines()
+                .filter(|l| l.contains("suspend lost the sandbox") && l.contains(&needle))
+                .count()
+        })
+        .unwrap_or(0)
 }
 
 /// `kill-in-resume`: `trials` times, an actor suspended and then resumed by its load client's
@@ -269,6 +332,7 @@ pub(super) async fn kill_in_resume(
     for trial in 0..trials {
         let actor = &actors[trial % actors.len()];
         let target = Target::IN_RESUME[trial % Target::IN_RESUME.len()];
+        pace_component_kill(target).await;
         // Pinned to the worker it is not on, so the resume restores the generation there (a
         // real CRIU restore, lazy) rather than thawing a frozen copy in place.
         if let Err(e) = pin_elsewhere(lab, actor).await {

@@ -46,6 +46,9 @@ pub(super) struct Lab {
     pub(super) clock: Clock,
     /// Trials of each kill-inside fault (`--trials`).
     pub(super) trials: usize,
+    /// (actor, from, to) in the bench's clock: a rollback to the actor's previous generation
+    /// the system reported in that window (see `Row::excuse_reported_rollbacks`).
+    pub(super) reported_rollbacks: std::sync::Mutex<Vec<(String, f64, f64)>>,
 }
 
 impl Lab {
@@ -88,6 +91,7 @@ impl Lab {
             tmpfs: None,
             clock: Clock(Instant::now()),
             trials: a.trials,
+            reported_rollbacks: std::sync::Mutex::new(Vec::new()),
         })
     }
 

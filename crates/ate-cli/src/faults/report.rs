@@ -29,6 +29,10 @@ pub(super) struct Row {
     unavailable: f64,
     unavailable_actor: String,
     lost: Vec<CountEvent>,
+    /// Counts that went back to an actor's previous generation where the system said so (a
+    /// suspend that lost its sandbox: `lastError` and the suspend's answer report it), which
+    /// the kill-inside faults allow; not a state lost.
+    rolled_back: Vec<CountEvent>,
     replies_lost: Vec<CountEvent>,
     pub(super) double: Vec<(String, Vec<String>)>,
     pub(super) double_seen: Vec<(String, Vec<String>)>,
@@ -58,6 +62,7 @@ impl Row {
             unavailable: 0.0,
             unavailable_actor: String::new(),
             lost: Vec::new(),
+            rolled_back: Vec::new(),
             replies_lost: Vec::new(),
             double: Vec::new(),
             double_seen: Vec::new(),
@@ -99,6 +104,19 @@ impl Row {
             self.replies_lost
                 .extend(skipped.into_iter().filter(in_segment));
         }
+    }
+
+    /// Moves the state-lost events that fall in a reported rollback (actor, from, to) to the
+    /// rolled-back list.
+    pub(super) fn excuse_reported_rollbacks(&mut self, rollbacks: &[(String, f64, f64)]) {
+        let (excused, lost): (Vec<_>, Vec<_>) =
+            std::mem::take(&mut self.lost).into_iter().partition(|e| {
+                rollbacks
+                    .iter()
+                    .any(|(a, from, to)| *a == e.actor && e.at >= *from && e.at <= *to)
+            });
+        self.lost = lost;
+        self.rolled_back = excused;
     }
 
     /// Every target: no state lost, no actor running on two workers (after recovery or at any
@@ -166,6 +184,8 @@ impl Row {
             "over_unavailability_target": self.unavailable > UNAVAILABILITY_TARGET_S,
             "states_lost": self.lost.len(),
             "states_lost_events": events(&self.lost),
+            "rolled_back_reported": self.rolled_back.len(),
+            "rolled_back_events": events(&self.rolled_back),
             "replies_lost": self.replies_lost.len(),
             "replies_lost_events": events(&self.replies_lost),
             "double_activations": self.double.len(),
@@ -294,6 +314,12 @@ fn row_notes(r: &Row) -> Vec<String> {
     for e in &r.lost {
         out.push(format!(
             "{f}: STATE LOST {ATESPACE}/{} at {:.2} s: count {} after {}",
+            e.actor, e.at, e.got, e.previous
+        ));
+    }
+    for e in &r.rolled_back {
+        out.push(format!(
+            "{f}: rolled back (reported) {ATESPACE}/{} at {:.2} s: count {} after {}",
             e.actor, e.at, e.got, e.previous
         ));
     }

@@ -7,7 +7,7 @@ use std::time::Instant;
 use super::RuncRuntime;
 use super::cgroup::{cpu_quota_us, read_cpu_quota};
 use super::files::{dir_size, remove_dir_if_exists, remove_file_if_exists};
-use super::spawn::pid_file;
+use super::spawn::{criu_died_under, pid_file};
 use crate::error::{IoContext, Result, SandboxError, tail};
 use crate::lazy::PageSource;
 use crate::reaper::InitStatus;
@@ -100,7 +100,11 @@ impl RuncRuntime {
             args.push("--leave-running");
         }
         args.extend(["--image-path", &image, "--work-path", &work_s, &id]);
-        let dumped = self.runc(&args).await;
+        // A CRIU killed in the middle leaves runc waiting for an answer that never comes:
+        // ended when its CRIU is gone.
+        let mut full = self.base_args();
+        full.extend(args.iter().map(|a| a.to_string()));
+        let dumped = crate::cmd::run_unless(&self.runc, &full, criu_died_under).await;
         let dump = begun.elapsed();
         if (keep_frozen || dumped.is_err())
             && let Some(q) = quota.filter(|q| *q > 0)

@@ -198,7 +198,7 @@ const CRIU_GONE_GRACE: Duration = Duration::from_secs(2);
 /// never seen (runc run) or runc exits first. The first `criu` child is the one runc talks to;
 /// the restored tasks CRIU forks are also called `criu` until they become the actor, and may
 /// be left to runc when CRIU dies, so only that first pid is watched.
-async fn criu_died_under(runc: u32) {
+pub(super) async fn criu_died_under(runc: u32) {
     let mut criu: Option<u32> = None;
     let mut gone_since: Option<Instant> = None;
     loop {
