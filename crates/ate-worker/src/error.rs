@@ -64,6 +64,7 @@ impl SandboxError {
             SandboxError::Command { status, stderr, .. } => {
                 status.starts_with("signal:")
                     || stderr.contains(crate::lazy::SOURCE_DIED)
+                    || stderr.contains(crate::runc::CRIU_DIED)
                     // runc's words for a CRIU that died under it: its socket to CRIU was cut
                     // without an answer (a CRIU that fails answers with its error).
                     || (stderr.contains("unixpacket")
@@ -129,6 +130,13 @@ mod tests {
         for cut in [
             command("signal: 9 (SIGKILL)", ""),
             command("ended: the page source gave up", crate::lazy::SOURCE_DIED),
+            command(
+                "ended: the page source gave up",
+                &format!(
+                    "CRIU closed the lazy-pages socket; {}",
+                    crate::runc::CRIU_DIED
+                ),
+            ),
             command(
                 "exit status: 1",
                 "level=error msg=\"read unixpacket @->@: recvmsg: connection reset by peer\"",

@@ -46,6 +46,7 @@ pub(crate) use oci::{
     DEV_OPTIONS, EXEC_FAILED, IDENTITY_OPTIONS, SHM_OPTIONS, SYSFS_OPTIONS, VOLUME_OPTIONS,
     command_line, merge_env, mount, process_args, render_args,
 };
+pub(crate) use spawn::CRIU_DIED;
 use spawn::pid_file;
 
 /// Sandbox class reported for this runtime.

@@ -74,17 +74,31 @@ impl RuncRuntime {
                 return Err(SandboxError::Command {
                     command: cmd::render(&self.runc, &full),
                     status: "signal: 9 (SIGKILL)".to_string(),
-                    stderr: "CRIU died before the restore finished; runc was ended".to_string(),
+                    stderr: format!("{CRIU_DIED} before the restore finished; runc was ended"),
                 });
             }
             why = failed => {
                 let _ = child.start_kill();
                 kill_cgroup_processes(&actor.short_id());
                 let _ = child.wait().await;
+                // CRIU that left the page source without an error of its own in its log was
+                // killed, not refused: say so, so the restore counts as cut short.
+                let criu_log = work_path(&full).map(|w| w.join("restore.log"));
+                let criu_errors = match &criu_log {
+                    Some(log) => tokio::fs::read_to_string(log)
+                        .await
+                        .is_ok_and(|text| text.contains("Error (")),
+                    None => true,
+                };
+                let stderr = if why.contains("CRIU closed the lazy-pages socket") && !criu_errors {
+                    format!("{why}; {CRIU_DIED}")
+                } else {
+                    why
+                };
                 return Err(SandboxError::Command {
                     command: cmd::render(&self.runc, &full),
                     status: "ended: the page source gave up".to_string(),
-                    stderr: why,
+                    stderr,
                 });
             }
         };
@@ -99,12 +113,8 @@ impl RuncRuntime {
         let _ = tokio::time::timeout(Duration::from_secs(1), copier.wait()).await;
         let log = tokio::fs::read(actor.log_path()).await.unwrap_or_default();
         let mut stderr = tail(&String::from_utf8_lossy(&log), 2000);
-        if let Some(work) = full
-            .iter()
-            .position(|a| a == "--work-path")
-            .and_then(|i| full.get(i + 1))
-        {
-            let criu_log = Path::new(work).join("restore.log");
+        if let Some(work) = work_path(&full) {
+            let criu_log = work.join("restore.log");
             if let Ok(text) = tokio::fs::read_to_string(&criu_log).await {
                 stderr.push_str(&format!(
                     "\n--- {} ---\n{}",
@@ -187,6 +197,18 @@ async fn spawn_log_relay(
         status: "could not start".to_string(),
         stderr: e.to_string(),
     })
+}
+
+/// What a restore's error says when its CRIU ended without an error of its own (killed): the
+/// restore was cut short (see `SandboxError::interrupted`).
+pub(crate) const CRIU_DIED: &str = "CRIU ended with no error in its log (killed)";
+
+/// The `--work-path` of a runc command line.
+fn work_path(args: &[String]) -> Option<&Path> {
+    args.iter()
+        .position(|a| a == "--work-path")
+        .and_then(|i| args.get(i + 1))
+        .map(Path::new)
 }
 
 /// How long runc may outlive its CRIU child before the restore counts as cut short (runc
