@@ -23,7 +23,10 @@ const SUSPEND_RETRY_MAX: Duration = Duration::from_secs(2);
 /// two suspends do (the actor's uid is its own, and each activation suspends at most once
 /// successfully).
 fn suspend_uuid(actor: &ActorRecord, generation: u64) -> String {
-    let name = format!("ate-suspend/{}/{generation}/{}", actor.uid, actor.activation);
+    let name = format!(
+        "ate-suspend/{}/{generation}/{}",
+        actor.uid, actor.activation
+    );
     uuid::Uuid::new_v5(&uuid::Uuid::NAMESPACE_OID, name.as_bytes()).to_string()
 }
 

@@ -272,7 +272,9 @@ pub(super) async fn kill_in_resume(
         // Pinned to the worker it is not on, so the resume restores the generation there (a
         // real CRIU restore, lazy) rather than thawing a frozen copy in place.
         if let Err(e) = pin_elsewhere(lab, actor).await {
-            notes.push(format!("trial {trial}: could not pin {actor} to another worker: {e:#}"));
+            notes.push(format!(
+                "trial {trial}: could not pin {actor} to another worker: {e:#}"
+            ));
         }
         if let Err(e) = lab.suspend(actor).await {
             notes.push(format!(

@@ -241,10 +241,7 @@ fn read_reports(
             }
             Ok(Received::Failed(why)) => set_outcome(&shared, Outcome::Failed(why)),
             Ok(Received::Closed) | Err(_) => {
-                set_outcome(
-                    &shared,
-                    Outcome::Failed(SOURCE_DIED.into()),
-                );
+                set_outcome(&shared, Outcome::Failed(SOURCE_DIED.into()));
                 break;
             }
         }

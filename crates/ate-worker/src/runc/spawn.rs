@@ -222,7 +222,11 @@ fn name_and_state(pid: u32) -> Option<(String, String)> {
     let open = stat.find('(')?;
     let close = stat.rfind(')')?;
     let name = stat.get(open + 1..close)?.to_string();
-    let state = stat.get(close + 1..)?.split_whitespace().next()?.to_string();
+    let state = stat
+        .get(close + 1..)?
+        .split_whitespace()
+        .next()?
+        .to_string();
     Some((name, state))
 }
 

@@ -64,9 +64,9 @@ impl Worker {
             // a restarted worker, which may have served since): what it wrote is not this
             // sandbox's state any more. Written again from the start.
             tracing::warn!(actor = %key, dir = %gen_dir.display(), "removing what an interrupted checkpoint wrote; dumping again");
-            tokio::fs::remove_dir_all(&gen_dir).await.map_err(|e| {
-                VerbError::Internal(format!("remove {}: {e}", gen_dir.display()))
-            })?;
+            tokio::fs::remove_dir_all(&gen_dir)
+                .await
+                .map_err(|e| VerbError::Internal(format!("remove {}: {e}", gen_dir.display())))?;
         }
         // A dump reads memory through the page tables: pages a lazy restore has not placed yet
         // would be missing from it. Wait until every page is in (the background push takes
