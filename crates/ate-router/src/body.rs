@@ -74,23 +74,34 @@ impl From<Incoming> for RouterBody {
     }
 }
 
+/// The error of a [`RouterBody`]: hyper's, or [`CutBody`]. Boxed only when a body fails.
+pub type BodyError = Box<dyn std::error::Error + Send + Sync>;
+
+/// A body delimited by the end of its connection (no Content-Length, not chunked) whose
+/// connection was cut by atunnel or the router (ingress off, the worker gone), not closed by the
+/// actor: the end it read may not be the body's end, so the client gets an error (HTTP/1.1: the
+/// connection closed before the last chunk; h2: RST_STREAM), never a clean but short body.
+#[derive(Debug, thiserror::Error)]
+#[error("the actor's connection was cut before the end of a body delimited by its close")]
+pub struct CutBody;
+
 impl Body for RouterBody {
     type Data = Bytes;
-    type Error = hyper::Error;
+    type Error = BodyError;
 
     fn poll_frame(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+    ) -> Poll<Option<Result<Frame<Bytes>, BodyError>>> {
         match self.get_mut() {
-            RouterBody::Stream(body) => Pin::new(body).poll_frame(cx),
+            RouterBody::Stream(body) => Pin::new(body).poll_frame(cx).map_err(Into::into),
             RouterBody::Shared(body, in_use) => {
                 let frame = Pin::new(body).poll_frame(cx);
                 if let Poll::Ready(Some(Err(_))) = &frame {
                     // A broken stream may mean a broken connection: do not reuse it.
                     in_use.mark_broken();
                 }
-                frame
+                frame.map_err(Into::into)
             }
             RouterBody::Pooled(pooled) => {
                 let mut frame = Pin::new(&mut pooled.body).poll_frame(cx);
@@ -102,13 +113,19 @@ impl Body for RouterBody {
                     frame = Pin::new(&mut pooled.body).poll_frame(cx);
                 }
                 match &frame {
+                    Poll::Ready(None)
+                        if pooled.back.as_ref().is_some_and(PoolReturn::cut_before_end) =>
+                    {
+                        pooled.back = None;
+                        return Poll::Ready(Some(Err(CutBody.into())));
+                    }
                     Poll::Ready(None) => pooled.finish(),
                     Poll::Ready(Some(Ok(_))) if pooled.body.is_end_stream() => pooled.finish(),
                     // A broken body: the connection is not reused.
                     Poll::Ready(Some(Err(_))) => pooled.back = None,
                     _ => {}
                 }
-                frame
+                frame.map_err(Into::into)
             }
             RouterBody::Text(text) => Poll::Ready(text.take().map(|b| Ok(Frame::data(b)))),
         }

@@ -83,6 +83,9 @@ async fn start_actor(idle_close: Option<Duration>) -> Actor {
 /// or to drop), and whether the router has ended it.
 struct Handoff {
     control: Option<tokio::net::unix::OwnedWriteHalf>,
+    /// atunnel's own copy of the actor's socket (worker: `upstream`), kept until the router
+    /// ends the tunnel.
+    socket: Option<std::net::TcpStream>,
     ended: Arc<tokio::sync::Notify>,
     ended_flag: Arc<std::sync::atomic::AtomicBool>,
 }
@@ -130,6 +133,16 @@ impl TestAtunnel {
         drop(self.handoffs.lock().unwrap()[i].control.take());
     }
 
+    /// Ingress off as the worker's atunnel does it: the unix connection closes, then atunnel's
+    /// own copy of the socket is cut (`shutdown(2)`) at once, before the router's watcher can
+    /// have acted on the first.
+    fn ingress_off(&self, i: usize) {
+        let mut handoffs = self.handoffs.lock().unwrap();
+        drop(handoffs[i].control.take());
+        let socket = handoffs[i].socket.take().unwrap();
+        socket.shutdown(std::net::Shutdown::Both).unwrap();
+    }
+
     fn ended(&self, i: usize) -> bool {
         self.handoffs.lock().unwrap()[i]
             .ended_flag
@@ -175,17 +188,22 @@ async fn serve(stream: UnixStream, actor: SocketAddr, handoffs: Arc<Mutex<Vec<Ha
         )
         .unwrap();
     }
-    // The router holds the only descriptor now (atunnel's own copy is not needed here).
-    drop(upstream);
     let ended = Arc::new(tokio::sync::Notify::new());
     let ended_flag = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    handoffs.lock().unwrap().push(Handoff {
-        control: Some(write),
-        ended: ended.clone(),
-        ended_flag: ended_flag.clone(),
-    });
-    // The router's end: it closed the unix connection (nothing else comes this way).
+    let i = {
+        let mut handoffs = handoffs.lock().unwrap();
+        handoffs.push(Handoff {
+            control: Some(write),
+            socket: Some(upstream),
+            ended: ended.clone(),
+            ended_flag: ended_flag.clone(),
+        });
+        handoffs.len() - 1
+    };
+    // The router's end: it closed the unix connection (nothing else comes this way). Then the
+    // router holds the only descriptor of the socket, so closing it reaches the actor.
     let _ = read.read(&mut byte).await;
+    drop(handoffs.lock().unwrap()[i].socket.take());
     ended_flag.store(true, Ordering::SeqCst);
     ended.notify_waiters();
 }
@@ -198,11 +216,14 @@ struct Setup {
 }
 
 async fn setup(idle_close: Option<Duration>) -> Setup {
+    setup_to(start_actor(idle_close).await).await
+}
+
+async fn setup_to(actor: Actor) -> Setup {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().to_path_buf();
     let world = World::start(|c| c.local_tunnels = Some(path)).await;
     world.running(ACTOR);
-    let actor = start_actor(idle_close).await;
     let atunnel = TestAtunnel::start(dir.path(), &world.worker(), actor.addr);
     Setup {
         world,
@@ -386,4 +407,141 @@ async fn concurrent_clients_each_get_their_answer() {
     all.sort_unstable();
     all.dedup();
     assert_eq!(all.len(), 400, "every request reached the actor once");
+}
+
+/// An actor port that answers every request with a body delimited by the connection's close
+/// (HTTP/1.1 200, neither Content-Length nor chunked): `first half, ` at once, then after
+/// `pause` `second half` and the close. Python's `http.server` answers like this by default.
+async fn start_until_close_actor(pause: Duration) -> Actor {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let actor = Actor {
+        addr: listener.local_addr().unwrap(),
+        open: Arc::new(AtomicUsize::new(0)),
+        accepted: Arc::new(AtomicUsize::new(0)),
+    };
+    let (open, accepted) = (actor.open.clone(), actor.accepted.clone());
+    tokio::spawn(async move {
+        loop {
+            let Ok((mut tcp, _)) = listener.accept().await else {
+                return;
+            };
+            accepted.fetch_add(1, Ordering::SeqCst);
+            open.fetch_add(1, Ordering::SeqCst);
+            let open = open.clone();
+            tokio::spawn(async move {
+                let mut head = Vec::new();
+                let mut buf = [0u8; 1024];
+                while !head.ends_with(b"\r\n\r\n") {
+                    match tcp.read(&mut buf).await {
+                        Ok(0) | Err(_) => {
+                            open.fetch_sub(1, Ordering::SeqCst);
+                            return;
+                        }
+                        Ok(n) => head.extend_from_slice(&buf[..n]),
+                    }
+                }
+                let first = b"HTTP/1.1 200 OK\r\ncontent-type: text/plain\r\nconnection: close\r\n\r\nfirst half, ";
+                if tcp.write_all(first).await.is_ok() {
+                    tokio::time::sleep(pause).await;
+                    let _ = tcp.write_all(b"second half").await;
+                }
+                drop(tcp);
+                open.fetch_sub(1, Ordering::SeqCst);
+            });
+        }
+    });
+    actor
+}
+
+/// The head of a response to `/` through the router, over HTTP/1.1 or h2 (prior knowledge).
+async fn head_of(router: SocketAddr, h2: bool) -> Response<Incoming> {
+    let tcp = tokio::net::TcpStream::connect(router).await.unwrap();
+    let req = Request::builder()
+        .uri("http://app.example/")
+        .header("ate-target-actor", ACTOR)
+        .body(http_body_util::Empty::<Bytes>::new())
+        .unwrap();
+    if h2 {
+        let (mut sender, conn) = hyper::client::conn::http2::handshake(
+            hyper_util::rt::TokioExecutor::new(),
+            TokioIo::new(tcp),
+        )
+        .await
+        .unwrap();
+        tokio::spawn(conn);
+        sender.send_request(req).await.unwrap()
+    } else {
+        let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tcp))
+            .await
+            .unwrap();
+        tokio::spawn(conn);
+        sender.send_request(req).await.unwrap()
+    }
+}
+
+/// Reads the first data frame of `resp`'s body (the actor is mid-body after it), then cuts the
+/// tunnel with `cut` and reads the rest: the client must get an error, not a clean end.
+async fn cut_mid_body(h2: bool, cut: impl FnOnce(&TestAtunnel)) {
+    let s = setup_to(start_until_close_actor(Duration::from_secs(30)).await).await;
+    let resp = head_of(s.world.router.addr, h2).await;
+    assert_eq!(resp.status(), 200);
+    let mut body = resp.into_body();
+    let first = tokio::time::timeout(Duration::from_secs(5), body.frame())
+        .await
+        .expect("the first half came")
+        .expect("a frame")
+        .expect("not an error yet");
+    assert_eq!(first.into_data().unwrap(), "first half, ");
+    assert_eq!(s.atunnel.count(), 1, "a handed-off tunnel");
+    cut(&s.atunnel);
+    let rest = tokio::time::timeout(Duration::from_secs(5), body.collect())
+        .await
+        .expect("the body ended");
+    match rest {
+        Err(e) => tracing::debug!(error = %e, "the cut body failed as it must"),
+        Ok(rest) => panic!(
+            "a body cut mid-way ended cleanly (h2: {h2}), the client would take {:?} for all of it",
+            rest.to_bytes()
+        ),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_body_until_close_cut_by_atunnel_going_fails_over_http1() {
+    cut_mid_body(false, |a| a.vanish(0)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_body_until_close_cut_by_atunnel_going_fails_over_h2() {
+    cut_mid_body(true, |a| a.vanish(0)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_body_until_close_cut_by_ingress_off_fails_over_http1() {
+    for _ in 0..5 {
+        cut_mid_body(false, |a| a.ingress_off(0)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_body_until_close_cut_by_ingress_off_fails_over_h2() {
+    for _ in 0..5 {
+        cut_mid_body(true, |a| a.ingress_off(0)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_body_until_close_the_actor_ends_is_whole() {
+    let s = setup_to(start_until_close_actor(Duration::from_millis(50)).await).await;
+    for h2 in [false, true] {
+        let resp = head_of(s.world.router.addr, h2).await;
+        assert_eq!(resp.status(), 200);
+        let body = resp.into_body().collect().await.expect("a clean end");
+        assert_eq!(body.to_bytes(), "first half, second half", "h2: {h2}");
+    }
+    assert_eq!(
+        s.atunnel.count(),
+        2,
+        "one handoff per response (each ends in a close)"
+    );
 }

@@ -166,7 +166,11 @@ async fn handle(mut stream: UnixStream, tunnels: Arc<Tunnels>) {
         match event {
             Event::RouterDone => break,
             Event::IngressOff => {
-                // Cut it as a CONNECT tunnel is cut.
+                // Cut it as a CONNECT tunnel is cut, once the router can see that atunnel ended
+                // the tunnel: the unix connection closes first, so a router that reads the cut
+                // as the end of a body delimited by the connection's close finds it closed and
+                // fails that body instead of ending it cleanly short.
+                drop(stream);
                 let _ = upstream.shutdown(std::net::Shutdown::Both);
                 break;
             }

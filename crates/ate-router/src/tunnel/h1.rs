@@ -28,6 +28,9 @@ use super::{SendFailed, TunnelError, Tunnels, request_id_of};
 #[derive(Debug, Default)]
 struct HandoffUse {
     retired: AtomicBool,
+    /// The watcher cut the socket (atunnel gone, or speaking out of turn): an end of stream read
+    /// after this may be the cut's, not the actor's.
+    cut: AtomicBool,
 }
 
 /// What a handed-off connection has beyond a CONNECT one, boxed so that [`H1Conn`] (which a
@@ -42,11 +45,37 @@ struct Handed {
     /// The actor it serves: the pool's key at every return, without a new copy of the name
     /// per request.
     actor: ActorKey,
+    /// A second descriptor of the unix connection (the watcher reads the first): whether
+    /// atunnel has ended it is checked here at once, without waiting for the watcher's turn.
+    control: std::os::fd::OwnedFd,
 }
 
 impl Handed {
     fn retired(&self) -> bool {
         self.usage.retired.load(Ordering::SeqCst)
+    }
+
+    /// Whether the tunnel was cut rather than closed by the actor: the watcher cut the socket,
+    /// or atunnel ended the unix connection (it does so before its own cut, `shutdown(2)` at
+    /// ingress off, so an end of stream that cut caused is always read after this shows).
+    fn cut(&self) -> bool {
+        use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
+        if self.usage.cut.load(Ordering::SeqCst) {
+            return true;
+        }
+        // atunnel's close shows as POLLHUP, a shutdown of its writing as POLLRDHUP, even while a
+        // RETIRE byte waits unread. nix has no name for POLLRDHUP: revents holding it do not
+        // convert (`None`), and it is the only bit asked for beyond nix's own.
+        let rdhup = PollFlags::from_bits_retain(nix::libc::POLLRDHUP);
+        let mut fds = [PollFd::new(self.control.as_fd(), PollFlags::POLLIN | rdhup)];
+        match poll(&mut fds, PollTimeout::ZERO) {
+            Ok(n) if n > 0 => fds[0]
+                .revents()
+                .is_none_or(|r| r.intersects(PollFlags::POLLHUP | PollFlags::POLLERR)),
+            // Nothing to read: atunnel still holds it. (A failed poll, EINTR, says nothing
+            // either; the watcher's flag still counts.)
+            _ => false,
+        }
     }
 }
 
@@ -147,13 +176,19 @@ pub struct PoolReturn {
     tunnels: Arc<Tunnels>,
     key: ActorKey,
     pub(super) conn: H1Conn,
+    /// The body is delimited by the connection's close (no Content-Length, not chunked), so an
+    /// end of stream is its end only if the actor closed the connection (see
+    /// [`PoolReturn::cut_before_end`]).
+    until_close: bool,
 }
 
 impl PoolReturn {
     /// The body ended: the connection goes back to the pool (unless atunnel asked for it back,
     /// or the pool is full: then it is dropped, which closes it).
     pub fn done(self) {
-        let PoolReturn { tunnels, key, conn } = self;
+        let PoolReturn {
+            tunnels, key, conn, ..
+        } = self;
         if conn.sender.is_closed() {
             return;
         }
@@ -171,6 +206,16 @@ impl PoolReturn {
                 since: Instant::now(),
             });
         }
+    }
+
+    /// Whether the end of stream of a body delimited by the connection's close came from a cut
+    /// (ingress off, the worker gone) rather than the actor closing the connection: such a body
+    /// may be short, and must reach the client as an error. A body with a length or chunks
+    /// needs no check (a cut before its end is already an error). Only a handed-off connection
+    /// can tell: a CONNECT tunnel's cut (the stream reset by atunnel) reads as its end of
+    /// stream (hyper reads `CANCEL` as a clean end).
+    pub fn cut_before_end(&self) -> bool {
+        self.until_close && self.conn.handoff.as_ref().is_some_and(|h| h.cut())
     }
 
     /// Polls the connection's I/O (the body's task drives it while the body streams).
@@ -272,12 +317,18 @@ impl Tunnels {
         // A second descriptor of the socket, for the watcher to cut it with (`shutdown(2)`)
         // whoever holds the connection at that moment.
         let cut = handed.tcp.as_fd().try_clone_to_owned().map_err(io_err)?;
+        let control = handed
+            .control
+            .as_fd()
+            .try_clone_to_owned()
+            .map_err(io_err)?;
         let (sender, conn) = http1::Builder::new()
             .handshake(TokioIo::new(handed.tcp))
             .await
             .map_err(|e| io_err(std::io::Error::other(e)))?;
         let usage = Arc::new(HandoffUse {
             retired: AtomicBool::new(handed.retired),
+            cut: AtomicBool::new(false),
         });
         let (alive, dropped) = tokio::sync::oneshot::channel();
         let key = ActorKey::from_validated(actor);
@@ -298,6 +349,7 @@ impl Tunnels {
                 _alive: alive,
                 driver: Some(Box::pin(conn)),
                 actor: key,
+                control,
             })),
         })
     }
@@ -331,6 +383,8 @@ impl Tunnels {
                         // A request holds it: its end closes it, and `dropped` fires.
                     }
                     _ => {
+                        // Before the cut: a body that reads the cut as its end sees this.
+                        usage.cut.store(true, Ordering::SeqCst);
                         let _ = socket.shutdown(std::net::Shutdown::Both);
                         if let Some(tunnels) = tunnels.upgrade() {
                             tunnels.retire_handoff(&key, &usage);
@@ -457,7 +511,18 @@ impl Tunnels {
         conn: H1Conn,
         response: Response<Incoming>,
     ) -> Response<RouterBody> {
-        match self.checkin(actor, conn) {
+        use hyper::body::Body as _;
+        // hyper delimits a response with neither header by the connection's close (RFC 9112
+        // §6.3); one without a body at all (HEAD, 204, 304) is an end of stream already.
+        let until_close = conn.handoff.is_some()
+            && !response.body().is_end_stream()
+            && !response
+                .headers()
+                .contains_key(http::header::CONTENT_LENGTH)
+            && !response
+                .headers()
+                .contains_key(http::header::TRANSFER_ENCODING);
+        match self.checkin(actor, conn, until_close) {
             Ok(back) => response.map(|body| RouterBody::pooled(body, back)),
             Err(conn) => {
                 conn.detach();
@@ -518,7 +583,12 @@ impl Tunnels {
 
     /// What returns `conn` to the pool once its response body has ended (see
     /// [`PoolReturn`]); the connection back with the pool off.
-    fn checkin(self: &Arc<Self>, actor: &str, conn: H1Conn) -> Result<PoolReturn, H1Conn> {
+    fn checkin(
+        self: &Arc<Self>,
+        actor: &str,
+        conn: H1Conn,
+        until_close: bool,
+    ) -> Result<PoolReturn, H1Conn> {
         if self.cfg.idle_per_actor == 0 {
             return Err(conn);
         }
@@ -530,6 +600,7 @@ impl Tunnels {
             tunnels: self.clone(),
             key,
             conn,
+            until_close,
         })
     }
 
