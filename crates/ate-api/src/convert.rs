@@ -10,7 +10,7 @@ use ate_store::{
 use tonic::{Code, Status};
 
 use crate::error::{ErrorKind, WorkflowError};
-use crate::workflows::{ActorLog, ActorView, HeldActor};
+use crate::workflows::{ActorLog, ActorView, Damage, GenerationView, HeldActor};
 
 fn code(kind: ErrorKind) -> Code {
     match kind {
@@ -143,6 +143,28 @@ pub fn snapshot(s: &SnapshotRecord) -> v1::Snapshot {
     }
 }
 
+/// A node's report of damaged copies (a Restore's status details, an exit report).
+pub fn damage(d: v1::GenerationDamage) -> Damage {
+    Damage {
+        generation: d.generation,
+        uuid: d.uuid,
+        local: non_empty(&d.local),
+        durable: non_empty(&d.durable),
+    }
+}
+
+/// One of an actor's generations as ListGenerations answers it.
+pub fn generation(g: &GenerationView) -> v1::Generation {
+    v1::Generation {
+        snapshot: Some(snapshot(&g.snapshot)),
+        local_damage: g.snapshot.local_damage.clone().unwrap_or_default(),
+        durable_damage: g.snapshot.durable_damage.clone().unwrap_or_default(),
+        skipped: g.snapshot.skipped,
+        local_usable: g.local_usable,
+        next: g.next,
+    }
+}
+
 pub fn tag(t: &TagRecord) -> v1::Tag {
     v1::Tag {
         atespace: t.atespace.clone(),
@@ -204,6 +226,9 @@ pub fn snapshot_from_wire(
         checksum: s.checksum.clone(),
         reason: non_empty(&s.reason),
         created_ms: now_ms,
+        local_damage: None,
+        durable_damage: None,
+        skipped: false,
     })
 }
 

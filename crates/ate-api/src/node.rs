@@ -16,6 +16,7 @@ use tonic::{Code, Status};
 
 use crate::convert;
 use crate::error::WorkflowError;
+use crate::workflows::Damage;
 
 /// Pool of node-agent clients keyed by gRPC address (`host:port` or `http://host:port`).
 #[derive(Default)]
@@ -83,6 +84,8 @@ pub struct NodeError {
     pub unreached: bool,
     /// The node's (or the transport's) message.
     pub message: String,
+    /// Copies of the generation the node found damaged (a Restore's status details).
+    pub damage: Option<Damage>,
 }
 
 impl NodeError {
@@ -109,6 +112,7 @@ impl From<Status> for NodeError {
             // node sent has none.
             unreached: status.source().is_some(),
             message: status.message().to_string(),
+            damage: ate_proto::damage::damage_of(&status).map(convert::damage),
         }
     }
 }
@@ -351,6 +355,31 @@ mod tests {
             assert!(!e.unreached, "{code:?}");
             assert_eq!(e.message, "the node's words");
         }
+    }
+
+    #[test]
+    fn a_damaged_copy_comes_with_the_failure() {
+        let damage = ate_proto::v1::GenerationDamage {
+            generation: 4,
+            uuid: "u-4".into(),
+            local: "rootfs.tar: size 3 bytes, manifest says 4".into(),
+            durable: "criu/pages-1.img chunk 2 is damaged".into(),
+        };
+        let status =
+            ate_proto::damage::with_damage(Status::failed_precondition("restore failed"), &damage);
+        let e = NodeError::from(status);
+        assert_eq!(e.kind, NodeErrorKind::Failed);
+        assert_eq!(e.message, "restore failed");
+        assert_eq!(
+            e.damage,
+            Some(crate::workflows::Damage {
+                generation: 4,
+                uuid: "u-4".into(),
+                local: Some("rootfs.tar: size 3 bytes, manifest says 4".into()),
+                durable: Some("criu/pages-1.img chunk 2 is damaged".into()),
+            })
+        );
+        assert_eq!(NodeError::from(Status::internal("x")).damage, None);
     }
 
     #[test]

@@ -539,6 +539,7 @@ async fn crash_revert_resume(b: Backend) {
         .actors()
         .revert_actor(RevertActorRequest {
             actor: Some(obj("ns", "a")),
+            generation: 0,
         })
         .await
         .unwrap()
@@ -550,6 +551,7 @@ async fn crash_revert_resume(b: Backend) {
         .actors()
         .revert_actor(RevertActorRequest {
             actor: Some(obj("ns", "a")),
+            generation: 0,
         })
         .await
         .unwrap_err();
@@ -580,7 +582,8 @@ async fn epoch_mismatch_stays_resuming(b: Backend) {
     assert_eq!(
         t.actors()
             .revert_actor(RevertActorRequest {
-                actor: Some(obj("ns", "a"))
+                actor: Some(obj("ns", "a")),
+                generation: 0,
             })
             .await
             .unwrap_err()
@@ -1000,6 +1003,7 @@ async fn actor_exit_releases(b: Backend) {
             exit_code: 3,
             last_log_lines: "panic: boom".into(),
             crash_reason: String::new(),
+            damage: None,
         })
         .await
         .unwrap();
@@ -1036,6 +1040,7 @@ async fn actor_stopped_for_incomplete_memory_crashes(b: Backend) {
             exit_code: -1,
             last_log_lines: String::new(),
             crash_reason: "lazy memory restore failed: chunk 3 is damaged".into(),
+            damage: None,
         })
         .await
         .unwrap();
@@ -1369,3 +1374,329 @@ async fn request_ids_reach_the_node(b: Backend) {
     );
 }
 both_stores!(request_ids, request_ids_reach_the_node);
+
+async fn generations(t: &TestApi, ns: &str, name: &str) -> Vec<Generation> {
+    t.actors()
+        .list_generations(ListGenerationsRequest {
+            actor: Some(obj(ns, name)),
+        })
+        .await
+        .expect("list generations")
+        .into_inner()
+        .generations
+}
+
+/// (generation, next, skipped, local damaged, durable damaged) of each generation, newest first.
+async fn summary(t: &TestApi, ns: &str, name: &str) -> Vec<(u64, bool, bool, bool, bool)> {
+    generations(t, ns, name)
+        .await
+        .iter()
+        .map(|g| {
+            (
+                g.snapshot.as_ref().map_or(0, |s| s.generation),
+                g.next,
+                g.skipped,
+                !g.local_damage.is_empty(),
+                !g.durable_damage.is_empty(),
+            )
+        })
+        .collect()
+}
+
+async fn revert_to(
+    t: &TestApi,
+    ns: &str,
+    name: &str,
+    generation: u64,
+) -> Result<Actor, tonic::Status> {
+    t.actors()
+        .revert_actor(RevertActorRequest {
+            actor: Some(obj(ns, name)),
+            generation,
+        })
+        .await
+        .map(|r| r.into_inner())
+}
+
+/// An ASYNC suspend whose upload then completes (the node's ReportSnapshot).
+async fn suspend_uploaded(t: &TestApi, ns: &str, name: &str) -> u64 {
+    let a = t.suspend(ns, name).await.expect("suspend");
+    t.fleet()
+        .report_snapshot(ReportSnapshotRequest {
+            actor: Some(obj(ns, name)),
+            generation: a.generation,
+            durable_status: DurableStatus::Completed as i32,
+            durable_uri: format!("file:///durable/{ns}/{name}/{}", a.generation),
+            reason: String::new(),
+        })
+        .await
+        .expect("report snapshot");
+    a.generation
+}
+
+/// The generation the node was last asked to restore.
+fn last_restored(node: &TestNode) -> Snapshot {
+    node.calls()
+        .restores
+        .lock()
+        .unwrap()
+        .last()
+        .and_then(|r| r.snapshot.clone())
+        .expect("a restore")
+}
+
+/// A restore that finds both copies of the newest generation damaged crashes the actor and marks
+/// them; ListGenerations shows it, a revert to it is refused, the default revert skips it and the
+/// next resume restores the generation before it; a revert to a chosen generation works, bad
+/// ones are refused and change nothing.
+async fn damaged_generation_is_skipped_by_revert(b: Backend) {
+    let t = TestApi::start(b, cfg()).await;
+    let node = TestNode::start("node-1").await;
+    t.register(&node, "w1", 2).await;
+    t.seed("ns").await;
+    t.create_actor("ns", "a").await;
+    // Unknown or invalid actor.
+    let err = t
+        .actors()
+        .list_generations(ListGenerationsRequest {
+            actor: Some(obj("ns", "nobody")),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::NotFound, "{}", err.message());
+    let err = t
+        .actors()
+        .list_generations(ListGenerationsRequest {
+            actor: Some(obj("ns", "Bad_Name")),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::InvalidArgument, "{}", err.message());
+    assert!(generations(&t, "ns", "a").await.is_empty());
+
+    t.resume("ns", "a").await.unwrap();
+    for expected in 1..=3 {
+        assert_eq!(suspend_uploaded(&t, "ns", "a").await, expected);
+        if expected < 3 {
+            t.resume("ns", "a").await.unwrap();
+        }
+    }
+    // Retention kept 3 (newest) and 2 (the newest COMPLETED one when 3 was written).
+    assert_eq!(
+        summary(&t, "ns", "a").await,
+        [
+            (3, true, false, false, false),
+            (2, false, false, false, false)
+        ]
+    );
+    let listed = generations(&t, "ns", "a").await;
+    assert!(listed.iter().all(|g| g.local_usable), "{listed:?}");
+    let three = listed[0].snapshot.clone().unwrap();
+    assert_eq!(three.durable_status, DurableStatus::Completed as i32);
+
+    node.set(NodeBehaviour::Damaged {
+        local: true,
+        durable: true,
+    });
+    let err = t.resume("ns", "a").await.unwrap_err();
+    assert_eq!(err.code(), Code::FailedPrecondition);
+    let crashed = t.get("ns", "a").await;
+    assert_eq!(state(&crashed), ActorState::Crashed);
+    assert!(
+        crashed.last_error.contains("scripted damage"),
+        "{}",
+        crashed.last_error
+    );
+    assert_eq!(last_restored(&node).generation, 3);
+    // Both copies of 3 are marked; the next resume would restore 2.
+    assert_eq!(
+        summary(&t, "ns", "a").await,
+        [
+            (3, false, false, true, true),
+            (2, true, false, false, false)
+        ]
+    );
+    let g3 = &generations(&t, "ns", "a").await[0];
+    assert!(
+        g3.local_damage.contains("rootfs.tar"),
+        "{}",
+        g3.local_damage
+    );
+    assert!(!g3.local_usable, "a damaged local copy is not usable");
+
+    // Refused, nothing changed: a damaged generation, one the actor lacks, one retention dropped.
+    let before = (t.get("ns", "a").await, summary(&t, "ns", "a").await);
+    let err = revert_to(&t, "ns", "a", 3).await.unwrap_err();
+    assert_eq!(err.code(), Code::FailedPrecondition);
+    assert!(
+        err.message()
+            .contains("generation 3 of actor ns/a is damaged")
+            && err.message().contains("rootfs.tar")
+            && err.message().contains("ate get generations actor a -a ns"),
+        "{}",
+        err.message()
+    );
+    for missing in [9, 1] {
+        let err = revert_to(&t, "ns", "a", missing).await.unwrap_err();
+        assert_eq!(err.code(), Code::NotFound);
+        assert_eq!(
+            err.message(),
+            format!(
+                "actor ns/a has no generation {missing} (it has 3, 2; `ate get generations actor a -a ns`)"
+            )
+        );
+    }
+    assert_eq!(
+        (t.get("ns", "a").await, summary(&t, "ns", "a").await),
+        before
+    );
+
+    // The default revert goes back to the newest intact generation: 3 is kept, but skipped.
+    node.set(NodeBehaviour::Ok);
+    let reverted = revert_to(&t, "ns", "a", 0).await.unwrap();
+    assert_eq!(state(&reverted), ActorState::Suspended);
+    assert_eq!(
+        summary(&t, "ns", "a").await,
+        [(3, false, true, true, true), (2, true, false, false, false)]
+    );
+    assert!(t.resume("ns", "a").await.unwrap().resumed);
+    assert_eq!(last_restored(&node).generation, 2);
+
+    // A revert to a chosen generation is refused while RUNNING.
+    let err = revert_to(&t, "ns", "a", 2).await.unwrap_err();
+    assert_eq!(err.code(), Code::FailedPrecondition);
+    assert!(
+        err.message().contains("suspend it first"),
+        "{}",
+        err.message()
+    );
+    // The next suspend writes 4 (after 3, which it drops: damaged and skipped).
+    assert_eq!(suspend_uploaded(&t, "ns", "a").await, 4);
+    assert_eq!(
+        summary(&t, "ns", "a").await,
+        [
+            (4, true, false, false, false),
+            (2, false, false, false, false)
+        ]
+    );
+    // A SUSPENDED actor may choose an older generation: 4 is kept but skipped.
+    let reverted = revert_to(&t, "ns", "a", 2).await.unwrap();
+    assert_eq!(state(&reverted), ActorState::Suspended);
+    assert_eq!(
+        reverted.generation, 4,
+        "the newest generation stays the actor's"
+    );
+    assert_eq!(
+        summary(&t, "ns", "a").await,
+        [
+            (4, false, true, false, false),
+            (2, true, false, false, false)
+        ]
+    );
+    t.resume("ns", "a").await.unwrap();
+    assert_eq!(last_restored(&node).generation, 2);
+    assert_eq!(suspend_uploaded(&t, "ns", "a").await, 5);
+}
+both_stores!(damaged_generation, damaged_generation_is_skipped_by_revert);
+
+/// Only the node-local copy is damaged: the generation stays the one to restore, from its
+/// durable copy (the Restore names no local path), and the default revert skips nothing.
+async fn a_damaged_local_copy_leaves_the_durable_one(b: Backend) {
+    let t = TestApi::start(b, cfg()).await;
+    let node = TestNode::start("node-1").await;
+    t.register(&node, "w1", 2).await;
+    t.seed("ns").await;
+    t.create_actor("ns", "a").await;
+    t.resume("ns", "a").await.unwrap();
+    assert_eq!(suspend_uploaded(&t, "ns", "a").await, 1);
+    node.set(NodeBehaviour::Damaged {
+        local: true,
+        durable: false,
+    });
+    assert_eq!(
+        t.resume("ns", "a").await.unwrap_err().code(),
+        Code::FailedPrecondition
+    );
+    assert_eq!(
+        summary(&t, "ns", "a").await,
+        [(1, true, false, true, false)]
+    );
+    node.set(NodeBehaviour::Ok);
+    revert_to(&t, "ns", "a", 0).await.unwrap();
+    assert_eq!(
+        summary(&t, "ns", "a").await,
+        [(1, true, false, true, false)]
+    );
+    // So is a revert to it: its durable copy is intact.
+    revert_to(&t, "ns", "a", 1).await.unwrap();
+    t.resume("ns", "a").await.unwrap();
+    let restored = last_restored(&node);
+    assert_eq!(restored.generation, 1);
+    assert_eq!(
+        restored.local_path, "",
+        "the damaged local copy is not named"
+    );
+    assert_eq!(restored.durable_status, DurableStatus::Completed as i32);
+    assert!(!restored.durable_uri.is_empty());
+}
+both_stores!(
+    damaged_local_copy,
+    a_damaged_local_copy_leaves_the_durable_one
+);
+
+/// A lazy restore that finds a damaged chunk after the actor started: the exit report names the
+/// generation's copy, which is marked once the actor is CRASHED; a malformed report is refused.
+async fn a_damaged_chunk_reported_with_the_exit_marks_the_copy(b: Backend) {
+    let t = TestApi::start(b, cfg()).await;
+    let node = TestNode::start("node-1").await;
+    t.register(&node, "w1", 2).await;
+    t.seed("ns").await;
+    t.create_actor("ns", "a").await;
+    t.resume("ns", "a").await.unwrap();
+    assert_eq!(suspend_uploaded(&t, "ns", "a").await, 1);
+    t.resume("ns", "a").await.unwrap();
+    let uuid = last_restored(&node).uuid;
+    let exit = |damage: Option<GenerationDamage>| ReportActorExitRequest {
+        actor: Some(obj("ns", "a")),
+        worker_id: "w1".into(),
+        epoch: node.epoch(),
+        exit_code: -1,
+        last_log_lines: String::new(),
+        crash_reason:
+            "lazy memory restore failed: memory image criu/pages-1.img chunk 3 is damaged".into(),
+        damage,
+    };
+    // A damage naming no generation is refused; the actor is untouched.
+    let err = t
+        .fleet()
+        .report_actor_exit(exit(Some(GenerationDamage {
+            local: "chunk 3".into(),
+            ..Default::default()
+        })))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::InvalidArgument, "{}", err.message());
+    assert_eq!(state(&t.get("ns", "a").await), ActorState::Running);
+    t.fleet()
+        .report_actor_exit(exit(Some(GenerationDamage {
+            generation: 1,
+            uuid,
+            local: "memory image criu/pages-1.img chunk 3 is damaged".into(),
+            durable: String::new(),
+        })))
+        .await
+        .unwrap();
+    assert_eq!(state(&t.get("ns", "a").await), ActorState::Crashed);
+    let g = &generations(&t, "ns", "a").await[0];
+    assert_eq!(
+        g.local_damage,
+        "memory image criu/pages-1.img chunk 3 is damaged"
+    );
+    assert_eq!(g.durable_damage, "");
+    // Its durable copy is intact: still the one to restore.
+    assert!(g.next);
+}
+both_stores!(
+    damaged_chunk_exit,
+    a_damaged_chunk_reported_with_the_exit_marks_the_copy
+);

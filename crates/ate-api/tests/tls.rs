@@ -206,6 +206,14 @@ async fn router_may_only_resume() {
         .await
         .unwrap_err();
     assert_eq!(e.code(), Code::PermissionDenied);
+    let e = actors(&router)
+        .list_generations(ListGenerationsRequest {
+            actor: Some(obj("team-a", "x")),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::PermissionDenied);
+    assert!(e.message().contains("ListGenerations"), "{}", e.message());
 }
 
 #[tokio::test]
@@ -221,7 +229,26 @@ async fn client_limited_to_its_atespaces() {
         .resume_actor(resume_req("team-a", "mine"))
         .await
         .expect("client-a resumes in team-a");
+    actors(&a)
+        .list_generations(ListGenerationsRequest {
+            actor: Some(obj("team-a", "mine")),
+        })
+        .await
+        .expect("client-a lists generations in team-a");
     for e in [
+        actors(&a)
+            .list_generations(ListGenerationsRequest {
+                actor: Some(obj("team-b", "x")),
+            })
+            .await
+            .unwrap_err(),
+        actors(&a)
+            .revert_actor(RevertActorRequest {
+                actor: Some(obj("team-b", "x")),
+                generation: 1,
+            })
+            .await
+            .unwrap_err(),
         actors(&a)
             .create_actor(create_req("team-b", "theirs"))
             .await

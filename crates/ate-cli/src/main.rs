@@ -146,7 +146,7 @@ enum Command {
     },
     /// Create an atespace, actor or tag.
     Create(Verb<verbs::CreateCmd>),
-    /// Show actors, atespaces, templates, workers or tags.
+    /// Show actors, atespaces, templates, workers, tags or an actor's generations.
     Get(Verb<verbs::GetCmd>),
     /// Change an actor's worker selector.
     Update(Verb<verbs::UpdateCmd>),
@@ -154,8 +154,8 @@ enum Command {
     Resume(Verb<verbs::ActorCmd>),
     /// Suspend an actor to a snapshot.
     Suspend(Verb<verbs::SuspendCmd>),
-    /// Return a CRASHED actor to SUSPENDED.
-    Revert(Verb<verbs::ActorCmd>),
+    /// Return a CRASHED actor to SUSPENDED, optionally at a chosen generation.
+    Revert(Verb<verbs::RevertCmd>),
     /// Print an actor's output (stdout and stderr), across suspends with -f.
     Logs {
         #[command(subcommand)]

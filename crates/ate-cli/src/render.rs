@@ -1,7 +1,7 @@
 //! Views of api objects and their table / JSON / YAML rendering.
 
 use ate_core::template::{Metadata, TemplateDocument, format_cpu, format_memory};
-use ate_core::{ActorState, Document, Fidelity, TemplateSpec};
+use ate_core::{ActorState, Document, DurableStatus, Fidelity, TemplateSpec};
 use ate_proto::v1;
 use serde::Serialize;
 
@@ -121,6 +121,87 @@ impl From<&v1::Tag> for TagView {
                 .map(|f| f.short().to_string())
                 .unwrap_or_default(),
             uuid: s.uuid.clone(),
+        }
+    }
+}
+
+/// One of an actor's generations (`ate get generations`).
+#[derive(Debug, Serialize, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct GenerationView {
+    pub generation: u64,
+    /// RFC 3339, UTC.
+    pub created: String,
+    pub fidelity: String,
+    pub uuid: String,
+    /// The node that wrote it (and keeps its node-local copy, if it still has one).
+    pub node: String,
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub local_path: String,
+    /// The node-local copy can be restored now.
+    pub local_usable: bool,
+    /// COMPLETED, PENDING or FAILED; absent: no durable copy was asked for.
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub durable: String,
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub durable_uri: String,
+    pub size_bytes: u64,
+    /// `intact`, or `damaged` (no copy left intact), or `damaged (… copy intact)`.
+    pub status: String,
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub local_damage: String,
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub durable_damage: String,
+    /// A revert chose an older generation: no resume restores this one.
+    pub skipped: bool,
+    /// The next resume restores this one.
+    pub next: bool,
+    /// Why its fidelity is lower than the template asked for, if it is.
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub reason: String,
+}
+
+impl From<&v1::Generation> for GenerationView {
+    fn from(g: &v1::Generation) -> Self {
+        let s = g.snapshot.clone().unwrap_or_default();
+        let durable_status = DurableStatus::from_wire(s.durable_status);
+        let durable = durable_status
+            .map(|d| d.as_str().trim_start_matches("DURABLE_STATUS_").to_string())
+            .unwrap_or_default();
+        let local_intact = !s.local_path.is_empty() && g.local_damage.is_empty();
+        let durable_intact =
+            durable_status == Some(DurableStatus::Completed) && g.durable_damage.is_empty();
+        let status = match (g.local_damage.is_empty(), g.durable_damage.is_empty()) {
+            (true, true) => "intact",
+            _ if local_intact => "damaged (node-local copy intact)",
+            _ if durable_intact => "damaged (durable copy intact)",
+            _ => "damaged",
+        };
+        let created = u64::try_from(s.create_time_unix_ms)
+            .map(|ms| {
+                let at = std::time::UNIX_EPOCH + std::time::Duration::from_millis(ms);
+                humantime::format_rfc3339_seconds(at).to_string()
+            })
+            .unwrap_or_default();
+        Self {
+            generation: s.generation,
+            created,
+            fidelity: Fidelity::from_wire(s.fidelity)
+                .map(|f| f.short().to_string())
+                .unwrap_or_default(),
+            uuid: s.uuid,
+            node: s.node,
+            local_path: s.local_path,
+            local_usable: g.local_usable,
+            durable,
+            durable_uri: s.durable_uri,
+            size_bytes: s.size_bytes,
+            status: status.to_string(),
+            local_damage: g.local_damage.clone(),
+            durable_damage: g.durable_damage.clone(),
+            skipped: g.skipped,
+            next: g.next,
+            reason: s.reason,
         }
     }
 }
@@ -312,6 +393,67 @@ pub fn workers_table(rows: &[WorkerView]) -> Table {
     }
 }
 
+/// `ate get generations`: where each generation is kept (LOCAL: the node with its node-local
+/// copy; DURABLE: the durable copy's status), whether it is intact, which one the next resume
+/// restores (NEXT) and, in REASON, what was found damaged (or why it is skipped).
+pub fn generations_table(rows: &[GenerationView]) -> Table {
+    Table {
+        header: vec![
+            "GENERATION",
+            "CREATED",
+            "FIDELITY",
+            "LOCAL",
+            "DURABLE",
+            "STATUS",
+            "NEXT",
+            "REASON",
+        ],
+        rows: rows
+            .iter()
+            .map(|g| {
+                let local = match (g.local_path.is_empty(), g.local_damage.is_empty()) {
+                    (true, _) => "-".to_string(),
+                    (false, false) => format!("{} (damaged)", g.node),
+                    (false, true) if g.local_usable => g.node.clone(),
+                    (false, true) => format!("{} (unreachable)", g.node),
+                };
+                let durable = match (g.durable.is_empty(), g.durable_damage.is_empty()) {
+                    (true, _) => "-".to_string(),
+                    (false, false) => format!("{} (damaged)", g.durable),
+                    (false, true) => g.durable.clone(),
+                };
+                let mut status = g.status.clone();
+                if g.skipped {
+                    status.push_str(", skipped");
+                }
+                let mut reasons = Vec::new();
+                if !g.local_damage.is_empty() {
+                    reasons.push(format!("node-local: {}", g.local_damage));
+                }
+                if !g.durable_damage.is_empty() {
+                    reasons.push(format!("durable: {}", g.durable_damage));
+                }
+                if reasons.is_empty() && g.skipped {
+                    reasons.push("a revert chose an older generation".to_string());
+                }
+                if reasons.is_empty() {
+                    reasons.push(g.reason.clone());
+                }
+                vec![
+                    g.generation.to_string(),
+                    g.created.clone(),
+                    g.fidelity.clone(),
+                    local,
+                    durable,
+                    status,
+                    if g.next { "*".into() } else { String::new() },
+                    short_error(&reasons.join("; ")),
+                ]
+            })
+            .collect(),
+    }
+}
+
 pub fn tags_table(rows: &[TagView]) -> Table {
     Table {
         header: vec!["ATESPACE", "NAME", "ACTOR", "GENERATION", "FIDELITY"],
@@ -447,6 +589,87 @@ ate-demo   c2          SUSPENDED   ate-demo/counter   -          0            al
         let s = short_error(&long);
         assert_eq!(s.chars().count(), LAST_ERROR_CHARS);
         assert!(s.ends_with('…') && !s.contains('\n'));
+    }
+
+    fn generations() -> Vec<GenerationView> {
+        let snapshot = |generation: u64, durable: DurableStatus| v1::Snapshot {
+            generation,
+            uuid: format!("u-{generation}"),
+            fidelity: Fidelity::Memory.wire(),
+            node: "node-1".into(),
+            local_path: format!("/var/lib/ate/snapshots/ns/c/{generation}-u-{generation}"),
+            durable_uri: format!("file:///d/ns/c/{generation}-u-{generation}"),
+            durable_status: durable.wire(),
+            size_bytes: 1 << 20,
+            // 2025-06-02T09:14:31Z
+            create_time_unix_ms: 1_748_855_671_000 + generation as i64,
+            ..Default::default()
+        };
+        let damaged = v1::Generation {
+            snapshot: Some(snapshot(3, DurableStatus::Completed)),
+            local_damage: "rootfs.tar: sha256 aa, manifest says bb".into(),
+            durable_damage: "rootfs.tar: size 10 bytes, manifest says 20".into(),
+            skipped: true,
+            local_usable: true,
+            next: false,
+        };
+        let durable_left = v1::Generation {
+            snapshot: Some(snapshot(2, DurableStatus::Completed)),
+            local_damage: "criu/pages-1.img chunk 3 is damaged".into(),
+            local_usable: true,
+            next: true,
+            ..Default::default()
+        };
+        let pending = v1::Generation {
+            snapshot: Some(v1::Snapshot {
+                durable_uri: String::new(),
+                ..snapshot(1, DurableStatus::Pending)
+            }),
+            local_usable: false,
+            ..Default::default()
+        };
+        [damaged, durable_left, pending]
+            .iter()
+            .map(GenerationView::from)
+            .collect()
+    }
+
+    #[test]
+    fn generations_table_golden() {
+        let out = render_list(&generations(), generations_table, Format::Table).unwrap();
+        let expected = "\
+GENERATION   CREATED                FIDELITY   LOCAL                  DURABLE               STATUS                          NEXT   REASON
+3            2025-06-02T09:14:31Z   memory     node-1 (damaged)       COMPLETED (damaged)   damaged, skipped                       node-local: rootfs.tar: sha256 aa, manifest says bb; durable: rootfs.tar: size …
+2            2025-06-02T09:14:31Z   memory     node-1 (damaged)       COMPLETED             damaged (durable copy intact)   *      node-local: criu/pages-1.img chunk 3 is damaged
+1            2025-06-02T09:14:31Z   memory     node-1 (unreachable)   PENDING               intact                                 -
+";
+        assert_eq!(out, expected);
+    }
+
+    #[test]
+    fn generations_json_names_every_copy() {
+        let out = render_list(&generations()[..1], generations_table, Format::Json).unwrap();
+        let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+        assert_eq!(
+            v,
+            serde_json::json!([{
+                "generation": 3,
+                "created": "2025-06-02T09:14:31Z",
+                "fidelity": "memory",
+                "uuid": "u-3",
+                "node": "node-1",
+                "localPath": "/var/lib/ate/snapshots/ns/c/3-u-3",
+                "localUsable": true,
+                "durable": "COMPLETED",
+                "durableUri": "file:///d/ns/c/3-u-3",
+                "sizeBytes": 1048576,
+                "status": "damaged",
+                "localDamage": "rootfs.tar: sha256 aa, manifest says bb",
+                "durableDamage": "rootfs.tar: size 10 bytes, manifest says 20",
+                "skipped": true,
+                "next": false
+            }])
+        );
     }
 
     #[test]

@@ -222,6 +222,32 @@ fn a_damaged_chunk_crashes_the_actor_and_no_wrong_page_is_served() {
     expect_crash_never_a_wrong_answer(&sys, ns, &original, &[&chunk, "damaged"]);
     let (status, _, body) = get(sys.router_addr, &target, "/");
     assert_ne!(status, 200, "a CRASHED actor is not served: {body}");
+    // The copy the chunk was read from, the node-local one, is marked damaged, naming the chunk
+    // (the worker reported the directory, the node which copy it is): no resume reads it again.
+    let g = newest_marked_damaged(&sys, ns, "s", "localDamage");
+    assert_eq!(g["generation"], 1, "{g}");
+    assert!(
+        g["localDamage"]
+            .as_str()
+            .is_some_and(|d| d.contains(&chunk) && d.contains("damaged")),
+        "{g}"
+    );
+    assert!(g.get("durableDamage").is_none(), "{g}");
+}
+
+/// The newest generation of `ns/name` once its `copy` (`localDamage`, `durableDamage`) is marked
+/// damaged: the api marks it right after it records the crash.
+fn newest_marked_damaged(sys: &System, ns: &str, name: &str, copy: &str) -> serde_json::Value {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let json = sys.ate_ok(&["get", "generations", "actor", name, "-a", ns, "-o", "json"]);
+        let generations: serde_json::Value = serde_json::from_str(&json).expect("json");
+        let newest = generations[0].clone();
+        if newest.get(copy).is_some() || Instant::now() > deadline {
+            return newest;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
 }
 
 /// Replaces the stored object of a memory chunk in the middle of `ns/name`'s newest durable
@@ -284,6 +310,15 @@ fn a_damaged_chunk_in_the_durable_store_crashes_the_actor_and_no_wrong_page_is_s
     sys.ate_ok(&["suspend", "actor", "s", "-a", ns, "--durable"]);
     let chunk = damage_durable_chunk(&sys, ns, "s", 1);
     expect_crash_never_a_wrong_answer(&sys, ns, &original, &[&chunk, "damaged"]);
+    // The chunk came from the store (a lazy restore from the durable copy): that copy is marked.
+    let g = newest_marked_damaged(&sys, ns, "s", "durableDamage");
+    assert!(
+        g["durableDamage"]
+            .as_str()
+            .is_some_and(|d| d.contains(&chunk) && d.contains("damaged")),
+        "{g}"
+    );
+    assert!(g.get("localDamage").is_none(), "{g}");
 }
 
 #[test]
@@ -459,7 +494,8 @@ fn incremental_generations_restore_after_their_parents_were_pruned() {
         );
     }
 
-    // Retention keeps generation 4 only: the durable copies of 1 to 3 go (asynchronously).
+    // Retention keeps generations 4 and 3 (the newest and the one a revert would go back to):
+    // the durable copies of 1 and 2 go (asynchronously).
     let durable = sys.state_dir().join("durable");
     let keys = || -> Vec<String> {
         std::fs::read_dir(durable.join(ns).join("s"))
@@ -471,34 +507,34 @@ fn incremental_generations_restore_after_their_parents_were_pruned() {
             .unwrap_or_default()
     };
     let deadline = Instant::now() + Duration::from_secs(30);
-    while keys().len() > 1 && Instant::now() < deadline {
+    while keys().len() > 2 && Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(200));
     }
-    let left = keys();
+    let mut left = keys();
+    left.sort();
     assert!(
-        left.len() == 1 && left[0].starts_with("4-"),
-        "only generation 4 is left in the store: {left:?}"
+        left.len() == 2 && left[0].starts_with("3-") && left[1].starts_with("4-"),
+        "only generations 3 and 4 are left in the store: {left:?}"
     );
-    // Its memory chunks include deltas whose bases no generation lists any more.
-    let manifest: serde_json::Value = serde_json::from_slice(
-        &std::fs::read(
-            durable
-                .join(ns)
-                .join("s")
-                .join(&left[0])
-                .join("manifest.json"),
+    // Generation 4's memory chunks include deltas whose bases no kept generation lists.
+    let chunks_of = |key: &str| -> std::collections::BTreeSet<String> {
+        let manifest: serde_json::Value = serde_json::from_slice(
+            &std::fs::read(durable.join(ns).join("s").join(key).join("manifest.json"))
+                .expect("read the manifest"),
         )
-        .expect("read the manifest"),
-    )
-    .expect("manifest json");
-    let listed: std::collections::BTreeSet<String> = manifest["files"]
-        .as_array()
-        .expect("files")
-        .iter()
-        .filter_map(|f| f["blake3_chunks"].as_array())
-        .flatten()
-        .filter_map(|d| d.as_str().map(str::to_owned))
-        .collect();
+        .expect("manifest json");
+        manifest["files"]
+            .as_array()
+            .expect("files")
+            .iter()
+            .filter_map(|f| f["blake3_chunks"].as_array())
+            .flatten()
+            .filter_map(|d| d.as_str().map(str::to_owned))
+            .collect()
+    };
+    let listed = chunks_of(&left[1]);
+    let kept: std::collections::BTreeSet<String> =
+        listed.union(&chunks_of(&left[0])).cloned().collect();
     let object = |d: &str| {
         durable
             .join("_chunks")
@@ -508,7 +544,7 @@ fn incremental_generations_restore_after_their_parents_were_pruned() {
     let orphan_bases: std::collections::BTreeSet<String> = listed
         .iter()
         .flat_map(|d| delta_bases(&object(d)))
-        .filter(|b| !listed.contains(b))
+        .filter(|b| !kept.contains(b))
         .collect();
     assert!(
         !orphan_bases.is_empty(),

@@ -1652,7 +1652,7 @@ fn corrupted_local_generation_without_durable_copy_crashes_and_keeps_the_older_o
     let durable1_manifest = std::fs::read(&durable1).expect("durable generation 1");
     flip_byte_in_largest_file(&gen2);
 
-    // Today's behaviour: CRASHED with the checksum reason; no fallback to another generation.
+    // CRASHED with the checksum reason; no fallback to another generation by itself.
     let (status, head, body) = get(sys.router_addr, &target, "/");
     assert_ne!(
         status, 200,
@@ -1689,4 +1689,24 @@ fn corrupted_local_generation_without_durable_copy_crashes_and_keeps_the_older_o
         containers(&state).is_empty(),
         "no sandbox was started from it"
     );
+    // The local copy is marked damaged (it was the only one); a revert goes back to generation
+    // 1, whose counts continue, and skips 2.
+    let json = sys.ate_ok(&["get", "generations", "actor", "c", "-a", ns, "-o", "json"]);
+    let listed: Value = serde_json::from_str(&json).expect("json");
+    assert_eq!(listed[0]["generation"], 2, "{json}");
+    assert_eq!(listed[0]["status"], "damaged", "{json}");
+    assert_eq!(listed[0]["durable"], "FAILED", "{json}");
+    assert!(
+        listed[0]["localDamage"]
+            .as_str()
+            .is_some_and(|d| !d.is_empty()),
+        "{json}"
+    );
+    assert_eq!(listed[1]["generation"], 1, "{json}");
+    assert_eq!(listed[1]["next"], true, "{json}");
+    sys.ate_ok(&["revert", "actor", "c", "-a", ns]);
+    assert_eq!(counts(&get_ok(&sys, &target, "/")), (2, 2, 2));
+    let json = sys.ate_ok(&["get", "generations", "actor", "c", "-a", ns, "-o", "json"]);
+    let listed: Value = serde_json::from_str(&json).expect("json");
+    assert_eq!(listed[0]["skipped"], true, "{json}");
 }

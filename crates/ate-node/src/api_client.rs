@@ -11,7 +11,7 @@ use ate_proto::v1::{
 };
 use tonic::transport::Channel;
 
-use crate::types::CallError;
+use crate::types::{CallError, Damage};
 use crate::wire;
 use crate::worker_client::WorkerInfo;
 
@@ -55,6 +55,8 @@ pub struct ActorExit {
     pub last_log_lines: String,
     /// Non-empty: the worker ended the actor because it must not run on.
     pub crash_reason: String,
+    /// With `crash_reason`: the copy of the generation found damaged.
+    pub damage: Option<Damage>,
 }
 
 impl ApiClient {
@@ -152,6 +154,7 @@ impl ApiClient {
             exit_code: exit.exit_code,
             last_log_lines: exit.last_log_lines,
             crash_reason: exit.crash_reason,
+            damage: exit.damage.as_ref().map(wire::damage_to_wire),
         };
         self.fleet
             .clone()

@@ -11,7 +11,7 @@ use ate_core::clock::now_ms;
 use ate_core::{ActorRef, SuspendMode};
 
 use crate::api_client::{ActorExit, ApiClient, HeldActor, Registering};
-use crate::types::{CallCode, CallError};
+use crate::types::{CallCode, CallError, Damage};
 use crate::worker_client::{WorkerClient, WorkerInfo};
 
 /// A worker this node knows, with the facts it last reported.
@@ -54,12 +54,39 @@ fn idle_retry_after(previous: Option<Duration>) -> Duration {
     })
 }
 
+/// Which copy of a generation a directory a restore read from is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum CopyKind {
+    /// The node-local generation.
+    Local,
+    /// The durable copy: a download for a lazy restore (`<uuid>.lazy`), whose memory chunks
+    /// come from the store.
+    Durable,
+}
+
+/// The copy `dir` is, given the node's `<state>/snapshots`; None for a whole download of the
+/// durable copy (a cache, verified in full before each use) or anything else.
+fn copy_of(dir: &Path, snapshots_dir: &Path) -> Option<CopyKind> {
+    let lazy_download = dir
+        .file_name()
+        .is_some_and(|n| n.to_string_lossy().ends_with(".lazy"));
+    if lazy_download {
+        Some(CopyKind::Durable)
+    } else if dir.starts_with(snapshots_dir) && dir != snapshots_dir {
+        Some(CopyKind::Local)
+    } else {
+        None
+    }
+}
+
 /// Shared state of the node's fleet loops.
 pub struct Fleet {
     pub node: String,
     pub node_address: String,
     pub boot_id: String,
     pub workers_dir: PathBuf,
+    /// Where this node keeps its node-local generations (`<state>/snapshots`).
+    pub snapshots_dir: PathBuf,
     pub workers: Mutex<HashMap<String, WorkerHandle>>,
     pub api: ApiClient,
     /// Actors an idle suspend has been asked for and not answered yet.
@@ -75,6 +102,7 @@ impl Fleet {
         node_address: String,
         boot_id: String,
         workers_dir: PathBuf,
+        snapshots_dir: PathBuf,
         api: ApiClient,
     ) -> Self {
         Self {
@@ -82,6 +110,7 @@ impl Fleet {
             node_address,
             boot_id,
             workers_dir,
+            snapshots_dir,
             workers: Mutex::new(HashMap::new()),
             api,
             suspending: Mutex::new(HashSet::new()),
@@ -305,6 +334,13 @@ impl Fleet {
                     continue;
                 };
                 if a.exited {
+                    let damage = if a.crash_reason.is_empty() || a.damaged_generation_dir.is_empty()
+                    {
+                        None
+                    } else {
+                        self.damaged_copy(Path::new(&a.damaged_generation_dir), &a.crash_reason)
+                            .await
+                    };
                     let exit = ActorExit {
                         actor: actor.clone(),
                         worker_id: w.info.worker_id.clone(),
@@ -312,6 +348,7 @@ impl Fleet {
                         exit_code: a.exit_code,
                         last_log_lines: a.last_log_lines.clone(),
                         crash_reason: a.crash_reason.clone(),
+                        damage,
                     };
                     if let Err(e) = self.api.report_actor_exit(exit).await {
                         tracing::warn!(actor = %actor, error = %e.message, "exit report failed");
@@ -341,6 +378,31 @@ impl Fleet {
         self.idle_retry
             .lock()
             .is_ok_and(|r| r.get(&key).is_some_and(|(at, _)| Instant::now() < *at))
+}
+
+    /// Which copy of its generation the directory `dir` is, where a lazy restore found damaged
+    /// content (`reason`): the node-local generation (under `<state>/snapshots`), or the durable
+    /// copy (a download for a lazy restore, `<uuid>.lazy`, whose memory chunks come from the
+    /// store). None for a whole download of the durable copy (it was verified in full before
+    /// the restore; the next restore verifies it again and fetches it anew) and for a directory
+    /// whose manifest cannot be read (the generation is then unknown).
+    async fn damaged_copy(&self, dir: &Path, reason: &str) -> Option<Damage> {
+        let Some(copy) = copy_of(dir, &self.snapshots_dir) else {
+            tracing::warn!(dir = %dir.display(), reason, "damaged content in a downloaded copy that was verified before the restore; not reported as damage of the generation");
+            return None;
+        };
+        match ate_snapshot::read_manifest(dir).await {
+            Ok(m) => Some(Damage {
+                generation: m.generation,
+                uuid: m.uuid,
+                local: (copy == CopyKind::Local).then(|| reason.to_string()),
+                durable: (copy == CopyKind::Durable).then(|| reason.to_string()),
+            }),
+            Err(e) => {
+                tracing::warn!(dir = %dir.display(), error = %e, "cannot tell which generation a lazy restore found damaged");
+                None
+            }
+        }
     }
 
     fn suspend_idle(self: &Arc<Self>, actor: ActorRef) {
@@ -434,5 +496,19 @@ mod tests {
             last = Some(w);
         }
         assert_eq!(waits, [30, 60, 120, 240, 480, 600, 600]);
+    }
+
+    #[test]
+    fn a_damaged_directory_is_the_copy_it_was_read_as() {
+        let snapshots = Path::new("/var/lib/ate/snapshots");
+        let local = snapshots.join("ns/a/3-0123abcd");
+        assert_eq!(copy_of(&local, snapshots), Some(CopyKind::Local));
+        let lazy = Path::new("/var/lib/ate/snapshot-cache/0123-abcd.lazy");
+        assert_eq!(copy_of(lazy, snapshots), Some(CopyKind::Durable));
+        // A whole download was verified before the restore: not the generation's damage.
+        let whole = Path::new("/var/lib/ate/snapshot-cache/0123-abcd");
+        assert_eq!(copy_of(whole, snapshots), None);
+        assert_eq!(copy_of(snapshots, snapshots), None);
+        assert_eq!(copy_of(Path::new("/elsewhere/3-x"), snapshots), None);
     }
 }

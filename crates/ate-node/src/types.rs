@@ -44,6 +44,19 @@ pub struct Snapshot {
     pub create_time_unix_ms: i64,
 }
 
+/// Copies of one generation found damaged: their content does not match the generation's
+/// manifest (a file's checksum or size, a missing file, an unreadable manifest, a memory chunk's
+/// digest). The api marks them so that no resume chooses them again.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Damage {
+    pub generation: u64,
+    pub uuid: String,
+    /// What was found wrong with the node-local copy, naming the file; None: not found damaged.
+    pub local: Option<String>,
+    /// The same for the durable copy.
+    pub durable: Option<String>,
+}
+
 /// The canonical status codes (google.rpc.Code) another service answers a failed call with,
 /// in the node's own type: the agent decides on them (is a worker's refusal about the
 /// generation it was given?) and NodeService passes a worker's answer on with the same code.

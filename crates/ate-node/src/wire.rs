@@ -6,7 +6,7 @@ use ate_core::{ActorRef, DurableStatus, Fidelity};
 use ate_proto::v1;
 use tonic::{Code, Status};
 
-use crate::types::{CallCode, CallError, Snapshot, Workload};
+use crate::types::{CallCode, CallError, Damage, Snapshot, Workload};
 
 /// A reference as sent, unvalidated (where the node only passes it on or logs it).
 pub fn actor_from_wire(a: v1::ObjectRef) -> ActorRef {
@@ -73,6 +73,15 @@ pub fn snapshot_to_wire(s: Snapshot) -> v1::Snapshot {
         checksum: s.checksum,
         reason: s.reason,
         create_time_unix_ms: s.create_time_unix_ms,
+    }
+}
+
+pub fn damage_to_wire(d: &Damage) -> v1::GenerationDamage {
+    v1::GenerationDamage {
+        generation: d.generation,
+        uuid: d.uuid.clone(),
+        local: d.local.clone().unwrap_or_default(),
+        durable: d.durable.clone().unwrap_or_default(),
     }
 }
 

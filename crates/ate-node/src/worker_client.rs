@@ -65,6 +65,9 @@ pub struct ActorActivity {
     pub idle_timeout_seconds: u32,
     pub activation: u64,
     pub crash_reason: String,
+    /// With `crash_reason`: the generation directory the lazy restore found damaged (empty:
+    /// none).
+    pub damaged_generation_dir: String,
 }
 
 /// A Start: a cold boot (no generation) or a restore from a sealed generation directory.
@@ -148,6 +151,7 @@ impl WorkerClient {
                     idle_timeout_seconds: a.idle_timeout_seconds,
                     activation: a.activation,
                     crash_reason: a.crash_reason,
+                    damaged_generation_dir: a.damaged_generation_dir,
                 })
                 .collect(),
             draining: reply.draining,

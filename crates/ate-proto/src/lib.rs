@@ -6,5 +6,6 @@ pub mod v1 {
 }
 
 mod convert;
+pub mod damage;
 pub mod request_id;
 pub use convert::*;

@@ -145,6 +145,50 @@ pub struct SnapshotRecord {
     /// `None`).
     pub reason: Option<String>,
     pub created_ms: i64,
+    /// Why the node-local copy was found damaged when a restore read it; `None`: it never was
+    /// (stored as `''` when `None`).
+    pub local_damage: Option<String>,
+    /// The same for the durable copy.
+    pub durable_damage: Option<String>,
+    /// A revert chose an older generation: no resume chooses this one (see
+    /// [`Store::revert_actor`]). Always false in a tag's copy.
+    pub skipped: bool,
+}
+
+impl SnapshotRecord {
+    /// A node-local copy is recorded and was never found damaged (whether its node is up is
+    /// the caller's to check).
+    pub fn local_intact(&self) -> bool {
+        self.local_path.is_some() && self.local_damage.is_none()
+    }
+
+    /// A COMPLETED durable copy that was never found damaged.
+    pub fn durable_intact(&self) -> bool {
+        self.durable_status == Some(DurableStatus::Completed) && self.durable_damage.is_none()
+    }
+
+    /// Some copy was found damaged.
+    pub fn damaged(&self) -> bool {
+        self.local_damage.is_some() || self.durable_damage.is_some()
+    }
+}
+
+/// One of the two copies of a generation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SnapshotCopy {
+    /// The directory on the node that wrote it.
+    Local,
+    /// The copy in the object store.
+    Durable,
+}
+
+impl SnapshotCopy {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Local => "node-local",
+            Self::Durable => "durable",
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -411,9 +455,11 @@ pub trait Store: Send + Sync + 'static {
     // ---- snapshots
     /// Newest generation first.
     async fn list_snapshots(&self, actor: &ActorRef) -> Result<Vec<SnapshotRecord>>;
-    /// Retention, in one transaction: keeps the newest `keep_newest` generations (at least one),
-    /// the newest generation with a COMPLETED durable copy, and every generation a tag refers to;
-    /// deletes the other records and returns them (their files are the caller's to delete).
+    /// Retention, in one transaction: keeps the newest generation, the newest `keep_newest`
+    /// generations a resume could still choose (not skipped by a revert, with a copy not found
+    /// damaged), the newest such generation with an intact COMPLETED durable copy, and every
+    /// generation a tag refers to; deletes the other records and returns them (their files are
+    /// the caller's to delete).
     async fn prune_snapshots(
         &self,
         actor: &ActorRef,
@@ -431,6 +477,32 @@ pub trait Store: Send + Sync + 'static {
     ) -> Result<()>;
     /// Forget the node-local copy of a generation (after Detach), in tags' copies too.
     async fn clear_snapshot_local(&self, actor: &ActorRef, generation: u64) -> Result<()>;
+    /// Records that `copy` of the generation (named by its number and `uuid`) was found damaged,
+    /// and why; a reason already recorded stays. Tags holding a copy of the generation (same
+    /// uuid) are marked too. NotFound if the actor has no such generation (or it has another
+    /// uuid: a generation of an earlier actor of that name).
+    async fn mark_snapshot_damaged(
+        &self,
+        actor: &ActorRef,
+        generation: u64,
+        uuid: &str,
+        copy: SnapshotCopy,
+        reason: &str,
+    ) -> Result<SnapshotRecord>;
+    /// RevertActor's write, in one transaction: the actor is in `from` (else StateConflict) and
+    /// becomes SUSPENDED with no worker, and a generation is chosen for its next resume: with
+    /// `generation`, that one, which must exist (else NotFound) with a copy not found damaged
+    /// (else FailedPrecondition; nothing changes on an error); without, the newest generation
+    /// not skipped with such a copy (none: every generation). Every generation newer than the
+    /// chosen one is marked skipped and the chosen one is not; older ones keep their mark (one
+    /// an earlier revert skipped stays skipped).
+    async fn revert_actor(
+        &self,
+        actor: &ActorRef,
+        from: &[ActorState],
+        generation: Option<u64>,
+        now_ms: i64,
+    ) -> Result<ActorRecord>;
 
     // ---- tags
     async fn create_tag(&self, tag: &TagRecord) -> Result<TagRecord>;

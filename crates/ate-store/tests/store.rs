@@ -11,8 +11,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use ate_core::template::{Container, EgressPolicy, Resources};
 use ate_core::{ActorRef, ActorState, DurableStatus, Fidelity, TemplateRef, TemplateSpec};
 use ate_store::{
-    ActorRecord, ActorUpdate, Capacity, FrozenCopy, JoinTokenRecord, SnapshotRecord, Store,
-    StoreError, TagRecord, Transition, WorkerRecord, WorkerStatus, actor_lease_key,
+    ActorRecord, ActorUpdate, Capacity, FrozenCopy, JoinTokenRecord, SnapshotCopy, SnapshotRecord,
+    Store, StoreError, TagRecord, Transition, WorkerRecord, WorkerStatus, actor_lease_key,
 };
 use futures::FutureExt;
 use sqlx::Connection;
@@ -118,6 +118,11 @@ both_backends!(
     transition_releasing_lease_is_one_write,
     delete_actor_returns_untagged_snapshots,
     prune_keeps_newest_completed_and_tagged,
+    prune_falls_back_only_to_a_choosable_durable_copy,
+    damage_is_marked_per_copy_and_in_tags,
+    revert_to_a_generation_skips_the_newer_ones,
+    revert_refuses_what_it_cannot_restore_and_changes_nothing,
+    revert_without_a_generation_skips_the_damaged_newest,
     lease_semantics,
     bind_checks_worker_and_capacity,
     bind_is_idempotent_and_moves,
@@ -224,6 +229,9 @@ fn snapshot(atespace: &str, name: &str, generation: u64, node: &str) -> Snapshot
         checksum: "sha256:abc".into(),
         reason: None,
         created_ms: NOW + generation as i64,
+        local_damage: None,
+        durable_damage: None,
+        skipped: false,
     }
 }
 
@@ -827,6 +835,460 @@ mod cases {
         // Unknown actor: NotFound, nothing changed.
         assert_err!(
             s.prune_snapshots(&ActorRef::new("ns", "nobody"), 1).await,
+            StoreError::NotFound(_)
+        );
+    }
+
+    /// The retention fallback (the newest generation with a COMPLETED durable copy) is one a
+    /// resume could choose: not skipped by a revert and whose durable copy was not found damaged.
+    pub async fn prune_falls_back_only_to_a_choosable_durable_copy(env: Env) {
+        let s = env.store.as_ref();
+        seed(s).await;
+        s.register_worker(&worker("w1", cap(4000, 4096 * MIB, 10), 1), NOW)
+            .await
+            .unwrap();
+        s.create_actor(&actor("ns", "a1", "ns/t")).await.unwrap();
+        let a1 = ActorRef::new("ns", "a1");
+        for generation in 1..=4 {
+            let mut snap = snapshot("ns", "a1", generation, "node-w1");
+            snap.durable_status = Some(DurableStatus::Completed);
+            snap.durable_uri = Some(format!("file:///d/{generation}"));
+            record_generation(s, "a1", &snap).await;
+        }
+        // 4's durable copy is damaged, 3 was skipped by a revert to 2 (done on a CRASHED actor).
+        s.mark_snapshot_damaged(
+            &a1,
+            4,
+            "uuid-ns-a1-4",
+            SnapshotCopy::Durable,
+            "rootfs.tar: x",
+        )
+        .await
+        .unwrap();
+        s.transition(
+            &a1,
+            Transition::new(&[ActorState::Suspended], ActorState::Crashed),
+            NOW,
+        )
+        .await
+        .unwrap();
+        s.revert_actor(&a1, &[ActorState::Crashed], Some(2), NOW)
+            .await
+            .unwrap();
+        // The next suspend writes 5 (upload pending) and prunes.
+        record_generation(s, "a1", &snapshot("ns", "a1", 5, "node-w1")).await;
+        let mut gone: Vec<u64> = s
+            .prune_snapshots(&a1, 1)
+            .await
+            .unwrap()
+            .iter()
+            .map(|g| g.generation)
+            .collect();
+        gone.sort();
+        // Kept: 5 (newest) and 2 (newest COMPLETED a resume could take); 4 and 3 were no fallback.
+        assert_eq!(gone, [1, 3, 4]);
+        let left: Vec<u64> = s
+            .list_snapshots(&a1)
+            .await
+            .unwrap()
+            .iter()
+            .map(|g| g.generation)
+            .collect();
+        assert_eq!(left, [5, 2]);
+    }
+
+    pub async fn damage_is_marked_per_copy_and_in_tags(env: Env) {
+        let s = env.store.as_ref();
+        seed(s).await;
+        s.register_worker(&worker("w1", cap(4000, 4096 * MIB, 10), 1), NOW)
+            .await
+            .unwrap();
+        s.create_actor(&actor("ns", "a1", "ns/t")).await.unwrap();
+        let a1 = ActorRef::new("ns", "a1");
+        let mut snap = snapshot("ns", "a1", 1, "node-w1");
+        snap.durable_status = Some(DurableStatus::Completed);
+        snap.durable_uri = Some("file:///d/1".into());
+        record_generation(s, "a1", &snap).await;
+        record_generation(s, "a1", &snapshot("ns", "a1", 2, "node-w1")).await;
+        s.create_tag(&TagRecord {
+            atespace: "ns".into(),
+            name: "golden".into(),
+            snapshot: snap.clone(),
+            created_ms: NOW,
+        })
+        .await
+        .unwrap();
+        let fresh = s.list_snapshots(&a1).await.unwrap();
+        assert!(
+            fresh.iter().all(|g| !g.damaged() && !g.skipped),
+            "{fresh:?}"
+        );
+        assert!(fresh[1].local_intact() && fresh[1].durable_intact());
+
+        let marked = s
+            .mark_snapshot_damaged(
+                &a1,
+                1,
+                "uuid-ns-a1-1",
+                SnapshotCopy::Local,
+                "criu/pages-1.img: bad",
+            )
+            .await
+            .unwrap();
+        assert_eq!(marked.generation, 1);
+        assert_eq!(
+            marked.local_damage.as_deref(),
+            Some("criu/pages-1.img: bad")
+        );
+        assert_eq!(marked.durable_damage, None);
+        assert!(!marked.local_intact() && marked.durable_intact() && marked.damaged());
+        // The first finding stays; the other copy is marked on its own.
+        s.mark_snapshot_damaged(&a1, 1, "uuid-ns-a1-1", SnapshotCopy::Local, "later")
+            .await
+            .unwrap();
+        let both = s
+            .mark_snapshot_damaged(
+                &a1,
+                1,
+                "uuid-ns-a1-1",
+                SnapshotCopy::Durable,
+                "rootfs.tar: bad",
+            )
+            .await
+            .unwrap();
+        assert_eq!(both.local_damage.as_deref(), Some("criu/pages-1.img: bad"));
+        assert_eq!(both.durable_damage.as_deref(), Some("rootfs.tar: bad"));
+        assert!(!both.local_intact() && !both.durable_intact());
+        let listed = s.list_snapshots(&a1).await.unwrap();
+        assert_eq!(listed[1], both);
+        // Generation 2 was not touched.
+        assert!(!listed[0].damaged(), "{:?}", listed[0]);
+        // The tag's copy follows (a golden tag must not seed from a damaged copy).
+        let tag = s.get_tag("ns", "golden").await.unwrap();
+        assert_eq!(
+            tag.snapshot.local_damage.as_deref(),
+            Some("criu/pages-1.img: bad")
+        );
+        assert_eq!(
+            tag.snapshot.durable_damage.as_deref(),
+            Some("rootfs.tar: bad")
+        );
+        // A generation the actor lacks, or another uuid (an earlier actor of that name): NotFound.
+        assert_err!(
+            s.mark_snapshot_damaged(&a1, 9, "uuid-ns-a1-9", SnapshotCopy::Local, "x")
+                .await,
+            StoreError::NotFound(_)
+        );
+        assert_err!(
+            s.mark_snapshot_damaged(&a1, 2, "other-uuid", SnapshotCopy::Local, "x")
+                .await,
+            StoreError::NotFound(_)
+        );
+        assert!(!s.list_snapshots(&a1).await.unwrap()[0].damaged());
+    }
+
+    pub async fn revert_to_a_generation_skips_the_newer_ones(env: Env) {
+        let s = env.store.as_ref();
+        seed(s).await;
+        s.register_worker(&worker("w1", cap(4000, 4096 * MIB, 10), 1), NOW)
+            .await
+            .unwrap();
+        s.create_actor(&actor("ns", "a1", "ns/t")).await.unwrap();
+        let a1 = ActorRef::new("ns", "a1");
+        for generation in 1..=3 {
+            record_generation(s, "a1", &snapshot("ns", "a1", generation, "node-w1")).await;
+        }
+        let skipped = |list: Vec<SnapshotRecord>| -> Vec<(u64, bool)> {
+            list.iter().map(|g| (g.generation, g.skipped)).collect()
+        };
+        s.transition(
+            &a1,
+            Transition::new(&[ActorState::Suspended], ActorState::Crashed)
+                .with(ActorUpdate::with_error("restore failed: checksum")),
+            NOW,
+        )
+        .await
+        .unwrap();
+        let reverted = s
+            .revert_actor(&a1, &[ActorState::Crashed], Some(1), NOW + 5)
+            .await
+            .unwrap();
+        assert_eq!(reverted.state, ActorState::Suspended);
+        assert_eq!(reverted.worker_id, None);
+        assert_eq!(reverted.updated_ms, NOW + 5);
+        // The newest generation stays the actor's newest (the next suspend writes 4).
+        assert_eq!(reverted.generation, 3);
+        assert_eq!(
+            reverted.last_error.as_deref(),
+            Some("restore failed: checksum")
+        );
+        assert_eq!(
+            skipped(s.list_snapshots(&a1).await.unwrap()),
+            [(3, true), (2, true), (1, false)]
+        );
+        // Idempotent; a SUSPENDED actor may choose again, a newer one un-skips what it covers.
+        s.revert_actor(
+            &a1,
+            &[ActorState::Crashed, ActorState::Suspended],
+            Some(1),
+            NOW,
+        )
+        .await
+        .unwrap();
+        s.revert_actor(&a1, &[ActorState::Suspended], Some(2), NOW)
+            .await
+            .unwrap();
+        assert_eq!(
+            skipped(s.list_snapshots(&a1).await.unwrap()),
+            [(3, true), (2, false), (1, false)]
+        );
+        // A revert without a generation leaves the choice as it is.
+        s.revert_actor(&a1, &[ActorState::Suspended], None, NOW)
+            .await
+            .unwrap();
+        assert_eq!(
+            skipped(s.list_snapshots(&a1).await.unwrap()),
+            [(3, true), (2, false), (1, false)]
+        );
+        // The next suspend's generation is not skipped.
+        record_generation(s, "a1", &snapshot("ns", "a1", 4, "node-w1")).await;
+        assert_eq!(
+            skipped(s.list_snapshots(&a1).await.unwrap()),
+            [(4, false), (3, true), (2, false), (1, false)]
+        );
+        // A revert to the newest generation skips nothing new and keeps what an earlier revert
+        // set aside (3 belongs to the abandoned line; it must never become a fallback).
+        s.revert_actor(&a1, &[ActorState::Suspended], Some(4), NOW)
+            .await
+            .unwrap();
+        assert_eq!(
+            skipped(s.list_snapshots(&a1).await.unwrap()),
+            [(4, false), (3, true), (2, false), (1, false)]
+        );
+        // A revert to a skipped generation takes it back (and sets the newer ones aside).
+        s.revert_actor(&a1, &[ActorState::Suspended], Some(3), NOW)
+            .await
+            .unwrap();
+        assert_eq!(
+            skipped(s.list_snapshots(&a1).await.unwrap()),
+            [(4, true), (3, false), (2, false), (1, false)]
+        );
+    }
+
+    /// Without a generation, a revert goes back to the newest generation that is not skipped and
+    /// has a copy not found damaged: the newer ones (damaged, or with no copy left) are skipped,
+    /// so an upload that completes later never makes one of them a fallback again.
+    pub async fn revert_without_a_generation_skips_the_damaged_newest(env: Env) {
+        let s = env.store.as_ref();
+        seed(s).await;
+        s.register_worker(&worker("w1", cap(4000, 4096 * MIB, 10), 1), NOW)
+            .await
+            .unwrap();
+        s.create_actor(&actor("ns", "a1", "ns/t")).await.unwrap();
+        let a1 = ActorRef::new("ns", "a1");
+        for generation in 1..=3 {
+            let mut snap = snapshot("ns", "a1", generation, "node-w1");
+            if generation < 3 {
+                snap.durable_status = Some(DurableStatus::Completed);
+                snap.durable_uri = Some(format!("file:///d/{generation}"));
+            } else {
+                snap.durable_status = Some(DurableStatus::Pending);
+            }
+            record_generation(s, "a1", &snap).await;
+        }
+        let skipped = |list: Vec<SnapshotRecord>| -> Vec<(u64, bool)> {
+            list.iter().map(|g| (g.generation, g.skipped)).collect()
+        };
+        s.transition(
+            &a1,
+            Transition::new(&[ActorState::Suspended], ActorState::Crashed),
+            NOW,
+        )
+        .await
+        .unwrap();
+        // Nothing damaged: a plain CRASHED → SUSPENDED, nothing skipped.
+        s.revert_actor(&a1, &[ActorState::Crashed], None, NOW)
+            .await
+            .unwrap();
+        assert_eq!(
+            skipped(s.list_snapshots(&a1).await.unwrap()),
+            [(3, false), (2, false), (1, false)]
+        );
+        // 3's only copy so far (its upload is pending) is damaged; 2's local copy too, but its
+        // durable copy is intact.
+        s.mark_snapshot_damaged(
+            &a1,
+            3,
+            "uuid-ns-a1-3",
+            SnapshotCopy::Local,
+            "rootfs.tar: bad",
+        )
+        .await
+        .unwrap();
+        s.mark_snapshot_damaged(
+            &a1,
+            2,
+            "uuid-ns-a1-2",
+            SnapshotCopy::Local,
+            "rootfs.tar: bad",
+        )
+        .await
+        .unwrap();
+        s.transition(
+            &a1,
+            Transition::new(&[ActorState::Suspended], ActorState::Crashed),
+            NOW,
+        )
+        .await
+        .unwrap();
+        let a = s
+            .revert_actor(&a1, &[ActorState::Crashed], None, NOW)
+            .await
+            .unwrap();
+        assert_eq!(a.state, ActorState::Suspended);
+        assert_eq!(
+            skipped(s.list_snapshots(&a1).await.unwrap()),
+            [(3, true), (2, false), (1, false)]
+        );
+        // 3's upload completing does not bring it back.
+        s.update_snapshot_durable(&a1, 3, DurableStatus::Completed, "file:///d/3", "")
+            .await
+            .unwrap();
+        assert!(s.list_snapshots(&a1).await.unwrap()[0].skipped);
+        // Every copy damaged: the revert still returns the actor to SUSPENDED (its next resume
+        // boots it afresh), skipping them all.
+        for (generation, copy) in [
+            (2, SnapshotCopy::Durable),
+            (1, SnapshotCopy::Local),
+            (1, SnapshotCopy::Durable),
+        ] {
+            s.mark_snapshot_damaged(
+                &a1,
+                generation,
+                &format!("uuid-ns-a1-{generation}"),
+                copy,
+                "bad",
+            )
+            .await
+            .unwrap();
+        }
+        s.transition(
+            &a1,
+            Transition::new(&[ActorState::Suspended], ActorState::Crashed),
+            NOW,
+        )
+        .await
+        .unwrap();
+        s.revert_actor(&a1, &[ActorState::Crashed], None, NOW)
+            .await
+            .unwrap();
+        assert_eq!(
+            skipped(s.list_snapshots(&a1).await.unwrap()),
+            [(3, true), (2, true), (1, true)]
+        );
+    }
+
+    pub async fn revert_refuses_what_it_cannot_restore_and_changes_nothing(env: Env) {
+        let s = env.store.as_ref();
+        seed(s).await;
+        s.register_worker(&worker("w1", cap(4000, 4096 * MIB, 10), 1), NOW)
+            .await
+            .unwrap();
+        s.create_actor(&actor("ns", "a1", "ns/t")).await.unwrap();
+        let a1 = ActorRef::new("ns", "a1");
+        let mut one = snapshot("ns", "a1", 1, "node-w1");
+        one.durable_status = Some(DurableStatus::Completed);
+        one.durable_uri = Some("file:///d/1".into());
+        record_generation(s, "a1", &one).await;
+        record_generation(s, "a1", &snapshot("ns", "a1", 2, "node-w1")).await;
+        s.transition(
+            &a1,
+            Transition::new(&[ActorState::Suspended], ActorState::Crashed),
+            NOW,
+        )
+        .await
+        .unwrap();
+        let before = (
+            s.get_actor(&a1).await.unwrap(),
+            s.list_snapshots(&a1).await.unwrap(),
+        );
+        let unchanged = || async {
+            (
+                s.get_actor(&a1).await.unwrap(),
+                s.list_snapshots(&a1).await.unwrap(),
+            )
+        };
+
+        // No such generation.
+        let e = assert_err!(
+            s.revert_actor(&a1, &[ActorState::Crashed], Some(7), NOW + 1)
+                .await,
+            StoreError::NotFound(_)
+        );
+        assert_eq!(e.to_string(), "snapshot 7 of actor \"ns/a1\" not found");
+        assert_eq!(unchanged().await, before);
+        // Every copy found damaged (2 has only its local copy).
+        s.mark_snapshot_damaged(
+            &a1,
+            2,
+            "uuid-ns-a1-2",
+            SnapshotCopy::Local,
+            "rootfs.tar: bad",
+        )
+        .await
+        .unwrap();
+        let before = unchanged().await;
+        let e = assert_err!(
+            s.revert_actor(&a1, &[ActorState::Crashed], Some(2), NOW + 1)
+                .await,
+            StoreError::FailedPrecondition(_)
+        );
+        assert_eq!(
+            e.to_string(),
+            "generation 2 of actor \"ns/a1\" has no copy that was not found damaged"
+        );
+        assert_eq!(unchanged().await, before);
+        // A damaged local copy with an intact durable one is still a copy to restore.
+        s.mark_snapshot_damaged(
+            &a1,
+            1,
+            "uuid-ns-a1-1",
+            SnapshotCopy::Local,
+            "manifest.json: bad",
+        )
+        .await
+        .unwrap();
+        let before = unchanged().await;
+        // Not in an allowed state: StateConflict, nothing changed.
+        assert_err!(
+            s.revert_actor(&a1, &[ActorState::Suspended], Some(1), NOW + 1)
+                .await,
+            StoreError::StateConflict {
+                actual: ActorState::Crashed,
+                ..
+            }
+        );
+        assert_eq!(unchanged().await, before);
+        s.revert_actor(&a1, &[ActorState::Crashed], Some(1), NOW + 1)
+            .await
+            .unwrap();
+        let skipped: Vec<(u64, bool)> = s
+            .list_snapshots(&a1)
+            .await
+            .unwrap()
+            .iter()
+            .map(|g| (g.generation, g.skipped))
+            .collect();
+        assert_eq!(skipped, [(2, true), (1, false)]);
+        // Unknown actor.
+        assert_err!(
+            s.revert_actor(
+                &ActorRef::new("ns", "nobody"),
+                &[ActorState::Crashed],
+                None,
+                NOW
+            )
+            .await,
             StoreError::NotFound(_)
         );
     }

@@ -209,4 +209,10 @@ impl ActorService for ScriptedApi {
     ) -> Result<tonic::Response<ReadActorLogResponse>, Status> {
         Err(Status::unimplemented("test"))
     }
+    async fn list_generations(
+        &self,
+        _: tonic::Request<ListGenerationsRequest>,
+    ) -> Result<tonic::Response<ListGenerationsResponse>, Status> {
+        Err(Status::unimplemented("test"))
+    }
 }

@@ -18,6 +18,12 @@ pub enum NodeBehaviour {
     Fail(tonic::Code),
     /// Reply OK but with another epoch (the worker restarted).
     WrongEpoch,
+    /// Restore fails (FailedPrecondition) finding these copies of the generation it was asked
+    /// for damaged, reported as the status details (a Run succeeds).
+    Damaged {
+        local: bool,
+        durable: bool,
+    },
 }
 
 #[derive(Default)]
@@ -108,7 +114,11 @@ impl NodeSvc {
         self.0.calls.request_ids.lock().unwrap().push(id);
     }
 
-    async fn start_reply(&self, worker_id: &str) -> Result<Response<NodeReply>, Status> {
+    async fn start_reply(
+        &self,
+        worker_id: &str,
+        snapshot: Option<&Snapshot>,
+    ) -> Result<Response<NodeReply>, Status> {
         let delay = *self.0.delay.lock().unwrap();
         tokio::time::sleep(delay).await;
         let behaviour = self.0.behaviour.lock().unwrap().clone();
@@ -128,6 +138,35 @@ impl NodeSvc {
                 code,
                 "scripted failure: wakeup probe never answered",
             )),
+            NodeBehaviour::Damaged { local, durable } => match snapshot {
+                None => Ok(Response::new(NodeReply {
+                    worker_id: worker_id.into(),
+                    epoch,
+                    addresses: vec![],
+                })),
+                Some(s) => {
+                    let reason = format!(
+                        "generation {}: rootfs.tar: sha256 00, manifest says 11",
+                        s.generation
+                    );
+                    let of = |damaged: bool| {
+                        if damaged {
+                            reason.clone()
+                        } else {
+                            String::new()
+                        }
+                    };
+                    Err(ate_proto::damage::with_damage(
+                        Status::failed_precondition(format!("scripted damage: {reason}")),
+                        &GenerationDamage {
+                            generation: s.generation,
+                            uuid: s.uuid.clone(),
+                            local: of(local),
+                            durable: of(durable),
+                        },
+                    ))
+                }
+            },
         }
     }
 }
@@ -138,7 +177,7 @@ impl node_service_server::NodeService for NodeSvc {
         self.0.calls.run.fetch_add(1, Ordering::SeqCst);
         self.record_request_id(&req);
         let w = req.into_inner().workload.unwrap_or_default();
-        self.start_reply(&w.worker_id).await
+        self.start_reply(&w.worker_id, None).await
     }
 
     async fn restore(&self, req: Request<RestoreRequest>) -> Result<Response<NodeReply>, Status> {
@@ -150,8 +189,9 @@ impl node_service_server::NodeService for NodeSvc {
             .as_ref()
             .map(|w| w.worker_id.clone())
             .unwrap_or_default();
+        let snapshot = req.snapshot.clone();
         self.0.calls.restores.lock().unwrap().push(req);
-        self.start_reply(&worker_id).await
+        self.start_reply(&worker_id, snapshot.as_ref()).await
     }
 
     async fn checkpoint(

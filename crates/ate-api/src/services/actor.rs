@@ -1,5 +1,5 @@
-//! ActorService: create, read, list, update and delete actors, and the verbs that run a
-//! workflow to its end (resume, suspend, revert, delete).
+//! ActorService: create, read, list, update and delete actors, list their generations, and the
+//! verbs that run a workflow to its end (resume, suspend, revert, delete).
 
 use ate_core::TemplateRef;
 use ate_core::clock::now_ms;
@@ -257,9 +257,26 @@ impl actor_service_server::ActorService for Services {
         let _ = self.authorize(&req, "ActorService/RevertActor", |r| {
             Need::Atespace(ref_atespace(&r.actor))
         })?;
-        let r = actor_ref(req.into_inner().actor)?;
+        let req = req.into_inner();
+        let r = actor_ref(req.actor)?;
+        // 0: no generation chosen (generations are numbered from 1).
+        let generation = Some(req.generation).filter(|g| *g > 0);
         let api = self.api.clone();
-        let reverted = to_completion(async move { api.revert(&r).await }).await?;
+        let reverted = to_completion(async move { api.revert(&r, generation).await }).await?;
         Ok(Response::new(convert::actor_view(&reverted)))
+    }
+
+    async fn list_generations(
+        &self,
+        req: Request<ListGenerationsRequest>,
+    ) -> Result<Response<ListGenerationsResponse>, Status> {
+        let _ = self.authorize(&req, "ActorService/ListGenerations", |r| {
+            Need::Atespace(ref_atespace(&r.actor))
+        })?;
+        let r = actor_ref(req.into_inner().actor)?;
+        let generations = self.api.generations(&r).await?;
+        Ok(Response::new(ListGenerationsResponse {
+            generations: generations.iter().map(convert::generation).collect(),
+        }))
     }
 }

@@ -245,6 +245,16 @@ impl fleet_service_server::FleetService for Services {
         let r = actor_ref(req.actor)?;
         self.check_node_worker(&caller, "FleetService/ReportActorExit", &req.worker_id)
             .await?;
+        let damage = match req.damage {
+            Some(d) if d.local.is_empty() && d.durable.is_empty() => None,
+            Some(d) if req.crash_reason.is_empty() || d.generation == 0 || d.uuid.is_empty() => {
+                return Err(Status::invalid_argument(
+                    "invalid damage: it needs a crash_reason, a generation and a uuid",
+                ));
+            }
+            Some(d) => Some(convert::damage(d)),
+            None => None,
+        };
         self.api
             .actor_exited(
                 &r,
@@ -252,6 +262,7 @@ impl fleet_service_server::FleetService for Services {
                 req.exit_code,
                 &req.last_log_lines,
                 &req.crash_reason,
+                damage.as_ref(),
             )
             .await?;
         Ok(Response::new(ReportActorExitResponse {}))

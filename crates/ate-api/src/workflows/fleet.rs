@@ -8,7 +8,7 @@ use ate_core::clock::now_ms;
 use ate_core::{ActorRef, ActorState};
 use ate_store::{ActorRecord, ActorUpdate, StoreError, Transition};
 
-use super::{Api, demand};
+use super::{Api, Damage, demand};
 use crate::error::WorkflowError;
 
 /// An actor a worker reports holding at its registration, with the activation its copy runs.
@@ -22,7 +22,9 @@ impl Api {
     /// A worker saw all of an actor's processes exit while RUNNING: release its capacity at once
     /// and leave it SUSPENDED with its last usable generation. With a `crash_reason` the worker
     /// ended the actor because it must not run on (its restored memory could not be completed):
-    /// it becomes CRASHED with that reason, for an operator to look at before RevertActor.
+    /// it becomes CRASHED with that reason, for an operator to look at before RevertActor. With
+    /// `damage` too (the lazy restore found the generation it read damaged), those copies are
+    /// marked damaged after the crash is recorded, so no resume chooses them again.
     pub async fn actor_exited(
         &self,
         r: &ActorRef,
@@ -30,6 +32,7 @@ impl Api {
         exit_code: i32,
         last_lines: &str,
         crash_reason: &str,
+        damage: Option<&Damage>,
     ) -> Result<(), WorkflowError> {
         r.validate()?;
         let actor = self.store.get_actor(r).await?;
@@ -68,9 +71,14 @@ impl Api {
             )
             .await
         {
-            Ok(_) | Err(StoreError::StateConflict { .. }) => Ok(()),
-            Err(e) => Err(e.into()),
+            Ok(_) => {}
+            Err(StoreError::StateConflict { .. }) => return Ok(()),
+            Err(e) => return Err(e.into()),
         }
+        if let Some(damage) = damage.filter(|_| next == ActorState::Crashed) {
+            self.record_damage(r, damage).await;
+        }
+        Ok(())
     }
 
     /// Marks workers without a heartbeat for the lease plus a margin GONE; their RESUMING actors

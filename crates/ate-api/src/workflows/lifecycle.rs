@@ -1,32 +1,129 @@
-//! The end of an actor's life and of its generations: RevertActor (CRASHED → SUSPENDED),
-//! DeleteActor (with `--force`'s stop without a snapshot, the nodes forgetting its log), and
-//! the deletion of removed generations' files (after a delete, and retention after a suspend).
+//! The end of an actor's life and of its generations: RevertActor (CRASHED → SUSPENDED, and
+//! the generation the next resume restores), ListGenerations, DeleteActor (with `--force`'s stop
+//! without a snapshot, the nodes forgetting its log), and the deletion of removed generations'
+//! files (after a delete, and retention after a suspend).
 
 use std::time::Duration;
 
 use ate_core::clock::now_ms;
-use ate_core::{ActorRef, ActorState};
-use ate_store::{ActorUpdate, SnapshotRecord, StoreError, Transition, WorkerRecord, WorkerStatus};
+use ate_core::{ActorRef, ActorState, DurableStatus};
+use ate_store::{
+    ActorRecord, ActorUpdate, SnapshotRecord, StoreError, Transition, WorkerRecord, WorkerStatus,
+};
 
+use super::placement::{choose, local_usable};
 use super::{ActorView, Api, Failure, live_node_address};
 use crate::error::WorkflowError;
 use crate::node::NodeClients;
 
+/// One of an actor's generations as ListGenerations shows it.
+#[derive(Debug, Clone)]
+pub struct GenerationView {
+    pub snapshot: SnapshotRecord,
+    /// Its node-local copy can be restored now.
+    pub local_usable: bool,
+    /// The next resume restores it.
+    pub next: bool,
+}
+
 impl Api {
-    pub async fn revert(&self, r: &ActorRef) -> Result<ActorView, WorkflowError> {
+    /// RevertActor: a CRASHED actor goes back to SUSPENDED, and its next resume restores
+    /// `generation` (CRASHED or SUSPENDED actors), or without one the newest generation that is
+    /// not skipped and has a copy not found damaged; every newer generation is kept but skipped
+    /// ([`ate_store::Store::revert_actor`]). A generation the actor lacks (NotFound), found
+    /// damaged in every copy or with no usable copy (FailedPrecondition) is refused and nothing
+    /// changes.
+    pub async fn revert(
+        &self,
+        r: &ActorRef,
+        generation: Option<u64>,
+    ) -> Result<ActorView, WorkflowError> {
         r.validate()?;
         self.under_lease(r, async {
             let actor = self.store.get_actor(r).await?;
-            match actor.state {
-                ActorState::Suspended => Ok(ActorView::bare(actor)),
-                ActorState::Crashed => {
-                    let a = self.store.release_actor(r, Transition::new(&[ActorState::Crashed], ActorState::Suspended), None, now_ms()).await?;
+            match (actor.state, generation) {
+                (ActorState::Suspended, None) => Ok(ActorView::bare(actor)),
+                (ActorState::Crashed, None) => {
+                    let a = self.store.revert_actor(r, &[ActorState::Crashed], None, now_ms()).await?;
+                    let next = self.next_generation(&a).await;
+                    tracing::info!(actor = %r, next = ?next, "actor reverted");
                     Ok(ActorView::bare(a))
                 }
-                state => Err(WorkflowError::FailedPrecondition(format!("RevertActor is refused while actor {r} is {state}; it reverts only ACTOR_STATE_CRASHED")).into()),
+                (ActorState::Crashed | ActorState::Suspended, Some(g)) => {
+                    self.check_revert_target(r, g).await?;
+                    let from = [ActorState::Crashed, ActorState::Suspended];
+                    let a = self.store.revert_actor(r, &from, Some(g), now_ms()).await?;
+                    tracing::info!(actor = %r, generation = g, "actor reverted to a chosen generation");
+                    Ok(ActorView::bare(a))
+                }
+                (state, None) => Err(WorkflowError::FailedPrecondition(format!("RevertActor is refused while actor {r} is {state}; it reverts only ACTOR_STATE_CRASHED")).into()),
+                (state, Some(_)) => Err(WorkflowError::FailedPrecondition(format!("RevertActor to a generation is refused while actor {r} is {state}; it reverts only ACTOR_STATE_CRASHED or ACTOR_STATE_SUSPENDED actors (suspend it first)")).into()),
             }
         })
         .await
+    }
+
+    /// Refuses a revert to generation `g` of `r` that a resume could not restore: NotFound when
+    /// the actor lacks it, FailedPrecondition when every copy was found damaged or none is
+    /// usable now. The message names the generations that are there.
+    async fn check_revert_target(&self, r: &ActorRef, g: u64) -> Result<(), WorkflowError> {
+        let snapshots = self.store.list_snapshots(r).await?;
+        let listed = || {
+            let all: Vec<String> = snapshots.iter().map(|s| s.generation.to_string()).collect();
+            if all.is_empty() {
+                "it has none".to_string()
+            } else {
+                format!("it has {}", all.join(", "))
+            }
+        };
+        let see = format!("`ate get generations actor {} -a {}`", r.name, r.atespace);
+        let Some(snap) = snapshots.iter().find(|s| s.generation == g) else {
+            return Err(WorkflowError::NotFound(format!(
+                "actor {r} has no generation {g} ({}; {see})",
+                listed()
+            )));
+        };
+        if !snap.local_intact() && !snap.durable_intact() {
+            return Err(WorkflowError::FailedPrecondition(format!(
+                "generation {g} of actor {r} is damaged ({}); revert to an intact one ({see})",
+                damage_text(snap)
+            )));
+        }
+        let workers = self.fleet.refresh().await?;
+        if !local_usable(snap, &workers) && !snap.durable_intact() {
+            return Err(WorkflowError::FailedPrecondition(format!(
+                "generation {g} of actor {r} has no usable copy: {}; revert to another one ({see})",
+                unusable_text(snap)
+            )));
+        }
+        Ok(())
+    }
+
+    /// The generation the actor's next resume restores, if any (for the log).
+    async fn next_generation(&self, actor: &ActorRecord) -> Option<u64> {
+        let workers = self.fleet.workers().await.ok()?;
+        let snapshots = self.store.list_snapshots(&actor.actor_ref()).await.ok()?;
+        choose(snapshots, &workers).map(|s| s.generation)
+    }
+
+    /// ListGenerations: the actor's generations, newest first, each with whether its node-local
+    /// copy is usable now and whether the next resume restores it (the same choice a resume
+    /// makes). NotFound when the actor does not exist.
+    pub async fn generations(&self, r: &ActorRef) -> Result<Vec<GenerationView>, WorkflowError> {
+        r.validate()?;
+        // The actor first: an unknown one is NotFound, not an empty list.
+        self.store.get_actor(r).await?;
+        let snapshots = self.store.list_snapshots(r).await?;
+        let workers = self.fleet.workers().await?;
+        let next = choose(snapshots.clone(), &workers).map(|s| s.generation);
+        Ok(snapshots
+            .into_iter()
+            .map(|s| GenerationView {
+                local_usable: local_usable(&s, &workers),
+                next: Some(s.generation) == next,
+                snapshot: s,
+            })
+            .collect())
     }
 
     /// Deletes the actor and its generations. `force` also deletes an active actor: its
@@ -177,8 +274,10 @@ impl Api {
     }
 }
 
-/// Generations kept per actor besides the newest durable one and tagged ones.
-const KEEP_NEWEST_GENERATIONS: usize = 1;
+/// Generations a resume could choose kept per actor (the newest, and the one before it: what a
+/// revert goes back to when the newest is found damaged), besides the newest with a COMPLETED
+/// durable copy and tagged ones.
+const KEEP_NEWEST_GENERATIONS: usize = 2;
 
 /// Deletes the files of removed generations: local copies on their node, durable objects via
 /// any live node. Failures are logged with the generation so an operator can clean up.
@@ -207,5 +306,46 @@ async fn delete_snapshot_files(
         if let Err(why) = result {
             tracing::warn!(generation = snap.generation, uri = snap.durable_uri.as_deref().unwrap_or_default(), error = %why, "snapshot garbage collection failed");
         }
+    }
+}
+
+/// What was found damaged in `s`'s copies, for a refusal.
+fn damage_text(s: &SnapshotRecord) -> String {
+    let mut parts = Vec::new();
+    if let Some(why) = &s.local_damage {
+        parts.push(format!("node-local copy on node {}: {why}", s.node));
+    } else if s.local_path.is_none() {
+        parts.push("no node-local copy".to_string());
+    }
+    if let Some(why) = &s.durable_damage {
+        parts.push(format!("durable copy: {why}"));
+    } else if s.durable_status != Some(DurableStatus::Completed) {
+        parts.push(durable_text(s));
+    }
+    parts.join("; ")
+}
+
+/// Why none of `s`'s copies that were not found damaged can be restored now.
+fn unusable_text(s: &SnapshotRecord) -> String {
+    let local = if s.local_path.is_none() {
+        "no node-local copy".to_string()
+    } else {
+        format!(
+            "its node-local copy is on node {}, which has no live worker in the boot that wrote it",
+            s.node
+        )
+    };
+    format!("{local}, and {}", durable_text(s))
+}
+
+fn durable_text(s: &SnapshotRecord) -> String {
+    if let Some(why) = &s.durable_damage {
+        return format!("its durable copy was found damaged ({why})");
+    }
+    match s.durable_status {
+        None => "no durable copy".to_string(),
+        Some(DurableStatus::Pending) => "its durable copy is still PENDING".to_string(),
+        Some(DurableStatus::Failed) => "its durable copy FAILED".to_string(),
+        Some(DurableStatus::Completed) => "a COMPLETED durable copy".to_string(),
     }
 }

@@ -37,6 +37,7 @@ use crate::node::{NodeClients, NodeError};
 use crate::scheduler::{self, FleetView};
 
 pub use fleet::HeldActor;
+pub use lifecycle::GenerationView;
 pub use logs::ActorLog;
 
 /// Points between workflow steps where a test can simulate a crash of the api.
@@ -94,6 +95,18 @@ impl From<StoreError> for Failure {
     fn from(e: StoreError) -> Self {
         Failure::Error(WorkflowError::Store(e))
     }
+}
+
+/// Copies of one generation a node found damaged (their content does not match the manifest),
+/// from a failed Restore or an actor's exit.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Damage {
+    pub generation: u64,
+    pub uuid: String,
+    /// What was found wrong with the node-local copy, naming the file; None: not found damaged.
+    pub local: Option<String>,
+    /// The same for the durable copy.
+    pub durable: Option<String>,
 }
 
 /// An actor with the worker it is assigned to, if that worker is known (its addresses and
@@ -300,6 +313,33 @@ impl Api {
         // Registered after the view was read.
         let workers = self.fleet.refresh().await.ok()?;
         workers.iter().find(|w| &w.id == id).cloned()
+    }
+
+    /// Records in the store the copies `damage` names as damaged (after the actor was marked
+    /// CRASHED for it: a crash between the two leaves the mark out, and the next attempt on the
+    /// same generation finds and records it again). A failed write is logged, not returned.
+    async fn record_damage(&self, r: &ActorRef, damage: &Damage) {
+        let copies = [
+            (&damage.local, ate_store::SnapshotCopy::Local),
+            (&damage.durable, ate_store::SnapshotCopy::Durable),
+        ];
+        for (reason, copy) in copies
+            .iter()
+            .filter_map(|(reason, copy)| reason.as_deref().map(|r| (r, *copy)))
+        {
+            match self
+                .store
+                .mark_snapshot_damaged(r, damage.generation, &damage.uuid, copy, reason)
+                .await
+            {
+                Ok(_) => {
+                    tracing::warn!(actor = %r, generation = damage.generation, copy = copy.as_str(), reason, "generation copy marked damaged")
+                }
+                Err(e) => {
+                    tracing::warn!(actor = %r, generation = damage.generation, copy = copy.as_str(), error = %e, "cannot mark the generation copy damaged")
+                }
+            }
+        }
     }
 
     /// The actor with its assigned worker's details.

@@ -63,19 +63,17 @@ impl Api {
         }
     }
 
-    /// Newest usable generation: node-local on a node still in the boot that wrote it, or with a
-    /// COMPLETED durable copy; else the template's golden tag; else none (cold boot).
+    /// Newest generation a resume can restore now ([`restorable`]: not skipped by a revert, with
+    /// a copy not found damaged that is usable); else, for an actor that never had a generation,
+    /// the template's golden tag; else none (cold boot).
     pub(super) async fn choose_snapshot(
         &self,
         actor: &ActorRecord,
         template: &TemplateRecord,
     ) -> Result<Option<SnapshotRecord>, Failure> {
         let workers = self.fleet.workers().await?;
-        let usable = |s: &SnapshotRecord| {
-            self.local_usable(s, &workers) || s.durable_status == Some(DurableStatus::Completed)
-        };
         let snapshots = self.store.list_snapshots(&actor.actor_ref()).await?;
-        if let Some(s) = snapshots.into_iter().find(|s| usable(s)) {
+        if let Some(s) = choose(snapshots, &workers) {
             return Ok(Some(s));
         }
         if actor.generation == 0
@@ -84,7 +82,7 @@ impl Api {
             let (ts, tn) = ate_core::names::parse_namespaced("spec.goldenTag", tag)
                 .map_err(WorkflowError::from)?;
             match self.store.get_tag(&ts, &tn).await {
-                Ok(t) if usable(&t.snapshot) => return Ok(Some(t.snapshot)),
+                Ok(t) if restorable(&t.snapshot, &workers) => return Ok(Some(t.snapshot)),
                 Ok(_) => tracing::warn!(tag = %tag, "golden tag has no usable copy; cold boot"),
                 Err(StoreError::NotFound(_)) => {
                     tracing::warn!(tag = %tag, "golden tag not found; cold boot")
@@ -93,13 +91,6 @@ impl Api {
             }
         }
         Ok(None)
-    }
-
-    fn local_usable(&self, s: &SnapshotRecord, workers: &[WorkerRecord]) -> bool {
-        s.local_path.is_some()
-            && workers.iter().any(|w| {
-                w.status == WorkerStatus::Active && w.node == s.node && w.boot_id == s.boot_id
-            })
     }
 
     /// Picks a worker and binds the actor to it. Returns whether the actor's node-local snapshot
@@ -115,9 +106,9 @@ impl Api {
         let sandbox_class = snapshot
             .map(|s| s.sandbox_class.as_str())
             .unwrap_or(&template.spec.sandbox_class);
-        // A node-local generation without a durable copy pins the actor to its node.
+        // A node-local generation without an intact durable copy pins the actor to its node.
         let mut pinned = snapshot
-            .filter(|s| s.durable_status != Some(DurableStatus::Completed))
+            .filter(|s| !s.durable_intact())
             .map(|s| s.node.clone());
         let mut detached = false;
         let demand = demand(template);
@@ -161,7 +152,11 @@ impl Api {
             let now = Instant::now();
             let candidates = self.waiters.admissible(&actor_key, &req, &workers, now);
             let Some(worker) = scheduler::pick_preferring(&candidates, frozen_on.as_deref()) else {
-                if let (Some(node), Some(snap)) = (pinned.clone(), snapshot) {
+                // A detach drops the local copy once the durable one is COMPLETED: never when
+                // that durable copy was found damaged (the local one is all that is left).
+                if let (Some(node), Some(snap)) = (pinned.clone(), snapshot)
+                    && snap.durable_damage.is_none()
+                {
                     let anywhere = Requirements { node: None, ..req };
                     if !self
                         .waiters
@@ -242,4 +237,42 @@ impl Api {
         }
         Ok(())
     }
+}
+
+/// The node-local copy of `s` can be restored now: recorded, not found damaged, on a node with an
+/// ACTIVE worker in the boot that wrote it.
+pub(super) fn local_usable(s: &SnapshotRecord, workers: &[WorkerRecord]) -> bool {
+    s.local_intact()
+        && workers
+            .iter()
+            .any(|w| w.status == WorkerStatus::Active && w.node == s.node && w.boot_id == s.boot_id)
+}
+
+/// A resume may restore `s` now: not skipped by a revert, and a copy not found damaged is usable
+/// (the node-local one per [`local_usable`], or a COMPLETED durable one).
+pub(super) fn restorable(s: &SnapshotRecord, workers: &[WorkerRecord]) -> bool {
+    !s.skipped && (local_usable(s, workers) || s.durable_intact())
+}
+
+/// The generation the next resume restores among the actor's own (newest first): the newest
+/// [`restorable`] one.
+pub(super) fn choose(
+    snapshots: Vec<SnapshotRecord>,
+    workers: &[WorkerRecord],
+) -> Option<SnapshotRecord> {
+    snapshots.into_iter().find(|s| restorable(s, workers))
+}
+
+/// `s` as a Restore names it to the node: a copy found damaged is left out (its path, or the
+/// durable copy's status and URI), so the node never reads it again.
+pub(super) fn without_damaged_copies(s: &SnapshotRecord) -> SnapshotRecord {
+    let mut s = s.clone();
+    if s.local_damage.is_some() {
+        s.local_path = None;
+    }
+    if s.durable_damage.is_some() {
+        s.durable_status = None;
+        s.durable_uri = None;
+    }
+    s
 }

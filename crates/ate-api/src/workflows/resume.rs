@@ -10,6 +10,7 @@ use ate_core::{ActorRef, ActorState};
 use ate_store::{ActorUpdate, Transition, WorkerStatus};
 use tracing::Instrument;
 
+use super::placement::without_damaged_copies;
 use super::{
     ActorView, Api, Failure, FaultPoint, crashed, end_lease, transient, worker_unavailable,
 };
@@ -199,7 +200,8 @@ impl Api {
         let call = async {
             match (plan, &snapshot) {
                 (RestorePlan::Restore(fidelity), Some(snap)) => {
-                    client.restore(&workload, snap, fidelity, request_id).await
+                    let snap = without_damaged_copies(snap);
+                    client.restore(&workload, &snap, fidelity, request_id).await
                 }
                 _ => client.run(&workload, request_id).await,
             }
@@ -262,6 +264,18 @@ impl Api {
                         now_ms(),
                     )
                     .await?;
+                // The node found copies of the generation damaged: no resume chooses them again
+                // (CRASHED first: a crash in between costs one more attempt, never a silent
+                // fallback to an older generation).
+                match (&error.damage, &snapshot) {
+                    (Some(d), Some(s)) if d.generation == s.generation && d.uuid == s.uuid => {
+                        self.record_damage(r, d).await;
+                    }
+                    (Some(d), _) => {
+                        tracing::warn!(actor = %r, generation = d.generation, uuid = %d.uuid, "the node reported damage of a generation it was not asked to restore; ignored");
+                    }
+                    (None, _) => {}
+                }
                 return Err(crashed(r, &Some(why)).into());
             }
         };

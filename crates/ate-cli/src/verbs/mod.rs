@@ -8,7 +8,7 @@ use clap::{Args, Subcommand};
 
 use crate::Format;
 use crate::client::Clients;
-use crate::render::{self, ActorView, AtespaceView, TagView, WorkerView};
+use crate::render::{self, ActorView, AtespaceView, GenerationView, TagView, WorkerView};
 
 mod apply;
 pub use apply::apply;
@@ -87,6 +87,12 @@ pub enum GetCmd {
         #[command(flatten)]
         scope: Scope,
     },
+    /// An actor's generations, newest first: where each is kept, whether it is intact or was
+    /// found damaged (and why), and which one the next resume restores (NEXT).
+    Generations {
+        #[command(subcommand)]
+        of: ActorCmd,
+    },
 }
 
 #[derive(Subcommand)]
@@ -95,6 +101,21 @@ pub enum ActorCmd {
         name: String,
         #[arg(short = 'a', long)]
         atespace: String,
+    },
+}
+
+#[derive(Subcommand)]
+pub enum RevertCmd {
+    /// Return a CRASHED actor to SUSPENDED: its next resume restores the newest generation
+    /// that was not found damaged (or, with --generation, the one named).
+    Actor {
+        name: String,
+        #[arg(short = 'a', long)]
+        atespace: String,
+        /// The generation the next resume restores (see `ate get generations actor NAME -a
+        /// ATESPACE`); newer ones are kept but skipped. Also for a SUSPENDED actor.
+        #[arg(long)]
+        generation: Option<u64>,
     },
 }
 
@@ -347,6 +368,28 @@ pub async fn get(c: &Clients, cmd: GetCmd, out: Format) -> anyhow::Result<ExitCo
             );
             Ok(ExitCode::SUCCESS)
         }
+        GetCmd::Generations {
+            of: ActorCmd::Actor { name, atespace },
+        } => {
+            let list = rpc(c
+                .actors
+                .clone()
+                .list_generations(v1::ListGenerationsRequest {
+                    actor: obj(&atespace, &name),
+                })
+                .await)?;
+            if list.generations.is_empty() && out.is_table() {
+                println!("actor {atespace}/{name} has no generation yet");
+                return Ok(ExitCode::SUCCESS);
+            }
+            let views: Vec<GenerationView> =
+                list.generations.iter().map(GenerationView::from).collect();
+            print!(
+                "{}",
+                render::render_list(&views, render::generations_table, out)?
+            );
+            Ok(ExitCode::SUCCESS)
+        }
         GetCmd::Tags { scope } => {
             let list = rpc(c
                 .tags
@@ -432,13 +475,22 @@ pub async fn suspend(c: &Clients, cmd: SuspendCmd, out: Format) -> anyhow::Resul
     print_actors(&[a], out)
 }
 
-pub async fn revert(c: &Clients, cmd: ActorCmd, out: Format) -> anyhow::Result<ExitCode> {
-    let ActorCmd::Actor { name, atespace } = cmd;
+pub async fn revert(c: &Clients, cmd: RevertCmd, out: Format) -> anyhow::Result<ExitCode> {
+    let RevertCmd::Actor {
+        name,
+        atespace,
+        generation,
+    } = cmd;
+    // 0 on the wire means "no choice": refused here rather than taken as one.
+    if generation == Some(0) {
+        anyhow::bail!("--generation must be at least 1 (generations are numbered from 1)");
+    }
     let a = rpc(c
         .actors
         .clone()
         .revert_actor(v1::RevertActorRequest {
             actor: obj(&atespace, &name),
+            generation: generation.unwrap_or(0),
         })
         .await)?;
     print_actors(&[a], out)

@@ -28,6 +28,9 @@ pub(super) fn status(e: &AgentError) -> Status {
             Status::internal(e.to_string())
         }
         AgentError::Worker(refused) => wire::call_status(refused),
+        AgentError::Damaged { error, damage } => {
+            ate_proto::damage::with_damage(status(error), &wire::damage_to_wire(damage))
+        }
     }
 }
 

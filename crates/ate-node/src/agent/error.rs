@@ -1,7 +1,7 @@
 //! Why a NodeService verb failed, in the node's own terms. `service.rs` maps each variant to
 //! the gRPC status code the api depends on (the message is the variant's text).
 
-use crate::types::CallError;
+use crate::types::{CallError, Damage};
 
 #[derive(Debug, thiserror::Error)]
 pub enum AgentError {
@@ -49,4 +49,45 @@ pub enum AgentError {
     /// A worker refused or failed the call: passed on with its own code and message.
     #[error(transparent)]
     Worker(#[from] CallError),
+    /// `error`, caused by copies of the generation found damaged (their content does not match
+    /// the manifest): the same status, with `damage` as its details so the api marks them.
+    #[error("{error}")]
+    Damaged {
+        error: Box<AgentError>,
+        damage: Damage,
+    },
+}
+
+impl AgentError {
+    /// `self`, reported with the damage of `snap`'s copies: `local`, `durable` (what was found
+    /// wrong with each; None: not found damaged). A damage the error already carries is kept.
+    pub fn with_damage(
+        self,
+        snap: &crate::types::Snapshot,
+        local: Option<String>,
+        durable: Option<String>,
+    ) -> AgentError {
+        let (error, old) = match self {
+            AgentError::Damaged { error, damage } => (error, Some(damage)),
+            other => (Box::new(other), None),
+        };
+        let (old_local, old_durable) = old.map_or((None, None), |d| (d.local, d.durable));
+        AgentError::Damaged {
+            error,
+            damage: Damage {
+                generation: snap.generation,
+                uuid: snap.uuid.clone(),
+                local: local.or(old_local),
+                durable: durable.or(old_durable),
+            },
+        }
+    }
+
+    /// The damage of the generation this error reports, if any.
+    pub fn damage(&self) -> Option<&Damage> {
+        match self {
+            AgentError::Damaged { damage, .. } => Some(damage),
+            _ => None,
+        }
+    }
 }

@@ -100,6 +100,7 @@ impl NodeAgent {
             advertise,
             crate::boot_id(),
             cfg.workers_dir(),
+            cfg.snapshots_dir(),
             api,
         ));
         Ok(Self {

@@ -214,7 +214,8 @@ impl NodeAgent {
         Ok(target)
     }
 
-    /// A (cached) download of the generation's durable copy, verified.
+    /// A (cached) download of the generation's durable copy, verified. A durable copy whose
+    /// content does not match its manifest is reported as damaged ([`AgentError::Damaged`]).
     async fn fetch(&self, snap: &Snapshot) -> Result<PathBuf, AgentError> {
         let (target, lock) = self.cache_slot(snap, "")?;
         let _guard = lock.lock().await;
@@ -235,12 +236,25 @@ impl NodeAgent {
             snap.size_bytes,
             begun.elapsed(),
         );
-        downloaded.map_err(|e| AgentError::Fetch {
-            generation: snap.generation,
-            uri: snap.durable_uri.clone(),
-            for_what: "",
-            error: e.to_string(),
-        })?;
+        if let Err(e) = downloaded {
+            // Content that does not match the manifest; an object missing from the store is
+            // not counted (it may be back for the next attempt: nothing marks it for good).
+            let missing = matches!(e, ate_snapshot::Error::MissingFile { .. });
+            let damaged = (e.is_corrupt() && !missing).then(|| e.to_string());
+            let fetch = AgentError::Fetch {
+                generation: snap.generation,
+                uri: snap.durable_uri.clone(),
+                for_what: "",
+                error: e.to_string(),
+            };
+            return Err(match damaged {
+                Some(why) => {
+                    tracing::warn!(generation = snap.generation, uri = %snap.durable_uri, error = %why, "the durable copy failed verification");
+                    fetch.with_damage(snap, None, Some(why))
+                }
+                None => fetch,
+            });
+        }
         Ok(target)
     }
 
@@ -249,7 +263,9 @@ impl NodeAgent {
     /// unreadable manifest — not an I/O error) and the generation has a COMPLETED durable copy,
     /// the local copy is moved aside for good and the durable copy is fetched (downloaded and
     /// verified) in its place: the returned directory. Otherwise the worker's error stands and
-    /// the local copy is left as it is.
+    /// the local copy is left as it is. An error caused by damage carries it
+    /// ([`AgentError::Damaged`]: the local copy, and the durable one if its download failed
+    /// verification too), so the api marks those copies.
     ///
     /// The check runs only on this failure path, so a good local copy costs no second hashing
     /// pass (the worker verifies every generation it restores).
@@ -277,9 +293,10 @@ impl NodeAgent {
             .unwrap_or_default();
         let durable =
             snap.durable_status == Some(DurableStatus::Completed) && !snap.durable_uri.is_empty();
+        let local_damage = Some(damage.to_string());
         if !durable {
             tracing::warn!(actor = %actor, generation = snap.generation, file = %bad_file, error = %damage, "node-local generation failed verification and has no COMPLETED durable copy; the restore fails");
-            return Err(refused.into());
+            return Err(AgentError::from(refused).with_damage(snap, local_damage, None));
         }
         tracing::warn!(actor = %actor, generation = snap.generation, file = %bad_file, error = %damage, uri = %snap.durable_uri, "node-local generation failed verification; discarding it and restoring the same generation from its durable copy");
         crate::metrics::local_replaced();
@@ -294,9 +311,13 @@ impl NodeAgent {
                 tracing::warn!(actor = %actor, generation = snap.generation, dir = %local.display(), error = %e, "cannot move the damaged node-local generation aside")
             }
         }
-        self.fetch(snap).await.map_err(|e| AgentError::NotReplaced {
-            refused: refused.message,
-            error: e.to_string(),
+        self.fetch(snap).await.map_err(|e| {
+            let durable_damage = e.damage().and_then(|d| d.durable.clone());
+            AgentError::NotReplaced {
+                refused: refused.message,
+                error: e.to_string(),
+            }
+            .with_damage(snap, local_damage, durable_damage)
         })
     }
 }

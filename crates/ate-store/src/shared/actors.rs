@@ -128,7 +128,7 @@ pub(super) async fn delete_actor(
     check_state(record.state, &[ActorState::Suspended, ActorState::Crashed])?;
     let rows = sqlx::query(concat!(
         "SELECT ",
-        snapshot_cols!(),
+        snapshot_select_cols!(),
         " FROM snapshots s WHERE atespace = $1 AND name = $2 \
          AND NOT EXISTS (SELECT 1 FROM tags t WHERE t.s_uuid = s.uuid) ORDER BY generation DESC"
     ))

@@ -19,8 +19,9 @@ use ate_core::{ActorRef, ActorState, DurableStatus, TemplateSpec};
 
 use super::{Db, DbRow, StoreImpl, Tx};
 use crate::{
-    ActorRecord, AtespaceRecord, Capacity, FrozenCopy, JoinTokenRecord, Result, SnapshotRecord,
-    Store, StoreCounters, TagRecord, TemplateRecord, Transition, WorkerRecord, async_trait,
+    ActorRecord, AtespaceRecord, Capacity, FrozenCopy, JoinTokenRecord, Result, SnapshotCopy,
+    SnapshotRecord, Store, StoreCounters, TagRecord, TemplateRecord, Transition, WorkerRecord,
+    async_trait,
 };
 
 // Column lists and row mapping; `macro_use` makes the column macros visible to the modules below.
@@ -199,6 +200,27 @@ impl Store for StoreImpl {
 
     async fn clear_snapshot_local(&self, actor: &ActorRef, generation: u64) -> Result<()> {
         snapshots::clear_snapshot_local(self, actor, generation).await
+    }
+
+    async fn mark_snapshot_damaged(
+        &self,
+        actor: &ActorRef,
+        generation: u64,
+        uuid: &str,
+        copy: SnapshotCopy,
+        reason: &str,
+    ) -> Result<SnapshotRecord> {
+        snapshots::mark_snapshot_damaged(self, actor, generation, uuid, copy, reason).await
+    }
+
+    async fn revert_actor(
+        &self,
+        actor: &ActorRef,
+        from: &[ActorState],
+        generation: Option<u64>,
+        now_ms: i64,
+    ) -> Result<ActorRecord> {
+        snapshots::revert_actor(self, actor, from, generation, now_ms).await
     }
 
     // ---- tags

@@ -23,7 +23,15 @@ macro_rules! actor_cols {
 macro_rules! snapshot_cols {
     () => {
         "atespace, name, generation, uuid, fidelity, template, sandbox_class, node, boot_id, local_path, \
-         durable_uri, durable_status, size_bytes, checksum, reason, created_ms"
+         durable_uri, durable_status, size_bytes, checksum, reason, created_ms, local_damage, durable_damage"
+    };
+}
+
+/// What a SELECT from `snapshots` reads: [`snapshot_cols!`] and the row's own `skipped` (which
+/// tags' copies do not keep).
+macro_rules! snapshot_select_cols {
+    () => {
+        concat!(snapshot_cols!(), ", skipped")
     };
 }
 
@@ -31,7 +39,7 @@ macro_rules! tag_cols {
     () => {
         "atespace, name, created_ms, s_atespace, s_name, s_generation, s_uuid, s_fidelity, s_template, \
          s_sandbox_class, s_node, s_boot_id, s_local_path, s_durable_uri, s_durable_status, s_size_bytes, \
-         s_checksum, s_reason, s_created_ms"
+         s_checksum, s_reason, s_created_ms, s_local_damage, s_durable_damage"
     };
 }
 
@@ -53,7 +61,7 @@ macro_rules! worker_select {
     };
 }
 
-/// A write query with the 16 [`snapshot_cols!`] of `s` bound next, in that order (the snapshot
+/// A write query with the 18 [`snapshot_cols!`] of `s` bound next, in that order (the snapshot
 /// row itself, or a tag's copy of it).
 pub(super) fn bind_snapshot<'q>(query: DbQuery<'q>, s: &SnapshotRecord) -> Result<DbQuery<'q>> {
     Ok(query
@@ -72,7 +80,9 @@ pub(super) fn bind_snapshot<'q>(query: DbQuery<'q>, s: &SnapshotRecord) -> Resul
         .bind(to_i64(s.size_bytes, "size_bytes")?)
         .bind(&s.checksum)
         .bind(none_as_empty(&s.reason))
-        .bind(s.created_ms))
+        .bind(s.created_ms)
+        .bind(none_as_empty(&s.local_damage))
+        .bind(none_as_empty(&s.durable_damage)))
 }
 
 /// A query on this backend, as `sqlx::query` returns it.
@@ -132,7 +142,8 @@ pub(super) fn actor_from_row(row: &DbRow) -> Result<ActorRecord> {
     })
 }
 
-/// Snapshot columns, optionally prefixed (`s_` in the tags table).
+/// Snapshot columns, optionally prefixed (`s_` in the tags table); a row of `snapshots` itself
+/// (no prefix) must have been read with [`snapshot_select_cols!`].
 pub(super) fn snapshot_from_row(row: &DbRow, prefix: &str) -> Result<SnapshotRecord> {
     let col = |c: &str| format!("{prefix}{c}");
     let fidelity: String = row.try_get(col("fidelity").as_str())?;
@@ -155,6 +166,14 @@ pub(super) fn snapshot_from_row(row: &DbRow, prefix: &str) -> Result<SnapshotRec
         checksum: row.try_get(col("checksum").as_str())?,
         reason: empty_as_none(row.try_get(col("reason").as_str())?),
         created_ms: row.try_get(col("created_ms").as_str())?,
+        local_damage: empty_as_none(row.try_get(col("local_damage").as_str())?),
+        durable_damage: empty_as_none(row.try_get(col("durable_damage").as_str())?),
+        // Only the actor's own rows are skipped (a tag's copy has no such column).
+        skipped: if prefix.is_empty() {
+            row.try_get("skipped")?
+        } else {
+            false
+        },
     })
 }
 

@@ -322,6 +322,7 @@ fn replies_carry_every_field() {
         idle_timeout_seconds: 60,
         activation: 0,
         crash_reason: "lazy memory restore failed: x".into(),
+        damaged_generation: Some("/state/snapshots/ns/a-1/3-u".into()),
     };
     let r = activity_reply(ActivityReport {
         epoch: 3,
@@ -345,6 +346,7 @@ fn replies_carry_every_field() {
                 idle_timeout_seconds: 60,
                 activation: 0,
                 crash_reason: "lazy memory restore failed: x".into(),
+                damaged_generation_dir: "/state/snapshots/ns/a-1/3-u".into(),
             }],
             draining: true,
         }

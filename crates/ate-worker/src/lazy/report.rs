@@ -11,6 +11,7 @@ const LISTENING: u8 = b'L';
 const UFFD: u8 = b'U';
 const DONE: u8 = b'D';
 const FAILED: u8 = b'E';
+const DAMAGED: u8 = b'X';
 /// Longest text a report carries (an error message); longer ones are cut.
 const MAX_TEXT: usize = 4096;
 
@@ -24,6 +25,9 @@ pub enum Report {
     Done(String),
     /// The page source gives up (the actor must not run on).
     Failed(String),
+    /// It gives up because the generation is damaged: a memory chunk does not match its digest
+    /// in the manifest (the actor must not run on, and no restore of that copy can succeed).
+    Damaged(String),
 }
 
 /// What the worker receives.
@@ -33,6 +37,7 @@ pub enum Received {
     Uffd(OwnedFd),
     Done(String),
     Failed(String),
+    Damaged(String),
     /// The page source closed its end (it exited).
     Closed,
 }
@@ -57,6 +62,7 @@ pub fn send_report(sock: &UnixStream, report: &Report) -> io::Result<()> {
         Report::Uffd(fd) => (UFFD, "", Some(*fd)),
         Report::Done(t) => (DONE, t.as_str(), None),
         Report::Failed(t) => (FAILED, t.as_str(), None),
+        Report::Damaged(t) => (DAMAGED, t.as_str(), None),
     };
     let mut bytes = Vec::with_capacity(1 + text.len().min(MAX_TEXT));
     bytes.push(tag);
@@ -114,6 +120,7 @@ pub fn receive_report(sock: &UnixStream) -> io::Result<Received> {
         (UFFD, Some(fd)) => Received::Uffd(fd),
         (DONE, _) => Received::Done(text),
         (FAILED, _) => Received::Failed(text),
+        (DAMAGED, _) => Received::Damaged(text),
         (tag, _) => Received::Failed(format!("page source sent an unknown report {tag:#x}")),
     })
 }
@@ -130,6 +137,7 @@ mod tests {
         send_report(&a, &Report::Uffd(file.as_raw_fd())).unwrap();
         send_report(&a, &Report::Done("faults=3".into())).unwrap();
         send_report(&a, &Report::Failed("chunk 2 damaged".into())).unwrap();
+        send_report(&a, &Report::Damaged("chunk 3: checksum mismatch".into())).unwrap();
         drop(a);
         assert!(matches!(receive_report(&b).unwrap(), Received::Listening));
         match receive_report(&b).unwrap() {
@@ -140,6 +148,10 @@ mod tests {
         assert!(
             matches!(receive_report(&b).unwrap(), Received::Failed(t) if t == "chunk 2 damaged")
         );
+        assert!(matches!(
+            receive_report(&b).unwrap(),
+            Received::Damaged(t) if t == "chunk 3: checksum mismatch"
+        ));
         assert!(matches!(receive_report(&b).unwrap(), Received::Closed));
     }
 }

@@ -10,7 +10,7 @@
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 use std::os::unix::process::CommandExt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -42,6 +42,8 @@ pub enum Outcome {
 struct Shared {
     outcome: Mutex<Outcome>,
     changed: tokio::sync::Notify,
+    /// The failure was the generation's content (a chunk that does not match its digest).
+    damaged: std::sync::atomic::AtomicBool,
 }
 
 /// One running page source. Dropping the handle releases the descriptor copies: drop it only
@@ -49,6 +51,8 @@ struct Shared {
 #[derive(Debug)]
 pub struct PageSource {
     pid: u32,
+    /// The generation directory it serves memory from.
+    generation: PathBuf,
     shared: Arc<Shared>,
     /// Dropped (or sent) to let the reader thread close the descriptor copies after a failure.
     release: Mutex<Option<std::sync::mpsc::Sender<()>>>,
@@ -118,6 +122,7 @@ impl PageSource {
         let shared = Arc::new(Shared {
             outcome: Mutex::new(Outcome::Running),
             changed: tokio::sync::Notify::new(),
+            damaged: std::sync::atomic::AtomicBool::new(false),
         });
         let (listening_tx, listening_rx) = tokio::sync::oneshot::channel();
         let (release_tx, release_rx) = std::sync::mpsc::channel();
@@ -131,6 +136,7 @@ impl PageSource {
             })?;
         let source = PageSource {
             pid,
+            generation: generation.to_path_buf(),
             shared,
             release: Mutex::new(Some(release_tx)),
         };
@@ -150,6 +156,19 @@ impl PageSource {
 
     pub fn pid(&self) -> u32 {
         self.pid
+    }
+
+    /// The generation directory this page source serves.
+    pub fn generation(&self) -> &Path {
+        &self.generation
+    }
+
+    /// It failed because the generation is damaged (a chunk that does not match its digest),
+    /// not because it died or could not fetch.
+    pub fn found_damage(&self) -> bool {
+        self.shared
+            .damaged
+            .load(std::sync::atomic::Ordering::Acquire)
     }
 
     pub fn outcome(&self) -> Outcome {
@@ -240,6 +259,12 @@ fn read_reports(
                 return;
             }
             Ok(Received::Failed(why)) => set_outcome(&shared, Outcome::Failed(why)),
+            Ok(Received::Damaged(why)) => {
+                shared
+                    .damaged
+                    .store(true, std::sync::atomic::Ordering::Release);
+                set_outcome(&shared, Outcome::Failed(why));
+            }
             Ok(Received::Closed) | Err(_) => {
                 set_outcome(&shared, Outcome::Failed(SOURCE_DIED.into()));
                 break;

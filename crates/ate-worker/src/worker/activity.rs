@@ -41,6 +41,7 @@ impl Worker {
                     idle_timeout_seconds: e.spec.idle_timeout_seconds,
                     activation: e.activation,
                     crash_reason: String::new(),
+                    damaged_generation: None,
                 }
             })
             .collect();
@@ -56,6 +57,7 @@ impl Worker {
                 idle_timeout_seconds: x.idle_timeout_seconds,
                 activation: 0,
                 crash_reason: x.crash,
+                damaged_generation: x.damaged_generation,
             });
         }
         // By atespace, then name (a stable sort: an exit after the running copy of the same key).
@@ -150,6 +152,7 @@ impl Worker {
                 exit_code,
                 log,
                 crash: String::new(),
+                damaged_generation: None,
             });
         }
     }
@@ -162,6 +165,13 @@ impl Worker {
     /// source that died.
     async fn end_incomplete(&self, key: &str, entry: Entry, why: String) {
         tracing::error!(actor = %key, error = %why, "lazy restore failed; stopping the actor");
+        // A chunk that does not match its digest is the generation's fault (not the page
+        // source's): the node tells the api which copy of the generation that directory is.
+        let damaged_generation = entry
+            .page_source
+            .as_ref()
+            .filter(|p| p.found_damage())
+            .map(|p| p.generation().to_path_buf());
         crate::metrics::lazy_restore_failed();
         self.ingress_off(key).await;
         self.table().actors.remove(key);
@@ -189,6 +199,7 @@ impl Worker {
             } else {
                 format!("lazy memory restore failed: {why}")
             },
+            damaged_generation,
         });
         drop(entry);
     }

@@ -88,6 +88,8 @@ struct ExitReport {
     /// Why the worker ended the actor because it must not run on (its memory could not be
     /// completed); empty for an exit of its own.
     crash: String,
+    /// With `crash`: the generation directory whose content the lazy restore found damaged.
+    damaged_generation: Option<PathBuf>,
 }
 
 /// An actor suspended with a memory dump whose sandbox was kept frozen in place: a cache of the

@@ -168,6 +168,9 @@ pub struct ActorActivity {
     pub activation: u64,
     /// Why the worker ended the actor (its memory could not be completed); empty otherwise.
     pub crash_reason: String,
+    /// With `crash_reason`, when the cause is the generation's content (a memory chunk that does
+    /// not match its digest): the generation directory the lazy restore read. None otherwise.
+    pub damaged_generation: Option<std::path::PathBuf>,
 }
 
 /// What the node polls: every actor here, exits once, and whether the worker is draining.

@@ -340,7 +340,45 @@ fn each_error_gets_the_status_code_the_api_depends_on() {
         let s = status(&e);
         assert_eq!(s.code(), code, "{e:?}");
         assert_eq!(s.message(), e.to_string(), "{e:?}");
+        assert_eq!(ate_proto::damage::damage_of(&s), None, "{e:?}");
     }
+    // An error caused by damaged copies: the same code and text, the damage as the details.
+    let snap = crate::types::Snapshot {
+        generation: 3,
+        uuid: "u-3".into(),
+        ..Default::default()
+    };
+    let refused = AgentError::Worker(CallError::new(
+        CallCode::FailedPrecondition,
+        "generation /g: rootfs.tar: sha256 a, manifest says b",
+    ));
+    let damaged = refused.with_damage(
+        &snap,
+        Some("rootfs.tar: sha256 a, manifest says b".into()),
+        None,
+    );
+    // A second finding adds the other copy and keeps the first.
+    let damaged = damaged.with_damage(
+        &snap,
+        None,
+        Some("rootfs.tar: size 1, manifest says 2".into()),
+    );
+    let s = status(&damaged);
+    assert_eq!(s.code(), Code::FailedPrecondition);
+    assert_eq!(
+        s.message(),
+        "generation /g: rootfs.tar: sha256 a, manifest says b"
+    );
+    assert_eq!(s.message(), damaged.to_string());
+    assert_eq!(
+        ate_proto::damage::damage_of(&s),
+        Some(ate_proto::v1::GenerationDamage {
+            generation: 3,
+            uuid: "u-3".into(),
+            local: "rootfs.tar: sha256 a, manifest says b".into(),
+            durable: "rootfs.tar: size 1, manifest says 2".into(),
+        })
+    );
     // The messages the api and the tests match on.
     let messages = [
         (

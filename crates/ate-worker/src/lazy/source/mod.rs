@@ -61,6 +61,20 @@ pub enum SourceError {
     Protocol(String),
 }
 
+impl SourceError {
+    /// The generation's own content is wrong (a chunk that does not match its digest, a file of
+    /// another size): no restore of this copy can succeed, unlike a page source that failed. A
+    /// missing chunk is not counted: the pages images are open before the actor runs, so it is
+    /// an object missing from the durable store, which may be back for the next attempt.
+    pub fn is_damage(&self) -> bool {
+        matches!(
+            self,
+            SourceError::Snapshot(e)
+                if e.is_corrupt() && !matches!(e, ate_snapshot::Error::MissingFile { .. })
+        )
+    }
+}
+
 fn io_err(what: impl Into<String>) -> impl FnOnce(io::Error) -> SourceError {
     let what = what.into();
     move |source| SourceError::Io { what, source }
@@ -268,7 +282,12 @@ pub fn main(generation: &Path, work_dir: &Path) -> Result<Stats, SourceError> {
     if let Err(e) = &result
         && let Some(sock) = &failure_channel
     {
-        let _ = send_report(sock, &Report::Failed(e.to_string()));
+        let report = if e.is_damage() {
+            Report::Damaged(e.to_string())
+        } else {
+            Report::Failed(e.to_string())
+        };
+        let _ = send_report(sock, &report);
     }
     let _ = std::fs::write(&status_path, status);
     result

@@ -237,3 +237,28 @@ fn a_damaged_chunk_places_nothing_and_fails() {
     // The uffd closes before the mapping goes (declared after it).
     drop(uffd);
 }
+
+/// Only content that does not match the manifest is the generation's damage; a chunk missing
+/// from the store, an I/O error or a protocol failure is the page source's failure.
+#[test]
+fn damage_is_content_that_does_not_match_the_manifest() {
+    let mismatch = SourceError::Snapshot(ate_snapshot::Error::ChunkMismatch {
+        file: "criu/pages-1.img".into(),
+        chunk: 3,
+        start: 6 << 20,
+        end: 8 << 20,
+        expected: "aa".into(),
+        actual: "bb".into(),
+    });
+    assert!(mismatch.is_damage());
+    let missing = SourceError::Snapshot(ate_snapshot::Error::MissingFile {
+        file: "criu/pages-1.img (chunk 3)".into(),
+    });
+    assert!(!missing.is_damage());
+    let io = SourceError::Io {
+        what: "read".into(),
+        source: std::io::Error::other("EIO"),
+    };
+    assert!(!io.is_damage());
+    assert!(!SourceError::Protocol("CRIU hung up".into()).is_damage());
+}
