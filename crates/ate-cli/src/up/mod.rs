@@ -6,6 +6,7 @@
 //! Stopping goes router, workers, node agent, api, each group waiting for its processes, so the
 //! workers can still suspend their actors through the node agent and the api.
 
+mod generation;
 mod node;
 mod pki;
 mod supervise;
@@ -390,12 +391,30 @@ pub async fn run(args: UpArgs) -> anyhow::Result<ExitCode> {
     for d in [state, &logs, &run_dir] {
         std::fs::create_dir_all(d).with_context(|| format!("cannot create {}", d.display()))?;
     }
-    if args.role == UpRole::Node {
-        return run_node(args).await;
-    }
-    if args.join.is_some() || args.join_token.is_some() {
+    if args.role != UpRole::Node && (args.join.is_some() || args.join_token.is_some()) {
         anyhow::bail!("--join and --join-token are for --role node");
     }
+    // Nothing of this generation starts while a process of the last one on this state dir
+    // still runs (generation.rs); a Ctrl-C while waiting just ends the wait.
+    let generation = {
+        let signal = shutdown_signal();
+        tokio::select! {
+            g = generation::Generation::acquire(state) => g?,
+            s = signal => anyhow::bail!("{s} while waiting for the earlier `ate up` to exit"),
+        }
+    };
+    supervise::hand_down(generation.fd());
+    let ran = match args.role {
+        UpRole::Node => run_node(args).await,
+        _ => run_all(args).await,
+    };
+    drop(generation);
+    ran
+}
+
+/// `--role all` or `--role control`.
+async fn run_all(args: UpArgs) -> anyhow::Result<ExitCode> {
+    let state = &args.state_dir;
     let store = args
         .store
         .clone()
