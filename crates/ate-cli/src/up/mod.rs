@@ -67,6 +67,17 @@ pub struct UpArgs {
     /// Node agent address.
     #[arg(long, default_value = "127.0.0.1:8085")]
     pub node_listen: SocketAddr,
+    /// Node agent metrics address (`/metrics`, `/healthz`). Default: a free loopback port,
+    /// chosen at the start (port 0: a free port on that address). The ready file names it
+    /// (`node_metrics`).
+    #[arg(long)]
+    pub node_metrics_listen: Option<SocketAddr>,
+    /// Worker 1's metrics address (`/metrics`, `/healthz`); worker N listens on the same IP at
+    /// this port + N - 1. Default: a free loopback port for each worker, chosen at the start
+    /// (port 0: free ports on that address). The ready file lists them (`worker_metrics`, in
+    /// worker order).
+    #[arg(long)]
+    pub worker_metrics_listen: Option<SocketAddr>,
     /// Durable snapshot store URL (default: a directory in the state dir).
     #[arg(long)]
     pub durable_store: Option<String>,
