@@ -215,6 +215,21 @@ fn parse() -> Cli {
 fn main() -> ExitCode {
     ate_tls::install_crypto_provider();
     let cli = parse();
+    if matches!(
+        cli.command,
+        Command::Api(_)
+            | Command::Router(_)
+            | Command::Node(_)
+            | Command::Worker(_)
+            | Command::Up(_)
+    ) {
+        // Before the runtime's threads: whatever a long-running component inherited (the lock
+        // of `ate up`'s generation) must not reach the processes it starts (sandboxes outlive it),
+        // and only this thread can read the parent-death signal `ate up` set (a worker whose
+        // supervisor died stops without a drain).
+        ate_tls::process::keep_inherited_descriptors();
+        ate_tls::process::note_supervisor();
+    }
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

@@ -165,11 +165,18 @@ pub struct NodeArgs {
 
 pub async fn run_node(args: NodeArgs) -> anyhow::Result<()> {
     let traces = init_logging(args.log.json(), Some("ate-node"));
+    let mut shutdown = Box::pin(component_shutdown());
+    // The state dir's node lock before anything else, the metrics port included: an earlier
+    // node agent still stopping holds both.
+    let lock = tokio::select! {
+        lock = ate_node::lock_identity(&args.config) => lock?,
+        () = &mut shutdown => return stopped(traces, "node agent", anyhow::Ok(())).await,
+    };
     if let Some(addr) = args.metrics_listen {
         let bound = serve_metrics(addr, ate_node::metrics::install).await?;
         tracing::info!(metrics = %bound, "node agent metrics serving");
     }
-    let ran = ate_node::run(args.config, component_shutdown()).await;
+    let ran = ate_node::run_locked(args.config, lock, shutdown).await;
     stopped(traces, "node agent", ran).await
 }
 
@@ -190,6 +197,13 @@ pub async fn run_worker(args: WorkerArgs) -> anyhow::Result<()> {
         args.log.json(),
         Some("ate-worker").filter(|_| !args.config.remove_leftovers),
     );
+    let mut shutdown = Box::pin(component_shutdown());
+    // The worker's identity lock before anything else, the metrics port included: an earlier
+    // process of this worker still stopping (finishing a checkpoint) holds both.
+    let lock = tokio::select! {
+        lock = ate_worker::lock_identity(&args.config) => lock?,
+        () = &mut shutdown => return stopped(traces, "worker", anyhow::Ok(())).await,
+    };
     // Not for `--remove-leftovers`, a clean-up run that serves nothing.
     if let Some(addr) = args
         .metrics_listen
@@ -207,7 +221,7 @@ pub async fn run_worker(args: WorkerArgs) -> anyhow::Result<()> {
         "/proc/self/exe".to_string(),
         "page-source".to_string(),
     ]);
-    let ran = ate_worker::run(config, component_shutdown()).await;
+    let ran = ate_worker::run_locked(config, lock, shutdown).await;
     stopped(traces, "worker", ran).await
 }
 

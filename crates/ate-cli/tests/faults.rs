@@ -75,5 +75,23 @@ fn fault_suite_short() {
             row["double_activations"], 0,
             "{fault}: double activations: {row:#}"
         );
+        assert_eq!(
+            row["gone_with_sandboxes"], 0,
+            "{fault}: a worker marked gone while its sandboxes ran: {row:#}"
+        );
+        assert_eq!(
+            row["stuck"], false,
+            "{fault}: an actor never answered again: {row:#}"
+        );
     }
+    // kill -9 of `ate up` and a new one at once, 0.3, 1.5 and 5 s later, while the old components may
+    // still be stopping (the full 20 trials: `ate bench faults --only kill-up-overlap
+    // --trials 20`, figures in docs/reliability.md).
+    let delays: Vec<f64> = rows
+        .iter()
+        .filter(|r| r["fault"] == "kill-up-overlap")
+        .filter_map(|r| r["delay_s"].as_f64())
+        .collect();
+    assert_eq!(delays, [0.0, 0.3, 1.5, 5.0], "{text}");
+    assert_eq!(report["kill_up_overlap_trials"]["passed"], 4, "{text}");
 }

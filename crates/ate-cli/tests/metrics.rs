@@ -1,4 +1,5 @@
-//! Every component's `/metrics` of a real `ate up` system (api, router, node agent, workers),
+//! Every component's `/metrics` of a real `ate up` system (api, router, node agent, workers, the
+//! last two on the addresses `--node-metrics-listen` and `--worker-metrics-listen` gave),
 //! scraped after a cold request, a warm one, a suspend and a restore, and checked against the
 //! Prometheus text format by a strict parser (below): every family has `# HELP` and `# TYPE`,
 //! no summaries, histograms well formed, no label value naming an actor, the spec's two parking
@@ -21,18 +22,43 @@ use support::*;
 /// Actors of this test: no label value of any series may contain these.
 const ACTORS: [&str; 3] = ["scrape-me-7q", "scrape-me-8r", "scrape-me-9s"];
 
+/// A free loopback port whose successor is free too (worker 2's metrics port).
+fn two_free_ports_in_a_row() -> u16 {
+    for _ in 0..100 {
+        let [p] = free_ports();
+        if p < u16::MAX && std::net::TcpListener::bind(("127.0.0.1", p + 1)).is_ok() {
+            return p;
+        }
+    }
+    panic!("no two consecutive free loopback ports");
+}
+
 #[test]
 fn every_component_exports_well_formed_prometheus_metrics() {
+    let [node_port] = free_ports();
+    let worker_base = two_free_ports_in_a_row();
     // One slot per worker, so that a third actor has to park (a short budget keeps it quick).
     let sys = System::up(UpOptions {
         workers: 2,
         slots: 1,
         router_args: vec!["--parked-request-budget=1s".into()],
+        up_args: vec![
+            format!("--node-metrics-listen=127.0.0.1:{node_port}"),
+            format!("--worker-metrics-listen=127.0.0.1:{worker_base}"),
+        ],
         ..Default::default()
     });
     assert!(!sys.api_http.is_empty(), "ready file: api_http");
-    assert!(!sys.node_metrics.is_empty(), "ready file: node_metrics");
-    assert_eq!(sys.worker_metrics.len(), 2, "ready file: worker_metrics");
+    // The fixed addresses, in the ready file: the node's as given, worker N's at base + N - 1.
+    assert_eq!(sys.node_metrics, format!("127.0.0.1:{node_port}"));
+    assert_eq!(
+        sys.worker_metrics,
+        [
+            format!("127.0.0.1:{worker_base}"),
+            format!("127.0.0.1:{}", worker_base + 1)
+        ],
+        "ready file: worker_metrics"
+    );
     for actor in ACTORS {
         sys.ate_ok(&[
             "create",

@@ -94,6 +94,9 @@ pub struct Fleet {
     /// Actors whose last idle suspend failed: not asked again before the instant, and the
     /// wait that led to it.
     idle_retry: Mutex<HashMap<(String, String), (Instant, Duration)>>,
+    /// Worker processes (id, epoch) seen stopping before this node registered them, each
+    /// logged once.
+    passed_over: Mutex<HashSet<(String, u64)>>,
 }
 
 impl Fleet {
@@ -115,6 +118,7 @@ impl Fleet {
             api,
             suspending: Mutex::new(HashSet::new()),
             idle_retry: Mutex::new(HashMap::new()),
+            passed_over: Mutex::new(HashSet::new()),
         }
     }
 
@@ -177,10 +181,20 @@ impl Fleet {
                 Some((epoch, lease)) if epoch == info.epoch => lease,
                 _ => {
                     let sent = std::time::Instant::now();
-                    match self.register(&mut client, &info).await {
-                        Ok(lease) => {
+                    match self.register(&mut client, &info, Process::New).await {
+                        Ok(Some(lease)) => {
                             renew(&mut client, &info.worker_id, lease, sent).await;
                             lease
+                        }
+                        Ok(None) => {
+                            // A process on its way out; its successor will be registered.
+                            seen.remove(&info.worker_id);
+                            if let Some(h) = &known_handle
+                                && self.keep_down_worker(h)
+                            {
+                                seen.insert(h.info.worker_id.clone());
+                            }
+                            continue;
                         }
                         Err(e) => {
                             tracing::warn!(worker = %info.worker_id, error = %e.message, "worker registration failed");
@@ -227,14 +241,32 @@ impl Fleet {
         live > 0
     }
 
+    ///
+    /// A process this node has not registered yet ([`Process::New`]) that is already stopping
+    /// (draining) is not registered at all (`Ok(None)`): it is an earlier process of the worker
+    /// that a node restart found on its way out (its supervisor stopped it, or died), and its
+    /// successor, which cannot start before it exits (the worker's identity lock), is the one to
+    /// register. Registering it would have this node ask the api to suspend every actor of a
+    /// process about to be replaced, and keep it draining.
     async fn register(
         &self,
         client: &mut WorkerClient,
         info: &WorkerInfo,
-    ) -> Result<Duration, CallError> {
-        let held: Vec<HeldActor> = client
-            .activity()
-            .await?
+        process: Process,
+    ) -> Result<Option<Duration>, CallError> {
+        let activity = client.activity().await?;
+        if process == Process::New && activity.draining {
+            let first = self
+                .passed_over
+                .lock()
+                .map(|mut s| s.insert((info.worker_id.clone(), info.epoch)))
+                .unwrap_or(false);
+            if first {
+                tracing::info!(worker = %info.worker_id, epoch = info.epoch, "worker process is stopping; not registering it (its next process will be)");
+            }
+            return Ok(None);
+        }
+        let held: Vec<HeldActor> = activity
             .actors
             .into_iter()
             .filter(|a| !a.exited)
@@ -266,10 +298,10 @@ impl Fleet {
                 }
             }
         }
-        Ok(match reply.lease_seconds {
+        Ok(Some(match reply.lease_seconds {
             0 => DEFAULT_LEASE,
             n => Duration::from_secs(u64::from(n)),
-        })
+        }))
     }
 
     /// Heartbeats every known worker and renews its lease on success; one the api no longer
@@ -302,8 +334,9 @@ impl Fleet {
                 Ok(true) => {
                     renew(&mut h.client, &info.worker_id, h.lease, sent).await;
                 }
-                Ok(false) => match self.register(&mut h.client, info).await {
-                    Ok(lease) => renew(&mut h.client, &info.worker_id, lease, sent).await,
+                Ok(false) => match self.register(&mut h.client, info, Process::Known).await {
+                    Ok(Some(lease)) => renew(&mut h.client, &info.worker_id, lease, sent).await,
+                    Ok(None) => {}
                     Err(e) => {
                         tracing::warn!(worker = %info.worker_id, error = %e.message, "re-registration failed")
                     }
@@ -378,7 +411,7 @@ impl Fleet {
         self.idle_retry
             .lock()
             .is_ok_and(|r| r.get(&key).is_some_and(|(at, _)| Instant::now() < *at))
-}
+    }
 
     /// Which copy of its generation the directory `dir` is, where a lazy restore found damaged
     /// content (`reason`): the node-local generation (under `<state>/snapshots`), or the durable
@@ -473,6 +506,13 @@ impl Fleet {
             let _ = l.await;
         }
     }
+}
+
+/// Whether this node registered the worker process before (same epoch: the api forgot it).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Process {
+    New,
+    Known,
 }
 
 #[derive(Clone, Copy)]

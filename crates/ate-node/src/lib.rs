@@ -78,6 +78,10 @@ pub struct NodeConfig {
 }
 
 impl NodeConfig {
+    /// The lock that makes this process the node agent of its state dir ([`lock_identity`]).
+    pub fn lock_path(&self) -> PathBuf {
+        self.state_dir.join("node.lock")
+    }
     pub fn workers_dir(&self) -> PathBuf {
         self.state_dir.join("workers")
     }
@@ -153,12 +157,47 @@ pub fn boot_id() -> String {
         .unwrap_or_else(|_| "unknown-boot".into())
 }
 
-/// Runs the node agent until `shutdown` resolves.
+/// The node agent's identity, held: `<state>/node.lock` locked by this process
+/// ([`lock_identity`]). One node agent per state dir: a second one (a restart while the first is
+/// still stopping) would register the same workers and drive the same sandboxes.
+#[derive(Debug)]
+pub struct NodeLock {
+    _lock: ate_tls::process::InstanceLock,
+}
+
+/// Checks the config, then takes the state dir's node lock, waiting (and saying so, with the
+/// holder's pid) while an earlier node agent of this state dir still runs.
+pub async fn lock_identity(cfg: &NodeConfig) -> Result<NodeLock, NodeError> {
+    ate_core::validate_label("--name", &cfg.name).map_err(|e| NodeError::Config(e.to_string()))?;
+    std::fs::create_dir_all(&cfg.state_dir)?;
+    let lock = ate_tls::process::InstanceLock::acquire(
+        &cfg.lock_path(),
+        &format!("the node agent of {}", cfg.state_dir.display()),
+    )
+    .await?;
+    Ok(NodeLock { _lock: lock })
+}
+
+/// Runs the node agent until `shutdown` resolves: [`lock_identity`] (a shutdown while it waits
+/// ends the run at once), then [`run_locked`].
 pub async fn run(
     cfg: NodeConfig,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), NodeError> {
-    ate_core::validate_label("--name", &cfg.name).map_err(|e| NodeError::Config(e.to_string()))?;
+    let mut shutdown = Box::pin(shutdown);
+    let lock = tokio::select! {
+        lock = lock_identity(&cfg) => lock?,
+        () = &mut shutdown => return Ok(()),
+    };
+    run_locked(cfg, lock, shutdown).await
+}
+
+/// Runs the node agent, its state dir locked, until `shutdown` resolves.
+pub async fn run_locked(
+    cfg: NodeConfig,
+    _lock: NodeLock,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), NodeError> {
     for dir in [cfg.workers_dir(), cfg.snapshots_dir(), cfg.cache_dir()] {
         std::fs::create_dir_all(&dir)?;
     }

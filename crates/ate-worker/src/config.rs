@@ -202,6 +202,11 @@ impl WorkerConfig {
         self.state_dir.join("workers").join(&self.id)
     }
 
+    /// The lock that makes this process the worker's only one (`service::lock_identity`).
+    pub fn lock_path(&self) -> PathBuf {
+        self.worker_dir().join("worker.lock")
+    }
+
     /// The WorkerService unix socket.
     pub fn socket_path(&self) -> PathBuf {
         self.worker_dir().join("worker.sock")

@@ -36,5 +36,5 @@ pub use runtime::{
     ActorSandbox, Capabilities, CheckpointStats, ExitInfo, RunMode, SandboxRuntime, SandboxSpec,
     SidecarSpec, Started,
 };
-pub use service::{WorkerError, connect_worker, run};
+pub use service::{WorkerError, WorkerLock, connect_worker, lock_identity, run, run_locked};
 pub use worker::{live_sandboxes, process_running, sandbox_alive};

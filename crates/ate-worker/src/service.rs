@@ -192,17 +192,28 @@ fn new_epoch() -> u64 {
     }
 }
 
-/// Runs the worker until `shutdown` resolves: the runc runtime (state
-/// `<state>/workers/<id>/runc`, actors under `<state>/workers/<id>/actors/<atespace>/<name>`),
-/// atunnel on `config.listen`, WorkerService on `<state>/workers/<id>/worker.sock` (mode 0600).
-/// On shutdown it first drains (its node asks the api to suspend every actor, up to
-/// [`crate::worker::DRAIN_TIMEOUT`]), then stops accepting and removes the socket; sandboxes
-/// still running are left for the next process to re-adopt (only a worker no node ever leased
-/// stops them).
-pub async fn run(
-    config: WorkerConfig,
-    shutdown: impl Future<Output = ()> + Send,
-) -> Result<(), WorkerError> {
+/// The worker's identity, held: `<state>/workers/<id>/worker.lock` locked by this process
+/// ([`lock_identity`]). Only with it may a process bind the worker's socket, adopt its sandboxes
+/// or start new ones, so a worker id is never served by two processes at once; the lock ends
+/// with the process (it is close-on-exec: no sandbox, runc or relay holds it).
+#[derive(Debug)]
+pub struct WorkerLock {
+    _lock: ate_tls::process::InstanceLock,
+}
+
+/// After a SIGTERM, how long the worker looks whether its supervisor (which set a parent-death
+/// signal) is dying before it takes the signal as a graceful stop.
+const SUPERVISOR_EXIT_WAIT: std::time::Duration = std::time::Duration::from_millis(500);
+
+/// How long `--remove-leftovers` waits for a running process of the worker to exit before it
+/// gives up (a normal start waits as long as it takes).
+const LEFTOVERS_LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// Checks the config, then takes the worker's identity lock, waiting while an earlier process of
+/// the same worker still runs (a restarted worker whose predecessor is finishing a checkpoint or
+/// its drain): that one must exit before this one binds anything or touches a sandbox. Logs the
+/// holder's pid at once and every few seconds. `--remove-leftovers` waits at most a minute.
+pub async fn lock_identity(config: &WorkerConfig) -> Result<WorkerLock, WorkerError> {
     if !ate_core::names::is_label(&config.id) {
         return Err(WorkerError::Config(format!(
             "--id {:?} must be a DNS-1123 label (it names directories and the SPIFFE id)",
@@ -218,6 +229,55 @@ pub async fn run(
     tokio::fs::create_dir_all(&worker_dir)
         .await
         .map_err(io_err(format!("create {}", worker_dir.display())))?;
+    let path = config.lock_path();
+    let what = format!("worker {}", config.id);
+    let acquire = ate_tls::process::InstanceLock::acquire(&path, &what);
+    let lock = if config.remove_leftovers {
+        tokio::time::timeout(LEFTOVERS_LOCK_WAIT, acquire)
+            .await
+            .map_err(|_| {
+                WorkerError::Config(format!(
+                    "worker {} is still served by pid {} after {LEFTOVERS_LOCK_WAIT:?}: stop it before removing its leftovers",
+                    config.id,
+                    ate_tls::process::lock_holder(&path).unwrap_or_else(|| "unknown".into())
+                ))
+            })??
+    } else {
+        acquire.await?
+    };
+    Ok(WorkerLock { _lock: lock })
+}
+
+/// Runs the worker until `shutdown` resolves: [`lock_identity`] (a shutdown while it waits ends
+/// the run at once), then [`run_locked`].
+pub async fn run(
+    config: WorkerConfig,
+    shutdown: impl Future<Output = ()> + Send,
+) -> Result<(), WorkerError> {
+    tokio::pin!(shutdown);
+    let lock = tokio::select! {
+        lock = lock_identity(&config) => lock?,
+        () = &mut shutdown => return Ok(()),
+    };
+    run_locked(config, lock, shutdown).await
+}
+
+/// Runs the worker, its identity locked, until `shutdown` resolves: the runc runtime (state
+/// `<state>/workers/<id>/runc`, actors under `<state>/workers/<id>/actors/<atespace>/<name>`),
+/// atunnel on `config.listen`, WorkerService on `<state>/workers/<id>/worker.sock` (mode 0600).
+/// On shutdown it first drains (its node asks the api to suspend every actor, up to
+/// [`crate::worker::DRAIN_TIMEOUT`]), then stops accepting and removes the socket; sandboxes
+/// still running are left for the next process to re-adopt (only a worker no node ever leased
+/// stops them). A worker whose supervisor died (`ate up` killed: the SIGTERM is its parent-death
+/// signal; the binary notes the supervisor with `ate_tls::process::note_supervisor`) does not
+/// drain: no node or api of that supervisor is left to suspend anything, so it stops at once and
+/// leaves every sandbox to the next process.
+pub async fn run_locked(
+    config: WorkerConfig,
+    _lock: WorkerLock,
+    shutdown: impl Future<Output = ()> + Send,
+) -> Result<(), WorkerError> {
+    let worker_dir = config.worker_dir();
     let defaults = RuncConfig::new(&worker_dir);
     let runtime = RuncRuntime::new(RuncConfig {
         spare_netns: config
@@ -263,6 +323,9 @@ pub async fn run(
     // Only root (the node agent) or our own user may drive the worker: mode 0600 on the file,
     // peer credentials on every connection.
     let unix = bind_socket(&socket)?;
+    // What `socket` names now: at exit only this file is removed, never one a later process
+    // bound at the same path.
+    let socket_id = file_id(&socket);
     let own_uid = nix::unistd::geteuid().as_raw();
 
     // atunnel's identity: with TLS the certificate's SPIFFE ID (the router pins it from the
@@ -403,9 +466,16 @@ pub async fn run(
     let signal = async {
         tokio::select! {
             _ = shutdown => {
-                // A graceful stop keeps state: the node and the api suspend every actor while
-                // the worker still serves them (Activity reports it draining).
-                worker.drain(crate::worker::DRAIN_TIMEOUT).await;
+                if ate_tls::process::supervisor_gone(SUPERVISOR_EXIT_WAIT).await {
+                    tracing::warn!(
+                        supervisor_pid = ate_tls::process::supervisor_pid().unwrap_or_default(),
+                        "the process that started this worker is gone (the stop is its parent-death signal): stopping at once without a drain; every sandbox keeps running for the next worker process"
+                    );
+                } else {
+                    // A graceful stop keeps state: the node and the api suspend every actor
+                    // while the worker still serves them (Activity reports it draining).
+                    worker.drain(crate::worker::DRAIN_TIMEOUT).await;
+                }
             }
             _ = wait_stop(stop_rx.clone()) => {}
         }
@@ -419,13 +489,25 @@ pub async fn run(
     }
     let _ = watcher.await;
     worker.shutdown().await;
-    if let Err(e) = tokio::fs::remove_file(&socket).await
-        && e.kind() != std::io::ErrorKind::NotFound
-    {
-        tracing::warn!(socket = %socket.display(), error = %e, "remove socket");
+    if socket_id.is_some() && file_id(&socket) == socket_id {
+        if let Err(e) = tokio::fs::remove_file(&socket).await
+            && e.kind() != std::io::ErrorKind::NotFound
+        {
+            tracing::warn!(socket = %socket.display(), error = %e, "remove socket");
+        }
+    } else {
+        tracing::warn!(socket = %socket.display(), "the socket path names another file than the one this worker bound; left in place");
     }
     tracing::info!(worker = %config.id, "worker stopped");
     served.map_err(WorkerError::from)
+}
+
+/// Device and inode of the file at `path`, if there is one.
+fn file_id(path: &Path) -> Option<(u64, u64)> {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::symlink_metadata(path)
+        .ok()
+        .map(|m| (m.dev(), m.ino()))
 }
 
 /// Removes unpacked images no sandbox used for `retention`, a few minutes after start and then

@@ -1165,3 +1165,75 @@ async fn fencing_tokens_and_a_checkpoint_into_a_full_disk() {
     assert_eq!(get_with_token(&mut h2, &target, 2).await.0, 200);
     worker.shutdown().await;
 }
+
+/// One worker id, one serving process: a second `run` of the same worker (a restart whose
+/// predecessor is still stopping) waits for the first to exit — its identity lock — without
+/// binding anything, then takes over; the first's exit leaves the second's socket alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_process_of_a_worker_waits_for_the_first() {
+    let mut env = Env::new();
+    let id = unique_name("w");
+    let config = worker_config(&mut env, &id);
+    let lock = config.lock_path();
+    let first = RunningWorker::start(config.clone()).await;
+    let epoch_of = |mut c: WorkerServiceClient<tonic::transport::Channel>| async move {
+        c.info(v1::WorkerInfoRequest {})
+            .await
+            .expect("Info")
+            .into_inner()
+            .epoch
+    };
+    let first_epoch = epoch_of(first.client.clone()).await;
+
+    let (stop_second, stopped) = tokio::sync::oneshot::channel::<()>();
+    let second = tokio::spawn(ate_worker::run(config.clone(), async move {
+        let _ = stopped.await;
+    }));
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert!(!second.is_finished(), "the second process gave up waiting");
+    // The socket still leads to the first process, and the lock names it (this test process).
+    assert_eq!(
+        epoch_of(connect_worker(&first.socket).await.expect("connect")).await,
+        first_epoch
+    );
+    assert_eq!(
+        std::fs::read_to_string(&lock).expect("lock file").trim(),
+        std::process::id().to_string()
+    );
+
+    // The first stops (not through `shutdown()`, which expects the socket gone: the second may
+    // have bound it by then).
+    let RunningWorker {
+        stop, task, socket, ..
+    } = first;
+    if let Some(tx) = stop {
+        let _ = tx.send(());
+    }
+    tokio::time::timeout(Duration::from_secs(60), task)
+        .await
+        .expect("first worker stopped in time")
+        .expect("first worker task")
+        .expect("first worker run");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let second_epoch = loop {
+        if let Ok(c) = connect_worker(&socket).await
+            && let Ok(info) = c.clone().info(v1::WorkerInfoRequest {}).await
+        {
+            break info.into_inner().epoch;
+        }
+        assert!(!second.is_finished(), "the second process ended");
+        assert!(Instant::now() < deadline, "the second process never served");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_ne!(
+        second_epoch, first_epoch,
+        "the socket still leads to the first"
+    );
+    let _ = stop_second.send(());
+    tokio::time::timeout(Duration::from_secs(60), second)
+        .await
+        .expect("second worker stopped in time")
+        .expect("second worker task")
+        .expect("second worker run");
+    assert!(!socket.exists(), "socket left after the second's shutdown");
+}

@@ -24,6 +24,8 @@ pub(super) struct Checks {
     pub(super) double: Vec<(String, Vec<String>)>,
     pub(super) slots: Vec<SlotMismatch>,
     pub(super) orphans: Vec<String>,
+    /// Workers the api has marked GONE while their sandboxes run.
+    pub(super) gone: Vec<String>,
     /// A check that could not run.
     pub(super) errors: Vec<String>,
 }
@@ -40,6 +42,10 @@ pub(super) async fn check_invariants(lab: &Lab, actors: &[String]) -> Checks {
     match lab.slot_mismatches(&layout).await {
         Ok(m) => checks.slots = m,
         Err(e) => checks.errors.push(format!("slot check did not run: {e:#}")),
+    }
+    match gone_with_sandboxes(&lab.api().await, &layout).await {
+        Ok(g) => checks.gone = g,
+        Err(e) => checks.errors.push(format!("gone check did not run: {e:#}")),
     }
     match layout.orphans_settled().await {
         Ok(o) => checks.orphans = o,
@@ -213,6 +219,41 @@ impl Layout {
         }
         Ok(out)
     }
+}
+
+/// Workers the api lists as GONE while runc runs containers of theirs: the api released (and may
+/// resume elsewhere) actors whose sandboxes still run. `api` is a connection to the current api.
+pub(super) async fn gone_with_sandboxes(
+    api: &anyhow::Result<crate::client::Clients>,
+    layout: &Layout,
+) -> anyhow::Result<Vec<String>> {
+    let api = match api {
+        Ok(c) => c,
+        Err(e) => anyhow::bail!("no api: {e:#}"),
+    };
+    let workers = api
+        .fleet
+        .clone()
+        .list_workers(v1::ListWorkersRequest {})
+        .await
+        .map_err(|s| anyhow::anyhow!("list workers: {}", s.message()))?
+        .into_inner()
+        .workers;
+    let mut out = Vec::new();
+    for w in workers.into_iter().filter(|w| w.status == "GONE") {
+        let running = runc_list(&layout.runc_root(&w.id))
+            .await?
+            .iter()
+            .filter(|c| c.status == "running")
+            .count();
+        if running > 0 {
+            out.push(format!(
+                "{} (epoch {}) marked GONE while sandboxes of it ran",
+                w.id, w.epoch
+            ));
+        }
+    }
+    Ok(out)
 }
 
 /// `<state>/workers/<worker>/actors/<atespace>/<name>`: the directory the worker hashes into the

@@ -23,6 +23,11 @@ const OBSERVE: Duration = Duration::from_secs(5);
 const COMPONENT_WAIT: Duration = Duration::from_secs(15);
 /// Actors of `snapshot-disk-full` whose suspend must fail.
 const DISK_FULL_VICTIMS: usize = 2;
+/// After a new `ate up` is ready, the window lasts at least this long: the new api marks a
+/// worker gone 12 s (lease 10 s plus a fifth) after its start or after the last heartbeat of a
+/// process it registered, and that must not happen while the worker's sandboxes run (the
+/// sampler looks every second, during and between the faults).
+const GONE_WATCH: Duration = Duration::from_secs(20);
 
 /// Injects `fault`, waits for recovery, runs the checks and builds the fault's row.
 pub(super) async fn run_fault(
@@ -31,11 +36,12 @@ pub(super) async fn run_fault(
     sampler: &Sampler,
     actors: &[String],
     fault: Fault,
+    delay: Option<Duration>,
     segment_start: f64,
 ) -> Row {
     let started = lab.clock.now();
     let mut notes = Vec::new();
-    let fault_errors = match inject(lab, load, actors, fault, &mut notes).await {
+    let fault_errors = match inject(lab, load, actors, fault, delay, &mut notes).await {
         Ok(failed) => failed,
         Err(e) => vec![format!("could not inject the fault: {e:#}")],
     };
@@ -51,12 +57,31 @@ pub(super) async fn run_fault(
             None
         }
     };
-    tokio::time::sleep(OBSERVE).await;
+    // A restart of the whole system is watched until its api could have expired a worker.
+    let observe = if matches!(
+        fault,
+        Fault::KillUpOverlap | Fault::KillUp | Fault::RestartUp
+    ) {
+        OBSERVE.max(GONE_WATCH.saturating_sub(Duration::from_secs_f64(
+            (lab.clock.now() - injected).max(0.0),
+        )))
+    } else {
+        OBSERVE
+    };
+    tokio::time::sleep(observe).await;
     let window_end = lab.clock.now();
     let checks = check_invariants(lab, actors).await;
     let checked = lab.clock.now();
+    let mut gone = sampler.gone_between(segment_start, checked);
+    for g in checks.gone.iter() {
+        if !gone.contains(g) {
+            gone.push(g.clone());
+        }
+    }
     let history = load.samples();
     let mut row = Row::new(fault, started, injected, recovered, checked);
+    row.delay = delay.map(|d| d.as_secs_f64());
+    row.gone = gone;
     row.tally(&history, &load.actors, started, window_end, segment_start);
     if let Ok(rollbacks) = lab.reported_rollbacks.lock() {
         row.excuse_reported_rollbacks(&rollbacks);
@@ -78,6 +103,7 @@ async fn inject(
     load: &Load,
     actors: &[String],
     fault: Fault,
+    delay: Option<Duration>,
     notes: &mut Vec<String>,
 ) -> anyhow::Result<Vec<String>> {
     match fault {
@@ -108,6 +134,28 @@ async fn inject(
         Fault::KillUp => {
             lab.kill_up().await?;
             lab.start_up().await?;
+        }
+        Fault::KillUpOverlap => {
+            let delay = delay.unwrap_or_default();
+            let left = lab.kill_up_alone().await?;
+            tokio::time::sleep(delay).await;
+            let alive: Vec<&str> = left
+                .iter()
+                .filter(|(pid, _)| u32::try_from(*pid).is_ok_and(ate_worker::process_running))
+                .map(|(_, name)| name.as_str())
+                .collect();
+            let begun = Instant::now();
+            lab.start_up().await?;
+            notes.push(format!(
+                "new ate up started {:.2} s after the kill, old components still running: {}; ready {:.1} s later",
+                delay.as_secs_f64(),
+                if alive.is_empty() {
+                    "none".to_string()
+                } else {
+                    alive.join(", ")
+                },
+                begun.elapsed().as_secs_f64()
+            ));
         }
         Fault::SnapshotDiskFull => return snapshot_disk_full(lab, load, actors, notes).await,
         Fault::KillInSuspend => {

@@ -41,6 +41,8 @@ pub(super) struct Lab {
     first_ip: Ipv4Addr,
     up: Option<Child>,
     api: String,
+    /// The current api's address, for the sampler (it moves with every new `ate up`).
+    pub(super) api_now: std::sync::Arc<std::sync::Mutex<String>>,
     pub(super) pg: Option<Pg>,
     pub(super) tmpfs: Option<PathBuf>,
     pub(super) clock: Clock,
@@ -87,10 +89,11 @@ impl Lab {
             first_ip: private_worker_ip(),
             up: None,
             api: String::new(),
+            api_now: Default::default(),
             pg: None,
             tmpfs: None,
             clock: Clock(Instant::now()),
-            trials: a.trials,
+            trials: a.inside_trials(),
             reported_rollbacks: std::sync::Mutex::new(Vec::new()),
         })
     }
@@ -219,6 +222,9 @@ impl Lab {
         let ready = self.wait_ready(log_from).await?;
         self.api = ready["api"].as_str().unwrap_or_default().to_string();
         anyhow::ensure!(!self.api.is_empty(), "ate up's ready file names no api");
+        if let Ok(mut a) = self.api_now.lock() {
+            a.clone_from(&self.api);
+        }
         eprintln!(
             "==> ate up ready: router {} api {}",
             self.router_url(),
@@ -328,19 +334,35 @@ impl Lab {
         Ok(())
     }
 
+    /// SIGKILL of `ate up` alone, as a crash would: its components get SIGTERM from the kernel
+    /// (their parent-death signal) and are left stopping; returns their pids. Nothing waits for
+    /// them: the next `ate up` may start while they still run. Each as (pid, `worker-1`, `api`,
+    /// …).
+    pub(super) async fn kill_up_alone(&mut self) -> anyhow::Result<Vec<(i32, String)>> {
+        let Some(pid) = self.up_pid() else {
+            anyhow::bail!("ate up is not running");
+        };
+        let kids: Vec<(i32, String)> = children_of(pid)
+            .into_iter()
+            .map(|(k, args)| {
+                let id = args
+                    .windows(2)
+                    .find(|w| w[0] == "--id")
+                    .map(|w| w[1].clone());
+                (k, id.or_else(|| args.get(1).cloned()).unwrap_or_default())
+            })
+            .collect();
+        eprintln!("    kill -9 ate up ({pid})");
+        signal(pid, Signal::SIGKILL)?;
+        if let Some(mut child) = self.up.take() {
+            let _ = child.wait().await;
+        }
+        Ok(kids)
+    }
+
     /// A fresh mTLS connection to the current api as admin (the api moves on restart-up).
     pub(super) async fn api(&self) -> anyhow::Result<Clients> {
-        let files =
-            ate_tls::PemFiles::in_dir(&self.state.join(client::TLS_DIR), client::ADMIN_CERT_NAME);
-        let source = ate_tls::CertSource::from_files(files, ate_tls::DEFAULT_FILE_POLL)
-            .context("cannot read the admin certificate of the bench's ate up")?;
-        let channel = tokio::time::timeout(
-            Duration::from_secs(10),
-            client::connect_to(&self.api, Some(&source)),
-        )
-        .await
-        .context("timed out connecting to the api")??;
-        Ok(Clients::new(channel))
+        connect_api(&self.state, &self.api).await
     }
 
     pub(super) async fn create_actors(&self, actors: &[String]) -> anyhow::Result<()> {
@@ -459,6 +481,20 @@ impl Lab {
             }
         }
     }
+}
+
+/// A fresh mTLS connection as admin (the certificate `ate up` wrote in `state`) to `api`.
+pub(super) async fn connect_api(state: &Path, api: &str) -> anyhow::Result<Clients> {
+    let files = ate_tls::PemFiles::in_dir(&state.join(client::TLS_DIR), client::ADMIN_CERT_NAME);
+    let source = ate_tls::CertSource::from_files(files, ate_tls::DEFAULT_FILE_POLL)
+        .context("cannot read the admin certificate of the bench's ate up")?;
+    let channel = tokio::time::timeout(
+        Duration::from_secs(10),
+        client::connect_to(api, Some(&source)),
+    )
+    .await
+    .context("timed out connecting to the api")??;
+    Ok(Clients::new(channel))
 }
 
 /// The ports `ate up` is started on.

@@ -28,19 +28,31 @@ const SAMPLE_EVERY: Duration = Duration::from_secs(1);
 type Sighting = (f64, String, Vec<String>);
 
 /// Lists the containers every `SAMPLE_EVERY` during the whole run and records actors running on
-/// two workers at once, including ones that are gone again by the time a fault's checks run.
+/// two workers at once, including ones that are gone again by the time a fault's checks run;
+/// beside it, asks the current api every `SAMPLE_EVERY` for workers marked GONE while their
+/// sandboxes run.
 pub(super) struct Sampler {
     seen: Arc<Mutex<Vec<Sighting>>>,
+    gone: Arc<Mutex<Vec<(f64, String)>>>,
     stop: Arc<AtomicBool>,
     task: tokio::task::JoinHandle<()>,
+    gone_task: tokio::task::JoinHandle<()>,
 }
 
 impl Sampler {
-    pub(super) fn start(layout: Layout, clock: Clock) -> Sampler {
+    /// `api` names the current api (updated by each new `ate up`), `state` holds the admin
+    /// certificate.
+    pub(super) fn start(
+        layout: Layout,
+        clock: Clock,
+        state: std::path::PathBuf,
+        api: Arc<Mutex<String>>,
+    ) -> Sampler {
         let seen = Arc::new(Mutex::new(Vec::new()));
+        let gone = Arc::new(Mutex::new(Vec::new()));
         let stop = Arc::new(AtomicBool::new(false));
         let task = tokio::spawn({
-            let (seen, stop) = (seen.clone(), stop.clone());
+            let (seen, stop, layout) = (seen.clone(), stop.clone(), layout.clone());
             async move {
                 while !stop.load(Ordering::Relaxed) {
                     if let Ok(c) = layout.containers().await {
@@ -52,7 +64,43 @@ impl Sampler {
                 }
             }
         });
-        Sampler { seen, stop, task }
+        let gone_task = tokio::spawn({
+            let (gone, stop) = (gone.clone(), stop.clone());
+            async move {
+                while !stop.load(Ordering::Relaxed) {
+                    let addr = lock(&api).clone();
+                    if !addr.is_empty() {
+                        let client = super::lab::connect_api(&state, &addr).await;
+                        // An api that is not there (a restart) is simply not asked this time.
+                        if let Ok(found) =
+                            super::checks::gone_with_sandboxes(&client, &layout).await
+                        {
+                            let now = clock.now();
+                            lock(&gone).extend(found.into_iter().map(|g| (now, g)));
+                        }
+                    }
+                    tokio::time::sleep(SAMPLE_EVERY).await;
+                }
+            }
+        });
+        Sampler {
+            seen,
+            gone,
+            stop,
+            task,
+            gone_task,
+        }
+    }
+
+    /// Distinct findings of workers gone with running sandboxes within `(from, to]`.
+    pub(super) fn gone_between(&self, from: f64, to: f64) -> Vec<String> {
+        let mut out: Vec<String> = Vec::new();
+        for (t, g) in lock(&self.gone).iter() {
+            if *t > from && *t <= to && !out.contains(g) {
+                out.push(g.clone());
+            }
+        }
+        out
     }
 
     /// Distinct actors seen on two workers within `(from, to]`, with the workers.
@@ -69,13 +117,15 @@ impl Sampler {
     pub(super) async fn stop(mut self) {
         self.stop.store(true, Ordering::Relaxed);
         let _ = (&mut self.task).await;
+        let _ = (&mut self.gone_task).await;
     }
 }
 
-/// An interrupted suite drops the sampler without `stop`: its task must not outlive it.
+/// An interrupted suite drops the sampler without `stop`: its tasks must not outlive it.
 impl Drop for Sampler {
     fn drop(&mut self) {
         self.task.abort();
+        self.gone_task.abort();
     }
 }
 

@@ -64,8 +64,8 @@ pub struct FaultsArgs {
     #[arg(long, default_value_t = 2)]
     workers: u32,
     /// The short suite: kill-worker, kill-node, kill-api, kill-router, restart-up, kill-up,
-    /// snapshot-disk-full, kill-in-suspend, kill-in-resume (and store-down-12s with
-    /// --private-postgres).
+    /// kill-up-overlap, snapshot-disk-full, kill-in-suspend, kill-in-resume (and store-down-12s
+    /// with --private-postgres).
     #[arg(long, conflicts_with = "only")]
     short: bool,
     /// Only these faults, comma separated, in the suite's order.
@@ -78,14 +78,32 @@ pub struct FaultsArgs {
     /// PostgreSQL binaries (initdb, pg_ctl).
     #[arg(long, default_value = "/usr/lib/postgresql/15/bin")]
     pg_bin: PathBuf,
+    /// Trials of each repeated fault. `kill-up-overlap` (default 4): each with its own delay
+    /// before the new `ate up`, 0, 0.3, 1.5 and 5 s first, then drawn uniformly from 0–5 s.
+    /// `kill-in-suspend`, `kill-in-resume` (default 12 each): each kills one process of the
+    /// operation (runc, criu, the page source, the worker, the node agent, in turn) at a random
+    /// moment.
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
+    trials: Option<u32>,
+    /// Seed of the random delays of `kill-up-overlap` trials past the fourth (default: from the
+    /// clock; the JSON records it).
+    #[arg(long)]
+    seed: Option<u64>,
     /// JSON results file.
     #[arg(long, default_value = "bench-faults.json")]
     out: PathBuf,
-    /// Trials of each kill-inside fault (`kill-in-suspend`, `kill-in-resume`): each kills one
-    /// process of the operation (runc, criu, the page source, the worker, the node agent, in
-    /// turn) at a random moment.
-    #[arg(long, default_value_t = 12)]
-    trials: usize,
+}
+
+impl FaultsArgs {
+    /// Trials of `kill-up-overlap`.
+    fn overlap_trials(&self) -> u32 {
+        self.trials.unwrap_or(4)
+    }
+
+    /// Trials of each kill-inside fault.
+    fn inside_trials(&self) -> usize {
+        self.trials.map_or(12, |t| t as usize)
+    }
 }
 
 /// The faults, in the order the suite injects them.
@@ -116,9 +134,15 @@ pub enum Fault {
     #[value(name = "restart-up")]
     RestartUp,
     /// kill -9 of `ate up` itself (its components die with it, the sandboxes do not) and a new
-    /// one on the same state: every actor must come back with its memory.
+    /// one on the same state once they are gone: every actor must come back with its memory.
     #[value(name = "kill-up")]
     KillUp,
+    /// kill -9 of `ate up` alone and a new one on the same state after a short delay (0, 0.3,
+    /// 1.5, 5 s, then random 0–5 s; `--trials`), while the old components may still be stopping (as
+    /// systemd's `Restart=` does): no actor may run on two workers, no worker be marked gone while
+    /// its sandboxes run, no state be lost.
+    #[value(name = "kill-up-overlap")]
+    KillUpOverlap,
     /// The snapshot disk full: suspends must fail and leave the actors running.
     #[value(name = "snapshot-disk-full")]
     SnapshotDiskFull,
@@ -143,7 +167,7 @@ pub enum Fault {
 }
 
 impl Fault {
-    const ALL: [Fault; 14] = [
+    const ALL: [Fault; 15] = [
         Fault::KillWorker,
         Fault::KillNode,
         Fault::KillApi,
@@ -153,6 +177,7 @@ impl Fault {
         Fault::StoreDown60s,
         Fault::RestartUp,
         Fault::KillUp,
+        Fault::KillUpOverlap,
         Fault::SnapshotDiskFull,
         Fault::KillInSuspend,
         Fault::KillInResume,
@@ -171,6 +196,7 @@ impl Fault {
             Fault::StoreDown60s => "store-down-60s",
             Fault::RestartUp => "restart-up",
             Fault::KillUp => "kill-up",
+            Fault::KillUpOverlap => "kill-up-overlap",
             Fault::SnapshotDiskFull => "snapshot-disk-full",
             Fault::KillInSuspend => "kill-in-suspend",
             Fault::KillInResume => "kill-in-resume",
@@ -302,7 +328,12 @@ async fn suite(lab: &mut Lab, a: &FaultsArgs, plan: &[Fault]) -> anyhow::Result<
     let actors: Vec<String> = (1..=a.actors).map(|i| format!("counter-{i}")).collect();
     lab.create_actors(&actors).await?;
     let load = Load::start(&lab.router_url(), &actors, lab.clock);
-    let sampler = Sampler::start(lab.layout(&actors), lab.clock);
+    let sampler = Sampler::start(
+        lab.layout(&actors),
+        lab.clock,
+        lab.state.clone(),
+        lab.api_now.clone(),
+    );
     eprintln!("==> waiting for the first answer of every actor");
     if let Err(missing) = load.wait_answered(0.0, FIRST_ANSWERS_TIMEOUT).await {
         load.stop().await;
@@ -317,10 +348,29 @@ async fn suite(lab: &mut Lab, a: &FaultsArgs, plan: &[Fault]) -> anyhow::Result<
     let mut rows = Vec::new();
     let mut segment_start = 0.0;
     let mut aborted = None;
-    for &fault in plan {
+    let mut delays = Delays::new(a.seed);
+    let runs = plan.iter().flat_map(|&fault| {
+        let trials = if fault == Fault::KillUpOverlap {
+            a.overlap_trials()
+        } else {
+            1
+        };
+        (0..trials).map(move |t| (fault, t))
+    });
+    for (fault, trial) in runs {
         tokio::time::sleep(SETTLE).await;
-        eprintln!("==> {}", fault.name());
-        let row = run_fault(lab, &load, &sampler, &actors, fault, segment_start).await;
+        let delay = (fault == Fault::KillUpOverlap).then(|| delays.next(trial));
+        match delay {
+            Some(d) => eprintln!(
+                "==> {} trial {} of {} (new ate up after {:.2} s)",
+                fault.name(),
+                trial + 1,
+                a.overlap_trials(),
+                d.as_secs_f64()
+            ),
+            None => eprintln!("==> {}", fault.name()),
+        }
+        let row = run_fault(lab, &load, &sampler, &actors, fault, delay, segment_start).await;
         segment_start = row.checked;
         eprintln!("    {}", row.summary());
         rows.push(row);
@@ -340,6 +390,7 @@ async fn suite(lab: &mut Lab, a: &FaultsArgs, plan: &[Fault]) -> anyhow::Result<
     Ok(Suite {
         rows,
         seconds: started.elapsed().as_secs_f64(),
+        seed: delays.seed,
         aborted,
         store: if a.private_postgres {
             "postgres"
@@ -349,9 +400,62 @@ async fn suite(lab: &mut Lab, a: &FaultsArgs, plan: &[Fault]) -> anyhow::Result<
     })
 }
 
+/// The delays of `kill-up-overlap` trials: 0, 0.3, 1.5 and 5 s, then uniform in 0–5 s from a
+/// seeded generator (splitmix64), so a run can be repeated with `--seed`.
+struct Delays {
+    seed: u64,
+    state: u64,
+}
+
+/// Fixed delays of the first trials: at once, well before, around and after the old
+/// components' exit.
+const FIRST_DELAYS: [f64; 4] = [0.0, 0.3, 1.5, 5.0];
+/// Longest random delay.
+const MAX_DELAY_S: f64 = 5.0;
+
+impl Delays {
+    fn new(seed: Option<u64>) -> Delays {
+        let seed = seed.unwrap_or_else(|| {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_nanos() as u64)
+                .unwrap_or(0x5eed)
+        });
+        Delays { seed, state: seed }
+    }
+
+    fn next(&mut self, trial: u32) -> Duration {
+        if let Some(&d) = FIRST_DELAYS.get(trial as usize) {
+            return Duration::from_secs_f64(d);
+        }
+        self.state = self.state.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.state;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^= z >> 31;
+        // 53 random bits → [0, 1), in 10 ms steps.
+        let unit = (z >> 11) as f64 / (1u64 << 53) as f64;
+        Duration::from_millis((unit * MAX_DELAY_S * 100.0).round() as u64 * 10)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn trial_delays_start_fixed_then_stay_within_five_seconds() {
+        let mut d = Delays::new(Some(7));
+        let first: Vec<f64> = (0..4).map(|t| d.next(t).as_secs_f64()).collect();
+        assert_eq!(first, [0.0, 0.3, 1.5, 5.0]);
+        let rest: Vec<Duration> = (4..40).map(|t| d.next(t)).collect();
+        assert!(rest.iter().all(|r| *r <= Duration::from_secs(5)));
+        assert!(rest.windows(2).any(|w| w[0] != w[1]), "{rest:?}");
+        // The same seed, the same delays.
+        let mut again = Delays::new(Some(7));
+        let repeat: Vec<Duration> = (0..40).map(|t| again.next(t)).collect();
+        assert_eq!(&repeat[4..], &rest[..]);
+    }
 
     #[test]
     fn the_short_suite_and_only_pick_faults_in_suite_order() {
@@ -376,6 +480,7 @@ mod tests {
                 "kill-router",
                 "restart-up",
                 "kill-up",
+                "kill-up-overlap",
                 "snapshot-disk-full",
                 "kill-in-suspend",
                 "kill-in-resume"
@@ -386,8 +491,8 @@ mod tests {
             names(&["--only", "restart-up,kill-api"]),
             ["kill-api", "restart-up"]
         );
-        assert_eq!(names(&[]).len(), 10);
-        assert_eq!(names(&["--private-postgres"]).len(), 12);
+        assert_eq!(names(&[]).len(), 11);
+        assert_eq!(names(&["--private-postgres"]).len(), 13);
         assert_eq!(names(&["--only", "worker-stop-30s"]), ["worker-stop-30s"]);
         assert!(names(&["--only", "store-down-12s"]).is_empty());
     }

@@ -18,6 +18,8 @@ const UNAVAILABILITY_TARGET_S: f64 = 10.0;
 /// One fault's results.
 pub(super) struct Row {
     fault: Fault,
+    /// `kill-up-overlap`: seconds between the kill and the new `ate up`.
+    pub(super) delay: Option<f64>,
     started: f64,
     injected: f64,
     recovered: Option<f64>,
@@ -38,6 +40,8 @@ pub(super) struct Row {
     pub(super) double_seen: Vec<(String, Vec<String>)>,
     pub(super) slots: Vec<SlotMismatch>,
     pub(super) orphans: Vec<String>,
+    /// Workers marked GONE while their sandboxes ran (during the window or at the checks).
+    pub(super) gone: Vec<String>,
     pub(super) fault_errors: Vec<String>,
     pub(super) notes: Vec<String>,
 }
@@ -52,6 +56,7 @@ impl Row {
     ) -> Row {
         Row {
             fault,
+            delay: None,
             started,
             injected,
             recovered,
@@ -68,9 +73,23 @@ impl Row {
             double_seen: Vec::new(),
             slots: Vec::new(),
             orphans: Vec::new(),
+            gone: Vec::new(),
             fault_errors: Vec::new(),
             notes: Vec::new(),
         }
+    }
+
+    /// The fault's name, with the trial's delay for `kill-up-overlap`.
+    fn label(&self) -> String {
+        match self.delay {
+            Some(d) => format!("{} {d:.2}s", self.fault.name()),
+            None => self.fault.name().to_string(),
+        }
+    }
+
+    /// Some actor did not answer 200 again within the recovery timeout.
+    fn stuck(&self) -> bool {
+        self.recovered.is_none()
     }
 
     /// Requests and answers of the window `[started, window_end]`, the longest unavailability,
@@ -120,13 +139,16 @@ impl Row {
     }
 
     /// Every target: no state lost, no actor running on two workers (after recovery or at any
-    /// sample during the window), slots equal to real containers, no orphan.
+    /// sample during the window), slots equal to real containers, no orphan, no worker marked
+    /// gone while its sandboxes ran, every actor answering again.
     fn passed(&self) -> bool {
         self.lost.is_empty()
             && self.double.is_empty()
             && self.double_seen.is_empty()
             && self.slots.is_empty()
             && self.orphans.is_empty()
+            && self.gone.is_empty()
+            && !self.stuck()
             && self.fault_errors.is_empty()
     }
 
@@ -142,7 +164,7 @@ impl Row {
     pub(super) fn summary(&self) -> String {
         format!(
             "{}: {} requests ({}), longest unavailability {:.2} s, states lost {}, double \
-             activations {}, slot mismatches {}, orphans {}{}",
+             activations {}, slot mismatches {}, orphans {}, gone with sandboxes {}{}{}",
             if self.passed() { "pass" } else { "FAIL" },
             self.requests,
             self.answers_text(),
@@ -151,6 +173,8 @@ impl Row {
             self.double.len(),
             self.slots.len(),
             self.orphans.len(),
+            self.gone.len(),
+            if self.stuck() { ", NOT RECOVERED" } else { "" },
             if self.fault_errors.is_empty() {
                 String::new()
             } else {
@@ -172,6 +196,7 @@ impl Row {
         };
         json!({
             "fault": self.fault.name(),
+            "delay_s": self.delay.map(round2),
             "started_s": round2(self.started),
             "injected_s": round2(self.injected),
             "recovered_s": self.recovered.map(round2),
@@ -195,6 +220,9 @@ impl Row {
             "slot_mismatch_workers": self.slots.iter().map(|m| json!({"worker": m.worker, "used": m.used, "running": m.running})).collect::<Vec<_>>(),
             "orphans": self.orphans.len(),
             "orphan_details": self.orphans,
+            "gone_with_sandboxes": self.gone.len(),
+            "gone_with_sandboxes_details": self.gone,
+            "stuck": self.stuck(),
             "fault_errors": self.fault_errors,
             "notes": self.notes,
             "pass": self.passed(),
@@ -218,6 +246,8 @@ fn round2(x: f64) -> f64 {
 pub(super) struct Suite {
     pub(super) rows: Vec<Row>,
     pub(super) seconds: f64,
+    /// Seed of the `kill-up-overlap` delays.
+    pub(super) seed: u64,
     /// Why the suite stopped before its last fault (the system died), failing it.
     pub(super) aborted: Option<String>,
     pub(super) store: &'static str,
@@ -230,7 +260,7 @@ impl Suite {
 
     pub(super) fn table(&self) -> String {
         let mut out = format!(
-            "{:<19} {:>8}  {:<34} {:>10} {:>5} {:>6} {:>5} {:>7}  {}\n",
+            "{:<22} {:>8}  {:<34} {:>10} {:>5} {:>6} {:>5} {:>7} {:>4}  {}\n",
             "fault",
             "requests",
             "answers",
@@ -239,6 +269,7 @@ impl Suite {
             "double",
             "slots",
             "orphans",
+            "gone",
             "result"
         );
         let mut notes = Vec::new();
@@ -249,15 +280,16 @@ impl Suite {
                 " "
             };
             out.push_str(&format!(
-                "{:<19} {:>8}  {:<34} {:>9.2}{mark} {:>5} {:>6} {:>5} {:>7}  {}\n",
-                r.fault.name(),
+                "{:<22} {:>8}  {:<34} {:>9.2}{mark} {:>5} {:>6} {:>5} {:>7} {:>4}  {}\n",
+                r.label(),
                 r.requests,
                 r.answers_text(),
                 r.unavailable,
                 r.lost.len(),
-                r.double.len(),
+                r.double.len().max(r.double_seen.len()),
                 r.slots.len(),
                 r.orphans.len(),
+                r.gone.len(),
                 if r.passed() { "pass" } else { "FAIL" }
             ));
             notes.extend(row_notes(r));
@@ -273,6 +305,9 @@ impl Suite {
         }
         for n in notes {
             out.push_str(&format!("  {n}\n"));
+        }
+        if let Some(t) = self.trials() {
+            out.push_str(&format!("  {}\n", t.line()));
         }
         if let Some(why) = &self.aborted {
             out.push_str(&format!("  ABORTED: {why}\n"));
@@ -299,6 +334,8 @@ impl Suite {
             "store": self.store,
             "state_dir": lab.state.display().to_string(),
             "seconds": round2(self.seconds),
+            "kill_up_overlap_seed": self.seed,
+            "kill_up_overlap_trials": self.trials().map(|t| t.json()),
             "unavailability_target_s": UNAVAILABILITY_TARGET_S,
             "pass": self.passed(),
             "aborted": self.aborted,
@@ -307,9 +344,109 @@ impl Suite {
     }
 }
 
+/// The `kill-up-overlap` trials of a suite, summed up.
+pub(super) struct Trials {
+    trials: usize,
+    delays: Vec<f64>,
+    /// Trials with a state lost, a double activation, a stuck actor, a worker gone with its
+    /// sandboxes, an orphan; each counted once per trial.
+    lost: usize,
+    double: usize,
+    stuck: usize,
+    gone: usize,
+    leftovers: usize,
+    passed: usize,
+    /// Longest unavailability of an actor: median and worst over the trials.
+    unavailable_median: f64,
+    unavailable_max: f64,
+    /// Answers of every trial's window by status.
+    answers: BTreeMap<u16, usize>,
+}
+
+impl Trials {
+    fn line(&self) -> String {
+        format!(
+            "kill-up-overlap: {} trials (delays {}): passed {}, with states lost {}, double \
+             activations {}, stuck {}, gone with sandboxes {}, leftovers {}; longest \
+             unavailability median {:.2} s, worst {:.2} s; answers {}",
+            self.trials,
+            self.delays
+                .iter()
+                .map(|d| format!("{d:.2}"))
+                .collect::<Vec<_>>()
+                .join(" "),
+            self.passed,
+            self.lost,
+            self.double,
+            self.stuck,
+            self.gone,
+            self.leftovers,
+            self.unavailable_median,
+            self.unavailable_max,
+            self.answers
+                .iter()
+                .map(|(s, n)| format!("{}:{n}", status_key(*s)))
+                .collect::<Vec<_>>()
+                .join(" ")
+        )
+    }
+
+    fn json(&self) -> serde_json::Value {
+        json!({
+            "trials": self.trials,
+            "delays_s": self.delays.iter().copied().map(round2).collect::<Vec<_>>(),
+            "passed": self.passed,
+            "with_states_lost": self.lost,
+            "with_double_activations": self.double,
+            "stuck": self.stuck,
+            "with_gone_workers": self.gone,
+            "with_leftovers": self.leftovers,
+            "longest_unavailable_median_s": round2(self.unavailable_median),
+            "longest_unavailable_max_s": round2(self.unavailable_max),
+            "answers": self.answers.iter().map(|(s, n)| (status_key(*s), json!(n))).collect::<serde_json::Map<_, _>>(),
+        })
+    }
+}
+
+impl Suite {
+    /// The `kill-up-overlap` rows summed up, if the suite ran any.
+    fn trials(&self) -> Option<Trials> {
+        let rows: Vec<&Row> = self
+            .rows
+            .iter()
+            .filter(|r| r.fault == Fault::KillUpOverlap)
+            .collect();
+        if rows.is_empty() {
+            return None;
+        }
+        let count = |f: &dyn Fn(&Row) -> bool| rows.iter().filter(|r| f(r)).count();
+        let mut gaps: Vec<f64> = rows.iter().map(|r| r.unavailable).collect();
+        gaps.sort_by(f64::total_cmp);
+        let mut answers = BTreeMap::new();
+        for r in &rows {
+            for (s, n) in &r.answers {
+                *answers.entry(*s).or_default() += n;
+            }
+        }
+        Some(Trials {
+            trials: rows.len(),
+            delays: rows.iter().filter_map(|r| r.delay).collect(),
+            lost: count(&|r| !r.lost.is_empty()),
+            double: count(&|r| !r.double.is_empty() || !r.double_seen.is_empty()),
+            stuck: count(&|r| r.stuck()),
+            gone: count(&|r| !r.gone.is_empty()),
+            leftovers: count(&|r| !r.orphans.is_empty()),
+            passed: count(&|r| r.passed()),
+            unavailable_median: gaps[gaps.len() / 2],
+            unavailable_max: gaps.last().copied().unwrap_or_default(),
+            answers,
+        })
+    }
+}
+
 /// The detail lines under the table for one row: what failed, and the notes.
 fn row_notes(r: &Row) -> Vec<String> {
-    let f = r.fault.name();
+    let f = r.label();
     let mut out = Vec::new();
     for e in &r.lost {
         out.push(format!(
@@ -343,6 +480,9 @@ fn row_notes(r: &Row) -> Vec<String> {
     }
     for o in &r.orphans {
         out.push(format!("{f}: ORPHAN {o}"));
+    }
+    for g in &r.gone {
+        out.push(format!("{f}: GONE {g}"));
     }
     for e in &r.fault_errors {
         out.push(format!("{f}: FAILED {e}"));

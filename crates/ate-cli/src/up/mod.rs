@@ -6,6 +6,7 @@
 //! Stopping goes router, workers, node agent, api, each group waiting for its processes, so the
 //! workers can still suspend their actors through the node agent and the api.
 
+mod generation;
 mod node;
 mod pki;
 mod supervise;
@@ -66,6 +67,17 @@ pub struct UpArgs {
     /// Node agent address.
     #[arg(long, default_value = "127.0.0.1:8085")]
     pub node_listen: SocketAddr,
+    /// Node agent metrics address (`/metrics`, `/healthz`). Default: a free loopback port,
+    /// chosen at the start (port 0: a free port on that address). The ready file names it
+    /// (`node_metrics`).
+    #[arg(long)]
+    pub node_metrics_listen: Option<SocketAddr>,
+    /// Worker 1's metrics address (`/metrics`, `/healthz`); worker N listens on the same IP at
+    /// this port + N - 1. Default: a free loopback port for each worker, chosen at the start
+    /// (port 0: free ports on that address). The ready file lists them (`worker_metrics`, in
+    /// worker order).
+    #[arg(long)]
+    pub worker_metrics_listen: Option<SocketAddr>,
     /// Durable snapshot store URL (default: a directory in the state dir).
     #[arg(long)]
     pub durable_store: Option<String>,
@@ -390,12 +402,30 @@ pub async fn run(args: UpArgs) -> anyhow::Result<ExitCode> {
     for d in [state, &logs, &run_dir] {
         std::fs::create_dir_all(d).with_context(|| format!("cannot create {}", d.display()))?;
     }
-    if args.role == UpRole::Node {
-        return run_node(args).await;
-    }
-    if args.join.is_some() || args.join_token.is_some() {
+    if args.role != UpRole::Node && (args.join.is_some() || args.join_token.is_some()) {
         anyhow::bail!("--join and --join-token are for --role node");
     }
+    // Nothing of this generation starts while a process of the last one on this state dir
+    // still runs (generation.rs); a Ctrl-C while waiting just ends the wait.
+    let generation = {
+        let signal = shutdown_signal();
+        tokio::select! {
+            g = generation::Generation::acquire(state) => g?,
+            s = signal => anyhow::bail!("{s} while waiting for the earlier `ate up` to exit"),
+        }
+    };
+    supervise::hand_down(generation.fd());
+    let ran = match args.role {
+        UpRole::Node => run_node(args).await,
+        _ => run_all(args).await,
+    };
+    drop(generation);
+    ran
+}
+
+/// `--role all` or `--role control`.
+async fn run_all(args: UpArgs) -> anyhow::Result<ExitCode> {
+    let state = &args.state_dir;
     let store = args
         .store
         .clone()

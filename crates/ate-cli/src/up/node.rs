@@ -13,8 +13,9 @@ use super::supervise::{Component, READY_TIMEOUT, Role, spawn, spawn_with_env, ta
 use super::{UpArgs, UpRole, command_line};
 use crate::client::Clients;
 
-/// The `/metrics` addresses of this machine's node agent and workers: free loopback ports,
-/// chosen once so that a restarted component comes back on the same one.
+/// The `/metrics` addresses of this machine's node agent and workers: `--node-metrics-listen`
+/// and `--worker-metrics-listen` (worker N on its port + N - 1), else free loopback ports; chosen
+/// once, so that a restarted component comes back on the same one.
 #[derive(Debug, Clone, Default)]
 pub(super) struct NodeMetrics {
     pub(super) node: String,
@@ -22,18 +23,43 @@ pub(super) struct NodeMetrics {
 }
 
 impl NodeMetrics {
-    fn pick(workers: u32) -> anyhow::Result<Self> {
-        let free = || -> anyhow::Result<String> {
-            let l = std::net::TcpListener::bind((std::net::Ipv4Addr::LOCALHOST, 0))
-                .context("cannot find a free loopback port for metrics")?;
+    pub(super) fn pick(
+        node: Option<SocketAddr>,
+        first_worker: Option<SocketAddr>,
+        workers: u32,
+    ) -> anyhow::Result<Self> {
+        let loopback = SocketAddr::from((std::net::Ipv4Addr::LOCALHOST, 0));
+        let free = |on: SocketAddr| -> anyhow::Result<String> {
+            let l = std::net::TcpListener::bind(on)
+                .with_context(|| format!("cannot find a free port for metrics on {}", on.ip()))?;
             Ok(l.local_addr()?.to_string())
         };
-        Ok(NodeMetrics {
-            node: free()?,
-            workers: (0..workers)
-                .map(|_| free())
+        let node = match node {
+            Some(a) if a.port() != 0 => a.to_string(),
+            Some(a) => free(a)?,
+            None => free(loopback)?,
+        };
+        let workers = match first_worker {
+            Some(base) if base.port() != 0 => (0..workers)
+                .map(|i| {
+                    let port = u16::try_from(u32::from(base.port()) + i).map_err(|_| {
+                        anyhow::anyhow!(
+                            "--worker-metrics-listen {base}: worker {} would need port {} (over 65535)",
+                            i + 1,
+                            u32::from(base.port()) + i
+                        )
+                    })?;
+                    Ok(SocketAddr::new(base.ip(), port).to_string())
+                })
                 .collect::<anyhow::Result<_>>()?,
-        })
+            Some(base) => (0..workers)
+                .map(|_| free(base))
+                .collect::<anyhow::Result<_>>()?,
+            None => (0..workers)
+                .map(|_| free(loopback))
+                .collect::<anyhow::Result<_>>()?,
+        };
+        Ok(NodeMetrics { node, workers })
     }
 }
 
@@ -50,7 +76,11 @@ pub(super) async fn start_node_and_workers(
     clients: &Clients,
     components: &mut Vec<Component>,
 ) -> anyhow::Result<NodeMetrics> {
-    let metrics = NodeMetrics::pick(args.workers)?;
+    let metrics = NodeMetrics::pick(
+        args.node_metrics_listen,
+        args.worker_metrics_listen,
+        args.workers,
+    )?;
     let td = pki.td.clone();
     let state = args.state_dir.display().to_string();
     if args.workers > 0 && !nix::unistd::Uid::effective().is_root() {
@@ -272,5 +302,36 @@ fn worker_address(first: std::net::Ipv4Addr, i: u32) -> anyhow::Result<std::net:
             Ok(std::net::IpAddr::V4(ip))
         }
         _ => anyhow::bail!("worker {i} would not get an address starting from {first}"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn metrics_addresses_from_the_flags() -> anyhow::Result<()> {
+        let a = |s: &str| s.parse::<SocketAddr>();
+        let m = NodeMetrics::pick(Some(a("127.0.0.1:9100")?), Some(a("127.0.0.5:9200")?), 3)?;
+        assert_eq!(m.node, "127.0.0.1:9100");
+        assert_eq!(
+            m.workers,
+            ["127.0.0.5:9200", "127.0.0.5:9201", "127.0.0.5:9202"]
+        );
+        // Port 0: free ports on that address, one per worker.
+        let m = NodeMetrics::pick(Some(a("127.0.0.1:0")?), Some(a("127.0.0.1:0")?), 2)?;
+        assert!(m.node.starts_with("127.0.0.1:") && !m.node.ends_with(":0"));
+        assert_eq!(m.workers.len(), 2);
+        assert_ne!(m.workers[0], m.workers[1]);
+        // Absent: free loopback ports.
+        let m = NodeMetrics::pick(None, None, 1)?;
+        assert!(m.workers[0].starts_with("127.0.0.1:"));
+        // Past the last port.
+        let err = NodeMetrics::pick(None, Some(a("127.0.0.1:65535")?), 2)
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
+        assert!(err.contains("worker 2 would need port 65536"), "{err}");
+        Ok(())
     }
 }

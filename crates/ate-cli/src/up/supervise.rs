@@ -14,6 +14,16 @@ use tokio::process::{Child, Command};
 
 /// The running executable, as the kernel keeps it (Linux).
 const SELF_EXE: &str = "/proc/self/exe";
+
+/// The descriptor of this `ate up`'s generation lock (`generation.rs`), handed to every
+/// component it starts; unset (tests) hands nothing down.
+static GENERATION_FD: std::sync::OnceLock<std::os::fd::RawFd> = std::sync::OnceLock::new();
+
+/// Every component started from now on inherits `fd` (the generation lock), so the lock is held
+/// as long as any of them lives.
+pub(super) fn hand_down(fd: std::os::fd::RawFd) {
+    let _ = GENERATION_FD.set(fd);
+}
 pub(super) const READY_TIMEOUT: Duration = Duration::from_secs(30);
 /// How long a stopping component gets before it is killed. Generous: a worker stops every
 /// sandbox it hosts first, and a killed worker leaves them running.
@@ -173,6 +183,7 @@ fn start_process(
         .try_clone()
         .with_context(|| format!("cannot open {}", log.display()))?;
     let supervisor = nix::unistd::getpid();
+    let generation = GENERATION_FD.get().copied();
     let mut command = Command::new(exe);
     command
         .args(args)
@@ -184,10 +195,22 @@ fn start_process(
         // the components in order, instead of all of them at once.
         .process_group(0)
         .kill_on_drop(true);
-    // SAFETY: the closure runs in the forked child before exec and only makes two system calls
-    // (prctl, getppid), which are async-signal-safe; it allocates nothing and takes no lock.
+    // SAFETY: the closure runs in the forked child before exec and only makes system calls
+    // (prctl, getppid, fcntl), which are async-signal-safe; it allocates nothing and takes no
+    // lock. The generation descriptor stays open in `ate up` for its whole life.
     unsafe {
         command.pre_exec(move || {
+            if let Some(fd) = generation {
+                // The generation lock goes to the component (close-on-exec cleared in the child
+                // only); the component marks it close-on-exec again at its start, so nothing it
+                // starts holds it.
+                let borrowed = std::os::fd::BorrowedFd::borrow_raw(fd);
+                nix::fcntl::fcntl(
+                    borrowed,
+                    nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::empty()),
+                )
+                .map_err(std::io::Error::from)?;
+            }
             // A supervisor that dies without stopping its children (SIGKILL) takes them along:
             // a worker stopped this way leaves its sandboxes running for the next `ate up` to
             // re-adopt, and no orphaned api or router holds the ports the next one needs.

@@ -67,6 +67,8 @@ impl Worker {
             let key = key_of(&atespace, &name);
             match self.adopt(&atespace, &name).await {
                 Ok(activation) => {
+                    self.inherited
+                        .store(true, std::sync::atomic::Ordering::Release);
                     tracing::info!(actor = %key, activation, "re-adopted a running sandbox from an earlier worker process");
                 }
                 Err(why) => {

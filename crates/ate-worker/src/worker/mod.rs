@@ -147,6 +147,9 @@ pub struct Worker {
     table: Mutex<Table>,
     locks: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
     shutting_down: AtomicBool,
+    /// This process re-adopted sandboxes of an earlier one: it runs under a real node, so its
+    /// shutdown leaves every sandbox running even before a node leased it.
+    inherited: AtomicBool,
     /// When the node last asked for Activity (Unix ms).
     last_poll_ms: std::sync::atomic::AtomicI64,
 }
@@ -193,6 +196,7 @@ impl Worker {
             table: Mutex::new(Table::default()),
             locks: Mutex::new(HashMap::new()),
             shutting_down: AtomicBool::new(false),
+            inherited: AtomicBool::new(false),
             last_poll_ms: std::sync::atomic::AtomicI64::new(now_ms()),
         }
     }

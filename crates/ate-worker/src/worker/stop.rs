@@ -97,10 +97,13 @@ impl Worker {
     /// Shutdown after [`Worker::drain`]: frozen copies (caches of sealed generations) are
     /// dropped. Running sandboxes of a worker under a node's lease are left running, never
     /// killed without a snapshot: the next process of this worker re-adopts them. A worker no
-    /// node ever leased (driven directly, as in tests) stops them.
+    /// node ever leased (driven directly, as in tests) stops them — unless it re-adopted
+    /// sandboxes of an earlier process: that one is stopped before its node got to lease it (its
+    /// supervisor killed again during the start), and what it adopted is actors' only state.
     pub async fn shutdown(&self) {
         self.shutting_down.store(true, Ordering::Release);
-        let keys: Vec<String> = if self.tunnels.is_leased() {
+        let keep = self.tunnels.is_leased() || self.inherited.load(Ordering::Acquire);
+        let keys: Vec<String> = if keep {
             for key in self.table().actors.keys() {
                 self.tunnels.deactivate(key);
             }
