@@ -360,4 +360,12 @@ pub trait SandboxRuntime: Send + Sync {
     async fn is_paused(&self, _actor: &ActorSandbox) -> Result<bool> {
         Ok(false)
     }
+
+    /// What a dump cut short left inside the actor's processes, if anything: CRIU's parasite
+    /// code still mapped in a task (CRIU killed while it ran there). Such a task cannot be
+    /// trusted to run on: the parasite's threads end on a trap that kills the process, and its
+    /// mapping would be in every later dump.
+    async fn dump_remnants(&self, _actor: &ActorSandbox) -> Option<String> {
+        None
+    }
 }

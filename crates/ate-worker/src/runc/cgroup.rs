@@ -171,6 +171,28 @@ pub(super) fn kill_cgroup_processes(short_id: &str) {
     }
 }
 
+/// The name of the memfd CRIU's parasite code is mapped from in a task it infects (compel's
+/// `parasite_memfd_exchange`); the task shows it in its maps as `/memfd:CRIUMFD (deleted)`.
+const PARASITE_MEMFD: &str = "memfd:CRIUMFD";
+
+/// A process of the actor that still has CRIU's parasite mapped (CRIU was killed before it
+/// cured the task), as "pid N"; None if there is none.
+pub(super) fn parasite_left_in(short_id: &str) -> Option<String> {
+    actor_cgroups(short_id)
+        .into_iter()
+        .filter_map(|dir| std::fs::read_to_string(dir.join("cgroup.procs")).ok())
+        .flat_map(|text| {
+            text.lines()
+                .filter_map(|l| l.trim().parse::<u32>().ok())
+                .collect::<Vec<_>>()
+        })
+        .find(|pid| {
+            std::fs::read_to_string(format!("/proc/{pid}/maps"))
+                .is_ok_and(|maps| maps.contains(PARASITE_MEMFD))
+        })
+        .map(|pid| format!("pid {pid}"))
+}
+
 /// Removes leftover actor cgroups in every hierarchy (runc delete normally does this; a crash
 /// between dump and delete can leave empty ones).
 pub(super) fn remove_cgroups(short_id: &str) {

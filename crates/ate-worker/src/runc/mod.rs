@@ -374,6 +374,14 @@ impl SandboxRuntime for RuncRuntime {
         }
     }
 
+    async fn dump_remnants(&self, actor: &ActorSandbox) -> Option<String> {
+        let short_id = actor.short_id();
+        tokio::task::spawn_blocking(move || cgroup::parasite_left_in(&short_id))
+            .await
+            .ok()
+            .flatten()
+    }
+
     async fn is_paused(&self, actor: &ActorSandbox) -> Result<bool> {
         Ok(
             matches!(self.status(&actor.container_id()).await?, Some((status, _)) if status == "paused"),

@@ -328,6 +328,11 @@ impl Worker {
     ) -> VerbError {
         let sandbox = &entry.sandbox;
         let back = async {
+            if let Some(remnant) = self.runtime.dump_remnants(sandbox).await {
+                return Err(VerbError::Internal(format!(
+                    "CRIU's parasite code is still in the actor's processes ({remnant}): CRIU was ended inside them"
+                )));
+            }
             if self
                 .runtime
                 .is_paused(sandbox)
