@@ -22,7 +22,7 @@ mod suspend;
 
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use ate_core::clock::now_ms;
 use ate_core::{ActorRef, ActorState};
@@ -138,9 +138,36 @@ pub struct Api {
     /// Since when (Unix ms) this api could have heard every heartbeat: its start, or the end of
     /// the last store outage it saw. Worker expiry counts only time after it.
     hearing_since_ms: std::sync::atomic::AtomicI64,
-    /// Nodes a call could not reach, until when: new placements avoid their workers meanwhile
-    /// (soft state; the store expires them if they stay silent).
-    suspect_nodes: Mutex<std::collections::HashMap<String, Instant>>,
+    /// Nodes a call could not reach: new placements avoid their workers meanwhile (soft state;
+    /// the store expires them if they stay silent), until the node is heard again.
+    suspect_nodes: Mutex<std::collections::HashMap<String, Suspicion>>,
+}
+
+/// Why placement avoids a node: a call to it failed in the transport.
+#[derive(Debug, Clone, Copy)]
+struct Suspicion {
+    since: Instant,
+    /// `since` as the store's clock (Unix ms), to compare with heartbeats.
+    since_ms: i64,
+    /// When the api would have expired its workers anyway.
+    until: Instant,
+}
+
+/// How long a suspicion holds at least, whatever is heard: a node that answers heartbeats but
+/// not calls (a one-way partition) costs one failed placement a second, not one per request.
+const SUSPICION_AT_LEAST: Duration = Duration::from_secs(1);
+
+impl Suspicion {
+    /// Whether the node is still avoided at `now`, given the newest heartbeat recorded for any
+    /// of its workers: a node restarted after the failed call heartbeats within a second or
+    /// two, and is used again at once rather than after the whole expiry time.
+    fn holds(&self, now: Instant, heard_ms: Option<i64>) -> bool {
+        if now >= self.until {
+            return false;
+        }
+        let heard_since = heard_ms.is_some_and(|h| h > self.since_ms);
+        !(heard_since && now.duration_since(self.since) >= SUSPICION_AT_LEAST)
+    }
 }
 
 fn crashed(actor: &ActorRef, last_error: &Option<String>) -> WorkflowError {
@@ -216,20 +243,32 @@ impl Api {
     }
 
     /// A call to `node` failed in the transport (refused, reset, timed out connecting): avoid
-    /// placing on it for as long as the api would take to expire its workers.
+    /// placing on it for as long as the api would take to expire its workers, or until it is
+    /// heard again (see [`Suspicion::holds`]).
     fn suspect_node(&self, node: &str) {
-        let until = Instant::now() + self.expiry_after();
+        let suspicion = Suspicion {
+            since: Instant::now(),
+            since_ms: now_ms(),
+            until: Instant::now() + self.expiry_after(),
+        };
         if let Ok(mut s) = self.suspect_nodes.lock() {
-            s.insert(node.to_string(), until);
+            s.insert(node.to_string(), suspicion);
         }
     }
 
-    /// Nodes currently avoided by placement.
-    fn suspects(&self) -> HashSet<String> {
+    /// Nodes currently avoided by placement, given the workers as the store last had them.
+    fn suspects(&self, workers: &[WorkerRecord]) -> HashSet<String> {
         let now = Instant::now();
         match self.suspect_nodes.lock() {
             Ok(mut s) => {
-                s.retain(|_, until| *until > now);
+                s.retain(|node, suspicion| {
+                    let heard_ms = workers
+                        .iter()
+                        .filter(|w| &w.node == node)
+                        .map(|w| w.last_heartbeat_ms)
+                        .max();
+                    suspicion.holds(now, heard_ms)
+                });
                 s.keys().cloned().collect()
             }
             Err(_) => HashSet::new(),
@@ -353,5 +392,32 @@ impl Api {
     fn stale(&self, actor: &ActorRecord) -> bool {
         let lease_ms = i64::try_from(self.cfg.lease_ttl.as_millis()).unwrap_or(i64::MAX);
         now_ms().saturating_sub(actor.updated_ms) > lease_ms
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn suspicion(at: Instant) -> Suspicion {
+        Suspicion {
+            since: at,
+            since_ms: 1_000_000,
+            until: at + Duration::from_secs(12),
+        }
+    }
+
+    #[test]
+    fn a_suspect_node_is_used_again_once_heard_after_the_failed_call() {
+        let t0 = Instant::now();
+        let s = suspicion(t0);
+        // Nothing heard since the failed call: avoided until the expiry time.
+        assert!(s.holds(t0 + Duration::from_secs(5), Some(999_000)));
+        assert!(s.holds(t0 + Duration::from_secs(5), None));
+        assert!(!s.holds(t0 + Duration::from_secs(12), None));
+        // Heard again (a restarted node heartbeats): used again, but not within the first
+        // second (a node that heartbeats yet cannot be called fails one placement a second).
+        assert!(s.holds(t0 + Duration::from_millis(500), Some(1_000_400)));
+        assert!(!s.holds(t0 + Duration::from_millis(1500), Some(1_000_400)));
     }
 }

@@ -135,7 +135,7 @@ impl Api {
                 self.fleet.refresh().await?
             };
             refreshed = true;
-            let suspects = self.suspects();
+            let suspects = self.suspects(&workers);
             let exclude: Vec<String> = workers
                 .iter()
                 .filter(|w| suspects.contains(&w.node))

@@ -81,16 +81,18 @@ impl RuncRuntime {
                 let _ = child.start_kill();
                 kill_cgroup_processes(&actor.short_id());
                 let _ = child.wait().await;
-                // CRIU that left the page source without an error of its own in its log was
-                // killed, not refused: say so, so the restore counts as cut short.
+                // A CRIU that refuses a restore once it talks to the page source ends with
+                // "Restoring FAILED." in its log (cr-restore.c); one that left the page source
+                // without it was killed, not refused (its forked tasks may still have logged
+                // errors of their own as it went): say so, so the restore counts as cut short.
                 let criu_log = work_path(&full).map(|w| w.join("restore.log"));
-                let criu_errors = match &criu_log {
+                let criu_refused = match &criu_log {
                     Some(log) => tokio::fs::read_to_string(log)
                         .await
-                        .is_ok_and(|text| text.contains("Error (")),
+                        .is_ok_and(|text| text.contains(CRIU_RESTORE_FAILED)),
                     None => true,
                 };
-                let stderr = if why.contains("CRIU closed the lazy-pages socket") && !criu_errors {
+                let stderr = if why.contains("CRIU closed the lazy-pages socket") && !criu_refused {
                     format!("{why}; {CRIU_DIED}")
                 } else {
                     why
@@ -202,6 +204,9 @@ async fn spawn_log_relay(
 /// What a restore's error says when its CRIU ended without an error of its own (killed): the
 /// restore was cut short (see `SandboxError::interrupted`).
 pub(crate) const CRIU_DIED: &str = "CRIU ended with no error in its log (killed)";
+
+/// The last line of a restore CRIU itself gave up (`restore_root_task`'s failure path).
+const CRIU_RESTORE_FAILED: &str = "Restoring FAILED.";
 
 /// The `--work-path` of a runc command line.
 fn work_path(args: &[String]) -> Option<&Path> {
