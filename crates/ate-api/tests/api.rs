@@ -569,15 +569,6 @@ async fn epoch_mismatch_stays_resuming(b: Backend) {
     let err = t.resume("ns", "a").await.unwrap_err();
     assert_eq!(err.code(), Code::Unavailable);
     assert_eq!(state(&t.get("ns", "a").await), ActorState::Resuming);
-    // Transient node failure also leaves it RESUMING on the same worker.
-    node.set(NodeBehaviour::Fail(Code::Unavailable));
-    assert_eq!(
-        t.resume("ns", "a").await.unwrap_err().code(),
-        Code::Unavailable
-    );
-    let a = t.get("ns", "a").await;
-    assert_eq!(state(&a), ActorState::Resuming);
-    assert_eq!(a.worker_assignment.unwrap().worker_id, "w1");
     // Revert is refused while RESUMING.
     assert_eq!(
         t.actors()
@@ -590,6 +581,17 @@ async fn epoch_mismatch_stays_resuming(b: Backend) {
             .code(),
         Code::FailedPrecondition
     );
+    // A transient failure the node answered with (nothing of the resume runs there) releases
+    // the actor: SUSPENDED, no worker, no slot held while nobody asks again, the reason kept.
+    node.set(NodeBehaviour::Fail(Code::Unavailable));
+    assert_eq!(
+        t.resume("ns", "a").await.unwrap_err().code(),
+        Code::Unavailable
+    );
+    let a = t.get("ns", "a").await;
+    assert_eq!(state(&a), ActorState::Suspended);
+    assert!(a.worker_assignment.is_none(), "{a:?}");
+    assert!(a.last_error.contains("failed for now"), "{a:?}");
     node.set(NodeBehaviour::Ok);
     let r = t.resume("ns", "a").await.unwrap();
     assert!(r.resumed);

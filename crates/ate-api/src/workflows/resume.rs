@@ -242,7 +242,25 @@ impl Api {
                 .into());
             }
             Ok(Err(error)) if error.is_transient() => {
-                // The actor stays RESUMING on this worker; the next resume picks up there.
+                // The node answered: nothing of this resume runs there (a worker not registered
+                // on the node yet, a restore cut short and torn down). Released, so that an
+                // actor nobody asks for again holds no slot and is not left RESUMING; the next
+                // attempt places it afresh. The activation is kept: a copy reported later is
+                // re-adopted or discarded by reconciliation, as for an unreachable node.
+                let update = ActorUpdate::with_error(format!(
+                    "resume on worker {} failed for now ({}); tried again at the next request",
+                    worker.id, error.message
+                ));
+                self.store
+                    .release_actor(
+                        r,
+                        Transition::new(&[ActorState::Resuming], ActorState::Suspended)
+                            .with(update),
+                        None,
+                        now_ms(),
+                    )
+                    .await?;
+                tracing::warn!(actor = %r, worker = %worker.id, error = %error.message, "resume failed for now; released to resume at the next attempt");
                 return Err(worker_unavailable(&worker.id, &error).into());
             }
             Err(_) => {

@@ -98,6 +98,31 @@ impl Layout {
         }
     }
 
+    /// Whatever of the layout's actors is still on the host: containers runc lists, netns,
+    /// mounts and processes without one, and the actor's directory on each worker. For actors
+    /// that were deleted, all of it is left behind.
+    pub(super) async fn anything_left(&self) -> anyhow::Result<Vec<String>> {
+        let mut out = Vec::new();
+        for (worker, containers) in self.containers().await? {
+            for c in containers {
+                if let Some((_, actor)) = self.ids.get(&c.id) {
+                    out.push(format!(
+                        "container {} ({ATESPACE}/{actor}, {}) on {worker}",
+                        c.id, c.status
+                    ));
+                }
+            }
+        }
+        out.extend(self.orphans().await?);
+        for (worker, actor) in self.ids.values() {
+            let dir = actor_dir(&self.state, worker, ATESPACE, actor);
+            if dir.exists() {
+                out.push(format!("directory {}", dir.display()));
+            }
+        }
+        Ok(out)
+    }
+
     fn runc_root(&self, worker: &str) -> PathBuf {
         self.state.join("workers").join(worker).join("runc")
     }

@@ -164,6 +164,9 @@ async fn inject(
         Fault::KillInResume => {
             return super::inside::kill_in_resume(lab, load, actors, lab.trials, notes).await;
         }
+        Fault::KillInDelete => {
+            return super::inside::kill_in_delete(lab, lab.trials, notes).await;
+        }
     }
     Ok(Vec::new())
 }

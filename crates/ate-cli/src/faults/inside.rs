@@ -1,9 +1,10 @@
-//! Kills inside a suspend or a resume (`kill-in-suspend`, `kill-in-resume`): trials with random
-//! timing, each killing one process that the operation runs through — `runc`, `criu`, the page
-//! source of a lazy restore, the worker or the node agent — while it runs. Whatever dies and
-//! whenever, the actor must end RUNNING with its memory or SUSPENDED at its previous generation
-//! (the load client then resumes it): it must answer 200 again within [`STUCK_AFTER`], its count
-//! never going back (the row's state-lost check), with nothing left behind (the row's checks).
+//! Kills inside a suspend, a resume or a delete (`kill-in-suspend`, `kill-in-resume`,
+//! `kill-in-delete`): trials with random timing, each killing one process that the operation
+//! runs through — `runc`, `criu`, the page source of a lazy restore, the worker or the node
+//! agent — while it runs. Whatever dies and whenever, the actor must end RUNNING with its memory
+//! or SUSPENDED at its previous generation (the load client then resumes it): it must answer 200
+//! again within [`STUCK_AFTER`], its count never going back (the row's state-lost check), with
+//! nothing left behind (the row's checks). A deleted actor must be gone, sandbox and all.
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
@@ -69,6 +70,8 @@ pub(super) enum Target {
     RuncRestore,
     /// The `criu` that `runc restore` runs.
     CriuRestore,
+    /// `runc delete` of a stop.
+    RuncDelete,
     /// `ate page-source` of a lazy restore (it outlives the restore's start; killed early).
     PageSource,
     /// The worker holding the actor, a random moment after the operation began.
@@ -92,8 +95,11 @@ impl Target {
         Target::Node,
     ];
 
+    pub(super) const IN_DELETE: [Target; 3] = [Target::RuncDelete, Target::Worker, Target::Node];
+
     fn name(self) -> &'static str {
         match self {
+            Target::RuncDelete => "runc delete",
             Target::RuncCheckpoint => "runc checkpoint",
             Target::CriuDump => "criu (dump)",
             Target::RuncRestore => "runc restore",
@@ -109,6 +115,7 @@ impl Target {
     fn delay(self) -> Duration {
         let max_ms = match self {
             Target::RuncCheckpoint | Target::RuncRestore => 250,
+            Target::RuncDelete => 30,
             Target::CriuDump | Target::CriuRestore => 40,
             Target::PageSource => 150,
             Target::Worker | Target::Node => 500,
@@ -189,6 +196,7 @@ fn find(target: Target, up: i32) -> Option<i32> {
             Target::RuncRestore => runc(p, "restore"),
             Target::CriuDump => criu_of(p, "checkpoint"),
             Target::CriuRestore => criu_of(p, "restore"),
+            Target::RuncDelete => runc(p, "delete"),
             Target::PageSource => p.args.iter().any(|a| a == "page-source"),
             Target::Worker | Target::Node => false,
         })
@@ -363,6 +371,148 @@ pub(super) async fn kill_in_resume(
         .await?;
     }
     Ok(failed)
+}
+
+/// `kill-in-delete`: `trials` actors made for the trial, each resumed, then deleted with one of
+/// [`Target::IN_DELETE`] killed inside the delete. The delete is asked again until it succeeds
+/// (as a user would after an error); then the actor must be unknown to the api and nothing of it
+/// left on the host. Returns the failed expectations.
+pub(super) async fn kill_in_delete(
+    lab: &Lab,
+    trials: usize,
+    notes: &mut Vec<String>,
+) -> anyhow::Result<Vec<String>> {
+    let mut failed = Vec::new();
+    for trial in 0..trials {
+        let actor = format!("deleted-{trial}");
+        let target = Target::IN_DELETE[trial % Target::IN_DELETE.len()];
+        lab.create_actors(std::slice::from_ref(&actor)).await?;
+        if let Err(e) = resume(lab, &actor).await {
+            notes.push(format!("trial {trial}: could not resume {actor}: {e:#}"));
+            continue;
+        }
+        pace_component_kill(target).await;
+        let ((deleted, attempts), killed) = tokio::join!(
+            delete_until_done(lab, &actor),
+            kill_when_seen(lab, target, &actor)
+        );
+        if let Some(component) = killed.1 {
+            lab.component_pid(component)
+                .await
+                .with_context(|| format!("{} did not come back", target.name()))?;
+        }
+        let outcome = match deleted {
+            Ok(()) => format!("deleted ({attempts} asks)"),
+            Err(e) => {
+                failed.push(format!(
+                    "trial {trial} ({}): {actor} could not be deleted within {} s: {e:#}",
+                    target.name(),
+                    STUCK_AFTER.as_secs()
+                ));
+                format!("NOT DELETED: {}", first_line(&format!("{e:#}")))
+            }
+        };
+        if let Some(a) = get_actor(lab, &actor).await {
+            failed.push(format!(
+                "trial {trial}: {actor} still exists after its delete ({})",
+                a.state().as_str_name()
+            ));
+        }
+        // The node discards a copy the api no longer names when its worker registers again.
+        let layout = lab.layout(std::slice::from_ref(&actor));
+        let deadline = Instant::now() + STUCK_AFTER;
+        let left = loop {
+            let left = layout.anything_left().await?;
+            if left.is_empty() || Instant::now() >= deadline {
+                break left;
+            }
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        };
+        if !left.is_empty() {
+            failed.push(format!(
+                "trial {trial} ({}): left behind by the delete of {actor}: {}",
+                target.name(),
+                left.join("; ")
+            ));
+        }
+        notes.push(format!(
+            "trial {trial}: {actor}, {}; {outcome}; {}",
+            killed.0,
+            if left.is_empty() {
+                "nothing left".to_string()
+            } else {
+                format!("LEFT: {}", left.join("; "))
+            }
+        ));
+    }
+    Ok(failed)
+}
+
+/// Resumes `actor`, asking again after Unavailable for up to 20 s as the router would (a node
+/// agent restarted by the previous trial registers its workers again first), and waits until
+/// the api says it is RUNNING.
+async fn resume(lab: &Lab, actor: &str) -> anyhow::Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let mut actors = lab.api().await?.actors;
+        match actors
+            .resume_actor(v1::ResumeActorRequest {
+                actor: Some(object_ref(actor)),
+            })
+            .await
+        {
+            Ok(_) => break,
+            Err(s) if s.code() == tonic::Code::Unavailable && Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(250)).await;
+            }
+            Err(s) => anyhow::bail!("resume {actor}: {:?}: {}", s.code(), s.message()),
+        }
+    }
+    let state = lab.wait_state(actor, v1::ActorState::Running).await;
+    anyhow::ensure!(
+        state == v1::ActorState::Running.as_str_name(),
+        "{actor} is {state} after its resume"
+    );
+    Ok(())
+}
+
+/// Deletes `actor`, asking again after each error (the api or node restarting, the delete
+/// interrupted) until it succeeds or the actor is gone, for at most [`STUCK_AFTER`]. Returns
+/// the outcome and how many times it asked.
+async fn delete_until_done(lab: &Lab, actor: &str) -> (anyhow::Result<()>, u32) {
+    let deadline = Instant::now() + STUCK_AFTER;
+    let mut attempts = 0;
+    loop {
+        attempts += 1;
+        let result = async {
+            let mut actors = lab.api().await?.actors;
+            match actors
+                .delete_actor(v1::DeleteActorRequest {
+                    actor: Some(object_ref(actor)),
+                    // A running actor's sandbox is stopped (the trial made it for this).
+                    force: true,
+                })
+                .await
+            {
+                Ok(_) => Ok(()),
+                Err(s) if s.code() == tonic::Code::NotFound => Ok(()),
+                Err(s) => Err(anyhow::anyhow!("{:?}: {}", s.code(), s.message())),
+            }
+        }
+        .await;
+        match result {
+            Ok(()) => return (Ok(()), attempts),
+            Err(e) if Instant::now() >= deadline => return (Err(e), attempts),
+            Err(_) => tokio::time::sleep(Duration::from_millis(500)).await,
+        }
+    }
+}
+
+fn object_ref(actor: &str) -> v1::ObjectRef {
+    v1::ObjectRef {
+        atespace: ATESPACE.into(),
+        name: actor.into(),
+    }
 }
 
 /// After a trial's kill: the actor must answer 200 again (resumed by its load client if the

@@ -80,9 +80,9 @@ pub struct FaultsArgs {
     pg_bin: PathBuf,
     /// Trials of each repeated fault. `kill-up-overlap` (default 4): each with its own delay
     /// before the new `ate up`, 0, 0.3, 1.5 and 5 s first, then drawn uniformly from 0–5 s.
-    /// `kill-in-suspend`, `kill-in-resume` (default 12 each): each kills one process of the
-    /// operation (runc, criu, the page source, the worker, the node agent, in turn) at a random
-    /// moment.
+    /// `kill-in-suspend`, `kill-in-resume`, `kill-in-delete` (default 12 each): each kills one
+    /// process of the operation (runc, criu, the page source, the worker, the node agent, in
+    /// turn) at a random moment.
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
     trials: Option<u32>,
     /// Seed of the random delays of `kill-up-overlap` trials past the fourth (default: from the
@@ -154,6 +154,12 @@ pub enum Fault {
     /// the node agent killed (in turn) at a random moment inside it.
     #[value(name = "kill-in-resume")]
     KillInResume,
+    /// `--trials` deletes of actors made for the trial, each with `runc delete`, the worker or
+    /// the node agent killed (in turn) at a random moment inside it; the delete is asked again
+    /// until it succeeds, as a user would. Not in `--short` (the worker and node kills are spaced
+    /// 32 s apart).
+    #[value(name = "kill-in-delete")]
+    KillInDelete,
     /// SIGSTOP of `ate worker --id worker-1` for 30 s, well beyond the api's worker expiry
     /// (12 s) and the router's assignment cache (5 s), while its sandboxes keep running. Only
     /// with `--only`: not part of the suites.
@@ -167,7 +173,7 @@ pub enum Fault {
 }
 
 impl Fault {
-    const ALL: [Fault; 15] = [
+    const ALL: [Fault; 16] = [
         Fault::KillWorker,
         Fault::KillNode,
         Fault::KillApi,
@@ -181,6 +187,7 @@ impl Fault {
         Fault::SnapshotDiskFull,
         Fault::KillInSuspend,
         Fault::KillInResume,
+        Fault::KillInDelete,
         Fault::WorkerStop30s,
         Fault::WorkerDown20s,
     ];
@@ -200,6 +207,7 @@ impl Fault {
             Fault::SnapshotDiskFull => "snapshot-disk-full",
             Fault::KillInSuspend => "kill-in-suspend",
             Fault::KillInResume => "kill-in-resume",
+            Fault::KillInDelete => "kill-in-delete",
             Fault::WorkerStop30s => "worker-stop-30s",
             Fault::WorkerDown20s => "worker-down-20s",
         }
@@ -213,7 +221,11 @@ impl Fault {
     fn in_short_suite(self) -> bool {
         !matches!(
             self,
-            Fault::ApiDown15s | Fault::StoreDown60s | Fault::WorkerStop30s | Fault::WorkerDown20s
+            Fault::ApiDown15s
+                | Fault::StoreDown60s
+                | Fault::KillInDelete
+                | Fault::WorkerStop30s
+                | Fault::WorkerDown20s
         )
     }
 
@@ -491,8 +503,8 @@ mod tests {
             names(&["--only", "restart-up,kill-api"]),
             ["kill-api", "restart-up"]
         );
-        assert_eq!(names(&[]).len(), 11);
-        assert_eq!(names(&["--private-postgres"]).len(), 13);
+        assert_eq!(names(&[]).len(), 12);
+        assert_eq!(names(&["--private-postgres"]).len(), 14);
         assert_eq!(names(&["--only", "worker-stop-30s"]), ["worker-stop-30s"]);
         assert!(names(&["--only", "store-down-12s"]).is_empty());
     }
