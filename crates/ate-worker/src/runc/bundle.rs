@@ -214,6 +214,7 @@ fn in_own_userns(config: &mut serde_json::Value, actor: &ActorSandbox, base: u32
                     crate::netns::link_batch(&addr, !crate::netns::dummy_links()),
                     crate::netns::link_batch(&addr, true),
                 ],
+                "env": ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"],
                 "timeout": 10,
             }]}),
         );
