@@ -424,10 +424,10 @@ pub fn images_for_range(image_dir: &Path, scratch: &Path, base: u32) -> Result<(
                     message: "unreadable CRIU userns image".to_string(),
                 })?;
             std::fs::write(&dst, out).ctx(|| format!("write {}", dst.display()))?;
-        } else if e.file_type().is_ok_and(|t| t.is_file()) {
-            if std::fs::hard_link(&src, &dst).is_err() {
-                std::fs::copy(&src, &dst).ctx(|| format!("copy {}", src.display()))?;
-            }
+        } else if e.file_type().is_ok_and(|t| t.is_file())
+            && std::fs::hard_link(&src, &dst).is_err()
+        {
+            std::fs::copy(&src, &dst).ctx(|| format!("copy {}", src.display()))?;
         }
     }
     nix::unistd::chown(scratch, None, Some(nix::unistd::Gid::from_raw(base)))

@@ -185,6 +185,15 @@ impl Drop for Env {
         for p in points {
             let _ = nix::mount::umount2(&p, nix::mount::MntFlags::MNT_DETACH);
         }
+        // User namespace range claims held by this test's actors (node-wide claims dir).
+        if let Ok(claims) = std::fs::read_dir(ate_worker::runc::userns::DEFAULT_CLAIMS_DIR) {
+            for c in claims.flatten() {
+                if std::fs::read_to_string(c.path()).is_ok_and(|o| Path::new(&o).starts_with(&here))
+                {
+                    let _ = std::fs::remove_file(c.path());
+                }
+            }
+        }
     }
 }
 
