@@ -130,7 +130,13 @@ pub struct WorkerConfig {
     /// of its own; issue 30). `false` (`--userns=false`, `ATE_USERNS=0`) for comparison
     /// benches. Restores follow the generation either way: one dumped in a user namespace is
     /// restored in one, an older one without.
-    #[arg(long, env = "ATE_USERNS", default_value_t = true, action = clap::ArgAction::Set)]
+    #[arg(
+        long,
+        env = "ATE_USERNS",
+        default_value_t = true,
+        action = clap::ArgAction::Set,
+        value_parser = clap::builder::BoolishValueParser::new()
+    )]
     pub userns: bool,
 
     /// Node-wide directory of user namespace range claims (every worker on the node must use
