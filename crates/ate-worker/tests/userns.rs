@@ -282,3 +282,76 @@ async fn actors_are_unprivileged_on_the_host_and_apart_from_each_other() {
     );
     env.assert_clean();
 }
+
+/// A generation written before user namespaces (no `userns-*.img`) is restored without one by a
+/// worker in user-namespace mode (memory and files intact, as before), and the next fresh run
+/// of that actor gets its own user namespace.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_generation_dumped_without_a_user_namespace_restores_without_one() {
+    let mut env = Env::new();
+    let claims = env.path().join("userns-ranges");
+    let state = env.state_dir();
+    let config = |userns| RuncConfig {
+        userns,
+        userns_claims_dir: claims.clone(),
+        ..RuncConfig::new(&state)
+    };
+    let before = RuncRuntime::new(config(false)).await.expect("runtime");
+    let spec = counter_spec(&env).await;
+    let a = env.actor("unold", "uid-a");
+    let started = before
+        .run(&a, &spec, RunMode::KeepRootfs)
+        .await
+        .expect("run without a user namespace");
+    probe::wait_ready(&a.netns(), 80, "/healthz", PROBE_TIMEOUT)
+        .await
+        .expect("ready");
+    let (_, body) = get(&a, "/").await;
+    assert!(body.contains("preserved memory count: 1"), "{body}");
+    let status = std::fs::read_to_string(format!("/proc/{}/status", started.pid.expect("pid")))
+        .expect("status");
+    assert!(
+        status
+            .lines()
+            .any(|l| l.starts_with("Uid:") && l.split_whitespace().nth(1) == Some("0")),
+        "without a user namespace the actor's root is host root"
+    );
+    let images = env.path().join("checkpoint-old");
+    before.checkpoint(&a, &images).await.expect("checkpoint");
+    assert!(!userns::image_has_userns(&images));
+    drop(before);
+
+    let after = RuncRuntime::new(config(true)).await.expect("runtime");
+    let restored = after.restore(&a, &spec, &images).await.expect("restore");
+    probe::wait_ready(&a.netns(), 80, "/healthz", PROBE_TIMEOUT)
+        .await
+        .expect("restored ready");
+    let (_, body) = get(&a, "/").await;
+    assert!(
+        body.contains("preserved memory count: 2") && body.contains("preserved file counter: 2"),
+        "{body}"
+    );
+    assert!(
+        userns::recorded_base(&a.dir).is_none(),
+        "restored in a userns"
+    );
+    let _ = restored;
+    // A fresh run now: its own user namespace, the files written without one still readable.
+    after.stop(&a).await.expect("stop");
+    let fresh = after
+        .run(&a, &spec, RunMode::KeepRootfs)
+        .await
+        .expect("run in a user namespace");
+    probe::wait_ready(&a.netns(), 80, "/healthz", PROBE_TIMEOUT)
+        .await
+        .expect("ready");
+    let base = userns::recorded_base(&a.dir).expect("range");
+    assert_ids_in_range(fresh.pid.expect("pid"), base);
+    let (_, body) = get(&a, "/").await;
+    assert!(
+        body.contains("preserved memory count: 1") && body.contains("preserved file counter: 3"),
+        "{body}"
+    );
+    after.stop(&a).await.expect("stop");
+    env.assert_clean();
+}
