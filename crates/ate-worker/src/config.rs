@@ -126,6 +126,24 @@ pub struct WorkerConfig {
     #[arg(long, env = "ATE_SPARE_NETNS", default_value_t = crate::netns_pool::DEFAULT_SPARE_NETNS)]
     pub spare_netns: usize,
 
+    /// Run each new sandbox in its own user namespace (uid/gid 0–65535 inside = a host range
+    /// of its own; issue 30). `false` (`--userns=false`, `ATE_USERNS=0`) for comparison
+    /// benches. Restores follow the generation either way: one dumped in a user namespace is
+    /// restored in one, an older one without.
+    #[arg(
+        long,
+        env = "ATE_USERNS",
+        default_value_t = true,
+        action = clap::ArgAction::Set,
+        value_parser = clap::builder::BoolishValueParser::new()
+    )]
+    pub userns: bool,
+
+    /// Node-wide directory of user namespace range claims (every worker on the node must use
+    /// the same one).
+    #[arg(long, env = "ATE_USERNS_CLAIMS_DIR", default_value = crate::runc::userns::DEFAULT_CLAIMS_DIR)]
+    pub userns_claims_dir: PathBuf,
+
     /// Stop every sandbox an earlier process of this worker id left running under the state
     /// dir (no snapshot), remove their netns, mounts and directories, and exit. For operators
     /// retiring a worker whose actors were already moved, and for test clean-up; a worker
@@ -165,6 +183,8 @@ impl WorkerConfig {
             frozen_ttl_seconds: 300,
             frozen_min_available_percent: 25,
             spare_netns: crate::netns_pool::DEFAULT_SPARE_NETNS,
+            userns: crate::runc::userns::enabled_by_default(),
+            userns_claims_dir: PathBuf::from(crate::runc::userns::DEFAULT_CLAIMS_DIR),
             remove_leftovers: false,
             tls: ate_tls::TlsArgs::default(),
             faults: Arc::default(),

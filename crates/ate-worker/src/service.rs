@@ -287,6 +287,8 @@ pub async fn run_locked(
             .log_relay
             .clone()
             .unwrap_or_else(|| defaults.log_relay.clone()),
+        userns: config.userns,
+        userns_claims_dir: config.userns_claims_dir.clone(),
         ..defaults
     })
     .await?;

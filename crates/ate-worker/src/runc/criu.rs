@@ -99,6 +99,11 @@ impl RuncRuntime {
         if keep_frozen {
             args.push("--leave-running");
         }
+        if super::userns::recorded_base(&actor.dir).is_some() {
+            // The netns is runc's (owned by the actor's user namespace): its links, addresses
+            // and egress rules are made again from outside at restore (see `userns`).
+            args.extend(["--empty-ns", "network"]);
+        }
         args.extend(["--image-path", &image, "--work-path", &work_s, &id]);
         // A CRIU killed in the middle leaves runc waiting for an answer that never comes:
         // ended when its CRIU is gone.
@@ -166,8 +171,28 @@ impl RuncRuntime {
         let begun = Instant::now();
         self.teardown(actor).await?;
         let mut page_source = None;
+        // The generation decides: dumped in a user namespace, restored in one (a generation
+        // written before user namespaces is restored without).
+        let in_userns = super::userns::image_has_userns(image_dir);
+        if in_userns && lazy.is_some() && !super::userns::unprivileged_userfaultfd() {
+            return Err(SandboxError::Unsupported(
+                "lazy restore of a sandbox in a user namespace needs vm.unprivileged_userfaultfd=1 \
+                 (CRIU opens the userfaultfd from the restored task, inside the user namespace)"
+                    .to_string(),
+            ));
+        }
+        let scratch_images = actor.dir.join("criu-images");
         let result = async {
-            self.prepare(actor, spec, false, true).await?;
+            let base = self.prepare(actor, spec, false, true, in_userns).await?;
+            let image_dir = match base {
+                Some(base) => {
+                    // CRIU gives the new user namespace the mapping it dumped: restore from a
+                    // copy whose userns image maps the range claimed now.
+                    super::userns::images_for_range(image_dir, &scratch_images, base)?;
+                    scratch_images.as_path()
+                }
+                None => image_dir,
+            };
             let prepared = begun.elapsed();
             let work = actor.dir.join("criu-restore");
             remove_dir_if_exists(&work).await?;
@@ -176,6 +201,9 @@ impl RuncRuntime {
                 .ctx(|| format!("create {}", work.display()))?;
             remove_file_if_exists(&pid_file(actor)).await?;
             let mut args = vec!["restore".to_string(), "-d".to_string()];
+            if base.is_some() {
+                args.extend(["--empty-ns".to_string(), "network".to_string()]);
+            }
             if let Some((generation_dir, command)) = lazy {
                 // CRIU connects to `lazy-pages.socket` in its work dir: the source listens first.
                 page_source = Some(PageSource::start(command, generation_dir, &work).await?);
@@ -208,6 +236,7 @@ impl RuncRuntime {
             started
         }
         .await;
+        let _ = remove_dir_if_exists(&scratch_images).await;
         match result {
             Ok(started) => Ok((started, page_source)),
             Err(e) => {

@@ -19,6 +19,7 @@ mod mounts;
 mod oci;
 mod spawn;
 mod teardown;
+pub mod userns;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -66,6 +67,11 @@ pub struct RuncConfig {
     /// pipe on stdin, appends to the log on stdout. `ate worker` uses `ate log-relay`, which
     /// stamps each line with its time; plain `cat` (the default) does not.
     pub log_relay: Vec<String>,
+    /// Every new sandbox in its own user namespace (issue 30; see [`userns`]). Restores follow
+    /// the generation: one dumped in a user namespace is restored in one, an older one without.
+    pub userns: bool,
+    /// Node-wide dir of user namespace range claims, shared by every worker on the node.
+    pub userns_claims_dir: PathBuf,
 }
 
 impl RuncConfig {
@@ -76,6 +82,8 @@ impl RuncConfig {
             criu: None,
             spare_netns: crate::netns_pool::DEFAULT_SPARE_NETNS,
             log_relay: vec!["cat".to_string()],
+            userns: userns::enabled_by_default(),
+            userns_claims_dir: PathBuf::from(userns::DEFAULT_CLAIMS_DIR),
         }
     }
 }
@@ -99,6 +107,10 @@ pub struct RuncRuntime {
     relays: Mutex<HashMap<String, tokio::process::Child>>,
     /// Ready network namespaces, named for an actor in `prepare`.
     netns_pool: NetnsPool,
+    /// See [`RuncConfig::userns`].
+    userns: bool,
+    /// See [`RuncConfig::userns_claims_dir`].
+    userns_claims: PathBuf,
 }
 
 impl std::fmt::Debug for RuncRuntime {
@@ -174,7 +186,10 @@ impl RuncRuntime {
             locks: Mutex::new(HashMap::new()),
             inits: Inits::new(),
             relays: Mutex::new(HashMap::new()),
-            netns_pool: NetnsPool::new(config.spare_netns),
+            // A sandbox in a user namespace gets its netns from runc (see `userns`): no spares.
+            netns_pool: NetnsPool::new(if config.userns { 0 } else { config.spare_netns }),
+            userns: config.userns,
+            userns_claims: config.userns_claims_dir.clone(),
         })
     }
 
@@ -247,7 +262,10 @@ impl SandboxRuntime for RuncRuntime {
         Capabilities {
             can_restore_memory: self.criu.is_some(),
             can_keep_frozen: self.criu.is_some(),
-            can_restore_lazily: self.lazy_pages,
+            // CRIU's lazy restore opens its userfaultfd from the restored task, inside the
+            // actor's user namespace: only with `vm.unprivileged_userfaultfd = 1`.
+            can_restore_lazily: self.lazy_pages
+                && (!self.userns || userns::unprivileged_userfaultfd()),
             sandbox_class: SANDBOX_CLASS.to_string(),
         }
     }
@@ -263,8 +281,14 @@ impl SandboxRuntime for RuncRuntime {
         let begun = Instant::now();
         self.teardown(actor).await?;
         let result = async {
-            self.prepare(actor, spec, mode == RunMode::FreshRootfs, false)
-                .await?;
+            self.prepare(
+                actor,
+                spec,
+                mode == RunMode::FreshRootfs,
+                false,
+                self.userns,
+            )
+            .await?;
             let bundle = actor.dir.to_string_lossy().into_owned();
             remove_file_if_exists(&pid_file(actor)).await?;
             self.spawn_detached(

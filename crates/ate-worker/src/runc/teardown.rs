@@ -87,6 +87,9 @@ impl RuncRuntime {
                 unmount_if_mounted(&d.path().join("rootfs"))?;
             }
         }
+        // The idmapped clones under the overlays (sandboxes in a user namespace), then the range.
+        unmount_below(&actor.dir.join(super::userns::IDMAP_DIR));
+        super::userns::release(&self.userns_claims, &actor.dir);
         netns::delete(&actor.netns()).await?;
         remove_cgroups(&actor.short_id());
         Ok(())

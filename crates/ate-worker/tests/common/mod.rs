@@ -171,6 +171,29 @@ impl Drop for Env {
                 let _ = Command::new("ip").args(["netns", "delete", n]).output();
             }
         }
+        // Whatever is still mounted under the test dir (idmapped clones, sidecar overlays),
+        // deepest first.
+        let here = self.path().to_path_buf();
+        let mut points: Vec<PathBuf> = std::fs::read_to_string("/proc/self/mountinfo")
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| l.split(' ').nth(4))
+            .map(PathBuf::from)
+            .filter(|p| p.starts_with(&here))
+            .collect();
+        points.sort_by_key(|p| std::cmp::Reverse(p.components().count()));
+        for p in points {
+            let _ = nix::mount::umount2(&p, nix::mount::MntFlags::MNT_DETACH);
+        }
+        // User namespace range claims held by this test's actors (node-wide claims dir).
+        if let Ok(claims) = std::fs::read_dir(ate_worker::runc::userns::DEFAULT_CLAIMS_DIR) {
+            for c in claims.flatten() {
+                if std::fs::read_to_string(c.path()).is_ok_and(|o| Path::new(&o).starts_with(&here))
+                {
+                    let _ = std::fs::remove_file(c.path());
+                }
+            }
+        }
     }
 }
 
