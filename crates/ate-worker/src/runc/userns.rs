@@ -55,7 +55,7 @@ pub const IDMAP_DIR: &str = "idmap";
 
 /// The default of the worker's `--userns`: on, unless `ATE_USERNS` is `0` or `false`.
 pub fn enabled_by_default() -> bool {
-    std::env::var("ATE_USERNS").map_or(true, |v| v != "0" && v != "false")
+    std::env::var("ATE_USERNS").is_ok_and(|v| matches!(v.as_str(), "1" | "true" | "yes"))
 }
 
 /// Host id of range `index`'s root.
