@@ -287,6 +287,7 @@ pub async fn run_locked(
             .log_relay
             .clone()
             .unwrap_or_else(|| defaults.log_relay.clone()),
+        criu: config.criu.clone().or(defaults.criu.clone()),
         ..defaults
     })
     .await?;
