@@ -198,6 +198,7 @@ pub fn worker(w: &WorkerRecord) -> v1::Worker {
         last_heartbeat_unix_ms: w.last_heartbeat_ms,
         node_address: w.node_address.clone(),
         boot_id: w.boot_id.clone(),
+        capabilities: ate_core::capability::offered(&w.capabilities, w.can_restore_memory),
     }
 }
 
@@ -229,6 +230,8 @@ pub fn snapshot_from_wire(
         local_damage: None,
         durable_damage: None,
         skipped: false,
+        // Set by the suspend from the capturing worker's capabilities.
+        requires: Vec::new(),
     })
 }
 

@@ -27,6 +27,18 @@ pub enum WorkflowError {
     /// No worker has room for the actor (the router parks on it).
     #[error("{NO_ROOM_MESSAGE}")]
     NoRoom,
+    /// No worker that could otherwise host the actor can restore everything its newest
+    /// generation holds: it is not placed (ResourceExhausted, so the router parks) rather than
+    /// restored at a lower fidelity. The spec's text first, then the missing capabilities.
+    #[error(
+        "{NO_ROOM_MESSAGE}: no worker offers {} that generation {generation} needs to restore its {fidelity} snapshot (it is kept; a worker with them resumes it)",
+        .missing.join(", ")
+    )]
+    NoCapableWorker {
+        missing: Vec<String>,
+        generation: u64,
+        fidelity: ate_core::Fidelity,
+    },
     /// A node call failed transiently: the actor stays where it is, and the caller may retry.
     #[error("worker {worker_id} unavailable: {reason}")]
     WorkerUnavailable { worker_id: String, reason: String },
@@ -74,7 +86,7 @@ impl WorkflowError {
             | WorkflowError::Busy { .. }
             | WorkflowError::FailedPrecondition(_) => ErrorKind::FailedPrecondition,
             WorkflowError::LeaseHeld(_) => ErrorKind::Aborted,
-            WorkflowError::NoRoom => ErrorKind::NoRoom,
+            WorkflowError::NoRoom | WorkflowError::NoCapableWorker { .. } => ErrorKind::NoRoom,
             WorkflowError::WorkerUnavailable { .. } | WorkflowError::Unavailable(_) => {
                 ErrorKind::Unavailable
             }

@@ -13,7 +13,8 @@ pub mod authz;
 pub mod convert;
 pub mod error;
 pub mod join;
-pub mod jwt;
+/// Bearer-token verification (the `ate-jwt` crate, shared with the router's JWT mode).
+pub use ate_jwt as jwt;
 pub mod lease;
 pub mod metrics;
 pub mod node;

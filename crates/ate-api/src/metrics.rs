@@ -22,6 +22,9 @@ pub const SUSPEND_SECONDS: &str = "ate_api_suspend_seconds";
 pub const ADMISSION_WAITERS: &str = "ate_api_admission_waiters";
 /// Placements held back so that older waiting resumes get the room first.
 pub const ADMISSION_DEFERRED: &str = "ate_api_admission_deferred_total";
+/// Resumes not placed because no worker offers the restore capabilities their newest generation
+/// needs (e.g. `memory:criu` for a memory snapshot).
+pub const NO_CAPABLE_WORKER: &str = "ate_api_no_capable_worker_total";
 /// Workers in the fleet by `status` (`active`, `gone`), as of the api's last fleet read.
 pub const FLEET_WORKERS: &str = "ate_api_fleet_workers";
 /// Actor slots of the active workers, and those assigned.
@@ -33,6 +36,11 @@ pub const WARM_OUTCOME: &str = "already_running";
 
 /// Every series of the api with its help text (`# HELP` / `# TYPE` on `/metrics`).
 pub fn describe() {
+    metrics::describe_counter!(
+        NO_CAPABLE_WORKER,
+        Unit::Count,
+        "Resumes answered ResourceExhausted because no worker offers the restore capabilities the newest generation needs (it is kept, never restored at a lower fidelity)."
+    );
     metrics::describe_counter!(
         RESUME_TOTAL,
         Unit::Count,

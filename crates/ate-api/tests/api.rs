@@ -690,16 +690,81 @@ async fn restore_fidelity(b: Backend) {
         assert_eq!(r.snapshot.as_ref().unwrap().generation, 1);
     }
     t.suspend("ns", "a").await.unwrap();
-    // A worker that cannot restore memory gets ROOTFS.
+    let restored_before = node.calls().restores.lock().unwrap().len();
+    // The only worker comes back without CRIU: the memory snapshot is not restored at ROOTFS
+    // there; the resume is refused with ResourceExhausted (the router parks) naming the
+    // missing capability, and the generation is kept.
     t.register_with(&node, "w1", 2, false, Default::default())
         .await;
+    for _ in 0..2 {
+        let err = t.resume("ns", "a").await.unwrap_err();
+        assert_eq!(err.code(), Code::ResourceExhausted, "{err:?}");
+        assert!(
+            err.message().starts_with(NO_ROOM_MESSAGE)
+                && err.message().contains("memory:criu")
+                && err.message().contains("generation 2"),
+            "{}",
+            err.message()
+        );
+    }
+    assert_eq!(
+        node.calls().restores.lock().unwrap().len(),
+        restored_before,
+        "nothing was restored"
+    );
+    let a = t.get("ns", "a").await;
+    assert_eq!(state(&a), ActorState::Suspended);
+    assert_eq!(a.generation, 2);
+    let w = &t
+        .fleet()
+        .list_workers(ListWorkersRequest {})
+        .await
+        .unwrap()
+        .into_inner()
+        .workers[0];
+    assert_eq!(w.capabilities, ["userns:off"]);
+    assert_eq!(w.used.unwrap().actor_slots, 0, "no capacity held");
+    // CRIU is back: the same generation restores with its memory.
+    t.register(&node, "w1", 2).await;
     t.resume("ns", "a").await.unwrap();
     let restores = node.calls().restores.lock().unwrap();
     let r = restores.last().unwrap();
-    assert_eq!(r.fidelity, Fidelity::Rootfs as i32);
+    assert_eq!(r.fidelity, Fidelity::Memory as i32);
     assert_eq!(r.snapshot.as_ref().unwrap().generation, 2);
 }
 both_stores!(fidelity, restore_fidelity);
+
+/// A memory generation records the capabilities its restore needs, from the worker that wrote
+/// it: one dumped in a user namespace (`userns:on`) is placed only on a worker in that mode.
+async fn memory_generation_needs_its_user_namespace_mode(b: Backend) {
+    let t = TestApi::start(b, cfg()).await;
+    let node = TestNode::start("node-1").await;
+    let caps = |list: &[&str]| list.iter().map(|c| c.to_string()).collect::<Vec<_>>();
+    t.register_caps(&node, "w1", 2, caps(&["memory:criu", "userns:on"]))
+        .await;
+    t.seed("ns").await;
+    t.create_actor("ns", "a").await;
+    t.resume("ns", "a").await.unwrap();
+    t.suspend("ns", "a").await.unwrap();
+    // The worker is replaced by one without user namespaces (CRIU still there).
+    t.register_caps(&node, "w1", 2, caps(&["memory:criu", "userns:off"]))
+        .await;
+    let err = t.resume("ns", "a").await.unwrap_err();
+    assert_eq!(err.code(), Code::ResourceExhausted);
+    assert!(
+        err.message().contains("userns:on") && !err.message().contains("memory:criu"),
+        "{}",
+        err.message()
+    );
+    // A second worker in the right mode takes it, with its memory.
+    t.register_caps(&node, "w2", 2, caps(&["memory:criu", "userns:on"]))
+        .await;
+    let r = t.resume("ns", "a").await.unwrap();
+    assert_eq!(r.actor.unwrap().worker_assignment.unwrap().worker_id, "w2");
+    let restores = node.calls().restores.lock().unwrap();
+    assert_eq!(restores.last().unwrap().fidelity, Fidelity::Memory as i32);
+}
+both_stores!(userns_mode, memory_generation_needs_its_user_namespace_mode);
 
 async fn attached_to_full_node_detaches(b: Backend) {
     let t = TestApi::start(b, cfg()).await;

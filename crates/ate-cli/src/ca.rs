@@ -23,7 +23,8 @@ pub enum CaCmd {
         /// The CA directory (`ate ca init`).
         #[arg(long)]
         dir: PathBuf,
-        /// api, router or admin.
+        /// api, router, admin, or ingress-client (`…/ns/ate-system/sa/atenet-client`, the
+        /// identity the router's --ingress-allowed-spiffe-ids admits by default).
         #[arg(long, value_enum)]
         identity: Identity,
         #[arg(long)]
@@ -37,11 +38,16 @@ pub enum CaCmd {
     },
 }
 
+/// The service account of ingress clients in the spec's default allow-list
+/// (`spiffe://cluster.local/ns/ate-system/sa/atenet-client`).
+const INGRESS_CLIENT_SA: &str = "atenet-client";
+
 #[derive(clap::ValueEnum, Clone, Copy, Debug)]
 pub enum Identity {
     Api,
     Router,
     Admin,
+    IngressClient,
 }
 
 pub fn run(cmd: CaCmd) -> anyhow::Result<ExitCode> {
@@ -71,6 +77,9 @@ pub fn run(cmd: CaCmd) -> anyhow::Result<ExitCode> {
                 Identity::Api => ate_tls::SpiffeId::api(&td)?,
                 Identity::Router => ate_tls::SpiffeId::router(&td)?,
                 Identity::Admin => ate_tls::SpiffeId::admin(&td)?,
+                Identity::IngressClient => {
+                    ate_tls::SpiffeId::new(&td, ate_tls::SYSTEM_NAMESPACE, INGRESS_CLIENT_SA)?
+                }
             };
             let mut req = ate_tls::SvidRequest::new(id.clone()).lifetime(lifetime);
             for san in &sans {

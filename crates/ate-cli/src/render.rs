@@ -62,6 +62,9 @@ pub struct WorkerView {
     pub addresses: Vec<String>,
     pub sandbox_class: String,
     pub can_restore_memory: bool,
+    /// Restore capabilities (`memory:criu`, `userns:off`, …): what the scheduler matches
+    /// against what an actor's newest generation needs.
+    pub capabilities: Vec<String>,
     pub slots_used: u32,
     pub slots: u32,
     pub cpu_millis_used: u32,
@@ -82,6 +85,7 @@ impl From<&v1::Worker> for WorkerView {
             addresses: w.addresses.clone(),
             sandbox_class: w.sandbox_class.clone(),
             can_restore_memory: w.can_restore_memory,
+            capabilities: w.capabilities.clone(),
             slots_used: used.actor_slots,
             slots: cap.actor_slots,
             cpu_millis_used: used.cpu_millis,

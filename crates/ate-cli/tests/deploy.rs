@@ -431,6 +431,34 @@ fn overlays_and_workloads_keep_the_documented_shape() {
     for probe in ["readinessProbe", "livenessProbe"] {
         assert_eq!(api["containers"][0][probe]["httpGet"]["path"], "/healthz");
     }
+    // The router's ingress is TLS with the spec's client allow-list (issue 30, item 5); its
+    // plain listener stays on the pod's loopback, and the Service exposes only the TLS port.
+    let router = &find("ate-router")["containers"][0];
+    let args: Vec<&str> = router["args"]
+        .as_array()
+        .map(|a| a.iter().filter_map(Value::as_str).collect())
+        .unwrap_or_default();
+    assert!(
+        args.contains(
+            &"--ingress-allowed-spiffe-ids=spiffe://cluster.local/ns/ate-system/sa/atenet-client"
+        ) && args.iter().any(|a| a.starts_with("--tls-listen=")),
+        "router args: {args:?}"
+    );
+    assert!(
+        args.iter()
+            .filter(|a| a.starts_with("--listen="))
+            .all(|a| a.starts_with("--listen=127.0.0.1:")),
+        "the plain listener stays on loopback: {args:?}"
+    );
+    let service = base
+        .iter()
+        .find(|d| d["kind"] == "Service" && d["metadata"]["name"] == "ate-router")
+        .expect("Service ate-router");
+    let targets: Vec<&str> = service["spec"]["ports"]
+        .as_array()
+        .map(|ps| ps.iter().filter_map(|p| p["targetPort"].as_str()).collect())
+        .unwrap_or_default();
+    assert_eq!(targets, ["https", "metrics"], "{service}");
 }
 
 /// Renders both overlays with `kubectl kustomize` (when kubectl is installed) and validates the

@@ -3,6 +3,7 @@
 //! decision. This crate performs no I/O.
 
 pub mod backoff;
+pub mod capability;
 pub mod clock;
 pub mod duration;
 pub mod handoff;

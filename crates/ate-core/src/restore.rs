@@ -19,21 +19,16 @@ pub struct SnapshotFacts<'a> {
     pub template: &'a str,
 }
 
-/// Newest usable generation → Restore; captured under another template → VOLUMES;
-/// worker cannot restore memory → ROOTFS (never raising fidelity); else the snapshot's own.
-pub fn decide(
-    snapshot: Option<SnapshotFacts<'_>>,
-    actor_template: &str,
-    worker_can_restore_memory: bool,
-) -> RestorePlan {
+/// Newest usable generation → Restore; captured under another template → VOLUMES; else the
+/// snapshot's own fidelity. Never lower for want of a capability: the scheduler places an actor
+/// only on a worker that can restore everything its generation holds (`crate::capability`), and
+/// parks it (ResourceExhausted) when there is none, so memory is never dropped by placement.
+pub fn decide(snapshot: Option<SnapshotFacts<'_>>, actor_template: &str) -> RestorePlan {
     let Some(snap) = snapshot else {
         return RestorePlan::Run;
     };
     if snap.template != actor_template {
         return RestorePlan::Restore(Fidelity::Volumes);
-    }
-    if !worker_can_restore_memory {
-        return RestorePlan::Restore(snap.fidelity.min(Fidelity::Rootfs));
     }
     RestorePlan::Restore(snap.fidelity)
 }
@@ -48,17 +43,14 @@ mod tests {
             fidelity: Fidelity::Memory,
             template: "ns/t",
         };
-        assert_eq!(decide(None, "ns/t", true), RestorePlan::Run);
+        assert_eq!(decide(None, "ns/t"), RestorePlan::Run);
         assert_eq!(
-            decide(Some(mem), "ns/other", true),
+            decide(Some(mem), "ns/other"),
             RestorePlan::Restore(Fidelity::Volumes)
         );
+        // A memory snapshot restores at MEMORY: never lowered to ROOTFS.
         assert_eq!(
-            decide(Some(mem), "ns/t", false),
-            RestorePlan::Restore(Fidelity::Rootfs)
-        );
-        assert_eq!(
-            decide(Some(mem), "ns/t", true),
+            decide(Some(mem), "ns/t"),
             RestorePlan::Restore(Fidelity::Memory)
         );
         let vol = SnapshotFacts {
@@ -66,7 +58,7 @@ mod tests {
             template: "ns/t",
         };
         assert_eq!(
-            decide(Some(vol), "ns/t", false),
+            decide(Some(vol), "ns/t"),
             RestorePlan::Restore(Fidelity::Volumes)
         );
     }

@@ -100,6 +100,7 @@ impl ApiClient {
             last_heartbeat_unix_ms: 0,
             node_address: r.node_address.to_string(),
             boot_id: r.boot_id.to_string(),
+            capabilities: info.capabilities.clone(),
         };
         let held = r
             .held

@@ -37,6 +37,8 @@ pub struct WorkerInfo {
     pub identity: String,
     /// Restores memory lazily: it can restore from a generation downloaded for a lazy restore.
     pub can_restore_lazily: bool,
+    /// Restore capabilities (`memory:criu`, `userns:off`, …), passed on to the api.
+    pub capabilities: Vec<String>,
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -129,6 +131,7 @@ impl WorkerClient {
             can_restore_memory: i.can_restore_memory,
             identity: i.identity,
             can_restore_lazily: i.can_restore_lazily,
+            capabilities: i.capabilities,
         })
     }
 

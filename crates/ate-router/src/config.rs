@@ -42,9 +42,44 @@ pub struct RouterConfig {
     pub tls_listen: Option<SocketAddr>,
 
     /// SPIFFE IDs (comma-separated) whose client certificates `--tls-listen` admits; checked in
-    /// the handshake. Unset: clients present no certificate.
+    /// the handshake (a certificate not on the list, or none, is refused there). Unset: clients
+    /// present no certificate.
     #[arg(long = "ingress-allowed-spiffe-ids")]
     pub ingress_allowed_spiffe_ids: Option<String>,
+
+    /// Who may use the ingress: `none` (no client authentication), `mtls` (a client certificate
+    /// on --ingress-allowed-spiffe-ids) or `jwt` (a bearer token, verified like the api's
+    /// --auth-mode=jwt; with --ingress-allowed-spiffe-ids, certificates on the list need no
+    /// token). Default: `mtls` when --ingress-allowed-spiffe-ids is set, else `none`. `mtls` and
+    /// `jwt` need --tls-listen and hold on every listener: requests on the plain --listen get
+    /// 401 in `mtls` mode and need a token in `jwt` mode.
+    #[arg(long = "ingress-auth-mode", value_enum)]
+    pub ingress_auth_mode: Option<crate::auth::IngressAuthMode>,
+
+    /// Certificate (PEM, leaf first) the --tls-listen listener presents, e.g. a servicedns
+    /// certificate for the router's Service name. Default: the router's own --tls-cert.
+    #[arg(long = "ingress-tls-cert", requires = "ingress_tls_key")]
+    pub ingress_tls_cert: Option<std::path::PathBuf>,
+
+    /// Private key of --ingress-tls-cert.
+    #[arg(long = "ingress-tls-key", requires = "ingress_tls_cert")]
+    pub ingress_tls_key: Option<std::path::PathBuf>,
+
+    /// CA bundle that ingress client certificates must chain to. Default: --tls-ca.
+    #[arg(long = "ingress-client-ca")]
+    pub ingress_client_ca: Option<std::path::PathBuf>,
+
+    /// jwt mode: the required `iss` of bearer tokens.
+    #[arg(long = "ingress-jwt-issuer", env = "ATE_INGRESS_JWT_ISSUER")]
+    pub ingress_jwt_issuer: Option<String>,
+
+    /// jwt mode: the audience bearer tokens must be for (`aud`).
+    #[arg(long = "ingress-jwt-audience", env = "ATE_INGRESS_JWT_AUDIENCE")]
+    pub ingress_jwt_audience: Option<String>,
+
+    /// jwt mode: the issuer's public keys (JWKS JSON); re-read when the file changes.
+    #[arg(long = "ingress-jwt-jwks-file", env = "ATE_INGRESS_JWT_JWKS_FILE")]
+    pub ingress_jwt_jwks_file: Option<std::path::PathBuf>,
 
     /// Idle tunnels kept per actor for keep-alive reuse (default 256; at least the number of
     /// concurrent requests one actor gets, or the rest open a new tunnel each); 0 disables the
@@ -142,6 +177,13 @@ impl Default for RouterConfig {
             drain_delay: Duration::from_secs(13),
             tls_listen: None,
             ingress_allowed_spiffe_ids: None,
+            ingress_auth_mode: None,
+            ingress_tls_cert: None,
+            ingress_tls_key: None,
+            ingress_client_ca: None,
+            ingress_jwt_issuer: None,
+            ingress_jwt_audience: None,
+            ingress_jwt_jwks_file: None,
             tunnel_idle_per_actor: None,
             local_tunnels: None,
             access_log: None,

@@ -18,6 +18,7 @@
 pub mod access_log;
 pub mod actor_ref;
 pub mod api;
+pub mod auth;
 pub mod body;
 pub mod cache;
 pub mod config;
@@ -66,8 +67,14 @@ pub enum RouterError {
     },
     #[error("TLS: {0}")]
     Tls(#[from] ate_tls::TlsError),
-    #[error("--tls-listen needs the router's certificate (--tls-cert, --tls-key, --tls-ca)")]
+    #[error(
+        "--tls-listen needs a certificate: --ingress-tls-cert/--ingress-tls-key, or the router's own --tls-cert, --tls-key, --tls-ca"
+    )]
     TlsListenWithoutCert,
+    #[error("ingress authentication: {0}")]
+    IngressAuth(String),
+    #[error("ingress JWT: {0}")]
+    Jwt(#[from] ate_jwt::JwtError),
     #[error("--access-log {target}: {source}")]
     AccessLog {
         target: String,
@@ -80,6 +87,8 @@ pub struct Router {
     config: RouterConfig,
     /// The router's identity (mTLS to the api and atunnel; the `--tls-listen` certificate).
     tls: Option<ate_tls::CertSource>,
+    /// `--ingress-auth-mode` and its settings.
+    auth: Arc<auth::IngressAuth>,
     proxy: Arc<Proxy>,
     resolver: Arc<Resolver>,
     tunnels: Arc<Tunnels>,
@@ -132,6 +141,7 @@ impl Router {
             }
             None => None,
         };
+        let auth = Arc::new(ingress_auth(&config)?);
         let stats = Arc::new(Stats::default());
         let t = &config.tuning;
         let resolver = Resolver::new(
@@ -166,12 +176,14 @@ impl Router {
                 max_uri_len: t.max_uri_len,
                 header_read_timeout: t.header_read_timeout,
                 access_log,
+                auth: auth.clone(),
             },
             stats.clone(),
         );
         Ok(Self {
             config,
             tls,
+            auth,
             proxy,
             resolver,
             tunnels,
@@ -192,34 +204,100 @@ impl Router {
         }
     }
 
-    /// The `--tls-listen` listener: the router's certificate, ALPN h2 + http/1.1, and with
-    /// `--ingress-allowed-spiffe-ids` a client certificate on that list required in the handshake.
-    async fn tls_ingress(&self) -> Result<Option<ate_tls::TlsIncoming>, RouterError> {
+    /// The `--tls-listen` listener: the ingress certificate (`--ingress-tls-cert`, else the
+    /// router's own), ALPN h2 + http/1.1, and with `--ingress-allowed-spiffe-ids` a client
+    /// certificate on that list required in the handshake (optional in jwt mode, where a token
+    /// stands in for it). Returns the listener and whether an allow-list applies.
+    async fn tls_ingress(
+        &self,
+        bound: Option<TcpListener>,
+    ) -> Result<Option<(ate_tls::TlsIncoming, bool)>, RouterError> {
         let Some(addr) = self.config.tls_listen else {
             return Ok(None);
         };
-        let source = self.tls.as_ref().ok_or(RouterError::TlsListenWithoutCert)?;
-        let client_auth = match &self.config.ingress_allowed_spiffe_ids {
-            Some(list) => ate_tls::ClientAuth::Required {
-                allowed: ate_tls::AllowList::parse_list(list)?,
-            },
-            None => ate_tls::ClientAuth::None,
+        let source = self.ingress_cert()?;
+        let allowed = match &self.config.ingress_allowed_spiffe_ids {
+            Some(list) => Some(ate_tls::AllowList::parse_list(list)?),
+            None => None,
         };
-        let mut server = ate_tls::server_config(source, client_auth)?;
+        let client_auth = match (allowed.clone(), self.auth.mode()) {
+            (None, _) => ate_tls::ClientAuth::None,
+            (Some(allowed), auth::IngressAuthMode::Jwt) => {
+                ate_tls::ClientAuth::Optional { allowed }
+            }
+            (Some(allowed), _) => ate_tls::ClientAuth::Required { allowed },
+        };
+        let mut server = ate_tls::server_config(&source, client_auth)?;
         ate_tls::set_server_alpn(&mut server, &[ate_tls::Alpn::H2, ate_tls::Alpn::Http11]);
-        let listener = TcpListener::bind(addr)
-            .await
-            .map_err(|source| RouterError::Bind { addr, source })?;
+        let listener = match bound {
+            Some(listener) => listener,
+            None => TcpListener::bind(addr)
+                .await
+                .map_err(|source| RouterError::Bind { addr, source })?,
+        };
         let incoming = ate_tls::TlsIncoming::new(listener, Arc::new(server))
             .map_err(|source| RouterError::Bind { addr, source })?;
-        tracing::info!(listen = %incoming.local_addr(), allowed = ?self.config.ingress_allowed_spiffe_ids, "TLS ingress serving");
-        Ok(Some(incoming))
+        tracing::info!(
+            listen = %incoming.local_addr(),
+            auth = self.auth.mode().as_str(),
+            allowed = ?self.config.ingress_allowed_spiffe_ids,
+            "TLS ingress serving: {}",
+            self.auth.describe()
+        );
+        Ok(Some((incoming, allowed.is_some())))
+    }
+
+    /// The certificate of the TLS ingress listener, and the CA its clients must chain to.
+    fn ingress_cert(&self) -> Result<ate_tls::CertSource, RouterError> {
+        let c = &self.config;
+        if c.ingress_tls_cert.is_none() && c.ingress_client_ca.is_none() {
+            return self.tls.clone().ok_or(RouterError::TlsListenWithoutCert);
+        }
+        let (Some(cert), Some(key)) = (
+            c.ingress_tls_cert
+                .clone()
+                .or_else(|| c.tls.tls_cert.clone()),
+            c.ingress_tls_key.clone().or_else(|| c.tls.tls_key.clone()),
+        ) else {
+            return Err(RouterError::TlsListenWithoutCert);
+        };
+        let ca = match c.ingress_client_ca.clone().or_else(|| c.tls.tls_ca.clone()) {
+            Some(ca) => ca,
+            // No client certificates are asked for, so the roots are never used; the server's
+            // own chain stands in for them.
+            None if c.ingress_allowed_spiffe_ids.is_none() => cert.clone(),
+            None => {
+                return Err(RouterError::IngressAuth(
+                    "--ingress-allowed-spiffe-ids needs the CA client certificates chain to: --ingress-client-ca or --tls-ca".into(),
+                ));
+            }
+        };
+        let files = ate_tls::PemFiles { cert, key, ca };
+        let every = c
+            .tls
+            .tls_reload_interval
+            .unwrap_or(ate_tls::DEFAULT_FILE_POLL);
+        Ok(ate_tls::CertSource::from_files(files, every)?)
     }
 
     /// Serves on pre-bound listeners until `shutdown`, then drains (see [`Ingress::run`]).
+    /// `--tls-listen`, if set, is bound here.
     pub async fn serve(
         self,
         listener: TcpListener,
+        metrics_listener: TcpListener,
+        shutdown: impl Future<Output = ()>,
+    ) -> Result<(), RouterError> {
+        self.serve_with_tls(listener, None, metrics_listener, shutdown)
+            .await
+    }
+
+    /// Like [`Router::serve`], with the `--tls-listen` listener pre-bound too (tests bind port
+    /// 0); `tls_listener` is used only when `--tls-listen` is set.
+    pub async fn serve_with_tls(
+        self,
+        listener: TcpListener,
+        tls_listener: Option<TcpListener>,
         metrics_listener: TcpListener,
         shutdown: impl Future<Output = ()>,
     ) -> Result<(), RouterError> {
@@ -229,7 +307,10 @@ impl Router {
             max_header_bytes: t.max_header_bytes,
             drain_delay: self.config.drain_delay,
         };
-        let tls_ingress = self.tls_ingress().await?;
+        let (tls_ingress, tls_allow_list) = match self.tls_ingress(tls_listener).await? {
+            Some((incoming, allow_list)) => (Some(incoming), allow_list),
+            None => (None, false),
+        };
         let draining = Arc::new(AtomicBool::new(false));
         let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
         crate::metrics::export_tunnel_stats(&self.stats);
@@ -256,7 +337,9 @@ impl Router {
             max = self.config.parked_request_max,
             ttl = ?self.config.assignment_cache_ttl,
             access_log = ?self.config.access_log,
-            "router serving"
+            auth = self.auth.mode().as_str(),
+            "router serving: {}",
+            self.auth.describe()
         );
         let drain_flag = draining.clone();
         let shutdown = async move {
@@ -264,12 +347,72 @@ impl Router {
             drain_flag.store(true, std::sync::atomic::Ordering::Relaxed);
         };
         Ingress::new(self.proxy.clone(), &listener_cfg)
-            .run(listener, tls_ingress, shutdown, listener_cfg.drain_delay)
+            .run(
+                listener,
+                tls_ingress,
+                tls_allow_list,
+                shutdown,
+                listener_cfg.drain_delay,
+            )
             .await;
         let _ = stop_tx.send(true);
         let _ = ops.await;
         let _ = reaper.await;
         Ok(())
+    }
+}
+
+/// The ingress policy the flags ask for (see [`auth`]); contradictory or incomplete flags are an
+/// error before anything binds.
+fn ingress_auth(c: &RouterConfig) -> Result<auth::IngressAuth, RouterError> {
+    use auth::IngressAuthMode as Mode;
+    let bad = |m: &str| Err(RouterError::IngressAuth(m.to_string()));
+    let allow = c.ingress_allowed_spiffe_ids.is_some();
+    let jwt_flags = [
+        c.ingress_jwt_issuer.is_some(),
+        c.ingress_jwt_audience.is_some(),
+        c.ingress_jwt_jwks_file.is_some(),
+    ];
+    let mode = c
+        .ingress_auth_mode
+        .unwrap_or(if allow { Mode::Mtls } else { Mode::None });
+    if mode != Mode::Jwt && jwt_flags.iter().any(|f| *f) {
+        return bad(
+            "--ingress-jwt-issuer, --ingress-jwt-audience and --ingress-jwt-jwks-file need --ingress-auth-mode=jwt",
+        );
+    }
+    if mode != Mode::None && c.tls_listen.is_none() {
+        return bad(
+            "--ingress-auth-mode=mtls and jwt need --tls-listen (credentials never travel in plaintext)",
+        );
+    }
+    match mode {
+        Mode::None if allow => bad(
+            "--ingress-allowed-spiffe-ids needs --ingress-auth-mode=mtls (the default with it) or jwt",
+        ),
+        Mode::None => Ok(auth::IngressAuth::none()),
+        Mode::Mtls if !allow => bad("--ingress-auth-mode=mtls needs --ingress-allowed-spiffe-ids"),
+        Mode::Mtls => Ok(auth::IngressAuth::mtls()),
+        Mode::Jwt => {
+            let (Some(issuer), Some(audience), Some(jwks_file)) = (
+                c.ingress_jwt_issuer.clone(),
+                c.ingress_jwt_audience.clone(),
+                c.ingress_jwt_jwks_file.clone(),
+            ) else {
+                return bad(
+                    "--ingress-auth-mode=jwt needs --ingress-jwt-issuer, --ingress-jwt-audience and --ingress-jwt-jwks-file",
+                );
+            };
+            if issuer.is_empty() || audience.is_empty() {
+                return bad("--ingress-jwt-issuer and --ingress-jwt-audience must not be empty");
+            }
+            let verifier = ate_jwt::JwtVerifier::new(ate_jwt::JwtConfig {
+                issuer,
+                audience,
+                jwks_file,
+            })?;
+            Ok(auth::IngressAuth::jwt(verifier, allow))
+        }
     }
 }
 

@@ -23,9 +23,18 @@ pub const STALE_RETRIES: &str = "ate_router_stale_assignment_retries_total";
 pub const TUNNEL_CONNECTS: &str = "ate_router_tunnel_connects_total";
 pub const TUNNEL_REUSES: &str = "ate_router_tunnel_reuses_total";
 pub const TUNNEL_HANDOFFS: &str = "ate_router_tunnel_handoffs_total";
+/// Requests refused by the ingress policy (`--ingress-auth-mode`), by status (401, 403). TLS
+/// handshakes refused for a missing or unlisted certificate never become requests; they are
+/// logged ("TLS handshake refused").
+pub const INGRESS_REFUSED: &str = "ate_router_ingress_refused_total";
 
 /// Every series of the router with its help text (`# HELP` / `# TYPE` on `/metrics`).
 pub fn describe() {
+    metrics::describe_counter!(
+        INGRESS_REFUSED,
+        Unit::Count,
+        "Requests refused by --ingress-auth-mode (status: 401 missing or bad credentials, 403 token not allowed for the actor)."
+    );
     metrics::describe_counter!(
         crate::access_log::DROPPED_METRIC,
         Unit::Count,

@@ -24,6 +24,7 @@ use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 
+use crate::auth::ConnAuth;
 use crate::body::RouterBody;
 use crate::drain::{Drain, Phase};
 use crate::proxy::Proxy;
@@ -94,12 +95,12 @@ impl Ingress {
 
     /// Serves one client connection. This is the TLS seam: a TLS acceptor (ALPN h2 / http/1.1,
     /// mTLS allowlist) hands its stream here instead of the raw TCP stream.
-    pub fn serve_connection<I>(&self, io: I)
+    pub fn serve_connection<I>(&self, io: I, conn: ConnAuth)
     where
         I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
     {
         let proxy = self.proxy.clone();
-        let service = service_fn(move |request| handle(&proxy, request));
+        let service = service_fn(move |request| handle(&proxy, request, conn));
         let builder = self.builder.clone();
         let watcher = self.graceful.watcher();
         let mut phase = self.drain.watch();
@@ -129,7 +130,7 @@ impl Ingress {
     /// and the buffer stays 8 KiB: ~8 KiB less per parked request (see the README decisions).
     fn serve_tcp(&self, tcp: TcpStream) {
         let proxy = self.proxy.clone();
-        let service = service_fn(move |request| handle(&proxy, request));
+        let service = service_fn(move |request| handle(&proxy, request, ConnAuth::Plain));
         let builder = self.builder.clone();
         let http1 = self.http1.clone();
         // Held for the connection's life: `GracefulShutdown::shutdown` waits for it.
@@ -194,6 +195,7 @@ impl Ingress {
         self,
         listener: TcpListener,
         mut tls: Option<ate_tls::TlsIncoming>,
+        tls_allow_list: bool,
         shutdown: impl Future<Output = ()>,
         drain_delay: Duration,
     ) {
@@ -210,7 +212,12 @@ impl Ingress {
                         None => std::future::pending().await,
                     }
                 } => match conn {
-                    Ok(conn) => self.serve_connection(conn),
+                    Ok(conn) => {
+                        // With an allow-list the handshake admitted only certificates on it,
+                        // so any verified certificate here is an allowed one.
+                        let allowed_cert = tls_allow_list && conn.peer().spiffe_id.is_some();
+                        self.serve_connection(conn, ConnAuth::Tls { allowed_cert });
+                    }
                     Err(e) => tracing::warn!(error = %e, "TLS accept failed"),
                 },
                 accepted = listener.accept() => match accepted {
@@ -261,10 +268,13 @@ async fn is_http1(tcp: &TcpStream) -> std::io::Result<bool> {
 
 /// The ingress service: every request goes to the proxy. Runs as hyper hands over a request
 /// head, before hyper reads the socket again (see [`Proxy::handle`]).
+/// The connection's [`ConnAuth`] travels on each request as an extension.
 fn handle(
     proxy: &Arc<Proxy>,
-    request: Request<Incoming>,
+    mut request: Request<Incoming>,
+    conn: ConnAuth,
 ) -> impl Future<Output = Result<Response<RouterBody>, Infallible>> + Send + use<> {
+    request.extensions_mut().insert(conn);
     proxy.clone().handle(request)
 }
 

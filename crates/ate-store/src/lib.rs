@@ -153,6 +153,10 @@ pub struct SnapshotRecord {
     /// A revert chose an older generation: no resume chooses this one (see
     /// [`Store::revert_actor`]). Always false in a tag's copy.
     pub skipped: bool,
+    /// Restore capabilities a worker needs to restore everything this generation holds
+    /// (`ate_core::capability`; empty for a generation written before they were recorded: see
+    /// `ate_core::capability::required`).
+    pub requires: Vec<String>,
 }
 
 impl SnapshotRecord {
@@ -260,6 +264,9 @@ pub struct WorkerRecord {
     pub labels: BTreeMap<String, String>,
     pub sandbox_class: String,
     pub can_restore_memory: bool,
+    /// Restore capabilities it advertised (`ate_core::capability`; empty for a worker registered
+    /// before workers advertised them: see `ate_core::capability::offered`).
+    pub capabilities: Vec<String>,
     pub capacity: Capacity,
     /// Sum of the worker's actor assignments (computed on read; ignored on write).
     pub used: Capacity,

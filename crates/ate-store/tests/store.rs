@@ -201,6 +201,7 @@ fn worker(id: &str, capacity: Capacity, epoch: u64) -> WorkerRecord {
         labels: BTreeMap::from([("zone".to_string(), "a".to_string())]),
         sandbox_class: "runc".into(),
         can_restore_memory: true,
+        capabilities: vec!["memory:criu".into(), "userns:off".into()],
         capacity,
         used: Capacity::default(),
         epoch,
@@ -232,6 +233,7 @@ fn snapshot(atespace: &str, name: &str, generation: u64, node: &str) -> Snapshot
         local_damage: None,
         durable_damage: None,
         skipped: false,
+        requires: vec!["memory:criu".into(), "userns:off".into()],
     }
 }
 

@@ -153,6 +153,13 @@ pub struct WorkerConfig {
     #[arg(long)]
     pub remove_leftovers: bool,
 
+    /// The CRIU binary (default: `criu` on PATH). Missing, or older than 4.2: this worker takes
+    /// no memory snapshots and advertises no `memory:criu` capability, so the api never places
+    /// an actor whose newest generation holds memory here (it parks instead of losing that
+    /// memory). `--criu=none` turns memory snapshots off on purpose.
+    #[arg(long, env = "ATE_CRIU", value_name = "PATH|none")]
+    pub criu: Option<PathBuf>,
+
     /// atunnel's identity (`--tls-cert/--tls-key/--tls-ca`): mTLS accepting only the router.
     #[command(flatten)]
     pub tls: ate_tls::TlsArgs,
@@ -188,6 +195,7 @@ impl WorkerConfig {
             userns: crate::runc::userns::enabled_by_default(),
             userns_claims_dir: PathBuf::from(crate::runc::userns::DEFAULT_CLAIMS_DIR),
             remove_leftovers: false,
+            criu: None,
             tls: ate_tls::TlsArgs::default(),
             faults: Arc::default(),
         }

@@ -17,7 +17,8 @@ use crate::netns;
 /// What a runtime can do on this worker (reported to the api at registration).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Capabilities {
-    /// False when CRIU is missing or too old: the scheduler then restores at ROOTFS fidelity.
+    /// False when CRIU is missing or too old: no `memory:criu` is advertised, and the scheduler
+    /// places no actor whose newest generation holds memory here.
     pub can_restore_memory: bool,
     /// `runc` for [`crate::runc::RuncRuntime`]; snapshots only restore on the class that wrote them.
     pub sandbox_class: String,
@@ -25,6 +26,27 @@ pub struct Capabilities {
     pub can_keep_frozen: bool,
     /// Memory can come back on demand ([`SandboxRuntime::restore_lazily`]).
     pub can_restore_lazily: bool,
+}
+
+impl Capabilities {
+    /// The restore capabilities (`ate_core::capability`) the worker advertises to the api, whose
+    /// scheduler places an actor only on a worker offering everything its newest generation
+    /// needs. This build restores a memory image in the user-namespace mode it was dumped in,
+    /// whatever mode it runs new sandboxes in (`--userns`), so it offers both `userns:off` and
+    /// `userns:on`; a worker of an older build offers only `userns:off`.
+    pub fn advertised(&self) -> Vec<String> {
+        use ate_core::capability::{MEMORY_CRIU, MEMORY_LAZY, USERNS_OFF, USERNS_ON};
+        let mut caps = Vec::new();
+        if self.can_restore_memory {
+            caps.push(MEMORY_CRIU.to_string());
+            if self.can_restore_lazily {
+                caps.push(MEMORY_LAZY.to_string());
+            }
+        }
+        caps.push(USERNS_OFF.to_string());
+        caps.push(USERNS_ON.to_string());
+        caps
+    }
 }
 
 /// An actor's identity and its directory on the node. Everything a runtime names for the actor

@@ -314,6 +314,14 @@ async fn worker_end_to_end_counter() {
     assert_eq!(info.worker_id, id);
     assert_eq!(info.sandbox_class, "runc");
     assert!(info.can_restore_memory, "CRIU ≥ 4.2 must be installed");
+    // Restore capabilities the scheduler matches generations against (actors run without a
+    // user namespace of their own today).
+    assert!(
+        info.capabilities.iter().any(|c| c == "memory:criu")
+            && info.capabilities.iter().any(|c| c == "userns:off"),
+        "{:?}",
+        info.capabilities
+    );
     assert_eq!(info.capacity.map(|c| c.actor_slots), Some(8));
     assert!(info.identity.ends_with(&format!("worker-{id}")));
     let addr = info.addresses.first().expect("an atunnel address").clone();

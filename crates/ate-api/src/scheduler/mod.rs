@@ -67,6 +67,53 @@ pub struct Requirements<'a> {
     pub demand: Capacity,
     /// Workers already tried and lost in this workflow.
     pub exclude: &'a [String],
+    /// Restore capabilities the worker must offer (`ate_core::capability`): what the newest
+    /// generation needs to come back whole. Empty for a cold boot or a file-only restore.
+    pub capabilities: &'a [String],
+}
+
+/// What a worker offers (its advertised capabilities, or those derived for a worker that
+/// advertised none).
+pub fn offered(w: &WorkerRecord) -> Vec<String> {
+    ate_core::capability::offered(&w.capabilities, w.can_restore_memory)
+}
+
+/// Does `w` offer every capability in `required`?
+pub fn capable(w: &WorkerRecord, required: &[String]) -> bool {
+    required.is_empty() || ate_core::capability::missing(required, &offered(w)).is_empty()
+}
+
+/// Why no worker passed the filters, when the capability filter is the reason: the required
+/// capabilities that no worker passing every other filter (room aside) offers, or all of them
+/// when each is offered somewhere but never together. Empty when some such worker offers them
+/// all (it is full: the reason is room), or when no worker passes the other filters either.
+pub fn missing_everywhere(workers: &[WorkerRecord], req: &Requirements<'_>) -> Vec<String> {
+    if req.capabilities.is_empty() {
+        return Vec::new();
+    }
+    let others: Vec<Vec<String>> = workers
+        .iter()
+        .filter(|w| suitable_but_capable(w, req))
+        .map(offered)
+        .collect();
+    if others.is_empty()
+        || others
+            .iter()
+            .any(|o| ate_core::capability::missing(req.capabilities, o).is_empty())
+    {
+        return Vec::new();
+    }
+    let nowhere: Vec<String> = req
+        .capabilities
+        .iter()
+        .filter(|c| !others.iter().any(|o| o.contains(c)))
+        .cloned()
+        .collect();
+    if nowhere.is_empty() {
+        req.capabilities.to_vec()
+    } else {
+        nowhere
+    }
 }
 
 /// Workers that pass every filter.
@@ -80,6 +127,11 @@ pub fn eligible<'w>(workers: &'w [WorkerRecord], req: &Requirements<'_>) -> Vec<
 
 /// Every filter except room: the worker could host the actor if it had room.
 fn suitable(w: &WorkerRecord, req: &Requirements<'_>) -> bool {
+    suitable_but_capable(w, req) && capable(w, req.capabilities)
+}
+
+/// Every filter except room and capabilities.
+fn suitable_but_capable(w: &WorkerRecord, req: &Requirements<'_>) -> bool {
     w.status == WorkerStatus::Active
         && w.sandbox_class == req.sandbox_class
         && req.node.is_none_or(|n| w.node == n)
@@ -138,6 +190,8 @@ pub struct Needs {
     pub selector: BTreeMap<String, String>,
     pub sandbox_class: String,
     pub demand: Capacity,
+    /// Restore capabilities (see [`Requirements::capabilities`]).
+    pub capabilities: Vec<String>,
 }
 
 impl Needs {
@@ -149,6 +203,7 @@ impl Needs {
             node: None,
             demand: self.demand,
             exclude: &[],
+            capabilities: &self.capabilities,
         }
     }
 }

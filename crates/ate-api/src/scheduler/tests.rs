@@ -9,6 +9,7 @@ fn worker(id: &str, node: &str, slots: u64, used: u64) -> WorkerRecord {
         labels: BTreeMap::from([("zone".to_string(), "a".to_string())]),
         sandbox_class: "runc".into(),
         can_restore_memory: true,
+        capabilities: vec!["memory:criu".into(), "userns:off".into()],
         capacity: Capacity {
             cpu_millis: 4000,
             memory_bytes: 8 << 30,
@@ -47,6 +48,7 @@ fn filters_and_two_choices() {
             slots: 1,
         },
         exclude: &[],
+        capabilities: &[],
     };
     let ids: Vec<&str> = eligible(&workers, &req)
         .iter()
@@ -106,6 +108,7 @@ fn needs(class: &str) -> Needs {
         selector: BTreeMap::new(),
         sandbox_class: class.into(),
         demand: one_slot(),
+        capabilities: Vec::new(),
     }
 }
 
@@ -116,6 +119,7 @@ fn req(class: &str) -> Requirements<'_> {
         node: None,
         demand: one_slot(),
         exclude: &[],
+        capabilities: &[],
     }
 }
 
@@ -239,5 +243,122 @@ fn waiters_hold_only_room_they_can_use() {
     assert!(
         q.admissible("ns/y", &req("runc"), &[worker("w1", "n1", 1, 0)], t0)
             .is_empty()
+    );
+}
+
+// ------------------------------------------------------------------ restore capabilities
+
+fn memory_snapshot_needs() -> Vec<String> {
+    vec!["memory:criu".to_string(), "userns:off".to_string()]
+}
+
+/// A worker without CRIU (it advertises only its user-namespace mode).
+fn no_criu(id: &str, slots: u64, used: u64) -> WorkerRecord {
+    WorkerRecord {
+        can_restore_memory: false,
+        capabilities: vec!["userns:off".into()],
+        ..worker(id, "n1", slots, used)
+    }
+}
+
+#[test]
+fn memory_snapshots_go_only_to_workers_that_can_restore_them() {
+    let need = memory_snapshot_needs();
+    let r = Requirements {
+        capabilities: &need,
+        ..req("runc")
+    };
+    let workers = [no_criu("plain", 8, 0), worker("criu", "n1", 8, 7)];
+    // The fuller worker is the only candidate: the idle one cannot restore the memory.
+    assert_eq!(ids(&eligible(&workers, &r)), ["criu"]);
+    assert!(missing_everywhere(&workers, &r).is_empty());
+    // A cold boot or a file-only restore goes anywhere.
+    assert_eq!(ids(&eligible(&workers, &req("runc"))), ["plain", "criu"]);
+
+    // Only workers without CRIU: none eligible, and the reason names the capability.
+    let plain = [no_criu("p1", 8, 0), no_criu("p2", 8, 0)];
+    assert!(eligible(&plain, &r).is_empty());
+    assert_eq!(missing_everywhere(&plain, &r), ["memory:criu"]);
+
+    // A capable worker that is full: the reason is room, not capability.
+    let full = [no_criu("p1", 8, 0), worker("criu", "n1", 2, 2)];
+    assert!(eligible(&full, &r).is_empty());
+    assert!(missing_everywhere(&full, &r).is_empty());
+
+    // No worker passes the other filters (another sandbox class): not a capability problem.
+    let gvisor = Requirements {
+        sandbox_class: "gvisor",
+        ..r
+    };
+    assert!(missing_everywhere(&plain, &gvisor).is_empty());
+}
+
+#[test]
+fn user_namespace_mode_must_match() {
+    let dumped_in_userns = vec!["memory:criu".to_string(), "userns:on".to_string()];
+    let r = Requirements {
+        capabilities: &dumped_in_userns,
+        ..req("runc")
+    };
+    let userns = WorkerRecord {
+        capabilities: vec![
+            "memory:criu".into(),
+            "memory:lazy".into(),
+            "userns:on".into(),
+        ],
+        ..worker("userns", "n1", 8, 0)
+    };
+    let workers = [worker("host-root", "n1", 8, 0), userns];
+    assert_eq!(ids(&eligible(&workers, &r)), ["userns"]);
+    let without = [worker("host-root", "n1", 8, 0)];
+    assert_eq!(missing_everywhere(&without, &r), ["userns:on"]);
+    // Each capability offered somewhere, never together: both named.
+    let split = [
+        WorkerRecord {
+            capabilities: vec!["userns:on".into()],
+            ..worker("a", "n1", 8, 0)
+        },
+        worker("b", "n1", 8, 0),
+    ];
+    assert_eq!(missing_everywhere(&split, &r), ["memory:criu", "userns:on"]);
+}
+
+#[test]
+fn workers_registered_before_capabilities_are_derived_from_their_memory_flag() {
+    let need = memory_snapshot_needs();
+    let legacy_generation = ate_core::capability::required(&[], ate_core::Fidelity::Memory);
+    let legacy = |id: &str, memory: bool| WorkerRecord {
+        can_restore_memory: memory,
+        capabilities: Vec::new(),
+        ..worker(id, "n1", 8, 0)
+    };
+    let workers = [legacy("old-criu", true), legacy("old-plain", false)];
+    for required in [&need, &legacy_generation] {
+        let r = Requirements {
+            capabilities: required,
+            ..req("runc")
+        };
+        assert_eq!(ids(&eligible(&workers, &r)), ["old-criu"]);
+    }
+}
+
+#[test]
+fn waiting_memory_resumes_hold_room_only_on_capable_workers() {
+    let q = Waiters::default();
+    let t0 = Instant::now();
+    // An older resume of a memory snapshot waits; the only free room is on a worker without
+    // CRIU, which it cannot use: a newcomer with a cold boot may take it.
+    q.no_room(
+        "ns/memory",
+        Needs {
+            capabilities: memory_snapshot_needs(),
+            ..needs("runc")
+        },
+        t0,
+    );
+    let workers = [no_criu("plain", 1, 0)];
+    assert_eq!(
+        ids(&q.admissible("ns/cold", &req("runc"), &workers, t0)),
+        ["plain"]
     );
 }

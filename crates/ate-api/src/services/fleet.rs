@@ -51,6 +51,15 @@ fn worker_record(w: v1::Worker) -> Result<WorkerRecord, Status> {
     }
     let labels: BTreeMap<String, String> = w.labels.into_iter().collect();
     ate_core::selector::validate("worker.labels", &labels).map_err(invalid)?;
+    if let Some(bad) = w
+        .capabilities
+        .iter()
+        .find(|c| !ate_core::capability::is_valid(c))
+    {
+        return Err(Status::invalid_argument(format!(
+            "invalid worker.capabilities: {bad:?} is not <kind>:<value> in [a-z0-9.-]"
+        )));
+    }
     Ok(WorkerRecord {
         id: w.id,
         node: w.node,
@@ -59,6 +68,7 @@ fn worker_record(w: v1::Worker) -> Result<WorkerRecord, Status> {
         labels,
         sandbox_class: w.sandbox_class,
         can_restore_memory: w.can_restore_memory,
+        capabilities: w.capabilities,
         capacity: Capacity {
             cpu_millis: u64::from(cap.cpu_millis),
             memory_bytes: cap.memory_bytes,

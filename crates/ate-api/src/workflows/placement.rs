@@ -119,11 +119,21 @@ impl Api {
             Some(s) => self.frozen_worker(&r, s.generation).await,
             None => None,
         };
+        // What the restore needs from the worker: a generation restored whole (same template)
+        // needs its recorded capabilities (a memory image: CRIU, the user-namespace mode it was
+        // dumped in); one captured under another template restores only its volumes.
+        let capabilities = match snapshot {
+            Some(s) if s.template == actor.template => {
+                ate_core::capability::required(&s.requires, s.fidelity)
+            }
+            _ => Vec::new(),
+        };
         // What this resume waits for if it finds no room (its entry in the admission queue).
         let needs = || scheduler::Needs {
             selector: selector.clone(),
             sandbox_class: sandbox_class.to_string(),
             demand,
+            capabilities: capabilities.clone(),
         };
         let mut refreshed = false;
         let mut attempt = 0;
@@ -147,6 +157,7 @@ impl Api {
                 node: pinned.as_deref(),
                 demand,
                 exclude: &exclude,
+                capabilities: &capabilities,
             };
             // Room that older waiting resumes fit into is not offered to this one.
             let now = Instant::now();
@@ -157,7 +168,11 @@ impl Api {
                 if let (Some(node), Some(snap)) = (pinned.clone(), snapshot)
                     && snap.durable_damage.is_none()
                 {
-                    let anywhere = Requirements { node: None, ..req };
+                    let anywhere = Requirements {
+                        selector: req.selector.clone(),
+                        node: None,
+                        ..req
+                    };
                     if !self
                         .waiters
                         .admissible(&actor_key, &anywhere, &workers, now)
@@ -170,6 +185,25 @@ impl Api {
                     }
                 }
                 self.waiters.no_room(&actor_key, needs(), Instant::now());
+                // No worker can restore what the generation holds (not merely no room): the
+                // answer names what is missing. Unpinned: a capable worker on another node
+                // counts, since the generation would be detached to reach it.
+                let anywhere = Requirements {
+                    selector: req.selector.clone(),
+                    node: None,
+                    ..req
+                };
+                let missing = scheduler::missing_everywhere(&workers, &anywhere);
+                if let (false, Some(snap)) = (missing.is_empty(), snapshot) {
+                    tracing::warn!(actor = %r, generation = snap.generation, ?missing, "no worker can restore the actor's newest generation; not placed");
+                    metrics::counter!(crate::metrics::NO_CAPABLE_WORKER).increment(1);
+                    return Err(WorkflowError::NoCapableWorker {
+                        missing,
+                        generation: snap.generation,
+                        fidelity: snap.fidelity,
+                    }
+                    .into());
+                }
                 return Err(WorkflowError::NoRoom.into());
             };
             match self

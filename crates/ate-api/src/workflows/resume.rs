@@ -179,6 +179,42 @@ impl Api {
         steps.mark("bind");
         self.faults.fire(FaultPoint::ResumeAfterBind)?;
 
+        // The worker must be able to restore everything the generation holds. Placement
+        // filtered on it; a rebind to the worker of an earlier attempt did not, and that worker
+        // may have come back without a capability (CRIU gone): released, so the next attempt
+        // places the actor with the filter, or parks it — never a restore at lower fidelity.
+        if let Some(snap) = snapshot.as_ref().filter(|s| s.template == actor.template) {
+            let required = ate_core::capability::required(&snap.requires, snap.fidelity);
+            let offered = crate::scheduler::offered(&worker);
+            let missing: Vec<String> = ate_core::capability::missing(&required, &offered)
+                .into_iter()
+                .map(str::to_string)
+                .collect();
+            if !missing.is_empty() {
+                let why = format!(
+                    "worker {} cannot restore generation {} (missing {}); not restored there",
+                    worker.id,
+                    snap.generation,
+                    missing.join(", ")
+                );
+                tracing::warn!(actor = %r, worker = %worker.id, ?missing, "worker lacks a restore capability; actor released");
+                self.store
+                    .release_actor(
+                        r,
+                        Transition::new(&[ActorState::Resuming], ActorState::Suspended)
+                            .with(ActorUpdate::with_error(why)),
+                        None,
+                        now_ms(),
+                    )
+                    .await?;
+                return Err(WorkflowError::NoCapableWorker {
+                    missing,
+                    generation: snap.generation,
+                    fidelity: snap.fidelity,
+                }
+                .into());
+            }
+        }
         let snapshot_template = snapshot.as_ref().map(|s| s.template.to_string());
         let plan = decide(
             snapshot
@@ -189,7 +225,6 @@ impl Api {
                     template,
                 }),
             &actor.template.to_string(),
-            worker.can_restore_memory,
         );
         let workload = Workload {
             actor: &actor,

@@ -214,7 +214,7 @@ impl Api {
                 return Err(WorkflowError::Internal(why).into());
             }
         };
-        let snap = reply
+        let mut snap = reply
             .snapshot
             .filter(|s| s.generation == generation)
             .ok_or_else(|| {
@@ -222,6 +222,12 @@ impl Api {
                     "node returned no valid snapshot for generation {generation}"
                 ))
             })?;
+        // What restoring it needs (a memory image: CRIU and this worker's user-namespace mode);
+        // the scheduler places the actor only on a worker offering all of it.
+        snap.requires = ate_core::capability::required_by_generation(
+            snap.fidelity,
+            &ate_core::capability::offered(&worker.capabilities, worker.can_restore_memory),
+        );
         self.faults.fire(FaultPoint::SuspendAfterCheckpoint)?;
         let update = ActorUpdate {
             last_error: Some(snap.reason.clone()),

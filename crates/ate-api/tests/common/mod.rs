@@ -192,6 +192,47 @@ impl TestApi {
             last_heartbeat_unix_ms: 0,
             node_address: node.addr.to_string(),
             boot_id: node.boot_id.clone(),
+            // What a real worker advertises with and without CRIU.
+            capabilities: if can_restore_memory {
+                vec!["memory:criu".into(), "userns:off".into()]
+            } else {
+                vec!["userns:off".into()]
+            },
+        };
+        self.fleet()
+            .register_worker(RegisterWorkerRequest {
+                held: vec![],
+                worker: Some(worker),
+            })
+            .await
+            .expect("register worker");
+    }
+
+    /// Registers a worker advertising exactly `capabilities` (`memory:criu`, `userns:on`, …).
+    pub async fn register_caps(
+        &self,
+        node: &TestNode,
+        id: &str,
+        slots: u32,
+        capabilities: Vec<String>,
+    ) {
+        let worker = Worker {
+            id: id.into(),
+            node: node.name.clone(),
+            addresses: vec!["127.0.0.2:8443".into()],
+            identity: format!("spiffe://ate.local/ns/ate-system/sa/worker-{id}"),
+            sandbox_class: "runc".into(),
+            can_restore_memory: capabilities.iter().any(|c| c == "memory:criu"),
+            capacity: Some(Capacity {
+                cpu_millis: 4_000_000,
+                memory_bytes: 1 << 50,
+                actor_slots: slots,
+            }),
+            epoch: node.epoch(),
+            node_address: node.addr.to_string(),
+            boot_id: node.boot_id.clone(),
+            capabilities,
+            ..Default::default()
         };
         self.fleet()
             .register_worker(RegisterWorkerRequest {

@@ -462,7 +462,31 @@ async fn run_all(args: UpArgs) -> anyhow::Result<ExitCode> {
         args.workers,
         args.worker_slots
     );
+    println!("{}", ingress_line(&args));
     ready_then_supervise(&args, &pki, ready, &line, &mut components, &mut signal).await
+}
+
+/// The one startup line that says how the router's `--listen` ingress is protected: `ate up`
+/// keeps it plain HTTP for the local quickstart (docs/security.md, "Ingress"); the Kubernetes
+/// manifests serve TLS with client certificates instead.
+fn ingress_line(args: &UpArgs) -> String {
+    let addr = args.router_listen;
+    let authenticated = args.router_args.iter().any(|a| {
+        a.starts_with("--ingress-auth-mode") || a.starts_with("--ingress-allowed-spiffe-ids")
+    });
+    if authenticated {
+        format!(
+            "ate up: ingress http://{addr} is plain HTTP; client authentication as set by --router-arg (see the router's log)"
+        )
+    } else if addr.ip().is_loopback() {
+        format!(
+            "ate up: ingress http://{addr} is plain HTTP on loopback, no client authentication (local quickstart; Kubernetes: TLS + --ingress-allowed-spiffe-ids)"
+        )
+    } else {
+        format!(
+            "ate up: WARNING ingress http://{addr} is plain HTTP on a non-loopback address, no client authentication: anyone who reaches it can wake and call every actor"
+        )
+    }
 }
 
 /// Start-up done: the ready file (`--ready-file`: `ready` with the state and TLS directories),

@@ -111,8 +111,28 @@ impl System {
         }
     }
 
+    /// Stops `ate up` (its workers suspend their actors) and starts it again on the same state
+    /// directory (store, generations, CA) with `opts` and `env`, on new ports.
+    pub fn restart_with_env(mut self, opts: UpOptions, env: &[(&str, &str)]) -> System {
+        self.stop();
+        let dir = std::mem::replace(&mut self.dir, tempfile::tempdir().expect("tempdir"));
+        drop(self);
+        let _ = std::fs::remove_file(dir.path().join("ready.json"));
+        match Self::try_up_in(&opts, env, dir) {
+            Ok(sys) => sys,
+            Err(log) => panic!("ate up (restart) exited:\n{log}"),
+        }
+    }
+
     fn try_up(opts: &UpOptions, env: &[(&str, &str)]) -> Result<System, String> {
-        let dir = tempfile::tempdir().expect("tempdir");
+        Self::try_up_in(opts, env, tempfile::tempdir().expect("tempdir"))
+    }
+
+    fn try_up_in(
+        opts: &UpOptions,
+        env: &[(&str, &str)],
+        dir: tempfile::TempDir,
+    ) -> Result<System, String> {
         let first_ip = private_ip_block();
         let [router_port, router_metrics_port, worker_port, node_port] = free_ports();
         let ready = dir.path().join("ready.json");

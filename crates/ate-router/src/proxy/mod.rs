@@ -30,6 +30,7 @@ use tracing::Instrument;
 
 use crate::access_log::{AccessLog, Entry};
 use crate::actor_ref::{parse_port, parse_target};
+use crate::auth::{ConnAuth, IngressAuth, IngressAuthMode};
 use crate::body::RouterBody;
 use crate::cache::Route;
 use crate::drain::Drain;
@@ -62,6 +63,8 @@ pub struct ProxyConfig {
     pub header_read_timeout: Duration,
     /// `--access-log`: one line per request.
     pub access_log: Option<AccessLog>,
+    /// `--ingress-auth-mode`: who may send requests.
+    pub auth: Arc<IngressAuth>,
 }
 
 /// The answer [`Proxy::forward`] got for a request, with the actor it was given back.
@@ -155,7 +158,11 @@ impl Proxy {
         use futures::future::{Either, FutureExt, ready};
         let cold = self.unshare_head_if_cold(&mut request);
         let mut begun = self.begin(&mut request);
-        let answer = match self.preflight(request) {
+        let preflight = match self.authenticate(&mut request) {
+            Ok(()) => self.preflight(request),
+            Err(response) => Preflight::Answer(*response, None),
+        };
+        let answer = match preflight {
             Preflight::Forward(mut request, target, port) => {
                 if !begun.kept {
                     request.headers_mut().insert(REQUEST_ID, begun.id.clone());
@@ -242,6 +249,38 @@ impl Proxy {
         }
         response.headers_mut().insert(REQUEST_ID, begun.id);
         response
+    }
+
+    /// The ingress policy ([`crate::auth`]), before anything else about the request is looked
+    /// at: an unauthenticated client learns nothing about actors (not even a 404). In jwt mode
+    /// the token's header is removed here, so it never reaches the actor.
+    fn authenticate(
+        &self,
+        request: &mut Request<Incoming>,
+    ) -> Result<(), Box<Response<RouterBody>>> {
+        let auth = &self.cfg.auth;
+        if auth.mode() == IngressAuthMode::None {
+            return Ok(());
+        }
+        let conn = request
+            .extensions()
+            .get::<ConnAuth>()
+            .copied()
+            .unwrap_or(ConnAuth::Plain);
+        let atespace = parse_target(request.headers().get(TARGET_ACTOR_HEADER))
+            .ok()
+            .and_then(|actor| actor.split_once('/'))
+            .map(|(atespace, _)| atespace.to_owned());
+        match auth.check(request.headers_mut(), conn, atespace.as_deref()) {
+            Ok(_) => Ok(()),
+            Err(refusal) => {
+                metrics::counter!(crate::metrics::INGRESS_REFUSED, "status" => refusal.status.as_str().to_owned())
+                    .increment(1);
+                Err(Box::new(
+                    refusal.response(auth.mode() == IngressAuthMode::Jwt),
+                ))
+            }
+        }
     }
 
     /// Checks the target and takes the routing headers out of `request` (they must not reach

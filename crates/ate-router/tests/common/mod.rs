@@ -36,6 +36,25 @@ pub struct TestRouter {
 }
 
 impl TestRouter {
+    /// A router started by the caller (with `shutdown` ending its serve).
+    pub fn new(
+        addr: SocketAddr,
+        metrics_addr: SocketAddr,
+        stats: Arc<Stats>,
+        probe: Probe,
+        shutdown: tokio::sync::oneshot::Sender<()>,
+        done: tokio::task::JoinHandle<()>,
+    ) -> Self {
+        TestRouter {
+            addr,
+            metrics_addr,
+            stats,
+            probe,
+            shutdown: Some(shutdown),
+            done: Some(done),
+        }
+    }
+
     /// Starts graceful drain; `done` completes when the router exits.
     pub fn shutdown(&mut self) {
         if let Some(tx) = self.shutdown.take() {

@@ -6,7 +6,7 @@ use sqlx::Row as _;
 use super::{Db, DbRow};
 use crate::util::{
     empty_as_none, from_json, none_as_empty, not_found, parse_durable, parse_fidelity,
-    parse_labels, parse_state, parse_template_ref, parse_worker_status, to_i64, to_u64,
+    parse_labels, parse_state, parse_template_ref, parse_worker_status, to_i64, to_json, to_u64,
 };
 use crate::{
     ActorRecord, AtespaceRecord, Capacity, JoinTokenRecord, Result, SnapshotRecord, TagRecord,
@@ -23,7 +23,7 @@ macro_rules! actor_cols {
 macro_rules! snapshot_cols {
     () => {
         "atespace, name, generation, uuid, fidelity, template, sandbox_class, node, boot_id, local_path, \
-         durable_uri, durable_status, size_bytes, checksum, reason, created_ms, local_damage, durable_damage"
+         durable_uri, durable_status, size_bytes, checksum, reason, created_ms, local_damage, durable_damage, requires"
     };
 }
 
@@ -39,7 +39,7 @@ macro_rules! tag_cols {
     () => {
         "atespace, name, created_ms, s_atespace, s_name, s_generation, s_uuid, s_fidelity, s_template, \
          s_sandbox_class, s_node, s_boot_id, s_local_path, s_durable_uri, s_durable_status, s_size_bytes, \
-         s_checksum, s_reason, s_created_ms, s_local_damage, s_durable_damage"
+         s_checksum, s_reason, s_created_ms, s_local_damage, s_durable_damage, s_requires"
     };
 }
 
@@ -54,14 +54,14 @@ macro_rules! worker_select {
     () => {
         "SELECT w.id, w.node, w.addresses, w.identity, w.labels, w.sandbox_class, w.can_restore_memory, \
          w.cpu_millis, w.memory_bytes, w.slots, w.epoch, w.status, w.last_heartbeat_ms, w.node_address, \
-         w.boot_id, CAST(COALESCE(u.cpu, 0) AS BIGINT) AS used_cpu, CAST(COALESCE(u.mem, 0) AS BIGINT) AS used_mem, \
+         w.boot_id, w.capabilities, CAST(COALESCE(u.cpu, 0) AS BIGINT) AS used_cpu, CAST(COALESCE(u.mem, 0) AS BIGINT) AS used_mem, \
          CAST(COALESCE(u.n, 0) AS BIGINT) AS used_slots \
          FROM workers w LEFT JOIN (SELECT worker_id, SUM(cpu_millis) AS cpu, SUM(memory_bytes) AS mem, \
          COUNT(*) AS n FROM actor_assignments GROUP BY worker_id) u ON u.worker_id = w.id"
     };
 }
 
-/// A write query with the 18 [`snapshot_cols!`] of `s` bound next, in that order (the snapshot
+/// A write query with the 19 [`snapshot_cols!`] of `s` bound next, in that order (the snapshot
 /// row itself, or a tag's copy of it).
 pub(super) fn bind_snapshot<'q>(query: DbQuery<'q>, s: &SnapshotRecord) -> Result<DbQuery<'q>> {
     Ok(query
@@ -82,7 +82,8 @@ pub(super) fn bind_snapshot<'q>(query: DbQuery<'q>, s: &SnapshotRecord) -> Resul
         .bind(none_as_empty(&s.reason))
         .bind(s.created_ms)
         .bind(none_as_empty(&s.local_damage))
-        .bind(none_as_empty(&s.durable_damage)))
+        .bind(none_as_empty(&s.durable_damage))
+        .bind(to_json(&s.requires, "requires")?))
 }
 
 /// A query on this backend, as `sqlx::query` returns it.
@@ -168,6 +169,10 @@ pub(super) fn snapshot_from_row(row: &DbRow, prefix: &str) -> Result<SnapshotRec
         created_ms: row.try_get(col("created_ms").as_str())?,
         local_damage: empty_as_none(row.try_get(col("local_damage").as_str())?),
         durable_damage: empty_as_none(row.try_get(col("durable_damage").as_str())?),
+        requires: {
+            let requires: String = row.try_get(col("requires").as_str())?;
+            from_json::<Vec<String>>(&requires, &col("requires"))?
+        },
         // Only the actor's own rows are skipped (a tag's copy has no such column).
         skipped: if prefix.is_empty() {
             row.try_get("skipped")?
@@ -198,6 +203,10 @@ pub(super) fn worker_from_row(row: &DbRow) -> Result<WorkerRecord> {
         labels: parse_labels(&labels, "workers.labels")?,
         sandbox_class: row.try_get("sandbox_class")?,
         can_restore_memory: row.try_get("can_restore_memory")?,
+        capabilities: {
+            let caps: String = row.try_get("capabilities")?;
+            from_json::<Vec<String>>(&caps, "workers.capabilities")?
+        },
         capacity: Capacity {
             cpu_millis: to_u64(row.try_get("cpu_millis")?, "workers.cpu_millis")?,
             memory_bytes: to_u64(row.try_get("memory_bytes")?, "workers.memory_bytes")?,

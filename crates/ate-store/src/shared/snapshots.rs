@@ -270,7 +270,7 @@ pub(super) async fn insert_snapshot(tx: &mut Tx, s: &SnapshotRecord) -> Result<(
     let insert = sqlx::query(concat!(
         "INSERT INTO snapshots (",
         snapshot_cols!(),
-        ") VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18)"
+        ") VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19)"
     ));
     let inserted = bind_snapshot(insert, s)?.execute(&mut **tx).await;
     unique_or(inserted, || {

@@ -14,7 +14,7 @@ pub(super) async fn create_tag(store: &StoreImpl, tag: &TagRecord) -> Result<Tag
     let insert = sqlx::query(concat!(
         "INSERT INTO tags (",
         tag_cols!(),
-        ") VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20, $21) \
+        ") VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20, $21, $22) \
          RETURNING ",
         tag_cols!()
     ))

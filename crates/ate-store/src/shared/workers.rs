@@ -16,14 +16,15 @@ pub(super) async fn register_worker(
     let mut tx = store.begin_write().await?;
     sqlx::query(
         "INSERT INTO workers (id, node, addresses, identity, labels, sandbox_class, can_restore_memory, \
-         cpu_millis, memory_bytes, slots, epoch, status, last_heartbeat_ms, node_address, boot_id) \
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15) \
+         cpu_millis, memory_bytes, slots, epoch, status, last_heartbeat_ms, node_address, boot_id, capabilities) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16) \
          ON CONFLICT (id) DO UPDATE SET node = excluded.node, addresses = excluded.addresses, \
          identity = excluded.identity, labels = excluded.labels, sandbox_class = excluded.sandbox_class, \
          can_restore_memory = excluded.can_restore_memory, cpu_millis = excluded.cpu_millis, \
          memory_bytes = excluded.memory_bytes, slots = excluded.slots, epoch = excluded.epoch, \
          status = excluded.status, last_heartbeat_ms = excluded.last_heartbeat_ms, \
-         node_address = excluded.node_address, boot_id = excluded.boot_id",
+         node_address = excluded.node_address, boot_id = excluded.boot_id, \
+         capabilities = excluded.capabilities",
     )
     .bind(&worker.id)
     .bind(&worker.node)
@@ -40,6 +41,7 @@ pub(super) async fn register_worker(
     .bind(now_ms)
     .bind(&worker.node_address)
     .bind(&worker.boot_id)
+    .bind(to_json(&worker.capabilities, "capabilities")?)
     .execute(&mut *tx)
     .await?;
     let row = sqlx::query(concat!(worker_select!(), " WHERE w.id = $1"))

@@ -194,6 +194,7 @@ pub(crate) fn worker_info(w: &Worker) -> v1::WorkerInfo {
         can_restore_memory: w.can_restore_memory(),
         identity: id.spiffe_id.clone(),
         can_restore_lazily: w.can_restore_lazily(),
+        capabilities: w.capabilities(),
     }
 }
 

@@ -135,19 +135,26 @@ impl RuncRuntime {
             .criu
             .map(|p| p.to_string_lossy().into_owned())
             .unwrap_or_else(|| "criu".to_string());
-        let criu = match cmd::run(&criu_bin, ["--version"]).await {
+        let run = if criu_bin == "none" {
+            Err("--criu=none".to_string())
+        } else {
+            cmd::run(&criu_bin, ["--version"])
+                .await
+                .map_err(|e| e.to_string())
+        };
+        let criu = match run {
             Ok(out) => {
                 let text = String::from_utf8_lossy(&out.stdout);
                 match parse_criu_version(&text) {
                     Some(v) if v >= (4, 2) => Some(criu_bin),
                     v => {
-                        tracing::warn!(criu = %criu_bin, version = ?v, "CRIU older than 4.2: memory snapshots disabled (ROOTFS fallback)");
+                        tracing::warn!(criu = %criu_bin, version = ?v, "CRIU older than 4.2: memory snapshots disabled (no memory:criu capability)");
                         None
                     }
                 }
             }
             Err(e) => {
-                tracing::warn!(error = %e, "CRIU not usable: memory snapshots disabled (ROOTFS fallback)");
+                tracing::warn!(error = %e, "CRIU not usable: memory snapshots disabled (no memory:criu capability)");
                 None
             }
         };

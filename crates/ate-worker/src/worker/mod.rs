@@ -282,6 +282,13 @@ impl Worker {
     }
 
     /// True when memory restores can be lazy here (a page source and userfaultfd support).
+    /// The restore capabilities advertised to the api (`memory:lazy` only with a page source).
+    pub fn capabilities(&self) -> Vec<String> {
+        let mut caps = self.runtime.capabilities();
+        caps.can_restore_lazily = self.can_restore_lazily();
+        caps.advertised()
+    }
+
     pub fn can_restore_lazily(&self) -> bool {
         self.page_source.is_some() && self.runtime.capabilities().can_restore_lazily
     }

@@ -53,7 +53,7 @@ impl Worker {
         }
         if fidelity == Fidelity::Memory && !self.can_restore_memory() {
             return Err(VerbError::FailedPrecondition(format!(
-                "worker {} cannot restore memory (no CRIU ≥ 4.2); restore at FIDELITY_ROOTFS",
+                "worker {} cannot restore memory (no CRIU ≥ 4.2: it offers no memory:criu, so the api does not place memory generations here)",
                 self.ident.id
             )));
         }

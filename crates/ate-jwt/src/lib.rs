@@ -1,4 +1,5 @@
-//! Bearer tokens for callers outside the mesh (`ate api --auth-mode=jwt`).
+//! Bearer tokens for callers outside the mesh: the api's `--auth-mode=jwt` and the router's
+//! `--ingress-auth-mode=jwt` verify them with this one verifier (and the same error texts).
 //!
 //! A token is a JWS-signed JWT whose key is in a JWKS file (`--jwt-jwks-file`, re-read when it
 //! changes). Accepted algorithms: RS256/384/512, PS256/384/512 (RSA keys), ES256 (P-256),
