@@ -255,19 +255,15 @@ fn newest_marked_damaged(sys: &System, ns: &str, name: &str, copy: &str) -> serd
 /// the next resume fetches it from the durable store. Returns "chunk N".
 fn damage_durable_chunk(sys: &System, ns: &str, name: &str, generation: u64) -> String {
     let durable = sys.state_dir().join("durable");
-    let key_dir = std::fs::read_dir(durable.join(ns).join(name))
-        .expect("durable generations")
-        .flatten()
-        .map(|e| e.path())
-        .find(|p| {
-            p.file_name()
-                .is_some_and(|n| n.to_string_lossy().starts_with(&format!("{generation}-")))
-        })
-        .expect("the durable generation");
+    // The durable manifest is sealed (docs/security.md); the node-local one lists the same
+    // chunks.
+    let local = generation_dir(&sys.state_dir(), ns, name, generation);
     let manifest: serde_json::Value = serde_json::from_slice(
-        &std::fs::read(key_dir.join("manifest.json")).expect("read the durable manifest"),
+        &std::fs::read(local.join("manifest.json")).expect("read the manifest"),
     )
     .expect("manifest json");
+    // Chunk objects are named by a keyed digest when the store is encrypted.
+    let keys = ate_snapshot::SnapshotKeys::load(&sys.state_dir().join("keys")).ok();
     let pages = manifest["files"]
         .as_array()
         .expect("files")
@@ -288,10 +284,11 @@ fn damage_durable_chunk(sys: &System, ns: &str, name: &str, generation: u64) -> 
         .find(|d| **d != chunks[victim])
         .expect("another chunk");
     let object = |d: &str| {
+        let n = keys.as_ref().map_or(d.to_string(), |k| k.chunk_name(d));
         durable
             .join("_chunks")
-            .join(&d[..2])
-            .join(format!("{d}.zst"))
+            .join(&n[..2])
+            .join(format!("{n}.zst"))
     };
     std::fs::copy(object(other), object(chunks[victim])).expect("damage the stored chunk");
     std::fs::remove_dir_all(generation_dir(&sys.state_dir(), ns, name, generation))

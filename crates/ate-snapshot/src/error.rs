@@ -67,6 +67,13 @@ pub enum Error {
         source: object_store::Error,
     },
     /// A compressed object could not be decoded.
+    /// A stored object that does not open under this node's data key: tampered with, moved from
+    /// another path (another actor's or generation's), sealed under another key, or plaintext.
+    #[error("object {key} refused: {message}")]
+    Unauthentic { key: String, message: String },
+    /// The snapshot keys (KEK, data key) could not be created, read or used.
+    #[error("snapshot keys: {0}")]
+    Keys(String),
     #[error("object {key}: zstd stream: {source}")]
     Decompress {
         key: String,
@@ -118,6 +125,12 @@ impl Error {
     }
 
     pub(crate) fn object(key: impl std::fmt::Display, source: object_store::Error) -> Self {
+        if let Some(message) = crate::crypto::open_error(&source) {
+            return Self::Unauthentic {
+                key: key.to_string(),
+                message,
+            };
+        }
         Self::Object {
             key: key.to_string(),
             source,
@@ -144,6 +157,7 @@ impl Error {
                 | Self::SizeMismatch { .. }
                 | Self::ChecksumMismatch { .. }
                 | Self::ChunkMismatch { .. }
+                | Self::Unauthentic { .. }
         )
     }
 
@@ -155,6 +169,7 @@ impl Error {
             | Self::SizeMismatch { file, .. }
             | Self::ChecksumMismatch { file, .. }
             | Self::ChunkMismatch { file, .. } => Some(file),
+            Self::Unauthentic { key, .. } => Some(key),
             _ => None,
         }
     }

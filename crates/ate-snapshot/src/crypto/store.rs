@@ -1,0 +1,282 @@
+//! [`EncryptedStore`]: an `ObjectStore` that seals every object it writes and opens every object
+//! it reads (see the module above), in front of the real store. Listing, heads and deletes pass
+//! through (names and sizes are not secret); a ranged read fetches and opens the whole object
+//! (only chunk headers are read by range, and a chunk is at most 2 MiB).
+
+use std::fmt;
+use std::ops::Range;
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use futures::StreamExt;
+use futures::stream::BoxStream;
+use object_store::path::Path;
+use object_store::{
+    CopyOptions, GetOptions, GetResult, GetResultPayload, ListResult, MultipartUpload, ObjectMeta,
+    ObjectStore, PutMultipartOptions, PutOptions, PutPayload, PutResult, UploadPart,
+};
+
+use super::{OpenError, Opener, Sealer, SnapshotKeys, seal_object};
+
+const STORE: &str = "ate-encrypted";
+
+fn generic(e: impl std::error::Error + Send + Sync + 'static) -> object_store::Error {
+    object_store::Error::Generic {
+        store: STORE,
+        source: Box::new(e),
+    }
+}
+
+/// The authentication failure inside an `object_store::Error`, if that is what it is.
+pub(crate) fn open_error(e: &object_store::Error) -> Option<String> {
+    let mut cur: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(err) = cur {
+        if let Some(o) = err.downcast_ref::<OpenError>() {
+            return Some(o.to_string());
+        }
+        cur = err.source();
+    }
+    None
+}
+
+#[derive(Clone)]
+pub(crate) struct EncryptedStore {
+    inner: Arc<dyn ObjectStore>,
+    keys: SnapshotKeys,
+}
+
+impl EncryptedStore {
+    pub(crate) fn new(inner: Arc<dyn ObjectStore>, keys: SnapshotKeys) -> Self {
+        Self { inner, keys }
+    }
+}
+
+impl fmt::Debug for EncryptedStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("EncryptedStore")
+            .field("inner", &self.inner)
+            .field("keys", &self.keys)
+            .finish()
+    }
+}
+
+impl fmt::Display for EncryptedStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Encrypted({})", self.inner)
+    }
+}
+
+fn payload_bytes(p: &PutPayload) -> Vec<u8> {
+    let mut v = Vec::with_capacity(p.content_length());
+    for b in p.iter() {
+        v.extend_from_slice(b);
+    }
+    v
+}
+
+#[async_trait]
+impl ObjectStore for EncryptedStore {
+    async fn put_opts(
+        &self,
+        location: &Path,
+        payload: PutPayload,
+        opts: PutOptions,
+    ) -> object_store::Result<PutResult> {
+        let keys = self.keys.clone();
+        let path = location.to_string();
+        // Sealing a 2 MiB chunk takes about a millisecond; keep it off the async threads.
+        let sealed = tokio::task::spawn_blocking(move || {
+            seal_object(&keys, &path, &payload_bytes(&payload))
+        })
+        .await
+        .map_err(generic)?
+        .map_err(generic)?;
+        self.inner
+            .put_opts(location, PutPayload::from(sealed), opts)
+            .await
+    }
+
+    async fn put_multipart_opts(
+        &self,
+        location: &Path,
+        opts: PutMultipartOptions,
+    ) -> object_store::Result<Box<dyn MultipartUpload>> {
+        let sealer = Sealer::new(&self.keys, location.as_ref()).map_err(generic)?;
+        let inner = self.inner.put_multipart_opts(location, opts).await?;
+        Ok(Box::new(SealedUpload {
+            inner,
+            sealer: Some(sealer),
+            header_sent: false,
+        }))
+    }
+
+    async fn get_opts(
+        &self,
+        location: &Path,
+        options: GetOptions,
+    ) -> object_store::Result<GetResult> {
+        if options.head {
+            return self.inner.get_opts(location, options).await;
+        }
+        let range = options.range.clone();
+        let whole = GetOptions {
+            range: None,
+            ..options
+        };
+        let got = self.inner.get_opts(location, whole).await?;
+        let meta = got.meta.clone();
+        let attributes = got.attributes.clone();
+        let extensions = got.extensions.clone();
+        let path = location.to_string();
+        let mut opener = Opener::new(&self.keys, &path);
+        if let Some(range) = range {
+            let stored = got.bytes().await?;
+            let plain = opener.push(&stored).map_err(generic)?;
+            opener.finish().map_err(generic)?;
+            let r: Range<u64> = range
+                .as_range(plain.len() as u64)
+                .map_err(|e| generic(std::io::Error::other(e.to_string())))?;
+            let slice = plain.slice(r.start as usize..r.end as usize);
+            return Ok(GetResult {
+                payload: GetResultPayload::Stream(
+                    futures::stream::once(async move { Ok(slice) }).boxed(),
+                ),
+                meta,
+                range: r,
+                attributes,
+                extensions,
+            });
+        }
+        let size = meta.size;
+        let inner = got.into_stream();
+        let stream = futures::stream::unfold(
+            (inner, opener, false),
+            |(mut inner, mut opener, done)| async move {
+                if done {
+                    return None;
+                }
+                loop {
+                    match inner.next().await {
+                        Some(Ok(piece)) => match opener.push(&piece) {
+                            Ok(out) if out.is_empty() => continue,
+                            Ok(out) => return Some((Ok(out), (inner, opener, false))),
+                            Err(e) => return Some((Err(generic(e)), (inner, opener, true))),
+                        },
+                        Some(Err(e)) => return Some((Err(e), (inner, opener, true))),
+                        None => {
+                            return match opener.finish() {
+                                Ok(()) => None,
+                                Err(e) => Some((Err(generic(e)), (inner, opener, true))),
+                            };
+                        }
+                    }
+                }
+            },
+        )
+        .boxed();
+        Ok(GetResult {
+            payload: GetResultPayload::Stream(stream),
+            meta,
+            // The plaintext is shorter than the stored object; callers read to the end.
+            range: 0..size,
+            attributes,
+            extensions,
+        })
+    }
+
+    fn delete_stream(
+        &self,
+        locations: BoxStream<'static, object_store::Result<Path>>,
+    ) -> BoxStream<'static, object_store::Result<Path>> {
+        self.inner.delete_stream(locations)
+    }
+
+    fn list(&self, prefix: Option<&Path>) -> BoxStream<'static, object_store::Result<ObjectMeta>> {
+        self.inner.list(prefix)
+    }
+
+    fn list_with_offset(
+        &self,
+        prefix: Option<&Path>,
+        offset: &Path,
+    ) -> BoxStream<'static, object_store::Result<ObjectMeta>> {
+        self.inner.list_with_offset(prefix, offset)
+    }
+
+    async fn list_with_delimiter(&self, prefix: Option<&Path>) -> object_store::Result<ListResult> {
+        self.inner.list_with_delimiter(prefix).await
+    }
+
+    /// Objects are bound to their path: a copy is opened and sealed again for its new one.
+    async fn copy_opts(
+        &self,
+        from: &Path,
+        to: &Path,
+        options: CopyOptions,
+    ) -> object_store::Result<()> {
+        let plain = self
+            .get_opts(from, GetOptions::default())
+            .await?
+            .bytes()
+            .await?;
+        let mode = match options.mode {
+            object_store::CopyMode::Overwrite => object_store::PutMode::Overwrite,
+            object_store::CopyMode::Create => object_store::PutMode::Create,
+        };
+        self.put_opts(
+            to,
+            PutPayload::from(plain),
+            PutOptions {
+                mode,
+                ..Default::default()
+            },
+        )
+        .await
+        .map(|_| ())
+    }
+}
+
+/// A multipart upload whose parts are sealed frames (the header goes with the first part).
+struct SealedUpload {
+    inner: Box<dyn MultipartUpload>,
+    sealer: Option<Sealer>,
+    header_sent: bool,
+}
+
+impl fmt::Debug for SealedUpload {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SealedUpload")
+            .field("inner", &self.inner)
+            .finish_non_exhaustive()
+    }
+}
+
+#[async_trait]
+impl MultipartUpload for SealedUpload {
+    fn put_part(&mut self, data: PutPayload) -> UploadPart {
+        let Some(sealer) = self.sealer.as_mut() else {
+            return Box::pin(async { Err(generic(std::io::Error::other("upload finished"))) });
+        };
+        let plain = payload_bytes(&data);
+        let mut out = Vec::with_capacity(plain.len() + 128);
+        if !self.header_sent {
+            out.extend_from_slice(sealer.header());
+            self.header_sent = true;
+        }
+        if let Err(e) = sealer.seal(&plain, &mut out) {
+            return Box::pin(async move { Err(generic(e)) });
+        }
+        self.inner.put_part(PutPayload::from(Bytes::from(out)))
+    }
+
+    async fn complete(&mut self) -> object_store::Result<PutResult> {
+        self.sealer = None;
+        self.inner.complete().await
+    }
+
+    async fn abort(&mut self) -> object_store::Result<()> {
+        self.sealer = None;
+        self.inner.abort().await
+    }
+}
