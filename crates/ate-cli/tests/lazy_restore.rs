@@ -461,7 +461,17 @@ fn delta_bases(object: &std::path::Path) -> Vec<String> {
 /// and the newest generation still restores from the durable copy with the memory it had.
 #[test]
 fn incremental_generations_restore_after_their_parents_were_pruned() {
-    let sys = lazy_system(1, &[("ATE_DURABLE_SWEEP_EVERY", "2")]);
+    // This test reads the stored layout itself (manifests, delta headers inside chunk objects),
+    // so the store is left unencrypted; crates/ate-snapshot/tests/encrypted.rs sweeps an
+    // encrypted one.
+    let sys = System::up_with_env(
+        UpOptions {
+            workers: 1,
+            up_args: vec!["--no-snapshot-encryption".into()],
+            ..Default::default()
+        },
+        &[("ATE_KEEP_FROZEN", "0"), ("ATE_DURABLE_SWEEP_EVERY", "2")],
+    );
     let ns = "ns-incremental";
     sys_apply(&sys, ns, "sleeper", &Tpl::sleeper(64));
     create_actor(&sys, ns, "s", "sleeper");

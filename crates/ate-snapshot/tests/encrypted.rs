@@ -302,3 +302,74 @@ async fn big_files_go_up_as_sealed_multipart_uploads() {
     );
     assert_eq!(files_with(&durable, SECRET), Vec::<PathBuf>::new());
 }
+
+/// The chunk object files of an encrypted store (sweep announcements left out).
+fn chunk_files(durable: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    all_files(&durable.join("_chunks"), &mut out);
+    out.retain(|p| !p.to_string_lossy().contains("/_sweeps/"));
+    out.sort();
+    out
+}
+
+#[tokio::test]
+async fn the_sweep_of_an_encrypted_store_keeps_referenced_chunks_and_takes_the_rest() {
+    let two_hours = std::time::Duration::from_secs(2 * 3600);
+    let fx = fixture((CHUNK_BYTES * 5 / 2) as usize);
+    let a = seal_generation(
+        &fx.gen_dir,
+        meta(Fidelity::Memory),
+        Some(&fx.upper),
+        &fx.volumes,
+    )
+    .await
+    .expect("seal a");
+    let durable = fx.root.path().join("durable");
+    let k = keys(fx.root.path());
+    let s = store(&durable, Some(k.clone()));
+    s.upload(&fx.gen_dir, KEY_A).await.expect("upload a");
+
+    // b: the same memory but its first chunk changed (shares chunks 1 and 2 with a).
+    let fx_b = fixture((CHUNK_BYTES * 5 / 2) as usize);
+    let pages_b = fx_b.gen_dir.join(PAGES);
+    let mut bytes = fs::read(&pages_b).expect("read");
+    bytes[100] ^= 0xff;
+    fs::write(&pages_b, bytes).expect("write");
+    let b = seal_generation(
+        &fx_b.gen_dir,
+        meta(Fidelity::Memory),
+        Some(&fx_b.upper),
+        &fx_b.volumes,
+    )
+    .await
+    .expect("seal b");
+    let (_, stats) = s
+        .upload_with_stats(&fx_b.gen_dir, KEY_B)
+        .await
+        .expect("upload b");
+    assert_eq!(stats.chunks_reused, 2, "{stats:?}");
+    assert_eq!(chunk_files(&durable).len(), 4);
+
+    s.delete(KEY_A).await.expect("delete a");
+    let only_a = k.chunk_name(
+        a.file(PAGES)
+            .expect("pages")
+            .chunk_digest(0)
+            .expect("digest"),
+    );
+    for f in chunk_files(&durable) {
+        age_file(&f, two_hours);
+    }
+    assert_eq!(
+        s.sweep_unreferenced_chunks("node-a").await.expect("sweep"),
+        1
+    );
+    let left = chunk_files(&durable);
+    assert_eq!(left.len(), 3, "{left:?}");
+    assert!(
+        !left.iter().any(|p| p.to_string_lossy().contains(&only_a)),
+        "a's own chunk is gone"
+    );
+    let back = fx.root.path().join("b-back");
+    assert_eq!(s.download(KEY_B, &back).await.expect("download b"), b);
+}

@@ -71,8 +71,16 @@ impl DurableStore {
                 obj = self.legacy_chunk_object(digest);
                 got = self.store.get(&obj).await;
             }
+            // A chunk that does not open is named by its image and index, as a mismatch is.
+            let named = |e: object_store::Error| match Error::object(&obj, e) {
+                Error::Unauthentic { message, .. } => Error::Unauthentic {
+                    key: format!("{label}, {obj})"),
+                    message,
+                },
+                other => other,
+            };
             let got = match got {
-                Ok(r) => r.bytes().await.map_err(|e| Error::object(&obj, e))?,
+                Ok(r) => r.bytes().await.map_err(named)?,
                 Err(object_store::Error::NotFound { .. }) => {
                     return Err(Error::MissingFile {
                         file: format!("{label}, {obj})"),

@@ -176,7 +176,7 @@ pub(crate) enum OpenError {
     Plaintext,
     #[error("sealed under data key {found:?}, this node holds {held:?}")]
     OtherKey { found: String, held: String },
-    #[error("frame {0} fails authentication (tampered, truncated, or moved from another object)")]
+    #[error("frame {0} fails authentication: damaged, tampered with, or moved from another object")]
     Frame(u64),
     #[error("truncated ({0})")]
     Truncated(&'static str),
