@@ -149,7 +149,12 @@ impl ObjectStore for EncryptedStore {
             });
         }
         let size = meta.size;
-        let inner = got.into_stream();
+        let inner = match got.payload {
+            // A local store hands over the file: read it in large pieces (its own stream reads
+            // 8 KiB at a time).
+            GetResultPayload::File(file, _) => file_stream(file),
+            GetResultPayload::Stream(s) => s,
+        };
         let stream = futures::stream::unfold(
             (inner, opener, false),
             |(mut inner, mut opener, done)| async move {
@@ -235,6 +240,37 @@ impl ObjectStore for EncryptedStore {
         .await
         .map(|_| ())
     }
+}
+
+/// Reads `file` to its end in pieces of about a frame, on blocking threads.
+fn file_stream(file: std::fs::File) -> BoxStream<'static, object_store::Result<Bytes>> {
+    futures::stream::try_unfold(Some(file), |file| async move {
+        let Some(mut file) = file else {
+            return Ok(None);
+        };
+        let (file, piece) = tokio::task::spawn_blocking(move || {
+            use std::io::Read;
+            let mut buf = vec![0u8; super::FRAME_BYTES + 64];
+            let mut n = 0;
+            while n < buf.len() {
+                match file.read(&mut buf[n..]) {
+                    Ok(0) => break,
+                    Ok(k) => n += k,
+                    Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                    Err(e) => return Err(generic(e)),
+                }
+            }
+            buf.truncate(n);
+            Ok((file, buf))
+        })
+        .await
+        .map_err(generic)??;
+        if piece.is_empty() {
+            return Ok(None);
+        }
+        Ok(Some((Bytes::from(piece), Some(file))))
+    })
+    .boxed()
 }
 
 /// A multipart upload whose parts are sealed frames (the header goes with the first part).
