@@ -212,10 +212,11 @@ impl Opener {
         }
     }
 
-    /// Takes the next piece of the stored object; returns the plaintext it completes.
-    pub(crate) fn push(&mut self, piece: &[u8]) -> std::result::Result<Bytes, OpenError> {
+    /// Takes the next piece of the stored object; returns the plaintext it completes, one
+    /// piece per frame.
+    pub(crate) fn push(&mut self, piece: &[u8]) -> std::result::Result<Vec<Bytes>, OpenError> {
         if let State::Plain = self.state {
-            return Ok(Bytes::copy_from_slice(piece));
+            return Ok(vec![Bytes::copy_from_slice(piece)]);
         }
         self.buf.extend_from_slice(piece);
         if let State::Header = self.state {
@@ -223,17 +224,17 @@ impl Opener {
             if self.buf[..n] != MAGIC[..n] {
                 if self.keys.legacy_plaintext {
                     self.state = State::Plain;
-                    return Ok(self.buf.split().freeze());
+                    return Ok(vec![self.buf.split().freeze()]);
                 }
                 return Err(OpenError::Plaintext);
             }
             if self.buf.len() < MAGIC.len() + 1 {
-                return Ok(Bytes::new());
+                return Ok(Vec::new());
             }
             let id_len = usize::from(self.buf[MAGIC.len()]);
             let need = MAGIC.len() + 1 + id_len + SALT_BYTES;
             if self.buf.len() < need {
-                return Ok(Bytes::new());
+                return Ok(Vec::new());
             }
             let id = &self.buf[MAGIC.len() + 1..MAGIC.len() + 1 + id_len];
             if id != self.keys.data_key_id.as_bytes() {
@@ -248,9 +249,10 @@ impl Opener {
             self.state = State::Frames(key);
         }
         let State::Frames(key) = &self.state else {
-            return Ok(Bytes::new());
+            return Ok(Vec::new());
         };
-        let mut out = BytesMut::new();
+        // Each frame is opened in place and handed on without a copy; several are joined.
+        let mut frames: Vec<Bytes> = Vec::new();
         loop {
             if self.buf.len() < 4 {
                 break;
@@ -265,17 +267,19 @@ impl Opener {
             }
             self.buf.advance(4);
             let mut frame = self.buf.split_to(len);
-            let plain = key
+            let n = key
                 .open_in_place(
                     nonce(self.next),
                     Aad::from(aad(&self.path, self.next)),
                     &mut frame,
                 )
-                .map_err(|_| OpenError::Frame(self.next))?;
-            out.extend_from_slice(plain);
+                .map_err(|_| OpenError::Frame(self.next))?
+                .len();
+            frame.truncate(n);
+            frames.push(frame.freeze());
             self.next += 1;
         }
-        Ok(out.freeze())
+        Ok(frames)
     }
 
     /// The object ended: anything left over is a torn frame.
@@ -298,6 +302,21 @@ impl Opener {
     }
 }
 
+/// The pieces [`Opener::push`] returned, as one.
+pub(crate) fn join(pieces: Vec<Bytes>) -> Bytes {
+    match pieces.len() {
+        0 => Bytes::new(),
+        1 => pieces.into_iter().next().unwrap_or_default(),
+        _ => {
+            let mut out = BytesMut::with_capacity(pieces.iter().map(Bytes::len).sum());
+            for p in &pieces {
+                out.extend_from_slice(p);
+            }
+            out.freeze()
+        }
+    }
+}
+
 /// Opens a whole stored object.
 #[cfg(test)]
 pub(crate) fn open_object(
@@ -306,7 +325,7 @@ pub(crate) fn open_object(
     stored: &[u8],
 ) -> std::result::Result<Bytes, OpenError> {
     let mut o = Opener::new(keys, path);
-    let out = o.push(stored)?;
+    let out = join(o.push(stored)?);
     o.finish()?;
     Ok(out)
 }
@@ -334,7 +353,9 @@ mod tests {
             let mut o = Opener::new(&k, "a/b/1-u/rootfs.tar.zst");
             let mut out = Vec::new();
             for p in sealed.chunks(piece) {
-                out.extend_from_slice(&o.push(p).expect("push"));
+                for f in o.push(p).expect("push") {
+                    out.extend_from_slice(&f);
+                }
             }
             o.finish().expect("finish");
             assert_eq!(out, plain, "piece {piece}");

@@ -17,7 +17,7 @@ use object_store::{
     ObjectStore, PutMultipartOptions, PutOptions, PutPayload, PutResult, UploadPart,
 };
 
-use super::{OpenError, Opener, Sealer, SnapshotKeys, seal_object};
+use super::{OpenError, Opener, Sealer, SnapshotKeys, join, seal_object};
 
 const STORE: &str = "ate-encrypted";
 
@@ -132,7 +132,7 @@ impl ObjectStore for EncryptedStore {
         let mut opener = Opener::new(&self.keys, &path);
         if let Some(range) = range {
             let stored = got.bytes().await?;
-            let plain = opener.push(&stored).map_err(generic)?;
+            let plain = join(opener.push(&stored).map_err(generic)?);
             opener.finish().map_err(generic)?;
             let r: Range<u64> = range
                 .as_range(plain.len() as u64)
@@ -155,24 +155,32 @@ impl ObjectStore for EncryptedStore {
             GetResultPayload::File(file, _) => file_stream(file),
             GetResultPayload::Stream(s) => s,
         };
+        // State: the stored stream, the opener, frames opened but not yet handed on, done.
         let stream = futures::stream::unfold(
-            (inner, opener, false),
-            |(mut inner, mut opener, done)| async move {
-                if done {
-                    return None;
-                }
+            (
+                inner,
+                opener,
+                std::collections::VecDeque::<Bytes>::new(),
+                false,
+            ),
+            |(mut inner, mut opener, mut ready, done)| async move {
                 loop {
+                    if let Some(b) = ready.pop_front() {
+                        return Some((Ok(b), (inner, opener, ready, done)));
+                    }
+                    if done {
+                        return None;
+                    }
                     match inner.next().await {
                         Some(Ok(piece)) => match opener.push(&piece) {
-                            Ok(out) if out.is_empty() => continue,
-                            Ok(out) => return Some((Ok(out), (inner, opener, false))),
-                            Err(e) => return Some((Err(generic(e)), (inner, opener, true))),
+                            Ok(frames) => ready.extend(frames),
+                            Err(e) => return Some((Err(generic(e)), (inner, opener, ready, true))),
                         },
-                        Some(Err(e)) => return Some((Err(e), (inner, opener, true))),
+                        Some(Err(e)) => return Some((Err(e), (inner, opener, ready, true))),
                         None => {
                             return match opener.finish() {
                                 Ok(()) => None,
-                                Err(e) => Some((Err(generic(e)), (inner, opener, true))),
+                                Err(e) => Some((Err(generic(e)), (inner, opener, ready, true))),
                             };
                         }
                     }
@@ -250,7 +258,8 @@ fn file_stream(file: std::fs::File) -> BoxStream<'static, object_store::Result<B
         };
         let (file, piece) = tokio::task::spawn_blocking(move || {
             use std::io::Read;
-            let mut buf = vec![0u8; super::FRAME_BYTES + 64];
+            // Up to four frames per read: a 2 MiB chunk object in one.
+            let mut buf = vec![0u8; 4 * (super::FRAME_BYTES + 64)];
             let mut n = 0;
             while n < buf.len() {
                 match file.read(&mut buf[n..]) {
