@@ -71,6 +71,10 @@ pub enum Error {
     /// another path (another actor's or generation's), sealed under another key, or plaintext.
     #[error("object {key} refused: {message}")]
     Unauthentic { key: String, message: String },
+    /// A stored object sealed under a data key this node does not hold (its keys directory is
+    /// not the store's): not counted as damage, the copy may be intact.
+    #[error("object {key} cannot be opened with this node's snapshot keys: {message}")]
+    ForeignKey { key: String, message: String },
     /// The snapshot keys (KEK, data key) could not be created, read or used.
     #[error("snapshot keys: {0}")]
     Keys(String),
@@ -125,11 +129,20 @@ impl Error {
     }
 
     pub(crate) fn object(key: impl std::fmt::Display, source: object_store::Error) -> Self {
-        if let Some(message) = crate::crypto::open_error(&source) {
-            return Self::Unauthentic {
-                key: key.to_string(),
-                message,
-            };
+        match crate::crypto::open_error(&source) {
+            Some((message, true)) => {
+                return Self::Unauthentic {
+                    key: key.to_string(),
+                    message,
+                };
+            }
+            Some((message, false)) => {
+                return Self::ForeignKey {
+                    key: key.to_string(),
+                    message,
+                };
+            }
+            None => {}
         }
         Self::Object {
             key: key.to_string(),

@@ -77,6 +77,10 @@ impl DurableStore {
                     key: format!("{label}, {obj})"),
                     message,
                 },
+                Error::ForeignKey { message, .. } => Error::ForeignKey {
+                    key: format!("{label}, {obj})"),
+                    message,
+                },
                 other => other,
             };
             let got = match got {

@@ -28,12 +28,15 @@ fn generic(e: impl std::error::Error + Send + Sync + 'static) -> object_store::E
     }
 }
 
-/// The authentication failure inside an `object_store::Error`, if that is what it is.
-pub(crate) fn open_error(e: &object_store::Error) -> Option<String> {
+/// The authentication failure inside an `object_store::Error`, if that is what it is, and
+/// whether it says the object is damaged: an object sealed under another data key is not (a
+/// node given the wrong keys must not mark every copy it reads as damaged; it never serves one
+/// either way).
+pub(crate) fn open_error(e: &object_store::Error) -> Option<(String, bool)> {
     let mut cur: Option<&(dyn std::error::Error + 'static)> = Some(e);
     while let Some(err) = cur {
         if let Some(o) = err.downcast_ref::<OpenError>() {
-            return Some(o.to_string());
+            return Some((o.to_string(), !matches!(o, OpenError::OtherKey { .. })));
         }
         cur = err.source();
     }
