@@ -7,6 +7,7 @@ mod client;
 mod contexts;
 mod faults;
 mod join;
+mod keys;
 mod logs;
 mod otel;
 mod proxy;
@@ -181,6 +182,9 @@ enum Command {
     /// Get this machine's node and worker certificates with a join token and keep renewing them
     /// (for node agents run by systemd or Kubernetes; `ate up --role node` does this itself).
     Join(join::JoinArgs),
+    /// Snapshot encryption keys of a state directory: init, rotate, show.
+    #[command(subcommand)]
+    Keys(keys::KeysCmd),
     /// Join tokens for machines joining the fleet (`ate up --role node --join … --token …`).
     Token {
         #[command(subcommand)]
@@ -284,6 +288,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Node(args) => serve::run_node(args).await.map(|_| ExitCode::SUCCESS),
         Command::Worker(args) => serve::run_worker(args).await.map(|_| ExitCode::SUCCESS),
         Command::Up(args) => up::run(args).await,
+        Command::Keys(cmd) => keys::run(cmd).map(|()| ExitCode::SUCCESS),
         Command::Apply { file, api, out } => {
             verbs::apply(&api.connect().await?, &file, out.output).await
         }

@@ -68,6 +68,22 @@ pub struct NodeConfig {
     /// are removed once unused for this long (default 1h; `30m`, `6h`, seconds; `0`: kept).
     #[arg(long = "snapshot-cache-ttl", env = "ATE_SNAPSHOT_CACHE_TTL", value_parser = parse_cache_ttl)]
     pub snapshot_cache_ttl: Option<Duration>,
+    /// Snapshot keys directory (a key-encryption key file and the data key wrapped by it,
+    /// docs/security.md "Snapshots at rest"): every object of the durable store is sealed under
+    /// that data key and refused when it does not open. Default: STATE_DIR/keys when it holds
+    /// a data key (`ate up` creates it); none: the durable store is not encrypted.
+    #[arg(long = "snapshot-keys", env = "ATE_SNAPSHOT_KEYS")]
+    pub snapshot_keys: Option<PathBuf>,
+    /// Do not encrypt the durable store even when STATE_DIR/keys exists.
+    #[arg(long = "no-snapshot-encryption", conflicts_with = "snapshot_keys")]
+    pub no_snapshot_encryption: bool,
+    /// Read durable objects written before encryption (no header) as they are. Off: such an
+    /// object is refused as unauthenticated, and the restore fails naming it.
+    #[arg(
+        long = "snapshot-legacy-plaintext",
+        env = "ATE_SNAPSHOT_LEGACY_PLAINTEXT"
+    )]
+    pub snapshot_legacy_plaintext: bool,
     /// Write the bound address as JSON here once serving.
     #[arg(long = "ready-file")]
     pub ready_file: Option<PathBuf>,
@@ -78,6 +94,20 @@ pub struct NodeConfig {
 }
 
 impl NodeConfig {
+    /// The snapshot keys directory in use: `--snapshot-keys`, else STATE_DIR/keys if it holds a
+    /// data key.
+    pub fn snapshot_keys_dir(&self) -> Option<PathBuf> {
+        if self.no_snapshot_encryption {
+            return None;
+        }
+        self.snapshot_keys.clone().or_else(|| {
+            let dir = self.state_dir.join("keys");
+            dir.join(ate_snapshot::DATA_KEY_FILE)
+                .is_file()
+                .then_some(dir)
+        })
+    }
+
     /// The lock that makes this process the node agent of its state dir ([`lock_identity`]).
     pub fn lock_path(&self) -> PathBuf {
         self.state_dir.join("node.lock")

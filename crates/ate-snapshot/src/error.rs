@@ -67,6 +67,17 @@ pub enum Error {
         source: object_store::Error,
     },
     /// A compressed object could not be decoded.
+    /// A stored object that does not open under this node's data key: tampered with, moved from
+    /// another path (another actor's or generation's), sealed under another key, or plaintext.
+    #[error("object {key} refused: {message}")]
+    Unauthentic { key: String, message: String },
+    /// A stored object sealed under a data key this node does not hold (its keys directory is
+    /// not the store's): not counted as damage, the copy may be intact.
+    #[error("object {key} cannot be opened with this node's snapshot keys: {message}")]
+    ForeignKey { key: String, message: String },
+    /// The snapshot keys (KEK, data key) could not be created, read or used.
+    #[error("snapshot keys: {0}")]
+    Keys(String),
     #[error("object {key}: zstd stream: {source}")]
     Decompress {
         key: String,
@@ -118,6 +129,21 @@ impl Error {
     }
 
     pub(crate) fn object(key: impl std::fmt::Display, source: object_store::Error) -> Self {
+        match crate::crypto::open_error(&source) {
+            Some((message, true)) => {
+                return Self::Unauthentic {
+                    key: key.to_string(),
+                    message,
+                };
+            }
+            Some((message, false)) => {
+                return Self::ForeignKey {
+                    key: key.to_string(),
+                    message,
+                };
+            }
+            None => {}
+        }
         Self::Object {
             key: key.to_string(),
             source,
@@ -144,6 +170,7 @@ impl Error {
                 | Self::SizeMismatch { .. }
                 | Self::ChecksumMismatch { .. }
                 | Self::ChunkMismatch { .. }
+                | Self::Unauthentic { .. }
         )
     }
 
@@ -155,6 +182,7 @@ impl Error {
             | Self::SizeMismatch { file, .. }
             | Self::ChecksumMismatch { file, .. }
             | Self::ChunkMismatch { file, .. } => Some(file),
+            Self::Unauthentic { key, .. } => Some(key),
             _ => None,
         }
     }

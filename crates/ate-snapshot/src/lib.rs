@@ -24,6 +24,7 @@
 mod archive;
 mod chunk_delta;
 mod chunks;
+mod crypto;
 mod delta_upload;
 mod durable;
 mod error;
@@ -32,6 +33,9 @@ mod layout;
 mod manifest;
 
 pub use chunks::{DURABLE_SOURCE_FILE, DurableSource, durable_source};
+pub use crypto::{
+    DATA_KEY_FILE, FileKek, KeyEncryptionKey, Rotation, SnapshotKeys, rotate as rotate_keys,
+};
 pub use durable::{
     BACKGROUND_NICE, DEFAULT_PARTIAL_GRACE, DurableStore, SweepStats, TransferStats,
     UploadPriority, lower_this_thread_priority,

@@ -77,9 +77,21 @@ impl NodeAgent {
             age if age.is_zero() => ate_snapshot::DEFAULT_PARTIAL_GRACE,
             age => age,
         };
-        let durable = DurableStore::from_url(&durable_url)
+        let mut durable = DurableStore::from_url(&durable_url)
             .map_err(|e| NodeError::Durable(e.to_string()))?
             .with_partial_grace(gc_age);
+        match cfg.snapshot_keys_dir() {
+            Some(dir) => {
+                let keys = ate_snapshot::SnapshotKeys::load(&dir)
+                    .map_err(|e| NodeError::Durable(format!("snapshot keys: {e}")))?
+                    .with_legacy_plaintext(cfg.snapshot_legacy_plaintext);
+                tracing::info!(keys = %dir.display(), data_key = keys.data_key_id(), "durable snapshots encrypted");
+                durable = durable.with_keys(keys);
+            }
+            None => tracing::warn!(
+                "no snapshot keys (--snapshot-keys): durable snapshots are stored unencrypted"
+            ),
+        }
         let tls = cfg.tls.load("node")?;
         let client_tls = match &tls {
             Some(src) => {

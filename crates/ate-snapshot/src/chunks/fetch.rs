@@ -61,9 +61,30 @@ impl DurableStore {
         depth: usize,
     ) -> futures::future::BoxFuture<'a, Result<Vec<u8>>> {
         async move {
-            let obj = self.chunk_object(digest);
-            let got = match self.store.get(&obj).await {
-                Ok(r) => r.bytes().await.map_err(|e| Error::object(&obj, e))?,
+            let mut obj = self.chunk_object(digest);
+            let mut got = self.store.get(&obj).await;
+            // A generation written before encryption named its chunks by their plain digests
+            // (read only with `--snapshot-legacy-plaintext`).
+            if matches!(got, Err(object_store::Error::NotFound { .. }))
+                && self.keys.as_ref().is_some_and(|k| k.legacy_plaintext())
+            {
+                obj = self.legacy_chunk_object(digest);
+                got = self.store.get(&obj).await;
+            }
+            // A chunk that does not open is named by its image and index, as a mismatch is.
+            let named = |e: object_store::Error| match Error::object(&obj, e) {
+                Error::Unauthentic { message, .. } => Error::Unauthentic {
+                    key: format!("{label}, {obj})"),
+                    message,
+                },
+                Error::ForeignKey { message, .. } => Error::ForeignKey {
+                    key: format!("{label}, {obj})"),
+                    message,
+                },
+                other => other,
+            };
+            let got = match got {
+                Ok(r) => r.bytes().await.map_err(named)?,
                 Err(object_store::Error::NotFound { .. }) => {
                     return Err(Error::MissingFile {
                         file: format!("{label}, {obj})"),
@@ -216,6 +237,11 @@ impl DurableStore {
             let source = DurableSource {
                 store: self.url.clone(),
                 uri: self.uri(&key)?,
+                keys: self
+                    .keys
+                    .as_ref()
+                    .and_then(|k| k.dir().map(Path::to_path_buf)),
+                legacy_plaintext: self.keys.as_ref().is_some_and(|k| k.legacy_plaintext()),
             };
             let json = serde_json::to_vec(&source)
                 .map_err(|e| Error::InvalidInput(format!("durable source: {e}")))?;

@@ -64,6 +64,27 @@ pub struct DurableSource {
     pub store: String,
     /// The generation's durable uri.
     pub uri: String,
+    /// The snapshot keys directory when the store is encrypted (the page source loads the
+    /// data key from it, as the node did; see `crate::SnapshotKeys::load`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub keys: Option<std::path::PathBuf>,
+    /// Whether objects without encryption are read (`--snapshot-legacy-plaintext`).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub legacy_plaintext: bool,
+}
+
+impl DurableSource {
+    /// The store this source names, with its keys when it is encrypted.
+    pub fn open_store(&self) -> Result<DurableStore> {
+        let store = DurableStore::from_url(&self.store)?;
+        Ok(match &self.keys {
+            Some(dir) => store.with_keys(
+                crate::crypto::SnapshotKeys::load(dir)?
+                    .with_legacy_plaintext(self.legacy_plaintext),
+            ),
+            None => store,
+        })
+    }
 }
 
 /// The [`DurableSource`] of a generation directory made by
@@ -113,12 +134,29 @@ impl DurableStore {
     /// The object holding the chunk with BLAKE3 `digest` (64 lowercase hex digits, checked by
     /// the manifest's parser).
     pub(crate) fn chunk_object(&self, digest: &str) -> ObjPath {
+        let name = self.chunk_name(digest);
+        let fan = name.get(..2).unwrap_or("00");
+        self.chunks_root().join(fan).join(format!("{name}.zst"))
+    }
+
+    /// The object a chunk had before the store was encrypted (named by its plain digest).
+    pub(crate) fn legacy_chunk_object(&self, digest: &str) -> ObjPath {
         let fan = digest.get(..2).unwrap_or("00");
         self.chunks_root().join(fan).join(format!("{digest}.zst"))
     }
 
+    /// The name a chunk's object has in this store: its digest, or with encryption a keyed
+    /// digest of it (so names reveal nothing about contents; see `crate::crypto`).
+    pub(crate) fn chunk_name(&self, digest: &str) -> String {
+        match &self.keys {
+            Some(k) => k.chunk_name(digest),
+            None => digest.to_string(),
+        }
+    }
+
     /// The marker saying that chunk `digest` is stored as a delta on `base`.
     fn delta_marker(&self, digest: &str, base: &str) -> ObjPath {
+        let (digest, base) = (self.chunk_name(digest), self.chunk_name(base));
         let fan = digest.get(..2).unwrap_or("00");
         self.chunks_root()
             .join(fan)

@@ -93,7 +93,10 @@ impl DurableStore {
                     "sweep of unreferenced chunks: cannot read {mpath}: {e}; nothing deleted"
                 ))
             })?;
+            // Names, as listed: keyed digests when the store is encrypted, and the plain
+            // digests too (the chunks of generations written before encryption).
             for f in manifest.files {
+                referenced.extend(f.blake3_chunks.iter().map(|d| self.chunk_name(d)));
                 referenced.extend(f.blake3_chunks);
             }
         }

@@ -75,6 +75,8 @@ pub struct DurableStore {
     /// Age after which a manifest-less key (or an unreferenced chunk) is garbage; uploads stop
     /// at half of it.
     pub(crate) partial_grace: Duration,
+    /// Set by [`DurableStore::with_keys`]: every object is sealed under its data key.
+    pub(crate) keys: Option<crate::crypto::SnapshotKeys>,
 }
 
 impl DurableStore {
@@ -125,6 +127,7 @@ impl DurableStore {
                 prefix: Vec::new(),
                 parallelism: DEFAULT_PARALLELISM,
                 partial_grace: DEFAULT_PARTIAL_GRACE,
+                keys: None,
             });
         }
         let (scheme, rest) = trimmed.split_once("://").ok_or_else(|| {
@@ -172,7 +175,24 @@ impl DurableStore {
             prefix,
             parallelism: DEFAULT_PARALLELISM,
             partial_grace: DEFAULT_PARTIAL_GRACE,
+            keys: None,
         })
+    }
+
+    /// Encrypts and authenticates every object this store writes and reads under `keys`
+    /// (AES-256-GCM, each object bound to its path; see docs/security.md, "Snapshots at
+    /// rest"), and names memory chunks by a keyed digest. Call once, right after `from_url`.
+    pub fn with_keys(mut self, keys: crate::crypto::SnapshotKeys) -> Self {
+        if self.keys.is_none() {
+            self.store = Arc::new(crate::crypto::EncryptedStore::new(self.store, keys.clone()));
+            self.keys = Some(keys);
+        }
+        self
+    }
+
+    /// The keys objects are sealed under, if any.
+    pub fn keys(&self) -> Option<&crate::crypto::SnapshotKeys> {
+        self.keys.as_ref()
     }
 
     /// Files transferred at once (default 4).

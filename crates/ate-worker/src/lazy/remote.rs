@@ -65,7 +65,7 @@ pub struct Remote {
 
 impl Remote {
     pub fn new(source: &DurableSource, generation: &std::path::Path) -> Result<Self, SourceError> {
-        let store = DurableStore::from_url(&source.store)?;
+        let store = source.open_store()?;
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .thread_name("ate-page-fetch")

@@ -1,0 +1,255 @@
+//! Durable snapshots encrypted at rest and authenticated, end to end (real runc + CRIU through
+//! `ate up`, which creates STATE_DIR/keys): a secret the actor holds in memory never reaches the
+//! durable store; resumes from node-local and durable copies, lazy and eager, on either worker,
+//! still work; a durable manifest rolled back to an older generation's, or swapped in from
+//! another actor, is refused (CRASHED, `lastError` naming the object) and `ate revert` goes back
+//! to an intact generation.
+
+mod support;
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use support::actors::*;
+use support::generations::durable_manifest;
+use support::*;
+
+fn all_files(dir: &Path, out: &mut Vec<PathBuf>) {
+    let Ok(rd) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for e in rd.flatten() {
+        let p = e.path();
+        match e.file_type() {
+            Ok(t) if t.is_dir() => all_files(&p, out),
+            Ok(t) if t.is_file() => out.push(p),
+            _ => {}
+        }
+    }
+}
+
+/// Every file under `dir` whose bytes contain `needle`.
+fn files_with(dir: &Path, needle: &[u8]) -> Vec<PathBuf> {
+    let mut files = Vec::new();
+    all_files(dir, &mut files);
+    files
+        .into_iter()
+        .filter(|f| std::fs::read(f).is_ok_and(|b| b.windows(needle.len()).any(|w| w == needle)))
+        .collect()
+}
+
+fn secret() -> String {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    format!("sk-ate-secret-{nanos:x}-{}", std::process::id())
+}
+
+/// The counter with `AGENT_SECRET=<secret>` in its environment (its processes' memory).
+fn counter_holding(secret: &str) -> Tpl {
+    let mut t = Tpl::counter();
+    t.env.push(("AGENT_SECRET".into(), secret.into()));
+    t
+}
+
+fn durable_gen_dir(sys: &System, ns: &str, name: &str, generation: u64) -> PathBuf {
+    durable_manifest(&sys.state_dir().join("durable"), ns, name, generation)
+        .and_then(|m| m.parent().map(Path::to_path_buf))
+        .unwrap_or_else(|| panic!("generation {generation} of {ns}/{name} has no durable copy"))
+}
+
+#[test]
+fn a_secret_in_memory_never_reaches_the_durable_store_and_resumes_still_work() {
+    let sys = System::up_with_env(
+        UpOptions {
+            workers: 2,
+            ..Default::default()
+        },
+        // Every resume restores a generation (no frozen copy thawed in place).
+        &[("ATE_KEEP_FROZEN", "0")],
+    );
+    let state = sys.state_dir();
+    assert!(
+        state.join("keys").join("data-key.json").is_file(),
+        "ate up created the snapshot keys"
+    );
+    let ns = "ns-crypt";
+    let secret = secret();
+    sys_apply(&sys, ns, "counter", &counter_holding(&secret));
+    // The same template restored eagerly (`spec.snapshots.memoryRestore: eager`).
+    let eager = counter_holding(&secret).yaml(ns, "eager").replace(
+        "snapshots: {fidelity: memory",
+        "snapshots: {memoryRestore: eager, fidelity: memory",
+    );
+    assert!(eager.contains("memoryRestore: eager"));
+    let path = sys.dir.path().join("eager.yaml");
+    std::fs::write(&path, eager).expect("write template");
+    sys.ate_ok(&["apply", "-f", path.to_str().expect("utf-8 path")]);
+    create_actor(&sys, ns, "c", "counter");
+    create_actor(&sys, ns, "e", "eager");
+    let (c, e) = (format!("{ns}/c"), format!("{ns}/e"));
+    assert_eq!(counts(&get_ok(&sys, &c, "/")), (1, 1, 1));
+    assert_eq!(counts(&get_ok(&sys, &e, "/")), (1, 1, 1));
+    let mut workers = std::collections::BTreeSet::new();
+    for n in 1..=4u64 {
+        for name in ["c", "e"] {
+            sys.ate_ok(&["suspend", "actor", name, "-a", ns, "--durable"]);
+        }
+        if n == 1 {
+            // The control: the secret is in the memory the node-local generation holds
+            // (it is not encrypted yet, docs/security.md) …
+            let local = generation_dir(&state, ns, "c", 1);
+            assert!(
+                !files_with(&local.join("criu"), secret.as_bytes()).is_empty(),
+                "the actor's memory holds the secret (else this test proves nothing)"
+            );
+            // … and in no byte of the durable store, nor is any manifest readable there.
+            let durable = state.join("durable");
+            assert_eq!(
+                files_with(&durable, secret.as_bytes()),
+                Vec::<PathBuf>::new(),
+                "the secret is in the durable store"
+            );
+            assert_eq!(files_with(&durable, b"\"atespace\""), Vec::<PathBuf>::new());
+            assert!(
+                !files_with(&durable, b"ATEENC1").is_empty(),
+                "sealed objects"
+            );
+        }
+        if n == 2 {
+            // From the durable copies: lazy (c) and eager (e).
+            for name in ["c", "e"] {
+                std::fs::remove_dir_all(generation_dir(&state, ns, name, n))
+                    .expect("remove the node-local generation");
+            }
+        }
+        let m = n + 1;
+        assert_eq!(counts(&get_ok(&sys, &c, "/")), (m, m, m), "lazy, cycle {n}");
+        assert_eq!(
+            counts(&get_ok(&sys, &e, "/")),
+            (m, m, m),
+            "eager, cycle {n}"
+        );
+        workers.insert(actor(&sys, ns, "c")["worker"].to_string());
+        workers.insert(actor(&sys, ns, "e")["worker"].to_string());
+    }
+    let node_log = sys.log("node");
+    assert!(
+        node_log.contains("durable copy, memory on demand"),
+        "a lazy restore from the (encrypted) durable copy:\n{node_log}"
+    );
+    assert!(workers.len() >= 2, "resumed on both workers: {workers:?}");
+    let durable = state.join("durable");
+    assert_eq!(
+        files_with(&durable, secret.as_bytes()),
+        Vec::<PathBuf>::new(),
+        "after every cycle"
+    );
+}
+
+#[test]
+fn a_rolled_back_or_swapped_durable_manifest_is_refused_and_revert_recovers() {
+    let sys = System::up_with_env(
+        UpOptions {
+            workers: 1,
+            ..Default::default()
+        },
+        &[("ATE_KEEP_FROZEN", "0")],
+    );
+    let state = sys.state_dir();
+    let ns = "ns-crypt-tamper";
+    sys_apply(&sys, ns, "counter", &Tpl::counter());
+    create_actor(&sys, ns, "c", "counter");
+    create_actor(&sys, ns, "d", "counter");
+    let c = format!("{ns}/c");
+    assert_eq!(counts(&get_ok(&sys, &c, "/")), (1, 1, 1));
+    assert_eq!(counts(&get_ok(&sys, &format!("{ns}/d"), "/")), (1, 1, 1));
+    sys.ate_ok(&["suspend", "actor", "d", "-a", ns, "--durable"]);
+    sys.ate_ok(&["suspend", "actor", "c", "-a", ns, "--durable"]); // c: generation 1, count 1
+    assert_eq!(counts(&get_ok(&sys, &c, "/")), (2, 2, 2));
+    sys.ate_ok(&["suspend", "actor", "c", "-a", ns, "--durable"]); // 2, count 2
+    assert_eq!(counts(&get_ok(&sys, &c, "/")), (3, 3, 3));
+    sys.ate_ok(&["suspend", "actor", "c", "-a", ns, "--durable"]); // 3, count 3
+
+    // Roll generation 3 back to generation 2: its manifest copied over 3's, node-local copy
+    // gone, so the next resume reads the durable one.
+    let g2 = durable_gen_dir(&sys, ns, "c", 2);
+    let g3 = durable_gen_dir(&sys, ns, "c", 3);
+    std::fs::copy(g2.join("manifest.json"), g3.join("manifest.json")).expect("roll back");
+    std::fs::remove_dir_all(generation_dir(&state, ns, "c", 3)).expect("remove local gen 3");
+    let (status, _, body) = get(sys.router_addr, &c, "/");
+    assert_ne!(status, 200, "a refused generation serves nothing: {body}");
+    let a = wait_state(
+        &sys,
+        ns,
+        "c",
+        "ACTOR_STATE_CRASHED",
+        Duration::from_secs(30),
+    );
+    let last_error = a["lastError"].as_str().unwrap_or_default().to_string();
+    eprintln!("lastError: {last_error}");
+    let object = format!(
+        "{ns}/c/{}/manifest.json",
+        g3.file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default()
+    );
+    assert!(
+        last_error.contains(&object) && last_error.contains("refused"),
+        "lastError names the refused object {object}: {last_error}"
+    );
+    // The durable copy of generation 3 is marked damaged; revert goes back to 2.
+    let json = sys.ate_ok(&["get", "generations", "actor", "c", "-a", ns, "-o", "json"]);
+    let gens: serde_json::Value = serde_json::from_str(&json).expect("json");
+    assert_eq!(gens[0]["generation"], 3, "{gens}");
+    assert!(
+        gens[0]["durableDamage"]
+            .as_str()
+            .is_some_and(|d| d.contains("manifest.json")),
+        "{gens}"
+    );
+    // (Its node-local copy was removed by hand above, which the api cannot know: a plain
+    // revert would pick generation 3 for that copy. Name the intact generation.)
+    sys.ate_ok(&["revert", "actor", "c", "-a", ns, "--generation", "2"]);
+    let a = actor(&sys, ns, "c");
+    assert_eq!(state_of(&a), "ACTOR_STATE_SUSPENDED", "{a}");
+    assert_eq!(
+        counts(&get_ok(&sys, &c, "/")),
+        (3, 3, 3),
+        "generation 2 (count 2) restored, then one more request"
+    );
+
+    // Swapped between actors: d's manifest in place of c's newest (generation 4, count 3).
+    sys.ate_ok(&["suspend", "actor", "c", "-a", ns, "--durable"]);
+    let newest = actor(&sys, ns, "c")["generation"]
+        .as_u64()
+        .expect("generation");
+    let gc = durable_gen_dir(&sys, ns, "c", newest);
+    let gd = durable_gen_dir(&sys, ns, "d", 1);
+    std::fs::copy(gd.join("manifest.json"), gc.join("manifest.json")).expect("swap");
+    std::fs::remove_dir_all(generation_dir(&state, ns, "c", newest)).expect("remove local");
+    let (status, _, _) = get(sys.router_addr, &c, "/");
+    assert_ne!(status, 200);
+    let a = wait_state(
+        &sys,
+        ns,
+        "c",
+        "ACTOR_STATE_CRASHED",
+        Duration::from_secs(30),
+    );
+    let last_error = a["lastError"].as_str().unwrap_or_default();
+    assert!(
+        last_error.contains("manifest.json") && last_error.contains("refused"),
+        "{last_error}"
+    );
+    // Retention kept 2 (the skipped 3 is gone): back to it once more.
+    assert_eq!(newest, 4);
+    sys.ate_ok(&["revert", "actor", "c", "-a", ns, "--generation", "2"]);
+    assert_eq!(
+        counts(&get_ok(&sys, &c, "/")),
+        (3, 3, 3),
+        "back to generation 2 (count 2) before the swapped one"
+    );
+    // d itself was never touched.
+    assert_eq!(counts(&get_ok(&sys, &format!("{ns}/d"), "/")), (2, 2, 2));
+}

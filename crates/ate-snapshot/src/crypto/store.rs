@@ -1,0 +1,330 @@
+//! [`EncryptedStore`]: an `ObjectStore` that seals every object it writes and opens every object
+//! it reads (see the module above), in front of the real store. Listing, heads and deletes pass
+//! through (names and sizes are not secret); a ranged read fetches and opens the whole object
+//! (only chunk headers are read by range, and a chunk is at most 2 MiB).
+
+use std::fmt;
+use std::ops::Range;
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use futures::StreamExt;
+use futures::stream::BoxStream;
+use object_store::path::Path;
+use object_store::{
+    CopyOptions, GetOptions, GetResult, GetResultPayload, ListResult, MultipartUpload, ObjectMeta,
+    ObjectStore, PutMultipartOptions, PutOptions, PutPayload, PutResult, UploadPart,
+};
+
+use super::{OpenError, Opener, Sealer, SnapshotKeys, join, seal_object};
+
+const STORE: &str = "ate-encrypted";
+
+fn generic(e: impl std::error::Error + Send + Sync + 'static) -> object_store::Error {
+    object_store::Error::Generic {
+        store: STORE,
+        source: Box::new(e),
+    }
+}
+
+/// The authentication failure inside an `object_store::Error`, if that is what it is, and
+/// whether it says the object is damaged: an object sealed under another data key is not (a
+/// node given the wrong keys must not mark every copy it reads as damaged; it never serves one
+/// either way).
+pub(crate) fn open_error(e: &object_store::Error) -> Option<(String, bool)> {
+    let mut cur: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(err) = cur {
+        if let Some(o) = err.downcast_ref::<OpenError>() {
+            return Some((o.to_string(), !matches!(o, OpenError::OtherKey { .. })));
+        }
+        cur = err.source();
+    }
+    None
+}
+
+#[derive(Clone)]
+pub(crate) struct EncryptedStore {
+    inner: Arc<dyn ObjectStore>,
+    keys: SnapshotKeys,
+}
+
+impl EncryptedStore {
+    pub(crate) fn new(inner: Arc<dyn ObjectStore>, keys: SnapshotKeys) -> Self {
+        Self { inner, keys }
+    }
+}
+
+impl fmt::Debug for EncryptedStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("EncryptedStore")
+            .field("inner", &self.inner)
+            .field("keys", &self.keys)
+            .finish()
+    }
+}
+
+impl fmt::Display for EncryptedStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Encrypted({})", self.inner)
+    }
+}
+
+fn payload_bytes(p: &PutPayload) -> Vec<u8> {
+    let mut v = Vec::with_capacity(p.content_length());
+    for b in p.iter() {
+        v.extend_from_slice(b);
+    }
+    v
+}
+
+#[async_trait]
+impl ObjectStore for EncryptedStore {
+    async fn put_opts(
+        &self,
+        location: &Path,
+        payload: PutPayload,
+        opts: PutOptions,
+    ) -> object_store::Result<PutResult> {
+        let keys = self.keys.clone();
+        let path = location.to_string();
+        // Sealing a 2 MiB chunk takes about a millisecond; keep it off the async threads.
+        let sealed = tokio::task::spawn_blocking(move || {
+            seal_object(&keys, &path, &payload_bytes(&payload))
+        })
+        .await
+        .map_err(generic)?
+        .map_err(generic)?;
+        self.inner
+            .put_opts(location, PutPayload::from(sealed), opts)
+            .await
+    }
+
+    async fn put_multipart_opts(
+        &self,
+        location: &Path,
+        opts: PutMultipartOptions,
+    ) -> object_store::Result<Box<dyn MultipartUpload>> {
+        let sealer = Sealer::new(&self.keys, location.as_ref()).map_err(generic)?;
+        let inner = self.inner.put_multipart_opts(location, opts).await?;
+        Ok(Box::new(SealedUpload {
+            inner,
+            sealer: Some(sealer),
+            header_sent: false,
+        }))
+    }
+
+    async fn get_opts(
+        &self,
+        location: &Path,
+        options: GetOptions,
+    ) -> object_store::Result<GetResult> {
+        if options.head {
+            return self.inner.get_opts(location, options).await;
+        }
+        let range = options.range.clone();
+        let whole = GetOptions {
+            range: None,
+            ..options
+        };
+        let got = self.inner.get_opts(location, whole).await?;
+        let meta = got.meta.clone();
+        let attributes = got.attributes.clone();
+        let extensions = got.extensions.clone();
+        let path = location.to_string();
+        let mut opener = Opener::new(&self.keys, &path);
+        if let Some(range) = range {
+            let stored = got.bytes().await?;
+            let plain = join(opener.push(&stored).map_err(generic)?);
+            opener.finish().map_err(generic)?;
+            let r: Range<u64> = range
+                .as_range(plain.len() as u64)
+                .map_err(|e| generic(std::io::Error::other(e.to_string())))?;
+            let slice = plain.slice(r.start as usize..r.end as usize);
+            return Ok(GetResult {
+                payload: GetResultPayload::Stream(
+                    futures::stream::once(async move { Ok(slice) }).boxed(),
+                ),
+                meta,
+                range: r,
+                attributes,
+                extensions,
+            });
+        }
+        let size = meta.size;
+        let inner = match got.payload {
+            // A local store hands over the file: read it in large pieces (its own stream reads
+            // 8 KiB at a time).
+            GetResultPayload::File(file, _) => file_stream(file),
+            GetResultPayload::Stream(s) => s,
+        };
+        // State: the stored stream, the opener, frames opened but not yet handed on, done.
+        let stream = futures::stream::unfold(
+            (
+                inner,
+                opener,
+                std::collections::VecDeque::<Bytes>::new(),
+                false,
+            ),
+            |(mut inner, mut opener, mut ready, done)| async move {
+                loop {
+                    if let Some(b) = ready.pop_front() {
+                        return Some((Ok(b), (inner, opener, ready, done)));
+                    }
+                    if done {
+                        return None;
+                    }
+                    match inner.next().await {
+                        Some(Ok(piece)) => match opener.push(&piece) {
+                            Ok(frames) => ready.extend(frames),
+                            Err(e) => return Some((Err(generic(e)), (inner, opener, ready, true))),
+                        },
+                        Some(Err(e)) => return Some((Err(e), (inner, opener, ready, true))),
+                        None => {
+                            return match opener.finish() {
+                                Ok(()) => None,
+                                Err(e) => Some((Err(generic(e)), (inner, opener, ready, true))),
+                            };
+                        }
+                    }
+                }
+            },
+        )
+        .boxed();
+        Ok(GetResult {
+            payload: GetResultPayload::Stream(stream),
+            meta,
+            // The plaintext is shorter than the stored object; callers read to the end.
+            range: 0..size,
+            attributes,
+            extensions,
+        })
+    }
+
+    fn delete_stream(
+        &self,
+        locations: BoxStream<'static, object_store::Result<Path>>,
+    ) -> BoxStream<'static, object_store::Result<Path>> {
+        self.inner.delete_stream(locations)
+    }
+
+    fn list(&self, prefix: Option<&Path>) -> BoxStream<'static, object_store::Result<ObjectMeta>> {
+        self.inner.list(prefix)
+    }
+
+    fn list_with_offset(
+        &self,
+        prefix: Option<&Path>,
+        offset: &Path,
+    ) -> BoxStream<'static, object_store::Result<ObjectMeta>> {
+        self.inner.list_with_offset(prefix, offset)
+    }
+
+    async fn list_with_delimiter(&self, prefix: Option<&Path>) -> object_store::Result<ListResult> {
+        self.inner.list_with_delimiter(prefix).await
+    }
+
+    /// Objects are bound to their path: a copy is opened and sealed again for its new one.
+    async fn copy_opts(
+        &self,
+        from: &Path,
+        to: &Path,
+        options: CopyOptions,
+    ) -> object_store::Result<()> {
+        let plain = self
+            .get_opts(from, GetOptions::default())
+            .await?
+            .bytes()
+            .await?;
+        let mode = match options.mode {
+            object_store::CopyMode::Overwrite => object_store::PutMode::Overwrite,
+            object_store::CopyMode::Create => object_store::PutMode::Create,
+        };
+        self.put_opts(
+            to,
+            PutPayload::from(plain),
+            PutOptions {
+                mode,
+                ..Default::default()
+            },
+        )
+        .await
+        .map(|_| ())
+    }
+}
+
+/// Reads `file` to its end in pieces of about a frame, on blocking threads.
+fn file_stream(file: std::fs::File) -> BoxStream<'static, object_store::Result<Bytes>> {
+    futures::stream::try_unfold(Some(file), |file| async move {
+        let Some(mut file) = file else {
+            return Ok(None);
+        };
+        let (file, piece) = tokio::task::spawn_blocking(move || {
+            use std::io::Read;
+            // Up to four frames per read: a 2 MiB chunk object in one.
+            let mut buf = vec![0u8; 4 * (super::FRAME_BYTES + 64)];
+            let mut n = 0;
+            while n < buf.len() {
+                match file.read(&mut buf[n..]) {
+                    Ok(0) => break,
+                    Ok(k) => n += k,
+                    Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                    Err(e) => return Err(generic(e)),
+                }
+            }
+            buf.truncate(n);
+            Ok((file, buf))
+        })
+        .await
+        .map_err(generic)??;
+        if piece.is_empty() {
+            return Ok(None);
+        }
+        Ok(Some((Bytes::from(piece), Some(file))))
+    })
+    .boxed()
+}
+
+/// A multipart upload whose parts are sealed frames (the header goes with the first part).
+struct SealedUpload {
+    inner: Box<dyn MultipartUpload>,
+    sealer: Option<Sealer>,
+    header_sent: bool,
+}
+
+impl fmt::Debug for SealedUpload {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SealedUpload")
+            .field("inner", &self.inner)
+            .finish_non_exhaustive()
+    }
+}
+
+#[async_trait]
+impl MultipartUpload for SealedUpload {
+    fn put_part(&mut self, data: PutPayload) -> UploadPart {
+        let Some(sealer) = self.sealer.as_mut() else {
+            return Box::pin(async { Err(generic(std::io::Error::other("upload finished"))) });
+        };
+        let plain = payload_bytes(&data);
+        let mut out = Vec::with_capacity(plain.len() + 128);
+        if !self.header_sent {
+            out.extend_from_slice(sealer.header());
+            self.header_sent = true;
+        }
+        if let Err(e) = sealer.seal(&plain, &mut out) {
+            return Box::pin(async move { Err(generic(e)) });
+        }
+        self.inner.put_part(PutPayload::from(Bytes::from(out)))
+    }
+
+    async fn complete(&mut self) -> object_store::Result<PutResult> {
+        self.sealer = None;
+        self.inner.complete().await
+    }
+
+    async fn abort(&mut self) -> object_store::Result<()> {
+        self.sealer = None;
+        self.inner.abort().await
+    }
+}

@@ -1,0 +1,37 @@
+#!/bin/bash
+# Snapshot encryption cost (docs/benchmarks.md, "Encrypted snapshots"): the same `ate bench
+# snapshots` and `ate bench resume` against two systems started the same way, one with durable
+# snapshots encrypted (the default) and one with `--no-snapshot-encryption`, alternating A/B/A/B
+# so machine load hits both alike. Needs a release build and the test images.
+# Usage: scripts/bench-encryption.sh [MEMORY (default 50MiB)] [PAIRS (default 2)]
+set -u
+cd "$(dirname "$0")/.."
+MEM=${1:-50MiB}
+PAIRS=${2:-2}
+IMG=${ATE_TEST_IMAGES:-$PWD/target/tmp/ate-test-images}
+ATE=$PWD/target/release/ate
+OUT=${OUT:-$PWD/target/bench-encryption}
+mkdir -p "$OUT"
+run() { # $1 label, $2 pair, $3… extra ate up flags
+  local label=$1 pair=$2; shift 2
+  local D; D=$(mktemp -d)
+  HOME=$D XDG_CONFIG_HOME=$D/config ATE_KEEP_FROZEN=0 $ATE up --state-dir $D/state --workers 1 \
+    --worker-slots 8 --router-listen 127.0.0.1:17980 --router-metrics-listen 127.0.0.1:17981 \
+    --api-listen 127.0.0.1:17943 --api-http-listen 127.0.0.1:17990 --node-listen 127.0.0.1:17985 \
+    --worker-first-ip 127.79.0.2 --worker-port 17944 --ready-file $D/ready.json \
+    --images-dir "$IMG" "$@" > $D/up.log 2>&1 &
+  local UP=$!
+  for _ in $(seq 1 240); do [ -s $D/ready.json ] && break; sleep 0.5; done
+  export HOME=$D XDG_CONFIG_HOME=$D/config ATE_STATE_DIR=$D/state ATE_ROUTER=http://127.0.0.1:17980
+  $ATE --api 127.0.0.1:17943 bench snapshots --rounds 3 --memory "$MEM" --state-dir $D/state \
+    --images-dir "$IMG" --out "$OUT/snapshots-$label-$pair.json" 2>&1 | tee "$OUT/snapshots-$label-$pair.txt"
+  $ATE --api 127.0.0.1:17943 bench resume --concurrency 1,4 --rounds 3 --memory "$MEM" \
+    --images-dir "$IMG" --out "$OUT/resume-$label-$pair.json" 2>&1 | tee "$OUT/resume-$label-$pair.txt"
+  ls $D/state/keys 2>/dev/null | sed "s/^/[$label keys] /"
+  kill -INT $UP; wait $UP
+  rm -rf "$D"
+}
+for pair in $(seq 1 "$PAIRS"); do
+  run encrypted "$pair"
+  run plain "$pair" --no-snapshot-encryption
+done
