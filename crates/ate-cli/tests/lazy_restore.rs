@@ -43,7 +43,11 @@ fn lazy_system(workers: u32, env: &[(&str, &str)]) -> System {
 /// A page source of this system (a worker's child, found by its generation under our state dir).
 fn page_source_pid(sys: &System) -> Option<u32> {
     let pattern = format!("page-source --generation {}", sys.state_dir().display());
-    let out = Command::new("pgrep").args(["-f", &pattern]).output().ok()?;
+    // The newest (`-n`): an earlier restore's page source may still be finishing its push.
+    let out = Command::new("pgrep")
+        .args(["-n", "-f", &pattern])
+        .output()
+        .ok()?;
     String::from_utf8_lossy(&out.stdout)
         .lines()
         .next()?

@@ -958,10 +958,19 @@ fn worker_killed_mid_restore_then_restarted_resumes() {
         String::from_utf8_lossy(&out.stderr)
     );
     let a = actor_json(&|a: &[&str]| m.ate_ok(a), ns, "c");
+    // The node answered (its worker could not be reached): nothing of this resume runs, so the
+    // actor is released (no slot held while nobody asks again), the reason in lastError.
     assert_eq!(
         state_of(&a),
-        "ACTOR_STATE_RESUMING",
-        "a transient failure leaves RESUMING: {a}"
+        "ACTOR_STATE_SUSPENDED",
+        "a transient failure the node answered releases the actor: {a}"
+    );
+    assert!(
+        a["lastError"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("failed for now"),
+        "{a}"
     );
 
     m.start_worker();
@@ -987,8 +996,8 @@ fn worker_killed_mid_restore_then_restarted_resumes() {
     let a = actor_json(&|a: &[&str]| m.ate_ok(a), ns, "c");
     assert_eq!(
         state_of(&a),
-        "ACTOR_STATE_RESUMING",
-        "a worker restart is not a crash: the next resume retries on the new process: {a}"
+        "ACTOR_STATE_SUSPENDED",
+        "a worker restart is not a crash: the next resume places the actor again: {a}"
     );
     apply(
         &|a: &[&str]| m.ate_ok(a),
