@@ -66,6 +66,26 @@ impl StepTimes {
 }
 
 impl Api {
+    /// Ends a resume that did not make the actor RUNNING: RESUMING → `to` (SUSPENDED to be placed
+    /// again, CRASHED for an operator) with `why` as lastError, dropping its worker assignment.
+    async fn release_resuming(
+        &self,
+        r: &ActorRef,
+        to: ActorState,
+        why: String,
+    ) -> Result<(), WorkflowError> {
+        let update = ActorUpdate::with_error(why);
+        self.store
+            .release_actor(
+                r,
+                Transition::new(&[ActorState::Resuming], to).with(update),
+                None,
+                now_ms(),
+            )
+            .await?;
+        Ok(())
+    }
+
     /// ResumeActor. Warm path (RUNNING): one read, no lease, `resumed = false`. `request_id`
     /// (the router's `x-request-id`) goes on to the node's Run/Restore as metadata; the caller
     /// runs this inside a span carrying it.
@@ -256,19 +276,11 @@ impl Api {
                 // so the actor may resume elsewhere — a new activation fences any copy the node
                 // made. Released now and avoided for a while, the next attempt goes elsewhere.
                 self.suspect_node(&worker.node);
-                let update = ActorUpdate::with_error(format!(
+                let why = format!(
                     "node {} unreachable during the resume ({}); resuming elsewhere",
                     worker.node, error.message
-                ));
-                self.store
-                    .release_actor(
-                        r,
-                        Transition::new(&[ActorState::Resuming], ActorState::Suspended)
-                            .with(update),
-                        None,
-                        now_ms(),
-                    )
-                    .await?;
+                );
+                self.release_resuming(r, ActorState::Suspended, why).await?;
                 tracing::warn!(actor = %r, node = %worker.node, error = %error.message, "node unreachable during the resume; released to resume elsewhere");
                 return Err(WorkflowError::Unavailable(format!(
                     "node {} unreachable; the actor resumes on another node at the next attempt",
@@ -282,19 +294,11 @@ impl Api {
                 // actor nobody asks for again holds no slot and is not left RESUMING; the next
                 // attempt places it afresh. The activation is kept: a copy reported later is
                 // re-adopted or discarded by reconciliation, as for an unreachable node.
-                let update = ActorUpdate::with_error(format!(
+                let why = format!(
                     "resume on worker {} failed for now ({}); tried again at the next request",
                     worker.id, error.message
-                ));
-                self.store
-                    .release_actor(
-                        r,
-                        Transition::new(&[ActorState::Resuming], ActorState::Suspended)
-                            .with(update),
-                        None,
-                        now_ms(),
-                    )
-                    .await?;
+                );
+                self.release_resuming(r, ActorState::Suspended, why).await?;
                 tracing::warn!(actor = %r, worker = %worker.id, error = %error.message, "resume failed for now; released to resume at the next attempt");
                 return Err(worker_unavailable(&worker.id, &error).into());
             }
@@ -308,14 +312,7 @@ impl Api {
             Ok(Err(error)) => {
                 let why = format!("restore on worker {} failed: {}", worker.id, error.message);
                 tracing::warn!(actor = %r, worker = %worker.id, error = %error.message, "resume failed; actor CRASHED");
-                let update = ActorUpdate::with_error(why.clone());
-                self.store
-                    .release_actor(
-                        r,
-                        Transition::new(&[ActorState::Resuming], ActorState::Crashed).with(update),
-                        None,
-                        now_ms(),
-                    )
+                self.release_resuming(r, ActorState::Crashed, why.clone())
                     .await?;
                 // The node found copies of the generation damaged: no resume chooses them again
                 // (CRASHED first: a crash in between costs one more attempt, never a silent

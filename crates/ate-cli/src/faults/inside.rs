@@ -588,10 +588,7 @@ async fn get_actor(lab: &Lab, actor: &str) -> Option<v1::Actor> {
     c.actors
         .clone()
         .get_actor(v1::GetActorRequest {
-            actor: Some(v1::ObjectRef {
-                atespace: ATESPACE.into(),
-                name: actor.into(),
-            }),
+            actor: Some(object_ref(actor)),
         })
         .await
         .ok()
