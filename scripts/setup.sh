@@ -23,6 +23,10 @@ CRIU_VERSION=4.2.1
 CRIU_ORIG=criu_${CRIU_VERSION}.orig.tar.xz
 CRIU_SHA256=29ec0ee09e296479fe7048c80980e8ef1d0684d0b0204c2b101dfea19f6725b9
 CRIU_PREFIX=/usr/local/sbin
+# The project's patches (scripts/criu-patches/*.patch, applied in order); the last one sets
+# CRIU's version suffix to CRIU_PATCH_LEVEL, which is how a build with them is recognised.
+CRIU_PATCH_LEVEL=ate1
+CRIU_PATCH_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/criu-patches
 TMP_SRC_LIST=/etc/apt/sources.list.d/ate-criu-src-unstable.list
 
 # docker-registry: the distribution registry v2 the registry-pull tests run on loopback (each test
@@ -36,7 +40,7 @@ RUNTIME_PKGS=(runc iptables nftables iproute2 jq curl ca-certificates tar gzip x
   docker-registry systemd)
 CRIU_BUILD_PKGS=(build-essential pkg-config libprotobuf-dev libprotobuf-c-dev protobuf-c-compiler
   protobuf-compiler python3-protobuf libnl-3-dev libcap-dev libnet1-dev libbsd-dev libaio-dev
-  libgnutls28-dev libnftables-dev uuid-dev iptables)
+  libgnutls28-dev libnftables-dev uuid-dev iptables patch)
 
 # Never leave the temporary deb-src entry behind, whatever happens.
 cleanup_src_list() {
@@ -98,6 +102,10 @@ criu_ok() {
     log "criu at $c is $v (< 4.2)"
     return 1
   fi
+  if [[ $v != *".$CRIU_PATCH_LEVEL" ]]; then
+    log "criu at $c is $v, without the project's patches (.$CRIU_PATCH_LEVEL: lazy restores in user namespaces)"
+    return 1
+  fi
   if ! "$c" check >/dev/null 2>&1; then
     log "criu at $c ($v): 'criu check' fails"
     return 1
@@ -139,6 +147,11 @@ build_criu() {
   local src
   src=$(find "$WORKDIR" -mindepth 1 -maxdepth 1 -type d -name 'criu*' | head -n1)
   [[ -n $src ]] || die "unpacked CRIU source directory not found"
+  local p
+  for p in "$CRIU_PATCH_DIR"/*.patch; do
+    log "applying $(basename "$p")"
+    patch -d "$src" -p1 --quiet <"$p" || die "CRIU patch $p does not apply"
+  done
   log "building CRIU $CRIU_VERSION in $src (make -j2 criu)"
   make -C "$src" -j2 criu >"$WORKDIR/build.log" 2>&1 || { tail -n 50 "$WORKDIR/build.log" >&2; die "CRIU build failed"; }
   install -D -m 0755 "$src/criu/criu" "$CRIU_PREFIX/criu"

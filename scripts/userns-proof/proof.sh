@@ -2,8 +2,9 @@
 # By-hand proof (issue 30): an actor in its own user namespace under runc 1.1.5 + CRIU 4.2.1,
 # checkpointed and restored on the same and on another host uid range, eagerly and lazily.
 #   scripts/userns-proof/proof.sh IMAGES_DIR   (IMAGES_DIR/counter from workloads/build-images.sh)
-# Set LAZY_SYSCTL=1 to also run the lazy restore with vm.unprivileged_userfaultfd=1 for its
-# duration (put back afterwards); without it the lazy restore shows the EPERM.
+# The lazy restore needs CRIU with scripts/criu-patches (it opens /dev/userfaultfd as root);
+# with an unpatched CRIU it shows the EPERM unless LAZY_SYSCTL=1 sets vm.unprivileged_userfaultfd=1
+# for its duration (put back afterwards).
 # Everything it makes lives under a temporary dir and is removed on exit.
 set -u
 HERE=$(cd "$(dirname "$0")" && pwd)
@@ -57,6 +58,9 @@ import json, sys
 t = sys.argv[1]; p = f"{t}/a/config.json"; c = json.load(open(p))
 c["annotations"] = {"org.criu.config": f"{t}/criu.conf"}
 c["hooks"] = {"createRuntime": [{"path": "/bin/sh", "args": ["sh", f"{t}/hook.sh", f"{t}/netns"]}]}
+# runc puts CRIU in the container's cgroup for a restore: its device filter must let CRIU open
+# /dev/userfaultfd (10:257) for a lazy restore. No device node is made in the container.
+c["linux"]["resources"]["devices"].append({"allow": True, "type": "c", "major": 10, "minor": 257, "access": "rw"})
 json.dump(c, open(p, "w"), indent=1)
 P
 }

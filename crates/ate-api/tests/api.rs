@@ -1071,6 +1071,7 @@ async fn actor_exit_releases(b: Backend) {
             last_log_lines: "panic: boom".into(),
             crash_reason: String::new(),
             damage: None,
+            activation: 0,
         })
         .await
         .unwrap();
@@ -1092,6 +1093,97 @@ async fn actor_exit_releases(b: Backend) {
 }
 both_stores!(exit, actor_exit_releases);
 
+/// The copy a resume started exits before the api has recorded RUNNING (a lazy restore whose
+/// page source died at once): the report is answered ABORTED while the actor is RESUMING, so the
+/// node sends it again, and then applies. A report for an older activation changes nothing.
+async fn exit_of_a_copy_whose_resume_is_being_recorded_is_taken_when_sent_again(b: Backend) {
+    let t = TestApi::start(b, cfg()).await;
+    let node = TestNode::start("node-1").await;
+    t.register(&node, "w1", 1).await;
+    t.seed("ns").await;
+    t.create_actor("ns", "a").await;
+    t.resume("ns", "a").await.unwrap();
+    let first = t
+        .api
+        .store()
+        .get_actor(&ate_core::ActorRef::new("ns", "a"))
+        .await
+        .unwrap();
+    t.suspend("ns", "a").await.unwrap();
+    let exit = |activation: u64| ReportActorExitRequest {
+        actor: Some(obj("ns", "a")),
+        worker_id: "w1".into(),
+        epoch: node.epoch(),
+        exit_code: -1,
+        last_log_lines: "page source gone".into(),
+        crash_reason: String::new(),
+        damage: None,
+        activation,
+    };
+    node.set_delay(Duration::from_millis(1500));
+    let resume = {
+        let actors = t.actors();
+        tokio::spawn(async move {
+            let mut actors = actors;
+            actors
+                .resume_actor(ResumeActorRequest {
+                    actor: Some(obj("ns", "a")),
+                })
+                .await
+        })
+    };
+    let mut resuming = None;
+    for _ in 0..100 {
+        let r = t
+            .api
+            .store()
+            .get_actor(&ate_core::ActorRef::new("ns", "a"))
+            .await
+            .unwrap();
+        if r.state == ate_core::ActorState::Resuming {
+            resuming = Some(r);
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let resuming = resuming.expect("the actor never became RESUMING");
+    assert!(resuming.activation > first.activation);
+    let err = t
+        .fleet()
+        .report_actor_exit(exit(resuming.activation))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::Aborted, "{}", err.message());
+    // The older activation's exit is stale: taken, and nothing changes.
+    t.fleet()
+        .report_actor_exit(exit(first.activation))
+        .await
+        .unwrap();
+    resume.await.unwrap().unwrap();
+    assert_eq!(state(&t.get("ns", "a").await), ActorState::Running);
+    t.fleet()
+        .report_actor_exit(exit(first.activation))
+        .await
+        .unwrap();
+    assert_eq!(state(&t.get("ns", "a").await), ActorState::Running);
+    // Sent again once RUNNING is recorded: applied.
+    t.fleet()
+        .report_actor_exit(exit(resuming.activation))
+        .await
+        .unwrap();
+    let a = t.get("ns", "a").await;
+    assert_eq!(state(&a), ActorState::Suspended);
+    assert!(
+        a.last_error.contains("page source gone"),
+        "{}",
+        a.last_error
+    );
+}
+both_stores!(
+    exit_while_resuming,
+    exit_of_a_copy_whose_resume_is_being_recorded_is_taken_when_sent_again
+);
+
 async fn actor_stopped_for_incomplete_memory_crashes(b: Backend) {
     let t = TestApi::start(b, cfg()).await;
     let node = TestNode::start("node-1").await;
@@ -1108,6 +1200,7 @@ async fn actor_stopped_for_incomplete_memory_crashes(b: Backend) {
             last_log_lines: String::new(),
             crash_reason: "lazy memory restore failed: chunk 3 is damaged".into(),
             damage: None,
+            activation: 0,
         })
         .await
         .unwrap();
@@ -1732,6 +1825,7 @@ async fn a_damaged_chunk_reported_with_the_exit_marks_the_copy(b: Backend) {
         crash_reason:
             "lazy memory restore failed: memory image criu/pages-1.img chunk 3 is damaged".into(),
         damage,
+        activation: 0,
     };
     // A damage naming no generation is refused; the actor is untouched.
     let err = t

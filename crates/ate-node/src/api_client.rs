@@ -47,6 +47,7 @@ pub struct Registration {
 }
 
 /// All of an actor's processes exited on a worker.
+#[derive(Debug, Clone)]
 pub struct ActorExit {
     pub actor: ActorRef,
     pub worker_id: String,
@@ -57,6 +58,8 @@ pub struct ActorExit {
     pub crash_reason: String,
     /// With `crash_reason`: the copy of the generation found damaged.
     pub damage: Option<Damage>,
+    /// The activation of the copy that exited (0: unknown).
+    pub activation: u64,
 }
 
 impl ApiClient {
@@ -156,6 +159,7 @@ impl ApiClient {
             last_log_lines: exit.last_log_lines,
             crash_reason: exit.crash_reason,
             damage: exit.damage.as_ref().map(wire::damage_to_wire),
+            activation: exit.activation,
         };
         self.fleet
             .clone()

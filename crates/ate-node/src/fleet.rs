@@ -97,6 +97,29 @@ pub struct Fleet {
     /// Worker processes (id, epoch) seen stopping before this node registered them, each
     /// logged once.
     passed_over: Mutex<HashSet<(String, u64)>>,
+    /// Exit reports the api has not taken yet (unreachable, or the actor's resume still being
+    /// recorded), with when each was first sent: a worker reports an exit once, so the node
+    /// keeps it and sends it again at every activity pass, for up to [`EXIT_REPORT_RETENTION`].
+    pending_exits: Mutex<Vec<(ActorExit, Instant)>>,
+}
+
+/// How long the node keeps sending an exit report the api does not take. Past it the report
+/// is dropped with an error: the api's own reconciliation (a worker re-registering, a GONE
+/// worker) is then the only way the actor leaves RUNNING.
+const EXIT_REPORT_RETENTION: Duration = Duration::from_secs(600);
+
+/// An exit report answered with `code` is worth sending again: the api was unreachable or
+/// busy with the actor (ABORTED: its resume is still being recorded).
+fn exit_report_retryable(code: CallCode) -> bool {
+    matches!(
+        code,
+        CallCode::Aborted
+            | CallCode::Unavailable
+            | CallCode::DeadlineExceeded
+            | CallCode::Unknown
+            | CallCode::Internal
+            | CallCode::Cancelled
+    )
 }
 
 impl Fleet {
@@ -119,6 +142,7 @@ impl Fleet {
             suspending: Mutex::new(HashSet::new()),
             idle_retry: Mutex::new(HashMap::new()),
             passed_over: Mutex::new(HashSet::new()),
+            pending_exits: Mutex::new(Vec::new()),
         }
     }
 
@@ -382,9 +406,10 @@ impl Fleet {
                         last_log_lines: a.last_log_lines.clone(),
                         crash_reason: a.crash_reason.clone(),
                         damage,
+                        activation: a.activation,
                     };
-                    if let Err(e) = self.api.report_actor_exit(exit).await {
-                        tracing::warn!(actor = %actor, error = %e.message, "exit report failed");
+                    if let Ok(mut pending) = self.pending_exits.lock() {
+                        pending.push((exit, Instant::now()));
                     }
                     continue;
                 }
@@ -402,6 +427,37 @@ impl Fleet {
                     self.suspend_idle(actor);
                 }
             }
+        }
+        self.report_exits().await;
+    }
+
+    /// Sends every exit report the api has not taken yet; keeps those it refuses or cannot be
+    /// asked (see [`Fleet::pending_exits`]).
+    async fn report_exits(&self) {
+        let pending = match self.pending_exits.lock() {
+            Ok(mut p) => std::mem::take(&mut *p),
+            Err(_) => return,
+        };
+        let mut kept = Vec::new();
+        for (exit, first) in pending {
+            let actor = exit.actor.clone();
+            match self.api.report_actor_exit(exit.clone()).await {
+                Ok(()) => {}
+                // Refused for good (a stale worker epoch, an invalid report): not sent again.
+                Err(e) if !exit_report_retryable(e.code) => {
+                    tracing::warn!(actor = %actor, error = %e.message, "exit report refused");
+                }
+                Err(e) if first.elapsed() < EXIT_REPORT_RETENTION => {
+                    tracing::info!(actor = %actor, error = %e.message, "exit report not taken yet; reporting it again");
+                    kept.push((exit, first));
+                }
+                Err(e) => {
+                    tracing::error!(actor = %actor, error = %e.message, "exit report not taken for {EXIT_REPORT_RETENTION:?}; dropping it");
+                }
+            }
+        }
+        if let Ok(mut p) = self.pending_exits.lock() {
+            p.extend(kept);
         }
     }
 

@@ -249,6 +249,27 @@ fn make_special(
     root_owner: bool,
 ) -> io::Result<()> {
     use nix::sys::stat::{Mode, SFlag, makedev, mknod};
+    let kind = match h.entry_type() {
+        EntryType::Char => SFlag::S_IFCHR,
+        EntryType::Block => SFlag::S_IFBLK,
+        _ => SFlag::S_IFIFO,
+    };
+    let (major, minor) = (
+        h.device_major()?.unwrap_or(0),
+        h.device_minor()?.unwrap_or(0),
+    );
+    // An actor's files hold no device but overlayfs whiteouts (0:0): an actor cannot make one,
+    // and a node for a real device (/dev/userfaultfd, which an actor's device filter allows
+    // CRIU to open) must never appear in its root from an archive someone altered.
+    if kind != SFlag::S_IFIFO && (major, minor) != (0, 0) {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!(
+                "archive entry {} is a device node ({major}:{minor}): only overlay whiteouts (0:0) are restored",
+                rel.display()
+            ),
+        ));
+    }
     // Parents must be real directories inside `dst`, never symlinks (an archive could plant a
     // symlink first and aim the node outside).
     let mut cur = dst.to_path_buf();
@@ -272,15 +293,7 @@ fn make_special(
     if fs::symlink_metadata(&path).is_ok() {
         fs::remove_file(&path)?;
     }
-    let kind = match h.entry_type() {
-        EntryType::Char => SFlag::S_IFCHR,
-        EntryType::Block => SFlag::S_IFBLK,
-        _ => SFlag::S_IFIFO,
-    };
-    let dev = makedev(
-        u64::from(h.device_major()?.unwrap_or(0)),
-        u64::from(h.device_minor()?.unwrap_or(0)),
-    );
+    let dev = makedev(u64::from(major), u64::from(minor));
     mknod(&path, kind, Mode::from_bits_truncate(0o600), dev).map_err(io::Error::from)?;
     apply_meta(&path, h, xattrs, root_owner, true)
 }
@@ -312,4 +325,38 @@ fn apply_meta(
         .map_err(io::Error::from)?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A tar holding one character device entry `major:minor` at `dev/x`.
+    fn archive_with_device(dir: &Path, major: u32, minor: u32) -> PathBuf {
+        let path = dir.join("rootfs.tar");
+        let mut b = tar::Builder::new(File::create(&path).expect("create"));
+        let mut h = Header::new_gnu();
+        h.set_entry_type(EntryType::Char);
+        h.set_path("dev/x").expect("path");
+        h.set_mode(0o600);
+        h.set_size(0);
+        h.set_device_major(major).expect("major");
+        h.set_device_minor(minor).expect("minor");
+        h.set_cksum();
+        b.append(&h, io::empty()).expect("append");
+        b.finish().expect("finish");
+        path
+    }
+
+    #[test]
+    fn a_device_node_other_than_a_whiteout_is_refused_and_not_made() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let tar = archive_with_device(dir.path(), 10, 257);
+        let dst = dir.path().join("out");
+        fs::create_dir(&dst).expect("mkdir");
+        let err = extract(&tar, &dst).expect_err("a device node must be refused");
+        let msg = err.to_string();
+        assert!(msg.contains("dev/x") && msg.contains("10:257"), "{msg}");
+        assert!(fs::symlink_metadata(dst.join("dev/x")).is_err());
+    }
 }

@@ -127,15 +127,13 @@ pub struct WorkerConfig {
     pub spare_netns: usize,
 
     /// Run each new sandbox in its own user namespace (uid/gid 0–65535 inside = a host range
-    /// of its own; issue 30): `--userns=true`, `ATE_USERNS=1`. Off by default until the fault
-    /// suite has run in this mode and lazy restores (which need
-    /// `vm.unprivileged_userfaultfd=1` in it) are settled; see docs/security.md. Restores
-    /// follow the generation either way: one dumped in a user namespace is restored in one, an
-    /// older one without.
+    /// of its own; see docs/security.md): on by default; `--userns=false` or `ATE_USERNS=0`
+    /// turns it off. Restores follow the generation either way: one dumped in a user namespace
+    /// is restored in one, an older one without.
     #[arg(
         long,
         env = "ATE_USERNS",
-        default_value_t = false,
+        default_value_t = true,
         action = clap::ArgAction::Set,
         value_parser = clap::builder::BoolishValueParser::new()
     )]

@@ -12,6 +12,7 @@ use tonic::{Request, Response, Status};
 use super::{Services, actor_ref, label};
 use crate::authz::Need;
 use crate::convert::{self, invalid, store_status};
+use crate::workflows::ActorExit;
 
 /// Longest wait for the store to record a heartbeat (the node waits 3 s for the answer).
 const HEARTBEAT_STORE_TIMEOUT: std::time::Duration = std::time::Duration::from_millis(1500);
@@ -265,16 +266,15 @@ impl fleet_service_server::FleetService for Services {
             Some(d) => Some(convert::damage(d)),
             None => None,
         };
-        self.api
-            .actor_exited(
-                &r,
-                &req.worker_id,
-                req.exit_code,
-                &req.last_log_lines,
-                &req.crash_reason,
-                damage.as_ref(),
-            )
-            .await?;
+        let exit = ActorExit {
+            worker_id: &req.worker_id,
+            activation: req.activation,
+            exit_code: req.exit_code,
+            last_lines: &req.last_log_lines,
+            crash_reason: &req.crash_reason,
+            damage: damage.as_ref(),
+        };
+        self.api.actor_exited(&r, exit).await?;
         Ok(Response::new(ReportActorExitResponse {}))
     }
 }

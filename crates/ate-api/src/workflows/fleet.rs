@@ -18,6 +18,18 @@ pub struct HeldActor {
     pub activation: u64,
 }
 
+/// A worker's report that all of an actor's processes exited (or that it ended them).
+#[derive(Debug, Clone, Copy)]
+pub struct ActorExit<'a> {
+    pub worker_id: &'a str,
+    /// The activation of the copy that exited (0: unknown, from an older node).
+    pub activation: u64,
+    pub exit_code: i32,
+    pub last_lines: &'a str,
+    pub crash_reason: &'a str,
+    pub damage: Option<&'a Damage>,
+}
+
 impl Api {
     /// A worker saw all of an actor's processes exit while RUNNING: release its capacity at once
     /// and leave it SUSPENDED with its last usable generation. With a `crash_reason` the worker
@@ -25,18 +37,37 @@ impl Api {
     /// it becomes CRASHED with that reason, for an operator to look at before RevertActor. With
     /// `damage` too (the lazy restore found the generation it read damaged), those copies are
     /// marked damaged after the crash is recorded, so no resume chooses them again.
+    ///
+    /// A report for another activation than the record's is stale and ignored. One for the
+    /// activation whose resume is still being recorded (RESUMING on this worker: the copy ended
+    /// between the worker's answer and the commit of RUNNING) is answered with
+    /// [`WorkflowError::LeaseHeld`] (ABORTED), and the node sends it again: ignoring it left the
+    /// actor RUNNING with no sandbox.
     pub async fn actor_exited(
         &self,
         r: &ActorRef,
-        worker_id: &str,
-        exit_code: i32,
-        last_lines: &str,
-        crash_reason: &str,
-        damage: Option<&Damage>,
+        exit: ActorExit<'_>,
     ) -> Result<(), WorkflowError> {
         r.validate()?;
+        let ActorExit {
+            worker_id,
+            activation,
+            exit_code,
+            last_lines,
+            crash_reason,
+            damage,
+        } = exit;
         let actor = self.store.get_actor(r).await?;
-        if actor.state != ActorState::Running || actor.worker_id.as_deref() != Some(worker_id) {
+        if activation != 0 && actor.activation != activation {
+            return Ok(());
+        }
+        if actor.worker_id.as_deref() != Some(worker_id) {
+            return Ok(());
+        }
+        if actor.state == ActorState::Resuming && activation != 0 {
+            return Err(WorkflowError::LeaseHeld(r.clone()));
+        }
+        if actor.state != ActorState::Running {
             return Ok(());
         }
         let tail: String = last_lines
@@ -60,7 +91,7 @@ impl Api {
                 ActorState::Crashed,
             )
         };
-        let update = ActorUpdate::with_error(why);
+        let update = ActorUpdate::with_error(why.clone());
         match self
             .store
             .release_actor(
@@ -71,7 +102,9 @@ impl Api {
             )
             .await
         {
-            Ok(_) => {}
+            Ok(_) => {
+                tracing::info!(actor = %r, worker = %worker_id, activation, state = ?next, reason = ?why, "actor ended on its worker");
+            }
             Err(StoreError::StateConflict { .. }) => return Ok(()),
             Err(e) => return Err(e.into()),
         }

@@ -36,7 +36,7 @@ use crate::lease::Lease;
 use crate::node::{NodeClients, NodeError};
 use crate::scheduler::{self, FleetView};
 
-pub use fleet::HeldActor;
+pub use fleet::{ActorExit, HeldActor};
 pub use lifecycle::GenerationView;
 pub use logs::ActorLog;
 

@@ -203,6 +203,19 @@ fn in_own_userns(config: &mut serde_json::Value, actor: &ActorSandbox, base: u32
         }
         linux.insert("uidMappings".into(), map.clone());
         linux.insert("gidMappings".into(), map);
+        // runc moves CRIU into the container's cgroup for a restore, so the device filter
+        // applies to CRIU too: let it open /dev/userfaultfd for a lazy restore (see
+        // `userns::lazy_restore_in_userns`). No device node is made in the container, and a
+        // task in the user namespace cannot make one.
+        let devices = linux
+            .get_mut("resources")
+            .and_then(|r| r.get_mut("devices"))
+            .and_then(|d| d.as_array_mut());
+        if let (Some(devices), Some((major, minor))) = (devices, userns::userfaultfd_device()) {
+            devices.push(json!({
+                "allow": true, "type": "c", "access": "rw", "major": major, "minor": minor,
+            }));
+        }
     }
     if let Some(o) = config.as_object_mut() {
         o.insert(

@@ -174,13 +174,18 @@ impl RuncRuntime {
         // The generation decides: dumped in a user namespace, restored in one (a generation
         // written before user namespaces is restored without).
         let in_userns = super::userns::image_has_userns(image_dir);
-        if in_userns && lazy.is_some() && !super::userns::unprivileged_userfaultfd() {
-            return Err(SandboxError::Unsupported(
-                "lazy restore of a sandbox in a user namespace needs vm.unprivileged_userfaultfd=1 \
-                 (CRIU opens the userfaultfd from the restored task, inside the user namespace)"
-                    .to_string(),
-            ));
-        }
+        // A worker whose CRIU cannot open a userfaultfd inside a user namespace restores such
+        // a generation eagerly: the same memory, read in full before ingress.
+        let lazy = if in_userns && lazy.is_some() && !self.lazy_in_userns {
+            tracing::warn!(
+                actor = %format!("{}/{}", actor.atespace, actor.name),
+                "lazy restore of a sandbox in a user namespace needs CRIU with the project's patch \
+                 (scripts/criu-patches) and /dev/userfaultfd, or vm.unprivileged_userfaultfd=1: restoring eagerly"
+            );
+            None
+        } else {
+            lazy
+        };
         let scratch_images = actor.dir.join("criu-images");
         let result = async {
             let base = self.prepare(actor, spec, false, true, in_userns).await?;

@@ -95,6 +95,9 @@ pub struct RuncRuntime {
     criu: Option<String>,
     /// CRIU and the kernel can restore memory lazily (`criu check --feature uffd-noncoop`).
     lazy_pages: bool,
+    /// A lazy restore can also open its userfaultfd inside an actor's user namespace (see
+    /// [`userns::lazy_restore_in_userns`]).
+    lazy_in_userns: bool,
     /// CRIU options for every dump and restore (see [`CRIU_OPTIONS`]).
     criu_conf: PathBuf,
     /// See [`RuncConfig::log_relay`].
@@ -142,9 +145,11 @@ impl RuncRuntime {
                 .await
                 .map_err(|e| e.to_string())
         };
+        let mut criu_version = String::new();
         let criu = match run {
             Ok(out) => {
                 let text = String::from_utf8_lossy(&out.stdout);
+                criu_version = text.to_string();
                 match parse_criu_version(&text) {
                     Some(v) if v >= (4, 2) => Some(criu_bin),
                     v => {
@@ -170,6 +175,14 @@ impl RuncRuntime {
             },
             None => false,
         };
+        let lazy_in_userns = lazy_pages && userns::lazy_restore_in_userns(&criu_version);
+        if lazy_pages && config.userns && !lazy_in_userns {
+            tracing::warn!(
+                "this CRIU cannot open a userfaultfd inside a user namespace (it lacks the project's \
+                 patch, scripts/criu-patches, or /dev/userfaultfd is missing) and \
+                 vm.unprivileged_userfaultfd is 0: memory restores of sandboxes in user namespaces are eager"
+            );
+        }
         if criu.is_some() && !criu_kdat_cache_possible() {
             tracing::warn!(
                 "/run is not a tmpfs and /run/criu.kdat is not kept on one: CRIU probes the kernel \
@@ -188,6 +201,7 @@ impl RuncRuntime {
             runc,
             criu,
             lazy_pages,
+            lazy_in_userns,
             criu_conf,
             log_relay: config.log_relay.clone(),
             locks: Mutex::new(HashMap::new()),
@@ -270,9 +284,8 @@ impl SandboxRuntime for RuncRuntime {
             can_restore_memory: self.criu.is_some(),
             can_keep_frozen: self.criu.is_some(),
             // CRIU's lazy restore opens its userfaultfd from the restored task, inside the
-            // actor's user namespace: only with `vm.unprivileged_userfaultfd = 1`.
-            can_restore_lazily: self.lazy_pages
-                && (!self.userns || userns::unprivileged_userfaultfd()),
+            // actor's user namespace: see `userns::lazy_restore_in_userns`.
+            can_restore_lazily: self.lazy_pages && (!self.userns || self.lazy_in_userns),
             sandbox_class: SANDBOX_CLASS.to_string(),
         }
     }

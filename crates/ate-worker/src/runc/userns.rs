@@ -55,7 +55,9 @@ pub const IDMAP_DIR: &str = "idmap";
 
 /// The default of the worker's `--userns`: on, unless `ATE_USERNS` is `0` or `false`.
 pub fn enabled_by_default() -> bool {
-    std::env::var("ATE_USERNS").is_ok_and(|v| matches!(v.as_str(), "1" | "true" | "yes"))
+    std::env::var("ATE_USERNS").map_or(true, |v| {
+        !matches!(v.as_str(), "0" | "false" | "no" | "off")
+    })
 }
 
 /// Host id of range `index`'s root.
@@ -521,17 +523,61 @@ mount --bind "/proc/$pid/ns/net" "$f"
 printf '%s' "$2" | ip -n "$1" -batch - 2>/dev/null || printf '%s' "$3" | ip -n "$1" -batch -
 "#;
 
-/// Whether the kernel lets a task inside a user namespace open a userfaultfd that handles
-/// kernel faults (`vm.unprivileged_userfaultfd = 1`): CRIU's lazy restore opens it from the
-/// restored task, already in the actor's user namespace (`uffd: Unable to open an userfaultfd
-/// descriptor: Operation not permitted` otherwise).
-pub fn unprivileged_userfaultfd() -> bool {
+/// `/dev/userfaultfd`'s (major, minor): a misc device with a dynamic minor, so read from the
+/// device node.
+pub fn userfaultfd_device() -> Option<(i64, i64)> {
+    use std::os::unix::fs::FileTypeExt;
+    use std::os::unix::fs::MetadataExt;
+    let meta = std::fs::metadata("/dev/userfaultfd").ok()?;
+    if !meta.file_type().is_char_device() {
+        return None;
+    }
+    let rdev = meta.rdev();
+    let major = i64::try_from(nix::sys::stat::major(rdev)).ok()?;
+    let minor = i64::try_from(nix::sys::stat::minor(rdev)).ok()?;
+    Some((major, minor))
+}
+
+/// CRIU's version suffix for a build with the project's patches (scripts/criu-patches), the
+/// first of which opens a lazy restore's userfaultfd through `/dev/userfaultfd`.
+const CRIU_PATCH_LEVEL_PREFIX: &str = ".ate";
+
+/// Whether CRIU's lazy restore can open its userfaultfd from a restored task already inside the
+/// actor's user namespace. The syscall refuses one that handles kernel faults there (`uffd:
+/// Unable to open an userfaultfd descriptor: Operation not permitted`) unless
+/// `vm.unprivileged_userfaultfd = 1`; CRIU with the project's patch (version `….ate1` or later)
+/// asks `/dev/userfaultfd`, which the criu master opened as root, instead. The sysctl stays 0.
+pub fn lazy_restore_in_userns(criu_version: &str) -> bool {
+    (criu_patch_level(criu_version) >= 1 && userfaultfd_device().is_some())
+        || unprivileged_userfaultfd()
+}
+
+/// The `N` of a `Version: 4.2.1.ateN` line, 0 for an unpatched CRIU.
+fn criu_patch_level(criu_version: &str) -> u32 {
+    criu_version
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("Version:"))
+        .and_then(|v| v.trim().rsplit_once(CRIU_PATCH_LEVEL_PREFIX))
+        .and_then(|(_, n)| n.parse().ok())
+        .unwrap_or(0)
+}
+
+fn unprivileged_userfaultfd() -> bool {
     std::fs::read_to_string("/proc/sys/vm/unprivileged_userfaultfd").is_ok_and(|v| v.trim() == "1")
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn criu_patch_levels() {
+        assert_eq!(criu_patch_level("Version: 4.2.1.ate1\n"), 1);
+        assert_eq!(criu_patch_level("Version: 4.2.1.ate12\nGitID: x"), 12);
+        assert_eq!(criu_patch_level("Version: 4.2.1\n"), 0);
+        assert_eq!(criu_patch_level("Version: 4.2\n"), 0);
+        assert_eq!(criu_patch_level("nope"), 0);
+    }
 
     #[test]
     fn userns_image_is_rewritten() {

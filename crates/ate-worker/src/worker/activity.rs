@@ -55,7 +55,7 @@ impl Worker {
                 exit_code: x.exit_code,
                 last_log_lines: x.log,
                 idle_timeout_seconds: x.idle_timeout_seconds,
-                activation: 0,
+                activation: x.activation,
                 crash_reason: x.crash,
                 damaged_generation: x.damaged_generation,
             });
@@ -146,6 +146,7 @@ impl Worker {
             self.table().exits.push(ExitReport {
                 atespace: entry.sandbox.atespace.clone(),
                 name: entry.sandbox.name.clone(),
+                activation: entry.activation,
                 idle_timeout_seconds: entry.spec.idle_timeout_seconds,
                 at_ms: now_ms(),
                 // -1: unknown (the init was not the worker's child; runc keeps no exit status).
@@ -181,6 +182,7 @@ impl Worker {
         self.table().exits.push(ExitReport {
             atespace: entry.sandbox.atespace.clone(),
             name: entry.sandbox.name.clone(),
+            activation: entry.activation,
             idle_timeout_seconds: entry.spec.idle_timeout_seconds,
             at_ms: now_ms(),
             exit_code: -1,

@@ -81,6 +81,9 @@ struct Entry {
 struct ExitReport {
     atespace: String,
     name: String,
+    /// The activation of the copy that exited: the api applies the report only to that life
+    /// of the actor (and asks again while that life's resume is still being recorded).
+    activation: u64,
     idle_timeout_seconds: u32,
     at_ms: i64,
     exit_code: i32,
