@@ -9,6 +9,7 @@ pub mod duration;
 pub mod handoff;
 pub mod log_line;
 pub mod names;
+pub mod platform;
 pub mod request_id;
 pub mod restore;
 pub mod selector;
