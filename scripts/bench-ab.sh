@@ -14,7 +14,7 @@ cd "$(dirname "$0")/.."
 MEM=${1:-50MiB}
 PAIRS=${2:-2}
 IMG=${ATE_TEST_IMAGES:-$PWD/target/tmp/ate-test-images}
-ATE=$PWD/target/release/ate
+ATE=${ATE_BIN:-$PWD/target/release/ate}
 OUT=${OUT:-$PWD/target/bench-encryption}
 A_LABEL=${A_LABEL:-encrypted} A_ENV=${A_ENV:-} A_FLAGS=${A_FLAGS:-}
 B_LABEL=${B_LABEL:-plain} B_ENV=${B_ENV:-} B_FLAGS=${B_FLAGS:---no-snapshot-encryption}

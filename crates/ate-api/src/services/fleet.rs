@@ -104,6 +104,9 @@ impl fleet_service_server::FleetService for Services {
             label(&format!("held[{i}].actor.atespace"), &a.atespace)?;
             label(&format!("held[{i}].actor.name"), &a.name)?;
         }
+        // Registration and reconciliation as one step against the worker's expiry (see
+        // `Api::worker_locks`).
+        let _worker = self.api.lock_worker(&record.id).await;
         let previous = match self.api.store.get_worker(&record.id).await {
             Ok(p) => Some(p),
             Err(ate_store::StoreError::NotFound(_)) => None,
@@ -205,6 +208,7 @@ impl fleet_service_server::FleetService for Services {
         label("worker_id", &id)?;
         self.check_node_worker(&caller, "FleetService/DeregisterWorker", &id)
             .await?;
+        let _worker = self.api.lock_worker(&id).await;
         self.api
             .store
             .deregister_worker(&id)

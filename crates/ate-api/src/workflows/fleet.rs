@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use ate_core::clock::now_ms;
 use ate_core::{ActorRef, ActorState};
-use ate_store::{ActorRecord, ActorUpdate, StoreError, Transition};
+use ate_store::{ActorRecord, ActorUpdate, StoreError, Transition, WorkerStatus};
 
 use super::{Api, Damage, demand};
 use crate::error::WorkflowError;
@@ -139,6 +139,14 @@ impl Api {
             }
         };
         for id in &gone {
+            let _worker = self.lock_worker(id).await;
+            // Registered again since it was marked: that registration reconciled its actors.
+            if let Ok(w) = self.store.get_worker(id).await
+                && w.status != WorkerStatus::Gone
+            {
+                tracing::info!(worker = %id, "worker registered again right after it was marked GONE; its registration kept what it holds");
+                continue;
+            }
             tracing::warn!(worker = %id, silent_for_ms = after, "worker stopped heartbeating; marked GONE");
             self.release_actors_of(id).await?;
         }

@@ -141,6 +141,12 @@ pub struct Api {
     /// Nodes a call could not reach: new placements avoid their workers meanwhile (soft state;
     /// the store expires them if they stay silent), until the node is heard again.
     suspect_nodes: Mutex<std::collections::HashMap<String, Suspicion>>,
+    /// One lock per worker id, held by what changes a worker's actors wholesale: its
+    /// registration with the reconciliation of what it holds, and its expiry with the release
+    /// of its actors. Without it an expiry could release an actor after a concurrent
+    /// registration had read it as RUNNING and kept the worker's copy: the actor then resumed
+    /// from its last generation beside the kept copy (state lost, fault suite 2026-12-03).
+    worker_locks: Mutex<std::collections::HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
 }
 
 /// Why placement avoids a node: a call to it failed in the transport.
@@ -229,6 +235,18 @@ fn demand(template: &TemplateRecord) -> Capacity {
 }
 
 impl Api {
+    /// See [`Api::worker_locks`].
+    pub(crate) async fn lock_worker(&self, worker_id: &str) -> tokio::sync::OwnedMutexGuard<()> {
+        let lock = self
+            .worker_locks
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .entry(worker_id.to_string())
+            .or_default()
+            .clone();
+        lock.lock_owned().await
+    }
+
     pub fn new(store: Arc<dyn Store>, cfg: ApiConfig) -> Self {
         Self {
             fleet: FleetView::new(store.clone(), cfg.fleet_max_age),
@@ -239,6 +257,7 @@ impl Api {
             waiters: scheduler::Waiters::default(),
             hearing_since_ms: std::sync::atomic::AtomicI64::new(now_ms()),
             suspect_nodes: Mutex::new(std::collections::HashMap::new()),
+            worker_locks: Mutex::new(std::collections::HashMap::new()),
         }
     }
 
