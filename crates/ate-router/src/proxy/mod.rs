@@ -416,12 +416,9 @@ impl Proxy {
         }
         let name = actor.as_ref();
         // A call from another actor: the policy first, so that a denied call wakes nobody. On
-        // every path (CONNECT-inner too) requests reach the actor through here.
-        let decision = request
-            .extensions()
-            .get::<Caller>()
-            .map(|caller| self.cfg.callers.decide(caller, name));
-        if let Some(decision) = decision {
+        // every path (CONNECT-inner too) requests reach the actor through here. (No `let` at
+        // this level: its storage would stay in the future across every later await.)
+        if let Some(decision) = self.decide_call(&request, name) {
             let verdict = match decision {
                 Decision::Ready(verdict) => verdict,
                 Decision::Pending(verdict) => verdict.await,
@@ -451,17 +448,7 @@ impl Proxy {
 
         let mode = Mode::of(&request);
         prepare_request(&mut request, mode);
-        // The one place `ate-caller-actor` is set on a forwarded request, for every path (plain,
-        // TLS, CONNECT-inner, upgrades, gRPC): whatever a client sent is dropped, and only a
-        // caller a worker named (the extension) is put back.
-        let caller = request
-            .extensions()
-            .get::<Caller>()
-            .map(|c| c.header_value().clone());
-        request.headers_mut().remove(CALLER);
-        if let Some(caller) = caller {
-            request.headers_mut().insert(CALLER, caller);
-        }
+        set_caller_header(&mut request);
         // A bad route (stale, or its worker not answering), or a tunnel that broke before the
         // request was written, is evicted and resolved again at once; when that gives the same
         // unreachable worker (it is restarting, or fenced until its node reconciles), the
@@ -598,6 +585,29 @@ impl Begun {
                 .get::<Caller>()
                 .map(|c| c.as_str().to_owned());
         }
+    }
+}
+
+impl Proxy {
+    /// The caller policy's decision when `request` is a call from another actor.
+    fn decide_call<B>(&self, request: &Request<B>, callee: &str) -> Option<Decision> {
+        let caller = request.extensions().get::<Caller>()?;
+        Some(self.cfg.callers.decide(caller, callee))
+    }
+}
+
+/// The one place `ate-caller-actor` is set on a forwarded request, for every path (plain, TLS,
+/// CONNECT-inner, upgrades, gRPC): whatever a client sent is dropped, and only a caller a worker
+/// named (the [`Caller`] extension) is put back.
+fn set_caller_header<B>(request: &mut Request<B>) {
+    let caller = request
+        .extensions()
+        .get::<Caller>()
+        .map(|c| c.header_value().clone());
+    let headers = request.headers_mut();
+    headers.remove(CALLER);
+    if let Some(caller) = caller {
+        headers.insert(CALLER, caller);
     }
 }
 
