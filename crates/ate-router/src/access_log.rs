@@ -19,8 +19,9 @@
 //! route), `forward_ms` the time from sending the request to the actor to its response head (the
 //! last attempt); `bytes` is the response body's size when it is known up front
 //! (`content-length`, or a body the router wrote). `actor` is empty when the request named no
-//! valid actor. `trace_id` is the request span's (traces on) or the client's `traceparent`'s
-//! (traces off), as on the router's log lines for the request.
+//! valid actor. `caller` (after `actor`, only on calls from another actor) is the calling actor.
+//! `trace_id` is the request span's (traces on) or the client's `traceparent`'s (traces off), as
+//! on the router's log lines for the request.
 
 use std::io::Write;
 use std::sync::Arc;
@@ -43,6 +44,8 @@ pub struct Entry {
     pub trace_id: Option<ate_tls::trace_context::TraceId>,
     /// `<atespace>/<name>`; empty when the request named no valid actor.
     pub actor: String,
+    /// For a call from another actor (`ate-caller-actor`, from a worker): the caller.
+    pub caller: Option<String>,
     pub method: http::Method,
     pub path: String,
     pub status: u16,
@@ -157,6 +160,10 @@ pub fn format_line(entry: &Entry, out: &mut String) {
     }
     out.push_str(",\"actor\":");
     json_str(&entry.actor, out);
+    if let Some(caller) = &entry.caller {
+        out.push_str(",\"caller\":");
+        json_str(caller, out);
+    }
     out.push_str(",\"method\":");
     json_str(entry.method.as_str(), out);
     out.push_str(",\"path\":");
@@ -247,6 +254,7 @@ mod tests {
                 b"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
             ),
             actor: "ate-demo/counter".into(),
+            caller: None,
             method: http::Method::GET,
             path: "/a\"b\\c".into(),
             status: 200,
@@ -279,6 +287,13 @@ mod tests {
         line.clear();
         format_line(&e, &mut line);
         assert!(line.ends_with("\"path\":\"/\\u0001\",\"status\":200,\"duration_ms\":412.501}\n"));
+        e.caller = Some("n1/a".into());
+        line.clear();
+        format_line(&e, &mut line);
+        assert!(
+            line.contains("\"actor\":\"ate-demo/counter\",\"caller\":\"n1/a\",\"method\""),
+            "{line}"
+        );
     }
 
     #[test]

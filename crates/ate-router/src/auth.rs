@@ -56,6 +56,10 @@ pub enum ConnAuth {
     /// The TLS listener; `allowed_cert`: the client presented a certificate the handshake
     /// verified against the allow-list.
     Tls { allowed_cert: bool },
+    /// An internal listener (`--internal-socket`, `--internal-listen`): a worker sending its
+    /// actors' calls. The ingress policy does not apply; each request must name its caller
+    /// instead ([`crate::callers`]). `IngressAuth::check` refuses it (the proxy never asks).
+    Worker,
 }
 
 /// The ingress policy of one router.

@@ -95,6 +95,20 @@ pub struct RouterConfig {
     #[arg(long = "local-tunnels", value_name = "DIR")]
     pub local_tunnels: Option<std::path::PathBuf>,
 
+    /// Unix socket on which the workers of this machine send their actors' calls to other actors
+    /// (`ate up` passes `<state>/run/router/internal.sock`). Made mode 0600 in a directory created
+    /// 0700; only processes of root or the router's own user may connect (checked with
+    /// SO_PEERCRED). Requests on it skip the ingress authentication and must name their caller in
+    /// `ate-caller-actor`. Unset: no such socket.
+    #[arg(long = "internal-socket", value_name = "PATH")]
+    pub internal_socket: Option<std::path::PathBuf>,
+
+    /// Like --internal-socket, over TCP for workers on other machines: TLS with the router's own
+    /// certificate (--tls-cert/--tls-key/--tls-ca, required), a client certificate required, and
+    /// only a worker's SPIFFE ID (`…/sa/ate-worker[-<id>]`) admitted; any other peer is closed.
+    #[arg(long = "internal-listen", value_name = "ADDR")]
+    pub internal_listen: Option<SocketAddr>,
+
     /// Write a JSON access log, one line per request: `stdout`, `stderr` or a file (appended
     /// to). Off by default. Lines are written by a thread of their own; when it falls behind,
     /// lines are dropped and counted, never waited for.
@@ -186,6 +200,8 @@ impl Default for RouterConfig {
             ingress_jwt_jwks_file: None,
             tunnel_idle_per_actor: None,
             local_tunnels: None,
+            internal_socket: None,
+            internal_listen: None,
             access_log: None,
             tls: ate_tls::TlsArgs::default(),
             tuning: Tuning::default(),
@@ -233,6 +249,8 @@ mod tests {
             "--drain-delay=1s",
             "--tunnel-idle-per-actor=8",
             "--access-log=stderr",
+            "--internal-socket=/run/r/internal.sock",
+            "--internal-listen=127.0.0.1:8444",
         ])
         .unwrap();
         let r = cli.router;
@@ -245,6 +263,11 @@ mod tests {
         assert_eq!(r.drain_delay, Duration::from_secs(1));
         assert_eq!(r.tunnel_idle_per_actor, Some(8));
         assert_eq!(r.access_log.as_deref(), Some("stderr"));
+        assert_eq!(
+            r.internal_socket.as_deref(),
+            Some(std::path::Path::new("/run/r/internal.sock"))
+        );
+        assert_eq!(r.internal_listen.map(|a| a.port()), Some(8444));
         assert_eq!(
             Cli::try_parse_from(["ate"]).unwrap().router.access_log,
             None

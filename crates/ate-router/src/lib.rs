@@ -9,7 +9,8 @@
 //! [`single_flight`], [`parking`] (limit, places, backoff), [`error`] (status mapping),
 //! [`resolve`] (the resolution state machine), [`tunnel`] (atunnel client), [`proxy`] (one
 //! request), [`drain`] (relays the drain waits for), [`server`] (listeners, drain),
-//! [`access_log`] (the optional JSON access log).
+//! [`access_log`] (the optional JSON access log), [`internal`] (the workers' listeners) and
+//! [`callers`] (calls between actors: the caller header and the policy).
 //!
 //! Every request has an id (`x-request-id`: the client's if acceptable, else a new one), which
 //! reaches the actor, comes back on the response, is a field of the request's tracing span and
@@ -21,10 +22,12 @@ pub mod api;
 pub mod auth;
 pub mod body;
 pub mod cache;
+pub mod callers;
 pub mod config;
 pub mod drain;
 pub mod error;
 pub mod handoff;
+pub mod internal;
 pub mod metrics;
 pub mod parking;
 pub mod proxy;
@@ -75,6 +78,15 @@ pub enum RouterError {
     IngressAuth(String),
     #[error("ingress JWT: {0}")]
     Jwt(#[from] ate_jwt::JwtError),
+    #[error(
+        "--internal-listen needs the router's own certificate (--tls-cert, --tls-key, --tls-ca): workers are admitted by their client certificates"
+    )]
+    InternalListenWithoutTls,
+    #[error("--internal-socket {path}: {source}")]
+    InternalSocket {
+        path: std::path::PathBuf,
+        source: std::io::Error,
+    },
     #[error("--access-log {target}: {source}")]
     AccessLog {
         target: String,
@@ -93,6 +105,8 @@ pub struct Router {
     resolver: Arc<Resolver>,
     tunnels: Arc<Tunnels>,
     stats: Arc<Stats>,
+    /// A pre-bound `--internal-listen` listener (tests bind port 0).
+    internal_tcp: Option<TcpListener>,
 }
 
 impl Router {
@@ -177,6 +191,8 @@ impl Router {
                 header_read_timeout: t.header_read_timeout,
                 access_log,
                 auth: auth.clone(),
+                // Same atespace only until atespaces carry an allow list.
+                callers: Arc::new(callers::SameAtespace),
             },
             stats.clone(),
         );
@@ -188,7 +204,44 @@ impl Router {
             resolver,
             tunnels,
             stats,
+            internal_tcp: None,
         })
+    }
+
+    /// Serves `--internal-listen` on this pre-bound listener instead of binding its address.
+    pub fn with_internal_listener(mut self, listener: TcpListener) -> Self {
+        self.internal_tcp = Some(listener);
+        self
+    }
+
+    /// The internal listeners the flags ask for (see [`internal`]), bound now.
+    async fn internal_listeners(&mut self) -> Result<internal::InternalListeners, RouterError> {
+        let mut listeners = internal::InternalListeners::default();
+        if let Some(path) = &self.config.internal_socket {
+            let unix =
+                internal::bind_socket(path).map_err(|source| RouterError::InternalSocket {
+                    path: path.clone(),
+                    source,
+                })?;
+            tracing::info!(socket = %path.display(), "internal socket serving workers' actor calls");
+            listeners.unix = Some(unix);
+        }
+        if let Some(addr) = self.config.internal_listen {
+            let source = self
+                .tls
+                .clone()
+                .ok_or(RouterError::InternalListenWithoutTls)?;
+            let tcp = match self.internal_tcp.take() {
+                Some(listener) => listener,
+                None => TcpListener::bind(addr)
+                    .await
+                    .map_err(|source| RouterError::Bind { addr, source })?,
+            };
+            let incoming = internal::tls_listener(&source, tcp)?;
+            tracing::info!(listen = %incoming.local_addr(), "internal TLS listener serving workers' actor calls");
+            listeners.tls = Some(incoming);
+        }
+        Ok(listeners)
     }
 
     pub fn stats(&self) -> Arc<Stats> {
@@ -295,7 +348,7 @@ impl Router {
     /// Like [`Router::serve`], with the `--tls-listen` listener pre-bound too (tests bind port
     /// 0); `tls_listener` is used only when `--tls-listen` is set.
     pub async fn serve_with_tls(
-        self,
+        mut self,
         listener: TcpListener,
         tls_listener: Option<TcpListener>,
         metrics_listener: TcpListener,
@@ -311,6 +364,7 @@ impl Router {
             Some((incoming, allow_list)) => (Some(incoming), allow_list),
             None => (None, false),
         };
+        let internal = self.internal_listeners().await?;
         let draining = Arc::new(AtomicBool::new(false));
         let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
         crate::metrics::export_tunnel_stats(&self.stats);
@@ -351,6 +405,7 @@ impl Router {
                 listener,
                 tls_ingress,
                 tls_allow_list,
+                internal,
                 shutdown,
                 listener_cfg.drain_delay,
             )

@@ -31,6 +31,11 @@ pub const INGRESS_REFUSED: &str = "ate_router_ingress_refused_total";
 /// Every series of the router with its help text (`# HELP` / `# TYPE` on `/metrics`).
 pub fn describe() {
     metrics::describe_counter!(
+        crate::callers::ACTOR_CALLS,
+        Unit::Count,
+        "Calls from one actor to another (from a worker's internal connection), by the caller policy's verdict (verdict: allowed, denied)."
+    );
+    metrics::describe_counter!(
         INGRESS_REFUSED,
         Unit::Count,
         "Requests refused by --ingress-auth-mode (status: 401 missing or bad credentials, 403 token not allowed for the actor)."

@@ -27,6 +27,7 @@ use tokio::sync::watch;
 use crate::auth::ConnAuth;
 use crate::body::RouterBody;
 use crate::drain::{Drain, Phase};
+use crate::internal::InternalListeners;
 use crate::proxy::Proxy;
 
 /// After the drain deadline, how long relays get to notice the cut before `run` returns anyway.
@@ -196,11 +197,17 @@ impl Ingress {
         listener: TcpListener,
         mut tls: Option<ate_tls::TlsIncoming>,
         tls_allow_list: bool,
+        internal: InternalListeners,
         shutdown: impl Future<Output = ()>,
         drain_delay: Duration,
     ) {
         use futures::StreamExt;
         tokio::pin!(shutdown);
+        let InternalListeners {
+            unix: internal_unix,
+            tls: mut internal_tls,
+        } = internal;
+        let own_uid = crate::internal::own_uid();
         loop {
             tokio::select! {
                 biased;
@@ -220,6 +227,50 @@ impl Ingress {
                     }
                     Err(e) => tracing::warn!(error = %e, "TLS accept failed"),
                 },
+                // Workers sending their actors' calls, over mTLS: only a worker's certificate.
+                Some(conn) = async {
+                    match internal_tls.as_mut() {
+                        Some(incoming) => incoming.next().await,
+                        None => std::future::pending().await,
+                    }
+                } => match conn {
+                    Ok(conn) if crate::internal::admits(conn.peer().spiffe_id.as_ref()) => {
+                        self.serve_connection(conn, ConnAuth::Worker);
+                    }
+                    Ok(conn) => {
+                        let peer = conn.peer();
+                        tracing::warn!(
+                            remote = %peer.remote_addr,
+                            spiffe_id = ?peer.spiffe_id.as_ref().map(ToString::to_string),
+                            "internal listener: connection closed: the client certificate is not a worker's"
+                        );
+                    }
+                    Err(e) => tracing::warn!(error = %e, "internal TLS accept failed"),
+                },
+                // Workers of this machine: root or the router's own user only.
+                accepted = async {
+                    match internal_unix.as_ref() {
+                        Some(unix) => unix.accept().await,
+                        None => std::future::pending().await,
+                    }
+                } => match accepted {
+                    Ok((stream, _)) => match stream.peer_cred() {
+                        Ok(cred) if crate::internal::peer_allowed(cred.uid(), own_uid) => {
+                            self.serve_connection(stream, ConnAuth::Worker);
+                        }
+                        Ok(cred) => tracing::warn!(
+                            pid = ?cred.pid(),
+                            uid = cred.uid(),
+                            own_uid,
+                            "internal socket: connection refused: the peer is neither root nor the router's user"
+                        ),
+                        Err(e) => tracing::warn!(error = %e, "internal socket: cannot read the peer's credentials"),
+                    },
+                    Err(e) => {
+                        tracing::warn!(error = %e, "internal socket accept failed");
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                    }
+                },
                 accepted = listener.accept() => match accepted {
                     Ok((tcp, _peer)) => {
                         let _ = tcp.set_nodelay(true);
@@ -235,6 +286,8 @@ impl Ingress {
         }
         drop(listener);
         drop(tls);
+        drop(internal_unix);
+        drop(internal_tls);
         let drain = self.drain.clone();
         drain.begin();
         let open = self.graceful.count();

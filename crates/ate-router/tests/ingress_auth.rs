@@ -491,3 +491,120 @@ async fn contradictory_flags_are_refused_before_serving() {
     // No flags: the quickstart's plain, unauthenticated ingress.
     assert_eq!(err(&|_| {}), "");
 }
+
+// ---- calls between actors (issue 31) -------------------------------------------------------------
+
+/// A TLS client's `ate-caller-actor` never reaches the actor: only a worker's internal
+/// connection may name a caller.
+#[tokio::test]
+async fn a_tls_client_cannot_forge_a_caller() {
+    ate_tls::install_crypto_provider();
+    let pki = Pki::new();
+    let mut s = setup(&pki, mtls).await;
+    let allowed = pki.client(CLIENT_ID);
+    let got = tls_get(
+        s.tls,
+        client_tls(&pki, Some(&allowed)),
+        "team-a/agent-7",
+        &[("ate-caller-actor", "team-a/agent-1".to_string())],
+    )
+    .await
+    .unwrap();
+    assert_eq!(got.status, StatusCode::OK, "{got:?}");
+    assert!(!got.body.contains("ate-caller-actor"), "{}", got.body);
+    s.router.shutdown();
+}
+
+/// `--internal-listen`: TLS with the router's own certificate; a worker's certificate is served
+/// as a worker (its request must name a caller), any other certificate is closed without an
+/// answer, and no certificate is refused in the handshake. Without the router's TLS material
+/// the router does not start.
+#[tokio::test]
+async fn internal_listen_admits_only_workers() {
+    ate_tls::install_crypto_provider();
+    let pki = Pki::new();
+    let api = ScriptedApi::default();
+    let api_addr = api.start().await;
+    let own = Pki::issue_files(
+        &pki.ca,
+        pki.dir.path(),
+        "router",
+        SvidRequest::new(SpiffeId::router(TD).unwrap()).dns(SERVICE_DNS),
+    );
+    let internal = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let internal_addr = internal.local_addr().unwrap();
+    let mut cfg = config(api_addr);
+    cfg.internal_listen = Some(internal_addr);
+    cfg.tls.tls_cert = Some(own.cert.clone());
+    cfg.tls.tls_key = Some(own.key.clone());
+    cfg.tls.tls_ca = Some(own.ca.clone());
+    cfg.tls.trust_domain = TD.to_string();
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let metrics_listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let router = Router::new(cfg).unwrap().with_internal_listener(internal);
+    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+    let done = tokio::spawn(async move {
+        router
+            .serve(listener, metrics_listener, async move {
+                let _ = rx.await;
+            })
+            .await
+    });
+
+    // A worker: admitted, and held to the caller rule (a plain client would have been
+    // forwarded).
+    let worker = pki.client("spiffe://cluster.local/ns/ate-system/sa/ate-worker-w1");
+    let got = tls_get(
+        internal_addr,
+        client_tls(&pki, Some(&worker)),
+        "team-a/agent-7",
+        &[],
+    )
+    .await
+    .expect("a worker is served");
+    assert_eq!(got.status, StatusCode::BAD_REQUEST, "{got:?}");
+    assert!(
+        got.body.contains("missing ate-caller-actor header"),
+        "{}",
+        got.body
+    );
+
+    // A client certificate of the same CA that is not a worker's: closed, no answer.
+    let client = pki.client(CLIENT_ID);
+    let refused = tls_get(
+        internal_addr,
+        client_tls(&pki, Some(&client)),
+        "team-a/agent-7",
+        &[("ate-caller-actor", "team-a/agent-1".to_string())],
+    )
+    .await;
+    assert!(refused.is_err(), "a non-worker got an answer: {refused:?}");
+
+    // No certificate: refused in the handshake.
+    let refused = tls_get(
+        internal_addr,
+        client_tls(&pki, None),
+        "team-a/agent-7",
+        &[("ate-caller-actor", "team-a/agent-1".to_string())],
+    )
+    .await;
+    assert!(
+        refused.is_err(),
+        "a client without a certificate: {refused:?}"
+    );
+    assert_eq!(api.total_calls(), 0);
+    let _ = tx.send(());
+    done.await.unwrap().unwrap();
+
+    // No TLS material: refuses to start.
+    let mut cfg = config(api_addr);
+    cfg.internal_listen = Some("127.0.0.1:0".parse().unwrap());
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let metrics_listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let err = Router::new(cfg)
+        .unwrap()
+        .serve(listener, metrics_listener, async {})
+        .await
+        .expect_err("--internal-listen without TLS must not start");
+    assert!(err.to_string().contains("--internal-listen needs"), "{err}");
+}

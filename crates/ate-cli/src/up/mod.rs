@@ -293,8 +293,50 @@ fn router_args(args: &UpArgs, api_addrs: &str, pki: &mut Pki) -> anyhow::Result<
                 .to_string(),
         );
     }
+    // The workers' actor calls (issue 31): every worker of an all-in-one is on this machine.
+    if args.role == UpRole::All && flag_value(&args.router_args, "--internal-socket").is_none() {
+        router_args.push("--internal-socket".into());
+        router_args.push(default_internal_socket(args).display().to_string());
+    }
     router_args.extend(args.router_args.iter().cloned());
     Ok(router_args)
+}
+
+/// Where the router of an all-in-one listens for its workers' actor calls (the router makes the
+/// directory 0700 and the socket 0600).
+fn default_internal_socket(args: &UpArgs) -> PathBuf {
+    args.state_dir
+        .join("run")
+        .join("router")
+        .join("internal.sock")
+}
+
+/// The router's internal socket that this machine's workers send their actors' calls to: the
+/// default one of an all-in-one, or the one given with `--router-arg=--internal-socket=…`.
+/// None for `--role node` and `control` (their workers and router are on different machines).
+pub(super) fn internal_socket(args: &UpArgs) -> Option<PathBuf> {
+    if args.role != UpRole::All {
+        return None;
+    }
+    Some(
+        flag_value(&args.router_args, "--internal-socket")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| default_internal_socket(args)),
+    )
+}
+
+/// The value of `flag` in `args` (`--flag=V` or `--flag V`; the last one wins, as in clap).
+fn flag_value<'a>(args: &'a [String], flag: &str) -> Option<&'a str> {
+    let mut found = None;
+    let mut words = args.iter();
+    while let Some(word) = words.next() {
+        if word == flag {
+            found = words.next().map(String::as_str);
+        } else if let Some(value) = word.strip_prefix(flag).and_then(|v| v.strip_prefix('=')) {
+            found = Some(value);
+        }
+    }
+    found
 }
 
 async fn start_router(
@@ -458,6 +500,8 @@ async fn run_all(args: UpArgs) -> anyhow::Result<ExitCode> {
         // The node agent's and each worker's `/metrics` (absent with `--role control`).
         "node_metrics": node_metrics.as_ref().map(|m| m.node.clone()),
         "worker_metrics": node_metrics.map(|m| m.workers).unwrap_or_default(),
+        // The router's socket for the workers' actor calls (`--role all` only).
+        "router_internal_socket": internal_socket(&args).map(|p| p.display().to_string()),
     });
     let line = format!(
         "ate up: ready router=http://{} api={api_addr} store={store} state={} (workers={} slots={})",
@@ -512,4 +556,30 @@ async fn ready_then_supervise(
     let code = supervise_until_stopped(components, signal).await;
     stop_all(components).await;
     Ok(code)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn flag_values() {
+        let args = |a: &[&str]| a.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        assert_eq!(flag_value(&args(&[]), "--internal-socket"), None);
+        assert_eq!(
+            flag_value(&args(&["--internal-socket=/a", "--x"]), "--internal-socket"),
+            Some("/a")
+        );
+        assert_eq!(
+            flag_value(
+                &args(&["--internal-socket", "/a", "--internal-socket", "/b"]),
+                "--internal-socket"
+            ),
+            Some("/b")
+        );
+        assert_eq!(
+            flag_value(&args(&["--internal-socket-x=/a"]), "--internal-socket"),
+            None
+        );
+    }
 }

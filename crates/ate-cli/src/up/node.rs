@@ -155,13 +155,16 @@ pub(super) async fn start_node_and_workers(
                 .1
                 .to_args(),
         );
-        components.push(spawn_with_env(
-            &id,
-            Role::Worker,
-            worker_args,
-            logs,
-            registry_env(args)?,
-        )?);
+        let mut env = registry_env(args)?;
+        if let Some(socket) = super::internal_socket(args) {
+            // The router's internal socket for the actors' calls (`ate worker --router`). The
+            // worker connects when an actor first calls, so the router may start after it.
+            env.push((
+                "ATE_WORKER_ROUTER".to_string(),
+                format!("unix:{}", socket.display()),
+            ));
+        }
+        components.push(spawn_with_env(&id, Role::Worker, worker_args, logs, env)?);
     }
     wait_workers(clients, node_name, args.workers as usize, components).await?;
     Ok(metrics)

@@ -33,6 +33,7 @@ use crate::actor_ref::{parse_port, parse_target};
 use crate::auth::{ConnAuth, IngressAuth, IngressAuthMode};
 use crate::body::RouterBody;
 use crate::cache::Route;
+use crate::callers::{CALLER, Caller, CallerPolicy, Decision, Verdict};
 use crate::drain::Drain;
 use crate::error::{ForwardError, RequestError, shown};
 use crate::metrics::{RequestMetrics, STALE_RETRIES, Stats};
@@ -65,6 +66,8 @@ pub struct ProxyConfig {
     pub access_log: Option<AccessLog>,
     /// `--ingress-auth-mode`: who may send requests.
     pub auth: Arc<IngressAuth>,
+    /// Which actors may call which (requests from a worker's internal connection).
+    pub callers: Arc<dyn CallerPolicy>,
 }
 
 /// The answer [`Proxy::forward`] got for a request, with the actor it was given back.
@@ -92,6 +95,8 @@ struct AccessStart {
     started: Instant,
     method: Method,
     path: String,
+    /// The calling actor, for a call from another actor (set once the request is admitted).
+    caller: Option<String>,
 }
 
 pub struct Proxy {
@@ -159,7 +164,10 @@ impl Proxy {
         let cold = self.unshare_head_if_cold(&mut request);
         let mut begun = self.begin(&mut request);
         let preflight = match self.authenticate(&mut request) {
-            Ok(()) => self.preflight(request),
+            Ok(()) => {
+                begun.note_caller(&request);
+                self.preflight(request)
+            }
             Err(response) => Preflight::Answer(*response, None),
         };
         let answer = match preflight {
@@ -206,6 +214,7 @@ impl Proxy {
                 started: Instant::now(),
                 method: request.method().clone(),
                 path: path.to_owned(),
+                caller: None,
             })
         });
         Begun {
@@ -237,6 +246,7 @@ impl Proxy {
                 request_id: id.to_owned(),
                 trace_id: begun.trace_id,
                 actor: actor.to_owned(),
+                caller: start.caller,
                 method: start.method,
                 path: start.path,
                 status: status.as_u16(),
@@ -253,20 +263,39 @@ impl Proxy {
 
     /// The ingress policy ([`crate::auth`]), before anything else about the request is looked
     /// at: an unauthenticated client learns nothing about actors (not even a 404). In jwt mode
-    /// the token's header is removed here, so it never reaches the actor.
+    /// the token's header is removed here, so it never reaches the actor. A worker's internal
+    /// connection skips the policy; its request must name one valid caller, which moves from
+    /// the header into a [`Caller`] extension (else 400).
     fn authenticate(
         &self,
         request: &mut Request<Incoming>,
     ) -> Result<(), Box<Response<RouterBody>>> {
-        let auth = &self.cfg.auth;
-        if auth.mode() == IngressAuthMode::None {
-            return Ok(());
-        }
         let conn = request
             .extensions()
             .get::<ConnAuth>()
             .copied()
             .unwrap_or(ConnAuth::Plain);
+        if conn == ConnAuth::Worker {
+            return match Caller::take(request.headers_mut()) {
+                Ok(caller) => {
+                    request.extensions_mut().insert(caller);
+                    Ok(())
+                }
+                Err(e) => {
+                    let about = parse_target(request.headers().get(TARGET_ACTOR_HEADER))
+                        .map(|a| format!("actor {a}: "))
+                        .unwrap_or_default();
+                    Err(Box::new(text(
+                        StatusCode::BAD_REQUEST,
+                        format!("{about}{e}"),
+                    )))
+                }
+            };
+        }
+        let auth = &self.cfg.auth;
+        if auth.mode() == IngressAuthMode::None {
+            return Ok(());
+        }
         let atespace = parse_target(request.headers().get(TARGET_ACTOR_HEADER))
             .ok()
             .and_then(|actor| actor.split_once('/'))
@@ -386,6 +415,22 @@ impl Proxy {
             }};
         }
         let name = actor.as_ref();
+        // A call from another actor: the policy first, so that a denied call wakes nobody. On
+        // every path (CONNECT-inner too) requests reach the actor through here. (No `let` at
+        // this level: its storage would stay in the future across every later await.)
+        if let Some(decision) = self.decide_call(&request, name) {
+            let verdict = match decision {
+                Decision::Ready(verdict) => verdict,
+                Decision::Pending(verdict) => verdict.await,
+            };
+            crate::callers::count(&verdict);
+            if let Verdict::Denied(rule) = verdict
+                && let Some(caller) = request.extensions().get::<Caller>()
+            {
+                let body = crate::callers::denied_body(name, caller, &rule);
+                done!(text(StatusCode::FORBIDDEN, body));
+            }
+        }
         let started = Instant::now();
         let found = self
             .resolver
@@ -403,6 +448,7 @@ impl Proxy {
 
         let mode = Mode::of(&request);
         prepare_request(&mut request, mode);
+        set_caller_header(&mut request);
         // A bad route (stale, or its worker not answering), or a tunnel that broke before the
         // request was written, is evicted and resolved again at once; when that gives the same
         // unreachable worker (it is restarting, or fenced until its node reconciles), the
@@ -528,6 +574,41 @@ fn wants_span(request: &Request<Incoming>) -> bool {
     ate_tls::trace_context::enabled()
         || tracing::enabled!(tracing::Level::DEBUG)
         || Mode::of(request) != Mode::Http1
+}
+
+impl Begun {
+    /// With the access log on, the request's caller (a call from another actor).
+    fn note_caller<B>(&mut self, request: &Request<B>) {
+        if let Some(access) = self.access.as_mut() {
+            access.caller = request
+                .extensions()
+                .get::<Caller>()
+                .map(|c| c.as_str().to_owned());
+        }
+    }
+}
+
+impl Proxy {
+    /// The caller policy's decision when `request` is a call from another actor.
+    fn decide_call<B>(&self, request: &Request<B>, callee: &str) -> Option<Decision> {
+        let caller = request.extensions().get::<Caller>()?;
+        Some(self.cfg.callers.decide(caller, callee))
+    }
+}
+
+/// The one place `ate-caller-actor` is set on a forwarded request, for every path (plain, TLS,
+/// CONNECT-inner, upgrades, gRPC): whatever a client sent is dropped, and only a caller a worker
+/// named (the [`Caller`] extension) is put back.
+fn set_caller_header<B>(request: &mut Request<B>) {
+    let caller = request
+        .extensions()
+        .get::<Caller>()
+        .map(|c| c.header_value().clone());
+    let headers = request.headers_mut();
+    headers.remove(CALLER);
+    if let Some(caller) = caller {
+        headers.insert(CALLER, caller);
+    }
 }
 
 /// What [`Proxy::preflight`] decided.

@@ -18,6 +18,7 @@ use super::{Proxy, REQUEST_ID};
 use crate::actor_ref::ActorKey;
 use crate::body::RouterBody;
 use crate::cache::Route;
+use crate::callers::Caller;
 use crate::drain::spawn_pipe;
 use crate::error::{ForwardError, RequestError};
 use crate::tunnel::{H1Conn, SendFailed, TunnelError};
@@ -150,6 +151,8 @@ impl Proxy {
         }
         let actor = ActorKey::from_validated(actor);
         let proxy = self.clone();
+        // A worker's CONNECT: each request inside is a call from the same actor.
+        let caller = request.extensions().get::<Caller>().cloned();
         let on_upgrade = hyper::upgrade::on(request);
         // Registered before the 200 goes out, so a drain starting now still waits for it.
         let mut relay = self.drain.relay();
@@ -168,8 +171,12 @@ impl Proxy {
             let service = service_fn(move |mut inner: Request<Incoming>| {
                 let proxy = proxy.clone();
                 let actor = actor.clone();
+                if let Some(caller) = &caller {
+                    inner.extensions_mut().insert(caller.clone());
+                }
                 async move {
                     let mut begun = proxy.begin(&mut inner);
+                    begun.note_caller(&inner);
                     if !begun.kept {
                         inner.headers_mut().insert(REQUEST_ID, begun.id.clone());
                     }

@@ -222,11 +222,18 @@ async fn grpc_echo(req: Request<Incoming>, name: &str) -> Response<EchoBody> {
         .map(|a| a.to_string())
         .unwrap_or_default();
     let version = format!("{:?}", req.version());
+    // The caller header as the actor got it (tests/actor_calls.rs), `none` without one.
+    let caller = req
+        .headers()
+        .get("ate-caller-actor")
+        .cloned()
+        .unwrap_or(http::HeaderValue::from_static("none"));
     let body = req.into_body().collect().await.unwrap().to_bytes();
     let mut trailers = http::HeaderMap::new();
     trailers.insert("grpc-status", "0".parse().unwrap());
     trailers.insert("x-seen-authority", authority.parse().unwrap());
     trailers.insert("x-seen-version", version.parse().unwrap());
+    trailers.insert("x-seen-caller", caller);
     trailers.insert("x-upstream", name.parse().unwrap());
     let frames = vec![
         Ok(hyper::body::Frame::data(body)),
