@@ -989,10 +989,12 @@ async fn platform_address_serves_identity_and_calls() {
     let (status, body) =
         get_via_tunnel(&mut h2, &target, "/call?actor=billing/ledger&path=/x&n=20").await;
     assert_eq!(status, 200, "{body}");
-    assert_eq!(
-        router_conns.load(std::sync::atomic::Ordering::SeqCst),
-        1,
-        "calls share one pooled router connection"
+    // Sequential calls reuse a pooled connection (a returning connection can race the next
+    // checkout, so allow a few; without pooling there would be 21).
+    let conns = router_conns.load(std::sync::atomic::Ordering::SeqCst);
+    assert!(
+        (1..=3).contains(&conns),
+        "21 calls took {conns} router connections"
     );
 
     // The counter keeps its platform connection; with no request in flight it is not activity.

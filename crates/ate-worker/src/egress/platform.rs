@@ -37,8 +37,11 @@ use tokio::net::TcpStream;
 use super::proxy::{OpenGuard, Stats};
 use super::router_client::RouterClient;
 
-/// A request's headers must arrive within this long.
-const HEADER_TIMEOUT: Duration = Duration::from_secs(30);
+/// A request's headers must arrive within this long of the connection waiting for one, so an
+/// idle keep-alive connection is closed after it too (hyper starts the timer when it waits for
+/// the next request). Longer than common clients' own pool idle times, so that a client rarely
+/// reuses a connection just as the platform closes it.
+const HEADER_TIMEOUT: Duration = Duration::from_secs(60);
 /// Largest request body the local API reads.
 const LOCAL_BODY_LIMIT: usize = 1 << 20;
 
