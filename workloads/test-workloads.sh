@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Quick self-test of the demo workloads on loopback (no containers):
 #   - counter: /healthz, three GETs count 1, 2, 3 on all counters, the second port, keep-alive,
-#     POST /echo, /whoami, /sandbox, and a restart keeps the file counters but not the memory one;
+#     POST /echo, /whoami, /sandbox, /call and /caller, and a restart keeps the file counters but not the memory one;
 #   - sleeper: /healthz and a stable checksum over its memory;
 #   - py-agent, node-agent: run from their image's rootfs (chroot, when root; else the host's
 #     /usr/bin/python3 and /usr/bin/node) against a fake model server and a fake WebSocket event
@@ -70,7 +70,7 @@ P2=$(free_port)
 while [[ $P2 == "$P1" ]]; do P2=$(free_port); done
 mkdir -p "$WORK/data"
 start_counter() {
-  BIND_ADDR=127.0.0.1 PORT=$P1 PORT2=$P2 ATE_DATA_DIR=$WORK/data COUNTER_ROOTFS_FILE=$WORK/rootfs/var/lib/counter/count \
+  BIND_ADDR=127.0.0.1 PORT=$P1 PORT2=$P2 ATE_PLATFORM_ADDR=127.0.0.1:$P2 ATE_DATA_DIR=$WORK/data COUNTER_ROOTFS_FILE=$WORK/rootfs/var/lib/counter/count \
     "$BIN_DIR/counter" 2>>"$WORK/counter.log" &
   COUNTER_PID=$!
   PIDS+=("$COUNTER_PID")
@@ -132,6 +132,17 @@ CLOSED=$(free_port)
 expect_eq "counter /connect to a closed port" "502" \
   "$(curl -sS --max-time 5 -o /dev/null -w '%{http_code}' "$B/connect?addr=127.0.0.1:$CLOSED")"
 expect_eq "counter /connect without addr" "400" "$(curl -sS --max-time 5 -o /dev/null -w '%{http_code}' "$B/connect")"
+# /call with ATE_PLATFORM_ADDR pointing at the counter's own second port (no platform here to
+# replace the caller): the client side of calls between actors, on one kept-alive connection.
+expect_eq "counter /caller" "caller: none" "$(curl -fsS --max-time 5 "$B/caller")"
+expect_eq "counter /call" "$(printf 'status: 200\ncaller: none')" \
+  "$(curl -fsS --max-time 5 "$B/call?actor=a/b&path=/caller")"
+expect_eq "counter /call forge=1" "$(printf 'status: 200\ncaller: evil/forged')" \
+  "$(curl -fsS --max-time 5 "$B/call?actor=a/b&path=/caller&forge=1")"
+call_hdrs=$(curl -fsS --max-time 10 -D - -o /dev/null "$B/call?actor=a/b&path=/healthz&n=20" | tr -d '\r')
+if grep -qiE '^x-call-p50-us: [0-9]+$' <<<"$call_hdrs"; then ok "counter /call n=20 p50"; else fail "counter /call n=20: $call_hdrs"; fi
+expect_eq "counter /call relays the callee's status" "426" \
+  "$(curl -sS --max-time 5 -o /dev/null -w '%{http_code}' "$B/call?actor=a/b&path=/ws")"
 expect_eq "counter /whoami without identity files" "/ " "$(curl -fsS --max-time 5 "$B/whoami")"
 # Values depend on where this runs (inside a container the host's own filter answers); the shape does not.
 sandbox=$(curl -fsS --max-time 5 "$B/sandbox")

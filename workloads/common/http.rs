@@ -38,6 +38,8 @@ pub struct Response {
     pub status: u16,
     pub content_type: &'static str,
     pub body: Vec<u8>,
+    /// Extra header lines (name, value), written after the standard ones.
+    pub headers: Vec<(String, String)>,
     /// A protocol switch: the server answers `101 Switching Protocols` with `body` as extra header
     /// lines (each ending in CRLF), then hands the connection to this function.
     pub upgrade: Option<Upgrade>,
@@ -52,6 +54,7 @@ impl Response {
             status,
             content_type: "text/plain; charset=utf-8",
             body: body.into(),
+            headers: Vec::new(),
             upgrade: None,
         }
     }
@@ -60,6 +63,7 @@ impl Response {
             status,
             content_type,
             body,
+            headers: Vec::new(),
             upgrade: None,
         }
     }
@@ -77,8 +81,12 @@ fn reason(status: u16) -> &'static str {
         431 => "Request Header Fields Too Large",
         500 => "Internal Server Error",
         502 => "Bad Gateway",
+        403 => "Forbidden",
+        421 => "Misdirected Request",
         426 => "Upgrade Required",
         501 => "Not Implemented",
+        503 => "Service Unavailable",
+        504 => "Gateway Timeout",
         _ => "Unknown",
     }
 }
@@ -384,6 +392,9 @@ fn write_response(
         resp.content_type,
         resp.body.len()
     )?;
+    for (name, value) in &resp.headers {
+        write!(out, "{name}: {value}\r\n")?;
+    }
     out.extend_from_slice(if keep_alive {
         b"Connection: keep-alive\r\n\r\n"
     } else {

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use crate::egress::Cidr;
+use crate::egress::{Cidr, RouterAddr};
 
 /// `--memory-restore`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -50,6 +50,14 @@ pub struct WorkerConfig {
         value_parser = parse_deny_egress
     )]
     pub deny_egress: Vec<Cidr>,
+
+    /// The router that carries calls between actors (requests an actor sends to the platform
+    /// address 169.254.17.1 naming another actor): `unix:/path` (the router's internal socket
+    /// on this machine, plaintext) or `host:port[,host:port…]` (its internal listener, mTLS
+    /// with this worker's certificate; the router must present the router SPIFFE ID). Unset:
+    /// such calls are answered 503. The connection is made lazily, at the first call.
+    #[arg(long, env = "ATE_WORKER_ROUTER", value_name = "unix:PATH|HOST:PORT")]
+    pub router: Option<RouterAddr>,
 
     /// Actor slots offered to the scheduler.
     #[arg(long, default_value_t = 8)]
@@ -176,6 +184,7 @@ impl WorkerConfig {
             listen,
             advertise: None,
             deny_egress: Vec::new(),
+            router: None,
             slots: 8,
             cpu: None,
             memory: None,
@@ -538,6 +547,26 @@ mod tests {
         let denied: Vec<String> = w.deny_egress.iter().map(ToString::to_string).collect();
         assert_eq!(denied, ["10.0.0.10/32", "203.0.113.0/24", "2001:db8::/32"]);
         assert!(w.check_addresses().is_ok());
+    }
+
+    #[test]
+    fn router_flag_parses() {
+        let w = Cli::try_parse_from(["ate", "--id", "w1", "--router", "unix:/run/r.sock"])
+            .expect("parse")
+            .worker;
+        assert_eq!(
+            w.router,
+            Some(RouterAddr::Unix(PathBuf::from("/run/r.sock")))
+        );
+        let w = Cli::try_parse_from(["ate", "--id", "w1"])
+            .expect("parse")
+            .worker;
+        assert_eq!(w.router, None);
+        let err = match Cli::try_parse_from(["ate", "--id", "w1", "--router", "unix:r.sock"]) {
+            Ok(_) => panic!("a relative unix path parsed"),
+            Err(e) => e.to_string(),
+        };
+        assert!(err.contains("--router"), "{err}");
     }
 
     #[test]

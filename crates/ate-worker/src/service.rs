@@ -352,6 +352,18 @@ pub async fn run_locked(
         }
         None => None,
     };
+    let router = match config.router.clone() {
+        Some(addr) => Some(
+            crate::egress::RouterClient::new(addr, tls.as_ref(), config.tls.trust_domain())
+                .map_err(|e| WorkerError::Config(e.to_string()))?,
+        ),
+        None => None,
+    };
+    let router_text = config
+        .router
+        .as_ref()
+        .map(ToString::to_string)
+        .unwrap_or_else(|| "-".into());
     let ident = Identity {
         spiffe_id,
         id: config.id.clone(),
@@ -373,6 +385,7 @@ pub async fn run_locked(
         )
         .with_frozen_policy(config.frozen_policy())
         .with_egress_denied(config.deny_egress.clone())
+        .with_router(router)
         .with_suspend_grace(config.suspend_grace)
         .with_page_source(match config.memory_restore {
             crate::config::MemoryRestore::Lazy => config.page_source.clone(),
@@ -390,7 +403,7 @@ pub async fn run_locked(
         .map(ToString::to_string)
         .collect::<Vec<_>>()
         .join(",");
-    tracing::info!(worker = %config.id, epoch = worker.ident.epoch, atunnel = %bound, advertised = %reported, %deny_egress, socket = %socket.display(), "worker up");
+    tracing::info!(worker = %config.id, epoch = worker.ident.epoch, atunnel = %bound, advertised = %reported, %deny_egress, router = %router_text, socket = %socket.display(), "worker up");
 
     let (stop_tx, stop_rx) = watch::channel(false);
     let wait_stop = |mut rx: watch::Receiver<bool>| async move {

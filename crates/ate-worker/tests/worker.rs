@@ -879,6 +879,149 @@ async fn deny_egress_beats_an_allow_entry() {
     env.assert_clean();
 }
 
+/// A stand-in for the router's internal socket: answers every request with the routing headers
+/// it got (every `ate-caller-actor` value, comma-joined) and counts connections.
+async fn stub_router(
+    path: &Path,
+) -> (
+    tokio::task::JoinHandle<()>,
+    std::sync::Arc<std::sync::atomic::AtomicUsize>,
+) {
+    use std::sync::atomic::Ordering;
+    let listener = tokio::net::UnixListener::bind(path).expect("bind the stub router");
+    let conns = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counted = conns.clone();
+    let task = tokio::spawn(async move {
+        while let Ok((stream, _)) = listener.accept().await {
+            counted.fetch_add(1, Ordering::SeqCst);
+            tokio::spawn(async move {
+                let svc = hyper::service::service_fn(
+                    |req: http::Request<hyper::body::Incoming>| async move {
+                        let all = |name: &str| {
+                            req.headers()
+                                .get_all(name)
+                                .iter()
+                                .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned())
+                                .collect::<Vec<_>>()
+                                .join(",")
+                        };
+                        let body = format!(
+                            "caller={}\ntarget={}\nport={}\npath={}\n",
+                            all("ate-caller-actor"),
+                            all("ate-target-actor"),
+                            all("ate-target-port"),
+                            req.uri().path()
+                        );
+                        Ok::<_, std::convert::Infallible>(http::Response::new(
+                            http_body_util::Full::new(Bytes::from(body)),
+                        ))
+                    },
+                );
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(TokioIo::new(stream), svc)
+                    .await;
+            });
+        }
+    });
+    (task, conns)
+}
+
+/// An actor reaches the platform address 169.254.17.1:80: the local actor API answers its
+/// identity, and a call naming another actor reaches the router (`--router unix:…`) with the
+/// caller set by the platform (a forged one removed) over one pooled connection; an idle actor
+/// that keeps its platform connection open is not busy.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn platform_address_serves_identity_and_calls() {
+    let mut env = Env::new();
+    let router_sock = env.path().join("router.sock");
+    let (router_task, router_conns) = stub_router(&router_sock).await;
+    let id = unique_name("w");
+    let mut config = worker_config(&mut env, &id);
+    config.router = Some(ate_worker::egress::RouterAddr::Unix(router_sock.clone()));
+    let worker = RunningWorker::start(config.clone()).await;
+    let mut c = worker.client.clone();
+    let info = c
+        .info(v1::WorkerInfoRequest {})
+        .await
+        .expect("Info")
+        .into_inner();
+    let addr = info.addresses[0].clone();
+
+    let name = unique_name("pl");
+    let _sandbox = track(&mut env, &config, &name);
+    let target = format!("{ATESPACE}/{name}");
+    let w = workload(&id, &name, counter_spec(80, 15));
+    c.start(start_req(&w, None, v1::Fidelity::Unspecified))
+        .await
+        .expect("Start");
+    let mut h2 = h2_connect(&addr).await;
+
+    // The local actor API.
+    let (status, body) = get_via_tunnel(&mut h2, &target, "/call?path=/v1/identity").await;
+    assert_eq!(status, 200, "{body}");
+    let json = body
+        .strip_prefix("status: 200\n")
+        .unwrap_or_else(|| panic!("{body}"));
+    let identity: serde_json::Value = serde_json::from_str(json).expect("identity JSON");
+    assert_eq!(
+        identity,
+        serde_json::json!({"atespace": ATESPACE, "name": name, "uid": format!("uid-{name}")})
+    );
+    let (status, body) = get_via_tunnel(&mut h2, &target, "/call?path=/v1/alarm").await;
+    assert_eq!(status, 501, "{body}");
+    let (status, body) = get_via_tunnel(&mut h2, &target, "/call?path=/v9/nothing").await;
+    assert_eq!(status, 404, "{body}");
+    assert!(body.contains("/v9/nothing"), "{body}");
+
+    // A call: the forged caller is replaced by the platform's.
+    let (status, body) = get_via_tunnel(
+        &mut h2,
+        &target,
+        "/call?actor=billing/ledger&path=/hello&forge=1",
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(
+        body,
+        format!("status: 200\ncaller={target}\ntarget=billing/ledger\nport=\npath=/hello")
+    );
+    // Several calls on the counter's kept connection: one pooled router connection.
+    let (status, body) =
+        get_via_tunnel(&mut h2, &target, "/call?actor=billing/ledger&path=/x&n=20").await;
+    assert_eq!(status, 200, "{body}");
+    // Sequential calls reuse a pooled connection (a returning connection can race the next
+    // checkout, so allow a few; without pooling there would be 21).
+    let conns = router_conns.load(std::sync::atomic::Ordering::SeqCst);
+    assert!(
+        (1..=3).contains(&conns),
+        "21 calls took {conns} router connections"
+    );
+
+    // The counter keeps its platform connection; with no request in flight it is not activity.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let a = activity_of(&mut c, &name).await.expect("activity");
+        if a.open_streams == 0 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "an idle platform connection keeps the actor busy: {a:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
+    c.stop(v1::WorkerStopRequest {
+        actor: w.actor.clone(),
+        activation_at_most: 0,
+    })
+    .await
+    .expect("Stop");
+    worker.shutdown().await;
+    router_task.abort();
+    env.assert_clean();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn worker_probe_timeout_and_exit() {
     let mut env = Env::new();

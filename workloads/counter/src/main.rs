@@ -10,7 +10,8 @@
 //! `GET /sandbox` reports the sandbox as seen from inside (no-new-privs, seccomp mode, capability
 //! sets, what refused syscalls and masked/read-only paths answer); see `sandbox.rs`.
 //!
-//! Every request except `/healthz`, `/whoami`, `/echo`, `/ws`, `/connect` and `/sandbox` increments all three and answers
+//! Every request except `/healthz`, `/whoami`, `/echo`, `/ws`, `/connect`, `/sandbox`, `/call`
+//! and `/caller` increments all three and answers
 //! `preserved memory count: N | preserved file counter: M | preserved rootfs counter: K`.
 //!
 //! `POST /sidecar-exit?code=N` asks the sidecar (`$SIDECAR_ADDR`) to exit with code N.
@@ -19,12 +20,16 @@
 //! an immediate close or reset (what the worker's egress proxy does to a denied connection), and
 //! answers `ok` or the error: the isolation tests use it to show what an actor can (not) reach.
 //!
+//! `GET /call?actor=A/N&path=P[&n=K][&forge=1]` calls another actor through the platform address
+//! (see `call.rs`); `GET /caller` answers `caller: <ate-caller-actor or none>`.
+//!
 //! With `$SIDECAR_ADDR` set, each counted request also asks a sidecar counter at that address for
 //! its memory count, over one kept-alive connection (see `sidecar.rs`).
 //!
 //! Listens on `$BIND_ADDR` (default 0.0.0.0) ports `$PORT` (default 80) and `$PORT2` (default 8080,
 //! `off` disables it), both with the same handler.
 
+mod call;
 #[path = "../../common/http.rs"]
 mod http;
 mod sandbox;
@@ -98,9 +103,17 @@ fn read_identity(path: &str) -> String {
         .unwrap_or_default()
 }
 
-fn handle(counters: &Mutex<Counters>, req: &Request) -> Response {
+fn handle(counters: &Mutex<Counters>, platform: &call::Platform, req: &Request) -> Response {
     match req.path.as_str() {
         "/healthz" => Response::text(200, "ok"),
+        "/call" => platform.handle(&req.query),
+        "/caller" => Response::text(
+            200,
+            format!(
+                "caller: {}",
+                req.header("ate-caller-actor").unwrap_or("none")
+            ),
+        ),
         "/whoami" => {
             let name = read_identity("/etc/ate/actor-name");
             let atespace = read_identity("/etc/ate/atespace");
@@ -263,9 +276,10 @@ fn main() {
         rootfs_file: env_path("COUNTER_ROOTFS_FILE", "/var/lib/counter/count"),
     };
     let counters = Arc::new(Mutex::new(counters));
+    let platform = Arc::new(call::Platform::from_env());
     let handler: Arc<http::Handler> = {
         let counters = counters.clone();
-        Arc::new(move |req: &Request| handle(&counters, req))
+        Arc::new(move |req: &Request| handle(&counters, &platform, req))
     };
 
     let port = http::env_port("PORT", 80).unwrap_or(80);

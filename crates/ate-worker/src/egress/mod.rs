@@ -21,14 +21,21 @@
 //! an `allow` entry (`host:port`; a host that is not an IPv4 literal is resolved in the worker's
 //! namespace at check time).
 //!
+//! The platform address (`169.254.17.1:80`, see `ate_core::platform`) is not dialed: its
+//! connections are served by the worker itself ([`platform`]): calls to other actors, relayed to
+//! the router (`--router`, [`RouterClient`]), and the local actor API ([`LocalApi`]). Every other
+//! link-local destination stays denied.
+//!
 //! Teardown ([`Egress::stop`]) aborts the accept loop, drops the listener (a socket keeps its netns
 //! alive) and resets every open connection of the actor: the worker calls it when ingress goes off
 //! (before a checkpoint's dump: CRIU here cannot dump established TCP) and before the netns is
 //! deleted. Counters per actor are logged at teardown.
 
 mod cidr;
+mod platform;
 mod policy;
 mod proxy;
+mod router_client;
 
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
@@ -38,8 +45,10 @@ use ate_core::template::EgressPolicy;
 use tokio::task::{JoinHandle, JoinSet};
 
 pub use cidr::{Cidr, CidrError, control_plane};
+pub use platform::{ActorIdentity, LocalApi, LocalRequest, LocalResponse};
 pub use policy::{NodeAddrs, Policy, Verdict, always_denied, decide, entry_matches, explicit_only};
 use proxy::{Stats, accept_loop, apply_rules, listen_in_netns};
+pub use router_client::{RouterAddr, RouterAddrError, RouterClient, RouterClientError};
 
 /// Port of the egress listener on the actor netns' loopback (nothing else redirects to it).
 pub const EGRESS_PORT: u16 = 15001;
@@ -71,6 +80,8 @@ pub struct Egress {
     /// `--deny-egress`, applied to every actor's policy.
     control_plane: Arc<[Cidr]>,
     running: Mutex<HashMap<String, Running>>,
+    /// The router for calls between actors and the local actor API, shared by every actor.
+    platform: platform::Shared,
 }
 
 impl std::fmt::Debug for Egress {
@@ -92,7 +103,23 @@ impl Egress {
             node: Arc::new(NodeAddrs::new()),
             control_plane: Arc::from([]),
             running: Mutex::new(HashMap::new()),
+            platform: platform::Shared {
+                router: None,
+                local: Arc::new(NoLocalApi),
+            },
         }
+    }
+
+    /// Calls between actors go to this router (`--router`); without one they are answered 503.
+    pub fn with_router(mut self, router: Option<RouterClient>) -> Self {
+        self.platform.router = router;
+        self
+    }
+
+    /// The local actor API served at the platform address.
+    pub fn with_local_api(mut self, local: Arc<dyn LocalApi>) -> Self {
+        self.platform.local = local;
+        self
     }
 
     /// Denies every actor the `denied` networks (`--deny-egress`), whatever its policy says.
@@ -108,35 +135,38 @@ impl Egress {
         }
     }
 
-    /// Starts the egress proxy of actor `key` whose sandbox runs in `netns` (which must exist):
-    /// listener, nftables redirect, accept loop. An earlier proxy of the same actor is stopped.
+    /// Starts the egress proxy of `actor` (key `<atespace>/<name>`) whose sandbox runs in
+    /// `netns` (which must exist): listener, nftables redirect, accept loop. An earlier proxy
+    /// of the same actor is stopped.
     pub async fn start(
         &self,
-        key: &str,
+        actor: ActorIdentity,
         netns: &str,
         policy: &EgressPolicy,
     ) -> std::io::Result<()> {
-        self.start_with(key, netns, policy, true).await
+        self.start_with(actor, netns, policy, true).await
     }
 
     /// [`start`](Self::start) for a netns that already holds the redirect (a sandbox thawed in
     /// place keeps its netns and nftables rules; only the proxy was stopped).
     pub async fn restart(
         &self,
-        key: &str,
+        actor: ActorIdentity,
         netns: &str,
         policy: &EgressPolicy,
     ) -> std::io::Result<()> {
-        self.start_with(key, netns, policy, false).await
+        self.start_with(actor, netns, policy, false).await
     }
 
     async fn start_with(
         &self,
-        key: &str,
+        actor: ActorIdentity,
         netns: &str,
         policy: &EgressPolicy,
         load_rules: bool,
     ) -> std::io::Result<()> {
+        let key = actor.key();
+        let key = key.as_str();
         self.stop(key).await;
         let listener = listen_in_netns(netns).await?;
         if load_rules {
@@ -146,6 +176,8 @@ impl Egress {
             Arc::new(Policy::from_spec(policy).with_control_plane(self.control_plane.clone()));
         let conns = Arc::new(Mutex::new(JoinSet::new()));
         let stats = Arc::new(Stats::default());
+        let platform =
+            platform::Ctx::new(actor, self.platform.clone(), stats.clone()).map(Arc::new);
         let accept = tokio::spawn(accept_loop(
             listener,
             key.to_string(),
@@ -153,6 +185,7 @@ impl Egress {
             self.node.clone(),
             conns.clone(),
             stats.clone(),
+            platform,
         ));
         tracing::info!(
             target: "egress",
@@ -161,6 +194,7 @@ impl Egress {
             allow_all = policy.allow_all,
             allow_entries = policy.allow.len(),
             deny_egress = policy.control_plane.len(),
+            actor_calls = self.platform.router.is_some(),
             "egress proxy on"
         );
         self.running().insert(
@@ -213,5 +247,18 @@ impl Egress {
     /// Whether `key` has a proxy running.
     pub fn is_running(&self, key: &str) -> bool {
         self.running().contains_key(key)
+    }
+}
+
+/// The local API of an `Egress` nobody gave one: every path is unknown.
+struct NoLocalApi;
+
+#[async_trait::async_trait]
+impl LocalApi for NoLocalApi {
+    async fn serve(&self, _: &ActorIdentity, req: LocalRequest) -> LocalResponse {
+        LocalResponse::text(
+            http::StatusCode::NOT_FOUND,
+            format!("no local actor API on this worker: {}\n", req.path),
+        )
     }
 }

@@ -13,6 +13,7 @@ use tokio::io::AsyncWriteExt;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::task::JoinSet;
 
+use super::platform::{self, is_platform};
 use super::policy::{NodeAddrs, Policy, Verdict, decide};
 use super::{EGRESS_PORT, lock_set};
 use crate::netns::netns_path;
@@ -43,11 +44,12 @@ impl Stats {
     }
 }
 
-/// Counts one outbound connection as open for as long as it lives (any exit path).
-struct OpenGuard(Arc<Stats>);
+/// Counts one outbound connection (or one platform request) as open for as long as it lives
+/// (any exit path).
+pub(super) struct OpenGuard(Arc<Stats>);
 
 impl OpenGuard {
-    fn new(stats: Arc<Stats>) -> Self {
+    pub(super) fn new(stats: Arc<Stats>) -> Self {
         stats.open.fetch_add(1, Ordering::AcqRel);
         stats.touch();
         OpenGuard(stats)
@@ -138,6 +140,7 @@ pub(super) async fn accept_loop(
     node: Arc<NodeAddrs>,
     conns: Arc<Mutex<JoinSet<()>>>,
     stats: Arc<Stats>,
+    platform: Option<Arc<platform::Ctx>>,
 ) {
     loop {
         let stream = match listener.accept().await {
@@ -154,6 +157,7 @@ pub(super) async fn accept_loop(
             policy.clone(),
             node.clone(),
             stats.clone(),
+            platform.clone(),
         );
         let mut set = lock_set(&conns);
         while set.try_join_next().is_some() {}
@@ -196,10 +200,11 @@ async fn handle(
     policy: Arc<Policy>,
     node: Arc<NodeAddrs>,
     stats: Arc<Stats>,
+    platform: Option<Arc<platform::Ctx>>,
 ) {
     // An outbound connection is activity (an agent waiting on a model API is not idle), from
     // the accept until the splice ends, whatever the verdict.
-    let _open = OpenGuard::new(stats.clone());
+    let open = OpenGuard::new(stats.clone());
     let dst = match original_dst(&stream) {
         Ok(d) => d,
         Err(e) => {
@@ -210,6 +215,16 @@ async fn handle(
             return;
         }
     };
+    if is_platform(dst)
+        && let Some(ctx) = platform
+    {
+        // Served by the worker itself, never dialed: no policy decision. Activity is counted
+        // per request in flight there, not for the (kept-alive) connection.
+        drop(open);
+        tracing::debug!(target: "egress", actor = %key, destination = %dst, "platform connection");
+        platform::serve(stream, ctx).await;
+        return;
+    }
     let verdict = decide(&policy, &node, dst).await;
     let reason = match &verdict {
         Verdict::Allowed(r) | Verdict::Denied(r) => r.clone(),

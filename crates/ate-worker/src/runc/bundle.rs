@@ -252,15 +252,21 @@ fn in_own_userns(config: &mut serde_json::Value, actor: &ActorSandbox, base: u32
     }
 }
 
+/// `/etc/ate/platform`: the platform's URL inside every actor (`ate_core::platform`).
+const PLATFORM_URL: &str = "http://169.254.17.1";
+
 /// Identity files are rewritten on every run and restore, in a host dir bind-mounted at
 /// `/etc/ate` — so a restored golden snapshot reads the new actor's identity and the dump never
 /// contains them. Written via rename so a reader never sees half a file.
 async fn write_identity(actor: &ActorSandbox) -> Result<()> {
     let dir = actor.identity_dir();
     for (file, value) in [
-        ("actor-name", &actor.name),
-        ("atespace", &actor.atespace),
-        ("uid", &actor.uid),
+        ("actor-name", actor.name.as_str()),
+        ("atespace", actor.atespace.as_str()),
+        ("uid", actor.uid.as_str()),
+        // Where the platform is (local actor API, calls to other actors), for workloads that
+        // would rather read it than hard-code it.
+        ("platform", PLATFORM_URL),
     ] {
         let tmp = dir.join(format!(".{file}.tmp"));
         let dst = dir.join(file);

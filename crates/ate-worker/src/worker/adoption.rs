@@ -5,7 +5,7 @@
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use super::{AdoptionRecord, Entry, Worker, Workload, key_of};
+use super::{AdoptionRecord, Entry, Worker, Workload, egress_identity, key_of};
 use crate::netns::NetnsDialer;
 use crate::runtime::ActorSandbox;
 
@@ -112,7 +112,11 @@ impl Worker {
         let key = key_of(atespace, name);
         // The egress listener died with the old process; the netns keeps its redirect.
         self.egress
-            .restart(&key, &sandbox.netns(), &workload.spec.egress)
+            .restart(
+                egress_identity(&sandbox),
+                &sandbox.netns(),
+                &workload.spec.egress,
+            )
             .await
             .map_err(|e| format!("egress: {e}"))?;
         let dialer = match NetnsDialer::new(&sandbox.netns()).await {

@@ -12,7 +12,7 @@ use ate_core::{ActorRef, Fidelity};
 use super::adoption::ADOPTION_FILE;
 use super::{
     CheckpointReply, CheckpointRequest, Entry, Frozen, QUIESCE_TIMEOUT, VerbError, Worker,
-    Workload, key_of, sandbox_error, snapshot_error,
+    Workload, egress_identity, key_of, sandbox_error, snapshot_error,
 };
 use crate::lazy::Outcome;
 use crate::netns::NetnsDialer;
@@ -346,7 +346,7 @@ impl Worker {
             }
             let netns = sandbox.netns();
             let (egress, probe, dialer) = tokio::join!(
-                self.egress.restart(key, &netns, &entry.spec.egress),
+                self.egress.restart(egress_identity(sandbox), &netns, &entry.spec.egress),
                 self.wait_probe(sandbox, &entry.spec),
                 async {
                     match dialer {

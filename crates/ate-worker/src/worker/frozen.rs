@@ -6,7 +6,7 @@ use std::time::Instant;
 
 use ate_core::TemplateSpec;
 
-use super::{Entry, Frozen, VerbError, Worker, Workload, sandbox_error};
+use super::{Entry, Frozen, VerbError, Worker, Workload, egress_identity, sandbox_error};
 use crate::netns::NetnsDialer;
 
 impl Worker {
@@ -34,7 +34,7 @@ impl Worker {
             let netns = sandbox.netns();
             let kept = frozen.dialer.clone();
             let (egress, probe, dialer) = tokio::join!(
-                self.egress.restart(key, &netns, &spec.egress),
+                self.egress.restart(egress_identity(&sandbox), &netns, &spec.egress),
                 self.wait_probe(&sandbox, spec),
                 async {
                     match kept {

@@ -20,6 +20,7 @@ mod activity;
 mod adoption;
 mod checkpoint;
 mod frozen;
+mod local_api;
 mod logs;
 mod ready;
 mod restore;
@@ -40,7 +41,7 @@ use ate_core::{ActorRef, TemplateSpec};
 
 use crate::atunnel::Tunnels;
 use crate::config::{Faults, FrozenPolicy};
-use crate::egress::{Cidr, Egress};
+use crate::egress::{ActorIdentity, Cidr, Egress, RouterClient};
 use crate::error::SandboxError;
 use crate::image::ImageCache;
 use crate::lazy::PageSource;
@@ -157,6 +158,15 @@ pub struct Worker {
     last_poll_ms: std::sync::atomic::AtomicI64,
 }
 
+/// Who the actor in `sandbox` is, for its egress proxy (the caller of its actor calls).
+fn egress_identity(sandbox: &ActorSandbox) -> ActorIdentity {
+    ActorIdentity {
+        atespace: sandbox.atespace.clone(),
+        name: sandbox.name.clone(),
+        uid: sandbox.uid.clone(),
+    }
+}
+
 /// `<atespace>/<name>` of a validated ref.
 fn key_of(atespace: &str, name: &str) -> String {
     format!("{atespace}/{name}")
@@ -191,7 +201,7 @@ impl Worker {
             actors_dir,
             logs_dir,
             tunnels: Arc::new(Tunnels::new()),
-            egress: Egress::new(),
+            egress: Egress::new().with_local_api(Arc::new(local_api::WorkerLocalApi)),
             faults,
             frozen_policy: FrozenPolicy::OFF,
             suspend_grace: DEFAULT_SUSPEND_GRACE,
@@ -208,6 +218,13 @@ impl Worker {
     /// template allows.
     pub fn with_egress_denied(mut self, denied: Vec<Cidr>) -> Self {
         self.egress = self.egress.with_control_plane(denied);
+        self
+    }
+
+    /// Calls between actors (requests to the platform address naming another actor) go to
+    /// this router (`--router`); without one they are answered 503.
+    pub fn with_router(mut self, router: Option<RouterClient>) -> Self {
+        self.egress = self.egress.with_router(router);
         self
     }
 

@@ -8,7 +8,9 @@ use tracing::Instrument;
 
 use ate_core::Fidelity;
 
-use super::{Entry, StartReply, StartRequest, VerbError, Worker, key_of, sandbox_error};
+use super::{
+    Entry, StartReply, StartRequest, VerbError, Worker, egress_identity, key_of, sandbox_error,
+};
 use crate::lazy::PageSource;
 use crate::netns::NetnsDialer;
 use crate::runtime::SandboxSpec;
@@ -177,7 +179,7 @@ impl Worker {
         // so an early connect just times out or is refused.
         if let Err(e) = self
             .egress
-            .start(&key, &sandbox.netns(), &spec.egress)
+            .start(egress_identity(&sandbox), &sandbox.netns(), &spec.egress)
             .instrument(ate_tls::trace_span!("egress"))
             .await
         {
