@@ -1,0 +1,102 @@
+//! Calls between actors, end to end on real runc workers under `ate up` (issue 31): an actor
+//! calls another by name through the platform address (the counter's `/call`), the callee is
+//! resumed on the way if suspended and sees the caller in `ate-caller-actor`, which nobody else
+//! can set; a call across atespaces is refused before it wakes anyone.
+
+mod support;
+
+use std::io::{Read, Write};
+use std::time::Duration;
+
+use support::actors::*;
+use support::*;
+
+/// `GET path` through the router to `actor` with extra request headers.
+fn get_with(sys: &System, actor: &str, path: &str, headers: &[(&str, &str)]) -> (u16, String) {
+    let mut s = std::net::TcpStream::connect(sys.router_addr).expect("connect router");
+    s.set_read_timeout(Some(Duration::from_secs(30))).ok();
+    let extra: String = headers
+        .iter()
+        .map(|(k, v)| format!("{k}: {v}\r\n"))
+        .collect();
+    let req = format!(
+        "GET {path} HTTP/1.1\r\nHost: test.local\r\nate-target-actor: {actor}\r\n{extra}Connection: close\r\n\r\n"
+    );
+    s.write_all(req.as_bytes()).expect("write");
+    let mut buf = Vec::new();
+    let _ = s.read_to_end(&mut buf);
+    let text = String::from_utf8_lossy(&buf).into_owned();
+    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
+    let status = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    (status, body.to_string())
+}
+
+fn suspended(sys: &System, ns: &str, name: &str) {
+    sys.ate_ok(&["suspend", "actor", name, "-a", ns]);
+    wait_state(
+        sys,
+        ns,
+        name,
+        "ACTOR_STATE_SUSPENDED",
+        Duration::from_secs(30),
+    );
+}
+
+#[test]
+fn an_actor_calls_a_suspended_actor_by_name_and_only_the_platform_names_the_caller() {
+    let sys = System::up(UpOptions::default());
+    sys_apply(&sys, "n1", "counter", &Tpl::counter());
+    create_actor(&sys, "n1", "a", "counter");
+    create_actor(&sys, "n1", "b", "counter");
+    get_ok(&sys, "n1/b", "/");
+    suspended(&sys, "n1", "b");
+
+    // A calls B by name from inside: B is resumed on the way and sees who called.
+    let body = get_ok(&sys, "n1/a", "/call?actor=n1/b&path=/caller");
+    assert!(body.contains("status: 200"), "{body}");
+    assert!(body.contains("caller: n1/a"), "{body}");
+    assert_eq!(state_of(&actor(&sys, "n1", "b")), "ACTOR_STATE_RUNNING");
+
+    // The same header from anyone else is not believed: from a client outside…
+    let (status, body) = get_with(&sys, "n1/b", "/caller", &[("ate-caller-actor", "n1/evil")]);
+    assert_eq!(status, 200, "{body}");
+    assert!(body.contains("caller: none"), "{body}");
+    // …and from inside an actor, whose own value is replaced by the platform's.
+    let body = get_ok(&sys, "n1/a", "/call?actor=n1/b&path=/caller&forge=1");
+    assert!(
+        body.contains("caller: n1/a") && !body.contains("forged"),
+        "{body}"
+    );
+
+    // The local actor API answers the actor's identity.
+    let body = get_ok(&sys, "n1/a", "/call?path=/v1/identity");
+    assert!(
+        body.contains("\"name\":\"a\"") || body.contains("\"name\": \"a\""),
+        "{body}"
+    );
+}
+
+#[test]
+fn a_call_across_atespaces_is_refused_with_the_rule_and_wakes_nobody() {
+    let sys = System::up(UpOptions::default());
+    sys_apply(&sys, "n1", "counter", &Tpl::counter());
+    sys_apply(&sys, "n2", "counter", &Tpl::counter());
+    create_actor(&sys, "n1", "b", "counter");
+    create_actor(&sys, "n2", "c", "counter");
+    get_ok(&sys, "n1/b", "/");
+    suspended(&sys, "n1", "b");
+
+    // The counter answers with the callee's status.
+    let (status, _, body) = get(sys.router_addr, "n2/c", "/call?actor=n1/b&path=/");
+    assert_eq!(status, 403, "{body}");
+    assert!(body.contains("status: 403"), "{body}");
+    assert!(
+        body.contains("n2/c") && body.contains("atespace"),
+        "the body names the rule: {body}"
+    );
+    assert_eq!(state_of(&actor(&sys, "n1", "b")), "ACTOR_STATE_SUSPENDED");
+}
