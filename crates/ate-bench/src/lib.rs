@@ -37,6 +37,7 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 use serde_json::json;
 
+mod calls;
 mod h2load;
 mod nginx;
 mod parking;
@@ -46,6 +47,7 @@ mod snapshots;
 mod throughput;
 mod warm;
 
+pub use calls::CallsArgs;
 pub use parking::ParkingArgs;
 pub use resume::ResumeArgs;
 pub use snapshots::SnapshotsArgs;
@@ -70,6 +72,9 @@ pub enum BenchCmd {
     /// Suspend time and resume-to-first-response of the small counter and of sleepers, from the
     /// node-local generation and from the durable copy.
     Snapshots(SnapshotsArgs),
+    /// What a warm call from one actor to another adds over a direct router request to the
+    /// same callee.
+    Calls(CallsArgs),
 }
 
 #[derive(Args, Debug, Clone)]
@@ -96,6 +101,7 @@ pub async fn run(c: Clients, cmd: BenchCmd) -> anyhow::Result<ExitCode> {
         BenchCmd::Throughput(a) => throughput::throughput(c, a).await,
         BenchCmd::Warm(a) => warm::warm(c, a).await,
         BenchCmd::Snapshots(a) => snapshots::snapshots(c, a).await,
+        BenchCmd::Calls(a) => calls::calls(c, a).await,
     }
 }
 
