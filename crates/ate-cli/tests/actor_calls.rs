@@ -100,3 +100,57 @@ fn a_call_across_atespaces_is_refused_with_the_rule_and_wakes_nobody() {
     );
     assert_eq!(state_of(&actor(&sys, "n1", "b")), "ACTOR_STATE_SUSPENDED");
 }
+
+/// The template with a short idle timeout, so idle suspends happen within the test.
+fn short_idle(ns: &str) -> String {
+    Tpl::counter()
+        .yaml(ns, "counter")
+        .replace("idleTimeout: 5m", "idleTimeout: 2s")
+}
+
+#[test]
+fn an_actor_keeps_itself_awake_and_asks_to_be_suspended() {
+    let sys = System::up(UpOptions::default());
+    let path = sys.dir.path().join("short-idle.yaml");
+    std::fs::write(&path, short_idle("n3")).expect("write template");
+    sys.ate_ok(&["apply", "-f", path.to_str().expect("utf-8 path")]);
+    create_actor(&sys, "n3", "k", "counter");
+    // Kept awake for 8 s: not suspended after 4 s although idle for 2 s.
+    let body = get_ok(
+        &sys,
+        "n3/k",
+        "/call?path=/v1/keep-awake&method=POST&body=%7B%22for%22%3A%228s%22%7D",
+    );
+    assert!(
+        body.contains("status: 200") && body.contains("until_unix_ms"),
+        "{body}"
+    );
+    std::thread::sleep(Duration::from_secs(4));
+    assert_eq!(state_of(&actor(&sys, "n3", "k")), "ACTOR_STATE_RUNNING");
+    // Bad input names the field.
+    let (status, _, body) = get(
+        sys.router_addr,
+        "n3/k",
+        "/call?path=/v1/keep-awake&method=POST&body=%7B%7D",
+    );
+    assert_eq!(status, 400, "{body}");
+    assert!(body.contains("invalid for"), "{body}");
+    // Asked to be suspended now: suspended within a few seconds (keep-awake ended too).
+    let (status, _, body) = get(
+        sys.router_addr,
+        "n3/k",
+        "/call?path=/v1/suspend&method=POST",
+    );
+    assert_eq!(status, 202, "{body}");
+    assert!(body.contains("requested"), "{body}");
+    wait_state(
+        &sys,
+        "n3",
+        "k",
+        "ACTOR_STATE_SUSPENDED",
+        Duration::from_secs(10),
+    );
+    // Its memory came back with it.
+    let body = get_ok(&sys, "n3/k", "/");
+    assert!(!body.is_empty());
+}

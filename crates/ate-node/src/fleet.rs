@@ -413,8 +413,9 @@ impl Fleet {
                     }
                     continue;
                 }
-                if draining {
-                    // The worker is stopping: every actor is suspended (state kept).
+                if draining || a.suspend_requested {
+                    // The worker is stopping (every actor is suspended, state kept), or the
+                    // actor asked to be suspended now (its turn is over: free its slot).
                     self.suspend_idle(actor);
                     continue;
                 }

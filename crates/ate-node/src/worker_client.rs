@@ -67,6 +67,8 @@ pub struct ActorActivity {
     pub idle_timeout_seconds: u32,
     pub activation: u64,
     pub crash_reason: String,
+    /// The actor asked to be suspended now (its local API's `POST /v1/suspend`).
+    pub suspend_requested: bool,
     /// With `crash_reason`: the generation directory the lazy restore found damaged (empty:
     /// none).
     pub damaged_generation_dir: String,
@@ -154,6 +156,7 @@ impl WorkerClient {
                     idle_timeout_seconds: a.idle_timeout_seconds,
                     activation: a.activation,
                     crash_reason: a.crash_reason,
+                    suspend_requested: a.suspend_requested,
                     damaged_generation_dir: a.damaged_generation_dir,
                 })
                 .collect(),

@@ -1,4 +1,4 @@
-//! `GET /call?actor=A/N&path=P[&n=K][&forge=1]`: calls another actor through the platform
+//! `GET /call?actor=A/N&path=P[&n=K][&forge=1][&method=POST&body=…]`: calls another actor through the platform
 //! (plain HTTP/1.1 to `169.254.17.1:80`, or `$ATE_PLATFORM_ADDR`, with `ate-target-actor: A/N`)
 //! over one kept-alive connection reused across calls, and answers `status: <code>\n` followed
 //! by the callee's body, with the callee's status. `n=K` makes K calls (the last one answers)
@@ -52,6 +52,14 @@ impl Platform {
             Some(_) => return Response::text(400, format!("n must be 1-{MAX_CALLS}\n")),
         };
         let forge = param("forge") == Some("1");
+        // `method=POST` with an optional percent-encoded `body` (the local API's
+        // `/v1/keep-awake` and `/v1/suspend`).
+        let post = param("method") == Some("POST");
+        let body = match param("body").map(percent_decode) {
+            Some(Some(b)) => b,
+            Some(None) => return Response::text(400, "body: bad percent-encoding\n"),
+            None => Vec::new(),
+        };
         if actor.is_some_and(|a| a.contains(['\r', '\n', ' '])) || path.contains(['\r', '\n', ' '])
         {
             return Response::text(400, "bad actor or path\n");
@@ -67,7 +75,7 @@ impl Platform {
         let mut last = (0u16, Vec::new());
         for _ in 0..n {
             let begun = Instant::now();
-            match self.request(path, &headers) {
+            match self.request(post, path, &headers, &body) {
                 Ok(answer) => last = answer,
                 Err(e) => {
                     return Response::text(502, format!("call via {}: {e}\n", self.addr));
@@ -93,7 +101,13 @@ impl Platform {
 
     /// One request on the kept connection; one retry on a fresh connection when a kept one
     /// turns out closed (the platform closes idle connections, and a suspend resets them).
-    fn request(&self, path: &str, headers: &str) -> io::Result<(u16, Vec<u8>)> {
+    fn request(
+        &self,
+        post: bool,
+        path: &str,
+        headers: &str,
+        body: &[u8],
+    ) -> io::Result<(u16, Vec<u8>)> {
         let mut conn = self.conn.lock().unwrap_or_else(|p| p.into_inner());
         for attempt in 0..2 {
             let reused = conn.is_some();
@@ -107,7 +121,7 @@ impl Platform {
                 *conn = Some(BufReader::new(stream));
             }
             let Some(c) = conn.as_mut() else { continue };
-            match exchange(c, path, headers) {
+            match exchange(c, post, path, headers, body) {
                 Ok((status, body, keep)) => {
                     if !keep {
                         *conn = None;
@@ -126,16 +140,48 @@ impl Platform {
     }
 }
 
-/// Writes a GET and reads the answer: status, body, whether the connection stays open.
+/// `%XX` and `+` decoded; None for a malformed escape.
+fn percent_decode(s: &str) -> Option<Vec<u8>> {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        match b[i] {
+            b'%' => {
+                let hex = std::str::from_utf8(b.get(i + 1..i + 3)?).ok()?;
+                out.push(u8::from_str_radix(hex, 16).ok()?);
+                i += 3;
+            }
+            b'+' => {
+                out.push(b' ');
+                i += 1;
+            }
+            c => {
+                out.push(c);
+                i += 1;
+            }
+        }
+    }
+    Some(out)
+}
+
+/// Writes a GET (or a POST with `body`) and reads the answer: status, body, whether the
+/// connection stays open.
 fn exchange(
     conn: &mut BufReader<TcpStream>,
+    post: bool,
     path: &str,
     headers: &str,
+    body: &[u8],
 ) -> io::Result<(u16, Vec<u8>, bool)> {
-    conn.get_mut().write_all(
-        format!("GET {path} HTTP/1.1\r\nHost: 169.254.17.1\r\n{headers}Content-Length: 0\r\n\r\n")
-            .as_bytes(),
-    )?;
+    let method = if post { "POST" } else { "GET" };
+    let mut req = format!(
+        "{method} {path} HTTP/1.1\r\nHost: 169.254.17.1\r\n{headers}Content-Length: {}\r\n\r\n",
+        body.len()
+    )
+    .into_bytes();
+    req.extend_from_slice(body);
+    conn.get_mut().write_all(&req)?;
     let mut line = String::new();
     if conn.read_line(&mut line)? == 0 {
         return Err(io::Error::new(

@@ -162,6 +162,7 @@ fn actor_activity(a: ActorActivity) -> v1::ActorActivity {
         idle_timeout_seconds: a.idle_timeout_seconds,
         activation: a.activation,
         crash_reason: a.crash_reason,
+        suspend_requested: a.suspend_requested,
         damaged_generation_dir: a
             .damaged_generation
             .map(|d| d.display().to_string())

@@ -323,6 +323,7 @@ fn replies_carry_every_field() {
         activation: 0,
         crash_reason: "lazy memory restore failed: x".into(),
         damaged_generation: Some("/state/snapshots/ns/a-1/3-u".into()),
+        suspend_requested: true,
     };
     let r = activity_reply(ActivityReport {
         epoch: 3,
@@ -347,6 +348,7 @@ fn replies_carry_every_field() {
                 activation: 0,
                 crash_reason: "lazy memory restore failed: x".into(),
                 damaged_generation_dir: "/state/snapshots/ns/a-1/3-u".into(),
+                suspend_requested: true,
             }],
             draining: true,
         }

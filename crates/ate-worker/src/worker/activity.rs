@@ -15,6 +15,9 @@ impl Worker {
     pub fn activity(&self) -> ActivityReport {
         self.last_poll_ms.store(now_ms(), Ordering::Release);
         let mut table = self.table();
+        let now = now_ms();
+        // Asks of actors no longer here end with their sandbox (a resumed actor asks again).
+        self.local_asks.retain(|key| table.actors.contains_key(key));
         let mut actors: Vec<ActorActivity> = table
             .actors
             .iter()
@@ -31,6 +34,13 @@ impl Worker {
                 let open =
                     open.saturating_add(u32::try_from(out.open_connections).unwrap_or(u32::MAX));
                 let last = last.max(out.last_activity_unix_ms);
+                // A keep-awake asked through the local API counts as a stream in flight.
+                let (awake, suspend_requested) = self.local_asks.take(key, now);
+                let (open, last) = if awake {
+                    (open.saturating_add(1), now)
+                } else {
+                    (open, last)
+                };
                 ActorActivity {
                     actor: ActorRef::new(e.sandbox.atespace.clone(), e.sandbox.name.clone()),
                     open_streams: open,
@@ -42,6 +52,7 @@ impl Worker {
                     activation: e.activation,
                     crash_reason: String::new(),
                     damaged_generation: None,
+                    suspend_requested,
                 }
             })
             .collect();
@@ -58,6 +69,7 @@ impl Worker {
                 activation: x.activation,
                 crash_reason: x.crash,
                 damaged_generation: x.damaged_generation,
+                suspend_requested: false,
             });
         }
         // By atespace, then name (a stable sort: an exit after the running copy of the same key).

@@ -134,6 +134,8 @@ pub struct Identity {
 
 pub struct Worker {
     pub ident: Identity,
+    /// What actors asked through the local API about their own idle suspend.
+    local_asks: Arc<local_api::LocalAsks>,
     runtime: Arc<dyn SandboxRuntime>,
     images: ImageCache,
     actors_dir: PathBuf,
@@ -194,6 +196,7 @@ impl Worker {
         logs_dir: PathBuf,
         faults: Arc<Faults>,
     ) -> Self {
+        let local_asks = Arc::new(local_api::LocalAsks::default());
         Worker {
             ident,
             runtime,
@@ -201,7 +204,10 @@ impl Worker {
             actors_dir,
             logs_dir,
             tunnels: Arc::new(Tunnels::new()),
-            egress: Egress::new().with_local_api(Arc::new(local_api::WorkerLocalApi)),
+            egress: Egress::new().with_local_api(Arc::new(local_api::WorkerLocalApi {
+                asks: local_asks.clone(),
+            })),
+            local_asks,
             faults,
             frozen_policy: FrozenPolicy::OFF,
             suspend_grace: DEFAULT_SUSPEND_GRACE,

@@ -171,6 +171,8 @@ pub struct ActorActivity {
     /// With `crash_reason`, when the cause is the generation's content (a memory chunk that does
     /// not match its digest): the generation directory the lazy restore read. None otherwise.
     pub damaged_generation: Option<std::path::PathBuf>,
+    /// The actor asked to be suspended now (the local API's `POST /v1/suspend`); reported once.
+    pub suspend_requested: bool,
 }
 
 /// What the node polls: every actor here, exits once, and whether the worker is draining.
