@@ -318,10 +318,7 @@ pub(super) fn criu_kdat_cache_possible() -> bool {
 }
 
 pub(super) fn parse_criu_version(text: &str) -> Option<(u32, u32)> {
-    let v = text
-        .lines()
-        .find_map(|l| l.trim().strip_prefix("Version:"))?
-        .trim();
+    let v = criu_version_line(text)?;
     let mut parts = v.split('.');
     let major = parts.next()?.trim().parse().ok()?;
     let minor = parts
@@ -329,6 +326,13 @@ pub(super) fn parse_criu_version(text: &str) -> Option<(u32, u32)> {
         .and_then(|m| m.trim().parse().ok())
         .unwrap_or(0);
     Some((major, minor))
+}
+
+/// The value of `criu --version`'s `Version:` line (`4.2.1`, `4.2.1.ate1`).
+pub(super) fn criu_version_line(text: &str) -> Option<&str> {
+    text.lines()
+        .find_map(|l| l.trim().strip_prefix("Version:"))
+        .map(str::trim)
 }
 
 #[cfg(test)]

@@ -13,9 +13,9 @@ use crate::lazy::Outcome;
 
 impl Worker {
     pub fn activity(&self) -> ActivityReport {
-        self.last_poll_ms.store(now_ms(), Ordering::Release);
-        let mut table = self.table();
         let now = now_ms();
+        self.last_poll_ms.store(now, Ordering::Release);
+        let mut table = self.table();
         // Asks of actors no longer here end with their sandbox (a resumed actor asks again).
         self.local_asks.retain(|key| table.actors.contains_key(key));
         let mut actors: Vec<ActorActivity> = table
@@ -27,7 +27,7 @@ impl Worker {
                 // every actor in the middle of a suspend.
                 let (open, last) = match self.tunnels.get(key) {
                     Some(a) => (a.open_tunnels(), a.last_activity_unix_ms()),
-                    None => (0, now_ms()),
+                    None => (0, now),
                 };
                 // Outbound connections count as activity too: open ones keep the actor busy.
                 let out = self.egress.activity(key);

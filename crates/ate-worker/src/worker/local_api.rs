@@ -35,21 +35,20 @@ struct Asked {
 }
 
 impl LocalAsks {
-    fn with<R>(&self, key: &str, f: impl FnOnce(&mut Asked) -> R) -> R {
-        let mut asks = self
-            .asks
+    fn asks(&self) -> std::sync::MutexGuard<'_, HashMap<String, Asked>> {
+        self.asks
             .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        f(asks.entry(key.to_string()).or_default())
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    fn with<R>(&self, key: &str, f: impl FnOnce(&mut Asked) -> R) -> R {
+        f(self.asks().entry(key.to_string()).or_default())
     }
 
     /// For the activity report of `key` at `now_ms`: whether a keep-awake holds, and whether a
     /// suspend was asked (taken: reported once).
     pub fn take(&self, key: &str, now_ms: i64) -> (bool, bool) {
-        let mut asks = self
-            .asks
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut asks = self.asks();
         let Some(a) = asks.get_mut(key) else {
             return (false, false);
         };
@@ -63,10 +62,7 @@ impl LocalAsks {
 
     /// Keeps the asks of the actors `here` says are still here.
     pub fn retain(&self, here: impl Fn(&str) -> bool) {
-        self.asks
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .retain(|k, _| here(k));
+        self.asks().retain(|k, _| here(k));
     }
 }
 
