@@ -67,8 +67,11 @@ impl SandboxError {
                     || stderr.contains(crate::runc::CRIU_DIED)
                     // runc's words for a CRIU that died under it: its socket to CRIU was cut
                     // without an answer (a CRIU that fails answers with its error).
-                    || (stderr.contains("unixpacket")
+                    // (`criu-xprt-cln` is runc's name for its end of that socket, in the
+                    // version check it asks first; a write finds it closed: broken pipe.)
+                    || ((stderr.contains("unixpacket") || stderr.contains("criu-xprt-cln"))
                         && (stderr.contains("connection reset by peer")
+                            || stderr.contains("broken pipe")
                             || stderr.contains("EOF")))
             }
             _ => false,
@@ -140,6 +143,11 @@ mod tests {
             command(
                 "exit status: 1",
                 "level=error msg=\"read unixpacket @->@: recvmsg: connection reset by peer\"",
+            ),
+            // CRIU killed while runc asked its version (the first exchange).
+            command(
+                "exit status: 1",
+                "level=error msg=\"CRIU version check failed: read criu-xprt-cln: connection reset by peer\"",
             ),
         ] {
             assert!(cut.interrupted(), "{cut}");

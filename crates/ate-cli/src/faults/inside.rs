@@ -13,10 +13,10 @@ use anyhow::Context;
 use ate_proto::v1;
 use nix::sys::signal::Signal;
 
-use super::ATESPACE;
 use super::inject::Component;
 use super::lab::{Lab, signal};
 use super::load::Load;
+use super::{ATESPACE, KillKind};
 
 /// `ate up` gives up on a component that exits more than 10 times in 5 minutes: kills of the
 /// worker or the node agent are spaced at least this much.
@@ -96,6 +96,25 @@ impl Target {
     ];
 
     pub(super) const IN_DELETE: [Target; 3] = [Target::RuncDelete, Target::Worker, Target::Node];
+
+    /// The `--kill` kind this target is.
+    fn kind(self) -> KillKind {
+        match self {
+            Target::RuncCheckpoint | Target::RuncRestore | Target::RuncDelete => KillKind::Runc,
+            Target::CriuDump | Target::CriuRestore => KillKind::Criu,
+            Target::PageSource => KillKind::PageSource,
+            Target::Worker => KillKind::Worker,
+            Target::Node => KillKind::Node,
+        }
+    }
+
+    /// Of `all`, those `--kill` allows (`only` empty: every one).
+    fn chosen(all: &[Target], only: &[KillKind]) -> Vec<Target> {
+        all.iter()
+            .copied()
+            .filter(|t| only.is_empty() || only.contains(&t.kind()))
+            .collect()
+    }
 
     fn name(self) -> &'static str {
         match self {
@@ -275,9 +294,13 @@ pub(super) async fn kill_in_suspend(
     notes: &mut Vec<String>,
 ) -> anyhow::Result<Vec<String>> {
     let mut failed = Vec::new();
+    let targets = Target::chosen(&Target::IN_SUSPEND, &lab.kill);
     for trial in 0..trials {
         let actor = &actors[trial % actors.len()];
-        let target = Target::IN_SUSPEND[trial % Target::IN_SUSPEND.len()];
+        let Some(&target) = targets.get(trial % targets.len().max(1)) else {
+            notes.push("no process of this fault is among --kill".into());
+            break;
+        };
         pace_component_kill(target).await;
         let began = lab.clock.now();
         let reported_before = rollbacks_reported(lab, actor);
@@ -337,9 +360,13 @@ pub(super) async fn kill_in_resume(
     notes: &mut Vec<String>,
 ) -> anyhow::Result<Vec<String>> {
     let mut failed = Vec::new();
+    let targets = Target::chosen(&Target::IN_RESUME, &lab.kill);
     for trial in 0..trials {
         let actor = &actors[trial % actors.len()];
-        let target = Target::IN_RESUME[trial % Target::IN_RESUME.len()];
+        let Some(&target) = targets.get(trial % targets.len().max(1)) else {
+            notes.push("no process of this fault is among --kill".into());
+            break;
+        };
         pace_component_kill(target).await;
         // Pinned to the worker it is not on, so the resume restores the generation there (a
         // real CRIU restore, lazy) rather than thawing a frozen copy in place.
@@ -383,9 +410,13 @@ pub(super) async fn kill_in_delete(
     notes: &mut Vec<String>,
 ) -> anyhow::Result<Vec<String>> {
     let mut failed = Vec::new();
+    let targets = Target::chosen(&Target::IN_DELETE, &lab.kill);
     for trial in 0..trials {
         let actor = format!("deleted-{trial}");
-        let target = Target::IN_DELETE[trial % Target::IN_DELETE.len()];
+        let Some(&target) = targets.get(trial % targets.len().max(1)) else {
+            notes.push("no process of this fault is among --kill".into());
+            break;
+        };
         lab.create_actors(std::slice::from_ref(&actor)).await?;
         if let Err(e) = resume(lab, &actor).await {
             notes.push(format!("trial {trial}: could not resume {actor}: {e:#}"));

@@ -48,6 +48,8 @@ pub(super) struct Lab {
     pub(super) clock: Clock,
     /// Trials of each kill-inside fault (`--trials`).
     pub(super) trials: usize,
+    /// The processes kill-inside faults may kill (`--kill`; empty: all).
+    pub(super) kill: Vec<super::KillKind>,
     /// (actor, from, to) in the bench's clock: a rollback to the actor's previous generation
     /// the system reported in that window (see `Row::excuse_reported_rollbacks`).
     pub(super) reported_rollbacks: std::sync::Mutex<Vec<(String, f64, f64)>>,
@@ -94,6 +96,7 @@ impl Lab {
             tmpfs: None,
             clock: Clock(Instant::now()),
             trials: a.inside_trials(),
+            kill: a.kill.clone(),
             reported_rollbacks: std::sync::Mutex::new(Vec::new()),
         })
     }

@@ -85,6 +85,10 @@ pub struct FaultsArgs {
     /// turn) at a random moment.
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
     trials: Option<u32>,
+    /// Only these processes are killed by the kill-inside faults, comma separated (default:
+    /// each the fault knows, in turn). To repeat one kind of kill, e.g. `--kill criu`.
+    #[arg(long, value_enum, value_delimiter = ',')]
+    kill: Vec<KillKind>,
     /// Seed of the random delays of `kill-up-overlap` trials past the fourth (default: from the
     /// clock; the JSON records it).
     #[arg(long)]
@@ -107,6 +111,21 @@ impl FaultsArgs {
 }
 
 /// The faults, in the order the suite injects them.
+/// A process the kill-inside faults can kill (`--kill`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub(super) enum KillKind {
+    /// `runc` of the operation (checkpoint, restore, delete).
+    Runc,
+    /// The `criu` that runc runs (dump or restore).
+    Criu,
+    /// `ate page-source` of a lazy restore.
+    PageSource,
+    /// The worker holding the actor.
+    Worker,
+    /// The node agent.
+    Node,
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum Fault {
     /// kill -9 of `ate worker --id worker-1` (its sandboxes outlive it and are re-adopted).

@@ -22,6 +22,8 @@ use crate::error::SandboxError;
 const LISTEN_TIMEOUT: Duration = Duration::from_secs(10);
 /// The page source's descriptor for the report socket.
 pub const REPORT_FD: i32 = 3;
+/// The page source's pid, in its work dir (for [`end_leftover`]).
+pub const PID_FILE: &str = "page-source.pid";
 
 /// Why a lazy restore failed when its page source died without a report (killed, crashed):
 /// the generation is not at fault, and a new restore of it may well succeed.
@@ -115,9 +117,13 @@ impl PageSource {
             })?;
         drop(theirs);
         let pid = child.id().unwrap_or(0);
-        // tokio reaps it; its end is seen through the report socket.
+        // tokio reaps it; its end is seen through the report socket (and, before it listens,
+        // through its exit status: killed or exited on its own).
+        let (exited_tx, exited_rx) = tokio::sync::oneshot::channel();
         tokio::spawn(async move {
-            let _ = child.wait().await;
+            if let Ok(status) = child.wait().await {
+                let _ = exited_tx.send(status);
+            }
         });
         let shared = Arc::new(Shared {
             outcome: Mutex::new(Outcome::Running),
@@ -140,18 +146,53 @@ impl PageSource {
             shared,
             release: Mutex::new(Some(release_tx)),
         };
-        match tokio::time::timeout(LISTEN_TIMEOUT, listening_rx).await {
-            Ok(Ok(())) => Ok(source),
-            _ => {
-                source.kill();
-                let log = std::fs::read_to_string(&log_path).unwrap_or_default();
-                Err(SandboxError::Command {
-                    command: format!("{program} page-source"),
-                    status: format!("not listening within {LISTEN_TIMEOUT:?}"),
-                    stderr: log,
-                })
-            }
+        // A teardown of this actor ends a page source a dead worker left behind (it would
+        // otherwise wait for its CRIU for minutes): it finds it by this pid file.
+        let pid_path = work_dir.join(PID_FILE);
+        if let Err(e) = std::fs::write(&pid_path, format!("{pid}\n")) {
+            source.kill();
+            return Err(SandboxError::io(format!("write {}", pid_path.display()), e));
         }
+        let listened = tokio::time::timeout(LISTEN_TIMEOUT, listening_rx).await;
+        if matches!(listened, Ok(Ok(()))) {
+            return Ok(source);
+        }
+        source.kill();
+        let exited = tokio::time::timeout(Duration::from_secs(1), exited_rx)
+            .await
+            .ok()
+            .and_then(Result::ok);
+        let log = std::fs::read_to_string(&log_path).unwrap_or_default();
+        let command = format!("{program} page-source");
+        if listened.is_err() {
+            return Err(SandboxError::Command {
+                command,
+                status: format!("not listening within {LISTEN_TIMEOUT:?}"),
+                stderr: log,
+            });
+        }
+        Err(match exited {
+            // Killed before it listened: the restore was cut short, the generation is not at
+            // fault (see `SandboxError::interrupted`).
+            Some(status) if std::os::unix::process::ExitStatusExt::signal(&status).is_some() => {
+                SandboxError::Command {
+                    command,
+                    status: format!("{status} before it listened"),
+                    stderr: format!("{SOURCE_DIED}\n{log}"),
+                }
+            }
+            exited => SandboxError::Command {
+                command,
+                status: match (exited, source.outcome()) {
+                    (_, Outcome::Failed(why)) if why != SOURCE_DIED => {
+                        format!("failed before it listened: {why}")
+                    }
+                    (Some(status), _) => format!("{status} before it listened"),
+                    (None, _) => "ended before it listened".into(),
+                },
+                stderr: log,
+            },
+        })
     }
 
     pub fn pid(&self) -> u32 {
@@ -218,6 +259,49 @@ impl PageSource {
     }
 }
 
+/// Ends the page source a restore in `work_dir` left running, if any: one whose worker died
+/// waits for a CRIU that will never connect (minutes), and then reports a failure. Only a
+/// process whose command line is `… page-source … --work-dir <work_dir>` is killed (the pid
+/// file may name a pid reused since).
+pub async fn end_leftover(work_dir: &Path) {
+    let Ok(text) = tokio::fs::read_to_string(work_dir.join(PID_FILE)).await else {
+        return;
+    };
+    let Ok(pid) = text.trim().parse::<i32>() else {
+        return;
+    };
+    if pid <= 0 || !serves(pid, work_dir) {
+        return;
+    }
+    let target = nix::unistd::Pid::from_raw(pid);
+    let _ = nix::sys::signal::kill(target, nix::sys::signal::Signal::SIGKILL);
+    for _ in 0..50 {
+        // Gone, or a zombie (dead; whoever started it reaps it).
+        let state = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+        if state
+            .rsplit_once(')')
+            .is_none_or(|(_, rest)| rest.trim_start().starts_with('Z'))
+        {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    tracing::warn!(pid, work_dir = %work_dir.display(), "a leftover page source did not end after SIGKILL");
+}
+
+/// `pid` is a page source serving `work_dir` (from its command line).
+fn serves(pid: i32, work_dir: &Path) -> bool {
+    let Ok(cmdline) = std::fs::read(format!("/proc/{pid}/cmdline")) else {
+        return false;
+    };
+    let args: Vec<&[u8]> = cmdline.split(|b| *b == 0).collect();
+    let dir = work_dir.as_os_str().as_encoded_bytes();
+    args.iter().any(|a| *a == b"page-source")
+        && args
+            .windows(2)
+            .any(|w| w[0] == b"--work-dir" && w[1] == dir)
+}
+
 impl Drop for PageSource {
     fn drop(&mut self) {
         self.kill();
@@ -275,4 +359,84 @@ fn read_reports(
     // Keep the registrations until the sandbox is gone (or the handle is dropped).
     let _ = release.recv();
     drop(held);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A page source killed before it listens cut the restore short: the generation is not at
+    /// fault, so the api tries again instead of marking the actor CRASHED.
+    #[tokio::test]
+    async fn a_page_source_killed_before_it_listens_interrupts_the_restore() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let command = ["sh".to_string(), "-c".into(), "kill -9 $$".into()];
+        let err = PageSource::start(&command, dir.path(), dir.path())
+            .await
+            .expect_err("a page source that dies cannot serve");
+        assert!(err.interrupted(), "{err}");
+    }
+
+    /// One that exits on its own before it listens (bad arguments, say) is a failure.
+    #[tokio::test]
+    async fn a_page_source_that_exits_before_it_listens_is_a_failure() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let command = [
+            "sh".to_string(),
+            "-c".into(),
+            "echo no such generation; exit 2".into(),
+        ];
+        let err = PageSource::start(&command, dir.path(), dir.path())
+            .await
+            .expect_err("a page source that exits cannot serve");
+        assert!(!err.interrupted(), "{err}");
+        assert!(err.to_string().contains("no such generation"), "{err}");
+    }
+
+    /// A teardown ends the page source a dead worker left in the actor's restore dir, and
+    /// nothing else named by a stale pid file.
+    #[tokio::test]
+    async fn a_leftover_page_source_is_ended_and_only_it() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let work = dir.path().join("criu-restore");
+        std::fs::create_dir(&work).expect("mkdir");
+        let spawn = |work_dir: &Path| {
+            // `read` is built in: one process, waiting on its stdin (a pipe held open here).
+            std::process::Command::new("sh")
+                .args(["-c", "read x; true", "page-source", "--work-dir"])
+                .arg(work_dir)
+                .stdin(std::process::Stdio::piped())
+                .stdout(std::process::Stdio::null())
+                .stderr(std::process::Stdio::null())
+                .spawn()
+                .expect("spawn sh")
+        };
+        let mut leftover = spawn(&work);
+        let mut other = spawn(&dir.path().join("elsewhere"));
+        let wait_exit = |child: &mut std::process::Child| {
+            for _ in 0..100 {
+                if child.try_wait().expect("try_wait").is_some() {
+                    return true;
+                }
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            false
+        };
+
+        std::fs::write(work.join(PID_FILE), format!("{}\n", other.id())).expect("pid file");
+        end_leftover(&work).await;
+        assert!(
+            !wait_exit(&mut other),
+            "a process serving another dir was killed"
+        );
+
+        std::fs::write(work.join(PID_FILE), format!("{}\n", leftover.id())).expect("pid file");
+        end_leftover(&work).await;
+        assert!(
+            wait_exit(&mut leftover),
+            "the leftover page source still runs"
+        );
+        let _ = other.kill();
+        let _ = other.wait();
+    }
 }

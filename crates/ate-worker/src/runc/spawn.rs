@@ -28,6 +28,11 @@ impl RuncRuntime {
         args: Vec<String>,
         page_source: Option<&PageSource>,
     ) -> Result<()> {
+        // Where this runc's words start in the actor log (which holds the actor's own output of
+        // earlier runs): an error quotes runc, not the actor's last lines.
+        let log_start = tokio::fs::metadata(actor.log_path())
+            .await
+            .map_or(0, |m| m.len());
         let (read, write) = nix::unistd::pipe2(OFlag::O_CLOEXEC).ctx(|| "create stdio pipe")?;
         let copier = spawn_log_relay(&self.log_relay, read, actor.log_path()).await?;
         let write_err: OwnedFd = write.try_clone().ctx(|| "dup stdio pipe")?;
@@ -114,7 +119,8 @@ impl RuncRuntime {
         let mut copier = copier;
         let _ = tokio::time::timeout(Duration::from_secs(1), copier.wait()).await;
         let log = tokio::fs::read(actor.log_path()).await.unwrap_or_default();
-        let mut stderr = tail(&String::from_utf8_lossy(&log), 2000);
+        let since = usize::try_from(log_start).unwrap_or(0).min(log.len());
+        let mut stderr = tail(&String::from_utf8_lossy(&log[since..]), 2000);
         if let Some(work) = work_path(&full) {
             let criu_log = work.join("restore.log");
             if let Ok(text) = tokio::fs::read_to_string(&criu_log).await {

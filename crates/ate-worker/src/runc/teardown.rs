@@ -23,7 +23,9 @@ impl RuncRuntime {
         // runc about (spares a `runc state` process before every run and restore).
         // Leftovers of a restore ended in the middle (see `unmount_below`) first: runc cannot
         // delete a container whose state dir still has CRIU's root mounted.
-        unmount_below(&actor.dir.join("criu-restore"));
+        let restore_work = actor.dir.join("criu-restore");
+        unmount_below(&restore_work);
+        crate::lazy::watch::end_leftover(&restore_work).await;
         unmount_below(&self.root.join(&id));
         let known = tokio::fs::try_exists(self.root.join(&id))
             .await

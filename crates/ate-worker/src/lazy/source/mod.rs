@@ -272,7 +272,10 @@ pub fn main(generation: &Path, work_dir: &Path) -> Result<Stats, SourceError> {
         ));
     }
     let report = UnixStream::from(report);
-    let status_path = work_dir.join(super::STATUS_FILE);
+    // The status goes into this restore's own work dir, opened now: a page source that outlived
+    // its worker and its restore must not write into the dir of a later restore of the actor
+    // (same path, new dir), whose adoption would read a failure that is not its own.
+    let own_dir = std::fs::File::open(work_dir).ok();
     let failure_channel = report.try_clone().ok();
     let result = run(generation, work_dir, report);
     let status = match &result {
@@ -289,8 +292,26 @@ pub fn main(generation: &Path, work_dir: &Path) -> Result<Stats, SourceError> {
         };
         let _ = send_report(sock, &report);
     }
-    let _ = std::fs::write(&status_path, status);
+    if let Some(dir) = &own_dir {
+        let _ = write_status(dir, &status);
+    }
     result
+}
+
+/// Writes [`super::STATUS_FILE`] into `dir` (an open directory; nothing if it was removed).
+fn write_status(dir: &std::fs::File, status: &str) -> nix::Result<()> {
+    use nix::fcntl::OFlag;
+    let fd = nix::fcntl::openat(
+        dir,
+        super::STATUS_FILE,
+        OFlag::O_WRONLY | OFlag::O_CREAT | OFlag::O_TRUNC | OFlag::O_CLOEXEC,
+        nix::sys::stat::Mode::from_bits_truncate(0o644),
+    )?;
+    let mut file = std::fs::File::from(fd);
+    std::io::Write::write_all(&mut file, status.as_bytes()).map_err(|e| {
+        e.raw_os_error()
+            .map_or(nix::Error::EIO, nix::Error::from_raw)
+    })
 }
 
 /// The page source against a real userfaultfd, with this test playing CRIU: it registers an

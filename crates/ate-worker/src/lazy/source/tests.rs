@@ -262,3 +262,26 @@ fn damage_is_content_that_does_not_match_the_manifest() {
     assert!(!io.is_damage());
     assert!(!SourceError::Protocol("CRIU hung up".into()).is_damage());
 }
+
+/// A page source that outlived its restore writes its status into its own work dir only: a
+/// later restore of the actor (same path, a new dir) never reads a failure that is not its own.
+#[test]
+fn the_status_goes_to_the_page_sources_own_work_dir() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let work = dir.path().join("criu-restore");
+    std::fs::create_dir(&work).expect("mkdir");
+    let own = File::open(&work).expect("open the work dir");
+    write_status(&own, "done\n").expect("write into its own dir");
+    assert_eq!(
+        std::fs::read_to_string(work.join(super::super::STATUS_FILE)).expect("status"),
+        "done\n"
+    );
+
+    std::fs::remove_dir_all(&work).expect("rm");
+    std::fs::create_dir(&work).expect("the next restore's dir");
+    let _ = write_status(&own, "failed: CRIU did not connect\n");
+    assert!(
+        !work.join(super::super::STATUS_FILE).exists(),
+        "a stale page source wrote into the next restore's dir"
+    );
+}
