@@ -5,6 +5,8 @@
 //! | `…/sa/atenet-router`              | `ingress_router` | ResumeActor                                  |
 //! | `…/sa/ate-node-<node>`            | `node_agent`     | FleetService for its node's workers, SuspendActor of actors on its node's workers (idle suspend) |
 //! | `…/sa/ate-node` (shared)          | `node_agent`     | FleetService; no SuspendActor (it names no node) |
+//! | `…/sa/ate-worker-<id>`            | `worker`         | SetAlarm, GetAlarm, DeleteAlarm of the actor running on worker `<id>` (the local actor API) |
+//! | `…/sa/ate-worker` (shared)        | `worker`         | the same for an actor running on any worker, at the activation it names |
 //! | `…/sa/ate-admin`                  | `admin`          | everything                                   |
 //! | any other ID in the trust domain  | `client`         | actor and atespace verbs in its atespaces    |
 //!
@@ -130,6 +132,10 @@ impl Authz {
             Role::NodeAgent {
                 node: id.node_name().map(str::to_string),
             }
+        } else if id.is_worker() {
+            Role::Worker {
+                worker: id.worker_name().map(str::to_string),
+            }
         } else {
             Role::Client(
                 self.clients
@@ -235,6 +241,10 @@ pub enum Role {
     NodeAgent {
         node: Option<String>,
     },
+    /// A worker; `worker` is the worker its identity names, None for the shared identity.
+    Worker {
+        worker: Option<String>,
+    },
     Client(Atespaces),
 }
 
@@ -245,6 +255,8 @@ impl fmt::Display for Role {
             Role::IngressRouter => f.write_str("ingress_router"),
             Role::NodeAgent { node: None } => f.write_str("node_agent"),
             Role::NodeAgent { node: Some(n) } => write!(f, "node_agent of node {n}"),
+            Role::Worker { worker: None } => f.write_str("worker"),
+            Role::Worker { worker: Some(w) } => write!(f, "worker {w}"),
             Role::Client(_) => f.write_str("client"),
         }
     }
@@ -264,6 +276,9 @@ pub enum Need<'a> {
     List,
     /// FleetService: the node agent.
     Fleet,
+    /// SetAlarm, GetAlarm, DeleteAlarm of an actor of this atespace: the worker it runs on (the
+    /// service then checks that), or a client for its atespace.
+    Alarm(&'a str),
     /// Templates and tags: admin only.
     Admin,
 }
@@ -311,15 +326,25 @@ impl Caller {
         }
     }
 
+    /// For a worker: Some(the worker it is, if its identity names one). None for other roles.
+    pub fn worker(&self) -> Option<Option<&str>> {
+        match &self.role {
+            Role::Worker { worker } => Some(worker.as_deref()),
+            _ => None,
+        }
+    }
+
     /// Ok if this caller may call `rpc` with `need`; else PermissionDenied (audit-logged).
     pub fn check(&self, rpc: &str, need: Need<'_>) -> Result<(), Status> {
         let allowed = match (&self.role, need) {
             (Role::Admin, _) => true,
             (Role::IngressRouter, Need::Resume(_)) => true,
             (Role::NodeAgent { .. }, Need::Suspend(_) | Need::Fleet) => true,
-            (Role::Client(a), Need::Resume(s) | Need::Suspend(s) | Need::Atespace(s)) => {
-                a.allows(s)
-            }
+            (Role::Worker { .. }, Need::Alarm(_)) => true,
+            (
+                Role::Client(a),
+                Need::Resume(s) | Need::Suspend(s) | Need::Atespace(s) | Need::Alarm(s),
+            ) => a.allows(s),
             (Role::Client(_), Need::List) => true,
             _ => false,
         };
@@ -327,7 +352,7 @@ impl Caller {
             return Ok(());
         }
         let what = match need {
-            Need::Resume(s) | Need::Suspend(s) | Need::Atespace(s) => {
+            Need::Resume(s) | Need::Suspend(s) | Need::Atespace(s) | Need::Alarm(s) => {
                 format!(" on atespace {s:?}")
             }
             _ => String::new(),
@@ -360,7 +385,7 @@ impl Caller {
 
 fn atespace_of(need: Need<'_>) -> Option<&str> {
     match need {
-        Need::Resume(s) | Need::Suspend(s) | Need::Atespace(s) => Some(s),
+        Need::Resume(s) | Need::Suspend(s) | Need::Atespace(s) | Need::Alarm(s) => Some(s),
         _ => None,
     }
 }
@@ -411,6 +436,12 @@ mod tests {
         assert!(all.check("GetActor", Need::Atespace("anything")).is_ok());
         let worker = caller(SpiffeId::worker_instance("ate.local", "w1").unwrap(), &a);
         assert!(worker.check("ResumeActor", Need::Resume("a")).is_err());
+        assert!(worker.check("ListActors", Need::List).is_err());
+        assert_eq!(worker.worker(), Some(Some("w1")));
+        assert!(worker.check("SetAlarm", Need::Alarm("a")).is_ok());
+        assert!(x.check("SetAlarm", Need::Alarm("team-a")).is_ok());
+        assert!(x.check("SetAlarm", Need::Alarm("team-c")).is_err());
+        assert!(node.check("SetAlarm", Need::Alarm("a")).is_err());
         assert!(Authz::new("ate.local", "nonsense").is_err());
         assert!(Authz::new("ate.local", "spiffe://ate.local/ns/t/sa/x=Bad_Name").is_err());
     }

@@ -4,8 +4,8 @@
 use ate_core::{ActorRef, TemplateRef, ValidationError};
 use ate_proto::v1;
 use ate_store::{
-    ActorRecord, AtespaceRecord, Capacity, SnapshotRecord, StoreError, TagRecord, TemplateRecord,
-    WorkerRecord,
+    ActorRecord, Alarm, AtespaceRecord, Capacity, SnapshotRecord, StoreError, TagRecord,
+    TemplateRecord, WorkerRecord,
 };
 use tonic::{Code, Status};
 
@@ -48,6 +48,22 @@ pub fn invalid(e: ValidationError) -> Status {
 
 pub fn actor_view(v: &ActorView) -> v1::Actor {
     actor(&v.actor, v.worker.as_ref())
+}
+
+pub fn alarm(a: &Alarm) -> v1::Alarm {
+    v1::Alarm {
+        actor: Some(v1::ObjectRef {
+            atespace: a.actor.atespace.clone(),
+            name: a.actor.name.clone(),
+        }),
+        due_unix_ms: a.due_ms,
+        path: a.path.clone(),
+        attempts: a.attempts,
+        next_attempt_unix_ms: a.next_attempt_ms,
+        last_error: a.last_error.clone(),
+        failed: a.failed,
+        set_unix_ms: a.set_ms,
+    }
 }
 
 pub fn actor_log(log: ActorLog) -> v1::ReadActorLogResponse {

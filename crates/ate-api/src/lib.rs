@@ -28,6 +28,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use ate_proto::v1::actor_service_server::ActorServiceServer;
+use ate_proto::v1::alarm_service_server::AlarmServiceServer;
 use ate_proto::v1::atespace_service_server::AtespaceServiceServer;
 use ate_proto::v1::fleet_service_server::FleetServiceServer;
 use ate_proto::v1::join_service_server::JoinServiceServer;
@@ -210,6 +211,7 @@ pub async fn serve_with(
     let router = tonic::transport::Server::builder()
         .tcp_nodelay(true)
         .add_service(ActorServiceServer::new(services.clone()))
+        .add_service(AlarmServiceServer::new(services.clone()))
         .add_service(AtespaceServiceServer::new(services.clone()))
         .add_service(TemplateServiceServer::new(services.clone()))
         .add_service(TagServiceServer::new(services.clone()))

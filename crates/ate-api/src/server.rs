@@ -70,6 +70,15 @@ pub struct ServerConfig {
     /// jwt mode: the issuer's public keys (JWKS JSON); re-read when the file changes.
     #[arg(long, env = "ATE_JWT_JWKS_FILE")]
     pub jwt_jwks_file: Option<PathBuf>,
+    /// Where actors' alarms are delivered: the router's internal listener, `unix:PATH` (same
+    /// machine) or `host:port[,host:port…]` (mTLS with this api's certificate). Unset: alarms
+    /// are kept but not delivered by this api (another replica may).
+    #[arg(
+        long,
+        env = "ATE_API_ROUTER_INTERNAL",
+        value_name = "unix:PATH|HOST:PORT"
+    )]
+    pub router_internal: Option<ate_router_client::RouterAddr>,
 }
 
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
@@ -304,7 +313,27 @@ pub async fn run(
         })?;
     }
     tracing::info!(grpc = %grpc_addr, http = %http_addr, store = %redact(&config.store), tls = serve_tls.is_some(), auth_mode = ?config.auth_mode, "api serving");
-    crate::serve_with(api, grpc, Some(http), serve_tls, shutdown).await?;
+    let (stop_alarms, alarms_stopped) = tokio::sync::watch::channel(false);
+    let alarms = match &config.router_internal {
+        Some(addr) => {
+            let router = ate_router_client::RouterClient::new(addr.clone(), source.as_ref(), &td)
+                .map_err(|e| RunError::Config(e.to_string()))?;
+            tracing::info!(router = %addr, "delivering actors' alarms");
+            Some(tokio::spawn(
+                api.clone().deliver_alarms(router, alarms_stopped),
+            ))
+        }
+        None => {
+            tracing::warn!("no --router-internal: this api delivers no alarms");
+            None
+        }
+    };
+    let served = crate::serve_with(api, grpc, Some(http), serve_tls, shutdown).await;
+    let _ = stop_alarms.send(true);
+    if let Some(task) = alarms {
+        task.abort();
+    }
+    served?;
     Ok(())
 }
 

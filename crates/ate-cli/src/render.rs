@@ -99,6 +99,84 @@ impl From<&v1::Worker> for WorkerView {
 
 #[derive(Debug, Serialize, PartialEq)]
 #[serde(rename_all = "camelCase")]
+pub struct AlarmView {
+    pub actor: String,
+    /// RFC 3339.
+    pub due: String,
+    pub path: String,
+    pub attempts: u32,
+    /// RFC 3339 of the next try ("" once failed).
+    pub next_attempt: String,
+    pub last_error: String,
+    pub failed: bool,
+}
+
+/// Unix ms as RFC 3339 (seconds), "" for a time before 1970.
+fn rfc3339_ms(ms: i64) -> String {
+    u64::try_from(ms)
+        .map(|ms| {
+            humantime::format_rfc3339_seconds(
+                std::time::UNIX_EPOCH + std::time::Duration::from_millis(ms),
+            )
+            .to_string()
+        })
+        .unwrap_or_default()
+}
+
+impl From<&v1::Alarm> for AlarmView {
+    fn from(a: &v1::Alarm) -> Self {
+        Self {
+            actor: a
+                .actor
+                .as_ref()
+                .map(|r| format!("{}/{}", r.atespace, r.name))
+                .unwrap_or_default(),
+            due: rfc3339_ms(a.due_unix_ms),
+            path: a.path.clone(),
+            attempts: a.attempts,
+            next_attempt: if a.failed {
+                String::new()
+            } else {
+                rfc3339_ms(a.next_attempt_unix_ms)
+            },
+            last_error: a.last_error.clone(),
+            failed: a.failed,
+        }
+    }
+}
+
+pub fn alarms_table(rows: &[AlarmView]) -> Table {
+    Table {
+        header: vec!["ACTOR", "DUE", "PATH", "TRIES", "STATUS", "LAST ERROR"],
+        rows: rows
+            .iter()
+            .map(|a| {
+                let status = if a.failed {
+                    "FAILED".to_string()
+                } else if a.attempts > 0 {
+                    format!("retry at {}", a.next_attempt)
+                } else {
+                    "pending".to_string()
+                };
+                vec![
+                    a.actor.clone(),
+                    a.due.clone(),
+                    a.path.clone(),
+                    a.attempts.to_string(),
+                    status,
+                    if a.last_error.is_empty() {
+                        "-".to_string()
+                    } else {
+                        a.last_error.clone()
+                    },
+                ]
+            })
+            .collect(),
+    }
+}
+
+#[derive(Debug, Serialize, PartialEq)]
+#[serde(rename_all = "camelCase")]
 pub struct TagView {
     pub atespace: String,
     pub name: String,

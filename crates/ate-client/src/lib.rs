@@ -8,6 +8,7 @@ use ate_core::Document;
 use ate_core::template::TemplateSpec;
 use ate_proto::v1;
 use ate_proto::v1::actor_service_client::ActorServiceClient;
+use ate_proto::v1::alarm_service_client::AlarmServiceClient;
 use ate_proto::v1::atespace_service_client::AtespaceServiceClient;
 use ate_proto::v1::fleet_service_client::FleetServiceClient;
 use ate_proto::v1::join_service_client::JoinServiceClient;
@@ -80,6 +81,7 @@ pub type ApiChannel = InterceptedService<Channel, Bearer>;
 #[derive(Clone)]
 pub struct Clients {
     pub actors: ActorServiceClient<ApiChannel>,
+    pub alarms: AlarmServiceClient<ApiChannel>,
     pub atespaces: AtespaceServiceClient<ApiChannel>,
     pub templates: TemplateServiceClient<ApiChannel>,
     pub tags: TagServiceClient<ApiChannel>,
@@ -96,6 +98,7 @@ impl Clients {
         let c = |ch: &Channel| InterceptedService::new(ch.clone(), bearer.clone());
         Self {
             actors: ActorServiceClient::new(c(&channel)),
+            alarms: AlarmServiceClient::new(c(&channel)),
             atespaces: AtespaceServiceClient::new(c(&channel)),
             templates: TemplateServiceClient::new(c(&channel)),
             tags: TagServiceClient::new(c(&channel)),

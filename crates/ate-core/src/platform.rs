@@ -17,6 +17,10 @@ pub const PLATFORM_ADDR: Ipv4Addr = Ipv4Addr::new(169, 254, 17, 1);
 pub const PLATFORM_PORT: u16 = 80;
 /// Set by the platform on a call from one actor to another: the caller, `<atespace>/<name>`.
 pub const CALLER_ACTOR_HEADER: &str = "ate-caller-actor";
+/// Set by the platform on an alarm's delivery: which try it is (1 for the first). Like
+/// [`CALLER_ACTOR_HEADER`], removed from every request the platform did not make, so an actor
+/// can trust it.
+pub const ALARM_ATTEMPT_HEADER: &str = "ate-alarm-attempt";
 /// Calls may also name their callee as `<name>.<atespace>.actors.internal` in the `Host` header
 /// (or an absolute URI) of a request to [`PLATFORM_ADDR`].
 pub const ACTORS_DOMAIN: &str = "actors.internal";

@@ -3,10 +3,12 @@
 //! `--internal-listen` (mTLS for workers elsewhere). Every connection they admit is served as
 //! [`ConnAuth::Worker`](crate::auth::ConnAuth::Worker).
 //!
-//! Architecture invariant: only a worker can name a caller. The unix socket is mode 0600 in a
+//! Architecture invariant: only a worker (or the api, delivering an actor's alarm to itself) can
+//! name a caller. The unix socket is mode 0600 in a
 //! directory created 0700 and admits only root and the router's own user (SO_PEERCRED), like
 //! atunnel's handoff socket; the TCP listener requires a client certificate from the platform's
-//! CA with a worker's SPIFFE ID, checked after the handshake (anything else is closed).
+//! CA with a worker's or the api's SPIFFE ID, checked after the handshake (anything else is
+//! closed).
 
 use std::io;
 use std::path::Path;
@@ -88,9 +90,10 @@ pub fn tls_listener(
         .map_err(|source| crate::RouterError::Bind { addr, source })
 }
 
-/// Whether a verified client certificate with this SPIFFE ID may send calls: only workers.
+/// Whether a verified client certificate with this SPIFFE ID may send calls: workers (their
+/// actors' calls) and the api (alarm deliveries).
 pub fn admits(id: Option<&ate_tls::SpiffeId>) -> bool {
-    id.is_some_and(ate_tls::SpiffeId::is_worker)
+    id.is_some_and(|id| id.is_worker() || id.is_api())
 }
 
 #[cfg(test)]

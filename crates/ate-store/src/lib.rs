@@ -223,6 +223,31 @@ pub struct FrozenCopy {
     pub generation: u64,
 }
 
+/// An actor's alarm: at `due_ms` the platform POSTs to `path` on the actor.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Alarm {
+    pub actor: ActorRef,
+    /// When it is due (Unix ms), as set.
+    pub due_ms: i64,
+    /// Path the platform POSTs to (starts with '/').
+    pub path: String,
+    /// Bumped by every set_alarm of the actor (1 for the first): a delivery or a failure
+    /// report changes only the alarm it was about.
+    pub seq: i64,
+    /// Failed delivery attempts so far.
+    pub attempts: u32,
+    /// Earliest time of the next delivery attempt (Unix ms): `due_ms` at first, then the retry
+    /// time after a failure, or the end of a claim's lease while a delivery is under way.
+    pub next_attempt_ms: i64,
+    /// Why the last attempt failed ("" if none).
+    pub last_error: String,
+    /// Given up after its last try; kept (not delivered again) until the actor sets another
+    /// alarm, deletes it, or is deleted.
+    pub failed: bool,
+    /// When it was set (Unix ms).
+    pub set_ms: i64,
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Capacity {
     pub cpu_millis: u64,
@@ -398,7 +423,8 @@ pub trait Store: Send + Sync + 'static {
         now_ms: i64,
     ) -> Result<ActorRecord>;
     /// Only SUSPENDED or CRASHED (else StateConflict). Removes the actor, its snapshot rows, its
-    /// assignment and its lease; returns the removed snapshot rows that no tag references, for GC.
+    /// assignment, its lease and its alarm; returns the removed snapshot rows that no tag
+    /// references, for GC.
     async fn delete_actor(&self, actor: &ActorRef) -> Result<Vec<SnapshotRecord>>;
     /// Compare-and-set of the state (StateConflict if not in `transition.from`), plus its update.
     async fn transition(
@@ -556,6 +582,42 @@ pub trait Store: Send + Sync + 'static {
     async fn set_frozen_copy(&self, actor: &ActorRef, copy: &FrozenCopy) -> Result<()>;
     async fn get_frozen_copy(&self, actor: &ActorRef) -> Result<Option<FrozenCopy>>;
     async fn clear_frozen_copy(&self, actor: &ActorRef) -> Result<()>;
+
+    // ---- alarms
+    /// Inserts or replaces the actor's alarm, in one transaction with a check that the actor
+    /// exists (NotFound): `seq` is one more than the actor's previous alarm's (even a deleted
+    /// one's, so a delivery in flight never mistakes the new alarm for its own), and delivery
+    /// starts afresh (no attempts, next attempt at `due_ms`, not failed).
+    async fn set_alarm(
+        &self,
+        actor: &ActorRef,
+        due_ms: i64,
+        path: &str,
+        now_ms: i64,
+    ) -> Result<Alarm>;
+    async fn get_alarm(&self, actor: &ActorRef) -> Result<Option<Alarm>>;
+    /// Deletes the actor's alarm if it has one and, with `seq`, only if it is that alarm (a
+    /// delivery deletes what it delivered, never an alarm set again meanwhile). True if deleted.
+    async fn delete_alarm(&self, actor: &ActorRef, seq: Option<i64>) -> Result<bool>;
+    /// Ordered by (due_ms, atespace, name).
+    async fn list_alarms(&self, atespace: Option<&str>) -> Result<Vec<Alarm>>;
+    /// Atomically claims up to `limit` alarms to deliver: not failed, `next_attempt_ms <= now_ms`,
+    /// oldest `next_attempt_ms` first; each one's `next_attempt_ms` becomes `now_ms + lease_ms`
+    /// (returned so), so no other caller claims it before that lease ends, and an unfinished
+    /// delivery is claimed again after it. Concurrent callers (other replicas) never claim the
+    /// same alarm.
+    async fn claim_due_alarms(&self, now_ms: i64, lease_ms: i64, limit: u32) -> Result<Vec<Alarm>>;
+    /// Records a failed delivery of the alarm `seq`: one more attempt, `error`, the next attempt
+    /// at `next_attempt_ms`, and `failed = give_up`. False (nothing changed) when the actor's
+    /// alarm is no longer `seq` (set again or deleted meanwhile).
+    async fn alarm_attempt_failed(
+        &self,
+        actor: &ActorRef,
+        seq: i64,
+        next_attempt_ms: i64,
+        error: &str,
+        give_up: bool,
+    ) -> Result<bool>;
 
     fn counters(&self) -> &StoreCounters;
 }

@@ -32,6 +32,14 @@ macro_rules! for_update {
     };
 }
 
+/// Claims (alarms): rows another transaction holds are left to it instead of waited for, so
+/// concurrent claimers take disjoint rows.
+macro_rules! for_update_skip_locked {
+    () => {
+        " FOR UPDATE SKIP LOCKED"
+    };
+}
+
 macro_rules! for_share {
     () => {
         " FOR SHARE"
@@ -76,7 +84,7 @@ impl PostgresStore {
 }
 
 // The shared `Store` impl, compiled against this backend's `Db`, `DbRow`, `Tx`, `StoreImpl` and
-// `for_update!` / `for_share!` (defined above, so in scope there).
+// `for_update!` / `for_update_skip_locked!` / `for_share!` (defined above, so in scope there).
 #[path = "shared/mod.rs"]
 #[allow(clippy::duplicate_mod)] // by design: the other backend compiles it too, with its items
 mod shared;

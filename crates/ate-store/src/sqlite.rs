@@ -63,6 +63,13 @@ macro_rules! for_update {
     };
 }
 
+/// No row locks on SQLite: `BEGIN IMMEDIATE` already makes a claim the only writer.
+macro_rules! for_update_skip_locked {
+    () => {
+        ""
+    };
+}
+
 macro_rules! for_share {
     () => {
         ""
@@ -151,7 +158,7 @@ impl SqliteStore {
 }
 
 // The shared `Store` impl, compiled against this backend's `Db`, `DbRow`, `Tx`, `StoreImpl` and
-// `for_update!` / `for_share!` (defined above, so in scope there).
+// `for_update!` / `for_update_skip_locked!` / `for_share!` (defined above, so in scope there).
 #[path = "shared/mod.rs"]
 #[allow(clippy::duplicate_mod)] // by design: the other backend compiles it too, with its items
 mod shared;

@@ -11,8 +11,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use ate_core::template::{Container, EgressPolicy, Resources};
 use ate_core::{ActorRef, ActorState, DurableStatus, Fidelity, TemplateRef, TemplateSpec};
 use ate_store::{
-    ActorRecord, ActorUpdate, Capacity, FrozenCopy, JoinTokenRecord, SnapshotCopy, SnapshotRecord,
-    Store, StoreError, TagRecord, Transition, WorkerRecord, WorkerStatus, actor_lease_key,
+    ActorRecord, ActorUpdate, Alarm, Capacity, FrozenCopy, JoinTokenRecord, SnapshotCopy,
+    SnapshotRecord, Store, StoreError, TagRecord, Transition, WorkerRecord, WorkerStatus,
+    actor_lease_key,
 };
 use futures::FutureExt;
 use sqlx::Connection;
@@ -135,6 +136,13 @@ both_backends!(
     worker_lifecycle,
     counters_count_operations,
     reopen_keeps_data,
+    alarm_set_get_and_replace,
+    alarm_claim_takes_due_alarms_in_order_under_a_lease,
+    alarm_concurrent_claims_never_overlap,
+    alarm_failures_are_per_seq_and_give_up_stops_claims,
+    alarm_delete_is_per_seq,
+    alarm_goes_with_its_actor,
+    alarm_list_filters_by_atespace,
 );
 
 // ---------------------------------------------------------------- fixtures
@@ -284,6 +292,25 @@ async fn seed(store: &dyn Store) {
         .apply_template("ns", "t", &spec(250, 128 * MIB), NOW)
         .await
         .unwrap();
+}
+
+/// Atespace `ns`, template `ns/t` and an actor `ns/<name>` for each of `names`.
+async fn seed_actors(store: &dyn Store, names: &[&str]) {
+    seed(store).await;
+    for name in names {
+        store
+            .create_actor(&actor("ns", name, "ns/t"))
+            .await
+            .unwrap();
+    }
+}
+
+/// `(name, next_attempt_ms)` of claimed alarms, in the order returned.
+fn claimed(alarms: &[Alarm]) -> Vec<(String, i64)> {
+    alarms
+        .iter()
+        .map(|a| (a.actor.name.clone(), a.next_attempt_ms))
+        .collect()
 }
 
 fn message(result: Result<impl std::fmt::Debug, StoreError>) -> String {
@@ -2449,6 +2476,345 @@ mod cases {
             message(again.create_atespace("ns", NOW).await),
             r#"atespace "ns" already exists"#
         );
+    }
+
+    pub async fn alarm_set_get_and_replace(env: Env) {
+        let s = env.store.as_ref();
+        seed_actors(s, &["a1"]).await;
+        let a1 = ActorRef::new("ns", "a1");
+        assert_eq!(s.get_alarm(&a1).await.unwrap(), None);
+
+        let set = s.set_alarm(&a1, NOW + 1000, "/tick", NOW).await.unwrap();
+        let expected = Alarm {
+            actor: a1.clone(),
+            due_ms: NOW + 1000,
+            path: "/tick".into(),
+            seq: 1,
+            attempts: 0,
+            next_attempt_ms: NOW + 1000,
+            last_error: String::new(),
+            failed: false,
+            set_ms: NOW,
+        };
+        assert_eq!(set, expected);
+        assert_eq!(s.get_alarm(&a1).await.unwrap(), Some(expected));
+
+        // A failed attempt, then the actor sets it again: a new seq and a fresh delivery.
+        assert!(
+            s.alarm_attempt_failed(&a1, 1, NOW + 3000, "HTTP 500", false)
+                .await
+                .unwrap()
+        );
+        let replaced = s
+            .set_alarm(&a1, NOW + 2000, "/tock", NOW + 5)
+            .await
+            .unwrap();
+        let expected = Alarm {
+            actor: a1.clone(),
+            due_ms: NOW + 2000,
+            path: "/tock".into(),
+            seq: 2,
+            attempts: 0,
+            next_attempt_ms: NOW + 2000,
+            last_error: String::new(),
+            failed: false,
+            set_ms: NOW + 5,
+        };
+        assert_eq!(replaced, expected);
+        assert_eq!(s.get_alarm(&a1).await.unwrap(), Some(expected));
+
+        // The seq is never reused, even after a delete: a delivery of seq 2 still in flight
+        // must not take the next alarm for its own.
+        assert!(s.delete_alarm(&a1, None).await.unwrap());
+        assert_eq!(s.get_alarm(&a1).await.unwrap(), None);
+        let again = s.set_alarm(&a1, NOW, "/again", NOW).await.unwrap();
+        assert_eq!(again.seq, 3);
+
+        let e = assert_err!(
+            s.set_alarm(&ActorRef::new("ns", "nope"), NOW, "/tick", NOW)
+                .await,
+            StoreError::NotFound(_)
+        );
+        assert_eq!(e.to_string(), r#"actor "ns/nope" not found"#);
+        assert_err!(
+            s.set_alarm(&ActorRef::new("nowhere", "a1"), NOW, "/tick", NOW)
+                .await,
+            StoreError::NotFound(_)
+        );
+        assert_eq!(
+            s.get_alarm(&ActorRef::new("ns", "nope")).await.unwrap(),
+            None
+        );
+    }
+
+    pub async fn alarm_claim_takes_due_alarms_in_order_under_a_lease(env: Env) {
+        let s = env.store.as_ref();
+        seed_actors(s, &["a1", "a2", "a3", "later", "gave-up"]).await;
+        let set = |name: &'static str, due_ms: i64| async move {
+            s.set_alarm(&ActorRef::new("ns", name), due_ms, "/alarm", NOW)
+                .await
+                .unwrap()
+        };
+        set("a1", NOW + 30).await;
+        set("a2", NOW + 10).await;
+        set("a3", NOW + 20).await;
+        set("later", NOW + 1000).await;
+        let gave_up = set("gave-up", NOW).await;
+        assert!(
+            s.alarm_attempt_failed(&gave_up.actor, gave_up.seq, NOW, "HTTP 503", true)
+                .await
+                .unwrap()
+        );
+
+        // Nothing is due yet.
+        assert_eq!(s.claim_due_alarms(NOW + 5, 500, 10).await.unwrap(), vec![]);
+        // Oldest first, at most `limit`, each leased until now + lease.
+        let first = s.claim_due_alarms(NOW + 100, 500, 2).await.unwrap();
+        assert_eq!(
+            claimed(&first),
+            vec![("a2".to_string(), NOW + 600), ("a3".to_string(), NOW + 600)]
+        );
+        assert_eq!(first[0].due_ms, NOW + 10, "due_ms stays as set");
+        assert_eq!(
+            s.get_alarm(&ActorRef::new("ns", "a2")).await.unwrap(),
+            Some(first[0].clone()),
+            "the claim is stored"
+        );
+        let second = s.claim_due_alarms(NOW + 100, 500, 10).await.unwrap();
+        assert_eq!(claimed(&second), vec![("a1".to_string(), NOW + 600)]);
+        // While the leases last, nobody claims them again.
+        assert_eq!(
+            s.claim_due_alarms(NOW + 599, 500, 10).await.unwrap(),
+            vec![]
+        );
+        // A claim never completed: due again when its lease ends (ties by atespace, name).
+        let retried = s.claim_due_alarms(NOW + 600, 500, 10).await.unwrap();
+        assert_eq!(
+            claimed(&retried),
+            vec![
+                ("a1".to_string(), NOW + 1100),
+                ("a2".to_string(), NOW + 1100),
+                ("a3".to_string(), NOW + 1100),
+            ]
+        );
+        let at_due = s.claim_due_alarms(NOW + 1000, 500, 10).await.unwrap();
+        assert_eq!(claimed(&at_due), vec![("later".to_string(), NOW + 1500)]);
+        // The failed one is never claimed.
+        assert_eq!(
+            claimed(&s.claim_due_alarms(NOW + 100_000, 0, 10).await.unwrap()),
+            vec![
+                ("a1".to_string(), NOW + 100_000),
+                ("a2".to_string(), NOW + 100_000),
+                ("a3".to_string(), NOW + 100_000),
+                ("later".to_string(), NOW + 100_000),
+            ]
+        );
+        assert_eq!(
+            s.claim_due_alarms(NOW + 100_000, 0, 0).await.unwrap(),
+            vec![]
+        );
+    }
+
+    pub async fn alarm_concurrent_claims_never_overlap(env: Env) {
+        let s = env.store.as_ref();
+        let names: Vec<String> = (0..24).map(|i| format!("a{i:02}")).collect();
+        let refs: Vec<&str> = names.iter().map(String::as_str).collect();
+        seed_actors(s, &refs).await;
+        for (i, name) in names.iter().enumerate() {
+            s.set_alarm(
+                &ActorRef::new("ns", name.as_str()),
+                NOW + i as i64,
+                "/a",
+                NOW,
+            )
+            .await
+            .unwrap();
+        }
+        // Each round every alarm is due again (the previous round's leases have ended); two
+        // claimers share it without overlap, and together they take every alarm.
+        for round in 0..5 {
+            let now = NOW + 1000 + round * 1000;
+            let (left, right) = tokio::join!(
+                s.claim_due_alarms(now, 500, 16),
+                s.claim_due_alarms(now, 500, 16)
+            );
+            let (left, right) = (left.unwrap(), right.unwrap());
+            assert!(left.len() <= 16 && right.len() <= 16);
+            let mut all: Vec<String> = left
+                .iter()
+                .chain(&right)
+                .map(|a| a.actor.name.clone())
+                .collect();
+            all.sort();
+            let total = all.len();
+            all.dedup();
+            assert_eq!(
+                all.len(),
+                total,
+                "round {round}: an alarm was claimed twice"
+            );
+            assert_eq!(all, names, "round {round}: every due alarm is claimed");
+        }
+    }
+
+    pub async fn alarm_failures_are_per_seq_and_give_up_stops_claims(env: Env) {
+        let s = env.store.as_ref();
+        seed_actors(s, &["a1"]).await;
+        let a1 = ActorRef::new("ns", "a1");
+        s.set_alarm(&a1, NOW, "/tick", NOW).await.unwrap();
+        let current = s.set_alarm(&a1, NOW, "/tick", NOW).await.unwrap();
+        assert_eq!(current.seq, 2);
+        let claim = s.claim_due_alarms(NOW, 1000, 10).await.unwrap();
+        assert_eq!(claim.len(), 1);
+
+        // A report about the alarm that was replaced changes nothing.
+        let before = s.get_alarm(&a1).await.unwrap();
+        assert!(
+            !s.alarm_attempt_failed(&a1, 1, NOW + 2000, "stale", true)
+                .await
+                .unwrap()
+        );
+        assert_eq!(s.get_alarm(&a1).await.unwrap(), before);
+
+        // A retry: counted, with its error, at the time given.
+        assert!(
+            s.alarm_attempt_failed(&a1, 2, NOW + 2000, "HTTP 500", false)
+                .await
+                .unwrap()
+        );
+        let failed_once = s.get_alarm(&a1).await.unwrap().unwrap();
+        assert_eq!(
+            (
+                failed_once.attempts,
+                failed_once.last_error.as_str(),
+                failed_once.next_attempt_ms,
+                failed_once.failed
+            ),
+            (1, "HTTP 500", NOW + 2000, false)
+        );
+        assert_eq!(
+            s.claim_due_alarms(NOW + 1999, 1000, 10).await.unwrap(),
+            vec![]
+        );
+        let retry = s.claim_due_alarms(NOW + 2000, 1000, 10).await.unwrap();
+        assert_eq!(claimed(&retry), vec![("a1".to_string(), NOW + 3000)]);
+        assert_eq!(retry[0].attempts, 1);
+
+        // Giving up: kept, marked failed, never claimed again.
+        assert!(
+            s.alarm_attempt_failed(&a1, 2, NOW + 3000, "connection refused", true)
+                .await
+                .unwrap()
+        );
+        let gave_up = s.get_alarm(&a1).await.unwrap().unwrap();
+        assert_eq!(
+            (
+                gave_up.attempts,
+                gave_up.last_error.as_str(),
+                gave_up.failed
+            ),
+            (2, "connection refused", true)
+        );
+        assert_eq!(
+            s.claim_due_alarms(i64::MAX, 1000, 10).await.unwrap(),
+            vec![]
+        );
+        assert_eq!(s.list_alarms(None).await.unwrap(), vec![gave_up]);
+
+        // Setting it again starts over.
+        let fresh = s.set_alarm(&a1, NOW + 10, "/tick", NOW + 5).await.unwrap();
+        assert_eq!(
+            (
+                fresh.seq,
+                fresh.attempts,
+                fresh.last_error.as_str(),
+                fresh.failed
+            ),
+            (3, 0, "", false)
+        );
+        assert_eq!(
+            claimed(&s.claim_due_alarms(NOW + 10, 1000, 10).await.unwrap()),
+            vec![("a1".to_string(), NOW + 1010)]
+        );
+    }
+
+    pub async fn alarm_delete_is_per_seq(env: Env) {
+        let s = env.store.as_ref();
+        seed_actors(s, &["a1"]).await;
+        let a1 = ActorRef::new("ns", "a1");
+        assert!(!s.delete_alarm(&a1, None).await.unwrap());
+        assert!(!s.delete_alarm(&a1, Some(1)).await.unwrap());
+        s.set_alarm(&a1, NOW, "/tick", NOW).await.unwrap();
+        // Set again while a delivery of seq 1 ran: that delivery's delete keeps the new alarm.
+        let current = s.set_alarm(&a1, NOW + 50, "/tick", NOW).await.unwrap();
+        assert!(!s.delete_alarm(&a1, Some(1)).await.unwrap());
+        assert_eq!(s.get_alarm(&a1).await.unwrap(), Some(current));
+        assert!(s.delete_alarm(&a1, Some(2)).await.unwrap());
+        assert_eq!(s.get_alarm(&a1).await.unwrap(), None);
+        assert!(!s.delete_alarm(&a1, Some(2)).await.unwrap());
+        // Without a seq (the actor's own DELETE), whatever alarm is there goes.
+        s.set_alarm(&a1, NOW, "/tick", NOW).await.unwrap();
+        assert!(s.delete_alarm(&a1, None).await.unwrap());
+        assert_eq!(s.get_alarm(&a1).await.unwrap(), None);
+        assert_eq!(
+            s.claim_due_alarms(i64::MAX, 1000, 10).await.unwrap(),
+            vec![]
+        );
+    }
+
+    pub async fn alarm_goes_with_its_actor(env: Env) {
+        let s = env.store.as_ref();
+        seed_actors(s, &["a1", "a2"]).await;
+        let a1 = ActorRef::new("ns", "a1");
+        s.set_alarm(&a1, NOW, "/tick", NOW).await.unwrap();
+        let kept = s
+            .set_alarm(&ActorRef::new("ns", "a2"), NOW, "/tick", NOW)
+            .await
+            .unwrap();
+        s.delete_actor(&a1).await.unwrap();
+        assert_eq!(s.get_alarm(&a1).await.unwrap(), None);
+        assert_eq!(s.list_alarms(None).await.unwrap(), vec![kept.clone()]);
+        // An actor created again under the name has no alarm.
+        s.create_actor(&actor("ns", "a1", "ns/t")).await.unwrap();
+        assert_eq!(s.get_alarm(&a1).await.unwrap(), None);
+        assert_eq!(
+            claimed(&s.claim_due_alarms(NOW, 1000, 10).await.unwrap()),
+            vec![("a2".to_string(), NOW + 1000)]
+        );
+        // The atespace empties as before: nothing of the alarms is left to hold it.
+        s.delete_actor(&a1).await.unwrap();
+        s.delete_actor(&ActorRef::new("ns", "a2")).await.unwrap();
+        assert_eq!(s.list_alarms(None).await.unwrap(), vec![]);
+        s.delete_template("ns", "t").await.unwrap();
+        s.delete_atespace("ns").await.unwrap();
+    }
+
+    pub async fn alarm_list_filters_by_atespace(env: Env) {
+        let s = env.store.as_ref();
+        seed_actors(s, &["a1", "a2"]).await;
+        s.create_atespace("other", NOW).await.unwrap();
+        s.create_actor(&actor("other", "a1", "ns/t")).await.unwrap();
+        assert_eq!(s.list_alarms(None).await.unwrap(), vec![]);
+        let ns_a1 = s
+            .set_alarm(&ActorRef::new("ns", "a1"), NOW + 30, "/a", NOW)
+            .await
+            .unwrap();
+        let ns_a2 = s
+            .set_alarm(&ActorRef::new("ns", "a2"), NOW + 10, "/b", NOW)
+            .await
+            .unwrap();
+        let other_a1 = s
+            .set_alarm(&ActorRef::new("other", "a1"), NOW + 10, "/c", NOW)
+            .await
+            .unwrap();
+        // By due time, then atespace, then name.
+        assert_eq!(
+            s.list_alarms(None).await.unwrap(),
+            vec![ns_a2.clone(), other_a1.clone(), ns_a1.clone()]
+        );
+        assert_eq!(s.list_alarms(Some("ns")).await.unwrap(), vec![ns_a2, ns_a1]);
+        assert_eq!(s.list_alarms(Some("other")).await.unwrap(), vec![other_a1]);
+        assert_eq!(s.list_alarms(Some("none")).await.unwrap(), vec![]);
     }
 }
 

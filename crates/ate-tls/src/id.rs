@@ -154,6 +154,18 @@ impl SpiffeId {
         self.is_system(SA_ADMIN)
     }
 
+    /// The worker a per-worker identity (`…/ns/ate-system/sa/ate-worker-<id>`) names; None for
+    /// the shared `…/sa/ate-worker` and for every other identity.
+    pub fn worker_name(&self) -> Option<&str> {
+        if self.namespace != SYSTEM_NAMESPACE {
+            return None;
+        }
+        self.service_account
+            .strip_prefix(SA_WORKER)
+            .and_then(|rest| rest.strip_prefix('-'))
+            .filter(|name| !name.is_empty())
+    }
+
     /// True for the shared worker identity and for per-worker identities.
     pub fn is_worker(&self) -> bool {
         self.namespace == SYSTEM_NAMESPACE
@@ -214,6 +226,8 @@ mod tests {
         let w1 = SpiffeId::worker_instance("ate.local", "w1").unwrap();
         assert!(w1.is_worker());
         assert_eq!(w1.service_account(), "ate-worker-w1");
+        assert_eq!(w1.worker_name(), Some("w1"));
+        assert_eq!(SpiffeId::worker("ate.local").unwrap().worker_name(), None);
         assert!(
             !SpiffeId::new("ate.local", "ate-system", "ate-workerx")
                 .unwrap()

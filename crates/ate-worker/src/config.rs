@@ -59,6 +59,12 @@ pub struct WorkerConfig {
     #[arg(long, env = "ATE_WORKER_ROUTER", value_name = "unix:PATH|HOST:PORT")]
     pub router: Option<RouterAddr>,
 
+    /// The api (`host:port[,host:port…]`, mTLS with this worker's certificate) that keeps
+    /// actors' alarms: the local actor API's `/v1/alarm` sets, reads and deletes them there.
+    /// Unset: `/v1/alarm` answers 503.
+    #[arg(long, env = "ATE_WORKER_API", value_name = "HOST:PORT")]
+    pub api: Option<String>,
+
     /// Actor slots offered to the scheduler.
     #[arg(long, default_value_t = 8)]
     pub slots: u32,
@@ -185,6 +191,7 @@ impl WorkerConfig {
             advertise: None,
             deny_egress: Vec::new(),
             router: None,
+            api: None,
             slots: 8,
             cpu: None,
             memory: None,

@@ -8,6 +8,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use ate_proto::v1;
+use ate_proto::v1::alarm_service_client::AlarmServiceClient;
 use ate_proto::v1::worker_service_client::WorkerServiceClient;
 use ate_proto::v1::worker_service_server::{WorkerService, WorkerServiceServer};
 use hyper_util::rt::TokioIo;
@@ -359,6 +360,14 @@ pub async fn run_locked(
         ),
         None => None,
     };
+    let alarms = match &config.api {
+        Some(addrs) => Some(alarm_client(
+            addrs,
+            tls.as_ref(),
+            config.tls.trust_domain(),
+        )?),
+        None => None,
+    };
     let router_text = config
         .router
         .as_ref()
@@ -386,6 +395,7 @@ pub async fn run_locked(
         .with_frozen_policy(config.frozen_policy())
         .with_egress_denied(config.deny_egress.clone())
         .with_router(router)
+        .with_alarms(alarms)
         .with_suspend_grace(config.suspend_grace)
         .with_page_source(match config.memory_restore {
             crate::config::MemoryRestore::Lazy => config.page_source.clone(),
@@ -562,4 +572,26 @@ impl Drop for AbortOnDrop {
     fn drop(&mut self) {
         self.0.abort();
     }
+}
+
+/// The api's AlarmService for the local actor API (`--api`): mTLS with this worker's
+/// certificate, the api's SPIFFE ID pinned; plaintext without TLS material. Connects lazily.
+fn alarm_client(
+    addrs: &str,
+    tls: Option<&ate_tls::CertSource>,
+    trust_domain: &str,
+) -> Result<AlarmServiceClient<tonic::transport::Channel>, WorkerError> {
+    let config = match tls {
+        Some(src) => Some(Arc::new(ate_tls::client_config(
+            src,
+            ate_tls::ServerCheck::Pin(ate_tls::SpiffeId::api(trust_domain)?),
+        )?)),
+        None => None,
+    };
+    let channel =
+        ate_tls::replicas_channel_lazy(addrs, config, std::time::Duration::from_secs(5), |e| {
+            e.timeout(std::time::Duration::from_secs(10))
+        })
+        .map_err(|e| WorkerError::Config(format!("bad --api {addrs:?}: {e}")))?;
+    Ok(AlarmServiceClient::new(channel))
 }

@@ -99,6 +99,14 @@ impl Platform {
         resp
     }
 
+    /// `POST <path>` with `body` to the local actor API; answers with its status and body.
+    pub fn local_post(&self, path: &str, body: &[u8]) -> Response {
+        match self.request(true, path, "content-type: application/json\r\n", body) {
+            Ok((status, body)) => Response::bytes(status, "text/plain; charset=utf-8", body),
+            Err(e) => Response::text(502, format!("local API via {}: {e}\n", self.addr)),
+        }
+    }
+
     /// One request on the kept connection; one retry on a fresh connection when a kept one
     /// turns out closed (the platform closes idle connections, and a suspend resets them).
     fn request(

@@ -44,6 +44,8 @@ use std::sync::{Arc, Mutex};
 
 struct Counters {
     memory: u64,
+    /// Alarm deliveries received (`POST /on-alarm`), in memory like `memory`.
+    alarms: u64,
     sidecar: Option<sidecar::Sidecar>,
     volume_file: PathBuf,
     rootfs_file: PathBuf,
@@ -164,6 +166,35 @@ fn handle(counters: &Mutex<Counters>, platform: &call::Platform, req: &Request) 
             }
         }
         "/sandbox" => Response::text(200, sandbox::report()),
+        // `POST /alarm?in=SECONDS`: sets this actor's alarm to POST /on-alarm then.
+        "/alarm" if req.method == "POST" => {
+            let secs = req
+                .query
+                .split('&')
+                .find_map(|kv| kv.strip_prefix("in="))
+                .and_then(|v| v.parse::<u64>().ok());
+            match secs {
+                Some(s) => platform.local_post(
+                    "/v1/alarm",
+                    format!("{{\"in\": \"{s}s\", \"path\": \"/on-alarm\"}}").as_bytes(),
+                ),
+                None => Response::text(400, "use POST /alarm?in=SECONDS\n"),
+            }
+        }
+        "/on-alarm" if req.method == "POST" => {
+            let mut c = counters.lock().unwrap_or_else(|p| p.into_inner());
+            c.alarms += 1;
+            http::log(&format!(
+                "alarm delivered {} (attempt {})",
+                c.alarms,
+                req.header("ate-alarm-attempt").unwrap_or("?")
+            ));
+            Response::text(200, format!("alarm {}\n", c.alarms))
+        }
+        "/alarms" => {
+            let c = counters.lock().unwrap_or_else(|p| p.into_inner());
+            Response::text(200, format!("alarms delivered: {}\n", c.alarms))
+        }
         _ => {
             let mut c = counters.lock().unwrap_or_else(|p| p.into_inner());
             match c.increment() {
@@ -270,6 +301,7 @@ fn main() {
     http::exit_on_sigterm();
     let data_dir = env_path("ATE_DATA_DIR", "/data");
     let counters = Counters {
+        alarms: 0,
         memory: 0,
         sidecar: sidecar::Sidecar::from_env(),
         volume_file: data_dir.join("counter"),

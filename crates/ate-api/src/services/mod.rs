@@ -1,9 +1,10 @@
 //! tonic service implementations: validation at the boundary, then the store or a workflow.
 //! This file holds what the services share (the request checks, [`Services`], `to_completion`);
-//! each service has a file of its own: `actor` (ActorService), `catalog` (AtespaceService,
-//! TemplateService, TagService), `fleet` (FleetService).
+//! each service has a file of its own: `actor` (ActorService), `alarms` (AlarmService),
+//! `catalog` (AtespaceService, TemplateService, TagService), `fleet` (FleetService).
 
 mod actor;
+mod alarms;
 mod catalog;
 mod fleet;
 

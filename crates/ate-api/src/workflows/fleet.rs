@@ -115,7 +115,8 @@ impl Api {
     }
 
     /// Marks workers without a heartbeat for the lease plus a margin GONE; their RESUMING actors
-    /// go to CRASHED, their RUNNING and SUSPENDING actors to SUSPENDED with their last snapshot.
+    /// go to CRASHED, their RUNNING actors to SUSPENDED with their last snapshot; SUSPENDING ones
+    /// stay for the next request to finish (see `release_gone`).
     ///
     /// Only time in which this api could hear heartbeats counts: after its own start or a store
     /// outage it waits a whole lease plus the margin before it expires anyone, so an api restart
@@ -173,10 +174,11 @@ impl Api {
     ///   actor re-adopted by a restarted worker goes on with nothing lost);
     /// - any other held copy (the actor moved, was released while the worker was unreachable,
     ///   was deleted, or holds a newer activation now): discarded on the worker;
-    /// - `restarted` (a new epoch, or the worker was GONE): RUNNING and SUSPENDING actors the
-    ///   worker does not hold go to SUSPENDED with their last generation; RESUMING ones stay
-    ///   bound (a restore interrupted by a worker restart is transient: spec, resume "Finalize"),
-    ///   so the next ResumeActor re-binds and restores there.
+    /// - `restarted` (a new epoch, or the worker was GONE): RUNNING actors the worker does not
+    ///   hold go to SUSPENDED with their last generation; SUSPENDING ones stay for the next
+    ///   request to finish their suspend (answered from a generation the worker sealed);
+    ///   RESUMING ones stay bound (a restore interrupted by a worker restart is transient:
+    ///   spec, resume "Finalize"), so the next ResumeActor re-binds and restores there.
     ///
     /// Without `restarted` (the node agent restarted, same worker process) an actor that is not
     /// held is left alone: a resume may have finished after the node listed the worker's actors,
@@ -279,7 +281,14 @@ impl Api {
                     "worker {worker_id} gone during the resume; resumes from the last generation"
                 ),
             ),
-            ActorState::Running | ActorState::Suspending => (
+            // Its suspend may have sealed a generation whose answer was lost with the node (kill
+            // -9 of the node agent past the expiry): released to the last generation the api
+            // knows, what the actor did since would be lost (fault suite 2026-12-03). Left
+            // SUSPENDING, the next request finishes the suspend (`resume`): the worker, back,
+            // answers from the sealed generation; still gone, the suspend releases the actor to
+            // its last generation then.
+            ActorState::Suspending => return Ok(()),
+            ActorState::Running => (
                 ActorState::Suspended,
                 format!("worker {worker_id} gone; resumes from the last generation"),
             ),

@@ -13,6 +13,7 @@
 //! types and fail with [`WorkflowError`]; `services/` and `convert.rs` answer the caller, and
 //! `node.rs` speaks NodeService for them.
 
+mod alarms;
 mod fleet;
 mod lifecycle;
 mod logs;
@@ -147,6 +148,8 @@ pub struct Api {
     /// registration had read it as RUNNING and kept the worker's copy: the actor then resumed
     /// from its last generation beside the kept copy (state lost, fault suite 2026-12-03).
     worker_locks: Mutex<std::collections::HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+    /// Woken when an alarm is set, so one due at once is delivered without waiting for a tick.
+    alarm_wake: tokio::sync::Notify,
 }
 
 /// Why placement avoids a node: a call to it failed in the transport.
@@ -258,6 +261,7 @@ impl Api {
             hearing_since_ms: std::sync::atomic::AtomicI64::new(now_ms()),
             suspect_nodes: Mutex::new(std::collections::HashMap::new()),
             worker_locks: Mutex::new(std::collections::HashMap::new()),
+            alarm_wake: tokio::sync::Notify::new(),
         }
     }
 

@@ -26,8 +26,8 @@ use crate::serve::{LogFormat, write_atomically};
 use node::{NodeMetrics, start_node_and_workers, worker_ids};
 use pki::{Pki, ca_dir, publish_admin, with_sans};
 use supervise::{
-    Component, Role, set_flag, spawn, start_or_stop, stop_all, supervise_until_stopped,
-    wait_listening, wait_ready,
+    Component, Role, set_flag, spawn, spawn_with_env, start_or_stop, stop_all,
+    supervise_until_stopped, wait_listening, wait_ready,
 };
 
 const DEMO_TEMPLATE: &str = include_str!("demo-counter.yaml");
@@ -201,7 +201,15 @@ async fn start_all(
     api_args.extend(pki.issue_req("api", api_req)?.1.to_args());
     api_args.extend(args.api_args.iter().cloned());
     let (admin, _) = pki.issue(client::ADMIN_CERT_NAME, ate_tls::SpiffeId::admin(&td)?)?;
-    components.push(spawn("api", Role::Api, api_args, &logs)?);
+    let mut api_env = Vec::new();
+    if let Some(socket) = internal_socket(args) {
+        // Actors' alarms go to the router's internal socket (`ate api --router-internal`).
+        api_env.push((
+            "ATE_API_ROUTER_INTERNAL".to_string(),
+            format!("unix:{}", socket.display()),
+        ));
+    }
+    components.push(spawn_with_env("api", Role::Api, api_args, &logs, api_env)?);
     let api = &mut components[0];
     let ready = wait_ready(api, &api_ready).await?;
     let api_addr = ready["grpc"].as_str().unwrap_or_default().to_string();

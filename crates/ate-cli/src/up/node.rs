@@ -156,6 +156,9 @@ pub(super) async fn start_node_and_workers(
                 .to_args(),
         );
         let mut env = registry_env(args)?;
+        // The api keeps actors' alarms (the local actor API's /v1/alarm), reached with this
+        // worker's certificate.
+        env.push(("ATE_WORKER_API".to_string(), api_addrs.to_string()));
         if let Some(socket) = super::internal_socket(args) {
             // The router's internal socket for the actors' calls (`ate worker --router`). The
             // worker connects when an actor first calls, so the router may start after it.

@@ -8,7 +8,9 @@ use clap::{Args, Subcommand};
 
 use crate::Format;
 use crate::client::Clients;
-use crate::render::{self, ActorView, AtespaceView, GenerationView, TagView, WorkerView};
+use crate::render::{
+    self, ActorView, AlarmView, AtespaceView, GenerationView, TagView, WorkerView,
+};
 
 mod apply;
 pub use apply::apply;
@@ -84,6 +86,12 @@ pub enum GetCmd {
     Workers,
     /// Tags: names for an actor's snapshot generation.
     Tags {
+        #[command(flatten)]
+        scope: Scope,
+    },
+    /// Actors' alarms: when each is due, the path it POSTs to, failed tries (a FAILED alarm
+    /// gave up after its last try and is not delivered again).
+    Alarms {
         #[command(flatten)]
         scope: Scope,
     },
@@ -387,6 +395,25 @@ pub async fn get(c: &Clients, cmd: GetCmd, out: Format) -> anyhow::Result<ExitCo
             print!(
                 "{}",
                 render::render_list(&views, render::generations_table, out)?
+            );
+            Ok(ExitCode::SUCCESS)
+        }
+        GetCmd::Alarms { scope } => {
+            let list = rpc(c
+                .alarms
+                .clone()
+                .list_alarms(v1::ListAlarmsRequest {
+                    atespace: scope.filter(),
+                })
+                .await)?;
+            let views: Vec<AlarmView> = list.alarms.iter().map(AlarmView::from).collect();
+            if views.is_empty() && out.is_table() {
+                println!("no alarms");
+                return Ok(ExitCode::SUCCESS);
+            }
+            print!(
+                "{}",
+                render::render_list(&views, render::alarms_table, out)?
             );
             Ok(ExitCode::SUCCESS)
         }

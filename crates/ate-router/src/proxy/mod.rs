@@ -598,7 +598,9 @@ impl Proxy {
 
 /// The one place `ate-caller-actor` is set on a forwarded request, for every path (plain, TLS,
 /// CONNECT-inner, upgrades, gRPC): whatever a client sent is dropped, and only a caller a worker
-/// named (the [`Caller`] extension) is put back.
+/// named (the [`Caller`] extension) is put back. `ate-alarm-attempt` likewise survives only on
+/// requests of the internal listeners (the api's alarm deliveries; workers drop it from their
+/// actors' calls).
 fn set_caller_header<B>(request: &mut Request<B>) {
     let caller = request
         .extensions()
@@ -606,8 +608,13 @@ fn set_caller_header<B>(request: &mut Request<B>) {
         .map(|c| c.header_value().clone());
     let headers = request.headers_mut();
     headers.remove(CALLER);
-    if let Some(caller) = caller {
-        headers.insert(CALLER, caller);
+    match caller {
+        Some(caller) => {
+            headers.insert(CALLER, caller);
+        }
+        None => {
+            headers.remove(ate_core::platform::ALARM_ATTEMPT_HEADER);
+        }
     }
 }
 

@@ -147,6 +147,7 @@ pub(super) async fn delete_actor(
         .execute(&mut *tx)
         .await?;
     delete_actor_rows(&mut tx, DELETE_FROZEN_COPY, actor).await?;
+    delete_actor_rows(&mut tx, DELETE_ALARM, actor).await?;
     delete_actor_rows(&mut tx, DELETE_ACTOR, actor).await?;
     tx.commit().await?;
     Ok(unreferenced)
@@ -214,6 +215,7 @@ const DELETE_SNAPSHOTS: &str = "DELETE FROM snapshots WHERE atespace = $1 AND na
 pub(super) const DELETE_ASSIGNMENT: &str =
     "DELETE FROM actor_assignments WHERE atespace = $1 AND name = $2";
 const DELETE_FROZEN_COPY: &str = "DELETE FROM frozen_copies WHERE atespace = $1 AND name = $2";
+const DELETE_ALARM: &str = "DELETE FROM alarms WHERE atespace = $1 AND name = $2";
 const DELETE_ACTOR: &str = "DELETE FROM actors WHERE atespace = $1 AND name = $2";
 
 /// Runs `sql`, a DELETE keyed by `atespace = $1 AND name = $2`, for the actor.

@@ -8,8 +8,9 @@
 //!   an inherent `begin_write()` that opens a transaction serialized against other writers:
 //!   `BEGIN IMMEDIATE` behind an in-process writer lock on SQLite — and `write_guard()`, that lock
 //!   for one-statement writes, a no-op on PostgreSQL);
-//! - macros `for_update!()` / `for_share!()` expanding to the row-lock suffix of a SELECT (empty on
-//!   SQLite, where `BEGIN IMMEDIATE` already serializes writers).
+//! - macros `for_update!()` / `for_update_skip_locked!()` / `for_share!()` expanding to the
+//!   row-lock suffix of a SELECT (empty on SQLite, where `BEGIN IMMEDIATE` already serializes
+//!   writers).
 //!
 //! SQL text uses `$N` placeholders, which both backends accept.
 
@@ -19,9 +20,9 @@ use ate_core::{ActorRef, ActorState, DurableStatus, TemplateSpec};
 
 use super::{Db, DbRow, StoreImpl, Tx};
 use crate::{
-    ActorRecord, AtespaceRecord, Capacity, FrozenCopy, JoinTokenRecord, Result, SnapshotCopy,
-    SnapshotRecord, Store, StoreCounters, TagRecord, TemplateRecord, Transition, WorkerRecord,
-    async_trait,
+    ActorRecord, Alarm, AtespaceRecord, Capacity, FrozenCopy, JoinTokenRecord, Result,
+    SnapshotCopy, SnapshotRecord, Store, StoreCounters, TagRecord, TemplateRecord, Transition,
+    WorkerRecord, async_trait,
 };
 
 // Column lists and row mapping; `macro_use` makes the column macros visible to the modules below.
@@ -29,6 +30,7 @@ use crate::{
 mod rows;
 
 mod actors;
+mod alarms;
 mod atespaces;
 mod binding;
 mod frozen_copies;
@@ -317,6 +319,45 @@ impl Store for StoreImpl {
 
     async fn clear_frozen_copy(&self, actor: &ActorRef) -> Result<()> {
         frozen_copies::clear_frozen_copy(self, actor).await
+    }
+
+    // ---- alarms
+
+    async fn set_alarm(
+        &self,
+        actor: &ActorRef,
+        due_ms: i64,
+        path: &str,
+        now_ms: i64,
+    ) -> Result<Alarm> {
+        alarms::set_alarm(self, actor, due_ms, path, now_ms).await
+    }
+
+    async fn get_alarm(&self, actor: &ActorRef) -> Result<Option<Alarm>> {
+        alarms::get_alarm(self, actor).await
+    }
+
+    async fn delete_alarm(&self, actor: &ActorRef, seq: Option<i64>) -> Result<bool> {
+        alarms::delete_alarm(self, actor, seq).await
+    }
+
+    async fn list_alarms(&self, atespace: Option<&str>) -> Result<Vec<Alarm>> {
+        alarms::list_alarms(self, atespace).await
+    }
+
+    async fn claim_due_alarms(&self, now_ms: i64, lease_ms: i64, limit: u32) -> Result<Vec<Alarm>> {
+        alarms::claim_due_alarms(self, now_ms, lease_ms, limit).await
+    }
+
+    async fn alarm_attempt_failed(
+        &self,
+        actor: &ActorRef,
+        seq: i64,
+        next_attempt_ms: i64,
+        error: &str,
+        give_up: bool,
+    ) -> Result<bool> {
+        alarms::alarm_attempt_failed(self, actor, seq, next_attempt_ms, error, give_up).await
     }
 
     fn counters(&self) -> &StoreCounters {

@@ -35,7 +35,6 @@ mod cidr;
 mod platform;
 mod policy;
 mod proxy;
-mod router_client;
 
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
@@ -44,11 +43,11 @@ use std::sync::{Arc, Mutex};
 use ate_core::template::EgressPolicy;
 use tokio::task::{JoinHandle, JoinSet};
 
+pub use ate_router_client::{RouterAddr, RouterAddrError, RouterClient, RouterClientError};
 pub use cidr::{Cidr, CidrError, control_plane};
 pub use platform::{ActorIdentity, LocalApi, LocalRequest, LocalResponse};
 pub use policy::{NodeAddrs, Policy, Verdict, always_denied, decide, entry_matches, explicit_only};
 use proxy::{Stats, accept_loop, apply_rules, listen_in_netns};
-pub use router_client::{RouterAddr, RouterAddrError, RouterClient, RouterClientError};
 
 /// Port of the egress listener on the actor netns' loopback (nothing else redirects to it).
 pub const EGRESS_PORT: u16 = 15001;

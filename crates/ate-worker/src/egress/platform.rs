@@ -35,7 +35,7 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
 
 use super::proxy::{OpenGuard, Stats};
-use super::router_client::RouterClient;
+use ate_router_client::RouterClient;
 
 /// A request's headers must arrive within this long of the connection waiting for one, so an
 /// idle keep-alive connection is closed after it too (hyper starts the timer when it waits for
@@ -323,6 +323,8 @@ pub(super) fn rewrite_call(h: &mut HeaderMap, caller: &HeaderValue, target: &Tar
     strip_hop_by_hop(h);
     h.remove(CALLER_ACTOR_HEADER);
     h.insert(CALLER_ACTOR_HEADER, caller.clone());
+    // Only the api's deliveries carry it (the router keeps it on the internal listener).
+    h.remove(ate_core::platform::ALARM_ATTEMPT_HEADER);
     if let Ok(v) = HeaderValue::from_str(&target.actor) {
         h.insert(TARGET_ACTOR_HEADER, v);
     }

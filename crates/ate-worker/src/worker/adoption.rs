@@ -127,6 +127,7 @@ impl Worker {
             }
         };
         let activation = workload.activation;
+        self.local_asks.set_activation(&key, activation);
         let mut t = self.table();
         t.actors.insert(
             key.clone(),

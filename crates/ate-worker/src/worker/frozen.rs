@@ -61,6 +61,7 @@ impl Worker {
         };
         self.write_adoption(&sandbox, workload, frozen.entry.pid, None)
             .await;
+        self.local_asks.set_activation(key, workload.activation);
         self.table().actors.insert(
             key.to_string(),
             Entry {

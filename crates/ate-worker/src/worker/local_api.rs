@@ -1,7 +1,7 @@
 //! The worker's local actor API at the platform address (`http://169.254.17.1/v1/…`): what an
-//! actor can ask about itself (identity), and asks about its own idle suspend (keep awake for a
-//! while, suspend now), which the worker's activity report carries to the node. Alarms are
-//! reserved.
+//! actor can ask about itself (identity), asks about its own idle suspend (keep awake for a
+//! while, suspend now), which the worker's activity report carries to the node, and its alarm
+//! (`/v1/alarm`), kept by the api (AlarmService, `--api`): set only once the api has stored it.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -12,9 +12,8 @@ use http::{Method, StatusCode, header};
 
 use crate::egress::{ActorIdentity, LocalApi, LocalRequest, LocalResponse};
 
-/// Paths reserved for features that are not built yet (answered 501, not 404, so a client can
-/// tell "not here yet" from a typo).
-const NOT_BUILT: [&str; 1] = ["/v1/alarm"];
+/// The path an alarm POSTs to when the actor names none.
+pub const DEFAULT_ALARM_PATH: &str = "/alarm";
 
 /// The longest keep-awake one ask may hold (ask again to extend): an actor that forgets to stop
 /// asking still gets suspended within the hour.
@@ -24,6 +23,8 @@ pub const KEEP_AWAKE_MAX: Duration = Duration::from_secs(3600);
 #[derive(Debug, Default)]
 pub struct LocalAsks {
     asks: Mutex<HashMap<String, Asked>>,
+    /// The activation each actor here runs at (the api checks it on alarm calls).
+    activations: Mutex<HashMap<String, u64>>,
 }
 
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
@@ -33,6 +34,10 @@ struct Asked {
     /// `POST /v1/suspend` since the last activity report.
     suspend: bool,
 }
+
+/// The api's AlarmService, as the local API calls it.
+pub type AlarmClient =
+    ate_proto::v1::alarm_service_client::AlarmServiceClient<tonic::transport::Channel>;
 
 impl LocalAsks {
     fn asks(&self) -> std::sync::MutexGuard<'_, HashMap<String, Asked>> {
@@ -63,17 +68,200 @@ impl LocalAsks {
     /// Keeps the asks of the actors `here` says are still here.
     pub fn retain(&self, here: impl Fn(&str) -> bool) {
         self.asks().retain(|k, _| here(k));
+        self.activations
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .retain(|k, _| here(k));
+    }
+
+    /// `key` runs here at `activation` from now on.
+    pub fn set_activation(&self, key: &str, activation: u64) {
+        self.activations
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .insert(key.to_string(), activation);
+    }
+
+    fn activation(&self, key: &str) -> u64 {
+        self.activations
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .get(key)
+            .copied()
+            .unwrap_or(0)
     }
 }
 
 pub(super) struct WorkerLocalApi {
     pub(super) asks: std::sync::Arc<LocalAsks>,
+    pub(super) alarms: Option<AlarmClient>,
 }
 
 #[async_trait::async_trait]
 impl LocalApi for WorkerLocalApi {
     async fn serve(&self, actor: &ActorIdentity, req: LocalRequest) -> LocalResponse {
+        if req.path == "/v1/alarm" {
+            return alarm(
+                self.alarms.clone(),
+                self.asks.activation(&actor.key()),
+                actor,
+                &req,
+            )
+            .await;
+        }
         answer(&self.asks, actor, &req)
+    }
+}
+
+/// What `PUT /v1/alarm` asks for: the due time (Unix ms) and the path.
+pub(crate) fn parse_alarm(body: &[u8], now_ms: i64) -> Result<(i64, String), String> {
+    let v: serde_json::Value = serde_json::from_slice(body).map_err(|e| {
+        format!(
+            "invalid body: expected JSON like {{\"in\": \"30s\", \"path\": \"/on-alarm\"}}: {e}"
+        )
+    })?;
+    let due = match (v.get("at"), v.get("in")) {
+        (Some(_), Some(_)) => return Err("invalid at/in: give one of them, not both".into()),
+        (None, None) => {
+            return Err(
+                "invalid at/in: missing (\"at\": an RFC 3339 time, or \"in\": a duration such as \"30s\")"
+                    .into(),
+            );
+        }
+        (Some(at), None) => {
+            let text = at.as_str().ok_or("invalid at: not a string")?;
+            let t = humantime::parse_rfc3339_weak(text)
+                .map_err(|e| format!("invalid at: {text:?} is not an RFC 3339 time: {e}"))?;
+            let ms = t
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_err(|_| format!("invalid at: {text:?} is before 1970"))?
+                .as_millis();
+            i64::try_from(ms).map_err(|_| format!("invalid at: {text:?} is too far ahead"))?
+        }
+        (None, Some(d)) => {
+            let text = d.as_str().ok_or("invalid in: not a string")?;
+            let d =
+                ate_core::duration::parse_duration(text).map_err(|e| format!("invalid in: {e}"))?;
+            now_ms.saturating_add(i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+        }
+    };
+    let path = match v.get("path") {
+        None => DEFAULT_ALARM_PATH.to_string(),
+        Some(p) => p.as_str().ok_or("invalid path: not a string")?.to_string(),
+    };
+    if !path.starts_with('/') {
+        return Err(format!("invalid path: {path:?} must start with '/'"));
+    }
+    Ok((due, path))
+}
+
+/// An alarm as the local API shows it.
+fn alarm_json(a: &ate_proto::v1::Alarm) -> serde_json::Value {
+    let at = |ms: i64| {
+        u64::try_from(ms)
+            .ok()
+            .map(|ms| {
+                humantime::format_rfc3339_millis(
+                    std::time::UNIX_EPOCH + std::time::Duration::from_millis(ms),
+                )
+                .to_string()
+            })
+            .unwrap_or_default()
+    };
+    serde_json::json!({
+        "at": at(a.due_unix_ms),
+        "at_unix_ms": a.due_unix_ms,
+        "path": a.path,
+        "attempts": a.attempts,
+        "last_error": a.last_error,
+        "failed": a.failed,
+    })
+}
+
+/// The api's refusal as the local API's answer.
+fn from_status(s: &tonic::Status) -> LocalResponse {
+    let code = match s.code() {
+        tonic::Code::InvalidArgument => StatusCode::BAD_REQUEST,
+        tonic::Code::PermissionDenied => StatusCode::FORBIDDEN,
+        tonic::Code::NotFound => StatusCode::NOT_FOUND,
+        tonic::Code::Unavailable | tonic::Code::DeadlineExceeded => StatusCode::SERVICE_UNAVAILABLE,
+        _ => StatusCode::BAD_GATEWAY,
+    };
+    LocalResponse::text(code, format!("alarm: {}\n", s.message()))
+}
+
+/// `PUT` (set), `GET`, `DELETE /v1/alarm`.
+async fn alarm(
+    client: Option<AlarmClient>,
+    activation: u64,
+    actor: &ActorIdentity,
+    req: &LocalRequest,
+) -> LocalResponse {
+    let Some(mut client) = client else {
+        return LocalResponse::text(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "alarms are not available on this worker (it has no --api)\n".to_string(),
+        );
+    };
+    let object = Some(ate_proto::v1::ObjectRef {
+        atespace: actor.atespace.clone(),
+        name: actor.name.clone(),
+    });
+    match req.method {
+        Method::PUT | Method::POST => {
+            let (due, path) = match parse_alarm(&req.body, now_ms()) {
+                Ok(v) => v,
+                Err(why) => {
+                    return LocalResponse::text(StatusCode::BAD_REQUEST, format!("{why}\n"));
+                }
+            };
+            let set = ate_proto::v1::SetAlarmRequest {
+                actor: object,
+                activation,
+                due_unix_ms: due,
+                path,
+            };
+            match client.set_alarm(set).await {
+                Ok(a) => LocalResponse::json(StatusCode::OK, &alarm_json(a.get_ref())),
+                Err(s) => from_status(&s),
+            }
+        }
+        Method::GET | Method::HEAD => {
+            let get = ate_proto::v1::GetAlarmRequest {
+                actor: object,
+                activation,
+            };
+            match client.get_alarm(get).await {
+                Ok(r) => match &r.get_ref().alarm {
+                    Some(a) => LocalResponse::json(StatusCode::OK, &alarm_json(a)),
+                    None => {
+                        LocalResponse::text(StatusCode::NOT_FOUND, "no alarm is set\n".to_string())
+                    }
+                },
+                Err(s) => from_status(&s),
+            }
+        }
+        Method::DELETE => {
+            let delete = ate_proto::v1::DeleteAlarmRequest {
+                actor: object,
+                activation,
+            };
+            match client.delete_alarm(delete).await {
+                Ok(r) => LocalResponse::json(
+                    StatusCode::OK,
+                    &serde_json::json!({"deleted": r.get_ref().deleted}),
+                ),
+                Err(s) => from_status(&s),
+            }
+        }
+        _ => LocalResponse::text(
+            StatusCode::METHOD_NOT_ALLOWED,
+            format!("{} /v1/alarm: use PUT, GET or DELETE\n", req.method),
+        )
+        .with_header(
+            header::ALLOW,
+            http::HeaderValue::from_static("PUT, GET, DELETE"),
+        ),
     }
 }
 
@@ -153,13 +341,10 @@ fn answer(asks: &LocalAsks, actor: &ActorIdentity, req: &LocalRequest) -> LocalR
                 }),
             )
         }
-        p if NOT_BUILT.contains(&p) => {
-            LocalResponse::text(StatusCode::NOT_IMPLEMENTED, format!("{p}: not built yet\n"))
-        }
         p => LocalResponse::text(
             StatusCode::NOT_FOUND,
             format!(
-                "{p}: no such path in the local actor API (GET /v1/identity; to call another actor, send ate-target-actor: <atespace>/<name>)\n"
+                "{p}: no such path in the local actor API (GET /v1/identity, PUT|GET|DELETE /v1/alarm, POST /v1/keep-awake, POST /v1/suspend; to call another actor, send ate-target-actor: <atespace>/<name>)\n"
             ),
         ),
     }
@@ -183,7 +368,7 @@ mod tests {
     }
 
     #[test]
-    fn identity_and_reserved_paths() {
+    fn identity_and_unknown_paths() {
         let me = ActorIdentity {
             atespace: "web".into(),
             name: "front-1".into(),
@@ -199,11 +384,6 @@ mod tests {
         );
         let r = answer(&asks, &me, &req(Method::POST, "/v1/identity"));
         assert_eq!(r.status, StatusCode::METHOD_NOT_ALLOWED);
-        for p in NOT_BUILT {
-            let r = answer(&asks, &me, &req(Method::POST, p));
-            assert_eq!(r.status, StatusCode::NOT_IMPLEMENTED, "{p}");
-            assert!(String::from_utf8_lossy(&r.body).contains("not built yet"));
-        }
         let r = answer(&asks, &me, &req(Method::GET, "/v2/nope"));
         assert_eq!(r.status, StatusCode::NOT_FOUND);
         assert!(String::from_utf8_lossy(&r.body).contains("/v2/nope"));
@@ -250,5 +430,30 @@ mod tests {
         // A suspend ends the keep-awake, and is reported once.
         assert_eq!(asks.take("web/front-1", now), (false, true));
         assert_eq!(asks.take("web/front-1", now), (false, false));
+    }
+
+    #[test]
+    fn alarm_asks_parse_and_bad_ones_name_the_field() {
+        let now = 1_000_000;
+        assert_eq!(
+            parse_alarm(br#"{"in": "30s", "path": "/on-alarm"}"#, now),
+            Ok((now + 30_000, "/on-alarm".to_string()))
+        );
+        assert_eq!(
+            parse_alarm(br#"{"at": "1970-01-01T00:00:05Z"}"#, now),
+            Ok((5_000, DEFAULT_ALARM_PATH.to_string()))
+        );
+        for (body, field) in [
+            ("nope", "invalid body"),
+            ("{}", "invalid at/in: missing"),
+            (r#"{"in": "30s", "at": "2026-01-01T00:00:00Z"}"#, "not both"),
+            (r#"{"in": "soon"}"#, "invalid in"),
+            (r#"{"at": "tomorrow"}"#, "invalid at"),
+            (r#"{"in": "1s", "path": "on-alarm"}"#, "invalid path"),
+            (r#"{"in": "1s", "path": 3}"#, "invalid path"),
+        ] {
+            let e = parse_alarm(body.as_bytes(), now).expect_err(body);
+            assert!(e.contains(field), "{body}: {e}");
+        }
     }
 }

@@ -206,6 +206,7 @@ impl Worker {
             tunnels: Arc::new(Tunnels::new()),
             egress: Egress::new().with_local_api(Arc::new(local_api::WorkerLocalApi {
                 asks: local_asks.clone(),
+                alarms: None,
             })),
             local_asks,
             faults,
@@ -231,6 +232,23 @@ impl Worker {
     /// this router (`--router`); without one they are answered 503.
     pub fn with_router(mut self, router: Option<RouterClient>) -> Self {
         self.egress = self.egress.with_router(router);
+        self
+    }
+
+    /// The api's AlarmService, for the local actor API's `/v1/alarm` (`--api`); without it
+    /// that path answers 503.
+    pub fn with_alarms(
+        mut self,
+        alarms: Option<
+            ate_proto::v1::alarm_service_client::AlarmServiceClient<tonic::transport::Channel>,
+        >,
+    ) -> Self {
+        self.egress = self
+            .egress
+            .with_local_api(Arc::new(local_api::WorkerLocalApi {
+                asks: self.local_asks.clone(),
+                alarms,
+            }));
         self
     }
 

@@ -220,6 +220,7 @@ impl Worker {
             page_source.as_ref().map(PageSource::pid),
         )
         .await;
+        self.local_asks.set_activation(&key, activation);
         self.table().actors.insert(
             key.clone(),
             Entry {

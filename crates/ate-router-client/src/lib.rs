@@ -1,6 +1,7 @@
-//! The worker's connection to the router for calls between actors (`--router`): a pooled
-//! keep-alive HTTP/1.1 client, over a unix socket (plaintext, same machine: `ate up`) or TCP
-//! with mTLS (the worker's certificate, the router's SPIFFE ID pinned).
+//! A connection to the router's internal listener: a pooled keep-alive HTTP/1.1 client, over a
+//! unix socket (plaintext, same machine: `ate up`) or TCP with mTLS (the caller's certificate,
+//! the router's SPIFFE ID pinned). Workers send actors' calls to other actors through it
+//! (`ate worker --router`), the api its alarm deliveries (`ate api --router-internal`).
 
 use std::fmt;
 use std::io;
@@ -26,7 +27,7 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// A pooled router connection unused this long is closed.
 const POOL_IDLE: Duration = Duration::from_secs(30);
 
-/// `--router`: where the worker sends calls between actors.
+/// Where the router's internal listener is (`ate worker --router`, `ate api --router-internal`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum RouterAddr {
     /// `unix:/path`: the router's internal socket on this machine (plaintext HTTP/1.1).
@@ -227,21 +228,29 @@ impl tower::Service<Uri> for RouterConnector {
 #[derive(Debug, thiserror::Error)]
 pub enum RouterClientError {
     #[error(
-        "--router {0} needs the worker's TLS material (--tls-cert, --tls-key, --tls-ca): calls to a router over TCP use mTLS; use unix:PATH for a router on this machine"
+        "router address {0} needs this process's TLS material (--tls-cert, --tls-key, --tls-ca): calls to a router over TCP use mTLS; use unix:PATH for a router on this machine"
     )]
     NoTls(String),
     #[error("TLS client for the router: {0}")]
     Tls(#[from] ate_tls::TlsError),
 }
 
-/// Pooled keep-alive HTTP/1.1 client to the router.
-#[derive(Clone)]
-pub struct RouterClient {
+/// Pooled keep-alive HTTP/1.1 client to the router, sending bodies of type `B`.
+pub struct RouterClient<B = Incoming> {
     addr: Arc<RouterAddr>,
-    client: Client<RouterConnector, Incoming>,
+    client: Client<RouterConnector, B>,
 }
 
-impl fmt::Debug for RouterClient {
+impl<B> Clone for RouterClient<B> {
+    fn clone(&self) -> Self {
+        RouterClient {
+            addr: self.addr.clone(),
+            client: self.client.clone(),
+        }
+    }
+}
+
+impl<B> fmt::Debug for RouterClient<B> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RouterClient")
             .field("addr", &self.addr.to_string())
@@ -249,10 +258,15 @@ impl fmt::Debug for RouterClient {
     }
 }
 
-impl RouterClient {
-    /// A client for `addr`. A TCP address needs `tls` (the worker's certificate source): the
-    /// router is checked against `SpiffeId::router(trust_domain)` and sees the worker's
-    /// certificate. Connects lazily (the router may start after the worker).
+impl<B> RouterClient<B>
+where
+    B: hyper::body::Body + Send + Unpin + 'static,
+    B::Data: Send,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    /// A client for `addr`. A TCP address needs `tls` (this process's certificate source):
+    /// the router is checked against `SpiffeId::router(trust_domain)` and sees this process's
+    /// certificate. Connects lazily (the router may start after the caller).
     pub fn new(
         addr: RouterAddr,
         tls: Option<&ate_tls::CertSource>,
@@ -292,7 +306,7 @@ impl RouterClient {
     /// Sends `req` (origin-form URI; rewritten here to the pool's one authority).
     pub async fn send(
         &self,
-        mut req: http::Request<Incoming>,
+        mut req: http::Request<B>,
     ) -> Result<http::Response<Incoming>, hyper_util::client::legacy::Error> {
         let pq = req
             .uri()
