@@ -2,7 +2,7 @@
 //!
 //! | identity                          | role             | may call                                     |
 //! |-----------------------------------|------------------|----------------------------------------------|
-//! | `…/sa/atenet-router`              | `ingress_router` | ResumeActor                                  |
+//! | `…/sa/atenet-router`              | `ingress_router` | ResumeActor, GetAtespace (callers allow lists) |
 //! | `…/sa/ate-node-<node>`            | `node_agent`     | FleetService for its node's workers, SuspendActor of actors on its node's workers (idle suspend) |
 //! | `…/sa/ate-node` (shared)          | `node_agent`     | FleetService; no SuspendActor (it names no node) |
 //! | `…/sa/ate-worker-<id>`            | `worker`         | SetAlarm, GetAlarm, DeleteAlarm of the actor running on worker `<id>` (the local actor API) |
@@ -276,6 +276,9 @@ pub enum Need<'a> {
     List,
     /// FleetService: the node agent.
     Fleet,
+    /// GetAtespace: the router (an atespace's callers allow list decides calls between
+    /// actors), or a client for its atespace.
+    ReadAtespace(&'a str),
     /// SetAlarm, GetAlarm, DeleteAlarm of an actor of this atespace: the worker it runs on (the
     /// service then checks that), or a client for its atespace.
     Alarm(&'a str),
@@ -338,12 +341,16 @@ impl Caller {
     pub fn check(&self, rpc: &str, need: Need<'_>) -> Result<(), Status> {
         let allowed = match (&self.role, need) {
             (Role::Admin, _) => true,
-            (Role::IngressRouter, Need::Resume(_)) => true,
+            (Role::IngressRouter, Need::Resume(_) | Need::ReadAtespace(_)) => true,
             (Role::NodeAgent { .. }, Need::Suspend(_) | Need::Fleet) => true,
             (Role::Worker { .. }, Need::Alarm(_)) => true,
             (
                 Role::Client(a),
-                Need::Resume(s) | Need::Suspend(s) | Need::Atespace(s) | Need::Alarm(s),
+                Need::Resume(s)
+                | Need::Suspend(s)
+                | Need::Atespace(s)
+                | Need::ReadAtespace(s)
+                | Need::Alarm(s),
             ) => a.allows(s),
             (Role::Client(_), Need::List) => true,
             _ => false,
@@ -352,7 +359,11 @@ impl Caller {
             return Ok(());
         }
         let what = match need {
-            Need::Resume(s) | Need::Suspend(s) | Need::Atespace(s) | Need::Alarm(s) => {
+            Need::Resume(s)
+            | Need::Suspend(s)
+            | Need::Atespace(s)
+            | Need::ReadAtespace(s)
+            | Need::Alarm(s) => {
                 format!(" on atespace {s:?}")
             }
             _ => String::new(),
@@ -385,7 +396,11 @@ impl Caller {
 
 fn atespace_of(need: Need<'_>) -> Option<&str> {
     match need {
-        Need::Resume(s) | Need::Suspend(s) | Need::Atespace(s) | Need::Alarm(s) => Some(s),
+        Need::Resume(s)
+        | Need::Suspend(s)
+        | Need::Atespace(s)
+        | Need::ReadAtespace(s)
+        | Need::Alarm(s) => Some(s),
         _ => None,
     }
 }
@@ -410,6 +425,8 @@ mod tests {
         .unwrap();
         let router = caller(SpiffeId::router("ate.local").unwrap(), &a);
         assert!(router.check("ResumeActor", Need::Resume("a")).is_ok());
+        assert!(router.check("GetAtespace", Need::ReadAtespace("a")).is_ok());
+        assert!(router.check("UpdateAtespace", Need::Atespace("a")).is_err());
         let e = router
             .check("CreateActor", Need::Atespace("a"))
             .unwrap_err();

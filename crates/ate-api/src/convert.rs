@@ -123,6 +123,7 @@ pub fn atespace(a: &AtespaceRecord) -> v1::Atespace {
         name: a.name.clone(),
         create_time_unix_ms: a.created_ms,
         actor_count: a.actor_count,
+        callers_allow: a.callers_allow.clone(),
     }
 }
 

@@ -30,6 +30,7 @@ async fn crud_and_validation(b: Backend) {
         .atespaces()
         .create_atespace(CreateAtespaceRequest {
             name: "Bad_Name".into(),
+            ..Default::default()
         })
         .await
         .unwrap_err();
@@ -50,6 +51,7 @@ async fn crud_and_validation(b: Backend) {
         .atespaces()
         .create_atespace(CreateAtespaceRequest {
             name: "team-a".into(),
+            ..Default::default()
         })
         .await
         .unwrap_err();

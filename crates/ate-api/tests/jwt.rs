@@ -231,7 +231,10 @@ async fn seed(api: &JwtApi, ch: &Channel) {
     for ns in ["team-a", "team-b"] {
         atespaces(ch)
             .create_atespace(with_token(
-                CreateAtespaceRequest { name: ns.into() },
+                CreateAtespaceRequest {
+                    name: ns.into(),
+                    ..Default::default()
+                },
                 &admin,
             ))
             .await
@@ -420,6 +423,7 @@ async fn mesh_certificates_still_work_in_jwt_mode() {
     atespaces(&admin)
         .create_atespace(CreateAtespaceRequest {
             name: "team-a".into(),
+            ..Default::default()
         })
         .await
         .expect("the admin certificate is honoured");

@@ -126,7 +126,10 @@ async fn seed(api: &TlsApi) -> (Channel, TestNode) {
     let admin = api.channel(SpiffeId::admin(TD).unwrap()).await;
     for ns in ["team-a", "team-b"] {
         atespace_service_client::AtespaceServiceClient::new(admin.clone())
-            .create_atespace(CreateAtespaceRequest { name: ns.into() })
+            .create_atespace(CreateAtespaceRequest {
+                name: ns.into(),
+                ..Default::default()
+            })
             .await
             .unwrap();
         template_service_client::TemplateServiceClient::new(admin.clone())

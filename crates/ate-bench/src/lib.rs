@@ -37,6 +37,7 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 use serde_json::json;
 
+mod alarms;
 mod calls;
 mod h2load;
 mod nginx;
@@ -47,6 +48,7 @@ mod snapshots;
 mod throughput;
 mod warm;
 
+pub use alarms::AlarmsArgs;
 pub use calls::CallsArgs;
 pub use parking::ParkingArgs;
 pub use resume::ResumeArgs;
@@ -75,6 +77,9 @@ pub enum BenchCmd {
     /// What a warm call from one actor to another adds over a direct router request to the
     /// same callee.
     Calls(CallsArgs),
+    /// Lateness of many alarms due within a few seconds (one per counter actor, each asking to
+    /// be suspended once it has its alarm).
+    Alarms(AlarmsArgs),
 }
 
 #[derive(Args, Debug, Clone)]
@@ -102,6 +107,7 @@ pub async fn run(c: Clients, cmd: BenchCmd) -> anyhow::Result<ExitCode> {
         BenchCmd::Warm(a) => warm::warm(c, a).await,
         BenchCmd::Snapshots(a) => snapshots::snapshots(c, a).await,
         BenchCmd::Calls(a) => calls::calls(c, a).await,
+        BenchCmd::Alarms(a) => alarms::alarms(c, a).await,
     }
 }
 

@@ -51,6 +51,8 @@ impl From<&v1::Actor> for ActorView {
 pub struct AtespaceView {
     pub name: String,
     pub actors: u64,
+    /// Atespaces whose actors may call this one's (`spec.callers.allow`).
+    pub callers_allow: Vec<String>,
 }
 
 #[derive(Debug, Serialize, PartialEq)]
@@ -401,10 +403,17 @@ pub fn short_error(error: &str) -> String {
 
 pub fn atespaces_table(rows: &[AtespaceView]) -> Table {
     Table {
-        header: vec!["NAME", "ACTORS"],
+        header: vec!["NAME", "ACTORS", "CALLERS ALLOWED"],
         rows: rows
             .iter()
-            .map(|a| vec![a.name.clone(), a.actors.to_string()])
+            .map(|a| {
+                let allowed = if a.callers_allow.is_empty() {
+                    "-".to_string()
+                } else {
+                    a.callers_allow.join(",")
+                };
+                vec![a.name.clone(), a.actors.to_string(), allowed]
+            })
             .collect(),
     }
 }

@@ -101,6 +101,77 @@ fn a_call_across_atespaces_is_refused_with_the_rule_and_wakes_nobody() {
     assert_eq!(state_of(&actor(&sys, "n1", "b")), "ACTOR_STATE_SUSPENDED");
 }
 
+/// `ate apply` of an Atespace document allowing calls from `allow`.
+fn allow_callers(sys: &System, ns: &str, allow: &[&str]) -> String {
+    let list: Vec<String> = allow.iter().map(|a| format!("\"{a}\"")).collect();
+    let yaml = format!(
+        "apiVersion: ate.dev/v1alpha1\nkind: Atespace\nmetadata:\n  name: {ns}\nspec:\n  callers:\n    allow: [{}]\n",
+        list.join(", ")
+    );
+    let path = sys.dir.path().join(format!("{ns}-atespace.yaml"));
+    std::fs::write(&path, yaml).expect("write atespace document");
+    sys.ate_ok(&["apply", "-f", path.to_str().expect("utf-8 path")])
+}
+
+#[test]
+fn an_atespace_allow_list_admits_the_atespaces_it_names() {
+    let sys = System::up(UpOptions::default());
+    for ns in ["n4", "n5", "n6"] {
+        sys_apply(&sys, ns, "counter", &Tpl::counter());
+    }
+    create_actor(&sys, "n4", "a", "counter");
+    create_actor(&sys, "n5", "b", "counter");
+    create_actor(&sys, "n6", "c", "counter");
+    let applied = allow_callers(&sys, "n5", &["n4"]);
+    assert!(applied.contains("atespace/n5 configured"), "{applied}");
+    let listed = sys.ate_ok(&["get", "atespaces"]);
+    assert!(listed.contains("CALLERS ALLOWED"), "{listed}");
+
+    // n4 is on n5's list: its call goes through and the callee sees the caller.
+    let body = get_ok(&sys, "n4/a", "/call?actor=n5/b&path=/caller");
+    assert!(
+        body.contains("status: 200") && body.contains("caller: n4/a"),
+        "{body}"
+    );
+    // n6 is not: 403 naming the list.
+    let (status, _, body) = get(sys.router_addr, "n6/c", "/call?actor=n5/b&path=/caller");
+    assert_eq!(status, 403, "{body}");
+    assert!(
+        body.contains("atespace n5 does not allow calls from atespace n6")
+            && body.contains("spec.callers.allow: [n4]"),
+        "{body}"
+    );
+    // A bad list is refused naming the field, and changes nothing.
+    let path = sys.dir.path().join("bad-atespace.yaml");
+    std::fs::write(
+        &path,
+        "apiVersion: ate.dev/v1alpha1\nkind: Atespace\nmetadata:\n  name: n5\nspec:\n  callers:\n    allow: [\"Not_A_Name\"]\n",
+    )
+    .expect("write");
+    let out = sys.ate(&["apply", "-f", path.to_str().expect("utf-8 path")]);
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("spec.callers.allow"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // Opened to every atespace: n6 gets through once the router's cached list expires (5 s).
+    allow_callers(&sys, "n5", &["*"]);
+    let deadline = std::time::Instant::now() + Duration::from_secs(15);
+    loop {
+        let (status, _, body) = get(sys.router_addr, "n6/c", "/call?actor=n5/b&path=/caller");
+        if status == 200 {
+            assert!(body.contains("caller: n6/c"), "{body}");
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "still refused: {status} {body}"
+        );
+        std::thread::sleep(Duration::from_millis(500));
+    }
+}
+
 /// The template with a short idle timeout, so idle suspends happen within the test.
 fn short_idle(ns: &str) -> String {
     Tpl::counter()

@@ -156,7 +156,10 @@ fn apply_round_trips_and_verbs_work() {
     ok(ate(&api, &["delete", "actor", "c1", "-a", "team-a"]));
     ok(ate(&api, &["delete", "template", "team-a/counter"]));
     ok(ate(&api, &["delete", "atespace", "team-a"]));
-    assert_eq!(ok(ate(&api, &["get", "atespaces"])), "NAME   ACTORS\n");
+    assert_eq!(
+        ok(ate(&api, &["get", "atespaces"])),
+        "NAME   ACTORS   CALLERS ALLOWED\n"
+    );
 }
 
 #[test]
@@ -173,7 +176,10 @@ fn bad_documents_apply_nothing() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("spec.resources.memory"), "{err}");
     // The atespace in the same file was not created either.
-    assert_eq!(ok(ate(&api, &["get", "atespaces"])), "NAME   ACTORS\n");
+    assert_eq!(
+        ok(ate(&api, &["get", "atespaces"])),
+        "NAME   ACTORS   CALLERS ALLOWED\n"
+    );
     // Wrong apiVersion and unknown fields are refused with the document named.
     let text = std::fs::read_to_string(example())
         .unwrap()

@@ -129,6 +129,11 @@ pub async fn apply_documents(c: &Clients, text: &str) -> Result<(), ApplyError> 
                 .clone()
                 .create_atespace(v1::CreateAtespaceRequest {
                     name: a.metadata.name.clone(),
+                    callers_allow: a
+                        .spec
+                        .as_ref()
+                        .map(|s| s.callers.allow.clone())
+                        .unwrap_or_default(),
                 })
                 .await
             {

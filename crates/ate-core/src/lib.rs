@@ -19,7 +19,7 @@ pub mod tunnel;
 
 pub use names::{ActorRef, TemplateRef, ValidationError, validate_label};
 pub use state::{ActorState, DurableStatus, Fidelity, SuspendMode};
-pub use template::{Document, TemplateSpec};
+pub use template::{Document, TemplateSpec, validate_callers_allow};
 
 /// Message of ResourceExhausted when no worker can take an actor (spec: request-parking).
 pub const NO_ROOM_MESSAGE: &str = "no worker has room for the actor";

@@ -5,6 +5,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 
 use ate_proto::v1::actor_service_client::ActorServiceClient;
+use ate_proto::v1::atespace_service_client::AtespaceServiceClient;
 use ate_proto::v1::{ObjectRef, ResumeActorRequest};
 use ate_tls::rustls::ClientConfig;
 use tonic::transport::Channel;
@@ -22,10 +23,21 @@ pub struct Resumed {
 
 pub type ResumeFuture = Pin<Box<dyn Future<Output = Result<Resumed, tonic::Status>> + Send>>;
 
+/// An atespace's callers allow list (`Atespace.callers_allow`).
+pub type CallersFuture = Pin<Box<dyn Future<Output = Result<Vec<String>, tonic::Status>> + Send>>;
+
 /// One ResumeActor call, on behalf of the request with id `request_id` (sent to the api as
-/// `x-request-id` metadata, so its logs of the resume carry it).
+/// `x-request-id` metadata, so its logs of the resume carry it); and what the router reads of
+/// atespaces (their callers allow lists, for calls between actors).
 pub trait Resume: Send + Sync + 'static {
     fn resume(&self, actor: &ActorKey, request_id: Option<&str>) -> ResumeFuture;
+
+    /// The atespaces whose actors may call `atespace`'s actors. By default none (an api that
+    /// cannot tell: calls stay within an atespace).
+    fn callers_allow(&self, atespace: &str) -> CallersFuture {
+        let _ = atespace;
+        Box::pin(async { Ok(Vec::new()) })
+    }
 }
 
 /// A call that failed in the transport (the api process died mid-call, its connection was
@@ -51,6 +63,7 @@ const API_CONNECT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(
 #[derive(Clone)]
 pub struct GrpcResume {
     client: ActorServiceClient<Channel>,
+    atespaces: AtespaceServiceClient<Channel>,
 }
 
 impl GrpcResume {
@@ -65,12 +78,39 @@ impl GrpcResume {
         let channel =
             ate_tls::replicas_channel_lazy(api, tls, API_CONNECT_TIMEOUT, |e| e.tcp_nodelay(true))?;
         Ok(Self {
-            client: ActorServiceClient::new(channel),
+            client: ActorServiceClient::new(channel.clone()),
+            atespaces: AtespaceServiceClient::new(channel),
         })
     }
 }
 
 impl Resume for GrpcResume {
+    fn callers_allow(&self, atespace: &str) -> CallersFuture {
+        let mut client = self.atespaces.clone();
+        let name = atespace.to_string();
+        Box::pin(async move {
+            match client
+                .get_atespace(ate_proto::v1::GetAtespaceRequest { name })
+                .await
+            {
+                Ok(a) => Ok(a.into_inner().callers_allow),
+                // A deleted atespace allows nobody; so does an api that will not say (an older
+                // one: no GetAtespace for the router's identity) — calls stay within atespaces.
+                Err(s)
+                    if matches!(
+                        s.code(),
+                        tonic::Code::NotFound
+                            | tonic::Code::PermissionDenied
+                            | tonic::Code::Unimplemented
+                    ) =>
+                {
+                    Ok(Vec::new())
+                }
+                Err(s) => Err(lost_api_is_unavailable(s)),
+            }
+        })
+    }
+
     fn resume(&self, actor: &ActorKey, request_id: Option<&str>) -> ResumeFuture {
         let mut client = self.client.clone();
         let mut request = ate_proto::request_id::request(

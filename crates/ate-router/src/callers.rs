@@ -8,13 +8,18 @@
 //! removed, so a callee can trust it.
 //!
 //! Before the callee is resolved (a denied call must not wake it) the proxy asks the
-//! [`CallerPolicy`]. Today that is [`SameAtespace`]: an actor may call the actors of its own
-//! atespace. A per-atespace allow list (the Atespace resource's `spec.callers.allow`) will be
-//! another implementation; it may need to fetch an atespace, hence [`Decision::Pending`].
+//! [`CallerPolicy`]: [`AllowLists`] in a router, [`SameAtespace`] where no api can be asked. An
+//! actor may always call the actors of its own atespace; another atespace's actors only if that
+//! atespace lists the caller's in its `spec.callers.allow` (`"*"`: every atespace), read from
+//! the api and cached for [`ALLOW_LIST_TTL`] (a change takes effect within it), hence
+//! [`Decision::Pending`] on a miss.
 
+use std::collections::HashMap;
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use ate_core::platform::CALLER_ACTOR_HEADER;
 use http::header::{HeaderMap, HeaderName, HeaderValue};
@@ -22,7 +27,7 @@ use http::header::{HeaderMap, HeaderName, HeaderValue};
 /// [`CALLER_ACTOR_HEADER`] as a header name, made once.
 pub const CALLER: HeaderName = HeaderName::from_static(CALLER_ACTOR_HEADER);
 
-/// Metric: calls the policy decided, by `verdict` (`allowed`, `denied`).
+/// Metric: calls the policy decided, by `verdict` (`allowed`, `denied`, `unavailable`).
 pub const ACTOR_CALLS: &str = "ate_router_actor_calls_total";
 
 /// The calling actor of a request from a worker: a validated `<atespace>/<name>`.
@@ -101,6 +106,8 @@ pub enum Verdict {
     Allowed,
     /// Refused; the rule that refused it, in words (the end of the 403 body).
     Denied(String),
+    /// The rule could not be read (the api is unreachable): 503, try again.
+    Unavailable(String),
 }
 
 /// A verdict now, or one that needs a lookup first (boxed: rare, and kept out of the request
@@ -134,6 +141,95 @@ impl CallerPolicy for SameAtespace {
     }
 }
 
+/// How long [`AllowLists`] trusts an atespace's allow list it read (like the assignment cache).
+pub const ALLOW_LIST_TTL: Duration = Duration::from_secs(5);
+/// Allow lists kept at most; past it the cache starts over (a bound, not an LRU: atespaces
+/// called across are few).
+const ALLOW_LIST_CACHE_MAX: usize = 10_000;
+
+/// Allow lists read, by atespace, with when they were read.
+type ListCache = Arc<Mutex<HashMap<String, (Instant, Arc<Vec<String>>)>>>;
+
+/// Same atespace always; across atespaces as the callee's atespace allows (`callers_allow`,
+/// read through [`crate::Resume::callers_allow`]).
+pub struct AllowLists {
+    api: Arc<dyn crate::Resume>,
+    cache: ListCache,
+}
+
+impl fmt::Debug for AllowLists {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("AllowLists").finish_non_exhaustive()
+    }
+}
+
+impl AllowLists {
+    pub fn new(api: Arc<dyn crate::Resume>) -> Self {
+        AllowLists {
+            api,
+            cache: Arc::default(),
+        }
+    }
+}
+
+/// The verdict of `allow` (the callee atespace's list) on a call from `caller`.
+fn by_list(allow: &[String], caller: &str, callee_atespace: &str) -> Verdict {
+    if allow.iter().any(|a| a == "*" || a == caller) {
+        Verdict::Allowed
+    } else if allow.is_empty() {
+        Verdict::Denied(format!(
+            "calls between atespaces are not allowed: atespace {callee_atespace} admits no other atespace (its spec.callers.allow is empty)"
+        ))
+    } else {
+        Verdict::Denied(format!(
+            "atespace {callee_atespace} does not allow calls from atespace {caller} (its spec.callers.allow: [{}])",
+            allow.join(", ")
+        ))
+    }
+}
+
+impl CallerPolicy for AllowLists {
+    fn decide(&self, caller: &Caller, callee: &str) -> Decision {
+        let callee_atespace = callee
+            .split_once('/')
+            .map_or(callee, |(a, _)| a)
+            .to_string();
+        if caller.atespace() == callee_atespace {
+            return Decision::Ready(Verdict::Allowed);
+        }
+        let caller_atespace = caller.atespace().to_string();
+        let cached = self
+            .cache
+            .lock()
+            .ok()
+            .and_then(|c| c.get(&callee_atespace).cloned())
+            .filter(|(at, _)| at.elapsed() < ALLOW_LIST_TTL);
+        if let Some((_, allow)) = cached {
+            return Decision::Ready(by_list(&allow, &caller_atespace, &callee_atespace));
+        }
+        let lookup = self.api.callers_allow(&callee_atespace);
+        let cache = self.cache.clone();
+        Decision::Pending(Box::pin(async move {
+            match lookup.await {
+                Ok(allow) => {
+                    let allow = Arc::new(allow);
+                    if let Ok(mut c) = cache.lock() {
+                        if c.len() >= ALLOW_LIST_CACHE_MAX {
+                            c.clear();
+                        }
+                        c.insert(callee_atespace.clone(), (Instant::now(), allow.clone()));
+                    }
+                    by_list(&allow, &caller_atespace, &callee_atespace)
+                }
+                Err(e) => Verdict::Unavailable(format!(
+                    "cannot read the callers allow list of atespace {callee_atespace}: {}",
+                    e.message()
+                )),
+            }
+        }))
+    }
+}
+
 /// The 403 body for a denied call: one line naming callee, caller and rule.
 pub fn denied_body(callee: &str, caller: &Caller, rule: &str) -> String {
     format!("actor {callee}: call from actor {caller} denied: {rule}")
@@ -144,12 +240,16 @@ pub fn count(verdict: &Verdict) {
     let label = match verdict {
         Verdict::Allowed => "allowed",
         Verdict::Denied(_) => "denied",
+        Verdict::Unavailable(_) => "unavailable",
     };
     metrics::counter!(ACTOR_CALLS, "verdict" => label).increment(1);
 }
 
 #[cfg(test)]
 mod tests {
+    use std::collections::HashMap;
+    use std::sync::Arc;
+
     use super::*;
 
     fn headers(values: &[&str]) -> HeaderMap {
@@ -197,5 +297,78 @@ mod tests {
             denied_body("n2/b", &caller, &rule),
             "actor n2/b: call from actor n1/a denied: calls between atespaces are not allowed (an actor may call actors of its own atespace)"
         );
+    }
+
+    /// A fake api: allow lists by atespace, `None` = the api is down; counts lookups.
+    struct Lists {
+        lists: HashMap<&'static str, Option<Vec<String>>>,
+        lookups: std::sync::atomic::AtomicUsize,
+    }
+
+    impl crate::Resume for Lists {
+        fn resume(
+            &self,
+            _: &crate::actor_ref::ActorKey,
+            _: Option<&str>,
+        ) -> crate::api::ResumeFuture {
+            Box::pin(async { Err(tonic::Status::unimplemented("not in this test")) })
+        }
+
+        fn callers_allow(&self, atespace: &str) -> crate::api::CallersFuture {
+            self.lookups
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            let answer = self
+                .lists
+                .get(atespace)
+                .cloned()
+                .unwrap_or(Some(Vec::new()));
+            Box::pin(async move { answer.ok_or_else(|| tonic::Status::unavailable("api down")) })
+        }
+    }
+
+    #[tokio::test]
+    async fn allow_lists_decide_across_atespaces_and_are_cached() {
+        let api = Arc::new(Lists {
+            lists: HashMap::from([
+                ("billing", Some(vec!["web".to_string()])),
+                ("public", Some(vec!["*".to_string()])),
+                ("down", None),
+            ]),
+            lookups: Default::default(),
+        });
+        let policy = AllowLists::new(api.clone());
+        let web = Caller::parse(HeaderValue::from_static("web/front")).unwrap();
+        let ops = Caller::parse(HeaderValue::from_static("ops/bot")).unwrap();
+        let decide = |caller: &Caller, callee: &str| {
+            let d = policy.decide(caller, callee);
+            async move {
+                match d {
+                    Decision::Ready(v) => v,
+                    Decision::Pending(f) => f.await,
+                }
+            }
+        };
+        // Its own atespace: no lookup.
+        assert_eq!(decide(&web, "web/other").await, Verdict::Allowed);
+        assert_eq!(api.lookups.load(std::sync::atomic::Ordering::Relaxed), 0);
+        assert_eq!(decide(&web, "billing/ledger").await, Verdict::Allowed);
+        let Verdict::Denied(rule) = decide(&ops, "billing/ledger").await else {
+            panic!("ops may not call billing");
+        };
+        assert_eq!(
+            rule,
+            "atespace billing does not allow calls from atespace ops (its spec.callers.allow: [web])"
+        );
+        // The second decision on billing came from the cache.
+        assert_eq!(api.lookups.load(std::sync::atomic::Ordering::Relaxed), 1);
+        assert_eq!(decide(&ops, "public/x").await, Verdict::Allowed);
+        let Verdict::Denied(rule) = decide(&web, "secret/x").await else {
+            panic!("secret admits nobody");
+        };
+        assert!(rule.contains("admits no other atespace"), "{rule}");
+        assert!(matches!(
+            decide(&web, "down/x").await,
+            Verdict::Unavailable(w) if w.contains("api down")
+        ));
     }
 }

@@ -158,6 +158,7 @@ impl Router {
         let auth = Arc::new(ingress_auth(&config)?);
         let stats = Arc::new(Stats::default());
         let t = &config.tuning;
+        let api_for_callers = api.clone();
         let resolver = Resolver::new(
             AssignmentCache::new(config.assignment_cache_ttl, t.cache_capacity),
             api,
@@ -191,8 +192,8 @@ impl Router {
                 header_read_timeout: t.header_read_timeout,
                 access_log,
                 auth: auth.clone(),
-                // Same atespace only until atespaces carry an allow list.
-                callers: Arc::new(callers::SameAtespace),
+                // Same atespace, and across atespaces as the callee's allow list says.
+                callers: Arc::new(callers::AllowLists::new(api_for_callers)),
             },
             stats.clone(),
         );

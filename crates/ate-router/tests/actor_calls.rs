@@ -18,8 +18,8 @@ use hyper_util::rt::{TokioExecutor, TokioIo};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpStream, UnixStream};
 
-const RULE: &str =
-    "calls between atespaces are not allowed (an actor may call actors of its own atespace)";
+/// The rule for n1 (the test api knows no allow list: admits no other atespace).
+const RULE: &str = "calls between atespaces are not allowed: atespace n1 admits no other atespace (its spec.callers.allow is empty)";
 
 /// A world whose router also serves `--internal-socket` (and an access log) in `dir`.
 async fn world(dir: &Path) -> World {

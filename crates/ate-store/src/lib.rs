@@ -75,6 +75,9 @@ pub struct AtespaceRecord {
     pub created_ms: i64,
     /// Number of actors in the atespace at read time.
     pub actor_count: u64,
+    /// Atespaces whose actors may call this atespace's actors, in the order set; `"*"` = every
+    /// atespace. Empty: none besides its own (calls within one atespace are always allowed).
+    pub callers_allow: Vec<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -386,6 +389,11 @@ pub trait Store: Send + Sync + 'static {
     async fn create_atespace(&self, name: &str, now_ms: i64) -> Result<AtespaceRecord>;
     async fn get_atespace(&self, name: &str) -> Result<AtespaceRecord>;
     async fn list_atespaces(&self) -> Result<Vec<AtespaceRecord>>;
+    /// Replaces the atespace's `callers_allow` list (`[]` clears it) and returns the record as
+    /// [`Store::get_atespace`] would. NotFound if the atespace does not exist. The entries are
+    /// expected to pass `ate_core::validate_callers_allow`; one that is empty or contains a comma
+    /// (which the stored form could not keep) is a `Database` error.
+    async fn set_atespace_callers(&self, name: &str, allow: &[String]) -> Result<AtespaceRecord>;
     /// FailedPrecondition while it holds actors, templates or tags.
     async fn delete_atespace(&self, name: &str) -> Result<()>;
 

@@ -112,6 +112,7 @@ macro_rules! both_backends {
 both_backends!(
     atespace_crud,
     atespace_delete_refused_while_not_empty,
+    atespace_callers_allow,
     template_crud,
     actor_crud,
     list_actors_pages_in_order,
@@ -370,6 +371,84 @@ mod cases {
 
         s.delete_atespace("a").await.unwrap();
         assert_err!(s.get_atespace("a").await, StoreError::NotFound(_));
+    }
+
+    pub async fn atespace_callers_allow(env: Env) {
+        let s = env.store.as_ref();
+        let created = s.create_atespace("x", NOW).await.unwrap();
+        assert_eq!(created.callers_allow, Vec::<String>::new());
+        s.create_atespace("a", NOW).await.unwrap();
+        assert_eq!(
+            s.get_atespace("x").await.unwrap().callers_allow,
+            Vec::<String>::new(),
+            "a new atespace allows no other atespace"
+        );
+        s.apply_template("x", "t", &spec(100, MIB), NOW)
+            .await
+            .unwrap();
+        s.create_actor(&actor("x", "a1", "x/t")).await.unwrap();
+
+        // Set: kept in the order given, returned as get_atespace returns it.
+        let allow: Vec<String> = vec!["team-b".into(), "*".into(), "a".into()];
+        let before = s.counters().snapshot();
+        let set = s.set_atespace_callers("x", &allow).await.unwrap();
+        let after = s.counters().snapshot();
+        assert_eq!(
+            (after.0 - before.0, after.1 - before.1, after.2 - before.2),
+            (0, 1, 0),
+            "set_atespace_callers is one write"
+        );
+        assert_eq!(set.callers_allow, allow);
+        assert_eq!(set.actor_count, 1);
+        assert_eq!(set.created_ms, NOW);
+        assert_eq!(s.get_atespace("x").await.unwrap(), set);
+        let listed = s.list_atespaces().await.unwrap();
+        assert_eq!(
+            listed
+                .iter()
+                .map(|a| (a.name.as_str(), a.callers_allow.clone()))
+                .collect::<Vec<_>>(),
+            [("a", vec![]), ("x", allow.clone())],
+            "only x's list changed"
+        );
+
+        // Replace, then clear.
+        let one = vec!["a".to_string()];
+        assert_eq!(
+            s.set_atespace_callers("x", &one)
+                .await
+                .unwrap()
+                .callers_allow,
+            one
+        );
+        assert_eq!(s.get_atespace("x").await.unwrap().callers_allow, one);
+        let cleared = s.set_atespace_callers("x", &[]).await.unwrap();
+        assert_eq!(cleared.callers_allow, Vec::<String>::new());
+        assert_eq!(s.get_atespace("x").await.unwrap(), cleared);
+        // Setting the same list again is fine.
+        assert_eq!(s.set_atespace_callers("x", &[]).await.unwrap(), cleared);
+
+        // A missing atespace.
+        let e = assert_err!(
+            s.set_atespace_callers("nope", &one).await,
+            StoreError::NotFound(_)
+        );
+        assert_eq!(e.to_string(), r#"atespace "nope" not found"#);
+        assert_err!(s.get_atespace("nope").await, StoreError::NotFound(_));
+
+        // An entry the stored form cannot keep is refused, the list left as it was.
+        for bad in [vec!["a,b".to_string()], vec![String::new()]] {
+            assert_err!(
+                s.set_atespace_callers("x", &bad).await,
+                StoreError::Database(_)
+            );
+        }
+        assert_eq!(s.get_atespace("x").await.unwrap(), cleared);
+
+        // The list survives a reopen.
+        s.set_atespace_callers("a", &allow).await.unwrap();
+        let again = ate_store::open(&env.url).await.unwrap();
+        assert_eq!(again.get_atespace("a").await.unwrap().callers_allow, allow);
     }
 
     pub async fn atespace_delete_refused_while_not_empty(env: Env) {

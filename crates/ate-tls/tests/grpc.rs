@@ -8,7 +8,7 @@ use ate_proto::v1::atespace_service_client::AtespaceServiceClient;
 use ate_proto::v1::atespace_service_server::{AtespaceService, AtespaceServiceServer};
 use ate_proto::v1::{
     Atespace, CreateAtespaceRequest, DeleteAtespaceRequest, DeleteAtespaceResponse,
-    GetAtespaceRequest, ListAtespacesRequest, ListAtespacesResponse,
+    GetAtespaceRequest, ListAtespacesRequest, ListAtespacesResponse, UpdateAtespaceRequest,
 };
 use ate_tls::{
     AllowList, Alpn, CertSource, ClientAuth, LocalCa, ServerCheck, SpiffeId, SvidRequest,
@@ -58,6 +58,13 @@ impl AtespaceService for WhoAmI {
         &self,
         _: Request<DeleteAtespaceRequest>,
     ) -> Result<Response<DeleteAtespaceResponse>, Status> {
+        Err(Status::unimplemented("stub"))
+    }
+
+    async fn update_atespace(
+        &self,
+        _: Request<UpdateAtespaceRequest>,
+    ) -> Result<Response<Atespace>, Status> {
         Err(Status::unimplemented("stub"))
     }
 }

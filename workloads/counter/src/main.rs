@@ -189,7 +189,13 @@ fn handle(counters: &Mutex<Counters>, platform: &call::Platform, req: &Request) 
                 c.alarms,
                 req.header("ate-alarm-attempt").unwrap_or("?")
             ));
-            Response::text(200, format!("alarm {}\n", c.alarms))
+            let n = c.alarms;
+            drop(c);
+            // `?suspend=1`: done with this turn, free the slot now (`ate bench alarms`).
+            if req.query.split('&').any(|kv| kv == "suspend=1") {
+                platform.local_post("/v1/suspend", b"");
+            }
+            Response::text(200, format!("alarm {n}\n"))
         }
         "/alarms" => {
             let c = counters.lock().unwrap_or_else(|p| p.into_inner());

@@ -52,13 +52,46 @@ impl atespace_service_server::AtespaceService for Services {
         let _ = self.authorize(&req, "AtespaceService/CreateAtespace", |r| {
             Need::Atespace(&r.name)
         })?;
-        let name = req.into_inner().name;
+        let req = req.into_inner();
+        let name = req.name;
         label("atespace", &name)?;
+        ate_core::validate_callers_allow(&req.callers_allow).map_err(invalid)?;
+        let created = self
+            .api
+            .store
+            .create_atespace(&name, now_ms())
+            .await
+            .map_err(store_status)?;
+        if req.callers_allow.is_empty() {
+            return Ok(Response::new(convert::atespace(&created)));
+        }
         reply(
-            self.api.store.create_atespace(&name, now_ms()),
+            self.api
+                .store
+                .set_atespace_callers(&name, &req.callers_allow),
             convert::atespace,
         )
         .await
+    }
+
+    async fn update_atespace(
+        &self,
+        req: Request<UpdateAtespaceRequest>,
+    ) -> Result<Response<Atespace>, Status> {
+        let _ = self.authorize(&req, "AtespaceService/UpdateAtespace", |r| {
+            Need::Atespace(&r.name)
+        })?;
+        let req = req.into_inner();
+        label("atespace", &req.name)?;
+        ate_core::validate_callers_allow(&req.callers_allow).map_err(invalid)?;
+        let updated = self
+            .api
+            .store
+            .set_atespace_callers(&req.name, &req.callers_allow)
+            .await
+            .map_err(store_status)?;
+        tracing::info!(atespace = %req.name, callers_allow = ?updated.callers_allow, "atespace callers allow list set");
+        Ok(Response::new(convert::atespace(&updated)))
     }
 
     async fn get_atespace(
@@ -66,7 +99,7 @@ impl atespace_service_server::AtespaceService for Services {
         req: Request<GetAtespaceRequest>,
     ) -> Result<Response<Atespace>, Status> {
         let _ = self.authorize(&req, "AtespaceService/GetAtespace", |r| {
-            Need::Atespace(&r.name)
+            Need::ReadAtespace(&r.name)
         })?;
         let name = req.into_inner().name;
         label("atespace", &name)?;

@@ -86,7 +86,10 @@ impl TestApi {
     /// Atespace `ns` with template `ns/t` (cpu 250m, memory 64Mi).
     pub async fn seed(&self, ns: &str) {
         self.atespaces()
-            .create_atespace(CreateAtespaceRequest { name: ns.into() })
+            .create_atespace(CreateAtespaceRequest {
+                name: ns.into(),
+                ..Default::default()
+            })
             .await
             .expect("create atespace");
         self.templates()

@@ -375,6 +375,7 @@ impl Lab {
             .clone()
             .create_atespace(v1::CreateAtespaceRequest {
                 name: ATESPACE.into(),
+                ..Default::default()
             })
             .await
         {

@@ -27,7 +27,14 @@ pub async fn apply(c: &Clients, file: &Path, out: Format) -> anyhow::Result<Exit
                 check_api_version(i, &a.api_version)?;
                 ate_core::validate_label("metadata.name", &a.metadata.name)
                     .with_context(|| format!("document {i}"))?;
-                atespaces.push(a.metadata.name.clone());
+                // No `spec`: the atespace's settings are left as they are (a template file's
+                // Atespace document only makes sure it exists).
+                let allow = a.spec.as_ref().map(|s| s.callers.allow.clone());
+                if let Some(allow) = &allow {
+                    ate_core::validate_callers_allow(allow)
+                        .with_context(|| format!("document {i} ({})", a.metadata.name))?;
+                }
+                atespaces.push((a.metadata.name.clone(), allow));
             }
             Document::ActorTemplate(t) => {
                 check_api_version(i, &t.api_version)?;
@@ -46,17 +53,38 @@ pub async fn apply(c: &Clients, file: &Path, out: Format) -> anyhow::Result<Exit
         }
     }
     let mut lines = Vec::new();
-    for name in atespaces {
+    for (name, allow) in atespaces {
         let mut atespaces = c.atespaces.clone();
-        match atespaces
-            .create_atespace(v1::CreateAtespaceRequest { name: name.clone() })
-            .await
-        {
-            Ok(_) => lines.push(format!("atespace/{name} created")),
-            Err(s) if s.code() == tonic::Code::AlreadyExists => {
+        let created = atespaces
+            .create_atespace(v1::CreateAtespaceRequest {
+                name: name.clone(),
+                callers_allow: allow.clone().unwrap_or_default(),
+            })
+            .await;
+        match (created, allow) {
+            (Ok(_), _) => lines.push(format!("atespace/{name} created")),
+            (Err(s), None) if s.code() == tonic::Code::AlreadyExists => {
                 lines.push(format!("atespace/{name} unchanged"))
             }
-            Err(s) => return Err(anyhow::anyhow!("atespace {name}: {}", s.message())),
+            (Err(s), Some(allow)) if s.code() == tonic::Code::AlreadyExists => {
+                // There already: its settings become the document's.
+                let now = rpc(atespaces
+                    .get_atespace(v1::GetAtespaceRequest { name: name.clone() })
+                    .await)?;
+                if now.callers_allow == allow {
+                    lines.push(format!("atespace/{name} unchanged"));
+                } else {
+                    rpc(atespaces
+                        .update_atespace(v1::UpdateAtespaceRequest {
+                            name: name.clone(),
+                            callers_allow: allow,
+                        })
+                        .await)
+                    .with_context(|| format!("atespace {name}"))?;
+                    lines.push(format!("atespace/{name} configured"));
+                }
+            }
+            (Err(s), _) => return Err(anyhow::anyhow!("atespace {name}: {}", s.message())),
         }
     }
     for (ns, name, spec) in templates {

@@ -211,14 +211,18 @@ pub async fn create(c: &Clients, cmd: CreateCmd, out: Format) -> anyhow::Result<
             let a = rpc(c
                 .atespaces
                 .clone()
-                .create_atespace(v1::CreateAtespaceRequest { name })
+                .create_atespace(v1::CreateAtespaceRequest {
+                    name,
+                    callers_allow: Vec::new(),
+                })
                 .await)?;
             print!(
                 "{}",
                 render::render_list(
                     &[AtespaceView {
                         name: a.name,
-                        actors: a.actor_count
+                        actors: a.actor_count,
+                        callers_allow: a.callers_allow,
                     }],
                     render::atespaces_table,
                     out
@@ -324,6 +328,7 @@ pub async fn get(c: &Clients, cmd: GetCmd, out: Format) -> anyhow::Result<ExitCo
                 .map(|a| AtespaceView {
                     name: a.name,
                     actors: a.actor_count,
+                    callers_allow: a.callers_allow,
                 })
                 .collect();
             print!(

@@ -1,10 +1,11 @@
 //! The document form: what `ate apply -f` reads and `-o yaml` writes, before validation.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 
 use serde::{Deserialize, Serialize};
 
 use super::{EgressPolicy, EnvVar, HttpGet, Volume};
+use crate::names::{ValidationError, validate_label};
 
 /// One document of `ate apply -f`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -27,6 +28,62 @@ pub struct Metadata {
 pub struct AtespaceDocument {
     pub api_version: String,
     pub metadata: Metadata,
+    /// The atespace's settings. Absent: `ate apply` leaves an existing atespace's settings as
+    /// they are.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub spec: Option<AtespaceSpec>,
+}
+
+/// `spec` of an Atespace document.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct AtespaceSpec {
+    #[serde(default)]
+    pub callers: CallersSpec,
+}
+
+/// `spec.callers`: who may call this atespace's actors from another atespace. The callee's
+/// atespace decides; calls within one atespace are always allowed.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct CallersSpec {
+    /// Atespaces whose actors may call this atespace's actors; `"*"` = every atespace. Checked
+    /// by [`validate_callers_allow`].
+    #[serde(default)]
+    pub allow: Vec<String>,
+}
+
+/// The entry of `spec.callers.allow` that admits every atespace.
+pub const CALLERS_ALLOW_ALL: &str = "*";
+/// Most entries in `spec.callers.allow`.
+pub const MAX_CALLERS_ALLOW: usize = 256;
+
+/// Checks `spec.callers.allow`: each entry an atespace name (a DNS-1123 label) or exactly `"*"`,
+/// no entry twice, at most [`MAX_CALLERS_ALLOW`] entries.
+pub fn validate_callers_allow(list: &[String]) -> Result<(), ValidationError> {
+    if list.len() > MAX_CALLERS_ALLOW {
+        return Err(ValidationError::new(
+            "spec.callers.allow",
+            format!(
+                "has {} entries, at most {MAX_CALLERS_ALLOW} are allowed",
+                list.len()
+            ),
+        ));
+    }
+    let mut seen = HashSet::with_capacity(list.len());
+    for (i, entry) in list.iter().enumerate() {
+        let field = format!("spec.callers.allow[{i}]");
+        if entry != CALLERS_ALLOW_ALL {
+            validate_label(&field, entry)?;
+        }
+        if !seen.insert(entry.as_str()) {
+            return Err(ValidationError::new(
+                field,
+                format!("{entry:?} is listed more than once"),
+            ));
+        }
+    }
+    Ok(())
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -218,5 +275,104 @@ mod tests {
     fn unknown_fields_are_rejected() {
         let text = DEMO.replace("idleTimeout: 5m", "idleTimout: 5m");
         assert!(serde_saphyr::from_str::<Document>(&text).is_err());
+    }
+
+    fn atespace(text: &str) -> AtespaceDocument {
+        match serde_saphyr::from_str::<Document>(text).unwrap() {
+            Document::Atespace(a) => a,
+            other => panic!("not an Atespace: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn atespace_without_spec_parses_and_round_trips() {
+        let a = atespace("apiVersion: ate.dev/v1alpha1\nkind: Atespace\nmetadata:\n  name: demo\n");
+        assert_eq!(a.metadata.name, "demo");
+        assert_eq!(a.spec, None);
+        let yaml = serde_saphyr::to_string(&Document::Atespace(a.clone())).unwrap();
+        assert!(!yaml.contains("spec"), "{yaml}");
+        assert_eq!(atespace(&yaml), a);
+    }
+
+    #[test]
+    fn atespace_with_callers_parses_and_round_trips() {
+        let a = atespace(
+            "apiVersion: ate.dev/v1alpha1\nkind: Atespace\nmetadata:\n  name: demo\nspec:\n  callers:\n    allow: [team-a, \"*\"]\n",
+        );
+        assert_eq!(
+            a.spec,
+            Some(AtespaceSpec {
+                callers: CallersSpec {
+                    allow: vec!["team-a".into(), "*".into()],
+                },
+            })
+        );
+        let yaml = serde_saphyr::to_string(&Document::Atespace(a.clone())).unwrap();
+        assert_eq!(atespace(&yaml), a);
+    }
+
+    #[test]
+    fn atespace_spec_parts_default_when_absent() {
+        let a = atespace(
+            "apiVersion: ate.dev/v1alpha1\nkind: Atespace\nmetadata:\n  name: demo\nspec: {}\n",
+        );
+        assert_eq!(a.spec, Some(AtespaceSpec::default()));
+        let a = atespace(
+            "apiVersion: ate.dev/v1alpha1\nkind: Atespace\nmetadata:\n  name: demo\nspec:\n  callers: {}\n",
+        );
+        assert_eq!(a.spec.unwrap().callers.allow, Vec::<String>::new());
+    }
+
+    #[test]
+    fn atespace_spec_unknown_fields_are_rejected() {
+        for text in [
+            "apiVersion: ate.dev/v1alpha1\nkind: Atespace\nmetadata:\n  name: demo\nspec:\n  caller:\n    allow: [a]\n",
+            "apiVersion: ate.dev/v1alpha1\nkind: Atespace\nmetadata:\n  name: demo\nspec:\n  callers:\n    allowed: [a]\n",
+        ] {
+            assert!(serde_saphyr::from_str::<Document>(text).is_err(), "{text}");
+        }
+    }
+
+    fn list(entries: &[&str]) -> Vec<String> {
+        entries.iter().map(|s| s.to_string()).collect()
+    }
+
+    #[test]
+    fn callers_allow_accepts_names_and_star() {
+        for good in [
+            list(&[]),
+            list(&["*"]),
+            list(&["team-a"]),
+            list(&["team-a", "b", "0x9", "*"]),
+            list(&[&"a".repeat(63)]),
+        ] {
+            assert_eq!(validate_callers_allow(&good), Ok(()), "{good:?}");
+        }
+        let many: Vec<String> = (0..MAX_CALLERS_ALLOW).map(|i| format!("a{i}")).collect();
+        assert_eq!(validate_callers_allow(&many), Ok(()));
+    }
+
+    #[test]
+    fn callers_allow_rejects_bad_entries() {
+        for (bad, field) in [
+            (list(&[""]), "spec.callers.allow[0]"),
+            (list(&["ok", "Not_A_Name"]), "spec.callers.allow[1]"),
+            (list(&["a", "b", "-a"]), "spec.callers.allow[2]"),
+            (list(&["a-"]), "spec.callers.allow[0]"),
+            (list(&["a,b"]), "spec.callers.allow[0]"),
+            (list(&["**"]), "spec.callers.allow[0]"),
+            (list(&["a*"]), "spec.callers.allow[0]"),
+            (list(&[" *"]), "spec.callers.allow[0]"),
+            (list(&[&"a".repeat(64)]), "spec.callers.allow[0]"),
+            (list(&["a", "b", "a"]), "spec.callers.allow[2]"),
+            (list(&["*", "x", "*"]), "spec.callers.allow[2]"),
+        ] {
+            let err = validate_callers_allow(&bad).unwrap_err();
+            assert_eq!(err.field, field, "{bad:?}: {err}");
+        }
+        let too_many: Vec<String> = (0..=MAX_CALLERS_ALLOW).map(|i| format!("a{i}")).collect();
+        let err = validate_callers_allow(&too_many).unwrap_err();
+        assert_eq!(err.field, "spec.callers.allow");
+        assert!(err.message.contains("257"), "{err}");
     }
 }

@@ -43,9 +43,10 @@ mod quantity;
 mod validate;
 
 pub use document::{
-    AtespaceDocument, ContainerDocument, Document, MemoryRestore, Metadata, OnMemoryFailure,
-    PortDocument, ResourcesDocument, Scalar, SnapshotsDocument, SpecDocument, TemplateDocument,
-    WakeupProbeDocument,
+    AtespaceDocument, AtespaceSpec, CALLERS_ALLOW_ALL, CallersSpec, ContainerDocument, Document,
+    MAX_CALLERS_ALLOW, MemoryRestore, Metadata, OnMemoryFailure, PortDocument, ResourcesDocument,
+    Scalar, SnapshotsDocument, SpecDocument, TemplateDocument, WakeupProbeDocument,
+    validate_callers_allow,
 };
 pub use image::validate_image;
 pub use quantity::{format_cpu, format_memory, parse_cpu, parse_duration_seconds, parse_memory};

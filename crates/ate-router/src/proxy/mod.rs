@@ -424,11 +424,20 @@ impl Proxy {
                 Decision::Pending(verdict) => verdict.await,
             };
             crate::callers::count(&verdict);
-            if let Verdict::Denied(rule) = verdict
-                && let Some(caller) = request.extensions().get::<Caller>()
-            {
-                let body = crate::callers::denied_body(name, caller, &rule);
-                done!(text(StatusCode::FORBIDDEN, body));
+            match verdict {
+                Verdict::Denied(rule) => {
+                    if let Some(caller) = request.extensions().get::<Caller>() {
+                        let body = crate::callers::denied_body(name, caller, &rule);
+                        done!(text(StatusCode::FORBIDDEN, body));
+                    }
+                }
+                Verdict::Unavailable(why) => {
+                    done!(text(
+                        StatusCode::SERVICE_UNAVAILABLE,
+                        format!("actor {name}: {why}")
+                    ));
+                }
+                Verdict::Allowed => {}
             }
         }
         let started = Instant::now();

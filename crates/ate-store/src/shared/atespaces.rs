@@ -2,7 +2,7 @@
 
 use sqlx::Row as _;
 
-use super::rows::{atespace_from_row, found};
+use super::rows::{atespace_from_row, found, join_callers};
 use super::{StoreImpl, Tx};
 use crate::util::{already_exists, count_of, not_found, unique_or};
 use crate::{AtespaceRecord, Result, StoreError};
@@ -23,6 +23,7 @@ pub(super) async fn create_atespace(
         name: name.to_string(),
         created_ms: now_ms,
         actor_count: 0,
+        callers_allow: Vec::new(),
     })
 }
 
@@ -41,6 +42,31 @@ pub(super) async fn list_atespaces(store: &StoreImpl) -> Result<Vec<AtespaceReco
         .fetch_all(&store.pool)
         .await?;
     rows.iter().map(atespace_from_row).collect()
+}
+
+pub(super) async fn set_atespace_callers(
+    store: &StoreImpl,
+    name: &str,
+    allow: &[String],
+) -> Result<AtespaceRecord> {
+    let stored = join_callers(allow)?;
+    store.counters.write();
+    let done = {
+        let _guard = store.write_guard().await;
+        sqlx::query("UPDATE atespaces SET callers_allow = $1 WHERE name = $2")
+            .bind(&stored)
+            .bind(name)
+            .execute(&store.pool)
+            .await?
+    };
+    if done.rows_affected() == 0 {
+        return Err(not_found("atespace", name));
+    }
+    let row = sqlx::query(concat!(atespace_select!(), " WHERE s.name = $1"))
+        .bind(name)
+        .fetch_optional(&store.pool)
+        .await?;
+    found(row, atespace_from_row, "atespace", name)
 }
 
 pub(super) async fn delete_atespace(store: &StoreImpl, name: &str) -> Result<()> {

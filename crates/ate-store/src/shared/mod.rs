@@ -57,6 +57,10 @@ impl Store for StoreImpl {
         atespaces::list_atespaces(self).await
     }
 
+    async fn set_atespace_callers(&self, name: &str, allow: &[String]) -> Result<AtespaceRecord> {
+        atespaces::set_atespace_callers(self, name, allow).await
+    }
+
     async fn delete_atespace(&self, name: &str) -> Result<()> {
         atespaces::delete_atespace(self, name).await
     }

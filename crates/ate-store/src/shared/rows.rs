@@ -9,8 +9,8 @@ use crate::util::{
     parse_labels, parse_state, parse_template_ref, parse_worker_status, to_i64, to_json, to_u64,
 };
 use crate::{
-    ActorRecord, AtespaceRecord, Capacity, JoinTokenRecord, Result, SnapshotRecord, TagRecord,
-    TemplateRecord, WorkerRecord,
+    ActorRecord, AtespaceRecord, Capacity, JoinTokenRecord, Result, SnapshotRecord, StoreError,
+    TagRecord, TemplateRecord, WorkerRecord,
 };
 
 macro_rules! actor_cols {
@@ -45,7 +45,8 @@ macro_rules! tag_cols {
 
 macro_rules! atespace_select {
     () => {
-        "SELECT s.name, s.created_ms, (SELECT COUNT(*) FROM actors a WHERE a.atespace = s.name) AS actor_count \
+        "SELECT s.name, s.created_ms, s.callers_allow, \
+         (SELECT COUNT(*) FROM actors a WHERE a.atespace = s.name) AS actor_count \
          FROM atespaces s"
     };
 }
@@ -107,7 +108,27 @@ pub(super) fn atespace_from_row(row: &DbRow) -> Result<AtespaceRecord> {
         name: row.try_get("name")?,
         created_ms: row.try_get("created_ms")?,
         actor_count: to_u64(row.try_get("actor_count")?, "actor_count")?,
+        callers_allow: split_callers(&row.try_get::<String, _>("callers_allow")?),
     })
+}
+
+/// `atespaces.callers_allow` as stored: the entries joined with ',' (atespace names and `*`
+/// contain no comma); `''` for none.
+pub(super) fn join_callers(allow: &[String]) -> Result<String> {
+    if let Some(bad) = allow.iter().find(|e| e.is_empty() || e.contains(',')) {
+        return Err(StoreError::Database(format!(
+            "callers_allow entry {bad:?} cannot be stored (empty or contains ',')"
+        )));
+    }
+    Ok(allow.join(","))
+}
+
+fn split_callers(text: &str) -> Vec<String> {
+    if text.is_empty() {
+        Vec::new()
+    } else {
+        text.split(',').map(str::to_string).collect()
+    }
 }
 
 pub(super) fn template_from_row(row: &DbRow) -> Result<TemplateRecord> {

@@ -91,16 +91,23 @@ impl RuncRuntime {
                 // without it was killed, not refused (its forked tasks may still have logged
                 // errors of their own as it went): say so, so the restore counts as cut short.
                 let criu_log = work_path(&full).map(|w| w.join("restore.log"));
-                let criu_refused = match &criu_log {
-                    Some(log) => tokio::fs::read_to_string(log)
-                        .await
-                        .is_ok_and(|text| text.contains(CRIU_RESTORE_FAILED)),
-                    None => true,
+                let criu_text = match &criu_log {
+                    Some(log) => tokio::fs::read_to_string(log).await.ok(),
+                    None => None,
                 };
-                let stderr = if why.contains("CRIU closed the lazy-pages socket") && !criu_refused {
-                    format!("{why}; {CRIU_DIED}")
-                } else {
-                    why
+                let criu_refused = criu_log.is_none()
+                    || criu_text
+                        .as_deref()
+                        .is_some_and(|text| text.contains(CRIU_RESTORE_FAILED));
+                let stderr = match (&criu_log, &criu_text) {
+                    (_, _) if why.contains("CRIU closed the lazy-pages socket") && !criu_refused => {
+                        format!("{why}; {CRIU_DIED}")
+                    }
+                    // CRIU refused: its own words say why (the actor goes CRASHED on them).
+                    (Some(log), Some(text)) if criu_refused => {
+                        format!("{why}\n--- {} ---\n{}", log.display(), tail(text, 2000))
+                    }
+                    _ => why,
                 };
                 return Err(SandboxError::Command {
                     command: cmd::render(&self.runc, &full),
