@@ -3,6 +3,7 @@
 //! actor (AlarmService, as admin), due times spread evenly over `--window-secs`, each POSTing
 //! `/on-alarm?suspend=1`: the counter counts it and asks to be suspended at once (an agent that
 //! finished its turn frees its slot), so a machine with few slots cycles through all actors.
+//! `--warm` starts every actor first and leaves it running: the delivery path alone.
 //! Delivery is watched from outside: an alarm is delivered when the api drops it from
 //! ListAlarms (polled every 100 ms), so lateness includes the resume, the handler and the
 //! store's delete.
@@ -16,8 +17,8 @@ use clap::Args;
 use serde_json::json;
 
 use crate::{
-    Clients, Common, apply_yaml, counter_template, ensure_actor, images_dir, pct, sorted,
-    write_json,
+    Clients, Common, apply_yaml, call, counter_template, ensure_actor, http_client, images_dir,
+    pct, sorted, write_json,
 };
 
 #[derive(Args, Debug, Clone)]
@@ -36,6 +37,10 @@ pub struct AlarmsArgs {
     /// CPU of each actor's template (small: many actors run at once).
     #[arg(long, default_value = "10m")]
     cpu: String,
+    /// Start every actor first and leave it running (the alarm then resumes nothing): the
+    /// delivery path's own lateness. Needs a slot per actor.
+    #[arg(long)]
+    warm: bool,
     /// Give up waiting for deliveries after this many seconds past the window.
     #[arg(long, default_value_t = 600)]
     timeout_secs: u64,
@@ -60,6 +65,29 @@ pub async fn alarms(c: Clients, a: AlarmsArgs) -> anyhow::Result<ExitCode> {
     for n in &names {
         ensure_actor(&c, &ns, n, "counter").await?;
     }
+    if a.warm {
+        let client = http_client(4);
+        for n in &names {
+            let r = call(
+                &client,
+                &a.common.router,
+                Some(&format!("{ns}/{n}")),
+                "/healthz",
+            )
+            .await;
+            anyhow::ensure!(
+                r.status == 200,
+                "starting {ns}/{n}: {} {}",
+                r.status,
+                r.body
+            );
+        }
+    }
+    let path = if a.warm {
+        "/on-alarm"
+    } else {
+        "/on-alarm?suspend=1"
+    };
     println!("{} actors in {ns}; setting their alarms", names.len());
     // Due times are fixed relative to when setting ends; set them in a first pass 1 h ahead
     // (nothing fires), then move each to its slot in the window (one quick pass).
@@ -71,7 +99,7 @@ pub async fn alarms(c: Clients, a: AlarmsArgs) -> anyhow::Result<ExitCode> {
         }),
         activation: 0,
         due_unix_ms: due,
-        path: "/on-alarm?suspend=1".into(),
+        path: path.into(),
     };
     let later = now_ms() + 3_600_000;
     for n in &names {
@@ -150,6 +178,7 @@ pub async fn alarms(c: Clients, a: AlarmsArgs) -> anyhow::Result<ExitCode> {
         &json!({
             "kind": "alarms",
             "actors": names.len(),
+            "warm": a.warm,
             "window_secs": a.window_secs,
             "delivered": late.len(),
             "failed": failed.len(),
