@@ -967,8 +967,10 @@ async fn platform_address_serves_identity_and_calls() {
         identity,
         serde_json::json!({"atespace": ATESPACE, "name": name, "uid": format!("uid-{name}")})
     );
+    // A worker without --api keeps no alarms, and says so.
     let (status, body) = get_via_tunnel(&mut h2, &target, "/call?path=/v1/alarm").await;
-    assert_eq!(status, 501, "{body}");
+    assert_eq!(status, 503, "{body}");
+    assert!(body.contains("--api"), "{body}");
     let (status, body) = get_via_tunnel(&mut h2, &target, "/call?path=/v9/nothing").await;
     assert_eq!(status, 404, "{body}");
     assert!(body.contains("/v9/nothing"), "{body}");
