@@ -26,6 +26,9 @@ use http::header::{HeaderMap, HeaderName, HeaderValue};
 
 /// [`CALLER_ACTOR_HEADER`] as a header name, made once.
 pub const CALLER: HeaderName = HeaderName::from_static(CALLER_ACTOR_HEADER);
+/// `ate-alarm-attempt` as a header name: kept only on requests of the internal listeners.
+pub const ALARM_ATTEMPT: HeaderName =
+    HeaderName::from_static(ate_core::platform::ALARM_ATTEMPT_HEADER);
 
 /// Metric: calls the policy decided, by `verdict` (`allowed`, `denied`, `unavailable`).
 pub const ACTOR_CALLS: &str = "ate_router_actor_calls_total";

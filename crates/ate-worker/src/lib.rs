@@ -18,6 +18,7 @@ pub mod netns;
 pub mod netns_pool;
 pub mod pipe;
 pub mod probe;
+pub mod procfs;
 pub mod reaper;
 pub mod runc;
 pub mod runtime;
@@ -31,10 +32,11 @@ pub use error::{Result, SandboxError};
 pub use image::{ImageCache, ImageConfig, LayoutRef, UnpackedImage};
 pub use netns::{ACTOR_IP, NetnsDialer, connect_in_netns, connect_in_netns_timeout};
 pub use probe::wait_ready;
+pub use procfs::process_running;
 pub use runc::{RuncConfig, RuncRuntime};
 pub use runtime::{
     ActorSandbox, Capabilities, CheckpointStats, ExitInfo, RunMode, SandboxRuntime, SandboxSpec,
     SidecarSpec, Started,
 };
 pub use service::{WorkerError, WorkerLock, connect_worker, lock_identity, run, run_locked};
-pub use worker::{live_sandboxes, process_running, sandbox_alive};
+pub use worker::{live_sandboxes, sandbox_alive};

@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use ate_core::clock::now_ms;
-use ate_core::platform::CALLER_ACTOR_HEADER;
+use ate_core::platform::{ALARM_ATTEMPT_HEADER, CALLER_ACTOR_HEADER};
 use ate_router_client::RouterClient;
 use ate_store::Alarm;
 use bytes::Bytes;
@@ -21,7 +21,7 @@ use http_body_util::{BodyExt, Full};
 use super::Api;
 
 /// Tries of one alarm, the first included.
-pub const ALARM_TRIES: u32 = 6;
+const ALARM_TRIES: u32 = 6;
 /// The wait before the first retry; doubled for each one after.
 const FIRST_RETRY: Duration = Duration::from_secs(2);
 /// How long a claim keeps other claims off an alarm: longer than any delivery may take
@@ -33,9 +33,6 @@ const DELIVERY_TIMEOUT: Duration = Duration::from_secs(60);
 const IN_FLIGHT: usize = 64;
 /// How often the store is asked for due alarms when nothing wakes the loop sooner.
 const TICK: Duration = Duration::from_millis(250);
-/// Header telling the actor which try of its alarm this is (1 for the first). The router drops
-/// it from every request but the api's, so an actor can trust it.
-pub const ALARM_ATTEMPT_HEADER: &str = ate_core::platform::ALARM_ATTEMPT_HEADER;
 
 /// How a delivery ended.
 enum Delivered {

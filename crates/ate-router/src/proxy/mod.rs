@@ -33,7 +33,7 @@ use crate::actor_ref::{parse_port, parse_target};
 use crate::auth::{ConnAuth, IngressAuth, IngressAuthMode};
 use crate::body::RouterBody;
 use crate::cache::Route;
-use crate::callers::{CALLER, Caller, CallerPolicy, Decision, Verdict};
+use crate::callers::{ALARM_ATTEMPT, CALLER, Caller, CallerPolicy, Decision, Verdict};
 use crate::drain::Drain;
 use crate::error::{ForwardError, RequestError, shown};
 use crate::metrics::{RequestMetrics, STALE_RETRIES, Stats};
@@ -622,7 +622,7 @@ fn set_caller_header<B>(request: &mut Request<B>) {
             headers.insert(CALLER, caller);
         }
         None => {
-            headers.remove(ate_core::platform::ALARM_ATTEMPT_HEADER);
+            headers.remove(ALARM_ATTEMPT);
         }
     }
 }

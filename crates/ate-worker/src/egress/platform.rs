@@ -60,6 +60,8 @@ pub struct ActorIdentity {
     pub name: String,
     /// The actor's uid (as in `/etc/ate/uid`).
     pub uid: String,
+    /// The activation this sandbox runs (its alarm calls name it to the api).
+    pub activation: u64,
 }
 
 impl ActorIdentity {

@@ -277,11 +277,7 @@ pub async fn end_leftover(work_dir: &Path) {
     let _ = nix::sys::signal::kill(target, nix::sys::signal::Signal::SIGKILL);
     for _ in 0..50 {
         // Gone, or a zombie (dead; whoever started it reaps it).
-        let state = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-        if state
-            .rsplit_once(')')
-            .is_none_or(|(_, rest)| rest.trim_start().starts_with('Z'))
-        {
+        if !crate::procfs::process_running(pid.unsigned_abs()) {
             return;
         }
         tokio::time::sleep(Duration::from_millis(10)).await;

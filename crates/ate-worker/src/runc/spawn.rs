@@ -14,6 +14,7 @@ use super::cgroup::kill_cgroup_processes;
 use crate::cmd;
 use crate::error::{IoContext, Result, SandboxError, tail};
 use crate::lazy::PageSource;
+use crate::procfs::{name_and_state, process_running};
 use crate::runtime::{ActorSandbox, Started};
 
 impl RuncRuntime {
@@ -90,23 +91,17 @@ impl RuncRuntime {
                 // "Restoring FAILED." in its log (cr-restore.c); one that left the page source
                 // without it was killed, not refused (its forked tasks may still have logged
                 // errors of their own as it went): say so, so the restore counts as cut short.
-                let criu_log = work_path(&full).map(|w| w.join("restore.log"));
-                let criu_text = match &criu_log {
-                    Some(log) => tokio::fs::read_to_string(log).await.ok(),
-                    None => None,
-                };
-                let criu_refused = criu_log.is_none()
-                    || criu_text
-                        .as_deref()
-                        .is_some_and(|text| text.contains(CRIU_RESTORE_FAILED));
-                let stderr = match (&criu_log, &criu_text) {
-                    (_, _) if why.contains("CRIU closed the lazy-pages socket") && !criu_refused => {
+                let criu_log = restore_log(&full).await;
+                let criu_refused = work_path(&full).is_none()
+                    || criu_log
+                        .as_ref()
+                        .is_some_and(|(_, text)| text.contains(CRIU_RESTORE_FAILED));
+                let stderr = match &criu_log {
+                    _ if why.contains("CRIU closed the lazy-pages socket") && !criu_refused => {
                         format!("{why}; {CRIU_DIED}")
                     }
                     // CRIU refused: its own words say why (the actor goes CRASHED on them).
-                    (Some(log), Some(text)) if criu_refused => {
-                        format!("{why}\n--- {} ---\n{}", log.display(), tail(text, 2000))
-                    }
+                    Some((log, text)) if criu_refused => format!("{why}{}", quote(log, text)),
                     _ => why,
                 };
                 return Err(SandboxError::Command {
@@ -128,15 +123,8 @@ impl RuncRuntime {
         let log = tokio::fs::read(actor.log_path()).await.unwrap_or_default();
         let since = usize::try_from(log_start).unwrap_or(0).min(log.len());
         let mut stderr = tail(&String::from_utf8_lossy(&log[since..]), 2000);
-        if let Some(work) = work_path(&full) {
-            let criu_log = work.join("restore.log");
-            if let Ok(text) = tokio::fs::read_to_string(&criu_log).await {
-                stderr.push_str(&format!(
-                    "\n--- {} ---\n{}",
-                    criu_log.display(),
-                    tail(&text, 2000)
-                ));
-            }
+        if let Some((log, text)) = restore_log(&full).await {
+            stderr.push_str(&quote(&log, &text));
         }
         Err(SandboxError::Command {
             command: cmd::render(&self.runc, &full),
@@ -229,6 +217,18 @@ fn work_path(args: &[String]) -> Option<&Path> {
         .map(Path::new)
 }
 
+/// CRIU's restore log for the runc command line `args` (in its `--work-path`), if written.
+async fn restore_log(args: &[String]) -> Option<(PathBuf, String)> {
+    let log = work_path(args)?.join("restore.log");
+    let text = tokio::fs::read_to_string(&log).await.ok()?;
+    Some((log, text))
+}
+
+/// The tail of a CRIU log, as appended to an error.
+fn quote(log: &Path, text: &str) -> String {
+    format!("\n--- {} ---\n{}", log.display(), tail(text, 2000))
+}
+
 /// How long runc may outlive its CRIU child before the restore counts as cut short (runc
 /// exits within milliseconds of a CRIU that finished).
 const CRIU_GONE_GRACE: Duration = Duration::from_secs(2);
@@ -245,7 +245,7 @@ pub(super) async fn criu_died_under(runc: u32) {
         tokio::time::sleep(Duration::from_millis(20)).await;
         match criu {
             None => criu = criu_child(runc),
-            Some(pid) if alive(pid) => gone_since = None,
+            Some(pid) if process_running(pid) => gone_since = None,
             Some(_) => {
                 let since = *gone_since.get_or_insert_with(Instant::now);
                 if since.elapsed() >= CRIU_GONE_GRACE {
@@ -254,24 +254,6 @@ pub(super) async fn criu_died_under(runc: u32) {
             }
         }
     }
-}
-
-/// `(name, state)` of a process from its `/proc/<pid>/stat`.
-fn name_and_state(pid: u32) -> Option<(String, String)> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    let open = stat.find('(')?;
-    let close = stat.rfind(')')?;
-    let name = stat.get(open + 1..close)?.to_string();
-    let state = stat
-        .get(close + 1..)?
-        .split_whitespace()
-        .next()?
-        .to_string();
-    Some((name, state))
-}
-
-fn alive(pid: u32) -> bool {
-    name_and_state(pid).is_some_and(|(_, state)| state != "Z")
 }
 
 /// A live child of `pid` named `criu`. Each thread lists the children it forked (runc is a Go

@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 
 use super::{AdoptionRecord, Entry, Worker, Workload, egress_identity, key_of};
 use crate::netns::NetnsDialer;
+use crate::procfs::process_running;
 use crate::runtime::ActorSandbox;
 
 /// How long a restarted worker waits for a lazy restore's page source to finish before it
@@ -113,7 +114,7 @@ impl Worker {
         // The egress listener died with the old process; the netns keeps its redirect.
         self.egress
             .restart(
-                egress_identity(&sandbox),
+                egress_identity(&sandbox, workload.activation),
                 &sandbox.netns(),
                 &workload.spec.egress,
             )
@@ -127,7 +128,6 @@ impl Worker {
             }
         };
         let activation = workload.activation;
-        self.local_asks.set_activation(&key, activation);
         let mut t = self.table();
         t.actors.insert(
             key.clone(),
@@ -204,17 +204,6 @@ fn init_alive(pid: u32, short_id: &str) -> bool {
     process_running(pid)
         && std::fs::read_to_string(format!("/proc/{pid}/cgroup"))
             .is_ok_and(|c| c.contains(short_id))
-}
-
-/// The process exists and is not a zombie (its state in `/proc/<pid>/stat` is not `Z`).
-pub fn process_running(pid: u32) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/stat"))
-        .ok()
-        .and_then(|stat| {
-            stat.rsplit_once(')')
-                .and_then(|(_, rest)| rest.split_whitespace().next().map(|st| st != "Z"))
-        })
-        .unwrap_or(false)
 }
 
 /// A sandbox left by an earlier worker process was restored lazily: adopt it only once its page

@@ -346,7 +346,7 @@ impl Worker {
             }
             let netns = sandbox.netns();
             let (egress, probe, dialer) = tokio::join!(
-                self.egress.restart(egress_identity(sandbox), &netns, &entry.spec.egress),
+                self.egress.restart(egress_identity(sandbox, entry.activation), &netns, &entry.spec.egress),
                 self.wait_probe(sandbox, &entry.spec),
                 async {
                     match dialer {

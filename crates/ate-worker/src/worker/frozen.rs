@@ -34,7 +34,7 @@ impl Worker {
             let netns = sandbox.netns();
             let kept = frozen.dialer.clone();
             let (egress, probe, dialer) = tokio::join!(
-                self.egress.restart(egress_identity(&sandbox), &netns, &spec.egress),
+                self.egress.restart(egress_identity(&sandbox, workload.activation), &netns, &spec.egress),
                 self.wait_probe(&sandbox, spec),
                 async {
                     match kept {
@@ -61,7 +61,6 @@ impl Worker {
         };
         self.write_adoption(&sandbox, workload, frozen.entry.pid, None)
             .await;
-        self.local_asks.set_activation(key, workload.activation);
         self.table().actors.insert(
             key.to_string(),
             Entry {

@@ -23,8 +23,6 @@ pub const KEEP_AWAKE_MAX: Duration = Duration::from_secs(3600);
 #[derive(Debug, Default)]
 pub struct LocalAsks {
     asks: Mutex<HashMap<String, Asked>>,
-    /// The activation each actor here runs at (the api checks it on alarm calls).
-    activations: Mutex<HashMap<String, u64>>,
 }
 
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
@@ -68,27 +66,6 @@ impl LocalAsks {
     /// Keeps the asks of the actors `here` says are still here.
     pub fn retain(&self, here: impl Fn(&str) -> bool) {
         self.asks().retain(|k, _| here(k));
-        self.activations
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .retain(|k, _| here(k));
-    }
-
-    /// `key` runs here at `activation` from now on.
-    pub fn set_activation(&self, key: &str, activation: u64) {
-        self.activations
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .insert(key.to_string(), activation);
-    }
-
-    fn activation(&self, key: &str) -> u64 {
-        self.activations
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .get(key)
-            .copied()
-            .unwrap_or(0)
     }
 }
 
@@ -101,13 +78,7 @@ pub(super) struct WorkerLocalApi {
 impl LocalApi for WorkerLocalApi {
     async fn serve(&self, actor: &ActorIdentity, req: LocalRequest) -> LocalResponse {
         if req.path == "/v1/alarm" {
-            return alarm(
-                self.alarms.clone(),
-                self.asks.activation(&actor.key()),
-                actor,
-                &req,
-            )
-            .await;
+            return alarm(self.alarms.clone(), actor, &req).await;
         }
         answer(&self.asks, actor, &req)
     }
@@ -193,10 +164,10 @@ fn from_status(s: &tonic::Status) -> LocalResponse {
 /// `PUT` (set), `GET`, `DELETE /v1/alarm`.
 async fn alarm(
     client: Option<AlarmClient>,
-    activation: u64,
     actor: &ActorIdentity,
     req: &LocalRequest,
 ) -> LocalResponse {
+    let activation = actor.activation;
     let Some(mut client) = client else {
         return LocalResponse::text(
             StatusCode::SERVICE_UNAVAILABLE,
@@ -373,6 +344,7 @@ mod tests {
             atespace: "web".into(),
             name: "front-1".into(),
             uid: "u-1".into(),
+            activation: 1,
         };
         let asks = LocalAsks::default();
         let r = answer(&asks, &me, &req(Method::GET, "/v1/identity"));
@@ -402,6 +374,7 @@ mod tests {
             atespace: "web".into(),
             name: "front-1".into(),
             uid: "u-1".into(),
+            activation: 1,
         };
         let asks = LocalAsks::default();
         let now = now_ms();

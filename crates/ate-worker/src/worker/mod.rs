@@ -48,7 +48,7 @@ use crate::lazy::PageSource;
 use crate::netns::NetnsDialer;
 use crate::runtime::{ActorSandbox, SandboxRuntime};
 
-pub use adoption::{live_sandboxes, process_running, sandbox_alive};
+pub use adoption::{live_sandboxes, sandbox_alive};
 pub use types::{
     ActivityReport, ActorActivity, AdoptionRecord, CheckpointReply, CheckpointRequest, StartReply,
     StartRequest, StopReply, StopRequest, VerbError, Workload, outcome,
@@ -161,11 +161,12 @@ pub struct Worker {
 }
 
 /// Who the actor in `sandbox` is, for its egress proxy (the caller of its actor calls).
-fn egress_identity(sandbox: &ActorSandbox) -> ActorIdentity {
+fn egress_identity(sandbox: &ActorSandbox, activation: u64) -> ActorIdentity {
     ActorIdentity {
         atespace: sandbox.atespace.clone(),
         name: sandbox.name.clone(),
         uid: sandbox.uid.clone(),
+        activation,
     }
 }
 

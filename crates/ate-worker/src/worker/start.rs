@@ -179,7 +179,11 @@ impl Worker {
         // so an early connect just times out or is refused.
         if let Err(e) = self
             .egress
-            .start(egress_identity(&sandbox), &sandbox.netns(), &spec.egress)
+            .start(
+                egress_identity(&sandbox, activation),
+                &sandbox.netns(),
+                &spec.egress,
+            )
             .instrument(ate_tls::trace_span!("egress"))
             .await
         {
@@ -220,7 +224,6 @@ impl Worker {
             page_source.as_ref().map(PageSource::pid),
         )
         .await;
-        self.local_asks.set_activation(&key, activation);
         self.table().actors.insert(
             key.clone(),
             Entry {
