@@ -41,6 +41,7 @@ pub use durable::{
     UploadPriority, lower_this_thread_priority,
 };
 pub use error::{Error, Result};
+pub use generation::sealed;
 pub use generation::{
     CONTAINERS_DIR, CRIU_DIR, GenerationMeta, ROOTFS_ARCHIVE, VOLUMES_DIR, container_rootfs_path,
     extract_container_rootfs, extract_rootfs, extract_volume, is_sealed, quarantine,

@@ -23,6 +23,7 @@
 //! contents; equal chunks still get equal names within the data key's scope, which is what keeps
 //! dedupe working.
 
+pub(crate) mod file;
 mod keys;
 mod store;
 

@@ -23,6 +23,16 @@ pub(super) struct Hashed {
 /// thread while this one reads (and feeds sha256); `sha256` is empty when not asked for.
 pub(super) fn hash_file(path: &Path, chunked: bool, sha256: bool) -> Result<Hashed> {
     let mut f = File::open(path).map_err(|e| Error::io("open", path, e))?;
+    hash_reader(&mut f, path, chunked, sha256)
+}
+
+/// [`hash_file`] of what `f` reads (`path` names it in errors).
+pub(super) fn hash_reader(
+    f: &mut impl Read,
+    path: &Path,
+    chunked: bool,
+    sha256: bool,
+) -> Result<Hashed> {
     let mut h = sha256.then(Sha256::new);
     // CHUNK_BYTES is 2 MiB: fits usize.
     let chunk = CHUNK_BYTES as usize;
@@ -30,7 +40,7 @@ pub(super) fn hash_file(path: &Path, chunked: bool, sha256: bool) -> Result<Hash
         let mut buf = vec![0u8; chunk];
         let mut size = 0u64;
         loop {
-            let n = read_full(&mut f, &mut buf).map_err(|e| Error::io("read", path, e))?;
+            let n = read_full(f, &mut buf).map_err(|e| Error::io("read", path, e))?;
             if let Some(h) = h.as_mut() {
                 h.update(&buf[..n]);
             }
@@ -87,7 +97,7 @@ pub(super) fn hash_file(path: &Path, chunked: bool, sha256: bool) -> Result<Hash
                     ));
                 };
                 buf.resize(chunk, 0);
-                let n = read_full(&mut f, &mut buf).map_err(|e| Error::io("read", path, e))?;
+                let n = read_full(f, &mut buf).map_err(|e| Error::io("read", path, e))?;
                 if n == 0 {
                     return Ok(());
                 }
@@ -140,7 +150,7 @@ pub(super) fn hash_file(path: &Path, chunked: bool, sha256: bool) -> Result<Hash
 }
 
 /// Fills `buf` from `f`, short only at end of file; returns how many bytes it read.
-fn read_full(f: &mut File, buf: &mut [u8]) -> io::Result<usize> {
+fn read_full(f: &mut impl Read, buf: &mut [u8]) -> io::Result<usize> {
     let mut filled = 0;
     while filled < buf.len() {
         match f.read(&mut buf[filled..]) {

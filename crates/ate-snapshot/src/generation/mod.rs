@@ -30,6 +30,7 @@ mod chunk;
 mod extract;
 mod hash;
 mod seal;
+pub mod sealed;
 mod verify;
 
 pub use chunk::{read_verified_chunk, read_verified_chunk_at, verify_chunk_bytes, verify_chunks};

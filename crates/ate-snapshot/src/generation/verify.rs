@@ -7,7 +7,7 @@ use std::path::Path;
 use futures::{FutureExt, StreamExt, TryStreamExt};
 
 use super::HASH_PARALLELISM;
-use super::hash::hash_file;
+use super::hash::{hash_file, hash_reader};
 use crate::error::{Error, Result};
 use crate::manifest::{FileEntry, MANIFEST_FILE, Manifest};
 
@@ -59,6 +59,11 @@ async fn read_manifest_with_bytes(gen_dir: &Path) -> Result<(Manifest, Vec<u8>)>
         }
         Err(e) => return Err(Error::io("read", path, e)),
     };
+    let bytes = if bytes.starts_with(crate::crypto::MAGIC) {
+        super::sealed::open_manifest(gen_dir, &bytes)?
+    } else {
+        bytes
+    };
     let manifest = Manifest::from_json(&bytes)?;
     Ok((manifest, bytes))
 }
@@ -75,6 +80,7 @@ enum Check {
 }
 
 async fn check_files(gen_dir: &Path, manifest: &Manifest, check: Check) -> Result<()> {
+    let sealed = super::sealed::is_encrypted(gen_dir);
     // Built eagerly and boxed: a stream `map` closure here makes callers' futures fail rustc's
     // higher-ranked `Send` check (rust-lang/rust#102211).
     let checks: Vec<_> = manifest
@@ -83,11 +89,18 @@ async fn check_files(gen_dir: &Path, manifest: &Manifest, check: Check) -> Resul
         .cloned()
         .map(|f| {
             let full = gen_dir.join(&f.path);
+            let dir = gen_dir.to_path_buf();
             async move {
                 let what = format!("hash {}", full.display());
-                tokio::task::spawn_blocking(move || check_file(&full, &f, check))
-                    .await
-                    .map_err(|e| Error::task(what, e))?
+                tokio::task::spawn_blocking(move || {
+                    if sealed {
+                        check_sealed_file(&dir, &full, &f, check)
+                    } else {
+                        check_file(&full, &f, check)
+                    }
+                })
+                .await
+                .map_err(|e| Error::task(what, e))?
             }
             .boxed()
         })
@@ -100,6 +113,56 @@ async fn check_files(gen_dir: &Path, manifest: &Manifest, check: Check) -> Resul
 }
 
 fn check_file(full: &Path, f: &FileEntry, check: Check) -> Result<()> {
+    let len = file_len(full, f)?;
+    // Size first: cheap, and a truncated file needs no hashing to be rejected.
+    if len != f.size {
+        return Err(Error::SizeMismatch {
+            file: f.path.clone(),
+            expected: f.size,
+            actual: len,
+        });
+    }
+    match check {
+        Check::SizeOnly => return Ok(()),
+        Check::ExceptChunked if f.has_chunk_digests() => return Ok(()),
+        Check::Full | Check::ExceptChunked => {}
+    }
+    let hashed = hash_file(full, f.has_chunk_digests(), !f.sha256.is_empty())?;
+    compare(f, hashed)
+}
+
+/// [`check_file`] of a sealed file: its size on disk is what `f.size` bytes seal to; hashing
+/// opens every frame (a frame that does not open is [`Error::Unauthentic`]).
+fn check_sealed_file(gen_dir: &Path, full: &Path, f: &FileEntry, check: Check) -> Result<()> {
+    let len = file_len(full, f)?;
+    let expected = super::sealed::sealed_size(gen_dir, f.size)?;
+    if len != expected {
+        return Err(Error::SizeMismatch {
+            file: f.path.clone(),
+            expected,
+            actual: len,
+        });
+    }
+    match check {
+        Check::SizeOnly => return Ok(()),
+        Check::ExceptChunked if f.has_chunk_digests() => return Ok(()),
+        Check::Full | Check::ExceptChunked => {}
+    }
+    let mut reader = super::sealed::open_file(gen_dir, &f.path)?.reader();
+    let hashed = hash_reader(
+        &mut reader,
+        full,
+        f.has_chunk_digests(),
+        !f.sha256.is_empty(),
+    );
+    if let Some(e) = reader.take_error() {
+        return Err(super::sealed::reader_error(&f.path, full, e));
+    }
+    compare(f, hashed?)
+}
+
+/// The size of the file the manifest lists as `f` (missing or not a regular file: missing).
+fn file_len(full: &Path, f: &FileEntry) -> Result<u64> {
     let meta = match fs::symlink_metadata(full) {
         Ok(m) if m.is_file() => m,
         Ok(_) => {
@@ -114,20 +177,11 @@ fn check_file(full: &Path, f: &FileEntry, check: Check) -> Result<()> {
         }
         Err(e) => return Err(Error::io("stat", full, e)),
     };
-    // Size first: cheap, and a truncated file needs no hashing to be rejected.
-    if meta.len() != f.size {
-        return Err(Error::SizeMismatch {
-            file: f.path.clone(),
-            expected: f.size,
-            actual: meta.len(),
-        });
-    }
-    match check {
-        Check::SizeOnly => return Ok(()),
-        Check::ExceptChunked if f.has_chunk_digests() => return Ok(()),
-        Check::Full | Check::ExceptChunked => {}
-    }
-    let hashed = hash_file(full, f.has_chunk_digests(), !f.sha256.is_empty())?;
+    Ok(meta.len())
+}
+
+/// What hashing a file found against what the manifest says of it.
+fn compare(f: &FileEntry, hashed: super::hash::Hashed) -> Result<()> {
     if hashed.size != f.size {
         return Err(Error::SizeMismatch {
             file: f.path.clone(),

@@ -1,0 +1,385 @@
+//! Sealed files on the node's disk: the object format of [`super`] (header, then frames of at
+//! most [`FRAME_BYTES`]), written and read frame by frame at fixed offsets, so a file is sealed
+//! or opened by several threads at once and any frame can be read alone.
+//!
+//! Every frame but the last holds exactly [`FRAME_BYTES`]: frame `i` starts at
+//! `header + i * (4 + FRAME_BYTES + 16)` and holds plaintext bytes `i * FRAME_BYTES ..`.
+
+use std::fs::File;
+use std::io::{self, Read};
+use std::os::unix::fs::FileExt;
+use std::path::Path;
+
+use aws_lc_rs::aead::{Aad, LessSafeKey};
+
+use super::{FRAME_BYTES, MAGIC, OpenError, SALT_BYTES, SnapshotKeys, TAG_BYTES};
+use super::{aad, nonce, object_key, random_salt};
+
+/// Bytes of a frame on disk besides its plaintext: the length prefix and the tag.
+const FRAME_OVERHEAD: u64 = 4 + TAG_BYTES as u64;
+const FULL_FRAME: u64 = FRAME_BYTES as u64 + FRAME_OVERHEAD;
+
+/// Frames of a sealed file with `plain` bytes (at least one, also for an empty file).
+fn frames_for(plain: u64) -> u64 {
+    plain.div_ceil(FRAME_BYTES as u64).max(1)
+}
+
+fn header_len(keys: &SnapshotKeys) -> u64 {
+    (MAGIC.len() + 1 + keys.data_key_id.len() + SALT_BYTES) as u64
+}
+
+/// The size on disk of a file of `plain` bytes sealed under `keys`.
+pub(crate) fn sealed_len(keys: &SnapshotKeys, plain: u64) -> u64 {
+    header_len(keys) + frames_for(plain) * FRAME_OVERHEAD + plain
+}
+
+/// True when the file at `path` starts like a sealed object.
+pub(crate) fn looks_sealed(path: &Path) -> bool {
+    let mut head = [0u8; MAGIC.len()];
+    File::open(path)
+        .and_then(|mut f| f.read_exact(&mut head))
+        .is_ok_and(|()| &head == MAGIC)
+}
+
+/// Seals the `plain` file into `sealed` (created or truncated; not synced), bound to `path`
+/// (the associated data of every frame). `threads` frames are sealed at once.
+pub(crate) fn seal_file(
+    keys: &SnapshotKeys,
+    path: &str,
+    plain: &Path,
+    sealed: &Path,
+    threads: usize,
+) -> io::Result<u64> {
+    let src = File::open(plain)?;
+    let len = src.metadata()?.len();
+    let salt = random_salt().map_err(io::Error::other)?;
+    let key = object_key(keys, &salt).map_err(io::Error::other)?;
+    let id = keys.data_key_id.as_bytes();
+    let mut header = Vec::with_capacity(header_len(keys) as usize);
+    header.extend_from_slice(MAGIC);
+    header.push(id.len() as u8);
+    header.extend_from_slice(id);
+    header.extend_from_slice(&salt);
+    let dst = File::create(sealed)?;
+    dst.write_all_at(&header, 0)?;
+    let frames = frames_for(len);
+    let base = header.len() as u64;
+    for_each_frame(frames, threads, |index, buf| {
+        let at = index * FRAME_BYTES as u64;
+        let n = (len - at.min(len)).min(FRAME_BYTES as u64) as usize;
+        buf.clear();
+        buf.resize(4 + n, 0);
+        src.read_exact_at(&mut buf[4..], at)?;
+        let mut body = buf.split_off(4);
+        key.seal_in_place_append_tag(nonce(index), Aad::from(aad(path, index)), &mut body)
+            .map_err(|_| io::Error::other("seal failed"))?;
+        buf[..4].copy_from_slice(&(body.len() as u32).to_le_bytes());
+        buf.extend_from_slice(&body);
+        dst.write_all_at(buf, base + index * FULL_FRAME)
+    })?;
+    // A file that shrank under us (it must not) would leave a tail: cut it to what was sealed.
+    dst.set_len(base + frames * FRAME_OVERHEAD + len)?;
+    Ok(base + frames * FRAME_OVERHEAD + len)
+}
+
+/// Runs `f(index, scratch buffer)` for every frame index, on up to `threads` threads.
+fn for_each_frame(
+    frames: u64,
+    threads: usize,
+    f: impl Fn(u64, &mut Vec<u8>) -> io::Result<()> + Sync,
+) -> io::Result<()> {
+    let threads = (threads.max(1) as u64).min(frames) as usize;
+    if threads <= 1 {
+        let mut buf = Vec::with_capacity(FULL_FRAME as usize);
+        return (0..frames).try_for_each(|i| f(i, &mut buf));
+    }
+    std::thread::scope(|scope| {
+        let workers: Vec<_> = (0..threads)
+            .map(|t| {
+                let f = &f;
+                scope.spawn(move || {
+                    let mut buf = Vec::with_capacity(FULL_FRAME as usize);
+                    (t as u64..frames)
+                        .step_by(threads)
+                        .try_for_each(|i| f(i, &mut buf))
+                })
+            })
+            .collect();
+        workers.into_iter().try_for_each(|w| {
+            w.join()
+                .unwrap_or_else(|_| Err(io::Error::other("frame thread panicked")))
+        })
+    })
+}
+
+/// A sealed file open for reading, frame by frame.
+pub(crate) struct SealedFile {
+    file: File,
+    key: LessSafeKey,
+    path: String,
+    base: u64,
+    frames: u64,
+    /// Plaintext bytes, from the file's size (every frame but the last is full).
+    plain_len: u64,
+}
+
+impl SealedFile {
+    /// Opens `file` (sealed, bound to `path`) and reads its header.
+    pub(crate) fn open(keys: &SnapshotKeys, path: &str, file: File) -> Result<Self, SealedError> {
+        let disk_len = file.metadata().map_err(SealedError::Io)?.len();
+        let mut head = vec![0u8; MAGIC.len() + 1];
+        if disk_len < head.len() as u64 {
+            return Err(SealedError::Open(if disk_len == 0 {
+                OpenError::Plaintext
+            } else {
+                OpenError::Truncated("header")
+            }));
+        }
+        file.read_exact_at(&mut head, 0).map_err(SealedError::Io)?;
+        if head[..MAGIC.len()] != MAGIC[..] {
+            return Err(SealedError::Open(OpenError::Plaintext));
+        }
+        let id_len = usize::from(head[MAGIC.len()]);
+        let base = (MAGIC.len() + 1 + id_len + SALT_BYTES) as u64;
+        if disk_len < base + FRAME_OVERHEAD {
+            return Err(SealedError::Open(OpenError::Truncated("header")));
+        }
+        let mut rest = vec![0u8; id_len + SALT_BYTES];
+        file.read_exact_at(&mut rest, head.len() as u64)
+            .map_err(SealedError::Io)?;
+        let (id, salt) = rest.split_at(id_len);
+        if id != keys.data_key_id.as_bytes() {
+            return Err(SealedError::Open(OpenError::OtherKey {
+                found: String::from_utf8_lossy(id).into_owned(),
+                held: keys.data_key_id.clone(),
+            }));
+        }
+        let key =
+            object_key(keys, salt).map_err(|e| SealedError::Open(OpenError::Key(e.to_string())))?;
+        let body = disk_len - base;
+        let frames = body.div_ceil(FULL_FRAME).max(1);
+        let plain_len = body
+            .checked_sub(frames * FRAME_OVERHEAD)
+            .ok_or(SealedError::Open(OpenError::Truncated("frame")))?;
+        Ok(Self {
+            file,
+            key,
+            path: path.to_string(),
+            base,
+            frames,
+            plain_len,
+        })
+    }
+
+    /// The plaintext size.
+    pub(crate) fn plain_len(&self) -> u64 {
+        self.plain_len
+    }
+
+    /// Opens frame `index` into `buf` (its plaintext, nothing else).
+    pub(crate) fn read_frame(&self, index: u64, buf: &mut Vec<u8>) -> Result<(), SealedError> {
+        let at = self.base + index * FULL_FRAME;
+        let end = (at + FULL_FRAME).min(self.base + self.plain_len + self.frames * FRAME_OVERHEAD);
+        if index >= self.frames || end <= at + 4 {
+            return Err(SealedError::Open(OpenError::Truncated("frame")));
+        }
+        buf.clear();
+        buf.resize((end - at) as usize, 0);
+        self.file.read_exact_at(buf, at).map_err(SealedError::Io)?;
+        let len = u32::from_le_bytes([buf[0], buf[1], buf[2], buf[3]]) as usize;
+        if len != buf.len() - 4 {
+            return Err(SealedError::Open(OpenError::Frame(index)));
+        }
+        buf.drain(..4);
+        let n = self
+            .key
+            .open_in_place(nonce(index), Aad::from(aad(&self.path, index)), buf)
+            .map_err(|_| SealedError::Open(OpenError::Frame(index)))?
+            .len();
+        buf.truncate(n);
+        Ok(())
+    }
+
+    /// Opens the whole file into `out` (created or truncated; not synced), `threads` frames
+    /// at once.
+    pub(crate) fn open_into(&self, out: &Path, threads: usize) -> Result<(), SealedError> {
+        let dst = File::create(out).map_err(SealedError::Io)?;
+        dst.set_len(self.plain_len).map_err(SealedError::Io)?;
+        let failed = std::sync::Mutex::new(None::<SealedError>);
+        let run = for_each_frame(self.frames, threads, |index, buf| {
+            match self.read_frame(index, buf) {
+                Ok(()) => dst.write_all_at(buf, index * FRAME_BYTES as u64),
+                Err(e) => {
+                    if let Ok(mut f) = failed.lock() {
+                        f.get_or_insert(e);
+                    }
+                    Err(io::Error::other("frame refused"))
+                }
+            }
+        });
+        if let Some(e) = failed.into_inner().ok().flatten() {
+            return Err(e);
+        }
+        run.map_err(SealedError::Io)
+    }
+
+    /// The plaintext as a reader, frame after frame.
+    pub(crate) fn reader(self) -> SealedReader {
+        SealedReader {
+            file: self,
+            next: 0,
+            buf: Vec::new(),
+            at: 0,
+            error: None,
+        }
+    }
+}
+
+/// Why a sealed file does not read: its storage failed, or it is not what was sealed there.
+#[derive(Debug)]
+pub(crate) enum SealedError {
+    Io(io::Error),
+    Open(OpenError),
+}
+
+/// [`SealedFile`]'s plaintext in order. A frame that does not open ends the read with an error
+/// whose source is the [`SealedError`] (see [`SealedReader::take_error`]).
+pub(crate) struct SealedReader {
+    file: SealedFile,
+    next: u64,
+    buf: Vec<u8>,
+    at: usize,
+    error: Option<SealedError>,
+}
+
+impl SealedReader {
+    /// Why the last read failed, when the sealed file itself was the cause.
+    pub(crate) fn take_error(&mut self) -> Option<SealedError> {
+        self.error.take()
+    }
+}
+
+impl Read for SealedReader {
+    fn read(&mut self, dst: &mut [u8]) -> io::Result<usize> {
+        while self.at == self.buf.len() {
+            if self.next == self.file.frames {
+                return Ok(0);
+            }
+            self.at = 0;
+            if let Err(e) = self.file.read_frame(self.next, &mut self.buf) {
+                let message = match &e {
+                    SealedError::Io(io) => io.to_string(),
+                    SealedError::Open(o) => o.to_string(),
+                };
+                self.error = Some(e);
+                return Err(io::Error::other(message));
+            }
+            self.next += 1;
+        }
+        let n = dst.len().min(self.buf.len() - self.at);
+        dst[..n].copy_from_slice(&self.buf[self.at..self.at + n]);
+        self.at += n;
+        Ok(n)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn keys() -> SnapshotKeys {
+        SnapshotKeys::from_data_key("dk-test", &[7u8; 32]).expect("keys")
+    }
+
+    fn sealed(dir: &Path, plain: &[u8], threads: usize) -> std::path::PathBuf {
+        let p = dir.join("plain");
+        std::fs::write(&p, plain).expect("write");
+        let s = dir.join("sealed");
+        let n = seal_file(&keys(), "local:a/b/1-x/f", &p, &s, threads).expect("seal");
+        assert_eq!(n, sealed_len(&keys(), plain.len() as u64));
+        assert_eq!(std::fs::metadata(&s).expect("stat").len(), n);
+        s
+    }
+
+    #[test]
+    fn files_of_every_shape_round_trip_and_match_the_stream_format() {
+        let dir = tempfile::tempdir().expect("tmp");
+        for len in [
+            0,
+            1,
+            FRAME_BYTES - 1,
+            FRAME_BYTES,
+            FRAME_BYTES + 1,
+            3 * FRAME_BYTES + 7,
+        ] {
+            let plain: Vec<u8> = (0..len).map(|i| (i % 253) as u8).collect();
+            for threads in [1, 3] {
+                let s = sealed(dir.path(), &plain, threads);
+                let bytes = std::fs::read(&s).expect("read");
+                if len >= 64 {
+                    assert!(
+                        !bytes.windows(64).any(|w| w == &plain[..64]),
+                        "plaintext visible"
+                    );
+                }
+                // The same bytes open with the streaming opener of durable objects.
+                let streamed =
+                    super::super::open_object(&keys(), "local:a/b/1-x/f", &bytes).expect("open");
+                assert_eq!(&streamed[..], &plain[..], "len {len}");
+                let f = SealedFile::open(&keys(), "local:a/b/1-x/f", File::open(&s).expect("o"))
+                    .unwrap_or_else(|_| panic!("open len {len}"));
+                assert_eq!(f.plain_len(), len as u64);
+                let out = dir.path().join("out");
+                assert!(f.open_into(&out, threads).is_ok());
+                assert_eq!(std::fs::read(&out).expect("read"), plain);
+                let mut back = Vec::new();
+                f.reader().read_to_end(&mut back).expect("reader");
+                assert_eq!(back, plain);
+            }
+        }
+    }
+
+    #[test]
+    fn moved_flipped_truncated_and_plain_files_are_refused() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let plain = vec![9u8; FRAME_BYTES + 100];
+        let s = sealed(dir.path(), &plain, 2);
+        let open = |path: &str| SealedFile::open(&keys(), path, File::open(&s).expect("o"));
+        // Bound to its path.
+        let f = open("local:a/b/2-x/f").unwrap_or_else(|_| panic!("header"));
+        let mut buf = Vec::new();
+        assert!(matches!(
+            f.read_frame(0, &mut buf),
+            Err(SealedError::Open(OpenError::Frame(0)))
+        ));
+        // A flipped bit in the second frame.
+        let mut bytes = std::fs::read(&s).expect("read");
+        let last = bytes.len() - 3;
+        bytes[last] ^= 1;
+        std::fs::write(&s, &bytes).expect("write");
+        let f = open("local:a/b/1-x/f").unwrap_or_else(|_| panic!("header"));
+        assert!(f.read_frame(0, &mut buf).is_ok());
+        assert!(matches!(
+            f.open_into(&dir.path().join("o"), 2),
+            Err(SealedError::Open(OpenError::Frame(1)))
+        ));
+        // Cut inside the last frame's length: its prefix no longer matches.
+        std::fs::write(&s, &bytes[..bytes.len() - 10]).expect("write");
+        let f = open("local:a/b/1-x/f").unwrap_or_else(|_| panic!("header"));
+        assert!(f.open_into(&dir.path().join("o"), 1).is_err());
+        // Plaintext and another key.
+        std::fs::write(&s, b"{\"format_version\":3}").expect("write");
+        assert!(matches!(
+            open("x"),
+            Err(SealedError::Open(OpenError::Plaintext))
+        ));
+        let other = SnapshotKeys::from_data_key("dk-other", &[1u8; 32]).expect("keys");
+        let p = dir.path().join("p");
+        std::fs::write(&p, b"x").expect("write");
+        seal_file(&other, "x", &p, &s, 1).expect("seal");
+        assert!(matches!(
+            open("x"),
+            Err(SealedError::Open(OpenError::OtherKey { .. }))
+        ));
+    }
+}

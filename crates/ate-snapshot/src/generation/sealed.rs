@@ -1,0 +1,339 @@
+//! Node-local generations sealed at rest (docs/security.md, "Snapshots at rest").
+//!
+//! With snapshot keys configured ([`configure`]), a generation is written in plaintext only
+//! into a **scratch** directory on a tmpfs (CRIU's dump, the archives, the manifest), then every
+//! file is sealed into the generation directory on disk ([`seal_into`]), the manifest last. To
+//! use it, a worker (restore) or the node (upload) opens it into a scratch directory again
+//! ([`open_into`]); CRIU, the page source and the uploader read that, and the scratch is
+//! removed when they are done ([`Scratch`] removes itself when dropped). So memory and files
+//! reach the disk only sealed.
+//!
+//! Each file is the object format of the durable store, bound to
+//! `local:<atespace>/<name>/<generation dir>/<file>`: a file moved from another generation or
+//! actor, a flipped bit, a truncated file, a file sealed under another data key and a plaintext
+//! file all fail to open, named by [`Error::Unauthentic`] (damage, as a failed checksum).
+//! The manifest is sealed the same way, so a swapped or rolled-back manifest is refused too.
+//!
+//! Generations written before (a plaintext `manifest.json`) are read as they are: they were
+//! written by this node, whose root can read its keys anyway.
+//!
+//! Architecture invariant: the keys and the scratch root are the process's, set once at start
+//! ([`configure`]); a process that never configures them writes and reads plaintext
+//! generations, as before.
+
+use std::fs::{self, File};
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+
+use crate::crypto::file::{SealedError, SealedFile, looks_sealed, seal_file, sealed_len};
+use crate::crypto::{OpenError, SnapshotKeys};
+use crate::error::{Error, Result};
+use crate::manifest::{MANIFEST_FILE, Manifest};
+
+use super::{fsync_dir, sync_filesystem, write_manifest};
+
+/// Where plaintext passes unless configured otherwise: a tmpfs on every Debian machine.
+pub const DEFAULT_SCRATCH: &str = "/dev/shm/ate-snapshots";
+/// Threads that seal or open one file's frames at once.
+const FRAME_THREADS: usize = 2;
+/// `statfs` magic of tmpfs (and ramfs): memory, not a disk.
+const TMPFS_MAGIC: i64 = 0x0102_1994;
+const RAMFS_MAGIC: i64 = 0x8584_58f6;
+
+struct Local {
+    keys: Option<SnapshotKeys>,
+    scratch: PathBuf,
+}
+
+static LOCAL: OnceLock<Local> = OnceLock::new();
+
+/// Sets this process's snapshot keys (None: generations are written in plaintext) and scratch
+/// root, once; false if they were set already. Says (a warning) when the scratch root is not
+/// a tmpfs: plaintext would then pass through that disk.
+pub fn configure(keys: Option<SnapshotKeys>, scratch: PathBuf) -> bool {
+    if keys.is_some() && !is_memory_fs(&scratch) {
+        tracing::warn!(scratch = %scratch.display(), "the snapshot scratch dir is not on a tmpfs: plaintext memory passes through its disk while a generation is sealed or opened (--snapshot-scratch)");
+    }
+    LOCAL.set(Local { keys, scratch }).is_ok()
+}
+
+/// The keys generations are sealed with, if any.
+pub fn keys() -> Option<&'static SnapshotKeys> {
+    LOCAL.get().and_then(|l| l.keys.as_ref())
+}
+
+fn scratch_root() -> PathBuf {
+    LOCAL
+        .get()
+        .map_or_else(|| PathBuf::from(DEFAULT_SCRATCH), |l| l.scratch.clone())
+}
+
+/// The scratch root's file system is memory (tmpfs/ramfs), or the root does not exist yet but
+/// its parent's is.
+fn is_memory_fs(dir: &Path) -> bool {
+    let probe = dir
+        .ancestors()
+        .find(|p| p.exists())
+        .unwrap_or_else(|| Path::new("/"));
+    nix::sys::statfs::statfs(probe).is_ok_and(|s| {
+        let t = s.filesystem_type().0 as i64;
+        t == TMPFS_MAGIC || t == RAMFS_MAGIC
+    })
+}
+
+/// True when the generation's manifest is sealed (and so is every file).
+pub fn is_encrypted(gen_dir: &Path) -> bool {
+    looks_sealed(&gen_dir.join(MANIFEST_FILE))
+}
+
+/// What every frame of `rel` in `gen_dir` is bound to: the generation directory's last three
+/// components (`<atespace>/<name>/<generation>-<uuid>`) and the file.
+fn binding(gen_dir: &Path, rel: &str) -> String {
+    let tail: Vec<_> = gen_dir
+        .components()
+        .rev()
+        .take(3)
+        .map(|c| c.as_os_str().to_string_lossy().into_owned())
+        .collect();
+    let tail: Vec<_> = tail.into_iter().rev().collect();
+    format!("local:{}/{rel}", tail.join("/"))
+}
+
+fn need_keys(gen_dir: &Path) -> Result<&'static SnapshotKeys> {
+    keys().ok_or_else(|| {
+        Error::Keys(format!(
+            "generation {} is sealed and this process has no snapshot keys (--snapshot-keys)",
+            gen_dir.display()
+        ))
+    })
+}
+
+fn refused(rel: &str, e: SealedError, path: &Path) -> Error {
+    match e {
+        SealedError::Io(io) if io.kind() == std::io::ErrorKind::NotFound => Error::MissingFile {
+            file: rel.to_string(),
+        },
+        SealedError::Io(io) => Error::io("read", path, io),
+        SealedError::Open(o @ OpenError::OtherKey { .. }) => Error::ForeignKey {
+            key: rel.to_string(),
+            message: o.to_string(),
+        },
+        SealedError::Open(o) => Error::Unauthentic {
+            key: rel.to_string(),
+            message: o.to_string(),
+        },
+    }
+}
+
+/// The manifest bytes of a sealed generation, opened (`stored` as read from disk).
+pub(super) fn open_manifest(gen_dir: &Path, stored: &[u8]) -> Result<Vec<u8>> {
+    let keys = need_keys(gen_dir)?;
+    let path = binding(gen_dir, MANIFEST_FILE);
+    let mut opener = crate::crypto::Opener::new(keys, &path);
+    let opened = opener
+        .push(stored)
+        .and_then(|pieces| opener.finish().map(|()| pieces));
+    match opened {
+        Ok(pieces) => Ok(crate::crypto::join(pieces).to_vec()),
+        Err(e @ OpenError::OtherKey { .. }) => Err(Error::ForeignKey {
+            key: MANIFEST_FILE.into(),
+            message: e.to_string(),
+        }),
+        Err(e) => Err(Error::Unauthentic {
+            key: MANIFEST_FILE.into(),
+            message: e.to_string(),
+        }),
+    }
+}
+
+/// A file of a sealed generation, open for reading its plaintext.
+pub(super) fn open_file(gen_dir: &Path, rel: &str) -> Result<SealedFile> {
+    let keys = need_keys(gen_dir)?;
+    let full = gen_dir.join(rel);
+    let file = File::open(&full).map_err(|e| refused(rel, SealedError::Io(e), &full))?;
+    SealedFile::open(keys, &binding(gen_dir, rel), file).map_err(|e| refused(rel, e, &full))
+}
+
+/// The size on disk of a sealed file of `plain` bytes.
+pub(super) fn sealed_size(gen_dir: &Path, plain: u64) -> Result<u64> {
+    Ok(sealed_len(need_keys(gen_dir)?, plain))
+}
+
+/// [`Error::Unauthentic`] (or the I/O error) for a sealed file whose reading failed.
+pub(super) fn reader_error(rel: &str, path: &Path, e: SealedError) -> Error {
+    refused(rel, e, path)
+}
+
+/// A directory for plaintext under the scratch root (a tmpfs), 0700, removed with everything
+/// in it when dropped. Named `<purpose>-<pid>-<random>`: [`sweep_scratch`] removes those whose
+/// process is gone.
+#[derive(Debug)]
+pub struct Scratch {
+    path: PathBuf,
+}
+
+impl Scratch {
+    pub fn new(purpose: &str) -> Result<Self> {
+        use std::os::unix::fs::PermissionsExt;
+        let root = scratch_root();
+        fs::create_dir_all(&root).map_err(|e| Error::io("create dir", &root, e))?;
+        // Search only for others: a restored task in its user namespace reaches its images
+        // through it (the entry itself is opened to that range's group only).
+        fs::set_permissions(&root, fs::Permissions::from_mode(0o711))
+            .map_err(|e| Error::io("chmod", &root, e))?;
+        let path = root.join(format!(
+            "{purpose}-{}-{}",
+            std::process::id(),
+            uuid::Uuid::new_v4().simple()
+        ));
+        fs::create_dir(&path).map_err(|e| Error::io("create dir", &path, e))?;
+        fs::set_permissions(&path, fs::Permissions::from_mode(0o700))
+            .map_err(|e| Error::io("chmod", &path, e))?;
+        Ok(Self { path })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// True when `dir` lies in some scratch directory (of any process).
+    pub fn contains(dir: &Path) -> bool {
+        dir.starts_with(scratch_root())
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        if let Err(e) = fs::remove_dir_all(&self.path)
+            && e.kind() != std::io::ErrorKind::NotFound
+        {
+            tracing::warn!(dir = %self.path.display(), error = %e, "cannot remove a snapshot scratch dir");
+        }
+    }
+}
+
+/// Removes scratch directories whose process is gone (a worker or node killed while sealing or
+/// opening a generation). Returns how many.
+pub fn sweep_scratch() -> usize {
+    let root = scratch_root();
+    let Ok(entries) = fs::read_dir(&root) else {
+        return 0;
+    };
+    let mut removed = 0;
+    for e in entries.flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        let pid = name.split('-').nth(1).and_then(|p| p.parse::<u32>().ok());
+        let Some(pid) = pid else { continue };
+        if Path::new(&format!("/proc/{pid}")).exists() {
+            continue;
+        }
+        if fs::remove_dir_all(e.path()).is_ok() {
+            removed += 1;
+        }
+    }
+    removed
+}
+
+/// Seals the complete plaintext generation in `plain` (manifest and every file it lists) into
+/// `gen_dir`, which must not be sealed yet: each file, then (after a sync) the manifest, last,
+/// as [`super::seal_generation`] does. Returns the manifest.
+pub async fn seal_into(plain: &Path, gen_dir: &Path) -> Result<Manifest> {
+    let keys = need_keys(gen_dir)?.clone();
+    let (plain, gen_dir) = (plain.to_path_buf(), gen_dir.to_path_buf());
+    let what = format!("seal {}", gen_dir.display());
+    tokio::task::spawn_blocking(move || seal_blocking(&keys, &plain, &gen_dir))
+        .await
+        .map_err(|e| Error::task(what, e))?
+}
+
+fn seal_blocking(keys: &SnapshotKeys, plain: &Path, gen_dir: &Path) -> Result<Manifest> {
+    if super::is_sealed(gen_dir) {
+        return Err(Error::AlreadySealed {
+            dir: gen_dir.to_path_buf(),
+        });
+    }
+    let manifest_path = plain.join(MANIFEST_FILE);
+    let bytes = fs::read(&manifest_path).map_err(|e| Error::io("read", &manifest_path, e))?;
+    let manifest = Manifest::from_json(&bytes)?;
+    fs::create_dir_all(gen_dir).map_err(|e| Error::io("create dir", gen_dir, e))?;
+    for f in &manifest.files {
+        let src = plain.join(&f.path);
+        let dst = gen_dir.join(&f.path);
+        if let Some(parent) = dst.parent() {
+            fs::create_dir_all(parent).map_err(|e| Error::io("create dir", parent, e))?;
+        }
+        seal_file(keys, &binding(gen_dir, &f.path), &src, &dst, FRAME_THREADS)
+            .map_err(|e| Error::io("seal", &dst, e))?;
+    }
+    sync_filesystem(gen_dir)?;
+    let sealed = crate::crypto::seal_object(keys, &binding(gen_dir, MANIFEST_FILE), &bytes)?;
+    write_manifest(gen_dir, &sealed)?;
+    Ok(manifest)
+}
+
+/// Which files [`open_into`] opens.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Opening {
+    /// Everything: a restore.
+    All,
+    /// The CRIU images only (a parent an upload reads pages from).
+    Memory,
+}
+
+/// Opens the sealed generation `gen_dir` into `plain` (a [`Scratch`]): the manifest, then the
+/// files `which` selects, each checked to open whole (every frame authenticated) at the size the
+/// manifest says. What it refuses names the file ([`Error::Unauthentic`], damage). Returns the
+/// manifest. A plaintext generation (written before encryption) is refused: read it in place.
+pub async fn open_into(gen_dir: &Path, plain: &Path, which: Opening) -> Result<Manifest> {
+    let (gen_dir, plain) = (gen_dir.to_path_buf(), plain.to_path_buf());
+    let what = format!("open {}", gen_dir.display());
+    tokio::task::spawn_blocking(move || open_blocking(&gen_dir, &plain, which))
+        .await
+        .map_err(|e| Error::task(what, e))?
+}
+
+fn open_blocking(gen_dir: &Path, plain: &Path, which: Opening) -> Result<Manifest> {
+    let manifest_path = gen_dir.join(MANIFEST_FILE);
+    let stored = match fs::read(&manifest_path) {
+        Ok(b) => b,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            return Err(Error::Incomplete {
+                dir: gen_dir.to_path_buf(),
+            });
+        }
+        Err(e) => return Err(Error::io("read", &manifest_path, e)),
+    };
+    if !stored.starts_with(crate::crypto::MAGIC) {
+        return Err(Error::InvalidInput(format!(
+            "generation {} is not sealed",
+            gen_dir.display()
+        )));
+    }
+    let bytes = open_manifest(gen_dir, &stored)?;
+    let manifest = Manifest::from_json(&bytes)?;
+    fs::create_dir_all(plain).map_err(|e| Error::io("create dir", plain, e))?;
+    for f in &manifest.files {
+        if which == Opening::Memory && !f.path.starts_with(&format!("{}/", super::CRIU_DIR)) {
+            continue;
+        }
+        let sealed = open_file(gen_dir, &f.path)?;
+        if sealed.plain_len() != f.size {
+            return Err(Error::SizeMismatch {
+                file: f.path.clone(),
+                expected: f.size,
+                actual: sealed.plain_len(),
+            });
+        }
+        let out = plain.join(&f.path);
+        if let Some(parent) = out.parent() {
+            fs::create_dir_all(parent).map_err(|e| Error::io("create dir", parent, e))?;
+        }
+        sealed
+            .open_into(&out, FRAME_THREADS)
+            .map_err(|e| refused(&f.path, e, &gen_dir.join(&f.path)))?;
+    }
+    fs::write(plain.join(MANIFEST_FILE), &bytes)
+        .map_err(|e| Error::io("write", plain.join(MANIFEST_FILE), e))?;
+    fsync_dir(plain).ok();
+    Ok(manifest)
+}

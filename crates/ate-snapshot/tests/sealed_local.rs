@@ -1,0 +1,196 @@
+//! Node-local generations sealed at rest (`ate_snapshot::sealed`): written in plaintext into a
+//! scratch dir, sealed into the generation dir, opened again for use. Nothing of the plaintext
+//! is left in the sealed copy; a file that was flipped, moved in from another generation or
+//! truncated, and a swapped manifest, are refused naming the file.
+
+mod common;
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::sync::Once;
+
+use ate_core::Fidelity;
+use ate_snapshot::sealed::{self, Opening, Scratch};
+use common::{fixture, meta};
+
+const SECRET: &[u8] = b"sk-live-0123456789abcdef-SECRET";
+
+fn configure() {
+    static ONCE: Once = Once::new();
+    ONCE.call_once(|| {
+        let keys = ate_snapshot::SnapshotKeys::from_data_key("dk-local", &[5u8; 32]).expect("keys");
+        let scratch = std::env::temp_dir().join(format!("ate-scratch-test-{}", std::process::id()));
+        assert!(sealed::configure(Some(keys), scratch));
+    });
+}
+
+/// A plaintext generation (memory image holding SECRET, archives) sealed into
+/// `<root>/snapshots/ns/counter/<dir>`.
+async fn sealed_generation(dir: &str) -> (common::Fixture, PathBuf) {
+    configure();
+    let f = fixture(3 * 1024 * 1024 + 17);
+    let mut pages = fs::read(f.gen_dir.join("criu/pages-1.img")).expect("read");
+    pages[1_000_000..1_000_000 + SECRET.len()].copy_from_slice(SECRET);
+    fs::write(f.gen_dir.join("criu/pages-1.img"), &pages).expect("write");
+    ate_snapshot::seal_generation(
+        &f.gen_dir,
+        meta(Fidelity::Memory),
+        Some(&f.upper),
+        &f.volumes,
+    )
+    .await
+    .expect("seal plaintext");
+    let gen_dir = f.root.path().join("snapshots/ns/counter").join(dir);
+    let m = sealed::seal_into(&f.gen_dir, &gen_dir)
+        .await
+        .expect("seal_into");
+    assert_eq!(m.generation, 7);
+    (f, gen_dir)
+}
+
+fn contains(dir: &Path, needle: &[u8]) -> Vec<PathBuf> {
+    let mut hits = Vec::new();
+    for e in walk(dir) {
+        if fs::read(&e).is_ok_and(|b| b.windows(needle.len()).any(|w| w == needle)) {
+            hits.push(e);
+        }
+    }
+    hits
+}
+
+fn walk(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    for e in fs::read_dir(dir).expect("read_dir").flatten() {
+        let p = e.path();
+        if p.is_dir() {
+            out.extend(walk(&p));
+        } else {
+            out.push(p);
+        }
+    }
+    out
+}
+
+#[tokio::test]
+async fn a_sealed_generation_shows_no_plaintext_and_opens_whole() {
+    let (f, gen_dir) = sealed_generation("7-abc").await;
+    assert!(sealed::is_encrypted(&gen_dir));
+    assert!(!sealed::is_encrypted(&f.gen_dir));
+    assert!(
+        !contains(&f.gen_dir, SECRET).is_empty(),
+        "the fixture holds the secret"
+    );
+    assert_eq!(contains(&gen_dir, SECRET), Vec::<PathBuf>::new());
+    assert_eq!(
+        contains(&gen_dir, b"counter=41").len(),
+        0,
+        "archives are sealed too"
+    );
+    assert_eq!(
+        contains(&gen_dir, b"default/counter").len(),
+        0,
+        "the manifest too"
+    );
+
+    // Read in place: the manifest opens, every file verifies through its frames.
+    let m = ate_snapshot::read_manifest(&gen_dir)
+        .await
+        .expect("manifest");
+    assert_eq!(m.name, "counter");
+    ate_snapshot::verify(&gen_dir).await.expect("verify sealed");
+
+    // Opened into a scratch dir: the same bytes as the plaintext generation.
+    let scratch = Scratch::new("test").expect("scratch");
+    sealed::open_into(&gen_dir, scratch.path(), Opening::All)
+        .await
+        .expect("open");
+    for rel in m.files.iter().map(|f| f.path.clone()) {
+        assert_eq!(
+            fs::read(scratch.path().join(&rel)).expect("opened"),
+            fs::read(f.gen_dir.join(&rel)).expect("plain"),
+            "{rel}"
+        );
+    }
+    ate_snapshot::verify(scratch.path())
+        .await
+        .expect("verify opened");
+    let only_memory = Scratch::new("test").expect("scratch");
+    sealed::open_into(&gen_dir, only_memory.path(), Opening::Memory)
+        .await
+        .expect("open memory");
+    assert!(only_memory.path().join("criu/pages-1.img").is_file());
+    assert!(!only_memory.path().join("rootfs.tar").exists());
+    let path = scratch.path().to_path_buf();
+    drop(scratch);
+    assert!(!path.exists(), "a scratch dir goes when dropped");
+}
+
+#[tokio::test]
+async fn flipped_moved_truncated_or_swapped_files_are_refused_naming_them() {
+    let (_f, gen_dir) = sealed_generation("7-abc").await;
+    let (_g, other) = sealed_generation("6-def").await;
+    let refused = |e: ate_snapshot::Error, file: &str| {
+        assert!(e.is_corrupt(), "{e}");
+        assert_eq!(e.corrupt_file(), Some(file), "{e}");
+    };
+    let open = |dir: PathBuf| async move {
+        let s = Scratch::new("test").expect("scratch");
+        sealed::open_into(&dir, s.path(), Opening::All)
+            .await
+            .map(|_| ())
+    };
+
+    // A flipped bit in a memory image.
+    let pages = gen_dir.join("criu/pages-1.img");
+    let good = fs::read(&pages).expect("read");
+    let mut bad = good.clone();
+    bad[good.len() / 2] ^= 0x40;
+    fs::write(&pages, &bad).expect("write");
+    refused(
+        open(gen_dir.clone()).await.expect_err("flipped"),
+        "criu/pages-1.img",
+    );
+    refused(
+        ate_snapshot::verify(&gen_dir).await.expect_err("flipped"),
+        "criu/pages-1.img",
+    );
+    // Another generation's copy of the same file (same keys, same size): bound to its path.
+    fs::copy(other.join("criu/pages-1.img"), &pages).expect("copy");
+    refused(
+        open(gen_dir.clone()).await.expect_err("moved"),
+        "criu/pages-1.img",
+    );
+    // Cut short.
+    fs::write(&pages, &good[..good.len() - 100]).expect("write");
+    let e = open(gen_dir.clone()).await.expect_err("truncated");
+    assert!(e.is_corrupt(), "{e}");
+    fs::write(&pages, &good).expect("write");
+    open(gen_dir.clone()).await.expect("intact again");
+
+    // The manifest of another generation put in its place (a roll-back or a swap).
+    let manifest = gen_dir.join("manifest.json");
+    fs::copy(other.join("manifest.json"), &manifest).expect("copy");
+    refused(
+        ate_snapshot::read_manifest(&gen_dir)
+            .await
+            .expect_err("swapped"),
+        "manifest.json",
+    );
+    refused(
+        open(gen_dir.clone()).await.expect_err("swapped"),
+        "manifest.json",
+    );
+}
+
+#[tokio::test]
+async fn scratch_dirs_of_gone_processes_are_swept() {
+    configure();
+    let mine = Scratch::new("restore").expect("scratch");
+    let root = mine.path().parent().expect("root").to_path_buf();
+    // pid 0x7ffffffe is never a live process here.
+    let orphan = root.join("restore-2147483646-deadbeef");
+    fs::create_dir_all(orphan.join("criu")).expect("mkdir");
+    assert!(sealed::sweep_scratch() >= 1);
+    assert!(!orphan.exists());
+    assert!(mine.path().is_dir(), "a live process's scratch stays");
+}
