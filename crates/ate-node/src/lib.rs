@@ -84,6 +84,10 @@ pub struct NodeConfig {
         env = "ATE_SNAPSHOT_LEGACY_PLAINTEXT"
     )]
     pub snapshot_legacy_plaintext: bool,
+    /// Where the plaintext of a node-local generation passes while it is opened for an upload:
+    /// a tmpfs (memory). Entries of processes that are gone are removed at start.
+    #[arg(long = "snapshot-scratch", env = "ATE_SNAPSHOT_SCRATCH", default_value = ate_snapshot::sealed::DEFAULT_SCRATCH)]
+    pub snapshot_scratch: PathBuf,
     /// Write the bound address as JSON here once serving.
     #[arg(long = "ready-file")]
     pub ready_file: Option<PathBuf>,
@@ -97,15 +101,11 @@ impl NodeConfig {
     /// The snapshot keys directory in use: `--snapshot-keys`, else STATE_DIR/keys if it holds a
     /// data key.
     pub fn snapshot_keys_dir(&self) -> Option<PathBuf> {
-        if self.no_snapshot_encryption {
-            return None;
-        }
-        self.snapshot_keys.clone().or_else(|| {
-            let dir = self.state_dir.join("keys");
-            dir.join(ate_snapshot::DATA_KEY_FILE)
-                .is_file()
-                .then_some(dir)
-        })
+        ate_snapshot::sealed::keys_dir(
+            self.snapshot_keys.as_deref(),
+            self.no_snapshot_encryption,
+            &self.state_dir,
+        )
     }
 
     /// The lock that makes this process the node agent of its state dir ([`lock_identity`]).

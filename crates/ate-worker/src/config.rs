@@ -172,6 +172,23 @@ pub struct WorkerConfig {
     #[arg(long, env = "ATE_CRIU", value_name = "PATH|none")]
     pub criu: Option<PathBuf>,
 
+    /// Snapshot keys directory (docs/security.md, "Snapshots at rest"): every generation this
+    /// worker writes is sealed under its data key on the node's disk, and opened into
+    /// `--snapshot-scratch` (a tmpfs) to be restored. Default: STATE_DIR/keys when it holds a
+    /// data key (`ate up` creates it); none: generations are written in plaintext.
+    #[arg(long = "snapshot-keys", env = "ATE_SNAPSHOT_KEYS")]
+    pub snapshot_keys: Option<PathBuf>,
+
+    /// Write generations in plaintext even when STATE_DIR/keys exists.
+    #[arg(long = "no-snapshot-encryption", conflicts_with = "snapshot_keys")]
+    pub no_snapshot_encryption: bool,
+
+    /// Where the plaintext of a generation passes while it is sealed or opened: a tmpfs
+    /// (memory), so memory reaches the disk only sealed. Entries of processes that are gone
+    /// are removed at start.
+    #[arg(long = "snapshot-scratch", env = "ATE_SNAPSHOT_SCRATCH", default_value = ate_snapshot::sealed::DEFAULT_SCRATCH)]
+    pub snapshot_scratch: PathBuf,
+
     /// atunnel's identity (`--tls-cert/--tls-key/--tls-ca`): mTLS accepting only the router.
     #[command(flatten)]
     pub tls: ate_tls::TlsArgs,
@@ -210,9 +227,21 @@ impl WorkerConfig {
             userns_claims_dir: PathBuf::from(crate::runc::userns::DEFAULT_CLAIMS_DIR),
             remove_leftovers: false,
             criu: None,
+            snapshot_keys: None,
+            no_snapshot_encryption: false,
+            snapshot_scratch: PathBuf::from(ate_snapshot::sealed::DEFAULT_SCRATCH),
             tls: ate_tls::TlsArgs::default(),
             faults: Arc::default(),
         }
+    }
+
+    /// The snapshot keys directory in use (see `--snapshot-keys`).
+    pub fn snapshot_keys_dir(&self) -> Option<PathBuf> {
+        ate_snapshot::sealed::keys_dir(
+            self.snapshot_keys.as_deref(),
+            self.no_snapshot_encryption,
+            &self.state_dir,
+        )
     }
 
     /// Refuses `--listen`/`--advertise` that would report an address routers cannot dial.

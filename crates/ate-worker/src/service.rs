@@ -294,6 +294,29 @@ pub async fn run_locked(
         ..defaults
     })
     .await?;
+    // Generations are sealed at rest with the node's snapshot keys (docs/security.md).
+    let keys = match config.snapshot_keys_dir() {
+        Some(dir) => Some(ate_snapshot::SnapshotKeys::load(&dir).map_err(|e| {
+            WorkerError::Config(format!("snapshot keys in {}: {e}", dir.display()))
+        })?),
+        None => None,
+    };
+    match &keys {
+        Some(k) => {
+            tracing::info!(data_key = k.data_key_id(), scratch = %config.snapshot_scratch.display(), "generations are sealed at rest")
+        }
+        None => tracing::warn!(
+            "no snapshot keys (--snapshot-keys): generations are written to the node's disk in plaintext"
+        ),
+    }
+    ate_snapshot::sealed::configure(keys, config.snapshot_scratch.clone());
+    let swept = ate_snapshot::sealed::sweep_scratch();
+    if swept > 0 {
+        tracing::info!(
+            swept,
+            "removed snapshot scratch dirs left by processes that are gone"
+        );
+    }
     if config.remove_leftovers {
         let worker = Worker::new(
             Identity {

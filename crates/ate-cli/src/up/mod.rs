@@ -43,8 +43,9 @@ pub struct UpArgs {
     /// Actor slots per worker.
     #[arg(long, default_value_t = 8)]
     pub worker_slots: u32,
-    /// Store durable snapshots unencrypted: no STATE_DIR/keys is created or used (by default
-    /// `ate up` creates it and its node seals every durable object; docs/security.md).
+    /// Store snapshots unencrypted: no STATE_DIR/keys is created or used (by default `ate up`
+    /// creates it, its workers seal every node-local generation and its node every durable
+    /// object; docs/security.md).
     #[arg(long)]
     pub no_snapshot_encryption: bool,
     /// Do not register the `ate-demo` atespace and `ate-demo/counter` template.

@@ -146,6 +146,10 @@ pub(super) async fn start_node_and_workers(
             ),
         ];
         let mut worker_args = command_line("worker", args, flags);
+        if args.no_snapshot_encryption {
+            // Otherwise the worker seals its generations with STATE_DIR/keys, as the node does.
+            worker_args.push("--no-snapshot-encryption".to_string());
+        }
         if !deny.is_empty() {
             // No egress policy may let an actor reach the api, the store or the object store.
             worker_args.extend(["--deny-egress".to_string(), deny.join(",")]);

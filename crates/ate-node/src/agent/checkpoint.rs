@@ -164,19 +164,20 @@ impl NodeAgent {
     ) -> Result<String, String> {
         let key = crate::sweep::durable_key(atespace, name, snap.generation, &snap.uuid);
         let begun = std::time::Instant::now();
-        let uploaded = self
-            .inner
-            .durable
-            .upload_with_parents(
-                Path::new(&snap.local_path),
-                &key,
-                priority,
-                parents,
-                &|dir: &Path| ate_worker::lazy::images::memory_layout(dir).ok(),
-            )
-            .await
-            .map(|(uri, _)| uri)
-            .map_err(|e| e.to_string());
+        let uploaded = async {
+            let (local, parents, _opened) = open_for_upload(Path::new(&snap.local_path), parents)
+                .await
+                .map_err(|e| e.to_string())?;
+            self.inner
+                .durable
+                .upload_with_parents(&local, &key, priority, &parents, &|dir: &Path| {
+                    ate_worker::lazy::images::memory_layout(dir).ok()
+                })
+                .await
+                .map(|(uri, _)| uri)
+                .map_err(|e| e.to_string())
+        }
+        .await;
         crate::metrics::uploaded(priority, &uploaded, snap.size_bytes, begun);
         uploaded
     }
@@ -199,6 +200,44 @@ impl NodeAgent {
             tracing::warn!(generation, error = %e.message, "snapshot report to the api failed");
         }
     }
+}
+
+/// What an upload reads: a sealed generation (and each sealed parent's memory images, which
+/// deltas are made against) opened into scratch dirs on a tmpfs, kept until the upload ends;
+/// plaintext ones as they are. A parent that does not open only costs deltas.
+async fn open_for_upload(
+    local: &Path,
+    parents: &[PathBuf],
+) -> Result<(PathBuf, Vec<PathBuf>, Vec<ate_snapshot::sealed::Scratch>), ate_snapshot::Error> {
+    use ate_snapshot::sealed::{Opening, Scratch, is_encrypted, open_into};
+    let mut opened = Vec::new();
+    let dir = if is_encrypted(local) {
+        let scratch = Scratch::new("upload")?;
+        open_into(local, scratch.path(), Opening::All).await?;
+        let dir = scratch.path().to_path_buf();
+        opened.push(scratch);
+        dir
+    } else {
+        local.to_path_buf()
+    };
+    let mut plain_parents = Vec::new();
+    for parent in parents {
+        if !is_encrypted(parent) {
+            plain_parents.push(parent.clone());
+            continue;
+        }
+        let scratch = Scratch::new("upload-parent")?;
+        match open_into(parent, scratch.path(), Opening::Memory).await {
+            Ok(_) => {
+                plain_parents.push(scratch.path().to_path_buf());
+                opened.push(scratch);
+            }
+            Err(e) => {
+                tracing::debug!(parent = %parent.display(), error = %e, "not a parent for deltas")
+            }
+        }
+    }
+    Ok((dir, plain_parents, opened))
 }
 
 #[cfg(test)]

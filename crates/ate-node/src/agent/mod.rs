@@ -80,18 +80,26 @@ impl NodeAgent {
         let mut durable = DurableStore::from_url(&durable_url)
             .map_err(|e| NodeError::Durable(e.to_string()))?
             .with_partial_grace(gc_age);
-        match cfg.snapshot_keys_dir() {
+        let keys = match cfg.snapshot_keys_dir() {
             Some(dir) => {
                 let keys = ate_snapshot::SnapshotKeys::load(&dir)
                     .map_err(|e| NodeError::Durable(format!("snapshot keys: {e}")))?
                     .with_legacy_plaintext(cfg.snapshot_legacy_plaintext);
                 tracing::info!(keys = %dir.display(), data_key = keys.data_key_id(), "durable snapshots encrypted");
-                durable = durable.with_keys(keys);
+                durable = durable.with_keys(keys.clone());
+                Some(keys)
             }
-            None => tracing::warn!(
-                "no snapshot keys (--snapshot-keys): durable snapshots are stored unencrypted"
-            ),
-        }
+            None => {
+                tracing::warn!(
+                    "no snapshot keys (--snapshot-keys): durable snapshots are stored unencrypted"
+                );
+                None
+            }
+        };
+        // Node-local generations sealed by the workers are opened with the same keys (an upload
+        // reads them through `--snapshot-scratch`).
+        ate_snapshot::sealed::configure(keys, cfg.snapshot_scratch.clone());
+        ate_snapshot::sealed::sweep_scratch();
         let tls = cfg.tls.load("node")?;
         let client_tls = match &tls {
             Some(src) => {

@@ -57,6 +57,20 @@ pub fn configure(keys: Option<SnapshotKeys>, scratch: PathBuf) -> bool {
     LOCAL.set(Local { keys, scratch }).is_ok()
 }
 
+/// The snapshot keys directory a node or worker uses: `explicit`, else `STATE_DIR/keys` when it
+/// holds a data key; none when `off`.
+pub fn keys_dir(explicit: Option<&Path>, off: bool, state_dir: &Path) -> Option<PathBuf> {
+    if off {
+        return None;
+    }
+    explicit.map(Path::to_path_buf).or_else(|| {
+        let dir = state_dir.join("keys");
+        dir.join(crate::crypto::DATA_KEY_FILE)
+            .is_file()
+            .then_some(dir)
+    })
+}
+
 /// The keys generations are sealed with, if any.
 pub fn keys() -> Option<&'static SnapshotKeys> {
     LOCAL.get().and_then(|l| l.keys.as_ref())
@@ -76,7 +90,7 @@ fn is_memory_fs(dir: &Path) -> bool {
         .find(|p| p.exists())
         .unwrap_or_else(|| Path::new("/"));
     nix::sys::statfs::statfs(probe).is_ok_and(|s| {
-        let t = s.filesystem_type().0 as i64;
+        let t = s.filesystem_type().0;
         t == TMPFS_MAGIC || t == RAMFS_MAGIC
     })
 }

@@ -186,7 +186,13 @@ impl RuncRuntime {
         } else {
             lazy
         };
-        let scratch_images = actor.dir.join("criu-images");
+        // Images opened from a sealed generation sit in a scratch dir on a tmpfs: their copy
+        // goes beside them (hard links; a copy on the actor's disk would be plaintext there).
+        let opened = ate_snapshot::sealed::Scratch::contains(image_dir);
+        let scratch_images = match image_dir.parent() {
+            Some(parent) if opened => parent.join("criu-images"),
+            _ => actor.dir.join("criu-images"),
+        };
         let result = async {
             let base = self.prepare(actor, spec, false, true, in_userns).await?;
             let image_dir = match base {
@@ -194,6 +200,10 @@ impl RuncRuntime {
                     // CRIU gives the new user namespace the mapping it dumped: restore from a
                     // copy whose userns image maps the range claimed now.
                     super::userns::images_for_range(image_dir, &scratch_images, base)?;
+                    if opened && let Some(parent) = scratch_images.parent() {
+                        // The restored task opens some images from inside its user namespace.
+                        super::userns::open_to_range(parent, base)?;
+                    }
                     scratch_images.as_path()
                 }
                 None => image_dir,

@@ -432,10 +432,16 @@ pub fn images_for_range(image_dir: &Path, scratch: &Path, base: u32) -> Result<(
             std::fs::copy(&src, &dst).ctx(|| format!("copy {}", src.display()))?;
         }
     }
-    nix::unistd::chown(scratch, None, Some(nix::unistd::Gid::from_raw(base)))
-        .ctx(|| format!("chgrp {}", scratch.display()))?;
-    std::fs::set_permissions(scratch, std::fs::Permissions::from_mode(0o710))
-        .ctx(|| format!("chmod {}", scratch.display()))?;
+    open_to_range(scratch, base)
+}
+
+/// `dir` becomes `root:<range root gid>` 0710: the range's root group may pass through it,
+/// nobody else.
+pub fn open_to_range(dir: &Path, base: u32) -> Result<()> {
+    nix::unistd::chown(dir, None, Some(nix::unistd::Gid::from_raw(base)))
+        .ctx(|| format!("chgrp {}", dir.display()))?;
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o710))
+        .ctx(|| format!("chmod {}", dir.display()))?;
     Ok(())
 }
 

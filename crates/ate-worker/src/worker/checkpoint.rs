@@ -68,6 +68,19 @@ impl Worker {
                 .await
                 .map_err(|e| VerbError::Internal(format!("remove {}: {e}", gen_dir.display())))?;
         }
+        // With snapshot keys the generation is written in plaintext only to a scratch dir on
+        // a tmpfs, and every file is sealed into `gen_dir` at the end: memory reaches the
+        // node's disk only sealed. Made before anything changes, so failing here costs nothing.
+        let scratch = match ate_snapshot::sealed::keys() {
+            Some(_) => Some(
+                ate_snapshot::sealed::Scratch::new("dump")
+                    .map_err(|e| VerbError::Internal(format!("snapshot scratch dir: {e}")))?,
+            ),
+            None => None,
+        };
+        let write_dir = scratch
+            .as_ref()
+            .map_or_else(|| gen_dir.clone(), |s| s.path().to_path_buf());
         // A dump reads memory through the page tables: pages a lazy restore has not placed yet
         // would be missing from it. Wait until every page is in (the background push takes
         // about a second per GiB here).
@@ -130,7 +143,7 @@ impl Worker {
             } else if self.faults.criu_dump_fails() {
                 Some("injected fault (ATE_FAULT_CRIU_DUMP=fail)".to_string())
             } else {
-                let criu = gen_dir.join(ate_snapshot::CRIU_DIR);
+                let criu = write_dir.join(ate_snapshot::CRIU_DIR);
                 let dump = if can_freeze {
                     self.runtime.checkpoint_frozen(&sandbox, &criu).await
                 } else {
@@ -151,7 +164,7 @@ impl Worker {
                             // Not a limit of CRIU but of the disk: a passing condition.
                             refused = Some(VerbError::ResourceExhausted(format!(
                                 "memory dump: no space left on device for {}",
-                                gen_dir.display()
+                                write_dir.display()
                             )));
                             crate::metrics::memory_dump_failed(false);
                             None
@@ -241,13 +254,20 @@ impl Worker {
                     .skip(1)
                     .map(|c| (c.name.clone(), sandbox.container_upper_dir(&c.name)))
                     .collect();
-                ate_snapshot::seal_actor_generation(
-                    &gen_dir,
-                    meta,
-                    upper,
-                    &sidecar_uppers,
-                    &volumes,
-                )
+                async {
+                    let manifest = ate_snapshot::seal_actor_generation(
+                        &write_dir,
+                        meta,
+                        upper,
+                        &sidecar_uppers,
+                        &volumes,
+                    )
+                    .await?;
+                    if scratch.is_some() {
+                        ate_snapshot::sealed::seal_into(&write_dir, &gen_dir).await?;
+                    }
+                    Ok::<_, ate_snapshot::Error>(manifest)
+                }
                 .await
                 .map_err(|e| VerbError::Internal(format!("seal {}: {e}", gen_dir.display())))
             }

@@ -21,7 +21,7 @@ impl Worker {
         generation_dir: Option<&Path>,
         requested: Option<Fidelity>,
         memory_restore: MemoryRestore,
-    ) -> Result<(Option<u32>, Option<PageSource>), VerbError> {
+    ) -> Result<Booted, VerbError> {
         let Some(gen_dir) = generation_dir else {
             // Egress is set up by `start` once this returns (the netns is made by the runtime).
             let started = self
@@ -29,9 +29,33 @@ impl Worker {
                 .run(sandbox, spec, RunMode::KeepRootfs)
                 .await
                 .map_err(|e| sandbox_error("cold boot", e))?;
-            return Ok((started.pid, None));
+            return Ok(Booted {
+                pid: started.pid,
+                page_source: None,
+                opened: None,
+            });
         };
         let begun = Instant::now();
+        // A sealed generation is opened into a scratch dir on a tmpfs first, and everything
+        // below reads that. Every frame was authenticated on the way and every file's size
+        // checked against the (authenticated) manifest, so it needs no second hashing pass.
+        let sealed = gen_dir;
+        let opened = if ate_snapshot::sealed::is_encrypted(gen_dir) {
+            let scratch = ate_snapshot::sealed::Scratch::new("restore")
+                .map_err(|e| VerbError::Internal(format!("snapshot scratch dir: {e}")))?;
+            ate_snapshot::sealed::open_into(
+                gen_dir,
+                scratch.path(),
+                ate_snapshot::sealed::Opening::All,
+            )
+            .await
+            .map_err(|e| snapshot_error(&format!("generation {}", gen_dir.display()), e))?;
+            crate::metrics::start_phase("restore", "open_sealed", begun.elapsed());
+            Some(scratch)
+        } else {
+            None
+        };
+        let gen_dir = opened.as_ref().map_or(gen_dir, |s| s.path());
         let manifest = ate_snapshot::read_manifest(gen_dir)
             .await
             .map_err(|e| snapshot_error(&format!("generation {}", gen_dir.display()), e))?;
@@ -90,7 +114,9 @@ impl Worker {
         // checks here only the files CRIU reads itself and the chunks of the memory images that
         // hold pages the restorer loads; the page source checks every other chunk as it reads it.
         let verify = async {
-            let checked = if lazy.is_some() {
+            let checked = if opened.is_some() {
+                Ok(())
+            } else if lazy.is_some() {
                 verify_for_lazy_restore(gen_dir, &manifest).await
             } else {
                 ate_snapshot::verify_files(gen_dir, &manifest).await
@@ -170,7 +196,7 @@ impl Worker {
             }
             drop(built);
             return Err(snapshot_error(
-                &format!("generation {}", gen_dir.display()),
+                &format!("generation {}", sealed.display()),
                 e,
             ));
         }
@@ -187,8 +213,23 @@ impl Worker {
             lazy = page_source.is_some(),
             "generation restored"
         );
-        Ok((started.pid, page_source))
+        Ok(Booted {
+            pid: started.pid,
+            page_source,
+            opened,
+        })
     }
+}
+
+/// What [`Worker::boot`] started.
+pub(super) struct Booted {
+    /// The init pid.
+    pub(super) pid: Option<u32>,
+    /// A lazy memory restore's page source.
+    pub(super) page_source: Option<PageSource>,
+    /// The plaintext of a sealed generation, opened for this restore: the page source reads it
+    /// until every page is in (without one, it may go at once).
+    pub(super) opened: Option<ate_snapshot::sealed::Scratch>,
 }
 
 /// Every memory image of the generation carries chunk digests (a page source can check each

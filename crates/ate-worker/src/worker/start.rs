@@ -167,7 +167,11 @@ impl Worker {
             .await;
         // Declared after the sandbox is discarded on every error path below: a page source is
         // released only once its sandbox is gone.
-        let (pid, page_source) = match booted {
+        let super::restore::Booted {
+            pid,
+            page_source,
+            opened,
+        } = match booted {
             Ok(booted) => booted,
             Err(e) => {
                 self.discard_quietly(&sandbox).await;
@@ -224,6 +228,14 @@ impl Worker {
             page_source.as_ref().map(PageSource::pid),
         )
         .await;
+        let page_source = page_source.map(Arc::new);
+        if let (Some(source), Some(opened)) = (page_source.clone(), opened) {
+            // The page source reads the opened generation until every page is in.
+            tokio::spawn(async move {
+                source.finished().await;
+                drop(opened);
+            });
+        }
         self.table().actors.insert(
             key.clone(),
             Entry {
@@ -232,7 +244,7 @@ impl Worker {
                 template: workload.template.clone(),
                 pid,
                 activation,
-                page_source: page_source.map(Arc::new),
+                page_source,
             },
         );
         self.tunnels.activate(&key, activation, dialer);
