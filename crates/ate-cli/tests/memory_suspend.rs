@@ -27,8 +27,7 @@ fn worker_of(sys: &System, name: &str) -> String {
 
 fn manifest_fidelity(sys: &System, name: &str, generation: u64) -> String {
     let dir = generation_dir(&sys.state_dir(), NS, name, generation);
-    let text = std::fs::read_to_string(dir.join("manifest.json"))
-        .unwrap_or_else(|e| panic!("manifest of generation {generation}: {e}"));
+    let text = support::generations::local_manifest(&sys.state_dir(), &dir);
     let v: serde_json::Value = serde_json::from_str(&text).expect("manifest json");
     v["fidelity"].to_string()
 }

@@ -333,9 +333,10 @@ fn a_failed_memory_dump_fails_the_suspend_unless_the_template_allows_rootfs() {
         why.contains("memory dump failed") && why.contains("FIDELITY_ROOTFS"),
         "reason: {a}"
     );
-    let manifest =
-        std::fs::read_to_string(generation_dir(&sys.state_dir(), ns, "c", 1).join("manifest.json"))
-            .expect("manifest");
+    let manifest = support::generations::local_manifest(
+        &sys.state_dir(),
+        &generation_dir(&sys.state_dir(), ns, "c", 1),
+    );
     assert!(
         manifest.contains("FIDELITY_ROOTFS") || manifest.contains("rootfs"),
         "{manifest}"
@@ -387,7 +388,7 @@ fn corrupted_snapshot_is_refused_with_a_checksum_error() {
     assert_eq!(state_of(&a), "ACTOR_STATE_CRASHED", "{a}");
     let why = a["lastError"].as_str().unwrap_or_default().to_lowercase();
     assert!(
-        why.contains("checksum") || why.contains("sha256"),
+        why.contains("checksum") || why.contains("sha256") || why.contains("fails authentication"),
         "lastError: {why}"
     );
     assert!(
@@ -1671,7 +1672,7 @@ fn corrupted_local_generation_without_durable_copy_crashes_and_keeps_the_older_o
     assert_eq!(state_of(&a), "ACTOR_STATE_CRASHED", "{a}");
     let why = a["lastError"].as_str().unwrap_or_default().to_lowercase();
     assert!(
-        why.contains("checksum") || why.contains("sha256"),
+        why.contains("checksum") || why.contains("sha256") || why.contains("fails authentication"),
         "lastError: {why}"
     );
     assert!(

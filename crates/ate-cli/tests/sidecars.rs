@@ -156,7 +156,7 @@ fn both_containers_keep_their_state_and_their_connection_across_five_cycles() {
     );
     // The generation holds each container's upper dir.
     let gen_dir = generation_dir(&sys.state_dir(), ns, "p", 5);
-    let manifest = std::fs::read_to_string(gen_dir.join("manifest.json")).expect("manifest");
+    let manifest = support::generations::local_manifest(&sys.state_dir(), &gen_dir);
     assert!(
         manifest.contains("containers/side/rootfs.tar"),
         "{manifest}"

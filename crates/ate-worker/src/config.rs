@@ -179,8 +179,14 @@ pub struct WorkerConfig {
     #[arg(long = "snapshot-keys", env = "ATE_SNAPSHOT_KEYS")]
     pub snapshot_keys: Option<PathBuf>,
 
-    /// Write generations in plaintext even when STATE_DIR/keys exists.
-    #[arg(long = "no-snapshot-encryption", conflicts_with = "snapshot_keys")]
+    /// Write generations in plaintext even when STATE_DIR/keys exists
+    /// (`ATE_NO_SNAPSHOT_ENCRYPTION=1` for the workers of an `ate up`).
+    #[arg(
+        long = "no-snapshot-encryption",
+        env = "ATE_NO_SNAPSHOT_ENCRYPTION",
+        conflicts_with = "snapshot_keys",
+        value_parser = clap::builder::BoolishValueParser::new()
+    )]
     pub no_snapshot_encryption: bool,
 
     /// Where the plaintext of a generation passes while it is sealed or opened: a tmpfs
@@ -487,6 +493,11 @@ mod tests {
         assert_eq!(w.labels.len(), 2);
         assert!(w.cpu_millis() >= 1000);
         assert!(Cli::try_parse_from(["ate", "--id", "w", "--labels", "nokv"]).is_err());
+        // The bare flag (what `ate up --no-snapshot-encryption` passes) turns sealing off.
+        let plain =
+            Cli::try_parse_from(["ate", "--id", "w", "--no-snapshot-encryption"]).expect("parse");
+        assert!(plain.worker.no_snapshot_encryption);
+        assert_eq!(plain.worker.snapshot_keys_dir(), None);
         assert_eq!(w.advertise, None);
         assert!(w.deny_egress.is_empty());
     }

@@ -90,3 +90,20 @@ impl Drop for TmpfsStore {
         let _ = Command::new("umount").arg(&self.dir).status();
     }
 }
+
+/// The manifest of a node-local generation as JSON text: opened with `state`'s snapshot keys
+/// when it is sealed (what `ate up` writes), read as it is otherwise. Each test runs in its own
+/// process (nextest), so configuring this process's keys once is enough.
+pub fn local_manifest(state: &Path, gen_dir: &Path) -> String {
+    if ate_snapshot::sealed::is_encrypted(gen_dir) {
+        let keys = ate_snapshot::SnapshotKeys::load(&state.join("keys")).expect("snapshot keys");
+        ate_snapshot::sealed::configure(Some(keys), std::env::temp_dir().join("ate-test-scratch"));
+    }
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .expect("runtime");
+    let m = rt
+        .block_on(ate_snapshot::read_manifest(gen_dir))
+        .unwrap_or_else(|e| panic!("manifest of {}: {e}", gen_dir.display()));
+    serde_json::to_string(&m).expect("manifest json")
+}
