@@ -153,7 +153,23 @@ fn a_secret_in_memory_never_reaches_the_durable_store_and_resumes_still_work() {
         "a lazy restore from the (encrypted) durable copy:\n{node_log}"
     );
     assert!(workers.len() >= 2, "resumed on both workers: {workers:?}");
-    for dir in ["durable", "snapshots"] {
+    // The eager restore from the durable copy left a (sealed) download in the cache; the lazy
+    // one's plaintext part is kept on a tmpfs, not under the state dir.
+    let cached: Vec<PathBuf> = std::fs::read_dir(state.join("snapshot-cache"))
+        .expect("snapshot cache")
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.join("manifest.json").is_file())
+        .collect();
+    assert!(
+        cached.iter().any(|p| ate_snapshot::sealed::is_encrypted(p)),
+        "a sealed download in the cache: {cached:?}"
+    );
+    assert!(
+        cached.iter().all(|p| ate_snapshot::sealed::is_encrypted(p)),
+        "no plaintext download in the cache: {cached:?}"
+    );
+    for dir in ["durable", "snapshots", "snapshot-cache"] {
         assert_eq!(
             files_with(&state.join(dir), secret.as_bytes()),
             Vec::<PathBuf>::new(),

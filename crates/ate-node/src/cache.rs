@@ -86,9 +86,9 @@ pub(crate) fn evict(
     removed
 }
 
-/// Evicts every [`EVERY`] until `stop` changes.
+/// Evicts from each of `cache_dirs` every [`EVERY`] until `stop` changes.
 pub(crate) async fn run(
-    cache_dir: std::path::PathBuf,
+    cache_dirs: Vec<std::path::PathBuf>,
     ttl: Duration,
     lock_of: LockOf,
     mut stop: watch::Receiver<bool>,
@@ -98,9 +98,14 @@ pub(crate) async fn run(
             _ = tokio::time::sleep(EVERY) => {}
             _ = stop.changed() => return,
         }
-        let dir = cache_dir.clone();
+        let dirs = cache_dirs.clone();
         let lock_of = lock_of.clone();
-        let _ = tokio::task::spawn_blocking(move || evict(&dir, ttl, &*lock_of)).await;
+        let _ = tokio::task::spawn_blocking(move || {
+            for dir in &dirs {
+                evict(dir, ttl, &*lock_of);
+            }
+        })
+        .await;
     }
 }
 

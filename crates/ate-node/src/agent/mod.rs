@@ -58,6 +58,10 @@ struct Inner {
     /// against (`DurableStore::upload_with_parents`). Lost on restart: the first upload after
     /// one sends whole chunks.
     recent_dirs: std::sync::Mutex<HashMap<String, Vec<PathBuf>>>,
+    /// With snapshot keys: where lazy restores' downloads (`<uuid>.lazy`: the small files and
+    /// the chunks CRIU reads itself, plaintext) are cached, a scratch dir on a tmpfs instead of
+    /// `STATE_DIR/snapshot-cache` (removed with this agent, or by the next one's sweep).
+    lazy_cache: Option<ate_snapshot::sealed::Scratch>,
 }
 
 /// Generation directories remembered per actor as delta parents.
@@ -100,6 +104,13 @@ impl NodeAgent {
         // reads them through `--snapshot-scratch`).
         ate_snapshot::sealed::configure(keys, cfg.snapshot_scratch.clone());
         ate_snapshot::sealed::sweep_scratch();
+        let lazy_cache = match ate_snapshot::sealed::keys() {
+            Some(_) => Some(
+                ate_snapshot::sealed::Scratch::new("lazycache")
+                    .map_err(|e| NodeError::Durable(format!("snapshot scratch dir: {e}")))?,
+            ),
+            None => None,
+        };
         let tls = cfg.tls.load("node")?;
         let client_tls = match &tls {
             Some(src) => {
@@ -131,6 +142,7 @@ impl NodeAgent {
                 durable_url,
                 tls,
                 downloads: Default::default(),
+                lazy_cache,
                 background_uploads: Arc::new(tokio::sync::Semaphore::new(BACKGROUND_UPLOADS)),
                 frozen_on: std::sync::Mutex::new(HashMap::new()),
                 recent_dirs: std::sync::Mutex::new(HashMap::new()),
@@ -171,12 +183,14 @@ impl NodeAgent {
                     .ok()
                     .map(|mut m| m.entry(name.to_string()).or_default().clone())
             });
-            tokio::spawn(crate::cache::run(
-                self.inner.cfg.cache_dir(),
-                ttl,
-                lock_of,
-                stop_rx.clone(),
-            ))
+            let mut dirs = vec![self.inner.cfg.cache_dir()];
+            dirs.extend(
+                self.inner
+                    .lazy_cache
+                    .as_ref()
+                    .map(|s| s.path().to_path_buf()),
+            );
+            tokio::spawn(crate::cache::run(dirs, ttl, lock_of, stop_rx.clone()))
         });
         let mut stop = stop_rx;
         tokio::spawn(async move {

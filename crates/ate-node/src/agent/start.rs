@@ -167,7 +167,13 @@ impl NodeAgent {
                 .map_err(|_| AgentError::DownloadLockPoisoned)?;
             map.entry(name.clone()).or_default().clone()
         };
-        Ok((self.inner.cfg.cache_dir().join(name), lock))
+        // A lazy restore's download is plaintext (the page source reads it in place): with
+        // snapshot keys it is kept on a tmpfs, never on the node's disk.
+        let dir = match &self.inner.lazy_cache {
+            Some(scratch) if suffix == ".lazy" => scratch.path().to_path_buf(),
+            _ => self.inner.cfg.cache_dir(),
+        };
+        Ok((dir.join(name), lock))
     }
 
     /// What a lazy restore of `snap` needs before it starts, from the durable copy (cached):
@@ -225,11 +231,16 @@ impl NodeAgent {
         }
         let _ = tokio::fs::remove_dir_all(&target).await;
         let begun = std::time::Instant::now();
-        let downloaded = self
-            .inner
-            .durable
-            .download(&snap.durable_uri, &target)
-            .await;
+        let downloaded = if ate_snapshot::sealed::keys().is_some() {
+            // Through a scratch dir on a tmpfs, then sealed into the cache like a node-local
+            // generation: the cache holds no plaintext either.
+            self.download_sealed(&snap.durable_uri, &target).await
+        } else {
+            self.inner
+                .durable
+                .download(&snap.durable_uri, &target)
+                .await
+        };
         crate::metrics::downloaded(
             "whole",
             downloaded.is_ok(),
@@ -256,6 +267,20 @@ impl NodeAgent {
             });
         }
         Ok(target)
+    }
+
+    /// [`DurableStore::download`](ate_snapshot::DurableStore::download) of `uri` into a scratch
+    /// dir, sealed into `target`.
+    async fn download_sealed(
+        &self,
+        uri: &str,
+        target: &Path,
+    ) -> Result<ate_snapshot::Manifest, ate_snapshot::Error> {
+        let scratch = ate_snapshot::sealed::Scratch::new("download")?;
+        let plain = scratch.path().join("generation");
+        let manifest = self.inner.durable.download(uri, &plain).await?;
+        ate_snapshot::sealed::seal_into(&plain, target).await?;
+        Ok(manifest)
     }
 
     /// The worker refused to start the actor from the node-local copy `local`. When that copy is

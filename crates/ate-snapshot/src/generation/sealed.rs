@@ -82,9 +82,9 @@ fn scratch_root() -> PathBuf {
         .map_or_else(|| PathBuf::from(DEFAULT_SCRATCH), |l| l.scratch.clone())
 }
 
-/// The scratch root's file system is memory (tmpfs/ramfs), or the root does not exist yet but
-/// its parent's is.
-fn is_memory_fs(dir: &Path) -> bool {
+/// `dir`'s file system is memory (tmpfs/ramfs); for a path that does not exist yet, its
+/// nearest existing ancestor's.
+pub fn is_memory_fs(dir: &Path) -> bool {
     let probe = dir
         .ancestors()
         .find(|p| p.exists())

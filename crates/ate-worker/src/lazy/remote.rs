@@ -59,6 +59,9 @@ pub struct Remote {
     /// there, so the node's download becomes a whole copy over time, which the actor's next
     /// upload sends deltas against (`DurableStore::upload_with_parents`).
     generation: std::path::PathBuf,
+    /// Whether fetched chunks are written back: not into a download kept on a tmpfs (a node
+    /// with snapshot keys keeps them there), where the whole memory would end up in RAM.
+    write_back: bool,
     /// Chunks fetched so far (for the page source's summary).
     pub fetched: u64,
 }
@@ -92,6 +95,7 @@ impl Remote {
             in_flight: HashSet::new(),
             ready: HashMap::new(),
             generation: generation.to_path_buf(),
+            write_back: !ate_snapshot::sealed::is_memory_fs(generation),
             fetched: 0,
         })
     }
@@ -124,13 +128,14 @@ impl Remote {
         let tx = self.tx.clone();
         let wake = self.wake_write.clone();
         let image = self.generation.join(&entry.path);
+        let keep = self.write_back;
         self.runtime.spawn(async move {
             let got = store.fetch_chunk(&entry, key.1).await;
             let copy = got.as_ref().ok().cloned();
             let _ = tx.send((key, got));
             // A full pipe already wakes the reader.
             let _ = nix::unistd::write(&*wake, &[1u8]);
-            if let Some(data) = copy {
+            if let Some(data) = copy.filter(|_| keep) {
                 let offset = key.1 * ate_snapshot::CHUNK_BYTES;
                 // Best effort: a chunk not written back only means a whole chunk in an upload.
                 let _ =

@@ -186,13 +186,20 @@ impl RuncRuntime {
         } else {
             lazy
         };
-        // Images opened from a sealed generation sit in a scratch dir on a tmpfs: their copy
-        // goes beside them (hard links; a copy on the actor's disk would be plaintext there).
-        let opened = ate_snapshot::sealed::Scratch::contains(image_dir);
-        let scratch_images = match image_dir.parent() {
-            Some(parent) if opened => parent.join("criu-images"),
-            _ => actor.dir.join("criu-images"),
+        // Images opened from a sealed generation (or a lazy restore's download) sit in a scratch
+        // dir on a tmpfs: the range's copy goes into a scratch dir of this restore's own, on
+        // the same tmpfs (hard links; a copy on the actor's disk would put plaintext there).
+        let own_scratch = if ate_snapshot::sealed::Scratch::contains(image_dir) {
+            Some(ate_snapshot::sealed::Scratch::new("images").map_err(|e| {
+                SandboxError::io("snapshot scratch dir", std::io::Error::other(e.to_string()))
+            })?)
+        } else {
+            None
         };
+        let scratch_images = own_scratch.as_ref().map_or_else(
+            || actor.dir.join("criu-images"),
+            |s| s.path().join("criu-images"),
+        );
         let result = async {
             let base = self.prepare(actor, spec, false, true, in_userns).await?;
             let image_dir = match base {
@@ -200,9 +207,9 @@ impl RuncRuntime {
                     // CRIU gives the new user namespace the mapping it dumped: restore from a
                     // copy whose userns image maps the range claimed now.
                     super::userns::images_for_range(image_dir, &scratch_images, base)?;
-                    if opened && let Some(parent) = scratch_images.parent() {
+                    if let Some(s) = &own_scratch {
                         // The restored task opens some images from inside its user namespace.
-                        super::userns::open_to_range(parent, base)?;
+                        super::userns::open_to_range(s.path(), base)?;
                     }
                     scratch_images.as_path()
                 }
