@@ -5,7 +5,7 @@
 //! | `…/sa/atenet-router`              | `ingress_router` | ResumeActor, GetAtespace (callers allow lists) |
 //! | `…/sa/ate-node-<node>`            | `node_agent`     | FleetService for its node's workers, SuspendActor of actors on its node's workers (idle suspend) |
 //! | `…/sa/ate-node` (shared)          | `node_agent`     | FleetService; no SuspendActor (it names no node) |
-//! | `…/sa/ate-worker-<id>`            | `worker`         | SetAlarm, GetAlarm, DeleteAlarm of the actor running on worker `<id>` (the local actor API) |
+//! | `…/sa/ate-worker-<id>`            | `worker`         | SetAlarm, GetAlarm, DeleteAlarm, IssueActorToken of the actor running on worker `<id>` (the local actor API) |
 //! | `…/sa/ate-worker` (shared)        | `worker`         | the same for an actor running on any worker, at the activation it names |
 //! | `…/sa/ate-admin`                  | `admin`          | everything                                   |
 //! | any other ID in the trust domain  | `client`         | actor and atespace verbs in its atespaces    |
@@ -282,6 +282,9 @@ pub enum Need<'a> {
     /// SetAlarm, GetAlarm, DeleteAlarm of an actor of this atespace: the worker it runs on (the
     /// service then checks that), or a client for its atespace.
     Alarm(&'a str),
+    /// IssueActorToken for an actor of this atespace: the worker it runs on (the service then
+    /// checks that) or admin; never a client (a token speaks for the actor).
+    ActorToken(&'a str),
     /// Templates and tags: admin only.
     Admin,
 }
@@ -343,7 +346,7 @@ impl Caller {
             (Role::Admin, _) => true,
             (Role::IngressRouter, Need::Resume(_) | Need::ReadAtespace(_)) => true,
             (Role::NodeAgent { .. }, Need::Suspend(_) | Need::Fleet) => true,
-            (Role::Worker { .. }, Need::Alarm(_)) => true,
+            (Role::Worker { .. }, Need::Alarm(_) | Need::ActorToken(_)) => true,
             (
                 Role::Client(a),
                 Need::Resume(s)
@@ -363,7 +366,8 @@ impl Caller {
             | Need::Suspend(s)
             | Need::Atespace(s)
             | Need::ReadAtespace(s)
-            | Need::Alarm(s) => {
+            | Need::Alarm(s)
+            | Need::ActorToken(s) => {
                 format!(" on atespace {s:?}")
             }
             _ => String::new(),
@@ -400,7 +404,8 @@ fn atespace_of(need: Need<'_>) -> Option<&str> {
         | Need::Suspend(s)
         | Need::Atespace(s)
         | Need::ReadAtespace(s)
-        | Need::Alarm(s) => Some(s),
+        | Need::Alarm(s)
+        | Need::ActorToken(s) => Some(s),
         _ => None,
     }
 }
@@ -459,6 +464,19 @@ mod tests {
         assert!(x.check("SetAlarm", Need::Alarm("team-a")).is_ok());
         assert!(x.check("SetAlarm", Need::Alarm("team-c")).is_err());
         assert!(node.check("SetAlarm", Need::Alarm("a")).is_err());
+        assert!(
+            worker
+                .check("IssueActorToken", Need::ActorToken("a"))
+                .is_ok()
+        );
+        assert!(
+            x.check("IssueActorToken", Need::ActorToken("team-a"))
+                .is_err()
+        );
+        assert!(
+            node.check("IssueActorToken", Need::ActorToken("a"))
+                .is_err()
+        );
         assert!(Authz::new("ate.local", "nonsense").is_err());
         assert!(Authz::new("ate.local", "spiffe://ate.local/ns/t/sa/x=Bad_Name").is_err());
     }

@@ -31,6 +31,7 @@ use ate_proto::v1::actor_service_server::ActorServiceServer;
 use ate_proto::v1::alarm_service_server::AlarmServiceServer;
 use ate_proto::v1::atespace_service_server::AtespaceServiceServer;
 use ate_proto::v1::fleet_service_server::FleetServiceServer;
+use ate_proto::v1::identity_service_server::IdentityServiceServer;
 use ate_proto::v1::join_service_server::JoinServiceServer;
 use ate_proto::v1::tag_service_server::TagServiceServer;
 use ate_proto::v1::template_service_server::TemplateServiceServer;
@@ -56,6 +57,9 @@ pub struct ApiConfig {
     /// The only api on its store: a heartbeat that cannot be recorded because the store is down
     /// is still acknowledged (no other replica can release the worker meanwhile).
     pub sole_replica: bool,
+    /// Signs actors' identity tokens (`--identity-key`); None: IssueActorToken is refused and
+    /// no JWKS is published.
+    pub identity: Option<Arc<ate_jwt::issuer::TokenIssuer>>,
 }
 
 impl Default for ApiConfig {
@@ -70,6 +74,7 @@ impl Default for ApiConfig {
             instance_id: format!("api-{}", std::process::id()),
             node_tls: None,
             sole_replica: false,
+            identity: None,
         }
     }
 }
@@ -114,6 +119,27 @@ pub async fn serve(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), ServeError> {
     serve_with(api, grpc, http, None, shutdown).await
+}
+
+/// The JWKS (and, for an http(s) issuer, the OpenID discovery document) that verify actors'
+/// identity tokens, served on the api's HTTP listener.
+fn identity_documents(
+    issuer: Option<&Arc<ate_jwt::issuer::TokenIssuer>>,
+) -> Arc<[(String, bytes::Bytes)]> {
+    let Some(issuer) = issuer else {
+        return Arc::new([]);
+    };
+    let mut documents = vec![(
+        "/.well-known/jwks.json".to_string(),
+        bytes::Bytes::from(issuer.jwks_json().to_string()),
+    )];
+    if let Some(discovery) = issuer.openid_configuration() {
+        documents.push((
+            "/.well-known/openid-configuration".to_string(),
+            bytes::Bytes::from(discovery),
+        ));
+    }
+    documents.into()
 }
 
 /// How often the api looks for workers whose lease ran out.
@@ -197,6 +223,7 @@ pub async fn serve_with(
         let endpoint = ate_tls::telemetry::Endpoint {
             health: None,
             before_scrape: Some(before_scrape),
+            documents: identity_documents(api.identity_issuer()),
         };
         tokio::spawn(async move {
             ate_tls::telemetry::serve_with(listener, endpoint, async move {
@@ -215,6 +242,7 @@ pub async fn serve_with(
         .add_service(AtespaceServiceServer::new(services.clone()))
         .add_service(TemplateServiceServer::new(services.clone()))
         .add_service(TagServiceServer::new(services.clone()))
+        .add_service(IdentityServiceServer::new(services.clone()))
         .add_service(FleetServiceServer::new(services))
         .add_service(JoinServiceServer::new(join));
     let stopped = async move {

@@ -79,6 +79,17 @@ pub struct ServerConfig {
         value_name = "unix:PATH|HOST:PORT"
     )]
     pub router_internal: Option<ate_router_client::RouterAddr>,
+    /// Ed25519 key (PKCS#8 PEM) that signs actors' identity tokens (`GET /v1/identity?audience=`
+    /// inside an actor), created 0600 when missing; `<file>.previous` stays in the JWKS after a
+    /// rotation (`ate keys rotate-identity`). Every replica needs the same file. Unset: no
+    /// identity tokens, no JWKS.
+    #[arg(long, env = "ATE_IDENTITY_KEY")]
+    pub identity_key: Option<PathBuf>,
+    /// The `iss` of actors' identity tokens. An https URL that serves this api's
+    /// `/.well-known/jwks.json` and `/.well-known/openid-configuration` lets cloud workload
+    /// identity federation trust them.
+    #[arg(long, env = "ATE_IDENTITY_ISSUER", default_value = "ate-api")]
+    pub identity_issuer: String,
 }
 
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
@@ -169,9 +180,28 @@ impl ServerConfig {
         })?))
     }
 
+    /// The signer of actors' identity tokens (`--identity-key`), loaded or created.
+    fn identity(&self) -> Result<Option<Arc<ate_jwt::issuer::TokenIssuer>>, RunError> {
+        let Some(path) = &self.identity_key else {
+            return Ok(None);
+        };
+        if self.identity_issuer.is_empty() {
+            return Err(config_error("--identity-issuer must not be empty"));
+        }
+        let issuer = ate_jwt::issuer::TokenIssuer::load_or_create(path, &self.identity_issuer)
+            .map_err(|e| RunError::Config(e.to_string()))?;
+        tracing::info!(key = %path.display(), kid = issuer.kid(), issuer = issuer.issuer(), "signing actors' identity tokens");
+        Ok(Some(Arc::new(issuer)))
+    }
+
     /// The workflows' settings these flags give.
-    fn api_config(&self, node_tls: Option<Arc<ate_tls::rustls::ClientConfig>>) -> ApiConfig {
+    fn api_config(
+        &self,
+        node_tls: Option<Arc<ate_tls::rustls::ClientConfig>>,
+        identity: Option<Arc<ate_jwt::issuer::TokenIssuer>>,
+    ) -> ApiConfig {
         ApiConfig {
+            identity,
             heartbeat_timeout: Duration::from_secs(self.heartbeat_timeout_seconds.max(1)),
             lease_ttl: Duration::from_secs(self.lease_ttl_seconds.max(1)),
             node_tls,
@@ -292,7 +322,8 @@ pub async fn run(
         }
         None => (None, None),
     };
-    let api = Arc::new(Api::new(store, config.api_config(node_tls)));
+    let identity = config.identity()?;
+    let api = Arc::new(Api::new(store, config.api_config(node_tls, identity)));
     let bind = |addr: SocketAddr| async move {
         tokio::net::TcpListener::bind(addr)
             .await
@@ -372,7 +403,7 @@ mod tests {
         assert_eq!(c.http_listen.to_string(), "127.0.0.1:9090");
         assert_eq!(c.join_cert_lifetime, Duration::from_secs(24 * 3600));
         assert_eq!(c.auth_mode, AuthMode::Mtls);
-        let api = c.api_config(None);
+        let api = c.api_config(None, None);
         assert_eq!(api.heartbeat_timeout, Duration::from_secs(10));
         assert_eq!(api.lease_ttl, Duration::from_secs(10));
         assert!(!api.sole_replica);
@@ -384,8 +415,11 @@ mod tests {
             "0",
         ])
         .unwrap();
-        assert_eq!(c.api_config(None).lease_ttl, Duration::from_secs(1));
-        assert_eq!(c.api_config(None).heartbeat_timeout, Duration::from_secs(1));
+        assert_eq!(c.api_config(None, None).lease_ttl, Duration::from_secs(1));
+        assert_eq!(
+            c.api_config(None, None).heartbeat_timeout,
+            Duration::from_secs(1)
+        );
     }
 
     #[test]

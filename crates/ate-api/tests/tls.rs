@@ -22,6 +22,8 @@ const TD: &str = "ate.local";
 struct TlsApi {
     addr: String,
     ca: Arc<LocalCa>,
+    /// Signs actors' identity tokens (its key in `_dir`).
+    issuer: Arc<ate_api::jwt::issuer::TokenIssuer>,
     _dir: tempfile::TempDir,
     _store_dir: Option<tempfile::TempDir>,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
@@ -55,10 +57,18 @@ impl TlsApi {
         .unwrap();
         let authz = Authz::new(TD, &format!("{}=team-a", client_a())).unwrap();
         let (store, store_dir) = fresh_store(Backend::Sqlite).await;
+        let issuer = Arc::new(
+            ate_api::jwt::issuer::TokenIssuer::load_or_create(
+                &dir.path().join("identity.pem"),
+                "https://ate.test",
+            )
+            .unwrap(),
+        );
         let api = Arc::new(Api::new(
             store,
             ApiConfig {
                 fleet_max_age: Duration::from_millis(50),
+                identity: Some(issuer.clone()),
                 ..Default::default()
             },
         ));
@@ -82,6 +92,7 @@ impl TlsApi {
         TlsApi {
             addr,
             ca,
+            issuer,
             _dir: dir,
             _store_dir: store_dir,
             stop: Some(tx),
@@ -335,6 +346,98 @@ async fn worker_identity_is_not_a_router() {
         .await
         .unwrap_err();
     assert_eq!(e.code(), Code::PermissionDenied);
+}
+
+fn token_req(ns: &str, name: &str, activation: u64, audience: &str) -> IssueActorTokenRequest {
+    IssueActorTokenRequest {
+        actor: Some(obj(ns, name)),
+        activation,
+        audience: audience.into(),
+        ttl_seconds: 0,
+    }
+}
+
+#[tokio::test]
+async fn identity_tokens_only_for_the_actor_a_worker_runs_at_its_activation() {
+    let api = TlsApi::start().await;
+    let (_admin, _node) = seed(&api).await;
+    let identity = |c: &Channel| identity_service_client::IdentityServiceClient::new(c.clone());
+    let worker = api
+        .channel(SpiffeId::worker_instance(TD, "w1").unwrap())
+        .await;
+    // Not running: refused, naming why.
+    let e = identity(&worker)
+        .issue_actor_token(token_req("team-a", "x", 1, "vault"))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::PermissionDenied, "{e:?}");
+    assert!(e.message().contains("does not run on this worker"), "{e:?}");
+
+    let router = api.channel(SpiffeId::router(TD).unwrap()).await;
+    let running = actors(&router)
+        .resume_actor(resume_req("team-a", "x"))
+        .await
+        .unwrap()
+        .into_inner();
+    let activation = running.actor.unwrap().worker_assignment.unwrap().activation;
+    let token = identity(&worker)
+        .issue_actor_token(token_req("team-a", "x", activation, "vault"))
+        .await
+        .expect("the worker it runs on gets a token")
+        .into_inner();
+    assert_eq!(token.issuer, "https://ate.test");
+    assert_eq!(token.key_id, api.issuer.kid());
+    // It verifies against the published JWKS and says who and which activation.
+    let set: jsonwebtoken::jwk::JwkSet = serde_json::from_str(api.issuer.jwks_json()).unwrap();
+    let key = jsonwebtoken::DecodingKey::from_jwk(&set.keys[0]).unwrap();
+    let mut v = jsonwebtoken::Validation::new(jsonwebtoken::Algorithm::EdDSA);
+    v.set_audience(&["vault"]);
+    v.set_issuer(&["https://ate.test"]);
+    let claims = jsonwebtoken::decode::<serde_json::Value>(&token.token, &key, &v)
+        .unwrap()
+        .claims;
+    assert_eq!(claims["sub"], "team-a/x");
+    assert_eq!(claims["ate_activation"], activation);
+
+    // An older activation, another worker, a client, a node agent: refused.
+    let e = identity(&worker)
+        .issue_actor_token(token_req("team-a", "x", activation + 1, "vault"))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::PermissionDenied, "{e:?}");
+    let w2 = api
+        .channel(SpiffeId::worker_instance(TD, "w2").unwrap())
+        .await;
+    let e = identity(&w2)
+        .issue_actor_token(token_req("team-a", "x", activation, "vault"))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::PermissionDenied, "{e:?}");
+    for who in [client_a(), SpiffeId::node(TD).unwrap()] {
+        let c = api.channel(who).await;
+        let e = identity(&c)
+            .issue_actor_token(token_req("team-a", "x", activation, "vault"))
+            .await
+            .unwrap_err();
+        assert_eq!(e.code(), Code::PermissionDenied, "{e:?}");
+        assert!(e.message().contains("IssueActorToken"), "{e:?}");
+    }
+    // Bad input names the field.
+    let e = identity(&worker)
+        .issue_actor_token(token_req("team-a", "x", activation, "has space"))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::InvalidArgument, "{e:?}");
+    assert!(e.message().contains("audience"), "{e:?}");
+    let e = identity(&worker)
+        .issue_actor_token(IssueActorTokenRequest {
+            ttl_seconds: 86_400,
+            ..token_req("team-a", "x", activation, "vault")
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::InvalidArgument, "{e:?}");
+    assert!(e.message().contains("ttl"), "{e:?}");
 }
 
 /// A call whose TLS handshake the api refused fails without reaching authorization.

@@ -15,6 +15,22 @@ pub enum KeysCmd {
     Rotate(KeysArgs),
     /// Which data key and KEK the keys directory holds.
     Show(KeysArgs),
+    /// A new key for actors' identity tokens (STATE_DIR/identity/identity-key.pem, the api's
+    /// `--identity-key`; created if there is none): the old one becomes
+    /// `identity-key.pem.previous` and stays in the JWKS, so tokens it signed verify until they
+    /// expire (at most an hour). Restart the api to sign with the new key; rotate again only
+    /// after an hour.
+    RotateIdentity(IdentityKeyArgs),
+}
+
+#[derive(Debug, clap::Args)]
+pub struct IdentityKeyArgs {
+    /// The state directory (the key is STATE_DIR/identity/identity-key.pem).
+    #[arg(long, env = "ATE_STATE_DIR", default_value = crate::client::DEFAULT_STATE_DIR)]
+    pub state_dir: PathBuf,
+    /// The key file itself (the api's `--identity-key`).
+    #[arg(long)]
+    pub key: Option<PathBuf>,
 }
 
 #[derive(Debug, clap::Args)]
@@ -62,6 +78,20 @@ pub fn run(cmd: KeysCmd) -> anyhow::Result<()> {
             println!(
                 "rotated: data key {} re-wrapped from {} to {} (old KEK file removed)",
                 r.data_key, r.old_kek, r.new_kek
+            );
+        }
+        KeysCmd::RotateIdentity(a) => {
+            let path = a
+                .key
+                .unwrap_or_else(|| crate::up::identity_key_in(&a.state_dir));
+            ate_api::jwt::issuer::TokenIssuer::rotate(&path)
+                .with_context(|| format!("rotate the identity key {}", path.display()))?;
+            let issuer = ate_api::jwt::issuer::TokenIssuer::load_or_create(&path, "ate-api")
+                .with_context(|| format!("read the new identity key {}", path.display()))?;
+            println!(
+                "rotated: {} is a new key (kid {}); the old one is kept as .previous and stays in the JWKS; restart the api to sign with the new key",
+                path.display(),
+                issuer.kid()
             );
         }
         KeysCmd::Show(a) => {

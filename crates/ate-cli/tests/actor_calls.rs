@@ -225,3 +225,70 @@ fn an_actor_keeps_itself_awake_and_asks_to_be_suspended() {
     let body = get_ok(&sys, "n3/k", "/");
     assert!(!body.is_empty());
 }
+
+/// `GET /v1/identity?audience=…` inside an actor: a token the api signs, which an outside
+/// service verifies against the JWKS on the api's HTTP listener, naming the actor and its
+/// activation; the identity alone without an audience.
+#[test]
+fn an_actor_gets_an_identity_token_that_the_api_jwks_verifies() {
+    let sys = System::up(UpOptions::default());
+    sys_apply(&sys, "n1", "counter", &Tpl::counter());
+    create_actor(&sys, "n1", "a", "counter");
+    let json = |body: &str| -> serde_json::Value {
+        let start = body
+            .find('{')
+            .unwrap_or_else(|| panic!("no JSON in {body}"));
+        serde_json::from_str(body[start..].trim()).unwrap_or_else(|e| panic!("{e}: {body}"))
+    };
+
+    let plain = json(&get_ok(&sys, "n1/a", "/call?path=/v1/identity"));
+    assert_eq!(plain["name"], "a");
+    assert!(plain.get("token").is_none(), "{plain}");
+
+    let body = get_ok(
+        &sys,
+        "n1/a",
+        "/call?path=/v1/identity?audience=vault.example",
+    );
+    assert!(body.contains("status: 200"), "{body}");
+    let id = json(&body);
+    let token = id["token"].as_str().unwrap_or_else(|| panic!("{id}"));
+    assert_eq!(id["issuer"], "ate-api");
+
+    let (status, jwks) = ate_test_support::http::http_get(&sys.api_http, "/.well-known/jwks.json");
+    assert_eq!(status, 200, "{jwks}");
+    let set: jsonwebtoken::jwk::JwkSet = serde_json::from_str(&jwks).expect("a JWK set");
+    let header = jsonwebtoken::decode_header(token).expect("a JWT");
+    assert_eq!(header.kid.as_deref(), id["key_id"].as_str());
+    let jwk = set
+        .find(header.kid.as_deref().unwrap_or_default())
+        .expect("the token's key is published");
+    let key = jsonwebtoken::DecodingKey::from_jwk(jwk).expect("an Ed25519 key");
+    let mut check = jsonwebtoken::Validation::new(jsonwebtoken::Algorithm::EdDSA);
+    check.set_issuer(&["ate-api"]);
+    check.set_audience(&["vault.example"]);
+    let claims = jsonwebtoken::decode::<serde_json::Value>(token, &key, &check)
+        .expect("the token verifies")
+        .claims;
+    assert_eq!(claims["sub"], "n1/a");
+    assert_eq!(claims["ate_activation"], id["activation"]);
+    // Meant for another service: refused there.
+    check.set_audience(&["billing"]);
+    assert!(jsonwebtoken::decode::<serde_json::Value>(token, &key, &check).is_err());
+
+    // Bad input is the local API's 400 naming the field, relayed by the counter.
+    let (_, _, body) = get(sys.router_addr, "n1/a", "/call?path=/v1/identity?audience=");
+    assert!(
+        body.contains("status: 400") && body.contains("audience"),
+        "{body}"
+    );
+
+    // The signing key stays with the control plane: 0600, not under the nodes' keys.
+    let key_file = sys.state_dir().join("identity/identity-key.pem");
+    let mode = std::os::unix::fs::PermissionsExt::mode(
+        &std::fs::metadata(&key_file)
+            .expect("identity key")
+            .permissions(),
+    );
+    assert_eq!(mode & 0o777, 0o600);
+}

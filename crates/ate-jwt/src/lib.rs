@@ -1,5 +1,6 @@
 //! Bearer tokens for callers outside the mesh: the api's `--auth-mode=jwt` and the router's
 //! `--ingress-auth-mode=jwt` verify them with this one verifier (and the same error texts).
+//! The other direction, tokens the api signs for actors, is [`issuer`].
 //!
 //! A token is a JWS-signed JWT whose key is in a JWKS file (`--jwt-jwks-file`, re-read when it
 //! changes). Accepted algorithms: RS256/384/512, PS256/384/512 (RSA keys), ES256 (P-256),
@@ -12,6 +13,8 @@
 //! Authorization claims: `ate_role` = `admin` | `client` (default) | `ingress_router` |
 //! `node_agent`; `ate_atespaces` = the atespaces of a client (`["*"]` = all; none if absent);
 //! `ate_node` = the node a `node_agent` token speaks for (without it the token may not suspend).
+
+pub mod issuer;
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};

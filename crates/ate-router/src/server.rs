@@ -366,7 +366,7 @@ pub async fn serve_operations(
     });
     let endpoint = ate_tls::telemetry::Endpoint {
         health: Some(health),
-        before_scrape: None,
+        ..Default::default()
     };
     ate_tls::telemetry::serve_with(listener, endpoint, async move {
         let _ = stop.wait_for(|s| *s).await;

@@ -492,6 +492,11 @@ async fn cut_mid_body(h2: bool, cut: impl FnOnce(&TestAtunnel)) {
         .expect("a frame")
         .expect("not an error yet");
     assert_eq!(first.into_data().unwrap(), "first half, ");
+    // The tunnel is counted by its own task, which may run just after the first frame.
+    let counted = tokio::time::Instant::now() + Duration::from_secs(5);
+    while s.atunnel.count() == 0 && tokio::time::Instant::now() < counted {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
     assert_eq!(s.atunnel.count(), 1, "a handed-off tunnel");
     cut(&s.atunnel);
     let rest = tokio::time::timeout(Duration::from_secs(5), body.collect())

@@ -211,6 +211,9 @@ pub struct Endpoint {
     pub health: Option<Health>,
     /// Called before each `/metrics` render.
     pub before_scrape: Option<BeforeScrape>,
+    /// JSON documents served as they are at their paths (the api's JWKS and OpenID discovery
+    /// document for actors' identity tokens).
+    pub documents: Arc<[(String, Bytes)]>,
 }
 
 /// Serves `/metrics` and `/healthz` (always 200) on `listener` until `stop` resolves.
@@ -276,7 +279,14 @@ pub async fn respond(path: &str, endpoint: &Endpoint) -> Response<Full<Bytes>> {
             Ok(()) => text(StatusCode::OK, PLAIN, "ok\n".into()),
             Err(why) => text(StatusCode::SERVICE_UNAVAILABLE, PLAIN, format!("{why}\n")),
         },
-        _ => text(StatusCode::NOT_FOUND, PLAIN, "not found\n".into()),
+        _ => match endpoint.documents.iter().find(|(p, _)| p == path) {
+            Some((_, body)) => {
+                let mut response = text(StatusCode::OK, "application/json", String::new());
+                *response.body_mut() = Full::new(body.clone());
+                response
+            }
+            None => text(StatusCode::NOT_FOUND, PLAIN, "not found\n".into()),
+        },
     }
 }
 
@@ -483,7 +493,7 @@ mod tests {
     async fn healthz_reports_the_reason_when_unhealthy() {
         let endpoint = Endpoint {
             health: Some(Arc::new(|| Err("draining".to_string()))),
-            before_scrape: None,
+            ..Default::default()
         };
         let r = respond("/healthz", &endpoint).await;
         assert_eq!(r.status(), StatusCode::SERVICE_UNAVAILABLE);
@@ -491,6 +501,13 @@ mod tests {
         assert_eq!(r.status(), StatusCode::OK);
         let r = respond("/nope", &Endpoint::default()).await;
         assert_eq!(r.status(), StatusCode::NOT_FOUND);
+        let documents = Endpoint {
+            documents: vec![("/doc.json".to_string(), Bytes::from_static(b"{}"))].into(),
+            ..Default::default()
+        };
+        let r = respond("/doc.json", &documents).await;
+        assert_eq!(r.status(), StatusCode::OK);
+        assert_eq!(r.headers()[hyper::header::CONTENT_TYPE], "application/json");
         let r = respond("/metrics", &Endpoint::default()).await;
         assert_eq!(
             r.headers()

@@ -9,6 +9,7 @@ use std::sync::Arc;
 
 use ate_proto::v1;
 use ate_proto::v1::alarm_service_client::AlarmServiceClient;
+use ate_proto::v1::identity_service_client::IdentityServiceClient;
 use ate_proto::v1::worker_service_client::WorkerServiceClient;
 use ate_proto::v1::worker_service_server::{WorkerService, WorkerServiceServer};
 use hyper_util::rt::TokioIo;
@@ -383,12 +384,8 @@ pub async fn run_locked(
         ),
         None => None,
     };
-    let alarms = match &config.api {
-        Some(addrs) => Some(alarm_client(
-            addrs,
-            tls.as_ref(),
-            config.tls.trust_domain(),
-        )?),
+    let api = match &config.api {
+        Some(addrs) => Some(api_clients(addrs, tls.as_ref(), config.tls.trust_domain())?),
         None => None,
     };
     let router_text = config
@@ -418,7 +415,7 @@ pub async fn run_locked(
         .with_frozen_policy(config.frozen_policy())
         .with_egress_denied(config.deny_egress.clone())
         .with_router(router)
-        .with_alarms(alarms)
+        .with_api(api)
         .with_suspend_grace(config.suspend_grace)
         .with_page_source(match config.memory_restore {
             crate::config::MemoryRestore::Lazy => config.page_source.clone(),
@@ -597,13 +594,13 @@ impl Drop for AbortOnDrop {
     }
 }
 
-/// The api's AlarmService for the local actor API (`--api`): mTLS with this worker's
-/// certificate, the api's SPIFFE ID pinned; plaintext without TLS material. Connects lazily.
-fn alarm_client(
+/// The api's services for the local actor API (`--api`): mTLS with this worker's certificate,
+/// the api's SPIFFE ID pinned; plaintext without TLS material. Connects lazily.
+fn api_clients(
     addrs: &str,
     tls: Option<&ate_tls::CertSource>,
     trust_domain: &str,
-) -> Result<AlarmServiceClient<tonic::transport::Channel>, WorkerError> {
+) -> Result<crate::worker::ApiClients, WorkerError> {
     let config = match tls {
         Some(src) => Some(Arc::new(ate_tls::client_config(
             src,
@@ -616,5 +613,8 @@ fn alarm_client(
             e.timeout(std::time::Duration::from_secs(10))
         })
         .map_err(|e| WorkerError::Config(format!("bad --api {addrs:?}: {e}")))?;
-    Ok(AlarmServiceClient::new(channel))
+    Ok(crate::worker::ApiClients {
+        alarms: AlarmServiceClient::new(channel.clone()),
+        identity: IdentityServiceClient::new(channel),
+    })
 }

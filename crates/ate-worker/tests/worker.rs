@@ -963,10 +963,15 @@ async fn platform_address_serves_identity_and_calls() {
         .strip_prefix("status: 200\n")
         .unwrap_or_else(|| panic!("{body}"));
     let identity: serde_json::Value = serde_json::from_str(json).expect("identity JSON");
-    assert_eq!(
-        identity,
-        serde_json::json!({"atespace": ATESPACE, "name": name, "uid": format!("uid-{name}")})
-    );
+    assert_eq!(identity["atespace"], ATESPACE);
+    assert_eq!(identity["name"], name.as_str());
+    assert_eq!(identity["uid"], format!("uid-{name}"));
+    assert!(identity["activation"].as_u64().is_some(), "{identity}");
+    // A token needs the api: a worker without --api says so.
+    let (status, body) =
+        get_via_tunnel(&mut h2, &target, "/call?path=/v1/identity?audience=svc").await;
+    assert_eq!(status, 503, "{body}");
+    assert!(body.contains("--api"), "{body}");
     // A worker without --api keeps no alarms, and says so.
     let (status, body) = get_via_tunnel(&mut h2, &target, "/call?path=/v1/alarm").await;
     assert_eq!(status, 503, "{body}");

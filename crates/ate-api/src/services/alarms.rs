@@ -2,7 +2,6 @@
 //! them (the local actor API); the delivery itself is `workflows::alarms`.
 
 use ate_core::clock::now_ms;
-use ate_core::{ActorRef, ActorState};
 use ate_proto::v1::alarm_service_server::AlarmService;
 use ate_proto::v1::{
     Alarm, DeleteAlarmRequest, DeleteAlarmResponse, GetAlarmRequest, GetAlarmResponse,
@@ -11,7 +10,7 @@ use ate_proto::v1::{
 use tonic::{Request, Response, Status};
 
 use super::{Services, actor_ref, ref_atespace};
-use crate::authz::{Caller, Need};
+use crate::authz::Need;
 use crate::convert::{self, store_status};
 
 /// The longest an alarm may be set ahead: a year (a due time further out is almost surely a
@@ -35,43 +34,6 @@ pub(crate) fn check_path(path: &str) -> Result<(), Status> {
     }
     http::uri::PathAndQuery::try_from(path).map_err(|e| bad(&e.to_string()))?;
     Ok(())
-}
-
-impl Services {
-    /// A worker may touch only the alarm of an actor that runs on it now: the actor bound to
-    /// that worker (any worker for the shared identity) at the activation the worker names.
-    async fn check_worker_actor(
-        &self,
-        caller: &Caller,
-        rpc: &str,
-        r: &ActorRef,
-        activation: u64,
-    ) -> Result<(), Status> {
-        let Some(worker) = caller.worker() else {
-            return Ok(());
-        };
-        let target = format!("actor {r}");
-        let actor = self.api.store.get_actor(r).await.map_err(store_status)?;
-        let live = matches!(
-            actor.state,
-            ActorState::Resuming | ActorState::Running | ActorState::Suspending
-        );
-        let here = match worker {
-            Some(w) => actor.worker_id.as_deref() == Some(w),
-            None => actor.worker_id.is_some(),
-        };
-        if !live || !here || activation == 0 || actor.activation != activation {
-            return Err(caller.deny(
-                rpc,
-                &target,
-                &format!(
-                    "the actor does not run on this worker at activation {activation} (it is {:?} at activation {})",
-                    actor.state, actor.activation
-                ),
-            ));
-        }
-        Ok(())
-    }
 }
 
 #[tonic::async_trait]

@@ -1,17 +1,19 @@
 //! tonic service implementations: validation at the boundary, then the store or a workflow.
 //! This file holds what the services share (the request checks, [`Services`], `to_completion`);
 //! each service has a file of its own: `actor` (ActorService), `alarms` (AlarmService),
-//! `catalog` (AtespaceService, TemplateService, TagService), `fleet` (FleetService).
+//! `catalog` (AtespaceService, TemplateService, TagService), `fleet` (FleetService),
+//! `identity` (IdentityService).
 
 mod actor;
 mod alarms;
 mod catalog;
 mod fleet;
+mod identity;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use ate_core::{ActorRef, validate_label};
+use ate_core::{ActorRef, ActorState, validate_label};
 use ate_proto::v1;
 use tonic::{Request, Response, Status};
 
@@ -133,6 +135,41 @@ impl Services {
                 RPC,
                 &target,
                 &format!("the actor is on worker {worker_id} of node {owner}, not node {node}"),
+            ));
+        }
+        Ok(())
+    }
+
+    /// A worker may touch only the alarm or token of an actor that runs on it now: the actor bound to
+    /// that worker (any worker for the shared identity) at the activation the worker names.
+    async fn check_worker_actor(
+        &self,
+        caller: &Caller,
+        rpc: &str,
+        r: &ActorRef,
+        activation: u64,
+    ) -> Result<(), Status> {
+        let Some(worker) = caller.worker() else {
+            return Ok(());
+        };
+        let target = format!("actor {r}");
+        let actor = self.api.store.get_actor(r).await.map_err(store_status)?;
+        let live = matches!(
+            actor.state,
+            ActorState::Resuming | ActorState::Running | ActorState::Suspending
+        );
+        let here = match worker {
+            Some(w) => actor.worker_id.as_deref() == Some(w),
+            None => actor.worker_id.is_some(),
+        };
+        if !live || !here || activation == 0 || actor.activation != activation {
+            return Err(caller.deny(
+                rpc,
+                &target,
+                &format!(
+                    "the actor does not run on this worker at activation {activation} (it is {:?} at activation {})",
+                    actor.state, actor.activation
+                ),
             ));
         }
         Ok(())

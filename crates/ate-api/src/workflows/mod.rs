@@ -310,6 +310,11 @@ impl Api {
         &self.waiters
     }
 
+    /// What signs actors' identity tokens (`--identity-key`), if anything.
+    pub fn identity_issuer(&self) -> Option<&Arc<ate_jwt::issuer::TokenIssuer>> {
+        self.cfg.identity.as_ref()
+    }
+
     pub fn store(&self) -> &Arc<dyn Store> {
         &self.store
     }

@@ -24,7 +24,8 @@ use clap::Args;
 use crate::client::{self, API_ADDRESS_FILE, ApplyError, Clients};
 use crate::serve::{LogFormat, write_atomically};
 use node::{NodeMetrics, start_node_and_workers, worker_ids};
-use pki::{Pki, ca_dir, publish_admin, with_sans};
+pub(crate) use pki::identity_key_in;
+use pki::{Pki, ca_dir, identity_key, publish_admin, with_sans};
 use supervise::{
     Component, Role, set_flag, spawn, spawn_with_env, start_or_stop, stop_all,
     supervise_until_stopped, wait_listening, wait_ready,
@@ -184,6 +185,9 @@ async fn start_all(
         ("--ready-file", api_ready.display().to_string()),
         // Signs the certificates of machines that join (`ate up --role node`).
         ("--ca-dir", ca_dir(args).display().to_string()),
+        // Signs actors' identity tokens (`GET /v1/identity?audience=…`); beside the CA, not in
+        // STATE_DIR/keys, which nodes hold.
+        ("--identity-key", identity_key(args).display().to_string()),
         (
             "--join-cert-lifetime",
             format!("{}s", args.cert_lifetime.as_secs().max(60)),

@@ -136,6 +136,16 @@ pub(super) fn ca_dir(args: &UpArgs) -> PathBuf {
         .unwrap_or_else(|| args.state_dir.join("ca"))
 }
 
+/// The key that signs actors' identity tokens: `STATE_DIR/identity/identity-key.pem` (what
+/// `ate keys rotate-identity` rotates).
+pub(crate) fn identity_key(args: &UpArgs) -> PathBuf {
+    identity_key_in(&args.state_dir)
+}
+
+pub(crate) fn identity_key_in(state_dir: &std::path::Path) -> PathBuf {
+    state_dir.join("identity").join("identity-key.pem")
+}
+
 /// `req` with the `--tls-san` names and addresses.
 pub(super) fn with_sans(mut req: ate_tls::SvidRequest, sans: &[String]) -> ate_tls::SvidRequest {
     for san in sans {

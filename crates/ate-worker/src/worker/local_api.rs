@@ -2,6 +2,7 @@
 //! actor can ask about itself (identity), asks about its own idle suspend (keep awake for a
 //! while, suspend now), which the worker's activity report carries to the node, and its alarm
 //! (`/v1/alarm`), kept by the api (AlarmService, `--api`): set only once the api has stored it.
+//! `GET /v1/identity?audience=A` adds a short-lived token the api signs (IdentityService).
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -36,6 +37,16 @@ struct Asked {
 /// The api's AlarmService, as the local API calls it.
 pub type AlarmClient =
     ate_proto::v1::alarm_service_client::AlarmServiceClient<tonic::transport::Channel>;
+/// The api's IdentityService, as the local API calls it.
+pub type IdentityClient =
+    ate_proto::v1::identity_service_client::IdentityServiceClient<tonic::transport::Channel>;
+
+/// The api's services the local API calls (`--api`), on one channel.
+#[derive(Debug, Clone)]
+pub struct ApiClients {
+    pub alarms: AlarmClient,
+    pub identity: IdentityClient,
+}
 
 impl LocalAsks {
     fn asks(&self) -> std::sync::MutexGuard<'_, HashMap<String, Asked>> {
@@ -71,14 +82,16 @@ impl LocalAsks {
 
 pub(super) struct WorkerLocalApi {
     pub(super) asks: std::sync::Arc<LocalAsks>,
-    pub(super) alarms: Option<AlarmClient>,
+    pub(super) api: Option<ApiClients>,
 }
 
 #[async_trait::async_trait]
 impl LocalApi for WorkerLocalApi {
     async fn serve(&self, actor: &ActorIdentity, req: LocalRequest) -> LocalResponse {
-        if req.path == "/v1/alarm" {
-            return alarm(self.alarms.clone(), actor, &req).await;
+        match req.path.as_str() {
+            "/v1/alarm" => return alarm(self.api.clone(), actor, &req).await,
+            "/v1/identity" => return identity(self.api.clone(), actor, &req).await,
+            _ => {}
         }
         answer(&self.asks, actor, &req)
     }
@@ -149,26 +162,124 @@ fn alarm_json(a: &ate_proto::v1::Alarm) -> serde_json::Value {
     })
 }
 
-/// The api's refusal as the local API's answer.
-fn from_status(s: &tonic::Status) -> LocalResponse {
+/// The api's refusal as the local API's answer, its message after `what: `.
+fn from_status(what: &str, s: &tonic::Status) -> LocalResponse {
     let code = match s.code() {
         tonic::Code::InvalidArgument => StatusCode::BAD_REQUEST,
         tonic::Code::PermissionDenied => StatusCode::FORBIDDEN,
         tonic::Code::NotFound => StatusCode::NOT_FOUND,
-        tonic::Code::Unavailable | tonic::Code::DeadlineExceeded => StatusCode::SERVICE_UNAVAILABLE,
+        tonic::Code::Unavailable
+        | tonic::Code::DeadlineExceeded
+        | tonic::Code::FailedPrecondition => StatusCode::SERVICE_UNAVAILABLE,
         _ => StatusCode::BAD_GATEWAY,
     };
-    LocalResponse::text(code, format!("alarm: {}\n", s.message()))
+    LocalResponse::text(code, format!("{what}: {}\n", s.message()))
+}
+
+/// What `GET /v1/identity` asks for: a token's audience and lifetime (`?audience=A&ttl=10m`),
+/// or nothing (the identity alone).
+pub(crate) fn parse_identity_query(
+    query: Option<&str>,
+) -> Result<Option<(String, Option<Duration>)>, String> {
+    let mut audience = None;
+    let mut ttl = None;
+    for (key, value) in form_urlencoded::parse(query.unwrap_or_default().as_bytes()) {
+        match key.as_ref() {
+            "audience" => audience = Some(value.into_owned()),
+            "ttl" => {
+                // Plain seconds or a duration ("600", "10m").
+                let d = match value.parse::<u64>() {
+                    Ok(secs) => Duration::from_secs(secs),
+                    Err(_) => ate_core::duration::parse_duration(&value)
+                        .map_err(|e| format!("invalid ttl: {e}"))?,
+                };
+                ttl = Some(d);
+            }
+            other => {
+                return Err(format!(
+                    "invalid query parameter {other:?}: /v1/identity takes audience and ttl"
+                ));
+            }
+        }
+    }
+    match (audience, ttl) {
+        (Some(a), ttl) => Ok(Some((a, ttl))),
+        (None, Some(_)) => Err("invalid ttl: a token needs an audience (?audience=…)".into()),
+        (None, None) => Ok(None),
+    }
+}
+
+/// `GET /v1/identity[?audience=A[&ttl=T]]`: who the actor is, and with an audience a signed
+/// token saying so (the api's IdentityService).
+async fn identity(
+    api: Option<ApiClients>,
+    actor: &ActorIdentity,
+    req: &LocalRequest,
+) -> LocalResponse {
+    if req.method != Method::GET && req.method != Method::HEAD {
+        return LocalResponse::text(
+            StatusCode::METHOD_NOT_ALLOWED,
+            format!("{} /v1/identity: use GET\n", req.method),
+        )
+        .with_header(header::ALLOW, http::HeaderValue::from_static("GET, HEAD"));
+    }
+    let mut body = serde_json::json!({
+        "atespace": actor.atespace,
+        "name": actor.name,
+        "uid": actor.uid,
+        "activation": actor.activation,
+    });
+    let (audience, ttl) = match parse_identity_query(req.query.as_deref()) {
+        Ok(Some(asked)) => asked,
+        Ok(None) => return LocalResponse::json(StatusCode::OK, &body),
+        Err(why) => return LocalResponse::text(StatusCode::BAD_REQUEST, format!("{why}\n")),
+    };
+    let Some(mut api) = api else {
+        return LocalResponse::text(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "identity tokens are not available on this worker (it has no --api)\n".to_string(),
+        );
+    };
+    let ask = ate_proto::v1::IssueActorTokenRequest {
+        actor: Some(ate_proto::v1::ObjectRef {
+            atespace: actor.atespace.clone(),
+            name: actor.name.clone(),
+        }),
+        activation: actor.activation,
+        audience,
+        // Out of range: the api names the bounds.
+        ttl_seconds: ttl.map_or(0, |d| u32::try_from(d.as_secs()).unwrap_or(u32::MAX).max(1)),
+    };
+    match api.identity.issue_actor_token(ask).await {
+        Ok(t) => {
+            let t = t.into_inner();
+            body["token"] = t.token.into();
+            body["expires_unix"] = t.expires_unix.into();
+            body["expires_at"] = u64::try_from(t.expires_unix)
+                .map(|s| {
+                    humantime::format_rfc3339_seconds(
+                        std::time::UNIX_EPOCH + Duration::from_secs(s),
+                    )
+                    .to_string()
+                })
+                .unwrap_or_default()
+                .into();
+            body["issuer"] = t.issuer.into();
+            body["key_id"] = t.key_id.into();
+            LocalResponse::json(StatusCode::OK, &body)
+        }
+        Err(s) => from_status("identity token", &s),
+    }
 }
 
 /// `PUT` (set), `GET`, `DELETE /v1/alarm`.
 async fn alarm(
-    client: Option<AlarmClient>,
+    api: Option<ApiClients>,
     actor: &ActorIdentity,
     req: &LocalRequest,
 ) -> LocalResponse {
     let activation = actor.activation;
-    let Some(mut client) = client else {
+    let Some(mut client) = api.map(|a| a.alarms) else {
         return LocalResponse::text(
             StatusCode::SERVICE_UNAVAILABLE,
             "alarms are not available on this worker (it has no --api)\n".to_string(),
@@ -194,7 +305,7 @@ async fn alarm(
             };
             match client.set_alarm(set).await {
                 Ok(a) => LocalResponse::json(StatusCode::OK, &alarm_json(a.get_ref())),
-                Err(s) => from_status(&s),
+                Err(s) => from_status("alarm", &s),
             }
         }
         Method::GET | Method::HEAD => {
@@ -209,7 +320,7 @@ async fn alarm(
                         LocalResponse::text(StatusCode::NOT_FOUND, "no alarm is set\n".to_string())
                     }
                 },
-                Err(s) => from_status(&s),
+                Err(s) => from_status("alarm", &s),
             }
         }
         Method::DELETE => {
@@ -222,7 +333,7 @@ async fn alarm(
                     StatusCode::OK,
                     &serde_json::json!({"deleted": r.get_ref().deleted}),
                 ),
-                Err(s) => from_status(&s),
+                Err(s) => from_status("alarm", &s),
             }
         }
         _ => LocalResponse::text(
@@ -295,23 +406,6 @@ fn answer(asks: &LocalAsks, actor: &ActorIdentity, req: &LocalRequest) -> LocalR
                 &serde_json::json!({"suspend": "requested"}),
             )
         }
-        "/v1/identity" => {
-            if req.method != Method::GET && req.method != Method::HEAD {
-                return LocalResponse::text(
-                    StatusCode::METHOD_NOT_ALLOWED,
-                    format!("{} /v1/identity: use GET\n", req.method),
-                )
-                .with_header(header::ALLOW, http::HeaderValue::from_static("GET, HEAD"));
-            }
-            LocalResponse::json(
-                StatusCode::OK,
-                &serde_json::json!({
-                    "atespace": actor.atespace,
-                    "name": actor.name,
-                    "uid": actor.uid,
-                }),
-            )
-        }
         p => LocalResponse::text(
             StatusCode::NOT_FOUND,
             format!(
@@ -338,8 +432,8 @@ mod tests {
         }
     }
 
-    #[test]
-    fn identity_and_unknown_paths() {
+    #[tokio::test]
+    async fn identity_and_unknown_paths() {
         let me = ActorIdentity {
             atespace: "web".into(),
             name: "front-1".into(),
@@ -347,15 +441,43 @@ mod tests {
             activation: 1,
         };
         let asks = LocalAsks::default();
-        let r = answer(&asks, &me, &req(Method::GET, "/v1/identity"));
+        let r = identity(None, &me, &req(Method::GET, "/v1/identity")).await;
         assert_eq!(r.status, StatusCode::OK);
         let v: serde_json::Value = serde_json::from_slice(&r.body).expect("json");
         assert_eq!(
             v,
-            serde_json::json!({"atespace": "web", "name": "front-1", "uid": "u-1"})
+            serde_json::json!({"atespace": "web", "name": "front-1", "uid": "u-1", "activation": 1})
         );
-        let r = answer(&asks, &me, &req(Method::POST, "/v1/identity"));
+        let r = identity(None, &me, &req(Method::POST, "/v1/identity")).await;
         assert_eq!(r.status, StatusCode::METHOD_NOT_ALLOWED);
+        // A token needs the api: 503 naming the flag; bad queries are 400 naming the field.
+        let with_query = |q: &str| LocalRequest {
+            query: Some(q.to_string()),
+            ..req(Method::GET, "/v1/identity")
+        };
+        let r = identity(None, &me, &with_query("audience=vault")).await;
+        assert_eq!(r.status, StatusCode::SERVICE_UNAVAILABLE);
+        assert!(String::from_utf8_lossy(&r.body).contains("--api"));
+        for (q, field) in [
+            ("aud=vault", "invalid query parameter \"aud\""),
+            ("ttl=60", "a token needs an audience"),
+            ("audience=x&ttl=soon", "invalid ttl"),
+        ] {
+            let r = identity(None, &me, &with_query(q)).await;
+            assert_eq!(r.status, StatusCode::BAD_REQUEST, "{q}");
+            assert!(
+                String::from_utf8_lossy(&r.body).contains(field),
+                "{q}: {:?}",
+                r.body
+            );
+        }
+        assert_eq!(
+            parse_identity_query(Some("audience=https%3A%2F%2Fvault.example&ttl=10m")),
+            Ok(Some((
+                "https://vault.example".to_string(),
+                Some(Duration::from_secs(600))
+            )))
+        );
         let r = answer(&asks, &me, &req(Method::GET, "/v2/nope"));
         assert_eq!(r.status, StatusCode::NOT_FOUND);
         assert!(String::from_utf8_lossy(&r.body).contains("/v2/nope"));

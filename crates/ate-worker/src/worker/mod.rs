@@ -49,6 +49,7 @@ use crate::netns::NetnsDialer;
 use crate::runtime::{ActorSandbox, SandboxRuntime};
 
 pub use adoption::{live_sandboxes, sandbox_alive};
+pub use local_api::ApiClients;
 pub use types::{
     ActivityReport, ActorActivity, AdoptionRecord, CheckpointReply, CheckpointRequest, StartReply,
     StartRequest, StopReply, StopRequest, VerbError, Workload, outcome,
@@ -207,7 +208,7 @@ impl Worker {
             tunnels: Arc::new(Tunnels::new()),
             egress: Egress::new().with_local_api(Arc::new(local_api::WorkerLocalApi {
                 asks: local_asks.clone(),
-                alarms: None,
+                api: None,
             })),
             local_asks,
             faults,
@@ -236,19 +237,14 @@ impl Worker {
         self
     }
 
-    /// The api's AlarmService, for the local actor API's `/v1/alarm` (`--api`); without it
-    /// that path answers 503.
-    pub fn with_alarms(
-        mut self,
-        alarms: Option<
-            ate_proto::v1::alarm_service_client::AlarmServiceClient<tonic::transport::Channel>,
-        >,
-    ) -> Self {
+    /// The api's AlarmService and IdentityService, for the local actor API's `/v1/alarm` and
+    /// identity tokens (`--api`); without them those answer 503.
+    pub fn with_api(mut self, api: Option<local_api::ApiClients>) -> Self {
         self.egress = self
             .egress
             .with_local_api(Arc::new(local_api::WorkerLocalApi {
                 asks: self.local_asks.clone(),
-                alarms,
+                api,
             }));
         self
     }
