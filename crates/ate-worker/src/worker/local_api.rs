@@ -193,6 +193,10 @@ pub(crate) fn parse_identity_query(
                     Err(_) => ate_core::duration::parse_duration(&value)
                         .map_err(|e| format!("invalid ttl: {e}"))?,
                 };
+                // 0 s on the wire means "the default": a caller's 0 (or "500ms") is a mistake.
+                if d.as_secs() == 0 {
+                    return Err("invalid ttl: must be at least 60s".into());
+                }
                 ttl = Some(d);
             }
             other => {
@@ -248,7 +252,7 @@ async fn identity(
         activation: actor.activation,
         audience,
         // Out of range: the api names the bounds.
-        ttl_seconds: ttl.map_or(0, |d| u32::try_from(d.as_secs()).unwrap_or(u32::MAX).max(1)),
+        ttl_seconds: ttl.map_or(0, |d| u32::try_from(d.as_secs()).unwrap_or(u32::MAX)),
     };
     match api.identity.issue_actor_token(ask).await {
         Ok(t) => {
@@ -462,6 +466,7 @@ mod tests {
             ("aud=vault", "invalid query parameter \"aud\""),
             ("ttl=60", "a token needs an audience"),
             ("audience=x&ttl=soon", "invalid ttl"),
+            ("audience=x&ttl=0", "at least 60s"),
         ] {
             let r = identity(None, &me, &with_query(q)).await;
             assert_eq!(r.status, StatusCode::BAD_REQUEST, "{q}");
