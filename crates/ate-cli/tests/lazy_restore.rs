@@ -201,8 +201,9 @@ fn expect_crash_never_a_wrong_answer(sys: &System, ns: &str, original: &str, why
     );
 }
 
-/// Flips one byte in the middle of the largest memory image of generation `generation`.
-fn damage_pages_image(sys: &System, ns: &str, name: &str, generation: u64) -> String {
+/// Flips one byte in the middle of the largest memory image of generation `generation`;
+/// returns the chunk it lies in (of a plaintext image) and the image's name.
+fn damage_pages_image(sys: &System, ns: &str, name: &str, generation: u64) -> (String, String) {
     let criu = generation_dir(&sys.state_dir(), ns, name, generation).join("criu");
     let mut images: Vec<(u64, std::path::PathBuf)> = std::fs::read_dir(&criu)
         .expect("read criu dir")
@@ -216,18 +217,20 @@ fn damage_pages_image(sys: &System, ns: &str, name: &str, generation: u64) -> St
     let at = (len / 2) as usize;
     bytes[at] ^= 0x40;
     std::fs::write(&victim, bytes).expect("write");
-    format!("chunk {}", at as u64 / (2 << 20))
+    let file = victim
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    (format!("chunk {}", at as u64 / (2 << 20)), file)
 }
 
 #[test]
 fn a_damaged_chunk_crashes_the_actor_and_no_wrong_page_is_served() {
-    // The page source's own check of every chunk it reads: the worker writes plaintext
-    // generations here, since a sealed one's frames are authenticated when it is opened, before
-    // a page source starts (snapshot_encryption.rs covers that).
+    // The page source's own check of every chunk it reads, on a plaintext generation.
     let sys = lazy_system(1, &[("ATE_NO_SNAPSHOT_ENCRYPTION", "1")]);
     let ns = "ns-lazy-damage";
     let (target, original) = suspended_sleeper(&sys, ns);
-    let chunk = damage_pages_image(&sys, ns, "s", 1);
+    let (chunk, _) = damage_pages_image(&sys, ns, "s", 1);
     // The first answer may come before the damaged chunk is read (a lazy restore starts the
     // actor at once); whatever answers must never be computed from the damaged page.
     expect_crash_never_a_wrong_answer(&sys, ns, &original, &[&chunk, "damaged"]);
@@ -244,6 +247,27 @@ fn a_damaged_chunk_crashes_the_actor_and_no_wrong_page_is_served() {
         "{g}"
     );
     assert!(g.get("durableDamage").is_none(), "{g}");
+}
+
+#[test]
+fn a_damaged_frame_of_a_sealed_generation_crashes_the_actor_and_no_wrong_page_is_served() {
+    // A sealed node-local generation's memory is opened frame by frame as the page source reads
+    // it: a frame that does not authenticate is damage, found and reported the same way.
+    let sys = lazy_system(1, &[]);
+    let ns = "ns-lazy-sealed-damage";
+    let (target, original) = suspended_sleeper(&sys, ns);
+    let (_, file) = damage_pages_image(&sys, ns, "s", 1);
+    expect_crash_never_a_wrong_answer(&sys, ns, &original, &[&file]);
+    let (status, _, body) = get(sys.router_addr, &target, "/");
+    assert_ne!(status, 200, "a CRASHED actor is not served: {body}");
+    // The worker named the sealed generation (not the scratch dir it restored from), so the
+    // node-local copy is the one marked damaged.
+    let g = newest_marked_damaged(&sys, ns, "s", "localDamage");
+    assert_eq!(g["generation"], 1, "{g}");
+    assert!(
+        g["localDamage"].as_str().is_some_and(|d| d.contains(&file)),
+        "{g}"
+    );
 }
 
 /// The newest generation of `ns/name` once its `copy` (`localDamage`, `durableDamage`) is marked

@@ -216,7 +216,9 @@ fn a_tampered_node_local_generation_is_refused_and_restored_from_its_durable_cop
     assert_eq!(counts(&get_ok(&sys, &c, "/")), (2, 2, 2));
     sys.ate_ok(&["suspend", "actor", "c", "-a", ns, "--durable"]); // 2, count 2
 
-    // A flipped bit in the sealed memory image of the node-local generation 2.
+    // A flipped bit in a sealed CRIU image of the node-local generation 2 (the task's core
+    // image: opened before the restore starts; a damaged memory chunk, which a lazy restore's
+    // page source finds as it reads it, crashes the actor: lazy_restore.rs).
     let g2 = generation_dir(&state, ns, "c", 2);
     let mut files = Vec::new();
     all_files(&g2.join("criu"), &mut files);
@@ -224,9 +226,9 @@ fn a_tampered_node_local_generation_is_refused_and_restored_from_its_durable_cop
         .into_iter()
         .find(|f| {
             f.file_name()
-                .is_some_and(|n| n.to_string_lossy().starts_with("pages-"))
+                .is_some_and(|n| n.to_string_lossy().starts_with("core-"))
         })
-        .expect("a memory image");
+        .expect("a core image");
     let mut bytes = std::fs::read(&pages).expect("read");
     let at = bytes.len() / 2;
     bytes[at] ^= 0x20;

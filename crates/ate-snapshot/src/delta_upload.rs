@@ -15,7 +15,6 @@
 //! (whose markers then keep them).
 
 use std::collections::{BTreeMap, HashMap};
-use std::fs::File;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::SystemTime;
@@ -255,10 +254,9 @@ pub(crate) fn encode_planned(
         let from = slot.as_ref().and_then(|(pp, base, page)| {
             let chunk = read.entry((pp.parent, pp.chunk)).or_insert_with(|| {
                 let (dir, pentry) = &plan.parents[pp.parent];
-                let file = File::open(dir.join(&pentry.path)).ok()?;
+                let file = crate::generation::MemoryFile::open(dir, pentry).ok()?;
                 let mut buf = Vec::new();
-                crate::generation::read_verified_chunk_at(&file, pentry, pp.chunk, &mut buf)
-                    .ok()?;
+                file.read_verified_chunk(pentry, pp.chunk, &mut buf).ok()?;
                 Some(buf)
             });
             let start = p * PAGE;

@@ -18,9 +18,13 @@ const SECRET: &[u8] = b"sk-live-0123456789abcdef-SECRET";
 fn configure() {
     static ONCE: Once = Once::new();
     ONCE.call_once(|| {
-        let keys = ate_snapshot::SnapshotKeys::from_data_key("dk-local", &[5u8; 32]).expect("keys");
+        // Keys loaded from a directory, as a worker's are: a page source can load them too.
+        let dir = std::env::temp_dir().join(format!("ate-keys-test-{}", std::process::id()));
+        let keys = ate_snapshot::SnapshotKeys::init(&dir).expect("keys");
         let scratch = std::env::temp_dir().join(format!("ate-scratch-test-{}", std::process::id()));
         assert!(sealed::configure(Some(keys), scratch));
+        // Loaded: nothing here reads the directory again (no page source runs).
+        let _ = fs::remove_dir_all(&dir);
     });
 }
 
@@ -114,12 +118,68 @@ async fn a_sealed_generation_shows_no_plaintext_and_opens_whole() {
     ate_snapshot::verify(scratch.path())
         .await
         .expect("verify opened");
-    let only_memory = Scratch::new("test").expect("scratch");
-    sealed::open_into(&gen_dir, only_memory.path(), Opening::Memory)
+    // Without the memory images: their chunks are read from the sealed files on demand.
+    let small = Scratch::new("test").expect("scratch");
+    sealed::open_into(&gen_dir, small.path(), Opening::Small)
         .await
-        .expect("open memory");
-    assert!(only_memory.path().join("criu/pages-1.img").is_file());
-    assert!(!only_memory.path().join("rootfs.tar").exists());
+        .expect("open small");
+    assert!(!small.path().join("criu/pages-1.img").exists());
+    assert!(small.path().join("rootfs.tar").is_file());
+    let source = ate_snapshot::sealed_source(small.path())
+        .expect("marker")
+        .expect("a sealed source");
+    assert_eq!(source.generation, gen_dir);
+    let pages = m.file("criu/pages-1.img").expect("listed");
+    let plain_pages = fs::read(f.gen_dir.join("criu/pages-1.img")).expect("plain");
+    let file = ate_snapshot::MemoryFile::open(small.path(), pages).expect("open chunks");
+    assert!(file.is_sealed());
+    let mut buf = Vec::new();
+    for index in 0..pages.chunk_count() {
+        file.read_verified_chunk(pages, index, &mut buf)
+            .expect("chunk");
+        let (start, end) = pages.chunk_range(index).expect("range");
+        assert_eq!(
+            buf,
+            plain_pages[start as usize..end as usize],
+            "chunk {index}"
+        );
+    }
+    ate_snapshot::verify(small.path())
+        .await
+        .expect("verify small, memory where it is sealed");
+    assert!(contains(small.path(), SECRET).is_empty(), "no memory in it");
+
+    // For a lazy restore: the chunks CRIU reads itself in a sparse image of the full size.
+    let lazy = Scratch::new("test").expect("scratch");
+    sealed::open_for_lazy_restore(&gen_dir, lazy.path(), |dir| {
+        assert!(
+            dir.join("criu/inventory.img").is_file(),
+            "small files first"
+        );
+        Ok(vec![("criu/pages-1.img".to_string(), 1)])
+    })
+    .await
+    .expect("open for a lazy restore");
+    let sparse = fs::read(lazy.path().join("criu/pages-1.img")).expect("sparse image");
+    assert_eq!(sparse.len(), plain_pages.len());
+    let (start, end) = pages.chunk_range(1).expect("range");
+    assert_eq!(
+        sparse[start as usize..end as usize],
+        plain_pages[start as usize..end as usize]
+    );
+    assert!(
+        sparse[..start as usize].iter().all(|b| *b == 0),
+        "chunk 0 left to the page source"
+    );
+    assert!(
+        ate_snapshot::sealed_source(lazy.path())
+            .expect("marker")
+            .is_some()
+    );
+    assert!(
+        contains(lazy.path(), SECRET).is_empty(),
+        "chunk 0 holds the secret"
+    );
     let path = scratch.path().to_path_buf();
     drop(scratch);
     assert!(!path.exists(), "a scratch dir goes when dropped");
@@ -154,6 +214,23 @@ async fn flipped_moved_truncated_or_swapped_files_are_refused_naming_them() {
         ate_snapshot::verify(&gen_dir).await.expect_err("flipped"),
         "criu/pages-1.img",
     );
+    // Read chunk by chunk through a scratch dir opened without it (an upload, a page source):
+    // the chunk holding the flipped byte is refused naming the file, the other one reads.
+    let small = Scratch::new("test").expect("scratch");
+    let m = sealed::open_into(&gen_dir, small.path(), Opening::Small)
+        .await
+        .expect("the small files are intact");
+    let entry = m.file("criu/pages-1.img").expect("listed");
+    let file = ate_snapshot::MemoryFile::open(small.path(), entry).expect("header intact");
+    let mut buf = Vec::new();
+    let flipped_chunk = (good.len() / 2) as u64 / ate_snapshot::CHUNK_BYTES;
+    let e = file
+        .read_verified_chunk(entry, flipped_chunk, &mut buf)
+        .expect_err("flipped chunk");
+    assert!(e.is_corrupt(), "{e}");
+    assert_eq!(e.corrupt_file(), Some("criu/pages-1.img"), "{e}");
+    file.read_verified_chunk(entry, 1 - flipped_chunk, &mut buf)
+        .expect("the other chunk");
     // Another generation's copy of the same file (same keys, same size): bound to its path.
     fs::copy(other.join("criu/pages-1.img"), &pages).expect("copy");
     refused(

@@ -202,9 +202,11 @@ impl NodeAgent {
     }
 }
 
-/// What an upload reads: a sealed generation (and each sealed parent's memory images, which
-/// deltas are made against) opened into scratch dirs on a tmpfs, kept until the upload ends;
-/// plaintext ones as they are. A parent that does not open only costs deltas.
+/// What an upload reads: a sealed generation (and each sealed parent, which deltas are made
+/// against) opened into scratch dirs on a tmpfs without their memory images, kept until the
+/// upload ends; the memory images' chunks are opened from the sealed files as the upload reads
+/// them (`ate_snapshot::MemoryFile`). Plaintext generations as they are. A parent that does not
+/// open only costs deltas.
 async fn open_for_upload(
     local: &Path,
     parents: &[PathBuf],
@@ -213,7 +215,7 @@ async fn open_for_upload(
     let mut opened = Vec::new();
     let dir = if is_encrypted(local) {
         let scratch = Scratch::new("upload")?;
-        open_into(local, scratch.path(), Opening::All).await?;
+        open_into(local, scratch.path(), Opening::Small).await?;
         let dir = scratch.path().to_path_buf();
         opened.push(scratch);
         dir
@@ -227,7 +229,7 @@ async fn open_for_upload(
             continue;
         }
         let scratch = Scratch::new("upload-parent")?;
-        match open_into(parent, scratch.path(), Opening::Memory).await {
+        match open_into(parent, scratch.path(), Opening::Small).await {
             Ok(_) => {
                 plain_parents.push(scratch.path().to_path_buf());
                 opened.push(scratch);

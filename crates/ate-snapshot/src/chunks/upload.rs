@@ -1,7 +1,6 @@
 //! Uploading a memory image's chunks (whole, reused or as deltas) and confirming them before
 //! the manifest goes up.
 
-use std::fs::File;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::{Instant, SystemTime};
@@ -13,6 +12,7 @@ use object_store::{ObjectStoreExt, PutPayload};
 use crate::delta_upload::{DeltaSources, encode_planned};
 use crate::durable::{Deadline, DurableStore, UploadPriority, older_than, run_at};
 use crate::error::{Error, Result};
+use crate::generation::MemoryFile;
 use crate::manifest::{FileEntry, Manifest};
 
 use super::{
@@ -43,8 +43,7 @@ impl DurableStore {
         priority: UploadPriority,
         deadline: &Deadline,
     ) -> Result<ChunkUpload> {
-        let src = gen_dir.join(&entry.path);
-        let file = Arc::new(File::open(&src).map_err(|e| Error::io("open", &src, e))?);
+        let file = Arc::new(MemoryFile::open(gen_dir, entry)?);
         let transfers: Vec<_> = (0..entry.chunk_count())
             .map(|i| {
                 self.upload_chunk(file.clone(), entry, i, sources, priority, deadline)
@@ -81,7 +80,7 @@ impl DurableStore {
     /// Uploads chunk `index` unless the store already holds a recent copy.
     async fn upload_chunk(
         &self,
-        file: Arc<File>,
+        file: Arc<MemoryFile>,
         entry: &FileEntry,
         index: u64,
         sources: &DeltaSources,
@@ -112,7 +111,7 @@ impl DurableStore {
         let digest_owned = digest.to_string();
         let (compressed, bases) = run_at(priority, format!("compress {obj}"), move || {
             let mut buf = Vec::new();
-            crate::generation::read_verified_chunk_at(&file, &entry_owned, index, &mut buf)?;
+            file.read_verified_chunk(&entry_owned, index, &mut buf)?;
             if let Some((obj, bases)) = plan
                 .as_ref()
                 .and_then(|p| encode_planned(p, &digest_owned, &buf, CHUNK_ZSTD_LEVEL))
@@ -200,8 +199,7 @@ impl DurableStore {
         // A chunk written again here goes whole.
         let no_sources = &DeltaSources::default();
         for entry in manifest.files.iter().filter(|f| f.has_chunk_digests()) {
-            let src = gen_dir.join(&entry.path);
-            let file = Arc::new(File::open(&src).map_err(|e| Error::io("open", &src, e))?);
+            let file = Arc::new(MemoryFile::open(gen_dir, entry)?);
             let checks: Vec<_> = (0..entry.chunk_count())
                 .map(|i| {
                     let file = file.clone();

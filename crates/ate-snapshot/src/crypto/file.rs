@@ -200,6 +200,41 @@ impl SealedFile {
         Ok(())
     }
 
+    /// Opens plaintext bytes `start .. start + len` into `out` (resized to `len`), reading only
+    /// the frames that hold them; `frame` is scratch space. A range past the end is
+    /// [`OpenError::Truncated`].
+    pub(crate) fn read_range(
+        &self,
+        start: u64,
+        len: usize,
+        out: &mut Vec<u8>,
+        frame: &mut Vec<u8>,
+    ) -> Result<(), SealedError> {
+        let end = start + len as u64;
+        if end > self.plain_len {
+            return Err(SealedError::Open(OpenError::Truncated("frame")));
+        }
+        out.clear();
+        if len == 0 {
+            return Ok(());
+        }
+        let frame_bytes = FRAME_BYTES as u64;
+        for index in start / frame_bytes..=(end - 1) / frame_bytes {
+            self.read_frame(index, frame)?;
+            let at = index * frame_bytes;
+            let from = start.max(at) - at;
+            let to = end.min(at + frame.len() as u64) - at;
+            let piece = frame
+                .get(from as usize..to as usize)
+                .ok_or(SealedError::Open(OpenError::Frame(index)))?;
+            out.extend_from_slice(piece);
+        }
+        if out.len() != len {
+            return Err(SealedError::Open(OpenError::Truncated("frame")));
+        }
+        Ok(())
+    }
+
     /// Opens the whole file into `out` (created or truncated; not synced), `threads` frames
     /// at once.
     pub(crate) fn open_into(&self, out: &Path, threads: usize) -> Result<(), SealedError> {
@@ -332,6 +367,20 @@ mod tests {
                 let out = dir.path().join("out");
                 assert!(f.open_into(&out, threads).is_ok());
                 assert_eq!(std::fs::read(&out).expect("read"), plain);
+                // Ranges across frame ends, from each frame alone, and past the end.
+                let (mut range, mut frame) = (Vec::new(), Vec::new());
+                for (start, n) in [(0, 10), (FRAME_BYTES - 5, 10), (len.saturating_sub(3), 3)] {
+                    if start > len {
+                        continue;
+                    }
+                    let n = n.min(len - start);
+                    assert!(
+                        f.read_range(start as u64, n, &mut range, &mut frame)
+                            .is_ok()
+                    );
+                    assert_eq!(&range[..], &plain[start..start + n], "len {len} at {start}");
+                }
+                assert!(f.read_range(len as u64, 1, &mut range, &mut frame).is_err());
                 let mut back = Vec::new();
                 f.reader().read_to_end(&mut back).expect("reader");
                 assert_eq!(back, plain);

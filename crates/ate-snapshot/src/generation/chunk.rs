@@ -64,7 +64,7 @@ pub fn verify_chunks(gen_dir: &Path, manifest: &Manifest, which: &[(String, u64)
 }
 
 /// `(start, end, digest)` of chunk `index`, or why there is none.
-fn chunk_span(entry: &FileEntry, index: u64) -> Result<(u64, u64, &str)> {
+pub(super) fn chunk_span(entry: &FileEntry, index: u64) -> Result<(u64, u64, &str)> {
     if !entry.has_chunk_digests() {
         return Err(Error::InvalidInput(format!(
             "{}: the manifest has no chunk digests for it",
@@ -83,7 +83,7 @@ fn chunk_span(entry: &FileEntry, index: u64) -> Result<(u64, u64, &str)> {
 }
 
 /// Opens a listed file for reading; absent (or not a regular file) is [`Error::MissingFile`].
-fn open_listed(full: &Path, entry: &FileEntry) -> Result<File> {
+pub(super) fn open_listed(full: &Path, entry: &FileEntry) -> Result<File> {
     match File::open(full) {
         Ok(f) => match f.metadata() {
             Ok(m) if m.is_file() => Ok(f),
@@ -101,7 +101,7 @@ fn open_listed(full: &Path, entry: &FileEntry) -> Result<File> {
 
 /// pread of chunk `index` into `buf`, then BLAKE3 against the manifest. `shown` names the file
 /// in I/O errors.
-fn read_chunk(
+pub(super) fn read_chunk(
     f: &File,
     shown: &Path,
     entry: &FileEntry,

@@ -29,6 +29,7 @@ const HASH_PARALLELISM: usize = 4;
 mod chunk;
 mod extract;
 mod hash;
+mod memory_file;
 mod seal;
 pub mod sealed;
 mod verify;
@@ -37,6 +38,7 @@ pub use chunk::{read_verified_chunk, read_verified_chunk_at, verify_chunk_bytes,
 pub use extract::{
     extract_container_rootfs, extract_rootfs, extract_volume, quarantine, quarantine_path,
 };
+pub use memory_file::{MemoryFile, SEALED_SOURCE_FILE, SealedSource, sealed_source};
 pub use seal::{seal_actor_generation, seal_generation};
 pub(crate) use verify::verify_with_bytes;
 pub use verify::{read_manifest, verify, verify_files, verify_files_except_chunked};

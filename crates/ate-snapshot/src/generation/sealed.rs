@@ -162,7 +162,11 @@ pub(super) fn open_manifest(gen_dir: &Path, stored: &[u8]) -> Result<Vec<u8>> {
 
 /// A file of a sealed generation, open for reading its plaintext.
 pub(super) fn open_file(gen_dir: &Path, rel: &str) -> Result<SealedFile> {
-    let keys = need_keys(gen_dir)?;
+    open_file_with(need_keys(gen_dir)?, gen_dir, rel)
+}
+
+/// [`open_file`] with these keys.
+pub(super) fn open_file_with(keys: &SnapshotKeys, gen_dir: &Path, rel: &str) -> Result<SealedFile> {
     let full = gen_dir.join(rel);
     let file = File::open(&full).map_err(|e| refused(rel, SealedError::Io(e), &full))?;
     SealedFile::open(keys, &binding(gen_dir, rel), file).map_err(|e| refused(rel, e, &full))
@@ -288,10 +292,12 @@ fn seal_blocking(keys: &SnapshotKeys, plain: &Path, gen_dir: &Path) -> Result<Ma
 /// Which files [`open_into`] opens.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Opening {
-    /// Everything: a restore.
+    /// Everything: an eager restore.
     All,
-    /// The CRIU images only (a parent an upload reads pages from).
-    Memory,
+    /// Everything but the memory images, which [`super::MemoryFile`] reads chunk by chunk from
+    /// the sealed generation (a [`super::SEALED_SOURCE_FILE`] in the scratch dir names it): an
+    /// upload, and a parent an upload takes deltas from.
+    Small,
 }
 
 /// Opens the sealed generation `gen_dir` into `plain` (a [`Scratch`]): the manifest, then the
@@ -301,9 +307,81 @@ pub enum Opening {
 pub async fn open_into(gen_dir: &Path, plain: &Path, which: Opening) -> Result<Manifest> {
     let (gen_dir, plain) = (gen_dir.to_path_buf(), plain.to_path_buf());
     let what = format!("open {}", gen_dir.display());
-    tokio::task::spawn_blocking(move || open_blocking(&gen_dir, &plain, which))
-        .await
-        .map_err(|e| Error::task(what, e))?
+    tokio::task::spawn_blocking(move || {
+        let manifest = open_blocking(&gen_dir, &plain, which)?;
+        if which == Opening::Small {
+            super::memory_file::write_sealed_source(&plain, &source_of(&gen_dir))?;
+        }
+        Ok(manifest)
+    })
+    .await
+    .map_err(|e| Error::task(what, e))?
+}
+
+fn source_of(gen_dir: &Path) -> super::SealedSource {
+    super::SealedSource {
+        generation: gen_dir.to_path_buf(),
+        keys: keys().and_then(|k| k.dir()).map(Path::to_path_buf),
+    }
+}
+
+/// True when this process's keys were loaded from a directory, which a page source can load
+/// them from too: the condition for [`open_for_lazy_restore`].
+pub fn can_open_lazily() -> bool {
+    keys().is_some_and(|k| k.dir().is_some())
+}
+
+/// Opens what a lazy restore of the sealed generation `gen_dir` needs before CRIU starts into
+/// `plain`: every file but the memory images, and of those (sparse files of their full size)
+/// only the chunks `eager` names (called with `plain` once the small files are in: the chunks
+/// CRIU reads itself, as `(path, chunk index)`). The page source reads every other chunk from
+/// the sealed files as it needs it ([`super::SEALED_SOURCE_FILE`]). Needs keys loaded from a
+/// directory ([`can_open_lazily`]).
+pub async fn open_for_lazy_restore<F>(gen_dir: &Path, plain: &Path, eager: F) -> Result<Manifest>
+where
+    F: FnOnce(&Path) -> Result<Vec<(String, u64)>> + Send + 'static,
+{
+    let (gen_dir, plain) = (gen_dir.to_path_buf(), plain.to_path_buf());
+    let what = format!("open {}", gen_dir.display());
+    tokio::task::spawn_blocking(move || {
+        let source = source_of(&gen_dir);
+        if source.keys.is_none() {
+            return Err(Error::Keys(
+                "a lazy restore of a sealed generation needs keys loaded from a directory (--snapshot-keys)".into(),
+            ));
+        }
+        let manifest = open_blocking(&gen_dir, &plain, Opening::Small)?;
+        let wanted = eager(&plain)?;
+        let mut buf = Vec::new();
+        for entry in manifest.files.iter().filter(|f| f.has_chunk_digests()) {
+            let out = plain.join(&entry.path);
+            if let Some(parent) = out.parent() {
+                fs::create_dir_all(parent).map_err(|e| Error::io("create dir", parent, e))?;
+            }
+            let dst = File::create(&out).map_err(|e| Error::io("create", &out, e))?;
+            dst.set_len(entry.size)
+                .map_err(|e| Error::io("truncate", &out, e))?;
+            let mut chunks = wanted
+                .iter()
+                .filter(|(p, _)| *p == entry.path)
+                .map(|(_, i)| *i)
+                .peekable();
+            if chunks.peek().is_none() {
+                continue;
+            }
+            let file = super::MemoryFile::open(&gen_dir, entry)?;
+            for index in chunks {
+                file.read_verified_chunk(entry, index, &mut buf)?;
+                let (start, _) = entry.chunk_range(index).unwrap_or((0, 0));
+                std::os::unix::fs::FileExt::write_all_at(&dst, &buf, start)
+                    .map_err(|e| Error::io("write", &out, e))?;
+            }
+        }
+        super::memory_file::write_sealed_source(&plain, &source)?;
+        Ok(manifest)
+    })
+    .await
+    .map_err(|e| Error::task(what, e))?
 }
 
 fn open_blocking(gen_dir: &Path, plain: &Path, which: Opening) -> Result<Manifest> {
@@ -327,7 +405,7 @@ fn open_blocking(gen_dir: &Path, plain: &Path, which: Opening) -> Result<Manifes
     let manifest = Manifest::from_json(&bytes)?;
     fs::create_dir_all(plain).map_err(|e| Error::io("create dir", plain, e))?;
     for f in &manifest.files {
-        if which == Opening::Memory && !f.path.starts_with(&format!("{}/", super::CRIU_DIR)) {
+        if which == Opening::Small && f.has_chunk_digests() {
             continue;
         }
         let sealed = open_file(gen_dir, &f.path)?;

@@ -81,6 +81,8 @@ enum Check {
 
 async fn check_files(gen_dir: &Path, manifest: &Manifest, check: Check) -> Result<()> {
     let sealed = super::sealed::is_encrypted(gen_dir);
+    // A scratch dir opened without its memory images: those are checked where they are sealed.
+    let source = super::sealed_source(gen_dir)?.map(|s| s.generation);
     // Built eagerly and boxed: a stream `map` closure here makes callers' futures fail rustc's
     // higher-ranked `Send` check (rust-lang/rust#102211).
     let checks: Vec<_> = manifest
@@ -88,8 +90,11 @@ async fn check_files(gen_dir: &Path, manifest: &Manifest, check: Check) -> Resul
         .iter()
         .cloned()
         .map(|f| {
-            let full = gen_dir.join(&f.path);
-            let dir = gen_dir.to_path_buf();
+            let (dir, sealed) = match &source {
+                Some(generation) if f.has_chunk_digests() => (generation.clone(), true),
+                _ => (gen_dir.to_path_buf(), sealed),
+            };
+            let full = dir.join(&f.path);
             async move {
                 let what = format!("hash {}", full.display());
                 tokio::task::spawn_blocking(move || {

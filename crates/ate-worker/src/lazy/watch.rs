@@ -199,9 +199,16 @@ impl PageSource {
         self.pid
     }
 
-    /// The generation directory this page source serves.
+    /// The generation directory this page source serves (damage is reported against it).
     pub fn generation(&self) -> &Path {
         &self.generation
+    }
+
+    /// Names `dir` as the generation served: a sealed generation's, when the page source was
+    /// started on the scratch dir it was opened into (which is gone by the time damage is
+    /// reported, and is no copy the node knows).
+    pub fn serves_generation(&mut self, dir: &Path) {
+        self.generation = dir.to_path_buf();
     }
 
     /// It failed because the generation is damaged (a chunk that does not match its digest),

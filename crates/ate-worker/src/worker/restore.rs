@@ -36,26 +36,8 @@ impl Worker {
             });
         };
         let begun = Instant::now();
-        // A sealed generation is opened into a scratch dir on a tmpfs first, and everything
-        // below reads that. Every frame was authenticated on the way and every file's size
-        // checked against the (authenticated) manifest, so it needs no second hashing pass.
-        let sealed = gen_dir;
-        let opened = if ate_snapshot::sealed::is_encrypted(gen_dir) {
-            let scratch = ate_snapshot::sealed::Scratch::new("restore")
-                .map_err(|e| VerbError::Internal(format!("snapshot scratch dir: {e}")))?;
-            ate_snapshot::sealed::open_into(
-                gen_dir,
-                scratch.path(),
-                ate_snapshot::sealed::Opening::All,
-            )
-            .await
-            .map_err(|e| snapshot_error(&format!("generation {}", gen_dir.display()), e))?;
-            crate::metrics::start_phase("restore", "open_sealed", begun.elapsed());
-            Some(scratch)
-        } else {
-            None
-        };
-        let gen_dir = opened.as_ref().map_or(gen_dir, |s| s.path());
+        // The manifest first (a sealed one opens in place): the fidelity and whether the
+        // restore is lazy decide how much of a sealed generation is opened.
         let manifest = ate_snapshot::read_manifest(gen_dir)
             .await
             .map_err(|e| snapshot_error(&format!("generation {}", gen_dir.display()), e))?;
@@ -95,6 +77,35 @@ impl Worker {
             }
             _ => None,
         };
+        // A sealed generation is opened into a scratch dir on a tmpfs, and everything below
+        // reads that: for a lazy restore only the small files and the chunks CRIU reads itself
+        // (the page source opens the other chunks from the sealed images as the actor needs
+        // them), else everything. Every frame opened was authenticated on the way and every
+        // file's size checked against the (authenticated) manifest, so what was opened needs
+        // no second hashing pass.
+        let on_disk = gen_dir;
+        let opened = if ate_snapshot::sealed::is_encrypted(gen_dir) {
+            use ate_snapshot::sealed;
+            let scratch = sealed::Scratch::new("restore")
+                .map_err(|e| VerbError::Internal(format!("snapshot scratch dir: {e}")))?;
+            let opening = if lazy.is_some() && sealed::can_open_lazily() {
+                sealed::open_for_lazy_restore(gen_dir, scratch.path(), |dir| {
+                    crate::lazy::images::eager_chunk_files(&dir.join(ate_snapshot::CRIU_DIR))
+                        .map_err(|e| {
+                            ate_snapshot::Error::InvalidInput(format!("memory images: {e}"))
+                        })
+                })
+                .await
+            } else {
+                sealed::open_into(gen_dir, scratch.path(), sealed::Opening::All).await
+            };
+            opening.map_err(|e| snapshot_error(&format!("generation {}", gen_dir.display()), e))?;
+            crate::metrics::start_phase("restore", "open_sealed", begun.elapsed());
+            Some(scratch)
+        } else {
+            None
+        };
+        let gen_dir = opened.as_ref().map_or(gen_dir, |s| s.path());
         // A generation downloaded for a lazy restore holds only part of its memory (the rest is
         // in the durable store): it cannot be restored eagerly. The node then fetches it whole.
         let partial = ate_snapshot::durable_source(gen_dir)
@@ -157,11 +168,14 @@ impl Worker {
             let started = match fidelity {
                 Fidelity::Memory => match &lazy {
                     Some(command) => {
-                        let (started, source) = self
+                        let (started, mut source) = self
                             .runtime
                             .restore_lazily(sandbox, spec, gen_dir, command)
                             .await
                             .map_err(|e| restore_error("lazy memory restore", e))?;
+                        if opened.is_some() {
+                            source.serves_generation(on_disk);
+                        }
                         page_source = Some(source);
                         started
                     }
@@ -196,7 +210,7 @@ impl Worker {
             }
             drop(built);
             return Err(snapshot_error(
-                &format!("generation {}", sealed.display()),
+                &format!("generation {}", on_disk.display()),
                 e,
             ));
         }

@@ -27,7 +27,6 @@ mod push;
 mod serve;
 
 use std::collections::{BTreeMap, HashSet, VecDeque};
-use std::fs::File;
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::net::{UnixListener, UnixStream};
@@ -130,7 +129,7 @@ struct Task {
 /// A pages image and its manifest entry (with the chunk digests). No file when the chunks
 /// come from the durable store.
 struct PagesFile {
-    file: Option<File>,
+    file: Option<ate_snapshot::MemoryFile>,
     entry: FileEntry,
 }
 

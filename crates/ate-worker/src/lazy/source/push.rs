@@ -126,9 +126,7 @@ impl Source {
                     None => remote.wait_for(key, &file.entry)?,
                 };
             }
-            (None, Some(local)) => {
-                ate_snapshot::read_verified_chunk_at(local, &file.entry, chunk, &mut self.buf)?
-            }
+            (None, Some(local)) => local.read_verified_chunk(&file.entry, chunk, &mut self.buf)?,
             (None, None) => {
                 return Err(SourceError::Protocol(format!(
                     "pages image {pages_id} is not open"

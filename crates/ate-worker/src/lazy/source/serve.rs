@@ -1,7 +1,6 @@
 //! The serve loop: CRIU's messages, userfaultfd events, and faults answered as they come.
 
 use std::collections::VecDeque;
-use std::fs::File;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 
@@ -161,11 +160,13 @@ impl Source {
                     "the manifest has no chunk digests for {rel}: this generation cannot be restored lazily"
                 ))
             })?;
+        // A sealed generation's chunks are opened from its sealed image (the scratch dir the
+        // restore reads holds only the chunks CRIU reads itself).
         let file = match self.remote {
             Some(_) => None,
             None => {
-                let path = self.criu_dir.join(&name);
-                Some(File::open(&path).map_err(io_err(format!("open {}", path.display())))?)
+                let gen_dir = self.criu_dir.parent().unwrap_or(&self.criu_dir);
+                Some(ate_snapshot::MemoryFile::open(gen_dir, &entry)?)
             }
         };
         self.files.insert(pages_id, PagesFile { file, entry });

@@ -270,7 +270,7 @@ fn the_status_goes_to_the_page_sources_own_work_dir() {
     let dir = tempfile::tempdir().expect("tempdir");
     let work = dir.path().join("criu-restore");
     std::fs::create_dir(&work).expect("mkdir");
-    let own = File::open(&work).expect("open the work dir");
+    let own = std::fs::File::open(&work).expect("open the work dir");
     write_status(&own, "done\n").expect("write into its own dir");
     assert_eq!(
         std::fs::read_to_string(work.join(super::super::STATUS_FILE)).expect("status"),

@@ -1,0 +1,160 @@
+//! Memory images read chunk by chunk, wherever the plaintext is: a plain generation's file, a
+//! sealed generation's file (its frames opened as they are read), or the sealed generation a
+//! scratch dir was partly opened from ([`SEALED_SOURCE_FILE`]).
+//!
+//! A scratch dir opened for an upload or a lazy restore holds the small files in plaintext (CRIU
+//! and the pagemap parser read them by path) but not the memory images: copying a 1 GiB image
+//! into a tmpfs before anything can use it was most of what sealing cost (docs/benchmarks.md).
+//! Whoever reads chunks (the page source, the uploader, a delta's parent) opens them through
+//! [`MemoryFile`], which follows the marker back to the sealed file.
+
+use std::fs::File;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use crate::crypto::SnapshotKeys;
+use crate::crypto::file::{SealedError, SealedFile};
+use crate::error::{Error, Result};
+use crate::manifest::FileEntry;
+
+use super::chunk::{chunk_span, open_listed, read_chunk, verify_chunk_bytes};
+
+/// Left in a scratch dir opened without its memory images: where they are (sealed).
+pub const SEALED_SOURCE_FILE: &str = "sealed-source.json";
+
+/// Contents of [`SEALED_SOURCE_FILE`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SealedSource {
+    /// The sealed generation directory the scratch was opened from.
+    pub generation: PathBuf,
+    /// The snapshot keys directory, for a process that did not configure keys (the page
+    /// source loads the data key from it, as the worker did).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub keys: Option<PathBuf>,
+}
+
+/// The [`SealedSource`] of a scratch dir opened without its memory images; `None` for any other
+/// generation directory.
+pub fn sealed_source(dir: &Path) -> Result<Option<SealedSource>> {
+    let path = dir.join(SEALED_SOURCE_FILE);
+    match std::fs::read(&path) {
+        Ok(bytes) => serde_json::from_slice(&bytes)
+            .map(Some)
+            .map_err(|e| Error::InvalidInput(format!("{}: {e}", path.display()))),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(Error::io("read", &path, e)),
+    }
+}
+
+pub(super) fn write_sealed_source(dir: &Path, source: &SealedSource) -> Result<()> {
+    let json = serde_json::to_vec(source)
+        .map_err(|e| Error::InvalidInput(format!("sealed source: {e}")))?;
+    let path = dir.join(SEALED_SOURCE_FILE);
+    std::fs::write(&path, json).map_err(|e| Error::io("write", &path, e))
+}
+
+/// One memory image of a generation, open for reading verified chunks.
+pub struct MemoryFile {
+    inner: Inner,
+    /// The file on disk, for errors.
+    shown: PathBuf,
+}
+
+enum Inner {
+    Plain(File),
+    Sealed(SealedFile),
+}
+
+impl std::fmt::Debug for MemoryFile {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let kind = match self.inner {
+            Inner::Plain(_) => "plain",
+            Inner::Sealed(_) => "sealed",
+        };
+        write!(f, "MemoryFile({kind} {})", self.shown.display())
+    }
+}
+
+impl MemoryFile {
+    /// Opens the file `entry` lists in `gen_dir`: in place, or (a memory image of a scratch dir
+    /// with a [`SEALED_SOURCE_FILE`]) in the sealed generation it names. Absent is
+    /// [`Error::MissingFile`]; a sealed file that does not open is [`Error::Unauthentic`].
+    pub fn open(gen_dir: &Path, entry: &FileEntry) -> Result<Self> {
+        if entry.has_chunk_digests()
+            && let Some(source) = sealed_source(gen_dir)?
+        {
+            let keys = match super::sealed::keys() {
+                Some(k) => k.clone(),
+                None => {
+                    let dir = source.keys.as_deref().ok_or_else(|| {
+                        Error::Keys(format!(
+                            "{} names no snapshot keys and this process has none",
+                            gen_dir.join(SEALED_SOURCE_FILE).display()
+                        ))
+                    })?;
+                    SnapshotKeys::load(dir)?
+                }
+            };
+            return Self::sealed(&keys, &source.generation, entry);
+        }
+        if super::sealed::is_encrypted(gen_dir) {
+            let keys = super::sealed::keys().ok_or_else(|| {
+                Error::Keys(format!(
+                    "generation {} is sealed and this process has no snapshot keys (--snapshot-keys)",
+                    gen_dir.display()
+                ))
+            })?;
+            return Self::sealed(keys, gen_dir, entry);
+        }
+        let shown = gen_dir.join(&entry.path);
+        Ok(Self {
+            inner: Inner::Plain(open_listed(&shown, entry)?),
+            shown,
+        })
+    }
+
+    fn sealed(keys: &SnapshotKeys, sealed_dir: &Path, entry: &FileEntry) -> Result<Self> {
+        let file = super::sealed::open_file_with(keys, sealed_dir, &entry.path)?;
+        if file.plain_len() != entry.size {
+            return Err(Error::SizeMismatch {
+                file: entry.path.clone(),
+                expected: entry.size,
+                actual: file.plain_len(),
+            });
+        }
+        Ok(Self {
+            inner: Inner::Sealed(file),
+            shown: sealed_dir.join(&entry.path),
+        })
+    }
+
+    /// True when the chunks are opened from a sealed file.
+    pub fn is_sealed(&self) -> bool {
+        matches!(self.inner, Inner::Sealed(_))
+    }
+
+    /// Reads chunk `index` of the file `entry` describes into `buf` and checks it against the
+    /// manifest's BLAKE3 digest, as [`super::read_verified_chunk_at`] does; a sealed frame that
+    /// does not open is [`Error::Unauthentic`] naming the file. Blocking.
+    pub fn read_verified_chunk(
+        &self,
+        entry: &FileEntry,
+        index: u64,
+        buf: &mut Vec<u8>,
+    ) -> Result<()> {
+        match &self.inner {
+            Inner::Plain(f) => read_chunk(f, &self.shown, entry, index, buf),
+            Inner::Sealed(f) => {
+                let (start, end, _) = chunk_span(entry, index)?;
+                let mut frame = Vec::new();
+                f.read_range(start, (end - start) as usize, buf, &mut frame)
+                    .map_err(|e: SealedError| {
+                        super::sealed::reader_error(&entry.path, &self.shown, e)
+                    })?;
+                verify_chunk_bytes(entry, index, buf)
+            }
+        }
+    }
+}
