@@ -650,3 +650,55 @@ fn incremental_generations_restore_after_their_parents_were_pruned() {
         "generation 4's memory, rebuilt from deltas on a pruned generation's chunks"
     );
 }
+
+/// Incremental generations on a node that seals its generations (the default): after a lazy
+/// restore from the sealed node-local copy, and after one from the durable copy (whose download
+/// holds almost none of the memory: the page source writes nothing back on such a node), a
+/// DURABLE suspend after `/dirty?percent=1` still sends about 1 % of the memory as deltas, and
+/// each generation restores with the memory it had.
+#[test]
+fn sealed_generations_upload_only_what_changed_after_lazy_restores_from_either_copy() {
+    let sys = lazy_system(1, &[]);
+    let ns = "ns-sealed-incremental";
+    sys_apply(&sys, ns, "sleeper", &Tpl::sleeper(64));
+    create_actor(&sys, ns, "s", "sleeper");
+    let target = format!("{ns}/s");
+    get_ok(&sys, &target, "/");
+    sys.ate_ok(&["suspend", "actor", "s", "-a", ns, "--durable"]); // 1: whole
+    let dirty_and_suspend = || {
+        let dirty = get_ok(&sys, &target, "/dirty?percent=1");
+        assert!(dirty.starts_with("dirtied"), "{dirty}");
+        let sum = checksum(&get_ok(&sys, &target, "/"));
+        sys.ate_ok(&["suspend", "actor", "s", "-a", ns, "--durable"]);
+        sum
+    };
+    // 2: restored lazily from the sealed node-local generation 1.
+    dirty_and_suspend();
+    // 3: restored lazily from the durable copy of 2 (node-local copy and cache removed).
+    std::fs::remove_dir_all(generation_dir(&sys.state_dir(), ns, "s", 2))
+        .expect("remove the node-local generation");
+    let _ = std::fs::remove_dir_all(sys.state_dir().join("snapshot-cache"));
+    let sum = dirty_and_suspend();
+    let uploads = uploads_of(&sys, ns, "s");
+    eprintln!("uploads (sent bytes, delta chunks): {uploads:?}");
+    assert_eq!(uploads.len(), 3, "{uploads:?}");
+    assert!(
+        uploads[0].0 > 32 << 20,
+        "the first generation goes up whole: {uploads:?}"
+    );
+    for (sent, deltas) in &uploads[1..] {
+        assert!(
+            *deltas >= 16,
+            "the dirtied chunks went up as deltas: {uploads:?}"
+        );
+        assert!(
+            *sent < 6 << 20,
+            "1 % of 64 MiB changed; under 6 MiB sent: {uploads:?}"
+        );
+    }
+    // Generation 3 from its durable copy alone: its memory, rebuilt from its deltas.
+    std::fs::remove_dir_all(generation_dir(&sys.state_dir(), ns, "s", 3))
+        .expect("remove the node-local generation");
+    let _ = std::fs::remove_dir_all(sys.state_dir().join("snapshot-cache"));
+    assert_eq!(checksum(&get_ok(&sys, &target, "/")), sum);
+}

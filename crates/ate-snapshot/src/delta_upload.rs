@@ -32,6 +32,10 @@ pub(crate) struct Parent {
     pub dir: PathBuf,
     pub manifest: Manifest,
     pub layout: Option<MemoryLayout>,
+    /// A download for a lazy restore from this store (`DURABLE_SOURCE_FILE`): its memory images
+    /// hold only the chunks its page source wrote back (none on a node that seals its
+    /// generations), so a chunk it lacks is fetched from the store for the comparison.
+    pub partial: bool,
 }
 
 /// What one upload knows for its deltas: the new generation's layout, its parents, and how the
@@ -66,6 +70,8 @@ struct ParentPage {
 pub(crate) struct DeltaPlan {
     pages: Vec<Option<(ParentPage, String, u16)>>,
     parents: Vec<(PathBuf, FileEntry)>,
+    /// Parent chunks fetched from the store (a partial parent lacked them): `(parent, chunk)`.
+    fetched: HashMap<(usize, u64), Vec<u8>>,
 }
 
 impl Default for DeltaSources {
@@ -174,6 +180,7 @@ impl DurableStore {
         let n = chunk_delta::pages_in(len);
         let mut candidates: Vec<Option<ParentPage>> = vec![None; n];
         let mut parents: Vec<(PathBuf, FileEntry)> = Vec::new();
+        let mut partial: Vec<bool> = Vec::new();
         let mut entries: BTreeMap<usize, usize> = BTreeMap::new();
         for (p, slot) in candidates.iter_mut().enumerate() {
             let offset = start + (p * PAGE) as u64;
@@ -194,6 +201,7 @@ impl DurableStore {
                 }
                 let slot_index = *entries.entry(pi).or_insert_with(|| {
                     parents.push((parent.dir.clone(), pentry.clone()));
+                    partial.push(parent.partial);
                     parents.len() - 1
                 });
                 *slot = Some(ParentPage {
@@ -233,8 +241,45 @@ impl DurableStore {
         if pages.iter().filter(|p| p.is_none()).count() > chunk_delta::MAX_DELTA_PAGES {
             return None;
         }
-        Some(DeltaPlan { pages, parents })
+        let mut fetched = HashMap::new();
+        let wanted: std::collections::BTreeSet<(usize, u64)> = pages
+            .iter()
+            .flatten()
+            .map(|(c, ..)| (c.parent, c.chunk))
+            .filter(|(parent, _)| partial[*parent])
+            .collect();
+        for (parent, chunk) in wanted {
+            let (dir, pentry) = parents[parent].clone();
+            let local =
+                tokio::task::spawn_blocking(move || read_parent_chunk(&dir, &pentry, chunk))
+                    .await
+                    .ok()
+                    .flatten();
+            // Fetched chunks are verified against their digest like local ones; one that does
+            // not arrive only leaves its pages literal.
+            let data = match local {
+                Some(data) => Some(data),
+                None => self.fetch_chunk(&parents[parent].1, chunk).await.ok(),
+            };
+            if let Some(data) = data {
+                fetched.insert((parent, chunk), data);
+            }
+        }
+        Some(DeltaPlan {
+            pages,
+            parents,
+            fetched,
+        })
     }
+}
+
+/// Chunk `index` of a parent's image, read where the parent holds it and checked against its
+/// digest; `None` when it does not hold it (a partial download) or it does not check. Blocking.
+fn read_parent_chunk(dir: &std::path::Path, entry: &FileEntry, index: u64) -> Option<Vec<u8>> {
+    let file = crate::generation::MemoryFile::open(dir, entry).ok()?;
+    let mut buf = Vec::new();
+    file.read_verified_chunk(entry, index, &mut buf).ok()?;
+    Some(buf)
 }
 
 /// The delta object for `new` (chunk `digest`) following `plan`, and its bases; `None` when it
@@ -253,11 +298,11 @@ pub(crate) fn encode_planned(
     for (p, slot) in plan.pages.iter().enumerate() {
         let from = slot.as_ref().and_then(|(pp, base, page)| {
             let chunk = read.entry((pp.parent, pp.chunk)).or_insert_with(|| {
+                if let Some(data) = plan.fetched.get(&(pp.parent, pp.chunk)) {
+                    return Some(data.clone());
+                }
                 let (dir, pentry) = &plan.parents[pp.parent];
-                let file = crate::generation::MemoryFile::open(dir, pentry).ok()?;
-                let mut buf = Vec::new();
-                file.read_verified_chunk(pentry, pp.chunk, &mut buf).ok()?;
-                Some(buf)
+                read_parent_chunk(dir, pentry, pp.chunk)
             });
             let start = p * PAGE;
             let n = (new.len() - start).min(PAGE);

@@ -69,6 +69,10 @@ impl DurableStore {
                     dir: dir.clone(),
                     manifest,
                     layout: layout_of(dir),
+                    partial: crate::chunks::durable_source(dir)
+                        .ok()
+                        .flatten()
+                        .is_some_and(|s| s.store == self.url),
                 }),
                 Err(e) => {
                     tracing::debug!(parent = %dir.display(), error = %e, "not a parent for deltas")
