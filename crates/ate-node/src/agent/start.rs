@@ -92,30 +92,33 @@ impl NodeAgent {
                     }
                     Err(e) => {
                         tracing::warn!(actor = %actor, generation = snap.generation, error = %e, "lazy restore from the durable copy refused; fetching the whole generation");
-                        let dir = self.fetch(&snap).instrument(download("whole")).await?;
+                        let fetched = self.fetch(&snap).instrument(download("whole")).await?;
+                        let started = start(&fetched.dir).await;
                         (
-                            start(&dir).await?,
+                            started?,
                             "durable copy (whole, after a refused lazy restore)",
-                            dir,
+                            fetched.finish(),
                         )
                     }
                 }
             }
             None => {
-                let dir = self.fetch(&snap).instrument(download("whole")).await?;
-                (start(&dir).await?, "durable copy", dir)
+                let fetched = self.fetch(&snap).instrument(download("whole")).await?;
+                let started = start(&fetched.dir).await;
+                (started?, "durable copy", fetched.finish())
             }
             Some(local) => match start(&local).await {
                 Ok(epoch) => (epoch, "node-local copy", local),
                 Err(refused) => {
-                    let dir = self
+                    let fetched = self
                         .replace_damaged_local(&snap, &local, refused)
                         .instrument(download("replace_damaged"))
                         .await?;
+                    let started = start(&fetched.dir).await;
                     (
-                        start(&dir).await?,
+                        started?,
                         "durable copy replacing a damaged local one",
-                        dir,
+                        fetched.finish(),
                     )
                 }
             },
@@ -222,24 +225,50 @@ impl NodeAgent {
 
     /// A (cached) download of the generation's durable copy, verified. A durable copy whose
     /// content does not match its manifest is reported as damaged ([`AgentError::Damaged`]).
-    async fn fetch(&self, snap: &Snapshot) -> Result<PathBuf, AgentError> {
+    ///
+    /// On a node that seals its generations the download goes into a scratch dir on a tmpfs, and
+    /// the worker starts from that plaintext (it hashes every file while it restores, as for any
+    /// plaintext generation); the cache gets its sealed copy once the start is done
+    /// ([`Fetched::finish`]), so a restore waits for neither the sealing nor a second opening.
+    async fn fetch(&self, snap: &Snapshot) -> Result<Fetched, AgentError> {
         let (target, lock) = self.cache_slot(snap, "")?;
-        let _guard = lock.lock().await;
-        if ate_snapshot::verify(&target).await.is_ok() {
+        let guard = lock.lock_owned().await;
+        // A sealed cached copy is authenticated frame by frame by the worker that opens it:
+        // here its manifest and sizes suffice. A plaintext one is hashed.
+        let cached = if ate_snapshot::sealed::is_encrypted(&target) {
+            ate_snapshot::sealed::check_sizes(&target).await.is_ok()
+        } else {
+            ate_snapshot::verify(&target).await.is_ok()
+        };
+        if cached {
             crate::cache::touch(&target);
-            return Ok(target);
+            return Ok(Fetched::at(target));
         }
         let _ = tokio::fs::remove_dir_all(&target).await;
         let begun = std::time::Instant::now();
         let downloaded = if ate_snapshot::sealed::keys().is_some() {
-            // Through a scratch dir on a tmpfs, then sealed into the cache like a node-local
-            // generation: the cache holds no plaintext either.
-            self.download_sealed(&snap.durable_uri, &target).await
+            // Plaintext only on the tmpfs; the cache holds no plaintext either.
+            match ate_snapshot::sealed::Scratch::new("download") {
+                Ok(scratch) => {
+                    let plain = scratch.path().join("generation");
+                    self.inner
+                        .durable
+                        .download(&snap.durable_uri, &plain)
+                        .await
+                        .map(|_| Fetched {
+                            dir: plain,
+                            cached: target,
+                            pending: Some(PendingSeal { scratch, guard }),
+                        })
+                }
+                Err(e) => Err(e),
+            }
         } else {
             self.inner
                 .durable
                 .download(&snap.durable_uri, &target)
                 .await
+                .map(|_| Fetched::at(target))
         };
         crate::metrics::downloaded(
             "whole",
@@ -247,7 +276,7 @@ impl NodeAgent {
             snap.size_bytes,
             begun.elapsed(),
         );
-        if let Err(e) = downloaded {
+        downloaded.map_err(|e| {
             // Content that does not match the manifest; an object missing from the store is
             // not counted (it may be back for the next attempt: nothing marks it for good).
             let missing = matches!(e, ate_snapshot::Error::MissingFile { .. });
@@ -258,29 +287,14 @@ impl NodeAgent {
                 for_what: "",
                 error: e.to_string(),
             };
-            return Err(match damaged {
+            match damaged {
                 Some(why) => {
                     tracing::warn!(generation = snap.generation, uri = %snap.durable_uri, error = %why, "the durable copy failed verification");
                     fetch.with_damage(snap, None, Some(why))
                 }
                 None => fetch,
-            });
-        }
-        Ok(target)
-    }
-
-    /// [`DurableStore::download`](ate_snapshot::DurableStore::download) of `uri` into a scratch
-    /// dir, sealed into `target`.
-    async fn download_sealed(
-        &self,
-        uri: &str,
-        target: &Path,
-    ) -> Result<ate_snapshot::Manifest, ate_snapshot::Error> {
-        let scratch = ate_snapshot::sealed::Scratch::new("download")?;
-        let plain = scratch.path().join("generation");
-        let manifest = self.inner.durable.download(uri, &plain).await?;
-        ate_snapshot::sealed::seal_into(&plain, target).await?;
-        Ok(manifest)
+            }
+        })
     }
 
     /// The worker refused to start the actor from the node-local copy `local`. When that copy is
@@ -299,7 +313,7 @@ impl NodeAgent {
         snap: &Snapshot,
         local: &Path,
         refused: CallError,
-    ) -> Result<PathBuf, AgentError> {
+    ) -> Result<Fetched, AgentError> {
         if call_says_nothing_about_the_generation(&refused) {
             return Err(refused.into());
         }
@@ -344,6 +358,52 @@ impl NodeAgent {
             }
             .with_damage(snap, local_damage, durable_damage)
         })
+    }
+}
+
+/// A generation fetched whole from the durable store, to start from.
+pub(super) struct Fetched {
+    /// What the worker starts from: the cache dir, or a download still in plaintext.
+    dir: PathBuf,
+    /// The cache dir that holds (or will hold) the generation.
+    cached: PathBuf,
+    /// A plaintext download to seal into the cache once the worker is done reading it.
+    pending: Option<PendingSeal>,
+}
+
+struct PendingSeal {
+    scratch: ate_snapshot::sealed::Scratch,
+    /// The cache slot's lock, held until the sealed copy is complete (or removed).
+    guard: tokio::sync::OwnedMutexGuard<()>,
+}
+
+impl Fetched {
+    fn at(dir: PathBuf) -> Self {
+        Fetched {
+            dir: dir.clone(),
+            cached: dir,
+            pending: None,
+        }
+    }
+
+    /// The worker has started from [`Fetched::dir`] (or refused to): a plaintext download is
+    /// sealed into the cache in the background and its scratch dir removed. Returns the cache
+    /// dir (the generation's copy on this node from now on, which the next upload takes deltas
+    /// against).
+    fn finish(self) -> PathBuf {
+        let target = self.cached;
+        if let Some(PendingSeal { scratch, guard }) = self.pending {
+            let (plain, cached) = (self.dir, target.clone());
+            tokio::spawn(async move {
+                let _guard = guard;
+                if let Err(e) = ate_snapshot::sealed::seal_into(&plain, &cached).await {
+                    tracing::warn!(dir = %cached.display(), error = %e, "cannot keep the downloaded generation in the cache");
+                    let _ = tokio::fs::remove_dir_all(&cached).await;
+                }
+                drop(scratch);
+            });
+        }
+        target
     }
 }
 

@@ -289,6 +289,15 @@ fn seal_blocking(keys: &SnapshotKeys, plain: &Path, gen_dir: &Path) -> Result<Ma
     Ok(manifest)
 }
 
+/// The sealed generation's manifest opens and every file it lists has the size it seals to:
+/// what a node checks of a cached sealed copy before a worker opens it (which authenticates
+/// every frame it reads). A plaintext generation gets the same size check.
+pub async fn check_sizes(gen_dir: &Path) -> Result<Manifest> {
+    super::verify_with_bytes(gen_dir, false)
+        .await
+        .map(|(manifest, _)| manifest)
+}
+
 /// Which files [`open_into`] opens.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Opening {

@@ -1,0 +1,139 @@
+//! Node-local generations sealed at rest (`ate_snapshot::sealed`), against plaintext in the same
+//! run: what a suspend adds (seal the scratch dir into the generation dir), what an eager
+//! restore adds (open it whole into a scratch dir on the tmpfs), and what a lazy restore's page
+//! source pays per chunk (`MemoryFile::read_verified_chunk`, sealed frames vs a plain file).
+//! Run: `cargo bench -p ate-snapshot --bench sealed` (256 MiB; needs /dev/shm).
+
+use std::fs;
+use std::path::Path;
+use std::time::Duration;
+
+use ate_core::Fidelity;
+use ate_snapshot::sealed::{self, Opening, Scratch};
+use ate_snapshot::{GenerationMeta, MemoryFile, SnapshotKeys, seal_generation};
+use criterion::{Criterion, Throughput, criterion_group, criterion_main};
+
+const MIB: usize = 1 << 20;
+const SIZE: usize = 256 * MIB;
+
+/// Memory-image-like content: pseudo-random pages.
+fn pages(len: usize) -> Vec<u8> {
+    let mut x = 0x9e37_79b9_7f4a_7c15u64;
+    let mut out = vec![0u8; len];
+    for b in out.chunks_mut(8) {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        let n = b.len();
+        b.copy_from_slice(&x.to_le_bytes()[..n]);
+    }
+    out
+}
+
+fn meta() -> GenerationMeta {
+    GenerationMeta {
+        atespace: "bench".into(),
+        name: "actor".into(),
+        generation: 1,
+        uuid: "00000000-0000-4000-8000-000000000001".into(),
+        fidelity: Fidelity::Memory,
+        template: "bench/t".into(),
+        sandbox_class: "runc".into(),
+        node: "n".into(),
+        boot_id: "b".into(),
+        created_unix_ms: 0,
+        reason: String::new(),
+    }
+}
+
+fn copy_dir(from: &Path, to: &Path) {
+    fs::create_dir_all(to).expect("mkdir");
+    for e in fs::read_dir(from).expect("read_dir").flatten() {
+        let dst = to.join(e.file_name());
+        if e.path().is_dir() {
+            copy_dir(&e.path(), &dst);
+        } else {
+            fs::copy(e.path(), &dst).expect("copy");
+        }
+    }
+}
+
+fn bench(c: &mut Criterion) {
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    let root = tempfile::tempdir().expect("tmp");
+    let keys = SnapshotKeys::init(&root.path().join("keys")).expect("keys");
+    assert!(sealed::configure(
+        Some(keys),
+        Path::new(sealed::DEFAULT_SCRATCH).to_path_buf()
+    ));
+    // The plaintext generation, on the tmpfs as a worker's dump is.
+    let plain = Scratch::new("bench-plain").expect("scratch");
+    fs::create_dir_all(plain.path().join("criu")).expect("mkdir");
+    fs::write(plain.path().join("criu/pages-1.img"), pages(SIZE)).expect("write");
+    fs::write(plain.path().join("criu/inventory.img"), b"inv").expect("write");
+    let manifest = rt
+        .block_on(seal_generation(plain.path(), meta(), None, &[]))
+        .expect("seal plaintext");
+    let entry = manifest.file("criu/pages-1.img").expect("listed").clone();
+    // Each side's node-local generation on the disk.
+    let on_disk = root.path().join("snapshots/bench/actor");
+    let plain_gen = on_disk.join("1-plain");
+    copy_dir(plain.path(), &plain_gen);
+    let sealed_gen = on_disk.join("1-sealed");
+    rt.block_on(sealed::seal_into(plain.path(), &sealed_gen))
+        .expect("seal_into");
+
+    let mut g = c.benchmark_group("node_local_256MiB");
+    g.sample_size(10)
+        .measurement_time(Duration::from_secs(15))
+        .throughput(Throughput::Bytes(SIZE as u64));
+    let mut n = 0;
+    g.bench_function("suspend_write/plain_copy", |b| {
+        b.iter(|| {
+            n += 1;
+            let to = on_disk.join(format!("w-{n}"));
+            copy_dir(plain.path(), &to);
+            fs::remove_dir_all(&to).expect("rm");
+        })
+    });
+    g.bench_function("suspend_write/seal_into", |b| {
+        b.iter(|| {
+            n += 1;
+            let to = on_disk.join(format!("w-{n}"));
+            rt.block_on(sealed::seal_into(plain.path(), &to))
+                .expect("seal_into");
+            fs::remove_dir_all(&to).expect("rm");
+        })
+    });
+    g.bench_function("eager_open/plain_in_place", |b| {
+        // A plaintext generation is read where it is: the baseline is one read of it.
+        b.iter(|| {
+            fs::read(plain_gen.join("criu/pages-1.img"))
+                .expect("read")
+                .len()
+        })
+    });
+    g.bench_function("eager_open/open_into_scratch", |b| {
+        b.iter(|| {
+            let s = Scratch::new("bench-open").expect("scratch");
+            rt.block_on(sealed::open_into(&sealed_gen, s.path(), Opening::All))
+                .expect("open");
+        })
+    });
+    for (label, dir) in [("plain", &plain_gen), ("sealed", &sealed_gen)] {
+        g.bench_function(format!("page_source_chunks/{label}"), |b| {
+            let file = MemoryFile::open(dir, &entry).expect("open");
+            let mut buf = Vec::new();
+            b.iter(|| {
+                for i in 0..entry.chunk_count() {
+                    file.read_verified_chunk(&entry, i, &mut buf)
+                        .expect("chunk");
+                }
+            })
+        });
+    }
+    g.finish();
+}
+
+criterion_group!(benches, bench);
+criterion_main!(benches);
