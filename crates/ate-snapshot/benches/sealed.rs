@@ -71,8 +71,10 @@ fn bench(c: &mut Criterion) {
     fs::create_dir_all(plain.path().join("criu")).expect("mkdir");
     fs::write(plain.path().join("criu/pages-1.img"), pages(SIZE)).expect("write");
     fs::write(plain.path().join("criu/inventory.img"), b"inv").expect("write");
+    let upper = root.path().join("upper");
+    fs::create_dir_all(&upper).expect("mkdir");
     let manifest = rt
-        .block_on(seal_generation(plain.path(), meta(), None, &[]))
+        .block_on(seal_generation(plain.path(), meta(), Some(&upper), &[]))
         .expect("seal plaintext");
     let entry = manifest.file("criu/pages-1.img").expect("listed").clone();
     // Each side's node-local generation on the disk.
