@@ -573,6 +573,9 @@ fn multi_node_test_bed() {
     let api_ports = [free_port(), free_port()];
     let ctl_api = api_ports.map(|p| format!("{gw}:{p}"));
     let routers = [free_port(), free_port()].map(|p| SocketAddr::from(([127, 0, 0, 1], p)));
+    // Each router's internal listener (mTLS), where joined nodes' workers send their actors'
+    // calls to other actors.
+    let router_internal = [free_port(), free_port()].map(|p| format!("{gw}:{p}"));
     let mut ctl = Vec::new();
     for i in 0..2 {
         let state = root.join(format!("ctl{}", i + 1));
@@ -591,6 +594,10 @@ fn multi_node_test_bed() {
                 "127.0.0.1:0",
             ])
             .args(["--router-listen", &routers[i].to_string()])
+            .arg(format!(
+                "--router-arg=--internal-listen={}",
+                router_internal[i]
+            ))
             .args([
                 "--router-metrics-listen",
                 &format!("127.0.0.1:{}", free_port()),
@@ -651,6 +658,7 @@ fn multi_node_test_bed() {
                 &token,
             ])
             .args(["--node-name", &h.name])
+            .args(["--router-internal", &router_internal[0]])
             .arg("--state-dir")
             .arg(&state)
             .args(["--node-listen", &format!("{}:8085", h.ips[0])])
@@ -778,6 +786,18 @@ fn multi_node_test_bed() {
     );
     bed.ate_ok(0, &["suspend", "actor", "out", "-a", NS]);
     bed.ate_ok(0, &["delete", "actor", "out", "-a", NS]);
+
+    // Calls between actors on different nodes, by name from inside: through the router's
+    // internal listener on the control host, which names the caller to the callee.
+    let (first, last) = (format!("{NS}/c0"), format!("{NS}/c{}", ACTORS - 1));
+    for (from, to) in [(&first, &last), (&last, &first)] {
+        let (status, body) = get_path(routers[0], from, &format!("/call?actor={to}&path=/caller"));
+        assert_eq!(status, 200, "{from} calls {to}: {body}");
+        assert!(
+            body.contains("status: 200") && body.contains(&format!("caller: {from}")),
+            "{to} answered {from}'s call and was told who called: {body}"
+        );
+    }
 
     // From now on any node may host any actor.
     for i in 0..ACTORS {

@@ -123,6 +123,12 @@ pub struct UpArgs {
     /// `--role node`: the api address(es) to join, comma-separated (`10.0.0.1:7443,10.0.0.2:7443`).
     #[arg(long, env = "ATE_JOIN")]
     pub join: Option<String>,
+    /// `--role node`: the router's internal listener on a control host (`HOST:PORT`, started
+    /// there with `--router-arg=--internal-listen=ADDR`), where this machine's workers send
+    /// their actors' calls to other actors (mTLS with the workers' certificates). Without it,
+    /// actors on this machine cannot call other actors by name.
+    #[arg(long, env = "ATE_ROUTER_INTERNAL", value_name = "HOST:PORT")]
+    pub router_internal: Option<String>,
     /// `--role node`: the join token from `ate token create` on a control host. Needed for the
     /// first start only: a restarted node renews with the certificates it holds.
     #[arg(long, env = "ATE_JOIN_TOKEN", hide_env_values = true)]
@@ -207,12 +213,9 @@ async fn start_all(
     api_args.extend(args.api_args.iter().cloned());
     let (admin, _) = pki.issue(client::ADMIN_CERT_NAME, ate_tls::SpiffeId::admin(&td)?)?;
     let mut api_env = Vec::new();
-    if let Some(socket) = internal_socket(args) {
-        // Actors' alarms go to the router's internal socket (`ate api --router-internal`).
-        api_env.push((
-            "ATE_API_ROUTER_INTERNAL".to_string(),
-            format!("unix:{}", socket.display()),
-        ));
+    if let Some(router) = router_for_api(args) {
+        // Actors' alarms go through the router's internal listener (`ate api --router-internal`).
+        api_env.push(("ATE_API_ROUTER_INTERNAL".to_string(), router));
     }
     components.push(spawn_with_env("api", Role::Api, api_args, &logs, api_env)?);
     let api = &mut components[0];
@@ -338,6 +341,36 @@ pub(super) fn internal_socket(args: &UpArgs) -> Option<PathBuf> {
     )
 }
 
+/// Where this machine's workers send their actors' calls (`ate worker --router`): the router's
+/// internal socket on an all-in-one, `--router-internal` on a joined node; none on a control
+/// host (it runs no workers).
+pub(super) fn router_for_workers(args: &UpArgs) -> Option<String> {
+    match args.role {
+        UpRole::All => internal_socket(args).map(|s| format!("unix:{}", s.display())),
+        UpRole::Node => args.router_internal.clone(),
+        UpRole::Control => None,
+    }
+}
+
+/// Where the api delivers actors' alarms (`ate api --router-internal`): this machine's router,
+/// through its internal socket (all-in-one) or its `--internal-listen` (a control host, whose
+/// router joined nodes' workers reach too); none when the router has neither.
+fn router_for_api(args: &UpArgs) -> Option<String> {
+    match args.role {
+        UpRole::All => internal_socket(args).map(|s| format!("unix:{}", s.display())),
+        UpRole::Control => flag_value(&args.router_args, "--internal-listen")
+            .and_then(|a| a.parse::<std::net::SocketAddr>().ok())
+            .map(|mut a| {
+                // Bound to every address: reach it on loopback.
+                if a.ip().is_unspecified() {
+                    a.set_ip(std::net::Ipv4Addr::LOCALHOST.into());
+                }
+                a.to_string()
+            }),
+        UpRole::Node => None,
+    }
+}
+
 /// The value of `flag` in `args` (`--flag=V` or `--flag V`; the last one wins, as in clap).
 fn flag_value<'a>(args: &'a [String], flag: &str) -> Option<&'a str> {
     let mut found = None;
@@ -461,8 +494,10 @@ pub async fn run(args: UpArgs) -> anyhow::Result<ExitCode> {
     for d in [state, &logs, &run_dir] {
         std::fs::create_dir_all(d).with_context(|| format!("cannot create {}", d.display()))?;
     }
-    if args.role != UpRole::Node && (args.join.is_some() || args.join_token.is_some()) {
-        anyhow::bail!("--join and --join-token are for --role node");
+    if args.role != UpRole::Node
+        && (args.join.is_some() || args.join_token.is_some() || args.router_internal.is_some())
+    {
+        anyhow::bail!("--join, --join-token and --router-internal are for --role node");
     }
     // Nothing of this generation starts while a process of the last one on this state dir
     // still runs (generation.rs); a Ctrl-C while waiting just ends the wait.

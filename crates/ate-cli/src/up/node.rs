@@ -163,13 +163,10 @@ pub(super) async fn start_node_and_workers(
         // The api keeps actors' alarms (the local actor API's /v1/alarm), reached with this
         // worker's certificate.
         env.push(("ATE_WORKER_API".to_string(), api_addrs.to_string()));
-        if let Some(socket) = super::internal_socket(args) {
-            // The router's internal socket for the actors' calls (`ate worker --router`). The
+        if let Some(router) = super::router_for_workers(args) {
+            // The router's internal listener for the actors' calls (`ate worker --router`). The
             // worker connects when an actor first calls, so the router may start after it.
-            env.push((
-                "ATE_WORKER_ROUTER".to_string(),
-                format!("unix:{}", socket.display()),
-            ));
+            env.push(("ATE_WORKER_ROUTER".to_string(), router));
         }
         components.push(spawn_with_env(&id, Role::Worker, worker_args, logs, env)?);
     }
