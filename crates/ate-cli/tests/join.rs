@@ -12,11 +12,21 @@ use std::time::{Duration, Instant};
 
 use support::{ATE, System, UpOptions, free_port};
 
-/// `ate up --role node` for node `name` in `state`, joined to `api`.
-fn node_up(api: &str, token: Option<&str>, name: &str, state: &Path) -> Child {
+/// `ate up --role node` for node `name` in `state`, joined to `api`, with `keys` (the fleet's
+/// snapshot keys directory) copied into its state dir.
+fn node_up(api: &str, token: Option<&str>, name: &str, state: &Path, keys: &Path) -> Child {
     let ready = state.join("ready.json");
     let _ = std::fs::remove_file(&ready);
     std::fs::create_dir_all(state).expect("state dir");
+    if !state.join("keys").exists() {
+        let copied = Command::new("cp")
+            .arg("-rp")
+            .arg(keys)
+            .arg(state.join("keys"))
+            .status()
+            .expect("cp");
+        assert!(copied.success(), "copy the fleet's keys");
+    }
     let mut cmd = Command::new(ATE);
     cmd.args(["up", "--role", "node", "--workers", "0", "--join", api])
         .args(["--node-name", name])
@@ -97,8 +107,32 @@ fn a_node_joins_with_a_token_and_renews_without_one() {
     assert!(token.starts_with("atejoin1."), "{token}");
 
     let tmp = tempfile::tempdir().expect("tempdir");
+    let keys = sys.state_dir().join("keys");
+    // Without the fleet's snapshot keys a node refuses to start (before joining), naming the
+    // directory and the way out.
+    let keyless = tmp.path().join("keyless");
+    std::fs::create_dir_all(&keyless).expect("state dir");
+    let out = Command::new(ATE)
+        .args(["up", "--role", "node", "--workers", "0", "--join", &sys.api])
+        .args([
+            "--join-token",
+            &token,
+            "--node-name",
+            "edge-0",
+            "--state-dir",
+        ])
+        .arg(&keyless)
+        .output()
+        .expect("ate up --role node");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(
+        err.contains("no snapshot keys in") && err.contains("--no-snapshot-encryption"),
+        "{err}"
+    );
+    assert!(!keyless.join("tls").exists(), "refused before joining");
     let state = tmp.path().join("edge");
-    let mut node = node_up(&sys.api, Some(&token), "edge-1", &state);
+    let mut node = node_up(&sys.api, Some(&token), "edge-1", &state, &keys);
     let joined = wait_node(&mut node, &state);
     let crt = state.join("tls/node.crt");
     let first = cert_facts(&crt);
@@ -124,7 +158,7 @@ fn a_node_joins_with_a_token_and_renews_without_one() {
     );
 
     // A restart needs no token: the node renews with the certificate it holds.
-    let mut again = node_up(&sys.api, None, "edge-1", &state);
+    let mut again = node_up(&sys.api, None, "edge-1", &state, &keys);
     let renewed = wait_node(&mut again, &state);
     let second = cert_facts(&crt);
     stop(&mut again);
@@ -136,18 +170,18 @@ fn a_node_joins_with_a_token_and_renews_without_one() {
     let id = token.split('.').nth(1).expect("id").to_string();
     sys.ate_ok(&["token", "delete", &id]);
     let other = tmp.path().join("other");
-    let mut refused = node_up(&sys.api, Some(&token), "edge-2", &other);
+    let mut refused = node_up(&sys.api, Some(&token), "edge-2", &other, &keys);
     let err = wait_node(&mut refused, &other).expect_err("deleted token refused");
     assert!(err.contains("not recognised"), "{err}");
     assert!(!other.join("tls/node.crt").exists());
-    let mut bad = node_up(&sys.api, Some("atejoin1.nope"), "edge-2", &other);
+    let mut bad = node_up(&sys.api, Some("atejoin1.nope"), "edge-2", &other, &keys);
     let err = wait_node(&mut bad, &other).expect_err("malformed token refused");
     assert!(err.contains("invalid join token"), "{err}");
 
     // A token pinned to another CA never sends its secret to this api.
     let pin = "0".repeat(64);
     let foreign = format!("atejoin1.{id}.{}.{pin}", "a".repeat(32));
-    let mut wrong_ca = node_up(&sys.api, Some(&foreign), "edge-2", &other);
+    let mut wrong_ca = node_up(&sys.api, Some(&foreign), "edge-2", &other, &keys);
     let err = wait_node(&mut wrong_ca, &other).expect_err("foreign CA refused");
     assert!(err.contains("is not the one the join token names"), "{err}");
 

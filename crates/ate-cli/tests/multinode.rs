@@ -645,6 +645,12 @@ fn multi_node_test_bed() {
         let state = root.join(&h.name);
         let ready = root.join(format!("{}.json", h.name));
         let log = root.join(format!("{}.log", h.name));
+        // The fleet's snapshot keys, copied from the control host as docs/deploy.md says.
+        std::fs::create_dir_all(&state).expect("node state dir");
+        run(Command::new("cp")
+            .arg("-rp")
+            .arg(root.join("ctl1/keys"))
+            .arg(state.join("keys")));
         let mut cmd = Command::new("nsenter");
         cmd.arg(format!("--net=/var/run/netns/{}", h.netns))
             .arg(ATE)

@@ -184,6 +184,10 @@ async fn start_all(
     let run_dir = state.join("run");
     let api_ready = run_dir.join("api.json");
     let _ = std::fs::remove_file(&api_ready);
+    if args.role == UpRole::Control && !args.no_snapshot_encryption {
+        // The fleet's snapshot keys, made here for the machines that join to copy.
+        snapshot_keys(args)?;
+    }
     let flags = [
         ("--listen", args.api_listen.to_string()),
         ("--http-listen", args.api_http_listen.to_string()),
@@ -341,6 +345,31 @@ pub(super) fn internal_socket(args: &UpArgs) -> Option<PathBuf> {
     )
 }
 
+/// STATE_DIR/keys, the snapshot keys every machine of a fleet shares (one data key: a
+/// generation sealed on one node restores on any other, and chunks dedupe across them). An
+/// all-in-one or a control host creates them if missing; a joined node must be given the
+/// control host's copy: without it, it would store unencrypted snapshots, or seal them under a
+/// key of its own that no other node can open, so it refuses to start instead.
+pub(super) fn snapshot_keys(args: &UpArgs) -> anyhow::Result<PathBuf> {
+    let dir = args.state_dir.join("keys");
+    if args.role == UpRole::Node {
+        if !dir.join(ate_snapshot::DATA_KEY_FILE).is_file() {
+            anyhow::bail!(
+                "no snapshot keys in {dir}: every machine of a fleet seals snapshots with the same keys; copy STATE_DIR/keys from the control host (`scp -rp control:/var/lib/ate/keys {dir}`, kept 0700), or run with --no-snapshot-encryption to store snapshots unencrypted",
+                dir = dir.display()
+            );
+        }
+        let keys = ate_snapshot::SnapshotKeys::load(&dir)
+            .with_context(|| format!("snapshot keys in {}", dir.display()))?;
+        tracing::info!(keys = %dir.display(), data_key = keys.data_key_id(), "snapshots are sealed with the fleet's keys");
+        return Ok(dir);
+    }
+    let keys = ate_snapshot::SnapshotKeys::init(&dir)
+        .with_context(|| format!("snapshot keys in {}", dir.display()))?;
+    tracing::info!(keys = %dir.display(), data_key = keys.data_key_id(), "snapshots are sealed (machines that join need a copy of this directory)");
+    Ok(dir)
+}
+
 /// Where this machine's workers send their actors' calls (`ate worker --router`): the router's
 /// internal socket on an all-in-one, `--router-internal` on a joined node; none on a control
 /// host (it runs no workers).
@@ -439,6 +468,10 @@ async fn run_node(args: UpArgs) -> anyhow::Result<ExitCode> {
             .context("cannot read the host name: give --node-name")?,
     };
     ate_core::validate_label("--node-name", &node_name)?;
+    if !args.no_snapshot_encryption {
+        // Before joining: a node without the fleet's keys cannot store snapshots.
+        snapshot_keys(&args)?;
+    }
     let state = &args.state_dir;
     let logs = state.join("logs");
     let run_dir = state.join("run");

@@ -101,13 +101,8 @@ pub(super) async fn start_node_and_workers(
     let mut node_args = command_line("node", args, flags);
     if args.no_snapshot_encryption {
         node_args.push("--no-snapshot-encryption".to_string());
-    } else if args.role != UpRole::Node {
-        // The control host makes the keys (a joined node uses STATE_DIR/keys when it was
-        // copied there from the control host, see docs/security.md).
-        let dir = args.state_dir.join("keys");
-        let keys = ate_snapshot::SnapshotKeys::init(&dir)
-            .with_context(|| format!("snapshot keys in {}", dir.display()))?;
-        tracing::info!(keys = %dir.display(), data_key = keys.data_key_id(), "durable snapshots are encrypted");
+    } else {
+        let dir = super::snapshot_keys(args)?;
         node_args.extend(["--snapshot-keys".to_string(), dir.display().to_string()]);
     }
     if let Some(url) = &args.durable_store {

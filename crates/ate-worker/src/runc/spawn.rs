@@ -233,40 +233,93 @@ fn quote(log: &Path, text: &str) -> String {
 /// exits within milliseconds of a CRIU that finished).
 const CRIU_GONE_GRACE: Duration = Duration::from_secs(2);
 
-/// Resolves once the `criu` that `runc` started has been gone for [`CRIU_GONE_GRACE`] while
-/// runc still runs (the caller selects it against runc's exit). Never resolves if CRIU is
-/// never seen (runc run) or runc exits first. The first `criu` child is the one runc talks to;
-/// the restored tasks CRIU forks are also called `criu` until they become the actor, and may
-/// be left to runc when CRIU dies, so only that first pid is watched.
+/// Resolves once `runc` has had no `criu` child for [`CRIU_GONE_GRACE`] while runc still runs
+/// (the caller selects it against runc's exit). Never resolves if CRIU is never seen (runc run)
+/// or runc exits first.
+///
+/// runc runs CRIU more than once per command: first for its version check, then for the dump
+/// or restore itself. So when the CRIU watched is gone, a newer one is looked for before the
+/// grace starts; watching only the first one killed every dump that outlasted the version
+/// check by more than the grace (a 1 GiB dump on a busy machine). The restored tasks CRIU forks
+/// are also called `criu` until they become the actor, and may be left to runc when CRIU dies:
+/// they live in the actor's pid namespace, so only `criu` children in runc's own are counted.
 pub(super) async fn criu_died_under(runc: u32) {
-    let mut criu: Option<u32> = None;
+    let mut watched: Option<u32> = None;
     let mut gone_since: Option<Instant> = None;
     loop {
         tokio::time::sleep(Duration::from_millis(20)).await;
-        match criu {
-            None => criu = criu_child(runc),
-            Some(pid) if process_running(pid) => gone_since = None,
-            Some(_) => {
+        if watched.is_some_and(process_running) {
+            gone_since = None;
+            continue;
+        }
+        match criu_child(runc, watched) {
+            Some(pid) => {
+                watched = Some(pid);
+                gone_since = None;
+            }
+            None if watched.is_some() => {
                 let since = *gone_since.get_or_insert_with(Instant::now);
                 if since.elapsed() >= CRIU_GONE_GRACE {
                     return;
                 }
             }
+            None => {}
         }
     }
 }
 
-/// A live child of `pid` named `criu`. Each thread lists the children it forked (runc is a Go
-/// program: any of its threads may have).
-fn criu_child(pid: u32) -> Option<u32> {
+/// A live child of `pid` named `criu` in `pid`'s own pid namespace, other than `not` (one seen
+/// gone). Each thread lists the children it forked (runc is a Go program: any of its threads
+/// may have).
+fn criu_child(pid: u32, not: Option<u32>) -> Option<u32> {
     let tasks = std::fs::read_dir(format!("/proc/{pid}/task")).ok()?;
     let children: Vec<String> = tasks
         .flatten()
         .filter_map(|t| std::fs::read_to_string(t.path().join("children")).ok())
         .collect();
+    let pid_ns = |p: u32| std::fs::read_link(format!("/proc/{p}/ns/pid")).ok();
+    let own = pid_ns(pid)?;
     children
         .iter()
         .flat_map(|c| c.split_whitespace())
         .filter_map(|c| c.parse::<u32>().ok())
-        .find(|c| name_and_state(*c).is_some_and(|(name, state)| name == "criu" && state != "Z"))
+        .filter(|c| Some(*c) != not)
+        .find(|c| {
+            name_and_state(*c).is_some_and(|(name, state)| name == "criu" && state != "Z")
+                && pid_ns(*c).as_ref() == Some(&own)
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A stand-in for runc that runs a short `criu` (its version check) and then a long one
+    /// (the dump): the watch follows the second and resolves only once it is gone.
+    #[tokio::test]
+    async fn the_watch_follows_runcs_second_criu_and_resolves_when_it_is_gone() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let criu = dir.path().join("criu");
+        std::os::unix::fs::symlink("/bin/sleep", &criu).expect("symlink");
+        let mut runc = tokio::process::Command::new("/bin/sh")
+            .arg("-c")
+            .arg(format!(
+                "{c} 0.2; {c} 3.5; exec /bin/sleep 30",
+                c = criu.display()
+            ))
+            .kill_on_drop(true)
+            .spawn()
+            .expect("spawn");
+        let pid = runc.id().expect("pid");
+        let begun = Instant::now();
+        // The first criu is gone after 0.2 s: no verdict while the second one runs.
+        let early = tokio::time::timeout(Duration::from_secs(3), criu_died_under(pid)).await;
+        assert!(early.is_err(), "resolved while the second criu ran");
+        // Then the second is gone, and after the grace the watch resolves.
+        tokio::time::timeout(Duration::from_secs(10), criu_died_under(pid))
+            .await
+            .expect("resolves once no criu is left");
+        assert!(begun.elapsed() >= Duration::from_millis(3600) + CRIU_GONE_GRACE);
+        let _ = runc.kill().await;
+    }
 }
