@@ -67,15 +67,24 @@ pub(crate) fn seal_file(
     for_each_frame(frames, threads, |index, buf| {
         let at = index * FRAME_BYTES as u64;
         let n = (len - at.min(len)).min(FRAME_BYTES as u64) as usize;
-        buf.clear();
-        buf.resize(4 + n, 0);
-        src.read_exact_at(&mut buf[4..], at)?;
-        let mut body = buf.split_off(4);
-        key.seal_in_place_append_tag(nonce(index), Aad::from(aad(path, index)), &mut body)
+        // Length prefix, plaintext sealed in place, tag: one read, one pass, one write (the
+        // buffer grows once per thread and is never cleared).
+        let total = 4 + n + TAG_BYTES;
+        if buf.len() < total {
+            buf.resize(total, 0);
+        }
+        let frame = &mut buf[..total];
+        src.read_exact_at(&mut frame[4..4 + n], at)?;
+        let tag = key
+            .seal_in_place_separate_tag(
+                nonce(index),
+                Aad::from(aad(path, index)),
+                &mut frame[4..4 + n],
+            )
             .map_err(|_| io::Error::other("seal failed"))?;
-        buf[..4].copy_from_slice(&(body.len() as u32).to_le_bytes());
-        buf.extend_from_slice(&body);
-        dst.write_all_at(buf, base + index * FULL_FRAME)
+        frame[4 + n..].copy_from_slice(tag.as_ref());
+        frame[..4].copy_from_slice(&((n + TAG_BYTES) as u32).to_le_bytes());
+        dst.write_all_at(frame, base + index * FULL_FRAME)
     })?;
     // A file that shrank under us (it must not) would leave a tail: cut it to what was sealed.
     dst.set_len(base + frames * FRAME_OVERHEAD + len)?;
@@ -176,27 +185,49 @@ impl SealedFile {
         self.plain_len
     }
 
-    /// Opens frame `index` into `buf` (its plaintext, nothing else).
-    pub(crate) fn read_frame(&self, index: u64, buf: &mut Vec<u8>) -> Result<(), SealedError> {
+    /// Opens frame `index` in `buf` (grown to fit, never shrunk) and returns where in it the
+    /// plaintext is: the frame is read once and opened in place.
+    fn open_frame(
+        &self,
+        index: u64,
+        buf: &mut Vec<u8>,
+    ) -> Result<std::ops::Range<usize>, SealedError> {
         let at = self.base + index * FULL_FRAME;
         let end = (at + FULL_FRAME).min(self.base + self.plain_len + self.frames * FRAME_OVERHEAD);
         if index >= self.frames || end <= at + 4 {
             return Err(SealedError::Open(OpenError::Truncated("frame")));
         }
-        buf.clear();
-        buf.resize((end - at) as usize, 0);
-        self.file.read_exact_at(buf, at).map_err(SealedError::Io)?;
-        let len = u32::from_le_bytes([buf[0], buf[1], buf[2], buf[3]]) as usize;
-        if len != buf.len() - 4 {
+        let len = (end - at) as usize;
+        if buf.len() < len {
+            buf.resize(len, 0);
+        }
+        let stored = &mut buf[..len];
+        self.file
+            .read_exact_at(stored, at)
+            .map_err(SealedError::Io)?;
+        let prefix = u32::from_le_bytes([stored[0], stored[1], stored[2], stored[3]]) as usize;
+        if prefix != len - 4 {
             return Err(SealedError::Open(OpenError::Frame(index)));
         }
-        buf.drain(..4);
         let n = self
             .key
-            .open_in_place(nonce(index), Aad::from(aad(&self.path, index)), buf)
+            .open_in_place(
+                nonce(index),
+                Aad::from(aad(&self.path, index)),
+                &mut stored[4..],
+            )
             .map_err(|_| SealedError::Open(OpenError::Frame(index)))?
             .len();
-        buf.truncate(n);
+        Ok(4..4 + n)
+    }
+
+    /// Opens frame `index` into `buf` (its plaintext, nothing else).
+    #[cfg(test)]
+    pub(crate) fn read_frame(&self, index: u64, buf: &mut Vec<u8>) -> Result<(), SealedError> {
+        let mut frame = Vec::new();
+        let range = self.open_frame(index, &mut frame)?;
+        buf.clear();
+        buf.extend_from_slice(&frame[range]);
         Ok(())
     }
 
@@ -220,12 +251,12 @@ impl SealedFile {
         }
         let frame_bytes = FRAME_BYTES as u64;
         for index in start / frame_bytes..=(end - 1) / frame_bytes {
-            self.read_frame(index, frame)?;
+            let plain = self.open_frame(index, frame)?;
             let at = index * frame_bytes;
             let from = start.max(at) - at;
-            let to = end.min(at + frame.len() as u64) - at;
+            let to = end.min(at + plain.len() as u64) - at;
             let piece = frame
-                .get(from as usize..to as usize)
+                .get(plain.start + from as usize..plain.start + to as usize)
                 .ok_or(SealedError::Open(OpenError::Frame(index)))?;
             out.extend_from_slice(piece);
         }
@@ -242,8 +273,8 @@ impl SealedFile {
         dst.set_len(self.plain_len).map_err(SealedError::Io)?;
         let failed = std::sync::Mutex::new(None::<SealedError>);
         let run = for_each_frame(self.frames, threads, |index, buf| {
-            match self.read_frame(index, buf) {
-                Ok(()) => dst.write_all_at(buf, index * FRAME_BYTES as u64),
+            match self.open_frame(index, buf) {
+                Ok(plain) => dst.write_all_at(&buf[plain], index * FRAME_BYTES as u64),
                 Err(e) => {
                     if let Ok(mut f) = failed.lock() {
                         f.get_or_insert(e);
@@ -264,7 +295,7 @@ impl SealedFile {
             file: self,
             next: 0,
             buf: Vec::new(),
-            at: 0,
+            unread: 0..0,
             error: None,
         }
     }
@@ -282,8 +313,9 @@ pub(crate) enum SealedError {
 pub(crate) struct SealedReader {
     file: SealedFile,
     next: u64,
+    /// The current frame as stored, opened in place; `unread` is its plaintext not read yet.
     buf: Vec<u8>,
-    at: usize,
+    unread: std::ops::Range<usize>,
     error: Option<SealedError>,
 }
 
@@ -296,24 +328,27 @@ impl SealedReader {
 
 impl Read for SealedReader {
     fn read(&mut self, dst: &mut [u8]) -> io::Result<usize> {
-        while self.at == self.buf.len() {
+        while self.unread.is_empty() {
             if self.next == self.file.frames {
                 return Ok(0);
             }
-            self.at = 0;
-            if let Err(e) = self.file.read_frame(self.next, &mut self.buf) {
-                let message = match &e {
-                    SealedError::Io(io) => io.to_string(),
-                    SealedError::Open(o) => o.to_string(),
-                };
-                self.error = Some(e);
-                return Err(io::Error::other(message));
+            match self.file.open_frame(self.next, &mut self.buf) {
+                Ok(plain) => self.unread = plain,
+                Err(e) => {
+                    let message = match &e {
+                        SealedError::Io(io) => io.to_string(),
+                        SealedError::Open(o) => o.to_string(),
+                    };
+                    self.error = Some(e);
+                    return Err(io::Error::other(message));
+                }
             }
             self.next += 1;
         }
-        let n = dst.len().min(self.buf.len() - self.at);
-        dst[..n].copy_from_slice(&self.buf[self.at..self.at + n]);
-        self.at += n;
+        let n = dst.len().min(self.unread.len());
+        let from = self.unread.start;
+        dst[..n].copy_from_slice(&self.buf[from..from + n]);
+        self.unread.start += n;
         Ok(n)
     }
 }

@@ -148,8 +148,15 @@ impl MemoryFile {
             Inner::Plain(f) => read_chunk(f, &self.shown, entry, index, buf),
             Inner::Sealed(f) => {
                 let (start, end, _) = chunk_span(entry, index)?;
-                let mut frame = Vec::new();
-                f.read_range(start, (end - start) as usize, buf, &mut frame)
+                // One frame buffer per thread, kept: a page source or an upload reads chunk
+                // after chunk.
+                thread_local! {
+                    static FRAME: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+                }
+                FRAME
+                    .with_borrow_mut(|frame| {
+                        f.read_range(start, (end - start) as usize, buf, frame)
+                    })
                     .map_err(|e: SealedError| {
                         super::sealed::reader_error(&entry.path, &self.shown, e)
                     })?;
