@@ -109,7 +109,10 @@ impl RuncRuntime {
         // ended when its CRIU is gone.
         let mut full = self.base_args();
         full.extend(args.iter().map(|a| a.to_string()));
-        let dumped = crate::cmd::run_unless(&self.runc, &full, criu_died_under).await;
+        let dumped = crate::cmd::run_unless(&self.runc, &full, |runc| {
+            criu_died_under(runc, Some(work.clone()))
+        })
+        .await;
         let dump = begun.elapsed();
         if (keep_frozen || dumped.is_err())
             && let Some(q) = quota.filter(|q| *q > 0)

@@ -67,7 +67,7 @@ impl RuncRuntime {
         let runc_pid = child.id();
         let criu_gone = async {
             match runc_pid {
-                Some(pid) => criu_died_under(pid).await,
+                Some(pid) => criu_died_under(pid, work_path(&full).map(Path::to_path_buf)).await,
                 None => std::future::pending().await,
             }
         };
@@ -233,28 +233,39 @@ fn quote(log: &Path, text: &str) -> String {
 /// exits within milliseconds of a CRIU that finished).
 const CRIU_GONE_GRACE: Duration = Duration::from_secs(2);
 
-/// Resolves once `runc` has had no `criu` child for [`CRIU_GONE_GRACE`] while runc still runs
-/// (the caller selects it against runc's exit). Never resolves if CRIU is never seen (runc run)
-/// or runc exits first.
+/// Resolves once the `criu` that does `runc`'s dump or restore has been gone for
+/// [`CRIU_GONE_GRACE`] while runc still runs (the caller selects it against runc's exit). Never
+/// resolves if CRIU is never seen (runc run) or runc exits first.
 ///
-/// runc runs CRIU more than once per command: first for its version check, then for the dump
-/// or restore itself. So when the CRIU watched is gone, a newer one is looked for before the
-/// grace starts; watching only the first one killed every dump that outlasted the version
-/// check by more than the grace (a 1 GiB dump on a busy machine). The restored tasks CRIU forks
-/// are also called `criu` until they become the actor, and may be left to runc when CRIU dies:
-/// they live in the actor's pid namespace, so only `criu` children in runc's own are counted.
-pub(super) async fn criu_died_under(runc: u32) {
+/// runc runs CRIU twice per command: first for its version check, then for the work, which
+/// writes its log (`dump.log`, `restore.log`) into `work_dir` (runc's `--work-path`) as it
+/// starts. A watched CRIU that goes before its log was there was the version check: the next
+/// one is watched instead (watching only the first killed every dump that outlasted the version
+/// check by the grace: any 1 GiB dump on a busy machine). Once the CRIU watched has written its
+/// log it is never replaced: when it dies, the helpers it forked (also called `criu`, and left
+/// to runc, a subreaper) must not keep runc waiting. Without `work_dir`, the first CRIU seen is
+/// the one watched. Only `criu` children in runc's own pid namespace count (restored tasks,
+/// named `criu` until they become the actor, live in the actor's).
+pub(super) async fn criu_died_under(runc: u32, work_dir: Option<PathBuf>) {
     let mut watched: Option<u32> = None;
+    let mut doing_the_work = false;
     let mut gone_since: Option<Instant> = None;
     loop {
         tokio::time::sleep(Duration::from_millis(20)).await;
         if watched.is_some_and(process_running) {
+            doing_the_work = work_dir.as_deref().is_none_or(holds_criu_log);
             gone_since = None;
             continue;
         }
-        match criu_child(runc, watched) {
+        let next = if watched.is_none() || !doing_the_work {
+            criu_child(runc, watched)
+        } else {
+            None
+        };
+        match next {
             Some(pid) => {
                 watched = Some(pid);
+                doing_the_work = false;
                 gone_since = None;
             }
             None if watched.is_some() => {
@@ -266,6 +277,13 @@ pub(super) async fn criu_died_under(runc: u32) {
             None => {}
         }
     }
+}
+
+/// True when `dir` (runc's `--work-path`) holds the log of a CRIU dump or restore.
+fn holds_criu_log(dir: &Path) -> bool {
+    ["dump.log", "restore.log"]
+        .iter()
+        .any(|log| dir.join(log).exists())
 }
 
 /// A live child of `pid` named `criu` in `pid`'s own pid namespace, other than `not` (one seen
@@ -294,32 +312,64 @@ fn criu_child(pid: u32, not: Option<u32>) -> Option<u32> {
 mod tests {
     use super::*;
 
-    /// A stand-in for runc that runs a short `criu` (its version check) and then a long one
-    /// (the dump): the watch follows the second and resolves only once it is gone.
+    /// A stand-in for runc that runs a short `criu` (its version check, no log yet) and then a
+    /// long one (the dump, whose log appears as it starts): the watch follows the second and
+    /// resolves only once it is gone.
     #[tokio::test]
     async fn the_watch_follows_runcs_second_criu_and_resolves_when_it_is_gone() {
         let dir = tempfile::tempdir().expect("tempdir");
         let criu = dir.path().join("criu");
         std::os::unix::fs::symlink("/bin/sleep", &criu).expect("symlink");
+        let work = dir.path().join("work");
+        std::fs::create_dir(&work).expect("work dir");
         let mut runc = tokio::process::Command::new("/bin/sh")
             .arg("-c")
             .arg(format!(
-                "{c} 0.2; {c} 3.5; exec /bin/sleep 30",
-                c = criu.display()
+                "{c} 0.2; touch {log}; {c} 3.5; exec /bin/sleep 30",
+                c = criu.display(),
+                log = work.join("dump.log").display()
             ))
             .kill_on_drop(true)
             .spawn()
             .expect("spawn");
         let pid = runc.id().expect("pid");
         let begun = Instant::now();
+        let watch = criu_died_under(pid, Some(work.clone()));
         // The first criu is gone after 0.2 s: no verdict while the second one runs.
-        let early = tokio::time::timeout(Duration::from_secs(3), criu_died_under(pid)).await;
+        tokio::pin!(watch);
+        let early = tokio::time::timeout(Duration::from_secs(3), &mut watch).await;
         assert!(early.is_err(), "resolved while the second criu ran");
         // Then the second is gone, and after the grace the watch resolves.
-        tokio::time::timeout(Duration::from_secs(10), criu_died_under(pid))
+        tokio::time::timeout(Duration::from_secs(10), &mut watch)
             .await
-            .expect("resolves once no criu is left");
+            .expect("resolves once the working criu is gone");
         assert!(begun.elapsed() >= Duration::from_millis(3600) + CRIU_GONE_GRACE);
+        let _ = runc.kill().await;
+    }
+
+    /// A CRIU that wrote its log did the work: once it is gone, another `criu` left under runc
+    /// (a helper it forked) does not hold the verdict back.
+    #[tokio::test]
+    async fn a_working_criu_that_died_is_not_replaced_by_a_leftover() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let criu = dir.path().join("criu");
+        std::os::unix::fs::symlink("/bin/sleep", &criu).expect("symlink");
+        let work = dir.path().join("work");
+        std::fs::create_dir(&work).expect("work dir");
+        std::fs::write(work.join("restore.log"), b"").expect("log");
+        let mut runc = tokio::process::Command::new("/bin/sh")
+            .arg("-c")
+            .arg(format!(
+                "{c} 0.3; {c} 30; exec /bin/sleep 30",
+                c = criu.display()
+            ))
+            .kill_on_drop(true)
+            .spawn()
+            .expect("spawn");
+        let pid = runc.id().expect("pid");
+        tokio::time::timeout(Duration::from_secs(6), criu_died_under(pid, Some(work)))
+            .await
+            .expect("resolves although another criu runs");
         let _ = runc.kill().await;
     }
 }
