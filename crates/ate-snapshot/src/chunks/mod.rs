@@ -26,7 +26,7 @@ use object_store::path::Path as ObjPath;
 use serde::{Deserialize, Serialize};
 
 use crate::durable::DurableStore;
-use crate::error::{Error, Result};
+use crate::error::Result;
 
 /// Top-level folder of the chunk objects (not a valid atespace name, so never a generation key).
 pub(crate) const CHUNKS_DIR: &str = "_chunks";
@@ -90,14 +90,7 @@ impl DurableSource {
 /// The [`DurableSource`] of a generation directory made by
 /// [`DurableStore::download_for_lazy_restore`]; `None` for a complete generation.
 pub fn durable_source(gen_dir: &Path) -> Result<Option<DurableSource>> {
-    let path = gen_dir.join(DURABLE_SOURCE_FILE);
-    match std::fs::read(&path) {
-        Ok(bytes) => serde_json::from_slice(&bytes)
-            .map(Some)
-            .map_err(|e| Error::InvalidInput(format!("{}: {e}", path.display()))),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-        Err(e) => Err(Error::io("read", &path, e)),
-    }
+    crate::generation::read_marker(&gen_dir.join(DURABLE_SOURCE_FILE))
 }
 
 mod fetch;

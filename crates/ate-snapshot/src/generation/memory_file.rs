@@ -38,13 +38,18 @@ pub struct SealedSource {
 /// The [`SealedSource`] of a scratch dir opened without its memory images; `None` for any other
 /// generation directory.
 pub fn sealed_source(dir: &Path) -> Result<Option<SealedSource>> {
-    let path = dir.join(SEALED_SOURCE_FILE);
-    match std::fs::read(&path) {
+    read_marker(&dir.join(SEALED_SOURCE_FILE))
+}
+
+/// A JSON marker file a generation directory may hold (`sealed-source.json`,
+/// `durable-source.json`): `None` when it does not.
+pub(crate) fn read_marker<T: serde::de::DeserializeOwned>(path: &Path) -> Result<Option<T>> {
+    match std::fs::read(path) {
         Ok(bytes) => serde_json::from_slice(&bytes)
             .map(Some)
             .map_err(|e| Error::InvalidInput(format!("{}: {e}", path.display()))),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-        Err(e) => Err(Error::io("read", &path, e)),
+        Err(e) => Err(Error::io("read", path, e)),
     }
 }
 

@@ -38,6 +38,7 @@ pub use chunk::{read_verified_chunk, read_verified_chunk_at, verify_chunk_bytes,
 pub use extract::{
     extract_container_rootfs, extract_rootfs, extract_volume, quarantine, quarantine_path,
 };
+pub(crate) use memory_file::read_marker;
 pub use memory_file::{MemoryFile, SEALED_SOURCE_FILE, SealedSource, sealed_source};
 pub use seal::{seal_actor_generation, seal_generation};
 pub(crate) use verify::verify_with_bytes;
