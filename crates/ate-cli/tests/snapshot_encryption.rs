@@ -248,11 +248,22 @@ fn a_tampered_node_local_generation_is_refused_and_restored_from_its_durable_cop
     // Generation 1's node-local manifest put over generation 3's: refused, and 3 comes from
     // its durable copy (count 3, not 1).
     sys.ate_ok(&["suspend", "actor", "c", "-a", ns, "--durable"]); // 3, count 3
-    let g1 = generation_dir(&state, ns, "c", 1);
     let g3 = generation_dir(&state, ns, "c", 3);
-    if g1.join("manifest.json").is_file() {
-        std::fs::copy(g1.join("manifest.json"), g3.join("manifest.json")).expect("roll back");
-    } else {
+    // Retention may prune generation 1 at any moment (after the suspends above): when it is
+    // gone, or goes while it is copied, the other way is taken.
+    let g1 = std::fs::read_dir(state.join("snapshots").join(ns).join("c"))
+        .expect("actor dir")
+        .flatten()
+        .map(|e| e.path())
+        .find(|p| {
+            p.file_name()
+                .is_some_and(|n| n.to_string_lossy().starts_with("1-"))
+        });
+    let rolled_back = g1.is_some_and(|g1| {
+        g1.join("manifest.json").is_file()
+            && std::fs::copy(g1.join("manifest.json"), g3.join("manifest.json")).is_ok()
+    });
+    if !rolled_back {
         // Retention pruned generation 1: a manifest from another generation dir of this
         // actor still exists (2 was moved aside as damaged; 3's own is swapped with a copy
         // sealed for another path).
