@@ -392,3 +392,86 @@ fn a_rolled_back_or_swapped_durable_manifest_is_refused_and_revert_recovers() {
     // d itself was never touched.
     assert_eq!(counts(&get_ok(&sys, &format!("{ns}/d"), "/")), (2, 2, 2));
 }
+
+/// A sealed cached download is checked by manifest and sizes before a restore uses it (the
+/// worker authenticates each frame as it opens it): one damaged after it was cached is refused
+/// by the worker, dropped by the node, and the generation is downloaded again, so the actor
+/// resumes with its memory instead of failing at every attempt.
+#[test]
+fn a_damaged_cached_download_is_dropped_and_downloaded_again() {
+    let sys = System::up_with_env(
+        UpOptions {
+            workers: 1,
+            ..Default::default()
+        },
+        &[("ATE_KEEP_FROZEN", "0")],
+    );
+    let state = sys.state_dir();
+    let ns = "ns-crypt-cache";
+    let eager = Tpl::counter().yaml(ns, "eager").replace(
+        "snapshots: {fidelity: memory",
+        "snapshots: {memoryRestore: eager, fidelity: memory",
+    );
+    assert!(eager.contains("memoryRestore: eager"));
+    let path = sys.dir.path().join("eager-cache.yaml");
+    std::fs::write(&path, eager).expect("write template");
+    sys.ate_ok(&["apply", "-f", path.to_str().expect("utf-8 path")]);
+    create_actor(&sys, ns, "e", "eager");
+    let e = format!("{ns}/e");
+    assert_eq!(counts(&get_ok(&sys, &e, "/")), (1, 1, 1));
+    sys.ate_ok(&["suspend", "actor", "e", "-a", ns, "--durable"]); // 1, count 1
+    // From the durable copy (the node-local one gone): downloaded, then sealed into the cache.
+    std::fs::remove_dir_all(generation_dir(&state, ns, "e", 1)).expect("remove node-local");
+    assert_eq!(counts(&get_ok(&sys, &e, "/")), (2, 2, 2));
+    sys.ate_ok(&["suspend", "actor", "e", "-a", ns]); // 2
+    let cache = state.join("snapshot-cache");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    let cached = loop {
+        let found = std::fs::read_dir(&cache)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .map(|e| e.path())
+            .find(|p| p.join("manifest.json").is_file());
+        if let Some(dir) = found {
+            break dir;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no sealed copy in the cache"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    };
+    assert!(
+        ate_snapshot::sealed::is_encrypted(&cached),
+        "{}",
+        cached.display()
+    );
+    // A flipped bit in the cached memory image.
+    let mut files = Vec::new();
+    all_files(&cached.join("criu"), &mut files);
+    let pages = files
+        .into_iter()
+        .find(|f| {
+            f.file_name()
+                .is_some_and(|n| n.to_string_lossy().starts_with("pages-"))
+        })
+        .expect("a memory image");
+    let mut bytes = std::fs::read(&pages).expect("read");
+    let at = bytes.len() / 2;
+    bytes[at] ^= 0x20;
+    std::fs::write(&pages, &bytes).expect("write");
+    // Back to generation 1, whose only copy on the node is the damaged cache entry.
+    sys.ate_ok(&["revert", "actor", "e", "-a", ns, "--generation", "1"]);
+    assert_eq!(
+        counts(&get_ok(&sys, &e, "/")),
+        (2, 2, 2),
+        "generation 1 (count 1) resumed from a fresh download"
+    );
+    assert!(
+        sys.log("node")
+            .contains("a cached download of the durable copy is damaged"),
+        "the node dropped the damaged cache entry:\n{}",
+        sys.log("node")
+    );
+}

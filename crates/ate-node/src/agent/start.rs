@@ -93,19 +93,19 @@ impl NodeAgent {
                     Err(e) => {
                         tracing::warn!(actor = %actor, generation = snap.generation, error = %e, "lazy restore from the durable copy refused; fetching the whole generation");
                         let fetched = self.fetch(&snap).instrument(download("whole")).await?;
-                        let started = start(&fetched.dir).await;
+                        let (epoch, dir) = self.start_fetched(&snap, fetched, &start).await?;
                         (
-                            started?,
+                            epoch,
                             "durable copy (whole, after a refused lazy restore)",
-                            fetched.finish(),
+                            dir,
                         )
                     }
                 }
             }
             None => {
                 let fetched = self.fetch(&snap).instrument(download("whole")).await?;
-                let started = start(&fetched.dir).await;
-                (started?, "durable copy", fetched.finish())
+                let (epoch, dir) = self.start_fetched(&snap, fetched, &start).await?;
+                (epoch, "durable copy", dir)
             }
             Some(local) => match start(&local).await {
                 Ok(epoch) => (epoch, "node-local copy", local),
@@ -114,12 +114,8 @@ impl NodeAgent {
                         .replace_damaged_local(&snap, &local, refused)
                         .instrument(download("replace_damaged"))
                         .await?;
-                    let started = start(&fetched.dir).await;
-                    (
-                        started?,
-                        "durable copy replacing a damaged local one",
-                        fetched.finish(),
-                    )
+                    let (epoch, dir) = self.start_fetched(&snap, fetched, &start).await?;
+                    (epoch, "durable copy replacing a damaged local one", dir)
                 }
             },
         };
@@ -295,6 +291,46 @@ impl NodeAgent {
                 None => fetch,
             }
         })
+    }
+
+    /// Starts the actor from a whole download (`start` is the worker's Start for a directory).
+    /// A cached copy the worker refuses is checked in full here: when it is damaged (a sealed
+    /// cached copy is only checked by manifest and sizes before use, its frames when the worker
+    /// opens them), it is removed and the generation downloaded and started once more, so a
+    /// damaged cache entry never holds an actor back. Returns the epoch and the cache dir.
+    async fn start_fetched<F, Fut>(
+        &self,
+        snap: &Snapshot,
+        fetched: Fetched,
+        start: &F,
+    ) -> Result<(u64, PathBuf), AgentError>
+    where
+        F: Fn(&Path) -> Fut,
+        Fut: std::future::Future<Output = Result<u64, CallError>>,
+    {
+        let from_cache = fetched.pending.is_none();
+        let refused = match start(&fetched.dir).await {
+            Ok(epoch) => return Ok((epoch, fetched.finish())),
+            Err(refused) => refused,
+        };
+        let cached = fetched.finish();
+        if !from_cache || call_says_nothing_about_the_generation(&refused) {
+            return Err(refused.into());
+        }
+        {
+            let (_, lock) = self.cache_slot(snap, "")?;
+            let _guard = lock.lock().await;
+            match ate_snapshot::verify(&cached).await {
+                Err(e) if e.is_corrupt() => {
+                    tracing::warn!(generation = snap.generation, dir = %cached.display(), error = %e, "a cached download of the durable copy is damaged; downloading it again");
+                    let _ = tokio::fs::remove_dir_all(&cached).await;
+                }
+                _ => return Err(refused.into()),
+            }
+        }
+        let fetched = self.fetch(snap).await?;
+        let epoch = start(&fetched.dir).await?;
+        Ok((epoch, fetched.finish()))
     }
 
     /// The worker refused to start the actor from the node-local copy `local`. When that copy is

@@ -253,7 +253,8 @@ pub(super) async fn criu_died_under(runc: u32, work_dir: Option<PathBuf>) {
     loop {
         tokio::time::sleep(Duration::from_millis(20)).await;
         if watched.is_some_and(process_running) {
-            doing_the_work = work_dir.as_deref().is_none_or(holds_criu_log);
+            // Looked for until found (two stats every poll while runc's first CRIU runs).
+            doing_the_work = doing_the_work || work_dir.as_deref().is_none_or(holds_criu_log);
             gone_since = None;
             continue;
         }
