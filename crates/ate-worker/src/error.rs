@@ -73,6 +73,7 @@ impl SandboxError {
                         && (stderr.contains("connection reset by peer")
                             || stderr.contains("broken pipe")
                             || stderr.contains("EOF")))
+                    || criu_gone_before_its_request(stderr)
             }
             _ => false,
         }
@@ -116,6 +117,19 @@ pub(crate) fn tail(text: &str, max: usize) -> String {
     format!("…{}", &t[start..])
 }
 
+/// runc's words for a CRIU gone between its start and runc's request (nothing was dumped or
+/// restored yet): right after starting it, runc moves it into the container's cgroups (a dead
+/// one: `cgroup.procs` … "no such process") and reads its stdio links (`readlink
+/// /proc/<criu>/fd/0: no such file or directory`).
+fn criu_gone_before_its_request(stderr: &str) -> bool {
+    stderr.lines().any(|line| {
+        (line.contains("readlink /proc/")
+            && line.contains("/fd/")
+            && line.contains("no such file or directory"))
+            || (line.contains("cgroup.procs") && line.contains("no such process"))
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -148,6 +162,15 @@ mod tests {
             command(
                 "exit status: 1",
                 "level=error msg=\"CRIU version check failed: read criu-xprt-cln: connection reset by peer\"",
+            ),
+            // CRIU killed right after runc started it for the restore, before the request.
+            command(
+                "exit status: 1",
+                "time=\"2026-12-04T07:18:26Z\" level=error msg=\"readlink /proc/30727/fd/0: no such file or directory\"",
+            ),
+            command(
+                "exit status: 1",
+                "level=error msg=\"write /sys/fs/cgroup/ate/29399b9cf1/cgroup.procs: no such process\"",
             ),
         ] {
             assert!(cut.interrupted(), "{cut}");

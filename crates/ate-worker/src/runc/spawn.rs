@@ -14,7 +14,7 @@ use super::cgroup::kill_cgroup_processes;
 use crate::cmd;
 use crate::error::{IoContext, Result, SandboxError, tail};
 use crate::lazy::PageSource;
-use crate::procfs::{name_and_state, process_running};
+use crate::procfs::process_running;
 use crate::runtime::{ActorSandbox, Started};
 
 impl RuncRuntime {
@@ -235,48 +235,107 @@ const CRIU_GONE_GRACE: Duration = Duration::from_secs(2);
 
 /// Resolves once the `criu` that does `runc`'s dump or restore has been gone for
 /// [`CRIU_GONE_GRACE`] while runc still runs (the caller selects it against runc's exit). Never
-/// resolves if CRIU is never seen (runc run) or runc exits first.
+/// resolves if CRIU is never seen (runc run) or runc exits first. When it resolves, the `criu`
+/// helpers the dead one forked and left under runc are killed (they hold runc's socket and
+/// would wait for ever).
 ///
-/// runc runs CRIU twice per command: first for its version check, then for the work, which
-/// writes its log (`dump.log`, `restore.log`) into `work_dir` (runc's `--work-path`) as it
-/// starts. A watched CRIU that goes before its log was there was the version check: the next
-/// one is watched instead (watching only the first killed every dump that outlasted the version
-/// check by the grace: any 1 GiB dump on a busy machine). Once the CRIU watched has written its
-/// log it is never replaced: when it dies, the helpers it forked (also called `criu`, and left
-/// to runc, a subreaper) must not keep runc waiting. Without `work_dir`, the first CRIU seen is
-/// the one watched. Only `criu` children in runc's own pid namespace count (restored tasks,
-/// named `criu` until they become the actor, live in the actor's).
+/// runc runs CRIU twice per command: first for its version check, which it reaps before it
+/// starts the second, then for the work, which writes its log (`dump.log`, `restore.log`) into
+/// `work_dir` (runc's `--work-path`) as it starts and forks helpers (also named `criu`, left to
+/// runc, a subreaper, when it dies). See [`next_watch`] for how the watch tells them apart.
 pub(super) async fn criu_died_under(runc: u32, work_dir: Option<PathBuf>) {
-    let mut watched: Option<u32> = None;
-    let mut doing_the_work = false;
+    let mut watch = Watch::default();
     let mut gone_since: Option<Instant> = None;
     loop {
         tokio::time::sleep(Duration::from_millis(20)).await;
-        if watched.is_some_and(process_running) {
+        if watch.pid.is_some_and(process_running) {
             // Looked for until found (two stats every poll while runc's first CRIU runs).
-            doing_the_work = doing_the_work || work_dir.as_deref().is_none_or(holds_criu_log);
+            watch.doing_the_work =
+                watch.doing_the_work || work_dir.as_deref().is_none_or(holds_criu_log);
             gone_since = None;
             continue;
         }
-        let next = if watched.is_none() || !doing_the_work {
-            criu_child(runc, watched)
-        } else {
-            None
-        };
-        match next {
-            Some(pid) => {
-                watched = Some(pid);
-                doing_the_work = false;
+        match next_watch(watch, &criu_children(runc)) {
+            Next::Watch(pid) => {
+                watch = Watch {
+                    pid: Some(pid),
+                    doing_the_work: false,
+                };
                 gone_since = None;
+                continue;
             }
-            None if watched.is_some() => {
-                let since = *gone_since.get_or_insert_with(Instant::now);
-                if since.elapsed() >= CRIU_GONE_GRACE {
-                    return;
+            Next::Wait => continue,
+            // Latched: once the work's CRIU is known dead, nothing replaces it.
+            Next::Died(pid) => {
+                watch = Watch {
+                    pid: Some(pid),
+                    doing_the_work: true,
                 }
             }
-            None => {}
+            Next::Gone => {}
         }
+        let since = *gone_since.get_or_insert_with(Instant::now);
+        if since.elapsed() >= CRIU_GONE_GRACE {
+            kill_leftovers(runc);
+            return;
+        }
+    }
+}
+
+/// The CRIU the watch follows, and whether it was seen doing the work (its log was there).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+struct Watch {
+    pid: Option<u32>,
+    doing_the_work: bool,
+}
+
+/// A `criu` child of runc: alive in runc's own pid namespace, or a zombie runc has not reaped.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct CriuChild {
+    pid: u32,
+    /// Start time in clock ticks since boot (`/proc/<pid>/stat` field 22).
+    started: u64,
+    zombie: bool,
+}
+
+/// What the watch does once the CRIU it follows is not running (or none was seen yet).
+#[derive(Debug, PartialEq, Eq)]
+enum Next {
+    /// Follow this CRIU from now on.
+    Watch(u32),
+    /// The CRIU doing the work (this one) died: the verdict, after the grace, whatever appears
+    /// meanwhile.
+    Died(u32),
+    /// The CRIU followed is gone and no other is there: the verdict after the grace unless
+    /// another appears (runc's version check is gone and runc starts the work's CRIU, or exits).
+    Gone,
+    /// Nothing to decide yet (no CRIU seen).
+    Wait,
+}
+
+/// The watch's decision, from what it followed and runc's `criu` children now:
+/// - one that did the work (wrote its log) is never replaced: gone means died;
+/// - a zombie next to another `criu` means the work's CRIU died and left helpers (runc reaps its
+///   version check before it starts anything else), however briefly it lived;
+/// - otherwise the oldest live one is followed (the work's CRIU is older than its helpers); a
+///   lone zombie decides nothing (runc is about to reap its version check, or to exit).
+fn next_watch(watch: Watch, children: &[CriuChild]) -> Next {
+    if let Some(pid) = watch.pid.filter(|_| watch.doing_the_work) {
+        return Next::Died(pid);
+    }
+    if children.len() >= 2
+        && let Some(zombie) = children.iter().find(|c| c.zombie)
+    {
+        return Next::Died(zombie.pid);
+    }
+    let oldest = children
+        .iter()
+        .filter(|c| Some(c.pid) != watch.pid)
+        .min_by_key(|c| (c.started, c.pid));
+    match oldest {
+        Some(c) if !c.zombie => Next::Watch(c.pid),
+        _ if watch.pid.is_some() => Next::Gone,
+        _ => Next::Wait,
     }
 }
 
@@ -287,31 +346,136 @@ fn holds_criu_log(dir: &Path) -> bool {
         .any(|log| dir.join(log).exists())
 }
 
-/// A live child of `pid` named `criu` in `pid`'s own pid namespace, other than `not` (one seen
-/// gone). Each thread lists the children it forked (runc is a Go program: any of its threads
-/// may have).
-fn criu_child(pid: u32, not: Option<u32>) -> Option<u32> {
-    let tasks = std::fs::read_dir(format!("/proc/{pid}/task")).ok()?;
-    let children: Vec<String> = tasks
+/// runc's `criu` children: alive ones in runc's own pid namespace (restored tasks, named `criu`
+/// until they become the actor, live in the actor's), and zombies (whose namespace is gone).
+/// Each thread lists the children it forked (runc is a Go program: any of its threads may
+/// have).
+fn criu_children(pid: u32) -> Vec<CriuChild> {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return Vec::new();
+    };
+    let listed: Vec<String> = tasks
         .flatten()
         .filter_map(|t| std::fs::read_to_string(t.path().join("children")).ok())
         .collect();
     let pid_ns = |p: u32| std::fs::read_link(format!("/proc/{p}/ns/pid")).ok();
-    let own = pid_ns(pid)?;
-    children
+    let Some(own) = pid_ns(pid) else {
+        return Vec::new();
+    };
+    let mut children: Vec<CriuChild> = listed
         .iter()
         .flat_map(|c| c.split_whitespace())
         .filter_map(|c| c.parse::<u32>().ok())
-        .filter(|c| Some(*c) != not)
-        .find(|c| {
-            name_and_state(*c).is_some_and(|(name, state)| name == "criu" && state != "Z")
-                && pid_ns(*c).as_ref() == Some(&own)
+        .filter_map(|c| {
+            let (name, state, started) = criu_stat(c)?;
+            let zombie = state == "Z";
+            (name == "criu" && (zombie || pid_ns(c).as_ref() == Some(&own))).then_some(CriuChild {
+                pid: c,
+                started,
+                zombie,
+            })
         })
+        .collect();
+    children.sort_by_key(|c| c.pid);
+    children.dedup_by_key(|c| c.pid);
+    children
+}
+
+/// Name, state and start time of `pid` from `/proc/<pid>/stat`.
+fn criu_stat(pid: u32) -> Option<(String, String, u64)> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let open = stat.find('(')?;
+    let close = stat.rfind(')')?;
+    let name = stat.get(open + 1..close)?.to_string();
+    let mut rest = stat.get(close + 1..)?.split_whitespace();
+    let state = rest.next()?.to_string();
+    // Fields after the state: ppid … starttime is the 20th of them (field 22 overall).
+    let started = rest.nth(18)?.parse().ok()?;
+    Some((name, state, started))
+}
+
+/// SIGKILL to the live `criu` children of runc once the one doing the work died: its helpers
+/// would otherwise wait for ever on sockets whose other end is gone.
+fn kill_leftovers(runc: u32) {
+    for child in criu_children(runc).iter().filter(|c| !c.zombie) {
+        if let Ok(pid) = i32::try_from(child.pid) {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(pid),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+        }
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn child(pid: u32, started: u64, zombie: bool) -> CriuChild {
+        CriuChild {
+            pid,
+            started,
+            zombie,
+        }
+    }
+
+    fn watching(pid: u32, doing_the_work: bool) -> Watch {
+        Watch {
+            pid: Some(pid),
+            doing_the_work,
+        }
+    }
+
+    #[test]
+    fn the_watch_follows_the_oldest_live_criu_and_never_a_helper_of_a_dead_one() {
+        // Nothing seen yet: wait; the first CRIU is followed.
+        assert_eq!(next_watch(Watch::default(), &[]), Next::Wait);
+        assert_eq!(
+            next_watch(Watch::default(), &[child(10, 5, false)]),
+            Next::Watch(10)
+        );
+        // The version check gone, the work's CRIU started: followed, not its helpers.
+        let work_and_helpers = [
+            child(12, 7, false),
+            child(14, 7, false),
+            child(13, 7, false),
+        ];
+        assert_eq!(
+            next_watch(watching(10, false), &work_and_helpers),
+            Next::Watch(12)
+        );
+        // The version check gone and nothing yet: the grace runs, a newcomer stops it.
+        assert_eq!(next_watch(watching(10, false), &[]), Next::Gone);
+        // A lone zombie (runc has not reaped its version check yet) decides nothing.
+        assert_eq!(
+            next_watch(Watch::default(), &[child(10, 5, true)]),
+            Next::Wait
+        );
+        assert_eq!(
+            next_watch(watching(10, false), &[child(10, 5, true)]),
+            Next::Gone
+        );
+        // The work's CRIU killed before the watch saw its log, helpers left under runc: dead,
+        // whether it was followed or never seen.
+        let dead_with_helpers = [child(12, 7, true), child(13, 7, false), child(14, 8, false)];
+        assert_eq!(
+            next_watch(watching(10, false), &dead_with_helpers),
+            Next::Died(12)
+        );
+        assert_eq!(
+            next_watch(Watch::default(), &dead_with_helpers),
+            Next::Died(12)
+        );
+        assert_eq!(
+            next_watch(watching(12, false), &dead_with_helpers),
+            Next::Died(12)
+        );
+        // One that wrote its log is never replaced.
+        assert_eq!(
+            next_watch(watching(12, true), &[child(13, 7, false)]),
+            Next::Died(12)
+        );
+    }
 
     /// A stand-in for runc that runs a short `criu` (its version check, no log yet) and then a
     /// long one (the dump, whose log appears as it starts): the watch follows the second and
@@ -371,6 +535,64 @@ mod tests {
         tokio::time::timeout(Duration::from_secs(6), criu_died_under(pid, Some(work)))
             .await
             .expect("resolves although another criu runs");
+        let _ = runc.kill().await;
+    }
+
+    /// The work's CRIU killed a few ms in, before the watch saw it or its log, with a helper it
+    /// forked left under runc (a subreaper that does not reap it: real runc waits on the
+    /// socket the helper holds): the watch must not follow the helper, it resolves after the
+    /// grace and kills the helper.
+    #[tokio::test]
+    async fn a_criu_killed_before_its_log_with_helpers_left_is_dead() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let version_check = dir.path().join("criu");
+        std::os::unix::fs::symlink("/bin/sleep", &version_check).expect("symlink");
+        let shells = dir.path().join("sh");
+        std::fs::create_dir(&shells).expect("dir");
+        let criu_shell = shells.join("criu");
+        std::os::unix::fs::symlink("/bin/sh", &criu_shell).expect("symlink");
+        let work = dir.path().join("work");
+        std::fs::create_dir(&work).expect("work dir");
+        let helper_pid = dir.path().join("helper.pid");
+        // The helper stays a shell named criu (`; true` stops sh from exec-ing sleep).
+        let script = dir.path().join("work-criu.sh");
+        std::fs::write(
+            &script,
+            format!(
+                "{s} -c 'sleep 30; true' &\necho $! > {pidfile}\nsleep 0.05\nkill -9 $$\n",
+                s = criu_shell.display(),
+                pidfile = helper_pid.display()
+            ),
+        )
+        .expect("script");
+        let mut command = tokio::process::Command::new("/bin/sh");
+        command
+            .arg("-c")
+            .arg(format!(
+                "{v} 0.05; {s} {script} & exec /bin/sleep 30",
+                v = version_check.display(),
+                s = criu_shell.display(),
+                script = script.display(),
+            ))
+            .kill_on_drop(true);
+        // SAFETY: prctl is async-signal-safe; nothing else runs between fork and exec.
+        unsafe {
+            command.pre_exec(|| {
+                nix::sys::prctl::set_child_subreaper(true).map_err(std::io::Error::from)
+            });
+        }
+        let mut runc = command.spawn().expect("spawn");
+        let pid = runc.id().expect("pid");
+        tokio::time::timeout(Duration::from_secs(8), criu_died_under(pid, Some(work)))
+            .await
+            .expect("resolves although a helper of the dead criu runs");
+        let helper: u32 = std::fs::read_to_string(&helper_pid)
+            .expect("helper pid")
+            .trim()
+            .parse()
+            .expect("pid");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert!(!process_running(helper), "the helper was killed");
         let _ = runc.kill().await;
     }
 }
