@@ -432,7 +432,7 @@ impl Fetched {
             let (plain, cached) = (self.dir, target.clone());
             tokio::spawn(async move {
                 let _guard = guard;
-                if let Err(e) = ate_snapshot::sealed::seal_into(&plain, &cached).await {
+                if let Err(e) = ate_snapshot::sealed::seal_into_cache(&plain, &cached).await {
                     tracing::warn!(dir = %cached.display(), error = %e, "cannot keep the downloaded generation in the cache");
                     let _ = tokio::fs::remove_dir_all(&cached).await;
                 }

@@ -259,12 +259,33 @@ pub async fn seal_into(plain: &Path, gen_dir: &Path) -> Result<Manifest> {
     let keys = need_keys(gen_dir)?.clone();
     let (plain, gen_dir) = (plain.to_path_buf(), gen_dir.to_path_buf());
     let what = format!("seal {}", gen_dir.display());
-    tokio::task::spawn_blocking(move || seal_blocking(&keys, &plain, &gen_dir))
+    tokio::task::spawn_blocking(move || seal_blocking(&keys, &plain, &gen_dir, true))
         .await
         .map_err(|e| Error::task(what, e))?
 }
 
-fn seal_blocking(keys: &SnapshotKeys, plain: &Path, gen_dir: &Path) -> Result<Manifest> {
+/// [`seal_into`] for a cache of the durable store (a download kept for the next restore): on a
+/// thread of its own at the lowest CPU priority, so the resumes and suspends under way keep the
+/// cores, and without a sync (a copy torn by a crash fails to open, frame by frame, and is
+/// downloaded again; a sync would also write out every other file's dirty pages on that disk).
+pub async fn seal_into_cache(plain: &Path, gen_dir: &Path) -> Result<Manifest> {
+    let keys = need_keys(gen_dir)?.clone();
+    let (plain, gen_dir) = (plain.to_path_buf(), gen_dir.to_path_buf());
+    let what = format!("seal {} into the cache", gen_dir.display());
+    crate::durable::run_at(
+        crate::durable::UploadPriority::Background,
+        what,
+        move || seal_blocking(&keys, &plain, &gen_dir, false),
+    )
+    .await
+}
+
+fn seal_blocking(
+    keys: &SnapshotKeys,
+    plain: &Path,
+    gen_dir: &Path,
+    synced: bool,
+) -> Result<Manifest> {
     if super::is_sealed(gen_dir) {
         return Err(Error::AlreadySealed {
             dir: gen_dir.to_path_buf(),
@@ -283,7 +304,9 @@ fn seal_blocking(keys: &SnapshotKeys, plain: &Path, gen_dir: &Path) -> Result<Ma
         seal_file(keys, &binding(gen_dir, &f.path), &src, &dst, FRAME_THREADS)
             .map_err(|e| Error::io("seal", &dst, e))?;
     }
-    sync_filesystem(gen_dir)?;
+    if synced {
+        sync_filesystem(gen_dir)?;
+    }
     let sealed = crate::crypto::seal_object(keys, &binding(gen_dir, MANIFEST_FILE), &bytes)?;
     write_manifest(gen_dir, &sealed)?;
     Ok(manifest)

@@ -263,10 +263,11 @@ impl Worker {
                         &volumes,
                     )
                     .await?;
+                    let hashed = begun.elapsed();
                     if scratch.is_some() {
                         ate_snapshot::sealed::seal_into(&write_dir, &gen_dir).await?;
                     }
-                    Ok::<_, ate_snapshot::Error>(manifest)
+                    Ok::<_, ate_snapshot::Error>((manifest, hashed))
                 }
                 .await
                 .map_err(|e| VerbError::Internal(format!("seal {}: {e}", gen_dir.display())))
@@ -305,7 +306,7 @@ impl Worker {
                 }
             }
         }
-        let manifest = result.map_err(|e| {
+        let (manifest, hashed_at) = result.map_err(|e| {
             VerbError::SandboxLost(format!(
                 "checkpoint of {key} failed after its sandbox was stopped: {}",
                 e.message()
@@ -321,6 +322,9 @@ impl Worker {
             quiesce_ms = quiesced.as_millis() as u64,
             dump_or_stop_ms = (stopped_at - quiesced).as_millis() as u64,
             seal_ms = (sealed_at - stopped_at).as_millis() as u64,
+            // Of the seal: archives and hashes, then (with snapshot keys) sealing at rest.
+            hash_ms = hashed_at.saturating_sub(stopped_at).as_millis() as u64,
+            at_rest_ms = sealed_at.saturating_sub(hashed_at).as_millis() as u64,
             total_ms = begun.elapsed().as_millis() as u64,
             kept_frozen = kept,
             "generation sealed"
