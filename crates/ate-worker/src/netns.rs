@@ -30,6 +30,61 @@ pub const NETNS_DIR: &str = "/var/run/netns";
 
 const IP: &str = "ip";
 
+/// Makes [`NETNS_DIR`] what `ip netns add` makes it, before the worker names any namespace
+/// there: a shared bind mount of itself. Only `ip netns add` did this, and not every namespace is
+/// named by it (the user-namespace hook and spare adoption bind-mount their own): a namespace
+/// bound while the directory was still a plain directory sits on the parent mount, and the bind
+/// a later `ip netns add` puts over the directory hides it for good (`ip netns delete`: "Cannot
+/// remove namespace file … Device or resource busy", and a stop or restore of that actor fails).
+/// Recursive, so namespaces bound before are carried into the bind. Under a lock across the
+/// node's workers: two binds at once would stack and hide each other the same way.
+pub fn prepare_dir() -> Result<()> {
+    use nix::errno::Errno;
+    use nix::fcntl::{Flock, FlockArg};
+    use nix::mount::{MsFlags, mount};
+
+    use crate::error::{IoContext, SandboxError};
+
+    std::fs::create_dir_all(NETNS_DIR).ctx(|| format!("create {NETNS_DIR}"))?;
+    let lock_path = "/run/ate-netns-dir.lock";
+    let lock_file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(lock_path)
+        .ctx(|| format!("open {lock_path}"))?;
+    let _lock = Flock::lock(lock_file, FlockArg::LockExclusive)
+        .map_err(|(_, e)| SandboxError::io(format!("flock {lock_path}"), e.into()))?;
+    let shared = || {
+        mount(
+            None::<&str>,
+            NETNS_DIR,
+            None::<&str>,
+            MsFlags::MS_SHARED | MsFlags::MS_REC,
+            None::<&str>,
+        )
+    };
+    match shared() {
+        Ok(()) => Ok(()),
+        // Not a mount point yet.
+        Err(Errno::EINVAL) => {
+            mount(
+                Some(NETNS_DIR),
+                NETNS_DIR,
+                None::<&str>,
+                MsFlags::MS_BIND | MsFlags::MS_REC,
+                None::<&str>,
+            )
+            .map_err(|e| SandboxError::io(format!("bind {NETNS_DIR} onto itself"), e.into()))?;
+            shared().map_err(|e| SandboxError::io(format!("make {NETNS_DIR} shared"), e.into()))
+        }
+        Err(e) => Err(SandboxError::io(
+            format!("make {NETNS_DIR} shared"),
+            e.into(),
+        )),
+    }
+}
+
 /// Short stable id: 10 hex chars of sha256(`key`) (the worker uses the actor directory's path).
 pub fn short_id(key: &str) -> String {
     let digest = Sha256::digest(key.as_bytes());

@@ -128,3 +128,62 @@ async fn spares_are_set_up_like_made_ones_refill_and_leave_nothing_behind() {
     netns::delete(&made).await.expect("delete");
     assert!(!netns::exists(&spare) && !netns::exists(&made));
 }
+
+/// Mount entries at `/run/netns` (where `/var/run/netns` leads) in this mount namespace, with
+/// whether each is shared.
+fn netns_dir_mounts() -> Vec<bool> {
+    let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+    info.lines()
+        .filter(|l| l.split(' ').nth(4) == Some("/run/netns"))
+        .map(|l| l.contains(" shared:"))
+        .collect()
+}
+
+#[test]
+fn a_namespace_bound_outside_ip_netns_add_stays_deletable() {
+    assert!(
+        nix::unistd::geteuid().is_root(),
+        "netns tests need root (ip netns, mounts)"
+    );
+    // What every worker does at start; twice must not stack a second bind.
+    netns::prepare_dir().expect("prepare the netns dir");
+    netns::prepare_dir().expect("prepare the netns dir again");
+    assert_eq!(
+        netns_dir_mounts(),
+        vec![true],
+        "one shared mount at /run/netns"
+    );
+
+    let id = std::process::id();
+    let bound = format!("ate-tprep-{id}-b");
+    let added = format!("ate-tprep-{id}-a");
+    let _cleanup = Named(vec![bound.clone(), added.clone()]);
+    // As the user-namespace hook names a namespace: a bind of the namespace at the file.
+    let file = netns::netns_path(&bound);
+    std::fs::write(&file, b"").expect("create the namespace file");
+    let ok = Command::new("unshare")
+        .arg(format!("--net={}", file.display()))
+        .arg("true")
+        .status()
+        .expect("run unshare");
+    assert!(ok.success(), "unshare --net={}", file.display());
+    // `ip netns add` afterwards used to bind the directory over it and hide it for good.
+    let ok = Command::new("ip")
+        .args(["netns", "add", &added])
+        .status()
+        .expect("run ip");
+    assert!(ok.success(), "ip netns add {added}");
+    for name in [&bound, &added] {
+        let out = Command::new("ip")
+            .args(["netns", "delete", name])
+            .output()
+            .expect("run ip");
+        assert!(
+            out.status.success(),
+            "ip netns delete {name}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(!netns::exists(name), "{name} still exists");
+    }
+    assert_eq!(netns_dir_mounts(), vec![true], "still one shared mount");
+}

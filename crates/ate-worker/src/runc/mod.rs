@@ -192,6 +192,11 @@ impl RuncRuntime {
         if let Err(e) = reaper::become_subreaper() {
             tracing::warn!(error = %e, "cannot become a child subreaper: exits are found with `runc state` and carry no exit code");
         }
+        tokio::task::spawn_blocking(crate::netns::prepare_dir)
+            .await
+            .map_err(|e| {
+                SandboxError::Invalid(format!("preparing {}: {e}", crate::netns::NETNS_DIR))
+            })??;
         let criu_conf = root.join("criu.conf");
         tokio::fs::write(&criu_conf, CRIU_OPTIONS)
             .await
