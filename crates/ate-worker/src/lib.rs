@@ -13,6 +13,7 @@ pub mod handoff;
 pub mod hardening;
 pub mod image;
 pub mod lazy;
+mod lockfile;
 pub mod metrics;
 pub mod netns;
 pub mod netns_pool;

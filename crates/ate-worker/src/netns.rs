@@ -40,21 +40,12 @@ const IP: &str = "ip";
 /// node's workers: two binds at once would stack and hide each other the same way.
 pub fn prepare_dir() -> Result<()> {
     use nix::errno::Errno;
-    use nix::fcntl::{Flock, FlockArg};
     use nix::mount::{MsFlags, mount};
 
     use crate::error::{IoContext, SandboxError};
 
     std::fs::create_dir_all(NETNS_DIR).ctx(|| format!("create {NETNS_DIR}"))?;
-    let lock_path = "/run/ate-netns-dir.lock";
-    let lock_file = std::fs::OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .write(true)
-        .open(lock_path)
-        .ctx(|| format!("open {lock_path}"))?;
-    let _lock = Flock::lock(lock_file, FlockArg::LockExclusive)
-        .map_err(|(_, e)| SandboxError::io(format!("flock {lock_path}"), e.into()))?;
+    let _lock = crate::lockfile::lock_exclusive(std::path::Path::new("/run/ate-netns-dir.lock"))?;
     let shared = || {
         mount(
             None::<&str>,

@@ -21,7 +21,7 @@ use std::collections::BTreeMap;
 use std::fs::{self, File};
 use std::path::{Path, PathBuf};
 
-use nix::fcntl::{Flock, FlockArg};
+use nix::fcntl::Flock;
 use serde::{Deserialize, Serialize};
 
 use crate::error::{IoContext, Result, SandboxError};
@@ -251,15 +251,7 @@ const LAST_USED_FILE: &str = "last-used";
 /// and processes (blocking).
 pub(crate) fn lock_entry(cache: &Path, hex: &str) -> Result<Flock<File>> {
     fs::create_dir_all(cache).ctx(|| format!("create image cache {}", cache.display()))?;
-    let lock_path = cache.join(format!(".{hex}.lock"));
-    let lock_file = File::options()
-        .create(true)
-        .truncate(false)
-        .write(true)
-        .open(&lock_path)
-        .ctx(|| format!("open {}", lock_path.display()))?;
-    Flock::lock(lock_file, FlockArg::LockExclusive)
-        .map_err(|(_, e)| SandboxError::io(format!("flock {}", lock_path.display()), e.into()))
+    crate::lockfile::lock_exclusive(&cache.join(format!(".{hex}.lock")))
 }
 
 /// A cache entry being built in `<cache>/.tmp-<hex>-<pid>`; removed on drop unless
