@@ -271,3 +271,108 @@ async fn scratch_dirs_of_gone_processes_are_swept() {
     assert!(!orphan.exists());
     assert!(mine.path().is_dir(), "a live process's scratch stays");
 }
+
+/// A suspend with snapshot keys hashes and seals the dump in one read
+/// (`seal_actor_generation_into`): the manifest pins the same chunk digests and sizes as the
+/// plaintext seal of the same dump, the sealed copy shows no plaintext, and it opens to the
+/// same bytes. An empty memory image (no chunks) keeps its sha256.
+#[tokio::test]
+async fn a_dump_sealed_in_one_read_matches_the_plaintext_seal() {
+    configure();
+    let f = fixture(5 * 1024 * 1024 + 4099);
+    let mut pages = fs::read(f.gen_dir.join("criu/pages-1.img")).expect("read");
+    pages[3_000_000..3_000_000 + SECRET.len()].copy_from_slice(SECRET);
+    fs::write(f.gen_dir.join("criu/pages-1.img"), &pages).expect("write");
+    fs::write(f.gen_dir.join("criu/pages-2.img"), b"").expect("write");
+    // The same dump twice: one sealed in plaintext, one (a scratch dir) sealed at rest.
+    let dump = f.root.path().join("scratch-dump");
+    fs::create_dir_all(dump.join("criu/sub")).expect("mkdir");
+    for rel in walk(&f.gen_dir.join("criu")) {
+        let to = dump.join(rel.strip_prefix(&f.gen_dir).expect("under"));
+        fs::copy(&rel, &to).expect("copy");
+    }
+    let plain = ate_snapshot::seal_generation(
+        &f.gen_dir,
+        meta(Fidelity::Memory),
+        Some(&f.upper),
+        &f.volumes,
+    )
+    .await
+    .expect("seal plaintext");
+    let gen_dir = f.root.path().join("snapshots/ns/counter/7-onepass");
+    let at_rest = sealed::seal_actor_generation_into(
+        &dump,
+        &gen_dir,
+        meta(Fidelity::Memory),
+        Some(&f.upper),
+        &[],
+        &f.volumes,
+    )
+    .await
+    .expect("seal at rest");
+
+    let by_path = |m: &ate_snapshot::Manifest| {
+        m.files
+            .iter()
+            .map(|e| (e.path.clone(), e.size, e.blake3_chunks.clone()))
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(by_path(&at_rest), by_path(&plain));
+    let memory = at_rest
+        .files
+        .iter()
+        .find(|e| e.path == "criu/pages-1.img")
+        .expect("memory image");
+    assert_eq!(
+        memory.blake3_chunks.len(),
+        3,
+        "5 MiB + 4099 bytes: 3 chunks"
+    );
+    assert!(memory.sha256.is_empty(), "pinned by its chunks alone");
+    let empty = at_rest
+        .files
+        .iter()
+        .find(|e| e.path == "criu/pages-2.img")
+        .expect("empty memory image");
+    let plain_empty = plain
+        .files
+        .iter()
+        .find(|e| e.path == "criu/pages-2.img")
+        .expect("empty memory image");
+    assert_eq!(
+        (empty.sha256.as_str(), empty.blake3_chunks.len()),
+        (plain_empty.sha256.as_str(), 0)
+    );
+    assert!(!empty.sha256.is_empty());
+
+    assert!(sealed::is_encrypted(&gen_dir));
+    assert_eq!(contains(&gen_dir, SECRET), Vec::<PathBuf>::new());
+    assert!(
+        !dump.join("manifest.json").exists(),
+        "no plaintext manifest"
+    );
+    ate_snapshot::verify(&gen_dir).await.expect("verify sealed");
+    let scratch = Scratch::new("test").expect("scratch");
+    sealed::open_into(&gen_dir, scratch.path(), Opening::All)
+        .await
+        .expect("open");
+    assert_eq!(
+        fs::read(scratch.path().join("criu/pages-1.img")).expect("opened"),
+        pages
+    );
+    // Sealing into a sealed generation is refused and changes nothing.
+    let again = sealed::seal_actor_generation_into(
+        &dump,
+        &gen_dir,
+        meta(Fidelity::Memory),
+        Some(&f.upper),
+        &[],
+        &f.volumes,
+    )
+    .await;
+    assert!(
+        matches!(again, Err(ate_snapshot::Error::AlreadySealed { .. })),
+        "{again:?}"
+    );
+    ate_snapshot::verify(&gen_dir).await.expect("still intact");
+}

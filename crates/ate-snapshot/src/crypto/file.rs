@@ -14,6 +14,7 @@ use aws_lc_rs::aead::{Aad, LessSafeKey};
 
 use super::{FRAME_BYTES, MAGIC, OpenError, SALT_BYTES, SnapshotKeys, TAG_BYTES};
 use super::{aad, nonce, object_key, random_salt};
+use crate::manifest::CHUNK_BYTES;
 
 /// Bytes of a frame on disk besides its plaintext: the length prefix and the tag.
 const FRAME_OVERHEAD: u64 = 4 + TAG_BYTES as u64;
@@ -50,6 +51,24 @@ pub(crate) fn seal_file(
     sealed: &Path,
     threads: usize,
 ) -> io::Result<u64> {
+    seal_file_hashing(keys, path, plain, sealed, threads, false).map(|(len, _)| len)
+}
+
+/// Frames per [`CHUNK_BYTES`] chunk of a memory image: the unit a thread seals (and hashes).
+const FRAMES_PER_CHUNK: u64 = CHUNK_BYTES / FRAME_BYTES as u64;
+const _: () = assert!(CHUNK_BYTES % FRAME_BYTES as u64 == 0 && FRAMES_PER_CHUNK > 0);
+
+/// [`seal_file`] that also returns, when `chunk_digests`, the BLAKE3 (lowercase hex) of each
+/// [`CHUNK_BYTES`] chunk of the plaintext, computed from the same read (a suspend reads a
+/// memory image once to hash and seal it; none for an empty file). Returns the sealed size.
+pub(crate) fn seal_file_hashing(
+    keys: &SnapshotKeys,
+    path: &str,
+    plain: &Path,
+    sealed: &Path,
+    threads: usize,
+    chunk_digests: bool,
+) -> io::Result<(u64, Vec<String>)> {
     let src = File::open(plain)?;
     let len = src.metadata()?.len();
     let salt = random_salt().map_err(io::Error::other)?;
@@ -64,31 +83,71 @@ pub(crate) fn seal_file(
     dst.write_all_at(&header, 0)?;
     let frames = frames_for(len);
     let base = header.len() as u64;
-    for_each_frame(frames, threads, |index, buf| {
-        let at = index * FRAME_BYTES as u64;
-        let n = (len - at.min(len)).min(FRAME_BYTES as u64) as usize;
-        // Length prefix, plaintext sealed in place, tag: one read, one pass, one write (the
-        // buffer grows once per thread and is never cleared).
-        let total = 4 + n + TAG_BYTES;
-        if buf.len() < total {
-            buf.resize(total, 0);
+    let digests = std::sync::Mutex::new(Vec::new());
+    for_each_frame(frames.div_ceil(FRAMES_PER_CHUNK), threads, |chunk, buf| {
+        let first = chunk * FRAMES_PER_CHUNK;
+        let mut hasher = (chunk_digests && len > 0).then(blake3::Hasher::new);
+        // The chunk's frames as they go on disk (length prefix, plaintext sealed in place,
+        // tag), side by side: one read per frame, one AES pass, one write (the buffer grows
+        // once per thread and is never cleared).
+        let mut used = 0;
+        for index in first..(first + FRAMES_PER_CHUNK).min(frames) {
+            let at = index * FRAME_BYTES as u64;
+            let n = (len - at.min(len)).min(FRAME_BYTES as u64) as usize;
+            let total = 4 + n + TAG_BYTES;
+            if buf.len() < used + total {
+                buf.resize(used + total, 0);
+            }
+            let frame = &mut buf[used..used + total];
+            src.read_exact_at(&mut frame[4..4 + n], at)?;
+            if let Some(h) = hasher.as_mut() {
+                h.update(&frame[4..4 + n]);
+            }
+            let tag = key
+                .seal_in_place_separate_tag(
+                    nonce(index),
+                    Aad::from(aad(path, index)),
+                    &mut frame[4..4 + n],
+                )
+                .map_err(|_| io::Error::other("seal failed"))?;
+            frame[4 + n..].copy_from_slice(tag.as_ref());
+            frame[..4].copy_from_slice(&((n + TAG_BYTES) as u32).to_le_bytes());
+            used += total;
         }
-        let frame = &mut buf[..total];
-        src.read_exact_at(&mut frame[4..4 + n], at)?;
-        let tag = key
-            .seal_in_place_separate_tag(
-                nonce(index),
-                Aad::from(aad(path, index)),
-                &mut frame[4..4 + n],
-            )
-            .map_err(|_| io::Error::other("seal failed"))?;
-        frame[4 + n..].copy_from_slice(tag.as_ref());
-        frame[..4].copy_from_slice(&((n + TAG_BYTES) as u32).to_le_bytes());
-        dst.write_all_at(frame, base + index * FULL_FRAME)
+        let at = base + first * FULL_FRAME;
+        dst.write_all_at(&buf[..used], at)?;
+        start_writeback(&dst, at, used as u64);
+        if let Some(h) = hasher {
+            digests
+                .lock()
+                .map_err(|_| io::Error::other("chunk digests poisoned"))?
+                .push((chunk, h.finalize().to_hex().to_string()));
+        }
+        Ok(())
     })?;
     // A file that shrank under us (it must not) would leave a tail: cut it to what was sealed.
-    dst.set_len(base + frames * FRAME_OVERHEAD + len)?;
-    Ok(base + frames * FRAME_OVERHEAD + len)
+    let sealed_len = base + frames * FRAME_OVERHEAD + len;
+    dst.set_len(sealed_len)?;
+    let mut digests = digests
+        .into_inner()
+        .map_err(|_| io::Error::other("chunk digests poisoned"))?;
+    digests.sort_unstable_by_key(|(i, _)| *i);
+    Ok((sealed_len, digests.into_iter().map(|(_, d)| d).collect()))
+}
+
+/// Starts writing `len` bytes of `file` from `offset` to its disk now, without waiting: the
+/// disk works while the next chunks are sealed, and the sync that makes a generation durable
+/// finds little left to write. A hint only: where it fails, that sync writes the bytes.
+pub(crate) fn start_writeback(file: &File, offset: u64, len: u64) {
+    use std::os::fd::AsRawFd;
+    let (Ok(offset), Ok(len)) = (i64::try_from(offset), i64::try_from(len)) else {
+        return;
+    };
+    // SAFETY: sync_file_range only reads its integer arguments; the descriptor is borrowed
+    // from a `File` that outlives the call.
+    let _ = unsafe {
+        libc::sync_file_range(file.as_raw_fd(), offset, len, libc::SYNC_FILE_RANGE_WRITE)
+    };
 }
 
 /// Runs `f(index, scratch buffer)` for every frame index, on up to `threads` threads.

@@ -1,8 +1,10 @@
 //! Node-local generations sealed at rest (docs/security.md, "Snapshots at rest").
 //!
 //! With snapshot keys configured ([`configure`]), a generation is written in plaintext only
-//! into a **scratch** directory on a tmpfs (CRIU's dump, the archives, the manifest), then every
-//! file is sealed into the generation directory on disk ([`seal_into`]), the manifest last. To
+//! into a **scratch** directory on a tmpfs (CRIU's dump, the archives), then every file is
+//! hashed and sealed into the generation directory on disk, a memory image in one read
+//! ([`seal_actor_generation_into`]), the sealed manifest last ([`seal_into`] seals a whole
+//! plaintext generation, manifest included, the same way). To
 //! use it, a worker (restore) or the node (upload) opens it into a scratch directory again
 //! ([`open_into`]); CRIU, the page source and the uploader read that, and the scratch is
 //! removed when they are done ([`Scratch`] removes itself when dropped). So memory and files
@@ -25,7 +27,9 @@ use std::fs::{self, File};
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
-use crate::crypto::file::{SealedError, SealedFile, looks_sealed, seal_file, sealed_len};
+use crate::crypto::file::{
+    SealedError, SealedFile, looks_sealed, seal_file, seal_file_hashing, sealed_len,
+};
 use crate::crypto::{OpenError, SnapshotKeys};
 use crate::error::{Error, Result};
 use crate::manifest::{MANIFEST_FILE, Manifest};
@@ -262,6 +266,85 @@ pub async fn seal_into(plain: &Path, gen_dir: &Path) -> Result<Manifest> {
     tokio::task::spawn_blocking(move || seal_blocking(&keys, &plain, &gen_dir, true))
         .await
         .map_err(|e| Error::task(what, e))?
+}
+
+/// [`super::seal_actor_generation`] of what CRIU dumped into `write_dir` (a [`Scratch`]),
+/// sealed straight into `gen_dir`, which must not be sealed yet: the archives are written into
+/// the scratch and then hashed and sealed; each memory image is read once, its chunks hashed
+/// and its frames sealed from the same read (a suspend's largest cost besides the dump); then,
+/// after a sync, the sealed manifest, last. No plaintext manifest is written anywhere.
+pub async fn seal_actor_generation_into(
+    write_dir: &Path,
+    gen_dir: &Path,
+    meta: super::GenerationMeta,
+    upper_dir: Option<&Path>,
+    containers: &[(String, PathBuf)],
+    volumes: &[(String, PathBuf)],
+) -> Result<Manifest> {
+    let keys = need_keys(gen_dir)?.clone();
+    let containers = super::seal::checked_inputs(&meta, upper_dir, containers, volumes)?;
+    let (write_dir, gen_dir) = (write_dir.to_path_buf(), gen_dir.to_path_buf());
+    let upper = upper_dir.map(Path::to_path_buf);
+    let volumes = volumes.to_vec();
+    let what = format!("seal {}", gen_dir.display());
+    tokio::task::spawn_blocking(move || {
+        if super::is_sealed(&gen_dir) {
+            return Err(Error::AlreadySealed {
+                dir: gen_dir.to_path_buf(),
+            });
+        }
+        let rel_files = super::seal::archive_and_list(
+            &write_dir,
+            &meta,
+            upper.as_deref(),
+            &containers,
+            &volumes,
+        )?;
+        fs::create_dir_all(&gen_dir).map_err(|e| Error::io("create dir", &gen_dir, e))?;
+        let mut files = Vec::with_capacity(rel_files.len());
+        for rel in rel_files {
+            let (src, dst) = (write_dir.join(&rel), gen_dir.join(&rel));
+            if let Some(parent) = dst.parent() {
+                fs::create_dir_all(parent).map_err(|e| Error::io("create dir", parent, e))?;
+            }
+            let bound = binding(&gen_dir, &rel);
+            let chunked = crate::manifest::is_memory_pages_file(&rel);
+            let hashed = if chunked {
+                let (_, digests) =
+                    seal_file_hashing(&keys, &bound, &src, &dst, FRAME_THREADS, true)
+                        .map_err(|e| Error::io("seal", &dst, e))?;
+                if digests.is_empty() {
+                    super::seal::hash_entry(&src, true)?
+                } else {
+                    let size = fs::metadata(&src)
+                        .map_err(|e| Error::io("stat", &src, e))?
+                        .len();
+                    super::hash::Hashed {
+                        size,
+                        sha256: String::new(),
+                        blake3_chunks: digests,
+                    }
+                }
+            } else {
+                let hashed = super::seal::hash_entry(&src, false)?;
+                seal_file(&keys, &bound, &src, &dst, FRAME_THREADS)
+                    .map_err(|e| Error::io("seal", &dst, e))?;
+                hashed
+            };
+            files.push(super::seal::file_entry(rel, hashed));
+        }
+        let manifest = super::seal::manifest_of(meta, files)?;
+        sync_filesystem(&gen_dir)?;
+        let sealed = crate::crypto::seal_object(
+            &keys,
+            &binding(&gen_dir, MANIFEST_FILE),
+            &manifest.to_json(),
+        )?;
+        write_manifest(&gen_dir, &sealed)?;
+        Ok(manifest)
+    })
+    .await
+    .map_err(|e| Error::task(what, e))?
 }
 
 /// [`seal_into`] for a cache of the durable store (a download kept for the next restore): on a

@@ -255,19 +255,28 @@ impl Worker {
                     .map(|c| (c.name.clone(), sandbox.container_upper_dir(&c.name)))
                     .collect();
                 async {
-                    let manifest = ate_snapshot::seal_actor_generation(
-                        &write_dir,
-                        meta,
-                        upper,
-                        &sidecar_uppers,
-                        &volumes,
-                    )
-                    .await?;
-                    let hashed = begun.elapsed();
-                    if scratch.is_some() {
-                        ate_snapshot::sealed::seal_into(&write_dir, &gen_dir).await?;
-                    }
-                    Ok::<_, ate_snapshot::Error>((manifest, hashed))
+                    let manifest = if scratch.is_some() {
+                        // Hashed and sealed at rest in one read of the dump.
+                        ate_snapshot::sealed::seal_actor_generation_into(
+                            &write_dir,
+                            &gen_dir,
+                            meta,
+                            upper,
+                            &sidecar_uppers,
+                            &volumes,
+                        )
+                        .await?
+                    } else {
+                        ate_snapshot::seal_actor_generation(
+                            &write_dir,
+                            meta,
+                            upper,
+                            &sidecar_uppers,
+                            &volumes,
+                        )
+                        .await?
+                    };
+                    Ok::<_, ate_snapshot::Error>(manifest)
                 }
                 .await
                 .map_err(|e| VerbError::Internal(format!("seal {}: {e}", gen_dir.display())))
@@ -306,7 +315,7 @@ impl Worker {
                 }
             }
         }
-        let (manifest, hashed_at) = result.map_err(|e| {
+        let manifest = result.map_err(|e| {
             VerbError::SandboxLost(format!(
                 "checkpoint of {key} failed after its sandbox was stopped: {}",
                 e.message()
@@ -322,9 +331,8 @@ impl Worker {
             quiesce_ms = quiesced.as_millis() as u64,
             dump_or_stop_ms = (stopped_at - quiesced).as_millis() as u64,
             seal_ms = (sealed_at - stopped_at).as_millis() as u64,
-            // Of the seal: archives and hashes, then (with snapshot keys) sealing at rest.
-            hash_ms = hashed_at.saturating_sub(stopped_at).as_millis() as u64,
-            at_rest_ms = sealed_at.saturating_sub(hashed_at).as_millis() as u64,
+            // With snapshot keys the seal hashes and encrypts the dump in one read.
+            at_rest = if scratch.is_some() { "sealed" } else { "plaintext" },
             total_ms = begun.elapsed().as_millis() as u64,
             kept_frozen = kept,
             "generation sealed"
