@@ -234,6 +234,12 @@ fn main() -> ExitCode {
         ate_tls::process::keep_inherited_descriptors();
         ate_tls::process::note_supervisor();
     }
+    if let Some(title) = process_title(&cli.command) {
+        // What `top`, `ps -o comm` and `pgrep` name the process (its `comm`): `exe` otherwise,
+        // as `ate up` and the worker start this executable as /proc/self/exe. A failure only
+        // leaves that name.
+        let _ = nix::sys::prctl::set_name(title);
+    }
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -251,6 +257,20 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// The process name (at most 15 bytes) of a long-running component.
+fn process_title(command: &Command) -> Option<&'static std::ffi::CStr> {
+    Some(match command {
+        Command::Api(_) => c"ate api",
+        Command::Router(_) => c"ate router",
+        Command::Node(_) => c"ate node",
+        Command::Worker(_) => c"ate worker",
+        Command::Up(_) => c"ate up",
+        Command::PageSource { .. } => c"ate page-source",
+        Command::LogRelay => c"ate log-relay",
+        _ => return None,
+    })
 }
 
 async fn run(cli: Cli) -> anyhow::Result<ExitCode> {

@@ -7,6 +7,7 @@ use anyhow::Context;
 use clap::Args;
 
 use crate::otel;
+use ate_worker::cmd::SELF_EXE;
 
 #[derive(Args, Debug)]
 pub struct ApiArgs {
@@ -215,12 +216,9 @@ pub async fn run_worker(args: WorkerArgs) -> anyhow::Result<()> {
     let mut config = args.config;
     // Actor output goes through `ate log-relay` (this executable, as the kernel keeps it):
     // every line stamped with its time, for `ate logs --since/--timestamps`.
-    config.log_relay = Some(vec!["/proc/self/exe".to_string(), "log-relay".to_string()]);
+    config.log_relay = Some(vec![SELF_EXE.to_string(), "log-relay".to_string()]);
     // Lazy memory restores are served by `ate page-source` (this executable again).
-    config.page_source = Some(vec![
-        "/proc/self/exe".to_string(),
-        "page-source".to_string(),
-    ]);
+    config.page_source = Some(vec![SELF_EXE.to_string(), "page-source".to_string()]);
     let ran = ate_worker::run_locked(config, lock, shutdown).await;
     stopped(traces, "worker", ran).await
 }

@@ -200,3 +200,63 @@ fn logs_follow_the_actor_across_suspends() {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+/// `/proc/PID/comm` (what `top` and `ps -o comm` show) and the command line of a process.
+fn title_of(pid: u32) -> (String, Vec<String>) {
+    let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).expect("comm");
+    let args = std::fs::read(format!("/proc/{pid}/cmdline"))
+        .expect("cmdline")
+        .split(|&b| b == 0)
+        .filter(|a| !a.is_empty())
+        .map(|a| String::from_utf8_lossy(a).into_owned())
+        .collect();
+    (comm.trim().to_string(), args)
+}
+
+/// `ps` and `top` name every component `ate <role>` (not `exe`, not `/proc/self/exe`): the
+/// ones `ate up` starts, and the log relay a worker starts beside each actor.
+#[test]
+fn components_show_as_ate_in_ps_and_top() {
+    let sys = System::up(UpOptions::default());
+    let (comm, args) = title_of(sys.child.id());
+    assert_eq!(comm, "ate up", "{args:?}");
+    for (find, title, sub) in [
+        ("api --listen", "ate api", "api"),
+        ("router --listen", "ate router", "router"),
+        ("node --name", "ate node", "node"),
+        ("worker --id worker-1", "ate worker", "worker"),
+    ] {
+        let pid = sys
+            .pid_of(find)
+            .unwrap_or_else(|| panic!("no process {find}"));
+        let (comm, args) = title_of(pid);
+        assert_eq!(comm, title, "{args:?}");
+        assert_eq!(args.first().map(String::as_str), Some("ate"), "{args:?}");
+        assert_eq!(args.get(1).map(String::as_str), Some(sub), "{args:?}");
+    }
+    sys.ate_ok(&[
+        "create",
+        "actor",
+        "t1",
+        "-a",
+        "ate-demo",
+        "-t",
+        "ate-demo/counter",
+    ]);
+    assert_eq!(get(sys.router_addr, "ate-demo/t1", "/").0, 200);
+    // The relay writing this system's actor log (its stdout is under this state dir).
+    let state = sys.state_dir();
+    let relay = std::fs::read_dir("/proc")
+        .expect("/proc")
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .find(|pid| {
+            std::fs::read_link(format!("/proc/{pid}/fd/1"))
+                .is_ok_and(|out| out.starts_with(&state) && out.to_string_lossy().contains("t1"))
+                && title_of(*pid).1.iter().any(|a| a == "log-relay")
+        })
+        .expect("the actor's log relay");
+    let (comm, args) = title_of(relay);
+    assert_eq!(comm, "ate log-relay", "{args:?}");
+    assert_eq!(args, ["ate", "log-relay"]);
+}

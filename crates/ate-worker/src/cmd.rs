@@ -9,6 +9,20 @@ use crate::error::{Result, SandboxError, tail};
 
 const STDERR_TAIL: usize = 2000;
 
+/// The path a component runs its own executable again by (`ate page-source`, `ate log-relay`):
+/// the kernel keeps it even after the file on disk was replaced.
+pub const SELF_EXE: &str = "/proc/self/exe";
+
+/// `std::process::Command::new(program)`, named `ate` in `ps` when `program` is this very
+/// executable ([`SELF_EXE`]) rather than `/proc/self/exe`.
+pub fn self_aware_command(program: &str) -> std::process::Command {
+    let mut command = std::process::Command::new(program);
+    if program == SELF_EXE {
+        std::os::unix::process::CommandExt::arg0(&mut command, "ate");
+    }
+    command
+}
+
 /// Renders a command line for error messages.
 pub(crate) fn render<I, S>(program: &str, args: I) -> String
 where

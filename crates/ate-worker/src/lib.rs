@@ -4,7 +4,7 @@
 //! the client the node agent uses.
 
 pub mod atunnel;
-mod cmd;
+pub mod cmd;
 pub mod config;
 mod convert;
 pub mod egress;

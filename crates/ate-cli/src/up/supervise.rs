@@ -13,7 +13,7 @@ use nix::unistd::Pid;
 use tokio::process::{Child, Command};
 
 /// The running executable, as the kernel keeps it (Linux).
-const SELF_EXE: &str = "/proc/self/exe";
+use ate_worker::cmd::SELF_EXE;
 
 /// The descriptor of this `ate up`'s generation lock (`generation.rs`), handed to every
 /// component it starts; unset (tests) hands nothing down.
@@ -186,6 +186,8 @@ fn start_process(
     let generation = GENERATION_FD.get().copied();
     let mut command = Command::new(exe);
     command
+        // `ps` shows `ate worker --id worker-1 …`, not `/proc/self/exe worker …`.
+        .arg0("ate")
         .args(args)
         .envs(env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
         .stdin(Stdio::null())

@@ -56,7 +56,7 @@ pub(crate) fn seal_file(
 
 /// Frames per [`CHUNK_BYTES`] chunk of a memory image: the unit a thread seals (and hashes).
 const FRAMES_PER_CHUNK: u64 = CHUNK_BYTES / FRAME_BYTES as u64;
-const _: () = assert!(CHUNK_BYTES % FRAME_BYTES as u64 == 0 && FRAMES_PER_CHUNK > 0);
+const _: () = assert!(CHUNK_BYTES.is_multiple_of(FRAME_BYTES as u64) && FRAMES_PER_CHUNK > 0);
 
 /// [`seal_file`] that also returns, when `chunk_digests`, the BLAKE3 (lowercase hex) of each
 /// [`CHUNK_BYTES`] chunk of the plaintext, computed from the same read (a suspend reads a

@@ -84,7 +84,7 @@ impl PageSource {
             what: "dup page source log".into(),
             source: e,
         })?;
-        let mut command = std::process::Command::new(program);
+        let mut command = crate::cmd::self_aware_command(program);
         command
             .args(args)
             .arg("--generation")

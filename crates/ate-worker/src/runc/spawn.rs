@@ -187,7 +187,7 @@ async fn spawn_log_relay(
         .split_first()
         .map(|(p, a)| (p.as_str(), a))
         .unwrap_or(("cat", &[]));
-    let mut command = Command::new(program);
+    let mut command = Command::from(crate::cmd::self_aware_command(program));
     command
         .args(args)
         .stdin(Stdio::from(read))
