@@ -9,6 +9,9 @@
 //! `services/`, `convert.rs`, `node.rs` and the servers' plumbing; the workflows below them speak
 //! store records, core types and [`error::WorkflowError`].
 
+// Library and product code never unwraps (tests may): errors go to the caller.
+#![cfg_attr(not(test), deny(clippy::unwrap_used))]
+
 pub mod authz;
 pub mod convert;
 pub mod error;

@@ -21,6 +21,9 @@
 //! Errors are `anyhow`: this crate is used only by the `ate` binary (ate-cli), and the benches
 //! report failures as the binary does (a message with its context chain), nothing matches on them.
 
+// Library and product code never unwraps (tests may): errors go to the caller.
+#![cfg_attr(not(test), deny(clippy::unwrap_used))]
+
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};

@@ -1,6 +1,9 @@
 //! `ate`: one binary for every component (`ate api`, `ate up`, …) and the client verbs.
 //! Also works when installed as `kubectl-ate`.
 
+// Library and product code never unwraps (tests may): errors go to the caller.
+#![cfg_attr(not(test), deny(clippy::unwrap_used))]
+
 mod bench;
 mod ca;
 mod client;

@@ -2,6 +2,9 @@
 //! token) shared by every service client, and applying a YAML document stream (atespaces and
 //! templates). Address resolution and the CLI's identity stay in ate-cli (`client.rs`).
 
+// Library and product code never unwraps (tests may): errors go to the caller.
+#![cfg_attr(not(test), deny(clippy::unwrap_used))]
+
 use std::time::Duration;
 
 use ate_core::Document;

@@ -2,6 +2,9 @@
 //! snapshot fidelity, the template spec and its validation, label selectors and the restore
 //! decision. This crate performs no I/O.
 
+// Library and product code never unwraps (tests may): errors go to the caller.
+#![cfg_attr(not(test), deny(clippy::unwrap_used))]
+
 pub mod backoff;
 pub mod capability;
 pub mod clock;

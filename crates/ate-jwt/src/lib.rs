@@ -14,6 +14,9 @@
 //! `node_agent`; `ate_atespaces` = the atespaces of a client (`["*"]` = all; none if absent);
 //! `ate_node` = the node a `node_agent` token speaks for (without it the token may not suspend).
 
+// Library and product code never unwraps (tests may): errors go to the caller.
+#![cfg_attr(not(test), deny(clippy::unwrap_used))]
+
 pub mod issuer;
 
 use std::path::{Path, PathBuf};

@@ -1,3 +1,5 @@
+//! Unit tests of token verification and issuing.
+
 use std::time::UNIX_EPOCH;
 
 use jsonwebtoken::{EncodingKey, Header, encode};

@@ -10,6 +10,9 @@
 //! (`agent/service.rs` with `agent/convert.rs`, `worker_client.rs`, `api_client.rs`, `wire.rs`);
 //! the agent's verbs and the fleet loops work on the node's own types (`types.rs`).
 
+// Library and product code never unwraps (tests may): errors go to the caller.
+#![cfg_attr(not(test), deny(clippy::unwrap_used))]
+
 mod agent;
 mod api_client;
 mod cache;

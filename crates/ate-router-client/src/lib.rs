@@ -3,6 +3,9 @@
 //! the router's SPIFFE ID pinned). Workers send actors' calls to other actors through it
 //! (`ate worker --router`), the api its alarm deliveries (`ate api --router-internal`).
 
+// Library and product code never unwraps (tests may): errors go to the caller.
+#![cfg_attr(not(test), deny(clippy::unwrap_used))]
+
 use std::fmt;
 use std::io;
 use std::path::PathBuf;

@@ -16,6 +16,9 @@
 //! reaches the actor, comes back on the response, is a field of the request's tracing span and
 //! goes to the api as gRPC metadata on ResumeActor.
 
+// Library and product code never unwraps (tests may): errors go to the caller.
+#![cfg_attr(not(test), deny(clippy::unwrap_used))]
+
 pub mod access_log;
 pub mod actor_ref;
 pub mod api;

@@ -18,6 +18,8 @@ struct Live;
 
 static LIVE: AtomicI64 = AtomicI64::new(0);
 
+// SAFETY: every call is forwarded unchanged to the system allocator, which upholds the
+// GlobalAlloc contract; the counter only observes sizes.
 unsafe impl GlobalAlloc for Live {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
         LIVE.fetch_add(layout.size() as i64, Ordering::Relaxed);

@@ -21,6 +21,9 @@
 //! last. Object sets an upload cut
 //! off for good left without a manifest are removed by `DurableStore::sweep_partial_uploads`.
 
+// Library and product code never unwraps (tests may): errors go to the caller.
+#![cfg_attr(not(test), deny(clippy::unwrap_used))]
+
 mod archive;
 mod chunk_delta;
 mod chunks;

@@ -6,6 +6,9 @@
 //! actor RESUMING; suspend finish = snapshot row + capacity release + actor SUSPENDED) happens in
 //! one SQL transaction inside one trait method. Callers never compose transactions.
 
+// Library and product code never unwraps (tests may): errors go to the caller.
+#![cfg_attr(not(test), deny(clippy::unwrap_used))]
+
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};

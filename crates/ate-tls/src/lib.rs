@@ -9,6 +9,9 @@
 //! [`install_crypto_provider`] was called; call it anyway first thing in `main` so other crates
 //! that use the process default (with both providers linked rustls would panic) agree.
 
+// Library and product code never unwraps (tests may): errors go to the caller.
+#![cfg_attr(not(test), deny(clippy::unwrap_used))]
+
 pub mod args;
 pub mod ca;
 pub mod config;

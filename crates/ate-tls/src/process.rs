@@ -398,10 +398,8 @@ mod tests {
         assert!(cloexec());
         // stdio is left alone.
         // SAFETY: reads the flags of stderr.
-        assert_eq!(
-            unsafe { libc::fcntl(2, libc::F_GETFD) } & libc::FD_CLOEXEC,
-            0
-        );
+        let stderr_flags = unsafe { libc::fcntl(2, libc::F_GETFD) };
+        assert_eq!(stderr_flags & libc::FD_CLOEXEC, 0);
     }
 
     #[tokio::test]

@@ -3,6 +3,9 @@
 //! agent's control API on a unix socket). [`run`] is the whole process; [`connect_worker`] is
 //! the client the node agent uses.
 
+// Library and product code never unwraps (tests may): errors go to the caller.
+#![cfg_attr(not(test), deny(clippy::unwrap_used))]
+
 pub mod atunnel;
 pub mod cmd;
 pub mod config;

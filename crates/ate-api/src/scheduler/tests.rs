@@ -1,3 +1,5 @@
+//! Unit tests of placement: which worker an actor goes to, and when none can take it.
+
 use super::*;
 
 fn worker(id: &str, node: &str, slots: u64, used: u64) -> WorkerRecord {

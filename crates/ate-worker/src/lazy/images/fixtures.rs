@@ -1,3 +1,5 @@
+//! Test fixtures: CRIU image files (framed protobuf entries) built in memory.
+
 use prost::Message;
 
 use super::*;

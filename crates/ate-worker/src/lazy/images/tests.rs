@@ -1,3 +1,5 @@
+//! Unit tests of reading CRIU's pagemap and pages images for the page source.
+
 use super::fixtures::{framed as frame, image};
 use super::*;
 

@@ -1,3 +1,5 @@
+//! Unit tests of the page source against real userfaultfds in this test process.
+
 use std::io::Write;
 use std::os::fd::AsRawFd;
 

@@ -1,3 +1,5 @@
+//! Unit tests of the OCI runtime spec the worker writes for runc.
+
 use super::*;
 use crate::image::UnpackedImage;
 use crate::runtime::SidecarSpec;
