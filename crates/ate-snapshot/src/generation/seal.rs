@@ -94,20 +94,25 @@ fn seal_blocking(
         });
     }
     let rel_files = archive_and_list(gen_dir, &meta, upper, containers, volumes)?;
-    // CRIU's dump and the archives sit in the page cache: the disk writes them while they are
-    // hashed, so the sync below has little left to do.
-    for rel in &rel_files {
-        if let Ok(f) = fs::File::open(gen_dir.join(rel)) {
-            crate::crypto::file::start_writeback(&f, 0, 0);
-        }
-    }
-    let files = rel_files
-        .into_iter()
-        .map(|rel| {
-            let hashed = hash_entry(&gen_dir.join(&rel), is_memory_pages_file(&rel))?;
-            Ok(file_entry(rel, hashed))
-        })
-        .collect::<Result<Vec<_>>>()?;
+    let files = std::thread::scope(|scope| {
+        // CRIU's dump and the archives sit in the page cache: the disk writes them while they
+        // are hashed here, so the sync below has little left to do. On a thread of its own:
+        // submitting a large file's writeback blocks while the disk's queue is full.
+        scope.spawn(|| {
+            for rel in &rel_files {
+                if let Ok(f) = fs::File::open(gen_dir.join(rel)) {
+                    crate::crypto::file::start_writeback(&f, 0, 0);
+                }
+            }
+        });
+        rel_files
+            .iter()
+            .map(|rel| {
+                let hashed = hash_entry(&gen_dir.join(rel), is_memory_pages_file(rel))?;
+                Ok(file_entry(rel.clone(), hashed))
+            })
+            .collect::<Result<Vec<_>>>()
+    })?;
     let manifest = manifest_of(meta, files)?;
     // Every file and directory of the generation reaches the disk before the manifest that
     // makes it valid: one syncfs of the filesystem instead of an fsync per file and directory
