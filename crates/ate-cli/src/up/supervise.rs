@@ -12,7 +12,7 @@ use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 use tokio::process::{Child, Command};
 
-/// The running executable, as the kernel keeps it (Linux).
+// The running executable, as the kernel keeps it (Linux).
 use ate_worker::cmd::SELF_EXE;
 
 /// The descriptor of this `ate up`'s generation lock (`generation.rs`), handed to every

@@ -51,7 +51,8 @@ pub(crate) fn seal_file(
     sealed: &Path,
     threads: usize,
 ) -> io::Result<u64> {
-    seal_file_hashing(keys, path, plain, sealed, threads, false).map(|(len, _)| len)
+    seal_file_hashing(keys, path, plain, sealed, threads, false)
+        .map(|(len, _)| sealed_len(keys, len))
 }
 
 /// Frames per [`CHUNK_BYTES`] chunk of a memory image: the unit a thread seals (and hashes).
@@ -60,7 +61,8 @@ const _: () = assert!(CHUNK_BYTES.is_multiple_of(FRAME_BYTES as u64) && FRAMES_P
 
 /// [`seal_file`] that also returns, when `chunk_digests`, the BLAKE3 (lowercase hex) of each
 /// [`CHUNK_BYTES`] chunk of the plaintext, computed from the same read (a suspend reads a
-/// memory image once to hash and seal it; none for an empty file). Returns the sealed size.
+/// memory image once to hash and seal it; none for an empty file). Returns the plaintext size
+/// it sealed.
 pub(crate) fn seal_file_hashing(
     keys: &SnapshotKeys,
     path: &str,
@@ -126,13 +128,12 @@ pub(crate) fn seal_file_hashing(
         Ok(())
     })?;
     // A file that shrank under us (it must not) would leave a tail: cut it to what was sealed.
-    let sealed_len = base + frames * FRAME_OVERHEAD + len;
-    dst.set_len(sealed_len)?;
+    dst.set_len(base + frames * FRAME_OVERHEAD + len)?;
     let mut digests = digests
         .into_inner()
         .map_err(|_| io::Error::other("chunk digests poisoned"))?;
     digests.sort_unstable_by_key(|(i, _)| *i);
-    Ok((sealed_len, digests.into_iter().map(|(_, d)| d).collect()))
+    Ok((len, digests.into_iter().map(|(_, d)| d).collect()))
 }
 
 /// Starts writing `len` bytes of `file` from `offset` to its disk now, without waiting: the

@@ -310,15 +310,12 @@ pub async fn seal_actor_generation_into(
             let bound = binding(&gen_dir, &rel);
             let chunked = crate::manifest::is_memory_pages_file(&rel);
             let hashed = if chunked {
-                let (_, digests) =
+                let (size, digests) =
                     seal_file_hashing(&keys, &bound, &src, &dst, FRAME_THREADS, true)
                         .map_err(|e| Error::io("seal", &dst, e))?;
                 if digests.is_empty() {
                     super::seal::hash_entry(&src, true)?
                 } else {
-                    let size = fs::metadata(&src)
-                        .map_err(|e| Error::io("stat", &src, e))?
-                        .len();
                     super::hash::Hashed {
                         size,
                         sha256: String::new(),
