@@ -153,6 +153,12 @@ fn a_secret_in_memory_never_reaches_the_durable_store_and_resumes_still_work() {
         "a lazy restore from the (encrypted) durable copy:\n{node_log}"
     );
     assert!(workers.len() >= 2, "resumed on both workers: {workers:?}");
+    // The eager restores from node-local sealed generations read the memory through the image
+    // streamer (CRIU with the project's patch 0002), opened as CRIU read it.
+    assert!(
+        sys.worker_metric("ate_worker_memory_streamed_bytes_total") > 0,
+        "no memory streamed to CRIU"
+    );
     // The eager restore from the durable copy left a (sealed) download in the cache; the lazy
     // one's plaintext part is kept on a tmpfs, not under the state dir.
     let cached: Vec<PathBuf> = std::fs::read_dir(state.join("snapshot-cache"))
@@ -283,6 +289,70 @@ fn a_tampered_node_local_generation_is_refused_and_restored_from_its_durable_cop
         counts(&get_ok(&sys, &c, "/")),
         (4, 4, 4),
         "generation 3 (count 3) from its durable copy, not the rolled-back manifest"
+    );
+}
+
+#[test]
+fn a_damaged_memory_chunk_stops_a_streamed_eager_restore_and_the_durable_copy_serves() {
+    let sys = System::up_with_env(
+        UpOptions {
+            workers: 1,
+            ..Default::default()
+        },
+        &[("ATE_KEEP_FROZEN", "0")],
+    );
+    let state = sys.state_dir();
+    let ns = "ns-crypt-stream";
+    let eager = Tpl::counter().yaml(ns, "eager").replace(
+        "snapshots: {fidelity: memory",
+        "snapshots: {memoryRestore: eager, fidelity: memory",
+    );
+    assert!(eager.contains("memoryRestore: eager"));
+    let path = sys.dir.path().join("eager.yaml");
+    std::fs::write(&path, eager).expect("write template");
+    sys.ate_ok(&["apply", "-f", path.to_str().expect("utf-8 path")]);
+    create_actor(&sys, ns, "e", "eager");
+    let e = format!("{ns}/e");
+    assert_eq!(counts(&get_ok(&sys, &e, "/")), (1, 1, 1));
+    sys.ate_ok(&["suspend", "actor", "e", "-a", ns, "--durable"]); // generation 1, count 1
+    assert_eq!(counts(&get_ok(&sys, &e, "/")), (2, 2, 2));
+    let streamed = sys.worker_metric("ate_worker_memory_streamed_bytes_total");
+    assert!(streamed > 0, "generation 1 was streamed to CRIU");
+    sys.ate_ok(&["suspend", "actor", "e", "-a", ns, "--durable"]); // 2, count 2
+
+    // A flipped bit in the last frame of the memory image of the node-local generation 2:
+    // the streamer has sent CRIU most of the image when it reaches it.
+    let g2 = generation_dir(&state, ns, "e", 2);
+    let mut files = Vec::new();
+    all_files(&g2.join("criu"), &mut files);
+    let pages = files
+        .into_iter()
+        .filter(|f| {
+            f.file_name()
+                .is_some_and(|n| n.to_string_lossy().starts_with("pages-"))
+        })
+        .max_by_key(|f| std::fs::metadata(f).map(|m| m.len()).unwrap_or(0))
+        .expect("a memory image");
+    let mut bytes = std::fs::read(&pages).expect("read");
+    let at = bytes.len() - 100;
+    bytes[at] ^= 0x20;
+    std::fs::write(&pages, &bytes).expect("write");
+    assert_eq!(
+        counts(&get_ok(&sys, &e, "/")),
+        (3, 3, 3),
+        "generation 2 restored from its durable copy, its memory intact"
+    );
+    let logs = format!("{}\n{}", sys.log("worker-1"), sys.log("node"));
+    let restore_lines: Vec<&str> = logs.lines().filter(|l| l.contains("restore")).collect();
+    assert!(
+        logs.contains("refused while streaming it to CRIU"),
+        "the worker named the refused image:\n{}",
+        restore_lines.join("\n")
+    );
+    let node_log = sys.log("node");
+    assert!(
+        node_log.contains("node-local generation failed verification"),
+        "the node found the damage:\n{node_log}"
     );
 }
 

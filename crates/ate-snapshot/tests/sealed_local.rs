@@ -376,3 +376,76 @@ async fn a_dump_sealed_in_one_read_matches_the_plaintext_seal() {
     );
     ate_snapshot::verify(&gen_dir).await.expect("still intact");
 }
+
+/// A writer that takes `left` bytes, then fails as a pipe whose reader is gone.
+struct HungUp {
+    left: usize,
+}
+
+impl std::io::Write for HungUp {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        if self.left == 0 {
+            return Err(std::io::ErrorKind::BrokenPipe.into());
+        }
+        let n = buf.len().min(self.left);
+        self.left -= n;
+        Ok(n)
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+#[tokio::test]
+async fn a_memory_image_streams_whole_in_order_and_stops_at_a_bad_chunk() {
+    let (f, gen_dir) = sealed_generation("7-abc").await;
+    let plain = fs::read(f.gen_dir.join("criu/pages-1.img")).expect("read");
+    let small = Scratch::new("test").expect("scratch");
+    let m = sealed::open_into(&gen_dir, small.path(), Opening::Small)
+        .await
+        .expect("open the small files");
+    let entry = m.file("criu/pages-1.img").expect("listed");
+    assert!(entry.chunk_count() >= 2, "the test needs several chunks");
+    let shown = Path::new("pipe");
+    // Sealed (through the scratch dir's marker) and plain give the same bytes, whatever the
+    // number of threads.
+    for threads in [1, 2, 3] {
+        let file = ate_snapshot::MemoryFile::open(small.path(), entry).expect("sealed");
+        assert!(file.is_sealed());
+        let mut out = Vec::new();
+        file.stream_to(entry, &mut out, shown, threads)
+            .expect("stream");
+        assert!(out == plain, "{threads} threads: streamed bytes differ");
+    }
+    let plain_file = ate_snapshot::MemoryFile::open(&f.gen_dir, entry).expect("plain");
+    let mut out = Vec::new();
+    plain_file
+        .stream_to(entry, &mut out, shown, 2)
+        .expect("stream plain");
+    assert!(out == plain);
+
+    // A reader that hangs up is an I/O error naming the output, and no thread is left waiting.
+    let file = ate_snapshot::MemoryFile::open(small.path(), entry).expect("sealed");
+    let e = file
+        .stream_to(entry, &mut HungUp { left: 3000 }, shown, 2)
+        .expect_err("hung up");
+    assert!(e.to_string().contains("pipe"), "{e}");
+
+    // A flipped byte in the second chunk: the first chunk is written, nothing of the second,
+    // and the error names the file.
+    let pages = gen_dir.join("criu/pages-1.img");
+    let good = fs::read(&pages).expect("read");
+    let mut bad = good.clone();
+    let at = (ate_snapshot::CHUNK_BYTES + 4096) as usize;
+    bad[at] ^= 0x01;
+    fs::write(&pages, &bad).expect("write");
+    let file = ate_snapshot::MemoryFile::open(small.path(), entry).expect("header intact");
+    let mut out = Vec::new();
+    let e = file
+        .stream_to(entry, &mut out, shown, 2)
+        .expect_err("flipped");
+    assert!(e.is_corrupt(), "{e}");
+    assert_eq!(e.corrupt_file(), Some("criu/pages-1.img"), "{e}");
+    assert_eq!(out.len() as u64, ate_snapshot::CHUNK_BYTES);
+    assert!(out[..] == plain[..out.len()]);
+}

@@ -28,6 +28,7 @@ pub const LAZY_CHUNKS: &str = "ate_worker_lazy_chunks_total";
 pub const LAZY_PREFETCHED_CHUNKS: &str = "ate_worker_lazy_prefetched_chunks_total";
 pub const LAZY_ALL_IN_SECONDS: &str = "ate_worker_lazy_all_in_seconds";
 pub const MEMORY_DUMP_FAILURES: &str = "ate_worker_memory_dump_failures_total";
+pub const MEMORY_STREAMED_BYTES: &str = "ate_worker_memory_streamed_bytes_total";
 
 /// Every series of the worker with its help text (`# HELP` / `# TYPE` on `/metrics`).
 pub fn describe() {
@@ -112,8 +113,14 @@ pub fn describe() {
         Unit::Count,
         "MEMORY suspends whose memory could not be dumped, by what followed: suspend_failed (nothing written, the actor runs on or, if its sandbox did not survive, stays at its previous generation), rootfs_fallback (the template's snapshots.onMemoryFailure: rootfs wrote a ROOTFS generation: the process memory is lost)."
     );
+    metrics::describe_counter!(
+        MEMORY_STREAMED_BYTES,
+        Unit::Bytes,
+        "Memory image bytes eager restores of sealed generations streamed to CRIU, opened and checked as CRIU read them (no plaintext copy written first)."
+    );
     // Present (at zero) from the start: rate() needs the series before the first event.
     metrics::counter!(SNAPSHOT_BYTES_WRITTEN).increment(0);
+    metrics::counter!(MEMORY_STREAMED_BYTES).increment(0);
     metrics::counter!(LAZY_PREFETCHED_CHUNKS).increment(0);
     for source in ["local", "store"] {
         metrics::counter!(LAZY_CHUNKS, "source" => source).increment(0);
@@ -224,4 +231,9 @@ pub(crate) fn export_gauges(worker: &Arc<crate::worker::Worker>) {
         metrics::gauge!(FROZEN_ACTORS).set(frozen as f64);
         true
     });
+}
+
+/// Memory image bytes an eager restore streamed to CRIU.
+pub(crate) fn memory_streamed(bytes: u64) {
+    metrics::counter!(MEMORY_STREAMED_BYTES).increment(bytes);
 }

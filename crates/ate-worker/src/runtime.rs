@@ -26,6 +26,9 @@ pub struct Capabilities {
     pub can_keep_frozen: bool,
     /// Memory can come back on demand ([`SandboxRuntime::restore_lazily`]).
     pub can_restore_lazily: bool,
+    /// An eager memory restore reads the images through a stream: a sealed generation's
+    /// memory images need not be opened before it (`sealed::Opening::Small`).
+    pub can_stream_images: bool,
 }
 
 impl Capabilities {

@@ -169,4 +169,62 @@ impl MemoryFile {
             }
         }
     }
+
+    /// Writes the whole file `entry` describes to `out`, in order, every chunk checked as
+    /// [`Self::read_verified_chunk`] checks it: what an eager restore streams to CRIU instead
+    /// of opening the image into a scratch file first. `threads` read (and open) chunks side by
+    /// side, chunk `i` on thread `i % threads`, each a few chunks ahead of `out` at most, so
+    /// memory stays bounded whatever the file's size. The first error stops every thread; an
+    /// error writing to `out` is [`Error::Io`] naming `shown_out`. Blocking.
+    pub fn stream_to(
+        &self,
+        entry: &FileEntry,
+        out: &mut impl std::io::Write,
+        shown_out: &Path,
+        threads: usize,
+    ) -> Result<()> {
+        use std::sync::mpsc::sync_channel;
+        let threads = threads.max(1);
+        let count = entry.chunk_count();
+        std::thread::scope(|scope| {
+            let mut filled = Vec::with_capacity(threads);
+            let mut emptied = Vec::with_capacity(threads);
+            for t in 0..threads {
+                // Two buffers in flight per thread (one being filled, one written), handed
+                // back and forth: no allocation per chunk.
+                let (full_tx, full_rx) = sync_channel::<Result<Vec<u8>>>(2);
+                let (empty_tx, empty_rx) = sync_channel::<Vec<u8>>(3);
+                for _ in 0..3 {
+                    let _ = empty_tx.send(Vec::new());
+                }
+                scope.spawn(move || {
+                    let mut index = t as u64;
+                    while index < count {
+                        // The writer hung up (it failed or finished): stop.
+                        let Ok(mut buf) = empty_rx.recv() else { return };
+                        let read = self
+                            .read_verified_chunk(entry, index, &mut buf)
+                            .map(|()| buf);
+                        let failed = read.is_err();
+                        if full_tx.send(read).is_err() || failed {
+                            return;
+                        }
+                        index += threads as u64;
+                    }
+                });
+                filled.push(full_rx);
+                emptied.push(empty_tx);
+            }
+            for index in 0..count {
+                let t = (index % threads as u64) as usize;
+                let buf = filled[t].recv().map_err(|_| {
+                    Error::InvalidInput(format!("{}: a reader thread ended early", entry.path))
+                })??;
+                out.write_all(&buf)
+                    .map_err(|e| Error::io("write", shown_out, e))?;
+                let _ = emptied[t].send(buf);
+            }
+            Ok(())
+        })
+    }
 }

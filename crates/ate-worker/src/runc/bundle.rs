@@ -4,7 +4,7 @@
 use std::time::Instant;
 
 use super::RuncRuntime;
-use super::criu::CRIU_OPTIONS_SIDECARS;
+use super::criu::{ACTOR_CRIU_CONF, CRIU_STREAM_OPTION, criu_options};
 use super::files::remove_dir_if_exists;
 use super::mounts::{mount_overlay, unmount_below, unmount_if_mounted};
 use super::oci::{build_env, oci_config, process_args, validate_spec};
@@ -28,6 +28,7 @@ impl RuncRuntime {
         fresh_upper: bool,
         restoring: bool,
         in_userns: bool,
+        stream_images: bool,
     ) -> Result<Option<u32>> {
         validate_spec(actor, spec)?;
         let begun = Instant::now();
@@ -102,11 +103,19 @@ impl RuncRuntime {
             None
         };
         let overlay_done = begun.elapsed();
-        let criu_conf = if spec.sidecars.is_empty() {
+        let criu_conf = if spec.sidecars.is_empty() && !stream_images {
             self.criu_conf.clone()
         } else {
-            let path = dir.join("criu.conf");
-            tokio::fs::write(&path, CRIU_OPTIONS_SIDECARS)
+            // The actor's own options file. A streamed restore's names `stream`, which the
+            // dumps of the restored sandbox must not (runc keeps the annotation): see
+            // `criu::options_for_dumps`.
+            let path = dir.join(ACTOR_CRIU_CONF);
+            let mut options = criu_options(spec).to_string();
+            if stream_images {
+                options.push_str(CRIU_STREAM_OPTION);
+                options.push('\n');
+            }
+            tokio::fs::write(&path, options)
                 .await
                 .ctx(|| format!("write {}", path.display()))?;
             path

@@ -41,6 +41,46 @@ pub const CRIU_OPTIONS: &str = "network-lock skip\nmanage-cgroups ignore\ntcp-cl
 pub const CRIU_OPTIONS_SIDECARS: &str =
     "network-lock skip\nmanage-cgroups ignore\ntcp-established\n";
 
+/// The options an actor's dumps and restores run with.
+pub(super) fn criu_options(spec: &SandboxSpec) -> &'static str {
+    if spec.sidecars.is_empty() {
+        CRIU_OPTIONS
+    } else {
+        CRIU_OPTIONS_SIDECARS
+    }
+}
+
+/// An actor's own CRIU options file in its sandbox dir (sidecars, or a streamed restore).
+pub(super) const ACTOR_CRIU_CONF: &str = "criu.conf";
+
+/// The line a streamed restore adds to the actor's options: CRIU reads the images through
+/// [`super::image_streamer`] (needs the project's CRIU patch 0002).
+pub(super) const CRIU_STREAM_OPTION: &str = "stream";
+
+/// Drops [`CRIU_STREAM_OPTION`] from the actor's own options file, if it has one: runc hands
+/// the file a container was restored with to its dumps too, and a dump has no streamer. Done
+/// after every streamed restore and before every dump (a worker killed between the two leaves
+/// the line for the re-adopted sandbox's next dump to drop).
+async fn options_for_dumps(actor: &ActorSandbox) -> Result<()> {
+    let path = actor.dir.join(ACTOR_CRIU_CONF);
+    let text = match tokio::fs::read_to_string(&path).await {
+        Ok(t) => t,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(SandboxError::io(format!("read {}", path.display()), e)),
+    };
+    if !text.lines().any(|l| l.trim() == CRIU_STREAM_OPTION) {
+        return Ok(());
+    }
+    let kept: String = text
+        .lines()
+        .filter(|l| l.trim() != CRIU_STREAM_OPTION)
+        .map(|l| format!("{l}\n"))
+        .collect();
+    tokio::fs::write(&path, kept)
+        .await
+        .ctx(|| format!("write {}", path.display()))
+}
+
 impl RuncRuntime {
     /// The memory dump behind `checkpoint` and `checkpoint_frozen`. With `keep_frozen` the
     /// container is paused (cgroup freezer) before the dump and CRIU leaves it paused, so the
@@ -76,6 +116,7 @@ impl RuncRuntime {
         tokio::fs::create_dir_all(image_dir)
             .await
             .ctx(|| format!("create {}", image_dir.display()))?;
+        options_for_dumps(actor).await?;
         let work = actor.dir.join("criu-dump");
         remove_dir_if_exists(&work).await?;
         tokio::fs::create_dir_all(&work)
@@ -203,8 +244,26 @@ impl RuncRuntime {
             || actor.dir.join("criu-images"),
             |s| s.path().join("criu-images"),
         );
+        // A sealed generation opened without its memory images: CRIU reads them through the
+        // image streamer, opened as it reads (see `image_streamer`).
+        // (Also a lazy restore turned eager above: its scratch holds sparse memory images.)
+        let streamed = match lazy {
+            None => super::image_streamer::memory_images(image_dir)?,
+            Some(_) => None,
+        };
+        if streamed.is_some() && !self.stream_images {
+            return Err(SandboxError::Checkpoint {
+                path: image_dir.to_path_buf(),
+                message: "the memory images were not opened, and this CRIU cannot stream them \
+                          (it lacks the project's patch 0002, scripts/criu-patches)"
+                    .to_string(),
+            });
+        }
+        let mut streamer = None;
         let result = async {
-            let base = self.prepare(actor, spec, false, true, in_userns).await?;
+            let base = self
+                .prepare(actor, spec, false, true, in_userns, streamed.is_some())
+                .await?;
             let image_dir = match base {
                 Some(base) => {
                     // CRIU gives the new user namespace the mapping it dumped: restore from a
@@ -234,6 +293,10 @@ impl RuncRuntime {
                 page_source = Some(PageSource::start(command, generation_dir, &work).await?);
                 args.push("--lazy-pages".to_string());
             }
+            if let Some(memory) = streamed {
+                // CRIU connects to `streamer-serve.sock` in its images dir: listening first.
+                streamer = Some(super::image_streamer::ImageStreamer::start(image_dir, memory)?);
+            }
             args.extend([
                 "--pid-file".to_string(),
                 pid_file(actor).to_string_lossy().into_owned(),
@@ -245,8 +308,21 @@ impl RuncRuntime {
                 actor.dir.to_string_lossy().into_owned(),
                 actor.container_id(),
             ]);
-            self.spawn_detached(actor, args, page_source.as_ref())
-                .await?;
+            let spawned = self.spawn_detached(actor, args, page_source.as_ref()).await;
+            if let Some(streamer) = streamer.take() {
+                let served = streamer.finish().await;
+                // Whatever CRIU made of a short pipe, a refused image is the reason.
+                if let Some(refused) = served.refused {
+                    return Err(SandboxError::Checkpoint {
+                        path: image_dir.to_path_buf(),
+                        message: format!("a memory image was refused while streaming it to CRIU: {refused}"),
+                    });
+                }
+                tracing::debug!(container = %actor.container_id(), memory_bytes = served.memory_bytes, "memory images streamed");
+                crate::metrics::memory_streamed(served.memory_bytes);
+                options_for_dumps(actor).await?;
+            }
+            spawned?;
             let restored = begun.elapsed();
             self.set_cpu_quota(actor, cpu_quota_us(spec)).await?;
             let started = self.started(actor, begun).await;

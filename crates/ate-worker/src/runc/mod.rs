@@ -15,6 +15,7 @@ mod bundle;
 mod cgroup;
 mod criu;
 mod files;
+mod image_streamer;
 mod mounts;
 mod oci;
 mod spawn;
@@ -98,6 +99,9 @@ pub struct RuncRuntime {
     /// A lazy restore can also open its userfaultfd inside an actor's user namespace (see
     /// [`userns::lazy_restore_in_userns`]).
     lazy_in_userns: bool,
+    /// CRIU reads an eager restore's images through [`image_streamer`] (the project's CRIU
+    /// patch 0002): a sealed generation's memory is opened as CRIU reads it.
+    stream_images: bool,
     /// CRIU options for every dump and restore (see [`CRIU_OPTIONS`]).
     criu_conf: PathBuf,
     /// See [`RuncConfig::log_relay`].
@@ -183,6 +187,14 @@ impl RuncRuntime {
                  vm.unprivileged_userfaultfd is 0: memory restores of sandboxes in user namespaces are eager"
             );
         }
+        let stream_images = criu.is_some() && userns::criu_patch_level(&criu_version) >= 2;
+        if criu.is_some() && !stream_images {
+            tracing::warn!(
+                "this CRIU cannot read images from a streamer over RPC (it lacks the project's \
+                 patch 0002, scripts/criu-patches): a sealed generation's memory is opened into \
+                 the snapshot scratch before an eager restore"
+            );
+        }
         if criu.is_some() && !criu_kdat_cache_possible() {
             tracing::warn!(
                 "/run is not a tmpfs and /run/criu.kdat is not kept on one: CRIU probes the kernel \
@@ -207,6 +219,7 @@ impl RuncRuntime {
             criu,
             lazy_pages,
             lazy_in_userns,
+            stream_images,
             criu_conf,
             log_relay: config.log_relay.clone(),
             locks: Mutex::new(HashMap::new()),
@@ -291,6 +304,7 @@ impl SandboxRuntime for RuncRuntime {
             // CRIU's lazy restore opens its userfaultfd from the restored task, inside the
             // actor's user namespace: see `userns::lazy_restore_in_userns`.
             can_restore_lazily: self.lazy_pages && (!self.userns || self.lazy_in_userns),
+            can_stream_images: self.stream_images,
             sandbox_class: SANDBOX_CLASS.to_string(),
         }
     }
@@ -312,6 +326,7 @@ impl SandboxRuntime for RuncRuntime {
                 mode == RunMode::FreshRootfs,
                 false,
                 self.userns,
+                false,
             )
             .await?;
             let bundle = actor.dir.to_string_lossy().into_owned();

@@ -559,7 +559,7 @@ pub fn lazy_restore_in_userns(criu_version: &str) -> bool {
 }
 
 /// The `N` of a `Version: 4.2.1.ateN` line, 0 for an unpatched CRIU.
-fn criu_patch_level(criu_version: &str) -> u32 {
+pub(super) fn criu_patch_level(criu_version: &str) -> u32 {
     super::criu::criu_version_line(criu_version)
         .and_then(|v| v.rsplit_once(CRIU_PATCH_LEVEL_PREFIX))
         .and_then(|(_, n)| n.parse().ok())

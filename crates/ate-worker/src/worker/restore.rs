@@ -80,9 +80,11 @@ impl Worker {
         // A sealed generation is opened into a scratch dir on a tmpfs, and everything below
         // reads that: for a lazy restore only the small files and the chunks CRIU reads itself
         // (the page source opens the other chunks from the sealed images as the actor needs
-        // them), else everything. Every frame opened was authenticated on the way and every
-        // file's size checked against the (authenticated) manifest, so what was opened needs
-        // no second hashing pass.
+        // them); for an eager one the small files, when CRIU reads the memory images through
+        // the runtime's image streamer (which opens them as CRIU reads), else everything; for
+        // a restore without memory the small files. Every frame opened was authenticated on
+        // the way and every file's size checked against the (authenticated) manifest, so what
+        // was opened needs no second hashing pass.
         let on_disk = gen_dir;
         let opened = if ate_snapshot::sealed::is_encrypted(gen_dir) {
             use ate_snapshot::sealed;
@@ -97,7 +99,14 @@ impl Worker {
                 })
                 .await
             } else {
-                sealed::open_into(gen_dir, scratch.path(), sealed::Opening::All).await
+                let which = if fidelity != Fidelity::Memory
+                    || self.runtime.capabilities().can_stream_images
+                {
+                    sealed::Opening::Small
+                } else {
+                    sealed::Opening::All
+                };
+                sealed::open_into(gen_dir, scratch.path(), which).await
             };
             opening.map_err(|e| snapshot_error(&format!("generation {}", gen_dir.display()), e))?;
             crate::metrics::start_phase("restore", "open_sealed", begun.elapsed());

@@ -174,6 +174,9 @@ impl Worker {
         } = match booted {
             Ok(booted) => booted,
             Err(e) => {
+                // The caller (the node) may recover (a damaged node-local copy is replaced by
+                // the durable one) without quoting this: the reason is kept here.
+                tracing::warn!(actor = %key, restore = restore.as_str(), error = %e.message(), "sandbox not started");
                 self.discard_quietly(&sandbox).await;
                 return Err(e);
             }

@@ -25,6 +25,7 @@ impl SandboxRuntime for NoRuntime {
             sandbox_class: self.class.to_string(),
             can_keep_frozen: false,
             can_restore_lazily: false,
+            can_stream_images: false,
         }
     }
     async fn run(&self, _: &ActorSandbox, _: &SandboxSpec, _: RunMode) -> SandboxResult<Started> {
