@@ -1,6 +1,7 @@
 //! Node-local generations sealed at rest (`ate_snapshot::sealed`), against plaintext in the same
 //! run: what a suspend adds (seal the scratch dir into the generation dir), what an eager
-//! restore adds (open it whole into a scratch dir on the tmpfs), and what a lazy restore's page
+//! restore adds (open it whole into a scratch dir on the tmpfs, or stream it into a pipe as CRIU
+//! reads it), and what a lazy restore's page
 //! source pays per chunk (`MemoryFile::read_verified_chunk`, sealed frames vs a plain file).
 //! Run: `cargo bench -p ate-snapshot --bench sealed` (256 MiB; needs /dev/shm).
 
@@ -122,6 +123,30 @@ fn bench(c: &mut Criterion) {
                 .expect("open");
         })
     });
+    // An eager restore through CRIU's image streamer: the memory image written into a pipe
+    // that another thread drains into one buffer (as CRIU reads into the restored memory), from
+    // a plaintext generation (the bare pipe) and opened from the sealed one.
+    for (label, dir) in [("plain", &plain_gen), ("sealed", &sealed_gen)] {
+        g.bench_function(format!("eager_stream_to_pipe/{label}"), |b| {
+            let file = MemoryFile::open(dir, &entry).expect("open");
+            let mut sink = vec![0u8; SIZE];
+            b.iter(|| {
+                let (read, write) = std::io::pipe().expect("pipe");
+                std::thread::scope(|s| {
+                    let drain = s.spawn(|| {
+                        use std::io::Read;
+                        let mut read = read;
+                        read.read_exact(&mut sink).expect("drain");
+                    });
+                    let mut write = write;
+                    file.stream_to(&entry, &mut write, Path::new("pipe"), 2)
+                        .expect("stream");
+                    drop(write);
+                    drain.join().expect("drain thread");
+                })
+            })
+        });
+    }
     for (label, dir) in [("plain", &plain_gen), ("sealed", &sealed_gen)] {
         g.bench_function(format!("page_source_chunks/{label}"), |b| {
             let file = MemoryFile::open(dir, &entry).expect("open");

@@ -291,6 +291,69 @@ impl SealedFile {
         Ok(())
     }
 
+    /// Opens the frames holding plaintext bytes `start .. start + len`, where `start` is a
+    /// frame boundary and `start + len` one or the end, with one read into `buf` (grown to fit,
+    /// never shrunk) and in place: returns where in `buf` the plaintext pieces are, in order
+    /// (one per frame; the frames' length prefixes and tags lie between them). What an eager
+    /// restore streams to CRIU is written from there, without joining the pieces first.
+    pub(crate) fn open_frames_in_place(
+        &self,
+        start: u64,
+        len: usize,
+        buf: &mut Vec<u8>,
+    ) -> Result<Vec<std::ops::Range<usize>>, SealedError> {
+        let frame_bytes = FRAME_BYTES as u64;
+        let end = start + len as u64;
+        if end > self.plain_len || start % frame_bytes != 0 {
+            return Err(SealedError::Open(OpenError::Truncated("frame")));
+        }
+        if len == 0 {
+            return Ok(Vec::new());
+        }
+        let (first, last) = (start / frame_bytes, (end - 1) / frame_bytes);
+        if end % frame_bytes != 0 && end != self.plain_len {
+            return Err(SealedError::Open(OpenError::Truncated("frame")));
+        }
+        let at = self.base + first * FULL_FRAME;
+        let stored_end = (self.base + (last + 1) * FULL_FRAME)
+            .min(self.base + self.plain_len + self.frames * FRAME_OVERHEAD);
+        let stored_len = (stored_end - at) as usize;
+        if buf.len() < stored_len {
+            buf.resize(stored_len, 0);
+        }
+        self.file
+            .read_exact_at(&mut buf[..stored_len], at)
+            .map_err(SealedError::Io)?;
+        let mut pieces = Vec::with_capacity((last - first + 1) as usize);
+        let mut offset = 0usize;
+        for index in first..=last {
+            let frame_len = (FULL_FRAME as usize).min(stored_len - offset);
+            let stored = &mut buf[offset..offset + frame_len];
+            if frame_len <= 4 {
+                return Err(SealedError::Open(OpenError::Truncated("frame")));
+            }
+            let prefix = u32::from_le_bytes([stored[0], stored[1], stored[2], stored[3]]) as usize;
+            if prefix != frame_len - 4 {
+                return Err(SealedError::Open(OpenError::Frame(index)));
+            }
+            let n = self
+                .key
+                .open_in_place(
+                    nonce(index),
+                    Aad::from(aad(&self.path, index)),
+                    &mut stored[4..],
+                )
+                .map_err(|_| SealedError::Open(OpenError::Frame(index)))?
+                .len();
+            pieces.push(offset + 4..offset + 4 + n);
+            offset += frame_len;
+        }
+        if pieces.iter().map(|r| r.len()).sum::<usize>() != len {
+            return Err(SealedError::Open(OpenError::Truncated("frame")));
+        }
+        Ok(pieces)
+    }
+
     /// Opens plaintext bytes `start .. start + len` into `out` (resized to `len`), reading only
     /// the frames that hold them; `frame` is scratch space. A range past the end is
     /// [`OpenError::Truncated`].
