@@ -304,14 +304,14 @@ impl SealedFile {
     ) -> Result<Vec<std::ops::Range<usize>>, SealedError> {
         let frame_bytes = FRAME_BYTES as u64;
         let end = start + len as u64;
-        if end > self.plain_len || start % frame_bytes != 0 {
+        if end > self.plain_len || !start.is_multiple_of(frame_bytes) {
             return Err(SealedError::Open(OpenError::Truncated("frame")));
         }
         if len == 0 {
             return Ok(Vec::new());
         }
         let (first, last) = (start / frame_bytes, (end - 1) / frame_bytes);
-        if end % frame_bytes != 0 && end != self.plain_len {
+        if !end.is_multiple_of(frame_bytes) && end != self.plain_len {
             return Err(SealedError::Open(OpenError::Truncated("frame")));
         }
         let at = self.base + first * FULL_FRAME;

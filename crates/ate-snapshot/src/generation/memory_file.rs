@@ -186,7 +186,7 @@ impl MemoryFile {
         match &self.inner {
             Inner::Plain(_) => {
                 self.read_verified_chunk(entry, index, buf)?;
-                Ok(vec![0..buf.len()])
+                Ok(std::iter::once(0..buf.len()).collect())
             }
             Inner::Sealed(f) => {
                 let (start, end, _) = chunk_span(entry, index)?;
