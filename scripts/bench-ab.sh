@@ -40,6 +40,8 @@ run() { # $1 label, $2 pair, $3 env (NAME=VALUE …), $4… extra ate up flags
   fi
   ls $D/state/keys 2>/dev/null | sed "s/^/[$label keys] /"
   kill -INT $UP; wait $UP
+  # Kept: the components' logs carry each suspend's and restore's phase times.
+  cp -r "$D/state/logs" "$OUT/logs-$label-$pair" 2>/dev/null
   rm -rf "$D"
 }
 for pair in $(seq 1 "$PAIRS"); do
