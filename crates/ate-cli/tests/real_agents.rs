@@ -296,8 +296,12 @@ const NODE: Runtime = Runtime {
     memory: "256Mi",
 };
 
-fn template(ns: &str, rt: &Runtime, model: &str, events: &str) -> String {
+fn template(ns: &str, rt: &Runtime, model: &str, events: &str, restore: Restore) -> String {
     let images = images_dir();
+    let restore = match restore {
+        Restore::Lazy => "",
+        Restore::Eager => ", memoryRestore: eager",
+    };
     format!(
         "apiVersion: ate.dev/v1alpha1
 kind: Atespace
@@ -323,7 +327,7 @@ spec:
   volumes:
     - name: data
       mountPath: /data
-  snapshots: {{fidelity: memory}}
+  snapshots: {{fidelity: memory{restore}}}
   idleTimeout: 10m
   egress:
     defaultAction: deny-all
@@ -595,7 +599,15 @@ fn other(worker: &str) -> &'static str {
     }
 }
 
-fn agent_keeps_its_state_across_suspends(rt: Runtime) {
+/// How the agent's memory comes back: on demand (the default), or whole before the first request
+/// (`memoryRestore: eager`: for a sealed generation, streamed to CRIU by the worker).
+#[derive(Clone, Copy)]
+enum Restore {
+    Lazy,
+    Eager,
+}
+
+fn agent_keeps_its_state_across_suspends(rt: Runtime, restore: Restore) {
     // Before the system starts: the workers' first read of the node addresses has the host side.
     let host = TestHost::new();
     let model = FakeServer::start(host.listen(0), serve_model);
@@ -604,7 +616,8 @@ fn agent_keeps_its_state_across_suspends(rt: Runtime) {
     let sys = System::up_with_env(UpOptions::default(), &[("ATE_KEEP_FROZEN", "0")]);
     let ns = "ns-agents";
     let path = sys.dir.path().join("agent.yaml");
-    std::fs::write(&path, template(ns, &rt, &model.addr, &events.addr)).expect("write template");
+    std::fs::write(&path, template(ns, &rt, &model.addr, &events.addr, restore))
+        .expect("write template");
     sys.ate_ok(&["apply", "-f", path.to_str().expect("utf-8 path")]);
     create_actor(&sys, ns, rt.image, rt.image);
     let mut run = Run {
@@ -720,6 +733,13 @@ fn agent_keeps_its_state_across_suspends(rt: Runtime) {
         }
     }
     assert_eq!(last.memory_count, 3 + 2 * 3 * 2);
+    if matches!(restore, Restore::Eager) {
+        // The node-local generations (sealed) came back through the worker's image streamer.
+        assert!(
+            sys.worker_metric("ate_worker_memory_streamed_bytes_total") > 0,
+            "no memory streamed to CRIU"
+        );
+    }
     assert_eq!(model.connections(), 1 + 2 * 3);
     assert_eq!(events.connections(), 1 + 2 * 3);
     eprintln!("[timing] {} summary: {timings:?}", rt.image);
@@ -727,10 +747,20 @@ fn agent_keeps_its_state_across_suspends(rt: Runtime) {
 
 #[test]
 fn python_agent_keeps_memory_ticks_and_rows_and_reconnects_across_suspends() {
-    agent_keeps_its_state_across_suspends(PYTHON);
+    agent_keeps_its_state_across_suspends(PYTHON, Restore::Lazy);
 }
 
 #[test]
 fn node_agent_keeps_memory_ticks_and_rows_and_reconnects_across_suspends() {
-    agent_keeps_its_state_across_suspends(NODE);
+    agent_keeps_its_state_across_suspends(NODE, Restore::Lazy);
+}
+
+#[test]
+fn python_agent_restored_eagerly_keeps_its_state_across_suspends() {
+    agent_keeps_its_state_across_suspends(PYTHON, Restore::Eager);
+}
+
+#[test]
+fn node_agent_restored_eagerly_keeps_its_state_across_suspends() {
+    agent_keeps_its_state_across_suspends(NODE, Restore::Eager);
 }
