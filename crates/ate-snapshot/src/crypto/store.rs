@@ -253,34 +253,38 @@ impl ObjectStore for EncryptedStore {
     }
 }
 
-/// Reads `file` to its end in pieces of about a frame, on blocking threads.
+/// Reads `file` to its end in pieces of up to four frames, on blocking threads. Each piece is
+/// read into a buffer of exactly its size that is not zeroed first, and the read stops at the
+/// file's length (no extra read to find the end): a 2 MiB chunk object is one allocation and
+/// one read (two zeroed 4 MiB buffers per chunk were most of a 1 GiB download's time).
 fn file_stream(file: std::fs::File) -> BoxStream<'static, object_store::Result<Bytes>> {
-    futures::stream::try_unfold(Some(file), |file| async move {
-        let Some(mut file) = file else {
+    // Unknown (metadata failed): read until a read returns nothing.
+    let len = file.metadata().ok().map(|m| m.len());
+    futures::stream::try_unfold((Some(file), 0u64), move |(file, at)| async move {
+        let Some(file) = file else {
             return Ok(None);
         };
+        let left = len.map_or(u64::MAX, |len| len.saturating_sub(at));
+        if left == 0 {
+            return Ok(None);
+        }
+        let want = left.min(4 * (super::FRAME_BYTES as u64 + 64)) as usize;
         let (file, piece) = tokio::task::spawn_blocking(move || {
             use std::io::Read;
-            // Up to four frames per read: a 2 MiB chunk object in one.
-            let mut buf = vec![0u8; 4 * (super::FRAME_BYTES + 64)];
-            let mut n = 0;
-            while n < buf.len() {
-                match file.read(&mut buf[n..]) {
-                    Ok(0) => break,
-                    Ok(k) => n += k,
-                    Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-                    Err(e) => return Err(generic(e)),
-                }
-            }
-            buf.truncate(n);
-            Ok((file, buf))
+            let mut buf = Vec::with_capacity(want);
+            (&file)
+                .take(want as u64)
+                .read_to_end(&mut buf)
+                .map_err(generic)?;
+            Ok::<_, object_store::Error>((file, buf))
         })
         .await
         .map_err(generic)??;
         if piece.is_empty() {
             return Ok(None);
         }
-        Ok(Some((Bytes::from(piece), Some(file))))
+        let at = at + piece.len() as u64;
+        Ok(Some((Bytes::from(piece), (Some(file), at))))
     })
     .boxed()
 }
