@@ -53,6 +53,19 @@ fn counter_holding(secret: &str) -> Tpl {
     t
 }
 
+/// Applies `tpl` as template `eager` of `ns`, restored eagerly
+/// (`spec.snapshots.memoryRestore: eager`).
+fn apply_eager(sys: &System, ns: &str, tpl: &Tpl) {
+    let eager = tpl.yaml(ns, "eager").replace(
+        "snapshots: {fidelity: memory",
+        "snapshots: {memoryRestore: eager, fidelity: memory",
+    );
+    assert!(eager.contains("memoryRestore: eager"));
+    let path = sys.dir.path().join(format!("eager-{ns}.yaml"));
+    std::fs::write(&path, eager).expect("write template");
+    sys.ate_ok(&["apply", "-f", path.to_str().expect("utf-8 path")]);
+}
+
 fn durable_gen_dir(sys: &System, ns: &str, name: &str, generation: u64) -> PathBuf {
     durable_manifest(&sys.state_dir().join("durable"), ns, name, generation)
         .and_then(|m| m.parent().map(Path::to_path_buf))
@@ -77,15 +90,8 @@ fn a_secret_in_memory_never_reaches_the_durable_store_and_resumes_still_work() {
     let ns = "ns-crypt";
     let secret = secret();
     sys_apply(&sys, ns, "counter", &counter_holding(&secret));
-    // The same template restored eagerly (`spec.snapshots.memoryRestore: eager`).
-    let eager = counter_holding(&secret).yaml(ns, "eager").replace(
-        "snapshots: {fidelity: memory",
-        "snapshots: {memoryRestore: eager, fidelity: memory",
-    );
-    assert!(eager.contains("memoryRestore: eager"));
-    let path = sys.dir.path().join("eager.yaml");
-    std::fs::write(&path, eager).expect("write template");
-    sys.ate_ok(&["apply", "-f", path.to_str().expect("utf-8 path")]);
+    // The same template restored eagerly.
+    apply_eager(&sys, ns, &counter_holding(&secret));
     create_actor(&sys, ns, "c", "counter");
     create_actor(&sys, ns, "e", "eager");
     let (c, e) = (format!("{ns}/c"), format!("{ns}/e"));
@@ -303,14 +309,7 @@ fn a_damaged_memory_chunk_stops_a_streamed_eager_restore_and_the_durable_copy_se
     );
     let state = sys.state_dir();
     let ns = "ns-crypt-stream";
-    let eager = Tpl::counter().yaml(ns, "eager").replace(
-        "snapshots: {fidelity: memory",
-        "snapshots: {memoryRestore: eager, fidelity: memory",
-    );
-    assert!(eager.contains("memoryRestore: eager"));
-    let path = sys.dir.path().join("eager.yaml");
-    std::fs::write(&path, eager).expect("write template");
-    sys.ate_ok(&["apply", "-f", path.to_str().expect("utf-8 path")]);
+    apply_eager(&sys, ns, &Tpl::counter());
     create_actor(&sys, ns, "e", "eager");
     let e = format!("{ns}/e");
     assert_eq!(counts(&get_ok(&sys, &e, "/")), (1, 1, 1));
@@ -478,14 +477,7 @@ fn a_damaged_cached_download_is_dropped_and_downloaded_again() {
     );
     let state = sys.state_dir();
     let ns = "ns-crypt-cache";
-    let eager = Tpl::counter().yaml(ns, "eager").replace(
-        "snapshots: {fidelity: memory",
-        "snapshots: {memoryRestore: eager, fidelity: memory",
-    );
-    assert!(eager.contains("memoryRestore: eager"));
-    let path = sys.dir.path().join("eager-cache.yaml");
-    std::fs::write(&path, eager).expect("write template");
-    sys.ate_ok(&["apply", "-f", path.to_str().expect("utf-8 path")]);
+    apply_eager(&sys, ns, &Tpl::counter());
     create_actor(&sys, ns, "e", "eager");
     let e = format!("{ns}/e");
     assert_eq!(counts(&get_ok(&sys, &e, "/")), (1, 1, 1));

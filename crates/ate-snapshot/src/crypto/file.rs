@@ -265,20 +265,29 @@ impl SealedFile {
         self.file
             .read_exact_at(stored, at)
             .map_err(SealedError::Io)?;
-        let prefix = u32::from_le_bytes([stored[0], stored[1], stored[2], stored[3]]) as usize;
-        if prefix != len - 4 {
-            return Err(SealedError::Open(OpenError::Frame(index)));
+        let n = self.open_stored(index, stored)?;
+        Ok(4..4 + n)
+    }
+
+    /// Opens frame `index` as stored (length prefix, ciphertext, tag) in place; returns the
+    /// plaintext's length (it starts after the 4-byte prefix).
+    fn open_stored(&self, index: u64, stored: &mut [u8]) -> Result<usize, SealedError> {
+        let frame = || SealedError::Open(OpenError::Frame(index));
+        let prefix = stored
+            .first_chunk::<4>()
+            .map(|p| u32::from_le_bytes(*p) as usize)
+            .ok_or_else(frame)?;
+        if prefix != stored.len() - 4 {
+            return Err(frame());
         }
-        let n = self
-            .key
+        self.key
             .open_in_place(
                 nonce(index),
                 Aad::from(aad(&self.path, index)),
                 &mut stored[4..],
             )
-            .map_err(|_| SealedError::Open(OpenError::Frame(index)))?
-            .len();
-        Ok(4..4 + n)
+            .map(|plain| plain.len())
+            .map_err(|_| frame())
     }
 
     /// Opens frame `index` into `buf` (its plaintext, nothing else).
@@ -328,23 +337,10 @@ impl SealedFile {
         let mut offset = 0usize;
         for index in first..=last {
             let frame_len = (FULL_FRAME as usize).min(stored_len - offset);
-            let stored = &mut buf[offset..offset + frame_len];
             if frame_len <= 4 {
                 return Err(SealedError::Open(OpenError::Truncated("frame")));
             }
-            let prefix = u32::from_le_bytes([stored[0], stored[1], stored[2], stored[3]]) as usize;
-            if prefix != frame_len - 4 {
-                return Err(SealedError::Open(OpenError::Frame(index)));
-            }
-            let n = self
-                .key
-                .open_in_place(
-                    nonce(index),
-                    Aad::from(aad(&self.path, index)),
-                    &mut stored[4..],
-                )
-                .map_err(|_| SealedError::Open(OpenError::Frame(index)))?
-                .len();
+            let n = self.open_stored(index, &mut buf[offset..offset + frame_len])?;
             pieces.push(offset + 4..offset + 4 + n);
             offset += frame_len;
         }

@@ -18,7 +18,7 @@
 use std::collections::HashMap;
 use std::fs::File;
 use std::io::{self, Read, Write};
-use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -216,7 +216,14 @@ impl Serving {
             let source = self.source(&name);
             write_reply(&mut conn, source.is_some())?;
             let Some(source) = source else { continue };
-            let pipe = receive_fd(conn.as_raw_fd())?;
+            // The pipe CRIU passes after a reply that the file exists.
+            let pipe =
+                crate::lazy::source::criu::receive_criu_fd(conn.as_raw_fd())?.ok_or_else(|| {
+                    io::Error::new(
+                        io::ErrorKind::InvalidData,
+                        "CRIU sent no pipe after the reply",
+                    )
+                })?;
             let memory = self.memory.clone();
             writers.push(
                 std::thread::Builder::new()
@@ -318,32 +325,6 @@ fn write_reply(conn: &mut UnixStream, exists: bool) -> io::Result<()> {
     let mut framed = (body.len() as u32).to_ne_bytes().to_vec();
     framed.extend_from_slice(&body);
     conn.write_all(&framed)
-}
-
-/// The pipe CRIU passes after a reply that the file exists (one descriptor, one dummy byte).
-fn receive_fd(sock: RawFd) -> io::Result<OwnedFd> {
-    use nix::sys::socket::{ControlMessageOwned, MsgFlags, recvmsg};
-    let mut byte = [0u8; 1];
-    let mut iov = [io::IoSliceMut::new(&mut byte)];
-    let mut space = nix::cmsg_space!([RawFd; 1]);
-    let msg = recvmsg::<()>(sock, &mut iov, Some(&mut space), MsgFlags::MSG_CMSG_CLOEXEC)
-        .map_err(io::Error::from)?;
-    let mut received = None;
-    for cmsg in msg.cmsgs().map_err(io::Error::from)? {
-        if let ControlMessageOwned::ScmRights(fds) = cmsg {
-            for fd in fds {
-                // SAFETY: SCM_RIGHTS installed these descriptors in our table for us to own.
-                let owned = unsafe { OwnedFd::from_raw_fd(fd) };
-                received.get_or_insert(owned);
-            }
-        }
-    }
-    received.ok_or_else(|| {
-        io::Error::new(
-            io::ErrorKind::InvalidData,
-            "CRIU sent no pipe after the reply",
-        )
-    })
 }
 
 /// `img_streamer_request_entry` (images/img-streamer.proto).

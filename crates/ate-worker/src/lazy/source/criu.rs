@@ -47,26 +47,29 @@ pub(super) fn read_restore_message(client: &mut UnixStream) -> Result<RestoreMes
 }
 
 fn receive_fd(sock: RawFd) -> Result<OwnedFd, SourceError> {
+    receive_criu_fd(sock)
+        .map_err(io_err("receive a userfaultfd from CRIU"))?
+        .ok_or_else(|| SourceError::Protocol("CRIU sent a task without its userfaultfd".into()))
+}
+
+/// Receives the one descriptor CRIU's `send_fd` passes (with a one-byte message): a lazy
+/// restore's userfaultfd, an image streamer's pipe. `None` when the message carried none.
+pub(crate) fn receive_criu_fd(sock: RawFd) -> io::Result<Option<OwnedFd>> {
     use nix::sys::socket::{ControlMessageOwned, MsgFlags, recvmsg};
     let mut byte = [0u8; 1];
     let mut iov = [io::IoSliceMut::new(&mut byte)];
     let mut space = nix::cmsg_space!([RawFd; 1]);
     let msg = recvmsg::<()>(sock, &mut iov, Some(&mut space), MsgFlags::MSG_CMSG_CLOEXEC)
-        .map_err(|e| io_err("receive a userfaultfd from CRIU")(io::Error::from(e)))?;
+        .map_err(io::Error::from)?;
     let mut received = None;
-    for cmsg in msg
-        .cmsgs()
-        .map_err(|e| io_err("control message")(io::Error::from(e)))?
-    {
+    for cmsg in msg.cmsgs().map_err(io::Error::from)? {
         if let ControlMessageOwned::ScmRights(fds) = cmsg {
             for fd in fds {
                 // SAFETY: SCM_RIGHTS installed these descriptors in our table for us to own.
                 let owned = unsafe { OwnedFd::from_raw_fd(fd) };
-                if received.is_none() {
-                    received = Some(owned);
-                }
+                received.get_or_insert(owned);
             }
         }
     }
-    received.ok_or_else(|| SourceError::Protocol("CRIU sent a task without its userfaultfd".into()))
+    Ok(received)
 }

@@ -22,7 +22,7 @@
 //! instead of reading zero pages, and the worker kills the sandbox. Nothing here ever places a
 //! page it did not verify.
 
-mod criu;
+pub(crate) mod criu;
 mod push;
 mod serve;
 
