@@ -1,6 +1,8 @@
 //! seal + upload + download of a 50 MiB generation through the local-directory durable store,
 //! and the fetch of every memory chunk one by one (what a lazy restore from the durable copy
-//! does), each without and with encryption (`DurableStore::with_keys`) in one run.
+//! does), each without and with encryption (`DurableStore::with_keys`) in one run; and the
+//! upload of a 64 MiB generation with 1 % of its pages changed since its parent (every chunk
+//! goes as a delta), plaintext against sealed node-local generations and an encrypted store.
 //! Run: `cargo bench -p ate-snapshot --bench transfer`.
 
 use std::fs;
@@ -8,7 +10,8 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use ate_core::Fidelity;
-use ate_snapshot::{DurableStore, GenerationMeta, SnapshotKeys, seal_generation};
+use ate_snapshot::sealed::{self, Opening, Scratch};
+use ate_snapshot::{DurableStore, GenerationMeta, SnapshotKeys, UploadPriority, seal_generation};
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 
 const MIB: usize = 1 << 20;
@@ -159,5 +162,106 @@ fn bench(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, bench);
+/// `image` with every 100th page changed (its first 8 bytes set to `n`): 1 % of the pages, in
+/// every chunk.
+fn dirtied(image: &[u8], n: usize) -> Vec<u8> {
+    let mut out = image.to_vec();
+    for page in out.chunks_mut(4096).step_by(100) {
+        page[..8].copy_from_slice(&(n as u64).to_le_bytes());
+    }
+    out
+}
+
+/// A durable suspend's upload after 1 % of the pages changed: every chunk is new to the store and
+/// goes as a delta against the parent's chunk (whole in the store). Plaintext node-local
+/// generations and store, against sealed ones (opened as the node opens them for an upload) and
+/// an encrypted store.
+fn delta_upload(c: &mut Criterion) {
+    const SIZE: usize = 64 * MIB;
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    let root = tempfile::tempdir().expect("tmp");
+    let keys = SnapshotKeys::init(&root.path().join("keys")).expect("keys");
+    assert!(sealed::configure(
+        Some(keys.clone()),
+        Path::new(sealed::DEFAULT_SCRATCH).to_path_buf()
+    ));
+    let image = pages(SIZE);
+    let upper = root.path().join("upper");
+    fs::create_dir_all(&upper).expect("mkdir");
+    let mut g = c.benchmark_group("delta_upload_64MiB_1pct");
+    g.sample_size(10)
+        .measurement_time(Duration::from_secs(20))
+        .throughput(Throughput::Bytes(SIZE as u64));
+    let mut n = 0usize;
+    for encrypted in [false, true] {
+        let label = if encrypted { "encrypted" } else { "plain" };
+        let store = DurableStore::from_url(
+            &root
+                .path()
+                .join(format!("store-{label}"))
+                .display()
+                .to_string(),
+        )
+        .expect("store");
+        let store = if encrypted {
+            store.with_keys(keys.clone())
+        } else {
+            store
+        };
+        // The generation on the node as the node keeps it: plaintext, or sealed; and what the
+        // upload reads (sealed: opened into a scratch dir, memory images read from the sealed
+        // files).
+        let on_node = |i: usize, image: &[u8]| -> (std::path::PathBuf, Option<Scratch>) {
+            let plain = prepare(root.path(), i, image);
+            rt.block_on(seal_generation(&plain, meta(), Some(&upper), &[]))
+                .expect("seal");
+            if !encrypted {
+                return (plain, None);
+            }
+            let sealed_dir = root.path().join(format!("sealed-{i}"));
+            rt.block_on(sealed::seal_into(&plain, &sealed_dir))
+                .expect("seal_into");
+            let _ = fs::remove_dir_all(&plain);
+            let scratch = Scratch::new("bench-upload").expect("scratch");
+            rt.block_on(sealed::open_into(
+                &sealed_dir,
+                scratch.path(),
+                Opening::Small,
+            ))
+            .expect("open_into");
+            (scratch.path().to_path_buf(), Some(scratch))
+        };
+        n += 1;
+        let (parent, _parent_scratch) = on_node(n, &image);
+        rt.block_on(store.upload(&parent, &format!("parent-{label}")))
+            .expect("upload parent");
+        g.bench_function(format!("upload_with_parent/{label}"), |b| {
+            b.iter_custom(|iters| {
+                let mut total = Duration::ZERO;
+                for _ in 0..iters {
+                    n += 1;
+                    let (child, _scratch) = on_node(n, &dirtied(&image, n));
+                    let key = format!("child-{n}");
+                    let start = Instant::now();
+                    let (_, stats) = rt
+                        .block_on(store.upload_with_parents(
+                            &child,
+                            &key,
+                            UploadPriority::Normal,
+                            std::slice::from_ref(&parent),
+                            &|_| None,
+                        ))
+                        .expect("upload");
+                    total += start.elapsed();
+                    assert_eq!(stats.chunks_delta, (SIZE / (2 * MIB)) as u64, "{stats:?}");
+                    rt.block_on(store.delete(&key)).expect("delete");
+                }
+                total
+            })
+        });
+    }
+    g.finish();
+}
+
+criterion_group!(benches, bench, delta_upload);
 criterion_main!(benches);

@@ -43,7 +43,17 @@ pub(crate) const MAGIC: &[u8; 8] = b"ATEENC1\0";
 const SALT_BYTES: usize = 32;
 /// Plaintext bytes per frame.
 pub(crate) const FRAME_BYTES: usize = 1 << 20;
+/// Plaintext bytes of a whole object's first frame ([`seal_object`]): a reader of an object's
+/// first bytes (a chunk's delta header, `chunk_delta::PREFIX_BYTES`) fetches and opens this
+/// much, not a whole 1 MiB frame (or the whole object). Objects sealed before this have a long
+/// first frame; a ranged read of them falls back to the whole object.
+pub(crate) const FIRST_FRAME_BYTES: usize = 4 << 10;
 const TAG_BYTES: usize = 16;
+/// The longest header: magic, id length, a 255-byte data key id, salt.
+pub(crate) const MAX_HEADER_BYTES: usize = MAGIC.len() + 1 + 255 + SALT_BYTES;
+/// Stored bytes that hold the header and a first frame of [`FIRST_FRAME_BYTES`].
+pub(crate) const FIRST_FRAME_STORED_BYTES: usize =
+    MAX_HEADER_BYTES + 4 + FIRST_FRAME_BYTES + TAG_BYTES;
 const OBJECT_INFO: &[u8] = b"ate snapshot object v1";
 
 /// HKDF-SHA256(ikm, salt) expanded to 32 bytes for `info`.
@@ -152,13 +162,18 @@ impl Sealer {
     }
 }
 
-/// A whole object sealed in one go (header and frames).
+/// A whole object sealed in one go (header and frames): a first frame of at most
+/// [`FIRST_FRAME_BYTES`], then frames of [`FRAME_BYTES`].
 pub(crate) fn seal_object(keys: &SnapshotKeys, path: &str, plain: &[u8]) -> Result<Vec<u8>> {
     let mut s = Sealer::new(keys, path)?;
-    let frames = plain.len().div_ceil(FRAME_BYTES).max(1);
+    let (first, rest) = plain.split_at(plain.len().min(FIRST_FRAME_BYTES));
+    let frames = 1 + rest.len().div_ceil(FRAME_BYTES);
     let mut out = Vec::with_capacity(s.header().len() + plain.len() + frames * (TAG_BYTES + 4));
     out.extend_from_slice(s.header());
-    s.seal(plain, &mut out)?;
+    s.seal(first, &mut out)?;
+    if !rest.is_empty() {
+        s.seal(rest, &mut out)?;
+    }
     Ok(out)
 }
 
@@ -380,7 +395,7 @@ mod tests {
             open_object(&k, "ns/a/1-v/manifest.json", &sealed),
             Err(OpenError::Frame(0))
         ));
-        // A flipped bit.
+        // A flipped bit (in the second frame: a short first one, then the rest).
         let mut bad = sealed.clone();
         let last = bad.len() - 1;
         bad[last] ^= 1;

@@ -55,6 +55,67 @@ impl EncryptedStore {
     }
 }
 
+impl EncryptedStore {
+    /// `range` of the object at `location` from its first stored bytes alone, when they hold it
+    /// (objects sealed with a short first frame, [`super::FIRST_FRAME_BYTES`]) or are the whole
+    /// object; `None` when it lies further on (then the whole object is read).
+    async fn first_frame(
+        &self,
+        location: &Path,
+        options: &GetOptions,
+        range: &object_store::GetRange,
+    ) -> object_store::Result<Option<GetResult>> {
+        let want = match range {
+            object_store::GetRange::Bounded(r) => r.end,
+            _ => return Ok(None),
+        };
+        if want > super::FIRST_FRAME_BYTES as u64 {
+            return Ok(None);
+        }
+        let head = GetOptions {
+            range: Some((0..super::FIRST_FRAME_STORED_BYTES as u64).into()),
+            ..options.clone()
+        };
+        let got = self.inner.get_opts(location, head).await?;
+        let (meta, attributes, extensions) = (
+            got.meta.clone(),
+            got.attributes.clone(),
+            got.extensions.clone(),
+        );
+        let stored = got.bytes().await?;
+        let whole = stored.len() as u64 >= meta.size;
+        let mut opener = Opener::new(&self.keys, location.as_ref());
+        let plain = join(opener.push(&stored).map_err(generic)?);
+        if whole {
+            opener.finish().map_err(generic)?;
+        } else if (plain.len() as u64) < want {
+            return Ok(None); // a long first frame (sealed before short ones)
+        }
+        ranged(plain, range, meta, attributes, extensions).map(Some)
+    }
+}
+
+/// `range` of the opened `plain` (the whole object, or a prefix of it that covers `range`).
+fn ranged(
+    plain: Bytes,
+    range: &object_store::GetRange,
+    meta: ObjectMeta,
+    attributes: object_store::Attributes,
+    extensions: object_store::Extensions,
+) -> object_store::Result<GetResult> {
+    let r: Range<u64> = range
+        .as_range(plain.len() as u64)
+        .map_err(|e| generic(std::io::Error::other(e.to_string())))?;
+    let slice = plain.slice(r.start as usize..r.end as usize);
+    Ok(GetResult {
+        payload: GetResultPayload::Stream(futures::stream::once(async move { Ok(slice) }).boxed()),
+        meta,
+        range: r,
+        attributes,
+        extensions,
+    })
+}
+
 impl fmt::Debug for EncryptedStore {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("EncryptedStore")
@@ -122,35 +183,33 @@ impl ObjectStore for EncryptedStore {
         if options.head {
             return self.inner.get_opts(location, options).await;
         }
-        let range = options.range.clone();
-        let whole = GetOptions {
-            range: None,
-            ..options
-        };
-        let got = self.inner.get_opts(location, whole).await?;
+        let path = location.to_string();
+        if let Some(range) = options.range.clone() {
+            // The first frame first: what a delta header's read needs, without the object.
+            if let Some(got) = self.first_frame(location, &options, &range).await? {
+                return Ok(got);
+            }
+            let whole = GetOptions {
+                range: None,
+                ..options
+            };
+            let got = self.inner.get_opts(location, whole).await?;
+            let (meta, attributes, extensions) = (
+                got.meta.clone(),
+                got.attributes.clone(),
+                got.extensions.clone(),
+            );
+            let stored = got.bytes().await?;
+            let mut opener = Opener::new(&self.keys, &path);
+            let plain = join(opener.push(&stored).map_err(generic)?);
+            opener.finish().map_err(generic)?;
+            return ranged(plain, &range, meta, attributes, extensions);
+        }
+        let got = self.inner.get_opts(location, options).await?;
         let meta = got.meta.clone();
         let attributes = got.attributes.clone();
         let extensions = got.extensions.clone();
-        let path = location.to_string();
-        let mut opener = Opener::new(&self.keys, &path);
-        if let Some(range) = range {
-            let stored = got.bytes().await?;
-            let plain = join(opener.push(&stored).map_err(generic)?);
-            opener.finish().map_err(generic)?;
-            let r: Range<u64> = range
-                .as_range(plain.len() as u64)
-                .map_err(|e| generic(std::io::Error::other(e.to_string())))?;
-            let slice = plain.slice(r.start as usize..r.end as usize);
-            return Ok(GetResult {
-                payload: GetResultPayload::Stream(
-                    futures::stream::once(async move { Ok(slice) }).boxed(),
-                ),
-                meta,
-                range: r,
-                attributes,
-                extensions,
-            });
-        }
+        let opener = Opener::new(&self.keys, &path);
         let size = meta.size;
         let inner = match got.payload {
             // A local store hands over the file: read it in large pieces (its own stream reads
@@ -330,5 +389,101 @@ impl MultipartUpload for SealedUpload {
     async fn abort(&mut self) -> object_store::Result<()> {
         self.sealer = None;
         self.inner.abort().await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use object_store::ObjectStoreExt;
+    use object_store::memory::InMemory;
+
+    use super::super::{FRAME_BYTES, Sealer};
+    use super::*;
+
+    fn keys() -> SnapshotKeys {
+        SnapshotKeys::from_data_key("dk-test", &[7u8; 32]).expect("keys")
+    }
+
+    async fn read(store: &EncryptedStore, at: &Path, range: Option<Range<u64>>) -> Vec<u8> {
+        let opts = GetOptions {
+            range: range.map(Into::into),
+            ..Default::default()
+        };
+        store
+            .get_opts(at, opts)
+            .await
+            .expect("get")
+            .bytes()
+            .await
+            .expect("bytes")
+            .to_vec()
+    }
+
+    #[tokio::test]
+    async fn a_read_of_the_first_bytes_opens_only_the_first_frame() {
+        let inner = Arc::new(InMemory::new());
+        let store = EncryptedStore::new(inner.clone(), keys());
+        let at = Path::from("chunks/ab/abcd");
+        let plain: Vec<u8> = (0..2 * FRAME_BYTES).map(|i| (i % 253) as u8).collect();
+        store
+            .put(&at, PutPayload::from(plain.clone()))
+            .await
+            .expect("put");
+        assert_eq!(read(&store, &at, Some(0..1558)).await, plain[..1558]);
+        assert_eq!(read(&store, &at, Some(100..4096)).await, plain[100..4096]);
+        assert_eq!(
+            read(&store, &at, Some(4000..5000)).await,
+            plain[4000..5000],
+            "a range past the first frame"
+        );
+        assert_eq!(read(&store, &at, None).await, plain);
+
+        // Damage the last frame: the first bytes still read (only the first frame was opened),
+        // the whole object does not.
+        let mut stored = inner.get(&at).await.expect("get").bytes().await.expect("b");
+        let mut bad = stored.to_vec();
+        let last = bad.len() - 1;
+        bad[last] ^= 1;
+        stored = Bytes::from(bad);
+        inner.put(&at, PutPayload::from(stored)).await.expect("put");
+        assert_eq!(read(&store, &at, Some(0..1558)).await, plain[..1558]);
+        let whole = store.get(&at).await.expect("get").bytes().await;
+        assert!(whole.is_err(), "a damaged frame opened");
+        let past = store
+            .get_opts(
+                &at,
+                GetOptions {
+                    range: Some((4000..5000).into()),
+                    ..Default::default()
+                },
+            )
+            .await;
+        assert!(
+            past.is_err(),
+            "a range read past the first frame opens the whole object"
+        );
+    }
+
+    #[tokio::test]
+    async fn objects_sealed_with_a_long_first_frame_still_read_by_range() {
+        let inner = Arc::new(InMemory::new());
+        let k = keys();
+        let store = EncryptedStore::new(inner.clone(), k.clone());
+        let at = Path::from("chunks/cd/cdef");
+        let plain: Vec<u8> = (0..FRAME_BYTES + 10).map(|i| (i % 251) as u8).collect();
+        // As objects were sealed before short first frames: 1 MiB, then the rest.
+        let mut s = Sealer::new(&k, at.as_ref()).expect("sealer");
+        let mut stored = s.header().to_vec();
+        s.seal(&plain, &mut stored).expect("seal");
+        inner.put(&at, PutPayload::from(stored)).await.expect("put");
+        assert_eq!(read(&store, &at, Some(0..1558)).await, plain[..1558]);
+        assert_eq!(read(&store, &at, None).await, plain);
+        // A small object is read whole by the first read, and checked whole.
+        let small = Path::from("chunks/ef/ef01");
+        store
+            .put(&small, PutPayload::from(vec![5u8; 100]))
+            .await
+            .expect("put");
+        assert_eq!(read(&store, &small, Some(10..1558)).await, vec![5u8; 90]);
     }
 }
