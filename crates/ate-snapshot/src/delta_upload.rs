@@ -273,12 +273,13 @@ impl DurableStore {
     }
 }
 
-/// Chunk `index` of a parent's image, read where the parent holds it and checked against its
-/// digest; `None` when it does not hold it (a partial download) or it does not check. Blocking.
+/// Chunk `index` of a parent's image, read where the parent holds it and checked (a plain one
+/// against its digest, a sealed one by opening it: `MemoryFile::read_trusted_chunk`); `None`
+/// when it does not hold it (a partial download) or it does not check. Blocking.
 fn read_parent_chunk(dir: &std::path::Path, entry: &FileEntry, index: u64) -> Option<Vec<u8>> {
     let file = crate::generation::MemoryFile::open(dir, entry).ok()?;
     let mut buf = Vec::new();
-    file.read_verified_chunk(entry, index, &mut buf).ok()?;
+    file.read_trusted_chunk(entry, index, &mut buf).ok()?;
     Some(buf)
 }
 

@@ -111,7 +111,7 @@ impl DurableStore {
         let digest_owned = digest.to_string();
         let (compressed, bases) = run_at(priority, format!("compress {obj}"), move || {
             let mut buf = Vec::new();
-            file.read_verified_chunk(&entry_owned, index, &mut buf)?;
+            file.read_trusted_chunk(&entry_owned, index, &mut buf)?;
             if let Some((obj, bases)) = plan
                 .as_ref()
                 .and_then(|p| encode_planned(p, &digest_owned, &buf, CHUNK_ZSTD_LEVEL))

@@ -143,19 +143,20 @@ impl Sealer {
             Box::new(plain.chunks(FRAME_BYTES))
         };
         for piece in pieces {
+            // The piece is copied once, into `out`, and sealed where it lies.
+            out.reserve(4 + piece.len() + TAG_BYTES);
+            out.extend_from_slice(&((piece.len() + TAG_BYTES) as u32).to_le_bytes());
             let at = out.len();
-            out.extend_from_slice(&[0u8; 4]);
             out.extend_from_slice(piece);
-            let mut body = out.split_off(at + 4);
-            self.key
-                .seal_in_place_append_tag(
+            let tag = self
+                .key
+                .seal_in_place_separate_tag(
                     nonce(self.next),
                     Aad::from(aad(&self.path, self.next)),
-                    &mut body,
+                    &mut out[at..],
                 )
                 .map_err(|_| Error::Keys("seal failed".into()))?;
-            out[at..at + 4].copy_from_slice(&(body.len() as u32).to_le_bytes());
-            out.extend_from_slice(&body);
+            out.extend_from_slice(tag.as_ref());
             self.next += 1;
         }
         Ok(())
