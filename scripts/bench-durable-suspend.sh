@@ -64,6 +64,7 @@ for i in $(seq 1 "$CYCLES"); do
   s=$(date +%s.%N); $A suspend actor s1 -a bd --durable > /dev/null
   echo "[$label] durable suspend $i (1 % dirtied): $(echo "$(date +%s.%N) - $s" | bc) s"
   [ -n "$PP" ] && kill -INT $PP && wait $PP
-  get /healthz "[$label] resume $i: first answer %{time_total} s\n"; get / ""
+  get /healthz "[$label] resume $i: first answer %{time_total} s\n"
+  get / "[$label] resume $i: all memory read by %{time_total} s more\n"
 done
 kill -INT $UP; wait $UP

@@ -2,7 +2,7 @@
 //! run: what a suspend adds (seal the scratch dir into the generation dir), what an eager
 //! restore adds (open it whole into a scratch dir on the tmpfs, or stream it into a pipe as CRIU
 //! reads it), and what a lazy restore's page
-//! source pays per chunk (`MemoryFile::read_verified_chunk`, sealed frames vs a plain file).
+//! source pays per chunk (`MemoryFile::read_trusted_chunk`, sealed frames vs a plain file).
 //! Run: `cargo bench -p ate-snapshot --bench sealed` (256 MiB; needs /dev/shm).
 
 use std::fs;
@@ -153,8 +153,7 @@ fn bench(c: &mut Criterion) {
             let mut buf = Vec::new();
             b.iter(|| {
                 for i in 0..entry.chunk_count() {
-                    file.read_verified_chunk(&entry, i, &mut buf)
-                        .expect("chunk");
+                    file.read_trusted_chunk(&entry, i, &mut buf).expect("chunk");
                 }
             })
         });

@@ -106,8 +106,9 @@ impl Source {
         })
     }
 
-    /// Reads and verifies one chunk of a pages image and copies every page of it that any task
-    /// served from that image still lacks.
+    /// Reads and checks one chunk of a pages image (a plain one against its digest, a sealed one
+    /// by opening its frames: `MemoryFile::read_trusted_chunk`) and copies every page of it that
+    /// any task served from that image still lacks.
     pub(super) fn place_chunk(
         &mut self,
         pages_id: u32,
@@ -126,7 +127,7 @@ impl Source {
                     None => remote.wait_for(key, &file.entry)?,
                 };
             }
-            (None, Some(local)) => local.read_verified_chunk(&file.entry, chunk, &mut self.buf)?,
+            (None, Some(local)) => local.read_trusted_chunk(&file.entry, chunk, &mut self.buf)?,
             (None, None) => {
                 return Err(SourceError::Protocol(format!(
                     "pages image {pages_id} is not open"
