@@ -51,6 +51,14 @@ printf '%s\n' "$services_env" | sed 's/^/    /' >&2
 
 export ATE_TEST_IMAGES=${ATE_TEST_IMAGES:-$ROOT/workloads/target/images}
 
+if [[ ${CI:-} == true ]]; then
+  # A clean CI build gains nothing from incremental state, which takes several GiB beside the
+  # test binaries (a CI run once failed to link for want of space).
+  export CARGO_INCREMENTAL=0
+fi
+step "disk space"
+df -h "$ROOT" /tmp >&2 || true
+
 run_step "cargo fmt --all --check" cargo fmt --all --check || true
 run_step "cargo fmt --check (workloads)" cargo fmt --manifest-path workloads/Cargo.toml --all --check || true
 run_step "cargo clippy --workspace --all-targets -- -D warnings" \
