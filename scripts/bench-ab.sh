@@ -8,7 +8,8 @@
 # Today's defaults against the ones before user namespaces and encryption:
 #   A_LABEL=userns+encrypted B_LABEL=plain B_ENV=ATE_USERNS=0 B_FLAGS=--no-snapshot-encryption \
 #     OUT=target/bench-sandbox scripts/bench-ab.sh 50MiB 2
-# SKIP_RESUME=1 runs only `ate bench snapshots` (1 GiB: `bench resume` prepares 4 sleepers).
+# SKIP_RESUME=1 runs only `ate bench snapshots` (1 GiB: `bench resume` prepares 4 sleepers);
+# SKIP_SNAPSHOTS=1 only `ate bench resume`.
 # Summary: scripts/bench-ab-summary.py OUT A_LABEL B_LABEL
 set -u
 cd "$(dirname "$0")/.."
@@ -32,8 +33,10 @@ run() { # $1 label, $2 pair, $3 env (NAME=VALUE …), $4… extra ate up flags
   local UP=$!
   for _ in $(seq 1 240); do [ -s $D/ready.json ] && break; sleep 0.5; done
   export HOME=$D XDG_CONFIG_HOME=$D/config ATE_STATE_DIR=$D/state ATE_ROUTER=http://127.0.0.1:17980
-  $ATE --api 127.0.0.1:17943 bench snapshots --rounds 3 --memory "$MEM" --state-dir $D/state \
-    --images-dir "$IMG" --out "$OUT/snapshots-$label-$pair.json" 2>&1 | tee "$OUT/snapshots-$label-$pair.txt"
+  if [ -z "${SKIP_SNAPSHOTS:-}" ]; then
+    $ATE --api 127.0.0.1:17943 bench snapshots --rounds 3 --memory "$MEM" --state-dir $D/state \
+      --images-dir "$IMG" --out "$OUT/snapshots-$label-$pair.json" 2>&1 | tee "$OUT/snapshots-$label-$pair.txt"
+  fi
   if [ -z "${SKIP_RESUME:-}" ]; then
     $ATE --api 127.0.0.1:17943 bench resume --concurrency 1,4 --rounds 3 --memory "$MEM" \
       --images-dir "$IMG" --out "$OUT/resume-$label-$pair.json" 2>&1 | tee "$OUT/resume-$label-$pair.txt"

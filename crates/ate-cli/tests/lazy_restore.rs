@@ -11,15 +11,6 @@ use std::time::{Duration, Instant};
 use support::actors::*;
 use support::*;
 
-/// The sleeper's answer to `GET /`: `sleeper holding N MiB, checksum X`.
-fn checksum(body: &str) -> String {
-    body.rsplit("checksum ")
-        .next()
-        .map(|s| s.trim().to_string())
-        .filter(|s| s.len() == 16)
-        .unwrap_or_else(|| panic!("not a sleeper answer: {body:?}"))
-}
-
 /// `ate_worker_lazy_restores_total{outcome}` summed over the system's workers.
 fn lazy_restores(sys: &System, outcome: &str) -> u64 {
     sys.worker_metric(&format!(
@@ -65,7 +56,7 @@ fn suspended_sleeper(sys: &System, ns: &str) -> (String, String) {
     sys_apply(sys, ns, "sleeper", &Tpl::sleeper(64));
     create_actor(sys, ns, "s", "sleeper");
     let target = format!("{ns}/s");
-    let original = checksum(&get_ok(sys, &target, "/"));
+    let original = sleeper_checksum(&get_ok(sys, &target, "/"));
     sys.ate_ok(&["suspend", "actor", "s", "-a", ns]);
     (target, original)
 }
@@ -87,7 +78,7 @@ fn memory_survives_five_lazy_cycles_on_either_worker_and_from_the_durable_copy()
     create_actor(&sys, ns, "c", "counter");
     let sleeper = format!("{ns}/s");
     let counter = format!("{ns}/c");
-    let first = checksum(&get_ok(&sys, &sleeper, "/"));
+    let first = sleeper_checksum(&get_ok(&sys, &sleeper, "/"));
     assert_eq!(counts(&get_ok(&sys, &counter, "/")), (1, 1, 1));
     let mut workers = std::collections::BTreeSet::new();
     for cycle in 1..=5u64 {
@@ -104,7 +95,7 @@ fn memory_survives_five_lazy_cycles_on_either_worker_and_from_the_durable_copy()
         let health = get_ok(&sys, &sleeper, "/healthz");
         let first_answer = t.elapsed();
         assert_eq!(health, "ok");
-        let sum = checksum(&get_ok(&sys, &sleeper, "/"));
+        let sum = sleeper_checksum(&get_ok(&sys, &sleeper, "/"));
         eprintln!(
             "[timing] cycle {cycle}: sleeper 64 MiB first answer {} ms, full memory {} ms",
             first_answer.as_millis(),
@@ -183,7 +174,7 @@ fn expect_crash_never_a_wrong_answer(sys: &System, ns: &str, original: &str, why
     eprintln!("request after the fault: {status} {body}");
     if status == 200 {
         assert_eq!(
-            checksum(&body),
+            sleeper_checksum(&body),
             original,
             "an answer from unverified memory"
         );
@@ -339,7 +330,7 @@ fn a_damaged_chunk_in_the_durable_store_crashes_the_actor_and_no_wrong_page_is_s
     sys_apply(&sys, ns, "sleeper", &Tpl::sleeper(64));
     create_actor(&sys, ns, "s", "sleeper");
     let target = format!("{ns}/s");
-    let original = checksum(&get_ok(&sys, &target, "/"));
+    let original = sleeper_checksum(&get_ok(&sys, &target, "/"));
     sys.ate_ok(&["suspend", "actor", "s", "-a", ns, "--durable"]);
     let chunk = damage_durable_chunk(&sys, ns, "s", 1);
     expect_crash_never_a_wrong_answer(&sys, ns, &original, &[&chunk, "damaged"]);
@@ -362,7 +353,7 @@ fn chunks_gone_from_the_durable_store_mid_restore_crash_the_actor_and_revert_rec
     sys_apply(&sys, ns, "sleeper", &Tpl::sleeper(64));
     create_actor(&sys, ns, "s", "sleeper");
     let target = format!("{ns}/s");
-    let original = checksum(&get_ok(&sys, &target, "/"));
+    let original = sleeper_checksum(&get_ok(&sys, &target, "/"));
     sys.ate_ok(&["suspend", "actor", "s", "-a", ns, "--durable"]);
     std::fs::remove_dir_all(generation_dir(&sys.state_dir(), ns, "s", 1))
         .expect("remove the node-local generation");
@@ -376,7 +367,7 @@ fn chunks_gone_from_the_durable_store_mid_restore_crash_the_actor_and_revert_rec
     // The store is back: revert and the next request restore the same memory.
     std::fs::rename(&aside, &chunks).expect("move the chunks back");
     sys.ate_ok(&["revert", "actor", "s", "-a", ns]);
-    assert_eq!(checksum(&get_ok(&sys, &target, "/")), original);
+    assert_eq!(sleeper_checksum(&get_ok(&sys, &target, "/")), original);
 }
 
 #[test]
@@ -394,7 +385,11 @@ fn a_page_source_killed_mid_restore_never_leaves_the_actor_on_incomplete_memory(
     let (status, _, body) = get(sys.router_addr, &target, "/");
     eprintln!("request after the kill: {status} {body}");
     if status == 200 {
-        assert_eq!(checksum(&body), original, "answered from incomplete memory");
+        assert_eq!(
+            sleeper_checksum(&body),
+            original,
+            "answered from incomplete memory"
+        );
     }
     // A page source that died says nothing against the generation: the actor is stopped and
     // goes back to it (SUSPENDED, not CRASHED: no operator needed). The request above may
@@ -422,7 +417,7 @@ fn a_page_source_killed_mid_restore_never_leaves_the_actor_on_incomplete_memory(
         "SUSPENDED, and the reason says the page source ended: {ended}"
     );
     // The next request restores the same generation: its memory, intact.
-    assert_eq!(checksum(&get_ok(&sys, &target, "/")), original);
+    assert_eq!(sleeper_checksum(&get_ok(&sys, &target, "/")), original);
 }
 
 #[test]
@@ -446,7 +441,11 @@ fn a_worker_killed_during_the_background_push_adopts_the_actor_once_every_page_i
     loop {
         let (status, _, body) = get(sys.router_addr, &target, "/");
         if status == 200 {
-            assert_eq!(checksum(&body), original, "memory after the adoption");
+            assert_eq!(
+                sleeper_checksum(&body),
+                original,
+                "memory after the adoption"
+            );
             break;
         }
         assert!(
@@ -528,7 +527,7 @@ fn incremental_generations_restore_after_their_parents_were_pruned() {
     for _ in 2..=4 {
         let dirty = get_ok(&sys, &target, "/dirty?percent=1");
         assert!(dirty.starts_with("dirtied"), "{dirty}");
-        sum = checksum(&get_ok(&sys, &target, "/"));
+        sum = sleeper_checksum(&get_ok(&sys, &target, "/"));
         sys.ate_ok(&["suspend", "actor", "s", "-a", ns, "--durable"]);
     }
     let uploads = uploads_of(&sys, ns, "s");
@@ -645,7 +644,7 @@ fn incremental_generations_restore_after_their_parents_were_pruned() {
         .expect("remove the node-local generation");
     let _ = std::fs::remove_dir_all(sys.state_dir().join("snapshot-cache"));
     assert_eq!(
-        checksum(&get_ok(&sys, &target, "/")),
+        sleeper_checksum(&get_ok(&sys, &target, "/")),
         sum,
         "generation 4's memory, rebuilt from deltas on a pruned generation's chunks"
     );
@@ -668,7 +667,7 @@ fn sealed_generations_upload_only_what_changed_after_lazy_restores_from_either_c
     let dirty_and_suspend = || {
         let dirty = get_ok(&sys, &target, "/dirty?percent=1");
         assert!(dirty.starts_with("dirtied"), "{dirty}");
-        let sum = checksum(&get_ok(&sys, &target, "/"));
+        let sum = sleeper_checksum(&get_ok(&sys, &target, "/"));
         sys.ate_ok(&["suspend", "actor", "s", "-a", ns, "--durable"]);
         sum
     };
@@ -700,5 +699,5 @@ fn sealed_generations_upload_only_what_changed_after_lazy_restores_from_either_c
     std::fs::remove_dir_all(generation_dir(&sys.state_dir(), ns, "s", 3))
         .expect("remove the node-local generation");
     let _ = std::fs::remove_dir_all(sys.state_dir().join("snapshot-cache"));
-    assert_eq!(checksum(&get_ok(&sys, &target, "/")), sum);
+    assert_eq!(sleeper_checksum(&get_ok(&sys, &target, "/")), sum);
 }

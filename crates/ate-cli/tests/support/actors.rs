@@ -206,3 +206,13 @@ pub fn probe_on_closed_port(timeout: u32) -> Tpl {
         ..Tpl::counter()
     }
 }
+
+/// The checksum in the sleeper's answer to `GET /` (`sleeper holding N MiB, checksum X`): the
+/// same after a memory restore, another after a cold start.
+pub fn sleeper_checksum(body: &str) -> String {
+    body.rsplit("checksum ")
+        .next()
+        .map(|s| s.trim().to_string())
+        .filter(|s| s.len() == 16)
+        .unwrap_or_else(|| panic!("not a sleeper answer: {body:?}"))
+}

@@ -454,3 +454,45 @@ pub fn fresh_postgres() -> String {
 pub fn ms(d: Duration) -> u128 {
     d.as_millis()
 }
+
+/// A process under `root` (its child, grandchild, … up to 8 levels) whose arguments satisfy
+/// `matches`: a runc or CRIU run by one of `ate up`'s components, for a fault test to kill.
+pub fn descendant_matching(root: u32, matches: impl Fn(&[String]) -> bool) -> Option<i32> {
+    let procs: Vec<(i32, i32, Vec<String>)> = std::fs::read_dir("/proc")
+        .ok()?
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
+        .filter_map(|pid| {
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+            let ppid = stat
+                .get(stat.rfind(')')? + 1..)?
+                .split_whitespace()
+                .nth(1)?
+                .parse()
+                .ok()?;
+            let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
+            let args = cmdline
+                .split(|&b| b == 0)
+                .filter(|a| !a.is_empty())
+                .map(|a| String::from_utf8_lossy(a).into_owned())
+                .collect();
+            Some((pid, ppid, args))
+        })
+        .collect();
+    let descends = |mut pid: i32| {
+        for _ in 0..8 {
+            let Some((_, ppid, _)) = procs.iter().find(|(p, _, _)| *p == pid) else {
+                return false;
+            };
+            if *ppid == root as i32 {
+                return true;
+            }
+            pid = *ppid;
+        }
+        false
+    };
+    procs
+        .iter()
+        .find(|(pid, _, args)| matches(args) && descends(*pid))
+        .map(|(pid, _, _)| *pid)
+}

@@ -177,22 +177,26 @@ pub fn copy(fd: RawFd, dst: u64, data: &[u8]) -> io::Result<Placed> {
             done += arg.copy as u64;
             continue;
         }
-        match -arg.copy as i32 {
+        match failure(arg.copy, result.err()) {
             libc::EEXIST => done += PAGE_SIZE,
             libc::EAGAIN => return Ok(Placed::Retry),
             libc::ENOENT => return Ok(Placed::Gone),
             libc::ESRCH | libc::ENOSPC => return Ok(Placed::Exited),
-            _ => {
-                let errno = result.err().map(|e| e as i32).unwrap_or(0);
-                return Err(io::Error::from_raw_os_error(if errno != 0 {
-                    errno
-                } else {
-                    -arg.copy as i32
-                }));
-            }
+            errno => return Err(io::Error::from_raw_os_error(errno)),
         }
     }
     Ok(Placed::Done)
+}
+
+/// Why a UFFDIO_COPY or UFFDIO_ZEROPAGE placed nothing: the negative errno the kernel wrote into
+/// the result field (`copy`, `zeropage`), or, when it failed before writing it, the ioctl's own
+/// errno. A process whose address space is already gone fails the second way
+/// (`mmget_not_zero` fails: -ESRCH, the field left 0): that is an exit, not an error.
+fn failure(field: i64, ioctl: Option<nix::errno::Errno>) -> i32 {
+    if field < 0 {
+        return -field as i32;
+    }
+    ioctl.map_or(libc::EIO, |e| e as i32)
 }
 
 /// Maps the zero page at `page` (a page never dumped, or dropped since) and wakes its waiters.
@@ -210,16 +214,13 @@ pub fn zero(fd: RawFd, page: u64) -> io::Result<Placed> {
     if result.is_ok() {
         return Ok(Placed::Done);
     }
-    match -arg.zeropage as i32 {
+    match failure(arg.zeropage, result.err()) {
         // Another fault on the same page was served first: the waiter still needs waking.
         libc::EEXIST => wake(fd, page).map(|()| Placed::Done),
         libc::EAGAIN => Ok(Placed::Retry),
         libc::ENOENT => Ok(Placed::Gone),
         libc::ESRCH | libc::ENOSPC => Ok(Placed::Exited),
-        _ => Err(result
-            .err()
-            .map(|e| io::Error::from_raw_os_error(e as i32))
-            .unwrap_or_else(|| io::Error::other("UFFDIO_ZEROPAGE failed"))),
+        errno => Err(io::Error::from_raw_os_error(errno)),
     }
 }
 
@@ -237,6 +238,20 @@ pub fn wake(fd: RawFd, page: u64) -> io::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_copy_into_a_process_already_gone_is_an_exit() {
+        use nix::errno::Errno;
+        // The kernel's result field first; the ioctl's errno when it failed before writing it
+        // (the address space gone: -ESRCH, the field left 0).
+        assert_eq!(
+            failure(-(libc::EEXIST as i64), Some(Errno::EEXIST)),
+            libc::EEXIST
+        );
+        assert_eq!(failure(0, Some(Errno::ESRCH)), libc::ESRCH);
+        assert_eq!(failure(0, Some(Errno::EFAULT)), libc::EFAULT);
+        assert_eq!(failure(0, None), libc::EIO);
+    }
 
     #[test]
     fn layouts_match_the_kernel_headers() {

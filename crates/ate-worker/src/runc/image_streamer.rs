@@ -272,8 +272,9 @@ fn write_image(
             };
             // Fewer wake-ups per GiB; a smaller `fs.pipe-max-size` keeps the default.
             let _ = nix::fcntl::fcntl(pipe.as_fd(), nix::fcntl::FcntlArg::F_SETPIPE_SZ(PIPE_BYTES));
+            let mut out = Paced::from_env(&mut pipe);
             let streamed = ate_snapshot::MemoryFile::open(&memory.generation, entry)
-                .and_then(|file| file.stream_to(entry, &mut pipe, Path::new(&name), OPEN_THREADS));
+                .and_then(|file| file.stream_to(entry, &mut out, Path::new(&name), OPEN_THREADS));
             match streamed {
                 Ok(()) => (entry.size, None),
                 Err(ate_snapshot::Error::Io { source, .. })
@@ -285,6 +286,56 @@ fn write_image(
                 Err(e) => (0, Some(e)),
             }
         }
+    }
+}
+
+/// The pipe a memory image is written to. Test-only pacing (`ATE_FAULT_IMAGE_STREAM_DELAY_MS`):
+/// a pause after every 2 MiB keeps an eager restore streaming long enough for a fault test to
+/// kill a process in the middle of it.
+struct Paced<'a> {
+    pipe: &'a mut File,
+    delay: Option<Duration>,
+    since_pause: usize,
+}
+
+impl<'a> Paced<'a> {
+    fn from_env(pipe: &'a mut File) -> Self {
+        let delay = std::env::var("ATE_FAULT_IMAGE_STREAM_DELAY_MS")
+            .ok()
+            .and_then(|v| v.parse::<u64>().ok())
+            .map(Duration::from_millis);
+        Paced {
+            pipe,
+            delay,
+            since_pause: 0,
+        }
+    }
+
+    fn wrote(&mut self, n: usize) {
+        let Some(delay) = self.delay else { return };
+        self.since_pause += n;
+        if self.since_pause >= 2 << 20 {
+            self.since_pause = 0;
+            std::thread::sleep(delay);
+        }
+    }
+}
+
+impl io::Write for Paced<'_> {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        let n = self.pipe.write(buf)?;
+        self.wrote(n);
+        Ok(n)
+    }
+
+    fn write_vectored(&mut self, bufs: &[io::IoSlice<'_>]) -> io::Result<usize> {
+        let n = self.pipe.write_vectored(bufs)?;
+        self.wrote(n);
+        Ok(n)
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        self.pipe.flush()
     }
 }
 
