@@ -625,6 +625,14 @@ fn a_worker_killed_while_streaming_an_eager_restore_loses_nothing() {
     let a = actor(&sys, ns, "s");
     assert_eq!(state_of(&a), "ACTOR_STATE_RUNNING", "{a}");
     assert!(g1.exists(), "generation 1 kept in place: {}", g1.display());
+    // The kill landed in the restore: that attempt was released (SUSPENDED, tried again), not
+    // CRASHED.
+    let api_log = sys.log("api");
+    assert!(
+        api_log.contains("resume failed for now; released to resume at the next attempt"),
+        "the cut restore was released to be tried again:\n{api_log}"
+    );
+    assert!(!api_log.contains("actor CRASHED"), "{api_log}");
     let node_log = sys.log("node");
     assert!(
         !node_log.contains("failed verification"),
