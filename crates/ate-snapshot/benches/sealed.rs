@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use ate_core::Fidelity;
 use ate_snapshot::sealed::{self, Opening, Scratch};
-use ate_snapshot::{GenerationMeta, MemoryFile, SnapshotKeys, seal_generation};
+use ate_snapshot::{GenerationMeta, MemoryFile, PipeSink, SnapshotKeys, seal_generation};
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 
 const MIB: usize = 1 << 20;
@@ -138,7 +138,9 @@ fn bench(c: &mut Criterion) {
                         let mut read = read;
                         read.read_exact(&mut sink).expect("drain");
                     });
-                    let mut write = write;
+                    // A 1 MiB pipe, as the worker's image streamer asks for.
+                    let mut write = std::fs::File::from(std::os::fd::OwnedFd::from(write));
+                    let _ = nix::fcntl::fcntl(&write, nix::fcntl::FcntlArg::F_SETPIPE_SZ(1 << 20));
                     file.stream_to(&entry, &mut write, Path::new("pipe"), 2)
                         .expect("stream");
                     drop(write);
@@ -147,6 +149,28 @@ fn bench(c: &mut Criterion) {
             })
         });
     }
+    // The same, the opened pages handed to the pipe by reference (what the worker does).
+    g.bench_function("eager_stream_to_pipe/sealed_vmsplice", |b| {
+        let file = MemoryFile::open(&sealed_gen, &entry).expect("open");
+        let mut sink = vec![0u8; SIZE];
+        b.iter(|| {
+            let (read, write) = std::io::pipe().expect("pipe");
+            std::thread::scope(|s| {
+                let drain = s.spawn(|| {
+                    use std::io::Read;
+                    let mut read = read;
+                    read.read_exact(&mut sink).expect("drain");
+                });
+                let write = std::fs::File::from(std::os::fd::OwnedFd::from(write));
+                let _ = nix::fcntl::fcntl(&write, nix::fcntl::FcntlArg::F_SETPIPE_SZ(1 << 20));
+                let mut pipe = PipeSink::new(write);
+                file.stream_to(&entry, &mut pipe, Path::new("pipe"), 2)
+                    .expect("stream");
+                pipe.finish().expect("finish");
+                drain.join().expect("drain thread");
+            })
+        })
+    });
     for (label, dir) in [("plain", &plain_gen), ("sealed", &sealed_gen)] {
         g.bench_function(format!("page_source_chunks/{label}"), |b| {
             let file = MemoryFile::open(dir, &entry).expect("open");

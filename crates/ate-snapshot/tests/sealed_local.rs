@@ -417,6 +417,38 @@ async fn a_memory_image_streams_whole_in_order_and_stops_at_a_bad_chunk() {
             .expect("stream");
         assert!(out == plain, "{threads} threads: streamed bytes differ");
     }
+    // Through a pipe that takes the pages by reference (the worker's image streamer), read
+    // slowly in small pieces: a buffer is not filled again before its bytes are read.
+    for pipe_bytes in [64 << 10, 1 << 20, 8 << 20] {
+        let file = ate_snapshot::MemoryFile::open(small.path(), entry).expect("sealed");
+        let (mut read, write) = std::io::pipe().expect("pipe");
+        let write = fs::File::from(std::os::fd::OwnedFd::from(write));
+        let _ = nix::fcntl::fcntl(&write, nix::fcntl::FcntlArg::F_SETPIPE_SZ(pipe_bytes));
+        let reader = std::thread::spawn(move || {
+            use std::io::Read;
+            let mut out = Vec::new();
+            let mut piece = vec![0u8; 3000];
+            loop {
+                let n = read.read(&mut piece).expect("read");
+                if n == 0 {
+                    return out;
+                }
+                out.extend_from_slice(&piece[..n]);
+                if out.len() % (64 << 10) < 3000 {
+                    std::thread::sleep(std::time::Duration::from_millis(1));
+                }
+            }
+        });
+        let mut sink = ate_snapshot::PipeSink::new(write);
+        file.stream_to(entry, &mut sink, shown, 2)
+            .expect("stream into the pipe");
+        sink.finish().expect("the reader read it all");
+        let out = reader.join().expect("reader");
+        assert!(
+            out == plain,
+            "a {pipe_bytes}-byte pipe: streamed bytes differ"
+        );
+    }
     let plain_file = ate_snapshot::MemoryFile::open(&f.gen_dir, entry).expect("plain");
     let mut out = Vec::new();
     plain_file

@@ -225,7 +225,7 @@ impl MemoryFile {
     pub fn stream_to(
         &self,
         entry: &FileEntry,
-        out: &mut impl std::io::Write,
+        out: &mut impl super::ChunkSink,
         shown_out: &Path,
         threads: usize,
     ) -> Result<()> {
@@ -236,8 +236,8 @@ impl MemoryFile {
             let mut filled = Vec::with_capacity(threads);
             let mut emptied = Vec::with_capacity(threads);
             for t in 0..threads {
-                // Two buffers in flight per thread (one being filled, one written), handed
-                // back and forth: no allocation per chunk.
+                // Three buffers per thread (one being filled, one waiting to be written, one a
+                // pipe sink may still hold), handed back and forth: no allocation per chunk.
                 let (full_tx, full_rx) = sync_channel::<Result<(Vec<u8>, Pieces)>>(2);
                 let (empty_tx, empty_rx) = sync_channel::<Vec<u8>>(3);
                 for _ in 0..3 {
@@ -261,13 +261,23 @@ impl MemoryFile {
                 filled.push(full_rx);
                 emptied.push(empty_tx);
             }
+            // The thread each buffer the sink still holds came from, oldest first: a sink gives
+            // buffers back in the order it took them.
+            let mut in_sink = std::collections::VecDeque::with_capacity(4);
             for index in 0..count {
                 let t = (index % threads as u64) as usize;
                 let (buf, pieces) = filled[t].recv().map_err(|_| {
                     Error::InvalidInput(format!("{}: a reader thread ended early", entry.path))
                 })??;
-                write_pieces(out, &buf, &pieces).map_err(|e| Error::io("write", shown_out, e))?;
-                let _ = emptied[t].send(buf);
+                in_sink.push_back(t);
+                let freed = out
+                    .write_chunk(buf, &pieces)
+                    .map_err(|e| Error::io("write", shown_out, e))?;
+                for buf in freed {
+                    if let Some(t) = in_sink.pop_front() {
+                        let _ = emptied[t].send(buf);
+                    }
+                }
             }
             Ok(())
         })
@@ -276,33 +286,3 @@ impl MemoryFile {
 
 /// Where a chunk's bytes are in its buffer, in order.
 type Pieces = Vec<std::ops::Range<usize>>;
-
-/// Writes `pieces` of `buf` to `out`, in order, in as few writes as the writer takes.
-fn write_pieces(
-    out: &mut impl std::io::Write,
-    buf: &[u8],
-    pieces: &[std::ops::Range<usize>],
-) -> std::io::Result<()> {
-    let mut slices = Vec::with_capacity(pieces.len());
-    for r in pieces {
-        let piece = buf.get(r.clone()).ok_or_else(|| {
-            std::io::Error::new(
-                std::io::ErrorKind::InvalidData,
-                "a chunk piece past its buffer",
-            )
-        })?;
-        if !piece.is_empty() {
-            slices.push(std::io::IoSlice::new(piece));
-        }
-    }
-    let mut slices = &mut slices[..];
-    while !slices.is_empty() {
-        match out.write_vectored(slices) {
-            Ok(0) => return Err(std::io::ErrorKind::WriteZero.into()),
-            Ok(n) => std::io::IoSlice::advance_slices(&mut slices, n),
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(e),
-        }
-    }
-    Ok(())
-}

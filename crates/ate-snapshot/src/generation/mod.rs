@@ -27,6 +27,7 @@ pub fn container_rootfs_path(container: &str) -> String {
 const HASH_PARALLELISM: usize = 4;
 
 mod chunk;
+mod chunk_sink;
 mod extract;
 mod hash;
 mod memory_file;
@@ -35,6 +36,7 @@ pub mod sealed;
 mod verify;
 
 pub use chunk::{read_verified_chunk, read_verified_chunk_at, verify_chunk_bytes, verify_chunks};
+pub use chunk_sink::{ChunkSink, PipeSink};
 pub use extract::{
     extract_container_rootfs, extract_rootfs, extract_volume, quarantine, quarantine_path,
 };

@@ -8,9 +8,11 @@
 //! sealed eager restore cost over a plaintext one (docs/benchmarks.md); streamed, the opening
 //! runs alongside CRIU's own work, and no plaintext copy of the memory is ever written.
 //!
-//! Architecture invariant: CRIU only ever reads authenticated, checked bytes. A chunk is
-//! written to the pipe after its frames opened and its BLAKE3 matched the manifest; on a bad
-//! chunk the pipe is closed short, CRIU fails the restore, and the error names the file.
+//! Architecture invariant: CRIU only ever reads authenticated, checked bytes. A chunk goes into
+//! the pipe after its frames opened (each under the file's key, bound to its path and index);
+//! on a bad chunk the pipe is closed short, CRIU fails the restore, and the error names the
+//! file. The chunks' pages go in by reference ([`ate_snapshot::PipeSink`]), so a buffer is not
+//! filled again before CRIU has read it.
 //!
 //! Needs CRIU with the project's patch 0002 (scripts/criu-patches): upstream `criu swrk`, which
 //! runc drives, refuses `stream`.
@@ -272,9 +274,14 @@ fn write_image(
             };
             // Fewer wake-ups per GiB; a smaller `fs.pipe-max-size` keeps the default.
             let _ = nix::fcntl::fcntl(pipe.as_fd(), nix::fcntl::FcntlArg::F_SETPIPE_SZ(PIPE_BYTES));
-            let mut out = Paced::from_env(&mut pipe);
+            // The opened chunks' pages go into the pipe by reference: CRIU's read is the only
+            // copy of the memory after opening it.
+            let mut out = Paced::from_env(ate_snapshot::PipeSink::new(pipe));
             let streamed = ate_snapshot::MemoryFile::open(&memory.generation, entry)
                 .and_then(|file| file.stream_to(entry, &mut out, Path::new(&name), OPEN_THREADS));
+            if let Err(e) = out.sink.finish() {
+                tracing::warn!(image = %name, error = %e, "image streamer: the pipe was not read to its end; its buffers are left allocated");
+            }
             match streamed {
                 Ok(()) => (entry.size, None),
                 Err(ate_snapshot::Error::Io { source, .. })
@@ -289,53 +296,35 @@ fn write_image(
     }
 }
 
-/// The pipe a memory image is written to. Test-only pacing (`ATE_FAULT_IMAGE_STREAM_DELAY_MS`):
-/// a pause after every 2 MiB keeps an eager restore streaming long enough for a fault test to
-/// kill a process in the middle of it.
-struct Paced<'a> {
-    pipe: &'a mut File,
+/// Where a memory image's chunks go. Test-only pacing (`ATE_FAULT_IMAGE_STREAM_DELAY_MS`): a
+/// pause after every chunk (2 MiB) keeps an eager restore streaming long enough for a fault
+/// test to kill a process in the middle of it.
+struct Paced<S> {
+    sink: S,
     delay: Option<Duration>,
-    since_pause: usize,
 }
 
-impl<'a> Paced<'a> {
-    fn from_env(pipe: &'a mut File) -> Self {
+impl<S> Paced<S> {
+    fn from_env(sink: S) -> Self {
         let delay = std::env::var("ATE_FAULT_IMAGE_STREAM_DELAY_MS")
             .ok()
             .and_then(|v| v.parse::<u64>().ok())
             .map(Duration::from_millis);
-        Paced {
-            pipe,
-            delay,
-            since_pause: 0,
-        }
-    }
-
-    fn wrote(&mut self, n: usize) {
-        let Some(delay) = self.delay else { return };
-        self.since_pause += n;
-        if self.since_pause >= 2 << 20 {
-            self.since_pause = 0;
-            std::thread::sleep(delay);
-        }
+        Paced { sink, delay }
     }
 }
 
-impl io::Write for Paced<'_> {
-    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
-        let n = self.pipe.write(buf)?;
-        self.wrote(n);
-        Ok(n)
-    }
-
-    fn write_vectored(&mut self, bufs: &[io::IoSlice<'_>]) -> io::Result<usize> {
-        let n = self.pipe.write_vectored(bufs)?;
-        self.wrote(n);
-        Ok(n)
-    }
-
-    fn flush(&mut self) -> io::Result<()> {
-        self.pipe.flush()
+impl<S: ate_snapshot::ChunkSink> ate_snapshot::ChunkSink for Paced<S> {
+    fn write_chunk(
+        &mut self,
+        buf: Vec<u8>,
+        pieces: &[std::ops::Range<usize>],
+    ) -> io::Result<Vec<Vec<u8>>> {
+        let freed = self.sink.write_chunk(buf, pieces)?;
+        if let Some(delay) = self.delay {
+            std::thread::sleep(delay);
+        }
+        Ok(freed)
     }
 }
 
