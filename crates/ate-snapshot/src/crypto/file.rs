@@ -300,24 +300,21 @@ impl SealedFile {
         Ok(())
     }
 
-    /// Opens the frames holding plaintext bytes `start .. start + len`, where `start` is a
-    /// frame boundary and `start + len` one or the end, with one read into `buf` (grown to fit,
-    /// never shrunk) and in place: returns where in `buf` the plaintext pieces are, in order
-    /// (one per frame; the frames' length prefixes and tags lie between them). What an eager
-    /// restore streams to CRIU is written from there, without joining the pieces first.
-    pub(crate) fn open_frames_in_place(
+    /// The frames holding plaintext bytes `start .. start + len`, where `start` is a frame
+    /// boundary and `start + len` one or the end: `(first, last, stored offset, stored length)`,
+    /// `None` for an empty range.
+    fn frames_span(
         &self,
         start: u64,
         len: usize,
-        buf: &mut Vec<u8>,
-    ) -> Result<Vec<std::ops::Range<usize>>, SealedError> {
+    ) -> Result<Option<(u64, u64, u64, usize)>, SealedError> {
         let frame_bytes = FRAME_BYTES as u64;
         let end = start + len as u64;
         if end > self.plain_len || !start.is_multiple_of(frame_bytes) {
             return Err(SealedError::Open(OpenError::Truncated("frame")));
         }
         if len == 0 {
-            return Ok(Vec::new());
+            return Ok(None);
         }
         let (first, last) = (start / frame_bytes, (end - 1) / frame_bytes);
         if !end.is_multiple_of(frame_bytes) && end != self.plain_len {
@@ -326,7 +323,22 @@ impl SealedFile {
         let at = self.base + first * FULL_FRAME;
         let stored_end = (self.base + (last + 1) * FULL_FRAME)
             .min(self.base + self.plain_len + self.frames * FRAME_OVERHEAD);
-        let stored_len = (stored_end - at) as usize;
+        Ok(Some((first, last, at, (stored_end - at) as usize)))
+    }
+
+    /// Opens the frames holding plaintext bytes `start .. start + len` (see
+    /// [`Self::frames_span`]) with one read into `buf` (grown to fit, never shrunk) and in
+    /// place: returns where in `buf` the plaintext pieces are, in order (one per frame; the
+    /// frames' length prefixes and tags lie between them).
+    pub(crate) fn open_frames_in_place(
+        &self,
+        start: u64,
+        len: usize,
+        buf: &mut Vec<u8>,
+    ) -> Result<Vec<std::ops::Range<usize>>, SealedError> {
+        let Some((first, last, at, stored_len)) = self.frames_span(start, len)? else {
+            return Ok(Vec::new());
+        };
         if buf.len() < stored_len {
             buf.resize(stored_len, 0);
         }
@@ -348,6 +360,65 @@ impl SealedFile {
             return Err(SealedError::Open(OpenError::Truncated("frame")));
         }
         Ok(pieces)
+    }
+
+    /// As [`Self::open_frames_in_place`], but the frames are read through a mapping of the file
+    /// and opened out of place into `buf` (grown to fit, never shrunk): the ciphertext is read
+    /// once, by AES-GCM, and the plaintext lands in one piece at the start of `buf`. What an
+    /// eager restore streams to CRIU. Where the file cannot be mapped, the frames are read and
+    /// opened in place instead.
+    pub(crate) fn open_frames_mapped(
+        &self,
+        start: u64,
+        len: usize,
+        buf: &mut Vec<u8>,
+    ) -> Result<Vec<std::ops::Range<usize>>, SealedError> {
+        let Some((first, last, at, stored_len)) = self.frames_span(start, len)? else {
+            return Ok(Vec::new());
+        };
+        let Ok(map) = super::mapped::Mapped::new(&self.file, at, stored_len) else {
+            return self.open_frames_in_place(start, len, buf);
+        };
+        let stored = map.bytes();
+        if buf.len() < len {
+            buf.resize(len, 0);
+        }
+        let (mut offset, mut out) = (0usize, 0usize);
+        for index in first..=last {
+            let bad = || SealedError::Open(OpenError::Frame(index));
+            let frame_len = (FULL_FRAME as usize).min(stored_len - offset);
+            if frame_len < FRAME_OVERHEAD as usize {
+                return Err(SealedError::Open(OpenError::Truncated("frame")));
+            }
+            let frame = &stored[offset..offset + frame_len];
+            let (prefix, sealed) = frame.split_at(4);
+            let prefix = prefix
+                .first_chunk::<4>()
+                .map(|p| u32::from_le_bytes(*p) as usize)
+                .ok_or_else(bad)?;
+            if prefix != sealed.len() {
+                return Err(bad());
+            }
+            let (ciphertext, tag) = sealed.split_at(sealed.len() - TAG_BYTES);
+            let plain = buf
+                .get_mut(out..out + ciphertext.len())
+                .ok_or(SealedError::Open(OpenError::Truncated("frame")))?;
+            self.key
+                .open_separate_gather(
+                    nonce(index),
+                    Aad::from(aad(&self.path, index)),
+                    ciphertext,
+                    tag,
+                    plain,
+                )
+                .map_err(|_| bad())?;
+            out += ciphertext.len();
+            offset += frame_len;
+        }
+        if out != len {
+            return Err(SealedError::Open(OpenError::Truncated("frame")));
+        }
+        Ok(vec![0..len])
     }
 
     /// Opens plaintext bytes `start .. start + len` into `out` (resized to `len`), reading only

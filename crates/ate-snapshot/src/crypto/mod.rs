@@ -25,6 +25,7 @@
 
 pub(crate) mod file;
 mod keys;
+mod mapped;
 mod store;
 
 use aws_lc_rs::aead::{AES_256_GCM, Aad, LessSafeKey, Nonce, UnboundKey};

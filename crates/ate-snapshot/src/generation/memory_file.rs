@@ -190,7 +190,8 @@ impl MemoryFile {
 
     /// Chunk `index` for [`Self::stream_to`], into `buf`: returns where its bytes are in `buf`,
     /// in order. A plain chunk is read and checked against its digest. A sealed chunk's frames
-    /// are read at once and opened in place (no copy to join them), and not hashed again: each
+    /// are read through a mapping and opened out of place into `buf` (no `pread` copy, no
+    /// joining copy), and not hashed again: each
     /// frame opened under the file's own key, bound to the file's path and the frame's index,
     /// and the file's size is the authenticated manifest's, so the bytes are the ones sealed,
     /// which the one-read seal hashed (BLAKE3 was 40 % of the streamer's CPU, the joining copy
@@ -208,7 +209,7 @@ impl MemoryFile {
             }
             Inner::Sealed(f) => {
                 let (start, end, _) = chunk_span(entry, index)?;
-                f.open_frames_in_place(start, (end - start) as usize, buf)
+                f.open_frames_mapped(start, (end - start) as usize, buf)
                     .map_err(|e: SealedError| {
                         super::sealed::reader_error(&entry.path, &self.shown, e)
                     })
