@@ -418,7 +418,7 @@ impl SealedFile {
         if out != len {
             return Err(SealedError::Open(OpenError::Truncated("frame")));
         }
-        Ok(vec![0..len])
+        Ok(std::iter::once(0..len).collect())
     }
 
     /// Opens plaintext bytes `start .. start + len` into `out` (resized to `len`), reading only
