@@ -3,9 +3,10 @@
 //! of a `pread` copy followed by a pass in place (in a 1 GiB eager restore the copy cost the
 //! streamer more than AES-GCM itself, docs/benchmarks.md).
 //!
-//! Architecture invariant: sealed files are written once and then only renamed or removed,
-//! never truncated or rewritten in place, so a mapping inside the size the file had when it was
-//! opened cannot fault past its end (`SIGBUS`).
+//! Architecture invariant: what is mapped is written once and then only renamed or removed,
+//! never truncated or rewritten in place (sealed generation files; a local object store's
+//! files, which object_store writes to a staging file and renames into place), so a mapping
+//! inside the size the file had when it was opened cannot fault past its end (`SIGBUS`).
 
 use std::fs::File;
 use std::io;

@@ -17,7 +17,7 @@ use object_store::{
     ObjectStore, PutMultipartOptions, PutOptions, PutPayload, PutResult, UploadPart,
 };
 
-use super::{OpenError, Opener, Sealer, SnapshotKeys, join, seal_object};
+use super::{OpenError, Opener, Sealer, SnapshotKeys, join, open_object, seal_object};
 
 const STORE: &str = "ate-encrypted";
 
@@ -205,9 +205,11 @@ impl ObjectStore for EncryptedStore {
                 got.extensions.clone(),
             );
             let stored = got.bytes().await?;
-            let mut opener = Opener::new(&self.keys, &path);
-            let plain = join(opener.push(&stored).map_err(generic)?);
-            opener.finish().map_err(generic)?;
+            let keys = self.keys.clone();
+            let plain = tokio::task::spawn_blocking(move || open_object(&keys, &path, &stored))
+                .await
+                .map_err(generic)?
+                .map_err(generic)?;
             return ranged(plain, &range, meta, attributes, extensions);
         }
         let got = self.inner.get_opts(location, options).await?;
@@ -217,8 +219,27 @@ impl ObjectStore for EncryptedStore {
         let opener = Opener::new(&self.keys, &path);
         let size = meta.size;
         let inner = match got.payload {
-            // A local store hands over the file: read it in large pieces (its own stream reads
-            // 8 KiB at a time).
+            // A local file of a chunk's size is opened whole, out of place from a mapping of
+            // it: one pass over its bytes (a 1 GiB durable download's chunks were read, copied
+            // into the opener, opened in place and joined: docs/benchmarks.md).
+            GetResultPayload::File(file, _) if size <= WHOLE_OPEN_MAX_BYTES => {
+                let keys = self.keys.clone();
+                let plain = tokio::task::spawn_blocking(move || open_local(&keys, &path, &file))
+                    .await
+                    .map_err(generic)??;
+                let len = plain.len() as u64;
+                return Ok(GetResult {
+                    payload: GetResultPayload::Stream(
+                        futures::stream::once(async move { Ok(plain) }).boxed(),
+                    ),
+                    meta,
+                    range: 0..len,
+                    attributes,
+                    extensions,
+                });
+            }
+            // A larger one is read in large pieces (the local store's own stream reads 8 KiB
+            // at a time) and opened as it comes.
             GetResultPayload::File(file, _) => file_stream(file),
             GetResultPayload::Stream(s) => s,
         };
@@ -315,6 +336,35 @@ impl ObjectStore for EncryptedStore {
         .await
         .map(|_| ())
     }
+}
+
+/// Objects a local store's file is opened whole for: a chunk object (2 MiB and a delta's
+/// header) with room; archives and images larger than this stream frame by frame.
+const WHOLE_OPEN_MAX_BYTES: u64 = 8 << 20;
+
+/// Opens the local stored object `file` whole: through a read-only mapping, or (a file that
+/// cannot be mapped, such as an empty one) read into memory first.
+fn open_local(
+    keys: &SnapshotKeys,
+    path: &str,
+    file: &std::fs::File,
+) -> object_store::Result<Bytes> {
+    let len = file.metadata().map_err(generic)?.len();
+    let mapped = usize::try_from(len)
+        .ok()
+        .filter(|&n| n > 0)
+        .and_then(|n| super::mapped::Mapped::new(file, 0, n).ok());
+    let opened = match &mapped {
+        Some(map) => open_object(keys, path, map.bytes()),
+        None => {
+            use std::io::Read;
+            let mut stored = Vec::new();
+            let mut reader = file;
+            reader.read_to_end(&mut stored).map_err(generic)?;
+            open_object(keys, path, &stored)
+        }
+    };
+    opened.map_err(generic)
 }
 
 /// Reads `file` to its end in pieces of up to four frames, on blocking threads. Each piece is
