@@ -83,6 +83,8 @@ impl DurableStore {
                 },
                 other => other,
             };
+            // (An encrypted local store opens a chunk whole in `get`, a remote one as it
+            // streams in: either way a chunk that does not open is named.)
             let got = match got {
                 Ok(r) => r.bytes().await.map_err(named)?,
                 Err(object_store::Error::NotFound { .. }) => {
@@ -90,7 +92,7 @@ impl DurableStore {
                         file: format!("{label}, {obj})"),
                     });
                 }
-                Err(e) => return Err(Error::object(&obj, e)),
+                Err(e) => return Err(named(e)),
             };
             let name = obj.to_string();
             let Some(header) = chunk_delta::parse_header(&got, &name)? else {
