@@ -13,37 +13,8 @@ IMG=${ATE_TEST_IMAGES:-$PWD/target/tmp/ate-test-images}
 ATE=${ATE_BIN:-$PWD/target/release/ate}
 MIB=${MIB:-1024} CYCLES=${CYCLES:-3}
 D=${OUT:-$PWD/target/bench-durable}/$label; rm -rf "$D"; mkdir -p "$D"
-cat > "$D/sleeper.yaml" <<YAML
-apiVersion: ate.dev/v1alpha1
-kind: Atespace
-metadata: {name: bd}
----
-apiVersion: ate.dev/v1alpha1
-kind: ActorTemplate
-metadata: {namespace: bd, name: sleeper}
-spec:
-  containers:
-    - name: sleeper
-      image: "oci-layout:$IMG/sleeper:latest"
-      command: ["/sleeper"]
-      env: [{name: SLEEPER_MEMORY_MIB, value: "$MIB"}]
-      wakeupProbe: {httpGet: {path: /healthz, port: 80}, timeoutSeconds: 120}
-  resources: {cpu: 250m, memory: $((MIB + 64))Mi}
-  snapshots: {fidelity: memory}
-  idleTimeout: 5m
-YAML
-env RUST_LOG=info HOME=$D XDG_CONFIG_HOME=$D/config ATE_KEEP_FROZEN=0 \
-  $ATE up --state-dir $D/state --workers 1 --worker-slots 8 \
-  --router-listen 127.0.0.1:17980 --router-metrics-listen 127.0.0.1:17981 \
-  --api-listen 127.0.0.1:17943 --api-http-listen 127.0.0.1:17990 --node-listen 127.0.0.1:17985 \
-  --worker-first-ip 127.79.0.2 --worker-port 17944 --ready-file $D/ready.json \
-  --images-dir "$IMG" "$@" > $D/up.log 2>&1 &
-UP=$!
-for _ in $(seq 1 240); do [ -s $D/ready.json ] && break; sleep 0.5; done
-export HOME=$D XDG_CONFIG_HOME=$D/config ATE_STATE_DIR=$D/state
-A="$ATE --api 127.0.0.1:17943"
-$A apply -f "$D/sleeper.yaml" > /dev/null
-$A create actor s1 -a bd -t bd/sleeper > /dev/null
+. scripts/bench-sleeper-system.sh
+sleeper_system bd "{fidelity: memory}" "info" "$@"
 get() { curl -s -m 300 -o /dev/null -w "$2" -H 'ate-target-actor: bd/s1' "http://127.0.0.1:17980$1"; }
 get /healthz ""; get / ""
 # The first durable copy: every chunk new to the store; later ones go as deltas.

@@ -11,37 +11,8 @@ IMG=${ATE_TEST_IMAGES:-$PWD/target/tmp/ate-test-images}
 ATE=${ATE_BIN:-$PWD/target/release/ate}
 MIB=${MIB:-1024} CYCLES=${CYCLES:-3}
 D=${OUT:-$PWD/target/bench-eager}/$label; rm -rf "$D"; mkdir -p "$D"
-cat > "$D/sleeper.yaml" <<YAML
-apiVersion: ate.dev/v1alpha1
-kind: Atespace
-metadata: {name: be}
----
-apiVersion: ate.dev/v1alpha1
-kind: ActorTemplate
-metadata: {namespace: be, name: sleeper}
-spec:
-  containers:
-    - name: sleeper
-      image: "oci-layout:$IMG/sleeper:latest"
-      command: ["/sleeper"]
-      env: [{name: SLEEPER_MEMORY_MIB, value: "$MIB"}]
-      wakeupProbe: {httpGet: {path: /healthz, port: 80}, timeoutSeconds: 120}
-  resources: {cpu: 250m, memory: $((MIB + 64))Mi}
-  snapshots: {fidelity: memory, memoryRestore: eager}
-  idleTimeout: 5m
-YAML
-env RUST_LOG=info,ate_worker::runc=debug HOME=$D XDG_CONFIG_HOME=$D/config ATE_KEEP_FROZEN=0 \
-  $ATE up --state-dir $D/state --workers 1 --worker-slots 8 \
-  --router-listen 127.0.0.1:17980 --router-metrics-listen 127.0.0.1:17981 \
-  --api-listen 127.0.0.1:17943 --api-http-listen 127.0.0.1:17990 --node-listen 127.0.0.1:17985 \
-  --worker-first-ip 127.79.0.2 --worker-port 17944 --ready-file $D/ready.json \
-  --images-dir "$IMG" "$@" > $D/up.log 2>&1 &
-UP=$!
-for _ in $(seq 1 240); do [ -s $D/ready.json ] && break; sleep 0.5; done
-export HOME=$D XDG_CONFIG_HOME=$D/config ATE_STATE_DIR=$D/state
-A="$ATE --api 127.0.0.1:17943"
-$A apply -f "$D/sleeper.yaml" > /dev/null
-$A create actor s1 -a be -t be/sleeper > /dev/null
+. scripts/bench-sleeper-system.sh
+sleeper_system be "{fidelity: memory, memoryRestore: eager}" "info,ate_worker::runc=debug" "$@"
 curl -s -m 300 -o /dev/null -H 'ate-target-actor: be/s1' http://127.0.0.1:17980/healthz
 for i in $(seq 1 "$CYCLES"); do
   $A suspend actor s1 -a be > /dev/null

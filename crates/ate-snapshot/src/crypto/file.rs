@@ -217,14 +217,7 @@ impl SealedFile {
         file.read_exact_at(&mut rest, head.len() as u64)
             .map_err(SealedError::Io)?;
         let (id, salt) = rest.split_at(id_len);
-        if id != keys.data_key_id.as_bytes() {
-            return Err(SealedError::Open(OpenError::OtherKey {
-                found: String::from_utf8_lossy(id).into_owned(),
-                held: keys.data_key_id.clone(),
-            }));
-        }
-        let key =
-            object_key(keys, salt).map_err(|e| SealedError::Open(OpenError::Key(e.to_string())))?;
+        let key = super::header_key(keys, id, salt).map_err(SealedError::Open)?;
         let body = disk_len - base;
         let frames = body.div_ceil(FULL_FRAME).max(1);
         let plain_len = body
@@ -399,20 +392,13 @@ impl SealedFile {
             if prefix != sealed.len() {
                 return Err(bad());
             }
-            let (ciphertext, tag) = sealed.split_at(sealed.len() - TAG_BYTES);
+            let n = sealed.len() - TAG_BYTES;
             let plain = buf
-                .get_mut(out..out + ciphertext.len())
+                .get_mut(out..out + n)
                 .ok_or(SealedError::Open(OpenError::Truncated("frame")))?;
-            self.key
-                .open_separate_gather(
-                    nonce(index),
-                    Aad::from(aad(&self.path, index)),
-                    ciphertext,
-                    tag,
-                    plain,
-                )
-                .map_err(|_| bad())?;
-            out += ciphertext.len();
+            super::open_frame_into(&self.key, &self.path, index, sealed, plain)
+                .map_err(SealedError::Open)?;
+            out += n;
             offset += frame_len;
         }
         if out != len {

@@ -26,12 +26,6 @@ pub(crate) struct Mapped {
     len: usize,
 }
 
-// SAFETY: the mapping is read-only and owned by this value; sharing or sending it shares
-// immutable bytes only.
-unsafe impl Send for Mapped {}
-// SAFETY: as above: nothing is ever written through the mapping.
-unsafe impl Sync for Mapped {}
-
 impl Mapped {
     pub(crate) fn new(file: &File, offset: u64, len: usize) -> io::Result<Self> {
         let skew = offset % PAGE;

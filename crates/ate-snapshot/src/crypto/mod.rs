@@ -81,6 +81,62 @@ fn object_key(keys: &SnapshotKeys, salt: &[u8]) -> Result<LessSafeKey> {
         .map_err(|_| Error::Keys("not an AES-256 key".into()))
 }
 
+/// The key of an object whose header names data key `id` and carries `salt`; refused when `id`
+/// is not the data key this process holds.
+fn header_key(
+    keys: &SnapshotKeys,
+    id: &[u8],
+    salt: &[u8],
+) -> std::result::Result<LessSafeKey, OpenError> {
+    if id != keys.data_key_id.as_bytes() {
+        return Err(OpenError::OtherKey {
+            found: String::from_utf8_lossy(id).into_owned(),
+            held: keys.data_key_id.clone(),
+        });
+    }
+    object_key(keys, salt).map_err(|e| OpenError::Key(e.to_string()))
+}
+
+/// The key and the header's length of the object `stored` starts (it starts with [`MAGIC`]);
+/// `None` while `stored` is shorter than its header.
+fn read_header(
+    keys: &SnapshotKeys,
+    stored: &[u8],
+) -> std::result::Result<Option<(LessSafeKey, usize)>, OpenError> {
+    let Some(&id_len) = stored.get(MAGIC.len()) else {
+        return Ok(None);
+    };
+    let id_end = MAGIC.len() + 1 + usize::from(id_len);
+    let Some(salt) = stored.get(id_end..id_end + SALT_BYTES) else {
+        return Ok(None);
+    };
+    let key = header_key(keys, &stored[MAGIC.len() + 1..id_end], salt)?;
+    Ok(Some((key, id_end + SALT_BYTES)))
+}
+
+/// Opens frame `index` of the object at `path` (`sealed`: its ciphertext, then its tag) out of
+/// place into `plain`, which is as long as the ciphertext.
+fn open_frame_into(
+    key: &LessSafeKey,
+    path: &str,
+    index: u64,
+    sealed: &[u8],
+    plain: &mut [u8],
+) -> std::result::Result<(), OpenError> {
+    let frame = || OpenError::Frame(index);
+    let (ciphertext, tag) = sealed
+        .split_at_checked(sealed.len().checked_sub(TAG_BYTES).ok_or_else(frame)?)
+        .ok_or_else(frame)?;
+    key.open_separate_gather(
+        nonce(index),
+        Aad::from(aad(path, index)),
+        ciphertext,
+        tag,
+        plain,
+    )
+    .map_err(|_| frame())
+}
+
 fn nonce(index: u64) -> Nonce {
     let mut n = [0u8; 12];
     n[4..].copy_from_slice(&index.to_be_bytes());
@@ -246,23 +302,9 @@ impl Opener {
                 }
                 return Err(OpenError::Plaintext);
             }
-            if self.buf.len() < MAGIC.len() + 1 {
+            let Some((key, need)) = read_header(&self.keys, &self.buf)? else {
                 return Ok(Vec::new());
-            }
-            let id_len = usize::from(self.buf[MAGIC.len()]);
-            let need = MAGIC.len() + 1 + id_len + SALT_BYTES;
-            if self.buf.len() < need {
-                return Ok(Vec::new());
-            }
-            let id = &self.buf[MAGIC.len() + 1..MAGIC.len() + 1 + id_len];
-            if id != self.keys.data_key_id.as_bytes() {
-                return Err(OpenError::OtherKey {
-                    found: String::from_utf8_lossy(id).into_owned(),
-                    held: self.keys.data_key_id.clone(),
-                });
-            }
-            let key = object_key(&self.keys, &self.buf[need - SALT_BYTES..need])
-                .map_err(|e| OpenError::Key(e.to_string()))?;
+            };
             self.buf.advance(need);
             self.state = State::Frames(key);
         }
@@ -350,19 +392,7 @@ pub(crate) fn open_object(
         o.finish()?;
         return Ok(out);
     }
-    let header = || OpenError::Truncated("header");
-    let id_len = usize::from(*stored.get(MAGIC.len()).ok_or_else(header)?);
-    let need = MAGIC.len() + 1 + id_len + SALT_BYTES;
-    let head = stored.get(..need).ok_or_else(header)?;
-    let id = &head[MAGIC.len() + 1..MAGIC.len() + 1 + id_len];
-    if id != keys.data_key_id.as_bytes() {
-        return Err(OpenError::OtherKey {
-            found: String::from_utf8_lossy(id).into_owned(),
-            held: keys.data_key_id.clone(),
-        });
-    }
-    let key =
-        object_key(keys, &head[need - SALT_BYTES..]).map_err(|e| OpenError::Key(e.to_string()))?;
+    let (key, need) = read_header(keys, stored)?.ok_or(OpenError::Truncated("header"))?;
     // Every frame's place, checked for shape before anything is opened.
     let mut frames = Vec::new();
     let (mut at, mut plain_len) = (need, 0usize);
@@ -388,16 +418,9 @@ pub(crate) fn open_object(
     let mut out = vec![0u8; plain_len];
     let mut written = 0;
     for (index, frame) in (0u64..).zip(frames) {
-        let (ciphertext, tag) = frame.split_at(frame.len() - TAG_BYTES);
-        key.open_separate_gather(
-            nonce(index),
-            Aad::from(aad(path, index)),
-            ciphertext,
-            tag,
-            &mut out[written..written + ciphertext.len()],
-        )
-        .map_err(|_| OpenError::Frame(index))?;
-        written += ciphertext.len();
+        let n = frame.len() - TAG_BYTES;
+        open_frame_into(&key, path, index, frame, &mut out[written..written + n])?;
+        written += n;
     }
     Ok(Bytes::from(out))
 }

@@ -224,9 +224,10 @@ impl ObjectStore for EncryptedStore {
             // into the opener, opened in place and joined: docs/benchmarks.md).
             GetResultPayload::File(file, _) if size <= WHOLE_OPEN_MAX_BYTES => {
                 let keys = self.keys.clone();
-                let plain = tokio::task::spawn_blocking(move || open_local(&keys, &path, &file))
-                    .await
-                    .map_err(generic)??;
+                let plain =
+                    tokio::task::spawn_blocking(move || open_local(&keys, &path, &file, size))
+                        .await
+                        .map_err(generic)??;
                 let len = plain.len() as u64;
                 return Ok(GetResult {
                     payload: GetResultPayload::Stream(
@@ -342,14 +343,15 @@ impl ObjectStore for EncryptedStore {
 /// header) with room; archives and images larger than this stream frame by frame.
 const WHOLE_OPEN_MAX_BYTES: u64 = 8 << 20;
 
-/// Opens the local stored object `file` whole: through a read-only mapping, or (a file that
-/// cannot be mapped, such as an empty one) read into memory first.
+/// Opens the local stored object `file` of `len` bytes (the size the store read when it opened
+/// it) whole: through a read-only mapping, or (a file that cannot be mapped, such as an empty
+/// one) read into memory first.
 fn open_local(
     keys: &SnapshotKeys,
     path: &str,
     file: &std::fs::File,
+    len: u64,
 ) -> object_store::Result<Bytes> {
-    let len = file.metadata().map_err(generic)?.len();
     let mapped = usize::try_from(len)
         .ok()
         .filter(|&n| n > 0)

@@ -165,9 +165,7 @@ impl PipeSink {
             std::mem::forget(buf);
         }
     }
-}
 
-impl PipeSink {
     /// Hands `pieces` of `buf` to the pipe, whole; the bytes handed.
     fn splice(&self, buf: &[u8], pieces: &[Range<usize>]) -> io::Result<u64> {
         let mut slices = slices_of(buf, pieces)?;
