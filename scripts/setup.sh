@@ -25,7 +25,7 @@ CRIU_SHA256=29ec0ee09e296479fe7048c80980e8ef1d0684d0b0204c2b101dfea19f6725b9
 CRIU_PREFIX=/usr/local/sbin
 # The project's patches (scripts/criu-patches/*.patch, applied in order); the last one sets
 # CRIU's version suffix to CRIU_PATCH_LEVEL, which is how a build with them is recognised.
-CRIU_PATCH_LEVEL=ate2
+CRIU_PATCH_LEVEL=ate3
 CRIU_PATCH_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/criu-patches
 TMP_SRC_LIST=/etc/apt/sources.list.d/ate-criu-src-unstable.list
 
@@ -103,7 +103,7 @@ criu_ok() {
     return 1
   fi
   if [[ $v != *".$CRIU_PATCH_LEVEL" ]]; then
-    log "criu at $c is $v, without the project's patches (.$CRIU_PATCH_LEVEL: lazy restores in user namespaces, image streaming over RPC)"
+    log "criu at $c is $v, without the project's patches (.$CRIU_PATCH_LEVEL: lazy restores in user namespaces, image streaming over RPC, memory tracking with uffd-wp)"
     return 1
   fi
   if ! "$c" check >/dev/null 2>&1; then

@@ -129,6 +129,10 @@ enum Command {
         /// The restore's work dir, where CRIU connects to `lazy-pages.socket`.
         #[arg(long)]
         work_dir: std::path::PathBuf,
+        /// Place pages write-protected and stay once all are in, so the next dump can leave
+        /// unwritten pages to this generation (CRIU restores with `lazy-pages-wp`).
+        #[arg(long)]
+        write_protect: bool,
     },
     /// Run the router (ingress): names → actors, parking, tunnels to workers.
     Router(serve::RouterArgs),
@@ -289,10 +293,11 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::PageSource {
             generation,
             work_dir,
+            write_protect,
         } => {
             // Blocking (poll on userfaultfds): on a thread of its own.
             let served = tokio::task::spawn_blocking(move || {
-                ate_worker::lazy::source::main(&generation, &work_dir)
+                ate_worker::lazy::source::main(&generation, &work_dir, write_protect)
             })
             .await
             .map_err(|e| anyhow::anyhow!("page source: {e}"))?;

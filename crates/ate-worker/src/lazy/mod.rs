@@ -4,7 +4,9 @@
 //! - [`images`]: reads CRIU's pagemap and mm images (which pages exist, where in the pages
 //!   file, which the restorer reads itself).
 //! - [`ranges`]: the set of pages a task still lacks, kept exact across mremap/munmap/madvise.
-//! - [`uffd`]: the userfaultfd ABI (events, COPY, ZEROPAGE, WAKE).
+//! - [`uffd`]: the userfaultfd ABI (events, COPY, ZEROPAGE, WAKE, WRITEPROTECT).
+//! - [`written`]: memory tracking's kernel features, and which pages a tracked restore's
+//!   tasks wrote since (PAGEMAP_SCAN).
 //! - [`source`]: the page source process (`ate page-source`), in place of `criu lazy-pages`,
 //!   verifying each 2 MiB chunk against the manifest's BLAKE3 digest as it first reads it.
 //! - [`remote`]: chunks fetched from the durable store when only part of the generation is
@@ -23,9 +25,10 @@ pub mod source;
 pub mod uffd;
 pub mod watch;
 pub mod working_set;
+pub mod written;
 
 pub use source::{SOCKET_NAME, SourceError, Stats};
 
 /// Left by the page source in the restore's work dir when it ends: `done` or `failed: …`.
 pub const STATUS_FILE: &str = "page-source.status";
-pub use watch::{Outcome, PageSource, REPORT_FD, SOURCE_DIED};
+pub use watch::{Outcome, PageSource, REPORT_FD, SOURCE_DIED, Tracking};

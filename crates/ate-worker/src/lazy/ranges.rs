@@ -100,6 +100,18 @@ impl Pending {
             .collect()
     }
 
+    /// Whether every page of `piece` sits where the dump found it: `self` is the task's
+    /// pending set as it was read from the images (before any event), and a piece moved by
+    /// `mremap` (or only partly back in place) is not. Write-protected copies are only for
+    /// pages in place: a page's write protection says "the same as the parent image *at this
+    /// address*" (see `source`'s memory tracking).
+    pub fn holds_in_place(&self, piece: &ImageRange) -> bool {
+        self.find(piece.start).is_some_and(|origin| {
+            piece.end <= origin.end
+                && origin.img_offset + (piece.start - origin.start) == piece.img_offset
+        })
+    }
+
     /// The pending range with the lowest address.
     pub fn first(&self) -> Option<ImageRange> {
         self.iter().next()
@@ -243,6 +255,24 @@ mod tests {
         p.remove(0, u64::MAX);
         assert!(p.is_empty());
         assert_eq!(p.pages(), 0);
+    }
+
+    #[test]
+    fn only_pieces_where_the_dump_found_them_are_in_place() {
+        let origin = Pending::new([r(10 * P, 20 * P, 0), r(40 * P, 42 * P, 10 * P)]);
+        let mut p = origin.clone();
+        assert!(origin.holds_in_place(&r(12 * P, 15 * P, 2 * P)));
+        assert!(origin.holds_in_place(&r(40 * P, 42 * P, 10 * P)));
+        // Moved onto the second range: its addresses, another image offset.
+        p.remap(12 * P, 40 * P, 3 * P);
+        let moved = p.find(40 * P).unwrap();
+        assert!(!origin.holds_in_place(&moved));
+        // Moved back: in place again.
+        p.remap(40 * P, 12 * P, 3 * P);
+        assert!(origin.holds_in_place(&p.find(12 * P).unwrap()));
+        // Moved where the dump had nothing, or across the end of an original range.
+        assert!(!origin.holds_in_place(&r(60 * P, 61 * P, 0)));
+        assert!(!origin.holds_in_place(&r(19 * P, 21 * P, 9 * P)));
     }
 
     #[test]

@@ -12,6 +12,10 @@ const UFFD: u8 = b'U';
 const DONE: u8 = b'D';
 const FAILED: u8 = b'E';
 const DAMAGED: u8 = b'X';
+const TRACKING: u8 = b'T';
+/// The worker's request (one byte, worker to page source): handle every queued event and answer
+/// with [`Report::Tracking`].
+pub const BARRIER: u8 = b'B';
 /// Longest text a report carries (an error message); longer ones are cut.
 const MAX_TEXT: usize = 4096;
 
@@ -28,6 +32,9 @@ pub enum Report {
     /// It gives up because the generation is damaged: a memory chunk does not match its digest
     /// in the manifest (the actor must not run on, and no restore of that copy can succeed).
     Damaged(String),
+    /// The answer to a barrier: `since_us=N` (tracking holds since CLOCK_BOOTTIME N µs) or
+    /// `lost: why`.
+    Tracking(String),
 }
 
 /// What the worker receives.
@@ -38,6 +45,7 @@ pub enum Received {
     Done(String),
     Failed(String),
     Damaged(String),
+    Tracking(String),
     /// The page source closed its end (it exited).
     Closed,
 }
@@ -63,6 +71,7 @@ pub fn send_report(sock: &UnixStream, report: &Report) -> io::Result<()> {
         Report::Done(t) => (DONE, t.as_str(), None),
         Report::Failed(t) => (FAILED, t.as_str(), None),
         Report::Damaged(t) => (DAMAGED, t.as_str(), None),
+        Report::Tracking(t) => (TRACKING, t.as_str(), None),
     };
     let mut bytes = Vec::with_capacity(1 + text.len().min(MAX_TEXT));
     bytes.push(tag);
@@ -121,6 +130,7 @@ pub fn receive_report(sock: &UnixStream) -> io::Result<Received> {
         (DONE, _) => Received::Done(text),
         (FAILED, _) => Received::Failed(text),
         (DAMAGED, _) => Received::Damaged(text),
+        (TRACKING, _) => Received::Tracking(text),
         (tag, _) => Received::Failed(format!("page source sent an unknown report {tag:#x}")),
     })
 }

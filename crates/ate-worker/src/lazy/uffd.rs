@@ -1,5 +1,5 @@
 //! The userfaultfd ABI the page source needs (linux/userfaultfd.h): reading events and the
-//! COPY, ZEROPAGE and WAKE ioctls on a descriptor CRIU opened in a restored task.
+//! COPY, ZEROPAGE, WAKE and WRITEPROTECT ioctls on a descriptor CRIU opened in a restored task.
 //!
 //! Written out here rather than taken from the `userfaultfd` crate: that crate generates its
 //! bindings with bindgen at build time (libclang on every build machine) and pulls a second nix;
@@ -38,6 +38,17 @@ struct UffdioCopy {
 
 #[repr(C)]
 #[derive(Default)]
+struct UffdioWriteprotect {
+    range: UffdioRange,
+    mode: u64,
+}
+
+/// `UFFDIO_COPY_MODE_WP`: the copied pages are write-protected (the task's first write to one
+/// clears the protection: with `UFFD_FEATURE_WP_ASYNC` the kernel does it without a message).
+const COPY_MODE_WP: u64 = 1 << 1;
+
+#[repr(C)]
+#[derive(Default)]
 struct UffdioZeropage {
     range: UffdioRange,
     mode: u64,
@@ -48,6 +59,7 @@ const UFFDIO: u8 = 0xAA;
 nix::ioctl_read!(uffdio_wake, UFFDIO, 0x02, UffdioRange);
 nix::ioctl_readwrite!(uffdio_copy, UFFDIO, 0x03, UffdioCopy);
 nix::ioctl_readwrite!(uffdio_zeropage, UFFDIO, 0x04, UffdioZeropage);
+nix::ioctl_readwrite!(uffdio_writeprotect, UFFDIO, 0x06, UffdioWriteprotect);
 
 /// One event read from a userfaultfd.
 #[derive(Debug)]
@@ -154,8 +166,10 @@ pub enum Placed {
 }
 
 /// Copies `data` (whole pages) to `dst` in the process behind `fd` and wakes threads waiting on
-/// those pages. Pages already present are skipped, never overwritten.
-pub fn copy(fd: RawFd, dst: u64, data: &[u8]) -> io::Result<Placed> {
+/// those pages. Pages already present are skipped, never overwritten. With `write_protect` the
+/// pages are placed write-protected (the range must be registered in write-protect mode): they
+/// read as not written (PAGEMAP_SCAN's `PAGE_IS_WRITTEN`) until the task writes them.
+pub fn copy(fd: RawFd, dst: u64, data: &[u8], write_protect: bool) -> io::Result<Placed> {
     let mut done = 0u64;
     let len = data.len() as u64;
     while done < len {
@@ -163,7 +177,7 @@ pub fn copy(fd: RawFd, dst: u64, data: &[u8]) -> io::Result<Placed> {
             dst: dst + done,
             src: data[done as usize..].as_ptr() as u64,
             len: len - done,
-            mode: 0,
+            mode: if write_protect { COPY_MODE_WP } else { 0 },
             copy: 0,
         };
         // SAFETY: `arg` describes `data[done..]`, which outlives the call; the kernel only reads
@@ -224,6 +238,22 @@ pub fn zero(fd: RawFd, page: u64) -> io::Result<Placed> {
     }
 }
 
+/// Lifts write protection from `[start, start + len)` (registered in write-protect mode): its
+/// pages read as written from now on. `Ok(false)` while the address space is changing (an event
+/// is queued: read it and try again).
+pub fn unprotect(fd: RawFd, start: u64, len: u64) -> io::Result<bool> {
+    let mut arg = UffdioWriteprotect {
+        range: UffdioRange { start, len },
+        mode: 0,
+    };
+    // SAFETY: plain struct in.
+    match unsafe { uffdio_writeprotect(fd, &mut arg) } {
+        Ok(_) => Ok(true),
+        Err(nix::errno::Errno::EAGAIN) => Ok(false),
+        Err(e) => Err(io::Error::from_raw_os_error(e as i32)),
+    }
+}
+
 pub fn wake(fd: RawFd, page: u64) -> io::Result<()> {
     let mut range = UffdioRange {
         start: page,
@@ -258,6 +288,12 @@ mod tests {
         assert_eq!(std::mem::size_of::<UffdioRange>(), 16);
         assert_eq!(std::mem::size_of::<UffdioCopy>(), 40);
         assert_eq!(std::mem::size_of::<UffdioZeropage>(), 32);
+        assert_eq!(std::mem::size_of::<UffdioWriteprotect>(), 24);
+        assert_eq!(
+            nix::request_code_readwrite!(UFFDIO, 0x06, std::mem::size_of::<UffdioWriteprotect>())
+                as u64,
+            0xc018_aa06
+        );
         // _IOWR(0xAA, 0x03, struct uffdio_copy) and _IOR(0xAA, 0x02, struct uffdio_range)
         // from linux/userfaultfd.h, as the kernel defines them on x86_64 and arm64.
         assert_eq!(

@@ -48,6 +48,25 @@ struct Shared {
     damaged: std::sync::atomic::AtomicBool,
 }
 
+/// Whether a tracked restore's pages still say what changed since its generation (the answer
+/// to [`PageSource::barrier`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Tracking {
+    /// Every page still write-protected holds what the generation holds at its address; tasks
+    /// started at or after `since_us` (CLOCK_BOOTTIME, µs) were not restored and are dumped
+    /// whole.
+    Holds { since_us: u64 },
+    /// The next dump must be whole: why.
+    Lost(String),
+}
+
+/// What the worker asks of the reader thread.
+#[derive(Debug)]
+enum Request {
+    /// A barrier: the page source's answer goes back on the channel.
+    Barrier(tokio::sync::oneshot::Sender<Tracking>),
+}
+
 /// One running page source. Dropping the handle releases the descriptor copies: drop it only
 /// after the outcome is `Done` or the sandbox has been stopped.
 #[derive(Debug)]
@@ -56,17 +75,26 @@ pub struct PageSource {
     /// The generation directory it serves memory from.
     generation: PathBuf,
     shared: Arc<Shared>,
-    /// Dropped (or sent) to let the reader thread close the descriptor copies after a failure.
-    release: Mutex<Option<std::sync::mpsc::Sender<()>>>,
+    /// Dropped to let the reader thread close the descriptor copies after a failure, or (a
+    /// tracked restore) the socket that keeps the page source holding the descriptors.
+    release: Mutex<Option<std::sync::mpsc::Sender<Request>>>,
+    /// Started with `--write-protect`: it stays after `Done` and answers barriers.
+    tracks_memory: bool,
 }
+
+/// How long a barrier may take (the page source reads a few queued events).
+const BARRIER_TIMEOUT: Duration = Duration::from_secs(5);
 
 impl PageSource {
     /// Starts `command --generation <gen> --work-dir <work>` with the report socket as fd 3 and
-    /// waits until it listens for CRIU. Its output goes to `<work>/page-source.log`.
+    /// waits until it listens for CRIU. Its output goes to `<work>/page-source.log`. With
+    /// `track_memory` it places pages write-protected (`--write-protect`; the restore must be
+    /// CRIU's `lazy-pages-wp`) and stays, once every page is in, until the handle is dropped.
     pub async fn start(
         command: &[String],
         generation: &Path,
         work_dir: &Path,
+        track_memory: bool,
     ) -> Result<PageSource, SandboxError> {
         let Some((program, args)) = command.split_first() else {
             return Err(SandboxError::Invalid("empty page source command".into()));
@@ -91,6 +119,7 @@ impl PageSource {
             .arg(generation)
             .arg("--work-dir")
             .arg(work_dir)
+            .args(track_memory.then_some("--write-protect"))
             .stdin(Stdio::null())
             .stdout(Stdio::from(log))
             .stderr(Stdio::from(log_err))
@@ -135,7 +164,9 @@ impl PageSource {
         let thread_shared = shared.clone();
         std::thread::Builder::new()
             .name(format!("page-source-{pid}"))
-            .spawn(move || read_reports(ours, thread_shared, listening_tx, release_rx))
+            .spawn(move || {
+                read_reports(ours, thread_shared, listening_tx, release_rx, track_memory)
+            })
             .map_err(|e| SandboxError::Io {
                 what: "start the page source reader".into(),
                 source: e,
@@ -145,6 +176,7 @@ impl PageSource {
             generation: generation.to_path_buf(),
             shared,
             release: Mutex::new(Some(release_tx)),
+            tracks_memory: track_memory,
         };
         // A teardown of this actor ends a page source a dead worker left behind (it would
         // otherwise wait for its CRIU for minutes): it finds it by this pid file.
@@ -258,6 +290,37 @@ impl PageSource {
         }
     }
 
+    /// Whether this restore tracks what its tasks write (started with `track_memory`).
+    pub fn tracks_memory(&self) -> bool {
+        self.tracks_memory
+    }
+
+    /// Before a dump, with the sandbox frozen: has the page source handle every event queued so
+    /// far and say whether tracking still holds. Anything but a clear answer is `Lost`.
+    pub async fn barrier(&self) -> Tracking {
+        if !self.tracks_memory {
+            return Tracking::Lost("the restore did not track memory".into());
+        }
+        if !matches!(self.outcome(), Outcome::Done(_)) {
+            return Tracking::Lost("the lazy restore has not placed every page".into());
+        }
+        let sender = self.release.lock().ok().and_then(|r| r.as_ref().cloned());
+        let Some(sender) = sender else {
+            return Tracking::Lost("the page source was released".into());
+        };
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        if sender.send(Request::Barrier(tx)).is_err() {
+            return Tracking::Lost("the page source is gone".into());
+        }
+        match tokio::time::timeout(BARRIER_TIMEOUT, rx).await {
+            Ok(Ok(answer)) => answer,
+            Ok(Err(_)) => Tracking::Lost("the page source is gone".into()),
+            Err(_) => Tracking::Lost(format!(
+                "the page source did not answer within {BARRIER_TIMEOUT:?}"
+            )),
+        }
+    }
+
     /// The sandbox is gone: the descriptor copies may close.
     pub fn release(&self) {
         if let Ok(mut r) = self.release.lock() {
@@ -325,7 +388,8 @@ fn read_reports(
     sock: UnixStream,
     shared: Arc<Shared>,
     listening: tokio::sync::oneshot::Sender<()>,
-    release: std::sync::mpsc::Receiver<()>,
+    release: std::sync::mpsc::Receiver<Request>,
+    track_memory: bool,
 ) {
     let mut listening = Some(listening);
     let mut held: Vec<OwnedFd> = Vec::new();
@@ -339,13 +403,19 @@ fn read_reports(
             Ok(Received::Uffd(fd)) => held.push(fd),
             Ok(Received::Done(summary)) => {
                 // Every page is in: nothing can fault into the source any more. Closing our
-                // copies (and the socket) lets the page source exit.
+                // copies (and the socket) lets the page source exit. A tracked restore's page
+                // source stays while the socket is open: it alone holds the descriptors then,
+                // so if it dies the protections go with them (every page reads as written)
+                // and no fault waits on a handler that is gone.
                 drop(held);
-                drop(sock);
                 set_outcome(&shared, Outcome::Done(summary));
+                if track_memory {
+                    answer_barriers(&sock, &release);
+                }
                 return;
             }
             Ok(Received::Failed(why)) => set_outcome(&shared, Outcome::Failed(why)),
+            Ok(Received::Tracking(_)) => {}
             Ok(Received::Damaged(why)) => {
                 shared
                     .damaged
@@ -359,9 +429,49 @@ fn read_reports(
         }
     }
     drop(listening);
-    // Keep the registrations until the sandbox is gone (or the handle is dropped).
-    let _ = release.recv();
+    // Keep the registrations until the sandbox is gone (or the handle is dropped): the
+    // channel closes then. A barrier asked now is answered by dropping its sender (`Lost`).
+    while release.recv().is_ok() {}
     drop(held);
+}
+
+/// After `Done`, for a tracked restore: each barrier the worker asks is passed on to the page
+/// source and its answer back, until the handle goes (the socket closes with this function,
+/// and the page source exits).
+fn answer_barriers(sock: &UnixStream, requests: &std::sync::mpsc::Receiver<Request>) {
+    // A page source that hangs must not hang the worker's dumps.
+    let _ = sock.set_read_timeout(Some(BARRIER_TIMEOUT));
+    while let Ok(Request::Barrier(reply)) = requests.recv() {
+        let answer = (|| {
+            let n = nix::sys::socket::send(
+                sock.as_raw_fd(),
+                &[report::BARRIER],
+                nix::sys::socket::MsgFlags::MSG_NOSIGNAL,
+            )
+            .map_err(|e| format!("ask the page source: {e}"))?;
+            if n != 1 {
+                return Err("ask the page source: short write".to_string());
+            }
+            match report::receive_report(sock) {
+                Ok(Received::Tracking(text)) => Ok(parse_tracking(&text)),
+                Ok(Received::Closed) => Err("the page source is gone".into()),
+                Ok(other) => Err(format!("the page source answered {other:?}")),
+                Err(e) => Err(format!("no answer from the page source: {e}")),
+            }
+        })();
+        let _ = reply.send(answer.unwrap_or_else(Tracking::Lost));
+    }
+}
+
+/// The page source's barrier answer: `since_us=N` or `lost: why`.
+fn parse_tracking(text: &str) -> Tracking {
+    match text
+        .strip_prefix("since_us=")
+        .and_then(|n| n.parse::<u64>().ok())
+    {
+        Some(since_us) if since_us > 0 => Tracking::Holds { since_us },
+        _ => Tracking::Lost(text.strip_prefix("lost: ").unwrap_or(text).to_string()),
+    }
 }
 
 #[cfg(test)]
@@ -374,7 +484,7 @@ mod tests {
     async fn a_page_source_killed_before_it_listens_interrupts_the_restore() {
         let dir = tempfile::tempdir().expect("tempdir");
         let command = ["sh".to_string(), "-c".into(), "kill -9 $$".into()];
-        let err = PageSource::start(&command, dir.path(), dir.path())
+        let err = PageSource::start(&command, dir.path(), dir.path(), false)
             .await
             .expect_err("a page source that dies cannot serve");
         assert!(err.interrupted(), "{err}");
@@ -389,7 +499,7 @@ mod tests {
             "-c".into(),
             "echo no such generation; exit 2".into(),
         ];
-        let err = PageSource::start(&command, dir.path(), dir.path())
+        let err = PageSource::start(&command, dir.path(), dir.path(), false)
             .await
             .expect_err("a page source that exits cannot serve");
         assert!(!err.interrupted(), "{err}");

@@ -4,7 +4,7 @@
 use std::time::Instant;
 
 use super::RuncRuntime;
-use super::criu::{ACTOR_CRIU_CONF, CRIU_STREAM_OPTION, criu_options};
+use super::criu::{ACTOR_CRIU_CONF, CRIU_LAZY_WP_OPTION, CRIU_STREAM_OPTION, criu_options};
 use super::files::remove_dir_if_exists;
 use super::mounts::{mount_overlay, unmount_below, unmount_if_mounted};
 use super::oci::{build_env, oci_config, process_args, validate_spec};
@@ -13,23 +13,41 @@ use crate::error::{IoContext, Result, SandboxError};
 use crate::runtime::{ActorSandbox, SandboxSpec};
 use crate::sidecars;
 
+/// How [`RuncRuntime::prepare`] makes a sandbox's bundle.
+#[derive(Debug, Clone, Copy, Default)]
+pub(super) struct Bundle {
+    /// A new, empty upper dir (a cold start); otherwise the actor's files stay.
+    pub fresh_upper: bool,
+    /// For `runc restore`: the config carries no CPU quota (runc runs CRIU inside the
+    /// container's cgroup, so the restore itself would be throttled to the actor's share: a
+    /// 250m actor's 50 MiB restore took ~0.45 s instead of ~0.1 s); [`apply_cpu_quota`] sets it
+    /// afterwards.
+    pub restoring: bool,
+    /// The sandbox gets its own user namespace (see [`userns`]): a claimed uid range, idmapped
+    /// layers, and runc making the netns (set up by the config's hook).
+    pub in_userns: bool,
+    /// CRIU reads the memory images from the image streamer (option `stream`).
+    pub stream_images: bool,
+    /// A lazy restore that tracks writes (option `lazy-pages-wp`).
+    pub track_memory: bool,
+}
+
 impl RuncRuntime {
     /// Directories, overlay, identity files, netns and `config.json`: everything before runc.
-    /// With `in_userns` the sandbox gets its own user namespace (see [`userns`]): a claimed
-    /// uid range, idmapped layers, and runc making the netns (set up by the config's hook);
-    /// returns the range's base then.
-    /// With `restoring`, the config carries no CPU quota: runc runs CRIU inside the container's
-    /// cgroup, so the restore itself would be throttled to the actor's share (a 250m actor's
-    /// 50 MiB restore took ~0.45 s instead of ~0.1 s); [`apply_cpu_quota`] sets it afterwards.
+    /// Returns the user namespace range's base when the sandbox gets one.
     pub(super) async fn prepare(
         &self,
         actor: &ActorSandbox,
         spec: &SandboxSpec,
-        fresh_upper: bool,
-        restoring: bool,
-        in_userns: bool,
-        stream_images: bool,
+        how: Bundle,
     ) -> Result<Option<u32>> {
+        let Bundle {
+            fresh_upper,
+            restoring,
+            in_userns,
+            stream_images,
+            track_memory,
+        } = how;
         validate_spec(actor, spec)?;
         let begun = Instant::now();
         let dir = &actor.dir;
@@ -103,7 +121,7 @@ impl RuncRuntime {
             None
         };
         let overlay_done = begun.elapsed();
-        let criu_conf = if spec.sidecars.is_empty() && !stream_images {
+        let criu_conf = if spec.sidecars.is_empty() && !stream_images && !track_memory {
             self.criu_conf.clone()
         } else {
             // The actor's own options file. A streamed restore's names `stream`, which the
@@ -113,6 +131,10 @@ impl RuncRuntime {
             let mut options = criu_options(spec).to_string();
             if stream_images {
                 options.push_str(CRIU_STREAM_OPTION);
+                options.push('\n');
+            }
+            if track_memory {
+                options.push_str(CRIU_LAZY_WP_OPTION);
                 options.push('\n');
             }
             tokio::fs::write(&path, options)

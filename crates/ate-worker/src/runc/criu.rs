@@ -9,7 +9,7 @@ use super::cgroup::{cpu_quota_us, read_cpu_quota};
 use super::files::{dir_size, remove_dir_if_exists, remove_file_if_exists};
 use super::spawn::{criu_died_under, pid_file};
 use crate::error::{IoContext, Result, SandboxError, tail};
-use crate::lazy::PageSource;
+use crate::lazy::{PageSource, Tracking};
 use crate::reaper::InitStatus;
 use crate::runtime::{ActorSandbox, CheckpointStats, SandboxSpec, Started};
 
@@ -57,25 +57,52 @@ pub(super) const ACTOR_CRIU_CONF: &str = "criu.conf";
 /// [`super::image_streamer`] (needs the project's CRIU patch 0002).
 pub(super) const CRIU_STREAM_OPTION: &str = "stream";
 
-/// Drops [`CRIU_STREAM_OPTION`] from the actor's own options file, if it has one: runc hands
-/// the file a container was restored with to its dumps too, and a dump has no streamer. Done
-/// after every streamed restore and before every dump (a worker killed between the two leaves
-/// the line for the re-adopted sandbox's next dump to drop).
-async fn options_for_dumps(actor: &ActorSandbox) -> Result<()> {
+/// The line a tracked lazy restore adds: lazy ranges registered for write protection too
+/// (CRIU patch 0003; the page source places pages write-protected).
+pub(super) const CRIU_LAZY_WP_OPTION: &str = "lazy-pages-wp";
+
+/// The option of an incremental dump (CRIU patch 0003): `--track-mem` reads "written since
+/// placed write-protected"; tasks started at or after the value (CLOCK_BOOTTIME µs) are whole.
+const CRIU_TRACK_SINCE_OPTION: &str = "track-mem-uffd-since";
+
+/// Makes the actor's own options file, if it has one, right for a dump: runc hands the file a
+/// container was restored with to its dumps too. A restore's lines go ([`CRIU_STREAM_OPTION`]:
+/// a dump has no streamer; [`CRIU_LAZY_WP_OPTION`]: only for restores), and an incremental
+/// dump's tracking line is set (`track_since`) or dropped. Done after every streamed restore
+/// and before every dump (a worker killed between the two leaves the line for the re-adopted
+/// sandbox's next dump to drop).
+async fn options_for_dumps(actor: &ActorSandbox, track_since: Option<u64>) -> Result<()> {
     let path = actor.dir.join(ACTOR_CRIU_CONF);
     let text = match tokio::fs::read_to_string(&path).await {
         Ok(t) => t,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            return match track_since {
+                None => Ok(()),
+                Some(_) => Err(SandboxError::Invalid(format!(
+                    "an incremental dump of {} needs its own CRIU options file (a tracked restore writes it)",
+                    actor.container_id()
+                ))),
+            };
+        }
         Err(e) => return Err(SandboxError::io(format!("read {}", path.display()), e)),
     };
-    if !text.lines().any(|l| l.trim() == CRIU_STREAM_OPTION) {
-        return Ok(());
-    }
-    let kept: String = text
+    let restore_only = |l: &str| {
+        let l = l.trim();
+        l == CRIU_STREAM_OPTION
+            || l == CRIU_LAZY_WP_OPTION
+            || l.split_whitespace().next() == Some(CRIU_TRACK_SINCE_OPTION)
+    };
+    let mut kept: String = text
         .lines()
-        .filter(|l| l.trim() != CRIU_STREAM_OPTION)
+        .filter(|l| !restore_only(l))
         .map(|l| format!("{l}\n"))
         .collect();
+    if let Some(since) = track_since {
+        kept.push_str(&format!("{CRIU_TRACK_SINCE_OPTION} {since}\n"));
+    }
+    if kept == text {
+        return Ok(());
+    }
     tokio::fs::write(&path, kept)
         .await
         .ctx(|| format!("write {}", path.display()))
@@ -85,12 +112,31 @@ impl RuncRuntime {
     /// The memory dump behind `checkpoint` and `checkpoint_frozen`. With `keep_frozen` the
     /// container is paused (cgroup freezer) before the dump and CRIU leaves it paused, so the
     /// kept processes are exactly the dumped state; without, runc removes the container.
+    ///
+    /// With `incremental` (the parent images' path relative to `image_dir`, and the page source
+    /// of the tracked restore from them) the container is frozen first and the page source
+    /// asked whether tracking holds: then pages not written since are left to the parent
+    /// (`PE_PARENT` entries and a `parent` link in `image_dir`); otherwise, or on any doubt,
+    /// the dump is whole. The returned [`Tracking`] says which.
     pub(super) async fn dump(
         &self,
         actor: &ActorSandbox,
         image_dir: &Path,
         keep_frozen: bool,
+        incremental: Option<(&Path, &PageSource)>,
     ) -> Result<CheckpointStats> {
+        self.dump_tracked(actor, image_dir, keep_frozen, incremental)
+            .await
+            .map(|(stats, _)| stats)
+    }
+
+    pub(super) async fn dump_tracked(
+        &self,
+        actor: &ActorSandbox,
+        image_dir: &Path,
+        keep_frozen: bool,
+        incremental: Option<(&Path, &PageSource)>,
+    ) -> Result<(CheckpointStats, Tracking)> {
         if self.criu.is_none() {
             return Err(SandboxError::Unsupported(
                 "memory checkpoint needs CRIU ≥ 4.2".to_string(),
@@ -116,7 +162,6 @@ impl RuncRuntime {
         tokio::fs::create_dir_all(image_dir)
             .await
             .ctx(|| format!("create {}", image_dir.display()))?;
-        options_for_dumps(actor).await?;
         let work = actor.dir.join("criu-dump");
         remove_dir_if_exists(&work).await?;
         tokio::fs::create_dir_all(&work)
@@ -131,8 +176,34 @@ impl RuncRuntime {
         if quota.is_some_and(|q| q > 0) {
             self.set_cpu_quota(actor, None).await?;
         }
-        if keep_frozen {
+        // Frozen before the barrier: no task can write, map or fork between the page source's
+        // answer and CRIU's scan.
+        let froze_for_tracking = incremental.is_some() && !keep_frozen;
+        if keep_frozen || froze_for_tracking {
             self.set_frozen(actor, true).await?;
+        }
+        let tracking = match incremental {
+            Some((_, source)) => source.barrier().await,
+            None => Tracking::Lost("a whole dump was asked for".into()),
+        };
+        let parent = match (&tracking, incremental) {
+            (Tracking::Holds { .. }, Some((parent, _))) => {
+                Some(parent.to_string_lossy().into_owned())
+            }
+            _ => None,
+        };
+        if let (Tracking::Lost(why), Some(_)) = (&tracking, incremental) {
+            tracing::info!(container = %id, %why, "memory tracking lost: a whole dump");
+        }
+        let track_since = match &tracking {
+            Tracking::Holds { since_us } if parent.is_some() => Some(*since_us),
+            _ => None,
+        };
+        if let Err(e) = options_for_dumps(actor, track_since).await {
+            if froze_for_tracking {
+                let _ = self.set_frozen(actor, false).await;
+            }
+            return Err(e);
         }
         // Default flags suffice here: TCP as the CRIU config file says (see CRIU_OPTIONS),
         // cgroups in runc's default "soft" mode; the netns is external and re-supplied on restore.
@@ -144,6 +215,9 @@ impl RuncRuntime {
             // The netns is runc's (owned by the actor's user namespace): its links, addresses
             // and egress rules are made again from outside at restore (see `userns`).
             args.extend(["--empty-ns", "network"]);
+        }
+        if let Some(parent) = &parent {
+            args.extend(["--parent-path", parent]);
         }
         args.extend(["--image-path", &image, "--work-path", &work_s, &id]);
         // A CRIU killed in the middle leaves runc waiting for an answer that never comes:
@@ -162,7 +236,7 @@ impl RuncRuntime {
             tracing::warn!(container = %id, error = %e, "could not put the CPU quota back after a dump");
         }
         if let Err(e) = dumped {
-            if keep_frozen {
+            if keep_frozen || froze_for_tracking {
                 // The caller falls back to stopping the sandbox; leave it as it found it.
                 if let Err(e) = self.set_frozen(actor, false).await {
                     tracing::debug!(container = %id, error = %e, "thaw after a failed dump");
@@ -186,7 +260,15 @@ impl RuncRuntime {
             self.teardown(actor).await?;
         }
         let image_bytes = dir_size(image_dir).await?;
-        Ok(CheckpointStats { dump, image_bytes })
+        let tracking = if parent.is_some() {
+            tracking
+        } else {
+            match tracking {
+                Tracking::Holds { .. } => Tracking::Lost("a whole dump was asked for".into()),
+                lost => lost,
+            }
+        };
+        Ok((CheckpointStats { dump, image_bytes }, tracking))
     }
 
     /// `runc restore` of the dump in `image_dir`; with `lazy` (the generation dir and the page
@@ -260,9 +342,21 @@ impl RuncRuntime {
             });
         }
         let mut streamer = None;
+        // A lazy restore tracks writes where this runtime can (see `RuncConfig::track_memory`).
+        let track_memory = lazy.is_some() && self.track_memory;
         let result = async {
             let base = self
-                .prepare(actor, spec, false, true, in_userns, streamed.is_some())
+                .prepare(
+                    actor,
+                    spec,
+                    super::bundle::Bundle {
+                        restoring: true,
+                        in_userns,
+                        stream_images: streamed.is_some(),
+                        track_memory,
+                        ..Default::default()
+                    },
+                )
                 .await?;
             let image_dir = match base {
                 Some(base) => {
@@ -290,7 +384,9 @@ impl RuncRuntime {
             }
             if let Some((generation_dir, command)) = lazy {
                 // CRIU connects to `lazy-pages.socket` in its work dir: the source listens first.
-                page_source = Some(PageSource::start(command, generation_dir, &work).await?);
+                page_source = Some(
+                    PageSource::start(command, generation_dir, &work, track_memory).await?,
+                );
                 args.push("--lazy-pages".to_string());
             }
             if let Some(memory) = streamed {
@@ -320,7 +416,7 @@ impl RuncRuntime {
                 }
                 tracing::debug!(container = %actor.container_id(), memory_bytes = served.memory_bytes, "memory images streamed");
                 crate::metrics::memory_streamed(served.memory_bytes);
-                options_for_dumps(actor).await?;
+                options_for_dumps(actor, None).await?;
             }
             spawned?;
             let restored = begun.elapsed();

@@ -73,6 +73,10 @@ pub struct RuncConfig {
     pub userns: bool,
     /// Node-wide dir of user namespace range claims, shared by every worker on the node.
     pub userns_claims_dir: PathBuf,
+    /// Lazy restores track what their tasks write (when CRIU and the kernel can: see
+    /// [`RuncRuntime::tracks_memory`]), so a later [`RuncRuntime::checkpoint_incremental`]
+    /// writes only that. Off by default: each tracked restore keeps its page source running.
+    pub track_memory: bool,
 }
 
 impl RuncConfig {
@@ -85,6 +89,7 @@ impl RuncConfig {
             log_relay: vec!["cat".to_string()],
             userns: userns::enabled_by_default(),
             userns_claims_dir: PathBuf::from(userns::DEFAULT_CLAIMS_DIR),
+            track_memory: false,
         }
     }
 }
@@ -102,6 +107,9 @@ pub struct RuncRuntime {
     /// CRIU reads an eager restore's images through [`image_streamer`] (the project's CRIU
     /// patch 0002): a sealed generation's memory is opened as CRIU reads it.
     stream_images: bool,
+    /// Lazy restores track writes (CRIU patch 0003, `UFFD_FEATURE_WP_ASYNC`, PAGEMAP_SCAN; and
+    /// asked for in [`RuncConfig::track_memory`]).
+    track_memory: bool,
     /// CRIU options for every dump and restore (see [`CRIU_OPTIONS`]).
     criu_conf: PathBuf,
     /// See [`RuncConfig::log_relay`].
@@ -195,6 +203,25 @@ impl RuncRuntime {
                  the snapshot scratch before an eager restore"
             );
         }
+        let track_memory = config.track_memory
+            && lazy_pages
+            && (lazy_in_userns || !config.userns)
+            && match (
+                userns::criu_patch_level(&criu_version) >= 3,
+                crate::lazy::written::probe(),
+            ) {
+                (true, Ok(())) => true,
+                (false, _) => {
+                    tracing::warn!(
+                        "memory tracking needs the project's CRIU patch 0003 (scripts/criu-patches): every dump is whole"
+                    );
+                    false
+                }
+                (true, Err(why)) => {
+                    tracing::warn!(%why, "this kernel cannot track memory writes: every dump is whole");
+                    false
+                }
+            };
         if criu.is_some() && !criu_kdat_cache_possible() {
             tracing::warn!(
                 "/run is not a tmpfs and /run/criu.kdat is not kept on one: CRIU probes the kernel \
@@ -220,6 +247,7 @@ impl RuncRuntime {
             lazy_pages,
             lazy_in_userns,
             stream_images,
+            track_memory,
             criu_conf,
             log_relay: config.log_relay.clone(),
             locks: Mutex::new(HashMap::new()),
@@ -230,6 +258,35 @@ impl RuncRuntime {
             userns: config.userns,
             userns_claims: config.userns_claims_dir.clone(),
         })
+    }
+
+    /// Lazy restores track what their tasks write (see [`RuncConfig::track_memory`]).
+    pub fn tracks_memory(&self) -> bool {
+        self.track_memory
+    }
+
+    /// A memory dump of an actor restored lazily with tracking, into `image_dir`, leaving the
+    /// pages its tasks have not written since to the images it was restored from (`parent`,
+    /// relative to `image_dir`: CRIU links it as `image_dir/parent`, and a restore of this dump
+    /// reads those pages through that link). With `keep_frozen` the sandbox stays paused, as
+    /// for `checkpoint_frozen`. The dump is whole (no link) when tracking does not hold; the
+    /// [`Tracking`](crate::lazy::Tracking) returned says which it was.
+    pub async fn checkpoint_incremental(
+        &self,
+        actor: &ActorSandbox,
+        image_dir: &Path,
+        parent: &Path,
+        source: &crate::lazy::PageSource,
+        keep_frozen: bool,
+    ) -> Result<(CheckpointStats, crate::lazy::Tracking)> {
+        if parent.is_absolute() {
+            return Err(SandboxError::Invalid(format!(
+                "the parent images of an incremental dump are named relative to its images dir, not {}",
+                parent.display()
+            )));
+        }
+        self.dump_tracked(actor, image_dir, keep_frozen, Some((parent, source)))
+            .await
     }
 
     /// The `--root` directory (for `runc --root … list` in diagnostics and tests).
@@ -323,10 +380,11 @@ impl SandboxRuntime for RuncRuntime {
             self.prepare(
                 actor,
                 spec,
-                mode == RunMode::FreshRootfs,
-                false,
-                self.userns,
-                false,
+                bundle::Bundle {
+                    fresh_upper: mode == RunMode::FreshRootfs,
+                    in_userns: self.userns,
+                    ..Default::default()
+                },
             )
             .await?;
             let bundle = actor.dir.to_string_lossy().into_owned();
@@ -356,7 +414,7 @@ impl SandboxRuntime for RuncRuntime {
     }
 
     async fn checkpoint(&self, actor: &ActorSandbox, image_dir: &Path) -> Result<CheckpointStats> {
-        self.dump(actor, image_dir, false).await
+        self.dump(actor, image_dir, false, None).await
     }
 
     async fn checkpoint_frozen(
@@ -364,7 +422,7 @@ impl SandboxRuntime for RuncRuntime {
         actor: &ActorSandbox,
         image_dir: &Path,
     ) -> Result<CheckpointStats> {
-        self.dump(actor, image_dir, true).await
+        self.dump(actor, image_dir, true, None).await
     }
 
     async fn freeze(&self, actor: &ActorSandbox) -> Result<()> {

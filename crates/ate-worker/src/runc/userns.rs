@@ -426,6 +426,15 @@ pub fn images_for_range(image_dir: &Path, scratch: &Path, base: u32) -> Result<(
                     message: "unreadable CRIU userns image".to_string(),
                 })?;
             std::fs::write(&dst, out).ctx(|| format!("write {}", dst.display()))?;
+        } else if e.file_type().is_ok_and(|t| t.is_symlink()) && n == "parent" {
+            // An incremental dump's link to its parent images, followed from the copy too.
+            // Relative: CRIU follows it through the images dir's descriptor in a task whose
+            // root is already the container's, where an absolute path would not resolve.
+            let target = std::fs::canonicalize(&src).ctx(|| format!("follow {}", src.display()))?;
+            let here =
+                std::fs::canonicalize(scratch).ctx(|| format!("resolve {}", scratch.display()))?;
+            std::os::unix::fs::symlink(relative_to(&here, &target), &dst)
+                .ctx(|| format!("link {}", dst.display()))?;
         } else if e.file_type().is_ok_and(|t| t.is_file())
             && std::fs::hard_link(&src, &dst).is_err()
         {
@@ -433,6 +442,20 @@ pub fn images_for_range(image_dir: &Path, scratch: &Path, base: u32) -> Result<(
         }
     }
     open_to_range(scratch, base)
+}
+
+/// The path of `target` seen from directory `from` (both absolute, without `..` or links).
+fn relative_to(from: &Path, target: &Path) -> PathBuf {
+    let (from, to): (Vec<_>, Vec<_>) = (from.components().collect(), target.components().collect());
+    let common = from.iter().zip(&to).take_while(|(a, b)| a == b).count();
+    let mut path = PathBuf::new();
+    for _ in common..from.len() {
+        path.push("..");
+    }
+    for c in &to[common..] {
+        path.push(c);
+    }
+    path
 }
 
 /// `dir` becomes `root:<range root gid>` 0710: the range's root group may pass through it,
@@ -573,6 +596,18 @@ fn unprivileged_userfaultfd() -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_path_relative_to_a_dir() {
+        assert_eq!(
+            relative_to(Path::new("/t/a/criu-images"), Path::new("/t/gen1/criu")),
+            Path::new("../../gen1/criu")
+        );
+        assert_eq!(
+            relative_to(Path::new("/t"), Path::new("/t/x")),
+            Path::new("x")
+        );
+    }
 
     #[test]
     fn criu_patch_levels() {

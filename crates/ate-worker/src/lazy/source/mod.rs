@@ -16,6 +16,18 @@
 //! - mremap/munmap/madvise(DONTNEED) and fork events keep the set of pages to come exact (a
 //!   page the task dropped must never come back with old contents).
 //!
+//! Memory tracking (`--write-protect`, CRIU started with `lazy-pages-wp`): the tasks' lazy
+//! ranges are registered for write protection too, and every page placed where the dump found
+//! it is placed write-protected. A page that still is at suspend time holds what the parent
+//! image holds at its address, so an incremental dump (`--track-mem-uffd-since`, CRIU patch
+//! 0003) leaves it to the parent. What would break that rule is handled here: pages moved by
+//! `mremap` lose their protection (and pending pages moved are placed unprotected); a dropped
+//! page comes back as the zero page, never protected. Once every page is in, this process
+//! stays while the worker keeps the report socket open, holding the descriptors (closing the
+//! last one clears every protection, which is safe: all pages then read as written) and
+//! answering the worker's barrier before each dump: every event read and handled, and whether
+//! tracking still holds.
+//!
 //! Safety against wrong memory: every descriptor is also sent to the worker (`report` socket),
 //! which holds it until this process has said `Done`. If this process dies or finds a damaged
 //! chunk, the worker's copies keep the userfaultfd registered, so the task's faults block
@@ -123,7 +135,21 @@ struct Task {
     uffd: OwnedFd,
     pages_id: u32,
     pending: Pending,
+    /// The pending set as the images gave it, before any event: where pages are "in place".
+    origin: std::sync::Arc<Pending>,
     exited: bool,
+}
+
+/// Dirty tracking by write protection, when the restore asked for it.
+#[derive(Debug, Default)]
+struct Tracking {
+    /// CLOCK_BOOTTIME (µs) when CRIU said the restore finished: tasks started later (forked
+    /// since) are not tracked against the parent images and are dumped whole.
+    since_us: u64,
+    /// Why tracking no longer holds (the next dump must be whole).
+    lost: Option<String>,
+    /// Ranges moved by `mremap` whose protection is still to be lifted: (task, start, len).
+    to_unprotect: Vec<(usize, u64, u64)>,
 }
 
 /// A pages image and its manifest entry (with the chunk digests). No file when the chunks
@@ -157,11 +183,18 @@ struct Source {
     hot_seen: HashSet<(u32, u64)>,
     /// This restore's first faults, for the next generation.
     recorder: Recorder,
+    /// Memory tracking (`--write-protect`): pages in place are placed write-protected.
+    tracking: Option<Tracking>,
 }
 
 /// Runs the page source until every page is in and the worker has acknowledged (or is gone).
 /// `report` is the worker's end of the report socket (fd 3 of `ate page-source`).
-pub fn run(generation: &Path, work_dir: &Path, report: UnixStream) -> Result<Stats, SourceError> {
+pub fn run(
+    generation: &Path,
+    work_dir: &Path,
+    report: UnixStream,
+    write_protect: bool,
+) -> Result<Stats, SourceError> {
     let begun = Instant::now();
     let manifest_path = generation.join(ate_snapshot::MANIFEST_FILE);
     let bytes = std::fs::read(&manifest_path)
@@ -204,6 +237,7 @@ pub fn run(generation: &Path, work_dir: &Path, report: UnixStream) -> Result<Sta
         hot: VecDeque::new(),
         hot_seen: HashSet::new(),
         recorder: Recorder::default(),
+        tracking: write_protect.then(Tracking::default),
     };
     source.send(Report::Listening);
     let client = accept_within(&listener, RESTORE_TIMEOUT)?;
@@ -254,10 +288,10 @@ fn pollfd(fd: RawFd) -> libc::pollfd {
     }
 }
 
-/// `ate page-source --generation G --work-dir W`: runs [`run`] with the report socket the
+/// `ate page-source --generation G --work-dir W [--write-protect]`: runs [`run`] with the report socket the
 /// worker passed as fd 3, leaves the outcome in `W/page-source.status` (`done`, or `failed: …`;
 /// a restarted worker reads it before adopting the sandbox) and tells the worker if it fails.
-pub fn main(generation: &Path, work_dir: &Path) -> Result<Stats, SourceError> {
+pub fn main(generation: &Path, work_dir: &Path, write_protect: bool) -> Result<Stats, SourceError> {
     // SAFETY: fd 3 is the report socket the worker set up for exactly this process
     // (`watch::REPORT_FD`); it is checked to be a socket before use and owned from here on.
     let report = unsafe { OwnedFd::from_raw_fd(super::watch::REPORT_FD) };
@@ -276,7 +310,7 @@ pub fn main(generation: &Path, work_dir: &Path) -> Result<Stats, SourceError> {
     // (same path, new dir), whose adoption would read a failure that is not its own.
     let own_dir = std::fs::File::open(work_dir).ok();
     let failure_channel = report.try_clone().ok();
-    let result = run(generation, work_dir, report);
+    let result = run(generation, work_dir, report, write_protect);
     let status = match &result {
         Ok(_) => "done\n".to_string(),
         Err(e) => format!("failed: {e}\n"),

@@ -151,7 +151,8 @@ impl Source {
                         task.pid, piece.start
                     )));
                 };
-                let placed = uffd::copy(task.uffd.as_raw_fd(), piece.start, data)
+                let write_protect = self.tracking.is_some() && task.origin.holds_in_place(&piece);
+                let placed = uffd::copy(task.uffd.as_raw_fd(), piece.start, data, write_protect)
                     .map_err(io_err(format!("copy pages into task {}", task.pid)))?;
                 match placed {
                     Placed::Done | Placed::Gone => {

@@ -11,7 +11,7 @@ use super::{PagesFile, RESTORE_TIMEOUT, Source, SourceError, Task, io_err, poll,
 use crate::lazy::images;
 use crate::lazy::ranges::Pending;
 use crate::lazy::remote::Remote;
-use crate::lazy::report::{Report, send_report};
+use crate::lazy::report::{self, Report, send_report};
 use crate::lazy::uffd::{self, Event, Placed};
 
 impl Source {
@@ -78,6 +78,9 @@ impl Source {
                     RestoreMessage::Zombie => {}
                     RestoreMessage::Finished => {
                         finished = true;
+                        if let Some(t) = self.tracking.as_mut() {
+                            t.since_us = boottime_us();
+                        }
                         self.stats.restore_finished_ms = self.begun.elapsed().as_millis() as u64;
                     }
                     RestoreMessage::Closed => {
@@ -91,7 +94,7 @@ impl Source {
                     }
                 }
             }
-            if fds[1].revents != 0 {
+            if fds[1].revents != 0 && !self.answer_worker()? {
                 // The worker closed the report socket: it holds no descriptor any more.
                 self.report = None;
             }
@@ -104,6 +107,7 @@ impl Source {
             for i in ready {
                 self.read_events(i)?;
             }
+            self.unprotect_moved();
             self.serve_faults()?;
             if finished && self.faults.is_empty() {
                 self.push_next_chunk()?;
@@ -119,6 +123,7 @@ impl Source {
         self.open_pages_file(pages.pages_id)?;
         self.stats.tasks += 1;
         let pending = Pending::new(pages.lazy);
+        let origin = std::sync::Arc::new(pending.clone());
         // The previous restore's first faults of this task, mapped onto this dump's chunks.
         for &(ws_pid, addr, _) in &self.working_set.faults {
             if ws_pid != pid {
@@ -139,6 +144,7 @@ impl Source {
             uffd,
             pages_id: pages.pages_id,
             pending,
+            origin,
             exited: false,
         });
         Ok(())
@@ -197,7 +203,14 @@ impl Source {
                     self.faults.push_back((i, addr & !(images::PAGE_SIZE - 1)));
                 }
                 Event::Remove { start, end } => task.pending.remove(start, end),
-                Event::Remap { from, to, len } => task.pending.remap(from, to, len),
+                Event::Remap { from, to, len } => {
+                    task.pending.remap(from, to, len);
+                    // Pages moved with their write protection would read as "as in the parent
+                    // image" at an address where the parent holds something else.
+                    if let Some(t) = self.tracking.as_mut() {
+                        t.to_unprotect.push((i, to, len));
+                    }
+                }
                 Event::Fork { uffd } => {
                     // The child's memory is the parent's as of now: it lacks the same pages.
                     let child = Task {
@@ -205,6 +218,7 @@ impl Source {
                         uffd,
                         pages_id: task.pages_id,
                         pending: task.pending.clone(),
+                        origin: task.origin.clone(),
                         exited: false,
                     };
                     self.send(Report::Uffd(child.uffd.as_raw_fd()));
@@ -255,10 +269,97 @@ impl Source {
         Ok(())
     }
 
+    /// Lifts the write protection of ranges moved by `mremap`; one the kernel refuses for
+    /// another reason than a change in progress ends tracking (the next dump is whole).
+    fn unprotect_moved(&mut self) {
+        let Some(tracking) = self.tracking.as_mut() else {
+            return;
+        };
+        let tasks = &self.tasks;
+        tracking.to_unprotect.retain(|&(i, start, len)| {
+            let Some(task) = tasks.get(i).filter(|t| !t.exited) else {
+                return false;
+            };
+            match uffd::unprotect(task.uffd.as_raw_fd(), start, len) {
+                Ok(done) => !done,
+                Err(e) if e.raw_os_error() == Some(libc::ESRCH) => false,
+                Err(e) => {
+                    tracking.lost.get_or_insert_with(|| {
+                        format!(
+                            "write protection of {len:#x} bytes moved to {start:#x} in task {} could not be lifted: {e}",
+                            task.pid
+                        )
+                    });
+                    false
+                }
+            }
+        });
+    }
+
+    /// A request from the worker on the report socket; `Ok(false)` once it closed it.
+    fn answer_worker(&mut self) -> Result<bool, SourceError> {
+        let Some(sock) = self.report.as_ref() else {
+            return Ok(false);
+        };
+        let mut byte = [0u8; 1];
+        let n = match std::io::Read::read(&mut &*sock, &mut byte) {
+            Ok(n) => n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => return Ok(true),
+            Err(_) => 0,
+        };
+        if n == 0 {
+            return Ok(false);
+        }
+        if byte[0] == report::BARRIER {
+            let state = self.barrier()?;
+            self.send(Report::Tracking(state));
+        }
+        Ok(true)
+    }
+
+    /// Before a dump (the tasks frozen, so no new event can come): every queued event read and
+    /// handled, and whether tracking still holds: `since_us=N`, or `lost: why`.
+    fn barrier(&mut self) -> Result<String, SourceError> {
+        for _ in 0..100 {
+            for i in 0..self.tasks.len() {
+                self.read_events(i)?;
+            }
+            self.unprotect_moved();
+            self.serve_faults()?;
+            if self
+                .tracking
+                .as_ref()
+                .is_none_or(|t| t.to_unprotect.is_empty())
+            {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        let Some(tracking) = self.tracking.as_mut() else {
+            return Ok("lost: this restore was not tracked".into());
+        };
+        if !tracking.to_unprotect.is_empty() && tracking.lost.is_none() {
+            tracking.lost = Some("a range moved by mremap stayed write-protected".into());
+        }
+        Ok(match &tracking.lost {
+            Some(why) => format!("lost: {why}"),
+            None if tracking.since_us == 0 => "lost: the restore never finished".into(),
+            None => format!("since_us={}", tracking.since_us),
+        })
+    }
+
     fn task_exited(&mut self, i: usize) {
         if let Some(t) = self.tasks.get_mut(i) {
             t.exited = true;
             t.pending = Pending::default();
         }
     }
+}
+
+/// CLOCK_BOOTTIME in µs: the clock of `/proc/<pid>/stat`'s start time and of `/proc/uptime`,
+/// which CRIU compares tasks' start times with.
+fn boottime_us() -> u64 {
+    nix::time::clock_gettime(nix::time::ClockId::CLOCK_BOOTTIME)
+        .map(|t| t.tv_sec() as u64 * 1_000_000 + t.tv_nsec() as u64 / 1_000)
+        .unwrap_or(0)
 }

@@ -121,6 +121,12 @@ impl Drop for Mapping {
 
 /// A userfaultfd with the events CRIU asks for, registered for missing pages of `m`.
 fn registered_uffd(m: &Mapping) -> OwnedFd {
+    registered(m, false)
+}
+
+/// As CRIU's restorer makes it with `lazy-pages-wp`: also `UFFD_FEATURE_WP_ASYNC`, and the
+/// range registered for write protection too.
+fn registered(m: &Mapping, write_protect: bool) -> OwnedFd {
     // SAFETY: plain syscall; the descriptor is owned below.
     let raw = unsafe { libc::syscall(libc::SYS_userfaultfd, libc::O_CLOEXEC | libc::O_NONBLOCK) }
         as RawFd;
@@ -129,7 +135,7 @@ fn registered_uffd(m: &Mapping) -> OwnedFd {
     let uffd = unsafe { OwnedFd::from_raw_fd(raw) };
     let mut api = UffdioApi {
         api: UFFD_API,
-        features: FEATURES,
+        features: FEATURES | if write_protect { 1 << 15 } else { 0 },
         ioctls: 0,
     };
     // SAFETY: valid struct for the call.
@@ -137,7 +143,8 @@ fn registered_uffd(m: &Mapping) -> OwnedFd {
     let mut reg = UffdioRegister {
         start: m.base(),
         len: PAGES * P as u64,
-        mode: 1, // UFFDIO_REGISTER_MODE_MISSING
+        // UFFDIO_REGISTER_MODE_MISSING (| UFFDIO_REGISTER_MODE_WP)
+        mode: if write_protect { 1 | 2 } else { 1 },
         ioctls: 0,
     };
     // SAFETY: valid struct for the call; the range is our mapping.
@@ -150,11 +157,20 @@ type Running = std::thread::JoinHandle<Result<Stats, SourceError>>;
 /// Starts the page source on `generation`, waits until it listens, and hands it `uffd` as
 /// CRIU would (pid 1). Returns the worker's end of the report socket and CRIU's connection.
 fn start(dir: &Path, generation: &Path, uffd: &OwnedFd) -> (UnixStream, UnixStream, Running) {
+    start_tracking(dir, generation, uffd, false)
+}
+
+fn start_tracking(
+    dir: &Path,
+    generation: &Path,
+    uffd: &OwnedFd,
+    write_protect: bool,
+) -> (UnixStream, UnixStream, Running) {
     let work = dir.join("work");
     std::fs::create_dir_all(&work).unwrap();
     let (ours, theirs) = report::pair().unwrap();
     let (generation, work2) = (generation.to_path_buf(), work.clone());
-    let source = std::thread::spawn(move || run(&generation, &work2, theirs));
+    let source = std::thread::spawn(move || run(&generation, &work2, theirs, write_protect));
     assert!(matches!(
         report::receive_report(&ours).unwrap(),
         Received::Listening
@@ -286,4 +302,100 @@ fn the_status_goes_to_the_page_sources_own_work_dir() {
         !work.join(super::super::STATUS_FILE).exists(),
         "a stale page source wrote into the next restore's dir"
     );
+}
+
+/// The worker's barrier, as `watch` sends it: the page source's answer.
+fn barrier(ours: &UnixStream) -> String {
+    nix::sys::socket::send(
+        ours.as_raw_fd(),
+        &[report::BARRIER],
+        nix::sys::socket::MsgFlags::empty(),
+    )
+    .unwrap();
+    match report::receive_report(ours).unwrap() {
+        Received::Tracking(text) => text,
+        other => panic!("expected a barrier answer, got {other:?}"),
+    }
+}
+
+/// A tracked restore: every page placed where the dump found it is write-protected, so only
+/// what the task writes afterwards reads as written; pages moved by mremap read as written at
+/// their new address; the barrier says tracking holds, since when.
+#[test]
+fn a_tracked_restore_leaves_only_what_the_task_writes_as_written() {
+    crate::lazy::written::probe().expect("this kernel tracks writes (Linux 6.7+)");
+    let m = Mapping::new();
+    let dir = tempfile::tempdir().unwrap();
+    let (generation, _) = generation(dir.path(), m.base());
+    let uffd = registered(&m, true);
+    let (ours, mut criu, source) = start_tracking(dir.path(), &generation, &uffd, true);
+    assert!(matches!(
+        report::receive_report(&ours).unwrap(),
+        Received::Uffd(_)
+    ));
+    criu.write_all(&RESTORE_FINISHED.to_ne_bytes()).unwrap();
+    assert_eq!(m.read(2, 0), 3);
+    loop {
+        match report::receive_report(&ours).unwrap() {
+            Received::Done(_) => break,
+            Received::Failed(why) => panic!("page source failed: {why}"),
+            _ => {}
+        }
+    }
+    // The worker keeps only the socket: the page source alone holds the descriptor now.
+    drop(uffd);
+    let me = std::process::id();
+    let (base, len) = (m.base(), PAGES * P as u64);
+    let written = || crate::lazy::written::written_pages_in(me, base, base + len).unwrap();
+    assert_eq!(written(), 0, "pages read as written before any write");
+    assert_eq!(m.read(9, 0), 10);
+    // SAFETY: inside our mapping, every page of which is in.
+    unsafe { *(m.0 as *mut u8).add(3 * P + 1) = 42 };
+    assert_eq!(written(), 1);
+    let answer = barrier(&ours);
+    let since: u64 = answer
+        .strip_prefix("since_us=")
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("tracking lost: {answer}"));
+    assert!(since > 0);
+
+    // Pages 8..12 move elsewhere: protected there, they would read as "as in the parent at
+    // this address". The page source lifts their protection.
+    // SAFETY: a fresh reservation to move onto, and a move of four pages of our mapping.
+    let dest = unsafe {
+        let reserved = libc::mmap(
+            std::ptr::null_mut(),
+            4 * P,
+            libc::PROT_NONE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        );
+        assert_ne!(reserved, libc::MAP_FAILED);
+        libc::mremap(
+            (base + 8 * P as u64) as *mut libc::c_void,
+            4 * P,
+            4 * P,
+            libc::MREMAP_MAYMOVE | libc::MREMAP_FIXED,
+            reserved,
+        )
+    };
+    assert_ne!(dest, libc::MAP_FAILED, "{}", io::Error::last_os_error());
+    let answer = barrier(&ours);
+    assert!(answer.starts_with("since_us="), "{answer}");
+    let dest = dest as u64;
+    assert_eq!(
+        crate::lazy::written::written_pages_in(me, dest, dest + 4 * P as u64).unwrap(),
+        4,
+        "moved pages still read as unwritten"
+    );
+    // SAFETY: the moved pages, still holding the image's bytes.
+    assert_eq!(unsafe { *(dest as *const u8).add(P) }, 10);
+    assert_eq!(written(), 1, "the pages left in place changed state");
+
+    drop(ours);
+    drop(criu);
+    source.join().unwrap().unwrap();
+    // SAFETY: the moved pages' new mapping, ours.
+    unsafe { libc::munmap(dest as *mut libc::c_void, 4 * P) };
 }

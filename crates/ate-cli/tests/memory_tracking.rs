@@ -1,0 +1,244 @@
+//! Memory tracking for incremental dumps (issue 32), on real runc + CRIU (patch 0003) + the
+//! real page source (`ate page-source --write-protect`): a lazily restored sleeper writes 1 %
+//! of its memory, and the next dump holds about that much, leaving the rest to the images it
+//! was restored from; a restore of that dump (CRIU follows its `parent` link) has every byte.
+//! When tracking is lost (the page source gone) the dump is whole, and still restores.
+
+// The worker's own sandbox-test harness (temp state, actors cleaned up even on a panic).
+#[path = "../../ate-worker/tests/common/mod.rs"]
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use ate_core::template::Resources;
+use ate_worker::lazy::{Outcome, Tracking};
+use ate_worker::{
+    ActorSandbox, ImageCache, RunMode, RuncConfig, RuncRuntime, SandboxRuntime, SandboxSpec, probe,
+};
+use common::{Env, get, images_dir};
+
+const MIB: u64 = 64;
+const PROBE_TIMEOUT: Duration = Duration::from_secs(20);
+
+fn page_source() -> Vec<String> {
+    vec![env!("CARGO_BIN_EXE_ate").to_string(), "page-source".into()]
+}
+
+async fn sleeper_spec(env: &Env) -> SandboxSpec {
+    let reference = format!("oci-layout:{}", images_dir().join("sleeper").display());
+    let image = ImageCache::new(env.path().join("images"))
+        .ensure(&reference)
+        .await
+        .expect("unpack sleeper");
+    SandboxSpec {
+        image,
+        command: vec![],
+        env: vec![("SLEEPER_MEMORY_MIB".into(), MIB.to_string())],
+        port: 80,
+        volumes: vec![],
+        mounts: vec![],
+        resources: Resources {
+            cpu_millis: 1000,
+            memory_bytes: 512 << 20,
+        },
+        name: "sleeper".into(),
+        exit_policy: Default::default(),
+        sidecars: vec![],
+    }
+}
+
+/// A generation of `images` (a `criu/` dir under `gen`) with chunk digests, as the page source
+/// needs (plaintext: these tests run no snapshot keys).
+async fn seal(gen_dir: &Path, actor: &ActorSandbox) {
+    let meta = ate_snapshot::GenerationMeta {
+        atespace: actor.atespace.clone(),
+        name: actor.name.clone(),
+        generation: 1,
+        uuid: "u-1".into(),
+        fidelity: ate_core::Fidelity::Memory,
+        template: "test/sleeper".into(),
+        sandbox_class: "runc".into(),
+        node: "n".into(),
+        boot_id: "b".into(),
+        created_unix_ms: 1,
+        reason: String::new(),
+    };
+    ate_snapshot::seal_generation(gen_dir, meta, Some(&actor.upper_dir()), &[])
+        .await
+        .expect("seal the generation");
+}
+
+/// Bytes of the memory images (`pages-*.img`) in a CRIU images dir.
+fn pages_bytes(images: &Path) -> u64 {
+    std::fs::read_dir(images)
+        .expect("list images")
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().starts_with("pages-"))
+        .map(|e| e.metadata().map(|m| m.len()).unwrap_or(0))
+        .sum()
+}
+
+async fn checksum(actor: &ActorSandbox) -> String {
+    let (status, body) = get(actor, "/").await;
+    assert_eq!(status, 200, "{body}");
+    assert!(body.contains(&format!("holding {MIB} MiB")), "{body}");
+    body
+}
+
+/// Runs the sleeper, dumps it whole into `gen1`, restores it lazily with tracking and waits
+/// until every page is in.
+async fn tracked_sleeper(
+    env: &mut Env,
+    runtime: &RuncRuntime,
+    spec: &SandboxSpec,
+) -> (ActorSandbox, PathBuf, ate_worker::lazy::PageSource) {
+    let actor = env.actor("track", "uid-1");
+    runtime
+        .run(&actor, spec, RunMode::KeepRootfs)
+        .await
+        .expect("run sleeper");
+    probe::wait_ready(&actor.netns(), 80, "/healthz", PROBE_TIMEOUT)
+        .await
+        .expect("sleeper ready");
+    let gen1 = env.path().join("gen1");
+    runtime
+        .checkpoint(&actor, &gen1.join(ate_snapshot::CRIU_DIR))
+        .await
+        .expect("whole dump");
+    seal(&gen1, &actor).await;
+    let (_, source) = runtime
+        .restore_lazily(&actor, spec, &gen1, &page_source())
+        .await
+        .expect("lazy restore with tracking");
+    assert!(source.tracks_memory());
+    probe::wait_ready(&actor.netns(), 80, "/healthz", PROBE_TIMEOUT)
+        .await
+        .expect("restored sleeper ready");
+    let outcome = tokio::time::timeout(Duration::from_secs(60), source.finished())
+        .await
+        .expect("every page in within a minute");
+    assert!(matches!(outcome, Outcome::Done(_)), "{outcome:?}");
+    (actor, gen1, source)
+}
+
+async fn tracking_runtime(env: &Env) -> RuncRuntime {
+    let mut config = RuncConfig::new(env.state_dir());
+    config.track_memory = true;
+    let runtime = RuncRuntime::new(config).await.expect("runc runtime");
+    assert!(
+        runtime.tracks_memory(),
+        "this machine must track memory: CRIU with patch 0003 (scripts/setup.sh), Linux 6.7+"
+    );
+    runtime
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_incremental_dump_holds_what_changed_and_restores_every_byte() {
+    let mut env = Env::new();
+    let runtime = tracking_runtime(&env).await;
+    let spec = sleeper_spec(&env).await;
+    let (actor, gen1, source) = tracked_sleeper(&mut env, &runtime, &spec).await;
+    let whole = pages_bytes(&gen1.join(ate_snapshot::CRIU_DIR));
+    assert!(whole >= MIB << 20, "a whole dump of {whole} bytes");
+
+    let (status, body) = get(&actor, "/dirty?percent=1").await;
+    assert_eq!(status, 200, "{body}");
+    let before = checksum(&actor).await;
+
+    let images = env.path().join("gen2").join(ate_snapshot::CRIU_DIR);
+    let parent = Path::new("../../gen1").join(ate_snapshot::CRIU_DIR);
+    let (stats, tracking) = runtime
+        .checkpoint_incremental(&actor, &images, &parent, &source, false)
+        .await
+        .expect("incremental dump");
+    assert!(
+        matches!(tracking, Tracking::Holds { .. }),
+        "tracking lost: {tracking:?}"
+    );
+    let delta = pages_bytes(&images);
+    eprintln!(
+        "{MIB} MiB sleeper, 1 % dirtied: whole dump {} KiB, incremental {} KiB in {:?}",
+        whole >> 10,
+        delta >> 10,
+        stats.dump
+    );
+    assert!(
+        delta * 10 < whole,
+        "the incremental dump holds {delta} of {whole} bytes"
+    );
+    assert!(
+        std::fs::symlink_metadata(images.join("parent")).is_ok_and(|m| m.is_symlink()),
+        "no parent link in the incremental dump"
+    );
+    // The sandbox is gone (dumped without keep_frozen): the page source may go too.
+    drop(source);
+
+    runtime
+        .restore(&actor, &spec, &images)
+        .await
+        .expect("restore of the incremental dump");
+    probe::wait_ready(&actor.netns(), 80, "/healthz", PROBE_TIMEOUT)
+        .await
+        .expect("restored sleeper ready");
+    assert_eq!(
+        checksum(&actor).await,
+        before,
+        "memory changed across the incremental dump"
+    );
+    runtime.stop(&actor).await.expect("stop");
+    env.assert_clean();
+}
+
+/// Tracking lost (the page source killed after every page was in): the dump is whole, with no
+/// parent link, and restores every byte.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_tracking_lost_the_dump_is_whole() {
+    let mut env = Env::new();
+    let runtime = tracking_runtime(&env).await;
+    let spec = sleeper_spec(&env).await;
+    let (actor, gen1, source) = tracked_sleeper(&mut env, &runtime, &spec).await;
+    let whole = pages_bytes(&gen1.join(ate_snapshot::CRIU_DIR));
+    let (status, body) = get(&actor, "/dirty?percent=1").await;
+    assert_eq!(status, 200, "{body}");
+    let before = checksum(&actor).await;
+
+    // Killed: its descriptors close with it, and every protection goes.
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(source.pid() as i32),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .expect("kill the page source");
+    tokio::time::sleep(Duration::from_millis(200)).await;
+
+    let images = env.path().join("gen2").join(ate_snapshot::CRIU_DIR);
+    let parent = Path::new("../../gen1").join(ate_snapshot::CRIU_DIR);
+    let (_, tracking) = runtime
+        .checkpoint_incremental(&actor, &images, &parent, &source, false)
+        .await
+        .expect("dump");
+    assert!(
+        matches!(tracking, Tracking::Lost(_)),
+        "tracking held after its page source died: {tracking:?}"
+    );
+    assert!(
+        std::fs::symlink_metadata(images.join("parent")).is_err(),
+        "a whole dump links a parent"
+    );
+    let dumped = pages_bytes(&images);
+    assert!(
+        dumped * 10 >= whole * 9,
+        "a whole dump of {dumped} bytes, the first was {whole}"
+    );
+    drop(source);
+    runtime
+        .restore(&actor, &spec, &images)
+        .await
+        .expect("restore of the whole dump");
+    probe::wait_ready(&actor.netns(), 80, "/healthz", PROBE_TIMEOUT)
+        .await
+        .expect("restored sleeper ready");
+    assert_eq!(checksum(&actor).await, before);
+    runtime.stop(&actor).await.expect("stop");
+    env.assert_clean();
+}
