@@ -2,7 +2,9 @@
 //! real page source (`ate page-source --write-protect`): a lazily restored sleeper writes 1 %
 //! of its memory, and the next dump holds about that much, leaving the rest to the images it
 //! was restored from; a restore of that dump (CRIU follows its `parent` link) has every byte.
-//! When tracking is lost (the page source gone) the dump is whole, and still restores.
+//! When tracking is lost (the page source gone) the dump is whole, and still restores. Real
+//! runtimes too: Python (obmalloc arenas, threads) and Node (V8's moving GC, its own mmap,
+//! madvise and mremap), whose state hashes the same after a restore of an incremental dump.
 
 // The worker's own sandbox-test harness (temp state, actors cleaned up even on a panic).
 #[path = "../../ate-worker/tests/common/mod.rs"]
@@ -18,7 +20,14 @@ use ate_worker::{
 };
 use common::{Env, get, images_dir};
 
-const MIB: u64 = 64;
+/// The sleeper's memory; `ATE_TRACKING_TEST_MIB` makes it larger for a measurement by hand
+/// (docs/benchmarks.md, "Incremental dumps").
+fn mib() -> u64 {
+    std::env::var("ATE_TRACKING_TEST_MIB")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(64)
+}
 const PROBE_TIMEOUT: Duration = Duration::from_secs(20);
 
 fn page_source() -> Vec<String> {
@@ -34,13 +43,13 @@ async fn sleeper_spec(env: &Env) -> SandboxSpec {
     SandboxSpec {
         image,
         command: vec![],
-        env: vec![("SLEEPER_MEMORY_MIB".into(), MIB.to_string())],
+        env: vec![("SLEEPER_MEMORY_MIB".into(), mib().to_string())],
         port: 80,
         volumes: vec![],
         mounts: vec![],
         resources: Resources {
             cpu_millis: 1000,
-            memory_bytes: 512 << 20,
+            memory_bytes: (2 * mib() + 256) << 20,
         },
         name: "sleeper".into(),
         exit_policy: Default::default(),
@@ -82,7 +91,7 @@ fn pages_bytes(images: &Path) -> u64 {
 async fn checksum(actor: &ActorSandbox) -> String {
     let (status, body) = get(actor, "/").await;
     assert_eq!(status, 200, "{body}");
-    assert!(body.contains(&format!("holding {MIB} MiB")), "{body}");
+    assert!(body.contains(&format!("holding {} MiB", mib())), "{body}");
     body
 }
 
@@ -92,7 +101,12 @@ async fn tracked_sleeper(
     env: &mut Env,
     runtime: &RuncRuntime,
     spec: &SandboxSpec,
-) -> (ActorSandbox, PathBuf, ate_worker::lazy::PageSource) {
+) -> (
+    ActorSandbox,
+    PathBuf,
+    ate_worker::lazy::PageSource,
+    Duration,
+) {
     let actor = env.actor("track", "uid-1");
     runtime
         .run(&actor, spec, RunMode::KeepRootfs)
@@ -102,7 +116,7 @@ async fn tracked_sleeper(
         .await
         .expect("sleeper ready");
     let gen1 = env.path().join("gen1");
-    runtime
+    let whole = runtime
         .checkpoint(&actor, &gen1.join(ate_snapshot::CRIU_DIR))
         .await
         .expect("whole dump");
@@ -119,7 +133,7 @@ async fn tracked_sleeper(
         .await
         .expect("every page in within a minute");
     assert!(matches!(outcome, Outcome::Done(_)), "{outcome:?}");
-    (actor, gen1, source)
+    (actor, gen1, source, whole.dump)
 }
 
 async fn tracking_runtime(env: &Env) -> RuncRuntime {
@@ -138,9 +152,9 @@ async fn an_incremental_dump_holds_what_changed_and_restores_every_byte() {
     let mut env = Env::new();
     let runtime = tracking_runtime(&env).await;
     let spec = sleeper_spec(&env).await;
-    let (actor, gen1, source) = tracked_sleeper(&mut env, &runtime, &spec).await;
+    let (actor, gen1, source, whole_dump) = tracked_sleeper(&mut env, &runtime, &spec).await;
     let whole = pages_bytes(&gen1.join(ate_snapshot::CRIU_DIR));
-    assert!(whole >= MIB << 20, "a whole dump of {whole} bytes");
+    assert!(whole >= mib() << 20, "a whole dump of {whole} bytes");
 
     let (status, body) = get(&actor, "/dirty?percent=1").await;
     assert_eq!(status, 200, "{body}");
@@ -158,7 +172,8 @@ async fn an_incremental_dump_holds_what_changed_and_restores_every_byte() {
     );
     let delta = pages_bytes(&images);
     eprintln!(
-        "{MIB} MiB sleeper, 1 % dirtied: whole dump {} KiB, incremental {} KiB in {:?}",
+        "{} MiB sleeper, 1 % dirtied: whole dump {} KiB in {whole_dump:?}, incremental {} KiB in {:?}",
+        mib(),
         whole >> 10,
         delta >> 10,
         stats.dump
@@ -197,7 +212,7 @@ async fn with_tracking_lost_the_dump_is_whole() {
     let mut env = Env::new();
     let runtime = tracking_runtime(&env).await;
     let spec = sleeper_spec(&env).await;
-    let (actor, gen1, source) = tracked_sleeper(&mut env, &runtime, &spec).await;
+    let (actor, gen1, source, _) = tracked_sleeper(&mut env, &runtime, &spec).await;
     let whole = pages_bytes(&gen1.join(ate_snapshot::CRIU_DIR));
     let (status, body) = get(&actor, "/dirty?percent=1").await;
     assert_eq!(status, 200, "{body}");
@@ -241,4 +256,196 @@ async fn with_tracking_lost_the_dump_is_whole() {
     assert_eq!(checksum(&actor).await, before);
     runtime.stop(&actor).await.expect("stop");
     env.assert_clean();
+}
+
+/// A Python program holding ~40 MiB of objects: `/mutate` rewrites 1 % of them, `/` answers the
+/// mutation count and a hash over all of them.
+const PY_STATE: &str = r#"
+import hashlib, http.server, os, random
+random.seed(1)
+state = {i: os.urandom(96) for i in range(200000)}
+floats = [random.random() for _ in range(400000)]
+gen = 0
+class H(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        global gen
+        if self.path == "/mutate":
+            gen += 1
+            for i in range(gen, len(state), 100):
+                state[i] = os.urandom(96)
+            for i in range(gen, len(floats), 100):
+                floats[i] = random.random()
+            body = b"ok"
+        elif self.path == "/healthz":
+            body = b"ok"
+        else:
+            h = hashlib.sha256()
+            for k in sorted(state):
+                h.update(state[k])
+            h.update(repr(floats).encode())
+            body = ("%d %s" % (gen, h.hexdigest())).encode()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+    def log_message(self, *a):
+        pass
+http.server.ThreadingHTTPServer(("0.0.0.0", 80), H).serve_forever()
+"#;
+
+/// The same in Node: JS objects on V8's heap and a 32 MiB Buffer outside it.
+const NODE_STATE: &str = r#"
+const http = require('http'), crypto = require('crypto');
+let gen = 0;
+const objs = [];
+for (let i = 0; i < 200000; i++) objs.push({ i, s: crypto.randomBytes(32).toString('hex') });
+const big = Buffer.alloc(32 << 20);
+crypto.randomFillSync(big);
+http.createServer((req, res) => {
+  if (req.url === '/mutate') {
+    gen++;
+    for (let i = gen; i < objs.length; i += 100) objs[i] = { i, s: crypto.randomBytes(32).toString('hex') };
+    for (let o = gen * 4096; o < big.length; o += 409600) big[o] ^= 0xff;
+    res.end('ok');
+    return;
+  }
+  if (req.url === '/healthz') { res.end('ok'); return; }
+  const h = crypto.createHash('sha256');
+  for (const o of objs) h.update(o.s);
+  h.update(big);
+  res.end(gen + ' ' + h.digest('hex'));
+}).listen(80, '0.0.0.0');
+"#;
+
+async fn agent_spec(env: &Env, image: &str, command: Vec<String>) -> SandboxSpec {
+    let reference = format!("oci-layout:{}", images_dir().join(image).display());
+    let image = ImageCache::new(env.path().join("images"))
+        .ensure(&reference)
+        .await
+        .expect("unpack the agent image");
+    SandboxSpec {
+        image,
+        command,
+        env: vec![],
+        port: 80,
+        volumes: vec![],
+        mounts: vec![],
+        resources: Resources {
+            cpu_millis: 1000,
+            memory_bytes: 512 << 20,
+        },
+        name: "agent".into(),
+        exit_policy: Default::default(),
+        sidecars: vec![],
+    }
+}
+
+async fn state_of(actor: &ActorSandbox) -> String {
+    let (status, body) = get(actor, "/").await;
+    assert_eq!(status, 200, "{body}");
+    body
+}
+
+/// Restore with tracking, two mutations, an incremental dump, a restore of it: the same state,
+/// and the program goes on mutating.
+async fn a_real_runtime_survives_an_incremental_dump(image: &str, command: Vec<String>) {
+    let mut env = Env::new();
+    let runtime = tracking_runtime(&env).await;
+    let spec = agent_spec(&env, image, command).await;
+    let actor = env.actor(image, "uid-1");
+    runtime
+        .run(&actor, &spec, RunMode::KeepRootfs)
+        .await
+        .expect("run the agent");
+    probe::wait_ready(&actor.netns(), 80, "/healthz", PROBE_TIMEOUT)
+        .await
+        .expect("agent ready");
+    let first = state_of(&actor).await;
+    let gen1 = env.path().join("gen1");
+    runtime
+        .checkpoint(&actor, &gen1.join(ate_snapshot::CRIU_DIR))
+        .await
+        .expect("whole dump");
+    seal(&gen1, &actor).await;
+    let (_, source) = runtime
+        .restore_lazily(&actor, &spec, &gen1, &page_source())
+        .await
+        .expect("lazy restore with tracking");
+    probe::wait_ready(&actor.netns(), 80, "/healthz", PROBE_TIMEOUT)
+        .await
+        .expect("restored agent ready");
+    assert_eq!(
+        state_of(&actor).await,
+        first,
+        "state changed across the restore"
+    );
+    let outcome = tokio::time::timeout(Duration::from_secs(60), source.finished())
+        .await
+        .expect("every page in within a minute");
+    assert!(matches!(outcome, Outcome::Done(_)), "{outcome:?}");
+    for _ in 0..2 {
+        let (status, body) = get(&actor, "/mutate").await;
+        assert_eq!(status, 200, "{body}");
+    }
+    let before = state_of(&actor).await;
+    assert!(before.starts_with("2 "), "{before}");
+
+    let images = env.path().join("gen2").join(ate_snapshot::CRIU_DIR);
+    let parent = Path::new("../../gen1").join(ate_snapshot::CRIU_DIR);
+    let (stats, tracking) = runtime
+        .checkpoint_incremental(&actor, &images, &parent, &source, false)
+        .await
+        .expect("incremental dump");
+    assert!(
+        matches!(tracking, Tracking::Holds { .. }),
+        "tracking lost: {tracking:?}"
+    );
+    let (whole, delta) = (
+        pages_bytes(&gen1.join(ate_snapshot::CRIU_DIR)),
+        pages_bytes(&images),
+    );
+    eprintln!(
+        "{image}: whole dump {} KiB, incremental after 2 % rewritten {} KiB in {:?}",
+        whole >> 10,
+        delta >> 10,
+        stats.dump
+    );
+    assert!(delta < whole, "{delta} of {whole} bytes");
+    drop(source);
+
+    runtime
+        .restore(&actor, &spec, &images)
+        .await
+        .expect("restore of the incremental dump");
+    probe::wait_ready(&actor.netns(), 80, "/healthz", PROBE_TIMEOUT)
+        .await
+        .expect("agent ready after the incremental restore");
+    assert_eq!(
+        state_of(&actor).await,
+        before,
+        "state changed across the incremental dump"
+    );
+    let (status, _) = get(&actor, "/mutate").await;
+    assert_eq!(status, 200);
+    assert!(state_of(&actor).await.starts_with("3 "));
+    runtime.stop(&actor).await.expect("stop");
+    env.assert_clean();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn python_state_survives_an_incremental_dump() {
+    a_real_runtime_survives_an_incremental_dump(
+        "py-agent",
+        vec!["/usr/bin/python3".into(), "-c".into(), PY_STATE.into()],
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn node_state_survives_an_incremental_dump() {
+    a_real_runtime_survives_an_incremental_dump(
+        "node-agent",
+        vec!["/usr/bin/node".into(), "-e".into(), NODE_STATE.into()],
+    )
+    .await;
 }
