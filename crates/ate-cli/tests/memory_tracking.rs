@@ -201,7 +201,36 @@ async fn an_incremental_dump_holds_what_changed_and_restores_every_byte() {
         before,
         "memory changed across the incremental dump"
     );
+
+    // Flattened, with the parent gone: a whole dump that restores lazily to the same memory.
+    let gen3 = env.path().join("gen3");
+    let flat = ate_worker::lazy::images::flatten::flatten(
+        &images,
+        &gen1.join(ate_snapshot::CRIU_DIR),
+        &gen3.join(ate_snapshot::CRIU_DIR),
+    )
+    .expect("flatten");
+    assert!(flat.parent_pages > 0 && flat.own_pages > 0, "{flat:?}");
+    std::fs::remove_dir_all(&gen1).expect("remove the parent");
+    seal(&gen3, &actor).await;
+    let (_, source) = runtime
+        .restore_lazily(&actor, &spec, &gen3, &page_source())
+        .await
+        .expect("lazy restore of the flattened dump");
+    probe::wait_ready(&actor.netns(), 80, "/healthz", PROBE_TIMEOUT)
+        .await
+        .expect("sleeper ready after the flattened restore");
+    assert_eq!(
+        checksum(&actor).await,
+        before,
+        "memory changed across flattening"
+    );
+    let outcome = tokio::time::timeout(Duration::from_secs(60), source.finished())
+        .await
+        .expect("every page in within a minute");
+    assert!(matches!(outcome, Outcome::Done(_)), "{outcome:?}");
     runtime.stop(&actor).await.expect("stop");
+    drop(source);
     env.assert_clean();
 }
 

@@ -16,6 +16,7 @@
 //! The pages files themselves are neither opened nor checked here: they may still be on their
 //! way from remote storage when these functions run.
 
+pub mod flatten;
 mod parse;
 
 use std::collections::BTreeSet;

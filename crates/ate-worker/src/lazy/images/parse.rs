@@ -213,7 +213,7 @@ fn read_file(path: &Path) -> Result<Vec<u8>, ImageError> {
 }
 
 /// The framed protobuf entries of an image held in memory.
-struct Entries<'a> {
+pub(super) struct Entries<'a> {
     path: &'a Path,
     data: &'a [u8],
     pos: usize,
@@ -221,7 +221,7 @@ struct Entries<'a> {
 
 impl<'a> Entries<'a> {
     /// Checks both magics and positions after them.
-    fn new(path: &'a Path, data: &'a [u8], magic: u32) -> Result<Self, ImageError> {
+    pub(super) fn new(path: &'a Path, data: &'a [u8], magic: u32) -> Result<Self, ImageError> {
         let mut entries = Entries { path, data, pos: 0 };
         let common = entries
             .read_u32()
@@ -251,7 +251,7 @@ impl<'a> Entries<'a> {
     }
 
     /// The next entry's protobuf bytes, `None` at a clean end of file.
-    fn next_entry(&mut self) -> Result<Option<&'a [u8]>, ImageError> {
+    pub(super) fn next_entry(&mut self) -> Result<Option<&'a [u8]>, ImageError> {
         let at = self.pos;
         if at == self.data.len() {
             return Ok(None);
