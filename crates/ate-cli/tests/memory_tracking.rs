@@ -133,6 +133,14 @@ async fn tracked_sleeper(
         .await
         .expect("every page in within a minute");
     assert!(matches!(outcome, Outcome::Done(_)), "{outcome:?}");
+    // What a tracked restore costs while its actor lives: the page source stays.
+    let rollup = std::fs::read_to_string(format!("/proc/{}/smaps_rollup", source.pid()))
+        .expect("the page source stays once every page is in");
+    let private: Vec<&str> = rollup
+        .lines()
+        .filter(|l| l.starts_with("Rss:") || l.starts_with("Private_Dirty:"))
+        .collect();
+    eprintln!("page source after every page is in: {private:?}");
     (actor, gen1, source, whole.dump)
 }
 

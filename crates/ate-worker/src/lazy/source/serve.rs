@@ -44,6 +44,10 @@ impl Source {
                 let summary = self.stats.summary();
                 self.send(Report::Done(summary));
                 done_sent = true;
+                // Nothing is read from the images any more; a tracked restore's page source
+                // stays for the actor's life, so it keeps as little as it can.
+                self.buf = Vec::new();
+                self.files.clear();
             }
             // After Done: keep answering faults (zero pages) until the worker has closed its
             // copies of the descriptors, so no fault ever waits on a handler that is gone.
