@@ -32,11 +32,14 @@ TMP_SRC_LIST=/etc/apt/sources.list.d/ate-criu-src-unstable.list
 # docker-registry: the distribution registry v2 the registry-pull tests run on loopback (each test
 # starts its own with a private config; the package's system service is not used).
 # systemd: systemd-analyze, which checks the deploy/systemd units in the test suite.
+# podman: the baseline of `ate bench resume --baseline podman` (checkpoint/restore on the same
+# CRIU), run by the test suite's bench_podman test.
 # python3.11-minimal, libpython3.11-minimal, libpython3.11-stdlib (sqlite3 module included): the
 # py-agent image's interpreter and standard library.
 RUNTIME_PKGS=(runc iptables nftables iproute2 jq curl ca-certificates tar gzip xz-utils python3
   python3.11-minimal libpython3.11-minimal libpython3.11-stdlib
   nginx-light nghttp2-client
+  podman
   docker-registry systemd)
 CRIU_BUILD_PKGS=(build-essential pkg-config libprotobuf-dev libprotobuf-c-dev protobuf-c-compiler
   protobuf-compiler python3-protobuf libnl-3-dev libcap-dev libnet1-dev libbsd-dev libaio-dev

@@ -46,6 +46,7 @@ mod h2load;
 mod nginx;
 mod parking;
 mod plot;
+mod podman;
 mod resume;
 mod snapshots;
 mod throughput;

@@ -1,5 +1,6 @@
 //! `ate bench resume`: n suspended sleeper actors resumed by n simultaneous requests, for each n.
 
+use std::path::Path;
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
@@ -39,6 +40,16 @@ pub struct ResumeArgs {
     /// of actors suspended a while ago; 0 measures the burst on the heels of the suspends.
     #[arg(long, default_value_t = 2.0, value_parser = parse_settle)]
     settle: f64,
+    /// Also measure a baseline on the same machine, interleaved round by round with one actor's
+    /// suspend and resume (`podman`: the same sleeper image checkpointed and restored by
+    /// podman, on the same CRIU; needs podman installed and root).
+    #[arg(long, value_enum)]
+    baseline: Option<Baseline>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Baseline {
+    Podman,
 }
 
 pub(super) async fn resume(c: Clients, a: ResumeArgs) -> anyhow::Result<ExitCode> {
@@ -124,12 +135,75 @@ pub(super) async fn resume(c: Clients, a: ResumeArgs) -> anyhow::Result<ExitCode
     for (n, req, ok, med, slow) in &rows {
         println!("{n:>27} | {req:>8} | {ok:>12} | {med:>5.2} s | {slow:>5.2} s");
     }
+    let mut all_ok = rows.iter().all(|(_, req, ok, _, _)| req == ok);
+    let baseline = match a.baseline {
+        None => serde_json::Value::Null,
+        Some(Baseline::Podman) => {
+            let sleeper = crate::podman::Sleeper::start(Path::new(&images), mib, &a.path).await?;
+            let actor = &names[0];
+            let mut ours: Vec<(f64, Reply)> = Vec::new();
+            let mut theirs = Vec::new();
+            for round in 1..=a.rounds {
+                // Ours first: the actor runs (the burst's last round left it suspended).
+                let r = call(&http, &router, Some(&format!("{ns}/{actor}")), &a.path).await;
+                anyhow::ensure!(r.status == 200, "{ns}/{actor}: {} {}", r.status, r.body);
+                let begun = std::time::Instant::now();
+                ensure_suspended(&c, &ns, actor).await?;
+                let suspend = begun.elapsed().as_secs_f64();
+                tokio::time::sleep(settle).await;
+                let resumed = call(&http, &router, Some(&format!("{ns}/{actor}")), &a.path).await;
+                all_ok &= resumed.status == 200;
+                let p = sleeper.round(&a.path).await?;
+                eprintln!(
+                    "podman round {round}/{}: ours suspend {suspend:.3} s, resume {:.3} s ({}); podman checkpoint {:.3} s, restore {:.3} s, first answer {:.3} s",
+                    a.rounds, resumed.secs, resumed.resume, p.checkpoint, p.restore, p.first_answer
+                );
+                ours.push((suspend, resumed));
+                theirs.push(p);
+            }
+            ensure_suspended(&c, &ns, actor).await?;
+            let med = |v: Vec<f64>| median(&sorted(v));
+            let our_suspend = med(ours.iter().map(|(s, _)| *s).collect());
+            let our_resume = med(ours.iter().map(|(_, r)| r.secs).collect());
+            let checkpoint = med(theirs.iter().map(|p| p.checkpoint).collect());
+            let first = med(theirs.iter().map(|p| p.first_answer).collect());
+            println!();
+            println!(
+                "Beside podman ({mib} MiB sleeper, {} rounds) | ours    | podman  | ratio",
+                a.rounds
+            );
+            println!(
+                "{:<44} | {our_suspend:>5.3} s | {checkpoint:>5.3} s | {:>5.2}x",
+                "suspend / checkpoint",
+                our_suspend / checkpoint
+            );
+            println!(
+                "{:<44} | {our_resume:>5.3} s | {first:>5.3} s | {:>5.2}x",
+                "resume / restore, to the first answer",
+                our_resume / first
+            );
+            json!({
+                "baseline": "podman",
+                "median_suspend_seconds": our_suspend,
+                "median_resume_seconds": our_resume,
+                "podman_median_checkpoint_seconds": checkpoint,
+                "podman_median_restore_seconds": med(theirs.iter().map(|p| p.restore).collect()),
+                "podman_median_first_answer_seconds": first,
+                "suspend_ratio": our_suspend / checkpoint,
+                "resume_ratio": our_resume / first,
+                "rounds": ours.iter().zip(&theirs).map(|((s, r), p)| json!({
+                    "suspend_seconds": s, "resume_seconds": r.secs, "resume": r.resume,
+                    "podman_checkpoint_seconds": p.checkpoint, "podman_restore_seconds": p.restore,
+                    "podman_first_answer_seconds": p.first_answer,
+                })).collect::<Vec<_>>(),
+            })
+        }
+    };
     write_json(
         &a.common,
         "resume",
-        &json!({"kind": "resume", "memory_mib": mib, "rounds": a.rounds, "path": a.path, "settle_seconds": a.settle, "router": router, "levels": levels}),
+        &json!({"kind": "resume", "memory_mib": mib, "rounds": a.rounds, "path": a.path, "settle_seconds": a.settle, "router": router, "levels": levels, "baseline": baseline}),
     )?;
-    let all_ok = rows.iter().all(|(_, req, ok, _, _)| req == ok);
     Ok(if all_ok {
         ExitCode::SUCCESS
     } else {
