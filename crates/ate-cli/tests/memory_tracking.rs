@@ -486,3 +486,71 @@ async fn node_state_survives_an_incremental_dump() {
     )
     .await;
 }
+
+/// Ten suspends in a row, as the worker will make them: each restore lazy and tracked from the
+/// last generation, 1 % of the memory rewritten, an incremental dump against that generation,
+/// flattened into the next one (the parent then removed). The sleeper's checksum over all its
+/// memory is the same after every restore, and every dump holds only what changed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ten_incremental_generations_in_a_row_keep_every_byte() {
+    let mut env = Env::new();
+    let runtime = tracking_runtime(&env).await;
+    let spec = sleeper_spec(&env).await;
+    let (actor, gen1, mut source, _) = tracked_sleeper(&mut env, &runtime, &spec).await;
+    let whole = pages_bytes(&gen1.join(ate_snapshot::CRIU_DIR));
+    let mut parent = gen1;
+    for round in 2..=11 {
+        let (status, body) = get(&actor, "/dirty?percent=1").await;
+        assert_eq!(status, 200, "{body}");
+        let before = checksum(&actor).await;
+        let delta = env.path().join(format!("delta{round}"));
+        let rel = Path::new("..")
+            .join(parent.file_name().expect("a generation dir"))
+            .join(ate_snapshot::CRIU_DIR);
+        let (_, tracking) = runtime
+            .checkpoint_incremental(&actor, &delta, &rel, &source, false)
+            .await
+            .expect("incremental dump");
+        assert!(
+            matches!(tracking, Tracking::Holds { .. }),
+            "round {round}: tracking lost: {tracking:?}"
+        );
+        let dumped = pages_bytes(&delta);
+        assert!(
+            dumped * 10 < whole,
+            "round {round}: the incremental dump holds {dumped} of {whole} bytes"
+        );
+        drop(source);
+        let next = env.path().join(format!("gen{round}"));
+        ate_worker::lazy::images::flatten::flatten(
+            &delta,
+            &parent.join(ate_snapshot::CRIU_DIR),
+            &next.join(ate_snapshot::CRIU_DIR),
+        )
+        .expect("flatten");
+        std::fs::remove_dir_all(&delta).expect("remove the delta");
+        std::fs::remove_dir_all(&parent).expect("remove the parent");
+        seal(&next, &actor).await;
+        let (_, restored) = runtime
+            .restore_lazily(&actor, &spec, &next, &page_source())
+            .await
+            .expect("lazy restore of the flattened generation");
+        probe::wait_ready(&actor.netns(), 80, "/healthz", PROBE_TIMEOUT)
+            .await
+            .expect("sleeper ready");
+        assert_eq!(
+            checksum(&actor).await,
+            before,
+            "round {round}: memory changed"
+        );
+        let outcome = tokio::time::timeout(Duration::from_secs(60), restored.finished())
+            .await
+            .expect("every page in within a minute");
+        assert!(matches!(outcome, Outcome::Done(_)), "{outcome:?}");
+        source = restored;
+        parent = next;
+    }
+    runtime.stop(&actor).await.expect("stop");
+    drop(source);
+    env.assert_clean();
+}
