@@ -148,7 +148,14 @@ pub struct RouterArgs {
 
 pub async fn run_router(args: RouterArgs) -> anyhow::Result<()> {
     let traces = init_logging(args.log.json(), Some("ate-router"));
-    tracing::info!(listen = %args.config.listen, api = %args.config.api, "router starting");
+    tracing::info!(
+        listen = %args.config.listen,
+        api = %args.config.api,
+        mode = ?args.config.mode,
+        namespace = %args.config.namespace,
+        preview = ?args.config.preview.0,
+        "router starting"
+    );
     let ran = ate_router::run(args.config, component_shutdown()).await;
     stopped(traces, "router", ran).await
 }

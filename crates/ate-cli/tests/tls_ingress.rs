@@ -1,6 +1,8 @@
 //! The router's TLS ingress (`--tls-listen`) with `--ingress-allowed-spiffe-ids`, through `ate up`:
 //! a listed client certificate gets through the handshake and reaches the actor; a certificate
-//! not on the list, one from another CA, and no certificate are refused in the handshake.
+//! not on the list, one from another CA, and no certificate are refused in the handshake. The
+//! router runs with the specification's install command line (`--mode=ingress
+//! --namespace=ate-system --drain-delay=13s --ingress-allowed-spiffe-ids=… --preview=`).
 
 mod support;
 
@@ -46,8 +48,12 @@ fn tls_ingress_admits_only_listed_client_ids() {
     let sys = System::up(UpOptions {
         workers: 1,
         router_args: vec![
+            "--mode=ingress".to_string(),
+            "--namespace=ate-system".to_string(),
+            "--drain-delay=13s".to_string(),
             format!("--tls-listen=127.0.0.1:{port}"),
             format!("--ingress-allowed-spiffe-ids={CLIENT}"),
+            "--preview=".to_string(),
         ],
         ..Default::default()
     });
@@ -117,4 +123,10 @@ fn tls_ingress_admits_only_listed_client_ids() {
         let r = get_tls(port, none, "ate-demo/ing").await;
         assert!(r.is_err(), "no client certificate: {r:?}");
     });
+    let log = std::fs::read_to_string(sys.state_dir().join("logs/router.log")).expect("router log");
+    assert!(
+        log.lines()
+            .any(|l| l.contains("router starting") && l.contains("namespace=ate-system")),
+        "the router's start line names its mode and namespace:\n{log}"
+    );
 }

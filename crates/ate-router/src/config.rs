@@ -7,6 +7,22 @@ use std::time::Duration;
 /// Settings of atenet-router (Envoy dataplane behaviour plus the 5 s assignment cache).
 #[derive(Debug, Clone, clap::Args)]
 pub struct RouterConfig {
+    /// What the router serves: `ingress` (the specification's install passes `--mode=ingress`;
+    /// it is the only mode).
+    #[arg(long = "mode", value_enum, default_value_t = RouterMode::Ingress)]
+    pub mode: RouterMode,
+
+    /// The namespace the router is installed in (the specification's `--namespace=ate-system`),
+    /// named in its start-up log line. A DNS label.
+    #[arg(long = "namespace", default_value = "ate-system", value_parser = parse_namespace)]
+    pub namespace: String,
+
+    /// Preview features to turn on, comma-separated; empty (the default, and the
+    /// specification's `--preview=`) turns none on. This router has no preview features yet, so
+    /// any name is refused.
+    #[arg(long = "preview", default_value = "", value_parser = parse_preview)]
+    pub preview: PreviewFeatures,
+
     /// Address of the ingress listener (HTTP/1.1 and h2c on one port).
     #[arg(long = "listen", default_value = "127.0.0.1:8080")]
     pub listen: SocketAddr,
@@ -125,6 +141,55 @@ pub struct RouterConfig {
     pub tuning: Tuning,
 }
 
+/// The router's mode (`--mode`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum RouterMode {
+    /// Routes requests to actors, resuming them (the only mode).
+    Ingress,
+}
+
+/// The preview features `--preview` names (none exist yet).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PreviewFeatures(pub Vec<String>);
+
+/// The names of preview features this router has.
+const PREVIEW_FEATURES: &[&str] = &[];
+
+fn parse_preview(s: &str) -> Result<PreviewFeatures, String> {
+    let mut names = Vec::new();
+    for name in s.split(',').map(str::trim).filter(|n| !n.is_empty()) {
+        if !PREVIEW_FEATURES.contains(&name) {
+            return Err(if PREVIEW_FEATURES.is_empty() {
+                format!("unknown preview feature `{name}`: this router has none")
+            } else {
+                format!(
+                    "unknown preview feature `{name}` (known: {})",
+                    PREVIEW_FEATURES.join(", ")
+                )
+            });
+        }
+        names.push(name.to_string());
+    }
+    Ok(PreviewFeatures(names))
+}
+
+/// A DNS label (RFC 1123): what Kubernetes accepts as a namespace name.
+fn parse_namespace(s: &str) -> Result<String, String> {
+    let ok = !s.is_empty()
+        && s.len() <= 63
+        && s.bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && !s.starts_with('-')
+        && !s.ends_with('-');
+    if ok {
+        Ok(s.to_string())
+    } else {
+        Err(format!(
+            "`{s}` is not a namespace name (lowercase letters, digits and '-', at most 63, not starting or ending with '-')"
+        ))
+    }
+}
+
 /// Values the spec fixes (or leaves to the implementation) that tests need to scale down.
 #[derive(Debug, Clone)]
 pub struct Tuning {
@@ -182,6 +247,9 @@ impl Default for Tuning {
 impl Default for RouterConfig {
     fn default() -> Self {
         Self {
+            mode: RouterMode::Ingress,
+            namespace: "ate-system".to_string(),
+            preview: PreviewFeatures::default(),
             listen: SocketAddr::from(([127, 0, 0, 1], 8080)),
             metrics_listen: SocketAddr::from(([127, 0, 0, 1], 9091)),
             api: ate_core::DEFAULT_API_ADDR.to_string(),
@@ -221,6 +289,38 @@ mod tests {
     struct Cli {
         #[command(flatten)]
         router: RouterConfig,
+    }
+
+    /// The specification's install command line parses, with its meaning; unknown modes,
+    /// preview features and namespace names are refused by name.
+    #[test]
+    fn the_specifications_command_line_is_accepted() {
+        let cli = Cli::try_parse_from([
+            "ate",
+            "--mode=ingress",
+            "--namespace=ate-system",
+            "--drain-delay=13s",
+            "--ingress-allowed-spiffe-ids=spiffe://cluster.local/ns/ate-system/sa/atenet-client",
+            "--preview=",
+        ])
+        .unwrap();
+        assert_eq!(cli.router.mode, RouterMode::Ingress);
+        assert_eq!(cli.router.namespace, "ate-system");
+        assert!(cli.router.preview.0.is_empty());
+        assert_eq!(cli.router.drain_delay, Duration::from_secs(13));
+        let refused = |args: &[&str], needle: &str| {
+            let mut all = vec!["ate"];
+            all.extend_from_slice(args);
+            let err = Cli::try_parse_from(all).err().expect("refused").to_string();
+            assert!(err.contains(needle), "{args:?}: {err}");
+        };
+        refused(&["--mode=egress"], "egress");
+        refused(
+            &["--preview=websockets"],
+            "unknown preview feature `websockets`",
+        );
+        refused(&["--namespace=Ate_System"], "not a namespace name");
+        refused(&["--namespace=-x"], "not a namespace name");
     }
 
     #[test]

@@ -47,7 +47,7 @@ use std::sync::atomic::AtomicBool;
 use tokio::net::TcpListener;
 
 pub use crate::api::{GrpcResume, Resume, Resumed};
-pub use crate::config::{RouterConfig, Tuning};
+pub use crate::config::{PreviewFeatures, RouterConfig, RouterMode, Tuning};
 pub use crate::metrics::Stats;
 
 use crate::access_log::AccessLog;
