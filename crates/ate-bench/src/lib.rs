@@ -485,6 +485,16 @@ fn write_json(common: &Common, kind: &str, value: &serde_json::Value) -> anyhow:
     Ok(())
 }
 
+/// A baseline's program: `name` on PATH, else Debian's `fallback`.
+fn find_program(name: &str, fallback: &str) -> Option<PathBuf> {
+    std::env::var_os("PATH")
+        .into_iter()
+        .flat_map(|p| std::env::split_paths(&p).collect::<Vec<_>>())
+        .map(|dir| dir.join(name))
+        .chain([PathBuf::from(fallback)])
+        .find(|candidate| candidate.is_file())
+}
+
 fn write_file(path: &Path, text: &str) -> anyhow::Result<()> {
     std::fs::write(path, format!("{text}\n"))
         .with_context(|| format!("cannot write {}", path.display()))

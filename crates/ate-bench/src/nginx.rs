@@ -42,20 +42,12 @@ pub fn binary(explicit: Option<&Path>) -> anyhow::Result<PathBuf> {
         anyhow::ensure!(path.is_file(), "--nginx {}: no such file", path.display());
         return Ok(path.to_path_buf());
     }
-    let on_path = std::env::var_os("PATH")
-        .into_iter()
-        .flat_map(|p| std::env::split_paths(&p).collect::<Vec<_>>())
-        .map(|dir| dir.join("nginx"))
-        .chain([PathBuf::from("/usr/sbin/nginx")]);
-    for candidate in on_path {
-        if candidate.is_file() {
-            return Ok(candidate);
-        }
-    }
-    anyhow::bail!(
-        "--baseline nginx: nginx is not installed (Debian: apt-get install nginx-light; \
-         scripts/setup.sh installs it) — or name the binary with --nginx"
-    )
+    crate::find_program("nginx", "/usr/sbin/nginx").ok_or_else(|| {
+        anyhow::anyhow!(
+            "--baseline nginx: nginx is not installed (Debian: apt-get install nginx-light; \
+             scripts/setup.sh installs it) — or name the binary with --nginx"
+        )
+    })
 }
 
 /// The network namespace of `atespace/name` on this machine: `<state>/workers/*/actors/<ns>/<name>`

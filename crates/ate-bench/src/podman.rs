@@ -18,20 +18,12 @@ use anyhow::Context;
 
 /// The podman binary: `podman` on PATH, else Debian's `/usr/bin/podman`.
 pub fn binary() -> anyhow::Result<PathBuf> {
-    let on_path = std::env::var_os("PATH")
-        .into_iter()
-        .flat_map(|p| std::env::split_paths(&p).collect::<Vec<_>>())
-        .map(|dir| dir.join("podman"))
-        .chain([PathBuf::from("/usr/bin/podman")]);
-    for candidate in on_path {
-        if candidate.is_file() {
-            return Ok(candidate);
-        }
-    }
-    anyhow::bail!(
-        "--baseline podman: podman is not installed (Debian: apt-get install podman; it uses \
-         the same CRIU as the workers)"
-    )
+    crate::find_program("podman", "/usr/bin/podman").ok_or_else(|| {
+        anyhow::anyhow!(
+            "--baseline podman: podman is not installed (Debian: apt-get install podman; it \
+             uses the same CRIU as the workers)"
+        )
+    })
 }
 
 /// One podman round, in seconds.

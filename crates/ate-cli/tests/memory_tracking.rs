@@ -16,7 +16,7 @@ use std::time::Duration;
 use ate_core::template::Resources;
 use ate_worker::lazy::{Outcome, Tracking};
 use ate_worker::{
-    ActorSandbox, ImageCache, RunMode, RuncConfig, RuncRuntime, SandboxRuntime, SandboxSpec, probe,
+    ActorSandbox, ImageCache, RunMode, RuncConfig, RuncRuntime, SandboxRuntime, SandboxSpec,
 };
 use common::{Env, get, images_dir};
 
@@ -95,6 +95,46 @@ async fn checksum(actor: &ActorSandbox) -> String {
     body
 }
 
+/// Waits until the actor answers `/healthz`.
+async fn ready(actor: &ActorSandbox) {
+    ate_worker::probe::wait_ready(&actor.netns(), 80, "/healthz", PROBE_TIMEOUT)
+        .await
+        .expect("the actor answers /healthz");
+}
+
+/// A lazy restore of `gen_dir` with tracking, once the actor answers and every page is in.
+async fn restore_tracked(
+    runtime: &RuncRuntime,
+    actor: &ActorSandbox,
+    spec: &SandboxSpec,
+    gen_dir: &Path,
+) -> ate_worker::lazy::PageSource {
+    let (_, source) = runtime
+        .restore_lazily(actor, spec, gen_dir, &page_source())
+        .await
+        .expect("lazy restore with tracking");
+    assert!(source.tracks_memory());
+    ready(actor).await;
+    let outcome = tokio::time::timeout(Duration::from_secs(60), source.finished())
+        .await
+        .expect("every page in within a minute");
+    assert!(matches!(outcome, Outcome::Done(_)), "{outcome:?}");
+    source
+}
+
+/// The incremental dump `delta` (a CRIU images dir) flattened onto the generation `parent`
+/// into the generation `next`, sealed.
+async fn flatten_into(delta: &Path, parent: &Path, next: &Path, actor: &ActorSandbox) {
+    let flat = ate_worker::lazy::images::flatten::flatten(
+        delta,
+        &parent.join(ate_snapshot::CRIU_DIR),
+        &next.join(ate_snapshot::CRIU_DIR),
+    )
+    .expect("flatten");
+    assert!(flat.parent_pages > 0 && flat.own_pages > 0, "{flat:?}");
+    seal(next, actor).await;
+}
+
 /// Runs the sleeper, dumps it whole into `gen1`, restores it lazily with tracking and waits
 /// until every page is in.
 async fn tracked_sleeper(
@@ -112,27 +152,14 @@ async fn tracked_sleeper(
         .run(&actor, spec, RunMode::KeepRootfs)
         .await
         .expect("run sleeper");
-    probe::wait_ready(&actor.netns(), 80, "/healthz", PROBE_TIMEOUT)
-        .await
-        .expect("sleeper ready");
+    ready(&actor).await;
     let gen1 = env.path().join("gen1");
     let whole = runtime
         .checkpoint(&actor, &gen1.join(ate_snapshot::CRIU_DIR))
         .await
         .expect("whole dump");
     seal(&gen1, &actor).await;
-    let (_, source) = runtime
-        .restore_lazily(&actor, spec, &gen1, &page_source())
-        .await
-        .expect("lazy restore with tracking");
-    assert!(source.tracks_memory());
-    probe::wait_ready(&actor.netns(), 80, "/healthz", PROBE_TIMEOUT)
-        .await
-        .expect("restored sleeper ready");
-    let outcome = tokio::time::timeout(Duration::from_secs(60), source.finished())
-        .await
-        .expect("every page in within a minute");
-    assert!(matches!(outcome, Outcome::Done(_)), "{outcome:?}");
+    let source = restore_tracked(runtime, &actor, spec, &gen1).await;
     // What a tracked restore costs while its actor lives: the page source stays.
     let rollup = std::fs::read_to_string(format!("/proc/{}/smaps_rollup", source.pid()))
         .expect("the page source stays once every page is in");
@@ -201,9 +228,7 @@ async fn an_incremental_dump_holds_what_changed_and_restores_every_byte() {
         .restore(&actor, &spec, &images)
         .await
         .expect("restore of the incremental dump");
-    probe::wait_ready(&actor.netns(), 80, "/healthz", PROBE_TIMEOUT)
-        .await
-        .expect("restored sleeper ready");
+    ready(&actor).await;
     assert_eq!(
         checksum(&actor).await,
         before,
@@ -212,31 +237,14 @@ async fn an_incremental_dump_holds_what_changed_and_restores_every_byte() {
 
     // Flattened, with the parent gone: a whole dump that restores lazily to the same memory.
     let gen3 = env.path().join("gen3");
-    let flat = ate_worker::lazy::images::flatten::flatten(
-        &images,
-        &gen1.join(ate_snapshot::CRIU_DIR),
-        &gen3.join(ate_snapshot::CRIU_DIR),
-    )
-    .expect("flatten");
-    assert!(flat.parent_pages > 0 && flat.own_pages > 0, "{flat:?}");
+    flatten_into(&images, &gen1, &gen3, &actor).await;
     std::fs::remove_dir_all(&gen1).expect("remove the parent");
-    seal(&gen3, &actor).await;
-    let (_, source) = runtime
-        .restore_lazily(&actor, &spec, &gen3, &page_source())
-        .await
-        .expect("lazy restore of the flattened dump");
-    probe::wait_ready(&actor.netns(), 80, "/healthz", PROBE_TIMEOUT)
-        .await
-        .expect("sleeper ready after the flattened restore");
+    let source = restore_tracked(&runtime, &actor, &spec, &gen3).await;
     assert_eq!(
         checksum(&actor).await,
         before,
         "memory changed across flattening"
     );
-    let outcome = tokio::time::timeout(Duration::from_secs(60), source.finished())
-        .await
-        .expect("every page in within a minute");
-    assert!(matches!(outcome, Outcome::Done(_)), "{outcome:?}");
     runtime.stop(&actor).await.expect("stop");
     drop(source);
     env.assert_clean();
@@ -287,9 +295,7 @@ async fn with_tracking_lost_the_dump_is_whole() {
         .restore(&actor, &spec, &images)
         .await
         .expect("restore of the whole dump");
-    probe::wait_ready(&actor.netns(), 80, "/healthz", PROBE_TIMEOUT)
-        .await
-        .expect("restored sleeper ready");
+    ready(&actor).await;
     assert_eq!(checksum(&actor).await, before);
     runtime.stop(&actor).await.expect("stop");
     env.assert_clean();
@@ -394,9 +400,7 @@ async fn a_real_runtime_survives_an_incremental_dump(image: &str, command: Vec<S
         .run(&actor, &spec, RunMode::KeepRootfs)
         .await
         .expect("run the agent");
-    probe::wait_ready(&actor.netns(), 80, "/healthz", PROBE_TIMEOUT)
-        .await
-        .expect("agent ready");
+    ready(&actor).await;
     let first = state_of(&actor).await;
     let gen1 = env.path().join("gen1");
     runtime
@@ -404,22 +408,12 @@ async fn a_real_runtime_survives_an_incremental_dump(image: &str, command: Vec<S
         .await
         .expect("whole dump");
     seal(&gen1, &actor).await;
-    let (_, source) = runtime
-        .restore_lazily(&actor, &spec, &gen1, &page_source())
-        .await
-        .expect("lazy restore with tracking");
-    probe::wait_ready(&actor.netns(), 80, "/healthz", PROBE_TIMEOUT)
-        .await
-        .expect("restored agent ready");
+    let source = restore_tracked(&runtime, &actor, &spec, &gen1).await;
     assert_eq!(
         state_of(&actor).await,
         first,
         "state changed across the restore"
     );
-    let outcome = tokio::time::timeout(Duration::from_secs(60), source.finished())
-        .await
-        .expect("every page in within a minute");
-    assert!(matches!(outcome, Outcome::Done(_)), "{outcome:?}");
     for _ in 0..2 {
         let (status, body) = get(&actor, "/mutate").await;
         assert_eq!(status, 200, "{body}");
@@ -454,9 +448,7 @@ async fn a_real_runtime_survives_an_incremental_dump(image: &str, command: Vec<S
         .restore(&actor, &spec, &images)
         .await
         .expect("restore of the incremental dump");
-    probe::wait_ready(&actor.netns(), 80, "/healthz", PROBE_TIMEOUT)
-        .await
-        .expect("agent ready after the incremental restore");
+    ready(&actor).await;
     assert_eq!(
         state_of(&actor).await,
         before,
@@ -522,32 +514,15 @@ async fn ten_incremental_generations_in_a_row_keep_every_byte() {
         );
         drop(source);
         let next = env.path().join(format!("gen{round}"));
-        ate_worker::lazy::images::flatten::flatten(
-            &delta,
-            &parent.join(ate_snapshot::CRIU_DIR),
-            &next.join(ate_snapshot::CRIU_DIR),
-        )
-        .expect("flatten");
+        flatten_into(&delta, &parent, &next, &actor).await;
         std::fs::remove_dir_all(&delta).expect("remove the delta");
         std::fs::remove_dir_all(&parent).expect("remove the parent");
-        seal(&next, &actor).await;
-        let (_, restored) = runtime
-            .restore_lazily(&actor, &spec, &next, &page_source())
-            .await
-            .expect("lazy restore of the flattened generation");
-        probe::wait_ready(&actor.netns(), 80, "/healthz", PROBE_TIMEOUT)
-            .await
-            .expect("sleeper ready");
+        source = restore_tracked(&runtime, &actor, &spec, &next).await;
         assert_eq!(
             checksum(&actor).await,
             before,
             "round {round}: memory changed"
         );
-        let outcome = tokio::time::timeout(Duration::from_secs(60), restored.finished())
-            .await
-            .expect("every page in within a minute");
-        assert!(matches!(outcome, Outcome::Done(_)), "{outcome:?}");
-        source = restored;
         parent = next;
     }
     runtime.stop(&actor).await.expect("stop");
