@@ -529,3 +529,68 @@ async fn ten_incremental_generations_in_a_row_keep_every_byte() {
     drop(source);
     env.assert_clean();
 }
+
+/// A sandbox kept frozen after its dump (a frozen-in-place copy) and thawed again: re-armed
+/// while frozen, the next dump against that dump holds only what was written after the thaw,
+/// and a restore through both links (the second dump's parent is the first) has every byte.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rearmed_frozen_copy_dumps_only_what_changed_after_its_thaw() {
+    let mut env = Env::new();
+    let runtime = tracking_runtime(&env).await;
+    let spec = sleeper_spec(&env).await;
+    let (actor, _gen1, source, _) = tracked_sleeper(&mut env, &runtime, &spec).await;
+    let dirty = |percent: u32| {
+        let actor = actor.clone();
+        async move {
+            let (status, body) = get(&actor, &format!("/dirty?percent={percent}")).await;
+            assert_eq!(status, 200, "{body}");
+        }
+    };
+    let dump = |name: &'static str, parent: &'static str, keep_frozen: bool| {
+        let (runtime, actor, source, env_path) =
+            (&runtime, actor.clone(), &source, env.path().to_path_buf());
+        async move {
+            let images = env_path.join(name).join(ate_snapshot::CRIU_DIR);
+            let parent = Path::new("../..").join(parent).join(ate_snapshot::CRIU_DIR);
+            let (_, tracking) = runtime
+                .checkpoint_incremental(&actor, &images, &parent, source, keep_frozen)
+                .await
+                .expect("incremental dump");
+            assert!(
+                matches!(tracking, Tracking::Holds { .. }),
+                "{name}: tracking lost: {tracking:?}"
+            );
+            (images.clone(), pages_bytes(&images))
+        }
+    };
+
+    dirty(5).await;
+    let (_, first) = dump("gen2", "gen1", true).await;
+    let rearmed = runtime
+        .rearm_tracking(&actor)
+        .await
+        .expect("re-arm while frozen");
+    assert!(rearmed > 0, "nothing was re-armed");
+    runtime.thaw(&actor).await.expect("thaw");
+    dirty(1).await;
+    let before = checksum(&actor).await;
+    let (images, second) = dump("gen3", "gen2", false).await;
+    eprintln!(
+        "frozen copy: 5 % rewritten, dump {} KiB, re-armed {rearmed} pages; thawed, 1 % rewritten, dump {} KiB",
+        first >> 10,
+        second >> 10
+    );
+    assert!(
+        second * 3 < first,
+        "the dump after the thaw holds {second} bytes, the one before {first}: pages written before the first dump were not re-armed"
+    );
+    drop(source);
+    runtime
+        .restore(&actor, &spec, &images)
+        .await
+        .expect("restore through two parent links");
+    ready(&actor).await;
+    assert_eq!(checksum(&actor).await, before);
+    runtime.stop(&actor).await.expect("stop");
+    env.assert_clean();
+}

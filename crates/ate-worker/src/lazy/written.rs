@@ -16,6 +16,11 @@ const PAGE_IS_PRESENT: u64 = 1 << 3;
 const PAGE_IS_SWAPPED: u64 = 1 << 4;
 const PAGE_IS_PFNZERO: u64 = 1 << 5;
 
+/// `PM_SCAN_WP_MATCHING`: write-protect the pages the scan matches (only in ranges registered
+/// for asynchronous write protection; other ranges are skipped without an error, as long as
+/// `PM_SCAN_CHECK_WPASYNC` is not asked).
+const PM_SCAN_WP_MATCHING: u64 = 1 << 0;
+
 /// `UFFD_FEATURE_WP_ASYNC`: write faults on protected pages are resolved by the kernel.
 const UFFD_FEATURE_WP_ASYNC: u64 = 1 << 15;
 const UFFD_API: u64 = 0xAA;
@@ -127,6 +132,48 @@ pub fn written_pages_in(pid: u32, mut start: u64, end: u64) -> io::Result<u64> {
         start = arg.walk_end;
     }
     Ok(written)
+}
+
+/// Write-protects again every page of process `pid` written since it was placed or last
+/// protected, in its ranges registered for write protection: after a dump that becomes the next
+/// generation's parent, with the process frozen (so every page is as the dump wrote it), the
+/// next dump leaves all of them to that generation. Returns how many pages were protected.
+/// Only present or swapped pages are matched: with the written category alone the kernel takes
+/// a fast path that also protects *unpopulated* entries (uffd-wp markers), which a read then
+/// faults into the page source as missing, and which a dump would leave to a parent that does
+/// not hold them.
+pub fn rearm(pid: u32) -> io::Result<u64> {
+    let pagemap = std::fs::OpenOptions::new()
+        .read(true)
+        .open(format!("/proc/{pid}/pagemap"))?;
+    let mut regions = vec![PageRegion::default(); 512];
+    let (mut start, end) = (0u64, (1u64 << 47) - 4096);
+    let mut protected = 0u64;
+    while start < end {
+        let mut arg = PmScanArg {
+            size: std::mem::size_of::<PmScanArg>() as u64,
+            flags: PM_SCAN_WP_MATCHING,
+            start,
+            end,
+            vec: regions.as_mut_ptr() as u64,
+            vec_len: regions.len() as u64,
+            category_mask: PAGE_IS_WRITTEN,
+            category_anyof_mask: PAGE_IS_PRESENT | PAGE_IS_SWAPPED,
+            return_mask: PAGE_IS_WRITTEN,
+            ..PmScanArg::default()
+        };
+        // SAFETY: `vec` points at `vec_len` regions we own for the call.
+        let n = unsafe { pagemap_scan(pagemap.as_raw_fd(), &mut arg) }
+            .map_err(|e| io::Error::from_raw_os_error(e as i32))?;
+        for r in regions.iter().take(n as usize) {
+            protected += (r.end - r.start) / 4096;
+        }
+        if arg.walk_end <= start {
+            break;
+        }
+        start = arg.walk_end;
+    }
+    Ok(protected)
 }
 
 #[cfg(test)]

@@ -171,6 +171,22 @@ pub(super) fn kill_cgroup_processes(short_id: &str) {
     }
 }
 
+/// The processes (thread-group ids) in the actor's cgroups, each once.
+pub(super) fn cgroup_processes(short_id: &str) -> Vec<u32> {
+    let mut pids: Vec<u32> = actor_cgroups(short_id)
+        .into_iter()
+        .filter_map(|dir| std::fs::read_to_string(dir.join("cgroup.procs")).ok())
+        .flat_map(|text| {
+            text.lines()
+                .filter_map(|l| l.trim().parse::<u32>().ok())
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    pids.sort_unstable();
+    pids.dedup();
+    pids
+}
+
 /// The name of the memfd CRIU's parasite code is mapped from in a task it infects (compel's
 /// `parasite_memfd_exchange`); the task shows it in its maps as `/memfd:CRIUMFD (deleted)`.
 const PARASITE_MEMFD: &str = "memfd:CRIUMFD";

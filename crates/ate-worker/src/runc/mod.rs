@@ -289,6 +289,38 @@ impl RuncRuntime {
             .await
     }
 
+    /// After an incremental (or whole) dump that left the sandbox frozen and became the next
+    /// generation's parent: write-protects again every page its processes wrote, so the next
+    /// dump against that generation holds only what is written after the thaw. Refused unless
+    /// the sandbox is frozen (a page written between the dump and this call would be lost to
+    /// tracking). Returns the pages protected.
+    pub async fn rearm_tracking(&self, actor: &ActorSandbox) -> Result<u64> {
+        let frozen = match cgroup::freezer_state_file(actor) {
+            Some(state) => cgroup::read_freezer(&state).await? == "FROZEN",
+            None => false,
+        };
+        if !frozen {
+            return Err(SandboxError::Invalid(format!(
+                "memory tracking of {} is re-armed only while it is frozen",
+                actor.container_id()
+            )));
+        }
+        let pids = cgroup::cgroup_processes(&actor.short_id());
+        tokio::task::spawn_blocking(move || {
+            pids.into_iter().try_fold(0u64, |sum, pid| {
+                crate::lazy::written::rearm(pid).map(|n| sum + n)
+            })
+        })
+        .await
+        .map_err(|e| SandboxError::Invalid(format!("re-arm memory tracking: {e}")))?
+        .map_err(|e| {
+            SandboxError::io(
+                format!("re-arm memory tracking of {}", actor.container_id()),
+                e,
+            )
+        })
+    }
+
     /// The `--root` directory (for `runc --root … list` in diagnostics and tests).
     pub fn runc_root(&self) -> &Path {
         &self.root

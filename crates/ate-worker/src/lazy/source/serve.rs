@@ -255,8 +255,14 @@ impl Source {
                     }
                 }
                 None => {
-                    let placed = uffd::zero(task.uffd.as_raw_fd(), page)
-                        .map_err(io_err(format!("zero page for task {}", task.pid)))?;
+                    // Tracking: a copy of zeros, which also fills a write-protection marker
+                    // (UFFDIO_ZEROPAGE refuses one, and the fault would come back forever).
+                    let placed = if self.tracking.is_some() {
+                        uffd::copy(task.uffd.as_raw_fd(), page, &ZEROS, false)
+                    } else {
+                        uffd::zero(task.uffd.as_raw_fd(), page)
+                    }
+                    .map_err(io_err(format!("zero page for task {}", task.pid)))?;
                     if placed == Placed::Done {
                         self.stats.zero_pages += 1;
                     }
@@ -359,6 +365,9 @@ impl Source {
         }
     }
 }
+
+/// One page of zeros.
+static ZEROS: [u8; images::PAGE_SIZE as usize] = [0; images::PAGE_SIZE as usize];
 
 /// CLOCK_BOOTTIME in µs: the clock of `/proc/<pid>/stat`'s start time and of `/proc/uptime`,
 /// which CRIU compares tasks' start times with.

@@ -352,6 +352,13 @@ fn a_tracked_restore_leaves_only_what_the_task_writes_as_written() {
     // SAFETY: inside our mapping, every page of which is in.
     unsafe { *(m.0 as *mut u8).add(3 * P + 1) = 42 };
     assert_eq!(written(), 1);
+    // Re-armed (as after a dump that becomes the next parent): nothing reads as written, and
+    // the next write shows again. Ranges not registered for it are left alone.
+    assert!(crate::lazy::written::rearm(me).unwrap() >= 1);
+    assert_eq!(written(), 0, "a re-armed page still reads as written");
+    // SAFETY: as above.
+    unsafe { *(m.0 as *mut u8).add(4 * P) = 7 };
+    assert_eq!(written(), 1);
     let answer = barrier(&ours);
     let since: u64 = answer
         .strip_prefix("since_us=")
