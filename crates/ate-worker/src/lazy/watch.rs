@@ -441,7 +441,14 @@ fn read_reports(
 fn answer_barriers(sock: &UnixStream, requests: &std::sync::mpsc::Receiver<Request>) {
     // A page source that hangs must not hang the worker's dumps.
     let _ = sock.set_read_timeout(Some(BARRIER_TIMEOUT));
+    // Once an answer did not come in time it may still come, and would be taken for the next
+    // barrier's (events since then unread): every later barrier is `Lost`.
+    let mut broken: Option<String> = None;
     while let Ok(Request::Barrier(reply)) = requests.recv() {
+        if let Some(why) = &broken {
+            let _ = reply.send(Tracking::Lost(why.clone()));
+            continue;
+        }
         let answer = (|| {
             let n = nix::sys::socket::send(
                 sock.as_raw_fd(),
@@ -459,6 +466,9 @@ fn answer_barriers(sock: &UnixStream, requests: &std::sync::mpsc::Receiver<Reque
                 Err(e) => Err(format!("no answer from the page source: {e}")),
             }
         })();
+        if let Err(why) = &answer {
+            broken = Some(why.clone());
+        }
         let _ = reply.send(answer.unwrap_or_else(Tracking::Lost));
     }
 }

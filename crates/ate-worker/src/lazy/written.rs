@@ -26,7 +26,7 @@ const UFFD_FEATURE_WP_ASYNC: u64 = 1 << 15;
 const UFFD_API: u64 = 0xAA;
 
 #[repr(C)]
-#[derive(Default)]
+#[derive(Default, Clone, Copy)]
 struct PmScanArg {
     size: u64,
     flags: u64,
@@ -91,47 +91,29 @@ pub fn probe() -> Result<(), String> {
     Ok(())
 }
 
+/// The user half of the address space with 48-bit addresses, less its last page (the kernel's
+/// limit on x86_64; wider address spaces are walked as far as this goes, which is where
+/// ordinary processes live).
+const USER_END: u64 = (1 << 47) - 4096;
+
 /// Pages of process `pid` that hold data (present or swapped, not the zero page, not file
 /// pages) and read as written: all of them unless its memory was restored with tracking.
 pub fn written_pages(pid: u32) -> io::Result<u64> {
-    // The user half of the address space with 48-bit addresses, less its last page (the
-    // kernel's limit on x86_64; wider address spaces are walked as far as this goes, which is
-    // where ordinary processes live).
-    written_pages_in(pid, 0, (1u64 << 47) - 4096)
+    written_pages_in(pid, 0, USER_END)
 }
 
 /// [`written_pages`] of `[start, end)` only (page-aligned).
-pub fn written_pages_in(pid: u32, mut start: u64, end: u64) -> io::Result<u64> {
-    let pagemap = std::fs::File::open(format!("/proc/{pid}/pagemap"))?;
-    let mut regions = vec![PageRegion::default(); 512];
-    let mut written = 0u64;
-    while start < end {
-        let mut arg = PmScanArg {
-            size: std::mem::size_of::<PmScanArg>() as u64,
-            start,
-            end,
-            vec: regions.as_mut_ptr() as u64,
-            vec_len: regions.len() as u64,
-            category_inverted: PAGE_IS_PFNZERO | PAGE_IS_FILE,
-            category_mask: PAGE_IS_PFNZERO | PAGE_IS_FILE,
-            category_anyof_mask: PAGE_IS_PRESENT | PAGE_IS_SWAPPED,
-            return_mask: PAGE_IS_WRITTEN,
-            ..PmScanArg::default()
-        };
-        // SAFETY: `vec` points at `vec_len` regions we own for the call.
-        let n = unsafe { pagemap_scan(pagemap.as_raw_fd(), &mut arg) }
-            .map_err(|e| io::Error::from_raw_os_error(e as i32))?;
-        for r in regions.iter().take(n as usize) {
-            if r.categories & PAGE_IS_WRITTEN != 0 {
-                written += (r.end - r.start) / 4096;
-            }
-        }
-        if arg.walk_end <= start {
-            break;
-        }
-        start = arg.walk_end;
-    }
-    Ok(written)
+pub fn written_pages_in(pid: u32, start: u64, end: u64) -> io::Result<u64> {
+    let query = PmScanArg {
+        category_inverted: PAGE_IS_PFNZERO | PAGE_IS_FILE,
+        category_mask: PAGE_IS_PFNZERO | PAGE_IS_FILE,
+        category_anyof_mask: PAGE_IS_PRESENT | PAGE_IS_SWAPPED,
+        return_mask: PAGE_IS_WRITTEN,
+        ..PmScanArg::default()
+    };
+    scan_pages(pid, start, end, query, |r| {
+        r.categories & PAGE_IS_WRITTEN != 0
+    })
 }
 
 /// Write-protects again every page of process `pid` written since it was placed or last
@@ -143,37 +125,52 @@ pub fn written_pages_in(pid: u32, mut start: u64, end: u64) -> io::Result<u64> {
 /// faults into the page source as missing, and which a dump would leave to a parent that does
 /// not hold them.
 pub fn rearm(pid: u32) -> io::Result<u64> {
-    let pagemap = std::fs::OpenOptions::new()
-        .read(true)
-        .open(format!("/proc/{pid}/pagemap"))?;
+    let query = PmScanArg {
+        flags: PM_SCAN_WP_MATCHING,
+        category_mask: PAGE_IS_WRITTEN,
+        category_anyof_mask: PAGE_IS_PRESENT | PAGE_IS_SWAPPED,
+        return_mask: PAGE_IS_WRITTEN,
+        ..PmScanArg::default()
+    };
+    scan_pages(pid, 0, USER_END, query, |_| true)
+}
+
+/// Walks `[start, end)` of `pid`'s pagemap with PAGEMAP_SCAN as `query` asks (its flags and
+/// masks; the range and output vector are filled in here), in as many calls as the output
+/// needs, and counts the pages of the regions `count` picks.
+fn scan_pages(
+    pid: u32,
+    mut start: u64,
+    end: u64,
+    query: PmScanArg,
+    count: impl Fn(&PageRegion) -> bool,
+) -> io::Result<u64> {
+    let pagemap = std::fs::File::open(format!("/proc/{pid}/pagemap"))?;
     let mut regions = vec![PageRegion::default(); 512];
-    let (mut start, end) = (0u64, (1u64 << 47) - 4096);
-    let mut protected = 0u64;
+    let mut pages = 0u64;
     while start < end {
         let mut arg = PmScanArg {
             size: std::mem::size_of::<PmScanArg>() as u64,
-            flags: PM_SCAN_WP_MATCHING,
             start,
             end,
+            walk_end: 0,
             vec: regions.as_mut_ptr() as u64,
             vec_len: regions.len() as u64,
-            category_mask: PAGE_IS_WRITTEN,
-            category_anyof_mask: PAGE_IS_PRESENT | PAGE_IS_SWAPPED,
-            return_mask: PAGE_IS_WRITTEN,
-            ..PmScanArg::default()
+            max_pages: 0,
+            ..query
         };
         // SAFETY: `vec` points at `vec_len` regions we own for the call.
         let n = unsafe { pagemap_scan(pagemap.as_raw_fd(), &mut arg) }
             .map_err(|e| io::Error::from_raw_os_error(e as i32))?;
-        for r in regions.iter().take(n as usize) {
-            protected += (r.end - r.start) / 4096;
+        for r in regions.iter().take(n as usize).filter(|r| count(r)) {
+            pages += (r.end - r.start) / 4096;
         }
         if arg.walk_end <= start {
             break;
         }
         start = arg.walk_end;
     }
-    Ok(protected)
+    Ok(pages)
 }
 
 #[cfg(test)]

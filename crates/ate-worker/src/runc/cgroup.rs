@@ -194,14 +194,8 @@ const PARASITE_MEMFD: &str = "memfd:CRIUMFD";
 /// A process of the actor that still has CRIU's parasite mapped (CRIU was killed before it
 /// cured the task), as "pid N"; None if there is none.
 pub(super) fn parasite_left_in(short_id: &str) -> Option<String> {
-    actor_cgroups(short_id)
+    cgroup_processes(short_id)
         .into_iter()
-        .filter_map(|dir| std::fs::read_to_string(dir.join("cgroup.procs")).ok())
-        .flat_map(|text| {
-            text.lines()
-                .filter_map(|l| l.trim().parse::<u32>().ok())
-                .collect::<Vec<_>>()
-        })
         .find(|pid| {
             std::fs::read_to_string(format!("/proc/{pid}/maps"))
                 .is_ok_and(|maps| maps.contains(PARASITE_MEMFD))

@@ -200,8 +200,12 @@ impl RuncRuntime {
             _ => None,
         };
         if let Err(e) = options_for_dumps(actor, track_since).await {
-            if froze_for_tracking {
+            // Nothing was dumped: the sandbox goes back to how it was found.
+            if keep_frozen || froze_for_tracking {
                 let _ = self.set_frozen(actor, false).await;
+            }
+            if let Some(q) = quota.filter(|q| *q > 0) {
+                let _ = self.set_cpu_quota(actor, u64::try_from(q).ok()).await;
             }
             return Err(e);
         }

@@ -14,7 +14,7 @@ use std::path::Path;
 
 use prost::Message;
 
-use super::parse::Entries;
+use super::parse::{RawEntry, read_raw_pagemap};
 use super::{
     IMG_COMMON_MAGIC, ImageError, PAGE_SIZE, PAGEMAP_MAGIC, PE_KNOWN, PE_LAZY, PE_PARENT,
     PE_PRESENT, PagemapEntry, PagemapHead, pages_file_name,
@@ -24,18 +24,7 @@ use super::{
 pub const PARENT_LINK: &str = "parent";
 
 /// One pagemap entry as CRIU wrote it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct Run {
-    vaddr: u64,
-    pages: u64,
-    flags: u32,
-}
-
-impl Run {
-    fn end(&self) -> u64 {
-        self.vaddr + self.pages * PAGE_SIZE
-    }
-}
+type Run = RawEntry;
 
 /// What [`flatten`] did.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
@@ -60,44 +49,22 @@ fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> ImageError + '_ {
     }
 }
 
-/// A pagemap's pages id and its entries (flags made explicit, as CRIU's
-/// `init_compat_pagemap_entry` does), checked: known flags, page-aligned, no overflow.
+/// A pagemap's pages id and its entries, checked: known flags, page-aligned, no overflow.
 fn read_runs(path: &Path) -> Result<(u32, Vec<Run>), ImageError> {
-    let data = std::fs::read(path).map_err(io_err(path))?;
-    let mut entries = Entries::new(path, &data, PAGEMAP_MAGIC)?;
-    let head = entries
-        .next_entry()?
-        .ok_or_else(|| format_err(path, "no pagemap_head"))?;
-    let head =
-        PagemapHead::decode(head).map_err(|e| format_err(path, format!("pagemap_head: {e}")))?;
-    let mut runs = Vec::new();
-    while let Some(bytes) = entries.next_entry()? {
-        let pe = PagemapEntry::decode(bytes)
-            .map_err(|e| format_err(path, format!("pagemap entry {}: {e}", runs.len() + 1)))?;
-        let mut flags = pe.flags.unwrap_or(0);
-        if pe.in_parent == Some(true) {
-            flags |= PE_PARENT;
-        } else if pe.flags.is_none() {
-            flags = PE_PRESENT;
-        }
-        let pages = pe.nr_pages.unwrap_or(u64::from(pe.compat_nr_pages));
-        if flags & !PE_KNOWN != 0 || pe.vaddr % PAGE_SIZE != 0 {
+    let (pages_id, runs) = read_raw_pagemap(path)?;
+    for run in &runs {
+        if run.flags & !PE_KNOWN != 0 || run.vaddr % PAGE_SIZE != 0 {
             return Err(format_err(
                 path,
-                format!("pagemap entry at {:#x}: flags {flags:#x}", pe.vaddr),
+                format!("pagemap entry at {:#x}: flags {:#x}", run.vaddr, run.flags),
             ));
         }
-        pages
+        run.pages
             .checked_mul(PAGE_SIZE)
-            .and_then(|len| pe.vaddr.checked_add(len))
-            .ok_or_else(|| format_err(path, format!("{pages} pages at {:#x}", pe.vaddr)))?;
-        runs.push(Run {
-            vaddr: pe.vaddr,
-            pages,
-            flags,
-        });
+            .and_then(|len| run.vaddr.checked_add(len))
+            .ok_or_else(|| format_err(path, format!("{} pages at {:#x}", run.pages, run.vaddr)))?;
     }
-    Ok((head.pages_id, runs))
+    Ok((pages_id, runs))
 }
 
 fn write_entry(out: &mut impl Write, bytes: &[u8], path: &Path) -> Result<(), ImageError> {

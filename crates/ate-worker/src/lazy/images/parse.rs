@@ -31,33 +31,61 @@ fn unsupported(path: &Path, message: impl Into<String>) -> ImageError {
     }
 }
 
-pub(super) fn read_pagemap(criu_dir: &Path, pid: i32) -> Result<Pagemap, ImageError> {
-    let path = criu_dir.join(format!("pagemap-{pid}.img"));
-    let data = read_file(&path)?;
-    let mut entries = Entries::new(&path, &data, PAGEMAP_MAGIC)?;
+/// One pagemap entry as CRIU wrote it, its flags made explicit as CRIU's
+/// `init_compat_pagemap_entry` does (criu/pagemap.c).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct RawEntry {
+    pub(super) vaddr: u64,
+    pub(super) pages: u64,
+    pub(super) flags: u32,
+}
 
+impl RawEntry {
+    /// The address just past the entry's pages (unchecked: see the callers' overflow checks).
+    pub(super) fn end(&self) -> u64 {
+        self.vaddr + self.pages * PAGE_SIZE
+    }
+}
+
+/// A pagemap image's pages id and its entries in file order, decoded (checked no further than
+/// the framing and the protobuf).
+pub(super) fn read_raw_pagemap(path: &Path) -> Result<(u32, Vec<RawEntry>), ImageError> {
+    let data = read_file(path)?;
+    let mut entries = Entries::new(path, &data, PAGEMAP_MAGIC)?;
     let head = entries
         .next_entry()?
-        .ok_or_else(|| format_err(&path, "no pagemap_head"))?;
+        .ok_or_else(|| format_err(path, "no pagemap_head"))?;
     let head =
-        PagemapHead::decode(head).map_err(|e| format_err(&path, format!("pagemap_head: {e}")))?;
-
-    let mut lazy = Vec::new();
-    let mut eager = Vec::new();
-    let mut img_offset = 0u64;
-    let mut index = 0usize;
+        PagemapHead::decode(head).map_err(|e| format_err(path, format!("pagemap_head: {e}")))?;
+    let mut raw = Vec::new();
     while let Some(bytes) = entries.next_entry()? {
-        index += 1;
         let pe = PagemapEntry::decode(bytes)
-            .map_err(|e| format_err(&path, format!("pagemap entry {index}: {e}")))?;
-        // init_compat_pagemap_entry (criu/pagemap.c).
+            .map_err(|e| format_err(path, format!("pagemap entry {}: {e}", raw.len() + 1)))?;
         let mut flags = pe.flags.unwrap_or(0);
         if pe.in_parent == Some(true) {
             flags |= PE_PARENT;
         } else if pe.flags.is_none() {
             flags = PE_PRESENT;
         }
-        let nr_pages = pe.nr_pages.unwrap_or(u64::from(pe.compat_nr_pages));
+        raw.push(RawEntry {
+            vaddr: pe.vaddr,
+            pages: pe.nr_pages.unwrap_or(u64::from(pe.compat_nr_pages)),
+            flags,
+        });
+    }
+    Ok((head.pages_id, raw))
+}
+
+pub(super) fn read_pagemap(criu_dir: &Path, pid: i32) -> Result<Pagemap, ImageError> {
+    let path = criu_dir.join(format!("pagemap-{pid}.img"));
+    let (pages_id, raw) = read_raw_pagemap(&path)?;
+
+    let mut lazy = Vec::new();
+    let mut eager = Vec::new();
+    let mut img_offset = 0u64;
+    for (i, pe) in raw.into_iter().enumerate() {
+        let index = i + 1;
+        let (flags, nr_pages) = (pe.flags, pe.pages);
         let what = || format!("pagemap entry {index} at {:#x}", pe.vaddr);
 
         if flags & PE_PARENT != 0 {
@@ -116,7 +144,7 @@ pub(super) fn read_pagemap(criu_dir: &Path, pid: i32) -> Result<Pagemap, ImageEr
     check_disjoint(&path, &lazy, &eager)?;
     Ok(Pagemap {
         path,
-        pages_id: head.pages_id,
+        pages_id,
         lazy,
         eager,
     })
@@ -213,7 +241,7 @@ fn read_file(path: &Path) -> Result<Vec<u8>, ImageError> {
 }
 
 /// The framed protobuf entries of an image held in memory.
-pub(super) struct Entries<'a> {
+struct Entries<'a> {
     path: &'a Path,
     data: &'a [u8],
     pos: usize,
@@ -221,7 +249,7 @@ pub(super) struct Entries<'a> {
 
 impl<'a> Entries<'a> {
     /// Checks both magics and positions after them.
-    pub(super) fn new(path: &'a Path, data: &'a [u8], magic: u32) -> Result<Self, ImageError> {
+    fn new(path: &'a Path, data: &'a [u8], magic: u32) -> Result<Self, ImageError> {
         let mut entries = Entries { path, data, pos: 0 };
         let common = entries
             .read_u32()
@@ -251,7 +279,7 @@ impl<'a> Entries<'a> {
     }
 
     /// The next entry's protobuf bytes, `None` at a clean end of file.
-    pub(super) fn next_entry(&mut self) -> Result<Option<&'a [u8]>, ImageError> {
+    fn next_entry(&mut self) -> Result<Option<&'a [u8]>, ImageError> {
         let at = self.pos;
         if at == self.data.len() {
             return Ok(None);
