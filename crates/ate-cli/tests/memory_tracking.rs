@@ -72,6 +72,7 @@ async fn seal(gen_dir: &Path, actor: &ActorSandbox) {
         boot_id: "b".into(),
         created_unix_ms: 1,
         reason: String::new(),
+        parent: None,
     };
     ate_snapshot::seal_generation(gen_dir, meta, Some(&actor.upper_dir()), &[])
         .await

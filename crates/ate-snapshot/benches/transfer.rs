@@ -47,6 +47,7 @@ fn meta() -> GenerationMeta {
         boot_id: "b".into(),
         created_unix_ms: 0,
         reason: String::new(),
+        parent: None,
     }
 }
 

@@ -49,11 +49,13 @@ pub use generation::{
     CONTAINERS_DIR, CRIU_DIR, ChunkSink, GenerationMeta, MemoryFile, PipeSink, ROOTFS_ARCHIVE,
     SEALED_SOURCE_FILE, SealedSource, VOLUMES_DIR, container_rootfs_path, extract_container_rootfs,
     extract_rootfs, extract_volume, is_sealed, quarantine, quarantine_path, read_manifest,
-    read_verified_chunk, read_verified_chunk_at, seal_actor_generation, seal_generation,
+    read_verified_chunk, read_verified_chunk_at, remove_leftovers, replace_memory,
+    seal_actor_generation, seal_generation,
     sealed_source, verify, verify_chunk_bytes, verify_chunks, verify_files,
     verify_files_except_chunked,
 };
 pub use layout::{MemoryLayout, PageRun};
 pub use manifest::{
-    CHUNK_BYTES, FORMAT_VERSION, FileEntry, MANIFEST_FILE, Manifest, is_memory_pages_file,
+    CHUNK_BYTES, FORMAT_VERSION, FileEntry, MANIFEST_FILE, Manifest, ParentGeneration,
+    is_memory_pages_file,
 };

@@ -113,7 +113,7 @@ prop_compose! {
         Manifest {
             format_version: FORMAT_VERSION,
             atespace, name, generation, uuid, fidelity, template, sandbox_class, node,
-            boot_id, created_unix_ms, reason, files,
+            boot_id, created_unix_ms, reason, files, parent: None,
         }
     }
 }

@@ -604,3 +604,56 @@ async fn empty_memory_image_has_no_chunks() {
     assert!(matches!(err, Error::InvalidInput(_)), "{err}");
     verify(&fx.gen_dir).await.expect("verify");
 }
+
+/// A plaintext incremental generation made whole: new memory images copied in and hashed, the
+/// archives the same files, no parent; a manifest naming a parent that is not a sibling name
+/// is refused.
+#[tokio::test]
+async fn replacing_the_memory_of_a_plaintext_generation_drops_its_parent() {
+    let fx = fixture(300_000);
+    let mut m = meta(Fidelity::Memory);
+    m.parent = Some(ate_snapshot::ParentGeneration {
+        dir: "6-aaaa".into(),
+        generation: 6,
+        uuid: "u".into(),
+    });
+    let sealed = seal_generation(&fx.gen_dir, m, Some(&fx.upper), &fx.volumes)
+        .await
+        .expect("seal");
+    assert!(sealed.parent.is_some());
+    let rootfs = sealed.file("rootfs.tar").cloned();
+
+    let flat = tempfile::tempdir().expect("tempdir");
+    fs::create_dir_all(flat.path().join("criu")).expect("mkdir");
+    let pages = noise(3 * 1024 * 1024, 5);
+    fs::write(flat.path().join("criu/pages-1.img"), &pages).expect("write");
+    let whole = ate_snapshot::replace_memory(&fx.gen_dir, flat.path())
+        .await
+        .expect("replace");
+    assert_eq!(whole.parent, None);
+    assert_eq!(whole.file("rootfs.tar").cloned(), rootfs);
+    let paths: Vec<&str> = whole.files.iter().map(|f| f.path.as_str()).collect();
+    assert_eq!(
+        paths,
+        [
+            "criu/pages-1.img",
+            "rootfs.tar",
+            "volumes/data.tar",
+            "volumes/logs.tar"
+        ]
+    );
+    assert_eq!(verify(&fx.gen_dir).await.expect("verify"), whole);
+    assert_eq!(
+        fs::read(fx.gen_dir.join("criu/pages-1.img")).expect("read"),
+        pages
+    );
+
+    let mut bad = whole.clone();
+    bad.parent = Some(ate_snapshot::ParentGeneration {
+        dir: "../elsewhere".into(),
+        generation: 1,
+        uuid: "u".into(),
+    });
+    let refused = Manifest::from_json(&bad.to_json()).expect_err("a parent outside the actor dir");
+    assert!(refused.to_string().contains("sibling"), "{refused}");
+}

@@ -481,3 +481,86 @@ async fn a_memory_image_streams_whole_in_order_and_stops_at_a_bad_chunk() {
     assert_eq!(out.len() as u64, ate_snapshot::CHUNK_BYTES);
     assert!(out[..] == plain[..out.len()]);
 }
+
+/// An incremental generation made whole (`replace_memory`): its memory images are replaced by
+/// the flat ones, sealed and bound to the same directory, every other file is the same sealed
+/// file, the manifest names no parent any more, and the whole opens and verifies; the
+/// replacement leaves nothing beside it.
+#[tokio::test]
+async fn replacing_the_memory_of_a_sealed_generation_keeps_the_rest_and_drops_the_parent() {
+    let (f, gen_dir) = sealed_generation("7-aaaa").await;
+    // The same generation, as an incremental one would be sealed (its manifest names a parent).
+    let plain = Scratch::new("test-delta").expect("scratch");
+    sealed::open_into(&gen_dir, plain.path(), Opening::All)
+        .await
+        .expect("open");
+    let delta_dir = f.root.path().join("snapshots/ns/counter/8-bbbb");
+    let mut meta = meta(Fidelity::Memory);
+    meta.generation = 8;
+    meta.parent = Some(ate_snapshot::ParentGeneration {
+        dir: "7-aaaa".into(),
+        generation: 7,
+        uuid: meta.uuid.clone(),
+    });
+    let delta = sealed::seal_actor_generation_into(
+        plain.path(),
+        &delta_dir,
+        meta,
+        Some(&f.upper),
+        &[],
+        &f.volumes,
+    )
+    .await
+    .expect("seal the delta");
+    assert!(delta.parent.is_some());
+    let rootfs_before = fs::read(delta_dir.join("rootfs.tar")).expect("sealed rootfs");
+
+    // The flat images: a different memory image.
+    let flat = Scratch::new("test-flat").expect("scratch");
+    fs::create_dir_all(flat.path().join("criu")).expect("mkdir");
+    let pages = common::noise(5 * 1024 * 1024 + 3, 9);
+    fs::write(flat.path().join("criu/pages-1.img"), &pages).expect("write");
+    fs::write(flat.path().join("criu/inventory.img"), b"flat inventory").expect("write");
+    let m = ate_snapshot::replace_memory(&delta_dir, flat.path())
+        .await
+        .expect("replace");
+    assert_eq!(m.parent, None);
+    assert_eq!(m.generation, 8);
+    assert_eq!(
+        m.file("criu/pages-1.img").map(|e| e.size),
+        Some(pages.len() as u64)
+    );
+    assert_eq!(m.file("criu/sub/extra.img"), None, "old images are gone");
+    assert_eq!(
+        fs::read(delta_dir.join("rootfs.tar")).expect("sealed rootfs"),
+        rootfs_before,
+        "the rootfs archive is the same sealed file"
+    );
+    assert_eq!(
+        ate_snapshot::read_manifest(&delta_dir)
+            .await
+            .expect("manifest"),
+        m
+    );
+    ate_snapshot::verify(&delta_dir)
+        .await
+        .expect("verifies whole");
+    let opened = Scratch::new("test-opened").expect("scratch");
+    sealed::open_into(&delta_dir, opened.path(), Opening::All)
+        .await
+        .expect("opens whole");
+    assert_eq!(
+        fs::read(opened.path().join("criu/pages-1.img")).expect("read"),
+        pages
+    );
+    let beside: Vec<_> = fs::read_dir(delta_dir.parent().expect("parent"))
+        .expect("list")
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(
+        beside.len(),
+        2,
+        "only the two generations remain: {beside:?}"
+    );
+}

@@ -153,6 +153,20 @@ pub struct WorkerConfig {
     )]
     pub userns: bool,
 
+    /// Track what lazily restored actors write (userfaultfd write protection, CRIU with the
+    /// project's patch 0003), so their next suspend dumps only that (docs/incremental-suspend.md):
+    /// on by default where CRIU and the kernel can; `--track-memory=false` or
+    /// `ATE_TRACK_MEMORY=0` turns it off. Each tracked actor keeps its page source process
+    /// (a few MiB) while it runs.
+    #[arg(
+        long,
+        env = "ATE_TRACK_MEMORY",
+        default_value_t = true,
+        action = clap::ArgAction::Set,
+        value_parser = clap::builder::BoolishValueParser::new()
+    )]
+    pub track_memory: bool,
+
     /// Node-wide directory of user namespace range claims (every worker on the node must use
     /// the same one).
     #[arg(long, env = "ATE_USERNS_CLAIMS_DIR", default_value = crate::runc::userns::DEFAULT_CLAIMS_DIR)]
@@ -231,6 +245,7 @@ impl WorkerConfig {
             spare_netns: crate::netns_pool::DEFAULT_SPARE_NETNS,
             userns: crate::runc::userns::enabled_by_default(),
             userns_claims_dir: PathBuf::from(crate::runc::userns::DEFAULT_CLAIMS_DIR),
+            track_memory: true,
             remove_leftovers: false,
             criu: None,
             snapshot_keys: None,

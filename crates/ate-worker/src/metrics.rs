@@ -18,6 +18,8 @@ pub const THAWS: &str = "ate_worker_thaws_total";
 pub const CHECKPOINTS: &str = "ate_worker_checkpoints_total";
 pub const CHECKPOINT_SECONDS: &str = "ate_worker_checkpoint_seconds";
 pub const CHECKPOINT_PHASE_SECONDS: &str = "ate_worker_checkpoint_phase_seconds";
+pub const INCREMENTAL_CHECKPOINTS: &str = "ate_worker_incremental_checkpoints_total";
+pub const FLATTEN_SECONDS: &str = "ate_worker_generation_flatten_seconds";
 pub const SNAPSHOT_BYTES_WRITTEN: &str = "ate_worker_snapshot_bytes_written_total";
 pub const SNAPSHOT_SIZE: &str = "ate_worker_snapshot_size_bytes";
 pub const ACTORS_ACTIVE: &str = "ate_worker_actors_active";
@@ -66,6 +68,16 @@ pub fn describe() {
         CHECKPOINT_PHASE_SECONDS,
         Unit::Seconds,
         "Phases of a successful checkpoint: quiesce (requests in flight, connections closing), dump_or_stop (CRIU dump, freeze or stop), seal (archives, checksums, manifest)."
+    );
+    metrics::describe_counter!(
+        INCREMENTAL_CHECKPOINTS,
+        Unit::Count,
+        "Memory checkpoints of actors whose writes were tracked, by dump: incremental (only the pages written since the parent generation), or whole and why (tracking_lost, no_parent, parent_unreadable)."
+    );
+    metrics::describe_histogram!(
+        FLATTEN_SECONDS,
+        Unit::Seconds,
+        "Time to make an incremental generation whole (its parent's pages merged in, resealed), in the background after the suspend or before a restore or upload."
     );
     metrics::describe_counter!(
         SNAPSHOT_BYTES_WRITTEN,
@@ -212,6 +224,14 @@ pub(crate) fn memory_dump_failed(fell_back: bool) {
         "suspend_failed"
     };
     metrics::counter!(MEMORY_DUMP_FAILURES, "outcome" => outcome).increment(1);
+}
+
+pub(crate) fn incremental_checkpoint(dump: &'static str) {
+    metrics::counter!(INCREMENTAL_CHECKPOINTS, "dump" => dump).increment(1);
+}
+
+pub(crate) fn generation_flattened(took: Duration) {
+    metrics::histogram!(FLATTEN_SECONDS).record(took.as_secs_f64());
 }
 
 pub(crate) fn checkpoint_phase(phase: &'static str, took: Duration) {

@@ -324,6 +324,40 @@ pub trait SandboxRuntime: Send + Sync {
         })
     }
 
+    /// Whether lazy restores track what the restored tasks write, so that a later
+    /// [`checkpoint_incremental`](Self::checkpoint_incremental) can leave unwritten pages to
+    /// the generation they came from.
+    fn tracks_memory(&self) -> bool {
+        false
+    }
+
+    /// Like [`checkpoint_frozen`](Self::checkpoint_frozen) (or `checkpoint` without
+    /// `keep_frozen`) of an actor restored lazily with tracking by `source`: the pages its tasks
+    /// have not written since are left to the images at `parent` (relative to `image_dir`).
+    /// The dump is whole when tracking does not hold; the returned
+    /// [`Tracking`](crate::lazy::Tracking) says which it was.
+    async fn checkpoint_incremental(
+        &self,
+        _actor: &ActorSandbox,
+        image_dir: &Path,
+        _parent: &Path,
+        _source: &crate::lazy::PageSource,
+        _keep_frozen: bool,
+    ) -> Result<(CheckpointStats, crate::lazy::Tracking)> {
+        Err(SandboxError::Checkpoint {
+            path: image_dir.to_path_buf(),
+            message: "this runtime cannot dump memory incrementally".to_string(),
+        })
+    }
+
+    /// Write-protects again every page a frozen sandbox's processes wrote, after a dump that
+    /// becomes the parent of its next one; returns the pages protected.
+    async fn rearm_tracking(&self, _actor: &ActorSandbox) -> Result<u64> {
+        Err(SandboxError::Unsupported(
+            "this runtime does not track memory".to_string(),
+        ))
+    }
+
     /// Freezes a running sandbox in place (its files then hold still for archiving); undone by
     /// [`thaw`](Self::thaw).
     async fn freeze(&self, _actor: &ActorSandbox) -> Result<()> {

@@ -291,6 +291,7 @@ pub async fn run_locked(
             .unwrap_or_else(|| defaults.log_relay.clone()),
         userns: config.userns,
         userns_claims_dir: config.userns_claims_dir.clone(),
+        track_memory: config.track_memory,
         criu: config.criu.clone().or(defaults.criu.clone()),
         ..defaults
     })

@@ -165,6 +165,10 @@ impl NodeAgent {
         let key = crate::sweep::durable_key(atespace, name, snap.generation, &snap.uuid);
         let begun = std::time::Instant::now();
         let uploaded = async {
+            // An incremental generation is made whole first: a durable copy stands alone.
+            ate_worker::delta::ensure_flat(Path::new(&snap.local_path))
+                .await
+                .map_err(|e| format!("making the incremental generation whole: {e}"))?;
             let (local, parents, _opened) = open_for_upload(Path::new(&snap.local_path), parents)
                 .await
                 .map_err(|e| e.to_string())?;

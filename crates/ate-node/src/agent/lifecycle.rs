@@ -39,6 +39,14 @@ impl NodeAgent {
                 continue;
             }
             if !snap.local_path.is_empty() && snap.node == self.inner.cfg.name {
+                // A later generation may still build on this one.
+                if let Err(e) =
+                    ate_worker::delta::flatten_children(Path::new(&snap.local_path)).await
+                {
+                    tracing::warn!(generation = snap.generation, error = %e, "an incremental generation builds on this one and cannot be made whole; keeping it");
+                    out.push(snap);
+                    continue;
+                }
                 let _ = tokio::fs::remove_dir_all(&snap.local_path).await;
                 remove_quarantined(Path::new(&snap.local_path)).await;
             }
@@ -98,9 +106,22 @@ impl NodeAgent {
         for snap in snapshots {
             let root = self.inner.cfg.snapshots_dir();
             // Only directories this node wrote, under its own snapshot root.
-            if !snap.local_path.is_empty()
+            let ours = !snap.local_path.is_empty()
                 && snap.node == self.inner.cfg.name
-                && Path::new(&snap.local_path).starts_with(&root)
+                && Path::new(&snap.local_path).starts_with(&root);
+            // A later generation that builds on this one is made whole first.
+            if ours {
+                ate_worker::delta::flatten_children(Path::new(&snap.local_path))
+                    .await
+                    .map_err(|e| AgentError::LocalFile {
+                        verb: "delete",
+                        path: snap.local_path.clone(),
+                        source: std::io::Error::other(format!(
+                            "a later incremental generation builds on it and cannot be made whole: {e}"
+                        )),
+                    })?;
+            }
+            if ours
                 && let Err(e) = tokio::fs::remove_dir_all(&snap.local_path).await
                 && e.kind() != std::io::ErrorKind::NotFound
             {

@@ -31,6 +31,7 @@ mod chunk_sink;
 mod extract;
 mod hash;
 mod memory_file;
+mod reseal;
 mod seal;
 pub mod sealed;
 mod verify;
@@ -42,6 +43,7 @@ pub use extract::{
 };
 pub(crate) use memory_file::read_marker;
 pub use memory_file::{MemoryFile, SEALED_SOURCE_FILE, SealedSource, sealed_source};
+pub use reseal::{remove_leftovers, replace_memory};
 pub use seal::{seal_actor_generation, seal_generation};
 pub(crate) use verify::verify_with_bytes;
 pub use verify::{read_manifest, verify, verify_files, verify_files_except_chunked};
@@ -61,6 +63,9 @@ pub struct GenerationMeta {
     pub created_unix_ms: i64,
     /// Why the fidelity is lower than asked for; empty when it is not.
     pub reason: String,
+    /// The generation an incremental dump's memory images build on (see
+    /// [`crate::Manifest::parent`]); `None` for a whole generation.
+    pub parent: Option<crate::ParentGeneration>,
 }
 
 /// True when `gen_dir/manifest.json` exists (complete by definition; [`verify`] checks contents).

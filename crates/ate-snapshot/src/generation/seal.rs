@@ -212,6 +212,7 @@ pub(super) fn manifest_of(meta: GenerationMeta, files: Vec<FileEntry>) -> Result
         created_unix_ms: meta.created_unix_ms,
         reason: meta.reason,
         files,
+        parent: meta.parent,
     };
     manifest.validate()?;
     Ok(manifest)
@@ -228,7 +229,7 @@ fn dir_has_files(dir: &Path) -> Result<bool> {
 }
 
 /// Regular files under `base/rel`, as `/`-joined paths relative to `base`.
-fn list_files(base: &Path, rel: &Path, out: &mut Vec<String>) -> Result<()> {
+pub(super) fn list_files(base: &Path, rel: &Path, out: &mut Vec<String>) -> Result<()> {
     let dir = base.join(rel);
     for entry in fs::read_dir(&dir).map_err(|e| Error::io("read dir", &dir, e))? {
         let entry = entry.map_err(|e| Error::io("read dir", &dir, e))?;

@@ -303,45 +303,71 @@ pub async fn seal_actor_generation_into(
         fs::create_dir_all(&gen_dir).map_err(|e| Error::io("create dir", &gen_dir, e))?;
         let mut files = Vec::with_capacity(rel_files.len());
         for rel in rel_files {
-            let (src, dst) = (write_dir.join(&rel), gen_dir.join(&rel));
-            if let Some(parent) = dst.parent() {
-                fs::create_dir_all(parent).map_err(|e| Error::io("create dir", parent, e))?;
-            }
-            let bound = binding(&gen_dir, &rel);
-            let chunked = crate::manifest::is_memory_pages_file(&rel);
-            let hashed = if chunked {
-                let (size, digests) =
-                    seal_file_hashing(&keys, &bound, &src, &dst, FRAME_THREADS, true)
-                        .map_err(|e| Error::io("seal", &dst, e))?;
-                if digests.is_empty() {
-                    super::seal::hash_entry(&src, true)?
-                } else {
-                    super::hash::Hashed {
-                        size,
-                        sha256: String::new(),
-                        blake3_chunks: digests,
-                    }
-                }
-            } else {
-                let hashed = super::seal::hash_entry(&src, false)?;
-                seal_file(&keys, &bound, &src, &dst, FRAME_THREADS)
-                    .map_err(|e| Error::io("seal", &dst, e))?;
-                hashed
-            };
-            files.push(super::seal::file_entry(rel, hashed));
+            let src = write_dir.join(&rel);
+            files.push(seal_listed_file(&keys, &gen_dir, &gen_dir, &src, rel)?);
         }
         let manifest = super::seal::manifest_of(meta, files)?;
         sync_filesystem(&gen_dir)?;
-        let sealed = crate::crypto::seal_object(
-            &keys,
-            &binding(&gen_dir, MANIFEST_FILE),
-            &manifest.to_json(),
-        )?;
-        write_manifest(&gen_dir, &sealed)?;
+        write_sealed_manifest(&keys, &gen_dir, &gen_dir, &manifest)?;
         Ok(manifest)
     })
     .await
     .map_err(|e| Error::task(what, e))?
+}
+
+/// Seals the plaintext `src` as the generation file `rel` into `write_to` (`<write_to>/<rel>`),
+/// bound to the generation directory `bound_to` (where it will be read: the same directory,
+/// or the one a finished temporary directory takes the place of), and returns its manifest
+/// entry: a memory image hashed by chunks in the same read that seals it, any other file by
+/// sha256.
+pub(super) fn seal_listed_file(
+    keys: &SnapshotKeys,
+    bound_to: &Path,
+    write_to: &Path,
+    src: &Path,
+    rel: String,
+) -> Result<crate::manifest::FileEntry> {
+    let dst = write_to.join(&rel);
+    if let Some(parent) = dst.parent() {
+        fs::create_dir_all(parent).map_err(|e| Error::io("create dir", parent, e))?;
+    }
+    let bound = binding(bound_to, &rel);
+    let hashed = if crate::manifest::is_memory_pages_file(&rel) {
+        let (size, digests) = seal_file_hashing(keys, &bound, src, &dst, FRAME_THREADS, true)
+            .map_err(|e| Error::io("seal", &dst, e))?;
+        if digests.is_empty() {
+            super::seal::hash_entry(src, true)?
+        } else {
+            super::hash::Hashed {
+                size,
+                sha256: String::new(),
+                blake3_chunks: digests,
+            }
+        }
+    } else {
+        let hashed = super::seal::hash_entry(src, false)?;
+        seal_file(keys, &bound, src, &dst, FRAME_THREADS)
+            .map_err(|e| Error::io("seal", &dst, e))?;
+        hashed
+    };
+    Ok(super::seal::file_entry(rel, hashed))
+}
+
+/// Writes `manifest`, sealed and bound to `bound_to`, into `write_to` (tmp, fsync, rename).
+pub(super) fn write_sealed_manifest(
+    keys: &SnapshotKeys,
+    bound_to: &Path,
+    write_to: &Path,
+    manifest: &Manifest,
+) -> Result<()> {
+    let sealed =
+        crate::crypto::seal_object(keys, &binding(bound_to, MANIFEST_FILE), &manifest.to_json())?;
+    write_manifest(write_to, &sealed)
+}
+
+/// The process's snapshot keys, or an error naming `gen_dir` that needs them.
+pub(super) fn keys_for(gen_dir: &Path) -> Result<&'static SnapshotKeys> {
+    need_keys(gen_dir)
 }
 
 /// [`seal_into`] for a cache of the durable store (a download kept for the next restore): on a
@@ -410,6 +436,10 @@ pub enum Opening {
     /// the sealed generation (a [`super::SEALED_SOURCE_FILE`] in the scratch dir names it): an
     /// upload, and a parent an upload takes deltas from.
     Small,
+    /// The CRIU images but the memory images, which are left as empty files: what CRIU opens
+    /// of the parent of an incremental dump (it checks the pages it leaves to the parent
+    /// against the parent's pagemaps, and opens, but does not read, its pages files).
+    ParentOfDump,
 }
 
 /// Opens the sealed generation `gen_dir` into `plain` (a [`Scratch`]): the manifest, then the
@@ -519,6 +549,19 @@ fn open_blocking(gen_dir: &Path, plain: &Path, which: Opening) -> Result<Manifes
     for f in &manifest.files {
         if which == Opening::Small && f.has_chunk_digests() {
             continue;
+        }
+        if which == Opening::ParentOfDump {
+            if !f.path.starts_with(&format!("{}/", super::CRIU_DIR)) {
+                continue;
+            }
+            if crate::manifest::is_memory_pages_file(&f.path) {
+                let out = plain.join(&f.path);
+                if let Some(parent) = out.parent() {
+                    fs::create_dir_all(parent).map_err(|e| Error::io("create dir", parent, e))?;
+                }
+                File::create(&out).map_err(|e| Error::io("create", &out, e))?;
+                continue;
+            }
         }
         let sealed = open_file(gen_dir, &f.path)?;
         if sealed.plain_len() != f.size {

@@ -62,6 +62,23 @@ pub struct Manifest {
     pub reason: String,
     /// Sorted by path.
     pub files: Vec<FileEntry>,
+    /// An incremental generation's parent: its memory images leave the pages not written since
+    /// that generation to it (CRIU `PE_PARENT` entries). Absent for a whole generation, which is
+    /// every generation but the seconds between an incremental suspend and its flatten
+    /// (docs/incremental-suspend.md); a build that does not know the field refuses such a
+    /// manifest rather than read half a memory.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parent: Option<ParentGeneration>,
+}
+
+/// The generation an incremental generation's memory images build on: a sibling directory
+/// (same actor, same node) named `dir`, holding generation `generation` with `uuid`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ParentGeneration {
+    pub dir: String,
+    pub generation: u64,
+    pub uuid: String,
 }
 
 /// `FIDELITY_MEMORY` etc. on the wire, the same text the store and CLI use.
@@ -173,6 +190,19 @@ impl Manifest {
                 supported: FORMAT_VERSION,
             });
         }
+        if let Some(p) = &self.parent {
+            let one_component = !p.dir.is_empty()
+                && p.dir != "."
+                && p.dir != ".."
+                && !p.dir.contains('/')
+                && !p.dir.contains('\0');
+            if !one_component {
+                return Err(Error::InvalidManifest(format!(
+                    "parent dir {:?} is not the name of a sibling directory",
+                    p.dir
+                )));
+            }
+        }
         let mut seen = HashSet::new();
         for f in &self.files {
             check_rel_path(&f.path)?;
@@ -245,6 +275,7 @@ mod tests {
                 sha256: "a".repeat(64),
                 blake3_chunks: vec!["c".repeat(64)],
             }],
+            parent: None,
         }
     }
 

@@ -43,6 +43,7 @@ pub fn meta(fidelity: Fidelity) -> GenerationMeta {
         boot_id: "boot-1".into(),
         created_unix_ms: 1_764_000_000_000,
         reason: String::new(),
+        parent: None,
     }
 }
 

@@ -75,7 +75,8 @@ pub struct RuncConfig {
     pub userns_claims_dir: PathBuf,
     /// Lazy restores track what their tasks write (when CRIU and the kernel can: see
     /// [`RuncRuntime::tracks_memory`]), so a later [`RuncRuntime::checkpoint_incremental`]
-    /// writes only that. Off by default: each tracked restore keeps its page source running.
+    /// writes only that. Off in this default (`ate worker` turns it on, `--track-memory`): each
+    /// tracked restore keeps its page source running.
     pub track_memory: bool,
 }
 
@@ -455,6 +456,26 @@ impl SandboxRuntime for RuncRuntime {
         image_dir: &Path,
     ) -> Result<CheckpointStats> {
         self.dump(actor, image_dir, true, None).await
+    }
+
+    fn tracks_memory(&self) -> bool {
+        RuncRuntime::tracks_memory(self)
+    }
+
+    async fn checkpoint_incremental(
+        &self,
+        actor: &ActorSandbox,
+        image_dir: &Path,
+        parent: &Path,
+        source: &crate::lazy::PageSource,
+        keep_frozen: bool,
+    ) -> Result<(CheckpointStats, crate::lazy::Tracking)> {
+        RuncRuntime::checkpoint_incremental(self, actor, image_dir, parent, source, keep_frozen)
+            .await
+    }
+
+    async fn rearm_tracking(&self, actor: &ActorSandbox) -> Result<u64> {
+        RuncRuntime::rearm_tracking(self, actor).await
     }
 
     async fn freeze(&self, actor: &ActorSandbox) -> Result<()> {

@@ -130,7 +130,9 @@ impl Worker {
                     tracing::info!(actor = %key, %summary, "lazy restore: every page is in");
                     crate::metrics::lazy_restore_done(&summary);
                     if let Some(e) = self.table().actors.get_mut(&key) {
-                        e.page_source = None;
+                        // A tracking page source stays for the actor's life (its descriptors
+                        // are the tracking); any other goes now.
+                        e.tracker = e.page_source.take().filter(|p| p.tracks_memory());
                     }
                 }
                 Some(Outcome::Running) | None => {}

@@ -138,6 +138,10 @@ impl Worker {
                 pid: record.pid,
                 activation,
                 page_source: None,
+                // A page source outlives its worker only until every page is in; the tracking
+                // of a restore by an earlier process is not trusted: the next dump is whole.
+                tracker: None,
+                memory_parent: None,
             },
         );
         t.adopted.insert(key, dialer);

@@ -135,6 +135,8 @@ impl Worker {
         let mut fidelity = asked;
         let mut reason = String::new();
         let mut dumped = false;
+        // The generation an incremental dump builds on (None: whole, or no dump).
+        let mut delta_of = None;
         // Why nothing may be written: the suspend fails and the actor runs on with its memory.
         let mut refused: Option<VerbError> = None;
         if asked == Fidelity::Memory {
@@ -144,15 +146,14 @@ impl Worker {
                 Some("injected fault (ATE_FAULT_CRIU_DUMP=fail)".to_string())
             } else {
                 let criu = write_dir.join(ate_snapshot::CRIU_DIR);
-                let dump = if can_freeze {
-                    self.runtime.checkpoint_frozen(&sandbox, &criu).await
-                } else {
-                    self.runtime.checkpoint(&sandbox, &criu).await
-                };
+                let dump = self
+                    .dump_memory(&key, &entry, &gen_dir, &criu, can_freeze)
+                    .await;
                 match dump {
-                    Ok(stats) => {
+                    Ok((stats, parent)) => {
                         dumped = true;
-                        tracing::info!(actor = %key, dump_ms = stats.dump.as_millis() as u64, image_bytes = stats.image_bytes, "memory dumped");
+                        tracing::info!(actor = %key, dump_ms = stats.dump.as_millis() as u64, image_bytes = stats.image_bytes, incremental = parent.is_some(), "memory dumped");
+                        delta_of = parent;
                         carry_working_set(&sandbox, &criu).await;
                         None
                     }
@@ -238,6 +239,7 @@ impl Worker {
                     boot_id: req.boot_id.clone(),
                     created_unix_ms: now_ms(),
                     reason: reason.clone(),
+                    parent: delta_of.clone(),
                 };
                 let upper = sandbox.upper_dir();
                 let upper = (fidelity != Fidelity::Volumes).then_some(upper.as_path());
@@ -297,8 +299,9 @@ impl Worker {
         let entry = self.table().actors.remove(&key);
         let kept = keep_frozen && dumped && result.is_ok();
         match entry {
-            Some(entry) if kept => {
+            Some(mut entry) if kept => {
                 remove_file_quietly(&entry.sandbox.dir.join(ADOPTION_FILE)).await;
+                self.rearm_frozen(&key, &mut entry, &gen_dir).await;
                 self.table().frozen.insert(
                     key.clone(),
                     Frozen {
@@ -321,6 +324,16 @@ impl Worker {
                 e.message()
             ))
         })?;
+        if manifest.parent.is_some() {
+            // Made whole in the background: until then the generation needs its parent, and
+            // whatever reads it first (a restore, an upload) waits for this or does it.
+            let dir = gen_dir.clone();
+            tokio::spawn(async move {
+                if let Err(e) = crate::delta::ensure_flat(&dir).await {
+                    tracing::warn!(generation = %dir.display(), error = %e, "cannot make an incremental generation whole; the next reader tries again");
+                }
+            });
+        }
         crate::metrics::checkpoint_phase("quiesce", quiesced);
         crate::metrics::checkpoint_phase("dump_or_stop", stopped_at - quiesced);
         crate::metrics::checkpoint_phase("seal", sealed_at - stopped_at);
@@ -335,6 +348,7 @@ impl Worker {
             at_rest = if scratch.is_some() { "sealed" } else { "plaintext" },
             total_ms = begun.elapsed().as_millis() as u64,
             kept_frozen = kept,
+            incremental = manifest.parent.is_some(),
             "generation sealed"
         );
         drop(_guard);

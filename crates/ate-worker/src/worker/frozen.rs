@@ -71,6 +71,14 @@ impl Worker {
                 activation: workload.activation,
                 // A frozen copy was dumped only once all its pages were in.
                 page_source: None,
+                // Re-armed while frozen (see `checkpoint`): what it writes from now on is
+                // relative to the generation it was frozen with.
+                tracker: frozen.entry.tracker.clone(),
+                memory_parent: frozen
+                    .entry
+                    .tracker
+                    .as_ref()
+                    .map(|_| frozen.gen_dir.clone()),
             },
         );
         self.tunnels.activate(key, workload.activation, dialer);

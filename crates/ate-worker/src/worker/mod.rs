@@ -20,6 +20,7 @@ mod activity;
 mod adoption;
 mod checkpoint;
 mod frozen;
+mod incremental;
 mod local_api;
 mod logs;
 mod ready;
@@ -76,6 +77,13 @@ struct Entry {
     activation: u64,
     /// A lazy restore's page source until every page is in (see [`crate::lazy`]).
     page_source: Option<Arc<PageSource>>,
+    /// Once every page is in: the page source of a restore that tracks what the actor writes
+    /// (it holds the userfaultfd whose write protection is the tracking), kept for the
+    /// actor's life here, so its next suspend dumps only what was written.
+    tracker: Option<Arc<PageSource>>,
+    /// The generation the tracked memory is relative to (the one restored, or the last one
+    /// dumped while frozen in place and re-armed): the parent of an incremental dump.
+    memory_parent: Option<PathBuf>,
 }
 
 /// An exit not yet reported through Activity.

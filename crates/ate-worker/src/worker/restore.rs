@@ -36,6 +36,14 @@ impl Worker {
             });
         };
         let begun = Instant::now();
+        // An incremental generation is made whole first (usually its background flatten has
+        // done so already): a restore never follows a parent.
+        crate::delta::ensure_flat(gen_dir).await.map_err(|e| {
+            VerbError::FailedPrecondition(format!(
+                "generation {} cannot be made whole: {e}",
+                gen_dir.display()
+            ))
+        })?;
         // The manifest first (a sealed one opens in place): the fidelity and whether the
         // restore is lazy decide how much of a sealed generation is opened.
         let manifest = ate_snapshot::read_manifest(gen_dir)

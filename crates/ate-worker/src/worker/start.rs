@@ -2,6 +2,7 @@
 //! frozen-in-place copy of exactly that generation), then egress, the wakeup probe, the adoption
 //! record and ingress on.
 
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Instant;
 use tracing::Instrument;
@@ -231,6 +232,11 @@ impl Worker {
             page_source.as_ref().map(PageSource::pid),
         )
         .await;
+        // A tracked restore's memory is relative to the generation it came from.
+        let memory_parent = generation_dir
+            .as_ref()
+            .filter(|_| page_source.as_ref().is_some_and(PageSource::tracks_memory))
+            .map(PathBuf::from);
         let page_source = page_source.map(Arc::new);
         if let (Some(source), Some(opened)) = (page_source.clone(), opened) {
             // The page source reads the opened generation until every page is in.
@@ -248,6 +254,8 @@ impl Worker {
                 pid,
                 activation,
                 page_source,
+                tracker: None,
+                memory_parent,
             },
         );
         self.tunnels.activate(&key, activation, dialer);

@@ -60,6 +60,7 @@ fn generation(dir: &Path, vaddr: u64) -> (PathBuf, Vec<u8>) {
             sha256: hex::encode(<sha2::Sha256 as sha2::Digest>::digest(&pages)),
             blake3_chunks: vec![blake3::hash(&pages).to_hex().to_string()],
         }],
+        parent: None,
     };
     std::fs::write(
         generation.join(ate_snapshot::MANIFEST_FILE),
