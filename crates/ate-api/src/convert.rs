@@ -216,6 +216,8 @@ pub fn worker(w: &WorkerRecord) -> v1::Worker {
         node_address: w.node_address.clone(),
         boot_id: w.boot_id.clone(),
         capabilities: ate_core::capability::offered(&w.capabilities, w.can_restore_memory),
+        cpu_physical_millis: u32::try_from(w.cpu_physical_millis).unwrap_or(u32::MAX),
+        cpu_usage_millis: u32::try_from(w.cpu_usage_millis).unwrap_or(u32::MAX),
     }
 }
 

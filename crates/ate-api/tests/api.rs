@@ -845,6 +845,7 @@ async fn worker_gone(b: Backend) {
         .heartbeat(HeartbeatRequest {
             worker_id: "w1".into(),
             epoch: node.epoch(),
+            cpu_usage_millis: 0,
         })
         .await
         .unwrap()
@@ -1393,22 +1394,62 @@ async fn fleet_validation(b: Backend) {
             .is_empty()
     );
     let node = TestNode::start("node-1").await;
+    // The machine's CPU can be overcommitted, never undercommitted.
+    let err = t
+        .fleet()
+        .register_worker(RegisterWorkerRequest {
+            held: vec![],
+            worker: Some(Worker {
+                id: "w1".into(),
+                node: node.name.clone(),
+                addresses: vec!["127.0.0.2:8443".into()],
+                sandbox_class: "runc".into(),
+                capacity: Some(Capacity {
+                    cpu_millis: 2000,
+                    memory_bytes: 1 << 30,
+                    actor_slots: 8,
+                }),
+                cpu_physical_millis: 4000,
+                epoch: node.epoch(),
+                node_address: node.addr.to_string(),
+                ..Default::default()
+            }),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::InvalidArgument);
+    assert!(
+        err.message().contains("worker.cpu_physical_millis"),
+        "{}",
+        err.message()
+    );
     t.register(&node, "w1", 1).await;
     let hb = t
         .fleet()
         .heartbeat(HeartbeatRequest {
             worker_id: "w1".into(),
             epoch: node.epoch(),
+            cpu_usage_millis: 350,
         })
         .await
         .unwrap()
         .into_inner();
     assert!(hb.known);
+    // The usage a heartbeat carries is what ListWorkers shows (and placement prefers by).
+    let listed = t
+        .fleet()
+        .list_workers(ListWorkersRequest {})
+        .await
+        .unwrap()
+        .into_inner()
+        .workers;
+    assert_eq!(listed[0].cpu_usage_millis, 350);
     let stale = t
         .fleet()
         .heartbeat(HeartbeatRequest {
             worker_id: "w1".into(),
             epoch: node.epoch() + 1,
+            cpu_usage_millis: 9000,
         })
         .await
         .unwrap()

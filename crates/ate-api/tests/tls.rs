@@ -342,6 +342,7 @@ async fn worker_identity_is_not_a_router() {
         .heartbeat(HeartbeatRequest {
             worker_id: "w1".into(),
             epoch: 1,
+            cpu_usage_millis: 0,
         })
         .await
         .unwrap_err();

@@ -69,8 +69,14 @@ pub struct WorkerView {
     pub capabilities: Vec<String>,
     pub slots_used: u32,
     pub slots: u32,
+    /// CPU booked by its actors' templates (what admission counts).
     pub cpu_millis_used: u32,
+    /// CPU admission books against: the machine's × the worker's overcommit.
     pub cpu_millis: u32,
+    /// The machine's CPU before overcommit (0: not reported).
+    pub cpu_physical_millis: u32,
+    /// CPU its actors really used lately (from their cgroups, as of the last heartbeat).
+    pub cpu_usage_millis: u32,
     pub memory_bytes_used: u64,
     pub memory_bytes: u64,
     pub epoch: u64,
@@ -92,6 +98,8 @@ impl From<&v1::Worker> for WorkerView {
             slots: cap.actor_slots,
             cpu_millis_used: used.cpu_millis,
             cpu_millis: cap.cpu_millis,
+            cpu_physical_millis: w.cpu_physical_millis,
+            cpu_usage_millis: w.cpu_usage_millis,
             memory_bytes_used: used.memory_bytes,
             memory_bytes: cap.memory_bytes,
             epoch: w.epoch,
@@ -456,7 +464,8 @@ pub fn templates_table(rows: &[(String, String, TemplateSpec)]) -> Table {
 pub fn workers_table(rows: &[WorkerView]) -> Table {
     Table {
         header: vec![
-            "ID", "NODE", "STATUS", "ADDRESS", "SLOTS", "CPU", "MEMORY", "EPOCH",
+            "ID", "NODE", "STATUS", "ADDRESS", "SLOTS", "CPU REQ", "CPU USED", "CPU CAP", "MEMORY",
+            "EPOCH",
         ],
         rows: rows
             .iter()
@@ -467,11 +476,9 @@ pub fn workers_table(rows: &[WorkerView]) -> Table {
                     w.status.clone(),
                     w.addresses.first().cloned().unwrap_or_default(),
                     format!("{}/{}", w.slots_used, w.slots),
-                    format!(
-                        "{}/{}",
-                        format_cpu(w.cpu_millis_used),
-                        format_cpu(w.cpu_millis)
-                    ),
+                    format_cpu(w.cpu_millis_used),
+                    format_cpu(w.cpu_usage_millis),
+                    cpu_capacity(w.cpu_millis, w.cpu_physical_millis),
                     format!(
                         "{}/{}",
                         format_memory(w.memory_bytes_used),
@@ -482,6 +489,22 @@ pub fn workers_table(rows: &[WorkerView]) -> Table {
             })
             .collect(),
     }
+}
+
+/// A worker's CPU capacity with its overcommit: `64 (2×32)` (the machine's 2 cores booked 32
+/// times over), or just the capacity when nothing is overcommitted or the worker did not say.
+fn cpu_capacity(capacity: u32, physical: u32) -> String {
+    if physical == 0 || physical == capacity {
+        return format_cpu(capacity);
+    }
+    let factor = f64::from(capacity) / f64::from(physical);
+    let factor = format!("{factor:.2}");
+    let factor = factor.trim_end_matches('0').trim_end_matches('.');
+    format!(
+        "{} ({}×{factor})",
+        format_cpu(capacity),
+        format_cpu(physical)
+    )
 }
 
 /// `ate get generations`: where each generation is kept (LOCAL: the node with its node-local
@@ -785,9 +808,33 @@ GENERATION   CREATED                FIDELITY   LOCAL                  DURABLE   
         };
         let out = render_list(&[WorkerView::from(&w)], workers_table, Format::Table).unwrap();
         let expected = "\
-ID         NODE     STATUS   ADDRESS          SLOTS   CPU      MEMORY     EPOCH
-worker-1   node-1   ACTIVE   127.0.0.2:8443   1/8     250m/2   64Mi/4Gi   7
+ID         NODE     STATUS   ADDRESS          SLOTS   CPU REQ   CPU USED   CPU CAP   MEMORY     EPOCH
+worker-1   node-1   ACTIVE   127.0.0.2:8443   1/8     250m      0          2         64Mi/4Gi   7
 ";
         assert_eq!(out, expected);
+        // Overcommitted: requested, used and capacity (the machine's CPU × the factor).
+        let w = v1::Worker {
+            capacity: Some(v1::Capacity {
+                cpu_millis: 64_000,
+                memory_bytes: 12 << 30,
+                actor_slots: 256,
+            }),
+            used: Some(v1::Capacity {
+                cpu_millis: 25_000,
+                memory_bytes: 6400 << 20,
+                actor_slots: 100,
+            }),
+            cpu_physical_millis: 2000,
+            cpu_usage_millis: 40,
+            ..w
+        };
+        let out = render_list(&[WorkerView::from(&w)], workers_table, Format::Table).unwrap();
+        let expected = "\
+ID         NODE     STATUS   ADDRESS          SLOTS     CPU REQ   CPU USED   CPU CAP     MEMORY        EPOCH
+worker-1   node-1   ACTIVE   127.0.0.2:8443   100/256   25        40m        64 (2×32)   6400Mi/12Gi   7
+";
+        assert_eq!(out, expected);
+        assert_eq!(cpu_capacity(3000, 2000), "3 (2×1.5)");
+        assert_eq!(cpu_capacity(2000, 0), "2");
     }
 }

@@ -104,6 +104,8 @@ impl ApiClient {
             node_address: r.node_address.to_string(),
             boot_id: r.boot_id.to_string(),
             capabilities: info.capabilities.clone(),
+            cpu_physical_millis: info.cpu_physical_millis,
+            cpu_usage_millis: 0,
         };
         let held = r
             .held
@@ -137,10 +139,17 @@ impl ApiClient {
     }
 
     /// Heartbeat; Ok(false) when the api no longer knows the worker (it must register again).
-    pub async fn heartbeat(&self, worker_id: &str, epoch: u64) -> Result<bool, CallError> {
+    /// A heartbeat for the worker, with the CPU its actors used lately (millicores).
+    pub async fn heartbeat(
+        &self,
+        worker_id: &str,
+        epoch: u64,
+        cpu_usage_millis: u32,
+    ) -> Result<bool, CallError> {
         let req = v1::HeartbeatRequest {
             worker_id: worker_id.to_string(),
             epoch,
+            cpu_usage_millis,
         };
         self.fleet
             .clone()

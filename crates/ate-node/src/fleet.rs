@@ -344,7 +344,9 @@ impl Fleet {
             // A hung api must not hold the loop (and the other workers' renewals).
             let answer = match tokio::time::timeout(
                 HEARTBEAT_TIMEOUT,
-                self.api.heartbeat(&info.worker_id, info.epoch),
+                // The usage the worker reported at the last discovery pass (≤ 500 ms old).
+                self.api
+                    .heartbeat(&info.worker_id, info.epoch, info.cpu_usage_millis),
             )
             .await
             {

@@ -39,6 +39,10 @@ pub struct WorkerInfo {
     pub can_restore_lazily: bool,
     /// Restore capabilities (`memory:criu`, `userns:off`, …), passed on to the api.
     pub capabilities: Vec<String>,
+    /// Machine CPU offered before overcommit (millicores; 0: not reported).
+    pub cpu_physical_millis: u32,
+    /// CPU the worker's actors used lately (millicores), sent on with each heartbeat.
+    pub cpu_usage_millis: u32,
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -134,6 +138,8 @@ impl WorkerClient {
             identity: i.identity,
             can_restore_lazily: i.can_restore_lazily,
             capabilities: i.capabilities,
+            cpu_physical_millis: i.cpu_physical_millis,
+            cpu_usage_millis: i.cpu_usage_millis,
         })
     }
 

@@ -298,9 +298,17 @@ pub struct WorkerRecord {
     /// Restore capabilities it advertised (`ate_core::capability`; empty for a worker registered
     /// before workers advertised them: see `ate_core::capability::offered`).
     pub capabilities: Vec<String>,
+    /// What admission books against: `capacity.cpu_millis` is the machine's CPU times the
+    /// worker's overcommit factor (`ate worker --cpu-overcommit`).
     pub capacity: Capacity,
     /// Sum of the worker's actor assignments (computed on read; ignored on write).
     pub used: Capacity,
+    /// The machine's CPU the worker offers before overcommit, in millicores (0: unknown, a
+    /// worker that did not report it; the same as `capacity.cpu_millis`).
+    pub cpu_physical_millis: u64,
+    /// CPU its actors really used lately, in millicores (from the last heartbeat; written by
+    /// [`Store::heartbeat_worker`], ignored by `register_worker`, which starts it at 0).
+    pub cpu_usage_millis: u64,
     pub epoch: u64,
     pub status: WorkerStatus,
     pub last_heartbeat_ms: i64,
@@ -557,8 +565,15 @@ pub trait Store: Send + Sync + 'static {
     // ---- workers
     /// Insert or replace (status ACTIVE, heartbeat = now). Keeps existing assignments.
     async fn register_worker(&self, worker: &WorkerRecord, now_ms: i64) -> Result<WorkerRecord>;
-    /// False when the worker is unknown, GONE, or registered with another epoch.
-    async fn heartbeat_worker(&self, id: &str, epoch: u64, now_ms: i64) -> Result<bool>;
+    /// Records a heartbeat with the CPU the worker's actors used lately (millicores). False
+    /// when the worker is unknown, GONE, or registered with another epoch.
+    async fn heartbeat_worker(
+        &self,
+        id: &str,
+        epoch: u64,
+        cpu_usage_millis: u64,
+        now_ms: i64,
+    ) -> Result<bool>;
     /// Marks GONE (NotFound if unknown). Its assignments stay until their actors are released.
     async fn deregister_worker(&self, id: &str) -> Result<()>;
     async fn get_worker(&self, id: &str) -> Result<WorkerRecord>;

@@ -213,6 +213,8 @@ fn worker(id: &str, capacity: Capacity, epoch: u64) -> WorkerRecord {
         capabilities: vec!["memory:criu".into(), "userns:off".into()],
         capacity,
         used: Capacity::default(),
+        cpu_physical_millis: capacity.cpu_millis / 4,
+        cpu_usage_millis: 0,
         epoch,
         status: WorkerStatus::Active,
         last_heartbeat_ms: 0,
@@ -2358,40 +2360,48 @@ mod cases {
         w.last_heartbeat_ms = 12; // ignored: register sets it to now
         w.status = WorkerStatus::Gone; // ignored: register makes it ACTIVE
         w.used = cap(1, 1, 1); // ignored: computed
+        w.cpu_usage_millis = 99; // ignored: heartbeats report it
         let reg = s.register_worker(&w, NOW).await.unwrap();
         let expected = WorkerRecord {
             last_heartbeat_ms: NOW,
             status: WorkerStatus::Active,
             used: Capacity::default(),
+            cpu_usage_millis: 0,
             ..w.clone()
         };
         assert_eq!(reg, expected);
+        assert_eq!(reg.cpu_physical_millis, 500);
         assert_eq!(s.get_worker("w1").await.unwrap(), expected);
         let e = assert_err!(s.get_worker("w9").await, StoreError::NotFound(_));
         assert_eq!(e.to_string(), r#"worker "w9" not found"#);
         assert_err!(s.deregister_worker("w9").await, StoreError::NotFound(_));
 
-        // Heartbeats.
-        assert!(s.heartbeat_worker("w1", 5, NOW + 10).await.unwrap());
+        // Heartbeats, with the CPU the worker's actors used lately.
+        assert!(s.heartbeat_worker("w1", 5, 120, NOW + 10).await.unwrap());
+        let beat = s.get_worker("w1").await.unwrap();
         assert_eq!(
-            s.get_worker("w1").await.unwrap().last_heartbeat_ms,
-            NOW + 10
+            (beat.last_heartbeat_ms, beat.cpu_usage_millis),
+            (NOW + 10, 120)
         );
         assert!(
-            !s.heartbeat_worker("w1", 4, NOW + 11).await.unwrap(),
+            !s.heartbeat_worker("w1", 4, 0, NOW + 11).await.unwrap(),
             "epoch mismatch"
         );
         assert!(
-            !s.heartbeat_worker("w1", u64::MAX, NOW + 11).await.unwrap(),
+            !s.heartbeat_worker("w1", u64::MAX, 0, NOW + 11)
+                .await
+                .unwrap(),
             "epoch mismatch"
         );
         assert!(
-            !s.heartbeat_worker("w9", 5, NOW + 11).await.unwrap(),
+            !s.heartbeat_worker("w9", 5, 0, NOW + 11).await.unwrap(),
             "unknown"
         );
+        let unchanged = s.get_worker("w1").await.unwrap();
         assert_eq!(
-            s.get_worker("w1").await.unwrap().last_heartbeat_ms,
-            NOW + 10
+            (unchanged.last_heartbeat_ms, unchanged.cpu_usage_millis),
+            (NOW + 10, 120),
+            "a refused heartbeat records nothing"
         );
 
         // An assignment survives re-registration (new epoch, new capacity).
@@ -2412,11 +2422,12 @@ mod cases {
         };
         let reg = s.register_worker(&w_next, NOW + 20).await.unwrap();
         assert_eq!(
-            (reg.epoch, reg.capacity, reg.used),
-            (6, cap(4000, 4096 * MIB, 16), cap(100, MIB, 1))
+            (reg.epoch, reg.capacity, reg.used, reg.cpu_usage_millis),
+            (6, cap(4000, 4096 * MIB, 16), cap(100, MIB, 1), 0),
+            "a new process starts with no usage reported"
         );
-        assert!(!s.heartbeat_worker("w1", 5, NOW + 21).await.unwrap());
-        assert!(s.heartbeat_worker("w1", 6, NOW + 21).await.unwrap());
+        assert!(!s.heartbeat_worker("w1", 5, 0, NOW + 21).await.unwrap());
+        assert!(s.heartbeat_worker("w1", 6, 0, NOW + 21).await.unwrap());
 
         // Expiry: only ACTIVE workers whose heartbeat is older than the cutoff.
         s.register_worker(&worker("w2", cap(1, 1, 1), 1), NOW)
@@ -2457,7 +2468,7 @@ mod cases {
             ]
         );
         assert!(
-            !s.heartbeat_worker("w1", 6, NOW + 60).await.unwrap(),
+            !s.heartbeat_worker("w1", 6, 0, NOW + 60).await.unwrap(),
             "GONE"
         );
         // The GONE worker keeps its assignment (the api cleans up) and shows it.
@@ -2479,7 +2490,7 @@ mod cases {
             (back.status, back.last_heartbeat_ms),
             (WorkerStatus::Active, NOW + 70)
         );
-        assert!(s.heartbeat_worker("w1", 7, NOW + 71).await.unwrap());
+        assert!(s.heartbeat_worker("w1", 7, 0, NOW + 71).await.unwrap());
     }
 
     pub async fn counters_count_operations(env: Env) {

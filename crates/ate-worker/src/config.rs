@@ -73,6 +73,18 @@ pub struct WorkerConfig {
     #[arg(long)]
     pub cpu: Option<u32>,
 
+    /// How many times `--cpu` the scheduler may book to actors: a template's `cpu` is the
+    /// actor's share and cap, not a reservation, and idle actors use almost none, so the
+    /// default books 32 actors of one core per core (128 of 250m on each core). `1` books no more
+    /// than the machine has (strict reservations). From 1 to 1000.
+    #[arg(
+        long,
+        env = "ATE_CPU_OVERCOMMIT",
+        default_value_t = DEFAULT_CPU_OVERCOMMIT,
+        value_parser = parse_cpu_overcommit
+    )]
+    pub cpu_overcommit: f64,
+
     /// Memory offered: bytes or a quantity like `8Gi` (default: half of total RAM).
     #[arg(long, value_parser = parse_memory)]
     pub memory: Option<u64>,
@@ -231,6 +243,7 @@ impl WorkerConfig {
             api: None,
             slots: 8,
             cpu: None,
+            cpu_overcommit: DEFAULT_CPU_OVERCOMMIT,
             memory: None,
             labels: Vec::new(),
             image_cache: None,
@@ -338,6 +351,11 @@ impl WorkerConfig {
         })
     }
 
+    /// What the scheduler may book: [`WorkerConfig::cpu_millis`] × `--cpu-overcommit`.
+    pub fn cpu_capacity_millis(&self) -> u32 {
+        overcommitted(self.cpu_millis(), self.cpu_overcommit)
+    }
+
     pub fn memory_bytes(&self) -> u64 {
         self.memory.unwrap_or_else(|| total_memory_bytes() / 2)
     }
@@ -392,6 +410,33 @@ impl Faults {
         self.criu_dump_fail.load(Ordering::Acquire)
             || std::env::var("ATE_FAULT_CRIU_DUMP").is_ok_and(|v| v == "fail")
     }
+}
+
+/// `--cpu-overcommit` unless given: idle agents use next to no CPU (issue 38), so a core is
+/// booked 32 times over; weights share it when they are busy, quotas cap each one.
+pub const DEFAULT_CPU_OVERCOMMIT: f64 = 32.0;
+
+/// `millis` × `factor`, rounded down, at most `u32::MAX`.
+pub fn overcommitted(millis: u32, factor: f64) -> u32 {
+    let booked = (f64::from(millis) * factor).floor();
+    if booked >= f64::from(u32::MAX) {
+        u32::MAX
+    } else {
+        booked.max(f64::from(millis)) as u32
+    }
+}
+
+pub fn parse_cpu_overcommit(text: &str) -> Result<f64, String> {
+    let factor: f64 = text
+        .trim()
+        .parse()
+        .map_err(|_| format!("{text:?} is not a number (e.g. 1, 1.5, 32)"))?;
+    if !factor.is_finite() || !(1.0..=1000.0).contains(&factor) {
+        return Err(format!(
+            "{text:?} is out of range: from 1 (strict reservations) to 1000"
+        ));
+    }
+    Ok(factor)
 }
 
 fn parse_memory(text: &str) -> Result<u64, String> {
@@ -475,6 +520,30 @@ mod tests {
         assert_eq!(available_percent(""), None);
     }
 
+    #[test]
+    fn cpu_overcommit_multiplies_the_cpu_offered() {
+        let parse = |extra: &[&str]| {
+            let mut args = vec!["ate", "--id", "w1", "--cpu", "2000"];
+            args.extend_from_slice(extra);
+            Cli::try_parse_from(args).map(|c| c.worker)
+        };
+        let w = parse(&["--cpu-overcommit", "1"]).expect("strict");
+        assert_eq!((w.cpu_millis(), w.cpu_capacity_millis()), (2000, 2000));
+        let w = parse(&["--cpu-overcommit", "1.5"]).expect("fraction");
+        assert_eq!(w.cpu_capacity_millis(), 3000);
+        let w = parse(&["--cpu-overcommit", "16"]).expect("16");
+        assert_eq!(w.cpu_capacity_millis(), 32_000);
+        for bad in ["0.5", "0", "-2", "1001", "nan", "inf", "lots"] {
+            let e = match parse(&[&format!("--cpu-overcommit={bad}")]) {
+                Ok(_) => panic!("--cpu-overcommit {bad} accepted"),
+                Err(e) => e.to_string(),
+            };
+            assert!(e.contains("--cpu-overcommit"), "{e}");
+        }
+        // Never past u32::MAX millicores.
+        assert_eq!(overcommitted(u32::MAX / 2, 1000.0), u32::MAX);
+    }
+
     #[derive(Parser)]
     struct Cli {
         #[command(flatten)]
@@ -507,6 +576,8 @@ mod tests {
         assert_eq!(w.label_map().get("zone").map(String::as_str), Some("a"));
         assert_eq!(w.labels.len(), 2);
         assert!(w.cpu_millis() >= 1000);
+        assert_eq!(w.cpu_overcommit, DEFAULT_CPU_OVERCOMMIT);
+        assert_eq!(w.cpu_capacity_millis(), w.cpu_millis() * 32);
         assert!(Cli::try_parse_from(["ate", "--id", "w", "--labels", "nokv"]).is_err());
         // The bare flag (what `ate up --no-snapshot-encryption` passes) turns sealing off.
         let plain =

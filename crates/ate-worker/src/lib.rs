@@ -10,6 +10,7 @@ pub mod atunnel;
 pub mod cmd;
 pub mod config;
 mod convert;
+pub mod cpu;
 pub mod delta;
 pub mod egress;
 pub mod error;

@@ -24,6 +24,7 @@ pub const SNAPSHOT_BYTES_WRITTEN: &str = "ate_worker_snapshot_bytes_written_tota
 pub const SNAPSHOT_SIZE: &str = "ate_worker_snapshot_size_bytes";
 pub const ACTORS_ACTIVE: &str = "ate_worker_actors_active";
 pub const SLOTS: &str = "ate_worker_slots";
+pub const CPU_USAGE: &str = "ate_worker_cpu_usage_millicores";
 pub const FROZEN_ACTORS: &str = "ate_worker_frozen_actors";
 pub const LAZY_RESTORES: &str = "ate_worker_lazy_restores_total";
 pub const LAZY_CHUNKS: &str = "ate_worker_lazy_chunks_total";
@@ -95,6 +96,11 @@ pub fn describe() {
         "Actors running on this worker (each takes a slot)."
     );
     metrics::describe_gauge!(SLOTS, Unit::Count, "Actor slots this worker offers.");
+    metrics::describe_gauge!(
+        CPU_USAGE,
+        Unit::Count,
+        "CPU this worker's running actors used over the last sampling window (2 s), in millicores, from their cgroups."
+    );
     metrics::describe_gauge!(
         FROZEN_ACTORS,
         Unit::Count,

@@ -68,6 +68,7 @@ async fn to_completion<T: Send + 'static>(
 #[derive(Clone)]
 pub struct WorkerServiceImpl {
     worker: Arc<Worker>,
+    cpu: Arc<crate::cpu::CpuMeter>,
 }
 
 #[tonic::async_trait]
@@ -76,7 +77,7 @@ impl WorkerService for WorkerServiceImpl {
         &self,
         _req: Request<v1::WorkerInfoRequest>,
     ) -> Result<Response<v1::WorkerInfo>, Status> {
-        Ok(Response::new(convert::worker_info(&self.worker)))
+        Ok(Response::new(convert::worker_info(&self.worker, &self.cpu)))
     }
 
     async fn start(
@@ -399,7 +400,8 @@ pub async fn run_locked(
         id: config.id.clone(),
         epoch: new_epoch(),
         addresses: vec![reported.to_string()],
-        cpu_millis: config.cpu_millis(),
+        // What the scheduler books templates' CPU against: the machine's × --cpu-overcommit.
+        cpu_millis: config.cpu_capacity_millis(),
         memory_bytes: config.memory_bytes(),
         slots: config.slots,
         labels: config.label_map(),
@@ -495,8 +497,32 @@ pub async fn run_locked(
             }
         })
     };
+    // Weights for the actors' cgroups and their real use, every SAMPLE_PERIOD (crate::cpu).
+    let cpu = Arc::new(crate::cpu::CpuMeter::new(
+        config.actors_dir(),
+        config.cpu_millis(),
+    ));
+    let cpu_task = {
+        let cpu = cpu.clone();
+        let stopped = wait_stop(stop_rx.clone());
+        tokio::spawn(async move {
+            tokio::pin!(stopped);
+            let mut tick = tokio::time::interval(crate::cpu::SAMPLE_PERIOD);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tokio::select! {
+                    _ = &mut stopped => break,
+                    _ = tick.tick() => {
+                        let cpu = cpu.clone();
+                        let _ = tokio::task::spawn_blocking(move || cpu.pass()).await;
+                    }
+                }
+            }
+        })
+    };
     let service = WorkerServiceImpl {
         worker: worker.clone(),
+        cpu,
     };
     // Either side ending (the caller's shutdown, or the server failing) stops everything.
     let serve = async {
@@ -535,6 +561,7 @@ pub async fn run_locked(
         let _ = task.await;
     }
     let _ = watcher.await;
+    let _ = cpu_task.await;
     worker.shutdown().await;
     if socket_id.is_some() && file_id(&socket) == socket_id {
         if let Err(e) = tokio::fs::remove_file(&socket).await

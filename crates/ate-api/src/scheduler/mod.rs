@@ -144,7 +144,20 @@ fn load(w: &WorkerRecord) -> f64 {
     load_with(w, &w.used)
 }
 
-/// Load of a worker if `used` were in use.
+/// The machine CPU a worker offers before overcommit (its whole CPU capacity for a worker that
+/// did not report it).
+fn physical_cpu(w: &WorkerRecord) -> u64 {
+    match w.cpu_physical_millis {
+        0 => w.capacity.cpu_millis,
+        n => n,
+    }
+}
+
+/// Load of a worker if `used` were booked: the fullest of slots, memory and CPU, as a
+/// fraction. CPU is the larger of what is booked (against the overcommitted capacity) and what
+/// its actors really used lately (against the machine's CPU): with overcommit, bookings of idle
+/// actors say little, so a worker whose actors are busy looks loaded however few it holds, and
+/// placement prefers the least busy worker.
 fn load_with(w: &WorkerRecord, used: &Capacity) -> f64 {
     let frac = |used: u64, cap: u64| {
         if cap == 0 {
@@ -155,6 +168,7 @@ fn load_with(w: &WorkerRecord, used: &Capacity) -> f64 {
     };
     frac(used.slots, w.capacity.slots)
         .max(frac(used.cpu_millis, w.capacity.cpu_millis))
+        .max(frac(w.cpu_usage_millis, physical_cpu(w)))
         .max(frac(used.memory_bytes, w.capacity.memory_bytes))
 }
 

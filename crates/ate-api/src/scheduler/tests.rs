@@ -22,6 +22,8 @@ fn worker(id: &str, node: &str, slots: u64, used: u64) -> WorkerRecord {
             memory_bytes: 0,
             slots: used,
         },
+        cpu_physical_millis: 0,
+        cpu_usage_millis: 0,
         epoch: 1,
         status: WorkerStatus::Active,
         last_heartbeat_ms: 0,
@@ -246,6 +248,87 @@ fn waiters_hold_only_room_they_can_use() {
         q.admissible("ns/y", &req("runc"), &[worker("w1", "n1", 1, 0)], t0)
             .is_empty()
     );
+}
+#[test]
+fn placement_prefers_the_worker_whose_actors_use_less_cpu() {
+    // Two workers of 2 cores overcommitted 16×: both hold 10 actors of 250m (2500m booked of
+    // 32000m), but the actors of one use 1.5 cores: the idle one wins every time.
+    let overcommitted = |id: &str, usage: u64| WorkerRecord {
+        capacity: Capacity {
+            cpu_millis: 32_000,
+            memory_bytes: 8 << 30,
+            slots: 256,
+        },
+        used: Capacity {
+            cpu_millis: 2500,
+            memory_bytes: 640 << 20,
+            slots: 10,
+        },
+        cpu_physical_millis: 2000,
+        cpu_usage_millis: usage,
+        ..worker(id, "n1", 256, 10)
+    };
+    let workers = [overcommitted("busy", 1500), overcommitted("quiet", 20)];
+    let r = req("runc");
+    for _ in 0..20 {
+        assert_eq!(
+            pick(&eligible(&workers, &r)).map(|w| w.id.as_str()),
+            Some("quiet")
+        );
+    }
+    // Usage is a preference, not admission: the busy worker still has room.
+    assert_eq!(ids(&eligible(&workers, &r)), ["busy", "quiet"]);
+    // A worker holding many more bookings is still the fuller one when nobody is busy.
+    let fuller = WorkerRecord {
+        used: Capacity {
+            cpu_millis: 25_000,
+            memory_bytes: 640 << 20,
+            slots: 100,
+        },
+        ..overcommitted("fuller", 0)
+    };
+    let workers = [fuller, overcommitted("emptier", 100)];
+    assert_eq!(
+        pick(&eligible(&workers, &r)).map(|w| w.id.as_str()),
+        Some("emptier")
+    );
+    // Without a reported machine CPU (an older worker), usage counts against its capacity.
+    let legacy = WorkerRecord {
+        cpu_physical_millis: 0,
+        cpu_usage_millis: 3000,
+        ..worker("legacy", "n1", 8, 0)
+    };
+    assert!((load(&legacy) - 0.75).abs() < 1e-9);
+}
+
+#[test]
+fn overcommitted_cpu_admits_by_bookings_against_the_larger_capacity() {
+    // 2 cores × 16: 128 actors of 250m fit, the 129th does not (slots aside).
+    let w = WorkerRecord {
+        capacity: Capacity {
+            cpu_millis: 32_000,
+            memory_bytes: 64 << 30,
+            slots: 1000,
+        },
+        used: Capacity {
+            cpu_millis: 127 * 250,
+            memory_bytes: 127 << 26,
+            slots: 127,
+        },
+        cpu_physical_millis: 2000,
+        ..worker("w", "n1", 1000, 127)
+    };
+    let mut r = req("runc");
+    r.demand.cpu_millis = 250;
+    assert_eq!(ids(&eligible(std::slice::from_ref(&w), &r)), ["w"]);
+    let full = WorkerRecord {
+        used: Capacity {
+            cpu_millis: 128 * 250,
+            ..w.used
+        },
+        ..w
+    };
+    assert!(eligible(&[full], &r).is_empty());
 }
 
 // ------------------------------------------------------------------ restore capabilities

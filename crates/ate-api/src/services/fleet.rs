@@ -44,6 +44,13 @@ fn worker_record(w: v1::Worker) -> Result<WorkerRecord, Status> {
             "invalid worker.capacity: cpu, memory and actor slots must be positive",
         ));
     }
+    if w.cpu_physical_millis > cap.cpu_millis {
+        return Err(Status::invalid_argument(format!(
+            "invalid worker.cpu_physical_millis: {} exceeds capacity.cpu_millis {} (the \
+             overcommitted CPU is at least the machine's)",
+            w.cpu_physical_millis, cap.cpu_millis
+        )));
+    }
     if w.epoch == 0 || i64::try_from(w.epoch).is_err() {
         return Err(Status::invalid_argument(format!(
             "invalid worker.epoch: {} must be between 1 and 2^63-1",
@@ -76,6 +83,8 @@ fn worker_record(w: v1::Worker) -> Result<WorkerRecord, Status> {
             slots: u64::from(cap.actor_slots),
         },
         used: Capacity::default(),
+        cpu_physical_millis: u64::from(w.cpu_physical_millis),
+        cpu_usage_millis: 0,
         epoch: w.epoch,
         status: WorkerStatus::Active,
         last_heartbeat_ms: 0,
@@ -172,9 +181,12 @@ impl fleet_service_server::FleetService for Services {
         // hold the heartbeat past the node's patience: treat it as down.
         let recorded = tokio::time::timeout(
             HEARTBEAT_STORE_TIMEOUT,
-            self.api
-                .store
-                .heartbeat_worker(&req.worker_id, req.epoch, now_ms()),
+            self.api.store.heartbeat_worker(
+                &req.worker_id,
+                req.epoch,
+                u64::from(req.cpu_usage_millis),
+                now_ms(),
+            ),
         )
         .await
         .unwrap_or_else(|_| {

@@ -190,6 +190,8 @@ impl TestApi {
                 actor_slots: slots,
             }),
             used: None,
+            cpu_physical_millis: 0,
+            cpu_usage_millis: 0,
             epoch: node.epoch(),
             status: String::new(),
             last_heartbeat_unix_ms: 0,

@@ -33,6 +33,11 @@ use supervise::{
 
 const DEMO_TEMPLATE: &str = include_str!("demo-counter.yaml");
 
+/// `--worker-slots` unless given: with `--workers 2` and the CPU overcommit, a 2-core, 24 GiB
+/// machine holds 384 idle demo counters (memory, 64Mi each against 12 GiB per worker, is what
+/// stops it: docs/actors.md, "Density").
+const DEFAULT_WORKER_SLOTS: u32 = 256;
+
 #[derive(Args, Debug)]
 pub struct UpArgs {
     /// Where the store, snapshots, images and logs live.
@@ -41,9 +46,20 @@ pub struct UpArgs {
     /// Number of workers to start.
     #[arg(long, default_value_t = 2)]
     pub workers: u32,
-    /// Actor slots per worker.
-    #[arg(long, default_value_t = 8)]
+    /// Actor slots per worker: the most actors one worker runs at once. Sized for idle agents
+    /// (hundreds of demo counters on a small machine); memory (templates' limits against half
+    /// the machine's RAM per worker) and CPU bookings (`--cpu-overcommit`) still bound them.
+    #[arg(long, default_value_t = DEFAULT_WORKER_SLOTS, value_parser = clap::value_parser!(u32).range(1..))]
     pub worker_slots: u32,
+    /// How many times its CPU each worker may book to actors (`ate worker --cpu-overcommit`): a
+    /// template's `cpu` is its actor's share and cap, not a reservation. `1`: strict
+    /// reservations.
+    #[arg(
+        long,
+        default_value_t = ate_worker::config::DEFAULT_CPU_OVERCOMMIT,
+        value_parser = ate_worker::config::parse_cpu_overcommit
+    )]
+    pub cpu_overcommit: f64,
     /// Store snapshots unencrypted: no STATE_DIR/keys is created or used (by default `ate up`
     /// creates it, its workers seal every node-local generation and its node every durable
     /// object; docs/security.md).

@@ -129,6 +129,7 @@ pub(super) async fn start_node_and_workers(
             ("--state-dir", state.clone()),
             ("--listen", listen.to_string()),
             ("--slots", args.worker_slots.to_string()),
+            ("--cpu-overcommit", args.cpu_overcommit.to_string()),
             // Lets an actor be pinned to one worker with a selector (`ate update actor
             // --selector`).
             (

@@ -52,6 +52,7 @@ pub fn images_dir() -> PathBuf {
 
 pub struct UpOptions {
     pub workers: u32,
+    /// `--worker-slots` (0: not passed, `ate up`'s default).
     pub slots: u32,
     pub durable_store: Option<String>,
     pub router_args: Vec<String>,
@@ -142,12 +143,7 @@ impl System {
             .arg(dir.path().join("state"))
             .arg("--images-dir")
             .arg(images_dir())
-            .args([
-                "--workers",
-                &opts.workers.to_string(),
-                "--worker-slots",
-                &opts.slots.to_string(),
-            ])
+            .args(["--workers", &opts.workers.to_string()])
             .args([
                 "--api-listen",
                 "127.0.0.1:0",
@@ -174,6 +170,9 @@ impl System {
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(dir.path().join("up.log")).expect("up.log"));
         cmd.envs(env.iter().copied());
+        if opts.slots > 0 {
+            cmd.args(["--worker-slots", &opts.slots.to_string()]);
+        }
         if let Some(url) = &opts.durable_store {
             cmd.args(["--durable-store", url]);
         }

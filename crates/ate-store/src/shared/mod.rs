@@ -253,8 +253,14 @@ impl Store for StoreImpl {
         workers::register_worker(self, worker, now_ms).await
     }
 
-    async fn heartbeat_worker(&self, id: &str, epoch: u64, now_ms: i64) -> Result<bool> {
-        workers::heartbeat_worker(self, id, epoch, now_ms).await
+    async fn heartbeat_worker(
+        &self,
+        id: &str,
+        epoch: u64,
+        cpu_usage_millis: u64,
+        now_ms: i64,
+    ) -> Result<bool> {
+        workers::heartbeat_worker(self, id, epoch, cpu_usage_millis, now_ms).await
     }
 
     async fn deregister_worker(&self, id: &str) -> Result<()> {

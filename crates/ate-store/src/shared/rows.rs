@@ -55,7 +55,7 @@ macro_rules! worker_select {
     () => {
         "SELECT w.id, w.node, w.addresses, w.identity, w.labels, w.sandbox_class, w.can_restore_memory, \
          w.cpu_millis, w.memory_bytes, w.slots, w.epoch, w.status, w.last_heartbeat_ms, w.node_address, \
-         w.boot_id, w.capabilities, CAST(COALESCE(u.cpu, 0) AS BIGINT) AS used_cpu, CAST(COALESCE(u.mem, 0) AS BIGINT) AS used_mem, \
+         w.boot_id, w.capabilities, w.cpu_physical_millis, w.cpu_usage_millis, CAST(COALESCE(u.cpu, 0) AS BIGINT) AS used_cpu, CAST(COALESCE(u.mem, 0) AS BIGINT) AS used_mem, \
          CAST(COALESCE(u.n, 0) AS BIGINT) AS used_slots \
          FROM workers w LEFT JOIN (SELECT worker_id, SUM(cpu_millis) AS cpu, SUM(memory_bytes) AS mem, \
          COUNT(*) AS n FROM actor_assignments GROUP BY worker_id) u ON u.worker_id = w.id"
@@ -238,6 +238,11 @@ pub(super) fn worker_from_row(row: &DbRow) -> Result<WorkerRecord> {
             memory_bytes: to_u64(row.try_get("used_mem")?, "used memory_bytes")?,
             slots: to_u64(row.try_get("used_slots")?, "used slots")?,
         },
+        cpu_physical_millis: to_u64(
+            row.try_get("cpu_physical_millis")?,
+            "workers.cpu_physical_millis",
+        )?,
+        cpu_usage_millis: to_u64(row.try_get("cpu_usage_millis")?, "workers.cpu_usage_millis")?,
         epoch: to_u64(row.try_get("epoch")?, "workers.epoch")?,
         status: parse_worker_status(&status)?,
         last_heartbeat_ms: row.try_get("last_heartbeat_ms")?,

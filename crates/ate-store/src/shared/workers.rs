@@ -16,15 +16,17 @@ pub(super) async fn register_worker(
     let mut tx = store.begin_write().await?;
     sqlx::query(
         "INSERT INTO workers (id, node, addresses, identity, labels, sandbox_class, can_restore_memory, \
-         cpu_millis, memory_bytes, slots, epoch, status, last_heartbeat_ms, node_address, boot_id, capabilities) \
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16) \
+         cpu_millis, memory_bytes, slots, epoch, status, last_heartbeat_ms, node_address, boot_id, capabilities, \
+         cpu_physical_millis, cpu_usage_millis) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, 0) \
          ON CONFLICT (id) DO UPDATE SET node = excluded.node, addresses = excluded.addresses, \
          identity = excluded.identity, labels = excluded.labels, sandbox_class = excluded.sandbox_class, \
          can_restore_memory = excluded.can_restore_memory, cpu_millis = excluded.cpu_millis, \
          memory_bytes = excluded.memory_bytes, slots = excluded.slots, epoch = excluded.epoch, \
          status = excluded.status, last_heartbeat_ms = excluded.last_heartbeat_ms, \
          node_address = excluded.node_address, boot_id = excluded.boot_id, \
-         capabilities = excluded.capabilities",
+         capabilities = excluded.capabilities, cpu_physical_millis = excluded.cpu_physical_millis, \
+         cpu_usage_millis = 0",
     )
     .bind(&worker.id)
     .bind(&worker.node)
@@ -42,6 +44,7 @@ pub(super) async fn register_worker(
     .bind(&worker.node_address)
     .bind(&worker.boot_id)
     .bind(to_json(&worker.capabilities, "capabilities")?)
+    .bind(to_i64(worker.cpu_physical_millis, "cpu_physical_millis")?)
     .execute(&mut *tx)
     .await?;
     let row = sqlx::query(concat!(worker_select!(), " WHERE w.id = $1"))
@@ -57,6 +60,7 @@ pub(super) async fn heartbeat_worker(
     store: &StoreImpl,
     id: &str,
     epoch: u64,
+    cpu_usage_millis: u64,
     now_ms: i64,
 ) -> Result<bool> {
     store.counters.write();
@@ -64,11 +68,13 @@ pub(super) async fn heartbeat_worker(
         return Ok(false); // no stored epoch can be that large
     };
     let done = sqlx::query(
-        "UPDATE workers SET last_heartbeat_ms = $3 WHERE id = $1 AND epoch = $2 AND status = 'ACTIVE'",
+        "UPDATE workers SET last_heartbeat_ms = $3, cpu_usage_millis = $4 \
+         WHERE id = $1 AND epoch = $2 AND status = 'ACTIVE'",
     )
     .bind(id)
     .bind(epoch)
     .bind(now_ms)
+    .bind(to_i64(cpu_usage_millis, "cpu_usage_millis")?)
     .execute(&store.pool)
     .await?;
     Ok(done.rows_affected() == 1)

@@ -178,8 +178,9 @@ pub(crate) fn activity_reply(r: ActivityReport) -> v1::WorkerActivityReply {
     }
 }
 
-/// Info: the worker's identity, capacity and capabilities.
-pub(crate) fn worker_info(w: &Worker) -> v1::WorkerInfo {
+/// Info: the worker's identity, capacity (CPU overcommitted; the machine's CPU and what its
+/// actors use lately from `cpu`) and capabilities.
+pub(crate) fn worker_info(w: &Worker, cpu: &crate::cpu::CpuMeter) -> v1::WorkerInfo {
     let id = &w.ident;
     v1::WorkerInfo {
         worker_id: id.id.clone(),
@@ -196,6 +197,8 @@ pub(crate) fn worker_info(w: &Worker) -> v1::WorkerInfo {
         identity: id.spiffe_id.clone(),
         can_restore_lazily: w.can_restore_lazily(),
         capabilities: w.capabilities(),
+        cpu_physical_millis: cpu.physical_millis(),
+        cpu_usage_millis: cpu.usage_millis(),
     }
 }
 
