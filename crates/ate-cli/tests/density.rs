@@ -164,6 +164,11 @@ fn a_hundred_idle_counters_run_on_the_defaults() {
             .collect::<Vec<_>>()
     );
 
+    // CPU is shared by weight: each counter's cgroup weighs its template's 250m (the quota,
+    // runc's, still caps it), set by its worker's CPU pass (every 2 s).
+    let weighted = weights_follow_the_template(&sys, 250);
+    println!("cgroup weights checked: {weighted}");
+
     // `ate get workers` shows the bookings side by side with the capacity: 100 × 250m booked,
     // spread over both workers.
     let workers: Value =
@@ -179,4 +184,50 @@ fn a_hundred_idle_counters_run_on_the_defaults() {
         .sum();
     assert_eq!((booked, slots), (ACTORS as u64 * 250, ACTORS as u64));
     println!("{}", sys.ate_ok(&["get", "workers"]));
+}
+
+/// Waits (10 s at most) until every actor sandbox of the system whose cgroup has a weight file
+/// weighs `millis` (v1 `cpu.shares`, v2 `cpu.weight`); returns how many were checked (at least
+/// one: these hosts have one or the other).
+fn weights_follow_the_template(sys: &System, millis: u32) -> usize {
+    let mut files = Vec::new();
+    for worker in std::fs::read_dir(sys.state_dir().join("workers"))
+        .expect("workers dir")
+        .flatten()
+    {
+        let Ok(actors) = std::fs::read_dir(worker.path().join("actors").join(NS)) else {
+            continue;
+        };
+        for dir in actors.flatten().map(|a| a.path()) {
+            let id = ate_worker::ActorSandbox::new("", "", "", &dir).short_id();
+            let v1 = std::path::Path::new("/sys/fs/cgroup/cpu/ate")
+                .join(&id)
+                .join("cpu.shares");
+            let v2 = std::path::Path::new("/sys/fs/cgroup/ate")
+                .join(&id)
+                .join("cpu.weight");
+            if v1.is_file() {
+                files.push((v1, ate_worker::cpu::shares(millis)));
+            } else if v2.is_file() {
+                files.push((v2, ate_worker::cpu::weight(millis)));
+            }
+        }
+    }
+    assert!(!files.is_empty(), "no actor cgroup with a CPU weight file");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    for (file, want) in &files {
+        loop {
+            let now = std::fs::read_to_string(file).unwrap_or_default();
+            if now.trim() == want.to_string() {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{} reads {now:?}, not {want}",
+                file.display()
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+    files.len()
 }

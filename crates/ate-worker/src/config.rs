@@ -471,7 +471,8 @@ pub(crate) fn available_percent(meminfo: &str) -> Option<u8> {
     u8::try_from(available.min(total) * 100 / total).ok()
 }
 
-fn total_memory_bytes() -> u64 {
+/// The machine's memory (`MemTotal`), 0 when unreadable.
+pub fn total_memory_bytes() -> u64 {
     std::fs::read_to_string("/proc/meminfo")
         .ok()
         .and_then(|text| {

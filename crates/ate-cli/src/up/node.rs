@@ -122,6 +122,7 @@ pub(super) async fn start_node_and_workers(
     wait_ready(&mut components[node_index], &node_ready).await?;
 
     let deny = control_plane_addresses(args, api_addrs);
+    let memory = worker_memory(ate_worker::config::total_memory_bytes(), args.workers);
     for (i, id) in (1..=args.workers).zip(worker_ids(args, node_name)) {
         let listen = SocketAddr::new(worker_address(args.worker_first_ip, i)?, args.worker_port);
         let flags = [
@@ -130,6 +131,7 @@ pub(super) async fn start_node_and_workers(
             ("--listen", listen.to_string()),
             ("--slots", args.worker_slots.to_string()),
             ("--cpu-overcommit", args.cpu_overcommit.to_string()),
+            ("--memory", memory.to_string()),
             // Lets an actor be pinned to one worker with a selector (`ate update actor
             // --selector`).
             (
@@ -168,6 +170,18 @@ pub(super) async fn start_node_and_workers(
     }
     wait_workers(clients, node_name, args.workers as usize, components).await?;
     Ok(metrics)
+}
+
+/// Memory each of `workers` workers offers (templates' limits are booked against it): half
+/// the machine's for one or two workers (a worker's own default), an equal share of it for
+/// more, so the limits booked on one machine never add up to more than its memory however many
+/// workers it runs (slots alone no longer bound them: `--worker-slots` is sized for idle
+/// agents). A machine whose memory cannot be read gets 1 GiB per worker.
+fn worker_memory(total: u64, workers: u32) -> u64 {
+    if total == 0 {
+        return 1 << 30;
+    }
+    total / u64::from(workers.max(2))
 }
 
 /// Waits until the api lists `n` ACTIVE workers of `node`.
@@ -322,6 +336,18 @@ fn worker_address(first: std::net::Ipv4Addr, i: u32) -> anyhow::Result<std::net:
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn workers_share_the_machines_memory() {
+        let total = 24 << 30;
+        // One or two workers: half each (what a worker offers by itself).
+        assert_eq!(worker_memory(total, 1), 12 << 30);
+        assert_eq!(worker_memory(total, 2), 12 << 30);
+        // More: never more than the machine in all.
+        assert_eq!(worker_memory(total, 4), 6 << 30);
+        assert!(worker_memory(total, 7) * 7 <= total);
+        assert_eq!(worker_memory(0, 3), 1 << 30);
+    }
 
     #[test]
     fn metrics_addresses_from_the_flags() -> anyhow::Result<()> {
