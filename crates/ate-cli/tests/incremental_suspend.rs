@@ -143,3 +143,75 @@ fn a_dump_without_tracking_is_whole_and_loses_nothing() {
         "memory after a whole dump of an actor whose tracking was lost"
     );
 }
+
+/// With frozen-in-place copies (the default): a tracked actor's suspend keeps it frozen and
+/// re-arms its tracking, the next resume thaws it, and the suspend after that holds only what
+/// was written since the thaw — built on a generation that may itself still be incremental.
+/// Restored on the other worker (from the node-local generations, made whole on the way), it
+/// has every byte.
+#[test]
+fn a_thawed_actor_suspends_what_it_wrote_since_the_thaw() {
+    let ns = "ns-incr-frozen";
+    let sys = System::up(UpOptions::default());
+    sys_apply(&sys, ns, "sleeper", &Tpl::sleeper(64));
+    create_actor(&sys, ns, "s", "sleeper");
+    let target = format!("{ns}/s");
+    // Where the actor runs (asked while it runs), and a selector for the other worker.
+    let running_on = |sys: &System| {
+        actor(sys, ns, "s")["worker"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string()
+    };
+    let move_to_other = |sys: &System, here: &str| {
+        let other = if here == "worker-1" {
+            "worker-2"
+        } else {
+            "worker-1"
+        };
+        sys.ate_ok(&[
+            "update",
+            "actor",
+            "s",
+            "-a",
+            ns,
+            "--selector",
+            &format!("ate.dev/worker={other}"),
+        ]);
+    };
+    let sum = sleeper_checksum(&get_ok(&sys, &target, "/"));
+    // Cold-started: the first generation is whole. Then restored (lazily, tracked) on the other
+    // worker, where no frozen copy is.
+    let here = running_on(&sys);
+    suspend_written(&sys, ns, "s");
+    move_to_other(&sys, &here);
+    assert_eq!(sleeper_checksum(&get_ok(&sys, &target, "/")), sum);
+    let sum = dirtied_checksum(&get_ok(&sys, &target, "/dirty?percent=1"));
+    let first = suspend_written(&sys, ns, "s");
+    assert_eq!(
+        sys.worker_metric(INCREMENTAL),
+        1,
+        "restored, then suspended"
+    );
+    // Thawed in place (its frozen copy), written again, suspended again: only that.
+    assert_eq!(sleeper_checksum(&get_ok(&sys, &target, "/")), sum);
+    assert!(
+        sys.worker_metric("ate_worker_thaws_total{outcome=\"ok\"}") >= 1,
+        "the resume did not thaw the frozen copy"
+    );
+    let sum = dirtied_checksum(&get_ok(&sys, &target, "/dirty?percent=1"));
+    let here = running_on(&sys);
+    let second = suspend_written(&sys, ns, "s");
+    assert_eq!(sys.worker_metric(INCREMENTAL), 2, "thawed, then suspended");
+    assert!(
+        second < 4 * first,
+        "after the thaw the suspend wrote {second} bytes, the one before {first}"
+    );
+    // Restored from the node-local generations on the other worker: every byte.
+    move_to_other(&sys, &here);
+    assert_eq!(
+        sleeper_checksum(&get_ok(&sys, &target, "/")),
+        sum,
+        "memory restored from a generation built on a frozen-in-place dump"
+    );
+}

@@ -66,6 +66,11 @@ pub async fn parent_of(gen_dir: &Path) -> Result<Option<PathBuf>, FlattenError> 
 /// Makes whole every delta among `dir`'s sibling generations that builds on `dir`: what must
 /// happen before `dir` is removed.
 pub async fn flatten_children(dir: &Path) -> Result<usize, FlattenError> {
+    flatten_children_except(dir, &[]).await
+}
+
+/// [`flatten_children`], leaving out the generations in `going` (removed with `dir`).
+pub async fn flatten_children_except(dir: &Path, going: &[PathBuf]) -> Result<usize, FlattenError> {
     let (Some(actor_dir), Some(name)) = (dir.parent(), dir.file_name()) else {
         return Ok(0);
     };
@@ -75,7 +80,8 @@ pub async fn flatten_children(dir: &Path) -> Result<usize, FlattenError> {
     };
     while let Ok(Some(e)) = entries.next_entry().await {
         let path = e.path();
-        if path == dir || e.file_name().to_string_lossy().starts_with('.') {
+        if path == dir || going.contains(&path) || e.file_name().to_string_lossy().starts_with('.')
+        {
             continue;
         }
         let Ok(m) = ate_snapshot::read_manifest(&path).await else {

@@ -3,7 +3,7 @@
 //! DeleteSnapshots (local directories, their quarantined copies, durable copies), and the stop
 //! of a stale frozen-in-place copy when the actor starts or stops elsewhere.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use ate_core::{ActorRef, DurableStatus};
 
@@ -103,6 +103,12 @@ impl NodeAgent {
         &self,
         snapshots: Vec<Snapshot>,
     ) -> Result<(), AgentError> {
+        // Deleted together: none needs to be made whole for another.
+        let going: Vec<PathBuf> = snapshots
+            .iter()
+            .filter(|s| !s.local_path.is_empty())
+            .map(|s| PathBuf::from(&s.local_path))
+            .collect();
         for snap in snapshots {
             let root = self.inner.cfg.snapshots_dir();
             // Only directories this node wrote, under its own snapshot root.
@@ -111,7 +117,7 @@ impl NodeAgent {
                 && Path::new(&snap.local_path).starts_with(&root);
             // A later generation that builds on this one is made whole first.
             if ours {
-                ate_worker::delta::flatten_children(Path::new(&snap.local_path))
+                ate_worker::delta::flatten_children_except(Path::new(&snap.local_path), &going)
                     .await
                     .map_err(|e| AgentError::LocalFile {
                         verb: "delete",

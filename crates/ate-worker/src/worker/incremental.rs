@@ -20,8 +20,7 @@ pub(super) type Dumped = (CheckpointStats, Option<ParentGeneration>);
 impl Worker {
     /// Dumps the actor's memory into `criu` (the new generation's images, to be sealed into
     /// `gen_dir`), frozen in place when `freeze`: incremental against the entry's tracked
-    /// parent when tracking holds and that generation is a whole sibling of `gen_dir`, else
-    /// whole. CRIU's `parent` link is removed: the manifest names the parent.
+    /// parent when tracking holds and that generation is a sibling of `gen_dir`, else whole. CRIU's `parent` link is removed: the manifest names the parent.
     pub(super) async fn dump_memory(
         &self,
         key: &str,
@@ -44,7 +43,13 @@ impl Worker {
             return self.dump_whole(entry, criu, freeze).await;
         };
         let parent = async {
-            crate::delta::ensure_flat(parent_gen).await?;
+            // CRIU checks the pages it leaves to the parent against the parent's pagemaps only
+            // (one level): a parent that is itself a delta serves. Its flatten may swap it in
+            // place meanwhile, which a sealed parent's opened copy does not see; a plaintext
+            // one is read in place, so it is made whole first.
+            if !ate_snapshot::sealed::is_encrypted(parent_gen) {
+                crate::delta::ensure_flat(parent_gen).await?;
+            }
             let manifest = ate_snapshot::read_manifest(parent_gen).await?;
             let rel = crate::delta::parent_images_for_dump(parent_gen, criu).await?;
             Ok::<_, crate::delta::FlattenError>((manifest, rel))
