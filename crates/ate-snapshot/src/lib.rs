@@ -50,9 +50,8 @@ pub use generation::{
     SEALED_SOURCE_FILE, SealedSource, VOLUMES_DIR, container_rootfs_path, extract_container_rootfs,
     extract_rootfs, extract_volume, is_sealed, quarantine, quarantine_path, read_manifest,
     read_verified_chunk, read_verified_chunk_at, remove_leftovers, replace_memory,
-    seal_actor_generation, seal_generation,
-    sealed_source, verify, verify_chunk_bytes, verify_chunks, verify_files,
-    verify_files_except_chunked,
+    seal_actor_generation, seal_generation, sealed_source, verify, verify_chunk_bytes,
+    verify_chunks, verify_files, verify_files_except_chunked,
 };
 pub use layout::{MemoryLayout, PageRun};
 pub use manifest::{

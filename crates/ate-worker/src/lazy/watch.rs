@@ -408,6 +408,9 @@ fn read_reports(
                 // so if it dies the protections go with them (every page reads as written)
                 // and no fault waits on a handler that is gone.
                 drop(held);
+                // Counted here, when it happens: a tracking page source does not exit after
+                // this, so no SIGCHLD brings the worker's exit check round to count it.
+                crate::metrics::lazy_restore_done(&summary);
                 set_outcome(&shared, Outcome::Done(summary));
                 if track_memory {
                     answer_barriers(&sock, &release);

@@ -128,7 +128,6 @@ impl Worker {
                 }
                 Some(Outcome::Done(summary)) => {
                     tracing::info!(actor = %key, %summary, "lazy restore: every page is in");
-                    crate::metrics::lazy_restore_done(&summary);
                     if let Some(e) = self.table().actors.get_mut(&key) {
                         // A tracking page source stays for the actor's life (its descriptors
                         // are the tracking); any other goes now.
