@@ -215,3 +215,61 @@ fn a_thawed_actor_suspends_what_it_wrote_since_the_thaw() {
         "memory restored from a generation built on a frozen-in-place dump"
     );
 }
+
+/// A worker killed while a tracked actor runs: the restarted worker re-adopts the sandbox (its
+/// page source said `done` when every page was in, although it keeps running to track), the
+/// actor's memory continues, and its next suspend is whole (the tracking of a restore by an
+/// earlier worker process is not trusted).
+#[test]
+fn a_restarted_worker_readopts_a_tracked_actor_and_dumps_it_whole() {
+    let ns = "ns-incr-adopt";
+    let sys = System::up_with_env(
+        UpOptions {
+            workers: 1,
+            ..UpOptions::default()
+        },
+        &[("ATE_KEEP_FROZEN", "0")],
+    );
+    sys_apply(&sys, ns, "sleeper", &Tpl::sleeper(64));
+    create_actor(&sys, ns, "s", "sleeper");
+    let target = format!("{ns}/s");
+    let sum = sleeper_checksum(&get_ok(&sys, &target, "/"));
+    let whole = suspend_written(&sys, ns, "s");
+    assert_eq!(sleeper_checksum(&get_ok(&sys, &target, "/")), sum);
+    let sum = dirtied_checksum(&get_ok(&sys, &target, "/dirty?percent=1"));
+
+    let worker = sys.pid_of("worker-1").expect("worker-1 runs");
+    let killed = std::process::Command::new("kill")
+        .args(["-9", &worker.to_string()])
+        .status()
+        .expect("kill");
+    assert!(killed.success());
+    // Served again by the restarted worker, by the same sandbox: not restored from the
+    // generation (which would give the checksum before /dirty).
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let body = loop {
+        let (status, _, body) = get(sys.router_addr, &target, "/");
+        if status == 200 {
+            break body;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "not served after the worker's restart: {status} {body}\n{}",
+            sys.log("worker-1")
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    assert_eq!(
+        sleeper_checksum(&body),
+        sum,
+        "the re-adopted actor's memory\n{}",
+        sys.log("worker-1")
+    );
+    let sum = dirtied_checksum(&get_ok(&sys, &target, "/dirty?percent=1"));
+    let written = suspend_written(&sys, ns, "s");
+    assert!(
+        written * 10 > whole * 9,
+        "a re-adopted actor's dump must be whole: {written} bytes of {whole}"
+    );
+    assert_eq!(sleeper_checksum(&get_ok(&sys, &target, "/")), sum);
+}

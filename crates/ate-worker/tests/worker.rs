@@ -457,6 +457,11 @@ async fn worker_end_to_end_counter() {
     assert_eq!(cp.checksum.len(), 64);
     assert!(gen1.join("manifest.json").is_file());
     assert!(!cp.kept_frozen, "frozen copies are off in this test");
+    // Removed right after the reply (the suspend does not wait for it).
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while sandbox.dir.exists() && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     assert!(!sandbox.dir.exists(), "actor dir left after checkpoint");
     let (s, _) = h1_get_status(&mut held).await;
     assert_ne!(s, 200, "held tunnel still served after checkpoint");

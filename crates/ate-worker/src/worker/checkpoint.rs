@@ -30,7 +30,8 @@ impl Worker {
         let asked_activation = req.activation;
         let key = key_of(&atespace, &name);
         let lock = self.lock_for(&key);
-        let _guard = lock.lock().await;
+        // Owned: a sandbox removed after the reply (below) keeps the actor locked until it is.
+        let mut guard = Some(lock.lock_owned().await);
 
         let entry = self.table().actors.get(&key).cloned();
         if let Some(e) = &entry
@@ -313,9 +314,26 @@ impl Worker {
                 );
             }
             _ => {
-                if let Err(e) = self.discard(&sandbox).await {
-                    tracing::warn!(actor = %key, error = %e.message(), "cleanup after checkpoint");
-                }
+                // Frozen or stopped, and nothing may adopt it again once its record is gone
+                // (now). Removing it (runc delete, netns, cgroup, files: ~0.2 s) is no part of
+                // the suspend: done after the reply, holding the actor's lock, so a start of this
+                // actor here waits for it. Egress went with ingress, before the dump.
+                remove_file_quietly(&sandbox.dir.join(ADOPTION_FILE)).await;
+                let runtime = self.runtime.clone();
+                let (sandbox, key, held) = (sandbox.clone(), key.clone(), guard.take());
+                tokio::spawn(async move {
+                    let removed = match runtime.stop(&sandbox).await {
+                        Ok(()) => super::remove_dir_all(&sandbox.dir).await,
+                        Err(e) => Err(VerbError::Internal(format!(
+                            "stop sandbox {}: {e}",
+                            sandbox.container_id()
+                        ))),
+                    };
+                    if let Err(e) = removed {
+                        tracing::warn!(actor = %key, error = %e.message(), "cleanup after checkpoint");
+                    }
+                    drop(held);
+                });
             }
         }
         let manifest = result.map_err(|e| {
@@ -351,7 +369,7 @@ impl Worker {
             incremental = manifest.parent.is_some(),
             "generation sealed"
         );
-        drop(_guard);
+        drop(guard);
         if kept {
             self.trim_frozen().await;
         }

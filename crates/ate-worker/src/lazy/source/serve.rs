@@ -42,6 +42,11 @@ impl Source {
                     eprintln!("page source: cannot write the working set: {e}");
                 }
                 let summary = self.stats.summary();
+                // Said on disk at once, not only at exit: a tracking page source stays for the
+                // actor's life, and a restarted worker adopts the sandbox only on `done`.
+                if let Ok(dir) = std::fs::File::open(&self.work_dir) {
+                    let _ = super::write_status(&dir, "done\n");
+                }
                 self.send(Report::Done(summary));
                 done_sent = true;
                 // Nothing is read from the images any more; a tracked restore's page source
