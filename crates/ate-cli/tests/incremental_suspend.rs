@@ -3,7 +3,8 @@
 //! the generation it came from; the generation is made whole in the background (or by the
 //! restore that needs it first) and every byte comes back, generation after generation. Any
 //! doubt dumps whole: an actor that was cold-started, and one whose tracking is gone (its page
-//! source killed) — and its memory still comes back whole.
+//! source killed) — and its memory still comes back whole. (`ATE_INCREMENTAL_MIN_MIB=0`: the
+//! 64 MiB sleepers here are below the worker's default threshold for incremental suspends.)
 
 mod support;
 
@@ -52,7 +53,10 @@ fn deltas_on_disk(sys: &System, ns: &str, name: &str) -> usize {
 fn a_tracked_actor_suspends_what_it_wrote_and_resumes_with_every_byte() {
     let ns = "ns-incr";
     // No frozen copies: every resume restores a generation lazily, with tracking.
-    let sys = System::up_with_env(UpOptions::default(), &[("ATE_KEEP_FROZEN", "0")]);
+    let sys = System::up_with_env(
+        UpOptions::default(),
+        &[("ATE_KEEP_FROZEN", "0"), ("ATE_INCREMENTAL_MIN_MIB", "0")],
+    );
     sys_apply(&sys, ns, "sleeper", &Tpl::sleeper(64));
     create_actor(&sys, ns, "s", "sleeper");
     let target = format!("{ns}/s");
@@ -108,7 +112,10 @@ fn a_tracked_actor_suspends_what_it_wrote_and_resumes_with_every_byte() {
 #[test]
 fn a_dump_without_tracking_is_whole_and_loses_nothing() {
     let ns = "ns-incr-lost";
-    let sys = System::up_with_env(UpOptions::default(), &[("ATE_KEEP_FROZEN", "0")]);
+    let sys = System::up_with_env(
+        UpOptions::default(),
+        &[("ATE_KEEP_FROZEN", "0"), ("ATE_INCREMENTAL_MIN_MIB", "0")],
+    );
     sys_apply(&sys, ns, "sleeper", &Tpl::sleeper(64));
     create_actor(&sys, ns, "s", "sleeper");
     let target = format!("{ns}/s");
@@ -152,7 +159,7 @@ fn a_dump_without_tracking_is_whole_and_loses_nothing() {
 #[test]
 fn a_thawed_actor_suspends_what_it_wrote_since_the_thaw() {
     let ns = "ns-incr-frozen";
-    let sys = System::up(UpOptions::default());
+    let sys = System::up_with_env(UpOptions::default(), &[("ATE_INCREMENTAL_MIN_MIB", "0")]);
     sys_apply(&sys, ns, "sleeper", &Tpl::sleeper(64));
     create_actor(&sys, ns, "s", "sleeper");
     let target = format!("{ns}/s");
@@ -228,7 +235,7 @@ fn a_restarted_worker_readopts_a_tracked_actor_and_dumps_it_whole() {
             workers: 1,
             ..UpOptions::default()
         },
-        &[("ATE_KEEP_FROZEN", "0")],
+        &[("ATE_KEEP_FROZEN", "0"), ("ATE_INCREMENTAL_MIN_MIB", "0")],
     );
     sys_apply(&sys, ns, "sleeper", &Tpl::sleeper(64));
     create_actor(&sys, ns, "s", "sleeper");
@@ -270,6 +277,29 @@ fn a_restarted_worker_readopts_a_tracked_actor_and_dumps_it_whole() {
     assert!(
         written * 10 > whole * 9,
         "a re-adopted actor's dump must be whole: {written} bytes of {whole}"
+    );
+    assert_eq!(sleeper_checksum(&get_ok(&sys, &target, "/")), sum);
+}
+
+/// Below the worker's threshold (`--incremental-min-mib`, 128 MiB by default) a tracked actor
+/// is dumped whole: that costs little, and its next resume need not wait for a flatten.
+#[test]
+fn a_small_actor_is_dumped_whole_by_default() {
+    let ns = "ns-incr-small";
+    let sys = System::up_with_env(UpOptions::default(), &[("ATE_KEEP_FROZEN", "0")]);
+    sys_apply(&sys, ns, "sleeper", &Tpl::sleeper(64));
+    create_actor(&sys, ns, "s", "sleeper");
+    let target = format!("{ns}/s");
+    let sum = sleeper_checksum(&get_ok(&sys, &target, "/"));
+    let whole = suspend_written(&sys, ns, "s");
+    assert_eq!(sleeper_checksum(&get_ok(&sys, &target, "/")), sum);
+    let sum = dirtied_checksum(&get_ok(&sys, &target, "/dirty?percent=1"));
+    let written = suspend_written(&sys, ns, "s");
+    assert!(written * 10 > whole * 9, "{written} bytes of {whole}");
+    assert_eq!(sys.worker_metric(INCREMENTAL), 0);
+    assert_eq!(
+        sys.worker_metric("ate_worker_incremental_checkpoints_total{dump=\"small\"}"),
+        1
     );
     assert_eq!(sleeper_checksum(&get_ok(&sys, &target, "/")), sum);
 }

@@ -17,6 +17,9 @@ pub enum MemoryRestore {
 use crate::service::WorkerError;
 
 /// Configuration of one worker process (flattened into `ate worker`).
+/// `--incremental-min-mib`'s default.
+pub const DEFAULT_INCREMENTAL_MIN_MIB: u64 = crate::worker::DEFAULT_INCREMENTAL_MIN_BYTES >> 20;
+
 #[derive(Debug, Clone, clap::Args)]
 pub struct WorkerConfig {
     /// Worker id: names `<state>/workers/<id>/` (socket, runc state, actor dirs).
@@ -179,6 +182,13 @@ pub struct WorkerConfig {
     )]
     pub track_memory: bool,
 
+    /// A tracked actor's suspend is incremental only when the generation it builds on holds at
+    /// least this many MiB of memory images: below that a whole dump takes little longer, and
+    /// a resume soon after an incremental suspend waits for its generation to be made whole
+    /// (docs/incremental-suspend.md). 0: always.
+    #[arg(long, env = "ATE_INCREMENTAL_MIN_MIB", default_value_t = DEFAULT_INCREMENTAL_MIN_MIB)]
+    pub incremental_min_mib: u64,
+
     /// Node-wide directory of user namespace range claims (every worker on the node must use
     /// the same one).
     #[arg(long, env = "ATE_USERNS_CLAIMS_DIR", default_value = crate::runc::userns::DEFAULT_CLAIMS_DIR)]
@@ -259,6 +269,7 @@ impl WorkerConfig {
             userns: crate::runc::userns::enabled_by_default(),
             userns_claims_dir: PathBuf::from(crate::runc::userns::DEFAULT_CLAIMS_DIR),
             track_memory: true,
+            incremental_min_mib: DEFAULT_INCREMENTAL_MIN_MIB,
             remove_leftovers: false,
             criu: None,
             snapshot_keys: None,

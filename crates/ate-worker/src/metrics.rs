@@ -73,7 +73,7 @@ pub fn describe() {
     metrics::describe_counter!(
         INCREMENTAL_CHECKPOINTS,
         Unit::Count,
-        "Memory checkpoints of actors whose writes were tracked, by dump: incremental (only the pages written since the parent generation), or whole and why (tracking_lost, no_parent, parent_unreadable)."
+        "Memory checkpoints of actors whose writes were tracked, by dump: incremental (only the pages written since the parent generation), or whole and why (small, tracking_lost, no_parent, parent_unreadable)."
     );
     metrics::describe_histogram!(
         FLATTEN_SECONDS,

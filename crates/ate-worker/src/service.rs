@@ -420,6 +420,7 @@ pub async fn run_locked(
         .with_router(router)
         .with_api(api)
         .with_suspend_grace(config.suspend_grace)
+        .with_incremental_min_bytes(config.incremental_min_mib.saturating_mul(1 << 20))
         .with_page_source(match config.memory_restore {
             crate::config::MemoryRestore::Lazy => config.page_source.clone(),
             crate::config::MemoryRestore::Eager => None,

@@ -43,6 +43,17 @@ impl Worker {
             return self.dump_whole(entry, criu, freeze).await;
         };
         let parent = async {
+            // Small: a whole dump is quick, and the next resume need not wait for a flatten.
+            let manifest = ate_snapshot::read_manifest(parent_gen).await?;
+            let memory: u64 = manifest
+                .files
+                .iter()
+                .filter(|f| ate_snapshot::is_memory_pages_file(&f.path))
+                .map(|f| f.size)
+                .sum();
+            if memory < self.incremental_min_bytes {
+                return Ok(None);
+            }
             // CRIU checks the pages it leaves to the parent against the parent's pagemaps only
             // (one level): a parent that is itself a delta serves. Its flatten may swap it in
             // place meanwhile, which a sealed parent's opened copy does not see; a plaintext
@@ -50,13 +61,16 @@ impl Worker {
             if !ate_snapshot::sealed::is_encrypted(parent_gen) {
                 crate::delta::ensure_flat(parent_gen).await?;
             }
-            let manifest = ate_snapshot::read_manifest(parent_gen).await?;
             let rel = crate::delta::parent_images_for_dump(parent_gen, criu).await?;
-            Ok::<_, crate::delta::FlattenError>((manifest, rel))
+            Ok::<_, crate::delta::FlattenError>(Some((manifest, rel)))
         }
         .await;
         let (manifest, rel) = match parent {
-            Ok(p) => p,
+            Ok(Some(p)) => p,
+            Ok(None) => {
+                crate::metrics::incremental_checkpoint("small");
+                return self.dump_whole(entry, criu, freeze).await;
+            }
             Err(e) => {
                 tracing::warn!(actor = %key, parent = %parent_gen.display(), error = %e, "the parent generation cannot be used; dumping whole");
                 crate::metrics::incremental_checkpoint("parent_unreadable");

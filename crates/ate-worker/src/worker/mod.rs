@@ -60,6 +60,9 @@ pub use types::{
 pub const EXIT_POLL: Duration = Duration::from_millis(500);
 /// How long a checkpoint waits for closed tunnels' connections to leave the actor's TCP table.
 const QUIESCE_TIMEOUT: Duration = Duration::from_secs(2);
+/// The default of `--incremental-min-mib` (in bytes): the memory an actor's generation must hold for its
+/// next suspend to be incremental (docs/incremental-suspend.md).
+pub const DEFAULT_INCREMENTAL_MIN_BYTES: u64 = 128 << 20;
 /// The default grace of a suspend for requests in flight (`--suspend-grace`).
 pub const DEFAULT_SUSPEND_GRACE: Duration = Duration::from_secs(5);
 /// How long a stopping worker waits for its node and the api to suspend its actors.
@@ -159,6 +162,9 @@ pub struct Worker {
     suspend_grace: Duration,
     /// The page source command (`ate page-source`) when memory is restored lazily.
     page_source: Option<Vec<String>>,
+    /// Memory images a parent generation must hold for a suspend to build on it (see
+    /// [`Worker::with_incremental_min_bytes`]).
+    incremental_min_bytes: u64,
     table: Mutex<Table>,
     locks: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
     shutting_down: AtomicBool,
@@ -223,6 +229,7 @@ impl Worker {
             frozen_policy: FrozenPolicy::OFF,
             suspend_grace: DEFAULT_SUSPEND_GRACE,
             page_source: None,
+            incremental_min_bytes: DEFAULT_INCREMENTAL_MIN_BYTES,
             table: Mutex::new(Table::default()),
             locks: Mutex::new(HashMap::new()),
             shutting_down: AtomicBool::new(false),
@@ -267,6 +274,14 @@ impl Worker {
     /// generation carries chunk digests (eager restores otherwise).
     pub fn with_page_source(mut self, command: Option<Vec<String>>) -> Self {
         self.page_source = command.filter(|c| !c.is_empty());
+        self
+    }
+
+    /// Suspends of tracked actors build on their parent generation only when its memory
+    /// images hold at least `bytes`: below that a whole dump costs little, and a resume soon
+    /// after an incremental suspend waits for the generation to be made whole.
+    pub fn with_incremental_min_bytes(mut self, bytes: u64) -> Self {
+        self.incremental_min_bytes = bytes;
         self
     }
 
