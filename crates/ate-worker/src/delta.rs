@@ -209,14 +209,15 @@ fn sibling_tmp(gen_dir: &Path) -> PathBuf {
     gen_dir.with_file_name(format!(".{name}.flatten-{}-{nanos}", std::process::id()))
 }
 
-/// A plaintext view of the generation's files: the directory itself when it is not sealed,
-/// else a scratch dir it is opened into (kept alive by the returned handle).
+/// A plaintext view of the generation's CRIU images: the directory itself when it is not
+/// sealed, else a scratch dir they are opened into (kept alive by the returned handle; the
+/// archives are not opened: the flat generation keeps them sealed as they are).
 async fn plain_view(gen_dir: &Path, tag: &str) -> Result<(PathBuf, Option<Scratch>), FlattenError> {
     if !ate_snapshot::sealed::is_encrypted(gen_dir) {
         return Ok((gen_dir.to_path_buf(), None));
     }
     let scratch = Scratch::new(tag)?;
-    ate_snapshot::sealed::open_into(gen_dir, scratch.path(), Opening::All).await?;
+    ate_snapshot::sealed::open_into(gen_dir, scratch.path(), Opening::Images).await?;
     Ok((scratch.path().to_path_buf(), Some(scratch)))
 }
 

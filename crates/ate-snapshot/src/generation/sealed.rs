@@ -440,6 +440,9 @@ pub enum Opening {
     /// of the parent of an incremental dump (it checks the pages it leaves to the parent
     /// against the parent's pagemaps, and opens, but does not read, its pages files).
     ParentOfDump,
+    /// The CRIU images alone, memory images included: what a flatten merges (the archives
+    /// of the generation are kept sealed as they are).
+    Images,
 }
 
 /// Opens the sealed generation `gen_dir` into `plain` (a [`Scratch`]): the manifest, then the
@@ -550,8 +553,12 @@ fn open_blocking(gen_dir: &Path, plain: &Path, which: Opening) -> Result<Manifes
         if which == Opening::Small && f.has_chunk_digests() {
             continue;
         }
+        let in_images = f.path.starts_with(&format!("{}/", super::CRIU_DIR));
+        if which == Opening::Images && !in_images {
+            continue;
+        }
         if which == Opening::ParentOfDump {
-            if !f.path.starts_with(&format!("{}/", super::CRIU_DIR)) {
+            if !in_images {
                 continue;
             }
             if crate::manifest::is_memory_pages_file(&f.path) {
