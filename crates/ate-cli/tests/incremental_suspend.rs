@@ -33,6 +33,18 @@ fn suspend_written(sys: &System, ns: &str, name: &str) -> u64 {
     sys.worker_metric(WRITTEN) - before
 }
 
+/// A 64 MiB sleeper `ns/s`: cold-started, suspended (whole), restored lazily (tracked) with its
+/// memory. Returns its target and the bytes of that whole suspend.
+fn restored_sleeper(sys: &System, ns: &str) -> (String, u64) {
+    sys_apply(sys, ns, "sleeper", &Tpl::sleeper(64));
+    create_actor(sys, ns, "s", "sleeper");
+    let target = format!("{ns}/s");
+    let sum = sleeper_checksum(&get_ok(sys, &target, "/"));
+    let whole = suspend_written(sys, ns, "s");
+    assert_eq!(sleeper_checksum(&get_ok(sys, &target, "/")), sum);
+    (target, whole)
+}
+
 /// Generations of `ns/name` on the node whose manifest still names a parent.
 fn deltas_on_disk(sys: &System, ns: &str, name: &str) -> usize {
     let dir = sys.state_dir().join("snapshots").join(ns).join(name);
@@ -116,12 +128,7 @@ fn a_dump_without_tracking_is_whole_and_loses_nothing() {
         UpOptions::default(),
         &[("ATE_KEEP_FROZEN", "0"), ("ATE_INCREMENTAL_MIN_MIB", "0")],
     );
-    sys_apply(&sys, ns, "sleeper", &Tpl::sleeper(64));
-    create_actor(&sys, ns, "s", "sleeper");
-    let target = format!("{ns}/s");
-    let sum = sleeper_checksum(&get_ok(&sys, &target, "/"));
-    let whole = suspend_written(&sys, ns, "s");
-    assert_eq!(sleeper_checksum(&get_ok(&sys, &target, "/")), sum);
+    let (target, whole) = restored_sleeper(&sys, ns);
 
     // Every page is in (the whole memory was read above): the page source now only tracks.
     // Killing it clears every write protection with its descriptors: tracking is gone.
@@ -163,35 +170,12 @@ fn a_thawed_actor_suspends_what_it_wrote_since_the_thaw() {
     sys_apply(&sys, ns, "sleeper", &Tpl::sleeper(64));
     create_actor(&sys, ns, "s", "sleeper");
     let target = format!("{ns}/s");
-    // Where the actor runs (asked while it runs), and a selector for the other worker.
-    let running_on = |sys: &System| {
-        actor(sys, ns, "s")["worker"]
-            .as_str()
-            .unwrap_or_default()
-            .to_string()
-    };
-    let move_to_other = |sys: &System, here: &str| {
-        let other = if here == "worker-1" {
-            "worker-2"
-        } else {
-            "worker-1"
-        };
-        sys.ate_ok(&[
-            "update",
-            "actor",
-            "s",
-            "-a",
-            ns,
-            "--selector",
-            &format!("ate.dev/worker={other}"),
-        ]);
-    };
     let sum = sleeper_checksum(&get_ok(&sys, &target, "/"));
     // Cold-started: the first generation is whole. Then restored (lazily, tracked) on the other
     // worker, where no frozen copy is.
-    let here = running_on(&sys);
+    let here = worker_of(&sys, ns, "s");
     suspend_written(&sys, ns, "s");
-    move_to_other(&sys, &here);
+    pin_to_other_worker(&sys, ns, "s", &here);
     assert_eq!(sleeper_checksum(&get_ok(&sys, &target, "/")), sum);
     let sum = dirtied_checksum(&get_ok(&sys, &target, "/dirty?percent=1"));
     let first = suspend_written(&sys, ns, "s");
@@ -207,7 +191,7 @@ fn a_thawed_actor_suspends_what_it_wrote_since_the_thaw() {
         "the resume did not thaw the frozen copy"
     );
     let sum = dirtied_checksum(&get_ok(&sys, &target, "/dirty?percent=1"));
-    let here = running_on(&sys);
+    let here = worker_of(&sys, ns, "s");
     let second = suspend_written(&sys, ns, "s");
     assert_eq!(sys.worker_metric(INCREMENTAL), 2, "thawed, then suspended");
     assert!(
@@ -215,7 +199,7 @@ fn a_thawed_actor_suspends_what_it_wrote_since_the_thaw() {
         "after the thaw the suspend wrote {second} bytes, the one before {first}"
     );
     // Restored from the node-local generations on the other worker: every byte.
-    move_to_other(&sys, &here);
+    pin_to_other_worker(&sys, ns, "s", &here);
     assert_eq!(
         sleeper_checksum(&get_ok(&sys, &target, "/")),
         sum,
@@ -237,12 +221,7 @@ fn a_restarted_worker_readopts_a_tracked_actor_and_dumps_it_whole() {
         },
         &[("ATE_KEEP_FROZEN", "0"), ("ATE_INCREMENTAL_MIN_MIB", "0")],
     );
-    sys_apply(&sys, ns, "sleeper", &Tpl::sleeper(64));
-    create_actor(&sys, ns, "s", "sleeper");
-    let target = format!("{ns}/s");
-    let sum = sleeper_checksum(&get_ok(&sys, &target, "/"));
-    let whole = suspend_written(&sys, ns, "s");
-    assert_eq!(sleeper_checksum(&get_ok(&sys, &target, "/")), sum);
+    let (target, whole) = restored_sleeper(&sys, ns);
     let sum = dirtied_checksum(&get_ok(&sys, &target, "/dirty?percent=1"));
 
     let worker = sys.pid_of("worker-1").expect("worker-1 runs");
@@ -287,12 +266,7 @@ fn a_restarted_worker_readopts_a_tracked_actor_and_dumps_it_whole() {
 fn a_small_actor_is_dumped_whole_by_default() {
     let ns = "ns-incr-small";
     let sys = System::up_with_env(UpOptions::default(), &[("ATE_KEEP_FROZEN", "0")]);
-    sys_apply(&sys, ns, "sleeper", &Tpl::sleeper(64));
-    create_actor(&sys, ns, "s", "sleeper");
-    let target = format!("{ns}/s");
-    let sum = sleeper_checksum(&get_ok(&sys, &target, "/"));
-    let whole = suspend_written(&sys, ns, "s");
-    assert_eq!(sleeper_checksum(&get_ok(&sys, &target, "/")), sum);
+    let (target, whole) = restored_sleeper(&sys, ns);
     let sum = dirtied_checksum(&get_ok(&sys, &target, "/dirty?percent=1"));
     let written = suspend_written(&sys, ns, "s");
     assert!(written * 10 > whole * 9, "{written} bytes of {whole}");

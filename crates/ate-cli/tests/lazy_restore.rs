@@ -61,13 +61,6 @@ fn suspended_sleeper(sys: &System, ns: &str) -> (String, String) {
     (target, original)
 }
 
-fn worker_of(sys: &System, ns: &str, name: &str) -> String {
-    actor(sys, ns, name)["worker"]
-        .as_str()
-        .unwrap_or_default()
-        .to_string()
-}
-
 #[test]
 fn memory_survives_five_lazy_cycles_on_either_worker_and_from_the_durable_copy() {
     let sys = lazy_system(2, &[]);

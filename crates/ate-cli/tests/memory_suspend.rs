@@ -18,13 +18,6 @@ use support::*;
 
 const NS: &str = "ns-mem";
 
-fn worker_of(sys: &System, name: &str) -> String {
-    actor(sys, NS, name)["worker"]
-        .as_str()
-        .unwrap_or_default()
-        .to_string()
-}
-
 fn manifest_fidelity(sys: &System, name: &str, generation: u64) -> String {
     let dir = generation_dir(&sys.state_dir(), NS, name, generation);
     let text = support::generations::local_manifest(&sys.state_dir(), &dir);
@@ -57,23 +50,10 @@ fn an_open_outbound_connection_does_not_stop_memory_from_coming_back() {
     let mut count = 2;
     for (round, other_worker) in [(1u64, false), (2, true), (3, false)] {
         assert_eq!(get_ok(&sys, &target, &hold), "ok", "round {round}");
-        let before = worker_of(&sys, "c");
+        let before = worker_of(&sys, NS, "c");
         if other_worker {
             // The next resume goes to the other worker (through the node-local generation).
-            let other = if before == "worker-1" {
-                "worker-2"
-            } else {
-                "worker-1"
-            };
-            sys.ate_ok(&[
-                "update",
-                "actor",
-                "c",
-                "-a",
-                NS,
-                "--selector",
-                &format!("ate.dev/worker={other}"),
-            ]);
+            pin_to_other_worker(&sys, NS, "c", &before);
         }
         let began = Instant::now();
         sys.ate_ok(&["suspend", "actor", "c", "-a", NS]);
@@ -98,7 +78,7 @@ fn an_open_outbound_connection_does_not_stop_memory_from_coming_back() {
             "round {round}"
         );
         let resume = began.elapsed();
-        let after = worker_of(&sys, "c");
+        let after = worker_of(&sys, NS, "c");
         if other_worker {
             assert_ne!(after, before, "round {round}: resumed on the other worker");
         }

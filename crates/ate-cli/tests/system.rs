@@ -3,6 +3,7 @@
 
 mod support;
 
+use support::actors::{pin_to_other_worker, worker_of};
 use support::*;
 
 fn counts(body: &str) -> (u64, u64, u64) {
@@ -12,12 +13,6 @@ fn counts(body: &str) -> (u64, u64, u64) {
         .collect();
     assert_eq!(nums.len(), 3, "unexpected body {body:?}");
     (nums[0], nums[1], nums[2])
-}
-
-fn worker_of(sys: &System, atespace: &str, name: &str) -> String {
-    let json = sys.ate_ok(&["get", "actors", name, "-a", atespace, "-o", "json"]);
-    let v: serde_json::Value = serde_json::from_str(&json).expect("json");
-    v[0]["worker"].as_str().unwrap_or_default().to_string()
 }
 
 #[test]
@@ -54,21 +49,8 @@ fn counter_keeps_memory_across_suspends_and_workers() {
     for cycle in 0..5u64 {
         let before = worker_of(&sys, "ate-demo", "c1");
         assert!(before.starts_with("worker-"), "running actor has a worker");
-        let other = if before == "worker-1" {
-            "worker-2"
-        } else {
-            "worker-1"
-        };
         sys.ate_ok(&["suspend", "actor", "c1", "-a", "ate-demo"]);
-        sys.ate_ok(&[
-            "update",
-            "actor",
-            "c1",
-            "-a",
-            "ate-demo",
-            "--selector",
-            &format!("ate.dev/worker={other}"),
-        ]);
+        let other = pin_to_other_worker(&sys, "ate-demo", "c1", &before);
         let n = 4 + cycle;
         let (status, head, body) = get(sys.router_addr, "ate-demo/c1", "/");
         assert_eq!(

@@ -44,23 +44,16 @@ pub enum FlattenError {
 }
 
 /// Makes the generation `gen_dir` whole if it is a delta (its manifest names a parent), the
-/// parent first if that is a delta too. Returns whether anything was flattened. Waits for a
-/// flatten of the same actor under way in this or another process.
-pub async fn ensure_flat(gen_dir: &Path) -> Result<bool, FlattenError> {
+/// parent first if that is a delta too, and returns its (whole) manifest. Waits for a flatten
+/// of the same actor under way in this or another process.
+pub async fn ensure_flat(gen_dir: &Path) -> Result<ate_snapshot::Manifest, FlattenError> {
     // Most generations are whole: one manifest read, no lock.
-    if ate_snapshot::read_manifest(gen_dir).await?.parent.is_none() {
-        return Ok(false);
+    let manifest = ate_snapshot::read_manifest(gen_dir).await?;
+    if manifest.parent.is_none() {
+        return Ok(manifest);
     }
     let _lock = lock_actor_dir(gen_dir).await?;
     flatten_locked(gen_dir.to_path_buf()).await
-}
-
-/// The parent generation dir a delta at `gen_dir` names, if it is one.
-pub async fn parent_of(gen_dir: &Path) -> Result<Option<PathBuf>, FlattenError> {
-    let manifest = ate_snapshot::read_manifest(gen_dir).await?;
-    Ok(manifest
-        .parent
-        .and_then(|p| gen_dir.parent().map(|d| d.join(p.dir))))
 }
 
 /// Makes whole every delta among `dir`'s sibling generations that builds on `dir`: what must
@@ -89,8 +82,8 @@ pub async fn flatten_children_except(dir: &Path, going: &[PathBuf]) -> Result<us
         };
         if m.parent
             .is_some_and(|p| std::ffi::OsStr::new(&p.dir) == name)
-            && ensure_flat(&path).await?
         {
+            ensure_flat(&path).await?;
             flattened += 1;
         }
     }
@@ -99,13 +92,15 @@ pub async fn flatten_children_except(dir: &Path, going: &[PathBuf]) -> Result<us
 
 fn flatten_locked(
     gen_dir: PathBuf,
-) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<bool, FlattenError>> + Send>> {
+) -> std::pin::Pin<
+    Box<dyn std::future::Future<Output = Result<ate_snapshot::Manifest, FlattenError>> + Send>,
+> {
     Box::pin(async move {
         let begun = Instant::now();
         // Again under the lock: another process may have flattened it meanwhile.
         let manifest = ate_snapshot::read_manifest(&gen_dir).await?;
         let Some(parent) = manifest.parent.clone() else {
-            return Ok(false);
+            return Ok(manifest);
         };
         ate_snapshot::remove_leftovers(&gen_dir);
         let parent_dir = gen_dir
@@ -141,12 +136,9 @@ fn flatten_locked(
         }
         let (delta_plain, _delta_scratch) = plain_view(&gen_dir, "flatten-delta").await?;
         let (parent_plain, _parent_scratch) = plain_view(&parent_dir, "flatten-parent").await?;
-        // The flat images: on the tmpfs scratch when generations are sealed (plaintext memory
-        // never reaches the disk), else beside the generation.
-        let out = match ate_snapshot::sealed::keys() {
-            Some(_) => OutDir::Scratch(Scratch::new("flatten")?),
-            None => OutDir::Beside(sibling_tmp(&gen_dir)),
-        };
+        // The flat images, on the tmpfs scratch (plaintext memory never reaches the disk);
+        // `replace_memory` seals or copies them into the generation.
+        let out = Scratch::new("flatten")?;
         let criu = ate_snapshot::CRIU_DIR;
         let (d, p, o) = (
             delta_plain.join(criu),
@@ -161,7 +153,7 @@ fn flatten_locked(
                     path: gen_dir.clone(),
                     source: std::io::Error::other(e.to_string()),
                 })??;
-        ate_snapshot::replace_memory(&gen_dir, out.path()).await?;
+        let whole = ate_snapshot::replace_memory(&gen_dir, out.path()).await?;
         tracing::info!(
             generation = %gen_dir.display(),
             parent = %parent_dir.display(),
@@ -171,42 +163,8 @@ fn flatten_locked(
             "incremental generation flattened"
         );
         crate::metrics::generation_flattened(begun.elapsed());
-        Ok(true)
+        Ok(whole)
     })
-}
-
-/// Where the flat images are written before they replace the delta's.
-enum OutDir {
-    Scratch(Scratch),
-    Beside(PathBuf),
-}
-
-impl OutDir {
-    fn path(&self) -> &Path {
-        match self {
-            OutDir::Scratch(s) => s.path(),
-            OutDir::Beside(p) => p,
-        }
-    }
-}
-
-impl Drop for OutDir {
-    fn drop(&mut self) {
-        if let OutDir::Beside(p) = self {
-            let _ = std::fs::remove_dir_all(p);
-        }
-    }
-}
-
-fn sibling_tmp(gen_dir: &Path) -> PathBuf {
-    let name = gen_dir
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default();
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.subsec_nanos());
-    gen_dir.with_file_name(format!(".{name}.flatten-{}-{nanos}", std::process::id()))
 }
 
 /// A plaintext view of the generation's CRIU images: the directory itself when it is not

@@ -148,6 +148,34 @@ pub fn actor(sys: &System, ns: &str, name: &str) -> Value {
     actor_json(&|a: &[&str]| sys.ate_ok(a), ns, name)
 }
 
+/// The worker `ns/name` runs on ("" while it is not placed).
+pub fn worker_of(sys: &System, ns: &str, name: &str) -> String {
+    actor(sys, ns, name)["worker"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string()
+}
+
+/// Pins `ns/name` to the one of two workers that is not `here` (its next resume goes there);
+/// returns that worker.
+pub fn pin_to_other_worker(sys: &System, ns: &str, name: &str, here: &str) -> &'static str {
+    let other = if here == "worker-1" {
+        "worker-2"
+    } else {
+        "worker-1"
+    };
+    sys.ate_ok(&[
+        "update",
+        "actor",
+        name,
+        "-a",
+        ns,
+        "--selector",
+        &format!("ate.dev/worker={other}"),
+    ]);
+    other
+}
+
 pub fn state_of(v: &Value) -> String {
     v["state"].as_str().unwrap_or_default().to_string()
 }

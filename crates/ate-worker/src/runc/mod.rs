@@ -74,7 +74,7 @@ pub struct RuncConfig {
     /// Node-wide dir of user namespace range claims, shared by every worker on the node.
     pub userns_claims_dir: PathBuf,
     /// Lazy restores track what their tasks write (when CRIU and the kernel can: see
-    /// [`RuncRuntime::tracks_memory`]), so a later [`RuncRuntime::checkpoint_incremental`]
+    /// [`SandboxRuntime::tracks_memory`]), so a later [`SandboxRuntime::checkpoint_incremental`]
     /// writes only that. Off in this default (`ate worker` turns it on, `--track-memory`): each
     /// tracked restore keeps its page source running.
     pub track_memory: bool,
@@ -261,67 +261,6 @@ impl RuncRuntime {
         })
     }
 
-    /// Lazy restores track what their tasks write (see [`RuncConfig::track_memory`]).
-    pub fn tracks_memory(&self) -> bool {
-        self.track_memory
-    }
-
-    /// A memory dump of an actor restored lazily with tracking, into `image_dir`, leaving the
-    /// pages its tasks have not written since to the images it was restored from (`parent`,
-    /// relative to `image_dir`: CRIU links it as `image_dir/parent`, and a restore of this dump
-    /// reads those pages through that link). With `keep_frozen` the sandbox stays paused, as
-    /// for `checkpoint_frozen`. The dump is whole (no link) when tracking does not hold; the
-    /// [`Tracking`](crate::lazy::Tracking) returned says which it was.
-    pub async fn checkpoint_incremental(
-        &self,
-        actor: &ActorSandbox,
-        image_dir: &Path,
-        parent: &Path,
-        source: &crate::lazy::PageSource,
-        keep_frozen: bool,
-    ) -> Result<(CheckpointStats, crate::lazy::Tracking)> {
-        if parent.is_absolute() {
-            return Err(SandboxError::Invalid(format!(
-                "the parent images of an incremental dump are named relative to its images dir, not {}",
-                parent.display()
-            )));
-        }
-        self.dump_tracked(actor, image_dir, keep_frozen, Some((parent, source)))
-            .await
-    }
-
-    /// After an incremental (or whole) dump that left the sandbox frozen and became the next
-    /// generation's parent: write-protects again every page its processes wrote, so the next
-    /// dump against that generation holds only what is written after the thaw. Refused unless
-    /// the sandbox is frozen (a page written between the dump and this call would be lost to
-    /// tracking). Returns the pages protected.
-    pub async fn rearm_tracking(&self, actor: &ActorSandbox) -> Result<u64> {
-        let frozen = match cgroup::freezer_state_file(actor) {
-            Some(state) => cgroup::read_freezer(&state).await? == "FROZEN",
-            None => false,
-        };
-        if !frozen {
-            return Err(SandboxError::Invalid(format!(
-                "memory tracking of {} is re-armed only while it is frozen",
-                actor.container_id()
-            )));
-        }
-        let pids = cgroup::cgroup_processes(&actor.short_id());
-        tokio::task::spawn_blocking(move || {
-            pids.into_iter().try_fold(0u64, |sum, pid| {
-                crate::lazy::written::rearm(pid).map(|n| sum + n)
-            })
-        })
-        .await
-        .map_err(|e| SandboxError::Invalid(format!("re-arm memory tracking: {e}")))?
-        .map_err(|e| {
-            SandboxError::io(
-                format!("re-arm memory tracking of {}", actor.container_id()),
-                e,
-            )
-        })
-    }
-
     /// The `--root` directory (for `runc --root … list` in diagnostics and tests).
     pub fn runc_root(&self) -> &Path {
         &self.root
@@ -458,10 +397,17 @@ impl SandboxRuntime for RuncRuntime {
         self.dump(actor, image_dir, true, None).await
     }
 
+    /// Lazy restores track what their tasks write (see [`RuncConfig::track_memory`]).
     fn tracks_memory(&self) -> bool {
-        RuncRuntime::tracks_memory(self)
+        self.track_memory
     }
 
+    /// A memory dump of an actor restored lazily with tracking, into `image_dir`, leaving the
+    /// pages its tasks have not written since to the images it was restored from (`parent`,
+    /// relative to `image_dir`: CRIU links it as `image_dir/parent`, and a restore of this dump
+    /// reads those pages through that link). With `keep_frozen` the sandbox stays paused, as
+    /// for `checkpoint_frozen`. The dump is whole (no link) when tracking does not hold; the
+    /// [`Tracking`](crate::lazy::Tracking) returned says which it was.
     async fn checkpoint_incremental(
         &self,
         actor: &ActorSandbox,
@@ -470,12 +416,46 @@ impl SandboxRuntime for RuncRuntime {
         source: &crate::lazy::PageSource,
         keep_frozen: bool,
     ) -> Result<(CheckpointStats, crate::lazy::Tracking)> {
-        RuncRuntime::checkpoint_incremental(self, actor, image_dir, parent, source, keep_frozen)
+        if parent.is_absolute() {
+            return Err(SandboxError::Invalid(format!(
+                "the parent images of an incremental dump are named relative to its images dir, not {}",
+                parent.display()
+            )));
+        }
+        self.dump_tracked(actor, image_dir, keep_frozen, Some((parent, source)))
             .await
     }
 
+    /// After an incremental (or whole) dump that left the sandbox frozen and became the next
+    /// generation's parent: write-protects again every page its processes wrote, so the next
+    /// dump against that generation holds only what is written after the thaw. Refused unless
+    /// the sandbox is frozen (a page written between the dump and this call would be lost to
+    /// tracking). Returns the pages protected.
     async fn rearm_tracking(&self, actor: &ActorSandbox) -> Result<u64> {
-        RuncRuntime::rearm_tracking(self, actor).await
+        let frozen = match cgroup::freezer_state_file(actor) {
+            Some(state) => cgroup::read_freezer(&state).await? == "FROZEN",
+            None => false,
+        };
+        if !frozen {
+            return Err(SandboxError::Invalid(format!(
+                "memory tracking of {} is re-armed only while it is frozen",
+                actor.container_id()
+            )));
+        }
+        let pids = cgroup::cgroup_processes(&actor.short_id());
+        tokio::task::spawn_blocking(move || {
+            pids.into_iter().try_fold(0u64, |sum, pid| {
+                crate::lazy::written::rearm(pid).map(|n| sum + n)
+            })
+        })
+        .await
+        .map_err(|e| SandboxError::Invalid(format!("re-arm memory tracking: {e}")))?
+        .map_err(|e| {
+            SandboxError::io(
+                format!("re-arm memory tracking of {}", actor.container_id()),
+                e,
+            )
+        })
     }
 
     async fn freeze(&self, actor: &ActorSandbox) -> Result<()> {

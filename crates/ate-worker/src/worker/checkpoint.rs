@@ -322,14 +322,7 @@ impl Worker {
                 let runtime = self.runtime.clone();
                 let (sandbox, key, held) = (sandbox.clone(), key.clone(), guard.take());
                 tokio::spawn(async move {
-                    let removed = match runtime.stop(&sandbox).await {
-                        Ok(()) => super::remove_dir_all(&sandbox.dir).await,
-                        Err(e) => Err(VerbError::Internal(format!(
-                            "stop sandbox {}: {e}",
-                            sandbox.container_id()
-                        ))),
-                    };
-                    if let Err(e) = removed {
+                    if let Err(e) = super::remove_sandbox(runtime.as_ref(), &sandbox).await {
                         tracing::warn!(actor = %key, error = %e.message(), "cleanup after checkpoint");
                     }
                     drop(held);

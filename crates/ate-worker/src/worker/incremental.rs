@@ -43,7 +43,9 @@ impl Worker {
             return self.dump_whole(entry, criu, freeze).await;
         };
         let parent = async {
-            // Small: a whole dump is quick, and the next resume need not wait for a flatten.
+            // Small: a whole dump is quick, and the next resume need not wait for a flatten. (A
+            // parent that is still a delta holds only what changed; it exists because the
+            // generation under it was large enough.)
             let manifest = ate_snapshot::read_manifest(parent_gen).await?;
             let memory: u64 = manifest
                 .files
@@ -51,7 +53,7 @@ impl Worker {
                 .filter(|f| ate_snapshot::is_memory_pages_file(&f.path))
                 .map(|f| f.size)
                 .sum();
-            if memory < self.incremental_min_bytes {
+            if manifest.parent.is_none() && memory < self.incremental_min_bytes {
                 return Ok(None);
             }
             // CRIU checks the pages it leaves to the parent against the parent's pagemaps only

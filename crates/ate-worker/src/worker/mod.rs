@@ -378,10 +378,7 @@ impl Worker {
         self.egress
             .stop(&key_of(&sandbox.atespace, &sandbox.name))
             .await;
-        self.runtime.stop(sandbox).await.map_err(|e| {
-            VerbError::Internal(format!("stop sandbox {}: {e}", sandbox.container_id()))
-        })?;
-        remove_dir_all(&sandbox.dir).await
+        remove_sandbox(self.runtime.as_ref(), sandbox).await
     }
 
     async fn discard_quietly(&self, sandbox: &ActorSandbox) {
@@ -400,6 +397,18 @@ impl Worker {
         }
         Some(a.dialer().clone())
     }
+}
+
+/// Stops the sandbox and removes its directory (the part of [`Worker::discard`] that needs no
+/// worker: also run after a checkpoint's reply).
+async fn remove_sandbox(
+    runtime: &dyn SandboxRuntime,
+    sandbox: &ActorSandbox,
+) -> Result<(), VerbError> {
+    runtime.stop(sandbox).await.map_err(|e| {
+        VerbError::Internal(format!("stop sandbox {}: {e}", sandbox.container_id()))
+    })?;
+    remove_dir_all(&sandbox.dir).await
 }
 
 async fn remove_dir_all(dir: &Path) -> Result<(), VerbError> {

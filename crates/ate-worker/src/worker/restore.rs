@@ -36,19 +36,21 @@ impl Worker {
             });
         };
         let begun = Instant::now();
-        // An incremental generation is made whole first (usually its background flatten has
-        // done so already): a restore never follows a parent.
-        crate::delta::ensure_flat(gen_dir).await.map_err(|e| {
-            VerbError::FailedPrecondition(format!(
-                "generation {} cannot be made whole: {e}",
-                gen_dir.display()
-            ))
-        })?;
         // The manifest first (a sealed one opens in place): the fidelity and whether the
-        // restore is lazy decide how much of a sealed generation is opened.
-        let manifest = ate_snapshot::read_manifest(gen_dir)
+        // restore is lazy decide how much of a sealed generation is opened. An incremental
+        // generation is made whole first (usually its background flatten has done so already):
+        // a restore never follows a parent.
+        let manifest = crate::delta::ensure_flat(gen_dir)
             .await
-            .map_err(|e| snapshot_error(&format!("generation {}", gen_dir.display()), e))?;
+            .map_err(|e| match e {
+                crate::delta::FlattenError::Snapshot(e) => {
+                    snapshot_error(&format!("generation {}", gen_dir.display()), e)
+                }
+                e => VerbError::FailedPrecondition(format!(
+                    "generation {} cannot be made whole: {e}",
+                    gen_dir.display()
+                )),
+            })?;
         let fidelity = requested.unwrap_or(manifest.fidelity);
         if fidelity.rank() > manifest.fidelity.rank() {
             return Err(VerbError::FailedPrecondition(format!(
