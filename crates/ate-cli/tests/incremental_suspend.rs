@@ -45,7 +45,8 @@ fn restored_sleeper(sys: &System, ns: &str) -> (String, u64) {
     (target, whole)
 }
 
-/// Generations of `ns/name` on the node whose manifest still names a parent.
+/// Generations of `ns/name` on the node whose manifest still names a parent. A generation
+/// retention is deleting right now (its manifest already gone) is none.
 fn deltas_on_disk(sys: &System, ns: &str, name: &str) -> usize {
     let dir = sys.state_dir().join("snapshots").join(ns).join(name);
     std::fs::read_dir(&dir)
@@ -53,8 +54,8 @@ fn deltas_on_disk(sys: &System, ns: &str, name: &str) -> usize {
             d.flatten()
                 .filter(|e| !e.file_name().to_string_lossy().starts_with('.'))
                 .filter(|e| {
-                    let m = support::generations::local_manifest(&sys.state_dir(), &e.path());
-                    m.contains("\"parent\"")
+                    support::generations::try_local_manifest(&sys.state_dir(), &e.path())
+                        .is_ok_and(|m| m.contains("\"parent\""))
                 })
                 .count()
         })

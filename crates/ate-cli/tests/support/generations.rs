@@ -95,6 +95,13 @@ impl Drop for TmpfsStore {
 /// when it is sealed (what `ate up` writes), read as it is otherwise. Each test runs in its own
 /// process (nextest), so configuring this process's keys once is enough.
 pub fn local_manifest(state: &Path, gen_dir: &Path) -> String {
+    try_local_manifest(state, gen_dir)
+        .unwrap_or_else(|e| panic!("manifest of {}: {e}", gen_dir.display()))
+}
+
+/// [`local_manifest`], or the reason it cannot be read (a generation being deleted by
+/// retention loses its files one by one while a test lists the actor's directory).
+pub fn try_local_manifest(state: &Path, gen_dir: &Path) -> Result<String, ate_snapshot::Error> {
     if ate_snapshot::sealed::is_encrypted(gen_dir) {
         let keys = ate_snapshot::SnapshotKeys::load(&state.join("keys")).expect("snapshot keys");
         ate_snapshot::sealed::configure(Some(keys), std::env::temp_dir().join("ate-test-scratch"));
@@ -102,8 +109,6 @@ pub fn local_manifest(state: &Path, gen_dir: &Path) -> String {
     let rt = tokio::runtime::Builder::new_current_thread()
         .build()
         .expect("runtime");
-    let m = rt
-        .block_on(ate_snapshot::read_manifest(gen_dir))
-        .unwrap_or_else(|e| panic!("manifest of {}: {e}", gen_dir.display()));
-    serde_json::to_string(&m).expect("manifest json")
+    let m = rt.block_on(ate_snapshot::read_manifest(gen_dir))?;
+    Ok(serde_json::to_string(&m).expect("manifest json"))
 }
