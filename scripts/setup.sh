@@ -4,7 +4,8 @@
 #
 #   - Debian packages: runc, iptables, nftables, iproute2, jq, curl, docker-registry, CRIU build
 #     deps, PostgreSQL 15, Python 3.11 and Node.js (the interpreters of the py-agent and node-agent
-#     images: workloads/build-images.sh copies them from these packages)
+#     images: workloads/build-images.sh copies them from these packages), busybox-static (the
+#     counter image's shell)
 #   - CRIU 4.2.1 built from Debian's source archive (suite `unstable`) when `criu` is missing,
 #     older than 4.2, or `criu check` fails  (see shared/notes/sandbox-facts.md for why)
 #   - CRIU's kernel-probe cache on hosts whose /run is not a tmpfs (scripts/criu-kdat-cache.sh)
@@ -36,8 +37,9 @@ TMP_SRC_LIST=/etc/apt/sources.list.d/ate-criu-src-unstable.list
 # CRIU), run by the test suite's bench_podman test.
 # python3.11-minimal, libpython3.11-minimal, libpython3.11-stdlib (sqlite3 module included): the
 # py-agent image's interpreter and standard library.
+# busybox-static: the counter image's shell and tools (`ate exec actor counter-1 -- sh`).
 RUNTIME_PKGS=(runc iptables nftables iproute2 jq curl ca-certificates tar gzip xz-utils python3
-  python3.11-minimal libpython3.11-minimal libpython3.11-stdlib
+  python3.11-minimal libpython3.11-minimal libpython3.11-stdlib busybox-static
   nginx-light nghttp2-client
   podman
   docker-registry systemd)

@@ -2,7 +2,8 @@
 # Build the demo workloads and write one OCI image layout per workload:
 #
 #   workloads/build-images.sh OUT_DIR
-#     → OUT_DIR/counter/, OUT_DIR/sleeper/       static Rust binaries (/<name>)
+#     → OUT_DIR/counter/, OUT_DIR/sleeper/       static Rust binaries (/<name>); counter also has
+#                                                 Debian's busybox-static in /bin (for `ate exec`)
 #     → OUT_DIR/py-agent/, OUT_DIR/node-agent/   an agent script with Debian's python3 / nodejs
 #
 # Each layout: oci-layout, index.json (one manifest, ref name `latest`), blobs/sha256/{config,manifest,layer}.
@@ -174,21 +175,32 @@ pack_layout() {
   log "$name: wrote $dest (manifest sha256:$manifest_digest, layer $layer_size bytes)"
 }
 
+# BUSYBOX=1: also Debian's static busybox at /bin/busybox with a link per applet in /bin (sh, ls,
+# ps, cat, tty, ...), so `ate exec actor counter-1 -a ate-demo -- sh` has a shell to run.
 build_layout() {
-  local name=$1 ports=$2
+  local name=$1 ports=$2 busybox=${3:-0}
   local bin=$BIN_DIR/$name
   [[ -x $bin ]] || die "$bin was not built"
   if ! ldd "$bin" 2>&1 | grep -qE 'not a dynamic executable|statically linked'; then
     die "$bin is not static: $(ldd "$bin" 2>&1 | head -n3)"
   fi
-  local root=$WORK/$name-rootfs
+  local root=$WORK/$name-rootfs entries=(data etc tmp var "$name") applet
   make_root "$root"
   install -m 0755 "$bin" "$root/$name"
-  pack_layout "$name" "$root" "$ports" "" "" data etc tmp var "$name"
+  if ((busybox)); then
+    [[ -x /bin/busybox ]] && grep -qE 'not a dynamic executable|statically linked' <<<"$(ldd /bin/busybox 2>&1 || true)" ||
+      die "/bin/busybox (a static one: Debian's busybox-static; scripts/setup.sh installs it) not found"
+    install -D -m 0755 /bin/busybox "$root/bin/busybox"
+    for applet in $(/bin/busybox --list | LC_ALL=C sort); do
+      [[ $applet == busybox || -e $root/bin/$applet ]] || ln -s busybox "$root/bin/$applet"
+    done
+    entries=(bin "${entries[@]}")
+  fi
+  pack_layout "$name" "$root" "$ports" "" "" "${entries[@]}"
   rm -rf "$root"
 }
 
-build_layout counter 80,8080
+build_layout counter 80,8080 1
 build_layout sleeper 80
 
 # ------------------------------------------------------------------ interpreter images

@@ -4,6 +4,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     println!("cargo:rerun-if-changed={}", root.display());
     let files = [
         "ate/v1/types.proto",
+        "ate/v1/exec.proto",
         "ate/v1/api.proto",
         "ate/v1/fleet.proto",
         "ate/v1/node.proto",

@@ -8,7 +8,7 @@
 //! | `…/sa/ate-worker-<id>`            | `worker`         | SetAlarm, GetAlarm, DeleteAlarm, IssueActorToken of the actor running on worker `<id>` (the local actor API) |
 //! | `…/sa/ate-worker` (shared)        | `worker`         | the same for an actor running on any worker, at the activation it names |
 //! | `…/sa/ate-admin`                  | `admin`          | everything                                   |
-//! | any other ID in the trust domain  | `client`         | actor and atespace verbs in its atespaces    |
+//! | any other ID in the trust domain  | `client`         | actor and atespace verbs in its atespaces (ExecActor included) |
 //!
 //! A client's atespaces come from `--client-atespaces`; a client not listed there has none.
 //! Plaintext mode (no TLS configured) has no identities: every caller is `admin`, as before TLS.
@@ -285,6 +285,9 @@ pub enum Need<'a> {
     /// IssueActorToken for an actor of this atespace: the worker it runs on (the service then
     /// checks that) or admin; never a client (a token speaks for the actor).
     ActorToken(&'a str),
+    /// ExecActor (a command inside the actor's sandbox): admin, or a client for its atespace;
+    /// never the router, a node agent or a worker.
+    Exec(&'a str),
     /// Templates and tags: admin only.
     Admin,
 }
@@ -353,7 +356,8 @@ impl Caller {
                 | Need::Suspend(s)
                 | Need::Atespace(s)
                 | Need::ReadAtespace(s)
-                | Need::Alarm(s),
+                | Need::Alarm(s)
+                | Need::Exec(s),
             ) => a.allows(s),
             (Role::Client(_), Need::List) => true,
             _ => false,
@@ -367,7 +371,8 @@ impl Caller {
             | Need::Atespace(s)
             | Need::ReadAtespace(s)
             | Need::Alarm(s)
-            | Need::ActorToken(s) => {
+            | Need::ActorToken(s)
+            | Need::Exec(s) => {
                 format!(" on atespace {s:?}")
             }
             _ => String::new(),
@@ -405,7 +410,8 @@ fn atespace_of(need: Need<'_>) -> Option<&str> {
         | Need::Atespace(s)
         | Need::ReadAtespace(s)
         | Need::Alarm(s)
-        | Need::ActorToken(s) => Some(s),
+        | Need::ActorToken(s)
+        | Need::Exec(s) => Some(s),
         _ => None,
     }
 }
@@ -477,6 +483,12 @@ mod tests {
             node.check("IssueActorToken", Need::ActorToken("a"))
                 .is_err()
         );
+        // Exec runs code in the sandbox: admin and the atespace's clients only.
+        assert!(router.check("ExecActor", Need::Exec("a")).is_err());
+        assert!(node.check("ExecActor", Need::Exec("a")).is_err());
+        assert!(worker.check("ExecActor", Need::Exec("a")).is_err());
+        assert!(x.check("ExecActor", Need::Exec("team-a")).is_ok());
+        assert!(x.check("ExecActor", Need::Exec("team-c")).is_err());
         assert!(Authz::new("ate.local", "nonsense").is_err());
         assert!(Authz::new("ate.local", "spiffe://ate.local/ns/t/sa/x=Bad_Name").is_err());
     }

@@ -304,6 +304,15 @@ impl NodeAgent {
         Ok(())
     }
 
+    /// Exec on the node: `requests` (the start first) relayed to the actor's worker, its
+    /// output back. The status is the node's (or the worker's) as it is.
+    pub async fn exec(
+        &mut self,
+        requests: impl tonic::IntoStreamingRequest<Message = v1::PlacedExecRequest>,
+    ) -> Result<tonic::Streaming<v1::ExecOutput>, Status> {
+        Ok(self.0.exec(requests).await?.into_inner())
+    }
+
     /// Up to `max_bytes` of the actor's log on this node, from `offset`.
     pub async fn read_log(
         &mut self,

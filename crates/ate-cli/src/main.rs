@@ -8,6 +8,7 @@ mod bench;
 mod ca;
 mod client;
 mod contexts;
+mod exec;
 mod faults;
 mod join;
 mod keys;
@@ -168,6 +169,14 @@ enum Command {
     Logs {
         #[command(subcommand)]
         cmd: logs::LogsCmd,
+        #[command(flatten)]
+        api: ApiFlags,
+    },
+    /// Run a command in an actor's sandbox (kubectl exec's conventions; the exit code is the
+    /// command's).
+    Exec {
+        #[command(flatten)]
+        exec: exec::ExecArgs,
         #[command(flatten)]
         api: ApiFlags,
     },
@@ -348,6 +357,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             }
             Ok(ExitCode::SUCCESS)
         }
+        Command::Exec { exec, api } => exec::run(&api.connect().await?, exec).await,
         Command::Proxy(args) => proxy::run(args).await.map(|_| ExitCode::SUCCESS),
         Command::Delete { cmd, api } => verbs::delete(&api.connect().await?, cmd).await,
         Command::Ca(cmd) => ca::run(cmd),

@@ -253,6 +253,17 @@ impl WorkerClient {
     }
 }
 
+impl WorkerClient {
+    /// Exec: `requests` (the start first) to the worker, its output back. No time limit: the
+    /// session lasts as long as its command.
+    pub async fn exec(
+        &self,
+        requests: impl tonic::IntoStreamingRequest<Message = v1::PlacedExecRequest>,
+    ) -> Result<tonic::Streaming<v1::ExecOutput>, tonic::Status> {
+        Ok(self.client.clone().exec(requests).await?.into_inner())
+    }
+}
+
 async fn within<T>(call: impl Future<Output = Result<T, tonic::Status>>) -> Result<T, CallError> {
     match tokio::time::timeout(WORKER_CALL_TIMEOUT, call).await {
         Ok(answer) => answer.map_err(wire::call_error),

@@ -115,6 +115,16 @@ impl ScriptedApi {
 
 #[tonic::async_trait]
 impl ActorService for ScriptedApi {
+    type ExecActorStream =
+        tokio_stream::wrappers::ReceiverStream<Result<ate_proto::v1::ExecOutput, Status>>;
+
+    async fn exec_actor(
+        &self,
+        _req: tonic::Request<tonic::Streaming<ate_proto::v1::ExecActorRequest>>,
+    ) -> Result<tonic::Response<Self::ExecActorStream>, Status> {
+        Err(Status::unimplemented("the scripted api runs no commands"))
+    }
+
     async fn resume_actor(
         &self,
         req: tonic::Request<ResumeActorRequest>,

@@ -173,6 +173,16 @@ impl NodeSvc {
 
 #[tonic::async_trait]
 impl node_service_server::NodeService for NodeSvc {
+    type ExecStream =
+        tokio_stream::wrappers::ReceiverStream<Result<ate_proto::v1::ExecOutput, Status>>;
+
+    async fn exec(
+        &self,
+        _req: Request<tonic::Streaming<ate_proto::v1::PlacedExecRequest>>,
+    ) -> Result<Response<Self::ExecStream>, Status> {
+        Err(Status::unimplemented("the test node runs no commands"))
+    }
+
     async fn run(&self, req: Request<RunRequest>) -> Result<Response<NodeReply>, Status> {
         self.0.calls.run.fetch_add(1, Ordering::SeqCst);
         self.record_request_id(&req);

@@ -14,6 +14,7 @@ pub mod cpu;
 pub mod delta;
 pub mod egress;
 pub mod error;
+pub mod exec;
 pub mod handoff;
 pub mod hardening;
 pub mod image;

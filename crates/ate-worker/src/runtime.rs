@@ -402,6 +402,18 @@ pub trait SandboxRuntime: Send + Sync {
     /// Idempotent: stopping a stopped or unknown actor is Ok.
     async fn stop(&self, actor: &ActorSandbox) -> Result<()>;
 
+    /// Starts a command inside the running sandbox (`ate exec`), in its namespaces, cgroup and
+    /// security settings; see [`crate::exec`].
+    async fn exec(
+        &self,
+        _actor: &ActorSandbox,
+        _spec: &crate::exec::ExecSpec,
+    ) -> Result<crate::exec::Exec> {
+        Err(SandboxError::Unsupported(
+            "this runtime cannot run commands in a sandbox".to_string(),
+        ))
+    }
+
     /// `Some` once the actor's processes have all exited (or the sandbox is gone).
     async fn exited(&self, actor: &ActorSandbox) -> Result<Option<ExitInfo>>;
 

@@ -73,6 +73,56 @@ pub struct WorkerServiceImpl {
 
 #[tonic::async_trait]
 impl WorkerService for WorkerServiceImpl {
+    type ExecStream = tokio_stream::wrappers::ReceiverStream<Result<v1::ExecOutput, Status>>;
+
+    /// The stream's first message starts the command (`Worker::exec`); the rest are fed to it,
+    /// and its output is sent back. Dropping the answer (the node went away) ends the session.
+    async fn exec(
+        &self,
+        req: Request<tonic::Streaming<v1::PlacedExecRequest>>,
+    ) -> Result<Response<Self::ExecStream>, Status> {
+        let mut inbound = req.into_inner();
+        let first = inbound.message().await?;
+        let start = convert::exec_start(first).map_err(convert::status)?;
+        let (input_tx, input) = tokio::sync::mpsc::channel(16);
+        let mut events = self
+            .worker
+            .exec(start, input)
+            .await
+            .map_err(convert::status)?;
+        let feeder = tokio::spawn(async move {
+            while let Ok(Some(m)) = inbound.message().await {
+                if let Some(i) = convert::exec_input(m)
+                    && input_tx.send(i).await.is_err()
+                {
+                    return;
+                }
+            }
+        });
+        let (tx, rx) = tokio::sync::mpsc::channel(16);
+        tokio::spawn(async move {
+            // The input's relay ends with the output's: its request stream held open would keep
+            // the call below alive after its caller is gone.
+            let _feeder = AbortOnDrop(feeder);
+            loop {
+                tokio::select! {
+                    e = events.recv() => match e {
+                        Some(e) => if tx.send(Ok(convert::exec_output(e))).await.is_err() { return },
+                        None => return,
+                    },
+                    // The caller is gone: dropping `events` ends the session.
+                    () = tx.closed() => {
+                        tracing::info!("exec: the caller went away; ending the session");
+                        return;
+                    }
+                }
+            }
+        });
+        Ok(Response::new(tokio_stream::wrappers::ReceiverStream::new(
+            rx,
+        )))
+    }
+
     async fn info(
         &self,
         _req: Request<v1::WorkerInfoRequest>,

@@ -21,6 +21,15 @@ const MAX_SUSPEND_GRACE_MS: u32 = 600_000;
 
 #[tonic::async_trait]
 impl actor_service_server::ActorService for Services {
+    type ExecActorStream = super::exec::ExecStream;
+
+    async fn exec_actor(
+        &self,
+        req: Request<tonic::Streaming<ExecActorRequest>>,
+    ) -> Result<Response<Self::ExecActorStream>, Status> {
+        self.exec(req).await
+    }
+
     async fn create_actor(
         &self,
         req: Request<CreateActorRequest>,

@@ -14,6 +14,7 @@
 //! `node.rs` speaks NodeService for them.
 
 mod alarms;
+mod exec;
 mod fleet;
 mod lifecycle;
 mod logs;
@@ -37,6 +38,7 @@ use crate::lease::Lease;
 use crate::node::{NodeClients, NodeError};
 use crate::scheduler::{self, FleetView};
 
+pub use exec::ExecTarget;
 pub use fleet::{ActorExit, HeldActor};
 pub use lifecycle::GenerationView;
 pub use logs::ActorLog;

@@ -12,6 +12,7 @@
 mod checkpoint;
 mod convert;
 mod error;
+mod exec;
 mod lifecycle;
 mod logs;
 mod service;

@@ -18,6 +18,16 @@ use crate::NodeError;
 
 #[tonic::async_trait]
 impl NodeService for NodeAgent {
+    type ExecStream = super::exec::ExecStream;
+
+    /// Relayed to the actor's worker (`exec.rs`).
+    async fn exec(
+        &self,
+        req: Request<tonic::Streaming<v1::PlacedExecRequest>>,
+    ) -> Result<Response<Self::ExecStream>, Status> {
+        self.exec_relay(req).await
+    }
+
     async fn run(&self, req: Request<v1::RunRequest>) -> Result<Response<v1::NodeReply>, Status> {
         let span = start_span("run", &req, req.get_ref().workload.as_ref());
         // Passed on to the worker's Start, as the api passed it here.

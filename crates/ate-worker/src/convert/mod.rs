@@ -13,6 +13,9 @@ use ate_core::{ActorRef, Fidelity, TemplateSpec};
 use ate_proto::v1;
 use tonic::Status;
 
+mod exec;
+pub(crate) use exec::{exec_input, exec_output, exec_start};
+
 use crate::worker::{
     ActivityReport, ActorActivity, AdoptionRecord, CheckpointReply, CheckpointRequest, StartReply,
     StartRequest, StopReply, StopRequest, VerbError, Worker, Workload,

@@ -14,6 +14,7 @@
 mod bundle;
 mod cgroup;
 mod criu;
+mod exec;
 mod files;
 mod image_streamer;
 mod mounts;
@@ -512,6 +513,14 @@ impl SandboxRuntime for RuncRuntime {
         let lock = self.lock_for(actor);
         let _guard = lock.lock().await;
         self.teardown(actor).await
+    }
+
+    async fn exec(
+        &self,
+        actor: &ActorSandbox,
+        spec: &crate::exec::ExecSpec,
+    ) -> Result<crate::exec::Exec> {
+        self.exec_in(actor, spec).await
     }
 
     async fn output_flushed(&self, actor: &ActorSandbox, timeout: Duration) {

@@ -41,6 +41,14 @@ impl Worker {
                 } else {
                     (open, last)
                 };
+                // So does an open exec session (`ate exec`).
+                let (open, last) = match self.execs.count(key) {
+                    0 => (open, last),
+                    n => (
+                        open.saturating_add(u32::try_from(n).unwrap_or(u32::MAX)),
+                        now,
+                    ),
+                };
                 ActorActivity {
                     actor: ActorRef::new(e.sandbox.atespace.clone(), e.sandbox.name.clone()),
                     open_streams: open,

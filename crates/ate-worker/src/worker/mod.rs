@@ -19,6 +19,7 @@
 mod activity;
 mod adoption;
 mod checkpoint;
+mod exec;
 mod frozen;
 mod incremental;
 mod local_api;
@@ -50,6 +51,7 @@ use crate::netns::NetnsDialer;
 use crate::runtime::{ActorSandbox, SandboxRuntime};
 
 pub use adoption::{live_sandboxes, sandbox_alive};
+pub use exec::{ExecEvent, ExecInput, ExecRequest};
 pub use local_api::ApiClients;
 pub use types::{
     ActivityReport, ActorActivity, AdoptionRecord, CheckpointReply, CheckpointRequest, StartReply,
@@ -173,6 +175,8 @@ pub struct Worker {
     inherited: AtomicBool,
     /// When the node last asked for Activity (Unix ms).
     last_poll_ms: std::sync::atomic::AtomicI64,
+    /// Open exec sessions (`ate exec`) per actor.
+    execs: exec::ExecSessions,
 }
 
 /// Who the actor in `sandbox` is, for its egress proxy (the caller of its actor calls).
@@ -235,6 +239,7 @@ impl Worker {
             shutting_down: AtomicBool::new(false),
             inherited: AtomicBool::new(false),
             last_poll_ms: std::sync::atomic::AtomicI64::new(now_ms()),
+            execs: exec::ExecSessions::default(),
         }
     }
 
@@ -390,6 +395,14 @@ impl Worker {
     /// Ingress off and every tunnel of `key` closed (waits for them to go, bounded); egress off
     /// too, its connections reset (a dump cannot take established TCP).
     async fn ingress_off(&self, key: &str) -> Option<NetnsDialer> {
+        // Exec sessions first: nothing the worker started may be in the sandbox when it is
+        // dumped or removed (docs/exec.md).
+        self.execs
+            .end_all(
+                key,
+                &format!("exec session ended: actor {key} is being suspended or stopped"),
+            )
+            .await;
         self.egress.stop(key).await;
         let a = self.tunnels.deactivate(key)?;
         if !a.wait_closed(QUIESCE_TIMEOUT).await {
