@@ -1,8 +1,8 @@
 //! Template spec conversions between the wire form and [`ate_core::TemplateSpec`].
 
 use ate_core::template::{
-    Container, EgressPolicy, EnvVar, ExitPolicy, HttpGet, MemoryRestore, OnMemoryFailure,
-    Resources, Volume, WakeupProbe,
+    Container, EgressPolicy, EnvVar, ExitPolicy, ExternalVolume, HttpGet, MemoryRestore,
+    OnMemoryFailure, Resources, Volume, WakeupProbe,
 };
 use ate_core::{Fidelity, TemplateSpec, ValidationError};
 
@@ -168,6 +168,10 @@ impl From<&v1::Volume> for Volume {
         Volume {
             name: v.name.clone(),
             mount_path: v.mount_path.clone(),
+            external: (!v.external_host_path.is_empty()).then(|| ExternalVolume {
+                host_path: Some(v.external_host_path.clone()),
+                ..ExternalVolume::default()
+            }),
         }
     }
 }
@@ -177,6 +181,11 @@ impl From<&Volume> for v1::Volume {
         v1::Volume {
             name: v.name.clone(),
             mount_path: v.mount_path.clone(),
+            external_host_path: v
+                .external
+                .as_ref()
+                .and_then(|e| e.host_path.clone())
+                .unwrap_or_default(),
         }
     }
 }

@@ -54,6 +54,18 @@ pub struct WorkerConfig {
     )]
     pub deny_egress: Vec<Cidr>,
 
+    /// Directories under which templates' external `hostPath` volumes may live (comma-separated
+    /// or repeated). A volume whose hostPath is not under one fails the actor's start with a
+    /// clear error. None (the default of `ate worker`): no external volume can start here;
+    /// `ate up` passes `<state-dir>/volumes` unless this is set.
+    #[arg(
+        long,
+        env = "ATE_EXTERNAL_VOLUME_ROOTS",
+        value_name = "DIR",
+        value_delimiter = ','
+    )]
+    pub external_volume_roots: Vec<PathBuf>,
+
     /// The router that carries calls between actors (requests an actor sends to the platform
     /// address 169.254.17.1 naming another actor): `unix:/path` (the router's internal socket
     /// on this machine, plaintext) or `host:port[,host:port…]` (its internal listener, mTLS
@@ -249,6 +261,7 @@ impl WorkerConfig {
             listen,
             advertise: None,
             deny_egress: Vec::new(),
+            external_volume_roots: Vec::new(),
             router: None,
             api: None,
             slots: 8,

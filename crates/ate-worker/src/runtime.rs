@@ -52,6 +52,10 @@ impl Capabilities {
     }
 }
 
+/// Where the worker attaches external volumes, one dir per sandbox (see
+/// [`ActorSandbox::external_volumes_dir`]).
+pub const EXTERNAL_VOLUMES_ROOT: &str = "/run/ate/external-volumes";
+
 /// An actor's identity and its directory on the node. Everything a runtime names for the actor
 /// (netns, container id, cgroup) derives from `atespace/name`, so `stop` works after a worker restart
 /// with nothing but this.
@@ -131,6 +135,25 @@ impl ActorSandbox {
         self.volumes_dir().join(volume)
     }
 
+    /// Where the worker attaches the actor's external volumes before runc runs (outside the
+    /// actor dir, so nothing that removes the actor dir can reach into their data).
+    pub fn external_volumes_dir(&self) -> PathBuf {
+        Path::new(EXTERNAL_VOLUMES_ROOT).join(self.container_id())
+    }
+
+    /// What a container's mount of volume `name` binds: the attached external volume, or the
+    /// actor's own volume dir.
+    pub fn volume_source(&self, volumes: &[Volume], name: &str) -> PathBuf {
+        if volumes
+            .iter()
+            .any(|v| v.name == name && v.external.is_some())
+        {
+            self.external_volumes_dir().join(name)
+        } else {
+            self.volume_dir(name)
+        }
+    }
+
     /// Host directory bind-mounted at `/etc/ate` (identity files).
     /// Upper, work and rootfs dirs of container `name` (an actor's second or later container).
     pub fn container_dir(&self, name: &str) -> PathBuf {
@@ -147,6 +170,12 @@ impl ActorSandbox {
 
     pub fn identity_dir(&self) -> PathBuf {
         self.dir.join("etc-ate")
+    }
+
+    /// Where a start's egress gate keeps its FIFOs (`egress::gate`): the `createRuntime` hook
+    /// waits there until the worker's egress for the sandbox is on.
+    pub fn egress_gate_dir(&self) -> PathBuf {
+        self.dir.join("egress-gate")
     }
 
     /// Container stdout + stderr, appended across runs and restores.

@@ -467,6 +467,7 @@ pub async fn run_locked(
         )
         .with_frozen_policy(config.frozen_policy())
         .with_egress_denied(config.deny_egress.clone())
+        .with_external_volume_roots(config.external_volume_roots.clone())
         .with_router(router)
         .with_api(api)
         .with_suspend_grace(config.suspend_grace)

@@ -146,7 +146,11 @@ pub fn under_each_root(paths: &[&str], spec: &SandboxSpec) -> Vec<String> {
 /// A sidecar's rootfs at `/.ate/containers/<name>` and, inside it, what runc gives the first
 /// container: proc, a tmpfs `/dev` with the usual device nodes and `/dev/shm`, a read-only
 /// sysfs, the identity files and the template's volumes.
-pub fn sidecar_mounts(actor: &ActorSandbox, sidecar: &SidecarSpec) -> Result<Vec<Mount>> {
+pub fn sidecar_mounts(
+    actor: &ActorSandbox,
+    volumes: &[ate_core::template::Volume],
+    sidecar: &SidecarSpec,
+) -> Result<Vec<Mount>> {
     let root = container_root(&sidecar.name);
     let rootfs = actor.container_rootfs_dir(&sidecar.name);
     let mut mounts = vec![
@@ -178,7 +182,7 @@ pub fn sidecar_mounts(actor: &ActorSandbox, sidecar: &SidecarSpec) -> Result<Vec
         mounts.push(mount(
             destination,
             "bind",
-            actor.volume_dir(&m.name),
+            actor.volume_source(volumes, &m.name),
             VOLUME_OPTIONS,
         )?);
     }
@@ -214,6 +218,7 @@ mod tests {
             volumes: vec![Volume {
                 name: "data".into(),
                 mount_path: "/data".into(),
+                external: None,
             }],
             mounts: vec![],
             resources: Resources {
@@ -230,6 +235,7 @@ mod tests {
                 mounts: vec![Volume {
                     name: "data".into(),
                     mount_path: "/srv/data".into(),
+                    external: None,
                 }],
             }],
         }

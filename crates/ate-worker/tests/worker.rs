@@ -121,6 +121,7 @@ fn counter_spec(probe_port: u32, probe_timeout: u32) -> v1::TemplateSpec {
         volumes: vec![v1::Volume {
             name: "data".into(),
             mount_path: "/data".into(),
+            external_host_path: String::new(),
         }],
         fidelity: v1::Fidelity::Memory as i32,
         idle_timeout_seconds: 300,

@@ -10,8 +10,8 @@
 //! `GET /sandbox` reports the sandbox as seen from inside (no-new-privs, seccomp mode, capability
 //! sets, what refused syscalls and masked/read-only paths answer); see `sandbox.rs`.
 //!
-//! Every request except `/healthz`, `/whoami`, `/echo`, `/ws`, `/connect`, `/sandbox`, `/call`
-//! and `/caller` increments all three and answers
+//! Every request except `/healthz`, `/whoami`, `/echo`, `/ws`, `/connect`, `/dials`, `/sandbox`,
+//! `/call` and `/caller` increments all three and answers
 //! `preserved memory count: N | preserved file counter: M | preserved rootfs counter: K`.
 //!
 //! `POST /sidecar-exit?code=N` asks the sidecar (`$SIDECAR_ADDR`) to exit with code N.
@@ -19,6 +19,8 @@
 //! `GET /connect?addr=IP:PORT` tries an outbound TCP connect (1 s timeout), then waits up to 1 s for
 //! an immediate close or reset (what the worker's egress proxy does to a denied connection), and
 //! answers `ok` or the error: the isolation tests use it to show what an actor can (not) reach.
+//!
+//! `GET /dials` reports the outbound dials of `$DIAL_ADDR` (see `dial.rs`).
 //!
 //! `GET /call?actor=A/N&path=P[&n=K][&forge=1]` calls another actor through the platform address
 //! (see `call.rs`); `GET /caller` answers `caller: <ate-caller-actor or none>`.
@@ -30,6 +32,7 @@
 //! `off` disables it), both with the same handler.
 
 mod call;
+mod dial;
 #[path = "../../common/http.rs"]
 mod http;
 mod sandbox;
@@ -109,6 +112,7 @@ fn handle(counters: &Mutex<Counters>, platform: &call::Platform, req: &Request) 
     match req.path.as_str() {
         "/healthz" => Response::text(200, "ok"),
         "/call" => platform.handle(&req.query),
+        "/dials" => DIALS.get_or_init(dial::Dials::default).report(&req.query),
         "/caller" => Response::text(
             200,
             format!(
@@ -303,7 +307,11 @@ fn connect(query: &str) -> Response {
     }
 }
 
+/// The outbound dials of `$DIAL_ADDR`, started first thing in `main`.
+static DIALS: std::sync::OnceLock<dial::Dials> = std::sync::OnceLock::new();
+
 fn main() {
+    DIALS.get_or_init(dial::Dials::from_env);
     http::exit_on_sigterm();
     let data_dir = env_path("ATE_DATA_DIR", "/data");
     let counters = Counters {

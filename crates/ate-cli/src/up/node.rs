@@ -161,6 +161,15 @@ pub(super) async fn start_node_and_workers(
         // The api keeps actors' alarms (the local actor API's /v1/alarm), reached with this
         // worker's certificate.
         env.push(("ATE_WORKER_API".to_string(), api_addrs.to_string()));
+        if std::env::var_os("ATE_EXTERNAL_VOLUME_ROOTS").is_none() {
+            // External hostPath volumes may live under STATE_DIR/volumes unless the operator
+            // names other roots (the env var, passed on to every worker as it is).
+            let state = std::path::absolute(&args.state_dir).unwrap_or(args.state_dir.clone());
+            env.push((
+                "ATE_EXTERNAL_VOLUME_ROOTS".to_string(),
+                state.join("volumes").display().to_string(),
+            ));
+        }
         if let Some(router) = super::router_for_workers(args) {
             // The router's internal listener for the actors' calls (`ate worker --router`). The
             // worker connects when an actor first calls, so the router may start after it.

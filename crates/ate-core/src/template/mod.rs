@@ -142,6 +142,33 @@ pub struct Resources {
 pub struct Volume {
     pub name: String,
     pub mount_path: String,
+    /// Data outside the actor's snapshots (`spec.volumes[].external`); only in `spec.volumes`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub external: Option<ExternalVolume>,
+}
+
+impl Volume {
+    /// The host directory of this volume for actor `atespace/name`, when it is an external
+    /// `hostPath` volume: `<hostPath>/<atespace>/<name>`.
+    pub fn external_dir(&self, atespace: &str, name: &str) -> Option<std::path::PathBuf> {
+        let root = self.external.as_ref()?.host_path.as_deref()?;
+        Some(std::path::Path::new(root).join(atespace).join(name))
+    }
+}
+
+/// Where an external volume lives (see `docs/volumes.md`). Exactly one way is given.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ExternalVolume {
+    /// A directory of the node: each actor gets `<hostPath>/<atespace>/<actor>`, made at its
+    /// first start and kept across suspends, moves, reverts and its deletion.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host_path: Option<String>,
+    /// A PersistentVolumeClaim per actor (Kubernetes deployments, not built yet: refused).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub storage_class_name: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub size: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]

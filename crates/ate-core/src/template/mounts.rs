@@ -92,4 +92,50 @@ mod tests {
             );
         }
     }
+
+    #[test]
+    fn external_volumes_need_a_usable_host_path_of_their_own() {
+        use crate::template::{ExternalVolume, Volume};
+        let host = |p: &str| {
+            Some(ExternalVolume {
+                host_path: Some(p.into()),
+                ..ExternalVolume::default()
+            })
+        };
+        for bad in ["relative", "/", "//", "/srv/../etc", "/srv/./x", ""] {
+            assert_eq!(
+                field_of(|s| s.volumes[0].external = host(bad)).as_deref(),
+                Some("spec.volumes[0].external.hostPath"),
+                "{bad:?}"
+            );
+        }
+        assert_eq!(
+            field_of(|s| s.volumes[0].external = Some(ExternalVolume::default())).as_deref(),
+            Some("spec.volumes[0].external.hostPath")
+        );
+        assert_eq!(
+            field_of(|s| {
+                s.volumes[0].external = Some(ExternalVolume {
+                    storage_class_name: Some("fast".into()),
+                    ..ExternalVolume::default()
+                })
+            })
+            .as_deref(),
+            Some("spec.volumes[0].external.storageClassName")
+        );
+        assert_eq!(field_of(|s| s.volumes[0].external = host("/srv/ate")), None);
+        // Two volumes on one hostPath would share each actor's directory.
+        assert_eq!(
+            field_of(|s| {
+                s.volumes[0].external = host("/srv/ate");
+                s.volumes.push(Volume {
+                    name: "other".into(),
+                    mount_path: "/other".into(),
+                    external: host("/srv/ate/"),
+                });
+            })
+            .as_deref(),
+            Some("spec.volumes[1].external.hostPath")
+        );
+    }
 }

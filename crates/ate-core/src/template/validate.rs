@@ -150,6 +150,7 @@ impl TemplateSpec {
         }
         let mut vol_names = BTreeSet::new();
         let mut vol_paths = BTreeSet::new();
+        let mut host_paths = BTreeSet::new();
         for (i, v) in self.volumes.iter().enumerate() {
             let f = format!("spec.volumes[{i}]");
             unique_name(&f, "volume", &v.name, &mut vol_names)?;
@@ -160,6 +161,9 @@ impl TemplateSpec {
                     format!("{f}.mountPath"),
                     format!("{p:?} is mounted twice"),
                 ));
+            }
+            if let Some(ext) = &v.external {
+                check_external(&format!("{f}.external"), ext, &mut host_paths)?;
             }
         }
         for (i, c) in self.containers.iter().enumerate() {
@@ -176,6 +180,12 @@ impl TemplateSpec {
                     ));
                 }
                 check_mount_path(&format!("{f}.mountPath"), &m.mount_path)?;
+                if m.external.is_some() {
+                    return Err(ValidationError::new(
+                        format!("{f}.external"),
+                        "is set on the volume in spec.volumes, not on a volumeMount",
+                    ));
+                }
                 if !paths.insert(m.mount_path.trim_end_matches('/')) {
                     return Err(ValidationError::new(
                         format!("{f}.mountPath"),
@@ -303,6 +313,49 @@ fn validate_ports(containers: &[Container]) -> Result<(), ValidationError> {
     Ok(())
 }
 
+/// An external volume: a `hostPath` (absolute, without `.`/`..`, not `/`, used by one volume
+/// only, since each actor's directory is `<hostPath>/<atespace>/<actor>`); `storageClassName`
+/// needs the Kubernetes deployment, which does not exist yet.
+fn check_external<'a>(
+    field: &str,
+    ext: &'a super::ExternalVolume,
+    host_paths: &mut BTreeSet<&'a str>,
+) -> Result<(), ValidationError> {
+    if ext.storage_class_name.is_some() || ext.size.is_some() {
+        return Err(ValidationError::new(
+            format!("{field}.storageClassName"),
+            "a PersistentVolumeClaim per actor needs the Kubernetes deployment, which this \
+             release does not have; use external.hostPath",
+        ));
+    }
+    let Some(p) = ext.host_path.as_deref() else {
+        return Err(ValidationError::new(
+            format!("{field}.hostPath"),
+            "is required (the node directory under which each actor gets <atespace>/<actor>)",
+        ));
+    };
+    if !p.starts_with('/')
+        || p.trim_end_matches('/').is_empty()
+        || p.split('/').any(|s| s == ".." || s == ".")
+        || p.contains('\0')
+        || p.len() > 1024
+    {
+        return Err(ValidationError::new(
+            format!("{field}.hostPath"),
+            format!("{p:?} must be an absolute path other than / without . or .. parts"),
+        ));
+    }
+    if !host_paths.insert(p.trim_end_matches('/')) {
+        return Err(ValidationError::new(
+            format!("{field}.hostPath"),
+            format!(
+                "{p:?} is the hostPath of another volume: each actor would share one directory"
+            ),
+        ));
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -358,6 +411,7 @@ mod tests {
         let mount = |name: &str, path: &str| Volume {
             name: name.into(),
             mount_path: path.into(),
+            external: None,
         };
         for (mounts, field) in [
             (

@@ -41,6 +41,7 @@ fn wire_spec() -> v1::TemplateSpec {
         volumes: vec![v1::Volume {
             name: "data".into(),
             mount_path: "/data".into(),
+            external_host_path: String::new(),
         }],
         fidelity: Fidelity::Rootfs.wire(),
         idle_timeout_seconds: 300,

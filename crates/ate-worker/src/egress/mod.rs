@@ -32,6 +32,7 @@
 //! deleted. Counters per actor are logged at teardown.
 
 mod cidr;
+pub mod gate;
 mod platform;
 mod policy;
 mod proxy;

@@ -5,6 +5,7 @@ use std::time::Instant;
 
 use super::RuncRuntime;
 use super::criu::{ACTOR_CRIU_CONF, CRIU_LAZY_WP_OPTION, CRIU_STREAM_OPTION, criu_options};
+use super::external;
 use super::files::remove_dir_if_exists;
 use super::mounts::{mount_overlay, unmount_below, unmount_if_mounted};
 use super::oci::{build_env, oci_config, process_args, validate_spec};
@@ -72,7 +73,7 @@ impl RuncRuntime {
                 .await
                 .ctx(|| format!("create {}", d.display()))?;
         }
-        for v in &spec.volumes {
+        for v in spec.volumes.iter().filter(|v| v.external.is_none()) {
             let d = actor.volume_dir(&v.name);
             tokio::fs::create_dir_all(&d)
                 .await
@@ -120,6 +121,7 @@ impl RuncRuntime {
             )?;
             None
         };
+        external::attach(actor, spec, base)?;
         let overlay_done = begun.elapsed();
         let criu_conf = if spec.sidecars.is_empty() && !stream_images && !track_memory {
             self.criu_conf.clone()
@@ -145,8 +147,24 @@ impl RuncRuntime {
         let config = oci_config(actor, spec, restoring, &criu_conf)?;
         let mut config =
             serde_json::to_value(&config).map_err(|e| SandboxError::Invalid(e.to_string()))?;
-        if let Some(base) = base {
-            in_own_userns(&mut config, actor, base);
+        match base {
+            Some(base) => in_own_userns(&mut config, actor, base),
+            // The netns exists already (made below, before runc runs): the hook only waits
+            // for the worker's egress.
+            None => {
+                if let Some(o) = config.as_object_mut() {
+                    o.insert(
+                        "hooks".into(),
+                        serde_json::json!({"createRuntime": [{
+                            "path": "/bin/sh",
+                            "args": ["sh", "-c", crate::egress::gate::HOOK, "ate-egress-gate",
+                                actor.egress_gate_dir()],
+                            "env": [HOOK_PATH],
+                            "timeout": HOOK_TIMEOUT_SECONDS,
+                        }]}),
+                    );
+                }
+            }
         }
         let bytes =
             serde_json::to_vec_pretty(&config).map_err(|e| SandboxError::Invalid(e.to_string()))?;
@@ -213,6 +231,11 @@ impl RuncRuntime {
     }
 }
 
+/// `PATH` of the `createRuntime` hooks (`sh`, `ip`, `mount`).
+const HOOK_PATH: &str = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+/// runc kills a hook that takes longer and fails the start: the egress gate's wait included.
+const HOOK_TIMEOUT_SECONDS: u32 = 10;
+
 /// `config.json` for a sandbox in its own user namespace mapped to `base`…: a new user
 /// namespace with that mapping and a new network namespace (runc makes both: the netns is
 /// owned by the user namespace), the `createRuntime` hook that binds the netns at
@@ -254,12 +277,13 @@ fn in_own_userns(config: &mut serde_json::Value, actor: &ActorSandbox, base: u32
             json!({"createRuntime": [{
                 "path": "/bin/sh",
                 "args": [
-                    "sh", "-c", userns::NETNS_HOOK, "ate-netns-hook", netns,
+                    "sh", "-c", userns::netns_hook(), "ate-netns-hook", netns,
                     crate::netns::link_batch(&addr, !crate::netns::dummy_links()),
                     crate::netns::link_batch(&addr, true),
+                    actor.egress_gate_dir(),
                 ],
-                "env": ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"],
-                "timeout": 10,
+                "env": [HOOK_PATH],
+                "timeout": HOOK_TIMEOUT_SECONDS,
             }]}),
         );
     }

@@ -15,6 +15,7 @@ mod bundle;
 mod cgroup;
 mod criu;
 mod exec;
+mod external;
 mod files;
 mod image_streamer;
 mod mounts;

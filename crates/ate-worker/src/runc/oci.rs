@@ -199,12 +199,12 @@ pub(super) fn oci_config(
         mounts.push(mount(
             &m.mount_path,
             "bind",
-            actor.volume_dir(&m.name),
+            actor.volume_source(&spec.volumes, &m.name),
             VOLUME_OPTIONS,
         )?);
     }
     for s in &spec.sidecars {
-        mounts.extend(sidecars::sidecar_mounts(actor, s)?);
+        mounts.extend(sidecars::sidecar_mounts(actor, &spec.volumes, s)?);
     }
 
     let linux = LinuxBuilder::default()

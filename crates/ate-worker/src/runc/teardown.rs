@@ -91,6 +91,7 @@ impl RuncRuntime {
         }
         // The idmapped clones under the overlays (sandboxes in a user namespace), then the range.
         unmount_below(&actor.dir.join(super::userns::IDMAP_DIR));
+        super::external::detach(actor);
         super::userns::release(&self.userns_claims, &actor.dir);
         netns::delete(&actor.netns()).await?;
         remove_cgroups(&actor.short_id());

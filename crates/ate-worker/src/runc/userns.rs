@@ -538,10 +538,16 @@ pub fn rewrite_userns_image(bytes: &[u8], base: u32) -> Option<Vec<u8>> {
     Some(image)
 }
 
-/// The `createRuntime` hook's script: binds the container's netns (pid from the state JSON on
-/// stdin) at `/var/run/netns/$1`, then `ip -batch` `$2` in it (`$3` when `$2` fails: veth
-/// instead of a dummy link on kernels without one).
-pub const NETNS_HOOK: &str = r#"set -e
+/// The `createRuntime` hook's script: [`NETNS_HOOK`], then the egress gate (`$4`: its dir,
+/// see `egress::gate`).
+pub fn netns_hook() -> String {
+    format!("{NETNS_HOOK}shift 3\n{}", crate::egress::gate::HOOK)
+}
+
+/// The netns part of the `createRuntime` hook: binds the container's netns (pid from the state
+/// JSON on stdin) at `/var/run/netns/$1`, then `ip -batch` `$2` in it (`$3` when `$2` fails:
+/// veth instead of a dummy link on kernels without one).
+const NETNS_HOOK: &str = r#"set -e
 pid=$(sed -n 's/.*"pid": *\([0-9][0-9]*\).*/\1/p')
 [ -n "$pid" ] || { echo "netns hook: no pid in the state" >&2; exit 1; }
 mkdir -p /var/run/netns

@@ -248,6 +248,8 @@ impl Worker {
                     .spec
                     .volumes
                     .iter()
+                    // External volumes live outside the actor's snapshots.
+                    .filter(|v| v.external.is_none())
                     .map(|v| (v.name.clone(), sandbox.volume_dir(&v.name)))
                     .collect();
                 let sidecar_uppers: Vec<(String, PathBuf)> = entry

@@ -23,18 +23,26 @@ impl Worker {
         let sandbox = frozen.entry.sandbox.clone();
         let begun = Instant::now();
         let thawed = async {
+            // The egress proxy first (the netns kept its nftables redirect; only the proxy was
+            // stopped at checkpoint): the thawed processes' first connect finds it listening.
+            let netns = sandbox.netns();
+            self.egress
+                .restart(
+                    egress_identity(&sandbox, workload.activation),
+                    &netns,
+                    &spec.egress,
+                )
+                .await
+                .map_err(|e| VerbError::Internal(format!("egress for {key}: {e}")))?;
             self.runtime
                 .thaw(&sandbox)
                 .await
                 .map_err(|e| sandbox_error("thaw", e))?;
             let resumed = begun.elapsed();
-            // Independent of each other, so at once: the egress proxy (the netns kept its
-            // nftables redirect; only the proxy was stopped at checkpoint), the wakeup probe and
-            // the socket factory for ingress.
-            let netns = sandbox.netns();
+            // Independent of each other, so at once: the wakeup probe and the socket factory
+            // for ingress.
             let kept = frozen.dialer.clone();
-            let (egress, probe, dialer) = tokio::join!(
-                self.egress.restart(egress_identity(&sandbox, workload.activation), &netns, &spec.egress),
+            let (probe, dialer) = tokio::join!(
                 self.wait_probe(&sandbox, spec),
                 async {
                     match kept {
@@ -43,7 +51,6 @@ impl Worker {
                     }
                 },
             );
-            egress.map_err(|e| VerbError::Internal(format!("egress for {key}: {e}")))?;
             probe?;
             let dialer = dialer.map_err(|e| {
                 VerbError::Internal(format!("socket factory for netns {netns}: {e}"))

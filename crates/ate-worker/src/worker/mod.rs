@@ -31,6 +31,7 @@ mod stop;
 #[cfg(test)]
 mod tests;
 mod types;
+mod volumes;
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
@@ -167,6 +168,8 @@ pub struct Worker {
     /// Memory images a parent generation must hold for a suspend to build on it (see
     /// [`Worker::with_incremental_min_bytes`]).
     incremental_min_bytes: u64,
+    /// Where external `hostPath` volumes may live (`--external-volume-roots`).
+    external_volume_roots: Vec<PathBuf>,
     table: Mutex<Table>,
     locks: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
     shutting_down: AtomicBool,
@@ -234,6 +237,7 @@ impl Worker {
             suspend_grace: DEFAULT_SUSPEND_GRACE,
             page_source: None,
             incremental_min_bytes: DEFAULT_INCREMENTAL_MIN_BYTES,
+            external_volume_roots: Vec::new(),
             table: Mutex::new(Table::default()),
             locks: Mutex::new(HashMap::new()),
             shutting_down: AtomicBool::new(false),
@@ -270,6 +274,12 @@ impl Worker {
     }
 
     /// The time a suspend lets requests in flight finish unless it asks for another.
+    /// Directories under which external `hostPath` volumes may live.
+    pub fn with_external_volume_roots(mut self, roots: Vec<PathBuf>) -> Self {
+        self.external_volume_roots = roots;
+        self
+    }
+
     pub fn with_suspend_grace(mut self, grace: Duration) -> Self {
         self.suspend_grace = grace;
         self

@@ -173,8 +173,10 @@ impl Worker {
             }
             let archived = manifest.volumes();
             for v in &spec.volumes {
-                // A volume the generation does not hold (template change) starts empty.
-                if archived.contains(&v.name) {
+                // A volume the generation does not hold (template change) starts empty; an
+                // external one is attached as it is (a generation never holds one: a volume
+                // made external since keeps its old contents only in the generation).
+                if archived.contains(&v.name) && v.external.is_none() {
                     ate_snapshot::extract_volume(gen_dir, &v.name, &sandbox.volume_dir(&v.name))
                         .await
                         .map_err(|e| snapshot_error(&format!("extract volume {}", v.name), e))?;

@@ -12,6 +12,7 @@ use ate_core::Fidelity;
 use super::{
     Entry, StartReply, StartRequest, VerbError, Worker, egress_identity, key_of, sandbox_error,
 };
+use crate::egress::gate::Gate;
 use crate::lazy::PageSource;
 use crate::netns::NetnsDialer;
 use crate::runtime::SandboxSpec;
@@ -141,6 +142,9 @@ impl Worker {
         let sandbox_spec = SandboxSpec::from_template(&spec, first_image, images)
             .map_err(|e| sandbox_error("sandbox spec", e))?;
         let sandbox = self.sandbox_for(&atespace, &name, &workload.uid);
+        // External volumes can be attached here, or nothing starts.
+        self.prepare_external_volumes(&atespace, &name, &spec)
+            .await?;
 
         // Nothing of an earlier life of this actor on this worker carries over: the generation
         // (or nothing, for a cold boot) is the whole truth.
@@ -156,16 +160,46 @@ impl Worker {
         } else {
             ate_tls::trace_span!("run")
         };
-        let booted = self
-            .boot(
-                &sandbox,
-                &sandbox_spec,
-                generation_dir.as_deref(),
-                requested,
-                spec.memory_restore,
-            )
-            .instrument(boot_span)
-            .await;
+        // Egress is on before the sandbox's first instruction: the runtime's hook waits at the
+        // gate while the proxy and redirect start in the new netns (see `egress::gate`).
+        let mut gate = match Gate::open(&sandbox.egress_gate_dir()) {
+            Ok(g) => g,
+            Err(e) => {
+                self.discard_quietly(&sandbox).await;
+                return Err(VerbError::Internal(format!(
+                    "egress gate for {key} in {}: {e}",
+                    sandbox.egress_gate_dir().display()
+                )));
+            }
+        };
+        let identity = egress_identity(&sandbox, activation);
+        let netns = sandbox.netns();
+        let (booted, egress_on) = {
+            let boot = self
+                .boot(
+                    &sandbox,
+                    &sandbox_spec,
+                    generation_dir.as_deref(),
+                    requested,
+                    spec.memory_restore,
+                )
+                .instrument(boot_span);
+            let serve = gate.serve(|| {
+                self.egress
+                    .start(identity.clone(), &netns, &spec.egress)
+                    .instrument(ate_tls::trace_span!("egress"))
+            });
+            tokio::pin!(boot, serve);
+            let mut egress_on = None;
+            let booted = loop {
+                tokio::select! {
+                    booted = &mut boot => break booted,
+                    served = &mut serve, if egress_on.is_none() => egress_on = Some(served.is_ok()),
+                }
+            };
+            (booted, egress_on)
+        };
+        drop(gate);
         // Declared after the sandbox is discarded on every error path below: a page source is
         // released only once its sandbox is gone.
         let super::restore::Booted {
@@ -182,21 +216,20 @@ impl Worker {
                 return Err(e);
             }
         };
-        // Egress proxy + nftables redirect, right after the sandbox started (cold boot or any
-        // restore). Nothing leaks before: the netns has no way out (its only link leads nowhere),
-        // so an early connect just times out or is refused.
-        if let Err(e) = self
-            .egress
-            .start(
-                egress_identity(&sandbox, activation),
-                &sandbox.netns(),
-                &spec.egress,
-            )
-            .instrument(ate_tls::trace_span!("egress"))
-            .await
-        {
-            self.discard_quietly(&sandbox).await;
-            return Err(VerbError::Internal(format!("egress for {key}: {e}")));
+        // A runtime that ran no hook (none but runc's does): egress right after the start.
+        // Nothing leaks before: the netns has no way out (its only link leads nowhere), so an
+        // early connect just times out or is refused.
+        if egress_on != Some(true) {
+            tracing::debug!(actor = %key, "no egress gate was passed: egress starts after the boot");
+            if let Err(e) = self
+                .egress
+                .start(identity, &netns, &spec.egress)
+                .instrument(ate_tls::trace_span!("egress"))
+                .await
+            {
+                self.discard_quietly(&sandbox).await;
+                return Err(VerbError::Internal(format!("egress for {key}: {e}")));
+            }
         }
         let egress_at = begun.elapsed();
         if let Err(e) = self

@@ -212,10 +212,12 @@ pub async fn counter_spec(env: &Env) -> ate_worker::SandboxSpec {
         volumes: vec![ate_core::template::Volume {
             name: "data".into(),
             mount_path: "/data".into(),
+            external: None,
         }],
         mounts: vec![ate_core::template::Volume {
             name: "data".into(),
             mount_path: "/data".into(),
+            external: None,
         }],
         resources: ate_core::template::Resources {
             cpu_millis: 500,

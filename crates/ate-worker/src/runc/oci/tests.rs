@@ -24,10 +24,12 @@ fn spec() -> SandboxSpec {
         volumes: vec![Volume {
             name: "data".into(),
             mount_path: "/data".into(),
+            external: None,
         }],
         mounts: vec![Volume {
             name: "data".into(),
             mount_path: "/data".into(),
+            external: None,
         }],
         resources: Resources {
             cpu_millis: 500,
@@ -77,6 +79,7 @@ fn fixture_cases() -> Vec<(&'static str, ActorSandbox, SandboxSpec, bool, &'stat
             mounts: vec![Volume {
                 name: "data".into(),
                 mount_path: "/srv/data".into(),
+                external: None,
             }],
         },
         SidecarSpec {
@@ -243,16 +246,19 @@ fn rejects_escaping_volumes() {
     s.volumes = vec![Volume {
         name: "../x".into(),
         mount_path: "/data".into(),
+        external: None,
     }];
     assert!(validate_spec(&actor, &s).is_err());
     s.volumes = vec![Volume {
         name: "x".into(),
         mount_path: "/etc/ate".into(),
+        external: None,
     }];
     assert!(validate_spec(&actor, &s).is_err());
     s.volumes = vec![Volume {
         name: "x".into(),
         mount_path: "data".into(),
+        external: None,
     }];
     assert!(validate_spec(&actor, &s).is_err());
 }
