@@ -469,6 +469,12 @@ for name in names:
                 bad.append(f"{name}: layer lacks {needed}")
         if name == "py-agent" and not any(n.startswith("usr/lib/python3.") and "/lib-dynload/_sqlite3." in n for n in members):
             bad.append(f"{name}: layer lacks the sqlite3 module")
+    if name == "counter":
+        # Debian's busybox-static, for `ate exec` (sh, ps, tar, ...).
+        for needed in ("/bin/busybox", "/bin/sh", "/bin/ps", "/bin/tar"):
+            m = resolve(needed)
+            if m is None or not m.isfile() or not m.mode & 0o111:
+                bad.append(f"{name}: layer lacks {needed} (busybox)")
 for b in bad:
     print(b, file=sys.stderr)
 sys.exit(1 if bad else 0)

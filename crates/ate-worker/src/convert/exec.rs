@@ -81,3 +81,55 @@ pub(crate) fn exec_output(e: ExecEvent) -> v1::ExecOutput {
         output: Some(output),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn start(command: &[&str], size: Option<(u32, u32)>) -> Option<v1::PlacedExecRequest> {
+        Some(v1::PlacedExecRequest {
+            request: Some(v1::placed_exec_request::Request::Start(
+                v1::PlacedExecStart {
+                    exec: Some(v1::ExecStart {
+                        actor: Some(v1::ObjectRef {
+                            atespace: "ns".into(),
+                            name: "a".into(),
+                        }),
+                        container: String::new(),
+                        command: command.iter().map(|w| w.to_string()).collect(),
+                        tty: true,
+                        stdin: false,
+                        size: size.map(|(columns, rows)| v1::TerminalSize { columns, rows }),
+                    }),
+                    worker_id: "w1".into(),
+                    activation: 7,
+                    caller: "admin".into(),
+                },
+            )),
+        })
+    }
+
+    #[test]
+    fn starts_are_checked() {
+        let req = exec_start(start(&["sh", "-c", "x"], Some((100_000, 40)))).unwrap();
+        assert_eq!(req.actor, ate_core::ActorRef::new("ns", "a"));
+        assert_eq!(req.spec.command, ["sh", "-c", "x"]);
+        assert_eq!((req.activation, req.container), (7, None));
+        assert_eq!(req.size, Some((u16::MAX, 40)));
+        assert_eq!(
+            exec_start(start(&["sh"], Some((0, 40)))).unwrap().size,
+            None
+        );
+        assert!(exec_start(start(&[], None)).is_err());
+        assert!(exec_start(start(&[""], None)).is_err());
+        assert!(exec_start(start(&["a\0b"], None)).is_err());
+        assert!(exec_start(None).is_err());
+        let input = v1::PlacedExecRequest {
+            request: Some(v1::placed_exec_request::Request::Input(v1::ExecInput {
+                input: Some(v1::exec_input::Input::StdinClosed(true)),
+            })),
+        };
+        assert!(exec_start(Some(input.clone())).is_err());
+        assert_eq!(exec_input(input), Some(ExecInput::StdinClosed));
+    }
+}
