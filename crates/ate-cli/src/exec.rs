@@ -89,12 +89,42 @@ fn terminal_size() -> Option<TerminalSize> {
     None
 }
 
-fn input(i: exec_input::Input) -> ExecActorRequest {
+pub fn input(i: exec_input::Input) -> ExecActorRequest {
     ExecActorRequest {
         request: Some(exec_actor_request::Request::Input(ExecInput {
             input: Some(i),
         })),
     }
+}
+
+/// An open exec session: what is sent to it (the start is sent) and what comes back.
+pub struct Session {
+    pub input: mpsc::Sender<ExecActorRequest>,
+    pub output: tonic::Streaming<v1::ExecOutput>,
+}
+
+/// Starts `start` (ExecActor) and returns the session.
+pub async fn open(clients: &Clients, start: ExecStart) -> anyhow::Result<Session> {
+    let (input, rx) = mpsc::channel::<ExecActorRequest>(16);
+    input
+        .send(ExecActorRequest {
+            request: Some(exec_actor_request::Request::Start(start)),
+        })
+        .await
+        .context("exec: request stream")?;
+    let output = clients
+        .actors
+        .clone()
+        .exec_actor(tokio_stream::wrappers::ReceiverStream::new(rx))
+        .await
+        .map_err(status_error)?
+        .into_inner();
+    Ok(Session { input, output })
+}
+
+/// A failed call as the CLI says it (the api's words, then the code).
+pub fn status_error(s: tonic::Status) -> anyhow::Error {
+    anyhow::anyhow!("{} ({:?})", s.message(), s.code())
 }
 
 /// The command's exit code as this process's (an exit code is one byte).
@@ -121,19 +151,10 @@ pub async fn run(clients: &Clients, args: ExecArgs) -> anyhow::Result<ExitCode> 
         stdin: args.stdin,
         size: if args.tty { terminal_size() } else { None },
     };
-    let (tx, rx) = mpsc::channel::<ExecActorRequest>(16);
-    tx.send(ExecActorRequest {
-        request: Some(exec_actor_request::Request::Start(start)),
-    })
-    .await
-    .context("exec: request stream")?;
-    let mut output = clients
-        .actors
-        .clone()
-        .exec_actor(tokio_stream::wrappers::ReceiverStream::new(rx))
-        .await
-        .map_err(|s| anyhow::anyhow!("{} ({:?})", s.message(), s.code()))?
-        .into_inner();
+    let Session {
+        input: tx,
+        mut output,
+    } = open(clients, start).await?;
 
     // Raw mode only once the command runs: an error before it prints as usual.
     let raw = if args.tty && args.stdin && local_tty {
@@ -189,10 +210,7 @@ pub async fn run(clients: &Clients, args: ExecArgs) -> anyhow::Result<ExitCode> 
     let mut stdout = std::io::stdout();
     let mut stderr = std::io::stderr();
     loop {
-        let message = output
-            .message()
-            .await
-            .map_err(|s| anyhow::anyhow!("{} ({:?})", s.message(), s.code()))?;
+        let message = output.message().await.map_err(status_error)?;
         let Some(message) = message.and_then(|m| m.output) else {
             anyhow::bail!("exec: the session ended without the command's exit status");
         };

@@ -8,6 +8,7 @@ mod bench;
 mod ca;
 mod client;
 mod contexts;
+mod cp;
 mod exec;
 mod faults;
 mod join;
@@ -177,6 +178,14 @@ enum Command {
     Exec {
         #[command(flatten)]
         exec: exec::ExecArgs,
+        #[command(flatten)]
+        api: ApiFlags,
+    },
+    /// Copy files and directories into or out of an actor's sandbox (kubectl cp's syntax:
+    /// `FILE ATESPACE/NAME:PATH` and back; a tar stream over exec).
+    Cp {
+        #[command(flatten)]
+        cp: cp::CpArgs,
         #[command(flatten)]
         api: ApiFlags,
     },
@@ -358,6 +367,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Command::Exec { exec, api } => exec::run(&api.connect().await?, exec).await,
+        Command::Cp { cp, api } => cp::run(&api.connect().await?, cp).await,
         Command::Proxy(args) => proxy::run(args).await.map(|_| ExitCode::SUCCESS),
         Command::Delete { cmd, api } => verbs::delete(&api.connect().await?, cmd).await,
         Command::Ca(cmd) => ca::run(cmd),
