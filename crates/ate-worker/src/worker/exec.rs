@@ -218,9 +218,14 @@ impl Worker {
         let worker = self.clone();
         tokio::spawn(async move {
             let pid = process.pid;
-            let code = run_session(process, req.size, input, events, end_rx).await;
-            worker.execs.remove(&key, id);
-            let _ = done_tx.send(true);
+            let session_key = key.clone();
+            // Once its processes are gone the session no longer counts (and a suspend waiting
+            // for it goes on), even if its caller is slow to take the last answer.
+            let gone = move || {
+                worker.execs.remove(&session_key, id);
+                let _ = done_tx.send(true);
+            };
+            let code = run_session(process, req.size, input, events, end_rx, gone).await;
             tracing::info!(actor = %key, pid, code, "exec session ended");
         });
         Ok(output)
@@ -234,6 +239,7 @@ async fn run_session(
     input: mpsc::Receiver<ExecInput>,
     events: mpsc::Sender<ExecEvent>,
     end: oneshot::Receiver<String>,
+    gone: impl FnOnce(),
 ) -> i32 {
     let pid = process.pid;
     let mut exit = tokio::spawn(wait_exit(pid));
@@ -280,6 +286,7 @@ async fn run_session(
             p.abort();
         }
     }
+    gone();
     let _ = events.send(ExecEvent::Exit { code, message }).await;
     code
 }
