@@ -17,6 +17,10 @@
 //! Its plan (`/.ate/plan`, written by the worker) is a list of NUL-terminated words:
 //! `container NAME exit stop|ignore root PATH cwd PATH (arg WORD)* (env K=V)* end`, once per
 //! container, the first container first (its `root` is empty).
+//!
+//! `ate-init --exec NAME -- COMMAND…` (what the worker runs through `runc exec` for `ate exec`)
+//! is not PID 1: it runs COMMAND in container NAME as the plan describes it (its root, working
+//! directory and environment) without CAP_SYS_CHROOT, and exits 127 / 126 when it cannot.
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::os::unix::process::{CommandExt, ExitStatusExt};
@@ -136,7 +140,11 @@ fn parse_plan(bytes: &[u8]) -> Result<Vec<Plan>, String> {
     let mut plans = Vec::new();
     let mut current: Option<Plan> = None;
     while let Some(word) = words.next() {
-        let mut value = || words.next().ok_or_else(|| format!("plan: {word} without a value"));
+        let mut value = || {
+            words
+                .next()
+                .ok_or_else(|| format!("plan: {word} without a value"))
+        };
         match (word.as_str(), current.as_mut()) {
             ("", _) => {}
             ("container", None) => {
@@ -174,7 +182,10 @@ fn relay(name: String, from: std::io::PipeReader) -> JoinHandle<()> {
         let mut line = Vec::with_capacity(256);
         loop {
             line.clear();
-            match (&mut reader).take(MAX_LINE as u64).read_until(b'\n', &mut line) {
+            match (&mut reader)
+                .take(MAX_LINE as u64)
+                .read_until(b'\n', &mut line)
+            {
                 Ok(0) | Err(_) => return,
                 Ok(_) => write_line(&prefix, &line),
             }
@@ -257,8 +268,64 @@ fn describe(status: i32) -> (String, i32) {
     }
 }
 
+/// In every binary that has the `--exec` mode: the worker looks for these bytes in an actor's
+/// `ate-init` before it asks for the mode (an older one would read `--exec` as its plan's path).
+static EXEC_MARKER: &str = "ate-init exec-mode v1";
+
+/// `--exec NAME -- COMMAND…`: COMMAND in container NAME (see the module doc). Never returns.
+fn exec_in(args: &[String]) -> ! {
+    fn fail(code: i32, why: String) -> ! {
+        eprintln!("{why}");
+        std::process::exit(code);
+    }
+    let (name, command) = match args {
+        [name, dashes, command @ ..] if dashes == "--" && !command.is_empty() => (name, command),
+        _ => fail(
+            126,
+            format!("{EXEC_MARKER}: usage: --exec NAME -- COMMAND…"),
+        ),
+    };
+    let plans = std::fs::read("/.ate/plan")
+        .map_err(|e| format!("read /.ate/plan: {e}"))
+        .and_then(|b| parse_plan(&b))
+        .unwrap_or_else(|e| fail(126, e));
+    let Some(plan) = plans.iter().find(|p| &p.name == name) else {
+        fail(126, format!("no container {name:?} in this sandbox"));
+    };
+    if !plan.root.is_empty()
+        && let Err(e) = std::os::unix::fs::chroot(&plan.root)
+    {
+        fail(126, format!("chroot {}: {e}", plan.root));
+    }
+    let cwd = if plan.cwd.is_empty() { "/" } else { &plan.cwd };
+    if let Err(e) = std::env::set_current_dir(cwd) {
+        fail(126, format!("chdir {cwd}: {e}"));
+    }
+    if let Err(e) = drop_chroot_capability() {
+        fail(126, format!("drop CAP_SYS_CHROOT: {e}"));
+    }
+    let e = Command::new(&command[0])
+        .args(&command[1..])
+        .env_clear()
+        .envs(plan.env.iter().map(|(k, v)| (k, v)))
+        .exec();
+    let code = if e.kind() == std::io::ErrorKind::NotFound {
+        127
+    } else {
+        126
+    };
+    fail(code, format!("exec: {:?}: {e}", command[0]))
+}
+
 fn main() {
-    let plan_path = std::env::args().nth(1).unwrap_or_else(|| "/.ate/plan".to_string());
+    let args: Vec<String> = std::env::args().collect();
+    if args.get(1).map(String::as_str) == Some("--exec") {
+        exec_in(&args[2..]);
+    }
+    let plan_path = args
+        .get(1)
+        .cloned()
+        .unwrap_or_else(|| "/.ate/plan".to_string());
     let plans = match std::fs::read(&plan_path)
         .map_err(|e| format!("read {plan_path}: {e}"))
         .and_then(|b| parse_plan(&b))
@@ -329,7 +396,10 @@ fn main() {
             if pid <= 0 {
                 break;
             }
-            let Some(c) = running.iter_mut().find(|c| c.pid == pid && c.status.is_none()) else {
+            let Some(c) = running
+                .iter_mut()
+                .find(|c| c.pid == pid && c.status.is_none())
+            else {
                 continue;
             };
             c.status = Some(status);

@@ -174,29 +174,38 @@ impl Worker {
                 self.ident.id
             )));
         }
-        if let Some(name) = &req.container {
-            let containers = &entry.spec.containers;
-            match containers.iter().position(|c| &c.name == name) {
-                Some(0) => {}
-                Some(_) => {
-                    return Err(VerbError::FailedPrecondition(format!(
-                        "exec into container {name:?} of actor {key}: only the first container ({:?}) takes exec for now",
-                        containers
-                            .first()
-                            .map(|c| c.name.as_str())
-                            .unwrap_or_default()
-                    )));
-                }
-                None => {
-                    return Err(VerbError::InvalidArgument(format!(
-                        "actor {key} has no container {name:?}"
-                    )));
-                }
+        let containers = &entry.spec.containers;
+        let container = match &req.container {
+            Some(name) => name.clone(),
+            None => containers
+                .first()
+                .map(|c| c.name.clone())
+                .unwrap_or_default(),
+        };
+        if !containers.iter().any(|c| c.name == container) {
+            return Err(VerbError::InvalidArgument(format!(
+                "actor {key} has no container {container:?}"
+            )));
+        }
+        let mut spec = req.spec.clone();
+        if containers.len() > 1 {
+            // Several containers: PID 1 is ate-init, and the command runs through its exec
+            // mode, in the container's root, cwd and environment, without the CAP_SYS_CHROOT
+            // the sandbox's process settings give ate-init.
+            let init = entry
+                .sandbox
+                .upper_dir()
+                .join(crate::sidecars::INIT_PATH.trim_start_matches('/'));
+            if !has_exec_mode(&init).await {
+                return Err(VerbError::FailedPrecondition(format!(
+                    "actor {key} runs an ate-init from before exec existed: exec works after its next cold start (a ROOTFS or VOLUMES resume, or a new actor)"
+                )));
             }
+            spec.command = init_exec(&container, &req.spec.command);
         }
         let started = self
             .runtime
-            .exec(&entry.sandbox, &req.spec)
+            .exec(&entry.sandbox, &spec)
             .await
             .map_err(|e| sandbox_error(&format!("exec in actor {key}"), e))?;
         let (events, output) = mpsc::channel(32);
@@ -230,6 +239,30 @@ impl Worker {
         });
         Ok(output)
     }
+}
+
+/// The bytes an `ate-init` with the `--exec` mode carries (`init/main.rs`, `EXEC_MARKER`).
+const INIT_EXEC_MARKER: &[u8] = b"ate-init exec-mode v1";
+
+/// Whether the `ate-init` at `path` (in the actor's upper dir) has the `--exec` mode.
+async fn has_exec_mode(path: &std::path::Path) -> bool {
+    tokio::fs::read(path).await.is_ok_and(|bytes| {
+        bytes
+            .windows(INIT_EXEC_MARKER.len())
+            .any(|w| w == INIT_EXEC_MARKER)
+    })
+}
+
+/// `command` run in `container` through ate-init's exec mode.
+fn init_exec(container: &str, command: &[String]) -> Vec<String> {
+    let mut line = vec![
+        crate::sidecars::INIT_PATH.to_string(),
+        "--exec".to_string(),
+        container.to_string(),
+        "--".to_string(),
+    ];
+    line.extend(command.iter().cloned());
+    line
 }
 
 /// Pumps one session until it ends; returns the command's exit code.
