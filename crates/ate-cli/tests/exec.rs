@@ -422,3 +422,142 @@ fn exec_into_each_container_of_an_actor_with_a_sidecar() {
     assert_eq!(out.status.code(), Some(127), "{}", text(&out.stderr));
     assert!(text(&out.stderr).contains("no-such"));
 }
+
+/// `-it` from a real terminal (a pty this test holds the master of, the CLI in a session of its
+/// own with the slave as its controlling terminal): the terminal is raw during the session and
+/// restored after, its size reaches the command at the start and after a resize (SIGWINCH).
+#[test]
+fn a_local_terminal_is_raw_and_its_size_follows() {
+    use std::io::{Read, Write};
+    use std::os::fd::AsRawFd;
+    use std::os::unix::process::CommandExt;
+
+    let sys = one_worker();
+    create_actor(&sys, NS, "c4", "counter");
+    let size = |columns: u16, rows: u16| nix::pty::Winsize {
+        ws_row: rows,
+        ws_col: columns,
+        ws_xpixel: 0,
+        ws_ypixel: 0,
+    };
+    let pty = nix::pty::openpty(&size(91, 33), None).expect("openpty");
+    let slave = std::fs::File::from(pty.slave);
+    let mut command = Command::new(ATE);
+    command
+        .arg("--api")
+        .arg(&sys.api)
+        .env("ATE_STATE_DIR", sys.state_dir())
+        .args(["exec", "-it", "actor", "c4", "-a", NS, "--"])
+        .args(["sh", "-c", "stty size; read x; stty size; exit 4"])
+        .stdin(slave.try_clone().expect("dup"))
+        .stdout(slave.try_clone().expect("dup"))
+        .stderr(slave.try_clone().expect("dup"));
+    // SAFETY: setsid and TIOCSCTTY between fork and exec: plain syscalls.
+    unsafe {
+        command.pre_exec(|| {
+            nix::unistd::setsid().map_err(std::io::Error::from)?;
+            if nix::libc::ioctl(0, nix::libc::TIOCSCTTY, 0) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let mut child = command.spawn().expect("spawn ate exec");
+    let mut master = std::fs::File::from(pty.master);
+    // What the terminal shows, read on a thread of its own (reads block).
+    let shown = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
+    {
+        let shown = shown.clone();
+        let mut reader = master.try_clone().expect("dup");
+        std::thread::spawn(move || {
+            let mut buf = [0u8; 4096];
+            while let Ok(n) = reader.read(&mut buf) {
+                if n == 0 {
+                    return;
+                }
+                shown
+                    .lock()
+                    .expect("lock")
+                    .push_str(&String::from_utf8_lossy(&buf[..n]));
+            }
+        });
+    }
+    let shows = |needle: &str| shown.lock().expect("lock").contains(needle);
+    let start = Instant::now();
+    while !shows("33 91") {
+        let now = shown.lock().expect("lock").clone();
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "the first size not shown; the terminal shows {now:?}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let termios = nix::sys::termios::tcgetattr(&slave).expect("tcgetattr");
+    assert!(
+        !termios
+            .local_flags
+            .contains(nix::sys::termios::LocalFlags::ICANON),
+        "the terminal is not raw during the session"
+    );
+    // A resize: the kernel tells the CLI (SIGWINCH), the CLI tells the command's terminal.
+    // SAFETY: TIOCSWINSZ reads one winsize from the pointer, which lives for the call.
+    let r = unsafe {
+        nix::libc::ioctl(
+            master.as_raw_fd(),
+            nix::libc::TIOCSWINSZ,
+            &size(100, 40) as *const nix::pty::Winsize,
+        )
+    };
+    assert_eq!(r, 0);
+    std::thread::sleep(Duration::from_millis(500));
+    master.write_all(b"\r").expect("type Enter");
+    wait_until("the new size shown", Duration::from_secs(10), || {
+        shows("40 100")
+    });
+    let status = child.wait().expect("wait");
+    assert_eq!(
+        status.code(),
+        Some(4),
+        "shown: {}",
+        shown.lock().expect("lock")
+    );
+    let termios = nix::sys::termios::tcgetattr(&slave).expect("tcgetattr");
+    assert!(
+        termios
+            .local_flags
+            .contains(nix::sys::termios::LocalFlags::ICANON),
+        "the terminal was not restored"
+    );
+}
+
+/// A sandbox CRIU restored lives in a time namespace of its own, which runc exec does not join:
+/// what an exec leaves running there is killed before the next dump, so the actor is restored
+/// again (with its memory) instead of failing its restore.
+#[test]
+fn a_command_left_running_in_a_restored_actor_does_not_break_its_next_restore() {
+    let opts = || UpOptions {
+        workers: 1,
+        ..Default::default()
+    };
+    let sys = System::up(opts());
+    create_actor(&sys, NS, "c6", "counter");
+    let target = format!("{NS}/c6");
+    assert_eq!(counts(&get_ok(&sys, &target, "/")), (1, 1, 1));
+    // Stopping `ate up` suspends the actor; the next request restores it from its dump.
+    let sys = sys.restart_with_env(opts(), &[]);
+    assert_eq!(counts(&get_ok(&sys, &target, "/")), (2, 2, 2));
+    let out = exec(
+        &sys,
+        &["actor", "c6", "-a", NS, "--", "sh", "-c", "sleep 1006 &"],
+    );
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(ps(&sys, "c6").contains("sleep 1006"));
+    let sys = sys.restart_with_env(opts(), &[]);
+    assert_eq!(
+        counts(&get_ok(&sys, &target, "/")),
+        (3, 3, 3),
+        "not restored: {}",
+        actor(&sys, NS, "c6")
+    );
+    assert!(!ps(&sys, "c6").contains("sleep 1006"));
+}

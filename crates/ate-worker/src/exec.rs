@@ -7,6 +7,14 @@
 //! session kills the process's whole tree, leaves first ([`kill_tree`]): the actor's own PID 1 may
 //! not reap orphans, and a shell killed before the children it waits for would leave them
 //! behind (as zombies or running) in the sandbox.
+//!
+//! runc (1.1) does not know time namespaces, and CRIU restores a sandbox into a time namespace of
+//! its own, so in a restored sandbox an exec'd process is in the worker's time namespace, not
+//! the sandbox's. A dump holding such a process cannot be restored ("Can't restore sub-task in
+//! NS"), so before any dump the processes an exec left running there are killed
+//! ([`kill_strays`]). (runc cannot be started in the sandbox's time namespace instead: its check
+//! of the container's init reads start times through it, shifted, and calls the container
+//! stopped.)
 
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::time::Duration;
@@ -23,6 +31,9 @@ pub struct ExecSpec {
     pub tty: bool,
     /// The caller sends stdin; without it the command reads an empty stdin.
     pub stdin: bool,
+    /// With a terminal: its size (columns, rows) from the start, so the command never sees
+    /// an unsized terminal.
+    pub size: Option<(u16, u16)>,
 }
 
 /// What starting the command came to.
@@ -178,6 +189,73 @@ pub async fn kill_tree(root: u32) {
     }
 }
 
+/// Kills the processes in the sandbox whose PID 1 is host pid `init` (those in its PID namespace)
+/// that are not in its time namespace: what an exec left running in a sandbox CRIU restored.
+/// Returns how many were killed.
+pub async fn kill_strays(init: u32) -> usize {
+    tokio::task::spawn_blocking(move || {
+        let Some(sandbox) = namespaces(init) else {
+            return 0;
+        };
+        let mut killed = 0;
+        for _ in 0..20 {
+            let procs: Vec<(u32, Option<Namespaces>)> = pids()
+                .into_iter()
+                .map(|pid| (pid, namespaces(pid)))
+                .collect();
+            let victims = strays(&sandbox, &procs);
+            if victims.is_empty() {
+                break;
+            }
+            for pid in victims {
+                if let Ok(raw) = i32::try_from(pid)
+                    && nix::sys::signal::kill(
+                        nix::unistd::Pid::from_raw(raw),
+                        nix::sys::signal::Signal::SIGKILL,
+                    )
+                    .is_ok()
+                {
+                    killed += 1;
+                }
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        killed
+    })
+    .await
+    .unwrap_or(0)
+}
+
+/// A process's PID and time namespaces (the targets of `/proc/<pid>/ns/{pid,time}`).
+type Namespaces = (std::path::PathBuf, std::path::PathBuf);
+
+/// None for a process that is gone or a zombie (whose namespaces are gone with it).
+fn namespaces(pid: u32) -> Option<Namespaces> {
+    let ns = |kind: &str| std::fs::read_link(format!("/proc/{pid}/ns/{kind}")).ok();
+    Some((ns("pid")?, ns("time")?))
+}
+
+/// The processes of `procs` in the sandbox's PID namespace but not its time namespace.
+fn strays(sandbox: &Namespaces, procs: &[(u32, Option<Namespaces>)]) -> Vec<u32> {
+    procs
+        .iter()
+        .filter_map(|(pid, ns)| {
+            let (pid_ns, time_ns) = ns.as_ref()?;
+            (pid_ns == &sandbox.0 && time_ns != &sandbox.1).then_some(*pid)
+        })
+        .collect()
+}
+
+fn pids() -> Vec<u32> {
+    std::fs::read_dir("/proc")
+        .map(|dir| {
+            dir.flatten()
+                .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
 /// `(pid, ppid)` of every live (not zombie) process.
 fn process_table() -> Vec<(u32, u32)> {
     let Ok(dir) = std::fs::read_dir("/proc") else {
@@ -314,6 +392,19 @@ mod tests {
         );
         assert_eq!(not_run(&said).unwrap().0, 127);
         assert_eq!(runc_said("plain words\n\n"), "plain words");
+    }
+
+    #[test]
+    fn strays_are_in_the_sandbox_but_another_time_namespace() {
+        let ns = |p: &str, t: &str| Some((p.into(), t.into()));
+        let sandbox = ("pid:[1]".into(), "time:[9]".into());
+        let procs = [
+            (10, ns("pid:[1]", "time:[9]")), // the actor's own
+            (11, ns("pid:[1]", "time:[5]")), // left by an exec
+            (12, ns("pid:[2]", "time:[5]")), // another sandbox, or the host
+            (13, None),                      // a zombie
+        ];
+        assert_eq!(strays(&sandbox, &procs), [11]);
     }
 
     #[test]

@@ -41,8 +41,8 @@ pub(crate) fn exec_start(m: Option<v1::PlacedExecRequest>) -> Result<ExecRequest
             command: exec.command,
             tty: exec.tty,
             stdin: exec.stdin,
+            size: exec.size.as_ref().and_then(terminal_size),
         },
-        size: exec.size.as_ref().and_then(terminal_size),
         caller: start.caller,
     })
 }
@@ -115,9 +115,9 @@ mod tests {
         assert_eq!(req.actor, ate_core::ActorRef::new("ns", "a"));
         assert_eq!(req.spec.command, ["sh", "-c", "x"]);
         assert_eq!((req.activation, req.container), (7, None));
-        assert_eq!(req.size, Some((u16::MAX, 40)));
+        assert_eq!(req.spec.size, Some((u16::MAX, 40)));
         assert_eq!(
-            exec_start(start(&["sh"], Some((0, 40)))).unwrap().size,
+            exec_start(start(&["sh"], Some((0, 40)))).unwrap().spec.size,
             None
         );
         assert!(exec_start(start(&[], None)).is_err());

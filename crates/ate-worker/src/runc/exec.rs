@@ -32,13 +32,21 @@ const START_TIMEOUT: Duration = Duration::from_secs(30);
 struct StartFiles {
     pid_file: PathBuf,
     socket: Option<PathBuf>,
+    /// `--process`: with a terminal of a known size.
+    process: Option<PathBuf>,
 }
 
 impl Drop for StartFiles {
     fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.pid_file);
-        if let Some(s) = &self.socket {
-            let _ = std::fs::remove_file(s);
+        for file in [
+            Some(&self.pid_file),
+            self.socket.as_ref(),
+            self.process.as_ref(),
+        ]
+        .into_iter()
+        .flatten()
+        {
+            let _ = std::fs::remove_file(file);
         }
     }
 }
@@ -52,6 +60,8 @@ impl RuncRuntime {
         let files = StartFiles {
             pid_file: self.root.join(format!("exec-{tag}.pid")),
             socket: spec.tty.then(|| console_socket_path(&self.root, &tag)),
+            process: (spec.tty && spec.size.is_some())
+                .then(|| self.root.join(format!("exec-{tag}.json"))),
         };
         let mut args = self.base_args();
         args.extend(["exec".into(), "-d".into(), "--pid-file".into()]);
@@ -60,14 +70,29 @@ impl RuncRuntime {
             Some(path) => {
                 let listener =
                     UnixListener::bind(path).ctx(|| format!("bind {}", path.display()))?;
-                args.extend(["--tty".into(), "--console-socket".into()]);
+                args.push("--console-socket".into());
                 args.push(path.to_string_lossy().into_owned());
                 Some(listener)
             }
             None => None,
         };
-        args.push(actor.container_id());
-        args.extend(spec.command.iter().cloned());
+        match (&files.process, spec.size) {
+            (Some(path), Some(size)) => {
+                // runc sizes the terminal before the command runs (a `stty size` first thing
+                // would otherwise race the worker's resize and see 0 0).
+                write_process_file(actor, &spec.command, size, path).await?;
+                args.push("--process".into());
+                args.push(path.to_string_lossy().into_owned());
+                args.push(actor.container_id());
+            }
+            _ => {
+                if spec.tty {
+                    args.push("--tty".into());
+                }
+                args.push(actor.container_id());
+                args.extend(spec.command.iter().cloned());
+            }
+        }
 
         let (err_read, err_write) = pipe_pair()?;
         let mut command = Command::new(&self.runc);
@@ -163,6 +188,40 @@ impl RuncRuntime {
         };
         Ok(Exec::Started(ExecProcess { pid, io }))
     }
+}
+
+/// runc exec's `--process` file: the container's process settings (its `config.json`, which runc
+/// exec starts from without one) with `command`, a terminal and its size (columns, rows).
+async fn write_process_file(
+    actor: &ActorSandbox,
+    command: &[String],
+    (columns, rows): (u16, u16),
+    path: &Path,
+) -> Result<()> {
+    let config_path = actor.dir.join("config.json");
+    let config = tokio::fs::read(&config_path)
+        .await
+        .ctx(|| format!("read {}", config_path.display()))?;
+    let config: serde_json::Value = serde_json::from_slice(&config)
+        .map_err(|e| SandboxError::Invalid(format!("{}: {e}", config_path.display())))?;
+    let mut process = config
+        .get("process")
+        .and_then(serde_json::Value::as_object)
+        .cloned()
+        .ok_or_else(|| {
+            SandboxError::Invalid(format!("{} has no process", config_path.display()))
+        })?;
+    process.insert("args".into(), serde_json::json!(command));
+    process.insert("terminal".into(), serde_json::Value::Bool(true));
+    process.insert(
+        "consoleSize".into(),
+        serde_json::json!({ "width": columns, "height": rows }),
+    );
+    let bytes = serde_json::to_vec(&process)
+        .map_err(|e| SandboxError::Invalid(format!("exec process settings: {e}")))?;
+    tokio::fs::write(path, bytes)
+        .await
+        .ctx(|| format!("write {}", path.display()))
 }
 
 /// A socket path for runc's console: in the runtime's state dir, or the temp dir when that path

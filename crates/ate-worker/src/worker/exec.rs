@@ -39,8 +39,6 @@ pub struct ExecRequest {
     /// None: the first container.
     pub container: Option<String>,
     pub spec: ExecSpec,
-    /// With a terminal: its first size (columns, rows).
-    pub size: Option<(u16, u16)>,
     /// Who asked, for the log line.
     pub caller: String,
 }
@@ -143,6 +141,24 @@ impl ExecSessions {
 }
 
 impl Worker {
+    /// Ends every exec session of the actor (ingress is going off: a suspend, a stop, its
+    /// exit), then kills what an exec left running where a dump could not restore it.
+    pub(super) async fn end_exec_sessions(&self, key: &str) {
+        self.execs
+            .end_all(
+                key,
+                &format!("exec session ended: actor {key} is being suspended or stopped"),
+            )
+            .await;
+        let init = self.table().actors.get(key).and_then(|e| e.pid);
+        if let Some(init) = init {
+            let killed = crate::exec::kill_strays(init).await;
+            if killed > 0 {
+                tracing::info!(actor = %key, killed, "processes an exec left running killed (not in the sandbox's time namespace: a dump of them could not be restored)");
+            }
+        }
+    }
+
     /// Starts `req`'s command in the actor's sandbox and returns its output; `input` carries
     /// what the caller sends after the start. The session ends when the command exits, when
     /// the receiver is dropped (the caller went away) or when the actor's ingress goes off.
@@ -234,7 +250,7 @@ impl Worker {
                 worker.execs.remove(&session_key, id);
                 let _ = done_tx.send(true);
             };
-            let code = run_session(process, req.size, input, events, end_rx, gone).await;
+            let code = run_session(process, req.spec.size, input, events, end_rx, gone).await;
             tracing::info!(actor = %key, pid, code, "exec session ended");
         });
         Ok(output)

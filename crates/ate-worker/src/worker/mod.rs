@@ -407,12 +407,7 @@ impl Worker {
     async fn ingress_off(&self, key: &str) -> Option<NetnsDialer> {
         // Exec sessions first: nothing the worker started may be in the sandbox when it is
         // dumped or removed (docs/exec.md).
-        self.execs
-            .end_all(
-                key,
-                &format!("exec session ended: actor {key} is being suspended or stopped"),
-            )
-            .await;
+        self.end_exec_sessions(key).await;
         self.egress.stop(key).await;
         let a = self.tunnels.deactivate(key)?;
         if !a.wait_closed(QUIESCE_TIMEOUT).await {
