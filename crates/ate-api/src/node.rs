@@ -283,13 +283,18 @@ impl NodeAgent {
         Ok(())
     }
 
-    /// The actor was deleted: the node removes what it keeps of it outside its generations.
-    pub async fn forget_actor(&mut self, actor: &ActorRef) -> Result<(), NodeError> {
+    /// The actor was deleted: the node removes what it keeps of it outside its generations,
+    /// and the external volume directories in `purge_dirs`. Returns how many it removed.
+    pub async fn forget_actor(
+        &mut self,
+        actor: &ActorRef,
+        purge_dirs: Vec<String>,
+    ) -> Result<u32, NodeError> {
         let req = v1::ForgetActorRequest {
             actor: Some(object_ref(&actor.atespace, &actor.name)),
+            purge_dirs,
         };
-        self.0.forget_actor(req).await?;
-        Ok(())
+        Ok(self.0.forget_actor(req).await?.into_inner().dirs_removed)
     }
 
     /// Deletes the generations' local directories and durable objects.

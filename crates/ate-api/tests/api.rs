@@ -225,6 +225,7 @@ async fn crud_and_validation(b: Backend) {
             .delete_actor(DeleteActorRequest {
                 actor: Some(obj("team-a", &format!("a{i}"))),
                 force: false,
+                purge_volumes: false,
             })
             .await
             .unwrap();
@@ -402,6 +403,7 @@ async fn freed_room_goes_to_the_oldest_waiter(b: Backend) {
         .delete_actor(DeleteActorRequest {
             actor: Some(obj("ns", "c")),
             force: false,
+            purge_volumes: false,
         })
         .await
         .unwrap();
@@ -1325,6 +1327,7 @@ async fn tags_and_gc(b: Backend) {
         .delete_actor(DeleteActorRequest {
             actor: Some(obj("ns", "child")),
             force: false,
+            purge_volumes: false,
         })
         .await
         .unwrap_err();
@@ -1339,6 +1342,7 @@ async fn tags_and_gc(b: Backend) {
         .delete_actor(DeleteActorRequest {
             actor: Some(obj("ns", "golden")),
             force: false,
+            purge_volumes: false,
         })
         .await
         .unwrap();

@@ -369,6 +369,7 @@ async fn client_token_is_limited_to_its_atespaces() {
                 DeleteActorRequest {
                     actor: Some(obj("team-b", "x")),
                     force: false,
+                    purge_volumes: false,
                 },
                 &token,
             ))

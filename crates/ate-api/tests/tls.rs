@@ -211,6 +211,7 @@ async fn router_may_only_resume() {
         .delete_actor(DeleteActorRequest {
             actor: Some(obj("team-a", "x")),
             force: false,
+            purge_volumes: false,
         })
         .await
         .unwrap_err();
@@ -277,6 +278,7 @@ async fn client_limited_to_its_atespaces() {
             .delete_actor(DeleteActorRequest {
                 actor: Some(obj("team-b", "x")),
                 force: false,
+                purge_volumes: false,
             })
             .await
             .unwrap_err(),

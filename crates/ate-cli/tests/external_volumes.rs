@@ -2,8 +2,9 @@
 //! in their own user namespaces: a counter whose `/data` is an external `hostPath` volume
 //! keeps its file count across a suspend, a move to the other worker, a revert (which rolls
 //! memory and rootfs back, not the volume) and its deletion; the files sit on the node in
-//! canonical form (`<hostPath>/<atespace>/<actor>/counter`); a volume outside the workers'
-//! allowed roots fails the start with a clear `lastError`.
+//! canonical form (`<hostPath>/<atespace>/<actor>/counter`) until `ate delete actor
+//! --purge-volumes`; a volume outside the workers' allowed roots fails the start with a clear
+//! `lastError`.
 
 mod support;
 
@@ -96,6 +97,16 @@ fn an_external_volume_outlives_suspends_moves_reverts_and_deletes() {
     );
     create_actor(&sys, ns, "c", "ext");
     assert_eq!(counts(&get_ok(&sys, &target, "/")), (1, 6, 1));
+
+    // Deleted with --purge-volumes: the directory goes too.
+    sys.ate_ok(&["suspend", "actor", "c", "-a", ns]);
+    let out = sys.ate_ok(&["delete", "actor", "c", "-a", ns, "--purge-volumes"]);
+    assert!(
+        out.contains("external volume directories purged: 1"),
+        "{out}"
+    );
+    assert!(!host.join(ns).join("c").exists(), "the volume was purged");
+    assert!(host.is_dir(), "the hostPath itself stays");
 }
 
 #[test]

@@ -91,6 +91,16 @@ pub struct NodeConfig {
     /// a tmpfs (memory). Entries of processes that are gone are removed at start.
     #[arg(long = "snapshot-scratch", env = "ATE_SNAPSHOT_SCRATCH", default_value = ate_snapshot::sealed::DEFAULT_SCRATCH)]
     pub snapshot_scratch: PathBuf,
+    /// Directories under which external `hostPath` volumes live (the workers' own
+    /// `--external-volume-roots`): `ate delete actor --purge-volumes` removes an actor's
+    /// directory only under one of them.
+    #[arg(
+        long = "external-volume-roots",
+        env = "ATE_EXTERNAL_VOLUME_ROOTS",
+        value_name = "DIR",
+        value_delimiter = ','
+    )]
+    pub external_volume_roots: Vec<PathBuf>,
     /// Write the bound address as JSON here once serving.
     #[arg(long = "ready-file")]
     pub ready_file: Option<PathBuf>,

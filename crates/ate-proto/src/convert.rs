@@ -170,6 +170,7 @@ impl From<&v1::Volume> for Volume {
             mount_path: v.mount_path.clone(),
             external: (!v.external_host_path.is_empty()).then(|| ExternalVolume {
                 host_path: Some(v.external_host_path.clone()),
+                shared: v.external_shared,
                 ..ExternalVolume::default()
             }),
         }
@@ -186,6 +187,7 @@ impl From<&Volume> for v1::Volume {
                 .as_ref()
                 .and_then(|e| e.host_path.clone())
                 .unwrap_or_default(),
+            external_shared: v.external.as_ref().is_some_and(|e| e.shared),
         }
     }
 }

@@ -291,7 +291,10 @@ impl node_service_server::NodeService for NodeSvc {
             .lock()
             .unwrap()
             .push(format!("{}/{}", a.atespace, a.name));
-        Ok(Response::new(ForgetActorReply { log_removed: true }))
+        Ok(Response::new(ForgetActorReply {
+            log_removed: true,
+            dirs_removed: 0,
+        }))
     }
 
     async fn read_log(

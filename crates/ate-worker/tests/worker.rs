@@ -122,6 +122,7 @@ fn counter_spec(probe_port: u32, probe_timeout: u32) -> v1::TemplateSpec {
             name: "data".into(),
             mount_path: "/data".into(),
             external_host_path: String::new(),
+            external_shared: false,
         }],
         fidelity: v1::Fidelity::Memory as i32,
         idle_timeout_seconds: 300,

@@ -174,11 +174,15 @@ impl actor_service_server::ActorService for Services {
             Need::Atespace(ref_atespace(&r.actor))
         })?;
         let req = req.into_inner();
-        let force = req.force;
+        let (force, purge) = (req.force, req.purge_volumes);
         let r = actor_ref(req.actor)?;
         let api = self.api.clone();
-        let stopped = to_completion(async move { api.delete(&r, force).await }).await?;
-        Ok(Response::new(DeleteActorResponse { stopped }))
+        let (stopped, volumes_purged) =
+            to_completion(async move { api.delete(&r, force, purge).await }).await?;
+        Ok(Response::new(DeleteActorResponse {
+            stopped,
+            volumes_purged,
+        }))
     }
 
     async fn resume_actor(

@@ -127,9 +127,22 @@ impl Api {
     }
 
     /// Deletes the actor and its generations. `force` also deletes an active actor: its
-    /// sandbox is stopped without a snapshot first. Returns whether one was stopped.
-    pub async fn delete(&self, r: &ActorRef, force: bool) -> Result<bool, WorkflowError> {
+    /// sandbox is stopped without a snapshot first. `purge_volumes` also removes its external
+    /// volume directories (kept otherwise). Returns whether one was stopped, and how many
+    /// directories were purged.
+    pub async fn delete(
+        &self,
+        r: &ActorRef,
+        force: bool,
+        purge_volumes: bool,
+    ) -> Result<(bool, u32), WorkflowError> {
         r.validate()?;
+        // Named before anything is deleted: the template says where they are.
+        let purge_dirs = if purge_volumes {
+            self.external_volume_dirs(r).await?
+        } else {
+            Vec::new()
+        };
         let (garbage, stopped) = self
             .under_lease(r, async {
                 let stopped = if force {
@@ -152,8 +165,36 @@ impl Api {
         if !garbage.is_empty() {
             self.collect_garbage(garbage).await;
         }
-        self.forget_on_nodes(r).await;
-        Ok(stopped)
+        let purged = self.forget_on_nodes(r, &purge_dirs).await;
+        if purge_volumes {
+            tracing::info!(actor = %r, dirs = ?purge_dirs, purged, "external volumes purged");
+        }
+        Ok((stopped, purged))
+    }
+
+    /// The node directories of the actor's external volumes, from its template.
+    async fn external_volume_dirs(&self, r: &ActorRef) -> Result<Vec<String>, WorkflowError> {
+        let actor = self.store.get_actor(r).await?;
+        let t = &actor.template;
+        let template = self
+            .store
+            .get_template(&t.namespace, &t.name)
+            .await
+            .map_err(|e| match e {
+                StoreError::NotFound(_) => WorkflowError::FailedPrecondition(format!(
+                    "cannot purge the external volumes of {r}: its template {}/{} is gone; \
+                     nothing was deleted",
+                    t.namespace, t.name
+                )),
+                e => e.into(),
+            })?;
+        Ok(template
+            .spec
+            .volumes
+            .iter()
+            .filter_map(|v| v.external_dir(&r.atespace, &r.name))
+            .map(|d| d.display().to_string())
+            .collect())
     }
 
     /// For a forced delete (under the actor's lease): an active actor's sandbox is stopped
@@ -211,11 +252,12 @@ impl Api {
     }
 
     /// Asks every live node to drop what it keeps of a deleted actor outside its generations
-    /// (its log). Best effort, concurrently, 3 s per node: a node that misses it keeps a log
-    /// file no one reads, which its next `ate delete` of that name removes.
-    async fn forget_on_nodes(&self, r: &ActorRef) {
+    /// (its log, and the external volume directories in `purge_dirs`). Best effort,
+    /// concurrently, 3 s per node: a node that misses it keeps a log file no one reads, which
+    /// its next `ate delete` of that name removes. Returns the directories removed.
+    async fn forget_on_nodes(&self, r: &ActorRef, purge_dirs: &[String]) -> u32 {
         let Ok(workers) = self.fleet.workers().await else {
-            return;
+            return 0;
         };
         let mut nodes: Vec<String> = workers
             .iter()
@@ -228,21 +270,32 @@ impl Api {
         for address in nodes {
             let nodes = self.nodes.clone();
             let actor = r.clone();
+            let dirs = purge_dirs.to_vec();
             calls.spawn(async move {
                 let call = async {
                     match nodes.client(&address) {
-                        Ok(mut c) => c.forget_actor(&actor).await.map_err(|e| e.message),
+                        Ok(mut c) => c.forget_actor(&actor, dirs).await.map_err(|e| e.message),
                         Err(e) => Err(e.to_string()),
                     }
                 };
                 match tokio::time::timeout(Duration::from_secs(3), call).await {
-                    Ok(Ok(())) => {}
-                    Ok(Err(why)) => tracing::warn!(node = %address, error = %why, "cannot remove a deleted actor's log"),
-                    Err(_) => tracing::warn!(node = %address, "removing a deleted actor's log timed out"),
+                    Ok(Ok(removed)) => removed,
+                    Ok(Err(why)) => {
+                        tracing::warn!(node = %address, error = %why, "cannot remove a deleted actor's log or volumes");
+                        0
+                    }
+                    Err(_) => {
+                        tracing::warn!(node = %address, "removing a deleted actor's log timed out");
+                        0
+                    }
                 }
             });
         }
-        while calls.join_next().await.is_some() {}
+        let mut removed = 0;
+        while let Some(r) = calls.join_next().await {
+            removed += r.unwrap_or(0);
+        }
+        removed
     }
 
     /// Deletes the files of removed generations: local copies on their node, durable objects via

@@ -93,6 +93,30 @@ impl Api {
         Ok(None)
     }
 
+    /// The node an actor with a node-local external volume (a `hostPath` not marked `shared`)
+    /// must run on: that of its newest generation, where it last ran. None for an actor
+    /// without one, or that never ran (its first start decides).
+    async fn volume_node(
+        &self,
+        actor: &ActorRecord,
+        template: &TemplateRecord,
+    ) -> Result<Option<String>, Failure> {
+        let node_local = template.spec.volumes.iter().any(|v| {
+            v.external
+                .as_ref()
+                .is_some_and(|e| e.host_path.is_some() && !e.shared)
+        });
+        if !node_local {
+            return Ok(None);
+        }
+        let snapshots = self.store.list_snapshots(&actor.actor_ref()).await?;
+        Ok(snapshots
+            .into_iter()
+            .max_by_key(|s| s.generation)
+            .map(|s| s.node)
+            .filter(|n| !n.is_empty()))
+    }
+
     /// Picks a worker and binds the actor to it. Returns whether the actor's node-local snapshot
     /// had to be detached (uploaded) so it could move to another node.
     pub(super) async fn assign(
@@ -114,6 +138,20 @@ impl Api {
         let demand = demand(template);
         let from = [ActorState::Suspended, ActorState::Resuming];
         let r = actor.actor_ref();
+        // An external hostPath volume (not `shared`) lives on the node the actor last ran on:
+        // it goes back there, whatever generation it restores (docs/volumes.md).
+        let volume_node = self.volume_node(actor, template).await?;
+        if let Some(node) = &volume_node {
+            // A generation held only on another node is uploaded first, to be restored there.
+            if let (Some(held), Some(snap)) = (pinned.as_deref(), snapshot)
+                && held != node
+            {
+                let workers = self.fleet.refresh().await?;
+                self.detach(actor, held, snap, &workers).await?;
+                detached = true;
+            }
+            pinned = Some(node.clone());
+        }
         let actor_key = r.to_string();
         let frozen_on = match snapshot {
             Some(s) => self.frozen_worker(&r, s.generation).await,
@@ -165,7 +203,7 @@ impl Api {
             let Some(worker) = scheduler::pick_preferring(&candidates, frozen_on.as_deref()) else {
                 // A detach drops the local copy once the durable one is COMPLETED: never when
                 // that durable copy was found damaged (the local one is all that is left).
-                if let (Some(node), Some(snap)) = (pinned.clone(), snapshot)
+                if let (Some(node), Some(snap), None) = (pinned.clone(), snapshot, &volume_node)
                     && snap.durable_damage.is_none()
                 {
                     let anywhere = Requirements {

@@ -522,6 +522,7 @@ async fn delete_until_done(lab: &Lab, actor: &str) -> (anyhow::Result<()>, u32) 
                     actor: Some(object_ref(actor)),
                     // A running actor's sandbox is stopped (the trial made it for this).
                     force: true,
+                    purge_volumes: false,
                 })
                 .await
             {

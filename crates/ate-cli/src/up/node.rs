@@ -108,6 +108,10 @@ pub(super) async fn start_node_and_workers(
     if let Some(url) = &args.durable_store {
         node_args.extend(["--durable-store".to_string(), url.clone()]);
     }
+    let volume_roots = default_volume_roots(args);
+    if let Some(roots) = &volume_roots {
+        node_args.extend(["--external-volume-roots".to_string(), roots.clone()]);
+    }
     node_args.extend(
         // A per-node identity: the api lets a node suspend only the actors on its own workers.
         pki.issue(
@@ -161,14 +165,8 @@ pub(super) async fn start_node_and_workers(
         // The api keeps actors' alarms (the local actor API's /v1/alarm), reached with this
         // worker's certificate.
         env.push(("ATE_WORKER_API".to_string(), api_addrs.to_string()));
-        if std::env::var_os("ATE_EXTERNAL_VOLUME_ROOTS").is_none() {
-            // External hostPath volumes may live under STATE_DIR/volumes unless the operator
-            // names other roots (the env var, passed on to every worker as it is).
-            let state = std::path::absolute(&args.state_dir).unwrap_or(args.state_dir.clone());
-            env.push((
-                "ATE_EXTERNAL_VOLUME_ROOTS".to_string(),
-                state.join("volumes").display().to_string(),
-            ));
+        if let Some(roots) = &volume_roots {
+            env.push(("ATE_EXTERNAL_VOLUME_ROOTS".to_string(), roots.clone()));
         }
         if let Some(router) = super::router_for_workers(args) {
             // The router's internal listener for the actors' calls (`ate worker --router`). The
@@ -179,6 +177,16 @@ pub(super) async fn start_node_and_workers(
     }
     wait_workers(clients, node_name, args.workers as usize, components).await?;
     Ok(metrics)
+}
+
+/// Where external hostPath volumes may live on this machine: STATE_DIR/volumes, unless the
+/// operator set `ATE_EXTERNAL_VOLUME_ROOTS` (which the node and the workers then read as it is).
+fn default_volume_roots(args: &UpArgs) -> Option<String> {
+    if std::env::var_os("ATE_EXTERNAL_VOLUME_ROOTS").is_some() {
+        return None;
+    }
+    let state = std::path::absolute(&args.state_dir).unwrap_or(args.state_dir.clone());
+    Some(state.join("volumes").display().to_string())
 }
 
 /// Memory each of `workers` workers offers (templates' limits are booked against it): half

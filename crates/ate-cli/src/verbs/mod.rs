@@ -166,6 +166,10 @@ pub enum DeleteCmd {
         /// did since its last suspend is lost.
         #[arg(long)]
         force: bool,
+        /// Also delete the actor's external volume directories (`spec.volumes[].external`),
+        /// which a delete keeps otherwise.
+        #[arg(long)]
+        purge_volumes: bool,
     },
     Atespace {
         name: String,
@@ -534,6 +538,7 @@ pub async fn delete(c: &Clients, cmd: DeleteCmd) -> anyhow::Result<ExitCode> {
             name,
             atespace,
             force,
+            purge_volumes,
         } => {
             let reply = rpc(c
                 .actors
@@ -541,6 +546,7 @@ pub async fn delete(c: &Clients, cmd: DeleteCmd) -> anyhow::Result<ExitCode> {
                 .delete_actor(v1::DeleteActorRequest {
                     actor: obj(&atespace, &name),
                     force,
+                    purge_volumes,
                 })
                 .await)?;
             if reply.stopped {
@@ -549,6 +555,12 @@ pub async fn delete(c: &Clients, cmd: DeleteCmd) -> anyhow::Result<ExitCode> {
                 );
             } else {
                 println!("actor/{atespace}/{name} deleted");
+            }
+            if purge_volumes {
+                println!(
+                    "external volume directories purged: {}",
+                    reply.volumes_purged
+                );
             }
         }
         DeleteCmd::Atespace { name } => {

@@ -164,6 +164,10 @@ pub struct ExternalVolume {
     /// first start and kept across suspends, moves, reverts and its deletion.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub host_path: Option<String>,
+    /// The hostPath is on storage every node mounts at the same path (NFS, CephFS): the actor
+    /// may move between nodes. Otherwise it stays on the node where it last ran.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub shared: bool,
     /// A PersistentVolumeClaim per actor (Kubernetes deployments, not built yet: refused).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub storage_class_name: Option<String>,

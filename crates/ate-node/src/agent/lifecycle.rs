@@ -65,9 +65,15 @@ impl NodeAgent {
         Ok(Self::reply(&worker, epoch))
     }
 
-    /// ForgetActor: removes the deleted actor's log unless a sandbox of that name still runs
-    /// on this node; returns whether the log was removed.
-    pub(super) async fn forget_actor_inner(&self, actor: &ActorRef) -> Result<bool, AgentError> {
+    /// ForgetActor: removes the deleted actor's log and the external volume directories asked
+    /// for (`purge_dirs`, each only under `--external-volume-roots`) unless a sandbox of that
+    /// name still runs on this node; returns whether the log was removed and how many
+    /// directories were.
+    pub(super) async fn forget_actor_inner(
+        &self,
+        actor: &ActorRef,
+        purge_dirs: &[String],
+    ) -> Result<(bool, u32), AgentError> {
         let (atespace, name) = (actor.atespace.as_str(), actor.name.as_str());
         let state = &self.inner.cfg.state_dir;
         // A sandbox of that name still running here (a re-created actor, or a copy the api
@@ -79,7 +85,13 @@ impl NodeAgent {
             .iter()
             .any(|w| ate_worker::sandbox_alive(&w.join("actors"), atespace, name))
         {
-            return Ok(false);
+            return Ok((false, 0));
+        }
+        let mut dirs_removed = 0;
+        for dir in purge_dirs {
+            if purge_volume_dir(&self.inner.cfg.external_volume_roots, Path::new(dir)).await? {
+                dirs_removed += 1;
+            }
         }
         let path = actor_log_path(state, atespace, name);
         let removed = match tokio::fs::remove_file(&path).await {
@@ -93,8 +105,8 @@ impl NodeAgent {
                 });
             }
         };
-        tracing::info!(actor = %actor, log_removed = removed, "deleted actor forgotten");
-        Ok(removed)
+        tracing::info!(actor = %actor, log_removed = removed, dirs_removed, "deleted actor forgotten");
+        Ok((removed, dirs_removed))
     }
 
     /// DeleteSnapshots: this node's directories of the generations (under its own snapshot
@@ -178,6 +190,47 @@ impl NodeAgent {
     }
 }
 
+/// Removes a deleted actor's external volume directory when it lies under one of `roots`
+/// (symlinks resolved); true if it existed and is gone. A directory outside the roots is
+/// refused: the api computed it from a template, and the node removes only what its workers
+/// could have made.
+async fn purge_volume_dir(roots: &[PathBuf], dir: &Path) -> Result<bool, AgentError> {
+    let refused = |why: String| AgentError::LocalFile {
+        verb: "purge",
+        path: dir.display().to_string(),
+        source: std::io::Error::other(why),
+    };
+    let real = match tokio::fs::canonicalize(dir).await {
+        Ok(r) => r,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(false),
+        Err(e) => return Err(refused(e.to_string())),
+    };
+    let mut under_root = false;
+    for root in roots {
+        if let Ok(root) = tokio::fs::canonicalize(root).await
+            && real.starts_with(&root)
+            && real != root
+        {
+            under_root = true;
+        }
+    }
+    if !under_root {
+        return Err(refused(format!(
+            "not under this node's --external-volume-roots ({})",
+            roots
+                .iter()
+                .map(|r| r.display().to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
+        )));
+    }
+    match tokio::fs::remove_dir_all(&real).await {
+        Ok(()) => Ok(true),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(false),
+        Err(e) => Err(refused(e.to_string())),
+    }
+}
+
 /// Removes what [`ate_snapshot::quarantine`] set aside of a generation directory (its files
 /// are kept for inspection until the generation itself is deleted).
 async fn remove_quarantined(gen_dir: &Path) {
@@ -231,6 +284,33 @@ mod tests {
         // Nothing set aside: nothing to do, and nothing else touched.
         remove_quarantined(&gen_dir).await;
         assert!(gen_dir.join("f").is_file());
+    }
+
+    #[tokio::test]
+    async fn a_volume_dir_is_purged_only_under_the_roots() {
+        let dir = tempdir();
+        let root = dir.path().join("volumes");
+        let roots = [root.clone()];
+        let ours = root.join("work").join("ns").join("a");
+        let outside = dir.path().join("elsewhere").join("ns").join("a");
+        for d in [&ours, &outside] {
+            mkdir(d);
+        }
+        assert!(matches!(purge_volume_dir(&roots, &ours).await, Ok(true)));
+        assert!(!ours.exists());
+        assert!(matches!(purge_volume_dir(&roots, &ours).await, Ok(false)));
+        let refused = purge_volume_dir(&roots, &outside).await;
+        assert!(
+            refused
+                .as_ref()
+                .is_err_and(|e| e.to_string().contains("--external-volume-roots")),
+            "{refused:?}"
+        );
+        assert!(outside.join("f").is_file());
+        // The root itself is never removed, and nothing is without roots.
+        assert!(purge_volume_dir(&roots, &root).await.is_err());
+        assert!(purge_volume_dir(&[], &root.join("work")).await.is_err());
+        assert!(root.join("work").is_dir());
     }
 
     #[tokio::test]
@@ -297,10 +377,18 @@ mod tests {
         mkdir(log.parent().unwrap_or(dir.path()));
         std::fs::write(&log, b"out\n").unwrap_or_else(|e| panic!("write: {e}"));
         let actor = ActorRef::new("ns", "a");
-        let first = agent.forget_actor_inner(&actor).await.ok();
+        let first = agent
+            .forget_actor_inner(&actor, &[])
+            .await
+            .ok()
+            .map(|r| r.0);
         assert_eq!(first, Some(true));
         assert!(!log.exists());
-        let second = agent.forget_actor_inner(&actor).await.ok();
+        let second = agent
+            .forget_actor_inner(&actor, &[])
+            .await
+            .ok()
+            .map(|r| r.0);
         assert_eq!(second, Some(false));
     }
 

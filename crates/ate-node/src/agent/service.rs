@@ -126,12 +126,18 @@ impl NodeService for NodeAgent {
         &self,
         req: Request<v1::ForgetActorRequest>,
     ) -> Result<Response<v1::ForgetActorReply>, Status> {
-        let result = match convert::actor(req.into_inner().actor) {
-            Ok(actor) => self.forget_actor_inner(&actor).await,
+        let req = req.into_inner();
+        let result = match convert::actor(req.actor) {
+            Ok(actor) => self.forget_actor_inner(&actor, &req.purge_dirs).await,
             Err(e) => Err(e),
         };
         result
-            .map(|log_removed| Response::new(v1::ForgetActorReply { log_removed }))
+            .map(|(log_removed, dirs_removed)| {
+                Response::new(v1::ForgetActorReply {
+                    log_removed,
+                    dirs_removed,
+                })
+            })
             .map_err(|e| convert::status(&e))
     }
 

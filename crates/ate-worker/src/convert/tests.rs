@@ -42,6 +42,7 @@ fn wire_spec() -> v1::TemplateSpec {
             name: "data".into(),
             mount_path: "/data".into(),
             external_host_path: String::new(),
+            external_shared: false,
         }],
         fidelity: Fidelity::Rootfs.wire(),
         idle_timeout_seconds: 300,
