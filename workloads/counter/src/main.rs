@@ -11,7 +11,7 @@
 //! sets, what refused syscalls and masked/read-only paths answer); see `sandbox.rs`.
 //!
 //! Every request except `/healthz`, `/whoami`, `/echo`, `/ws`, `/connect`, `/dials`, `/sandbox`,
-//! `/call` and `/caller` increments all three and answers
+//! `/call`, `/caller` and `/spin` increments all three and answers
 //! `preserved memory count: N | preserved file counter: M | preserved rootfs counter: K`.
 //!
 //! `POST /sidecar-exit?code=N` asks the sidecar (`$SIDECAR_ADDR`) to exit with code N.
@@ -21,6 +21,10 @@
 //! answers `ok` or the error: the isolation tests use it to show what an actor can (not) reach.
 //!
 //! `GET /dials` reports the outbound dials of `$DIAL_ADDR` (see `dial.rs`).
+//!
+//! `GET /spin?seconds=N[&threads=T]` starts T threads (default: the cores it may use) spinning on
+//! the CPU for N seconds and answers at once; `seconds=0` stops them (see `spin.rs`): the hog of
+//! `ate bench noisy`.
 //!
 //! `GET /call?actor=A/N&path=P[&n=K][&forge=1]` calls another actor through the platform address
 //! (see `call.rs`); `GET /caller` answers `caller: <ate-caller-actor or none>`.
@@ -37,6 +41,7 @@ mod dial;
 mod http;
 mod sandbox;
 mod sidecar;
+mod spin;
 mod ws;
 
 use http::{Request, Response};
@@ -112,6 +117,7 @@ fn handle(counters: &Mutex<Counters>, platform: &call::Platform, req: &Request) 
     match req.path.as_str() {
         "/healthz" => Response::text(200, "ok"),
         "/call" => platform.handle(&req.query),
+        "/spin" => spin::handle(&req.query),
         "/dials" => DIALS.get_or_init(dial::Dials::default).report(&req.query),
         "/caller" => Response::text(
             200,
