@@ -176,6 +176,13 @@ fn exit_codes_streams_terminal_and_errors() {
             && l.contains("no-such-command")),
         "no audit line for the exec:\n{api_log}"
     );
+    // The worker counts its sessions by how they ended.
+    assert!(sys.worker_metric("ate_worker_exec_sessions_total{ended=\"exited\"}") >= 4);
+    assert_eq!(
+        sys.worker_metric("ate_worker_exec_sessions_total{ended=\"not_run\"}"),
+        2
+    );
+    assert_eq!(sys.worker_metric("ate_worker_exec_sessions_open"), 0);
 }
 
 #[test]

@@ -32,6 +32,11 @@ pub const LAZY_PREFETCHED_CHUNKS: &str = "ate_worker_lazy_prefetched_chunks_tota
 pub const LAZY_ALL_IN_SECONDS: &str = "ate_worker_lazy_all_in_seconds";
 pub const MEMORY_DUMP_FAILURES: &str = "ate_worker_memory_dump_failures_total";
 pub const MEMORY_STREAMED_BYTES: &str = "ate_worker_memory_streamed_bytes_total";
+pub const EXEC_SESSIONS: &str = "ate_worker_exec_sessions_total";
+pub const EXEC_OPEN: &str = "ate_worker_exec_sessions_open";
+
+/// How an exec session ended (the `ended` label of [`EXEC_SESSIONS`]).
+pub const EXEC_ENDINGS: [&str; 4] = ["exited", "not_run", "caller_gone", "ingress_off"];
 
 /// Every series of the worker with its help text (`# HELP` / `# TYPE` on `/metrics`).
 pub fn describe() {
@@ -136,7 +141,21 @@ pub fn describe() {
         Unit::Bytes,
         "Memory image bytes eager restores of sealed generations streamed to CRIU, opened and checked as CRIU read them (no plaintext copy written first)."
     );
+    metrics::describe_counter!(
+        EXEC_SESSIONS,
+        Unit::Count,
+        "Exec sessions (ate exec, ate cp) by how they ended: exited (the command's own exit), not_run (the command was not found or not runnable), caller_gone (its process tree killed), ingress_off (ended by a suspend or stop of the actor)."
+    );
+    metrics::describe_gauge!(
+        EXEC_OPEN,
+        Unit::Count,
+        "Exec sessions open now (each keeps its actor from idle suspend)."
+    );
     // Present (at zero) from the start: rate() needs the series before the first event.
+    for ended in EXEC_ENDINGS {
+        metrics::counter!(EXEC_SESSIONS, "ended" => ended).increment(0);
+    }
+    metrics::gauge!(EXEC_OPEN).set(0.0);
     metrics::counter!(SNAPSHOT_BYTES_WRITTEN).increment(0);
     metrics::counter!(MEMORY_STREAMED_BYTES).increment(0);
     metrics::counter!(LAZY_PREFETCHED_CHUNKS).increment(0);

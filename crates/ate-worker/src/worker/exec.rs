@@ -227,6 +227,7 @@ impl Worker {
         let (events, output) = mpsc::channel(32);
         let process = match started {
             Exec::NotRun { code, reason } => {
+                metrics::counter!(crate::metrics::EXEC_SESSIONS, "ended" => "not_run").increment(1);
                 tracing::info!(actor = %key, caller = %req.caller, command = ?req.spec.command, code, %reason, "exec: command not run");
                 let _ = events.try_send(ExecEvent::Exit {
                     code,
@@ -240,15 +241,18 @@ impl Worker {
         let (end_tx, end_rx) = oneshot::channel();
         let (done_tx, done_rx) = watch::channel(false);
         let id = self.execs.add(&key, end_tx, done_rx);
+        metrics::gauge!(crate::metrics::EXEC_OPEN).increment(1.0);
         let worker = self.clone();
         tokio::spawn(async move {
             let pid = process.pid;
             let session_key = key.clone();
             // Once its processes are gone the session no longer counts (and a suspend waiting
             // for it goes on), even if its caller is slow to take the last answer.
-            let gone = move || {
+            let gone = move |ended: &'static str| {
                 worker.execs.remove(&session_key, id);
                 let _ = done_tx.send(true);
+                metrics::gauge!(crate::metrics::EXEC_OPEN).decrement(1.0);
+                metrics::counter!(crate::metrics::EXEC_SESSIONS, "ended" => ended).increment(1);
             };
             let code = run_session(process, req.spec.size, input, events, end_rx, gone).await;
             tracing::info!(actor = %key, pid, code, "exec session ended");
@@ -288,7 +292,7 @@ async fn run_session(
     input: mpsc::Receiver<ExecInput>,
     events: mpsc::Sender<ExecEvent>,
     end: oneshot::Receiver<String>,
-    gone: impl FnOnce(),
+    gone: impl FnOnce(&'static str),
 ) -> i32 {
     let pid = process.pid;
     let mut exit = tokio::spawn(wait_exit(pid));
@@ -314,16 +318,16 @@ async fn run_session(
         }
     };
     let mut end = end;
-    let (code, message) = tokio::select! {
-        code = &mut exit => (code.unwrap_or(255), String::new()),
+    let (code, message, ended) = tokio::select! {
+        code = &mut exit => (code.unwrap_or(255), String::new(), "exited"),
         why = &mut end => {
             let why = why.unwrap_or_else(|_| "exec session ended".to_string());
             kill_tree(pid).await;
-            ((&mut exit).await.unwrap_or(255), why)
+            ((&mut exit).await.unwrap_or(255), why, "ingress_off")
         }
         () = events.closed() => {
             kill_tree(pid).await;
-            ((&mut exit).await.unwrap_or(255), String::new())
+            ((&mut exit).await.unwrap_or(255), String::new(), "caller_gone")
         }
     };
     feeder.abort();
@@ -335,7 +339,7 @@ async fn run_session(
             p.abort();
         }
     }
-    gone();
+    gone(ended);
     let _ = events.send(ExecEvent::Exit { code, message }).await;
     code
 }
