@@ -197,6 +197,12 @@ pub async fn kill_strays(init: u32) -> usize {
         let Some(sandbox) = namespaces(init) else {
             return 0;
         };
+        // A pid that is no longer the sandbox's init (reused by a host process) names this
+        // worker's own PID namespace: nothing there is a sandbox's.
+        let own = std::fs::read_link("/proc/self/ns/pid").ok();
+        if own.as_ref() == Some(&sandbox.0) {
+            return 0;
+        }
         let mut killed = 0;
         for _ in 0..20 {
             let procs: Vec<(u32, Option<Namespaces>)> = pids()
