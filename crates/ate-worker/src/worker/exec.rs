@@ -322,11 +322,16 @@ async fn run_session(
         code = &mut exit => (code.unwrap_or(255), String::new(), "exited"),
         why = &mut end => {
             let why = why.unwrap_or_else(|_| "exec session ended".to_string());
-            kill_tree(pid).await;
+            // Not once reaped: the pid could be another process's by then.
+            if !exit.is_finished() {
+                kill_tree(pid).await;
+            }
             ((&mut exit).await.unwrap_or(255), why, "ingress_off")
         }
         () = events.closed() => {
-            kill_tree(pid).await;
+            if !exit.is_finished() {
+                kill_tree(pid).await;
+            }
             ((&mut exit).await.unwrap_or(255), String::new(), "caller_gone")
         }
     };
