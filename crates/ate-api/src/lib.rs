@@ -63,6 +63,9 @@ pub struct ApiConfig {
     /// Signs actors' identity tokens (`--identity-key`); None: IssueActorToken is refused and
     /// no JWKS is published.
     pub identity: Option<Arc<ate_jwt::issuer::TokenIssuer>>,
+    /// Slots used as a cache: when no worker has room, a running actor with nothing open for
+    /// at least this long is suspended (least recently used first) to make room. Zero: never.
+    pub evict_idle_after: Duration,
 }
 
 impl Default for ApiConfig {
@@ -78,9 +81,18 @@ impl Default for ApiConfig {
             node_tls: None,
             sole_replica: false,
             identity: None,
+            evict_idle_after: Duration::ZERO,
         }
     }
 }
+
+/// The value we recommend for [`ApiConfig::evict_idle_after`] (`--evict-idle-after 2s`; off by
+/// default, see docs/capacity.md "Slots as a cache" for why). Why 2 s: longer than the gaps
+/// inside one burst of an agent's work (a tool-call chain, a page's requests), short enough
+/// that a newcomer finds room within its 5 s parking budget; the evicted actor keeps its
+/// memory (a frozen copy where the worker keeps one), so evicting too early costs it one
+/// resume, never state.
+pub const RECOMMENDED_EVICT_IDLE_AFTER: Duration = Duration::from_secs(2);
 
 #[derive(Debug, thiserror::Error)]
 pub enum ServeError {

@@ -34,8 +34,23 @@ pub const FLEET_SLOTS_USED: &str = "ate_api_fleet_slots_used";
 /// Outcome of a warm resume: the actor was running already.
 pub const WARM_OUTCOME: &str = "already_running";
 
+/// Running actors suspended to make room for another (slots used as a cache), by outcome.
+pub const EVICTIONS_TOTAL: &str = "ate_api_evictions_total";
+/// Evicted actors that had been resumed less than [`crate::workflows::THRASH_WINDOW`] before.
+pub const EVICTION_THRASH_TOTAL: &str = "ate_api_eviction_thrash_total";
+
 /// Every series of the api with its help text (`# HELP` / `# TYPE` on `/metrics`).
 pub fn describe() {
+    metrics::describe_counter!(
+        EVICTIONS_TOTAL,
+        Unit::Count,
+        "Running actors suspended (memory kept) because no worker had room for another, least recently used first, by outcome (suspended, or why not: the suspend's error)."
+    );
+    metrics::describe_counter!(
+        EVICTION_THRASH_TOTAL,
+        Unit::Count,
+        "Evictions of an actor resumed less than a minute before: slots too few for the working set of actors (thrashing)."
+    );
     metrics::describe_counter!(
         NO_CAPABLE_WORKER,
         Unit::Count,

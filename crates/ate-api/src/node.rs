@@ -283,6 +283,17 @@ impl NodeAgent {
         Ok(())
     }
 
+    /// What the actors running on `worker_id` are doing now.
+    pub async fn actor_activity(
+        &mut self,
+        worker_id: &str,
+    ) -> Result<Vec<v1::RunningActorActivity>, NodeError> {
+        let req = v1::ActorActivityRequest {
+            worker_id: worker_id.to_string(),
+        };
+        Ok(self.0.actor_activity(req).await?.into_inner().actors)
+    }
+
     /// The actor was deleted: the node removes what it keeps of it outside its generations,
     /// and the external volume directories in `purge_dirs`. Returns how many it removed.
     pub async fn forget_actor(

@@ -38,6 +38,12 @@ pub struct ServerConfig {
     /// outage. Never set it when several replicas share the store.
     #[arg(long)]
     pub sole_replica: bool,
+    /// Slots used as a cache: when no worker has room for an actor, suspend the least recently
+    /// used running actor that has had no request, tunnel, exec session or outbound connection
+    /// open for this long (its memory kept) and place the newcomer there (`2s` recommended).
+    /// `0`, the default: the newcomer parks and gets the specification's 503 after the budget.
+    #[arg(long, env = "ATE_EVICT_IDLE_AFTER", default_value = "0", value_parser = ate_core::duration::parse_duration)]
+    pub evict_idle_after: Duration,
     /// Write the bound addresses as JSON here once serving (used by `ate up` and tests).
     #[arg(long)]
     pub ready_file: Option<PathBuf>,
@@ -206,6 +212,7 @@ impl ServerConfig {
             lease_ttl: Duration::from_secs(self.lease_ttl_seconds.max(1)),
             node_tls,
             sole_replica: self.sole_replica,
+            evict_idle_after: self.evict_idle_after,
             ..Default::default()
         }
     }

@@ -38,6 +38,8 @@ pub struct NodeCalls {
     pub forgotten: Mutex<Vec<String>>,
     /// The `x-request-id` metadata of each Run and Restore call, in order.
     pub request_ids: Mutex<Vec<Option<String>>>,
+    /// ActorActivity calls.
+    pub activity: AtomicU64,
 }
 
 struct NodeState {
@@ -47,6 +49,8 @@ struct NodeState {
     behaviour: Mutex<NodeBehaviour>,
     delay: Mutex<Duration>,
     calls: NodeCalls,
+    /// What ActorActivity answers (none running by default: nothing to evict).
+    activity: Mutex<Vec<RunningActorActivity>>,
 }
 
 #[derive(Clone)]
@@ -69,6 +73,7 @@ impl TestNode {
             behaviour: Mutex::new(NodeBehaviour::Ok),
             delay: Mutex::new(Duration::ZERO),
             calls: NodeCalls::default(),
+            activity: Mutex::new(Vec::new()),
         });
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind node");
         let addr = listener.local_addr().expect("addr");
@@ -102,6 +107,10 @@ impl TestNode {
     }
     pub fn calls(&self) -> &NodeCalls {
         &self.state.calls
+    }
+    /// What ActorActivity answers from now on (for every worker of this node).
+    pub fn set_activity(&self, actors: Vec<RunningActorActivity>) {
+        *self.state.activity.lock().unwrap() = actors;
     }
 }
 
@@ -277,6 +286,16 @@ impl node_service_server::NodeService for NodeSvc {
         let n = req.into_inner().snapshots.len() as u64;
         self.0.calls.delete_snapshots.fetch_add(n, Ordering::SeqCst);
         Ok(Response::new(DeleteSnapshotsReply {}))
+    }
+
+    async fn actor_activity(
+        &self,
+        _req: Request<ActorActivityRequest>,
+    ) -> Result<Response<ActorActivityReply>, Status> {
+        self.0.calls.activity.fetch_add(1, Ordering::SeqCst);
+        Ok(Response::new(ActorActivityReply {
+            actors: self.0.activity.lock().unwrap().clone(),
+        }))
     }
 
     /// Every actor's log on this node is `log of <atespace>/<name>\n`.

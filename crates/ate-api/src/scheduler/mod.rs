@@ -125,6 +125,14 @@ pub fn eligible<'w>(workers: &'w [WorkerRecord], req: &Requirements<'_>) -> Vec<
         .collect()
 }
 
+/// Workers that pass every filter but room: where room could be made.
+pub fn suitable_workers<'w>(
+    workers: &'w [WorkerRecord],
+    req: &Requirements<'_>,
+) -> Vec<&'w WorkerRecord> {
+    workers.iter().filter(|w| suitable(w, req)).collect()
+}
+
 /// Every filter except room: the worker could host the actor if it had room.
 fn suitable(w: &WorkerRecord, req: &Requirements<'_>) -> bool {
     suitable_but_capable(w, req) && capable(w, req.capabilities)

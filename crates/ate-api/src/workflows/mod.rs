@@ -14,6 +14,7 @@
 //! `node.rs` speaks NodeService for them.
 
 mod alarms;
+mod evict;
 mod exec;
 mod fleet;
 mod lifecycle;
@@ -38,6 +39,7 @@ use crate::lease::Lease;
 use crate::node::{NodeClients, NodeError};
 use crate::scheduler::{self, FleetView};
 
+pub use evict::THRASH_WINDOW;
 pub use exec::ExecTarget;
 pub use fleet::{ActorExit, HeldActor};
 pub use lifecycle::GenerationView;

@@ -26,6 +26,10 @@ const BIND_BACKOFF: Policy = Policy {
     jitter: (0.5, 1.0),
 };
 
+/// Idle actors one placement may suspend to make room before it parks (each frees one
+/// actor's room; more means the room asked is larger than an idle actor's).
+const MAX_EVICTIONS_PER_PLACEMENT: u32 = 2;
+
 impl Api {
     /// A RESUMING actor whose worker is still ACTIVE is resumed there again (the previous attempt
     /// failed transiently); binding is idempotent.
@@ -174,6 +178,7 @@ impl Api {
             capabilities: capabilities.clone(),
         };
         let mut refreshed = false;
+        let mut evictions = 0;
         let mut attempt = 0;
         let mut backoff = Backoff::new(Duration::from_millis(10), &BIND_BACKOFF);
         loop {
@@ -221,6 +226,15 @@ impl Api {
                         detached = true;
                         continue;
                     }
+                }
+                // Slots used as a cache: suspend the least recently used idle actor where
+                // room would do, then look again (with the fleet re-read).
+                if evictions < MAX_EVICTIONS_PER_PLACEMENT
+                    && self.make_room(&workers, &req, &r).await?
+                {
+                    evictions += 1;
+                    refreshed = false;
+                    continue;
                 }
                 self.waiters.no_room(&actor_key, needs(), Instant::now());
                 // No worker can restore what the generation holds (not merely no room): the

@@ -304,6 +304,16 @@ impl System {
             .sum()
     }
 
+    /// The series `needle` (name and labels as rendered) of the api's `/metrics`.
+    pub fn api_metric(&self, needle: &str) -> u64 {
+        let (_, text) = ate_test_support::http::http_get(&self.api_http, "/metrics");
+        text.lines()
+            .find(|l| l.starts_with(needle))
+            .and_then(|l| l.rsplit(' ').next())
+            .and_then(|v| v.parse::<f64>().ok())
+            .map_or(0, |v| v as u64)
+    }
+
     pub fn stop(&mut self) {
         if let Ok(Some(_)) = self.child.try_wait() {
             return;

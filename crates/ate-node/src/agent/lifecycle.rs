@@ -65,6 +65,32 @@ impl NodeAgent {
         Ok(Self::reply(&worker, epoch))
     }
 
+    /// ActorActivity: the live actors of `worker_id` with what they are doing (exited ones and
+    /// those asking to be suspended are left out: neither is a candidate to make room).
+    pub(super) async fn actor_activity_inner(
+        &self,
+        worker_id: &str,
+    ) -> Result<Vec<ate_proto::v1::RunningActorActivity>, AgentError> {
+        let worker = self.worker(worker_id)?;
+        let activity = worker.client.clone().activity().await?;
+        Ok(activity
+            .actors
+            .into_iter()
+            .filter(|a| !a.exited && !a.suspend_requested)
+            .filter_map(|a| {
+                Some(ate_proto::v1::RunningActorActivity {
+                    actor: Some(ate_proto::v1::ObjectRef {
+                        atespace: a.actor.as_ref()?.atespace.clone(),
+                        name: a.actor?.name,
+                    }),
+                    open_streams: a.open_streams,
+                    last_activity_unix_ms: a.last_activity_unix_ms,
+                    activation: a.activation,
+                })
+            })
+            .collect())
+    }
+
     /// ForgetActor: removes the deleted actor's log and the external volume directories asked
     /// for (`purge_dirs`, each only under `--external-volume-roots`) unless a sandbox of that
     /// name still runs on this node; returns whether the log was removed and how many

@@ -141,6 +141,16 @@ impl NodeService for NodeAgent {
             .map_err(|e| convert::status(&e))
     }
 
+    async fn actor_activity(
+        &self,
+        req: Request<v1::ActorActivityRequest>,
+    ) -> Result<Response<v1::ActorActivityReply>, Status> {
+        self.actor_activity_inner(&req.into_inner().worker_id)
+            .await
+            .map(|actors| Response::new(v1::ActorActivityReply { actors }))
+            .map_err(|e| convert::status(&e))
+    }
+
     async fn read_log(
         &self,
         req: Request<v1::ReadLogRequest>,
