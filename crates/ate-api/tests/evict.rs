@@ -24,7 +24,7 @@ fn activity(ns: &str, name: &str, ago_ms: i64, open: u32) -> RunningActorActivit
         actor: Some(obj(ns, name)),
         open_streams: open,
         last_activity_unix_ms: now_ms() - ago_ms,
-        activation: 0,
+        ..Default::default()
     }
 }
 

@@ -19,6 +19,7 @@ mod proxy;
 mod render;
 mod serve;
 mod token;
+mod top;
 mod up;
 mod verbs;
 
@@ -186,6 +187,13 @@ enum Command {
     Cp {
         #[command(flatten)]
         cp: cp::CpArgs,
+        #[command(flatten)]
+        api: ApiFlags,
+    },
+    /// What running actors use now: CPU, memory, uptime (kubectl top's look).
+    Top {
+        #[command(subcommand)]
+        cmd: top::TopCmd,
         #[command(flatten)]
         api: ApiFlags,
     },
@@ -368,6 +376,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         }
         Command::Exec { exec, api } => exec::run(&api.connect().await?, exec).await,
         Command::Cp { cp, api } => cp::run(&api.connect().await?, cp).await,
+        Command::Top { cmd, api } => top::run(&api.connect().await?, cmd).await,
         Command::Proxy(args) => proxy::run(args).await.map(|_| ExitCode::SUCCESS),
         Command::Delete { cmd, api } => verbs::delete(&api.connect().await?, cmd).await,
         Command::Ca(cmd) => ca::run(cmd),

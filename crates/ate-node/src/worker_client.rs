@@ -76,6 +76,10 @@ pub struct ActorActivity {
     /// With `crash_reason`: the generation directory the lazy restore found damaged (empty:
     /// none).
     pub damaged_generation_dir: String,
+    /// What it uses: CPU lately (millicores), memory now (bytes), active since (Unix ms).
+    pub cpu_millis: u32,
+    pub memory_bytes: u64,
+    pub active_since_unix_ms: i64,
 }
 
 /// A Start: a cold boot (no generation) or a restore from a sealed generation directory.
@@ -164,6 +168,9 @@ impl WorkerClient {
                     crash_reason: a.crash_reason,
                     suspend_requested: a.suspend_requested,
                     damaged_generation_dir: a.damaged_generation_dir,
+                    cpu_millis: a.cpu_millis,
+                    memory_bytes: a.memory_bytes,
+                    active_since_unix_ms: a.active_since_unix_ms,
                 })
                 .collect(),
             draining: reply.draining,

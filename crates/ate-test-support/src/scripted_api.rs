@@ -125,6 +125,13 @@ impl ActorService for ScriptedApi {
         Err(Status::unimplemented("the scripted api runs no commands"))
     }
 
+    async fn top_actors(
+        &self,
+        _req: tonic::Request<TopActorsRequest>,
+    ) -> Result<tonic::Response<TopActorsResponse>, Status> {
+        Err(Status::unimplemented("the scripted api measures no actors"))
+    }
+
     async fn resume_actor(
         &self,
         req: tonic::Request<ResumeActorRequest>,

@@ -49,6 +49,8 @@ pub struct CpuMeter {
     physical_millis: u32,
     usage_millis: AtomicU32,
     last: Mutex<Option<Sample>>,
+    /// Each sandbox's share of `usage_millis` (short id → millicores), for `ate top actors`.
+    per_sandbox: Mutex<HashMap<String, u32>>,
 }
 
 #[derive(Debug)]
@@ -65,6 +67,7 @@ impl CpuMeter {
             physical_millis,
             usage_millis: AtomicU32::new(0),
             last: Mutex::new(None),
+            per_sandbox: Mutex::new(HashMap::new()),
         }
     }
 
@@ -76,6 +79,15 @@ impl CpuMeter {
     /// CPU the actors used over the last sampling window (millicores; 0 before two passes).
     pub fn usage_millis(&self) -> u32 {
         self.usage_millis.load(Ordering::Acquire)
+    }
+
+    /// CPU the sandbox `short_id` used over the last sampling window (millicores; None before
+    /// it was seen in two passes).
+    pub fn sandbox_usage_millis(&self, short_id: &str) -> Option<u32> {
+        match self.per_sandbox.lock() {
+            Ok(m) => m.get(short_id).copied(),
+            Err(poisoned) => poisoned.into_inner().get(short_id).copied(),
+        }
     }
 
     /// One pass over the worker's sandboxes: weights set from their quotas, usage read from
@@ -103,21 +115,29 @@ impl CpuMeter {
         };
         let millis = match last.as_ref() {
             Some(prev) if now > prev.at => {
-                let grown: u64 = usage_ns
+                let elapsed_ns = now.duration_since(prev.at).as_nanos().max(1);
+                let rate = |grown: u64| {
+                    u32::try_from(u128::from(grown) * 1000 / elapsed_ns).unwrap_or(u32::MAX)
+                };
+                let grown: HashMap<String, u64> = usage_ns
                     .iter()
                     .filter_map(|(id, &now_ns)| {
                         prev.usage_ns.get(id).map(|&before| {
-                            if now_ns >= before {
+                            let g = if now_ns >= before {
                                 now_ns - before
                             } else {
                                 now_ns
-                            }
+                            };
+                            (id.clone(), g)
                         })
                     })
-                    .sum();
-                let elapsed_ns = now.duration_since(prev.at).as_nanos().max(1);
-                let rate = u128::from(grown) * 1000 / elapsed_ns;
-                u32::try_from(rate).unwrap_or(u32::MAX)
+                    .collect();
+                let per: HashMap<String, u32> =
+                    grown.iter().map(|(id, &g)| (id.clone(), rate(g))).collect();
+                if let Ok(mut m) = self.per_sandbox.lock() {
+                    *m = per;
+                }
+                rate(grown.values().sum())
             }
             _ => self.usage_millis(),
         };
@@ -140,6 +160,17 @@ fn v2_dir(short_id: &str) -> Option<PathBuf> {
         .into_iter()
         .map(|h| cgroup_dir(h, short_id))
         .find(|d| d.join("cgroup.controllers").is_file())
+}
+
+/// Memory the actor's cgroup holds now (v1 `memory.usage_in_bytes`, v2 `memory.current`).
+pub fn memory_bytes(short_id: &str) -> Option<u64> {
+    let v1 = cgroup_dir("/sys/fs/cgroup/memory", short_id).join("memory.usage_in_bytes");
+    if let Some(text) = read_trimmed(&v1) {
+        return text.parse().ok();
+    }
+    read_trimmed(&v2_dir(short_id)?.join("memory.current"))?
+        .parse()
+        .ok()
 }
 
 /// Cumulative CPU time of the actor's cgroup in nanoseconds, if it has one.

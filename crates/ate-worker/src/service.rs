@@ -204,9 +204,23 @@ impl WorkerService for WorkerServiceImpl {
         &self,
         _req: Request<v1::WorkerActivityRequest>,
     ) -> Result<Response<v1::WorkerActivityReply>, Status> {
-        Ok(Response::new(convert::activity_reply(
-            self.worker.activity(),
-        )))
+        let mut reply = convert::activity_reply(self.worker.activity());
+        // What each running actor uses (`ate top actors`): the meter's last window, its
+        // cgroup's memory now.
+        let running = self.worker.running_sandboxes();
+        for a in reply.actors.iter_mut().filter(|a| !a.exited) {
+            let Some(r) = &a.actor else { continue };
+            let Some((_, id, since)) = running
+                .iter()
+                .find(|(actor, _, _)| actor.atespace == r.atespace && actor.name == r.name)
+            else {
+                continue;
+            };
+            a.cpu_millis = self.cpu.sandbox_usage_millis(id).unwrap_or(0);
+            a.memory_bytes = crate::cpu::memory_bytes(id).unwrap_or(0);
+            a.active_since_unix_ms = *since;
+        }
+        Ok(Response::new(reply))
     }
 
     async fn renew_lease(

@@ -30,6 +30,45 @@ impl actor_service_server::ActorService for Services {
         self.exec(req).await
     }
 
+    async fn top_actors(
+        &self,
+        req: Request<TopActorsRequest>,
+    ) -> Result<Response<TopActorsResponse>, Status> {
+        let caller = self.authorize(&req, "ActorService/TopActors", |r| {
+            if r.atespace.is_empty() {
+                Need::List
+            } else {
+                Need::Atespace(&r.atespace)
+            }
+        })?;
+        let req = req.into_inner();
+        if !req.atespace.is_empty() {
+            label("atespace", &req.atespace)?;
+        }
+        let atespace = Some(req.atespace.as_str()).filter(|a| !a.is_empty());
+        let (usage, unreachable_workers) = self.api.top(atespace).await.map_err(convert::status)?;
+        let actors = usage
+            .into_iter()
+            .filter(|u| caller.sees(&u.actor.atespace))
+            .map(|u| ActorUsage {
+                actor: Some(ObjectRef {
+                    atespace: u.actor.atespace,
+                    name: u.actor.name,
+                }),
+                worker_id: u.worker_id,
+                cpu_millis: u.cpu_millis,
+                memory_bytes: u.memory_bytes,
+                active_since_unix_ms: u.active_since_unix_ms,
+                open_streams: u.open_streams,
+                last_activity_unix_ms: u.last_activity_unix_ms,
+            })
+            .collect();
+        Ok(Response::new(TopActorsResponse {
+            actors,
+            unreachable_workers,
+        }))
+    }
+
     async fn create_actor(
         &self,
         req: Request<CreateActorRequest>,

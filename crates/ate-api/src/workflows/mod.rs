@@ -22,6 +22,7 @@ mod logs;
 mod placement;
 mod resume;
 mod suspend;
+mod top;
 
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
@@ -44,6 +45,7 @@ pub use exec::ExecTarget;
 pub use fleet::{ActorExit, HeldActor};
 pub use lifecycle::GenerationView;
 pub use logs::ActorLog;
+pub use top::ActorUsage;
 
 /// Points between workflow steps where a test can simulate a crash of the api.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

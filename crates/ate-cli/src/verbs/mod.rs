@@ -59,7 +59,7 @@ pub struct Scope {
 
 impl Scope {
     /// The list requests' filter: empty means every atespace.
-    fn filter(&self) -> String {
+    pub fn filter(&self) -> String {
         match (&self.atespace, self.all) {
             (Some(a), false) => a.clone(),
             _ => String::new(),

@@ -86,6 +86,9 @@ impl NodeAgent {
                     open_streams: a.open_streams,
                     last_activity_unix_ms: a.last_activity_unix_ms,
                     activation: a.activation,
+                    cpu_millis: a.cpu_millis,
+                    memory_bytes: a.memory_bytes,
+                    active_since_unix_ms: a.active_since_unix_ms,
                 })
             })
             .collect())

@@ -156,6 +156,10 @@ pub(crate) fn stop_reply(r: StopReply) -> v1::WorkerStopReply {
 
 fn actor_activity(a: ActorActivity) -> v1::ActorActivity {
     v1::ActorActivity {
+        // Filled by the service from the CPU meter and the cgroup.
+        cpu_millis: 0,
+        memory_bytes: 0,
+        active_since_unix_ms: 0,
         actor: Some(object_ref(&a.actor)),
         open_streams: a.open_streams,
         last_activity_unix_ms: a.last_activity_unix_ms,

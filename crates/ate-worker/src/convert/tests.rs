@@ -351,6 +351,9 @@ fn replies_carry_every_field() {
                 crash_reason: "lazy memory restore failed: x".into(),
                 damaged_generation_dir: "/state/snapshots/ns/a-1/3-u".into(),
                 suspend_requested: true,
+                cpu_millis: 0,
+                memory_bytes: 0,
+                active_since_unix_ms: 0,
             }],
             draining: true,
         }

@@ -12,6 +12,32 @@ use super::{ActivityReport, ActorActivity, Entry, ExitReport, Worker};
 use crate::lazy::Outcome;
 
 impl Worker {
+    /// Each running actor's cgroup name (`ActorSandbox::short_id`) and since when it is active
+    /// here (its adoption record, written once it went active; 0 when unreadable).
+    pub fn running_sandboxes(&self) -> Vec<(ActorRef, String, i64)> {
+        let sandboxes: Vec<_> = self
+            .table()
+            .actors
+            .values()
+            .map(|e| e.sandbox.clone())
+            .collect();
+        sandboxes
+            .into_iter()
+            .map(|s| {
+                let since = std::fs::metadata(s.dir.join(super::adoption::ADOPTION_FILE))
+                    .and_then(|m| m.modified())
+                    .ok()
+                    .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+                    .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX));
+                (
+                    ActorRef::new(s.atespace.clone(), s.name.clone()),
+                    s.short_id(),
+                    since,
+                )
+            })
+            .collect()
+    }
+
     pub fn activity(&self) -> ActivityReport {
         let now = now_ms();
         self.last_poll_ms.store(now, Ordering::Release);

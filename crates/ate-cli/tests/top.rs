@@ -1,0 +1,60 @@
+//! `ate top actors` end to end (issue 33, item 4), through `ate up` on real runc workers: a
+//! counter spinning one thread shows its CPU (from its cgroup, as its worker samples it every
+//! 2 s), a quiet one its memory; only the atespace asked for, most CPU first.
+
+mod support;
+
+use std::time::{Duration, Instant};
+
+use support::actors::*;
+use support::*;
+
+#[test]
+fn top_shows_what_running_actors_use() {
+    let ns = "ns-top";
+    let sys = System::up(UpOptions::default());
+    sys_apply(&sys, ns, "counter", &Tpl::counter());
+    create_actor(&sys, ns, "busy", "counter");
+    create_actor(&sys, ns, "quiet", "counter");
+    get_ok(&sys, &format!("{ns}/quiet"), "/");
+    // Spins one thread for 6 s (answering at once): 2 s samples see it busy.
+    get_ok(&sys, &format!("{ns}/busy"), "/spin?seconds=6&threads=1");
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let (busy_cpu, out) = loop {
+        let out = sys.ate_ok(&["top", "actors", "-a", ns]);
+        let cpu = out
+            .lines()
+            .find(|l| l.split_whitespace().nth(1) == Some("busy"))
+            .and_then(|l| l.split_whitespace().nth(3))
+            .and_then(|c| c.trim_end_matches('m').parse::<u32>().ok())
+            .unwrap_or(0);
+        if cpu >= 100 || Instant::now() > deadline {
+            break (cpu, out);
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    };
+    eprintln!("{out}");
+    // The counter's quota is 250m: a spinning thread shows close to it.
+    assert!(busy_cpu >= 100, "busy at {busy_cpu}m:\n{out}");
+    let header = out.lines().next().unwrap_or_default();
+    assert!(
+        header.starts_with("ATESPACE") && header.contains("MEMORY") && header.contains("UPTIME"),
+        "{out}"
+    );
+    let quiet = out
+        .lines()
+        .find(|l| l.split_whitespace().nth(1) == Some("quiet"))
+        .unwrap_or_else(|| panic!("quiet is not listed:\n{out}"));
+    let cols: Vec<&str> = quiet.split_whitespace().collect();
+    assert!(
+        cols[4].ends_with("Mi") || cols[4].ends_with("Ki"),
+        "{quiet}"
+    );
+    assert_ne!(cols[4], "0Ki", "memory of a running counter: {quiet}");
+    // Only the atespace asked for; busy listed first (most CPU).
+    assert!(out.lines().skip(1).all(|l| l.starts_with(ns)), "{out}");
+    assert!(
+        out.lines().nth(1).is_some_and(|l| l.contains(" busy ")),
+        "{out}"
+    );
+}
