@@ -11,6 +11,10 @@
 //! - `warm`: router warm path (keep-alive) against a direct loopback baseline served by this
 //!   process, in the same invocation; optionally also over the router's TLS listener and through a
 //!   second, plaintext system (the cost of TLS on both hops), interleaved in rounds.
+//! - `noisy`: a quiet counter's warm latency without and with a CPU-hog actor beside it
+//!   (`noisy.rs`).
+//! - `density`: as many idle counters running as the system admits, their memory, the limit
+//!   that stopped them and a resume with 1 vs N running (`density.rs`).
 //!
 //! Progress goes to stderr, the table to stdout, the results as JSON to `--out` (default
 //! `bench-<kind>.json`, with every sample) and an SVG chart beside it (`plot/`).
@@ -42,8 +46,10 @@ use serde_json::json;
 
 mod alarms;
 mod calls;
+mod density;
 mod h2load;
 mod nginx;
+mod noisy;
 mod parking;
 mod plot;
 mod podman;
@@ -54,6 +60,8 @@ mod warm;
 
 pub use alarms::AlarmsArgs;
 pub use calls::CallsArgs;
+pub use density::DensityArgs;
+pub use noisy::NoisyArgs;
 pub use parking::ParkingArgs;
 pub use resume::ResumeArgs;
 pub use snapshots::SnapshotsArgs;
@@ -84,6 +92,11 @@ pub enum BenchCmd {
     /// Lateness of many alarms due within a few seconds (one per counter actor, each asking to
     /// be suspended once it has its alarm).
     Alarms(AlarmsArgs),
+    /// A quiet counter's warm request latency without and with a CPU-hog actor beside it.
+    Noisy(NoisyArgs),
+    /// As many idle counters RUNNING as the system admits: memory per actor, the limit that
+    /// stopped them, a resume with 1 vs N running.
+    Density(DensityArgs),
 }
 
 #[derive(Args, Debug, Clone)]
@@ -112,6 +125,8 @@ pub async fn run(c: Clients, cmd: BenchCmd) -> anyhow::Result<ExitCode> {
         BenchCmd::Snapshots(a) => snapshots::snapshots(c, a).await,
         BenchCmd::Calls(a) => calls::calls(c, a).await,
         BenchCmd::Alarms(a) => alarms::alarms(c, a).await,
+        BenchCmd::Noisy(a) => noisy::noisy(c, a).await,
+        BenchCmd::Density(a) => density::density(c, a).await,
     }
 }
 
