@@ -169,10 +169,10 @@ pub(crate) async fn density(c: Clients, a: DensityArgs) -> anyhow::Result<ExitCo
     let rss = sorted(sandboxes.iter().map(|s| s.1).collect());
 
     // Room for the probe: a filler suspended when the fill ended full.
-    if stopped_by.starts_with("refused") {
-        if let Some(last) = running.last() {
-            ensure_suspended(&c, &ns, last).await?;
-        }
+    if stopped_by.starts_with("refused")
+        && let Some(last) = running.last()
+    {
+        ensure_suspended(&c, &ns, last).await?;
     }
     let resume_n = probe_resumes(&c, &http, &router, &ns, a.samples).await?;
 
@@ -290,8 +290,8 @@ async fn limit_report(c: &Clients) -> anyhow::Result<Vec<String>> {
     Ok(workers
         .iter()
         .map(|w| {
-            let cap = w.capacity.clone().unwrap_or_default();
-            let used = w.used.clone().unwrap_or_default();
+            let cap = w.capacity.unwrap_or_default();
+            let used = w.used.unwrap_or_default();
             let mut full = Vec::new();
             if used.actor_slots + 1 > cap.actor_slots {
                 full.push("slots");
