@@ -90,6 +90,7 @@ pub(crate) async fn noisy(c: Clients, a: NoisyArgs) -> anyhow::Result<ExitCode> 
         "==> quiet {quiet} (cpu {}), hog {hog} (cpu {hog_cpu}, {hog_threads} threads), {} requests per phase, {} rounds, gap {} ms",
         a.quiet_cpu, a.requests, a.rounds, a.gap_ms
     );
+    let load_before = load_average();
     // Warm-up: connections on every hop, the router's assignment.
     quiet_phase(&quiet_client, &router, &quiet, 100, a.gap_ms).await?;
 
@@ -162,6 +163,8 @@ pub(crate) async fn noisy(c: Clients, a: NoisyArgs) -> anyhow::Result<ExitCode> 
         "under the hog / quiet: p50 {p50_ratio:.2}×, p99 {p99_ratio:.2}× (median of rounds' p99: {round_p99_ratio:.2}×; target p99 ≤ 2×: {})",
         if p99_ratio <= 2.0 { "met" } else { "missed" }
     );
+    let load_after = load_average();
+    println!("load average (1 min) before / after: {load_before:.2} / {load_after:.2}");
     let phase_json = |p: &Phase| json!({"ms": p.ms, "host_busy": p.host_busy});
     write_json(
         &a.common,
@@ -170,6 +173,7 @@ pub(crate) async fn noisy(c: Clients, a: NoisyArgs) -> anyhow::Result<ExitCode> 
             "kind": "noisy",
             "quiet_cpu": a.quiet_cpu, "hog_cpu": hog_cpu, "hog_threads": hog_threads,
             "requests": a.requests, "gap_ms": a.gap_ms,
+            "load_before": load_before, "load_after": load_after,
             "quiet": quiet_sum, "hog": hog_sum,
             "p50_ratio": p50_ratio, "p99_ratio": p99_ratio, "round_p99_ratio": round_p99_ratio,
             "rounds": quiet_rows.iter().zip(&hog_rows).map(|(q, h)|
@@ -231,4 +235,13 @@ fn host_cpu() -> Option<(u64, u64)> {
     let total: u64 = v.iter().take(8).sum();
     let idle = v.get(3).copied().unwrap_or(0) + v.get(4).copied().unwrap_or(0);
     Some((total.saturating_sub(idle), total))
+}
+
+/// The machine's 1-minute load average (0 if unreadable): how busy it was is part of a tail
+/// figure on a shared machine.
+fn load_average() -> f64 {
+    std::fs::read_to_string("/proc/loadavg")
+        .ok()
+        .and_then(|t| t.split_whitespace().next()?.parse().ok())
+        .unwrap_or(0.0)
 }
