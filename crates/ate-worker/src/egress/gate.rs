@@ -103,6 +103,21 @@ impl Gate {
 
 impl Drop for Gate {
     fn drop(&mut self) {
+        // A hook still waiting for an answer (the boot ended without serving it: runc killed,
+        // the start abandoned) gets one, so it ends instead of waiting for a runc that may be
+        // gone to time it out. Non-blocking, read-write: never waits for a reader.
+        if self.answer.is_none() {
+            use std::io::Write;
+            use std::os::unix::fs::OpenOptionsExt;
+            if let Ok(mut f) = std::fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .custom_flags(libc::O_NONBLOCK)
+                .open(self.dir.join(ANSWER))
+            {
+                let _ = f.write_all(b"the worker abandoned this start\n");
+            }
+        }
         let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
@@ -150,6 +165,27 @@ mod tests {
         assert!(!hook.status.success());
         let stderr = String::from_utf8_lossy(&hook.stderr);
         assert!(stderr.contains("egress: no listener in netns"), "{stderr}");
+    }
+
+    #[tokio::test]
+    async fn a_gate_dropped_unserved_ends_the_waiting_hook() {
+        let tmp = tempfile::tempdir().unwrap_or_else(|e| panic!("tempdir: {e}"));
+        let dir = tmp.path().join("gate");
+        let gate = Gate::open(&dir).unwrap_or_else(|e| panic!("open: {e}"));
+        let hook = tokio::spawn({
+            let dir = dir.clone();
+            async move { run_hook(&dir).await }
+        });
+        // The hook said "up" and waits for the answer nobody serves.
+        tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+        drop(gate);
+        let out = tokio::time::timeout(std::time::Duration::from_secs(5), hook)
+            .await
+            .unwrap_or_else(|_| panic!("the hook still waits after the gate was dropped"))
+            .unwrap_or_else(|e| panic!("join: {e}"));
+        assert!(!out.status.success());
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(stderr.contains("abandoned"), "{stderr}");
     }
 
     #[tokio::test]

@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use super::RuncRuntime;
-use super::cgroup::remove_cgroups;
+use super::cgroup::{cgroup_processes, kill_cgroup_processes, remove_cgroups};
 use super::files::remove_dir_if_exists;
 use super::mounts::{unmount_below, unmount_if_mounted};
 use crate::error::Result;
@@ -62,10 +62,23 @@ impl RuncRuntime {
                 return Err(e);
             }
         }
+        // Whatever is still in the sandbox's cgroups dies now. A `runc restore` killed in the
+        // middle leaves runc no state to kill from (above), while CRIU — which runc moved into
+        // the cgroup — can outlive it and finish restoring the tasks after this teardown: a
+        // sandbox without its container, holding its netns and cgroups (the fault suite's
+        // kill-in-resume found one).
+        kill_cgroup_processes(&actor.short_id());
+        let deadline = tokio::time::Instant::now() + INIT_EXIT_WAIT;
+        while !cgroup_processes(&actor.short_id()).is_empty()
+            && tokio::time::Instant::now() < deadline
+        {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+            kill_cgroup_processes(&actor.short_id());
+        }
         // A restore ended in the middle leaves runc a state dir it cannot read back (no state
         // for `runc state`, so nothing was deleted above) and a later restore would be refused
-        // ("container with given ID already exists"). Its processes are gone (killed with the
-        // cgroup); the dir is only runc's bookkeeping.
+        // ("container with given ID already exists"). Its processes are gone (killed just
+        // above); the dir is only runc's bookkeeping.
         let state_dir = self.root.join(&id);
         if tokio::fs::try_exists(&state_dir).await.unwrap_or(false)
             && self.status(&id).await.ok().flatten().is_none()
