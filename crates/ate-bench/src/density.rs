@@ -12,7 +12,8 @@
 //!    `--state-dir`, the system's, to find the sandboxes); what stopped the fill (the workers'
 //!    bookings against their capacity: slots, CPU, memory); the probe's resume with N running
 //!    (a filler is suspended first when the fill ended full, to make room for it).
-//! 4. Every actor of the bench is deleted (`--force`: no snapshot), unless `--keep`.
+//! 4. Every actor of the bench (fillers refused included) is deleted (`--force`: no snapshot),
+//!    unless `--keep`.
 //!
 //! `MemAvailable` is the whole machine's: on a shared machine other processes move it too; the
 //! per-sandbox cgroup figures are exact.
@@ -213,7 +214,8 @@ pub(crate) async fn density(c: Clients, a: DensityArgs) -> anyhow::Result<ExitCo
         kinds(&resume_1)
     );
     println!(
-        "probe resume, {n} running  : median {:.3} s ({})",
+        "{:<27}: median {:.3} s ({})",
+        format!("probe resume, {n} running"),
         med(&resume_n),
         kinds(&resume_n)
     );
@@ -238,7 +240,9 @@ pub(crate) async fn density(c: Clients, a: DensityArgs) -> anyhow::Result<ExitCo
 
     if !a.keep {
         eprintln!("==> deleting the bench's actors");
-        let mut names = running;
+        // Every filler handed out, running or not (a refused one was created too).
+        let handed = next.load(Ordering::SeqCst).min(a.max);
+        let mut names: Vec<String> = (0..handed).map(filler).collect();
         names.push("probe".into());
         delete_all(&c, &ns, names, a.concurrency).await;
     }
@@ -399,7 +403,9 @@ async fn delete_all(c: &Clients, ns: &str, names: Vec<String>, concurrency: usiz
                         purge_volumes: false,
                     })
                     .await;
-                if let Err(s) = r {
+                if let Err(s) = r
+                    && s.code() != tonic::Code::NotFound
+                {
                     eprintln!("    delete {ns}/{name}: {}", s.message());
                 }
             }
