@@ -214,10 +214,31 @@ impl CertSource {
     /// identity and is retried at the next poll. Must be called inside a tokio runtime (else
     /// `TlsError::NoRuntime`).
     pub fn from_files(files: PemFiles, poll: Duration) -> Result<Self, TlsError> {
+        const ROTATION_RETRIES: u32 = 10;
+        const ROTATION_RETRY_PAUSE: Duration = Duration::from_millis(50);
         let runtime = tokio::runtime::Handle::try_current()
             .map_err(|_| TlsError::NoRuntime("CertSource::from_files"))?;
-        let stamp = files_stamp(&files);
-        let source = Self::with_material(Material::from_files(&files)?);
+        // A rotation replaces the certificate and the key one file after the other: a read in
+        // between sees a pair that does not match (KeyMismatch). Read again briefly before
+        // failing (the watch loop below does the same at its next poll).
+        let mut tries = 0;
+        let (stamp, material) = loop {
+            let stamp = files_stamp(&files);
+            match Material::from_files(&files) {
+                Ok(m) => break (stamp, m),
+                // Missing files are not a rotation: fail at once.
+                Err(e)
+                    if tries >= ROTATION_RETRIES || !files.cert.exists() || !files.key.exists() =>
+                {
+                    return Err(e);
+                }
+                Err(_) => {
+                    tries += 1;
+                    std::thread::sleep(ROTATION_RETRY_PAUSE);
+                }
+            }
+        };
+        let source = Self::with_material(material);
         let weak = Arc::downgrade(&source.inner);
         let handle = runtime.spawn(watch_loop(weak, files, poll, stamp));
         source.set_task(handle.abort_handle());
