@@ -278,7 +278,7 @@ impl Fleet {
         info: &WorkerInfo,
         process: Process,
     ) -> Result<Option<Duration>, CallError> {
-        let activity = client.activity().await?;
+        let activity = client.activity(false).await?;
         if process == Process::New && activity.draining {
             let first = self
                 .passed_over
@@ -384,7 +384,7 @@ impl Fleet {
         let now = now_ms();
         for w in workers {
             let mut client = w.client.clone();
-            let Ok(reply) = client.activity().await else {
+            let Ok(reply) = client.activity(false).await else {
                 continue;
             };
             let draining = reply.draining;

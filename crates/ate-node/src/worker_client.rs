@@ -147,11 +147,14 @@ impl WorkerClient {
         })
     }
 
-    /// Activity, within the worker call timeout.
-    pub async fn activity(&mut self) -> Result<Activity, CallError> {
-        let reply = within(self.client.activity(v1::WorkerActivityRequest {}))
-            .await?
-            .into_inner();
+    /// Activity, within the worker call timeout; `with_usage`: also what each actor uses.
+    pub async fn activity(&mut self, with_usage: bool) -> Result<Activity, CallError> {
+        let reply = within(
+            self.client
+                .activity(v1::WorkerActivityRequest { with_usage }),
+        )
+        .await?
+        .into_inner();
         Ok(Activity {
             actors: reply
                 .actors

@@ -10,5 +10,6 @@ pub mod v1 {
 
 mod convert;
 pub mod damage;
+pub mod exec_relay;
 pub mod request_id;
 pub use convert::*;

@@ -202,18 +202,23 @@ impl WorkerService for WorkerServiceImpl {
 
     async fn activity(
         &self,
-        _req: Request<v1::WorkerActivityRequest>,
+        req: Request<v1::WorkerActivityRequest>,
     ) -> Result<Response<v1::WorkerActivityReply>, Status> {
         let mut reply = convert::activity_reply(self.worker.activity());
+        if !req.into_inner().with_usage {
+            return Ok(Response::new(reply));
+        }
         // What each running actor uses (`ate top actors`): the meter's last window, its
         // cgroup's memory now.
-        let running = self.worker.running_sandboxes();
+        let running: std::collections::HashMap<(String, String), (String, i64)> = self
+            .worker
+            .running_sandboxes()
+            .into_iter()
+            .map(|(actor, id, since)| ((actor.atespace, actor.name), (id, since)))
+            .collect();
         for a in reply.actors.iter_mut().filter(|a| !a.exited) {
             let Some(r) = &a.actor else { continue };
-            let Some((_, id, since)) = running
-                .iter()
-                .find(|(actor, _, _)| actor.atespace == r.atespace && actor.name == r.name)
-            else {
+            let Some((id, since)) = running.get(&(r.atespace.clone(), r.name.clone())) else {
                 continue;
             };
             a.cpu_millis = self.cpu.sandbox_usage_millis(id).unwrap_or(0);

@@ -266,7 +266,7 @@ async fn activity_of(
     name: &str,
 ) -> Option<v1::ActorActivity> {
     client
-        .activity(v1::WorkerActivityRequest {})
+        .activity(v1::WorkerActivityRequest { with_usage: false })
         .await
         .expect("Activity")
         .into_inner()

@@ -4,7 +4,8 @@
 //! and the stream is relayed to that worker's node and back. A caller that goes away ends the
 //! relay, which cancels the node's stream and so the worker's session (its process is killed).
 
-use ate_proto::v1::{self, ExecActorRequest, ExecOutput};
+use ate_proto::exec_relay::relay_output;
+use ate_proto::v1::{self, ExecActorRequest};
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
@@ -13,7 +14,7 @@ use super::{Services, actor_ref, label, to_completion};
 use crate::authz::Need;
 use crate::convert;
 
-pub(super) type ExecStream = ReceiverStream<Result<ExecOutput, Status>>;
+pub(super) type ExecStream = ate_proto::exec_relay::ExecOutputStream;
 
 const RPC: &str = "ActorService/ExecActor";
 
@@ -90,39 +91,7 @@ impl Services {
                 }
             }
         });
-        let mut answers = node.exec(ReceiverStream::new(upstream)).await?;
-        let (tx, rx) = mpsc::channel(16);
-        tokio::spawn(async move {
-            // The input's relay ends with the output's: its request stream held open would keep
-            // the call below alive after its caller is gone.
-            let _feeder = AbortOnDrop(feeder);
-            loop {
-                tokio::select! {
-                    m = answers.message() => match m {
-                        Ok(Some(m)) => if tx.send(Ok(m)).await.is_err() { return },
-                        Ok(None) => return,
-                        Err(status) => {
-                            let _ = tx.send(Err(status)).await;
-                            return;
-                        }
-                    },
-                    // The caller is gone: dropping `answers` cancels the node's stream.
-                    () = tx.closed() => {
-                        tracing::info!("exec: the caller went away; ending the session");
-                        return;
-                    }
-                }
-            }
-        });
-        Ok(Response::new(ReceiverStream::new(rx)))
-    }
-}
-
-/// Aborts a relay task when dropped.
-struct AbortOnDrop(tokio::task::JoinHandle<()>);
-
-impl Drop for AbortOnDrop {
-    fn drop(&mut self) {
-        self.0.abort();
+        let answers = node.exec(ReceiverStream::new(upstream)).await?;
+        Ok(Response::new(relay_output(answers, feeder)))
     }
 }

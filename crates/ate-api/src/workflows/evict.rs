@@ -22,8 +22,6 @@ use crate::scheduler::{self, Requirements};
 
 /// An actor evicted less than this after it was resumed counts as thrashing.
 pub const THRASH_WINDOW: Duration = Duration::from_secs(60);
-/// How long one node may take to say what its worker's actors are doing.
-const ACTIVITY_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// An idle running actor: the eviction candidate.
 struct Idle {
@@ -94,18 +92,8 @@ impl Api {
     /// The actors of worker `w` with nothing open for at least `min_idle_ms` (none when its node
     /// does not answer in time: it is not searched).
     async fn idle_actors(&self, w: &WorkerRecord, now: i64, min_idle_ms: i64) -> Vec<Idle> {
-        let Ok(mut client) = self.nodes.client(&w.node_address) else {
+        let Some(actors) = super::top::worker_activity(&self.nodes, w).await else {
             return Vec::new();
-        };
-        let actors = match tokio::time::timeout(ACTIVITY_TIMEOUT, client.actor_activity(&w.id))
-            .await
-        {
-            Ok(Ok(a)) => a,
-            Ok(Err(e)) => {
-                tracing::debug!(worker = %w.id, error = %e.message, "no activity from the worker's node; not searched for room");
-                return Vec::new();
-            }
-            Err(_) => return Vec::new(),
         };
         actors
             .into_iter()

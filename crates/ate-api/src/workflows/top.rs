@@ -3,16 +3,41 @@
 //! memory). Read-only; a node that does not answer within a second leaves its workers' actors
 //! out, named in the reply.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use ate_core::ActorRef;
-use ate_store::WorkerStatus;
+use ate_proto::v1::RunningActorActivity;
+use ate_store::{WorkerRecord, WorkerStatus};
 
 use super::Api;
 use crate::error::WorkflowError;
+use crate::node::NodeClients;
 
-/// How long one node may take to answer.
+/// How long one node may take to say what a worker's actors are doing.
 const NODE_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// What the actors running on worker `w` are doing, asked of its node (`ActorActivity`);
+/// None when the node cannot be reached or does not answer within [`NODE_TIMEOUT`].
+pub(super) async fn worker_activity(
+    nodes: &NodeClients,
+    w: &WorkerRecord,
+) -> Option<Vec<RunningActorActivity>> {
+    let asked = async {
+        let mut c = nodes.client(&w.node_address).ok()?;
+        match c.actor_activity(&w.id).await {
+            Ok(a) => Some(a),
+            Err(e) => {
+                tracing::debug!(worker = %w.id, error = %e.message, "no activity from the worker's node");
+                None
+            }
+        }
+    };
+    tokio::time::timeout(NODE_TIMEOUT, asked)
+        .await
+        .ok()
+        .flatten()
+}
 
 /// One running actor's usage, with the worker it runs on.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -36,19 +61,8 @@ impl Api {
         let workers = self.fleet.workers().await?;
         let mut calls = tokio::task::JoinSet::new();
         for w in workers.iter().filter(|w| w.status == WorkerStatus::Active) {
-            let (id, address) = (w.id.clone(), w.node_address.clone());
-            let nodes = self.nodes.clone();
-            calls.spawn(async move {
-                let asked = async {
-                    let mut c = nodes.client(&address).ok()?;
-                    c.actor_activity(&id).await.ok()
-                };
-                let reply = tokio::time::timeout(NODE_TIMEOUT, asked)
-                    .await
-                    .ok()
-                    .flatten();
-                (id, reply)
-            });
+            let (w, nodes) = (w.clone(), Arc::clone(&self.nodes));
+            calls.spawn(async move { (w.id.clone(), worker_activity(&nodes, &w).await) });
         }
         let mut usage = Vec::new();
         let mut unreachable = Vec::new();

@@ -3,6 +3,7 @@
 //! are not the node's business, only where they go (the start's `worker_id`) and that a caller
 //! going away ends the worker's session (its stream is dropped, which cancels the worker call).
 
+use ate_proto::exec_relay::relay_output;
 use ate_proto::v1;
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
@@ -10,7 +11,7 @@ use tonic::{Request, Response, Status, Streaming};
 
 use super::{NodeAgent, convert};
 
-pub(super) type ExecStream = ReceiverStream<Result<v1::ExecOutput, Status>>;
+pub(super) type ExecStream = ate_proto::exec_relay::ExecOutputStream;
 
 impl NodeAgent {
     pub(super) async fn exec_relay(
@@ -43,39 +44,7 @@ impl NodeAgent {
                 }
             }
         });
-        let mut answers = worker.client.exec(ReceiverStream::new(upstream)).await?;
-        let (tx, rx) = mpsc::channel(16);
-        tokio::spawn(async move {
-            // The input's relay ends with the output's: its request stream held open would keep
-            // the call below alive after its caller is gone.
-            let _feeder = AbortOnDrop(feeder);
-            loop {
-                tokio::select! {
-                    m = answers.message() => match m {
-                        Ok(Some(m)) => if tx.send(Ok(m)).await.is_err() { return },
-                        Ok(None) => return,
-                        Err(status) => {
-                            let _ = tx.send(Err(status)).await;
-                            return;
-                        }
-                    },
-                    // The api is gone: dropping `answers` cancels the worker's session.
-                    () = tx.closed() => {
-                        tracing::info!("exec: the caller went away; ending the session");
-                        return;
-                    }
-                }
-            }
-        });
-        Ok(Response::new(ReceiverStream::new(rx)))
-    }
-}
-
-/// Aborts a relay task when dropped.
-struct AbortOnDrop(tokio::task::JoinHandle<()>);
-
-impl Drop for AbortOnDrop {
-    fn drop(&mut self) {
-        self.0.abort();
+        let answers = worker.client.exec(ReceiverStream::new(upstream)).await?;
+        Ok(Response::new(relay_output(answers, feeder)))
     }
 }

@@ -72,7 +72,7 @@ impl NodeAgent {
         worker_id: &str,
     ) -> Result<Vec<ate_proto::v1::RunningActorActivity>, AgentError> {
         let worker = self.worker(worker_id)?;
-        let activity = worker.client.clone().activity().await?;
+        let activity = worker.client.clone().activity(true).await?;
         Ok(activity
             .actors
             .into_iter()
