@@ -11,43 +11,12 @@ mod support;
 use support::actors::*;
 use support::*;
 
-fn template(ns: &str, name: &str, host_path: &str) -> String {
-    let images = images_dir();
-    format!(
-        "apiVersion: ate.dev/v1alpha1
-kind: Atespace
-metadata:
-  name: {ns}
----
-apiVersion: ate.dev/v1alpha1
-kind: ActorTemplate
-metadata:
-  namespace: {ns}
-  name: {name}
-spec:
-  containers:
-    - name: main
-      image: oci-layout:{images}/counter:latest
-      command: [\"/counter\"]
-      wakeupProbe:
-        httpGet: {{path: /healthz, port: 80}}
-        timeoutSeconds: 10
-  resources: {{cpu: 250m, memory: 64Mi}}
-  volumes:
-    - name: data
-      mountPath: /data
-      external: {{hostPath: {host_path}}}
-  snapshots: {{fidelity: memory}}
-  idleTimeout: 5m
-",
-        images = images.display(),
-    )
-}
-
 fn apply(sys: &System, ns: &str, name: &str, host_path: &str) {
-    let path = sys.dir.path().join(format!("{ns}-{name}.yaml"));
-    std::fs::write(&path, template(ns, name, host_path)).expect("write template");
-    sys.ate_ok(&["apply", "-f", path.to_str().expect("utf-8 path")]);
+    let tpl = Tpl {
+        external_host_path: Some(host_path.to_string()),
+        ..Tpl::counter()
+    };
+    sys_apply(sys, ns, name, &tpl);
 }
 
 #[test]

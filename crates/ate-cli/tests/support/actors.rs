@@ -33,6 +33,8 @@ pub struct Tpl {
     pub on_memory_failure: Option<&'static str>,
     /// `spec.egress` as YAML lines indented under `spec` (None: the default, allow-all).
     pub egress: Option<String>,
+    /// The `data` volume is external, at this hostPath (None: kept in snapshots).
+    pub external_host_path: Option<String>,
 }
 
 impl Tpl {
@@ -47,6 +49,7 @@ impl Tpl {
             golden_tag: None,
             on_memory_failure: None,
             egress: None,
+            external_host_path: None,
         }
     }
 
@@ -96,7 +99,7 @@ spec:
   volumes:
     - name: data
       mountPath: /data
-  snapshots: {{fidelity: {fidelity}{on_failure}}}
+{external}  snapshots: {{fidelity: {fidelity}{on_failure}}}
   idleTimeout: 5m
 {golden}{egress}",
             images = images.display(),
@@ -106,6 +109,11 @@ spec:
             memory = self.memory,
             fidelity = self.fidelity,
             egress = self.egress.as_deref().unwrap_or_default(),
+            external = self
+                .external_host_path
+                .as_ref()
+                .map(|p| format!("      external: {{hostPath: {p}}}\n"))
+                .unwrap_or_default(),
             on_failure = self
                 .on_memory_failure
                 .map(|f| format!(", onMemoryFailure: {f}"))
