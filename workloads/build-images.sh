@@ -30,7 +30,9 @@ done
 
 log "building ${WORKLOADS[*]} (static, $TARGET)"
 (cd "$HERE" && RUSTFLAGS="-C target-feature=+crt-static" cargo build --quiet --release --target "$TARGET")
-BIN_DIR=$HERE/target/$TARGET/release
+# Where cargo put them: CARGO_TARGET_DIR when the caller set one (a CI run with its own target
+# directory), else the workloads' own target/.
+BIN_DIR=${CARGO_TARGET_DIR:-$HERE/target}/$TARGET/release
 
 mkdir -p "$OUT_DIR"
 OUT_DIR=$(cd "$OUT_DIR" && pwd)

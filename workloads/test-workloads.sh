@@ -17,7 +17,9 @@ set -euo pipefail
 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 TARGET=x86_64-unknown-linux-gnu
-BIN_DIR=$HERE/target/$TARGET/release
+# Where cargo put them: CARGO_TARGET_DIR when the caller set one (a CI run with its own target
+# directory), else the workloads' own target/.
+BIN_DIR=${CARGO_TARGET_DIR:-$HERE/target}/$TARGET/release
 
 log() { printf '[test-workloads] %s\n' "$*" >&2; }
 PASSED=0

@@ -4,8 +4,8 @@
 use ate_core::{ActorRef, TemplateRef, ValidationError};
 use ate_proto::v1;
 use ate_store::{
-    ActorRecord, Alarm, AtespaceRecord, Capacity, SnapshotRecord, StoreError, TagRecord,
-    TemplateRecord, WorkerRecord,
+    ActorEvent, ActorRecord, Alarm, AtespaceRecord, Capacity, SnapshotRecord, StoreError,
+    TagRecord, TemplateRecord, WorkerRecord,
 };
 use tonic::{Code, Status};
 
@@ -18,7 +18,7 @@ fn code(kind: ErrorKind) -> Code {
         ErrorKind::NotFound => Code::NotFound,
         ErrorKind::AlreadyExists => Code::AlreadyExists,
         ErrorKind::FailedPrecondition => Code::FailedPrecondition,
-        ErrorKind::NoRoom => Code::ResourceExhausted,
+        ErrorKind::NoRoom | ErrorKind::OverQuota => Code::ResourceExhausted,
         ErrorKind::Aborted => Code::Aborted,
         ErrorKind::Unavailable => Code::Unavailable,
         ErrorKind::Internal => Code::Internal,
@@ -94,6 +94,25 @@ pub fn held(h: &HeldActor) -> v1::HeldActor {
     }
 }
 
+pub fn event(e: &ActorEvent) -> v1::ActorEvent {
+    v1::ActorEvent {
+        id: e.id,
+        time_unix_ms: e.time_ms,
+        actor: Some(v1::ObjectRef {
+            atespace: e.atespace.clone(),
+            name: e.name.clone(),
+        }),
+        uid: e.uid.clone(),
+        r#type: e.kind.as_str().to_string(),
+        reason: e.reason.clone(),
+        from_state: e.from_state.map_or(0, |s| s.wire()),
+        to_state: e.to_state.map_or(0, |s| s.wire()),
+        worker_id: e.worker_id.clone().unwrap_or_default(),
+        generation: e.generation,
+        message: e.message.clone(),
+    }
+}
+
 pub fn actor(a: &ActorRecord, worker: Option<&WorkerRecord>) -> v1::Actor {
     v1::Actor {
         atespace: a.atespace.clone(),
@@ -124,7 +143,27 @@ pub fn atespace(a: &AtespaceRecord) -> v1::Atespace {
         create_time_unix_ms: a.created_ms,
         actor_count: a.actor_count,
         callers_allow: a.callers_allow.clone(),
+        quota: Some(quota(&a.quota)),
+        usage: Some(quota(&a.usage)),
     }
+}
+
+/// A quota or a usage on the wire (`slots` = running actors).
+pub fn quota(c: &Capacity) -> v1::AtespaceQuota {
+    v1::AtespaceQuota {
+        running_actors: u32::try_from(c.slots).unwrap_or(u32::MAX),
+        cpu_millis: u32::try_from(c.cpu_millis).unwrap_or(u32::MAX),
+        memory_bytes: c.memory_bytes,
+    }
+}
+
+/// A quota from the wire (unset: none).
+pub fn quota_from_wire(q: Option<&v1::AtespaceQuota>) -> Capacity {
+    q.map_or_else(Capacity::default, |q| Capacity {
+        slots: u64::from(q.running_actors),
+        cpu_millis: u64::from(q.cpu_millis),
+        memory_bytes: q.memory_bytes,
+    })
 }
 
 pub fn template(t: &TemplateRecord) -> v1::ActorTemplate {

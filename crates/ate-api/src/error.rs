@@ -63,6 +63,9 @@ pub enum ErrorKind {
     AlreadyExists,
     FailedPrecondition,
     NoRoom,
+    /// The actor's atespace is at a quota: ResourceExhausted like NoRoom, but the router does
+    /// not park it (waiting rarely clears it).
+    OverQuota,
     Aborted,
     Unavailable,
     Internal,
@@ -79,6 +82,7 @@ impl WorkflowError {
                     ErrorKind::FailedPrecondition
                 }
                 StoreError::NoRoom { .. } => ErrorKind::NoRoom,
+                StoreError::QuotaExceeded { .. } => ErrorKind::OverQuota,
                 // A database that does not answer is a transient condition: the router parks on it.
                 StoreError::Database(_) => ErrorKind::Unavailable,
             },
@@ -99,6 +103,7 @@ impl WorkflowError {
     pub fn outcome(&self) -> &'static str {
         match self.kind() {
             ErrorKind::NoRoom => "no_room",
+            ErrorKind::OverQuota => "over_quota",
             ErrorKind::Aborted => "aborted",
             ErrorKind::FailedPrecondition => "failed_precondition",
             ErrorKind::Unavailable => "unavailable",

@@ -15,6 +15,7 @@
 pub mod authz;
 pub mod convert;
 pub mod error;
+pub mod events;
 pub mod join;
 /// Bearer-token verification (the `ate-jwt` crate, shared with the router's JWT mode).
 pub use ate_jwt as jwt;
@@ -66,7 +67,13 @@ pub struct ApiConfig {
     /// Slots used as a cache: when no worker has room, a running actor with nothing open for
     /// at least this long is suspended (least recently used first) to make room. Zero: never.
     pub evict_idle_after: Duration,
+    /// How long actor events are kept (`ate get events`).
+    pub event_retention: Duration,
 }
+
+/// [`ApiConfig::event_retention`] by default: a day of history, enough to look into last
+/// night's trouble, bounded so the table stays small (kubectl's events live an hour).
+pub const DEFAULT_EVENT_RETENTION: Duration = Duration::from_secs(24 * 3600);
 
 impl Default for ApiConfig {
     fn default() -> Self {
@@ -82,6 +89,7 @@ impl Default for ApiConfig {
             sole_replica: false,
             identity: None,
             evict_idle_after: Duration::ZERO,
+            event_retention: DEFAULT_EVENT_RETENTION,
         }
     }
 }
@@ -224,20 +232,26 @@ pub async fn serve_with(
         })
     };
 
+    tokio::spawn(events::retention(
+        api.store.clone(),
+        api.event_retention(),
+        stop_rx.clone(),
+    ));
+
+    // Each scrape (and each OTLP metrics export) re-reads the fleet when the view is older than
+    // its max age, so the fleet gauges are current even while no resume runs.
+    let fleet_api = Arc::downgrade(&api);
+    ate_tls::telemetry::on_refresh(move || {
+        let api = fleet_api.upgrade()?;
+        Some(Box::pin(async move {
+            let _ = api.fleet.workers().await;
+        }))
+    });
     let http_task = http.map(|listener| {
         let mut stop = stop_rx.clone();
-        // Each scrape re-reads the fleet when the view is older than its max age, so the fleet
-        // gauges are current even while no resume runs.
-        let fleet_api = api.clone();
-        let before_scrape: ate_tls::telemetry::BeforeScrape = Arc::new(move || {
-            let api = fleet_api.clone();
-            Box::pin(async move {
-                let _ = api.fleet.workers().await;
-            })
-        });
         let endpoint = ate_tls::telemetry::Endpoint {
             health: None,
-            before_scrape: Some(before_scrape),
+            before_scrape: None,
             documents: identity_documents(api.identity_issuer()),
         };
         tokio::spawn(async move {

@@ -137,6 +137,18 @@ impl Workload<'_> {
     }
 }
 
+/// What one running actor of a worker is doing (NodeService.ActorActivity).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RunningActivity {
+    pub actor: ActorRef,
+    /// Requests, streams, outbound connections and exec sessions open now.
+    pub open_streams: u32,
+    pub last_activity_unix_ms: i64,
+    pub cpu_millis: u32,
+    pub memory_bytes: u64,
+    pub active_since_unix_ms: i64,
+}
+
 /// A started actor: the epoch of the worker that runs it.
 #[derive(Debug, Clone, Copy)]
 pub struct Started {
@@ -283,15 +295,29 @@ impl NodeAgent {
         Ok(())
     }
 
-    /// What the actors running on `worker_id` are doing now.
+    /// What the actors running on `worker_id` are doing now (those the node names).
     pub async fn actor_activity(
         &mut self,
         worker_id: &str,
-    ) -> Result<Vec<v1::RunningActorActivity>, NodeError> {
+    ) -> Result<Vec<RunningActivity>, NodeError> {
         let req = v1::ActorActivityRequest {
             worker_id: worker_id.to_string(),
         };
-        Ok(self.0.actor_activity(req).await?.into_inner().actors)
+        let actors = self.0.actor_activity(req).await?.into_inner().actors;
+        Ok(actors
+            .into_iter()
+            .filter_map(|a| {
+                let r = a.actor?;
+                Some(RunningActivity {
+                    actor: ActorRef::new(r.atespace, r.name),
+                    open_streams: a.open_streams,
+                    last_activity_unix_ms: a.last_activity_unix_ms,
+                    cpu_millis: a.cpu_millis,
+                    memory_bytes: a.memory_bytes,
+                    active_since_unix_ms: a.active_since_unix_ms,
+                })
+            })
+            .collect())
     }
 
     /// The actor was deleted: the node removes what it keeps of it outside its generations,

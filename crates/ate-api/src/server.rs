@@ -44,6 +44,9 @@ pub struct ServerConfig {
     /// `0`, the default: the newcomer parks and gets the specification's 503 after the budget.
     #[arg(long, env = "ATE_EVICT_IDLE_AFTER", default_value = "0", value_parser = ate_core::duration::parse_duration)]
     pub evict_idle_after: Duration,
+    /// How long actor events (`ate get events`: every state change and why) are kept.
+    #[arg(long, env = "ATE_EVENT_RETENTION", default_value = "24h", value_parser = ate_core::duration::parse_duration)]
+    pub event_retention: Duration,
     /// Write the bound addresses as JSON here once serving (used by `ate up` and tests).
     #[arg(long)]
     pub ready_file: Option<PathBuf>,
@@ -213,6 +216,7 @@ impl ServerConfig {
             node_tls,
             sole_replica: self.sole_replica,
             evict_idle_after: self.evict_idle_after,
+            event_retention: self.event_retention,
             ..Default::default()
         }
     }

@@ -278,6 +278,10 @@ async fn cold_then_warm(b: Backend) {
 
     let cold = t.resume("ns", "a").await.unwrap();
     assert!(cold.resumed);
+    assert!(
+        !cold.hibernate_web_sockets,
+        "webSockets: close is the default"
+    );
     let actor = cold.actor.unwrap();
     assert_eq!(state(&actor), ActorState::Running);
     let wa = actor.worker_assignment.unwrap();
@@ -301,6 +305,35 @@ async fn cold_then_warm(b: Backend) {
         (1, 0, 0)
     );
     assert_eq!(node.calls().run.load(Ordering::SeqCst), 1);
+
+    // An actor of a template with webSockets: hibernate: every ResumeActor says so (the router
+    // terminates its WebSockets), cold and warm; the warm path still reads the store once.
+    let mut hibernating = common::template("ns", "h");
+    if let Some(spec) = hibernating.spec.as_mut() {
+        spec.hibernate_web_sockets = true;
+    }
+    t.templates()
+        .apply_template(ApplyTemplateRequest {
+            template: Some(hibernating),
+        })
+        .await
+        .expect("apply template");
+    t.actors()
+        .create_actor(CreateActorRequest {
+            atespace: "ns".into(),
+            name: "b".into(),
+            template: "ns/h".into(),
+            worker_selector: Default::default(),
+        })
+        .await
+        .expect("create actor");
+    let cold = t.resume("ns", "b").await.unwrap();
+    assert!(cold.resumed && cold.hibernate_web_sockets);
+    let (reads0, _, _) = t.api.store().counters().snapshot();
+    assert!(t.resume("ns", "b").await.unwrap().hibernate_web_sockets);
+    let (reads1, _, _) = t.api.store().counters().snapshot();
+    assert_eq!(reads1 - reads0, 1, "the warm path stays one read");
+    assert!(!t.resume("ns", "a").await.unwrap().hibernate_web_sockets);
 
     // Unknown actor, malformed names.
     assert_eq!(
@@ -1250,6 +1283,7 @@ async fn tags_and_gc(b: Backend) {
             actor: Some(obj("ns", "golden")),
             mode: SuspendMode::Durable as i32,
             grace_ms: 0,
+            reason: String::new(),
         })
         .await
         .unwrap();

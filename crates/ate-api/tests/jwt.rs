@@ -493,6 +493,7 @@ async fn node_agent_token_suspends_only_on_its_node() {
         actor: Some(obj("team-a", "x")),
         mode: SuspendMode::Async as i32,
         grace_ms: 0,
+        reason: String::new(),
     };
     for (token, needle) in [
         (

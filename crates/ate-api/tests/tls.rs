@@ -507,6 +507,7 @@ fn suspend_req(ns: &str, name: &str) -> SuspendActorRequest {
         actor: Some(obj(ns, name)),
         mode: SuspendMode::Async as i32,
         grace_ms: 0,
+        reason: String::new(),
     }
 }
 

@@ -12,7 +12,12 @@
 //!    `--state-dir`, the system's, to find the sandboxes); what stopped the fill (the workers'
 //!    bookings against their capacity: slots, CPU, memory); the probe's resume with N running
 //!    (a filler is suspended first when the fill ended full, to make room for it).
-//! 4. Every actor of the bench (fillers refused included) is deleted (`--force`: no snapshot),
+//! 4. Then as many frozen: every running filler is suspended, `--concurrency` at a time; the
+//!    workers keep each as a frozen copy (up to `--keep-frozen` per worker, while the host's
+//!    memory is above their `--frozen-min-available-percent`). Reported: how many copies were
+//!    kept (their sandbox cgroups still there, with `--state-dir`), host memory per frozen copy
+//!    (MemAvailable before the fill minus after the freeze), and their cgroups' memory.
+//! 5. Every actor of the bench (fillers refused included) is deleted (`--force`: no snapshot),
 //!    unless `--keep`.
 //!
 //! `MemAvailable` is the whole machine's: on a shared machine other processes move it too; the
@@ -27,12 +32,13 @@ use std::time::{Duration, Instant};
 use ate_client::Clients;
 use ate_proto::v1;
 use clap::Args;
+use futures::{StreamExt, stream};
 use serde_json::json;
 use tokio::sync::Mutex;
 
 use crate::{
-    COUNTER_MEMORY_MIB, Common, NO_ROOM, apply_yaml, call, counter_template, ensure_actor,
-    ensure_suspended, http_client, images_dir, median, obj, pct, rpc, sorted, write_json,
+    Common, NO_ROOM, apply_yaml, call, counter_template_sized, delete_all, ensure_actor,
+    ensure_suspended, http_client, images_dir, median, pct, rpc, sorted, write_json,
 };
 
 #[derive(Args, Debug, Clone)]
@@ -55,10 +61,15 @@ pub struct DensityArgs {
     /// Leave the actors running at the end (default: delete them all).
     #[arg(long)]
     keep: bool,
+    /// The counters' CPU (millicores): what each books against the workers' overcommitted CPU
+    /// (the demo template's 250m by default).
+    #[arg(long, default_value_t = 250, value_parser = clap::value_parser!(u32).range(1..=64_000))]
+    cpu_millis: u32,
+    /// The counters' memory limit (MiB): what each books against the workers' memory (the demo
+    /// template's 64 by default; a counter uses under 1 MiB).
+    #[arg(long, default_value_t = crate::COUNTER_MEMORY_MIB, value_parser = clap::value_parser!(u64).range(4..=65_536))]
+    memory_mib: u64,
 }
-
-const CPU: &str = "250m";
-const CPU_MILLIS: u32 = 250;
 
 fn filler(i: usize) -> String {
     format!("d-{i:04}")
@@ -72,7 +83,12 @@ pub(crate) async fn density(c: Clients, a: DensityArgs) -> anyhow::Result<ExitCo
         .clone()
         .unwrap_or_else(|| "bench-density".to_string());
     let images = images_dir(&c, &a.common).await?;
-    apply_yaml(&c, &counter_template(&ns, "counter", &images, CPU)).await?;
+    let cpu = format!("{}m", a.cpu_millis);
+    apply_yaml(
+        &c,
+        &counter_template_sized(&ns, "counter", &images, &cpu, a.memory_mib),
+    )
+    .await?;
     let router = a.common.router.clone();
     let http = http_client(a.concurrency);
 
@@ -155,7 +171,7 @@ pub(crate) async fn density(c: Clients, a: DensityArgs) -> anyhow::Result<ExitCo
     let n = running.len();
     eprintln!("==> {n} fillers running after {fill_secs:.1} s; stopped by {stopped_by}");
 
-    let limits = limit_report(&c).await?;
+    let limits = limit_report(&c, a.cpu_millis, a.memory_mib).await?;
     tokio::time::sleep(Duration::from_secs(3)).await;
     let avail_after = mem_available();
     let host_per_actor_mib = match (avail_before, avail_after) {
@@ -176,6 +192,7 @@ pub(crate) async fn density(c: Clients, a: DensityArgs) -> anyhow::Result<ExitCo
         ensure_suspended(&c, &ns, last).await?;
     }
     let resume_n = probe_resumes(&c, &http, &router, &ns, a.samples).await?;
+    let frozen = freeze_all(&c, &ns, &running, a.concurrency, a.state_dir.as_deref()).await;
 
     let med = |v: &[(f64, String)]| median(&sorted(v.iter().map(|x| x.0).collect()));
     let kinds = |v: &[(f64, String)]| {
@@ -225,6 +242,31 @@ pub(crate) async fn density(c: Clients, a: DensityArgs) -> anyhow::Result<ExitCo
             med(&resume_n) / med(&resume_1)
         );
     }
+    let frozen_usage = sorted(frozen.sandboxes.iter().map(|s| s.0).collect());
+    let host_per_frozen_mib = match (avail_before, frozen.mem_available) {
+        (Some(b), Some(f)) if frozen.sandboxes.len() > 1 => {
+            Some((b as f64 - f as f64) / frozen.sandboxes.len() as f64 / 1024.0)
+        }
+        _ => None,
+    };
+    println!(
+        "suspended, kept frozen     : {} of {} (suspend failures {}; in {:.1} s)",
+        frozen.sandboxes.len(),
+        frozen.suspended,
+        frozen.failed,
+        frozen.seconds
+    );
+    match host_per_frozen_mib {
+        Some(m) => println!("host memory per frozen copy: {m:.2} MiB (MemAvailable)"),
+        None => println!("host memory per frozen copy: n/a"),
+    }
+    if !frozen_usage.is_empty() {
+        println!(
+            "frozen cgroup memory       : usage median {:.2} MiB (p95 {:.2})",
+            median(&frozen_usage),
+            pct(&frozen_usage, 0.95)
+        );
+    }
     write_json(
         &a.common,
         "density",
@@ -235,6 +277,13 @@ pub(crate) async fn density(c: Clients, a: DensityArgs) -> anyhow::Result<ExitCo
             "sandbox_usage_mib": usage, "sandbox_rss_mib": rss,
             "resume_1": resume_1.iter().map(|r| json!({"seconds": r.0, "resume": r.1})).collect::<Vec<_>>(),
             "resume_n": resume_n.iter().map(|r| json!({"seconds": r.0, "resume": r.1})).collect::<Vec<_>>(),
+            "frozen": {
+                "suspended": frozen.suspended, "failed": frozen.failed,
+                "kept_frozen": frozen.sandboxes.len(), "seconds": frozen.seconds,
+                "mem_available_kib": frozen.mem_available,
+                "host_mib_per_frozen_copy": host_per_frozen_mib,
+                "sandbox_usage_mib": frozen_usage,
+            },
         }),
     )?;
 
@@ -260,6 +309,52 @@ async fn first_call(
     Ok(())
 }
 
+/// What freezing the fillers found.
+struct Frozen {
+    suspended: usize,
+    failed: usize,
+    seconds: f64,
+    /// MemAvailable (KiB) once they are suspended.
+    mem_available: Option<u64>,
+    /// (usage, rss) MiB of each sandbox still there: the frozen copies.
+    sandboxes: Vec<(f64, f64)>,
+}
+
+/// Suspends every one of `names`, `concurrency` at a time (the workers keep what they can as
+/// frozen copies), then measures what is left.
+async fn freeze_all(
+    c: &Clients,
+    ns: &str,
+    names: &[String],
+    concurrency: usize,
+    state_dir: Option<&Path>,
+) -> Frozen {
+    eprintln!("==> freezing: suspending the {} fillers", names.len());
+    let began = Instant::now();
+    let failed = AtomicUsize::new(0);
+    stream::iter(names)
+        .for_each_concurrent(concurrency, |name| {
+            let failed = &failed;
+            async move {
+                if let Err(e) = ensure_suspended(c, ns, name).await {
+                    eprintln!("    suspend {ns}/{name}: {e:#}");
+                    failed.fetch_add(1, Ordering::SeqCst);
+                }
+            }
+        })
+        .await;
+    let seconds = began.elapsed().as_secs_f64();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let failed = failed.load(Ordering::SeqCst);
+    Frozen {
+        suspended: names.len().saturating_sub(failed),
+        failed,
+        seconds,
+        mem_available: mem_available(),
+        sandboxes: state_dir.map_or_else(Vec::new, |dir| sandbox_memory(dir, ns, names)),
+    }
+}
+
 /// `samples` resumes of the suspended probe: seconds from request to answer and the router's
 /// `ate-resume` kind; suspended again after each, and a second's pause for the suspend's upload.
 async fn probe_resumes(
@@ -283,7 +378,11 @@ async fn probe_resumes(
 
 /// Each worker's bookings against its capacity, and which of them leaves no room for one more
 /// counter.
-async fn limit_report(c: &Clients) -> anyhow::Result<Vec<String>> {
+async fn limit_report(
+    c: &Clients,
+    cpu_millis: u32,
+    memory_mib: u64,
+) -> anyhow::Result<Vec<String>> {
     let workers = rpc(c
         .fleet
         .clone()
@@ -300,10 +399,10 @@ async fn limit_report(c: &Clients) -> anyhow::Result<Vec<String>> {
             if used.actor_slots + 1 > cap.actor_slots {
                 full.push("slots");
             }
-            if used.cpu_millis + CPU_MILLIS > cap.cpu_millis {
+            if used.cpu_millis + cpu_millis > cap.cpu_millis {
                 full.push("CPU booking");
             }
-            if used.memory_bytes + COUNTER_MEMORY_MIB * mib > cap.memory_bytes {
+            if used.memory_bytes + memory_mib * mib > cap.memory_bytes {
                 full.push("memory");
             }
             format!(
@@ -380,36 +479,4 @@ fn cgroup_memory(short_id: &str) -> Option<(f64, f64)> {
         .and_then(|s| stat(&s, "anon"))
         .unwrap_or(0);
     Some((usage as f64 / mib, anon as f64 / mib))
-}
-
-/// Deletes the actors (forced: running ones are stopped without a snapshot), `concurrency` at
-/// a time; failures are reported, not fatal.
-async fn delete_all(c: &Clients, ns: &str, names: Vec<String>, concurrency: usize) {
-    let names = Arc::new(Mutex::new(names));
-    let mut tasks = tokio::task::JoinSet::new();
-    for _ in 0..concurrency {
-        let (c, ns, names) = (c.clone(), ns.to_string(), names.clone());
-        tasks.spawn(async move {
-            loop {
-                let Some(name) = names.lock().await.pop() else {
-                    break;
-                };
-                let r = c
-                    .actors
-                    .clone()
-                    .delete_actor(v1::DeleteActorRequest {
-                        actor: obj(&ns, &name),
-                        force: true,
-                        purge_volumes: false,
-                    })
-                    .await;
-                if let Err(s) = r
-                    && s.code() != tonic::Code::NotFound
-                {
-                    eprintln!("    delete {ns}/{name}: {}", s.message());
-                }
-            }
-        });
-    }
-    while tasks.join_next().await.is_some() {}
 }

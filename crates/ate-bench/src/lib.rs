@@ -38,6 +38,7 @@ use ate_core::SuspendMode;
 use ate_proto::v1;
 use bytes::Bytes;
 use clap::{Args, Subcommand};
+use futures::{StreamExt, stream};
 use http_body_util::{BodyExt, Empty};
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
@@ -47,13 +48,16 @@ use serde_json::json;
 mod alarms;
 mod calls;
 mod density;
+pub mod faults;
 mod h2load;
+mod hibernate;
 mod nginx;
 mod noisy;
 mod parking;
 mod plot;
 mod podman;
 mod resume;
+mod scale;
 mod snapshots;
 mod throughput;
 mod warm;
@@ -61,6 +65,7 @@ mod warm;
 pub use alarms::AlarmsArgs;
 pub use calls::CallsArgs;
 pub use density::DensityArgs;
+pub use hibernate::HibernateArgs;
 pub use noisy::NoisyArgs;
 pub use parking::ParkingArgs;
 pub use resume::ResumeArgs;
@@ -97,6 +102,12 @@ pub enum BenchCmd {
     /// As many idle counters RUNNING as the system admits: memory per actor, the limit that
     /// stopped them, a resume with 1 vs N running.
     Density(DensityArgs),
+    /// The control plane with many actors in its PostgreSQL store (1,000 then 1,000,000 by
+    /// default): warm and cold resume, listing them all, the api's idle CPU.
+    Scale(scale::ScaleArgs),
+    /// The router's memory per hibernated WebSocket (`webSockets: hibernate`): N sockets to M
+    /// actors, all asleep; then the wake of one actor per message.
+    Hibernate(HibernateArgs),
 }
 
 #[derive(Args, Debug, Clone)]
@@ -127,6 +138,8 @@ pub async fn run(c: Clients, cmd: BenchCmd) -> anyhow::Result<ExitCode> {
         BenchCmd::Alarms(a) => alarms::alarms(c, a).await,
         BenchCmd::Noisy(a) => noisy::noisy(c, a).await,
         BenchCmd::Density(a) => density::density(c, a).await,
+        BenchCmd::Scale(a) => scale::scale(c, a).await,
+        BenchCmd::Hibernate(a) => hibernate::hibernate(c, a).await,
     }
 }
 
@@ -251,8 +264,19 @@ async fn apply_yaml(c: &Clients, text: &str) -> anyhow::Result<()> {
 const COUNTER_MEMORY_MIB: u64 = 64;
 
 fn counter_template(ns: &str, name: &str, images: &str, cpu: &str) -> String {
+    counter_template_sized(ns, name, images, cpu, COUNTER_MEMORY_MIB)
+}
+
+/// The counter with its CPU and memory limit (MiB) given.
+fn counter_template_sized(
+    ns: &str,
+    name: &str,
+    images: &str,
+    cpu: &str,
+    memory_mib: u64,
+) -> String {
     let counter = counter_container("counter", images, "", 80);
-    counter_spec(ns, name, &counter, cpu, COUNTER_MEMORY_MIB)
+    counter_spec(ns, name, &counter, cpu, memory_mib)
 }
 
 /// The counter with a sidecar (a second counter it calls over loopback on every request):
@@ -383,6 +407,7 @@ async fn suspend_mode(c: &Clients, ns: &str, name: &str, mode: SuspendMode) -> a
             actor: obj(ns, name),
             mode: mode.wire(),
             grace_ms: 0,
+            reason: String::new(),
         })
         .await)
     .with_context(|| format!("suspend {ns}/{name}"))?;
@@ -567,6 +592,29 @@ pub fn summary_block(statuses: &[(u16, f64)]) -> String {
         ok.len(),
         statuses.len() - ok.len() - unavailable
     )
+}
+
+/// Deletes the actors (forced: running ones are stopped without a snapshot), `concurrency` at
+/// a time; failures are reported, not fatal.
+pub(crate) async fn delete_all(c: &Clients, ns: &str, names: Vec<String>, concurrency: usize) {
+    stream::iter(names)
+        .for_each_concurrent(concurrency, |name| async move {
+            let r = c
+                .actors
+                .clone()
+                .delete_actor(v1::DeleteActorRequest {
+                    actor: obj(ns, &name),
+                    force: true,
+                    purge_volumes: false,
+                })
+                .await;
+            if let Err(s) = r
+                && s.code() != tonic::Code::NotFound
+            {
+                eprintln!("    delete {ns}/{name}: {}", s.message());
+            }
+        })
+        .await;
 }
 
 #[cfg(test)]

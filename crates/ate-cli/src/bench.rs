@@ -11,5 +11,5 @@ pub enum BenchCmd {
     /// `ate up`): kills and outages of each component, the store and the snapshot disk under a
     /// client load; checks that no actor loses state or runs twice, slots add up and nothing is
     /// orphaned.
-    Faults(crate::faults::FaultsArgs),
+    Faults(ate_bench::faults::FaultsArgs),
 }

@@ -7,7 +7,8 @@ use anyhow::Context;
 
 use ate_client::Bearer;
 pub use ate_client::{
-    ApplyError, Clients, DEFAULT_STATE_DIR, TLS_DIR, apply_documents, connect_to, endpoint,
+    ADMIN_CERT_NAME, ApplyError, Clients, DEFAULT_STATE_DIR, TLS_DIR, apply_documents, connect_to,
+    endpoint,
 };
 
 /// File in the state dir (and the user config dir) where `ate up` records the api address.
@@ -25,9 +26,6 @@ pub fn config_dir() -> Option<PathBuf> {
 pub fn user_config_file() -> Option<PathBuf> {
     Some(config_dir()?.join(API_ADDRESS_FILE))
 }
-
-/// The admin certificate's name in the files `ate up` writes (`admin.crt`, `admin.key`).
-pub const ADMIN_CERT_NAME: &str = "admin";
 
 /// `--cert`, `--key`, `--ca` (or `ATE_CERT`, `ATE_KEY`, `ATE_CA`): the CLI's identity; or
 /// `--token` (`ATE_TOKEN`) with `--ca`: a bearer token for an api in jwt mode.

@@ -9,8 +9,8 @@ mod ca;
 mod client;
 mod contexts;
 mod cp;
+mod events;
 mod exec;
-mod faults;
 mod join;
 mod keys;
 mod logs;
@@ -395,7 +395,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Bench {
             cmd: bench::BenchCmd::Faults(args),
             ..
-        } => faults::run(args).await,
+        } => ate_bench::faults::run(args).await,
         Command::Bench {
             cmd: bench::BenchCmd::Measure(cmd),
             api,

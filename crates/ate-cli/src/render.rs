@@ -53,6 +53,40 @@ pub struct AtespaceView {
     pub actors: u64,
     /// Atespaces whose actors may call this one's (`spec.callers.allow`).
     pub callers_allow: Vec<String>,
+    /// `spec.quota` (0 in a field: no limit).
+    pub quota: QuotaView,
+    /// What its actors hold now (on a worker).
+    pub usage: QuotaView,
+}
+
+#[derive(Debug, Serialize, PartialEq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct QuotaView {
+    pub running_actors: u32,
+    pub cpu_millis: u32,
+    pub memory_bytes: u64,
+}
+
+impl From<Option<&v1::AtespaceQuota>> for QuotaView {
+    fn from(q: Option<&v1::AtespaceQuota>) -> Self {
+        q.map_or_else(QuotaView::default, |q| QuotaView {
+            running_actors: q.running_actors,
+            cpu_millis: q.cpu_millis,
+            memory_bytes: q.memory_bytes,
+        })
+    }
+}
+
+impl From<&v1::Atespace> for AtespaceView {
+    fn from(a: &v1::Atespace) -> Self {
+        Self {
+            name: a.name.clone(),
+            actors: a.actor_count,
+            callers_allow: a.callers_allow.clone(),
+            quota: a.quota.as_ref().into(),
+            usage: a.usage.as_ref().into(),
+        }
+    }
 }
 
 #[derive(Debug, Serialize, PartialEq)]
@@ -322,6 +356,23 @@ pub struct Table {
 impl Table {
     /// kubectl-style: left-aligned columns separated by three spaces, no trailing spaces.
     pub fn render(&self) -> String {
+        let widths = self.widths();
+        let mut out = Self::line(
+            &widths,
+            &self
+                .header
+                .iter()
+                .map(|h| h.to_string())
+                .collect::<Vec<_>>(),
+        );
+        for row in &self.rows {
+            out.push_str(&Self::line(&widths, row));
+        }
+        out
+    }
+
+    /// Each column's width: its widest cell or header.
+    pub fn widths(&self) -> Vec<usize> {
         let mut widths: Vec<usize> = self.header.iter().map(|h| h.len()).collect();
         for row in &self.rows {
             for (i, cell) in row.iter().enumerate() {
@@ -330,22 +381,22 @@ impl Table {
                 }
             }
         }
-        let line = |cells: Vec<String>| {
-            let mut s = String::new();
-            for (i, cell) in cells.iter().enumerate() {
-                if i + 1 == cells.len() {
-                    s.push_str(cell);
-                } else {
-                    s.push_str(&format!("{cell:<w$}   ", w = widths[i]));
-                }
+        widths
+    }
+
+    /// One row laid out in `widths` (a watch prints later rows in the first batch's widths,
+    /// as kubectl does).
+    pub fn line(widths: &[usize], cells: &[String]) -> String {
+        let mut s = String::new();
+        for (i, cell) in cells.iter().enumerate() {
+            if i + 1 == cells.len() {
+                s.push_str(cell);
+            } else {
+                let w = widths.get(i).copied().unwrap_or(0);
+                s.push_str(&format!("{cell:<w$}   "));
             }
-            s.trim_end().to_string() + "\n"
-        };
-        let mut out = line(self.header.iter().map(|h| h.to_string()).collect());
-        for row in &self.rows {
-            out.push_str(&line(row.clone()));
         }
-        out
+        s.trim_end().to_string() + "\n"
     }
 }
 
@@ -411,7 +462,14 @@ pub fn short_error(error: &str) -> String {
 
 pub fn atespaces_table(rows: &[AtespaceView]) -> Table {
     Table {
-        header: vec!["NAME", "ACTORS", "CALLERS ALLOWED"],
+        header: vec![
+            "NAME",
+            "ACTORS",
+            "RUNNING",
+            "CPU",
+            "MEMORY",
+            "CALLERS ALLOWED",
+        ],
         rows: rows
             .iter()
             .map(|a| {
@@ -420,7 +478,35 @@ pub fn atespaces_table(rows: &[AtespaceView]) -> Table {
                 } else {
                     a.callers_allow.join(",")
                 };
-                vec![a.name.clone(), a.actors.to_string(), allowed]
+                // In use, then `/quota` when there is one (kubectl's `used/hard`).
+                let of = |used: String, limit: u64, show: String| {
+                    if limit == 0 {
+                        used
+                    } else {
+                        format!("{used}/{show}")
+                    }
+                };
+                let (q, u) = (&a.quota, &a.usage);
+                vec![
+                    a.name.clone(),
+                    a.actors.to_string(),
+                    of(
+                        u.running_actors.to_string(),
+                        q.running_actors.into(),
+                        q.running_actors.to_string(),
+                    ),
+                    of(
+                        format_cpu(u.cpu_millis),
+                        q.cpu_millis.into(),
+                        format_cpu(q.cpu_millis),
+                    ),
+                    of(
+                        format_memory(u.memory_bytes),
+                        q.memory_bytes,
+                        format_memory(q.memory_bytes),
+                    ),
+                    allowed,
+                ]
             })
             .collect(),
     }

@@ -133,7 +133,8 @@ where
 }
 
 pub async fn run_api(args: ApiArgs) -> anyhow::Result<()> {
-    let traces = init_logging(args.log.json(), Some("ate-api"));
+    let mut traces = init_logging(args.log.json(), Some("ate-api"));
+    traces.export_metrics("ate-api", ate_api::metrics::install);
     let ran = ate_api::run(args.config, component_shutdown()).await;
     stopped(traces, "api", ran).await
 }
@@ -147,7 +148,8 @@ pub struct RouterArgs {
 }
 
 pub async fn run_router(args: RouterArgs) -> anyhow::Result<()> {
-    let traces = init_logging(args.log.json(), Some("ate-router"));
+    let mut traces = init_logging(args.log.json(), Some("ate-router"));
+    traces.export_metrics("ate-router", ate_router::metrics::prometheus);
     tracing::info!(
         listen = %args.config.listen,
         api = %args.config.api,
@@ -172,7 +174,8 @@ pub struct NodeArgs {
 }
 
 pub async fn run_node(args: NodeArgs) -> anyhow::Result<()> {
-    let traces = init_logging(args.log.json(), Some("ate-node"));
+    let mut traces = init_logging(args.log.json(), Some("ate-node"));
+    traces.export_metrics("ate-node", ate_node::metrics::install);
     let mut shutdown = Box::pin(component_shutdown());
     // The state dir's node lock before anything else, the metrics port included: an earlier
     // node agent still stopping holds both.
@@ -201,10 +204,13 @@ pub struct WorkerArgs {
 
 pub async fn run_worker(args: WorkerArgs) -> anyhow::Result<()> {
     // A `--remove-leftovers` run serves nothing and has nothing to trace.
-    let traces = init_logging(
+    let mut traces = init_logging(
         args.log.json(),
         Some("ate-worker").filter(|_| !args.config.remove_leftovers),
     );
+    if !args.config.remove_leftovers {
+        traces.export_metrics("ate-worker", ate_worker::metrics::install);
+    }
     let mut shutdown = Box::pin(component_shutdown());
     // The worker's identity lock before anything else, the metrics port included: an earlier
     // process of this worker still stopping (finishing a checkpoint) holds both.

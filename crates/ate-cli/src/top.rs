@@ -80,7 +80,7 @@ fn memory(bytes: u64) -> String {
 }
 
 /// `3s`, `5m`, `2h`, `4d` since `then` (`-` when unknown).
-fn since(then_ms: i64, now_ms: i64) -> String {
+pub(crate) fn since(then_ms: i64, now_ms: i64) -> String {
     if then_ms <= 0 {
         return "-".to_string();
     }

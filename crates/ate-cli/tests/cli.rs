@@ -158,7 +158,7 @@ fn apply_round_trips_and_verbs_work() {
     ok(ate(&api, &["delete", "atespace", "team-a"]));
     assert_eq!(
         ok(ate(&api, &["get", "atespaces"])),
-        "NAME   ACTORS   CALLERS ALLOWED\n"
+        "NAME   ACTORS   RUNNING   CPU   MEMORY   CALLERS ALLOWED\n"
     );
 }
 
@@ -178,7 +178,7 @@ fn bad_documents_apply_nothing() {
     // The atespace in the same file was not created either.
     assert_eq!(
         ok(ate(&api, &["get", "atespaces"])),
-        "NAME   ACTORS   CALLERS ALLOWED\n"
+        "NAME   ACTORS   RUNNING   CPU   MEMORY   CALLERS ALLOWED\n"
     );
     // Wrong apiVersion and unknown fields are refused with the document named.
     let text = std::fs::read_to_string(example())

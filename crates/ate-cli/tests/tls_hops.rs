@@ -84,6 +84,7 @@ fn route(t: &Atunnel, identity: &str) -> Route {
         epoch: 1,
         worker_identity: identity.into(),
         activation: 0,
+        hibernate_web_sockets: false,
     }
 }
 

@@ -379,6 +379,8 @@ fn tls_receiver(dir: &std::path::Path, client_auth: bool) -> (std::path::PathBuf
 fn cold_request_exports_its_trace(receiver: &Receiver, otel: &[(&str, &str)], request_id: &str) {
     let mut env = otel.to_vec();
     env.push(("OTEL_BSP_SCHEDULE_DELAY", "200"));
+    // The receivers here take spans only (metrics: tests/otlp_metrics.rs).
+    env.push(("OTEL_METRICS_EXPORTER", "none"));
     let sys = System::up_with_env(
         UpOptions {
             workers: 1,
@@ -655,6 +657,7 @@ fn one_trace_per_request_across_every_hop() {
             ("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint.as_str()),
             ("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc"),
             ("OTEL_BSP_SCHEDULE_DELAY", "200"),
+            ("OTEL_METRICS_EXPORTER", "none"),
         ],
     );
     sys.ate_ok(&[

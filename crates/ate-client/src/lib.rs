@@ -25,6 +25,8 @@ use tonic::transport::{Channel, Endpoint};
 pub const DEFAULT_STATE_DIR: &str = "/var/lib/ate";
 /// Subdirectory of the state dir with every component's certificate (`ate up`).
 pub const TLS_DIR: &str = "tls";
+/// The admin certificate's name in the files `ate up` writes (`admin.crt`, `admin.key`).
+pub const ADMIN_CERT_NAME: &str = "admin";
 
 /// `--token` (`ATE_TOKEN`) that cannot go in a header.
 #[derive(Debug, thiserror::Error)]
@@ -140,7 +142,34 @@ pub async fn apply_documents(c: &Clients, text: &str) -> Result<(), ApplyError> 
                 })
                 .await
             {
-                Ok(_) => {}
+                // A new atespace gets the document's quota too (an existing one is left as it
+                // is, quota included).
+                Ok(_) => {
+                    let quota = match a.spec.as_ref().and_then(|s| s.quota.as_ref()) {
+                        Some(q) => q.parse().map_err(|e| ApplyError::Invalid(e.into()))?,
+                        None => ate_core::template::Quota::default(),
+                    };
+                    if quota != ate_core::template::Quota::default() {
+                        let set = c
+                            .atespaces
+                            .clone()
+                            .set_atespace_quota(v1::SetAtespaceQuotaRequest {
+                                name: a.metadata.name.clone(),
+                                quota: Some(v1::AtespaceQuota {
+                                    running_actors: quota.running_actors,
+                                    cpu_millis: quota.cpu_millis,
+                                    memory_bytes: quota.memory_bytes,
+                                }),
+                            })
+                            .await;
+                        if let Err(status) = set {
+                            return Err(ApplyError::Atespace {
+                                name: a.metadata.name,
+                                status,
+                            });
+                        }
+                    }
+                }
                 Err(s) if s.code() == tonic::Code::AlreadyExists => {}
                 Err(status) => {
                     return Err(ApplyError::Atespace {

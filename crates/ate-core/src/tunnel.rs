@@ -23,6 +23,16 @@ pub const PORT_CLOSED: &str = "x-ate-port-closed";
 /// `ate-probe: 1` on a CONNECT: atunnel only answers whether it serves the actor (200 or 421)
 /// and dials nothing.
 pub const PROBE: &str = "ate-probe";
+/// `ate-websocket-hibernate: 1` on a CONNECT (router → atunnel): the tunnel carries the upstream
+/// leg of a hibernating WebSocket (docs/websockets.md). Its frames count as the actor's activity,
+/// but the open tunnel itself does not keep the actor from idle suspend.
+pub const WEBSOCKET_HIBERNATE: &str = "ate-websocket-hibernate";
+/// On the upgrade request the actor receives for a hibernating WebSocket: the client
+/// connection's id, the same on every upstream WebSocket the router opens for it.
+pub const WEBSOCKET_ID: &str = "ate-websocket-id";
+/// On the same upgrade request: `1` when this upstream WebSocket replaces an earlier one of the
+/// same client connection (the actor was suspended, or its socket ended, in between).
+pub const WEBSOCKET_RESUMED: &str = "ate-websocket-resumed";
 
 /// `(atespace, name)` of `<atespace>/<name>` when both halves are DNS-1123 labels.
 pub fn split_actor_ref(text: &str) -> Option<(&str, &str)> {

@@ -107,6 +107,104 @@ fn an_ignored_test_says_why() {
     );
 }
 
+/// The files of a crate's `src/` that may name a wire type (`ate_proto::v1`, `tonic::Status`):
+/// the adapters ARCHITECTURE.md's invariants list for the api, the node agent and the worker.
+/// Paths relative to the crate's `src/`; one ending in `/` covers a directory.
+const WIRE_ADAPTERS: &[(&str, &[&str])] = &[
+    (
+        "ate-api",
+        &[
+            "services/",
+            "convert.rs",
+            "node.rs",
+            "lib.rs",
+            "join.rs",
+            "authz.rs",
+        ],
+    ),
+    (
+        "ate-node",
+        &[
+            "agent/service.rs",
+            "agent/convert.rs",
+            "agent/convert/",
+            // NodeService.Exec relays the exec stream's messages as they are.
+            "agent/exec.rs",
+            "worker_client.rs",
+            "api_client.rs",
+            "wire.rs",
+        ],
+    ),
+    (
+        "ate-worker",
+        &[
+            "service.rs",
+            "convert/",
+            // The actor's local API: a client of the api's services on the actor's behalf.
+            "worker/local_api.rs",
+        ],
+    ),
+];
+
+/// Whether a line of code (not a comment) names a wire type.
+fn names_a_wire_type(line: &str) -> bool {
+    let code = line.trim_start();
+    if code.starts_with("//") {
+        return false;
+    }
+    code.contains("ate_proto::v1")
+        || code.contains("tonic::Status")
+        || (code.contains("ate_proto::{") && code.contains("v1"))
+        || (code.contains("tonic::{") && code.contains("Status"))
+}
+
+#[test]
+fn wire_types_stay_in_the_adapters() {
+    let mut outside = Vec::new();
+    for (krate, adapters) in WIRE_ADAPTERS {
+        let src = workspace_crates().join(krate).join("src");
+        let mut files = Vec::new();
+        rust_files(&src, &mut files);
+        assert!(!files.is_empty(), "{krate} has no sources");
+        for f in files {
+            let rel = f
+                .strip_prefix(&src)
+                .map(|p| p.display().to_string())
+                .unwrap_or_default();
+            if adapters.iter().any(|a| {
+                if a.ends_with('/') {
+                    rel.starts_with(a)
+                } else {
+                    rel == *a
+                }
+            }) {
+                continue;
+            }
+            let text = fs::read_to_string(&f).unwrap_or_default();
+            if let Some((n, _)) = text.lines().enumerate().find(|(_, l)| names_a_wire_type(l)) {
+                outside.push(format!("{krate}/src/{rel}:{}", n + 1));
+            }
+        }
+    }
+    assert!(
+        outside.is_empty(),
+        "wire types outside the adapters (convert at the edge, or list the file as an adapter \
+         in WIRE_ADAPTERS and ARCHITECTURE.md): {outside:#?}"
+    );
+}
+
+#[test]
+fn the_wire_check_knows_a_wire_type() {
+    assert!(names_a_wire_type("use ate_proto::v1;"));
+    assert!(names_a_wire_type("    fn f(s: tonic::Status) {}"));
+    assert!(names_a_wire_type("use ate_proto::{damage, v1};"));
+    assert!(names_a_wire_type("use tonic::{Request, Status};"));
+    assert!(!names_a_wire_type(
+        "//! converted from `ate_proto::v1` at the edge"
+    ));
+    assert!(!names_a_wire_type("use ate_core::ActorRef;"));
+}
+
 /// A tidy check that finds nothing because it reads nothing would pass forever.
 #[test]
 fn the_checks_see_real_files() {

@@ -207,11 +207,13 @@ impl ApiClient {
         actor: &ActorRef,
         mode: SuspendMode,
         grace_ms: u32,
+        reason: String,
     ) -> Result<(), CallError> {
         let req = v1::SuspendActorRequest {
             actor: Some(wire::actor_to_wire(actor)),
             mode: mode.wire(),
             grace_ms,
+            reason,
         };
         self.actors
             .clone()

@@ -101,6 +101,10 @@ pub struct Fleet {
     /// recorded), with when each was first sent: a worker reports an exit once, so the node
     /// keeps it and sends it again at every activity pass, for up to [`EXIT_REPORT_RETENTION`].
     pending_exits: Mutex<Vec<(ActorExit, Instant)>>,
+    /// `--memory-low-percent` (0: off).
+    memory_low_percent: u8,
+    /// When the last suspend for memory was asked (see [`crate::pressure::SPACING`]).
+    last_pressure_suspend: Mutex<Option<Instant>>,
 }
 
 /// How long the node keeps sending an exit report the api does not take. Past it the report
@@ -143,7 +147,15 @@ impl Fleet {
             idle_retry: Mutex::new(HashMap::new()),
             passed_over: Mutex::new(HashSet::new()),
             pending_exits: Mutex::new(Vec::new()),
+            memory_low_percent: 0,
+            last_pressure_suspend: Mutex::new(None),
         }
+    }
+
+    /// Suspends idle actors while the host's memory is below `percent` available (0: never).
+    pub fn with_memory_low_percent(mut self, percent: u8) -> Self {
+        self.memory_low_percent = percent;
+        self
     }
 
     /// The worker's client, if the worker is known and alive.
@@ -382,12 +394,14 @@ impl Fleet {
             .map(|w| w.values().cloned().collect())
             .unwrap_or_default();
         let now = now_ms();
+        let mut memory = crate::pressure::Pass::default();
         for w in workers {
             let mut client = w.client.clone();
             let Ok(reply) = client.activity(false).await else {
                 continue;
             };
             let draining = reply.draining;
+            memory.frozen = memory.frozen.saturating_add(reply.frozen);
             for a in reply.actors {
                 let Some(actor) = a.actor.clone() else {
                     continue;
@@ -418,20 +432,70 @@ impl Fleet {
                 if draining || a.suspend_requested {
                     // The worker is stopping (every actor is suspended, state kept), or the
                     // actor asked to be suspended now (its turn is over: free its slot).
-                    self.suspend_idle(actor);
+                    let why = if draining {
+                        format!("worker {} is draining", w.info.worker_id)
+                    } else {
+                        "the actor asked to be suspended".to_string()
+                    };
+                    self.suspend_idle(actor, why);
                     continue;
                 }
                 let idle_ms = now.saturating_sub(a.last_activity_unix_ms);
+                if a.open_streams == 0 {
+                    memory.idle.push(crate::pressure::Candidate {
+                        actor: actor.clone(),
+                        last_activity_unix_ms: a.last_activity_unix_ms,
+                    });
+                }
                 if a.idle_timeout_seconds > 0
                     && a.open_streams == 0
                     && idle_ms >= i64::from(a.idle_timeout_seconds) * 1000
                     && !self.idle_retry_pending(&actor)
                 {
-                    self.suspend_idle(actor);
+                    let why = format!(
+                        "idle: nothing open for {} s (idle timeout {} s)",
+                        idle_ms / 1000,
+                        a.idle_timeout_seconds
+                    );
+                    self.suspend_idle(actor, why);
                 }
             }
         }
+        self.relieve_memory(memory, now);
         self.report_exits().await;
+    }
+
+    /// Under memory pressure, once no frozen copy is left, asks for the suspend of the least
+    /// recently used idle actor ([`crate::pressure`]), at most one per
+    /// [`crate::pressure::SPACING`].
+    fn relieve_memory(self: &Arc<Self>, mut memory: crate::pressure::Pass, now: i64) {
+        if self.memory_low_percent == 0 {
+            return;
+        }
+        let spaced = self
+            .last_pressure_suspend
+            .lock()
+            .is_ok_and(|last| last.is_none_or(|at| at.elapsed() >= crate::pressure::SPACING));
+        if !spaced {
+            return;
+        }
+        memory.available_percent = ate_worker::host_memory_available_percent();
+        let busy = |c: &crate::pressure::Candidate| {
+            let key = (c.actor.atespace.clone(), c.actor.name.clone());
+            self.suspending.lock().is_ok_and(|s| s.contains(&key))
+                || self.idle_retry_pending(&c.actor)
+        };
+        memory.idle.retain(|c| !busy(c));
+        let Some((actor, why)) = crate::pressure::choose(&memory, self.memory_low_percent, now)
+        else {
+            return;
+        };
+        tracing::warn!(actor = %actor, %why, "memory pressure: suspending an idle actor");
+        metrics::counter!(crate::metrics::MEMORY_PRESSURE_SUSPENDS).increment(1);
+        if let Ok(mut last) = self.last_pressure_suspend.lock() {
+            *last = Some(Instant::now());
+        }
+        self.suspend_idle(actor, why);
     }
 
     /// Sends every exit report the api has not taken yet; keeps those it refuses or cannot be
@@ -497,7 +561,8 @@ impl Fleet {
         }
     }
 
-    fn suspend_idle(self: &Arc<Self>, actor: ActorRef) {
+    /// Asks the api to suspend `actor`, saying `why` (for its events).
+    fn suspend_idle(self: &Arc<Self>, actor: ActorRef, why: String) {
         let key = (actor.atespace.clone(), actor.name.clone());
         if !self
             .suspending
@@ -512,7 +577,7 @@ impl Fleet {
             tracing::info!(actor = %actor, "idle; asking the api to suspend");
             let failed = fleet
                 .api
-                .suspend_actor(&actor, SuspendMode::Async, 0)
+                .suspend_actor(&actor, SuspendMode::Async, 0, why)
                 .await
                 .err();
             if let Ok(mut retry) = fleet.idle_retry.lock() {

@@ -18,6 +18,7 @@ mod api_client;
 mod cache;
 mod fleet;
 pub mod metrics;
+mod pressure;
 mod sweep;
 mod types;
 mod wire;
@@ -101,6 +102,17 @@ pub struct NodeConfig {
         value_delimiter = ','
     )]
     pub external_volume_roots: Vec<PathBuf>,
+    /// Memory pressure: while the host's MemAvailable is below this percentage of its memory
+    /// and no worker keeps a frozen copy (those go first, below the workers'
+    /// `--frozen-min-available-percent`), the node suspends its least recently used idle actor,
+    /// one a second, its memory kept in its generation. 0: off.
+    #[arg(
+        long = "memory-low-percent",
+        env = "ATE_MEMORY_LOW_PERCENT",
+        default_value_t = 10,
+        value_parser = clap::value_parser!(u8).range(0..=100)
+    )]
+    pub memory_low_percent: u8,
     /// Write the bound address as JSON here once serving.
     #[arg(long = "ready-file")]
     pub ready_file: Option<PathBuf>,

@@ -24,9 +24,15 @@ pub const UPLOAD_SECONDS: &str = "ate_node_upload_seconds";
 pub const UPLOADED_BYTES: &str = "ate_node_uploaded_bytes_total";
 pub const BACKGROUND_UPLOADS: &str = "ate_node_background_uploads";
 pub const FROZEN_COPIES: &str = "ate_node_frozen_copies";
+pub const MEMORY_PRESSURE_SUSPENDS: &str = "ate_node_memory_pressure_suspends_total";
 
 /// Every series of the node agent with its help text (`# HELP` / `# TYPE` on `/metrics`).
 pub fn describe() {
+    metrics::describe_counter!(
+        MEMORY_PRESSURE_SUSPENDS,
+        Unit::Count,
+        "Idle actors the node asked to suspend because the host's available memory was below --memory-low-percent (after every frozen copy was dropped)."
+    );
     metrics::describe_counter!(
         RUNS,
         Unit::Count,

@@ -58,6 +58,8 @@ pub struct Activity {
     pub actors: Vec<ActorActivity>,
     /// The worker is stopping (SIGTERM): each of its actors is to be suspended.
     pub draining: bool,
+    /// Frozen copies the worker keeps.
+    pub frozen: u32,
 }
 
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -177,6 +179,7 @@ impl WorkerClient {
                 })
                 .collect(),
             draining: reply.draining,
+            frozen: reply.frozen_actors,
         })
     }
 

@@ -2,7 +2,7 @@
 
 use ate_core::template::{
     Container, EgressPolicy, EnvVar, ExitPolicy, ExternalVolume, HttpGet, MemoryRestore,
-    OnMemoryFailure, Resources, Volume, WakeupProbe,
+    OnMemoryFailure, Resources, Volume, WakeupProbe, WebSockets,
 };
 use ate_core::{Fidelity, TemplateSpec, ValidationError};
 
@@ -72,6 +72,11 @@ pub fn spec_from_wire(w: &v1::TemplateSpec) -> Result<TemplateSpec, ValidationEr
         } else {
             OnMemoryFailure::Fail
         },
+        web_sockets: if w.hibernate_web_sockets {
+            WebSockets::Hibernate
+        } else {
+            WebSockets::Close
+        },
         idle_timeout_seconds: w.idle_timeout_seconds,
         worker_selector: w.worker_selector.clone().into_iter().collect(),
         egress: w
@@ -133,6 +138,7 @@ pub fn spec_to_wire(s: &TemplateSpec) -> v1::TemplateSpec {
         fidelity: s.fidelity.wire(),
         eager_memory_restore: s.memory_restore == MemoryRestore::Eager,
         rootfs_on_memory_failure: s.on_memory_failure == OnMemoryFailure::Rootfs,
+        hibernate_web_sockets: s.web_sockets == WebSockets::Hibernate,
         idle_timeout_seconds: s.idle_timeout_seconds,
         worker_selector: s.worker_selector.clone().into_iter().collect(),
         egress: Some(v1::EgressPolicy {

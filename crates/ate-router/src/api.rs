@@ -130,6 +130,7 @@ impl Resume for GrpcResume {
                 .map_err(lost_api_is_unavailable)?
                 .into_inner();
             let resumed = response.resumed;
+            let hibernate_web_sockets = response.hibernate_web_sockets;
             let assignment = response
                 .actor
                 .and_then(|a| a.worker_assignment)
@@ -148,6 +149,7 @@ impl Resume for GrpcResume {
                     epoch: assignment.epoch,
                     worker_identity: assignment.worker_identity,
                     activation: assignment.activation,
+                    hibernate_web_sockets,
                 }),
                 resumed,
             })

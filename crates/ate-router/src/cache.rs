@@ -19,6 +19,8 @@ pub struct Route {
     pub worker_identity: String,
     /// The activation's fencing token, sent on every CONNECT (`ate-activation`).
     pub activation: u64,
+    /// The actor's template has `webSockets: hibernate` (docs/websockets.md).
+    pub hibernate_web_sockets: bool,
 }
 
 struct Entry {
@@ -142,6 +144,7 @@ mod tests {
             worker_identity: String::new(),
             epoch: 1,
             activation: 1,
+            hibernate_web_sockets: false,
         })
     }
 

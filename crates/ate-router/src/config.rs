@@ -125,6 +125,16 @@ pub struct RouterConfig {
     #[arg(long = "internal-listen", value_name = "ADDR")]
     pub internal_listen: Option<SocketAddr>,
 
+    /// Most client WebSockets the router terminates at once for actors whose template says
+    /// `webSockets: hibernate` (awake or hibernated); one more is refused with 503
+    /// (docs/websockets.md).
+    #[arg(long = "hibernate-websockets-max", default_value_t = 100_000)]
+    pub hibernate_websockets_max: usize,
+
+    /// Most such WebSockets to one actor; one more is refused with 503.
+    #[arg(long = "hibernate-websockets-per-actor", default_value_t = 1024)]
+    pub hibernate_websockets_per_actor: usize,
+
     /// Write a JSON access log, one line per request: `stdout`, `stderr` or a file (appended
     /// to). Off by default. Lines are written by a thread of their own; when it falls behind,
     /// lines are dropped and counted, never waited for.
@@ -270,6 +280,8 @@ impl Default for RouterConfig {
             local_tunnels: None,
             internal_socket: None,
             internal_listen: None,
+            hibernate_websockets_max: 100_000,
+            hibernate_websockets_per_actor: 1024,
             access_log: None,
             tls: ate_tls::TlsArgs::default(),
             tuning: Tuning::default(),

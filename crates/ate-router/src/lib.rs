@@ -197,6 +197,10 @@ impl Router {
                 auth: auth.clone(),
                 // Same atespace, and across atespaces as the callee's allow list says.
                 callers: Arc::new(callers::AllowLists::new(api_for_callers)),
+                hibernate: proxy::HibernateLimits {
+                    max: config.hibernate_websockets_max,
+                    per_actor: config.hibernate_websockets_per_actor,
+                },
             },
             stats.clone(),
         );

@@ -46,6 +46,21 @@ pub fn describe() {
         "Access log lines dropped because the writer fell behind (--access-log; requests never wait for it)."
     );
     metrics::describe_gauge!(
+        crate::proxy::WEBSOCKETS_OPEN,
+        Unit::Count,
+        "Client WebSockets the router terminates for actors with webSockets: hibernate (awake or hibernated)."
+    );
+    metrics::describe_gauge!(
+        crate::proxy::WEBSOCKETS_HIBERNATED,
+        Unit::Count,
+        "Of those, the ones whose actor side is closed now (the actor sleeps); the next client message wakes it."
+    );
+    metrics::describe_counter!(
+        crate::proxy::WEBSOCKET_WAKES,
+        Unit::Count,
+        "Upstream WebSockets opened again for a client message, by outcome (woken, refused, failed)."
+    );
+    metrics::describe_gauge!(
         PARKING_ACTIVE,
         Unit::Count,
         "Requests parked now, waiting for their actor's resume (spec: atenet.router.parking.active)."

@@ -171,7 +171,8 @@ impl Resolver {
                 FlightState::Waiting { parks } => {
                     waited = true;
                     if parks && place.is_none() {
-                        match self.lot.try_park() {
+                        let atespace = actor.split_once('/').map_or(actor, |(a, _)| a);
+                        match self.lot.try_park(atespace) {
                             Some(p) => {
                                 place = Some(p);
                                 parked = ate_tls::trace_span!("parked");
@@ -182,7 +183,18 @@ impl Resolver {
                 }
                 FlightState::Resolving => {}
             }
-            match tokio::time::timeout_at(decision_deadline, rx.changed()).await {
+            let shed = async {
+                match &place {
+                    Some(p) => p.shed().await,
+                    None => std::future::pending().await,
+                }
+            };
+            let changed = tokio::select! {
+                changed = tokio::time::timeout_at(decision_deadline, rx.changed()) => changed,
+                // Its place went to an atespace below its fair share: the lot-full answer.
+                () = shed => return Err(ResolveError::AtCapacity),
+            };
+            match changed {
                 Ok(Ok(())) => {}
                 Ok(Err(_)) => {
                     return Err(ResolveError::Internal(

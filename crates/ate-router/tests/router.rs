@@ -414,6 +414,70 @@ async fn parking_limit_sheds_the_third_request_at_once() {
 }
 
 #[tokio::test]
+async fn two_flooding_atespaces_share_the_parking_lot() {
+    let w = World::start(|c| c.parked_request_max = 4).await;
+    for i in 0..6 {
+        w.api.script(&format!("ta/a{i}"), |_| Reply::err(no_room()));
+        w.api.script(&format!("tb/b{i}"), |_| Reply::err(no_room()));
+    }
+    let addr = w.router.addr;
+    let park = |actor: String| tokio::spawn(async move { get(addr, Some(&actor)).await });
+    // Alone, ta takes every place.
+    let ta: Vec<_> = (0..4).map(|i| park(format!("ta/a{i}"))).collect();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(Stats::get(&w.router.stats.parking_active), 4);
+    // tb arrives: it gets its half, from ta's newest places, whose requests are shed at once.
+    let tb: Vec<_> = (0..2).map(|i| park(format!("tb/b{i}"))).collect();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(Stats::get(&w.router.stats.parking_active), 4);
+    let mut shed = 0;
+    for t in &ta {
+        if t.is_finished() {
+            shed += 1;
+        }
+    }
+    assert_eq!(shed, 2, "two of ta's four places went to tb");
+    // Both at their share with the lot full: a newcomer of either is refused at once.
+    for actor in ["tb/b2", "ta/a4"] {
+        let refused = get(addr, Some(actor)).await;
+        assert_eq!(refused.status, StatusCode::SERVICE_UNAVAILABLE, "{actor}");
+        assert_eq!(
+            refused.body,
+            format!("actor \"{actor}\" unavailable: router at capacity")
+        );
+        assert!(
+            refused.elapsed < Duration::from_millis(300),
+            "{:?}",
+            refused.elapsed
+        );
+    }
+    let mut bodies = Vec::new();
+    for t in ta.into_iter().chain(tb) {
+        bodies.push(t.await.unwrap().body);
+    }
+    let at_capacity = bodies
+        .iter()
+        .filter(|b| b.contains("router at capacity"))
+        .count();
+    let parked_out = bodies
+        .iter()
+        .filter(|b| b.contains("no worker has room"))
+        .count();
+    assert_eq!((at_capacity, parked_out), (2, 4), "{bodies:#?}");
+    // tb's two were among those that waited out the budget.
+    assert!(
+        bodies[4..].iter().all(|b| b.contains("no worker has room")),
+        "{bodies:#?}"
+    );
+    assert_eq!(Stats::get(&w.router.stats.parking_active), 0);
+    assert_eq!(
+        Stats::get(&w.router.stats.parking_rejected),
+        4,
+        "2 shed + 2 refused"
+    );
+}
+
+#[tokio::test]
 async fn parking_max_zero_disables_parking_but_aborted_is_still_retried() {
     let w = World::start(|c| c.parked_request_max = 0).await;
     w.api.script("lab/p3", |_| Reply::err(no_room()));

@@ -17,9 +17,12 @@ use ate_core::{ActorRef, ActorState, DurableStatus, Fidelity, TemplateRef, Templ
 
 pub use async_trait::async_trait;
 
+mod events;
 mod postgres;
 mod sqlite;
 mod util;
+
+pub use events::{ActorEvent, EventKind, EventPage, EventQuery};
 
 pub use postgres::PostgresStore;
 pub use sqlite::SqliteStore;
@@ -65,6 +68,15 @@ pub enum StoreError {
     /// Capacity admission failed: the worker has no room left for the demand (or is not ACTIVE).
     #[error("worker {worker_id} has no room for the actor")]
     NoRoom { worker_id: String },
+    /// The actor's atespace would go over one of its quotas (`quota`: `runningActors`, `cpu`,
+    /// `memory`); the text is [`ate_core::QUOTA_EXCEEDED`]'s shape, which the router recognises.
+    #[error("{}", ate_core::quota_exceeded_message(atespace, quota, *limit, *used))]
+    QuotaExceeded {
+        atespace: String,
+        quota: &'static str,
+        limit: u64,
+        used: u64,
+    },
     /// Anything the database said that is not one of the above.
     #[error("store error: {0}")]
     Database(String),
@@ -81,6 +93,41 @@ pub struct AtespaceRecord {
     /// Atespaces whose actors may call this atespace's actors, in the order set; `"*"` = every
     /// atespace. Empty: none besides its own (calls within one atespace are always allowed).
     pub callers_allow: Vec<String>,
+    /// The most its actors may hold at once (0 in a field: no limit).
+    pub quota: Capacity,
+    /// What its actors hold now: their worker assignments (actors RESUMING, RUNNING or
+    /// SUSPENDING), `slots` = how many (computed on read).
+    pub usage: Capacity,
+}
+
+impl AtespaceRecord {
+    /// The first quota `demand` more would exceed, as (its name in the Atespace document,
+    /// limit, in use), or None. A quota of 0 is no limit.
+    pub fn over_quota(&self, demand: &Capacity) -> Option<(&'static str, u64, u64)> {
+        over_quota(&self.quota, &self.usage, demand)
+    }
+}
+
+/// The first quota of `quota` that `used + demand` exceeds: (its name in the Atespace document,
+/// limit, in use). A quota of 0 is no limit.
+pub fn over_quota(
+    quota: &Capacity,
+    used: &Capacity,
+    demand: &Capacity,
+) -> Option<(&'static str, u64, u64)> {
+    [
+        ("runningActors", quota.slots, used.slots, demand.slots),
+        ("cpu", quota.cpu_millis, used.cpu_millis, demand.cpu_millis),
+        (
+            "memory",
+            quota.memory_bytes,
+            used.memory_bytes,
+            demand.memory_bytes,
+        ),
+    ]
+    .into_iter()
+    .find(|&(_, limit, used, more)| limit > 0 && used.saturating_add(more) > limit)
+    .map(|(name, limit, used, _)| (name, limit, used))
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -326,6 +373,9 @@ pub struct ActorUpdate {
     pub epoch: Option<u64>,
     /// Forget the attached node (its local generation was detached).
     pub clear_attached_node: bool,
+    /// Why the change happens, for the actor's event (not kept on the actor): "idle", "for
+    /// request r-1", ….
+    pub note: Option<String>,
 }
 
 impl ActorUpdate {
@@ -333,6 +383,14 @@ impl ActorUpdate {
     pub fn with_error(why: impl Into<String>) -> Self {
         Self {
             last_error: Some(Some(why.into())),
+            ..Self::default()
+        }
+    }
+
+    /// Only the event's note (see [`ActorUpdate::note`]).
+    pub fn with_note(note: impl Into<String>) -> Self {
+        Self {
+            note: Some(note.into()),
             ..Self::default()
         }
     }
@@ -405,6 +463,14 @@ pub trait Store: Send + Sync + 'static {
     /// expected to pass `ate_core::validate_callers_allow`; one that is empty or contains a comma
     /// (which the stored form could not keep) is a `Database` error.
     async fn set_atespace_callers(&self, name: &str, allow: &[String]) -> Result<AtespaceRecord>;
+    /// The atespace's quota and, when it has one, what its actors hold now (else zeros): what a
+    /// resume checks before placement, without [`Store::get_atespace`]'s count of its actors.
+    /// NotFound if the atespace does not exist.
+    async fn atespace_quota(&self, name: &str) -> Result<(Capacity, Capacity)>;
+    /// Replaces the atespace's quota (0 in a field: no limit) and returns the record as
+    /// [`Store::get_atespace`] would. NotFound if the atespace does not exist. Actors already
+    /// over a lowered quota keep running; only new binds are refused.
+    async fn set_atespace_quota(&self, name: &str, quota: &Capacity) -> Result<AtespaceRecord>;
     /// FailedPrecondition while it holds actors, templates or tags.
     async fn delete_atespace(&self, name: &str) -> Result<()>;
 
@@ -444,7 +510,7 @@ pub trait Store: Send + Sync + 'static {
     /// Only SUSPENDED or CRASHED (else StateConflict). Removes the actor, its snapshot rows, its
     /// assignment, its lease and its alarm; returns the removed snapshot rows that no tag
     /// references, for GC.
-    async fn delete_actor(&self, actor: &ActorRef) -> Result<Vec<SnapshotRecord>>;
+    async fn delete_actor(&self, actor: &ActorRef, now_ms: i64) -> Result<Vec<SnapshotRecord>>;
     /// Compare-and-set of the state (StateConflict if not in `transition.from`), plus its update.
     async fn transition(
         &self,
@@ -463,9 +529,10 @@ pub trait Store: Send + Sync + 'static {
         lease_key: &str,
         lease_holder: &str,
     ) -> Result<ActorRecord>;
-    /// One transaction: actor state in `from` (else StateConflict); worker exists (NotFound) and is
-    /// ACTIVE; the worker's assignments minus this actor's plus `demand` fit its capacity (else
-    /// NoRoom); the actor's assignment is set to this worker (replacing any other); the actor becomes
+    /// One transaction: actor state in `from` (else StateConflict); the atespace's assignments
+    /// minus this actor's plus `demand` stay within its quota (else QuotaExceeded); worker exists
+    /// (NotFound) and is ACTIVE; the worker's assignments minus this actor's plus `demand` fit
+    /// its capacity (else NoRoom); the actor's assignment is set to this worker (replacing any other); the actor becomes
     /// RESUMING with `worker_id` and the worker's registered epoch. Idempotent when already bound there.
     /// (An actor already RESUMING on `worker_id` passes the state check whatever `from` says, and
     /// its own assignment is not counted against the room, so a retried bind succeeds again.)
@@ -644,6 +711,15 @@ pub trait Store: Send + Sync + 'static {
         error: &str,
         give_up: bool,
     ) -> Result<bool>;
+
+    // ---- events
+    /// The events `query` asks for (see [`EventQuery`]), oldest first, and the newest event id.
+    /// Every method above that changes an actor's state or worker records one in its own
+    /// transaction ([`ActorEvent`]).
+    async fn list_events(&self, query: &EventQuery) -> Result<EventPage>;
+    /// Retention: deletes up to `limit` events older than `before_ms`, oldest first; returns
+    /// how many (call again while it returns `limit`).
+    async fn prune_events(&self, before_ms: i64, limit: u32) -> Result<u64>;
 
     fn counters(&self) -> &StoreCounters;
 }

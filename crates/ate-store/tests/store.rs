@@ -11,9 +11,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use ate_core::template::{Container, EgressPolicy, Resources};
 use ate_core::{ActorRef, ActorState, DurableStatus, Fidelity, TemplateRef, TemplateSpec};
 use ate_store::{
-    ActorRecord, ActorUpdate, Alarm, Capacity, FrozenCopy, JoinTokenRecord, SnapshotCopy,
-    SnapshotRecord, Store, StoreError, TagRecord, Transition, WorkerRecord, WorkerStatus,
-    actor_lease_key,
+    ActorRecord, ActorUpdate, Alarm, Capacity, EventKind, EventQuery, FrozenCopy, JoinTokenRecord,
+    SnapshotCopy, SnapshotRecord, Store, StoreError, TagRecord, Transition, WorkerRecord,
+    WorkerStatus, actor_lease_key,
 };
 use futures::FutureExt;
 use sqlx::Connection;
@@ -144,6 +144,9 @@ both_backends!(
     alarm_delete_is_per_seq,
     alarm_goes_with_its_actor,
     alarm_list_filters_by_atespace,
+    events_record_each_change_once,
+    events_filter_page_and_prune,
+    atespace_quota_is_checked_in_the_bind,
 );
 
 // ---------------------------------------------------------------- fixtures
@@ -179,6 +182,7 @@ fn spec(cpu_millis: u32, memory_bytes: u64) -> TemplateSpec {
             allow: vec![],
         },
         golden_tag: None,
+        web_sockets: Default::default(),
     }
 }
 
@@ -471,7 +475,9 @@ mod cases {
             r#"atespace "x" still holds 3 actors, 1 template"#
         );
         for name in ["a1", "a2", "a3"] {
-            s.delete_actor(&ActorRef::new("x", name)).await.unwrap();
+            s.delete_actor(&ActorRef::new("x", name), NOW)
+                .await
+                .unwrap();
         }
         let e = assert_err!(
             s.delete_atespace("x").await,
@@ -576,8 +582,12 @@ mod cases {
             StoreError::FailedPrecondition(_)
         );
         assert_eq!(e.to_string(), r#"template "ns/t" is used by 2 actors"#);
-        s.delete_actor(&ActorRef::new("other", "a1")).await.unwrap();
-        s.delete_actor(&ActorRef::new("other", "a2")).await.unwrap();
+        s.delete_actor(&ActorRef::new("other", "a1"), NOW)
+            .await
+            .unwrap();
+        s.delete_actor(&ActorRef::new("other", "a2"), NOW)
+            .await
+            .unwrap();
         s.delete_template("ns", "t").await.unwrap();
         assert_err!(s.get_template("ns", "t").await, StoreError::NotFound(_));
         let e = assert_err!(s.delete_template("ns", "t").await, StoreError::NotFound(_));
@@ -637,7 +647,7 @@ mod cases {
             StoreError::NotFound(_)
         );
         let e = assert_err!(
-            s.delete_actor(&ActorRef::new("ate-demo", "zz")).await,
+            s.delete_actor(&ActorRef::new("ate-demo", "zz"), NOW).await,
             StoreError::NotFound(_)
         );
         assert_eq!(e.to_string(), r#"actor "ate-demo/zz" not found"#);
@@ -841,6 +851,7 @@ mod cases {
             last_error: Some(Some("it broke".into())),
             epoch: Some(42),
             clear_attached_node: true,
+            note: None,
         };
         let t = s
             .transition(
@@ -1437,7 +1448,7 @@ mod cases {
         .await
         .unwrap();
         let e = assert_err!(
-            s.delete_actor(&ActorRef::new("ns", "a1")).await,
+            s.delete_actor(&ActorRef::new("ns", "a1"), NOW).await,
             StoreError::StateConflict { .. }
         );
         assert_eq!(
@@ -1463,7 +1474,10 @@ mod cases {
         );
 
         // CRASHED (still assigned to w1): deletable; returns generations 3 and 1, newest first.
-        let gc = s.delete_actor(&ActorRef::new("ns", "a1")).await.unwrap();
+        let gc = s
+            .delete_actor(&ActorRef::new("ns", "a1"), NOW)
+            .await
+            .unwrap();
         let generations: Vec<_> = gc.iter().map(|g| g.generation).collect();
         assert_eq!(generations, [3, 1]);
         assert_eq!(gc[0], snapshot("ns", "a1", 3, "node-w1"));
@@ -1498,7 +1512,7 @@ mod cases {
         let again = s.create_actor(&actor("ns", "a1", "ns/t")).await.unwrap();
         assert_eq!(again.generation, 0);
         assert!(
-            s.delete_actor(&ActorRef::new("ns", "a1"))
+            s.delete_actor(&ActorRef::new("ns", "a1"), NOW)
                 .await
                 .unwrap()
                 .is_empty()
@@ -2042,6 +2056,7 @@ mod cases {
             last_error: Some(Some("note".into())),
             epoch: None,
             clear_attached_node: true,
+            note: None,
         };
         let r2 = s
             .release_actor(
@@ -2861,7 +2876,7 @@ mod cases {
             .set_alarm(&ActorRef::new("ns", "a2"), NOW, "/tick", NOW)
             .await
             .unwrap();
-        s.delete_actor(&a1).await.unwrap();
+        s.delete_actor(&a1, NOW).await.unwrap();
         assert_eq!(s.get_alarm(&a1).await.unwrap(), None);
         assert_eq!(s.list_alarms(None).await.unwrap(), vec![kept.clone()]);
         // An actor created again under the name has no alarm.
@@ -2872,8 +2887,10 @@ mod cases {
             vec![("a2".to_string(), NOW + 1000)]
         );
         // The atespace empties as before: nothing of the alarms is left to hold it.
-        s.delete_actor(&a1).await.unwrap();
-        s.delete_actor(&ActorRef::new("ns", "a2")).await.unwrap();
+        s.delete_actor(&a1, NOW).await.unwrap();
+        s.delete_actor(&ActorRef::new("ns", "a2"), NOW)
+            .await
+            .unwrap();
         assert_eq!(s.list_alarms(None).await.unwrap(), vec![]);
         s.delete_template("ns", "t").await.unwrap();
         s.delete_atespace("ns").await.unwrap();
@@ -2905,6 +2922,293 @@ mod cases {
         assert_eq!(s.list_alarms(Some("ns")).await.unwrap(), vec![ns_a2, ns_a1]);
         assert_eq!(s.list_alarms(Some("other")).await.unwrap(), vec![other_a1]);
         assert_eq!(s.list_alarms(Some("none")).await.unwrap(), vec![]);
+    }
+
+    pub async fn atespace_quota_is_checked_in_the_bind(env: Env) {
+        let s = env.store.as_ref();
+        seed_actors(s, &["a1", "a2", "a3"]).await;
+        s.create_atespace("other", NOW).await.unwrap();
+        s.create_actor(&actor("other", "b1", "ns/t")).await.unwrap();
+        s.register_worker(&worker("w1", cap(64_000, 64 << 30, 64), 1), NOW)
+            .await
+            .unwrap();
+        let from = [ActorState::Suspended];
+        let bind = |ns: &'static str, name: &'static str| async move {
+            s.bind_actor(
+                &ActorRef::new(ns, name),
+                &from,
+                "w1",
+                demand(500, 128 * MIB),
+                NOW,
+            )
+            .await
+        };
+        // No quota: no limit.
+        bind("ns", "a1").await.unwrap();
+        let quota = Capacity {
+            slots: 2,
+            cpu_millis: 1000,
+            memory_bytes: 1 << 30,
+        };
+        let ns = s.set_atespace_quota("ns", &quota).await.unwrap();
+        assert_eq!(ns.quota, quota);
+        assert_eq!(
+            ns.usage,
+            Capacity {
+                slots: 1,
+                cpu_millis: 500,
+                memory_bytes: 128 * MIB
+            }
+        );
+        bind("ns", "a2").await.unwrap();
+        let used = Capacity {
+            slots: 2,
+            cpu_millis: 1000,
+            memory_bytes: 256 * MIB,
+        };
+        assert_eq!(s.atespace_quota("ns").await.unwrap(), (quota, used));
+        // No quota: zeros, and no usage read.
+        assert_eq!(
+            s.atespace_quota("other").await.unwrap(),
+            (Capacity::default(), Capacity::default())
+        );
+        assert_err!(s.atespace_quota("nope").await, StoreError::NotFound(_));
+        // The third would be over runningActors: refused, and nothing changed.
+        let e = assert_err!(bind("ns", "a3").await, StoreError::QuotaExceeded { .. });
+        assert_eq!(
+            e.to_string(),
+            r#"atespace "ns" has no quota left for the actor: runningActors 2 of 2 in use"#
+        );
+        let a3 = s.get_actor(&ActorRef::new("ns", "a3")).await.unwrap();
+        assert_eq!((a3.state, a3.worker_id), (ActorState::Suspended, None));
+        // A retried bind of an actor already counted passes.
+        s.bind_actor(
+            &ActorRef::new("ns", "a2"),
+            &[ActorState::Resuming],
+            "w1",
+            demand(500, 128 * MIB),
+            NOW,
+        )
+        .await
+        .unwrap();
+        // Another atespace is not limited by it.
+        bind("other", "b1").await.unwrap();
+        // CPU: 1000m in use of 1000m; memory is named when it is the one short.
+        let release = Transition::new(&[ActorState::Resuming], ActorState::Suspended);
+        s.release_actor(&ActorRef::new("ns", "a2"), release, None, NOW)
+            .await
+            .unwrap();
+        let cpu = Capacity {
+            slots: 0,
+            cpu_millis: 700,
+            memory_bytes: 0,
+        };
+        s.set_atespace_quota("ns", &cpu).await.unwrap();
+        let e = assert_err!(bind("ns", "a3").await, StoreError::QuotaExceeded { .. });
+        assert_eq!(
+            e.to_string(),
+            r#"atespace "ns" has no quota left for the actor: cpu 500m of 700m in use"#
+        );
+        let mem = Capacity {
+            slots: 0,
+            cpu_millis: 0,
+            memory_bytes: 200 * MIB,
+        };
+        s.set_atespace_quota("ns", &mem).await.unwrap();
+        let e = assert_err!(bind("ns", "a3").await, StoreError::QuotaExceeded { .. });
+        assert_eq!(
+            e.to_string(),
+            r#"atespace "ns" has no quota left for the actor: memory 128Mi of 200Mi in use"#
+        );
+        // Cleared: no limit again; listed with its usage.
+        s.set_atespace_quota("ns", &Capacity::default())
+            .await
+            .unwrap();
+        bind("ns", "a3").await.unwrap();
+        let listed = s.list_atespaces().await.unwrap();
+        let ns = listed.iter().find(|a| a.name == "ns").unwrap();
+        assert_eq!(ns.usage.slots, 2);
+        assert_eq!(ns.quota, Capacity::default());
+        assert_err!(
+            s.set_atespace_quota("nope", &quota).await,
+            StoreError::NotFound(_)
+        );
+    }
+
+    /// `(reason, from, to, worker, message)` of every event of `ns/<name>`, oldest first.
+    async fn events_of(s: &dyn Store, name: &str) -> Vec<(String, String, String, String, String)> {
+        let query = EventQuery {
+            atespace: Some("ns".into()),
+            name: Some(name.into()),
+            limit: 100,
+            ..EventQuery::default()
+        };
+        let state = |s: Option<ActorState>| s.map_or(String::new(), |s| s.short().to_string());
+        s.list_events(&query)
+            .await
+            .unwrap()
+            .events
+            .into_iter()
+            .map(|e| {
+                let worker = e.worker_id.unwrap_or_default();
+                (
+                    e.reason,
+                    state(e.from_state),
+                    state(e.to_state),
+                    worker,
+                    e.message,
+                )
+            })
+            .collect()
+    }
+
+    pub async fn events_record_each_change_once(env: Env) {
+        let s = env.store.as_ref();
+        seed_actors(s, &["a1"]).await;
+        s.register_worker(&worker("w1", cap(4000, 4096 * MIB, 8), 1), NOW)
+            .await
+            .unwrap();
+        let a1 = ActorRef::new("ns", "a1");
+        let from = [ActorState::Suspended];
+        s.bind_actor(&a1, &from, "w1", demand(1, 1), NOW)
+            .await
+            .unwrap();
+        // A retried bind changes nothing and records nothing.
+        s.bind_actor(&a1, &from, "w1", demand(1, 1), NOW)
+            .await
+            .unwrap();
+        let running = Transition::new(&[ActorState::Resuming], ActorState::Running)
+            .with(ActorUpdate::with_note("for request r-1"));
+        s.transition(&a1, running, NOW).await.unwrap();
+        // A refused transition (compare-and-set failed) records nothing either.
+        let refused = Transition::new(&[ActorState::Suspended], ActorState::Running);
+        assert!(s.transition(&a1, refused, NOW).await.is_err());
+        let suspending = Transition::new(&[ActorState::Running], ActorState::Suspending)
+            .with(ActorUpdate::with_note("idle"));
+        s.transition(&a1, suspending, NOW).await.unwrap();
+        let done = Transition::new(&[ActorState::Suspending], ActorState::Suspended)
+            .with(ActorUpdate::with_note("idle"));
+        s.release_actor(&a1, done, Some(&snapshot("ns", "a1", 1, "n1")), NOW)
+            .await
+            .unwrap();
+        s.revert_actor(&a1, &from, None, NOW).await.unwrap();
+        s.delete_actor(&a1, NOW).await.unwrap();
+        let row = |r: &str, f: &str, t: &str, w: &str, m: &str| {
+            (r.to_string(), f.into(), t.into(), w.into(), m.to_string())
+        };
+        assert_eq!(
+            events_of(s, "a1").await,
+            vec![
+                row("Created", "", "SUSPENDED", "", "from template ns/t"),
+                row(
+                    "Resuming",
+                    "SUSPENDED",
+                    "RESUMING",
+                    "w1",
+                    "placed on worker w1"
+                ),
+                row(
+                    "Resumed",
+                    "RESUMING",
+                    "RUNNING",
+                    "w1",
+                    "for request r-1; running on worker w1"
+                ),
+                row("Suspending", "RUNNING", "SUSPENDING", "w1", "idle"),
+                row(
+                    "Suspended",
+                    "SUSPENDING",
+                    "SUSPENDED",
+                    "w1",
+                    "idle; generation 1 (memory) written on node n1"
+                ),
+                row(
+                    "Reverted",
+                    "SUSPENDED",
+                    "SUSPENDED",
+                    "",
+                    "the next resume restores generation 1"
+                ),
+                row("Deleted", "SUSPENDED", "", "", ""),
+            ]
+        );
+    }
+
+    pub async fn events_filter_page_and_prune(env: Env) {
+        let s = env.store.as_ref();
+        seed_actors(s, &["a1", "a2"]).await;
+        s.create_atespace("other", NOW).await.unwrap();
+        let mut late = actor("other", "a1", "ns/t");
+        late.created_ms = NOW + 10;
+        s.create_actor(&late).await.unwrap();
+        let all = s
+            .list_events(&EventQuery {
+                limit: 10,
+                ..EventQuery::default()
+            })
+            .await
+            .unwrap();
+        let names: Vec<_> = all
+            .events
+            .iter()
+            .map(|e| format!("{}/{}", e.atespace, e.name))
+            .collect();
+        assert_eq!(names, ["ns/a1", "ns/a2", "other/a1"]);
+        assert!(all.events.windows(2).all(|w| w[0].id < w[1].id), "{all:?}");
+        assert_eq!(all.newest_id, all.events[2].id);
+        assert_eq!(all.events[2].time_ms, NOW + 10);
+        assert_eq!(all.events[0].kind, EventKind::Normal);
+        // Only the newest id.
+        let head = s.list_events(&EventQuery::default()).await.unwrap();
+        assert_eq!((head.events.len(), head.newest_id), (0, all.newest_id));
+        // By atespace; after an id; the newest few, still oldest first.
+        let ns = EventQuery {
+            atespace: Some("ns".into()),
+            limit: 10,
+            ..EventQuery::default()
+        };
+        assert_eq!(
+            s.list_events(&ns).await.unwrap().events,
+            all.events[..2].to_vec()
+        );
+        let after = EventQuery {
+            after_id: all.events[0].id,
+            limit: 10,
+            ..EventQuery::default()
+        };
+        assert_eq!(
+            s.list_events(&after).await.unwrap().events,
+            all.events[1..].to_vec()
+        );
+        let newest = EventQuery {
+            limit: 2,
+            newest: true,
+            ..EventQuery::default()
+        };
+        assert_eq!(
+            s.list_events(&newest).await.unwrap().events,
+            all.events[1..].to_vec()
+        );
+        let oldest = EventQuery {
+            limit: 2,
+            ..EventQuery::default()
+        };
+        assert_eq!(
+            s.list_events(&oldest).await.unwrap().events,
+            all.events[..2].to_vec()
+        );
+        // Retention: older than NOW + 10 goes, in batches of the limit asked.
+        assert_eq!(s.prune_events(NOW + 10, 1).await.unwrap(), 1);
+        assert_eq!(s.prune_events(NOW + 10, 10).await.unwrap(), 1);
+        assert_eq!(s.prune_events(NOW + 10, 10).await.unwrap(), 0);
+        let left = s
+            .list_events(&EventQuery {
+                limit: 10,
+                ..EventQuery::default()
+            })
+            .await
+            .unwrap();
+        assert_eq!(left.events, all.events[2..].to_vec());
     }
 }
 

@@ -54,6 +54,8 @@ struct ApiState {
     calls: HashMap<String, (usize, Instant)>,
     /// Every ResumeActor call in order: (actor, its `x-request-id` metadata).
     request_ids: Vec<(String, Option<String>)>,
+    /// Actors whose template says `webSockets: hibernate`.
+    hibernating: std::collections::HashSet<String>,
 }
 
 #[derive(Clone, Default)]
@@ -69,6 +71,15 @@ impl ScriptedApi {
             .unwrap()
             .scripts
             .insert(actor.to_string(), Arc::new(f));
+    }
+
+    /// ResumeActor answers for `actor` say its template hibernates WebSockets.
+    pub fn hibernate_web_sockets(&self, actor: &str) {
+        self.state
+            .lock()
+            .unwrap()
+            .hibernating
+            .insert(actor.to_string());
     }
 
     /// ResumeActor calls for `actor`.
@@ -132,6 +143,32 @@ impl ActorService for ScriptedApi {
         Err(Status::unimplemented("the scripted api measures no actors"))
     }
 
+    type WatchEventsStream =
+        tokio_stream::wrappers::ReceiverStream<Result<ate_proto::v1::ActorEvent, Status>>;
+    type WatchActorsStream =
+        tokio_stream::wrappers::ReceiverStream<Result<ate_proto::v1::ActorChange, Status>>;
+
+    async fn list_events(
+        &self,
+        _req: tonic::Request<ate_proto::v1::ListEventsRequest>,
+    ) -> Result<tonic::Response<ate_proto::v1::ListEventsResponse>, Status> {
+        Err(Status::unimplemented("the scripted api records no events"))
+    }
+
+    async fn watch_events(
+        &self,
+        _req: tonic::Request<ate_proto::v1::WatchEventsRequest>,
+    ) -> Result<tonic::Response<Self::WatchEventsStream>, Status> {
+        Err(Status::unimplemented("the scripted api records no events"))
+    }
+
+    async fn watch_actors(
+        &self,
+        _req: tonic::Request<ate_proto::v1::WatchActorsRequest>,
+    ) -> Result<tonic::Response<Self::WatchActorsStream>, Status> {
+        Err(Status::unimplemented("the scripted api records no events"))
+    }
+
     async fn resume_actor(
         &self,
         req: tonic::Request<ResumeActorRequest>,
@@ -143,8 +180,9 @@ impl ActorService for ScriptedApi {
             .map(|v| v.to_str().unwrap_or("<not ASCII>").to_string());
         let r = req.into_inner().actor.unwrap_or_default();
         let key = format!("{}/{}", r.atespace, r.name);
-        let (script, call) = {
+        let (script, call, hibernate_web_sockets) = {
             let mut st = self.state.lock().unwrap();
+            let hibernate = st.hibernating.contains(&key);
             st.request_ids.push((key.clone(), request_id));
             let now = Instant::now();
             let entry = st.calls.entry(key.clone()).or_insert((0, now));
@@ -153,7 +191,7 @@ impl ActorService for ScriptedApi {
                 since_first: now - entry.1,
             };
             entry.0 += 1;
-            (st.scripts.get(&key).cloned(), call)
+            (st.scripts.get(&key).cloned(), call, hibernate)
         };
         let Some(script) = script else {
             return Err(Status::not_found(format!("actor {key} not found")));
@@ -175,6 +213,7 @@ impl ActorService for ScriptedApi {
                 ..Default::default()
             }),
             resumed,
+            hibernate_web_sockets,
         }))
     }
 

@@ -10,8 +10,13 @@
 //!
 //! Series names follow one scheme, `ate_<component>_…` (`ate_api_`, `ate_router_`, `ate_node_`,
 //! `ate_worker_`), except the spec's two router series (`atenet_router_parking_active`,
-//! `atenet_router_parking_rejected_total`) and the conventional `process_*` ones. No label may
-//! take a value per actor: per-actor detail belongs in logs and traces.
+//! `atenet_router_parking_rejected_total`) and the conventional `process_*` ones. No label of a
+//! recorder series may take a value per actor (the recorder never forgets a series): per-actor
+//! detail belongs in logs and traces, or in text rendered at each scrape by an [`on_render`]
+//! hook, capped (the worker's `ate_worker_actor_*` families, `docs/observability.md`).
+//!
+//! The same text is what the OTLP metrics export sends (`ate-cli`'s `otel::metrics`, which
+//! renders [`render`] on its own interval), so every series here reaches both.
 
 use std::collections::HashSet;
 use std::convert::Infallible;
@@ -86,6 +91,14 @@ struct State {
 /// never serves `/metrics` keeps the no-op recorder, and no histogram grows unscraped).
 static HOOKS: Mutex<Vec<Hook>> = Mutex::new(Vec::new());
 
+/// A render hook: whole metric families in the text format (with `# HELP` / `# TYPE`), made at
+/// each render; `None` once its component is gone (the hook is then dropped).
+type TextHook = Box<dyn Fn() -> Option<String> + Send + Sync>;
+
+/// Render hooks: series that must disappear when what they describe does (the recorder keeps
+/// every series it ever saw), rendered after the recorder's and before the process series.
+static TEXT_HOOKS: Mutex<Vec<TextHook>> = Mutex::new(Vec::new());
+
 fn state() -> &'static State {
     static STATE: OnceLock<State> = OnceLock::new();
     STATE.get_or_init(|| {
@@ -143,8 +156,48 @@ pub fn on_scrape(hook: impl Fn() -> bool + Send + Sync + 'static) {
     lock(&HOOKS).push(Box::new(hook));
 }
 
-/// The text exposition of every series: the recorder's, after the scrape hooks ran, followed by
-/// the `process_*` series read from `/proc` now.
+/// An async refresh of state a render reads (a store read behind a gauge); `None` once its
+/// component is gone (the hook is then dropped).
+type RefreshHook =
+    Box<dyn Fn() -> Option<std::pin::Pin<Box<dyn Future<Output = ()> + Send>>> + Send + Sync>;
+
+/// Refresh hooks: run by `/metrics` before it renders and by the OTLP export before it does.
+static REFRESH_HOOKS: Mutex<Vec<RefreshHook>> = Mutex::new(Vec::new());
+
+/// Runs `hook`'s future before every `/metrics` render and every OTLP export ([`refresh`]) until
+/// it returns `None`.
+pub fn on_refresh(
+    hook: impl Fn() -> Option<std::pin::Pin<Box<dyn Future<Output = ()> + Send>>>
+    + Send
+    + Sync
+    + 'static,
+) {
+    lock(&REFRESH_HOOKS).push(Box::new(hook));
+}
+
+/// Runs the refresh hooks (one after the other), before a [`render`] that must be current.
+pub async fn refresh() {
+    let mut pending = Vec::new();
+    lock(&REFRESH_HOOKS).retain(|hook| match hook() {
+        Some(refresh) => {
+            pending.push(refresh);
+            true
+        }
+        None => false,
+    });
+    for refresh in pending {
+        refresh.await;
+    }
+}
+
+/// Appends `hook`'s families to every render until it returns `None` (its component is gone).
+/// The text must be whole families in the exposition format, named apart from the recorder's.
+pub fn on_render(hook: impl Fn() -> Option<String> + Send + Sync + 'static) {
+    lock(&TEXT_HOOKS).push(Box::new(hook));
+}
+
+/// The text exposition of every series: the recorder's, after the scrape hooks ran, then the
+/// render hooks' families, then the `process_*` series read from `/proc` now.
 pub fn render() -> String {
     let st = state();
     lock(&HOOKS).retain(|hook| hook());
@@ -158,6 +211,13 @@ pub fn render() -> String {
     if !out.is_empty() {
         out.push_str("\n\n");
     }
+    lock(&TEXT_HOOKS).retain(|hook| match hook() {
+        Some(text) => {
+            out.push_str(&text);
+            true
+        }
+        None => false,
+    });
     out.push_str(&process_metrics());
     out
 }
@@ -273,6 +333,7 @@ pub async fn respond(path: &str, endpoint: &Endpoint) -> Response<Full<Bytes>> {
             if let Some(before) = &endpoint.before_scrape {
                 before().await;
             }
+            refresh().await;
             text(StatusCode::OK, CONTENT_TYPE, render())
         }
         "/healthz" => match endpoint.health.as_ref().map_or(Ok(()), |h| h()) {
@@ -487,6 +548,49 @@ mod tests {
         render();
         render();
         assert_eq!(runs.load(std::sync::atomic::Ordering::SeqCst), 2);
+    }
+
+    #[test]
+    fn render_hooks_add_families_until_their_component_is_gone() {
+        install("test", describe_test);
+        let alive = Arc::new(std::sync::atomic::AtomicBool::new(true));
+        let flag = alive.clone();
+        on_render(move || {
+            flag.load(std::sync::atomic::Ordering::SeqCst)
+                .then(|| "# TYPE ate_test_hooked gauge\nate_test_hooked{k=\"v\"} 3\n\n".to_string())
+        });
+        let text = render();
+        assert!(text.contains("ate_test_hooked{k=\"v\"} 3\n"), "{text}");
+        assert!(text.contains("process_open_fds "), "{text}");
+        alive.store(false, std::sync::atomic::Ordering::SeqCst);
+        assert!(!render().contains("ate_test_hooked"));
+        alive.store(true, std::sync::atomic::Ordering::SeqCst);
+        assert!(
+            !render().contains("ate_test_hooked"),
+            "a hook that said it was done is dropped"
+        );
+    }
+
+    #[tokio::test]
+    async fn refresh_hooks_run_before_a_scrape_until_they_are_done() {
+        install("test", describe_test);
+        let runs = Arc::new(std::sync::atomic::AtomicU32::new(0));
+        let counted = Arc::downgrade(&runs);
+        on_refresh(move || {
+            let runs = counted.upgrade()?;
+            Some(Box::pin(async move {
+                runs.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            }))
+        });
+        refresh().await;
+        respond("/metrics", &Endpoint::default()).await;
+        assert_eq!(runs.load(std::sync::atomic::Ordering::SeqCst), 2);
+        drop(runs);
+        refresh().await;
+        assert!(
+            lock(&REFRESH_HOOKS).is_empty(),
+            "a hook whose component is gone is dropped"
+        );
     }
 
     #[tokio::test]

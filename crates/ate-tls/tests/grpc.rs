@@ -67,6 +67,13 @@ impl AtespaceService for WhoAmI {
     ) -> Result<Response<Atespace>, Status> {
         Err(Status::unimplemented("stub"))
     }
+
+    async fn set_atespace_quota(
+        &self,
+        _: Request<ate_proto::v1::SetAtespaceQuotaRequest>,
+    ) -> Result<Response<Atespace>, Status> {
+        Err(Status::unimplemented("stub"))
+    }
 }
 
 fn source(ca: &LocalCa, id: SpiffeId) -> CertSource {

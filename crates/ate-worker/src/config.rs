@@ -213,6 +213,12 @@ pub struct WorkerConfig {
     #[arg(long)]
     pub remove_leftovers: bool,
 
+    /// Running actors with series of their own on `/metrics` (`ate_worker_actor_*`: CPU,
+    /// memory, start time), the busiest first; the rest are summed under
+    /// `atespace="_other",actor="_other"` (docs/observability.md). 0: only the sums.
+    #[arg(long, env = "ATE_WORKER_ACTOR_METRICS_LIMIT", default_value_t = crate::actor_metrics::DEFAULT_LIMIT)]
+    pub actor_metrics_limit: usize,
+
     /// The CRIU binary (default: `criu` on PATH). Missing, or older than 4.2: this worker takes
     /// no memory snapshots and advertises no `memory:criu` capability, so the api never places
     /// an actor whose newest generation holds memory here (it parks instead of losing that
@@ -284,6 +290,7 @@ impl WorkerConfig {
             track_memory: true,
             incremental_min_mib: DEFAULT_INCREMENTAL_MIN_MIB,
             remove_leftovers: false,
+            actor_metrics_limit: crate::actor_metrics::DEFAULT_LIMIT,
             criu: None,
             snapshot_keys: None,
             no_snapshot_encryption: false,

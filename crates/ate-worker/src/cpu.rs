@@ -13,7 +13,7 @@
 //!
 //! Why the quota and not the worker's table: the meter then needs nothing from the verbs (no
 //! hook in start or restore), and a sandbox whose quota is lifted (a CRIU restore or dump runs
-//! without it, ARCHITECTURE.md "CRIU runs without the actor's CPU quota") keeps its weight, or
+//! without it, docs/decisions.md "CRIU runs without the actor's CPU quota") keeps its weight, or
 //! the default one, until the quota is back: a restore is never slowed by the share of the
 //! actor it restores. Frozen-in-place copies are metered too; they use nothing.
 
@@ -174,7 +174,7 @@ pub fn memory_bytes(short_id: &str) -> Option<u64> {
 }
 
 /// Cumulative CPU time of the actor's cgroup in nanoseconds, if it has one.
-fn usage_ns(short_id: &str) -> Option<u64> {
+pub fn usage_ns(short_id: &str) -> Option<u64> {
     let v1 = cgroup_dir("/sys/fs/cgroup/cpuacct", short_id).join("cpuacct.usage");
     if let Ok(text) = std::fs::read_to_string(&v1) {
         return text.trim().parse().ok();

@@ -65,6 +65,7 @@ impl SandboxError {
                 status.starts_with("signal:")
                     || stderr.contains(crate::lazy::SOURCE_DIED)
                     || stderr.contains(crate::runc::CRIU_DIED)
+                    || stderr.contains(crate::runc::RUNC_DIED)
                     // runc's words for a CRIU that died under it: its socket to CRIU was cut
                     // without an answer (a CRIU that fails answers with its error).
                     // (`criu-xprt-cln` is runc's name for its end of that socket, in the
@@ -152,6 +153,13 @@ mod tests {
                 &format!(
                     "CRIU closed the lazy-pages socket; {}",
                     crate::runc::CRIU_DIED
+                ),
+            ),
+            command(
+                "ended: the page source gave up",
+                &format!(
+                    "CRIU closed the lazy-pages socket before the restore finished; {}",
+                    crate::runc::RUNC_DIED
                 ),
             ),
             command(

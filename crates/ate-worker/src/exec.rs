@@ -20,6 +20,8 @@ use std::os::fd::{AsRawFd, OwnedFd};
 use std::time::Duration;
 
 use tokio::io::unix::AsyncFd;
+
+use crate::procfs::{process_table, tree_of};
 use tokio::net::unix::pipe;
 
 /// What to run in the sandbox.
@@ -262,51 +264,6 @@ fn pids() -> Vec<u32> {
         .unwrap_or_default()
 }
 
-/// `(pid, ppid)` of every live (not zombie) process.
-fn process_table() -> Vec<(u32, u32)> {
-    let Ok(dir) = std::fs::read_dir("/proc") else {
-        return Vec::new();
-    };
-    dir.flatten()
-        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
-        .filter_map(|pid| {
-            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-            parse_stat(&stat)
-                .filter(|(_, state)| *state != 'Z' && *state != 'X')
-                .map(|(ppid, _)| (pid, ppid))
-        })
-        .collect()
-}
-
-/// `(ppid, state)` from a `/proc/<pid>/stat` line (the name may hold spaces and parentheses).
-fn parse_stat(stat: &str) -> Option<(u32, char)> {
-    let rest = stat.get(stat.rfind(')')? + 1..)?;
-    let mut fields = rest.split_whitespace();
-    let state = fields.next()?.chars().next()?;
-    let ppid = fields.next()?.parse().ok()?;
-    Some((ppid, state))
-}
-
-/// `root` and its descendants in `table` (`(pid, ppid)`), each with its parent; empty when
-/// `root` is not in the table.
-fn tree_of(root: u32, table: &[(u32, u32)]) -> Vec<(u32, u32)> {
-    let Some(&first) = table.iter().find(|(pid, _)| *pid == root) else {
-        return Vec::new();
-    };
-    let mut tree = vec![first];
-    let mut i = 0;
-    while i < tree.len() {
-        let parent = tree[i].0;
-        tree.extend(
-            table
-                .iter()
-                .filter(|(pid, ppid)| *ppid == parent && *pid != root),
-        );
-        i += 1;
-    }
-    tree
-}
-
 /// The members of `tree` with no child in it.
 fn leaves(tree: &[(u32, u32)]) -> Vec<u32> {
     tree.iter()
@@ -411,15 +368,6 @@ mod tests {
             (13, None),                      // a zombie
         ];
         assert_eq!(strays(&sandbox, &procs), [11]);
-    }
-
-    #[test]
-    fn stat_lines() {
-        assert_eq!(
-            parse_stat("42 (a (weird) name) S 7 42 42 0 -1"),
-            Some((7, 'S'))
-        );
-        assert_eq!(parse_stat("garbage"), None);
     }
 
     #[test]

@@ -116,22 +116,23 @@ async fn handle(mut stream: UnixStream, tunnels: Arc<Tunnels>) {
             return;
         }
     };
-    let (upstream, guard) = match dial(&activation, request.port).await {
-        Ok(x) => x,
-        Err(Refusal::Stale) => {
-            let why = format!("actor {key} is not active on this worker");
-            let _ = answer(&stream, &Reply::Stale(why), None).await;
-            return;
-        }
-        Err(Refusal::Dial(e)) => {
-            let reply = match dial_failure(key, request.port, &e) {
-                (true, why) => Reply::PortClosed(why),
-                (false, why) => Reply::Refused(502, why),
-            };
-            let _ = answer(&stream, &reply, None).await;
-            return;
-        }
-    };
+    let (upstream, guard) =
+        match dial(&activation, request.port, crate::atunnel::Counted::Open).await {
+            Ok(x) => x,
+            Err(Refusal::Stale) => {
+                let why = format!("actor {key} is not active on this worker");
+                let _ = answer(&stream, &Reply::Stale(why), None).await;
+                return;
+            }
+            Err(Refusal::Dial(e)) => {
+                let reply = match dial_failure(key, request.port, &e) {
+                    (true, why) => Reply::PortClosed(why),
+                    (false, why) => Reply::Refused(502, why),
+                };
+                let _ = answer(&stream, &reply, None).await;
+                return;
+            }
+        };
     let upstream = match upstream.into_std() {
         Ok(s) => s,
         Err(e) => {

@@ -6,6 +6,7 @@
 // Library and product code never unwraps (tests may): errors go to the caller.
 #![cfg_attr(not(test), deny(clippy::unwrap_used))]
 
+pub mod actor_metrics;
 pub mod atunnel;
 pub mod cmd;
 pub mod config;
@@ -25,6 +26,7 @@ pub mod netns;
 pub mod netns_pool;
 pub mod pipe;
 pub mod probe;
+mod process;
 pub mod procfs;
 pub mod reaper;
 pub mod runc;
@@ -46,4 +48,4 @@ pub use runtime::{
     SidecarSpec, Started,
 };
 pub use service::{WorkerError, WorkerLock, connect_worker, lock_identity, run, run_locked};
-pub use worker::{live_sandboxes, sandbox_alive};
+pub use worker::{host_memory_available_percent, live_sandboxes, sandbox_alive};

@@ -38,6 +38,17 @@ pub struct TunnelState {
     handoff: bool,
     born: std::time::Instant,
     command: watch::Sender<Command>,
+    /// Called whenever bytes pass: the upstream leg of a hibernating WebSocket is not counted
+    /// as an open tunnel, so its frames record the actor's activity as they flow.
+    activity: Option<ActivityHook>,
+}
+
+struct ActivityHook(Box<dyn Fn() + Send + Sync>);
+
+impl std::fmt::Debug for ActivityHook {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("ActivityHook")
+    }
 }
 
 impl TunnelState {
@@ -50,7 +61,16 @@ impl TunnelState {
         Self::with_handoff(true)
     }
 
+    /// The state of a tunnel whose bytes call `activity` as they pass.
+    pub fn with_activity(activity: impl Fn() + Send + Sync + 'static) -> Arc<Self> {
+        Self::build(false, Some(ActivityHook(Box::new(activity))))
+    }
+
     fn with_handoff(handoff: bool) -> Arc<Self> {
+        Self::build(handoff, None)
+    }
+
+    fn build(handoff: bool, activity: Option<ActivityHook>) -> Arc<Self> {
         let (command, _) = watch::channel(Command::Run);
         Arc::new(TunnelState {
             up_ms: AtomicI64::new(-1),
@@ -59,6 +79,7 @@ impl TunnelState {
             handoff,
             born: std::time::Instant::now(),
             command,
+            activity,
         })
     }
 
@@ -69,6 +90,12 @@ impl TunnelState {
 
     fn now_ms(&self) -> i64 {
         i64::try_from(self.born.elapsed().as_millis()).unwrap_or(i64::MAX)
+    }
+
+    fn note_activity(&self) {
+        if let Some(ActivityHook(activity)) = &self.activity {
+            activity();
+        }
     }
 
     pub fn is_websocket(&self) -> bool {
@@ -142,6 +169,7 @@ pub async fn run<D, U>(
                     looks_like_ws.store(is_websocket_request(&buf[..n]), Ordering::Release);
                 }
                 state.up_ms.store(state.now_ms(), Ordering::Release);
+                state.note_activity();
                 if up_w.write_all(&buf[..n]).await.is_err() {
                     return;
                 }
@@ -193,6 +221,7 @@ pub async fn run<D, U>(
                     t.feed(chunk);
                 }
                 state.down_ms.store(state.now_ms(), Ordering::Release);
+                state.note_activity();
                 if down_w.write_all(chunk).await.is_err() {
                     return;
                 }

@@ -446,6 +446,13 @@ pub trait SandboxRuntime: Send + Sync {
     /// `Some` once the actor's processes have all exited (or the sandbox is gone).
     async fn exited(&self, actor: &ActorSandbox) -> Result<Option<ExitInfo>>;
 
+    /// Ends the commands (and what runs under them) an earlier process of this worker left
+    /// running on its sandboxes, a restore or checkpoint cut off by its death; returns their
+    /// command lines. A restarted worker calls it before it touches any sandbox.
+    async fn end_earlier_commands(&self) -> Vec<String> {
+        Vec::new()
+    }
+
     /// Whether the actor's sandbox exists and runs (not paused, not stopped): one a restarted
     /// worker may re-adopt.
     async fn is_running(&self, _actor: &ActorSandbox) -> Result<bool> {

@@ -21,11 +21,10 @@ use tracing::Instrument;
 
 use crate::config::WorkerConfig;
 use crate::convert;
-use crate::image::ImageCache;
-use crate::runc::{RuncConfig, RuncRuntime};
+use crate::process::{self, wait_stop};
 pub use crate::socket::peer_allowed;
 use crate::socket::{authorized_incoming, bind_socket};
-use crate::worker::{EXIT_POLL, Identity, VerbError, Worker};
+use crate::worker::{VerbError, Worker};
 
 /// Why the worker process could not start or serve.
 #[derive(Debug, thiserror::Error)]
@@ -253,17 +252,6 @@ pub async fn connect_worker(
     Ok(WorkerServiceClient::new(channel))
 }
 
-/// A random non-zero epoch: a new one every process start. Kept below 2^63 because the stores
-/// keep it in a signed 64-bit column.
-fn new_epoch() -> u64 {
-    loop {
-        let e: u64 = rand::random::<u64>() >> 1;
-        if e != 0 {
-            return e;
-        }
-    }
-}
-
 /// The worker's identity, held: `<state>/workers/<id>/worker.lock` locked by this process
 /// ([`lock_identity`]). Only with it may a process bind the worker's socket, adopt its sandboxes
 /// or start new ones, so a worker id is never served by two processes at once; the lock ends
@@ -349,65 +337,10 @@ pub async fn run_locked(
     _lock: WorkerLock,
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<(), WorkerError> {
-    let worker_dir = config.worker_dir();
-    let defaults = RuncConfig::new(&worker_dir);
-    let runtime = RuncRuntime::new(RuncConfig {
-        spare_netns: config
-            .spare_netns
-            .min(usize::try_from(config.slots).unwrap_or(usize::MAX)),
-        log_relay: config
-            .log_relay
-            .clone()
-            .unwrap_or_else(|| defaults.log_relay.clone()),
-        userns: config.userns,
-        userns_claims_dir: config.userns_claims_dir.clone(),
-        track_memory: config.track_memory,
-        criu: config.criu.clone().or(defaults.criu.clone()),
-        ..defaults
-    })
-    .await?;
-    // Generations are sealed at rest with the node's snapshot keys (docs/security.md).
-    let keys = match config.snapshot_keys_dir() {
-        Some(dir) => Some(ate_snapshot::SnapshotKeys::load(&dir).map_err(|e| {
-            WorkerError::Config(format!("snapshot keys in {}: {e}", dir.display()))
-        })?),
-        None => None,
-    };
-    match &keys {
-        Some(k) => {
-            tracing::info!(data_key = k.data_key_id(), scratch = %config.snapshot_scratch.display(), "generations are sealed at rest")
-        }
-        None => tracing::warn!(
-            "no snapshot keys (--snapshot-keys): generations are written to the node's disk in plaintext"
-        ),
-    }
-    ate_snapshot::sealed::configure(keys, config.snapshot_scratch.clone());
-    let swept = ate_snapshot::sealed::sweep_scratch();
-    if swept > 0 {
-        tracing::info!(
-            swept,
-            "removed snapshot scratch dirs left by processes that are gone"
-        );
-    }
+    let runtime = process::runc_runtime(&config).await?;
+    process::configure_snapshot_keys(&config)?;
     if config.remove_leftovers {
-        let worker = Worker::new(
-            Identity {
-                spiffe_id: String::new(),
-                id: config.id.clone(),
-                epoch: new_epoch(),
-                addresses: Vec::new(),
-                cpu_millis: config.cpu_millis(),
-                memory_bytes: config.memory_bytes(),
-                slots: config.slots,
-                labels: config.label_map(),
-            },
-            Arc::new(runtime),
-            ImageCache::new(config.image_cache_dir()),
-            config.actors_dir(),
-            config.actor_logs_dir(),
-            config.faults.clone(),
-        );
-        worker.remove_leftovers().await;
+        process::remove_leftovers(&config, runtime).await;
         return Ok(());
     }
     let listener = TcpListener::bind(config.listen)
@@ -424,177 +357,71 @@ pub async fn run_locked(
     let unix = bind_socket(&socket)?;
     // What `socket` names now: at exit only this file is removed, never one a later process
     // bound at the same path.
-    let socket_id = file_id(&socket);
+    let socket_id = process::file_id(&socket);
     let own_uid = nix::unistd::geteuid().as_raw();
-
-    // atunnel's identity: with TLS the certificate's SPIFFE ID (the router pins it from the
-    // assignment); without, the ID this worker would have, for the record.
-    let tls = config.tls.load("worker")?;
-    let spiffe_id = match tls.as_ref().and_then(ate_tls::CertSource::id) {
-        Some(id) => id.uri(),
-        None => ate_tls::SpiffeId::worker_instance(config.tls.trust_domain(), &config.id)?.uri(),
-    };
-    let tunnel_tls = match &tls {
-        Some(src) => {
-            let router = ate_tls::SpiffeId::router(config.tls.trust_domain())?;
-            let mut server = ate_tls::server_config(
-                src,
-                ate_tls::ClientAuth::Required {
-                    allowed: ate_tls::AllowList::only([router]),
-                },
-            )?;
-            ate_tls::set_server_alpn(&mut server, &[ate_tls::Alpn::H2]);
-            Some(Arc::new(server))
-        }
-        None => None,
-    };
-    let router = match config.router.clone() {
-        Some(addr) => Some(
-            crate::egress::RouterClient::new(addr, tls.as_ref(), config.tls.trust_domain())
-                .map_err(|e| WorkerError::Config(e.to_string()))?,
-        ),
-        None => None,
-    };
-    let api = match &config.api {
-        Some(addrs) => Some(api_clients(addrs, tls.as_ref(), config.tls.trust_domain())?),
-        None => None,
-    };
-    let router_text = config
-        .router
-        .as_ref()
-        .map(ToString::to_string)
-        .unwrap_or_else(|| "-".into());
-    let ident = Identity {
-        spiffe_id,
-        id: config.id.clone(),
-        epoch: new_epoch(),
-        addresses: vec![reported.to_string()],
-        // What the scheduler books templates' CPU against: the machine's × --cpu-overcommit.
-        cpu_millis: config.cpu_capacity_millis(),
-        memory_bytes: config.memory_bytes(),
-        slots: config.slots,
-        labels: config.label_map(),
-    };
-    let worker = Arc::new(
-        Worker::new(
-            ident,
-            Arc::new(runtime),
-            ImageCache::new(config.image_cache_dir()),
-            config.actors_dir(),
-            config.actor_logs_dir(),
-            config.faults.clone(),
-        )
-        .with_frozen_policy(config.frozen_policy())
-        .with_egress_denied(config.deny_egress.clone())
-        .with_external_volume_roots(config.external_volume_roots.clone())
-        .with_router(router)
-        .with_api(api)
-        .with_suspend_grace(config.suspend_grace)
-        .with_incremental_min_bytes(config.incremental_min_mib.saturating_mul(1 << 20))
-        .with_page_source(match config.memory_restore {
-            crate::config::MemoryRestore::Lazy => config.page_source.clone(),
-            crate::config::MemoryRestore::Eager => None,
-        }),
+    let peers = process::Peers::load(&config)?;
+    let worker = process::build_worker(
+        &config,
+        runtime,
+        peers.spiffe_id,
+        reported,
+        peers.router,
+        peers.api,
     );
     crate::metrics::export_gauges(&worker);
     // Sandboxes an earlier process of this worker left running are taken back (their
     // ingress waits for the node's reconciliation with the api).
     worker.adopt_leftovers().await;
-    let _image_sweep = spawn_image_sweep(config.image_cache_dir(), config.image_retention);
-    let deny_egress = config
-        .deny_egress
-        .iter()
-        .map(ToString::to_string)
-        .collect::<Vec<_>>()
-        .join(",");
-    tracing::info!(worker = %config.id, epoch = worker.ident.epoch, atunnel = %bound, advertised = %reported, %deny_egress, router = %router_text, socket = %socket.display(), "worker up");
+    let _image_sweep = process::spawn_image_sweep(config.image_cache_dir(), config.image_retention);
+    process::log_worker_up(&config, &worker, bound, reported, &socket);
 
     let (stop_tx, stop_rx) = watch::channel(false);
-    let wait_stop = |mut rx: watch::Receiver<bool>| async move {
-        let _ = rx.wait_for(|s| *s).await;
-    };
     let tunnel_task = tokio::spawn(crate::atunnel::serve(
         listener,
-        tunnel_tls,
+        peers.tunnel_tls,
         worker.tunnels.clone(),
         wait_stop(stop_rx.clone()),
     ));
-    // The same-machine fast path (handoff.rs): a router on this machine takes the actor's socket
-    // from here instead of piping through atunnel. Without it, routers use the CONNECT path.
-    let handoff_task = match crate::handoff::bind(&config.handoff_dir(), &reported.to_string()) {
-        Ok((listener, path)) => {
-            tracing::info!(socket = %path.display(), "handoff socket for routers on this machine");
-            Some(tokio::spawn(crate::handoff::serve(
-                listener,
-                worker.tunnels.clone(),
-                wait_stop(stop_rx.clone()),
-            )))
-        }
-        Err(e) => {
-            tracing::warn!(dir = %config.handoff_dir().display(), error = %e, "no handoff socket: routers on this machine use CONNECT tunnels");
-            None
-        }
-    };
-    let watcher = {
-        let worker = worker.clone();
-        let stopped = wait_stop(stop_rx.clone());
-        tokio::spawn(async move {
-            tokio::pin!(stopped);
-            let mut tick = tokio::time::interval(EXIT_POLL);
-            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-            // Container inits are the worker's children (subreaper): SIGCHLD means one may
-            // have exited, so look at once rather than at the next tick.
-            let mut sigchld = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::child())
-                .map_err(
-                    |e| tracing::warn!(error = %e, "no SIGCHLD stream; exits found by polling"),
-                )
-                .ok();
-            loop {
-                tokio::select! {
-                    _ = &mut stopped => break,
-                    _ = tick.tick() => worker.reap_exited().await,
-                    Some(()) = async {
-                        match sigchld.as_mut() {
-                            Some(s) => s.recv().await,
-                            None => std::future::pending().await,
-                        }
-                    } => {
-                        worker.collect_exits().await;
-                        // Every command the worker runs ends with a SIGCHLD too: at most one
-                        // pass per 20 ms (signals in between coalesce).
-                        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-                    }
-                }
-            }
-        })
-    };
+    let handoff_task =
+        process::spawn_handoff(&config, &worker, reported, wait_stop(stop_rx.clone()));
+    let watcher = process::spawn_exit_watcher(worker.clone(), wait_stop(stop_rx.clone()));
     // Weights for the actors' cgroups and their real use, every SAMPLE_PERIOD (crate::cpu).
     let cpu = Arc::new(crate::cpu::CpuMeter::new(
         config.actors_dir(),
         config.cpu_millis(),
     ));
-    let cpu_task = {
-        let cpu = cpu.clone();
-        let stopped = wait_stop(stop_rx.clone());
-        tokio::spawn(async move {
-            tokio::pin!(stopped);
-            let mut tick = tokio::time::interval(crate::cpu::SAMPLE_PERIOD);
-            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-            loop {
-                tokio::select! {
-                    _ = &mut stopped => break,
-                    _ = tick.tick() => {
-                        let cpu = cpu.clone();
-                        let _ = tokio::task::spawn_blocking(move || cpu.pass()).await;
-                    }
-                }
-            }
-        })
-    };
+    // Per-actor series on /metrics, capped (crate::actor_metrics).
+    crate::actor_metrics::export(&worker, &cpu, config.actor_metrics_limit);
+    let cpu_task = process::spawn_cpu_meter(cpu.clone(), wait_stop(stop_rx.clone()));
     let service = WorkerServiceImpl {
         worker: worker.clone(),
         cpu,
     };
+    let stop = (&stop_tx, &stop_rx);
+    let served = serve_until_stopped(service, unix, own_uid, &worker, shutdown, stop).await;
+
+    let _ = tunnel_task.await;
+    if let Some(task) = handoff_task {
+        let _ = task.await;
+    }
+    let _ = watcher.await;
+    let _ = cpu_task.await;
+    worker.shutdown().await;
+    process::remove_socket_if_ours(&socket, socket_id).await;
+    tracing::info!(worker = %config.id, "worker stopped");
+    served.map_err(WorkerError::from)
+}
+
+/// Serves WorkerService on the unix socket until `shutdown` resolves (after the drain) or the
+/// server fails: either side ending stops everything (`stop`).
+async fn serve_until_stopped(
+    service: WorkerServiceImpl,
+    unix: tokio::net::UnixListener,
+    own_uid: u32,
+    worker: &Worker,
+    shutdown: impl Future<Output = ()> + Send,
+    (stop_tx, stop_rx): (&watch::Sender<bool>, &watch::Receiver<bool>),
+) -> Result<(), tonic::transport::Error> {
     // Either side ending (the caller's shutdown, or the server failing) stops everything.
     let serve = async {
         let served = Server::builder()
@@ -626,66 +453,11 @@ pub async fn run_locked(
         stop_tx.send_replace(true);
     };
     let (served, ()) = tokio::join!(serve, signal);
-
-    let _ = tunnel_task.await;
-    if let Some(task) = handoff_task {
-        let _ = task.await;
-    }
-    let _ = watcher.await;
-    let _ = cpu_task.await;
-    worker.shutdown().await;
-    if socket_id.is_some() && file_id(&socket) == socket_id {
-        if let Err(e) = tokio::fs::remove_file(&socket).await
-            && e.kind() != std::io::ErrorKind::NotFound
-        {
-            tracing::warn!(socket = %socket.display(), error = %e, "remove socket");
-        }
-    } else {
-        tracing::warn!(socket = %socket.display(), "the socket path names another file than the one this worker bound; left in place");
-    }
-    tracing::info!(worker = %config.id, "worker stopped");
-    served.map_err(WorkerError::from)
-}
-
-/// Device and inode of the file at `path`, if there is one.
-fn file_id(path: &Path) -> Option<(u64, u64)> {
-    use std::os::unix::fs::MetadataExt;
-    std::fs::symlink_metadata(path)
-        .ok()
-        .map(|m| (m.dev(), m.ino()))
-}
-
-/// Removes unpacked images no sandbox used for `retention`, a few minutes after start and then
-/// hourly (every worker of a node may sweep the shared cache: each entry is checked under its
-/// lock). Aborted when the returned guard drops.
-fn spawn_image_sweep(cache: PathBuf, retention: std::time::Duration) -> Option<AbortOnDrop> {
-    if retention.is_zero() {
-        return None;
-    }
-    let task = tokio::spawn(async move {
-        tokio::time::sleep(std::time::Duration::from_secs(120)).await;
-        loop {
-            let (c, r) = (cache.clone(), retention);
-            match tokio::task::spawn_blocking(move || crate::image::sweep_unused(&c, r)).await {
-                Ok(Ok(stats)) if stats.entries_removed > 0 => {
-                    tracing::info!(
-                        removed = stats.entries_removed,
-                        seen = stats.entries_seen,
-                        "image cache swept"
-                    )
-                }
-                Ok(Ok(_)) => {}
-                Ok(Err(e)) => tracing::warn!(error = %e, "image cache sweep failed"),
-                Err(e) => tracing::warn!(error = %e, "image cache sweep task failed"),
-            }
-            tokio::time::sleep(std::time::Duration::from_secs(3600)).await;
-        }
-    });
-    Some(AbortOnDrop(task))
+    served
 }
 
 /// Aborts a background task when dropped (the worker's `run` returning).
-struct AbortOnDrop(tokio::task::JoinHandle<()>);
+pub(crate) struct AbortOnDrop(pub(crate) tokio::task::JoinHandle<()>);
 
 impl Drop for AbortOnDrop {
     fn drop(&mut self) {
@@ -695,7 +467,7 @@ impl Drop for AbortOnDrop {
 
 /// The api's services for the local actor API (`--api`): mTLS with this worker's certificate,
 /// the api's SPIFFE ID pinned; plaintext without TLS material. Connects lazily.
-fn api_clients(
+pub(crate) fn api_clients(
     addrs: &str,
     tls: Option<&ate_tls::CertSource>,
     trust_domain: &str,

@@ -1,6 +1,6 @@
 //! Placement: an in-memory view of the fleet, filters, and the power of two random choices.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -242,7 +242,10 @@ struct Waiter {
 
 #[derive(Debug)]
 struct Queue {
-    waiters: std::collections::HashMap<String, Waiter>,
+    waiters: HashMap<String, Waiter>,
+    /// Per atespace with waiters: how many of its waiters left the queue admitted since it
+    /// began to wait (forgotten once none of it waits).
+    served: HashMap<String, usize>,
     next_seq: u64,
     hold: Duration,
     expiry: Duration,
@@ -253,15 +256,33 @@ impl Queue {
         let expiry = self.expiry;
         self.waiters
             .retain(|_, w| now.saturating_duration_since(w.last_attempt) <= expiry);
+        self.forget_served();
+    }
+
+    /// Drops the served counts of atespaces none of whose resumes waits any more.
+    fn forget_served(&mut self) {
+        if self.served.is_empty() {
+            return;
+        }
+        let waiting: std::collections::HashSet<&str> =
+            self.waiters.keys().map(|k| atespace_of(k)).collect();
+        self.served
+            .retain(|atespace, _| waiting.contains(atespace.as_str()));
     }
 }
 
-/// The admission queue: cold resumes that found no room, in the order they first failed, so
-/// that freed capacity goes to the oldest waiting resume instead of whichever request asks
-/// first after the release (usually the client whose actor was just suspended).
+/// The atespace of an actor key (`<atespace>/<name>`).
+fn atespace_of(key: &str) -> &str {
+    key.split_once('/').map_or(key, |(a, _)| a)
+}
+
+/// The admission queue: cold resumes that found no room, so that freed capacity goes to the
+/// waiting resume whose turn it is ([`fair_order`]: round the atespaces that wait, oldest first
+/// within one) instead of whichever request asks first after the release (usually the client
+/// whose actor was just suspended).
 ///
-/// A cold resume of actor X may take room only if X still fits after the room that every
-/// *older live* waiter fits into has been set aside (oldest first, each on a worker X cannot
+/// A cold resume of actor X may take room only if X still fits after the room that every live
+/// waiter *ahead of it* fits into has been set aside (in turn order, each on a worker X cannot
 /// use if it has one, else the least loaded). Live = its last attempt is at most `hold` old: a
 /// parked request retries well within that, and a vanished client stops holding room after
 /// it. A waiter that fits nowhere sets nothing aside (no head-of-line blocking: a small actor
@@ -291,10 +312,39 @@ fn has_room(w: &WorkerRecord, aside: Capacity, demand: &Capacity) -> bool {
     w.capacity.fits(&add(w.used, aside), demand)
 }
 
+/// A waiter's place in the admission order: its turn — its atespace's waiters admitted since
+/// that atespace began to wait, plus its rank among those still waiting (0: the oldest) — then
+/// its age. Room goes round the atespaces that wait — the oldest of each, then the second of
+/// each — so one atespace with a thousand waiting resumes does not take every slot that frees
+/// while another's wait; within an atespace, oldest first.
+type Place = (usize, Instant, u64);
+
+/// Every waiter's [`Place`], by actor key (`<atespace>/<name>`).
+fn fair_order(q: &Queue) -> HashMap<&str, Place> {
+    let mut by_atespace: HashMap<&str, Vec<(&str, Instant, u64)>> = HashMap::new();
+    for (key, w) in &q.waiters {
+        let atespace = atespace_of(key);
+        by_atespace
+            .entry(atespace)
+            .or_default()
+            .push((key.as_str(), w.since, w.seq));
+    }
+    let mut places = HashMap::with_capacity(q.waiters.len());
+    for (atespace, mut group) in by_atespace {
+        let served = q.served.get(atespace).copied().unwrap_or(0);
+        group.sort_by_key(|(_, since, seq)| (*since, *seq));
+        for (rank, (key, since, seq)) in group.into_iter().enumerate() {
+            places.insert(key, (served.saturating_add(rank), since, seq));
+        }
+    }
+    places
+}
+
 impl Waiters {
     pub fn new(hold: Duration, expiry: Duration) -> Self {
         Self(std::sync::Mutex::new(Queue {
-            waiters: std::collections::HashMap::new(),
+            waiters: HashMap::new(),
+            served: HashMap::new(),
             next_seq: 0,
             hold,
             expiry,
@@ -343,21 +393,23 @@ impl Waiters {
     pub fn remove(&self, actor: &str) {
         let mut q = self.queue();
         if q.waiters.remove(actor).is_some() {
+            *q.served.entry(atespace_of(actor).to_string()).or_default() += 1;
+            q.forget_served();
             metrics::gauge!(crate::metrics::ADMISSION_WAITERS).set(q.waiters.len() as f64);
         }
     }
 
-    /// Actors waiting at `now`, oldest first (expired ones dropped).
+    /// Actors waiting at `now`, in the order room goes to them ([`fair_order`]; expired ones
+    /// dropped).
     pub fn queued(&self, now: Instant) -> Vec<String> {
         let mut q = self.queue();
         q.prune(now);
-        let mut all: Vec<(&Instant, u64, &String)> = q
-            .waiters
-            .iter()
-            .map(|(k, w)| (&w.since, w.seq, k))
+        let mut all: Vec<(Place, &str)> = fair_order(&q)
+            .into_iter()
+            .map(|(k, place)| (place, k))
             .collect();
         all.sort();
-        all.into_iter().map(|(_, _, k)| k.clone()).collect()
+        all.into_iter().map(|(_, k)| k.to_string()).collect()
     }
 
     /// The workers `actor` (with `req`) may be placed on at `now`: those of `eligible` that
@@ -379,17 +431,19 @@ impl Waiters {
             if q.waiters.is_empty() {
                 return candidates;
             }
-            let mine = q.waiters.get(actor).map(|w| (w.since, w.seq));
+            let places = fair_order(&q);
+            let mine = places.get(actor).copied();
             let hold = q.hold;
-            let mut older: Vec<(Instant, u64, Needs)> = q
+            let mut older: Vec<(Place, Needs)> = q
                 .waiters
                 .iter()
                 .filter(|(k, _)| k.as_str() != actor)
                 .filter(|(_, w)| now.saturating_duration_since(w.last_attempt) <= hold)
-                .filter(|(_, w)| mine.is_none_or(|m| (w.since, w.seq) < m))
-                .map(|(_, w)| (w.since, w.seq, w.needs.clone()))
+                .filter_map(|(k, w)| Some((*places.get(k.as_str())?, w)))
+                .filter(|(place, _)| mine.is_none_or(|m| *place < m))
+                .map(|(place, w)| (place, w.needs.clone()))
                 .collect();
-            older.sort_by_key(|w| (w.0, w.1));
+            older.sort_by_key(|w| w.0);
             older.truncate(MAX_SET_ASIDE);
             older
         };
@@ -400,7 +454,7 @@ impl Waiters {
         let x_can_use = |i: usize, aside: &[Capacity]| {
             suitable(&workers[i], req) && has_room(&workers[i], aside[i], &req.demand)
         };
-        for (_, _, needs) in &older {
+        for (_, needs) in &older {
             let yreq = needs.requirements();
             let spot = (0..workers.len())
                 .filter(|&i| {

@@ -447,3 +447,68 @@ fn waiting_memory_resumes_hold_room_only_on_capable_workers() {
         ["plain"]
     );
 }
+
+#[test]
+fn room_goes_round_the_atespaces_that_wait() {
+    let q = Waiters::new(Duration::from_secs(1), Duration::from_secs(6));
+    let t0 = Instant::now();
+    let ms = Duration::from_millis;
+    // A flood of "big" first, then two of "small" and one of "third".
+    for i in 0..5 {
+        q.no_room(&format!("big/a{i}"), needs("runc"), t0 + ms(i));
+    }
+    q.no_room("small/x", needs("runc"), t0 + ms(10));
+    q.no_room("small/y", needs("runc"), t0 + ms(11));
+    q.no_room("third/z", needs("runc"), t0 + ms(12));
+    let now = t0 + ms(100);
+    // The oldest of each atespace, then the second of each, …; oldest first within one.
+    assert_eq!(
+        q.queued(now),
+        [
+            "big/a0", "small/x", "third/z", "big/a1", "small/y", "big/a2", "big/a3", "big/a4"
+        ]
+    );
+    // One free slot: the oldest of all may take it, and so may no one else.
+    let one = [worker("w1", "n1", 2, 1)];
+    assert_eq!(
+        ids(&q.admissible("big/a0", &req("runc"), &one, now)),
+        ["w1"]
+    );
+    assert!(q.admissible("big/a1", &req("runc"), &one, now).is_empty());
+    assert!(q.admissible("small/x", &req("runc"), &one, now).is_empty());
+    q.remove("big/a0");
+    // Then small's oldest, though four of big waited longer.
+    assert!(q.admissible("big/a1", &req("runc"), &one, now).is_empty());
+    assert_eq!(
+        ids(&q.admissible("small/x", &req("runc"), &one, now)),
+        ["w1"]
+    );
+    q.remove("small/x");
+    assert_eq!(
+        ids(&q.admissible("third/z", &req("runc"), &one, now)),
+        ["w1"]
+    );
+    q.remove("third/z");
+    // Now big's second (rank 1, older than small/y).
+    assert_eq!(
+        ids(&q.admissible("big/a1", &req("runc"), &one, now)),
+        ["w1"]
+    );
+    assert!(q.admissible("small/y", &req("runc"), &one, now).is_empty());
+    q.remove("big/a1");
+    // big has had two turns, small one: small/y, though big/a2 waited longer.
+    assert!(q.admissible("big/a2", &req("runc"), &one, now).is_empty());
+    assert_eq!(
+        ids(&q.admissible("small/y", &req("runc"), &one, now)),
+        ["w1"]
+    );
+    q.remove("small/y");
+    // Only big waits now: its waiters oldest first.
+    assert_eq!(q.queued(now), ["big/a2", "big/a3", "big/a4"]);
+    assert_eq!(
+        ids(&q.admissible("big/a2", &req("runc"), &one, now)),
+        ["w1"]
+    );
+    // A newcomer of a fresh atespace waits behind everyone who waits (it is not queued).
+    assert!(q.admissible("new/n", &req("runc"), &one, now).is_empty());
+}

@@ -16,12 +16,37 @@ use super::{
 use crate::authz::Need;
 use crate::convert::{self, invalid, store_status};
 
+/// Longest reason a SuspendActor may give (it goes into an event's message).
+const MAX_SUSPEND_REASON: usize = 256;
 /// Longest grace a suspend may give requests in flight.
 const MAX_SUSPEND_GRACE_MS: u32 = 600_000;
 
 #[tonic::async_trait]
 impl actor_service_server::ActorService for Services {
     type ExecActorStream = super::exec::ExecStream;
+    type WatchEventsStream = super::events::WatchEventsStream;
+    type WatchActorsStream = super::events::WatchActorsStream;
+
+    async fn list_events(
+        &self,
+        req: Request<ListEventsRequest>,
+    ) -> Result<Response<ListEventsResponse>, Status> {
+        self.list_events_rpc(req).await
+    }
+
+    async fn watch_events(
+        &self,
+        req: Request<WatchEventsRequest>,
+    ) -> Result<Response<Self::WatchEventsStream>, Status> {
+        self.watch_events_rpc(req).await
+    }
+
+    async fn watch_actors(
+        &self,
+        req: Request<WatchActorsRequest>,
+    ) -> Result<Response<Self::WatchActorsStream>, Status> {
+        self.watch_actors_rpc(req).await
+    }
 
     async fn exec_actor(
         &self,
@@ -257,11 +282,16 @@ impl actor_service_server::ActorService for Services {
         }
         ate_tls::trace_context::continue_metadata(&span, &metadata);
         let api = self.api.clone();
-        let work = async move { api.resume(&r, Some(&request_id)).await };
-        let (actor, resumed) = to_completion(work.instrument(span)).await?;
+        let work = async move {
+            let (actor, resumed) = api.resume(&r, Some(&request_id)).await?;
+            let hibernate = api.hibernates_web_sockets(&actor).await?;
+            Ok((actor, resumed, hibernate))
+        };
+        let (actor, resumed, hibernate_web_sockets) = to_completion(work.instrument(span)).await?;
         Ok(Response::new(ResumeActorResponse {
             actor: Some(convert::actor_view(&actor)),
             resumed,
+            hibernate_web_sockets,
         }))
     }
 
@@ -277,6 +307,18 @@ impl actor_service_server::ActorService for Services {
         if let Some(node) = caller.node_agent() {
             self.check_node_actor(&caller, node, &r).await?;
         }
+        if req.reason.len() > MAX_SUSPEND_REASON {
+            return Err(Status::invalid_argument(format!(
+                "invalid reason: at most {MAX_SUSPEND_REASON} bytes"
+            )));
+        }
+        // A node agent's reason is the cause (idle, draining); anyone else's is what they say
+        // after their name.
+        let cause = match (caller.node_agent(), req.reason.as_str()) {
+            (Some(_), why) if !why.is_empty() => why.to_string(),
+            (_, "") => format!("requested by {}", caller.identity),
+            (_, why) => format!("requested by {}: {why}", caller.identity),
+        };
         let durable = match req.mode {
             0 => false,
             n => match SuspendMode::from_wire(n) {
@@ -297,8 +339,10 @@ impl actor_service_server::ActorService for Services {
         let grace_ms = req.grace_ms;
         let api = self.api.clone();
         let suspended =
-            to_completion(async move { api.suspend_with_grace(&r, durable, grace_ms).await })
-                .await?;
+            to_completion(
+                async move { api.suspend_with_grace(&r, durable, grace_ms, &cause).await },
+            )
+            .await?;
         Ok(Response::new(convert::actor_view(&suspended)))
     }
 

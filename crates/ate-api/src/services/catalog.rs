@@ -94,6 +94,24 @@ impl atespace_service_server::AtespaceService for Services {
         Ok(Response::new(convert::atespace(&updated)))
     }
 
+    async fn set_atespace_quota(
+        &self,
+        req: Request<SetAtespaceQuotaRequest>,
+    ) -> Result<Response<Atespace>, Status> {
+        let caller = self.authorize(&req, "AtespaceService/SetAtespaceQuota", |_| Need::Admin)?;
+        let req = req.into_inner();
+        label("atespace", &req.name)?;
+        let quota = convert::quota_from_wire(req.quota.as_ref());
+        let updated = self
+            .api
+            .store
+            .set_atespace_quota(&req.name, &quota)
+            .await
+            .map_err(store_status)?;
+        tracing::info!(target: "audit", identity = %caller.identity, atespace = %req.name, running_actors = quota.slots, cpu_millis = quota.cpu_millis, memory_bytes = quota.memory_bytes, "atespace quota set");
+        Ok(Response::new(convert::atespace(&updated)))
+    }
+
     async fn get_atespace(
         &self,
         req: Request<GetAtespaceRequest>,

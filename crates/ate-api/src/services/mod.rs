@@ -1,13 +1,15 @@
 //! tonic service implementations: validation at the boundary, then the store or a workflow.
 //! This file holds what the services share (the request checks, [`Services`], `to_completion`);
 //! each service has a file of its own: `actor` (ActorService), `alarms` (AlarmService),
-//! `catalog` (AtespaceService, TemplateService, TagService), `exec` (ActorService.ExecActor),
+//! `catalog` (AtespaceService, TemplateService, TagService), `events` (ActorService's
+//! ListEvents and watches), `exec` (ActorService.ExecActor),
 //! `fleet` (FleetService),
 //! `identity` (IdentityService).
 
 mod actor;
 mod alarms;
 mod catalog;
+mod events;
 mod exec;
 mod fleet;
 mod identity;

@@ -74,7 +74,11 @@ impl Api {
             tracing::warn!(actor = %victim.actor, for_actor = %newcomer, running_ms, "evicting an actor resumed less than a minute ago: the slots are too few for the actors in use");
         }
         tracing::info!(actor = %victim.actor, worker = %victim.worker, idle_ms, for_actor = %newcomer, "no worker has room: suspending the least recently used idle actor");
-        match self.suspend(&victim.actor, false).await {
+        let cause = format!(
+            "evicted: idle for {} s, its slot was needed for {newcomer}",
+            idle_ms / 1000
+        );
+        match self.suspend(&victim.actor, false, &cause).await {
             Ok(_) => {
                 metrics::counter!(crate::metrics::EVICTIONS_TOTAL, "outcome" => "suspended")
                     .increment(1);
@@ -99,13 +103,10 @@ impl Api {
             .into_iter()
             .filter(|a| a.open_streams == 0)
             .filter(|a| now.saturating_sub(a.last_activity_unix_ms) >= min_idle_ms)
-            .filter_map(|a| {
-                let r = a.actor?;
-                Some(Idle {
-                    actor: ActorRef::new(r.atespace, r.name),
-                    worker: w.id.clone(),
-                    last_activity_unix_ms: a.last_activity_unix_ms,
-                })
+            .map(|a| Idle {
+                actor: a.actor,
+                worker: w.id.clone(),
+                last_activity_unix_ms: a.last_activity_unix_ms,
             })
             .collect()
     }

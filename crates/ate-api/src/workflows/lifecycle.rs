@@ -150,7 +150,7 @@ impl Api {
                 } else {
                     false
                 };
-                match self.store.delete_actor(r).await {
+                match self.store.delete_actor(r, now_ms()).await {
                     Ok(garbage) => Ok((garbage, stopped)),
                     Err(StoreError::StateConflict { actual, .. }) => Err(WorkflowError::FailedPrecondition(format!(
                         "actor {r} is {actual}; only ACTOR_STATE_SUSPENDED or ACTOR_STATE_CRASHED actors can be deleted (suspend it first, or delete with --force to stop it without a snapshot)"

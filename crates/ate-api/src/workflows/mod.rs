@@ -156,6 +156,11 @@ pub struct Api {
     worker_locks: Mutex<std::collections::HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
     /// Woken when an alarm is set, so one due at once is delivered without waiting for a tick.
     alarm_wake: tokio::sync::Notify,
+    /// Actor events as the store records them, for the watches.
+    pub(crate) events: crate::events::Feed,
+    /// Per template (`<namespace>/<name>`): whether it hibernates WebSockets, and when that was
+    /// read (see `Api::hibernates_web_sockets`).
+    web_sockets: Mutex<std::collections::HashMap<String, (bool, Instant)>>,
 }
 
 /// Why placement avoids a node: a call to it failed in the transport.
@@ -259,6 +264,7 @@ impl Api {
     pub fn new(store: Arc<dyn Store>, cfg: ApiConfig) -> Self {
         Self {
             fleet: FleetView::new(store.clone(), cfg.fleet_max_age),
+            events: crate::events::Feed::new(store.clone()),
             store,
             nodes: Arc::new(NodeClients::new(cfg.node_tls.clone())),
             cfg,
@@ -268,7 +274,13 @@ impl Api {
             suspect_nodes: Mutex::new(std::collections::HashMap::new()),
             worker_locks: Mutex::new(std::collections::HashMap::new()),
             alarm_wake: tokio::sync::Notify::new(),
+            web_sockets: Mutex::new(std::collections::HashMap::new()),
         }
+    }
+
+    /// How long actor events are kept.
+    pub fn event_retention(&self) -> Duration {
+        self.cfg.event_retention
     }
 
     /// A call to `node` failed in the transport (refused, reset, timed out connecting): avoid

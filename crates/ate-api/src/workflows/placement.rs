@@ -31,6 +31,29 @@ const BIND_BACKOFF: Policy = Policy {
 const MAX_EVICTIONS_PER_PLACEMENT: u32 = 2;
 
 impl Api {
+    /// Refuses at once an actor whose atespace has no quota left for it: before placement, so
+    /// no other actor is evicted for it. Only a hint; the bind checks again in its transaction.
+    pub(super) async fn check_quota(
+        &self,
+        actor: &ActorRecord,
+        template: &TemplateRecord,
+    ) -> Result<(), Failure> {
+        let (quota, usage) = self.store.atespace_quota(&actor.atespace).await?;
+        if quota == ate_store::Capacity::default() {
+            return Ok(());
+        }
+        match ate_store::over_quota(&quota, &usage, &demand(template)) {
+            None => Ok(()),
+            Some((quota, limit, used)) => Err(WorkflowError::Store(StoreError::QuotaExceeded {
+                atespace: actor.atespace.clone(),
+                quota,
+                limit,
+                used,
+            })
+            .into()),
+        }
+    }
+
     /// A RESUMING actor whose worker is still ACTIVE is resumed there again (the previous attempt
     /// failed transiently); binding is idempotent.
     pub(super) async fn rebind_existing(

@@ -7,12 +7,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use ate_core::ActorRef;
-use ate_proto::v1::RunningActorActivity;
 use ate_store::{WorkerRecord, WorkerStatus};
 
 use super::Api;
 use crate::error::WorkflowError;
-use crate::node::NodeClients;
+use crate::node::{NodeClients, RunningActivity};
 
 /// How long one node may take to say what a worker's actors are doing.
 const NODE_TIMEOUT: Duration = Duration::from_secs(1);
@@ -22,7 +21,7 @@ const NODE_TIMEOUT: Duration = Duration::from_secs(1);
 pub(super) async fn worker_activity(
     nodes: &NodeClients,
     w: &WorkerRecord,
-) -> Option<Vec<RunningActorActivity>> {
+) -> Option<Vec<RunningActivity>> {
     let asked = async {
         let mut c = nodes.client(&w.node_address).ok()?;
         match c.actor_activity(&w.id).await {
@@ -75,12 +74,11 @@ impl Api {
                 continue;
             };
             for a in actors {
-                let Some(r) = a.actor else { continue };
-                if atespace.is_some_and(|s| s != r.atespace) {
+                if atespace.is_some_and(|s| s != a.actor.atespace) {
                     continue;
                 }
                 usage.push(ActorUsage {
-                    actor: ActorRef::new(r.atespace, r.name),
+                    actor: a.actor,
                     worker_id: worker_id.clone(),
                     cpu_millis: a.cpu_millis,
                     memory_bytes: a.memory_bytes,

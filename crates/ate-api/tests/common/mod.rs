@@ -146,6 +146,7 @@ impl TestApi {
                 actor: Some(obj(ns, name)),
                 mode: SuspendMode::Async as i32,
                 grace_ms: 0,
+                reason: String::new(),
             })
             .await
             .map(|r| r.into_inner())

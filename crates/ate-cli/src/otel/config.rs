@@ -55,35 +55,109 @@ pub struct TlsFiles {
     pub client: Option<(PathBuf, PathBuf)>,
 }
 
-/// Reads the plan from `var` (the process environment in production).
+/// The signals exported over OTLP: each has its own variables (`OTEL_EXPORTER_OTLP_TRACES_*`,
+/// `..._METRICS_*`, which win over the general ones) and its path on an OTLP/HTTP collector.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Signal {
+    Traces,
+    Metrics,
+}
+
+impl Signal {
+    fn name(self) -> &'static str {
+        match self {
+            Signal::Traces => "traces",
+            Signal::Metrics => "metrics",
+        }
+    }
+
+    fn var(self) -> &'static str {
+        match self {
+            Signal::Traces => "TRACES",
+            Signal::Metrics => "METRICS",
+        }
+    }
+}
+
+/// Reads the traces plan from `var` (the process environment in production).
 pub fn plan(var: impl Fn(&str) -> Option<String>) -> Plan {
+    plan_for(Signal::Traces, var)
+}
+
+/// Reads `signal`'s plan from `var`. Traces are off unless an endpoint is set. Metrics follow
+/// `OTEL_METRICS_EXPORTER` (comma-separated; `otlp` or unset: OTLP; `none`, `prometheus`: no
+/// OTLP, the Prometheus endpoint being `--metrics-listen`; anything else is refused): unset, they are exported when an
+/// endpoint is set; `otlp` with no endpoint goes to the specification's default
+/// (`localhost:4317` for gRPC, `http://localhost:4318` for HTTP).
+pub fn plan_for(signal: Signal, var: impl Fn(&str) -> Option<String>) -> Plan {
     let set = |name: &str| {
         var(name)
             .map(|v| v.trim().to_string())
             .filter(|v| !v.is_empty())
     };
+    let what = signal.name();
     // The signal's own variable wins over the general one (the specification's rule).
     let either = |suffix: &str| {
-        set(&format!("OTEL_EXPORTER_OTLP_TRACES_{suffix}"))
+        set(&format!("OTEL_EXPORTER_OTLP_{}_{suffix}", signal.var()))
             .map(|v| (v, true))
             .or_else(|| set(&format!("OTEL_EXPORTER_OTLP_{suffix}")).map(|v| (v, false)))
     };
     if set("OTEL_SDK_DISABLED").is_some_and(|v| v.eq_ignore_ascii_case("true")) {
         return Plan::Off;
     }
-    let Some((endpoint, for_traces)) = either("ENDPOINT") else {
-        return Plan::Off;
-    };
+    let mut asked = false;
+    if let Some(exporters) = set("OTEL_METRICS_EXPORTER").filter(|_| signal == Signal::Metrics) {
+        let mut otlp = false;
+        for exporter in exporters
+            .split(',')
+            .map(str::trim)
+            .filter(|e| !e.is_empty())
+        {
+            match exporter.to_ascii_lowercase().as_str() {
+                "otlp" => otlp = true,
+                // Prometheus is always there, on --metrics-listen: nothing to add for it.
+                "none" | "prometheus" => {}
+                other => {
+                    return Plan::Refused(format!(
+                        "OTEL_METRICS_EXPORTER={exporters}: {other} is not built in (otlp, \
+                         prometheus: --metrics-listen, none); OTLP metrics are off"
+                    ));
+                }
+            }
+        }
+        if !otlp {
+            return Plan::Off;
+        }
+        asked = true;
+    }
     let protocol = match either("PROTOCOL").map(|(p, _)| p).as_deref() {
         None | Some("grpc") => Protocol::Grpc,
         Some("http/protobuf") => Protocol::HttpProtobuf,
-        Some("http/json") => Protocol::HttpJson,
+        Some("http/json") if signal == Signal::Traces => Protocol::HttpJson,
+        Some("http/json") => {
+            return Plan::Refused(format!(
+                "OTEL_EXPORTER_OTLP_PROTOCOL=http/json: not built in for {what} (grpc, \
+                 http/protobuf); {what} are off"
+            ));
+        }
         Some(other) => {
             return Plan::Refused(format!(
                 "OTEL_EXPORTER_OTLP_PROTOCOL={other}: not an OTLP protocol (grpc, http/protobuf, \
-                 http/json); traces are off"
+                 http/json); {what} are off"
             ));
         }
+    };
+    let (endpoint, for_signal) = match either("ENDPOINT") {
+        Some(found) => found,
+        None if asked => {
+            let default = if protocol == Protocol::Grpc {
+                "http://localhost:4317"
+            } else {
+                "http://localhost:4318"
+            };
+            (default.to_string(), false)
+        }
+        None => return Plan::Off,
     };
     let lower = endpoint.to_ascii_lowercase();
     let (endpoint, tls) = if lower.starts_with("https://") {
@@ -92,7 +166,7 @@ pub fn plan(var: impl Fn(&str) -> Option<String>) -> Plan {
         (endpoint, false)
     } else if lower.contains("://") {
         return Plan::Refused(format!(
-            "OTLP endpoint {endpoint}: only http:// and https:// are supported; traces are off"
+            "OTLP endpoint {endpoint}: only http:// and https:// are supported; {what} are off"
         ));
     } else if protocol == Protocol::Grpc {
         // `host:port`: TLS unless told otherwise, as the specification says for gRPC.
@@ -104,14 +178,14 @@ pub fn plan(var: impl Fn(&str) -> Option<String>) -> Plan {
         }
     } else {
         return Plan::Refused(format!(
-            "OTLP/HTTP endpoint {endpoint}: give the URL with http:// or https://; traces are off"
+            "OTLP/HTTP endpoint {endpoint}: give the URL with http:// or https://; {what} are off"
         ));
     };
-    let endpoint = if protocol == Protocol::Grpc || for_traces {
+    let endpoint = if protocol == Protocol::Grpc || for_signal {
         endpoint
     } else {
         // The general endpoint is the collector's base URL; each signal has its path.
-        format!("{}/v1/traces", endpoint.trim_end_matches('/'))
+        format!("{}/v1/{what}", endpoint.trim_end_matches('/'))
     };
     let timeout = either("TIMEOUT")
         .and_then(|(ms, _)| ms.parse::<u64>().ok())
@@ -121,11 +195,10 @@ pub fn plan(var: impl Fn(&str) -> Option<String>) -> Plan {
             (Some((cert, _)), Some((key, _))) => Some((PathBuf::from(cert), PathBuf::from(key))),
             (None, None) => None,
             (Some(_), None) | (None, Some(_)) => {
-                return Plan::Refused(
+                return Plan::Refused(format!(
                     "OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE and OTEL_EXPORTER_OTLP_CLIENT_KEY go \
-                     together (one is set without the other); traces are off"
-                        .into(),
-                );
+                     together (one is set without the other); {what} are off"
+                ));
             }
         };
         Some(TlsFiles {
@@ -144,8 +217,8 @@ pub fn plan(var: impl Fn(&str) -> Option<String>) -> Plan {
 }
 
 impl Export {
-    /// One line for the component's log: how spans leave.
-    pub(super) fn describe(&self) -> String {
+    /// One line for the component's log: how `what` (spans, metrics) leave.
+    pub(super) fn describe(&self, what: &str) -> String {
         let transport = match self.protocol {
             Protocol::Grpc => "OTLP/gRPC",
             Protocol::HttpProtobuf | Protocol::HttpJson => "OTLP/HTTP",
@@ -166,7 +239,7 @@ impl Export {
             ),
         };
         format!(
-            "traces: exporting by {transport} ({}) to {}{tls}",
+            "{what}: exporting by {transport} ({}) to {}{tls}",
             self.protocol.name(),
             self.endpoint
         )

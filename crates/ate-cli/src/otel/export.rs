@@ -9,7 +9,7 @@ use super::config::{Export, Protocol, TlsFiles};
 
 /// The rustls client config for the collector: its CA (or the system's), the client
 /// certificate if any, on the provider of every other TLS config in the process.
-fn client_tls(files: &TlsFiles) -> Result<ate_tls::rustls::ClientConfig, String> {
+pub(super) fn client_tls(files: &TlsFiles) -> Result<ate_tls::rustls::ClientConfig, String> {
     use ate_tls::rustls::pki_types::pem::PemObject as _;
     use ate_tls::rustls::pki_types::{CertificateDer, PrivateKeyDer};
 

@@ -22,11 +22,15 @@
 //! load, half a client certificate) leaves traces off with a warning in the component's log:
 //! never a silent non-export.
 //!
-//! `config.rs` turns the variables into a [`Plan`]; `export.rs` builds the exporter (and its
-//! TLS) a plan describes; the layer and the provider's lifetime are here.
+//! `config.rs` turns the variables into a [`Plan`] (for traces, and for metrics with their
+//! `_METRICS_` forms); `export.rs` builds the span exporter (and its TLS) a plan describes; the
+//! layer, the provider's lifetime and the resource both signals share (`service.name`,
+//! `service.instance.id`) are here. OTLP metrics, the `/metrics` text exported beside
+//! Prometheus, are [`metrics`].
 
 mod config;
 mod export;
+pub mod metrics;
 
 use std::time::Duration;
 
@@ -44,16 +48,41 @@ const SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(5);
 /// [`Tracing::shutdown`] (or on drop, as a last resort).
 pub struct Tracing {
     provider: Option<SdkTracerProvider>,
+    /// The OTLP metrics export, when asked for ([`metrics`]).
+    metrics: Option<metrics::MetricsExport>,
 }
 
 impl Tracing {
     pub fn off() -> Self {
-        Self { provider: None }
+        Self {
+            provider: None,
+            metrics: None,
+        }
     }
 
-    /// Sends the spans still queued and stops the exporter. Runs the blocking shutdown off the
-    /// async workers: the batch thread's export is driven by this runtime's I/O.
+    /// Starts the OTLP metrics export of `component` if the variables ask for it
+    /// ([`metrics::start`]) and logs how it goes (or why not). After logging is set up.
+    pub fn export_metrics(
+        &mut self,
+        component: &'static str,
+        install: fn() -> &'static ate_tls::telemetry::PrometheusHandle,
+    ) {
+        let (export, notice) = metrics::start(component, install);
+        self.metrics = export;
+        match notice {
+            Some(Notice::Exporting(how)) => tracing::info!("{how}"),
+            Some(Notice::Refused(why)) => tracing::warn!("{why}"),
+            None => {}
+        }
+    }
+
+    /// Sends the last metrics and the spans still queued and stops the exporters. Runs the
+    /// blocking shutdown off the async workers: the batch thread's export is driven by this
+    /// runtime's I/O.
     pub async fn shutdown(mut self) {
+        if let Some(metrics) = self.metrics.take() {
+            metrics.shutdown().await;
+        }
         if let Some(provider) = self.provider.take() {
             let done = tokio::task::spawn_blocking(move || {
                 provider.shutdown_with_timeout(SHUTDOWN_TIMEOUT)
@@ -118,7 +147,12 @@ where
             );
         }
     };
-    let mut resource = Resource::builder();
+    // OTEL_RESOURCE_ATTRIBUTES and OTEL_SERVICE_NAME through the SDK's detectors; the instance
+    // id the metrics carry too.
+    let mut resource = Resource::builder().with_attribute(opentelemetry::KeyValue::new(
+        "service.instance.id",
+        instance_id().to_string(),
+    ));
     if std::env::var("OTEL_SERVICE_NAME").map_or(true, |v| v.trim().is_empty()) {
         resource = resource.with_service_name(component);
     }
@@ -142,7 +176,86 @@ where
         Some(layer),
         Tracing {
             provider: Some(provider),
+            metrics: None,
         },
-        Some(Notice::Exporting(export.describe())),
+        Some(Notice::Exporting(export.describe("traces"))),
     )
+}
+
+/// `k1=v1,k2=v2` (`OTEL_RESOURCE_ATTRIBUTES`, `OTEL_EXPORTER_OTLP_HEADERS`): trimmed, values
+/// percent-decoded; entries without `=` or with an empty key are skipped, as the specification
+/// says of malformed entries.
+pub(crate) fn key_values(text: &str) -> Vec<(String, String)> {
+    text.split(',')
+        .filter_map(|kv| kv.split_once('='))
+        .map(|(k, v)| (k.trim().to_string(), percent_decoded(v.trim())))
+        .filter(|(k, _)| !k.is_empty())
+        .collect()
+}
+
+fn percent_decoded(text: &str) -> String {
+    let bytes = text.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let hex = |b: u8| char::from(b).to_digit(16);
+        match (
+            bytes[i],
+            bytes.get(i + 1).copied(),
+            bytes.get(i + 2).copied(),
+        ) {
+            (b'%', Some(h), Some(l)) if hex(h).is_some() && hex(l).is_some() => {
+                out.push((hex(h).unwrap_or(0) * 16 + hex(l).unwrap_or(0)) as u8);
+                i += 3;
+            }
+            (b, _, _) => {
+                out.push(b);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// This process's `service.instance.id`: `OTEL_RESOURCE_ATTRIBUTES`' if it names one, else a
+/// random UUID (the semantic conventions' advice), the same for traces and metrics.
+pub(crate) fn instance_id() -> &'static str {
+    static ID: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    ID.get_or_init(|| {
+        std::env::var("OTEL_RESOURCE_ATTRIBUTES")
+            .ok()
+            .and_then(|text| {
+                key_values(&text)
+                    .into_iter()
+                    .find(|(k, _)| k == "service.instance.id")
+                    .map(|(_, v)| v)
+            })
+            .filter(|v| !v.is_empty())
+            .unwrap_or_else(|| uuid::Uuid::new_v4().to_string())
+    })
+}
+
+/// The resource of `component`'s telemetry: `OTEL_RESOURCE_ATTRIBUTES`, then `service.name`
+/// (`OTEL_SERVICE_NAME`, else the component's), `service.instance.id` and `service.version`.
+pub(crate) fn resource_attributes(component: &'static str) -> Vec<(String, String)> {
+    let mut attributes: Vec<(String, String)> = std::env::var("OTEL_RESOURCE_ATTRIBUTES")
+        .map(|text| key_values(&text))
+        .unwrap_or_default();
+    let service = std::env::var("OTEL_SERVICE_NAME")
+        .ok()
+        .map(|v| v.trim().to_string())
+        .filter(|v| !v.is_empty())
+        .unwrap_or_else(|| component.to_string());
+    for (key, value) in [
+        ("service.name", service),
+        ("service.instance.id", instance_id().to_string()),
+    ] {
+        attributes.retain(|(k, _)| k != key);
+        attributes.push((key.to_string(), value));
+    }
+    if !attributes.iter().any(|(k, _)| k == "service.version") {
+        let version = ate_tls::telemetry::VERSION.to_string();
+        attributes.push(("service.version".to_string(), version));
+    }
+    attributes
 }

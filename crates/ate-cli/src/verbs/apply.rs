@@ -7,7 +7,7 @@ use std::process::ExitCode;
 use anyhow::Context;
 use ate_client::parse_documents;
 use ate_core::Document;
-use ate_core::template::TemplateSpec;
+use ate_core::template::{Quota, TemplateSpec};
 use ate_proto::v1;
 
 use super::rpc;
@@ -29,12 +29,19 @@ pub async fn apply(c: &Clients, file: &Path, out: Format) -> anyhow::Result<Exit
                     .with_context(|| format!("document {i}"))?;
                 // No `spec`: the atespace's settings are left as they are (a template file's
                 // Atespace document only makes sure it exists).
-                let allow = a.spec.as_ref().map(|s| s.callers.allow.clone());
-                if let Some(allow) = &allow {
-                    ate_core::validate_callers_allow(allow)
-                        .with_context(|| format!("document {i} ({})", a.metadata.name))?;
-                }
-                atespaces.push((a.metadata.name.clone(), allow));
+                let settings = match &a.spec {
+                    None => None,
+                    Some(spec) => {
+                        let what = || format!("document {i} ({})", a.metadata.name);
+                        ate_core::validate_callers_allow(&spec.callers.allow).with_context(what)?;
+                        let quota = match &spec.quota {
+                            Some(q) => q.parse().with_context(what)?,
+                            None => Quota::default(),
+                        };
+                        Some((spec.callers.allow.clone(), quota))
+                    }
+                };
+                atespaces.push((a.metadata.name.clone(), settings));
             }
             Document::ActorTemplate(t) => {
                 check_api_version(i, &t.api_version)?;
@@ -53,39 +60,11 @@ pub async fn apply(c: &Clients, file: &Path, out: Format) -> anyhow::Result<Exit
         }
     }
     let mut lines = Vec::new();
-    for (name, allow) in atespaces {
-        let mut atespaces = c.atespaces.clone();
-        let created = atespaces
-            .create_atespace(v1::CreateAtespaceRequest {
-                name: name.clone(),
-                callers_allow: allow.clone().unwrap_or_default(),
-            })
-            .await;
-        match (created, allow) {
-            (Ok(_), _) => lines.push(format!("atespace/{name} created")),
-            (Err(s), None) if s.code() == tonic::Code::AlreadyExists => {
-                lines.push(format!("atespace/{name} unchanged"))
-            }
-            (Err(s), Some(allow)) if s.code() == tonic::Code::AlreadyExists => {
-                // There already: its settings become the document's.
-                let now = rpc(atespaces
-                    .get_atespace(v1::GetAtespaceRequest { name: name.clone() })
-                    .await)?;
-                if now.callers_allow == allow {
-                    lines.push(format!("atespace/{name} unchanged"));
-                } else {
-                    rpc(atespaces
-                        .update_atespace(v1::UpdateAtespaceRequest {
-                            name: name.clone(),
-                            callers_allow: allow,
-                        })
-                        .await)
-                    .with_context(|| format!("atespace {name}"))?;
-                    lines.push(format!("atespace/{name} configured"));
-                }
-            }
-            (Err(s), _) => return Err(anyhow::anyhow!("atespace {name}: {}", s.message())),
-        }
+    for (name, settings) in atespaces {
+        let word = apply_atespace(c, &name, settings)
+            .await
+            .with_context(|| format!("atespace {name}"))?;
+        lines.push(format!("atespace/{name} {word}"));
     }
     for (ns, name, spec) in templates {
         let word = apply_template(c, &ns, &name, &spec)
@@ -101,6 +80,75 @@ pub async fn apply(c: &Clients, file: &Path, out: Format) -> anyhow::Result<Exit
         println!("{}", serde_json::to_string_pretty(&lines)?);
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// Creates the atespace or, when the document has a `spec`, makes its settings (callers allowed,
+/// quota) the document's; says `created`, `configured` or `unchanged`. The quota is set only when
+/// it differs (SetAtespaceQuota is for admins: a tenant applying its unchanged document works).
+async fn apply_atespace(
+    c: &Clients,
+    name: &str,
+    settings: Option<(Vec<String>, Quota)>,
+) -> anyhow::Result<&'static str> {
+    let mut atespaces = c.atespaces.clone();
+    let set_quota = |quota: Quota| {
+        let mut atespaces = c.atespaces.clone();
+        let name = name.to_string();
+        async move {
+            rpc(atespaces
+                .set_atespace_quota(v1::SetAtespaceQuotaRequest {
+                    name,
+                    quota: Some(quota_to_wire(quota)),
+                })
+                .await)
+        }
+    };
+    let created = atespaces
+        .create_atespace(v1::CreateAtespaceRequest {
+            name: name.to_string(),
+            callers_allow: settings.as_ref().map(|s| s.0.clone()).unwrap_or_default(),
+        })
+        .await;
+    match (created, settings) {
+        (Ok(_), Some((_, quota))) if quota != Quota::default() => {
+            set_quota(quota).await?;
+            Ok("created")
+        }
+        (Ok(_), _) => Ok("created"),
+        (Err(s), None) if s.code() == tonic::Code::AlreadyExists => Ok("unchanged"),
+        (Err(s), Some((allow, quota))) if s.code() == tonic::Code::AlreadyExists => {
+            // There already: its settings become the document's.
+            let now = rpc(atespaces
+                .get_atespace(v1::GetAtespaceRequest {
+                    name: name.to_string(),
+                })
+                .await)?;
+            let mut word = "unchanged";
+            if now.callers_allow != allow {
+                rpc(atespaces
+                    .update_atespace(v1::UpdateAtespaceRequest {
+                        name: name.to_string(),
+                        callers_allow: allow,
+                    })
+                    .await)?;
+                word = "configured";
+            }
+            if now.quota.unwrap_or_default() != quota_to_wire(quota) {
+                set_quota(quota).await?;
+                word = "configured";
+            }
+            Ok(word)
+        }
+        (Err(s), _) => Err(anyhow::anyhow!("{}", s.message())),
+    }
+}
+
+fn quota_to_wire(q: Quota) -> v1::AtespaceQuota {
+    v1::AtespaceQuota {
+        running_actors: q.running_actors,
+        cpu_millis: q.cpu_millis,
+        memory_bytes: q.memory_bytes,
+    }
 }
 
 /// Applies one template and says what it did, from a Get just before: `created` (there was

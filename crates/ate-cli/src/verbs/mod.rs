@@ -67,6 +67,21 @@ impl Scope {
     }
 }
 
+// How a long list is read (kubectl's chunking): pages of --chunk-size printed as they come, at
+// most --limit items, starting after --continue's token.
+#[derive(Args, Debug)]
+pub struct Chunks {
+    /// Items per request; the table is printed a page at a time, in the first page's widths.
+    #[arg(long, default_value_t = 500, value_parser = clap::value_parser!(u32).range(1..=1000))]
+    pub chunk_size: u32,
+    /// Print at most this many; when more are left, the token to go on with is printed to stderr.
+    #[arg(long)]
+    pub limit: Option<u64>,
+    /// Start after the item this token names (from an earlier `--limit`).
+    #[arg(long = "continue")]
+    pub continue_token: Option<String>,
+}
+
 #[derive(Subcommand)]
 pub enum GetCmd {
     /// Actors, or one actor by NAME (with -a). `-o wide` adds LAST ERROR.
@@ -74,8 +89,26 @@ pub enum GetCmd {
         name: Option<String>,
         #[command(flatten)]
         scope: Scope,
+        /// After the list, print each actor again as it changes, until interrupted.
+        #[arg(short = 'w', long, conflicts_with = "name")]
+        watch: bool,
+        #[command(flatten)]
+        chunks: Chunks,
     },
-    /// Atespaces and how many actors each holds.
+    /// What happened to actors and why (each change of state: resumed, suspended idle,
+    /// crashed, reverted …), oldest first; of one actor with NAME and -a. Kept for the api's
+    /// --event-retention (24 h by default).
+    Events {
+        /// Only this actor's events (needs -a).
+        name: Option<String>,
+        #[command(flatten)]
+        scope: Scope,
+        /// After the list, print each new event as it is recorded, until interrupted.
+        #[arg(short = 'w', long)]
+        watch: bool,
+    },
+    /// Atespaces: how many actors each holds, how many run and what they book, against the
+    /// atespace's quota where it has one (`in use/quota`).
     Atespaces,
     /// ActorTemplates (`-o yaml` prints documents `apply -f` takes back).
     Templates {
@@ -198,6 +231,70 @@ fn obj(atespace: &str, name: &str) -> Option<v1::ObjectRef> {
     })
 }
 
+/// `ate get actors` of a whole atespace (or all): page by page, so a million actors start
+/// printing at once and never sit in memory together (a table only; JSON and YAML are one
+/// document, read whole).
+async fn list_actors(
+    c: &Clients,
+    atespace: &str,
+    chunks: &Chunks,
+    out: Format,
+) -> anyhow::Result<ExitCode> {
+    let mut page_token = chunks.continue_token.clone().unwrap_or_default();
+    let mut left = chunks.limit.unwrap_or(u64::MAX);
+    let mut all = Vec::new();
+    let mut widths: Option<Vec<usize>> = None;
+    let table = if out == Format::Wide {
+        render::actors_wide_table
+    } else {
+        render::actors_table
+    };
+    let mut stdout = std::io::stdout().lock();
+    loop {
+        let size = u64::from(chunks.chunk_size).min(left);
+        let page = rpc(c
+            .actors
+            .clone()
+            .list_actors(v1::ListActorsRequest {
+                atespace: atespace.to_string(),
+                page_size: u32::try_from(size).unwrap_or(chunks.chunk_size),
+                page_token,
+            })
+            .await)?;
+        left = left.saturating_sub(page.actors.len() as u64);
+        if out.is_table() {
+            let views: Vec<ActorView> = page.actors.iter().map(ActorView::from).collect();
+            let t = table(&views);
+            use std::io::Write as _;
+            match &widths {
+                None => {
+                    write!(stdout, "{}", t.render())?;
+                    widths = Some(t.widths());
+                }
+                Some(w) => {
+                    for row in &t.rows {
+                        write!(stdout, "{}", render::Table::line(w, row))?;
+                    }
+                }
+            }
+        } else {
+            all.extend(page.actors);
+        }
+        page_token = page.next_page_token;
+        if page_token.is_empty() {
+            break;
+        }
+        if left == 0 {
+            eprintln!("more actors: go on with --continue {page_token}");
+            break;
+        }
+    }
+    if out.is_table() {
+        return Ok(ExitCode::SUCCESS);
+    }
+    print_actors(&all, out)
+}
+
 fn print_actors(actors: &[v1::Actor], out: Format) -> anyhow::Result<ExitCode> {
     let views: Vec<ActorView> = actors.iter().map(ActorView::from).collect();
     let table = if out == Format::Wide {
@@ -222,15 +319,7 @@ pub async fn create(c: &Clients, cmd: CreateCmd, out: Format) -> anyhow::Result<
                 .await)?;
             print!(
                 "{}",
-                render::render_list(
-                    &[AtespaceView {
-                        name: a.name,
-                        actors: a.actor_count,
-                        callers_allow: a.callers_allow,
-                    }],
-                    render::atespaces_table,
-                    out
-                )?
+                render::render_list(&[AtespaceView::from(&a)], render::atespaces_table, out)?
             );
         }
         CreateCmd::Actor {
@@ -285,7 +374,18 @@ pub async fn create(c: &Clients, cmd: CreateCmd, out: Format) -> anyhow::Result<
 
 pub async fn get(c: &Clients, cmd: GetCmd, out: Format) -> anyhow::Result<ExitCode> {
     match cmd {
-        GetCmd::Actors { name, scope } => {
+        GetCmd::Events { name, scope, watch } => {
+            crate::events::get_events(c, name, scope, watch, out).await
+        }
+        GetCmd::Actors {
+            scope, watch: true, ..
+        } => crate::events::watch_actors(c, scope, out).await,
+        GetCmd::Actors {
+            name,
+            scope,
+            chunks,
+            ..
+        } => {
             if let Some(name) = name {
                 let atespace = scope
                     .atespace
@@ -299,26 +399,7 @@ pub async fn get(c: &Clients, cmd: GetCmd, out: Format) -> anyhow::Result<ExitCo
                     .await)?;
                 return print_actors(&[a], out);
             }
-            let atespace = scope.filter();
-            let mut actors = Vec::new();
-            let mut page_token = String::new();
-            loop {
-                let page = rpc(c
-                    .actors
-                    .clone()
-                    .list_actors(v1::ListActorsRequest {
-                        atespace: atespace.clone(),
-                        page_size: 500,
-                        page_token,
-                    })
-                    .await)?;
-                actors.extend(page.actors);
-                if page.next_page_token.is_empty() {
-                    break;
-                }
-                page_token = page.next_page_token;
-            }
-            print_actors(&actors, out)
+            list_actors(c, &scope.filter(), &chunks, out).await
         }
         GetCmd::Atespaces => {
             let list = rpc(c
@@ -326,15 +407,7 @@ pub async fn get(c: &Clients, cmd: GetCmd, out: Format) -> anyhow::Result<ExitCo
                 .clone()
                 .list_atespaces(v1::ListAtespacesRequest {})
                 .await)?;
-            let views: Vec<AtespaceView> = list
-                .atespaces
-                .into_iter()
-                .map(|a| AtespaceView {
-                    name: a.name,
-                    actors: a.actor_count,
-                    callers_allow: a.callers_allow,
-                })
-                .collect();
+            let views: Vec<AtespaceView> = list.atespaces.iter().map(AtespaceView::from).collect();
             print!(
                 "{}",
                 render::render_list(&views, render::atespaces_table, out)?
@@ -501,6 +574,7 @@ pub async fn suspend(c: &Clients, cmd: SuspendCmd, out: Format) -> anyhow::Resul
             actor: obj(&atespace, &name),
             mode: mode.wire(),
             grace_ms,
+            reason: String::new(),
         })
         .await)?;
     // A suspend that succeeded carries its generation's reason as lastError, which is only

@@ -35,6 +35,10 @@ pub struct Tpl {
     pub egress: Option<String>,
     /// The `data` volume is external, at this hostPath (None: kept in snapshots).
     pub external_host_path: Option<String>,
+    /// `spec.idleTimeout`.
+    pub idle_timeout: &'static str,
+    /// `spec.webSockets` (None: the default, `close`).
+    pub web_sockets: Option<&'static str>,
 }
 
 impl Tpl {
@@ -50,6 +54,8 @@ impl Tpl {
             on_memory_failure: None,
             egress: None,
             external_host_path: None,
+            idle_timeout: "5m",
+            web_sockets: None,
         }
     }
 
@@ -100,13 +106,18 @@ spec:
     - name: data
       mountPath: /data
 {external}  snapshots: {{fidelity: {fidelity}{on_failure}}}
-  idleTimeout: 5m
-{golden}{egress}",
+  idleTimeout: {idle}
+{web_sockets}{golden}{egress}",
             images = images.display(),
             image = self.image,
             port = self.probe_port,
             timeout = self.probe_timeout,
             memory = self.memory,
+            idle = self.idle_timeout,
+            web_sockets = self
+                .web_sockets
+                .map(|w| format!("  webSockets: {w}\n"))
+                .unwrap_or_default(),
             fidelity = self.fidelity,
             egress = self.egress.as_deref().unwrap_or_default(),
             external = self

@@ -287,33 +287,26 @@ impl System {
 }
 
 impl System {
-    /// Stops the system like drop does, but keeps the temp dir, so a test can inspect what was
-    /// left behind. Idempotent.
     /// The series `needle` (name and labels as rendered) summed over the system's workers.
     pub fn worker_metric(&self, needle: &str) -> u64 {
         self.worker_metrics
             .iter()
-            .map(|addr| {
-                let (_, text) = ate_test_support::http::http_get(addr, "/metrics");
-                text.lines()
-                    .find(|l| l.starts_with(needle))
-                    .and_then(|l| l.rsplit(' ').next())
-                    .and_then(|v| v.parse::<f64>().ok())
-                    .map_or(0, |v| v as u64)
-            })
+            .map(|addr| metric_at(addr, needle))
             .sum()
     }
 
     /// The series `needle` (name and labels as rendered) of the api's `/metrics`.
     pub fn api_metric(&self, needle: &str) -> u64 {
-        let (_, text) = ate_test_support::http::http_get(&self.api_http, "/metrics");
-        text.lines()
-            .find(|l| l.starts_with(needle))
-            .and_then(|l| l.rsplit(' ').next())
-            .and_then(|v| v.parse::<f64>().ok())
-            .map_or(0, |v| v as u64)
+        metric_at(&self.api_http, needle)
     }
 
+    /// The series `needle` (name and labels as rendered) of the node agent's `/metrics`.
+    pub fn node_metric(&self, needle: &str) -> u64 {
+        metric_at(&self.node_metrics, needle)
+    }
+
+    /// Stops the system like drop does, but keeps the temp dir, so a test can inspect what was
+    /// left behind. Idempotent.
     pub fn stop(&mut self) {
         if let Ok(Some(_)) = self.child.try_wait() {
             return;
@@ -504,4 +497,15 @@ pub fn descendant_matching(root: u32, matches: impl Fn(&[String]) -> bool) -> Op
         .iter()
         .find(|(pid, _, args)| matches(args) && descends(*pid))
         .map(|(pid, _, _)| *pid)
+}
+
+/// The value of the series `needle` (name and labels as rendered) on the `/metrics` page at
+/// `addr`, 0 when absent.
+fn metric_at(addr: &str, needle: &str) -> u64 {
+    let (_, text) = ate_test_support::http::http_get(addr, "/metrics");
+    text.lines()
+        .find(|l| l.starts_with(needle))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse::<f64>().ok())
+        .map_or(0, |v| v as u64)
 }

@@ -5,8 +5,8 @@ use super::{
     Container, ContainerDocument, DEFAULT_CPU_MILLIS, DEFAULT_MEMORY_BYTES,
     DEFAULT_PROBE_TIMEOUT_SECONDS, DEFAULT_SANDBOX_CLASS, EgressPolicy, ExitPolicy, MemoryRestore,
     OnMemoryFailure, PortDocument, Resources, ResourcesDocument, Scalar, SnapshotsDocument,
-    SpecDocument, TemplateSpec, WakeupProbe, WakeupProbeDocument, allow_all, format_cpu,
-    format_memory, parse_cpu, parse_duration_seconds, parse_memory,
+    SpecDocument, TemplateSpec, WakeupProbe, WakeupProbeDocument, WebSockets, allow_all,
+    format_cpu, format_memory, parse_cpu, parse_duration_seconds, parse_memory,
 };
 use crate::names::ValidationError;
 use crate::state::Fidelity;
@@ -79,6 +79,15 @@ impl TemplateSpec {
                 )
             })?,
         };
+        let web_sockets = match doc.web_sockets.as_deref() {
+            None => WebSockets::Close,
+            Some(text) => WebSockets::parse(text).ok_or_else(|| {
+                ValidationError::new(
+                    "spec.webSockets",
+                    format!("{text:?} is not one of close, hibernate"),
+                )
+            })?,
+        };
         let idle_timeout_seconds = match &doc.idle_timeout {
             Some(d) => parse_duration_seconds("spec.idleTimeout", &d.text())?,
             None => 0,
@@ -138,6 +147,7 @@ impl TemplateSpec {
                 allow: vec![],
             }),
             golden_tag: doc.golden_tag.clone().filter(|t| !t.is_empty()),
+            web_sockets,
         };
         spec.validate()?;
         Ok(spec)
@@ -192,6 +202,8 @@ impl TemplateSpec {
             worker_selector: self.worker_selector.clone(),
             egress: Some(self.egress.clone()),
             golden_tag: self.golden_tag.clone(),
+            web_sockets: (self.web_sockets != WebSockets::Close)
+                .then(|| self.web_sockets.as_str().to_string()),
         }
     }
 }
@@ -276,6 +288,33 @@ mod tests {
         stored.as_object_mut().unwrap().remove("on_memory_failure");
         let old: TemplateSpec = serde_json::from_value(stored).unwrap();
         assert_eq!(old.on_memory_failure, OnMemoryFailure::Fail);
+    }
+
+    #[test]
+    fn web_sockets_default_to_close_and_hibernate_round_trips() {
+        let mut doc = demo();
+        let spec = TemplateSpec::from_document(&doc.spec).unwrap();
+        assert_eq!(spec.web_sockets, WebSockets::Close);
+        assert_eq!(
+            spec.to_document().web_sockets,
+            None,
+            "the default is not written out"
+        );
+        doc.spec.web_sockets = Some("hibernate".into());
+        let hibernate = TemplateSpec::from_document(&doc.spec).unwrap();
+        assert_eq!(hibernate.web_sockets, WebSockets::Hibernate);
+        assert_eq!(
+            TemplateSpec::from_document(&hibernate.to_document()).unwrap(),
+            hibernate
+        );
+        doc.spec.web_sockets = Some("sleep".into());
+        let e = TemplateSpec::from_document(&doc.spec).unwrap_err();
+        assert!(e.to_string().contains("spec.webSockets"), "{e}");
+        // A record stored before the field existed reads as close.
+        let mut stored = serde_json::to_value(&hibernate).unwrap();
+        stored.as_object_mut().unwrap().remove("web_sockets");
+        let old: TemplateSpec = serde_json::from_value(stored).unwrap();
+        assert_eq!(old.web_sockets, WebSockets::Close);
     }
 
     #[test]

@@ -40,6 +40,50 @@ pub struct AtespaceDocument {
 pub struct AtespaceSpec {
     #[serde(default)]
     pub callers: CallersSpec,
+    /// Absent: no quota (an admin's `ate apply` clears one that was set).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub quota: Option<QuotaSpec>,
+}
+
+/// `spec.quota`: the most the atespace's actors may hold at once, counted over the actors on a
+/// worker (RESUMING, RUNNING, SUSPENDING) with what their templates book. A field left out:
+/// no limit for it.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct QuotaSpec {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub running_actors: Option<u32>,
+    /// Kubernetes quantity (`2`, `500m`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu: Option<Scalar>,
+    /// Kubernetes quantity (`4Gi`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory: Option<Scalar>,
+}
+
+/// A parsed [`QuotaSpec`]; 0 in a field is no limit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Quota {
+    pub running_actors: u32,
+    pub cpu_millis: u32,
+    pub memory_bytes: u64,
+}
+
+impl QuotaSpec {
+    /// The quota it sets; a quantity that does not parse is an error naming its field.
+    pub fn parse(&self) -> Result<Quota, ValidationError> {
+        Ok(Quota {
+            running_actors: self.running_actors.unwrap_or(0),
+            cpu_millis: match &self.cpu {
+                Some(q) => super::parse_cpu("spec.quota.cpu", &q.text())?,
+                None => 0,
+            },
+            memory_bytes: match &self.memory {
+                Some(q) => super::parse_memory("spec.quota.memory", &q.text())?,
+                None => 0,
+            },
+        })
+    }
 }
 
 /// `spec.callers`: who may call this atespace's actors from another atespace. The callee's
@@ -134,6 +178,10 @@ pub struct SpecDocument {
     pub egress: Option<EgressPolicy>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub golden_tag: Option<String>,
+    /// `close` (default) or `hibernate`: what a suspend does to the actor's WebSockets
+    /// (docs/websockets.md).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub web_sockets: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -266,6 +314,36 @@ impl OnMemoryFailure {
     }
 }
 
+/// What a suspend does to the actor's WebSockets (`spec.webSockets`, docs/websockets.md).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum WebSockets {
+    /// The router relays the upgraded bytes; a suspend closes each WebSocket (1001), and an
+    /// open one keeps the actor from idle suspend.
+    #[default]
+    Close,
+    /// The router terminates the client's WebSocket and keeps it open while the actor sleeps;
+    /// the actor sees a new upstream WebSocket (same `ate-websocket-id`) after each wake.
+    Hibernate,
+}
+
+impl WebSockets {
+    pub fn parse(text: &str) -> Option<Self> {
+        match text {
+            "close" => Some(WebSockets::Close),
+            "hibernate" => Some(WebSockets::Hibernate),
+            _ => None,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            WebSockets::Close => "close",
+            WebSockets::Hibernate => "hibernate",
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -305,10 +383,46 @@ mod tests {
                 callers: CallersSpec {
                     allow: vec!["team-a".into(), "*".into()],
                 },
+                quota: None,
             })
         );
         let yaml = serde_saphyr::to_string(&Document::Atespace(a.clone())).unwrap();
         assert_eq!(atespace(&yaml), a);
+    }
+
+    #[test]
+    fn atespace_quota_parses_and_round_trips() {
+        let a = atespace(
+            "apiVersion: ate.dev/v1alpha1\nkind: Atespace\nmetadata:\n  name: demo\nspec:\n  quota: {runningActors: 10, cpu: \"2\", memory: 4Gi}\n",
+        );
+        let quota = a.spec.as_ref().and_then(|s| s.quota.clone()).unwrap();
+        assert_eq!(
+            quota.parse(),
+            Ok(Quota {
+                running_actors: 10,
+                cpu_millis: 2000,
+                memory_bytes: 4 << 30
+            })
+        );
+        let yaml = serde_saphyr::to_string(&Document::Atespace(a.clone())).unwrap();
+        assert_eq!(atespace(&yaml), a);
+        let partial = QuotaSpec {
+            cpu: Some(Scalar::Text("500m".into())),
+            ..QuotaSpec::default()
+        };
+        assert_eq!(partial.parse().map(|q| q.cpu_millis), Ok(500));
+        let bad = QuotaSpec {
+            memory: Some(Scalar::Text("lots".into())),
+            ..QuotaSpec::default()
+        };
+        assert!(
+            bad.parse()
+                .unwrap_err()
+                .to_string()
+                .contains("spec.quota.memory")
+        );
+        let unknown = "apiVersion: ate.dev/v1alpha1\nkind: Atespace\nmetadata:\n  name: demo\nspec:\n  quota: {actors: 1}\n";
+        assert!(serde_saphyr::from_str::<Document>(unknown).is_err());
     }
 
     #[test]

@@ -44,9 +44,9 @@ mod validate;
 
 pub use document::{
     AtespaceDocument, AtespaceSpec, CALLERS_ALLOW_ALL, CallersSpec, ContainerDocument, Document,
-    MAX_CALLERS_ALLOW, MemoryRestore, Metadata, OnMemoryFailure, PortDocument, ResourcesDocument,
-    Scalar, SnapshotsDocument, SpecDocument, TemplateDocument, WakeupProbeDocument,
-    validate_callers_allow,
+    MAX_CALLERS_ALLOW, MemoryRestore, Metadata, OnMemoryFailure, PortDocument, Quota, QuotaSpec,
+    ResourcesDocument, Scalar, SnapshotsDocument, SpecDocument, TemplateDocument,
+    WakeupProbeDocument, WebSockets, validate_callers_allow,
 };
 pub use image::validate_image;
 pub use quantity::{format_cpu, format_memory, parse_cpu, parse_duration_seconds, parse_memory};
@@ -211,4 +211,8 @@ pub struct TemplateSpec {
     pub egress: EgressPolicy,
     /// `<atespace>/<tag>` whose snapshot seeds new actors.
     pub golden_tag: Option<String>,
+    /// What a suspend does to the actor's WebSockets (records stored before it existed read
+    /// as `close`).
+    #[serde(default)]
+    pub web_sockets: WebSockets,
 }

@@ -163,6 +163,28 @@ pub(super) fn detach_reply(snapshots: Vec<Snapshot>) -> v1::DetachReply {
     }
 }
 
+/// Running actors' activity (NodeService.ActorActivity); those without a name are left out.
+pub(super) fn actor_activity_reply(
+    actors: Vec<crate::worker_client::ActorActivity>,
+) -> v1::ActorActivityReply {
+    v1::ActorActivityReply {
+        actors: actors
+            .into_iter()
+            .filter_map(|a| {
+                Some(v1::RunningActorActivity {
+                    actor: Some(wire::actor_to_wire(a.actor.as_ref()?)),
+                    open_streams: a.open_streams,
+                    last_activity_unix_ms: a.last_activity_unix_ms,
+                    activation: a.activation,
+                    cpu_millis: a.cpu_millis,
+                    memory_bytes: a.memory_bytes,
+                    active_since_unix_ms: a.active_since_unix_ms,
+                })
+            })
+            .collect(),
+    }
+}
+
 pub(super) fn read_log_reply(p: LogPart) -> v1::ReadLogReply {
     v1::ReadLogReply {
         data: p.data,

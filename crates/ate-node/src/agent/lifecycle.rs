@@ -11,6 +11,7 @@ use super::logs::actor_log_path;
 use super::types::{OnWorker, StopRequest};
 use super::{AgentError, NodeAgent};
 use crate::types::Snapshot;
+use crate::worker_client::ActorActivity;
 
 impl NodeAgent {
     /// Detach: uploads the actor's generations that have no durable copy yet, then drops the
@@ -70,27 +71,13 @@ impl NodeAgent {
     pub(super) async fn actor_activity_inner(
         &self,
         worker_id: &str,
-    ) -> Result<Vec<ate_proto::v1::RunningActorActivity>, AgentError> {
+    ) -> Result<Vec<ActorActivity>, AgentError> {
         let worker = self.worker(worker_id)?;
         let activity = worker.client.clone().activity(true).await?;
         Ok(activity
             .actors
             .into_iter()
-            .filter(|a| !a.exited && !a.suspend_requested)
-            .filter_map(|a| {
-                Some(ate_proto::v1::RunningActorActivity {
-                    actor: Some(ate_proto::v1::ObjectRef {
-                        atespace: a.actor.as_ref()?.atespace.clone(),
-                        name: a.actor?.name,
-                    }),
-                    open_streams: a.open_streams,
-                    last_activity_unix_ms: a.last_activity_unix_ms,
-                    activation: a.activation,
-                    cpu_millis: a.cpu_millis,
-                    memory_bytes: a.memory_bytes,
-                    active_since_unix_ms: a.active_since_unix_ms,
-                })
-            })
+            .filter(|a| !a.exited && !a.suspend_requested && a.actor.is_some())
             .collect())
     }
 

@@ -127,14 +127,17 @@ impl NodeAgent {
         let api = ApiClient::connect_lazy(&cfg.api, client_tls)
             .map_err(|e| NodeError::Config(format!("bad --api {:?}: {e}", cfg.api)))?;
         let advertise = cfg.advertise.clone().unwrap_or_else(|| bound.to_string());
-        let fleet = Arc::new(Fleet::new(
-            cfg.name.clone(),
-            advertise,
-            crate::boot_id(),
-            cfg.workers_dir(),
-            cfg.snapshots_dir(),
-            api,
-        ));
+        let fleet = Arc::new(
+            Fleet::new(
+                cfg.name.clone(),
+                advertise,
+                crate::boot_id(),
+                cfg.workers_dir(),
+                cfg.snapshots_dir(),
+                api,
+            )
+            .with_memory_low_percent(cfg.memory_low_percent),
+        );
         Ok(Self {
             inner: Arc::new(Inner {
                 cfg,

@@ -147,7 +147,7 @@ impl NodeService for NodeAgent {
     ) -> Result<Response<v1::ActorActivityReply>, Status> {
         self.actor_activity_inner(&req.into_inner().worker_id)
             .await
-            .map(|actors| Response::new(v1::ActorActivityReply { actors }))
+            .map(|actors| Response::new(convert::actor_activity_reply(actors)))
             .map_err(|e| convert::status(&e))
     }
 

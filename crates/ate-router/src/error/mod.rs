@@ -34,6 +34,10 @@ pub enum ResolveError {
     /// The budget was spent and no worker had room.
     #[error("{NO_ROOM_MESSAGE}")]
     NoRoom,
+    /// The actor's atespace is at one of its quotas (ResourceExhausted naming the quota, not
+    /// parked: waiting rarely frees an atespace's own actors); the api's reason.
+    #[error("over quota: {0}")]
+    OverQuota(Arc<str>),
     /// The budget was spent without an answer from the api.
     #[error("api unavailable")]
     ApiUnavailable,
@@ -74,6 +78,7 @@ impl ResolveError {
             ResolveError::DecisionTimeout | ResolveError::DeadlineExceeded => {
                 StatusCode::GATEWAY_TIMEOUT
             }
+            ResolveError::OverQuota(_) => StatusCode::TOO_MANY_REQUESTS,
             ResolveError::PermissionDenied => StatusCode::FORBIDDEN,
             ResolveError::Unauthenticated => StatusCode::UNAUTHORIZED,
             ResolveError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
@@ -108,6 +113,9 @@ impl ResolveError {
             }
             // Spec texts, byte for byte.
             ResolveError::NoRoom => format!("actor {actor} unavailable: {NO_ROOM_MESSAGE}"),
+            ResolveError::OverQuota(why) => format!(
+                "actor {actor} unavailable: {why}; suspend another of the atespace's actors, or ask an admin to raise spec.quota of atespace {atespace}"
+            ),
             ResolveError::ApiUnavailable => format!("actor {actor} unavailable"),
             ResolveError::AtCapacity => {
                 format!("actor \"{actor}\" unavailable: router at capacity")
@@ -465,6 +473,10 @@ mod tests {
             ResolveError::Missing("snapshot 3 of actor \"team-a/agent-7\" not found".into()),
             ResolveError::Crashed("probe failed".into()),
             ResolveError::NoRoom,
+            ResolveError::OverQuota(
+                "atespace \"team-a\" has no quota left for the actor: runningActors 2 of 2 in use"
+                    .into(),
+            ),
             ResolveError::ApiUnavailable,
             ResolveError::Busy("it is still resuming".into()),
             ResolveError::AtCapacity,

@@ -1,6 +1,6 @@
 //! The api's ResumeActor errors as [`ResolveError`]s, and upstream reasons made fit for a client.
 
-use ate_core::CRASHED_PREREQUISITE;
+use ate_core::{CRASHED_PREREQUISITE, QUOTA_EXCEEDED};
 use tonic::Code;
 
 use super::ResolveError;
@@ -38,6 +38,11 @@ pub fn classify(status: &tonic::Status, parking: bool) -> Disposition {
         Code::NotFound => Disposition::Fail(not_found(message)),
         Code::FailedPrecondition if message.contains(CRASHED_PREREQUISITE) => {
             Disposition::Fail(ResolveError::Crashed(crash_reason(message).into()))
+        }
+        // An atespace at its quota: waiting frees room only when one of its own actors stops,
+        // so the client hears it at once (429) instead of after the parking budget.
+        Code::ResourceExhausted if message.contains(QUOTA_EXCEEDED) => {
+            Disposition::Fail(ResolveError::OverQuota(short_reason(message).into()))
         }
         Code::ResourceExhausted => park(ResolveError::NoRoom),
         Code::Unavailable => park(ResolveError::ApiUnavailable),
@@ -210,6 +215,20 @@ mod tests {
         assert_eq!(
             classify(&Status::unavailable("x"), false),
             Disposition::Fail(ResolveError::ApiUnavailable)
+        );
+    }
+
+    #[test]
+    fn an_atespace_over_its_quota_is_answered_at_once() {
+        let why = ate_core::quota_exceeded_message("team-a", "memory", 256 << 20, 256 << 20);
+        let e = match classify(&Status::resource_exhausted(why), true) {
+            Disposition::Fail(e) => e,
+            other => panic!("parked: {other:?}"),
+        };
+        assert_eq!(e.status().as_u16(), 429);
+        assert_eq!(
+            e.body("team-a/x"),
+            "actor team-a/x unavailable: atespace \"team-a\" has no quota left for the actor: memory 256Mi of 256Mi in use; suspend another of the atespace's actors, or ask an admin to raise spec.quota of atespace team-a"
         );
     }
 }

@@ -13,6 +13,7 @@
 //! request is a line of the access log.
 
 mod headers;
+mod hibernate;
 mod observe;
 mod upgrade;
 
@@ -43,6 +44,9 @@ use crate::tunnel::{FailureKind, SendFailed, TunnelError, Tunnels};
 use headers::{
     Mode, finish_response, id_of, prepare_request, request_id, take_header, unshare_head, uri_len,
 };
+pub use hibernate::{
+    HibernateLimits, Sockets, WEBSOCKET_WAKES, WEBSOCKETS_HIBERNATED, WEBSOCKETS_OPEN,
+};
 pub use observe::{Timings, text};
 use observe::{
     error_response, log_failure, note_kind, note_status, request_span, request_span_for,
@@ -68,6 +72,8 @@ pub struct ProxyConfig {
     pub auth: Arc<IngressAuth>,
     /// Which actors may call which (requests from a worker's internal connection).
     pub callers: Arc<dyn CallerPolicy>,
+    /// How many hibernating WebSockets the router terminates (docs/websockets.md).
+    pub hibernate: HibernateLimits,
 }
 
 /// The answer [`Proxy::forward`] got for a request, with the actor it was given back.
@@ -106,6 +112,8 @@ pub struct Proxy {
     cfg: ProxyConfig,
     stats: Arc<Stats>,
     metrics: RequestMetrics,
+    /// The client WebSockets terminated here for hibernating actors.
+    sockets: Arc<Sockets>,
 }
 
 impl Proxy {
@@ -116,6 +124,7 @@ impl Proxy {
         cfg: ProxyConfig,
         stats: Arc<Stats>,
     ) -> Arc<Self> {
+        let sockets = Sockets::new(cfg.hibernate);
         Arc::new(Self {
             resolver,
             tunnels,
@@ -123,12 +132,18 @@ impl Proxy {
             cfg,
             stats,
             metrics: RequestMetrics::new(),
+            sockets,
         })
     }
 
     /// The relays this proxy started, for the listener's drain.
     pub fn drain(&self) -> &Arc<Drain> {
         &self.drain
+    }
+
+    /// The hibernating WebSockets terminated here.
+    pub fn sockets(&self) -> &Arc<Sockets> {
+        &self.sockets
     }
 
     /// Whether the request names an actor with no cached route (it will call the api and may

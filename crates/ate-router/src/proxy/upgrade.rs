@@ -63,14 +63,19 @@ impl Proxy {
         Ok((client_side, response, conn))
     }
 
-    /// WebSocket (any HTTP/1.1 upgrade): forward the handshake on a fresh tunnel, then relay bytes.
+    /// WebSocket (any HTTP/1.1 upgrade): forward the handshake on a fresh tunnel, then relay
+    /// bytes; a WebSocket to an actor that hibernates them is terminated here instead
+    /// ([`Proxy::hibernate`]).
     pub(super) async fn upgrade(
-        &self,
+        self: &Arc<Self>,
         route: &Route,
         actor: &str,
         port: u16,
         request: Request<Incoming>,
     ) -> Result<Response<RouterBody>, SendFailed<Request<Incoming>>> {
+        if route.hibernate_web_sockets && is_websocket(&request) {
+            return Box::pin(self.hibernate(route, actor, port, request, false)).await;
+        }
         let (client_side, mut response, _conn) =
             Box::pin(self.send_upgrade(route, actor, port, request)).await?;
         if response.status() == StatusCode::SWITCHING_PROTOCOLS {
@@ -88,12 +93,15 @@ impl Proxy {
     ///
     /// [`prepare_request`]: super::headers::prepare_request
     pub(super) async fn h2_websocket(
-        &self,
+        self: &Arc<Self>,
         route: &Route,
         actor: &str,
         port: u16,
         request: Request<Incoming>,
     ) -> Result<Response<RouterBody>, SendFailed<Request<Incoming>>> {
+        if route.hibernate_web_sockets {
+            return Box::pin(self.hibernate(route, actor, port, request, true)).await;
+        }
         let (client_side, mut response, _conn) =
             Box::pin(self.send_upgrade(route, actor, port, request)).await?;
         let status = response.status();
@@ -241,6 +249,16 @@ impl Proxy {
         let forwarded = self.clone().forward(request, actor.as_str(), port).await;
         (forwarded.response, forwarded.timings)
     }
+}
+
+/// Whether an HTTP/1.1 upgrade asks for a WebSocket (`Upgrade: websocket`).
+fn is_websocket<B>(request: &Request<B>) -> bool {
+    request.headers().get_all(header::UPGRADE).iter().any(|v| {
+        v.to_str().is_ok_and(|v| {
+            v.split(',')
+                .any(|t| t.trim().eq_ignore_ascii_case("websocket"))
+        })
+    })
 }
 
 /// A fresh `Sec-WebSocket-Key`: 16 random bytes in base64 (RFC 6455 §4.1).

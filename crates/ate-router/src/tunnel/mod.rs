@@ -286,12 +286,33 @@ impl Tunnels {
         port: u16,
         request_id: &str,
     ) -> Result<Upgraded, TunnelError> {
+        self.open_marked(route, actor, port, request_id, false)
+            .await
+    }
+
+    /// Like [`Tunnels::open`]; with `hibernate`, the CONNECT says the tunnel carries the upstream
+    /// leg of a hibernating WebSocket (`ate-websocket-hibernate: 1`): atunnel counts its bytes
+    /// as the actor's activity but not the open tunnel itself (docs/websockets.md).
+    pub async fn open_marked(
+        &self,
+        route: &Route,
+        actor: &str,
+        port: u16,
+        request_id: &str,
+        hibernate: bool,
+    ) -> Result<Upgraded, TunnelError> {
         self.stats.tunnel_connects.fetch_add(1, Ordering::Relaxed);
         // One retry: a shared connection that died since its last use is replaced.
         let mut retried = false;
         loop {
             let mut sender = self.worker(route).await?;
             let mut request = connect_request(actor, port, route.activation)?;
+            if hibernate {
+                request.headers_mut().insert(
+                    ate_core::tunnel::WEBSOCKET_HIBERNATE,
+                    HeaderValue::from_static("1"),
+                );
+            }
             if let Ok(id) = HeaderValue::from_str(request_id)
                 && !request_id.is_empty()
             {

@@ -49,6 +49,10 @@ impl Atunnel {
         self.mark_stale(actor);
         self.state.cuts.lock().unwrap().remove(actor);
     }
+    /// Cuts every open tunnel of `actor` (and forgets them) without turning its ingress off.
+    pub fn cut_tunnels(&self, actor: &str) {
+        self.state.cuts.lock().unwrap().remove(actor);
+    }
     pub fn probes(&self) -> Vec<(String, u16)> {
         self.state.probes.lock().unwrap().clone()
     }

@@ -32,6 +32,36 @@ pub struct Upstream {
     pub upgrades: Arc<Mutex<Vec<SeenUpgrade>>>,
 }
 
+/// A WebSocket server speaking frames (`/ws-frames`): echoes every message; on the text
+/// `suspend` it closes with 1001 "actor suspending", as atunnel does on a suspend.
+async fn ws_echo<S>(io: S)
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+{
+    use futures::{SinkExt, StreamExt};
+    use tokio_tungstenite::tungstenite::Message;
+    use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
+    use tokio_tungstenite::tungstenite::protocol::{CloseFrame, Role};
+    let mut ws = tokio_tungstenite::WebSocketStream::from_raw_socket(io, Role::Server, None).await;
+    while let Some(Ok(message)) = ws.next().await {
+        let echo = match message {
+            Message::Text(t) if t.as_str() == "suspend" => {
+                let frame = CloseFrame {
+                    code: CloseCode::Away,
+                    reason: "actor suspending".into(),
+                };
+                let _ = ws.close(Some(frame)).await;
+                return;
+            }
+            m @ (Message::Text(_) | Message::Binary(_)) => m,
+            _ => continue,
+        };
+        if ws.send(echo).await.is_err() {
+            return;
+        }
+    }
+}
+
 /// Replies `name=<name>\nhost=<Host>\ncount=<n>\n`, one `header <k>: <v>` line per header, then
 /// `body=<body>` (`/slow` after 100 ms, `/sleep/<ms>` after that long). A WebSocket upgrade gets
 /// a 101 (echoing `sec-websocket-protocol`) and then raw bytes are echoed; an upgrade to
@@ -92,8 +122,13 @@ pub async fn start_upstream(name: &'static str) -> Upstream {
                             _ => {}
                         }
                         let on = hyper::upgrade::on(&mut req);
+                        let frames = req.uri().path() == "/ws-frames";
                         tokio::spawn(async move {
                             if let Ok(up) = on.await {
+                                if frames {
+                                    ws_echo(TokioIo::new(up)).await;
+                                    return;
+                                }
                                 let (mut r, mut w) = tokio::io::split(TokioIo::new(up));
                                 let _ = tokio::io::copy(&mut r, &mut w).await;
                             }

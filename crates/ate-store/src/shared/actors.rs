@@ -6,6 +6,7 @@ use std::collections::BTreeMap;
 use ate_core::{ActorRef, ActorState};
 
 use super::atespaces::share_atespace;
+use super::events::record_change;
 use super::leases::DELETE_LEASE;
 use super::rows::{actor_from_row, found, snapshot_from_row};
 use super::{StoreImpl, Tx};
@@ -58,6 +59,7 @@ pub(super) async fn create_actor(store: &StoreImpl, actor: &ActorRecord) -> Resu
         already_exists("actor", &format!("{}/{}", actor.atespace, actor.name))
     })?;
     let record = actor_from_row(&row)?;
+    record_change(&mut tx, None, Some(&record), None, None, record.created_ms).await?;
     tx.commit().await?;
     Ok(record)
 }
@@ -88,7 +90,10 @@ pub(super) async fn list_actors(
     let rows = sqlx::query(concat!(
         "SELECT ",
         actor_cols!(),
-        " FROM actors WHERE ($1 IS NULL OR atespace = $1) AND (atespace > $2 OR (atespace = $2 AND name > $3)) \
+        // A row comparison, not `a > x OR (a = x AND n > y)`: PostgreSQL turns it into an index
+        // range (the OR form scanned the key index from its start on every page: 107 s to page
+        // through a million actors).
+        " FROM actors WHERE ($1 IS NULL OR atespace = $1) AND (atespace, name) > ($2, $3) \
          ORDER BY atespace, name LIMIT $4"
     ))
     .bind(atespace)
@@ -123,6 +128,7 @@ pub(super) async fn update_actor_selector(
 pub(super) async fn delete_actor(
     store: &StoreImpl,
     actor: &ActorRef,
+    now_ms: i64,
 ) -> Result<Vec<SnapshotRecord>> {
     let (mut tx, record) = begin_on_actor(store, actor).await?;
     check_state(record.state, &[ActorState::Suspended, ActorState::Crashed])?;
@@ -149,6 +155,7 @@ pub(super) async fn delete_actor(
     delete_actor_rows(&mut tx, DELETE_FROZEN_COPY, actor).await?;
     delete_actor_rows(&mut tx, DELETE_ALARM, actor).await?;
     delete_actor_rows(&mut tx, DELETE_ACTOR, actor).await?;
+    record_change(&mut tx, Some(&record), None, None, None, now_ms).await?;
     tx.commit().await?;
     Ok(unreferenced)
 }
@@ -168,9 +175,19 @@ pub(super) async fn transition(
     }
     let (mut tx, mut record) = begin_on_actor(store, actor).await?;
     check_state(record.state, transition.from)?;
+    let before = record.clone();
     record.state = transition.to;
-    apply_update(&mut record, transition.update, now_ms);
+    let note = apply_update(&mut record, transition.update, now_ms);
     let record = write_actor(&mut tx, &record).await?;
+    record_change(
+        &mut tx,
+        Some(&before),
+        Some(&record),
+        note.as_deref(),
+        None,
+        now_ms,
+    )
+    .await?;
     if let Some((key, holder)) = lease {
         sqlx::query(DELETE_LEASE)
             .bind(key)
@@ -275,7 +292,12 @@ pub(super) async fn write_actor(tx: &mut Tx, actor: &ActorRecord) -> Result<Acto
     )
 }
 
-pub(super) fn apply_update(actor: &mut ActorRecord, update: ActorUpdate, now_ms: i64) {
+/// Applies `update` to `actor` and returns its note (for the event, not kept on the actor).
+pub(super) fn apply_update(
+    actor: &mut ActorRecord,
+    update: ActorUpdate,
+    now_ms: i64,
+) -> Option<String> {
     if let Some(error) = update.last_error {
         actor.last_error = error;
     }
@@ -286,4 +308,5 @@ pub(super) fn apply_update(actor: &mut ActorRecord, update: ActorUpdate, now_ms:
         actor.attached_node = None;
     }
     actor.updated_ms = now_ms;
+    update.note
 }

@@ -3,9 +3,9 @@
 use sqlx::Row as _;
 
 use super::rows::{atespace_from_row, found, join_callers};
-use super::{StoreImpl, Tx};
-use crate::util::{already_exists, count_of, not_found, unique_or};
-use crate::{AtespaceRecord, Result, StoreError};
+use super::{DbRow, StoreImpl, Tx};
+use crate::util::{already_exists, count_of, not_found, to_i64, to_u64, unique_or};
+use crate::{AtespaceRecord, Capacity, Result, StoreError};
 
 pub(super) async fn create_atespace(
     store: &StoreImpl,
@@ -24,6 +24,8 @@ pub(super) async fn create_atespace(
         created_ms: now_ms,
         actor_count: 0,
         callers_allow: Vec::new(),
+        quota: Capacity::default(),
+        usage: Capacity::default(),
     })
 }
 
@@ -67,6 +69,121 @@ pub(super) async fn set_atespace_callers(
         .fetch_optional(&store.pool)
         .await?;
     found(row, atespace_from_row, "atespace", name)
+}
+
+/// An atespace's quota columns (`$1`: its name).
+macro_rules! quota_select {
+    () => {
+        "SELECT quota_running_actors, quota_cpu_millis, quota_memory_bytes FROM atespaces WHERE name = $1"
+    };
+}
+
+/// What an atespace's actors other than `$2` hold (names are never empty: `''` leaves none out).
+const USAGE_SELECT: &str = "SELECT COUNT(*) AS n, CAST(COALESCE(SUM(cpu_millis), 0) AS BIGINT) AS cpu, \
+     CAST(COALESCE(SUM(memory_bytes), 0) AS BIGINT) AS mem FROM actor_assignments \
+     WHERE atespace = $1 AND name <> $2";
+
+/// A row of [`quota_select!`] as a capacity (0 in a field: no limit). Also the atespace list's.
+pub(super) fn quota_of(row: &DbRow) -> Result<Capacity> {
+    Ok(Capacity {
+        slots: to_u64(row.try_get("quota_running_actors")?, "quota_running_actors")?,
+        cpu_millis: to_u64(row.try_get("quota_cpu_millis")?, "quota_cpu_millis")?,
+        memory_bytes: to_u64(row.try_get("quota_memory_bytes")?, "quota_memory_bytes")?,
+    })
+}
+
+fn usage_of(row: &DbRow) -> Result<Capacity> {
+    Ok(Capacity {
+        slots: to_u64(row.try_get("n")?, "used slots")?,
+        cpu_millis: to_u64(row.try_get("cpu")?, "used cpu")?,
+        memory_bytes: to_u64(row.try_get("mem")?, "used memory")?,
+    })
+}
+
+pub(super) async fn atespace_quota(store: &StoreImpl, name: &str) -> Result<(Capacity, Capacity)> {
+    store.counters.read();
+    let Some(row) = sqlx::query(quota_select!())
+        .bind(name)
+        .fetch_optional(&store.pool)
+        .await?
+    else {
+        return Err(not_found("atespace", name));
+    };
+    let quota = quota_of(&row)?;
+    if quota == Capacity::default() {
+        return Ok((quota, Capacity::default()));
+    }
+    let used = sqlx::query(USAGE_SELECT)
+        .bind(name)
+        .bind("")
+        .fetch_one(&store.pool)
+        .await?;
+    Ok((quota, usage_of(&used)?))
+}
+
+pub(super) async fn set_atespace_quota(
+    store: &StoreImpl,
+    name: &str,
+    quota: &Capacity,
+) -> Result<AtespaceRecord> {
+    store.counters.write();
+    let done = {
+        let _guard = store.write_guard().await;
+        sqlx::query(
+            "UPDATE atespaces SET quota_running_actors = $1, quota_cpu_millis = $2, \
+             quota_memory_bytes = $3 WHERE name = $4",
+        )
+        .bind(to_i64(quota.slots, "quota.runningActors")?)
+        .bind(to_i64(quota.cpu_millis, "quota.cpu")?)
+        .bind(to_i64(quota.memory_bytes, "quota.memory")?)
+        .bind(name)
+        .execute(&store.pool)
+        .await?
+    };
+    if done.rows_affected() == 0 {
+        return Err(not_found("atespace", name));
+    }
+    get_atespace(store, name).await
+}
+
+/// Inside a bind: the atespace's assignments other than `actor`'s plus `demand` stay within its
+/// quota, else QuotaExceeded. An atespace without a quota costs one read and takes no lock; one
+/// with a quota is locked (PostgreSQL) so concurrent binds in it are counted one after another.
+pub(super) async fn check_quota(
+    tx: &mut Tx,
+    actor: &ate_core::ActorRef,
+    demand: &Capacity,
+) -> Result<()> {
+    let Some(row) = sqlx::query(quota_select!())
+        .bind(&actor.atespace)
+        .fetch_optional(&mut **tx)
+        .await?
+    else {
+        return Err(not_found("atespace", &actor.atespace));
+    };
+    if quota_of(&row)? == Capacity::default() {
+        return Ok(());
+    }
+    let row = sqlx::query(concat!(quota_select!(), for_update!()))
+        .bind(&actor.atespace)
+        .fetch_one(&mut **tx)
+        .await?;
+    let quota = quota_of(&row)?;
+    let used = sqlx::query(USAGE_SELECT)
+        .bind(&actor.atespace)
+        .bind(&actor.name)
+        .fetch_one(&mut **tx)
+        .await?;
+    let used = usage_of(&used)?;
+    match crate::over_quota(&quota, &used, demand) {
+        None => Ok(()),
+        Some((quota, limit, used)) => Err(StoreError::QuotaExceeded {
+            atespace: actor.atespace.clone(),
+            quota,
+            limit,
+            used,
+        }),
+    }
 }
 
 pub(super) async fn delete_atespace(store: &StoreImpl, name: &str) -> Result<()> {

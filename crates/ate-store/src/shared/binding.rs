@@ -7,6 +7,7 @@ use sqlx::Row as _;
 use super::actors::{
     DELETE_ASSIGNMENT, apply_update, begin_on_actor, delete_actor_rows, write_actor,
 };
+use super::events::record_change;
 use super::snapshots::insert_snapshot;
 use super::{StoreImpl, Tx};
 use crate::util::{admits, check_state, not_found, parse_worker_status, to_i64, to_u64};
@@ -21,12 +22,14 @@ pub(super) async fn bind_actor(
     now_ms: i64,
 ) -> Result<ActorRecord> {
     let (mut tx, mut record) = begin_on_actor(store, actor).await?;
+    let before = record.clone();
     // Already bound here (a retried bind): the same call succeeds again.
     let rebind =
         record.state == ActorState::Resuming && record.worker_id.as_deref() == Some(worker_id);
     if !rebind {
         check_state(record.state, from)?;
     }
+    super::atespaces::check_quota(&mut tx, actor, &demand).await?;
     let epoch = admit(&mut tx, actor, worker_id, demand).await?;
     // A new activation gets a new fencing token; a retried bind keeps the one it took, so a
     // sandbox its first attempt started is the same activation.
@@ -37,7 +40,7 @@ pub(super) async fn bind_actor(
             .ok_or_else(|| StoreError::Database(format!("actor {actor}: activation overflow")))?;
     }
     record.state = ActorState::Resuming;
-    commit_bound(tx, record, worker_id, epoch, now_ms).await
+    commit_bound(tx, before, record, worker_id, epoch, now_ms).await
 }
 
 pub(super) async fn readopt_actor(
@@ -50,6 +53,7 @@ pub(super) async fn readopt_actor(
 ) -> Result<ActorRecord> {
     let (mut tx, mut record) = begin_on_actor(store, actor).await?;
     check_state(record.state, &[ActorState::Suspended])?;
+    let before = record.clone();
     if record.activation != activation {
         return Err(StoreError::FailedPrecondition(format!(
             "actor {actor} is at activation {}, not {activation}",
@@ -59,13 +63,14 @@ pub(super) async fn readopt_actor(
     let epoch = admit(&mut tx, actor, worker_id, demand).await?;
     record.state = ActorState::Running;
     record.last_error = None;
-    commit_bound(tx, record, worker_id, epoch, now_ms).await
+    commit_bound(tx, before, record, worker_id, epoch, now_ms).await
 }
 
 /// The end of a bind or a re-adoption: the actor, admitted on `worker_id` at its registered
 /// `epoch`, is written and the transaction committed.
 async fn commit_bound(
     mut tx: Tx,
+    before: ActorRecord,
     mut record: ActorRecord,
     worker_id: &str,
     epoch: u64,
@@ -75,6 +80,7 @@ async fn commit_bound(
     record.epoch = epoch;
     record.updated_ms = now_ms;
     let record = write_actor(&mut tx, &record).await?;
+    record_change(&mut tx, Some(&before), Some(&record), None, None, now_ms).await?;
     tx.commit().await?;
     Ok(record)
 }
@@ -88,7 +94,8 @@ pub(super) async fn release_actor(
 ) -> Result<ActorRecord> {
     let (mut tx, mut record) = begin_on_actor(store, actor).await?;
     check_state(record.state, transition.from)?;
-    apply_update(&mut record, transition.update, now_ms);
+    let before = record.clone();
+    let note = apply_update(&mut record, transition.update, now_ms);
     if let Some(snapshot) = snapshot {
         if snapshot.atespace != actor.atespace || snapshot.name != actor.name {
             return Err(StoreError::FailedPrecondition(format!(
@@ -105,6 +112,16 @@ pub(super) async fn release_actor(
     record.state = transition.to;
     record.worker_id = None;
     let record = write_actor(&mut tx, &record).await?;
+    let note = note.as_deref();
+    record_change(
+        &mut tx,
+        Some(&before),
+        Some(&record),
+        note,
+        snapshot,
+        now_ms,
+    )
+    .await?;
     tx.commit().await?;
     Ok(record)
 }

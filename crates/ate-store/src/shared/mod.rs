@@ -20,9 +20,9 @@ use ate_core::{ActorRef, ActorState, DurableStatus, TemplateSpec};
 
 use super::{Db, DbRow, StoreImpl, Tx};
 use crate::{
-    ActorRecord, Alarm, AtespaceRecord, Capacity, FrozenCopy, JoinTokenRecord, Result,
-    SnapshotCopy, SnapshotRecord, Store, StoreCounters, TagRecord, TemplateRecord, Transition,
-    WorkerRecord, async_trait,
+    ActorRecord, Alarm, AtespaceRecord, Capacity, EventPage, EventQuery, FrozenCopy,
+    JoinTokenRecord, Result, SnapshotCopy, SnapshotRecord, Store, StoreCounters, TagRecord,
+    TemplateRecord, Transition, WorkerRecord, async_trait,
 };
 
 // Column lists and row mapping; `macro_use` makes the column macros visible to the modules below.
@@ -33,6 +33,7 @@ mod actors;
 mod alarms;
 mod atespaces;
 mod binding;
+mod events;
 mod frozen_copies;
 mod join_tokens;
 mod leases;
@@ -59,6 +60,14 @@ impl Store for StoreImpl {
 
     async fn set_atespace_callers(&self, name: &str, allow: &[String]) -> Result<AtespaceRecord> {
         atespaces::set_atespace_callers(self, name, allow).await
+    }
+
+    async fn atespace_quota(&self, name: &str) -> Result<(Capacity, Capacity)> {
+        atespaces::atespace_quota(self, name).await
+    }
+
+    async fn set_atespace_quota(&self, name: &str, quota: &Capacity) -> Result<AtespaceRecord> {
+        atespaces::set_atespace_quota(self, name, quota).await
     }
 
     async fn delete_atespace(&self, name: &str) -> Result<()> {
@@ -117,8 +126,8 @@ impl Store for StoreImpl {
         actors::update_actor_selector(self, actor, selector, now_ms).await
     }
 
-    async fn delete_actor(&self, actor: &ActorRef) -> Result<Vec<SnapshotRecord>> {
-        actors::delete_actor(self, actor).await
+    async fn delete_actor(&self, actor: &ActorRef, now_ms: i64) -> Result<Vec<SnapshotRecord>> {
+        actors::delete_actor(self, actor, now_ms).await
     }
 
     async fn transition(
@@ -368,6 +377,16 @@ impl Store for StoreImpl {
         give_up: bool,
     ) -> Result<bool> {
         alarms::alarm_attempt_failed(self, actor, seq, next_attempt_ms, error, give_up).await
+    }
+
+    // ---- events
+
+    async fn list_events(&self, query: &EventQuery) -> Result<EventPage> {
+        events::list_events(self, query).await
+    }
+
+    async fn prune_events(&self, before_ms: i64, limit: u32) -> Result<u64> {
+        events::prune_events(self, before_ms, limit).await
     }
 
     fn counters(&self) -> &StoreCounters {

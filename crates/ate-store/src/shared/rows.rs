@@ -46,7 +46,11 @@ macro_rules! tag_cols {
 macro_rules! atespace_select {
     () => {
         "SELECT s.name, s.created_ms, s.callers_allow, \
-         (SELECT COUNT(*) FROM actors a WHERE a.atespace = s.name) AS actor_count \
+         s.quota_running_actors, s.quota_cpu_millis, s.quota_memory_bytes, \
+         (SELECT COUNT(*) FROM actors a WHERE a.atespace = s.name) AS actor_count, \
+         (SELECT COUNT(*) FROM actor_assignments u WHERE u.atespace = s.name) AS used_slots, \
+         (SELECT CAST(COALESCE(SUM(u.cpu_millis), 0) AS BIGINT) FROM actor_assignments u WHERE u.atespace = s.name) AS used_cpu, \
+         (SELECT CAST(COALESCE(SUM(u.memory_bytes), 0) AS BIGINT) FROM actor_assignments u WHERE u.atespace = s.name) AS used_mem \
          FROM atespaces s"
     };
 }
@@ -109,6 +113,12 @@ pub(super) fn atespace_from_row(row: &DbRow) -> Result<AtespaceRecord> {
         created_ms: row.try_get("created_ms")?,
         actor_count: to_u64(row.try_get("actor_count")?, "actor_count")?,
         callers_allow: split_callers(&row.try_get::<String, _>("callers_allow")?),
+        quota: super::atespaces::quota_of(row)?,
+        usage: Capacity {
+            slots: to_u64(row.try_get("used_slots")?, "used_slots")?,
+            cpu_millis: to_u64(row.try_get("used_cpu")?, "used_cpu")?,
+            memory_bytes: to_u64(row.try_get("used_mem")?, "used_mem")?,
+        },
     })
 }
 

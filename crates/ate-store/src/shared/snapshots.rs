@@ -7,6 +7,7 @@ use sqlx::Row as _;
 use super::actors::{DELETE_ASSIGNMENT, begin_on_actor, delete_actor_rows, write_actor};
 use super::rows::{bind_snapshot, snapshot_from_row};
 use super::{StoreImpl, Tx};
+use crate::events::reverted;
 use crate::util::{check_state, snapshot_not_found, to_i64, unique_or};
 use crate::{ActorRecord, Result, SnapshotCopy, SnapshotRecord, StoreError};
 
@@ -205,6 +206,7 @@ pub(super) async fn revert_actor(
 ) -> Result<ActorRecord> {
     let (mut tx, mut record) = begin_on_actor(store, actor).await?;
     check_state(record.state, from)?;
+    let before = record.clone();
     let rows = sqlx::query(concat!(
         "SELECT ",
         snapshot_select_cols!(),
@@ -262,6 +264,8 @@ pub(super) async fn revert_actor(
     record.worker_id = None;
     record.updated_ms = now_ms;
     let record = write_actor(&mut tx, &record).await?;
+    let event = reverted(&before, &record, target);
+    super::events::insert(&mut tx, &record, &event, now_ms).await?;
     tx.commit().await?;
     Ok(record)
 }

@@ -1,6 +1,6 @@
 //! The tunnel protocol's request headers: the target actor and port, a probe, the fencing token.
 
-use super::{HEADER_ACTIVATION, HEADER_ACTOR, HEADER_PORT, HEADER_PROBE};
+use super::{HEADER_ACTIVATION, HEADER_ACTOR, HEADER_HIBERNATE, HEADER_PORT, HEADER_PROBE};
 
 /// Parses the routing headers: `(<atespace>/<name>, port)` or the 400 body.
 pub fn parse_target(headers: &http::HeaderMap) -> Result<(String, u16), String> {
@@ -38,6 +38,16 @@ pub fn parse_probe(headers: &http::HeaderMap) -> Result<bool, String> {
         None => Ok(false),
         Some(v) if v == "1" => Ok(true),
         Some(_) => Err(format!("{HEADER_PROBE} must be 1 when present")),
+    }
+}
+
+/// Whether the CONNECT carries the upstream leg of a hibernating WebSocket
+/// (`ate-websocket-hibernate: 1`, docs/websockets.md).
+pub fn parse_hibernate(headers: &http::HeaderMap) -> Result<bool, String> {
+    match headers.get(HEADER_HIBERNATE) {
+        None => Ok(false),
+        Some(v) if v == "1" => Ok(true),
+        Some(_) => Err(format!("{HEADER_HIBERNATE} must be 1 when present")),
     }
 }
 
@@ -104,6 +114,16 @@ mod tests {
                 "{bad:?}"
             );
         }
+    }
+
+    #[test]
+    fn hibernate_header() {
+        assert_eq!(parse_hibernate(&headers(&[])), Ok(false));
+        assert_eq!(
+            parse_hibernate(&headers(&[(HEADER_HIBERNATE, "1")])),
+            Ok(true)
+        );
+        assert!(parse_hibernate(&headers(&[(HEADER_HIBERNATE, "yes")])).is_err());
     }
 
     #[test]

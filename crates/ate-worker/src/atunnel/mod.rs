@@ -28,7 +28,7 @@ use tokio::sync::watch;
 use crate::netns::{ACTOR_IP, NetnsDialer};
 use crate::pipe::{Command, TunnelState};
 
-pub use headers::{parse_activation, parse_probe, parse_target};
+pub use headers::{parse_activation, parse_hibernate, parse_probe, parse_target};
 pub(crate) use server::dial_failure;
 pub use server::serve;
 
@@ -44,6 +44,7 @@ const DRAIN_POLL: Duration = Duration::from_millis(20);
 pub use ate_core::tunnel::{
     ACTIVATION as HEADER_ACTIVATION, PORT_CLOSED as HEADER_PORT_CLOSED, PROBE as HEADER_PROBE,
     STALE as HEADER_STALE, TARGET_ACTOR as HEADER_ACTOR, TARGET_PORT as HEADER_PORT,
+    WEBSOCKET_HIBERNATE as HEADER_HIBERNATE,
 };
 /// A SYN into an actor netns is answered at once (RST or SYN-ACK); this only bounds a stuck one.
 const DIAL_TIMEOUT: Duration = Duration::from_secs(5);
@@ -67,6 +68,9 @@ pub struct Activation {
     token: u64,
     dialer: NetnsDialer,
     open: AtomicU32,
+    /// Open tunnels that do not keep the actor from idle suspend ([`Counted::BytesOnly`]); a
+    /// suspend still waits for them to close (no established connection in a memory dump).
+    uncounted: AtomicU32,
     last_activity_ms: AtomicI64,
     closed: watch::Sender<bool>,
     /// Set once ingress is off: a tunnel dialed concurrently with `deactivate` is refused.
@@ -102,7 +106,7 @@ impl Activation {
         self.last_activity_ms.load(Ordering::Acquire)
     }
 
-    fn touch(&self) {
+    pub(crate) fn touch(&self) {
         self.last_activity_ms
             .store(now_unix_ms(), Ordering::Release);
     }
@@ -155,7 +159,7 @@ impl Activation {
     /// Waits until every tunnel of this activation has closed, up to `timeout`; true if they did.
     pub async fn wait_closed(&self, timeout: Duration) -> bool {
         let deadline = Instant::now() + timeout;
-        while self.open_tunnels() > 0 {
+        while self.open_tunnels() > 0 || self.uncounted.load(Ordering::Acquire) > 0 {
             if Instant::now() >= deadline {
                 return false;
             }
@@ -165,14 +169,33 @@ impl Activation {
     }
 }
 
-/// Decrements the open count and records activity when a tunnel ends, whichever way it ends.
-pub(crate) struct OpenGuard(Arc<Activation>);
+/// Decrements the open count (for a counted tunnel) and records activity when a tunnel ends,
+/// whichever way it ends.
+pub(crate) struct OpenGuard {
+    activation: Arc<Activation>,
+    counted: bool,
+}
 
 impl Drop for OpenGuard {
     fn drop(&mut self) {
-        self.0.open.fetch_sub(1, Ordering::AcqRel);
-        self.0.touch();
+        let count = if self.counted {
+            &self.activation.open
+        } else {
+            &self.activation.uncounted
+        };
+        count.fetch_sub(1, Ordering::AcqRel);
+        self.activation.touch();
     }
+}
+
+/// Whether an open tunnel keeps its actor from idle suspend.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Counted {
+    /// Every tunnel, except:
+    Open,
+    /// The upstream leg of a hibernating WebSocket: only its bytes count, as activity (the
+    /// router keeps the client's socket open while the actor sleeps).
+    BytesOnly,
 }
 
 /// The actors whose ingress is on, keyed `<atespace>/<name>`, and the worker's liveness lease.
@@ -265,6 +288,7 @@ impl Tunnels {
             token,
             dialer,
             open: AtomicU32::new(0),
+            uncounted: AtomicU32::new(0),
             last_activity_ms: AtomicI64::new(now_unix_ms()),
             closed,
             off: AtomicBool::new(false),
@@ -355,10 +379,11 @@ pub(crate) fn admit(
 }
 
 /// Dials the admitted actor's `port` and counts the tunnel as open (and as activity) for as
-/// long as the returned guard lives.
+/// long as the returned guard lives; a [`Counted::BytesOnly`] tunnel is not counted as open.
 pub(crate) async fn dial(
     activation: &Arc<Activation>,
     port: u16,
+    counted: Counted,
 ) -> Result<(tokio::net::TcpStream, OpenGuard), Refusal> {
     if activation.off.load(Ordering::Acquire) {
         // Draining for a suspend: the router parks the request and resumes the actor after.
@@ -370,8 +395,17 @@ pub(crate) async fn dial(
         .connect_timeout(addr, DIAL_TIMEOUT)
         .await
         .map_err(Refusal::Dial)?;
-    activation.open.fetch_add(1, Ordering::AcqRel);
-    let guard = OpenGuard(activation.clone());
+    let counted = counted == Counted::Open;
+    let count = if counted {
+        &activation.open
+    } else {
+        &activation.uncounted
+    };
+    count.fetch_add(1, Ordering::AcqRel);
+    let guard = OpenGuard {
+        activation: activation.clone(),
+        counted,
+    };
     // Re-check after counting: `deactivate` sets `off` before waiting for the count to drop,
     // so either it sees this tunnel or this tunnel sees ingress off.
     if activation.off.load(Ordering::Acquire) {

@@ -18,7 +18,8 @@ use tracing::Instrument;
 
 use super::{
     COPY_BUF, HEADER_ACTOR, HEADER_PORT, HEADER_PORT_CLOSED, HEADER_STALE, Refusal,
-    TLS_HANDSHAKE_TIMEOUT, Tunnels, admit, dial, parse_activation, parse_probe, parse_target,
+    TLS_HANDSHAKE_TIMEOUT, Tunnels, admit, dial, parse_activation, parse_hibernate, parse_probe,
+    parse_target,
 };
 use crate::pipe::TunnelState;
 
@@ -201,6 +202,10 @@ async fn handle(tunnels: &Tunnels, req: Request<Incoming>) -> Response<Full<Byte
         Ok(p) => p,
         Err(msg) => return reply(StatusCode::BAD_REQUEST, msg + "\n"),
     };
+    let hibernate = match parse_hibernate(req.headers()) {
+        Ok(h) => h,
+        Err(msg) => return reply(StatusCode::BAD_REQUEST, msg + "\n"),
+    };
     let activation = match admit(tunnels, &key, token) {
         Ok(a) => a,
         Err(body) => return stale_because(body),
@@ -212,13 +217,28 @@ async fn handle(tunnels: &Tunnels, req: Request<Incoming>) -> Response<Full<Byte
         }
         return reply(StatusCode::OK, Bytes::new());
     }
-    let (upstream, guard) = match dial(&activation, port).await {
+    let counted = if hibernate {
+        super::Counted::BytesOnly
+    } else {
+        super::Counted::Open
+    };
+    let (upstream, guard) = match dial(&activation, port, counted).await {
         Ok(x) => x,
         Err(Refusal::Stale) => return stale(&key),
         Err(Refusal::Dial(e)) => return dial_failed(&key, port, &e),
     };
     let mut closed = activation.closed.subscribe();
-    let state = TunnelState::new();
+    let state = if hibernate {
+        // Weak: the pipe must not keep an activation that went away alive.
+        let weak = Arc::downgrade(&activation);
+        TunnelState::with_activity(move || {
+            if let Some(a) = weak.upgrade() {
+                a.touch();
+            }
+        })
+    } else {
+        TunnelState::new()
+    };
     activation.register(&state);
     let request_id = request_id_of(req.headers());
     // The tunnel's trace is the CONNECT's (the router's request span), whether or not this

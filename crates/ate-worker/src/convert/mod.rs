@@ -182,6 +182,7 @@ pub(crate) fn activity_reply(r: ActivityReport) -> v1::WorkerActivityReply {
         epoch: r.epoch,
         actors: r.actors.into_iter().map(actor_activity).collect(),
         draining: r.draining,
+        frozen_actors: r.frozen,
     }
 }
 

@@ -331,6 +331,7 @@ fn replies_carry_every_field() {
         epoch: 3,
         actors: vec![exited],
         draining: true,
+        frozen: 2,
     });
     assert_eq!(
         r,
@@ -356,6 +357,7 @@ fn replies_carry_every_field() {
                 active_since_unix_ms: 0,
             }],
             draining: true,
+            frozen_actors: 2,
         }
     );
 }

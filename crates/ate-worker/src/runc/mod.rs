@@ -20,6 +20,7 @@ mod files;
 mod image_streamer;
 mod mounts;
 mod oci;
+mod orphans;
 mod spawn;
 mod teardown;
 pub mod userns;
@@ -50,8 +51,8 @@ pub(crate) use oci::{
     DEV_OPTIONS, EXEC_FAILED, IDENTITY_OPTIONS, SHM_OPTIONS, SYSFS_OPTIONS, VOLUME_OPTIONS,
     command_line, merge_env, mount, process_args, render_args,
 };
-pub(crate) use spawn::CRIU_DIED;
 use spawn::pid_file;
+pub(crate) use spawn::{CRIU_DIED, RUNC_DIED};
 
 /// Sandbox class reported for this runtime.
 pub const SANDBOX_CLASS: &str = "runc";
@@ -328,6 +329,10 @@ impl RuncRuntime {
 
 #[async_trait::async_trait]
 impl SandboxRuntime for RuncRuntime {
+    async fn end_earlier_commands(&self) -> Vec<String> {
+        orphans::end_earlier_commands(Path::new(&self.runc), &self.root, std::process::id()).await
+    }
+
     fn capabilities(&self) -> Capabilities {
         Capabilities {
             can_restore_memory: self.criu.is_some(),

@@ -84,6 +84,14 @@ impl RuncRuntime {
                 });
             }
             why = failed => {
+                // runc killed from outside (before the page source noticed): CRIU then loses
+                // its RPC client and gives up with "Restoring FAILED." too, yet nothing was
+                // refused: the restore was cut short.
+                let runc_killed = child
+                    .try_wait()
+                    .ok()
+                    .flatten()
+                    .is_some_and(|s| std::os::unix::process::ExitStatusExt::signal(&s).is_some());
                 let _ = child.start_kill();
                 kill_cgroup_processes(&actor.short_id());
                 let _ = child.wait().await;
@@ -91,12 +99,22 @@ impl RuncRuntime {
                 // "Restoring FAILED." in its log (cr-restore.c); one that left the page source
                 // without it was killed, not refused (its forked tasks may still have logged
                 // errors of their own as it went): say so, so the restore counts as cut short.
+                // So was one whose client (runc) vanished under it (cr-service.c).
                 let criu_log = restore_log(&full).await;
-                let criu_refused = work_path(&full).is_none()
+                let client_gone = runc_killed
                     || criu_log
                         .as_ref()
-                        .is_some_and(|(_, text)| text.contains(CRIU_RESTORE_FAILED));
+                        .is_some_and(|(_, text)| text.contains(CRIU_CLIENT_GONE));
+                let criu_refused = !client_gone
+                    && (work_path(&full).is_none()
+                        || criu_log
+                            .as_ref()
+                            .is_some_and(|(_, text)| text.contains(CRIU_RESTORE_FAILED)));
+                let damaged = page_source.is_some_and(PageSource::found_damage);
                 let stderr = match &criu_log {
+                    _ if client_gone && !damaged => {
+                        format!("{why}; {RUNC_DIED}")
+                    }
                     _ if why.contains("CRIU closed the lazy-pages socket") && !criu_refused => {
                         format!("{why}; {CRIU_DIED}")
                     }
@@ -205,6 +223,13 @@ async fn spawn_log_relay(
 /// What a restore's error says when its CRIU ended without an error of its own (killed): the
 /// restore was cut short (see `SandboxError::interrupted`).
 pub(crate) const CRIU_DIED: &str = "CRIU ended with no error in its log (killed)";
+
+/// What a restore's error says when runc, CRIU's client, ended (killed) before CRIU finished:
+/// the restore was cut short (see `SandboxError::interrupted`).
+pub(crate) const RUNC_DIED: &str = "runc ended before CRIU finished (killed); CRIU lost its client";
+
+/// CRIU's words when its RPC client (runc) is gone in the middle of a request (cr-service.c).
+const CRIU_CLIENT_GONE: &str = "Client exited unexpectedly";
 
 /// The last line of a restore CRIU itself gave up (`restore_root_task`'s failure path).
 const CRIU_RESTORE_FAILED: &str = "Restoring FAILED.";

@@ -112,6 +112,7 @@ impl Worker {
             epoch: self.ident.epoch,
             actors,
             draining: self.draining(),
+            frozen: u32::try_from(table.frozen.len()).unwrap_or(u32::MAX),
         }
     }
 

@@ -64,6 +64,7 @@ impl Worker {
     /// with the api and renewed the lease ([`Worker::renew_lease`]), or a start names it.
     /// Anything else left behind (a sandbox being dumped, frozen, half started) is removed.
     pub async fn adopt_leftovers(&self) {
+        self.end_earlier_commands().await;
         for (atespace, name) in self.leftover_actors() {
             let key = key_of(&atespace, &name);
             match self.adopt(&atespace, &name).await {
@@ -78,6 +79,15 @@ impl Worker {
                     self.discard_quietly(&sandbox).await;
                 }
             }
+        }
+    }
+
+    /// Ends what the earlier process was doing when it died: a restore or checkpoint going on
+    /// alone would change a sandbox under this process's feet (runc's cleanup of a failed
+    /// restore removes the container's state, whoever made it by then).
+    pub(super) async fn end_earlier_commands(&self) {
+        for command in self.runtime.end_earlier_commands().await {
+            tracing::warn!(%command, "ended a command an earlier process of this worker left running");
         }
     }
 
@@ -106,6 +116,13 @@ impl Worker {
                     .await
                     .map_err(|e| format!("thaw after an interrupted checkpoint: {e}"))?;
                 tracing::warn!(actor = %key_of(atespace, name), "a checkpoint was interrupted by the worker's restart; the actor runs on");
+            }
+            // runc lost the container while its init still runs (what the earlier commands
+            // ended above used to cause): nothing can dump it any more, and its memory since
+            // its last generation goes with it. Said loudly; the api's lastError says it too.
+            Ok(false) if sandbox_alive(&self.actors_dir, atespace, name) => {
+                tracing::error!(actor = %key_of(atespace, name), "runc no longer knows the container of a sandbox that still runs; removed, the actor resumes from its last generation");
+                return Err("runc no longer knows its container".to_string());
             }
             Ok(false) => return Err("its container is not running".to_string()),
             Err(e) => return Err(format!("container state: {e}")),

@@ -8,8 +8,12 @@ use std::time::{Duration, Instant};
 use ate_core::clock::now_ms;
 use ate_core::template::OnMemoryFailure;
 use ate_core::{ActorRef, Fidelity};
+use ate_snapshot::ParentGeneration;
+use ate_snapshot::sealed::Scratch;
+use tokio::sync::OwnedMutexGuard;
 
 use super::adoption::ADOPTION_FILE;
+use super::tcp_quiet::wait_tcp_quiet;
 use super::{
     CheckpointReply, CheckpointRequest, Entry, Frozen, QUIESCE_TIMEOUT, VerbError, Worker,
     Workload, egress_identity, key_of, sandbox_error, snapshot_error,
@@ -21,19 +25,141 @@ use crate::runtime::ActorSandbox;
 /// How long a checkpoint waits for a lazy restore to place every page.
 const LAZY_COMPLETE_WAIT: Duration = Duration::from_secs(60);
 
+/// What a checkpoint finds of the actor it names.
+enum Target {
+    /// Running here: to be checkpointed.
+    Running(Box<Entry>),
+    /// Gone, and an earlier attempt of this same call sealed its generation: the answer.
+    Sealed(CheckpointReply),
+}
+
+/// Why no memory dump was written.
+enum DumpFailure {
+    /// Nothing may be written: the suspend fails and the actor runs on with its memory.
+    Refused(VerbError),
+    /// The dump failed (the text says why): the template decides between ROOTFS and refusing.
+    Failed(String),
+}
+
+/// What the memory phase captured.
+struct Capture {
+    fidelity: Fidelity,
+    /// Why the generation holds less than asked (empty: it holds what was asked).
+    reason: String,
+    /// A memory dump was written (and froze or stopped the sandbox).
+    dumped: bool,
+    /// The generation an incremental dump builds on (None: whole, or no dump).
+    delta_of: Option<ParentGeneration>,
+}
+
+/// When each phase of a checkpoint ended, from its start.
+struct Timeline {
+    begun: Instant,
+    quiesced: Duration,
+    stopped_at: Duration,
+    sealed_at: Duration,
+}
+
 impl Worker {
     pub async fn checkpoint(&self, req: CheckpointRequest) -> Result<CheckpointReply, VerbError> {
         self.check_addressed(&req.actor, &req.worker_id)?;
-        let (atespace, name) = (req.actor.atespace.clone(), req.actor.name.clone());
-        let gen_dir = req.generation_dir.clone();
-        let requested = req.fidelity;
-        let asked_activation = req.activation;
-        let key = key_of(&atespace, &name);
+        let key = key_of(&req.actor.atespace, &req.actor.name);
+        let gen_dir = &req.generation_dir;
         let lock = self.lock_for(&key);
         // Owned: a sandbox removed after the reply (below) keeps the actor locked until it is.
         let mut guard = Some(lock.lock_owned().await);
 
-        let entry = self.table().actors.get(&key).cloned();
+        let entry = match self.checkpoint_target(&req, &key).await? {
+            Target::Running(entry) => *entry,
+            Target::Sealed(reply) => return Ok(reply),
+        };
+        clear_interrupted_checkpoint(&key, gen_dir).await?;
+        let (scratch, write_dir) = write_target(gen_dir)?;
+        wait_lazy_restore_done(&key, &entry).await?;
+        // The adoption record stays while the sandbox is frozen for the checkpoint: a worker
+        // restarted in the middle thaws it and takes it back (the checkpoint was interrupted;
+        // nothing may be lost). It goes once the sandbox is only a cache or gone.
+        let asked = req.fidelity.unwrap_or(entry.spec.fidelity);
+        let keep_frozen = asked == Fidelity::Memory && self.keeps_frozen();
+        // Where the runtime can freeze, the sandbox is frozen (not stopped) while its generation
+        // is written, so a generation that cannot be written (disk full) costs nothing: the
+        // sandbox thaws and serves on. Only a sealed generation lets it go.
+        let can_freeze = self.runtime.capabilities().can_keep_frozen;
+        let begun = Instant::now();
+
+        let mut dialer = self.quiesce(&key, &entry, req.grace).await;
+        let quiesced = begun.elapsed();
+        let capture = match self
+            .capture_memory(&req, &key, &entry, &write_dir, asked, can_freeze)
+            .await
+        {
+            Ok(capture) => capture,
+            Err(why) => {
+                remove_partial_generation(&key, gen_dir).await;
+                return Err(self
+                    .run_on_after_failed_checkpoint(&key, &entry, dialer, why)
+                    .await);
+            }
+        };
+        let (paused, stopped) = self
+            .pause_or_stop(&key, &entry.sandbox, capture.dumped, can_freeze)
+            .await;
+        let stopped_at = begun.elapsed();
+        let result = match stopped {
+            Err(e) => Err(e),
+            Ok(()) => {
+                let at_rest = scratch.is_some();
+                self.seal_generation(&req, &entry, &write_dir, at_rest, &capture)
+                    .await
+            }
+        };
+        let sealed_at = begun.elapsed();
+        if let Err(e) = &result {
+            // Nothing half written may look like a generation.
+            remove_partial_generation(&key, gen_dir).await;
+            if paused {
+                return Err(self
+                    .run_on_after_failed_checkpoint(&key, &entry, dialer, e.clone())
+                    .await);
+            }
+        }
+        let kept = keep_frozen && capture.dumped && result.is_ok();
+        self.keep_frozen_or_remove(&key, &entry.sandbox, gen_dir, kept, &mut dialer, &mut guard)
+            .await;
+        let manifest = result.map_err(|e| {
+            VerbError::SandboxLost(format!(
+                "checkpoint of {key} failed after its sandbox was stopped: {}",
+                e.message()
+            ))
+        })?;
+        if manifest.parent.is_some() {
+            flatten_in_background(gen_dir);
+        }
+        let timeline = Timeline {
+            begun,
+            quiesced,
+            stopped_at,
+            sealed_at,
+        };
+        report_sealed(&key, &manifest, &timeline, scratch.is_some(), kept);
+        drop(guard);
+        if kept {
+            self.trim_frozen().await;
+        }
+        let mut reply = self.checkpoint_reply(&manifest);
+        reply.kept_frozen = kept && self.table().frozen.contains_key(&key);
+        Ok(reply)
+    }
+
+    /// The actor's entry here, once the activation the call names is the one running; with no
+    /// entry, a retried call whose first attempt finished is answered from the sealed generation.
+    async fn checkpoint_target(
+        &self,
+        req: &CheckpointRequest,
+        key: &str,
+    ) -> Result<Target, VerbError> {
+        let asked_activation = req.activation;
+        let entry = self.table().actors.get(key).cloned();
         if let Some(e) = &entry
             && asked_activation != 0
             && e.activation != asked_activation
@@ -43,85 +169,43 @@ impl Worker {
                 self.ident.id, e.activation
             )));
         }
-        let Some(entry) = entry else {
-            // A retried call whose first attempt finished: answer from the sealed generation.
-            if ate_snapshot::is_sealed(&gen_dir) {
-                let m = ate_snapshot::verify(&gen_dir)
-                    .await
-                    .map_err(|e| snapshot_error("sealed generation", e))?;
-                if m.atespace == atespace && m.name == name {
-                    return Ok(self.checkpoint_reply(&m));
-                }
-            }
-            // Nothing to checkpoint: its previous generation is what remains.
-            return Err(VerbError::SandboxLost(format!(
-                "actor {key} is not running on worker {}",
-                self.ident.id
-            )));
-        };
-        if dir_has_entries(&gen_dir).await? {
-            // An earlier attempt of this same suspend (the caller names the same directory on
-            // every attempt) ended in the middle, and the sandbox is here again (re-adopted by
-            // a restarted worker, which may have served since): what it wrote is not this
-            // sandbox's state any more. Written again from the start.
-            tracing::warn!(actor = %key, dir = %gen_dir.display(), "removing what an interrupted checkpoint wrote; dumping again");
-            tokio::fs::remove_dir_all(&gen_dir)
+        if let Some(entry) = entry {
+            return Ok(Target::Running(Box::new(entry)));
+        }
+        // A retried call whose first attempt finished: answer from the sealed generation.
+        let gen_dir = &req.generation_dir;
+        if ate_snapshot::is_sealed(gen_dir) {
+            let m = ate_snapshot::verify(gen_dir)
                 .await
-                .map_err(|e| VerbError::Internal(format!("remove {}: {e}", gen_dir.display())))?;
-        }
-        // With snapshot keys the generation is written in plaintext only to a scratch dir on
-        // a tmpfs, and every file is sealed into `gen_dir` at the end: memory reaches the
-        // node's disk only sealed. Made before anything changes, so failing here costs nothing.
-        let scratch = match ate_snapshot::sealed::keys() {
-            Some(_) => Some(
-                ate_snapshot::sealed::Scratch::new("dump")
-                    .map_err(|e| VerbError::Internal(format!("snapshot scratch dir: {e}")))?,
-            ),
-            None => None,
-        };
-        let write_dir = scratch
-            .as_ref()
-            .map_or_else(|| gen_dir.clone(), |s| s.path().to_path_buf());
-        // A dump reads memory through the page tables: pages a lazy restore has not placed yet
-        // would be missing from it. Wait until every page is in (the background push takes
-        // about a second per GiB here).
-        if let Some(source) = &entry.page_source {
-            match tokio::time::timeout(LAZY_COMPLETE_WAIT, source.finished()).await {
-                Ok(Outcome::Done(_)) => {}
-                Ok(Outcome::Failed(why)) => {
-                    return Err(VerbError::FailedPrecondition(format!(
-                        "actor {key} cannot be checkpointed: its lazy memory restore failed: {why}"
-                    )));
-                }
-                Ok(Outcome::Running) | Err(_) => {
-                    return Err(VerbError::Unavailable(format!(
-                        "actor {key} is still receiving its memory from a lazy restore after {LAZY_COMPLETE_WAIT:?}; suspend it again later"
-                    )));
-                }
+                .map_err(|e| snapshot_error("sealed generation", e))?;
+            if m.atespace == req.actor.atespace && m.name == req.actor.name {
+                return Ok(Target::Sealed(self.checkpoint_reply(&m)));
             }
         }
-        // The adoption record stays while the sandbox is frozen for the checkpoint: a worker
-        // restarted in the middle thaws it and takes it back (the checkpoint was interrupted;
-        // nothing may be lost). It goes once the sandbox is only a cache or gone.
-        let asked = requested.unwrap_or(entry.spec.fidelity);
-        let keep_frozen = asked == Fidelity::Memory && self.keeps_frozen();
-        // Where the runtime can freeze, the sandbox is frozen (not stopped) while its generation
-        // is written, so a generation that cannot be written (disk full) costs nothing: the
-        // sandbox thaws and serves on. Only a sealed generation lets it go.
-        let can_freeze = self.runtime.capabilities().can_keep_frozen;
-        let sandbox = entry.sandbox.clone();
-        let begun = Instant::now();
+        // Nothing to checkpoint: its previous generation is what remains.
+        Err(VerbError::SandboxLost(format!(
+            "actor {key} is not running on worker {}",
+            self.ident.id
+        )))
+    }
 
-        // Requests in flight finish first (new ones are refused with 421: the router parks them
-        // and resumes the actor after the suspend); then everything left is cut.
-        let grace = req.grace.unwrap_or(self.suspend_grace);
-        if let Some(a) = self.tunnels.get(&key) {
+    /// Requests in flight finish first (new ones are refused with 421: the router parks them
+    /// and resumes the actor after the suspend); then everything left is cut: ingress off (its
+    /// dialer returned, to serve again if nothing is written).
+    async fn quiesce(
+        &self,
+        key: &str,
+        entry: &Entry,
+        grace: Option<Duration>,
+    ) -> Option<NetnsDialer> {
+        let grace = grace.unwrap_or(self.suspend_grace);
+        if let Some(a) = self.tunnels.get(key) {
             let left = a.drain(grace).await;
             if left > 0 {
                 tracing::info!(actor = %key, open = left, grace_ms = grace.as_millis() as u64, "requests still in flight after the suspend grace; cutting them");
             }
         }
-        let dialer = self.ingress_off(&key).await;
+        let dialer = self.ingress_off(key).await;
         if let Some(pid) = entry.pid
             && entry.spec.containers.len() > 1
         {
@@ -131,82 +215,125 @@ impl Worker {
             // restored closed (`tcp-close`), so nothing needs to wait for them.
             wait_tcp_quiet(pid, QUIESCE_TIMEOUT).await;
         }
-        let quiesced = begun.elapsed();
+        dialer
+    }
 
-        let mut fidelity = asked;
-        let mut reason = String::new();
-        let mut dumped = false;
-        // The generation an incremental dump builds on (None: whole, or no dump).
-        let mut delta_of = None;
-        // Why nothing may be written: the suspend fails and the actor runs on with its memory.
-        let mut refused: Option<VerbError> = None;
-        if asked == Fidelity::Memory {
-            let failure = if !self.can_restore_memory() {
-                Some("this worker cannot dump memory (no CRIU ≥ 4.2)".to_string())
-            } else if self.faults.criu_dump_fails() {
-                Some("injected fault (ATE_FAULT_CRIU_DUMP=fail)".to_string())
-            } else {
-                let criu = write_dir.join(ate_snapshot::CRIU_DIR);
-                let dump = self
-                    .dump_memory(&key, &entry, &gen_dir, &criu, can_freeze)
-                    .await;
-                match dump {
-                    Ok((stats, parent)) => {
-                        dumped = true;
-                        tracing::info!(actor = %key, dump_ms = stats.dump.as_millis() as u64, image_bytes = stats.image_bytes, incremental = parent.is_some(), "memory dumped");
-                        delta_of = parent;
-                        carry_working_set(&sandbox, &criu).await;
-                        None
-                    }
-                    Err(e) => {
-                        // A partial image must not be mistaken for a dump.
-                        let _ = tokio::fs::remove_dir_all(&criu).await;
-                        let full = e.to_string();
-                        if full.contains("No space left on device") {
-                            // Not a limit of CRIU but of the disk: a passing condition.
-                            refused = Some(VerbError::ResourceExhausted(format!(
-                                "memory dump: no space left on device for {}",
-                                write_dir.display()
-                            )));
-                            crate::metrics::memory_dump_failed(false);
-                            None
-                        } else {
-                            Some(crate::error::tail(&full, 1500).to_string())
-                        }
-                    }
+    /// The memory phase: with memory asked for, the dump (which freezes or stops the sandbox),
+    /// or the ROOTFS fallback where the template allows it. `Err`: nothing may be written; the
+    /// suspend fails and the actor runs on with its memory.
+    async fn capture_memory(
+        &self,
+        req: &CheckpointRequest,
+        key: &str,
+        entry: &Entry,
+        write_dir: &Path,
+        asked: Fidelity,
+        can_freeze: bool,
+    ) -> Result<Capture, VerbError> {
+        let mut capture = Capture {
+            fidelity: asked,
+            reason: String::new(),
+            dumped: false,
+            delta_of: None,
+        };
+        if asked != Fidelity::Memory {
+            return Ok(capture);
+        }
+        let gen_dir = &req.generation_dir;
+        let why = match self
+            .try_dump_memory(key, entry, gen_dir, write_dir, can_freeze)
+            .await
+        {
+            Ok(parent) => {
+                capture.dumped = true;
+                capture.delta_of = parent;
+                return Ok(capture);
+            }
+            Err(DumpFailure::Refused(e)) => return Err(e),
+            Err(DumpFailure::Failed(why)) => why,
+        };
+        // Never a quiet downgrade: less than the memory asked for is written only where
+        // the template says so, and then the generation's reason says it.
+        let fall_back = req
+            .on_memory_failure
+            .unwrap_or(entry.spec.on_memory_failure)
+            == OnMemoryFailure::Rootfs;
+        crate::metrics::memory_dump_failed(fall_back);
+        if !fall_back {
+            return Err(VerbError::Aborted(format!("memory dump failed: {why}")));
+        }
+        capture.fidelity = Fidelity::Rootfs;
+        capture.reason = format!(
+            "memory dump failed, captured FIDELITY_ROOTFS as the template allows (snapshots.onMemoryFailure: rootfs); the process memory is lost: {why}"
+        );
+        tracing::warn!(actor = %key, reason = %capture.reason, "falling back to ROOTFS fidelity");
+        Ok(capture)
+    }
+
+    /// Dumps the actor's memory into `write_dir`'s CRIU dir; `Ok`: the generation the dump
+    /// builds on (None: whole).
+    async fn try_dump_memory(
+        &self,
+        key: &str,
+        entry: &Entry,
+        gen_dir: &Path,
+        write_dir: &Path,
+        can_freeze: bool,
+    ) -> Result<Option<ParentGeneration>, DumpFailure> {
+        if !self.can_restore_memory() {
+            return Err(DumpFailure::Failed(
+                "this worker cannot dump memory (no CRIU ≥ 4.2)".to_string(),
+            ));
+        }
+        if self.faults.criu_dump_fails() {
+            return Err(DumpFailure::Failed(
+                "injected fault (ATE_FAULT_CRIU_DUMP=fail)".to_string(),
+            ));
+        }
+        let criu = write_dir.join(ate_snapshot::CRIU_DIR);
+        match self
+            .dump_memory(key, entry, gen_dir, &criu, can_freeze)
+            .await
+        {
+            Ok((stats, parent)) => {
+                tracing::info!(actor = %key, dump_ms = stats.dump.as_millis() as u64, image_bytes = stats.image_bytes, incremental = parent.is_some(), "memory dumped");
+                carry_working_set(&entry.sandbox, &criu).await;
+                Ok(parent)
+            }
+            Err(e) => {
+                // A partial image must not be mistaken for a dump.
+                let _ = tokio::fs::remove_dir_all(&criu).await;
+                let full = e.to_string();
+                if full.contains("No space left on device") {
+                    // Not a limit of CRIU but of the disk: a passing condition.
+                    let refused = VerbError::ResourceExhausted(format!(
+                        "memory dump: no space left on device for {}",
+                        write_dir.display()
+                    ));
+                    crate::metrics::memory_dump_failed(false);
+                    return Err(DumpFailure::Refused(refused));
                 }
-            };
-            if let Some(why) = failure {
-                // Never a quiet downgrade: less than the memory asked for is written only where
-                // the template says so, and then the generation's reason says it.
-                let fall_back = req
-                    .on_memory_failure
-                    .unwrap_or(entry.spec.on_memory_failure)
-                    == OnMemoryFailure::Rootfs;
-                crate::metrics::memory_dump_failed(fall_back);
-                if fall_back {
-                    fidelity = Fidelity::Rootfs;
-                    reason = format!(
-                        "memory dump failed, captured FIDELITY_ROOTFS as the template allows (snapshots.onMemoryFailure: rootfs); the process memory is lost: {why}"
-                    );
-                    tracing::warn!(actor = %key, %reason, "falling back to ROOTFS fidelity");
-                } else {
-                    refused = Some(VerbError::Aborted(format!("memory dump failed: {why}")));
-                }
+                Err(DumpFailure::Failed(
+                    crate::error::tail(&full, 1500).to_string(),
+                ))
             }
         }
-        if let Some(why) = refused {
-            remove_partial_generation(&key, &gen_dir).await;
-            return Err(self
-                .run_on_after_failed_checkpoint(&key, &entry, dialer, why)
-                .await);
-        }
-        // A successful dump already froze (or stopped) the sandbox; otherwise it is frozen now,
-        // or stopped where the runtime cannot freeze. The files stay for archiving.
+    }
+
+    /// A successful dump already froze (or stopped) the sandbox; otherwise it is frozen now,
+    /// or stopped where the runtime cannot freeze. The files stay for archiving. Returns
+    /// whether it is frozen, and whether it could be stopped.
+    async fn pause_or_stop(
+        &self,
+        key: &str,
+        sandbox: &ActorSandbox,
+        dumped: bool,
+        can_freeze: bool,
+    ) -> (bool, Result<(), VerbError>) {
         let paused = if dumped {
             can_freeze
         } else if can_freeze {
-            match self.runtime.freeze(&sandbox).await {
+            match self.runtime.freeze(sandbox).await {
                 Ok(()) => true,
                 Err(e) => {
                     tracing::warn!(actor = %key, error = %e, "cannot freeze for the checkpoint; stopping instead");
@@ -219,99 +346,102 @@ impl Worker {
         let stopped = if dumped || paused {
             Ok(())
         } else {
-            self.runtime.stop(&sandbox).await
+            self.runtime.stop(sandbox).await
         };
-        let stopped_at = begun.elapsed();
-        let result = match stopped {
-            Err(e) => Err(VerbError::Internal(format!(
+        let stopped = stopped.map_err(|e| {
+            VerbError::Internal(format!(
                 "stop sandbox {} for checkpoint: {e}",
                 sandbox.container_id()
-            ))),
-            Ok(()) => {
-                let meta = ate_snapshot::GenerationMeta {
-                    atespace: atespace.clone(),
-                    name: name.clone(),
-                    generation: req.generation,
-                    uuid: req.uuid.clone(),
-                    fidelity,
-                    template: entry.template.clone(),
-                    sandbox_class: self.sandbox_class(),
-                    node: req.node.clone(),
-                    boot_id: req.boot_id.clone(),
-                    created_unix_ms: now_ms(),
-                    reason: reason.clone(),
-                    parent: delta_of.clone(),
-                };
-                let upper = sandbox.upper_dir();
-                let upper = (fidelity != Fidelity::Volumes).then_some(upper.as_path());
-                let volumes: Vec<(String, PathBuf)> = entry
-                    .spec
-                    .volumes
-                    .iter()
-                    // External volumes live outside the actor's snapshots.
-                    .filter(|v| v.external.is_none())
-                    .map(|v| (v.name.clone(), sandbox.volume_dir(&v.name)))
-                    .collect();
-                let sidecar_uppers: Vec<(String, PathBuf)> = entry
-                    .spec
-                    .containers
-                    .iter()
-                    .skip(1)
-                    .map(|c| (c.name.clone(), sandbox.container_upper_dir(&c.name)))
-                    .collect();
-                async {
-                    let manifest = if scratch.is_some() {
-                        // Hashed and sealed at rest in one read of the dump.
-                        ate_snapshot::sealed::seal_actor_generation_into(
-                            &write_dir,
-                            &gen_dir,
-                            meta,
-                            upper,
-                            &sidecar_uppers,
-                            &volumes,
-                        )
-                        .await?
-                    } else {
-                        ate_snapshot::seal_actor_generation(
-                            &write_dir,
-                            meta,
-                            upper,
-                            &sidecar_uppers,
-                            &volumes,
-                        )
-                        .await?
-                    };
-                    Ok::<_, ate_snapshot::Error>(manifest)
-                }
-                .await
-                .map_err(|e| VerbError::Internal(format!("seal {}: {e}", gen_dir.display())))
-            }
+            ))
+        });
+        (paused, stopped)
+    }
+
+    /// Seals what was captured (in `write_dir`) as the generation `req` names, with the
+    /// sandbox's upper dirs and volumes.
+    async fn seal_generation(
+        &self,
+        req: &CheckpointRequest,
+        entry: &Entry,
+        write_dir: &Path,
+        at_rest: bool,
+        capture: &Capture,
+    ) -> Result<ate_snapshot::Manifest, VerbError> {
+        let gen_dir = &req.generation_dir;
+        let sandbox = &entry.sandbox;
+        let meta = ate_snapshot::GenerationMeta {
+            atespace: req.actor.atespace.clone(),
+            name: req.actor.name.clone(),
+            generation: req.generation,
+            uuid: req.uuid.clone(),
+            fidelity: capture.fidelity,
+            template: entry.template.clone(),
+            sandbox_class: self.sandbox_class(),
+            node: req.node.clone(),
+            boot_id: req.boot_id.clone(),
+            created_unix_ms: now_ms(),
+            reason: capture.reason.clone(),
+            parent: capture.delta_of.clone(),
         };
-        let sealed_at = begun.elapsed();
-        if let Err(e) = &result {
-            // Nothing half written may look like a generation.
-            remove_partial_generation(&key, &gen_dir).await;
-            if paused {
-                return Err(self
-                    .run_on_after_failed_checkpoint(&key, &entry, dialer, e.clone())
-                    .await);
-            }
-        }
-        // Checkpointed or not, the actor no longer runs here. A sealed memory dump of a frozen
-        // sandbox leaves the sandbox frozen in place as a cache of that generation.
-        let entry = self.table().actors.remove(&key);
-        let kept = keep_frozen && dumped && result.is_ok();
+        let upper = sandbox.upper_dir();
+        let upper = (capture.fidelity != Fidelity::Volumes).then_some(upper.as_path());
+        let volumes: Vec<(String, PathBuf)> = entry
+            .spec
+            .volumes
+            .iter()
+            // External volumes live outside the actor's snapshots.
+            .filter(|v| v.external.is_none())
+            .map(|v| (v.name.clone(), sandbox.volume_dir(&v.name)))
+            .collect();
+        let sidecar_uppers: Vec<(String, PathBuf)> = entry
+            .spec
+            .containers
+            .iter()
+            .skip(1)
+            .map(|c| (c.name.clone(), sandbox.container_upper_dir(&c.name)))
+            .collect();
+        let sealed = if at_rest {
+            // Hashed and sealed at rest in one read of the dump.
+            ate_snapshot::sealed::seal_actor_generation_into(
+                write_dir,
+                gen_dir,
+                meta,
+                upper,
+                &sidecar_uppers,
+                &volumes,
+            )
+            .await
+        } else {
+            ate_snapshot::seal_actor_generation(write_dir, meta, upper, &sidecar_uppers, &volumes)
+                .await
+        };
+        sealed.map_err(|e| VerbError::Internal(format!("seal {}: {e}", gen_dir.display())))
+    }
+
+    /// Checkpointed or not, the actor no longer runs here. A sealed memory dump of a frozen
+    /// sandbox (`kept`) leaves the sandbox frozen in place as a cache of that generation (it
+    /// takes the dialer); any other is removed after the reply, holding the actor's lock.
+    async fn keep_frozen_or_remove(
+        &self,
+        key: &str,
+        sandbox: &ActorSandbox,
+        gen_dir: &Path,
+        kept: bool,
+        dialer: &mut Option<NetnsDialer>,
+        guard: &mut Option<OwnedMutexGuard<()>>,
+    ) {
+        let entry = self.table().actors.remove(key);
         match entry {
             Some(mut entry) if kept => {
                 remove_file_quietly(&entry.sandbox.dir.join(ADOPTION_FILE)).await;
-                self.rearm_frozen(&key, &mut entry, &gen_dir).await;
+                self.rearm_frozen(key, &mut entry, gen_dir).await;
                 self.table().frozen.insert(
-                    key.clone(),
+                    key.to_string(),
                     Frozen {
                         entry,
-                        gen_dir: gen_dir.clone(),
+                        gen_dir: gen_dir.to_path_buf(),
                         since: Instant::now(),
-                        dialer,
+                        dialer: dialer.take(),
                     },
                 );
             }
@@ -322,7 +452,7 @@ impl Worker {
                 // actor here waits for it. Egress went with ingress, before the dump.
                 remove_file_quietly(&sandbox.dir.join(ADOPTION_FILE)).await;
                 let runtime = self.runtime.clone();
-                let (sandbox, key, held) = (sandbox.clone(), key.clone(), guard.take());
+                let (sandbox, key, held) = (sandbox.clone(), key.to_string(), guard.take());
                 tokio::spawn(async move {
                     if let Err(e) = super::remove_sandbox(runtime.as_ref(), &sandbox).await {
                         tracing::warn!(actor = %key, error = %e.message(), "cleanup after checkpoint");
@@ -331,46 +461,6 @@ impl Worker {
                 });
             }
         }
-        let manifest = result.map_err(|e| {
-            VerbError::SandboxLost(format!(
-                "checkpoint of {key} failed after its sandbox was stopped: {}",
-                e.message()
-            ))
-        })?;
-        if manifest.parent.is_some() {
-            // Made whole in the background: until then the generation needs its parent, and
-            // whatever reads it first (a restore, an upload) waits for this or does it.
-            let dir = gen_dir.clone();
-            tokio::spawn(async move {
-                if let Err(e) = crate::delta::ensure_flat(&dir).await {
-                    tracing::warn!(generation = %dir.display(), error = %e, "cannot make an incremental generation whole; the next reader tries again");
-                }
-            });
-        }
-        crate::metrics::checkpoint_phase("quiesce", quiesced);
-        crate::metrics::checkpoint_phase("dump_or_stop", stopped_at - quiesced);
-        crate::metrics::checkpoint_phase("seal", sealed_at - stopped_at);
-        tracing::info!(
-            actor = %key,
-            fidelity = %manifest.fidelity,
-            size = manifest.total_size(),
-            quiesce_ms = quiesced.as_millis() as u64,
-            dump_or_stop_ms = (stopped_at - quiesced).as_millis() as u64,
-            seal_ms = (sealed_at - stopped_at).as_millis() as u64,
-            // With snapshot keys the seal hashes and encrypts the dump in one read.
-            at_rest = if scratch.is_some() { "sealed" } else { "plaintext" },
-            total_ms = begun.elapsed().as_millis() as u64,
-            kept_frozen = kept,
-            incremental = manifest.parent.is_some(),
-            "generation sealed"
-        );
-        drop(guard);
-        if kept {
-            self.trim_frozen().await;
-        }
-        let mut reply = self.checkpoint_reply(&manifest);
-        reply.kept_frozen = kept && self.table().frozen.contains_key(&key);
-        Ok(reply)
     }
 
     /// After a checkpoint that wrote nothing: the sandbox thaws (if it is frozen), its egress
@@ -465,6 +555,93 @@ impl Worker {
     }
 }
 
+/// An earlier attempt of this same suspend (the caller names the same directory on every
+/// attempt) that ended in the middle left files in `gen_dir`, and the sandbox is here again
+/// (re-adopted by a restarted worker, which may have served since): what it wrote is not this
+/// sandbox's state any more. Removed, to be written again from the start.
+async fn clear_interrupted_checkpoint(key: &str, gen_dir: &Path) -> Result<(), VerbError> {
+    if dir_has_entries(gen_dir).await? {
+        tracing::warn!(actor = %key, dir = %gen_dir.display(), "removing what an interrupted checkpoint wrote; dumping again");
+        tokio::fs::remove_dir_all(gen_dir)
+            .await
+            .map_err(|e| VerbError::Internal(format!("remove {}: {e}", gen_dir.display())))?;
+    }
+    Ok(())
+}
+
+/// Where the generation is written: with snapshot keys in plaintext only to a scratch dir on a
+/// tmpfs, every file sealed into `gen_dir` at the end (memory reaches the node's disk only
+/// sealed); else `gen_dir` itself. Made before anything changes, so failing here costs nothing.
+fn write_target(gen_dir: &Path) -> Result<(Option<Scratch>, PathBuf), VerbError> {
+    let scratch = match ate_snapshot::sealed::keys() {
+        Some(_) => Some(
+            Scratch::new("dump")
+                .map_err(|e| VerbError::Internal(format!("snapshot scratch dir: {e}")))?,
+        ),
+        None => None,
+    };
+    let write_dir = scratch
+        .as_ref()
+        .map_or_else(|| gen_dir.to_path_buf(), |s| s.path().to_path_buf());
+    Ok((scratch, write_dir))
+}
+
+/// A dump reads memory through the page tables: pages a lazy restore has not placed yet would
+/// be missing from it. Waits until every page is in (the background push takes about a second
+/// per GiB here).
+async fn wait_lazy_restore_done(key: &str, entry: &Entry) -> Result<(), VerbError> {
+    let Some(source) = &entry.page_source else {
+        return Ok(());
+    };
+    match tokio::time::timeout(LAZY_COMPLETE_WAIT, source.finished()).await {
+        Ok(Outcome::Done(_)) => Ok(()),
+        Ok(Outcome::Failed(why)) => Err(VerbError::FailedPrecondition(format!(
+            "actor {key} cannot be checkpointed: its lazy memory restore failed: {why}"
+        ))),
+        Ok(Outcome::Running) | Err(_) => Err(VerbError::Unavailable(format!(
+            "actor {key} is still receiving its memory from a lazy restore after {LAZY_COMPLETE_WAIT:?}; suspend it again later"
+        ))),
+    }
+}
+
+/// An incremental generation is made whole in the background: until then it needs its parent,
+/// and whatever reads it first (a restore, an upload) waits for this or does it.
+fn flatten_in_background(gen_dir: &Path) {
+    let dir = gen_dir.to_path_buf();
+    tokio::spawn(async move {
+        if let Err(e) = crate::delta::ensure_flat(&dir).await {
+            tracing::warn!(generation = %dir.display(), error = %e, "cannot make an incremental generation whole; the next reader tries again");
+        }
+    });
+}
+
+/// The phase metrics and the log line of a sealed generation.
+fn report_sealed(
+    key: &str,
+    manifest: &ate_snapshot::Manifest,
+    t: &Timeline,
+    at_rest: bool,
+    kept: bool,
+) {
+    crate::metrics::checkpoint_phase("quiesce", t.quiesced);
+    crate::metrics::checkpoint_phase("dump_or_stop", t.stopped_at - t.quiesced);
+    crate::metrics::checkpoint_phase("seal", t.sealed_at - t.stopped_at);
+    tracing::info!(
+        actor = %key,
+        fidelity = %manifest.fidelity,
+        size = manifest.total_size(),
+        quiesce_ms = t.quiesced.as_millis() as u64,
+        dump_or_stop_ms = (t.stopped_at - t.quiesced).as_millis() as u64,
+        seal_ms = (t.sealed_at - t.stopped_at).as_millis() as u64,
+        // With snapshot keys the seal hashes and encrypts the dump in one read.
+        at_rest = if at_rest { "sealed" } else { "plaintext" },
+        total_ms = t.begun.elapsed().as_millis() as u64,
+        kept_frozen = kept,
+        incremental = manifest.parent.is_some(),
+        "generation sealed"
+    );
+}
+
 /// Copies the working set the page source recorded at the actor's last lazy restore into the
 /// new dump (`criu/working-set.json`), so the next restore brings that memory in first. Best
 /// effort: without it the next restore only does no prefetch.
@@ -507,73 +684,5 @@ async fn dir_has_entries(dir: &Path) -> Result<bool, VerbError> {
             .is_some()),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(false),
         Err(e) => Err(VerbError::Internal(format!("list {}: {e}", dir.display()))),
-    }
-}
-
-/// Waits until the actor's network namespace has no TCP socket other than listeners, TIME_WAIT
-/// remnants and connections between two loopback addresses (closed tunnels leave the actor's
-/// end in CLOSE_WAIT until it closes it; with sidecars CRIU would restore such a socket under
-/// TCP repair, its peer gone). Gives up after `timeout`: the dump takes what is left.
-async fn wait_tcp_quiet(pid: u32, timeout: Duration) {
-    let deadline = Instant::now() + timeout;
-    loop {
-        match busy_tcp_sockets(pid) {
-            Ok(0) | Err(_) => return,
-            Ok(n) => {
-                if Instant::now() >= deadline {
-                    tracing::warn!(
-                        pid,
-                        sockets = n,
-                        "actor still has TCP connections before the dump"
-                    );
-                    return;
-                }
-            }
-        }
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-}
-
-/// Connected-ish TCP sockets in `pid`'s network namespace (`/proc/<pid>/net/tcp{,6}`), not
-/// counting those between two loopback addresses (inside the actor's netns, both ends belong
-/// to the actor).
-fn busy_tcp_sockets(pid: u32) -> std::io::Result<usize> {
-    const LISTEN: &str = "0A";
-    const TIME_WAIT: &str = "06";
-    let mut busy = 0;
-    for file in ["tcp", "tcp6"] {
-        let text = match std::fs::read_to_string(format!("/proc/{pid}/net/{file}")) {
-            Ok(t) => t,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound && file == "tcp6" => continue,
-            Err(e) => return Err(e),
-        };
-        busy += text
-            .lines()
-            .skip(1)
-            .filter(|l| {
-                let fields: Vec<&str> = l.split_whitespace().take(4).collect();
-                let [_, local, remote, state] = fields[..] else {
-                    return false;
-                };
-                state != LISTEN
-                    && state != TIME_WAIT
-                    && !(is_loopback(local) && is_loopback(remote))
-            })
-            .count();
-    }
-    Ok(busy)
-}
-
-/// `/proc/net/tcp{,6}` address `HEX:PORT` on loopback: 127.0.0.0/8 (IPv4 in host byte order:
-/// the first octet is the last hex pair), ::1, or ::ffff:127.x.y.z.
-fn is_loopback(addr: &str) -> bool {
-    let ip = addr.split(':').next().unwrap_or("");
-    match ip.len() {
-        8 => ip.ends_with("7F"),
-        32 => {
-            ip == "00000000000000000000000001000000"
-                || (ip.starts_with("0000000000000000FFFF0000") && ip.ends_with("7F"))
-        }
-        _ => false,
     }
 }

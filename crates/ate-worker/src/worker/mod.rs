@@ -9,9 +9,10 @@
 //! uses (discard, ingress off); each verb has a file of its own: `start` (Start), `restore`
 //! (boot: cold run or a generation restored, eager or lazy), `ready` (wakeup probes and an exit
 //! before them), `frozen` (the frozen-in-place tier: thaw, trim), `checkpoint` (suspend: dump,
-//! seal, the ROOTFS fallback), `stop` (Stop, drain, shutdown), `activity` (Activity and the exit
-//! watcher), `adoption` (the adoption record, re-adopting sandboxes after a worker restart),
-//! `logs` (actor log tails) and `types` (what the verbs take and return, and [`VerbError`]).
+//! seal, the ROOTFS fallback; `tcp_quiet` its wait for connections to close), `stop` (Stop,
+//! drain, shutdown), `activity` (Activity and the exit watcher), `adoption` (the adoption
+//! record, re-adopting sandboxes after a worker restart), `logs` (actor log tails) and `types`
+//! (what the verbs take and return, and [`VerbError`]).
 //!
 //! No wire type lives here: WorkerService (`service.rs`) decodes requests into [`types`] and
 //! encodes the answers (`convert`).
@@ -28,6 +29,7 @@ mod ready;
 mod restore;
 mod start;
 mod stop;
+mod tcp_quiet;
 #[cfg(test)]
 mod tests;
 mod types;
@@ -53,6 +55,7 @@ use crate::runtime::{ActorSandbox, SandboxRuntime};
 
 pub use adoption::{live_sandboxes, sandbox_alive};
 pub use exec::{ExecEvent, ExecInput, ExecRequest};
+pub use frozen::host_memory_available_percent;
 pub use local_api::ApiClients;
 pub use types::{
     ActivityReport, ActorActivity, AdoptionRecord, CheckpointReply, CheckpointRequest, StartReply,

@@ -50,6 +50,7 @@ impl Worker {
 
     /// Stops and removes every sandbox left under this worker's actors dir (no snapshot).
     pub async fn remove_leftovers(&self) {
+        self.end_earlier_commands().await;
         for (atespace, name) in self.leftover_actors() {
             tracing::info!(actor = %key_of(&atespace, &name), "removing a leftover sandbox");
             let sandbox = self.sandbox_for(&atespace, &name, "");

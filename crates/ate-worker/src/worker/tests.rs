@@ -100,6 +100,7 @@ fn spec(class: &str) -> TemplateSpec {
         worker_selector: BTreeMap::new(),
         egress: EgressPolicy::default(),
         golden_tag: None,
+        web_sockets: Default::default(),
     }
 }
 
@@ -183,7 +184,8 @@ async fn a_draining_worker_refuses_starts_and_says_so_in_activity() {
         ActivityReport {
             epoch: 17,
             actors: Vec::new(),
-            draining: false
+            draining: false,
+            frozen: 0,
         }
     );
     // No node ever leased this worker: the drain returns at once.

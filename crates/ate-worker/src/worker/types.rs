@@ -182,6 +182,8 @@ pub struct ActivityReport {
     /// Sorted by actor.
     pub actors: Vec<ActorActivity>,
     pub draining: bool,
+    /// Frozen copies kept here (not active, holding their memory).
+    pub frozen: u32,
 }
 
 /// Next to each active actor's sandbox: what a restarted worker needs to re-adopt it.

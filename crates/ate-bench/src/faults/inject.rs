@@ -412,6 +412,7 @@ impl Lab {
             }),
             mode: ate_core::SuspendMode::Async.wire(),
             grace_ms: 0,
+            reason: String::new(),
         });
         match tokio::time::timeout(Duration::from_secs(60), call).await {
             Ok(Ok(_)) => Ok(()),

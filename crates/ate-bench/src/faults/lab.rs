@@ -16,7 +16,7 @@ use super::checks::{Layout, unescape_mountinfo};
 use super::load::Clock;
 use super::pg::Pg;
 use super::{ATESPACE, Fault, FaultsArgs, WORKER_SLOTS};
-use crate::client::{self, Clients};
+use ate_client::{self as client, Clients};
 
 /// The demo template `ate up` registers.
 const TEMPLATE: &str = "ate-demo/counter";

@@ -249,7 +249,7 @@ impl Layout {
 /// Workers the api lists as GONE while runc runs containers of theirs: the api released (and may
 /// resume elsewhere) actors whose sandboxes still run. `api` is a connection to the current api.
 pub(super) async fn gone_with_sandboxes(
-    api: &anyhow::Result<crate::client::Clients>,
+    api: &anyhow::Result<ate_client::Clients>,
     layout: &Layout,
 ) -> anyhow::Result<Vec<String>> {
     let api = match api {
