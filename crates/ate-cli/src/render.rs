@@ -515,7 +515,7 @@ pub fn atespaces_table(rows: &[AtespaceView]) -> Table {
 pub fn templates_table(rows: &[(String, String, TemplateSpec)]) -> Table {
     Table {
         header: vec![
-            "NAMESPACE",
+            "ATESPACE",
             "NAME",
             "IMAGE",
             "CPU",

@@ -111,8 +111,8 @@ fn apply_round_trips_and_verbs_work() {
     ok(ate(&api, &["apply", "-f", back.to_str().unwrap()]));
 
     let table = ok(ate(&api, &["get", "templates"]));
-    assert!(table.starts_with("NAMESPACE   NAME      IMAGE"), "{table}");
-    assert!(table.contains("team-a      counter   oci-layout:/var/lib/ate/images/counter:latest   250m   64Mi     memory     300s"), "{table}");
+    assert!(table.starts_with("ATESPACE   NAME      IMAGE"), "{table}");
+    assert!(table.contains("team-a     counter   oci-layout:/var/lib/ate/images/counter:latest   250m   64Mi     memory     300s"), "{table}");
 
     ok(ate(
         &api,
