@@ -7,8 +7,8 @@ use ate_api::workflows::{ActorExit, HeldActor};
 use ate_core::ActorState;
 use ate_store::WorkerStatus;
 
-use super::fake_node::Op;
-use super::fixture::{Plane, WITH_CRIU, cfg};
+use super::fake_node::{Answer, Gate, Op};
+use super::fixture::{Plane, WITH_CRIU, address, cfg};
 
 /// Calls worker expiry until it marks a worker GONE. The api counts silence in wall-clock
 /// milliseconds (the store's clock), so this waits on that condition, a millisecond at a time.
@@ -140,4 +140,32 @@ async fn an_actor_exit_releases_it_and_a_crash_reason_crashes_it() {
             .last_error
             .is_some_and(|e| e.contains("lazy restore could not complete"))
     );
+}
+
+#[tokio::test]
+async fn an_expiry_leaves_a_suspending_actor_for_its_next_suspend_to_settle() {
+    let p = Plane::new(ate_api::ApiConfig {
+        heartbeat_timeout: Duration::from_millis(1),
+        node_call_timeout: Duration::from_millis(100),
+        ..cfg()
+    })
+    .await;
+    p.seed("ns").await;
+    p.register("n1", "w1", 2, WITH_CRIU).await;
+    let a = p.create_actor("ns", "a").await;
+    p.resume(&a).await;
+    let never = Gate::default();
+    p.nodes
+        .script(&address("n1"), Op::Checkpoint, [Answer::Ok.held(&never)]);
+    p.api.suspend(&a, false, "").await.expect_err("timed out");
+
+    expire_until_gone(&p).await;
+
+    // The worker may have sealed a generation whose answer was lost: left for the next
+    // request, which finds the worker gone and keeps the last generation the api knows.
+    assert_eq!(p.get(&a).await.state, ActorState::Suspending);
+    let view = p.suspend(&a).await;
+    assert_eq!(view.actor.state, ActorState::Suspended);
+    assert_eq!(view.actor.generation, 0);
+    assert_eq!(p.nodes.calls_of(Op::Checkpoint).len(), 1);
 }

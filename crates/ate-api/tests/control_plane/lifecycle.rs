@@ -210,3 +210,65 @@ async fn the_log_is_read_on_the_node_the_actor_runs_on() {
     assert_eq!(log.data, b"log of ns/a\n");
     assert_eq!(p.nodes.calls_of(Op::ReadLog)[0].address, address("n1"));
 }
+
+#[tokio::test]
+async fn a_revert_to_a_chosen_generation_is_what_the_next_resume_restores() {
+    let p = Plane::new(cfg()).await;
+    p.seed("ns").await;
+    p.register("n1", "w1", 2, WITH_CRIU).await;
+    let a = p.create_actor("ns", "a").await;
+    p.resume(&a).await;
+    p.suspend(&a).await;
+    p.resume(&a).await;
+    p.suspend(&a).await;
+
+    let missing = p
+        .api
+        .revert(&a, Some(7))
+        .await
+        .expect_err("no generation 7");
+    assert_eq!(missing.kind(), ErrorKind::NotFound, "{missing:?}");
+    let view = p.api.revert(&a, Some(1)).await.expect("revert to 1");
+
+    assert_eq!(view.actor.state, ActorState::Suspended);
+    let next: Vec<u64> = p
+        .api
+        .generations(&a)
+        .await
+        .expect("generations")
+        .into_iter()
+        .filter(|g| g.next)
+        .map(|g| g.snapshot.generation)
+        .collect();
+    assert_eq!(next, [1]);
+    p.resume(&a).await;
+    let restore = p.nodes.calls_of(Op::Restore).pop().expect("a restore");
+    assert_eq!(restore.generation, Some(1));
+}
+
+#[tokio::test]
+async fn an_eviction_whose_suspend_fails_leaves_the_actor_running_and_the_newcomer_waiting() {
+    let p = Plane::new(ate_api::ApiConfig {
+        evict_idle_after: Duration::from_secs(2),
+        ..cfg()
+    })
+    .await;
+    p.seed("ns").await;
+    p.register("n1", "w1", 1, WITH_CRIU).await;
+    let a = p.create_actor("ns", "a").await;
+    let b = p.create_actor("ns", "b").await;
+    p.resume(&a).await;
+    p.nodes
+        .set_activity(&address("n1"), vec![activity(&a, 60_000, 0)]);
+    // The victim's suspend fails (the node gave up the dump): it runs on.
+    let gave_up = Answer::fail(NodeErrorKind::Aborted, "dump aborted");
+    p.nodes.script(&address("n1"), Op::Checkpoint, [gave_up]);
+
+    let err = p.api.resume(&b, None).await.expect_err("no room");
+
+    assert_eq!(err.kind(), ErrorKind::NoRoom, "{err:?}");
+    assert_eq!(p.get(&a).await.state, ActorState::Running);
+    assert_eq!(p.get(&b).await.state, ActorState::Suspended);
+    assert_eq!(p.nodes.calls_of(Op::Checkpoint).len(), 1);
+    assert_eq!(p.nodes.calls_of(Op::Run).len(), 1, "b was never started");
+}

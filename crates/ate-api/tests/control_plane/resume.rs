@@ -425,3 +425,78 @@ async fn a_damaged_generation_crashes_the_actor_and_is_never_chosen_again() {
     let restore = p.nodes.calls_of(Op::Restore).pop().expect("a restore");
     assert_eq!(restore.generation, Some(1));
 }
+
+#[tokio::test]
+async fn a_resume_finishes_a_suspend_that_was_cut_off_then_restores_its_generation() {
+    // Short leases: a SUSPENDING actor is stale (its suspend dead) after 50 ms.
+    let p = Plane::new(ate_api::ApiConfig {
+        lease_ttl: Duration::from_millis(50),
+        node_call_timeout: Duration::from_millis(100),
+        ..cfg()
+    })
+    .await;
+    p.seed("ns").await;
+    p.register("n1", "w1", 2, WITH_CRIU).await;
+    let a = p.create_actor("ns", "a").await;
+    p.resume(&a).await;
+    let never = Gate::default();
+    p.nodes
+        .script(&address("n1"), Op::Checkpoint, [Answer::Ok.held(&never)]);
+    p.api.suspend(&a, false, "").await.expect_err("timed out");
+    assert_eq!(p.get(&a).await.state, ActorState::Suspending);
+
+    // While the suspend could still be alive the caller is told to wait (the router parks);
+    // once it is stale the resume finishes it (a second checkpoint) and restores from it.
+    let mut answer = p.api.resume(&a, None).await;
+    let mut polls = 0;
+    while let Err(WorkflowError::Busy { .. }) = answer {
+        polls += 1;
+        assert!(polls < 500, "the SUSPENDING actor never went stale");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        answer = p.api.resume(&a, None).await;
+    }
+    let (view, resumed) = answer.expect("resume");
+
+    assert!(resumed);
+    assert_eq!(view.actor.state, ActorState::Running);
+    assert_eq!(view.actor.generation, 1);
+    assert_eq!(
+        p.nodes.ops(),
+        [Op::Run, Op::Checkpoint, Op::Checkpoint, Op::Restore]
+    );
+}
+
+#[tokio::test]
+async fn a_generation_that_cannot_be_uploaded_leaves_the_actor_suspended() {
+    let p = Plane::new(cfg()).await;
+    p.seed("ns").await;
+    p.register("n1", "w1", 1, WITH_CRIU).await;
+    let a = p.create_actor("ns", "a").await;
+    let b = p.create_actor("ns", "b").await;
+    p.resume(&a).await;
+    p.suspend(&a).await;
+    p.resume(&b).await;
+    p.register("n2", "w2", 1, WITH_CRIU).await;
+    p.nodes.script(
+        &address("n1"),
+        Op::Detach,
+        [Answer::fail(
+            NodeErrorKind::Failed,
+            "object store unreachable",
+        )],
+    );
+
+    let err = p.api.resume(&a, None).await.expect_err("detach failed");
+
+    assert_eq!(err.kind(), ErrorKind::Unavailable, "{err:?}");
+    assert!(
+        err.to_string().contains("object store unreachable"),
+        "{err}"
+    );
+    let actor = p.get(&a).await;
+    assert_eq!(actor.state, ActorState::Suspended);
+    assert_eq!(actor.worker_id, None);
+    // The local copy is kept: it is all there is.
+    assert!(p.snapshots(&a).await[0].local_path.is_some());
+    assert!(p.nodes.calls_of(Op::Restore).is_empty());
+}
