@@ -73,12 +73,17 @@ impl Plane {
 
     /// A SUSPENDED actor `ns/name` of template `ns/t` that never ran.
     pub async fn create_actor(&self, ns: &str, name: &str) -> ActorRef {
+        self.create_actor_of(ns, name, "t").await
+    }
+
+    /// A SUSPENDED actor `ns/name` of template `ns/template` that never ran.
+    pub async fn create_actor_of(&self, ns: &str, name: &str, template: &str) -> ActorRef {
         let now = now_ms();
         let record = ActorRecord {
             atespace: ns.into(),
             name: name.into(),
             uid: format!("uid-{ns}-{name}"),
-            template: TemplateRef::new(ns, "t"),
+            template: TemplateRef::new(ns, template),
             state: ActorState::Suspended,
             worker_selector: Default::default(),
             worker_id: None,

@@ -500,3 +500,41 @@ async fn a_generation_that_cannot_be_uploaded_leaves_the_actor_suspended() {
     assert!(p.snapshots(&a).await[0].local_path.is_some());
     assert!(p.nodes.calls_of(Op::Restore).is_empty());
 }
+
+#[tokio::test]
+async fn a_new_actor_starts_from_its_templates_golden_tag_restoring_only_its_volumes() {
+    let p = Plane::new(cfg()).await;
+    p.seed("ns").await;
+    p.register("n1", "w1", 2, WITH_CRIU).await;
+    let seed = p.create_actor("ns", "seed").await;
+    p.resume(&seed).await;
+    p.api
+        .suspend(&seed, true, "")
+        .await
+        .expect("durable suspend");
+    let snapshot = p.snapshots(&seed).await.remove(0);
+    let tag = ate_store::TagRecord {
+        atespace: "ns".into(),
+        name: "gold".into(),
+        snapshot,
+        created_ms: 0,
+    };
+    p.store.create_tag(&tag).await.expect("tag");
+    let golden = ate_core::TemplateSpec {
+        golden_tag: Some("ns/gold".into()),
+        ..super::fixture::spec()
+    };
+    p.store
+        .apply_template("ns", "g", &golden, 0)
+        .await
+        .expect("template");
+    let b = p.create_actor_of("ns", "b", "g").await;
+
+    p.resume(&b).await;
+
+    let restore = p.nodes.calls_of(Op::Restore).pop().expect("a restore");
+    assert_eq!(restore.actor.as_ref(), Some(&b));
+    assert_eq!(restore.generation, Some(1));
+    // Captured under another template (ns/t): only its volumes are restored.
+    assert_eq!(restore.fidelity, Some(Fidelity::Volumes));
+}
