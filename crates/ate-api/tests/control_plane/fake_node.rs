@@ -1,6 +1,7 @@
 //! Scripted node agents in process: an [`ate_api::node_calls::NodeCalls`] that records every
 //! call in order and answers from a script per node address and call (success by default; a
-//! given [`NodeErrorKind`], a transport failure, a delay, or a hold until the test opens it).
+//! given [`NodeErrorKind`], a transport failure, another epoch, a degraded or damaged
+//! generation, a delay, or a hold until the test opens a gate).
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
@@ -61,7 +62,7 @@ pub enum Answer {
     Degraded(Fidelity, &'static str),
     /// A Restore fails (FAILED) finding these copies of its generation damaged.
     Damaged { local: bool, durable: bool },
-    /// `then`, after this long (tokio time: paused in the tests that use it).
+    /// `then`, after this long (the api's node call timeout may cut it short).
     After(Duration, Box<Answer>),
     /// `then`, once the test opens the gate.
     Held(Gate, Box<Answer>),
