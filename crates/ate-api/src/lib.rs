@@ -22,6 +22,7 @@ pub use ate_jwt as jwt;
 pub mod lease;
 pub mod metrics;
 pub mod node;
+pub mod node_calls;
 pub mod scheduler;
 pub mod server;
 pub mod services;

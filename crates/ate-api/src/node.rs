@@ -1,6 +1,7 @@
 //! Clients of node agents, one lazily-connected channel per node address, and the adapter the
 //! workflows call them through: methods take store records and core types, build the
-//! NodeService messages, and answer a failed call as a [`NodeError`].
+//! NodeService messages, and answer a failed call as a [`NodeError`]. The pool is the api's
+//! [`NodeCalls`].
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -16,6 +17,7 @@ use tonic::{Code, Status};
 
 use crate::convert;
 use crate::error::WorkflowError;
+use crate::node_calls::{NodeAnswer, NodeCalls};
 use crate::workflows::Damage;
 
 /// Pool of node-agent clients keyed by gRPC address (`host:port` or `http://host:port`).
@@ -373,6 +375,105 @@ impl NodeAgent {
             data: reply.data,
             next_offset: reply.next_offset,
         })
+    }
+}
+
+/// The api's [`NodeCalls`]: each call on the pooled gRPC client of the node at `address`.
+#[async_trait::async_trait]
+impl NodeCalls for NodeClients {
+    async fn run(
+        &self,
+        address: &str,
+        workload: &Workload<'_>,
+        request_id: Option<&str>,
+    ) -> Result<NodeAnswer<Started>, WorkflowError> {
+        Ok(self.client(address)?.run(workload, request_id).await)
+    }
+
+    async fn restore(
+        &self,
+        address: &str,
+        workload: &Workload<'_>,
+        snapshot: &SnapshotRecord,
+        fidelity: Fidelity,
+        request_id: Option<&str>,
+    ) -> Result<NodeAnswer<Started>, WorkflowError> {
+        let mut client = self.client(address)?;
+        Ok(client
+            .restore(workload, snapshot, fidelity, request_id)
+            .await)
+    }
+
+    async fn checkpoint(
+        &self,
+        address: &str,
+        workload: &Workload<'_>,
+        generation: u64,
+        uuid: String,
+        fidelity: Fidelity,
+        durable: bool,
+        grace_ms: u32,
+    ) -> Result<NodeAnswer<Checkpointed>, WorkflowError> {
+        let mut client = self.client(address)?;
+        Ok(client
+            .checkpoint(workload, generation, uuid, fidelity, durable, grace_ms)
+            .await)
+    }
+
+    async fn detach(
+        &self,
+        address: &str,
+        actor: &ActorRef,
+        snapshots: &[SnapshotRecord],
+    ) -> Result<NodeAnswer<Vec<Detached>>, WorkflowError> {
+        Ok(self.client(address)?.detach(actor, snapshots).await)
+    }
+
+    async fn stop(
+        &self,
+        address: &str,
+        actor: &ActorRef,
+        worker_id: &str,
+    ) -> Result<NodeAnswer<()>, WorkflowError> {
+        Ok(self.client(address)?.stop(actor, worker_id).await)
+    }
+
+    async fn actor_activity(
+        &self,
+        address: &str,
+        worker_id: &str,
+    ) -> Result<NodeAnswer<Vec<RunningActivity>>, WorkflowError> {
+        Ok(self.client(address)?.actor_activity(worker_id).await)
+    }
+
+    async fn forget_actor(
+        &self,
+        address: &str,
+        actor: &ActorRef,
+        purge_dirs: Vec<String>,
+    ) -> Result<NodeAnswer<u32>, WorkflowError> {
+        Ok(self.client(address)?.forget_actor(actor, purge_dirs).await)
+    }
+
+    async fn delete_snapshots(
+        &self,
+        address: &str,
+        snapshots: &[SnapshotRecord],
+    ) -> Result<NodeAnswer<()>, WorkflowError> {
+        Ok(self.client(address)?.delete_snapshots(snapshots).await)
+    }
+
+    async fn read_log(
+        &self,
+        address: &str,
+        actor: &ActorRef,
+        offset: u64,
+        max_bytes: u32,
+    ) -> Result<NodeAnswer<LogChunk>, WorkflowError> {
+        Ok(self
+            .client(address)?
+            .read_log(actor, offset, max_bytes)
+            .await)
     }
 }
 

@@ -96,7 +96,7 @@ impl Api {
     /// The actors of worker `w` with nothing open for at least `min_idle_ms` (none when its node
     /// does not answer in time: it is not searched).
     async fn idle_actors(&self, w: &WorkerRecord, now: i64, min_idle_ms: i64) -> Vec<Idle> {
-        let Some(actors) = super::top::worker_activity(&self.nodes, w).await else {
+        let Some(actors) = super::top::worker_activity(self.nodes.as_ref(), w).await else {
             return Vec::new();
         };
         actors

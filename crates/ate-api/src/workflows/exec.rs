@@ -28,7 +28,7 @@ pub struct ExecTarget {
 impl Api {
     /// The node agent an exec's stream goes to (`ExecTarget::node_address`).
     pub fn exec_node(&self, target: &ExecTarget) -> Result<crate::node::NodeAgent, WorkflowError> {
-        self.nodes.client(&target.node_address)
+        self.grpc.client(&target.node_address)
     }
 
     /// The node and worker the actor runs on, resuming it if it is suspended; `container`

@@ -14,7 +14,7 @@ use ate_store::{
 use super::placement::{choose, local_usable};
 use super::{ActorView, Api, Failure, live_node_address};
 use crate::error::WorkflowError;
-use crate::node::NodeClients;
+use crate::node_calls::NodeCalls;
 
 /// One of an actor's generations as ListGenerations shows it.
 #[derive(Debug, Clone)]
@@ -213,11 +213,11 @@ impl Api {
         if let Some(id) = &actor.worker_id {
             match self.store.get_worker(id).await {
                 Ok(w) if w.status == WorkerStatus::Active => {
-                    let mut client = self.nodes.client(&w.node_address)?;
-                    let call = client.stop(r, &w.id);
+                    let call = self.nodes.stop(&w.node_address, r, &w.id);
                     match tokio::time::timeout(self.cfg.node_call_timeout, call).await {
-                        Ok(Ok(())) => {}
-                        Ok(Err(e)) => {
+                        Ok(Ok(Ok(()))) => {}
+                        Ok(Err(e)) => return Err(e.into()),
+                        Ok(Ok(Err(e))) => {
                             return Err(WorkflowError::Unavailable(format!(
                                 "cannot stop actor {r} on worker {}: {}; nothing was deleted",
                                 w.id, e.message
@@ -273,8 +273,8 @@ impl Api {
             let dirs = purge_dirs.to_vec();
             calls.spawn(async move {
                 let call = async {
-                    match nodes.client(&address) {
-                        Ok(mut c) => c.forget_actor(&actor, dirs).await.map_err(|e| e.message),
+                    match nodes.forget_actor(&address, &actor, dirs).await {
+                        Ok(answer) => answer.map_err(|e| e.message),
                         Err(e) => Err(e.to_string()),
                     }
                 };
@@ -304,7 +304,7 @@ impl Api {
         let Ok(workers) = self.fleet.refresh().await else {
             return;
         };
-        delete_snapshot_files(&self.nodes, &workers, snapshots).await;
+        delete_snapshot_files(self.nodes.as_ref(), &workers, snapshots).await;
     }
 
     /// Retention after a suspend: drops generation records no resume would choose any more (see
@@ -323,7 +323,7 @@ impl Api {
             return;
         };
         let nodes = self.nodes.clone();
-        tokio::spawn(async move { delete_snapshot_files(&nodes, &workers, garbage).await });
+        tokio::spawn(async move { delete_snapshot_files(nodes.as_ref(), &workers, garbage).await });
     }
 }
 
@@ -335,7 +335,7 @@ const KEEP_NEWEST_GENERATIONS: usize = 2;
 /// Deletes the files of removed generations: local copies on their node, durable objects via
 /// any live node. Failures are logged with the generation so an operator can clean up.
 async fn delete_snapshot_files(
-    nodes: &NodeClients,
+    nodes: &dyn NodeCalls,
     workers: &[WorkerRecord],
     snapshots: Vec<SnapshotRecord>,
 ) {
@@ -349,11 +349,11 @@ async fn delete_snapshot_files(
             tracing::warn!(actor = %format!("{}/{}", snap.atespace, snap.name), generation = snap.generation, uri = snap.durable_uri.as_deref().unwrap_or_default(), "no live node to delete snapshot files");
             continue;
         };
-        let result = match nodes.client(&address) {
-            Ok(mut c) => c
-                .delete_snapshots(std::slice::from_ref(&snap))
-                .await
-                .map_err(|e| e.message),
+        let result = match nodes
+            .delete_snapshots(&address, std::slice::from_ref(&snap))
+            .await
+        {
+            Ok(answer) => answer.map_err(|e| e.message),
             Err(e) => Err(e.to_string()),
         };
         if let Err(why) = result {

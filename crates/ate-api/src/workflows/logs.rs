@@ -49,10 +49,10 @@ impl Api {
                 "node {node}, which holds the log of actor {r}, is not registered"
             ))
         })?;
-        let mut client = self.nodes.client(&address)?;
-        let reply = client
-            .read_log(r, offset, MAX_LOG_READ)
-            .await
+        let reply = self
+            .nodes
+            .read_log(&address, r, offset, MAX_LOG_READ)
+            .await?
             .map_err(|e| {
                 WorkflowError::Unavailable(format!("reading the log on node {node}: {}", e.message))
             })?;

@@ -38,6 +38,7 @@ use crate::ApiConfig;
 use crate::error::WorkflowError;
 use crate::lease::Lease;
 use crate::node::{NodeClients, NodeError};
+use crate::node_calls::NodeCalls;
 use crate::scheduler::{self, FleetView};
 
 pub use evict::THRASH_WINDOW;
@@ -137,7 +138,10 @@ impl ActorView {
 pub struct Api {
     pub(crate) store: Arc<dyn Store>,
     pub(crate) fleet: FleetView,
-    nodes: Arc<NodeClients>,
+    /// The node agents' calls: the gRPC pool below, or a test's scripted nodes.
+    nodes: Arc<dyn NodeCalls>,
+    /// The gRPC pool, for what [`NodeCalls`] leaves out (exec's two-way stream).
+    grpc: Arc<NodeClients>,
     cfg: ApiConfig,
     pub faults: Faults,
     /// Cold resumes that found no room, oldest first: freed room goes to them first.
@@ -262,11 +266,33 @@ impl Api {
     }
 
     pub fn new(store: Arc<dyn Store>, cfg: ApiConfig) -> Self {
+        let grpc = Arc::new(NodeClients::new(cfg.node_tls.clone()));
+        Self::with_clients(store, cfg, grpc.clone(), grpc)
+    }
+
+    /// An api whose workflows call the node agents through `calls` (a test's scripted nodes:
+    /// the control plane tested without sockets) instead of gRPC. Exec still goes over gRPC.
+    pub fn with_node_calls(
+        store: Arc<dyn Store>,
+        cfg: ApiConfig,
+        calls: Arc<dyn NodeCalls>,
+    ) -> Self {
+        let grpc = Arc::new(NodeClients::new(cfg.node_tls.clone()));
+        Self::with_clients(store, cfg, calls, grpc)
+    }
+
+    fn with_clients(
+        store: Arc<dyn Store>,
+        cfg: ApiConfig,
+        nodes: Arc<dyn NodeCalls>,
+        grpc: Arc<NodeClients>,
+    ) -> Self {
         Self {
             fleet: FleetView::new(store.clone(), cfg.fleet_max_age),
             events: crate::events::Feed::new(store.clone()),
             store,
-            nodes: Arc::new(NodeClients::new(cfg.node_tls.clone())),
+            nodes,
+            grpc,
             cfg,
             faults: Faults::default(),
             waiters: scheduler::Waiters::default(),

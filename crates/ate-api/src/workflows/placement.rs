@@ -321,11 +321,11 @@ impl Api {
                 "node {node} holding the actor's snapshot is not registered"
             ))
         })?;
-        let mut client = self.nodes.client(&node_address)?;
         let r = actor.actor_ref();
-        let detached = client
-            .detach(&r, std::slice::from_ref(snap))
-            .await
+        let detached = self
+            .nodes
+            .detach(&node_address, &r, std::slice::from_ref(snap))
+            .await?
             .map_err(|e| {
                 WorkflowError::Unavailable(format!("detach from node {node} failed: {}", e.message))
             })?;

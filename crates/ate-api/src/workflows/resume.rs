@@ -361,14 +361,16 @@ impl Api {
         snapshot: Option<&SnapshotRecord>,
         request_id: Option<&str>,
     ) -> Result<Result<Started, NodeFailure>, Failure> {
-        let mut client = self.nodes.client(&worker.node_address)?;
+        let address = &worker.node_address;
         let call = async {
             match (plan, snapshot) {
                 (RestorePlan::Restore(fidelity), Some(snap)) => {
                     let snap = without_damaged_copies(snap);
-                    client.restore(workload, &snap, fidelity, request_id).await
+                    self.nodes
+                        .restore(address, workload, &snap, fidelity, request_id)
+                        .await
                 }
-                _ => client.run(workload, request_id).await,
+                _ => self.nodes.run(address, workload, request_id).await,
             }
         };
         let node_span = ate_tls::trace_span!(
@@ -379,8 +381,10 @@ impl Api {
         );
         let call = tokio::time::timeout(self.cfg.node_call_timeout, call).instrument(node_span);
         Ok(match call.await {
-            Ok(Ok(started)) => Ok(started),
-            Ok(Err(error)) => Err(NodeFailure::Failed(error)),
+            Ok(Ok(Ok(started))) => Ok(started),
+            Ok(Ok(Err(error))) => Err(NodeFailure::Failed(error)),
+            // No client for the node's address: the api's own error, no call made.
+            Ok(Err(e)) => return Err(e.into()),
             Err(_) => Err(NodeFailure::TimedOut),
         })
     }

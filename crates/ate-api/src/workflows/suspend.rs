@@ -208,8 +208,8 @@ impl Api {
         let began = Instant::now();
         let mut pause = SUSPEND_RETRY_FIRST;
         loop {
-            let mut client = self.nodes.client(&worker.node_address)?;
-            let call = client.checkpoint(
+            let call = self.nodes.checkpoint(
+                &worker.node_address,
                 workload,
                 generation,
                 uuid.clone(),
@@ -221,7 +221,7 @@ impl Api {
                 // The node or the worker is restarting (killed in the middle, say): ask again
                 // while the lease holds, rather than leave the actor SUSPENDING until it
                 // goes stale.
-                Ok(Err(error))
+                Ok(Ok(Err(error)))
                     if error.kind == NodeErrorKind::Transient
                         && began.elapsed() < SUSPEND_RETRY_WINDOW =>
                 {
@@ -229,7 +229,10 @@ impl Api {
                     tokio::time::sleep(pause).await;
                     pause = (pause * 2).min(SUSPEND_RETRY_MAX);
                 }
-                answer => return Ok(answer),
+                // No client for the node's address: the api's own error, no call made.
+                Ok(Err(e)) => return Err(e.into()),
+                Ok(Ok(answer)) => return Ok(Ok(answer)),
+                Err(elapsed) => return Ok(Err(elapsed)),
             }
         }
     }

@@ -11,7 +11,8 @@ use ate_store::{WorkerRecord, WorkerStatus};
 
 use super::Api;
 use crate::error::WorkflowError;
-use crate::node::{NodeClients, RunningActivity};
+use crate::node::RunningActivity;
+use crate::node_calls::NodeCalls;
 
 /// How long one node may take to say what a worker's actors are doing.
 const NODE_TIMEOUT: Duration = Duration::from_secs(1);
@@ -19,12 +20,11 @@ const NODE_TIMEOUT: Duration = Duration::from_secs(1);
 /// What the actors running on worker `w` are doing, asked of its node (`ActorActivity`);
 /// None when the node cannot be reached or does not answer within [`NODE_TIMEOUT`].
 pub(super) async fn worker_activity(
-    nodes: &NodeClients,
+    nodes: &dyn NodeCalls,
     w: &WorkerRecord,
 ) -> Option<Vec<RunningActivity>> {
     let asked = async {
-        let mut c = nodes.client(&w.node_address).ok()?;
-        match c.actor_activity(&w.id).await {
+        match nodes.actor_activity(&w.node_address, &w.id).await.ok()? {
             Ok(a) => Some(a),
             Err(e) => {
                 tracing::debug!(worker = %w.id, error = %e.message, "no activity from the worker's node");
@@ -61,7 +61,7 @@ impl Api {
         let mut calls = tokio::task::JoinSet::new();
         for w in workers.iter().filter(|w| w.status == WorkerStatus::Active) {
             let (w, nodes) = (w.clone(), Arc::clone(&self.nodes));
-            calls.spawn(async move { (w.id.clone(), worker_activity(&nodes, &w).await) });
+            calls.spawn(async move { (w.id.clone(), worker_activity(nodes.as_ref(), &w).await) });
         }
         let mut usage = Vec::new();
         let mut unreachable = Vec::new();
