@@ -23,16 +23,8 @@ fn get_with(sys: &System, actor: &str, path: &str, headers: &[(&str, &str)]) -> 
         "GET {path} HTTP/1.1\r\nHost: test.local\r\nate-target-actor: {actor}\r\n{extra}Connection: close\r\n\r\n"
     );
     s.write_all(req.as_bytes()).expect("write");
-    let mut buf = Vec::new();
-    let _ = s.read_to_end(&mut buf);
-    let text = String::from_utf8_lossy(&buf).into_owned();
-    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
-    let status = head
-        .split_whitespace()
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .unwrap_or(0);
-    (status, body.to_string())
+    let (status, _, body) = ate_test_support::http::read_response(&mut s);
+    (status, body)
 }
 
 fn suspended(sys: &System, ns: &str, name: &str) {

@@ -17,10 +17,7 @@ fn resume_bench_measures_the_substrate_beside_podman() {
         Path::new("/usr/bin/podman").is_file(),
         "podman is needed (scripts/setup.sh installs it)"
     );
-    let sys = System::up(UpOptions {
-        workers: 1,
-        ..Default::default()
-    });
+    let sys = System::up(UpOptions::with_workers(1));
     let out_file = sys.dir.path().join("resume.json");
     let out = Command::new(env!("CARGO_BIN_EXE_ate"))
         .args(["bench", "resume", "--concurrency", "1", "--rounds", "2"])

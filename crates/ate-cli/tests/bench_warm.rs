@@ -36,10 +36,7 @@ fn warm_bench_measures_the_router_beside_nginx() {
         installed("nginx") && installed("h2load"),
         "nginx and h2load are needed (scripts/setup.sh installs nginx-light and nghttp2-client)"
     );
-    let sys = System::up(UpOptions {
-        workers: 1,
-        ..Default::default()
-    });
+    let sys = System::up(UpOptions::with_workers(1));
     let out_file = sys.dir.path().join("warm.json");
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_ate"))
         .args(["bench", "warm", "--seconds", "1", "--rounds", "1"])

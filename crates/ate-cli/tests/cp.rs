@@ -44,10 +44,7 @@ fn children_max_rss_kib() -> i64 {
 
 #[test]
 fn files_and_directories_both_ways() {
-    let sys = System::up(UpOptions {
-        workers: 1,
-        ..Default::default()
-    });
+    let sys = System::up(UpOptions::with_workers(1));
     // Room for the file's page cache in the actor's memory limit.
     sys_apply(
         &sys,

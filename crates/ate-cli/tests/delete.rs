@@ -17,10 +17,7 @@ fn log_file(sys: &System, ns: &str, name: &str) -> std::path::PathBuf {
 
 #[test]
 fn deleting_an_actor_removes_its_log_and_generations() {
-    let sys = System::up(UpOptions {
-        workers: 1,
-        ..Default::default()
-    });
+    let sys = System::up(UpOptions::with_workers(1));
     let (ns, name) = ("ate-demo", "gone");
     sys.ate_ok(&["create", "actor", name, "-a", ns, "-t", "ate-demo/counter"]);
     let target = format!("{ns}/{name}");
@@ -68,10 +65,7 @@ fn deleting_an_actor_removes_its_log_and_generations() {
 
 #[test]
 fn a_running_actor_is_deleted_only_with_force() {
-    let sys = System::up(UpOptions {
-        workers: 1,
-        ..Default::default()
-    });
+    let sys = System::up(UpOptions::with_workers(1));
     let (ns, name) = ("ate-demo", "busy");
     sys.ate_ok(&["create", "actor", name, "-a", ns, "-t", "ate-demo/counter"]);
     let target = format!("{ns}/{name}");

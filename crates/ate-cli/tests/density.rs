@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
-use support::{System, UpOptions, get, ms};
+use support::{System, UpOptions, create_actor_args, get, ms};
 
 const ACTORS: usize = 100;
 /// Calls (and creations) in flight at once: what a small burst of first requests looks like,
@@ -74,15 +74,7 @@ fn a_hundred_idle_counters_run_on_the_defaults() {
 
     let created = Instant::now();
     in_parallel(ACTORS, |i| {
-        sys.ate_ok(&[
-            "create",
-            "actor",
-            &name(i),
-            "-a",
-            NS,
-            "-t",
-            "ate-demo/counter",
-        ]);
+        sys.ate_ok(&create_actor_args(&name(i), NS, "ate-demo/counter"));
     });
     println!("created {ACTORS} actors in {} ms", ms(created.elapsed()));
 

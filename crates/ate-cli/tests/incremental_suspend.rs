@@ -216,10 +216,7 @@ fn a_thawed_actor_suspends_what_it_wrote_since_the_thaw() {
 fn a_restarted_worker_readopts_a_tracked_actor_and_dumps_it_whole() {
     let ns = "ns-incr-adopt";
     let sys = System::up_with_env(
-        UpOptions {
-            workers: 1,
-            ..UpOptions::default()
-        },
+        UpOptions::with_workers(1),
         &[("ATE_KEEP_FROZEN", "0"), ("ATE_INCREMENTAL_MIN_MIB", "0")],
     );
     let (target, whole) = restored_sleeper(&sys, ns);

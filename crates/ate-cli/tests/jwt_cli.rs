@@ -4,32 +4,26 @@ use std::path::Path;
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+mod support;
+
 use jsonwebtoken::jwk::Jwk;
 use jsonwebtoken::{Algorithm, EncodingKey, Header, encode};
 use serde_json::json;
+use support::ATE;
+use support::api_process::ApiProcess;
 
-const ATE: &str = env!("CARGO_BIN_EXE_ate");
+fn ok(out: Output) -> String {
+    support::stdout_of_success(out, "ate")
+}
+
 const TD: &str = "ate.local";
 const ISS: &str = "https://issuer.test";
 const AUD: &str = "ate-api";
 
 struct JwtApi {
-    child: Child,
-    addr: String,
+    api: ApiProcess,
     ca_file: std::path::PathBuf,
     key: EncodingKey,
-    dir: tempfile::TempDir,
-}
-
-impl Drop for JwtApi {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn wait_for_json(file: &Path, child: &mut Child) -> serde_json::Value {
-    ate_test_support::wait::wait_for_ready_file(file, child, "ate api", Duration::from_secs(20))
 }
 
 impl JwtApi {
@@ -53,14 +47,8 @@ impl JwtApi {
         let jwks = dir.path().join("jwks.json");
         std::fs::write(&jwks, json!({ "keys": [jwk] }).to_string()).unwrap();
 
-        let ready = dir.path().join("ready.json");
-        let mut child = Command::new(ATE)
-            .args([
-                "api",
-                "--listen",
-                "127.0.0.1:0",
-                "--http-listen",
-                "127.0.0.1:0",
+        let api = ApiProcess::start_in(dir, |cmd| {
+            cmd.args([
                 "--auth-mode",
                 "jwt",
                 "--jwt-issuer",
@@ -75,23 +63,9 @@ impl JwtApi {
             .arg("--tls-key")
             .arg(&key_file)
             .arg("--tls-ca")
-            .arg(&ca_file)
-            .arg("--ready-file")
-            .arg(&ready)
-            .arg("--store")
-            .arg(format!("sqlite://{}", dir.path().join("ate.db").display()))
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
-        let v = wait_for_json(&ready, &mut child);
-        JwtApi {
-            addr: v["grpc"].as_str().unwrap().to_string(),
-            child,
-            ca_file,
-            key,
-            dir,
-        }
+            .arg(&ca_file);
+        });
+        JwtApi { api, ca_file, key }
     }
 
     fn token(&self, sub: &str, extra: serde_json::Value) -> String {
@@ -112,29 +86,20 @@ impl JwtApi {
 
     /// `ate --api <addr> <args>` with no discoverable `ate up` configuration around it.
     fn ate(&self, envs: &[(&str, &str)], args: &[&str]) -> Output {
-        let empty = self.dir.path().join("home");
+        let empty = self.api.dir.path().join("home");
         std::fs::create_dir_all(&empty).unwrap();
         let mut cmd = Command::new(ATE);
         cmd.env_clear()
             .env("HOME", &empty)
             .env("ATE_STATE_DIR", &empty)
             .arg("--api")
-            .arg(&self.addr)
+            .arg(&self.api.addr)
             .args(args);
         for (k, v) in envs {
             cmd.env(k, v);
         }
         cmd.output().unwrap()
     }
-}
-
-fn ok(out: Output) -> String {
-    assert!(
-        out.status.success(),
-        "failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout).unwrap()
 }
 
 fn err(out: Output) -> String {

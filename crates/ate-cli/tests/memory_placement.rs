@@ -16,10 +16,7 @@ const NS: &str = "ns-place";
 
 #[test]
 fn a_memory_generation_waits_for_a_worker_that_can_restore_it() {
-    let opts = || UpOptions {
-        workers: 1,
-        ..Default::default()
-    };
+    let opts = || UpOptions::with_workers(1);
     // No frozen copies: a resume restores the generation on disk.
     let keep_frozen_off = ("ATE_KEEP_FROZEN", "0");
     let sys = System::up_with_env(opts(), &[keep_frozen_off]);

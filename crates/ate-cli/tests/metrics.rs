@@ -61,15 +61,7 @@ fn every_component_exports_well_formed_prometheus_metrics() {
         "ready file: worker_metrics"
     );
     for actor in ACTORS {
-        sys.ate_ok(&[
-            "create",
-            "actor",
-            actor,
-            "-a",
-            "ate-demo",
-            "-t",
-            "ate-demo/counter",
-        ]);
+        sys.ate_ok(&create_actor_args(actor, "ate-demo", "ate-demo/counter"));
     }
     let [a, b, c] = ACTORS.map(|n| format!("ate-demo/{n}"));
     // Cold, then warm (the router has the assignment cached: this one never reaches the api).

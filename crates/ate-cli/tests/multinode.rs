@@ -310,16 +310,8 @@ fn get(router: SocketAddr, actor: &str) -> (u16, String) {
     if s.write_all(req.as_bytes()).is_err() {
         return (0, String::new());
     }
-    let mut buf = Vec::new();
-    let _ = s.read_to_end(&mut buf);
-    let text = String::from_utf8_lossy(&buf).into_owned();
-    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
-    let status = head
-        .split_whitespace()
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .unwrap_or(0);
-    (status, body.to_string())
+    let (status, _, body) = ate_test_support::http::read_response(&mut s);
+    (status, body)
 }
 
 /// `mn/open`: the counter with an allow-all egress policy and explicit allow entries.
@@ -443,31 +435,17 @@ impl Bed {
 
 /// Running containers per worker of `state` (runc list of each worker's root).
 fn containers(state: &Path) -> BTreeMap<String, Vec<String>> {
-    let mut out = BTreeMap::new();
-    let Ok(workers) = std::fs::read_dir(state.join("workers")) else {
-        return out;
-    };
-    for w in workers.flatten() {
-        let root = w.path().join("runc");
-        if !root.exists() {
-            continue;
-        }
-        let o = Command::new("runc")
-            .arg("--root")
-            .arg(&root)
-            .args(["list", "--format", "json"])
-            .output()
-            .expect("runc list");
-        let list: Option<Vec<Value>> = serde_json::from_slice(&o.stdout).unwrap_or(None);
-        let running = list
-            .unwrap_or_default()
-            .into_iter()
-            .filter(|c| c["status"] == "running")
-            .filter_map(|c| c["id"].as_str().map(str::to_string))
-            .collect();
-        out.insert(w.file_name().to_string_lossy().into_owned(), running);
-    }
-    out
+    support::runc::runc_lists(state)
+        .into_iter()
+        .map(|(worker, list)| {
+            let running = list
+                .into_iter()
+                .filter(|c| c["status"] == "running")
+                .filter_map(|c| c["id"].as_str().map(str::to_string))
+                .collect();
+            (worker, running)
+        })
+        .collect()
 }
 
 /// The actor whose sandbox on `worker` of `state` is container `id`.

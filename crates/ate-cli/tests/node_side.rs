@@ -105,10 +105,7 @@ fn durable_restore_from_s3_after_local_copy_is_gone() {
 
 #[test]
 fn rootfs_and_volumes_fidelity_keep_what_they_promise() {
-    let sys = System::up(UpOptions {
-        workers: 1,
-        ..Default::default()
-    });
+    let sys = System::up(UpOptions::with_workers(1));
     let ns = "ns-fidelity";
     sys_apply(
         &sys,
@@ -234,10 +231,7 @@ fn golden_tag_seeds_new_actors_with_their_own_identity() {
 
 #[test]
 fn probe_never_answering_crashes_then_revert_and_fixed_template_resume() {
-    let sys = System::up(UpOptions {
-        workers: 1,
-        ..Default::default()
-    });
+    let sys = System::up(UpOptions::with_workers(1));
     let ns = "ns-probe";
     let broken = probe_on_closed_port(2);
     sys_apply(&sys, ns, "counter", &broken);
@@ -286,10 +280,7 @@ fn probe_never_answering_crashes_then_revert_and_fixed_template_resume() {
 #[test]
 fn a_failed_memory_dump_fails_the_suspend_unless_the_template_allows_rootfs() {
     let sys = System::up_with_env(
-        UpOptions {
-            workers: 1,
-            ..Default::default()
-        },
+        UpOptions::with_workers(1),
         &[("ATE_FAULT_CRIU_DUMP", "fail")],
     );
     let ns = "ns-criufail";
@@ -473,15 +464,7 @@ fn a_lost_api_replica_is_failed_over() {
         "counter",
         &Tpl::counter(),
     );
-    m.ate_ok(&[
-        "create",
-        "actor",
-        "c",
-        "-a",
-        ns,
-        "-t",
-        &format!("{ns}/counter"),
-    ]);
+    m.ate_ok(&create_actor_args("c", ns, &format!("{ns}/counter")));
     let target = format!("{ns}/c");
     for n in 1..=2 {
         let (status, _, body) = get(m.router, &target, "/");
@@ -624,20 +607,7 @@ fn a_lost_node_rolls_actors_back_to_their_durable_generation() {
     start_node(&mut m, "node-a", Ipv4Addr::new(127, second, 253, 10));
     wait_active(&m, 1);
     let metrics = SocketAddr::from(([127, 0, 0, 1], free_port()));
-    let router = m.router.to_string();
-    let api = m.api.clone();
-    m.spawn(
-        "router",
-        &[
-            s("router"),
-            s("--listen"),
-            router,
-            s("--metrics-listen"),
-            metrics.to_string(),
-            s("--api"),
-            api,
-        ],
-    );
+    m.spawn_router(metrics);
     let start = Instant::now();
     while !healthz(metrics) {
         assert!(start.elapsed() < Duration::from_secs(30), "router not up");
@@ -652,15 +622,7 @@ fn a_lost_node_rolls_actors_back_to_their_durable_generation() {
         &Tpl::counter(),
     );
     for name in ["d", "r"] {
-        m.ate_ok(&[
-            "create",
-            "actor",
-            name,
-            "-a",
-            ns,
-            "-t",
-            &format!("{ns}/counter"),
-        ]);
+        m.ate_ok(&create_actor_args(name, ns, &format!("{ns}/counter")));
     }
     let count = |m: &Manual, name: &str| -> u64 {
         let (status, _, body) = get(m.router, &format!("{ns}/{name}"), "/");
@@ -742,15 +704,7 @@ fn a_killed_worker_readopts_its_sandboxes() {
         &Tpl::counter(),
     );
     for name in ["r", "f"] {
-        m.ate_ok(&[
-            "create",
-            "actor",
-            name,
-            "-a",
-            ns,
-            "-t",
-            &format!("{ns}/counter"),
-        ]);
+        m.ate_ok(&create_actor_args(name, ns, &format!("{ns}/counter")));
         for n in 1..=2 {
             let (status, _, body) = get(m.router, &format!("{ns}/{name}"), "/");
             assert_eq!(status, 200, "{body}\n{}", m.log("node"));
@@ -852,15 +806,7 @@ spec:
     let path = m.dir.path().join("pair.yaml");
     std::fs::write(&path, yaml).expect("write template");
     m.ate_ok(&["apply", "-f", path.to_str().expect("utf-8 path")]);
-    m.ate_ok(&[
-        "create",
-        "actor",
-        "p",
-        "-a",
-        ns,
-        "-t",
-        &format!("{ns}/pair"),
-    ]);
+    m.ate_ok(&create_actor_args("p", ns, &format!("{ns}/pair")));
     let target = format!("{ns}/p");
     let answer = |m: &Manual| {
         let (status, _, body) = get(m.router, &target, "/");
@@ -910,15 +856,7 @@ fn worker_killed_mid_restore_then_restarted_resumes() {
         "counter",
         &Tpl::counter(),
     );
-    m.ate_ok(&[
-        "create",
-        "actor",
-        "c",
-        "-a",
-        ns,
-        "-t",
-        &format!("{ns}/counter"),
-    ]);
+    m.ate_ok(&create_actor_args("c", ns, &format!("{ns}/counter")));
     let target = format!("{ns}/c");
     for n in 1..=2 {
         let (status, _, body) = get(m.router, &target, "/");
@@ -1029,10 +967,7 @@ fn worker_killed_mid_restore_then_restarted_resumes() {
 
 #[test]
 fn exited_actor_is_released_within_a_second_and_resumes_from_its_last_generation() {
-    let sys = System::up(UpOptions {
-        workers: 1,
-        ..Default::default()
-    });
+    let sys = System::up(UpOptions::with_workers(1));
     let ns = "ns-exit";
     sys_apply(&sys, ns, "counter", &Tpl::counter());
     create_actor(&sys, ns, "c", "counter");
@@ -1083,14 +1018,13 @@ fn exited_actor_is_released_within_a_second_and_resumes_from_its_last_generation
         (1, 1, 1)
     );
     kill_actor(&sys, ns, "fresh");
-    let a = wait_state(
+    let why = last_error_in_state(
         &sys,
         ns,
         "fresh",
         "ACTOR_STATE_SUSPENDED",
         Duration::from_secs(5),
     );
-    let why = a["lastError"].as_str().unwrap_or_default();
     assert!(
         why.contains("counter listening on"),
         "lastError carries the last log lines: {why}"
@@ -1106,14 +1040,13 @@ fn exited_actor_is_released_within_a_second_and_resumes_from_its_last_generation
     // was thawed before the kill).
     let (status, _, body) = request(sys.router_addr, "POST", &target, "/exit?code=3", "");
     assert_eq!((status, body.trim()), (200, "exiting with code 3"));
-    let a = wait_state(
+    let why = last_error_in_state(
         &sys,
         ns,
         "c",
         "ACTOR_STATE_SUSPENDED",
         Duration::from_secs(5),
     );
-    let why = a["lastError"].as_str().unwrap_or_default();
     assert!(why.contains("(code 3)"), "exit code 3 recorded: {why}");
     assert!(
         why.contains("exiting with code 3 as asked"),
@@ -1386,13 +1319,7 @@ fn nothing_is_left_behind_after_shutdown() {
 
 #[test]
 fn suspended_actor_is_kept_frozen_and_thawed_in_place() {
-    let sys = System::up_with_env(
-        UpOptions {
-            workers: 1,
-            ..Default::default()
-        },
-        &[("ATE_KEEP_FROZEN", "1")],
-    );
+    let sys = System::up_with_env(UpOptions::with_workers(1), &[("ATE_KEEP_FROZEN", "1")]);
     let ns = "ns-frozen";
     sys_apply(&sys, ns, "counter", &Tpl::counter());
     for n in ["a", "b"] {
@@ -1471,10 +1398,7 @@ fn suspended_actor_is_kept_frozen_and_thawed_in_place() {
 
 #[test]
 fn timings_local_and_durable() {
-    let sys = System::up(UpOptions {
-        workers: 1,
-        ..Default::default()
-    });
+    let sys = System::up(UpOptions::with_workers(1));
     let ns = "ns-timing";
     sys_apply(&sys, ns, "counter", &Tpl::counter());
     sys_apply(&sys, ns, "sleeper", &Tpl::sleeper(50));

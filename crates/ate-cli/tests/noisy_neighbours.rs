@@ -12,7 +12,7 @@ use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::time::{Duration, Instant};
 
-use support::{System, UpOptions, images_dir};
+use support::{System, UpOptions, create_actor_args, images_dir};
 
 const NS: &str = "noisy";
 const REQUESTS: usize = 300;
@@ -169,15 +169,7 @@ fn a_spinning_neighbour_is_held_to_its_weight() {
         let path = sys.dir.path().join(format!("{name}.yaml"));
         std::fs::write(&path, template(name, &cpu)).expect("write template");
         sys.ate_ok(&["apply", "-f", path.to_str().expect("utf-8")]);
-        sys.ate_ok(&[
-            "create",
-            "actor",
-            name,
-            "-a",
-            NS,
-            "-t",
-            &format!("{NS}/{name}"),
-        ]);
+        sys.ate_ok(&create_actor_args(name, NS, &format!("{NS}/{name}")));
     }
     let mut quiet = KeepAlive::new(sys.router_addr, &format!("{NS}/quiet"));
     let mut hog = KeepAlive::new(sys.router_addr, &format!("{NS}/hog"));

@@ -223,15 +223,7 @@ fn every_component_exports_its_metrics_over_otlp() {
     );
     let begun = Instant::now();
     for name in ["om-a", "om-b", "om-c"] {
-        sys.ate_ok(&[
-            "create",
-            "actor",
-            name,
-            "-a",
-            "ate-demo",
-            "-t",
-            "ate-demo/counter",
-        ]);
+        sys.ate_ok(&create_actor_args(name, "ate-demo", "ate-demo/counter"));
     }
 
     // Every component, each with its own instance id.
@@ -425,10 +417,7 @@ fn http_protobuf_with_gzip_and_headers() {
     let (receiver, seen) = (Receiver::default(), HttpSeen::default());
     let base = serve_http(&runtime, &receiver, &seen);
     let sys = System::up_with_env(
-        UpOptions {
-            workers: 1,
-            ..Default::default()
-        },
+        UpOptions::with_workers(1),
         &[
             ("OTEL_METRICS_EXPORTER", "otlp"),
             // The metrics endpoint is the whole URL; traces stay off (no endpoint for them).
@@ -485,25 +474,18 @@ fn a_silent_collector_is_counted_not_waited_for() {
     });
     let endpoint = format!("http://{addr}");
     let sys = System::up_with_env(
-        UpOptions {
-            workers: 1,
-            ..Default::default()
-        },
+        UpOptions::with_workers(1),
         &[
             ("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT", endpoint.as_str()),
             ("OTEL_EXPORTER_OTLP_METRICS_TIMEOUT", "200"),
             ("OTEL_METRIC_EXPORT_INTERVAL", "300"),
         ],
     );
-    sys.ate_ok(&[
-        "create",
-        "actor",
+    sys.ate_ok(&create_actor_args(
         "om-quiet",
-        "-a",
         "ate-demo",
-        "-t",
         "ate-demo/counter",
-    ]);
+    ));
     let metrics = sys.router_metrics.to_string();
     let failed = || {
         let (_, text) = ate_test_support::http::http_get(&metrics, "/metrics");

@@ -25,16 +25,7 @@ fn get_with_id(router: SocketAddr, actor: &str, path: &str, id: &str) -> (u16, S
         "GET {path} HTTP/1.1\r\nHost: test.local\r\nate-target-actor: {actor}\r\nx-request-id: {id}\r\nConnection: close\r\n\r\n"
     )
     .expect("write");
-    let mut buf = Vec::new();
-    let _ = s.read_to_end(&mut buf);
-    let text = String::from_utf8_lossy(&buf).into_owned();
-    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
-    let status = head
-        .split_whitespace()
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .unwrap_or(0);
-    (status, head.to_string(), body.to_string())
+    ate_test_support::http::read_response(&mut s)
 }
 
 /// The value of header `name` in a response head (case-insensitive name).
@@ -76,15 +67,7 @@ fn a_request_id_is_on_the_response_and_in_every_components_log() {
         router_args: vec![format!("--access-log={}", access_log.display())],
         ..Default::default()
     });
-    sys.ate_ok(&[
-        "create",
-        "actor",
-        "rid",
-        "-a",
-        "ate-demo",
-        "-t",
-        "ate-demo/counter",
-    ]);
+    sys.ate_ok(&create_actor_args("rid", "ate-demo", "ate-demo/counter"));
     let workers = |sys: &System| {
         std::fs::read_dir(sys.state_dir().join("logs"))
             .map(|d| {

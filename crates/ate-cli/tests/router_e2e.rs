@@ -18,15 +18,7 @@ use support::*;
 const NO_ROOM: &str = "unavailable: no worker has room for the actor";
 
 fn create(sys: &System, name: &str) {
-    sys.ate_ok(&[
-        "create",
-        "actor",
-        name,
-        "-a",
-        "ate-demo",
-        "-t",
-        "ate-demo/counter",
-    ]);
+    sys.ate_ok(&create_actor_args(name, "ate-demo", "ate-demo/counter"));
 }
 
 fn suspend(sys: &System, name: &str) {
@@ -49,12 +41,7 @@ fn http_body(addr: &str, path: &str) -> String {
         "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
     )
     .expect("write");
-    let mut buf = Vec::new();
-    let _ = s.read_to_end(&mut buf);
-    let text = String::from_utf8_lossy(&buf).into_owned();
-    text.split_once("\r\n\r\n")
-        .map(|(_, b)| b.to_string())
-        .unwrap_or_default()
+    ate_test_support::http::read_response(&mut s).2
 }
 
 /// Sum of the samples of metric `name` whose labels contain every one of `labels`
@@ -218,13 +205,7 @@ fn stale_assignment_is_re_resolved() {
         )
     };
     let before_retries = stale(&sys);
-    let (status, head, body) = get(sys.router_addr, "ate-demo/m1", "/");
-    assert_eq!(
-        status,
-        200,
-        "{head}\n{body}\nrouter log:\n{}",
-        sys.log("router")
-    );
+    let (_, body) = sys.get_200("ate-demo/m1", "/");
     assert!(
         body.starts_with("preserved memory count: 2 |"),
         "memory kept: {body}"

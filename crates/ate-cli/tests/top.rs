@@ -68,10 +68,7 @@ fn worker_metrics_list_the_busiest_actors_up_to_the_cap() {
     let ns = "ns-cap";
     // One worker: both actors on it.
     let sys = System::up_with_env(
-        UpOptions {
-            workers: 1,
-            ..Default::default()
-        },
+        UpOptions::with_workers(1),
         &[("ATE_WORKER_ACTOR_METRICS_LIMIT", "1")],
     );
     sys_apply(&sys, ns, "counter", &Tpl::counter());

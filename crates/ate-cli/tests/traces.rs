@@ -391,15 +391,7 @@ fn cold_request_exports_its_trace(receiver: &Receiver, otel: &[(&str, &str)], re
         },
         &env,
     );
-    sys.ate_ok(&[
-        "create",
-        "actor",
-        "tr",
-        "-a",
-        "ate-demo",
-        "-t",
-        "ate-demo/counter",
-    ]);
+    sys.ate_ok(&create_actor_args("tr", "ate-demo", "ate-demo/counter"));
     let (status, head) = get_with(
         sys.router_addr,
         "ate-demo/tr",
@@ -660,15 +652,7 @@ fn one_trace_per_request_across_every_hop() {
             ("OTEL_METRICS_EXPORTER", "none"),
         ],
     );
-    sys.ate_ok(&[
-        "create",
-        "actor",
-        "tr",
-        "-a",
-        "ate-demo",
-        "-t",
-        "ate-demo/counter",
-    ]);
+    sys.ate_ok(&create_actor_args("tr", "ate-demo", "ate-demo/counter"));
 
     // Cold (a cold boot), then at once warm (route cached) and warm with a client's trace.
     let (status, head) = get_with(

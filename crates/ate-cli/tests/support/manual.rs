@@ -48,18 +48,9 @@ impl Manual {
     }
 
     pub fn ate_ok(&self, args: &[&str]) -> String {
-        let out = Command::new(ATE)
-            .arg("--api")
-            .arg(&self.api)
-            .args(args)
-            .output()
-            .expect("ate");
-        assert!(
-            out.status.success(),
-            "ate {args:?}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8_lossy(&out.stdout).into_owned()
+        let mut cmd = Command::new(ATE);
+        cmd.arg("--api").arg(&self.api).args(args);
+        super::run_ok(&mut cmd, &format!("ate {args:?}"))
     }
 
     pub fn wait_file(&self, path: &Path) -> Value {
@@ -176,20 +167,7 @@ impl Manual {
         loop {
             attempt += 1;
             let metrics = SocketAddr::from(([127, 0, 0, 1], free_port()));
-            let api = m.api.clone();
-            let router = m.router.to_string();
-            m.spawn(
-                "router",
-                &[
-                    s("router"),
-                    s("--listen"),
-                    router,
-                    s("--metrics-listen"),
-                    metrics.to_string(),
-                    s("--api"),
-                    api,
-                ],
-            );
+            m.spawn_router(metrics);
             let start = Instant::now();
             let up = loop {
                 let exited = m
@@ -216,6 +194,20 @@ impl Manual {
             m.router = SocketAddr::from(([127, 0, 0, 1], free_port()));
         }
         m
+    }
+
+    /// Starts `ate router` on `self.router` for the api(s), its `/metrics` on `metrics`.
+    pub fn spawn_router(&mut self, metrics: SocketAddr) {
+        let args = [
+            "router".to_string(),
+            "--listen".to_string(),
+            self.router.to_string(),
+            "--metrics-listen".to_string(),
+            metrics.to_string(),
+            "--api".to_string(),
+            self.api.clone(),
+        ];
+        self.spawn("router", &args);
     }
 
     pub fn kill_worker(&mut self) {

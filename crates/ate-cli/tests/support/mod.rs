@@ -5,11 +5,13 @@
 #![allow(dead_code)]
 
 pub mod actors;
+pub mod api_process;
 pub mod atunnel;
 pub mod generations;
 pub mod manual;
 pub mod runc;
 pub mod test_host;
+pub mod websocket;
 
 use std::net::{Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
@@ -70,6 +72,25 @@ impl Default for UpOptions {
             router_args: Vec::new(),
             demo: true,
             up_args: Vec::new(),
+        }
+    }
+}
+
+impl UpOptions {
+    /// `workers` workers (4 slots each), the demo templates and actors.
+    pub fn with_workers(workers: u32) -> UpOptions {
+        UpOptions {
+            workers,
+            ..Default::default()
+        }
+    }
+
+    /// `workers` workers (4 slots each) and no demo actors or templates.
+    pub fn bare(workers: u32) -> UpOptions {
+        UpOptions {
+            workers,
+            demo: false,
+            ..Default::default()
         }
     }
 }
@@ -247,13 +268,20 @@ impl System {
 
     /// Runs `ate …` and returns stdout, panicking with stderr on failure.
     pub fn ate_ok(&self, args: &[&str]) -> String {
-        let out = self.ate(args);
-        assert!(
-            out.status.success(),
-            "ate {args:?} failed: {}",
-            String::from_utf8_lossy(&out.stderr)
+        stdout_of_success(self.ate(args), &format!("ate {args:?}"))
+    }
+
+    /// `GET path` of `actor` through the router, which must answer 200: (head, body); a
+    /// failure shows both and the router's log.
+    pub fn get_200(&self, actor: &str, path: &str) -> (String, String) {
+        let (status, head, body) = get(self.router_addr, actor, path);
+        assert_eq!(
+            status,
+            200,
+            "{head}\n{body}\nrouter log:\n{}",
+            self.log("router")
         );
-        String::from_utf8_lossy(&out.stdout).into_owned()
+        (head, body)
     }
 
     /// Log of one component (`api`, `node`, `worker-1`, `router`).
@@ -268,21 +296,12 @@ impl System {
 
     /// PID of a component, from `ate up`'s children.
     pub fn pid_of(&self, component_args_contain: &str) -> Option<u32> {
-        let out = Command::new("pgrep")
-            .args([
-                "-P",
-                &self.child.id().to_string(),
-                "-f",
-                component_args_contain,
-            ])
-            .output()
-            .ok()?;
-        String::from_utf8_lossy(&out.stdout)
-            .lines()
-            .next()?
-            .trim()
-            .parse()
-            .ok()
+        pgrep_first(&[
+            "-P",
+            &self.child.id().to_string(),
+            "-f",
+            component_args_contain,
+        ])
     }
 }
 
@@ -394,6 +413,38 @@ impl Drop for System {
     }
 }
 
+/// The stdout of a command that succeeded; panics, naming `what` and with its stderr, otherwise.
+pub fn stdout_of_success(out: Output, what: &str) -> String {
+    assert!(
+        out.status.success(),
+        "{what} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Runs `cmd` to its end: its stdout when it succeeded; panics, naming `what`, otherwise.
+pub fn run_ok(cmd: &mut Command, what: &str) -> String {
+    let out = cmd.output().unwrap_or_else(|e| panic!("run {what}: {e}"));
+    stdout_of_success(out, what)
+}
+
+/// The first PID `pgrep ARGS` prints, if any.
+pub fn pgrep_first(args: &[&str]) -> Option<u32> {
+    let out = Command::new("pgrep").args(args).output().ok()?;
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .next()?
+        .trim()
+        .parse()
+        .ok()
+}
+
+/// The arguments of `ate create actor NAME -a ATESPACE -t TEMPLATE` (TEMPLATE as `atespace/name`).
+pub fn create_actor_args<'a>(name: &'a str, atespace: &'a str, template: &'a str) -> [&'a str; 7] {
+    ["create", "actor", name, "-a", atespace, "-t", template]
+}
+
 /// A minimal HTTP/1.1 GET through the router with the actor header; returns (status, headers, body).
 pub fn get(router: SocketAddr, actor: &str, path: &str) -> (u16, String, String) {
     request(router, "GET", actor, path, "")
@@ -414,16 +465,7 @@ pub fn request(
         body.len()
     );
     s.write_all(req.as_bytes()).expect("write");
-    let mut buf = Vec::new();
-    let _ = s.read_to_end(&mut buf);
-    let text = String::from_utf8_lossy(&buf).into_owned();
-    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
-    let status = head
-        .split_whitespace()
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .unwrap_or(0);
-    (status, head.to_string(), body.to_string())
+    ate_test_support::http::read_response(&mut s)
 }
 
 /// One worker with frozen copies off (`ATE_KEEP_FROZEN=0`), so every resume restores, and so
