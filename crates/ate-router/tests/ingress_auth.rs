@@ -110,29 +110,15 @@ async fn setup(pki: &Pki, tune: impl FnOnce(&mut RouterConfig)) -> Setup {
     cfg.ingress_client_ca = Some(pki.ca_file());
     tune(&mut cfg);
 
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let metrics_listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let metrics_addr = metrics_listener.local_addr().unwrap();
-    let router = Router::new(cfg).unwrap();
-    let stats = router.stats();
-    let probe = router.probe();
-    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
-    let done = tokio::spawn(async move {
-        router
-            .serve_with_tls(listener, Some(tls_listener), metrics_listener, async move {
-                let _ = rx.await;
-            })
-            .await
-            .unwrap();
-    });
+    let router = start_router_with_tls(cfg, Some(tls_listener)).await;
+    let plain = router.addr;
     Setup {
         world_api: api,
         up80,
         _atunnel: atunnel,
-        plain: addr,
+        plain,
         tls: tls_addr,
-        router: TestRouter::new(addr, metrics_addr, stats, probe, tx, done),
+        router,
     }
 }
 
