@@ -20,14 +20,7 @@ const PAGES: &str = "criu/pages-1.img";
 const BIG: usize = (CHUNK_BYTES * 5 / 2) as usize;
 
 async fn seal(fx: &Fixture) -> Manifest {
-    seal_generation(
-        &fx.gen_dir,
-        meta(Fidelity::Memory),
-        Some(&fx.upper),
-        &fx.volumes,
-    )
-    .await
-    .expect("seal")
+    fx.seal_memory().await.expect("seal")
 }
 
 fn store_of(fx: &Fixture) -> (DurableStore, PathBuf) {

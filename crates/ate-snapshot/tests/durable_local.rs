@@ -25,14 +25,7 @@ async fn sealed_plain(big: usize) -> (Fixture, Manifest) {
 }
 
 async fn seal(fx: Fixture) -> (Fixture, Manifest) {
-    let m = seal_generation(
-        &fx.gen_dir,
-        meta(Fidelity::Memory),
-        Some(&fx.upper),
-        &fx.volumes,
-    )
-    .await
-    .expect("seal");
+    let m = fx.seal_memory().await.expect("seal");
     (fx, m)
 }
 

@@ -35,19 +35,7 @@ fn options(ep: &str) -> Vec<(&'static str, String)> {
 
 /// object_store cannot create buckets; moto accepts an unsigned `PUT /<bucket>`.
 async fn create_bucket(ep: &str, bucket: &str) {
-    let hostport = ep
-        .strip_prefix("http://")
-        .expect("ATE_TEST_S3_ENDPOINT must be http://host:port")
-        .trim_end_matches('/');
-    let mut s = tokio::net::TcpStream::connect(hostport)
-        .await
-        .unwrap_or_else(|e| panic!("connect to moto at {hostport}: {e}"));
-    let req = format!(
-        "PUT /{bucket} HTTP/1.1\r\nHost: {hostport}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
-    );
-    s.write_all(req.as_bytes()).await.expect("send");
-    let mut resp = String::new();
-    s.read_to_string(&mut resp).await.expect("read");
+    let resp = raw_request(ep, "PUT", &format!("/{bucket}")).await;
     assert!(
         resp.starts_with("HTTP/1.1 200"),
         "create bucket {bucket}: {resp}"
@@ -108,14 +96,7 @@ async fn s3_sweep_removes_old_partial_uploads_only() {
     let ep = endpoint();
     let (bucket, store) = s3_store(&ep).await;
     let fx = fixture(100_000);
-    let m = seal_generation(
-        &fx.gen_dir,
-        meta(Fidelity::Memory),
-        Some(&fx.upper),
-        &fx.volumes,
-    )
-    .await
-    .expect("seal");
+    let m = fx.seal_memory().await.expect("seal");
     let complete = "default/counter/7-complete";
     store.upload(&fx.gen_dir, complete).await.expect("upload");
 
@@ -194,14 +175,7 @@ async fn s3_upload_past_half_the_grace_age_writes_no_manifest() {
     let ep = endpoint();
     let (bucket, store) = s3_store(&ep).await;
     let fx = fixture(12 << 20);
-    seal_generation(
-        &fx.gen_dir,
-        meta(Fidelity::Memory),
-        Some(&fx.upper),
-        &fx.volumes,
-    )
-    .await
-    .expect("seal");
+    fx.seal_memory().await.expect("seal");
     // Half of 2 ns is over at once: the upload must give up and leave nothing.
     let store = store.with_partial_grace(Duration::from_nanos(2));
     let key = "default/counter/7-slow";
@@ -219,14 +193,7 @@ async fn s3_failed_and_cancelled_multipart_uploads_are_aborted() {
     // 40 MiB of noise in a plain file (one object): five parts, long enough to be cut off
     // half-way.
     let fx = fixture_with_big_file(40 << 20, "core-1.img");
-    seal_generation(
-        &fx.gen_dir,
-        meta(Fidelity::Memory),
-        Some(&fx.upper),
-        &fx.volumes,
-    )
-    .await
-    .expect("seal");
+    fx.seal_memory().await.expect("seal");
 
     // 1. Cancelled: the upload future is dropped (a cancelled RPC) while its multipart upload
     //    is open. The upload is aborted in the background.
@@ -285,14 +252,7 @@ async fn s3_upload_download_corrupt_delete() {
 
     // 12 MiB of noise in pages-1.img: a memory image, so six content-addressed chunks.
     let fx = fixture(12 << 20);
-    let m = seal_generation(
-        &fx.gen_dir,
-        meta(Fidelity::Memory),
-        Some(&fx.upper),
-        &fx.volumes,
-    )
-    .await
-    .expect("seal");
+    let m = fx.seal_memory().await.expect("seal");
     let store =
         DurableStore::from_url_with_options(&format!("s3://{bucket}/snapshots"), options(&ep))
             .expect("s3 store");
@@ -340,14 +300,7 @@ async fn s3_upload_download_corrupt_delete() {
     let mut changed = fs::read(&pages2).expect("read");
     changed[3 * c + 4096 * 7 + 1] ^= 0x11;
     fs::write(&pages2, &changed).expect("write");
-    let m2 = seal_generation(
-        &fx2.gen_dir,
-        meta(Fidelity::Memory),
-        Some(&fx2.upper),
-        &fx2.volumes,
-    )
-    .await
-    .expect("seal g2");
+    let m2 = fx2.seal_memory().await.expect("seal g2");
     let (_, delta) = store
         .upload_with_parents(
             &fx2.gen_dir,

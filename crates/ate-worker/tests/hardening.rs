@@ -16,7 +16,6 @@ use ate_worker::{
 };
 use common::{Env, counter_spec, get};
 
-const PROBE_TIMEOUT: Duration = Duration::from_secs(15);
 const EPERM: &str = "errno 1";
 const ENOSYS: &str = "errno 38";
 const EROFS: &str = "errno 30";
@@ -170,13 +169,7 @@ fn snapshot_tree(dir: &Path) -> Vec<(String, Vec<u8>)> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hardening_holds_on_cold_start_and_after_memory_restore() {
     let mut env = Env::new();
-    let runtime = RuncRuntime::new(RuncConfig::new(env.state_dir()))
-        .await
-        .expect("runc runtime");
-    assert!(
-        runtime.capabilities().can_restore_memory,
-        "CRIU ≥ 4.2 must be installed for this test"
-    );
+    let runtime = criu_runtime(&env).await;
     let spec = counter_spec(&env).await;
     let image_before = snapshot_tree(&spec.image.rootfs);
     let actor = env.actor("hard", "uid-1");
@@ -185,9 +178,7 @@ async fn hardening_holds_on_cold_start_and_after_memory_restore() {
         .run(&actor, &spec, RunMode::KeepRootfs)
         .await
         .expect("run counter");
-    probe::wait_ready(&actor.netns(), 80, "/healthz", PROBE_TIMEOUT)
-        .await
-        .expect("counter ready");
+    wait_healthy(&actor, "counter ready").await;
     let (status, body) = get(&actor, "/").await;
     assert_eq!(status, 200, "{body}");
     assert!(body.contains("preserved memory count: 1"), "{body}");
@@ -222,9 +213,7 @@ async fn hardening_holds_on_cold_start_and_after_memory_restore() {
         .restore(&actor, &spec, &images)
         .await
         .expect("restore a hardened actor");
-    probe::wait_ready(&actor.netns(), 80, "/healthz", PROBE_TIMEOUT)
-        .await
-        .expect("restored counter ready");
+    wait_healthy(&actor, "restored counter ready").await;
     let (status, body) = get(&actor, "/").await;
     assert_eq!(status, 200, "{body}");
     assert!(body.contains("preserved memory count: 2"), "{body}");
@@ -236,9 +225,7 @@ async fn hardening_holds_on_cold_start_and_after_memory_restore() {
         .run(&actor, &spec, RunMode::KeepRootfs)
         .await
         .expect("rootfs restart");
-    probe::wait_ready(&actor.netns(), 80, "/healthz", PROBE_TIMEOUT)
-        .await
-        .expect("restart ready");
+    wait_healthy(&actor, "restart ready").await;
     assert_hardened(&actor, again.pid.expect("init pid"), "rootfs restart").await;
 
     runtime.stop(&actor).await.expect("stop");

@@ -12,8 +12,6 @@ use ate_worker::{
 };
 use common::{Env, counter_ref, counter_spec, get, images_dir};
 
-const PROBE_TIMEOUT: Duration = Duration::from_secs(15);
-
 fn counts(m: u32, f: u32, r: u32) -> String {
     format!(
         "preserved memory count: {m} | preserved file counter: {f} | preserved rootfs counter: {r}"
@@ -118,13 +116,7 @@ async fn image_with_flipped_layer_byte_is_refused() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn counter_memory_rootfs_and_volumes_fidelity() {
     let mut env = Env::new();
-    let runtime = RuncRuntime::new(RuncConfig::new(env.state_dir()))
-        .await
-        .expect("runc runtime");
-    assert!(
-        runtime.capabilities().can_restore_memory,
-        "CRIU ≥ 4.2 must be installed for this test"
-    );
+    let runtime = criu_runtime(&env).await;
     let spec = counter_spec(&env).await;
     let actor = env.actor("ctr", "uid-1");
 
@@ -133,9 +125,7 @@ async fn counter_memory_rootfs_and_volumes_fidelity() {
         .await
         .expect("run counter");
     eprintln!("run -d: {:?}", started.elapsed);
-    let ready = probe::wait_ready(&actor.netns(), 80, "/healthz", PROBE_TIMEOUT)
-        .await
-        .expect("counter ready");
+    let ready = wait_healthy(&actor, "counter ready").await;
     eprintln!("cold start → probe ok: {:?}", started.elapsed + ready);
     for i in 1..=3 {
         assert_counts(&actor, i, i, i).await;
@@ -169,9 +159,7 @@ async fn counter_memory_rootfs_and_volumes_fidelity() {
         .restore(&restored_actor, &spec, &images)
         .await
         .expect("restore");
-    let ready = probe::wait_ready(&actor.netns(), 80, "/healthz", PROBE_TIMEOUT)
-        .await
-        .expect("restored counter ready");
+    let ready = wait_healthy(&actor, "restored counter ready").await;
     let first = t0.elapsed();
     assert_counts(&actor, 4, 4, 4).await;
     eprintln!(
@@ -191,9 +179,7 @@ async fn counter_memory_rootfs_and_volumes_fidelity() {
         .restore(&actor, &spec, &images)
         .await
         .expect("second restore");
-    probe::wait_ready(&actor.netns(), 80, "/healthz", PROBE_TIMEOUT)
-        .await
-        .expect("second restore ready");
+    wait_healthy(&actor, "second restore ready").await;
     eprintln!("second restore → first response {:?}", t0.elapsed());
     // Memory is back at 3 (the dump); the files moved on to 4, so they read 5.
     assert_counts(&actor, 4, 5, 5).await;
@@ -205,9 +191,7 @@ async fn counter_memory_rootfs_and_volumes_fidelity() {
         .run(&actor, &spec, RunMode::KeepRootfs)
         .await
         .expect("rootfs restart");
-    probe::wait_ready(&actor.netns(), 80, "/healthz", PROBE_TIMEOUT)
-        .await
-        .expect("rootfs restart ready");
+    wait_healthy(&actor, "rootfs restart ready").await;
     eprintln!("rootfs restart → first response {:?}", t0.elapsed());
     assert_counts(&actor, 1, 6, 6).await;
 
@@ -217,9 +201,7 @@ async fn counter_memory_rootfs_and_volumes_fidelity() {
         .run(&actor, &spec, RunMode::FreshRootfs)
         .await
         .expect("volumes restart");
-    probe::wait_ready(&actor.netns(), 80, "/healthz", PROBE_TIMEOUT)
-        .await
-        .expect("volumes restart ready");
+    wait_healthy(&actor, "volumes restart ready").await;
     assert_counts(&actor, 1, 7, 1).await;
 
     runtime.stop(&actor).await.expect("stop");
@@ -230,9 +212,7 @@ async fn counter_memory_rootfs_and_volumes_fidelity() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn exited_actor_is_noticed_and_stop_is_idempotent() {
     let mut env = Env::new();
-    let runtime = RuncRuntime::new(RuncConfig::new(env.state_dir()))
-        .await
-        .expect("runc runtime");
+    let runtime = runc_runtime(&env).await;
     let spec = counter_spec(&env).await;
     let actor = env.actor("exit", "uid-1");
     // Stopping an actor the runtime never saw is fine.
@@ -242,9 +222,7 @@ async fn exited_actor_is_noticed_and_stop_is_idempotent() {
         .run(&actor, &spec, RunMode::KeepRootfs)
         .await
         .expect("run");
-    probe::wait_ready(&actor.netns(), 80, "/healthz", PROBE_TIMEOUT)
-        .await
-        .expect("ready");
+    wait_healthy(&actor, "ready").await;
     let pid = started.pid.expect("init pid");
     nix::sys::signal::kill(
         nix::unistd::Pid::from_raw(pid as i32),
@@ -319,22 +297,14 @@ async fn actor_netns_cannot_reach_host_loopback() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn golden_snapshot_restores_as_another_actor() {
     let mut env = Env::new();
-    let runtime = RuncRuntime::new(RuncConfig::new(env.state_dir()))
-        .await
-        .expect("runc runtime");
-    assert!(
-        runtime.capabilities().can_restore_memory,
-        "CRIU ≥ 4.2 must be installed for this test"
-    );
+    let runtime = criu_runtime(&env).await;
     let spec = counter_spec(&env).await;
     let golden = env.actor("gold", "uid-golden");
     runtime
         .run(&golden, &spec, RunMode::KeepRootfs)
         .await
         .expect("run golden");
-    probe::wait_ready(&golden.netns(), 80, "/healthz", PROBE_TIMEOUT)
-        .await
-        .expect("golden ready");
+    wait_healthy(&golden, "golden ready").await;
     assert_counts(&golden, 1, 1, 1).await;
     let images = env.path().join("golden-checkpoint");
     runtime
@@ -358,9 +328,7 @@ async fn golden_snapshot_restores_as_another_actor() {
         .restore(&borrower, &spec, &images)
         .await
         .expect("restore golden as another actor");
-    probe::wait_ready(&borrower.netns(), 80, "/healthz", PROBE_TIMEOUT)
-        .await
-        .expect("borrower ready");
+    wait_healthy(&borrower, "borrower ready").await;
     assert_counts(&borrower, 2, 2, 2).await;
     let (_, who) = get(&borrower, "/whoami").await;
     assert_eq!(who.trim(), format!("test/{} uid-new", borrower.name));
@@ -380,9 +348,7 @@ async fn golden_snapshot_restores_as_another_actor() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn failed_run_reports_runc_error_and_cleans_up() {
     let mut env = Env::new();
-    let runtime = RuncRuntime::new(RuncConfig::new(env.state_dir()))
-        .await
-        .expect("runc runtime");
+    let runtime = runc_runtime(&env).await;
     let mut spec = counter_spec(&env).await;
     spec.command = vec!["/does-not-exist".into()];
     let actor = env.actor("fail", "uid-1");
@@ -404,13 +370,7 @@ async fn failed_run_reports_runc_error_and_cleans_up() {
 async fn sleeper_memory_survives_restore_with_timings() {
     const MIB: u32 = 64;
     let mut env = Env::new();
-    let runtime = RuncRuntime::new(RuncConfig::new(env.state_dir()))
-        .await
-        .expect("runc runtime");
-    assert!(
-        runtime.capabilities().can_restore_memory,
-        "CRIU ≥ 4.2 must be installed for this test"
-    );
+    let runtime = criu_runtime(&env).await;
     let reference = format!("oci-layout:{}", images_dir().join("sleeper").display());
     let image = ImageCache::new(env.path().join("images"))
         .ensure(&reference)
@@ -436,9 +396,7 @@ async fn sleeper_memory_survives_restore_with_timings() {
         .run(&actor, &spec, RunMode::KeepRootfs)
         .await
         .expect("run sleeper");
-    probe::wait_ready(&actor.netns(), 80, "/healthz", PROBE_TIMEOUT)
-        .await
-        .expect("sleeper ready");
+    wait_healthy(&actor, "sleeper ready").await;
     let (status, before) = get(&actor, "/").await;
     assert_eq!(status, 200);
     assert!(before.contains(&format!("holding {MIB} MiB")), "{before}");
@@ -453,9 +411,7 @@ async fn sleeper_memory_survives_restore_with_timings() {
         .restore(&actor, &spec, &images)
         .await
         .expect("restore sleeper");
-    probe::wait_ready(&actor.netns(), 80, "/healthz", PROBE_TIMEOUT)
-        .await
-        .expect("restored sleeper ready");
+    wait_healthy(&actor, "restored sleeper ready").await;
     let first = t0.elapsed();
     let (_, after) = get(&actor, "/").await;
     assert_eq!(after, before, "memory checksum changed across restore");

@@ -54,6 +54,14 @@ pub struct Fixture {
     pub volumes: Vec<(String, PathBuf)>,
 }
 
+impl Fixture {
+    /// Seals the fixture's generation at memory fidelity, with its upper dir and volumes.
+    pub async fn seal_memory(&self) -> Result<ate_snapshot::Manifest, ate_snapshot::Error> {
+        let meta = meta(Fidelity::Memory);
+        ate_snapshot::seal_generation(&self.gen_dir, meta, Some(&self.upper), &self.volumes).await
+    }
+}
+
 /// criu/ with three images (one nested), an upper dir with a regular file, a symlink, an empty
 /// dir, a whiteout (char 0:0), an opaque dir (xattr), a fifo; two volumes.
 pub fn fixture(big: usize) -> Fixture {
