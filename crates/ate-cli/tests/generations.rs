@@ -139,13 +139,7 @@ fn a_damaged_newest_generation_is_skipped_by_revert_and_an_older_one_can_be_chos
         status, 200,
         "a damaged generation must never serve: {head}\n{body}"
     );
-    let why = last_error_in_state(
-        &sys,
-        ns,
-        "c",
-        "ACTOR_STATE_CRASHED",
-        Duration::from_secs(30),
-    );
+    let why = crash_reason(&sys, ns, "c");
     assert!(
         why.contains("rootfs.tar"),
         "lastError names the file: {why}"

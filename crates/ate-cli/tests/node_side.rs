@@ -525,28 +525,9 @@ fn a_lost_node_rolls_actors_back_to_their_durable_generation() {
     let s = |x: &str| x.to_string();
     let root = m.dir.path().to_path_buf();
     let durable = format!("file://{}", root.join("durable").display());
-    let api_ready = root.join("api.json");
     // A short lease, so the lost node's workers expire within seconds.
-    m.spawn(
-        "api",
-        &[
-            s("api"),
-            s("--listen"),
-            s("127.0.0.1:0"),
-            s("--http-listen"),
-            s("127.0.0.1:0"),
-            s("--store"),
-            format!("sqlite://{}", root.join("ate.db").display()),
-            s("--heartbeat-timeout-seconds"),
-            s("3"),
-            s("--ready-file"),
-            api_ready.display().to_string(),
-        ],
-    );
-    m.api = m.wait_file(&api_ready)["grpc"]
-        .as_str()
-        .expect("grpc")
-        .to_string();
+    let store = format!("sqlite://{}", root.join("ate.db").display());
+    m.api = m.spawn_api("api", &store, &["--heartbeat-timeout-seconds", "3"]);
     let start_node = |m: &mut Manual, node: &str, ip: Ipv4Addr| {
         let state = root.join(node);
         std::fs::create_dir_all(&state).expect("state");

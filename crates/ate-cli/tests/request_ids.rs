@@ -36,28 +36,6 @@ fn header<'a>(head: &'a str, name: &str) -> Option<&'a str> {
     })
 }
 
-/// Waits (up to 10 s: components write their logs as they go) until `text()` has a line
-/// containing `needle`; returns those lines.
-fn lines_with(what: &str, needle: &str, text: impl Fn() -> String) -> Vec<String> {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let found: Vec<String> = text()
-            .lines()
-            .filter(|l| l.contains(needle))
-            .map(str::to_string)
-            .collect();
-        if !found.is_empty() {
-            return found;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "no line with {needle:?} in the {what} log:\n{}",
-            text()
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
-}
-
 #[test]
 fn a_request_id_is_on_the_response_and_in_every_components_log() {
     let access = tempfile::tempdir().expect("tempdir");

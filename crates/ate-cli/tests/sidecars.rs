@@ -137,13 +137,7 @@ fn a_sidecar_whose_probe_never_answers_crashes_the_actor_naming_it() {
     create_actor(&sys, ns, "p", "pair");
     let (status, _, body) = get(sys.router_addr, &format!("{ns}/p"), "/");
     assert_ne!(status, 200, "{body}");
-    let why = last_error_in_state(
-        &sys,
-        ns,
-        "p",
-        "ACTOR_STATE_CRASHED",
-        Duration::from_secs(30),
-    );
+    let why = crash_reason(&sys, ns, "p");
     assert!(
         why.contains("container \"side\"") && why.contains("wakeup probe") && why.contains("9001"),
         "{why}"

@@ -417,13 +417,7 @@ fn a_rolled_back_or_swapped_durable_manifest_is_refused_and_revert_recovers() {
     std::fs::remove_dir_all(generation_dir(&state, ns, "c", newest)).expect("remove local");
     let (status, _, _) = get(sys.router_addr, &c, "/");
     assert_ne!(status, 200);
-    let last_error = last_error_in_state(
-        &sys,
-        ns,
-        "c",
-        "ACTOR_STATE_CRASHED",
-        Duration::from_secs(30),
-    );
+    let last_error = crash_reason(&sys, ns, "c");
     assert!(
         last_error.contains("manifest.json") && last_error.contains("refused"),
         "{last_error}"

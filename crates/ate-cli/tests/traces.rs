@@ -463,27 +463,6 @@ fn access_line(path: &std::path::Path, request_id: &str) -> serde_json::Value {
     }
 }
 
-/// The lines of `component`'s log containing `needle`, once there is one.
-fn lines_with(sys: &System, component: &str, needle: &str) -> Vec<String> {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let log = sys.log(component);
-        let found: Vec<String> = log
-            .lines()
-            .filter(|l| l.contains(needle))
-            .map(str::to_string)
-            .collect();
-        if !found.is_empty() {
-            return found;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "no line with {needle:?} in the {component} log:\n{log}"
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
-}
-
 /// The one span of `trace` from `service` named `name`.
 fn one<'a>(trace: &'a [Got], service: &str, name: &str) -> &'a Got {
     let found: Vec<&Got> = trace
@@ -689,7 +668,7 @@ fn one_trace_per_request_across_every_hop() {
         cold_trace.as_str()
     );
     for component in ["api", "node", "worker-1"] {
-        let lines = lines_with(&sys, component, "request_id=tr-cold");
+        let lines = lines_with(component, "request_id=tr-cold", || sys.log(component));
         for line in &lines {
             assert!(
                 line.contains(&format!("trace_id={cold_trace}")),

@@ -291,6 +291,17 @@ pub fn last_error_in_state(
     a["lastError"].as_str().unwrap_or_default().to_string()
 }
 
+/// Waits (30 s) until `ns/name` has crashed: its `lastError`.
+pub fn crash_reason(sys: &System, ns: &str, name: &str) -> String {
+    last_error_in_state(
+        sys,
+        ns,
+        name,
+        "ACTOR_STATE_CRASHED",
+        Duration::from_secs(30),
+    )
+}
+
 /// GET through the router that must answer 200.
 pub fn get_ok(sys: &System, target: &str, path: &str) -> String {
     let (status, head, body) = get(sys.router_addr, target, path);

@@ -284,6 +284,32 @@ impl System {
         (head, body)
     }
 
+    /// Runs `ate bench ARGS` against this system with its JSON written to `out_name` in the
+    /// test's temp dir; panics with stdout and stderr unless it succeeded: (stdout, that JSON).
+    pub fn bench(&self, args: &[&str], out_name: &str) -> (String, serde_json::Value) {
+        let out_file = self.dir.path().join(out_name);
+        let out = Command::new(ATE)
+            .arg("bench")
+            .args(args)
+            .arg("--out")
+            .arg(&out_file)
+            .arg("--images-dir")
+            .arg(images_dir())
+            .env("ATE_API", &self.api)
+            .env("ATE_ROUTER", &self.router)
+            .env("ATE_STATE_DIR", self.state_dir())
+            .output()
+            .expect("run ate bench");
+        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{stdout}\n{stderr}");
+        let json = std::fs::read_to_string(&out_file).expect("bench JSON");
+        (
+            stdout,
+            serde_json::from_str(&json).expect("bench JSON parses"),
+        )
+    }
+
     /// Log of one component (`api`, `node`, `worker-1`, `router`).
     pub fn log(&self, component: &str) -> String {
         std::fs::read_to_string(
@@ -438,6 +464,28 @@ pub fn pgrep_first(args: &[&str]) -> Option<u32> {
         .trim()
         .parse()
         .ok()
+}
+
+/// Waits (up to 10 s: components write their logs as they go) until `text()` has a line
+/// containing `needle`; returns those lines (`what` names the log in a failure).
+pub fn lines_with(what: &str, needle: &str, text: impl Fn() -> String) -> Vec<String> {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let found: Vec<String> = text()
+            .lines()
+            .filter(|l| l.contains(needle))
+            .map(str::to_string)
+            .collect();
+        if !found.is_empty() {
+            return found;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no line with {needle:?} in the {what} log:\n{}",
+            text()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
 }
 
 /// The arguments of `ate create actor NAME -a ATESPACE -t TEMPLATE` (TEMPLATE as `atespace/name`).
