@@ -286,13 +286,16 @@ fn collect_exprs(v: &serde_json::Value, out: &mut Vec<String>) {
 /// Metric names in one PromQL expression: identifiers outside label matchers, ranges and
 /// grouping clauses that are neither functions, keywords nor numbers.
 fn promql_metrics(expr: &str) -> Vec<String> {
-    const KEYWORDS: &[&str] = &[
+    // Grouping modifiers: a label list follows them.
+    const GROUPING: &[&str] = &[
         "by",
         "without",
         "on",
         "ignoring",
         "group_left",
         "group_right",
+    ];
+    const KEYWORDS: &[&str] = &[
         "bool",
         "and",
         "or",
@@ -355,16 +358,7 @@ fn promql_metrics(expr: &str) -> Vec<String> {
             }
             let called = chars.get(j) == Some(&'(');
             let lower = word.to_ascii_lowercase();
-            if [
-                "by",
-                "without",
-                "on",
-                "ignoring",
-                "group_left",
-                "group_right",
-            ]
-            .contains(&lower.as_str())
-            {
+            if GROUPING.contains(&lower.as_str()) {
                 // The label list that follows is not metrics.
                 skip_group = called;
             } else if !called && !KEYWORDS.contains(&lower.as_str()) {

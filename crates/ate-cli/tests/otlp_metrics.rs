@@ -25,7 +25,7 @@ use opentelemetry_proto::tonic::collector::metrics::v1::{
     ExportMetricsServiceRequest, ExportMetricsServiceResponse,
 };
 use opentelemetry_proto::tonic::common::v1::{KeyValue, any_value};
-use opentelemetry_proto::tonic::metrics::v1::{metric, number_data_point};
+use opentelemetry_proto::tonic::metrics::v1::{NumberDataPoint, metric, number_data_point};
 use support::*;
 
 /// One data point as received.
@@ -80,6 +80,17 @@ fn number(v: &Option<number_data_point::Value>) -> f64 {
     }
 }
 
+/// The points of a gauge or a sum.
+fn numbers(points: &[NumberDataPoint]) -> Vec<Point> {
+    points
+        .iter()
+        .map(|p| Point {
+            attributes: attributes(&p.attributes),
+            value: number(&p.value),
+        })
+        .collect()
+}
+
 #[tonic::async_trait]
 impl MetricsService for Receiver {
     async fn export(
@@ -106,22 +117,8 @@ impl Receiver {
             for sm in rm.scope_metrics {
                 for m in sm.metrics {
                     let points: Vec<Point> = match m.data {
-                        Some(metric::Data::Gauge(g)) => g
-                            .data_points
-                            .iter()
-                            .map(|p| Point {
-                                attributes: attributes(&p.attributes),
-                                value: number(&p.value),
-                            })
-                            .collect(),
-                        Some(metric::Data::Sum(s)) => s
-                            .data_points
-                            .iter()
-                            .map(|p| Point {
-                                attributes: attributes(&p.attributes),
-                                value: number(&p.value),
-                            })
-                            .collect(),
+                        Some(metric::Data::Gauge(g)) => numbers(&g.data_points),
+                        Some(metric::Data::Sum(s)) => numbers(&s.data_points),
                         Some(metric::Data::Histogram(h)) => h
                             .data_points
                             .iter()
