@@ -4,22 +4,21 @@
 mod common;
 
 use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{SystemTime, UNIX_EPOCH};
 
+use ate_api::Api;
 use ate_api::authz::Authz;
 use ate_api::jwt::{JwtConfig, JwtVerifier};
-use ate_api::{Api, ApiConfig, TlsServe};
 use ate_proto::v1::*;
 use ate_tls::{
     AllowList, CertSource, ClientAuth, LocalCa, ServerCheck, SpiffeId, SvidRequest, client_config,
-    client_config_no_cert, endpoint, server_config, tls_channel,
+    client_config_no_cert, endpoint, tls_channel,
 };
 use base64::Engine as _;
 use common::*;
 use jsonwebtoken::jwk::Jwk;
 use jsonwebtoken::{Algorithm, EncodingKey, Header, encode};
 use serde_json::json;
-use tokio::net::TcpListener;
 use tonic::transport::Channel;
 use tonic::{Code, Request, Status};
 

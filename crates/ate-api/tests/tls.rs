@@ -6,14 +6,13 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use ate_api::authz::Authz;
-use ate_api::{Api, ApiConfig, TlsServe};
+use ate_api::{Api, ApiConfig};
 use ate_proto::v1::*;
 use ate_tls::{
     AllowList, CertSource, ClientAuth, LocalCa, ServerCheck, SpiffeId, SvidRequest, client_config,
-    client_config_no_cert, endpoint, server_config, tls_channel,
+    client_config_no_cert, endpoint, tls_channel,
 };
 use common::*;
-use tokio::net::TcpListener;
 use tonic::Code;
 use tonic::transport::Channel;
 

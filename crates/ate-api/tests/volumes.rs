@@ -6,9 +6,7 @@
 mod common;
 
 use std::sync::atomic::Ordering;
-use std::time::Duration;
 
-use ate_api::ApiConfig;
 use ate_proto::v1::*;
 use common::*;
 use tonic::Code;

@@ -1,7 +1,7 @@
 //! The `ate` binary against a real `ate api` process on loopback.
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
 mod support;

@@ -6,7 +6,6 @@
 mod support;
 
 use std::path::{Path, PathBuf};
-use std::time::Duration;
 
 use serde_json::Value;
 use support::actors::*;

@@ -1,8 +1,7 @@
 //! `ate api --auth-mode=jwt` as a process, and the CLI's `--token` / `ATE_TOKEN` against it.
 
-use std::path::Path;
-use std::process::{Child, Command, Output, Stdio};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::process::{Command, Output};
+use std::time::{SystemTime, UNIX_EPOCH};
 
 mod support;
 

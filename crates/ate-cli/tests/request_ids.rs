@@ -12,7 +12,7 @@ mod support;
 
 use std::io::{Read, Write};
 use std::net::SocketAddr;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use support::*;
 

@@ -8,10 +8,9 @@ use std::fs;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use ate_core::Fidelity;
 use ate_snapshot::{
     CHUNK_BYTES, DURABLE_SOURCE_FILE, DurableStore, Error, FileEntry, Manifest, durable_source,
-    seal_generation, verify,
+    verify,
 };
 use common::*;
 

@@ -5,12 +5,10 @@ mod common;
 use std::fs;
 use std::path::{Path, PathBuf};
 
-use ate_core::Fidelity;
 use std::time::Duration;
 
 use ate_snapshot::{
-    DEFAULT_PARTIAL_GRACE, DurableStore, Error, Manifest, SweepStats, UploadPriority,
-    seal_generation, verify,
+    DEFAULT_PARTIAL_GRACE, DurableStore, Error, Manifest, SweepStats, UploadPriority, verify,
 };
 use common::*;
 

@@ -7,10 +7,8 @@ mod common;
 use std::fs;
 use std::path::{Path, PathBuf};
 
-use ate_core::Fidelity;
 use ate_snapshot::{
-    CHUNK_BYTES, DurableStore, Error, Manifest, SnapshotKeys, durable_source, seal_generation,
-    verify,
+    CHUNK_BYTES, DurableStore, Error, Manifest, SnapshotKeys, durable_source, verify,
 };
 use common::*;
 

@@ -6,8 +6,7 @@ mod common;
 use std::fs;
 use std::time::Duration;
 
-use ate_core::Fidelity;
-use ate_snapshot::{DurableStore, Error, SweepStats, seal_generation, verify};
+use ate_snapshot::{DurableStore, Error, SweepStats, verify};
 use common::*;
 use object_store::ObjectStoreExt;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};

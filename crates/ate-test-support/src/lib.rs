@@ -8,6 +8,7 @@
 
 pub mod fs;
 pub mod http;
+pub mod oracles;
 pub mod ports;
 pub mod services;
 pub mod wait;

@@ -9,11 +9,8 @@ mod common;
 
 use std::collections::HashMap;
 use std::path::Path;
-use std::time::Duration;
 
-use ate_worker::{
-    ActorSandbox, RunMode, RuncConfig, RuncRuntime, SandboxRuntime, hardening, probe,
-};
+use ate_worker::{ActorSandbox, RunMode, SandboxRuntime, hardening, probe};
 use common::{Env, counter_spec, get};
 
 const EPERM: &str = "errno 1";

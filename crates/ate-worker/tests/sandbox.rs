@@ -7,8 +7,7 @@ use std::time::{Duration, Instant};
 
 use ate_core::template::Resources;
 use ate_worker::{
-    ActorSandbox, ImageCache, RunMode, RuncConfig, RuncRuntime, SandboxError, SandboxRuntime,
-    SandboxSpec, netns, probe,
+    ActorSandbox, ImageCache, RunMode, SandboxError, SandboxRuntime, SandboxSpec, netns, probe,
 };
 use common::{Env, counter_ref, counter_spec, get, images_dir};
 

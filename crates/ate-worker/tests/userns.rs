@@ -15,7 +15,6 @@ use std::os::unix::fs::MetadataExt;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::time::Duration;
 
 use ate_worker::runc::userns::{self, RANGE_SIZE};
 use ate_worker::{RunMode, RuncConfig, RuncRuntime, SandboxRuntime, probe};

@@ -14,7 +14,7 @@ use bytes::Bytes;
 use common::h2_client::{self, H2, body_text, h2_connect};
 use common::{Env, counter_ref, unique_name};
 use http_body_util::{BodyExt, Empty};
-use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::rt::TokioIo;
 use tonic::Code;
 use tonic::transport::Channel;
 
