@@ -14,7 +14,7 @@ use hyper_util::rt::TokioIo;
 use tokio::net::TcpStream;
 
 #[global_allocator]
-static GLOBAL: common::CountingAllocator = common::CountingAllocator;
+static GLOBAL: common::heap::CountingAllocator = common::heap::CountingAllocator;
 
 async fn allocations_per_request(
     addr: SocketAddr,
@@ -43,11 +43,11 @@ async fn allocations_per_request(
     for _ in 0..20 {
         one(false).await;
     }
-    let before = common::ALLOCATIONS.load(Ordering::Relaxed);
+    let before = common::heap::ALLOCATIONS.load(Ordering::Relaxed);
     for _ in 0..n {
         one(true).await;
     }
-    (common::ALLOCATIONS.load(Ordering::Relaxed) - before) as f64 / n as f64
+    (common::heap::ALLOCATIONS.load(Ordering::Relaxed) - before) as f64 / n as f64
 }
 
 #[tokio::test(flavor = "current_thread")]

@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use common::World;
 
 #[global_allocator]
-static GLOBAL: common::CountingAllocator = common::CountingAllocator;
+static GLOBAL: common::heap::CountingAllocator = common::heap::CountingAllocator;
 
 const ACTOR: &str = "lab/mem";
 
@@ -99,7 +99,7 @@ async fn a_hibernated_websocket_holds_little_heap() {
         .unwrap();
     wait_hibernated(&w, 1).await;
     forget_fixture_records(&w);
-    let before = common::LIVE_BYTES.load(Ordering::Relaxed);
+    let before = common::heap::LIVE_BYTES.load(Ordering::Relaxed);
     let clients = tokio::task::spawn_blocking(move || {
         (0..N)
             .map(|_| hibernated_socket(router))
@@ -109,7 +109,7 @@ async fn a_hibernated_websocket_holds_little_heap() {
     .unwrap();
     wait_hibernated(&w, N + 1).await;
     forget_fixture_records(&w);
-    let per = (common::LIVE_BYTES.load(Ordering::Relaxed) - before) / N as i64;
+    let per = (common::heap::LIVE_BYTES.load(Ordering::Relaxed) - before) / N as i64;
     println!("live heap per hibernated WebSocket: {per} bytes");
     // Measured ~4.3 KiB: the 1 KiB read buffer, the session's task (~1.7 KiB), the upgrade
     // request kept for the next wake (in one allocation). It was ~15 KiB while that request's

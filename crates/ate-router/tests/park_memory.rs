@@ -14,7 +14,7 @@ use ate_router::Stats;
 use common::{Reply, World, no_room};
 
 #[global_allocator]
-static GLOBAL: common::CountingAllocator = common::CountingAllocator;
+static GLOBAL: common::heap::CountingAllocator = common::heap::CountingAllocator;
 
 async fn wait_parked(stats: &Stats, n: u64) {
     let deadline = Instant::now() + Duration::from_secs(5);
@@ -43,12 +43,12 @@ async fn a_parked_request_holds_little_heap() {
     // The first one pays for the flight, the api connection and the gauges.
     park(&mut clients);
     wait_parked(&w.router.stats, 1).await;
-    let before = common::LIVE_BYTES.load(Ordering::Relaxed);
+    let before = common::heap::LIVE_BYTES.load(Ordering::Relaxed);
     for _ in 0..N {
         park(&mut clients);
     }
     wait_parked(&w.router.stats, N as u64 + 1).await;
-    let per = (common::LIVE_BYTES.load(Ordering::Relaxed) - before) / N as i64;
+    let per = (common::heap::LIVE_BYTES.load(Ordering::Relaxed) - before) / N as i64;
     println!("live heap per parked request: {per} bytes");
     // Measured ~20 KiB: 8 KiB read + 8 KiB write buffer (hyper's), ~2 KiB request future,
     // ~1 KiB connection task, the rest small. It was ~38 KiB before (16 KiB read buffer, 9.4 KiB

@@ -14,7 +14,7 @@ use common::*;
 use http::StatusCode;
 use http_body_util::Empty;
 use hyper_util::rt::TokioIo;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
 use tokio::net::TcpStream;
 use tonic::Status;
 

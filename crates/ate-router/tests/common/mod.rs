@@ -6,11 +6,10 @@
 #![allow(dead_code)]
 
 mod atunnel;
-mod heap;
+pub mod heap;
 mod upstream;
 
 pub use atunnel::*;
-pub use heap::*;
 pub use upstream::*;
 
 use std::collections::HashMap;
