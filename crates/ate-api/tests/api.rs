@@ -340,7 +340,7 @@ both_stores!(warm_path, cold_then_warm);
 
 async fn no_room(b: Backend) {
     let t = TestApi::start(b, cfg()).await;
-    let node = t.one_worker(1).await;
+    let _node = t.one_worker(1).await;
     t.create_actor("ns", "a").await;
     t.create_actor("ns", "b").await;
     t.resume("ns", "a").await.unwrap();
@@ -622,7 +622,7 @@ both_stores!(epoch, epoch_mismatch_stays_resuming);
 async fn interrupted_workflows_resume(b: Backend) {
     let lease_ttl = Duration::from_millis(400);
     let t = TestApi::start(b, ApiConfig { lease_ttl, ..cfg() }).await;
-    let node = t.one_worker(2).await;
+    let _node = t.one_worker(2).await;
     for point in [
         FaultPoint::ResumeAfterLease,
         FaultPoint::ResumeAfterBind,
@@ -936,7 +936,7 @@ async fn fresh_api_waits_a_lease_before_expiry(b: Backend) {
         },
     )
     .await;
-    let node = t.one_worker(2).await;
+    let _node = t.one_worker(2).await;
     t.create_actor("ns", "a").await;
     t.resume("ns", "a").await.unwrap();
     tokio::time::sleep(Duration::from_millis(700)).await;
@@ -1019,7 +1019,7 @@ both_stores!(node_unreachable, unreachable_node_resumes_elsewhere);
 /// ReadActorLog goes to the node the actor runs on; an actor that never ran has no log.
 async fn actor_logs_through_the_api(b: Backend) {
     let t = TestApi::start(b, cfg()).await;
-    let node = t.one_worker(2).await;
+    let _node = t.one_worker(2).await;
     t.create_actor("ns", "a").await;
     let read = |offset: u64| {
         let mut c = t.actors();
