@@ -16,7 +16,7 @@ use ate_worker::atunnel::{self, Tunnels};
 use ate_worker::netns::{self, ACTOR_IP, NetnsDialer};
 use bytes::Bytes;
 use common::h2_client::{self, H2, body_text, h2_connect};
-use http_body_util::{BodyExt, Empty};
+use http_body_util::Empty;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 /// Deletes the test's namespace however the test ends.

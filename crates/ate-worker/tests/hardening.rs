@@ -10,8 +10,8 @@ mod common;
 use std::collections::HashMap;
 use std::path::Path;
 
-use ate_worker::{ActorSandbox, RunMode, SandboxRuntime, hardening, probe};
-use common::{Env, counter_spec, get};
+use ate_worker::{ActorSandbox, RunMode, SandboxRuntime, hardening};
+use common::{Env, counter_spec, criu_runtime, get, wait_healthy};
 
 const EPERM: &str = "errno 1";
 const ENOSYS: &str = "errno 38";

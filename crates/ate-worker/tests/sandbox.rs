@@ -9,7 +9,9 @@ use ate_core::template::Resources;
 use ate_worker::{
     ActorSandbox, ImageCache, RunMode, SandboxError, SandboxRuntime, SandboxSpec, netns, probe,
 };
-use common::{Env, counter_ref, counter_spec, get, images_dir};
+use common::{
+    Env, counter_ref, counter_spec, criu_runtime, get, images_dir, runc_runtime, wait_healthy,
+};
 
 fn counts(m: u32, f: u32, r: u32) -> String {
     format!(

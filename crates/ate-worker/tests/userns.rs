@@ -17,8 +17,8 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use ate_worker::runc::userns::{self, RANGE_SIZE};
-use ate_worker::{RunMode, RuncConfig, RuncRuntime, SandboxRuntime, probe};
-use common::{Env, counter_spec, get};
+use ate_worker::{RunMode, RuncConfig, RuncRuntime, SandboxRuntime};
+use common::{Env, counter_spec, get, wait_healthy};
 
 /// Pids in the actor's `pids` cgroup (every process of the sandbox).
 fn actor_pids(init: u32) -> Vec<u32> {
@@ -114,7 +114,7 @@ async fn actors_are_unprivileged_on_the_host_and_apart_from_each_other() {
             .run(actor, &spec, RunMode::KeepRootfs)
             .await
             .expect("run counter");
-        wait_healthy(&actor, "counter ready (port 80 binds inside)").await;
+        wait_healthy(actor, "counter ready (port 80 binds inside)").await;
         let (status, body) = get(actor, "/").await;
         assert_eq!(status, 200, "{body}");
         inits.push(started.pid.expect("init pid"));

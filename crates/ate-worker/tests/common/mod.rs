@@ -210,6 +210,7 @@ pub async fn runc_runtime(env: &Env) -> ate_worker::RuncRuntime {
 
 /// [`runc_runtime`], which must be able to restore memory (CRIU).
 pub async fn criu_runtime(env: &Env) -> ate_worker::RuncRuntime {
+    use ate_worker::SandboxRuntime as _;
     let runtime = runc_runtime(env).await;
     assert!(
         runtime.capabilities().can_restore_memory,
@@ -221,11 +222,12 @@ pub async fn criu_runtime(env: &Env) -> ate_worker::RuncRuntime {
 /// How long an actor may take to answer its wakeup probe.
 pub const PROBE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(15);
 
-/// Waits until `actor` answers `/healthz` on port 80; panics with `what` otherwise.
-pub async fn wait_healthy(actor: &ActorSandbox, what: &str) {
+/// Waits until `actor` answers `/healthz` on port 80: how long that took; panics with `what`
+/// otherwise.
+pub async fn wait_healthy(actor: &ActorSandbox, what: &str) -> std::time::Duration {
     ate_worker::probe::wait_ready(&actor.netns(), 80, "/healthz", PROBE_TIMEOUT)
         .await
-        .expect(what);
+        .expect(what)
 }
 
 pub async fn counter_spec(env: &Env) -> ate_worker::SandboxSpec {
