@@ -5,7 +5,7 @@
 
 mod support;
 
-use std::io::{Read, Write};
+use std::io::Write;
 use std::time::Duration;
 
 use support::actors::*;

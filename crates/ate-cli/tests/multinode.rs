@@ -299,7 +299,7 @@ fn memory_count(body: &str) -> Option<u64> {
 
 /// GET / through `router` with a short timeout; status 0 = no answer.
 fn get(router: SocketAddr, actor: &str) -> (u16, String) {
-    use std::io::{Read, Write};
+    use std::io::Write;
     let Ok(mut s) = std::net::TcpStream::connect_timeout(&router, Duration::from_secs(2)) else {
         return (0, String::new());
     };

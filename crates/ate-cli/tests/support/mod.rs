@@ -505,7 +505,7 @@ pub fn request(
     path: &str,
     body: &str,
 ) -> (u16, String, String) {
-    use std::io::{Read, Write};
+    use std::io::Write;
     let mut s = std::net::TcpStream::connect(router).expect("connect router");
     s.set_read_timeout(Some(Duration::from_secs(30))).ok();
     let req = format!(
