@@ -120,7 +120,7 @@ async fn nothing_stored_reveals_the_generation_and_every_read_path_works() {
 
     // Whole download.
     let back = fx.root.path().join("back");
-    let got = s.download(&uri, &back).await.expect("download");
+    let got = download_ok(&s, &uri, &back).await;
     assert_eq!(got, m);
     verify(&back).await.expect("verify the download");
     assert_eq!(
@@ -281,7 +281,7 @@ async fn big_files_go_up_as_sealed_multipart_uploads() {
     let big = object_file(&durable, KEY_A, "criu/big.img.zst");
     assert!(fs::metadata(&big).expect("stat").len() > 8 << 20);
     let back = fx.root.path().join("back");
-    assert_eq!(s.download(KEY_A, &back).await.expect("download"), m);
+    assert_eq!(download_ok(&s, KEY_A, &back).await, m);
     assert_eq!(
         fs::read(back.join("criu/big.img")).expect("read"),
         fs::read(fx.gen_dir.join("criu/big.img")).expect("read")
@@ -343,5 +343,5 @@ async fn the_sweep_of_an_encrypted_store_keeps_referenced_chunks_and_takes_the_r
         "a's own chunk is gone"
     );
     let back = fx.root.path().join("b-back");
-    assert_eq!(s.download(KEY_B, &back).await.expect("download b"), b);
+    assert_eq!(download_ok(&s, KEY_B, &back).await, b);
 }

@@ -156,10 +156,7 @@ async fn s3_sweep_removes_old_partial_uploads_only() {
     }
     assert!(store.exists_complete(complete).await.expect("exists"));
     let target = fx.root.path().join("node-b/gen-7");
-    assert_eq!(
-        store.download(complete, &target).await.expect("download"),
-        m
-    );
+    assert_eq!(download_ok(&store, complete, &target).await, m);
 
     // Idempotent: another node sweeping after it finds nothing.
     let again = short
@@ -316,20 +313,14 @@ async fn s3_upload_download_corrupt_delete() {
         "{delta:?}"
     );
     let target2 = fx.root.path().join("node-b/gen-9");
-    assert_eq!(
-        store
-            .download("default/counter/9", &target2)
-            .await
-            .expect("download g2"),
-        m2
-    );
+    assert_eq!(download_ok(&store, "default/counter/9", &target2).await, m2);
     assert_eq!(
         fs::read(target2.join("criu/pages-1.img")).expect("read"),
         changed
     );
 
     let target = fx.root.path().join("node-b/gen-7");
-    let got = store.download(&uri, &target).await.expect("download");
+    let got = download_ok(&store, &uri, &target).await;
     assert_eq!(got, m);
     assert_eq!(verify(&target).await.expect("verify"), m);
     assert_eq!(

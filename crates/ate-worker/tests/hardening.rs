@@ -10,8 +10,8 @@ mod common;
 use std::collections::HashMap;
 use std::path::Path;
 
-use ate_worker::{ActorSandbox, RunMode, SandboxRuntime, hardening};
-use common::{Env, counter_spec, criu_runtime, get, wait_healthy};
+use ate_worker::{ActorSandbox, SandboxRuntime, hardening};
+use common::{Env, counter_spec, criu_runtime, get, run_until_healthy, wait_healthy};
 
 const EPERM: &str = "errno 1";
 const ENOSYS: &str = "errno 38";
@@ -171,11 +171,7 @@ async fn hardening_holds_on_cold_start_and_after_memory_restore() {
     let image_before = snapshot_tree(&spec.image.rootfs);
     let actor = env.actor("hard", "uid-1");
 
-    let started = runtime
-        .run(&actor, &spec, RunMode::KeepRootfs)
-        .await
-        .expect("run counter");
-    wait_healthy(&actor, "counter ready").await;
+    let started = run_until_healthy(&runtime, &actor, &spec, "run counter").await;
     let (status, body) = get(&actor, "/").await;
     assert_eq!(status, 200, "{body}");
     assert!(body.contains("preserved memory count: 1"), "{body}");
@@ -218,11 +214,7 @@ async fn hardening_holds_on_cold_start_and_after_memory_restore() {
 
     // A ROOTFS restart gets the same config again.
     runtime.stop(&actor).await.expect("stop");
-    let again = runtime
-        .run(&actor, &spec, RunMode::KeepRootfs)
-        .await
-        .expect("rootfs restart");
-    wait_healthy(&actor, "restart ready").await;
+    let again = run_until_healthy(&runtime, &actor, &spec, "rootfs restart").await;
     assert_hardened(&actor, again.pid.expect("init pid"), "rootfs restart").await;
 
     runtime.stop(&actor).await.expect("stop");

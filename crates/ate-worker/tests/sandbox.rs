@@ -10,7 +10,8 @@ use ate_worker::{
     ActorSandbox, ImageCache, RunMode, SandboxError, SandboxRuntime, SandboxSpec, netns, probe,
 };
 use common::{
-    Env, counter_ref, counter_spec, criu_runtime, get, images_dir, runc_runtime, wait_healthy,
+    Env, counter_ref, counter_spec, criu_runtime, get, images_dir, run_until_healthy, runc_runtime,
+    wait_healthy,
 };
 
 fn counts(m: u32, f: u32, r: u32) -> String {
@@ -188,11 +189,7 @@ async fn counter_memory_rootfs_and_volumes_fidelity() {
     // ROOTFS: restart from the kept upper dir and volumes; memory starts over.
     runtime.stop(&actor).await.expect("stop");
     let t0 = Instant::now();
-    runtime
-        .run(&actor, &spec, RunMode::KeepRootfs)
-        .await
-        .expect("rootfs restart");
-    wait_healthy(&actor, "rootfs restart ready").await;
+    run_until_healthy(&runtime, &actor, &spec, "rootfs restart").await;
     eprintln!("rootfs restart → first response {:?}", t0.elapsed());
     assert_counts(&actor, 1, 6, 6).await;
 
@@ -219,11 +216,7 @@ async fn exited_actor_is_noticed_and_stop_is_idempotent() {
     // Stopping an actor the runtime never saw is fine.
     runtime.stop(&actor).await.expect("stop unknown actor");
 
-    let started = runtime
-        .run(&actor, &spec, RunMode::KeepRootfs)
-        .await
-        .expect("run");
-    wait_healthy(&actor, "ready").await;
+    let started = run_until_healthy(&runtime, &actor, &spec, "run").await;
     let pid = started.pid.expect("init pid");
     nix::sys::signal::kill(
         nix::unistd::Pid::from_raw(pid as i32),
@@ -301,11 +294,7 @@ async fn golden_snapshot_restores_as_another_actor() {
     let runtime = criu_runtime(&env).await;
     let spec = counter_spec(&env).await;
     let golden = env.actor("gold", "uid-golden");
-    runtime
-        .run(&golden, &spec, RunMode::KeepRootfs)
-        .await
-        .expect("run golden");
-    wait_healthy(&golden, "golden ready").await;
+    run_until_healthy(&runtime, &golden, &spec, "run golden").await;
     assert_counts(&golden, 1, 1, 1).await;
     let images = env.path().join("golden-checkpoint");
     runtime
@@ -393,11 +382,7 @@ async fn sleeper_memory_survives_restore_with_timings() {
         sidecars: vec![],
     };
     let actor = env.actor("sleep", "uid-1");
-    runtime
-        .run(&actor, &spec, RunMode::KeepRootfs)
-        .await
-        .expect("run sleeper");
-    wait_healthy(&actor, "sleeper ready").await;
+    run_until_healthy(&runtime, &actor, &spec, "run sleeper").await;
     let (status, before) = get(&actor, "/").await;
     assert_eq!(status, 200);
     assert!(before.contains(&format!("holding {MIB} MiB")), "{before}");

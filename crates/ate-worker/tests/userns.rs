@@ -18,7 +18,7 @@ use std::process::Command;
 
 use ate_worker::runc::userns::{self, RANGE_SIZE};
 use ate_worker::{RunMode, RuncConfig, RuncRuntime, SandboxRuntime};
-use common::{Env, counter_spec, get, wait_healthy};
+use common::{Env, counter_spec, get, run_until_healthy, wait_healthy};
 
 /// Pids in the actor's `pids` cgroup (every process of the sandbox).
 fn actor_pids(init: u32) -> Vec<u32> {
@@ -292,11 +292,7 @@ async fn a_generation_dumped_without_a_user_namespace_restores_without_one() {
     let before = RuncRuntime::new(config(false)).await.expect("runtime");
     let spec = counter_spec(&env).await;
     let a = env.actor("unold", "uid-a");
-    let started = before
-        .run(&a, &spec, RunMode::KeepRootfs)
-        .await
-        .expect("run without a user namespace");
-    wait_healthy(&a, "ready").await;
+    let started = run_until_healthy(&before, &a, &spec, "run without a user namespace").await;
     let (_, body) = get(&a, "/").await;
     assert!(body.contains("preserved memory count: 1"), "{body}");
     let status = std::fs::read_to_string(format!("/proc/{}/status", started.pid.expect("pid")))
@@ -327,11 +323,7 @@ async fn a_generation_dumped_without_a_user_namespace_restores_without_one() {
     let _ = restored;
     // A fresh run now: its own user namespace, the files written without one still readable.
     after.stop(&a).await.expect("stop");
-    let fresh = after
-        .run(&a, &spec, RunMode::KeepRootfs)
-        .await
-        .expect("run in a user namespace");
-    wait_healthy(&a, "ready").await;
+    let fresh = run_until_healthy(&after, &a, &spec, "run in a user namespace").await;
     let base = userns::recorded_base(&a.dir).expect("range");
     assert_ids_in_range(fresh.pid.expect("pid"), base);
     let (_, body) = get(&a, "/").await;

@@ -54,6 +54,16 @@ pub struct Fixture {
     pub volumes: Vec<(String, PathBuf)>,
 }
 
+/// Downloads generation `key` of `store` into `target`, which must succeed: its manifest.
+pub async fn download_ok(
+    store: &ate_snapshot::DurableStore,
+    key: &str,
+    target: &Path,
+) -> ate_snapshot::Manifest {
+    let got = store.download(key, target).await;
+    got.unwrap_or_else(|e| panic!("download {key}: {e}"))
+}
+
 impl Fixture {
     /// Seals the fixture's generation at memory fidelity, with its upper dir and volumes.
     pub async fn seal_memory(&self) -> Result<ate_snapshot::Manifest, ate_snapshot::Error> {

@@ -230,6 +230,22 @@ pub async fn wait_healthy(actor: &ActorSandbox, what: &str) -> std::time::Durati
         .expect(what)
 }
 
+/// Runs `actor` from `spec` (keeping its rootfs) and waits until it answers its probe; panics
+/// naming `what` otherwise.
+pub async fn run_until_healthy(
+    runtime: &impl ate_worker::SandboxRuntime,
+    actor: &ActorSandbox,
+    spec: &ate_worker::SandboxSpec,
+    what: &str,
+) -> ate_worker::Started {
+    let started = runtime
+        .run(actor, spec, ate_worker::RunMode::KeepRootfs)
+        .await
+        .unwrap_or_else(|e| panic!("{what}: {e}"));
+    wait_healthy(actor, &format!("{what}: ready")).await;
+    started
+}
+
 pub async fn counter_spec(env: &Env) -> ate_worker::SandboxSpec {
     let image = ate_worker::ImageCache::new(env.path().join("images"))
         .ensure(&counter_ref())
