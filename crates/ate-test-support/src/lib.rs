@@ -7,6 +7,7 @@
 //! Test code: a failed step panics with what was being done, as a test assertion would.
 
 pub mod fs;
+pub mod hold_server;
 pub mod http;
 pub mod oracles;
 pub mod ports;

@@ -668,23 +668,6 @@ async fn advertised_address_is_reported() {
     env.assert_clean();
 }
 
-/// Accepts on the port given, on every address, and holds each connection until the peer closes.
-const HOLD_SERVER: &str = r#"
-import socket, sys, threading
-def hold(c):
-    try:
-        c.recv(1)
-    finally:
-        c.close()
-s = socket.socket()
-s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-s.bind(("", int(sys.argv[1])))
-s.listen(64)
-while True:
-    c, _ = s.accept()
-    threading.Thread(target=hold, args=(c,), daemon=True).start()
-"#;
-
 /// A netns reached from the host over a veth (host side 10.254.X.1/29, which becomes a node
 /// address) holding two addresses, 10.254.X.2 and .3, with a holding server; removed on drop.
 struct TestHost {
@@ -756,7 +739,10 @@ impl TestHost {
         ip(&["-n", &ns, "link", "set", &peer_link, "up"]);
         h.server = Some(
             std::process::Command::new("ip")
-                .args(["netns", "exec", &ns, "python3", "-c", HOLD_SERVER])
+                .args(["netns", "exec", &ns, "python3", "-c"])
+                .arg(ate_test_support::hold_server::SCRIPT)
+                // Every address of the namespace.
+                .arg("")
                 .arg(h.port.to_string())
                 .stdin(std::process::Stdio::null())
                 .stdout(std::process::Stdio::null())
