@@ -20,7 +20,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
-use support::{ATE, free_port, images_dir};
+use support::{ATE, free_port, images_dir, on_path};
 
 const NS: &str = "mn";
 const ACTORS: usize = 6;
@@ -29,17 +29,12 @@ const OUTAGE: Duration = Duration::from_secs(8);
 /// Longest wait for an affected actor to answer 200 again.
 const RECOVERY: Duration = Duration::from_secs(60);
 
-fn installed(program: &str) -> bool {
-    std::env::var_os("PATH")
-        .is_some_and(|paths| std::env::split_paths(&paths).any(|d| d.join(program).is_file()))
-}
-
 fn cannot_run() -> Option<String> {
     if !nix::unistd::Uid::effective().is_root() {
         return Some("needs root (network namespaces, runc)".into());
     }
     for t in ["runc", "criu", "nsenter", "ip", "moto_server", "psql"] {
-        if !installed(t) {
+        if !on_path(t) {
             return Some(format!("{t} is not installed"));
         }
     }

@@ -455,6 +455,21 @@ pub fn run_ok(cmd: &mut Command, what: &str) -> String {
     stdout_of_success(out, what)
 }
 
+/// Sends SIGKILL to `pid`, which must succeed.
+pub fn kill_9(pid: impl std::fmt::Display) {
+    let killed = Command::new("kill")
+        .args(["-9", &pid.to_string()])
+        .status()
+        .expect("kill");
+    assert!(killed.success(), "kill -9 {pid}");
+}
+
+/// True when `program` is in a `PATH` directory.
+pub fn on_path(program: &str) -> bool {
+    std::env::var_os("PATH")
+        .is_some_and(|paths| std::env::split_paths(&paths).any(|d| d.join(program).is_file()))
+}
+
 /// The first PID `pgrep ARGS` prints, if any.
 pub fn pgrep_first(args: &[&str]) -> Option<u32> {
     let out = Command::new("pgrep").args(args).output().ok()?;
