@@ -157,11 +157,7 @@ fn rootfs_and_volumes_fidelity_keep_what_they_promise() {
 
 #[test]
 fn golden_tag_seeds_new_actors_with_their_own_identity() {
-    let sys = System::up(UpOptions {
-        workers: 1,
-        slots: 8,
-        ..Default::default()
-    });
+    let sys = System::up(UpOptions::with_slots(1, 8));
     let ns = "ns-golden";
     sys_apply(&sys, ns, "agent", &Tpl::counter());
     create_actor(&sys, ns, "g", "agent");

@@ -158,11 +158,7 @@ fn wait_for_weight(file: &std::path::Path, want: u64) {
 
 #[test]
 fn a_spinning_neighbour_is_held_to_its_weight() {
-    let sys = System::up(UpOptions {
-        workers: 1,
-        slots: 4,
-        ..Default::default()
-    });
+    let sys = System::up(UpOptions::with_slots(1, 4));
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     let hog_millis = 1000 * cores as u32;
     for (name, cpu) in [("quiet", "250m".to_string()), ("hog", cores.to_string())] {

@@ -76,11 +76,7 @@ fn assert_no_room_503(sys: &System, name: &str, status: u16, body: &str, secs: f
 /// The spec's parking demo (Fig. 4.7): 2 workers with 1 slot each, actors p1..p4.
 #[test]
 fn parking_demo_timeline() {
-    let sys = System::up(UpOptions {
-        workers: 2,
-        slots: 1,
-        ..Default::default()
-    });
+    let sys = System::up(UpOptions::with_slots(2, 1));
     for p in ["p1", "p2", "p3", "p4"] {
         create(&sys, p);
     }
@@ -392,11 +388,7 @@ fn websocket_and_connect_through_the_router() {
 /// still complete (here p1 is suspended during the drain, so they are served).
 #[test]
 fn drain_finishes_parked_requests() {
-    let sys = System::up(UpOptions {
-        workers: 2,
-        slots: 1,
-        ..Default::default()
-    });
+    let sys = System::up(UpOptions::with_slots(2, 1));
     fill_pool(&sys);
     let metrics = sys.router_metrics.to_string();
     let router = sys.router_addr;

@@ -259,11 +259,7 @@ fn sidecar_rootfs(body: &str) -> u64 {
 #[test]
 fn frozen_copies_golden_tags_and_rootfs_fidelity_work_for_two_containers() {
     // Frozen copies kept (the default): a node-local resume thaws the whole sandbox in place.
-    let sys = System::up(UpOptions {
-        workers: 1,
-        slots: 8,
-        ..Default::default()
-    });
+    let sys = System::up(UpOptions::with_slots(1, 8));
     let ns = "ns-side-tiers";
     let out = apply_yaml(&sys, "pair.yaml", &two_containers(ns, "pair", 9000, "stop"));
     assert!(out.status.success(), "{out:?}");

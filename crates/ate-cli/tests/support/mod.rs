@@ -77,6 +77,15 @@ impl Default for UpOptions {
 }
 
 impl UpOptions {
+    /// `workers` workers of `slots` slots each, the demo templates and actors.
+    pub fn with_slots(workers: u32, slots: u32) -> UpOptions {
+        UpOptions {
+            workers,
+            slots,
+            ..Default::default()
+        }
+    }
+
     /// `workers` workers (4 slots each), the demo templates and actors.
     pub fn with_workers(workers: u32) -> UpOptions {
         UpOptions {
