@@ -41,8 +41,7 @@ fn suspended(sys: &System, ns: &str, name: &str) {
 #[test]
 fn an_actor_calls_a_suspended_actor_by_name_and_only_the_platform_names_the_caller() {
     let sys = System::up(UpOptions::default());
-    sys_apply(&sys, "n1", "counter", &Tpl::counter());
-    create_actor(&sys, "n1", "a", "counter");
+    counter_actor(&sys, "n1", "counter", "a");
     create_actor(&sys, "n1", "b", "counter");
     get_ok(&sys, "n1/b", "/");
     suspended(&sys, "n1", "b");
@@ -224,8 +223,7 @@ fn an_actor_keeps_itself_awake_and_asks_to_be_suspended() {
 #[test]
 fn an_actor_gets_an_identity_token_that_the_api_jwks_verifies() {
     let sys = System::up(UpOptions::default());
-    sys_apply(&sys, "n1", "counter", &Tpl::counter());
-    create_actor(&sys, "n1", "a", "counter");
+    counter_actor(&sys, "n1", "counter", "a");
     let json = |body: &str| -> serde_json::Value {
         let start = body
             .find('{')

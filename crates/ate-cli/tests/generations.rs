@@ -78,8 +78,7 @@ fn a_damaged_newest_generation_is_skipped_by_revert_and_an_older_one_can_be_chos
     // One worker, no frozen copies: every resume restores (and verifies) a generation on disk.
     let sys = one_worker_restoring(None);
     let ns = "ns-gens";
-    sys_apply(&sys, ns, "counter", &Tpl::counter());
-    create_actor(&sys, ns, "c", "counter");
+    counter_actor(&sys, ns, "counter", "c");
     let target = format!("{ns}/c");
     let out = sys.ate_ok(&["get", "generations", "actor", "c", "-a", ns]);
     assert_eq!(out.trim(), format!("actor {ns}/c has no generation yet"));

@@ -54,8 +54,7 @@ fn durable_restore_from_s3_after_local_copy_is_gone() {
         &[("AWS_ENDPOINT_URL", &endpoint), ("AWS_ALLOW_HTTP", "true")],
     );
     let ns = "ns-durable";
-    sys_apply(&sys, ns, "counter", &Tpl::counter());
-    create_actor(&sys, ns, "c", "counter");
+    counter_actor(&sys, ns, "counter", "c");
     let target = format!("{ns}/c");
     for n in 1..=3 {
         assert_eq!(counts(&get_ok(&sys, &target, "/")), (n, n, n));
@@ -159,8 +158,7 @@ fn rootfs_and_volumes_fidelity_keep_what_they_promise() {
 fn golden_tag_seeds_new_actors_with_their_own_identity() {
     let sys = System::up(UpOptions::with_slots(1, 8));
     let ns = "ns-golden";
-    sys_apply(&sys, ns, "agent", &Tpl::counter());
-    create_actor(&sys, ns, "g", "agent");
+    counter_actor(&sys, ns, "agent", "g");
     for n in 1..=3 {
         assert_eq!(counts(&get_ok(&sys, &format!("{ns}/g"), "/")), (n, n, n));
     }
@@ -280,8 +278,7 @@ fn a_failed_memory_dump_fails_the_suspend_unless_the_template_allows_rootfs() {
         &[("ATE_FAULT_CRIU_DUMP", "fail")],
     );
     let ns = "ns-criufail";
-    sys_apply(&sys, ns, "counter", &Tpl::counter());
-    create_actor(&sys, ns, "c", "counter");
+    counter_actor(&sys, ns, "counter", "c");
     for n in 1..=2 {
         assert_eq!(counts(&get_ok(&sys, &format!("{ns}/c"), "/")), (n, n, n));
     }
@@ -344,8 +341,7 @@ fn corrupted_snapshot_is_refused_with_a_checksum_error() {
     let store = TmpfsStore::mount(true);
     let sys = one_worker_restoring(Some(store.url()));
     let ns = "ns-corrupt";
-    sys_apply(&sys, ns, "counter", &Tpl::counter());
-    create_actor(&sys, ns, "c", "counter");
+    counter_actor(&sys, ns, "counter", "c");
     assert_eq!(counts(&get_ok(&sys, &format!("{ns}/c"), "/")), (1, 1, 1));
     sys.ate_ok(&["suspend", "actor", "c", "-a", ns]);
     let gen_dir = generation_dir(&sys.state_dir(), ns, "c", 1);
@@ -946,8 +942,7 @@ fn worker_killed_mid_restore_then_restarted_resumes() {
 fn exited_actor_is_released_within_a_second_and_resumes_from_its_last_generation() {
     let sys = System::up(UpOptions::with_workers(1));
     let ns = "ns-exit";
-    sys_apply(&sys, ns, "counter", &Tpl::counter());
-    create_actor(&sys, ns, "c", "counter");
+    counter_actor(&sys, ns, "counter", "c");
     let target = format!("{ns}/c");
     for n in 1..=3 {
         assert_eq!(counts(&get_ok(&sys, &target, "/")), (n, n, n));
@@ -1450,8 +1445,7 @@ fn corrupted_local_generation_is_restored_from_its_durable_copy() {
     // No frozen copy: a resume must restore (and so verify) the generation on disk.
     let sys = one_worker_restoring(None);
     let ns = "ns-corrupt-durable";
-    sys_apply(&sys, ns, "counter", &Tpl::counter());
-    create_actor(&sys, ns, "c", "counter");
+    counter_actor(&sys, ns, "counter", "c");
     let target = format!("{ns}/c");
     for n in 1..=3 {
         assert_eq!(counts(&get_ok(&sys, &target, "/")), (n, n, n));
@@ -1537,8 +1531,7 @@ fn corrupted_local_generation_without_durable_copy_crashes_and_keeps_the_older_o
     let store = TmpfsStore::mount(false);
     let sys = one_worker_restoring(Some(store.url()));
     let ns = "ns-corrupt-local-only";
-    sys_apply(&sys, ns, "counter", &Tpl::counter());
-    create_actor(&sys, ns, "c", "counter");
+    counter_actor(&sys, ns, "counter", "c");
     let target = format!("{ns}/c");
     assert_eq!(counts(&get_ok(&sys, &target, "/")), (1, 1, 1));
     sys.ate_ok(&["suspend", "actor", "c", "-a", ns, "--durable"]);

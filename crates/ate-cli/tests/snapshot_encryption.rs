@@ -211,8 +211,7 @@ fn a_tampered_node_local_generation_is_refused_and_restored_from_its_durable_cop
     let sys = System::up_with_env(UpOptions::with_workers(1), &[("ATE_KEEP_FROZEN", "0")]);
     let state = sys.state_dir();
     let ns = "ns-crypt-local";
-    sys_apply(&sys, ns, "counter", &Tpl::counter());
-    create_actor(&sys, ns, "c", "counter");
+    counter_actor(&sys, ns, "counter", "c");
     let c = format!("{ns}/c");
     assert_eq!(counts(&get_ok(&sys, &c, "/")), (1, 1, 1));
     sys.ate_ok(&["suspend", "actor", "c", "-a", ns, "--durable"]); // generation 1, count 1
@@ -345,8 +344,7 @@ fn a_rolled_back_or_swapped_durable_manifest_is_refused_and_revert_recovers() {
     let sys = System::up_with_env(UpOptions::with_workers(1), &[("ATE_KEEP_FROZEN", "0")]);
     let state = sys.state_dir();
     let ns = "ns-crypt-tamper";
-    sys_apply(&sys, ns, "counter", &Tpl::counter());
-    create_actor(&sys, ns, "c", "counter");
+    counter_actor(&sys, ns, "counter", "c");
     create_actor(&sys, ns, "d", "counter");
     let c = format!("{ns}/c");
     assert_eq!(counts(&get_ok(&sys, &c, "/")), (1, 1, 1));

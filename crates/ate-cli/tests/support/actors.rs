@@ -205,6 +205,13 @@ pub fn two_counters_template(
     )
 }
 
+/// The counter applied as template `template` in atespace `ns` (with the atespace), and actor
+/// `name` of it created.
+pub fn counter_actor(sys: &System, ns: &str, template: &str, name: &str) {
+    sys_apply(sys, ns, template, &Tpl::counter());
+    create_actor(sys, ns, name, template);
+}
+
 /// `ate create actor NAME -a NS -t NS/TEMPLATE`.
 pub fn create_actor(sys: &System, ns: &str, name: &str, template: &str) {
     sys.ate_ok(&create_actor_args(name, ns, &format!("{ns}/{template}")));
