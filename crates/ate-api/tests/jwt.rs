@@ -4,20 +4,19 @@
 mod common;
 
 use std::sync::Arc;
-use std::time::{SystemTime, UNIX_EPOCH};
 
 use ate_api::Api;
 use ate_api::authz::Authz;
 use ate_api::jwt::{JwtConfig, JwtVerifier};
 use ate_proto::v1::*;
+use ate_test_support::jwt::{Signer, merged, now};
 use ate_tls::{
     AllowList, CertSource, ClientAuth, LocalCa, ServerCheck, SpiffeId, SvidRequest, client_config,
     client_config_no_cert, endpoint, tls_channel,
 };
 use base64::Engine as _;
 use common::*;
-use jsonwebtoken::jwk::Jwk;
-use jsonwebtoken::{Algorithm, EncodingKey, Header, encode};
+
 use serde_json::json;
 use tonic::transport::Channel;
 use tonic::{Code, Request, Status};
@@ -26,61 +25,10 @@ const TD: &str = "ate.local";
 const ISS: &str = "https://issuer.test";
 const AUD: &str = "ate-api";
 
-/// A token signer with a freshly generated key.
-struct Signer {
-    kid: &'static str,
-    alg: Algorithm,
-    key: EncodingKey,
-}
-
-impl Signer {
-    fn ec(kid: &'static str) -> Signer {
-        let kp = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).unwrap();
-        Signer {
-            kid,
-            alg: Algorithm::ES256,
-            key: EncodingKey::from_ec_der(&kp.serialize_der()),
-        }
-    }
-
-    fn rsa(kid: &'static str) -> Signer {
-        let kp = rcgen::KeyPair::generate_for(&rcgen::PKCS_RSA_SHA256).unwrap();
-        Signer {
-            kid,
-            alg: Algorithm::RS256,
-            key: EncodingKey::from_rsa_pem(kp.serialize_pem().as_bytes()).unwrap(),
-        }
-    }
-
-    fn jwk(&self) -> serde_json::Value {
-        let mut jwk = Jwk::from_encoding_key(&self.key, self.alg).unwrap();
-        jwk.common.key_id = Some(self.kid.to_string());
-        serde_json::to_value(jwk).unwrap()
-    }
-
-    fn sign(&self, claims: &serde_json::Value) -> String {
-        let mut header = Header::new(self.alg);
-        header.kid = Some(self.kid.to_string());
-        encode(&header, claims, &self.key).unwrap()
-    }
-}
-
-fn now() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap()
-        .as_secs()
-}
-
 /// Valid claims for subject `sub`, with `extra` merged in.
 fn claims(sub: &str, extra: serde_json::Value) -> serde_json::Value {
-    let mut c = json!({"iss": ISS, "aud": AUD, "sub": sub, "exp": now() + 600});
-    if let (Some(c), Some(extra)) = (c.as_object_mut(), extra.as_object()) {
-        for (k, v) in extra {
-            c.insert(k.clone(), v.clone());
-        }
-    }
-    c
+    let valid = json!({"iss": ISS, "aud": AUD, "sub": sub, "exp": now() + 600});
+    merged(valid, extra)
 }
 
 struct JwtApi {

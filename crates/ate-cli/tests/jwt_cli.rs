@@ -1,12 +1,10 @@
 //! `ate api --auth-mode=jwt` as a process, and the CLI's `--token` / `ATE_TOKEN` against it.
 
 use std::process::{Command, Output};
-use std::time::{SystemTime, UNIX_EPOCH};
 
 mod support;
 
-use jsonwebtoken::jwk::Jwk;
-use jsonwebtoken::{Algorithm, EncodingKey, Header, encode};
+use ate_test_support::jwt::{Signer, merged, now};
 use serde_json::json;
 use support::ATE;
 use support::api_process::ApiProcess;
@@ -22,7 +20,7 @@ const AUD: &str = "ate-api";
 struct JwtApi {
     api: ApiProcess,
     ca_file: std::path::PathBuf,
-    key: EncodingKey,
+    signer: Signer,
 }
 
 impl JwtApi {
@@ -39,12 +37,9 @@ impl JwtApi {
         svid.write_pem(&cert, &key_file).unwrap();
         let ca_file = dir.path().join("ca").join(ate_tls::CA_CERT_FILE);
 
-        let kp = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).unwrap();
-        let key = EncodingKey::from_ec_der(&kp.serialize_der());
-        let mut jwk = Jwk::from_encoding_key(&key, Algorithm::ES256).unwrap();
-        jwk.common.key_id = Some("k1".into());
+        let signer = Signer::ec("k1");
         let jwks = dir.path().join("jwks.json");
-        std::fs::write(&jwks, json!({ "keys": [jwk] }).to_string()).unwrap();
+        std::fs::write(&jwks, json!({ "keys": [signer.jwk()] }).to_string()).unwrap();
 
         let api = ApiProcess::start_in(dir, |cmd| {
             cmd.args([
@@ -64,23 +59,16 @@ impl JwtApi {
             .arg("--tls-ca")
             .arg(&ca_file);
         });
-        JwtApi { api, ca_file, key }
+        JwtApi {
+            api,
+            ca_file,
+            signer,
+        }
     }
 
     fn token(&self, sub: &str, extra: serde_json::Value) -> String {
-        let now = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .unwrap()
-            .as_secs();
-        let mut claims = json!({"iss": ISS, "aud": AUD, "sub": sub, "exp": now + 600});
-        if let (Some(c), Some(extra)) = (claims.as_object_mut(), extra.as_object()) {
-            for (k, v) in extra {
-                c.insert(k.clone(), v.clone());
-            }
-        }
-        let mut header = Header::new(Algorithm::ES256);
-        header.kid = Some("k1".into());
-        encode(&header, &claims, &self.key).unwrap()
+        let valid = json!({"iss": ISS, "aud": AUD, "sub": sub, "exp": now() + 600});
+        self.signer.sign(&merged(valid, extra))
     }
 
     /// `ate --api <addr> <args>` with no discoverable `ate up` configuration around it.
@@ -138,19 +126,9 @@ fn cli_sends_bearer_tokens_to_a_jwt_api() {
     let e = err(api.ate(&[], &["--ca", &ca, "--token", &expired, "get", "atespaces"]));
     assert!(e.contains("expired"), "{e}");
     // A forged token (right kid, another key) is refused by the api.
-    let forger = EncodingKey::from_ec_der(
-        &rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256)
-            .unwrap()
-            .serialize_der(),
-    );
-    let mut header = Header::new(Algorithm::ES256);
-    header.kid = Some("k1".into());
-    let forged = encode(
-        &header,
-        &json!({"iss": ISS, "aud": AUD, "sub": "mallory", "exp": 4_000_000_000u64}),
-        &forger,
-    )
-    .unwrap();
+    let forger = Signer::ec("k1");
+    let forged =
+        forger.sign(&json!({"iss": ISS, "aud": AUD, "sub": "mallory", "exp": 4_000_000_000u64}));
     let e = err(api.ate(&[], &["--ca", &ca, "--token", &forged, "get", "atespaces"]));
     assert!(e.contains("signature"), "{e}");
     // A token is never sent without TLS.
