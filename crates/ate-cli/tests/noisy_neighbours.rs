@@ -12,7 +12,7 @@ use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::time::{Duration, Instant};
 
-use support::{System, UpOptions, create_actor_args, images_dir};
+use support::{System, UpOptions, create_actor_args, images_dir, wait_for_weight};
 
 const NS: &str = "noisy";
 const REQUESTS: usize = 300;
@@ -140,22 +140,6 @@ fn weight_file(sys: &System, name: &str, millis: u32) -> (std::path::PathBuf, u6
     panic!("no CPU weight file for {NS}/{name}");
 }
 
-fn wait_for_weight(file: &std::path::Path, want: u64) {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let now = std::fs::read_to_string(file).unwrap_or_default();
-        if now.trim() == want.to_string() {
-            return;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "{} reads {now:?}, not {want}",
-            file.display()
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
-}
-
 #[test]
 fn a_spinning_neighbour_is_held_to_its_weight() {
     let sys = System::up(UpOptions::with_slots(1, 4));
@@ -175,8 +159,9 @@ fn a_spinning_neighbour_is_held_to_its_weight() {
     // The mechanism: each sandbox weighs its template's cpu (set by the worker's CPU pass).
     let (quiet_file, quiet_want) = weight_file(&sys, "quiet", 250);
     let (hog_file, hog_want) = weight_file(&sys, "hog", hog_millis);
-    wait_for_weight(&quiet_file, quiet_want);
-    wait_for_weight(&hog_file, hog_want);
+    let within = || Instant::now() + Duration::from_secs(10);
+    wait_for_weight(&quiet_file, quiet_want, within());
+    wait_for_weight(&hog_file, hog_want, within());
 
     // Warm-up, then the quiet actor alone, then beside the spinning hog.
     measure(&mut quiet);

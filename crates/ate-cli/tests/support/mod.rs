@@ -464,6 +464,22 @@ pub fn run_ok(cmd: &mut Command, what: &str) -> String {
     stdout_of_success(out, what)
 }
 
+/// Waits until the cgroup file `file` reads `want` (a CPU weight), until `deadline`.
+pub fn wait_for_weight(file: &Path, want: u64, deadline: Instant) {
+    loop {
+        let now = std::fs::read_to_string(file).unwrap_or_default();
+        if now.trim() == want.to_string() {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{} reads {now:?}, not {want}",
+            file.display()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
 /// Sends SIGKILL to `pid`, which must succeed.
 pub fn kill_9(pid: impl std::fmt::Display) {
     let killed = Command::new("kill")
