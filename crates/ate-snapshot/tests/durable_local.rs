@@ -393,11 +393,7 @@ async fn sweep_removes_old_partial_uploads_and_nothing_else() {
     assert_eq!(download_ok(&store, complete, &target).await, m);
 
     // Idempotent: a second sweep (another node's, say) finds nothing more to delete.
-    let again = store
-        .sweep_partial_uploads(DEPTH)
-        .await
-        .expect("sweep again");
-    assert_eq!((again.keys_deleted, again.objects_deleted), (0, 0));
+    assert_nothing_left_to_sweep(&store, DEPTH).await;
 
     // With a grace age of zero sweeping is refused (it would take uploads in flight).
     let no_grace = store.clone().with_partial_grace(Duration::ZERO);

@@ -64,6 +64,15 @@ pub async fn download_ok(
     got.unwrap_or_else(|e| panic!("download {key}: {e}"))
 }
 
+/// A second sweep of partial uploads (another node's, say) finds nothing more to delete.
+pub async fn assert_nothing_left_to_sweep(store: &ate_snapshot::DurableStore, depth: usize) {
+    let again = store
+        .sweep_partial_uploads(depth)
+        .await
+        .expect("sweep again");
+    assert_eq!((again.keys_deleted, again.objects_deleted), (0, 0));
+}
+
 impl Fixture {
     /// Seals the fixture's generation at memory fidelity, with its upper dir and volumes.
     pub async fn seal_memory(&self) -> Result<ate_snapshot::Manifest, ate_snapshot::Error> {
