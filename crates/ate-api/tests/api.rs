@@ -12,13 +12,6 @@ use ate_test_support::test_node::NodeBehaviour;
 use common::*;
 use tonic::Code;
 
-fn cfg() -> ApiConfig {
-    ApiConfig {
-        fleet_max_age: Duration::from_millis(50),
-        ..Default::default()
-    }
-}
-
 fn state(a: &Actor) -> ActorState {
     ActorState::try_from(a.state).unwrap_or(ActorState::Unspecified)
 }
@@ -271,9 +264,7 @@ async fn cold_then_warm(b: Backend) {
         },
     )
     .await;
-    let node = TestNode::start("node-1").await;
-    t.register(&node, "w1", 4).await;
-    t.seed("ns").await;
+    let node = t.one_worker(4).await;
     t.create_actor("ns", "a").await;
 
     let cold = t.resume("ns", "a").await.unwrap();
@@ -349,9 +340,7 @@ both_stores!(warm_path, cold_then_warm);
 
 async fn no_room(b: Backend) {
     let t = TestApi::start(b, cfg()).await;
-    let node = TestNode::start("node-1").await;
-    t.register(&node, "w1", 1).await;
-    t.seed("ns").await;
+    let _node = t.one_worker(1).await;
     t.create_actor("ns", "a").await;
     t.create_actor("ns", "b").await;
     t.resume("ns", "a").await.unwrap();
@@ -388,9 +377,7 @@ async fn freed_room_goes_to_the_oldest_waiter(b: Backend) {
     t.api
         .admission()
         .set_timing(Duration::from_secs(30), Duration::from_secs(60));
-    let node = TestNode::start("node-1").await;
-    t.register(&node, "w1", 1).await;
-    t.seed("ns").await;
+    let node = t.one_worker(1).await;
     for n in ["a", "b", "c"] {
         t.create_actor("ns", n).await;
     }
@@ -540,9 +527,7 @@ both_stores!(admission, no_overbooking);
 
 async fn crash_revert_resume(b: Backend) {
     let t = TestApi::start(b, cfg()).await;
-    let node = TestNode::start("node-1").await;
-    t.register(&node, "w1", 1).await;
-    t.seed("ns").await;
+    let node = t.one_worker(1).await;
     t.create_actor("ns", "a").await;
     node.set(NodeBehaviour::Fail(Code::Internal));
     let err = t.resume("ns", "a").await.unwrap_err();
@@ -598,9 +583,7 @@ both_stores!(crashed, crash_revert_resume);
 
 async fn epoch_mismatch_stays_resuming(b: Backend) {
     let t = TestApi::start(b, cfg()).await;
-    let node = TestNode::start("node-1").await;
-    t.register(&node, "w1", 1).await;
-    t.seed("ns").await;
+    let node = t.one_worker(1).await;
     t.create_actor("ns", "a").await;
     node.set(NodeBehaviour::WrongEpoch);
     let err = t.resume("ns", "a").await.unwrap_err();
@@ -638,18 +621,8 @@ both_stores!(epoch, epoch_mismatch_stays_resuming);
 
 async fn interrupted_workflows_resume(b: Backend) {
     let lease_ttl = Duration::from_millis(400);
-    let t = TestApi::start(
-        b,
-        ApiConfig {
-            lease_ttl,
-            fleet_max_age: Duration::from_millis(50),
-            ..Default::default()
-        },
-    )
-    .await;
-    let node = TestNode::start("node-1").await;
-    t.register(&node, "w1", 2).await;
-    t.seed("ns").await;
+    let t = TestApi::start(b, ApiConfig { lease_ttl, ..cfg() }).await;
+    let _node = t.one_worker(2).await;
     for point in [
         FaultPoint::ResumeAfterLease,
         FaultPoint::ResumeAfterBind,
@@ -712,9 +685,7 @@ both_stores!(interrupted, interrupted_workflows_resume);
 
 async fn restore_fidelity(b: Backend) {
     let t = TestApi::start(b, cfg()).await;
-    let node = TestNode::start("node-1").await;
-    t.register(&node, "w1", 2).await;
-    t.seed("ns").await;
+    let node = t.one_worker(2).await;
     t.create_actor("ns", "a").await;
     t.resume("ns", "a").await.unwrap();
     let s = t.suspend("ns", "a").await.unwrap();
@@ -805,10 +776,8 @@ both_stores!(userns_mode, memory_generation_needs_its_user_namespace_mode);
 
 async fn attached_to_full_node_detaches(b: Backend) {
     let t = TestApi::start(b, cfg()).await;
-    let n1 = TestNode::start("node-1").await;
+    let n1 = t.one_worker(1).await;
     let n2 = TestNode::start("node-2").await;
-    t.register(&n1, "w1", 1).await;
-    t.seed("ns").await;
     t.create_actor("ns", "a").await;
     t.create_actor("ns", "b").await;
     t.resume("ns", "a").await.unwrap();
@@ -832,14 +801,11 @@ async fn worker_gone(b: Backend) {
         b,
         ApiConfig {
             heartbeat_timeout: Duration::from_millis(600),
-            fleet_max_age: Duration::from_millis(50),
-            ..Default::default()
+            ..cfg()
         },
     )
     .await;
-    let node = TestNode::start("node-1").await;
-    t.register(&node, "w1", 2).await;
-    t.seed("ns").await;
+    let node = t.one_worker(2).await;
     t.create_actor("ns", "a").await;
     let activation = t
         .resume("ns", "a")
@@ -915,9 +881,7 @@ fn held(ns: &str, name: &str, activation: u64) -> HeldActor {
 /// worker) comes back in `discard`.
 async fn reregistration_reconciles(b: Backend) {
     let t = TestApi::start(b, cfg()).await;
-    let node = TestNode::start("node-1").await;
-    t.register(&node, "w1", 4).await;
-    t.seed("ns").await;
+    let node = t.one_worker(4).await;
     for name in ["a", "b", "c"] {
         t.create_actor("ns", name).await;
     }
@@ -972,9 +936,7 @@ async fn fresh_api_waits_a_lease_before_expiry(b: Backend) {
         },
     )
     .await;
-    let node = TestNode::start("node-1").await;
-    t.register(&node, "w1", 2).await;
-    t.seed("ns").await;
+    let _node = t.one_worker(2).await;
     t.create_actor("ns", "a").await;
     t.resume("ns", "a").await.unwrap();
     tokio::time::sleep(Duration::from_millis(700)).await;
@@ -1057,9 +1019,7 @@ both_stores!(node_unreachable, unreachable_node_resumes_elsewhere);
 /// ReadActorLog goes to the node the actor runs on; an actor that never ran has no log.
 async fn actor_logs_through_the_api(b: Backend) {
     let t = TestApi::start(b, cfg()).await;
-    let node = TestNode::start("node-1").await;
-    t.register(&node, "w1", 2).await;
-    t.seed("ns").await;
+    let _node = t.one_worker(2).await;
     t.create_actor("ns", "a").await;
     let read = |offset: u64| {
         let mut c = t.actors();
@@ -1095,9 +1055,7 @@ both_stores!(logs, actor_logs_through_the_api);
 
 async fn actor_exit_releases(b: Backend) {
     let t = TestApi::start(b, cfg()).await;
-    let node = TestNode::start("node-1").await;
-    t.register(&node, "w1", 1).await;
-    t.seed("ns").await;
+    let node = t.one_worker(1).await;
     t.create_actor("ns", "a").await;
     t.resume("ns", "a").await.unwrap();
     t.fleet()
@@ -1136,9 +1094,7 @@ both_stores!(exit, actor_exit_releases);
 /// node sends it again, and then applies. A report for an older activation changes nothing.
 async fn exit_of_a_copy_whose_resume_is_being_recorded_is_taken_when_sent_again(b: Backend) {
     let t = TestApi::start(b, cfg()).await;
-    let node = TestNode::start("node-1").await;
-    t.register(&node, "w1", 1).await;
-    t.seed("ns").await;
+    let node = t.one_worker(1).await;
     t.create_actor("ns", "a").await;
     t.resume("ns", "a").await.unwrap();
     let first = t
@@ -1224,9 +1180,7 @@ both_stores!(
 
 async fn actor_stopped_for_incomplete_memory_crashes(b: Backend) {
     let t = TestApi::start(b, cfg()).await;
-    let node = TestNode::start("node-1").await;
-    t.register(&node, "w1", 1).await;
-    t.seed("ns").await;
+    let node = t.one_worker(1).await;
     t.create_actor("ns", "a").await;
     t.resume("ns", "a").await.unwrap();
     t.fleet()
@@ -1262,9 +1216,7 @@ both_stores!(exit_crash, actor_stopped_for_incomplete_memory_crashes);
 
 async fn tags_and_gc(b: Backend) {
     let t = TestApi::start(b, cfg()).await;
-    let node = TestNode::start("node-1").await;
-    t.register(&node, "w1", 2).await;
-    t.seed("ns").await;
+    let node = t.one_worker(2).await;
     t.create_actor("ns", "golden").await;
     let err = t
         .tags()
@@ -1514,18 +1466,8 @@ both_stores!(fleet, fleet_validation);
 
 async fn stale_suspend_is_finished_by_the_next_request(b: Backend) {
     let lease_ttl = Duration::from_millis(400);
-    let t = TestApi::start(
-        b,
-        ApiConfig {
-            lease_ttl,
-            fleet_max_age: Duration::from_millis(50),
-            ..Default::default()
-        },
-    )
-    .await;
-    let node = TestNode::start("node-1").await;
-    t.register(&node, "w1", 1).await;
-    t.seed("ns").await;
+    let t = TestApi::start(b, ApiConfig { lease_ttl, ..cfg() }).await;
+    let node = t.one_worker(1).await;
     t.create_actor("ns", "a").await;
     t.resume("ns", "a").await.unwrap();
     t.api.faults.arm(FaultPoint::SuspendAfterSuspending);
@@ -1583,9 +1525,7 @@ both_stores!(
 /// Restore; a resume without one gets a new id (128 bits in hex), passed on the same way.
 async fn request_ids_reach_the_node(b: Backend) {
     let t = TestApi::start(b, cfg()).await;
-    let node = TestNode::start("node-1").await;
-    t.register(&node, "w1", 4).await;
-    t.seed("ns").await;
+    let node = t.one_worker(4).await;
     t.create_actor("ns", "a").await;
     assert!(
         t.resume_with_id("ns", "a", "test-123")
@@ -1692,9 +1632,7 @@ fn last_restored(node: &TestNode) -> Snapshot {
 /// ones are refused and change nothing.
 async fn damaged_generation_is_skipped_by_revert(b: Backend) {
     let t = TestApi::start(b, cfg()).await;
-    let node = TestNode::start("node-1").await;
-    t.register(&node, "w1", 2).await;
-    t.seed("ns").await;
+    let node = t.one_worker(2).await;
     t.create_actor("ns", "a").await;
     // Unknown or invalid actor.
     let err = t
@@ -1844,9 +1782,7 @@ both_stores!(damaged_generation, damaged_generation_is_skipped_by_revert);
 /// durable copy (the Restore names no local path), and the default revert skips nothing.
 async fn a_damaged_local_copy_leaves_the_durable_one(b: Backend) {
     let t = TestApi::start(b, cfg()).await;
-    let node = TestNode::start("node-1").await;
-    t.register(&node, "w1", 2).await;
-    t.seed("ns").await;
+    let node = t.one_worker(2).await;
     t.create_actor("ns", "a").await;
     t.resume("ns", "a").await.unwrap();
     assert_eq!(suspend_uploaded(&t, "ns", "a").await, 1);
@@ -1889,9 +1825,7 @@ both_stores!(
 /// generation's copy, which is marked once the actor is CRASHED; a malformed report is refused.
 async fn a_damaged_chunk_reported_with_the_exit_marks_the_copy(b: Backend) {
     let t = TestApi::start(b, cfg()).await;
-    let node = TestNode::start("node-1").await;
-    t.register(&node, "w1", 2).await;
-    t.seed("ns").await;
+    let node = t.one_worker(2).await;
     t.create_actor("ns", "a").await;
     t.resume("ns", "a").await.unwrap();
     assert_eq!(suspend_uploaded(&t, "ns", "a").await, 1);

@@ -43,15 +43,12 @@ async fn the_least_recently_used_idle_actor_makes_room(b: Backend) {
     let t = TestApi::start(
         b,
         ApiConfig {
-            fleet_max_age: Duration::from_millis(50),
             evict_idle_after: Duration::from_secs(2),
-            ..Default::default()
+            ..cfg()
         },
     )
     .await;
-    let n1 = TestNode::start("node-1").await;
-    t.register(&n1, "w1", 2).await;
-    t.seed("ns").await;
+    let n1 = t.one_worker(2).await;
     for a in ["a", "b", "c"] {
         t.create_actor("ns", a).await;
     }
@@ -93,15 +90,12 @@ async fn without_eviction_the_newcomer_parks(b: Backend) {
     let t = TestApi::start(
         b,
         ApiConfig {
-            fleet_max_age: Duration::from_millis(50),
             evict_idle_after: Duration::ZERO,
-            ..Default::default()
+            ..cfg()
         },
     )
     .await;
-    let n1 = TestNode::start("node-1").await;
-    t.register(&n1, "w1", 1).await;
-    t.seed("ns").await;
+    let n1 = t.one_worker(1).await;
     t.create_actor("ns", "a").await;
     t.create_actor("ns", "b").await;
     t.resume("ns", "a").await.expect("resume a");

@@ -4,22 +4,20 @@
 mod common;
 
 use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use ate_api::Api;
 use ate_api::authz::Authz;
 use ate_api::jwt::{JwtConfig, JwtVerifier};
-use ate_api::{Api, ApiConfig, TlsServe};
 use ate_proto::v1::*;
+use ate_test_support::jwt::{Signer, merged, now};
 use ate_tls::{
     AllowList, CertSource, ClientAuth, LocalCa, ServerCheck, SpiffeId, SvidRequest, client_config,
-    client_config_no_cert, endpoint, server_config, tls_channel,
+    client_config_no_cert, endpoint, tls_channel,
 };
 use base64::Engine as _;
 use common::*;
-use jsonwebtoken::jwk::Jwk;
-use jsonwebtoken::{Algorithm, EncodingKey, Header, encode};
+
 use serde_json::json;
-use tokio::net::TcpListener;
 use tonic::transport::Channel;
 use tonic::{Code, Request, Status};
 
@@ -27,61 +25,10 @@ const TD: &str = "ate.local";
 const ISS: &str = "https://issuer.test";
 const AUD: &str = "ate-api";
 
-/// A token signer with a freshly generated key.
-struct Signer {
-    kid: &'static str,
-    alg: Algorithm,
-    key: EncodingKey,
-}
-
-impl Signer {
-    fn ec(kid: &'static str) -> Signer {
-        let kp = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).unwrap();
-        Signer {
-            kid,
-            alg: Algorithm::ES256,
-            key: EncodingKey::from_ec_der(&kp.serialize_der()),
-        }
-    }
-
-    fn rsa(kid: &'static str) -> Signer {
-        let kp = rcgen::KeyPair::generate_for(&rcgen::PKCS_RSA_SHA256).unwrap();
-        Signer {
-            kid,
-            alg: Algorithm::RS256,
-            key: EncodingKey::from_rsa_pem(kp.serialize_pem().as_bytes()).unwrap(),
-        }
-    }
-
-    fn jwk(&self) -> serde_json::Value {
-        let mut jwk = Jwk::from_encoding_key(&self.key, self.alg).unwrap();
-        jwk.common.key_id = Some(self.kid.to_string());
-        serde_json::to_value(jwk).unwrap()
-    }
-
-    fn sign(&self, claims: &serde_json::Value) -> String {
-        let mut header = Header::new(self.alg);
-        header.kid = Some(self.kid.to_string());
-        encode(&header, claims, &self.key).unwrap()
-    }
-}
-
-fn now() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap()
-        .as_secs()
-}
-
 /// Valid claims for subject `sub`, with `extra` merged in.
 fn claims(sub: &str, extra: serde_json::Value) -> serde_json::Value {
-    let mut c = json!({"iss": ISS, "aud": AUD, "sub": sub, "exp": now() + 600});
-    if let (Some(c), Some(extra)) = (c.as_object_mut(), extra.as_object()) {
-        for (k, v) in extra {
-            c.insert(k.clone(), v.clone());
-        }
-    }
-    c
+    let valid = json!({"iss": ISS, "aud": AUD, "sub": sub, "exp": now() + 600});
+    merged(valid, extra)
 }
 
 struct JwtApi {
@@ -89,17 +36,10 @@ struct JwtApi {
     ca: Arc<LocalCa>,
     ec: Signer,
     rsa: Signer,
+    /// Stops serving when dropped, before the directories go.
+    _serving: TlsServing,
     _dir: tempfile::TempDir,
     _store_dir: Option<tempfile::TempDir>,
-    stop: Option<tokio::sync::oneshot::Sender<()>>,
-}
-
-impl Drop for JwtApi {
-    fn drop(&mut self) {
-        if let Some(tx) = self.stop.take() {
-            let _ = tx.send(());
-        }
-    }
 }
 
 impl JwtApi {
@@ -108,16 +48,7 @@ impl JwtApi {
     async fn start() -> JwtApi {
         ate_tls::install_crypto_provider();
         let dir = tempfile::tempdir().unwrap();
-        let ca = Arc::new(LocalCa::open_or_create(&dir.path().join("ca"), TD).unwrap());
-        let api_id =
-            CertSource::issued(ca.clone(), SvidRequest::new(SpiffeId::api(TD).unwrap())).unwrap();
-        let server = server_config(
-            &api_id,
-            ClientAuth::Optional {
-                allowed: AllowList::any(),
-            },
-        )
-        .unwrap();
+        let (ca, api_id) = api_pki(dir.path(), TD);
         let (ec, rsa) = (Signer::ec("ec-1"), Signer::rsa("rsa-1"));
         let jwks = dir.path().join("jwks.json");
         std::fs::write(&jwks, json!({"keys": [ec.jwk(), rsa.jwk()]}).to_string()).unwrap();
@@ -129,37 +60,19 @@ impl JwtApi {
         .unwrap();
         let authz = Authz::new(TD, "").unwrap().with_jwt(verifier);
         let (store, store_dir) = fresh_store(Backend::Sqlite).await;
-        let api = Arc::new(Api::new(
-            store,
-            ApiConfig {
-                fleet_max_age: Duration::from_millis(50),
-                ..Default::default()
-            },
-        ));
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap().to_string();
-        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
-        let tls = TlsServe {
-            server: Arc::new(server),
-            authz,
-            trust_bundle: String::new(),
-            join_signer: None,
+        let api = Arc::new(Api::new(store, cfg()));
+        let client_auth = ClientAuth::Optional {
+            allowed: AllowList::any(),
         };
-        tokio::spawn(async move {
-            let _api_id = api_id;
-            ate_api::serve_with(api, listener, None, Some(tls), async move {
-                let _ = rx.await;
-            })
-            .await
-        });
+        let serving = TlsServing::start(api, api_id, client_auth, authz).await;
         JwtApi {
-            addr,
+            addr: serving.addr.clone(),
             ca,
             ec,
             rsa,
             _dir: dir,
+            _serving: serving,
             _store_dir: store_dir,
-            stop: Some(tx),
         }
     }
 
@@ -192,26 +105,9 @@ fn with_token<T>(msg: T, token: &str) -> Request<T> {
     req
 }
 
-fn actors(c: &Channel) -> actor_service_client::ActorServiceClient<Channel> {
-    actor_service_client::ActorServiceClient::new(c.clone())
-}
-
-fn atespaces(c: &Channel) -> atespace_service_client::AtespaceServiceClient<Channel> {
-    atespace_service_client::AtespaceServiceClient::new(c.clone())
-}
-
 fn get_req(ns: &str, name: &str) -> GetActorRequest {
     GetActorRequest {
         actor: Some(obj(ns, name)),
-    }
-}
-
-fn create_req(ns: &str, name: &str) -> CreateActorRequest {
-    CreateActorRequest {
-        atespace: ns.into(),
-        name: name.into(),
-        template: format!("{ns}/t"),
-        worker_selector: Default::default(),
     }
 }
 
@@ -459,22 +355,7 @@ async fn node_agent_token_suspends_only_on_its_node() {
         .register_worker(with_token(
             RegisterWorkerRequest {
                 held: vec![],
-                worker: Some(Worker {
-                    id: "w1".into(),
-                    node: "node-1".into(),
-                    addresses: vec!["127.0.0.2:8443".into()],
-                    sandbox_class: "runc".into(),
-                    can_restore_memory: true,
-                    capacity: Some(Capacity {
-                        cpu_millis: 64_000,
-                        memory_bytes: 1 << 40,
-                        actor_slots: 8,
-                    }),
-                    epoch: node.epoch(),
-                    node_address: node.addr.to_string(),
-                    boot_id: node.boot_id.clone(),
-                    ..Default::default()
-                }),
+                worker: Some(worker_on("w1", "node-1", "127.0.0.2:8443", &node)),
             },
             &node1,
         ))

@@ -6,14 +6,13 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use ate_api::authz::Authz;
-use ate_api::{Api, ApiConfig, TlsServe};
+use ate_api::{Api, ApiConfig};
 use ate_proto::v1::*;
 use ate_tls::{
     AllowList, CertSource, ClientAuth, LocalCa, ServerCheck, SpiffeId, SvidRequest, client_config,
-    client_config_no_cert, endpoint, server_config, tls_channel,
+    client_config_no_cert, endpoint, tls_channel,
 };
 use common::*;
-use tokio::net::TcpListener;
 use tonic::Code;
 use tonic::transport::Channel;
 
@@ -24,17 +23,10 @@ struct TlsApi {
     ca: Arc<LocalCa>,
     /// Signs actors' identity tokens (its key in `_dir`).
     issuer: Arc<ate_api::jwt::issuer::TokenIssuer>,
+    /// Stops serving when dropped, before the directories go.
+    _serving: TlsServing,
     _dir: tempfile::TempDir,
     _store_dir: Option<tempfile::TempDir>,
-    stop: Option<tokio::sync::oneshot::Sender<()>>,
-}
-
-impl Drop for TlsApi {
-    fn drop(&mut self) {
-        if let Some(tx) = self.stop.take() {
-            let _ = tx.send(());
-        }
-    }
 }
 
 fn client_a() -> SpiffeId {
@@ -45,16 +37,7 @@ impl TlsApi {
     async fn start() -> TlsApi {
         ate_tls::install_crypto_provider();
         let dir = tempfile::tempdir().unwrap();
-        let ca = Arc::new(LocalCa::open_or_create(&dir.path().join("ca"), TD).unwrap());
-        let api_id =
-            CertSource::issued(ca.clone(), SvidRequest::new(SpiffeId::api(TD).unwrap())).unwrap();
-        let server = server_config(
-            &api_id,
-            ClientAuth::Required {
-                allowed: AllowList::any(),
-            },
-        )
-        .unwrap();
+        let (ca, api_id) = api_pki(dir.path(), TD);
         let authz = Authz::new(TD, &format!("{}=team-a", client_a())).unwrap();
         let (store, store_dir) = fresh_store(Backend::Sqlite).await;
         let issuer = Arc::new(
@@ -72,30 +55,17 @@ impl TlsApi {
                 ..Default::default()
             },
         ));
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap().to_string();
-        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
-        let tls = TlsServe {
-            server: Arc::new(server),
-            authz,
-            trust_bundle: String::new(),
-            join_signer: None,
+        let client_auth = ClientAuth::Required {
+            allowed: AllowList::any(),
         };
-        tokio::spawn(async move {
-            // Keeps the api's identity alive for as long as it serves.
-            let _api_id = api_id;
-            ate_api::serve_with(api, listener, None, Some(tls), async move {
-                let _ = rx.await;
-            })
-            .await
-        });
+        let serving = TlsServing::start(api, api_id, client_auth, authz).await;
         TlsApi {
-            addr,
+            addr: serving.addr.clone(),
             ca,
             issuer,
             _dir: dir,
+            _serving: serving,
             _store_dir: store_dir,
-            stop: Some(tx),
         }
     }
 
@@ -113,22 +83,9 @@ impl TlsApi {
     }
 }
 
-fn actors(c: &Channel) -> actor_service_client::ActorServiceClient<Channel> {
-    actor_service_client::ActorServiceClient::new(c.clone())
-}
-
 fn resume_req(ns: &str, name: &str) -> ResumeActorRequest {
     ResumeActorRequest {
         actor: Some(obj(ns, name)),
-    }
-}
-
-fn create_req(ns: &str, name: &str) -> CreateActorRequest {
-    CreateActorRequest {
-        atespace: ns.into(),
-        name: name.into(),
-        template: format!("{ns}/t"),
-        worker_selector: Default::default(),
     }
 }
 
@@ -156,21 +113,8 @@ async fn seed(api: &TlsApi) -> (Channel, TestNode) {
     }
     let node = TestNode::start("node-1").await;
     let worker = Worker {
-        id: "w1".into(),
-        node: node.name.clone(),
-        addresses: vec!["127.0.0.2:8443".into()],
         identity: SpiffeId::worker_instance(TD, "w1").unwrap().uri(),
-        sandbox_class: "runc".into(),
-        can_restore_memory: true,
-        capacity: Some(Capacity {
-            cpu_millis: 64_000,
-            memory_bytes: 1 << 40,
-            actor_slots: 8,
-        }),
-        epoch: node.epoch(),
-        node_address: node.addr.to_string(),
-        boot_id: node.boot_id.clone(),
-        ..Default::default()
+        ..worker_on("w1", &node.name, "127.0.0.2:8443", &node)
     };
     fleet_service_client::FleetServiceClient::new(admin.clone())
         .register_worker(RegisterWorkerRequest {
@@ -514,21 +458,8 @@ fn suspend_req(ns: &str, name: &str) -> SuspendActorRequest {
 /// A worker message for `id` claiming node `node_name`, reachable through `node`.
 fn worker_msg(id: &str, node_name: &str, node: &TestNode) -> Worker {
     Worker {
-        id: id.into(),
-        node: node_name.into(),
-        addresses: vec!["127.0.0.3:8443".into()],
         identity: SpiffeId::worker_instance(TD, id).unwrap().uri(),
-        sandbox_class: "runc".into(),
-        can_restore_memory: true,
-        capacity: Some(Capacity {
-            cpu_millis: 64_000,
-            memory_bytes: 1 << 40,
-            actor_slots: 8,
-        }),
-        epoch: node.epoch(),
-        node_address: node.addr.to_string(),
-        boot_id: node.boot_id.clone(),
-        ..Default::default()
+        ..worker_on(id, node_name, "127.0.0.3:8443", node)
     }
 }
 

@@ -6,9 +6,7 @@
 mod common;
 
 use std::sync::atomic::Ordering;
-use std::time::Duration;
 
-use ate_api::ApiConfig;
 use ate_proto::v1::*;
 use common::*;
 use tonic::Code;
@@ -36,18 +34,9 @@ async fn apply(t: &TestApi, template: ActorTemplate) {
 }
 
 async fn a_node_local_external_volume_keeps_the_actor_on_its_node(b: Backend) {
-    let t = TestApi::start(
-        b,
-        ApiConfig {
-            fleet_max_age: Duration::from_millis(50),
-            ..Default::default()
-        },
-    )
-    .await;
-    let n1 = TestNode::start("node-1").await;
+    let t = TestApi::start(b, cfg()).await;
+    let n1 = t.one_worker(1).await;
     let n2 = TestNode::start("node-2").await;
-    t.register(&n1, "w1", 1).await;
-    t.seed("ns").await;
     apply(&t, with_external_volume("ns", false)).await;
     t.create_actor("ns", "a").await;
     t.create_actor("ns", "b").await;

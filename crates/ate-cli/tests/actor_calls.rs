@@ -5,7 +5,7 @@
 
 mod support;
 
-use std::io::{Read, Write};
+use std::io::Write;
 use std::time::Duration;
 
 use support::actors::*;
@@ -23,16 +23,8 @@ fn get_with(sys: &System, actor: &str, path: &str, headers: &[(&str, &str)]) -> 
         "GET {path} HTTP/1.1\r\nHost: test.local\r\nate-target-actor: {actor}\r\n{extra}Connection: close\r\n\r\n"
     );
     s.write_all(req.as_bytes()).expect("write");
-    let mut buf = Vec::new();
-    let _ = s.read_to_end(&mut buf);
-    let text = String::from_utf8_lossy(&buf).into_owned();
-    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
-    let status = head
-        .split_whitespace()
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .unwrap_or(0);
-    (status, body.to_string())
+    let (status, _, body) = ate_test_support::http::read_response(&mut s);
+    (status, body)
 }
 
 fn suspended(sys: &System, ns: &str, name: &str) {
@@ -49,8 +41,7 @@ fn suspended(sys: &System, ns: &str, name: &str) {
 #[test]
 fn an_actor_calls_a_suspended_actor_by_name_and_only_the_platform_names_the_caller() {
     let sys = System::up(UpOptions::default());
-    sys_apply(&sys, "n1", "counter", &Tpl::counter());
-    create_actor(&sys, "n1", "a", "counter");
+    counter_actor(&sys, "n1", "counter", "a");
     create_actor(&sys, "n1", "b", "counter");
     get_ok(&sys, "n1/b", "/");
     suspended(&sys, "n1", "b");
@@ -232,8 +223,7 @@ fn an_actor_keeps_itself_awake_and_asks_to_be_suspended() {
 #[test]
 fn an_actor_gets_an_identity_token_that_the_api_jwks_verifies() {
     let sys = System::up(UpOptions::default());
-    sys_apply(&sys, "n1", "counter", &Tpl::counter());
-    create_actor(&sys, "n1", "a", "counter");
+    counter_actor(&sys, "n1", "counter", "a");
     let json = |body: &str| -> serde_json::Value {
         let start = body
             .find('{')

@@ -40,13 +40,18 @@ fn kill9(pid: u32) {
     );
 }
 
+/// A counter `ns/name` (template `ns/counter`) that answered once, with an alarm due in `secs`.
+fn counter_with_alarm(sys: &System, ns: &str, name: &str, secs: u64) {
+    sys_apply(sys, ns, "counter", &Tpl::counter());
+    create_actor(sys, ns, name, "counter");
+    get_ok(sys, &format!("{ns}/{name}"), "/");
+    set_alarm(sys, &format!("{ns}/{name}"), secs);
+}
+
 #[test]
 fn an_alarm_wakes_a_suspended_actor_once_and_bad_asks_name_the_field() {
     let sys = System::up(UpOptions::default());
-    sys_apply(&sys, "n1", "counter", &Tpl::counter());
-    create_actor(&sys, "n1", "sleepy", "counter");
-    get_ok(&sys, "n1/sleepy", "/");
-    set_alarm(&sys, "n1/sleepy", 3);
+    counter_with_alarm(&sys, "n1", "sleepy", 3);
     let listed = sys.ate_ok(&["get", "alarms", "-a", "n1"]);
     assert!(
         listed.contains("n1/sleepy") && listed.contains("/on-alarm") && listed.contains("pending"),
@@ -124,10 +129,7 @@ fn an_alarm_wakes_a_suspended_actor_once_and_bad_asks_name_the_field() {
 #[test]
 fn an_alarm_survives_a_worker_and_an_api_kill() {
     let sys = System::up(UpOptions::default());
-    sys_apply(&sys, "n2", "counter", &Tpl::counter());
-    create_actor(&sys, "n2", "steady", "counter");
-    get_ok(&sys, "n2/steady", "/");
-    set_alarm(&sys, "n2/steady", 8);
+    counter_with_alarm(&sys, "n2", "steady", 8);
     // Both workers and the api die before it is due; `ate up` starts them again.
     for component in [
         "worker --id worker-1",

@@ -17,33 +17,28 @@ fn resume_bench_measures_the_substrate_beside_podman() {
         Path::new("/usr/bin/podman").is_file(),
         "podman is needed (scripts/setup.sh installs it)"
     );
-    let sys = System::up(UpOptions {
-        workers: 1,
-        ..Default::default()
-    });
-    let out_file = sys.dir.path().join("resume.json");
-    let out = Command::new(env!("CARGO_BIN_EXE_ate"))
-        .args(["bench", "resume", "--concurrency", "1", "--rounds", "2"])
-        .args(["--memory", "8MiB", "--settle", "0", "--baseline", "podman"])
-        .arg("--out")
-        .arg(&out_file)
-        .arg("--images-dir")
-        .arg(images_dir())
-        .env("ATE_API", &sys.api)
-        .env("ATE_ROUTER", &sys.router)
-        .env("ATE_STATE_DIR", sys.state_dir())
-        .output()
-        .expect("run ate bench resume");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "{stdout}\n{stderr}");
+    let sys = System::up(UpOptions::with_workers(1));
+    let (stdout, json) = sys.bench(
+        &[
+            "resume",
+            "--concurrency",
+            "1",
+            "--rounds",
+            "2",
+            "--memory",
+            "8MiB",
+            "--settle",
+            "0",
+            "--baseline",
+            "podman",
+        ],
+        "resume.json",
+    );
     assert!(
         stdout.contains("Beside podman (8 MiB sleeper, 2 rounds)"),
         "{stdout}"
     );
 
-    let json: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(&out_file).unwrap()).unwrap();
     let b = &json["baseline"];
     assert_eq!(b["baseline"], "podman", "{json:#}");
     let rounds = b["rounds"].as_array().unwrap();

@@ -36,40 +36,28 @@ fn warm_bench_measures_the_router_beside_nginx() {
         installed("nginx") && installed("h2load"),
         "nginx and h2load are needed (scripts/setup.sh installs nginx-light and nghttp2-client)"
     );
-    let sys = System::up(UpOptions {
-        workers: 1,
-        ..Default::default()
-    });
-    let out_file = sys.dir.path().join("warm.json");
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_ate"))
-        .args(["bench", "warm", "--seconds", "1", "--rounds", "1"])
-        .args([
+    let sys = System::up(UpOptions::with_workers(1));
+    let (stdout, json) = sys.bench(
+        &[
+            "warm",
+            "--seconds",
+            "1",
+            "--rounds",
+            "1",
             "--concurrency",
             "2,4",
             "--baseline",
             "nginx",
             "--generator",
             "h2load",
-        ])
-        .arg("--out")
-        .arg(&out_file)
-        .arg("--images-dir")
-        .arg(images_dir())
-        .env("ATE_API", &sys.api)
-        .env("ATE_ROUTER", &sys.router)
-        .env("ATE_STATE_DIR", sys.state_dir())
-        .output()
-        .expect("run ate bench warm");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "{stdout}\n{stderr}");
+        ],
+        "warm.json",
+    );
     assert!(
         stdout.contains("router → atunnel → actor / nginx → actor (plain reverse proxy): req/s ×"),
         "{stdout}"
     );
 
-    let json: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(&out_file).unwrap()).unwrap();
     let sides = json["sides"].as_array().unwrap();
     // direct, router and nginx at each of the two connection counts.
     assert_eq!(sides.len(), 6, "{json:#}");
@@ -88,7 +76,7 @@ fn warm_bench_measures_the_router_beside_nginx() {
     assert_eq!(comparisons[0]["concurrency"], 2);
     assert_eq!(comparisons[1]["concurrency"], 4);
     assert!(comparisons[0]["rps_ratio"].as_f64().unwrap() > 0.0);
-    assert!(out_file.with_extension("svg").is_file());
+    assert!(sys.dir.path().join("warm.svg").is_file());
 
     // The bench's nginx (its prefix is ate-bench-nginx-<pid>) is gone.
     let left = processes_with("ate-bench-nginx-");

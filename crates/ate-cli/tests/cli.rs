@@ -1,26 +1,16 @@
 //! The `ate` binary against a real `ate api` process on loopback.
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
-const ATE: &str = env!("CARGO_BIN_EXE_ate");
+mod support;
 
-struct ApiProcess {
-    child: Child,
-    addr: String,
-    _dir: tempfile::TempDir,
-}
+use support::ATE;
+use support::api_process::ApiProcess;
 
-impl Drop for ApiProcess {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn wait_for_json(file: &Path, child: &mut Child) -> serde_json::Value {
-    ate_test_support::wait::wait_for_ready_file(file, child, "process", Duration::from_secs(20))
+fn ok(out: Output) -> String {
+    support::stdout_of_success(out, "ate")
 }
 
 fn start_api() -> ApiProcess {
@@ -28,31 +18,9 @@ fn start_api() -> ApiProcess {
 }
 
 fn start_api_logging(rust_log: &str) -> ApiProcess {
-    let dir = tempfile::tempdir().unwrap();
-    let ready = dir.path().join("ready.json");
-    let mut child = Command::new(ATE)
-        .env("RUST_LOG", rust_log)
-        .args([
-            "api",
-            "--listen",
-            "127.0.0.1:0",
-            "--http-listen",
-            "127.0.0.1:0",
-            "--ready-file",
-        ])
-        .arg(&ready)
-        .arg("--store")
-        .arg(format!("sqlite://{}", dir.path().join("ate.db").display()))
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let v = wait_for_json(&ready, &mut child);
-    ApiProcess {
-        addr: v["grpc"].as_str().unwrap().to_string(),
-        child,
-        _dir: dir,
-    }
+    ApiProcess::start_in(tempfile::tempdir().unwrap(), |cmd| {
+        cmd.env("RUST_LOG", rust_log);
+    })
 }
 
 fn ate(api: &ApiProcess, args: &[&str]) -> Output {
@@ -62,15 +30,6 @@ fn ate(api: &ApiProcess, args: &[&str]) -> Output {
         .args(args)
         .output()
         .unwrap()
-}
-
-fn ok(out: Output) -> String {
-    assert!(
-        out.status.success(),
-        "failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout).unwrap()
 }
 
 fn example() -> PathBuf {

@@ -11,61 +11,19 @@ use std::io::{BufRead, BufReader};
 use std::path::Path;
 use std::process::{Child, Command, Output, Stdio};
 use std::sync::mpsc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use support::*;
 
 /// An `ate api` on loopback with its own SQLite store, killed on drop.
 struct Api {
-    child: Child,
-    addr: String,
-    _dir: tempfile::TempDir,
-}
-
-impl Drop for Api {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
+    process: api_process::ApiProcess,
 }
 
 impl Api {
     fn start() -> Api {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let ready = dir.path().join("ready.json");
-        let mut child = Command::new(ATE)
-            .args([
-                "api",
-                "--listen",
-                "127.0.0.1:0",
-                "--http-listen",
-                "127.0.0.1:0",
-                "--ready-file",
-            ])
-            .arg(&ready)
-            .arg("--store")
-            .arg(format!("sqlite://{}", dir.path().join("ate.db").display()))
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("spawn ate api");
-        let start = Instant::now();
-        let addr = loop {
-            if let Ok(text) = std::fs::read_to_string(&ready)
-                && let Ok(v) = serde_json::from_str::<serde_json::Value>(&text)
-            {
-                break v["grpc"].as_str().expect("grpc address").to_string();
-            }
-            if let Ok(Some(status)) = child.try_wait() {
-                panic!("ate api exited early: {status}");
-            }
-            assert!(start.elapsed() < Duration::from_secs(20), "api not ready");
-            std::thread::sleep(Duration::from_millis(50));
-        };
         Api {
-            child,
-            addr,
-            _dir: dir,
+            process: api_process::ApiProcess::start(),
         }
     }
 
@@ -80,7 +38,7 @@ impl Api {
 
     /// `ate --api <this> ARGS`.
     fn ate(&self, args: &[&str]) -> Output {
-        let mut all = vec!["--api", self.addr.as_str()];
+        let mut all = vec!["--api", self.process.addr.as_str()];
         all.extend_from_slice(args);
         self.raw(&all)
     }
@@ -111,17 +69,7 @@ fn stderr_of_failure(out: Output, what: &str) -> String {
 /// An atespace and a counter template in it, as `apply -f` takes them.
 fn template_yaml(ns: &str, name: &str, memory: &str) -> String {
     format!(
-        "apiVersion: ate.dev/v1alpha1
-kind: Atespace
-metadata:
-  name: {ns}
----
-apiVersion: ate.dev/v1alpha1
-kind: ActorTemplate
-metadata:
-  namespace: {ns}
-  name: {name}
-spec:
+        "{head}spec:
   sandboxClass: runc
   containers:
     - name: counter
@@ -129,7 +77,8 @@ spec:
       command: [\"/counter\"]
   resources: {{cpu: 250m, memory: {memory}}}
   snapshots: {{fidelity: memory}}
-"
+",
+        head = actors::template_head(ns, name),
     )
 }
 
@@ -252,7 +201,7 @@ fn namespaced_gets_take_all_atespaces() {
 fn client_flags_work_before_and_after_the_verb() {
     let api = Api::start();
     api.ok(&["create", "atespace", "ev-flags"]);
-    let addr = api.addr.as_str();
+    let addr = api.process.addr.as_str();
     for args in [
         vec!["--api", addr, "get", "atespaces", "-o", "json"],
         vec!["get", "atespaces", "--api", addr, "-o", "json"],
@@ -382,10 +331,7 @@ impl Drop for Reaped {
 
 #[test]
 fn tail_wide_and_tags_on_a_running_system() {
-    let sys = System::up(UpOptions {
-        workers: 1,
-        ..Default::default()
-    });
+    let sys = System::up(UpOptions::with_workers(1));
     let ns = "ate-demo";
     let target = format!("{ns}/l1");
     sys.ate_ok(&["create", "actor", "l1", "-a", ns, "-t", "ate-demo/counter"]);

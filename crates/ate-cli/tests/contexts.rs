@@ -37,11 +37,7 @@ fn a_second_system_does_not_take_the_cli_over() {
     let home = tempfile::tempdir().expect("tempdir");
     let config = home.path().join("config");
     let config = config.to_str().expect("utf-8");
-    let opts = || UpOptions {
-        workers: 0,
-        demo: false,
-        ..Default::default()
-    };
+    let opts = || UpOptions::bare(0);
     let first = System::up_with_env(opts(), &[("XDG_CONFIG_HOME", config)]);
     let second = System::up_with_env(opts(), &[("XDG_CONFIG_HOME", config)]);
     first.ate_ok(&["create", "atespace", "only-in-first"]);

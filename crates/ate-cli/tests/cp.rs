@@ -44,10 +44,7 @@ fn children_max_rss_kib() -> i64 {
 
 #[test]
 fn files_and_directories_both_ways() {
-    let sys = System::up(UpOptions {
-        workers: 1,
-        ..Default::default()
-    });
+    let sys = System::up(UpOptions::with_workers(1));
     // Room for the file's page cache in the actor's memory limit.
     sys_apply(
         &sys,
@@ -134,28 +131,17 @@ fn files_and_directories_both_ways() {
     );
 
     // Paths that climb out of the sandbox's root are refused before anything runs.
-    let out = cp(
-        &sys,
-        big.to_str().expect("utf-8"),
-        "ate-demo/files:/data/../../x",
-    );
-    assert_eq!(out.status.code(), Some(1));
-    assert!(
-        text(&out.stderr).contains("refused"),
-        "{}",
-        text(&out.stderr)
-    );
-    let out = cp(
-        &sys,
-        "ate-demo/files:../etc/passwd",
-        dir.to_str().expect("utf-8"),
-    );
-    assert_eq!(out.status.code(), Some(1));
-    assert!(
-        text(&out.stderr).contains("refused"),
-        "{}",
-        text(&out.stderr)
-    );
+    let big_path = big.to_str().expect("utf-8");
+    let dir_path = dir.to_str().expect("utf-8");
+    for (from, to) in [
+        (big_path, "ate-demo/files:/data/../../x"),
+        ("ate-demo/files:../etc/passwd", dir_path),
+    ] {
+        let out = cp(&sys, from, to);
+        let err = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "cp {from} {to}: {err}");
+        assert!(err.contains("refused"), "cp {from} {to}: {err}");
+    }
     // A file that is not there: tar's words and a non-zero exit.
     let out = cp(
         &sys,

@@ -15,17 +15,28 @@ fn log_file(sys: &System, ns: &str, name: &str) -> std::path::PathBuf {
         .join(format!("{name}.log"))
 }
 
-#[test]
-fn deleting_an_actor_removes_its_log_and_generations() {
-    let sys = System::up(UpOptions {
-        workers: 1,
-        ..Default::default()
-    });
-    let (ns, name) = ("ate-demo", "gone");
-    sys.ate_ok(&["create", "actor", name, "-a", ns, "-t", "ate-demo/counter"]);
-    let target = format!("{ns}/{name}");
+/// One worker and a demo counter `name` that answered once: the system and the actor's target.
+fn one_counter_that_answered(name: &str) -> (System, String) {
+    let sys = System::up(UpOptions::with_workers(1));
+    sys.ate_ok(&[
+        "create",
+        "actor",
+        name,
+        "-a",
+        "ate-demo",
+        "-t",
+        "ate-demo/counter",
+    ]);
+    let target = format!("ate-demo/{name}");
     let (status, _, body) = get(sys.router_addr, &target, "/");
     assert_eq!(status, 200, "{body}");
+    (sys, target)
+}
+
+#[test]
+fn deleting_an_actor_removes_its_log_and_generations() {
+    let (ns, name) = ("ate-demo", "gone");
+    let (sys, target) = one_counter_that_answered(name);
     sys.ate_ok(&["suspend", "actor", name, "-a", ns]);
     let snapshots = sys.state_dir().join("snapshots").join(ns).join(name);
     let generations = || {
@@ -68,15 +79,8 @@ fn deleting_an_actor_removes_its_log_and_generations() {
 
 #[test]
 fn a_running_actor_is_deleted_only_with_force() {
-    let sys = System::up(UpOptions {
-        workers: 1,
-        ..Default::default()
-    });
     let (ns, name) = ("ate-demo", "busy");
-    sys.ate_ok(&["create", "actor", name, "-a", ns, "-t", "ate-demo/counter"]);
-    let target = format!("{ns}/{name}");
-    let (status, _, body) = get(sys.router_addr, &target, "/");
-    assert_eq!(status, 200, "{body}");
+    let (sys, target) = one_counter_that_answered(name);
 
     let refused = sys.ate(&["delete", "actor", name, "-a", ns]);
     assert!(!refused.status.success());

@@ -67,11 +67,7 @@ fn counter_demo_counts_continue() {
 
 #[test]
 fn parking_demo_timeline_and_load_run() {
-    let sys = System::up(UpOptions {
-        workers: 2,
-        slots: 1,
-        ..Default::default()
-    });
+    let sys = System::up(UpOptions::with_slots(2, 1));
     let out = run_demo(&sys, "parking", &[("LOAD_SECONDS", "30")]);
     let row = |event: &str| -> Vec<String> {
         out.lines()
@@ -118,11 +114,7 @@ fn parking_demo_timeline_and_load_run() {
 #[test]
 fn burst_demo_all_served() {
     // Room for 16 actors, as the demo asks (2 workers × 8 slots); shortened levels and rounds.
-    let sys = System::up(UpOptions {
-        workers: 2,
-        slots: 8,
-        ..Default::default()
-    });
+    let sys = System::up(UpOptions::with_slots(2, 8));
     let out = run_demo(
         &sys,
         "burst",
@@ -144,11 +136,7 @@ fn burst_demo_all_served() {
 
 #[test]
 fn oversubscribe_demo_serves_more_actors_than_slots() {
-    let sys = System::up(UpOptions {
-        workers: 2,
-        slots: 2,
-        ..Default::default()
-    });
+    let sys = System::up(UpOptions::with_slots(2, 2));
     let out = run_demo(
         &sys,
         "oversubscribe",

@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
-use support::{System, UpOptions, get, ms};
+use support::{System, UpOptions, create_actor_args, get, ms, wait_for_weight};
 
 const ACTORS: usize = 100;
 /// Calls (and creations) in flight at once: what a small burst of first requests looks like,
@@ -74,15 +74,7 @@ fn a_hundred_idle_counters_run_on_the_defaults() {
 
     let created = Instant::now();
     in_parallel(ACTORS, |i| {
-        sys.ate_ok(&[
-            "create",
-            "actor",
-            &name(i),
-            "-a",
-            NS,
-            "-t",
-            "ate-demo/counter",
-        ]);
+        sys.ate_ok(&create_actor_args(&name(i), NS, "ate-demo/counter"));
     });
     println!("created {ACTORS} actors in {} ms", ms(created.elapsed()));
 
@@ -216,18 +208,7 @@ fn weights_follow_the_template(sys: &System, millis: u32) -> usize {
     assert!(!files.is_empty(), "no actor cgroup with a CPU weight file");
     let deadline = Instant::now() + Duration::from_secs(10);
     for (file, want) in &files {
-        loop {
-            let now = std::fs::read_to_string(file).unwrap_or_default();
-            if now.trim() == want.to_string() {
-                break;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "{} reads {now:?}, not {want}",
-                file.display()
-            );
-            std::thread::sleep(Duration::from_millis(100));
-        }
+        wait_for_weight(file, *want, deadline);
     }
     files.len()
 }

@@ -16,36 +16,13 @@ use std::time::{Duration, Instant};
 use support::test_host::TestHost;
 use support::*;
 
+/// The counter template with `egress` (YAML lines under `spec`).
 fn template(ns: &str, name: &str, egress: &str) -> String {
-    let images = images_dir();
-    format!(
-        "apiVersion: ate.dev/v1alpha1
-kind: Atespace
-metadata:
-  name: {ns}
----
-apiVersion: ate.dev/v1alpha1
-kind: ActorTemplate
-metadata:
-  namespace: {ns}
-  name: {name}
-spec:
-  containers:
-    - name: main
-      image: oci-layout:{images}/counter:latest
-      command: [\"/counter\"]
-      wakeupProbe:
-        httpGet: {{path: /healthz, port: 80}}
-        timeoutSeconds: 10
-  resources: {{cpu: 250m, memory: 64Mi}}
-  volumes:
-    - name: data
-      mountPath: /data
-  snapshots: {{fidelity: memory}}
-  idleTimeout: 5m
-{egress}",
-        images = images.display(),
-    )
+    let tpl = actors::Tpl {
+        egress: Some(egress.to_string()),
+        ..actors::Tpl::counter()
+    };
+    tpl.yaml(ns, name)
 }
 
 fn apply(sys: &System, dir: &Path, ns: &str, name: &str, egress: &str) {
@@ -288,15 +265,7 @@ fn open_outbound_connection_keeps_the_actor_from_idle_suspend() {
     std::fs::write(&path, yaml).expect("write template");
     sys.ate_ok(&["apply", "-f", path.to_str().expect("utf-8 path")]);
     for name in ["busy", "quiet"] {
-        sys.ate_ok(&[
-            "create",
-            "actor",
-            name,
-            "-a",
-            ns,
-            "-t",
-            &format!("{ns}/idle"),
-        ]);
+        sys.ate_ok(&create_actor_args(name, ns, &format!("{ns}/idle")));
     }
     let busy = format!("{ns}/busy");
     let quiet = format!("{ns}/quiet");

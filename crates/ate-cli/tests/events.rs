@@ -207,11 +207,7 @@ fn time_ms(e: &Value) -> i64 {
 
 #[test]
 fn bad_event_requests_are_refused_with_a_clear_error() {
-    let sys = System::up(UpOptions {
-        workers: 1,
-        demo: false,
-        ..UpOptions::default()
-    });
+    let sys = System::up(UpOptions::bare(1));
     let out = sys.ate(&["get", "events", "a"]);
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);

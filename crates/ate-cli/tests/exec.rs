@@ -16,10 +16,7 @@ use support::*;
 const NS: &str = "ate-demo";
 
 fn one_worker() -> System {
-    System::up(UpOptions {
-        workers: 1,
-        ..Default::default()
-    })
+    System::up(UpOptions::with_workers(1))
 }
 
 fn exec(sys: &System, args: &[&str]) -> Output {
@@ -326,59 +323,12 @@ fn exec_into_a_crashed_actor_is_refused_with_the_revert_hint() {
     );
 }
 
-/// Two counters in one sandbox: `main` and `side` (port 9000, the volume at /side-data).
-fn two_containers() -> String {
-    let images = images_dir();
-    format!(
-        "apiVersion: ate.dev/v1alpha1
-kind: ActorTemplate
-metadata:
-  namespace: {NS}
-  name: pair
-spec:
-  containers:
-    - name: main
-      image: oci-layout:{images}/counter:latest
-      command: [\"/counter\"]
-      env:
-        - {{name: SIDECAR_ADDR, value: \"127.0.0.1:9000\"}}
-        - {{name: PORT2, value: \"off\"}}
-      ports:
-        - containerPort: 80
-      wakeupProbe:
-        httpGet: {{path: /healthz, port: 80}}
-        timeoutSeconds: 10
-      resources: {{cpu: 150m, memory: 48Mi}}
-    - name: side
-      image: oci-layout:{images}/counter:latest
-      command: [\"/counter\"]
-      env:
-        - {{name: PORT, value: \"9000\"}}
-        - {{name: PORT2, value: \"off\"}}
-        - {{name: ATE_DATA_DIR, value: /side-data/side}}
-      volumeMounts:
-        - {{name: data, mountPath: /side-data}}
-      ports:
-        - containerPort: 9000
-      wakeupProbe:
-        httpGet: {{path: /healthz, port: 9000}}
-        timeoutSeconds: 10
-      resources: {{cpu: 100m, memory: 32Mi}}
-  volumes:
-    - name: data
-      mountPath: /data
-  snapshots: {{fidelity: memory}}
-  idleTimeout: 5m
-",
-        images = images.display(),
-    )
-}
-
 #[test]
 fn exec_into_each_container_of_an_actor_with_a_sidecar() {
     let sys = one_worker();
     let path = sys.dir.path().join("pair.yaml");
-    std::fs::write(&path, two_containers()).expect("write template");
+    let template = two_counters_template(NS, "pair", 9000, 10, None);
+    std::fs::write(&path, template).expect("write template");
     sys.ate_ok(&["apply", "-f", path.to_str().expect("utf-8")]);
     create_actor(&sys, NS, "pair", "pair");
     let sh = |container: &str, script: &str| {
@@ -542,10 +492,7 @@ fn a_local_terminal_is_raw_and_its_size_follows() {
 /// again (with its memory) instead of failing its restore.
 #[test]
 fn a_command_left_running_in_a_restored_actor_does_not_break_its_next_restore() {
-    let opts = || UpOptions {
-        workers: 1,
-        ..Default::default()
-    };
+    let opts = || UpOptions::with_workers(1);
     let sys = System::up(opts());
     create_actor(&sys, NS, "c6", "counter");
     let target = format!("{NS}/c6");

@@ -9,12 +9,6 @@ use std::process::Command;
 
 const INITDB: &str = "/usr/lib/postgresql/15/bin/initdb";
 
-/// True when `program` is in a `PATH` directory.
-fn installed(program: &str) -> bool {
-    std::env::var_os("PATH")
-        .is_some_and(|paths| std::env::split_paths(&paths).any(|d| d.join(program).is_file()))
-}
-
 /// Why this host cannot run the suite, if it cannot: it needs root (runc, network namespaces,
 /// mounts, kill -9 of the system's components) and runc + CRIU.
 fn cannot_run() -> Option<String> {
@@ -23,7 +17,7 @@ fn cannot_run() -> Option<String> {
     }
     ["runc", "criu"]
         .into_iter()
-        .find(|t| !installed(t))
+        .find(|t| !support::on_path(t))
         .map(|t| format!("{t} is not installed"))
 }
 

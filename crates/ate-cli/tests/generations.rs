@@ -6,7 +6,6 @@
 mod support;
 
 use std::path::{Path, PathBuf};
-use std::time::Duration;
 
 use serde_json::Value;
 use support::actors::*;
@@ -79,8 +78,7 @@ fn a_damaged_newest_generation_is_skipped_by_revert_and_an_older_one_can_be_chos
     // One worker, no frozen copies: every resume restores (and verifies) a generation on disk.
     let sys = one_worker_restoring(None);
     let ns = "ns-gens";
-    sys_apply(&sys, ns, "counter", &Tpl::counter());
-    create_actor(&sys, ns, "c", "counter");
+    counter_actor(&sys, ns, "counter", "c");
     let target = format!("{ns}/c");
     let out = sys.ate_ok(&["get", "generations", "actor", "c", "-a", ns]);
     assert_eq!(out.trim(), format!("actor {ns}/c has no generation yet"));
@@ -112,16 +110,7 @@ fn a_damaged_newest_generation_is_skipped_by_revert_and_an_older_one_can_be_chos
     let table = sys.ate_ok(&["get", "generations", "actor", "c", "-a", ns]);
     let lines: Vec<&str> = table.lines().collect();
     assert_eq!(lines.len(), 3, "{table}");
-    for column in [
-        "GENERATION",
-        "CREATED",
-        "FIDELITY",
-        "LOCAL",
-        "DURABLE",
-        "STATUS",
-        "NEXT",
-        "REASON",
-    ] {
+    for column in "GENERATION CREATED FIDELITY LOCAL DURABLE STATUS NEXT REASON".split(' ') {
         assert!(lines[0].contains(column), "{table}");
     }
     let row3: Vec<&str> = lines[1].split_whitespace().collect();
@@ -139,14 +128,7 @@ fn a_damaged_newest_generation_is_skipped_by_revert_and_an_older_one_can_be_chos
         status, 200,
         "a damaged generation must never serve: {head}\n{body}"
     );
-    let a = wait_state(
-        &sys,
-        ns,
-        "c",
-        "ACTOR_STATE_CRASHED",
-        Duration::from_secs(30),
-    );
-    let why = a["lastError"].as_str().unwrap_or_default();
+    let why = crash_reason(&sys, ns, "c");
     assert!(
         why.contains("rootfs.tar"),
         "lastError names the file: {why}"

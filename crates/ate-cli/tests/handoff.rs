@@ -66,10 +66,7 @@ fn netns_of(sys: &System, name: &str) -> std::path::PathBuf {
 
 #[test]
 fn handed_off_tunnels_go_with_a_killed_worker_and_the_actor_keeps_its_state() {
-    let sys = System::up(UpOptions {
-        workers: 1,
-        ..Default::default()
-    });
+    let sys = System::up(UpOptions::with_workers(1));
     create_actor(&sys, "ate-demo", "handed", "counter");
     let (status, _, body) = get(sys.router_addr, ACTOR, "/");
     assert_eq!(status, 200, "{body}");

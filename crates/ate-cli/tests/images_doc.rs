@@ -72,19 +72,13 @@ fn counter_binary(dir: &Path) -> PathBuf {
         index["manifests"][0]["digest"].as_str().expect("manifest"),
     ));
     let layer = blob(manifest["layers"][0]["digest"].as_str().expect("layer"));
-    let out = Command::new("tar")
-        .arg("-xzf")
+    let mut tar = Command::new("tar");
+    tar.arg("-xzf")
         .arg(&layer)
         .arg("-C")
         .arg(dir)
-        .arg("counter")
-        .output()
-        .expect("run tar");
-    assert!(
-        out.status.success(),
-        "tar: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+        .arg("counter");
+    run_ok(&mut tar, "tar");
     dir.join("counter")
 }
 
@@ -124,10 +118,8 @@ fn registry_up() -> Option<Registry> {
 
 fn system(registry: &str) -> System {
     System::up(UpOptions {
-        workers: 1,
-        demo: false,
         up_args: vec!["--insecure-registry".into(), registry.into()],
-        ..Default::default()
+        ..UpOptions::bare(1)
     })
 }
 
@@ -263,15 +255,7 @@ fn a_failed_exec_is_the_last_error() {
         let path = work.path().join(format!("{name}.yaml"));
         std::fs::write(&path, t).expect("template");
         sys.ate_ok(&["apply", "-f", path.to_str().expect("utf-8 path")]);
-        sys.ate_ok(&[
-            "create",
-            "actor",
-            name,
-            "-a",
-            "demo",
-            "-t",
-            &format!("demo/{name}"),
-        ]);
+        sys.ate_ok(&create_actor_args(name, "demo", &format!("demo/{name}")));
     };
     let image_line = format!("      image: {host}/demo/hello:v1\n");
     variant("nope", &|t| {

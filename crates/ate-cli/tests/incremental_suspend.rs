@@ -137,11 +137,7 @@ fn a_dump_without_tracking_is_whole_and_loses_nothing() {
         args.iter().any(|a| a == "page-source") && args.iter().any(|a| a == "--write-protect")
     })
     .expect("the actor's page source runs while it tracks");
-    let killed = std::process::Command::new("kill")
-        .args(["-9", &source.to_string()])
-        .status()
-        .expect("kill");
-    assert!(killed.success());
+    kill_9(source);
     std::thread::sleep(Duration::from_millis(300));
     // The actor runs on (its memory is all in) and its next dump is whole.
     let sum = dirtied_checksum(&get_ok(&sys, &target, "/dirty?percent=1"));
@@ -216,21 +212,14 @@ fn a_thawed_actor_suspends_what_it_wrote_since_the_thaw() {
 fn a_restarted_worker_readopts_a_tracked_actor_and_dumps_it_whole() {
     let ns = "ns-incr-adopt";
     let sys = System::up_with_env(
-        UpOptions {
-            workers: 1,
-            ..UpOptions::default()
-        },
+        UpOptions::with_workers(1),
         &[("ATE_KEEP_FROZEN", "0"), ("ATE_INCREMENTAL_MIN_MIB", "0")],
     );
     let (target, whole) = restored_sleeper(&sys, ns);
     let sum = dirtied_checksum(&get_ok(&sys, &target, "/dirty?percent=1"));
 
     let worker = sys.pid_of("worker-1").expect("worker-1 runs");
-    let killed = std::process::Command::new("kill")
-        .args(["-9", &worker.to_string()])
-        .status()
-        .expect("kill");
-    assert!(killed.success());
+    kill_9(worker);
     // Served again by the restarted worker, by the same sandbox: not restored from the
     // generation (which would give the checksum before /dirty).
     let deadline = Instant::now() + Duration::from_secs(60);

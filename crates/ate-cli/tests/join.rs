@@ -10,7 +10,7 @@ use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use support::{ATE, System, UpOptions, free_port};
+use support::{ATE, System, UpOptions, free_port, run_ok};
 
 /// `ate up --role node` for node `name` in `state`, joined to `api`, with `keys` (the fleet's
 /// snapshot keys directory) copied into its state dir.
@@ -95,11 +95,7 @@ fn cert_facts(path: &Path) -> (String, String) {
 
 #[test]
 fn a_node_joins_with_a_token_and_renews_without_one() {
-    let sys = System::up(UpOptions {
-        workers: 0,
-        demo: false,
-        ..Default::default()
-    });
+    let sys = System::up(UpOptions::bare(0));
     let token = sys
         .ate_ok(&["token", "create", "--ttl", "10m", "--description", "test"])
         .trim()
@@ -217,7 +213,8 @@ fn a_node_joins_with_a_token_and_renews_without_one() {
 
     // `ate ca issue` makes the control plane's own certificates from the same CA.
     let issued = tmp.path().join("issued");
-    let out = Command::new(ATE)
+    let mut issue = Command::new(ATE);
+    issue
         .args([
             "ca",
             "issue",
@@ -225,18 +222,12 @@ fn a_node_joins_with_a_token_and_renews_without_one() {
             "router",
             "--san",
             "ingress.example",
-            "--dir",
         ])
+        .arg("--dir")
         .arg(sys.state_dir().join("ca"))
         .arg("--out")
-        .arg(&issued)
-        .output()
-        .expect("ate ca issue");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+        .arg(&issued);
+    run_ok(&mut issue, "ate ca issue");
     assert_eq!(
         cert_facts(&issued.join("atenet-router.crt")).0,
         "spiffe://ate.local/ns/ate-system/sa/atenet-router"

@@ -1,35 +1,26 @@
 //! `ate api --auth-mode=jwt` as a process, and the CLI's `--token` / `ATE_TOKEN` against it.
 
-use std::path::Path;
-use std::process::{Child, Command, Output, Stdio};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::process::{Command, Output};
 
-use jsonwebtoken::jwk::Jwk;
-use jsonwebtoken::{Algorithm, EncodingKey, Header, encode};
+mod support;
+
+use ate_test_support::jwt::{Signer, merged, now};
 use serde_json::json;
+use support::ATE;
+use support::api_process::ApiProcess;
 
-const ATE: &str = env!("CARGO_BIN_EXE_ate");
+fn ok(out: Output) -> String {
+    support::stdout_of_success(out, "ate")
+}
+
 const TD: &str = "ate.local";
 const ISS: &str = "https://issuer.test";
 const AUD: &str = "ate-api";
 
 struct JwtApi {
-    child: Child,
-    addr: String,
+    api: ApiProcess,
     ca_file: std::path::PathBuf,
-    key: EncodingKey,
-    dir: tempfile::TempDir,
-}
-
-impl Drop for JwtApi {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn wait_for_json(file: &Path, child: &mut Child) -> serde_json::Value {
-    ate_test_support::wait::wait_for_ready_file(file, child, "ate api", Duration::from_secs(20))
+    signer: Signer,
 }
 
 impl JwtApi {
@@ -46,21 +37,12 @@ impl JwtApi {
         svid.write_pem(&cert, &key_file).unwrap();
         let ca_file = dir.path().join("ca").join(ate_tls::CA_CERT_FILE);
 
-        let kp = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).unwrap();
-        let key = EncodingKey::from_ec_der(&kp.serialize_der());
-        let mut jwk = Jwk::from_encoding_key(&key, Algorithm::ES256).unwrap();
-        jwk.common.key_id = Some("k1".into());
+        let signer = Signer::ec("k1");
         let jwks = dir.path().join("jwks.json");
-        std::fs::write(&jwks, json!({ "keys": [jwk] }).to_string()).unwrap();
+        std::fs::write(&jwks, json!({ "keys": [signer.jwk()] }).to_string()).unwrap();
 
-        let ready = dir.path().join("ready.json");
-        let mut child = Command::new(ATE)
-            .args([
-                "api",
-                "--listen",
-                "127.0.0.1:0",
-                "--http-listen",
-                "127.0.0.1:0",
+        let api = ApiProcess::start_in(dir, |cmd| {
+            cmd.args([
                 "--auth-mode",
                 "jwt",
                 "--jwt-issuer",
@@ -75,66 +57,36 @@ impl JwtApi {
             .arg("--tls-key")
             .arg(&key_file)
             .arg("--tls-ca")
-            .arg(&ca_file)
-            .arg("--ready-file")
-            .arg(&ready)
-            .arg("--store")
-            .arg(format!("sqlite://{}", dir.path().join("ate.db").display()))
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
-        let v = wait_for_json(&ready, &mut child);
+            .arg(&ca_file);
+        });
         JwtApi {
-            addr: v["grpc"].as_str().unwrap().to_string(),
-            child,
+            api,
             ca_file,
-            key,
-            dir,
+            signer,
         }
     }
 
     fn token(&self, sub: &str, extra: serde_json::Value) -> String {
-        let now = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .unwrap()
-            .as_secs();
-        let mut claims = json!({"iss": ISS, "aud": AUD, "sub": sub, "exp": now + 600});
-        if let (Some(c), Some(extra)) = (claims.as_object_mut(), extra.as_object()) {
-            for (k, v) in extra {
-                c.insert(k.clone(), v.clone());
-            }
-        }
-        let mut header = Header::new(Algorithm::ES256);
-        header.kid = Some("k1".into());
-        encode(&header, &claims, &self.key).unwrap()
+        let valid = json!({"iss": ISS, "aud": AUD, "sub": sub, "exp": now() + 600});
+        self.signer.sign(&merged(valid, extra))
     }
 
     /// `ate --api <addr> <args>` with no discoverable `ate up` configuration around it.
     fn ate(&self, envs: &[(&str, &str)], args: &[&str]) -> Output {
-        let empty = self.dir.path().join("home");
+        let empty = self.api.dir.path().join("home");
         std::fs::create_dir_all(&empty).unwrap();
         let mut cmd = Command::new(ATE);
         cmd.env_clear()
             .env("HOME", &empty)
             .env("ATE_STATE_DIR", &empty)
             .arg("--api")
-            .arg(&self.addr)
+            .arg(&self.api.addr)
             .args(args);
         for (k, v) in envs {
             cmd.env(k, v);
         }
         cmd.output().unwrap()
     }
-}
-
-fn ok(out: Output) -> String {
-    assert!(
-        out.status.success(),
-        "failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout).unwrap()
 }
 
 fn err(out: Output) -> String {
@@ -174,19 +126,9 @@ fn cli_sends_bearer_tokens_to_a_jwt_api() {
     let e = err(api.ate(&[], &["--ca", &ca, "--token", &expired, "get", "atespaces"]));
     assert!(e.contains("expired"), "{e}");
     // A forged token (right kid, another key) is refused by the api.
-    let forger = EncodingKey::from_ec_der(
-        &rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256)
-            .unwrap()
-            .serialize_der(),
-    );
-    let mut header = Header::new(Algorithm::ES256);
-    header.kid = Some("k1".into());
-    let forged = encode(
-        &header,
-        &json!({"iss": ISS, "aud": AUD, "sub": "mallory", "exp": 4_000_000_000u64}),
-        &forger,
-    )
-    .unwrap();
+    let forger = Signer::ec("k1");
+    let forged =
+        forger.sign(&json!({"iss": ISS, "aud": AUD, "sub": "mallory", "exp": 4_000_000_000u64}));
     let e = err(api.ate(&[], &["--ca", &ca, "--token", &forged, "get", "atespaces"]));
     assert!(e.contains("signature"), "{e}");
     // A token is never sent without TLS.

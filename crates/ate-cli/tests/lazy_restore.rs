@@ -39,16 +39,7 @@ fn page_source_pid(sys: &System) -> Option<u32> {
         sys.state_dir().display()
     );
     // The newest (`-n`): an earlier restore's page source may still be finishing its push.
-    let out = Command::new("pgrep")
-        .args(["-n", "-f", &pattern])
-        .output()
-        .ok()?;
-    String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .next()?
-        .trim()
-        .parse()
-        .ok()
+    pgrep_first(&["-n", "-f", &pattern])
 }
 
 /// A 64 MiB sleeper `s` in `ns` that answered once (its checksum returned) and is suspended.

@@ -16,15 +16,11 @@ const NS: &str = "ns-place";
 
 #[test]
 fn a_memory_generation_waits_for_a_worker_that_can_restore_it() {
-    let opts = || UpOptions {
-        workers: 1,
-        ..Default::default()
-    };
+    let opts = || UpOptions::with_workers(1);
     // No frozen copies: a resume restores the generation on disk.
     let keep_frozen_off = ("ATE_KEEP_FROZEN", "0");
     let sys = System::up_with_env(opts(), &[keep_frozen_off]);
-    sys_apply(&sys, NS, "counter", &Tpl::counter());
-    create_actor(&sys, NS, "m", "counter");
+    counter_actor(&sys, NS, "counter", "m");
     let target = format!("{NS}/m");
     for n in 1..=2 {
         assert_eq!(counts(&get_ok(&sys, &target, "/")).0, n);

@@ -118,12 +118,8 @@ fn runc_checkpoint_under(up: u32) -> Option<i32> {
 
 #[test]
 fn a_killed_dump_fails_the_suspend_and_the_actor_runs_on_with_its_memory() {
-    let mut sys = System::up(UpOptions {
-        workers: 1,
-        ..Default::default()
-    });
-    sys_apply(&sys, NS, "counter", &Tpl::counter());
-    create_actor(&sys, NS, "k", "counter");
+    let mut sys = System::up(UpOptions::with_workers(1));
+    counter_actor(&sys, NS, "counter", "k");
     let target = format!("{NS}/k");
     let mut count = 0;
     for _ in 0..3 {

@@ -61,15 +61,7 @@ fn every_component_exports_well_formed_prometheus_metrics() {
         "ready file: worker_metrics"
     );
     for actor in ACTORS {
-        sys.ate_ok(&[
-            "create",
-            "actor",
-            actor,
-            "-a",
-            "ate-demo",
-            "-t",
-            "ate-demo/counter",
-        ]);
+        sys.ate_ok(&create_actor_args(actor, "ate-demo", "ate-demo/counter"));
     }
     let [a, b, c] = ACTORS.map(|n| format!("ate-demo/{n}"));
     // Cold, then warm (the router has the assignment cached: this one never reaches the api).
@@ -294,13 +286,16 @@ fn collect_exprs(v: &serde_json::Value, out: &mut Vec<String>) {
 /// Metric names in one PromQL expression: identifiers outside label matchers, ranges and
 /// grouping clauses that are neither functions, keywords nor numbers.
 fn promql_metrics(expr: &str) -> Vec<String> {
-    const KEYWORDS: &[&str] = &[
+    // Grouping modifiers: a label list follows them.
+    const GROUPING: &[&str] = &[
         "by",
         "without",
         "on",
         "ignoring",
         "group_left",
         "group_right",
+    ];
+    const KEYWORDS: &[&str] = &[
         "bool",
         "and",
         "or",
@@ -363,16 +358,7 @@ fn promql_metrics(expr: &str) -> Vec<String> {
             }
             let called = chars.get(j) == Some(&'(');
             let lower = word.to_ascii_lowercase();
-            if [
-                "by",
-                "without",
-                "on",
-                "ignoring",
-                "group_left",
-                "group_right",
-            ]
-            .contains(&lower.as_str())
-            {
+            if GROUPING.contains(&lower.as_str()) {
                 // The label list that follows is not metrics.
                 skip_group = called;
             } else if !called && !KEYWORDS.contains(&lower.as_str()) {

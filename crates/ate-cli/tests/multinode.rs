@@ -20,7 +20,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
-use support::{ATE, free_port, images_dir};
+use support::{ATE, free_port, images_dir, on_path};
 
 const NS: &str = "mn";
 const ACTORS: usize = 6;
@@ -29,17 +29,12 @@ const OUTAGE: Duration = Duration::from_secs(8);
 /// Longest wait for an affected actor to answer 200 again.
 const RECOVERY: Duration = Duration::from_secs(60);
 
-fn installed(program: &str) -> bool {
-    std::env::var_os("PATH")
-        .is_some_and(|paths| std::env::split_paths(&paths).any(|d| d.join(program).is_file()))
-}
-
 fn cannot_run() -> Option<String> {
     if !nix::unistd::Uid::effective().is_root() {
         return Some("needs root (network namespaces, runc)".into());
     }
     for t in ["runc", "criu", "nsenter", "ip", "moto_server", "psql"] {
-        if !installed(t) {
+        if !on_path(t) {
             return Some(format!("{t} is not installed"));
         }
     }
@@ -299,7 +294,7 @@ fn memory_count(body: &str) -> Option<u64> {
 
 /// GET / through `router` with a short timeout; status 0 = no answer.
 fn get(router: SocketAddr, actor: &str) -> (u16, String) {
-    use std::io::{Read, Write};
+    use std::io::Write;
     let Ok(mut s) = std::net::TcpStream::connect_timeout(&router, Duration::from_secs(2)) else {
         return (0, String::new());
     };
@@ -310,16 +305,8 @@ fn get(router: SocketAddr, actor: &str) -> (u16, String) {
     if s.write_all(req.as_bytes()).is_err() {
         return (0, String::new());
     }
-    let mut buf = Vec::new();
-    let _ = s.read_to_end(&mut buf);
-    let text = String::from_utf8_lossy(&buf).into_owned();
-    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
-    let status = head
-        .split_whitespace()
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .unwrap_or(0);
-    (status, body.to_string())
+    let (status, _, body) = ate_test_support::http::read_response(&mut s);
+    (status, body)
 }
 
 /// `mn/open`: the counter with an allow-all egress policy and explicit allow entries.
@@ -443,31 +430,17 @@ impl Bed {
 
 /// Running containers per worker of `state` (runc list of each worker's root).
 fn containers(state: &Path) -> BTreeMap<String, Vec<String>> {
-    let mut out = BTreeMap::new();
-    let Ok(workers) = std::fs::read_dir(state.join("workers")) else {
-        return out;
-    };
-    for w in workers.flatten() {
-        let root = w.path().join("runc");
-        if !root.exists() {
-            continue;
-        }
-        let o = Command::new("runc")
-            .arg("--root")
-            .arg(&root)
-            .args(["list", "--format", "json"])
-            .output()
-            .expect("runc list");
-        let list: Option<Vec<Value>> = serde_json::from_slice(&o.stdout).unwrap_or(None);
-        let running = list
-            .unwrap_or_default()
-            .into_iter()
-            .filter(|c| c["status"] == "running")
-            .filter_map(|c| c["id"].as_str().map(str::to_string))
-            .collect();
-        out.insert(w.file_name().to_string_lossy().into_owned(), running);
-    }
-    out
+    support::runc::runc_lists(state)
+        .into_iter()
+        .map(|(worker, list)| {
+            let running = list
+                .into_iter()
+                .filter(|c| c["status"] == "running")
+                .filter_map(|c| c["id"].as_str().map(str::to_string))
+                .collect();
+            (worker, running)
+        })
+        .collect()
 }
 
 /// The actor whose sandbox on `worker` of `state` is container `id`.

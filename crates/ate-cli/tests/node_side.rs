@@ -54,8 +54,7 @@ fn durable_restore_from_s3_after_local_copy_is_gone() {
         &[("AWS_ENDPOINT_URL", &endpoint), ("AWS_ALLOW_HTTP", "true")],
     );
     let ns = "ns-durable";
-    sys_apply(&sys, ns, "counter", &Tpl::counter());
-    create_actor(&sys, ns, "c", "counter");
+    counter_actor(&sys, ns, "counter", "c");
     let target = format!("{ns}/c");
     for n in 1..=3 {
         assert_eq!(counts(&get_ok(&sys, &target, "/")), (n, n, n));
@@ -105,10 +104,7 @@ fn durable_restore_from_s3_after_local_copy_is_gone() {
 
 #[test]
 fn rootfs_and_volumes_fidelity_keep_what_they_promise() {
-    let sys = System::up(UpOptions {
-        workers: 1,
-        ..Default::default()
-    });
+    let sys = System::up(UpOptions::with_workers(1));
     let ns = "ns-fidelity";
     sys_apply(
         &sys,
@@ -160,14 +156,9 @@ fn rootfs_and_volumes_fidelity_keep_what_they_promise() {
 
 #[test]
 fn golden_tag_seeds_new_actors_with_their_own_identity() {
-    let sys = System::up(UpOptions {
-        workers: 1,
-        slots: 8,
-        ..Default::default()
-    });
+    let sys = System::up(UpOptions::with_slots(1, 8));
     let ns = "ns-golden";
-    sys_apply(&sys, ns, "agent", &Tpl::counter());
-    create_actor(&sys, ns, "g", "agent");
+    counter_actor(&sys, ns, "agent", "g");
     for n in 1..=3 {
         assert_eq!(counts(&get_ok(&sys, &format!("{ns}/g"), "/")), (n, n, n));
     }
@@ -234,10 +225,7 @@ fn golden_tag_seeds_new_actors_with_their_own_identity() {
 
 #[test]
 fn probe_never_answering_crashes_then_revert_and_fixed_template_resume() {
-    let sys = System::up(UpOptions {
-        workers: 1,
-        ..Default::default()
-    });
+    let sys = System::up(UpOptions::with_workers(1));
     let ns = "ns-probe";
     let broken = probe_on_closed_port(2);
     sys_apply(&sys, ns, "counter", &broken);
@@ -286,15 +274,11 @@ fn probe_never_answering_crashes_then_revert_and_fixed_template_resume() {
 #[test]
 fn a_failed_memory_dump_fails_the_suspend_unless_the_template_allows_rootfs() {
     let sys = System::up_with_env(
-        UpOptions {
-            workers: 1,
-            ..Default::default()
-        },
+        UpOptions::with_workers(1),
         &[("ATE_FAULT_CRIU_DUMP", "fail")],
     );
     let ns = "ns-criufail";
-    sys_apply(&sys, ns, "counter", &Tpl::counter());
-    create_actor(&sys, ns, "c", "counter");
+    counter_actor(&sys, ns, "counter", "c");
     for n in 1..=2 {
         assert_eq!(counts(&get_ok(&sys, &format!("{ns}/c"), "/")), (n, n, n));
     }
@@ -357,8 +341,7 @@ fn corrupted_snapshot_is_refused_with_a_checksum_error() {
     let store = TmpfsStore::mount(true);
     let sys = one_worker_restoring(Some(store.url()));
     let ns = "ns-corrupt";
-    sys_apply(&sys, ns, "counter", &Tpl::counter());
-    create_actor(&sys, ns, "c", "counter");
+    counter_actor(&sys, ns, "counter", "c");
     assert_eq!(counts(&get_ok(&sys, &format!("{ns}/c"), "/")), (1, 1, 1));
     sys.ate_ok(&["suspend", "actor", "c", "-a", ns]);
     let gen_dir = generation_dir(&sys.state_dir(), ns, "c", 1);
@@ -473,15 +456,7 @@ fn a_lost_api_replica_is_failed_over() {
         "counter",
         &Tpl::counter(),
     );
-    m.ate_ok(&[
-        "create",
-        "actor",
-        "c",
-        "-a",
-        ns,
-        "-t",
-        &format!("{ns}/counter"),
-    ]);
+    m.ate_ok(&create_actor_args("c", ns, &format!("{ns}/counter")));
     let target = format!("{ns}/c");
     for n in 1..=2 {
         let (status, _, body) = get(m.router, &target, "/");
@@ -542,28 +517,9 @@ fn a_lost_node_rolls_actors_back_to_their_durable_generation() {
     let s = |x: &str| x.to_string();
     let root = m.dir.path().to_path_buf();
     let durable = format!("file://{}", root.join("durable").display());
-    let api_ready = root.join("api.json");
     // A short lease, so the lost node's workers expire within seconds.
-    m.spawn(
-        "api",
-        &[
-            s("api"),
-            s("--listen"),
-            s("127.0.0.1:0"),
-            s("--http-listen"),
-            s("127.0.0.1:0"),
-            s("--store"),
-            format!("sqlite://{}", root.join("ate.db").display()),
-            s("--heartbeat-timeout-seconds"),
-            s("3"),
-            s("--ready-file"),
-            api_ready.display().to_string(),
-        ],
-    );
-    m.api = m.wait_file(&api_ready)["grpc"]
-        .as_str()
-        .expect("grpc")
-        .to_string();
+    let store = format!("sqlite://{}", root.join("ate.db").display());
+    m.api = m.spawn_api("api", &store, &["--heartbeat-timeout-seconds", "3"]);
     let start_node = |m: &mut Manual, node: &str, ip: Ipv4Addr| {
         let state = root.join(node);
         std::fs::create_dir_all(&state).expect("state");
@@ -624,20 +580,7 @@ fn a_lost_node_rolls_actors_back_to_their_durable_generation() {
     start_node(&mut m, "node-a", Ipv4Addr::new(127, second, 253, 10));
     wait_active(&m, 1);
     let metrics = SocketAddr::from(([127, 0, 0, 1], free_port()));
-    let router = m.router.to_string();
-    let api = m.api.clone();
-    m.spawn(
-        "router",
-        &[
-            s("router"),
-            s("--listen"),
-            router,
-            s("--metrics-listen"),
-            metrics.to_string(),
-            s("--api"),
-            api,
-        ],
-    );
+    m.spawn_router(metrics);
     let start = Instant::now();
     while !healthz(metrics) {
         assert!(start.elapsed() < Duration::from_secs(30), "router not up");
@@ -652,15 +595,7 @@ fn a_lost_node_rolls_actors_back_to_their_durable_generation() {
         &Tpl::counter(),
     );
     for name in ["d", "r"] {
-        m.ate_ok(&[
-            "create",
-            "actor",
-            name,
-            "-a",
-            ns,
-            "-t",
-            &format!("{ns}/counter"),
-        ]);
+        m.ate_ok(&create_actor_args(name, ns, &format!("{ns}/counter")));
     }
     let count = |m: &Manual, name: &str| -> u64 {
         let (status, _, body) = get(m.router, &format!("{ns}/{name}"), "/");
@@ -742,15 +677,7 @@ fn a_killed_worker_readopts_its_sandboxes() {
         &Tpl::counter(),
     );
     for name in ["r", "f"] {
-        m.ate_ok(&[
-            "create",
-            "actor",
-            name,
-            "-a",
-            ns,
-            "-t",
-            &format!("{ns}/counter"),
-        ]);
+        m.ate_ok(&create_actor_args(name, ns, &format!("{ns}/counter")));
         for n in 1..=2 {
             let (status, _, body) = get(m.router, &format!("{ns}/{name}"), "/");
             assert_eq!(status, 200, "{body}\n{}", m.log("node"));
@@ -852,15 +779,7 @@ spec:
     let path = m.dir.path().join("pair.yaml");
     std::fs::write(&path, yaml).expect("write template");
     m.ate_ok(&["apply", "-f", path.to_str().expect("utf-8 path")]);
-    m.ate_ok(&[
-        "create",
-        "actor",
-        "p",
-        "-a",
-        ns,
-        "-t",
-        &format!("{ns}/pair"),
-    ]);
+    m.ate_ok(&create_actor_args("p", ns, &format!("{ns}/pair")));
     let target = format!("{ns}/p");
     let answer = |m: &Manual| {
         let (status, _, body) = get(m.router, &target, "/");
@@ -910,15 +829,7 @@ fn worker_killed_mid_restore_then_restarted_resumes() {
         "counter",
         &Tpl::counter(),
     );
-    m.ate_ok(&[
-        "create",
-        "actor",
-        "c",
-        "-a",
-        ns,
-        "-t",
-        &format!("{ns}/counter"),
-    ]);
+    m.ate_ok(&create_actor_args("c", ns, &format!("{ns}/counter")));
     let target = format!("{ns}/c");
     for n in 1..=2 {
         let (status, _, body) = get(m.router, &target, "/");
@@ -1029,13 +940,9 @@ fn worker_killed_mid_restore_then_restarted_resumes() {
 
 #[test]
 fn exited_actor_is_released_within_a_second_and_resumes_from_its_last_generation() {
-    let sys = System::up(UpOptions {
-        workers: 1,
-        ..Default::default()
-    });
+    let sys = System::up(UpOptions::with_workers(1));
     let ns = "ns-exit";
-    sys_apply(&sys, ns, "counter", &Tpl::counter());
-    create_actor(&sys, ns, "c", "counter");
+    counter_actor(&sys, ns, "counter", "c");
     let target = format!("{ns}/c");
     for n in 1..=3 {
         assert_eq!(counts(&get_ok(&sys, &target, "/")), (n, n, n));
@@ -1083,14 +990,13 @@ fn exited_actor_is_released_within_a_second_and_resumes_from_its_last_generation
         (1, 1, 1)
     );
     kill_actor(&sys, ns, "fresh");
-    let a = wait_state(
+    let why = last_error_in_state(
         &sys,
         ns,
         "fresh",
         "ACTOR_STATE_SUSPENDED",
         Duration::from_secs(5),
     );
-    let why = a["lastError"].as_str().unwrap_or_default();
     assert!(
         why.contains("counter listening on"),
         "lastError carries the last log lines: {why}"
@@ -1106,14 +1012,13 @@ fn exited_actor_is_released_within_a_second_and_resumes_from_its_last_generation
     // was thawed before the kill).
     let (status, _, body) = request(sys.router_addr, "POST", &target, "/exit?code=3", "");
     assert_eq!((status, body.trim()), (200, "exiting with code 3"));
-    let a = wait_state(
+    let why = last_error_in_state(
         &sys,
         ns,
         "c",
         "ACTOR_STATE_SUSPENDED",
         Duration::from_secs(5),
     );
-    let why = a["lastError"].as_str().unwrap_or_default();
     assert!(why.contains("(code 3)"), "exit code 3 recorded: {why}");
     assert!(
         why.contains("exiting with code 3 as asked"),
@@ -1386,13 +1291,7 @@ fn nothing_is_left_behind_after_shutdown() {
 
 #[test]
 fn suspended_actor_is_kept_frozen_and_thawed_in_place() {
-    let sys = System::up_with_env(
-        UpOptions {
-            workers: 1,
-            ..Default::default()
-        },
-        &[("ATE_KEEP_FROZEN", "1")],
-    );
+    let sys = System::up_with_env(UpOptions::with_workers(1), &[("ATE_KEEP_FROZEN", "1")]);
     let ns = "ns-frozen";
     sys_apply(&sys, ns, "counter", &Tpl::counter());
     for n in ["a", "b"] {
@@ -1471,10 +1370,7 @@ fn suspended_actor_is_kept_frozen_and_thawed_in_place() {
 
 #[test]
 fn timings_local_and_durable() {
-    let sys = System::up(UpOptions {
-        workers: 1,
-        ..Default::default()
-    });
+    let sys = System::up(UpOptions::with_workers(1));
     let ns = "ns-timing";
     sys_apply(&sys, ns, "counter", &Tpl::counter());
     sys_apply(&sys, ns, "sleeper", &Tpl::sleeper(50));
@@ -1549,8 +1445,7 @@ fn corrupted_local_generation_is_restored_from_its_durable_copy() {
     // No frozen copy: a resume must restore (and so verify) the generation on disk.
     let sys = one_worker_restoring(None);
     let ns = "ns-corrupt-durable";
-    sys_apply(&sys, ns, "counter", &Tpl::counter());
-    create_actor(&sys, ns, "c", "counter");
+    counter_actor(&sys, ns, "counter", "c");
     let target = format!("{ns}/c");
     for n in 1..=3 {
         assert_eq!(counts(&get_ok(&sys, &target, "/")), (n, n, n));
@@ -1636,8 +1531,7 @@ fn corrupted_local_generation_without_durable_copy_crashes_and_keeps_the_older_o
     let store = TmpfsStore::mount(false);
     let sys = one_worker_restoring(Some(store.url()));
     let ns = "ns-corrupt-local-only";
-    sys_apply(&sys, ns, "counter", &Tpl::counter());
-    create_actor(&sys, ns, "c", "counter");
+    counter_actor(&sys, ns, "counter", "c");
     let target = format!("{ns}/c");
     assert_eq!(counts(&get_ok(&sys, &target, "/")), (1, 1, 1));
     sys.ate_ok(&["suspend", "actor", "c", "-a", ns, "--durable"]);

@@ -12,7 +12,7 @@ use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::time::{Duration, Instant};
 
-use support::{System, UpOptions, images_dir};
+use support::{System, UpOptions, create_actor_args, images_dir, wait_for_weight};
 
 const NS: &str = "noisy";
 const REQUESTS: usize = 300;
@@ -140,44 +140,16 @@ fn weight_file(sys: &System, name: &str, millis: u32) -> (std::path::PathBuf, u6
     panic!("no CPU weight file for {NS}/{name}");
 }
 
-fn wait_for_weight(file: &std::path::Path, want: u64) {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let now = std::fs::read_to_string(file).unwrap_or_default();
-        if now.trim() == want.to_string() {
-            return;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "{} reads {now:?}, not {want}",
-            file.display()
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
-}
-
 #[test]
 fn a_spinning_neighbour_is_held_to_its_weight() {
-    let sys = System::up(UpOptions {
-        workers: 1,
-        slots: 4,
-        ..Default::default()
-    });
+    let sys = System::up(UpOptions::with_slots(1, 4));
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     let hog_millis = 1000 * cores as u32;
     for (name, cpu) in [("quiet", "250m".to_string()), ("hog", cores.to_string())] {
         let path = sys.dir.path().join(format!("{name}.yaml"));
         std::fs::write(&path, template(name, &cpu)).expect("write template");
         sys.ate_ok(&["apply", "-f", path.to_str().expect("utf-8")]);
-        sys.ate_ok(&[
-            "create",
-            "actor",
-            name,
-            "-a",
-            NS,
-            "-t",
-            &format!("{NS}/{name}"),
-        ]);
+        sys.ate_ok(&create_actor_args(name, NS, &format!("{NS}/{name}")));
     }
     let mut quiet = KeepAlive::new(sys.router_addr, &format!("{NS}/quiet"));
     let mut hog = KeepAlive::new(sys.router_addr, &format!("{NS}/hog"));
@@ -187,8 +159,9 @@ fn a_spinning_neighbour_is_held_to_its_weight() {
     // The mechanism: each sandbox weighs its template's cpu (set by the worker's CPU pass).
     let (quiet_file, quiet_want) = weight_file(&sys, "quiet", 250);
     let (hog_file, hog_want) = weight_file(&sys, "hog", hog_millis);
-    wait_for_weight(&quiet_file, quiet_want);
-    wait_for_weight(&hog_file, hog_want);
+    let within = || Instant::now() + Duration::from_secs(10);
+    wait_for_weight(&quiet_file, quiet_want, within());
+    wait_for_weight(&hog_file, hog_want, within());
 
     // Warm-up, then the quiet actor alone, then beside the spinning hog.
     measure(&mut quiet);

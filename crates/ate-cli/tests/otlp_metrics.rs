@@ -25,7 +25,7 @@ use opentelemetry_proto::tonic::collector::metrics::v1::{
     ExportMetricsServiceRequest, ExportMetricsServiceResponse,
 };
 use opentelemetry_proto::tonic::common::v1::{KeyValue, any_value};
-use opentelemetry_proto::tonic::metrics::v1::{metric, number_data_point};
+use opentelemetry_proto::tonic::metrics::v1::{NumberDataPoint, metric, number_data_point};
 use support::*;
 
 /// One data point as received.
@@ -80,6 +80,17 @@ fn number(v: &Option<number_data_point::Value>) -> f64 {
     }
 }
 
+/// The points of a gauge or a sum.
+fn numbers(points: &[NumberDataPoint]) -> Vec<Point> {
+    points
+        .iter()
+        .map(|p| Point {
+            attributes: attributes(&p.attributes),
+            value: number(&p.value),
+        })
+        .collect()
+}
+
 #[tonic::async_trait]
 impl MetricsService for Receiver {
     async fn export(
@@ -106,22 +117,8 @@ impl Receiver {
             for sm in rm.scope_metrics {
                 for m in sm.metrics {
                     let points: Vec<Point> = match m.data {
-                        Some(metric::Data::Gauge(g)) => g
-                            .data_points
-                            .iter()
-                            .map(|p| Point {
-                                attributes: attributes(&p.attributes),
-                                value: number(&p.value),
-                            })
-                            .collect(),
-                        Some(metric::Data::Sum(s)) => s
-                            .data_points
-                            .iter()
-                            .map(|p| Point {
-                                attributes: attributes(&p.attributes),
-                                value: number(&p.value),
-                            })
-                            .collect(),
+                        Some(metric::Data::Gauge(g)) => numbers(&g.data_points),
+                        Some(metric::Data::Sum(s)) => numbers(&s.data_points),
                         Some(metric::Data::Histogram(h)) => h
                             .data_points
                             .iter()
@@ -223,15 +220,7 @@ fn every_component_exports_its_metrics_over_otlp() {
     );
     let begun = Instant::now();
     for name in ["om-a", "om-b", "om-c"] {
-        sys.ate_ok(&[
-            "create",
-            "actor",
-            name,
-            "-a",
-            "ate-demo",
-            "-t",
-            "ate-demo/counter",
-        ]);
+        sys.ate_ok(&create_actor_args(name, "ate-demo", "ate-demo/counter"));
     }
 
     // Every component, each with its own instance id.
@@ -425,10 +414,7 @@ fn http_protobuf_with_gzip_and_headers() {
     let (receiver, seen) = (Receiver::default(), HttpSeen::default());
     let base = serve_http(&runtime, &receiver, &seen);
     let sys = System::up_with_env(
-        UpOptions {
-            workers: 1,
-            ..Default::default()
-        },
+        UpOptions::with_workers(1),
         &[
             ("OTEL_METRICS_EXPORTER", "otlp"),
             // The metrics endpoint is the whole URL; traces stay off (no endpoint for them).
@@ -485,25 +471,18 @@ fn a_silent_collector_is_counted_not_waited_for() {
     });
     let endpoint = format!("http://{addr}");
     let sys = System::up_with_env(
-        UpOptions {
-            workers: 1,
-            ..Default::default()
-        },
+        UpOptions::with_workers(1),
         &[
             ("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT", endpoint.as_str()),
             ("OTEL_EXPORTER_OTLP_METRICS_TIMEOUT", "200"),
             ("OTEL_METRIC_EXPORT_INTERVAL", "300"),
         ],
     );
-    sys.ate_ok(&[
-        "create",
-        "actor",
+    sys.ate_ok(&create_actor_args(
         "om-quiet",
-        "-a",
         "ate-demo",
-        "-t",
         "ate-demo/counter",
-    ]);
+    ));
     let metrics = sys.router_metrics.to_string();
     let failed = || {
         let (_, text) = ate_test_support::http::http_get(&metrics, "/metrics");

@@ -47,19 +47,8 @@ fn curl(args: &[&str]) -> (bool, String) {
 
 #[test]
 fn proxy_relays_h2c_and_websocket_and_logs_refusals() {
-    let sys = System::up(UpOptions {
-        workers: 1,
-        ..Default::default()
-    });
-    sys.ate_ok(&[
-        "create",
-        "actor",
-        "px",
-        "-a",
-        "ate-demo",
-        "-t",
-        "ate-demo/counter",
-    ]);
+    let sys = System::up(UpOptions::with_workers(1));
+    sys.ate_ok(&create_actor_args("px", "ate-demo", "ate-demo/counter"));
     let tmp = tempfile::tempdir().expect("tempdir");
     let (mut p, port) = proxy(&sys, "ate-demo/px", &tmp.path().join("proxy.log"));
     let url = format!("http://127.0.0.1:{port}/");
@@ -76,25 +65,10 @@ fn proxy_relays_h2c_and_websocket_and_logs_refusals() {
     // WebSocket: handshake, one masked text frame, its echo.
     let mut s = TcpStream::connect(("127.0.0.1", port)).expect("connect");
     s.set_read_timeout(Some(Duration::from_secs(20))).ok();
-    s.write_all(
-        b"GET /ws HTTP/1.1\r\nHost: localhost\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\
-          Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n",
-    )
-    .expect("handshake");
-    let mut head = Vec::new();
-    let mut byte = [0u8; 1];
-    while !head.ends_with(b"\r\n\r\n") {
-        s.read_exact(&mut byte).expect("read handshake");
-        head.push(byte[0]);
-    }
-    let head = String::from_utf8_lossy(&head);
+    let head = websocket::handshake(&mut s, "localhost", None);
     assert!(head.starts_with("HTTP/1.1 101"), "{head}");
     let payload = b"hello";
-    let mask = [1u8, 2, 3, 4];
-    let mut frame = vec![0x81, 0x80 | payload.len() as u8];
-    frame.extend_from_slice(&mask);
-    frame.extend(payload.iter().enumerate().map(|(i, b)| b ^ mask[i % 4]));
-    s.write_all(&frame).expect("frame");
+    s.write_all(&websocket::frame(1, payload)).expect("frame");
     let mut reply = [0u8; 7];
     s.read_exact(&mut reply).expect("echo");
     assert_eq!(&reply[..2], &[0x81, 5], "an unmasked text frame of 5 bytes");

@@ -130,19 +130,12 @@ fn readme_quickstart_and_first_actor() {
             "the README's curl lines name the default router address: {line}"
         );
         let line = line.replace("http://127.0.0.1:8080/", &format!("http://{router}/"));
-        let out = Command::new("bash")
-            .args(["-c", &line])
+        let mut cmd = Command::new("bash");
+        cmd.args(["-c", &line])
             .env("PATH", &path)
             .env("ATE_STATE_DIR", &state)
-            .env("HOME", tmp.path())
-            .output()
-            .expect("run README line");
-        assert!(
-            out.status.success(),
-            "`{line}` failed: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        outputs.push(String::from_utf8_lossy(&out.stdout).into_owned());
+            .env("HOME", tmp.path());
+        outputs.push(support::run_ok(&mut cmd, &format!("`{line}`")));
     }
     let _ = Command::new("kill")
         .args(["-TERM", &up.id().to_string()])

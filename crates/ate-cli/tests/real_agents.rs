@@ -303,17 +303,7 @@ fn template(ns: &str, rt: &Runtime, model: &str, events: &str, restore: Restore)
         Restore::Eager => ", memoryRestore: eager",
     };
     format!(
-        "apiVersion: ate.dev/v1alpha1
-kind: Atespace
-metadata:
-  name: {ns}
----
-apiVersion: ate.dev/v1alpha1
-kind: ActorTemplate
-metadata:
-  namespace: {ns}
-  name: {image}
-spec:
+        "{head}spec:
   containers:
     - name: main
       image: oci-layout:{images}/{image}:latest
@@ -333,6 +323,7 @@ spec:
     defaultAction: deny-all
     allow: [\"{model}\", \"{events}\"]
 ",
+        head = template_head(ns, rt.image),
         images = images.display(),
         image = rt.image,
         memory = rt.memory,

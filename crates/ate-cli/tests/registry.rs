@@ -14,49 +14,20 @@ use registry_fixture::Registry;
 use serde_json::Value;
 use support::*;
 
+/// The counter template, its container's image pulled from `image`.
 fn template(ns: &str, name: &str, image: &str) -> String {
-    format!(
-        "apiVersion: ate.dev/v1alpha1
-kind: Atespace
-metadata:
-  name: {ns}
----
-apiVersion: ate.dev/v1alpha1
-kind: ActorTemplate
-metadata:
-  namespace: {ns}
-  name: {name}
-spec:
-  containers:
-    - name: main
-      image: \"{image}\"
-      command: [\"/counter\"]
-      wakeupProbe:
-        httpGet: {{path: /healthz, port: 80}}
-        timeoutSeconds: 10
-  resources: {{cpu: 250m, memory: 64Mi}}
-  volumes:
-    - name: data
-      mountPath: /data
-  snapshots: {{fidelity: memory}}
-  idleTimeout: 5m
-"
-    )
+    let tpl = actors::Tpl {
+        image_ref: Some(format!("\"{image}\"")),
+        ..actors::Tpl::counter()
+    };
+    tpl.yaml(ns, name)
 }
 
 fn apply_and_create(sys: &System, ns: &str, name: &str, image: &str) {
     let path = sys.dir.path().join(format!("{ns}-{name}.yaml"));
     std::fs::write(&path, template(ns, name, image)).expect("write template");
     sys.ate_ok(&["apply", "-f", path.to_str().expect("utf-8 path")]);
-    sys.ate_ok(&[
-        "create",
-        "actor",
-        name,
-        "-a",
-        ns,
-        "-t",
-        &format!("{ns}/{name}"),
-    ]);
+    actors::create_actor(sys, ns, name, name);
 }
 
 fn actor(sys: &System, ns: &str, name: &str) -> Value {
@@ -86,11 +57,7 @@ fn a_template_with_a_registry_image_runs_and_answers() {
     let digest = reg.push_layout(&images_dir().join("counter"), "demo/counter", "v1");
     let host = reg.host();
     let sys = System::up_with_env(
-        UpOptions {
-            workers: 1,
-            demo: false,
-            ..Default::default()
-        },
+        UpOptions::bare(1),
         &[("ATE_INSECURE_REGISTRIES", host.as_str())],
     );
     let ns = "ns-registry";
@@ -147,15 +114,7 @@ fn a_template_with_a_registry_image_runs_and_answers() {
     // The registry gone: a new actor of the by-tag template still starts, because the tag's
     // digest is recorded on this node and its rootfs is in the cache (no registry request).
     reg.stop();
-    sys.ate_ok(&[
-        "create",
-        "actor",
-        "again",
-        "-a",
-        ns,
-        "-t",
-        &format!("{ns}/counter"),
-    ]);
+    sys.ate_ok(&create_actor_args("again", ns, &format!("{ns}/counter")));
     let body = get_ok(&sys, &reg, &format!("{ns}/again"));
     assert!(body.contains("preserved memory count: 1"), "{body}");
 }

@@ -10,9 +10,9 @@
 
 mod support;
 
-use std::io::{Read, Write};
+use std::io::Write;
 use std::net::SocketAddr;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use support::*;
 
@@ -25,16 +25,7 @@ fn get_with_id(router: SocketAddr, actor: &str, path: &str, id: &str) -> (u16, S
         "GET {path} HTTP/1.1\r\nHost: test.local\r\nate-target-actor: {actor}\r\nx-request-id: {id}\r\nConnection: close\r\n\r\n"
     )
     .expect("write");
-    let mut buf = Vec::new();
-    let _ = s.read_to_end(&mut buf);
-    let text = String::from_utf8_lossy(&buf).into_owned();
-    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
-    let status = head
-        .split_whitespace()
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .unwrap_or(0);
-    (status, head.to_string(), body.to_string())
+    ate_test_support::http::read_response(&mut s)
 }
 
 /// The value of header `name` in a response head (case-insensitive name).
@@ -43,28 +34,6 @@ fn header<'a>(head: &'a str, name: &str) -> Option<&'a str> {
         let (k, v) = l.split_once(':')?;
         k.trim().eq_ignore_ascii_case(name).then(|| v.trim())
     })
-}
-
-/// Waits (up to 10 s: components write their logs as they go) until `text()` has a line
-/// containing `needle`; returns those lines.
-fn lines_with(what: &str, needle: &str, text: impl Fn() -> String) -> Vec<String> {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let found: Vec<String> = text()
-            .lines()
-            .filter(|l| l.contains(needle))
-            .map(str::to_string)
-            .collect();
-        if !found.is_empty() {
-            return found;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "no line with {needle:?} in the {what} log:\n{}",
-            text()
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
 }
 
 #[test]
@@ -76,15 +45,7 @@ fn a_request_id_is_on_the_response_and_in_every_components_log() {
         router_args: vec![format!("--access-log={}", access_log.display())],
         ..Default::default()
     });
-    sys.ate_ok(&[
-        "create",
-        "actor",
-        "rid",
-        "-a",
-        "ate-demo",
-        "-t",
-        "ate-demo/counter",
-    ]);
+    sys.ate_ok(&create_actor_args("rid", "ate-demo", "ate-demo/counter"));
     let workers = |sys: &System| {
         std::fs::read_dir(sys.state_dir().join("logs"))
             .map(|d| {

@@ -18,15 +18,7 @@ use support::*;
 const NO_ROOM: &str = "unavailable: no worker has room for the actor";
 
 fn create(sys: &System, name: &str) {
-    sys.ate_ok(&[
-        "create",
-        "actor",
-        name,
-        "-a",
-        "ate-demo",
-        "-t",
-        "ate-demo/counter",
-    ]);
+    sys.ate_ok(&create_actor_args(name, "ate-demo", "ate-demo/counter"));
 }
 
 fn suspend(sys: &System, name: &str) {
@@ -49,12 +41,7 @@ fn http_body(addr: &str, path: &str) -> String {
         "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
     )
     .expect("write");
-    let mut buf = Vec::new();
-    let _ = s.read_to_end(&mut buf);
-    let text = String::from_utf8_lossy(&buf).into_owned();
-    text.split_once("\r\n\r\n")
-        .map(|(_, b)| b.to_string())
-        .unwrap_or_default()
+    ate_test_support::http::read_response(&mut s).2
 }
 
 /// Sum of the samples of metric `name` whose labels contain every one of `labels`
@@ -89,11 +76,7 @@ fn assert_no_room_503(sys: &System, name: &str, status: u16, body: &str, secs: f
 /// The spec's parking demo (Fig. 4.7): 2 workers with 1 slot each, actors p1..p4.
 #[test]
 fn parking_demo_timeline() {
-    let sys = System::up(UpOptions {
-        workers: 2,
-        slots: 1,
-        ..Default::default()
-    });
+    let sys = System::up(UpOptions::with_slots(2, 1));
     for p in ["p1", "p2", "p3", "p4"] {
         create(&sys, p);
     }
@@ -218,13 +201,7 @@ fn stale_assignment_is_re_resolved() {
         )
     };
     let before_retries = stale(&sys);
-    let (status, head, body) = get(sys.router_addr, "ate-demo/m1", "/");
-    assert_eq!(
-        status,
-        200,
-        "{head}\n{body}\nrouter log:\n{}",
-        sys.log("router")
-    );
+    let (_, body) = sys.get_200("ate-demo/m1", "/");
     assert!(
         body.starts_with("preserved memory count: 2 |"),
         "memory kept: {body}"
@@ -411,11 +388,7 @@ fn websocket_and_connect_through_the_router() {
 /// still complete (here p1 is suspended during the drain, so they are served).
 #[test]
 fn drain_finishes_parked_requests() {
-    let sys = System::up(UpOptions {
-        workers: 2,
-        slots: 1,
-        ..Default::default()
-    });
+    let sys = System::up(UpOptions::with_slots(2, 1));
     fill_pool(&sys);
     let metrics = sys.router_metrics.to_string();
     let router = sys.router_addr;

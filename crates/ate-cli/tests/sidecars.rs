@@ -11,59 +11,12 @@ use std::time::{Duration, Instant};
 use support::actors::*;
 use support::*;
 
-/// The counter as `main` calling a second counter, `side`, on port 9000 (its own memory count,
-/// its files under `/data/side`). `side_probe_port` is where the sidecar's probe looks.
+/// Atespace `ns` and the counter as `main` calling a second counter, `side`, on port 9000 (its
+/// own memory count, its files under `/data/side`). `side_probe_port` is where the sidecar's
+/// probe looks.
 fn two_containers(ns: &str, name: &str, side_probe_port: u16, side_exit: &str) -> String {
-    let images = images_dir();
-    format!(
-        "apiVersion: ate.dev/v1alpha1
-kind: Atespace
-metadata:
-  name: {ns}
----
-apiVersion: ate.dev/v1alpha1
-kind: ActorTemplate
-metadata:
-  namespace: {ns}
-  name: {name}
-spec:
-  containers:
-    - name: main
-      image: oci-layout:{images}/counter:latest
-      command: [\"/counter\"]
-      env:
-        - {{name: SIDECAR_ADDR, value: \"127.0.0.1:9000\"}}
-        - {{name: PORT2, value: \"off\"}}
-      ports:
-        - containerPort: 80
-      wakeupProbe:
-        httpGet: {{path: /healthz, port: 80}}
-        timeoutSeconds: 10
-      resources: {{cpu: 150m, memory: 48Mi}}
-    - name: side
-      image: oci-layout:{images}/counter:latest
-      command: [\"/counter\"]
-      exitPolicy: {side_exit}
-      env:
-        - {{name: PORT, value: \"9000\"}}
-        - {{name: PORT2, value: \"off\"}}
-        - {{name: ATE_DATA_DIR, value: /side-data/side}}
-      volumeMounts:
-        - {{name: data, mountPath: /side-data}}
-      ports:
-        - containerPort: 9000
-      wakeupProbe:
-        httpGet: {{path: /healthz, port: {side_probe_port}}}
-        timeoutSeconds: 3
-      resources: {{cpu: 100m, memory: 32Mi}}
-  volumes:
-    - name: data
-      mountPath: /data
-  snapshots: {{fidelity: memory}}
-  idleTimeout: 5m
-",
-        images = images.display(),
-    )
+    let template = two_counters_template(ns, name, side_probe_port, 3, Some(side_exit));
+    format!("{}---\n{template}", atespace_yaml(ns))
 }
 
 fn apply_yaml(sys: &System, file: &str, yaml: &str) -> std::process::Output {
@@ -91,13 +44,7 @@ fn parse(body: &str) -> (u64, u64, u64, u64, u64) {
 
 fn system() -> System {
     // No frozen copies: every resume restores the generation.
-    System::up_with_env(
-        UpOptions {
-            workers: 2,
-            ..Default::default()
-        },
-        &[("ATE_KEEP_FROZEN", "0")],
-    )
+    System::up_with_env(UpOptions::with_workers(2), &[("ATE_KEEP_FROZEN", "0")])
 }
 
 #[test]
@@ -178,10 +125,7 @@ fn both_containers_keep_their_state_and_their_connection_across_five_cycles() {
 
 #[test]
 fn a_sidecar_whose_probe_never_answers_crashes_the_actor_naming_it() {
-    let sys = System::up(UpOptions {
-        workers: 1,
-        ..Default::default()
-    });
+    let sys = System::up(UpOptions::with_workers(1));
     let ns = "ns-side-probe";
     // The sidecar serves 9000; its probe asks 9001.
     let yaml = two_containers(ns, "pair", 9001, "stop").replace(
@@ -193,14 +137,7 @@ fn a_sidecar_whose_probe_never_answers_crashes_the_actor_naming_it() {
     create_actor(&sys, ns, "p", "pair");
     let (status, _, body) = get(sys.router_addr, &format!("{ns}/p"), "/");
     assert_ne!(status, 200, "{body}");
-    let a = wait_state(
-        &sys,
-        ns,
-        "p",
-        "ACTOR_STATE_CRASHED",
-        Duration::from_secs(30),
-    );
-    let why = a["lastError"].as_str().unwrap_or_default();
+    let why = crash_reason(&sys, ns, "p");
     assert!(
         why.contains("container \"side\"") && why.contains("wakeup probe") && why.contains("9001"),
         "{why}"
@@ -209,10 +146,7 @@ fn a_sidecar_whose_probe_never_answers_crashes_the_actor_naming_it() {
 
 #[test]
 fn a_sidecar_that_exits_is_reported_and_ends_the_actor_or_not_as_its_policy_says() {
-    let sys = System::up(UpOptions {
-        workers: 1,
-        ..Default::default()
-    });
+    let sys = System::up(UpOptions::with_workers(1));
     let ns = "ns-side-exit";
     let out = apply_yaml(&sys, "stop.yaml", &two_containers(ns, "stop", 9000, "stop"));
     assert!(out.status.success(), "{out:?}");
@@ -273,11 +207,7 @@ fn a_sidecar_that_exits_is_reported_and_ends_the_actor_or_not_as_its_policy_says
 
 #[test]
 fn port_collisions_between_containers_are_refused_at_apply_naming_the_field() {
-    let sys = System::up(UpOptions {
-        workers: 1,
-        demo: false,
-        ..Default::default()
-    });
+    let sys = System::up(UpOptions::bare(1));
     let ns = "ns-side-ports";
     // The sidecar declares port 80, which the first container declares too.
     let yaml = two_containers(ns, "pair", 9000, "stop").replace(
@@ -329,11 +259,7 @@ fn sidecar_rootfs(body: &str) -> u64 {
 #[test]
 fn frozen_copies_golden_tags_and_rootfs_fidelity_work_for_two_containers() {
     // Frozen copies kept (the default): a node-local resume thaws the whole sandbox in place.
-    let sys = System::up(UpOptions {
-        workers: 1,
-        slots: 8,
-        ..Default::default()
-    });
+    let sys = System::up(UpOptions::with_slots(1, 8));
     let ns = "ns-side-tiers";
     let out = apply_yaml(&sys, "pair.yaml", &two_containers(ns, "pair", 9000, "stop"));
     assert!(out.status.success(), "{out:?}");

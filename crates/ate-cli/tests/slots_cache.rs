@@ -15,11 +15,7 @@ use support::*;
 fn twelve_actors_on_eight_slots_are_all_served_and_the_evicted_keep_their_memory() {
     let ns = "ns-cache";
     let sys = System::up_with_env(
-        UpOptions {
-            workers: 2,
-            slots: 4,
-            ..Default::default()
-        },
+        UpOptions::with_slots(2, 4),
         &[("ATE_EVICT_IDLE_AFTER", "2s")],
     );
     sys_apply(&sys, ns, "counter", &Tpl::counter());

@@ -75,10 +75,7 @@ fn durable_gen_dir(sys: &System, ns: &str, name: &str, generation: u64) -> PathB
 #[test]
 fn a_secret_in_memory_never_reaches_the_durable_store_and_resumes_still_work() {
     let sys = System::up_with_env(
-        UpOptions {
-            workers: 2,
-            ..Default::default()
-        },
+        UpOptions::with_workers(2),
         // Every resume restores a generation (no frozen copy thawed in place).
         &[("ATE_KEEP_FROZEN", "0")],
     );
@@ -211,17 +208,10 @@ fn open_with_keys(state: &Path, gen_dir: &Path) -> ate_snapshot::sealed::Scratch
 
 #[test]
 fn a_tampered_node_local_generation_is_refused_and_restored_from_its_durable_copy() {
-    let sys = System::up_with_env(
-        UpOptions {
-            workers: 1,
-            ..Default::default()
-        },
-        &[("ATE_KEEP_FROZEN", "0")],
-    );
+    let sys = System::up_with_env(UpOptions::with_workers(1), &[("ATE_KEEP_FROZEN", "0")]);
     let state = sys.state_dir();
     let ns = "ns-crypt-local";
-    sys_apply(&sys, ns, "counter", &Tpl::counter());
-    create_actor(&sys, ns, "c", "counter");
+    counter_actor(&sys, ns, "counter", "c");
     let c = format!("{ns}/c");
     assert_eq!(counts(&get_ok(&sys, &c, "/")), (1, 1, 1));
     sys.ate_ok(&["suspend", "actor", "c", "-a", ns, "--durable"]); // generation 1, count 1
@@ -300,13 +290,7 @@ fn a_tampered_node_local_generation_is_refused_and_restored_from_its_durable_cop
 
 #[test]
 fn a_damaged_memory_chunk_stops_a_streamed_eager_restore_and_the_durable_copy_serves() {
-    let sys = System::up_with_env(
-        UpOptions {
-            workers: 1,
-            ..Default::default()
-        },
-        &[("ATE_KEEP_FROZEN", "0")],
-    );
+    let sys = System::up_with_env(UpOptions::with_workers(1), &[("ATE_KEEP_FROZEN", "0")]);
     let state = sys.state_dir();
     let ns = "ns-crypt-stream";
     apply_eager(&sys, ns, &Tpl::counter());
@@ -357,17 +341,10 @@ fn a_damaged_memory_chunk_stops_a_streamed_eager_restore_and_the_durable_copy_se
 
 #[test]
 fn a_rolled_back_or_swapped_durable_manifest_is_refused_and_revert_recovers() {
-    let sys = System::up_with_env(
-        UpOptions {
-            workers: 1,
-            ..Default::default()
-        },
-        &[("ATE_KEEP_FROZEN", "0")],
-    );
+    let sys = System::up_with_env(UpOptions::with_workers(1), &[("ATE_KEEP_FROZEN", "0")]);
     let state = sys.state_dir();
     let ns = "ns-crypt-tamper";
-    sys_apply(&sys, ns, "counter", &Tpl::counter());
-    create_actor(&sys, ns, "c", "counter");
+    counter_actor(&sys, ns, "counter", "c");
     create_actor(&sys, ns, "d", "counter");
     let c = format!("{ns}/c");
     assert_eq!(counts(&get_ok(&sys, &c, "/")), (1, 1, 1));
@@ -438,14 +415,7 @@ fn a_rolled_back_or_swapped_durable_manifest_is_refused_and_revert_recovers() {
     std::fs::remove_dir_all(generation_dir(&state, ns, "c", newest)).expect("remove local");
     let (status, _, _) = get(sys.router_addr, &c, "/");
     assert_ne!(status, 200);
-    let a = wait_state(
-        &sys,
-        ns,
-        "c",
-        "ACTOR_STATE_CRASHED",
-        Duration::from_secs(30),
-    );
-    let last_error = a["lastError"].as_str().unwrap_or_default();
+    let last_error = crash_reason(&sys, ns, "c");
     assert!(
         last_error.contains("manifest.json") && last_error.contains("refused"),
         "{last_error}"
@@ -468,13 +438,7 @@ fn a_rolled_back_or_swapped_durable_manifest_is_refused_and_revert_recovers() {
 /// resumes with its memory instead of failing at every attempt.
 #[test]
 fn a_damaged_cached_download_is_dropped_and_downloaded_again() {
-    let sys = System::up_with_env(
-        UpOptions {
-            workers: 1,
-            ..Default::default()
-        },
-        &[("ATE_KEEP_FROZEN", "0")],
-    );
+    let sys = System::up_with_env(UpOptions::with_workers(1), &[("ATE_KEEP_FROZEN", "0")]);
     let state = sys.state_dir();
     let ns = "ns-crypt-cache";
     apply_eager(&sys, ns, &Tpl::counter());
@@ -546,10 +510,7 @@ fn a_damaged_cached_download_is_dropped_and_downloaded_again() {
 #[test]
 fn a_worker_killed_while_streaming_an_eager_restore_loses_nothing() {
     let sys = System::up_with_env(
-        UpOptions {
-            workers: 1,
-            ..Default::default()
-        },
+        UpOptions::with_workers(1),
         // 32 chunks at 150 ms each: the stream takes ~5 s.
         &[
             ("ATE_KEEP_FROZEN", "0"),

@@ -16,55 +16,22 @@ const ACTOR: &str = "ate-demo/conn";
 fn websocket(router: std::net::SocketAddr) -> TcpStream {
     let mut s = TcpStream::connect(router).expect("connect router");
     s.set_read_timeout(Some(Duration::from_secs(30))).ok();
-    s.write_all(
-        format!(
-            "GET /ws HTTP/1.1\r\nHost: t\r\nate-target-actor: {ACTOR}\r\nUpgrade: websocket\r\n\
-             Connection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\
-             Sec-WebSocket-Version: 13\r\n\r\n"
-        )
-        .as_bytes(),
-    )
-    .expect("handshake");
-    let mut head = Vec::new();
-    let mut b = [0u8; 1];
-    while !head.ends_with(b"\r\n\r\n") {
-        s.read_exact(&mut b).expect("read handshake");
-        head.push(b[0]);
-    }
-    let head = String::from_utf8_lossy(&head);
+    let head = websocket::handshake(&mut s, "t", Some(ACTOR));
     assert!(head.starts_with("HTTP/1.1 101"), "{head}");
     s
 }
 
 /// Sends a masked text frame and reads its echo.
 fn echo(s: &mut TcpStream, text: &[u8]) -> Vec<u8> {
-    let mask = [9u8, 8, 7, 6];
-    let mut frame = vec![0x81, 0x80 | text.len() as u8];
-    frame.extend_from_slice(&mask);
-    frame.extend(text.iter().enumerate().map(|(i, b)| b ^ mask[i % 4]));
-    s.write_all(&frame).expect("frame");
-    let mut head = [0u8; 2];
-    s.read_exact(&mut head).expect("echo head");
-    let mut payload = vec![0u8; (head[1] & 0x7f) as usize];
-    s.read_exact(&mut payload).expect("echo payload");
+    s.write_all(&websocket::frame(1, text)).expect("frame");
+    let (_, payload) = websocket::read_frame(s).expect("echo");
     payload
 }
 
 #[test]
 fn a_suspend_closes_websockets_with_1001_and_lets_uploads_finish() {
-    let sys = System::up(UpOptions {
-        workers: 1,
-        ..Default::default()
-    });
-    sys.ate_ok(&[
-        "create",
-        "actor",
-        "conn",
-        "-a",
-        "ate-demo",
-        "-t",
-        "ate-demo/counter",
-    ]);
+    let sys = System::up(UpOptions::with_workers(1));
+    sys.ate_ok(&create_actor_args("conn", "ate-demo", "ate-demo/counter"));
     let (status, _, body) = get(sys.router_addr, ACTOR, "/");
     assert_eq!(status, 200, "{body}");
 
@@ -158,10 +125,7 @@ fn state_of(sys: &System, ns: &str, name: &str) -> String {
 
 #[test]
 fn an_open_websocket_keeps_an_actor_from_idle_suspend() {
-    let sys = System::up(UpOptions {
-        workers: 1,
-        ..Default::default()
-    });
+    let sys = System::up(UpOptions::with_workers(1));
     // The demo counter with a 2 s idle timeout.
     let images = images_dir();
     let yaml = format!(
@@ -186,15 +150,7 @@ spec:
     let path = sys.dir.path().join("idle.yaml");
     std::fs::write(&path, yaml).expect("write template");
     sys.ate_ok(&["apply", "-f", path.to_str().expect("utf-8 path")]);
-    sys.ate_ok(&[
-        "create",
-        "actor",
-        "conn",
-        "-a",
-        "ate-demo",
-        "-t",
-        "ate-demo/idle",
-    ]);
+    sys.ate_ok(&create_actor_args("conn", "ate-demo", "ate-demo/idle"));
     let mut ws = websocket(sys.router_addr);
     assert_eq!(echo(&mut ws, b"hi"), b"hi");
     std::thread::sleep(Duration::from_secs(6));

@@ -3,37 +3,14 @@
 
 mod support;
 
-use support::actors::{pin_to_other_worker, worker_of};
+use support::actors::{counts, pin_to_other_worker, worker_of};
 use support::*;
-
-fn counts(body: &str) -> (u64, u64, u64) {
-    let nums: Vec<u64> = body
-        .split('|')
-        .filter_map(|part| part.rsplit(':').next()?.trim().parse().ok())
-        .collect();
-    assert_eq!(nums.len(), 3, "unexpected body {body:?}");
-    (nums[0], nums[1], nums[2])
-}
 
 #[test]
 fn counter_keeps_memory_across_suspends_and_workers() {
     let sys = System::up(UpOptions::default());
-    sys.ate_ok(&[
-        "create",
-        "actor",
-        "c1",
-        "-a",
-        "ate-demo",
-        "-t",
-        "ate-demo/counter",
-    ]);
-    let (status, head, body) = get(sys.router_addr, "ate-demo/c1", "/");
-    assert_eq!(
-        status,
-        200,
-        "{head}\n{body}\nrouter log:\n{}",
-        sys.log("router")
-    );
+    sys.ate_ok(&create_actor_args("c1", "ate-demo", "ate-demo/counter"));
+    let (head, body) = sys.get_200("ate-demo/c1", "/");
     assert!(
         head.to_ascii_lowercase().contains("ate-resume: cold"),
         "{head}"
@@ -67,19 +44,8 @@ fn counter_keeps_memory_across_suspends_and_workers() {
 #[test]
 fn proxy_adds_the_actor_header() {
     use std::io::{Read, Write};
-    let sys = System::up(UpOptions {
-        workers: 1,
-        ..Default::default()
-    });
-    sys.ate_ok(&[
-        "create",
-        "actor",
-        "p1",
-        "-a",
-        "ate-demo",
-        "-t",
-        "ate-demo/counter",
-    ]);
+    let sys = System::up(UpOptions::with_workers(1));
+    sys.ate_ok(&create_actor_args("p1", "ate-demo", "ate-demo/counter"));
     let port = free_port();
     let mut proxy = std::process::Command::new(ATE)
         .args([
@@ -122,19 +88,8 @@ fn proxy_adds_the_actor_header() {
 
 #[test]
 fn logs_follow_the_actor_across_suspends() {
-    let sys = System::up(UpOptions {
-        workers: 2,
-        ..Default::default()
-    });
-    sys.ate_ok(&[
-        "create",
-        "actor",
-        "l1",
-        "-a",
-        "ate-demo",
-        "-t",
-        "ate-demo/counter",
-    ]);
+    let sys = System::up(UpOptions::with_workers(2));
+    sys.ate_ok(&create_actor_args("l1", "ate-demo", "ate-demo/counter"));
     assert_eq!(get(sys.router_addr, "ate-demo/l1", "/").0, 200);
     sys.ate_ok(&["suspend", "actor", "l1", "-a", "ate-demo"]);
     let before = worker_of(&sys, "ate-demo", "l1");
@@ -216,15 +171,7 @@ fn components_show_as_ate_in_ps_and_top() {
         assert_eq!(args.first().map(String::as_str), Some("ate"), "{args:?}");
         assert_eq!(args.get(1).map(String::as_str), Some(sub), "{args:?}");
     }
-    sys.ate_ok(&[
-        "create",
-        "actor",
-        "t1",
-        "-a",
-        "ate-demo",
-        "-t",
-        "ate-demo/counter",
-    ]);
+    sys.ate_ok(&create_actor_args("t1", "ate-demo", "ate-demo/counter"));
     assert_eq!(get(sys.router_addr, "ate-demo/t1", "/").0, 200);
     // The relay writing this system's actor log (its stdout is under this state dir).
     let state = sys.state_dir();

@@ -151,11 +151,7 @@ fn an_atespace_at_its_quota_is_refused_at_once_while_others_are_served() {
 
 #[test]
 fn a_bad_quota_is_refused_before_anything_changes() {
-    let sys = System::up(UpOptions {
-        workers: 1,
-        demo: false,
-        ..UpOptions::default()
-    });
+    let sys = System::up(UpOptions::bare(1));
     let path = sys.dir.path().join("bad.yaml");
     std::fs::write(&path, with_quota("team-c", Some("{memory: lots}"))).expect("write");
     let out = sys.ate(&["apply", "-f", path.to_str().expect("utf-8 path")]);

@@ -57,15 +57,7 @@ fn tls_ingress_admits_only_listed_client_ids() {
         ],
         ..Default::default()
     });
-    sys.ate_ok(&[
-        "create",
-        "actor",
-        "ing",
-        "-a",
-        "ate-demo",
-        "-t",
-        "ate-demo/counter",
-    ]);
+    sys.ate_ok(&create_actor_args("ing", "ate-demo", "ate-demo/counter"));
     let rt = tokio::runtime::Runtime::new().expect("runtime");
     rt.block_on(async {
         let ca = Arc::new(LocalCa::open(&sys.state_dir().join("ca")).expect("ate up's CA"));

@@ -48,15 +48,7 @@ fn rotate_under_traffic(lifetime: Duration, run: Duration) {
     let names = ["api", "node", "router", "worker-1", "admin"];
     let before: Vec<Vec<u8>> = names.iter().map(|n| serial(&rt, &tls, n)).collect();
 
-    sys.ate_ok(&[
-        "create",
-        "actor",
-        "rot",
-        "-a",
-        "ate-demo",
-        "-t",
-        "ate-demo/counter",
-    ]);
+    sys.ate_ok(&create_actor_args("rot", "ate-demo", "ate-demo/counter"));
     let started = Instant::now();
     let (mut ok, mut failed, mut cli_calls) = (0u32, Vec::new(), 0u32);
     let mut last_cli = Instant::now() - Duration::from_secs(10);

@@ -14,8 +14,7 @@ use support::*;
 fn top_shows_what_running_actors_use() {
     let ns = "ns-top";
     let sys = System::up(UpOptions::default());
-    sys_apply(&sys, ns, "counter", &Tpl::counter());
-    create_actor(&sys, ns, "busy", "counter");
+    counter_actor(&sys, ns, "counter", "busy");
     create_actor(&sys, ns, "quiet", "counter");
     get_ok(&sys, &format!("{ns}/quiet"), "/");
     // Spins one thread for 6 s (answering at once): 2 s samples see it busy.
@@ -68,14 +67,10 @@ fn worker_metrics_list_the_busiest_actors_up_to_the_cap() {
     let ns = "ns-cap";
     // One worker: both actors on it.
     let sys = System::up_with_env(
-        UpOptions {
-            workers: 1,
-            ..Default::default()
-        },
+        UpOptions::with_workers(1),
         &[("ATE_WORKER_ACTOR_METRICS_LIMIT", "1")],
     );
-    sys_apply(&sys, ns, "counter", &Tpl::counter());
-    create_actor(&sys, ns, "busy", "counter");
+    counter_actor(&sys, ns, "counter", "busy");
     create_actor(&sys, ns, "quiet", "counter");
     get_ok(&sys, &format!("{ns}/quiet"), "/");
     get_ok(&sys, &format!("{ns}/busy"), "/spin?seconds=8&threads=1");

@@ -391,15 +391,7 @@ fn cold_request_exports_its_trace(receiver: &Receiver, otel: &[(&str, &str)], re
         },
         &env,
     );
-    sys.ate_ok(&[
-        "create",
-        "actor",
-        "tr",
-        "-a",
-        "ate-demo",
-        "-t",
-        "ate-demo/counter",
-    ]);
+    sys.ate_ok(&create_actor_args("tr", "ate-demo", "ate-demo/counter"));
     let (status, head) = get_with(
         sys.router_addr,
         "ate-demo/tr",
@@ -466,27 +458,6 @@ fn access_line(path: &std::path::Path, request_id: &str) -> serde_json::Value {
         assert!(
             Instant::now() < deadline,
             "no access log line for {request_id}:\n{text}"
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
-}
-
-/// The lines of `component`'s log containing `needle`, once there is one.
-fn lines_with(sys: &System, component: &str, needle: &str) -> Vec<String> {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let log = sys.log(component);
-        let found: Vec<String> = log
-            .lines()
-            .filter(|l| l.contains(needle))
-            .map(str::to_string)
-            .collect();
-        if !found.is_empty() {
-            return found;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "no line with {needle:?} in the {component} log:\n{log}"
         );
         std::thread::sleep(Duration::from_millis(100));
     }
@@ -660,15 +631,7 @@ fn one_trace_per_request_across_every_hop() {
             ("OTEL_METRICS_EXPORTER", "none"),
         ],
     );
-    sys.ate_ok(&[
-        "create",
-        "actor",
-        "tr",
-        "-a",
-        "ate-demo",
-        "-t",
-        "ate-demo/counter",
-    ]);
+    sys.ate_ok(&create_actor_args("tr", "ate-demo", "ate-demo/counter"));
 
     // Cold (a cold boot), then at once warm (route cached) and warm with a client's trace.
     let (status, head) = get_with(
@@ -705,7 +668,7 @@ fn one_trace_per_request_across_every_hop() {
         cold_trace.as_str()
     );
     for component in ["api", "node", "worker-1"] {
-        let lines = lines_with(&sys, component, "request_id=tr-cold");
+        let lines = lines_with(component, "request_id=tr-cold", || sys.log(component));
         for line in &lines {
             assert!(
                 line.contains(&format!("trace_id={cold_trace}")),

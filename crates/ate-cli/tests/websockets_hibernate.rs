@@ -13,6 +13,7 @@ use std::net::{SocketAddr, TcpStream};
 use std::time::{Duration, Instant};
 
 use support::actors::*;
+use support::websocket::{frame, read_frame};
 use support::*;
 
 const NS: &str = "wsh";
@@ -24,22 +25,7 @@ const RUNNING: &str = "ACTOR_STATE_RUNNING";
 fn connect(router: SocketAddr, actor: &str) -> Result<TcpStream, String> {
     let mut s = TcpStream::connect(router).expect("connect router");
     s.set_read_timeout(Some(Duration::from_secs(60))).ok();
-    s.write_all(
-        format!(
-            "GET /ws HTTP/1.1\r\nHost: t\r\nate-target-actor: {actor}\r\nUpgrade: websocket\r\n\
-             Connection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\
-             Sec-WebSocket-Version: 13\r\n\r\n"
-        )
-        .as_bytes(),
-    )
-    .expect("handshake");
-    let mut head = Vec::new();
-    let mut b = [0u8; 1];
-    while !head.ends_with(b"\r\n\r\n") {
-        s.read_exact(&mut b).expect("read handshake");
-        head.push(b[0]);
-    }
-    let head = String::from_utf8_lossy(&head).into_owned();
+    let head = websocket::handshake(&mut s, "t", Some(actor));
     if head.starts_with("HTTP/1.1 101") {
         assert!(
             head.contains("s3pPLMBiTxaQ9kYGzzhZRbK+xOo="),
@@ -51,31 +37,6 @@ fn connect(router: SocketAddr, actor: &str) -> Result<TcpStream, String> {
     let mut body = String::new();
     let _ = s.read_to_string(&mut body);
     Err(format!("{head}{body}"))
-}
-
-/// A masked client frame (`opcode` 1 text, 9 ping, 8 close).
-fn frame(opcode: u8, payload: &[u8]) -> Vec<u8> {
-    assert!(payload.len() < 126);
-    let mask = [9u8, 8, 7, 6];
-    let mut f = vec![0x80 | opcode, 0x80 | payload.len() as u8];
-    f.extend_from_slice(&mask);
-    f.extend(payload.iter().enumerate().map(|(i, b)| b ^ mask[i % 4]));
-    f
-}
-
-/// Reads one unmasked server frame: (first byte, payload).
-fn read_frame(s: &mut TcpStream) -> std::io::Result<(u8, Vec<u8>)> {
-    let mut head = [0u8; 2];
-    s.read_exact(&mut head)?;
-    let mut len = u64::from(head[1] & 0x7f);
-    if len == 126 {
-        let mut ext = [0u8; 2];
-        s.read_exact(&mut ext)?;
-        len = u64::from(u16::from_be_bytes(ext));
-    }
-    let mut payload = vec![0u8; len as usize];
-    s.read_exact(&mut payload)?;
-    Ok((head[0], payload))
 }
 
 /// Sends a text message and reads its echo.

@@ -1,7 +1,6 @@
 //! Unit tests of token verification and issuing.
 
-use std::time::UNIX_EPOCH;
-
+use ate_test_support::jwt::{Signer, merged, now};
 use jsonwebtoken::{EncodingKey, Header, encode};
 use serde_json::json;
 
@@ -10,63 +9,11 @@ use super::*;
 const ISS: &str = "https://issuer.test";
 const AUD: &str = "ate-api";
 
-struct Signer {
-    kid: &'static str,
-    alg: Algorithm,
-    key: EncodingKey,
-}
-
-impl Signer {
-    fn ec(kid: &'static str) -> Signer {
-        let kp = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).unwrap();
-        Signer {
-            kid,
-            alg: Algorithm::ES256,
-            key: EncodingKey::from_ec_der(&kp.serialize_der()),
-        }
-    }
-
-    fn rsa(kid: &'static str) -> Signer {
-        let kp = rcgen::KeyPair::generate_for(&rcgen::PKCS_RSA_SHA256).unwrap();
-        Signer {
-            kid,
-            alg: Algorithm::RS256,
-            key: EncodingKey::from_rsa_pem(kp.serialize_pem().as_bytes()).unwrap(),
-        }
-    }
-
-    fn jwk(&self) -> serde_json::Value {
-        let mut jwk = Jwk::from_encoding_key(&self.key, self.alg).unwrap();
-        jwk.common.key_id = Some(self.kid.to_string());
-        serde_json::to_value(jwk).unwrap()
-    }
-
-    fn sign_with(&self, kid: Option<&str>, claims: &serde_json::Value) -> String {
-        let mut header = Header::new(self.alg);
-        header.kid = kid.map(String::from);
-        encode(&header, claims, &self.key).unwrap()
-    }
-
-    fn sign(&self, claims: &serde_json::Value) -> String {
-        self.sign_with(Some(self.kid), claims)
-    }
-}
-
-fn now() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap()
-        .as_secs()
-}
-
 fn claims(extra: serde_json::Value) -> serde_json::Value {
-    let mut c = json!({"iss": ISS, "aud": AUD, "sub": "alice", "exp": now() + 600});
-    if let (Some(c), Some(extra)) = (c.as_object_mut(), extra.as_object()) {
-        for (k, v) in extra {
-            c.insert(k.clone(), v.clone());
-        }
-    }
-    c
+    merged(
+        json!({"iss": ISS, "aud": AUD, "sub": "alice", "exp": now() + 600}),
+        extra,
+    )
 }
 
 fn write_jwks(dir: &Path, keys: &[serde_json::Value]) -> PathBuf {

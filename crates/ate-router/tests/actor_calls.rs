@@ -15,7 +15,7 @@ use common::*;
 use http::{Request, StatusCode};
 use http_body_util::{BodyExt, Empty};
 use hyper_util::rt::{TokioExecutor, TokioIo};
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::{TcpStream, UnixStream};
 
 /// The rule for n1 (the test api knows no allow list: admits no other atespace).
@@ -132,14 +132,7 @@ where
     let head = format!(
         "CONNECT callee.example:80 HTTP/1.1\r\nhost: callee.example:80\r\nate-target-actor: {target}\r\n{extra}\r\n"
     );
-    io.write_all(head.as_bytes()).await.unwrap();
-    let mut answer = Vec::new();
-    let mut byte = [0u8; 1];
-    while !answer.ends_with(b"\r\n\r\n") {
-        io.read_exact(&mut byte).await.unwrap();
-        answer.push(byte[0]);
-    }
-    let answer = String::from_utf8_lossy(&answer).into_owned();
+    let answer = send_and_read_head(&mut io, head.as_bytes()).await;
     assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
     let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(io))
         .await
@@ -152,15 +145,8 @@ async fn inner_get(
     sender: &mut hyper::client::conn::http1::SendRequest<Empty<Bytes>>,
     caller: Option<&str>,
 ) -> Got {
-    let mut req = Request::builder()
-        .uri("/inner")
-        .header("host", "callee.example")
-        .body(Empty::<Bytes>::new())
-        .unwrap();
-    if let Some(caller) = caller {
-        req.headers_mut()
-            .insert("ate-caller-actor", caller.parse().unwrap());
-    }
+    let caller = caller.map(|c| ("ate-caller-actor", c));
+    let req = bodiless_get("/inner", "callee.example", caller);
     collect(sender.send_request(req).await.unwrap(), Instant::now()).await
 }
 
@@ -226,20 +212,14 @@ async fn a_client_cannot_forge_a_caller() {
 
     // A WebSocket upgrade.
     let mut tcp = TcpStream::connect(w.router.addr).await.unwrap();
-    tcp.write_all(
+    let head = send_and_read_head(
+        &mut tcp,
         b"GET /chat HTTP/1.1\r\nhost: ws.example\r\nate-target-actor: n1/b\r\n\
           ate-caller-actor: n1/a\r\nconnection: Upgrade\r\nupgrade: websocket\r\n\
           sec-websocket-version: 13\r\nsec-websocket-key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n",
     )
-    .await
-    .unwrap();
-    let mut head = Vec::new();
-    let mut byte = [0u8; 1];
-    while !head.ends_with(b"\r\n\r\n") {
-        tcp.read_exact(&mut byte).await.unwrap();
-        head.push(byte[0]);
-    }
-    assert!(String::from_utf8_lossy(&head).starts_with("HTTP/1.1 101"));
+    .await;
+    assert!(head.starts_with("HTTP/1.1 101"));
     let upgrades = w.up80.upgrades.lock().unwrap().clone();
     assert_eq!(upgrades.len(), 1);
     assert!(

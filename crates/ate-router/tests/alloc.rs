@@ -5,41 +5,16 @@
 
 mod common;
 
-use std::alloc::{GlobalAlloc, Layout, System};
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use bytes::Bytes;
-use http_body_util::{BodyExt, Empty};
+use http_body_util::BodyExt;
 use hyper_util::rt::TokioIo;
 use tokio::net::TcpStream;
 
-struct Counting;
-
-static ALLOCS: AtomicU64 = AtomicU64::new(0);
-
-// SAFETY: every call is forwarded unchanged to the system allocator, which upholds the
-// GlobalAlloc contract; the counter only observes calls.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        ALLOCS.fetch_add(1, Ordering::Relaxed);
-        // SAFETY: forwarded unchanged to the system allocator.
-        unsafe { System.alloc(layout) }
-    }
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        // SAFETY: forwarded unchanged to the system allocator.
-        unsafe { System.dealloc(ptr, layout) }
-    }
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        ALLOCS.fetch_add(1, Ordering::Relaxed);
-        // SAFETY: forwarded unchanged to the system allocator.
-        unsafe { System.realloc(ptr, layout, new_size) }
-    }
-}
-
 #[global_allocator]
-static GLOBAL: Counting = Counting;
+static GLOBAL: common::heap::CountingAllocator = common::heap::CountingAllocator;
 
 async fn allocations_per_request(
     addr: SocketAddr,
@@ -53,15 +28,7 @@ async fn allocations_per_request(
         .unwrap();
     tokio::spawn(conn);
     let mut one = async |count: bool| {
-        let mut req = http::Request::builder()
-            .uri("/a")
-            .header("host", "x")
-            .body(Empty::<Bytes>::new())
-            .unwrap();
-        if let Some(actor) = actor {
-            req.headers_mut()
-                .insert("ate-target-actor", actor.parse().unwrap());
-        }
+        let mut req = common::bodiless_get("/a", "x", actor.map(|a| ("ate-target-actor", a)));
         if let Some((name, value)) = extra {
             req.headers_mut()
                 .insert(name, http::HeaderValue::from_static(value));
@@ -76,11 +43,11 @@ async fn allocations_per_request(
     for _ in 0..20 {
         one(false).await;
     }
-    let before = ALLOCS.load(Ordering::Relaxed);
+    let before = common::heap::ALLOCATIONS.load(Ordering::Relaxed);
     for _ in 0..n {
         one(true).await;
     }
-    (ALLOCS.load(Ordering::Relaxed) - before) as f64 / n as f64
+    (common::heap::ALLOCATIONS.load(Ordering::Relaxed) - before) as f64 / n as f64
 }
 
 #[tokio::test(flavor = "current_thread")]

@@ -9,6 +9,7 @@
 
 use ate_router::actor_ref::{ActorKey, BadPort, TargetError, parse_port, parse_target};
 use ate_router::error::RequestError;
+use ate_test_support::oracles::dns1123_label as oracle_label;
 use http::HeaderValue;
 use proptest::prelude::*;
 
@@ -22,16 +23,6 @@ fn config() -> ProptestConfig {
         max_shrink_iters: 2048,
         ..ProptestConfig::default()
     }
-}
-
-/// DNS-1123 label, written independently of `ate_core::names::is_label`.
-fn oracle_label(s: &str) -> bool {
-    let b = s.as_bytes();
-    let edge = |c: u8| c.is_ascii_lowercase() || c.is_ascii_digit();
-    (1..=63).contains(&b.len())
-        && edge(b[0])
-        && edge(b[b.len() - 1])
-        && b.iter().all(|&c| edge(c) || c == b'-')
 }
 
 fn oracle(bytes: &[u8]) -> bool {

@@ -7,39 +7,14 @@
 
 mod common;
 
-use std::alloc::{GlobalAlloc, Layout, System};
 use std::io::{Read, Write};
-use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use common::World;
 
-struct Live;
-
-static LIVE: AtomicI64 = AtomicI64::new(0);
-
-// SAFETY: every call is forwarded unchanged to the system allocator, which upholds the
-// GlobalAlloc contract; the counter only observes sizes.
-unsafe impl GlobalAlloc for Live {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        LIVE.fetch_add(layout.size() as i64, Ordering::Relaxed);
-        // SAFETY: forwarded unchanged to the system allocator.
-        unsafe { System.alloc(layout) }
-    }
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        LIVE.fetch_sub(layout.size() as i64, Ordering::Relaxed);
-        // SAFETY: forwarded unchanged to the system allocator.
-        unsafe { System.dealloc(ptr, layout) }
-    }
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        LIVE.fetch_add(new_size as i64 - layout.size() as i64, Ordering::Relaxed);
-        // SAFETY: forwarded unchanged to the system allocator.
-        unsafe { System.realloc(ptr, layout, new_size) }
-    }
-}
-
 #[global_allocator]
-static GLOBAL: Live = Live;
+static GLOBAL: common::heap::CountingAllocator = common::heap::CountingAllocator;
 
 const ACTOR: &str = "lab/mem";
 
@@ -124,7 +99,7 @@ async fn a_hibernated_websocket_holds_little_heap() {
         .unwrap();
     wait_hibernated(&w, 1).await;
     forget_fixture_records(&w);
-    let before = LIVE.load(Ordering::Relaxed);
+    let before = common::heap::LIVE_BYTES.load(Ordering::Relaxed);
     let clients = tokio::task::spawn_blocking(move || {
         (0..N)
             .map(|_| hibernated_socket(router))
@@ -134,7 +109,7 @@ async fn a_hibernated_websocket_holds_little_heap() {
     .unwrap();
     wait_hibernated(&w, N + 1).await;
     forget_fixture_records(&w);
-    let per = (LIVE.load(Ordering::Relaxed) - before) / N as i64;
+    let per = (common::heap::LIVE_BYTES.load(Ordering::Relaxed) - before) / N as i64;
     println!("live heap per hibernated WebSocket: {per} bytes");
     // Measured ~4.3 KiB: the 1 KiB read buffer, the session's task (~1.7 KiB), the upgrade
     // request kept for the next wake (in one allocation). It was ~15 KiB while that request's

@@ -24,23 +24,12 @@ async fn world(tune: impl FnOnce(&mut ate_router::RouterConfig)) -> World {
 /// A WebSocket to `/ws-frames` of `actor`: the socket, or the refusal's head and body.
 async fn connect(w: &World, actor: &str) -> Result<TcpStream, String> {
     let mut s = TcpStream::connect(w.router.addr).await.unwrap();
-    s.write_all(
-        format!(
+    let head = send_and_read_head(&mut s, format!(
             "GET /ws-frames HTTP/1.1\r\nHost: t\r\nate-target-actor: {actor}\r\nUpgrade: websocket\r\n\
              Connection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\
              Sec-WebSocket-Version: 13\r\nSec-WebSocket-Extensions: permessage-deflate\r\n\r\n"
         )
-        .as_bytes(),
-    )
-    .await
-    .unwrap();
-    let mut head = Vec::new();
-    let mut b = [0u8; 1];
-    while !head.ends_with(b"\r\n\r\n") {
-        s.read_exact(&mut b).await.unwrap();
-        head.push(b[0]);
-    }
-    let head = String::from_utf8_lossy(&head).into_owned();
+        .as_bytes()).await;
     if head.starts_with("HTTP/1.1 101") {
         return Ok(s);
     }

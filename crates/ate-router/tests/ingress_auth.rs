@@ -14,10 +14,11 @@ mod common;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use ate_router::auth::IngressAuthMode;
 use ate_router::{Router, RouterConfig};
+use ate_test_support::jwt::{Signer, merged, now};
 use ate_tls::{
     CertSource, LocalCa, PemFiles, ServerCheck, SpiffeId, SvidRequest, rustls, tokio_rustls,
 };
@@ -26,8 +27,7 @@ use common::*;
 use http::{Request, StatusCode};
 use http_body_util::Empty;
 use hyper_util::rt::TokioIo;
-use jsonwebtoken::jwk::Jwk;
-use jsonwebtoken::{Algorithm, EncodingKey, Header, encode};
+
 use serde_json::json;
 use tokio::net::{TcpListener, TcpStream};
 
@@ -110,29 +110,15 @@ async fn setup(pki: &Pki, tune: impl FnOnce(&mut RouterConfig)) -> Setup {
     cfg.ingress_client_ca = Some(pki.ca_file());
     tune(&mut cfg);
 
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let metrics_listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let metrics_addr = metrics_listener.local_addr().unwrap();
-    let router = Router::new(cfg).unwrap();
-    let stats = router.stats();
-    let probe = router.probe();
-    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
-    let done = tokio::spawn(async move {
-        router
-            .serve_with_tls(listener, Some(tls_listener), metrics_listener, async move {
-                let _ = rx.await;
-            })
-            .await
-            .unwrap();
-    });
+    let router = start_router_with_tls(cfg, Some(tls_listener)).await;
+    let plain = router.addr;
     Setup {
         world_api: api,
         up80,
         _atunnel: atunnel,
-        plain: addr,
+        plain,
         tls: tls_addr,
-        router: TestRouter::new(addr, metrics_addr, stats, probe, tx, done),
+        router,
     }
 }
 
@@ -272,59 +258,21 @@ async fn mtls_admits_only_allowed_spiffe_ids_in_the_handshake() {
     s.router.shutdown();
 }
 
-/// A token signer with a fresh P-256 key, and the JWKS file the router reads.
-struct Signer {
-    key: EncodingKey,
-    jwk: serde_json::Value,
-}
-
-impl Signer {
-    fn new(kid: &str) -> Signer {
-        let kp = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).unwrap();
-        let key = EncodingKey::from_ec_der(&kp.serialize_der());
-        let mut jwk = Jwk::from_encoding_key(&key, Algorithm::ES256).unwrap();
-        jwk.common.key_id = Some(kid.to_string());
-        Signer {
-            key,
-            jwk: serde_json::to_value(jwk).unwrap(),
-        }
-    }
-
-    fn sign(&self, claims: serde_json::Value) -> String {
-        let kid = self.jwk["kid"].as_str().map(String::from);
-        let mut header = Header::new(Algorithm::ES256);
-        header.kid = kid;
-        encode(&header, &claims, &self.key).unwrap()
-    }
-}
-
-fn now() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap()
-        .as_secs()
-}
-
 fn claims(extra: serde_json::Value) -> serde_json::Value {
-    let mut c = json!({
+    let valid = json!({
         "iss": ISS, "aud": AUD, "sub": "alice", "exp": now() + 600,
         "ate_atespaces": ["team-a"],
     });
-    if let (Some(c), Some(extra)) = (c.as_object_mut(), extra.as_object()) {
-        for (k, v) in extra {
-            c.insert(k.clone(), v.clone());
-        }
-    }
-    c
+    merged(valid, extra)
 }
 
 #[tokio::test]
 async fn jwt_mode_good_bad_and_missing_tokens() {
     ate_tls::install_crypto_provider();
     let pki = Pki::new();
-    let signer = Signer::new("k1");
+    let signer = Signer::ec("k1");
     let jwks = pki.dir.path().join("jwks.json");
-    std::fs::write(&jwks, json!({"keys": [signer.jwk.clone()]}).to_string()).unwrap();
+    std::fs::write(&jwks, json!({"keys": [signer.jwk()]}).to_string()).unwrap();
     let mut s = setup(&pki, |cfg| {
         cfg.ingress_auth_mode = Some(IngressAuthMode::Jwt);
         cfg.ingress_jwt_issuer = Some(ISS.into());
@@ -336,7 +284,7 @@ async fn jwt_mode_good_bad_and_missing_tokens() {
     let bearer = |t: &str| vec![("authorization", format!("Bearer {t}"))];
 
     // Good token: served, and the token does not reach the actor.
-    let good = signer.sign(claims(json!({})));
+    let good = signer.sign(&claims(json!({})));
     let got = tls_get(s.tls, tls.clone(), "team-a/agent-7", &bearer(&good))
         .await
         .unwrap();
@@ -388,12 +336,12 @@ async fn jwt_mode_good_bad_and_missing_tokens() {
     assert!(challenge.starts_with("Bearer"), "{challenge}");
 
     // Signed by a key that is not in the JWKS (same kid): bad signature.
-    let forger = Signer::new("k1");
+    let forger = Signer::ec("k1");
     let got = tls_get(
         s.tls,
         tls.clone(),
         "team-a/agent-7",
-        &bearer(&forger.sign(claims(json!({})))),
+        &bearer(&forger.sign(&claims(json!({})))),
     )
     .await
     .unwrap();
@@ -408,13 +356,13 @@ async fn jwt_mode_good_bad_and_missing_tokens() {
     assert!(challenge.contains("invalid_token"), "{challenge}");
 
     // Expired, wrong audience, garbage.
-    let expired = signer.sign(claims(json!({"exp": now() - 3600})));
+    let expired = signer.sign(&claims(json!({"exp": now() - 3600})));
     let got = tls_get(s.tls, tls.clone(), "team-a/agent-7", &bearer(&expired))
         .await
         .unwrap();
     assert_eq!(got.status, StatusCode::UNAUTHORIZED);
     assert!(got.body.contains("expired"), "{}", got.body);
-    let foreign = signer.sign(claims(json!({"aud": "ate-api"})));
+    let foreign = signer.sign(&claims(json!({"aud": "ate-api"})));
     let got = tls_get(s.tls, tls.clone(), "team-a/agent-7", &bearer(&foreign))
         .await
         .unwrap();

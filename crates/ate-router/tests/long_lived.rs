@@ -456,19 +456,9 @@ async fn h1_websocket(addr: SocketAddr, actor: &str) -> TcpStream {
          sec-websocket-key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n"
     );
     tcp.write_all(head.as_bytes()).await.unwrap();
-    let head = read_head(&mut tcp).await;
+    let head = common::read_head(&mut tcp).await.to_lowercase();
     assert!(head.starts_with("http/1.1 101"), "{head}");
     tcp
-}
-
-async fn read_head(tcp: &mut TcpStream) -> String {
-    let mut head = Vec::new();
-    let mut byte = [0u8; 1];
-    while !head.ends_with(b"\r\n\r\n") {
-        tcp.read_exact(&mut byte).await.unwrap();
-        head.push(byte[0]);
-    }
-    String::from_utf8_lossy(&head).to_lowercase()
 }
 
 /// Reads until the stream ends (EOF or error); returns when that happened.
@@ -576,7 +566,7 @@ async fn drain_lets_a_client_connect_tunnel_finish_its_request_then_closes_it() 
         )
         .await
         .unwrap();
-        let head = read_head(&mut tcp).await;
+        let head = common::read_head(&mut tcp).await.to_lowercase();
         assert!(head.starts_with("http/1.1 200"), "{head}");
         tcp
     };

@@ -6,40 +6,15 @@
 
 mod common;
 
-use std::alloc::{GlobalAlloc, Layout, System};
 use std::io::Write;
-use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use ate_router::Stats;
 use common::{Reply, World, no_room};
 
-struct Live;
-
-static LIVE: AtomicI64 = AtomicI64::new(0);
-
-// SAFETY: every call is forwarded unchanged to the system allocator, which upholds the
-// GlobalAlloc contract; the counter only observes sizes.
-unsafe impl GlobalAlloc for Live {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        LIVE.fetch_add(layout.size() as i64, Ordering::Relaxed);
-        // SAFETY: forwarded unchanged to the system allocator.
-        unsafe { System.alloc(layout) }
-    }
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        LIVE.fetch_sub(layout.size() as i64, Ordering::Relaxed);
-        // SAFETY: forwarded unchanged to the system allocator.
-        unsafe { System.dealloc(ptr, layout) }
-    }
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        LIVE.fetch_add(new_size as i64 - layout.size() as i64, Ordering::Relaxed);
-        // SAFETY: forwarded unchanged to the system allocator.
-        unsafe { System.realloc(ptr, layout, new_size) }
-    }
-}
-
 #[global_allocator]
-static GLOBAL: Live = Live;
+static GLOBAL: common::heap::CountingAllocator = common::heap::CountingAllocator;
 
 async fn wait_parked(stats: &Stats, n: u64) {
     let deadline = Instant::now() + Duration::from_secs(5);
@@ -68,12 +43,12 @@ async fn a_parked_request_holds_little_heap() {
     // The first one pays for the flight, the api connection and the gauges.
     park(&mut clients);
     wait_parked(&w.router.stats, 1).await;
-    let before = LIVE.load(Ordering::Relaxed);
+    let before = common::heap::LIVE_BYTES.load(Ordering::Relaxed);
     for _ in 0..N {
         park(&mut clients);
     }
     wait_parked(&w.router.stats, N as u64 + 1).await;
-    let per = (LIVE.load(Ordering::Relaxed) - before) / N as i64;
+    let per = (common::heap::LIVE_BYTES.load(Ordering::Relaxed) - before) / N as i64;
     println!("live heap per parked request: {per} bytes");
     // Measured ~20 KiB: 8 KiB read + 8 KiB write buffer (hyper's), ~2 KiB request future,
     // ~1 KiB connection task, the rest small. It was ~38 KiB before (16 KiB read buffer, 9.4 KiB

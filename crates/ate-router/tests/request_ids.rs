@@ -14,7 +14,7 @@ use common::*;
 use http::StatusCode;
 use http_body_util::Empty;
 use hyper_util::rt::TokioIo;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
 use tokio::net::TcpStream;
 use tonic::Status;
 
@@ -142,18 +142,8 @@ async fn requests_inside_a_client_connect_get_ids_too() {
     let w = World::start(|_| {}).await;
     w.running("a/b");
     let mut tcp = TcpStream::connect(w.router.addr).await.unwrap();
-    tcp.write_all(
-        b"CONNECT b.a:80 HTTP/1.1\r\nhost: b.a:80\r\nate-target-actor: a/b\r\nx-request-id: outer-1\r\n\r\n",
-    )
-    .await
-    .unwrap();
-    let mut head = Vec::new();
-    let mut byte = [0u8; 1];
-    while !head.ends_with(b"\r\n\r\n") {
-        tcp.read_exact(&mut byte).await.unwrap();
-        head.push(byte[0]);
-    }
-    let head = String::from_utf8_lossy(&head).to_lowercase();
+    let head = send_and_read_head(&mut tcp, b"CONNECT b.a:80 HTTP/1.1\r\nhost: b.a:80\r\nate-target-actor: a/b\r\nx-request-id: outer-1\r\n\r\n").await;
+    let head = head.to_lowercase();
     assert!(head.starts_with("http/1.1 200"), "{head}");
     assert!(head.contains("x-request-id: outer-1\r\n"), "{head}");
     let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tcp))
@@ -161,15 +151,7 @@ async fn requests_inside_a_client_connect_get_ids_too() {
         .unwrap();
     tokio::spawn(conn);
     for id in [None, Some("inner-2")] {
-        let mut req = http::Request::builder()
-            .uri("/inner")
-            .header("host", "inner.example")
-            .body(Empty::<Bytes>::new())
-            .unwrap();
-        if let Some(id) = id {
-            req.headers_mut()
-                .insert("x-request-id", id.parse().unwrap());
-        }
+        let req = bodiless_get("/inner", "inner.example", id.map(|id| ("x-request-id", id)));
         let got = collect(sender.send_request(req).await.unwrap(), Instant::now()).await;
         assert_eq!(got.status, StatusCode::OK, "{}", got.body);
         let returned = id_of(&got);

@@ -765,20 +765,14 @@ async fn websocket_upgrade_is_relayed() {
     let w = World::start(|_| {}).await;
     w.running("a/ws");
     let mut tcp = TcpStream::connect(w.router.addr).await.unwrap();
-    tcp.write_all(
+    let head = send_and_read_head(
+        &mut tcp,
         b"GET /chat HTTP/1.1\r\nhost: ws.example\r\nate-target-actor: a/ws\r\n\
           connection: Upgrade\r\nupgrade: websocket\r\nsec-websocket-version: 13\r\n\
           sec-websocket-key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n",
     )
-    .await
-    .unwrap();
-    let mut head = Vec::new();
-    let mut byte = [0u8; 1];
-    while !head.ends_with(b"\r\n\r\n") {
-        tcp.read_exact(&mut byte).await.unwrap();
-        head.push(byte[0]);
-    }
-    let head = String::from_utf8_lossy(&head).to_lowercase();
+    .await;
+    let head = head.to_lowercase();
     assert!(head.starts_with("http/1.1 101"), "{head}");
     assert!(head.contains("upgrade: websocket"), "{head}");
     for msg in [&b"hello"[..], b"second frame"] {
@@ -794,16 +788,12 @@ async fn client_connect_routes_each_inner_request_to_the_named_port() {
     let w = World::start(|_| {}).await;
     w.running("a/b");
     let mut tcp = TcpStream::connect(w.router.addr).await.unwrap();
-    tcp.write_all(b"CONNECT b.a:8080 HTTP/1.1\r\nhost: b.a:8080\r\nate-target-actor: a/b\r\n\r\n")
-        .await
-        .unwrap();
-    let mut head = Vec::new();
-    let mut byte = [0u8; 1];
-    while !head.ends_with(b"\r\n\r\n") {
-        tcp.read_exact(&mut byte).await.unwrap();
-        head.push(byte[0]);
-    }
-    assert!(String::from_utf8_lossy(&head).starts_with("HTTP/1.1 200"));
+    let head = send_and_read_head(
+        &mut tcp,
+        b"CONNECT b.a:8080 HTTP/1.1\r\nhost: b.a:8080\r\nate-target-actor: a/b\r\n\r\n",
+    )
+    .await;
+    assert!(head.starts_with("HTTP/1.1 200"));
     let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tcp))
         .await
         .unwrap();

@@ -8,10 +8,9 @@ use std::fs;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use ate_core::Fidelity;
 use ate_snapshot::{
     CHUNK_BYTES, DURABLE_SOURCE_FILE, DurableStore, Error, FileEntry, Manifest, durable_source,
-    seal_generation, verify,
+    verify,
 };
 use common::*;
 
@@ -20,14 +19,7 @@ const PAGES: &str = "criu/pages-1.img";
 const BIG: usize = (CHUNK_BYTES * 5 / 2) as usize;
 
 async fn seal(fx: &Fixture) -> Manifest {
-    seal_generation(
-        &fx.gen_dir,
-        meta(Fidelity::Memory),
-        Some(&fx.upper),
-        &fx.volumes,
-    )
-    .await
-    .expect("seal")
+    fx.seal_memory().await.expect("seal")
 }
 
 fn store_of(fx: &Fixture) -> (DurableStore, PathBuf) {
@@ -115,13 +107,7 @@ async fn memory_images_go_up_as_shared_chunks_and_come_back_whole() {
     store.delete("default/counter/7-a").await.expect("delete");
     assert_eq!(chunk_files(&dir).len(), 3);
     let target = fx.root.path().join("node-b/gen");
-    assert_eq!(
-        store
-            .download("default/counter/8-b", &target)
-            .await
-            .expect("download"),
-        m
-    );
+    assert_eq!(download_ok(&store, "default/counter/8-b", &target).await, m);
     assert_eq!(verify(&target).await.expect("verified"), m);
     assert_eq!(
         fs::read(target.join(PAGES)).expect("read"),
@@ -258,13 +244,7 @@ async fn damaged_or_missing_chunks_are_refused_by_name() {
         .await
         .expect("upload");
     assert!(obj.is_file());
-    assert_eq!(
-        store
-            .download("default/counter/7-a", &target)
-            .await
-            .expect("download"),
-        m
-    );
+    assert_eq!(download_ok(&store, "default/counter/7-a", &target).await, m);
 }
 
 #[tokio::test]
@@ -321,13 +301,7 @@ async fn the_sweep_deletes_old_chunks_no_generation_references_and_nothing_else(
     assert_eq!(partial.objects_deleted, 0, "{partial:?}");
     // b is whole.
     let target = fx.root.path().join("node-b/gen");
-    assert_eq!(
-        store
-            .download("default/counter/8-b", &target)
-            .await
-            .expect("download b"),
-        b
-    );
+    assert_eq!(download_ok(&store, "default/counter/8-b", &target).await, b);
     // Idempotent.
     assert_eq!(
         store
@@ -522,10 +496,7 @@ async fn changed_pages_go_up_as_deltas_that_outlive_their_parents() {
     assert_eq!(marker_files(&dir).len(), 2, "g3's two deltas keep theirs");
     let target = fx3.root.path().join("node-b/gen");
     assert_eq!(
-        store
-            .download("default/counter/9-c", &target)
-            .await
-            .expect("download g3"),
+        download_ok(&store, "default/counter/9-c", &target).await,
         g3
     );
     assert_eq!(verify(&target).await.expect("verified"), g3);
@@ -665,10 +636,7 @@ async fn a_shifted_image_goes_up_as_deltas_when_pages_are_matched_by_address() {
     assert!(s2.sent_bytes < whole.sent_bytes / 20, "{s2:?} vs {whole:?}");
     let target = fx2.root.path().join("node-b/gen");
     assert_eq!(
-        store
-            .download("default/counter/9-c", &target)
-            .await
-            .expect("download g2"),
+        download_ok(&store, "default/counter/9-c", &target).await,
         g2
     );
     assert_eq!(fs::read(target.join(PAGES)).expect("read"), shifted);

@@ -7,10 +7,8 @@ mod common;
 use std::fs;
 use std::path::{Path, PathBuf};
 
-use ate_core::Fidelity;
 use ate_snapshot::{
-    CHUNK_BYTES, DurableStore, Error, Manifest, SnapshotKeys, durable_source, seal_generation,
-    verify,
+    CHUNK_BYTES, DurableStore, Error, Manifest, SnapshotKeys, durable_source, verify,
 };
 use common::*;
 
@@ -31,14 +29,7 @@ async fn sealed_with_secret(fx: &Fixture) -> Manifest {
     fs::write(&pages, bytes).expect("write pages");
     fs::write(fx.upper.join("etc/secret.env"), SECRET).expect("write");
     fs::write(fx.volumes[0].1.join("token"), SECRET.repeat(100)).expect("write");
-    seal_generation(
-        &fx.gen_dir,
-        meta(Fidelity::Memory),
-        Some(&fx.upper),
-        &fx.volumes,
-    )
-    .await
-    .expect("seal")
+    fx.seal_memory().await.expect("seal")
 }
 
 fn keys(dir: &Path) -> SnapshotKeys {
@@ -129,7 +120,7 @@ async fn nothing_stored_reveals_the_generation_and_every_read_path_works() {
 
     // Whole download.
     let back = fx.root.path().join("back");
-    let got = s.download(&uri, &back).await.expect("download");
+    let got = download_ok(&s, &uri, &back).await;
     assert_eq!(got, m);
     verify(&back).await.expect("verify the download");
     assert_eq!(
@@ -283,21 +274,14 @@ async fn big_files_go_up_as_sealed_multipart_uploads() {
     // 9 MiB of noise in a file without chunk digests: more than one 8 MiB part.
     let fx = fixture_with_big_file(9 << 20, "big.img");
     fs::write(fx.upper.join("etc/secret.env"), SECRET).expect("write");
-    let m = seal_generation(
-        &fx.gen_dir,
-        meta(Fidelity::Memory),
-        Some(&fx.upper),
-        &fx.volumes,
-    )
-    .await
-    .expect("seal");
+    let m = fx.seal_memory().await.expect("seal");
     let durable = fx.root.path().join("durable");
     let s = store(&durable, Some(keys(fx.root.path())));
     s.upload(&fx.gen_dir, KEY_A).await.expect("upload");
     let big = object_file(&durable, KEY_A, "criu/big.img.zst");
     assert!(fs::metadata(&big).expect("stat").len() > 8 << 20);
     let back = fx.root.path().join("back");
-    assert_eq!(s.download(KEY_A, &back).await.expect("download"), m);
+    assert_eq!(download_ok(&s, KEY_A, &back).await, m);
     assert_eq!(
         fs::read(back.join("criu/big.img")).expect("read"),
         fs::read(fx.gen_dir.join("criu/big.img")).expect("read")
@@ -318,14 +302,7 @@ fn chunk_files(durable: &Path) -> Vec<PathBuf> {
 async fn the_sweep_of_an_encrypted_store_keeps_referenced_chunks_and_takes_the_rest() {
     let two_hours = std::time::Duration::from_secs(2 * 3600);
     let fx = fixture((CHUNK_BYTES * 5 / 2) as usize);
-    let a = seal_generation(
-        &fx.gen_dir,
-        meta(Fidelity::Memory),
-        Some(&fx.upper),
-        &fx.volumes,
-    )
-    .await
-    .expect("seal a");
+    let a = fx.seal_memory().await.expect("seal a");
     let durable = fx.root.path().join("durable");
     let k = keys(fx.root.path());
     let s = store(&durable, Some(k.clone()));
@@ -337,14 +314,7 @@ async fn the_sweep_of_an_encrypted_store_keeps_referenced_chunks_and_takes_the_r
     let mut bytes = fs::read(&pages_b).expect("read");
     bytes[100] ^= 0xff;
     fs::write(&pages_b, bytes).expect("write");
-    let b = seal_generation(
-        &fx_b.gen_dir,
-        meta(Fidelity::Memory),
-        Some(&fx_b.upper),
-        &fx_b.volumes,
-    )
-    .await
-    .expect("seal b");
+    let b = fx_b.seal_memory().await.expect("seal b");
     let (_, stats) = s
         .upload_with_stats(&fx_b.gen_dir, KEY_B)
         .await
@@ -373,5 +343,5 @@ async fn the_sweep_of_an_encrypted_store_keeps_referenced_chunks_and_takes_the_r
         "a's own chunk is gone"
     );
     let back = fx.root.path().join("b-back");
-    assert_eq!(s.download(KEY_B, &back).await.expect("download b"), b);
+    assert_eq!(download_ok(&s, KEY_B, &back).await, b);
 }

@@ -19,14 +19,7 @@ async fn seal_verify_extract_round_trip() {
     let before_data = snapshot_tree(&fx.volumes[0].1);
     let before_logs = snapshot_tree(&fx.volumes[1].1);
 
-    let m = seal_generation(
-        &fx.gen_dir,
-        meta(Fidelity::Memory),
-        Some(&fx.upper),
-        &fx.volumes,
-    )
-    .await
-    .expect("seal");
+    let m = fx.seal_memory().await.expect("seal");
     let paths: Vec<&str> = m.files.iter().map(|f| f.path.as_str()).collect();
     assert_eq!(
         paths,
@@ -50,14 +43,7 @@ async fn seal_verify_extract_round_trip() {
     assert_eq!(verify(&fx.gen_dir).await.expect("verify"), m);
 
     // Sealing twice is refused: a sealed generation is immutable.
-    let again = seal_generation(
-        &fx.gen_dir,
-        meta(Fidelity::Memory),
-        Some(&fx.upper),
-        &fx.volumes,
-    )
-    .await
-    .expect_err("second seal");
+    let again = fx.seal_memory().await.expect_err("second seal");
     assert!(matches!(again, Error::AlreadySealed { .. }), "{again}");
 
     // Extract over an existing upper dir with stale contents: they are replaced.
@@ -115,14 +101,7 @@ use std::os::unix::fs::PermissionsExt;
 #[tokio::test]
 async fn flipped_byte_in_any_file_is_named() {
     let fx = fixture(50_000);
-    let m = seal_generation(
-        &fx.gen_dir,
-        meta(Fidelity::Memory),
-        Some(&fx.upper),
-        &fx.volumes,
-    )
-    .await
-    .expect("seal");
+    let m = fx.seal_memory().await.expect("seal");
     for f in &m.files {
         let p = fx.gen_dir.join(&f.path);
         flip_byte(&p);
@@ -274,14 +253,7 @@ async fn extract_refuses_traversal() {
 #[tokio::test]
 async fn corruption_is_classified_and_quarantined_idempotently() {
     let fx = fixture(20_000);
-    let m = seal_generation(
-        &fx.gen_dir,
-        meta(Fidelity::Memory),
-        Some(&fx.upper),
-        &fx.volumes,
-    )
-    .await
-    .expect("seal");
+    let m = fx.seal_memory().await.expect("seal");
     let victim = &m.files[m.files.len() / 2].path;
     flip_byte(&fx.gen_dir.join(victim));
     let err = verify(&fx.gen_dir).await.expect_err("corrupt");
@@ -345,14 +317,7 @@ async fn corruption_is_classified_and_quarantined_idempotently() {
 async fn memory_images_get_chunk_digests() {
     const IMAGE: usize = 5 * 1024 * 1024 + 123;
     let fx = fixture(IMAGE);
-    let m = seal_generation(
-        &fx.gen_dir,
-        meta(Fidelity::Memory),
-        Some(&fx.upper),
-        &fx.volumes,
-    )
-    .await
-    .expect("seal");
+    let m = fx.seal_memory().await.expect("seal");
     assert_eq!(m.format_version, FORMAT_VERSION);
     assert_eq!(FORMAT_VERSION, 3);
     let pages = m.file("criu/pages-1.img").expect("pages listed").clone();
@@ -549,14 +514,7 @@ async fn memory_images_get_chunk_digests() {
 #[tokio::test]
 async fn full_verification_checks_chunk_digests_too() {
     let fx = fixture(CHUNK_BYTES as usize + 10);
-    let mut m = seal_generation(
-        &fx.gen_dir,
-        meta(Fidelity::Memory),
-        Some(&fx.upper),
-        &fx.volumes,
-    )
-    .await
-    .expect("seal");
+    let mut m = fx.seal_memory().await.expect("seal");
     verify_files(&fx.gen_dir, &m).await.expect("intact");
     let idx = m
         .files
@@ -586,14 +544,7 @@ async fn full_verification_checks_chunk_digests_too() {
 #[tokio::test]
 async fn empty_memory_image_has_no_chunks() {
     let fx = fixture(0);
-    let m = seal_generation(
-        &fx.gen_dir,
-        meta(Fidelity::Memory),
-        Some(&fx.upper),
-        &fx.volumes,
-    )
-    .await
-    .expect("seal");
+    let m = fx.seal_memory().await.expect("seal");
     let pages = m.file("criu/pages-1.img").expect("pages");
     assert_eq!(pages.size, 0);
     assert!(pages.blake3_chunks.is_empty());

@@ -6,8 +6,7 @@ mod common;
 use std::fs;
 use std::time::Duration;
 
-use ate_core::Fidelity;
-use ate_snapshot::{DurableStore, Error, SweepStats, seal_generation, verify};
+use ate_snapshot::{DurableStore, Error, SweepStats, verify};
 use common::*;
 use object_store::ObjectStoreExt;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -35,19 +34,7 @@ fn options(ep: &str) -> Vec<(&'static str, String)> {
 
 /// object_store cannot create buckets; moto accepts an unsigned `PUT /<bucket>`.
 async fn create_bucket(ep: &str, bucket: &str) {
-    let hostport = ep
-        .strip_prefix("http://")
-        .expect("ATE_TEST_S3_ENDPOINT must be http://host:port")
-        .trim_end_matches('/');
-    let mut s = tokio::net::TcpStream::connect(hostport)
-        .await
-        .unwrap_or_else(|e| panic!("connect to moto at {hostport}: {e}"));
-    let req = format!(
-        "PUT /{bucket} HTTP/1.1\r\nHost: {hostport}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
-    );
-    s.write_all(req.as_bytes()).await.expect("send");
-    let mut resp = String::new();
-    s.read_to_string(&mut resp).await.expect("read");
+    let resp = raw_request(ep, "PUT", &format!("/{bucket}")).await;
     assert!(
         resp.starts_with("HTTP/1.1 200"),
         "create bucket {bucket}: {resp}"
@@ -108,14 +95,7 @@ async fn s3_sweep_removes_old_partial_uploads_only() {
     let ep = endpoint();
     let (bucket, store) = s3_store(&ep).await;
     let fx = fixture(100_000);
-    let m = seal_generation(
-        &fx.gen_dir,
-        meta(Fidelity::Memory),
-        Some(&fx.upper),
-        &fx.volumes,
-    )
-    .await
-    .expect("seal");
+    let m = fx.seal_memory().await.expect("seal");
     let complete = "default/counter/7-complete";
     store.upload(&fx.gen_dir, complete).await.expect("upload");
 
@@ -176,17 +156,10 @@ async fn s3_sweep_removes_old_partial_uploads_only() {
     }
     assert!(store.exists_complete(complete).await.expect("exists"));
     let target = fx.root.path().join("node-b/gen-7");
-    assert_eq!(
-        store.download(complete, &target).await.expect("download"),
-        m
-    );
+    assert_eq!(download_ok(&store, complete, &target).await, m);
 
     // Idempotent: another node sweeping after it finds nothing.
-    let again = short
-        .sweep_partial_uploads(DEPTH)
-        .await
-        .expect("sweep again");
-    assert_eq!((again.keys_deleted, again.objects_deleted), (0, 0));
+    assert_nothing_left_to_sweep(&short, DEPTH).await;
 }
 
 #[tokio::test]
@@ -194,14 +167,7 @@ async fn s3_upload_past_half_the_grace_age_writes_no_manifest() {
     let ep = endpoint();
     let (bucket, store) = s3_store(&ep).await;
     let fx = fixture(12 << 20);
-    seal_generation(
-        &fx.gen_dir,
-        meta(Fidelity::Memory),
-        Some(&fx.upper),
-        &fx.volumes,
-    )
-    .await
-    .expect("seal");
+    fx.seal_memory().await.expect("seal");
     // Half of 2 ns is over at once: the upload must give up and leave nothing.
     let store = store.with_partial_grace(Duration::from_nanos(2));
     let key = "default/counter/7-slow";
@@ -219,14 +185,7 @@ async fn s3_failed_and_cancelled_multipart_uploads_are_aborted() {
     // 40 MiB of noise in a plain file (one object): five parts, long enough to be cut off
     // half-way.
     let fx = fixture_with_big_file(40 << 20, "core-1.img");
-    seal_generation(
-        &fx.gen_dir,
-        meta(Fidelity::Memory),
-        Some(&fx.upper),
-        &fx.volumes,
-    )
-    .await
-    .expect("seal");
+    fx.seal_memory().await.expect("seal");
 
     // 1. Cancelled: the upload future is dropped (a cancelled RPC) while its multipart upload
     //    is open. The upload is aborted in the background.
@@ -285,14 +244,7 @@ async fn s3_upload_download_corrupt_delete() {
 
     // 12 MiB of noise in pages-1.img: a memory image, so six content-addressed chunks.
     let fx = fixture(12 << 20);
-    let m = seal_generation(
-        &fx.gen_dir,
-        meta(Fidelity::Memory),
-        Some(&fx.upper),
-        &fx.volumes,
-    )
-    .await
-    .expect("seal");
+    let m = fx.seal_memory().await.expect("seal");
     let store =
         DurableStore::from_url_with_options(&format!("s3://{bucket}/snapshots"), options(&ep))
             .expect("s3 store");
@@ -340,14 +292,7 @@ async fn s3_upload_download_corrupt_delete() {
     let mut changed = fs::read(&pages2).expect("read");
     changed[3 * c + 4096 * 7 + 1] ^= 0x11;
     fs::write(&pages2, &changed).expect("write");
-    let m2 = seal_generation(
-        &fx2.gen_dir,
-        meta(Fidelity::Memory),
-        Some(&fx2.upper),
-        &fx2.volumes,
-    )
-    .await
-    .expect("seal g2");
+    let m2 = fx2.seal_memory().await.expect("seal g2");
     let (_, delta) = store
         .upload_with_parents(
             &fx2.gen_dir,
@@ -364,20 +309,14 @@ async fn s3_upload_download_corrupt_delete() {
         "{delta:?}"
     );
     let target2 = fx.root.path().join("node-b/gen-9");
-    assert_eq!(
-        store
-            .download("default/counter/9", &target2)
-            .await
-            .expect("download g2"),
-        m2
-    );
+    assert_eq!(download_ok(&store, "default/counter/9", &target2).await, m2);
     assert_eq!(
         fs::read(target2.join("criu/pages-1.img")).expect("read"),
         changed
     );
 
     let target = fx.root.path().join("node-b/gen-7");
-    let got = store.download(&uri, &target).await.expect("download");
+    let got = download_ok(&store, &uri, &target).await;
     assert_eq!(got, m);
     assert_eq!(verify(&target).await.expect("verify"), m);
     assert_eq!(

@@ -36,14 +36,7 @@ async fn sealed_generation(dir: &str) -> (common::Fixture, PathBuf) {
     let mut pages = fs::read(f.gen_dir.join("criu/pages-1.img")).expect("read");
     pages[1_000_000..1_000_000 + SECRET.len()].copy_from_slice(SECRET);
     fs::write(f.gen_dir.join("criu/pages-1.img"), &pages).expect("write");
-    ate_snapshot::seal_generation(
-        &f.gen_dir,
-        meta(Fidelity::Memory),
-        Some(&f.upper),
-        &f.volumes,
-    )
-    .await
-    .expect("seal plaintext");
+    f.seal_memory().await.expect("seal plaintext");
     let gen_dir = f.root.path().join("snapshots/ns/counter").join(dir);
     let m = sealed::seal_into(&f.gen_dir, &gen_dir)
         .await
@@ -291,14 +284,7 @@ async fn a_dump_sealed_in_one_read_matches_the_plaintext_seal() {
         let to = dump.join(rel.strip_prefix(&f.gen_dir).expect("under"));
         fs::copy(&rel, &to).expect("copy");
     }
-    let plain = ate_snapshot::seal_generation(
-        &f.gen_dir,
-        meta(Fidelity::Memory),
-        Some(&f.upper),
-        &f.volumes,
-    )
-    .await
-    .expect("seal plaintext");
+    let plain = f.seal_memory().await.expect("seal plaintext");
     let gen_dir = f.root.path().join("snapshots/ns/counter/7-onepass");
     let at_rest = sealed::seal_actor_generation_into(
         &dump,

@@ -15,15 +15,7 @@ pub fn http_get(addr: &str, path: &str) -> (u16, String) {
         "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
     )
     .expect("write");
-    let mut buf = Vec::new();
-    let _ = s.read_to_end(&mut buf);
-    let text = String::from_utf8_lossy(&buf).into_owned();
-    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
-    let status = head
-        .split_whitespace()
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .unwrap_or(0);
+    let (status, head, body) = read_response(&mut s);
     // hyper answers HTTP/1.1 with a fixed length here; a chunked body would not parse below.
     assert!(
         !head
@@ -31,7 +23,22 @@ pub fn http_get(addr: &str, path: &str) -> (u16, String) {
             .contains("transfer-encoding: chunked"),
         "{head}"
     );
-    (status, body.to_string())
+    (status, body)
+}
+
+/// Reads an HTTP/1.1 response to the end of the stream (the request asked for
+/// `Connection: close`): (status, head, body); status 0 when the head does not parse.
+pub fn read_response(stream: &mut impl Read) -> (u16, String, String) {
+    let mut buf = Vec::new();
+    let _ = stream.read_to_end(&mut buf);
+    let text = String::from_utf8_lossy(&buf).into_owned();
+    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
+    let status = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    (status, head.to_string(), body.to_string())
 }
 
 /// True when a component answers `/healthz` with 200 on its metrics address.

@@ -1,17 +1,21 @@
 //! Helpers shared by the workspace's test binaries, written once instead of copied into each
 //! crate's `tests/common`: free ports, polling until a condition holds, ready files, the test
 //! services (PostgreSQL, moto), plain HTTP/1.1 probes, and — behind features — scripted gRPC
-//! servers standing in for the api (`scripted-api`) and a node agent (`test-node`), and a real
-//! OCI registry process (`registry`).
+//! servers standing in for the api (`scripted-api`) and a node agent (`test-node`), a real
+//! OCI registry process (`registry`), and a bearer-token signer (`jwt`).
 //!
 //! Test code: a failed step panics with what was being done, as a test assertion would.
 
 pub mod fs;
+pub mod hold_server;
 pub mod http;
+pub mod oracles;
 pub mod ports;
 pub mod services;
 pub mod wait;
 
+#[cfg(feature = "jwt")]
+pub mod jwt;
 #[cfg(feature = "registry")]
 pub mod registry;
 #[cfg(feature = "scripted-api")]

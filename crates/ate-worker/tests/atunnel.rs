@@ -4,6 +4,8 @@
 //! without dialing the actor or counting as activity; ingress off cuts the open tunnels and then
 //! the probe answers 421 (the router's "cut by a suspend").
 
+mod common;
+
 use std::net::SocketAddr;
 use std::os::fd::AsFd;
 use std::sync::Arc;
@@ -13,11 +15,9 @@ use std::time::Duration;
 use ate_worker::atunnel::{self, Tunnels};
 use ate_worker::netns::{self, ACTOR_IP, NetnsDialer};
 use bytes::Bytes;
-use http_body_util::{BodyExt, Empty};
-use hyper_util::rt::{TokioExecutor, TokioIo};
+use common::h2_client::{self, H2, body_text, h2_connect};
+use http_body_util::Empty;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-
-type H2 = hyper::client::conn::http2::SendRequest<Empty<Bytes>>;
 
 /// Deletes the test's namespace however the test ends.
 struct Named(String);
@@ -72,49 +72,15 @@ fn serve_actor(listener: tokio::net::TcpListener) -> Arc<AtomicUsize> {
     accepted
 }
 
-async fn h2_connect(addr: SocketAddr) -> H2 {
-    let tcp = tokio::net::TcpStream::connect(addr)
-        .await
-        .expect("connect atunnel");
-    let (send, conn) =
-        hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(tcp))
-            .await
-            .expect("h2 handshake");
-    tokio::spawn(async move {
-        let _ = conn.await;
-    });
-    send
-}
-
 async fn connect(h2: &mut H2, headers: &[(&str, &str)]) -> http::Response<hyper::body::Incoming> {
-    let mut b = http::Request::builder()
-        .method(http::Method::CONNECT)
-        .uri("a.t:80");
-    for (k, v) in headers {
-        b = b.header(*k, *v);
-    }
-    let req = b.body(Empty::<Bytes>::new()).expect("request");
-    h2.ready().await.expect("h2 ready");
-    h2.send_request(req).await.expect("send CONNECT")
-}
-
-async fn body_text(resp: http::Response<hyper::body::Incoming>) -> String {
-    let bytes = resp.into_body().collect().await.expect("body").to_bytes();
-    String::from_utf8_lossy(&bytes).into_owned()
+    h2_client::connect_stream(h2, "a.t:80", headers).await
 }
 
 /// HTTP/1.1 over a new tunnel to port 80.
 async fn open_h1(h2: &mut H2) -> hyper::client::conn::http1::SendRequest<Empty<Bytes>> {
     let resp = connect(h2, &[("ate-target-actor", "t/a"), ("ate-activation", "7")]).await;
     assert_eq!(resp.status(), 200);
-    let upgraded = hyper::upgrade::on(resp).await.expect("upgrade");
-    let (send, conn) = hyper::client::conn::http1::handshake(upgraded)
-        .await
-        .expect("h1 handshake");
-    tokio::spawn(async move {
-        let _ = conn.await;
-    });
-    send
+    h2_client::http1_over(resp).await
 }
 
 fn get(path: &str) -> http::Request<Empty<Bytes>> {

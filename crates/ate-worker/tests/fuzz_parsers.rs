@@ -5,6 +5,7 @@
 //! Properties: arbitrary header maps never panic; a valid `<atespace>/<name>` and port
 //! round-trip; anything else is an error (atunnel's 400 body) that names the offending header.
 
+use ate_test_support::oracles::dns1123_label as oracle_label;
 use ate_worker::atunnel::{HEADER_ACTOR, HEADER_PORT, parse_target};
 use http::{HeaderMap, HeaderName, HeaderValue};
 use proptest::prelude::*;
@@ -14,20 +15,9 @@ const CASES: u32 = 2048;
 
 fn config() -> ProptestConfig {
     ProptestConfig {
-        cases: CASES,
         max_shrink_iters: 2048,
-        ..ProptestConfig::default()
+        ..ProptestConfig::with_cases(CASES)
     }
-}
-
-/// DNS-1123 label, written independently of `ate_core::names::is_label`.
-fn oracle_label(s: &str) -> bool {
-    let b = s.as_bytes();
-    let edge = |c: u8| c.is_ascii_lowercase() || c.is_ascii_digit();
-    (1..=63).contains(&b.len())
-        && edge(b[0])
-        && edge(b[b.len() - 1])
-        && b.iter().all(|&c| edge(c) || c == b'-')
 }
 
 fn oracle_actor(bytes: &[u8]) -> Option<String> {

@@ -9,14 +9,10 @@ mod common;
 
 use std::collections::HashMap;
 use std::path::Path;
-use std::time::Duration;
 
-use ate_worker::{
-    ActorSandbox, RunMode, RuncConfig, RuncRuntime, SandboxRuntime, hardening, probe,
-};
-use common::{Env, counter_spec, get};
+use ate_worker::{ActorSandbox, SandboxRuntime, hardening};
+use common::{Env, counter_spec, criu_runtime, get, run_until_healthy, wait_healthy};
 
-const PROBE_TIMEOUT: Duration = Duration::from_secs(15);
 const EPERM: &str = "errno 1";
 const ENOSYS: &str = "errno 38";
 const EROFS: &str = "errno 30";
@@ -170,24 +166,12 @@ fn snapshot_tree(dir: &Path) -> Vec<(String, Vec<u8>)> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hardening_holds_on_cold_start_and_after_memory_restore() {
     let mut env = Env::new();
-    let runtime = RuncRuntime::new(RuncConfig::new(env.state_dir()))
-        .await
-        .expect("runc runtime");
-    assert!(
-        runtime.capabilities().can_restore_memory,
-        "CRIU ≥ 4.2 must be installed for this test"
-    );
+    let runtime = criu_runtime(&env).await;
     let spec = counter_spec(&env).await;
     let image_before = snapshot_tree(&spec.image.rootfs);
     let actor = env.actor("hard", "uid-1");
 
-    let started = runtime
-        .run(&actor, &spec, RunMode::KeepRootfs)
-        .await
-        .expect("run counter");
-    probe::wait_ready(&actor.netns(), 80, "/healthz", PROBE_TIMEOUT)
-        .await
-        .expect("counter ready");
+    let started = run_until_healthy(&runtime, &actor, &spec, "run counter").await;
     let (status, body) = get(&actor, "/").await;
     assert_eq!(status, 200, "{body}");
     assert!(body.contains("preserved memory count: 1"), "{body}");
@@ -222,9 +206,7 @@ async fn hardening_holds_on_cold_start_and_after_memory_restore() {
         .restore(&actor, &spec, &images)
         .await
         .expect("restore a hardened actor");
-    probe::wait_ready(&actor.netns(), 80, "/healthz", PROBE_TIMEOUT)
-        .await
-        .expect("restored counter ready");
+    wait_healthy(&actor, "restored counter ready").await;
     let (status, body) = get(&actor, "/").await;
     assert_eq!(status, 200, "{body}");
     assert!(body.contains("preserved memory count: 2"), "{body}");
@@ -232,13 +214,7 @@ async fn hardening_holds_on_cold_start_and_after_memory_restore() {
 
     // A ROOTFS restart gets the same config again.
     runtime.stop(&actor).await.expect("stop");
-    let again = runtime
-        .run(&actor, &spec, RunMode::KeepRootfs)
-        .await
-        .expect("rootfs restart");
-    probe::wait_ready(&actor.netns(), 80, "/healthz", PROBE_TIMEOUT)
-        .await
-        .expect("restart ready");
+    let again = run_until_healthy(&runtime, &actor, &spec, "rootfs restart").await;
     assert_hardened(&actor, again.pid.expect("init pid"), "rootfs restart").await;
 
     runtime.stop(&actor).await.expect("stop");

@@ -7,12 +7,12 @@ use std::time::{Duration, Instant};
 
 use ate_core::template::Resources;
 use ate_worker::{
-    ActorSandbox, ImageCache, RunMode, RuncConfig, RuncRuntime, SandboxError, SandboxRuntime,
-    SandboxSpec, netns, probe,
+    ActorSandbox, ImageCache, RunMode, SandboxError, SandboxRuntime, SandboxSpec, netns, probe,
 };
-use common::{Env, counter_ref, counter_spec, get, images_dir};
-
-const PROBE_TIMEOUT: Duration = Duration::from_secs(15);
+use common::{
+    Env, counter_ref, counter_spec, criu_runtime, get, images_dir, run_until_healthy, runc_runtime,
+    wait_healthy,
+};
 
 fn counts(m: u32, f: u32, r: u32) -> String {
     format!(
@@ -118,13 +118,7 @@ async fn image_with_flipped_layer_byte_is_refused() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn counter_memory_rootfs_and_volumes_fidelity() {
     let mut env = Env::new();
-    let runtime = RuncRuntime::new(RuncConfig::new(env.state_dir()))
-        .await
-        .expect("runc runtime");
-    assert!(
-        runtime.capabilities().can_restore_memory,
-        "CRIU ≥ 4.2 must be installed for this test"
-    );
+    let runtime = criu_runtime(&env).await;
     let spec = counter_spec(&env).await;
     let actor = env.actor("ctr", "uid-1");
 
@@ -133,9 +127,7 @@ async fn counter_memory_rootfs_and_volumes_fidelity() {
         .await
         .expect("run counter");
     eprintln!("run -d: {:?}", started.elapsed);
-    let ready = probe::wait_ready(&actor.netns(), 80, "/healthz", PROBE_TIMEOUT)
-        .await
-        .expect("counter ready");
+    let ready = wait_healthy(&actor, "counter ready").await;
     eprintln!("cold start → probe ok: {:?}", started.elapsed + ready);
     for i in 1..=3 {
         assert_counts(&actor, i, i, i).await;
@@ -169,9 +161,7 @@ async fn counter_memory_rootfs_and_volumes_fidelity() {
         .restore(&restored_actor, &spec, &images)
         .await
         .expect("restore");
-    let ready = probe::wait_ready(&actor.netns(), 80, "/healthz", PROBE_TIMEOUT)
-        .await
-        .expect("restored counter ready");
+    let ready = wait_healthy(&actor, "restored counter ready").await;
     let first = t0.elapsed();
     assert_counts(&actor, 4, 4, 4).await;
     eprintln!(
@@ -191,9 +181,7 @@ async fn counter_memory_rootfs_and_volumes_fidelity() {
         .restore(&actor, &spec, &images)
         .await
         .expect("second restore");
-    probe::wait_ready(&actor.netns(), 80, "/healthz", PROBE_TIMEOUT)
-        .await
-        .expect("second restore ready");
+    wait_healthy(&actor, "second restore ready").await;
     eprintln!("second restore → first response {:?}", t0.elapsed());
     // Memory is back at 3 (the dump); the files moved on to 4, so they read 5.
     assert_counts(&actor, 4, 5, 5).await;
@@ -201,13 +189,7 @@ async fn counter_memory_rootfs_and_volumes_fidelity() {
     // ROOTFS: restart from the kept upper dir and volumes; memory starts over.
     runtime.stop(&actor).await.expect("stop");
     let t0 = Instant::now();
-    runtime
-        .run(&actor, &spec, RunMode::KeepRootfs)
-        .await
-        .expect("rootfs restart");
-    probe::wait_ready(&actor.netns(), 80, "/healthz", PROBE_TIMEOUT)
-        .await
-        .expect("rootfs restart ready");
+    run_until_healthy(&runtime, &actor, &spec, "rootfs restart").await;
     eprintln!("rootfs restart → first response {:?}", t0.elapsed());
     assert_counts(&actor, 1, 6, 6).await;
 
@@ -217,9 +199,7 @@ async fn counter_memory_rootfs_and_volumes_fidelity() {
         .run(&actor, &spec, RunMode::FreshRootfs)
         .await
         .expect("volumes restart");
-    probe::wait_ready(&actor.netns(), 80, "/healthz", PROBE_TIMEOUT)
-        .await
-        .expect("volumes restart ready");
+    wait_healthy(&actor, "volumes restart ready").await;
     assert_counts(&actor, 1, 7, 1).await;
 
     runtime.stop(&actor).await.expect("stop");
@@ -230,21 +210,13 @@ async fn counter_memory_rootfs_and_volumes_fidelity() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn exited_actor_is_noticed_and_stop_is_idempotent() {
     let mut env = Env::new();
-    let runtime = RuncRuntime::new(RuncConfig::new(env.state_dir()))
-        .await
-        .expect("runc runtime");
+    let runtime = runc_runtime(&env).await;
     let spec = counter_spec(&env).await;
     let actor = env.actor("exit", "uid-1");
     // Stopping an actor the runtime never saw is fine.
     runtime.stop(&actor).await.expect("stop unknown actor");
 
-    let started = runtime
-        .run(&actor, &spec, RunMode::KeepRootfs)
-        .await
-        .expect("run");
-    probe::wait_ready(&actor.netns(), 80, "/healthz", PROBE_TIMEOUT)
-        .await
-        .expect("ready");
+    let started = run_until_healthy(&runtime, &actor, &spec, "run").await;
     let pid = started.pid.expect("init pid");
     nix::sys::signal::kill(
         nix::unistd::Pid::from_raw(pid as i32),
@@ -319,22 +291,10 @@ async fn actor_netns_cannot_reach_host_loopback() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn golden_snapshot_restores_as_another_actor() {
     let mut env = Env::new();
-    let runtime = RuncRuntime::new(RuncConfig::new(env.state_dir()))
-        .await
-        .expect("runc runtime");
-    assert!(
-        runtime.capabilities().can_restore_memory,
-        "CRIU ≥ 4.2 must be installed for this test"
-    );
+    let runtime = criu_runtime(&env).await;
     let spec = counter_spec(&env).await;
     let golden = env.actor("gold", "uid-golden");
-    runtime
-        .run(&golden, &spec, RunMode::KeepRootfs)
-        .await
-        .expect("run golden");
-    probe::wait_ready(&golden.netns(), 80, "/healthz", PROBE_TIMEOUT)
-        .await
-        .expect("golden ready");
+    run_until_healthy(&runtime, &golden, &spec, "run golden").await;
     assert_counts(&golden, 1, 1, 1).await;
     let images = env.path().join("golden-checkpoint");
     runtime
@@ -358,9 +318,7 @@ async fn golden_snapshot_restores_as_another_actor() {
         .restore(&borrower, &spec, &images)
         .await
         .expect("restore golden as another actor");
-    probe::wait_ready(&borrower.netns(), 80, "/healthz", PROBE_TIMEOUT)
-        .await
-        .expect("borrower ready");
+    wait_healthy(&borrower, "borrower ready").await;
     assert_counts(&borrower, 2, 2, 2).await;
     let (_, who) = get(&borrower, "/whoami").await;
     assert_eq!(who.trim(), format!("test/{} uid-new", borrower.name));
@@ -380,9 +338,7 @@ async fn golden_snapshot_restores_as_another_actor() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn failed_run_reports_runc_error_and_cleans_up() {
     let mut env = Env::new();
-    let runtime = RuncRuntime::new(RuncConfig::new(env.state_dir()))
-        .await
-        .expect("runc runtime");
+    let runtime = runc_runtime(&env).await;
     let mut spec = counter_spec(&env).await;
     spec.command = vec!["/does-not-exist".into()];
     let actor = env.actor("fail", "uid-1");
@@ -404,13 +360,7 @@ async fn failed_run_reports_runc_error_and_cleans_up() {
 async fn sleeper_memory_survives_restore_with_timings() {
     const MIB: u32 = 64;
     let mut env = Env::new();
-    let runtime = RuncRuntime::new(RuncConfig::new(env.state_dir()))
-        .await
-        .expect("runc runtime");
-    assert!(
-        runtime.capabilities().can_restore_memory,
-        "CRIU ≥ 4.2 must be installed for this test"
-    );
+    let runtime = criu_runtime(&env).await;
     let reference = format!("oci-layout:{}", images_dir().join("sleeper").display());
     let image = ImageCache::new(env.path().join("images"))
         .ensure(&reference)
@@ -432,13 +382,7 @@ async fn sleeper_memory_survives_restore_with_timings() {
         sidecars: vec![],
     };
     let actor = env.actor("sleep", "uid-1");
-    runtime
-        .run(&actor, &spec, RunMode::KeepRootfs)
-        .await
-        .expect("run sleeper");
-    probe::wait_ready(&actor.netns(), 80, "/healthz", PROBE_TIMEOUT)
-        .await
-        .expect("sleeper ready");
+    run_until_healthy(&runtime, &actor, &spec, "run sleeper").await;
     let (status, before) = get(&actor, "/").await;
     assert_eq!(status, 200);
     assert!(before.contains(&format!("holding {MIB} MiB")), "{before}");
@@ -453,9 +397,7 @@ async fn sleeper_memory_survives_restore_with_timings() {
         .restore(&actor, &spec, &images)
         .await
         .expect("restore sleeper");
-    probe::wait_ready(&actor.netns(), 80, "/healthz", PROBE_TIMEOUT)
-        .await
-        .expect("restored sleeper ready");
+    wait_healthy(&actor, "restored sleeper ready").await;
     let first = t0.elapsed();
     let (_, after) = get(&actor, "/").await;
     assert_eq!(after, before, "memory checksum changed across restore");

@@ -15,13 +15,10 @@ use std::os::unix::fs::MetadataExt;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::time::Duration;
 
 use ate_worker::runc::userns::{self, RANGE_SIZE};
-use ate_worker::{RunMode, RuncConfig, RuncRuntime, SandboxRuntime, probe};
-use common::{Env, counter_spec, get};
-
-const PROBE_TIMEOUT: Duration = Duration::from_secs(15);
+use ate_worker::{RunMode, RuncConfig, RuncRuntime, SandboxRuntime};
+use common::{Env, counter_spec, get, run_until_healthy, wait_healthy};
 
 /// Pids in the actor's `pids` cgroup (every process of the sandbox).
 fn actor_pids(init: u32) -> Vec<u32> {
@@ -117,9 +114,7 @@ async fn actors_are_unprivileged_on_the_host_and_apart_from_each_other() {
             .run(actor, &spec, RunMode::KeepRootfs)
             .await
             .expect("run counter");
-        probe::wait_ready(&actor.netns(), 80, "/healthz", PROBE_TIMEOUT)
-            .await
-            .expect("counter ready (port 80 binds inside)");
+        wait_healthy(actor, "counter ready (port 80 binds inside)").await;
         let (status, body) = get(actor, "/").await;
         assert_eq!(status, 200, "{body}");
         inits.push(started.pid.expect("init pid"));
@@ -241,9 +236,7 @@ async fn actors_are_unprivileged_on_the_host_and_apart_from_each_other() {
     let old_index = (base_a - userns::FIRST_BASE) / RANGE_SIZE;
     std::fs::write(claims.join(old_index.to_string()), s(env.path())).expect("occupy");
     let restored = runtime.restore(&a, &spec, &images).await.expect("restore");
-    probe::wait_ready(&a.netns(), 80, "/healthz", PROBE_TIMEOUT)
-        .await
-        .expect("restored ready");
+    wait_healthy(&a, "restored ready").await;
     let new_base = userns::recorded_base(&a.dir).expect("range after restore");
     assert_ne!(new_base, base_a, "restored on the same range");
     let (status, body) = get(&a, "/").await;
@@ -299,13 +292,7 @@ async fn a_generation_dumped_without_a_user_namespace_restores_without_one() {
     let before = RuncRuntime::new(config(false)).await.expect("runtime");
     let spec = counter_spec(&env).await;
     let a = env.actor("unold", "uid-a");
-    let started = before
-        .run(&a, &spec, RunMode::KeepRootfs)
-        .await
-        .expect("run without a user namespace");
-    probe::wait_ready(&a.netns(), 80, "/healthz", PROBE_TIMEOUT)
-        .await
-        .expect("ready");
+    let started = run_until_healthy(&before, &a, &spec, "run without a user namespace").await;
     let (_, body) = get(&a, "/").await;
     assert!(body.contains("preserved memory count: 1"), "{body}");
     let status = std::fs::read_to_string(format!("/proc/{}/status", started.pid.expect("pid")))
@@ -323,9 +310,7 @@ async fn a_generation_dumped_without_a_user_namespace_restores_without_one() {
 
     let after = RuncRuntime::new(config(true)).await.expect("runtime");
     let restored = after.restore(&a, &spec, &images).await.expect("restore");
-    probe::wait_ready(&a.netns(), 80, "/healthz", PROBE_TIMEOUT)
-        .await
-        .expect("restored ready");
+    wait_healthy(&a, "restored ready").await;
     let (_, body) = get(&a, "/").await;
     assert!(
         body.contains("preserved memory count: 2") && body.contains("preserved file counter: 2"),
@@ -338,13 +323,7 @@ async fn a_generation_dumped_without_a_user_namespace_restores_without_one() {
     let _ = restored;
     // A fresh run now: its own user namespace, the files written without one still readable.
     after.stop(&a).await.expect("stop");
-    let fresh = after
-        .run(&a, &spec, RunMode::KeepRootfs)
-        .await
-        .expect("run in a user namespace");
-    probe::wait_ready(&a.netns(), 80, "/healthz", PROBE_TIMEOUT)
-        .await
-        .expect("ready");
+    let fresh = run_until_healthy(&after, &a, &spec, "run in a user namespace").await;
     let base = userns::recorded_base(&a.dir).expect("range");
     assert_ids_in_range(fresh.pid.expect("pid"), base);
     let (_, body) = get(&a, "/").await;

@@ -11,9 +11,10 @@ use ate_proto::v1;
 use ate_proto::v1::worker_service_client::WorkerServiceClient;
 use ate_worker::{ActorSandbox, WorkerConfig, connect_worker, netns};
 use bytes::Bytes;
+use common::h2_client::{self, H2, body_text, h2_connect};
 use common::{Env, counter_ref, unique_name};
 use http_body_util::{BodyExt, Empty};
-use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::rt::TokioIo;
 use tonic::Code;
 use tonic::transport::Channel;
 
@@ -183,47 +184,12 @@ fn counts(m: u32, f: u32, r: u32) -> String {
 
 // ---------------------------------------------------------------- h2c tunnel client
 
-type H2 = hyper::client::conn::http2::SendRequest<Empty<Bytes>>;
-
-async fn h2_connect(addr: &str) -> H2 {
-    let tcp = tokio::net::TcpStream::connect(addr)
-        .await
-        .expect("connect atunnel");
-    tcp.set_nodelay(true).expect("nodelay");
-    let (send, conn) =
-        hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(tcp))
-            .await
-            .expect("h2 handshake");
-    tokio::spawn(async move {
-        let _ = conn.await;
-    });
-    send
-}
-
-/// Sends a CONNECT with the given routing headers; returns the response.
+/// A CONNECT stream to the actor's port 80 with the given routing headers.
 async fn connect_stream(
     h2: &mut H2,
     headers: &[(&str, &str)],
 ) -> http::Response<hyper::body::Incoming> {
-    let mut b = http::Request::builder()
-        .method(http::Method::CONNECT)
-        .uri("actor.test:80");
-    for (k, v) in headers {
-        b = b.header(*k, *v);
-    }
-    let req = b.body(Empty::<Bytes>::new()).expect("request");
-    h2.ready().await.expect("h2 ready");
-    h2.send_request(req).await.expect("send CONNECT")
-}
-
-async fn body_text(resp: http::Response<hyper::body::Incoming>) -> String {
-    let bytes = resp
-        .into_body()
-        .collect()
-        .await
-        .expect("read body")
-        .to_bytes();
-    String::from_utf8_lossy(&bytes).into_owned()
+    h2_client::connect_stream(h2, "actor.test:80", headers).await
 }
 
 /// HTTP/1.1 over an established tunnel.
@@ -232,14 +198,7 @@ type H1 = hyper::client::conn::http1::SendRequest<Empty<Bytes>>;
 async fn open_tunnel(h2: &mut H2, actor: &str) -> H1 {
     let resp = connect_stream(h2, &[("ate-target-actor", actor)]).await;
     assert_eq!(resp.status(), 200, "CONNECT {actor}");
-    let upgraded = hyper::upgrade::on(resp).await.expect("upgrade");
-    let (send, conn) = hyper::client::conn::http1::handshake(upgraded)
-        .await
-        .expect("h1 handshake");
-    tokio::spawn(async move {
-        let _ = conn.await;
-    });
-    send
+    h2_client::http1_over(resp).await
 }
 
 async fn h1_get(h1: &mut H1, path: &str) -> (u16, String) {
@@ -709,23 +668,6 @@ async fn advertised_address_is_reported() {
     env.assert_clean();
 }
 
-/// Accepts on the port given, on every address, and holds each connection until the peer closes.
-const HOLD_SERVER: &str = r#"
-import socket, sys, threading
-def hold(c):
-    try:
-        c.recv(1)
-    finally:
-        c.close()
-s = socket.socket()
-s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-s.bind(("", int(sys.argv[1])))
-s.listen(64)
-while True:
-    c, _ = s.accept()
-    threading.Thread(target=hold, args=(c,), daemon=True).start()
-"#;
-
 /// A netns reached from the host over a veth (host side 10.254.X.1/29, which becomes a node
 /// address) holding two addresses, 10.254.X.2 and .3, with a holding server; removed on drop.
 struct TestHost {
@@ -797,7 +739,10 @@ impl TestHost {
         ip(&["-n", &ns, "link", "set", &peer_link, "up"]);
         h.server = Some(
             std::process::Command::new("ip")
-                .args(["netns", "exec", &ns, "python3", "-c", HOLD_SERVER])
+                .args(["netns", "exec", &ns, "python3", "-c"])
+                .arg(ate_test_support::hold_server::SCRIPT)
+                // Every address of the namespace.
+                .arg("")
                 .arg(h.port.to_string())
                 .stdin(std::process::Stdio::null())
                 .stdout(std::process::Stdio::null())

@@ -6,8 +6,10 @@
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::time::Duration;
 
-use ate_api::{Api, ApiConfig};
+use ate_api::authz::Authz;
+use ate_api::{Api, ApiConfig, TlsServe};
 use ate_proto::v1::{self, *};
 use ate_store::Store;
 pub use ate_test_support::test_node::TestNode;
@@ -19,6 +21,14 @@ use tonic::{Request, Status};
 pub enum Backend {
     Sqlite,
     Postgres,
+}
+
+/// The api's defaults, but a fleet view at most 50 ms old: a registered worker is seen at once.
+pub fn cfg() -> ApiConfig {
+    ApiConfig {
+        fleet_max_age: Duration::from_millis(50),
+        ..Default::default()
+    }
 }
 
 /// A fresh store; the returned guard keeps its directory (SQLite) alive.
@@ -84,6 +94,15 @@ impl TestApi {
     }
 
     /// Atespace `ns` with template `ns/t` (cpu 250m, memory 64Mi).
+    /// Node `node-1` with one worker, `w1`, of `slots` slots, registered; atespace `ns`
+    /// seeded.
+    pub async fn one_worker(&self, slots: u32) -> TestNode {
+        let node = TestNode::start("node-1").await;
+        self.register(&node, "w1", slots).await;
+        self.seed("ns").await;
+        node
+    }
+
     pub async fn seed(&self, ns: &str) {
         self.atespaces()
             .create_atespace(CreateAtespaceRequest {
@@ -337,4 +356,101 @@ macro_rules! both_stores {
             }
         }
     };
+}
+
+/// A CA in `dir` for trust domain `td`, and the api's certificate from it.
+pub fn api_pki(dir: &std::path::Path, td: &str) -> (Arc<ate_tls::LocalCa>, ate_tls::CertSource) {
+    use ate_tls::{CertSource, LocalCa, SpiffeId, SvidRequest};
+    let ca = Arc::new(LocalCa::open_or_create(&dir.join("ca"), td).unwrap());
+    let api_id =
+        CertSource::issued(ca.clone(), SvidRequest::new(SpiffeId::api(td).unwrap())).unwrap();
+    (ca, api_id)
+}
+
+/// An api served over TLS (as `api_id`, asking for client certificates as `client_auth` says)
+/// on a loopback port, until dropped.
+pub struct TlsServing {
+    pub addr: String,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+}
+
+impl TlsServing {
+    pub async fn start(
+        api: Arc<Api>,
+        api_id: ate_tls::CertSource,
+        client_auth: ate_tls::ClientAuth,
+        authz: Authz,
+    ) -> TlsServing {
+        let server = ate_tls::server_config(&api_id, client_auth).unwrap();
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+        let tls = TlsServe {
+            server: Arc::new(server),
+            authz,
+            trust_bundle: String::new(),
+            join_signer: None,
+        };
+        tokio::spawn(async move {
+            // Keeps the api's identity alive for as long as it serves.
+            let _api_id = api_id;
+            ate_api::serve_with(api, listener, None, Some(tls), async move {
+                let _ = rx.await;
+            })
+            .await
+        });
+        TlsServing {
+            addr,
+            stop: Some(tx),
+        }
+    }
+}
+
+impl Drop for TlsServing {
+    fn drop(&mut self) {
+        if let Some(tx) = self.stop.take() {
+            let _ = tx.send(());
+        }
+    }
+}
+
+/// The api's actor service on channel `c`.
+pub fn actors(c: &Channel) -> actor_service_client::ActorServiceClient<Channel> {
+    actor_service_client::ActorServiceClient::new(c.clone())
+}
+
+/// The api's atespace service on channel `c`.
+pub fn atespaces(c: &Channel) -> atespace_service_client::AtespaceServiceClient<Channel> {
+    atespace_service_client::AtespaceServiceClient::new(c.clone())
+}
+
+/// Create actor `ns/name` of template `ns/t`.
+pub fn create_req(ns: &str, name: &str) -> CreateActorRequest {
+    CreateActorRequest {
+        atespace: ns.into(),
+        name: name.into(),
+        template: format!("{ns}/t"),
+        worker_selector: Default::default(),
+    }
+}
+
+/// A worker message for `id` of node `node_name` at `address`, reachable through `node`: 8 slots,
+/// ample cpu and memory, able to restore memory.
+pub fn worker_on(id: &str, node_name: &str, address: &str, node: &TestNode) -> Worker {
+    Worker {
+        id: id.into(),
+        node: node_name.into(),
+        addresses: vec![address.into()],
+        sandbox_class: "runc".into(),
+        can_restore_memory: true,
+        capacity: Some(Capacity {
+            cpu_millis: 64_000,
+            memory_bytes: 1 << 40,
+            actor_slots: 8,
+        }),
+        epoch: node.epoch(),
+        node_address: node.addr.to_string(),
+        boot_id: node.boot_id.clone(),
+        ..Default::default()
+    }
 }

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-use super::{System, get, images_dir};
+use super::{System, create_actor_args, get, images_dir};
 
 pub fn counts(body: &str) -> (u64, u64, u64) {
     let nums: Vec<u64> = body
@@ -39,6 +39,8 @@ pub struct Tpl {
     pub idle_timeout: &'static str,
     /// `spec.webSockets` (None: the default, `close`).
     pub web_sockets: Option<&'static str>,
+    /// The container's whole image reference (None: `image`'s OCI layout in [`images_dir`]).
+    pub image_ref: Option<String>,
 }
 
 impl Tpl {
@@ -56,6 +58,7 @@ impl Tpl {
             external_host_path: None,
             idle_timeout: "5m",
             web_sockets: None,
+            image_ref: None,
         }
     }
 
@@ -69,7 +72,6 @@ impl Tpl {
     }
 
     pub fn yaml(&self, ns: &str, name: &str) -> String {
-        let images = images_dir();
         let mut env = String::new();
         if !self.env.is_empty() {
             env.push_str("      env:\n");
@@ -82,21 +84,18 @@ impl Tpl {
             .as_ref()
             .map(|t| format!("  goldenTag: {t}\n"))
             .unwrap_or_default();
+        let image_ref = self.image_ref.clone().unwrap_or_else(|| {
+            format!(
+                "oci-layout:{}/{}:latest",
+                images_dir().display(),
+                self.image
+            )
+        });
         format!(
-            "apiVersion: ate.dev/v1alpha1
-kind: Atespace
-metadata:
-  name: {ns}
----
-apiVersion: ate.dev/v1alpha1
-kind: ActorTemplate
-metadata:
-  namespace: {ns}
-  name: {name}
-spec:
+            "{head}spec:
   containers:
     - name: main
-      image: oci-layout:{images}/{image}:latest
+      image: {image_ref}
       command: [\"/{image}\"]
 {env}      wakeupProbe:
         httpGet: {{path: /healthz, port: {port}}}
@@ -108,7 +107,7 @@ spec:
 {external}  snapshots: {{fidelity: {fidelity}{on_failure}}}
   idleTimeout: {idle}
 {web_sockets}{golden}{egress}",
-            images = images.display(),
+            head = template_head(ns, name),
             image = self.image,
             port = self.probe_port,
             timeout = self.probe_timeout,
@@ -133,17 +132,89 @@ spec:
     }
 }
 
+/// The start of every template file here: atespace `ns` and the metadata of template `name` in
+/// it; the caller goes on with `spec:`.
+pub fn template_head(ns: &str, name: &str) -> String {
+    format!("{}---\n{}", atespace_yaml(ns), template_metadata(ns, name))
+}
+
+/// Atespace `ns` as a YAML document.
+pub fn atespace_yaml(ns: &str) -> String {
+    format!("apiVersion: ate.dev/v1alpha1\nkind: Atespace\nmetadata:\n  name: {ns}\n")
+}
+
+/// The start of template `name` in atespace `ns`, up to (not with) its `spec:`.
+pub fn template_metadata(ns: &str, name: &str) -> String {
+    let kind = "apiVersion: ate.dev/v1alpha1\nkind: ActorTemplate\nmetadata:\n";
+    format!("{kind}  namespace: {ns}\n  name: {name}\n")
+}
+
+/// Template `name` of two counters in one sandbox: `main` calling `side` on port 9000 over one
+/// kept-alive connection (`side` with its own memory count, its files under `/side-data/side`).
+/// `side`'s probe looks at `side_probe_port` for `side_probe_timeout` seconds; `side_exit` is
+/// its `exitPolicy` (None: not set).
+pub fn two_counters_template(
+    ns: &str,
+    name: &str,
+    side_probe_port: u16,
+    side_probe_timeout: u32,
+    side_exit: Option<&str>,
+) -> String {
+    let images = images_dir();
+    let side_exit = side_exit
+        .map(|e| format!("      exitPolicy: {e}\n"))
+        .unwrap_or_default();
+    format!(
+        "{head}spec:
+  containers:
+    - name: main
+      image: oci-layout:{images}/counter:latest
+      command: [\"/counter\"]
+      env:
+        - {{name: SIDECAR_ADDR, value: \"127.0.0.1:9000\"}}
+        - {{name: PORT2, value: \"off\"}}
+      ports:
+        - containerPort: 80
+      wakeupProbe:
+        httpGet: {{path: /healthz, port: 80}}
+        timeoutSeconds: 10
+      resources: {{cpu: 150m, memory: 48Mi}}
+    - name: side
+      image: oci-layout:{images}/counter:latest
+      command: [\"/counter\"]
+{side_exit}      env:
+        - {{name: PORT, value: \"9000\"}}
+        - {{name: PORT2, value: \"off\"}}
+        - {{name: ATE_DATA_DIR, value: /side-data/side}}
+      volumeMounts:
+        - {{name: data, mountPath: /side-data}}
+      ports:
+        - containerPort: 9000
+      wakeupProbe:
+        httpGet: {{path: /healthz, port: {side_probe_port}}}
+        timeoutSeconds: {side_probe_timeout}
+      resources: {{cpu: 100m, memory: 32Mi}}
+  volumes:
+    - name: data
+      mountPath: /data
+  snapshots: {{fidelity: memory}}
+  idleTimeout: 5m
+",
+        head = template_metadata(ns, name),
+        images = images.display(),
+    )
+}
+
+/// The counter applied as template `template` in atespace `ns` (with the atespace), and actor
+/// `name` of it created.
+pub fn counter_actor(sys: &System, ns: &str, template: &str, name: &str) {
+    sys_apply(sys, ns, template, &Tpl::counter());
+    create_actor(sys, ns, name, template);
+}
+
 /// `ate create actor NAME -a NS -t NS/TEMPLATE`.
 pub fn create_actor(sys: &System, ns: &str, name: &str, template: &str) {
-    sys.ate_ok(&[
-        "create",
-        "actor",
-        name,
-        "-a",
-        ns,
-        "-t",
-        &format!("{ns}/{template}"),
-    ]);
+    sys.ate_ok(&create_actor_args(name, ns, &format!("{ns}/{template}")));
 }
 
 /// Writes the template to the test's temp dir and applies it.
@@ -213,6 +284,29 @@ pub fn wait_state(sys: &System, ns: &str, name: &str, state: &str, within: Durat
         );
         std::thread::sleep(Duration::from_millis(50));
     }
+}
+
+/// Waits until `ns/name` is in `state` (as [`wait_state`]): its `lastError` ("" when none).
+pub fn last_error_in_state(
+    sys: &System,
+    ns: &str,
+    name: &str,
+    state: &str,
+    within: Duration,
+) -> String {
+    let a = wait_state(sys, ns, name, state, within);
+    a["lastError"].as_str().unwrap_or_default().to_string()
+}
+
+/// Waits (30 s) until `ns/name` has crashed: its `lastError`.
+pub fn crash_reason(sys: &System, ns: &str, name: &str) -> String {
+    last_error_in_state(
+        sys,
+        ns,
+        name,
+        "ACTOR_STATE_CRASHED",
+        Duration::from_secs(30),
+    )
 }
 
 /// GET through the router that must answer 200.

@@ -20,6 +20,25 @@ pub fn atunnel_tls(tls: &Path, name: &str) -> std::sync::Arc<ate_tls::rustls::Cl
     std::sync::Arc::new(cfg)
 }
 
+/// An HTTP/2 client over `io`, its connection driven on its own task.
+async fn h2_over<IO>(
+    io: IO,
+) -> Result<
+    hyper::client::conn::http2::SendRequest<http_body_util::Empty<hyper::body::Bytes>>,
+    String,
+>
+where
+    IO: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    let exec = hyper_util::rt::TokioExecutor::new();
+    let (sender, conn) =
+        hyper::client::conn::http2::handshake(exec, hyper_util::rt::TokioIo::new(io))
+            .await
+            .map_err(|e| format!("h2 handshake: {e}"))?;
+    tokio::spawn(conn);
+    Ok(sender)
+}
+
 /// One CONNECT to atunnel over HTTP/2; `as_cert` names the certificate in `<tls>` to present
 /// (None: h2c in the clear). Err: the connection was refused before any response.
 pub async fn atunnel_request(
@@ -40,7 +59,6 @@ pub async fn atunnel_request(
         req.headers_mut()
             .insert("ate-target-port", p.parse().expect("header"));
     }
-    let exec = hyper_util::rt::TokioExecutor::new();
     let mut sender = match as_cert {
         Some(name) => {
             let stream = ate_tls::connect(
@@ -50,23 +68,13 @@ pub async fn atunnel_request(
             )
             .await
             .map_err(|e| format!("TLS: {e}"))?;
-            let (sender, conn) =
-                hyper::client::conn::http2::handshake(exec, hyper_util::rt::TokioIo::new(stream))
-                    .await
-                    .map_err(|e| format!("h2 handshake: {e}"))?;
-            tokio::spawn(conn);
-            sender
+            h2_over(stream).await?
         }
         None => {
             let tcp = tokio::net::TcpStream::connect(worker)
                 .await
                 .expect("connect atunnel");
-            let (sender, conn) =
-                hyper::client::conn::http2::handshake(exec, hyper_util::rt::TokioIo::new(tcp))
-                    .await
-                    .map_err(|e| format!("h2 handshake: {e}"))?;
-            tokio::spawn(conn);
-            sender
+            h2_over(tcp).await?
         }
     };
     let resp = tokio::time::timeout(Duration::from_secs(10), sender.send_request(req))

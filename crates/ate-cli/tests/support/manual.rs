@@ -48,18 +48,9 @@ impl Manual {
     }
 
     pub fn ate_ok(&self, args: &[&str]) -> String {
-        let out = Command::new(ATE)
-            .arg("--api")
-            .arg(&self.api)
-            .args(args)
-            .output()
-            .expect("ate");
-        assert!(
-            out.status.success(),
-            "ate {args:?}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8_lossy(&out.stdout).into_owned()
+        let mut cmd = Command::new(ATE);
+        cmd.arg("--api").arg(&self.api).args(args);
+        super::run_ok(&mut cmd, &format!("ate {args:?}"))
     }
 
     pub fn wait_file(&self, path: &Path) -> Value {
@@ -120,27 +111,7 @@ impl Manual {
         let mut addresses = Vec::new();
         for i in 1..=apis {
             let name = if i == 1 { s("api") } else { format!("api-{i}") };
-            let api_ready = m.dir.path().join(format!("{name}.json"));
-            m.spawn(
-                &name,
-                &[
-                    s("api"),
-                    s("--listen"),
-                    s("127.0.0.1:0"),
-                    s("--http-listen"),
-                    s("127.0.0.1:0"),
-                    s("--store"),
-                    store.clone(),
-                    s("--ready-file"),
-                    api_ready.display().to_string(),
-                ],
-            );
-            addresses.push(
-                m.wait_file(&api_ready)["grpc"]
-                    .as_str()
-                    .expect("grpc")
-                    .to_string(),
-            );
+            addresses.push(m.spawn_api(&name, &store, &[]));
         }
         m.api = addresses.join(",");
         let node_ready = m.dir.path().join("node.json");
@@ -176,20 +147,7 @@ impl Manual {
         loop {
             attempt += 1;
             let metrics = SocketAddr::from(([127, 0, 0, 1], free_port()));
-            let api = m.api.clone();
-            let router = m.router.to_string();
-            m.spawn(
-                "router",
-                &[
-                    s("router"),
-                    s("--listen"),
-                    router,
-                    s("--metrics-listen"),
-                    metrics.to_string(),
-                    s("--api"),
-                    api,
-                ],
-            );
+            m.spawn_router(metrics);
             let start = Instant::now();
             let up = loop {
                 let exited = m
@@ -216,6 +174,37 @@ impl Manual {
             m.router = SocketAddr::from(([127, 0, 0, 1], free_port()));
         }
         m
+    }
+
+    /// Starts `ate api` as `name` on loopback ports with `store` and `extra` flags; its gRPC
+    /// address, once it is ready.
+    pub fn spawn_api(&mut self, name: &str, store: &str, extra: &[&str]) -> String {
+        let ready = self.dir.path().join(format!("{name}.json"));
+        let mut args: Vec<String> = ["api", "--listen", "127.0.0.1:0", "--http-listen"]
+            .into_iter()
+            .chain(["127.0.0.1:0", "--store", store])
+            .chain(extra.iter().copied())
+            .map(str::to_string)
+            .collect();
+        args.push("--ready-file".to_string());
+        args.push(ready.display().to_string());
+        self.spawn(name, &args);
+        let grpc = self.wait_file(&ready)["grpc"].as_str().map(str::to_string);
+        grpc.expect("grpc")
+    }
+
+    /// Starts `ate router` on `self.router` for the api(s), its `/metrics` on `metrics`.
+    pub fn spawn_router(&mut self, metrics: SocketAddr) {
+        let args = [
+            "router".to_string(),
+            "--listen".to_string(),
+            self.router.to_string(),
+            "--metrics-listen".to_string(),
+            metrics.to_string(),
+            "--api".to_string(),
+            self.api.clone(),
+        ];
+        self.spawn("router", &args);
     }
 
     pub fn kill_worker(&mut self) {

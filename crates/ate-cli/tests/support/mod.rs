@@ -5,11 +5,13 @@
 #![allow(dead_code)]
 
 pub mod actors;
+pub mod api_process;
 pub mod atunnel;
 pub mod generations;
 pub mod manual;
 pub mod runc;
 pub mod test_host;
+pub mod websocket;
 
 use std::net::{Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
@@ -70,6 +72,34 @@ impl Default for UpOptions {
             router_args: Vec::new(),
             demo: true,
             up_args: Vec::new(),
+        }
+    }
+}
+
+impl UpOptions {
+    /// `workers` workers of `slots` slots each, the demo templates and actors.
+    pub fn with_slots(workers: u32, slots: u32) -> UpOptions {
+        UpOptions {
+            workers,
+            slots,
+            ..Default::default()
+        }
+    }
+
+    /// `workers` workers (4 slots each), the demo templates and actors.
+    pub fn with_workers(workers: u32) -> UpOptions {
+        UpOptions {
+            workers,
+            ..Default::default()
+        }
+    }
+
+    /// `workers` workers (4 slots each) and no demo actors or templates.
+    pub fn bare(workers: u32) -> UpOptions {
+        UpOptions {
+            workers,
+            demo: false,
+            ..Default::default()
         }
     }
 }
@@ -247,13 +277,46 @@ impl System {
 
     /// Runs `ate …` and returns stdout, panicking with stderr on failure.
     pub fn ate_ok(&self, args: &[&str]) -> String {
-        let out = self.ate(args);
-        assert!(
-            out.status.success(),
-            "ate {args:?} failed: {}",
-            String::from_utf8_lossy(&out.stderr)
+        stdout_of_success(self.ate(args), &format!("ate {args:?}"))
+    }
+
+    /// `GET path` of `actor` through the router, which must answer 200: (head, body); a
+    /// failure shows both and the router's log.
+    pub fn get_200(&self, actor: &str, path: &str) -> (String, String) {
+        let (status, head, body) = get(self.router_addr, actor, path);
+        assert_eq!(
+            status,
+            200,
+            "{head}\n{body}\nrouter log:\n{}",
+            self.log("router")
         );
-        String::from_utf8_lossy(&out.stdout).into_owned()
+        (head, body)
+    }
+
+    /// Runs `ate bench ARGS` against this system with its JSON written to `out_name` in the
+    /// test's temp dir; panics with stdout and stderr unless it succeeded: (stdout, that JSON).
+    pub fn bench(&self, args: &[&str], out_name: &str) -> (String, serde_json::Value) {
+        let out_file = self.dir.path().join(out_name);
+        let out = Command::new(ATE)
+            .arg("bench")
+            .args(args)
+            .arg("--out")
+            .arg(&out_file)
+            .arg("--images-dir")
+            .arg(images_dir())
+            .env("ATE_API", &self.api)
+            .env("ATE_ROUTER", &self.router)
+            .env("ATE_STATE_DIR", self.state_dir())
+            .output()
+            .expect("run ate bench");
+        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{stdout}\n{stderr}");
+        let json = std::fs::read_to_string(&out_file).expect("bench JSON");
+        (
+            stdout,
+            serde_json::from_str(&json).expect("bench JSON parses"),
+        )
     }
 
     /// Log of one component (`api`, `node`, `worker-1`, `router`).
@@ -268,21 +331,12 @@ impl System {
 
     /// PID of a component, from `ate up`'s children.
     pub fn pid_of(&self, component_args_contain: &str) -> Option<u32> {
-        let out = Command::new("pgrep")
-            .args([
-                "-P",
-                &self.child.id().to_string(),
-                "-f",
-                component_args_contain,
-            ])
-            .output()
-            .ok()?;
-        String::from_utf8_lossy(&out.stdout)
-            .lines()
-            .next()?
-            .trim()
-            .parse()
-            .ok()
+        pgrep_first(&[
+            "-P",
+            &self.child.id().to_string(),
+            "-f",
+            component_args_contain,
+        ])
     }
 }
 
@@ -394,6 +448,91 @@ impl Drop for System {
     }
 }
 
+/// The stdout of a command that succeeded; panics, naming `what` and with its stderr, otherwise.
+pub fn stdout_of_success(out: Output, what: &str) -> String {
+    assert!(
+        out.status.success(),
+        "{what} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Runs `cmd` to its end: its stdout when it succeeded; panics, naming `what`, otherwise.
+pub fn run_ok(cmd: &mut Command, what: &str) -> String {
+    let out = cmd.output().unwrap_or_else(|e| panic!("run {what}: {e}"));
+    stdout_of_success(out, what)
+}
+
+/// Waits until the cgroup file `file` reads `want` (a CPU weight), until `deadline`.
+pub fn wait_for_weight(file: &Path, want: u64, deadline: Instant) {
+    loop {
+        let now = std::fs::read_to_string(file).unwrap_or_default();
+        if now.trim() == want.to_string() {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{} reads {now:?}, not {want}",
+            file.display()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// Sends SIGKILL to `pid`, which must succeed.
+pub fn kill_9(pid: impl std::fmt::Display) {
+    let killed = Command::new("kill")
+        .args(["-9", &pid.to_string()])
+        .status()
+        .expect("kill");
+    assert!(killed.success(), "kill -9 {pid}");
+}
+
+/// True when `program` is in a `PATH` directory.
+pub fn on_path(program: &str) -> bool {
+    std::env::var_os("PATH")
+        .is_some_and(|paths| std::env::split_paths(&paths).any(|d| d.join(program).is_file()))
+}
+
+/// The first PID `pgrep ARGS` prints, if any.
+pub fn pgrep_first(args: &[&str]) -> Option<u32> {
+    let out = Command::new("pgrep").args(args).output().ok()?;
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .next()?
+        .trim()
+        .parse()
+        .ok()
+}
+
+/// Waits (up to 10 s: components write their logs as they go) until `text()` has a line
+/// containing `needle`; returns those lines (`what` names the log in a failure).
+pub fn lines_with(what: &str, needle: &str, text: impl Fn() -> String) -> Vec<String> {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let found: Vec<String> = text()
+            .lines()
+            .filter(|l| l.contains(needle))
+            .map(str::to_string)
+            .collect();
+        if !found.is_empty() {
+            return found;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no line with {needle:?} in the {what} log:\n{}",
+            text()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// The arguments of `ate create actor NAME -a ATESPACE -t TEMPLATE` (TEMPLATE as `atespace/name`).
+pub fn create_actor_args<'a>(name: &'a str, atespace: &'a str, template: &'a str) -> [&'a str; 7] {
+    ["create", "actor", name, "-a", atespace, "-t", template]
+}
+
 /// A minimal HTTP/1.1 GET through the router with the actor header; returns (status, headers, body).
 pub fn get(router: SocketAddr, actor: &str, path: &str) -> (u16, String, String) {
     request(router, "GET", actor, path, "")
@@ -406,7 +545,7 @@ pub fn request(
     path: &str,
     body: &str,
 ) -> (u16, String, String) {
-    use std::io::{Read, Write};
+    use std::io::Write;
     let mut s = std::net::TcpStream::connect(router).expect("connect router");
     s.set_read_timeout(Some(Duration::from_secs(30))).ok();
     let req = format!(
@@ -414,16 +553,7 @@ pub fn request(
         body.len()
     );
     s.write_all(req.as_bytes()).expect("write");
-    let mut buf = Vec::new();
-    let _ = s.read_to_end(&mut buf);
-    let text = String::from_utf8_lossy(&buf).into_owned();
-    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
-    let status = head
-        .split_whitespace()
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .unwrap_or(0);
-    (status, head.to_string(), body.to_string())
+    ate_test_support::http::read_response(&mut s)
 }
 
 /// One worker with frozen copies off (`ATE_KEEP_FROZEN=0`), so every resume restores, and so

@@ -44,10 +44,27 @@ pub fn containers_with_status(state: &Path) -> Vec<(String, u32, String)> {
 
 /// `(container id, pid, runc status, bundle)` of every runc container under `state`.
 pub fn containers_full(state: &Path) -> Vec<(String, u32, String, String)> {
-    let mut out = Vec::new();
+    runc_lists(state)
+        .into_iter()
+        .flat_map(|(_, list)| list)
+        .map(|c| {
+            (
+                c["id"].as_str().unwrap_or_default().to_string(),
+                c["pid"].as_u64().unwrap_or(0) as u32,
+                c["status"].as_str().unwrap_or_default().to_string(),
+                c["bundle"].as_str().unwrap_or_default().to_string(),
+            )
+        })
+        .collect()
+}
+
+/// `runc list` of each worker under `state` that has a runc root: (worker id, containers as
+/// runc prints them; none when its answer does not parse).
+pub fn runc_lists(state: &Path) -> Vec<(String, Vec<Value>)> {
     let Ok(workers) = std::fs::read_dir(state.join("workers")) else {
-        return out;
+        return Vec::new();
     };
+    let mut out = Vec::new();
     for w in workers.flatten() {
         let root = w.path().join("runc");
         if !root.exists() {
@@ -59,17 +76,9 @@ pub fn containers_full(state: &Path) -> Vec<(String, u32, String, String)> {
             .args(["list", "-f", "json"])
             .output()
             .expect("runc list");
-        let text = String::from_utf8_lossy(&o.stdout);
-        if let Ok(Value::Array(list)) = serde_json::from_str::<Value>(&text) {
-            for c in list {
-                out.push((
-                    c["id"].as_str().unwrap_or_default().to_string(),
-                    c["pid"].as_u64().unwrap_or(0) as u32,
-                    c["status"].as_str().unwrap_or_default().to_string(),
-                    c["bundle"].as_str().unwrap_or_default().to_string(),
-                ));
-            }
-        }
+        let list: Option<Vec<Value>> = serde_json::from_slice(&o.stdout).unwrap_or(None);
+        let worker = w.file_name().to_string_lossy().into_owned();
+        out.push((worker, list.unwrap_or_default()));
     }
     out
 }

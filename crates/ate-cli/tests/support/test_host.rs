@@ -13,27 +13,6 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use nix::sched::{CloneFlags, setns};
 
-/// Accepts on every port given and holds each connection until the peer closes it.
-const HOLD_SERVER: &str = r#"
-import socket, sys, threading
-def hold(c):
-    try:
-        c.recv(1)
-    finally:
-        c.close()
-def serve(port):
-    s = socket.socket()
-    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    s.bind((sys.argv[1], port))
-    s.listen(64)
-    while True:
-        c, _ = s.accept()
-        threading.Thread(target=hold, args=(c,), daemon=True).start()
-for p in sys.argv[2:]:
-    threading.Thread(target=serve, args=(int(p),), daemon=True).start()
-threading.Event().wait()
-"#;
-
 pub fn run(args: &[&str]) {
     let out = Command::new(args[0])
         .args(&args[1..])
@@ -103,7 +82,8 @@ impl TestHost {
         ]);
         run(&["ip", "-n", &ns, "link", "set", &peer_link, "up"]);
         let server = Command::new("ip")
-            .args(["netns", "exec", &ns, "python3", "-c", HOLD_SERVER])
+            .args(["netns", "exec", &ns, "python3", "-c"])
+            .arg(ate_test_support::hold_server::SCRIPT)
             .arg(h.peer_ip.to_string())
             .args(h.ports.iter().map(|p| p.to_string()))
             .stdin(Stdio::null())

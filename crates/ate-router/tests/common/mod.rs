@@ -6,6 +6,7 @@
 #![allow(dead_code)]
 
 mod atunnel;
+pub mod heap;
 mod upstream;
 
 pub use atunnel::*;
@@ -76,6 +77,15 @@ pub fn config(api: SocketAddr) -> RouterConfig {
 }
 
 pub async fn start_router(config: RouterConfig) -> TestRouter {
+    start_router_with_tls(config, None).await
+}
+
+/// [`start_router`] with the `--tls-listen` listener pre-bound too (used when the config sets
+/// `tls_listen`).
+pub async fn start_router_with_tls(
+    config: RouterConfig,
+    tls_listener: Option<TcpListener>,
+) -> TestRouter {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let metrics_listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
@@ -86,20 +96,13 @@ pub async fn start_router(config: RouterConfig) -> TestRouter {
     let (tx, rx) = tokio::sync::oneshot::channel::<()>();
     let done = tokio::spawn(async move {
         router
-            .serve(listener, metrics_listener, async move {
+            .serve_with_tls(listener, tls_listener, metrics_listener, async move {
                 let _ = rx.await;
             })
             .await
             .unwrap();
     });
-    TestRouter {
-        addr,
-        metrics_addr,
-        stats,
-        probe,
-        shutdown: Some(tx),
-        done: Some(done),
-    }
+    TestRouter::new(addr, metrics_addr, stats, probe, tx, done)
 }
 
 /// An actor port whose process reads a request and closes the connection without answering.
@@ -192,6 +195,23 @@ pub async fn get(addr: SocketAddr, actor: Option<&str>) -> Got {
     get_with(addr, actor, "app.example", |_| {}).await
 }
 
+/// A GET of `uri` for `host` with no body, and header `name: value` when given.
+pub fn bodiless_get(
+    uri: &str,
+    host: &str,
+    header: Option<(&'static str, &str)>,
+) -> Request<Empty<Bytes>> {
+    let mut req = Request::builder()
+        .uri(uri)
+        .header("host", host)
+        .body(Empty::<Bytes>::new())
+        .unwrap();
+    if let Some((name, value)) = header {
+        req.headers_mut().insert(name, value.parse().unwrap());
+    }
+    req
+}
+
 pub async fn get_with(
     addr: SocketAddr,
     actor: Option<&str>,
@@ -204,15 +224,8 @@ pub async fn get_with(
         .await
         .unwrap();
     tokio::spawn(conn);
-    let mut req = Request::builder()
-        .uri("/hello?x=1")
-        .header("host", host)
-        .body(Empty::<Bytes>::new())
-        .unwrap();
-    if let Some(actor) = actor {
-        req.headers_mut()
-            .insert("ate-target-actor", actor.parse().unwrap());
-    }
+    let target = actor.map(|a| ("ate-target-actor", a));
+    let mut req = bodiless_get("/hello?x=1", host, target);
     edit(&mut req);
     let resp = sender.send_request(req).await.unwrap();
     collect(resp, started).await
@@ -305,4 +318,26 @@ pub fn assert_clean(got: &Got, actor: Option<&str>) {
             got.status
         );
     }
+}
+
+/// Writes `request` and reads the answer's head, through its blank line (as sent).
+pub async fn send_and_read_head<I>(io: &mut I, request: &[u8]) -> String
+where
+    I: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+{
+    use tokio::io::AsyncWriteExt;
+    io.write_all(request).await.unwrap();
+    read_head(io).await
+}
+
+/// Reads an answer's head, through its blank line (as sent).
+pub async fn read_head<I: tokio::io::AsyncRead + Unpin>(io: &mut I) -> String {
+    use tokio::io::AsyncReadExt;
+    let mut head = Vec::new();
+    let mut byte = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") {
+        io.read_exact(&mut byte).await.unwrap();
+        head.push(byte[0]);
+    }
+    String::from_utf8_lossy(&head).into_owned()
 }

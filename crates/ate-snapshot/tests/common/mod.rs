@@ -54,6 +54,33 @@ pub struct Fixture {
     pub volumes: Vec<(String, PathBuf)>,
 }
 
+/// Downloads generation `key` of `store` into `target`, which must succeed: its manifest.
+pub async fn download_ok(
+    store: &ate_snapshot::DurableStore,
+    key: &str,
+    target: &Path,
+) -> ate_snapshot::Manifest {
+    let got = store.download(key, target).await;
+    got.unwrap_or_else(|e| panic!("download {key}: {e}"))
+}
+
+/// A second sweep of partial uploads (another node's, say) finds nothing more to delete.
+pub async fn assert_nothing_left_to_sweep(store: &ate_snapshot::DurableStore, depth: usize) {
+    let again = store
+        .sweep_partial_uploads(depth)
+        .await
+        .expect("sweep again");
+    assert_eq!((again.keys_deleted, again.objects_deleted), (0, 0));
+}
+
+impl Fixture {
+    /// Seals the fixture's generation at memory fidelity, with its upper dir and volumes.
+    pub async fn seal_memory(&self) -> Result<ate_snapshot::Manifest, ate_snapshot::Error> {
+        let meta = meta(Fidelity::Memory);
+        ate_snapshot::seal_generation(&self.gen_dir, meta, Some(&self.upper), &self.volumes).await
+    }
+}
+
 /// criu/ with three images (one nested), an upper dir with a regular file, a symlink, an empty
 /// dir, a whiteout (char 0:0), an opaque dir (xattr), a fifo; two volumes.
 pub fn fixture(big: usize) -> Fixture {

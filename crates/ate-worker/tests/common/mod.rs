@@ -3,6 +3,8 @@
 //! when the test panics.
 #![allow(dead_code)]
 
+pub mod h2_client;
+
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::OnceLock;
@@ -199,6 +201,51 @@ impl Drop for Env {
 
 /// The counter demo as a sandbox spec: its image unpacked under the test dir, a `data` volume,
 /// 0.5 CPU and 128 MiB.
+/// The runc runtime on `env`'s state dir.
+pub async fn runc_runtime(env: &Env) -> ate_worker::RuncRuntime {
+    ate_worker::RuncRuntime::new(ate_worker::RuncConfig::new(env.state_dir()))
+        .await
+        .expect("runc runtime")
+}
+
+/// [`runc_runtime`], which must be able to restore memory (CRIU).
+pub async fn criu_runtime(env: &Env) -> ate_worker::RuncRuntime {
+    use ate_worker::SandboxRuntime as _;
+    let runtime = runc_runtime(env).await;
+    assert!(
+        runtime.capabilities().can_restore_memory,
+        "CRIU ≥ 4.2 must be installed for this test"
+    );
+    runtime
+}
+
+/// How long an actor may take to answer its wakeup probe.
+pub const PROBE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(15);
+
+/// Waits until `actor` answers `/healthz` on port 80: how long that took; panics with `what`
+/// otherwise.
+pub async fn wait_healthy(actor: &ActorSandbox, what: &str) -> std::time::Duration {
+    ate_worker::probe::wait_ready(&actor.netns(), 80, "/healthz", PROBE_TIMEOUT)
+        .await
+        .expect(what)
+}
+
+/// Runs `actor` from `spec` (keeping its rootfs) and waits until it answers its probe; panics
+/// naming `what` otherwise.
+pub async fn run_until_healthy(
+    runtime: &impl ate_worker::SandboxRuntime,
+    actor: &ActorSandbox,
+    spec: &ate_worker::SandboxSpec,
+    what: &str,
+) -> ate_worker::Started {
+    let started = runtime
+        .run(actor, spec, ate_worker::RunMode::KeepRootfs)
+        .await
+        .unwrap_or_else(|e| panic!("{what}: {e}"));
+    wait_healthy(actor, &format!("{what}: ready")).await;
+    started
+}
+
 pub async fn counter_spec(env: &Env) -> ate_worker::SandboxSpec {
     let image = ate_worker::ImageCache::new(env.path().join("images"))
         .ensure(&counter_ref())
