@@ -54,11 +54,7 @@ fn now_ms() -> i64 {
 }
 
 pub async fn alarms(c: Clients, a: AlarmsArgs) -> anyhow::Result<ExitCode> {
-    let ns = a
-        .common
-        .atespace
-        .clone()
-        .unwrap_or_else(|| "bench-alarms".to_string());
+    let ns = a.common.atespace_or("bench-alarms");
     let images = images_dir(&c, &a.common).await?;
     apply_yaml(&c, &counter_template(&ns, "counter", &images, &a.cpu)).await?;
     let names: Vec<String> = (0..a.actors).map(|i| format!("a-{i}")).collect();

@@ -50,11 +50,7 @@ async fn get_header(
 }
 
 pub async fn calls(c: Clients, a: CallsArgs) -> anyhow::Result<ExitCode> {
-    let ns = a
-        .common
-        .atespace
-        .clone()
-        .unwrap_or_else(|| "bench-calls".to_string());
+    let ns = a.common.atespace_or("bench-calls");
     let images = images_dir(&c, &a.common).await?;
     // A whole core each: the figure is the path's, not a CPU quota's.
     apply_yaml(&c, &counter_template(&ns, "counter", &images, "1000m")).await?;

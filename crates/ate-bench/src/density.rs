@@ -77,11 +77,7 @@ fn filler(i: usize) -> String {
 
 pub(crate) async fn density(c: Clients, a: DensityArgs) -> anyhow::Result<ExitCode> {
     anyhow::ensure!(a.max > 0 && a.concurrency > 0, "nothing to do");
-    let ns = a
-        .common
-        .atespace
-        .clone()
-        .unwrap_or_else(|| "bench-density".to_string());
+    let ns = a.common.atespace_or("bench-density");
     let images = images_dir(&c, &a.common).await?;
     let cpu = format!("{}m", a.cpu_millis);
     apply_yaml(

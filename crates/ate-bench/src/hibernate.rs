@@ -63,11 +63,7 @@ pub struct HibernateArgs {
 const TEMPLATE: &str = "hibernate";
 
 pub async fn hibernate(c: Clients, a: HibernateArgs) -> anyhow::Result<ExitCode> {
-    let ns = a
-        .common
-        .atespace
-        .clone()
-        .unwrap_or_else(|| "bench-ws".into());
+    let ns = a.common.atespace_or("bench-ws");
     let images = images_dir(&c, &a.common).await?;
     let spec = format!(
         "  containers:\n{}  resources: {{cpu: 250m, memory: 64Mi}}\n  snapshots: {{fidelity: memory}}\n  idleTimeout: 5m\n  webSockets: hibernate\n",

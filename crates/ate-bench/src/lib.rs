@@ -127,6 +127,13 @@ pub struct Common {
     out: Option<PathBuf>,
 }
 
+impl Common {
+    /// The atespace the bench works in: `--atespace`, or the bench's own default.
+    fn atespace_or(&self, default: &str) -> String {
+        self.atespace.clone().unwrap_or_else(|| default.to_string())
+    }
+}
+
 pub async fn run(c: Clients, cmd: BenchCmd) -> anyhow::Result<ExitCode> {
     match cmd {
         BenchCmd::Resume(a) => resume::resume(c, a).await,

@@ -62,11 +62,7 @@ struct Phase {
 
 pub(crate) async fn noisy(c: Clients, a: NoisyArgs) -> anyhow::Result<ExitCode> {
     anyhow::ensure!(a.requests > 0 && a.rounds > 0, "nothing to do");
-    let ns = a
-        .common
-        .atespace
-        .clone()
-        .unwrap_or_else(|| "bench-noisy".to_string());
+    let ns = a.common.atespace_or("bench-noisy");
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     let hog_cpu = a.hog_cpu.clone().unwrap_or_else(|| cores.to_string());
     let hog_threads = a.hog_threads.unwrap_or(cores);

@@ -36,11 +36,7 @@ fn timeline_line(event: &str, r: &Reply) -> String {
 }
 
 pub(super) async fn parking(c: Clients, a: ParkingArgs) -> anyhow::Result<ExitCode> {
-    let ns = a
-        .common
-        .atespace
-        .clone()
-        .unwrap_or_else(|| "ate-demo-parking".into());
+    let ns = a.common.atespace_or("ate-demo-parking");
     let images = images_dir(&c, &a.common).await?;
     apply_yaml(&c, &counter_template(&ns, "counter", &images, "250m")).await?;
     let http = http_client(8);

@@ -53,11 +53,7 @@ pub enum Baseline {
 }
 
 pub(super) async fn resume(c: Clients, a: ResumeArgs) -> anyhow::Result<ExitCode> {
-    let ns = a
-        .common
-        .atespace
-        .clone()
-        .unwrap_or_else(|| "ate-bench".into());
+    let ns = a.common.atespace_or("ate-bench");
     let mib = parse_mib(&a.memory)?;
     let max = a.concurrency.iter().copied().max().unwrap_or(0);
     anyhow::ensure!(max > 0 && a.rounds > 0, "nothing to do");

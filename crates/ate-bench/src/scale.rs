@@ -61,11 +61,7 @@ pub(crate) async fn scale(c: Clients, a: ScaleArgs) -> anyhow::Result<ExitCode> 
         a.sizes.windows(2).all(|w| w[0] < w[1]) && !a.sizes.is_empty(),
         "--sizes must increase"
     );
-    let ns = a
-        .common
-        .atespace
-        .clone()
-        .unwrap_or_else(|| "bench-scale".to_string());
+    let ns = a.common.atespace_or("bench-scale");
     let images = images_dir(&c, &a.common).await?;
     apply_yaml(&c, &counter_template(&ns, "counter", &images, "250m")).await?;
     ensure_actor(&c, &ns, "probe", "counter").await?;

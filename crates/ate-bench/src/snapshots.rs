@@ -172,11 +172,7 @@ async fn timed_path(
 /// upload included, bytes uploaded), the node-local copies deleted, and the same two requests
 /// (restore from the durable store: download, verify, restore).
 pub(super) async fn snapshots(c: Clients, a: SnapshotsArgs) -> anyhow::Result<ExitCode> {
-    let ns = a
-        .common
-        .atespace
-        .clone()
-        .unwrap_or_else(|| "ate-bench-snap".into());
+    let ns = a.common.atespace_or("ate-bench-snap");
     anyhow::ensure!(a.rounds > 0, "--rounds 0: nothing to do");
     let images = images_dir(&c, &a.common).await?;
     let mut groups: Vec<Vec<SnapSeries>> = vec![vec![

@@ -12,7 +12,7 @@ use ate_core::template::{Container, EgressPolicy, Resources};
 use ate_core::{ActorRef, ActorState, Fidelity, TemplateRef, TemplateSpec};
 use ate_store::{ActorRecord, Capacity, SnapshotRecord, Store, WorkerRecord, WorkerStatus};
 
-use super::fake_node::FakeNodes;
+use super::fake_node::{Answer, FakeNodes, Gate, Op};
 
 /// The api's configuration for these tests: the fleet read afresh on every placement.
 pub fn cfg() -> ApiConfig {
@@ -57,6 +57,15 @@ impl Plane {
             store,
             _dir: dir,
         }
+    }
+
+    /// The usual start: atespace `ns` seeded and one worker `w1` of `slots` on node `n1`, able to
+    /// restore memory.
+    pub async fn one_worker(cfg: ApiConfig, slots: u64) -> Plane {
+        let p = Plane::new(cfg).await;
+        p.seed("ns").await;
+        p.register("n1", "w1", slots, WITH_CRIU).await;
+        p
     }
 
     /// Atespace `ns` with template `ns/t` (250m, 64Mi, MEMORY fidelity).
@@ -158,6 +167,32 @@ impl Plane {
     /// Suspends `r` (ASYNC), which must succeed.
     pub async fn suspend(&self, r: &ActorRef) -> ActorView {
         self.api.suspend(r, false, "test").await.expect("suspend")
+    }
+
+    /// A RUNNING actor `ns/name` (created, then resumed).
+    pub async fn running(&self, name: &str) -> ActorRef {
+        let a = self.create_actor("ns", name).await;
+        self.resume(&a).await;
+        a
+    }
+
+    /// Suspends `r` while node `n1` never answers the checkpoint, so the call times out and the
+    /// actor stays SUSPENDING; the gate holding the answer back is returned to be kept.
+    pub async fn suspend_cut_off(&self, r: &ActorRef) -> Gate {
+        let never = Gate::default();
+        self.nodes
+            .script(&address("n1"), Op::Checkpoint, [Answer::Ok.held(&never)]);
+        self.api.suspend(r, false, "").await.expect_err("timed out");
+        never
+    }
+
+    /// The generation of the last Restore call the nodes got.
+    pub fn last_restored_generation(&self) -> Option<u64> {
+        self.nodes
+            .calls_of(Op::Restore)
+            .pop()
+            .expect("a restore")
+            .generation
     }
 }
 

@@ -26,13 +26,14 @@ async fn expire_until_gone(p: &Plane) -> Vec<String> {
 #[tokio::test]
 async fn an_expired_worker_releases_its_running_actors_to_their_last_generation() {
     // A 1 ms heartbeat timeout: the worker is silent for longer than that at once.
-    let p = Plane::new(ate_api::ApiConfig {
-        heartbeat_timeout: Duration::from_millis(1),
-        ..cfg()
-    })
+    let p = Plane::one_worker(
+        ate_api::ApiConfig {
+            heartbeat_timeout: Duration::from_millis(1),
+            ..cfg()
+        },
+        2,
+    )
     .await;
-    p.seed("ns").await;
-    p.register("n1", "w1", 2, WITH_CRIU).await;
     let a = p.create_actor("ns", "a").await;
     let b = p.create_actor("ns", "b").await;
     p.resume(&a).await;
@@ -61,9 +62,7 @@ async fn an_expired_worker_releases_its_running_actors_to_their_last_generation(
 
 #[tokio::test]
 async fn a_restarted_worker_keeps_what_it_holds_and_releases_the_rest() {
-    let p = Plane::new(cfg()).await;
-    p.seed("ns").await;
-    p.register("n1", "w1", 4, WITH_CRIU).await;
+    let p = Plane::one_worker(cfg(), 4).await;
     let a = p.create_actor("ns", "a").await;
     let b = p.create_actor("ns", "b").await;
     p.resume(&a).await;
@@ -96,9 +95,7 @@ async fn a_restarted_worker_keeps_what_it_holds_and_releases_the_rest() {
 
 #[tokio::test]
 async fn an_actor_exit_releases_it_and_a_crash_reason_crashes_it() {
-    let p = Plane::new(cfg()).await;
-    p.seed("ns").await;
-    p.register("n1", "w1", 4, WITH_CRIU).await;
+    let p = Plane::one_worker(cfg(), 4).await;
     let a = p.create_actor("ns", "a").await;
     let b = p.create_actor("ns", "b").await;
     p.resume(&a).await;
@@ -144,20 +141,17 @@ async fn an_actor_exit_releases_it_and_a_crash_reason_crashes_it() {
 
 #[tokio::test]
 async fn an_expiry_leaves_a_suspending_actor_for_its_next_suspend_to_settle() {
-    let p = Plane::new(ate_api::ApiConfig {
-        heartbeat_timeout: Duration::from_millis(1),
-        node_call_timeout: Duration::from_millis(100),
-        ..cfg()
-    })
+    let p = Plane::one_worker(
+        ate_api::ApiConfig {
+            heartbeat_timeout: Duration::from_millis(1),
+            node_call_timeout: Duration::from_millis(100),
+            ..cfg()
+        },
+        2,
+    )
     .await;
-    p.seed("ns").await;
-    p.register("n1", "w1", 2, WITH_CRIU).await;
-    let a = p.create_actor("ns", "a").await;
-    p.resume(&a).await;
-    let never = Gate::default();
-    p.nodes
-        .script(&address("n1"), Op::Checkpoint, [Answer::Ok.held(&never)]);
-    p.api.suspend(&a, false, "").await.expect_err("timed out");
+    let a = p.running("a").await;
+    let _never = p.suspend_cut_off(&a).await;
 
     expire_until_gone(&p).await;
 

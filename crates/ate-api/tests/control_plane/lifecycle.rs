@@ -13,11 +13,8 @@ use super::fixture::{Plane, WITH_CRIU, actor, address, cfg};
 
 #[tokio::test]
 async fn a_running_actor_is_not_deleted_without_force() {
-    let p = Plane::new(cfg()).await;
-    p.seed("ns").await;
-    p.register("n1", "w1", 2, WITH_CRIU).await;
-    let a = p.create_actor("ns", "a").await;
-    p.resume(&a).await;
+    let p = Plane::one_worker(cfg(), 2).await;
+    let a = p.running("a").await;
 
     let err = p.api.delete(&a, false, false).await.expect_err("running");
 
@@ -29,12 +26,9 @@ async fn a_running_actor_is_not_deleted_without_force() {
 
 #[tokio::test]
 async fn a_suspended_actor_is_deleted_with_its_generations_and_forgotten_on_every_node() {
-    let p = Plane::new(cfg()).await;
-    p.seed("ns").await;
-    p.register("n1", "w1", 2, WITH_CRIU).await;
+    let p = Plane::one_worker(cfg(), 2).await;
     p.register("n2", "w2", 2, WITH_CRIU).await;
-    let a = p.create_actor("ns", "a").await;
-    p.resume(&a).await;
+    let a = p.running("a").await;
     p.suspend(&a).await;
 
     let (stopped, purged) = p.api.delete(&a, false, false).await.expect("delete");
@@ -58,11 +52,8 @@ async fn a_suspended_actor_is_deleted_with_its_generations_and_forgotten_on_ever
 
 #[tokio::test]
 async fn a_forced_delete_stops_the_sandbox_without_a_snapshot() {
-    let p = Plane::new(cfg()).await;
-    p.seed("ns").await;
-    p.register("n1", "w1", 2, WITH_CRIU).await;
-    let a = p.create_actor("ns", "a").await;
-    p.resume(&a).await;
+    let p = Plane::one_worker(cfg(), 2).await;
+    let a = p.running("a").await;
 
     let (stopped, _) = p.api.delete(&a, true, false).await.expect("forced delete");
 
@@ -75,11 +66,8 @@ async fn a_forced_delete_stops_the_sandbox_without_a_snapshot() {
 
 #[tokio::test]
 async fn a_forced_delete_whose_stop_fails_deletes_nothing() {
-    let p = Plane::new(cfg()).await;
-    p.seed("ns").await;
-    p.register("n1", "w1", 2, WITH_CRIU).await;
-    let a = p.create_actor("ns", "a").await;
-    p.resume(&a).await;
+    let p = Plane::one_worker(cfg(), 2).await;
+    let a = p.running("a").await;
     p.nodes.script(
         &address("n1"),
         Op::Stop,
@@ -111,13 +99,14 @@ fn activity(a: &ActorRef, ago_ms: i64, open: u32) -> RunningActivity {
 
 #[tokio::test]
 async fn eviction_suspends_the_least_recently_used_idle_actor() {
-    let p = Plane::new(ate_api::ApiConfig {
-        evict_idle_after: Duration::from_secs(2),
-        ..cfg()
-    })
+    let p = Plane::one_worker(
+        ate_api::ApiConfig {
+            evict_idle_after: Duration::from_secs(2),
+            ..cfg()
+        },
+        2,
+    )
     .await;
-    p.seed("ns").await;
-    p.register("n1", "w1", 2, WITH_CRIU).await;
     let [a, b, c] = ["a", "b", "c"].map(|n| actor("ns", n));
     for r in [&a, &b, &c] {
         p.create_actor(&r.atespace, &r.name).await;
@@ -157,9 +146,7 @@ async fn eviction_suspends_the_least_recently_used_idle_actor() {
 
 #[tokio::test]
 async fn without_eviction_no_node_is_asked_what_its_actors_do() {
-    let p = Plane::new(cfg()).await;
-    p.seed("ns").await;
-    p.register("n1", "w1", 1, WITH_CRIU).await;
+    let p = Plane::one_worker(cfg(), 1).await;
     let a = p.create_actor("ns", "a").await;
     let b = p.create_actor("ns", "b").await;
     p.resume(&a).await;
@@ -174,9 +161,7 @@ async fn without_eviction_no_node_is_asked_what_its_actors_do() {
 
 #[tokio::test]
 async fn top_names_the_workers_whose_node_did_not_answer() {
-    let p = Plane::new(cfg()).await;
-    p.seed("ns").await;
-    p.register("n1", "w1", 2, WITH_CRIU).await;
+    let p = Plane::one_worker(cfg(), 2).await;
     p.register("n2", "w2", 2, WITH_CRIU).await;
     let a = p.create_actor("ns", "a").await;
     let mut busy = activity(&a, 0, 1);
@@ -196,9 +181,7 @@ async fn top_names_the_workers_whose_node_did_not_answer() {
 
 #[tokio::test]
 async fn the_log_is_read_on_the_node_the_actor_runs_on() {
-    let p = Plane::new(cfg()).await;
-    p.seed("ns").await;
-    p.register("n1", "w1", 2, WITH_CRIU).await;
+    let p = Plane::one_worker(cfg(), 2).await;
     let a = p.create_actor("ns", "a").await;
     let never_ran = p.api.read_log(&a, 0).await.expect_err("no log yet");
     assert_eq!(never_ran.kind(), ErrorKind::NotFound);
@@ -213,11 +196,8 @@ async fn the_log_is_read_on_the_node_the_actor_runs_on() {
 
 #[tokio::test]
 async fn a_revert_to_a_chosen_generation_is_what_the_next_resume_restores() {
-    let p = Plane::new(cfg()).await;
-    p.seed("ns").await;
-    p.register("n1", "w1", 2, WITH_CRIU).await;
-    let a = p.create_actor("ns", "a").await;
-    p.resume(&a).await;
+    let p = Plane::one_worker(cfg(), 2).await;
+    let a = p.running("a").await;
     p.suspend(&a).await;
     p.resume(&a).await;
     p.suspend(&a).await;
@@ -242,19 +222,19 @@ async fn a_revert_to_a_chosen_generation_is_what_the_next_resume_restores() {
         .collect();
     assert_eq!(next, [1]);
     p.resume(&a).await;
-    let restore = p.nodes.calls_of(Op::Restore).pop().expect("a restore");
-    assert_eq!(restore.generation, Some(1));
+    assert_eq!(p.last_restored_generation(), Some(1));
 }
 
 #[tokio::test]
 async fn an_eviction_whose_suspend_fails_leaves_the_actor_running_and_the_newcomer_waiting() {
-    let p = Plane::new(ate_api::ApiConfig {
-        evict_idle_after: Duration::from_secs(2),
-        ..cfg()
-    })
+    let p = Plane::one_worker(
+        ate_api::ApiConfig {
+            evict_idle_after: Duration::from_secs(2),
+            ..cfg()
+        },
+        1,
+    )
     .await;
-    p.seed("ns").await;
-    p.register("n1", "w1", 1, WITH_CRIU).await;
     let a = p.create_actor("ns", "a").await;
     let b = p.create_actor("ns", "b").await;
     p.resume(&a).await;

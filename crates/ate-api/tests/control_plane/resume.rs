@@ -13,9 +13,7 @@ use super::fixture::{Plane, WITH_CRIU, WITHOUT_CRIU, address, cfg};
 
 #[tokio::test]
 async fn a_never_run_actor_is_started_afresh_with_run() {
-    let p = Plane::new(cfg()).await;
-    p.seed("ns").await;
-    p.register("n1", "w1", 2, WITH_CRIU).await;
+    let p = Plane::one_worker(cfg(), 2).await;
     let a = p.create_actor("ns", "a").await;
 
     let (view, resumed) = p.api.resume(&a, Some("req-1")).await.expect("resume");
@@ -34,11 +32,8 @@ async fn a_never_run_actor_is_started_afresh_with_run() {
 
 #[tokio::test]
 async fn a_running_actor_is_answered_warm_without_a_node_call() {
-    let p = Plane::new(cfg()).await;
-    p.seed("ns").await;
-    p.register("n1", "w1", 2, WITH_CRIU).await;
-    let a = p.create_actor("ns", "a").await;
-    p.resume(&a).await;
+    let p = Plane::one_worker(cfg(), 2).await;
+    let a = p.running("a").await;
 
     let (view, resumed) = p.api.resume(&a, None).await.expect("warm resume");
 
@@ -49,11 +44,8 @@ async fn a_running_actor_is_answered_warm_without_a_node_call() {
 
 #[tokio::test]
 async fn a_suspended_actor_is_restored_from_its_newest_generation_at_its_fidelity() {
-    let p = Plane::new(cfg()).await;
-    p.seed("ns").await;
-    p.register("n1", "w1", 2, WITH_CRIU).await;
-    let a = p.create_actor("ns", "a").await;
-    p.resume(&a).await;
+    let p = Plane::one_worker(cfg(), 2).await;
+    let a = p.running("a").await;
     p.suspend(&a).await;
     p.resume(&a).await;
     p.suspend(&a).await;
@@ -71,8 +63,7 @@ async fn a_suspended_actor_is_restored_from_its_newest_generation_at_its_fidelit
             Op::Restore
         ]
     );
-    let restore = p.nodes.calls_of(Op::Restore).pop().expect("a restore");
-    assert_eq!(restore.generation, Some(2));
+    assert_eq!(p.last_restored_generation(), Some(2));
     assert_eq!(restore.fidelity, Some(Fidelity::Memory));
     // The worker that kept the generation frozen is preferred: a thaw.
     assert_eq!(restore.worker_id.as_deref(), Some("w1"));
@@ -80,11 +71,8 @@ async fn a_suspended_actor_is_restored_from_its_newest_generation_at_its_fidelit
 
 #[tokio::test]
 async fn a_generation_written_without_memory_is_restored_without_memory() {
-    let p = Plane::new(cfg()).await;
-    p.seed("ns").await;
-    p.register("n1", "w1", 2, WITH_CRIU).await;
-    let a = p.create_actor("ns", "a").await;
-    p.resume(&a).await;
+    let p = Plane::one_worker(cfg(), 2).await;
+    let a = p.running("a").await;
     let why = "memory dump failed; the filesystem was kept";
     p.nodes.script(
         &address("n1"),
@@ -112,9 +100,7 @@ async fn a_generation_written_without_memory_is_restored_without_memory() {
 
 #[tokio::test]
 async fn a_node_refusing_the_start_crashes_the_actor_until_it_is_reverted() {
-    let p = Plane::new(cfg()).await;
-    p.seed("ns").await;
-    p.register("n1", "w1", 2, WITH_CRIU).await;
+    let p = Plane::one_worker(cfg(), 2).await;
     let a = p.create_actor("ns", "a").await;
     let n1 = address("n1");
     p.nodes.script(
@@ -146,9 +132,7 @@ async fn a_node_refusing_the_start_crashes_the_actor_until_it_is_reverted() {
 
 #[tokio::test]
 async fn a_transient_answer_releases_the_actor_for_the_next_attempt_on_the_same_node() {
-    let p = Plane::new(cfg()).await;
-    p.seed("ns").await;
-    p.register("n1", "w1", 2, WITH_CRIU).await;
+    let p = Plane::one_worker(cfg(), 2).await;
     let a = p.create_actor("ns", "a").await;
     let n1 = address("n1");
     p.nodes.script(
@@ -178,9 +162,7 @@ async fn a_transient_answer_releases_the_actor_for_the_next_attempt_on_the_same_
 
 #[tokio::test]
 async fn an_unreachable_node_is_avoided_and_the_next_resume_goes_elsewhere() {
-    let p = Plane::new(cfg()).await;
-    p.seed("ns").await;
-    p.register("n1", "w1", 2, WITH_CRIU).await;
+    let p = Plane::one_worker(cfg(), 2).await;
     let a = p.create_actor("ns", "a").await;
     p.nodes.script(&address("n1"), Op::Run, [Answer::Unreached]);
 
@@ -207,9 +189,7 @@ async fn an_unreachable_node_is_avoided_and_the_next_resume_goes_elsewhere() {
 
 #[tokio::test]
 async fn no_worker_with_room_answers_no_room_and_queues_the_resume() {
-    let p = Plane::new(cfg()).await;
-    p.seed("ns").await;
-    p.register("n1", "w1", 1, WITH_CRIU).await;
+    let p = Plane::one_worker(cfg(), 1).await;
     let a = p.create_actor("ns", "a").await;
     let b = p.create_actor("ns", "b").await;
     p.resume(&a).await;
@@ -236,7 +216,7 @@ async fn no_worker_with_room_answers_no_room_and_queues_the_resume() {
 
 #[tokio::test]
 async fn a_full_quota_is_refused_before_placement_naming_the_atespace() {
-    let p = Plane::new(cfg()).await;
+    let p = Plane::one_worker(cfg()).await;
     p.seed("team-q").await;
     p.register("n1", "w1", 4, WITH_CRIU).await;
     let quota = ate_store::Capacity {
@@ -265,9 +245,7 @@ async fn a_full_quota_is_refused_before_placement_naming_the_atespace() {
 
 #[tokio::test]
 async fn concurrent_resumes_of_one_actor_make_one_node_call() {
-    let p = Plane::new(cfg()).await;
-    p.seed("ns").await;
-    p.register("n1", "w1", 2, WITH_CRIU).await;
+    let p = Plane::new(cfg(), 2).await;
     let a = p.create_actor("ns", "a").await;
     let gate = Gate::default();
     p.nodes
@@ -293,13 +271,14 @@ async fn concurrent_resumes_of_one_actor_make_one_node_call() {
 
 #[tokio::test]
 async fn a_node_that_does_not_answer_in_time_leaves_the_actor_resuming_on_its_worker() {
-    let p = Plane::new(ate_api::ApiConfig {
-        node_call_timeout: Duration::from_millis(100),
-        ..cfg()
-    })
+    let p = Plane::one_worker(
+        ate_api::ApiConfig {
+            node_call_timeout: Duration::from_millis(100),
+            ..cfg()
+        },
+        2,
+    )
     .await;
-    p.seed("ns").await;
-    p.register("n1", "w1", 2, WITH_CRIU).await;
     let a = p.create_actor("ns", "a").await;
     let n1 = address("n1");
     // Answers long after the api gave up on it.
@@ -322,9 +301,7 @@ async fn a_node_that_does_not_answer_in_time_leaves_the_actor_resuming_on_its_wo
 
 #[tokio::test]
 async fn a_worker_that_restarted_during_the_start_is_not_trusted() {
-    let p = Plane::new(cfg()).await;
-    p.seed("ns").await;
-    p.register("n1", "w1", 2, WITH_CRIU).await;
+    let p = Plane::one_worker(cfg(), 2).await;
     let a = p.create_actor("ns", "a").await;
     p.nodes.script(&address("n1"), Op::Run, [Answer::Epoch(7)]);
 
@@ -342,11 +319,8 @@ async fn a_worker_that_restarted_during_the_start_is_not_trusted() {
 
 #[tokio::test]
 async fn a_memory_generation_is_not_placed_where_it_cannot_be_restored() {
-    let p = Plane::new(cfg()).await;
-    p.seed("ns").await;
-    p.register("n1", "w1", 2, WITH_CRIU).await;
-    let a = p.create_actor("ns", "a").await;
-    p.resume(&a).await;
+    let p = Plane::one_worker(cfg(), 2).await;
+    let a = p.running("a").await;
     p.suspend(&a).await;
     // The only worker comes back without CRIU.
     p.register("n1", "w1", 2, WITHOUT_CRIU).await;
@@ -363,9 +337,7 @@ async fn a_memory_generation_is_not_placed_where_it_cannot_be_restored() {
 
 #[tokio::test]
 async fn a_generation_held_on_a_full_node_is_uploaded_and_restored_elsewhere() {
-    let p = Plane::new(cfg()).await;
-    p.seed("ns").await;
-    p.register("n1", "w1", 1, WITH_CRIU).await;
+    let p = Plane::one_worker(cfg(), 1).await;
     let a = p.create_actor("ns", "a").await;
     let b = p.create_actor("ns", "b").await;
     p.resume(&a).await;
@@ -392,11 +364,8 @@ async fn a_generation_held_on_a_full_node_is_uploaded_and_restored_elsewhere() {
 
 #[tokio::test]
 async fn a_damaged_generation_crashes_the_actor_and_is_never_chosen_again() {
-    let p = Plane::new(cfg()).await;
-    p.seed("ns").await;
-    p.register("n1", "w1", 2, WITH_CRIU).await;
-    let a = p.create_actor("ns", "a").await;
-    p.resume(&a).await;
+    let p = Plane::one_worker(cfg(), 2).await;
+    let a = p.running("a").await;
     p.suspend(&a).await;
     p.resume(&a).await;
     p.suspend(&a).await;
@@ -422,27 +391,23 @@ async fn a_damaged_generation_crashes_the_actor_and_is_never_chosen_again() {
     // Reverted, the actor resumes from generation 1: generation 2 has no intact copy.
     p.api.revert(&a, None).await.expect("revert");
     p.resume(&a).await;
-    let restore = p.nodes.calls_of(Op::Restore).pop().expect("a restore");
-    assert_eq!(restore.generation, Some(1));
+    assert_eq!(p.last_restored_generation(), Some(1));
 }
 
 #[tokio::test]
 async fn a_resume_finishes_a_suspend_that_was_cut_off_then_restores_its_generation() {
     // Short leases: a SUSPENDING actor is stale (its suspend dead) after 50 ms.
-    let p = Plane::new(ate_api::ApiConfig {
-        lease_ttl: Duration::from_millis(50),
-        node_call_timeout: Duration::from_millis(100),
-        ..cfg()
-    })
+    let p = Plane::one_worker(
+        ate_api::ApiConfig {
+            lease_ttl: Duration::from_millis(50),
+            node_call_timeout: Duration::from_millis(100),
+            ..cfg()
+        },
+        2,
+    )
     .await;
-    p.seed("ns").await;
-    p.register("n1", "w1", 2, WITH_CRIU).await;
-    let a = p.create_actor("ns", "a").await;
-    p.resume(&a).await;
-    let never = Gate::default();
-    p.nodes
-        .script(&address("n1"), Op::Checkpoint, [Answer::Ok.held(&never)]);
-    p.api.suspend(&a, false, "").await.expect_err("timed out");
+    let a = p.running("a").await;
+    let _never = p.suspend_cut_off(&a).await;
     assert_eq!(p.get(&a).await.state, ActorState::Suspending);
 
     // While the suspend could still be alive the caller is told to wait (the router parks);
@@ -468,9 +433,7 @@ async fn a_resume_finishes_a_suspend_that_was_cut_off_then_restores_its_generati
 
 #[tokio::test]
 async fn a_generation_that_cannot_be_uploaded_leaves_the_actor_suspended() {
-    let p = Plane::new(cfg()).await;
-    p.seed("ns").await;
-    p.register("n1", "w1", 1, WITH_CRIU).await;
+    let p = Plane::one_worker(cfg(), 1).await;
     let a = p.create_actor("ns", "a").await;
     let b = p.create_actor("ns", "b").await;
     p.resume(&a).await;
@@ -503,11 +466,8 @@ async fn a_generation_that_cannot_be_uploaded_leaves_the_actor_suspended() {
 
 #[tokio::test]
 async fn a_new_actor_starts_from_its_templates_golden_tag_restoring_only_its_volumes() {
-    let p = Plane::new(cfg()).await;
-    p.seed("ns").await;
-    p.register("n1", "w1", 2, WITH_CRIU).await;
-    let seed = p.create_actor("ns", "seed").await;
-    p.resume(&seed).await;
+    let p = Plane::one_worker(cfg(), 2).await;
+    let seed = p.running("seed").await;
     p.api
         .suspend(&seed, true, "")
         .await

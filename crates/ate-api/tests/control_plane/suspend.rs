@@ -16,11 +16,8 @@ async fn running() -> (Plane, ate_core::ActorRef) {
 }
 
 async fn running_with(cfg: ate_api::ApiConfig) -> (Plane, ate_core::ActorRef) {
-    let p = Plane::new(cfg).await;
-    p.seed("ns").await;
-    p.register("n1", "w1", 2, WITH_CRIU).await;
-    let a = p.create_actor("ns", "a").await;
-    p.resume(&a).await;
+    let p = Plane::one_worker(cfg, 2).await;
+    let a = p.running("a").await;
     (p, a)
 }
 
@@ -118,8 +115,7 @@ async fn a_checkpoint_that_lost_the_sandbox_goes_back_to_the_previous_generation
     assert_eq!(snaps[0].generation, 1);
     // The next resume restores generation 1, the memory it really has.
     p.resume(&a).await;
-    let restore = p.nodes.calls_of(Op::Restore).pop().expect("a restore");
-    assert_eq!(restore.generation, Some(1));
+    assert_eq!(p.last_restored_generation(), Some(1));
 }
 
 #[tokio::test]

@@ -62,11 +62,7 @@ const TP_PREPARERS: usize = 8;
 
 pub(super) async fn throughput(c: Clients, a: ThroughputArgs) -> anyhow::Result<ExitCode> {
     let settle = Duration::from_secs_f64(a.settle);
-    let ns = a
-        .common
-        .atespace
-        .clone()
-        .unwrap_or_else(|| "ate-bench-tp".into());
+    let ns = a.common.atespace_or("ate-bench-tp");
     let concurrency = a
         .concurrency
         .unwrap_or(if a.cycle { 64 } else { 300 })

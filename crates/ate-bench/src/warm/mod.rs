@@ -274,11 +274,7 @@ pub(super) async fn warm(c: Clients, a: WarmArgs) -> anyhow::Result<ExitCode> {
             None
         }
     };
-    let ns = a
-        .common
-        .atespace
-        .clone()
-        .unwrap_or_else(|| "ate-bench".into());
+    let ns = a.common.atespace_or("ate-bench");
     let images = images_dir(&c, &a.common).await?;
     let actor = format!("{ns}/warm-1");
     let direct_addr = baseline_server().await?;
