@@ -216,7 +216,7 @@ async fn no_worker_with_room_answers_no_room_and_queues_the_resume() {
 
 #[tokio::test]
 async fn a_full_quota_is_refused_before_placement_naming_the_atespace() {
-    let p = Plane::one_worker(cfg()).await;
+    let p = Plane::new(cfg()).await;
     p.seed("team-q").await;
     p.register("n1", "w1", 4, WITH_CRIU).await;
     let quota = ate_store::Capacity {
@@ -245,7 +245,7 @@ async fn a_full_quota_is_refused_before_placement_naming_the_atespace() {
 
 #[tokio::test]
 async fn concurrent_resumes_of_one_actor_make_one_node_call() {
-    let p = Plane::new(cfg(), 2).await;
+    let p = Plane::one_worker(cfg(), 2).await;
     let a = p.create_actor("ns", "a").await;
     let gate = Gate::default();
     p.nodes
