@@ -7,8 +7,8 @@ use ate_api::workflows::{ActorExit, HeldActor};
 use ate_core::ActorState;
 use ate_store::WorkerStatus;
 
-use super::fake_node::{Answer, Gate, Op};
-use super::fixture::{Plane, WITH_CRIU, address, cfg};
+use super::fake_node::Op;
+use super::fixture::{Plane, cfg};
 
 /// Calls worker expiry until it marks a worker GONE. The api counts silence in wall-clock
 /// milliseconds (the store's clock), so this waits on that condition, a millisecond at a time.

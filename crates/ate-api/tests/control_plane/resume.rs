@@ -63,7 +63,8 @@ async fn a_suspended_actor_is_restored_from_its_newest_generation_at_its_fidelit
             Op::Restore
         ]
     );
-    assert_eq!(p.last_restored_generation(), Some(2));
+    let restore = p.nodes.calls_of(Op::Restore).pop().expect("a restore");
+    assert_eq!(restore.generation, Some(2));
     assert_eq!(restore.fidelity, Some(Fidelity::Memory));
     // The worker that kept the generation frozen is preferred: a thaw.
     assert_eq!(restore.worker_id.as_deref(), Some("w1"));

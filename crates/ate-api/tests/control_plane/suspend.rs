@@ -8,7 +8,7 @@ use ate_api::node::NodeErrorKind;
 use ate_core::{ActorState, DurableStatus, Fidelity};
 
 use super::fake_node::{Answer, Gate, Op};
-use super::fixture::{Plane, WITH_CRIU, address, cfg};
+use super::fixture::{Plane, address, cfg};
 
 /// A plane with worker w1 on n1 and actor ns/a RUNNING on it.
 async fn running() -> (Plane, ate_core::ActorRef) {
