@@ -118,7 +118,7 @@ pub struct Checkpointed {
 
 impl WorkerClient {
     pub async fn connect(socket: &Path) -> Result<Self, String> {
-        ate_worker::connect_worker(socket)
+        ate_worker_client::connect_worker(socket)
             .await
             .map(|client| Self { client })
             .map_err(|e| e.to_string())

@@ -1,7 +1,7 @@
 //! The worker process: node image cache, per-actor network namespaces, the sandbox runtime
 //! (runc + CRIU), wakeup probes, atunnel (the router's way in) and WorkerService (the node
-//! agent's control API on a unix socket). [`run`] is the whole process; [`connect_worker`] is
-//! the client the node agent uses.
+//! agent's control API on a unix socket). [`run`] is the whole process; the node agent's client
+//! is `ate-worker-client`, the memory images and delta generations `ate-generation`.
 
 // Library and product code never unwraps (tests may): errors go to the caller.
 #![cfg_attr(not(test), deny(clippy::unwrap_used))]
@@ -12,7 +12,6 @@ pub mod cmd;
 pub mod config;
 mod convert;
 pub mod cpu;
-pub mod delta;
 pub mod egress;
 pub mod error;
 pub mod exec;
@@ -47,5 +46,4 @@ pub use runtime::{
     ActorSandbox, Capabilities, CheckpointStats, ExitInfo, RunMode, SandboxRuntime, SandboxSpec,
     SidecarSpec, Started,
 };
-pub use service::{WorkerError, WorkerLock, connect_worker, lock_identity, run, run_locked};
-pub use worker::{host_memory_available_percent, live_sandboxes, sandbox_alive};
+pub use service::{WorkerError, WorkerLock, lock_identity, run, run_locked};

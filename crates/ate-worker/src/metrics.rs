@@ -19,7 +19,7 @@ pub const CHECKPOINTS: &str = "ate_worker_checkpoints_total";
 pub const CHECKPOINT_SECONDS: &str = "ate_worker_checkpoint_seconds";
 pub const CHECKPOINT_PHASE_SECONDS: &str = "ate_worker_checkpoint_phase_seconds";
 pub const INCREMENTAL_CHECKPOINTS: &str = "ate_worker_incremental_checkpoints_total";
-pub const FLATTEN_SECONDS: &str = "ate_worker_generation_flatten_seconds";
+pub const FLATTEN_SECONDS: &str = ate_generation::delta::FLATTEN_SECONDS;
 pub const SNAPSHOT_BYTES_WRITTEN: &str = "ate_worker_snapshot_bytes_written_total";
 pub const SNAPSHOT_SIZE: &str = "ate_worker_snapshot_size_bytes";
 pub const ACTORS_ACTIVE: &str = "ate_worker_actors_active";
@@ -253,10 +253,6 @@ pub(crate) fn memory_dump_failed(fell_back: bool) {
 
 pub(crate) fn incremental_checkpoint(dump: &'static str) {
     metrics::counter!(INCREMENTAL_CHECKPOINTS, "dump" => dump).increment(1);
-}
-
-pub(crate) fn generation_flattened(took: Duration) {
-    metrics::histogram!(FLATTEN_SECONDS).record(took.as_secs_f64());
 }
 
 pub(crate) fn checkpoint_phase(phase: &'static str, took: Duration) {

@@ -192,7 +192,7 @@ impl NodeAgent {
         let _ = tokio::fs::remove_dir_all(&target).await;
         let begun = std::time::Instant::now();
         let eager = |dir: &Path| {
-            ate_worker::lazy::images::eager_chunk_files(&dir.join(ate_snapshot::CRIU_DIR))
+            ate_generation::images::eager_chunk_files(&dir.join(ate_snapshot::CRIU_DIR))
                 .map_err(|e| ate_snapshot::Error::InvalidInput(format!("memory images: {e}")))
         };
         let downloaded = self

@@ -1,5 +1,6 @@
 //! The conversions against the messages and codes callers saw before they moved here.
 
+use ate_worker_client::sandbox::adoption_pid_from_bytes;
 use tonic::Code;
 
 use super::*;

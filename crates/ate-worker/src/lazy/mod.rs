@@ -1,8 +1,6 @@
 //! Lazy memory restore: the actor runs as soon as CRIU has restored its state, and its memory
 //! pages arrive as it touches them (userfaultfd), the rest pushed in the background.
 //!
-//! - [`images`]: reads CRIU's pagemap and mm images (which pages exist, where in the pages
-//!   file, which the restorer reads itself).
 //! - [`ranges`]: the set of pages a task still lacks, kept exact across mremap/munmap/madvise.
 //! - [`uffd`]: the userfaultfd ABI (events, COPY, ZEROPAGE, WAKE, WRITEPROTECT).
 //! - [`written`]: memory tracking's kernel features, and which pages a tracked restore's
@@ -17,7 +15,6 @@
 //!   worker's handle, which holds a copy of every userfaultfd so a dead page source leaves
 //!   faults blocked rather than zero-filled.
 
-pub mod images;
 pub mod ranges;
 pub mod remote;
 pub mod report;

@@ -2,12 +2,12 @@
 //!
 //! Ranges are kept by their *run-time* address, which drifts from the dump-time address when the
 //! process `mremap`s; each keeps the pages-file offset of its first page. Ranges are never
-//! merged, so a range that came from [`read_task_pages`](super::images::read_task_pages) stays
+//! merged, so a range that came from [`read_task_pages`](ate_generation::images::read_task_pages) stays
 //! inside one VMA (as one `UFFDIO_COPY` must).
 
 use std::collections::BTreeMap;
 
-use super::images::{ImageRange, PAGE_SIZE};
+use ate_generation::images::{ImageRange, PAGE_SIZE};
 
 /// Pages still to copy into one process, by run-time address (a process can
 /// mremap/munmap/madvise while we serve it).

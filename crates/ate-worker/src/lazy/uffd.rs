@@ -8,7 +8,7 @@
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 
-use super::images::PAGE_SIZE;
+use ate_generation::images::PAGE_SIZE;
 
 const UFFD_EVENT_PAGEFAULT: u8 = 0x12;
 const UFFD_EVENT_FORK: u8 = 0x13;

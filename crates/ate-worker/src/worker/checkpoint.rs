@@ -609,7 +609,7 @@ async fn wait_lazy_restore_done(key: &str, entry: &Entry) -> Result<(), VerbErro
 fn flatten_in_background(gen_dir: &Path) {
     let dir = gen_dir.to_path_buf();
     tokio::spawn(async move {
-        if let Err(e) = crate::delta::ensure_flat(&dir).await {
+        if let Err(e) = ate_generation::delta::ensure_flat(&dir).await {
             tracing::warn!(generation = %dir.display(), error = %e, "cannot make an incremental generation whole; the next reader tries again");
         }
     });

@@ -53,9 +53,7 @@ use crate::lazy::PageSource;
 use crate::netns::NetnsDialer;
 use crate::runtime::{ActorSandbox, SandboxRuntime};
 
-pub use adoption::{live_sandboxes, sandbox_alive};
 pub use exec::{ExecEvent, ExecInput, ExecRequest};
-pub use frozen::host_memory_available_percent;
 pub use local_api::ApiClients;
 pub use types::{
     ActivityReport, ActorActivity, AdoptionRecord, CheckpointReply, CheckpointRequest, StartReply,

@@ -47,11 +47,11 @@ use std::time::{Duration, Instant};
 
 use ate_snapshot::{CHUNK_BYTES, FileEntry, Manifest};
 
-use super::images::ImageError;
 use super::ranges::Pending;
 use super::remote::Remote;
 use super::report::{Report, send_report};
 use super::working_set::{self, Recorder, WorkingSet};
+use ate_generation::images::ImageError;
 
 /// Name CRIU connects to, relative to the restore's work directory (criu/uffd.c).
 pub const SOCKET_NAME: &str = "lazy-pages.socket";

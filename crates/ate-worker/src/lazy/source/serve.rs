@@ -8,11 +8,11 @@ use ate_snapshot::CHUNK_BYTES;
 
 use super::criu::{RestoreMessage, read_restore_message};
 use super::{PagesFile, RESTORE_TIMEOUT, Source, SourceError, Task, io_err, poll, pollfd};
-use crate::lazy::images;
 use crate::lazy::ranges::Pending;
 use crate::lazy::remote::Remote;
 use crate::lazy::report::{self, Report, send_report};
 use crate::lazy::uffd::{self, Event, Placed};
+use ate_generation::images;
 
 impl Source {
     pub(super) fn send(&mut self, report: Report) {

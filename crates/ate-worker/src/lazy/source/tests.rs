@@ -3,9 +3,9 @@
 use std::io::Write;
 use std::os::fd::AsRawFd;
 
-use super::super::images::fixtures;
 use super::super::report::{self, Received};
 use super::*;
+use ate_generation::images::fixtures;
 
 const PAGES: u64 = 16;
 const P: usize = 4096;

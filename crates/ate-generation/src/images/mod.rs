@@ -274,9 +274,11 @@ pub fn eager_chunks(criu_dir: &Path, chunk_bytes: u64) -> Result<BTreeSet<(u32, 
     Ok(chunks)
 }
 
-/// Writers of the two images the page source reads, for tests elsewhere in the crate.
-#[cfg(test)]
-pub(crate) mod fixtures;
+/// Writers of the two images the page source reads, for tests here and in the page source's
+/// crate (feature `fixtures`).
+#[cfg(any(test, feature = "fixtures"))]
+#[allow(clippy::unwrap_used)]
+pub mod fixtures;
 
 #[cfg(test)]
 mod tests;

@@ -5,7 +5,7 @@ use prost::Message;
 use super::*;
 
 /// One entry as CRIU frames it: a native-endian u32 length, then the protobuf.
-pub(crate) fn framed(msg: &impl Message) -> Vec<u8> {
+pub fn framed(msg: &impl Message) -> Vec<u8> {
     let body = msg.encode_to_vec();
     let mut out = (body.len() as u32).to_ne_bytes().to_vec();
     out.extend(body);
@@ -13,7 +13,7 @@ pub(crate) fn framed(msg: &impl Message) -> Vec<u8> {
 }
 
 /// An image file: the common magic, the image's magic, the framed entries.
-pub(crate) fn image(magic: u32, entries: &[Vec<u8>]) -> Vec<u8> {
+pub fn image(magic: u32, entries: &[Vec<u8>]) -> Vec<u8> {
     let mut out = IMG_COMMON_MAGIC.to_ne_bytes().to_vec();
     out.extend(magic.to_ne_bytes());
     for e in entries {
@@ -24,13 +24,7 @@ pub(crate) fn image(magic: u32, entries: &[Vec<u8>]) -> Vec<u8> {
 
 /// `pagemap-<pid>.img` with one lazy, present entry of `pages` pages at `vaddr`, and
 /// `mm-<pid>.img` with one VMA covering exactly that range.
-pub(crate) fn write_one_lazy_range(
-    criu_dir: &Path,
-    pid: i32,
-    pages_id: u32,
-    vaddr: u64,
-    pages: u64,
-) {
+pub fn write_one_lazy_range(criu_dir: &Path, pid: i32, pages_id: u32, vaddr: u64, pages: u64) {
     let entries = vec![
         framed(&PagemapHead { pages_id }),
         framed(&PagemapEntry {
