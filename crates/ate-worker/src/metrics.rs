@@ -216,7 +216,7 @@ pub(crate) fn checkpointed(result: &Result<CheckpointReply, VerbError>, begun: I
 }
 
 /// A completed lazy restore, with the page source's summary (`key=value …`, see
-/// `lazy::source::Stats::summary`).
+/// `ate_page_source::Stats::summary`).
 pub(crate) fn lazy_restore_done(summary: &str) {
     metrics::counter!(LAZY_RESTORES, "outcome" => "complete").increment(1);
     let value = |key: &str| {

@@ -184,7 +184,7 @@ async fn wait_page_source(sandbox: &ActorSandbox, pid: u32) -> Result<(), String
     let status_file = sandbox
         .dir
         .join("criu-restore")
-        .join(crate::lazy::STATUS_FILE);
+        .join(ate_page_source::STATUS_FILE);
     let begun = Instant::now();
     loop {
         let status = tokio::fs::read_to_string(&status_file)

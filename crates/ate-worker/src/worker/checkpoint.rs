@@ -646,7 +646,7 @@ fn report_sealed(
 /// new dump (`criu/working-set.json`), so the next restore brings that memory in first. Best
 /// effort: without it the next restore only does no prefetch.
 async fn carry_working_set(sandbox: &ActorSandbox, criu: &Path) {
-    let file = crate::lazy::working_set::FILE;
+    let file = ate_page_source::working_set::FILE;
     let recorded = sandbox.dir.join("criu-restore").join(file);
     match tokio::fs::copy(&recorded, criu.join(file)).await {
         Ok(_) => {}

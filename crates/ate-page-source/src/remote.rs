@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use ate_snapshot::{DurableSource, DurableStore, FileEntry};
 
-use super::source::SourceError;
+use crate::source::SourceError;
 
 /// Chunks fetched ahead for the background push.
 pub const PREFETCH: usize = 16;

@@ -5,9 +5,9 @@ use std::os::fd::AsRawFd;
 use ate_snapshot::CHUNK_BYTES;
 
 use super::{Source, SourceError, io_err};
-use crate::lazy::ranges::Pending;
-use crate::lazy::remote;
-use crate::lazy::uffd::{self, Placed};
+use crate::ranges::Pending;
+use crate::remote;
+use crate::uffd::{self, Placed};
 
 impl Source {
     /// Pushes the chunk holding the first page any task still lacks.

@@ -7,7 +7,7 @@
 //!
 //! - a fault on a page still to come loads the 2 MiB chunk of the pages image that holds it
 //!   (from the local image, or from the durable store when the generation was downloaded for a
-//!   lazy restore: [`super::remote`]), checks the chunk's BLAKE3 digest against the generation's
+//!   lazy restore: [`crate::remote`]), checks the chunk's BLAKE3 digest against the generation's
 //!   manifest, and copies every page of that chunk the task still lacks (so neighbouring faults
 //!   cost nothing);
 //! - a fault on a page the dump did not hold (or the task dropped since) gets the zero page;
@@ -34,7 +34,7 @@
 //! instead of reading zero pages, and the worker kills the sandbox. Nothing here ever places a
 //! page it did not verify.
 
-pub(crate) mod criu;
+pub mod criu;
 mod push;
 mod serve;
 
@@ -45,13 +45,13 @@ use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
+use ate_generation::images::ImageError;
 use ate_snapshot::{CHUNK_BYTES, FileEntry, Manifest};
 
-use super::ranges::Pending;
-use super::remote::Remote;
-use super::report::{Report, send_report};
-use super::working_set::{self, Recorder, WorkingSet};
-use ate_generation::images::ImageError;
+use crate::ranges::Pending;
+use crate::remote::Remote;
+use crate::report::{Report, send_report};
+use crate::working_set::{self, Recorder, WorkingSet};
 
 /// Name CRIU connects to, relative to the restore's work directory (criu/uffd.c).
 pub const SOCKET_NAME: &str = "lazy-pages.socket";
@@ -293,8 +293,8 @@ fn pollfd(fd: RawFd) -> libc::pollfd {
 /// a restarted worker reads it before adopting the sandbox) and tells the worker if it fails.
 pub fn main(generation: &Path, work_dir: &Path, write_protect: bool) -> Result<Stats, SourceError> {
     // SAFETY: fd 3 is the report socket the worker set up for exactly this process
-    // (`watch::REPORT_FD`); it is checked to be a socket before use and owned from here on.
-    let report = unsafe { OwnedFd::from_raw_fd(super::watch::REPORT_FD) };
+    // (`REPORT_FD`); it is checked to be a socket before use and owned from here on.
+    let report = unsafe { OwnedFd::from_raw_fd(crate::REPORT_FD) };
     let is_socket = nix::sys::stat::fstat(&report)
         .map(|st| st.st_mode & libc::S_IFMT == libc::S_IFSOCK)
         .unwrap_or(false);
@@ -331,12 +331,12 @@ pub fn main(generation: &Path, work_dir: &Path, write_protect: bool) -> Result<S
     result
 }
 
-/// Writes [`super::STATUS_FILE`] into `dir` (an open directory; nothing if it was removed).
+/// Writes [`crate::STATUS_FILE`] into `dir` (an open directory; nothing if it was removed).
 fn write_status(dir: &std::fs::File, status: &str) -> nix::Result<()> {
     use nix::fcntl::OFlag;
     let fd = nix::fcntl::openat(
         dir,
-        super::STATUS_FILE,
+        crate::STATUS_FILE,
         OFlag::O_WRONLY | OFlag::O_CREAT | OFlag::O_TRUNC | OFlag::O_CLOEXEC,
         nix::sys::stat::Mode::from_bits_truncate(0o644),
     )?;

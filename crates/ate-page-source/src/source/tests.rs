@@ -3,8 +3,8 @@
 use std::io::Write;
 use std::os::fd::AsRawFd;
 
-use super::super::report::{self, Received};
 use super::*;
+use crate::report::{self, Received};
 use ate_generation::images::fixtures;
 
 const PAGES: u64 = 16;
@@ -292,7 +292,7 @@ fn the_status_goes_to_the_page_sources_own_work_dir() {
     let own = std::fs::File::open(&work).expect("open the work dir");
     write_status(&own, "done\n").expect("write into its own dir");
     assert_eq!(
-        std::fs::read_to_string(work.join(super::super::STATUS_FILE)).expect("status"),
+        std::fs::read_to_string(work.join(crate::STATUS_FILE)).expect("status"),
         "done\n"
     );
 
@@ -300,7 +300,7 @@ fn the_status_goes_to_the_page_sources_own_work_dir() {
     std::fs::create_dir(&work).expect("the next restore's dir");
     let _ = write_status(&own, "failed: CRIU did not connect\n");
     assert!(
-        !work.join(super::super::STATUS_FILE).exists(),
+        !work.join(crate::STATUS_FILE).exists(),
         "a stale page source wrote into the next restore's dir"
     );
 }
@@ -324,7 +324,7 @@ fn barrier(ours: &UnixStream) -> String {
 /// their new address; the barrier says tracking holds, since when.
 #[test]
 fn a_tracked_restore_leaves_only_what_the_task_writes_as_written() {
-    crate::lazy::written::probe().expect("this kernel tracks writes (Linux 6.7+)");
+    crate::written::probe().expect("this kernel tracks writes (Linux 6.7+)");
     let m = Mapping::new();
     let dir = tempfile::tempdir().unwrap();
     let (generation, _) = generation(dir.path(), m.base());
@@ -347,7 +347,7 @@ fn a_tracked_restore_leaves_only_what_the_task_writes_as_written() {
     drop(uffd);
     let me = std::process::id();
     let (base, len) = (m.base(), PAGES * P as u64);
-    let written = || crate::lazy::written::written_pages_in(me, base, base + len).unwrap();
+    let written = || crate::written::written_pages_in(me, base, base + len).unwrap();
     assert_eq!(written(), 0, "pages read as written before any write");
     assert_eq!(m.read(9, 0), 10);
     // SAFETY: inside our mapping, every page of which is in.
@@ -355,7 +355,7 @@ fn a_tracked_restore_leaves_only_what_the_task_writes_as_written() {
     assert_eq!(written(), 1);
     // Re-armed (as after a dump that becomes the next parent): nothing reads as written, and
     // the next write shows again. Ranges not registered for it are left alone.
-    assert!(crate::lazy::written::rearm(me).unwrap() >= 1);
+    assert!(crate::written::rearm(me).unwrap() >= 1);
     assert_eq!(written(), 0, "a re-armed page still reads as written");
     // SAFETY: as above.
     unsafe { *(m.0 as *mut u8).add(4 * P) = 7 };
@@ -393,7 +393,7 @@ fn a_tracked_restore_leaves_only_what_the_task_writes_as_written() {
     assert!(answer.starts_with("since_us="), "{answer}");
     let dest = dest as u64;
     assert_eq!(
-        crate::lazy::written::written_pages_in(me, dest, dest + 4 * P as u64).unwrap(),
+        crate::written::written_pages_in(me, dest, dest + 4 * P as u64).unwrap(),
         4,
         "moved pages still read as unwritten"
     );

@@ -8,10 +8,10 @@ use ate_snapshot::CHUNK_BYTES;
 
 use super::criu::{RestoreMessage, read_restore_message};
 use super::{PagesFile, RESTORE_TIMEOUT, Source, SourceError, Task, io_err, poll, pollfd};
-use crate::lazy::ranges::Pending;
-use crate::lazy::remote::Remote;
-use crate::lazy::report::{self, Report, send_report};
-use crate::lazy::uffd::{self, Event, Placed};
+use crate::ranges::Pending;
+use crate::remote::Remote;
+use crate::report::{self, Report, send_report};
+use crate::uffd::{self, Event, Placed};
 use ate_generation::images;
 
 impl Source {

@@ -54,7 +54,7 @@ fn receive_fd(sock: RawFd) -> Result<OwnedFd, SourceError> {
 
 /// Receives the one descriptor CRIU's `send_fd` passes (with a one-byte message): a lazy
 /// restore's userfaultfd, an image streamer's pipe. `None` when the message carried none.
-pub(crate) fn receive_criu_fd(sock: RawFd) -> io::Result<Option<OwnedFd>> {
+pub fn receive_criu_fd(sock: RawFd) -> io::Result<Option<OwnedFd>> {
     use nix::sys::socket::{ControlMessageOwned, MsgFlags, recvmsg};
     let mut byte = [0u8; 1];
     let mut iov = [io::IoSliceMut::new(&mut byte)];
