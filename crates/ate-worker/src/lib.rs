@@ -17,7 +17,6 @@ pub mod error;
 pub mod exec;
 pub mod handoff;
 pub mod hardening;
-pub mod image;
 pub mod lazy;
 mod lockfile;
 pub mod metrics;
@@ -35,9 +34,9 @@ pub mod sidecars;
 mod socket;
 mod worker;
 
+pub use ate_image::{ImageCache, ImageConfig, ImageError, LayoutRef, UnpackedImage};
 pub use config::{Faults, MemoryRestore, WorkerConfig};
 pub use error::{Result, SandboxError};
-pub use image::{ImageCache, ImageConfig, LayoutRef, UnpackedImage};
 pub use netns::{ACTOR_IP, NetnsDialer, connect_in_netns, connect_in_netns_timeout};
 pub use probe::wait_ready;
 pub use procfs::process_running;

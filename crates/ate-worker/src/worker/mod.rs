@@ -48,10 +48,10 @@ use crate::atunnel::Tunnels;
 use crate::config::{Faults, FrozenPolicy};
 use crate::egress::{ActorIdentity, Cidr, Egress, RouterClient};
 use crate::error::SandboxError;
-use crate::image::ImageCache;
 use crate::lazy::PageSource;
 use crate::netns::NetnsDialer;
 use crate::runtime::{ActorSandbox, SandboxRuntime};
+use ate_image::ImageCache;
 
 pub use exec::{ExecEvent, ExecInput, ExecRequest};
 pub use local_api::ApiClients;

@@ -237,7 +237,7 @@ impl Worker {
                 .images
                 .ensure(&c.image)
                 .await
-                .map_err(|e| sandbox_error(&format!("image {}", c.image), e))?;
+                .map_err(|e| sandbox_error(&format!("image {}", c.image), e.into()))?;
             images.push(image);
         }
         let first_image = images.remove(0);

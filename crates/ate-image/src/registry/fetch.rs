@@ -11,10 +11,8 @@ use sha2::{Digest as _, Sha256};
 use tokio::io::AsyncWriteExt;
 
 use super::{ENV_INSECURE, image_err};
-use crate::error::{IoContext, Result, SandboxError};
-use crate::image::{
-    Descriptor, MEDIA_DOCKER_LIST, MEDIA_INDEX, Manifest, digest_hex, select_platform,
-};
+use crate::error::{ImageError, IoContext, Result};
+use crate::{Descriptor, MEDIA_DOCKER_LIST, MEDIA_INDEX, Manifest, digest_hex, select_platform};
 
 const MEDIA_OCI_MANIFEST: &str = "application/vnd.oci.image.manifest.v1+json";
 const MEDIA_DOCKER_MANIFEST: &str = "application/vnd.docker.distribution.manifest.v2+json";
@@ -305,7 +303,7 @@ pub(super) async fn download(
 }
 
 /// A registry failure as "what failed" for the reference.
-fn pull_err(reference: &str, what: &str, e: OciDistributionError) -> SandboxError {
+fn pull_err(reference: &str, what: &str, e: OciDistributionError) -> ImageError {
     let message = match e {
         OciDistributionError::RegistryError { envelope, url } => {
             let codes: Vec<&OciErrorCode> = envelope.errors.iter().map(|e| &e.code).collect();
@@ -410,6 +408,6 @@ mod tests {
         assert_eq!(r.digest(), Some(format!("sha256:{hex}").as_str()));
         assert!(parse_reference("Not A Ref").is_err());
         let e = parse_reference(&format!("r.example/x@sha512:{}", "a".repeat(128)));
-        assert!(matches!(e, Err(SandboxError::Image { .. })), "{e:?}");
+        assert!(matches!(e, Err(ImageError::Image { .. })), "{e:?}");
     }
 }

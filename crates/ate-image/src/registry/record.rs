@@ -6,8 +6,8 @@ use serde::{Deserialize, Serialize};
 use sha2::{Digest as _, Sha256};
 
 use super::image_err;
+use crate::digest_hex;
 use crate::error::{IoContext, Result};
-use crate::image::digest_hex;
 
 /// A tag (or index digest) resolved on this node: `<cache>/refs/<sha256 of the reference>`.
 #[derive(Serialize, Deserialize)]

@@ -39,7 +39,7 @@ use super::{
     Descriptor, EntryBuild, UnpackedImage, apply_verified_layer, cached, cached_locked, digest_hex,
     lock_entry, parse_config,
 };
-use crate::error::{IoContext, Result, SandboxError};
+use crate::error::{ImageError, IoContext, Result};
 use client::{build_client, registry_auth};
 use fetch::{Resolved, check_descriptors, download, parse_reference, resolve};
 use record::{read_record, write_record};
@@ -150,8 +150,8 @@ impl std::fmt::Debug for Puller {
     }
 }
 
-fn image_err(reference: &str, message: impl Into<String>) -> SandboxError {
-    SandboxError::Image {
+fn image_err(reference: &str, message: impl Into<String>) -> ImageError {
+    ImageError::Image {
         reference: reference.to_string(),
         message: message.into(),
     }
@@ -160,7 +160,7 @@ fn image_err(reference: &str, message: impl Into<String>) -> SandboxError {
 async fn blocking<T: Send + 'static>(f: impl FnOnce() -> Result<T> + Send + 'static) -> Result<T> {
     tokio::task::spawn_blocking(f)
         .await
-        .map_err(|e| SandboxError::io("image cache task", std::io::Error::other(e)))?
+        .map_err(|e| ImageError::io("image cache task", std::io::Error::other(e)))?
 }
 
 impl Puller {

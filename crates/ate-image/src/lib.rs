@@ -11,7 +11,14 @@
 //! The unpacked rootfs lands in `<cache>/<manifest-hex>/rootfs` whatever the image came from; it is
 //! built in a temporary directory and renamed into place under an exclusive `flock` per digest, so
 //! concurrent callers (threads or processes) unpack once.
+//!
+//! The worker's image store: it starts actors on [`UnpackedImage`]s and sweeps the cache with
+//! [`sweep_unused`].
 
+// Library and product code never unwraps (tests may): errors go to the caller.
+#![cfg_attr(not(test), deny(clippy::unwrap_used))]
+
+pub mod error;
 mod layer;
 mod layout;
 pub mod registry;
@@ -24,7 +31,8 @@ use std::path::{Path, PathBuf};
 use nix::fcntl::Flock;
 use serde::{Deserialize, Serialize};
 
-use crate::error::{IoContext, Result, SandboxError};
+pub use crate::error::ImageError;
+use crate::error::{IoContext, Result};
 
 pub use registry::RegistryConfig;
 pub use sweep::{SweepStats, sweep_unused};
@@ -71,7 +79,7 @@ impl LayoutRef {
     pub fn parse(reference: &str) -> Result<Self> {
         let rest = reference
             .strip_prefix(REF_PREFIX)
-            .ok_or_else(|| SandboxError::Image {
+            .ok_or_else(|| ImageError::Image {
                 reference: reference.to_string(),
                 message: format!("only `{REF_PREFIX}<dir>[:<tag>]` references are supported"),
             })?;
@@ -81,7 +89,7 @@ impl LayoutRef {
             _ => (rest, "latest"),
         };
         if dir.is_empty() {
-            return Err(SandboxError::Image {
+            return Err(ImageError::Image {
                 reference: reference.to_string(),
                 message: "empty layout directory".into(),
             });
@@ -129,7 +137,7 @@ impl ImageCache {
         let reference = reference.to_string();
         tokio::task::spawn_blocking(move || ensure_blocking(&root, &reference))
             .await
-            .map_err(|e| SandboxError::io("image unpack task", std::io::Error::other(e)))?
+            .map_err(|e| ImageError::io("image unpack task", std::io::Error::other(e)))?
     }
 }
 
@@ -187,8 +195,8 @@ struct RawConfig {
     working_dir: Option<String>,
 }
 
-fn image_err(reference: &str, message: impl Into<String>) -> SandboxError {
-    SandboxError::Image {
+fn image_err(reference: &str, message: impl Into<String>) -> ImageError {
+    ImageError::Image {
         reference: reference.to_string(),
         message: message.into(),
     }
@@ -251,7 +259,7 @@ const LAST_USED_FILE: &str = "last-used";
 /// and processes (blocking).
 pub(crate) fn lock_entry(cache: &Path, hex: &str) -> Result<Flock<File>> {
     fs::create_dir_all(cache).ctx(|| format!("create image cache {}", cache.display()))?;
-    crate::lockfile::lock_exclusive(&cache.join(format!(".{hex}.lock")))
+    crate::error::lock_exclusive(&cache.join(format!(".{hex}.lock")))
 }
 
 /// A cache entry being built in `<cache>/.tmp-<hex>-<pid>`; removed on drop unless
@@ -321,7 +329,7 @@ impl Drop for EntryBuild {
 pub(crate) fn digest_hex(digest: &str) -> Result<&str> {
     let hex = digest
         .strip_prefix("sha256:")
-        .ok_or_else(|| SandboxError::Checksum {
+        .ok_or_else(|| ImageError::Checksum {
             digest: digest.to_string(),
             actual: "(unsupported digest algorithm; only sha256)".to_string(),
         })?;
@@ -330,7 +338,7 @@ pub(crate) fn digest_hex(digest: &str) -> Result<&str> {
             .bytes()
             .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
     {
-        return Err(SandboxError::Checksum {
+        return Err(ImageError::Checksum {
             digest: digest.to_string(),
             actual: "(malformed digest)".to_string(),
         });

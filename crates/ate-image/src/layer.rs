@@ -4,12 +4,12 @@ use std::fs::{self, File};
 use std::io::{BufReader, Read, Seek};
 use std::path::{Component, Path, PathBuf};
 
-use crate::error::{IoContext, Result, SandboxError};
+use crate::error::{ImageError, IoContext, Result};
 
 /// Applies one verified layer file, naming the layer in I/O errors.
 pub(crate) fn apply_verified_layer(path: &Path, digest: &str, rootfs: &Path) -> Result<()> {
     apply_layer(path, rootfs).map_err(|e| match e {
-        SandboxError::Io { what, source } => SandboxError::Io {
+        ImageError::Io { what, source } => ImageError::Io {
             what: format!("layer {digest}: {what}"),
             source,
         },

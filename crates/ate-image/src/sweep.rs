@@ -5,7 +5,7 @@ use std::path::Path;
 use std::time::{Duration, SystemTime};
 
 use super::{CONFIG_FILE, LAST_USED_FILE, digest_hex, lock_entry};
-use crate::error::{IoContext, Result, SandboxError};
+use crate::error::{ImageError, IoContext, Result};
 
 /// What [`sweep_unused`] removed.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
@@ -22,7 +22,7 @@ pub fn sweep_unused(cache: &Path, retention: Duration) -> Result<SweepStats> {
     let entries = match fs::read_dir(cache) {
         Ok(e) => e,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(stats),
-        Err(e) => return Err(SandboxError::io(format!("read {}", cache.display()), e)),
+        Err(e) => return Err(ImageError::io(format!("read {}", cache.display()), e)),
     };
     let mountinfo = fs::read_to_string("/proc/self/mountinfo")
         .ctx(|| "read /proc/self/mountinfo".to_string())?;
@@ -88,7 +88,7 @@ mod tests {
     use std::fs::File;
 
     use super::*;
-    use crate::image::cached;
+    use crate::cached;
 
     fn entry(cache: &Path, hex: &str, age: Duration) {
         let dir = cache.join(hex);

@@ -11,7 +11,7 @@ use super::{
     REF_NAME_ANNOTATION, UnpackedImage, apply_verified_layer, cached, cached_locked, digest_hex,
     image_err, lock_entry, parse_config,
 };
-use crate::error::{IoContext, Result, SandboxError};
+use crate::error::{ImageError, IoContext, Result};
 
 pub(super) fn ensure_blocking(cache: &Path, reference: &str) -> Result<UnpackedImage> {
     let layout = LayoutRef::parse(reference)?;
@@ -119,7 +119,7 @@ fn verify_file(path: &Path, desc: &Descriptor) -> Result<()> {
     }
     let actual = hex::encode(hasher.finalize());
     if actual != expected {
-        return Err(SandboxError::Checksum {
+        return Err(ImageError::Checksum {
             digest: desc.digest.clone(),
             actual,
         });
@@ -127,7 +127,7 @@ fn verify_file(path: &Path, desc: &Descriptor) -> Result<()> {
     if let Some(size) = desc.size
         && size != len
     {
-        return Err(SandboxError::Checksum {
+        return Err(ImageError::Checksum {
             digest: desc.digest.clone(),
             actual: format!("{actual} (size {len}, descriptor says {size})"),
         });
@@ -141,7 +141,7 @@ fn read_verified(dir: &Path, desc: &Descriptor) -> Result<Vec<u8>> {
     let bytes = fs::read(&path).ctx(|| format!("read blob {}", path.display()))?;
     let actual = hex::encode(Sha256::digest(&bytes));
     if actual != digest_hex(&desc.digest)? {
-        return Err(SandboxError::Checksum {
+        return Err(ImageError::Checksum {
             digest: desc.digest.clone(),
             actual,
         });
