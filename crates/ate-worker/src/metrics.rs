@@ -1,12 +1,12 @@
 //! The worker's Prometheus series (`ate_worker_…`): names, descriptions, and the recording
 //! helpers WorkerService and the actor table call. Rendered by the endpoint every component
-//! shares ([`ate_tls::telemetry`]) when `ate worker --metrics-listen` is given; without it the
+//! shares ([`ate_telemetry`]) when `ate worker --metrics-listen` is given; without it the
 //! calls below record into nothing.
 
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
-use ate_tls::telemetry::PrometheusHandle;
+use ate_telemetry::PrometheusHandle;
 use metrics::Unit;
 
 use crate::worker::{CheckpointReply, VerbError, outcome};
@@ -172,7 +172,7 @@ pub fn describe() {
 
 /// Installs the process-wide recorder with the worker's series (idempotent).
 pub fn install() -> &'static PrometheusHandle {
-    ate_tls::telemetry::install("worker", describe)
+    ate_telemetry::install("worker", describe)
 }
 
 /// `kind` label of a start request with this generation directory (empty: a cold boot).
@@ -262,7 +262,7 @@ pub(crate) fn checkpoint_phase(phase: &'static str, took: Duration) {
 /// Keeps the slot and frozen gauges of `worker` current at every scrape while it lives.
 pub(crate) fn export_gauges(worker: &Arc<crate::worker::Worker>) {
     let worker: Weak<crate::worker::Worker> = Arc::downgrade(worker);
-    ate_tls::telemetry::on_scrape(move || {
+    ate_telemetry::on_scrape(move || {
         let Some(worker) = worker.upgrade() else {
             return false;
         };

@@ -146,7 +146,7 @@ impl WorkerService for WorkerServiceImpl {
                 trace_id = tracing::field::Empty,
                 actor = %actor
             );
-            ate_tls::trace_context::continue_grpc(&span, &req);
+            ate_telemetry::trace_context::continue_grpc(&span, &req);
             span
         };
         let req = req.into_inner();

@@ -62,7 +62,7 @@ impl NodeAgent {
         };
         // Fetching the generation from the durable store, when the node has no usable copy.
         let download = |kind: &'static str| {
-            ate_tls::trace_span!("download", generation = snap.generation, kind)
+            ate_telemetry::trace_span!("download", generation = snap.generation, kind)
         };
         // Memory on demand from the durable copy when the worker restores lazily and the
         // template does not ask for eager restores; else the whole generation first.

@@ -17,6 +17,14 @@
 //!
 //! The same text is what the OTLP metrics export sends (`ate-cli`'s `otel::metrics`, which
 //! renders [`render`] on its own interval), so every series here reaches both.
+//!
+//! And [`trace_context`]: W3C trace context in and out of calls, and [`trace_span!`]. Every
+//! component depends on this crate; it depends on no project crate.
+
+// Library and product code never unwraps (tests may): errors go to the caller.
+#![cfg_attr(not(test), deny(clippy::unwrap_used))]
+
+pub mod trace_context;
 
 use std::collections::HashSet;
 use std::convert::Infallible;
