@@ -23,12 +23,6 @@ pub mod peer;
 pub mod process;
 pub mod source;
 
-/// Transitional re-exports of `ate-telemetry`, for call sites not moved yet (ate-api's).
-#[doc(hidden)]
-pub use ate_telemetry as telemetry;
-#[doc(hidden)]
-pub use ate_telemetry::{trace_context, trace_span};
-
 use std::sync::{Arc, OnceLock};
 
 use rustls::crypto::CryptoProvider;
