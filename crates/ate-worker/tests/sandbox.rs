@@ -7,8 +7,8 @@ use std::time::{Duration, Instant};
 
 use ate_core::template::Resources;
 use ate_worker::{
-    ActorSandbox, ImageCache, ImageError, RunMode, RuncConfig, RuncRuntime, SandboxError,
-    SandboxRuntime, SandboxSpec, netns, probe,
+    ActorSandbox, ImageCache, RunMode, RuncConfig, RuncRuntime, SandboxError, SandboxRuntime,
+    SandboxSpec, netns, probe,
 };
 use common::{Env, counter_ref, counter_spec, get, images_dir};
 
@@ -61,7 +61,7 @@ async fn image_unpacks_and_caches() {
     assert!(leftovers.is_empty());
     let missing_tag = cache.ensure(&format!("{}:nope", counter_ref())).await;
     assert!(
-        matches!(missing_tag, Err(ImageError::Image { .. })),
+        matches!(missing_tag, Err(ate_worker::ImageError::Image { .. })),
         "{missing_tag:?}"
     );
 }
@@ -94,7 +94,7 @@ async fn image_with_flipped_layer_byte_is_refused() {
         .ensure(&format!("oci-layout:{}", layout.display()))
         .await;
     match result {
-        Err(ImageError::Checksum { digest, .. }) => {
+        Err(ate_worker::ImageError::Checksum { digest, .. }) => {
             assert!(
                 digest.ends_with(
                     &layer
