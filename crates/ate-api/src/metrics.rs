@@ -1,7 +1,7 @@
 //! The api's Prometheus series (`ate_api_…`): names, descriptions, and the fleet gauges.
 //!
 //! Recorded where the work happens (`workflows`, `scheduler`); rendered by the endpoint every
-//! component shares ([`ate_tls::telemetry`]).
+//! component shares ([`ate_telemetry`]).
 
 use ate_telemetry::PrometheusHandle;
 use metrics::Unit;
