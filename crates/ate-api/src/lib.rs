@@ -242,7 +242,7 @@ pub async fn serve_with(
     // Each scrape (and each OTLP metrics export) re-reads the fleet when the view is older than
     // its max age, so the fleet gauges are current even while no resume runs.
     let fleet_api = Arc::downgrade(&api);
-    ate_tls::telemetry::on_refresh(move || {
+    ate_telemetry::on_refresh(move || {
         let api = fleet_api.upgrade()?;
         Some(Box::pin(async move {
             let _ = api.fleet.workers().await;
@@ -250,13 +250,13 @@ pub async fn serve_with(
     });
     let http_task = http.map(|listener| {
         let mut stop = stop_rx.clone();
-        let endpoint = ate_tls::telemetry::Endpoint {
+        let endpoint = ate_telemetry::Endpoint {
             health: None,
             before_scrape: None,
             documents: identity_documents(api.identity_issuer()),
         };
         tokio::spawn(async move {
-            ate_tls::telemetry::serve_with(listener, endpoint, async move {
+            ate_telemetry::serve_with(listener, endpoint, async move {
                 let _ = stop.changed().await;
             })
             .await;

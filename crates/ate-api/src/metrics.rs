@@ -1,9 +1,9 @@
 //! The api's Prometheus series (`ate_api_…`): names, descriptions, and the fleet gauges.
 //!
 //! Recorded where the work happens (`workflows`, `scheduler`); rendered by the endpoint every
-//! component shares ([`ate_tls::telemetry`]).
+//! component shares ([`ate_telemetry`]).
 
-use ate_tls::telemetry::PrometheusHandle;
+use ate_telemetry::PrometheusHandle;
 use metrics::Unit;
 
 use ate_store::{WorkerRecord, WorkerStatus};
@@ -113,7 +113,7 @@ pub fn describe() {
 
 /// Installs the process-wide recorder with the api's series (idempotent).
 pub fn install() -> &'static PrometheusHandle {
-    ate_tls::telemetry::install("api", describe)
+    ate_telemetry::install("api", describe)
 }
 
 /// Sets the fleet gauges from a fresh read of the workers.

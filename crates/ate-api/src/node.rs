@@ -197,7 +197,7 @@ fn object_ref(atespace: &str, name: &str) -> v1::ObjectRef {
 /// A call to a node agent for the request `request_id`, continuing the current span's trace.
 fn traced<T>(message: T, request_id: Option<&str>) -> tonic::Request<T> {
     let mut request = ate_proto::request_id::request(message, request_id);
-    ate_tls::trace_context::inject_grpc(&mut request);
+    ate_telemetry::trace_context::inject_grpc(&mut request);
     request
 }
 

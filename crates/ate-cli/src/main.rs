@@ -323,7 +323,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         } => {
             // Blocking (poll on userfaultfds): on a thread of its own.
             let served = tokio::task::spawn_blocking(move || {
-                ate_worker::lazy::source::main(&generation, &work_dir, write_protect)
+                ate_page_source::source::main(&generation, &work_dir, write_protect)
             })
             .await
             .map_err(|e| anyhow::anyhow!("page source: {e}"))?;

@@ -57,17 +57,14 @@ impl LogArgs {
 /// recorder (a component's `metrics::install`); returns the bound address.
 async fn serve_metrics(
     addr: SocketAddr,
-    install: fn() -> &'static ate_tls::telemetry::PrometheusHandle,
+    install: fn() -> &'static ate_telemetry::PrometheusHandle,
 ) -> anyhow::Result<SocketAddr> {
     install();
     let listener = tokio::net::TcpListener::bind(addr)
         .await
         .with_context(|| format!("--metrics-listen {addr}: cannot listen"))?;
     let bound = listener.local_addr()?;
-    tokio::spawn(ate_tls::telemetry::serve(
-        listener,
-        std::future::pending::<()>(),
-    ));
+    tokio::spawn(ate_telemetry::serve(listener, std::future::pending::<()>()));
     Ok(bound)
 }
 

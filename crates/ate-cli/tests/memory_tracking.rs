@@ -126,7 +126,7 @@ async fn restore_tracked(
 /// The incremental dump `delta` (a CRIU images dir) flattened onto the generation `parent`
 /// into the generation `next`, sealed.
 async fn flatten_into(delta: &Path, parent: &Path, next: &Path, actor: &ActorSandbox) {
-    let flat = ate_worker::lazy::images::flatten::flatten(
+    let flat = ate_generation::images::flatten::flatten(
         delta,
         &parent.join(ate_snapshot::CRIU_DIR),
         &next.join(ate_snapshot::CRIU_DIR),

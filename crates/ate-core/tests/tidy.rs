@@ -144,6 +144,8 @@ const WIRE_ADAPTERS: &[(&str, &[&str])] = &[
             "worker/local_api.rs",
         ],
     ),
+    // The node's client of the worker's socket, and the adoption record's pid.
+    ("ate-worker-client", &["lib.rs", "sandbox.rs"]),
 ];
 
 /// Whether a line of code (not a comment) names a wire type.

@@ -269,7 +269,7 @@ impl Fleet {
             .parent()
             .map(|d| d.join("actors"))
             .unwrap_or_default();
-        let live = ate_worker::live_sandboxes(&actors_dir);
+        let live = ate_worker_client::live_sandboxes(&actors_dir);
         if live > 0 {
             // Debug: the heartbeat loop already warns every 2 s that the lease is not renewed.
             tracing::debug!(worker = %h.info.worker_id, live_sandboxes = live, "worker does not answer but its sandboxes still run; keeping it registered");
@@ -479,7 +479,7 @@ impl Fleet {
         if !spaced {
             return;
         }
-        memory.available_percent = ate_worker::host_memory_available_percent();
+        memory.available_percent = ate_worker_client::host_memory_available_percent();
         let busy = |c: &crate::pressure::Candidate| {
             let key = (c.actor.atespace.clone(), c.actor.name.clone());
             self.suspending.lock().is_ok_and(|s| s.contains(&key))

@@ -1,12 +1,12 @@
 //! The node agent's Prometheus series (`ate_node_…`): names, descriptions, and the recording
 //! helpers NodeService calls. Rendered by the endpoint every component shares
-//! ([`ate_tls::telemetry`]) when `ate node --metrics-listen` is given; without it the calls
+//! ([`ate_telemetry`]) when `ate node --metrics-listen` is given; without it the calls
 //! below record into nothing.
 
 use std::time::{Duration, Instant};
 
 use ate_snapshot::UploadPriority;
-use ate_tls::telemetry::PrometheusHandle;
+use ate_telemetry::PrometheusHandle;
 use metrics::Unit;
 
 pub const RUNS: &str = "ate_node_runs_total";
@@ -122,7 +122,7 @@ pub fn describe() {
 
 /// Installs the process-wide recorder with the node agent's series (idempotent).
 pub fn install() -> &'static PrometheusHandle {
-    ate_tls::telemetry::install("node", describe)
+    ate_telemetry::install("node", describe)
 }
 
 fn seconds(since: Instant) -> f64 {
@@ -130,7 +130,7 @@ fn seconds(since: Instant) -> f64 {
 }
 
 /// `outcome`: `ok`, or the gRPC code of the answer in snake case
-/// (`ate_tls::telemetry::outcome`).
+/// (`ate_telemetry::outcome`).
 pub(crate) fn ran(outcome: &'static str) {
     metrics::counter!(RUNS, "outcome" => outcome).increment(1);
 }

@@ -118,7 +118,7 @@ pub struct Checkpointed {
 
 impl WorkerClient {
     pub async fn connect(socket: &Path) -> Result<Self, String> {
-        ate_worker::connect_worker(socket)
+        ate_worker_client::connect_worker(socket)
             .await
             .map(|client| Self { client })
             .map_err(|e| e.to_string())
@@ -224,9 +224,9 @@ impl WorkerClient {
             fidelity: wire::fidelity_to_wire(start.fidelity),
         };
         let mut client = self.client.clone();
-        let span = ate_tls::trace_span!("worker_start", otel.kind = "client");
+        let span = ate_telemetry::trace_span!("worker_start", otel.kind = "client");
         let mut request = ate_proto::request_id::request(start, request_id);
-        span.in_scope(|| ate_tls::trace_context::inject_grpc(&mut request));
+        span.in_scope(|| ate_telemetry::trace_context::inject_grpc(&mut request));
         async move {
             client
                 .start(request)

@@ -41,7 +41,7 @@ pub const DROPPED_METRIC: &str = "ate_router_access_log_dropped_total";
 pub struct Entry {
     pub time: SystemTime,
     pub request_id: String,
-    pub trace_id: Option<ate_tls::trace_context::TraceId>,
+    pub trace_id: Option<ate_telemetry::trace_context::TraceId>,
     /// `<atespace>/<name>`; empty when the request named no valid actor.
     pub actor: String,
     /// For a call from another actor (`ate-caller-actor`, from a worker): the caller.
@@ -250,7 +250,7 @@ mod tests {
         Entry {
             time: UNIX_EPOCH + Duration::from_millis(1_748_779_200_123),
             request_id: "test-123".into(),
-            trace_id: ate_tls::trace_context::TraceId::from_traceparent(
+            trace_id: ate_telemetry::trace_context::TraceId::from_traceparent(
                 b"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
             ),
             actor: "ate-demo/counter".into(),

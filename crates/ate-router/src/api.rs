@@ -122,7 +122,7 @@ impl Resume for GrpcResume {
             },
             request_id,
         );
-        ate_tls::trace_context::inject_grpc(&mut request);
+        ate_telemetry::trace_context::inject_grpc(&mut request);
         Box::pin(async move {
             let response = client
                 .resume_actor(request)

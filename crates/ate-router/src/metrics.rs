@@ -1,13 +1,13 @@
 //! Metric names (the spec's two `atenet.router.parking.*` series in Prometheus form, the rest
 //! under `ate_router_`), their descriptions, the process-wide Prometheus recorder (shared with
-//! the other components: [`ate_tls::telemetry`]), and in-process counters that tests (and
+//! the other components: [`ate_telemetry`]), and in-process counters that tests (and
 //! `/healthz`) read without parsing text.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock, Weak};
 use std::time::Duration;
 
-use ate_tls::telemetry::PrometheusHandle;
+use ate_telemetry::PrometheusHandle;
 use metrics::Unit;
 
 /// The spec's `atenet.router.parking.active`: requests parked now.
@@ -125,14 +125,14 @@ pub fn describe() {
 /// The Prometheus handle behind `/metrics`. Installed once per process; if the embedding binary
 /// already installed another recorder, ours renders only the process series.
 pub fn prometheus() -> &'static PrometheusHandle {
-    ate_tls::telemetry::install("router", describe)
+    ate_telemetry::install("router", describe)
 }
 
 /// Exports `stats`' tunnel counters (kept by the tunnel pool, which has no recorder calls of its
 /// own) at every scrape, for as long as the router holding them lives.
 pub fn export_tunnel_stats(stats: &Arc<Stats>) {
     let stats: Weak<Stats> = Arc::downgrade(stats);
-    ate_tls::telemetry::on_scrape(move || {
+    ate_telemetry::on_scrape(move || {
         let Some(stats) = stats.upgrade() else {
             return false;
         };

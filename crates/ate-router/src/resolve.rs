@@ -135,7 +135,7 @@ impl Resolver {
         // Trace spans (disabled when traces are off): waiting for the actor's one resolution,
         // started here or joined, and within it the time holding a parking place. Never entered:
         // each lasts from its creation until this future ends.
-        let _wait = ate_tls::trace_span!("single_flight_wait", joined = !started);
+        let _wait = ate_telemetry::trace_span!("single_flight_wait", joined = !started);
         let mut parked = tracing::Span::none();
         // Held while this request waits after a failed attempt; dropped with this future.
         let mut place: Option<ParkingPlace> = None;
@@ -175,7 +175,7 @@ impl Resolver {
                         match self.lot.try_park(atespace) {
                             Some(p) => {
                                 place = Some(p);
-                                parked = ate_tls::trace_span!("parked");
+                                parked = ate_telemetry::trace_span!("parked");
                             }
                             None => return Err(ResolveError::AtCapacity),
                         }
@@ -258,7 +258,7 @@ impl Resolver {
             metrics::counter!(RESUME_CALLS).increment(1);
             attempt += 1;
             // The call's span is the api's parent (its `traceparent` metadata).
-            let span = ate_tls::trace_span!("ResumeActor", attempt, otel.kind = "client");
+            let span = ate_telemetry::trace_span!("ResumeActor", attempt, otel.kind = "client");
             let call = span.in_scope(|| self.api.resume(key, request_id));
             let call = call.instrument(span);
             // With a last known route, an api that does not answer at all (hung, stopped,

@@ -350,25 +350,25 @@ async fn serve_until_cut<F: Future>(
 }
 
 /// `/healthz` (503 while draining) and `/metrics` until `stop` turns true (the endpoint every
-/// component shares: [`ate_tls::telemetry`]).
+/// component shares: [`ate_telemetry`]).
 pub async fn serve_operations(
     listener: TcpListener,
     draining: Arc<AtomicBool>,
     mut stop: watch::Receiver<bool>,
 ) {
     crate::metrics::prometheus();
-    let health: ate_tls::telemetry::Health = Arc::new(move || {
+    let health: ate_telemetry::Health = Arc::new(move || {
         if draining.load(Ordering::Relaxed) {
             Err("draining".to_string())
         } else {
             Ok(())
         }
     });
-    let endpoint = ate_tls::telemetry::Endpoint {
+    let endpoint = ate_telemetry::Endpoint {
         health: Some(health),
         ..Default::default()
     };
-    ate_tls::telemetry::serve_with(listener, endpoint, async move {
+    ate_telemetry::serve_with(listener, endpoint, async move {
         let _ = stop.wait_for(|s| *s).await;
     })
     .await

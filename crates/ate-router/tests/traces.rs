@@ -67,7 +67,7 @@ async fn the_actor_continues_the_routers_span_which_continues_the_clients() {
     tracing_subscriber::registry()
         .with(tracing_opentelemetry::layer().with_tracer(provider.tracer("test")))
         .init();
-    ate_tls::trace_context::enable();
+    ate_telemetry::trace_context::enable();
 
     let w = World::start(|_| {}).await;
     w.running("a/b");

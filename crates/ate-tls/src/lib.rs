@@ -1,9 +1,8 @@
 //! Identity for Agent Substrate: SPIFFE IDs, the embedded local CA, rotating certificate
 //! sources, rustls configs that authenticate peers by SPIFFE ID during the handshake, and
-//! helpers to serve and call tonic over those configs; [`telemetry`], the Prometheus recorder
-//! and `/metrics` + `/healthz` endpoint every component shares; and [`process`], the shutdown
-//! signal and ready file of every component (this is the one crate all of them depend on that
-//! may do I/O).
+//! helpers to serve and call tonic over those configs; and [`process`], the shutdown signal and
+//! ready file of every component. The metrics endpoint and trace context every component shares
+//! are `ate-telemetry`.
 //!
 //! Everything uses the aws-lc-rs provider explicitly, so configs work whether or not
 //! [`install_crypto_provider`] was called; call it anyway first thing in `main` so other crates
@@ -23,8 +22,6 @@ pub mod join;
 pub mod peer;
 pub mod process;
 pub mod source;
-pub mod telemetry;
-pub mod trace_context;
 
 use std::sync::{Arc, OnceLock};
 

@@ -10,7 +10,7 @@
 //! over a family still covers every actor, and `ate_worker_actor_metrics_omitted` says how many
 //! there were.
 //!
-//! Why text rendered at each scrape ([`ate_tls::telemetry::on_render`]) and not the recorder:
+//! Why text rendered at each scrape ([`ate_telemetry::on_render`]) and not the recorder:
 //! the recorder never forgets a series, and an actor's must go when it is suspended or moves
 //! away. The `_other` CPU counter is kept here: each render adds what the actors summed in it
 //! used since the previous render, so it only grows while actors move in and out of the top N.
@@ -196,7 +196,7 @@ pub(crate) fn export(worker: &Arc<crate::worker::Worker>, cpu: &Arc<CpuMeter>, l
     let worker: Weak<crate::worker::Worker> = Arc::downgrade(worker);
     let cpu: Weak<CpuMeter> = Arc::downgrade(cpu);
     let families = Mutex::new(Families::new(limit));
-    ate_tls::telemetry::on_render(move || {
+    ate_telemetry::on_render(move || {
         let (worker, cpu) = (worker.upgrade()?, cpu.upgrade()?);
         // A few sysfs reads per actor, as a scrape of `ate top actors` does.
         let readings = worker

@@ -488,20 +488,6 @@ fn parse_label(text: &str) -> Result<(String, String), String> {
     Ok((k.trim().to_string(), v.trim().to_string()))
 }
 
-/// `MemTotal` from /proc/meminfo (0 when unreadable).
-/// MemAvailable as a percentage of MemTotal, from `/proc/meminfo` text.
-pub(crate) fn available_percent(meminfo: &str) -> Option<u8> {
-    let field = |name: &str| {
-        meminfo
-            .lines()
-            .find_map(|l| l.strip_prefix(name))
-            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
-    };
-    let total = field("MemTotal:").filter(|t| *t > 0)?;
-    let available = field("MemAvailable:")?;
-    u8::try_from(available.min(total) * 100 / total).ok()
-}
-
 /// The machine's memory (`MemTotal`), 0 when unreadable.
 pub fn total_memory_bytes() -> u64 {
     std::fs::read_to_string("/proc/meminfo")
@@ -539,18 +525,6 @@ fn parse_retention(value: &str) -> Result<std::time::Duration, String> {
 mod tests {
     use super::*;
     use clap::Parser;
-
-    #[test]
-    fn available_percent_reads_meminfo() {
-        let text = "MemTotal:       1000 kB\nMemFree:         100 kB\nMemAvailable:    250 kB\n";
-        assert_eq!(available_percent(text), Some(25));
-        assert_eq!(
-            available_percent("MemTotal: 0 kB\nMemAvailable: 1 kB\n"),
-            None
-        );
-        assert_eq!(available_percent("MemTotal: 10 kB\n"), None);
-        assert_eq!(available_percent(""), None);
-    }
 
     #[test]
     fn cpu_overcommit_multiplies_the_cpu_offered() {

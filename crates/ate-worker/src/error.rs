@@ -55,6 +55,21 @@ pub enum SandboxError {
 
 pub type Result<T, E = SandboxError> = std::result::Result<T, E>;
 
+/// The image store's errors are the sandbox layer's, variant for variant and word for word.
+impl From<ate_image::ImageError> for SandboxError {
+    fn from(e: ate_image::ImageError) -> Self {
+        match e {
+            ate_image::ImageError::Io { what, source } => SandboxError::Io { what, source },
+            ate_image::ImageError::Image { reference, message } => {
+                SandboxError::Image { reference, message }
+            }
+            ate_image::ImageError::Checksum { digest, actual } => {
+                SandboxError::Checksum { digest, actual }
+            }
+        }
+    }
+}
+
 impl SandboxError {
     /// A restore that was cut short rather than refused: `runc` (or what it ran) killed by a
     /// signal, or the page source of a lazy restore dead without reporting a damaged chunk. The

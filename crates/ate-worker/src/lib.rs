@@ -1,7 +1,7 @@
 //! The worker process: node image cache, per-actor network namespaces, the sandbox runtime
 //! (runc + CRIU), wakeup probes, atunnel (the router's way in) and WorkerService (the node
-//! agent's control API on a unix socket). [`run`] is the whole process; [`connect_worker`] is
-//! the client the node agent uses.
+//! agent's control API on a unix socket). [`run`] is the whole process; the node agent's client
+//! is `ate-worker-client`, the memory images and delta generations `ate-generation`.
 
 // Library and product code never unwraps (tests may): errors go to the caller.
 #![cfg_attr(not(test), deny(clippy::unwrap_used))]
@@ -12,13 +12,11 @@ pub mod cmd;
 pub mod config;
 mod convert;
 pub mod cpu;
-pub mod delta;
 pub mod egress;
 pub mod error;
 pub mod exec;
 pub mod handoff;
 pub mod hardening;
-pub mod image;
 pub mod lazy;
 mod lockfile;
 pub mod metrics;
@@ -36,9 +34,9 @@ pub mod sidecars;
 mod socket;
 mod worker;
 
+pub use ate_image::{ImageCache, ImageConfig, ImageError, LayoutRef, UnpackedImage};
 pub use config::{Faults, MemoryRestore, WorkerConfig};
 pub use error::{Result, SandboxError};
-pub use image::{ImageCache, ImageConfig, LayoutRef, UnpackedImage};
 pub use netns::{ACTOR_IP, NetnsDialer, connect_in_netns, connect_in_netns_timeout};
 pub use probe::wait_ready;
 pub use procfs::process_running;
@@ -47,5 +45,4 @@ pub use runtime::{
     ActorSandbox, Capabilities, CheckpointStats, ExitInfo, RunMode, SandboxRuntime, SandboxSpec,
     SidecarSpec, Started,
 };
-pub use service::{WorkerError, WorkerLock, connect_worker, lock_identity, run, run_locked};
-pub use worker::{host_memory_available_percent, live_sandboxes, sandbox_alive};
+pub use service::{WorkerError, WorkerLock, lock_identity, run, run_locked};

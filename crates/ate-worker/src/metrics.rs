@@ -1,12 +1,12 @@
 //! The worker's Prometheus series (`ate_worker_…`): names, descriptions, and the recording
 //! helpers WorkerService and the actor table call. Rendered by the endpoint every component
-//! shares ([`ate_tls::telemetry`]) when `ate worker --metrics-listen` is given; without it the
+//! shares ([`ate_telemetry`]) when `ate worker --metrics-listen` is given; without it the
 //! calls below record into nothing.
 
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
-use ate_tls::telemetry::PrometheusHandle;
+use ate_telemetry::PrometheusHandle;
 use metrics::Unit;
 
 use crate::worker::{CheckpointReply, VerbError, outcome};
@@ -19,7 +19,7 @@ pub const CHECKPOINTS: &str = "ate_worker_checkpoints_total";
 pub const CHECKPOINT_SECONDS: &str = "ate_worker_checkpoint_seconds";
 pub const CHECKPOINT_PHASE_SECONDS: &str = "ate_worker_checkpoint_phase_seconds";
 pub const INCREMENTAL_CHECKPOINTS: &str = "ate_worker_incremental_checkpoints_total";
-pub const FLATTEN_SECONDS: &str = "ate_worker_generation_flatten_seconds";
+pub const FLATTEN_SECONDS: &str = ate_generation::delta::FLATTEN_SECONDS;
 pub const SNAPSHOT_BYTES_WRITTEN: &str = "ate_worker_snapshot_bytes_written_total";
 pub const SNAPSHOT_SIZE: &str = "ate_worker_snapshot_size_bytes";
 pub const ACTORS_ACTIVE: &str = "ate_worker_actors_active";
@@ -172,7 +172,7 @@ pub fn describe() {
 
 /// Installs the process-wide recorder with the worker's series (idempotent).
 pub fn install() -> &'static PrometheusHandle {
-    ate_tls::telemetry::install("worker", describe)
+    ate_telemetry::install("worker", describe)
 }
 
 /// `kind` label of a start request with this generation directory (empty: a cold boot).
@@ -216,7 +216,7 @@ pub(crate) fn checkpointed(result: &Result<CheckpointReply, VerbError>, begun: I
 }
 
 /// A completed lazy restore, with the page source's summary (`key=value …`, see
-/// `lazy::source::Stats::summary`).
+/// `ate_page_source::Stats::summary`).
 pub(crate) fn lazy_restore_done(summary: &str) {
     metrics::counter!(LAZY_RESTORES, "outcome" => "complete").increment(1);
     let value = |key: &str| {
@@ -255,10 +255,6 @@ pub(crate) fn incremental_checkpoint(dump: &'static str) {
     metrics::counter!(INCREMENTAL_CHECKPOINTS, "dump" => dump).increment(1);
 }
 
-pub(crate) fn generation_flattened(took: Duration) {
-    metrics::histogram!(FLATTEN_SECONDS).record(took.as_secs_f64());
-}
-
 pub(crate) fn checkpoint_phase(phase: &'static str, took: Duration) {
     metrics::histogram!(CHECKPOINT_PHASE_SECONDS, "phase" => phase).record(took.as_secs_f64());
 }
@@ -266,7 +262,7 @@ pub(crate) fn checkpoint_phase(phase: &'static str, took: Duration) {
 /// Keeps the slot and frozen gauges of `worker` current at every scrape while it lives.
 pub(crate) fn export_gauges(worker: &Arc<crate::worker::Worker>) {
     let worker: Weak<crate::worker::Worker> = Arc::downgrade(worker);
-    ate_tls::telemetry::on_scrape(move || {
+    ate_telemetry::on_scrape(move || {
         let Some(worker) = worker.upgrade() else {
             return false;
         };

@@ -14,7 +14,6 @@ use std::time::Duration;
 
 use nix::sched::{CloneFlags, setns};
 use nix::sys::socket::{AddressFamily, SockFlag, SockType, socket};
-use sha2::{Digest, Sha256};
 
 use crate::cmd;
 use crate::error::Result;
@@ -76,11 +75,7 @@ pub fn prepare_dir() -> Result<()> {
     }
 }
 
-/// Short stable id: 10 hex chars of sha256(`key`) (the worker uses the actor directory's path).
-pub fn short_id(key: &str) -> String {
-    let digest = Sha256::digest(key.as_bytes());
-    hex::encode(&digest[..5])
-}
+pub use ate_worker_client::sandbox::short_id;
 
 /// `ate-<short id>`: 14 characters, valid as a netns, link and container name.
 pub fn netns_name(key: &str) -> String {

@@ -10,10 +10,10 @@ use std::sync::Arc;
 use tokio::sync::watch;
 
 use crate::config::WorkerConfig;
-use crate::image::ImageCache;
 use crate::runc::{RuncConfig, RuncRuntime};
 use crate::service::{AbortOnDrop, WorkerError, api_clients};
 use crate::worker::{ApiClients, EXIT_POLL, Identity, Worker};
+use ate_image::ImageCache;
 
 /// A random non-zero epoch: a new one every process start. Kept below 2^63 because the stores
 /// keep it in a signed 64-bit column.
@@ -339,7 +339,7 @@ pub(crate) fn spawn_image_sweep(
         tokio::time::sleep(std::time::Duration::from_secs(120)).await;
         loop {
             let (c, r) = (cache.clone(), retention);
-            match tokio::task::spawn_blocking(move || crate::image::sweep_unused(&c, r)).await {
+            match tokio::task::spawn_blocking(move || ate_image::sweep_unused(&c, r)).await {
                 Ok(Ok(stats)) if stats.entries_removed > 0 => {
                     tracing::info!(
                         removed = stats.entries_removed,

@@ -11,8 +11,8 @@ use std::time::Duration;
 use ate_core::template::{ExitPolicy, Resources, TemplateSpec, Volume};
 
 use crate::error::{Result, SandboxError};
-use crate::image::UnpackedImage;
 use crate::netns;
+use ate_image::UnpackedImage;
 
 /// What a runtime can do on this worker (reported to the api at registration).
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -1,21 +1,18 @@
 //! WorkerService over the worker's unix socket (a thin adapter: `convert` decodes requests
-//! and encodes answers), the client constructor the node agent uses, and [`run`]: the whole
-//! worker process (runtime, atunnel, service, exit watcher, shutdown). The socket's guards are
-//! in `socket.rs`.
+//! and encodes answers) and [`run`]: the whole worker process (runtime, atunnel, service, exit
+//! watcher, shutdown). The socket's guards are in `socket.rs`; the node agent's client is
+//! `ate-worker-client`.
 
 use std::future::Future;
-use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use ate_proto::v1;
 use ate_proto::v1::alarm_service_client::AlarmServiceClient;
 use ate_proto::v1::identity_service_client::IdentityServiceClient;
-use ate_proto::v1::worker_service_client::WorkerServiceClient;
 use ate_proto::v1::worker_service_server::{WorkerService, WorkerServiceServer};
-use hyper_util::rt::TokioIo;
-use tokio::net::{TcpListener, UnixStream};
+use tokio::net::TcpListener;
 use tokio::sync::watch;
-use tonic::transport::{Channel, Endpoint, Server, Uri};
+use tonic::transport::Server;
 use tonic::{Request, Response, Status};
 use tracing::Instrument;
 
@@ -149,7 +146,7 @@ impl WorkerService for WorkerServiceImpl {
                 trace_id = tracing::field::Empty,
                 actor = %actor
             );
-            ate_tls::trace_context::continue_grpc(&span, &req);
+            ate_telemetry::trace_context::continue_grpc(&span, &req);
             span
         };
         let req = req.into_inner();
@@ -235,21 +232,6 @@ impl WorkerService for WorkerServiceImpl {
         self.worker.renew_lease(valid_for);
         Ok(Response::new(v1::WorkerLeaseReply {}))
     }
-}
-
-/// A WorkerService client over the worker's unix socket.
-pub async fn connect_worker(
-    socket: &Path,
-) -> Result<WorkerServiceClient<Channel>, tonic::transport::Error> {
-    let path: PathBuf = socket.to_path_buf();
-    // The URI is required by tonic but unused: every connection goes to the socket.
-    let channel = Endpoint::from_static("http://worker.sock")
-        .connect_with_connector(tower::service_fn(move |_: Uri| {
-            let path = path.clone();
-            async move { Ok::<_, std::io::Error>(TokioIo::new(UnixStream::connect(path).await?)) }
-        }))
-        .await?;
-    Ok(WorkerServiceClient::new(channel))
 }
 
 /// The worker's identity, held: `<state>/workers/<id>/worker.lock` locked by this process

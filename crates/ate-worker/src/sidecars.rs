@@ -192,8 +192,8 @@ pub fn sidecar_mounts(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::image::{ImageConfig, UnpackedImage};
     use ate_core::template::{ExitPolicy, Resources, Volume};
+    use ate_image::{ImageConfig, UnpackedImage};
 
     fn image(entry: &str) -> UnpackedImage {
         UnpackedImage {

@@ -12,9 +12,9 @@ use std::collections::BTreeMap;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
+use ate_image::RegistryConfig;
 use ate_test_support::registry as registry_fixture;
-use ate_worker::image::RegistryConfig;
-use ate_worker::{ImageCache, SandboxError, UnpackedImage};
+use ate_worker::{ImageCache, ImageError, UnpackedImage};
 use common::images_dir;
 use registry_fixture::{HTPASSWD, Options, Registry};
 use sha2::{Digest, Sha256};
@@ -29,9 +29,9 @@ fn cache(reg: &Registry, dir: &Path) -> ImageCache {
     )
 }
 
-fn image_message(r: Result<UnpackedImage, SandboxError>) -> (String, String) {
+fn image_message(r: Result<UnpackedImage, ImageError>) -> (String, String) {
     match r {
-        Err(SandboxError::Image { reference, message }) => {
+        Err(ImageError::Image { reference, message }) => {
             eprintln!("image {reference}: {message}");
             (reference, message)
         }

@@ -61,7 +61,7 @@ async fn image_unpacks_and_caches() {
     assert!(leftovers.is_empty());
     let missing_tag = cache.ensure(&format!("{}:nope", counter_ref())).await;
     assert!(
-        matches!(missing_tag, Err(SandboxError::Image { .. })),
+        matches!(missing_tag, Err(ate_worker::ImageError::Image { .. })),
         "{missing_tag:?}"
     );
 }
@@ -94,7 +94,7 @@ async fn image_with_flipped_layer_byte_is_refused() {
         .ensure(&format!("oci-layout:{}", layout.display()))
         .await;
     match result {
-        Err(SandboxError::Checksum { digest, .. }) => {
+        Err(ate_worker::ImageError::Checksum { digest, .. }) => {
             assert!(
                 digest.ends_with(
                     &layer

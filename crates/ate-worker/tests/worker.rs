@@ -9,7 +9,8 @@ use std::time::{Duration, Instant};
 
 use ate_proto::v1;
 use ate_proto::v1::worker_service_client::WorkerServiceClient;
-use ate_worker::{ActorSandbox, WorkerConfig, connect_worker, netns};
+use ate_worker::{ActorSandbox, WorkerConfig, netns};
+use ate_worker_client::connect_worker;
 use bytes::Bytes;
 use common::h2_client::{self, H2, body_text, h2_connect};
 use common::{Env, counter_ref, unique_name};

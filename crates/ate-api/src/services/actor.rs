@@ -274,13 +274,13 @@ impl actor_service_server::ActorService for Services {
             atespace = tracing::field::Empty,
             name = tracing::field::Empty,
         );
-        if ate_tls::trace_context::enabled() {
+        if ate_telemetry::trace_context::enabled() {
             // The spec's tags for following one resume: the actor's atespace and name (the log
             // lines have both in `actor` already).
             span.record("atespace", r.atespace.as_str());
             span.record("name", r.name.as_str());
         }
-        ate_tls::trace_context::continue_metadata(&span, &metadata);
+        ate_telemetry::trace_context::continue_metadata(&span, &metadata);
         let api = self.api.clone();
         let work = async move {
             let (actor, resumed) = api.resume(&r, Some(&request_id)).await?;

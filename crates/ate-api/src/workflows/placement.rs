@@ -81,7 +81,7 @@ impl Api {
                 demand(template),
                 now_ms(),
             )
-            .instrument(ate_tls::trace_span!("bind", worker = %worker.id, rebind = true))
+            .instrument(ate_telemetry::trace_span!("bind", worker = %worker.id, rebind = true))
             .await
         {
             Ok(a) => Ok(Some((a, worker))),
@@ -284,7 +284,7 @@ impl Api {
             match self
                 .store
                 .bind_actor(&r, &from, &worker.id, demand, now_ms())
-                .instrument(ate_tls::trace_span!("bind", worker = %worker.id, attempt))
+                .instrument(ate_telemetry::trace_span!("bind", worker = %worker.id, attempt))
                 .await
             {
                 Ok(bound) => {

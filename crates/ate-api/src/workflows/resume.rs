@@ -193,7 +193,7 @@ impl Api {
     ) -> Result<(ActorView, bool), WorkflowError> {
         let lease = self
             .lease(r)
-            .instrument(ate_tls::trace_span!("lease"))
+            .instrument(ate_telemetry::trace_span!("lease"))
             .await?;
         steps.mark("lease");
         let result = self.resume_locked(r, steps, &lease, request_id).await;
@@ -240,7 +240,7 @@ impl Api {
         };
         steps.mark("node");
         self.faults.fire(FaultPoint::ResumeAfterNodeCall)?;
-        let _step = ate_tls::trace_span!("finalize");
+        let _step = ate_telemetry::trace_span!("finalize");
         let note = resume_note(plan, snapshot.as_ref(), request_id);
         let view = self
             .finalize_resume(r, lease, &worker, reply.epoch, note)
@@ -260,7 +260,7 @@ impl Api {
     ) -> Result<ControlFlow<ActorView, Loaded>, Failure> {
         // Trace spans of the steps (disabled when traces are off), each from its creation to its
         // drop; an early return ends the step it is in.
-        let _step = ate_tls::trace_span!("load");
+        let _step = ate_telemetry::trace_span!("load");
         // Re-read under the lease: another workflow may have finished in between.
         let actor = self.store.get_actor(r).await?;
         steps.mark("reread");
@@ -302,7 +302,9 @@ impl Api {
                 }
             }
         };
-        placed.instrument(ate_tls::trace_span!("schedule")).await
+        placed
+            .instrument(ate_telemetry::trace_span!("schedule"))
+            .await
     }
 
     /// The worker must be able to restore everything the generation holds. Placement
@@ -373,7 +375,7 @@ impl Api {
                 _ => self.nodes.run(address, workload, request_id).await,
             }
         };
-        let node_span = ate_tls::trace_span!(
+        let node_span = ate_telemetry::trace_span!(
             "node",
             node = %worker.node,
             worker = %worker.id,

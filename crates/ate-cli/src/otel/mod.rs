@@ -65,7 +65,7 @@ impl Tracing {
     pub fn export_metrics(
         &mut self,
         component: &'static str,
-        install: fn() -> &'static ate_tls::telemetry::PrometheusHandle,
+        install: fn() -> &'static ate_telemetry::PrometheusHandle,
     ) {
         let (export, notice) = metrics::start(component, install);
         self.metrics = export;
@@ -171,7 +171,7 @@ where
         .with_tracked_inactivity(false)
         .with_threads(false)
         .with_target(false);
-    ate_tls::trace_context::enable();
+    ate_telemetry::trace_context::enable();
     (
         Some(layer),
         Tracing {
@@ -254,7 +254,7 @@ pub(crate) fn resource_attributes(component: &'static str) -> Vec<(String, Strin
         attributes.push((key.to_string(), value));
     }
     if !attributes.iter().any(|(k, _)| k == "service.version") {
-        let version = ate_tls::telemetry::VERSION.to_string();
+        let version = ate_telemetry::VERSION.to_string();
         attributes.push(("service.version".to_string(), version));
     }
     attributes

@@ -166,7 +166,7 @@ impl NodeAgent {
         let begun = std::time::Instant::now();
         let uploaded = async {
             // An incremental generation is made whole first: a durable copy stands alone.
-            ate_worker::delta::ensure_flat(Path::new(&snap.local_path))
+            ate_generation::ensure_flat(Path::new(&snap.local_path))
                 .await
                 .map_err(|e| format!("making the incremental generation whole: {e}"))?;
             let (local, parents, _opened) = open_for_upload(Path::new(&snap.local_path), parents)
@@ -175,7 +175,7 @@ impl NodeAgent {
             self.inner
                 .durable
                 .upload_with_parents(&local, &key, priority, &parents, &|dir: &Path| {
-                    ate_worker::lazy::images::memory_layout(dir).ok()
+                    ate_generation::images::memory_layout(dir).ok()
                 })
                 .await
                 .map(|(uri, _)| uri)

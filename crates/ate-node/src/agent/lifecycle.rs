@@ -41,8 +41,7 @@ impl NodeAgent {
             }
             if !snap.local_path.is_empty() && snap.node == self.inner.cfg.name {
                 // A later generation may still build on this one.
-                if let Err(e) =
-                    ate_worker::delta::flatten_children(Path::new(&snap.local_path)).await
+                if let Err(e) = ate_generation::flatten_children(Path::new(&snap.local_path)).await
                 {
                     tracing::warn!(generation = snap.generation, error = %e, "an incremental generation builds on this one and cannot be made whole; keeping it");
                     out.push(snap);
@@ -99,7 +98,7 @@ impl NodeAgent {
             .unwrap_or_default();
         if workers
             .iter()
-            .any(|w| ate_worker::sandbox_alive(&w.join("actors"), atespace, name))
+            .any(|w| ate_worker_client::sandbox_alive(&w.join("actors"), atespace, name))
         {
             return Ok((false, 0));
         }
@@ -145,7 +144,7 @@ impl NodeAgent {
                 && Path::new(&snap.local_path).starts_with(&root);
             // A later generation that builds on this one is made whole first.
             if ours {
-                ate_worker::delta::flatten_children_except(Path::new(&snap.local_path), &going)
+                ate_generation::flatten_children_except(Path::new(&snap.local_path), &going)
                     .await
                     .map_err(|e| AgentError::LocalFile {
                         verb: "delete",

@@ -280,7 +280,7 @@ impl NodeAgent {
     /// Keeps `ate_node_frozen_copies` current at every scrape while this agent lives.
     pub fn export_gauges(&self) {
         let inner = Arc::downgrade(&self.inner);
-        ate_tls::telemetry::on_scrape(move || {
+        ate_telemetry::on_scrape(move || {
             let Some(inner) = inner.upgrade() else {
                 return false;
             };

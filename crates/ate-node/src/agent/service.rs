@@ -42,7 +42,7 @@ impl NodeService for NodeAgent {
             .await
             .map(|r| Response::new(convert::node_reply(r)))
             .map_err(|e| convert::status(&e));
-            crate::metrics::ran(ate_tls::telemetry::outcome(&result));
+            crate::metrics::ran(ate_telemetry::outcome(&result));
             result
         })
         .await
@@ -66,7 +66,7 @@ impl NodeService for NodeAgent {
             .await
             .map(|r| Response::new(convert::node_reply(r)))
             .map_err(|e| convert::status(&e));
-            crate::metrics::restored(ate_tls::telemetry::outcome(&result), begun);
+            crate::metrics::restored(ate_telemetry::outcome(&result), begun);
             result
         })
         .await
@@ -87,7 +87,7 @@ impl NodeService for NodeAgent {
             let result = result
                 .map(|c| Response::new(convert::checkpoint_reply(c)))
                 .map_err(|e| convert::status(&e));
-            crate::metrics::checkpointed(ate_tls::telemetry::outcome(&result), begun, written);
+            crate::metrics::checkpointed(ate_telemetry::outcome(&result), begun, written);
             result
         })
         .await
@@ -203,7 +203,7 @@ fn start_span<T>(call: &str, req: &Request<T>, workload: Option<&v1::Workload>) 
         trace_id = tracing::field::Empty,
         actor = %actor
     );
-    ate_tls::trace_context::continue_grpc(&span, req);
+    ate_telemetry::trace_context::continue_grpc(&span, req);
     span
 }
 

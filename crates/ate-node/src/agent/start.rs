@@ -62,7 +62,7 @@ impl NodeAgent {
         };
         // Fetching the generation from the durable store, when the node has no usable copy.
         let download = |kind: &'static str| {
-            ate_tls::trace_span!("download", generation = snap.generation, kind)
+            ate_telemetry::trace_span!("download", generation = snap.generation, kind)
         };
         // Memory on demand from the durable copy when the worker restores lazily and the
         // template does not ask for eager restores; else the whole generation first.
@@ -192,7 +192,7 @@ impl NodeAgent {
         let _ = tokio::fs::remove_dir_all(&target).await;
         let begun = std::time::Instant::now();
         let eager = |dir: &Path| {
-            ate_worker::lazy::images::eager_chunk_files(&dir.join(ate_snapshot::CRIU_DIR))
+            ate_generation::images::eager_chunk_files(&dir.join(ate_snapshot::CRIU_DIR))
                 .map_err(|e| ate_snapshot::Error::InvalidInput(format!("memory images: {e}")))
         };
         let downloaded = self

@@ -89,9 +89,9 @@ struct Begun {
     id: HeaderValue,
     /// The client's id was kept (it is already on the request); else `id` replaces it.
     kept: bool,
-    /// The trace id on the request span (see `ate_tls::trace_context`), for the lines written
+    /// The trace id on the request span (see `ate_telemetry::trace_context`), for the lines written
     /// after it: the failure line and the access log.
-    trace_id: Option<ate_tls::trace_context::TraceId>,
+    trace_id: Option<ate_telemetry::trace_context::TraceId>,
     /// Only with the access log on (boxed: every request future carries this).
     access: Option<Box<AccessStart>>,
 }
@@ -195,7 +195,8 @@ impl Proxy {
                 } else {
                     tracing::Span::none()
                 };
-                begun.trace_id = ate_tls::trace_context::continue_http(&span, request.headers());
+                begun.trace_id =
+                    ate_telemetry::trace_context::continue_http(&span, request.headers());
                 let forward = self.clone().forward(request, Target(target), port);
                 Either::Left(forward.instrument(span).map(|f| {
                     let Target(actor) = f.actor;
@@ -459,7 +460,7 @@ impl Proxy {
         let found = self
             .resolver
             .resolve(name, id_of(&request))
-            .instrument(ate_tls::trace_span!("resolve"))
+            .instrument(ate_telemetry::trace_span!("resolve"))
             .await;
         timings.add_resolve(started.elapsed());
         let (mut route, mut kind) = match found {
@@ -484,7 +485,7 @@ impl Proxy {
             let sent = Instant::now();
             // The actor (and atunnel, on a new tunnel) continue the trace from the request's
             // span. No span per attempt: it would sit in this (per connection) future.
-            ate_tls::trace_context::inject_http(request.headers_mut());
+            ate_telemetry::trace_context::inject_http(request.headers_mut());
             let result = match mode {
                 Mode::Http1 => self.tunnels.send_h1(&route, name, port, request).await,
                 Mode::Upgrade => self.upgrade(&route, name, port, request).await,
@@ -524,7 +525,7 @@ impl Proxy {
                     let found = Box::pin(
                         self.resolver
                             .resolve(name, id_of(&back))
-                            .instrument(ate_tls::trace_span!("resolve", retry = retries))
+                            .instrument(ate_telemetry::trace_span!("resolve", retry = retries))
                             .instrument(outer),
                     )
                     .await;
@@ -595,7 +596,7 @@ impl Proxy {
 /// CPU. A warm request whose route turns out bad gets one when it resolves again (see
 /// `Proxy::forward`).
 fn wants_span(request: &Request<Incoming>) -> bool {
-    ate_tls::trace_context::enabled()
+    ate_telemetry::trace_context::enabled()
         || tracing::enabled!(tracing::Level::DEBUG)
         || Mode::of(request) != Mode::Http1
 }

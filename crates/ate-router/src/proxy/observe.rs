@@ -100,7 +100,7 @@ pub(super) fn request_span_for<B>(request: &http::Request<B>, actor: &str) -> tr
 
 /// The answer's status on the current request span (a server error marks the span failed).
 pub(super) fn note_status(status: StatusCode) {
-    if ate_tls::trace_context::enabled() {
+    if ate_telemetry::trace_context::enabled() {
         let span = tracing::Span::current();
         span.record("status", status.as_u16());
         if status.is_server_error() {
@@ -111,7 +111,7 @@ pub(super) fn note_status(status: StatusCode) {
 
 /// How the actor was found (`ate-resume`: warm, cold, parked) on the current request span.
 pub(super) fn note_kind(kind: ResumeKind) {
-    if ate_tls::trace_context::enabled() {
+    if ate_telemetry::trace_context::enabled() {
         tracing::Span::current().record("resume", kind.header_value());
     }
 }
@@ -123,7 +123,7 @@ pub(super) fn note_kind(kind: ResumeKind) {
 pub(super) fn log_failure(
     response: &Response<RouterBody>,
     request_id: &str,
-    trace_id: Option<ate_tls::trace_context::TraceId>,
+    trace_id: Option<ate_telemetry::trace_context::TraceId>,
     actor: &str,
 ) {
     let status = response.status();

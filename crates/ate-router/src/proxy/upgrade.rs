@@ -189,7 +189,8 @@ impl Proxy {
                         inner.headers_mut().insert(REQUEST_ID, begun.id.clone());
                     }
                     let span = request_span(&begun.id, actor.as_str());
-                    begun.trace_id = ate_tls::trace_context::continue_http(&span, inner.headers());
+                    begun.trace_id =
+                        ate_telemetry::trace_context::continue_http(&span, inner.headers());
                     let (response, timings) = proxy
                         .tunneled_request(inner, &actor, port)
                         .instrument(span)

@@ -318,7 +318,7 @@ impl Tunnels {
             {
                 request.headers_mut().insert(REQUEST_ID_HEADER, id);
             }
-            ate_tls::trace_context::inject_http(request.headers_mut());
+            ate_telemetry::trace_context::inject_http(request.headers_mut());
             match sender.send_request(request).await {
                 Ok(response) => return accept(response).await,
                 Err(e) if !retried && sender.is_closed() => {

@@ -125,7 +125,7 @@ fn forward_span(req: &Request<Incoming>) -> tracing::Span {
         port = %Some(text(HEADER_PORT)).filter(|p| !p.is_empty()).unwrap_or("80"),
         status = tracing::field::Empty,
     );
-    ate_tls::trace_context::continue_http(&span, headers);
+    ate_telemetry::trace_context::continue_http(&span, headers);
     span
 }
 
@@ -245,8 +245,8 @@ async fn handle(tunnels: &Tunnels, req: Request<Incoming>) -> Response<Full<Byte
     // process exports traces.
     let trace_id = req
         .headers()
-        .get(ate_tls::trace_context::TRACEPARENT)
-        .and_then(|v| ate_tls::trace_context::TraceId::from_traceparent(v.as_bytes()));
+        .get(ate_telemetry::trace_context::TRACEPARENT)
+        .and_then(|v| ate_telemetry::trace_context::TraceId::from_traceparent(v.as_bytes()));
     tokio::spawn(async move {
         let _guard = guard;
         let upgraded = tokio::select! {

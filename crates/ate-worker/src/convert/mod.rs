@@ -265,10 +265,5 @@ pub(crate) fn adoption_from_bytes(bytes: &[u8]) -> Result<AdoptionRecord, String
     })
 }
 
-/// Only the init pid of an adoption record file (its workload unchecked).
-pub(crate) fn adoption_pid_from_bytes(bytes: &[u8]) -> Result<Option<u32>, String> {
-    Ok(nonzero(adoption_message(bytes)?.pid))
-}
-
 #[cfg(test)]
 mod tests;

@@ -1,5 +1,6 @@
 //! The conversions against the messages and codes callers saw before they moved here.
 
+use ate_worker_client::sandbox::adoption_pid_from_bytes;
 use tonic::Code;
 
 use super::*;
@@ -129,7 +130,7 @@ fn each_error_keeps_its_code_message_and_metrics_label() {
         let message = e.message().to_string();
         assert_eq!(e.to_string(), message);
         // The metrics label is the one the gRPC code had.
-        assert_eq!(e.outcome(), ate_tls::telemetry::code_label(code));
+        assert_eq!(e.outcome(), ate_telemetry::code_label(code));
         let s = status(e);
         assert_eq!(s.code(), code);
         assert_eq!(s.message(), message);

@@ -1,34 +1,7 @@
-//! Lazy memory restore: the actor runs as soon as CRIU has restored its state, and its memory
-//! pages arrive as it touches them (userfaultfd), the rest pushed in the background.
-//!
-//! - [`images`]: reads CRIU's pagemap and mm images (which pages exist, where in the pages
-//!   file, which the restorer reads itself).
-//! - [`ranges`]: the set of pages a task still lacks, kept exact across mremap/munmap/madvise.
-//! - [`uffd`]: the userfaultfd ABI (events, COPY, ZEROPAGE, WAKE, WRITEPROTECT).
-//! - [`written`]: memory tracking's kernel features, and which pages a tracked restore's
-//!   tasks wrote since (PAGEMAP_SCAN).
-//! - [`source`]: the page source process (`ate page-source`), in place of `criu lazy-pages`,
-//!   verifying each 2 MiB chunk against the manifest's BLAKE3 digest as it first reads it.
-//! - [`remote`]: chunks fetched from the durable store when only part of the generation is
-//!   local (a restore from the durable copy), the fault's chunk at once, the push's ahead.
-//! - [`working_set`]: the chunks an actor faulted first after a restore, recorded by the page
-//!   source and carried by the next generation, so its restore brings them in first.
-//! - [`report`] / [`watch`]: how the page source tells the worker about itself, and the
-//!   worker's handle, which holds a copy of every userfaultfd so a dead page source leaves
-//!   faults blocked rather than zero-filled.
+//! Lazy memory restore, the worker's side: [`watch`] starts the page source (crate
+//! `ate-page-source`, `ate page-source`) and is the worker's handle on it, which holds a copy of
+//! every userfaultfd so a dead page source leaves faults blocked rather than zero-filled.
 
-pub mod images;
-pub mod ranges;
-pub mod remote;
-pub mod report;
-pub mod source;
-pub mod uffd;
 pub mod watch;
-pub mod working_set;
-pub mod written;
 
-pub use source::{SOCKET_NAME, SourceError, Stats};
-
-/// Left by the page source in the restore's work dir when it ends: `done` or `failed: …`.
-pub const STATUS_FILE: &str = "page-source.status";
-pub use watch::{Outcome, PageSource, REPORT_FD, SOURCE_DIED, Tracking};
+pub use watch::{Outcome, PageSource, SOURCE_DIED, Tracking};

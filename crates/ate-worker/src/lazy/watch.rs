@@ -15,13 +15,13 @@ use std::process::Stdio;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use super::report::{self, Received};
+use ate_page_source::REPORT_FD;
+use ate_page_source::report::{self, Received};
+
 use crate::error::SandboxError;
 
 /// How long the page source may take to listen before the restore gives up on it.
 const LISTEN_TIMEOUT: Duration = Duration::from_secs(10);
-/// The page source's descriptor for the report socket.
-pub const REPORT_FD: i32 = 3;
 /// The page source's pid, in its work dir (for [`end_leftover`]).
 pub const PID_FILE: &str = "page-source.pid";
 

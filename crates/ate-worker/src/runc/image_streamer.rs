@@ -219,8 +219,8 @@ impl Serving {
             write_reply(&mut conn, source.is_some())?;
             let Some(source) = source else { continue };
             // The pipe CRIU passes after a reply that the file exists.
-            let pipe =
-                crate::lazy::source::criu::receive_criu_fd(conn.as_raw_fd())?.ok_or_else(|| {
+            let pipe = ate_page_source::source::criu::receive_criu_fd(conn.as_raw_fd())?
+                .ok_or_else(|| {
                     io::Error::new(
                         io::ErrorKind::InvalidData,
                         "CRIU sent no pipe after the reply",

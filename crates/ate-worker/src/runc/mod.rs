@@ -212,7 +212,7 @@ impl RuncRuntime {
             && (lazy_in_userns || !config.userns)
             && match (
                 userns::criu_patch_level(&criu_version) >= 3,
-                crate::lazy::written::probe(),
+                ate_page_source::written::probe(),
             ) {
                 (true, Ok(())) => true,
                 (false, _) => {
@@ -452,7 +452,7 @@ impl SandboxRuntime for RuncRuntime {
         let pids = cgroup::cgroup_processes(&actor.short_id());
         tokio::task::spawn_blocking(move || {
             pids.into_iter().try_fold(0u64, |sum, pid| {
-                crate::lazy::written::rearm(pid).map(|n| sum + n)
+                ate_page_source::written::rearm(pid).map(|n| sum + n)
             })
         })
         .await

@@ -15,10 +15,10 @@ use oci_spec::runtime::{
 use super::cgroup::{CGROUP_PARENT, CPU_PERIOD_US, cpu_quota_us};
 use crate::error::{Result, SandboxError};
 use crate::hardening::{self, oci_error};
-use crate::image::ImageConfig;
 use crate::netns;
 use crate::runtime::{ActorSandbox, SandboxSpec};
 use crate::sidecars;
+use ate_image::ImageConfig;
 
 const DEFAULT_PATH: &str = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
 

@@ -1,9 +1,13 @@
 //! Adoption: the record next to each active actor's sandbox, and a restarted worker taking back
 //! the sandboxes its earlier process left running (ingress on again once the node renews the
-//! lease); the liveness checks the node makes on a worker that does not answer.
+//! lease). The node's liveness checks of a worker that does not answer read the same records
+//! (`ate_worker_client::sandbox`).
 
 use std::path::Path;
 use std::time::{Duration, Instant};
+
+pub(super) use ate_worker_client::sandbox::ADOPTION_FILE;
+use ate_worker_client::sandbox::{actor_dirs, sandbox_alive};
 
 use super::{AdoptionRecord, Entry, Worker, Workload, egress_identity, key_of};
 use crate::netns::NetnsDialer;
@@ -13,8 +17,6 @@ use crate::runtime::ActorSandbox;
 /// How long a restarted worker waits for a lazy restore's page source to finish before it
 /// gives up adopting the sandbox.
 const ADOPT_PAGE_SOURCE_WAIT: Duration = Duration::from_secs(30);
-/// Next to each active actor: what a restarted worker needs to re-adopt its sandbox.
-pub(super) const ADOPTION_FILE: &str = "adoption.pb";
 
 impl Worker {
     /// The node renewed this worker's lease: atunnel admits traffic for `valid_for` more, and
@@ -166,65 +168,13 @@ impl Worker {
     }
 }
 
-/// How many sandboxes under a worker's actors dir (`<state>/workers/<id>/actors`) still run:
-/// those whose adoption record names an init that is alive (not a zombie) in the sandbox's own
-/// cgroup. The node asks this about a worker whose process does not answer: while any runs, the
-/// worker's actors may not be released (a restarted worker re-adopts them).
-pub fn live_sandboxes(actors_dir: &Path) -> usize {
-    actor_dirs(actors_dir)
-        .into_iter()
-        .filter(|(atespace, name)| sandbox_alive(actors_dir, atespace, name))
-        .count()
-}
-
-/// Whether a sandbox of actor `atespace/name` still runs under a worker's actors dir (see
-/// [`live_sandboxes`]).
-pub fn sandbox_alive(actors_dir: &Path, atespace: &str, name: &str) -> bool {
-    let dir = actors_dir.join(atespace).join(name);
-    let short_id = ActorSandbox::new("", "", "", &dir).short_id();
-    read_adoption_pid(&dir).is_ok_and(|pid| pid.is_some_and(|pid| init_alive(pid, &short_id)))
-}
-
-/// `(atespace, name)` of every actor dir under an actors dir (`<atespace>/<name>`).
-fn actor_dirs(actors_dir: &Path) -> Vec<(String, String)> {
-    let Ok(spaces) = std::fs::read_dir(actors_dir) else {
-        return Vec::new();
-    };
-    let mut out = Vec::new();
-    for space in spaces.flatten() {
-        let Ok(names) = std::fs::read_dir(space.path()) else {
-            continue;
-        };
-        let atespace = space.file_name().to_string_lossy().into_owned();
-        for n in names.flatten() {
-            out.push((
-                atespace.clone(),
-                n.file_name().to_string_lossy().into_owned(),
-            ));
-        }
-    }
-    out
-}
-
 /// The adoption record next to an actor's sandbox, or why there is none to use.
 fn read_adoption(dir: &Path) -> Result<AdoptionRecord, String> {
     crate::convert::adoption_from_bytes(&read_adoption_file(dir)?)
 }
 
-/// Only the init pid of the adoption record next to an actor's sandbox (the rest unchecked).
-fn read_adoption_pid(dir: &Path) -> Result<Option<u32>, String> {
-    crate::convert::adoption_pid_from_bytes(&read_adoption_file(dir)?)
-}
-
 fn read_adoption_file(dir: &Path) -> Result<Vec<u8>, String> {
     std::fs::read(dir.join(ADOPTION_FILE)).map_err(|e| format!("no adoption record: {e}"))
-}
-
-/// The process exists, is not a zombie, and sits in the sandbox's cgroup (not a reused pid).
-fn init_alive(pid: u32, short_id: &str) -> bool {
-    process_running(pid)
-        && std::fs::read_to_string(format!("/proc/{pid}/cgroup"))
-            .is_ok_and(|c| c.contains(short_id))
 }
 
 /// A sandbox left by an earlier worker process was restored lazily: adopt it only once its page
@@ -234,7 +184,7 @@ async fn wait_page_source(sandbox: &ActorSandbox, pid: u32) -> Result<(), String
     let status_file = sandbox
         .dir
         .join("criu-restore")
-        .join(crate::lazy::STATUS_FILE);
+        .join(ate_page_source::STATUS_FILE);
     let begun = Instant::now();
     loop {
         let status = tokio::fs::read_to_string(&status_file)

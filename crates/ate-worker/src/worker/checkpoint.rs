@@ -609,7 +609,7 @@ async fn wait_lazy_restore_done(key: &str, entry: &Entry) -> Result<(), VerbErro
 fn flatten_in_background(gen_dir: &Path) {
     let dir = gen_dir.to_path_buf();
     tokio::spawn(async move {
-        if let Err(e) = crate::delta::ensure_flat(&dir).await {
+        if let Err(e) = ate_generation::delta::ensure_flat(&dir).await {
             tracing::warn!(generation = %dir.display(), error = %e, "cannot make an incremental generation whole; the next reader tries again");
         }
     });
@@ -646,7 +646,7 @@ fn report_sealed(
 /// new dump (`criu/working-set.json`), so the next restore brings that memory in first. Best
 /// effort: without it the next restore only does no prefetch.
 async fn carry_working_set(sandbox: &ActorSandbox, criu: &Path) {
-    let file = crate::lazy::working_set::FILE;
+    let file = ate_page_source::working_set::FILE;
     let recorded = sandbox.dir.join("criu-restore").join(file);
     match tokio::fs::copy(&recorded, criu.join(file)).await {
         Ok(_) => {}

@@ -142,13 +142,5 @@ impl Worker {
 
 /// Whether the host's MemAvailable is below `min_percent` of its memory.
 fn memory_low(min_percent: u8) -> bool {
-    host_memory_available_percent().is_some_and(|p| p < min_percent)
-}
-
-/// The host's MemAvailable as a percentage of its memory (`/proc/meminfo`); None when it cannot
-/// be read.
-pub fn host_memory_available_percent() -> Option<u8> {
-    std::fs::read_to_string("/proc/meminfo")
-        .ok()
-        .and_then(|t| crate::config::available_percent(&t))
+    ate_worker_client::host_memory_available_percent().is_some_and(|p| p < min_percent)
 }

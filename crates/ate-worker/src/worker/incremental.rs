@@ -61,10 +61,10 @@ impl Worker {
             // place meanwhile, which a sealed parent's opened copy does not see; a plaintext
             // one is read in place, so it is made whole first.
             if !ate_snapshot::sealed::is_encrypted(parent_gen) {
-                crate::delta::ensure_flat(parent_gen).await?;
+                ate_generation::delta::ensure_flat(parent_gen).await?;
             }
-            let rel = crate::delta::parent_images_for_dump(parent_gen, criu).await?;
-            Ok::<_, crate::delta::FlattenError>(Some((manifest, rel)))
+            let rel = ate_generation::delta::parent_images_for_dump(parent_gen, criu).await?;
+            Ok::<_, ate_generation::delta::FlattenError>(Some((manifest, rel)))
         }
         .await;
         let (manifest, rel) = match parent {
@@ -83,7 +83,7 @@ impl Worker {
             .runtime
             .checkpoint_incremental(sandbox, criu, &rel, &tracker, freeze)
             .await?;
-        let link = criu.join(crate::lazy::images::flatten::PARENT_LINK);
+        let link = criu.join(ate_generation::images::flatten::PARENT_LINK);
         if let Err(e) = tokio::fs::remove_file(&link).await
             && e.kind() != std::io::ErrorKind::NotFound
         {

@@ -48,14 +48,12 @@ use crate::atunnel::Tunnels;
 use crate::config::{Faults, FrozenPolicy};
 use crate::egress::{ActorIdentity, Cidr, Egress, RouterClient};
 use crate::error::SandboxError;
-use crate::image::ImageCache;
 use crate::lazy::PageSource;
 use crate::netns::NetnsDialer;
 use crate::runtime::{ActorSandbox, SandboxRuntime};
+use ate_image::ImageCache;
 
-pub use adoption::{live_sandboxes, sandbox_alive};
 pub use exec::{ExecEvent, ExecInput, ExecRequest};
-pub use frozen::host_memory_available_percent;
 pub use local_api::ApiClients;
 pub use types::{
     ActivityReport, ActorActivity, AdoptionRecord, CheckpointReply, CheckpointRequest, StartReply,

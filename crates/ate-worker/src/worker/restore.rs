@@ -40,10 +40,10 @@ impl Worker {
         // restore is lazy decide how much of a sealed generation is opened. An incremental
         // generation is made whole first (usually its background flatten has done so already):
         // a restore never follows a parent.
-        let manifest = crate::delta::ensure_flat(gen_dir)
+        let manifest = ate_generation::delta::ensure_flat(gen_dir)
             .await
             .map_err(|e| match e {
-                crate::delta::FlattenError::Snapshot(e) => {
+                ate_generation::delta::FlattenError::Snapshot(e) => {
                     snapshot_error(&format!("generation {}", gen_dir.display()), e)
                 }
                 e => VerbError::FailedPrecondition(format!(
@@ -102,7 +102,7 @@ impl Worker {
                 .map_err(|e| VerbError::Internal(format!("snapshot scratch dir: {e}")))?;
             let opening = if lazy.is_some() && sealed::can_open_lazily() {
                 sealed::open_for_lazy_restore(gen_dir, scratch.path(), |dir| {
-                    crate::lazy::images::eager_chunk_files(&dir.join(ate_snapshot::CRIU_DIR))
+                    ate_generation::images::eager_chunk_files(&dir.join(ate_snapshot::CRIU_DIR))
                         .map_err(|e| {
                             ate_snapshot::Error::InvalidInput(format!("memory images: {e}"))
                         })
@@ -290,7 +290,7 @@ async fn verify_for_lazy_restore(
     let dir = gen_dir.to_path_buf();
     let m = manifest.clone();
     tokio::task::spawn_blocking(move || {
-        let which = crate::lazy::images::eager_chunk_files(&criu_dir)
+        let which = ate_generation::images::eager_chunk_files(&criu_dir)
             .map_err(|e| ate_snapshot::Error::InvalidInput(format!("memory images: {e}")))?;
         ate_snapshot::verify_chunks(&dir, &m, &which)
     })

@@ -203,7 +203,7 @@ impl Worker {
         }
         match self
             .thaw(key, f, &workload.spec, workload)
-            .instrument(ate_tls::trace_span!("thaw"))
+            .instrument(ate_telemetry::trace_span!("thaw"))
             .await
         {
             Ok(()) => {
@@ -237,7 +237,7 @@ impl Worker {
                 .images
                 .ensure(&c.image)
                 .await
-                .map_err(|e| sandbox_error(&format!("image {}", c.image), e))?;
+                .map_err(|e| sandbox_error(&format!("image {}", c.image), e.into()))?;
             images.push(image);
         }
         let first_image = images.remove(0);
@@ -256,9 +256,9 @@ impl Worker {
         // Trace spans of the phases (disabled when traces are off): the sandbox with its netns
         // (a CRIU restore or a run), egress, the wakeup probe, activation.
         let boot_span = if b.generation_dir.is_some() {
-            ate_tls::trace_span!("restore")
+            ate_telemetry::trace_span!("restore")
         } else {
-            ate_tls::trace_span!("run")
+            ate_telemetry::trace_span!("run")
         };
         // Egress is on before the sandbox's first instruction: the runtime's hook waits at the
         // gate while the proxy and redirect start in the new netns (see `egress::gate`).
@@ -286,7 +286,7 @@ impl Worker {
             let serve = gate.serve(|| {
                 self.egress
                     .start(identity.clone(), &netns, &b.spec.egress)
-                    .instrument(ate_tls::trace_span!("egress"))
+                    .instrument(ate_telemetry::trace_span!("egress"))
             });
             tokio::pin!(boot, serve);
             let mut egress_on = None;
@@ -336,7 +336,7 @@ impl Worker {
         let egress_at = b.begun.elapsed();
         self.probe_or_discard(&b, page_source.as_ref()).await?;
         let probed_at = b.begun.elapsed();
-        let activate = ate_tls::trace_span!("activate");
+        let activate = ate_telemetry::trace_span!("activate");
         let dialer = self.dialer_or_discard(&b.sandbox).await?;
         self.write_adoption(
             &b.sandbox,
@@ -377,7 +377,7 @@ impl Worker {
         if let Err(e) = self
             .egress
             .start(identity, &sandbox.netns(), &spec.egress)
-            .instrument(ate_tls::trace_span!("egress"))
+            .instrument(ate_telemetry::trace_span!("egress"))
             .await
         {
             self.discard_quietly(sandbox).await;
@@ -394,7 +394,7 @@ impl Worker {
     ) -> Result<(), VerbError> {
         if let Err(e) = self
             .wait_ready(&b.sandbox, &b.spec, b.sandbox_spec, b.log_from, page_source)
-            .instrument(ate_tls::trace_span!("probe"))
+            .instrument(ate_telemetry::trace_span!("probe"))
             .await
         {
             self.discard_quietly(&b.sandbox).await;

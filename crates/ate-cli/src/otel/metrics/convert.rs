@@ -1,5 +1,5 @@
 //! `/metrics` text (the Prometheus exposition every component renders,
-//! [`ate_tls::telemetry::render`]) to OTLP metrics: one source for both, so every series on
+//! [`ate_telemetry::render`]) to OTLP metrics: one source for both, so every series on
 //! `/metrics` is exported and nothing else is.
 //!
 //! Names: the spec's where it names them (`atenet_router_parking_active` →
@@ -607,11 +607,11 @@ ate_worker_actor_start_time_seconds{atespace=\"a\",actor=\"b\"} 1700000000.5
 
     #[test]
     fn the_real_render_converts_whole() {
-        ate_tls::telemetry::install("otlp-test", || {
+        ate_telemetry::install("otlp-test", || {
             ::metrics::describe_histogram!("ate_otlptest_wait_seconds", "A wait.");
         });
         ::metrics::histogram!("ate_otlptest_wait_seconds", "k" => "v").record(0.002);
-        let text = ate_tls::telemetry::render();
+        let text = ate_telemetry::render();
         let ms = metrics(&text, 1, 2);
         let h = find(&ms, "ate.otlptest.wait");
         let Some(metric::Data::Histogram(h)) = &h.data else {

@@ -1,5 +1,5 @@
 //! OTLP metrics beside Prometheus: every `OTEL_METRIC_EXPORT_INTERVAL` (60 s by default) the
-//! component renders its `/metrics` text ([`ate_tls::telemetry::render`]: the recorder's series,
+//! component renders its `/metrics` text ([`ate_telemetry::render`]: the recorder's series,
 //! the render hooks' (per-actor) families and the `process_*` series), turns it into OTLP
 //! ([`convert`]) and sends it to the collector by gRPC or HTTP/protobuf, cumulative.
 //!
@@ -211,8 +211,8 @@ impl Exporter {
     }
 
     async fn render_and_send(&mut self) -> Result<(), String> {
-        ate_tls::telemetry::refresh().await;
-        let text = tokio::task::spawn_blocking(ate_tls::telemetry::render)
+        ate_telemetry::refresh().await;
+        let text = tokio::task::spawn_blocking(ate_telemetry::render)
             .await
             .map_err(|e| format!("rendering the metrics failed: {e}"))?;
         let request = ExportMetricsServiceRequest {
@@ -221,7 +221,7 @@ impl Exporter {
                 scope_metrics: vec![ScopeMetrics {
                     scope: Some(InstrumentationScope {
                         name: "ate".into(),
-                        version: ate_tls::telemetry::VERSION.into(),
+                        version: ate_telemetry::VERSION.into(),
                         attributes: Vec::new(),
                         dropped_attributes_count: 0,
                     }),
@@ -324,7 +324,7 @@ impl Drop for MetricsExport {
 /// Must run inside the tokio runtime.
 pub fn start(
     component: &'static str,
-    install: fn() -> &'static ate_tls::telemetry::PrometheusHandle,
+    install: fn() -> &'static ate_telemetry::PrometheusHandle,
 ) -> (Option<MetricsExport>, Option<super::Notice>) {
     use super::Notice;
     let var = |name: &str| std::env::var(name).ok();
@@ -374,7 +374,7 @@ pub fn start(
 
 async fn run(
     mut exporter: Exporter,
-    handle: &'static ate_tls::telemetry::PrometheusHandle,
+    handle: &'static ate_telemetry::PrometheusHandle,
     endpoint: String,
     mut stopped: tokio::sync::oneshot::Receiver<()>,
 ) {

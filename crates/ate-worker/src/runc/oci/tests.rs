@@ -1,9 +1,9 @@
 //! Unit tests of the OCI runtime spec the worker writes for runc.
 
 use super::*;
-use crate::image::UnpackedImage;
 use crate::runtime::SidecarSpec;
 use ate_core::template::{ExitPolicy, Resources, Volume};
+use ate_image::UnpackedImage;
 use serde_json::{Value, json};
 
 fn spec() -> SandboxSpec {
