@@ -5,10 +5,9 @@
 //! The hog is a second counter actor whose template books `--hog-cpu` (default: every core of
 //! this machine, so its CFS quota lets it take them all) asked to spin (`GET /spin?seconds=N
 //! &threads=T`, `workloads/counter/src/spin.rs`) on as many threads as the machine has cores.
-//! The quiet actor books `--quiet-cpu` (default 250m, the demo counter's). Its cgroup weight is
-//! proportional to that (docs/capacity.md): what bounds its latency under the hog is the
-//! weights, of the actors and of the platform's own processes, which carry the request through
-//! router and worker (atunnel) before it reaches the actor.
+//! The quiet actor books `--quiet-cpu` (default 250m, the demo counter's). What bounds its
+//! latency under the hog is the weights: an actor using less than half its share weighs 4 times
+//! the machine, a busy one its template's `cpu` (`ate_worker::wakeup`, docs/capacity.md).
 //!
 //! The quiet side sends `GET /healthz` on one kept-alive connection, one request at a time with
 //! `--gap-ms` of idle between them (an actor that is called now and then, whose threads sleep
@@ -49,8 +48,10 @@ pub struct NoisyArgs {
     /// Threads the hog spins on (default: this machine's cores).
     #[arg(long)]
     hog_threads: Option<usize>,
-    /// Seconds the hog spins before the quiet side is measured.
-    #[arg(long, default_value_t = 1.0)]
+    /// Seconds the hog spins before the quiet side is measured: by default a little more than
+    /// one of the workers' CPU passes (2 s), after which a spinning actor has lost the boost of
+    /// an idle one (`ate_worker::wakeup`); the first pass of a new hog is not what this measures.
+    #[arg(long, default_value_t = 2.5)]
     hog_settle: f64,
 }
 

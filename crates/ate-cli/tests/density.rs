@@ -156,9 +156,10 @@ fn a_hundred_idle_counters_run_on_the_defaults() {
             .collect::<Vec<_>>()
     );
 
-    // CPU is shared by weight: each counter's cgroup weighs its template's 250m (the quota,
-    // runc's, still caps it), set by its worker's CPU pass (every 2 s).
-    let weighted = weights_follow_the_template(&sys, 250);
+    // CPU is shared by weight, set by each worker's CPU pass (every 2 s): idle counters, using
+    // less than half their 250m, weigh 4 times the machine (ate_worker::wakeup; the quota,
+    // runc's, still caps each at 250m).
+    let weighted = idle_actors_are_boosted(&sys, 250);
     println!("cgroup weights checked: {weighted}");
 
     // `ate get workers` shows the bookings side by side with the capacity: 100 × 250m booked,
@@ -179,9 +180,11 @@ fn a_hundred_idle_counters_run_on_the_defaults() {
 }
 
 /// Waits (10 s at most) until every actor sandbox of the system whose cgroup has a weight file
-/// weighs `millis` (v1 `cpu.shares`, v2 `cpu.weight`); returns how many were checked (at least
-/// one: these hosts have one or the other).
-fn weights_follow_the_template(sys: &System, millis: u32) -> usize {
+/// has the boosted weight of an idle actor of `millis` (v1 `cpu.shares`, v2 `cpu.weight`);
+/// returns how many were checked (at least one: these hosts have one or the other).
+fn idle_actors_are_boosted(sys: &System, millis: u32) -> usize {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let machine = 1000 * cores as u32;
     let mut files = Vec::new();
     for worker in std::fs::read_dir(sys.state_dir().join("workers"))
         .expect("workers dir")
@@ -199,9 +202,9 @@ fn weights_follow_the_template(sys: &System, millis: u32) -> usize {
                 .join(&id)
                 .join("cpu.weight");
             if v1.is_file() {
-                files.push((v1, ate_worker::cpu::shares(millis)));
+                files.push((v1, ate_worker::cpu::actor_shares(millis, machine, true)));
             } else if v2.is_file() {
-                files.push((v2, ate_worker::cpu::weight(millis)));
+                files.push((v2, ate_worker::cpu::actor_weight(millis, machine, true)));
             }
         }
     }

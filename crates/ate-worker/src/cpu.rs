@@ -41,6 +41,26 @@ pub fn weight(millis: u32) -> u64 {
     1 + (shares(millis) - 2) * 9999 / 262_142
 }
 
+/// The v1 `cpu.shares` of an actor whose template books `millis` on a machine of
+/// `physical_millis`: its template's, capped at the machine's (no actor can use more), or
+/// [`crate::wakeup::BOOST`] times the machine's while it is boosted (`crate::wakeup`).
+pub fn actor_shares(millis: u32, physical_millis: u32, boosted: bool) -> u64 {
+    if boosted {
+        (shares(physical_millis) * crate::wakeup::BOOST).min(262_144)
+    } else {
+        shares(millis.min(physical_millis))
+    }
+}
+
+/// The v2 `cpu.weight` counterpart of [`actor_shares`].
+pub fn actor_weight(millis: u32, physical_millis: u32, boosted: bool) -> u64 {
+    if boosted {
+        (weight(physical_millis) * crate::wakeup::BOOST).min(10_000)
+    } else {
+        weight(millis.min(physical_millis))
+    }
+}
+
 /// The worker's CPU: what the machine offers and what its actors used lately.
 #[derive(Debug)]
 pub struct CpuMeter {
@@ -90,17 +110,23 @@ impl CpuMeter {
         }
     }
 
-    /// One pass over the worker's sandboxes: weights set from their quotas, usage read from
-    /// their cgroups, the recent use recomputed. Blocking file I/O (a few sysfs reads each).
+    /// One pass over the worker's sandboxes: usage read from their cgroups, the recent use
+    /// recomputed, then weights set from their quotas and that use (`crate::wakeup`). Blocking
+    /// file I/O (a few sysfs reads each).
     pub fn pass(&self) -> u32 {
-        let readings: Vec<(String, u64)> = sandbox_ids(&self.actors_dir)
-            .into_iter()
-            .filter_map(|id| {
-                ensure_weight(&id);
-                usage_ns(&id).map(|u| (id, u))
-            })
+        let ids = sandbox_ids(&self.actors_dir);
+        let readings: Vec<(String, u64)> = ids
+            .iter()
+            .filter_map(|id| usage_ns(id).map(|u| (id.clone(), u)))
             .collect();
-        self.record(readings, Instant::now())
+        let used = self.record(readings, Instant::now());
+        for id in &ids {
+            let used = self.sandbox_usage_millis(id);
+            ensure_weight(id, self.physical_millis, |share| {
+                crate::wakeup::boosted(used, share, self.physical_millis)
+            });
+        }
+        used
     }
 
     /// Records cumulative usages read at `now` and returns the rate since the previous
@@ -226,11 +252,12 @@ fn read_trimmed(path: &Path) -> Option<String> {
         .map(|t| t.trim().to_string())
 }
 
-/// Makes the sandbox's weight match its quota where its cgroup has the files (v1 `cpu.shares`
-/// from `cpu.cfs_quota_us`, else v2 `cpu.weight` from `cpu.max`). No quota (being restored or
-/// dumped, or none asked): left as it is. No such cgroup (another runtime, a sandbox torn down):
-/// left alone.
-fn ensure_weight(short_id: &str) {
+/// Makes the sandbox's weight what its quota (the template's `cpu`) and `boosted` (asked with
+/// that quota in millicores) call for where its cgroup has the files (v1 `cpu.shares` from
+/// `cpu.cfs_quota_us`, else v2 `cpu.weight` from `cpu.max`). No quota (being restored or dumped,
+/// or none asked): left as it is. No such cgroup (another runtime, a sandbox torn down): left
+/// alone.
+fn ensure_weight(short_id: &str, physical_millis: u32, boosted: impl Fn(u32) -> bool) {
     let v1 = cgroup_dir("/sys/fs/cgroup/cpu", short_id);
     let (file, want) = if v1.join("cpu.shares").is_file() {
         let quota = read_trimmed(&v1.join("cpu.cfs_quota_us")).and_then(|q| q.parse().ok());
@@ -238,7 +265,8 @@ fn ensure_weight(short_id: &str) {
         let Some(millis) = quota.zip(period).and_then(|(q, p)| millis_of_quota(q, p)) else {
             return;
         };
-        (v1.join("cpu.shares"), shares(millis))
+        let want = actor_shares(millis, physical_millis, boosted(millis));
+        (v1.join("cpu.shares"), want)
     } else {
         let Some(dir) = v2_dir(short_id).filter(|d| d.join("cpu.weight").is_file()) else {
             return;
@@ -247,7 +275,8 @@ fn ensure_weight(short_id: &str) {
         else {
             return;
         };
-        (dir.join("cpu.weight"), weight(millis))
+        let want = actor_weight(millis, physical_millis, boosted(millis));
+        (dir.join("cpu.weight"), want)
     };
     if read_trimmed(&file).as_deref() == Some(want.to_string().as_str()) {
         return;
@@ -272,6 +301,20 @@ mod tests {
         assert_eq!(weight(u32::MAX), 10_000);
         assert!(weight(250) < weight(1000));
         assert_eq!(weight(1000), 39);
+    }
+
+    #[test]
+    fn a_boosted_actor_outweighs_the_whole_machine_and_no_actor_weighs_more_than_it() {
+        // 2 cores: the machine weighs 2048; boosted, 4 times that.
+        assert_eq!(actor_shares(250, 2000, false), 256);
+        assert_eq!(actor_shares(250, 2000, true), 8192);
+        assert_eq!(actor_shares(2000, 2000, false), 2048);
+        // Booking more than the machine weighs as the machine.
+        assert_eq!(actor_shares(64_000, 2000, false), 2048);
+        assert_eq!(actor_shares(250, 128_000, true), 262_144);
+        assert_eq!(actor_weight(250, 2000, false), weight(250));
+        assert_eq!(actor_weight(250, 2000, true), weight(2000) * 4);
+        assert_eq!(actor_weight(250, 128_000, true), 10_000);
     }
 
     #[test]

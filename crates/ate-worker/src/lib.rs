@@ -32,6 +32,7 @@ pub mod runtime;
 pub mod service;
 pub mod sidecars;
 mod socket;
+pub mod wakeup;
 mod worker;
 
 pub use ate_image::{ImageCache, ImageConfig, ImageError, LayoutRef, UnpackedImage};
