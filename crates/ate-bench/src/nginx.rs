@@ -61,8 +61,7 @@ pub fn actor_netns(state_dir: &Path, atespace: &str, name: &str) -> anyhow::Resu
         if !dir.is_dir() {
             continue;
         }
-        let netns =
-            ate_worker::netns::netns_path(&ate_worker::netns::netns_name(&dir.to_string_lossy()));
+        let netns = ate_netns::netns_path(&ate_netns::netns_name(&dir.to_string_lossy()));
         if netns.exists() {
             return Ok(netns);
         }

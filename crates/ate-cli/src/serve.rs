@@ -7,7 +7,7 @@ use anyhow::Context;
 use clap::Args;
 
 use crate::otel;
-use ate_worker::cmd::SELF_EXE;
+use ate_cmd::SELF_EXE;
 
 #[derive(Args, Debug)]
 pub struct ApiArgs {

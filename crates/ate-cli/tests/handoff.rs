@@ -61,7 +61,7 @@ fn netns_of(sys: &System, name: &str) -> std::path::PathBuf {
         .state_dir()
         .join("workers/worker-1/actors/ate-demo")
         .join(name);
-    ate_worker::netns::netns_path(&ate_worker::netns::netns_name(&dir.to_string_lossy()))
+    ate_netns::netns_path(&ate_netns::netns_name(&dir.to_string_lossy()))
 }
 
 #[test]

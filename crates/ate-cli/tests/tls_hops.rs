@@ -45,10 +45,10 @@ async fn atunnel() -> Atunnel {
     let (tx, rx) = tokio::sync::oneshot::channel::<()>();
     tokio::spawn(async move {
         let _worker = worker;
-        ate_worker::atunnel::serve(
+        ate_atunnel::serve(
             listener,
             Some(Arc::new(server)),
-            Arc::new(ate_worker::atunnel::Tunnels::new()),
+            Arc::new(ate_atunnel::Tunnels::new()),
             async move {
                 let _ = rx.await;
             },

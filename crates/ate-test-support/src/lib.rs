@@ -2,7 +2,8 @@
 //! crate's `tests/common`: free ports, polling until a condition holds, ready files, the test
 //! services (PostgreSQL, moto), plain HTTP/1.1 probes, and — behind features — scripted gRPC
 //! servers standing in for the api (`scripted-api`) and a node agent (`test-node`), a real
-//! OCI registry process (`registry`), and a bearer-token signer (`jwt`).
+//! OCI registry process (`registry`), a bearer-token signer (`jwt`), and an HTTP/2 client of a
+//! worker's atunnel (`h2-client`).
 //!
 //! Test code: a failed step panics with what was being done, as a test assertion would.
 
@@ -14,6 +15,8 @@ pub mod ports;
 pub mod services;
 pub mod wait;
 
+#[cfg(feature = "h2-client")]
+pub mod h2_client;
 #[cfg(feature = "jwt")]
 pub mod jwt;
 #[cfg(feature = "registry")]

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use crate::egress::{Cidr, RouterAddr};
+use ate_egress::{Cidr, RouterAddr};
 
 /// `--memory-restore`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -164,7 +164,7 @@ pub struct WorkerConfig {
     /// Network namespaces kept ready for the next starts and restores, so they need no `ip`
     /// run (0: each is made on demand; never more than `--slots`). Each spare holds a
     /// namespace with its loopback and one link.
-    #[arg(long, env = "ATE_SPARE_NETNS", default_value_t = crate::netns_pool::DEFAULT_SPARE_NETNS)]
+    #[arg(long, env = "ATE_SPARE_NETNS", default_value_t = ate_netns::pool::DEFAULT_SPARE_NETNS)]
     pub spare_netns: usize,
 
     /// Run each new sandbox in its own user namespace (uid/gid 0–65535 inside = a host range
@@ -284,7 +284,7 @@ impl WorkerConfig {
             keep_frozen: None,
             frozen_ttl_seconds: 300,
             frozen_min_available_percent: 25,
-            spare_netns: crate::netns_pool::DEFAULT_SPARE_NETNS,
+            spare_netns: ate_netns::pool::DEFAULT_SPARE_NETNS,
             userns: crate::runc::userns::enabled_by_default(),
             userns_claims_dir: PathBuf::from(crate::runc::userns::DEFAULT_CLAIMS_DIR),
             track_memory: true,

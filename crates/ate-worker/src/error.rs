@@ -70,6 +70,33 @@ impl From<ate_image::ImageError> for SandboxError {
     }
 }
 
+/// The network namespaces' errors are the sandbox layer's, variant for variant and word for word.
+impl From<ate_netns::NetnsError> for SandboxError {
+    fn from(e: ate_netns::NetnsError) -> Self {
+        match e {
+            ate_netns::NetnsError::Io { what, source } => SandboxError::Io { what, source },
+            ate_netns::NetnsError::Command(e) => e.into(),
+            ate_netns::NetnsError::Invalid(message) => SandboxError::Invalid(message),
+        }
+    }
+}
+
+/// A failed external command (`ate_cmd`) is the sandbox layer's `Command`, field for field.
+impl From<ate_cmd::CommandError> for SandboxError {
+    fn from(e: ate_cmd::CommandError) -> Self {
+        let ate_cmd::CommandError {
+            command,
+            status,
+            stderr,
+        } = e;
+        SandboxError::Command {
+            command,
+            status,
+            stderr,
+        }
+    }
+}
+
 impl SandboxError {
     /// A restore that was cut short rather than refused: `runc` (or what it ran) killed by a
     /// signal, or the page source of a lazy restore dead without reporting a damaged chunk. The
@@ -118,19 +145,6 @@ impl<T> IoContext<T> for std::result::Result<T, nix::Error> {
     fn ctx<S: Into<String>>(self, what: impl FnOnce() -> S) -> Result<T> {
         self.map_err(|e| SandboxError::io(what(), std::io::Error::from(e)))
     }
-}
-
-/// Keeps the last `max` bytes of command output, on a char boundary, trimmed.
-pub(crate) fn tail(text: &str, max: usize) -> String {
-    let t = text.trim();
-    if t.len() <= max {
-        return t.to_string();
-    }
-    let mut start = t.len() - max;
-    while !t.is_char_boundary(start) {
-        start += 1;
-    }
-    format!("…{}", &t[start..])
 }
 
 /// runc's words for a CRIU gone between its start and runc's request (nothing was dumped or

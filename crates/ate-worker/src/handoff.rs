@@ -25,8 +25,8 @@ use ate_core::handoff::{MAX_LINE, RETIRE, Reply, Request};
 use tokio::io::{AsyncReadExt, AsyncWriteExt, Interest};
 use tokio::net::{UnixListener, UnixStream};
 
-use crate::atunnel::{Refusal, Tunnels, admit, dial, dial_failure};
-use crate::pipe::{Command, TunnelState};
+use ate_atunnel::pipe::{Command, TunnelState};
+use ate_atunnel::{Refusal, Tunnels, admit, dial, dial_failure};
 
 /// How long a router may take to send its request line.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
@@ -116,23 +116,23 @@ async fn handle(mut stream: UnixStream, tunnels: Arc<Tunnels>) {
             return;
         }
     };
-    let (upstream, guard) =
-        match dial(&activation, request.port, crate::atunnel::Counted::Open).await {
-            Ok(x) => x,
-            Err(Refusal::Stale) => {
-                let why = format!("actor {key} is not active on this worker");
-                let _ = answer(&stream, &Reply::Stale(why), None).await;
-                return;
-            }
-            Err(Refusal::Dial(e)) => {
-                let reply = match dial_failure(key, request.port, &e) {
-                    (true, why) => Reply::PortClosed(why),
-                    (false, why) => Reply::Refused(502, why),
-                };
-                let _ = answer(&stream, &reply, None).await;
-                return;
-            }
-        };
+    let (upstream, guard) = match dial(&activation, request.port, ate_atunnel::Counted::Open).await
+    {
+        Ok(x) => x,
+        Err(Refusal::Stale) => {
+            let why = format!("actor {key} is not active on this worker");
+            let _ = answer(&stream, &Reply::Stale(why), None).await;
+            return;
+        }
+        Err(Refusal::Dial(e)) => {
+            let reply = match dial_failure(key, request.port, &e) {
+                (true, why) => Reply::PortClosed(why),
+                (false, why) => Reply::Refused(502, why),
+            };
+            let _ = answer(&stream, &reply, None).await;
+            return;
+        }
+    };
     let upstream = match upstream.into_std() {
         Ok(s) => s,
         Err(e) => {

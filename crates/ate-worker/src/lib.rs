@@ -1,28 +1,23 @@
-//! The worker process: node image cache, per-actor network namespaces, the sandbox runtime
-//! (runc + CRIU), wakeup probes, atunnel (the router's way in) and WorkerService (the node
-//! agent's control API on a unix socket). [`run`] is the whole process; the node agent's client
-//! is `ate-worker-client`, the memory images and delta generations `ate-generation`.
+//! The worker process: the sandbox runtime (runc + CRIU), wakeup probes, the actor table and
+//! WorkerService (the node agent's control API on a unix socket). [`run`] is the whole process;
+//! it serves atunnel (`ate-atunnel`, the router's way in) and each actor's egress proxy
+//! (`ate-egress`) in the actor's network namespace (`ate-netns`), from images in `ate-image`. The
+//! node agent's client is `ate-worker-client`, the memory images and delta generations
+//! `ate-generation`.
 
 // Library and product code never unwraps (tests may): errors go to the caller.
 #![cfg_attr(not(test), deny(clippy::unwrap_used))]
 
 pub mod actor_metrics;
-pub mod atunnel;
-pub mod cmd;
 pub mod config;
 mod convert;
 pub mod cpu;
-pub mod egress;
 pub mod error;
 pub mod exec;
 pub mod handoff;
 pub mod hardening;
 pub mod lazy;
-mod lockfile;
 pub mod metrics;
-pub mod netns;
-pub mod netns_pool;
-pub mod pipe;
 pub mod probe;
 mod process;
 pub mod procfs;
@@ -38,7 +33,6 @@ mod worker;
 pub use ate_image::{ImageCache, ImageConfig, ImageError, LayoutRef, UnpackedImage};
 pub use config::{Faults, MemoryRestore, WorkerConfig};
 pub use error::{Result, SandboxError};
-pub use netns::{ACTOR_IP, NetnsDialer, connect_in_netns, connect_in_netns_timeout};
 pub use probe::wait_ready;
 pub use procfs::process_running;
 pub use runc::{RuncConfig, RuncRuntime};

@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use crate::error::{Result, SandboxError};
-use crate::netns::{ACTOR_IP, connect_in_netns_timeout};
+use ate_netns::{ACTOR_IP, connect_in_netns_timeout};
 
 /// Pause between attempts: short, because restore → first answer is the latency we sell.
 pub const PROBE_INTERVAL: Duration = Duration::from_millis(15);
@@ -107,10 +107,7 @@ fn parse_reply(reply: &[u8]) -> std::io::Result<(u16, String)> {
         }
         _ => Err(std::io::Error::new(
             std::io::ErrorKind::InvalidData,
-            format!(
-                "not an HTTP/1 status line: {:?}",
-                crate::error::tail(line, 80)
-            ),
+            format!("not an HTTP/1 status line: {:?}", ate_cmd::tail(line, 80)),
         )),
     }
 }

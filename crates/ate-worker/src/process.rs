@@ -111,7 +111,7 @@ pub(crate) struct Peers {
     pub(crate) spiffe_id: String,
     /// atunnel's TLS (the router's certificate required), None without TLS.
     pub(crate) tunnel_tls: Option<Arc<ate_tls::rustls::ServerConfig>>,
-    pub(crate) router: Option<crate::egress::RouterClient>,
+    pub(crate) router: Option<ate_egress::RouterClient>,
     pub(crate) api: Option<ApiClients>,
 }
 
@@ -140,7 +140,7 @@ impl Peers {
         };
         let router = match config.router.clone() {
             Some(addr) => Some(
-                crate::egress::RouterClient::new(addr, tls.as_ref(), config.tls.trust_domain())
+                ate_egress::RouterClient::new(addr, tls.as_ref(), config.tls.trust_domain())
                     .map_err(|e| WorkerError::Config(e.to_string()))?,
             ),
             None => None,
@@ -165,7 +165,7 @@ pub(crate) fn build_worker(
     runtime: RuncRuntime,
     spiffe_id: String,
     reported: SocketAddr,
-    router: Option<crate::egress::RouterClient>,
+    router: Option<ate_egress::RouterClient>,
     api: Option<ApiClients>,
 ) -> Arc<Worker> {
     let ident = Identity {

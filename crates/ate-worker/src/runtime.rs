@@ -11,7 +11,6 @@ use std::time::Duration;
 use ate_core::template::{ExitPolicy, Resources, TemplateSpec, Volume};
 
 use crate::error::{Result, SandboxError};
-use crate::netns;
 use ate_image::UnpackedImage;
 
 /// What a runtime can do on this worker (reported to the api at registration).
@@ -101,12 +100,12 @@ impl ActorSandbox {
     /// same host (two systems running `ns/a`, or an actor's frozen copy on one worker while it
     /// starts on another, never share a netns, container or cgroup name).
     pub fn short_id(&self) -> String {
-        netns::short_id(&self.dir.to_string_lossy())
+        ate_netns::short_id(&self.dir.to_string_lossy())
     }
 
     /// Network namespace name (`ate-<short id>`), also used as container id.
     pub fn netns(&self) -> String {
-        netns::netns_name(&self.dir.to_string_lossy())
+        ate_netns::netns_name(&self.dir.to_string_lossy())
     }
 
     pub fn container_id(&self) -> String {
@@ -172,7 +171,7 @@ impl ActorSandbox {
         self.dir.join("etc-ate")
     }
 
-    /// Where a start's egress gate keeps its FIFOs (`egress::gate`): the `createRuntime` hook
+    /// Where a start's egress gate keeps its FIFOs (`ate_egress::gate`): the `createRuntime` hook
     /// waits there until the worker's egress for the sandbox is on.
     pub fn egress_gate_dir(&self) -> PathBuf {
         self.dir.join("egress-gate")

@@ -358,7 +358,7 @@ pub async fn run_locked(
     process::log_worker_up(&config, &worker, bound, reported, &socket);
 
     let (stop_tx, stop_rx) = watch::channel(false);
-    let tunnel_task = tokio::spawn(crate::atunnel::serve(
+    let tunnel_task = tokio::spawn(ate_atunnel::serve(
         listener,
         peers.tunnel_tls,
         worker.tunnels.clone(),

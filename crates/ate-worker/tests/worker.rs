@@ -9,10 +9,10 @@ use std::time::{Duration, Instant};
 
 use ate_proto::v1;
 use ate_proto::v1::worker_service_client::WorkerServiceClient;
-use ate_worker::{ActorSandbox, WorkerConfig, netns};
+use ate_test_support::h2_client::{self, H2, body_text, h2_connect};
+use ate_worker::{ActorSandbox, WorkerConfig};
 use ate_worker_client::connect_worker;
 use bytes::Bytes;
-use common::h2_client::{self, H2, body_text, h2_connect};
 use common::{Env, counter_ref, unique_name};
 use http_body_util::{BodyExt, Empty};
 use hyper_util::rt::TokioIo;
@@ -346,7 +346,7 @@ async fn worker_end_to_end_counter() {
     assert_eq!(act.open_streams, 1);
     assert_eq!(act.idle_timeout_seconds, 300);
     assert!(!act.exited);
-    let now_ms = ate_worker::atunnel::now_unix_ms();
+    let now_ms = ate_atunnel::now_unix_ms();
     assert!(
         act.last_activity_unix_ms > now_ms - 10_000 && act.last_activity_unix_ms <= now_ms,
         "last activity {} vs now {now_ms}",
@@ -391,7 +391,7 @@ async fn worker_end_to_end_counter() {
     // Isolation: from inside the actor's netns the worker's atunnel address is unreachable.
     let atunnel_addr: SocketAddr = addr.parse().expect("addr");
     let inside =
-        netns::connect_in_netns_timeout(&sandbox.netns(), atunnel_addr, Duration::from_secs(2))
+        ate_netns::connect_in_netns_timeout(&sandbox.netns(), atunnel_addr, Duration::from_secs(2))
             .await;
     assert!(inside.is_err(), "actor reached atunnel from its netns");
 
@@ -555,8 +555,8 @@ async fn h1_get_status(h1: &mut H1) -> (u16, String) {
 /// 1 s retransmit) when connects outpace it, which would swamp a mean.
 async fn measure_dialers(netns_name: &str) {
     const N: usize = 300;
-    let addr = SocketAddr::new(ate_worker::ACTOR_IP.into(), 80);
-    let dialer = ate_worker::NetnsDialer::new(netns_name)
+    let addr = SocketAddr::new(ate_netns::ACTOR_IP.into(), 80);
+    let dialer = ate_netns::NetnsDialer::new(netns_name)
         .await
         .expect("dialer");
     let median = |mut v: Vec<Duration>| {
@@ -573,7 +573,7 @@ async fn measure_dialers(netns_name: &str) {
     for _ in 0..N {
         let t = Instant::now();
         drop(
-            netns::connect_in_netns(netns_name, addr)
+            ate_netns::connect_in_netns(netns_name, addr)
                 .await
                 .expect("thread connect"),
         );
@@ -890,7 +890,7 @@ async fn platform_address_serves_identity_and_calls() {
     let (router_task, router_conns) = stub_router(&router_sock).await;
     let id = unique_name("w");
     let mut config = worker_config(&mut env, &id);
-    config.router = Some(ate_worker::egress::RouterAddr::Unix(router_sock.clone()));
+    config.router = Some(ate_egress::RouterAddr::Unix(router_sock.clone()));
     let worker = RunningWorker::start(config.clone()).await;
     let mut c = worker.client.clone();
     let info = c
@@ -1017,7 +1017,7 @@ async fn worker_probe_timeout_and_exit() {
         runc_list(&root).is_empty(),
         "container left after probe timeout"
     );
-    assert!(!netns::exists(&sandbox.netns()), "netns left");
+    assert!(!ate_netns::exists(&sandbox.netns()), "netns left");
     assert!(!sandbox.dir.exists(), "actor dir left");
     assert!(activity_of(&mut c, &name).await.is_none());
 
@@ -1063,7 +1063,7 @@ async fn worker_probe_timeout_and_exit() {
         "exit reported twice"
     );
     assert!(runc_list(&root).is_empty());
-    assert!(!netns::exists(&sandbox.netns()));
+    assert!(!ate_netns::exists(&sandbox.netns()));
 
     worker.shutdown().await;
     env.assert_clean();

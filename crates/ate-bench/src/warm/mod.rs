@@ -127,8 +127,7 @@ fn parse_connections(text: &str) -> Result<usize, String> {
 }
 
 /// The actor's listener as atunnel dials it, inside its namespace (the counter's port 80).
-const ACTOR_LISTENER: SocketAddr =
-    SocketAddr::new(std::net::IpAddr::V4(ate_worker::netns::ACTOR_IP), 80);
+const ACTOR_LISTENER: SocketAddr = SocketAddr::new(std::net::IpAddr::V4(ate_netns::ACTOR_IP), 80);
 
 /// Creates the bench's 1-CPU counter actor on a system and answers one request through its
 /// router, so that the actor runs and the router has its route.

@@ -13,7 +13,7 @@ use nix::unistd::Pid;
 use tokio::process::{Child, Command};
 
 // The running executable, as the kernel keeps it (Linux).
-use ate_worker::cmd::SELF_EXE;
+use ate_cmd::SELF_EXE;
 
 /// The descriptor of this `ate up`'s generation lock (`generation.rs`), handed to every
 /// component it starts; unset (tests) hands nothing down.

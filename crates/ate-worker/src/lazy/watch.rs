@@ -112,7 +112,7 @@ impl PageSource {
             what: "dup page source log".into(),
             source: e,
         })?;
-        let mut command = crate::cmd::self_aware_command(program);
+        let mut command = ate_cmd::self_aware_command(program);
         command
             .args(args)
             .arg("--generation")

@@ -157,7 +157,7 @@ impl RuncRuntime {
                         "hooks".into(),
                         serde_json::json!({"createRuntime": [{
                             "path": "/bin/sh",
-                            "args": ["sh", "-c", crate::egress::gate::HOOK, "ate-egress-gate",
+                            "args": ["sh", "-c", ate_egress::gate::HOOK, "ate-egress-gate",
                                 actor.egress_gate_dir()],
                             "env": [HOOK_PATH],
                             "timeout": HOOK_TIMEOUT_SECONDS,
@@ -244,7 +244,7 @@ const HOOK_TIMEOUT_SECONDS: u32 = 10;
 fn in_own_userns(config: &mut serde_json::Value, actor: &ActorSandbox, base: u32) {
     use serde_json::json;
     let netns = actor.netns();
-    let addr = format!("{}/32", crate::netns::ACTOR_IP);
+    let addr = format!("{}/32", ate_netns::ACTOR_IP);
     let map = json!([{"containerID": 0, "hostID": base, "size": userns::RANGE_SIZE}]);
     if let Some(linux) = config.get_mut("linux").and_then(|l| l.as_object_mut()) {
         if let Some(nss) = linux.get_mut("namespaces").and_then(|n| n.as_array_mut()) {
@@ -278,8 +278,8 @@ fn in_own_userns(config: &mut serde_json::Value, actor: &ActorSandbox, base: u32
                 "path": "/bin/sh",
                 "args": [
                     "sh", "-c", userns::netns_hook(), "ate-netns-hook", netns,
-                    crate::netns::link_batch(&addr, !crate::netns::dummy_links()),
-                    crate::netns::link_batch(&addr, true),
+                    ate_netns::link_batch(&addr, !ate_netns::dummy_links()),
+                    ate_netns::link_batch(&addr, true),
                     actor.egress_gate_dir(),
                 ],
                 "env": [HOOK_PATH],

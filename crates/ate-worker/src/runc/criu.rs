@@ -8,7 +8,7 @@ use super::RuncRuntime;
 use super::cgroup::{cpu_quota_us, read_cpu_quota};
 use super::files::{dir_size, remove_dir_if_exists, remove_file_if_exists};
 use super::spawn::{criu_died_under, pid_file};
-use crate::error::{IoContext, Result, SandboxError, tail};
+use crate::error::{IoContext, Result, SandboxError};
 use crate::lazy::{PageSource, Tracking};
 use crate::reaper::InitStatus;
 use crate::runtime::{ActorSandbox, CheckpointStats, SandboxSpec, Started};
@@ -228,7 +228,7 @@ impl RuncRuntime {
         // ended when its CRIU is gone.
         let mut full = self.base_args();
         full.extend(args.iter().map(|a| a.to_string()));
-        let dumped = crate::cmd::run_unless(&self.runc, &full, |runc| {
+        let dumped = ate_cmd::run_unless(&self.runc, &full, |runc| {
             criu_died_under(runc, Some(work.clone()))
         })
         .await;
@@ -253,7 +253,7 @@ impl RuncRuntime {
             let log = tokio::fs::read_to_string(work.join("dump.log"))
                 .await
                 .unwrap_or_default();
-            let message = format!("{e}\n--- dump.log ---\n{}", tail(&log, 2000));
+            let message = format!("{e}\n--- dump.log ---\n{}", ate_cmd::tail(&log, 2000));
             return Err(SandboxError::Checkpoint {
                 path: image_dir.to_path_buf(),
                 message,

@@ -20,7 +20,6 @@ use tokio::net::unix::pipe;
 use tokio::process::Command;
 
 use super::RuncRuntime;
-use crate::cmd;
 use crate::error::{IoContext, Result, SandboxError};
 use crate::exec::{Exec, ExecIo, ExecProcess, ExecSpec, Pty, not_run};
 use crate::runtime::ActorSandbox;
@@ -122,7 +121,7 @@ impl RuncRuntime {
         // Our copies of the child's ends go, so the readers see EOF once the process is gone.
         drop(command);
         let mut child = child.map_err(|e| SandboxError::Command {
-            command: cmd::render(&self.runc, &args),
+            command: ate_cmd::render(&self.runc, &args),
             status: "could not start".into(),
             stderr: e.to_string(),
         })?;
@@ -144,7 +143,7 @@ impl RuncRuntime {
         })
         .await
         .map_err(|_| SandboxError::Command {
-            command: cmd::render(&self.runc, &args),
+            command: ate_cmd::render(&self.runc, &args),
             status: "timed out".into(),
             stderr: format!("runc exec did not start the command within {START_TIMEOUT:?}"),
         })??;
@@ -155,7 +154,7 @@ impl RuncRuntime {
                 return Ok(Exec::NotRun { code, reason });
             }
             return Err(SandboxError::Command {
-                command: cmd::render(&self.runc, &args),
+                command: ate_cmd::render(&self.runc, &args),
                 status: status.to_string(),
                 stderr: said.trim().to_string(),
             });
@@ -164,7 +163,7 @@ impl RuncRuntime {
             .await
             .ctx(|| format!("read {}", files.pid_file.display()))?;
         let pid: u32 = pid_text.trim().parse().map_err(|_| SandboxError::Command {
-            command: cmd::render(&self.runc, &args),
+            command: ate_cmd::render(&self.runc, &args),
             status: "no pid".into(),
             stderr: format!("pid file holds {pid_text:?}"),
         })?;
@@ -180,7 +179,7 @@ impl RuncRuntime {
             },
             (None, None) => {
                 return Err(SandboxError::Command {
-                    command: cmd::render(&self.runc, &args),
+                    command: ate_cmd::render(&self.runc, &args),
                     status: "no terminal".into(),
                     stderr: "runc exec sent no terminal on the console socket".into(),
                 });

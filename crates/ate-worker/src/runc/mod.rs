@@ -32,15 +32,14 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-use crate::cmd;
 use crate::error::{IoContext, Result, SandboxError};
 use crate::lazy::PageSource;
-use crate::netns_pool::NetnsPool;
 use crate::reaper::{self, InitStatus, Inits};
 use crate::runtime::{
     ActorSandbox, Capabilities, CheckpointStats, ExitInfo, RunMode, SandboxRuntime, SandboxSpec,
     Started,
 };
+use ate_netns::pool::NetnsPool;
 
 use cgroup::{freezer_state_file, read_freezer};
 pub use criu::{CRIU_OPTIONS, CRIU_OPTIONS_SIDECARS};
@@ -89,7 +88,7 @@ impl RuncConfig {
             state_dir: state_dir.into(),
             runc: PathBuf::from("runc"),
             criu: None,
-            spare_netns: crate::netns_pool::DEFAULT_SPARE_NETNS,
+            spare_netns: ate_netns::pool::DEFAULT_SPARE_NETNS,
             log_relay: vec!["cat".to_string()],
             userns: userns::enabled_by_default(),
             userns_claims_dir: PathBuf::from(userns::DEFAULT_CLAIMS_DIR),
@@ -145,7 +144,7 @@ impl RuncRuntime {
     /// Checks runc is usable and finds a CRIU ≥ 4.2 (older ones fail on this kernel).
     pub async fn new(config: RuncConfig) -> Result<Self> {
         let runc = config.runc.to_string_lossy().into_owned();
-        cmd::run(&runc, ["--version"]).await?;
+        ate_cmd::run(&runc, ["--version"]).await?;
         let root = config.state_dir.join("runc");
         tokio::fs::create_dir_all(&root)
             .await
@@ -157,7 +156,7 @@ impl RuncRuntime {
         let run = if criu_bin == "none" {
             Err("--criu=none".to_string())
         } else {
-            cmd::run(&criu_bin, ["--version"])
+            ate_cmd::run(&criu_bin, ["--version"])
                 .await
                 .map_err(|e| e.to_string())
         };
@@ -182,7 +181,7 @@ impl RuncRuntime {
         // Lazy restores need userfaultfd with the non-cooperative events CRIU asks for (a
         // kernel or sysctl without them would fail every lazy restore): probed once here.
         let lazy_pages = match &criu {
-            Some(bin) => match cmd::run(bin, ["check", "--feature", "uffd-noncoop"]).await {
+            Some(bin) => match ate_cmd::run(bin, ["check", "--feature", "uffd-noncoop"]).await {
                 Ok(_) => true,
                 Err(e) => {
                     tracing::warn!(error = %e, "CRIU reports no non-cooperative userfaultfd: memory restores are eager");
@@ -235,10 +234,10 @@ impl RuncRuntime {
         if let Err(e) = reaper::become_subreaper() {
             tracing::warn!(error = %e, "cannot become a child subreaper: exits are found with `runc state` and carry no exit code");
         }
-        tokio::task::spawn_blocking(crate::netns::prepare_dir)
+        tokio::task::spawn_blocking(ate_netns::prepare_dir)
             .await
             .map_err(|e| {
-                SandboxError::Invalid(format!("preparing {}: {e}", crate::netns::NETNS_DIR))
+                SandboxError::Invalid(format!("preparing {}: {e}", ate_netns::NETNS_DIR))
             })??;
         let criu_conf = root.join("criu.conf");
         tokio::fs::write(&criu_conf, CRIU_OPTIONS)
@@ -292,24 +291,24 @@ impl RuncRuntime {
     async fn runc(&self, extra: &[&str]) -> Result<std::process::Output> {
         let mut args = self.base_args();
         args.extend(extra.iter().map(|s| s.to_string()));
-        cmd::run(&self.runc, &args).await
+        Ok(ate_cmd::run(&self.runc, &args).await?)
     }
 
     /// `runc state` status, `None` when runc does not know the container.
     async fn status(&self, id: &str) -> Result<Option<(String, Option<u32>)>> {
         let mut args = self.base_args();
         args.extend(["state".to_string(), id.to_string()]);
-        let out = cmd::output(&self.runc, &args).await?;
+        let out = ate_cmd::output(&self.runc, &args).await?;
         if !out.status.success() {
             let err = String::from_utf8_lossy(&out.stderr);
             if err.contains("does not exist") || err.contains("not exist") {
                 return Ok(None);
             }
-            return Err(cmd::failed(&self.runc, &args, &out));
+            return Err(ate_cmd::failed(&self.runc, &args, &out).into());
         }
         let state: Value =
             serde_json::from_slice(&out.stdout).map_err(|e| SandboxError::Command {
-                command: cmd::render(&self.runc, &args),
+                command: ate_cmd::render(&self.runc, &args),
                 status: "unparsable output".to_string(),
                 stderr: e.to_string(),
             })?;

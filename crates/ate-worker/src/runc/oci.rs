@@ -15,7 +15,6 @@ use oci_spec::runtime::{
 use super::cgroup::{CGROUP_PARENT, CPU_PERIOD_US, cpu_quota_us};
 use crate::error::{Result, SandboxError};
 use crate::hardening::{self, oci_error};
-use crate::netns;
 use crate::runtime::{ActorSandbox, SandboxSpec};
 use crate::sidecars;
 use ate_image::ImageConfig;
@@ -296,7 +295,7 @@ fn namespaces(actor: &ActorSandbox) -> Result<Vec<LinuxNamespace>> {
     let new = |typ| LinuxNamespaceBuilder::default().typ(typ).build();
     let network = LinuxNamespaceBuilder::default()
         .typ(LinuxNamespaceType::Network)
-        .path(netns::netns_path(&actor.netns()))
+        .path(ate_netns::netns_path(&actor.netns()))
         .build();
     [
         new(LinuxNamespaceType::Pid),

@@ -11,8 +11,7 @@ use tokio::process::Command;
 
 use super::RuncRuntime;
 use super::cgroup::kill_cgroup_processes;
-use crate::cmd;
-use crate::error::{IoContext, Result, SandboxError, tail};
+use crate::error::{IoContext, Result, SandboxError};
 use crate::lazy::PageSource;
 use crate::procfs::process_running;
 use crate::runtime::{ActorSandbox, Started};
@@ -49,7 +48,7 @@ impl RuncRuntime {
         // Drop our copies of the write end so the copier sees EOF when the container is gone.
         drop(command);
         let mut child = child.map_err(|e| SandboxError::Command {
-            command: cmd::render(&self.runc, &full),
+            command: ate_cmd::render(&self.runc, &full),
             status: "could not start".to_string(),
             stderr: e.to_string(),
         })?;
@@ -78,7 +77,7 @@ impl RuncRuntime {
                 kill_cgroup_processes(&actor.short_id());
                 let _ = child.wait().await;
                 return Err(SandboxError::Command {
-                    command: cmd::render(&self.runc, &full),
+                    command: ate_cmd::render(&self.runc, &full),
                     status: "signal: 9 (SIGKILL)".to_string(),
                     stderr: format!("{CRIU_DIED} before the restore finished; runc was ended"),
                 });
@@ -123,7 +122,7 @@ impl RuncRuntime {
                     _ => why,
                 };
                 return Err(SandboxError::Command {
-                    command: cmd::render(&self.runc, &full),
+                    command: ate_cmd::render(&self.runc, &full),
                     status: "ended: the page source gave up".to_string(),
                     stderr,
                 });
@@ -140,12 +139,12 @@ impl RuncRuntime {
         let _ = tokio::time::timeout(Duration::from_secs(1), copier.wait()).await;
         let log = tokio::fs::read(actor.log_path()).await.unwrap_or_default();
         let since = usize::try_from(log_start).unwrap_or(0).min(log.len());
-        let mut stderr = tail(&String::from_utf8_lossy(&log[since..]), 2000);
+        let mut stderr = ate_cmd::tail(&String::from_utf8_lossy(&log[since..]), 2000);
         if let Some((log, text)) = restore_log(&full).await {
             stderr.push_str(&quote(&log, &text));
         }
         Err(SandboxError::Command {
-            command: cmd::render(&self.runc, &full),
+            command: ate_cmd::render(&self.runc, &full),
             status: status.to_string(),
             stderr,
         })
@@ -205,7 +204,7 @@ async fn spawn_log_relay(
         .split_first()
         .map(|(p, a)| (p.as_str(), a))
         .unwrap_or(("cat", &[]));
-    let mut command = Command::from(crate::cmd::self_aware_command(program));
+    let mut command = Command::from(ate_cmd::self_aware_command(program));
     command
         .args(args)
         .stdin(Stdio::from(read))
@@ -251,7 +250,7 @@ async fn restore_log(args: &[String]) -> Option<(PathBuf, String)> {
 
 /// The tail of a CRIU log, as appended to an error.
 fn quote(log: &Path, text: &str) -> String {
-    format!("\n--- {} ---\n{}", log.display(), tail(text, 2000))
+    format!("\n--- {} ---\n{}", log.display(), ate_cmd::tail(text, 2000))
 }
 
 /// How long runc may outlive its CRIU child before the restore counts as cut short (runc

@@ -8,7 +8,6 @@ use super::cgroup::{cgroup_processes, kill_cgroup_processes, remove_cgroups};
 use super::files::remove_dir_if_exists;
 use super::mounts::{unmount_below, unmount_if_mounted};
 use crate::error::Result;
-use crate::netns;
 use crate::runtime::ActorSandbox;
 
 /// How long a teardown waits for a killed init to exit (so it can be reaped) before it removes
@@ -106,7 +105,7 @@ impl RuncRuntime {
         unmount_below(&actor.dir.join(super::userns::IDMAP_DIR));
         super::external::detach(actor);
         super::userns::release(&self.userns_claims, &actor.dir);
-        netns::delete(&actor.netns()).await?;
+        ate_netns::delete(&actor.netns()).await?;
         remove_cgroups(&actor.short_id());
         Ok(())
     }

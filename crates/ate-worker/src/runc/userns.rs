@@ -539,9 +539,9 @@ pub fn rewrite_userns_image(bytes: &[u8], base: u32) -> Option<Vec<u8>> {
 }
 
 /// The `createRuntime` hook's script: [`NETNS_HOOK`], then the egress gate (`$4`: its dir,
-/// see `egress::gate`).
+/// see `ate_egress::gate`).
 pub fn netns_hook() -> String {
-    format!("{NETNS_HOOK}shift 3\n{}", crate::egress::gate::HOOK)
+    format!("{NETNS_HOOK}shift 3\n{}", ate_egress::gate::HOOK)
 }
 
 /// The netns part of the `createRuntime` hook: binds the container's netns (pid from the state

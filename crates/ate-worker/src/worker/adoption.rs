@@ -10,9 +10,9 @@ pub(super) use ate_worker_client::sandbox::ADOPTION_FILE;
 use ate_worker_client::sandbox::{actor_dirs, sandbox_alive};
 
 use super::{AdoptionRecord, Entry, Worker, Workload, egress_identity, key_of};
-use crate::netns::NetnsDialer;
 use crate::procfs::process_running;
 use crate::runtime::ActorSandbox;
+use ate_netns::NetnsDialer;
 
 /// How long a restarted worker waits for a lazy restore's page source to finish before it
 /// gives up adopting the sandbox.

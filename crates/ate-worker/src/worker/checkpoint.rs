@@ -19,8 +19,8 @@ use super::{
     Workload, egress_identity, key_of, sandbox_error, snapshot_error,
 };
 use crate::lazy::Outcome;
-use crate::netns::NetnsDialer;
 use crate::runtime::ActorSandbox;
+use ate_netns::NetnsDialer;
 
 /// How long a checkpoint waits for a lazy restore to place every page.
 const LAZY_COMPLETE_WAIT: Duration = Duration::from_secs(60);
@@ -313,9 +313,7 @@ impl Worker {
                     crate::metrics::memory_dump_failed(false);
                     return Err(DumpFailure::Refused(refused));
                 }
-                Err(DumpFailure::Failed(
-                    crate::error::tail(&full, 1500).to_string(),
-                ))
+                Err(DumpFailure::Failed(ate_cmd::tail(&full, 1500).to_string()))
             }
         }
     }

@@ -7,7 +7,7 @@ use std::time::Instant;
 use ate_core::TemplateSpec;
 
 use super::{Entry, Frozen, VerbError, Worker, Workload, egress_identity, sandbox_error};
-use crate::netns::NetnsDialer;
+use ate_netns::NetnsDialer;
 
 impl Worker {
     /// Thaws a sandbox kept frozen since its checkpoint: the dumped processes continue with

@@ -11,7 +11,7 @@ use std::time::Duration;
 use ate_core::clock::now_ms;
 use http::{Method, StatusCode, header};
 
-use crate::egress::{ActorIdentity, LocalApi, LocalRequest, LocalResponse};
+use ate_egress::{ActorIdentity, LocalApi, LocalRequest, LocalResponse};
 
 /// The path an alarm POSTs to when the actor names none.
 pub const DEFAULT_ALARM_PATH: &str = "/alarm";

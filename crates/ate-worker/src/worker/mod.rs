@@ -44,14 +44,14 @@ use std::time::{Duration, Instant};
 use ate_core::clock::now_ms;
 use ate_core::{ActorRef, TemplateSpec};
 
-use crate::atunnel::Tunnels;
 use crate::config::{Faults, FrozenPolicy};
-use crate::egress::{ActorIdentity, Cidr, Egress, RouterClient};
 use crate::error::SandboxError;
 use crate::lazy::PageSource;
-use crate::netns::NetnsDialer;
 use crate::runtime::{ActorSandbox, SandboxRuntime};
+use ate_atunnel::Tunnels;
+use ate_egress::{ActorIdentity, Cidr, Egress, RouterClient};
 use ate_image::ImageCache;
+use ate_netns::NetnsDialer;
 
 pub use exec::{ExecEvent, ExecInput, ExecRequest};
 pub use local_api::ApiClients;

@@ -11,10 +11,10 @@ use super::sandbox_error;
 use super::{VerbError, Worker};
 use crate::error::SandboxError;
 use crate::lazy::PageSource;
-use crate::netns::{ACTOR_IP, connect_in_netns_timeout};
 use crate::probe;
 use crate::runc;
 use crate::runtime::{ActorSandbox, ExitInfo, SandboxSpec};
+use ate_netns::{ACTOR_IP, connect_in_netns_timeout};
 
 /// Probe limit when a template's first container has no wakeup probe (template default).
 const DEFAULT_PROBE_TIMEOUT: Duration = Duration::from_secs(30);

@@ -14,11 +14,11 @@ use super::{
     Entry, StartReply, StartRequest, VerbError, Worker, Workload, egress_identity, key_of,
     sandbox_error,
 };
-use crate::egress::ActorIdentity;
-use crate::egress::gate::Gate;
 use crate::lazy::PageSource;
-use crate::netns::NetnsDialer;
 use crate::runtime::{ActorSandbox, SandboxSpec};
+use ate_egress::ActorIdentity;
+use ate_egress::gate::Gate;
+use ate_netns::NetnsDialer;
 
 impl Worker {
     pub async fn start(&self, req: StartRequest) -> Result<StartReply, VerbError> {
@@ -261,7 +261,7 @@ impl Worker {
             ate_telemetry::trace_span!("run")
         };
         // Egress is on before the sandbox's first instruction: the runtime's hook waits at the
-        // gate while the proxy and redirect start in the new netns (see `egress::gate`).
+        // gate while the proxy and redirect start in the new netns (see `ate_egress::gate`).
         let mut gate = match Gate::open(&sandbox.egress_gate_dir()) {
             Ok(g) => g,
             Err(e) => {

@@ -3,14 +3,12 @@
 //! when the test panics.
 #![allow(dead_code)]
 
-pub mod h2_client;
-
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::OnceLock;
 
 pub use ate_test_support::fs::unique_name;
-use ate_worker::{ActorSandbox, netns};
+use ate_worker::ActorSandbox;
 
 /// Directory with `counter/` and `sleeper/` OCI layouts: `$ATE_TEST_IMAGES`, or built once per
 /// test process with `workloads/build-images.sh` into a temp dir (panics with the reason if that fails).
@@ -169,7 +167,7 @@ impl Drop for Env {
             }
         }
         for n in &self.extra_netns {
-            if netns::exists(n) {
+            if ate_netns::exists(n) {
                 let _ = Command::new("ip").args(["netns", "delete", n]).output();
             }
         }
@@ -278,7 +276,7 @@ pub async fn counter_spec(env: &Env) -> ate_worker::SandboxSpec {
 
 /// `GET path` on the actor's port 80 from inside its netns: (status, body).
 pub async fn get(actor: &ActorSandbox, path: &str) -> (u16, String) {
-    let addr = std::net::SocketAddr::new(ate_worker::ACTOR_IP.into(), 80);
+    let addr = std::net::SocketAddr::new(ate_netns::ACTOR_IP.into(), 80);
     ate_worker::probe::get(
         &actor.netns(),
         addr,

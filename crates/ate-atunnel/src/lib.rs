@@ -1,4 +1,5 @@
-//! atunnel: the router's only way to an actor (docs/tunnel-protocol.md, server side).
+//! atunnel: the router's only way to an actor (docs/tunnel-protocol.md, server side), served by
+//! the worker process, which activates and deactivates the actors in its [`Tunnels`].
 //!
 //! h2c with prior knowledge; every tunnel is one HTTP/2 `CONNECT` stream naming the actor in
 //! `ate-target-actor` and the port in `ate-target-port`. A stream for an actor that is active here
@@ -9,12 +10,18 @@
 //! (so a memory dump sees no established connection).
 //!
 //! Egress does not pass through here: an actor's outbound TCP is redirected by nftables in its
-//! netns to the worker's egress proxy ([`crate::egress`]), started per actor with ingress.
+//! netns to the worker's egress proxy (`ate-egress`), started per actor with ingress.
 //!
 //! `server.rs` is the listener and the CONNECT handling; `headers.rs` parses the tunnel
-//! protocol's headers; this file holds the actors served here and the checks every tunnel passes.
+//! protocol's headers; [`pipe`] is one tunnel's byte pipe; this file holds the actors served here
+//! and the checks every tunnel passes, CONNECT or the worker's same-machine handoff
+//! (`ate_worker::handoff`: [`admit`], [`dial`]).
+
+// Library and product code never unwraps (tests may): errors go to the caller.
+#![cfg_attr(not(test), deny(clippy::unwrap_used))]
 
 mod headers;
+pub mod pipe;
 mod server;
 
 use std::collections::HashMap;
@@ -23,13 +30,13 @@ use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU32, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use ate_netns::{ACTOR_IP, NetnsDialer};
 use tokio::sync::watch;
 
-use crate::netns::{ACTOR_IP, NetnsDialer};
 use crate::pipe::{Command, TunnelState};
 
 pub use headers::{parse_activation, parse_hibernate, parse_probe, parse_target};
-pub(crate) use server::dial_failure;
+pub use server::dial_failure;
 pub use server::serve;
 
 /// A tunnel whose last bytes were the actor's answer and that was quiet this long has no
@@ -94,7 +101,7 @@ impl Activation {
     }
 
     /// Turns true when ingress goes off for good (every tunnel is cut).
-    pub(crate) fn subscribe_closed(&self) -> watch::Receiver<bool> {
+    pub fn subscribe_closed(&self) -> watch::Receiver<bool> {
         self.closed.subscribe()
     }
 
@@ -111,7 +118,7 @@ impl Activation {
             .store(now_unix_ms(), Ordering::Release);
     }
 
-    pub(crate) fn register(&self, state: &Arc<TunnelState>) {
+    pub fn register(&self, state: &Arc<TunnelState>) {
         let mut pipes = match self.pipes.lock() {
             Ok(p) => p,
             Err(poisoned) => poisoned.into_inner(),
@@ -171,7 +178,7 @@ impl Activation {
 
 /// Decrements the open count (for a counted tunnel) and records activity when a tunnel ends,
 /// whichever way it ends.
-pub(crate) struct OpenGuard {
+pub struct OpenGuard {
     activation: Arc<Activation>,
     counted: bool,
 }
@@ -190,7 +197,7 @@ impl Drop for OpenGuard {
 
 /// Whether an open tunnel keeps its actor from idle suspend.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Counted {
+pub enum Counted {
     /// Every tunnel, except:
     Open,
     /// The upstream leg of a hibernating WebSocket: only its bytes count, as activity (the
@@ -338,7 +345,7 @@ fn shut(a: &Activation) {
 }
 
 /// Why an admitted tunnel was not opened.
-pub(crate) enum Refusal {
+pub enum Refusal {
     /// Ingress went off (a drain for a suspend): the CONNECT's 421.
     Stale,
     /// The dial into the actor's netns failed.
@@ -348,11 +355,7 @@ pub(crate) enum Refusal {
 /// The checks every tunnel request passes, CONNECT or handoff: the worker's lease, the actor
 /// active here, and the fencing token (a newer one than the copy's supersedes this copy). The
 /// error is the 421's body.
-pub(crate) fn admit(
-    tunnels: &Tunnels,
-    key: &str,
-    token: Option<u64>,
-) -> Result<Arc<Activation>, String> {
+pub fn admit(tunnels: &Tunnels, key: &str, token: Option<u64>) -> Result<Arc<Activation>, String> {
     if !tunnels.lease_valid() {
         return Err(format!(
             "actor {key}: this worker lost contact with the control plane and serves no actor until it is back\n"
@@ -380,7 +383,7 @@ pub(crate) fn admit(
 
 /// Dials the admitted actor's `port` and counts the tunnel as open (and as activity) for as
 /// long as the returned guard lives; a [`Counted::BytesOnly`] tunnel is not counted as open.
-pub(crate) async fn dial(
+pub async fn dial(
     activation: &Arc<Activation>,
     port: u16,
     counted: Counted,

@@ -16,7 +16,7 @@ use tokio::task::JoinSet;
 use super::platform::{self, is_platform};
 use super::policy::{NodeAddrs, Policy, Verdict, decide};
 use super::{EGRESS_PORT, lock_set};
-use crate::netns::netns_path;
+use ate_netns::netns_path;
 
 /// Bound on the worker's dial of an allowed destination.
 const DIAL_TIMEOUT: Duration = Duration::from_secs(10);

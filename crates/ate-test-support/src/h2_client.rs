@@ -1,5 +1,5 @@
 //! An HTTP/2 client of a worker's atunnel, as the router is one: the connection, CONNECT streams
-//! with routing headers, and reading a body.
+//! with routing headers, and reading a body (the ate-atunnel and ate-worker tests).
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Empty};

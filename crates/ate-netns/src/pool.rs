@@ -2,7 +2,7 @@
 //!
 //! Making an actor's namespace takes two `ip` runs, 5–8 ms at n = 1 and far more when a burst
 //! of restores shares the cores. A spare is an *unnamed* namespace: a background thread unshares
-//! a new one, runs the same `ip -batch` setup as [`netns::create`] inside it (a child process
+//! a new one, runs the same `ip -batch` setup as [`crate::create`] inside it (a child process
 //! starts in its parent thread's namespace), and keeps only a file descriptor to it.
 //! [`NetnsPool::create`] names one by bind-mounting that descriptor at
 //! `/var/run/netns/<name>`, where runc, nftables and the socket factory look, then closes the
@@ -21,8 +21,8 @@ use std::sync::{Arc, Mutex};
 use nix::mount::MsFlags;
 use nix::sched::{CloneFlags, unshare};
 
-use crate::error::{IoContext, Result, SandboxError};
-use crate::netns::{self, NETNS_DIR};
+use crate::NETNS_DIR;
+use crate::error::{IoContext, NetnsError, Result};
 
 /// Spares a worker keeps by default (never more than its slots): a burst of 16 restores finds
 /// one each. Measured, 16 restores at once: the netns step's median 46–48 ms with 4 spares,
@@ -65,7 +65,7 @@ impl NetnsPool {
     }
 
     /// Gives the actor namespace `name` (a stale one of that name is deleted first): a spare
-    /// when one is ready, else a new one made by [`netns::create`].
+    /// when one is ready, else a new one made by [`crate::create`].
     pub async fn create(&self, name: &str) -> Result<()> {
         let spare = self.inner.spares.lock().ok().and_then(|mut s| s.pop());
         self.refill();
@@ -77,7 +77,7 @@ impl NetnsPool {
                 }
             }
         }
-        netns::create(name).await
+        crate::create(name).await
     }
 
     /// Tops the pool up on a background thread, unless one is already doing it.
@@ -132,7 +132,7 @@ fn make_spare() -> Result<OwnedFd> {
             })
             .join()
             .unwrap_or_else(|_| {
-                Err(SandboxError::Invalid(
+                Err(NetnsError::Invalid(
                     "the spare-netns thread panicked".into(),
                 ))
             })
@@ -142,19 +142,21 @@ fn make_spare() -> Result<OwnedFd> {
 /// Runs the actor-namespace `ip -batch` setup in the calling thread's namespace (the child
 /// process starts there), retrying with a veth pair where dummy links don't exist.
 fn configure_here() -> Result<()> {
-    let addr = format!("{}/32", netns::ACTOR_IP);
-    let veth = !netns::dummy_links();
-    match ip_batch(&netns::link_batch(&addr, veth)) {
+    let addr = format!("{}/32", crate::ACTOR_IP);
+    let veth = !crate::dummy_links();
+    match ip_batch(&crate::link_batch(&addr, veth)) {
         Err(e) if !veth && e.contains("Unknown device type") => {
-            netns::no_dummy_links();
-            ip_batch(&netns::link_batch(&addr, true))
+            crate::no_dummy_links();
+            ip_batch(&crate::link_batch(&addr, true))
         }
         other => other,
     }
-    .map_err(|stderr| SandboxError::Command {
-        command: "ip -batch - (spare netns)".into(),
-        status: "failed".into(),
-        stderr,
+    .map_err(|stderr| {
+        NetnsError::Command(ate_cmd::CommandError {
+            command: "ip -batch - (spare netns)".into(),
+            status: "failed".into(),
+            stderr,
+        })
     })
 }
 
@@ -185,15 +187,15 @@ fn ip_batch(batch: &str) -> std::result::Result<(), String> {
 /// Names the spare `fd` as `name` under [`NETNS_DIR`] (a bind mount of the descriptor, as
 /// `ip netns attach` does) and closes the descriptor.
 async fn adopt(fd: OwnedFd, name: &str) -> Result<()> {
-    netns::delete(name).await?;
+    crate::delete(name).await?;
     // `ip netns add` sets the directory up (a shared bind mount of itself) the first time;
     // until one has run, spares are not used.
     if !Path::new(NETNS_DIR).is_dir() {
-        return Err(SandboxError::Invalid(format!(
+        return Err(NetnsError::Invalid(format!(
             "{NETNS_DIR} does not exist yet"
         )));
     }
-    let target = netns::netns_path(name);
+    let target = crate::netns_path(name);
     tokio::task::spawn_blocking(move || -> Result<()> {
         std::fs::OpenOptions::new()
             .write(true)
@@ -209,7 +211,7 @@ async fn adopt(fd: OwnedFd, name: &str) -> Result<()> {
             None::<&str>,
         ) {
             let _ = std::fs::remove_file(&target);
-            return Err(SandboxError::io(
+            return Err(NetnsError::io(
                 format!("bind {source} at {}", target.display()),
                 std::io::Error::from(e),
             ));
@@ -218,5 +220,5 @@ async fn adopt(fd: OwnedFd, name: &str) -> Result<()> {
         Ok(())
     })
     .await
-    .map_err(|e| SandboxError::Invalid(format!("naming a spare netns: {e}")))?
+    .map_err(|e| NetnsError::Invalid(format!("naming a spare netns: {e}")))?
 }

@@ -1,12 +1,13 @@
-//! The spare-netns pool (src/netns_pool.rs) against the real kernel and iproute2 (root): a named
-//! spare is set up exactly like a namespace made on demand, the pool refills behind the one it
-//! gave, and spares, being only descriptors of this process, are gone once the pool is.
+//! Network namespaces against the real kernel and iproute2 (root). The spare-netns pool
+//! (src/pool.rs): a named spare is set up exactly like a namespace made on demand, the pool
+//! refills behind the one it gave, and spares, being only descriptors of this process, are gone
+//! once the pool is. An actor's namespace does not reach the host's loopback.
 
+use std::net::SocketAddr;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use ate_worker::netns;
-use ate_worker::netns_pool::NetnsPool;
+use ate_netns::pool::NetnsPool;
 
 /// Deletes the test's named namespaces however the test ends.
 struct Named(Vec<String>);
@@ -36,8 +37,8 @@ fn setup_of(netns: &str) -> (bool, bool, bool) {
     let routes = ip_in(netns, &["route", "show"]);
     (
         lo.contains("UP"),
-        addrs.contains(&format!("{}/32", netns::ACTOR_IP)),
-        routes.contains(&format!("default dev {}", netns::ACTOR_LINK)),
+        addrs.contains(&format!("{}/32", ate_netns::ACTOR_IP)),
+        routes.contains(&format!("default dev {}", ate_netns::ACTOR_LINK)),
     )
 }
 
@@ -94,7 +95,7 @@ async fn spares_are_set_up_like_made_ones_refill_and_leave_nothing_behind() {
 
     // A spare, named: the same setup, found by name like any other.
     pool.create(&spare).await.expect("named from a spare");
-    assert!(netns::exists(&spare));
+    assert!(ate_netns::exists(&spare));
     assert_eq!(setup_of(&spare), on_demand, "{spare}");
     let listed = Command::new("ip")
         .args(["netns", "list"])
@@ -124,9 +125,9 @@ async fn spares_are_set_up_like_made_ones_refill_and_leave_nothing_behind() {
     }
     assert_eq!(netns_fds(), fds_before, "spares are gone with the pool");
 
-    netns::delete(&spare).await.expect("delete");
-    netns::delete(&made).await.expect("delete");
-    assert!(!netns::exists(&spare) && !netns::exists(&made));
+    ate_netns::delete(&spare).await.expect("delete");
+    ate_netns::delete(&made).await.expect("delete");
+    assert!(!ate_netns::exists(&spare) && !ate_netns::exists(&made));
 }
 
 /// Mount entries at `/run/netns` (where `/var/run/netns` leads) in this mount namespace, with
@@ -146,8 +147,8 @@ fn a_namespace_bound_outside_ip_netns_add_stays_deletable() {
         "netns tests need root (ip netns, mounts)"
     );
     // What every worker does at start; twice must not stack a second bind.
-    netns::prepare_dir().expect("prepare the netns dir");
-    netns::prepare_dir().expect("prepare the netns dir again");
+    ate_netns::prepare_dir().expect("prepare the netns dir");
+    ate_netns::prepare_dir().expect("prepare the netns dir again");
     assert_eq!(
         netns_dir_mounts(),
         vec![true],
@@ -159,7 +160,7 @@ fn a_namespace_bound_outside_ip_netns_add_stays_deletable() {
     let added = format!("ate-tprep-{id}-a");
     let _cleanup = Named(vec![bound.clone(), added.clone()]);
     // As the user-namespace hook names a namespace: a bind of the namespace at the file.
-    let file = netns::netns_path(&bound);
+    let file = ate_netns::netns_path(&bound);
     std::fs::write(&file, b"").expect("create the namespace file");
     let ok = Command::new("unshare")
         .arg(format!("--net={}", file.display()))
@@ -183,7 +184,37 @@ fn a_namespace_bound_outside_ip_netns_add_stays_deletable() {
             "ip netns delete {name}: {}",
             String::from_utf8_lossy(&out.stderr)
         );
-        assert!(!netns::exists(name), "{name} still exists");
+        assert!(!ate_netns::exists(name), "{name} still exists");
     }
     assert_eq!(netns_dir_mounts(), vec![true], "still one shared mount");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn actor_netns_cannot_reach_host_loopback() {
+    assert!(
+        nix::unistd::geteuid().is_root(),
+        "netns tests need root (ip netns, mounts)"
+    );
+    let host = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("host listener");
+    let port = host.local_addr().expect("addr").port();
+    // Sanity: reachable from the host namespace.
+    tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .expect("host connect");
+
+    let ns = format!("ate-i{:x}", std::process::id());
+    let _cleanup = Named(vec![ns.clone()]);
+    ate_netns::create(&ns).await.expect("create netns");
+    let target: SocketAddr = ([127, 0, 0, 1], port).into();
+    let r = ate_netns::connect_in_netns_timeout(&ns, target, Duration::from_secs(2)).await;
+    let err = r.expect_err("host loopback must not be reachable from the actor netns");
+    assert_eq!(err.kind(), std::io::ErrorKind::ConnectionRefused, "{err}");
+    // The calling thread is still in the host namespace (setns ran on a side thread).
+    tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .expect("host connect after");
+    ate_netns::delete(&ns).await.expect("delete netns");
+    assert!(!ate_netns::exists(&ns), "{ns} still exists");
 }

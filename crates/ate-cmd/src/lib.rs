@@ -1,11 +1,26 @@
-//! Running external tools (runc, ip) with their stderr captured into errors.
+//! Running external tools (runc, CRIU, ip) with their stderr captured into errors: the worker's
+//! runtime and its network namespaces (`ate-netns`) run them the same way. A failure is a
+//! [`CommandError`] naming the command line, how it ended and the tail of what it said; the
+//! worker turns it into its `SandboxError::Command` of the same fields and text.
+
+// Library and product code never unwraps (tests may): errors go to the caller.
+#![cfg_attr(not(test), deny(clippy::unwrap_used))]
 
 use std::ffi::OsStr;
 use std::process::{Output, Stdio};
 
 use tokio::process::Command;
 
-use crate::error::{Result, SandboxError, tail};
+/// An external command exited non-zero or could not be started (or waited for).
+#[derive(Debug, thiserror::Error)]
+#[error("`{command}` failed ({status}): {stderr}")]
+pub struct CommandError {
+    pub command: String,
+    pub status: String,
+    pub stderr: String,
+}
+
+pub type Result<T, E = CommandError> = std::result::Result<T, E>;
 
 const STDERR_TAIL: usize = 2000;
 
@@ -24,7 +39,7 @@ pub fn self_aware_command(program: &str) -> std::process::Command {
 }
 
 /// Renders a command line for error messages.
-pub(crate) fn render<I, S>(program: &str, args: I) -> String
+pub fn render<I, S>(program: &str, args: I) -> String
 where
     I: IntoIterator<Item = S>,
     S: AsRef<OsStr>,
@@ -38,8 +53,8 @@ where
 }
 
 /// Runs `program args` to completion with stdin closed; returns its output on success, a
-/// [`SandboxError::Command`] with the stderr tail otherwise.
-pub(crate) async fn run<I, S>(program: &str, args: I) -> Result<Output>
+/// [`CommandError`] with the stderr tail otherwise.
+pub async fn run<I, S>(program: &str, args: I) -> Result<Output>
 where
     I: IntoIterator<Item = S> + Clone,
     S: AsRef<OsStr>,
@@ -55,7 +70,7 @@ where
 /// [`run`], but `give_up(pid)` (given the program's pid) may end it early: when that future
 /// resolves first, the program is killed (SIGKILL) and its output, a failure, is what is
 /// returned.
-pub(crate) async fn run_unless<I, S, F>(
+pub async fn run_unless<I, S, F>(
     program: &str,
     args: I,
     give_up: impl FnOnce(u32) -> F,
@@ -72,7 +87,7 @@ where
         .stderr(Stdio::piped())
         .kill_on_drop(true)
         .spawn()
-        .map_err(|e| SandboxError::Command {
+        .map_err(|e| CommandError {
             command: render(program, args.clone()),
             status: "could not start".to_string(),
             stderr: e.to_string(),
@@ -102,7 +117,7 @@ where
             }
         }
     }
-    .map_err(|e| SandboxError::Command {
+    .map_err(|e| CommandError {
         command: render(program, args.clone()),
         status: "could not be waited for".to_string(),
         stderr: e.to_string(),
@@ -115,7 +130,7 @@ where
 }
 
 /// Runs `program args` and returns its output whatever the exit status.
-pub(crate) async fn output<I, S>(program: &str, args: I) -> Result<Output>
+pub async fn output<I, S>(program: &str, args: I) -> Result<Output>
 where
     I: IntoIterator<Item = S> + Clone,
     S: AsRef<OsStr>,
@@ -128,7 +143,7 @@ where
         .kill_on_drop(true)
         .output()
         .await
-        .map_err(|e| SandboxError::Command {
+        .map_err(|e| CommandError {
             command: render(program, args),
             status: "could not start".to_string(),
             stderr: e.to_string(),
@@ -136,13 +151,13 @@ where
 }
 
 /// Runs `program args` with `input` on its stdin; like [`run`] otherwise.
-pub(crate) async fn run_with_input<I, S>(program: &str, args: I, input: &str) -> Result<Output>
+pub async fn run_with_input<I, S>(program: &str, args: I, input: &str) -> Result<Output>
 where
     I: IntoIterator<Item = S> + Clone,
     S: AsRef<OsStr>,
 {
     use tokio::io::AsyncWriteExt;
-    let could_not = |e: std::io::Error| SandboxError::Command {
+    let could_not = |e: std::io::Error| CommandError {
         command: render(program, args.clone()),
         status: "could not start".to_string(),
         stderr: e.to_string(),
@@ -167,7 +182,7 @@ where
     }
 }
 
-pub(crate) fn failed<I, S>(program: &str, args: I, out: &Output) -> SandboxError
+pub fn failed<I, S>(program: &str, args: I, out: &Output) -> CommandError
 where
     I: IntoIterator<Item = S>,
     S: AsRef<OsStr>,
@@ -176,9 +191,22 @@ where
     if text.trim().is_empty() {
         text = String::from_utf8_lossy(&out.stdout).into_owned();
     }
-    SandboxError::Command {
+    CommandError {
         command: render(program, args),
         status: out.status.to_string(),
         stderr: tail(&text, STDERR_TAIL),
     }
+}
+
+/// Keeps the last `max` bytes of command output, on a char boundary, trimmed.
+pub fn tail(text: &str, max: usize) -> String {
+    let t = text.trim();
+    if t.len() <= max {
+        return t.to_string();
+    }
+    let mut start = t.len() - max;
+    while !t.is_char_boundary(start) {
+        start += 1;
+    }
+    format!("…{}", &t[start..])
 }

@@ -170,7 +170,7 @@ fn dial_failed(key: &str, port: u16, e: &std::io::Error) -> Response<Full<Bytes>
 }
 
 /// Whether a failed dial means nothing listens on the port, and the text that says so.
-pub(crate) fn dial_failure(key: &str, port: u16, e: &std::io::Error) -> (bool, String) {
+pub fn dial_failure(key: &str, port: u16, e: &std::io::Error) -> (bool, String) {
     if e.kind() == std::io::ErrorKind::ConnectionRefused {
         return (
             true,

@@ -1,10 +1,8 @@
-//! atunnel (src/atunnel.rs) against a real actor network namespace, without a sandbox (root and
+//! atunnel (src/lib.rs) against a real actor network namespace, without a sandbox (root and
 //! iproute2; no runc): what the router reads to tell its 502s apart. A port nothing listens on
 //! is a 502 marked `x-ate-port-closed: true`; a probe (`ate-probe: 1`) answers 200 or 421
 //! without dialing the actor or counting as activity; ingress off cuts the open tunnels and then
 //! the probe answers 421 (the router's "cut by a suspend").
-
-mod common;
 
 use std::net::SocketAddr;
 use std::os::fd::AsFd;
@@ -12,10 +10,10 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use ate_worker::atunnel::{self, Tunnels};
-use ate_worker::netns::{self, ACTOR_IP, NetnsDialer};
+use ate_atunnel::Tunnels;
+use ate_netns::{ACTOR_IP, NetnsDialer};
+use ate_test_support::h2_client::{self, H2, body_text, h2_connect};
 use bytes::Bytes;
-use common::h2_client::{self, H2, body_text, h2_connect};
 use http_body_util::Empty;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -33,7 +31,7 @@ impl Drop for Named {
 /// A listener on the actor address inside `ns`: bound on a thread that entered the namespace (a
 /// socket keeps the namespace it was made in).
 fn listen_in(ns: &str, port: u16) -> tokio::net::TcpListener {
-    let path = netns::netns_path(ns);
+    let path = ate_netns::netns_path(ns);
     let listener = std::thread::spawn(move || {
         let file = std::fs::File::open(path).expect("open netns");
         nix::sched::setns(file.as_fd(), nix::sched::CloneFlags::CLONE_NEWNET).expect("setns");
@@ -98,7 +96,7 @@ async fn closed_ports_probes_and_cut_tunnels_are_told_apart() {
         "atunnel tests need root (ip netns, setns)"
     );
     let ns = format!("ate-tatun-{}", std::process::id());
-    netns::create(&ns).await.expect("create netns");
+    ate_netns::create(&ns).await.expect("create netns");
     let _cleanup = Named(ns.clone());
     let accepted = serve_actor(listen_in(&ns, 80));
 
@@ -109,7 +107,7 @@ async fn closed_ports_probes_and_cut_tunnels_are_told_apart() {
         .await
         .expect("bind");
     let addr = listener.local_addr().expect("addr");
-    tokio::spawn(atunnel::serve(
+    tokio::spawn(ate_atunnel::serve(
         listener,
         None,
         tunnels.clone(),
@@ -138,7 +136,7 @@ async fn closed_ports_probes_and_cut_tunnels_are_told_apart() {
     )
     .await;
     assert_eq!(resp.status(), 421);
-    assert_eq!(resp.headers()[atunnel::HEADER_STALE], "true");
+    assert_eq!(resp.headers()[ate_atunnel::HEADER_STALE], "true");
     let resp = connect(
         &mut h2,
         &[("ate-target-actor", "t/a"), ("ate-probe", "yes")],
@@ -158,7 +156,7 @@ async fn closed_ports_probes_and_cut_tunnels_are_told_apart() {
     )
     .await;
     assert_eq!(resp.status(), 502);
-    assert_eq!(resp.headers()[atunnel::HEADER_PORT_CLOSED], "true");
+    assert_eq!(resp.headers()[ate_atunnel::HEADER_PORT_CLOSED], "true");
     assert_eq!(
         body_text(resp).await,
         "actor t/a: nothing listens on port 9 in the actor\n"
@@ -188,7 +186,7 @@ async fn closed_ports_probes_and_cut_tunnels_are_told_apart() {
     assert!(cut.is_err(), "no answer through a cut tunnel: {cut:?}");
     let resp = connect(&mut h2, &probe).await;
     assert_eq!(resp.status(), 421);
-    assert_eq!(resp.headers()[atunnel::HEADER_STALE], "true");
+    assert_eq!(resp.headers()[ate_atunnel::HEADER_STALE], "true");
     assert!(
         activation.wait_closed(Duration::from_secs(2)).await,
         "tunnels closed"

@@ -4,7 +4,17 @@
 //! across worker restarts, unique per worker and system on a host, and short enough for any
 //! interface-name use): loopback up, a dummy link
 //! carrying [`ACTOR_IP`]/32 and a default route through it, so the workload can bind and its
-//! connect() calls find a route (egress redirection is layered on top by the worker).
+//! connect() calls find a route (egress redirection is layered on top by `ate-egress`).
+//!
+//! The worker's namespaces: made here ([`create`]) or taken from the spares of [`pool`], dialed
+//! into by a [`NetnsDialer`] (atunnel, `ate-atunnel`) or [`connect_in_netns`] (wakeup probes).
+
+// Library and product code never unwraps (tests may): errors go to the caller.
+#![cfg_attr(not(test), deny(clippy::unwrap_used))]
+
+pub mod error;
+mod lockfile;
+pub mod pool;
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::os::fd::AsFd;
@@ -15,8 +25,7 @@ use std::time::Duration;
 use nix::sched::{CloneFlags, setns};
 use nix::sys::socket::{AddressFamily, SockFlag, SockType, socket};
 
-use crate::cmd;
-use crate::error::Result;
+pub use crate::error::{NetnsError, Result};
 
 /// The address every actor's workload is reached at, inside its own namespace.
 pub const ACTOR_IP: Ipv4Addr = Ipv4Addr::new(169, 254, 17, 2);
@@ -41,7 +50,7 @@ pub fn prepare_dir() -> Result<()> {
     use nix::errno::Errno;
     use nix::mount::{MsFlags, mount};
 
-    use crate::error::{IoContext, SandboxError};
+    use crate::error::IoContext;
 
     std::fs::create_dir_all(NETNS_DIR).ctx(|| format!("create {NETNS_DIR}"))?;
     let _lock = crate::lockfile::lock_exclusive(std::path::Path::new("/run/ate-netns-dir.lock"))?;
@@ -65,13 +74,10 @@ pub fn prepare_dir() -> Result<()> {
                 MsFlags::MS_BIND | MsFlags::MS_REC,
                 None::<&str>,
             )
-            .map_err(|e| SandboxError::io(format!("bind {NETNS_DIR} onto itself"), e.into()))?;
-            shared().map_err(|e| SandboxError::io(format!("make {NETNS_DIR} shared"), e.into()))
+            .map_err(|e| NetnsError::io(format!("bind {NETNS_DIR} onto itself"), e.into()))?;
+            shared().map_err(|e| NetnsError::io(format!("make {NETNS_DIR} shared"), e.into()))
         }
-        Err(e) => Err(SandboxError::io(
-            format!("make {NETNS_DIR} shared"),
-            e.into(),
-        )),
+        Err(e) => Err(NetnsError::io(format!("make {NETNS_DIR} shared"), e.into())),
     }
 }
 
@@ -93,20 +99,20 @@ pub async fn create(netns: &str) -> Result<()> {
     let ip = ACTOR_IP.to_string();
     let addr = format!("{ip}/32");
     let result = async {
-        cmd::run(IP, ["netns", "add", netns]).await?;
+        ate_cmd::run(IP, ["netns", "add", netns]).await?;
         // Everything else in one `ip -batch` (one process instead of five: these run on every
         // start and restore). The link is a dummy device, or a veth pair with both ends inside
         // on kernels built without `CONFIG_DUMMY` (some VM guests): the same effect, an up link
         // that carries the address and the default route and leads nowhere.
         let veth = !DUMMY_LINKS.load(Ordering::Relaxed);
         let batch = link_batch(&addr, veth);
-        match cmd::run_with_input(IP, ["-n", netns, "-batch", "-"], &batch).await {
+        match ate_cmd::run_with_input(IP, ["-n", netns, "-batch", "-"], &batch).await {
             Ok(_) => Ok(()),
             Err(e) if !veth && e.to_string().contains("Unknown device type") => {
                 DUMMY_LINKS.store(false, Ordering::Relaxed);
-                cmd::run(IP, ["netns", "delete", netns]).await?;
-                cmd::run(IP, ["netns", "add", netns]).await?;
-                cmd::run_with_input(IP, ["-n", netns, "-batch", "-"], &link_batch(&addr, true))
+                ate_cmd::run(IP, ["netns", "delete", netns]).await?;
+                ate_cmd::run(IP, ["netns", "add", netns]).await?;
+                ate_cmd::run_with_input(IP, ["-n", netns, "-batch", "-"], &link_batch(&addr, true))
                     .await
                     .map(|_| ())
             }
@@ -116,7 +122,7 @@ pub async fn create(netns: &str) -> Result<()> {
     .await;
     if let Err(e) = result {
         let _ = delete(netns).await;
-        return Err(e);
+        return Err(e.into());
     }
     Ok(())
 }
@@ -125,7 +131,7 @@ pub async fn create(netns: &str) -> Result<()> {
 static DUMMY_LINKS: AtomicBool = AtomicBool::new(true);
 
 /// Whether dummy links are believed to work here (else a veth pair stands in).
-pub(crate) fn dummy_links() -> bool {
+pub fn dummy_links() -> bool {
     DUMMY_LINKS.load(Ordering::Relaxed)
 }
 
@@ -136,7 +142,7 @@ pub(crate) fn no_dummy_links() {
 
 /// `ip -batch` lines that set up an actor namespace: lo up, [`ACTOR_LINK`] (dummy, or a veth
 /// pair with [`ACTOR_PEER_LINK`] when `veth`) carrying `addr`, and the default route through it.
-pub(crate) fn link_batch(addr: &str, veth: bool) -> String {
+pub fn link_batch(addr: &str, veth: bool) -> String {
     let link = if veth {
         format!(
             "link add {ACTOR_LINK} type veth peer name {ACTOR_PEER_LINK}\nlink set {ACTOR_PEER_LINK} up\n"
@@ -154,11 +160,11 @@ pub async fn delete(netns: &str) -> Result<()> {
     if !exists(netns) {
         return Ok(());
     }
-    let out = cmd::output(IP, ["netns", "delete", netns]).await?;
+    let out = ate_cmd::output(IP, ["netns", "delete", netns]).await?;
     if out.status.success() || !exists(netns) {
         return Ok(());
     }
-    Err(cmd::failed(IP, ["netns", "delete", netns], &out))
+    Err(ate_cmd::failed(IP, ["netns", "delete", netns], &out).into())
 }
 
 pub fn exists(netns: &str) -> bool {

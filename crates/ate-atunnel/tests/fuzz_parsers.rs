@@ -1,12 +1,12 @@
 //! Fuzz targets (property tests, bounded: a fixed number of cases each, a few seconds in all) for
-//! the worker's parser of untrusted input: atunnel's CONNECT routing headers
+//! atunnel's parser of untrusted input: the CONNECT routing headers
 //! (`ate-target-actor`, `ate-target-port`; `atunnel::parse_target`). No root needed.
 //!
 //! Properties: arbitrary header maps never panic; a valid `<atespace>/<name>` and port
 //! round-trip; anything else is an error (atunnel's 400 body) that names the offending header.
 
+use ate_atunnel::{HEADER_ACTOR, HEADER_PORT, parse_target};
 use ate_test_support::oracles::dns1123_label as oracle_label;
-use ate_worker::atunnel::{HEADER_ACTOR, HEADER_PORT, parse_target};
 use http::{HeaderMap, HeaderName, HeaderValue};
 use proptest::prelude::*;
 

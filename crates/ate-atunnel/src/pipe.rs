@@ -33,7 +33,7 @@ pub struct TunnelState {
     up_ms: AtomicI64,
     down_ms: AtomicI64,
     websocket: AtomicBool,
-    /// Handed off to the router (`crate::handoff`): no bytes pass here, and the router closes
+    /// Handed off to the router (`ate_worker::handoff`): no bytes pass here, and the router closes
     /// it itself once idle when told to, so a drain treats it as idle.
     handoff: bool,
     born: std::time::Instant,

@@ -30,6 +30,12 @@
 //! alive) and resets every open connection of the actor: the worker calls it when ingress goes off
 //! (before a checkpoint's dump: CRIU here cannot dump established TCP) and before the netns is
 //! deleted. Counters per actor are logged at teardown.
+//!
+//! The worker process keeps one [`Egress`] for its actors and starts an actor's proxy behind its
+//! sandbox's [`gate`]; the local actor API behind [`LocalApi`] is the worker's.
+
+// Library and product code never unwraps (tests may): errors go to the caller.
+#![cfg_attr(not(test), deny(clippy::unwrap_used))]
 
 mod cidr;
 pub mod gate;
