@@ -378,17 +378,34 @@ async fn uploaded_7a(fx: &Fixture) -> (DurableStore, PathBuf) {
     (store, dir)
 }
 
-/// Uploads `gen_dir` as `key` (normal priority) against the generations `parents`, their memory
-/// layouts from `layout_of`.
+/// Uploads `fx`'s generation as `key` (normal priority) against the generations `parents`, no
+/// memory layouts known.
 async fn upload_over(
     store: &DurableStore,
-    gen_dir: &Path,
+    fx: &Fixture,
     key: &str,
-    parents: &[PathBuf],
+    parents: &[&Path],
+) -> (String, ate_snapshot::TransferStats) {
+    upload_by(store, fx, key, parents, &no_layout).await
+}
+
+/// [`upload_over`], the memory layouts of the generations from `layout_of`.
+async fn upload_by(
+    store: &DurableStore,
+    fx: &Fixture,
+    key: &str,
+    parents: &[&Path],
     layout_of: &(dyn Fn(&Path) -> Option<ate_snapshot::MemoryLayout> + Send + Sync),
 ) -> (String, ate_snapshot::TransferStats) {
+    let parents: Vec<PathBuf> = parents.iter().map(|p| p.to_path_buf()).collect();
     store
-        .upload_with_parents(gen_dir, key, UploadPriority::Normal, parents, layout_of)
+        .upload_with_parents(
+            &fx.gen_dir,
+            key,
+            UploadPriority::Normal,
+            &parents,
+            layout_of,
+        )
         .await
         .unwrap_or_else(|e| panic!("upload {key}: {e}"))
 }
@@ -425,10 +442,9 @@ async fn changed_pages_go_up_as_deltas_that_outlive_their_parents() {
     let missing = fx1.root.path().join("no-such-generation");
     let (_, s2) = upload_over(
         &store,
-        &fx2.gen_dir,
+        &fx2,
         "default/counter/8-b",
-        &[missing, fx1.gen_dir.clone()],
-        &no_layout,
+        &[&missing, &fx1.gen_dir],
     )
     .await;
     assert_eq!((s2.chunks_reused, s2.chunks_delta), (1, 2), "{s2:?}");
@@ -454,14 +470,7 @@ async fn changed_pages_go_up_as_deltas_that_outlive_their_parents() {
     // g3: one more page in chunk 0. Its delta stays on g1's chunk (carrying g2's pages), so a
     // read takes two objects however long the chain.
     let (fx3, g3) = changed(&[(0, 0), (0, 100), (1, 3), (0, 200)]).await;
-    let (_, s3) = upload_over(
-        &store,
-        &fx3.gen_dir,
-        "default/counter/9-c",
-        std::slice::from_ref(&fx2.gen_dir),
-        &no_layout,
-    )
-    .await;
+    let (_, s3) = upload_over(&store, &fx3, "default/counter/9-c", &[&fx2.gen_dir]).await;
     assert_eq!((s3.chunks_reused, s3.chunks_delta), (2, 1), "{s3:?}");
     let e3 = pages_entry(&g3);
     let obj = fs::read(chunk_file(&dir, e3.chunk_digest(0).expect("digest"))).expect("read");
@@ -530,14 +539,7 @@ async fn a_delta_on_a_damaged_base_is_refused() {
     let (fx1, g1) = changed(&[]).await;
     let (store, dir) = uploaded_7a(&fx1).await;
     let (fx2, g2) = changed(&[(0, 5)]).await;
-    upload_over(
-        &store,
-        &fx2.gen_dir,
-        "default/counter/8-b",
-        std::slice::from_ref(&fx1.gen_dir),
-        &no_layout,
-    )
-    .await;
+    upload_over(&store, &fx2, "default/counter/8-b", &[&fx1.gen_dir]).await;
     let base = pages_entry(&g1)
         .chunk_digest(0)
         .expect("digest")
@@ -594,14 +596,7 @@ async fn a_shifted_image_goes_up_as_deltas_when_pages_are_matched_by_address() {
     ];
     let by_address = |d: &Path| layouts.iter().find(|(p, _)| p == d).map(|(_, l)| l.clone());
     // By offset, nothing matches: whole chunks.
-    let (_, whole) = upload_over(
-        &store,
-        &fx2.gen_dir,
-        "default/counter/8-b",
-        std::slice::from_ref(&fx1.gen_dir),
-        &no_layout,
-    )
-    .await;
+    let (_, whole) = upload_over(&store, &fx2, "default/counter/8-b", &[&fx1.gen_dir]).await;
     assert_eq!(whole.chunks_delta, 0, "{whole:?}");
     store.delete("default/counter/8-b").await.expect("delete");
     for f in chunk_files(&dir) {
@@ -614,11 +609,11 @@ async fn a_shifted_image_goes_up_as_deltas_when_pages_are_matched_by_address() {
         }
     }
     // By address: every chunk is a delta holding at most the one new page.
-    let (_, s2) = upload_over(
+    let (_, s2) = upload_by(
         &store,
-        &fx2.gen_dir,
+        &fx2,
         "default/counter/9-c",
-        std::slice::from_ref(&fx1.gen_dir),
+        &[&fx1.gen_dir],
         &by_address,
     )
     .await;
