@@ -292,6 +292,18 @@ pub enum Need<'a> {
     Admin,
 }
 
+impl<'a> Need<'a> {
+    /// What a request naming an optional atespace needs: [`Need::List`] when it names none
+    /// (across atespaces, results filtered), else [`Need::Atespace`].
+    pub fn atespace_or_list(atespace: &'a str) -> Self {
+        if atespace.is_empty() {
+            Need::List
+        } else {
+            Need::Atespace(atespace)
+        }
+    }
+}
+
 /// An authenticated caller.
 #[derive(Debug, Clone)]
 pub struct Caller {
@@ -365,18 +377,9 @@ impl Caller {
         if allowed {
             return Ok(());
         }
-        let what = match need {
-            Need::Resume(s)
-            | Need::Suspend(s)
-            | Need::Atespace(s)
-            | Need::ReadAtespace(s)
-            | Need::Alarm(s)
-            | Need::ActorToken(s)
-            | Need::Exec(s) => {
-                format!(" on atespace {s:?}")
-            }
-            _ => String::new(),
-        };
+        let what = atespace_of(need)
+            .map(|s| format!(" on atespace {s:?}"))
+            .unwrap_or_default();
         tracing::info!(target: "audit", identity = %self.identity, role = %self.role, rpc, atespace = ?atespace_of(need), "permission denied");
         Err(Status::permission_denied(format!(
             "identity {} (role {}) may not call {rpc}{what}",

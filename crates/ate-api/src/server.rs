@@ -395,6 +395,17 @@ mod tests {
         Cli::try_parse_from(std::iter::once("api").chain(args.iter().copied())).map(|c| c.api)
     }
 
+    /// The config of an api on `store` listening on free loopback ports, with `more` flags.
+    fn on_loopback(store: &str, more: &[&str]) -> ServerConfig {
+        let listen = ["--listen", "127.0.0.1:0", "--http-listen", "127.0.0.1:0"];
+        let args: Vec<&str> = ["--store", store]
+            .into_iter()
+            .chain(listen)
+            .chain(more.iter().copied())
+            .collect();
+        parse(&args).unwrap()
+    }
+
     #[test]
     fn redacts_passwords() {
         assert_eq!(
@@ -470,23 +481,19 @@ mod tests {
         std::fs::write(&jwks, r#"{"keys":[]}"#).unwrap();
         let store = format!("sqlite://{}/ate.db", dir.path().display());
         let jwks = jwks.display().to_string();
-        let config = parse(&[
-            "--store",
+        let config = on_loopback(
             &store,
-            "--listen",
-            "127.0.0.1:0",
-            "--http-listen",
-            "127.0.0.1:0",
-            "--auth-mode",
-            "jwt",
-            "--jwt-issuer",
-            "i",
-            "--jwt-audience",
-            "a",
-            "--jwt-jwks-file",
-            &jwks,
-        ])
-        .unwrap();
+            &[
+                "--auth-mode",
+                "jwt",
+                "--jwt-issuer",
+                "i",
+                "--jwt-audience",
+                "a",
+                "--jwt-jwks-file",
+                &jwks,
+            ],
+        );
         let e = run(config, std::future::ready(())).await.unwrap_err();
         assert_eq!(
             e.to_string(),
@@ -500,17 +507,7 @@ mod tests {
         let store = format!("sqlite://{}/ate.db", dir.path().display());
         let ready = dir.path().join("ready.json");
         let ready_arg = ready.display().to_string();
-        let config = parse(&[
-            "--store",
-            &store,
-            "--listen",
-            "127.0.0.1:0",
-            "--http-listen",
-            "127.0.0.1:0",
-            "--ready-file",
-            &ready_arg,
-        ])
-        .unwrap();
+        let config = on_loopback(&store, &["--ready-file", &ready_arg]);
         let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
         let server = tokio::spawn(run(config, async move {
             let _ = stop_rx.await;

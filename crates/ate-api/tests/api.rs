@@ -471,15 +471,13 @@ async fn abandoned_call_still_completes(b: Backend) {
     let gave_up = tokio::time::timeout(Duration::from_millis(100), t.resume("ns", "a")).await;
     assert!(gave_up.is_err(), "the call was still running: {gave_up:?}");
     // The workflow runs to its end anyway...
-    let deadline = std::time::Instant::now() + Duration::from_secs(5);
-    while state(&t.get("ns", "a").await) != ActorState::Running {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "resume never finished: {:?}",
-            t.get("ns", "a").await
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    poll_until(
+        "the resume to finish",
+        Duration::from_secs(5),
+        Duration::from_millis(20),
+        async || (state(&t.get("ns", "a").await) == ActorState::Running).then_some(()),
+    )
+    .await;
     assert_eq!(
         node.calls().restore.load(Ordering::SeqCst) + node.calls().run.load(Ordering::SeqCst),
         1
@@ -797,14 +795,7 @@ async fn attached_to_full_node_detaches(b: Backend) {
 both_stores!(detach, attached_to_full_node_detaches);
 
 async fn worker_gone(b: Backend) {
-    let t = TestApi::start(
-        b,
-        ApiConfig {
-            heartbeat_timeout: Duration::from_millis(600),
-            ..cfg()
-        },
-    )
-    .await;
+    let t = TestApi::start_with(b, |c| c.heartbeat_timeout = Duration::from_millis(600)).await;
     let node = t.one_worker(2).await;
     t.create_actor("ns", "a").await;
     let activation = t
@@ -818,21 +809,17 @@ async fn worker_gone(b: Backend) {
         .activation;
     // No heartbeats: within the timeout plus one expiry tick the worker is GONE and the actor
     // SUSPENDED with its capacity released.
-    let mut waited = Duration::ZERO;
-    loop {
-        let a = t.get("ns", "a").await;
-        if state(&a) == ActorState::Suspended {
-            assert!(a.last_error.contains("gone"), "{}", a.last_error);
-            break;
-        }
-        assert!(
-            waited < Duration::from_secs(5),
-            "actor still {:?}",
-            state(&a)
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-        waited += Duration::from_millis(100);
-    }
+    let a = poll_until(
+        "the actor SUSPENDED",
+        Duration::from_secs(5),
+        Duration::from_millis(100),
+        async || {
+            let a = t.get("ns", "a").await;
+            (state(&a) == ActorState::Suspended).then_some(a)
+        },
+    )
+    .await;
+    assert!(a.last_error.contains("gone"), "{}", a.last_error);
     let w = &t
         .fleet()
         .list_workers(ListWorkersRequest {})
@@ -928,14 +915,7 @@ both_stores!(reconcile, reregistration_reconciles);
 /// started waits a whole lease (plus the margin) before it expires anyone, however old the
 /// last heartbeat in the store is.
 async fn fresh_api_waits_a_lease_before_expiry(b: Backend) {
-    let t = TestApi::start(
-        b,
-        ApiConfig {
-            heartbeat_timeout: Duration::from_secs(600),
-            ..cfg()
-        },
-    )
-    .await;
+    let t = TestApi::start_with(b, |c| c.heartbeat_timeout = Duration::from_secs(600)).await;
     let _node = t.one_worker(2).await;
     t.create_actor("ns", "a").await;
     t.resume("ns", "a").await.unwrap();
@@ -1126,21 +1106,17 @@ async fn exit_of_a_copy_whose_resume_is_being_recorded_is_taken_when_sent_again(
                 .await
         })
     };
-    let mut resuming = None;
-    for _ in 0..100 {
-        let r = t
-            .api
-            .store()
-            .get_actor(&ate_core::ActorRef::new("ns", "a"))
-            .await
-            .unwrap();
-        if r.state == ate_core::ActorState::Resuming {
-            resuming = Some(r);
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    let resuming = resuming.expect("the actor never became RESUMING");
+    let a = ate_core::ActorRef::new("ns", "a");
+    let resuming = poll_until(
+        "the actor RESUMING",
+        Duration::from_secs(1),
+        Duration::from_millis(10),
+        async || {
+            let r = t.api.store().get_actor(&a).await.unwrap();
+            (r.state == ate_core::ActorState::Resuming).then_some(r)
+        },
+    )
+    .await;
     assert!(resuming.activation > first.activation);
     let err = t
         .fleet()
@@ -1333,12 +1309,10 @@ async fn tags_and_gc(b: Backend) {
         .await
         .unwrap();
     // Generation 2 is collected; generation 1 is held by the tag.
-    let mut waited = 0;
-    while node.calls().delete_snapshots.load(Ordering::SeqCst) < 1 && waited < 50 {
-        tokio::time::sleep(Duration::from_millis(20)).await;
-        waited += 1;
-    }
-    assert_eq!(node.calls().delete_snapshots.load(Ordering::SeqCst), 1);
+    let deleted = || node.calls().delete_snapshots.load(Ordering::SeqCst);
+    let collected = || deleted() >= 1;
+    eventually(Duration::from_secs(1), Duration::from_millis(20), collected).await;
+    assert_eq!(deleted(), 1);
     t.tags()
         .delete_tag(DeleteTagRequest {
             atespace: "ns".into(),

@@ -7,7 +7,6 @@ mod common;
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use ate_api::ApiConfig;
 use ate_proto::v1::*;
 use common::*;
 use tonic::Code;
@@ -40,14 +39,7 @@ fn worker_of(r: &ResumeActorResponse) -> Option<String> {
 }
 
 async fn the_least_recently_used_idle_actor_makes_room(b: Backend) {
-    let t = TestApi::start(
-        b,
-        ApiConfig {
-            evict_idle_after: Duration::from_secs(2),
-            ..cfg()
-        },
-    )
-    .await;
+    let t = TestApi::start_with(b, |c| c.evict_idle_after = Duration::from_secs(2)).await;
     let n1 = t.one_worker(2).await;
     for a in ["a", "b", "c"] {
         t.create_actor("ns", a).await;
@@ -87,14 +79,7 @@ async fn the_least_recently_used_idle_actor_makes_room(b: Backend) {
 both_stores!(evict_lru, the_least_recently_used_idle_actor_makes_room);
 
 async fn without_eviction_the_newcomer_parks(b: Backend) {
-    let t = TestApi::start(
-        b,
-        ApiConfig {
-            evict_idle_after: Duration::ZERO,
-            ..cfg()
-        },
-    )
-    .await;
+    let t = TestApi::start_with(b, |c| c.evict_idle_after = Duration::ZERO).await;
     let n1 = t.one_worker(1).await;
     t.create_actor("ns", "a").await;
     t.create_actor("ns", "b").await;

@@ -171,61 +171,53 @@ async fn valid_tokens_are_accepted_and_bad_ones_refused() {
         assert_eq!(got.name, "x");
     }
 
-    // Expired.
-    let token = api.ec.sign(&claims(
-        "alice",
-        json!({"ate_atespaces": ["team-a"], "exp": now() - 3600}),
-    ));
-    unauthenticated(
-        actors(&ch)
-            .get_actor(with_token(get_req("team-a", "x"), &token))
-            .await,
-        "expired",
-    );
-    // Wrong audience.
-    let token = api.ec.sign(&claims(
-        "alice",
-        json!({"ate_atespaces": ["team-a"], "aud": "another-api"}),
-    ));
-    unauthenticated(
-        actors(&ch)
-            .get_actor(with_token(get_req("team-a", "x"), &token))
-            .await,
-        "audience",
-    );
-    // Bad signature: a key the JWKS does not hold, under the JWKS's kid.
-    let forger = Signer::ec("ec-1");
-    let token = forger.sign(&claims("mallory", json!({"ate_role": "admin"})));
-    unauthenticated(
-        actors(&ch)
-            .get_actor(with_token(get_req("team-a", "x"), &token))
-            .await,
-        "signature",
-    );
-    // Unsigned (alg none).
     let b64 = |v: serde_json::Value| {
         base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(v.to_string())
     };
-    let token = format!(
-        "{}.{}.",
-        b64(json!({"alg": "none", "typ": "JWT"})),
-        b64(claims("mallory", json!({"ate_role": "admin"})))
-    );
-    unauthenticated(
-        actors(&ch)
+    // (the token, what its refusal names)
+    let refused = [
+        // Expired.
+        (
+            api.ec.sign(&claims(
+                "alice",
+                json!({"ate_atespaces": ["team-a"], "exp": now() - 3600}),
+            )),
+            "expired",
+        ),
+        // Wrong audience.
+        (
+            api.ec.sign(&claims(
+                "alice",
+                json!({"ate_atespaces": ["team-a"], "aud": "another-api"}),
+            )),
+            "audience",
+        ),
+        // Bad signature: a key the JWKS does not hold, under the JWKS's kid.
+        (
+            Signer::ec("ec-1").sign(&claims("mallory", json!({"ate_role": "admin"}))),
+            "signature",
+        ),
+        // Unsigned (alg none).
+        (
+            format!(
+                "{}.{}.",
+                b64(json!({"alg": "none", "typ": "JWT"})),
+                b64(claims("mallory", json!({"ate_role": "admin"})))
+            ),
+            "unsigned",
+        ),
+        // Unknown kid.
+        (
+            Signer::ec("ec-9").sign(&claims("mallory", json!({}))),
+            "ec-9",
+        ),
+    ];
+    for (token, why) in refused {
+        let got = actors(&ch)
             .get_actor(with_token(get_req("team-a", "x"), &token))
-            .await,
-        "unsigned",
-    );
-    // Unknown kid.
-    let stranger = Signer::ec("ec-9");
-    let token = stranger.sign(&claims("mallory", json!({})));
-    unauthenticated(
-        actors(&ch)
-            .get_actor(with_token(get_req("team-a", "x"), &token))
-            .await,
-        "ec-9",
-    );
+            .await;
+        unauthenticated(got, why);
+    }
     // No token at all, and a header that is not Bearer.
     unauthenticated(
         actors(&ch).get_actor(get_req("team-a", "x")).await,

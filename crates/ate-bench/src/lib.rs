@@ -355,6 +355,38 @@ fn sleeper_template(ns: &str, name: &str, images: &str, mib: u64, eager: bool) -
     template_yaml(ns, name, &spec)
 }
 
+/// The ids of the workers under `<state>/workers` that left sandboxes behind (their `actors`
+/// directory is not empty): what `ate worker --remove-leftovers` has to be run for, one run per
+/// id. Sandboxes outlive their workers on purpose (a restarted worker re-adopts them).
+pub fn workers_with_leftovers(state: &Path) -> Vec<String> {
+    let Ok(workers) = std::fs::read_dir(state.join("workers")) else {
+        return Vec::new();
+    };
+    workers
+        .flatten()
+        .filter(|w| {
+            std::fs::read_dir(w.path().join("actors")).is_ok_and(|mut d| d.next().is_some())
+        })
+        .map(|w| w.file_name().to_string_lossy().into_owned())
+        .collect()
+}
+
+/// The arguments of `ate` that remove what worker `id` of the system in `state` left behind
+/// (`ate worker --remove-leftovers`, no spare network namespaces made).
+pub fn remove_leftovers_args(state: &Path, id: &str) -> Vec<std::ffi::OsString> {
+    let args = [
+        "worker",
+        "--id",
+        id,
+        "--remove-leftovers",
+        "--spare-netns",
+        "0",
+    ];
+    let mut out: Vec<std::ffi::OsString> = args.iter().map(Into::into).collect();
+    out.extend(["--state-dir".into(), state.as_os_str().to_owned()]);
+    out
+}
+
 /// An atespace `ns` and the actor template `name` in it with `spec` (YAML, indented).
 fn template_yaml(ns: &str, name: &str, spec: &str) -> String {
     format!(

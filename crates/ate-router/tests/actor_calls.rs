@@ -71,14 +71,14 @@ async fn call(dir: &Path, target: &str, callers: &[&str]) -> Got {
 /// A connection to the internal socket; the router binds it as it starts serving, which may be
 /// just after the test's first call.
 async fn connect(dir: &Path) -> UnixStream {
-    let deadline = Instant::now() + Duration::from_secs(5);
-    loop {
-        match UnixStream::connect(socket_of(dir)).await {
-            Ok(unix) => return unix,
-            Err(e) if Instant::now() > deadline => panic!("internal socket: {e}"),
-            Err(_) => tokio::time::sleep(Duration::from_millis(10)).await,
-        }
-    }
+    let what = "the internal socket";
+    poll_until(
+        what,
+        Duration::from_secs(5),
+        Duration::from_millis(10),
+        async || UnixStream::connect(socket_of(dir)).await.ok(),
+    )
+    .await
 }
 
 /// The `ate-caller-actor` lines the echo upstream saw.
@@ -152,14 +152,8 @@ async fn inner_get(
 
 /// The access log's lines, once `want` appears in them (the writer is a thread of its own).
 async fn access_log_with(dir: &Path, want: &str) -> String {
-    let deadline = Instant::now() + Duration::from_secs(5);
-    loop {
-        let text = std::fs::read_to_string(dir.join("access.log")).unwrap_or_default();
-        if text.contains(want) || Instant::now() > deadline {
-            return text;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let what = format!("{want:?} in the access log");
+    access_log_until(&dir.join("access.log"), &what, |text| text.contains(want)).await
 }
 
 #[tokio::test]

@@ -36,13 +36,26 @@ struct Actor {
     accepted: Arc<AtomicUsize>,
 }
 
+impl Actor {
+    /// A listener on a free loopback port and the actor it serves, no connection counted yet.
+    async fn listen() -> (TcpListener, Actor) {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let actor = Actor {
+            addr: listener.local_addr().unwrap(),
+            open: Arc::new(AtomicUsize::new(0)),
+            accepted: Arc::new(AtomicUsize::new(0)),
+        };
+        (listener, actor)
+    }
+
+    /// Whether every connection to the actor is closed within `within`.
+    async fn all_closed(&self, within: Duration) -> bool {
+        eventually(within, || self.open.load(Ordering::SeqCst) == 0).await
+    }
+}
+
 async fn start_actor(idle_close: Option<Duration>) -> Actor {
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let actor = Actor {
-        addr: listener.local_addr().unwrap(),
-        open: Arc::new(AtomicUsize::new(0)),
-        accepted: Arc::new(AtomicUsize::new(0)),
-    };
+    let (listener, actor) = Actor::listen().await;
     let (open, accepted) = (actor.open.clone(), actor.accepted.clone());
     let served = Arc::new(AtomicUsize::new(0));
     tokio::spawn(async move {
@@ -287,12 +300,7 @@ async fn retire_closes_an_idle_handed_off_connection_at_once() {
         "the router did not end the retired tunnel"
     );
     assert!(
-        eventually(Duration::from_secs(2), || s
-            .actor
-            .open
-            .load(Ordering::SeqCst)
-            == 0)
-        .await,
+        s.actor.all_closed(Duration::from_secs(2)).await,
         "the actor's connection is still open"
     );
     // The next request gets a new tunnel.
@@ -306,6 +314,8 @@ async fn retire_lets_the_request_in_flight_finish_then_closes() {
     let router = s.world.router.addr;
     let slow = tokio::spawn(async move { get_path(router, "/sleep/600").await });
     assert!(eventually(Duration::from_secs(2), || s.atunnel.count() == 1).await);
+    // Time for the request to reach the actor (nothing to observe before its answer), then
+    // for a wrong close after the retire to show.
     tokio::time::sleep(Duration::from_millis(100)).await;
     s.atunnel.retire(0).await;
     tokio::time::sleep(Duration::from_millis(100)).await;
@@ -320,14 +330,7 @@ async fn retire_lets_the_request_in_flight_finish_then_closes() {
         s.atunnel.wait_ended(0, Duration::from_secs(2)).await,
         "the retired tunnel was not closed after its response"
     );
-    assert!(
-        eventually(Duration::from_secs(2), || s
-            .actor
-            .open
-            .load(Ordering::SeqCst)
-            == 0)
-        .await
-    );
+    assert!(s.actor.all_closed(Duration::from_secs(2)).await);
     assert_eq!(get_path(router, "/").await.0, 200);
     assert_eq!(
         s.atunnel.count(),
@@ -343,15 +346,11 @@ async fn atunnel_gone_cuts_the_socket_even_mid_request() {
     let started = Instant::now();
     let slow = tokio::spawn(async move { get_path(router, "/sleep/5000").await });
     assert!(eventually(Duration::from_secs(2), || s.atunnel.count() == 1).await);
+    // Time for the request to reach the actor: the cut comes mid-request.
     tokio::time::sleep(Duration::from_millis(100)).await;
     s.atunnel.vanish(0);
     assert!(
-        eventually(Duration::from_secs(2), || s
-            .actor
-            .open
-            .load(Ordering::SeqCst)
-            == 0)
-        .await,
+        s.actor.all_closed(Duration::from_secs(2)).await,
         "the actor's socket outlived its atunnel"
     );
     let (status, _) = slow.await.unwrap();
@@ -365,14 +364,8 @@ async fn an_idle_connection_the_actor_closed_carries_no_request() {
     let router = s.world.router.addr;
     assert_eq!(get_path(router, "/").await.0, 200);
     // The actor closes the idle connection; nobody polls it while it sits in the pool.
-    assert!(
-        eventually(Duration::from_secs(3), || s
-            .actor
-            .open
-            .load(Ordering::SeqCst)
-            == 0)
-        .await
-    );
+    assert!(s.actor.all_closed(Duration::from_secs(3)).await);
+    // The closed connection sits in the pool a while before the next request takes it.
     tokio::time::sleep(Duration::from_millis(50)).await;
     for _ in 0..3 {
         let (status, body) = get_path(router, "/").await;
@@ -413,12 +406,7 @@ async fn concurrent_clients_each_get_their_answer() {
 /// (HTTP/1.1 200, neither Content-Length nor chunked): `first half, ` at once, then after
 /// `pause` `second half` and the close. Python's `http.server` answers like this by default.
 async fn start_until_close_actor(pause: Duration) -> Actor {
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let actor = Actor {
-        addr: listener.local_addr().unwrap(),
-        open: Arc::new(AtomicUsize::new(0)),
-        accepted: Arc::new(AtomicUsize::new(0)),
-    };
+    let (listener, actor) = Actor::listen().await;
     let (open, accepted) = (actor.open.clone(), actor.accepted.clone());
     tokio::spawn(async move {
         loop {
@@ -493,10 +481,7 @@ async fn cut_mid_body(h2: bool, cut: impl FnOnce(&TestAtunnel)) {
         .expect("not an error yet");
     assert_eq!(first.into_data().unwrap(), "first half, ");
     // The tunnel is counted by its own task, which may run just after the first frame.
-    let counted = tokio::time::Instant::now() + Duration::from_secs(5);
-    while s.atunnel.count() == 0 && tokio::time::Instant::now() < counted {
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    eventually(Duration::from_secs(5), || s.atunnel.count() > 0).await;
     assert_eq!(s.atunnel.count(), 1, "a handed-off tunnel");
     cut(&s.atunnel);
     let rest = tokio::time::timeout(Duration::from_secs(5), body.collect())

@@ -9,7 +9,7 @@ mod common;
 
 use std::io::{Read, Write};
 use std::sync::atomic::Ordering;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use common::World;
 
@@ -56,17 +56,19 @@ fn hibernated_socket(router: std::net::SocketAddr) -> std::net::TcpStream {
 }
 
 async fn wait_hibernated(w: &World, n: usize) {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let text = common::metrics_text(w.router.metrics_addr).await;
-        let hibernated =
-            common::metric(&text, "ate_router_hibernate_websockets_hibernated").unwrap_or(0.0);
-        if hibernated as usize >= n {
-            break;
-        }
-        assert!(Instant::now() < deadline, "{hibernated} of {n} hibernated");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let what = format!("{n} hibernated WebSockets");
+    common::poll_until(
+        &what,
+        Duration::from_secs(10),
+        Duration::from_millis(20),
+        async || {
+            let text = common::metrics_text(w.router.metrics_addr).await;
+            let hibernated =
+                common::metric(&text, "ate_router_hibernate_websockets_hibernated").unwrap_or(0.0);
+            (hibernated as usize >= n).then_some(())
+        },
+    )
+    .await;
     // Let every connection finish its round of reads and closes.
     tokio::time::sleep(Duration::from_millis(200)).await;
 }

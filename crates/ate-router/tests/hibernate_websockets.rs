@@ -167,17 +167,20 @@ async fn over_the_per_actor_limit_an_upgrade_is_refused_with_503() {
     let (first, _) = read_frame(&mut ws).await;
     assert_eq!(first, 0x88, "the router answers the close");
     drop(ws);
-    let deadline = std::time::Instant::now() + Duration::from_secs(5);
-    loop {
-        match connect(&w, ACTOR).await {
-            Ok(_) => break,
-            Err(e) if std::time::Instant::now() < deadline => {
+    let what = "the place to come back";
+    poll_until(
+        what,
+        Duration::from_secs(5),
+        Duration::from_millis(20),
+        async || match connect(&w, ACTOR).await {
+            Ok(_) => Some(()),
+            Err(e) => {
                 assert!(e.starts_with("HTTP/1.1 503"), "{e}");
-                tokio::time::sleep(Duration::from_millis(20)).await;
+                None
             }
-            Err(e) => panic!("the place did not come back: {e}"),
-        }
-    }
+        },
+    )
+    .await;
 }
 
 #[tokio::test]

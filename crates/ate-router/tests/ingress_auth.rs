@@ -179,6 +179,25 @@ async fn tls_get(
     }
 }
 
+/// The `WWW-Authenticate` challenge of a 401 (it must have one).
+fn challenge_of(got: &Got) -> &str {
+    let header = got.headers.get("www-authenticate").expect("a challenge");
+    header.to_str().unwrap()
+}
+
+/// A GET of team-a/agent-7 with `headers` over the TLS listener of `s`, by a client whose
+/// certificate is on the list ([`CLIENT_ID`]).
+async fn allowed_get(s: &Setup, pki: &Pki, headers: &[(&str, String)]) -> Result<Got, String> {
+    let allowed = pki.client(CLIENT_ID);
+    tls_get(
+        s.tls,
+        client_tls(pki, Some(&allowed)),
+        "team-a/agent-7",
+        headers,
+    )
+    .await
+}
+
 fn mtls(cfg: &mut RouterConfig) {
     cfg.ingress_allowed_spiffe_ids = Some(CLIENT_ID.to_string());
 }
@@ -190,15 +209,9 @@ async fn mtls_admits_only_allowed_spiffe_ids_in_the_handshake() {
     let mut s = setup(&pki, mtls).await;
 
     // On the list: the actor answers.
-    let allowed = pki.client(CLIENT_ID);
-    let got = tls_get(
-        s.tls,
-        client_tls(&pki, Some(&allowed)),
-        "team-a/agent-7",
-        &[],
-    )
-    .await
-    .expect("allowed client is served");
+    let got = allowed_get(&s, &pki, &[])
+        .await
+        .expect("allowed client is served");
     assert_eq!(got.status, StatusCode::OK, "{got:?}");
     assert!(got.body.contains("name=port80"), "{}", got.body);
     assert_eq!(s.up80.requests.load(std::sync::atomic::Ordering::SeqCst), 1);
@@ -246,14 +259,7 @@ async fn mtls_admits_only_allowed_spiffe_ids_in_the_handshake() {
     assert_eq!(s.up80.requests.load(std::sync::atomic::Ordering::SeqCst), 1);
 
     // The allowed client still works after the refusals.
-    let got = tls_get(
-        s.tls,
-        client_tls(&pki, Some(&allowed)),
-        "team-a/agent-7",
-        &[],
-    )
-    .await
-    .unwrap();
+    let got = allowed_get(&s, &pki, &[]).await.unwrap();
     assert_eq!(got.status, StatusCode::OK);
     s.router.shutdown();
 }
@@ -327,12 +333,7 @@ async fn jwt_mode_good_bad_and_missing_tokens() {
         .unwrap();
     assert_eq!(got.status, StatusCode::UNAUTHORIZED, "{got:?}");
     assert!(got.body.contains("missing bearer token"), "{}", got.body);
-    let challenge = got
-        .headers
-        .get("www-authenticate")
-        .unwrap()
-        .to_str()
-        .unwrap();
+    let challenge = challenge_of(&got);
     assert!(challenge.starts_with("Bearer"), "{challenge}");
 
     // Signed by a key that is not in the JWKS (same kid): bad signature.
@@ -347,12 +348,7 @@ async fn jwt_mode_good_bad_and_missing_tokens() {
     .unwrap();
     assert_eq!(got.status, StatusCode::UNAUTHORIZED, "{got:?}");
     assert!(got.body.contains("bad signature"), "{}", got.body);
-    let challenge = got
-        .headers
-        .get("www-authenticate")
-        .unwrap()
-        .to_str()
-        .unwrap();
+    let challenge = challenge_of(&got);
     assert!(challenge.contains("invalid_token"), "{challenge}");
 
     // Expired, wrong audience, garbage.
@@ -449,15 +445,8 @@ async fn a_tls_client_cannot_forge_a_caller() {
     ate_tls::install_crypto_provider();
     let pki = Pki::new();
     let mut s = setup(&pki, mtls).await;
-    let allowed = pki.client(CLIENT_ID);
-    let got = tls_get(
-        s.tls,
-        client_tls(&pki, Some(&allowed)),
-        "team-a/agent-7",
-        &[("ate-caller-actor", "team-a/agent-1".to_string())],
-    )
-    .await
-    .unwrap();
+    let forged = [("ate-caller-actor", "team-a/agent-1".to_string())];
+    let got = allowed_get(&s, &pki, &forged).await.unwrap();
     assert_eq!(got.status, StatusCode::OK, "{got:?}");
     assert!(!got.body.contains("ate-caller-actor"), "{}", got.body);
     s.router.shutdown();

@@ -148,6 +148,7 @@ async fn grpc_streams_pass_through_and_keep_the_tunnel_until_idle() {
             // Mid-stream, after more than the idle timeout: the tunnel is still the pooled one.
             unary(&mut sender, "a/grpc", 7).await;
         }
+        // The scenario: a slow stream, its frames spaced past the idle timeout in all.
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     drop(tx);
@@ -538,6 +539,7 @@ async fn drain_ends_as_soon_as_the_last_relay_closes() {
     let began = Instant::now();
     w.router.shutdown();
     let mut done = w.router.done.take().unwrap();
+    // A while into the drain, the relay is still served.
     tokio::time::sleep(Duration::from_millis(300)).await;
     echo(&mut ws, b"still here").await;
     assert!(!done.is_finished());
@@ -586,6 +588,8 @@ async fn drain_lets_a_client_connect_tunnel_finish_its_request_then_closes_it() 
         let resp = sender.send_request(req).await.unwrap();
         collect(resp, Instant::now()).await
     });
+    // Time for the request to reach the upstream (which answers after 700 ms): the drain
+    // begins with it in flight.
     tokio::time::sleep(Duration::from_millis(200)).await;
     let began = Instant::now();
     w.router.shutdown();

@@ -8,7 +8,7 @@ mod common;
 
 use std::io::Write;
 use std::sync::atomic::Ordering;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use ate_router::Stats;
 use common::{Reply, World, no_room};
@@ -17,11 +17,7 @@ use common::{Reply, World, no_room};
 static GLOBAL: common::heap::CountingAllocator = common::heap::CountingAllocator;
 
 async fn wait_parked(stats: &Stats, n: u64) {
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while Stats::get(&stats.parking_active) < n {
-        assert!(Instant::now() < deadline, "not all requests parked");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    common::wait_parked(stats, n).await;
     // Let every connection finish its first round of reads.
     tokio::time::sleep(Duration::from_millis(100)).await;
 }

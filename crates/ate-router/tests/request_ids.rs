@@ -321,18 +321,13 @@ async fn a_failed_request_is_one_log_line_with_its_id_and_lines_of_its_resume_ca
 /// The access log's lines (as written, and parsed) once there are `n` of them (the writer is a
 /// thread of its own).
 async fn access_lines(path: &std::path::Path, n: usize) -> (Vec<String>, Vec<serde_json::Value>) {
-    let deadline = Instant::now() + Duration::from_secs(5);
-    loop {
-        let text = std::fs::read_to_string(path).unwrap_or_default();
-        let lines: Vec<serde_json::Value> = text
-            .lines()
-            .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
-            .collect();
-        if lines.len() >= n || Instant::now() > deadline {
-            return (text.lines().map(str::to_string).collect(), lines);
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let what = format!("{n} access log lines");
+    let text = access_log_until(path, &what, |text| text.lines().count() >= n).await;
+    let lines: Vec<serde_json::Value> = text
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
+        .collect();
+    (text.lines().map(str::to_string).collect(), lines)
 }
 
 #[tokio::test]

@@ -358,6 +358,7 @@ async fn joiner_shares_the_budget_clock() {
     let addr = w.router.addr;
     let start = Instant::now();
     let first = tokio::spawn(async move { get(addr, Some("lab/p3")).await });
+    // The scenario: the joiner comes 0.4 s after the first request.
     tokio::time::sleep(Duration::from_millis(400)).await;
     let joiner = get(addr, Some("lab/p3")).await;
     let first = first.await.unwrap();
@@ -380,8 +381,7 @@ async fn parking_limit_sheds_the_third_request_at_once() {
     let addr = w.router.addr;
     let a = tokio::spawn(async move { get(addr, Some("lab/p1")).await });
     let b = tokio::spawn(async move { get(addr, Some("lab/p2")).await });
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    assert_eq!(Stats::get(&w.router.stats.parking_active), 2);
+    wait_parked(&w.router.stats, 2).await;
     let third = get(addr, Some("lab/p3")).await;
     assert_eq!(third.status, StatusCode::SERVICE_UNAVAILABLE);
     assert_eq!(
@@ -424,19 +424,14 @@ async fn two_flooding_atespaces_share_the_parking_lot() {
     let park = |actor: String| tokio::spawn(async move { get(addr, Some(&actor)).await });
     // Alone, ta takes every place.
     let ta: Vec<_> = (0..4).map(|i| park(format!("ta/a{i}"))).collect();
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    assert_eq!(Stats::get(&w.router.stats.parking_active), 4);
+    wait_parked(&w.router.stats, 4).await;
     // tb arrives: it gets its half, from ta's newest places, whose requests are shed at once.
     let tb: Vec<_> = (0..2).map(|i| park(format!("tb/b{i}"))).collect();
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    assert_eq!(Stats::get(&w.router.stats.parking_active), 4);
-    let mut shed = 0;
-    for t in &ta {
-        if t.is_finished() {
-            shed += 1;
-        }
-    }
-    assert_eq!(shed, 2, "two of ta's four places went to tb");
+    let shed = || ta.iter().filter(|t| t.is_finished()).count();
+    let two_shed = || shed() >= 2;
+    eventually(Duration::from_secs(5), Duration::from_millis(10), two_shed).await;
+    wait_parked(&w.router.stats, 4).await;
+    assert_eq!(shed(), 2, "two of ta's four places went to tb");
     // Both at their share with the lot full: a newcomer of either is refused at once.
     for actor in ["tb/b2", "ta/a4"] {
         let refused = get(addr, Some(actor)).await;
@@ -555,14 +550,17 @@ async fn client_disconnect_releases_its_parking_place() {
     tcp.write_all(b"GET / HTTP/1.1\r\nhost: x\r\nate-target-actor: lab/p3\r\n\r\n")
         .await
         .unwrap();
-    tokio::time::sleep(Duration::from_millis(400)).await;
-    assert_eq!(Stats::get(&w.router.stats.parking_active), 1);
+    wait_parked(&w.router.stats, 1).await;
     drop(tcp);
-    let deadline = Instant::now() + Duration::from_millis(500);
-    while Stats::get(&w.router.stats.parking_active) != 0 && Instant::now() < deadline {
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    assert_eq!(Stats::get(&w.router.stats.parking_active), 0);
+    let released = || Stats::get(&w.router.stats.parking_active) == 0;
+    assert!(
+        eventually(
+            Duration::from_millis(500),
+            Duration::from_millis(10),
+            released
+        )
+        .await
+    );
     let m = metrics_text(w.router.metrics_addr).await;
     assert_eq!(metric(&m, "atenet_router_parking_active"), Some(0.0), "{m}");
     assert!(
@@ -663,6 +661,7 @@ async fn api_unavailable_uses_the_last_known_route() {
         get(w.router.addr, Some("a/known")).await.status,
         StatusCode::OK
     );
+    // Past the assignment cache's 100 ms: the next request asks the api again.
     tokio::time::sleep(Duration::from_millis(150)).await;
     let got = get(w.router.addr, Some("a/known")).await;
     assert_eq!(got.status, StatusCode::OK, "{}", got.body);
@@ -839,10 +838,8 @@ async fn idle_tunnels_are_reused_for_keep_alive() {
     for _ in 0..5 {
         assert_eq!(get(w.router.addr, Some("a/b")).await.status, StatusCode::OK);
         // The pool takes the connection back once the response has ended.
-        let deadline = Instant::now() + Duration::from_secs(2);
-        while w.router.probe.idle_tunnels() == 0 && Instant::now() < deadline {
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
+        let back = || w.router.probe.idle_tunnels() > 0;
+        eventually(Duration::from_secs(2), Duration::from_millis(5), back).await;
     }
     assert_eq!(
         w.atunnel.connects(),
@@ -886,10 +883,8 @@ async fn the_pool_keeps_a_tunnel_per_concurrent_request() {
         for got in futures::future::join_all(sent).await {
             assert_eq!(got.status, StatusCode::OK, "wave {wave}: {}", got.body);
         }
-        let deadline = Instant::now() + Duration::from_secs(2);
-        while w.router.probe.idle_tunnels() < 32 && Instant::now() < deadline {
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
+        let back = || w.router.probe.idle_tunnels() >= 32;
+        eventually(Duration::from_secs(2), Duration::from_millis(5), back).await;
         assert_eq!(w.router.probe.idle_tunnels(), 32, "wave {wave}");
     }
     assert_eq!(w.up80.connections.load(Ordering::SeqCst), 32);
@@ -1059,14 +1054,15 @@ async fn drain_finishes_parked_requests_and_refuses_new_connections() {
     let parked: Vec<_> = (0..3)
         .map(|_| tokio::spawn(async move { get(addr, Some("lab/p3")).await }))
         .collect();
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    assert_eq!(Stats::get(&w.router.stats.parking_active), 3);
+    wait_parked(&w.router.stats, 3).await;
     w.router.shutdown();
-    tokio::time::sleep(Duration::from_millis(100)).await;
-    assert!(
-        TcpStream::connect(addr).await.is_err(),
-        "new connections are refused"
-    );
+    poll_until(
+        "new connections refused",
+        Duration::from_secs(5),
+        Duration::from_millis(10),
+        async || TcpStream::connect(addr).await.err(),
+    )
+    .await;
     for p in parked {
         let got = p.await.unwrap();
         assert_eq!(got.status, StatusCode::OK, "{}", got.body);
@@ -1291,10 +1287,8 @@ async fn a_suspend_cut_a_closing_actor_and_a_dead_worker_have_their_own_502s() {
         })
         .await
     });
-    let deadline = Instant::now() + Duration::from_secs(2);
-    while w.atunnel.open_tunnels() == 0 && Instant::now() < deadline {
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    let open = || w.atunnel.open_tunnels() > 0;
+    eventually(Duration::from_secs(2), Duration::from_millis(10), open).await;
     w.atunnel.suspend("a/s");
     let got = slow.await.unwrap();
     assert_eq!(got.status, StatusCode::BAD_GATEWAY, "{}", got.body);

@@ -9,43 +9,40 @@ use std::fs;
 use std::path::Path;
 use std::time::Duration;
 
-use ate_core::Fidelity;
 use ate_snapshot::sealed::{self, Opening, Scratch};
-use ate_snapshot::{GenerationMeta, MemoryFile, PipeSink, SnapshotKeys, seal_generation};
+use ate_snapshot::{MemoryFile, PipeSink, SnapshotKeys, seal_generation};
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
+
+mod common;
+use common::meta;
 
 const MIB: usize = 1 << 20;
 const SIZE: usize = 256 * MIB;
 
 /// Memory-image-like content: pseudo-random pages.
 fn pages(len: usize) -> Vec<u8> {
-    let mut x = 0x9e37_79b9_7f4a_7c15u64;
+    let mut x = common::SEED;
     let mut out = vec![0u8; len];
-    for b in out.chunks_mut(8) {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        let n = b.len();
-        b.copy_from_slice(&x.to_le_bytes()[..n]);
-    }
+    common::fill_random(&mut out, &mut x);
     out
 }
 
-fn meta() -> GenerationMeta {
-    GenerationMeta {
-        atespace: "bench".into(),
-        name: "actor".into(),
-        generation: 1,
-        uuid: "00000000-0000-4000-8000-000000000001".into(),
-        fidelity: Fidelity::Memory,
-        template: "bench/t".into(),
-        sandbox_class: "runc".into(),
-        node: "n".into(),
-        boot_id: "b".into(),
-        created_unix_ms: 0,
-        reason: String::new(),
-        parent: None,
-    }
+/// Hands `feed` the write end of a fresh pipe (1 MiB, as the worker's image streamer asks for)
+/// while another thread drains the read end into `sink` (as CRIU reads into the restored
+/// memory); returns once `feed` has closed its end and `sink` is full.
+fn through_pipe(sink: &mut [u8], feed: impl FnOnce(fs::File)) {
+    let (read, write) = std::io::pipe().expect("pipe");
+    std::thread::scope(|s| {
+        let drain = s.spawn(|| {
+            use std::io::Read;
+            let mut read = read;
+            read.read_exact(sink).expect("drain");
+        });
+        let write = fs::File::from(std::os::fd::OwnedFd::from(write));
+        let _ = nix::fcntl::fcntl(&write, nix::fcntl::FcntlArg::F_SETPIPE_SZ(1 << 20));
+        feed(write);
+        drain.join().expect("drain thread");
+    })
 }
 
 fn copy_dir(from: &Path, to: &Path) {
@@ -132,20 +129,9 @@ fn bench(c: &mut Criterion) {
             let file = MemoryFile::open(dir, &entry).expect("open");
             let mut sink = vec![0u8; SIZE];
             b.iter(|| {
-                let (read, write) = std::io::pipe().expect("pipe");
-                std::thread::scope(|s| {
-                    let drain = s.spawn(|| {
-                        use std::io::Read;
-                        let mut read = read;
-                        read.read_exact(&mut sink).expect("drain");
-                    });
-                    // A 1 MiB pipe, as the worker's image streamer asks for.
-                    let mut write = std::fs::File::from(std::os::fd::OwnedFd::from(write));
-                    let _ = nix::fcntl::fcntl(&write, nix::fcntl::FcntlArg::F_SETPIPE_SZ(1 << 20));
+                through_pipe(&mut sink, |mut write| {
                     file.stream_to(&entry, &mut write, Path::new("pipe"), 2)
                         .expect("stream");
-                    drop(write);
-                    drain.join().expect("drain thread");
                 })
             })
         });
@@ -155,20 +141,11 @@ fn bench(c: &mut Criterion) {
         let file = MemoryFile::open(&sealed_gen, &entry).expect("open");
         let mut sink = vec![0u8; SIZE];
         b.iter(|| {
-            let (read, write) = std::io::pipe().expect("pipe");
-            std::thread::scope(|s| {
-                let drain = s.spawn(|| {
-                    use std::io::Read;
-                    let mut read = read;
-                    read.read_exact(&mut sink).expect("drain");
-                });
-                let write = std::fs::File::from(std::os::fd::OwnedFd::from(write));
-                let _ = nix::fcntl::fcntl(&write, nix::fcntl::FcntlArg::F_SETPIPE_SZ(1 << 20));
+            through_pipe(&mut sink, |write| {
                 let mut pipe = PipeSink::new(write);
                 file.stream_to(&entry, &mut pipe, Path::new("pipe"), 2)
                     .expect("stream");
                 pipe.finish().expect("finish");
-                drain.join().expect("drain thread");
             })
         })
     });

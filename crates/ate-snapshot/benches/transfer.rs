@@ -9,46 +9,25 @@ use std::fs;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use ate_core::Fidelity;
 use ate_snapshot::sealed::{self, Opening, Scratch};
-use ate_snapshot::{DurableStore, GenerationMeta, SnapshotKeys, UploadPriority, seal_generation};
+use ate_snapshot::{DurableStore, SnapshotKeys, UploadPriority, seal_generation};
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
+
+mod common;
+use common::meta;
 
 const MIB: usize = 1 << 20;
 
 /// Memory-image-like content: half pseudo-random pages, half zero pages.
 fn pages(len: usize) -> Vec<u8> {
-    let mut x = 0x9e37_79b9_7f4a_7c15u64;
+    let mut x = common::SEED;
     let mut out = vec![0u8; len];
     for (i, page) in out.chunks_mut(4096).enumerate() {
         if i % 2 == 0 {
-            for b in page.chunks_mut(8) {
-                x ^= x << 13;
-                x ^= x >> 7;
-                x ^= x << 17;
-                let n = b.len();
-                b.copy_from_slice(&x.to_le_bytes()[..n]);
-            }
+            common::fill_random(page, &mut x);
         }
     }
     out
-}
-
-fn meta() -> GenerationMeta {
-    GenerationMeta {
-        atespace: "bench".into(),
-        name: "actor".into(),
-        generation: 1,
-        uuid: "00000000-0000-4000-8000-000000000001".into(),
-        fidelity: Fidelity::Memory,
-        template: "bench/t".into(),
-        sandbox_class: "runc".into(),
-        node: "n".into(),
-        boot_id: "b".into(),
-        created_unix_ms: 0,
-        reason: String::new(),
-        parent: None,
-    }
 }
 
 fn prepare(root: &Path, i: usize, image: &[u8]) -> std::path::PathBuf {

@@ -9,8 +9,8 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use ate_snapshot::{
-    CHUNK_BYTES, DURABLE_SOURCE_FILE, DurableStore, Error, FileEntry, Manifest, durable_source,
-    verify,
+    CHUNK_BYTES, DURABLE_SOURCE_FILE, DurableStore, Error, FileEntry, Manifest, UploadPriority,
+    durable_source, verify,
 };
 use common::*;
 
@@ -20,12 +20,6 @@ const BIG: usize = (CHUNK_BYTES * 5 / 2) as usize;
 
 async fn seal(fx: &Fixture) -> Manifest {
     fx.seal_memory().await.expect("seal")
-}
-
-fn store_of(fx: &Fixture) -> (DurableStore, PathBuf) {
-    let dir = fx.root.path().join("durable");
-    let store = DurableStore::from_url(&format!("file://{}", dir.display())).expect("store");
-    (store, dir)
 }
 
 fn pages_entry(m: &Manifest) -> FileEntry {
@@ -186,11 +180,7 @@ async fn a_lazy_download_brings_the_small_files_and_the_chunks_criu_reads() {
 async fn damaged_or_missing_chunks_are_refused_by_name() {
     let fx = fixture(BIG);
     let m = seal(&fx).await;
-    let (store, dir) = store_of(&fx);
-    store
-        .upload(&fx.gen_dir, "default/counter/7-a")
-        .await
-        .expect("upload");
+    let (store, dir) = uploaded_7a(&fx).await;
     let entry = pages_entry(&m);
     let obj = chunk_file(&dir, entry.chunk_digest(1).expect("digest"));
     let saved = fs::read(&obj).expect("read");
@@ -252,11 +242,7 @@ async fn the_sweep_deletes_old_chunks_no_generation_references_and_nothing_else(
     let two_hours = Duration::from_secs(2 * 3600);
     let fx = fixture(BIG);
     let a = seal(&fx).await;
-    let (store, dir) = store_of(&fx);
-    store
-        .upload(&fx.gen_dir, "default/counter/7-a")
-        .await
-        .expect("upload a");
+    let (store, dir) = uploaded_7a(&fx).await;
 
     // Generation b: the same memory but its first chunk changed (shares chunks 1 and 2).
     let fx_b = fixture(BIG);
@@ -381,6 +367,49 @@ async fn changed(pages: &[(u64, usize)]) -> (Fixture, Manifest) {
 }
 
 /// No pagemaps: pages are matched by offset.
+/// The durable store of `fx` (and its directory) with `fx`'s generation uploaded as
+/// `default/counter/7-a`.
+async fn uploaded_7a(fx: &Fixture) -> (DurableStore, PathBuf) {
+    let (store, dir) = store_of(fx);
+    store
+        .upload(&fx.gen_dir, "default/counter/7-a")
+        .await
+        .expect("upload default/counter/7-a");
+    (store, dir)
+}
+
+/// Uploads `fx`'s generation as `key` (normal priority) against the generations `parents`, no
+/// memory layouts known.
+async fn upload_over(
+    store: &DurableStore,
+    fx: &Fixture,
+    key: &str,
+    parents: &[&Path],
+) -> (String, ate_snapshot::TransferStats) {
+    upload_by(store, fx, key, parents, &no_layout).await
+}
+
+/// [`upload_over`], the memory layouts of the generations from `layout_of`.
+async fn upload_by(
+    store: &DurableStore,
+    fx: &Fixture,
+    key: &str,
+    parents: &[&Path],
+    layout_of: &(dyn Fn(&Path) -> Option<ate_snapshot::MemoryLayout> + Send + Sync),
+) -> (String, ate_snapshot::TransferStats) {
+    let parents: Vec<PathBuf> = parents.iter().map(|p| p.to_path_buf()).collect();
+    store
+        .upload_with_parents(
+            &fx.gen_dir,
+            key,
+            UploadPriority::Normal,
+            &parents,
+            layout_of,
+        )
+        .await
+        .unwrap_or_else(|e| panic!("upload {key}: {e}"))
+}
+
 fn no_layout(_: &Path) -> Option<ate_snapshot::MemoryLayout> {
     None
 }
@@ -405,26 +434,19 @@ fn marker_files(store_dir: &Path) -> Vec<PathBuf> {
 async fn changed_pages_go_up_as_deltas_that_outlive_their_parents() {
     let two_hours = Duration::from_secs(2 * 3600);
     let (fx1, g1) = changed(&[]).await;
-    let (store, dir) = store_of(&fx1);
-    store
-        .upload(&fx1.gen_dir, "default/counter/7-a")
-        .await
-        .expect("upload g1");
+    let (store, dir) = uploaded_7a(&fx1).await;
 
     // g2: three pages changed in chunks 0 and 1; chunk 2 as in g1. A parent that is not a
     // generation is passed over.
     let (fx2, g2) = changed(&[(0, 0), (0, 100), (1, 3)]).await;
     let missing = fx1.root.path().join("no-such-generation");
-    let (_, s2) = store
-        .upload_with_parents(
-            &fx2.gen_dir,
-            "default/counter/8-b",
-            ate_snapshot::UploadPriority::Normal,
-            &[missing, fx1.gen_dir.clone()],
-            &no_layout,
-        )
-        .await
-        .expect("upload g2");
+    let (_, s2) = upload_over(
+        &store,
+        &fx2,
+        "default/counter/8-b",
+        &[&missing, &fx1.gen_dir],
+    )
+    .await;
     assert_eq!((s2.chunks_reused, s2.chunks_delta), (1, 2), "{s2:?}");
     // Three pages and the small files, of a 5 MiB generation.
     assert!(s2.sent_bytes < 128 * 1024, "{s2:?}");
@@ -448,16 +470,7 @@ async fn changed_pages_go_up_as_deltas_that_outlive_their_parents() {
     // g3: one more page in chunk 0. Its delta stays on g1's chunk (carrying g2's pages), so a
     // read takes two objects however long the chain.
     let (fx3, g3) = changed(&[(0, 0), (0, 100), (1, 3), (0, 200)]).await;
-    let (_, s3) = store
-        .upload_with_parents(
-            &fx3.gen_dir,
-            "default/counter/9-c",
-            ate_snapshot::UploadPriority::Normal,
-            std::slice::from_ref(&fx2.gen_dir),
-            &no_layout,
-        )
-        .await
-        .expect("upload g3");
+    let (_, s3) = upload_over(&store, &fx3, "default/counter/9-c", &[&fx2.gen_dir]).await;
     assert_eq!((s3.chunks_reused, s3.chunks_delta), (2, 1), "{s3:?}");
     let e3 = pages_entry(&g3);
     let obj = fs::read(chunk_file(&dir, e3.chunk_digest(0).expect("digest"))).expect("read");
@@ -524,22 +537,9 @@ async fn changed_pages_go_up_as_deltas_that_outlive_their_parents() {
 #[tokio::test]
 async fn a_delta_on_a_damaged_base_is_refused() {
     let (fx1, g1) = changed(&[]).await;
-    let (store, dir) = store_of(&fx1);
-    store
-        .upload(&fx1.gen_dir, "default/counter/7-a")
-        .await
-        .expect("upload g1");
+    let (store, dir) = uploaded_7a(&fx1).await;
     let (fx2, g2) = changed(&[(0, 5)]).await;
-    store
-        .upload_with_parents(
-            &fx2.gen_dir,
-            "default/counter/8-b",
-            ate_snapshot::UploadPriority::Normal,
-            std::slice::from_ref(&fx1.gen_dir),
-            &no_layout,
-        )
-        .await
-        .expect("upload g2");
+    upload_over(&store, &fx2, "default/counter/8-b", &[&fx1.gen_dir]).await;
     let base = pages_entry(&g1)
         .chunk_digest(0)
         .expect("digest")
@@ -570,11 +570,7 @@ async fn a_delta_on_a_damaged_base_is_refused() {
 async fn a_shifted_image_goes_up_as_deltas_when_pages_are_matched_by_address() {
     const VADDR: u64 = 0x7f00_0000_0000;
     let (fx1, g1) = changed(&[]).await;
-    let (store, dir) = store_of(&fx1);
-    store
-        .upload(&fx1.gen_dir, "default/counter/7-a")
-        .await
-        .expect("upload g1");
+    let (store, dir) = uploaded_7a(&fx1).await;
     // g2: one new page before g1's pages (one page lower in the address space).
     let fx2 = fixture(BIG);
     let path = fx2.gen_dir.join(PAGES);
@@ -600,16 +596,7 @@ async fn a_shifted_image_goes_up_as_deltas_when_pages_are_matched_by_address() {
     ];
     let by_address = |d: &Path| layouts.iter().find(|(p, _)| p == d).map(|(_, l)| l.clone());
     // By offset, nothing matches: whole chunks.
-    let (_, whole) = store
-        .upload_with_parents(
-            &fx2.gen_dir,
-            "default/counter/8-b",
-            ate_snapshot::UploadPriority::Normal,
-            std::slice::from_ref(&fx1.gen_dir),
-            &no_layout,
-        )
-        .await
-        .expect("upload by offset");
+    let (_, whole) = upload_over(&store, &fx2, "default/counter/8-b", &[&fx1.gen_dir]).await;
     assert_eq!(whole.chunks_delta, 0, "{whole:?}");
     store.delete("default/counter/8-b").await.expect("delete");
     for f in chunk_files(&dir) {
@@ -622,16 +609,14 @@ async fn a_shifted_image_goes_up_as_deltas_when_pages_are_matched_by_address() {
         }
     }
     // By address: every chunk is a delta holding at most the one new page.
-    let (_, s2) = store
-        .upload_with_parents(
-            &fx2.gen_dir,
-            "default/counter/9-c",
-            ate_snapshot::UploadPriority::Normal,
-            std::slice::from_ref(&fx1.gen_dir),
-            &by_address,
-        )
-        .await
-        .expect("upload by address");
+    let (_, s2) = upload_by(
+        &store,
+        &fx2,
+        "default/counter/9-c",
+        &[&fx1.gen_dir],
+        &by_address,
+    )
+    .await;
     assert_eq!(s2.chunks_delta, 3, "{s2:?}");
     assert!(s2.sent_bytes < whole.sent_bytes / 20, "{s2:?} vs {whole:?}");
     let target = fx2.root.path().join("node-b/gen");

@@ -38,8 +38,7 @@ fn object_file(store_root: &Path, key: &str, rel: &str) -> PathBuf {
 #[tokio::test]
 async fn upload_download_delete_round_trip() {
     let (fx, m) = sealed_plain(3 << 20).await;
-    let dir = store_dir(&fx);
-    let store = DurableStore::from_url(&format!("file://{}", dir.display())).expect("store");
+    let (store, dir) = store_of(&fx);
     let key = "default/counter/7-5f0e0c4a";
     let uri = store.upload(&fx.gen_dir, key).await.expect("upload");
     assert_eq!(uri, format!("file://{}/{key}", dir.display()));
@@ -72,14 +71,7 @@ async fn upload_download_delete_round_trip() {
     let got = download_ok(&same, key, &target).await;
     assert_eq!(got, m);
     assert_eq!(verify(&target).await.expect("verify download"), m);
-    for f in &m.files {
-        assert_eq!(
-            fs::read(target.join(&f.path)).expect("read"),
-            fs::read(fx.gen_dir.join(&f.path)).expect("read"),
-            "{}",
-            f.path
-        );
-    }
+    assert_same_files(&m, &target, &fx.gen_dir);
     assert_eq!(
         fs::read(target.join("manifest.json")).expect("read"),
         fs::read(fx.gen_dir.join("manifest.json")).expect("read")
@@ -120,8 +112,7 @@ async fn upload_download_delete_round_trip() {
 #[tokio::test]
 async fn background_upload_round_trips_and_checks_like_a_normal_one() {
     let (fx, m) = sealed_plain(3 << 20).await;
-    let dir = store_dir(&fx);
-    let store = DurableStore::from_url(&format!("file://{}", dir.display())).expect("store");
+    let (store, _) = store_of(&fx);
     let key = "default/counter/8-6a1b";
     let uri = store
         .upload_with_priority(&fx.gen_dir, key, UploadPriority::Background)
@@ -130,14 +121,7 @@ async fn background_upload_round_trips_and_checks_like_a_normal_one() {
     assert!(store.exists_complete(&uri).await.expect("exists"));
     let target = fx.root.path().join("node-b/gen-8");
     assert_eq!(download_ok(&store, key, &target).await, m);
-    for f in &m.files {
-        assert_eq!(
-            fs::read(target.join(&f.path)).expect("read"),
-            fs::read(fx.gen_dir.join(&f.path)).expect("read"),
-            "{}",
-            f.path
-        );
-    }
+    assert_same_files(&m, &target, &fx.gen_dir);
 
     // A file changed after sealing fails the background upload too, and leaves no copy.
     let victim = m.files.iter().max_by_key(|f| f.size).expect("a file");
@@ -156,8 +140,7 @@ async fn background_upload_round_trips_and_checks_like_a_normal_one() {
 #[tokio::test]
 async fn corrupted_objects_fail_download_and_leave_nothing() {
     let (fx, m) = sealed_plain(200_000).await;
-    let dir = store_dir(&fx);
-    let store = DurableStore::from_url(&format!("file://{}", dir.display())).expect("store");
+    let (store, dir) = store_of(&fx);
     let key = "gen-7";
     store.upload(&fx.gen_dir, key).await.expect("upload");
 
@@ -302,8 +285,7 @@ async fn disk_full_surfaces_and_keeps_local_generation() {
 #[tokio::test]
 async fn corrupted_local_generation_is_never_uploaded_as_complete() {
     let (fx, m) = sealed_plain(1 << 20).await;
-    let dir = store_dir(&fx);
-    let store = DurableStore::from_url(&format!("file://{}", dir.display())).expect("store");
+    let (store, dir) = store_of(&fx);
     // Flip one byte of the largest file, keeping its size (so only its hash can tell).
     let victim = m
         .files
@@ -338,8 +320,7 @@ const DEPTH: usize = 3;
 #[tokio::test]
 async fn sweep_removes_old_partial_uploads_and_nothing_else() {
     let (fx, m) = sealed_plain(1 << 20).await;
-    let dir = store_dir(&fx);
-    let store = DurableStore::from_url(&format!("file://{}", dir.display())).expect("store");
+    let (store, dir) = store_of(&fx);
     assert_eq!(store.partial_grace(), DEFAULT_PARTIAL_GRACE);
     let two_hours = Duration::from_secs(2 * 3600);
 
@@ -457,8 +438,7 @@ fn staging_files(dir: &Path) -> Vec<PathBuf> {
 async fn failed_multipart_upload_is_aborted() {
     // 12 MiB of noise: more than one part, so core-1.img goes up as a multipart upload.
     let (fx, m) = sealed_plain(12 << 20).await;
-    let dir = store_dir(&fx);
-    let store = DurableStore::from_url(&format!("file://{}", dir.display())).expect("store");
+    let (store, dir) = store_of(&fx);
     // Same size, other bytes: found only once the whole file is hashed, after its parts went up.
     let path = fx.gen_dir.join("criu/core-1.img");
     let mut bytes = fs::read(&path).expect("read");

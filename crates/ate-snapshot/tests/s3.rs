@@ -7,6 +7,7 @@ use std::fs;
 use std::time::Duration;
 
 use ate_snapshot::{DurableStore, Error, SweepStats, verify};
+use ate_test_support::wait::poll_until;
 use common::*;
 use object_store::ObjectStoreExt;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -209,15 +210,14 @@ async fn s3_failed_and_cancelled_multipart_uploads_are_aborted() {
     }
     drop(upload);
     if seen_open {
-        let mut left = usize::MAX;
-        for _ in 0..200 {
-            left = incomplete_uploads(&ep, &bucket).await;
-            if left == 0 {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-        assert_eq!(left, 0, "the cancelled multipart upload was not aborted");
+        let aborted = "the cancelled multipart upload aborted";
+        poll_until(
+            aborted,
+            Duration::from_secs(20),
+            Duration::from_millis(100),
+            async || (incomplete_uploads(&ep, &bucket).await == 0).then_some(()),
+        )
+        .await;
     } else {
         // The upload finished before a poll saw it open: nothing to check in this run.
         eprintln!("upload finished before its multipart upload was seen open");

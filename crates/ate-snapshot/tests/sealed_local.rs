@@ -68,6 +68,16 @@ fn walk(dir: &Path) -> Vec<PathBuf> {
     out
 }
 
+/// A scratch dir (named after `label`) with `gen_dir` opened into it as `opening` says; panics
+/// with `what` if it cannot be.
+async fn opened(gen_dir: &Path, label: &str, opening: Opening, what: &str) -> Scratch {
+    let scratch = Scratch::new(label).expect("scratch");
+    sealed::open_into(gen_dir, scratch.path(), opening)
+        .await
+        .expect(what);
+    scratch
+}
+
 #[tokio::test]
 async fn a_sealed_generation_shows_no_plaintext_and_opens_whole() {
     let (f, gen_dir) = sealed_generation("7-abc").await;
@@ -97,25 +107,13 @@ async fn a_sealed_generation_shows_no_plaintext_and_opens_whole() {
     ate_snapshot::verify(&gen_dir).await.expect("verify sealed");
 
     // Opened into a scratch dir: the same bytes as the plaintext generation.
-    let scratch = Scratch::new("test").expect("scratch");
-    sealed::open_into(&gen_dir, scratch.path(), Opening::All)
-        .await
-        .expect("open");
-    for rel in m.files.iter().map(|f| f.path.clone()) {
-        assert_eq!(
-            fs::read(scratch.path().join(&rel)).expect("opened"),
-            fs::read(f.gen_dir.join(&rel)).expect("plain"),
-            "{rel}"
-        );
-    }
+    let scratch = opened(&gen_dir, "test", Opening::All, "open").await;
+    common::assert_same_files(&m, scratch.path(), &f.gen_dir);
     ate_snapshot::verify(scratch.path())
         .await
         .expect("verify opened");
     // Without the memory images: their chunks are read from the sealed files on demand.
-    let small = Scratch::new("test").expect("scratch");
-    sealed::open_into(&gen_dir, small.path(), Opening::Small)
-        .await
-        .expect("open small");
+    let small = opened(&gen_dir, "test", Opening::Small, "open small").await;
     assert!(!small.path().join("criu/pages-1.img").exists());
     assert!(small.path().join("rootfs.tar").is_file());
     let source = ate_snapshot::sealed_source(small.path())
@@ -338,10 +336,7 @@ async fn a_dump_sealed_in_one_read_matches_the_plaintext_seal() {
         "no plaintext manifest"
     );
     ate_snapshot::verify(&gen_dir).await.expect("verify sealed");
-    let scratch = Scratch::new("test").expect("scratch");
-    sealed::open_into(&gen_dir, scratch.path(), Opening::All)
-        .await
-        .expect("open");
+    let scratch = opened(&gen_dir, "test", Opening::All, "open").await;
     assert_eq!(
         fs::read(scratch.path().join("criu/pages-1.img")).expect("opened"),
         pages
@@ -476,10 +471,7 @@ async fn a_memory_image_streams_whole_in_order_and_stops_at_a_bad_chunk() {
 async fn replacing_the_memory_of_a_sealed_generation_keeps_the_rest_and_drops_the_parent() {
     let (f, gen_dir) = sealed_generation("7-aaaa").await;
     // The same generation, as an incremental one would be sealed (its manifest names a parent).
-    let plain = Scratch::new("test-delta").expect("scratch");
-    sealed::open_into(&gen_dir, plain.path(), Opening::All)
-        .await
-        .expect("open");
+    let plain = opened(&gen_dir, "test-delta", Opening::All, "open").await;
     let delta_dir = f.root.path().join("snapshots/ns/counter/8-bbbb");
     let mut meta = meta(Fidelity::Memory);
     meta.generation = 8;
@@ -531,10 +523,7 @@ async fn replacing_the_memory_of_a_sealed_generation_keeps_the_rest_and_drops_th
     ate_snapshot::verify(&delta_dir)
         .await
         .expect("verifies whole");
-    let opened = Scratch::new("test-opened").expect("scratch");
-    sealed::open_into(&delta_dir, opened.path(), Opening::All)
-        .await
-        .expect("opens whole");
+    let opened = opened(&delta_dir, "test-opened", Opening::All, "opens whole").await;
     assert_eq!(
         fs::read(opened.path().join("criu/pages-1.img")).expect("read"),
         pages

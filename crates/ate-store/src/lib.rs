@@ -167,6 +167,34 @@ pub struct ActorRecord {
 }
 
 impl ActorRecord {
+    /// A new actor, as it is created: SUSPENDED, never bound (no worker, epoch or activation),
+    /// no generation, no error, created and updated at `now_ms`.
+    pub fn new(
+        atespace: impl Into<String>,
+        name: impl Into<String>,
+        uid: impl Into<String>,
+        template: TemplateRef,
+        worker_selector: BTreeMap<String, String>,
+        now_ms: i64,
+    ) -> Self {
+        ActorRecord {
+            atespace: atespace.into(),
+            name: name.into(),
+            uid: uid.into(),
+            template,
+            state: ActorState::Suspended,
+            worker_selector,
+            worker_id: None,
+            epoch: 0,
+            generation: 0,
+            attached_node: None,
+            last_error: None,
+            created_ms: now_ms,
+            updated_ms: now_ms,
+            activation: 0,
+        }
+    }
+
     /// The actor's `<atespace>/<name>` address.
     pub fn actor_ref(&self) -> ActorRef {
         ActorRef::new(self.atespace.clone(), self.name.clone())

@@ -187,22 +187,14 @@ fn spec(cpu_millis: u32, memory_bytes: u64) -> TemplateSpec {
 }
 
 fn actor(atespace: &str, name: &str, template: &str) -> ActorRecord {
-    ActorRecord {
-        atespace: atespace.into(),
-        name: name.into(),
-        uid: format!("uid-{atespace}-{name}"),
-        template: TemplateRef::parse("template", template).unwrap(),
-        state: ActorState::Suspended,
-        worker_selector: BTreeMap::new(),
-        worker_id: None,
-        epoch: 0,
-        generation: 0,
-        attached_node: None,
-        last_error: None,
-        created_ms: NOW,
-        updated_ms: NOW,
-        activation: 0,
-    }
+    ActorRecord::new(
+        atespace,
+        name,
+        format!("uid-{atespace}-{name}"),
+        TemplateRef::parse("template", template).unwrap(),
+        BTreeMap::new(),
+        NOW,
+    )
 }
 
 fn worker(id: &str, capacity: Capacity, epoch: u64) -> WorkerRecord {

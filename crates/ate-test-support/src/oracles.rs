@@ -10,3 +10,16 @@ pub fn dns1123_label(s: &str) -> bool {
         && edge(b[b.len() - 1])
         && b.iter().all(|&c| edge(c) || c == b'-')
 }
+
+/// Internal names no error body the router sends may contain (RPCs, state enums, gRPC status
+/// dumps): the router's unit tests and its integration tests check its bodies against this one
+/// list.
+pub const ROUTER_INTERNAL_NAMES: [&str; 7] = [
+    "AssignWorker",
+    "ResumeActor",
+    "RevertActor",
+    "ACTOR_STATE_",
+    "Status {",
+    "tonic",
+    "code:",
+];

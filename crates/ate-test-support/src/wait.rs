@@ -45,6 +45,25 @@ pub async fn eventually(within: Duration, every: Duration, mut cond: impl FnMut(
     cond()
 }
 
+/// Polls the async `check` every `every` until it returns Some, without blocking the runtime;
+/// panics naming `what` after `within`. `check` may borrow what the test holds mutably (a
+/// client) between polls.
+pub async fn poll_until<T>(
+    what: &str,
+    within: Duration,
+    every: Duration,
+    mut check: impl AsyncFnMut() -> Option<T>,
+) -> T {
+    let start = Instant::now();
+    loop {
+        if let Some(v) = check().await {
+            return v;
+        }
+        assert!(start.elapsed() < within, "timed out waiting for {what}");
+        tokio::time::sleep(every).await;
+    }
+}
+
 /// The JSON in `path` once it is complete (a ready file is written whole, but may be read
 /// while it is being written): None while absent or not yet valid JSON.
 pub fn read_json(path: &Path) -> Option<Value> {

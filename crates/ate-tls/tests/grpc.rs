@@ -4,12 +4,9 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use ate_proto::v1::atespace_service_client::AtespaceServiceClient;
-use ate_proto::v1::atespace_service_server::{AtespaceService, AtespaceServiceServer};
-use ate_proto::v1::{
-    Atespace, CreateAtespaceRequest, DeleteAtespaceRequest, DeleteAtespaceResponse,
-    GetAtespaceRequest, ListAtespacesRequest, ListAtespacesResponse, UpdateAtespaceRequest,
-};
+use ate_proto::v1::identity_service_client::IdentityServiceClient;
+use ate_proto::v1::identity_service_server::{IdentityService, IdentityServiceServer};
+use ate_proto::v1::{ActorToken, IssueActorTokenRequest};
 use ate_tls::{
     AllowList, Alpn, CertSource, ClientAuth, LocalCa, ServerCheck, SpiffeId, SvidRequest,
     TlsIncoming, client_config, endpoint, request_identity, server_config, set_server_alpn,
@@ -19,60 +16,26 @@ use tonic::{Request, Response, Status};
 
 const TD: &str = ate_tls::DEFAULT_TRUST_DOMAIN;
 
-/// Answers GetAtespace with the caller's identity as the name.
+/// Answers IssueActorToken with the caller's identity as the token (the one RPC of a small
+/// service: what is served does not matter, only who the handler sees).
 #[derive(Default, Clone)]
 struct WhoAmI {
     calls: Arc<AtomicUsize>,
 }
 
 #[tonic::async_trait]
-impl AtespaceService for WhoAmI {
-    async fn create_atespace(
+impl IdentityService for WhoAmI {
+    async fn issue_actor_token(
         &self,
-        _: Request<CreateAtespaceRequest>,
-    ) -> Result<Response<Atespace>, Status> {
-        Err(Status::unimplemented("stub"))
-    }
-
-    async fn get_atespace(
-        &self,
-        request: Request<GetAtespaceRequest>,
-    ) -> Result<Response<Atespace>, Status> {
+        request: Request<IssueActorTokenRequest>,
+    ) -> Result<Response<ActorToken>, Status> {
         self.calls.fetch_add(1, Ordering::SeqCst);
         let id = request_identity(&request)
             .ok_or_else(|| Status::unauthenticated("no client certificate"))?;
-        Ok(Response::new(Atespace {
-            name: id.to_string(),
+        Ok(Response::new(ActorToken {
+            token: id.to_string(),
             ..Default::default()
         }))
-    }
-
-    async fn list_atespaces(
-        &self,
-        _: Request<ListAtespacesRequest>,
-    ) -> Result<Response<ListAtespacesResponse>, Status> {
-        Err(Status::unimplemented("stub"))
-    }
-
-    async fn delete_atespace(
-        &self,
-        _: Request<DeleteAtespaceRequest>,
-    ) -> Result<Response<DeleteAtespaceResponse>, Status> {
-        Err(Status::unimplemented("stub"))
-    }
-
-    async fn update_atespace(
-        &self,
-        _: Request<UpdateAtespaceRequest>,
-    ) -> Result<Response<Atespace>, Status> {
-        Err(Status::unimplemented("stub"))
-    }
-
-    async fn set_atespace_quota(
-        &self,
-        _: Request<ate_proto::v1::SetAtespaceQuotaRequest>,
-    ) -> Result<Response<Atespace>, Status> {
-        Err(Status::unimplemented("stub"))
     }
 }
 
@@ -103,11 +66,11 @@ async fn handler_sees_caller_identity_and_strangers_are_refused() {
     let calls = svc.calls.clone();
     let server = tokio::spawn(
         tonic::transport::Server::builder()
-            .add_service(AtespaceServiceServer::new(svc))
+            .add_service(IdentityServiceServer::new(svc))
             .serve_with_incoming(incoming),
     );
 
-    let get = || Request::new(GetAtespaceRequest { name: "x".into() });
+    let get = || Request::new(IssueActorTokenRequest::default());
 
     // The router gets in and the handler sees its SPIFFE ID.
     let router_cfg = Arc::new(
@@ -116,19 +79,19 @@ async fn handler_sees_caller_identity_and_strangers_are_refused() {
     let channel = tls_channel(endpoint(&addr.to_string()).unwrap(), router_cfg.clone())
         .await
         .unwrap();
-    let reply = AtespaceServiceClient::new(channel)
-        .get_atespace(get())
+    let reply = IdentityServiceClient::new(channel)
+        .issue_actor_token(get())
         .await
         .unwrap();
-    assert_eq!(reply.into_inner().name, router.to_string());
+    assert_eq!(reply.into_inner().token, router.to_string());
 
     // A lazy channel with an https:// address works the same.
     let lazy = tls_channel_lazy(endpoint(&format!("https://{addr}")).unwrap(), router_cfg);
-    let reply = AtespaceServiceClient::new(lazy)
-        .get_atespace(get())
+    let reply = IdentityServiceClient::new(lazy)
+        .issue_actor_token(get())
         .await
         .unwrap();
-    assert_eq!(reply.into_inner().name, router.to_string());
+    assert_eq!(reply.into_inner().token, router.to_string());
     assert_eq!(calls.load(Ordering::SeqCst), 2);
 
     // A worker identity is refused at the handshake: the call fails and no handler runs.
@@ -141,8 +104,8 @@ async fn handler_sees_caller_identity_and_strangers_are_refused() {
     );
     let refused = match tls_channel(endpoint(&addr.to_string()).unwrap(), worker_cfg).await {
         Err(_) => true,
-        Ok(channel) => AtespaceServiceClient::new(channel)
-            .get_atespace(get())
+        Ok(channel) => IdentityServiceClient::new(channel)
+            .issue_actor_token(get())
             .await
             .is_err(),
     };
@@ -160,10 +123,10 @@ async fn handler_sees_caller_identity_and_strangers_are_refused() {
     let channel = tls_channel(endpoint(&addr.to_string()).unwrap(), admin_cfg)
         .await
         .unwrap();
-    let reply = AtespaceServiceClient::new(channel)
-        .get_atespace(get())
+    let reply = IdentityServiceClient::new(channel)
+        .issue_actor_token(get())
         .await
         .unwrap();
-    assert!(reply.into_inner().name.ends_with("/sa/ate-admin"));
+    assert!(reply.into_inner().token.ends_with("/sa/ate-admin"));
     server.abort();
 }

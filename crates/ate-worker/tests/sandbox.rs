@@ -5,6 +5,7 @@ mod common;
 use std::time::{Duration, Instant};
 
 use ate_core::template::Resources;
+use ate_test_support::wait::poll_until;
 use ate_worker::{
     ActorSandbox, ImageCache, RunMode, SandboxError, SandboxRuntime, SandboxSpec, probe,
 };
@@ -222,14 +223,14 @@ async fn exited_actor_is_noticed_and_stop_is_idempotent() {
         nix::sys::signal::Signal::SIGKILL,
     )
     .expect("kill init");
-    let deadline = Instant::now() + Duration::from_secs(5);
-    let info = loop {
-        if let Some(info) = runtime.exited(&actor).await.expect("state") {
-            break info;
-        }
-        assert!(Instant::now() < deadline, "exit not noticed");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    };
+    let noticed = "the exit noticed";
+    let info = poll_until(
+        noticed,
+        Duration::from_secs(5),
+        Duration::from_millis(20),
+        async || runtime.exited(&actor).await.expect("state"),
+    )
+    .await;
     // The runtime made this process the init's subreaper: the exit is collected with its
     // status (SIGKILL → 128 + 9).
     assert_eq!(info.status, "exited");

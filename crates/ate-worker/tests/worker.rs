@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 use ate_proto::v1;
 use ate_proto::v1::worker_service_client::WorkerServiceClient;
 use ate_test_support::h2_client::{self, H2, body_text, h2_connect};
+use ate_test_support::wait::{eventually, poll_until, wait_until};
 use ate_worker::{ActorSandbox, WorkerConfig};
 use ate_worker_client::connect_worker;
 use bytes::Bytes;
@@ -29,6 +30,27 @@ struct RunningWorker {
     socket: PathBuf,
 }
 
+/// A client of the worker `task` serving on `socket` once it answers Info (within 30 s), and its
+/// epoch; panics if the task ends first.
+async fn serving(
+    socket: &Path,
+    task: &tokio::task::JoinHandle<Result<(), ate_worker::WorkerError>>,
+) -> (WorkerServiceClient<Channel>, u64) {
+    let answers = async || {
+        assert!(!task.is_finished(), "the worker ended before it served");
+        let c = connect_worker(socket).await.ok()?;
+        let info = c.clone().info(v1::WorkerInfoRequest {}).await.ok()?;
+        Some((c, info.into_inner().epoch))
+    };
+    poll_until(
+        "the worker serving",
+        Duration::from_secs(30),
+        Duration::from_millis(20),
+        answers,
+    )
+    .await
+}
+
 impl RunningWorker {
     async fn start(config: WorkerConfig) -> Self {
         let socket = config.socket_path();
@@ -36,17 +58,7 @@ impl RunningWorker {
         let task = tokio::spawn(ate_worker::run(config, async move {
             let _ = rx.await;
         }));
-        let deadline = Instant::now() + Duration::from_secs(30);
-        let client = loop {
-            if socket.exists()
-                && let Ok(c) = connect_worker(&socket).await
-            {
-                break c;
-            }
-            assert!(!task.is_finished(), "worker exited during start-up");
-            assert!(Instant::now() < deadline, "worker socket never came up");
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        };
+        let (client, _) = serving(&socket, &task).await;
         RunningWorker {
             client,
             stop: Some(tx),
@@ -335,14 +347,17 @@ async fn worker_end_to_end_counter() {
     // Activity: the actor, its idle timeout and a recent last activity; one open tunnel.
     let mut held = open_tunnel(&mut h2, &target).await;
     // The per-request tunnels above close asynchronously once their client side is dropped.
-    let deadline = Instant::now() + Duration::from_secs(5);
-    let act = loop {
-        let act = activity_of(&mut c, &name).await.expect("actor in Activity");
-        if act.open_streams == 1 || Instant::now() > deadline {
-            break act;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    };
+    let one = "one open stream";
+    let act = poll_until(
+        one,
+        Duration::from_secs(5),
+        Duration::from_millis(10),
+        async || {
+            let act = activity_of(&mut c, &name).await.expect("actor in Activity");
+            (act.open_streams == 1).then_some(act)
+        },
+    )
+    .await;
     assert_eq!(act.open_streams, 1);
     assert_eq!(act.idle_timeout_seconds, 300);
     assert!(!act.exited);
@@ -420,11 +435,9 @@ async fn worker_end_to_end_counter() {
     assert!(gen1.join("manifest.json").is_file());
     assert!(!cp.kept_frozen, "frozen copies are off in this test");
     // Removed right after the reply (the suspend does not wait for it).
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while sandbox.dir.exists() && Instant::now() < deadline {
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    assert!(!sandbox.dir.exists(), "actor dir left after checkpoint");
+    let gone = || !sandbox.dir.exists();
+    let removed = eventually(Duration::from_secs(10), Duration::from_millis(20), gone).await;
+    assert!(removed, "actor dir left after checkpoint");
     let (s, _) = h1_get_status(&mut held).await;
     assert_ne!(s, 200, "held tunnel still served after checkpoint");
     // Retried checkpoint: same answer from the sealed generation.
@@ -750,16 +763,14 @@ impl TestHost {
                 .spawn()
                 .expect("spawn the test host's server"),
         );
-        let deadline = Instant::now() + Duration::from_secs(10);
+        let start = Instant::now();
         for peer in h.peers {
             let addr = SocketAddr::new(peer.into(), h.port);
-            while std::net::TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_err() {
-                assert!(
-                    Instant::now() < deadline,
-                    "test host server not up on {addr}"
-                );
-                std::thread::sleep(Duration::from_millis(50));
-            }
+            let up =
+                || std::net::TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_ok();
+            let left = Duration::from_secs(10).saturating_sub(start.elapsed());
+            let what = format!("the test host server on {addr}");
+            wait_until(&what, left, Duration::from_millis(50), up);
         }
         h
     }
@@ -958,18 +969,17 @@ async fn platform_address_serves_identity_and_calls() {
     );
 
     // The counter keeps its platform connection; with no request in flight it is not activity.
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let a = activity_of(&mut c, &name).await.expect("activity");
-        if a.open_streams == 0 {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "an idle platform connection keeps the actor busy: {a:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    let idle = "no open stream (an idle platform connection must not keep the actor busy)";
+    poll_until(
+        idle,
+        Duration::from_secs(10),
+        Duration::from_millis(100),
+        async || {
+            let a = activity_of(&mut c, &name).await.expect("activity");
+            (a.open_streams == 0).then_some(())
+        },
+    )
+    .await;
 
     c.stop(v1::WorkerStopRequest {
         actor: w.actor.clone(),
@@ -1042,18 +1052,14 @@ async fn worker_probe_timeout_and_exit() {
     )
     .expect("kill init");
     let killed = Instant::now();
-    let exited = loop {
-        if let Some(a) = activity_of(&mut c, &name).await
-            && a.exited
-        {
-            break a;
-        }
-        assert!(
-            killed.elapsed() < Duration::from_secs(5),
-            "exit not reported"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
+    let reported = "the exit reported";
+    let exited = poll_until(
+        reported,
+        Duration::from_secs(5),
+        Duration::from_millis(50),
+        async || activity_of(&mut c, &name).await.filter(|a| a.exited),
+    )
+    .await;
     eprintln!("exit reported after {:?}", killed.elapsed());
     // Polled every 500 ms; the margin is for a loaded CI machine.
     assert!(killed.elapsed() < Duration::from_secs(2));
@@ -1242,14 +1248,14 @@ async fn fencing_tokens_and_a_checkpoint_into_a_full_disk() {
     let mut w2 = w.clone();
     w2.activation = 2;
     assert_eq!(get_with_token(&mut h2, &target, 2).await.0, 421);
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while activity_of(&mut c, &name).await.is_some() {
-        assert!(
-            Instant::now() < deadline,
-            "the superseded copy was not dropped"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    let dropped = "the superseded copy dropped";
+    poll_until(
+        dropped,
+        Duration::from_secs(5),
+        Duration::from_millis(100),
+        async || activity_of(&mut c, &name).await.is_none().then_some(()),
+    )
+    .await;
     assert_eq!(get_with_token(&mut h2, &target, 1).await.0, 421);
 
     // Activation 2 starts here; a late start of activation 1 is refused, a retried one of 2
@@ -1300,6 +1306,7 @@ async fn a_second_process_of_a_worker_waits_for_the_first() {
     let second = tokio::spawn(ate_worker::run(config.clone(), async move {
         let _ = stopped.await;
     }));
+    // The scenario: a while with the first still running, the second must keep waiting.
     tokio::time::sleep(Duration::from_millis(1500)).await;
     assert!(!second.is_finished(), "the second process gave up waiting");
     // The socket still leads to the first process, and the lock names it (this test process).
@@ -1325,17 +1332,7 @@ async fn a_second_process_of_a_worker_waits_for_the_first() {
         .expect("first worker stopped in time")
         .expect("first worker task")
         .expect("first worker run");
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let second_epoch = loop {
-        if let Ok(c) = connect_worker(&socket).await
-            && let Ok(info) = c.clone().info(v1::WorkerInfoRequest {}).await
-        {
-            break info.into_inner().epoch;
-        }
-        assert!(!second.is_finished(), "the second process ended");
-        assert!(Instant::now() < deadline, "the second process never served");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
+    let (_, second_epoch) = serving(&socket, &second).await;
     assert_ne!(
         second_epoch, first_epoch,
         "the socket still leads to the first"

@@ -3,15 +3,15 @@
 
 use ate_core::TemplateRef;
 use ate_core::clock::now_ms;
-use ate_core::{ActorRef, ActorState, SuspendMode};
+use ate_core::{ActorRef, SuspendMode};
 use ate_proto::v1::*;
 use ate_store::ActorRecord;
 use tonic::{Request, Response, Status};
 use tracing::Instrument;
 
 use super::{
-    DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE, Services, actor_ref, label, parse_page_token, ref_atespace,
-    selector, to_completion,
+    DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE, Services, actor_ref, atespace_filter, label,
+    parse_page_token, ref_atespace, selector, to_completion,
 };
 use crate::authz::Need;
 use crate::convert::{self, invalid, store_status};
@@ -60,17 +60,10 @@ impl actor_service_server::ActorService for Services {
         req: Request<TopActorsRequest>,
     ) -> Result<Response<TopActorsResponse>, Status> {
         let caller = self.authorize(&req, "ActorService/TopActors", |r| {
-            if r.atespace.is_empty() {
-                Need::List
-            } else {
-                Need::Atespace(&r.atespace)
-            }
+            Need::atespace_or_list(&r.atespace)
         })?;
         let req = req.into_inner();
-        if !req.atespace.is_empty() {
-            label("atespace", &req.atespace)?;
-        }
-        let atespace = Some(req.atespace.as_str()).filter(|a| !a.is_empty());
+        let atespace = atespace_filter(&req.atespace)?;
         let (usage, unreachable_workers) = self.api.top(atespace).await.map_err(convert::status)?;
         let actors = usage
             .into_iter()
@@ -106,23 +99,14 @@ impl actor_service_server::ActorService for Services {
         label("actor name", &req.name)?;
         let template = TemplateRef::parse("template", &req.template).map_err(invalid)?;
         let worker_selector = selector("worker_selector", req.worker_selector)?;
-        let now = now_ms();
-        let record = ActorRecord {
-            atespace: req.atespace,
-            name: req.name,
-            uid: uuid::Uuid::new_v4().to_string(),
+        let record = ActorRecord::new(
+            req.atespace,
+            req.name,
+            uuid::Uuid::new_v4().to_string(),
             template,
-            state: ActorState::Suspended,
             worker_selector,
-            worker_id: None,
-            epoch: 0,
-            generation: 0,
-            attached_node: None,
-            last_error: None,
-            created_ms: now,
-            updated_ms: now,
-            activation: 0,
-        };
+            now_ms(),
+        );
         let created = self
             .api
             .store
@@ -161,22 +145,15 @@ impl actor_service_server::ActorService for Services {
         req: Request<ListActorsRequest>,
     ) -> Result<Response<ListActorsResponse>, Status> {
         let caller = self.authorize(&req, "ActorService/ListActors", |r| {
-            if r.atespace.is_empty() {
-                Need::List
-            } else {
-                Need::Atespace(&r.atespace)
-            }
+            Need::atespace_or_list(&r.atespace)
         })?;
         let req = req.into_inner();
-        if !req.atespace.is_empty() {
-            label("atespace", &req.atespace)?;
-        }
+        let atespace = atespace_filter(&req.atespace)?;
         let limit = match req.page_size {
             0 => DEFAULT_PAGE_SIZE,
             n => n.min(MAX_PAGE_SIZE),
         };
         let after = parse_page_token(&req.page_token)?.map(|(a, n)| ActorRef::new(a, n));
-        let atespace = Some(req.atespace.as_str()).filter(|a| !a.is_empty());
         let rows = self
             .api
             .store

@@ -108,13 +108,7 @@ impl AlarmService for Services {
         req: Request<ListAlarmsRequest>,
     ) -> Result<Response<ListAlarmsResponse>, Status> {
         const RPC: &str = "AlarmService/ListAlarms";
-        let caller = self.authorize(&req, RPC, |r| {
-            if r.atespace.is_empty() {
-                Need::List
-            } else {
-                Need::Atespace(&r.atespace)
-            }
-        })?;
+        let caller = self.authorize(&req, RPC, |r| Need::atespace_or_list(&r.atespace))?;
         let req = req.into_inner();
         let atespace = (!req.atespace.is_empty()).then_some(req.atespace.as_str());
         let alarms = self

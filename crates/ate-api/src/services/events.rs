@@ -14,7 +14,7 @@ use tokio_stream::Stream;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status};
 
-use super::{Services, label};
+use super::{Services, atespace_filter, label};
 use crate::authz::{Caller, Need};
 use crate::convert::{self, store_status};
 use crate::events::{Selector, Sent, backfill};
@@ -35,11 +35,9 @@ const FELL_BEHIND: &str = "the watch fell behind the events it had to send; list
 
 /// The atespace and actor a request selects, validated (a name needs its atespace).
 fn selector(atespace: &str, name: &str) -> Result<Selector, Status> {
-    if !atespace.is_empty() {
-        label("atespace", atespace)?;
-    }
+    let atespace = atespace_filter(atespace)?;
     if !name.is_empty() {
-        if atespace.is_empty() {
+        if atespace.is_none() {
             return Err(Status::invalid_argument(
                 "invalid name: naming an actor needs its atespace",
             ));
@@ -47,17 +45,9 @@ fn selector(atespace: &str, name: &str) -> Result<Selector, Status> {
         label("name", name)?;
     }
     Ok(Selector {
-        atespace: Some(atespace.to_string()).filter(|a| !a.is_empty()),
+        atespace: atespace.map(str::to_string),
         name: Some(name.to_string()).filter(|n| !n.is_empty()),
     })
-}
-
-fn need_for(atespace: &str) -> Need<'_> {
-    if atespace.is_empty() {
-        Need::List
-    } else {
-        Need::Atespace(atespace)
-    }
 }
 
 impl Services {
@@ -65,7 +55,9 @@ impl Services {
         &self,
         req: Request<v1::ListEventsRequest>,
     ) -> Result<Response<v1::ListEventsResponse>, Status> {
-        let caller = self.authorize(&req, "ActorService/ListEvents", |r| need_for(&r.atespace))?;
+        let caller = self.authorize(&req, "ActorService/ListEvents", |r| {
+            Need::atespace_or_list(&r.atespace)
+        })?;
         let req = req.into_inner();
         let selector = selector(&req.atespace, &req.name)?;
         let limit = match req.limit {
@@ -99,7 +91,9 @@ impl Services {
         &self,
         req: Request<v1::WatchEventsRequest>,
     ) -> Result<Response<WatchEventsStream>, Status> {
-        let caller = self.authorize(&req, "ActorService/WatchEvents", |r| need_for(&r.atespace))?;
+        let caller = self.authorize(&req, "ActorService/WatchEvents", |r| {
+            Need::atespace_or_list(&r.atespace)
+        })?;
         let req = req.into_inner();
         let selector = selector(&req.atespace, &req.name)?;
         // Subscribed before the backfill is read, so nothing committed in between is missed.
@@ -160,7 +154,9 @@ impl Services {
         &self,
         req: Request<v1::WatchActorsRequest>,
     ) -> Result<Response<WatchActorsStream>, Status> {
-        let caller = self.authorize(&req, "ActorService/WatchActors", |r| need_for(&r.atespace))?;
+        let caller = self.authorize(&req, "ActorService/WatchActors", |r| {
+            Need::atespace_or_list(&r.atespace)
+        })?;
         let req = req.into_inner();
         let selector = selector(&req.atespace, "")?;
         let mut feed = self.api.events.subscribe();

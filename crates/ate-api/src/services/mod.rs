@@ -34,6 +34,16 @@ fn label(field: &str, value: &str) -> Result<(), Status> {
     validate_label(field, value).map_err(invalid)
 }
 
+/// A request's optional atespace filter: None when empty (every atespace), else the validated
+/// label.
+fn atespace_filter(atespace: &str) -> Result<Option<&str>, Status> {
+    if atespace.is_empty() {
+        return Ok(None);
+    }
+    label("atespace", atespace)?;
+    Ok(Some(atespace))
+}
+
 fn actor_ref(r: Option<v1::ObjectRef>) -> Result<ActorRef, Status> {
     let r = r.ok_or_else(|| Status::invalid_argument("invalid actor: missing"))?;
     let a = ActorRef::new(r.atespace, r.name);

@@ -13,6 +13,9 @@ use ate_api::{Api, ApiConfig, TlsServe};
 use ate_proto::v1::{self, *};
 use ate_store::Store;
 pub use ate_test_support::test_node::TestNode;
+// Not every test binary polls.
+#[allow(unused_imports)]
+pub use ate_test_support::wait::{eventually, poll_until};
 use tokio::net::TcpListener;
 use tonic::transport::Channel;
 use tonic::{Request, Status};
@@ -56,6 +59,13 @@ pub struct TestApi {
 }
 
 impl TestApi {
+    /// [`TestApi::start`] under the tests' [`cfg`] as `change` changes it.
+    pub async fn start_with(backend: Backend, change: impl FnOnce(&mut ApiConfig)) -> TestApi {
+        let mut config = cfg();
+        change(&mut config);
+        TestApi::start(backend, config).await
+    }
+
     pub async fn start(backend: Backend, cfg: ApiConfig) -> TestApi {
         let (store, dir) = fresh_store(backend).await;
         let api = Arc::new(Api::new(store, cfg));
@@ -195,42 +205,17 @@ impl TestApi {
         can_restore_memory: bool,
         labels: HashMap<String, String>,
     ) {
-        let worker = Worker {
-            id: id.into(),
-            node: node.name.clone(),
-            addresses: vec!["127.0.0.2:8443".into()],
-            identity: format!("spiffe://ate.local/ns/ate-system/sa/worker-{id}"),
-            labels,
-            sandbox_class: "runc".into(),
-            can_restore_memory,
-            capacity: Some(Capacity {
-                // Ample cpu and memory: slots are what tests and the api bench exhaust.
-                cpu_millis: 4_000_000,
-                memory_bytes: 1 << 50,
-                actor_slots: slots,
-            }),
-            used: None,
-            cpu_physical_millis: 0,
-            cpu_usage_millis: 0,
-            epoch: node.epoch(),
-            status: String::new(),
-            last_heartbeat_unix_ms: 0,
-            node_address: node.addr.to_string(),
-            boot_id: node.boot_id.clone(),
-            // What a real worker advertises with and without CRIU.
-            capabilities: if can_restore_memory {
-                vec!["memory:criu".into(), "userns:off".into()]
-            } else {
-                vec!["userns:off".into()]
-            },
+        // What a real worker advertises with and without CRIU.
+        let capabilities = if can_restore_memory {
+            vec!["memory:criu".into(), "userns:off".into()]
+        } else {
+            vec!["userns:off".into()]
         };
-        self.fleet()
-            .register_worker(RegisterWorkerRequest {
-                held: vec![],
-                worker: Some(worker),
-            })
-            .await
-            .expect("register worker");
+        let worker = Worker {
+            labels,
+            ..test_worker(node, id, slots, can_restore_memory, capabilities)
+        };
+        self.register_worker(vec![], worker).await;
     }
 
     /// Registers a worker advertising exactly `capabilities` (`memory:criu`, `userns:on`, …).
@@ -241,31 +226,9 @@ impl TestApi {
         slots: u32,
         capabilities: Vec<String>,
     ) {
-        let worker = Worker {
-            id: id.into(),
-            node: node.name.clone(),
-            addresses: vec!["127.0.0.2:8443".into()],
-            identity: format!("spiffe://ate.local/ns/ate-system/sa/worker-{id}"),
-            sandbox_class: "runc".into(),
-            can_restore_memory: capabilities.iter().any(|c| c == "memory:criu"),
-            capacity: Some(Capacity {
-                cpu_millis: 4_000_000,
-                memory_bytes: 1 << 50,
-                actor_slots: slots,
-            }),
-            epoch: node.epoch(),
-            node_address: node.addr.to_string(),
-            boot_id: node.boot_id.clone(),
-            capabilities,
-            ..Default::default()
-        };
-        self.fleet()
-            .register_worker(RegisterWorkerRequest {
-                held: vec![],
-                worker: Some(worker),
-            })
-            .await
-            .expect("register worker");
+        let can_restore_memory = capabilities.iter().any(|c| c == "memory:criu");
+        let worker = test_worker(node, id, slots, can_restore_memory, capabilities);
+        self.register_worker(vec![], worker).await;
     }
 
     /// Registers worker `id` of `node` (with the node's current epoch) reporting `held`
@@ -277,23 +240,15 @@ impl TestApi {
         slots: u32,
         held: Vec<HeldActor>,
     ) -> RegisterWorkerResponse {
-        let worker = Worker {
-            id: id.into(),
-            node: node.name.clone(),
-            addresses: vec!["127.0.0.2:8443".into()],
-            identity: format!("spiffe://ate.local/ns/ate-system/sa/worker-{id}"),
-            sandbox_class: "runc".into(),
-            can_restore_memory: true,
-            capacity: Some(Capacity {
-                cpu_millis: 4_000_000,
-                memory_bytes: 1 << 50,
-                actor_slots: slots,
-            }),
-            epoch: node.epoch(),
-            node_address: node.addr.to_string(),
-            boot_id: node.boot_id.clone(),
-            ..Default::default()
-        };
+        let worker = test_worker(node, id, slots, true, vec![]);
+        self.register_worker(held, worker).await
+    }
+
+    async fn register_worker(
+        &self,
+        held: Vec<HeldActor>,
+        worker: Worker,
+    ) -> RegisterWorkerResponse {
         self.fleet()
             .register_worker(RegisterWorkerRequest {
                 held,
@@ -302,6 +257,35 @@ impl TestApi {
             .await
             .expect("register worker")
             .into_inner()
+    }
+}
+
+/// Worker `id` of `node` (with the node's current epoch) as it registers: `slots` slots and ample
+/// cpu and memory (slots are what tests and the api bench exhaust), no labels.
+fn test_worker(
+    node: &TestNode,
+    id: &str,
+    slots: u32,
+    can_restore_memory: bool,
+    capabilities: Vec<String>,
+) -> Worker {
+    Worker {
+        id: id.into(),
+        node: node.name.clone(),
+        addresses: vec!["127.0.0.2:8443".into()],
+        identity: format!("spiffe://ate.local/ns/ate-system/sa/worker-{id}"),
+        sandbox_class: "runc".into(),
+        can_restore_memory,
+        capacity: Some(Capacity {
+            cpu_millis: 4_000_000,
+            memory_bytes: 1 << 50,
+            actor_slots: slots,
+        }),
+        epoch: node.epoch(),
+        node_address: node.addr.to_string(),
+        boot_id: node.boot_id.clone(),
+        capabilities,
+        ..Default::default()
     }
 }
 

@@ -9,7 +9,7 @@ use ate_api::workflows::ActorView;
 use ate_api::{Api, ApiConfig};
 use ate_core::clock::now_ms;
 use ate_core::template::{Container, EgressPolicy, Resources};
-use ate_core::{ActorRef, ActorState, Fidelity, TemplateRef, TemplateSpec};
+use ate_core::{ActorRef, Fidelity, TemplateRef, TemplateSpec};
 use ate_store::{ActorRecord, Capacity, SnapshotRecord, Store, WorkerRecord, WorkerStatus};
 
 use super::fake_node::{Answer, FakeNodes, Gate, Op};
@@ -68,6 +68,13 @@ impl Plane {
         p
     }
 
+    /// [`Plane::one_worker`] under the tests' [`cfg`] as `change` changes it.
+    pub async fn one_worker_with(slots: u64, change: impl FnOnce(&mut ApiConfig)) -> Plane {
+        let mut cfg = cfg();
+        change(&mut cfg);
+        Plane::one_worker(cfg, slots).await
+    }
+
     /// Atespace `ns` with template `ns/t` (250m, 64Mi, MEMORY fidelity).
     pub async fn seed(&self, ns: &str) {
         self.store
@@ -87,23 +94,14 @@ impl Plane {
 
     /// A SUSPENDED actor `ns/name` of template `ns/template` that never ran.
     pub async fn create_actor_of(&self, ns: &str, name: &str, template: &str) -> ActorRef {
-        let now = now_ms();
-        let record = ActorRecord {
-            atespace: ns.into(),
-            name: name.into(),
-            uid: format!("uid-{ns}-{name}"),
-            template: TemplateRef::new(ns, template),
-            state: ActorState::Suspended,
-            worker_selector: Default::default(),
-            worker_id: None,
-            epoch: 0,
-            generation: 0,
-            attached_node: None,
-            last_error: None,
-            created_ms: now,
-            updated_ms: now,
-            activation: 0,
-        };
+        let record = ActorRecord::new(
+            ns,
+            name,
+            format!("uid-{ns}-{name}"),
+            TemplateRef::new(ns, template),
+            Default::default(),
+            now_ms(),
+        );
         self.store.create_actor(&record).await.expect("actor");
         actor(ns, name)
     }

@@ -6,6 +6,7 @@ use std::time::Duration;
 use ate_api::workflows::{ActorExit, HeldActor};
 use ate_core::ActorState;
 use ate_store::WorkerStatus;
+use ate_test_support::wait::poll_until;
 
 use super::fake_node::Op;
 use super::fixture::{Plane, cfg};
@@ -13,27 +14,22 @@ use super::fixture::{Plane, cfg};
 /// Calls worker expiry until it marks a worker GONE. The api counts silence in wall-clock
 /// milliseconds (the store's clock), so this waits on that condition, a millisecond at a time.
 async fn expire_until_gone(p: &Plane) -> Vec<String> {
-    for _ in 0..5_000 {
-        let gone = p.api.expire_workers().await.expect("expiry");
-        if !gone.is_empty() {
-            return gone;
-        }
-        tokio::time::sleep(Duration::from_millis(1)).await;
-    }
-    panic!("no worker expired");
+    poll_until(
+        "a worker to expire",
+        Duration::from_secs(5),
+        Duration::from_millis(1),
+        async || {
+            let gone = p.api.expire_workers().await.expect("expiry");
+            (!gone.is_empty()).then_some(gone)
+        },
+    )
+    .await
 }
 
 #[tokio::test]
 async fn an_expired_worker_releases_its_running_actors_to_their_last_generation() {
     // A 1 ms heartbeat timeout: the worker is silent for longer than that at once.
-    let p = Plane::one_worker(
-        ate_api::ApiConfig {
-            heartbeat_timeout: Duration::from_millis(1),
-            ..cfg()
-        },
-        2,
-    )
-    .await;
+    let p = Plane::one_worker_with(2, |c| c.heartbeat_timeout = Duration::from_millis(1)).await;
     let a = p.create_actor("ns", "a").await;
     let b = p.create_actor("ns", "b").await;
     p.resume(&a).await;
@@ -141,14 +137,10 @@ async fn an_actor_exit_releases_it_and_a_crash_reason_crashes_it() {
 
 #[tokio::test]
 async fn an_expiry_leaves_a_suspending_actor_for_its_next_suspend_to_settle() {
-    let p = Plane::one_worker(
-        ate_api::ApiConfig {
-            heartbeat_timeout: Duration::from_millis(1),
-            node_call_timeout: Duration::from_millis(100),
-            ..cfg()
-        },
-        2,
-    )
+    let p = Plane::one_worker_with(2, |c| {
+        c.heartbeat_timeout = Duration::from_millis(1);
+        c.node_call_timeout = Duration::from_millis(100);
+    })
     .await;
     let a = p.running("a").await;
     let _never = p.suspend_cut_off(&a).await;

@@ -99,14 +99,7 @@ fn activity(a: &ActorRef, ago_ms: i64, open: u32) -> RunningActivity {
 
 #[tokio::test]
 async fn eviction_suspends_the_least_recently_used_idle_actor() {
-    let p = Plane::one_worker(
-        ate_api::ApiConfig {
-            evict_idle_after: Duration::from_secs(2),
-            ..cfg()
-        },
-        2,
-    )
-    .await;
+    let p = Plane::one_worker_with(2, |c| c.evict_idle_after = Duration::from_secs(2)).await;
     let [a, b, c] = ["a", "b", "c"].map(|n| actor("ns", n));
     for r in [&a, &b, &c] {
         p.create_actor(&r.atespace, &r.name).await;
@@ -227,14 +220,7 @@ async fn a_revert_to_a_chosen_generation_is_what_the_next_resume_restores() {
 
 #[tokio::test]
 async fn an_eviction_whose_suspend_fails_leaves_the_actor_running_and_the_newcomer_waiting() {
-    let p = Plane::one_worker(
-        ate_api::ApiConfig {
-            evict_idle_after: Duration::from_secs(2),
-            ..cfg()
-        },
-        1,
-    )
-    .await;
+    let p = Plane::one_worker_with(1, |c| c.evict_idle_after = Duration::from_secs(2)).await;
     let a = p.create_actor("ns", "a").await;
     let b = p.create_actor("ns", "b").await;
     p.resume(&a).await;

@@ -5,8 +5,9 @@ use std::time::Duration;
 
 use ate_api::error::{ErrorKind, WorkflowError};
 use ate_api::node::NodeErrorKind;
-use ate_core::{ActorState, Fidelity};
+use ate_core::{ActorRef, ActorState, Fidelity};
 use ate_store::StoreError;
+use ate_test_support::wait::poll_until;
 
 use super::fake_node::{Answer, Gate, Op};
 use super::fixture::{Plane, WITH_CRIU, WITHOUT_CRIU, address, cfg};
@@ -99,21 +100,23 @@ async fn a_generation_written_without_memory_is_restored_without_memory() {
     assert_eq!(restore.fidelity, Some(Fidelity::Rootfs));
 }
 
-#[tokio::test]
-async fn a_node_refusing_the_start_crashes_the_actor_until_it_is_reverted() {
+/// A new actor whose first start n1 fails (`kind`, saying `why`): the plane, the actor and its
+/// resume's error.
+async fn first_start_fails(
+    kind: NodeErrorKind,
+    why: &'static str,
+) -> (Plane, ActorRef, WorkflowError) {
     let p = Plane::one_worker(cfg(), 2).await;
     let a = p.create_actor("ns", "a").await;
-    let n1 = address("n1");
-    p.nodes.script(
-        &n1,
-        Op::Run,
-        [Answer::fail(
-            NodeErrorKind::Failed,
-            "wakeup probe never answered",
-        )],
-    );
+    p.nodes
+        .script(&address("n1"), Op::Run, [Answer::fail(kind, why)]);
+    let err = p.api.resume(&a, None).await.expect_err("the start fails");
+    (p, a, err)
+}
 
-    let err = p.api.resume(&a, None).await.expect_err("refused");
+#[tokio::test]
+async fn a_node_refusing_the_start_crashes_the_actor_until_it_is_reverted() {
+    let (p, a, err) = first_start_fails(NodeErrorKind::Failed, "wakeup probe never answered").await;
 
     assert!(matches!(err, WorkflowError::Crashed { .. }), "{err:?}");
     let crashed = p.get(&a).await;
@@ -133,19 +136,8 @@ async fn a_node_refusing_the_start_crashes_the_actor_until_it_is_reverted() {
 
 #[tokio::test]
 async fn a_transient_answer_releases_the_actor_for_the_next_attempt_on_the_same_node() {
-    let p = Plane::one_worker(cfg(), 2).await;
-    let a = p.create_actor("ns", "a").await;
-    let n1 = address("n1");
-    p.nodes.script(
-        &n1,
-        Op::Run,
-        [Answer::fail(
-            NodeErrorKind::Transient,
-            "worker not registered yet",
-        )],
-    );
-
-    let err = p.api.resume(&a, None).await.expect_err("transient");
+    let (p, a, err) =
+        first_start_fails(NodeErrorKind::Transient, "worker not registered yet").await;
 
     assert!(
         matches!(&err, WorkflowError::WorkerUnavailable { worker_id, .. } if worker_id == "w1"),
@@ -158,7 +150,7 @@ async fn a_transient_answer_releases_the_actor_for_the_next_attempt_on_the_same_
     p.resume(&a).await;
     let runs = p.nodes.calls_of(Op::Run);
     assert_eq!(runs.len(), 2);
-    assert!(runs.iter().all(|c| c.address == n1));
+    assert!(runs.iter().all(|c| c.address == address("n1")));
 }
 
 #[tokio::test]
@@ -272,14 +264,7 @@ async fn concurrent_resumes_of_one_actor_make_one_node_call() {
 
 #[tokio::test]
 async fn a_node_that_does_not_answer_in_time_leaves_the_actor_resuming_on_its_worker() {
-    let p = Plane::one_worker(
-        ate_api::ApiConfig {
-            node_call_timeout: Duration::from_millis(100),
-            ..cfg()
-        },
-        2,
-    )
-    .await;
+    let p = Plane::one_worker_with(2, |c| c.node_call_timeout = Duration::from_millis(100)).await;
     let a = p.create_actor("ns", "a").await;
     let n1 = address("n1");
     // Answers long after the api gave up on it.
@@ -336,16 +321,22 @@ async fn a_memory_generation_is_not_placed_where_it_cannot_be_restored() {
     assert!(p.nodes.calls_of(Op::Restore).is_empty());
 }
 
-#[tokio::test]
-async fn a_generation_held_on_a_full_node_is_uploaded_and_restored_elsewhere() {
+/// Actor `a` suspended with its generation only on n1 (its durable copy PENDING), n1 (one slot)
+/// full with `b`, and a second node n2 with room: `a`'s resume has to move its generation.
+async fn held_on_a_full_node() -> (Plane, ActorRef) {
     let p = Plane::one_worker(cfg(), 1).await;
     let a = p.create_actor("ns", "a").await;
     let b = p.create_actor("ns", "b").await;
     p.resume(&a).await;
     p.suspend(&a).await;
-    // The generation is only on n1 (its durable copy PENDING); n1 fills up.
     p.resume(&b).await;
     p.register("n2", "w2", 1, WITH_CRIU).await;
+    (p, a)
+}
+
+#[tokio::test]
+async fn a_generation_held_on_a_full_node_is_uploaded_and_restored_elsewhere() {
+    let (p, a) = held_on_a_full_node().await;
 
     let view = p.resume(&a).await;
 
@@ -398,14 +389,10 @@ async fn a_damaged_generation_crashes_the_actor_and_is_never_chosen_again() {
 #[tokio::test]
 async fn a_resume_finishes_a_suspend_that_was_cut_off_then_restores_its_generation() {
     // Short leases: a SUSPENDING actor is stale (its suspend dead) after 50 ms.
-    let p = Plane::one_worker(
-        ate_api::ApiConfig {
-            lease_ttl: Duration::from_millis(50),
-            node_call_timeout: Duration::from_millis(100),
-            ..cfg()
-        },
-        2,
-    )
+    let p = Plane::one_worker_with(2, |c| {
+        c.lease_ttl = Duration::from_millis(50);
+        c.node_call_timeout = Duration::from_millis(100);
+    })
     .await;
     let a = p.running("a").await;
     let _never = p.suspend_cut_off(&a).await;
@@ -413,14 +400,17 @@ async fn a_resume_finishes_a_suspend_that_was_cut_off_then_restores_its_generati
 
     // While the suspend could still be alive the caller is told to wait (the router parks);
     // once it is stale the resume finishes it (a second checkpoint) and restores from it.
-    let mut answer = p.api.resume(&a, None).await;
-    let mut polls = 0;
-    while let Err(WorkflowError::Busy { .. }) = answer {
-        polls += 1;
-        assert!(polls < 500, "the SUSPENDING actor never went stale");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-        answer = p.api.resume(&a, None).await;
-    }
+    let stale = "the SUSPENDING actor to go stale";
+    let answer = poll_until(
+        stale,
+        Duration::from_secs(5),
+        Duration::from_millis(10),
+        async || match p.api.resume(&a, None).await {
+            Err(WorkflowError::Busy { .. }) => None,
+            other => Some(other),
+        },
+    )
+    .await;
     let (view, resumed) = answer.expect("resume");
 
     assert!(resumed);
@@ -434,13 +424,7 @@ async fn a_resume_finishes_a_suspend_that_was_cut_off_then_restores_its_generati
 
 #[tokio::test]
 async fn a_generation_that_cannot_be_uploaded_leaves_the_actor_suspended() {
-    let p = Plane::one_worker(cfg(), 1).await;
-    let a = p.create_actor("ns", "a").await;
-    let b = p.create_actor("ns", "b").await;
-    p.resume(&a).await;
-    p.suspend(&a).await;
-    p.resume(&b).await;
-    p.register("n2", "w2", 1, WITH_CRIU).await;
+    let (p, a) = held_on_a_full_node().await;
     p.nodes.script(
         &address("n1"),
         Op::Detach,

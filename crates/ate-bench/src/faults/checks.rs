@@ -246,6 +246,18 @@ impl Layout {
     }
 }
 
+/// Every worker the api knows of, with its status and usage.
+async fn list_workers(api: &ate_client::Clients) -> anyhow::Result<Vec<v1::Worker>> {
+    Ok(api
+        .fleet
+        .clone()
+        .list_workers(v1::ListWorkersRequest {})
+        .await
+        .map_err(|s| anyhow::anyhow!("list workers: {}", s.message()))?
+        .into_inner()
+        .workers)
+}
+
 /// Workers the api lists as GONE while runc runs containers of theirs: the api released (and may
 /// resume elsewhere) actors whose sandboxes still run. `api` is a connection to the current api.
 pub(super) async fn gone_with_sandboxes(
@@ -256,14 +268,7 @@ pub(super) async fn gone_with_sandboxes(
         Ok(c) => c,
         Err(e) => anyhow::bail!("no api: {e:#}"),
     };
-    let workers = api
-        .fleet
-        .clone()
-        .list_workers(v1::ListWorkersRequest {})
-        .await
-        .map_err(|s| anyhow::anyhow!("list workers: {}", s.message()))?
-        .into_inner()
-        .workers;
+    let workers = list_workers(api).await?;
     let mut out = Vec::new();
     for w in workers.into_iter().filter(|w| w.status == "GONE") {
         let running = runc_list(&layout.runc_root(&w.id))
@@ -440,16 +445,7 @@ impl Lab {
     }
 
     async fn slot_mismatches_once(&self, layout: &Layout) -> anyhow::Result<Vec<SlotMismatch>> {
-        let workers = self
-            .api()
-            .await?
-            .fleet
-            .clone()
-            .list_workers(v1::ListWorkersRequest {})
-            .await
-            .map_err(|s| anyhow::anyhow!("list workers: {}", s.message()))?
-            .into_inner()
-            .workers;
+        let workers = list_workers(&self.api().await?).await?;
         let mut out = Vec::new();
         for w in workers {
             let running = runc_list(&layout.runc_root(&w.id))

@@ -14,7 +14,7 @@ use ate_proto::v1;
 use nix::sys::signal::Signal;
 
 use super::inject::Component;
-use super::lab::{Lab, signal};
+use super::lab::{Lab, cmdline, signal};
 use super::load::Load;
 use super::{ATESPACE, KillKind};
 
@@ -168,17 +168,11 @@ fn processes() -> Vec<Proc> {
                 .nth(1)?
                 .parse()
                 .ok()?;
-            let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
-            let args = cmdline
-                .split(|&b| b == 0)
-                .filter(|a| !a.is_empty())
-                .map(|a| String::from_utf8_lossy(a).into_owned())
-                .collect();
             Some(Proc {
                 pid,
                 ppid,
                 comm,
-                args,
+                args: cmdline(pid),
             })
         })
         .collect()

@@ -454,29 +454,9 @@ impl Lab {
     /// Sandboxes outlive their workers on purpose; `ate worker --remove-leftovers` removes
     /// what a worker left, one run per worker dir (as the test harness does).
     async fn remove_leftover_sandboxes(&self) {
-        let Ok(workers) = std::fs::read_dir(self.state.join("workers")) else {
-            return;
-        };
-        for w in workers.flatten() {
-            let id = w.file_name().to_string_lossy().into_owned();
-            let has_actors = std::fs::read_dir(w.path().join("actors"))
-                .map(|mut d| d.next().is_some())
-                .unwrap_or(false);
-            if !has_actors {
-                continue;
-            }
+        for id in crate::workers_with_leftovers(&self.state) {
             let done = run_tool(
-                Command::new(&self.exe)
-                    .args([
-                        "worker",
-                        "--id",
-                        &id,
-                        "--remove-leftovers",
-                        "--spare-netns",
-                        "0",
-                    ])
-                    .arg("--state-dir")
-                    .arg(&self.state),
+                Command::new(&self.exe).args(crate::remove_leftovers_args(&self.state, &id)),
                 "ate worker --remove-leftovers",
             )
             .await;
@@ -591,15 +571,17 @@ pub(super) fn children_of(parent: i32) -> Vec<(i32, Vec<String>)> {
                 .and_then(|s| parent_pid(&s))
                 == Some(parent)
         })
-        .map(|pid| {
-            let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
-            let args = cmdline
-                .split(|&b| b == 0)
-                .filter(|a| !a.is_empty())
-                .map(|a| String::from_utf8_lossy(a).into_owned())
-                .collect();
-            (pid, args)
-        })
+        .map(|pid| (pid, cmdline(pid)))
+        .collect()
+}
+
+/// The command line of process `pid` (from /proc), one argument an entry; empty for a zombie or
+/// a process that is gone.
+pub(super) fn cmdline(pid: i32) -> Vec<String> {
+    let raw = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+    raw.split(|&b| b == 0)
+        .filter(|a| !a.is_empty())
+        .map(|a| String::from_utf8_lossy(a).into_owned())
         .collect()
 }
 

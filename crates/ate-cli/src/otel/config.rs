@@ -246,11 +246,13 @@ impl Export {
     }
 }
 
+/// The variables of the plans' tests (these and the metrics' ones): a list of pairs.
 #[cfg(test)]
-mod tests {
-    use super::*;
+pub(crate) mod test_vars {
+    use super::{Export, Plan, Signal, plan_for};
 
-    fn env<'a>(pairs: &'a [(&'a str, &'a str)]) -> impl Fn(&str) -> Option<String> + 'a {
+    /// `pairs` as the variables: the lookup [`plan_for`] takes.
+    pub(crate) fn env<'a>(pairs: &'a [(&'a str, &'a str)]) -> impl Fn(&str) -> Option<String> + 'a {
         move |name| {
             pairs
                 .iter()
@@ -259,18 +261,35 @@ mod tests {
         }
     }
 
-    fn export(pairs: &[(&str, &str)]) -> Export {
-        match plan(env(pairs)) {
+    /// `signal`'s plan under `pairs`, which must be an export.
+    pub(crate) fn export(signal: Signal, pairs: &[(&str, &str)]) -> Export {
+        match plan_for(signal, env(pairs)) {
             Plan::Export(export) => export,
             other => panic!("{pairs:?}: {other:?}"),
         }
     }
 
-    fn refused(pairs: &[(&str, &str)]) -> String {
-        match plan(env(pairs)) {
+    /// Why `signal`'s plan under `pairs` is refused (it must be).
+    pub(crate) fn refused(signal: Signal, pairs: &[(&str, &str)]) -> String {
+        match plan_for(signal, env(pairs)) {
             Plan::Refused(why) => why,
             other => panic!("{pairs:?}: {other:?}"),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    use test_vars::env;
+
+    fn export(pairs: &[(&str, &str)]) -> Export {
+        test_vars::export(Signal::Traces, pairs)
+    }
+
+    fn refused(pairs: &[(&str, &str)]) -> String {
+        test_vars::refused(Signal::Traces, pairs)
     }
 
     const GRPC: (&str, &str) = ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:4317");

@@ -392,28 +392,9 @@ impl System {
 /// ends with some left (a worker killed, a drain that could not finish) removes them here with
 /// `ate worker --remove-leftovers`, one run per worker id under `<state>/workers`.
 pub fn remove_leftover_sandboxes(state: &Path) {
-    let Ok(workers) = std::fs::read_dir(state.join("workers")) else {
-        return;
-    };
-    for w in workers.flatten() {
-        let id = w.file_name().to_string_lossy().into_owned();
-        let has_actors = std::fs::read_dir(w.path().join("actors"))
-            .map(|mut d| d.next().is_some())
-            .unwrap_or(false);
-        if !has_actors {
-            continue;
-        }
+    for id in ate_bench::workers_with_leftovers(state) {
         let _ = Command::new(ATE)
-            .args([
-                "worker",
-                "--id",
-                &id,
-                "--remove-leftovers",
-                "--spare-netns",
-                "0",
-            ])
-            .arg("--state-dir")
-            .arg(state)
+            .args(ate_bench::remove_leftovers_args(state, &id))
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .status();

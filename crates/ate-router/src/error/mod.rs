@@ -278,15 +278,7 @@ mod tests {
     }
 
     /// What no body may contain: internal RPC / enum names and status dumps.
-    pub(crate) const INTERNAL: [&str; 7] = [
-        "AssignWorker",
-        "ResumeActor",
-        "RevertActor",
-        "ACTOR_STATE_",
-        "Status {",
-        "tonic",
-        "code:",
-    ];
+    use ate_test_support::oracles::ROUTER_INTERNAL_NAMES as INTERNAL;
 
     /// One line, and no internal name apart from the spec's own CRASHED text.
     fn assert_clean(body: &str) {

@@ -19,6 +19,9 @@ use std::time::{Duration, Instant};
 
 use ate_router::{Probe, Router, RouterConfig, Stats};
 pub use ate_test_support::scripted_api::{Reply, ScriptedApi};
+// Not every test binary polls.
+#[allow(unused_imports)]
+pub use ate_test_support::wait::{eventually, poll_until};
 use bytes::Bytes;
 use http::{Request, Response, StatusCode};
 use http_body_util::{BodyExt, Empty};
@@ -277,15 +280,7 @@ pub fn no_room() -> Status {
 }
 
 /// Internal names no error body may contain (RPCs, state enums, gRPC status dumps).
-pub const INTERNAL_NAMES: [&str; 7] = [
-    "AssignWorker",
-    "ResumeActor",
-    "RevertActor",
-    "ACTOR_STATE_",
-    "Status {",
-    "tonic",
-    "code:",
-];
+pub use ate_test_support::oracles::ROUTER_INTERNAL_NAMES as INTERNAL_NAMES;
 
 /// An error body for a person: one line, naming `actor` when there is one, and none of
 /// [`INTERNAL_NAMES`] — apart from the spec's own CRASHED text (`AssignWorker prerequisite not
@@ -340,4 +335,37 @@ pub async fn read_head<I: tokio::io::AsyncRead + Unpin>(io: &mut I) -> String {
         head.push(byte[0]);
     }
     String::from_utf8_lossy(&head).into_owned()
+}
+
+/// Waits up to 5 s for exactly `n` requests to be parked; panics otherwise.
+pub async fn wait_parked(stats: &Stats, n: u64) {
+    let what = format!("{n} parked requests");
+    let parked = async || (Stats::get(&stats.parking_active) == n).then_some(());
+    poll_until(
+        &what,
+        Duration::from_secs(5),
+        Duration::from_millis(10),
+        parked,
+    )
+    .await
+}
+
+/// The access log at `path` once `done` holds for its text (the writer is a thread of its own);
+/// panics naming `what` after 5 s.
+pub async fn access_log_until(
+    path: &std::path::Path,
+    what: &str,
+    done: impl Fn(&str) -> bool,
+) -> String {
+    let read = async || {
+        let text = std::fs::read_to_string(path).unwrap_or_default();
+        done(&text).then_some(text)
+    };
+    poll_until(
+        what,
+        Duration::from_secs(5),
+        Duration::from_millis(20),
+        read,
+    )
+    .await
 }

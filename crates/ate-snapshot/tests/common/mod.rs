@@ -296,3 +296,23 @@ pub fn age_tree(dir: &Path, age: std::time::Duration) {
         }
     }
 }
+
+/// Every file `m` lists reads the same in `got` as in `want`.
+pub fn assert_same_files(m: &ate_snapshot::Manifest, got: &Path, want: &Path) {
+    for f in &m.files {
+        assert_eq!(
+            fs::read(got.join(&f.path)).expect("read"),
+            fs::read(want.join(&f.path)).expect("read"),
+            "{}",
+            f.path
+        );
+    }
+}
+
+/// The durable store of `fx` (a local directory, `file://`) and that directory.
+pub fn store_of(fx: &Fixture) -> (ate_snapshot::DurableStore, PathBuf) {
+    let dir = fx.root.path().join("durable");
+    let url = format!("file://{}", dir.display());
+    let store = ate_snapshot::DurableStore::from_url(&url).expect("store");
+    (store, dir)
+}

@@ -8,7 +8,7 @@ use ate_core::{ActorRef, ActorState};
 use super::atespaces::share_atespace;
 use super::events::record_change;
 use super::leases::DELETE_LEASE;
-use super::rows::{actor_from_row, found, snapshot_from_row};
+use super::rows::{actor_from_row, found, read_all, read_one, snapshot_from_row};
 use super::{StoreImpl, Tx};
 use crate::util::{
     already_exists, check_state, none_as_empty, not_found, to_i64, to_json, unique_or,
@@ -65,17 +65,14 @@ pub(super) async fn create_actor(store: &StoreImpl, actor: &ActorRecord) -> Resu
 }
 
 pub(super) async fn get_actor(store: &StoreImpl, actor: &ActorRef) -> Result<ActorRecord> {
-    store.counters.read();
-    let row = sqlx::query(concat!(
+    let query = sqlx::query(concat!(
         "SELECT ",
         actor_cols!(),
         " FROM actors WHERE atespace = $1 AND name = $2"
     ))
     .bind(&actor.atespace)
-    .bind(&actor.name)
-    .fetch_optional(&store.pool)
-    .await?;
-    found(row, actor_from_row, "actor", actor)
+    .bind(&actor.name);
+    read_one(store, query, actor_from_row, "actor", actor).await
 }
 
 pub(super) async fn list_actors(
@@ -84,10 +81,9 @@ pub(super) async fn list_actors(
     after: Option<&ActorRef>,
     limit: u32,
 ) -> Result<Vec<ActorRecord>> {
-    store.counters.read();
     // Names are never empty, so ("", "") sorts before every actor.
     let (after_space, after_name) = after.map_or(("", ""), |a| (&a.atespace, &a.name));
-    let rows = sqlx::query(concat!(
+    let query = sqlx::query(concat!(
         "SELECT ",
         actor_cols!(),
         // A row comparison, not `a > x OR (a = x AND n > y)`: PostgreSQL turns it into an index
@@ -99,10 +95,8 @@ pub(super) async fn list_actors(
     .bind(atespace)
     .bind(after_space)
     .bind(after_name)
-    .bind(i64::from(limit))
-    .fetch_all(&store.pool)
-    .await?;
-    rows.iter().map(actor_from_row).collect()
+    .bind(i64::from(limit));
+    read_all(store, query, actor_from_row).await
 }
 
 pub(super) async fn update_actor_selector(
@@ -203,16 +197,13 @@ pub(super) async fn actors_on_worker(
     store: &StoreImpl,
     worker_id: &str,
 ) -> Result<Vec<ActorRecord>> {
-    store.counters.read();
-    let rows = sqlx::query(concat!(
+    let query = sqlx::query(concat!(
         "SELECT ",
         actor_cols!(),
         " FROM actors WHERE worker_id = $1 ORDER BY atespace, name"
     ))
-    .bind(worker_id)
-    .fetch_all(&store.pool)
-    .await?;
-    rows.iter().map(actor_from_row).collect()
+    .bind(worker_id);
+    read_all(store, query, actor_from_row).await
 }
 
 /// A write transaction (counted as one write) holding the actor's row lock, and the row.

@@ -8,7 +8,7 @@
 use ate_core::ActorRef;
 use sqlx::Row as _;
 
-use super::rows::found;
+use super::rows::{found, read_all, read_optional};
 use super::{DbRow, StoreImpl};
 use crate::util::to_u64;
 use crate::{Alarm, Result, StoreError};
@@ -63,17 +63,14 @@ pub(super) async fn set_alarm(
 }
 
 pub(super) async fn get_alarm(store: &StoreImpl, actor: &ActorRef) -> Result<Option<Alarm>> {
-    store.counters.read();
-    let row = sqlx::query(concat!(
+    let query = sqlx::query(concat!(
         "SELECT ",
         alarm_cols!(),
         " FROM alarms WHERE atespace = $1 AND name = $2"
     ))
     .bind(&actor.atespace)
-    .bind(&actor.name)
-    .fetch_optional(&store.pool)
-    .await?;
-    row.as_ref().map(alarm_from_row).transpose()
+    .bind(&actor.name);
+    read_optional(store, query, alarm_from_row).await
 }
 
 pub(super) async fn delete_alarm(
@@ -95,16 +92,13 @@ pub(super) async fn delete_alarm(
 }
 
 pub(super) async fn list_alarms(store: &StoreImpl, atespace: Option<&str>) -> Result<Vec<Alarm>> {
-    store.counters.read();
-    let rows = sqlx::query(concat!(
+    let query = sqlx::query(concat!(
         "SELECT ",
         alarm_cols!(),
         " FROM alarms WHERE ($1 IS NULL OR atespace = $1) ORDER BY due_ms, atespace, name"
     ))
-    .bind(atespace)
-    .fetch_all(&store.pool)
-    .await?;
-    rows.iter().map(alarm_from_row).collect()
+    .bind(atespace);
+    read_all(store, query, alarm_from_row).await
 }
 
 pub(super) async fn claim_due_alarms(

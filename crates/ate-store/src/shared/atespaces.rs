@@ -2,7 +2,7 @@
 
 use sqlx::Row as _;
 
-use super::rows::{atespace_from_row, found, join_callers};
+use super::rows::{atespace_from_row, found, join_callers, read_all, read_one};
 use super::{DbRow, StoreImpl, Tx};
 use crate::util::{already_exists, count_of, not_found, to_i64, to_u64, unique_or};
 use crate::{AtespaceRecord, Capacity, Result, StoreError};
@@ -30,20 +30,13 @@ pub(super) async fn create_atespace(
 }
 
 pub(super) async fn get_atespace(store: &StoreImpl, name: &str) -> Result<AtespaceRecord> {
-    store.counters.read();
-    let row = sqlx::query(concat!(atespace_select!(), " WHERE s.name = $1"))
-        .bind(name)
-        .fetch_optional(&store.pool)
-        .await?;
-    found(row, atespace_from_row, "atespace", name)
+    let query = sqlx::query(concat!(atespace_select!(), " WHERE s.name = $1")).bind(name);
+    read_one(store, query, atespace_from_row, "atespace", name).await
 }
 
 pub(super) async fn list_atespaces(store: &StoreImpl) -> Result<Vec<AtespaceRecord>> {
-    store.counters.read();
-    let rows = sqlx::query(concat!(atespace_select!(), " ORDER BY s.name"))
-        .fetch_all(&store.pool)
-        .await?;
-    rows.iter().map(atespace_from_row).collect()
+    let query = sqlx::query(concat!(atespace_select!(), " ORDER BY s.name"));
+    read_all(store, query, atespace_from_row).await
 }
 
 pub(super) async fn set_atespace_callers(

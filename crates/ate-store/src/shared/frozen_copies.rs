@@ -4,6 +4,7 @@ use ate_core::ActorRef;
 use sqlx::Row as _;
 
 use super::StoreImpl;
+use super::rows::read_optional;
 use crate::util::{to_i64, to_u64};
 use crate::{FrozenCopy, Result};
 
@@ -32,21 +33,18 @@ pub(super) async fn get_frozen_copy(
     store: &StoreImpl,
     actor: &ActorRef,
 ) -> Result<Option<FrozenCopy>> {
-    store.counters.read();
-    let row = sqlx::query(
+    let query = sqlx::query(
         "SELECT worker_id, generation FROM frozen_copies WHERE atespace = $1 AND name = $2",
     )
     .bind(&actor.atespace)
-    .bind(&actor.name)
-    .fetch_optional(&store.pool)
-    .await?;
-    row.map(|row| {
+    .bind(&actor.name);
+    read_optional(store, query, |row| {
         Ok(FrozenCopy {
             worker_id: row.try_get("worker_id")?,
             generation: to_u64(row.try_get("generation")?, "generation")?,
         })
     })
-    .transpose()
+    .await
 }
 
 pub(super) async fn clear_frozen_copy(store: &StoreImpl, actor: &ActorRef) -> Result<()> {

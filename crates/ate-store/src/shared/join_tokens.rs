@@ -3,7 +3,7 @@
 use sqlx::Row as _;
 
 use super::StoreImpl;
-use super::rows::{found, join_token_from_row};
+use super::rows::{join_token_from_row, read_all, read_one};
 use crate::util::{already_exists, from_json, not_found, to_json, unique_or};
 use crate::{JoinTokenRecord, Result};
 
@@ -33,26 +33,20 @@ pub(super) async fn create_join_token(store: &StoreImpl, token: &JoinTokenRecord
 }
 
 pub(super) async fn get_join_token(store: &StoreImpl, id: &str) -> Result<JoinTokenRecord> {
-    store.counters.read();
-    let row = sqlx::query(
+    let query = sqlx::query(
         "SELECT id, secret_sha256, description, created_ms, expires_ms, used_by \
          FROM join_tokens WHERE id = $1",
     )
-    .bind(id)
-    .fetch_optional(&store.pool)
-    .await?;
-    found(row, join_token_from_row, "join token", id)
+    .bind(id);
+    read_one(store, query, join_token_from_row, "join token", id).await
 }
 
 pub(super) async fn list_join_tokens(store: &StoreImpl) -> Result<Vec<JoinTokenRecord>> {
-    store.counters.read();
-    let rows = sqlx::query(
+    let query = sqlx::query(
         "SELECT id, secret_sha256, description, created_ms, expires_ms, used_by \
          FROM join_tokens ORDER BY created_ms, id",
-    )
-    .fetch_all(&store.pool)
-    .await?;
-    rows.iter().map(join_token_from_row).collect()
+    );
+    read_all(store, query, join_token_from_row).await
 }
 
 pub(super) async fn delete_join_token(store: &StoreImpl, id: &str) -> Result<bool> {

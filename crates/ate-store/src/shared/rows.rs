@@ -3,7 +3,7 @@
 use ate_core::TemplateSpec;
 use sqlx::Row as _;
 
-use super::{Db, DbRow};
+use super::{Db, DbRow, StoreImpl};
 use crate::util::{
     empty_as_none, from_json, none_as_empty, not_found, parse_durable, parse_fidelity,
     parse_labels, parse_state, parse_template_ref, parse_worker_status, to_i64, to_json, to_u64,
@@ -105,6 +105,40 @@ pub(super) fn found<T>(
         Some(row) => from_row(&row),
         None => Err(not_found(kind, &id.to_string())),
     }
+}
+
+/// A read (counted as one): every row `query` returns, as `from_row` makes it a record.
+pub(super) async fn read_all<T>(
+    store: &StoreImpl,
+    query: DbQuery<'_>,
+    from_row: impl Fn(&DbRow) -> Result<T>,
+) -> Result<Vec<T>> {
+    store.counters.read();
+    let rows = query.fetch_all(&store.pool).await?;
+    rows.iter().map(from_row).collect()
+}
+
+/// A read (counted as one) of at most one row: its record, None when there is no row.
+pub(super) async fn read_optional<T>(
+    store: &StoreImpl,
+    query: DbQuery<'_>,
+    from_row: impl FnOnce(&DbRow) -> Result<T>,
+) -> Result<Option<T>> {
+    store.counters.read();
+    let row = query.fetch_optional(&store.pool).await?;
+    row.as_ref().map(from_row).transpose()
+}
+
+/// [`read_optional`] of a row that must be there: NotFound naming the `kind` `id` when it is not.
+pub(super) async fn read_one<T>(
+    store: &StoreImpl,
+    query: DbQuery<'_>,
+    from_row: impl FnOnce(&DbRow) -> Result<T>,
+    kind: &str,
+    id: impl std::fmt::Display + Send,
+) -> Result<T> {
+    let record = read_optional(store, query, from_row).await?;
+    record.ok_or_else(|| not_found(kind, &id.to_string()))
 }
 
 pub(super) fn atespace_from_row(row: &DbRow) -> Result<AtespaceRecord> {

@@ -5,7 +5,7 @@ use ate_core::{ActorRef, ActorState, DurableStatus};
 use sqlx::Row as _;
 
 use super::actors::{DELETE_ASSIGNMENT, begin_on_actor, delete_actor_rows, write_actor};
-use super::rows::{bind_snapshot, snapshot_from_row};
+use super::rows::{bind_snapshot, read_all, snapshot_from_row};
 use super::{StoreImpl, Tx};
 use crate::events::reverted;
 use crate::util::{check_state, snapshot_not_found, to_i64, unique_or};
@@ -15,17 +15,14 @@ pub(super) async fn list_snapshots(
     store: &StoreImpl,
     actor: &ActorRef,
 ) -> Result<Vec<SnapshotRecord>> {
-    store.counters.read();
-    let rows = sqlx::query(concat!(
+    let query = sqlx::query(concat!(
         "SELECT ",
         snapshot_select_cols!(),
         " FROM snapshots WHERE atespace = $1 AND name = $2 ORDER BY generation DESC"
     ))
     .bind(&actor.atespace)
-    .bind(&actor.name)
-    .fetch_all(&store.pool)
-    .await?;
-    rows.iter().map(|r| snapshot_from_row(r, "")).collect()
+    .bind(&actor.name);
+    read_all(store, query, |r| snapshot_from_row(r, "")).await
 }
 
 pub(super) async fn prune_snapshots(

@@ -2,7 +2,7 @@
 
 use super::StoreImpl;
 use super::atespaces::share_atespace;
-use super::rows::{bind_snapshot, found, tag_from_row};
+use super::rows::{bind_snapshot, read_all, read_optional, tag_from_row};
 use crate::util::{already_exists, not_found, unique_or};
 use crate::{Result, TagRecord};
 
@@ -32,30 +32,25 @@ pub(super) async fn create_tag(store: &StoreImpl, tag: &TagRecord) -> Result<Tag
 }
 
 pub(super) async fn get_tag(store: &StoreImpl, atespace: &str, name: &str) -> Result<TagRecord> {
-    store.counters.read();
-    let row = sqlx::query(concat!(
+    let query = sqlx::query(concat!(
         "SELECT ",
         tag_cols!(),
         " FROM tags WHERE atespace = $1 AND name = $2"
     ))
     .bind(atespace)
-    .bind(name)
-    .fetch_optional(&store.pool)
-    .await?;
-    found(row, tag_from_row, "tag", format_args!("{atespace}/{name}"))
+    .bind(name);
+    let tag = read_optional(store, query, tag_from_row).await?;
+    tag.ok_or_else(|| not_found("tag", &format!("{atespace}/{name}")))
 }
 
 pub(super) async fn list_tags(store: &StoreImpl, atespace: Option<&str>) -> Result<Vec<TagRecord>> {
-    store.counters.read();
-    let rows = sqlx::query(concat!(
+    let query = sqlx::query(concat!(
         "SELECT ",
         tag_cols!(),
         " FROM tags WHERE ($1 IS NULL OR atespace = $1) ORDER BY atespace, name"
     ))
-    .bind(atespace)
-    .fetch_all(&store.pool)
-    .await?;
-    rows.iter().map(tag_from_row).collect()
+    .bind(atespace);
+    read_all(store, query, tag_from_row).await
 }
 
 pub(super) async fn delete_tag(store: &StoreImpl, atespace: &str, name: &str) -> Result<()> {

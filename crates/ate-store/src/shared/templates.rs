@@ -5,7 +5,7 @@ use sqlx::Row as _;
 
 use super::StoreImpl;
 use super::atespaces::share_atespace;
-use super::rows::{found, template_from_row};
+use super::rows::{read_all, read_optional, template_from_row};
 use crate::util::{count_of, not_found, to_json};
 use crate::{Result, StoreError, TemplateRecord};
 
@@ -41,35 +41,25 @@ pub(super) async fn get_template(
     namespace: &str,
     name: &str,
 ) -> Result<TemplateRecord> {
-    store.counters.read();
-    let row = sqlx::query(
+    let query = sqlx::query(
         "SELECT namespace, name, spec, created_ms, updated_ms FROM templates WHERE namespace = $1 AND name = $2",
     )
     .bind(namespace)
-    .bind(name)
-    .fetch_optional(&store.pool)
-    .await?;
-    found(
-        row,
-        template_from_row,
-        "template",
-        format_args!("{namespace}/{name}"),
-    )
+    .bind(name);
+    let template = read_optional(store, query, template_from_row).await?;
+    template.ok_or_else(|| not_found("template", &format!("{namespace}/{name}")))
 }
 
 pub(super) async fn list_templates(
     store: &StoreImpl,
     namespace: Option<&str>,
 ) -> Result<Vec<TemplateRecord>> {
-    store.counters.read();
-    let rows = sqlx::query(
+    let query = sqlx::query(
         "SELECT namespace, name, spec, created_ms, updated_ms FROM templates \
          WHERE ($1 IS NULL OR namespace = $1) ORDER BY namespace, name",
     )
-    .bind(namespace)
-    .fetch_all(&store.pool)
-    .await?;
-    rows.iter().map(template_from_row).collect()
+    .bind(namespace);
+    read_all(store, query, template_from_row).await
 }
 
 pub(super) async fn delete_template(store: &StoreImpl, namespace: &str, name: &str) -> Result<()> {

@@ -3,7 +3,7 @@
 use sqlx::Row as _;
 
 use super::StoreImpl;
-use super::rows::{found, worker_from_row};
+use super::rows::{read_all, read_one, worker_from_row};
 use crate::util::{not_found, to_i64, to_json};
 use crate::{Result, WorkerRecord, WorkerStatus};
 
@@ -93,20 +93,13 @@ pub(super) async fn deregister_worker(store: &StoreImpl, id: &str) -> Result<()>
 }
 
 pub(super) async fn get_worker(store: &StoreImpl, id: &str) -> Result<WorkerRecord> {
-    store.counters.read();
-    let row = sqlx::query(concat!(worker_select!(), " WHERE w.id = $1"))
-        .bind(id)
-        .fetch_optional(&store.pool)
-        .await?;
-    found(row, worker_from_row, "worker", id)
+    let query = sqlx::query(concat!(worker_select!(), " WHERE w.id = $1")).bind(id);
+    read_one(store, query, worker_from_row, "worker", id).await
 }
 
 pub(super) async fn list_workers(store: &StoreImpl) -> Result<Vec<WorkerRecord>> {
-    store.counters.read();
-    let rows = sqlx::query(concat!(worker_select!(), " ORDER BY w.id"))
-        .fetch_all(&store.pool)
-        .await?;
-    rows.iter().map(worker_from_row).collect()
+    let query = sqlx::query(concat!(worker_select!(), " ORDER BY w.id"));
+    read_all(store, query, worker_from_row).await
 }
 
 pub(super) async fn expire_workers(store: &StoreImpl, stale_before_ms: i64) -> Result<Vec<String>> {

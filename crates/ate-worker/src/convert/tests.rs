@@ -233,26 +233,24 @@ fn a_checkpoint_request_decodes_and_needs_no_spec() {
 
 #[test]
 fn a_bad_checkpoint_request_is_refused_as_before() {
-    assert_eq!(
-        seen(checkpoint(|r| r.workload = None)),
-        refused("workload missing")
-    );
-    assert_eq!(
-        seen(checkpoint(|r| r.workload.as_mut().unwrap().actor = None)),
-        refused("actor ref missing")
-    );
-    assert_eq!(
-        seen(checkpoint(|r| r.generation_dir.clear())),
-        refused("generation_dir missing")
-    );
-    assert_eq!(
-        seen(checkpoint(|r| r.generation_dir = "gens/2".into())),
-        refused("generation_dir must be absolute")
-    );
-    assert_eq!(
-        seen(checkpoint(|r| r.fidelity = -1)),
-        refused("unknown fidelity -1")
-    );
+    // (what is wrong with the request, why it is refused)
+    type Change = fn(&mut v1::WorkerCheckpointRequest);
+    let cases: [(Change, &str); 5] = [
+        (|r| r.workload = None, "workload missing"),
+        (
+            |r| r.workload.as_mut().unwrap().actor = None,
+            "actor ref missing",
+        ),
+        (|r| r.generation_dir.clear(), "generation_dir missing"),
+        (
+            |r| r.generation_dir = "gens/2".into(),
+            "generation_dir must be absolute",
+        ),
+        (|r| r.fidelity = -1, "unknown fidelity -1"),
+    ];
+    for (change, why) in cases {
+        assert_eq!(seen(checkpoint(change)), refused(why));
+    }
 }
 
 #[test]

@@ -191,18 +191,10 @@ impl Worker {
             if let Err(e) = self.discard(&entry.sandbox).await {
                 tracing::warn!(actor = %key, error = %e.message(), "cleanup after exit");
             }
-            self.table().exits.push(ExitReport {
-                atespace: entry.sandbox.atespace.clone(),
-                name: entry.sandbox.name.clone(),
-                activation: entry.activation,
-                idle_timeout_seconds: entry.spec.idle_timeout_seconds,
-                at_ms: now_ms(),
-                // -1: unknown (the init was not the worker's child; runc keeps no exit status).
-                exit_code,
-                log,
-                crash: String::new(),
-                damaged_generation: None,
-            });
+            // exit_code -1: unknown (the init was not the worker's child; runc keeps no exit
+            // status).
+            let report = ExitReport::of(&entry, exit_code, log);
+            self.table().exits.push(report);
         }
     }
 
@@ -227,29 +219,21 @@ impl Worker {
         if let Err(e) = self.discard(&entry.sandbox).await {
             tracing::warn!(actor = %key, error = %e.message(), "cleanup after a failed lazy restore");
         }
+        // A page source that died says nothing against the generation: the actor goes back to it
+        // (SUSPENDED; what it did since this restore is lost). A damaged chunk makes it CRASHED,
+        // for an operator to look at.
+        let (log, crash) = if why == crate::lazy::SOURCE_DIED {
+            let log = format!(
+                "ate: the lazy memory restore was interrupted ({why}); the actor was stopped and goes back to its generation"
+            );
+            (log, String::new())
+        } else {
+            (String::new(), format!("lazy memory restore failed: {why}"))
+        };
         self.table().exits.push(ExitReport {
-            atespace: entry.sandbox.atespace.clone(),
-            name: entry.sandbox.name.clone(),
-            activation: entry.activation,
-            idle_timeout_seconds: entry.spec.idle_timeout_seconds,
-            at_ms: now_ms(),
-            exit_code: -1,
-            // A page source that died says nothing against the generation: the actor goes back
-            // to it (SUSPENDED; what it did since this restore is lost). A damaged chunk makes
-            // it CRASHED, for an operator to look at.
-            log: if why == crate::lazy::SOURCE_DIED {
-                format!(
-                    "ate: the lazy memory restore was interrupted ({why}); the actor was stopped and goes back to its generation"
-                )
-            } else {
-                String::new()
-            },
-            crash: if why == crate::lazy::SOURCE_DIED {
-                String::new()
-            } else {
-                format!("lazy memory restore failed: {why}")
-            },
+            crash,
             damaged_generation,
+            ..ExitReport::of(&entry, -1, log)
         });
         drop(entry);
     }

@@ -436,14 +436,19 @@ mod tests {
         }
     }
 
-    #[tokio::test]
-    async fn identity_and_unknown_paths() {
-        let me = ActorIdentity {
+    /// The actor the local API answers for in these tests: web/front-1, first activation.
+    fn front_1() -> ActorIdentity {
+        ActorIdentity {
             atespace: "web".into(),
             name: "front-1".into(),
             uid: "u-1".into(),
             activation: 1,
-        };
+        }
+    }
+
+    #[tokio::test]
+    async fn identity_and_unknown_paths() {
+        let me = front_1();
         let asks = LocalAsks::default();
         let r = identity(None, &me, &req(Method::GET, "/v1/identity")).await;
         assert_eq!(r.status, StatusCode::OK);
@@ -497,12 +502,7 @@ mod tests {
 
     #[test]
     fn keep_awake_and_suspend_are_asked_and_reported_once() {
-        let me = ActorIdentity {
-            atespace: "web".into(),
-            name: "front-1".into(),
-            uid: "u-1".into(),
-            activation: 1,
-        };
+        let me = front_1();
         let asks = LocalAsks::default();
         let now = now_ms();
         assert_eq!(asks.take("web/front-1", now), (false, false));

@@ -112,6 +112,23 @@ struct ExitReport {
     damaged_generation: Option<PathBuf>,
 }
 
+impl ExitReport {
+    /// The report of `entry`'s copy ending now with `exit_code` and `log`, of its own (no crash).
+    fn of(entry: &Entry, exit_code: i32, log: String) -> Self {
+        ExitReport {
+            atespace: entry.sandbox.atespace.clone(),
+            name: entry.sandbox.name.clone(),
+            activation: entry.activation,
+            idle_timeout_seconds: entry.spec.idle_timeout_seconds,
+            at_ms: now_ms(),
+            exit_code,
+            log,
+            crash: String::new(),
+            damaged_generation: None,
+        }
+    }
+}
+
 /// An actor suspended with a memory dump whose sandbox was kept frozen in place: a cache of the
 /// sealed generation at `gen_dir` that a resume of exactly that generation thaws.
 #[derive(Debug, Clone)]

@@ -87,6 +87,14 @@ mod tests {
         tempfile::tempdir().unwrap_or_else(|e| panic!("tempdir: {e}"))
     }
 
+    /// Why `prepare` refuses `dir` for the volume "work" under `roots` ("" if it does not).
+    fn refusal(roots: &[PathBuf], dir: &Path) -> String {
+        prepare(roots, "work", dir)
+            .err()
+            .map(|e| e.message().to_string())
+            .unwrap_or_default()
+    }
+
     #[test]
     fn a_dir_is_made_under_an_allowed_root_only() {
         let tmp = tempdir();
@@ -100,16 +108,10 @@ mod tests {
         assert!(dir.join("kept").exists());
 
         let other = tmp.path().join("elsewhere").join("ns").join("a");
-        let err = prepare(std::slice::from_ref(&root), "work", &other)
-            .err()
-            .map(|e| e.message().to_string())
-            .unwrap_or_default();
+        let err = refusal(std::slice::from_ref(&root), &other);
         assert!(err.contains("not under an allowed root"), "{err}");
         assert!(!other.exists(), "nothing is made outside the roots");
-        let err = prepare(&[], "work", &dir)
-            .err()
-            .map(|e| e.message().to_string())
-            .unwrap_or_default();
+        let err = refusal(&[], &dir);
         assert!(err.contains("--external-volume-roots"), "{err}");
     }
 
@@ -122,14 +124,7 @@ mod tests {
         std::fs::create_dir_all(outside.join("a")).unwrap_or_else(|e| panic!("mkdir: {e}"));
         std::os::unix::fs::symlink(&outside, root.join("ns"))
             .unwrap_or_else(|e| panic!("symlink: {e}"));
-        let err = prepare(
-            std::slice::from_ref(&root),
-            "work",
-            &root.join("ns").join("a"),
-        )
-        .err()
-        .map(|e| e.message().to_string())
-        .unwrap_or_default();
+        let err = refusal(std::slice::from_ref(&root), &root.join("ns").join("a"));
         assert!(err.contains("outside the allowed root"), "{err}");
     }
 
@@ -139,14 +134,7 @@ mod tests {
         let root = tmp.path().join("volumes");
         std::fs::create_dir_all(root.join("ns")).unwrap_or_else(|e| panic!("mkdir: {e}"));
         std::fs::write(root.join("ns").join("a"), b"x").unwrap_or_else(|e| panic!("write: {e}"));
-        let err = prepare(
-            std::slice::from_ref(&root),
-            "work",
-            &root.join("ns").join("a"),
-        )
-        .err()
-        .map(|e| e.message().to_string())
-        .unwrap_or_default();
+        let err = refusal(std::slice::from_ref(&root), &root.join("ns").join("a"));
         assert!(err.contains("cannot make"), "{err}");
     }
 }

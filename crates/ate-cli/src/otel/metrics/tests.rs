@@ -3,27 +3,14 @@
 
 use super::*;
 
-fn env<'a>(pairs: &'a [(&'a str, &'a str)]) -> impl Fn(&str) -> Option<String> + 'a {
-    move |name| {
-        pairs
-            .iter()
-            .find(|(k, _)| *k == name)
-            .map(|(_, v)| v.to_string())
-    }
-}
+use crate::otel::config::test_vars::{self, env};
 
 fn export(pairs: &[(&str, &str)]) -> Export {
-    match plan_for(Signal::Metrics, env(pairs)) {
-        Plan::Export(export) => export,
-        other => panic!("{pairs:?}: {other:?}"),
-    }
+    test_vars::export(Signal::Metrics, pairs)
 }
 
 fn refused(pairs: &[(&str, &str)]) -> String {
-    match plan_for(Signal::Metrics, env(pairs)) {
-        Plan::Refused(why) => why,
-        other => panic!("{pairs:?}: {other:?}"),
-    }
+    test_vars::refused(Signal::Metrics, pairs)
 }
 
 #[test]
