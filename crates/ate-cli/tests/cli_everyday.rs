@@ -135,6 +135,40 @@ fn apply_says_created_configured_or_unchanged() {
 }
 
 #[test]
+fn one_template_by_name() {
+    let api = Api::start();
+    let dir = tempfile::tempdir().expect("tempdir");
+    for (name, memory) in [("t", "64Mi"), ("u", "128Mi")] {
+        let f = write(
+            dir.path(),
+            &format!("{name}.yaml"),
+            &template_yaml("ev-a", name, memory),
+        );
+        api.ok(&["apply", "-f", &f]);
+    }
+    let table = api.ok(&["get", "templates", "u", "-a", "ev-a"]);
+    assert_eq!(first_column(&table), ["ev-a"], "{table}");
+    assert!(
+        table.contains("128Mi") && !table.contains("64Mi"),
+        "{table}"
+    );
+    // As a document `apply -f` takes back.
+    let yaml = api.ok(&["get", "templates", "t", "-a", "ev-a", "-o", "yaml"]);
+    assert!(
+        yaml.contains("name: t") && !yaml.contains("name: u"),
+        "{yaml}"
+    );
+    // A name needs its atespace; an unknown one is named in the error.
+    let err = stderr_of_failure(api.ate(&["get", "templates", "t"]), "a name without -a");
+    assert!(err.contains("needs -a ATESPACE"), "{err}");
+    let err = stderr_of_failure(
+        api.ate(&["get", "templates", "nope", "-a", "ev-a"]),
+        "an unknown template",
+    );
+    assert!(err.contains("nope") && err.contains("NotFound"), "{err}");
+}
+
+#[test]
 fn namespaced_gets_take_all_atespaces() {
     let api = Api::start();
     let dir = tempfile::tempdir().expect("tempdir");

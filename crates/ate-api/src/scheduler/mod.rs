@@ -277,7 +277,7 @@ fn atespace_of(key: &str) -> &str {
 }
 
 /// The admission queue: cold resumes that found no room, so that freed capacity goes to the
-/// waiting resume whose turn it is ([`fair_order`]: round the atespaces that wait, oldest first
+/// waiting resume whose turn it is (`fair_order`: round the atespaces that wait, oldest first
 /// within one) instead of whichever request asks first after the release (usually the client
 /// whose actor was just suspended).
 ///
@@ -399,7 +399,7 @@ impl Waiters {
         }
     }
 
-    /// Actors waiting at `now`, in the order room goes to them ([`fair_order`]; expired ones
+    /// Actors waiting at `now`, in the order room goes to them (`fair_order`; expired ones
     /// dropped).
     pub fn queued(&self, now: Instant) -> Vec<String> {
         let mut q = self.queue();

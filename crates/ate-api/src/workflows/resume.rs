@@ -148,7 +148,7 @@ impl Api {
     /// Whether the template of `actor` (as ResumeActor returned it) asks for hibernating
     /// WebSockets: the router terminates the actor's client WebSockets itself and keeps them open
     /// while it sleeps (docs/websockets.md). Known from the template read of a cold resume, or
-    /// read at most every [`WEB_SOCKETS_TTL`]: the warm path stays one store read, and a changed
+    /// read at most every `WEB_SOCKETS_TTL`: the warm path stays one store read, and a changed
     /// template is seen within that time (as the router's assignment cache). A template that no
     /// longer exists asks for nothing; any other failure to read it fails the call (the router
     /// parks and asks again rather than silently closing sockets on the next suspend).

@@ -110,8 +110,10 @@ pub enum GetCmd {
     /// Atespaces: how many actors each holds, how many run and what they book, against the
     /// atespace's quota where it has one (`in use/quota`).
     Atespaces,
-    /// ActorTemplates (`-o yaml` prints documents `apply -f` takes back).
+    /// ActorTemplates (`-o yaml` prints documents `apply -f` takes back); one with NAME and -a.
     Templates {
+        /// Only this template (needs -a).
+        name: Option<String>,
         #[command(flatten)]
         scope: Scope,
     },
@@ -414,14 +416,29 @@ pub async fn get(c: &Clients, cmd: GetCmd, out: Format) -> anyhow::Result<ExitCo
             );
             Ok(ExitCode::SUCCESS)
         }
-        GetCmd::Templates { scope } => {
-            let list = rpc(c
-                .templates
-                .clone()
-                .list_templates(v1::ListTemplatesRequest {
-                    namespace: scope.filter(),
-                })
-                .await)?;
+        GetCmd::Templates { name, scope } => {
+            let list = match name {
+                Some(name) => {
+                    let namespace = scope
+                        .atespace
+                        .ok_or_else(|| anyhow::anyhow!("getting one template needs -a ATESPACE"))?;
+                    let one = rpc(c
+                        .templates
+                        .clone()
+                        .get_template(v1::GetTemplateRequest { namespace, name })
+                        .await)?;
+                    v1::ListTemplatesResponse {
+                        templates: vec![one],
+                    }
+                }
+                None => rpc(c
+                    .templates
+                    .clone()
+                    .list_templates(v1::ListTemplatesRequest {
+                        namespace: scope.filter(),
+                    })
+                    .await)?,
+            };
             if out.is_table() {
                 let rows = list
                     .templates
