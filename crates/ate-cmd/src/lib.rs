@@ -210,3 +210,64 @@ pub fn tail(text: &str, max: usize) -> String {
     }
     format!("…{}", &t[start..])
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_failure_names_the_command_its_exit_and_what_it_said() {
+        let args = ["-c", "echo out; echo said-this >&2; exit 3"];
+        let e = run("sh", args).await.expect_err("exit 3 fails");
+        assert_eq!(e.command, "sh -c echo out; echo said-this >&2; exit 3");
+        assert!(e.status.contains('3'), "{}", e.status);
+        assert_eq!(e.stderr, "said-this");
+        // Nothing on stderr: stdout is what it said.
+        let e = run("sh", ["-c", "echo only-out; exit 1"])
+            .await
+            .expect_err("exit 1 fails");
+        assert_eq!(e.stderr, "only-out");
+        assert!(run("true", [] as [&str; 0]).await.is_ok());
+    }
+
+    #[tokio::test]
+    async fn a_program_that_cannot_start_says_so() {
+        let e = run("/nonexistent/ate-cmd-test", ["x"])
+            .await
+            .expect_err("no such program");
+        assert_eq!(e.status, "could not start");
+        assert_eq!(e.command, "/nonexistent/ate-cmd-test x");
+    }
+
+    #[tokio::test]
+    async fn giving_up_kills_the_program_and_reports_a_failure() {
+        let started = std::time::Instant::now();
+        let e = run_unless("sleep", ["30"], |_pid| async {})
+            .await
+            .expect_err("killed");
+        assert!(e.status.contains("SIGKILL"), "{}", e.status);
+        assert!(started.elapsed() < std::time::Duration::from_secs(20));
+        // A give-up that never comes leaves the program to finish.
+        let out = run_unless("echo", ["done"], |_pid| std::future::pending())
+            .await
+            .expect("echo");
+        assert_eq!(String::from_utf8_lossy(&out.stdout), "done\n");
+    }
+
+    #[tokio::test]
+    async fn input_reaches_the_program_and_ends_with_eof() {
+        let out = run_with_input("cat", [] as [&str; 0], "hello")
+            .await
+            .expect("cat");
+        assert_eq!(String::from_utf8_lossy(&out.stdout), "hello");
+    }
+
+    #[test]
+    fn the_tail_keeps_the_end_on_a_char_boundary() {
+        assert_eq!(tail("  short  ", 10), "short");
+        assert_eq!(tail("abcdef", 3), "…def");
+        // 'é' is two bytes: a cut inside it moves past it.
+        assert_eq!(tail("aéb", 2), "…b");
+        assert_eq!(render("ip", ["netns", "add", "x"]), "ip netns add x");
+    }
+}
