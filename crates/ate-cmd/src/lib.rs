@@ -52,6 +52,35 @@ where
     line
 }
 
+/// `program args` with stdout and stderr captured and `stdin` as given, killed if dropped.
+fn piped<I, S>(program: &str, args: I, stdin: Stdio) -> Command
+where
+    I: IntoIterator<Item = S>,
+    S: AsRef<OsStr>,
+{
+    let mut command = Command::new(program);
+    command
+        .args(args)
+        .stdin(stdin)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true);
+    command
+}
+
+/// The error of a `program args` that could not be started or waited for (`status` says which).
+fn not_run<I, S>(program: &str, args: I, status: &str, e: &std::io::Error) -> CommandError
+where
+    I: IntoIterator<Item = S>,
+    S: AsRef<OsStr>,
+{
+    CommandError {
+        command: render(program, args),
+        status: status.to_string(),
+        stderr: e.to_string(),
+    }
+}
+
 /// Runs `program args` to completion with stdin closed; returns its output on success, a
 /// [`CommandError`] with the stderr tail otherwise.
 pub async fn run<I, S>(program: &str, args: I) -> Result<Output>
@@ -80,18 +109,9 @@ where
     S: AsRef<OsStr>,
     F: std::future::Future<Output = ()>,
 {
-    let child = Command::new(program)
-        .args(args.clone())
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .kill_on_drop(true)
+    let child = piped(program, args.clone(), Stdio::null())
         .spawn()
-        .map_err(|e| CommandError {
-            command: render(program, args.clone()),
-            status: "could not start".to_string(),
-            stderr: e.to_string(),
-        })?;
+        .map_err(|e| not_run(program, args.clone(), "could not start", &e))?;
     let pid = child.id();
     let output = child.wait_with_output();
     tokio::pin!(output);
@@ -117,11 +137,7 @@ where
             }
         }
     }
-    .map_err(|e| CommandError {
-        command: render(program, args.clone()),
-        status: "could not be waited for".to_string(),
-        stderr: e.to_string(),
-    })?;
+    .map_err(|e| not_run(program, args.clone(), "could not be waited for", &e))?;
     if out.status.success() {
         Ok(out)
     } else {
@@ -135,19 +151,10 @@ where
     I: IntoIterator<Item = S> + Clone,
     S: AsRef<OsStr>,
 {
-    Command::new(program)
-        .args(args.clone())
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .kill_on_drop(true)
+    piped(program, args.clone(), Stdio::null())
         .output()
         .await
-        .map_err(|e| CommandError {
-            command: render(program, args),
-            status: "could not start".to_string(),
-            stderr: e.to_string(),
-        })
+        .map_err(|e| not_run(program, args, "could not start", &e))
 }
 
 /// Runs `program args` with `input` on its stdin; like [`run`] otherwise.
@@ -157,17 +164,8 @@ where
     S: AsRef<OsStr>,
 {
     use tokio::io::AsyncWriteExt;
-    let could_not = |e: std::io::Error| CommandError {
-        command: render(program, args.clone()),
-        status: "could not start".to_string(),
-        stderr: e.to_string(),
-    };
-    let mut child = Command::new(program)
-        .args(args.clone())
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .kill_on_drop(true)
+    let could_not = |e: std::io::Error| not_run(program, args.clone(), "could not start", &e);
+    let mut child = piped(program, args.clone(), Stdio::piped())
         .spawn()
         .map_err(could_not)?;
     if let Some(mut stdin) = child.stdin.take() {

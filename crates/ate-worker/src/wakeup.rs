@@ -12,9 +12,9 @@
 //! This never gives an actor more CPU than it booked: its CFS quota (the template's `cpu`) caps
 //! it whatever it weighs, and the next pass (2 s) takes the boost from an actor that got busy.
 //! A template that books more than the machine weighs as the machine: no actor can use more.
-//! Measured (`ate bench noisy`, docs/benchmarks.md "Noisy neighbours"): weights of the quiet
-//! actor at 1×, 4× and 128× the hog's gave its p99 under the hog 3.5–4.2×, 1.1–1.8× and
-//! 2.1–3.1× its quiet value; the middle one is [`BOOST`].
+//! Measured (`ate bench noisy`, docs/benchmarks.md "Noisy neighbours"; the hog booking the whole
+//! machine): the quiet actor weighing 1/8 (its template's), 1×, 4× and 128× the hog's gave its
+//! p99 under the hog 2.2–5.3×, 1.7–2.1×, 1.1–1.8× and 0.7–3.1× its quiet value; 4× is [`BOOST`].
 
 /// The boosted weight, in multiples of the machine's weight (`crate::cpu::shares` of all its
 /// cores).
